@@ -1,0 +1,167 @@
+#include "benchmarks/collectives.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace shardlab {
+namespace {
+
+// Rank r's input element i: a small integer, so sums over a few ranks are exact in bf16 and f16.
+float input_value(int rank, int64_t i) { return static_cast<float>((rank + 1) * 3 + (i % 7) - 3); }
+
+void fill_inputs(const Tensor& t, int rank, int64_t first_index = 0) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = input_value(rank, first_index + static_cast<int64_t>(i));
+  convert(v.data(), DType::f32, t.data(), t.dtype(), v.size());
+}
+
+std::vector<float> to_f32(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  convert(t.data(), t.dtype(), v.data(), DType::f32, v.size());
+  return v;
+}
+
+float sum_over_ranks(int world, int64_t i) {
+  float s = 0;
+  for (int r = 0; r < world; ++r) s += input_value(r, i);
+  return s;
+}
+
+struct Buffers {
+  Block send, recv;
+  Tensor send_t, recv_t;
+};
+
+// Element counts per rank for a given nccl-tests size.
+Buffers make_buffers(Pool& pool, CommOp op, DType dtype, int64_t count, int world) {
+  int64_t send_n = count, recv_n = count;
+  if (op == CommOp::all_gather) send_n = count / world;
+  if (op == CommOp::reduce_scatter) recv_n = count / world;
+  Buffers b;
+  b.send = pool.alloc(dtype, send_n, Category::comm_buffer, "bench send");
+  b.recv = pool.alloc(dtype, recv_n, Category::comm_buffer, "bench recv");
+  b.send_t = b.send.flat(dtype).slice(0, send_n);
+  b.recv_t = b.recv.flat(dtype).slice(0, recv_n);
+  return b;
+}
+
+Work issue(Communicator& comm, CommOp op, Buffers& b) {
+  switch (op) {
+    case CommOp::all_reduce: return comm.all_reduce(b.send_t);
+    case CommOp::reduce_scatter: return comm.reduce_scatter(b.send_t, b.recv_t);
+    case CommOp::all_gather: return comm.all_gather(b.send_t, b.recv_t);
+    case CommOp::broadcast: return comm.broadcast(b.send_t, 0);
+    case CommOp::reduce: return comm.reduce(b.send_t, b.recv_t, 0);
+    case CommOp::barrier: return comm.barrier();
+  }
+  return Work();
+}
+
+// One fresh call, checked against what it must produce. Returns this rank's wrong elements.
+uint64_t checked_call(Communicator& comm, CommOp op, Buffers& b) {
+  int r = comm.rank(), n = comm.world_size();
+  int64_t recv_n = b.recv_t.numel();
+  fill_inputs(b.send_t, r);
+  issue(comm, op, b).wait();
+  uint64_t wrong = 0;
+  auto expect_eq = [&](const std::vector<float>& got, auto expected) {
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != expected(static_cast<int64_t>(i))) ++wrong;
+  };
+  switch (op) {
+    case CommOp::all_reduce:
+      expect_eq(to_f32(b.send_t), [&](int64_t i) { return sum_over_ranks(n, i); });
+      break;
+    case CommOp::reduce_scatter:
+      expect_eq(to_f32(b.recv_t), [&](int64_t i) { return sum_over_ranks(n, r * recv_n + i); });
+      break;
+    case CommOp::all_gather: {
+      int64_t chunk = b.send_t.numel();
+      expect_eq(to_f32(b.recv_t), [&](int64_t i) { return input_value(static_cast<int>(i / chunk), i % chunk); });
+      break;
+    }
+    case CommOp::broadcast:
+      expect_eq(to_f32(b.send_t), [&](int64_t i) { return input_value(0, i); });
+      break;
+    case CommOp::reduce:
+      if (r == 0) expect_eq(to_f32(b.recv_t), [&](int64_t i) { return sum_over_ranks(n, i); });
+      break;
+    case CommOp::barrier: break;
+  }
+  return wrong;
+}
+
+}  // namespace
+
+std::vector<CommOp> parse_comm_ops(const std::string& list) {
+  std::vector<CommOp> ops;
+  std::stringstream ss(list);
+  std::string name;
+  while (std::getline(ss, name, ',')) {
+    bool found = false;
+    for (int i = 0; i < kNumCommOps; ++i) {
+      if (name == comm_op_name(static_cast<CommOp>(i))) {
+        ops.push_back(static_cast<CommOp>(i));
+        found = true;
+      }
+    }
+    SHARD_REQUIRE(found, "unknown collective '{}': expected all_reduce, reduce_scatter, all_gather, broadcast, "
+                  "reduce or barrier", name);
+  }
+  SHARD_REQUIRE(!ops.empty(), "no collective given in '{}'", list);
+  return ops;
+}
+
+uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const CollectiveBenchConfig& cfg, std::FILE* out) {
+  SHARD_REQUIRE(cfg.min_bytes >= 1 && cfg.min_bytes <= cfg.max_bytes, "benchmark sizes: min {} > max {}",
+                cfg.min_bytes, cfg.max_bytes);
+  SHARD_REQUIRE(cfg.step_factor >= 2, "benchmark size step factor must be at least 2, got {}", cfg.step_factor);
+  SHARD_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0, "benchmark: iters {} warmup {}", cfg.iters, cfg.warmup);
+  const int world = comm.world_size();
+  const bool root = comm.rank() == 0;
+  const size_t elt = dtype_size(cfg.dtype);
+  uint64_t total_wrong = 0;
+  if (root)
+    std::fprintf(out, "# shardlab collective benchmark: %s communicator, %d ranks, %s, warmup %d, iters %d\n",
+                 comm.name().c_str(), world, dtype_name(cfg.dtype), cfg.warmup, cfg.iters);
+  for (CommOp op : cfg.ops) {
+    if (root) {
+      std::fprintf(out, "#\n# %s (busbw factor %.3f)\n", comm_op_name(op), bus_factor(op, world));
+      std::fprintf(out, "#%12s %12s %6s %6s %5s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "root",
+                   "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    }
+    for (uint64_t size = cfg.min_bytes; size <= cfg.max_bytes; size *= cfg.step_factor) {
+      // Round the element count down to a multiple of the world size (all_gather/reduce_scatter chunks).
+      int64_t count = static_cast<int64_t>(size / elt) / world * world;
+      if (count == 0) continue;
+      Buffers b = make_buffers(pool, op, cfg.dtype, count, world);
+      fill_inputs(b.send_t, comm.rank());
+      for (int i = 0; i < cfg.warmup; ++i) issue(comm, op, b).wait();
+      comm.barrier().wait();
+      double t0 = MPI_Wtime();
+      for (int i = 0; i < cfg.iters; ++i) issue(comm, op, b).wait();
+      double local = (MPI_Wtime() - t0) / cfg.iters, slowest = 0;
+      MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      unsigned long long wrong = checked_call(comm, op, b), all_wrong = 0;
+      MPI_Allreduce(&wrong, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      total_wrong += all_wrong;
+      double bytes = static_cast<double>(count) * elt;
+      double algbw = bytes / slowest / 1e9;
+      if (root) {
+        bool reduces = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
+        bool rooted = op == CommOp::broadcast || op == CommOp::reduce;
+        std::fprintf(out, " %12.0f %12lld %6s %6s %5s %12.1f %12.3f %12.3f %8llu\n", bytes,
+                     static_cast<long long>(count), dtype_name(cfg.dtype), reduces ? "sum" : "none",
+                     rooted ? "0" : "-1", slowest * 1e6, algbw, algbw * bus_factor(op, world), all_wrong);
+        std::fflush(out);
+      }
+    }
+  }
+  if (root) std::fprintf(out, "#\n# total #wrong: %llu\n", static_cast<unsigned long long>(total_wrong));
+  return total_wrong;
+}
+
+}  // namespace shardlab

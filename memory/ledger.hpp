@@ -1,0 +1,61 @@
+// ledger.hpp — the Ledger: current and peak bytes per category, the composition at the overall
+// peak, and a timeline of allocation events for reports (memory over a step, Chrome traces).
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory/category.hpp"
+
+namespace shardlab {
+
+struct LedgerEvent {
+  double t_ms;          // since the ledger was created
+  Category category;
+  int64_t delta;        // +bytes on allocation, -bytes on free
+  uint64_t total_after; // all categories, after this event
+  std::string tag;
+  std::string phase;    // what the runtime was doing (set_phase), e.g. "forward h.3"
+};
+
+using CategoryBytes = std::array<uint64_t, kNumCategories>;
+
+class Ledger {
+ public:
+  explicit Ledger(size_t max_events = 1'000'000);
+
+  void on_alloc(Category c, uint64_t bytes, const std::string& tag);
+  void on_free(Category c, uint64_t bytes, const std::string& tag);
+  void set_phase(std::string phase) { phase_ = std::move(phase); }
+  const std::string& phase() const { return phase_; }
+
+  uint64_t current(Category c) const { return current_[static_cast<int>(c)]; }
+  uint64_t peak(Category c) const { return peak_[static_cast<int>(c)]; }
+  uint64_t current_total() const { return total_; }
+  uint64_t peak_total() const { return peak_total_; }
+  const CategoryBytes& current_by_category() const { return current_; }
+  const CategoryBytes& peak_by_category() const { return peak_; }
+  // What was live, by category, at the moment the total peaked, and what was happening then.
+  const CategoryBytes& composition_at_peak() const { return at_peak_; }
+  const std::string& phase_at_peak() const { return phase_at_peak_; }
+
+  const std::vector<LedgerEvent>& timeline() const { return events_; }
+  uint64_t dropped_events() const { return dropped_; }
+  // Peaks restart from what is live now (e.g. to measure one training step); the timeline is kept.
+  void reset_peaks();
+
+ private:
+  void record(Category c, int64_t delta, const std::string& tag);
+
+  CategoryBytes current_{}, peak_{}, at_peak_{};
+  uint64_t total_ = 0, peak_total_ = 0;
+  std::string phase_, phase_at_peak_;
+  std::vector<LedgerEvent> events_;
+  size_t max_events_;
+  uint64_t dropped_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace shardlab

@@ -1,0 +1,109 @@
+// pool.hpp — Pool and Block: the only way the runtime gets device or host memory.
+//
+// Every allocation carries a Category and a free-text tag, is charged to the rank's Ledger, and
+// counts against a hard per-rank budget (--device-memory). Going past the budget throws
+// OutOfMemory naming the request and listing what is live, by category and largest tags — the
+// same failure a GPU gives, so "too big for one device" can be tested on CPUs.
+// Blocks are RAII: the memory returns to the pool when the Block is destroyed or reset.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "memory/category.hpp"
+#include "memory/ledger.hpp"
+#include "src/backend/backend.hpp"
+
+namespace shardlab {
+
+class Pool;
+
+class OutOfMemory : public std::runtime_error {
+ public:
+  OutOfMemory(const std::string& msg, uint64_t requested_bytes, uint64_t in_use_bytes, uint64_t budget_bytes)
+      : std::runtime_error(msg), requested(requested_bytes), in_use(in_use_bytes), budget(budget_bytes) {}
+  uint64_t requested, in_use, budget;
+};
+
+class Block {
+ public:
+  Block() = default;
+  Block(Block&& o) noexcept { *this = std::move(o); }
+  Block& operator=(Block&& o) noexcept;
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() { reset(); }
+
+  void reset();  // return the memory now
+  explicit operator bool() const { return pool_ != nullptr; }
+  void* data() const { return ptr_; }
+  uint64_t bytes() const { return bytes_; }
+  Category category() const { return category_; }
+  Device device() const;
+
+  // Views of the block's memory; the shape must fit in it.
+  Tensor view(DType dtype, std::initializer_list<int64_t> shape) const;
+  Tensor flat(DType dtype) const;  // every whole element of dtype the block holds
+  template <class T>
+  std::span<T> span() const {
+    return flat(dtype_of_v<T>).template span<T>();
+  }
+
+ private:
+  friend class Pool;
+  Pool* pool_ = nullptr;
+  void* ptr_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t id_ = 0;
+  Category category_ = Category::workspace;
+};
+
+struct PoolConfig {
+  uint64_t budget = 0;  // bytes; 0 = no limit
+};
+
+struct LiveBlock {
+  std::string tag;
+  Category category;
+  uint64_t bytes;
+};
+
+class Pool {
+ public:
+  Pool(Backend& backend, PoolConfig cfg = {});
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  Block alloc(uint64_t bytes, Category category, std::string tag);
+  Block alloc(DType dtype, int64_t count, Category category, std::string tag) {
+    return alloc(static_cast<uint64_t>(count) * dtype_size(dtype), category, std::move(tag));
+  }
+
+  Backend& backend() const { return backend_; }
+  Ledger& ledger() { return ledger_; }
+  const Ledger& ledger() const { return ledger_; }
+  uint64_t budget() const { return cfg_.budget; }
+  uint64_t in_use() const;
+  std::vector<LiveBlock> live_blocks() const;  // largest first
+  // "param_full 1.00 GiB in 3 blocks, ...; largest: 'wte' (param_full) 512.00 MiB, ..."
+  std::string describe_live(size_t max_tags = 8) const;
+
+ private:
+  friend class Block;
+  void release(Block& b);
+
+  Backend& backend_;
+  PoolConfig cfg_;
+  Ledger ledger_;
+  mutable std::recursive_mutex mutex_;  // recursive: alloc() describes live blocks while holding it
+  std::map<uint64_t, LiveBlock> live_;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace shardlab

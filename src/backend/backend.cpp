@@ -1,0 +1,47 @@
+#include "src/backend/backend.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
+namespace shardlab {
+
+std::unique_ptr<Backend> make_backend(Device device, const BackendConfig& cfg) {
+  return device == Device::cpu ? make_cpu_backend(cfg) : make_cuda_backend(cfg);
+}
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu;
+  if (s == "cuda" || s == "gpu") return Device::cuda;
+  throw InputError(fmt::format("unknown device '{}': expected cpu or cuda", s));
+}
+
+int default_cpu_threads(int local_ranks) {
+  cpu_set_t set;
+  int cores = 0;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+  if (cores <= 0) cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, local_ranks));
+}
+
+void check_same_numel(const Tensor& a, const Tensor& b, const char* op) {
+  SHARD_CHECK(a.numel() == b.numel(), "{}: element counts differ: {} {} vs {} {}", op, a.numel(), a.shape_str(),
+              b.numel(), b.shape_str());
+}
+
+void check_f32(const Tensor& t, const char* op) {
+  SHARD_CHECK(t.dtype() == DType::f32, "{}: expects f32, got {} tensor {}", op, dtype_name(t.dtype()), t.shape_str());
+}
+
+void check_gemm(const GemmDesc& d) {
+  SHARD_CHECK(d.m >= 0 && d.n >= 0 && d.k >= 0 && d.batch >= 1, "gemm: m={} n={} k={} batch={}", d.m, d.n, d.k,
+              d.batch);
+  int64_t a_cols = d.trans_a == Trans::N ? d.k : d.m;
+  int64_t b_cols = d.trans_b == Trans::N ? d.n : d.k;
+  SHARD_CHECK(d.lda >= std::max<int64_t>(1, a_cols), "gemm: lda={} < {} columns of A", d.lda, a_cols);
+  SHARD_CHECK(d.ldb >= std::max<int64_t>(1, b_cols), "gemm: ldb={} < {} columns of B", d.ldb, b_cols);
+  SHARD_CHECK(d.ldc >= std::max<int64_t>(1, d.n), "gemm: ldc={} < n={}", d.ldc, d.n);
+}
+
+}  // namespace shardlab

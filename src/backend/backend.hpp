@@ -1,0 +1,101 @@
+// backend.hpp — Backend: the one interface between shardlab and a device. Kernels, streams and
+// events, raw allocation (used only by memory::Pool) and copies. Two implementations: cpu/
+// (oneDNN sgemm + OpenMP) and cuda/ (cuBLAS + CUDA kernels), chosen at run time by --device.
+//
+// Conventions. Matrices are row-major. Element-wise kernels compute in f32 and take f32 tensors
+// unless they say otherwise; `cast` moves between f32, bf16 and f16. Reductions write one f32 to
+// `out` on the backend's device (no host sync on a GPU) and accumulate in higher precision than
+// their inputs. Work is issued on a stream: on the CPU everything is synchronous and events are
+// complete when recorded; on CUDA, kernels go to the compute stream and collectives to the comm
+// stream, and the two are ordered by events, never by a host sync.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "src/core/tensor.hpp"
+
+namespace shardlab {
+
+enum class Trans : uint8_t { N, T };
+
+// C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b], for b in [0, batch), row-major.
+// op(A) is (m, k), op(B) is (k, n), C is (m, n). Leading dimensions are row strides in elements.
+struct GemmDesc {
+  Trans trans_a = Trans::N;
+  Trans trans_b = Trans::N;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.f;
+  float beta = 0.f;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch entries
+  DType ab_type = DType::f32;                        // A and B (bf16 on GPUs; f32 everywhere)
+  DType c_type = DType::f32;                         // C; accumulation is always f32
+};
+
+enum class StreamKind : uint8_t { compute, comm };
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual bool done() const = 0;
+  virtual void synchronize() = 0;  // host waits
+};
+
+struct BackendConfig {
+  int threads = 0;        // CPU threads for this rank; 0 = cores / ranks on this node
+  int local_ranks = 1;    // processes sharing this node (for the default thread count)
+  int device_index = -1;  // CUDA device; -1 = local rank modulo device count
+  int local_rank = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string describe() const = 0;
+  virtual int threads() const = 0;
+
+  // Raw device memory. Only memory::Pool calls these; everything else allocates through a Pool.
+  virtual void* raw_alloc(size_t bytes) = 0;
+  virtual void raw_free(void* p, size_t bytes) = 0;
+
+  // dst <- src, same dtype and element count; either may live on the host or on this device.
+  virtual void copy(Tensor dst, Tensor src) = 0;
+
+  virtual std::unique_ptr<Event> record(StreamKind stream) = 0;
+  virtual void wait(StreamKind stream, const Event& event) = 0;  // stream waits on event
+  virtual void synchronize() = 0;                                // host waits for all streams
+
+  // ---- kernels ----
+  virtual void gemm(const GemmDesc& d, const void* a, const void* b, void* c) = 0;
+  virtual void fill(Tensor x, float value) = 0;          // any dtype
+  virtual void cast(Tensor src, Tensor dst) = 0;         // any dtype to any dtype, same numel
+  virtual void axpy(float alpha, Tensor x, Tensor y) = 0;  // y += alpha * x
+  virtual void scale(Tensor x, float alpha) = 0;           // x *= alpha
+  virtual void add(Tensor a, Tensor b, Tensor out) = 0;    // out = a + b (out may alias a or b)
+  virtual void mul(Tensor a, Tensor b, Tensor out) = 0;    // out = a * b
+  // out[0] (+)= sum(x) / sum(x^2) / max|x|; accumulate adds to (or maxes with) what out holds.
+  virtual void sum(Tensor x, Tensor out, bool accumulate) = 0;
+  virtual void sum_squares(Tensor x, Tensor out, bool accumulate) = 0;
+  virtual void max_abs(Tensor x, Tensor out, bool accumulate) = 0;
+  // out[c] (+)= sum_r x[r, c] for x of shape (rows, cols): bias gradients.
+  virtual void sum_rows(Tensor x, Tensor out, bool accumulate) = 0;
+};
+
+std::unique_ptr<Backend> make_backend(Device device, const BackendConfig& cfg);
+std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg);
+// Throws InputError when shardlab was built without CUDA or no device is visible.
+std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& cfg);
+bool cuda_compiled();
+int cuda_device_count();  // 0 without CUDA or without a device; never throws
+Device parse_device(const std::string& s);
+int default_cpu_threads(int local_ranks);  // max(1, usable cores / local_ranks)
+
+// Shape checks shared by the implementations.
+void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
+void check_f32(const Tensor& t, const char* op);
+void check_gemm(const GemmDesc& d);
+
+}  // namespace shardlab

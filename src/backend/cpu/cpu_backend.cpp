@@ -1,0 +1,205 @@
+// cpu_backend.cpp — the CPU Backend: oneDNN's sgemm for matrix products, OpenMP loops for the rest.
+//
+// One rank is one process; its thread count (cores / ranks on the node by default) is set once
+// for OpenMP, which oneDNN's Debian build also uses, so GEMM and element-wise loops share one pool.
+// Everything is synchronous: an event is complete when recorded, and streams need no ordering.
+#include <dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "src/backend/backend.hpp"
+
+namespace shardlab {
+namespace {
+
+// Loops shorter than this run on one thread: the fork/join costs more than it saves.
+constexpr int64_t kParallelMin = 1 << 15;
+
+class CpuEvent final : public Event {
+ public:
+  bool done() const override { return true; }
+  void synchronize() override {}
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendConfig& cfg)
+      : threads_(cfg.threads > 0 ? cfg.threads : default_cpu_threads(cfg.local_ranks)) {
+    omp_set_num_threads(threads_);
+  }
+
+  Device device() const override { return Device::cpu; }
+  std::string describe() const override { return fmt::format("cpu (oneDNN sgemm, {} threads)", threads_); }
+  int threads() const override { return threads_; }
+
+  void* raw_alloc(size_t bytes) override {
+    size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, rounded);
+    SHARD_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
+    return p;
+  }
+  void raw_free(void* p, size_t) override { std::free(p); }
+
+  void copy(Tensor dst, Tensor src) override {
+    check_same_numel(dst, src, "copy");
+    SHARD_CHECK(dst.dtype() == src.dtype(), "copy: dtypes differ ({} <- {}); use cast", dtype_name(dst.dtype()),
+                dtype_name(src.dtype()));
+    SHARD_CHECK(dst.device() == Device::cpu && src.device() == Device::cpu, "cpu backend copy of a {} tensor",
+                device_name(dst.device() == Device::cpu ? src.device() : dst.device()));
+    if (dst.data() != src.data()) std::memmove(dst.data(), src.data(), src.bytes());
+  }
+
+  std::unique_ptr<Event> record(StreamKind) override { return std::make_unique<CpuEvent>(); }
+  void wait(StreamKind, const Event&) override {}
+  void synchronize() override {}
+
+  void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override {
+    check_gemm(d);
+    SHARD_CHECK(d.ab_type == DType::f32 && d.c_type == DType::f32, "cpu gemm computes f32 only (A/B {}, C {})",
+                dtype_name(d.ab_type), dtype_name(d.c_type));
+    const float* A = static_cast<const float*>(a);
+    const float* B = static_cast<const float*>(b);
+    float* C = static_cast<float*>(c);
+    char ta = d.trans_a == Trans::N ? 'N' : 'T';
+    char tb = d.trans_b == Trans::N ? 'N' : 'T';
+    for (int64_t i = 0; i < d.batch; ++i) {
+      dnnl_status_t st = dnnl_sgemm(ta, tb, d.m, d.n, d.k, d.alpha, A + i * d.stride_a, d.lda, B + i * d.stride_b,
+                                    d.ldb, d.beta, C + i * d.stride_c, d.ldc);
+      SHARD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", static_cast<int>(st), d.m,
+                  d.n, d.k);
+    }
+  }
+
+  void fill(Tensor x, float value) override {
+    int64_t n = x.numel();
+    if (x.dtype() == DType::f32) {
+      float* p = x.ptr<float>();
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      return;
+    }
+    uint16_t bits = x.dtype() == DType::bf16 ? f32_to_bf16_bits(value) : f32_to_f16_bits(value);
+    std::fill_n(static_cast<uint16_t*>(x.data()), n, bits);
+  }
+
+  void cast(Tensor src, Tensor dst) override {
+    check_same_numel(src, dst, "cast");
+    int64_t n = src.numel();
+    const int64_t chunk = 1 << 14;
+    const char* s = static_cast<const char*>(src.data());
+    char* t = static_cast<char*>(dst.data());
+    size_t ss = dtype_size(src.dtype()), ts = dtype_size(dst.dtype());
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; i += chunk) {
+      convert(s + i * ss, src.dtype(), t + i * ts, dst.dtype(), static_cast<size_t>(std::min(chunk, n - i)));
+    }
+  }
+
+  void axpy(float alpha, Tensor x, Tensor y) override {
+    check_elementwise(x, y, "axpy");
+    const float* xp = x.ptr<float>();
+    float* yp = y.ptr<float>();
+    int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) yp[i] += alpha * xp[i];
+  }
+
+  void scale(Tensor x, float alpha) override {
+    check_f32(x, "scale");
+    float* p = x.ptr<float>();
+    int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) p[i] *= alpha;
+  }
+
+  void add(Tensor a, Tensor b, Tensor out) override { binary(a, b, out, "add", [](float u, float v) { return u + v; }); }
+  void mul(Tensor a, Tensor b, Tensor out) override { binary(a, b, out, "mul", [](float u, float v) { return u * v; }); }
+
+  void sum(Tensor x, Tensor out, bool accumulate) override {
+    reduce_to_scalar(x, out, accumulate, "sum", [](float v) { return static_cast<double>(v); });
+  }
+  void sum_squares(Tensor x, Tensor out, bool accumulate) override {
+    reduce_to_scalar(x, out, accumulate, "sum_squares", [](float v) { return static_cast<double>(v) * v; });
+  }
+
+  void max_abs(Tensor x, Tensor out, bool accumulate) override {
+    check_f32(x, "max_abs");
+    check_scalar(out, "max_abs");
+    const float* p = x.ptr<float>();
+    int64_t n = x.numel();
+    float m = 0.f;
+#pragma omp parallel for reduction(max : m) schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(p[i]));
+    float* o = out.ptr<float>();
+    o[0] = accumulate ? std::max(o[0], m) : m;
+  }
+
+  void sum_rows(Tensor x, Tensor out, bool accumulate) override {
+    check_f32(x, "sum_rows");
+    check_f32(out, "sum_rows");
+    SHARD_CHECK(x.ndim() == 2 && out.numel() == x.dim(1), "sum_rows: x {} and out {}", x.shape_str(),
+                out.shape_str());
+    int64_t rows = x.dim(0), cols = x.dim(1);
+    const float* xp = x.ptr<float>();
+    float* op = out.ptr<float>();
+    // Columns split across threads; each thread walks rows in order, so the result is deterministic.
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+    for (int64_t c0 = 0; c0 < cols; c0 += 256) {
+      int64_t c1 = std::min(cols, c0 + 256);
+      double acc[256] = {};
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = xp + r * cols;
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+      }
+      for (int64_t c = c0; c < c1; ++c) op[c] = static_cast<float>((accumulate ? op[c] : 0.0) + acc[c - c0]);
+    }
+  }
+
+ private:
+  static void check_elementwise(const Tensor& a, const Tensor& b, const char* op) {
+    check_f32(a, op);
+    check_f32(b, op);
+    check_same_numel(a, b, op);
+  }
+  static void check_scalar(const Tensor& out, const char* op) {
+    check_f32(out, op);
+    SHARD_CHECK(out.numel() == 1, "{}: out must hold 1 element, has {}", op, out.numel());
+  }
+
+  template <class F>
+  void binary(Tensor a, Tensor b, Tensor out, const char* op, F f) {
+    check_elementwise(a, b, op);
+    check_elementwise(a, out, op);
+    const float* ap = a.ptr<float>();
+    const float* bp = b.ptr<float>();
+    float* o = out.ptr<float>();
+    int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) o[i] = f(ap[i], bp[i]);
+  }
+
+  template <class F>
+  void reduce_to_scalar(Tensor x, Tensor out, bool accumulate, const char* op, F f) {
+    check_f32(x, op);
+    check_scalar(out, op);
+    const float* p = x.ptr<float>();
+    int64_t n = x.numel();
+    double acc = 0.0;
+#pragma omp parallel for reduction(+ : acc) schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) acc += f(p[i]);
+    float* o = out.ptr<float>();
+    o[0] = static_cast<float>((accumulate ? o[0] : 0.0) + acc);
+  }
+
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg) { return std::make_unique<CpuBackend>(cfg); }
+
+}  // namespace shardlab

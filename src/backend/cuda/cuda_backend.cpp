@@ -1,0 +1,214 @@
+// cuda_backend.cpp — the CUDA Backend: cuBLAS for GEMMs (f32, or bf16/f16 inputs with f32
+// accumulation), the kernels of kernels.cu for the rest, one compute and one comm stream per rank.
+// Host code, compiled by the C++ compiler; only kernels.cu goes through nvcc.
+//
+// Design notes.
+//  * Launchers (kernels.cuh) own the grid math; this file validates tensors and checks launches.
+//  * Memory is stream-ordered (cudaMallocAsync on the compute stream), so freeing a block never
+//    synchronises the device.
+//  * Copies that touch host memory synchronise the compute stream: the host buffer may be pageable
+//    and the caller expects it filled (or free to reuse) when copy() returns.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "src/backend/backend.hpp"
+#include "src/backend/cuda/cuda_check.hpp"
+#include "src/backend/cuda/kernels.cuh"
+
+namespace shardlab {
+namespace {
+
+using cuda::ReduceKind;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  bool done() const override {
+    cudaError_t st = cudaEventQuery(event_);
+    if (st == cudaErrorNotReady) return false;
+    CUDA_CHECK(st);
+    return true;
+  }
+  void synchronize() override { CUDA_CHECK(cudaEventSynchronize(event_)); }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_{};
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendConfig& cfg) {
+    int count = cuda_device_count();
+    SHARD_REQUIRE(count > 0, "--device cuda: no CUDA device is visible to this process");
+    device_ = cfg.device_index >= 0 ? cfg.device_index : cfg.local_rank % count;
+    SHARD_REQUIRE(device_ < count, "CUDA device {} requested, {} visible", device_, count);
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial_), cuda::kReduceBlocks * sizeof(double), compute_));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    name_ = prop.name;
+  }
+  ~CudaBackend() override {
+    cudaFreeAsync(partial_, compute_);
+    cudaStreamSynchronize(compute_);
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(comm_);
+    cudaStreamDestroy(compute_);
+  }
+
+  Device device() const override { return Device::cuda; }
+  std::string describe() const override { return fmt::format("cuda:{} ({})", device_, name_); }
+  int threads() const override { return 1; }
+
+  void* raw_alloc(size_t bytes) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), compute_));
+    return p;
+  }
+  void raw_free(void* p, size_t) override { CUDA_CHECK(cudaFreeAsync(p, compute_)); }
+
+  void copy(Tensor dst, Tensor src) override {
+    check_same_numel(dst, src, "copy");
+    SHARD_CHECK(dst.dtype() == src.dtype(), "copy: dtypes differ ({} <- {}); use cast", dtype_name(dst.dtype()),
+                dtype_name(src.dtype()));
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, compute_));
+    if (dst.device() == Device::cpu || src.device() == Device::cpu) CUDA_CHECK(cudaStreamSynchronize(compute_));
+  }
+
+  std::unique_ptr<Event> record(StreamKind s) override {
+    auto e = std::make_unique<CudaEvent>();
+    CUDA_CHECK(cudaEventRecord(e->get(), stream(s)));
+    return e;
+  }
+  void wait(StreamKind s, const Event& e) override {
+    CUDA_CHECK(cudaStreamWaitEvent(stream(s), static_cast<const CudaEvent&>(e).get(), 0));
+  }
+  void synchronize() override {
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
+    CUDA_CHECK(cudaStreamSynchronize(comm_));
+  }
+
+  void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override {
+    check_gemm(d);
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+    cublasOperation_t opa = d.trans_a == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+    cublasOperation_t opb = d.trans_b == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // f32 accumulation for every input type
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas_, opb, opa, static_cast<int>(d.n), static_cast<int>(d.m),
+                                            static_cast<int>(d.k), &d.alpha, b, cuda_type(d.ab_type),
+                                            static_cast<int>(d.ldb), d.stride_b, a, cuda_type(d.ab_type),
+                                            static_cast<int>(d.lda), d.stride_a, &d.beta, c, cuda_type(d.c_type),
+                                            static_cast<int>(d.ldc), d.stride_c, static_cast<int>(d.batch), compute,
+                                            CUBLAS_GEMM_DEFAULT));
+  }
+
+  void fill(Tensor x, float value) override {
+    int64_t n = x.numel();
+    CUDA_CHECK(cuda::launch_fill(x.data(), x.dtype(), n, value, compute_));
+  }
+
+  void cast(Tensor src, Tensor dst) override {
+    check_same_numel(src, dst, "cast");
+    int64_t n = src.numel();
+    CUDA_CHECK(cuda::launch_cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n, compute_));
+  }
+
+  void axpy(float alpha, Tensor x, Tensor y) override {
+    check_pair(x, y, "axpy");
+    int64_t n = x.numel();
+    CUDA_CHECK(cuda::launch_axpy(alpha, x.ptr<float>(), y.ptr<float>(), n, compute_));
+  }
+
+  void scale(Tensor x, float alpha) override {
+    check_f32(x, "scale");
+    int64_t n = x.numel();
+    CUDA_CHECK(cuda::launch_scale(x.ptr<float>(), alpha, n, compute_));
+  }
+
+  void add(Tensor a, Tensor b, Tensor out) override {
+    check_binary(a, b, out, "add");
+    CUDA_CHECK(cuda::launch_add(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), compute_));
+  }
+  void mul(Tensor a, Tensor b, Tensor out) override {
+    check_binary(a, b, out, "mul");
+    CUDA_CHECK(cuda::launch_mul(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), compute_));
+  }
+
+  void sum(Tensor x, Tensor out, bool accumulate) override { reduce(x, out, accumulate, ReduceKind::sum, "sum"); }
+  void sum_squares(Tensor x, Tensor out, bool accumulate) override {
+    reduce(x, out, accumulate, ReduceKind::sum_squares, "sum_squares");
+  }
+  void max_abs(Tensor x, Tensor out, bool accumulate) override {
+    reduce(x, out, accumulate, ReduceKind::max_abs, "max_abs");
+  }
+
+  void sum_rows(Tensor x, Tensor out, bool accumulate) override {
+    check_f32(x, "sum_rows");
+    check_f32(out, "sum_rows");
+    SHARD_CHECK(x.ndim() == 2 && out.numel() == x.dim(1), "sum_rows: x {} and out {}", x.shape_str(),
+                out.shape_str());
+    CUDA_CHECK(cuda::launch_sum_rows(x.ptr<float>(), x.dim(0), x.dim(1), out.ptr<float>(), accumulate, compute_));
+  }
+
+ private:
+  cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }
+
+  static void check_pair(const Tensor& a, const Tensor& b, const char* op) {
+    check_f32(a, op);
+    check_f32(b, op);
+    check_same_numel(a, b, op);
+  }
+
+  static void check_binary(const Tensor& a, const Tensor& b, const Tensor& out, const char* name) {
+    check_pair(a, b, name);
+    check_pair(a, out, name);
+  }
+
+  void reduce(Tensor x, Tensor out, bool accumulate, ReduceKind k, const char* name) {
+    check_f32(x, name);
+    check_f32(out, name);
+    SHARD_CHECK(out.numel() == 1, "{}: out must hold 1 element, has {}", name, out.numel());
+    CUDA_CHECK(cuda::launch_reduce(x.ptr<float>(), x.numel(), k, partial_, out.ptr<float>(), accumulate, compute_));
+  }
+
+  int device_ = 0;
+  std::string name_;
+  cudaStream_t compute_{};
+  cudaStream_t comm_{};
+  cublasHandle_t cublas_{};
+  double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
+};
+
+}  // namespace
+
+bool cuda_compiled() { return true; }
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device / no driver" error
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& cfg) { return std::make_unique<CudaBackend>(cfg); }
+
+}  // namespace shardlab

@@ -1,0 +1,14 @@
+// cuda_unavailable.cpp — linked instead of cuda_backend.cu when CMake found no CUDA toolkit
+// (or SHARDLAB_CUDA=OFF), so shared code asks at run time and never needs an #ifdef.
+#include "src/backend/backend.hpp"
+
+namespace shardlab {
+
+bool cuda_compiled() { return false; }
+int cuda_device_count() { return 0; }
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendConfig&) {
+  throw InputError("--device cuda: this shardlab was built without CUDA (configure with SHARDLAB_CUDA=ON and a CUDA toolkit)");
+}
+
+}  // namespace shardlab

@@ -1,0 +1,193 @@
+// mpi_comm.cpp — the MPI transport.
+//
+// f32 goes to MPI as MPI_FLOAT. bf16 and f16 have no MPI type: data movement (all-gather,
+// broadcast) carries them as MPI_UINT16_T bit patterns, and reductions widen them to f32 in a
+// staging buffer, reduce in f32, and round once when the work completes — a bf16 sum over N ranks
+// is then as accurate as one rounding allows, where a 2-byte custom op would round N-1 times.
+#include "src/comm/mpi_comm.hpp"
+
+#include <climits>
+#include <functional>
+#include <vector>
+
+#include "src/comm/mpi_runtime.hpp"
+
+namespace shardlab {
+namespace {
+
+class MpiWork final : public WorkImpl {
+ public:
+  MpiWork(MPI_Request req, std::vector<Block> staging, std::function<void()> finish)
+      : req_(req), staging_(std::move(staging)), finish_(std::move(finish)) {}
+  bool test() override {
+    if (completed_) return true;
+    int flag = 0;
+    MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    if (flag) complete();
+    return flag != 0;
+  }
+  void wait() override {
+    if (completed_) return;
+    MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    complete();
+  }
+
+ private:
+  void complete() {
+    completed_ = true;
+    if (finish_) finish_();
+    staging_.clear();
+  }
+  MPI_Request req_;
+  std::vector<Block> staging_;  // lives exactly as long as the request that reads or writes it
+  std::function<void()> finish_;
+  bool completed_ = false;
+};
+
+int mpi_count(int64_t n, const char* op) {
+  SHARD_CHECK(n <= INT_MAX, "{}: {} elements exceed MPI's int count; split the buffer", op, n);
+  return static_cast<int>(n);
+}
+
+MPI_Datatype mpi_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : MPI_MAX; }
+bool widened(DType t) { return t != DType::f32; }
+void check_host(const Tensor& t, const char* op) {
+  SHARD_CHECK(t.device() == Device::cpu, "{}: the mpi communicator takes host buffers, got a {} tensor", op,
+              device_name(t.device()));
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, Pool& pool) : pool_(pool) {
+    MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &world_));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string name() const override { return "mpi"; }
+
+ protected:
+  double wire_factor(CommOp op, DType dtype) const override {
+    bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
+    return reduction && widened(dtype) ? 4.0 / dtype_size(dtype) : 1.0;
+  }
+
+  Work do_all_reduce(Tensor buf, ReduceOp op) override {
+    check_host(buf, "all_reduce");
+    int n = mpi_count(buf.numel(), "all_reduce");
+    MPI_Request req;
+    if (!widened(buf.dtype())) {
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, mpi_op(op), comm_, &req));
+      return make_work(req, {}, nullptr);
+    }
+    Block wide = widen(buf, "all_reduce");
+    float* w = static_cast<float*>(wide.data());
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w, n, MPI_FLOAT, mpi_op(op), comm_, &req));
+    auto finish = [w, buf] { convert(w, DType::f32, buf.data(), buf.dtype(), static_cast<size_t>(buf.numel())); };
+    std::vector<Block> staging;
+    staging.push_back(std::move(wide));
+    return make_work(req, std::move(staging), finish);
+  }
+
+  Work do_reduce_scatter(Tensor send, Tensor recv, ReduceOp op) override {
+    check_host(send, "reduce_scatter");
+    check_host(recv, "reduce_scatter");
+    int n = mpi_count(recv.numel(), "reduce_scatter");
+    mpi_count(send.numel(), "reduce_scatter");
+    MPI_Request req;
+    if (!widened(send.dtype())) {
+      MPI_CHECK(MPI_Ireduce_scatter_block(send.data(), recv.data(), n, MPI_FLOAT, mpi_op(op), comm_, &req));
+      return make_work(req, {}, nullptr);
+    }
+    Block wide_send = widen(send, "reduce_scatter send");
+    Block wide_recv = pool_.alloc(DType::f32, recv.numel(), Category::comm_buffer, "mpi reduce_scatter recv (f32)");
+    float* r = static_cast<float*>(wide_recv.data());
+    MPI_CHECK(MPI_Ireduce_scatter_block(wide_send.data(), r, n, MPI_FLOAT, mpi_op(op), comm_, &req));
+    auto finish = [r, recv] { convert(r, DType::f32, recv.data(), recv.dtype(), static_cast<size_t>(recv.numel())); };
+    std::vector<Block> staging;
+    staging.push_back(std::move(wide_send));
+    staging.push_back(std::move(wide_recv));
+    return make_work(req, std::move(staging), finish);
+  }
+
+  Work do_all_gather(Tensor send, Tensor recv) override {
+    check_host(send, "all_gather");
+    check_host(recv, "all_gather");
+    int n = mpi_count(send.numel(), "all_gather");
+    mpi_count(recv.numel(), "all_gather");
+    MPI_Datatype t = mpi_type(send.dtype());
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgather(send.data(), n, t, recv.data(), n, t, comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+
+  Work do_broadcast(Tensor buf, int root) override {
+    check_host(buf, "broadcast");
+    int n = mpi_count(buf.numel(), "broadcast");
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibcast(buf.data(), n, mpi_type(buf.dtype()), root, comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+
+  Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) override {
+    check_host(send, "reduce");
+    int n = mpi_count(send.numel(), "reduce");
+    bool is_root = rank_ == root;
+    MPI_Request req;
+    if (!widened(send.dtype())) {
+      MPI_CHECK(MPI_Ireduce(send.data(), is_root ? recv.data() : nullptr, n, MPI_FLOAT, mpi_op(op), root, comm_, &req));
+      return make_work(req, {}, nullptr);
+    }
+    std::vector<Block> staging;
+    staging.push_back(widen(send, "reduce send"));
+    float* r = nullptr;
+    if (is_root) {
+      staging.push_back(pool_.alloc(DType::f32, send.numel(), Category::comm_buffer, "mpi reduce recv (f32)"));
+      r = static_cast<float*>(staging.back().data());
+    }
+    MPI_CHECK(MPI_Ireduce(staging.front().data(), r, n, MPI_FLOAT, mpi_op(op), root, comm_, &req));
+    std::function<void()> finish;
+    if (is_root)
+      finish = [r, recv] { convert(r, DType::f32, recv.data(), recv.dtype(), static_cast<size_t>(recv.numel())); };
+    return make_work(req, std::move(staging), finish);
+  }
+
+  Work do_barrier() override {
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+
+ private:
+  static Work make_work(MPI_Request req, std::vector<Block> staging, std::function<void()> finish) {
+    return Work(std::make_unique<MpiWork>(req, std::move(staging), std::move(finish)));
+  }
+
+  // An f32 copy of a bf16/f16 host tensor, from the pool.
+  Block widen(const Tensor& t, const char* what) {
+    Block b = pool_.alloc(DType::f32, t.numel(), Category::comm_buffer, fmt::format("mpi {} (f32)", what));
+    convert(t.data(), t.dtype(), b.data(), DType::f32, static_cast<size_t>(t.numel()));
+    return b;
+  }
+
+  Pool& pool_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, world_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, Pool& pool) {
+  return std::make_unique<MpiCommunicator>(comm, pool);
+}
+
+}  // namespace shardlab

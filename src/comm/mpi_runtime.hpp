@@ -1,0 +1,43 @@
+// mpi_runtime.hpp — MPI start-up and shut-down for one rank, node-local rank discovery, MPI_CHECK,
+// and abort_job(): the way a failing rank takes the whole job down instead of leaving it hung.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+#include "src/core/check.hpp"
+
+#define MPI_CHECK(call)                                                                            \
+  do {                                                                                             \
+    int rc_ = (call);                                                                              \
+    if (rc_ != MPI_SUCCESS) [[unlikely]]                                                           \
+      ::shardlab::check_failed(#call, __FILE__, __LINE__, ::shardlab::mpi_error_string(rc_));      \
+  } while (0)
+
+namespace shardlab {
+
+std::string mpi_error_string(int code);
+
+class MpiRuntime {
+ public:
+  // Initialises MPI (thread level FUNNELED: only the main thread calls MPI), makes MPI errors
+  // return codes (so MPI_CHECK reports them), finds the node-local rank, and records this process's
+  // identity for error messages.
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+
+ private:
+  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// Prints "shardlab [rank r/N]: message" to stderr and ends every rank of the job with `code`.
+[[noreturn]] void abort_job(const std::string& message, int code = 1);
+
+}  // namespace shardlab

@@ -1,0 +1,191 @@
+// main.cpp — the shardlab command line.
+//
+//   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
+//   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
+//   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
+//
+// Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
+// Input errors print one line naming the bad value and exit 1; internal faults print file:line and
+// the rank, and end every rank of the job.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "benchmarks/collectives.hpp"
+#include "benchmarks/gemm_bench.hpp"
+#include "src/comm/mpi_comm.hpp"
+#include "src/comm/mpi_runtime.hpp"
+#include "src/comm/sim_comm.hpp"
+#include "src/core/units.hpp"
+#include "tools/launch.hpp"
+
+namespace po = boost::program_options;
+using namespace shardlab;
+
+namespace {
+
+const char* kUsage =
+    "usage: shardlab <command> [options] [--nproc N]\n"
+    "\n"
+    "commands:\n"
+    "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
+    "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
+    "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
+    "\n"
+    "every command accepts:\n"
+    "  --nproc N           start N ranks through mpirun (same as `mpirun -np N shardlab ...`)\n"
+    "  --help              the command's options\n";
+
+// Options every rank-running command shares.
+struct CommonOptions {
+  int threads = 0;
+  std::string device_memory;
+};
+
+void add_common(po::options_description& d, CommonOptions& c) {
+  d.add_options()("help,h", "show this command's options")(
+      "threads", po::value(&c.threads)->default_value(0),
+      "CPU threads per rank; 0 = usable cores / ranks on this node")(
+      "device-memory", po::value(&c.device_memory)->default_value(""),
+      "per-rank memory budget (e.g. 2GiB); allocations past it fail with an out-of-memory error "
+      "that lists what is live. Empty = no budget");
+}
+
+// Parses args for one command; returns false (after printing help on rank 0) when --help was given.
+bool parse(const std::vector<std::string>& args, po::options_description& desc, const MpiRuntime& mpi,
+           const char* synopsis) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw InputError(fmt::format("{} (see `shardlab {} --help`)", e.what(), synopsis));
+  }
+  if (vm.count("help")) {
+    if (mpi.rank() == 0) std::cout << "usage: shardlab " << synopsis << " [options]\n\n" << desc << "\n";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> make_cpu(const CommonOptions& c, const MpiRuntime& mpi) {
+  BackendConfig bc;
+  bc.threads = c.threads;
+  bc.local_ranks = mpi.local_size();
+  bc.local_rank = mpi.local_rank();
+  SHARD_REQUIRE(c.threads >= 0, "--threads {}: expected 0 (automatic) or a positive count", c.threads);
+  return make_cpu_backend(bc);
+}
+
+PoolConfig pool_config(const CommonOptions& c) {
+  PoolConfig pc;
+  if (!c.device_memory.empty()) pc.budget = parse_bytes(c.device_memory);
+  return pc;
+}
+
+int cmd_info(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  po::options_description desc("info options");
+  add_common(desc, common);
+  if (!parse(args, desc, mpi, "info")) return 0;
+  auto backend = make_cpu(common, mpi);
+  std::string line = fmt::format("rank {}/{} (local {}/{}): {}", mpi.rank(), mpi.world(), mpi.local_rank(),
+                                 mpi.local_size(), backend->describe());
+  // Gather every rank's line to rank 0 so the output is ordered.
+  std::vector<char> mine(256, '\0');
+  std::copy_n(line.begin(), std::min<size_t>(line.size(), 255), mine.begin());
+  std::vector<char> all(mine.size() * static_cast<size_t>(mpi.world()));
+  MPI_CHECK(MPI_Gather(mine.data(), 256, MPI_CHAR, all.data(), 256, MPI_CHAR, 0, MPI_COMM_WORLD));
+  if (mpi.rank() == 0) {
+    std::printf("shardlab %s — CUDA backend %s, %d CUDA device(s) visible\n", "0.1.0",
+                cuda_compiled() ? "compiled" : "not compiled", cuda_device_count());
+    for (int r = 0; r < mpi.world(); ++r) std::printf("  %s\n", all.data() + 256 * r);
+  }
+  return 0;
+}
+
+int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  CollectiveBenchConfig cfg;
+  std::string ops = "all_reduce,reduce_scatter,all_gather,broadcast,reduce", dtype = "f32", min_b = "1KiB",
+              max_b = "64MiB", comm_kind = "mpi";
+  int sim_world = 0;
+  po::options_description desc("bench-collectives options");
+  add_common(desc, common);
+  desc.add_options()("ops", po::value(&ops)->default_value(ops), "collectives to time, comma-separated")(
+      "dtype", po::value(&dtype)->default_value(dtype), "element type: f32, bf16 or f16")(
+      "min-bytes", po::value(&min_b)->default_value(min_b), "smallest size")(
+      "max-bytes", po::value(&max_b)->default_value(max_b), "largest size")(
+      "step-factor", po::value(&cfg.step_factor)->default_value(cfg.step_factor), "size multiplier between lines")(
+      "warmup", po::value(&cfg.warmup)->default_value(cfg.warmup), "untimed calls per size")(
+      "iters", po::value(&cfg.iters)->default_value(cfg.iters), "timed calls per size")(
+      "comm", po::value(&comm_kind)->default_value(comm_kind),
+      "communicator: mpi (real ranks) or sim (this process plays rank 0 of --sim-world ranks)")(
+      "sim-world", po::value(&sim_world)->default_value(0), "world size the sim communicator pretends");
+  if (!parse(args, desc, mpi, "bench-collectives")) return 0;
+  cfg.ops = parse_comm_ops(ops);
+  cfg.dtype = parse_dtype(dtype);
+  cfg.min_bytes = parse_bytes(min_b);
+  cfg.max_bytes = parse_bytes(max_b);
+  auto backend = make_cpu(common, mpi);
+  Pool pool(*backend, pool_config(common));
+  std::unique_ptr<Communicator> comm;
+  if (comm_kind == "mpi") {
+    SHARD_REQUIRE(sim_world == 0, "--sim-world is for --comm sim");
+    comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  } else if (comm_kind == "sim") {
+    SHARD_REQUIRE(mpi.world() == 1, "--comm sim runs in one process; started with {} ranks", mpi.world());
+    SHARD_REQUIRE(sim_world >= 1, "--comm sim needs --sim-world N (N >= 1)");
+    comm = make_sim_communicator(0, sim_world, pool);
+  } else {
+    throw InputError(fmt::format("--comm '{}': expected mpi or sim", comm_kind));
+  }
+  uint64_t wrong = run_collective_benchmark(*comm, pool, cfg, stdout);
+  comm.reset();
+  return wrong == 0 ? 0 : 1;
+}
+
+int cmd_bench_gemm(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  GemmBenchConfig cfg;
+  po::options_description desc("bench-gemm options");
+  add_common(desc, common);
+  desc.add_options()("dim", po::value(&cfg.dim)->default_value(cfg.dim), "model width C")(
+      "tokens", po::value(&cfg.tokens)->default_value(cfg.tokens), "rows B*T")(
+      "seconds", po::value(&cfg.seconds)->default_value(cfg.seconds), "minimum timing per shape");
+  if (!parse(args, desc, mpi, "bench-gemm")) return 0;
+  SHARD_REQUIRE(cfg.dim > 0 && cfg.tokens > 0, "--dim {} --tokens {}: expected positive sizes", cfg.dim, cfg.tokens);
+  auto backend = make_cpu(common, mpi);
+  Pool pool(*backend, pool_config(common));
+  if (mpi.rank() == 0) run_gemm_benchmark(pool, cfg, stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args;
+  try {
+    args = launch_or_continue(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardlab: %s\n", e.what());
+    return 1;
+  }
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 1 : 0;
+  }
+  MpiRuntime mpi(&argc, &argv);
+  std::string command = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  try {
+    if (command == "info") return cmd_info(rest, mpi);
+    if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
+    if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);
+    throw InputError(fmt::format("unknown command '{}'\n{}", command, kUsage));
+  } catch (const InputError& e) {
+    abort_job(fmt::format("error: {}", e.what()), 1);
+  } catch (const std::exception& e) {
+    abort_job(e.what(), 2);
+  }
+}
