@@ -1,1 +1,188 @@
-// placeholder
+// Every CPU backend op against a naive reference. Tolerances are stated per op.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "src/backend/backend.hpp"
+#include "tests/test_util.hpp"
+
+using namespace shardlab;
+using shardlab::test::random_vector;
+
+namespace {
+
+Tensor t1(std::vector<float>& v) { return Tensor::flat(v.data(), DType::f32, static_cast<int64_t>(v.size())); }
+
+// C = alpha op(A) op(B) + beta C in double, row-major, for one batch entry.
+void gemm_reference(const GemmDesc& d, const float* A, const float* B, float* C) {
+  for (int64_t i = 0; i < d.m; ++i)
+    for (int64_t j = 0; j < d.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < d.k; ++p) {
+        double a = d.trans_a == Trans::N ? A[i * d.lda + p] : A[p * d.lda + i];
+        double b = d.trans_b == Trans::N ? B[p * d.ldb + j] : B[j * d.ldb + p];
+        acc += a * b;
+      }
+      C[i * d.ldc + j] = static_cast<float>(d.alpha * acc + d.beta * C[i * d.ldc + j]);
+    }
+}
+
+std::unique_ptr<Backend> cpu(int threads = 2) {
+  BackendConfig cfg;
+  cfg.threads = threads;
+  return make_cpu_backend(cfg);
+}
+
+}  // namespace
+
+TEST_CASE("cpu gemm: every transpose combination, padded strides, batches", "[backend][gemm]") {
+  auto be = cpu();
+  const int64_t m = 37, n = 29, k = 53, batch = 3;
+  // Tolerance: inputs in [-1, 1), k = 53 products in f32: |error| <= 1e-4 absolute.
+  const double tol = 1e-4;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      GemmDesc d;
+      d.trans_a = ta ? Trans::T : Trans::N;
+      d.trans_b = tb ? Trans::T : Trans::N;
+      d.m = m, d.n = n, d.k = k;
+      d.alpha = 0.75f;
+      d.beta = 0.5f;
+      d.lda = (ta ? m : k) + 3;  // leading dimensions wider than the matrix
+      d.ldb = (tb ? k : n) + 5;
+      d.ldc = n + 2;
+      d.batch = batch;
+      int64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+      d.stride_a = a_rows * d.lda + 7;
+      d.stride_b = b_rows * d.ldb + 1;
+      d.stride_c = m * d.ldc + 4;
+      auto A = random_vector("A", static_cast<size_t>(d.stride_a * batch));
+      auto B = random_vector("B", static_cast<size_t>(d.stride_b * batch));
+      auto C = random_vector("C", static_cast<size_t>(d.stride_c * batch));
+      auto ref = C;
+      be->gemm(d, A.data(), B.data(), C.data());
+      for (int64_t b = 0; b < batch; ++b)
+        gemm_reference(d, A.data() + b * d.stride_a, B.data() + b * d.stride_b, ref.data() + b * d.stride_c);
+      double max_err = 0;
+      for (size_t i = 0; i < C.size(); ++i) max_err = std::max(max_err, std::fabs(double(C[i]) - ref[i]));
+      INFO("trans_a=" << ta << " trans_b=" << tb << " max abs error " << max_err);
+      CHECK(max_err <= tol);
+    }
+}
+
+TEST_CASE("cpu gemm rejects bad shapes and types", "[backend][gemm]") {
+  auto be = cpu();
+  std::vector<float> a(16), b(16), c(16);
+  GemmDesc d;
+  d.m = d.n = d.k = 4;
+  d.lda = 3;  // smaller than k
+  d.ldb = d.ldc = 4;
+  CHECK_THROWS_WITH(be->gemm(d, a.data(), b.data(), c.data()), Catch::Contains("lda=3 < 4 columns of A"));
+  d.lda = 4;
+  d.ab_type = DType::bf16;
+  CHECK_THROWS_WITH(be->gemm(d, a.data(), b.data(), c.data()), Catch::Contains("cpu gemm computes f32 only"));
+}
+
+TEST_CASE("cpu element-wise ops, on both the serial and the threaded path", "[backend]") {
+  auto be = cpu();
+  for (size_t n : {size_t(1), size_t(1000), size_t((1 << 16) + 3)}) {
+    auto x = random_vector("x", n), y = random_vector("y", n);
+    auto y0 = y;
+    be->axpy(-0.3f, t1(x), t1(y));
+    // Tolerance: one fused or unfused multiply-add per element: 1 ulp of f32.
+    for (size_t i = 0; i < n; ++i) REQUIRE(y[i] == Approx(y0[i] - 0.3f * x[i]).epsilon(1e-6).margin(1e-7));
+    auto s = x;
+    be->scale(t1(s), 2.5f);
+    for (size_t i = 0; i < n; ++i) REQUIRE(s[i] == 2.5f * x[i]);  // exact: one rounding either way
+    std::vector<float> out(n);
+    be->add(t1(x), t1(y0), t1(out));
+    for (size_t i = 0; i < n; ++i) REQUIRE(out[i] == x[i] + y0[i]);
+    be->mul(t1(x), t1(y0), t1(out));
+    for (size_t i = 0; i < n; ++i) REQUIRE(out[i] == x[i] * y0[i]);
+    be->add(t1(x), t1(out), t1(out));  // output aliasing an input
+    for (size_t i = 0; i < n; ++i) REQUIRE(out[i] == x[i] + x[i] * y0[i]);
+  }
+  std::vector<float> a(3), b(4);
+  CHECK_THROWS_WITH(be->add(t1(a), t1(b), t1(a)), Catch::Contains("element counts differ: 3 (3) vs 4 (4)"));
+}
+
+TEST_CASE("cpu fill and cast across f32, bf16 and f16", "[backend]") {
+  auto be = cpu();
+  const size_t n = (1 << 15) + 77;  // more than one cast chunk, threaded
+  auto src = random_vector("cast", n, -300.f, 300.f);
+  const DType types[] = {DType::f32, DType::bf16, DType::f16};
+  for (DType from : types)
+    for (DType to : types) {
+      std::vector<uint8_t> a(n * dtype_size(from)), b(n * dtype_size(to));
+      Tensor ta = Tensor::flat(a.data(), from, n), tb = Tensor::flat(b.data(), to, n);
+      be->cast(t1(src), ta);
+      be->cast(ta, tb);
+      std::vector<float> got(n);
+      be->cast(tb, t1(got));
+      // Reference: the scalar conversions, applied element by element in the same order.
+      for (size_t i = 0; i < n; ++i)
+        REQUIRE(got[i] == test::round_to(test::round_to(src[i], from), to));
+    }
+  for (DType t : types) {
+    std::vector<uint8_t> buf(100 * dtype_size(t));
+    Tensor tt = Tensor::flat(buf.data(), t, 100);
+    be->fill(tt, 0.1f);
+    std::vector<float> back(100);
+    be->cast(tt, t1(back));
+    for (float v : back) REQUIRE(v == test::round_to(0.1f, t));
+  }
+}
+
+TEST_CASE("cpu reductions accumulate in double", "[backend]") {
+  auto be = cpu();
+  for (size_t n : {size_t(5), size_t((1 << 20) + 11)}) {
+    auto x = random_vector("red", n, -2.f, 1.f);
+    double s = 0, ss = 0, m = 0;
+    for (float v : x) {
+      s += v;
+      ss += double(v) * v;
+      m = std::max(m, double(std::fabs(v)));
+    }
+    std::vector<float> out(1, 0.f);
+    // Tolerance: the double sum rounded once to f32 (the order of summation differs): 1e-6 relative.
+    be->sum(t1(x), t1(out), false);
+    CHECK(out[0] == Approx(s).epsilon(1e-6));
+    be->sum_squares(t1(x), t1(out), false);
+    CHECK(out[0] == Approx(ss).epsilon(1e-6));
+    be->sum_squares(t1(x), t1(out), true);
+    CHECK(out[0] == Approx(2 * ss).epsilon(1e-6));
+    be->max_abs(t1(x), t1(out), false);
+    CHECK(out[0] == static_cast<float>(m));
+    out[0] = 1e9f;
+    be->max_abs(t1(x), t1(out), true);
+    CHECK(out[0] == 1e9f);
+  }
+}
+
+TEST_CASE("cpu sum_rows gives column sums (bias gradients)", "[backend]") {
+  auto be = cpu();
+  const int64_t rows = 513, cols = 300;  // crosses the 256-column blocks
+  auto x = random_vector("rows", rows * cols);
+  std::vector<float> out(cols, 0.f), init = random_vector("init", cols);
+  Tensor tx(x.data(), DType::f32, {rows, cols});
+  for (bool acc : {false, true}) {
+    out = init;
+    be->sum_rows(tx, t1(out), acc);
+    for (int64_t c = 0; c < cols; ++c) {
+      double s = acc ? init[c] : 0.0;
+      for (int64_t r = 0; r < rows; ++r) s += x[r * cols + c];
+      REQUIRE(out[c] == Approx(s).epsilon(1e-6).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("cpu backend threads and copies", "[backend]") {
+  CHECK(cpu(3)->threads() == 3);
+  CHECK(default_cpu_threads(1) >= 1);
+  CHECK(default_cpu_threads(1000) == 1);
+  auto be = cpu();
+  std::vector<float> a = {1, 2, 3}, b(3);
+  be->copy(t1(b), t1(a));
+  CHECK(b == a);
+  CHECK(be->record(StreamKind::comm)->done());  // CPU work is synchronous
+  CHECK_THROWS_WITH(parse_device("tpu"), Catch::Contains("unknown device 'tpu'"));
+}

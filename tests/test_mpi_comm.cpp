@@ -1,1 +1,195 @@
-// placeholder
+// Every collective of the mpi communicator against an expectation each rank computes locally
+// (it knows every rank's inputs: they are a function of rank and index), for f32, bf16 and f16,
+// counts that do not divide evenly, every root, two collectives in flight at once, and a rank
+// that arrives late.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "src/comm/mpi_comm.hpp"
+#include "tests/mpi_test_env.hpp"
+#include "tests/test_util.hpp"
+
+using namespace shardlab;
+using shardlab::test::g_mpi;
+
+namespace {
+
+const DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// Rank r's input element i, already representable in dtype t (so every rank agrees on it).
+float input(int r, int64_t i, DType t) {
+  float v = Rng(99, "mpi input " + std::to_string(r)).uniform(static_cast<uint64_t>(i)) * 4.f - 2.f;
+  return test::round_to(v, t);
+}
+
+struct Buf {
+  std::vector<uint8_t> bytes;
+  Tensor t;
+  Buf(DType dt, int64_t n) : bytes(static_cast<size_t>(n) * dtype_size(dt) + 1) {
+    t = Tensor::flat(bytes.data(), dt, n);
+  }
+  void set(int r, int64_t first = 0) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = input(r, first + static_cast<int64_t>(i), t.dtype());
+    convert(v.data(), DType::f32, t.data(), t.dtype(), v.size());
+  }
+  std::vector<float> get() const {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    convert(t.data(), t.dtype(), v.data(), DType::f32, v.size());
+    return v;
+  }
+};
+
+double exact_sum(int world, int64_t i, DType t) {
+  double s = 0;
+  for (int r = 0; r < world; ++r) s += input(r, i, t);
+  return s;
+}
+
+// A reduced value must be the exact sum rounded once to the dtype: within half an ulp of it, plus
+// the f32 accumulation error of the widened sum (world * 2^-24 relative). Summing in bf16 or f16
+// (rounding at every step) would break this bound.
+bool close_to_sum(float got, double exact, DType t, int world) {
+  double tol = 0.5 * test::ulp(exact, t) + world * std::ldexp(std::fabs(exact), -24) + 1e-30;
+  if (t == DType::f32) tol = world * std::ldexp(std::fabs(exact) + 4.0, -23);
+  return std::fabs(got - exact) <= tol;
+}
+
+struct Setup {
+  std::unique_ptr<Backend> be = make_cpu_backend(BackendConfig{});
+  Pool pool{*be};
+  std::unique_ptr<Communicator> comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  int rank = comm->rank(), world = comm->world_size();
+};
+
+}  // namespace
+
+TEST_CASE("all_reduce sums and maxes every dtype", "[mpi]") {
+  Setup s;
+  for (DType t : kTypes)
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(1001), int64_t(40000)}) {
+      Buf b(t, n), m(t, n);
+      b.set(s.rank);
+      m.set(s.rank);
+      s.comm->all_reduce(b.t).wait();
+      s.comm->all_reduce(m.t, ReduceOp::max).wait();
+      auto got = b.get(), gotmax = m.get();
+      int bad = 0, badmax = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (!close_to_sum(got[i], exact_sum(s.world, i, t), t, s.world)) ++bad;
+        float mx = -1e30f;
+        for (int r = 0; r < s.world; ++r) mx = std::max(mx, input(r, i, t));
+        if (gotmax[i] != mx) ++badmax;
+      }
+      INFO(dtype_name(t) << " n=" << n);
+      CHECK(bad == 0);
+      CHECK(badmax == 0);
+    }
+  CHECK(s.pool.in_use() == 0);  // widening buffers are returned once the work completes
+}
+
+TEST_CASE("reduce_scatter gives rank r the reduced chunk r", "[mpi]") {
+  Setup s;
+  for (DType t : kTypes)
+    for (int64_t chunk : {int64_t(1), int64_t(333), int64_t(5000)}) {
+      Buf send(t, chunk * s.world), recv(t, chunk);
+      send.set(s.rank);
+      s.comm->reduce_scatter(send.t, recv.t).wait();
+      auto got = recv.get();
+      int bad = 0;
+      for (int64_t i = 0; i < chunk; ++i)
+        if (!close_to_sum(got[i], exact_sum(s.world, s.rank * chunk + i, t), t, s.world)) ++bad;
+      INFO(dtype_name(t) << " chunk=" << chunk);
+      CHECK(bad == 0);
+    }
+}
+
+TEST_CASE("all_gather concatenates every rank's chunk bit for bit", "[mpi]") {
+  Setup s;
+  for (DType t : kTypes)
+    for (int64_t chunk : {int64_t(1), int64_t(777)}) {
+      Buf send(t, chunk), recv(t, chunk * s.world);
+      send.set(s.rank, s.rank * chunk);  // rank r holds elements [r*chunk, (r+1)*chunk) of a whole
+      s.comm->all_gather(send.t, recv.t).wait();
+      auto got = recv.get();
+      int bad = 0;
+      for (int64_t i = 0; i < chunk * s.world; ++i)
+        if (got[i] != input(static_cast<int>(i / chunk), i, t)) ++bad;
+      CHECK(bad == 0);
+    }
+}
+
+TEST_CASE("broadcast and reduce from every root", "[mpi]") {
+  Setup s;
+  for (DType t : kTypes)
+    for (int root = 0; root < s.world; ++root) {
+      const int64_t n = 513;
+      Buf b(t, n), send(t, n), recv(t, n);
+      b.set(s.rank);
+      send.set(s.rank);
+      s.comm->broadcast(b.t, root).wait();
+      s.comm->reduce(send.t, recv.t, root).wait();
+      auto got = b.get();
+      int bad = 0;
+      for (int64_t i = 0; i < n; ++i)
+        if (got[i] != input(root, i, t)) ++bad;
+      CHECK(bad == 0);
+      if (s.rank == root) {
+        auto red = recv.get();
+        int badr = 0;
+        for (int64_t i = 0; i < n; ++i)
+          if (!close_to_sum(red[i], exact_sum(s.world, i, t), t, s.world)) ++badr;
+        CHECK(badr == 0);
+      }
+    }
+}
+
+TEST_CASE("two collectives in flight, and a rank that arrives late", "[mpi]") {
+  Setup s;
+  const int64_t chunk = 20000;
+  Buf gsend(DType::f32, chunk), grecv(DType::f32, chunk * s.world), ar(DType::bf16, 3 * chunk);
+  gsend.set(s.rank, s.rank * chunk);
+  ar.set(s.rank);
+  if (s.rank == s.world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Work w1 = s.comm->all_gather(gsend.t, grecv.t);
+  Work w2 = s.comm->all_reduce(ar.t);
+  CHECK(s.pool.ledger().current(Category::comm_buffer) == 3 * chunk * 4);  // the bf16 -> f32 staging copy
+  w2.wait();
+  w1.wait();
+  CHECK(w1.done());
+  auto g = grecv.get(), a = ar.get();
+  int bad = 0;
+  for (int64_t i = 0; i < chunk * s.world; ++i)
+    if (g[i] != input(static_cast<int>(i / chunk), i, DType::f32)) ++bad;
+  for (int64_t i = 0; i < 3 * chunk; ++i)
+    if (!close_to_sum(a[i], exact_sum(s.world, i, DType::bf16), DType::bf16, s.world)) ++bad;
+  CHECK(bad == 0);
+  CHECK(s.pool.in_use() == 0);
+  s.comm->barrier().wait();
+}
+
+TEST_CASE("byte counters follow the nccl-tests conventions", "[mpi]") {
+  Setup s;
+  const double N = s.world;
+  Buf f(DType::f32, 1000), h(DType::bf16, 1000), recv(DType::f32, 1000 * s.world);
+  f.set(s.rank);
+  h.set(s.rank);
+  s.comm->all_reduce(f.t).wait();
+  s.comm->all_reduce(h.t).wait();
+  s.comm->all_gather(f.t, recv.t).wait();
+  const auto& st = s.comm->stats();
+  const auto& ar = st.total[static_cast<int>(CommOp::all_reduce)];
+  CHECK(ar.calls == 2);
+  CHECK(ar.bytes == Approx(2 * (N - 1) / N * (4000 + 2000)));
+  CHECK(ar.wire_bytes == Approx(2 * (N - 1) / N * (4000 + 4000)));  // bf16 travels as f32
+  CHECK(st.total[static_cast<int>(CommOp::all_gather)].bytes == Approx((N - 1) / N * 4000 * N));
+  CHECK(st.step_bytes() == Approx(st.total_bytes()));
+}
+
+TEST_CASE("the runtime knows its node-local rank", "[mpi]") {
+  CHECK(g_mpi->local_size() >= 1);
+  CHECK(g_mpi->local_rank() < g_mpi->local_size());
+  CHECK(process_identity().find("rank " + std::to_string(g_mpi->rank())) == 0);
+}
