@@ -1,5 +1,6 @@
 // main.cpp — the shardlab command line.
 //
+//   shardlab train               train GPT-2 (one rank until the sharding strategies land)
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
@@ -17,6 +18,7 @@
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/core/units.hpp"
+#include "src/train/trainer.hpp"
 #include "tools/launch.hpp"
 
 namespace po = boost::program_options;
@@ -28,6 +30,7 @@ const char* kUsage =
     "usage: shardlab <command> [options] [--nproc N]\n"
     "\n"
     "commands:\n"
+    "  train               train a GPT-2 model (single rank for now) and report loss, speed and memory\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
@@ -81,6 +84,90 @@ PoolConfig pool_config(const CommonOptions& c) {
   PoolConfig pc;
   if (!c.device_memory.empty()) pc.budget = parse_bytes(c.device_memory);
   return pc;
+}
+
+// Model shape: a preset, with any of --layers/--dim/--heads/--seq/--vocab overriding it.
+struct ModelOptions {
+  std::string preset = "small";
+  int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;
+  void add(po::options_description& d) {
+    d.add_options()("model", po::value(&preset)->default_value(preset),
+                    "preset: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl")(
+        "layers", po::value(&layers)->default_value(0), "transformer blocks L (0 = the preset's)")(
+        "dim", po::value(&dim)->default_value(0), "channels C (0 = the preset's)")(
+        "heads", po::value(&heads)->default_value(0), "attention heads H (0 = the preset's)")(
+        "seq", po::value(&seq)->default_value(0), "sequence length T, also the model's positions (0 = the preset's)")(
+        "vocab", po::value(&vocab)->default_value(0), "vocabulary V (0 = the preset's)");
+  }
+  ModelSpec spec() const {
+    ModelSpec s = model_preset(preset);
+    bool custom = false;
+    for (auto [field, value] : {std::pair{&s.layers, layers}, std::pair{&s.dim, dim}, std::pair{&s.heads, heads},
+                                std::pair{&s.seq, seq}, std::pair{&s.vocab, vocab}}) {
+      SHARD_REQUIRE(value >= 0, "model dimensions must be positive, got {}", value);
+      if (value > 0) {
+        *field = value;
+        custom = true;
+      }
+    }
+    if (custom) s.name = preset + "+custom";
+    s.validate();
+    return s;
+  }
+};
+
+int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  ModelOptions model;
+  TrainConfig cfg;
+  std::string device = "cpu";
+  int64_t seed = static_cast<int64_t>(cfg.seed);
+  po::options_description desc("train options");
+  add_common(desc, common);
+  model.add(desc);
+  desc.add_options()("data", po::value(&cfg.data)->default_value(cfg.data),
+                     "token source: synthetic (embedded), an llm.c .bin shard, or any file as bytes")(
+      "steps", po::value(&cfg.steps)->default_value(cfg.steps), "optimizer steps")(
+      "batch", po::value(&cfg.batch)->default_value(cfg.batch), "global batch, in sequences")(
+      "accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
+      "lr", po::value(&cfg.schedule.lr)->default_value(1e-3f, "1e-3"), "peak learning rate")(
+      "schedule", po::value(&cfg.schedule.kind)->default_value(cfg.schedule.kind), "constant or cosine")(
+      "warmup-steps", po::value(&cfg.schedule.warmup_steps)->default_value(10), "linear warmup steps")(
+      "min-lr-frac", po::value(&cfg.schedule.min_lr_frac)->default_value(0.1f, "0.1"),
+      "cosine ends at lr * this")(
+      "optimizer", po::value(&cfg.optim.kind)->default_value(cfg.optim.kind), "adamw or sgd")(
+      "weight-decay", po::value(&cfg.optim.weight_decay)->default_value(0.1f, "0.1"),
+      "decoupled weight decay, on tensors with >= 2 dims only")(
+      "beta1", po::value(&cfg.optim.beta1)->default_value(0.9f, "0.9"), "AdamW beta1")(
+      "beta2", po::value(&cfg.optim.beta2)->default_value(0.95f, "0.95"), "AdamW beta2")(
+      "eps", po::value(&cfg.optim.eps)->default_value(1e-8f, "1e-8"), "AdamW epsilon")(
+      "momentum", po::value(&cfg.optim.momentum)->default_value(0.9f, "0.9"), "SGD momentum")(
+      "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)")(
+      "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
+      "device", po::value(&device)->default_value(device), "cpu or cuda")(
+      "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)")(
+      "save", po::value(&cfg.save_path)->default_value(""), "write the final weights to this safetensors file")(
+      "log", po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
+      "print-every", po::value(&cfg.print_every)->default_value(1), "progress line every k steps");
+  if (!parse(args, desc, mpi, "train")) return 0;
+  SHARD_REQUIRE(mpi.world() == 1,
+                "train runs on one rank for now ({} started): the sharding strategies that use more are not built yet",
+                mpi.world());
+  SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
+  cfg.seed = static_cast<uint64_t>(seed);
+  cfg.spec = model.spec();
+  std::unique_ptr<Backend> backend;
+  if (parse_device(device) == Device::cpu) {
+    backend = make_cpu(common, mpi);
+  } else {
+    BackendConfig bc;
+    bc.local_rank = mpi.local_rank();
+    backend = make_cuda_backend(bc);
+  }
+  Pool pool(*backend, pool_config(common));
+  Trainer trainer(*backend, pool, cfg);
+  trainer.run(stdout);
+  return 0;
 }
 
 int cmd_info(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -179,6 +266,7 @@ int main(int argc, char** argv) {
   std::string command = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   try {
+    if (command == "train") return cmd_train(rest, mpi);
     if (command == "info") return cmd_info(rest, mpi);
     if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
     if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);

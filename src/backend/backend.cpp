@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <thread>
 
 namespace shardlab {
@@ -32,6 +33,16 @@ void check_same_numel(const Tensor& a, const Tensor& b, const char* op) {
 
 void check_f32(const Tensor& t, const char* op) {
   SHARD_CHECK(t.dtype() == DType::f32, "{}: expects f32, got {} tensor {}", op, dtype_name(t.dtype()), t.shape_str());
+}
+
+std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H,
+                                       const char* op) {
+  SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % 3 == 0, "{}: qkv {} must be (B, T, 3C)", op, qkv.shape_str());
+  int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
+  SHARD_CHECK(H > 0 && C % H == 0, "{}: {} channels do not split into {} heads", op, C, H);
+  SHARD_CHECK(out.numel() == B * T * C && att.numel() == B * H * T * T, "{}: qkv {} out {} att {} H={}", op,
+              qkv.shape_str(), out.shape_str(), att.shape_str(), H);
+  return {B, T, C};
 }
 
 void check_gemm(const GemmDesc& d) {

@@ -9,6 +9,7 @@
 // complete when recorded; on CUDA, kernels go to the compute stream and collectives to the comm
 // stream, and the two are ordered by events, never by a host sync.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,6 +36,19 @@ struct GemmDesc {
 };
 
 enum class StreamKind : uint8_t { compute, comm };
+
+// AdamW with decoupled weight decay (Loshchilov & Hutter): p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p).
+struct AdamWArgs {
+  float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
+  int64_t step = 1;         // 1-based, for bias correction
+  float grad_scale = 1.f;   // gradients are multiplied by this first (clipping, averaging)
+};
+
+// SGD with momentum (PyTorch's form): b = mu * b + g + wd * p; p -= lr * b.
+struct SgdArgs {
+  float lr = 0.01f, momentum = 0.9f, weight_decay = 0.f;
+  float grad_scale = 1.f;
+};
 
 class Event {
  public:
@@ -82,7 +96,41 @@ class Backend {
   virtual void max_abs(Tensor x, Tensor out, bool accumulate) = 0;
   // out[c] (+)= sum_r x[r, c] for x of shape (rows, cols): bias gradients.
   virtual void sum_rows(Tensor x, Tensor out, bool accumulate) = 0;
+
+  // ---- GPT-2 kernels (f32). Shapes: B batch, T time, C channels, H heads, V vocab. Token ids are
+  // int32 on this backend's device. "accumulate" gradients add to what the buffer holds. ----
+  // out (B*T, C) = wte[tokens] + wpe[t]
+  virtual void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) = 0;
+  // dwte[tokens] += dout, dwpe[t] += dout (accumulate)
+  virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                                  int64_t T) = 0;
+  // inp, out (N, C); mean, rstd (N); eps 1e-5
+  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) = 0;
+  // dinp, dweight, dbias accumulate
+  virtual void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                                  Tensor mean, Tensor rstd) = 0;
+  // x (N, OC) += bias (OC) on every row
+  virtual void add_bias(Tensor x, Tensor bias) = 0;
+  // GELU, tanh approximation; backward: dinp = gelu'(inp) * dout (overwrites dinp)
+  virtual void gelu_forward(Tensor out, Tensor inp) = 0;
+  virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;
+  // Causal self-attention over qkv (B, T, 3C) laid out [q | k | v], heads of C/H channels.
+  // out (B, T, C); att (B, H, T, T) softmax probabilities (zero above the diagonal), saved for backward.
+  virtual void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) = 0;
+  // dqkv (B, T, 3C) is overwritten; scratch holds attention_scratch_elems(T, H) floats.
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) = 0;
+  // losses (N) = -log softmax(logits)[target]; when dlogits is not empty it receives
+  // (softmax - onehot(target)) * dloss_scale (it may alias logits).
+  virtual void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                             float dloss_scale) = 0;
+
+  // ---- optimizers over flat f32 buffers (any shard of them) ----
+  virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) = 0;
+  virtual void sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) = 0;
 };
+
+// Floats of scratch attention_backward needs: one batch entry's attention gradient (H, T, T).
+inline int64_t attention_scratch_elems(int64_t T, int64_t H) { return H * T * T; }
 
 std::unique_ptr<Backend> make_backend(Device device, const BackendConfig& cfg);
 std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg);
@@ -97,5 +145,8 @@ int default_cpu_threads(int local_ranks);  // max(1, usable cores / local_ranks)
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
 void check_f32(const Tensor& t, const char* op);
 void check_gemm(const GemmDesc& d);
+// Validates attention tensors and returns {B, T, C}.
+std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H,
+                                       const char* op);
 
 }  // namespace shardlab

@@ -69,6 +69,15 @@ class Tensor {
                 offset + n, numel());
     return flat(static_cast<char*>(data_) + offset * static_cast<int64_t>(dtype_size(dtype_)), dtype_, n, device_);
   }
+  // The same elements under another shape (numel must match).
+  Tensor reshape(std::span<const int64_t> shape) const {
+    SHARD_CHECK(shape.size() <= kMaxDims, "tensor rank {} exceeds {}", shape.size(), kMaxDims);
+    Tensor t = *this;
+    t.ndim_ = 0;
+    for (int64_t d : shape) t.shape_[t.ndim_++] = d;
+    SHARD_CHECK(t.numel() == numel(), "reshape {} to {}: element counts differ", shape_str(), t.shape_str());
+    return t;
+  }
   std::string shape_str() const;
 
  private:

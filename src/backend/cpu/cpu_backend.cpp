@@ -3,7 +3,6 @@
 // One rank is one process; its thread count (cores / ranks on the node by default) is set once
 // for OpenMP, which oneDNN's Debian build also uses, so GEMM and element-wise loops share one pool.
 // Everything is synchronous: an event is complete when recorded, and streams need no ordering.
-#include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <cstring>
 
 #include "src/backend/backend.hpp"
+#include "src/backend/cpu/kernels.hpp"
 
 namespace shardlab {
 namespace {
@@ -64,14 +64,9 @@ class CpuBackend final : public Backend {
     const float* A = static_cast<const float*>(a);
     const float* B = static_cast<const float*>(b);
     float* C = static_cast<float*>(c);
-    char ta = d.trans_a == Trans::N ? 'N' : 'T';
-    char tb = d.trans_b == Trans::N ? 'N' : 'T';
-    for (int64_t i = 0; i < d.batch; ++i) {
-      dnnl_status_t st = dnnl_sgemm(ta, tb, d.m, d.n, d.k, d.alpha, A + i * d.stride_a, d.lda, B + i * d.stride_b,
-                                    d.ldb, d.beta, C + i * d.stride_c, d.ldc);
-      SHARD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", static_cast<int>(st), d.m,
-                  d.n, d.k);
-    }
+    for (int64_t i = 0; i < d.batch; ++i)
+      cpu::sgemm(d.trans_a, d.trans_b, d.m, d.n, d.k, d.alpha, A + i * d.stride_a, d.lda, B + i * d.stride_b, d.ldb,
+                 d.beta, C + i * d.stride_c, d.ldc);
   }
 
   void fill(Tensor x, float value) override {
@@ -157,6 +152,92 @@ class CpuBackend final : public Backend {
       }
       for (int64_t c = c0; c < c1; ++c) op[c] = static_cast<float>((accumulate ? op[c] : 0.0) + acc[c - c0]);
     }
+  }
+
+  // ---- GPT-2 kernels ----
+  void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override {
+    int64_t C = wte.dim(1);
+    SHARD_CHECK(out.numel() == B * T * C && wpe.dim(0) >= T && wpe.dim(1) == C,
+                "embedding_forward: out {} wte {} wpe {} B={} T={}", out.shape_str(), wte.shape_str(),
+                wpe.shape_str(), B, T);
+    cpu::embedding_forward(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.ptr<float>(), B, T, C, wte.dim(0));
+  }
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                          int64_t T) override {
+    int64_t C = dwte.dim(1);
+    SHARD_CHECK(dout.numel() == B * T * C && dwpe.dim(1) == C, "embedding_backward: dout {} dwte {} dwpe {}",
+                dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
+    cpu::embedding_backward(dwte.ptr<float>(), dwpe.ptr<float>(), dout.ptr<float>(), tokens, B, T, C);
+  }
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) override {
+    int64_t C = weight.numel(), N = inp.numel() / C;
+    SHARD_CHECK(inp.numel() == N * C && out.numel() == N * C && mean.numel() == N && rstd.numel() == N &&
+                    bias.numel() == C,
+                "layernorm_forward: inp {} out {} mean {} weight {}", inp.shape_str(), out.shape_str(),
+                mean.shape_str(), weight.shape_str());
+    cpu::layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
+                           weight.ptr<float>(), bias.ptr<float>(), N, C);
+  }
+  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                          Tensor mean, Tensor rstd) override {
+    int64_t C = weight.numel(), N = inp.numel() / C;
+    SHARD_CHECK(dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C && dbias.numel() == C &&
+                    mean.numel() == N && rstd.numel() == N,
+                "layernorm_backward: dinp {} dout {} dweight {} mean {}", dinp.shape_str(), dout.shape_str(),
+                dweight.shape_str(), mean.shape_str());
+    cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
+                            inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N, C);
+  }
+  void add_bias(Tensor x, Tensor bias) override {
+    int64_t OC = bias.numel();
+    SHARD_CHECK(OC > 0 && x.numel() % OC == 0, "add_bias: x {} bias {}", x.shape_str(), bias.shape_str());
+    cpu::add_bias(x.ptr<float>(), bias.ptr<float>(), x.numel() / OC, OC);
+  }
+  void gelu_forward(Tensor out, Tensor inp) override {
+    check_same_numel(out, inp, "gelu_forward");
+    cpu::gelu_forward(out.ptr<float>(), inp.ptr<float>(), inp.numel());
+  }
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override {
+    check_same_numel(dinp, inp, "gelu_backward");
+    check_same_numel(dout, inp, "gelu_backward");
+    cpu::gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel());
+  }
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override {
+    auto [B, T, C] = attention_shape(qkv, out, att, H, "attention_forward");
+    cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, C, H);
+  }
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) override {
+    auto [B, T, C] = attention_shape(qkv, dout, att, H, "attention_backward");
+    check_same_numel(dqkv, qkv, "attention_backward");
+    SHARD_CHECK(scratch.numel() >= attention_scratch_elems(T, H), "attention_backward: scratch of {} < {} floats",
+                scratch.numel(), attention_scratch_elems(T, H));
+    cpu::attention_backward(dqkv.ptr<float>(), scratch.ptr<float>(), dout.ptr<float>(), qkv.ptr<float>(),
+                            att.ptr<float>(), B, T, C, H);
+  }
+  void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                     float dloss_scale) override {
+    int64_t N = losses.numel();
+    SHARD_CHECK(N > 0 && logits.numel() % N == 0, "cross_entropy: logits {} losses {}", logits.shape_str(),
+                losses.shape_str());
+    float* d = nullptr;
+    if (dlogits.data() != nullptr) {
+      check_same_numel(dlogits, logits, "cross_entropy");
+      d = dlogits.ptr<float>();
+    }
+    cpu::cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), targets, N, logits.numel() / N, dloss_scale);
+  }
+
+  // ---- optimizers ----
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
+    check_same_numel(param, grad, "adamw_update");
+    check_same_numel(param, m, "adamw_update");
+    check_same_numel(param, v, "adamw_update");
+    cpu::adamw_update(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), param.numel(), a);
+  }
+  void sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) override {
+    check_same_numel(param, grad, "sgd_update");
+    check_same_numel(param, momentum, "sgd_update");
+    cpu::sgd_update(param.ptr<float>(), grad.ptr<float>(), momentum.ptr<float>(), param.numel(), a);
   }
 
  private:

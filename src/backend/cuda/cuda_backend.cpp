@@ -167,6 +167,23 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cuda::launch_sum_rows(x.ptr<float>(), x.dim(0), x.dim(1), out.ptr<float>(), accumulate, compute_));
   }
 
+  // ---- GPT-2 and optimizer kernels: not yet on CUDA. They fail loudly rather than compute nothing. ----
+  [[noreturn]] static void not_yet(const char* op) {
+    throw InputError(fmt::format("{} is not implemented on the CUDA backend yet: use --device cpu", op));
+  }
+  void embedding_forward(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor) override { not_yet("embedding_forward"); }
+  void embedding_backward(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t) override { not_yet("embedding_backward"); }
+  void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override { not_yet("layernorm_forward"); }
+  void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override { not_yet("layernorm_backward"); }
+  void add_bias(Tensor, Tensor) override { not_yet("add_bias"); }
+  void gelu_forward(Tensor, Tensor) override { not_yet("gelu_forward"); }
+  void gelu_backward(Tensor, Tensor, Tensor) override { not_yet("gelu_backward"); }
+  void attention_forward(Tensor, Tensor, Tensor, int64_t) override { not_yet("attention_forward"); }
+  void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, Tensor) override { not_yet("attention_backward"); }
+  void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override { not_yet("cross_entropy"); }
+  void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override { not_yet("adamw_update"); }
+  void sgd_update(Tensor, Tensor, Tensor, const SgdArgs&) override { not_yet("sgd_update"); }
+
  private:
   cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }
 

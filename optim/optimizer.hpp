@@ -1,0 +1,65 @@
+// optimizer.hpp — AdamW and SGD over flat f32 buffers, global-norm clipping, LR schedules.
+//
+// The optimizer sees buffers, not tensors: each registered buffer comes with its segments (ranges
+// and whether weight decay applies), so the same code steps a full replica or one rank's shard of
+// a padded flat parameter. State (Adam's m and v, SGD's momentum) is allocated from the pool as
+// optim_state, the same size as the buffer.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "memory/pool.hpp"
+#include "src/model/spec.hpp"
+
+namespace shardlab {
+
+struct OptimConfig {
+  std::string kind = "adamw";  // adamw | sgd
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float momentum = 0.9f;  // sgd
+  void validate() const;
+};
+
+struct ParamSegment {
+  int64_t offset = 0, numel = 0;  // within the registered buffer
+  bool decay = false;
+};
+
+// The segments of elements [first, first + count) of a unit's flat buffer, relative to `first`;
+// padding past the last tensor gets a no-decay segment (its gradient is zero, so it stays zero).
+std::vector<ParamSegment> unit_segments(const UnitLayout& unit, int64_t first, int64_t count);
+
+class Optimizer {
+ public:
+  Optimizer(Pool& pool, OptimConfig cfg) : pool_(pool), cfg_(std::move(cfg)) { cfg_.validate(); }
+  void add(Tensor param, Tensor grad, std::vector<ParamSegment> segments, const std::string& tag);
+  // One update of every buffer: step is 1-based; grads are multiplied by grad_scale first.
+  void step(int64_t step, float lr, float grad_scale);
+  const OptimConfig& config() const { return cfg_; }
+
+ private:
+  struct Group {
+    Tensor param, grad;
+    std::vector<ParamSegment> segments;
+    Block m, v;  // v unused by sgd
+  };
+  Pool& pool_;
+  OptimConfig cfg_;
+  std::vector<Group> groups_;
+};
+
+struct LrSchedule {
+  std::string kind = "cosine";  // constant | cosine
+  float lr = 3e-4f;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  float min_lr_frac = 0.1f;  // cosine decays to lr * min_lr_frac at the last step
+  void validate() const;
+  float at(int64_t step) const;  // step is 0-based
+};
+
+// The factor that scales gradients to a global norm of at most max_norm (1 when max_norm <= 0).
+float clip_factor(double global_norm, float max_norm);
+
+}  // namespace shardlab

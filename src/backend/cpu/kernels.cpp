@@ -1,0 +1,266 @@
+// kernels.cpp — GPT-2 forward/backward and optimizer kernels for the CPU backend.
+//
+// Threads: loops over rows run under OpenMP with a static schedule, so results do not depend on
+// timing. Reductions across rows (LayerNorm's weight/bias gradients, embedding gradients) are
+// done per thread and folded in thread order, so a run is bit-reproducible at a given thread count.
+// Attention reads q, k, v straight out of the fused (B, T, 3C) buffer with leading dimension 3C and
+// writes head h's output into columns [h*hs, (h+1)*hs) of (B, T, C): no permutation copies.
+#include "src/backend/cpu/kernels.hpp"
+
+#include <dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace shardlab::cpu {
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements below which a loop stays on one thread
+constexpr float kLayerNormEps = 1e-5f;
+}  // namespace
+
+void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  dnnl_status_t st = dnnl_sgemm(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', m, n, k, alpha, A, lda, B,
+                                ldb, beta, C, ldc);
+  SHARD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", static_cast<int>(st), m, n, k);
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C, int64_t V) {
+#pragma omp parallel for schedule(static) if (B * T * C > kParallelMin)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    int32_t tok = tokens[bt];
+    SHARD_CHECK(tok >= 0 && tok < V, "token id {} at position {} outside vocabulary of {}", tok, bt, V);
+    const float* e = wte + tok * C;
+    const float* p = wpe + (bt % T) * C;
+    float* o = out + bt * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C) {
+  // Sequential over positions: several positions may share a token row, and the order is fixed.
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const float* d = dout + bt * C;
+    float* e = dwte + static_cast<int64_t>(tokens[bt]) * C;
+    float* p = dwpe + (bt % T) * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      e[c] += d[c];
+      p[c] += d[c];
+    }
+  }
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* x = inp + i * C;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += x[c];
+    float m = s / C;
+    float v = 0.f;
+#pragma omp simd reduction(+ : v)
+    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    float r = 1.f / std::sqrt(v / C + kLayerNormEps);
+    float* o = out + i * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - m) * r * w[c] + b[c];
+    mean[i] = m;
+    rstd[i] = r;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C) {
+  int threads = (N * C > kParallelMin) ? omp_get_max_threads() : 1;
+  std::vector<float> partial(static_cast<size_t>(threads) * 2 * C, 0.f);  // per thread: dw, db
+#pragma omp parallel num_threads(threads)
+  {
+    float* pdw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * C;
+    float* pdb = pdw + C;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const float* x = inp + i * C;
+      const float* d = dout + i * C;
+      float m = mean[i], r = rstd[i];
+      float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+      for (int64_t c = 0; c < C; ++c) {
+        float norm = (x[c] - m) * r;
+        float dnorm = w[c] * d[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+      float* di = dinp + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        float norm = (x[c] - m) * r;
+        float dnorm = w[c] * d[c];
+        pdb[c] += d[c];
+        pdw[c] += norm * d[c];
+        di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+      }
+    }
+  }
+  for (int t = 0; t < threads; ++t) {
+    const float* pdw = partial.data() + static_cast<size_t>(t) * 2 * C;
+    for (int64_t c = 0; c < C; ++c) {
+      dw[c] += pdw[c];
+      db[c] += pdw[C + c];
+    }
+  }
+}
+
+void add_bias(float* x, const float* bias, int64_t N, int64_t OC) {
+#pragma omp parallel for schedule(static) if (N * OC > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    float* row = x + i * OC;
+#pragma omp simd
+    for (int64_t c = 0; c < OC; ++c) row[c] += bias[c];
+  }
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+}
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kGeluScale * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.f + std::tanh(u));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kGeluScale * (x + 0.044715f * x * x * x);
+    float th = std::tanh(u);
+    float sech2 = 1.f - th * th;
+    float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+    dinp[i] = grad * dout[i];
+  }
+}
+
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H) {
+  const int64_t hs = C / H, C3 = 3 * C;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel for schedule(static) if (B * H > 1 && B * T * C > kParallelMin)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    int64_t b = bh / H, h = bh % H;
+    const float* q = qkv + b * T * C3 + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* a = att + bh * T * T;
+    sgemm(Trans::N, Trans::T, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);  // scores, scaled
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = a + t * T;
+      float mx = row[0];
+      for (int64_t s = 1; s <= t; ++s) mx = std::max(mx, row[s]);
+      float sum = 0.f;
+      for (int64_t s = 0; s <= t; ++s) {
+        row[s] = std::exp(row[s] - mx);
+        sum += row[s];
+      }
+      float inv = 1.f / sum;
+      for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
+      for (int64_t s = t + 1; s < T; ++s) row[s] = 0.f;
+    }
+    sgemm(Trans::N, Trans::N, T, hs, T, 1.f, a, T, v, C3, 0.f, out + b * T * C + h * hs, C);
+  }
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
+                        int64_t T, int64_t C, int64_t H) {
+  const int64_t hs = C / H, C3 = 3 * C;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; ++b) {
+#pragma omp parallel for schedule(static) if (H > 1 && T * C > kParallelMin)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + b * T * C3 + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* a = att + (b * H + h) * T * T;
+      const float* dh = dout + b * T * C + h * hs;
+      float* da = scratch + h * T * T;
+      sgemm(Trans::N, Trans::T, T, T, hs, 1.f, dh, C, v, C3, 0.f, da, T);  // d(att) = dh v^T
+      sgemm(Trans::T, Trans::N, T, hs, T, 1.f, a, T, dh, C, 0.f, dv, C3);  // dv = att^T dh
+      // Softmax backward, folding in the score scale: d(pre) = att * (datt - <att, datt>) * scale.
+      for (int64_t t = 0; t < T; ++t) {
+        const float* ar = a + t * T;
+        float* dr = da + t * T;
+        float dot = 0.f;
+        for (int64_t s = 0; s <= t; ++s) dot += ar[s] * dr[s];
+        for (int64_t s = 0; s <= t; ++s) dr[s] = ar[s] * (dr[s] - dot) * scale;
+        for (int64_t s = t + 1; s < T; ++s) dr[s] = 0.f;
+      }
+      sgemm(Trans::N, Trans::N, T, hs, T, 1.f, da, T, k, C3, 0.f, dq, C3);  // dq = dpre k
+      sgemm(Trans::T, Trans::N, T, hs, T, 1.f, da, T, q, C3, 0.f, dk, C3);  // dk = dpre^T q
+    }
+  }
+}
+
+void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                   float dloss_scale) {
+#pragma omp parallel for schedule(static) if (N * V > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* z = logits + i * V;
+    int32_t y = targets[i];
+    SHARD_CHECK(y >= 0 && y < V, "target id {} at position {} outside vocabulary of {}", y, i, V);
+    float mx = z[0];
+    for (int64_t j = 1; j < V; ++j) mx = std::max(mx, z[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(z[j] - mx));
+    float zy = z[y];
+    losses[i] = static_cast<float>(std::log(sum)) + mx - zy;
+    if (dlogits) {
+      float inv = static_cast<float>(1.0 / sum);
+      float* d = dlogits + i * V;
+      for (int64_t j = 0; j < V; ++j) d[j] = std::exp(z[j] - mx) * inv * dloss_scale;
+      d[y] -= dloss_scale;
+    }
+  }
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a) {
+  const float bc1 = 1.f - std::pow(a.beta1, static_cast<float>(a.step));
+  const float bc2 = 1.f - std::pow(a.beta2, static_cast<float>(a.step));
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float grad = g[i] * a.grad_scale;
+    float mi = a.beta1 * m[i] + (1.f - a.beta1) * grad;
+    float vi = a.beta2 * v[i] + (1.f - a.beta2) * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    float mhat = mi / bc1, vhat = vi / bc2;
+    p[i] -= a.lr * (mhat / (std::sqrt(vhat) + a.eps) + a.weight_decay * p[i]);
+  }
+}
+
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i] * a.grad_scale + a.weight_decay * p[i];
+    float b = a.momentum * buf[i] + d;
+    buf[i] = b;
+    p[i] -= a.lr * b;
+  }
+}
+
+}  // namespace shardlab::cpu

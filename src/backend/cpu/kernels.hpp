@@ -1,0 +1,33 @@
+// kernels.hpp — the CPU backend's GPT-2 and optimizer kernels on raw f32 pointers. CpuBackend
+// validates tensors and calls these; they are separate so each stays short and testable.
+#pragma once
+#include <cstdint>
+
+#include "src/backend/backend.hpp"
+
+namespace shardlab::cpu {
+
+// Row-major sgemm through oneDNN: C = alpha op(A) op(B) + beta C.
+void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C, int64_t V);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       int64_t N, int64_t C);
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C);
+void add_bias(float* x, const float* bias, int64_t N, int64_t OC);
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H);
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
+                        int64_t T, int64_t C, int64_t H);
+void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                   float dloss_scale);
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a);
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a);
+
+}  // namespace shardlab::cpu

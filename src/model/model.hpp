@@ -1,0 +1,49 @@
+// model.hpp — Gpt2Model: a full (unsharded) GPT-2 on one rank: f32 parameters and gradients per
+// unit in one flat buffer each, forward + loss + backward over the units, HF-named safetensors
+// load and save. Single-rank training and the reference tests use it; the sharding strategies
+// hold the same units' parameters in FlatParams instead.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "src/model/gpt2.hpp"
+#include "src/model/safetensors.hpp"
+
+namespace shardlab {
+
+class Gpt2Model {
+ public:
+  Gpt2Model(const ModelSpec& spec, Backend& be, Pool& pool);
+
+  const ModelSpec& spec() const { return spec_; }
+  size_t num_units() const { return units_.size(); }
+  Unit& unit(size_t i) { return *units_[i]; }
+  int64_t num_params() const;
+
+  void init(uint64_t seed);  // GPT-2 initialisation through the counter-based RNG
+  // Loads every parameter from an HF-named file ("transformer." prefix and attention-mask buffers
+  // accepted); throws InputError naming a missing tensor or a shape mismatch.
+  void load(const std::string& path);
+  void save(const std::string& path, DType dtype = DType::f32) const;
+
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  Tensor unit_params(size_t i) const { return params_[i].flat(DType::f32); }
+  Tensor unit_grads(size_t i) const { return grads_[i].flat(DType::f32); }
+  void zero_grads();
+
+  // Forward, mean cross-entropy, backward for one micro-batch. Gradients accumulate, scaled by
+  // grad_scale (1 / accumulation steps). Returns the mean loss; copies the logits to *logits when given.
+  float forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits = nullptr);
+
+ private:
+  ParamSet view_set(size_t i, const std::vector<Block>& storage) const;
+
+  ModelSpec spec_;
+  Backend& be_;
+  Pool& pool_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Block> params_, grads_;  // one flat f32 buffer per unit
+};
+
+}  // namespace shardlab

@@ -1,0 +1,166 @@
+#include "src/model/safetensors.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "src/core/check.hpp"
+
+namespace shardlab {
+namespace {
+
+constexpr uint64_t kMaxHeader = 100ull << 20;  // 100 MiB of JSON is far past any real model
+
+const char* st_dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string SafetensorsEntry::shape_str() const {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  std::error_code ec;
+  uint64_t size = std::filesystem::file_size(path, ec);
+  SHARD_REQUIRE(!ec, "cannot open safetensors file '{}': {}", path, ec.message());
+  file_.open(path, std::ios::binary);
+  SHARD_REQUIRE(file_.good(), "cannot open safetensors file '{}'", path);
+  SHARD_REQUIRE(size >= 8, "'{}' is truncated: {} bytes, too short for a safetensors header", path, size);
+  unsigned char len_bytes[8];
+  file_.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  SHARD_REQUIRE(header_len <= kMaxHeader && header_len <= size - 8,
+                "'{}' has a bad header: it claims {} bytes of JSON but the file holds {} bytes", path, header_len,
+                size);
+  std::string header(header_len, '\0');
+  file_.read(header.data(), static_cast<std::streamsize>(header_len));
+  SHARD_REQUIRE(file_.good(), "'{}': cannot read its {}-byte header", path, header_len);
+  data_start_ = 8 + header_len;
+  const uint64_t data_size = size - data_start_;
+
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("'{}' has a bad header: not valid JSON ({})", path, e.what()));
+  }
+  SHARD_REQUIRE(j.is_object(), "'{}' has a bad header: expected a JSON object", path);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      SHARD_REQUIRE(v.is_object(), "'{}': __metadata__ must be an object of strings", path);
+      for (auto m = v.begin(); m != v.end(); ++m)
+        if (m.value().is_string()) metadata_[m.key()] = m.value().get<std::string>();
+      continue;
+    }
+    SHARD_REQUIRE(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+                  "'{}' has a bad header: tensor '{}' lacks dtype, shape or data_offsets", path, name);
+    SafetensorsEntry e;
+    e.name = name;
+    std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "";
+    if (dt == "F32") e.dtype = DType::f32;
+    else if (dt == "BF16") e.dtype = DType::bf16;
+    else if (dt == "F16") e.dtype = DType::f16;
+    else throw InputError(fmt::format("'{}': tensor '{}' has dtype '{}'; shardlab reads F32, BF16 and F16", path, name, dt));
+    SHARD_REQUIRE(v["shape"].is_array() && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
+                  "'{}' has a bad header: tensor '{}' has a malformed shape or data_offsets", path, name);
+    uint64_t elems = 1;
+    for (const auto& d : v["shape"]) {
+      SHARD_REQUIRE(d.is_number_unsigned(), "'{}' has a bad header: tensor '{}' has a non-integer dimension", path, name);
+      uint64_t dim = d.get<uint64_t>();
+      SHARD_REQUIRE(dim == 0 || elems <= data_size / dim, "'{}': tensor '{}' is larger than the file", path, name);
+      elems *= dim;
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const auto& off = v["data_offsets"];
+    SHARD_REQUIRE(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                  "'{}' has a bad header: tensor '{}' has non-integer data_offsets", path, name);
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    SHARD_REQUIRE(e.begin <= e.end && e.end <= data_size,
+                  "'{}' is truncated or corrupt: tensor '{}' spans bytes [{}, {}) of a {}-byte data section", path,
+                  name, e.begin, e.end, data_size);
+    SHARD_REQUIRE(e.end - e.begin == elems * dtype_size(e.dtype),
+                  "'{}': tensor '{}' {} {} needs {} bytes but its offsets give {}", path, name, dt, e.shape_str(),
+                  elems * dtype_size(e.dtype), e.end - e.begin);
+    entries_.emplace(name, std::move(e));
+  }
+}
+
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  SHARD_REQUIRE(it != entries_.end(), "'{}' has no tensor '{}'", path_, name);
+  return it->second;
+}
+
+void SafetensorsReader::read_f32(const std::string& name, std::span<float> out,
+                                 const std::vector<int64_t>* expect_shape) {
+  const SafetensorsEntry& e = entry(name);
+  if (expect_shape) {
+    SHARD_REQUIRE(e.shape == *expect_shape, "'{}': tensor '{}' has shape {}, the model expects {}", path_, name,
+                  e.shape_str(), SafetensorsEntry{name, e.dtype, *expect_shape, 0, 0}.shape_str());
+  }
+  SHARD_CHECK(static_cast<int64_t>(out.size()) == e.numel(), "read_f32 '{}': {} elements into a span of {}", name,
+              e.numel(), out.size());
+  std::vector<char> raw(e.end - e.begin);
+  file_.clear();
+  file_.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  file_.read(raw.data(), static_cast<std::streamsize>(raw.size()));
+  SHARD_REQUIRE(file_.good(), "'{}': cannot read tensor '{}' ({} bytes)", path_, name, raw.size());
+  convert(raw.data(), e.dtype, out.data(), DType::f32, out.size());
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    uint64_t bytes = t.data.size() * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", st_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    SHARD_REQUIRE(f.good(), "cannot write '{}'", tmp);
+    uint64_t len = h.size();
+    unsigned char len_bytes[8];
+    for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
+    f.write(reinterpret_cast<const char*>(len_bytes), 8);
+    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    std::vector<char> buf;
+    for (const auto& t : tensors) {
+      buf.resize(t.data.size() * dtype_size(t.dtype));
+      convert(t.data.data(), DType::f32, buf.data(), t.dtype, t.data.size());
+      f.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+    }
+    f.flush();
+    SHARD_REQUIRE(f.good(), "writing '{}' failed (disk full?)", tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  SHARD_REQUIRE(!ec, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+}
+
+}  // namespace shardlab

@@ -1,0 +1,98 @@
+#include "src/train/data.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "src/core/check.hpp"
+#include "src/core/rng.hpp"
+
+namespace shardlab {
+
+TokenStream load_llmc_bin(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  SHARD_REQUIRE(f.good(), "cannot open token file '{}'", path);
+  std::error_code ec;
+  uint64_t size = std::filesystem::file_size(path, ec);
+  SHARD_REQUIRE(!ec && size >= 1024, "'{}' is too short for an llm.c token file header (1024 bytes)", path);
+  int32_t header[256];
+  f.read(reinterpret_cast<char*>(header), sizeof(header));
+  SHARD_REQUIRE(header[0] == 20240520, "'{}' is not an llm.c token file: magic {} (expected 20240520)", path, header[0]);
+  SHARD_REQUIRE(header[1] == 1, "'{}': llm.c token file version {} (shardlab reads version 1)", path, header[1]);
+  int64_t count = header[2];
+  SHARD_REQUIRE(count >= 0 && 1024 + 2 * static_cast<uint64_t>(count) <= size,
+                "'{}' is truncated: header promises {} tokens, the file holds {}", path, count,
+                (size - 1024) / 2);
+  std::vector<uint16_t> raw(static_cast<size_t>(count));
+  f.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(2 * count));
+  SHARD_REQUIRE(f.good(), "'{}': reading {} tokens failed", path, count);
+  TokenStream s{std::vector<int32_t>(raw.begin(), raw.end()), path};
+  return s;
+}
+
+TokenStream load_text_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  SHARD_REQUIRE(f.good(), "cannot open data file '{}'", path);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  TokenStream s;
+  s.source = path;
+  s.tokens.reserve(bytes.size());
+  for (char c : bytes) s.tokens.push_back(static_cast<unsigned char>(c));
+  return s;
+}
+
+TokenStream synthetic_stream(int64_t vocab, int64_t length) {
+  SHARD_REQUIRE(vocab >= 8, "synthetic data needs a vocabulary of at least 8 tokens, got {}", vocab);
+  // Fixed seed: the embedded data set is the same for every run and every --seed.
+  Rng succ(20240520, "synthetic successors"), walk(20240520, "synthetic walk");
+  const double cumulative[4] = {0.55, 0.80, 0.95, 1.0};
+  TokenStream s;
+  s.source = "synthetic";
+  s.tokens.resize(static_cast<size_t>(length));
+  int64_t tok = 0;
+  for (int64_t i = 0; i < length; ++i) {
+    s.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(tok);
+    float u = walk.uniform(static_cast<uint64_t>(i));
+    int k = 0;
+    while (k < 3 && u >= cumulative[k]) ++k;
+    tok = succ.bits(static_cast<uint64_t>(tok * 4 + k))[0] % static_cast<uint32_t>(vocab);
+  }
+  return s;
+}
+
+TokenStream load_tokens(const std::string& what, int64_t vocab) {
+  TokenStream s;
+  if (what == "synthetic") {
+    s = synthetic_stream(vocab);
+  } else {
+    bool bin = what.size() >= 4 && what.compare(what.size() - 4, 4, ".bin") == 0;
+    s = bin ? load_llmc_bin(what) : load_text_bytes(what);
+  }
+  auto bad = std::find_if(s.tokens.begin(), s.tokens.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
+  SHARD_REQUIRE(bad == s.tokens.end(), "'{}': token {} at position {} does not fit the model's vocabulary of {}",
+                s.source, bad == s.tokens.end() ? 0 : *bad, bad - s.tokens.begin(), vocab);
+  return s;
+}
+
+BatchLoader::BatchLoader(const TokenStream& stream, int64_t seq_len, int64_t global_batch)
+    : stream_(stream), T_(seq_len), B_(global_batch) {
+  SHARD_REQUIRE(T_ >= 1 && B_ >= 1, "sequence length {} and batch {} must be positive", T_, B_);
+  int64_t n = static_cast<int64_t>(stream.tokens.size());
+  num_sequences_ = n >= T_ + 1 ? (n - 1) / T_ : 0;
+  SHARD_REQUIRE(num_sequences_ >= 1, "'{}' holds {} tokens, too few for one sequence of {} (+1 target)",
+                stream.source, n, T_);
+}
+
+void BatchLoader::fill(int64_t step, int64_t first, int64_t count, int32_t* inputs, int32_t* targets) const {
+  SHARD_CHECK(first >= 0 && first + count <= B_, "batch slice [{}, {}) of a global batch of {}", first,
+              first + count, B_);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t j = (step * B_ + first + i) % num_sequences_;
+    const int32_t* seq = stream_.tokens.data() + j * T_;
+    std::memcpy(inputs + i * T_, seq, static_cast<size_t>(T_) * sizeof(int32_t));
+    std::memcpy(targets + i * T_, seq + 1, static_cast<size_t>(T_) * sizeof(int32_t));
+  }
+}
+
+}  // namespace shardlab
