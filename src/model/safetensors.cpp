@@ -21,6 +21,15 @@ const char* st_dtype_name(DType t) {
   return "?";
 }
 
+// Bytes per element of every dtype the format defines; 0 for an unknown name.
+size_t element_size(const std::string& dt) {
+  if (dt == "F64" || dt == "I64" || dt == "U64") return 8;
+  if (dt == "F32" || dt == "I32" || dt == "U32") return 4;
+  if (dt == "F16" || dt == "BF16" || dt == "I16" || dt == "U16") return 2;
+  if (dt == "BOOL" || dt == "U8" || dt == "I8" || dt == "F8_E4M3" || dt == "F8_E5M2") return 1;
+  return 0;
+}
+
 }  // namespace
 
 int64_t SafetensorsEntry::numel() const {
@@ -76,10 +85,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     SafetensorsEntry e;
     e.name = name;
     std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "";
-    if (dt == "F32") e.dtype = DType::f32;
-    else if (dt == "BF16") e.dtype = DType::bf16;
-    else if (dt == "F16") e.dtype = DType::f16;
-    else throw InputError(fmt::format("'{}': tensor '{}' has dtype '{}'; shardlab reads F32, BF16 and F16", path, name, dt));
+    e.dtype_name = dt;
+    size_t elem_size = element_size(dt);
+    SHARD_REQUIRE(elem_size > 0, "'{}' has a bad header: tensor '{}' has unknown dtype '{}'", path, name, dt);
+    e.readable = dt == "F32" || dt == "BF16" || dt == "F16";
+    if (dt == "BF16") e.dtype = DType::bf16;
+    if (dt == "F16") e.dtype = DType::f16;
     SHARD_REQUIRE(v["shape"].is_array() && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
                   "'{}' has a bad header: tensor '{}' has a malformed shape or data_offsets", path, name);
     uint64_t elems = 1;
@@ -98,9 +109,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     SHARD_REQUIRE(e.begin <= e.end && e.end <= data_size,
                   "'{}' is truncated or corrupt: tensor '{}' spans bytes [{}, {}) of a {}-byte data section", path,
                   name, e.begin, e.end, data_size);
-    SHARD_REQUIRE(e.end - e.begin == elems * dtype_size(e.dtype),
+    SHARD_REQUIRE(e.end - e.begin == elems * elem_size,
                   "'{}': tensor '{}' {} {} needs {} bytes but its offsets give {}", path, name, dt, e.shape_str(),
-                  elems * dtype_size(e.dtype), e.end - e.begin);
+                  elems * elem_size, e.end - e.begin);
     entries_.emplace(name, std::move(e));
   }
 }
@@ -114,9 +125,10 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const 
 void SafetensorsReader::read_f32(const std::string& name, std::span<float> out,
                                  const std::vector<int64_t>* expect_shape) {
   const SafetensorsEntry& e = entry(name);
+  SHARD_REQUIRE(e.readable, "'{}': tensor '{}' is {}; shardlab reads F32, BF16 and F16", path_, name, e.dtype_name);
   if (expect_shape) {
     SHARD_REQUIRE(e.shape == *expect_shape, "'{}': tensor '{}' has shape {}, the model expects {}", path_, name,
-                  e.shape_str(), SafetensorsEntry{name, e.dtype, *expect_shape, 0, 0}.shape_str());
+                  e.shape_str(), SafetensorsEntry{name, "", true, e.dtype, *expect_shape, 0, 0}.shape_str());
   }
   SHARD_CHECK(static_cast<int64_t>(out.size()) == e.numel(), "read_f32 '{}': {} elements into a span of {}", name,
               e.numel(), out.size());

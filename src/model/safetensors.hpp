@@ -18,7 +18,9 @@ namespace shardlab {
 
 struct SafetensorsEntry {
   std::string name;
-  DType dtype = DType::f32;
+  std::string dtype_name;        // as in the file: F32, BF16, F16 (readable); I64, BOOL, ... (skipped)
+  bool readable = false;         // one of the three dtypes shardlab converts
+  DType dtype = DType::f32;      // when readable
   std::vector<int64_t> shape;
   uint64_t begin = 0, end = 0;  // byte offsets within the data section
   int64_t numel() const;

@@ -1,0 +1,89 @@
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "src/core/check.hpp"
+#include "src/train/data.hpp"
+
+using namespace shardlab;
+namespace fs = std::filesystem;
+
+namespace {
+std::string tmp_path(const std::string& name) { return (fs::temp_directory_path() / ("shardlab_test_" + name)).string(); }
+
+void write_bin(const std::string& path, int32_t magic, int32_t version, int32_t count, const std::vector<uint16_t>& toks) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = magic, header[1] = version, header[2] = count;
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(header.data()), 1024);
+  f.write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(2 * toks.size()));
+}
+}  // namespace
+
+TEST_CASE("llm.c token files load, and bad ones are named", "[data]") {
+  std::vector<uint16_t> toks = {5, 50256, 7, 1, 2, 3};
+  std::string ok = tmp_path("ok.bin");
+  write_bin(ok, 20240520, 1, 6, toks);
+  TokenStream s = load_llmc_bin(ok);
+  CHECK(s.tokens == std::vector<int32_t>{5, 50256, 7, 1, 2, 3});
+  CHECK_THROWS_WITH(load_tokens(ok, 50000), Catch::Contains("token 50256 at position 1 does not fit the model's vocabulary of 50000"));
+  std::string magic = tmp_path("magic.bin");
+  write_bin(magic, 1234, 1, 6, toks);
+  CHECK_THROWS_WITH(load_llmc_bin(magic), Catch::Contains("magic 1234 (expected 20240520)"));
+  std::string version = tmp_path("version.bin");
+  write_bin(version, 20240520, 2, 6, toks);
+  CHECK_THROWS_WITH(load_llmc_bin(version), Catch::Contains("version 2"));
+  std::string truncated = tmp_path("truncated.bin");
+  write_bin(truncated, 20240520, 1, 600, toks);
+  CHECK_THROWS_WITH(load_llmc_bin(truncated), Catch::Contains("is truncated: header promises 600 tokens, the file holds 6"));
+  CHECK_THROWS_WITH(load_tokens(tmp_path("missing.bin"), 10), Catch::Contains("cannot open token file"));
+  for (auto& p : {ok, magic, version, truncated}) fs::remove(p);
+}
+
+TEST_CASE("any file reads as bytes", "[data]") {
+  std::string path = tmp_path("text.txt");
+  { std::ofstream(path, std::ios::binary) << "hi\xff"; }
+  TokenStream s = load_tokens(path, 256);
+  CHECK(s.tokens == std::vector<int32_t>{'h', 'i', 255});
+  CHECK_THROWS_WITH(load_tokens(path, 128), Catch::Contains("token 255 at position 2"));
+  fs::remove(path);
+}
+
+TEST_CASE("the synthetic stream is fixed, in vocabulary, and predictable", "[data]") {
+  TokenStream a = synthetic_stream(64, 10000), b = synthetic_stream(64, 10000);
+  CHECK(a.tokens == b.tokens);
+  // Each token is followed by at most four distinct successors: a bigram model can learn it.
+  std::map<int32_t, std::map<int32_t, int>> next;
+  for (size_t i = 0; i + 1 < a.tokens.size(); ++i) {
+    REQUIRE(a.tokens[i] >= 0);
+    REQUIRE(a.tokens[i] < 64);
+    next[a.tokens[i]][a.tokens[i + 1]]++;
+  }
+  for (auto& [tok, succ] : next) CHECK(succ.size() <= 4);
+  CHECK(next.size() > 16);  // and it visits much of the vocabulary
+}
+
+TEST_CASE("batches follow the documented rule", "[data]") {
+  TokenStream s;
+  s.source = "test";
+  for (int i = 0; i < 41; ++i) s.tokens.push_back(i);  // 41 tokens, T = 4: (41 - 1) / 4 = 10 sequences
+  BatchLoader loader(s, 4, 3);
+  CHECK(loader.num_sequences() == 10);
+  std::vector<int32_t> in(3 * 4), tgt(3 * 4);
+  loader.fill(0, 0, 3, in.data(), tgt.data());
+  CHECK(in == std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(tgt == std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  // Step 3 takes sequences 9, 10 -> 0, 11 -> 1 (wrapping); rank 1 of 3 takes only its slice.
+  std::vector<int32_t> one(4), onet(4);
+  loader.fill(3, 1, 1, one.data(), onet.data());
+  CHECK(one == std::vector<int32_t>{0, 1, 2, 3});
+  loader.fill(3, 0, 1, one.data(), onet.data());
+  CHECK(one == std::vector<int32_t>{36, 37, 38, 39});
+  CHECK(onet == std::vector<int32_t>{37, 38, 39, 40});
+  TokenStream small;
+  small.source = "short.txt";
+  small.tokens = {1, 2, 3};
+  CHECK_THROWS_WITH(BatchLoader(small, 4, 1), Catch::Contains("'short.txt' holds 3 tokens, too few for one sequence of 4"));
+}

@@ -1,0 +1,102 @@
+// Optimizers against the textbook formulas (PyTorch's AdamW and SGD), computed in double here.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "optim/optimizer.hpp"
+#include "tests/test_util.hpp"
+
+using namespace shardlab;
+
+TEST_CASE("AdamW matches the reference update, with decay only where it belongs", "[optim]") {
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  const int64_t n = 50000;  // large enough for the threaded path
+  auto p = test::random_vector("p", n), g0 = test::random_vector("g", n);
+  std::vector<double> rp(p.begin(), p.end()), rm(n, 0), rv(n, 0);
+  std::vector<ParamSegment> segs = {{0, 30000, true}, {30000, 20000, false}};
+  OptimConfig cfg;
+  cfg.beta1 = 0.8f, cfg.beta2 = 0.9f, cfg.eps = 1e-6f, cfg.weight_decay = 0.1f;
+  std::vector<float> g = g0;
+  Optimizer opt(pool, cfg);
+  opt.add(Tensor::of(std::span<float>(p)), Tensor::of(std::span<float>(g)), segs, "test");
+  const float lr = 0.01f, scale = 0.5f;
+  for (int step = 1; step <= 5; ++step) {
+    for (int64_t i = 0; i < n; ++i) g[i] = g0[i] * static_cast<float>(step);  // changing gradients
+    opt.step(step, lr, scale);
+    for (int64_t i = 0; i < n; ++i) {
+      double gi = double(g[i]) * scale, wd = i < 30000 ? 0.1 : 0.0;
+      rm[i] = 0.8 * rm[i] + 0.2 * gi;
+      rv[i] = 0.9 * rv[i] + 0.1 * gi * gi;
+      double mh = rm[i] / (1 - std::pow(0.8, step)), vh = rv[i] / (1 - std::pow(0.9, step));
+      rp[i] -= lr * (mh / (std::sqrt(vh) + 1e-6) + wd * rp[i]);
+    }
+  }
+  // Tolerance: f32 state over 5 steps: 1e-5 absolute on parameters of order 1.
+  double max_err = 0;
+  for (int64_t i = 0; i < n; ++i) max_err = std::max(max_err, std::fabs(p[i] - rp[i]));
+  CHECK(max_err < 1e-5);
+  CHECK(pool.ledger().current(Category::optim_state) == 2 * n * 4);
+}
+
+TEST_CASE("SGD with momentum matches the reference update", "[optim]") {
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  std::vector<float> p = {1.f, -2.f, 0.5f}, g = {0.1f, 0.2f, -0.3f};
+  std::vector<double> rp(p.begin(), p.end()), buf(3, 0);
+  OptimConfig cfg;
+  cfg.kind = "sgd", cfg.momentum = 0.9f, cfg.weight_decay = 0.01f;
+  Optimizer opt(pool, cfg);
+  opt.add(Tensor::of(std::span<float>(p)), Tensor::of(std::span<float>(g)), {{0, 2, true}, {2, 1, false}}, "sgd");
+  for (int step = 1; step <= 3; ++step) {
+    opt.step(step, 0.1f, 1.f);
+    for (int i = 0; i < 3; ++i) {
+      double d = g[i] + (i < 2 ? 0.01 * rp[i] : 0.0);
+      buf[i] = 0.9 * buf[i] + d;
+      rp[i] -= 0.1 * buf[i];
+    }
+  }
+  for (int i = 0; i < 3; ++i) CHECK(p[i] == Approx(rp[i]).epsilon(1e-6));
+  CHECK(pool.ledger().current(Category::optim_state) == 3 * 4);  // one momentum buffer
+}
+
+TEST_CASE("segments cover tensors and padding of any shard", "[optim]") {
+  ModelSpec spec = model_preset("tiny");
+  auto layout = gpt2_layout(spec);
+  const UnitLayout& block = layout[1];
+  auto all = unit_segments(block, 0, block.numel);
+  int64_t covered = 0, decayed = 0;
+  for (auto& s : all) {
+    covered += s.numel;
+    if (s.decay) decayed += s.numel;
+  }
+  CHECK(covered == block.numel);
+  CHECK(decayed == 12 * spec.dim * spec.dim);  // c_attn 3C^2 + c_proj C^2 + c_fc 4C^2 + mlp c_proj 4C^2
+  // A shard that starts inside ln_1.bias and runs into padding past the end.
+  auto shard = unit_segments(block, spec.dim + 5, block.numel);
+  CHECK(shard.front().offset == 0);
+  CHECK(shard.front().numel == spec.dim - 5);
+  CHECK_FALSE(shard.front().decay);
+  CHECK(shard.back().offset + shard.back().numel == block.numel);
+  CHECK_FALSE(shard.back().decay);
+}
+
+TEST_CASE("learning-rate schedules and clipping", "[optim]") {
+  LrSchedule s;
+  s.kind = "cosine", s.lr = 1.f, s.warmup_steps = 4, s.total_steps = 14, s.min_lr_frac = 0.1f;
+  CHECK(s.at(0) == Approx(0.25));
+  CHECK(s.at(3) == Approx(1.0));
+  CHECK(s.at(4) == Approx(1.0));
+  CHECK(s.at(13) == Approx(0.1));
+  CHECK(s.at(8) < 1.0);
+  CHECK(s.at(8) > 0.1);
+  s.kind = "constant";
+  CHECK(s.at(13) == 1.f);
+  s.kind = "linear";
+  CHECK_THROWS_WITH(s.validate(), Catch::Contains("--schedule 'linear'"));
+  CHECK(clip_factor(2.0, 1.f) == Approx(0.5));
+  CHECK(clip_factor(0.5, 1.f) == 1.f);
+  CHECK(clip_factor(100.0, 0.f) == 1.f);
+  OptimConfig bad;
+  bad.kind = "lion";
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("--optimizer 'lion'"));
+}

@@ -1,0 +1,70 @@
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "src/train/trainer.hpp"
+
+using namespace shardlab;
+
+TEST_CASE("training the tiny model on the embedded data lowers the loss", "[train]") {
+  auto be = make_cpu_backend(BackendConfig{});
+  Pool pool(*be);
+  TrainConfig cfg;
+  cfg.spec = model_preset("tiny");
+  cfg.steps = 60;
+  cfg.batch = 16;
+  cfg.schedule.lr = 1e-2f;
+  cfg.schedule.warmup_steps = 5;
+  cfg.log_path = (std::filesystem::temp_directory_path() / "shardlab_test_train.jsonl").string();
+  Trainer trainer(*be, pool, cfg);
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  StepStats last = trainer.run(sink);
+  std::fclose(sink);
+  std::ifstream log(cfg.log_path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(log, line);) lines.push_back(nlohmann::json::parse(line));
+  REQUIRE(lines.size() == 60);
+  for (const char* key : {"step", "loss", "lr", "ms", "tokens_per_s", "grad_norm", "peak_bytes"})
+    CHECK(lines[0].contains(key));
+  float first = lines[0]["loss"];
+  CHECK(first == Approx(std::log(256.0)).margin(0.3));  // a fresh model is near uniform
+  CHECK(last.loss < first - 2.0f);  // from ~5.5 to below 3.5
+  CHECK(lines[59]["step"] == 60);
+  std::filesystem::remove(cfg.log_path);
+}
+
+TEST_CASE("gradient accumulation gives the same step as one large batch", "[train]") {
+  auto run = [](int64_t accum) {
+    auto be = make_cpu_backend(BackendConfig{1});
+    Pool pool(*be);
+    TrainConfig cfg;
+    cfg.spec = model_preset("tiny");
+    cfg.steps = 3;
+    cfg.batch = 4;
+    cfg.accum = accum;
+    Trainer t(*be, pool, cfg);
+    std::vector<float> losses;
+    for (int64_t s = 0; s < cfg.steps; ++s) losses.push_back(t.step(s).loss);
+    return losses;
+  };
+  auto one = run(1), four = run(4);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(four[i] == Approx(one[i]).epsilon(1e-5));
+}
+
+TEST_CASE("bad training options are named", "[train]") {
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  TrainConfig cfg;
+  cfg.spec = model_preset("tiny");
+  cfg.batch = 6;
+  cfg.accum = 4;
+  CHECK_THROWS_WITH(Trainer(*be, pool, cfg), Catch::Contains("--batch 6 is not divisible by --accum 4"));
+  cfg.accum = 1;
+  cfg.steps = 0;
+  CHECK_THROWS_WITH(Trainer(*be, pool, cfg), Catch::Contains("--steps 0"));
+  cfg.steps = 1;
+  cfg.spec.heads = 3;
+  CHECK_THROWS_WITH(Trainer(*be, pool, cfg), Catch::Contains("--dim 32 is not divisible by --heads 3"));
+}
