@@ -64,9 +64,9 @@ Block Pool::alloc(uint64_t bytes, Category category, std::string tag) {
   uint64_t used = ledger_.current_total();
   if (cfg_.budget > 0 && used + bytes > cfg_.budget) {
     std::string msg = fmt::format(
-        "out of memory [{}]: cannot allocate {} ({} bytes) for {} '{}': {} of the {} budget in use, {} free.\n"
+        "out of memory: cannot allocate {} ({} bytes) for {} '{}': {} of the {} budget in use, {} free.\n"
         "  live: {}",
-        process_identity(), format_bytes(static_cast<double>(bytes)), bytes, category_name(category), tag,
+        format_bytes(static_cast<double>(bytes)), bytes, category_name(category), tag,
         format_bytes(static_cast<double>(used)), format_bytes(static_cast<double>(cfg_.budget)),
         format_bytes(static_cast<double>(cfg_.budget - used)), describe_live());
     throw OutOfMemory(msg, bytes, used, cfg_.budget);

@@ -4,6 +4,7 @@
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
+//   shardlab bench-train         training-step throughput beside the sgemm ceiling
 //
 // Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
 // Input errors print one line naming the bad value and exit 1; internal faults print file:line and
@@ -14,6 +15,7 @@
 
 #include "benchmarks/collectives.hpp"
 #include "benchmarks/gemm_bench.hpp"
+#include "benchmarks/train_bench.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
@@ -34,6 +36,7 @@ const char* kUsage =
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
+    "  bench-train         training-step tokens/s and GFLOP/s beside the sgemm ceiling\n"
     "\n"
     "every command accepts:\n"
     "  --nproc N           start N ranks through mpirun (same as `mpirun -np N shardlab ...`)\n"
@@ -248,6 +251,25 @@ int cmd_bench_gemm(const std::vector<std::string>& args, const MpiRuntime& mpi) 
   return 0;
 }
 
+int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  ModelOptions model;
+  TrainBenchConfig cfg;
+  po::options_description desc("bench-train options");
+  add_common(desc, common);
+  model.add(desc);
+  desc.add_options()("batch", po::value(&cfg.batch)->default_value(cfg.batch), "sequences per step")(
+      "steps", po::value(&cfg.steps)->default_value(cfg.steps), "timed steps (the median is reported)")(
+      "warmup", po::value(&cfg.warmup)->default_value(cfg.warmup), "untimed steps first");
+  if (!parse(args, desc, mpi, "bench-train")) return 0;
+  SHARD_REQUIRE(mpi.world() == 1, "bench-train runs on one rank, {} started", mpi.world());
+  cfg.spec = model.spec();
+  auto backend = make_cpu(common, mpi);
+  Pool pool(*backend, pool_config(common));
+  run_train_benchmark(pool, cfg, stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -270,6 +292,7 @@ int main(int argc, char** argv) {
     if (command == "info") return cmd_info(rest, mpi);
     if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
     if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);
+    if (command == "bench-train") return cmd_bench_train(rest, mpi);
     throw InputError(fmt::format("unknown command '{}'\n{}", command, kUsage));
   } catch (const InputError& e) {
     abort_job(fmt::format("error: {}", e.what()), 1);
