@@ -19,6 +19,12 @@ namespace shardlab::cpu {
 namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements below which a loop stays on one thread
 constexpr float kLayerNormEps = 1e-5f;
+
+// Checked before any parallel loop: an exception must not leave an OpenMP region.
+void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
+  for (int64_t i = 0; i < n; ++i)
+    SHARD_CHECK(ids[i] >= 0 && ids[i] < V, "{} id {} at position {} outside vocabulary of {}", what, ids[i], i, V);
+}
 }  // namespace
 
 void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
@@ -31,10 +37,10 @@ void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, con
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
                        int64_t C, int64_t V) {
+  check_ids(tokens, B * T, V, "token");
 #pragma omp parallel for schedule(static) if (B * T * C > kParallelMin)
   for (int64_t bt = 0; bt < B * T; ++bt) {
     int32_t tok = tokens[bt];
-    SHARD_CHECK(tok >= 0 && tok < V, "token id {} at position {} outside vocabulary of {}", tok, bt, V);
     const float* e = wte + tok * C;
     const float* p = wpe + (bt % T) * C;
     float* o = out + bt * C;
@@ -247,11 +253,11 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                    float dloss_scale) {
+  check_ids(targets, N, V, "target");
 #pragma omp parallel for schedule(static) if (N * V > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* z = logits + i * V;
     int32_t y = targets[i];
-    SHARD_CHECK(y >= 0 && y < V, "target id {} at position {} outside vocabulary of {}", y, i, V);
     float mx = z[0];
     for (int64_t j = 1; j < V; ++j) mx = std::max(mx, z[j]);
     double sum = 0.0;
