@@ -22,6 +22,6 @@ read -r _ p_ms p_tok _ <<<"$theirs"
 ceiling=$(echo "$ours" | sed -n 's/.*this model.s shapes: \([0-9.]*\) GFLOP.*/\1/p')
 printf '\n# L=%s C=%s H=%s T=%s V=%s batch=%s, 1 thread each, median of %s steps\n' "$L" "$C" "$H" "$T" "$V" "$B" "$STEPS"
 printf '%-10s %10s %10s %10s\n' "impl" "ms/step" "tokens/s" "vs torch"
-printf '%-10s %10s %10s %9.2fx\n' "shardlab" "$s_ms" "$s_tok" "$(echo "$s_tok / $p_tok" | bc -l)"
+printf '%-10s %10s %10s %9.2fx\n' "shardlab" "$s_ms" "$s_tok" "$(awk -v a="$s_tok" -v b="$p_tok" 'BEGIN { print a / b }')"
 printf '%-10s %10s %10s %9.2fx\n' "pytorch" "$p_ms" "$p_tok" 1
 printf '# shardlab: %s GFLOP/s = %s of the %s GFLOP/s sgemm ceiling measured above\n' "$s_gf" "$s_pct" "$ceiling"
