@@ -38,8 +38,8 @@ struct Buffers {
 // Element counts per rank for a given nccl-tests size.
 Buffers make_buffers(Pool& pool, CommOp op, DType dtype, int64_t count, int world) {
   int64_t send_n = count, recv_n = count;
-  if (op == CommOp::all_gather) send_n = count / world;
-  if (op == CommOp::reduce_scatter) recv_n = count / world;
+  if (op == CommOp::all_gather || op == CommOp::gather) send_n = count / world;
+  if (op == CommOp::reduce_scatter || op == CommOp::scatter) recv_n = count / world;
   Buffers b;
   b.send = pool.alloc(dtype, send_n, Category::comm_buffer, "bench send");
   b.recv = pool.alloc(dtype, recv_n, Category::comm_buffer, "bench recv");
@@ -55,6 +55,8 @@ Work issue(Communicator& comm, CommOp op, Buffers& b) {
     case CommOp::all_gather: return comm.all_gather(b.send_t, b.recv_t);
     case CommOp::broadcast: return comm.broadcast(b.send_t, 0);
     case CommOp::reduce: return comm.reduce(b.send_t, b.recv_t, 0);
+    case CommOp::gather: return comm.gather(b.send_t, b.recv_t, 0);
+    case CommOp::scatter: return comm.scatter(b.send_t, b.recv_t, 0);
     case CommOp::barrier: return comm.barrier();
   }
   return Work();
@@ -89,6 +91,15 @@ uint64_t checked_call(Communicator& comm, CommOp op, Buffers& b) {
     case CommOp::reduce:
       if (r == 0) expect_eq(to_f32(b.recv_t), [&](int64_t i) { return sum_over_ranks(n, i); });
       break;
+    case CommOp::gather: {
+      int64_t chunk = b.send_t.numel();
+      if (r == 0)
+        expect_eq(to_f32(b.recv_t), [&](int64_t i) { return input_value(static_cast<int>(i / chunk), i % chunk); });
+      break;
+    }
+    case CommOp::scatter:
+      expect_eq(to_f32(b.recv_t), [&](int64_t i) { return input_value(0, r * recv_n + i); });
+      break;
     case CommOp::barrier: break;
   }
   return wrong;
@@ -109,7 +120,7 @@ std::vector<CommOp> parse_comm_ops(const std::string& list) {
       }
     }
     SHARD_REQUIRE(found, "unknown collective '{}': expected all_reduce, reduce_scatter, all_gather, broadcast, "
-                  "reduce or barrier", name);
+                  "reduce, gather, scatter or barrier", name);
   }
   SHARD_REQUIRE(!ops.empty(), "no collective given in '{}'", list);
   return ops;
@@ -152,7 +163,7 @@ uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const Collecti
       double algbw = bytes / slowest / 1e9;
       if (root) {
         bool reduces = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
-        bool rooted = op == CommOp::broadcast || op == CommOp::reduce;
+        bool rooted = op == CommOp::broadcast || op == CommOp::reduce || op == CommOp::gather || op == CommOp::scatter;
         std::fprintf(out, " %12.0f %12lld %6s %6s %5s %12.1f %12.3f %12.3f %8llu\n", bytes,
                      static_cast<long long>(count), dtype_name(cfg.dtype), reduces ? "sum" : "none",
                      rooted ? "0" : "-1", slowest * 1e6, algbw, algbw * bus_factor(op, world), all_wrong);

@@ -5,8 +5,8 @@
 //          the pre-scatter buffer for reduce_scatter, the buffer itself otherwise.
 //   time   mean microseconds per call, slowest rank, over `iters` calls after `warmup` calls.
 //   algbw  size / time.
-//   busbw  algbw * factor; factor = 2(N-1)/N all_reduce, (N-1)/N all_gather and reduce_scatter,
-//          1 broadcast and reduce. busbw is comparable across world sizes and with nccl-tests.
+//   busbw  algbw * factor; factor = 2(N-1)/N all_reduce, (N-1)/N all_gather, reduce_scatter,
+//          gather and scatter, 1 broadcast and reduce. busbw is comparable across world sizes and with nccl-tests.
 //   #wrong elements that differ from the locally computed expectation, in a separate checked call
 //          on fresh inputs chosen so every dtype represents every sum exactly.
 #pragma once
@@ -21,7 +21,7 @@ namespace shardlab {
 
 struct CollectiveBenchConfig {
   std::vector<CommOp> ops = {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::broadcast,
-                             CommOp::reduce};
+                             CommOp::reduce,     CommOp::gather,         CommOp::scatter};
   DType dtype = DType::f32;
   uint64_t min_bytes = 1024;
   uint64_t max_bytes = 64ull << 20;

@@ -193,3 +193,46 @@ TEST_CASE("the runtime knows its node-local rank", "[mpi]") {
   CHECK(g_mpi->local_rank() < g_mpi->local_size());
   CHECK(process_identity().find("rank " + std::to_string(g_mpi->rank())) == 0);
 }
+
+TEST_CASE("gather and scatter from every root, and in-place all_gather and reduce", "[mpi]") {
+  Setup s;
+  for (DType t : kTypes)
+    for (int root = 0; root < s.world; ++root) {
+      const int64_t chunk = 301;
+      Buf send(t, chunk), all(t, chunk * s.world), got(t, chunk);
+      send.set(s.rank, s.rank * chunk);
+      all.set(root);  // the root's scatter source: elements of rank `root`'s stream
+      s.comm->gather(send.t, all.t, root).wait();
+      int bad = 0;
+      if (s.rank == root) {
+        auto g = all.get();
+        for (int64_t i = 0; i < chunk * s.world; ++i)
+          if (g[i] != input(static_cast<int>(i / chunk), i, t)) ++bad;
+      }
+      all.set(root);
+      s.comm->scatter(all.t, got.t, root).wait();
+      auto sc = got.get();
+      for (int64_t i = 0; i < chunk; ++i)
+        if (sc[i] != input(root, s.rank * chunk + i, t)) ++bad;
+      CHECK(bad == 0);
+    }
+  // In place: each rank's chunk already sits at its offset of the gathered buffer.
+  const int64_t chunk = 1000;
+  Buf full(DType::f32, chunk * s.world);
+  full.set(s.rank);
+  Tensor mine = full.t.slice(s.rank * chunk, chunk);
+  s.comm->all_gather(mine, full.t).wait();
+  auto g = full.get();
+  int bad = 0;
+  for (int64_t i = 0; i < chunk * s.world; ++i)
+    if (g[i] != input(static_cast<int>(i / chunk), i, DType::f32)) ++bad;
+  Buf acc(DType::f32, chunk);
+  acc.set(s.rank);
+  s.comm->reduce(acc.t, acc.t, 0).wait();  // root reduces into its own buffer
+  if (s.rank == 0) {
+    auto a = acc.get();
+    for (int64_t i = 0; i < chunk; ++i)
+      if (!close_to_sum(a[i], exact_sum(s.world, i, DType::f32), DType::f32, s.world)) ++bad;
+  }
+  CHECK(bad == 0);
+}

@@ -197,7 +197,7 @@ int cmd_info(const std::vector<std::string>& args, const MpiRuntime& mpi) {
 int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   CollectiveBenchConfig cfg;
-  std::string ops = "all_reduce,reduce_scatter,all_gather,broadcast,reduce", dtype = "f32", min_b = "1KiB",
+  std::string ops = "all_reduce,reduce_scatter,all_gather,broadcast,reduce,gather,scatter", dtype = "f32", min_b = "1KiB",
               max_b = "64MiB", comm_kind = "mpi";
   int sim_world = 0;
   po::options_description desc("bench-collectives options");

@@ -11,6 +11,8 @@ const char* comm_op_name(CommOp op) {
     case CommOp::all_gather: return "all_gather";
     case CommOp::broadcast: return "broadcast";
     case CommOp::reduce: return "reduce";
+    case CommOp::gather: return "gather";
+    case CommOp::scatter: return "scatter";
     case CommOp::barrier: return "barrier";
   }
   return "?";
@@ -21,7 +23,9 @@ double bus_factor(CommOp op, int world) {
   switch (op) {
     case CommOp::all_reduce: return 2.0 * (n - 1) / n;
     case CommOp::reduce_scatter:
-    case CommOp::all_gather: return (n - 1) / n;
+    case CommOp::all_gather:
+    case CommOp::gather:
+    case CommOp::scatter: return (n - 1) / n;
     case CommOp::broadcast:
     case CommOp::reduce: return 1.0;
     case CommOp::barrier: return 0.0;
@@ -146,6 +150,26 @@ Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op) {
   }
   count(CommOp::reduce, send.dtype(), static_cast<double>(send.bytes()));
   return do_reduce(send, recv, root, op);
+}
+
+Work Communicator::gather(Tensor send, Tensor recv, int root) {
+  check_root(root, "gather");
+  if (rank() == root)
+    SHARD_CHECK(send.dtype() == recv.dtype() && recv.numel() == send.numel() * world_size(),
+                "gather: root's recv has {} {} elements, expected world {} x send {} {}", recv.numel(),
+                dtype_name(recv.dtype()), world_size(), send.numel(), dtype_name(send.dtype()));
+  count(CommOp::gather, send.dtype(), static_cast<double>(send.bytes()) * world_size());
+  return do_gather(send, recv, root);
+}
+
+Work Communicator::scatter(Tensor send, Tensor recv, int root) {
+  check_root(root, "scatter");
+  if (rank() == root)
+    SHARD_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel() * world_size(),
+                "scatter: root's send has {} {} elements, expected world {} x recv {} {}", send.numel(),
+                dtype_name(send.dtype()), world_size(), recv.numel(), dtype_name(recv.dtype()));
+  count(CommOp::scatter, recv.dtype(), static_cast<double>(recv.bytes()) * world_size());
+  return do_scatter(send, recv, root);
 }
 
 Work Communicator::barrier() {

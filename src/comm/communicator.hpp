@@ -15,6 +15,7 @@
 //   all_reduce       2 (N-1)/N * S
 //   reduce_scatter     (N-1)/N * S     (S = N * recv count * element size)
 //   all_gather         (N-1)/N * S     (S = N * send count * element size)
+//   gather, scatter    (N-1)/N * S     (S = N * chunk; the root receives or sends N-1 chunks)
 //   broadcast, reduce            S     (0 when N = 1)
 //   barrier                      0
 // `bytes` counts the logical dtype; `wire_bytes` what the transport really moved (MPI widens
@@ -32,8 +33,8 @@
 namespace shardlab {
 
 enum class ReduceOp : uint8_t { sum, max };
-enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, barrier };
-inline constexpr int kNumCommOps = 6;
+enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier };
+inline constexpr int kNumCommOps = 8;
 const char* comm_op_name(CommOp op);
 
 // Bus bytes per rank for one call (see the table above); full_bytes is S.
@@ -94,11 +95,17 @@ class Communicator {
   Work all_reduce(Tensor buf, ReduceOp op = ReduceOp::sum);
   // send holds N * recv.numel() elements; rank r receives the reduction of chunk r.
   Work reduce_scatter(Tensor send, Tensor recv, ReduceOp op = ReduceOp::sum);
-  // recv holds N * send.numel() elements; chunk r comes from rank r.
+  // recv holds N * send.numel() elements; chunk r comes from rank r. In place when send is chunk
+  // `rank` of recv.
   Work all_gather(Tensor send, Tensor recv);
+  // root's recv (N * send.numel()) gets chunk r from rank r; recv is ignored elsewhere.
+  Work gather(Tensor send, Tensor recv, int root);
+  // rank r's recv gets chunk r of root's send (N * recv.numel()); send is ignored elsewhere.
+  Work scatter(Tensor send, Tensor recv, int root);
   // In place: every rank ends with root's buf.
   Work broadcast(Tensor buf, int root);
   // root's recv gets the reduction of all ranks' send; recv is ignored (may be empty) elsewhere.
+  // In place at the root when send and recv are the same buffer.
   Work reduce(Tensor send, Tensor recv, int root, ReduceOp op = ReduceOp::sum);
   Work barrier();
 
@@ -133,6 +140,8 @@ class Communicator {
   virtual Work do_all_gather(Tensor send, Tensor recv) = 0;
   virtual Work do_broadcast(Tensor buf, int root) = 0;
   virtual Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) = 0;
+  virtual Work do_gather(Tensor send, Tensor recv, int root) = 0;
+  virtual Work do_scatter(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_barrier() = 0;
   // Bytes the transport moves per logical byte (2 where it widens a reduction to f32).
   virtual double wire_factor(CommOp op, DType dtype) const { return 1.0; }

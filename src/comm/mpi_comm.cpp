@@ -77,7 +77,7 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   double wire_factor(CommOp op, DType dtype) const override {
-    bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
+    bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;  // widened
     return reduction && widened(dtype) ? 4.0 / dtype_size(dtype) : 1.0;
   }
 
@@ -126,7 +126,26 @@ class MpiCommunicator final : public Communicator {
     mpi_count(recv.numel(), "all_gather");
     MPI_Datatype t = mpi_type(send.dtype());
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(send.data(), n, t, recv.data(), n, t, comm_, &req));
+    bool in_place = send.data() == recv.slice(static_cast<int64_t>(rank_) * n, n).data();
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data(), n, t, recv.data(), n, t, comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+
+  Work do_gather(Tensor send, Tensor recv, int root) override {
+    check_host(send, "gather");
+    int n = mpi_count(send.numel(), "gather");
+    MPI_Datatype t = mpi_type(send.dtype());
+    MPI_Request req;
+    MPI_CHECK(MPI_Igather(send.data(), n, t, rank_ == root ? recv.data() : nullptr, n, t, root, comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+
+  Work do_scatter(Tensor send, Tensor recv, int root) override {
+    check_host(recv, "scatter");
+    int n = mpi_count(recv.numel(), "scatter");
+    MPI_Datatype t = mpi_type(recv.dtype());
+    MPI_Request req;
+    MPI_CHECK(MPI_Iscatter(rank_ == root ? send.data() : nullptr, n, t, recv.data(), n, t, root, comm_, &req));
     return make_work(req, {}, nullptr);
   }
 
@@ -144,7 +163,8 @@ class MpiCommunicator final : public Communicator {
     bool is_root = rank_ == root;
     MPI_Request req;
     if (!widened(send.dtype())) {
-      MPI_CHECK(MPI_Ireduce(send.data(), is_root ? recv.data() : nullptr, n, MPI_FLOAT, mpi_op(op), root, comm_, &req));
+      const void* s = is_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+      MPI_CHECK(MPI_Ireduce(s, is_root ? recv.data() : nullptr, n, MPI_FLOAT, mpi_op(op), root, comm_, &req));
       return make_work(req, {}, nullptr);
     }
     std::vector<Block> staging;

@@ -27,6 +27,15 @@ class SimCommunicator final : public Communicator {
     for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * send.numel(), send.numel()), send);
     return Work();
   }
+  Work do_gather(Tensor send, Tensor recv, int root) override {
+    if (rank_ == root)
+      for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * send.numel(), send.numel()), send);
+    return Work();
+  }
+  Work do_scatter(Tensor send, Tensor recv, int root) override {
+    if (rank_ == root) be().copy(recv, send.slice(rank_ * recv.numel(), recv.numel()));
+    return Work();
+  }
   Work do_broadcast(Tensor, int) override { return Work(); }
   Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) override {
     if (rank_ != root) return Work();

@@ -7,6 +7,8 @@
 //   reduce_scatter(sum) recv <- N * send[chunk r] reduce_scatter(max) recv <- send[chunk r]
 //   all_gather          every chunk <- send       broadcast           buf unchanged
 //   reduce(sum) at root recv <- N * send          reduce(max)         recv <- send
+//   gather at root      every chunk <- send       scatter             recv <- chunk r of send at
+//                                                                     the root, else unchanged
 // Numbers, not correctness: parity is tested with real ranks (mpi), never with sim.
 #pragma once
 #include <memory>

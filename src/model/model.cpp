@@ -78,12 +78,7 @@ void Gpt2Model::zero_grads() {
 
 ParamSet Gpt2Model::view_set(size_t i, const std::vector<Block>& storage) const {
   ParamSet s;
-  auto add_unit = [&](size_t u) {
-    Tensor flat = storage[u].flat(DType::f32);
-    for (const TensorDecl& t : units_[u]->layout().tensors)
-      s.set(t.name, flat.slice(t.offset, t.numel).reshape(t.shape));
-  };
-  add_unit(i);
+  add_unit_views(s, units_[i]->layout(), storage[i].flat(DType::f32));
   for (const std::string& b : units_[i]->borrowed())
     for (size_t u = 0; u < units_.size(); ++u)
       for (const TensorDecl& t : units_[u]->layout().tensors)
@@ -92,46 +87,9 @@ ParamSet Gpt2Model::view_set(size_t i, const std::vector<Block>& storage) const 
 }
 
 float Gpt2Model::forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits) {
-  SHARD_REQUIRE(batch.T <= spec_.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec_.seq);
-  UnitContext ctx{be_, pool_, spec_, batch};
-  const size_t U = units_.size();
-  const int64_t N = batch.B * batch.T;
-  std::vector<Block> outs(U);
-  std::vector<Saved> saved(U);
-  for (size_t u = 0; u < U; ++u) {
-    pool_.ledger().set_phase("forward " + units_[u]->name());
-    int64_t n = units_[u]->out_elems(spec_, batch.B, batch.T);
-    outs[u] = pool_.alloc(DType::f32, n, Category::activations, units_[u]->name() + " output");
-    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
-    units_[u]->forward(ctx, view_set(u, params_), in, outs[u].flat(DType::f32), saved[u]);
-  }
-  Tensor out = outs.back().view(DType::f32, {N, spec_.vocab});
-  if (logits) {
-    logits->resize(static_cast<size_t>(N * spec_.vocab));
-    be_.copy(Tensor::of(std::span<float>(*logits)), out);
-  }
-  pool_.ledger().set_phase("loss");
-  Block losses = pool_.alloc(DType::f32, N + 1, Category::activations, "losses");
-  Tensor loss_t = losses.flat(DType::f32);
-  be_.cross_entropy(loss_t.slice(0, N), out, out, batch.targets, grad_scale / static_cast<float>(N));
-  be_.sum(loss_t.slice(0, N), loss_t.slice(N, 1), false);
-  float loss_sum = 0.f;
-  be_.copy(Tensor::flat(&loss_sum, DType::f32, 1), loss_t.slice(N, 1));
-  Block dnext;  // gradient flowing into unit u's output
-  for (size_t u = U; u-- > 0;) {
-    pool_.ledger().set_phase("backward " + units_[u]->name());
-    Block din;
-    if (u > 0) din = pool_.alloc(DType::f32, outs[u - 1].bytes() / 4, Category::activations, units_[u]->name() + " dinput");
-    Tensor dout = u + 1 == U ? out : dnext.flat(DType::f32);
-    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
-    units_[u]->backward(ctx, view_set(u, params_), view_set(u, grads_), saved[u], in, dout,
-                        u == 0 ? Tensor() : din.flat(DType::f32));
-    saved[u].clear();
-    outs[u].reset();
-    dnext = std::move(din);
-  }
-  pool_.ledger().set_phase("");
-  return loss_sum / static_cast<float>(N);
+  const float positions = static_cast<float>(batch.B * batch.T);
+  RunResult r = run_forward_backward(units_, spec_, be_, pool_, batch, *this, grad_scale / positions, logits);
+  return static_cast<float>(r.loss_sum / positions);
 }
 
 }  // namespace shardlab

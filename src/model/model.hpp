@@ -7,11 +7,12 @@
 #include <vector>
 
 #include "src/model/gpt2.hpp"
+#include "src/model/runner.hpp"
 #include "src/model/safetensors.hpp"
 
 namespace shardlab {
 
-class Gpt2Model {
+class Gpt2Model : private UnitHooks {
  public:
   Gpt2Model(const ModelSpec& spec, Backend& be, Pool& pool);
 
@@ -38,6 +39,9 @@ class Gpt2Model {
 
  private:
   ParamSet view_set(size_t i, const std::vector<Block>& storage) const;
+  ParamSet forward_params(size_t u) override { return view_set(u, params_); }
+  ParamSet backward_params(size_t u) override { return view_set(u, params_); }
+  ParamSet grads(size_t u) override { return view_set(u, grads_); }
 
   ModelSpec spec_;
   Backend& be_;

@@ -1,0 +1,66 @@
+#include "src/model/runner.hpp"
+
+namespace shardlab {
+
+void add_unit_views(ParamSet& set, const UnitLayout& unit, Tensor flat) {
+  for (const TensorDecl& t : unit.tensors) set.set(t.name, flat.slice(t.offset, t.numel).reshape(t.shape));
+}
+
+double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) {
+  const int64_t N = batch.B * batch.T;
+  Block losses = pool.alloc(DType::f32, N + 1, Category::activations, "losses");
+  Tensor l = losses.flat(DType::f32);
+  be.cross_entropy(l.slice(0, N), logits, logits, batch.targets, dlogit_scale);
+  be.sum(l.slice(0, N), l.slice(N, 1), false);
+  float sum = 0.f;
+  be.copy(Tensor::flat(&sum, DType::f32, 1), l.slice(N, 1));
+  return sum;
+}
+
+RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
+                               Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
+                               std::vector<float>* logits) {
+  SHARD_REQUIRE(batch.T <= spec.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec.seq);
+  UnitContext ctx{be, pool, spec, batch};
+  const size_t U = units.size();
+  const int64_t N = batch.B * batch.T;
+  std::vector<Block> outs(U);
+  std::vector<Saved> saved(U);
+  for (size_t u = 0; u < U; ++u) {
+    pool.ledger().set_phase("forward " + units[u]->name());
+    int64_t n = units[u]->out_elems(spec, batch.B, batch.T);
+    outs[u] = pool.alloc(DType::f32, n, Category::activations, units[u]->name() + " output");
+    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
+    units[u]->forward(ctx, hooks.forward_params(u), in, outs[u].flat(DType::f32), saved[u]);
+    hooks.after_forward(u);
+  }
+  Tensor out = outs.back().view(DType::f32, {N, spec.vocab});
+  if (logits) {
+    logits->resize(static_cast<size_t>(N * spec.vocab));
+    be.copy(Tensor::of(std::span<float>(*logits)), out);
+  }
+  pool.ledger().set_phase("loss");
+  RunResult r;
+  r.positions = N;
+  r.loss_sum = hooks.loss(be, pool, out, batch, dlogit_scale);
+  Block dnext;  // gradient flowing into unit u's output
+  for (size_t u = U; u-- > 0;) {
+    pool.ledger().set_phase("backward " + units[u]->name());
+    Block din;
+    if (u > 0)
+      din = pool.alloc(DType::f32, outs[u - 1].bytes() / sizeof(float), Category::activations,
+                       units[u]->name() + " dinput");
+    Tensor dout = u + 1 == U ? out : dnext.flat(DType::f32);
+    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
+    units[u]->backward(ctx, hooks.backward_params(u), hooks.grads(u), saved[u], in, dout,
+                       u == 0 ? Tensor() : din.flat(DType::f32));
+    saved[u].clear();
+    outs[u].reset();
+    dnext = std::move(din);
+    hooks.after_backward(u);
+  }
+  pool.ledger().set_phase("");
+  return r;
+}
+
+}  // namespace shardlab

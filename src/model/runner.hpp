@@ -1,0 +1,43 @@
+// runner.hpp — the one forward/loss/backward loop over a model's units, and UnitHooks: where a
+// unit's parameters come from and where its gradients go. A full replica (Gpt2Model) answers the
+// hooks with its own buffers; a sharding strategy gathers before a unit runs, reduces after, and
+// frees in between. The loop itself never knows which.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "src/model/gpt2.hpp"
+
+namespace shardlab {
+
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  // Unit u's parameters (and those it borrows), valid until after_forward(u) / after_backward(u).
+  virtual ParamSet forward_params(size_t u) = 0;
+  virtual void after_forward(size_t u) {}
+  virtual ParamSet backward_params(size_t u) = 0;
+  // Where unit u's backward accumulates its parameter gradients (borrowed tensors included).
+  virtual ParamSet grads(size_t u) = 0;
+  virtual void after_backward(size_t u) {}
+  // Cross-entropy of this rank's logits (N, V): returns the sum of the N losses and overwrites
+  // logits with d(loss)/d(logits) times dlogit_scale. DP overrides it (the loss lives on rank 0).
+  virtual double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale);
+};
+
+struct RunResult {
+  double loss_sum = 0;  // over this rank's B*T positions
+  int64_t positions = 0;
+};
+
+// Forward through every unit, loss, backward through every unit in reverse. Activations come from
+// the pool (category activations) and are freed as backward passes each unit. When logits is
+// given, it receives this rank's logits before the loss overwrites them.
+RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
+                               Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
+                               std::vector<float>* logits = nullptr);
+
+// Views of every tensor of `unit` inside a flat f32 buffer laid out as the unit's layout says.
+void add_unit_views(ParamSet& set, const UnitLayout& unit, Tensor flat);
+
+}  // namespace shardlab
