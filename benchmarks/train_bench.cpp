@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "benchmarks/gemm_bench.hpp"
+#include "src/comm/sim_comm.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
@@ -28,8 +29,9 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   tc.steps = cfg.warmup + cfg.steps;
   tc.schedule.kind = "constant";
   tc.schedule.lr = 1e-4f;
-  Trainer trainer(pool.backend(), pool, tc);
-  const double n_params = static_cast<double>(trainer.model().num_params());
+  auto comm = make_sim_communicator(0, 1, pool);
+  Trainer trainer(pool.backend(), pool, *comm, tc);
+  const double n_params = static_cast<double>(trainer.num_params());
   const double flops_per_token = 6.0 * n_params + 6.0 * s.layers * s.dim * s.seq;
   std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens, %s\n", s.describe().c_str(),
                static_cast<long long>(cfg.batch), static_cast<long long>(s.seq), pool.backend().describe().c_str());

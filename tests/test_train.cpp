@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "src/comm/sim_comm.hpp"
 #include "src/train/trainer.hpp"
 
 using namespace shardlab;
@@ -18,7 +19,8 @@ TEST_CASE("training the tiny model on the embedded data lowers the loss", "[trai
   cfg.schedule.lr = 1e-2f;
   cfg.schedule.warmup_steps = 5;
   cfg.log_path = (std::filesystem::temp_directory_path() / "shardlab_test_train.jsonl").string();
-  Trainer trainer(*be, pool, cfg);
+  auto comm = make_sim_communicator(0, 1, pool);
+  Trainer trainer(*be, pool, *comm, cfg);
   std::FILE* sink = std::fopen("/dev/null", "w");
   StepStats last = trainer.run(sink);
   std::fclose(sink);
@@ -44,7 +46,8 @@ TEST_CASE("gradient accumulation gives the same step as one large batch", "[trai
     cfg.steps = 3;
     cfg.batch = 4;
     cfg.accum = accum;
-    Trainer t(*be, pool, cfg);
+    auto comm = make_sim_communicator(0, 1, pool);
+    Trainer t(*be, pool, *comm, cfg);
     std::vector<float> losses;
     for (int64_t s = 0; s < cfg.steps; ++s) losses.push_back(t.step(s).loss);
     return losses;
@@ -60,11 +63,17 @@ TEST_CASE("bad training options are named", "[train]") {
   cfg.spec = model_preset("tiny");
   cfg.batch = 6;
   cfg.accum = 4;
-  CHECK_THROWS_WITH(Trainer(*be, pool, cfg), Catch::Contains("--batch 6 is not divisible by --accum 4"));
+  auto comm = make_sim_communicator(0, 1, pool);
+  CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("--batch 6 is not divisible by 1 ranks x --accum 4"));
+  auto four = make_sim_communicator(0, 4, pool);
   cfg.accum = 1;
+  CHECK_THROWS_WITH(Trainer(*be, pool, *four, cfg), Catch::Contains("--batch 6 is not divisible by 4 ranks x --accum 1"));
   cfg.steps = 0;
-  CHECK_THROWS_WITH(Trainer(*be, pool, cfg), Catch::Contains("--steps 0"));
+  CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("--steps 0"));
   cfg.steps = 1;
+  cfg.strategy.name = "zero4";
+  CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("unknown strategy 'zero4'"));
+  cfg.strategy.name = "ddp";
   cfg.spec.heads = 3;
-  CHECK_THROWS_WITH(Trainer(*be, pool, cfg), Catch::Contains("--dim 32 is not divisible by --heads 3"));
+  CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("--dim 32 is not divisible by --heads 3"));
 }

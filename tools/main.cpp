@@ -1,6 +1,6 @@
 // main.cpp — the shardlab command line.
 //
-//   shardlab train               train GPT-2 (one rank until the sharding strategies land)
+//   shardlab train               train GPT-2 under any strategy on any number of ranks
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
@@ -32,7 +32,7 @@ const char* kUsage =
     "usage: shardlab <command> [options] [--nproc N]\n"
     "\n"
     "commands:\n"
-    "  train               train a GPT-2 model (single rank for now) and report loss, speed and memory\n"
+    "  train               train GPT-2 under a strategy (dp, ddp, zero1-3) on any number of ranks\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
@@ -87,6 +87,16 @@ PoolConfig pool_config(const CommonOptions& c) {
   PoolConfig pc;
   if (!c.device_memory.empty()) pc.budget = parse_bytes(c.device_memory);
   return pc;
+}
+
+void add_strategy_options(po::options_description& d, StrategyConfig& s) {
+  d.add_options()("strategy", po::value(&s.name)->default_value(s.name), "dp, ddp, zero1, zero2 or zero3")(
+      "bucket-mb", po::value(&s.bucket_mb)->default_value(s.bucket_mb), "ddp: gradient bucket size in MiB")(
+      "reshard-after-forward", po::value(&s.reshard_after_forward)->default_value(true),
+      "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")(
+      "prefetch", po::value(&s.prefetch)->default_value(s.prefetch), "zero3: units gathered ahead of use")(
+      "max-gathered", po::value(&s.max_gathered)->default_value(0),
+      "zero3: most units gathered at once (0 = prefetch + 2)");
 }
 
 // Model shape: a preset, with any of --layers/--dim/--heads/--seq/--vocab overriding it.
@@ -152,10 +162,8 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "save", po::value(&cfg.save_path)->default_value(""), "write the final weights to this safetensors file")(
       "log", po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
       "print-every", po::value(&cfg.print_every)->default_value(1), "progress line every k steps");
+  add_strategy_options(desc, cfg.strategy);
   if (!parse(args, desc, mpi, "train")) return 0;
-  SHARD_REQUIRE(mpi.world() == 1,
-                "train runs on one rank for now ({} started): the sharding strategies that use more are not built yet",
-                mpi.world());
   SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
   cfg.seed = static_cast<uint64_t>(seed);
   cfg.spec = model.spec();
@@ -168,7 +176,8 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
     backend = make_cuda_backend(bc);
   }
   Pool pool(*backend, pool_config(common));
-  Trainer trainer(*backend, pool, cfg);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  Trainer trainer(*backend, pool, *comm, cfg);
   trainer.run(stdout);
   return 0;
 }

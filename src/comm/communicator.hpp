@@ -93,7 +93,8 @@ class Communicator {
 
   // In place: every rank ends with the reduction of all ranks' buf.
   Work all_reduce(Tensor buf, ReduceOp op = ReduceOp::sum);
-  // send holds N * recv.numel() elements; rank r receives the reduction of chunk r.
+  // send holds N * recv.numel() elements; rank r receives the reduction of chunk r. In place when
+  // recv is chunk `rank` of send (the other chunks of send are clobbered then).
   Work reduce_scatter(Tensor send, Tensor recv, ReduceOp op = ReduceOp::sum);
   // recv holds N * send.numel() elements; chunk r comes from rank r. In place when send is chunk
   // `rank` of recv.

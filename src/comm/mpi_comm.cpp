@@ -7,6 +7,7 @@
 #include "src/comm/mpi_comm.hpp"
 
 #include <climits>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -105,8 +106,16 @@ class MpiCommunicator final : public Communicator {
     mpi_count(send.numel(), "reduce_scatter");
     MPI_Request req;
     if (!widened(send.dtype())) {
-      MPI_CHECK(MPI_Ireduce_scatter_block(send.data(), recv.data(), n, MPI_FLOAT, mpi_op(op), comm_, &req));
-      return make_work(req, {}, nullptr);
+      if (recv.data() != send.slice(static_cast<int64_t>(rank_) * n, n).data()) {
+        MPI_CHECK(MPI_Ireduce_scatter_block(send.data(), recv.data(), n, MPI_FLOAT, mpi_op(op), comm_, &req));
+        return make_work(req, {}, nullptr);
+      }
+      // In place, MPI leaves the result at the start of the buffer; move it to this rank's chunk.
+      MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, send.data(), n, MPI_FLOAT, mpi_op(op), comm_, &req));
+      auto finish = [send, recv, n] {
+        if (recv.data() != send.data()) std::memmove(recv.data(), send.data(), static_cast<size_t>(n) * sizeof(float));
+      };
+      return make_work(req, {}, finish);
     }
     Block wide_send = widen(send, "reduce_scatter send");
     Block wide_recv = pool_.alloc(DType::f32, recv.numel(), Category::comm_buffer, "mpi reduce_scatter recv (f32)");

@@ -19,7 +19,7 @@ class SimCommunicator final : public Communicator {
     return Work();
   }
   Work do_reduce_scatter(Tensor send, Tensor recv, ReduceOp op) override {
-    be().copy(recv, send.slice(rank_ * recv.numel(), recv.numel()));
+    be().copy(recv, send.slice(rank_ * recv.numel(), recv.numel()));  // a no-op when in place
     if (op == ReduceOp::sum) scale_by_world(recv);
     return Work();
   }

@@ -6,14 +6,19 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/units.hpp"
+#include "src/model/safetensors.hpp"
 
 namespace shardlab {
 
-void TrainConfig::validate() const {
+void TrainConfig::validate(int world) const {
   spec.validate();
+  strategy.validate();
   SHARD_REQUIRE(steps >= 1, "--steps {}: expected at least one step", steps);
   SHARD_REQUIRE(batch >= 1, "--batch {}: expected at least one sequence", batch);
-  SHARD_REQUIRE(accum >= 1 && batch % accum == 0, "--batch {} is not divisible by --accum {}", batch, accum);
+  SHARD_REQUIRE(accum >= 1, "--accum {}: expected at least one micro-step", accum);
+  SHARD_REQUIRE(batch % (static_cast<int64_t>(world) * accum) == 0,
+                "--batch {} is not divisible by {} ranks x --accum {}: every rank needs whole micro-batches", batch,
+                world, accum);
   SHARD_REQUIRE(grad_clip >= 0.f, "--grad-clip {}: expected 0 (off) or a positive norm", grad_clip);
   SHARD_REQUIRE(print_every >= 1, "--print-every {}: expected a positive count", print_every);
   optim.validate();
@@ -21,80 +26,104 @@ void TrainConfig::validate() const {
 }
 
 namespace {
-TrainConfig checked(TrainConfig cfg) {
-  cfg.validate();
+TrainConfig checked(TrainConfig cfg, int world) {
+  cfg.validate(world);
   cfg.schedule.total_steps = cfg.steps;
   return cfg;
 }
 }  // namespace
 
-Trainer::Trainer(Backend& be, Pool& pool, TrainConfig cfg)
+Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
     : be_(be),
       pool_(pool),
-      cfg_(checked(std::move(cfg))),
+      comm_(comm),
+      cfg_(checked(std::move(cfg), comm.world_size())),
       stream_(load_tokens(cfg_.data, cfg_.spec.vocab)),
       loader_(stream_, cfg_.spec.seq, cfg_.batch),
-      model_(cfg_.spec, be, pool),
-      optim_(pool, cfg_.optim) {
-  if (cfg_.init.empty()) model_.init(cfg_.seed);
-  else model_.load(cfg_.init);
-  for (size_t u = 0; u < model_.num_units(); ++u) {
-    const UnitLayout& l = model_.unit(u).layout();
-    optim_.add(model_.unit_params(u), model_.unit_grads(u), unit_segments(l, 0, l.numel), l.name);
-  }
-  int64_t micro = cfg_.batch / cfg_.accum;
+      units_(make_gpt2_units(cfg_.spec)) {
+  for (const auto& u : units_) num_params_ += u->layout().numel;
+  strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, comm_, cfg_.spec, units_, cfg_.optim});
+  if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
+  else strategy_->load_params(cfg_.init);
+  const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
   inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq));
   targets_.resize(inputs_.size());
+  if (cfg_.strategy.name == "dp") {
+    global_targets_.resize(inputs_.size() * static_cast<size_t>(comm_.world_size()));
+    scratch_inputs_.resize(inputs_.size());
+  }
 }
 
 StepStats Trainer::step(int64_t t) {
   auto t0 = std::chrono::steady_clock::now();
-  const int64_t T = cfg_.spec.seq, micro = cfg_.batch / cfg_.accum;
+  const int64_t T = cfg_.spec.seq, W = comm_.world_size(), r = comm_.rank();
+  const int64_t local = cfg_.batch / W, micro = local / cfg_.accum;
+  const float dlogit_scale = 1.f / static_cast<float>(cfg_.batch * T);  // d(global mean loss)
   pool_.ledger().reset_peaks();
-  model_.zero_grads();
-  float loss = 0.f;
+  const double comm_before = comm_.stats().total_bytes();
+  strategy_->begin_step();
+  double loss_sum = 0;
   for (int64_t k = 0; k < cfg_.accum; ++k) {
-    loader_.fill(t, k * micro, micro, inputs_.data(), targets_.data());
+    loader_.fill(t, r * local + k * micro, micro, inputs_.data(), targets_.data());
+    if (!global_targets_.empty())
+      for (int64_t q = 0; q < W; ++q)
+        loader_.fill(t, q * local + k * micro, micro, scratch_inputs_.data(),
+                     global_targets_.data() + q * micro * T);
+    strategy_->set_global_targets(global_targets_.data(), static_cast<int64_t>(global_targets_.size()));
+    strategy_->begin_micro(k, k + 1 == cfg_.accum);
     Batch b{inputs_.data(), targets_.data(), micro, T};
-    loss += model_.forward_backward(b, 1.f / static_cast<float>(cfg_.accum)) / static_cast<float>(cfg_.accum);
+    loss_sum += run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale).loss_sum;
   }
-  // Global gradient norm over every unit, accumulated on the device, read once.
-  Block norm_block = pool_.alloc(DType::f32, 1, Category::workspace, "grad norm");
-  Tensor norm_t = norm_block.flat(DType::f32);
-  for (size_t u = 0; u < model_.num_units(); ++u) be_.sum_squares(model_.unit_grads(u), norm_t, u > 0);
-  float sumsq = 0.f;
-  be_.copy(Tensor::flat(&sumsq, DType::f32, 1), norm_t);
-  float norm = std::sqrt(sumsq);
-  float lr = cfg_.schedule.at(t);
-  pool_.ledger().set_phase("optimizer step");
-  optim_.step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+  float loss = static_cast<float>(loss_sum);
+  comm_.all_reduce(std::span<float>(&loss, 1)).wait();
+  loss /= static_cast<float>(cfg_.batch * T);
+  const float norm = static_cast<float>(std::sqrt(strategy_->grad_norm_sq()));
+  const float lr = cfg_.schedule.at(t);
+  strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
   pool_.ledger().set_phase("");
   be_.synchronize();
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  comm_.stats().end_step();
   StepStats s;
   s.step = t + 1;
   s.loss = loss;
   s.lr = lr;
   s.grad_norm = norm;
-  s.ms = ms;
-  s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (ms / 1e3);
+  s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);
   s.peak_bytes = pool_.ledger().peak_total();
+  s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   return s;
 }
 
+void Trainer::save(const std::string& path) {
+  std::vector<std::vector<float>> host;
+  for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
+  if (comm_.rank() != 0) return;
+  std::vector<SafetensorsTensor> tensors;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (const TensorDecl& t : units_[u]->layout().tensors)
+      tensors.push_back({t.name, DType::f32, t.shape,
+                         std::span<const float>(host[u].data() + t.offset, static_cast<size_t>(t.numel))});
+  write_safetensors(path, tensors, {{"format", "pt"}, {"model", cfg_.spec.describe()}});
+}
+
 StepStats Trainer::run(std::FILE* out) {
+  const bool root = comm_.rank() == 0;
   std::ofstream log;
-  if (!cfg_.log_path.empty()) {
+  if (root && !cfg_.log_path.empty()) {
     log.open(cfg_.log_path, std::ios::trunc);
     SHARD_REQUIRE(log.good(), "cannot write --log file '{}'", cfg_.log_path);
   }
-  std::fprintf(out, "shardlab train: %s on %s\n", cfg_.spec.describe().c_str(), be_.describe().c_str());
-  std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld), batch %lld x %lld tokens, %lld steps, %s lr %.2e\n",
-               stream_.source.c_str(), stream_.tokens.size(), static_cast<long long>(loader_.num_sequences()),
-               static_cast<long long>(cfg_.spec.seq), static_cast<long long>(cfg_.batch),
-               static_cast<long long>(cfg_.spec.seq), static_cast<long long>(cfg_.steps), cfg_.optim.kind.c_str(),
-               cfg_.schedule.lr);
-  std::fflush(out);
+  if (root) {
+    std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
+                 strategy_->name().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
+                 be_.describe().c_str());
+    std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld), global batch %lld, %lld steps, %s lr %.2e\n",
+                 stream_.source.c_str(), stream_.tokens.size(), static_cast<long long>(loader_.num_sequences()),
+                 static_cast<long long>(cfg_.spec.seq), static_cast<long long>(cfg_.batch),
+                 static_cast<long long>(cfg_.steps), cfg_.optim.kind.c_str(), cfg_.schedule.lr);
+    std::fflush(out);
+  }
   StepStats s, first;
   double total_ms = 0, total_tokens = 0;
   int64_t timed = 0;
@@ -111,26 +140,30 @@ StepStats Trainer::run(std::FILE* out) {
     }
     peak = std::max(peak, s.peak_bytes);
     min_loss = std::min(min_loss, s.loss);
+    if (!root) continue;
     if (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1) {
-      std::fprintf(out, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s\n",
+      std::fprintf(out,
+                   "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s | comm %s\n",
                    static_cast<long long>(s.step), static_cast<long long>(cfg_.steps), s.loss, s.lr, s.grad_norm,
-                   s.ms, s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str());
+                   s.ms, s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str(),
+                   format_bytes(s.comm_bytes).c_str());
       std::fflush(out);
     }
     if (log.is_open()) {
-      nlohmann::json j = {{"step", s.step},       {"loss", s.loss},         {"lr", s.lr},
-                          {"grad_norm", s.grad_norm}, {"ms", s.ms},         {"tokens_per_s", s.tokens_per_s},
-                          {"peak_bytes", s.peak_bytes}};
+      nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
+                          {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
+                          {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}};
       log << j.dump() << '\n';
       log.flush();  // a killed run keeps every finished step
     }
   }
-  std::fprintf(out, "done: %lld steps, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s per rank\n",
-               static_cast<long long>(cfg_.steps), first.loss, s.loss, min_loss, total_ms / static_cast<double>(timed),
-               total_tokens / (total_ms / 1e3), format_bytes(static_cast<double>(peak)).c_str());
+  if (root)
+    std::fprintf(out, "done: %lld steps, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",
+                 static_cast<long long>(cfg_.steps), first.loss, s.loss, min_loss, total_ms / static_cast<double>(timed),
+                 total_tokens / (total_ms / 1e3), format_bytes(static_cast<double>(peak)).c_str());
   if (!cfg_.save_path.empty()) {
-    model_.save(cfg_.save_path);
-    std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
+    save(cfg_.save_path);
+    if (root) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
   }
   return s;
 }

@@ -1,57 +1,67 @@
-// trainer.hpp — single-rank training: data -> Gpt2Model forward/backward -> clip -> optimizer,
-// with a progress line per step, a final summary and an optional JSONL log.
+// trainer.hpp — data-parallel training under any strategy: data -> units (through the strategy's
+// hooks) -> loss -> backward -> global-norm clip -> optimizer, with a progress line per step, a
+// final summary and an optional JSONL log. One rank is world size 1 of the same code.
 #pragma once
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "optim/optimizer.hpp"
-#include "src/model/model.hpp"
+#include "shard/strategy.hpp"
 #include "src/train/data.hpp"
 
 namespace shardlab {
 
 struct TrainConfig {
   ModelSpec spec;
+  StrategyConfig strategy;
   std::string data = "synthetic";
   int64_t steps = 200;
-  int64_t batch = 8;  // global, in sequences
+  int64_t batch = 8;  // global, in sequences: world x micro-batch x accum
   int64_t accum = 1;  // micro-steps per step
   uint64_t seed = 1337;
   OptimConfig optim;
   LrSchedule schedule;
   float grad_clip = 1.f;     // 0 = off
   std::string init;          // safetensors to start from
-  std::string log_path;      // JSONL, one object per step
-  std::string save_path;     // safetensors written at the end
-  int64_t print_every = 1;   // progress line every k steps (and the last)
-  void validate() const;
+  std::string log_path;      // JSONL, one object per step (rank 0)
+  std::string save_path;     // safetensors written at the end (rank 0)
+  int64_t print_every = 1;   // progress line every k steps (and the first and last)
+  void validate(int world) const;
 };
 
 struct StepStats {
   int64_t step = 0;  // 1-based
   float loss = 0, lr = 0, grad_norm = 0;
   double ms = 0, tokens_per_s = 0;
-  uint64_t peak_bytes = 0;
+  uint64_t peak_bytes = 0;   // this rank, this step
+  double comm_bytes = 0;     // this rank, this step (bus bytes)
 };
 
 class Trainer {
  public:
-  Trainer(Backend& be, Pool& pool, TrainConfig cfg);
+  Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg);
   StepStats step(int64_t t);  // t is 0-based
-  // The whole run: progress to `out`, the JSONL log, the final save. Returns the last step's stats.
+  // The whole run: progress to `out` (rank 0), the JSONL log, the final save. Returns the last step.
   StepStats run(std::FILE* out);
-  Gpt2Model& model() { return model_; }
+  Strategy& strategy() { return *strategy_; }
+  const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
+  int64_t num_params() const { return num_params_; }
+  const TrainConfig& config() const { return cfg_; }
+  // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
+  void save(const std::string& path);
 
  private:
   Backend& be_;
   Pool& pool_;
+  Communicator& comm_;
   TrainConfig cfg_;
   TokenStream stream_;
   BatchLoader loader_;
-  Gpt2Model model_;
-  Optimizer optim_;
-  std::vector<int32_t> inputs_, targets_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::unique_ptr<Strategy> strategy_;
+  int64_t num_params_ = 0;
+  std::vector<int32_t> inputs_, targets_, global_targets_, scratch_inputs_;
 };
 
 }  // namespace shardlab

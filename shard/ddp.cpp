@@ -1,0 +1,108 @@
+// ddp.cpp — DistributedDataParallel: every rank holds the whole model, its gradients and the
+// optimizer. Gradients live in one buffer laid out in backward order (head, h.L-1 .. h.0,
+// embedding), cut into buckets of --bucket-mb; a bucket is all-reduced as soon as backward has
+// produced every unit in it, so its communication overlaps the rest of backward. With gradient
+// accumulation, only the last micro-step communicates.
+#include "shard/strategy.hpp"
+
+namespace shardlab {
+namespace {
+
+class Ddp final : public Strategy {
+ public:
+  Ddp(const StrategyConfig& cfg, StrategyEnv env) : Strategy(std::move(env)), optim_(env_.pool, env_.optim) {
+    const size_t U = num_units();
+    grad_offset_.resize(U);
+    int64_t total = 0;
+    const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(cfg.bucket_mb * (1 << 20) / 4));
+    bucket_of_.resize(U);
+    for (size_t i = 0; i < U; ++i) {  // backward order
+      size_t u = U - 1 - i;
+      if (buckets_.empty() || buckets_.back().numel >= bucket_elems) buckets_.push_back({total, 0, 0});
+      grad_offset_[u] = total;
+      total += layout(u).numel;
+      buckets_.back().numel += layout(u).numel;
+      buckets_.back().units += 1;
+      bucket_of_[u] = buckets_.size() - 1;
+    }
+    for (size_t u = 0; u < U; ++u)
+      params_.push_back(env_.pool.alloc(DType::f32, layout(u).numel, Category::param_full, layout(u).name + " params"));
+    grads_ = env_.pool.alloc(DType::f32, total, Category::grad_full, "gradients (all buckets)");
+    for (size_t u = 0; u < U; ++u)
+      optim_.add(params_[u].flat(DType::f32), grad(u), unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
+  }
+
+  std::string name() const override { return "ddp"; }
+
+  void init_params(uint64_t seed) override {
+    for (size_t u = 0; u < num_units(); ++u) {
+      std::vector<float> v(static_cast<size_t>(layout(u).numel));
+      init_flat_range(layout(u), seed, 0, v);
+      set_unit_values(u, v);
+    }
+  }
+
+  void begin_step() override {
+    env_.be.fill(grads_.flat(DType::f32), 0.f);
+    for (auto& b : buckets_) b.ready = 0;
+  }
+
+  ParamSet forward_params(size_t u) override { return views(u, [&](size_t x) { return params_[x].flat(DType::f32); }); }
+  ParamSet backward_params(size_t u) override { return forward_params(u); }
+  ParamSet grads(size_t u) override { return views(u, [&](size_t x) { return grad(x); }); }
+
+  void after_backward(size_t u) override {
+    if (!last_micro_ || world_ == 1) return;
+    Bucket& b = buckets_[bucket_of_[u]];
+    if (++b.ready == b.units) works_.push_back(env_.comm.all_reduce(grads_.flat(DType::f32).slice(b.offset, b.numel)));
+  }
+
+  double grad_norm_sq() override {
+    wait_all();
+    return sum_squares({grads_.flat(DType::f32)});
+  }
+
+  void optimizer_step(int64_t step, float lr, float grad_scale) override {
+    env_.pool.ledger().set_phase("optimizer step");
+    optim_.step(step, lr, grad_scale);
+  }
+
+  std::vector<float> gather_unit_params(size_t u) override { return to_host(params_[u].flat(DType::f32)); }
+  std::vector<float> gather_unit_grads(size_t u) override {
+    wait_all();
+    return to_host(grad(u));
+  }
+
+ protected:
+  void set_unit_values(size_t u, std::span<const float> full) override {
+    env_.be.copy(params_[u].flat(DType::f32), Tensor::of(full));
+  }
+
+ private:
+  struct Bucket {
+    int64_t offset, numel;
+    int units;
+    int ready = 0;
+  };
+  Tensor grad(size_t u) const { return grads_.flat(DType::f32).slice(grad_offset_[u], layout(u).numel); }
+  void wait_all() {
+    for (Work& w : works_) w.wait();
+    works_.clear();
+  }
+
+  Optimizer optim_;
+  std::vector<Block> params_;
+  Block grads_;
+  std::vector<int64_t> grad_offset_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<Work> works_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_ddp(const StrategyConfig& cfg, StrategyEnv env) {
+  return std::make_unique<Ddp>(cfg, std::move(env));
+}
+
+}  // namespace shardlab

@@ -1,0 +1,152 @@
+// dp.cpp — the torch.nn.DataParallel pattern with rank 0 as the primary device.
+//
+// Rank 0 holds the parameters, the gradients and the optimizer. Each step it broadcasts the
+// parameters to the replicas; every rank runs forward on its slice of the batch; the logits are
+// gathered to rank 0, which computes the loss of the whole batch and scatters d(loss)/d(logits)
+// back; every rank runs backward; gradients are summed onto rank 0 (a reduce); rank 0 steps.
+// Replicas free their parameter and gradient copies once backward is done. Rank 0 also holds
+// every rank's logits at once, so its memory is lopsided, as DataParallel's is on device 0.
+// (The token batch itself is not scattered: every rank reads its own slice from the
+// deterministic loader, which moves no bytes over the network.)
+#include "shard/strategy.hpp"
+
+namespace shardlab {
+namespace {
+
+class Dp final : public Strategy {
+ public:
+  Dp(const StrategyConfig&, StrategyEnv env) : Strategy(std::move(env)) {
+    const size_t U = num_units();
+    params_.resize(U);
+    grads_.resize(U);
+    if (rank_ == 0) {
+      optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
+      for (size_t u = 0; u < U; ++u) {
+        params_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::param_full, layout(u).name + " params");
+        grads_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::grad_full, layout(u).name + " grads");
+        optim_->add(params_[u].flat(DType::f32), grads_[u].flat(DType::f32),
+                    unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
+      }
+    }
+  }
+
+  std::string name() const override { return "dp"; }
+
+  void init_params(uint64_t seed) override {
+    if (rank_ != 0) return;
+    for (size_t u = 0; u < num_units(); ++u) init_flat_range(layout(u), seed, 0, params_[u].span<float>());
+  }
+
+  void begin_step() override {
+    std::vector<Work> works;
+    for (size_t u = 0; u < num_units(); ++u) {
+      if (rank_ == 0) {
+        env_.be.fill(grads_[u].flat(DType::f32), 0.f);
+      } else {
+        params_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::param_full, layout(u).name + " replica");
+      }
+      works.push_back(env_.comm.broadcast(params_[u].flat(DType::f32), 0));
+    }
+    for (Work& w : works) w.wait();
+  }
+
+  void begin_micro(int64_t k, bool last) override {
+    Strategy::begin_micro(k, last);
+    if (rank_ == 0) return;
+    for (size_t u = 0; u < num_units(); ++u) {
+      grads_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::grad_full, layout(u).name + " replica grads");
+      env_.be.fill(grads_[u].flat(DType::f32), 0.f);
+    }
+  }
+
+  void set_global_targets(const int32_t* targets, int64_t count) override {
+    global_targets_ = targets;
+    global_count_ = count;
+  }
+
+  ParamSet forward_params(size_t u) override { return views(u, [&](size_t x) { return params_[x].flat(DType::f32); }); }
+  ParamSet backward_params(size_t u) override { return forward_params(u); }
+  ParamSet grads(size_t u) override { return views(u, [&](size_t x) { return grads_[x].flat(DType::f32); }); }
+
+  double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) override {
+    const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
+    SHARD_CHECK(global_count_ == n * world_, "dp: {} global targets for {} ranks x {} positions", global_count_,
+                world_, n);
+    Block all;
+    Tensor all_t;
+    if (rank_ == 0) {
+      all = pool.alloc(DType::f32, n * world_ * V, Category::activations, "dp gathered logits");
+      all_t = all.view(DType::f32, {n * world_, V});
+    }
+    env_.comm.gather(logits, all_t, 0).wait();
+    double sum = 0;
+    if (rank_ == 0) {
+      Batch global{nullptr, global_targets_, batch.B * world_, batch.T};
+      sum = UnitHooks::loss(be, pool, all_t, global, dlogit_scale);
+    }
+    env_.comm.scatter(all_t, logits, 0).wait();
+    return sum;
+  }
+
+  void after_backward(size_t u) override {
+    // Sum this micro-step's gradients onto rank 0 (in place there, accumulating over micro-steps).
+    works_.push_back(env_.comm.reduce(grads_[u].flat(DType::f32), grads_[u].flat(DType::f32), 0));
+    if (u != 0) return;
+    for (Work& w : works_) w.wait();
+    works_.clear();
+    if (rank_ == 0) return;
+    for (Block& g : grads_) g.reset();
+    if (last_micro_)
+      for (Block& p : params_) p.reset();  // replicas drop their copies after backward
+  }
+
+  double grad_norm_sq() override {
+    float v = 0.f;
+    if (rank_ == 0) {
+      std::vector<Tensor> g;
+      for (const Block& b : grads_) g.push_back(b.flat(DType::f32));
+      v = static_cast<float>(sum_squares(g));
+    }
+    env_.comm.broadcast(std::span<float>(&v, 1), 0).wait();
+    return v;
+  }
+
+  void optimizer_step(int64_t step, float lr, float grad_scale) override {
+    if (rank_ != 0) return;
+    env_.pool.ledger().set_phase("optimizer step");
+    optim_->step(step, lr, grad_scale);
+  }
+
+  std::vector<float> gather_unit_params(size_t u) override {
+    std::vector<float> v(static_cast<size_t>(layout(u).numel));
+    if (rank_ == 0) v = to_host(params_[u].flat(DType::f32));
+    env_.comm.broadcast(std::span<float>(v), 0).wait();
+    return v;
+  }
+  std::vector<float> gather_unit_grads(size_t u) override {
+    std::vector<float> v(static_cast<size_t>(layout(u).numel));
+    if (rank_ == 0) v = to_host(grads_[u].flat(DType::f32));
+    env_.comm.broadcast(std::span<float>(v), 0).wait();
+    return v;
+  }
+
+ protected:
+  void set_unit_values(size_t u, std::span<const float> full) override {
+    if (rank_ == 0) env_.be.copy(params_[u].flat(DType::f32), Tensor::of(full));
+  }
+
+ private:
+  std::unique_ptr<Optimizer> optim_;
+  std::vector<Block> params_, grads_;
+  std::vector<Work> works_;
+  const int32_t* global_targets_ = nullptr;
+  int64_t global_count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_dp(const StrategyConfig& cfg, StrategyEnv env) {
+  return std::make_unique<Dp>(cfg, std::move(env));
+}
+
+}  // namespace shardlab

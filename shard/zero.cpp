@@ -1,0 +1,257 @@
+// zero.cpp — ZeRO stages 1, 2 and 3 over per-unit FlatParams.
+//
+//   stage 1  full parameters and full gradients on every rank; after the last micro-step each
+//            unit's gradient is reduce-scattered in place (this rank keeps its shard, inside the
+//            full buffer), the optimizer updates this rank's shard of the parameters in place,
+//            and an in-place all-gather brings every rank the updated whole.
+//   stage 2  as stage 1, but a unit's full gradient exists only from its backward until its
+//            reduce-scatter completes; the shard accumulates across micro-steps.
+//   stage 3  parameters are sharded too. A unit is all-gathered before its forward and again
+//            before its backward and freed after each (the last unit stays gathered from its
+//            forward into its backward); the next unit's gather is issued ahead (--prefetch),
+//            never holding more than --max-gathered units at once.
+// A gathered unit is a buffer plus the Work that fills it, in one struct: the buffer cannot be
+// freed while its collective runs, and users wait on the Work, not on a global sync.
+#include <deque>
+
+#include "shard/strategy.hpp"
+
+namespace shardlab {
+namespace {
+
+class Zero final : public Strategy {
+ public:
+  Zero(const StrategyConfig& cfg, StrategyEnv env, int stage)
+      : Strategy(std::move(env)), cfg_(cfg), stage_(stage), optim_(env_.pool, env_.optim) {
+    const size_t U = num_units();
+    max_gathered_ = cfg.max_gathered > 0 ? cfg.max_gathered : cfg.prefetch + 2;
+    gathered_.resize(U);
+    for (size_t u = 0; u < U; ++u) {
+      flat_.push_back(make_flat_param(layout(u), world_, rank_));
+      const FlatParam& f = flat_[u];
+      const std::string& n = layout(u).name;
+      if (stage_ == 3) {
+        param_shard_.push_back(env_.pool.alloc(DType::f32, f.shard, Category::param_shard, n + " param shard"));
+      } else {
+        params_.push_back(env_.pool.alloc(DType::f32, f.padded, Category::param_full, n + " params"));
+        env_.be.fill(params_.back().flat(DType::f32), 0.f);  // padding stays zero
+      }
+      if (stage_ == 1) {
+        grads_full_.push_back(env_.pool.alloc(DType::f32, f.padded, Category::grad_full, n + " grads"));
+      } else {
+        grads_full_.emplace_back();  // allocated during backward
+        grad_shard_.push_back(env_.pool.alloc(DType::f32, f.shard, Category::grad_shard, n + " grad shard"));
+      }
+      optim_.add(owned_params(u), owned_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
+    }
+  }
+
+  std::string name() const override { return "zero" + std::to_string(stage_); }
+
+  void init_params(uint64_t seed) override {
+    for (size_t u = 0; u < num_units(); ++u) {
+      const FlatParam& f = flat_[u];
+      int64_t first = stage_ == 3 ? f.shard_begin() : 0, count = stage_ == 3 ? f.shard : f.padded;
+      std::vector<float> v(static_cast<size_t>(count));
+      init_flat_range(layout(u), seed, first, v);
+      env_.be.copy(stage_ == 3 ? param_shard_[u].flat(DType::f32) : params_[u].flat(DType::f32),
+                   Tensor::of(std::span<float>(v)));
+    }
+  }
+
+  void begin_step() override {
+    for (size_t u = 0; u < num_units(); ++u)
+      env_.be.fill(stage_ == 1 ? grads_full_[u].flat(DType::f32) : grad_shard_[u].flat(DType::f32), 0.f);
+  }
+
+  // ---- hooks ----
+  ParamSet forward_params(size_t u) override {
+    if (stage_ != 3) return views(u, [&](size_t x) { return params_[x].flat(DType::f32); });
+    acquire(u);
+    for (int k = 1; k <= cfg_.prefetch && u + k < num_units(); ++k) prefetch(u + k);
+    return views(u, [&](size_t x) { return gathered_tensor(x); });
+  }
+
+  void after_forward(size_t u) override {
+    if (stage_ != 3) return;
+    // The last unit runs backward right after its forward: keep it (and what it borrows) gathered.
+    bool keep = !cfg_.reshard_after_forward || u + 1 == num_units();
+    release(u, keep);
+  }
+
+  ParamSet backward_params(size_t u) override {
+    if (stage_ != 3) return forward_params(u);
+    acquire(u);
+    for (int k = 1; k <= cfg_.prefetch && u >= static_cast<size_t>(k); ++k) prefetch(u - k);
+    return views(u, [&](size_t x) { return gathered_tensor(x); });
+  }
+
+  ParamSet grads(size_t u) override {
+    if (stage_ != 1) {
+      ensure_grad_full(u);
+      for (const auto& [owner, decl] : borrowed_[u]) ensure_grad_full(owner);
+    }
+    return views(u, [&](size_t x) { return grads_full_[x].flat(DType::f32); });
+  }
+
+  void after_backward(size_t u) override {
+    if (stage_ == 3) release(u, false);
+    // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
+    if (stage_ == 1) {
+      if (last_micro_) inflight_.push_back({env_.comm.reduce_scatter(grads_full_[u].flat(DType::f32), own(grads_full_[u], u)), u, {}});
+      return;
+    }
+    Block tmp = env_.pool.alloc(DType::f32, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
+    Work w = env_.comm.reduce_scatter(grads_full_[u].flat(DType::f32), tmp.flat(DType::f32));
+    inflight_.push_back({std::move(w), u, std::move(tmp)});
+    while (inflight_.size() > 2) finish_oldest();
+  }
+
+  double grad_norm_sq() override {
+    while (!inflight_.empty()) finish_oldest();
+    std::vector<Tensor> shards;
+    for (size_t u = 0; u < num_units(); ++u) shards.push_back(owned_grads(u));
+    float local = static_cast<float>(sum_squares(shards));
+    env_.comm.all_reduce(std::span<float>(&local, 1)).wait();
+    return local;
+  }
+
+  void optimizer_step(int64_t step, float lr, float grad_scale) override {
+    env_.pool.ledger().set_phase("optimizer step");
+    optim_.step(step, lr, grad_scale);
+    if (stage_ == 3) return;
+    std::vector<Work> works;
+    for (size_t u = 0; u < num_units(); ++u)
+      works.push_back(env_.comm.all_gather(own(params_[u], u), params_[u].flat(DType::f32)));
+    for (Work& w : works) w.wait();
+  }
+
+  std::vector<float> gather_unit_params(size_t u) override {
+    std::vector<float> v;
+    if (stage_ == 3) {
+      Block b = env_.pool.alloc(DType::f32, flat_[u].padded, Category::workspace, "gather params");
+      env_.comm.all_gather(param_shard_[u].flat(DType::f32), b.flat(DType::f32)).wait();
+      v = to_host(b.flat(DType::f32));
+    } else {
+      v = to_host(params_[u].flat(DType::f32));
+    }
+    v.resize(static_cast<size_t>(flat_[u].numel));
+    return v;
+  }
+
+  std::vector<float> gather_unit_grads(size_t u) override {
+    while (!inflight_.empty()) finish_oldest();
+    Block b = env_.pool.alloc(DType::f32, flat_[u].padded, Category::workspace, "gather grads");
+    env_.comm.all_gather(owned_grads(u), b.flat(DType::f32)).wait();
+    std::vector<float> v = to_host(b.flat(DType::f32));
+    v.resize(static_cast<size_t>(flat_[u].numel));
+    return v;
+  }
+
+ protected:
+  void set_unit_values(size_t u, std::span<const float> full) override {
+    const FlatParam& f = flat_[u];
+    std::vector<float> padded(full.begin(), full.end());
+    padded.resize(static_cast<size_t>(f.padded), 0.f);
+    if (stage_ == 3)
+      env_.be.copy(param_shard_[u].flat(DType::f32),
+                   Tensor::of(std::span<float>(padded).subspan(static_cast<size_t>(f.shard_begin()), static_cast<size_t>(f.shard))));
+    else
+      env_.be.copy(params_[u].flat(DType::f32), Tensor::of(std::span<float>(padded)));
+  }
+
+ private:
+  struct Gathered {
+    Block buf;
+    Work work;
+    int users = 0;
+    bool kept = false;  // stays gathered past its user count (the last unit between forward and backward)
+  };
+  struct Reduction {
+    Work work;
+    size_t unit;
+    Block shard;  // stage 2/3: the reduced shard, added to the accumulated gradient on completion
+  };
+
+  Tensor own(const Block& full, size_t u) const {
+    return full.flat(DType::f32).slice(flat_[u].shard_begin(), flat_[u].shard);
+  }
+  Tensor owned_params(size_t u) const {
+    return stage_ == 3 ? param_shard_[u].flat(DType::f32) : own(params_[u], u);
+  }
+  Tensor owned_grads(size_t u) const {
+    return stage_ == 1 ? own(grads_full_[u], u) : grad_shard_[u].flat(DType::f32);
+  }
+
+  void ensure_grad_full(size_t u) {
+    if (grads_full_[u]) return;
+    grads_full_[u] = env_.pool.alloc(DType::f32, flat_[u].padded, Category::grad_full, layout(u).name + " grads");
+    env_.be.fill(grads_full_[u].flat(DType::f32), 0.f);
+  }
+
+  void finish_oldest() {
+    Reduction r = std::move(inflight_.front());
+    inflight_.pop_front();
+    r.work.wait();
+    if (stage_ != 1) {
+      env_.be.add(grad_shard_[r.unit].flat(DType::f32), r.shard.flat(DType::f32), grad_shard_[r.unit].flat(DType::f32));
+      grads_full_[r.unit].reset();
+    }
+  }
+
+  // ---- stage 3: gathered units ----
+  size_t live_gathers() const {
+    size_t n = 0;
+    for (const auto& g : gathered_) n += static_cast<bool>(g.buf);
+    return n;
+  }
+  void issue_gather(size_t u) {
+    Gathered& g = gathered_[u];
+    if (g.buf) return;
+    g.buf = env_.pool.alloc(DType::f32, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
+    g.work = env_.comm.all_gather(param_shard_[u].flat(DType::f32), g.buf.flat(DType::f32));
+  }
+  void prefetch(size_t u) {
+    if (!gathered_[u].buf && live_gathers() < static_cast<size_t>(max_gathered_)) issue_gather(u);
+  }
+  void acquire_one(size_t u) {
+    issue_gather(u);
+    gathered_[u].work.wait();
+    gathered_[u].users += 1;
+  }
+  void acquire(size_t u) {
+    acquire_one(u);
+    for (const auto& [owner, decl] : borrowed_[u]) acquire_one(owner);
+  }
+  void release_one(size_t u, bool keep) {
+    Gathered& g = gathered_[u];
+    g.users -= 1;
+    g.kept = keep;
+    if (g.users == 0 && !keep) {
+      g.work.wait();
+      g.buf.reset();
+    }
+  }
+  void release(size_t u, bool keep) {
+    release_one(u, keep);
+    for (const auto& [owner, decl] : borrowed_[u]) release_one(owner, keep);
+  }
+  Tensor gathered_tensor(size_t u) const { return gathered_[u].buf.flat(DType::f32); }
+
+  StrategyConfig cfg_;
+  int stage_;
+  int max_gathered_ = 3;
+  Optimizer optim_;
+  std::vector<FlatParam> flat_;
+  std::vector<Block> params_, param_shard_, grads_full_, grad_shard_;
+  std::vector<Gathered> gathered_;
+  std::deque<Reduction> inflight_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_zero(const StrategyConfig& cfg, StrategyEnv env, int stage) {
+  return std::make_unique<Zero>(cfg, std::move(env), stage);
+}
+
+}  // namespace shardlab
