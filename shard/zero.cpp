@@ -98,12 +98,14 @@ class Zero final : public Strategy {
     if (stage_ == 3) release(u, false);
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
-      if (last_micro_) inflight_.push_back({env_.comm.reduce_scatter(grads_full_[u].flat(DType::f32), own(grads_full_[u], u)), u, {}});
+      if (last_micro_)
+        inflight_.push_back({env_.comm.reduce_scatter(grads_full_[u].flat(DType::f32), own(grads_full_[u], u)), u, {}, {}});
       return;
     }
     Block tmp = env_.pool.alloc(DType::f32, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
     Work w = env_.comm.reduce_scatter(grads_full_[u].flat(DType::f32), tmp.flat(DType::f32));
-    inflight_.push_back({std::move(w), u, std::move(tmp)});
+    // The full gradient now belongs to its reduction: the next micro-step starts a fresh one.
+    inflight_.push_back({std::move(w), u, std::move(tmp), std::move(grads_full_[u])});
     while (inflight_.size() > 2) finish_oldest();
   }
 
@@ -171,6 +173,7 @@ class Zero final : public Strategy {
     Work work;
     size_t unit;
     Block shard;  // stage 2/3: the reduced shard, added to the accumulated gradient on completion
+    Block full;   // stage 2/3: the full gradient being reduced, freed with the reduction
   };
 
   Tensor own(const Block& full, size_t u) const {
@@ -193,10 +196,8 @@ class Zero final : public Strategy {
     Reduction r = std::move(inflight_.front());
     inflight_.pop_front();
     r.work.wait();
-    if (stage_ != 1) {
+    if (stage_ != 1)
       env_.be.add(grad_shard_[r.unit].flat(DType::f32), r.shard.flat(DType::f32), grad_shard_[r.unit].flat(DType::f32));
-      grads_full_[r.unit].reset();
-    }
   }
 
   // ---- stage 3: gathered units ----

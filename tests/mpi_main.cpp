@@ -21,6 +21,6 @@ int main(int argc, char** argv) {
   int any_failed = 0;
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (mpi.rank() == 0)
-    std::printf("mpi_tests: %d ranks, %s\n", mpi.world(), any_failed ? "FAILED on some rank" : "all ranks passed");
+    std::printf("%s: %d ranks, %s\n", argv[0], mpi.world(), any_failed ? "FAILED on some rank" : "all ranks passed");
   return any_failed ? 1 : 0;
 }
