@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/train/compare.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi_test_env.hpp"
 
@@ -227,4 +229,41 @@ TEST_CASE("too big for one rank under DDP, trains under ZeRO-3 with the same bud
   CHECK(ddp_bytes == 16ull * static_cast<uint64_t>(n_params));
   CHECK(double(z3_bytes) <= ddp_bytes / 4.0 * 1.01 + padding);
   CHECK(double(z3_bytes) >= ddp_bytes / 4.0);
+}
+
+TEST_CASE("measured communication per step matches each strategy's pattern", "[strategies][compare]") {
+  CompareConfig cc;
+  cc.train = parity_config("ddp", g_mpi->world());
+  cc.train.steps = 2;
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  auto be = make_cpu_backend(BackendConfig{1});
+  CompareResult r = run_compare(*be, MPI_COMM_WORLD, cc, sink);
+  std::fclose(sink);
+  CHECK(r.agree);
+  const int N = g_mpi->world();
+  const double f = (N - 1.0) / N;
+  auto layout = gpt2_layout(cc.train.spec);
+  double psi = 0, pad_all = 0, pad_blocks = 0;
+  for (const auto& u : layout) {
+    psi += u.numel;
+    pad_all += make_flat_param(u, N, 0).padded;
+  }
+  for (size_t u = 1; u + 1 < layout.size(); ++u) pad_blocks += make_flat_param(layout[u], N, 0).padded;
+  const double pad_emb = make_flat_param(layout.front(), N, 0).padded, pad_head = make_flat_param(layout.back(), N, 0).padded;
+  const double scalar = N > 1 ? 2 * f * 4 : 0;  // one f32 all-reduce (the loss; zero: also the norm)
+  const double logits = 4.0 * cc.train.batch * cc.train.spec.seq * cc.train.spec.vocab;
+  std::map<std::string, double> want = {
+      {"ddp", 2 * f * 4 * psi + scalar},
+      {"zero1", 2 * f * 4 * pad_all + 2 * scalar},
+      {"zero2", 2 * f * 4 * pad_all + 2 * scalar},
+      // zero3: every unit gathered for forward and backward and reduce-scattered once; the head is
+      // kept from its forward into its backward; the tied embedding is gathered once more for the head.
+      {"zero3", f * 4 * (3 * pad_blocks + 4 * pad_emb + 2 * pad_head) + 2 * scalar},
+      {"dp", N > 1 ? 2 * 4 * psi + 2 * f * logits + scalar + 4 : 0.0},
+  };
+  for (const auto& run : r.runs) {
+    INFO(run.name << " world " << N);
+    CHECK(run.comm_bytes == Approx(want[run.name]).epsilon(1e-9));
+    if (N > 1 && run.name != "zero3") CHECK(run.comm_bytes / run.comm_theory == Approx(1.0).epsilon(0.01));
+  }
 }

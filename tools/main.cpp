@@ -1,6 +1,7 @@
 // main.cpp — the shardlab command line.
 //
 //   shardlab train               train GPT-2 under any strategy on any number of ranks
+//   shardlab compare             every strategy on the same model, data and seed, side by side
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
@@ -11,6 +12,8 @@
 // the rank, and end every rank of the job.
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 
 #include "benchmarks/collectives.hpp"
@@ -20,6 +23,7 @@
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/core/units.hpp"
+#include "src/train/compare.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/launch.hpp"
 
@@ -33,6 +37,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train               train GPT-2 under a strategy (dp, ddp, zero1-3) on any number of ranks\n"
+    "  compare             train the same model under each strategy; loss agreement, memory, time, traffic\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
@@ -129,56 +134,116 @@ struct ModelOptions {
   }
 };
 
-int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
-  CommonOptions common;
+// Options of a training run, shared by train and compare.
+struct TrainOptions {
   ModelOptions model;
-  TrainConfig cfg;
   std::string device = "cpu";
-  int64_t seed = static_cast<int64_t>(cfg.seed);
-  po::options_description desc("train options");
-  add_common(desc, common);
-  model.add(desc);
-  desc.add_options()("data", po::value(&cfg.data)->default_value(cfg.data),
-                     "token source: synthetic (embedded), an llm.c .bin shard, or any file as bytes")(
-      "steps", po::value(&cfg.steps)->default_value(cfg.steps), "optimizer steps")(
-      "batch", po::value(&cfg.batch)->default_value(cfg.batch), "global batch, in sequences")(
-      "accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
-      "lr", po::value(&cfg.schedule.lr)->default_value(1e-3f, "1e-3"), "peak learning rate")(
-      "schedule", po::value(&cfg.schedule.kind)->default_value(cfg.schedule.kind), "constant or cosine")(
-      "warmup-steps", po::value(&cfg.schedule.warmup_steps)->default_value(10), "linear warmup steps")(
-      "min-lr-frac", po::value(&cfg.schedule.min_lr_frac)->default_value(0.1f, "0.1"),
-      "cosine ends at lr * this")(
-      "optimizer", po::value(&cfg.optim.kind)->default_value(cfg.optim.kind), "adamw or sgd")(
-      "weight-decay", po::value(&cfg.optim.weight_decay)->default_value(0.1f, "0.1"),
-      "decoupled weight decay, on tensors with >= 2 dims only")(
-      "beta1", po::value(&cfg.optim.beta1)->default_value(0.9f, "0.9"), "AdamW beta1")(
-      "beta2", po::value(&cfg.optim.beta2)->default_value(0.95f, "0.95"), "AdamW beta2")(
-      "eps", po::value(&cfg.optim.eps)->default_value(1e-8f, "1e-8"), "AdamW epsilon")(
-      "momentum", po::value(&cfg.optim.momentum)->default_value(0.9f, "0.9"), "SGD momentum")(
-      "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)")(
-      "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
-      "device", po::value(&device)->default_value(device), "cpu or cuda")(
-      "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)")(
-      "save", po::value(&cfg.save_path)->default_value(""), "write the final weights to this safetensors file")(
-      "log", po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
-      "print-every", po::value(&cfg.print_every)->default_value(1), "progress line every k steps");
-  add_strategy_options(desc, cfg.strategy);
-  if (!parse(args, desc, mpi, "train")) return 0;
-  SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
-  cfg.seed = static_cast<uint64_t>(seed);
-  cfg.spec = model.spec();
-  std::unique_ptr<Backend> backend;
-  if (parse_device(device) == Device::cpu) {
-    backend = make_cpu(common, mpi);
-  } else {
+  int64_t seed = 1337;
+  void add(po::options_description& desc, TrainConfig& cfg) {
+    model.add(desc);
+    desc.add_options()("data", po::value(&cfg.data)->default_value(cfg.data),
+                       "token source: synthetic (embedded), an llm.c .bin shard, or any file as bytes")(
+        "steps", po::value(&cfg.steps)->default_value(cfg.steps), "optimizer steps")(
+        "batch", po::value(&cfg.batch)->default_value(cfg.batch),
+        "global batch in sequences (ranks x micro-batch x accum)")(
+        "accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
+        "lr", po::value(&cfg.schedule.lr)->default_value(1e-3f, "1e-3"), "peak learning rate")(
+        "schedule", po::value(&cfg.schedule.kind)->default_value(cfg.schedule.kind), "constant or cosine")(
+        "warmup-steps", po::value(&cfg.schedule.warmup_steps)->default_value(10), "linear warmup steps")(
+        "min-lr-frac", po::value(&cfg.schedule.min_lr_frac)->default_value(0.1f, "0.1"),
+        "cosine ends at lr * this")(
+        "optimizer", po::value(&cfg.optim.kind)->default_value(cfg.optim.kind), "adamw or sgd")(
+        "weight-decay", po::value(&cfg.optim.weight_decay)->default_value(0.1f, "0.1"),
+        "decoupled weight decay, on tensors with >= 2 dims only")(
+        "beta1", po::value(&cfg.optim.beta1)->default_value(0.9f, "0.9"), "AdamW beta1")(
+        "beta2", po::value(&cfg.optim.beta2)->default_value(0.95f, "0.95"), "AdamW beta2")(
+        "eps", po::value(&cfg.optim.eps)->default_value(1e-8f, "1e-8"), "AdamW epsilon")(
+        "momentum", po::value(&cfg.optim.momentum)->default_value(0.9f, "0.9"), "SGD momentum")(
+        "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)")(
+        "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
+        "device", po::value(&device)->default_value(device), "cpu or cuda")(
+        "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)");
+    add_strategy_options(desc, cfg.strategy);
+  }
+  // After parsing: fills what the options could not write directly.
+  void finish(TrainConfig& cfg) const {
+    SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
+    cfg.seed = static_cast<uint64_t>(seed);
+    cfg.spec = model.spec();
+  }
+  std::unique_ptr<Backend> backend(const CommonOptions& common, const MpiRuntime& mpi) const {
+    if (parse_device(device) == Device::cpu) return make_cpu(common, mpi);
     BackendConfig bc;
     bc.local_rank = mpi.local_rank();
-    backend = make_cuda_backend(bc);
+    return make_cuda_backend(bc);
   }
+};
+
+int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  TrainOptions opts;
+  TrainConfig cfg;
+  po::options_description desc("train options");
+  add_common(desc, common);
+  opts.add(desc, cfg);
+  desc.add_options()("save", po::value(&cfg.save_path)->default_value(""),
+                     "write the final weights to this safetensors file")(
+      "log", po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
+      "print-every", po::value(&cfg.print_every)->default_value(1), "progress line every k steps");
+  if (!parse(args, desc, mpi, "train")) return 0;
+  opts.finish(cfg);
+  auto backend = opts.backend(common, mpi);
   Pool pool(*backend, pool_config(common));
   auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
   Trainer trainer(*backend, pool, *comm, cfg);
   trainer.run(stdout);
+  return 0;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  TrainOptions opts;
+  CompareConfig cc;
+  cc.train.steps = 20;
+  std::string strategies = "dp,ddp,zero1,zero2,zero3", json_path;
+  po::options_description desc("compare options");
+  add_common(desc, common);
+  opts.add(desc, cc.train);
+  desc.add_options()("strategies", po::value(&strategies)->default_value(strategies),
+                     "strategies to run, in order; the first is the loss reference")(
+      "tolerance", po::value(&cc.tolerance)->default_value(cc.tolerance),
+      "largest relative loss difference from the first strategy at any step")(
+      "json", po::value(&json_path)->default_value(""), "also write the results as JSON (schema shardlab.compare/1)");
+  if (!parse(args, desc, mpi, "compare")) return 0;
+  opts.finish(cc.train);
+  cc.strategies = split_list(strategies);
+  for (const auto& s : cc.strategies) {
+    StrategyConfig probe = cc.train.strategy;
+    probe.name = s;
+    probe.validate();
+  }
+  cc.budget = pool_config(common).budget;
+  SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
+  auto backend = opts.backend(common, mpi);
+  CompareResult r = run_compare(*backend, MPI_COMM_WORLD, cc, stdout);
+  if (mpi.rank() == 0 && !json_path.empty()) {
+    std::ofstream f(json_path, std::ios::trunc);
+    SHARD_REQUIRE(f.good(), "cannot write --json file '{}'", json_path);
+    f << compare_json(cc, r, mpi.world()) << '\n';
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (!r.agree) {
+    if (mpi.rank() == 0) std::fprintf(stderr, "shardlab compare: the strategies' losses disagree: %s\n", r.disagreement.c_str());
+    return 3;
+  }
   return 0;
 }
 
@@ -298,6 +363,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   try {
     if (command == "train") return cmd_train(rest, mpi);
+    if (command == "compare") return cmd_compare(rest, mpi);
     if (command == "info") return cmd_info(rest, mpi);
     if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
     if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);

@@ -1,0 +1,219 @@
+#include "src/train/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "src/comm/mpi_comm.hpp"
+#include "src/comm/mpi_runtime.hpp"
+#include "src/core/units.hpp"
+
+namespace shardlab {
+namespace {
+
+// Bus bytes per rank per step the strategy's pattern implies (f32): the textbook figures.
+double comm_theory(const std::string& s, double params, int world, const TrainConfig& c) {
+  if (world == 1) return 0;
+  const double n = world, f = (n - 1) / n, bytes = 4.0 * params;
+  if (s == "ddp" || s == "zero1" || s == "zero2") return 2 * f * bytes;
+  if (s == "zero3") return 3 * f * bytes;
+  // dp: broadcast and reduce the parameters, gather the logits, scatter their gradient.
+  const double logits = 4.0 * static_cast<double>(c.batch) * static_cast<double>(c.spec.seq * c.spec.vocab);
+  return 2 * bytes + 2 * f * logits;
+}
+
+StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, const std::string& name) {
+  StrategyResult r;
+  r.name = name;
+  Pool pool(be, PoolConfig{cfg.budget});
+  auto comm = make_mpi_communicator(world, pool);
+  TrainConfig tc = cfg.train;
+  tc.strategy.name = name;
+  tc.log_path.clear();
+  tc.save_path.clear();
+  std::unique_ptr<Trainer> trainer;
+  int failed = 0;
+  try {
+    trainer = std::make_unique<Trainer>(be, pool, *comm, tc);
+  } catch (const OutOfMemory& e) {
+    failed = 1;
+    r.error = e.what();
+  }
+  int any = 0;
+  MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, world));
+  if (any) {  // every rank skips together: no rank is left waiting in a collective
+    r.oom = true;
+    if (r.error.empty()) r.error = "out of memory on another rank";
+    return r;
+  }
+  std::vector<double> ms;
+  std::array<uint64_t, kNumCategories + 1> peak{};
+  for (int64_t t = 0; t < tc.steps; ++t) {
+    StepStats s = trainer->step(t);
+    r.losses.push_back(s.loss);
+    if (t > 0 || tc.steps == 1) ms.push_back(s.ms);
+    r.comm_bytes = s.comm_bytes;
+    const auto& cat = pool.ledger().peak_by_category();
+    for (int c = 0; c < kNumCategories; ++c) peak[c] = std::max(peak[c], cat[c]);
+    peak[kNumCategories] = std::max<uint64_t>(peak[kNumCategories], pool.ledger().peak_total());
+  }
+  std::sort(ms.begin(), ms.end());
+  r.ms_per_step = ms[ms.size() / 2];
+  r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
+  r.comm_theory = comm_theory(name, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
+  // Rank 0 learns every rank's peaks.
+  int size = comm->world_size();
+  std::vector<uint64_t> all(static_cast<size_t>(size) * peak.size());
+  MPI_CHECK(MPI_Gather(peak.data(), static_cast<int>(peak.size()), MPI_UINT64_T, all.data(),
+                       static_cast<int>(peak.size()), MPI_UINT64_T, 0, world));
+  for (int c = 0; c < kNumCategories; ++c) r.peak0[c] = all[c];
+  r.total0 = all[kNumCategories];
+  for (int q = 1; q < size; ++q) {
+    const uint64_t* p = all.data() + static_cast<size_t>(q) * peak.size();
+    for (int c = 0; c < kNumCategories; ++c) r.peak_other[c] = std::max(r.peak_other[c], p[c]);
+    r.total_other = std::max(r.total_other, p[kNumCategories]);
+  }
+  return r;
+}
+
+std::string mib(double bytes) { return fmt::format("{:.2f}", bytes / (1 << 20)); }
+
+void print_tables(const CompareConfig& cfg, const CompareResult& res, int world, std::FILE* out) {
+  const TrainConfig& c = cfg.train;
+  std::fprintf(out, "\nshardlab compare: %s, %d ranks, global batch %lld x %lld tokens, %lld steps, %s\n",
+               c.spec.describe().c_str(), world, static_cast<long long>(c.batch), static_cast<long long>(c.spec.seq),
+               static_cast<long long>(c.steps), cfg.budget ? ("budget " + format_bytes(double(cfg.budget)) + "/rank").c_str() : "no budget");
+  std::fprintf(out, "\n%-8s %11s %12s %9s %9s %14s %14s %8s %8s\n", "strategy", "final loss", "max loss dev",
+               "ms/step", "tok/s", "comm/rank/step", "theory", "÷theory", "÷ddp");
+  double ddp_comm = 0;
+  for (const auto& r : res.runs)
+    if (r.name == "ddp") ddp_comm = r.comm_bytes;
+  for (const auto& r : res.runs) {
+    if (r.oom) {
+      std::fprintf(out, "%-8s  did not fit: %s\n", r.name.c_str(), r.error.substr(0, r.error.find('\n')).c_str());
+      continue;
+    }
+    std::fprintf(out, "%-8s %11.5f %12.2e %9.1f %9.0f %14s %14s %8s %8s\n", r.name.c_str(), r.losses.back(),
+                 r.max_rel_dev, r.ms_per_step, r.tokens_per_s, format_bytes(r.comm_bytes).c_str(),
+                 format_bytes(r.comm_theory).c_str(),
+                 r.comm_theory > 0 ? fmt::format("{:.3f}", r.comm_bytes / r.comm_theory).c_str() : "-",
+                 ddp_comm > 0 ? fmt::format("{:.2f}", r.comm_bytes / ddp_comm).c_str() : "-");
+  }
+  // Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
+  std::fprintf(out, "\npeak memory per rank (MiB)\n%-13s", "strategy");
+  for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %*s", static_cast<int>(std::max<size_t>(9, kCategoryNames[k].size())), std::string(kCategoryNames[k]).c_str());
+  std::fprintf(out, " %9s %8s %8s\n", "peak", "vs ddp", "vs dp");
+  uint64_t ddp_total = 0, dp_total = 0;
+  for (const auto& r : res.runs) {
+    if (r.name == "ddp" && !r.oom) ddp_total = std::max(r.total0, r.total_other);
+    if (r.name == "dp" && !r.oom) dp_total = std::max(r.total0, r.total_other);
+  }
+  auto row = [&](const std::string& label, const std::array<uint64_t, kNumCategories>& p, uint64_t total) {
+    std::fprintf(out, "%-13s", label.c_str());
+    for (int k = 0; k < kNumCategories; ++k)
+      std::fprintf(out, " %*s", static_cast<int>(std::max<size_t>(9, kCategoryNames[k].size())), mib(double(p[k])).c_str());
+    auto saving = [&](uint64_t base) {
+      return base ? fmt::format("{:+.0f}%", 100.0 * (double(total) - double(base)) / double(base)) : std::string("-");
+    };
+    std::fprintf(out, " %9s %8s %8s\n", mib(double(total)).c_str(), saving(ddp_total).c_str(), saving(dp_total).c_str());
+  };
+  for (const auto& r : res.runs) {
+    if (r.oom) continue;
+    if (r.name == "dp" && world > 1) {
+      row("dp rank 0", r.peak0, r.total0);
+      row("dp others", r.peak_other, r.total_other);
+    } else {
+      row(r.name, r.peak0, std::max(r.total0, r.total_other));
+    }
+  }
+  std::fprintf(out,
+               "\ncomm: bus bytes per rank in the last step (all-reduce 2(N-1)/N, all-gather/reduce-scatter/gather/"
+               "scatter (N-1)/N, broadcast/reduce 1 x size).\ntheory: 2Psi(N-1)/N x 4 B for ddp/zero1/zero2, "
+               "3Psi(N-1)/N for zero3 (it gathers the tied embedding once more for the lm head), dp: broadcast +\n"
+               "reduce of the parameters and gather + scatter of the logits. vs ddp / vs dp: change of the peak "
+               "per rank (dp: its largest rank).\n");
+  std::fprintf(out, "%s\n", res.agree ? fmt::format("losses agree: every strategy within {:.0e} of {} at every step",
+                                                       cfg.tolerance, res.runs.front().name).c_str()
+                                        : ("LOSSES DISAGREE: " + res.disagreement).c_str());
+  std::fflush(out);
+}
+
+}  // namespace
+
+void check_agreement(CompareResult& res, double tolerance) {
+  const StrategyResult* first = nullptr;
+  for (const auto& r : res.runs)
+    if (!r.oom && !first) first = &r;
+  res.agree = true;
+  res.disagreement.clear();
+  for (auto& r : res.runs) {
+    if (r.oom || !first) continue;
+    r.max_rel_dev = 0;
+    for (size_t t = 0; t < r.losses.size() && t < first->losses.size(); ++t) {
+      double dev = std::fabs(r.losses[t] - first->losses[t]) / std::max(1e-12, double(std::fabs(first->losses[t])));
+      if (!(dev <= r.max_rel_dev)) r.max_rel_dev = dev;  // NaN counts as the largest deviation
+      if (!(dev <= tolerance) && res.agree) {
+        res.agree = false;
+        res.disagreement = fmt::format("{} step {}: loss {:.7f}, {} has {:.7f} (relative difference {:.2e} > {:.0e})",
+                                       r.name, t + 1, r.losses[t], first->name, first->losses[t], dev, tolerance);
+      }
+    }
+  }
+}
+
+CompareResult run_compare(Backend& be, MPI_Comm world, const CompareConfig& cfg, std::FILE* out) {
+  SHARD_REQUIRE(!cfg.strategies.empty(), "--strategies: name at least one strategy");
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  MPI_CHECK(MPI_Comm_size(world, &size));
+  CompareResult res;
+  for (const std::string& s : cfg.strategies) {
+    if (rank == 0) {
+      std::fprintf(out, "running %s (%lld steps)...\n", s.c_str(), static_cast<long long>(cfg.train.steps));
+      std::fflush(out);
+    }
+    res.runs.push_back(run_one(be, world, cfg, s));
+  }
+  check_agreement(res, cfg.tolerance);
+  if (rank == 0) print_tables(cfg, res, size, out);
+  return res;
+}
+
+std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int world) {
+  const TrainConfig& c = cfg.train;
+  nlohmann::json j;
+  j["schema"] = "shardlab.compare/1";
+  j["model"] = {{"name", c.spec.name}, {"layers", c.spec.layers}, {"dim", c.spec.dim}, {"heads", c.spec.heads},
+                {"seq", c.spec.seq}, {"vocab", c.spec.vocab}};
+  j["world"] = world;
+  j["config"] = {{"batch", c.batch}, {"accum", c.accum}, {"steps", c.steps}, {"seed", c.seed},
+                 {"lr", c.schedule.lr}, {"optimizer", c.optim.kind}, {"data", c.data}, {"budget_bytes", cfg.budget},
+                 {"tolerance", cfg.tolerance}};
+  j["losses_agree"] = r.agree;
+  if (!r.agree) j["disagreement"] = r.disagreement;
+  auto cats = [](const std::array<uint64_t, kNumCategories>& p, uint64_t total) {
+    nlohmann::json o;
+    for (int k = 0; k < kNumCategories; ++k) o[std::string(kCategoryNames[k])] = p[k];
+    o["peak_total"] = total;
+    return o;
+  };
+  for (const auto& s : r.runs) {
+    nlohmann::json o = {{"name", s.name}, {"fits", !s.oom}};
+    if (s.oom) {
+      o["error"] = s.error;
+    } else {
+      o["losses"] = s.losses;
+      o["max_loss_rel_dev"] = s.max_rel_dev;
+      o["ms_per_step"] = s.ms_per_step;
+      o["tokens_per_s"] = s.tokens_per_s;
+      o["comm_bytes_per_rank_per_step"] = s.comm_bytes;
+      o["comm_theory_bytes"] = s.comm_theory;
+      o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
+      if (world > 1) o["peak_bytes_other_ranks_max"] = cats(s.peak_other, s.total_other);
+    }
+    j["strategies"].push_back(o);
+  }
+  return j.dump(2);
+}
+
+}  // namespace shardlab

@@ -1,0 +1,50 @@
+// compare.hpp — `shardlab compare`: the same model, data and seed trained under each strategy,
+// then one table: loss agreement, speed, peak memory per rank by category, communication per rank
+// per step against theory, and the savings against DDP and DP.
+#pragma once
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include "memory/category.hpp"
+#include "src/train/trainer.hpp"
+
+namespace shardlab {
+
+struct CompareConfig {
+  TrainConfig train;                 // strategy.name is ignored: each of `strategies` runs in turn
+  std::vector<std::string> strategies = {"dp", "ddp", "zero1", "zero2", "zero3"};
+  uint64_t budget = 0;               // per-rank pool budget for every run (0 = none)
+  double tolerance = 1e-4;           // max relative loss deviation from the first strategy
+};
+
+struct StrategyResult {
+  std::string name;
+  bool oom = false;                  // did not fit the budget
+  std::string error;                 // the out-of-memory message, when oom
+  std::vector<float> losses;
+  double max_rel_dev = 0;            // against the first strategy, per step
+  double ms_per_step = 0, tokens_per_s = 0;  // median step, first step excluded
+  double comm_bytes = 0;             // rank 0, bus bytes, last step
+  double comm_theory = 0;            // what the strategy's pattern predicts, same units
+  // Peak over the run of each category and of the total, for rank 0 and for the largest other rank.
+  std::array<uint64_t, kNumCategories> peak0{}, peak_other{};
+  uint64_t total0 = 0, total_other = 0;
+};
+
+struct CompareResult {
+  std::vector<StrategyResult> runs;
+  bool agree = true;
+  std::string disagreement;  // which strategy, step and losses, when !agree
+};
+
+// Fills max_rel_dev of every run and agree/disagreement against the first run that fit.
+void check_agreement(CompareResult& r, double tolerance);
+
+// Collective over comm's ranks. Prints the tables on rank 0 to `out`.
+CompareResult run_compare(Backend& be, MPI_Comm world, const CompareConfig& cfg, std::FILE* out);
+std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int world);
+
+}  // namespace shardlab
