@@ -33,6 +33,7 @@ std::vector<ParamSegment> unit_segments(const UnitLayout& unit, int64_t first, i
 class Optimizer {
  public:
   Optimizer(Pool& pool, OptimConfig cfg) : pool_(pool), cfg_(std::move(cfg)) { cfg_.validate(); }
+  // param is f32 (the master copy under mixed precision); grad may be f32, bf16 or f16.
   void add(Tensor param, Tensor grad, std::vector<ParamSegment> segments, const std::string& tag);
   // One update of every buffer: step is 1-based; grads are multiplied by grad_scale first.
   void step(int64_t step, float lr, float grad_scale);

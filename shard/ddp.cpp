@@ -10,11 +10,12 @@ namespace {
 
 class Ddp final : public Strategy {
  public:
-  Ddp(const StrategyConfig& cfg, StrategyEnv env) : Strategy(std::move(env)), optim_(env_.pool, env_.optim) {
+  Ddp(const StrategyConfig& cfg, StrategyEnv env) : Strategy(cfg, std::move(env)), optim_(env_.pool, env_.optim) {
     const size_t U = num_units();
     grad_offset_.resize(U);
     int64_t total = 0;
-    const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(cfg.bucket_mb * (1 << 20) / 4));
+    const int64_t bucket_elems =
+        std::max<int64_t>(1, static_cast<int64_t>(cfg.bucket_mb * (1 << 20) / dtype_size(cfg.reduce_dtype)));
     bucket_of_.resize(U);
     for (size_t i = 0; i < U; ++i) {  // backward order
       size_t u = U - 1 - i;
@@ -25,11 +26,15 @@ class Ddp final : public Strategy {
       buckets_.back().units += 1;
       bucket_of_[u] = buckets_.size() - 1;
     }
+    master_.resize(U);
+    for (size_t u = 0; u < U; ++u) {
+      const std::string& n = layout(u).name;
+      params_.push_back(env_.pool.alloc(cfg.param_dtype, layout(u).numel, Category::param_full, n + " params"));
+      if (mixed()) master_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::master_weights, n + " master");
+    }
+    grads_ = env_.pool.alloc(cfg.reduce_dtype, total, Category::grad_full, "gradients (all buckets)");
     for (size_t u = 0; u < U; ++u)
-      params_.push_back(env_.pool.alloc(DType::f32, layout(u).numel, Category::param_full, layout(u).name + " params"));
-    grads_ = env_.pool.alloc(DType::f32, total, Category::grad_full, "gradients (all buckets)");
-    for (size_t u = 0; u < U; ++u)
-      optim_.add(params_[u].flat(DType::f32), grad(u), unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
+      optim_.add(updated(u), grad(u), unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
   }
 
   std::string name() const override { return "ddp"; }
@@ -43,31 +48,39 @@ class Ddp final : public Strategy {
   }
 
   void begin_step() override {
-    env_.be.fill(grads_.flat(DType::f32), 0.f);
+    env_.be.fill(grads_.flat(cfg_.reduce_dtype), 0.f);
     for (auto& b : buckets_) b.ready = 0;
   }
 
-  ParamSet forward_params(size_t u) override { return views(u, [&](size_t x) { return params_[x].flat(DType::f32); }); }
+  ParamSet forward_params(size_t u) override {
+    return views(u, [&](size_t x) { return compute_params(x, params_[x].flat(cfg_.param_dtype)); });
+  }
+  void after_forward(size_t u) override { release_unit_params(u); }
   ParamSet backward_params(size_t u) override { return forward_params(u); }
-  ParamSet grads(size_t u) override { return views(u, [&](size_t x) { return grad(x); }); }
+  ParamSet grads(size_t u) override { return views(u, [&](size_t x) { return compute_grads(x, grad(x)); }); }
 
   void after_backward(size_t u) override {
+    release_unit_params(u);
+    flush_grads(u, grad(u));
     if (!last_micro_ || world_ == 1) return;
     Bucket& b = buckets_[bucket_of_[u]];
-    if (++b.ready == b.units) works_.push_back(env_.comm.all_reduce(grads_.flat(DType::f32).slice(b.offset, b.numel)));
+    if (++b.ready == b.units)
+      works_.push_back(env_.comm.all_reduce(grads_.flat(cfg_.reduce_dtype).slice(b.offset, b.numel)));
   }
 
   double grad_norm_sq() override {
     wait_all();
-    return sum_squares({grads_.flat(DType::f32)});
+    return sum_squares({grads_.flat(cfg_.reduce_dtype)});
   }
 
   void optimizer_step(int64_t step, float lr, float grad_scale) override {
     env_.pool.ledger().set_phase("optimizer step");
     optim_.step(step, lr, grad_scale);
+    if (mixed())
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(cfg_.param_dtype));
   }
 
-  std::vector<float> gather_unit_params(size_t u) override { return to_host(params_[u].flat(DType::f32)); }
+  std::vector<float> gather_unit_params(size_t u) override { return to_host(updated(u)); }
   std::vector<float> gather_unit_grads(size_t u) override {
     wait_all();
     return to_host(grad(u));
@@ -75,7 +88,7 @@ class Ddp final : public Strategy {
 
  protected:
   void set_unit_values(size_t u, std::span<const float> full) override {
-    env_.be.copy(params_[u].flat(DType::f32), Tensor::of(full));
+    write_values(params_[u].flat(cfg_.param_dtype), mixed() ? master_[u].flat(DType::f32) : Tensor(), full);
   }
 
  private:
@@ -84,14 +97,16 @@ class Ddp final : public Strategy {
     int units;
     int ready = 0;
   };
-  Tensor grad(size_t u) const { return grads_.flat(DType::f32).slice(grad_offset_[u], layout(u).numel); }
+  Tensor grad(size_t u) const { return grads_.flat(cfg_.reduce_dtype).slice(grad_offset_[u], layout(u).numel); }
+  // What the optimizer updates: the f32 master under mixed precision, else the parameters.
+  Tensor updated(size_t u) const { return mixed() ? master_[u].flat(DType::f32) : params_[u].flat(DType::f32); }
   void wait_all() {
     for (Work& w : works_) w.wait();
     works_.clear();
   }
 
   Optimizer optim_;
-  std::vector<Block> params_;
+  std::vector<Block> params_, master_;
   Block grads_;
   std::vector<int64_t> grad_offset_;
   std::vector<Bucket> buckets_;

@@ -15,17 +15,20 @@ namespace {
 
 class Dp final : public Strategy {
  public:
-  Dp(const StrategyConfig&, StrategyEnv env) : Strategy(std::move(env)) {
+  Dp(const StrategyConfig& cfg, StrategyEnv env)
+      : Strategy(cfg, std::move(env)), pd_(cfg.param_dtype), rd_(cfg.reduce_dtype) {
     const size_t U = num_units();
     params_.resize(U);
     grads_.resize(U);
+    master_.resize(U);
     if (rank_ == 0) {
       optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
       for (size_t u = 0; u < U; ++u) {
-        params_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::param_full, layout(u).name + " params");
-        grads_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::grad_full, layout(u).name + " grads");
-        optim_->add(params_[u].flat(DType::f32), grads_[u].flat(DType::f32),
-                    unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
+        const std::string& n = layout(u).name;
+        params_[u] = env_.pool.alloc(pd_, layout(u).numel, Category::param_full, n + " params");
+        grads_[u] = env_.pool.alloc(rd_, layout(u).numel, Category::grad_full, n + " grads");
+        if (mixed()) master_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::master_weights, n + " master");
+        optim_->add(updated(u), grads_[u].flat(rd_), unit_segments(layout(u), 0, layout(u).numel), n);
       }
     }
   }
@@ -34,18 +37,22 @@ class Dp final : public Strategy {
 
   void init_params(uint64_t seed) override {
     if (rank_ != 0) return;
-    for (size_t u = 0; u < num_units(); ++u) init_flat_range(layout(u), seed, 0, params_[u].span<float>());
+    for (size_t u = 0; u < num_units(); ++u) {
+      std::vector<float> v(static_cast<size_t>(layout(u).numel));
+      init_flat_range(layout(u), seed, 0, v);
+      set_unit_values(u, v);
+    }
   }
 
   void begin_step() override {
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u) {
       if (rank_ == 0) {
-        env_.be.fill(grads_[u].flat(DType::f32), 0.f);
+        env_.be.fill(grads_[u].flat(rd_), 0.f);
       } else {
-        params_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::param_full, layout(u).name + " replica");
+        params_[u] = env_.pool.alloc(pd_, layout(u).numel, Category::param_full, layout(u).name + " replica");
       }
-      works.push_back(env_.comm.broadcast(params_[u].flat(DType::f32), 0));
+      works.push_back(env_.comm.broadcast(params_[u].flat(pd_), 0));
     }
     for (Work& w : works) w.wait();
   }
@@ -54,8 +61,8 @@ class Dp final : public Strategy {
     Strategy::begin_micro(k, last);
     if (rank_ == 0) return;
     for (size_t u = 0; u < num_units(); ++u) {
-      grads_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::grad_full, layout(u).name + " replica grads");
-      env_.be.fill(grads_[u].flat(DType::f32), 0.f);
+      grads_[u] = env_.pool.alloc(rd_, layout(u).numel, Category::grad_full, layout(u).name + " replica grads");
+      env_.be.fill(grads_[u].flat(rd_), 0.f);
     }
   }
 
@@ -64,9 +71,14 @@ class Dp final : public Strategy {
     global_count_ = count;
   }
 
-  ParamSet forward_params(size_t u) override { return views(u, [&](size_t x) { return params_[x].flat(DType::f32); }); }
+  ParamSet forward_params(size_t u) override {
+    return views(u, [&](size_t x) { return compute_params(x, params_[x].flat(pd_)); });
+  }
+  void after_forward(size_t u) override { release_unit_params(u); }
   ParamSet backward_params(size_t u) override { return forward_params(u); }
-  ParamSet grads(size_t u) override { return views(u, [&](size_t x) { return grads_[x].flat(DType::f32); }); }
+  ParamSet grads(size_t u) override {
+    return views(u, [&](size_t x) { return compute_grads(x, grads_[x].flat(rd_)); });
+  }
 
   double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) override {
     const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
@@ -89,8 +101,10 @@ class Dp final : public Strategy {
   }
 
   void after_backward(size_t u) override {
+    release_unit_params(u);
+    flush_grads(u, grads_[u].flat(rd_));
     // Sum this micro-step's gradients onto rank 0 (in place there, accumulating over micro-steps).
-    works_.push_back(env_.comm.reduce(grads_[u].flat(DType::f32), grads_[u].flat(DType::f32), 0));
+    works_.push_back(env_.comm.reduce(grads_[u].flat(rd_), grads_[u].flat(rd_), 0));
     if (u != 0) return;
     for (Work& w : works_) w.wait();
     works_.clear();
@@ -104,7 +118,7 @@ class Dp final : public Strategy {
     float v = 0.f;
     if (rank_ == 0) {
       std::vector<Tensor> g;
-      for (const Block& b : grads_) g.push_back(b.flat(DType::f32));
+      for (const Block& b : grads_) g.push_back(b.flat(rd_));
       v = static_cast<float>(sum_squares(g));
     }
     env_.comm.broadcast(std::span<float>(&v, 1), 0).wait();
@@ -115,29 +129,33 @@ class Dp final : public Strategy {
     if (rank_ != 0) return;
     env_.pool.ledger().set_phase("optimizer step");
     optim_->step(step, lr, grad_scale);
+    if (mixed())
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(pd_));
   }
 
   std::vector<float> gather_unit_params(size_t u) override {
     std::vector<float> v(static_cast<size_t>(layout(u).numel));
-    if (rank_ == 0) v = to_host(params_[u].flat(DType::f32));
+    if (rank_ == 0) v = to_host(updated(u));
     env_.comm.broadcast(std::span<float>(v), 0).wait();
     return v;
   }
   std::vector<float> gather_unit_grads(size_t u) override {
     std::vector<float> v(static_cast<size_t>(layout(u).numel));
-    if (rank_ == 0) v = to_host(grads_[u].flat(DType::f32));
+    if (rank_ == 0) v = to_host(grads_[u].flat(rd_));
     env_.comm.broadcast(std::span<float>(v), 0).wait();
     return v;
   }
 
  protected:
   void set_unit_values(size_t u, std::span<const float> full) override {
-    if (rank_ == 0) env_.be.copy(params_[u].flat(DType::f32), Tensor::of(full));
+    if (rank_ == 0) write_values(params_[u].flat(pd_), mixed() ? master_[u].flat(DType::f32) : Tensor(), full);
   }
 
  private:
+  Tensor updated(size_t u) const { return mixed() ? master_[u].flat(DType::f32) : params_[u].flat(DType::f32); }
+  DType pd_, rd_;
   std::unique_ptr<Optimizer> optim_;
-  std::vector<Block> params_, grads_;
+  std::vector<Block> params_, grads_, master_;
   std::vector<Work> works_;
   const int32_t* global_targets_ = nullptr;
   int64_t global_count_ = 0;

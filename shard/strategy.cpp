@@ -10,6 +10,9 @@ void StrategyConfig::validate() const {
   SHARD_REQUIRE(known, "unknown strategy '{}': expected dp, ddp, zero1, zero2 or zero3", name);
   SHARD_REQUIRE(bucket_mb > 0, "--bucket-mb {}: expected a positive size", bucket_mb);
   SHARD_REQUIRE(prefetch >= 0, "--prefetch {}: expected 0 or more units", prefetch);
+  SHARD_REQUIRE(param_dtype != DType::f16 && reduce_dtype != DType::f16,
+                "f16 storage needs loss scaling, which shardlab does not do: use --param-dtype and --reduce-dtype "
+                "f32 or bf16");
   SHARD_REQUIRE(max_gathered == 0 || max_gathered >= 2,
                 "--max-gathered {}: at least 2 (the unit running and the one it borrows from), or 0 for automatic",
                 max_gathered);
@@ -17,7 +20,10 @@ void StrategyConfig::validate() const {
 
 std::vector<std::string> strategy_names() { return {"dp", "ddp", "zero1", "zero2", "zero3"}; }
 
-Strategy::Strategy(StrategyEnv env) : env_(std::move(env)), rank_(env_.comm.rank()), world_(env_.comm.world_size()) {
+Strategy::Strategy(const StrategyConfig& cfg, StrategyEnv env)
+    : cfg_(cfg), env_(std::move(env)), rank_(env_.comm.rank()), world_(env_.comm.world_size()) {
+  param_ws_.resize(env_.units.size());
+  grad_ws_.resize(env_.units.size());
   borrowed_.resize(env_.units.size());
   for (size_t u = 0; u < env_.units.size(); ++u)
     for (const std::string& name : env_.units[u]->borrowed())
@@ -48,7 +54,14 @@ void Strategy::load_params(const std::string& path) {
 
 std::vector<float> Strategy::to_host(Tensor t) const {
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  env_.be.copy(Tensor::of(std::span<float>(v)), t);
+  if (t.dtype() == DType::f32) {
+    env_.be.copy(Tensor::of(std::span<float>(v)), t);
+  } else {
+    Block wide = env_.pool.alloc(DType::f32, t.numel(), Category::workspace, "widen for host copy");
+    Tensor w = wide.flat(DType::f32).slice(0, t.numel());
+    env_.be.cast(t, w);
+    env_.be.copy(Tensor::of(std::span<float>(v)), w);
+  }
   return v;
 }
 
@@ -56,10 +69,80 @@ double Strategy::sum_squares(const std::vector<Tensor>& tensors) const {
   Block acc = env_.pool.alloc(DType::f32, 1, Category::workspace, "grad norm");
   Tensor a = acc.flat(DType::f32);
   env_.be.fill(a, 0.f);
-  for (const Tensor& t : tensors) env_.be.sum_squares(t, a, true);
+  for (const Tensor& t : tensors) {
+    if (t.dtype() == DType::f32) {
+      env_.be.sum_squares(t, a, true);
+      continue;
+    }
+    Block wide = env_.pool.alloc(DType::f32, t.numel(), Category::workspace, "grad norm f32");
+    Tensor w = wide.flat(DType::f32).slice(0, t.numel());
+    env_.be.cast(t, w);
+    env_.be.sum_squares(w, a, true);
+  }
   float v = 0.f;
   env_.be.copy(Tensor::flat(&v, DType::f32, 1), a);
   return v;
+}
+
+Tensor Strategy::compute_params(size_t u, Tensor storage) {
+  if (storage.dtype() == DType::f32) return storage;
+  Block& ws = param_ws_[u];
+  if (!ws) {
+    ws = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, layout(u).name + " params (f32 compute)");
+    env_.be.cast(storage, ws.flat(DType::f32).slice(0, storage.numel()));
+  }
+  return ws.flat(DType::f32).slice(0, storage.numel());
+}
+
+void Strategy::release_compute_params(size_t u) { param_ws_[u].reset(); }
+
+Tensor Strategy::compute_grads(size_t u, Tensor storage) {
+  if (storage.dtype() == DType::f32) return storage;
+  Block& ws = grad_ws_[u];
+  if (!ws) {
+    ws = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, layout(u).name + " grads (f32 compute)");
+    env_.be.fill(ws.flat(DType::f32), 0.f);
+  }
+  return ws.flat(DType::f32).slice(0, storage.numel());
+}
+
+void Strategy::flush_grads(size_t u, Tensor storage) {
+  Block& ws = grad_ws_[u];
+  if (!ws) return;
+  Tensor w = ws.flat(DType::f32).slice(0, storage.numel());
+  Block sum = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, layout(u).name + " grads accumulate");
+  Tensor acc = sum.flat(DType::f32).slice(0, storage.numel());
+  env_.be.cast(storage, acc);
+  env_.be.add(acc, w, acc);
+  env_.be.cast(acc, storage);  // one rounding to the reduce dtype
+  ws.reset();
+}
+
+void Strategy::write_values(Tensor storage, Tensor master, std::span<const float> values) {
+  Tensor src = Tensor::of(values);
+  if (master.data()) env_.be.copy(master, src);
+  if (storage.dtype() == DType::f32) {
+    env_.be.copy(storage, src);
+  } else {
+    Block host = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, "values to store");
+    Tensor h = host.flat(DType::f32).slice(0, storage.numel());
+    env_.be.copy(h, src);
+    env_.be.cast(h, storage);
+  }
+}
+
+void Strategy::accumulate(Tensor dst, Tensor src) {
+  if (dst.dtype() == DType::f32 && src.dtype() == DType::f32) {
+    env_.be.add(dst, src, dst);
+    return;
+  }
+  Block a = env_.pool.alloc(DType::f32, dst.numel(), Category::workspace, "accumulate f32");
+  Block b = env_.pool.alloc(DType::f32, src.numel(), Category::workspace, "accumulate f32");
+  Tensor ta = a.flat(DType::f32).slice(0, dst.numel()), tb = b.flat(DType::f32).slice(0, src.numel());
+  env_.be.cast(dst, ta);
+  env_.be.cast(src, tb);
+  env_.be.add(ta, tb, ta);
+  env_.be.cast(ta, dst);
 }
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, StrategyEnv env) {

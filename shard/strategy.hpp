@@ -11,6 +11,12 @@
 //   zero1  optimizer state sharded; gradients reduce-scattered; parameters all-gathered after the step.
 //   zero2  as zero1, but each unit's full gradient is reduce-scattered and freed during backward.
 //   zero3  parameters sharded too (FSDP full shard): all-gather a unit before use, free after.
+//
+// Mixed precision is a policy per buffer: parameters are stored (and gathered) in param_dtype,
+// gradients stored and reduced in reduce_dtype, and when param_dtype is not f32 an f32 master copy
+// of what this rank updates lives beside the optimizer state. Kernels compute in f32: a unit's
+// bf16 parameters are widened into a workspace while it runs, and its gradients accumulate in an
+// f32 workspace that is folded into the reduce-dtype buffer after its backward.
 #pragma once
 #include <memory>
 #include <string>
@@ -29,6 +35,8 @@ struct StrategyConfig {
   bool reshard_after_forward = true; // zero3: free a gathered unit after its forward
   int prefetch = 1;                  // zero3: units gathered ahead of use
   int max_gathered = 0;              // zero3: cap on gathered units at once; 0 = prefetch + 2
+  DType param_dtype = DType::f32;    // storage of the parameters units compute with
+  DType reduce_dtype = DType::f32;   // storage and communication of gradients
   void validate() const;
 };
 
@@ -45,7 +53,7 @@ struct StrategyEnv {
 
 class Strategy : public UnitHooks {
  public:
-  explicit Strategy(StrategyEnv env);
+  Strategy(const StrategyConfig& cfg, StrategyEnv env);
   virtual std::string name() const = 0;
   virtual void init_params(uint64_t seed) = 0;  // GPT-2 initialisation of what this rank holds
   void load_params(const std::string& safetensors_path);  // --init: every rank keeps its part
@@ -76,14 +84,37 @@ class Strategy : public UnitHooks {
   }
   const UnitLayout& layout(size_t u) const { return env_.units[u]->layout(); }
   size_t num_units() const { return env_.units.size(); }
-  std::vector<float> to_host(Tensor t) const;
-  double sum_squares(const std::vector<Tensor>& tensors) const;  // local, on the host
+  std::vector<float> to_host(Tensor t) const;  // any dtype, widened to f32
+  double sum_squares(const std::vector<Tensor>& tensors) const;  // local; any dtype
 
+  // ---- mixed precision (no-ops when the storage is f32) ----
+  // f32 view of unit u's parameters stored in `storage`; widened into a workspace held until
+  // release_compute_params(u).
+  Tensor compute_params(size_t u, Tensor storage);
+  void release_compute_params(size_t u);
+  // f32 tensor unit u's backward accumulates into; flush_grads(u, storage) adds it to `storage`.
+  Tensor compute_grads(size_t u, Tensor storage);
+  void flush_grads(size_t u, Tensor storage);
+  // Writes f32 values into a parameter buffer of any dtype (and into its master copy, if any).
+  void write_values(Tensor storage, Tensor master, std::span<const float> values);
+  // dst += src for buffers of any (equal) dtype, computed in f32.
+  void accumulate(Tensor dst, Tensor src);
+  // Releases the f32 compute copies of unit u and of the units it borrows from.
+  void release_unit_params(size_t u) {
+    release_compute_params(u);
+    for (const auto& [owner, decl] : borrowed_[u]) release_compute_params(owner);
+  }
+  bool mixed() const { return cfg_.param_dtype != DType::f32; }
+
+  StrategyConfig cfg_;
   StrategyEnv env_;
   int rank_, world_;
   std::vector<std::vector<std::pair<size_t, const TensorDecl*>>> borrowed_;  // per unit: (owner, tensor)
   int64_t micro_ = 0;
   bool last_micro_ = true;
+
+ private:
+  std::vector<Block> param_ws_, grad_ws_;  // per unit: f32 workspaces of mixed precision
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, StrategyEnv env);

@@ -22,7 +22,8 @@ namespace {
 class Zero final : public Strategy {
  public:
   Zero(const StrategyConfig& cfg, StrategyEnv env, int stage)
-      : Strategy(std::move(env)), cfg_(cfg), stage_(stage), optim_(env_.pool, env_.optim) {
+      : Strategy(cfg, std::move(env)), stage_(stage), pd_(cfg.param_dtype), rd_(cfg.reduce_dtype),
+        optim_(env_.pool, env_.optim) {
     const size_t U = num_units();
     max_gathered_ = cfg.max_gathered > 0 ? cfg.max_gathered : cfg.prefetch + 2;
     gathered_.resize(U);
@@ -31,18 +32,20 @@ class Zero final : public Strategy {
       const FlatParam& f = flat_[u];
       const std::string& n = layout(u).name;
       if (stage_ == 3) {
-        param_shard_.push_back(env_.pool.alloc(DType::f32, f.shard, Category::param_shard, n + " param shard"));
+        param_shard_.push_back(env_.pool.alloc(pd_, f.shard, Category::param_shard, n + " param shard"));
       } else {
-        params_.push_back(env_.pool.alloc(DType::f32, f.padded, Category::param_full, n + " params"));
-        env_.be.fill(params_.back().flat(DType::f32), 0.f);  // padding stays zero
+        params_.push_back(env_.pool.alloc(pd_, f.padded, Category::param_full, n + " params"));
+        env_.be.fill(params_.back().flat(pd_), 0.f);  // padding stays zero
       }
+      master_.push_back(mixed() ? env_.pool.alloc(DType::f32, f.shard, Category::master_weights, n + " master shard")
+                                : Block());
       if (stage_ == 1) {
-        grads_full_.push_back(env_.pool.alloc(DType::f32, f.padded, Category::grad_full, n + " grads"));
+        grads_full_.push_back(env_.pool.alloc(rd_, f.padded, Category::grad_full, n + " grads"));
       } else {
         grads_full_.emplace_back();  // allocated during backward
-        grad_shard_.push_back(env_.pool.alloc(DType::f32, f.shard, Category::grad_shard, n + " grad shard"));
+        grad_shard_.push_back(env_.pool.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
       }
-      optim_.add(owned_params(u), owned_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
+      optim_.add(updated(u), owned_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
     }
   }
 
@@ -50,29 +53,27 @@ class Zero final : public Strategy {
 
   void init_params(uint64_t seed) override {
     for (size_t u = 0; u < num_units(); ++u) {
-      const FlatParam& f = flat_[u];
-      int64_t first = stage_ == 3 ? f.shard_begin() : 0, count = stage_ == 3 ? f.shard : f.padded;
-      std::vector<float> v(static_cast<size_t>(count));
-      init_flat_range(layout(u), seed, first, v);
-      env_.be.copy(stage_ == 3 ? param_shard_[u].flat(DType::f32) : params_[u].flat(DType::f32),
-                   Tensor::of(std::span<float>(v)));
+      std::vector<float> v(static_cast<size_t>(flat_[u].padded));
+      init_flat_range(layout(u), seed, 0, v);
+      store(u, v);
     }
   }
 
   void begin_step() override {
     for (size_t u = 0; u < num_units(); ++u)
-      env_.be.fill(stage_ == 1 ? grads_full_[u].flat(DType::f32) : grad_shard_[u].flat(DType::f32), 0.f);
+      env_.be.fill(stage_ == 1 ? grads_full_[u].flat(rd_) : grad_shard_[u].flat(rd_), 0.f);
   }
 
   // ---- hooks ----
   ParamSet forward_params(size_t u) override {
-    if (stage_ != 3) return views(u, [&](size_t x) { return params_[x].flat(DType::f32); });
+    if (stage_ != 3) return views(u, [&](size_t x) { return compute_params(x, params_[x].flat(pd_)); });
     acquire(u);
     for (int k = 1; k <= cfg_.prefetch && u + k < num_units(); ++k) prefetch(u + k);
-    return views(u, [&](size_t x) { return gathered_tensor(x); });
+    return views(u, [&](size_t x) { return compute_params(x, gathered_tensor(x)); });
   }
 
   void after_forward(size_t u) override {
+    release_unit_params(u);
     if (stage_ != 3) return;
     // The last unit runs backward right after its forward: keep it (and what it borrows) gathered.
     bool keep = !cfg_.reshard_after_forward || u + 1 == num_units();
@@ -83,7 +84,7 @@ class Zero final : public Strategy {
     if (stage_ != 3) return forward_params(u);
     acquire(u);
     for (int k = 1; k <= cfg_.prefetch && u >= static_cast<size_t>(k); ++k) prefetch(u - k);
-    return views(u, [&](size_t x) { return gathered_tensor(x); });
+    return views(u, [&](size_t x) { return compute_params(x, gathered_tensor(x)); });
   }
 
   ParamSet grads(size_t u) override {
@@ -91,19 +92,21 @@ class Zero final : public Strategy {
       ensure_grad_full(u);
       for (const auto& [owner, decl] : borrowed_[u]) ensure_grad_full(owner);
     }
-    return views(u, [&](size_t x) { return grads_full_[x].flat(DType::f32); });
+    return views(u, [&](size_t x) { return compute_grads(x, grads_full_[x].flat(rd_)); });
   }
 
   void after_backward(size_t u) override {
+    release_unit_params(u);
     if (stage_ == 3) release(u, false);
+    flush_grads(u, grads_full_[u].flat(rd_));
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
       if (last_micro_)
-        inflight_.push_back({env_.comm.reduce_scatter(grads_full_[u].flat(DType::f32), own(grads_full_[u], u)), u, {}, {}});
+        inflight_.push_back({env_.comm.reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u)), u, {}, {}});
       return;
     }
-    Block tmp = env_.pool.alloc(DType::f32, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
-    Work w = env_.comm.reduce_scatter(grads_full_[u].flat(DType::f32), tmp.flat(DType::f32));
+    Block tmp = env_.pool.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
+    Work w = env_.comm.reduce_scatter(grads_full_[u].flat(rd_), tmp.flat(rd_));
     // The full gradient now belongs to its reduction: the next micro-step starts a fresh one.
     inflight_.push_back({std::move(w), u, std::move(tmp), std::move(grads_full_[u])});
     while (inflight_.size() > 2) finish_oldest();
@@ -121,18 +124,20 @@ class Zero final : public Strategy {
   void optimizer_step(int64_t step, float lr, float grad_scale) override {
     env_.pool.ledger().set_phase("optimizer step");
     optim_.step(step, lr, grad_scale);
+    if (mixed())
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), owned_params(u));
     if (stage_ == 3) return;
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u)
-      works.push_back(env_.comm.all_gather(own(params_[u], u), params_[u].flat(DType::f32)));
+      works.push_back(env_.comm.all_gather(owned_params(u), params_[u].flat(pd_)));
     for (Work& w : works) w.wait();
   }
 
   std::vector<float> gather_unit_params(size_t u) override {
     std::vector<float> v;
-    if (stage_ == 3) {
+    if (stage_ == 3 || mixed()) {  // from the shards of what the optimizer updates (f32)
       Block b = env_.pool.alloc(DType::f32, flat_[u].padded, Category::workspace, "gather params");
-      env_.comm.all_gather(param_shard_[u].flat(DType::f32), b.flat(DType::f32)).wait();
+      env_.comm.all_gather(updated(u), b.flat(DType::f32)).wait();
       v = to_host(b.flat(DType::f32));
     } else {
       v = to_host(params_[u].flat(DType::f32));
@@ -143,23 +148,32 @@ class Zero final : public Strategy {
 
   std::vector<float> gather_unit_grads(size_t u) override {
     while (!inflight_.empty()) finish_oldest();
-    Block b = env_.pool.alloc(DType::f32, flat_[u].padded, Category::workspace, "gather grads");
-    env_.comm.all_gather(owned_grads(u), b.flat(DType::f32)).wait();
-    std::vector<float> v = to_host(b.flat(DType::f32));
+    Block b = env_.pool.alloc(rd_, flat_[u].padded, Category::workspace, "gather grads");
+    env_.comm.all_gather(owned_grads(u), b.flat(rd_)).wait();
+    std::vector<float> v = to_host(b.flat(rd_));
     v.resize(static_cast<size_t>(flat_[u].numel));
     return v;
   }
 
  protected:
   void set_unit_values(size_t u, std::span<const float> full) override {
-    const FlatParam& f = flat_[u];
     std::vector<float> padded(full.begin(), full.end());
-    padded.resize(static_cast<size_t>(f.padded), 0.f);
-    if (stage_ == 3)
-      env_.be.copy(param_shard_[u].flat(DType::f32),
-                   Tensor::of(std::span<float>(padded).subspan(static_cast<size_t>(f.shard_begin()), static_cast<size_t>(f.shard))));
-    else
-      env_.be.copy(params_[u].flat(DType::f32), Tensor::of(std::span<float>(padded)));
+    padded.resize(static_cast<size_t>(flat_[u].padded), 0.f);
+    store(u, padded);
+  }
+
+  // Keeps this rank's part of a unit's padded values: the shard (and its master copy), or the
+  // whole buffer for stages 1 and 2.
+  void store(size_t u, std::span<const float> padded) {
+    const FlatParam& f = flat_[u];
+    auto shard = padded.subspan(static_cast<size_t>(f.shard_begin()), static_cast<size_t>(f.shard));
+    Tensor master = mixed() ? master_[u].flat(DType::f32) : Tensor();
+    if (stage_ == 3) {
+      write_values(param_shard_[u].flat(pd_), master, shard);
+    } else {
+      write_values(params_[u].flat(pd_), Tensor(), padded);
+      if (mixed()) env_.be.copy(master, Tensor::of(shard));
+    }
   }
 
  private:
@@ -176,28 +190,26 @@ class Zero final : public Strategy {
     Block full;   // stage 2/3: the full gradient being reduced, freed with the reduction
   };
 
-  Tensor own(const Block& full, size_t u) const {
-    return full.flat(DType::f32).slice(flat_[u].shard_begin(), flat_[u].shard);
+  // This rank's shard of a full (padded) buffer of dtype t.
+  Tensor own(const Block& full, DType t, size_t u) const {
+    return full.flat(t).slice(flat_[u].shard_begin(), flat_[u].shard);
   }
-  Tensor owned_params(size_t u) const {
-    return stage_ == 3 ? param_shard_[u].flat(DType::f32) : own(params_[u], u);
-  }
-  Tensor owned_grads(size_t u) const {
-    return stage_ == 1 ? own(grads_full_[u], u) : grad_shard_[u].flat(DType::f32);
-  }
+  Tensor owned_params(size_t u) const { return stage_ == 3 ? param_shard_[u].flat(pd_) : own(params_[u], pd_, u); }
+  Tensor owned_grads(size_t u) const { return stage_ == 1 ? own(grads_full_[u], rd_, u) : grad_shard_[u].flat(rd_); }
+  // What the optimizer updates: the f32 master shard under mixed precision, else the parameter shard.
+  Tensor updated(size_t u) const { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
 
   void ensure_grad_full(size_t u) {
     if (grads_full_[u]) return;
-    grads_full_[u] = env_.pool.alloc(DType::f32, flat_[u].padded, Category::grad_full, layout(u).name + " grads");
-    env_.be.fill(grads_full_[u].flat(DType::f32), 0.f);
+    grads_full_[u] = env_.pool.alloc(rd_, flat_[u].padded, Category::grad_full, layout(u).name + " grads");
+    env_.be.fill(grads_full_[u].flat(rd_), 0.f);
   }
 
   void finish_oldest() {
     Reduction r = std::move(inflight_.front());
     inflight_.pop_front();
     r.work.wait();
-    if (stage_ != 1)
-      env_.be.add(grad_shard_[r.unit].flat(DType::f32), r.shard.flat(DType::f32), grad_shard_[r.unit].flat(DType::f32));
+    if (stage_ != 1) accumulate(grad_shard_[r.unit].flat(rd_), r.shard.flat(rd_));
   }
 
   // ---- stage 3: gathered units ----
@@ -209,8 +221,8 @@ class Zero final : public Strategy {
   void issue_gather(size_t u) {
     Gathered& g = gathered_[u];
     if (g.buf) return;
-    g.buf = env_.pool.alloc(DType::f32, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
-    g.work = env_.comm.all_gather(param_shard_[u].flat(DType::f32), g.buf.flat(DType::f32));
+    g.buf = env_.pool.alloc(pd_, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
+    g.work = env_.comm.all_gather(param_shard_[u].flat(pd_), g.buf.flat(pd_));
   }
   void prefetch(size_t u) {
     if (!gathered_[u].buf && live_gathers() < static_cast<size_t>(max_gathered_)) issue_gather(u);
@@ -237,14 +249,14 @@ class Zero final : public Strategy {
     release_one(u, keep);
     for (const auto& [owner, decl] : borrowed_[u]) release_one(owner, keep);
   }
-  Tensor gathered_tensor(size_t u) const { return gathered_[u].buf.flat(DType::f32); }
+  Tensor gathered_tensor(size_t u) const { return gathered_[u].buf.flat(pd_); }
 
-  StrategyConfig cfg_;
   int stage_;
+  DType pd_, rd_;
   int max_gathered_ = 3;
   Optimizer optim_;
   std::vector<FlatParam> flat_;
-  std::vector<Block> params_, param_shard_, grads_full_, grad_shard_;
+  std::vector<Block> params_, param_shard_, master_, grads_full_, grad_shard_;
   std::vector<Gathered> gathered_;
   std::deque<Reduction> inflight_;
 };

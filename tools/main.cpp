@@ -94,8 +94,15 @@ PoolConfig pool_config(const CommonOptions& c) {
   return pc;
 }
 
-void add_strategy_options(po::options_description& d, StrategyConfig& s) {
+struct DtypeOptions {
+  std::string param = "f32", reduce = "";
+};
+
+void add_strategy_options(po::options_description& d, StrategyConfig& s, DtypeOptions& dt) {
   d.add_options()("strategy", po::value(&s.name)->default_value(s.name), "dp, ddp, zero1, zero2 or zero3")(
+      "param-dtype", po::value(&dt.param)->default_value(dt.param),
+      "storage and all-gather dtype of parameters: f32, or bf16 with an f32 master copy beside the optimizer")(
+      "reduce-dtype", po::value(&dt.reduce)->default_value(""), "gradient storage and reduction dtype (default: the param dtype)")(
       "bucket-mb", po::value(&s.bucket_mb)->default_value(s.bucket_mb), "ddp: gradient bucket size in MiB")(
       "reshard-after-forward", po::value(&s.reshard_after_forward)->default_value(true),
       "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")(
@@ -137,6 +144,7 @@ struct ModelOptions {
 // Options of a training run, shared by train and compare.
 struct TrainOptions {
   ModelOptions model;
+  DtypeOptions dtypes;
   std::string device = "cpu";
   int64_t seed = 1337;
   void add(po::options_description& desc, TrainConfig& cfg) {
@@ -163,13 +171,15 @@ struct TrainOptions {
         "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
         "device", po::value(&device)->default_value(device), "cpu or cuda")(
         "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)");
-    add_strategy_options(desc, cfg.strategy);
+    add_strategy_options(desc, cfg.strategy, dtypes);
   }
   // After parsing: fills what the options could not write directly.
   void finish(TrainConfig& cfg) const {
     SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
     cfg.seed = static_cast<uint64_t>(seed);
     cfg.spec = model.spec();
+    cfg.strategy.param_dtype = parse_dtype(dtypes.param);
+    cfg.strategy.reduce_dtype = dtypes.reduce.empty() ? cfg.strategy.param_dtype : parse_dtype(dtypes.reduce);
   }
   std::unique_ptr<Backend> backend(const CommonOptions& common, const MpiRuntime& mpi) const {
     if (parse_device(device) == Device::cpu) return make_cpu(common, mpi);
