@@ -11,15 +11,19 @@
 namespace shardlab {
 namespace {
 
-// Bus bytes per rank per step the strategy's pattern implies (f32): the textbook figures.
+// Bus bytes per rank per step the strategy's pattern implies: the textbook figures, with parameters
+// moved in the param dtype and gradients in the reduce dtype.
 double comm_theory(const std::string& s, double params, int world, const TrainConfig& c) {
   if (world == 1) return 0;
-  const double n = world, f = (n - 1) / n, bytes = 4.0 * params;
-  if (s == "ddp" || s == "zero1" || s == "zero2") return 2 * f * bytes;
-  if (s == "zero3") return 3 * f * bytes;
-  // dp: broadcast and reduce the parameters, gather the logits, scatter their gradient.
+  const double n = world, f = (n - 1) / n;
+  const double p = params * static_cast<double>(dtype_size(c.strategy.param_dtype));
+  const double g = params * static_cast<double>(dtype_size(c.strategy.reduce_dtype));
+  if (s == "ddp") return 2 * f * g;                 // all-reduce of the gradients
+  if (s == "zero1" || s == "zero2") return f * (g + p);  // reduce-scatter + all-gather
+  if (s == "zero3") return f * (g + 2 * p);         // gather for forward and backward + reduce-scatter
+  // dp: broadcast the parameters, reduce the gradients, gather the logits, scatter their gradient.
   const double logits = 4.0 * static_cast<double>(c.batch) * static_cast<double>(c.spec.seq * c.spec.vocab);
-  return 2 * bytes + 2 * f * logits;
+  return p + g + 2 * f * logits;
 }
 
 StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, const std::string& name) {
@@ -128,10 +132,10 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
   }
   std::fprintf(out,
                "\ncomm: bus bytes per rank in the last step (all-reduce 2(N-1)/N, all-gather/reduce-scatter/gather/"
-               "scatter (N-1)/N, broadcast/reduce 1 x size).\ntheory: 2Psi(N-1)/N x 4 B for ddp/zero1/zero2, "
-               "3Psi(N-1)/N for zero3 (it gathers the tied embedding once more for the lm head), dp: broadcast +\n"
-               "reduce of the parameters and gather + scatter of the logits. vs ddp / vs dp: change of the peak "
-               "per rank (dp: its largest rank).\n");
+               "scatter (N-1)/N, broadcast/reduce 1 x size).\ntheory: 2Psi(N-1)/N elements for ddp, zero1 and zero2, "
+               "3Psi(N-1)/N for zero3 (measured is higher: the tied embedding is gathered once more\nfor the lm head), "
+               "dp: broadcast + reduce of the parameters and gather + scatter of the logits. vs ddp / vs dp: change "
+               "of the peak per rank\n(dp: its largest rank).\n");
   std::fprintf(out, "%s\n", res.agree ? fmt::format("losses agree: every strategy within {:.0e} of {} at every step",
                                                        cfg.tolerance, res.runs.front().name).c_str()
                                         : ("LOSSES DISAGREE: " + res.disagreement).c_str());
