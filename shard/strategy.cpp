@@ -1,6 +1,6 @@
 #include "shard/strategy.hpp"
 
-#include "src/model/safetensors.hpp"
+#include "src/model/model.hpp"
 
 namespace shardlab {
 
@@ -41,13 +41,7 @@ void Strategy::load_params(const std::string& path) {
   SafetensorsReader r(path);
   for (size_t u = 0; u < num_units(); ++u) {
     std::vector<float> full(static_cast<size_t>(layout(u).numel));
-    for (const TensorDecl& t : layout(u).tensors) {
-      std::string name = r.has(t.name) ? t.name : "transformer." + t.name;
-      SHARD_REQUIRE(r.has(name), "'{}' has no tensor '{}' (nor 'transformer.{}'): is it a GPT-2 checkpoint of {}?",
-                    path, t.name, t.name, env_.spec.describe());
-      r.read_f32(name, std::span<float>(full).subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.numel)),
-                 &t.shape);
-    }
+    read_unit(r, layout(u), full, env_.spec);
     set_unit_values(u, full);
   }
 }

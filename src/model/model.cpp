@@ -31,17 +31,23 @@ void Gpt2Model::init(uint64_t seed) {
   }
 }
 
+void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec) {
+  SHARD_CHECK(static_cast<int64_t>(out.size()) >= unit.numel, "read_unit {}: {} floats for {}", unit.name, out.size(),
+              unit.numel);
+  for (const TensorDecl& t : unit.tensors) {
+    std::string name = r.has(t.name) ? t.name : "transformer." + t.name;
+    SHARD_REQUIRE(r.has(name), "'{}' has no tensor '{}' (nor 'transformer.{}'): is it a GPT-2 checkpoint of {}?",
+                  r.path(), t.name, t.name, spec.describe());
+    r.read_f32(name, out.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.numel)), &t.shape);
+  }
+}
+
 void Gpt2Model::load(const std::string& path) {
   SafetensorsReader r(path);
   for (size_t i = 0; i < units_.size(); ++i) {
-    for (const TensorDecl& t : units_[i]->layout().tensors) {
-      std::string name = r.has(t.name) ? t.name : "transformer." + t.name;
-      SHARD_REQUIRE(r.has(name), "'{}' has no tensor '{}' (nor 'transformer.{}'): is it a GPT-2 checkpoint of {}?",
-                    path, t.name, t.name, spec_.describe());
-      std::vector<float> host(static_cast<size_t>(t.numel));
-      r.read_f32(name, host, &t.shape);
-      be_.copy(unit_params(i).slice(t.offset, t.numel), Tensor::of(std::span<float>(host)));
-    }
+    std::vector<float> host(static_cast<size_t>(units_[i]->layout().numel));
+    read_unit(r, units_[i]->layout(), host, spec_);
+    be_.copy(unit_params(i), Tensor::of(std::span<float>(host)));
   }
 }
 

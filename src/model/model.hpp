@@ -12,6 +12,10 @@
 
 namespace shardlab {
 
+// Reads every tensor of `unit` from an HF-named file into `out` (the unit's flat layout), accepting
+// a "transformer." prefix; throws InputError naming a missing tensor or a shape mismatch.
+void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec);
+
 class Gpt2Model : private UnitHooks {
  public:
   Gpt2Model(const ModelSpec& spec, Backend& be, Pool& pool);
