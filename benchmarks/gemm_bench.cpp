@@ -35,14 +35,21 @@ double run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out
       be.fill(b.flat(DType::f32), 0.25f);
       be.gemm(d, a.data(), b.data(), c.data());  // warm-up
       be.synchronize();
-      int iters = 0;
-      auto t0 = std::chrono::steady_clock::now();
+      // Best of three timing windows: the ceiling is what the machine can do, and on a shared
+      // machine a neighbour's burst only ever slows a window down.
       double elapsed = 0;
-      while (elapsed < cfg.seconds || iters < 3) {
-        be.gemm(d, a.data(), b.data(), c.data());
-        be.synchronize();
-        ++iters;
-        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      int iters = 0;
+      for (int window = 0; window < 3; ++window) {
+        int n = 0;
+        auto t0 = std::chrono::steady_clock::now();
+        double e = 0;
+        while (e < cfg.seconds / 3 || n < 3) {
+          be.gemm(d, a.data(), b.data(), c.data());
+          be.synchronize();
+          ++n;
+          e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        if (window == 0 || e / n < elapsed / iters) elapsed = e, iters = n;
       }
       double ms = elapsed / iters * 1e3;
       double gflops = 2.0 * s.m * s.n * s.k / (elapsed / iters) / 1e9;

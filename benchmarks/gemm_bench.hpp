@@ -10,7 +10,7 @@ namespace shardlab {
 struct GemmBenchConfig {
   int64_t dim = 768;      // model width C; shapes are (B*T, C) x (C, 3C) and friends
   int64_t tokens = 1024;  // B*T rows
-  double seconds = 0.3;   // minimum time per shape
+  double seconds = 0.3;   // minimum time per shape (three windows of a third each; the best counts)
 };
 
 // Prints one line per (shape, transposes) and returns the mean GFLOP/s over all lines.
