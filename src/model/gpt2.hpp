@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/estimator.hpp"
 #include "memory/pool.hpp"
 #include "src/model/spec.hpp"
 
@@ -63,8 +64,12 @@ class Unit {
   const std::string& name() const { return layout_.name; }
   // Tensors of other units this unit computes with (the head borrows wte.weight).
   virtual std::vector<std::string> borrowed() const { return {}; }
-  // Elements of this unit's output for a (B, T) batch.
+  // Elements of this unit's output for a (B, T) batch, of what its forward saves for backward, and
+  // of the scratch its backward holds (all f32). The memory estimator reads these; a test checks
+  // them against what the pool records.
   virtual int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const { return B * T * s.dim; }
+  virtual int64_t saved_elems(const ModelSpec& s, int64_t B, int64_t T) const { return 0; }
+  virtual int64_t backward_workspace_elems(const ModelSpec& s, int64_t B, int64_t T) const { return 0; }
 
   // in: the previous unit's output (empty for the embedding); out: out_elems floats.
   virtual void forward(UnitContext& ctx, const ParamSet& p, Tensor in, Tensor out, Saved& saved) = 0;
@@ -78,5 +83,8 @@ class Unit {
 };
 
 std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec);
+
+// The units as the memory estimator sees them, for micro-batches of B sequences of T tokens.
+std::vector<UnitMemDesc> gpt2_mem_desc(const ModelSpec& spec, int64_t B, int64_t T);
 
 }  // namespace shardlab
