@@ -17,7 +17,7 @@ TEST_CASE("ZeRO's worked example: 7.5B parameters on 64 ranks", "[estimator]") {
   // fp32 master and Adam), for 7.5B parameters in 100 units.
   std::vector<UnitMemDesc> units(100);
   for (size_t i = 0; i < units.size(); ++i) {
-    units[i].name = "u" + std::to_string(i);
+    units[i].name = fmt::format("unit {}", i);
     units[i].params = 75'000'000;
   }
   for (std::string s : {"ddp", "zero1", "zero2", "zero3"}) {
