@@ -40,6 +40,7 @@ class Tally {
       peak_phase_ = phase_;
     }
     live_[next_] = {c, bytes};
+    mark();
     return next_++;
   }
   void free(Id id) {
@@ -48,7 +49,9 @@ class Tally {
     cur_[static_cast<int>(it->second.first)] -= it->second.second;
     total_ -= it->second.second;
     live_.erase(it);
+    mark();
   }
+  void record(bool on) { recording_ = on; }
   void phase(std::string p) { phase_ = std::move(p); }
   void reset_peaks() {
     peak_cat_ = cur_;
@@ -63,6 +66,7 @@ class Tally {
     e.at_peak = at_peak_;
     e.peak = peak_;
     e.peak_phase = peak_phase_;
+    e.timeline = timeline_;
     return e;
   }
 
@@ -72,6 +76,11 @@ class Tally {
   std::string phase_, peak_phase_;
   std::map<Id, std::pair<Category, uint64_t>> live_;
   Id next_ = 1;
+  bool recording_ = false;
+  std::vector<EstimatePoint> timeline_;
+  void mark() {
+    if (recording_) timeline_.push_back({phase_, cur_});
+  }
 };
 
 constexpr uint64_t kF32 = 4;
@@ -101,6 +110,7 @@ class Replay {
     setup();
     CategoryBytes states = t_.current();
     t_.reset_peaks();
+    t_.record(true);
     step();
     Estimate e = t_.result();
     e.model_states = states;

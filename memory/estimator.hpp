@@ -43,12 +43,19 @@ struct EstimateConfig {
   bool reshard_after_forward = true;
 };
 
+// One point of the predicted step: after an allocation or a free, what is live, and the phase.
+struct EstimatePoint {
+  std::string phase;
+  CategoryBytes live{};
+};
+
 struct Estimate {
   CategoryBytes model_states{};   // persistent: parameters, gradients, master weights, optimizer
   CategoryBytes peak_by_category{};  // each category's own peak over the step
   CategoryBytes at_peak{};        // composition when the total peaks
   uint64_t peak = 0;              // total at the peak
   std::string peak_phase;         // e.g. "backward head"
+  std::vector<EstimatePoint> timeline;  // the step, allocation by allocation
   uint64_t model_state_total() const;
 };
 

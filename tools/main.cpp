@@ -2,6 +2,7 @@
 //
 //   shardlab train               train GPT-2 under any strategy on any number of ranks
 //   shardlab compare             every strategy on the same model, data and seed, side by side
+//   shardlab profile             the memory profile: every strategy x category per rank, predicted and measured
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
@@ -24,6 +25,7 @@
 #include "src/comm/sim_comm.hpp"
 #include "src/core/units.hpp"
 #include "src/train/compare.hpp"
+#include "src/train/profile.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/launch.hpp"
 
@@ -38,6 +40,7 @@ const char* kUsage =
     "commands:\n"
     "  train               train GPT-2 under a strategy (dp, ddp, zero1-3) on any number of ranks\n"
     "  compare             train the same model under each strategy; loss agreement, memory, time, traffic\n"
+    "  profile             predicted (and measured) memory per rank, per category, per strategy, any world size\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
@@ -130,7 +133,7 @@ struct ModelOptions {
     for (auto [field, value] : {std::pair{&s.layers, layers}, std::pair{&s.dim, dim}, std::pair{&s.heads, heads},
                                 std::pair{&s.seq, seq}, std::pair{&s.vocab, vocab}}) {
       SHARD_REQUIRE(value >= 0, "model dimensions must be positive, got {}", value);
-      if (value > 0) {
+      if (value > 0 && value != *field) {
         *field = value;
         custom = true;
       }
@@ -218,6 +221,51 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+void write_text(const std::string& path, const std::string& text, const char* option) {
+  std::ofstream f(path, std::ios::trunc);
+  SHARD_REQUIRE(f.good(), "cannot write {} file '{}'", option, path);
+  f << text;
+  f.close();
+  SHARD_REQUIRE(f.good(), "writing {} file '{}' failed", option, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
+int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  TrainOptions opts;
+  ProfileConfig pc;
+  std::string strategies = "dp,ddp,zero1,zero2,zero3", budget, json_path, html_path, trace_path;
+  po::options_description desc("profile options");
+  add_common(desc, common);
+  opts.add(desc, pc.train);
+  desc.add_options()("world", po::value(&pc.world)->default_value(pc.world), "world size to profile")(
+      "micro-batch", po::value(&pc.micro_batch)->default_value(pc.micro_batch), "sequences per rank per micro-step")(
+      "strategies", po::value(&strategies)->default_value(strategies), "strategies to profile")(
+      "budget", po::value(&budget)->default_value(""),
+      "per-rank memory (e.g. 80GiB): mark what fits and find the largest micro-batch that does")(
+      "measure", po::bool_switch(&pc.measure), "also run real steps and print measured beside predicted "
+      "(with fewer processes than --world, one process plays rank 0 through the sim communicator)")(
+      "measure-steps", po::value(&pc.measure_steps)->default_value(pc.measure_steps), "steps per measured run")(
+      "json", po::value(&json_path)->default_value(""), "write the report as JSON (schema shardlab.profile/1)")(
+      "html", po::value(&html_path)->default_value(""), "write a self-contained HTML page with SVG charts")(
+      "trace", po::value(&trace_path)->default_value(""),
+      "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
+  if (!parse(args, desc, mpi, "profile")) return 0;
+  opts.finish(pc.train);
+  pc.strategies = split_list(strategies);
+  if (!budget.empty()) pc.budget = parse_bytes(budget);
+  SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
+  SHARD_REQUIRE(trace_path.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");
+  auto backend = opts.backend(common, mpi);
+  MemoryReport r = run_profile(*backend, MPI_COMM_WORLD, pc);
+  if (mpi.rank() != 0) return 0;
+  print_memory_table(r, stdout);
+  if (!json_path.empty()) write_text(json_path, memory_report_json(r) + "\n", "--json");
+  if (!html_path.empty()) write_text(html_path, memory_report_html(r), "--html");
+  if (!trace_path.empty()) write_text(trace_path, memory_trace_json(r), "--trace");
+  return 0;
+}
+
 int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   TrainOptions opts;
@@ -244,12 +292,7 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
   auto backend = opts.backend(common, mpi);
   CompareResult r = run_compare(*backend, MPI_COMM_WORLD, cc, stdout);
-  if (mpi.rank() == 0 && !json_path.empty()) {
-    std::ofstream f(json_path, std::ios::trunc);
-    SHARD_REQUIRE(f.good(), "cannot write --json file '{}'", json_path);
-    f << compare_json(cc, r, mpi.world()) << '\n';
-    std::printf("wrote %s\n", json_path.c_str());
-  }
+  if (mpi.rank() == 0 && !json_path.empty()) write_text(json_path, compare_json(cc, r, mpi.world()) + "\n", "--json");
   if (!r.agree) {
     if (mpi.rank() == 0) std::fprintf(stderr, "shardlab compare: the strategies' losses disagree: %s\n", r.disagreement.c_str());
     return 3;
@@ -374,6 +417,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return cmd_train(rest, mpi);
     if (command == "compare") return cmd_compare(rest, mpi);
+    if (command == "profile") return cmd_profile(rest, mpi);
     if (command == "info") return cmd_info(rest, mpi);
     if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
     if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);

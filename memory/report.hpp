@@ -1,0 +1,42 @@
+// report.hpp — memory reports from plain rows (predicted and, when measured, measured bytes per
+// category): the terminal table, a versioned JSON document, and a self-contained HTML page with
+// SVG charts (no scripts, no network). Nothing here knows strategies or models.
+#pragma once
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "memory/estimator.hpp"
+
+namespace shardlab {
+
+struct MemoryRow {
+  std::string label;          // "zero3", "dp rank 0", "dp others"
+  Estimate predicted;
+  bool measured = false;
+  CategoryBytes measured_states{}, measured_at_peak{}, measured_peak_by_category{};
+  uint64_t measured_peak = 0;
+  std::string measured_phase;
+  std::vector<LedgerEvent> measured_timeline;  // one step
+  bool fits = true;           // predicted peak within the budget (when there is one)
+  int64_t max_micro_batch = 0;  // largest micro-batch whose predicted peak fits (0: none, or no budget)
+  double comm_bytes = 0;      // measured bus bytes per rank per step (0 when not measured)
+};
+
+struct MemoryReport {
+  std::string title;      // e.g. "gpt2-xl (...), world 64, micro-batch 4 x 1024"
+  std::string config_json;  // the run's configuration, embedded as is in the JSON report
+  uint64_t budget = 0;
+  std::vector<MemoryRow> rows;
+};
+
+void print_memory_table(const MemoryReport& r, std::FILE* out);
+std::string memory_report_json(const MemoryReport& r);
+std::string memory_report_html(const MemoryReport& r);
+// Chrome trace-event JSON (opens in Perfetto): per measured row a process with memory counters per
+// category and a span per phase (forward of unit i, backward of unit i, loss, optimizer step).
+std::string memory_trace_json(const MemoryReport& r);
+// The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing array).
+void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events);
+
+}  // namespace shardlab
