@@ -144,6 +144,7 @@ class Replay {
 
   // ---- the step, in the order Trainer::step and the runner allocate ----
   void step() {
+    t_.phase("begin step");
     if (dp_replica())
       for (size_t u = 0; u < U_; ++u) replica_params_[u] = t_.alloc(Category::param_full, u_[u].params * pd_);
     for (int64_t k = 0; k < c_.accum; ++k) {

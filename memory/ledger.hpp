@@ -45,6 +45,8 @@ class Ledger {
   uint64_t dropped_events() const { return dropped_; }
   // Peaks restart from what is live now (e.g. to measure one training step); the timeline is kept.
   void reset_peaks();
+  // The clock origin of t_ms.
+  std::chrono::steady_clock::time_point start() const { return start_; }
 
  private:
   void record(Category c, int64_t delta, const std::string& tag);

@@ -152,7 +152,7 @@ std::string bars_svg(const MemoryReport& r, const Unit& u, uint64_t largest) {
   const int label_w = 150, bar_w = 620, bar_h = 18, gap = 8;
   int bars = 0;
   for (const auto& row : r.rows) bars += row.measured ? 2 : 1;
-  const int h = 40 + bars * (bar_h + gap) + 40;
+  const int h = 40 + bars * (bar_h + gap) + 56;
   std::string s = fmt::format("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='12'>\n",
                               label_w + bar_w + 120, h);
   double scale = largest ? double(bar_w) / double(largest) : 0;
@@ -181,11 +181,13 @@ std::string bars_svg(const MemoryReport& r, const Unit& u, uint64_t largest) {
                        "<text x='{:.1f}' y='14' text-anchor='middle'>budget {}</text>\n",
                        bx, bx, y, bx, format_bytes(double(r.budget)));
   }
-  int lx = label_w;
+  int lx = label_w, ly = y + 8;
   for (int k = 0; k < kNumCategories; ++k) {
-    s += fmt::format("<rect x='{}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{}</text>\n", lx, y + 8,
-                     kColor[k], lx + 13, y + 17, kCategoryNames[k]);
-    lx += 14 + 7 * static_cast<int>(kCategoryNames[k].size()) + 10;
+    int w = 14 + 7 * static_cast<int>(kCategoryNames[k].size()) + 10;
+    if (lx + w > label_w + bar_w + 110) lx = label_w, ly += 16;  // wrap the legend
+    s += fmt::format("<rect x='{}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{}</text>\n", lx, ly,
+                     kColor[k], lx + 13, ly + 9, kCategoryNames[k]);
+    lx += w;
   }
   return s + "</svg>\n";
 }
@@ -206,10 +208,11 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u) {
     if (p.rfind("forward", 0) == 0) return 0;
     if (p == "loss") return 1;
     if (p.rfind("backward", 0) == 0) return 2;
-    return 3;
+    if (p == "optimizer step") return 3;
+    return 4;  // begin step (DP's broadcast copies) and anything unnamed
   };
-  const char* band_color[4] = {"#eef5ff", "#fff5e6", "#f0fff0", "#f7f0ff"};
-  const char* band_name[4] = {"forward", "loss", "backward", "optimizer"};
+  const char* band_color[5] = {"#eef5ff", "#fff5e6", "#f0fff0", "#f7f0ff", "#f4f4f4"};
+  const char* band_name[5] = {"forward", "loss", "backward", "optimizer", "begin"};
   size_t start = 0;
   for (size_t i = 1; i <= tl.size(); ++i) {
     if (i < tl.size() && kind(tl[i].phase) == kind(tl[start].phase)) continue;
@@ -286,20 +289,22 @@ std::string memory_report_html(const MemoryReport& r) {
   return h + "</body></html>\n";
 }
 
-void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events) {
+void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
+                         const CategoryBytes& base, const std::vector<TraceMark>& marks) {
   auto add = [&](const nlohmann::json& e) {
     if (!out.empty()) out += ",\n";
     out += e.dump();
   };
   add({{"ph", "M"}, {"pid", pid}, {"name", "process_name"}, {"args", {{"name", name}}}});
   add({{"ph", "M"}, {"pid", pid}, {"tid", 1}, {"name", "thread_name"}, {"args", {{"name", "compute phases"}}}});
+  add({{"ph", "M"}, {"pid", pid}, {"tid", 2}, {"name", "thread_name"}, {"args", {{"name", "collectives (issued)"}}}});
   if (events.empty()) return;
-  const double t0 = events.front().t_ms;
-  CategoryBytes live{};
-  // Live bytes before the first event: the last total minus what the events add up to.
-  int64_t added = 0;
-  for (const auto& e : events) added += e.delta;
-  (void)added;
+  double t0 = events.front().t_ms;
+  for (const auto& m : marks) t0 = std::min(t0, m.t_ms);
+  for (const auto& m : marks)
+    add({{"ph", "i"}, {"pid", pid}, {"tid", 2}, {"s", "t"}, {"name", m.name}, {"ts", (m.t_ms - t0) * 1000.0},
+         {"args", {{"bus_bytes", m.bytes}}}});
+  CategoryBytes live = base;
   size_t phase_start = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     const LedgerEvent& e = events[i];
@@ -307,7 +312,7 @@ void append_trace_events(std::string& out, int pid, const std::string& name, con
     live[k] = static_cast<uint64_t>(static_cast<int64_t>(live[k]) + e.delta);
     nlohmann::json args;
     for (int c = 0; c < kNumCategories; ++c) args[std::string(kCategoryNames[c])] = live[c];
-    add({{"ph", "C"}, {"pid", pid}, {"name", "memory (bytes allocated in the step, by category)"},
+    add({{"ph", "C"}, {"pid", pid}, {"name", "memory (bytes by category)"},
          {"ts", (e.t_ms - t0) * 1000.0}, {"args", args}});
     bool last = i + 1 == events.size();
     if (last || events[i + 1].phase != events[phase_start].phase) {
@@ -325,7 +330,8 @@ std::string memory_trace_json(const MemoryReport& r) {
   std::string events;
   int pid = 0;
   for (const auto& row : r.rows)
-    if (row.measured && !row.measured_timeline.empty()) append_trace_events(events, pid++, row.label, row.measured_timeline);
+    if (row.measured && !row.measured_timeline.empty())
+      append_trace_events(events, pid++, row.label, row.measured_timeline, row.measured_states, row.measured_comm);
   return "{\"traceEvents\": [\n" + events + "\n], \"displayTimeUnit\": \"ms\"}\n";
 }
 

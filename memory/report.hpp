@@ -10,6 +10,13 @@
 
 namespace shardlab {
 
+// A point event on a trace (a collective's issue), at t_ms on the ledger's clock.
+struct TraceMark {
+  double t_ms;
+  std::string name;
+  double bytes;
+};
+
 struct MemoryRow {
   std::string label;          // "zero3", "dp rank 0", "dp others"
   Estimate predicted;
@@ -18,6 +25,7 @@ struct MemoryRow {
   uint64_t measured_peak = 0;
   std::string measured_phase;
   std::vector<LedgerEvent> measured_timeline;  // one step
+  std::vector<TraceMark> measured_comm;        // the collectives of that step
   bool fits = true;           // predicted peak within the budget (when there is one)
   int64_t max_micro_batch = 0;  // largest micro-batch whose predicted peak fits (0: none, or no budget)
   double comm_bytes = 0;      // measured bus bytes per rank per step (0 when not measured)
@@ -36,7 +44,9 @@ std::string memory_report_html(const MemoryReport& r);
 // Chrome trace-event JSON (opens in Perfetto): per measured row a process with memory counters per
 // category and a span per phase (forward of unit i, backward of unit i, loss, optimizer step).
 std::string memory_trace_json(const MemoryReport& r);
-// The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing array).
-void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events);
+// The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing
+// array): `base` is what was live before the first event; marks go on a "collectives" track.
+void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
+                         const CategoryBytes& base, const std::vector<TraceMark>& marks);
 
 }  // namespace shardlab

@@ -39,6 +39,7 @@ double bus_bytes(CommOp op, double full_bytes, int world) {
 }
 
 void CommStats::record(CommOp op, double bytes, double wire_bytes) {
+  if (record_events) events.push_back({op, bytes, std::chrono::steady_clock::now()});
   for (auto* counters : {&total, &step}) {
     OpCounter& c = (*counters)[static_cast<int>(op)];
     c.calls += 1;

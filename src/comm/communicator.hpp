@@ -22,6 +22,7 @@
 // bf16/f16 reductions to f32 so the sum is accumulated in f32: twice the bytes).
 #pragma once
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -48,7 +49,16 @@ struct OpCounter {
   double wire_bytes = 0;  // bus bytes as carried by the transport
 };
 
+// A collective as issued, for traces: what, how many bus bytes, when.
+struct CommEvent {
+  CommOp op;
+  double bytes;
+  std::chrono::steady_clock::time_point issued;
+};
+
 struct CommStats {
+  bool record_events = false;     // keep a CommEvent per call (off by default: it grows)
+  std::vector<CommEvent> events;
   std::array<OpCounter, kNumCommOps> total{};
   std::array<OpCounter, kNumCommOps> step{};  // since the last end_step()
   std::vector<double> bytes_per_step;         // bus bytes of each finished step

@@ -63,8 +63,12 @@ void measure(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg, const s
   StepStats st;
   for (int64_t k = 0; k < tc.steps; ++k) {
     first_event = pool.ledger().timeline().size();
+    comm->stats().record_events = k + 1 == tc.steps;  // the collectives of the measured step
     st = t.step(k);
   }
+  for (const CommEvent& e : comm->stats().events)
+    row.measured_comm.push_back({std::chrono::duration<double, std::milli>(e.issued - pool.ledger().start()).count(),
+                                 comm_op_name(e.op), e.bytes});
   const Ledger& L = pool.ledger();
   row.measured = true;
   row.measured_peak = L.peak_total();
@@ -132,44 +136,33 @@ MemoryReport run_profile(Backend& be, MPI_Comm world_comm, const ProfileConfig& 
         if (procs == 1) {
           measure(be, world_comm, cfg, s, rank, row);
         } else if (rank == 0) {
-          MemoryRow mine;
-          measure(be, world_comm, cfg, s, 0, mine);
+          measure(be, world_comm, cfg, s, 0, row);  // every process runs it; rank 0 reports
           int me = 0;
           MPI_CHECK(MPI_Comm_rank(world_comm, &me));
           if (s == "dp" && cfg.world > 1) {
-            // Ship rank 1's peak figures to rank 0 for the "dp others" row.
+            // Rank 1 sends its peak figures to rank 0 for the "dp others" row.
             std::array<uint64_t, 3 * kNumCategories + 1> buf{};
             if (me == 1) {
               for (int k = 0; k < kNumCategories; ++k) {
-                buf[k] = mine.measured_states[k];
-                buf[kNumCategories + k] = mine.measured_at_peak[k];
-                buf[2 * kNumCategories + k] = mine.measured_peak_by_category[k];
+                buf[k] = row.measured_states[k];
+                buf[kNumCategories + k] = row.measured_at_peak[k];
+                buf[2 * kNumCategories + k] = row.measured_peak_by_category[k];
               }
-              buf[3 * kNumCategories] = mine.measured_peak;
+              buf[3 * kNumCategories] = row.measured_peak;
               MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(buf.size()), MPI_UINT64_T, 0, 7, world_comm));
             } else if (me == 0) {
               MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_UINT64_T, 1, 7, world_comm,
                                  MPI_STATUS_IGNORE));
-              MemoryRow others;
-              others.measured = true;
+              dp_others.measured = true;
               for (int k = 0; k < kNumCategories; ++k) {
-                others.measured_states[k] = buf[k];
-                others.measured_at_peak[k] = buf[kNumCategories + k];
-                others.measured_peak_by_category[k] = buf[2 * kNumCategories + k];
+                dp_others.measured_states[k] = buf[k];
+                dp_others.measured_at_peak[k] = buf[kNumCategories + k];
+                dp_others.measured_peak_by_category[k] = buf[2 * kNumCategories + k];
               }
-              others.measured_peak = buf[3 * kNumCategories];
-              others.measured_phase = "(rank 1)";
-              dp_others = others;
+              dp_others.measured_peak = buf[3 * kNumCategories];
+              dp_others.measured_phase = "(rank 1)";
             }
           }
-          row.measured = mine.measured;
-          row.measured_states = mine.measured_states;
-          row.measured_at_peak = mine.measured_at_peak;
-          row.measured_peak_by_category = mine.measured_peak_by_category;
-          row.measured_peak = mine.measured_peak;
-          row.measured_phase = mine.measured_phase;
-          row.measured_timeline = std::move(mine.measured_timeline);
-          row.comm_bytes = mine.comm_bytes;
         } else {
           const MemoryRow& o = dp_others;
           row.measured = o.measured;

@@ -61,6 +61,7 @@ StepStats Trainer::step(int64_t t) {
   const float dlogit_scale = 1.f / static_cast<float>(cfg_.batch * T);  // d(global mean loss)
   pool_.ledger().reset_peaks();
   const double comm_before = comm_.stats().total_bytes();
+  pool_.ledger().set_phase("begin step");
   strategy_->begin_step();
   double loss_sum = 0;
   for (int64_t k = 0; k < cfg_.accum; ++k) {
