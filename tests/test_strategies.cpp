@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/train/compare.hpp"
+#include "src/train/profile.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi_test_env.hpp"
 
@@ -312,26 +314,6 @@ TEST_CASE("bf16 parameters and gradients: ZeRO's memory formulas, exactly, and t
   }
 }
 
-namespace {
-EstimateConfig estimate_config(const TrainConfig& cfg, int world, int rank) {
-  EstimateConfig e;
-  e.strategy = cfg.strategy.name;
-  e.world = world;
-  e.rank = rank;
-  e.positions = cfg.batch / world / cfg.accum * cfg.spec.seq;
-  e.vocab = cfg.spec.vocab;
-  e.accum = cfg.accum;
-  e.param_dtype = cfg.strategy.param_dtype;
-  e.reduce_dtype = cfg.strategy.reduce_dtype;
-  e.optimizer = cfg.optim.kind;
-  e.bucket_mb = cfg.strategy.bucket_mb;
-  e.prefetch = cfg.strategy.prefetch;
-  e.max_gathered = cfg.strategy.max_gathered;
-  e.reshard_after_forward = cfg.strategy.reshard_after_forward;
-  return e;
-}
-}  // namespace
-
 TEST_CASE("the estimator predicts what the ledger measures", "[strategies][estimator]") {
   const int N = g_mpi->world();
   for (DType dt : {DType::f32, DType::bf16})
@@ -351,7 +333,7 @@ TEST_CASE("the estimator predicts what the ledger measures", "[strategies][estim
         t.step(1);  // the ledger now holds this step's peaks
         const Ledger& L = pool.ledger();
         auto units = gpt2_mem_desc(cfg.spec, cfg.batch / N / accum, cfg.spec.seq);
-        Estimate e = estimate_step(units, estimate_config(cfg, N, g_mpi->rank()));
+        Estimate e = estimate_step(units, estimate_config(cfg, N, g_mpi->rank(), cfg.batch / N / accum));
         INFO(s << " " << dtype_name(dt) << " accum " << accum << " world " << N << " rank " << g_mpi->rank()
                << ": predicted peak " << e.peak << " (" << e.peak_phase << "), measured " << L.peak_total() << " ("
                << L.phase_at_peak() << ")");
@@ -367,4 +349,44 @@ TEST_CASE("the estimator predicts what the ledger measures", "[strategies][estim
                       dtype_name(dt), static_cast<long long>(accum), N, static_cast<unsigned long long>(L.peak_total()),
                       static_cast<unsigned long long>(e.peak), 100.0 * (double(e.peak) - L.peak_total()) / L.peak_total());
       }
+}
+
+TEST_CASE("profile --measure: measured equals predicted, with real ranks or the sim communicator", "[profile]") {
+  int procs = g_mpi->world();
+  ProfileConfig pc;
+  pc.train = parity_config("ddp", 1);
+  pc.world = procs == 1 ? 4 : procs;  // one process plays rank 0 (and DP's rank 1) of 4 through sim
+  pc.micro_batch = 2;
+  pc.measure = true;
+  pc.budget = 1 << 20;
+  auto be = make_cpu_backend(BackendConfig{1});
+  MemoryReport r = run_profile(*be, MPI_COMM_WORLD, pc);
+  if (g_mpi->rank() != 0) return;
+  REQUIRE(r.rows.size() == (pc.world > 1 ? 6u : 5u));
+  for (const auto& row : r.rows) {
+    INFO(row.label << " world " << pc.world << " (" << procs << " processes)");
+    CHECK(row.measured);
+    CHECK(row.measured_peak == row.predicted.peak);
+    CHECK(row.measured_at_peak == row.predicted.at_peak);
+    uint64_t states = 0;
+    for (uint64_t b : row.measured_states) states += b;
+    CHECK(states == row.predicted.model_state_total());
+    CHECK(row.fits == (row.predicted.peak <= pc.budget));
+    if (row.max_micro_batch > 0) {
+      CHECK(predict(pc, row.label.substr(0, row.label.find(' ')), row.label == "dp others" ? 1 : 0,
+                    row.max_micro_batch).peak <= pc.budget);
+      CHECK(predict(pc, row.label.substr(0, row.label.find(' ')), row.label == "dp others" ? 1 : 0,
+                    row.max_micro_batch + 1).peak > pc.budget);
+    }
+  }
+  auto j = nlohmann::json::parse(memory_report_json(r));
+  CHECK(j["schema"] == "shardlab.profile/1");
+  CHECK(j["rows"].size() == r.rows.size());
+  CHECK(j["rows"][0]["measured"]["peak"] == r.rows[0].measured_peak);
+  std::string html = memory_report_html(r);
+  CHECK(html.find("<svg") != std::string::npos);
+  CHECK(html.find("<script") == std::string::npos);  // self-contained, nothing to run
+  CHECK(html.find("http://") == html.find("http://www.w3.org/2000/svg"));  // no network, only the SVG namespace
+  auto trace = nlohmann::json::parse(memory_trace_json(r));
+  CHECK(trace["traceEvents"].size() > 10);
 }

@@ -192,6 +192,55 @@ struct TrainOptions {
   }
 };
 
+void write_text(const std::string& path, const std::string& text, const char* option) {
+  std::ofstream f(path, std::ios::trunc);
+  SHARD_REQUIRE(f.good(), "cannot write {} file '{}'", option, path);
+  f << text;
+  f.close();
+  SHARD_REQUIRE(f.good(), "writing {} file '{}' failed", option, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
+// Every rank's string, on rank 0 (in rank order); empty elsewhere.
+std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<size_t>(size)), offs(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm));
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) offs[r] = total, total += lens[r];
+    all.resize(static_cast<size_t>(total));
+  }
+  MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm));
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int r = 0; r < size; ++r) out.push_back(all.substr(static_cast<size_t>(offs[r]), static_cast<size_t>(lens[r])));
+  return out;
+}
+
+// --json / --html / --trace: the memory reports every command that runs steps can write.
+struct ReportOptions {
+  std::string json, html, trace;
+  void add(po::options_description& d, bool with_json) {
+    if (with_json)
+      d.add_options()("json", po::value(&json)->default_value(""),
+                      "write rank 0's memory report as JSON (schema shardlab.profile/1)");
+    d.add_options()("html", po::value(&html)->default_value(""),
+                    "write a self-contained HTML memory report with SVG charts (rank 0)")(
+        "trace", po::value(&trace)->default_value(""),
+        "write a Chrome trace-event file (Perfetto) of the last step: phases, collectives, memory per category");
+  }
+  bool any() const { return !json.empty() || !html.empty() || !trace.empty(); }
+};
+
+std::string wrap_trace(const std::string& events) {
+  return "{\"traceEvents\": [\n" + events + "\n], \"displayTimeUnit\": \"ms\"}\n";
+}
+
 int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   TrainOptions opts;
@@ -203,13 +252,34 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
                      "write the final weights to this safetensors file")(
       "log", po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
       "print-every", po::value(&cfg.print_every)->default_value(1), "progress line every k steps");
+  ReportOptions reports;
+  reports.add(desc, true);
   if (!parse(args, desc, mpi, "train")) return 0;
   opts.finish(cfg);
+  cfg.record_step = reports.any();
   auto backend = opts.backend(common, mpi);
   Pool pool(*backend, pool_config(common));
   auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
   Trainer trainer(*backend, pool, *comm, cfg);
   trainer.run(stdout);
+  if (!reports.any()) return 0;
+  MemoryRow row = trainer.memory_row(cfg.strategy.name);
+  std::string events;  // every rank's last step, one trace process per rank
+  append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), cfg.strategy.name),
+                      row.measured_timeline, row.measured_states, row.measured_comm);
+  auto all = gather_strings(events, MPI_COMM_WORLD);
+  if (mpi.rank() != 0) return 0;
+  MemoryReport report;
+  report.title = fmt::format("shardlab train: {}, {} on {} ranks, global batch {}, rank 0, last step",
+                             cfg.spec.describe(), cfg.strategy.name, mpi.world(), cfg.batch);
+  report.rows.push_back(row);
+  if (!reports.json.empty()) write_text(reports.json, memory_report_json(report) + "\n", "--json");
+  if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
+  if (!reports.trace.empty()) {
+    std::string joined;
+    for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
+    write_text(reports.trace, wrap_trace(joined), "--trace");
+  }
   return 0;
 }
 
@@ -219,15 +289,6 @@ std::vector<std::string> split_list(const std::string& s) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-void write_text(const std::string& path, const std::string& text, const char* option) {
-  std::ofstream f(path, std::ios::trunc);
-  SHARD_REQUIRE(f.good(), "cannot write {} file '{}'", option, path);
-  f << text;
-  f.close();
-  SHARD_REQUIRE(f.good(), "writing {} file '{}' failed", option, path);
-  std::printf("wrote %s\n", path.c_str());
 }
 
 int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -280,6 +341,8 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "tolerance", po::value(&cc.tolerance)->default_value(cc.tolerance),
       "largest relative loss difference from the first strategy at any step")(
       "json", po::value(&json_path)->default_value(""), "also write the results as JSON (schema shardlab.compare/1)");
+  ReportOptions reports;
+  reports.add(desc, false);
   if (!parse(args, desc, mpi, "compare")) return 0;
   opts.finish(cc.train);
   cc.strategies = split_list(strategies);
@@ -293,6 +356,15 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   auto backend = opts.backend(common, mpi);
   CompareResult r = run_compare(*backend, MPI_COMM_WORLD, cc, stdout);
   if (mpi.rank() == 0 && !json_path.empty()) write_text(json_path, compare_json(cc, r, mpi.world()) + "\n", "--json");
+  if (mpi.rank() == 0 && reports.any()) {
+    MemoryReport report;
+    report.title = fmt::format("shardlab compare: {}, {} ranks, global batch {}, rank 0, last step of each strategy",
+                               cc.train.spec.describe(), mpi.world(), cc.train.batch);
+    for (const auto& run : r.runs)
+      if (!run.oom) report.rows.push_back(run.memory);
+    if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
+    if (!reports.trace.empty()) write_text(reports.trace, memory_trace_json(report), "--trace");
+  }
   if (!r.agree) {
     if (mpi.rank() == 0) std::fprintf(stderr, "shardlab compare: the strategies' losses disagree: %s\n", r.disagreement.c_str());
     return 3;

@@ -35,6 +35,7 @@ StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, co
   tc.strategy.name = name;
   tc.log_path.clear();
   tc.save_path.clear();
+  tc.record_step = true;
   std::unique_ptr<Trainer> trainer;
   int failed = 0;
   try {
@@ -61,6 +62,7 @@ StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, co
     for (int c = 0; c < kNumCategories; ++c) peak[c] = std::max(peak[c], cat[c]);
     peak[kNumCategories] = std::max<uint64_t>(peak[kNumCategories], pool.ledger().peak_total());
   }
+  r.memory = trainer->memory_row(name);
   std::sort(ms.begin(), ms.end());
   r.ms_per_step = ms[ms.size() / 2];
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);

@@ -32,6 +32,7 @@ struct StrategyResult {
   // Peak over the run of each category and of the total, for rank 0 and for the largest other rank.
   std::array<uint64_t, kNumCategories> peak0{}, peak_other{};
   uint64_t total0 = 0, total_other = 0;
+  MemoryRow memory;                  // rank 0: predicted and measured, the last step recorded
 };
 
 struct CompareResult {

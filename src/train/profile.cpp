@@ -9,25 +9,6 @@
 namespace shardlab {
 namespace {
 
-EstimateConfig estimate_config(const ProfileConfig& cfg, const std::string& strategy, int rank, int64_t micro) {
-  const TrainConfig& t = cfg.train;
-  EstimateConfig e;
-  e.strategy = strategy;
-  e.world = cfg.world;
-  e.rank = rank;
-  e.positions = micro * t.spec.seq;
-  e.vocab = t.spec.vocab;
-  e.accum = t.accum;
-  e.param_dtype = t.strategy.param_dtype;
-  e.reduce_dtype = t.strategy.reduce_dtype;
-  e.optimizer = t.optim.kind;
-  e.bucket_mb = t.strategy.bucket_mb;
-  e.prefetch = t.strategy.prefetch;
-  e.max_gathered = t.strategy.max_gathered;
-  e.reshard_after_forward = t.strategy.reshard_after_forward;
-  return e;
-}
-
 // The largest micro-batch whose predicted peak fits the budget (0 if even one does not).
 int64_t largest_fitting(const ProfileConfig& cfg, const std::string& s, int rank) {
   auto fits = [&](int64_t mb) { return predict(cfg, s, rank, mb).peak <= cfg.budget; };
@@ -57,33 +38,23 @@ void measure(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg, const s
   tc.steps = cfg.measure_steps;
   tc.log_path.clear();
   tc.save_path.clear();
+  tc.record_step = true;
   Trainer t(be, pool, *comm, tc);
-  row.measured_states = pool.ledger().current_by_category();
-  size_t first_event = 0;
-  StepStats st;
-  for (int64_t k = 0; k < tc.steps; ++k) {
-    first_event = pool.ledger().timeline().size();
-    comm->stats().record_events = k + 1 == tc.steps;  // the collectives of the measured step
-    st = t.step(k);
-  }
-  for (const CommEvent& e : comm->stats().events)
-    row.measured_comm.push_back({std::chrono::duration<double, std::milli>(e.issued - pool.ledger().start()).count(),
-                                 comm_op_name(e.op), e.bytes});
-  const Ledger& L = pool.ledger();
-  row.measured = true;
-  row.measured_peak = L.peak_total();
-  row.measured_at_peak = L.composition_at_peak();
-  row.measured_peak_by_category = L.peak_by_category();
-  row.measured_phase = L.phase_at_peak();
-  row.measured_timeline.assign(L.timeline().begin() + static_cast<std::ptrdiff_t>(first_event), L.timeline().end());
-  row.comm_bytes = st.comm_bytes;
+  for (int64_t k = 0; k < tc.steps; ++k) t.step(k);
+  MemoryRow m = t.memory_row(row.label);
+  m.predicted = row.predicted;
+  m.fits = row.fits;
+  m.max_micro_batch = row.max_micro_batch;
+  row = std::move(m);
 }
 
 }  // namespace
 
 Estimate predict(const ProfileConfig& cfg, const std::string& strategy, int rank, int64_t micro_batch) {
-  auto units = gpt2_mem_desc(cfg.train.spec, micro_batch, cfg.train.spec.seq);
-  return estimate_step(units, estimate_config(cfg, strategy, rank, micro_batch));
+  TrainConfig t = cfg.train;
+  t.strategy.name = strategy;
+  auto units = gpt2_mem_desc(t.spec, micro_batch, t.spec.seq);
+  return estimate_step(units, estimate_config(t, cfg.world, rank, micro_batch));
 }
 
 MemoryReport run_profile(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg) {

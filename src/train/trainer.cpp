@@ -45,6 +45,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, comm_, cfg_.spec, units_, cfg_.optim});
   if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
   else strategy_->load_params(cfg_.init);
+  states_ = pool_.ledger().current_by_category();
   const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
   inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq));
   targets_.resize(inputs_.size());
@@ -60,6 +61,11 @@ StepStats Trainer::step(int64_t t) {
   const int64_t local = cfg_.batch / W, micro = local / cfg_.accum;
   const float dlogit_scale = 1.f / static_cast<float>(cfg_.batch * T);  // d(global mean loss)
   pool_.ledger().reset_peaks();
+  if (cfg_.record_step) {
+    step_first_event_ = pool_.ledger().timeline().size();
+    comm_.stats().events.clear();
+    comm_.stats().record_events = true;
+  }
   const double comm_before = comm_.stats().total_bytes();
   pool_.ledger().set_phase("begin step");
   strategy_->begin_step();
@@ -94,6 +100,48 @@ StepStats Trainer::step(int64_t t) {
   s.peak_bytes = pool_.ledger().peak_total();
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   return s;
+}
+
+EstimateConfig estimate_config(const TrainConfig& cfg, int world, int rank, int64_t micro_batch) {
+  EstimateConfig e;
+  e.strategy = cfg.strategy.name;
+  e.world = world;
+  e.rank = rank;
+  e.positions = micro_batch * cfg.spec.seq;
+  e.vocab = cfg.spec.vocab;
+  e.accum = cfg.accum;
+  e.param_dtype = cfg.strategy.param_dtype;
+  e.reduce_dtype = cfg.strategy.reduce_dtype;
+  e.optimizer = cfg.optim.kind;
+  e.bucket_mb = cfg.strategy.bucket_mb;
+  e.prefetch = cfg.strategy.prefetch;
+  e.max_gathered = cfg.strategy.max_gathered;
+  e.reshard_after_forward = cfg.strategy.reshard_after_forward;
+  return e;
+}
+
+MemoryRow Trainer::memory_row(const std::string& label) const {
+  const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
+  MemoryRow row;
+  row.label = label;
+  row.predicted = estimate_step(gpt2_mem_desc(cfg_.spec, micro, cfg_.spec.seq),
+                                estimate_config(cfg_, comm_.world_size(), comm_.rank(), micro));
+  const Ledger& L = pool_.ledger();
+  row.measured = true;
+  row.measured_states = states_;
+  row.measured_peak = L.peak_total();
+  row.measured_at_peak = L.composition_at_peak();
+  row.measured_peak_by_category = L.peak_by_category();
+  row.measured_phase = L.phase_at_peak();
+  if (cfg_.record_step) {
+    row.measured_timeline.assign(L.timeline().begin() + static_cast<std::ptrdiff_t>(step_first_event_),
+                                 L.timeline().end());
+    for (const CommEvent& e : comm_.stats().events)
+      row.measured_comm.push_back(
+          {std::chrono::duration<double, std::milli>(e.issued - L.start()).count(), comm_op_name(e.op), e.bytes});
+  }
+  if (!comm_.stats().bytes_per_step.empty()) row.comm_bytes = comm_.stats().bytes_per_step.back();
+  return row;
 }
 
 void Trainer::save(const std::string& path) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "memory/report.hpp"
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/train/data.hpp"
@@ -27,8 +28,13 @@ struct TrainConfig {
   std::string log_path;      // JSONL, one object per step (rank 0)
   std::string save_path;     // safetensors written at the end (rank 0)
   int64_t print_every = 1;   // progress line every k steps (and the first and last)
+  bool record_step = false;  // keep the last step's allocation timeline and collectives (reports)
   void validate(int world) const;
 };
+
+// What the memory estimator needs to know of a run: rank `rank` of `world`, micro-batches of
+// `micro_batch` sequences.
+EstimateConfig estimate_config(const TrainConfig& cfg, int world, int rank, int64_t micro_batch);
 
 struct StepStats {
   int64_t step = 0;  // 1-based
@@ -50,6 +56,10 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
   // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
   void save(const std::string& path);
+  // This rank's memory: predicted for the run's configuration, and measured by the ledger (model
+  // states after set-up; the last step's peak, composition, timeline and collectives when
+  // record_step is on).
+  MemoryRow memory_row(const std::string& label) const;
 
  private:
   Backend& be_;
@@ -61,6 +71,8 @@ class Trainer {
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
+  CategoryBytes states_{};     // ledger after set-up
+  size_t step_first_event_ = 0;
   std::vector<int32_t> inputs_, targets_, global_targets_, scratch_inputs_;
 };
 
