@@ -25,62 +25,52 @@ double zero_model_states(const std::string& s, double psi, int world, double k) 
 
 namespace {
 
-// A ledger that only counts: the same bookkeeping as memory::Ledger, driven by the replay.
+// The replay's bookkeeping: memory::Ledger itself (peaks, composition at the peak, phases), plus
+// ids so the replay can free what it allocated.
 class Tally {
  public:
   using Id = int;
   Id alloc(Category c, uint64_t bytes) {
-    int i = static_cast<int>(c);
-    cur_[i] += bytes;
-    total_ += bytes;
-    peak_cat_[i] = std::max(peak_cat_[i], cur_[i]);
-    if (total_ > peak_) {
-      peak_ = total_;
-      at_peak_ = cur_;
-      peak_phase_ = phase_;
-    }
+    ledger_.on_alloc(c, bytes, "");
     live_[next_] = {c, bytes};
-    mark();
     return next_++;
   }
   void free(Id id) {
     auto it = live_.find(id);
     if (it == live_.end()) return;
-    cur_[static_cast<int>(it->second.first)] -= it->second.second;
-    total_ -= it->second.second;
+    ledger_.on_free(it->second.first, it->second.second, "");
     live_.erase(it);
-    mark();
   }
-  void record(bool on) { recording_ = on; }
-  void phase(std::string p) { phase_ = std::move(p); }
-  void reset_peaks() {
-    peak_cat_ = cur_;
-    peak_ = total_;
-    at_peak_ = cur_;
-    peak_phase_ = phase_;
+  void phase(std::string p) { ledger_.set_phase(std::move(p)); }
+  // From here on the step is measured: peaks restart and the timeline is kept from this event.
+  void start_step() {
+    ledger_.reset_peaks();
+    start_ = ledger_.current_by_category();
+    first_event_ = ledger_.timeline().size();
   }
-  CategoryBytes current() const { return cur_; }
+  CategoryBytes current() const { return ledger_.current_by_category(); }
   Estimate result() const {
     Estimate e;
-    e.peak_by_category = peak_cat_;
-    e.at_peak = at_peak_;
-    e.peak = peak_;
-    e.peak_phase = peak_phase_;
-    e.timeline = timeline_;
+    e.peak_by_category = ledger_.peak_by_category();
+    e.at_peak = ledger_.composition_at_peak();
+    e.peak = ledger_.peak_total();
+    e.peak_phase = ledger_.phase_at_peak();
+    CategoryBytes live = start_;
+    const auto& tl = ledger_.timeline();
+    for (size_t i = first_event_; i < tl.size(); ++i) {
+      int k = static_cast<int>(tl[i].category);
+      live[k] = static_cast<uint64_t>(static_cast<int64_t>(live[k]) + tl[i].delta);
+      e.timeline.push_back({tl[i].phase, live});
+    }
     return e;
   }
 
  private:
-  CategoryBytes cur_{}, peak_cat_{}, at_peak_{};
-  uint64_t total_ = 0, peak_ = 0;
-  std::string phase_, peak_phase_;
+  Ledger ledger_;
   std::map<Id, std::pair<Category, uint64_t>> live_;
   Id next_ = 1;
-  bool recording_ = false;
-  std::vector<EstimatePoint> timeline_;
-  void mark() {
-    if (recording_) timeline_.push_back({phase_, cur_});
-  }
+  CategoryBytes start_{};
+  size_t first_event_ = 0;
 };
 
 constexpr uint64_t kF32 = 4;
@@ -109,8 +99,7 @@ class Replay {
   Estimate run() {
     setup();
     CategoryBytes states = t_.current();
-    t_.reset_peaks();
-    t_.record(true);
+    t_.start_step();
     step();
     Estimate e = t_.result();
     e.model_states = states;

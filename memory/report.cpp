@@ -332,6 +332,10 @@ std::string memory_trace_json(const MemoryReport& r) {
   for (const auto& row : r.rows)
     if (row.measured && !row.measured_timeline.empty())
       append_trace_events(events, pid++, row.label, row.measured_timeline, row.measured_states, row.measured_comm);
+  return chrome_trace_document(events);
+}
+
+std::string chrome_trace_document(const std::string& events) {
   return "{\"traceEvents\": [\n" + events + "\n], \"displayTimeUnit\": \"ms\"}\n";
 }
 

@@ -44,6 +44,8 @@ std::string memory_report_html(const MemoryReport& r);
 // Chrome trace-event JSON (opens in Perfetto): per measured row a process with memory counters per
 // category and a span per phase (forward of unit i, backward of unit i, loss, optimizer step).
 std::string memory_trace_json(const MemoryReport& r);
+// A trace-event document around events written by append_trace_events.
+std::string chrome_trace_document(const std::string& events);
 // The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing
 // array): `base` is what was live before the first event; marks go on a "collectives" track.
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,

@@ -237,10 +237,6 @@ struct ReportOptions {
   bool any() const { return !json.empty() || !html.empty() || !trace.empty(); }
 };
 
-std::string wrap_trace(const std::string& events) {
-  return "{\"traceEvents\": [\n" + events + "\n], \"displayTimeUnit\": \"ms\"}\n";
-}
-
 int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   TrainOptions opts;
@@ -278,7 +274,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   if (!reports.trace.empty()) {
     std::string joined;
     for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
-    write_text(reports.trace, wrap_trace(joined), "--trace");
+    write_text(reports.trace, chrome_trace_document(joined), "--trace");
   }
   return 0;
 }
