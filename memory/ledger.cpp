@@ -38,6 +38,7 @@ void Ledger::reset_peaks() {
 }
 
 void Ledger::record(Category c, int64_t delta, const std::string& tag) {
+  if (!recording_) return;
   if (events_.size() >= max_events_) {
     ++dropped_;
     return;

@@ -42,6 +42,12 @@ class Ledger {
   const std::string& phase_at_peak() const { return phase_at_peak_; }
 
   const std::vector<LedgerEvent>& timeline() const { return events_; }
+  // The timeline is kept only while recording (on by default); clear_timeline() starts it afresh.
+  void set_recording(bool on) { recording_ = on; }
+  void clear_timeline() {
+    events_.clear();
+    dropped_ = 0;
+  }
   uint64_t dropped_events() const { return dropped_; }
   // Peaks restart from what is live now (e.g. to measure one training step); the timeline is kept.
   void reset_peaks();
@@ -56,6 +62,7 @@ class Ledger {
   std::string phase_, phase_at_peak_;
   std::vector<LedgerEvent> events_;
   size_t max_events_;
+  bool recording_ = true;
   uint64_t dropped_ = 0;
   std::chrono::steady_clock::time_point start_;
 };

@@ -62,13 +62,13 @@ uint64_t Pool::in_use() const {
 Block Pool::alloc(uint64_t bytes, Category category, std::string tag) {
   std::lock_guard lock(mutex_);
   uint64_t used = ledger_.current_total();
-  if (cfg_.budget > 0 && used + bytes > cfg_.budget) {
+  if (cfg_.budget > 0 && (used > cfg_.budget || bytes > cfg_.budget - used)) {
     std::string msg = fmt::format(
         "out of memory: cannot allocate {} ({} bytes) for {} '{}': {} of the {} budget in use, {} free.\n"
         "  live: {}",
         format_bytes(static_cast<double>(bytes)), bytes, category_name(category), tag,
         format_bytes(static_cast<double>(used)), format_bytes(static_cast<double>(cfg_.budget)),
-        format_bytes(static_cast<double>(cfg_.budget - used)), describe_live());
+        format_bytes(static_cast<double>(cfg_.budget > used ? cfg_.budget - used : 0)), describe_live());
     throw OutOfMemory(msg, bytes, used, cfg_.budget);
   }
   Block b;

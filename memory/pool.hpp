@@ -82,6 +82,8 @@ class Pool {
 
   Block alloc(uint64_t bytes, Category category, std::string tag);
   Block alloc(DType dtype, int64_t count, Category category, std::string tag) {
+    SHARD_CHECK(count >= 0 && static_cast<uint64_t>(count) <= (uint64_t{1} << 60) / dtype_size(dtype),
+                "allocation of {} {} elements for '{}'", count, dtype_name(dtype), tag);
     return alloc(static_cast<uint64_t>(count) * dtype_size(dtype), category, std::move(tag));
   }
 

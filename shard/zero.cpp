@@ -25,6 +25,9 @@ class Zero final : public Strategy {
       : Strategy(cfg, std::move(env)), stage_(stage), pd_(cfg.param_dtype), rd_(cfg.reduce_dtype),
         optim_(env_.pool, env_.optim) {
     const size_t U = num_units();
+    for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
+      SHARD_REQUIRE(layout(u).numel >= world_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
+                    layout(u).name, layout(u).numel, world_);
     max_gathered_ = cfg.max_gathered > 0 ? cfg.max_gathered : cfg.prefetch + 2;
     gathered_.resize(U);
     for (size_t u = 0; u < U; ++u) {
@@ -102,13 +105,13 @@ class Zero final : public Strategy {
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
       if (last_micro_)
-        inflight_.push_back({env_.comm.reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u)), u, {}, {}});
+        inflight_.push_back({u, {}, {}, env_.comm.reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u))});
       return;
     }
     Block tmp = env_.pool.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
     Work w = env_.comm.reduce_scatter(grads_full_[u].flat(rd_), tmp.flat(rd_));
     // The full gradient now belongs to its reduction: the next micro-step starts a fresh one.
-    inflight_.push_back({std::move(w), u, std::move(tmp), std::move(grads_full_[u])});
+    inflight_.push_back({u, std::move(tmp), std::move(grads_full_[u]), std::move(w)});
     while (inflight_.size() > 2) finish_oldest();
   }
 
@@ -179,15 +182,15 @@ class Zero final : public Strategy {
  private:
   struct Gathered {
     Block buf;
-    Work work;
+    Work work;  // after buf: destroyed (and waited on) first
     int users = 0;
     bool kept = false;  // stays gathered past its user count (the last unit between forward and backward)
   };
   struct Reduction {
-    Work work;
     size_t unit;
     Block shard;  // stage 2/3: the reduced shard, added to the accumulated gradient on completion
     Block full;   // stage 2/3: the full gradient being reduced, freed with the reduction
+    Work work;    // declared last: destroyed (and so waited on) before the buffers it uses
   };
 
   // This rank's shard of a full (padded) buffer of dtype t.

@@ -94,6 +94,8 @@ std::unique_ptr<Backend> make_cpu(const CommonOptions& c, const MpiRuntime& mpi)
 PoolConfig pool_config(const CommonOptions& c) {
   PoolConfig pc;
   if (!c.device_memory.empty()) pc.budget = parse_bytes(c.device_memory);
+  SHARD_REQUIRE(c.device_memory.empty() || pc.budget > 0,
+                "--device-memory {}: expected a positive size (leave the option out for no budget)", c.device_memory);
   return pc;
 }
 
@@ -311,6 +313,8 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   opts.finish(pc.train);
   pc.strategies = split_list(strategies);
   if (!budget.empty()) pc.budget = parse_bytes(budget);
+  SHARD_REQUIRE(budget.empty() || pc.budget > 0, "--budget {}: expected a positive size", budget);
+  pc.pool_budget = pool_config(common).budget;
   SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
   SHARD_REQUIRE(trace_path.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");
   auto backend = opts.backend(common, mpi);

@@ -13,6 +13,10 @@ void ModelSpec::validate() const {
   SHARD_REQUIRE(dim % heads == 0, "--dim {} is not divisible by --heads {}", dim, heads);
   SHARD_REQUIRE(seq >= 1, "--seq {}: must be positive", seq);
   SHARD_REQUIRE(vocab >= 2, "--vocab {}: must be at least 2", vocab);
+  // Bounds that keep every element count (V*C, 12*C^2, B*H*T*T) far inside 64 bits.
+  SHARD_REQUIRE(layers <= 4096 && dim <= (1 << 17) && heads <= dim && seq <= (1 << 20) && vocab <= (1 << 24),
+                "model too large to describe: layers {} (max 4096), dim {} (max 131072), seq {} (max 1048576), "
+                "vocab {} (max 16777216)", layers, dim, seq, vocab);
 }
 
 std::string ModelSpec::describe() const {

@@ -38,8 +38,20 @@ StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, co
   tc.record_step = true;
   std::unique_ptr<Trainer> trainer;
   int failed = 0;
+  // A step that runs out of the budget half-way cannot be skipped by every rank together (they
+  // are in different collectives by then), so the estimator, exact for these steps, decides first.
+  if (cfg.budget) {
+    const int64_t micro = tc.batch / comm->world_size() / tc.accum;
+    Estimate e = estimate_step(gpt2_mem_desc(tc.spec, micro, tc.spec.seq),
+                               estimate_config(tc, comm->world_size(), comm->rank(), micro));
+    if (e.peak > cfg.budget) {
+      failed = 1;
+      r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
+                            format_bytes(double(e.peak)), e.peak_phase, format_bytes(double(cfg.budget)));
+    }
+  }
   try {
-    trainer = std::make_unique<Trainer>(be, pool, *comm, tc);
+    if (!failed) trainer = std::make_unique<Trainer>(be, pool, *comm, tc);
   } catch (const OutOfMemory& e) {
     failed = 1;
     r.error = e.what();

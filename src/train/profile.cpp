@@ -29,7 +29,7 @@ void measure(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg, const s
              MemoryRow& row) {
   int procs = 1;
   MPI_CHECK(MPI_Comm_size(world_comm, &procs));
-  Pool pool(be);
+  Pool pool(be, PoolConfig{cfg.pool_budget});
   std::unique_ptr<Communicator> comm = procs == cfg.world ? make_mpi_communicator(world_comm, pool)
                                                           : make_sim_communicator(rank, cfg.world, pool);
   TrainConfig tc = cfg.train;

@@ -15,6 +15,7 @@ struct ProfileConfig {
   std::vector<std::string> strategies = {"dp", "ddp", "zero1", "zero2", "zero3"};
   uint64_t budget = 0;        // per rank; 0 = none
   bool measure = false;       // also run real steps and read the ledger
+  uint64_t pool_budget = 0;   // --device-memory for the measured runs (0 = none)
   int measure_steps = 2;
 };
 

@@ -46,6 +46,8 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
   if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
   else strategy_->load_params(cfg_.init);
   states_ = pool_.ledger().current_by_category();
+  // The allocation timeline serves reports of the last step only: keep none otherwise.
+  pool_.ledger().set_recording(cfg_.record_step);
   const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
   inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq));
   targets_.resize(inputs_.size());
@@ -62,7 +64,7 @@ StepStats Trainer::step(int64_t t) {
   const float dlogit_scale = 1.f / static_cast<float>(cfg_.batch * T);  // d(global mean loss)
   pool_.ledger().reset_peaks();
   if (cfg_.record_step) {
-    step_first_event_ = pool_.ledger().timeline().size();
+    pool_.ledger().clear_timeline();
     comm_.stats().events.clear();
     comm_.stats().record_events = true;
   }
@@ -134,8 +136,7 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
   row.measured_peak_by_category = L.peak_by_category();
   row.measured_phase = L.phase_at_peak();
   if (cfg_.record_step) {
-    row.measured_timeline.assign(L.timeline().begin() + static_cast<std::ptrdiff_t>(step_first_event_),
-                                 L.timeline().end());
+    row.measured_timeline = L.timeline();  // cleared at the start of each step
     for (const CommEvent& e : comm_.stats().events)
       row.measured_comm.push_back(
           {std::chrono::duration<double, std::milli>(e.issued - L.start()).count(), comm_op_name(e.op), e.bytes});

@@ -72,7 +72,6 @@ class Trainer {
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
   CategoryBytes states_{};     // ledger after set-up
-  size_t step_first_event_ = 0;
   std::vector<int32_t> inputs_, targets_, global_targets_, scratch_inputs_;
 };
 
