@@ -66,6 +66,18 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
   }
 }
 
+std::vector<std::string> Optimizer::state_names() const {
+  if (cfg_.kind == "sgd") return {"momentum"};
+  return {"adam_m", "adam_v"};
+}
+
+Tensor Optimizer::state(size_t group, size_t i) const {
+  SHARD_CHECK(group < groups_.size() && i < state_names().size(), "optimizer state {} of group {} ({} groups)", i,
+              group, groups_.size());
+  const Group& g = groups_[group];
+  return (i == 0 ? g.m : g.v).flat(DType::f32).slice(0, g.param.numel());
+}
+
 void LrSchedule::validate() const {
   SHARD_REQUIRE(kind == "constant" || kind == "cosine", "--schedule '{}': expected constant or cosine", kind);
   SHARD_REQUIRE(lr > 0.f && std::isfinite(lr), "--lr {}: expected a positive learning rate", lr);

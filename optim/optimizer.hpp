@@ -38,6 +38,11 @@ class Optimizer {
   // One update of every buffer: step is 1-based; grads are multiplied by grad_scale first.
   void step(int64_t step, float lr, float grad_scale);
   const OptimConfig& config() const { return cfg_; }
+  // Names of the state buffers each group keeps ("adam_m", "adam_v" or "momentum"), and group g's
+  // buffer number i (f32, the size of the group's parameters), for checkpoints.
+  std::vector<std::string> state_names() const;
+  Tensor state(size_t group, size_t i) const;
+  size_t groups() const { return groups_.size(); }
 
  private:
   struct Group {

@@ -139,6 +139,25 @@ class Dp final : public Strategy {
     env_.comm.broadcast(std::span<float>(v), 0).wait();
     return v;
   }
+  std::pair<int64_t, int64_t> owned_range(size_t u) const override {
+    return rank_ == 0 ? std::pair<int64_t, int64_t>{0, layout(u).numel} : std::pair<int64_t, int64_t>{0, 0};
+  }
+  std::vector<Tensor> owned_state(size_t u) const override {
+    if (rank_ != 0) return {};
+    std::vector<Tensor> t = {updated(u)};
+    for (size_t i = 0; i < optim_->state_names().size(); ++i) t.push_back(optim_->state(u, i));
+    return t;
+  }
+  std::vector<std::string> owned_state_names() const override {
+    OptimConfig c = env_.optim;
+    return with_param(c.kind == "sgd" ? std::vector<std::string>{"momentum"}
+                                      : std::vector<std::string>{"adam_m", "adam_v"});
+  }
+  void sync_after_load() override {
+    if (rank_ == 0 && mixed())
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(pd_));
+  }
+
   std::vector<float> gather_unit_grads(size_t u) override {
     std::vector<float> v(static_cast<size_t>(layout(u).numel));
     if (rank_ == 0) v = to_host(grads_[u].flat(rd_));

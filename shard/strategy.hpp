@@ -71,6 +71,16 @@ class Strategy : public UnitHooks {
   virtual std::vector<float> gather_unit_params(size_t u) = 0;
   virtual std::vector<float> gather_unit_grads(size_t u) = 0;
 
+  // ---- checkpoints: what this rank owns and updates ----
+  // Elements [begin, end) of unit u's real parameters this rank updates (empty for DP replicas).
+  virtual std::pair<int64_t, int64_t> owned_range(size_t u) const = 0;
+  // f32 buffers whose first end - begin elements are that range: the parameters the optimizer
+  // updates (the master copy under mixed precision), then each optimizer state.
+  virtual std::vector<Tensor> owned_state(size_t u) const = 0;
+  virtual std::vector<std::string> owned_state_names() const = 0;  // "param", then the optimizer's
+  // After owned_state buffers were overwritten (a load): bring every copy of the parameters up to date.
+  virtual void sync_after_load() = 0;
+
  protected:
   virtual void set_unit_values(size_t u, std::span<const float> full) = 0;
   // Views of unit u's tensors (and those it borrows) given where each unit's full buffer is.
@@ -105,6 +115,10 @@ class Strategy : public UnitHooks {
     for (const auto& [owner, decl] : borrowed_[u]) release_compute_params(owner);
   }
   bool mixed() const { return cfg_.param_dtype != DType::f32; }
+  static std::vector<std::string> with_param(std::vector<std::string> optim_names) {
+    optim_names.insert(optim_names.begin(), "param");
+    return optim_names;
+  }
 
   StrategyConfig cfg_;
   StrategyEnv env_;

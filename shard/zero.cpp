@@ -149,6 +149,26 @@ class Zero final : public Strategy {
     return v;
   }
 
+  std::pair<int64_t, int64_t> owned_range(size_t u) const override {
+    const FlatParam& f = flat_[u];
+    int64_t b = std::min(f.shard_begin(), f.numel), e = std::min(f.shard_begin() + f.shard, f.numel);
+    return {b, e};
+  }
+  std::vector<Tensor> owned_state(size_t u) const override {
+    std::vector<Tensor> t = {updated(u)};
+    for (size_t i = 0; i < optim_.state_names().size(); ++i) t.push_back(optim_.state(u, i));
+    return t;
+  }
+  std::vector<std::string> owned_state_names() const override { return with_param(optim_.state_names()); }
+  void sync_after_load() override {
+    std::vector<Work> works;
+    for (size_t u = 0; u < num_units(); ++u) {
+      if (mixed()) env_.be.cast(master_[u].flat(DType::f32), owned_params(u));
+      if (stage_ != 3) works.push_back(env_.comm.all_gather(owned_params(u), params_[u].flat(pd_)));
+    }
+    for (Work& w : works) w.wait();
+  }
+
   std::vector<float> gather_unit_grads(size_t u) override {
     while (!inflight_.empty()) finish_oldest();
     Block b = env_.pool.alloc(rd_, flat_[u].padded, Category::workspace, "gather grads");

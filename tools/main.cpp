@@ -24,6 +24,7 @@
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/core/units.hpp"
+#include "src/train/checkpoint.hpp"
 #include "src/train/compare.hpp"
 #include "src/train/profile.hpp"
 #include "src/train/trainer.hpp"
@@ -41,6 +42,7 @@ const char* kUsage =
     "  train               train GPT-2 under a strategy (dp, ddp, zero1-3) on any number of ranks\n"
     "  compare             train the same model under each strategy; loss agreement, memory, time, traffic\n"
     "  profile             predicted (and measured) memory per rank, per category, per strategy, any world size\n"
+    "  export              a checkpoint as one HF-named safetensors file, one tensor in memory at a time\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
@@ -203,27 +205,6 @@ void write_text(const std::string& path, const std::string& text, const char* op
   std::printf("wrote %s\n", path.c_str());
 }
 
-// Every rank's string, on rank 0 (in rank order); empty elsewhere.
-std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  MPI_CHECK(MPI_Comm_size(comm, &size));
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(static_cast<size_t>(size)), offs(static_cast<size_t>(size));
-  MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm));
-  std::string all;
-  if (rank == 0) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) offs[r] = total, total += lens[r];
-    all.resize(static_cast<size_t>(total));
-  }
-  MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm));
-  std::vector<std::string> out;
-  if (rank == 0)
-    for (int r = 0; r < size; ++r) out.push_back(all.substr(static_cast<size_t>(offs[r]), static_cast<size_t>(lens[r])));
-  return out;
-}
-
 // --json / --html / --trace: the memory reports every command that runs steps can write.
 struct ReportOptions {
   std::string json, html, trace;
@@ -249,7 +230,13 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   desc.add_options()("save", po::value(&cfg.save_path)->default_value(""),
                      "write the final weights to this safetensors file")(
       "log", po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
-      "print-every", po::value(&cfg.print_every)->default_value(1), "progress line every k steps");
+      "print-every", po::value(&cfg.print_every)->default_value(1), "progress line every k steps")(
+      "save-dir", po::value(&cfg.save_dir)->default_value(""),
+      "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
+      "save-every", po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
+      "resume", po::value(&cfg.resume)->default_value(""),
+      "resume from a checkpoint directory, or 'auto' for the newest complete one under --save-dir; any world "
+      "size and strategy can resume any checkpoint");
   ReportOptions reports;
   reports.add(desc, true);
   if (!parse(args, desc, mpi, "train")) return 0;
@@ -287,6 +274,33 @@ std::vector<std::string> split_list(const std::string& s) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+int cmd_export(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  std::string ckpt, out, dtype = "f32";
+  po::options_description desc("export options");
+  desc.add_options()("help,h", "show this command's options")(
+      "checkpoint", po::value(&ckpt), "checkpoint directory (step_XXXXXXXX)")(
+      "out", po::value(&out)->default_value(""), "safetensors file to write (HF GPT-2 names)")(
+      "dtype", po::value(&dtype)->default_value(dtype), "stored dtype: f32, bf16 or f16");
+  po::positional_options_description pos;
+  pos.add("checkpoint", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw InputError(fmt::format("{} (see `shardlab export --help`)", e.what()));
+  }
+  if (vm.count("help")) {
+    if (mpi.rank() == 0) std::cout << "usage: shardlab export CHECKPOINT --out FILE.safetensors [options]\n\n" << desc << "\n";
+    return 0;
+  }
+  SHARD_REQUIRE(!ckpt.empty() && !out.empty(), "usage: shardlab export CHECKPOINT --out FILE.safetensors");
+  if (mpi.rank() != 0) return 0;
+  export_checkpoint(ckpt, out, parse_dtype(dtype));
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
 }
 
 int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -490,6 +504,7 @@ int main(int argc, char** argv) {
     if (command == "train") return cmd_train(rest, mpi);
     if (command == "compare") return cmd_compare(rest, mpi);
     if (command == "profile") return cmd_profile(rest, mpi);
+    if (command == "export") return cmd_export(rest, mpi);
     if (command == "info") return cmd_info(rest, mpi);
     if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
     if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);

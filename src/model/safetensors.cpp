@@ -140,39 +140,59 @@ void SafetensorsReader::read_f32(const std::string& name, std::span<float> out,
   convert(raw.data(), e.dtype, out.data(), DType::f32, out.size());
 }
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path, std::vector<Entry> entries,
+                                                 const std::map<std::string, std::string>& metadata)
+    : path_(path), tmp_(path + ".tmp"), entries_(std::move(entries)) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& t : tensors) {
-    uint64_t bytes = t.data.size() * dtype_size(t.dtype);
-    header[t.name] = {{"dtype", st_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& e : entries_) {
+    uint64_t n = 1;
+    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
+    uint64_t bytes = n * dtype_size(e.dtype);
+    header[e.name] = {{"dtype", st_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    SHARD_REQUIRE(f.good(), "cannot write '{}'", tmp);
-    uint64_t len = h.size();
-    unsigned char len_bytes[8];
-    for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len_bytes), 8);
-    f.write(h.data(), static_cast<std::streamsize>(h.size()));
-    std::vector<char> buf;
-    for (const auto& t : tensors) {
-      buf.resize(t.data.size() * dtype_size(t.dtype));
-      convert(t.data.data(), DType::f32, buf.data(), t.dtype, t.data.size());
-      f.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    }
-    f.flush();
-    SHARD_REQUIRE(f.good(), "writing '{}' failed (disk full?)", tmp);
-  }
+  out_.open(tmp_, std::ios::binary | std::ios::trunc);
+  SHARD_REQUIRE(out_.good(), "cannot write '{}'", tmp_);
+  uint64_t len = h.size();
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
+  out_.write(reinterpret_cast<const char*>(len_bytes), 8);
+  out_.write(h.data(), static_cast<std::streamsize>(h.size()));
+}
+
+void SafetensorsStreamWriter::write_next(std::span<const float> values) {
+  SHARD_CHECK(next_ < entries_.size(), "safetensors writer: {} tensors declared, writing one more", entries_.size());
+  const Entry& e = entries_[next_++];
+  int64_t n = 1;
+  for (int64_t d : e.shape) n *= d;
+  SHARD_CHECK(static_cast<int64_t>(values.size()) == n, "tensor '{}': {} values for {} elements", e.name,
+              values.size(), n);
+  std::vector<char> buf(values.size() * dtype_size(e.dtype));
+  convert(values.data(), DType::f32, buf.data(), e.dtype, values.size());
+  out_.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+}
+
+void SafetensorsStreamWriter::finish() {
+  SHARD_CHECK(next_ == entries_.size(), "safetensors writer: {} of {} tensors written", next_, entries_.size());
+  out_.flush();
+  SHARD_REQUIRE(out_.good(), "writing '{}' failed (disk full?)", tmp_);
+  out_.close();
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  SHARD_REQUIRE(!ec, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  std::filesystem::rename(tmp_, path_, ec);
+  SHARD_REQUIRE(!ec, "cannot rename '{}' to '{}': {}", tmp_, path_, ec.message());
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsStreamWriter::Entry> entries;
+  for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape});
+  SafetensorsStreamWriter w(path, std::move(entries), metadata);
+  for (const auto& t : tensors) w.write_next(t.data);
+  w.finish();
 }
 
 }  // namespace shardlab

@@ -53,6 +53,28 @@ struct SafetensorsTensor {
   std::span<const float> data;   // f32 values, converted to dtype on write
 };
 
+// Writes tensors one at a time, so a file larger than memory can be produced holding one tensor:
+// the header (names, dtypes, shapes) goes first, then each tensor's values in the same order.
+// Writes to path + ".tmp" and renames on finish(), so a reader never sees a half-written file.
+class SafetensorsStreamWriter {
+ public:
+  struct Entry {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsStreamWriter(const std::string& path, std::vector<Entry> entries,
+                          const std::map<std::string, std::string>& metadata = {});
+  void write_next(std::span<const float> values);  // the next entry's values, converted to its dtype
+  void finish();
+
+ private:
+  std::string path_, tmp_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  std::ofstream out_;
+};
+
 // Writes to path + ".tmp" and renames, so a reader never sees a half-written file.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

@@ -7,6 +7,7 @@
 
 #include "src/core/units.hpp"
 #include "src/model/safetensors.hpp"
+#include "src/train/checkpoint.hpp"
 
 namespace shardlab {
 
@@ -21,6 +22,9 @@ void TrainConfig::validate(int world) const {
                 world, accum);
   SHARD_REQUIRE(grad_clip >= 0.f, "--grad-clip {}: expected 0 (off) or a positive norm", grad_clip);
   SHARD_REQUIRE(print_every >= 1, "--print-every {}: expected a positive count", print_every);
+  SHARD_REQUIRE(save_every >= 0, "--save-every {}: expected 0 or a positive number of steps", save_every);
+  SHARD_REQUIRE(save_every == 0 || !save_dir.empty(), "--save-every {} needs --save-dir", save_every);
+  SHARD_REQUIRE(resume != "auto" || !save_dir.empty(), "--resume auto needs --save-dir (where to look)");
   optim.validate();
   schedule.validate();
 }
@@ -43,8 +47,16 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
       units_(make_gpt2_units(cfg_.spec)) {
   for (const auto& u : units_) num_params_ += u->layout().numel;
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, comm_, cfg_.spec, units_, cfg_.optim});
+  SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
   if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
   else strategy_->load_params(cfg_.init);
+  std::string from = cfg_.resume == "auto" ? latest_checkpoint(cfg_.save_dir) : cfg_.resume;
+  if (!from.empty()) {
+    start_step_ = load_checkpoint(from, *this);
+    SHARD_REQUIRE(start_step_ <= cfg_.steps, "checkpoint '{}' is at step {}, past --steps {}", from, start_step_,
+                  cfg_.steps);
+    resumed_from_ = from;
+  }
   states_ = pool_.ledger().current_by_category();
   // The allocation timeline serves reports of the last step only: keep none otherwise.
   pool_.ledger().set_recording(cfg_.record_step);
@@ -179,19 +191,26 @@ StepStats Trainer::run(std::FILE* out) {
   int64_t timed = 0;
   uint64_t peak = 0;
   float min_loss = INFINITY;
-  for (int64_t t = 0; t < cfg_.steps; ++t) {
+  if (start_step_ >= cfg_.steps) {
+    if (root) std::fprintf(out, "nothing to do: the checkpoint is at step %lld of %lld\n",
+                           static_cast<long long>(start_step_), static_cast<long long>(cfg_.steps));
+    return s;
+  }
+  if (root && !resumed_from_.empty())
+    std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));
+  for (int64_t t = start_step_; t < cfg_.steps; ++t) {
     s = step(t);
-    if (t == 0) first = s;
+    if (t == start_step_) first = s;
+
     // The first step warms caches and allocators; throughput excludes it when there are others.
-    if (t > 0 || cfg_.steps == 1) {
+    if (t > start_step_ || cfg_.steps == start_step_ + 1) {
       total_ms += s.ms;
       total_tokens += static_cast<double>(cfg_.batch * cfg_.spec.seq);
       ++timed;
     }
     peak = std::max(peak, s.peak_bytes);
     min_loss = std::min(min_loss, s.loss);
-    if (!root) continue;
-    if (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1) {
+    if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) {
       std::fprintf(out,
                    "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s | comm %s\n",
                    static_cast<long long>(s.step), static_cast<long long>(cfg_.steps), s.loss, s.lr, s.grad_norm,
@@ -205,6 +224,12 @@ StepStats Trainer::run(std::FILE* out) {
                           {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}};
       log << j.dump() << '\n';
       log.flush();  // a killed run keeps every finished step
+    }
+    bool save_now = !cfg_.save_dir.empty() &&
+                    ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps);
+    if (save_now) {
+      std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this);
+      if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
     }
   }
   if (root)

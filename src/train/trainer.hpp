@@ -29,6 +29,9 @@ struct TrainConfig {
   std::string save_path;     // safetensors written at the end (rank 0)
   int64_t print_every = 1;   // progress line every k steps (and the first and last)
   bool record_step = false;  // keep the last step's allocation timeline and collectives (reports)
+  std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
+  int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
+  std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   void validate(int world) const;
 };
 
@@ -48,12 +51,15 @@ class Trainer {
  public:
   Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg);
   StepStats step(int64_t t);  // t is 0-based
+  int64_t start_step() const { return start_step_; }  // after a resume: the steps already done
   // The whole run: progress to `out` (rank 0), the JSONL log, the final save. Returns the last step.
   StepStats run(std::FILE* out);
   Strategy& strategy() { return *strategy_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   int64_t num_params() const { return num_params_; }
   const TrainConfig& config() const { return cfg_; }
+  Communicator& comm() { return comm_; }
+  Backend& backend() { return be_; }
   // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
   void save(const std::string& path);
   // This rank's memory: predicted for the run's configuration, and measured by the ledger (model
@@ -72,6 +78,8 @@ class Trainer {
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
   CategoryBytes states_{};     // ledger after set-up
+  int64_t start_step_ = 0;
+  std::string resumed_from_;
   std::vector<int32_t> inputs_, targets_, global_targets_, scratch_inputs_;
 };
 

@@ -1,0 +1,355 @@
+#include "src/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "src/model/safetensors.hpp"
+
+namespace shardlab {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFormat = "shardlab.checkpoint/1";
+
+std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+std::string rank_file(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
+
+// FNV-1a 64 over a byte range, continued from h.
+uint64_t fnv1a(const char* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<unsigned char>(p[i]);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+void fsync_path(const fs::path& p, bool directory) {
+  int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  SHARD_REQUIRE(fd >= 0, "cannot open '{}' to sync it", p.string());
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Writes bytes with a running checksum; one rank's file.
+class CheckedWriter {
+ public:
+  explicit CheckedWriter(const fs::path& p) : path_(p), f_(p, std::ios::binary | std::ios::trunc) {
+    SHARD_REQUIRE(f_.good(), "cannot write checkpoint file '{}'", p.string());
+  }
+  uint64_t offset() const { return offset_; }
+  void write(const void* data, size_t n) {
+    f_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+    hash_ = fnv1a(static_cast<const char*>(data), n, hash_);
+    offset_ += n;
+  }
+  uint64_t close() {
+    f_.flush();
+    SHARD_REQUIRE(f_.good(), "writing '{}' failed (disk full?)", path_.string());
+    f_.close();
+    fsync_path(path_, false);
+    return hash_;
+  }
+
+ private:
+  fs::path path_;
+  std::ofstream f_;
+  uint64_t offset_ = 0, hash_ = 0xcbf29ce484222325ull;
+};
+
+nlohmann::json spec_json(const ModelSpec& s) {
+  return {{"name", s.name}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"seq", s.seq}, {"vocab", s.vocab}};
+}
+
+// Test hook (fault injection): SHARDLAB_FAULT_KILL_IN_SAVE=r makes rank r kill itself with SIGKILL
+// half-way through writing its checkpoint file.
+bool kill_in_save(int rank) {
+  const char* v = std::getenv("SHARDLAB_FAULT_KILL_IN_SAVE");
+  return v && std::atoi(v) == rank;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer) {
+  Communicator& comm = trainer.comm();
+  Strategy& st = trainer.strategy();
+  const auto& units = trainer.units();
+  const int rank = comm.rank();
+  const fs::path root(dir), tmp = root / (".tmp." + step_name(step)), final_dir = root / step_name(step);
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    SHARD_REQUIRE(!ec, "--save-dir '{}': cannot create it: {}", dir, ec.message());
+    fs::remove_all(tmp, ec);
+    fs::create_directory(tmp, ec);
+    SHARD_REQUIRE(!ec, "cannot create '{}': {}", tmp.string(), ec.message());
+  }
+  comm.barrier().wait();
+
+  // This rank's file: per unit, per state, the owned range as f32; pieces recorded per tensor.
+  const auto names = st.owned_state_names();
+  nlohmann::json pieces = nlohmann::json::object();  // tensor -> state -> [piece]
+  bool owns = false;
+  for (size_t u = 0; u < units.size(); ++u) owns |= st.owned_range(u).second > st.owned_range(u).first;
+  if (owns) {
+    CheckedWriter w(tmp / rank_file(rank));
+    for (size_t u = 0; u < units.size(); ++u) {
+      auto [a, b] = st.owned_range(u);
+      if (b <= a) continue;
+      auto tensors = st.owned_state(u);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        std::vector<float> host(static_cast<size_t>(b - a));
+        trainer.backend().copy(Tensor::of(std::span<float>(host)), tensors[i].slice(0, b - a));
+        const uint64_t base = w.offset();
+        if (kill_in_save(rank) && u == units.size() / 2) {
+          w.write(host.data(), host.size() * sizeof(float) / 2);
+          std::raise(SIGKILL);
+        }
+        w.write(host.data(), host.size() * sizeof(float));
+        for (const TensorDecl& t : units[u]->layout().tensors) {
+          int64_t lo = std::max(a, t.offset), hi = std::min(b, t.offset + t.numel);
+          if (lo >= hi) continue;
+          pieces[t.name][names[i]].push_back({{"rank", rank},
+                                              {"offset", base + static_cast<uint64_t>(lo - a) * sizeof(float)},
+                                              {"begin", lo - t.offset},
+                                              {"end", hi - t.offset}});
+        }
+      }
+    }
+    uint64_t hash = w.close();
+    nlohmann::json side = {{"file", rank_file(rank)}, {"bytes", fs::file_size(tmp / rank_file(rank))},
+                           {"checksum", fmt::format("fnv1a64:{:016x}", hash)}, {"pieces", pieces}};
+    std::ofstream(tmp / (rank_file(rank) + ".json")) << side.dump();
+    fsync_path(tmp / (rank_file(rank) + ".json"), false);
+  }
+  comm.barrier().wait();
+
+  if (rank == 0) {
+    const TrainConfig& c = trainer.config();
+    nlohmann::json m;
+    m["format"] = kFormat;
+    m["model"] = spec_json(c.spec);
+    m["strategy"] = c.strategy.name;
+    m["world"] = comm.world_size();
+    m["param_dtype"] = dtype_name(c.strategy.param_dtype);
+    m["reduce_dtype"] = dtype_name(c.strategy.reduce_dtype);
+    m["optimizer"] = {{"kind", c.optim.kind}, {"beta1", c.optim.beta1}, {"beta2", c.optim.beta2}, {"eps", c.optim.eps},
+                      {"weight_decay", c.optim.weight_decay}, {"momentum", c.optim.momentum}, {"states", names}};
+    m["step"] = step;
+    m["data_position"] = step;  // batches are a function of the step index: resume at step `step`
+    m["seed"] = c.seed;
+    m["files"] = nlohmann::json::array();
+    m["tensors"] = nlohmann::json::object();
+    for (int r = 0; r < comm.world_size(); ++r) {
+      fs::path side = tmp / (rank_file(r) + ".json");
+      if (!fs::exists(side)) continue;
+      nlohmann::json j = nlohmann::json::parse(std::ifstream(side));
+      m["files"].push_back({{"rank", r}, {"file", j["file"]}, {"bytes", j["bytes"]}, {"checksum", j["checksum"]}});
+      for (auto& [tensor, states] : j["pieces"].items())
+        for (auto& [state, list] : states.items())
+          for (auto& p : list) m["tensors"][tensor][state].push_back(p);
+      fs::remove(side);
+    }
+    for (size_t u = 0; u < units.size(); ++u)
+      for (const TensorDecl& t : units[u]->layout().tensors) m["tensors"][t.name]["shape"] = t.shape;
+    {
+      std::ofstream f(tmp / "manifest.json", std::ios::trunc);
+      f << m.dump(1) << '\n';
+      SHARD_REQUIRE(f.good(), "writing the manifest in '{}' failed", tmp.string());
+    }
+    fsync_path(tmp / "manifest.json", false);
+    fsync_path(tmp, true);
+    std::error_code ec;
+    if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);
+    fs::rename(tmp, final_dir, ec);
+    SHARD_REQUIRE(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(), ec.message());
+    fsync_path(root, true);
+  }
+  comm.barrier().wait();
+  return final_dir.string();
+}
+
+namespace {
+
+nlohmann::json read_manifest(const fs::path& dir) {
+  fs::path p = dir / "manifest.json";
+  std::ifstream f(p);
+  SHARD_REQUIRE(f.good(), "'{}' is not a checkpoint: it has no manifest.json", dir.string());
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("'{}' is corrupt: {}", p.string(), e.what()));
+  }
+  SHARD_REQUIRE(m.is_object() && m.value("format", "") == kFormat, "'{}': not a {} manifest", p.string(), kFormat);
+  for (const char* key : {"model", "strategy", "world", "step", "files", "tensors", "optimizer"})
+    SHARD_REQUIRE(m.contains(key), "'{}' lacks \"{}\"", p.string(), key);
+  return m;
+}
+
+// The files of a checkpoint, checked once each against the manifest's size and checksum.
+class CheckpointFiles {
+ public:
+  CheckpointFiles(fs::path dir, const nlohmann::json& files) : dir_(std::move(dir)) {
+    for (const auto& f : files) by_rank_[f.at("rank").get<int>()] = f;
+  }
+  // Reads n floats at byte offset `off` of rank r's file.
+  void read(int r, uint64_t off, float* out, size_t n, const std::string& tensor) {
+    auto it = by_rank_.find(r);
+    SHARD_REQUIRE(it != by_rank_.end(), "manifest names rank {}'s file for tensor '{}' but does not list it", r, tensor);
+    fs::path p = dir_ / it->second.at("file").get<std::string>();
+    verify(r, p);
+    std::ifstream f(p, std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(off));
+    f.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n * sizeof(float)));
+    SHARD_REQUIRE(f.good(), "'{}' is truncated: tensor '{}' needs bytes [{}, {})", p.string(), tensor, off,
+                  off + n * sizeof(float));
+  }
+
+ private:
+  void verify(int r, const fs::path& p) {
+    if (verified_.count(r)) return;
+    const auto& e = by_rank_[r];
+    std::error_code ec;
+    uint64_t size = fs::file_size(p, ec);
+    SHARD_REQUIRE(!ec, "checkpoint file '{}' is missing: {}", p.string(), ec.message());
+    SHARD_REQUIRE(size == e.at("bytes").get<uint64_t>(), "'{}' is truncated or corrupt: {} bytes, the manifest says {}",
+                  p.string(), size, e.at("bytes").get<uint64_t>());
+    std::ifstream f(p, std::ios::binary);
+    std::vector<char> buf(1 << 20);
+    uint64_t h = 0xcbf29ce484222325ull;
+    while (f) {
+      f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      h = fnv1a(buf.data(), static_cast<size_t>(f.gcount()), h);
+    }
+    std::string got = fmt::format("fnv1a64:{:016x}", h);
+    SHARD_REQUIRE(got == e.at("checksum").get<std::string>(), "'{}' is corrupt: checksum {} but the manifest says {}",
+                  p.string(), got, e.at("checksum").get<std::string>());
+    verified_.insert({r, true});
+  }
+
+  fs::path dir_;
+  std::map<int, nlohmann::json> by_rank_;
+  std::map<int, bool> verified_;
+};
+
+void check_compatible(const nlohmann::json& m, const TrainConfig& c, const std::string& path,
+                      const std::vector<std::string>& states) {
+  const auto& mm = m["model"];
+  auto same = [&](const char* k, int64_t v) {
+    SHARD_REQUIRE(mm.at(k).get<int64_t>() == v,
+                  "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {})", path, k,
+                  mm.at(k).get<int64_t>(), v, mm.value("name", "?"), c.spec.describe());
+  };
+  same("layers", c.spec.layers);
+  same("dim", c.spec.dim);
+  same("heads", c.spec.heads);
+  same("seq", c.spec.seq);
+  same("vocab", c.spec.vocab);
+  std::string kind = m["optimizer"].value("kind", "");
+  SHARD_REQUIRE(kind == c.optim.kind, "checkpoint '{}' holds {} state; this run uses --optimizer {}", path, kind,
+                c.optim.kind);
+  (void)states;
+}
+
+}  // namespace
+
+int64_t load_checkpoint(const std::string& path, Trainer& trainer) {
+  const fs::path dir(path);
+  nlohmann::json m = read_manifest(dir);
+  Strategy& st = trainer.strategy();
+  const auto names = st.owned_state_names();
+  check_compatible(m, trainer.config(), path, names);
+  CheckpointFiles files(dir, m["files"]);
+  const auto& units = trainer.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    auto [a, b] = st.owned_range(u);
+    if (b <= a) continue;
+    auto tensors = st.owned_state(u);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::vector<float> host(static_cast<size_t>(b - a));
+      for (const TensorDecl& t : units[u]->layout().tensors) {
+        int64_t lo = std::max(a, t.offset) - t.offset, hi = std::min(b, t.offset + t.numel) - t.offset;
+        if (lo >= hi) continue;
+        SHARD_REQUIRE(m["tensors"].contains(t.name) && m["tensors"][t.name].contains(names[i]),
+                      "checkpoint '{}' has no {} for tensor '{}'", path, names[i], t.name);
+        const auto& shape = m["tensors"][t.name].value("shape", std::vector<int64_t>{});
+        SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path,
+                      t.name, nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
+        int64_t covered = 0;
+        for (const auto& p : m["tensors"][t.name][names[i]]) {
+          int64_t pb = p.at("begin").get<int64_t>(), pe = p.at("end").get<int64_t>();
+          int64_t x0 = std::max(lo, pb), x1 = std::min(hi, pe);
+          if (x0 >= x1) continue;
+          files.read(p.at("rank").get<int>(), p.at("offset").get<uint64_t>() + static_cast<uint64_t>(x0 - pb) * 4,
+                     host.data() + (t.offset + x0 - a), static_cast<size_t>(x1 - x0), t.name);
+          covered += x1 - x0;
+        }
+        SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
+                      path, covered, hi - lo, lo, hi, names[i], t.name);
+      }
+      trainer.backend().copy(tensors[i].slice(0, b - a), Tensor::of(std::span<float>(host)));
+    }
+  }
+  st.sync_after_load();
+  return m["step"].get<int64_t>();
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  std::string best;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) != 0 || !fs::exists(e.path() / "manifest.json")) continue;
+    if (best.empty() || n > fs::path(best).filename().string()) best = e.path().string();
+  }
+  return best;
+}
+
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype) {
+  const fs::path dir(path);
+  nlohmann::json m = read_manifest(dir);
+  CheckpointFiles files(dir, m["files"]);
+  ModelSpec spec;
+  spec.name = m["model"].value("name", "custom");
+  for (auto [field, key] : {std::pair{&spec.layers, "layers"}, std::pair{&spec.dim, "dim"},
+                            std::pair{&spec.heads, "heads"}, std::pair{&spec.seq, "seq"}, std::pair{&spec.vocab, "vocab"}})
+    *field = m["model"].at(key).get<int64_t>();
+  spec.validate();
+  std::vector<SafetensorsStreamWriter::Entry> entries;
+  std::vector<const TensorDecl*> decls;
+  auto layout = gpt2_layout(spec);
+  for (const auto& u : layout)
+    for (const TensorDecl& t : u.tensors) {
+      entries.push_back({t.name, dtype, t.shape});
+      decls.push_back(&t);
+    }
+  SafetensorsStreamWriter w(out, entries, {{"format", "pt"}, {"model", spec.describe()}, {"step", m["step"].dump()}});
+  for (const TensorDecl* t : decls) {  // one tensor in memory at a time
+    std::vector<float> v(static_cast<size_t>(t->numel));
+    SHARD_REQUIRE(m["tensors"].contains(t->name) && m["tensors"][t->name].contains("param"),
+                  "checkpoint '{}' has no parameters for tensor '{}'", path, t->name);
+    int64_t covered = 0;
+    for (const auto& p : m["tensors"][t->name]["param"]) {
+      int64_t pb = p.at("begin").get<int64_t>(), pe = p.at("end").get<int64_t>();
+      SHARD_REQUIRE(pb >= 0 && pe <= t->numel && pb < pe, "checkpoint '{}': bad range [{}, {}) for '{}'", path, pb, pe,
+                    t->name);
+      files.read(p.at("rank").get<int>(), p.at("offset").get<uint64_t>(), v.data() + pb, static_cast<size_t>(pe - pb),
+                 t->name);
+      covered += pe - pb;
+    }
+    SHARD_REQUIRE(covered == t->numel, "checkpoint '{}' covers {} of the {} elements of '{}'", path, covered, t->numel,
+                  t->name);
+    w.write_next(v);
+  }
+  w.finish();
+}
+
+}  // namespace shardlab

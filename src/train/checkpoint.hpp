@@ -1,0 +1,31 @@
+// checkpoint.hpp — checkpoints that any world size and strategy can resume, and export.
+//
+// A checkpoint is a directory `step_XXXXXXXX` with one file per rank that owns parameters
+// (`rank_XXXXX.bin`: for each unit, the f32 values of the parameters this rank updates — the
+// master copy under mixed precision — then each optimizer state, for the element range it owns) and
+// `manifest.json` (schema shardlab.checkpoint/1): model spec, strategy, world, dtypes, optimizer,
+// step, data position, seed, every file with its size and FNV-1a-64 checksum, and for every tensor
+// and state which element ranges lie in which file at which byte offset.
+//
+// Writing is atomic: everything goes to `.tmp.step_XXXXXXXX`, every file is fsynced, and rank 0
+// renames the directory once all ranks have finished, so a run killed at any moment leaves the
+// previous checkpoint intact. Loading reads, for the ranges this rank owns under the current
+// strategy and world size, only the pieces that overlap them (after checking the checksums of
+// the files it reads): resharding is the normal case, not a conversion step.
+#pragma once
+#include <string>
+
+#include "src/train/trainer.hpp"
+
+namespace shardlab {
+
+// Collective over the trainer's ranks. `step` is the number of steps done. Returns the directory.
+std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer);
+// Loads into the trainer's strategy (any world size and strategy); returns the step to resume at.
+int64_t load_checkpoint(const std::string& path, Trainer& trainer);
+// The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
+std::string latest_checkpoint(const std::string& dir);
+// Writes a consolidated HF-named safetensors file, one tensor in memory at a time.
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype = DType::f32);
+
+}  // namespace shardlab
