@@ -1,0 +1,84 @@
+// test_tool — small helpers the CLI tests chain together (no Python needed in CI):
+//   compare-logs A.jsonl B.jsonl TOL      losses of the steps both logs have: |a-b| <= TOL*|a|, and
+//                                         at least one step in common; prints the largest difference
+//   same-safetensors A B                  every tensor of A equals B's, bit for bit
+//   flip-byte FILE OFFSET                 corrupts one byte
+//   truncate FILE BYTES                   cuts a file short
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "src/model/safetensors.hpp"
+
+using namespace shardlab;
+
+namespace {
+std::map<int64_t, double> losses(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::map<int64_t, double> out;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string cmd = argc > 1 ? argv[1] : "";
+    if (cmd == "compare-logs" && argc == 5) {
+      auto a = losses(argv[2]), b = losses(argv[3]);
+      double tol = std::stod(argv[4]), worst = 0;
+      int common = 0;
+      for (auto [step, la] : a) {
+        auto it = b.find(step);
+        if (it == b.end()) continue;
+        ++common;
+        worst = std::max(worst, std::fabs(la - it->second) / std::fabs(la));
+      }
+      std::printf("%d common steps, largest relative loss difference %.3g (tolerance %.3g)\n", common, worst, tol);
+      return common > 0 && worst <= tol ? 0 : 1;
+    }
+    if (cmd == "same-safetensors" && argc == 4) {
+      SafetensorsReader a(argv[2]), b(argv[3]);
+      int tensors = 0;
+      for (const auto& [name, e] : a.entries()) {
+        std::vector<float> va(static_cast<size_t>(e.numel())), vb(va.size());
+        a.read_f32(name, va);
+        b.read_f32(name, vb);
+        if (va != vb) {
+          std::printf("tensor %s differs\n", name.c_str());
+          return 1;
+        }
+        ++tensors;
+      }
+      std::printf("%d tensors identical\n", tensors);
+      return tensors > 0 && a.entries().size() == b.entries().size() ? 0 : 1;
+    }
+    if (cmd == "flip-byte" && argc == 4) {
+      std::fstream f(argv[2], std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(std::stoll(argv[3]));
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x5a);
+      f.seekp(std::stoll(argv[3]));
+      f.write(&c, 1);
+      return f.good() ? 0 : 1;
+    }
+    if (cmd == "truncate" && argc == 4) {
+      std::filesystem::resize_file(argv[2], std::stoull(argv[3]));
+      return 0;
+    }
+    std::fprintf(stderr, "usage: test_tool compare-logs A B TOL | same-safetensors A B | flip-byte FILE OFF | truncate FILE N\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "test_tool: %s\n", e.what());
+    return 1;
+  }
+}
