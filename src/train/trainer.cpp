@@ -1,6 +1,8 @@
 #include "src/train/trainer.hpp"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -69,7 +71,20 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
   }
 }
 
+namespace {
+// Test hook (fault injection): SHARDLAB_FAULT_THROW_AT_STEP=R:S makes rank R throw at step S, so a
+// test can check that one failing rank ends the whole job instead of leaving the others hanging.
+void maybe_inject_throw(int rank, int64_t step) {
+  const char* v = std::getenv("SHARDLAB_FAULT_THROW_AT_STEP");
+  int r = -1;
+  long long s = -1;
+  if (v && std::sscanf(v, "%d:%lld", &r, &s) == 2 && r == rank && s == step)
+    throw InternalError(fmt::format("fault injection: rank {} throws at step {}", rank, step));
+}
+}  // namespace
+
 StepStats Trainer::step(int64_t t) {
+  maybe_inject_throw(comm_.rank(), t + 1);
   auto t0 = std::chrono::steady_clock::now();
   const int64_t T = cfg_.spec.seq, W = comm_.world_size(), r = comm_.rank();
   const int64_t local = cfg_.batch / W, micro = local / cfg_.accum;
@@ -100,7 +115,13 @@ StepStats Trainer::step(int64_t t) {
   loss /= static_cast<float>(cfg_.batch * T);
   const float norm = static_cast<float>(std::sqrt(strategy_->grad_norm_sq()));
   const float lr = cfg_.schedule.at(t);
-  strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+  // Every rank sees the same loss and norm, so every rank takes the same branch here.
+  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+  if (!finite && !cfg_.skip_nonfinite)
+    throw InputError(fmt::format("step {}: the loss is {} and the gradient norm {}: stopping (lower --lr, or pass "
+                                 "--skip-nonfinite to skip such steps)", t + 1, loss, norm));
+  if (finite) strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+  else ++skipped_steps_;
   pool_.ledger().set_phase("");
   be_.synchronize();
   comm_.stats().end_step();
@@ -236,6 +257,9 @@ StepStats Trainer::run(std::FILE* out) {
     std::fprintf(out, "done: %lld steps, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",
                  static_cast<long long>(cfg_.steps), first.loss, s.loss, min_loss, total_ms / static_cast<double>(timed),
                  total_tokens / (total_ms / 1e3), format_bytes(static_cast<double>(peak)).c_str());
+  if (root && skipped_steps_ > 0)
+    std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm (--skip-nonfinite)\n",
+                 static_cast<long long>(skipped_steps_));
   if (!cfg_.save_path.empty()) {
     save(cfg_.save_path);
     if (root) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());

@@ -32,6 +32,7 @@ struct TrainConfig {
   std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
+  bool skip_nonfinite = false;  // a non-finite loss or gradient norm skips the update instead of stopping
   void validate(int world) const;
 };
 
@@ -52,6 +53,7 @@ class Trainer {
   Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg);
   StepStats step(int64_t t);  // t is 0-based
   int64_t start_step() const { return start_step_; }  // after a resume: the steps already done
+  int64_t skipped_steps() const { return skipped_steps_; }  // non-finite steps skipped (--skip-nonfinite)
   // The whole run: progress to `out` (rank 0), the JSONL log, the final save. Returns the last step.
   StepStats run(std::FILE* out);
   Strategy& strategy() { return *strategy_; }
@@ -79,6 +81,7 @@ class Trainer {
   int64_t num_params_ = 0;
   CategoryBytes states_{};     // ledger after set-up
   int64_t start_step_ = 0;
+  int64_t skipped_steps_ = 0;
   std::string resumed_from_;
   std::vector<int32_t> inputs_, targets_, global_targets_, scratch_inputs_;
 };
