@@ -236,3 +236,24 @@ TEST_CASE("gather and scatter from every root, and in-place all_gather and reduc
   }
   CHECK(bad == 0);
 }
+
+TEST_CASE("--check-collectives names the diverging rank and both call sites instead of hanging", "[mpi]") {
+  Setup s;
+  s.comm->set_check(true);
+  Buf b(DType::f32, 64);
+  b.set(s.rank);
+  s.comm->all_reduce(b.t).wait();  // the same collective everywhere: passes the check
+  CHECK(true);
+  if (s.world < 2) return;
+  // The last rank skips the all_reduce and goes on to the barrier.
+  std::string msg;
+  try {
+    if (s.rank == s.world - 1) s.comm->barrier().wait();
+    else s.comm->all_reduce(b.t).wait();
+  } catch (const InternalError& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Catch::Contains("collective #1 differs across ranks"));
+  CHECK_THAT(msg, Catch::Contains("rank 0 issues all_reduce of 64 f32 at tests/test_mpi_comm.cpp:"));
+  CHECK_THAT(msg, Catch::Contains(fmt::format("rank {} issues barrier at tests/test_mpi_comm.cpp:", s.world - 1)));
+}

@@ -177,7 +177,10 @@ struct TrainOptions {
         "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)")(
         "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
         "device", po::value(&device)->default_value(device), "cpu or cuda")(
-        "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)");
+        "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)")(
+        "check-collectives", po::bool_switch(&cfg.check_collectives),
+        "debug: compare each collective's fingerprint (sequence, op, count, dtype, call site) across ranks before "
+        "issuing it, and stop naming the first diverging rank and both call sites instead of hanging");
     add_strategy_options(desc, cfg.strategy, dtypes);
   }
   // After parsing: fills what the options could not write directly.

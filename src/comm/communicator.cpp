@@ -1,6 +1,7 @@
 #include "src/comm/communicator.hpp"
 
 #include <cstdio>
+#include <string>
 
 namespace shardlab {
 
@@ -102,6 +103,46 @@ bool Work::done() {
   return !impl_;
 }
 
+namespace {
+// "shard/zero.cpp:108": the last two path components keep call sites short and readable.
+std::string short_site(const Site& s) {
+  std::string f = s.file_name();
+  size_t cut = f.rfind('/');
+  if (cut != std::string::npos && cut > 0) cut = f.rfind('/', cut - 1);
+  return (cut == std::string::npos ? f : f.substr(cut + 1)) + ":" + std::to_string(s.line());
+}
+std::string describe(const Communicator::Fingerprint& f) {
+  if (static_cast<CommOp>(f.op) == CommOp::barrier) return fmt::format("barrier at {}", f.site);
+  return fmt::format("{} of {} {}{} at {}", comm_op_name(static_cast<CommOp>(f.op)), f.count,
+                     dtype_name(static_cast<DType>(f.dtype)), f.root >= 0 ? fmt::format(" (root {})", f.root) : "",
+                     f.site);
+}
+}  // namespace
+
+void Communicator::verify(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site) {
+  if (!check_) return;
+  Fingerprint f{};
+  f.seq = seq_++;
+  f.count = t.data() ? t.numel() : 0;
+  f.root = root;
+  f.op = static_cast<uint8_t>(op);
+  f.dtype = static_cast<uint8_t>(t.dtype());
+  f.reduce_op = static_cast<uint8_t>(rop);
+  std::string s = short_site(site);
+  std::snprintf(f.site, sizeof(f.site), "%s", s.c_str());
+  std::vector<Fingerprint> all = exchange(f);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const Fingerprint& a = all[0];
+    const Fingerprint& b = all[r];
+    bool same = a.seq == b.seq && a.op == b.op && a.dtype == b.dtype && a.root == b.root &&
+                a.reduce_op == b.reduce_op && a.count == b.count;
+    if (!same)
+      throw InternalError(fmt::format("collective #{} differs across ranks (--check-collectives): rank 0 issues {}, "
+                                      "rank {} issues {}",
+                                      a.seq, describe(a), r, describe(b)));
+  }
+}
+
 void Communicator::count(CommOp op, DType dtype, double full_bytes) {
   double b = bus_bytes(op, full_bytes, world_size());
   stats_.record(op, b, b * wire_factor(op, dtype));
@@ -111,12 +152,14 @@ void Communicator::check_root(int root, const char* op) const {
   SHARD_CHECK(root >= 0 && root < world_size(), "{}: root {} outside world of {}", op, root, world_size());
 }
 
-Work Communicator::all_reduce(Tensor buf, ReduceOp op) {
+Work Communicator::all_reduce(Tensor buf, ReduceOp op, Site site) {
+  verify(CommOp::all_reduce, buf, -1, op, site);
   count(CommOp::all_reduce, buf.dtype(), static_cast<double>(buf.bytes()));
   return do_all_reduce(buf, op);
 }
 
-Work Communicator::reduce_scatter(Tensor send, Tensor recv, ReduceOp op) {
+Work Communicator::reduce_scatter(Tensor send, Tensor recv, ReduceOp op, Site site) {
+  verify(CommOp::reduce_scatter, send, -1, op, site);
   SHARD_CHECK(send.dtype() == recv.dtype(), "reduce_scatter: send {} vs recv {}", dtype_name(send.dtype()),
               dtype_name(recv.dtype()));
   SHARD_CHECK(send.numel() == recv.numel() * world_size(),
@@ -126,7 +169,8 @@ Work Communicator::reduce_scatter(Tensor send, Tensor recv, ReduceOp op) {
   return do_reduce_scatter(send, recv, op);
 }
 
-Work Communicator::all_gather(Tensor send, Tensor recv) {
+Work Communicator::all_gather(Tensor send, Tensor recv, Site site) {
+  verify(CommOp::all_gather, send, -1, ReduceOp::sum, site);
   SHARD_CHECK(send.dtype() == recv.dtype(), "all_gather: send {} vs recv {}", dtype_name(send.dtype()),
               dtype_name(recv.dtype()));
   SHARD_CHECK(recv.numel() == send.numel() * world_size(),
@@ -136,13 +180,15 @@ Work Communicator::all_gather(Tensor send, Tensor recv) {
   return do_all_gather(send, recv);
 }
 
-Work Communicator::broadcast(Tensor buf, int root) {
+Work Communicator::broadcast(Tensor buf, int root, Site site) {
+  verify(CommOp::broadcast, buf, root, ReduceOp::sum, site);
   check_root(root, "broadcast");
   count(CommOp::broadcast, buf.dtype(), static_cast<double>(buf.bytes()));
   return do_broadcast(buf, root);
 }
 
-Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op) {
+Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op, Site site) {
+  verify(CommOp::reduce, send, root, op, site);
   check_root(root, "reduce");
   if (rank() == root) {
     SHARD_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel(),
@@ -153,7 +199,8 @@ Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op) {
   return do_reduce(send, recv, root, op);
 }
 
-Work Communicator::gather(Tensor send, Tensor recv, int root) {
+Work Communicator::gather(Tensor send, Tensor recv, int root, Site site) {
+  verify(CommOp::gather, send, root, ReduceOp::sum, site);
   check_root(root, "gather");
   if (rank() == root)
     SHARD_CHECK(send.dtype() == recv.dtype() && recv.numel() == send.numel() * world_size(),
@@ -163,7 +210,8 @@ Work Communicator::gather(Tensor send, Tensor recv, int root) {
   return do_gather(send, recv, root);
 }
 
-Work Communicator::scatter(Tensor send, Tensor recv, int root) {
+Work Communicator::scatter(Tensor send, Tensor recv, int root, Site site) {
+  verify(CommOp::scatter, recv, root, ReduceOp::sum, site);
   check_root(root, "scatter");
   if (rank() == root)
     SHARD_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel() * world_size(),
@@ -173,7 +221,8 @@ Work Communicator::scatter(Tensor send, Tensor recv, int root) {
   return do_scatter(send, recv, root);
 }
 
-Work Communicator::barrier() {
+Work Communicator::barrier(Site site) {
+  verify(CommOp::barrier, Tensor(), -1, ReduceOp::sum, site);
   count(CommOp::barrier, DType::f32, 0.0);
   return do_barrier();
 }

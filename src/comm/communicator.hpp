@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 namespace shardlab {
 
 enum class ReduceOp : uint8_t { sum, max };
+using Site = std::source_location;
 enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier };
 inline constexpr int kNumCommOps = 8;
 const char* comm_op_name(CommOp op);
@@ -102,46 +104,62 @@ class Communicator {
   virtual std::string name() const = 0;
 
   // In place: every rank ends with the reduction of all ranks' buf.
-  Work all_reduce(Tensor buf, ReduceOp op = ReduceOp::sum);
+  Work all_reduce(Tensor buf, ReduceOp op = ReduceOp::sum, Site site = Site::current());
   // send holds N * recv.numel() elements; rank r receives the reduction of chunk r. In place when
   // recv is chunk `rank` of send (the other chunks of send are clobbered then).
-  Work reduce_scatter(Tensor send, Tensor recv, ReduceOp op = ReduceOp::sum);
+  Work reduce_scatter(Tensor send, Tensor recv, ReduceOp op = ReduceOp::sum, Site site = Site::current());
   // recv holds N * send.numel() elements; chunk r comes from rank r. In place when send is chunk
   // `rank` of recv.
-  Work all_gather(Tensor send, Tensor recv);
+  Work all_gather(Tensor send, Tensor recv, Site site = Site::current());
   // root's recv (N * send.numel()) gets chunk r from rank r; recv is ignored elsewhere.
-  Work gather(Tensor send, Tensor recv, int root);
+  Work gather(Tensor send, Tensor recv, int root, Site site = Site::current());
   // rank r's recv gets chunk r of root's send (N * recv.numel()); send is ignored elsewhere.
-  Work scatter(Tensor send, Tensor recv, int root);
+  Work scatter(Tensor send, Tensor recv, int root, Site site = Site::current());
   // In place: every rank ends with root's buf.
-  Work broadcast(Tensor buf, int root);
+  Work broadcast(Tensor buf, int root, Site site = Site::current());
   // root's recv gets the reduction of all ranks' send; recv is ignored (may be empty) elsewhere.
   // In place at the root when send and recv are the same buffer.
-  Work reduce(Tensor send, Tensor recv, int root, ReduceOp op = ReduceOp::sum);
-  Work barrier();
+  Work reduce(Tensor send, Tensor recv, int root, ReduceOp op = ReduceOp::sum, Site site = Site::current());
+  Work barrier(Site site = Site::current());
 
   template <class T>
-  Work all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::sum) {
-    return all_reduce(Tensor::of(buf), op);
+  Work all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::sum, Site site = Site::current()) {
+    return all_reduce(Tensor::of(buf), op, site);
   }
   template <class T>
-  Work reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::sum) {
-    return reduce_scatter(Tensor::of(send), Tensor::of(recv), op);
+  Work reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::sum,
+                      Site site = Site::current()) {
+    return reduce_scatter(Tensor::of(send), Tensor::of(recv), op, site);
   }
   template <class T>
-  Work all_gather(std::span<const T> send, std::span<T> recv) {
-    return all_gather(Tensor::of(send), Tensor::of(recv));
+  Work all_gather(std::span<const T> send, std::span<T> recv, Site site = Site::current()) {
+    return all_gather(Tensor::of(send), Tensor::of(recv), site);
   }
   template <class T>
-  Work broadcast(std::span<T> buf, int root) {
-    return broadcast(Tensor::of(buf), root);
+  Work broadcast(std::span<T> buf, int root, Site site = Site::current()) {
+    return broadcast(Tensor::of(buf), root, site);
   }
   template <class T>
-  Work reduce(std::span<const T> send, std::span<T> recv, int root, ReduceOp op = ReduceOp::sum) {
-    return reduce(Tensor::of(send), Tensor::of(recv), root, op);
+  Work reduce(std::span<const T> send, std::span<T> recv, int root, ReduceOp op = ReduceOp::sum,
+              Site site = Site::current()) {
+    return reduce(Tensor::of(send), Tensor::of(recv), root, op, site);
   }
+
+  // --check-collectives: before each collective, every rank's fingerprint (sequence number, op,
+  // count, dtype, root, call site) is compared across ranks on a separate channel; a mismatch
+  // throws InternalError naming the first diverging rank and both call sites instead of hanging.
+  void set_check(bool on) { check_ = on; }
 
   CommStats& stats() { return stats_; }
+
+  // What --check-collectives compares. Plain bytes: it travels as such.
+  struct Fingerprint {
+    uint64_t seq;
+    int64_t count;
+    int32_t root;
+    uint8_t op, dtype, reduce_op, pad;
+    char site[48];
+  };
   const CommStats& stats() const { return stats_; }
 
  protected:
@@ -156,12 +174,17 @@ class Communicator {
   virtual Work do_barrier() = 0;
   // Bytes the transport moves per logical byte (2 where it widens a reduction to f32).
   virtual double wire_factor(CommOp op, DType dtype) const { return 1.0; }
+  // Every rank's fingerprint, in rank order (blocking; a channel separate from the data).
+  virtual std::vector<Fingerprint> exchange(const Fingerprint& mine) { return {mine}; }
 
  private:
   void count(CommOp op, DType dtype, double full_bytes);
   void check_root(int root, const char* op) const;
+  void verify(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site);
 
   CommStats stats_;
+  bool check_ = false;
+  uint64_t seq_ = 0;
 };
 
 }  // namespace shardlab

@@ -69,7 +69,10 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (!finalized) {
+      MPI_Comm_free(&comm_);
+      if (check_comm_ != MPI_COMM_NULL) MPI_Comm_free(&check_comm_);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -80,6 +83,14 @@ class MpiCommunicator final : public Communicator {
   double wire_factor(CommOp op, DType dtype) const override {
     bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;  // widened
     return reduction && widened(dtype) ? 4.0 / dtype_size(dtype) : 1.0;
+  }
+
+  std::vector<Fingerprint> exchange(const Fingerprint& mine) override {
+    if (check_comm_ == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(comm_, &check_comm_));  // a channel of its own
+    std::vector<Fingerprint> all(static_cast<size_t>(world_));
+    MPI_CHECK(MPI_Allgather(&mine, sizeof(Fingerprint), MPI_BYTE, all.data(), sizeof(Fingerprint), MPI_BYTE,
+                            check_comm_));
+    return all;
   }
 
   Work do_all_reduce(Tensor buf, ReduceOp op) override {
@@ -210,6 +221,7 @@ class MpiCommunicator final : public Communicator {
 
   Pool& pool_;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm check_comm_ = MPI_COMM_NULL;
   int rank_ = 0, world_ = 1;
 };
 

@@ -48,6 +48,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
       loader_(stream_, cfg_.spec.seq, cfg_.batch),
       units_(make_gpt2_units(cfg_.spec)) {
   for (const auto& u : units_) num_params_ += u->layout().numel;
+  comm_.set_check(cfg_.check_collectives);
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, comm_, cfg_.spec, units_, cfg_.optim});
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
   if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);

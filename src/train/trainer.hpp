@@ -32,7 +32,8 @@ struct TrainConfig {
   std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
-  bool skip_nonfinite = false;  // a non-finite loss or gradient norm skips the update instead of stopping
+  bool skip_nonfinite = false;
+  bool check_collectives = false;  // compare every collective's fingerprint across ranks first  // a non-finite loss or gradient norm skips the update instead of stopping
   void validate(int world) const;
 };
 
