@@ -1,4 +1,5 @@
 #include "src/train/checkpoint.hpp"
+#include "src/train/checkpoint_format.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,19 +17,9 @@ namespace shardlab {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kFormat = "shardlab.checkpoint/1";
 
 std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 std::string rank_file(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
-
-// FNV-1a 64 over a byte range, continued from h.
-uint64_t fnv1a(const char* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(p[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 void fsync_path(const fs::path& p, bool directory) {
   int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
@@ -133,7 +124,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
   if (rank == 0) {
     const TrainConfig& c = trainer.config();
     nlohmann::json m;
-    m["format"] = kFormat;
+    m["format"] = kCheckpointFormat;
     m["model"] = spec_json(c.spec);
     m["strategy"] = c.strategy.name;
     m["world"] = comm.world_size();
@@ -176,68 +167,6 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
 }
 
 namespace {
-
-nlohmann::json read_manifest(const fs::path& dir) {
-  fs::path p = dir / "manifest.json";
-  std::ifstream f(p);
-  SHARD_REQUIRE(f.good(), "'{}' is not a checkpoint: it has no manifest.json", dir.string());
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("'{}' is corrupt: {}", p.string(), e.what()));
-  }
-  SHARD_REQUIRE(m.is_object() && m.value("format", "") == kFormat, "'{}': not a {} manifest", p.string(), kFormat);
-  for (const char* key : {"model", "strategy", "world", "step", "files", "tensors", "optimizer"})
-    SHARD_REQUIRE(m.contains(key), "'{}' lacks \"{}\"", p.string(), key);
-  return m;
-}
-
-// The files of a checkpoint, checked once each against the manifest's size and checksum.
-class CheckpointFiles {
- public:
-  CheckpointFiles(fs::path dir, const nlohmann::json& files) : dir_(std::move(dir)) {
-    for (const auto& f : files) by_rank_[f.at("rank").get<int>()] = f;
-  }
-  // Reads n floats at byte offset `off` of rank r's file.
-  void read(int r, uint64_t off, float* out, size_t n, const std::string& tensor) {
-    auto it = by_rank_.find(r);
-    SHARD_REQUIRE(it != by_rank_.end(), "manifest names rank {}'s file for tensor '{}' but does not list it", r, tensor);
-    fs::path p = dir_ / it->second.at("file").get<std::string>();
-    verify(r, p);
-    std::ifstream f(p, std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(off));
-    f.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n * sizeof(float)));
-    SHARD_REQUIRE(f.good(), "'{}' is truncated: tensor '{}' needs bytes [{}, {})", p.string(), tensor, off,
-                  off + n * sizeof(float));
-  }
-
- private:
-  void verify(int r, const fs::path& p) {
-    if (verified_.count(r)) return;
-    const auto& e = by_rank_[r];
-    std::error_code ec;
-    uint64_t size = fs::file_size(p, ec);
-    SHARD_REQUIRE(!ec, "checkpoint file '{}' is missing: {}", p.string(), ec.message());
-    SHARD_REQUIRE(size == e.at("bytes").get<uint64_t>(), "'{}' is truncated or corrupt: {} bytes, the manifest says {}",
-                  p.string(), size, e.at("bytes").get<uint64_t>());
-    std::ifstream f(p, std::ios::binary);
-    std::vector<char> buf(1 << 20);
-    uint64_t h = 0xcbf29ce484222325ull;
-    while (f) {
-      f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      h = fnv1a(buf.data(), static_cast<size_t>(f.gcount()), h);
-    }
-    std::string got = fmt::format("fnv1a64:{:016x}", h);
-    SHARD_REQUIRE(got == e.at("checksum").get<std::string>(), "'{}' is corrupt: checksum {} but the manifest says {}",
-                  p.string(), got, e.at("checksum").get<std::string>());
-    verified_.insert({r, true});
-  }
-
-  fs::path dir_;
-  std::map<int, nlohmann::json> by_rank_;
-  std::map<int, bool> verified_;
-};
 
 void check_compatible(const nlohmann::json& m, const TrainConfig& c, const std::string& path,
                       const std::vector<std::string>& states) {
@@ -299,57 +228,6 @@ int64_t load_checkpoint(const std::string& path, Trainer& trainer) {
   }
   st.sync_after_load();
   return m["step"].get<int64_t>();
-}
-
-std::string latest_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return "";
-  std::string best;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string n = e.path().filename().string();
-    if (n.rfind("step_", 0) != 0 || !fs::exists(e.path() / "manifest.json")) continue;
-    if (best.empty() || n > fs::path(best).filename().string()) best = e.path().string();
-  }
-  return best;
-}
-
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype) {
-  const fs::path dir(path);
-  nlohmann::json m = read_manifest(dir);
-  CheckpointFiles files(dir, m["files"]);
-  ModelSpec spec;
-  spec.name = m["model"].value("name", "custom");
-  for (auto [field, key] : {std::pair{&spec.layers, "layers"}, std::pair{&spec.dim, "dim"},
-                            std::pair{&spec.heads, "heads"}, std::pair{&spec.seq, "seq"}, std::pair{&spec.vocab, "vocab"}})
-    *field = m["model"].at(key).get<int64_t>();
-  spec.validate();
-  std::vector<SafetensorsStreamWriter::Entry> entries;
-  std::vector<const TensorDecl*> decls;
-  auto layout = gpt2_layout(spec);
-  for (const auto& u : layout)
-    for (const TensorDecl& t : u.tensors) {
-      entries.push_back({t.name, dtype, t.shape});
-      decls.push_back(&t);
-    }
-  SafetensorsStreamWriter w(out, entries, {{"format", "pt"}, {"model", spec.describe()}, {"step", m["step"].dump()}});
-  for (const TensorDecl* t : decls) {  // one tensor in memory at a time
-    std::vector<float> v(static_cast<size_t>(t->numel));
-    SHARD_REQUIRE(m["tensors"].contains(t->name) && m["tensors"][t->name].contains("param"),
-                  "checkpoint '{}' has no parameters for tensor '{}'", path, t->name);
-    int64_t covered = 0;
-    for (const auto& p : m["tensors"][t->name]["param"]) {
-      int64_t pb = p.at("begin").get<int64_t>(), pe = p.at("end").get<int64_t>();
-      SHARD_REQUIRE(pb >= 0 && pe <= t->numel && pb < pe, "checkpoint '{}': bad range [{}, {}) for '{}'", path, pb, pe,
-                    t->name);
-      files.read(p.at("rank").get<int>(), p.at("offset").get<uint64_t>(), v.data() + pb, static_cast<size_t>(pe - pb),
-                 t->name);
-      covered += pe - pb;
-    }
-    SHARD_REQUIRE(covered == t->numel, "checkpoint '{}' covers {} of the {} elements of '{}'", path, covered, t->numel,
-                  t->name);
-    w.write_next(v);
-  }
-  w.finish();
 }
 
 }  // namespace shardlab

@@ -15,6 +15,7 @@
 #pragma once
 #include <string>
 
+#include "src/train/checkpoint_format.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
@@ -23,9 +24,5 @@ namespace shardlab {
 std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer);
 // Loads into the trainer's strategy (any world size and strategy); returns the step to resume at.
 int64_t load_checkpoint(const std::string& path, Trainer& trainer);
-// The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
-std::string latest_checkpoint(const std::string& dir);
-// Writes a consolidated HF-named safetensors file, one tensor in memory at a time.
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype = DType::f32);
 
 }  // namespace shardlab
