@@ -66,8 +66,8 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
   }
 }
 
-std::vector<std::string> Optimizer::state_names() const {
-  if (cfg_.kind == "sgd") return {"momentum"};
+std::vector<std::string> Optimizer::state_names(const std::string& kind) {
+  if (kind == "sgd") return {"momentum"};
   return {"adam_m", "adam_v"};
 }
 

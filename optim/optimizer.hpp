@@ -40,7 +40,8 @@ class Optimizer {
   const OptimConfig& config() const { return cfg_; }
   // Names of the state buffers each group keeps ("adam_m", "adam_v" or "momentum"), and group g's
   // buffer number i (f32, the size of the group's parameters), for checkpoints.
-  std::vector<std::string> state_names() const;
+  std::vector<std::string> state_names() const { return state_names(cfg_.kind); }
+  static std::vector<std::string> state_names(const std::string& kind);
   Tensor state(size_t group, size_t i) const;
   size_t groups() const { return groups_.size(); }
 

@@ -83,12 +83,7 @@ class Ddp final : public Strategy {
   std::vector<float> gather_unit_params(size_t u) override { return to_host(updated(u)); }
 
   std::pair<int64_t, int64_t> owned_range(size_t u) const override { return {0, layout(u).numel}; }
-  std::vector<Tensor> owned_state(size_t u) const override {
-    std::vector<Tensor> t = {updated(u)};
-    for (size_t i = 0; i < optim_.state_names().size(); ++i) t.push_back(optim_.state(u, i));
-    return t;
-  }
-  std::vector<std::string> owned_state_names() const override { return with_param(optim_.state_names()); }
+  std::vector<Tensor> owned_state(size_t u) const override { return state_of(updated(u), optim_, u); }
   void sync_after_load() override {
     if (mixed())
       for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(cfg_.param_dtype));

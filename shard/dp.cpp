@@ -143,15 +143,7 @@ class Dp final : public Strategy {
     return rank_ == 0 ? std::pair<int64_t, int64_t>{0, layout(u).numel} : std::pair<int64_t, int64_t>{0, 0};
   }
   std::vector<Tensor> owned_state(size_t u) const override {
-    if (rank_ != 0) return {};
-    std::vector<Tensor> t = {updated(u)};
-    for (size_t i = 0; i < optim_->state_names().size(); ++i) t.push_back(optim_->state(u, i));
-    return t;
-  }
-  std::vector<std::string> owned_state_names() const override {
-    OptimConfig c = env_.optim;
-    return with_param(c.kind == "sgd" ? std::vector<std::string>{"momentum"}
-                                      : std::vector<std::string>{"adam_m", "adam_v"});
+    return rank_ == 0 ? state_of(updated(u), *optim_, u) : std::vector<Tensor>{};  // replicas own nothing
   }
   void sync_after_load() override {
     if (rank_ == 0 && mixed())

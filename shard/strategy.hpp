@@ -77,7 +77,8 @@ class Strategy : public UnitHooks {
   // f32 buffers whose first end - begin elements are that range: the parameters the optimizer
   // updates (the master copy under mixed precision), then each optimizer state.
   virtual std::vector<Tensor> owned_state(size_t u) const = 0;
-  virtual std::vector<std::string> owned_state_names() const = 0;  // "param", then the optimizer's
+  // "param", then the optimizer's state names.
+  std::vector<std::string> owned_state_names() const { return with_param(Optimizer::state_names(env_.optim.kind)); }
   // After owned_state buffers were overwritten (a load): bring every copy of the parameters up to date.
   virtual void sync_after_load() = 0;
 
@@ -118,6 +119,12 @@ class Strategy : public UnitHooks {
   static std::vector<std::string> with_param(std::vector<std::string> optim_names) {
     optim_names.insert(optim_names.begin(), "param");
     return optim_names;
+  }
+  // owned_state of a strategy whose optimizer keeps unit u as group u.
+  static std::vector<Tensor> state_of(Tensor updated, const Optimizer& o, size_t u) {
+    std::vector<Tensor> t = {updated};
+    for (size_t i = 0; i < o.state_names().size(); ++i) t.push_back(o.state(u, i));
+    return t;
   }
 
   StrategyConfig cfg_;

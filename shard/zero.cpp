@@ -154,12 +154,7 @@ class Zero final : public Strategy {
     int64_t b = std::min(f.shard_begin(), f.numel), e = std::min(f.shard_begin() + f.shard, f.numel);
     return {b, e};
   }
-  std::vector<Tensor> owned_state(size_t u) const override {
-    std::vector<Tensor> t = {updated(u)};
-    for (size_t i = 0; i < optim_.state_names().size(); ++i) t.push_back(optim_.state(u, i));
-    return t;
-  }
-  std::vector<std::string> owned_state_names() const override { return with_param(optim_.state_names()); }
+  std::vector<Tensor> owned_state(size_t u) const override { return state_of(updated(u), optim_, u); }
   void sync_after_load() override {
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u) {

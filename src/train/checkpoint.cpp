@@ -168,8 +168,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
 
 namespace {
 
-void check_compatible(const nlohmann::json& m, const TrainConfig& c, const std::string& path,
-                      const std::vector<std::string>& states) {
+void check_compatible(const nlohmann::json& m, const TrainConfig& c, const std::string& path) {
   const auto& mm = m["model"];
   auto same = [&](const char* k, int64_t v) {
     SHARD_REQUIRE(mm.at(k).get<int64_t>() == v,
@@ -184,7 +183,6 @@ void check_compatible(const nlohmann::json& m, const TrainConfig& c, const std::
   std::string kind = m["optimizer"].value("kind", "");
   SHARD_REQUIRE(kind == c.optim.kind, "checkpoint '{}' holds {} state; this run uses --optimizer {}", path, kind,
                 c.optim.kind);
-  (void)states;
 }
 
 }  // namespace
@@ -194,7 +192,7 @@ int64_t load_checkpoint(const std::string& path, Trainer& trainer) {
   nlohmann::json m = read_manifest(dir);
   Strategy& st = trainer.strategy();
   const auto names = st.owned_state_names();
-  check_compatible(m, trainer.config(), path, names);
+  check_compatible(m, trainer.config(), path);
   CheckpointFiles files(dir, m["files"]);
   const auto& units = trainer.units();
   for (size_t u = 0; u < units.size(); ++u) {
