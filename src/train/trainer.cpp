@@ -223,7 +223,6 @@ StepStats Trainer::run(std::FILE* out) {
   for (int64_t t = start_step_; t < cfg_.steps; ++t) {
     s = step(t);
     if (t == start_step_) first = s;
-
     // The first step warms caches and allocators; throughput excludes it when there are others.
     if (t > start_step_ || cfg_.steps == start_step_ + 1) {
       total_ms += s.ms;
