@@ -26,13 +26,7 @@ Strategy::Strategy(const StrategyConfig& cfg, StrategyEnv env)
     : cfg_(cfg), env_(std::move(env)), rank_(env_.comm.rank()), world_(env_.comm.world_size()) {
   param_ws_.resize(env_.units.size());
   grad_ws_.resize(env_.units.size());
-  borrowed_.resize(env_.units.size());
-  for (size_t u = 0; u < env_.units.size(); ++u)
-    for (const std::string& name : env_.units[u]->borrowed())
-      for (size_t o = 0; o < env_.units.size(); ++o)
-        for (const TensorDecl& t : env_.units[o]->layout().tensors)
-          if (t.name == name) borrowed_[u].emplace_back(o, &t);
-
+  for (size_t u = 0; u < env_.units.size(); ++u) borrowed_.push_back(borrowed_tensors(env_.units, u));
 }
 
 void Strategy::load_params(const std::string& path) {

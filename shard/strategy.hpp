@@ -89,8 +89,8 @@ class Strategy : public UnitHooks {
   ParamSet views(size_t u, FullOf full_of) const {
     ParamSet s;
     add_unit_views(s, env_.units[u]->layout(), full_of(u));
-    for (const auto& [owner, decl] : borrowed_[u])
-      s.set(decl->name, full_of(owner).slice(decl->offset, decl->numel).reshape(decl->shape));
+    for (const BorrowedTensor& b : borrowed_[u])
+      s.set(b.decl->name, full_of(b.owner).slice(b.decl->offset, b.decl->numel).reshape(b.decl->shape));
     return s;
   }
   const UnitLayout& layout(size_t u) const { return env_.units[u]->layout(); }
@@ -113,7 +113,7 @@ class Strategy : public UnitHooks {
   // Releases the f32 compute copies of unit u and of the units it borrows from.
   void release_unit_params(size_t u) {
     release_compute_params(u);
-    for (const auto& [owner, decl] : borrowed_[u]) release_compute_params(owner);
+    for (const BorrowedTensor& b : borrowed_[u]) release_compute_params(b.owner);
   }
   bool mixed() const { return cfg_.param_dtype != DType::f32; }
   static std::vector<std::string> with_param(std::vector<std::string> optim_names) {
@@ -130,7 +130,7 @@ class Strategy : public UnitHooks {
   StrategyConfig cfg_;
   StrategyEnv env_;
   int rank_, world_;
-  std::vector<std::vector<std::pair<size_t, const TensorDecl*>>> borrowed_;  // per unit: (owner, tensor)
+  std::vector<std::vector<BorrowedTensor>> borrowed_;  // per unit
   int64_t micro_ = 0;
   bool last_micro_ = true;
 

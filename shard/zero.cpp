@@ -93,7 +93,7 @@ class Zero final : public Strategy {
   ParamSet grads(size_t u) override {
     if (stage_ != 1) {
       ensure_grad_full(u);
-      for (const auto& [owner, decl] : borrowed_[u]) ensure_grad_full(owner);
+      for (const BorrowedTensor& b : borrowed_[u]) ensure_grad_full(b.owner);
     }
     return views(u, [&](size_t x) { return compute_grads(x, grads_full_[x].flat(rd_)); });
   }
@@ -252,7 +252,7 @@ class Zero final : public Strategy {
   }
   void acquire(size_t u) {
     acquire_one(u);
-    for (const auto& [owner, decl] : borrowed_[u]) acquire_one(owner);
+    for (const BorrowedTensor& b : borrowed_[u]) acquire_one(b.owner);
   }
   void release_one(size_t u, bool keep) {
     Gathered& g = gathered_[u];
@@ -265,7 +265,7 @@ class Zero final : public Strategy {
   }
   void release(size_t u, bool keep) {
     release_one(u, keep);
-    for (const auto& [owner, decl] : borrowed_[u]) release_one(owner, keep);
+    for (const BorrowedTensor& b : borrowed_[u]) release_one(b.owner, keep);
   }
   Tensor gathered_tensor(size_t u) const { return gathered_[u].buf.flat(pd_); }
 

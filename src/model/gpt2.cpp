@@ -199,12 +199,18 @@ std::vector<UnitMemDesc> gpt2_mem_desc(const ModelSpec& spec, int64_t B, int64_t
     d.out_elems = u->out_elems(spec, B, T);
     d.saved_elems = u->saved_elems(spec, B, T);
     d.backward_workspace_elems = u->backward_workspace_elems(spec, B, T);
-    for (const std::string& b : u->borrowed())
-      for (size_t o = 0; o < units.size(); ++o)
-        for (const TensorDecl& t : units[o]->layout().tensors)
-          if (t.name == b) d.borrows.push_back(o);
+    for (const BorrowedTensor& b : borrowed_tensors(units, out.size())) d.borrows.push_back(b.owner);
     out.push_back(std::move(d));
   }
+  return out;
+}
+
+std::vector<BorrowedTensor> borrowed_tensors(const std::vector<std::unique_ptr<Unit>>& units, size_t u) {
+  std::vector<BorrowedTensor> out;
+  for (const std::string& name : units[u]->borrowed())
+    for (size_t o = 0; o < units.size(); ++o)
+      for (const TensorDecl& t : units[o]->layout().tensors)
+        if (t.name == name) out.push_back({o, &t});
   return out;
 }
 

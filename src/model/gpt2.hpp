@@ -84,6 +84,13 @@ class Unit {
 
 std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec);
 
+// The tensors unit u borrows from other units (tied weights), with the index of their owner.
+struct BorrowedTensor {
+  size_t owner;
+  const TensorDecl* decl;
+};
+std::vector<BorrowedTensor> borrowed_tensors(const std::vector<std::unique_ptr<Unit>>& units, size_t u);
+
 // The units as the memory estimator sees them, for micro-batches of B sequences of T tokens.
 std::vector<UnitMemDesc> gpt2_mem_desc(const ModelSpec& spec, int64_t B, int64_t T);
 

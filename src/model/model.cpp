@@ -85,10 +85,8 @@ void Gpt2Model::zero_grads() {
 ParamSet Gpt2Model::view_set(size_t i, const std::vector<Block>& storage) const {
   ParamSet s;
   add_unit_views(s, units_[i]->layout(), storage[i].flat(DType::f32));
-  for (const std::string& b : units_[i]->borrowed())
-    for (size_t u = 0; u < units_.size(); ++u)
-      for (const TensorDecl& t : units_[u]->layout().tensors)
-        if (t.name == b) s.set(t.name, storage[u].flat(DType::f32).slice(t.offset, t.numel).reshape(t.shape));
+  for (const BorrowedTensor& b : borrowed_tensors(units_, i))
+    s.set(b.decl->name, storage[b.owner].flat(DType::f32).slice(b.decl->offset, b.decl->numel).reshape(b.decl->shape));
   return s;
 }
 
