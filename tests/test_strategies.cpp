@@ -332,8 +332,7 @@ TEST_CASE("the estimator predicts what the ledger measures", "[strategies][estim
         t.step(0);
         t.step(1);  // the ledger now holds this step's peaks
         const Ledger& L = pool.ledger();
-        auto units = gpt2_mem_desc(cfg.spec, cfg.batch / N / accum, cfg.spec.seq);
-        Estimate e = estimate_step(units, estimate_config(cfg, N, g_mpi->rank(), cfg.batch / N / accum));
+        Estimate e = predict_step(cfg, N, g_mpi->rank(), cfg.batch / N / accum);
         INFO(s << " " << dtype_name(dt) << " accum " << accum << " world " << N << " rank " << g_mpi->rank()
                << ": predicted peak " << e.peak << " (" << e.peak_phase << "), measured " << L.peak_total() << " ("
                << L.phase_at_peak() << ")");

@@ -42,8 +42,7 @@ StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, co
   // are in different collectives by then), so the estimator, exact for these steps, decides first.
   if (cfg.budget) {
     const int64_t micro = tc.batch / comm->world_size() / tc.accum;
-    Estimate e = estimate_step(gpt2_mem_desc(tc.spec, micro, tc.spec.seq),
-                               estimate_config(tc, comm->world_size(), comm->rank(), micro));
+    Estimate e = predict_step(tc, comm->world_size(), comm->rank(), micro);
     if (e.peak > cfg.budget) {
       failed = 1;
       r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",

@@ -53,8 +53,7 @@ void measure(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg, const s
 Estimate predict(const ProfileConfig& cfg, const std::string& strategy, int rank, int64_t micro_batch) {
   TrainConfig t = cfg.train;
   t.strategy.name = strategy;
-  auto units = gpt2_mem_desc(t.spec, micro_batch, t.spec.seq);
-  return estimate_step(units, estimate_config(t, cfg.world, rank, micro_batch));
+  return predict_step(t, cfg.world, rank, micro_batch);
 }
 
 MemoryReport run_profile(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg) {

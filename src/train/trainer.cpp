@@ -138,7 +138,7 @@ StepStats Trainer::step(int64_t t) {
   return s;
 }
 
-EstimateConfig estimate_config(const TrainConfig& cfg, int world, int rank, int64_t micro_batch) {
+Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch) {
   EstimateConfig e;
   e.strategy = cfg.strategy.name;
   e.world = world;
@@ -153,15 +153,14 @@ EstimateConfig estimate_config(const TrainConfig& cfg, int world, int rank, int6
   e.prefetch = cfg.strategy.prefetch;
   e.max_gathered = cfg.strategy.max_gathered;
   e.reshard_after_forward = cfg.strategy.reshard_after_forward;
-  return e;
+  return estimate_step(gpt2_mem_desc(cfg.spec, micro_batch, cfg.spec.seq), e);
 }
 
 MemoryRow Trainer::memory_row(const std::string& label) const {
   const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
   MemoryRow row;
   row.label = label;
-  row.predicted = estimate_step(gpt2_mem_desc(cfg_.spec, micro, cfg_.spec.seq),
-                                estimate_config(cfg_, comm_.world_size(), comm_.rank(), micro));
+  row.predicted = predict_step(cfg_, comm_.world_size(), comm_.rank(), micro);
   const Ledger& L = pool_.ledger();
   row.measured = true;
   row.measured_states = states_;

@@ -37,9 +37,9 @@ struct TrainConfig {
   void validate(int world) const;
 };
 
-// What the memory estimator needs to know of a run: rank `rank` of `world`, micro-batches of
-// `micro_batch` sequences.
-EstimateConfig estimate_config(const TrainConfig& cfg, int world, int rank, int64_t micro_batch);
+// The memory estimator's prediction of one step of this run as rank `rank` of `world`, with
+// micro-batches of `micro_batch` sequences.
+Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch);
 
 struct StepStats {
   int64_t step = 0;  // 1-based
