@@ -87,6 +87,15 @@ class Pool {
     return alloc(static_cast<uint64_t>(count) * dtype_size(dtype), category, std::move(tag));
   }
 
+  // An f32 copy of t (any dtype) in a workspace block that `hold` keeps alive: how bf16/f16
+  // buffers are computed with in f32.
+  Tensor widen(Tensor t, Block& hold, std::string tag) {
+    hold = alloc(DType::f32, t.numel(), Category::workspace, std::move(tag));
+    Tensor w = hold.flat(DType::f32).slice(0, t.numel());
+    backend_.cast(t, w);
+    return w;
+  }
+
   Backend& backend() const { return backend_; }
   Ledger& ledger() { return ledger_; }
   const Ledger& ledger() const { return ledger_; }

@@ -46,12 +46,7 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
     Tensor m = g.m.flat(DType::f32), v = g.v ? g.v.flat(DType::f32) : Tensor();
     // Gradients kept in bf16/f16 (mixed precision) are widened for the update, one buffer at a time.
     Block wide;
-    Tensor grad = g.grad;
-    if (grad.dtype() != DType::f32) {
-      wide = pool_.alloc(DType::f32, grad.numel(), Category::workspace, "optimizer f32 gradient");
-      grad = wide.flat(DType::f32).slice(0, g.grad.numel());
-      be.cast(g.grad, grad);
-    }
+    Tensor grad = g.grad.dtype() == DType::f32 ? g.grad : pool_.widen(g.grad, wide, "optimizer f32 gradient");
     for (const ParamSegment& s : g.segments) {
       float wd = s.decay ? cfg_.weight_decay : 0.f;
       Tensor p = g.param.slice(s.offset, s.numel), gr = grad.slice(s.offset, s.numel);

@@ -43,10 +43,8 @@ std::vector<float> Strategy::to_host(Tensor t) const {
   if (t.dtype() == DType::f32) {
     env_.be.copy(Tensor::of(std::span<float>(v)), t);
   } else {
-    Block wide = env_.pool.alloc(DType::f32, t.numel(), Category::workspace, "widen for host copy");
-    Tensor w = wide.flat(DType::f32).slice(0, t.numel());
-    env_.be.cast(t, w);
-    env_.be.copy(Tensor::of(std::span<float>(v)), w);
+    Block wide;
+    env_.be.copy(Tensor::of(std::span<float>(v)), env_.pool.widen(t, wide, "widen for host copy"));
   }
   return v;
 }
@@ -60,10 +58,8 @@ double Strategy::sum_squares(const std::vector<Tensor>& tensors) const {
       env_.be.sum_squares(t, a, true);
       continue;
     }
-    Block wide = env_.pool.alloc(DType::f32, t.numel(), Category::workspace, "grad norm f32");
-    Tensor w = wide.flat(DType::f32).slice(0, t.numel());
-    env_.be.cast(t, w);
-    env_.be.sum_squares(w, a, true);
+    Block wide;
+    env_.be.sum_squares(env_.pool.widen(t, wide, "grad norm f32"), a, true);
   }
   float v = 0.f;
   env_.be.copy(Tensor::flat(&v, DType::f32, 1), a);
@@ -73,10 +69,7 @@ double Strategy::sum_squares(const std::vector<Tensor>& tensors) const {
 Tensor Strategy::compute_params(size_t u, Tensor storage) {
   if (storage.dtype() == DType::f32) return storage;
   Block& ws = param_ws_[u];
-  if (!ws) {
-    ws = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, layout(u).name + " params (f32 compute)");
-    env_.be.cast(storage, ws.flat(DType::f32).slice(0, storage.numel()));
-  }
+  if (!ws) return env_.pool.widen(storage, ws, layout(u).name + " params (f32 compute)");
   return ws.flat(DType::f32).slice(0, storage.numel());
 }
 
@@ -96,9 +89,8 @@ void Strategy::flush_grads(size_t u, Tensor storage) {
   Block& ws = grad_ws_[u];
   if (!ws) return;
   Tensor w = ws.flat(DType::f32).slice(0, storage.numel());
-  Block sum = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, layout(u).name + " grads accumulate");
-  Tensor acc = sum.flat(DType::f32).slice(0, storage.numel());
-  env_.be.cast(storage, acc);
+  Block sum;
+  Tensor acc = env_.pool.widen(storage, sum, layout(u).name + " grads accumulate");
   env_.be.add(acc, w, acc);
   env_.be.cast(acc, storage);  // one rounding to the reduce dtype
   ws.reset();
@@ -122,11 +114,9 @@ void Strategy::accumulate(Tensor dst, Tensor src) {
     env_.be.add(dst, src, dst);
     return;
   }
-  Block a = env_.pool.alloc(DType::f32, dst.numel(), Category::workspace, "accumulate f32");
-  Block b = env_.pool.alloc(DType::f32, src.numel(), Category::workspace, "accumulate f32");
-  Tensor ta = a.flat(DType::f32).slice(0, dst.numel()), tb = b.flat(DType::f32).slice(0, src.numel());
-  env_.be.cast(dst, ta);
-  env_.be.cast(src, tb);
+  Block a, b;
+  Tensor ta = env_.pool.widen(dst, a, "accumulate f32");
+  Tensor tb = env_.pool.widen(src, b, "accumulate f32");
   env_.be.add(ta, tb, ta);
   env_.be.cast(ta, dst);
 }
