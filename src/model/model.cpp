@@ -51,32 +51,34 @@ void Gpt2Model::load(const std::string& path) {
   }
 }
 
+void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
+                 const std::vector<std::vector<float>>& values, DType dtype) {
+  std::vector<SafetensorsTensor> tensors;
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const TensorDecl& t : units[u]->layout().tensors)
+      tensors.push_back({t.name, dtype, t.shape,
+                         std::span<const float>(values[u].data() + t.offset, static_cast<size_t>(t.numel))});
+  write_safetensors(path, tensors, {{"format", "pt"}, {"model", spec.describe()}});
+}
+
 void Gpt2Model::save(const std::string& path, DType dtype) const {
   std::vector<std::vector<float>> host(units_.size());
-  std::vector<SafetensorsTensor> tensors;
   for (size_t i = 0; i < units_.size(); ++i) {
     host[i].resize(static_cast<size_t>(units_[i]->layout().numel));
     be_.copy(Tensor::of(std::span<float>(host[i])), unit_params(i));
-    for (const TensorDecl& t : units_[i]->layout().tensors)
-      tensors.push_back({t.name, dtype, t.shape,
-                         std::span<const float>(host[i].data() + t.offset, static_cast<size_t>(t.numel))});
   }
-  write_safetensors(path, tensors, {{"format", "pt"}, {"model", spec_.describe()}});
+  write_units(path, spec_, units_, host, dtype);
 }
 
-Tensor Gpt2Model::param(const std::string& name) const {
+Tensor Gpt2Model::find(const std::string& name, const std::vector<Block>& storage, const char* what) const {
   for (size_t i = 0; i < units_.size(); ++i)
     for (const TensorDecl& t : units_[i]->layout().tensors)
-      if (t.name == name) return unit_params(i).slice(t.offset, t.numel);
-  SHARD_CHECK(false, "model has no parameter '{}'", name);
+      if (t.name == name) return storage[i].flat(DType::f32).slice(t.offset, t.numel);
+  SHARD_CHECK(false, "model has no {} '{}'", what, name);
 }
 
-Tensor Gpt2Model::grad(const std::string& name) const {
-  for (size_t i = 0; i < units_.size(); ++i)
-    for (const TensorDecl& t : units_[i]->layout().tensors)
-      if (t.name == name) return unit_grads(i).slice(t.offset, t.numel);
-  SHARD_CHECK(false, "model has no gradient '{}'", name);
-}
+Tensor Gpt2Model::param(const std::string& name) const { return find(name, params_, "parameter"); }
+Tensor Gpt2Model::grad(const std::string& name) const { return find(name, grads_, "gradient"); }
 
 void Gpt2Model::zero_grads() {
   for (const Block& g : grads_) be_.fill(g.flat(DType::f32), 0.f);

@@ -16,6 +16,10 @@ namespace shardlab {
 // a "transformer." prefix; throws InputError naming a missing tensor or a shape mismatch.
 void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec);
 
+// Writes every unit's parameters (values[u]: unit u's flat f32 buffer) as HF-named safetensors.
+void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
+                 const std::vector<std::vector<float>>& values, DType dtype = DType::f32);
+
 class Gpt2Model : private UnitHooks {
  public:
   Gpt2Model(const ModelSpec& spec, Backend& be, Pool& pool);
@@ -43,6 +47,7 @@ class Gpt2Model : private UnitHooks {
 
  private:
   ParamSet view_set(size_t i, const std::vector<Block>& storage) const;
+  Tensor find(const std::string& name, const std::vector<Block>& storage, const char* what) const;
   ParamSet forward_params(size_t u) override { return view_set(u, params_); }
   ParamSet backward_params(size_t u) override { return view_set(u, params_); }
   ParamSet grads(size_t u) override { return view_set(u, grads_); }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/units.hpp"
+#include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
 #include "src/train/checkpoint.hpp"
 
@@ -181,13 +182,7 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
 void Trainer::save(const std::string& path) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
-  if (comm_.rank() != 0) return;
-  std::vector<SafetensorsTensor> tensors;
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (const TensorDecl& t : units_[u]->layout().tensors)
-      tensors.push_back({t.name, DType::f32, t.shape,
-                         std::span<const float>(host[u].data() + t.offset, static_cast<size_t>(t.numel))});
-  write_safetensors(path, tensors, {{"format", "pt"}, {"model", cfg_.spec.describe()}});
+  if (comm_.rank() == 0) write_units(path, cfg_.spec, units_, host);
 }
 
 StepStats Trainer::run(std::FILE* out) {
