@@ -92,7 +92,7 @@ class Pool {
   Tensor widen(Tensor t, Block& hold, std::string tag) {
     hold = alloc(DType::f32, t.numel(), Category::workspace, std::move(tag));
     Tensor w = hold.flat(DType::f32).slice(0, t.numel());
-    backend_.cast(t, w);
+    backend_.cast(w, t);
     return w;
   }
 

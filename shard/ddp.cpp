@@ -77,7 +77,7 @@ class Ddp final : public Strategy {
     env_.pool.ledger().set_phase("optimizer step");
     optim_.step(step, lr, grad_scale);
     if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(cfg_.param_dtype));
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(cfg_.param_dtype), master_[u].flat(DType::f32));
   }
 
   std::vector<float> gather_unit_params(size_t u) override { return to_host(updated(u)); }
@@ -86,7 +86,7 @@ class Ddp final : public Strategy {
   std::vector<Tensor> owned_state(size_t u) const override { return state_of(updated(u), optim_, u); }
   void sync_after_load() override {
     if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(cfg_.param_dtype));
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(cfg_.param_dtype), master_[u].flat(DType::f32));
   }
   std::vector<float> gather_unit_grads(size_t u) override {
     wait_all();

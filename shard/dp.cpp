@@ -130,7 +130,7 @@ class Dp final : public Strategy {
     env_.pool.ledger().set_phase("optimizer step");
     optim_->step(step, lr, grad_scale);
     if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(pd_));
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(pd_), master_[u].flat(DType::f32));
   }
 
   std::vector<float> gather_unit_params(size_t u) override {
@@ -147,7 +147,7 @@ class Dp final : public Strategy {
   }
   void sync_after_load() override {
     if (rank_ == 0 && mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), params_[u].flat(pd_));
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(pd_), master_[u].flat(DType::f32));
   }
 
   std::vector<float> gather_unit_grads(size_t u) override {

@@ -92,7 +92,7 @@ void Strategy::flush_grads(size_t u, Tensor storage) {
   Block sum;
   Tensor acc = env_.pool.widen(storage, sum, layout(u).name + " grads accumulate");
   env_.be.add(acc, w, acc);
-  env_.be.cast(acc, storage);  // one rounding to the reduce dtype
+  env_.be.cast(storage, acc);  // one rounding to the reduce dtype
   ws.reset();
 }
 
@@ -105,7 +105,7 @@ void Strategy::write_values(Tensor storage, Tensor master, std::span<const float
     Block host = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, "values to store");
     Tensor h = host.flat(DType::f32).slice(0, storage.numel());
     env_.be.copy(h, src);
-    env_.be.cast(h, storage);
+    env_.be.cast(storage, h);
   }
 }
 
@@ -118,7 +118,7 @@ void Strategy::accumulate(Tensor dst, Tensor src) {
   Tensor ta = env_.pool.widen(dst, a, "accumulate f32");
   Tensor tb = env_.pool.widen(src, b, "accumulate f32");
   env_.be.add(ta, tb, ta);
-  env_.be.cast(ta, dst);
+  env_.be.cast(dst, ta);
 }
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, StrategyEnv env) {

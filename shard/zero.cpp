@@ -128,7 +128,7 @@ class Zero final : public Strategy {
     env_.pool.ledger().set_phase("optimizer step");
     optim_.step(step, lr, grad_scale);
     if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(master_[u].flat(DType::f32), owned_params(u));
+      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(owned_params(u), master_[u].flat(DType::f32));
     if (stage_ == 3) return;
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u)
@@ -158,7 +158,7 @@ class Zero final : public Strategy {
   void sync_after_load() override {
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u) {
-      if (mixed()) env_.be.cast(master_[u].flat(DType::f32), owned_params(u));
+      if (mixed()) env_.be.cast(owned_params(u), master_[u].flat(DType::f32));
       if (stage_ != 3) works.push_back(env_.comm.all_gather(owned_params(u), params_[u].flat(pd_)));
     }
     for (Work& w : works) w.wait();

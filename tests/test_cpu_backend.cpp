@@ -115,10 +115,10 @@ TEST_CASE("cpu fill and cast across f32, bf16 and f16", "[backend]") {
     for (DType to : types) {
       std::vector<uint8_t> a(n * dtype_size(from)), b(n * dtype_size(to));
       Tensor ta = Tensor::flat(a.data(), from, n), tb = Tensor::flat(b.data(), to, n);
-      be->cast(t1(src), ta);
-      be->cast(ta, tb);
+      be->cast(ta, t1(src));
+      be->cast(tb, ta);
       std::vector<float> got(n);
-      be->cast(tb, t1(got));
+      be->cast(t1(got), tb);
       // Reference: the scalar conversions, applied element by element in the same order.
       for (size_t i = 0; i < n; ++i)
         REQUIRE(got[i] == test::round_to(test::round_to(src[i], from), to));
@@ -128,7 +128,7 @@ TEST_CASE("cpu fill and cast across f32, bf16 and f16", "[backend]") {
     Tensor tt = Tensor::flat(buf.data(), t, 100);
     be->fill(tt, 0.1f);
     std::vector<float> back(100);
-    be->cast(tt, t1(back));
+    be->cast(t1(back), tt);
     for (float v : back) REQUIRE(v == test::round_to(0.1f, t));
   }
 }

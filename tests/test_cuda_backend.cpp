@@ -21,12 +21,12 @@ struct Env {
     Block staging = pool.alloc(DType::f32, static_cast<int64_t>(host.size()), Category::workspace, "staging");
     Tensor hs = Tensor::flat(const_cast<float*>(host.data()), DType::f32, static_cast<int64_t>(host.size()));
     gpu->copy(staging.flat(DType::f32), hs);
-    gpu->cast(staging.flat(DType::f32), dev(b, t, host.size()));
+    gpu->cast(dev(b, t, host.size()), staging.flat(DType::f32));
     return b;
   }
   std::vector<float> download(const Block& b, DType t, size_t n) {
     Block staging = pool.alloc(DType::f32, static_cast<int64_t>(n), Category::workspace, "staging");
-    gpu->cast(dev(b, t, n), staging.flat(DType::f32));
+    gpu->cast(staging.flat(DType::f32), dev(b, t, n));
     std::vector<float> host(n);
     gpu->copy(Tensor::flat(host.data(), DType::f32, static_cast<int64_t>(n)), staging.flat(DType::f32));
     return host;

@@ -85,7 +85,7 @@ class Backend {
   // ---- kernels ----
   virtual void gemm(const GemmDesc& d, const void* a, const void* b, void* c) = 0;
   virtual void fill(Tensor x, float value) = 0;          // any dtype
-  virtual void cast(Tensor src, Tensor dst) = 0;         // any dtype to any dtype, same numel
+  virtual void cast(Tensor dst, Tensor src) = 0;         // dst <- src, any dtypes, same numel (as copy)
   virtual void axpy(float alpha, Tensor x, Tensor y) = 0;  // y += alpha * x
   virtual void scale(Tensor x, float alpha) = 0;           // x *= alpha
   virtual void add(Tensor a, Tensor b, Tensor out) = 0;    // out = a + b (out may alias a or b)

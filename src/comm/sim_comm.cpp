@@ -56,9 +56,9 @@ class SimCommunicator final : public Communicator {
     }
     Block wide = pool_.alloc(DType::f32, t.numel(), Category::comm_buffer, "sim reduction (f32)");
     Tensor w = wide.flat(DType::f32).slice(0, t.numel());
-    be().cast(t, w);
-    be().scale(w, static_cast<float>(world_));
     be().cast(w, t);
+    be().scale(w, static_cast<float>(world_));
+    be().cast(t, w);
   }
 
   int rank_, world_;

@@ -108,7 +108,7 @@ class CpuBackend final : public Backend {
     std::fill_n(static_cast<uint16_t*>(x.data()), n, bits);
   }
 
-  void cast(Tensor src, Tensor dst) override {
+  void cast(Tensor dst, Tensor src) override {
     check_same_numel(src, dst, "cast");
     int64_t n = src.numel();
     const int64_t chunk = 1 << 14;

@@ -124,7 +124,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cuda::launch_fill(x.data(), x.dtype(), n, value, compute_));
   }
 
-  void cast(Tensor src, Tensor dst) override {
+  void cast(Tensor dst, Tensor src) override {
     check_same_numel(src, dst, "cast");
     int64_t n = src.numel();
     CUDA_CHECK(cuda::launch_cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n, compute_));
