@@ -27,7 +27,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   tc.spec = s;
   tc.batch = cfg.batch;
   tc.steps = cfg.warmup + cfg.steps;
-  tc.schedule.kind = "constant";
+  tc.schedule.kind = ScheduleKind::constant;
   tc.schedule.lr = 1e-4f;
   auto comm = make_sim_communicator(0, 1, pool);
   Trainer trainer(pool.backend(), pool, *comm, tc);

@@ -48,3 +48,23 @@ void Ledger::record(Category c, int64_t delta, const std::string& tag) {
 }
 
 }  // namespace shardlab
+
+namespace shardlab {
+
+std::string phase_label(const Phase& p, const std::vector<std::string>& unit_names) {
+  auto unit = [&] {
+    return p.unit >= 0 && static_cast<size_t>(p.unit) < unit_names.size() ? unit_names[static_cast<size_t>(p.unit)]
+                                                                          : "unit " + std::to_string(p.unit);
+  };
+  switch (p.kind) {
+    case PhaseKind::idle: return "";
+    case PhaseKind::begin_step: return "begin step";
+    case PhaseKind::forward: return "forward " + unit();
+    case PhaseKind::loss: return "loss";
+    case PhaseKind::backward: return "backward " + unit();
+    case PhaseKind::optimizer: return "optimizer step";
+  }
+  return "";
+}
+
+}  // namespace shardlab

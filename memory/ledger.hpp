@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "memory/category.hpp"
+#include "memory/phase.hpp"
 
 namespace shardlab {
 
@@ -17,7 +18,7 @@ struct LedgerEvent {
   int64_t delta;        // +bytes on allocation, -bytes on free
   uint64_t total_after; // all categories, after this event
   std::string tag;
-  std::string phase;    // what the runtime was doing (set_phase), e.g. "forward h.3"
+  Phase phase;          // what the runtime was doing (set_phase)
 };
 
 using CategoryBytes = std::array<uint64_t, kNumCategories>;
@@ -28,8 +29,8 @@ class Ledger {
 
   void on_alloc(Category c, uint64_t bytes, const std::string& tag);
   void on_free(Category c, uint64_t bytes, const std::string& tag);
-  void set_phase(std::string phase) { phase_ = std::move(phase); }
-  const std::string& phase() const { return phase_; }
+  void set_phase(Phase phase) { phase_ = phase; }
+  const Phase& phase() const { return phase_; }
 
   uint64_t current(Category c) const { return current_[static_cast<int>(c)]; }
   uint64_t peak(Category c) const { return peak_[static_cast<int>(c)]; }
@@ -39,7 +40,7 @@ class Ledger {
   const CategoryBytes& peak_by_category() const { return peak_; }
   // What was live, by category, at the moment the total peaked, and what was happening then.
   const CategoryBytes& composition_at_peak() const { return at_peak_; }
-  const std::string& phase_at_peak() const { return phase_at_peak_; }
+  const Phase& phase_at_peak() const { return phase_at_peak_; }
 
   const std::vector<LedgerEvent>& timeline() const { return events_; }
   // The timeline is kept only while recording (on by default); clear_timeline() starts it afresh.
@@ -59,7 +60,7 @@ class Ledger {
 
   CategoryBytes current_{}, peak_{}, at_peak_{};
   uint64_t total_ = 0, peak_total_ = 0;
-  std::string phase_, phase_at_peak_;
+  Phase phase_, phase_at_peak_;
   std::vector<LedgerEvent> events_;
   size_t max_events_;
   bool recording_ = true;

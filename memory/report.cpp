@@ -33,9 +33,9 @@ Unit unit_for(uint64_t largest) {
 
 std::string pct(double a, double b) { return b > 0 ? fmt::format("{:+.1f}%", 100.0 * (a - b) / b) : "-"; }
 
-const MemoryRow* find(const MemoryReport& r, const std::string& label) {
+const MemoryRow* find(const MemoryReport& r, Baseline b) {
   for (const auto& row : r.rows)
-    if (row.label == label) return &row;
+    if (row.baseline == b) return &row;
   return nullptr;
 }
 
@@ -63,18 +63,18 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   uint64_t largest = 0;
   for (const auto& row : r.rows) largest = std::max({largest, row.predicted.peak, row.measured_peak});
   Unit u = unit_for(largest);
-  const MemoryRow* ddp = find(r, "ddp");
-  const MemoryRow* dp0 = find(r, "dp rank 0");
-  if (!dp0) dp0 = find(r, "dp");
+  const MemoryRow* ddp = find(r, Baseline::ddp);
+  const MemoryRow* dp0 = find(r, Baseline::dp);
+  auto label = [&](const Phase& p) { return phase_label(p, r.unit_names); };
   std::fprintf(out, "%s\nper rank, composition at the step's peak (%s)\n", r.title.c_str(), u.name);
   std::fprintf(out, "%-10s %-5s", "strategy", "");
   for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8s", kShort[k]);
   std::fprintf(out, " %9s %9s %7s %7s", "peak", "states", "vs ddp", "vs dp");
   if (r.budget) std::fprintf(out, " %5s %7s", "fits", "max mb");
   std::fprintf(out, "  peak during\n");
-  auto line = [&](const std::string& label, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
-                  const std::string& phase, const MemoryRow* row) {
-    std::fprintf(out, "%-10s %-5s", label.c_str(), kind);
+  auto line = [&](const std::string& name, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
+                  const Phase& phase, const MemoryRow* row) {
+    std::fprintf(out, "%-10s %-5s", name.c_str(), kind);
     for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8.2f", double(c[k]) / u.div);
     std::fprintf(out, " %9.2f %9.2f %7s %7s", double(peak) / u.div, double(states) / u.div,
                  ddp ? pct(double(peak), double(ddp->predicted.peak)).c_str() : "-",
@@ -83,7 +83,7 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
       std::fprintf(out, " %5s %7lld", row->fits ? "yes" : "NO", static_cast<long long>(row->max_micro_batch));
     else if (r.budget)
       std::fprintf(out, " %5s %7s", "", "");
-    std::fprintf(out, "  %s\n", phase.c_str());
+    std::fprintf(out, "  %s\n", label(phase).c_str());
   };
   for (const auto& row : r.rows) {
     line(row.label, "pred", row.predicted.at_peak, row.predicted.peak, row.predicted.model_state_total(),
@@ -111,6 +111,7 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
 }
 
 std::string memory_report_json(const MemoryReport& r) {
+  auto label = [&](const Phase& p) { return phase_label(p, r.unit_names); };
   nlohmann::json j;
   j["schema"] = "shardlab.profile/1";
   j["title"] = r.title;
@@ -123,18 +124,20 @@ std::string memory_report_json(const MemoryReport& r) {
     o["label"] = row.label;
     const Estimate& e = row.predicted;
     nlohmann::json tl = nlohmann::json::array();
-    for (const auto& p : e.timeline) tl.push_back({{"phase", p.phase}, {"total", total(p.live)}, {"by_category", cats(p.live)}});
+    for (const auto& p : e.timeline)
+      tl.push_back({{"phase", label(p.phase)}, {"total", total(p.live)}, {"by_category", cats(p.live)}});
     o["predicted"] = {{"model_states", cats(e.model_states)}, {"at_peak", cats(e.at_peak)},
-                      {"peak_by_category", cats(e.peak_by_category)}, {"peak", e.peak}, {"peak_phase", e.peak_phase},
-                      {"timeline", tl}};
+                      {"peak_by_category", cats(e.peak_by_category)}, {"peak", e.peak},
+                      {"peak_phase", label(e.peak_phase)}, {"timeline", tl}};
     if (row.measured) {
       nlohmann::json mt = nlohmann::json::array();
       for (const auto& ev : row.measured_timeline)
         mt.push_back({{"t_ms", ev.t_ms}, {"category", std::string(category_name(ev.category))}, {"delta", ev.delta},
-                      {"total", ev.total_after}, {"tag", ev.tag}, {"phase", ev.phase}});
+                      {"total", ev.total_after}, {"tag", ev.tag}, {"phase", label(ev.phase)}});
       o["measured"] = {{"model_states", cats(row.measured_states)}, {"at_peak", cats(row.measured_at_peak)},
                        {"peak_by_category", cats(row.measured_peak_by_category)}, {"peak", row.measured_peak},
-                       {"peak_phase", row.measured_phase}, {"comm_bytes_per_step", row.comm_bytes}, {"timeline", mt}};
+                       {"peak_phase", label(row.measured_phase)}, {"comm_bytes_per_step", row.comm_bytes},
+                       {"timeline", mt}};
     } else {
       o["measured"] = nullptr;
     }
@@ -194,7 +197,7 @@ std::string bars_svg(const MemoryReport& r, const Unit& u, uint64_t largest) {
 
 // Memory over one step: stacked areas by category along the step's allocations, with the phases
 // (forward, loss, backward, optimizer) shaded and each unit's start ticked.
-std::string timeline_svg(const MemoryRow& row, const Unit& u) {
+std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<std::string>& unit_names) {
   const auto& tl = row.predicted.timeline;
   const int w = 760, h = 220, left = 60, top = 20, plot_w = w - left - 20, plot_h = h - top - 40;
   std::string s = fmt::format("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='11'>\n", w, h);
@@ -204,12 +207,14 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u) {
   auto X = [&](size_t i) { return left + plot_w * double(i) / double(tl.size() - 1); };
   auto Y = [&](double v) { return top + plot_h - plot_h * v / double(std::max<uint64_t>(1, top_val)); };
   // Phase bands.
-  auto kind = [](const std::string& p) {
-    if (p.rfind("forward", 0) == 0) return 0;
-    if (p == "loss") return 1;
-    if (p.rfind("backward", 0) == 0) return 2;
-    if (p == "optimizer step") return 3;
-    return 4;  // begin step (DP's broadcast copies) and anything unnamed
+  auto kind = [](const Phase& p) {
+    switch (p.kind) {
+      case PhaseKind::forward: return 0;
+      case PhaseKind::loss: return 1;
+      case PhaseKind::backward: return 2;
+      case PhaseKind::optimizer: return 3;
+      default: return 4;  // begin step (DP's broadcast copies) and idle
+    }
   };
   const char* band_color[5] = {"#eef5ff", "#fff5e6", "#f0fff0", "#f7f0ff", "#f4f4f4"};
   const char* band_name[5] = {"forward", "loss", "backward", "optimizer", "begin"};
@@ -226,7 +231,7 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u) {
   for (size_t i = 1; i < tl.size(); ++i)  // a tick where each unit starts
     if (tl[i].phase != tl[i - 1].phase)
       s += fmt::format("<line x1='{:.1f}' y1='{}' x2='{:.1f}' y2='{}' stroke='#bbb'><title>{}</title></line>\n", X(i),
-                       top + plot_h, X(i), top + plot_h + 5, esc(tl[i].phase));
+                       top + plot_h, X(i), top + plot_h + 5, esc(phase_label(tl[i].phase, unit_names)));
   // Stacked areas, bottom category first.
   std::vector<double> base(tl.size(), 0.0);
   for (int k = 0; k < kNumCategories; ++k) {
@@ -249,7 +254,7 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u) {
   s += fmt::format("<text x='{}' y='{}'>{}</text><text x='{}' y='{}' text-anchor='middle'>allocations and frees of "
                    "one step, in order (peak {:.2f} {} during {})</text>\n",
                    4, top + 10, u.name, left + plot_w / 2, h - 8, double(row.predicted.peak) / u.div, u.name,
-                   esc(row.predicted.peak_phase));
+                   esc(phase_label(row.predicted.peak_phase, unit_names)));
   return s + "</svg>\n";
 }
 
@@ -270,11 +275,11 @@ std::string memory_report_html(const MemoryReport& r) {
   for (int k = 0; k < kNumCategories; ++k) h += "<th>" + std::string(kCategoryNames[k]) + "</th>";
   h += "<th>peak</th><th>model states</th><th>peak during</th></tr>\n";
   auto tr = [&](const std::string& label, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
-                const std::string& phase) {
+                const Phase& phase) {
     h += "<tr><td>" + esc(label) + "</td><td>" + kind + "</td>";
     for (int k = 0; k < kNumCategories; ++k) h += fmt::format("<td>{:.2f}</td>", double(c[k]) / u.div);
     h += fmt::format("<td><b>{:.2f}</b></td><td>{:.2f}</td><td>{}</td></tr>\n", double(peak) / u.div,
-                     double(states) / u.div, esc(phase));
+                     double(states) / u.div, esc(phase_label(phase, r.unit_names)));
   };
   for (const auto& row : r.rows) {
     tr(row.label, "predicted", row.predicted.at_peak, row.predicted.peak, row.predicted.model_state_total(),
@@ -284,13 +289,14 @@ std::string memory_report_html(const MemoryReport& r) {
   }
   h += "</table>\n<h2>Memory per rank by category</h2>\n" + bars_svg(r, u, bar_max);
   h += "<h2>Memory over one training step (predicted)</h2>\n";
-  for (const auto& row : r.rows) h += "<h3>" + esc(row.label) + "</h3>\n" + timeline_svg(row, u);
+  for (const auto& row : r.rows) h += "<h3>" + esc(row.label) + "</h3>\n" + timeline_svg(row, u, r.unit_names);
   h += "<p style='color:#666;font-size:11px'>Written by shardlab profile. Self-contained: no scripts, no network.</p>\n";
   return h + "</body></html>\n";
 }
 
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
-                         const CategoryBytes& base, const std::vector<TraceMark>& marks) {
+                         const CategoryBytes& base, const std::vector<TraceMark>& marks,
+                         const std::vector<std::string>& unit_names) {
   auto add = [&](const nlohmann::json& e) {
     if (!out.empty()) out += ",\n";
     out += e.dump();
@@ -317,8 +323,8 @@ void append_trace_events(std::string& out, int pid, const std::string& name, con
     bool last = i + 1 == events.size();
     if (last || events[i + 1].phase != events[phase_start].phase) {
       double end = last ? e.t_ms : events[i + 1].t_ms;
-      if (!events[phase_start].phase.empty())
-        add({{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"name", events[phase_start].phase},
+      if (events[phase_start].phase.kind != PhaseKind::idle)
+        add({{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"name", phase_label(events[phase_start].phase, unit_names)},
              {"ts", (events[phase_start].t_ms - t0) * 1000.0},
              {"dur", std::max(1.0, (end - events[phase_start].t_ms) * 1000.0)}});
       phase_start = i + 1;
@@ -331,12 +337,29 @@ std::string memory_trace_json(const MemoryReport& r) {
   int pid = 0;
   for (const auto& row : r.rows)
     if (row.measured && !row.measured_timeline.empty())
-      append_trace_events(events, pid++, row.label, row.measured_timeline, row.measured_states, row.measured_comm);
+      append_trace_events(events, pid++, row.label, row.measured_timeline, row.measured_states, row.measured_comm,
+                          r.unit_names);
   return chrome_trace_document(events);
 }
 
 std::string chrome_trace_document(const std::string& events) {
   return "{\"traceEvents\": [\n" + events + "\n], \"displayTimeUnit\": \"ms\"}\n";
+}
+
+}  // namespace shardlab
+
+namespace shardlab {
+
+void MemoryRow::take_measurement(const MemoryRow& m) {
+  measured = m.measured;
+  measured_states = m.measured_states;
+  measured_at_peak = m.measured_at_peak;
+  measured_peak_by_category = m.measured_peak_by_category;
+  measured_peak = m.measured_peak;
+  measured_phase = m.measured_phase;
+  measured_timeline = m.measured_timeline;
+  measured_comm = m.measured_comm;
+  comm_bytes = m.comm_bytes;
 }
 
 }  // namespace shardlab

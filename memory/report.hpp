@@ -1,12 +1,14 @@
 // report.hpp — memory reports from plain rows (predicted and, when measured, measured bytes per
 // category): the terminal table, a versioned JSON document, and a self-contained HTML page with
-// SVG charts (no scripts, no network). Nothing here knows strategies or models.
+// SVG charts (no scripts, no network). Nothing here knows strategies or models: the rows say which
+// one is the baseline each saving is measured against, and the report carries the unit names its
+// phase labels ("backward h.3") are built from.
 #pragma once
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "memory/estimator.hpp"
+#include "memory/estimate.hpp"
 
 namespace shardlab {
 
@@ -17,24 +19,31 @@ struct TraceMark {
   double bytes;
 };
 
+// What the "vs ddp" and "vs dp" columns compare each row against.
+enum class Baseline : uint8_t { none, ddp, dp };
+
 struct MemoryRow {
   std::string label;          // "zero3", "dp rank 0", "dp others"
+  Baseline baseline = Baseline::none;
   Estimate predicted;
   bool measured = false;
   CategoryBytes measured_states{}, measured_at_peak{}, measured_peak_by_category{};
   uint64_t measured_peak = 0;
-  std::string measured_phase;
+  Phase measured_phase;
   std::vector<LedgerEvent> measured_timeline;  // one step
   std::vector<TraceMark> measured_comm;        // the collectives of that step
   bool fits = true;           // predicted peak within the budget (when there is one)
   int64_t max_micro_batch = 0;  // largest micro-batch whose predicted peak fits (0: none, or no budget)
   double comm_bytes = 0;      // measured bus bytes per rank per step (0 when not measured)
+  // Copies the measured fields of m (a measured row of the same configuration).
+  void take_measurement(const MemoryRow& m);
 };
 
 struct MemoryReport {
   std::string title;      // e.g. "gpt2-xl (...), world 64, micro-batch 4 x 1024"
   std::string config_json;  // the run's configuration, embedded as is in the JSON report
   uint64_t budget = 0;
+  std::vector<std::string> unit_names;  // for phase labels
   std::vector<MemoryRow> rows;
 };
 
@@ -49,6 +58,7 @@ std::string chrome_trace_document(const std::string& events);
 // The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing
 // array): `base` is what was live before the first event; marks go on a "collectives" track.
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
-                         const CategoryBytes& base, const std::vector<TraceMark>& marks);
+                         const CategoryBytes& base, const std::vector<TraceMark>& marks,
+                         const std::vector<std::string>& unit_names);
 
 }  // namespace shardlab

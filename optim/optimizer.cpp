@@ -4,8 +4,23 @@
 
 namespace shardlab {
 
+OptimizerKind parse_optimizer(const std::string& s) {
+  if (s == "adamw") return OptimizerKind::adamw;
+  if (s == "sgd") return OptimizerKind::sgd;
+  throw InputError(fmt::format("--optimizer '{}': expected adamw or sgd", s));
+}
+
+const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::adamw ? "adamw" : "sgd"; }
+
+ScheduleKind parse_schedule(const std::string& s) {
+  if (s == "constant") return ScheduleKind::constant;
+  if (s == "cosine") return ScheduleKind::cosine;
+  throw InputError(fmt::format("--schedule '{}': expected constant or cosine", s));
+}
+
+const char* schedule_name(ScheduleKind k) { return k == ScheduleKind::constant ? "constant" : "cosine"; }
+
 void OptimConfig::validate() const {
-  SHARD_REQUIRE(kind == "adamw" || kind == "sgd", "--optimizer '{}': expected adamw or sgd", kind);
   SHARD_REQUIRE(beta1 >= 0.f && beta1 < 1.f, "--beta1 {}: expected 0 <= beta1 < 1", beta1);
   SHARD_REQUIRE(beta2 >= 0.f && beta2 < 1.f, "--beta2 {}: expected 0 <= beta2 < 1", beta2);
   SHARD_REQUIRE(eps > 0.f, "--eps {}: expected a positive value", eps);
@@ -31,9 +46,9 @@ void Optimizer::add(Tensor param, Tensor grad, std::vector<ParamSegment> segment
   SHARD_CHECK(param.numel() == grad.numel(), "optimizer buffer {}: {} params, {} grads", tag, param.numel(),
               grad.numel());
   Group g{param, grad, std::move(segments), {}, {}};
-  g.m = pool_.alloc(DType::f32, param.numel(), Category::optim_state, tag + (cfg_.kind == "sgd" ? " momentum" : " adam m"));
+  g.m = pool_.alloc(DType::f32, param.numel(), Category::optim_state, tag + (cfg_.kind == OptimizerKind::sgd ? " momentum" : " adam m"));
   pool_.backend().fill(g.m.flat(DType::f32).slice(0, param.numel()), 0.f);
-  if (cfg_.kind == "adamw") {
+  if (cfg_.kind == OptimizerKind::adamw) {
     g.v = pool_.alloc(DType::f32, param.numel(), Category::optim_state, tag + " adam v");
     pool_.backend().fill(g.v.flat(DType::f32).slice(0, param.numel()), 0.f);
   }
@@ -50,7 +65,7 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
     for (const ParamSegment& s : g.segments) {
       float wd = s.decay ? cfg_.weight_decay : 0.f;
       Tensor p = g.param.slice(s.offset, s.numel), gr = grad.slice(s.offset, s.numel);
-      if (cfg_.kind == "adamw") {
+      if (cfg_.kind == OptimizerKind::adamw) {
         AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step, grad_scale};
         be.adamw_update(p, gr, m.slice(s.offset, s.numel), v.slice(s.offset, s.numel), a);
       } else {
@@ -61,8 +76,8 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
   }
 }
 
-std::vector<std::string> Optimizer::state_names(const std::string& kind) {
-  if (kind == "sgd") return {"momentum"};
+std::vector<std::string> Optimizer::state_names(OptimizerKind kind) {
+  if (kind == OptimizerKind::sgd) return {"momentum"};
   return {"adam_m", "adam_v"};
 }
 
@@ -74,7 +89,6 @@ Tensor Optimizer::state(size_t group, size_t i) const {
 }
 
 void LrSchedule::validate() const {
-  SHARD_REQUIRE(kind == "constant" || kind == "cosine", "--schedule '{}': expected constant or cosine", kind);
   SHARD_REQUIRE(lr > 0.f && std::isfinite(lr), "--lr {}: expected a positive learning rate", lr);
   SHARD_REQUIRE(warmup_steps >= 0, "--warmup-steps {}: expected a non-negative count", warmup_steps);
   SHARD_REQUIRE(min_lr_frac >= 0.f && min_lr_frac <= 1.f, "--min-lr-frac {}: expected a value in [0, 1]", min_lr_frac);
@@ -82,7 +96,7 @@ void LrSchedule::validate() const {
 
 float LrSchedule::at(int64_t step) const {
   if (step < warmup_steps) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
-  if (kind == "constant") return lr;
+  if (kind == ScheduleKind::constant) return lr;
   int64_t span = std::max<int64_t>(1, total_steps - 1 - warmup_steps);
   double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
   double min_lr = lr * min_lr_frac;

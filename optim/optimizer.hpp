@@ -13,8 +13,12 @@
 
 namespace shardlab {
 
+enum class OptimizerKind : uint8_t { adamw, sgd };
+OptimizerKind parse_optimizer(const std::string& s);  // "adamw" | "sgd"; InputError otherwise
+const char* optimizer_name(OptimizerKind k);
+
 struct OptimConfig {
-  std::string kind = "adamw";  // adamw | sgd
+  OptimizerKind kind = OptimizerKind::adamw;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;
   float momentum = 0.9f;  // sgd
@@ -41,7 +45,7 @@ class Optimizer {
   // Names of the state buffers each group keeps ("adam_m", "adam_v" or "momentum"), and group g's
   // buffer number i (f32, the size of the group's parameters), for checkpoints.
   std::vector<std::string> state_names() const { return state_names(cfg_.kind); }
-  static std::vector<std::string> state_names(const std::string& kind);
+  static std::vector<std::string> state_names(OptimizerKind kind);
   Tensor state(size_t group, size_t i) const;
   size_t groups() const { return groups_.size(); }
 
@@ -56,8 +60,12 @@ class Optimizer {
   std::vector<Group> groups_;
 };
 
+enum class ScheduleKind : uint8_t { constant, cosine };
+ScheduleKind parse_schedule(const std::string& s);  // "constant" | "cosine"; InputError otherwise
+const char* schedule_name(ScheduleKind k);
+
 struct LrSchedule {
-  std::string kind = "cosine";  // constant | cosine
+  ScheduleKind kind = ScheduleKind::cosine;
   float lr = 3e-4f;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;

@@ -10,12 +10,12 @@ namespace {
 
 class Ddp final : public Strategy {
  public:
-  Ddp(const StrategyConfig& cfg, StrategyEnv env) : Strategy(cfg, std::move(env)), optim_(env_.pool, env_.optim) {
+  Ddp(const StrategyConfig& cfg, StrategyEnv env) : Strategy(cfg, std::move(env)) {
     const size_t U = num_units();
     grad_offset_.resize(U);
     int64_t total = 0;
     const int64_t bucket_elems =
-        std::max<int64_t>(1, static_cast<int64_t>(cfg.bucket_mb * (1 << 20) / dtype_size(cfg.reduce_dtype)));
+        std::max<int64_t>(1, static_cast<int64_t>(cfg.bucket_mb * (1 << 20) / dtype_size(reduce_dtype())));
     bucket_of_.resize(U);
     for (size_t i = 0; i < U; ++i) {  // backward order
       size_t u = U - 1 - i;
@@ -29,35 +29,26 @@ class Ddp final : public Strategy {
     master_.resize(U);
     for (size_t u = 0; u < U; ++u) {
       const std::string& n = layout(u).name;
-      params_.push_back(env_.pool.alloc(cfg.param_dtype, layout(u).numel, Category::param_full, n + " params"));
+      params_.push_back(env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, n + " params"));
       if (mixed()) master_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::master_weights, n + " master");
     }
-    grads_ = env_.pool.alloc(cfg.reduce_dtype, total, Category::grad_full, "gradients (all buckets)");
+    grads_ = env_.pool.alloc(reduce_dtype(), total, Category::grad_full, "gradients (all buckets)");
+    optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
     for (size_t u = 0; u < U; ++u)
-      optim_.add(updated(u), grad(u), unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
-  }
-
-  std::string name() const override { return "ddp"; }
-
-  void init_params(uint64_t seed) override {
-    for (size_t u = 0; u < num_units(); ++u) {
-      std::vector<float> v(static_cast<size_t>(layout(u).numel));
-      init_flat_range(layout(u), seed, 0, v);
-      set_unit_values(u, v);
-    }
+      optim_->add(updated(u), grad(u), unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
   }
 
   void begin_step() override {
-    env_.be.fill(grads_.flat(cfg_.reduce_dtype), 0.f);
+    env_.be.fill(grads_.flat(reduce_dtype()), 0.f);
     for (auto& b : buckets_) b.ready = 0;
   }
 
   ParamSet forward_params(size_t u) override {
-    return views(u, [&](size_t x) { return compute_params(x, params_[x].flat(cfg_.param_dtype)); });
+    return compute_views(u, [&](size_t x) { return params_[x].flat(param_dtype()); });
   }
   void after_forward(size_t u) override { release_unit_params(u); }
   ParamSet backward_params(size_t u) override { return forward_params(u); }
-  ParamSet grads(size_t u) override { return views(u, [&](size_t x) { return compute_grads(x, grad(x)); }); }
+  ParamSet grads(size_t u) override { return grad_views(u, [&](size_t x) { return grad(x); }); }
 
   void after_backward(size_t u) override {
     release_unit_params(u);
@@ -65,29 +56,16 @@ class Ddp final : public Strategy {
     if (!last_micro_ || world_ == 1) return;
     Bucket& b = buckets_[bucket_of_[u]];
     if (++b.ready == b.units)
-      works_.push_back(env_.comm.all_reduce(grads_.flat(cfg_.reduce_dtype).slice(b.offset, b.numel)));
+      works_.push_back(env_.comm.all_reduce(grads_.flat(reduce_dtype()).slice(b.offset, b.numel)));
   }
 
   double grad_norm_sq() override {
     wait_all();
-    return sum_squares({grads_.flat(cfg_.reduce_dtype)});
-  }
-
-  void optimizer_step(int64_t step, float lr, float grad_scale) override {
-    env_.pool.ledger().set_phase("optimizer step");
-    optim_.step(step, lr, grad_scale);
-    if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(cfg_.param_dtype), master_[u].flat(DType::f32));
+    return sum_squares({grads_.flat(reduce_dtype())});
   }
 
   std::vector<float> gather_unit_params(size_t u) override { return to_host(updated(u)); }
-
   std::pair<int64_t, int64_t> owned_range(size_t u) const override { return {0, layout(u).numel}; }
-  std::vector<Tensor> owned_state(size_t u) const override { return state_of(updated(u), optim_, u); }
-  void sync_after_load() override {
-    if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(cfg_.param_dtype), master_[u].flat(DType::f32));
-  }
   std::vector<float> gather_unit_grads(size_t u) override {
     wait_all();
     return to_host(grad(u));
@@ -95,8 +73,10 @@ class Ddp final : public Strategy {
 
  protected:
   void set_unit_values(size_t u, std::span<const float> full) override {
-    write_values(params_[u].flat(cfg_.param_dtype), mixed() ? master_[u].flat(DType::f32) : Tensor(), full);
+    mp_.write_values(params_[u].flat(param_dtype()), mixed() ? master_[u].flat(DType::f32) : Tensor(), full);
   }
+  Tensor owned_params(size_t u) const override { return params_[u].flat(param_dtype()); }
+  Tensor updated(size_t u) const override { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
 
  private:
   struct Bucket {
@@ -104,15 +84,12 @@ class Ddp final : public Strategy {
     int units;
     int ready = 0;
   };
-  Tensor grad(size_t u) const { return grads_.flat(cfg_.reduce_dtype).slice(grad_offset_[u], layout(u).numel); }
-  // What the optimizer updates: the f32 master under mixed precision, else the parameters.
-  Tensor updated(size_t u) const { return mixed() ? master_[u].flat(DType::f32) : params_[u].flat(DType::f32); }
+  Tensor grad(size_t u) const { return grads_.flat(reduce_dtype()).slice(grad_offset_[u], layout(u).numel); }
   void wait_all() {
     for (Work& w : works_) w.wait();
     works_.clear();
   }
 
-  Optimizer optim_;
   std::vector<Block> params_, master_;
   Block grads_;
   std::vector<int64_t> grad_offset_;

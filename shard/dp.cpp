@@ -7,7 +7,8 @@
 // Replicas free their parameter and gradient copies once backward is done. Rank 0 also holds
 // every rank's logits at once, so its memory is lopsided, as DataParallel's is on device 0.
 // (The token batch itself is not scattered: every rank reads its own slice from the
-// deterministic loader, which moves no bytes over the network.)
+// deterministic loader, which moves no bytes over the network; the loss hook reads every rank's
+// targets from the Batch, which the trainer fills for any strategy.)
 #include "shard/strategy.hpp"
 
 namespace shardlab {
@@ -15,32 +16,19 @@ namespace {
 
 class Dp final : public Strategy {
  public:
-  Dp(const StrategyConfig& cfg, StrategyEnv env)
-      : Strategy(cfg, std::move(env)), pd_(cfg.param_dtype), rd_(cfg.reduce_dtype) {
+  Dp(const StrategyConfig& cfg, StrategyEnv env) : Strategy(cfg, std::move(env)) {
     const size_t U = num_units();
     params_.resize(U);
     grads_.resize(U);
     master_.resize(U);
-    if (rank_ == 0) {
-      optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
-      for (size_t u = 0; u < U; ++u) {
-        const std::string& n = layout(u).name;
-        params_[u] = env_.pool.alloc(pd_, layout(u).numel, Category::param_full, n + " params");
-        grads_[u] = env_.pool.alloc(rd_, layout(u).numel, Category::grad_full, n + " grads");
-        if (mixed()) master_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::master_weights, n + " master");
-        optim_->add(updated(u), grads_[u].flat(rd_), unit_segments(layout(u), 0, layout(u).numel), n);
-      }
-    }
-  }
-
-  std::string name() const override { return "dp"; }
-
-  void init_params(uint64_t seed) override {
     if (rank_ != 0) return;
-    for (size_t u = 0; u < num_units(); ++u) {
-      std::vector<float> v(static_cast<size_t>(layout(u).numel));
-      init_flat_range(layout(u), seed, 0, v);
-      set_unit_values(u, v);
+    optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
+    for (size_t u = 0; u < U; ++u) {
+      const std::string& n = layout(u).name;
+      params_[u] = env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, n + " params");
+      grads_[u] = env_.pool.alloc(reduce_dtype(), layout(u).numel, Category::grad_full, n + " grads");
+      if (mixed()) master_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::master_weights, n + " master");
+      optim_->add(updated(u), grads_[u].flat(reduce_dtype()), unit_segments(layout(u), 0, layout(u).numel), n);
     }
   }
 
@@ -48,11 +36,11 @@ class Dp final : public Strategy {
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u) {
       if (rank_ == 0) {
-        env_.be.fill(grads_[u].flat(rd_), 0.f);
+        env_.be.fill(grads_[u].flat(reduce_dtype()), 0.f);
       } else {
-        params_[u] = env_.pool.alloc(pd_, layout(u).numel, Category::param_full, layout(u).name + " replica");
+        params_[u] = env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, layout(u).name + " replica");
       }
-      works.push_back(env_.comm.broadcast(params_[u].flat(pd_), 0));
+      works.push_back(env_.comm.broadcast(params_[u].flat(param_dtype()), 0));
     }
     for (Work& w : works) w.wait();
   }
@@ -61,29 +49,24 @@ class Dp final : public Strategy {
     Strategy::begin_micro(k, last);
     if (rank_ == 0) return;
     for (size_t u = 0; u < num_units(); ++u) {
-      grads_[u] = env_.pool.alloc(rd_, layout(u).numel, Category::grad_full, layout(u).name + " replica grads");
-      env_.be.fill(grads_[u].flat(rd_), 0.f);
+      grads_[u] = env_.pool.alloc(reduce_dtype(), layout(u).numel, Category::grad_full, layout(u).name + " replica grads");
+      env_.be.fill(grads_[u].flat(reduce_dtype()), 0.f);
     }
   }
 
-  void set_global_targets(const int32_t* targets, int64_t count) override {
-    global_targets_ = targets;
-    global_count_ = count;
-  }
-
   ParamSet forward_params(size_t u) override {
-    return views(u, [&](size_t x) { return compute_params(x, params_[x].flat(pd_)); });
+    return compute_views(u, [&](size_t x) { return params_[x].flat(param_dtype()); });
   }
   void after_forward(size_t u) override { release_unit_params(u); }
   ParamSet backward_params(size_t u) override { return forward_params(u); }
   ParamSet grads(size_t u) override {
-    return views(u, [&](size_t x) { return compute_grads(x, grads_[x].flat(rd_)); });
+    return grad_views(u, [&](size_t x) { return grads_[x].flat(reduce_dtype()); });
   }
 
   double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) override {
     const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
-    SHARD_CHECK(global_count_ == n * world_, "dp: {} global targets for {} ranks x {} positions", global_count_,
-                world_, n);
+    SHARD_CHECK(batch.global_targets && batch.world == world_, "dp: the batch carries targets of {} ranks, not {}",
+                batch.global_targets ? batch.world : 0, world_);
     Block all;
     Tensor all_t;
     if (rank_ == 0) {
@@ -93,7 +76,7 @@ class Dp final : public Strategy {
     env_.comm.gather(logits, all_t, 0).wait();
     double sum = 0;
     if (rank_ == 0) {
-      Batch global{nullptr, global_targets_, batch.B * world_, batch.T};
+      Batch global{nullptr, batch.global_targets, batch.B * world_, batch.T};
       sum = UnitHooks::loss(be, pool, all_t, global, dlogit_scale);
     }
     env_.comm.scatter(all_t, logits, 0).wait();
@@ -102,9 +85,9 @@ class Dp final : public Strategy {
 
   void after_backward(size_t u) override {
     release_unit_params(u);
-    flush_grads(u, grads_[u].flat(rd_));
+    flush_grads(u, grads_[u].flat(reduce_dtype()));
     // Sum this micro-step's gradients onto rank 0 (in place there, accumulating over micro-steps).
-    works_.push_back(env_.comm.reduce(grads_[u].flat(rd_), grads_[u].flat(rd_), 0));
+    works_.push_back(env_.comm.reduce(grads_[u].flat(reduce_dtype()), grads_[u].flat(reduce_dtype()), 0));
     if (u != 0) return;
     for (Work& w : works_) w.wait();
     works_.clear();
@@ -118,58 +101,41 @@ class Dp final : public Strategy {
     float v = 0.f;
     if (rank_ == 0) {
       std::vector<Tensor> g;
-      for (const Block& b : grads_) g.push_back(b.flat(rd_));
+      for (const Block& b : grads_) g.push_back(b.flat(reduce_dtype()));
       v = static_cast<float>(sum_squares(g));
     }
     env_.comm.broadcast(std::span<float>(&v, 1), 0).wait();
     return v;
   }
 
-  void optimizer_step(int64_t step, float lr, float grad_scale) override {
-    if (rank_ != 0) return;
-    env_.pool.ledger().set_phase("optimizer step");
-    optim_->step(step, lr, grad_scale);
-    if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(pd_), master_[u].flat(DType::f32));
-  }
-
-  std::vector<float> gather_unit_params(size_t u) override {
-    std::vector<float> v(static_cast<size_t>(layout(u).numel));
-    if (rank_ == 0) v = to_host(updated(u));
-    env_.comm.broadcast(std::span<float>(v), 0).wait();
-    return v;
+  std::vector<float> gather_unit_params(size_t u) override { return from_root(u, [&] { return updated(u); }); }
+  std::vector<float> gather_unit_grads(size_t u) override {
+    return from_root(u, [&] { return grads_[u].flat(reduce_dtype()); });
   }
   std::pair<int64_t, int64_t> owned_range(size_t u) const override {
     return rank_ == 0 ? std::pair<int64_t, int64_t>{0, layout(u).numel} : std::pair<int64_t, int64_t>{0, 0};
   }
-  std::vector<Tensor> owned_state(size_t u) const override {
-    return rank_ == 0 ? state_of(updated(u), *optim_, u) : std::vector<Tensor>{};  // replicas own nothing
-  }
-  void sync_after_load() override {
-    if (rank_ == 0 && mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(params_[u].flat(pd_), master_[u].flat(DType::f32));
-  }
 
-  std::vector<float> gather_unit_grads(size_t u) override {
+ protected:
+  void set_unit_values(size_t u, std::span<const float> full) override {
+    if (rank_ == 0)
+      mp_.write_values(params_[u].flat(param_dtype()), mixed() ? master_[u].flat(DType::f32) : Tensor(), full);
+  }
+  Tensor owned_params(size_t u) const override { return params_[u].flat(param_dtype()); }
+  Tensor updated(size_t u) const override { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
+
+ private:
+  // Rank 0's f32 values of a unit buffer, broadcast to every rank.
+  template <class Source>
+  std::vector<float> from_root(size_t u, Source source) {
     std::vector<float> v(static_cast<size_t>(layout(u).numel));
-    if (rank_ == 0) v = to_host(grads_[u].flat(rd_));
+    if (rank_ == 0) v = to_host(source());
     env_.comm.broadcast(std::span<float>(v), 0).wait();
     return v;
   }
 
- protected:
-  void set_unit_values(size_t u, std::span<const float> full) override {
-    if (rank_ == 0) write_values(params_[u].flat(pd_), mixed() ? master_[u].flat(DType::f32) : Tensor(), full);
-  }
-
- private:
-  Tensor updated(size_t u) const { return mixed() ? master_[u].flat(DType::f32) : params_[u].flat(DType::f32); }
-  DType pd_, rd_;
-  std::unique_ptr<Optimizer> optim_;
   std::vector<Block> params_, grads_, master_;
   std::vector<Work> works_;
-  const int32_t* global_targets_ = nullptr;
-  int64_t global_count_ = 0;
 };
 
 }  // namespace

@@ -1,32 +1,85 @@
 #include "shard/strategy.hpp"
 
+#include <sstream>
+
 #include "src/model/model.hpp"
 
 namespace shardlab {
 
+StrategyKind parse_strategy(const std::string& s) {
+  for (StrategyKind k : all_strategies())
+    if (s == strategy_name(k)) return k;
+  throw InputError(fmt::format("unknown strategy '{}': expected dp, ddp, zero1, zero2 or zero3", s));
+}
+
+const char* strategy_name(StrategyKind k) {
+  switch (k) {
+    case StrategyKind::dp: return "dp";
+    case StrategyKind::ddp: return "ddp";
+    case StrategyKind::zero1: return "zero1";
+    case StrategyKind::zero2: return "zero2";
+    case StrategyKind::zero3: return "zero3";
+  }
+  return "?";
+}
+
+int zero_stage(StrategyKind k) {
+  switch (k) {
+    case StrategyKind::zero1: return 1;
+    case StrategyKind::zero2: return 2;
+    case StrategyKind::zero3: return 3;
+    default: return 0;
+  }
+}
+
+const std::vector<StrategyKind>& all_strategies() {
+  static const std::vector<StrategyKind> all = {StrategyKind::dp, StrategyKind::ddp, StrategyKind::zero1,
+                                                StrategyKind::zero2, StrategyKind::zero3};
+  return all;
+}
+
+std::vector<StrategyKind> parse_strategy_list(const std::string& s) {
+  std::vector<StrategyKind> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(parse_strategy(item));
+  SHARD_REQUIRE(!out.empty(), "--strategies '{}': name at least one strategy", s);
+  return out;
+}
+
+double zero_model_states(StrategyKind k, double psi, int world, double optimizer_bytes) {
+  const double n = world, K = optimizer_bytes;
+  switch (zero_stage(k)) {
+    case 1: return 4 * psi + K * psi / n;
+    case 2: return 2 * psi + (2 + K) * psi / n;
+    case 3: return (4 + K) * psi / n;
+    default: return (4 + K) * psi;  // ddp, and dp's rank 0
+  }
+}
+
 void StrategyConfig::validate() const {
-  bool known = false;
-  for (const auto& n : strategy_names()) known |= n == name;
-  SHARD_REQUIRE(known, "unknown strategy '{}': expected dp, ddp, zero1, zero2 or zero3", name);
   SHARD_REQUIRE(bucket_mb > 0 && bucket_mb <= (1 << 20), "--bucket-mb {}: expected a size in (0, 1048576] MiB",
                 bucket_mb);
   SHARD_REQUIRE(prefetch >= 0 && prefetch <= 1024, "--prefetch {}: expected 0 to 1024 units", prefetch);
-  SHARD_REQUIRE(param_dtype != DType::f16 && reduce_dtype != DType::f16,
-                "f16 storage needs loss scaling, which shardlab does not do: use --param-dtype and --reduce-dtype "
-                "f32 or bf16");
+  precision.validate();
   SHARD_REQUIRE(max_gathered <= (1 << 20), "--max-gathered {}: too large", max_gathered);
   SHARD_REQUIRE(max_gathered == 0 || max_gathered >= 2,
                 "--max-gathered {}: at least 2 (the unit running and the one it borrows from), or 0 for automatic",
                 max_gathered);
 }
 
-std::vector<std::string> strategy_names() { return {"dp", "ddp", "zero1", "zero2", "zero3"}; }
-
 Strategy::Strategy(const StrategyConfig& cfg, StrategyEnv env)
-    : cfg_(cfg), env_(std::move(env)), rank_(env_.comm.rank()), world_(env_.comm.world_size()) {
-  param_ws_.resize(env_.units.size());
-  grad_ws_.resize(env_.units.size());
+    : cfg_(cfg), env_(std::move(env)), rank_(env_.comm.rank()), world_(env_.comm.world_size()),
+      mp_(cfg.precision, env_.pool, env_.units.size()) {
   for (size_t u = 0; u < env_.units.size(); ++u) borrowed_.push_back(borrowed_tensors(env_.units, u));
+}
+
+void Strategy::init_params(uint64_t seed) {
+  for (size_t u = 0; u < num_units(); ++u) {
+    std::vector<float> v(static_cast<size_t>(layout(u).numel));
+    init_flat_range(layout(u), seed, 0, v);
+    set_unit_values(u, v);
+  }
 }
 
 void Strategy::load_params(const std::string& path) {
@@ -36,6 +89,32 @@ void Strategy::load_params(const std::string& path) {
     read_unit(r, layout(u), full, env_.spec);
     set_unit_values(u, full);
   }
+}
+
+void Strategy::optimizer_step(int64_t step, float lr, float grad_scale) {
+  if (!optim_) return;
+  optim_->step(step, lr, grad_scale);
+  for (size_t u = 0; u < num_units(); ++u) mp_.params_from_master(owned_params(u), updated(u));
+  after_update();
+}
+
+void Strategy::sync_after_load() {
+  if (!optim_) return;
+  for (size_t u = 0; u < num_units(); ++u) mp_.params_from_master(owned_params(u), updated(u));
+  after_update();
+}
+
+std::vector<Tensor> Strategy::owned_state(size_t u) const {
+  if (!optim_) return {};
+  std::vector<Tensor> t = {updated(u)};
+  for (size_t i = 0; i < optim_->state_names().size(); ++i) t.push_back(optim_->state(u, i));
+  return t;
+}
+
+std::vector<std::string> Strategy::owned_state_names() const {
+  std::vector<std::string> names = Optimizer::state_names(env_.optim.kind);
+  names.insert(names.begin(), "param");
+  return names;
 }
 
 std::vector<float> Strategy::to_host(Tensor t) const {
@@ -66,66 +145,13 @@ double Strategy::sum_squares(const std::vector<Tensor>& tensors) const {
   return v;
 }
 
-Tensor Strategy::compute_params(size_t u, Tensor storage) {
-  if (storage.dtype() == DType::f32) return storage;
-  Block& ws = param_ws_[u];
-  if (!ws) return env_.pool.widen(storage, ws, layout(u).name + " params (f32 compute)");
-  return ws.flat(DType::f32).slice(0, storage.numel());
-}
-
-void Strategy::release_compute_params(size_t u) { param_ws_[u].reset(); }
-
-Tensor Strategy::compute_grads(size_t u, Tensor storage) {
-  if (storage.dtype() == DType::f32) return storage;
-  Block& ws = grad_ws_[u];
-  if (!ws) {
-    ws = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, layout(u).name + " grads (f32 compute)");
-    env_.be.fill(ws.flat(DType::f32), 0.f);
-  }
-  return ws.flat(DType::f32).slice(0, storage.numel());
-}
-
-void Strategy::flush_grads(size_t u, Tensor storage) {
-  Block& ws = grad_ws_[u];
-  if (!ws) return;
-  Tensor w = ws.flat(DType::f32).slice(0, storage.numel());
-  Block sum;
-  Tensor acc = env_.pool.widen(storage, sum, layout(u).name + " grads accumulate");
-  env_.be.add(acc, w, acc);
-  env_.be.cast(storage, acc);  // one rounding to the reduce dtype
-  ws.reset();
-}
-
-void Strategy::write_values(Tensor storage, Tensor master, std::span<const float> values) {
-  Tensor src = Tensor::of(values);
-  if (master.data()) env_.be.copy(master, src);
-  if (storage.dtype() == DType::f32) {
-    env_.be.copy(storage, src);
-  } else {
-    Block host = env_.pool.alloc(DType::f32, storage.numel(), Category::workspace, "values to store");
-    Tensor h = host.flat(DType::f32).slice(0, storage.numel());
-    env_.be.copy(h, src);
-    env_.be.cast(storage, h);
-  }
-}
-
-void Strategy::accumulate(Tensor dst, Tensor src) {
-  if (dst.dtype() == DType::f32 && src.dtype() == DType::f32) {
-    env_.be.add(dst, src, dst);
-    return;
-  }
-  Block a, b;
-  Tensor ta = env_.pool.widen(dst, a, "accumulate f32");
-  Tensor tb = env_.pool.widen(src, b, "accumulate f32");
-  env_.be.add(ta, tb, ta);
-  env_.be.cast(dst, ta);
-}
-
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, StrategyEnv env) {
   cfg.validate();
-  if (cfg.name == "ddp") return make_ddp(cfg, std::move(env));
-  if (cfg.name == "dp") return make_dp(cfg, std::move(env));
-  return make_zero(cfg, std::move(env), cfg.name.back() - '0');
+  switch (cfg.kind) {
+    case StrategyKind::dp: return make_dp(cfg, std::move(env));
+    case StrategyKind::ddp: return make_ddp(cfg, std::move(env));
+    default: return make_zero(cfg, std::move(env));
+  }
 }
 
 }  // namespace shardlab

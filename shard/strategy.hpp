@@ -12,11 +12,8 @@
 //   zero2  as zero1, but each unit's full gradient is reduce-scattered and freed during backward.
 //   zero3  parameters sharded too (FSDP full shard): all-gather a unit before use, free after.
 //
-// Mixed precision is a policy per buffer: parameters are stored (and gathered) in param_dtype,
-// gradients stored and reduced in reduce_dtype, and when param_dtype is not f32 an f32 master copy
-// of what this rank updates lives beside the optimizer state. Kernels compute in f32: a unit's
-// bf16 parameters are widened into a workspace while it runs, and its gradients accumulate in an
-// f32 workspace that is folded into the reduce-dtype buffer after its backward.
+// Mixed precision is a policy object (shard/mixed_precision.hpp). Every strategy runs unchanged on
+// every Backend: on the meta backend the same code is the memory prediction (src/train/predict).
 #pragma once
 #include <memory>
 #include <string>
@@ -24,23 +21,33 @@
 
 #include "optim/optimizer.hpp"
 #include "shard/flat_param.hpp"
+#include "shard/mixed_precision.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/model/runner.hpp"
 
 namespace shardlab {
 
+enum class StrategyKind : uint8_t { dp, ddp, zero1, zero2, zero3 };
+StrategyKind parse_strategy(const std::string& s);  // InputError naming the choices otherwise
+const char* strategy_name(StrategyKind k);
+int zero_stage(StrategyKind k);  // 1, 2, 3 for zero1-3; 0 for dp and ddp
+const std::vector<StrategyKind>& all_strategies();  // dp, ddp, zero1, zero2, zero3
+std::vector<StrategyKind> parse_strategy_list(const std::string& comma_separated);
+
+// ZeRO's model-state formulas (paper, section 5): bytes per rank for Psi parameters, K bytes of
+// optimizer state per parameter, 2-byte parameters and gradients: DDP (and DP's rank 0)
+// (2+2+K)Psi, ZeRO-1 4Psi + K Psi/N, ZeRO-2 2Psi + (2+K)Psi/N, ZeRO-3 (4+K)Psi/N.
+double zero_model_states(StrategyKind k, double psi, int world, double optimizer_bytes = 12);
+
 struct StrategyConfig {
-  std::string name = "ddp";          // dp | ddp | zero1 | zero2 | zero3
+  StrategyKind kind = StrategyKind::ddp;
   double bucket_mb = 25;             // ddp: gradient bucket size
   bool reshard_after_forward = true; // zero3: free a gathered unit after its forward
   int prefetch = 1;                  // zero3: units gathered ahead of use
   int max_gathered = 0;              // zero3: cap on gathered units at once; 0 = prefetch + 2
-  DType param_dtype = DType::f32;    // storage of the parameters units compute with
-  DType reduce_dtype = DType::f32;   // storage and communication of gradients
+  MixedPrecisionPolicy precision;
   void validate() const;
 };
-
-std::vector<std::string> strategy_names();
 
 struct StrategyEnv {
   Backend& be;
@@ -54,19 +61,19 @@ struct StrategyEnv {
 class Strategy : public UnitHooks {
  public:
   Strategy(const StrategyConfig& cfg, StrategyEnv env);
-  virtual std::string name() const = 0;
-  virtual void init_params(uint64_t seed) = 0;  // GPT-2 initialisation of what this rank holds
+  StrategyKind kind() const { return cfg_.kind; }
+  std::string name() const { return strategy_name(cfg_.kind); }
+  void init_params(uint64_t seed);                        // GPT-2 initialisation; every rank keeps its part
   void load_params(const std::string& safetensors_path);  // --init: every rank keeps its part
   virtual void begin_step() = 0;
   virtual void begin_micro(int64_t k, bool last) {
     micro_ = k;
     last_micro_ = last;
   }
-  // DP computes the loss of the whole batch on rank 0; it needs every rank's targets (global order).
-  virtual void set_global_targets(const int32_t* targets, int64_t count) {}
   // Global squared gradient norm, the same on every rank; waits for outstanding reductions.
   virtual double grad_norm_sq() = 0;
-  virtual void optimizer_step(int64_t step, float lr, float grad_scale) = 0;
+  // The update of what this rank owns, then whatever brings every copy of the parameters up to date.
+  void optimizer_step(int64_t step, float lr, float grad_scale);
   // Collective: unit u's full parameters (or reduced gradient, before the step) on every rank.
   virtual std::vector<float> gather_unit_params(size_t u) = 0;
   virtual std::vector<float> gather_unit_grads(size_t u) = 0;
@@ -75,15 +82,23 @@ class Strategy : public UnitHooks {
   // Elements [begin, end) of unit u's real parameters this rank updates (empty for DP replicas).
   virtual std::pair<int64_t, int64_t> owned_range(size_t u) const = 0;
   // f32 buffers whose first end - begin elements are that range: the parameters the optimizer
-  // updates (the master copy under mixed precision), then each optimizer state.
-  virtual std::vector<Tensor> owned_state(size_t u) const = 0;
+  // updates (the master copy under mixed precision), then each optimizer state; none for a rank
+  // without an optimizer (DP's replicas).
+  std::vector<Tensor> owned_state(size_t u) const;
   // "param", then the optimizer's state names.
-  std::vector<std::string> owned_state_names() const { return with_param(Optimizer::state_names(env_.optim.kind)); }
+  std::vector<std::string> owned_state_names() const;
   // After owned_state buffers were overwritten (a load): bring every copy of the parameters up to date.
-  virtual void sync_after_load() = 0;
+  void sync_after_load();
 
  protected:
   virtual void set_unit_values(size_t u, std::span<const float> full) = 0;
+  // This rank's parameters of unit u in the param dtype (what the master copy is cast into), and
+  // what the optimizer updates: the f32 master copy under mixed precision, else those parameters.
+  virtual Tensor owned_params(size_t u) const = 0;
+  virtual Tensor updated(size_t u) const = 0;
+  // After the owned parameters changed (an update, a load): zero1/2 all-gather them.
+  virtual void after_update() {}
+
   // Views of unit u's tensors (and those it borrows) given where each unit's full buffer is.
   template <class FullOf>
   ParamSet views(size_t u, FullOf full_of) const {
@@ -93,39 +108,28 @@ class Strategy : public UnitHooks {
       s.set(b.decl->name, full_of(b.owner).slice(b.decl->offset, b.decl->numel).reshape(b.decl->shape));
     return s;
   }
-  const UnitLayout& layout(size_t u) const { return env_.units[u]->layout(); }
-  size_t num_units() const { return env_.units.size(); }
-  std::vector<float> to_host(Tensor t) const;  // any dtype, widened to f32
-  double sum_squares(const std::vector<Tensor>& tensors) const;  // local; any dtype
-
-  // ---- mixed precision (no-ops when the storage is f32) ----
-  // f32 view of unit u's parameters stored in `storage`; widened into a workspace held until
-  // release_compute_params(u).
-  Tensor compute_params(size_t u, Tensor storage);
-  void release_compute_params(size_t u);
-  // f32 tensor unit u's backward accumulates into; flush_grads(u, storage) adds it to `storage`.
-  Tensor compute_grads(size_t u, Tensor storage);
-  void flush_grads(size_t u, Tensor storage);
-  // Writes f32 values into a parameter buffer of any dtype (and into its master copy, if any).
-  void write_values(Tensor storage, Tensor master, std::span<const float> values);
-  // dst += src for buffers of any (equal) dtype, computed in f32.
-  void accumulate(Tensor dst, Tensor src);
+  // Views of the f32 compute copies of unit u's parameters held in storage(x) for each unit x.
+  template <class StorageOf>
+  ParamSet compute_views(size_t u, StorageOf storage_of) {
+    return views(u, [&](size_t x) { return mp_.compute_params(x, storage_of(x), layout(x).name); });
+  }
+  template <class StorageOf>
+  ParamSet grad_views(size_t u, StorageOf storage_of) {
+    return views(u, [&](size_t x) { return mp_.compute_grads(x, storage_of(x), layout(x).name); });
+  }
+  void flush_grads(size_t u, Tensor storage) { mp_.flush_grads(u, storage, layout(u).name); }
   // Releases the f32 compute copies of unit u and of the units it borrows from.
   void release_unit_params(size_t u) {
-    release_compute_params(u);
-    for (const BorrowedTensor& b : borrowed_[u]) release_compute_params(b.owner);
+    mp_.release_params(u);
+    for (const BorrowedTensor& b : borrowed_[u]) mp_.release_params(b.owner);
   }
-  bool mixed() const { return cfg_.param_dtype != DType::f32; }
-  static std::vector<std::string> with_param(std::vector<std::string> optim_names) {
-    optim_names.insert(optim_names.begin(), "param");
-    return optim_names;
-  }
-  // owned_state of a strategy whose optimizer keeps unit u as group u.
-  static std::vector<Tensor> state_of(Tensor updated, const Optimizer& o, size_t u) {
-    std::vector<Tensor> t = {updated};
-    for (size_t i = 0; i < o.state_names().size(); ++i) t.push_back(o.state(u, i));
-    return t;
-  }
+  const UnitLayout& layout(size_t u) const { return env_.units[u]->layout(); }
+  size_t num_units() const { return env_.units.size(); }
+  bool mixed() const { return mp_.mixed(); }
+  DType param_dtype() const { return cfg_.precision.param_dtype; }
+  DType reduce_dtype() const { return cfg_.precision.reduce_dtype; }
+  std::vector<float> to_host(Tensor t) const;  // any dtype, widened to f32
+  double sum_squares(const std::vector<Tensor>& tensors) const;  // local; any dtype
 
   StrategyConfig cfg_;
   StrategyEnv env_;
@@ -133,14 +137,14 @@ class Strategy : public UnitHooks {
   std::vector<std::vector<BorrowedTensor>> borrowed_;  // per unit
   int64_t micro_ = 0;
   bool last_micro_ = true;
-
- private:
-  std::vector<Block> param_ws_, grad_ws_;  // per unit: f32 workspaces of mixed precision
+  MixedPrecision mp_;
+  // One group per unit, over updated(u) and its gradient; null where nothing is updated (DP's replicas).
+  std::unique_ptr<Optimizer> optim_;
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, StrategyEnv env);
 std::unique_ptr<Strategy> make_ddp(const StrategyConfig& cfg, StrategyEnv env);
-std::unique_ptr<Strategy> make_zero(const StrategyConfig& cfg, StrategyEnv env, int stage);
+std::unique_ptr<Strategy> make_zero(const StrategyConfig& cfg, StrategyEnv env);
 std::unique_ptr<Strategy> make_dp(const StrategyConfig& cfg, StrategyEnv env);
 
 }  // namespace shardlab

@@ -10,8 +10,9 @@
 //            before its backward and freed after each (the last unit stays gathered from its
 //            forward into its backward); the next unit's gather is issued ahead (--prefetch),
 //            never holding more than --max-gathered units at once.
-// A gathered unit is a buffer plus the Work that fills it, in one struct: the buffer cannot be
-// freed while its collective runs, and users wait on the Work, not on a global sync.
+// A gathered unit is a buffer plus the Work that fills it, in one struct, with an explicit state
+// (sharded -> gathering -> gathered -> sharded): the buffer cannot be freed while its collective
+// runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
 #include <deque>
 
 #include "shard/strategy.hpp"
@@ -21,9 +22,9 @@ namespace {
 
 class Zero final : public Strategy {
  public:
-  Zero(const StrategyConfig& cfg, StrategyEnv env, int stage)
-      : Strategy(cfg, std::move(env)), stage_(stage), pd_(cfg.param_dtype), rd_(cfg.reduce_dtype),
-        optim_(env_.pool, env_.optim) {
+  Zero(const StrategyConfig& cfg, StrategyEnv env)
+      : Strategy(cfg, std::move(env)), stage_(zero_stage(cfg.kind)), pd_(param_dtype()), rd_(reduce_dtype()) {
+    optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
     const size_t U = num_units();
     for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
       SHARD_REQUIRE(layout(u).numel >= world_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
@@ -48,17 +49,7 @@ class Zero final : public Strategy {
         grads_full_.emplace_back();  // allocated during backward
         grad_shard_.push_back(env_.pool.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
       }
-      optim_.add(updated(u), owned_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
-    }
-  }
-
-  std::string name() const override { return "zero" + std::to_string(stage_); }
-
-  void init_params(uint64_t seed) override {
-    for (size_t u = 0; u < num_units(); ++u) {
-      std::vector<float> v(static_cast<size_t>(flat_[u].padded));
-      init_flat_range(layout(u), seed, 0, v);
-      store(u, v);
+      optim_->add(updated(u), owned_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
     }
   }
 
@@ -69,10 +60,10 @@ class Zero final : public Strategy {
 
   // ---- hooks ----
   ParamSet forward_params(size_t u) override {
-    if (stage_ != 3) return views(u, [&](size_t x) { return compute_params(x, params_[x].flat(pd_)); });
+    if (stage_ != 3) return compute_views(u, [&](size_t x) { return params_[x].flat(pd_); });
     acquire(u);
     for (int k = 1; k <= cfg_.prefetch && u + k < num_units(); ++k) prefetch(u + k);
-    return views(u, [&](size_t x) { return compute_params(x, gathered_tensor(x)); });
+    return compute_views(u, [&](size_t x) { return gathered_tensor(x); });
   }
 
   void after_forward(size_t u) override {
@@ -87,7 +78,7 @@ class Zero final : public Strategy {
     if (stage_ != 3) return forward_params(u);
     acquire(u);
     for (int k = 1; k <= cfg_.prefetch && u >= static_cast<size_t>(k); ++k) prefetch(u - k);
-    return views(u, [&](size_t x) { return compute_params(x, gathered_tensor(x)); });
+    return compute_views(u, [&](size_t x) { return gathered_tensor(x); });
   }
 
   ParamSet grads(size_t u) override {
@@ -95,7 +86,7 @@ class Zero final : public Strategy {
       ensure_grad_full(u);
       for (const BorrowedTensor& b : borrowed_[u]) ensure_grad_full(b.owner);
     }
-    return views(u, [&](size_t x) { return compute_grads(x, grads_full_[x].flat(rd_)); });
+    return grad_views(u, [&](size_t x) { return grads_full_[x].flat(rd_); });
   }
 
   void after_backward(size_t u) override {
@@ -124,18 +115,6 @@ class Zero final : public Strategy {
     return local;
   }
 
-  void optimizer_step(int64_t step, float lr, float grad_scale) override {
-    env_.pool.ledger().set_phase("optimizer step");
-    optim_.step(step, lr, grad_scale);
-    if (mixed())
-      for (size_t u = 0; u < num_units(); ++u) env_.be.cast(owned_params(u), master_[u].flat(DType::f32));
-    if (stage_ == 3) return;
-    std::vector<Work> works;
-    for (size_t u = 0; u < num_units(); ++u)
-      works.push_back(env_.comm.all_gather(owned_params(u), params_[u].flat(pd_)));
-    for (Work& w : works) w.wait();
-  }
-
   std::vector<float> gather_unit_params(size_t u) override {
     std::vector<float> v;
     if (stage_ == 3 || mixed()) {  // from the shards of what the optimizer updates (f32)
@@ -154,15 +133,6 @@ class Zero final : public Strategy {
     int64_t b = std::min(f.shard_begin(), f.numel), e = std::min(f.shard_begin() + f.shard, f.numel);
     return {b, e};
   }
-  std::vector<Tensor> owned_state(size_t u) const override { return state_of(updated(u), optim_, u); }
-  void sync_after_load() override {
-    std::vector<Work> works;
-    for (size_t u = 0; u < num_units(); ++u) {
-      if (mixed()) env_.be.cast(owned_params(u), master_[u].flat(DType::f32));
-      if (stage_ != 3) works.push_back(env_.comm.all_gather(owned_params(u), params_[u].flat(pd_)));
-    }
-    for (Work& w : works) w.wait();
-  }
 
   std::vector<float> gather_unit_grads(size_t u) override {
     while (!inflight_.empty()) finish_oldest();
@@ -174,6 +144,20 @@ class Zero final : public Strategy {
   }
 
  protected:
+  // Stages 1 and 2: every rank's updated shard, all-gathered into the full parameters.
+  void after_update() override {
+    if (stage_ == 3) return;
+    std::vector<Work> works;
+    for (size_t u = 0; u < num_units(); ++u)
+      works.push_back(env_.comm.all_gather(owned_params(u), params_[u].flat(pd_)));
+    for (Work& w : works) w.wait();
+  }
+  Tensor owned_params(size_t u) const override {
+    return stage_ == 3 ? param_shard_[u].flat(pd_) : own(params_[u], pd_, u);
+  }
+  // What the optimizer updates: the f32 master shard under mixed precision, else the parameter shard.
+  Tensor updated(size_t u) const override { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
+
   void set_unit_values(size_t u, std::span<const float> full) override {
     std::vector<float> padded(full.begin(), full.end());
     padded.resize(static_cast<size_t>(flat_[u].padded), 0.f);
@@ -187,19 +171,20 @@ class Zero final : public Strategy {
     auto shard = padded.subspan(static_cast<size_t>(f.shard_begin()), static_cast<size_t>(f.shard));
     Tensor master = mixed() ? master_[u].flat(DType::f32) : Tensor();
     if (stage_ == 3) {
-      write_values(param_shard_[u].flat(pd_), master, shard);
+      mp_.write_values(param_shard_[u].flat(pd_), master, shard);
     } else {
-      write_values(params_[u].flat(pd_), Tensor(), padded);
+      mp_.write_values(params_[u].flat(pd_), Tensor(), padded);
       if (mixed()) env_.be.copy(master, Tensor::of(shard));
     }
   }
 
  private:
+  enum class GatherState : uint8_t { sharded, gathering, gathered };
   struct Gathered {
-    Block buf;
+    GatherState state = GatherState::sharded;
+    Block buf;  // the full unit, in the param dtype, while not sharded
     Work work;  // after buf: destroyed (and waited on) first
-    int users = 0;
-    bool kept = false;  // stays gathered past its user count (the last unit between forward and backward)
+    int users = 0;  // hooks between acquire and release
   };
   struct Reduction {
     size_t unit;
@@ -212,10 +197,7 @@ class Zero final : public Strategy {
   Tensor own(const Block& full, DType t, size_t u) const {
     return full.flat(t).slice(flat_[u].shard_begin(), flat_[u].shard);
   }
-  Tensor owned_params(size_t u) const { return stage_ == 3 ? param_shard_[u].flat(pd_) : own(params_[u], pd_, u); }
   Tensor owned_grads(size_t u) const { return stage_ == 1 ? own(grads_full_[u], rd_, u) : grad_shard_[u].flat(rd_); }
-  // What the optimizer updates: the f32 master shard under mixed precision, else the parameter shard.
-  Tensor updated(size_t u) const { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
 
   void ensure_grad_full(size_t u) {
     if (grads_full_[u]) return;
@@ -227,52 +209,62 @@ class Zero final : public Strategy {
     Reduction r = std::move(inflight_.front());
     inflight_.pop_front();
     r.work.wait();
-    if (stage_ != 1) accumulate(grad_shard_[r.unit].flat(rd_), r.shard.flat(rd_));
+    if (stage_ != 1) mp_.accumulate(grad_shard_[r.unit].flat(rd_), r.shard.flat(rd_));
   }
 
   // ---- stage 3: gathered units ----
   size_t live_gathers() const {
     size_t n = 0;
-    for (const auto& g : gathered_) n += static_cast<bool>(g.buf);
+    for (const auto& g : gathered_) n += g.state != GatherState::sharded;
     return n;
   }
+  // sharded -> gathering: the buffer and the all-gather that fills it.
   void issue_gather(size_t u) {
     Gathered& g = gathered_[u];
-    if (g.buf) return;
+    if (g.state != GatherState::sharded) return;
     g.buf = env_.pool.alloc(pd_, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
     g.work = env_.comm.all_gather(param_shard_[u].flat(pd_), g.buf.flat(pd_));
+    g.state = GatherState::gathering;
   }
   void prefetch(size_t u) {
-    if (!gathered_[u].buf && live_gathers() < static_cast<size_t>(max_gathered_)) issue_gather(u);
+    if (gathered_[u].state == GatherState::sharded && live_gathers() < static_cast<size_t>(max_gathered_))
+      issue_gather(u);
   }
+  // -> gathered, with one more user.
   void acquire_one(size_t u) {
+    Gathered& g = gathered_[u];
     issue_gather(u);
-    gathered_[u].work.wait();
-    gathered_[u].users += 1;
+    g.work.wait();
+    g.state = GatherState::gathered;
+    g.users += 1;
   }
   void acquire(size_t u) {
     acquire_one(u);
     for (const BorrowedTensor& b : borrowed_[u]) acquire_one(b.owner);
   }
+  // One user fewer; the last one frees the buffer (gathered -> sharded) unless the unit is kept.
   void release_one(size_t u, bool keep) {
     Gathered& g = gathered_[u];
+    SHARD_CHECK(g.state == GatherState::gathered && g.users > 0, "releasing unit {} ({}) in state {} with {} users",
+                u, layout(u).name, static_cast<int>(g.state), g.users);
     g.users -= 1;
-    g.kept = keep;
     if (g.users == 0 && !keep) {
-      g.work.wait();
       g.buf.reset();
+      g.state = GatherState::sharded;
     }
   }
   void release(size_t u, bool keep) {
     release_one(u, keep);
     for (const BorrowedTensor& b : borrowed_[u]) release_one(b.owner, keep);
   }
-  Tensor gathered_tensor(size_t u) const { return gathered_[u].buf.flat(pd_); }
+  Tensor gathered_tensor(size_t u) const {
+    SHARD_CHECK(gathered_[u].state == GatherState::gathered, "unit {} used while not gathered", layout(u).name);
+    return gathered_[u].buf.flat(pd_);
+  }
 
   int stage_;
   DType pd_, rd_;
   int max_gathered_ = 3;
-  Optimizer optim_;
   std::vector<FlatParam> flat_;
   std::vector<Block> params_, param_shard_, master_, grads_full_, grad_shard_;
   std::vector<Gathered> gathered_;
@@ -281,8 +273,8 @@ class Zero final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_zero(const StrategyConfig& cfg, StrategyEnv env, int stage) {
-  return std::make_unique<Zero>(cfg, std::move(env), stage);
+std::unique_ptr<Strategy> make_zero(const StrategyConfig& cfg, StrategyEnv env) {
+  return std::make_unique<Zero>(cfg, std::move(env));
 }
 
 }  // namespace shardlab

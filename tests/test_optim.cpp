@@ -44,7 +44,7 @@ TEST_CASE("SGD with momentum matches the reference update", "[optim]") {
   std::vector<float> p = {1.f, -2.f, 0.5f}, g = {0.1f, 0.2f, -0.3f};
   std::vector<double> rp(p.begin(), p.end()), buf(3, 0);
   OptimConfig cfg;
-  cfg.kind = "sgd", cfg.momentum = 0.9f, cfg.weight_decay = 0.01f;
+  cfg.kind = OptimizerKind::sgd, cfg.momentum = 0.9f, cfg.weight_decay = 0.01f;
   Optimizer opt(pool, cfg);
   opt.add(Tensor::of(std::span<float>(p)), Tensor::of(std::span<float>(g)), {{0, 2, true}, {2, 1, false}}, "sgd");
   for (int step = 1; step <= 3; ++step) {
@@ -82,21 +82,20 @@ TEST_CASE("segments cover tensors and padding of any shard", "[optim]") {
 
 TEST_CASE("learning-rate schedules and clipping", "[optim]") {
   LrSchedule s;
-  s.kind = "cosine", s.lr = 1.f, s.warmup_steps = 4, s.total_steps = 14, s.min_lr_frac = 0.1f;
+  s.kind = ScheduleKind::cosine, s.lr = 1.f, s.warmup_steps = 4, s.total_steps = 14, s.min_lr_frac = 0.1f;
   CHECK(s.at(0) == Approx(0.25));
   CHECK(s.at(3) == Approx(1.0));
   CHECK(s.at(4) == Approx(1.0));
   CHECK(s.at(13) == Approx(0.1));
   CHECK(s.at(8) < 1.0);
   CHECK(s.at(8) > 0.1);
-  s.kind = "constant";
+  s.kind = ScheduleKind::constant;
   CHECK(s.at(13) == 1.f);
-  s.kind = "linear";
-  CHECK_THROWS_WITH(s.validate(), Catch::Contains("--schedule 'linear'"));
+  CHECK_THROWS_WITH(parse_schedule("linear"), Catch::Contains("--schedule 'linear'"));
+  CHECK(parse_schedule("cosine") == ScheduleKind::cosine);
   CHECK(clip_factor(2.0, 1.f) == Approx(0.5));
   CHECK(clip_factor(0.5, 1.f) == 1.f);
   CHECK(clip_factor(100.0, 0.f) == 1.f);
-  OptimConfig bad;
-  bad.kind = "lion";
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("--optimizer 'lion'"));
+  CHECK_THROWS_WITH(parse_optimizer("lion"), Catch::Contains("--optimizer 'lion'"));
+  CHECK(parse_optimizer("sgd") == OptimizerKind::sgd);
 }

@@ -14,7 +14,7 @@ TEST_CASE("pool charges every block to its category and the ledger tracks peaks"
   Ledger& L = pool.ledger();
   {
     Block w = pool.alloc(1000, Category::param_full, "wte");
-    L.set_phase("forward h.0");
+    L.set_phase(Phase::forward(1));
     Block a = pool.alloc(DType::f32, 250, Category::activations, "h.0 saved");
     CHECK(a.bytes() == 1000);
     CHECK(L.current(Category::param_full) == 1000);
@@ -30,7 +30,8 @@ TEST_CASE("pool charges every block to its category and the ledger tracks peaks"
     CHECK(L.composition_at_peak()[static_cast<int>(Category::param_full)] == 1000);
     CHECK(L.composition_at_peak()[static_cast<int>(Category::activations)] == 1000);
     CHECK(L.composition_at_peak()[static_cast<int>(Category::grad_full)] == 0);
-    CHECK(L.phase_at_peak() == "forward h.0");
+    CHECK(L.phase_at_peak() == Phase::forward(1));
+    CHECK(phase_label(L.phase_at_peak(), {"embedding", "h.0"}) == "forward h.0");
     Block moved = std::move(w);
     CHECK_FALSE(static_cast<bool>(w));
     CHECK(pool.in_use() == 1500);
@@ -40,7 +41,8 @@ TEST_CASE("pool charges every block to its category and the ledger tracks peaks"
   REQUIRE(tl.size() == 6);  // 3 allocations, 3 frees
   CHECK(tl[0].tag == "wte");
   CHECK(tl[0].delta == 1000);
-  CHECK(tl[1].phase == "forward h.0");
+  CHECK(tl[1].phase == Phase::forward(1));
+  CHECK(tl[0].phase.kind == PhaseKind::idle);
   CHECK(tl[2].delta == -1000);
   CHECK(tl.back().total_after == 0);
   for (size_t i = 1; i < tl.size(); ++i) CHECK(tl[i].t_ms >= tl[i - 1].t_ms);

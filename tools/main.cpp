@@ -3,14 +3,19 @@
 //   shardlab train               train GPT-2 under any strategy on any number of ranks
 //   shardlab compare             every strategy on the same model, data and seed, side by side
 //   shardlab profile             the memory profile: every strategy x category per rank, predicted and measured
+//   shardlab export              a checkpoint as one HF-named safetensors file
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
 //   shardlab bench-train         training-step throughput beside the sgemm ceiling
 //
 // Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
-// Input errors print one line naming the bad value and exit 1; internal faults print file:line and
-// the rank, and end every rank of the job.
+// MPI appears in this file only: commands get a ProcessGroup and open communicators through it.
+//
+// Exit codes (README, "Exit codes"): 0 success; 1 bad input (an option, a file, a size: one line
+// naming the value); 2 internal fault (file:line and the rank; every rank of the job ends);
+// 3 wrong results (compare's losses disagree, bench-collectives found wrong elements); 4 out of
+// memory (a rank's --device-memory budget, with what was live).
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +31,7 @@
 #include "src/core/units.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/compare.hpp"
+#include "src/train/predict.hpp"
 #include "src/train/profile.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/launch.hpp"
@@ -101,12 +107,20 @@ PoolConfig pool_config(const CommonOptions& c) {
   return pc;
 }
 
-struct DtypeOptions {
-  std::string param = "f32", reduce = "";
+// Exit codes: see the table at the top of this file.
+enum ExitCode : int { kOk = 0, kBadInput = 1, kInternal = 2, kWrongResults = 3, kOutOfMemory = 4 };
+
+// Command-line strings that become enums once parsed (StrategyConfig keeps only the enums).
+struct StrategyStrings {
+  std::string strategy = "ddp", param = "f32", reduce = "";
 };
 
-void add_strategy_options(po::options_description& d, StrategyConfig& s, DtypeOptions& dt) {
-  d.add_options()("strategy", po::value(&s.name)->default_value(s.name), "dp, ddp, zero1, zero2 or zero3")(
+ProcessGroup world_group(const MpiRuntime& mpi) {
+  return {mpi.rank(), mpi.world(), [](Pool& pool) { return make_mpi_communicator(MPI_COMM_WORLD, pool); }};
+}
+
+void add_strategy_options(po::options_description& d, StrategyConfig& s, StrategyStrings& dt) {
+  d.add_options()("strategy", po::value(&dt.strategy)->default_value(dt.strategy), "dp, ddp, zero1, zero2 or zero3")(
       "param-dtype", po::value(&dt.param)->default_value(dt.param),
       "storage and all-gather dtype of parameters: f32, or bf16 with an f32 master copy beside the optimizer")(
       "reduce-dtype", po::value(&dt.reduce)->default_value(""), "gradient storage and reduction dtype (default: the param dtype)")(
@@ -151,8 +165,8 @@ struct ModelOptions {
 // Options of a training run, shared by train and compare.
 struct TrainOptions {
   ModelOptions model;
-  DtypeOptions dtypes;
-  std::string device = "cpu";
+  StrategyStrings dtypes;
+  std::string device = "cpu", schedule = "cosine", optimizer = "adamw";
   int64_t seed = 1337;
   void add(po::options_description& desc, TrainConfig& cfg) {
     model.add(desc);
@@ -163,11 +177,11 @@ struct TrainOptions {
         "global batch in sequences (ranks x micro-batch x accum)")(
         "accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
         "lr", po::value(&cfg.schedule.lr)->default_value(1e-3f, "1e-3"), "peak learning rate")(
-        "schedule", po::value(&cfg.schedule.kind)->default_value(cfg.schedule.kind), "constant or cosine")(
+        "schedule", po::value(&schedule)->default_value(schedule), "constant or cosine")(
         "warmup-steps", po::value(&cfg.schedule.warmup_steps)->default_value(10), "linear warmup steps")(
         "min-lr-frac", po::value(&cfg.schedule.min_lr_frac)->default_value(0.1f, "0.1"),
         "cosine ends at lr * this")(
-        "optimizer", po::value(&cfg.optim.kind)->default_value(cfg.optim.kind), "adamw or sgd")(
+        "optimizer", po::value(&optimizer)->default_value(optimizer), "adamw or sgd")(
         "weight-decay", po::value(&cfg.optim.weight_decay)->default_value(0.1f, "0.1"),
         "decoupled weight decay, on tensors with >= 2 dims only")(
         "beta1", po::value(&cfg.optim.beta1)->default_value(0.9f, "0.9"), "AdamW beta1")(
@@ -188,8 +202,12 @@ struct TrainOptions {
     SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
     cfg.seed = static_cast<uint64_t>(seed);
     cfg.spec = model.spec();
-    cfg.strategy.param_dtype = parse_dtype(dtypes.param);
-    cfg.strategy.reduce_dtype = dtypes.reduce.empty() ? cfg.strategy.param_dtype : parse_dtype(dtypes.reduce);
+    cfg.strategy.kind = parse_strategy(dtypes.strategy);
+    cfg.strategy.precision.param_dtype = parse_dtype(dtypes.param);
+    cfg.strategy.precision.reduce_dtype =
+        dtypes.reduce.empty() ? cfg.strategy.precision.param_dtype : parse_dtype(dtypes.reduce);
+    cfg.optim.kind = parse_optimizer(optimizer);
+    cfg.schedule.kind = parse_schedule(schedule);
   }
   std::unique_ptr<Backend> backend(const CommonOptions& common, const MpiRuntime& mpi) const {
     if (parse_device(device) == Device::cpu) return make_cpu(common, mpi);
@@ -249,19 +267,21 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   cfg.record_step = reports.any();
   auto backend = opts.backend(common, mpi);
   Pool pool(*backend, pool_config(common));
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  auto comm = world_group(mpi).connect(pool);
   Trainer trainer(*backend, pool, *comm, cfg);
   trainer.run(stdout);
-  if (!reports.any()) return 0;
-  MemoryRow row = trainer.memory_row(cfg.strategy.name);
+  if (!reports.any()) return kOk;
+  const std::string name = strategy_name(cfg.strategy.kind);
+  MemoryRow row = trainer.memory_row(name);
   std::string events;  // every rank's last step, one trace process per rank
-  append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), cfg.strategy.name),
-                      row.measured_timeline, row.measured_states, row.measured_comm);
-  auto all = gather_strings(events, MPI_COMM_WORLD);
-  if (mpi.rank() != 0) return 0;
+  append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), name), row.measured_timeline,
+                      row.measured_states, row.measured_comm, trainer.unit_names());
+  auto all = comm->gather_strings(events);
+  if (mpi.rank() != 0) return kOk;
   MemoryReport report;
   report.title = fmt::format("shardlab train: {}, {} on {} ranks, global batch {}, rank 0, last step",
-                             cfg.spec.describe(), cfg.strategy.name, mpi.world(), cfg.batch);
+                             cfg.spec.describe(), name, mpi.world(), cfg.batch);
+  report.unit_names = trainer.unit_names();
   report.rows.push_back(row);
   if (!reports.json.empty()) write_text(reports.json, memory_report_json(report) + "\n", "--json");
   if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
@@ -270,15 +290,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
     for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
     write_text(reports.trace, chrome_trace_document(joined), "--trace");
   }
-  return 0;
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
+  return kOk;
 }
 
 int cmd_export(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -330,14 +342,14 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
   if (!parse(args, desc, mpi, "profile")) return 0;
   opts.finish(pc.train);
-  pc.strategies = split_list(strategies);
+  pc.strategies = parse_strategy_list(strategies);
   if (!budget.empty()) pc.budget = parse_bytes(budget);
   SHARD_REQUIRE(budget.empty() || pc.budget > 0, "--budget {}: expected a positive size", budget);
   pc.pool_budget = pool_config(common).budget;
   SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
   SHARD_REQUIRE(trace_path.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");
   auto backend = opts.backend(common, mpi);
-  MemoryReport r = run_profile(*backend, MPI_COMM_WORLD, pc);
+  MemoryReport r = run_profile(*backend, world_group(mpi), pc);
   if (mpi.rank() != 0) return 0;
   print_memory_table(r, stdout);
   if (!json_path.empty()) write_text(json_path, memory_report_json(r) + "\n", "--json");
@@ -364,21 +376,18 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   reports.add(desc, false);
   if (!parse(args, desc, mpi, "compare")) return 0;
   opts.finish(cc.train);
-  cc.strategies = split_list(strategies);
-  for (const auto& s : cc.strategies) {
-    StrategyConfig probe = cc.train.strategy;
-    probe.name = s;
-    probe.validate();
-  }
+  cc.strategies = parse_strategy_list(strategies);
+  cc.train.strategy.validate();
   cc.budget = pool_config(common).budget;
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
   auto backend = opts.backend(common, mpi);
-  CompareResult r = run_compare(*backend, MPI_COMM_WORLD, cc, stdout);
+  CompareResult r = run_compare(*backend, world_group(mpi), cc, stdout);
   if (mpi.rank() == 0 && !json_path.empty()) write_text(json_path, compare_json(cc, r, mpi.world()) + "\n", "--json");
   if (mpi.rank() == 0 && reports.any()) {
     MemoryReport report;
     report.title = fmt::format("shardlab compare: {}, {} ranks, global batch {}, rank 0, last step of each strategy",
                                cc.train.spec.describe(), mpi.world(), cc.train.batch);
+    report.unit_names = gpt2_unit_names(cc.train.spec);
     for (const auto& run : r.runs)
       if (!run.oom) report.rows.push_back(run.memory);
     if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
@@ -386,9 +395,9 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   }
   if (!r.agree) {
     if (mpi.rank() == 0) std::fprintf(stderr, "shardlab compare: the strategies' losses disagree: %s\n", r.disagreement.c_str());
-    return 3;
+    return kWrongResults;
   }
-  return 0;
+  return kOk;
 }
 
 int cmd_info(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -397,19 +406,17 @@ int cmd_info(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   add_common(desc, common);
   if (!parse(args, desc, mpi, "info")) return 0;
   auto backend = make_cpu(common, mpi);
-  std::string line = fmt::format("rank {}/{} (local {}/{}): {}", mpi.rank(), mpi.world(), mpi.local_rank(),
-                                 mpi.local_size(), backend->describe());
-  // Gather every rank's line to rank 0 so the output is ordered.
-  std::vector<char> mine(256, '\0');
-  std::copy_n(line.begin(), std::min<size_t>(line.size(), 255), mine.begin());
-  std::vector<char> all(mine.size() * static_cast<size_t>(mpi.world()));
-  MPI_CHECK(MPI_Gather(mine.data(), 256, MPI_CHAR, all.data(), 256, MPI_CHAR, 0, MPI_COMM_WORLD));
+  Pool pool(*backend);
+  auto comm = world_group(mpi).connect(pool);
+  // Every rank's line, gathered to rank 0 so the output is ordered.
+  auto lines = comm->gather_strings(fmt::format("rank {}/{} (local {}/{}): {}", mpi.rank(), mpi.world(),
+                                                mpi.local_rank(), mpi.local_size(), backend->describe()));
   if (mpi.rank() == 0) {
     std::printf("shardlab %s — CUDA backend %s, %d CUDA device(s) visible\n", "0.1.0",
                 cuda_compiled() ? "compiled" : "not compiled", cuda_device_count());
-    for (int r = 0; r < mpi.world(); ++r) std::printf("  %s\n", all.data() + 256 * r);
+    for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
   }
-  return 0;
+  return kOk;
 }
 
 int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -440,7 +447,7 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
   std::unique_ptr<Communicator> comm;
   if (comm_kind == "mpi") {
     SHARD_REQUIRE(sim_world == 0, "--sim-world is for --comm sim");
-    comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+    comm = world_group(mpi).connect(pool);
   } else if (comm_kind == "sim") {
     SHARD_REQUIRE(mpi.world() == 1, "--comm sim runs in one process; started with {} ranks", mpi.world());
     SHARD_REQUIRE(sim_world >= 1, "--comm sim needs --sim-world N (N >= 1)");
@@ -450,7 +457,7 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
   }
   uint64_t wrong = run_collective_benchmark(*comm, pool, cfg, stdout);
   comm.reset();
-  return wrong == 0 ? 0 : 1;
+  return wrong == 0 ? kOk : kWrongResults;
 }
 
 int cmd_bench_gemm(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -516,8 +523,10 @@ int main(int argc, char** argv) {
     if (command == "bench-train") return cmd_bench_train(rest, mpi);
     throw InputError(fmt::format("unknown command '{}'\n{}", command, kUsage));
   } catch (const InputError& e) {
-    abort_job(fmt::format("error: {}", e.what()), 1);
+    abort_job(fmt::format("error: {}", e.what()), kBadInput);
+  } catch (const OutOfMemory& e) {
+    abort_job(e.what(), kOutOfMemory);
   } catch (const std::exception& e) {
-    abort_job(e.what(), 2);
+    abort_job(e.what(), kInternal);
   }
 }

@@ -1,6 +1,7 @@
 // backend.hpp — Backend: the one interface between shardlab and a device. Kernels, streams and
 // events, raw allocation (used only by memory::Pool) and copies. Two implementations: cpu/
-// (oneDNN sgemm + OpenMP) and cuda/ (cuBLAS + CUDA kernels), chosen at run time by --device.
+// (oneDNN sgemm + OpenMP) and cuda/ (cuBLAS + CUDA kernels), chosen at run time by --device; and
+// meta/, which accounts for memory and computes nothing (memory predictions).
 //
 // Conventions. Matrices are row-major. Element-wise kernels compute in f32 and take f32 tensors
 // unless they say otherwise; `cast` moves between f32, bf16 and f16. Reductions write one f32 to
@@ -134,6 +135,7 @@ inline int64_t attention_scratch_elems(int64_t T, int64_t H) { return H * T * T;
 
 std::unique_ptr<Backend> make_backend(Device device, const BackendConfig& cfg);
 std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg);
+std::unique_ptr<Backend> make_meta_backend();
 // Throws InputError when shardlab was built without CUDA or no device is visible.
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& cfg);
 bool cuda_compiled();

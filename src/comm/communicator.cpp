@@ -1,6 +1,8 @@
 #include "src/comm/communicator.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 namespace shardlab {
@@ -130,7 +132,12 @@ void Communicator::verify(CommOp op, const Tensor& t, int root, ReduceOp rop, co
   f.reduce_op = static_cast<uint8_t>(rop);
   std::string s = short_site(site);
   std::snprintf(f.site, sizeof(f.site), "%s", s.c_str());
-  std::vector<Fingerprint> all = exchange(f);
+  std::vector<std::string> bytes = exchange(std::string(reinterpret_cast<const char*>(&f), sizeof f));
+  std::vector<Fingerprint> all(bytes.size());
+  for (size_t r = 0; r < bytes.size(); ++r) {
+    SHARD_CHECK(bytes[r].size() == sizeof(Fingerprint), "fingerprint of rank {}: {} bytes", r, bytes[r].size());
+    std::memcpy(&all[r], bytes[r].data(), sizeof(Fingerprint));
+  }
   for (size_t r = 1; r < all.size(); ++r) {
     const Fingerprint& a = all[0];
     const Fingerprint& b = all[r];
@@ -141,6 +148,44 @@ void Communicator::verify(CommOp op, const Tensor& t, int root, ReduceOp rop, co
                                       "rank {} issues {}",
                                       a.seq, describe(a), r, describe(b)));
   }
+}
+
+std::vector<std::string> Communicator::all_gather_strings(const std::string& mine) {
+  std::vector<std::string> all = exchange(mine);
+  SHARD_CHECK(all.size() == static_cast<size_t>(world_size()), "control exchange returned {} entries for {} ranks",
+              all.size(), world_size());
+  return all;
+}
+
+std::vector<std::string> Communicator::gather_strings(const std::string& mine, int root) {
+  check_root(root, "gather_strings");
+  std::vector<std::string> all = all_gather_strings(mine);
+  if (rank() != root) all.clear();
+  return all;
+}
+
+std::vector<uint64_t> Communicator::gather_u64(std::span<const uint64_t> mine, int root) {
+  std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size_bytes());
+  std::vector<uint64_t> out;
+  for (const std::string& b : gather_strings(bytes, root)) {
+    SHARD_CHECK(b.size() == mine.size_bytes(), "gather_u64: a rank sent {} bytes, this one {}", b.size(),
+                mine.size_bytes());
+    size_t at = out.size();
+    out.resize(at + mine.size());
+    std::memcpy(out.data() + at, b.data(), b.size());
+  }
+  return out;
+}
+
+int64_t Communicator::all_max(int64_t v) {
+  int64_t best = v;
+  for (const std::string& b : all_gather_strings(std::string(reinterpret_cast<const char*>(&v), sizeof v))) {
+    int64_t x = 0;
+    SHARD_CHECK(b.size() == sizeof x, "all_max: a rank sent {} bytes", b.size());
+    std::memcpy(&x, b.data(), sizeof x);
+    best = std::max(best, x);
+  }
+  return best;
 }
 
 void Communicator::count(CommOp op, DType dtype, double full_bytes) {

@@ -24,6 +24,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <source_location>
 #include <span>
@@ -145,6 +146,17 @@ class Communicator {
     return reduce(Tensor::of(send), Tensor::of(recv), root, op, site);
   }
 
+  // ---- control: small blocking exchanges of host values, for commands and checks ----
+  // They travel on a channel of their own (never between a rank's data collectives), are not
+  // counted as traffic, and are what commands use instead of reaching for the transport.
+  // Every rank's string in rank order, on every rank.
+  std::vector<std::string> all_gather_strings(const std::string& mine);
+  // Every rank's string in rank order on `root`; empty elsewhere.
+  std::vector<std::string> gather_strings(const std::string& mine, int root = 0);
+  // Every rank's values, concatenated in rank order, on `root` (each rank gives the same count).
+  std::vector<uint64_t> gather_u64(std::span<const uint64_t> mine, int root = 0);
+  int64_t all_max(int64_t v);  // the largest v of any rank, on every rank
+
   // --check-collectives: before each collective, every rank's fingerprint (sequence number, op,
   // count, dtype, root, call site) is compared across ranks on a separate channel; a mismatch
   // throws InternalError naming the first diverging rank and both call sites instead of hanging.
@@ -174,8 +186,9 @@ class Communicator {
   virtual Work do_barrier() = 0;
   // Bytes the transport moves per logical byte (2 where it widens a reduction to f32).
   virtual double wire_factor(CommOp op, DType dtype) const { return 1.0; }
-  // Every rank's fingerprint, in rank order (blocking; a channel separate from the data).
-  virtual std::vector<Fingerprint> exchange(const Fingerprint& mine) { return {mine}; }
+  // The control channel: every rank's bytes in rank order, on every rank (blocking; separate from
+  // the data collectives). One rank alone needs no transport.
+  virtual std::vector<std::string> exchange(const std::string& mine) { return {mine}; }
 
  private:
   void count(CommOp op, DType dtype, double full_bytes);
@@ -185,6 +198,17 @@ class Communicator {
   CommStats stats_;
   bool check_ = false;
   uint64_t seq_ = 0;
+};
+
+class Pool;
+
+// The processes a command runs on, without naming the transport: this process's rank, how many
+// there are, and a way to open a communicator over them whose staging buffers come from `pool`.
+// Commands (compare, profile, info, ...) take this and never see MPI.
+struct ProcessGroup {
+  int rank = 0;
+  int size = 1;
+  std::function<std::unique_ptr<Communicator>(Pool& pool)> connect;
 };
 
 }  // namespace shardlab

@@ -71,7 +71,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Finalized(&finalized);
     if (!finalized) {
       MPI_Comm_free(&comm_);
-      if (check_comm_ != MPI_COMM_NULL) MPI_Comm_free(&check_comm_);
+      if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
     }
   }
 
@@ -85,12 +85,20 @@ class MpiCommunicator final : public Communicator {
     return reduction && widened(dtype) ? 4.0 / dtype_size(dtype) : 1.0;
   }
 
-  std::vector<Fingerprint> exchange(const Fingerprint& mine) override {
-    if (check_comm_ == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(comm_, &check_comm_));  // a channel of its own
-    std::vector<Fingerprint> all(static_cast<size_t>(world_));
-    MPI_CHECK(MPI_Allgather(&mine, sizeof(Fingerprint), MPI_BYTE, all.data(), sizeof(Fingerprint), MPI_BYTE,
-                            check_comm_));
-    return all;
+  // The control channel: a duplicate of the data communicator, so control messages never match
+  // a data collective in flight.
+  std::vector<std::string> exchange(const std::string& mine) override {
+    if (control_ == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(comm_, &control_));
+    int len = mpi_count(static_cast<int64_t>(mine.size()), "control exchange");
+    std::vector<int> lens(static_cast<size_t>(world_)), offs(static_cast<size_t>(world_));
+    MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, control_));
+    int64_t total = 0;
+    for (int r = 0; r < world_; ++r) offs[r] = mpi_count(total, "control exchange"), total += lens[r];
+    std::string all(static_cast<size_t>(mpi_count(total, "control exchange")), '\0');
+    MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, control_));
+    std::vector<std::string> out;
+    for (int r = 0; r < world_; ++r) out.push_back(all.substr(static_cast<size_t>(offs[r]), static_cast<size_t>(lens[r])));
+    return out;
   }
 
   Work do_all_reduce(Tensor buf, ReduceOp op) override {
@@ -221,7 +229,7 @@ class MpiCommunicator final : public Communicator {
 
   Pool& pool_;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Comm check_comm_ = MPI_COMM_NULL;
+  MPI_Comm control_ = MPI_COMM_NULL;
   int rank_ = 0, world_ = 1;
 };
 

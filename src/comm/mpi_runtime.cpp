@@ -35,26 +35,6 @@ MpiRuntime::~MpiRuntime() {
   if (!finalized) MPI_Finalize();
 }
 
-std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  MPI_CHECK(MPI_Comm_size(comm, &size));
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(static_cast<size_t>(size)), offs(static_cast<size_t>(size));
-  MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm));
-  std::string all;
-  if (rank == 0) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) offs[r] = total, total += lens[r];
-    all.resize(static_cast<size_t>(total));
-  }
-  MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm));
-  std::vector<std::string> out;
-  if (rank == 0)
-    for (int r = 0; r < size; ++r) out.push_back(all.substr(static_cast<size_t>(offs[r]), static_cast<size_t>(lens[r])));
-  return out;
-}
-
 void abort_job(const std::string& message, int code) {
   std::fprintf(stderr, "shardlab [%s]: %s\n", process_identity().c_str(), message.c_str());
   std::fflush(stderr);

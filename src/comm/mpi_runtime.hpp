@@ -38,8 +38,6 @@ class MpiRuntime {
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
-// Every rank's string, on rank 0 in rank order; an empty vector elsewhere.
-std::vector<std::string> gather_strings(const std::string& mine, MPI_Comm comm);
 
 // Prints "shardlab [rank r/N]: message" to stderr and ends every rank of the job with `code`.
 [[noreturn]] void abort_job(const std::string& message, int code = 1);

@@ -1,7 +1,29 @@
 #include "src/comm/sim_comm.hpp"
 
+#include <functional>
+#include <utility>
+
 namespace shardlab {
 namespace {
+
+// A reduction whose f32 staging lives until it is waited on, when the result is written back.
+class SimWork final : public WorkImpl {
+ public:
+  SimWork(std::vector<Block> staging, std::function<void()> finish)
+      : staging_(std::move(staging)), finish_(std::move(finish)) {}
+  bool test() override {
+    wait();
+    return true;
+  }
+  void wait() override {
+    if (finish_) std::exchange(finish_, nullptr)();
+    staging_.clear();
+  }
+
+ private:
+  std::vector<Block> staging_;
+  std::function<void()> finish_;
+};
 
 class SimCommunicator final : public Communicator {
  public:
@@ -14,14 +36,22 @@ class SimCommunicator final : public Communicator {
   std::string name() const override { return "sim"; }
 
  protected:
+  double wire_factor(CommOp op, DType dtype) const override {  // as MPI's
+    bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
+    return reduction && dtype != DType::f32 ? 4.0 / dtype_size(dtype) : 1.0;
+  }
+  std::vector<std::string> exchange(const std::string& mine) override {
+    return std::vector<std::string>(static_cast<size_t>(world_), mine);
+  }
+
   Work do_all_reduce(Tensor buf, ReduceOp op) override {
-    if (op == ReduceOp::sum) scale_by_world(buf);
-    return Work();
+    return reduction(buf, buf, buf, op, Receives::in_place, "all_reduce");
   }
   Work do_reduce_scatter(Tensor send, Tensor recv, ReduceOp op) override {
-    be().copy(recv, send.slice(rank_ * recv.numel(), recv.numel()));  // a no-op when in place
-    if (op == ReduceOp::sum) scale_by_world(recv);
-    return Work();
+    return reduction(send, send.slice(rank_ * recv.numel(), recv.numel()), recv, op, Receives::staged, "reduce_scatter");
+  }
+  Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) override {
+    return reduction(send, send, recv, op, rank_ == root ? Receives::staged : Receives::nothing, "reduce");
   }
   Work do_all_gather(Tensor send, Tensor recv) override {
     for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * send.numel(), send.numel()), send);
@@ -37,28 +67,45 @@ class SimCommunicator final : public Communicator {
     return Work();
   }
   Work do_broadcast(Tensor, int) override { return Work(); }
-  Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) override {
-    if (rank_ != root) return Work();
-    be().copy(recv, send);
-    if (op == ReduceOp::sum) scale_by_world(recv);
-    return Work();
-  }
   Work do_barrier() override { return Work(); }
 
  private:
   Backend& be() { return pool_.backend(); }
 
-  void scale_by_world(Tensor t) {
-    if (world_ == 1) return;
-    if (t.dtype() == DType::f32) {
-      be().scale(t, static_cast<float>(world_));
-      return;
+  // How MPI receives a widened reduction: into the widened send buffer (all_reduce), into an f32
+  // buffer of its own (reduce_scatter; reduce at the root, even in place), or not at all.
+  enum class Receives { in_place, staged, nothing };
+
+  // recv <- (sum: N x, max: 1 x) `mine`, this rank's contribution (part of send), where this rank
+  // receives; staged in f32 as MPI stages it when the dtype is not f32.
+  Work reduction(Tensor send, Tensor mine, Tensor recv, ReduceOp op, Receives receives, const char* what) {
+    const float factor = op == ReduceOp::sum ? static_cast<float>(world_) : 1.f;
+    if (mine.dtype() == DType::f32) {
+      if (receives != Receives::nothing) {
+        if (recv.data() != mine.data()) be().copy(recv, mine);
+        if (factor != 1.f) be().scale(recv, factor);
+      }
+      return Work();
     }
-    Block wide = pool_.alloc(DType::f32, t.numel(), Category::comm_buffer, "sim reduction (f32)");
-    Tensor w = wide.flat(DType::f32).slice(0, t.numel());
-    be().cast(w, t);
-    be().scale(w, static_cast<float>(world_));
-    be().cast(t, w);
+    std::vector<Block> staging;
+    staging.push_back(pool_.alloc(DType::f32, send.numel(), Category::comm_buffer, fmt::format("sim {} send (f32)", what)));
+    Tensor wide_send = staging.back().flat(DType::f32).slice(0, send.numel());
+    be().cast(wide_send, send);
+    if (receives == Receives::nothing) return Work(std::make_unique<SimWork>(std::move(staging), nullptr));
+    Tensor wide_mine = wide_send.slice((static_cast<const char*>(mine.data()) - static_cast<const char*>(send.data())) /
+                                           static_cast<int64_t>(dtype_size(send.dtype())),
+                                       mine.numel());
+    Tensor wide_recv = wide_send;
+    if (receives == Receives::staged) {
+      staging.push_back(pool_.alloc(DType::f32, recv.numel(), Category::comm_buffer, fmt::format("sim {} recv (f32)", what)));
+      wide_recv = staging.back().flat(DType::f32).slice(0, recv.numel());
+      be().copy(wide_recv, wide_mine);
+    }
+    auto finish = [this, wide_recv, recv, factor] {
+      if (factor != 1.f) be().scale(wide_recv, factor);
+      be().cast(recv, wide_recv);
+    };
+    return Work(std::make_unique<SimWork>(std::move(staging), finish));
   }
 
   int rank_, world_;

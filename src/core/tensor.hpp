@@ -12,8 +12,9 @@
 
 namespace shardlab {
 
-enum class Device : uint8_t { cpu, cuda };
-inline const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+// meta: memory that is accounted for but never touched (the meta backend, for predictions).
+enum class Device : uint8_t { cpu, cuda, meta };
+inline const char* device_name(Device d) { return d == Device::cpu ? "cpu" : d == Device::cuda ? "cuda" : "meta"; }
 
 class Tensor {
  public:

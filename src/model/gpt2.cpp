@@ -68,15 +68,6 @@ class BlockUnit final : public Unit {
  public:
   BlockUnit(UnitLayout layout, int64_t index) : Unit(std::move(layout)), prefix_("h." + std::to_string(index) + ".") {}
 
-  // ln1, qkv, atty, x2, ln2, fch, fch_gelu: 15 N C; att: B H T T; two means and two rstds: 4 N.
-  int64_t saved_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
-    return 15 * B * T * s.dim + B * s.heads * T * T + 4 * B * T;
-  }
-  // dfch (4 N C), dln (N C) and the attention scratch (H T T), alive together.
-  int64_t backward_workspace_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
-    return 5 * B * T * s.dim + attention_scratch_elems(T, s.heads);
-  }
-
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
     Backend& be = c.be;
@@ -140,10 +131,6 @@ class HeadUnit final : public Unit {
   using Unit::Unit;
   std::vector<std::string> borrowed() const override { return {"wte.weight"}; }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return B * T * s.vocab; }
-  int64_t saved_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return B * T * (s.dim + 2); }
-  int64_t backward_workspace_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
-    return B * T * s.dim;  // dlnf
-  }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim, V = c.spec.vocab;
@@ -187,22 +174,6 @@ std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec) {
     units.push_back(std::make_unique<BlockUnit>(std::move(layout[static_cast<size_t>(l + 1)]), l));
   units.push_back(std::make_unique<HeadUnit>(std::move(layout.back())));
   return units;
-}
-
-std::vector<UnitMemDesc> gpt2_mem_desc(const ModelSpec& spec, int64_t B, int64_t T) {
-  auto units = make_gpt2_units(spec);
-  std::vector<UnitMemDesc> out;
-  for (const auto& u : units) {
-    UnitMemDesc d;
-    d.name = u->name();
-    d.params = u->layout().numel;
-    d.out_elems = u->out_elems(spec, B, T);
-    d.saved_elems = u->saved_elems(spec, B, T);
-    d.backward_workspace_elems = u->backward_workspace_elems(spec, B, T);
-    for (const BorrowedTensor& b : borrowed_tensors(units, out.size())) d.borrows.push_back(b.owner);
-    out.push_back(std::move(d));
-  }
-  return out;
 }
 
 std::vector<BorrowedTensor> borrowed_tensors(const std::vector<std::unique_ptr<Unit>>& units, size_t u) {

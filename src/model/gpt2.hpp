@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "memory/estimator.hpp"
 #include "memory/pool.hpp"
 #include "src/model/spec.hpp"
 
@@ -21,6 +20,10 @@ struct Batch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   int64_t B = 0, T = 0;
+  // Every rank's targets of this micro-step in rank order (world x B x T), for a strategy that
+  // computes the whole batch's loss on one rank (dp); null when the caller has none.
+  const int32_t* global_targets = nullptr;
+  int world = 1;
 };
 
 // Tensors by name (views; the owner is elsewhere).
@@ -64,12 +67,8 @@ class Unit {
   const std::string& name() const { return layout_.name; }
   // Tensors of other units this unit computes with (the head borrows wte.weight).
   virtual std::vector<std::string> borrowed() const { return {}; }
-  // Elements of this unit's output for a (B, T) batch, of what its forward saves for backward, and
-  // of the scratch its backward holds (all f32). The memory estimator reads these; a test checks
-  // them against what the pool records.
+  // Elements (f32) of this unit's output for a (B, T) batch; the runner allocates it.
   virtual int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const { return B * T * s.dim; }
-  virtual int64_t saved_elems(const ModelSpec& s, int64_t B, int64_t T) const { return 0; }
-  virtual int64_t backward_workspace_elems(const ModelSpec& s, int64_t B, int64_t T) const { return 0; }
 
   // in: the previous unit's output (empty for the embedding); out: out_elems floats.
   virtual void forward(UnitContext& ctx, const ParamSet& p, Tensor in, Tensor out, Saved& saved) = 0;
@@ -90,8 +89,5 @@ struct BorrowedTensor {
   const TensorDecl* decl;
 };
 std::vector<BorrowedTensor> borrowed_tensors(const std::vector<std::unique_ptr<Unit>>& units, size_t u);
-
-// The units as the memory estimator sees them, for micro-batches of B sequences of T tokens.
-std::vector<UnitMemDesc> gpt2_mem_desc(const ModelSpec& spec, int64_t B, int64_t T);
 
 }  // namespace shardlab

@@ -27,7 +27,7 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
   for (size_t u = 0; u < U; ++u) {
-    pool.ledger().set_phase("forward " + units[u]->name());
+    pool.ledger().set_phase(Phase::forward(u));
     int64_t n = units[u]->out_elems(spec, batch.B, batch.T);
     outs[u] = pool.alloc(DType::f32, n, Category::activations, units[u]->name() + " output");
     Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
@@ -39,13 +39,13 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
     logits->resize(static_cast<size_t>(N * spec.vocab));
     be.copy(Tensor::of(std::span<float>(*logits)), out);
   }
-  pool.ledger().set_phase("loss");
+  pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
   r.loss_sum = hooks.loss(be, pool, out, batch, dlogit_scale);
   Block dnext;  // gradient flowing into unit u's output
   for (size_t u = U; u-- > 0;) {
-    pool.ledger().set_phase("backward " + units[u]->name());
+    pool.ledger().set_phase(Phase::backward(u));
     Block din;
     if (u > 0)
       din = pool.alloc(DType::f32, outs[u - 1].bytes() / sizeof(float), Category::activations,
@@ -59,7 +59,7 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
     dnext = std::move(din);
     hooks.after_backward(u);
   }
-  pool.ledger().set_phase("");
+  pool.ledger().set_phase({});
   return r;
 }
 

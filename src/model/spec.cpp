@@ -127,4 +127,14 @@ void init_flat_range(const UnitLayout& unit, uint64_t seed, int64_t first, std::
   }
 }
 
+std::vector<std::string> gpt2_unit_names(const ModelSpec& spec) {
+  std::vector<std::string> names;
+  for (const UnitLayout& u : gpt2_layout(spec)) names.push_back(u.name);
+  return names;
+}
+
+nlohmann::json spec_to_json(const ModelSpec& s) {
+  return {{"name", s.name}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"seq", s.seq}, {"vocab", s.vocab}};
+}
+
 }  // namespace shardlab

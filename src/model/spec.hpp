@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+
+#include <nlohmann/json.hpp>
 #include <string_view>
 #include <vector>
 
@@ -48,6 +50,9 @@ struct UnitLayout {
 // Units in execution order: embedding, h.0 .. h.{L-1}, head (ln_f; the lm head is tied to wte).
 std::vector<UnitLayout> gpt2_layout(const ModelSpec& spec);
 int64_t num_params(const std::vector<UnitLayout>& layout);
+std::vector<std::string> gpt2_unit_names(const ModelSpec& spec);  // "embedding", "h.0", ..., "head"
+
+nlohmann::json spec_to_json(const ModelSpec& spec);  // {"name", "layers", "dim", "heads", "seq", "vocab"}
 
 // GPT-2 initialisation of elements [first, first + out.size()) of a unit's flat buffer, as a
 // function of (seed, tensor name, index in tensor) only: any shard initialises alone.

@@ -126,11 +126,11 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
     nlohmann::json m;
     m["format"] = kCheckpointFormat;
     m["model"] = spec_json(c.spec);
-    m["strategy"] = c.strategy.name;
+    m["strategy"] = strategy_name(c.strategy.kind);
     m["world"] = comm.world_size();
-    m["param_dtype"] = dtype_name(c.strategy.param_dtype);
-    m["reduce_dtype"] = dtype_name(c.strategy.reduce_dtype);
-    m["optimizer"] = {{"kind", c.optim.kind}, {"beta1", c.optim.beta1}, {"beta2", c.optim.beta2}, {"eps", c.optim.eps},
+    m["param_dtype"] = dtype_name(c.strategy.precision.param_dtype);
+    m["reduce_dtype"] = dtype_name(c.strategy.precision.reduce_dtype);
+    m["optimizer"] = {{"kind", optimizer_name(c.optim.kind)}, {"beta1", c.optim.beta1}, {"beta2", c.optim.beta2}, {"eps", c.optim.eps},
                       {"weight_decay", c.optim.weight_decay}, {"momentum", c.optim.momentum}, {"states", names}};
     m["step"] = step;
     m["data_position"] = step;  // batches are a function of the step index: resume at step `step`
@@ -181,8 +181,8 @@ void check_compatible(const nlohmann::json& m, const TrainConfig& c, const std::
   same("seq", c.spec.seq);
   same("vocab", c.spec.vocab);
   std::string kind = m["optimizer"].value("kind", "");
-  SHARD_REQUIRE(kind == c.optim.kind, "checkpoint '{}' holds {} state; this run uses --optimizer {}", path, kind,
-                c.optim.kind);
+  SHARD_REQUIRE(kind == optimizer_name(c.optim.kind), "checkpoint '{}' holds {} state; this run uses --optimizer {}",
+                path, kind, optimizer_name(c.optim.kind));
 }
 
 }  // namespace

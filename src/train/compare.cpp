@@ -4,35 +4,39 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "src/comm/mpi_comm.hpp"
-#include "src/comm/mpi_runtime.hpp"
 #include "src/core/units.hpp"
+#include "src/train/predict.hpp"
 
 namespace shardlab {
 namespace {
 
 // Bus bytes per rank per step the strategy's pattern implies: the textbook figures, with parameters
 // moved in the param dtype and gradients in the reduce dtype.
-double comm_theory(const std::string& s, double params, int world, const TrainConfig& c) {
+double comm_theory(StrategyKind s, double params, int world, const TrainConfig& c) {
   if (world == 1) return 0;
   const double n = world, f = (n - 1) / n;
-  const double p = params * static_cast<double>(dtype_size(c.strategy.param_dtype));
-  const double g = params * static_cast<double>(dtype_size(c.strategy.reduce_dtype));
-  if (s == "ddp") return 2 * f * g;                 // all-reduce of the gradients
-  if (s == "zero1" || s == "zero2") return f * (g + p);  // reduce-scatter + all-gather
-  if (s == "zero3") return f * (g + 2 * p);         // gather for forward and backward + reduce-scatter
+  const double p = params * static_cast<double>(dtype_size(c.strategy.precision.param_dtype));
+  const double g = params * static_cast<double>(dtype_size(c.strategy.precision.reduce_dtype));
+  switch (s) {
+    case StrategyKind::ddp: return 2 * f * g;  // all-reduce of the gradients
+    case StrategyKind::zero1:
+    case StrategyKind::zero2: return f * (g + p);  // reduce-scatter + all-gather
+    case StrategyKind::zero3: return f * (g + 2 * p);  // gather for forward and backward + reduce-scatter
+    case StrategyKind::dp: break;
+  }
   // dp: broadcast the parameters, reduce the gradients, gather the logits, scatter their gradient.
   const double logits = 4.0 * static_cast<double>(c.batch) * static_cast<double>(c.spec.seq * c.spec.vocab);
   return p + g + 2 * f * logits;
 }
 
-StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, const std::string& name) {
+StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, StrategyKind kind) {
   StrategyResult r;
-  r.name = name;
+  r.kind = kind;
+  r.name = strategy_name(kind);
   Pool pool(be, PoolConfig{cfg.budget});
-  auto comm = make_mpi_communicator(world, pool);
+  auto comm = group.connect(pool);
   TrainConfig tc = cfg.train;
-  tc.strategy.name = name;
+  tc.strategy.kind = kind;
   tc.log_path.clear();
   tc.save_path.clear();
   tc.record_step = true;
@@ -46,7 +50,8 @@ StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, co
     if (e.peak > cfg.budget) {
       failed = 1;
       r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
-                            format_bytes(double(e.peak)), e.peak_phase, format_bytes(double(cfg.budget)));
+                            format_bytes(double(e.peak)), phase_label(e.peak_phase, gpt2_unit_names(tc.spec)),
+                            format_bytes(double(cfg.budget)));
     }
   }
   try {
@@ -55,9 +60,7 @@ StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, co
     failed = 1;
     r.error = e.what();
   }
-  int any = 0;
-  MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, world));
-  if (any) {  // every rank skips together: no rank is left waiting in a collective
+  if (comm->all_max(failed)) {  // every rank skips together: no rank is left waiting in a collective
     r.oom = true;
     if (r.error.empty()) r.error = "out of memory on another rank";
     return r;
@@ -73,16 +76,15 @@ StrategyResult run_one(Backend& be, MPI_Comm world, const CompareConfig& cfg, co
     for (int c = 0; c < kNumCategories; ++c) peak[c] = std::max(peak[c], cat[c]);
     peak[kNumCategories] = std::max<uint64_t>(peak[kNumCategories], pool.ledger().peak_total());
   }
-  r.memory = trainer->memory_row(name);
+  r.memory = trainer->memory_row(r.name);
   std::sort(ms.begin(), ms.end());
   r.ms_per_step = ms[ms.size() / 2];
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
-  r.comm_theory = comm_theory(name, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
+  r.comm_theory = comm_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
   // Rank 0 learns every rank's peaks.
-  int size = comm->world_size();
-  std::vector<uint64_t> all(static_cast<size_t>(size) * peak.size());
-  MPI_CHECK(MPI_Gather(peak.data(), static_cast<int>(peak.size()), MPI_UINT64_T, all.data(),
-                       static_cast<int>(peak.size()), MPI_UINT64_T, 0, world));
+  const int size = comm->world_size();
+  std::vector<uint64_t> all = comm->gather_u64(peak);
+  if (all.empty()) return r;  // not rank 0
   for (int c = 0; c < kNumCategories; ++c) r.peak0[c] = all[c];
   r.total0 = all[kNumCategories];
   for (int q = 1; q < size; ++q) {
@@ -104,7 +106,7 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                "ms/step", "tok/s", "comm/rank/step", "theory", "÷theory", "÷ddp");
   double ddp_comm = 0;
   for (const auto& r : res.runs)
-    if (r.name == "ddp") ddp_comm = r.comm_bytes;
+    if (r.kind == StrategyKind::ddp) ddp_comm = r.comm_bytes;
   for (const auto& r : res.runs) {
     if (r.oom) {
       std::fprintf(out, "%-8s  did not fit: %s\n", r.name.c_str(), r.error.substr(0, r.error.find('\n')).c_str());
@@ -122,8 +124,8 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
   std::fprintf(out, " %9s %8s %8s\n", "peak", "vs ddp", "vs dp");
   uint64_t ddp_total = 0, dp_total = 0;
   for (const auto& r : res.runs) {
-    if (r.name == "ddp" && !r.oom) ddp_total = std::max(r.total0, r.total_other);
-    if (r.name == "dp" && !r.oom) dp_total = std::max(r.total0, r.total_other);
+    if (r.kind == StrategyKind::ddp && !r.oom) ddp_total = std::max(r.total0, r.total_other);
+    if (r.kind == StrategyKind::dp && !r.oom) dp_total = std::max(r.total0, r.total_other);
   }
   auto row = [&](const std::string& label, const std::array<uint64_t, kNumCategories>& p, uint64_t total) {
     std::fprintf(out, "%-13s", label.c_str());
@@ -136,7 +138,7 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
   };
   for (const auto& r : res.runs) {
     if (r.oom) continue;
-    if (r.name == "dp" && world > 1) {
+    if (r.kind == StrategyKind::dp && world > 1) {
       row("dp rank 0", r.peak0, r.total0);
       row("dp others", r.peak_other, r.total_other);
     } else {
@@ -178,21 +180,18 @@ void check_agreement(CompareResult& res, double tolerance) {
   }
 }
 
-CompareResult run_compare(Backend& be, MPI_Comm world, const CompareConfig& cfg, std::FILE* out) {
+CompareResult run_compare(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, std::FILE* out) {
   SHARD_REQUIRE(!cfg.strategies.empty(), "--strategies: name at least one strategy");
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(world, &rank));
-  MPI_CHECK(MPI_Comm_size(world, &size));
   CompareResult res;
-  for (const std::string& s : cfg.strategies) {
-    if (rank == 0) {
-      std::fprintf(out, "running %s (%lld steps)...\n", s.c_str(), static_cast<long long>(cfg.train.steps));
+  for (StrategyKind s : cfg.strategies) {
+    if (group.rank == 0) {
+      std::fprintf(out, "running %s (%lld steps)...\n", strategy_name(s), static_cast<long long>(cfg.train.steps));
       std::fflush(out);
     }
-    res.runs.push_back(run_one(be, world, cfg, s));
+    res.runs.push_back(run_one(be, group, cfg, s));
   }
   check_agreement(res, cfg.tolerance);
-  if (rank == 0) print_tables(cfg, res, size, out);
+  if (group.rank == 0) print_tables(cfg, res, group.size, out);
   return res;
 }
 
@@ -200,11 +199,10 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
   const TrainConfig& c = cfg.train;
   nlohmann::json j;
   j["schema"] = "shardlab.compare/1";
-  j["model"] = {{"name", c.spec.name}, {"layers", c.spec.layers}, {"dim", c.spec.dim}, {"heads", c.spec.heads},
-                {"seq", c.spec.seq}, {"vocab", c.spec.vocab}};
+  j["model"] = spec_to_json(c.spec);
   j["world"] = world;
   j["config"] = {{"batch", c.batch}, {"accum", c.accum}, {"steps", c.steps}, {"seed", c.seed},
-                 {"lr", c.schedule.lr}, {"optimizer", c.optim.kind}, {"data", c.data}, {"budget_bytes", cfg.budget},
+                 {"lr", c.schedule.lr}, {"optimizer", optimizer_name(c.optim.kind)}, {"data", c.data}, {"budget_bytes", cfg.budget},
                  {"tolerance", cfg.tolerance}};
   j["losses_agree"] = r.agree;
   if (!r.agree) j["disagreement"] = r.disagreement;

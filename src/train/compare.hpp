@@ -6,22 +6,21 @@
 #include <string>
 #include <vector>
 
-#include <mpi.h>
-
 #include "memory/category.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
 
 struct CompareConfig {
-  TrainConfig train;                 // strategy.name is ignored: each of `strategies` runs in turn
-  std::vector<std::string> strategies = {"dp", "ddp", "zero1", "zero2", "zero3"};
+  TrainConfig train;                 // strategy.kind is ignored: each of `strategies` runs in turn
+  std::vector<StrategyKind> strategies = all_strategies();
   uint64_t budget = 0;               // per-rank pool budget for every run (0 = none)
   double tolerance = 1e-4;           // max relative loss deviation from the first strategy
 };
 
 struct StrategyResult {
-  std::string name;
+  StrategyKind kind = StrategyKind::ddp;
+  std::string name;                  // strategy_name(kind)
   bool oom = false;                  // did not fit the budget
   std::string error;                 // the out-of-memory message, when oom
   std::vector<float> losses;
@@ -44,8 +43,9 @@ struct CompareResult {
 // Fills max_rel_dev of every run and agree/disagreement against the first run that fit.
 void check_agreement(CompareResult& r, double tolerance);
 
-// Collective over comm's ranks. Prints the tables on rank 0 to `out`.
-CompareResult run_compare(Backend& be, MPI_Comm world, const CompareConfig& cfg, std::FILE* out);
+// Collective over the group's ranks (each run opens its own communicator). Prints the tables on
+// rank 0 to `out`.
+CompareResult run_compare(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, std::FILE* out);
 std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int world);
 
 }  // namespace shardlab

@@ -1,17 +1,38 @@
+// profile.cpp — the memory profile in three parts: predict every row (the meta backend, fast for
+// any world size), measure the rows that ran (--measure), and assemble the report.
 #include "src/train/profile.hpp"
 
 #include <nlohmann/json.hpp>
 
-#include "src/comm/mpi_comm.hpp"
-#include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/train/predict.hpp"
 
 namespace shardlab {
 namespace {
 
+// A row of the report: a strategy as seen from one rank (DP's rank 0 differs from its replicas).
+struct RowSpec {
+  std::string label;
+  StrategyKind kind;
+  int rank;
+};
+
+std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
+  std::vector<RowSpec> rows;
+  for (StrategyKind s : cfg.strategies) {
+    if (s == StrategyKind::dp && cfg.world > 1) {
+      rows.push_back({"dp rank 0", s, 0});
+      rows.push_back({"dp others", s, 1});
+    } else {
+      rows.push_back({strategy_name(s), s, 0});
+    }
+  }
+  return rows;
+}
+
 // The largest micro-batch whose predicted peak fits the budget (0 if even one does not).
-int64_t largest_fitting(const ProfileConfig& cfg, const std::string& s, int rank) {
-  auto fits = [&](int64_t mb) { return predict(cfg, s, rank, mb).peak <= cfg.budget; };
+int64_t largest_fitting(const ProfileConfig& cfg, const RowSpec& r) {
+  auto fits = [&](int64_t mb) { return predict(cfg, r.kind, r.rank, mb, false).peak <= cfg.budget; };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;
   while (hi <= (1 << 16) && fits(hi)) lo = hi, hi *= 2;
@@ -23,129 +44,136 @@ int64_t largest_fitting(const ProfileConfig& cfg, const std::string& s, int rank
   return lo;
 }
 
-// Runs a few real steps as `rank` of cfg.world and reads the ledger: model states after set-up,
-// then the last step's peak, its composition and its allocation timeline.
-void measure(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg, const std::string& s, int rank,
-             MemoryRow& row) {
-  int procs = 1;
-  MPI_CHECK(MPI_Comm_size(world_comm, &procs));
-  Pool pool(be, PoolConfig{cfg.pool_budget});
-  std::unique_ptr<Communicator> comm = procs == cfg.world ? make_mpi_communicator(world_comm, pool)
-                                                          : make_sim_communicator(rank, cfg.world, pool);
+MemoryRow predicted_row(const ProfileConfig& cfg, const RowSpec& r) {
+  MemoryRow row;
+  row.label = r.label;
+  row.baseline = r.kind == StrategyKind::ddp ? Baseline::ddp
+                 : r.kind == StrategyKind::dp && r.rank == 0 ? Baseline::dp
+                                                             : Baseline::none;
+  row.predicted = predict(cfg, r.kind, r.rank, cfg.micro_batch);
+  if (cfg.budget) {
+    row.fits = row.predicted.peak <= cfg.budget;
+    row.max_micro_batch = largest_fitting(cfg, r);
+  }
+  return row;
+}
+
+// A measured step's figures, as plain numbers that travel between ranks.
+constexpr size_t kPacked = 3 * kNumCategories + 3;
+std::array<uint64_t, kPacked> pack(const MemoryRow& m) {
+  std::array<uint64_t, kPacked> b{};
+  for (int k = 0; k < kNumCategories; ++k) {
+    b[k] = m.measured_states[k];
+    b[kNumCategories + k] = m.measured_at_peak[k];
+    b[2 * kNumCategories + k] = m.measured_peak_by_category[k];
+  }
+  b[3 * kNumCategories] = m.measured_peak;
+  b[3 * kNumCategories + 1] = static_cast<uint64_t>(m.measured_phase.kind);
+  b[3 * kNumCategories + 2] = static_cast<uint64_t>(static_cast<int64_t>(m.measured_phase.unit));
+  return b;
+}
+void unpack(const uint64_t* b, MemoryRow& row) {
+  row.measured = true;
+  for (int k = 0; k < kNumCategories; ++k) {
+    row.measured_states[k] = b[k];
+    row.measured_at_peak[k] = b[kNumCategories + k];
+    row.measured_peak_by_category[k] = b[2 * kNumCategories + k];
+  }
+  row.measured_peak = b[3 * kNumCategories];
+  row.measured_phase = {static_cast<PhaseKind>(b[3 * kNumCategories + 1]),
+                        static_cast<int>(static_cast<int64_t>(b[3 * kNumCategories + 2]))};
+}
+
+// Runs a few real steps of `kind` as `rank` of cfg.world over `comm` and reads the ledger.
+MemoryRow measure_on(Backend& be, Pool& pool, Communicator& comm, const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig tc = cfg.train;
-  tc.strategy.name = s;
+  tc.strategy.kind = kind;
   tc.batch = cfg.micro_batch * tc.accum * cfg.world;
   tc.steps = cfg.measure_steps;
   tc.log_path.clear();
   tc.save_path.clear();
   tc.record_step = true;
-  Trainer t(be, pool, *comm, tc);
+  Trainer t(be, pool, comm, tc);
   for (int64_t k = 0; k < tc.steps; ++k) t.step(k);
-  MemoryRow m = t.memory_row(row.label);
-  m.predicted = row.predicted;
-  m.fits = row.fits;
-  m.max_micro_batch = row.max_micro_batch;
-  row = std::move(m);
+  return t.memory_row("");
+}
+
+// Fills the measured fields of the rows of one strategy. One process: it plays each row's rank
+// through sim. Real ranks: one run; rank 0 keeps its own figures and receives rank 1's for DP.
+void measure_strategy(Backend& be, const ProcessGroup& group, const ProfileConfig& cfg,
+                      const std::vector<RowSpec>& specs, std::vector<MemoryRow>& rows, StrategyKind kind) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].kind != kind) continue;
+    if (group.size == 1) {
+      Pool pool(be, PoolConfig{cfg.pool_budget});
+      auto comm = make_sim_communicator(specs[i].rank, cfg.world, pool);
+      MemoryRow m = measure_on(be, pool, *comm, cfg, kind);
+      rows[i].take_measurement(m);
+      continue;
+    }
+    if (specs[i].rank != 0) continue;  // filled below from the same run
+    Pool pool(be, PoolConfig{cfg.pool_budget});
+    auto comm = group.connect(pool);
+    MemoryRow m = measure_on(be, pool, *comm, cfg, kind);
+    rows[i].take_measurement(m);
+    if (kind != StrategyKind::dp || cfg.world == 1) continue;
+    std::vector<uint64_t> all = comm->gather_u64(pack(m));
+    if (group.rank == 0 && i + 1 < specs.size() && specs[i + 1].rank == 1) unpack(all.data() + kPacked, rows[i + 1]);
+  }
+}
+
+std::string title_of(const ProfileConfig& cfg) {
+  const auto& t = cfg.train;
+  return fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}", t.spec.describe(),
+                     cfg.world, cfg.micro_batch, t.spec.seq, t.accum, dtype_name(t.strategy.precision.param_dtype),
+                     dtype_name(t.strategy.precision.reduce_dtype), optimizer_name(t.optim.kind));
+}
+
+std::string config_json(const ProfileConfig& cfg) {
+  const auto& t = cfg.train;
+  nlohmann::json c = {{"model", spec_to_json(t.spec)},
+                      {"world", cfg.world},
+                      {"micro_batch", cfg.micro_batch},
+                      {"accum", t.accum},
+                      {"param_dtype", dtype_name(t.strategy.precision.param_dtype)},
+                      {"reduce_dtype", dtype_name(t.strategy.precision.reduce_dtype)},
+                      {"optimizer", optimizer_name(t.optim.kind)},
+                      {"prefetch", t.strategy.prefetch},
+                      {"bucket_mb", t.strategy.bucket_mb},
+                      {"measured", cfg.measure}};
+  return c.dump();
+}
+
+void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
+  SHARD_REQUIRE(cfg.world >= 1, "--world {}: expected at least one rank", cfg.world);
+  SHARD_REQUIRE(cfg.micro_batch >= 1, "--micro-batch {}: expected at least one sequence", cfg.micro_batch);
+  SHARD_REQUIRE(!cfg.strategies.empty(), "--strategies: name at least one strategy");
+  cfg.train.spec.validate();
+  cfg.train.strategy.validate();
+  SHARD_REQUIRE(!cfg.measure || group.size == 1 || group.size == cfg.world,
+                "--measure with {} processes: start 1 (the sim communicator stands in for the others) or --world {}",
+                group.size, cfg.world);
 }
 
 }  // namespace
 
-Estimate predict(const ProfileConfig& cfg, const std::string& strategy, int rank, int64_t micro_batch) {
+Estimate predict(const ProfileConfig& cfg, StrategyKind strategy, int rank, int64_t micro_batch, bool timeline) {
   TrainConfig t = cfg.train;
-  t.strategy.name = strategy;
-  return predict_step(t, cfg.world, rank, micro_batch);
+  t.strategy.kind = strategy;
+  return predict_step(t, cfg.world, rank, micro_batch, timeline);
 }
 
-MemoryReport run_profile(Backend& be, MPI_Comm world_comm, const ProfileConfig& cfg) {
-  SHARD_REQUIRE(cfg.world >= 1, "--world {}: expected at least one rank", cfg.world);
-  SHARD_REQUIRE(cfg.micro_batch >= 1, "--micro-batch {}: expected at least one sequence", cfg.micro_batch);
-  cfg.train.spec.validate();
-  for (const auto& s : cfg.strategies) {
-    StrategyConfig probe = cfg.train.strategy;
-    probe.name = s;
-    probe.validate();
-  }
-  int procs = 1;
-  MPI_CHECK(MPI_Comm_size(world_comm, &procs));
-  SHARD_REQUIRE(!cfg.measure || procs == 1 || procs == cfg.world,
-                "--measure with {} processes: start 1 (the sim communicator stands in for the others) or --world {}",
-                procs, cfg.world);
-  const auto& t = cfg.train;
+MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileConfig& cfg) {
+  validate(cfg, group);
   MemoryReport r;
   r.budget = cfg.budget;
-  r.title = fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}",
-                        t.spec.describe(), cfg.world, cfg.micro_batch, t.spec.seq, t.accum,
-                        dtype_name(t.strategy.param_dtype), dtype_name(t.strategy.reduce_dtype), t.optim.kind);
-  nlohmann::json c = {{"model", {{"name", t.spec.name}, {"layers", t.spec.layers}, {"dim", t.spec.dim},
-                                 {"heads", t.spec.heads}, {"seq", t.spec.seq}, {"vocab", t.spec.vocab}}},
-                      {"world", cfg.world},
-                      {"micro_batch", cfg.micro_batch},
-                      {"accum", t.accum},
-                      {"param_dtype", dtype_name(t.strategy.param_dtype)},
-                      {"reduce_dtype", dtype_name(t.strategy.reduce_dtype)},
-                      {"optimizer", t.optim.kind},
-                      {"prefetch", t.strategy.prefetch},
-                      {"bucket_mb", t.strategy.bucket_mb},
-                      {"measured", cfg.measure}};
-  r.config_json = c.dump();
-  MemoryRow dp_others;  // with real ranks, DP rank 1's measurement, received by rank 0
-  for (const auto& s : cfg.strategies) {
-    std::vector<std::pair<std::string, int>> ranks = {{s, 0}};
-    if (s == "dp" && cfg.world > 1) ranks = {{"dp rank 0", 0}, {"dp others", 1}};
-    for (const auto& [label, rank] : ranks) {
-      MemoryRow row;
-      row.label = label;
-      row.predicted = predict(cfg, s, rank, cfg.micro_batch);
-      if (cfg.budget) {
-        row.fits = row.predicted.peak <= cfg.budget;
-        row.max_micro_batch = largest_fitting(cfg, s, rank);
-      }
-      // Measured on the rank the row describes: with real ranks every process runs the step and
-      // the row keeps rank 0's figures (DP's others: rank 1's, sent to rank 0).
-      if (cfg.measure) {
-        if (procs == 1) {
-          measure(be, world_comm, cfg, s, rank, row);
-        } else if (rank == 0) {
-          measure(be, world_comm, cfg, s, 0, row);  // every process runs it; rank 0 reports
-          int me = 0;
-          MPI_CHECK(MPI_Comm_rank(world_comm, &me));
-          if (s == "dp" && cfg.world > 1) {
-            // Rank 1 sends its peak figures to rank 0 for the "dp others" row.
-            std::array<uint64_t, 3 * kNumCategories + 1> buf{};
-            if (me == 1) {
-              for (int k = 0; k < kNumCategories; ++k) {
-                buf[k] = row.measured_states[k];
-                buf[kNumCategories + k] = row.measured_at_peak[k];
-                buf[2 * kNumCategories + k] = row.measured_peak_by_category[k];
-              }
-              buf[3 * kNumCategories] = row.measured_peak;
-              MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(buf.size()), MPI_UINT64_T, 0, 7, world_comm));
-            } else if (me == 0) {
-              MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_UINT64_T, 1, 7, world_comm,
-                                 MPI_STATUS_IGNORE));
-              dp_others.measured = true;
-              for (int k = 0; k < kNumCategories; ++k) {
-                dp_others.measured_states[k] = buf[k];
-                dp_others.measured_at_peak[k] = buf[kNumCategories + k];
-                dp_others.measured_peak_by_category[k] = buf[2 * kNumCategories + k];
-              }
-              dp_others.measured_peak = buf[3 * kNumCategories];
-              dp_others.measured_phase = "(rank 1)";
-            }
-          }
-        } else {
-          const MemoryRow& o = dp_others;
-          row.measured = o.measured;
-          row.measured_states = o.measured_states;
-          row.measured_at_peak = o.measured_at_peak;
-          row.measured_peak_by_category = o.measured_peak_by_category;
-          row.measured_peak = o.measured_peak;
-          row.measured_phase = o.measured_phase;
-        }
-      }
-      r.rows.push_back(std::move(row));
-    }
-  }
+  r.title = title_of(cfg);
+  r.config_json = config_json(cfg);
+  r.unit_names = gpt2_unit_names(cfg.train.spec);
+  const std::vector<RowSpec> specs = row_specs(cfg);
+  for (const RowSpec& s : specs) r.rows.push_back(predicted_row(cfg, s));
+  if (cfg.measure)
+    for (StrategyKind k : cfg.strategies) measure_strategy(be, group, cfg, specs, r.rows, k);
   return r;
 }
 

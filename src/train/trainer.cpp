@@ -11,6 +11,7 @@
 #include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
 #include "src/train/checkpoint.hpp"
+#include "src/train/predict.hpp"
 
 namespace shardlab {
 
@@ -40,20 +41,25 @@ TrainConfig checked(TrainConfig cfg, int world) {
 }
 }  // namespace
 
-Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
+Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
+                 std::shared_ptr<const TokenStream> tokens)
     : be_(be),
       pool_(pool),
       comm_(comm),
       cfg_(checked(std::move(cfg), comm.world_size())),
-      stream_(load_tokens(cfg_.data, cfg_.spec.vocab)),
-      loader_(stream_, cfg_.spec.seq, cfg_.batch),
+      stream_(tokens ? std::move(tokens)
+                     : std::make_shared<const TokenStream>(load_tokens(cfg_.data, cfg_.spec.vocab))),
+      loader_(*stream_, cfg_.spec.seq, cfg_.batch),
       units_(make_gpt2_units(cfg_.spec)) {
   for (const auto& u : units_) num_params_ += u->layout().numel;
   comm_.set_check(cfg_.check_collectives);
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, comm_, cfg_.spec, units_, cfg_.optim});
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
-  if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
-  else strategy_->load_params(cfg_.init);
+  // On the meta backend (predictions) values are never read: computing them would only cost time.
+  if (be_.device() != Device::meta) {
+    if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
+    else strategy_->load_params(cfg_.init);
+  }
   std::string from = cfg_.resume == "auto" ? latest_checkpoint(cfg_.save_dir) : cfg_.resume;
   if (!from.empty()) {
     start_step_ = load_checkpoint(from, *this);
@@ -65,12 +71,8 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg)
   // The allocation timeline serves reports of the last step only: keep none otherwise.
   pool_.ledger().set_recording(cfg_.record_step);
   const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
-  inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq));
-  targets_.resize(inputs_.size());
-  if (cfg_.strategy.name == "dp") {
-    global_targets_.resize(inputs_.size() * static_cast<size_t>(comm_.world_size()));
-    scratch_inputs_.resize(inputs_.size());
-  }
+  global_inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq * comm_.world_size()));
+  global_targets_.resize(global_inputs_.size());
 }
 
 namespace {
@@ -98,23 +100,24 @@ StepStats Trainer::step(int64_t t) {
     comm_.stats().record_events = true;
   }
   const double comm_before = comm_.stats().total_bytes();
-  pool_.ledger().set_phase("begin step");
+  pool_.ledger().set_phase({PhaseKind::begin_step});
   strategy_->begin_step();
   double loss_sum = 0;
   for (int64_t k = 0; k < cfg_.accum; ++k) {
-    loader_.fill(t, r * local + k * micro, micro, inputs_.data(), targets_.data());
-    if (!global_targets_.empty())
-      for (int64_t q = 0; q < W; ++q)
-        loader_.fill(t, q * local + k * micro, micro, scratch_inputs_.data(),
-                     global_targets_.data() + q * micro * T);
-    strategy_->set_global_targets(global_targets_.data(), static_cast<int64_t>(global_targets_.size()));
+    // Every rank's slice of micro-step k, in rank order: this rank computes with its own, and a
+    // strategy that takes the whole batch's loss on one rank (dp) reads all of them.
+    for (int64_t q = 0; q < W; ++q)
+      loader_.fill(t, q * local + k * micro, micro, global_inputs_.data() + q * micro * T,
+                   global_targets_.data() + q * micro * T);
     strategy_->begin_micro(k, k + 1 == cfg_.accum);
-    Batch b{inputs_.data(), targets_.data(), micro, T};
+    Batch b{global_inputs_.data() + r * micro * T, global_targets_.data() + r * micro * T, micro, T,
+            global_targets_.data(), static_cast<int>(W)};
     loss_sum += run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale).loss_sum;
   }
   float loss = static_cast<float>(loss_sum);
   comm_.all_reduce(std::span<float>(&loss, 1)).wait();
   loss /= static_cast<float>(cfg_.batch * T);
+  pool_.ledger().set_phase({PhaseKind::optimizer});
   const float norm = static_cast<float>(std::sqrt(strategy_->grad_norm_sq()));
   const float lr = cfg_.schedule.at(t);
   // Every rank sees the same loss and norm, so every rank takes the same branch here.
@@ -124,7 +127,7 @@ StepStats Trainer::step(int64_t t) {
                                  "--skip-nonfinite to skip such steps)", t + 1, loss, norm));
   if (finite) strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
   else ++skipped_steps_;
-  pool_.ledger().set_phase("");
+  pool_.ledger().set_phase({});
   be_.synchronize();
   comm_.stats().end_step();
   StepStats s;
@@ -139,23 +142,13 @@ StepStats Trainer::step(int64_t t) {
   return s;
 }
 
-Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch) {
-  EstimateConfig e;
-  e.strategy = cfg.strategy.name;
-  e.world = world;
-  e.rank = rank;
-  e.positions = micro_batch * cfg.spec.seq;
-  e.vocab = cfg.spec.vocab;
-  e.accum = cfg.accum;
-  e.param_dtype = cfg.strategy.param_dtype;
-  e.reduce_dtype = cfg.strategy.reduce_dtype;
-  e.optimizer = cfg.optim.kind;
-  e.bucket_mb = cfg.strategy.bucket_mb;
-  e.prefetch = cfg.strategy.prefetch;
-  e.max_gathered = cfg.strategy.max_gathered;
-  e.reshard_after_forward = cfg.strategy.reshard_after_forward;
-  return estimate_step(gpt2_mem_desc(cfg.spec, micro_batch, cfg.spec.seq), e);
+std::vector<std::string> Trainer::unit_names() const {
+  std::vector<std::string> names;
+  for (const auto& u : units_) names.push_back(u->name());
+  return names;
 }
+
+Estimate Trainer::measured_step() const { return estimate_from_ledger(pool_.ledger(), states_); }
 
 MemoryRow Trainer::memory_row(const std::string& label) const {
   const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
@@ -197,9 +190,9 @@ StepStats Trainer::run(std::FILE* out) {
                  strategy_->name().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
                  be_.describe().c_str());
     std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld), global batch %lld, %lld steps, %s lr %.2e\n",
-                 stream_.source.c_str(), stream_.tokens.size(), static_cast<long long>(loader_.num_sequences()),
+                 stream_->source.c_str(), stream_->tokens.size(), static_cast<long long>(loader_.num_sequences()),
                  static_cast<long long>(cfg_.spec.seq), static_cast<long long>(cfg_.batch),
-                 static_cast<long long>(cfg_.steps), cfg_.optim.kind.c_str(), cfg_.schedule.lr);
+                 static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind), cfg_.schedule.lr);
     std::fflush(out);
   }
   StepStats s, first;

@@ -32,14 +32,10 @@ struct TrainConfig {
   std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
-  bool skip_nonfinite = false;
-  bool check_collectives = false;  // compare every collective's fingerprint across ranks first  // a non-finite loss or gradient norm skips the update instead of stopping
+  bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
+  bool check_collectives = false;  // compare every collective's fingerprint across ranks first
   void validate(int world) const;
 };
-
-// The memory estimator's prediction of one step of this run as rank `rank` of `world`, with
-// micro-batches of `micro_batch` sequences.
-Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch);
 
 struct StepStats {
   int64_t step = 0;  // 1-based
@@ -51,7 +47,9 @@ struct StepStats {
 
 class Trainer {
  public:
-  Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg);
+  // Tokens come from cfg.data unless `tokens` is given (predictions pass a stand-in stream).
+  Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
+          std::shared_ptr<const TokenStream> tokens = nullptr);
   StepStats step(int64_t t);  // t is 0-based
   int64_t start_step() const { return start_step_; }  // after a resume: the steps already done
   int64_t skipped_steps() const { return skipped_steps_; }  // non-finite steps skipped (--skip-nonfinite)
@@ -65,17 +63,20 @@ class Trainer {
   Backend& backend() { return be_; }
   // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
   void save(const std::string& path);
-  // This rank's memory: predicted for the run's configuration, and measured by the ledger (model
-  // states after set-up; the last step's peak, composition, timeline and collectives when
-  // record_step is on).
+  // This rank's memory: predicted for the run's configuration (src/train/predict), and measured by
+  // the ledger (model states after set-up; the last step's peak, composition, timeline and
+  // collectives when record_step is on).
   MemoryRow memory_row(const std::string& label) const;
+  // This rank's last step as the ledger recorded it (the measured counterpart of a prediction).
+  Estimate measured_step() const;
+  std::vector<std::string> unit_names() const;
 
  private:
   Backend& be_;
   Pool& pool_;
   Communicator& comm_;
   TrainConfig cfg_;
-  TokenStream stream_;
+  std::shared_ptr<const TokenStream> stream_;
   BatchLoader loader_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Strategy> strategy_;
@@ -84,7 +85,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;
   std::string resumed_from_;
-  std::vector<int32_t> inputs_, targets_, global_targets_, scratch_inputs_;
+  std::vector<int32_t> global_inputs_, global_targets_;  // one micro-step of every rank, rank order
 };
 
 }  // namespace shardlab

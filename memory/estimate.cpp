@@ -1,0 +1,27 @@
+#include "memory/estimate.hpp"
+
+namespace shardlab {
+
+uint64_t Estimate::model_state_total() const {
+  uint64_t s = 0;
+  for (uint64_t b : model_states) s += b;
+  return s;
+}
+
+Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states) {
+  Estimate e;
+  e.model_states = states;
+  e.peak_by_category = ledger.peak_by_category();
+  e.at_peak = ledger.composition_at_peak();
+  e.peak = ledger.peak_total();
+  e.peak_phase = ledger.phase_at_peak();
+  CategoryBytes live = states;
+  for (const LedgerEvent& ev : ledger.timeline()) {
+    int k = static_cast<int>(ev.category);
+    live[k] = static_cast<uint64_t>(static_cast<int64_t>(live[k]) + ev.delta);
+    e.timeline.push_back({ev.phase, live});
+  }
+  return e;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,73 @@
+#include "shard/mixed_precision.hpp"
+
+namespace shardlab {
+
+void MixedPrecisionPolicy::validate() const {
+  SHARD_REQUIRE(param_dtype != DType::f16 && reduce_dtype != DType::f16,
+                "f16 storage needs loss scaling, which shardlab does not do: use --param-dtype and --reduce-dtype "
+                "f32 or bf16");
+}
+
+MixedPrecision::MixedPrecision(MixedPrecisionPolicy policy, Pool& pool, size_t units)
+    : policy_(policy), pool_(pool), be_(pool.backend()), param_ws_(units), grad_ws_(units) {}
+
+Tensor MixedPrecision::compute_params(size_t u, Tensor storage, const std::string& unit_name) {
+  if (storage.dtype() == DType::f32) return storage;
+  Block& ws = param_ws_[u];
+  if (!ws) return pool_.widen(storage, ws, unit_name + " params (f32 compute)");
+  return ws.flat(DType::f32).slice(0, storage.numel());
+}
+
+void MixedPrecision::release_params(size_t u) { param_ws_[u].reset(); }
+
+Tensor MixedPrecision::compute_grads(size_t u, Tensor storage, const std::string& unit_name) {
+  if (storage.dtype() == DType::f32) return storage;
+  Block& ws = grad_ws_[u];
+  if (!ws) {
+    ws = pool_.alloc(DType::f32, storage.numel(), Category::workspace, unit_name + " grads (f32 compute)");
+    be_.fill(ws.flat(DType::f32), 0.f);
+  }
+  return ws.flat(DType::f32).slice(0, storage.numel());
+}
+
+void MixedPrecision::flush_grads(size_t u, Tensor storage, const std::string& unit_name) {
+  Block& ws = grad_ws_[u];
+  if (!ws) return;
+  Tensor w = ws.flat(DType::f32).slice(0, storage.numel());
+  Block sum;
+  Tensor acc = pool_.widen(storage, sum, unit_name + " grads accumulate");
+  be_.add(acc, w, acc);
+  be_.cast(storage, acc);  // one rounding to the reduce dtype
+  ws.reset();
+}
+
+void MixedPrecision::write_values(Tensor storage, Tensor master, std::span<const float> values) {
+  Tensor src = Tensor::of(values);
+  if (master.data()) be_.copy(master, src);
+  if (storage.dtype() == DType::f32) {
+    be_.copy(storage, src);
+    return;
+  }
+  Block host = pool_.alloc(DType::f32, storage.numel(), Category::workspace, "values to store");
+  Tensor h = host.flat(DType::f32).slice(0, storage.numel());
+  be_.copy(h, src);
+  be_.cast(storage, h);
+}
+
+void MixedPrecision::accumulate(Tensor dst, Tensor src) {
+  if (dst.dtype() == DType::f32 && src.dtype() == DType::f32) {
+    be_.add(dst, src, dst);
+    return;
+  }
+  Block a, b;
+  Tensor ta = pool_.widen(dst, a, "accumulate f32");
+  Tensor tb = pool_.widen(src, b, "accumulate f32");
+  be_.add(ta, tb, ta);
+  be_.cast(dst, ta);
+}
+
+void MixedPrecision::params_from_master(Tensor params, Tensor master) {
+  if (mixed()) be_.cast(params, master);
+}
+
+}  // namespace shardlab

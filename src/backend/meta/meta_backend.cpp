@@ -1,0 +1,75 @@
+// meta_backend.cpp — a Backend that accounts for memory and computes nothing.
+//
+// The memory prediction runs the real training step (runner, strategy, optimizer, communicator
+// staging) on this backend, so each strategy is written once and the prediction is what that code
+// allocates (PyTorch's FSDP memory tracker runs the real model under fake tensors for the same
+// reason). raw_alloc hands out addresses from a reserved-nothing counter: distinct, aligned, and
+// never mapped, so a kernel that touched one would fault at once instead of reading garbage.
+// Every kernel, copy and cast returns without touching memory; reductions leave `out` unwritten,
+// so a loss or norm read back through copy() keeps whatever the host buffer held (callers zero it).
+#include <atomic>
+
+#include "src/backend/backend.hpp"
+
+namespace shardlab {
+namespace {
+
+class MetaEvent final : public Event {
+ public:
+  bool done() const override { return true; }
+  void synchronize() override {}
+};
+
+class MetaBackend final : public Backend {
+ public:
+  Device device() const override { return Device::meta; }
+  std::string describe() const override { return "meta (accounts for memory, computes nothing)"; }
+  int threads() const override { return 1; }
+
+  void* raw_alloc(size_t bytes) override {
+    // Far above any real mapping of a 48-bit address space's lower half; 256-byte aligned.
+    uintptr_t p = next_.fetch_add((bytes + 255) / 256 * 256 + 256);
+    return reinterpret_cast<void*>(p);
+  }
+  void raw_free(void*, size_t) override {}
+  void copy(Tensor dst, Tensor src) override { check_same_numel(src, dst, "copy"); }
+
+  std::unique_ptr<Event> record(StreamKind) override { return std::make_unique<MetaEvent>(); }
+  void wait(StreamKind, const Event&) override {}
+  void synchronize() override {}
+
+  void gemm(const GemmDesc& d, const void*, const void*, void*) override { check_gemm(d); }
+  void fill(Tensor, float) override {}
+  void cast(Tensor dst, Tensor src) override { check_same_numel(src, dst, "cast"); }
+  void axpy(float, Tensor, Tensor) override {}
+  void scale(Tensor, float) override {}
+  void add(Tensor, Tensor, Tensor) override {}
+  void mul(Tensor, Tensor, Tensor) override {}
+  void sum(Tensor, Tensor, bool) override {}
+  void sum_squares(Tensor, Tensor, bool) override {}
+  void max_abs(Tensor, Tensor, bool) override {}
+  void sum_rows(Tensor, Tensor, bool) override {}
+  void embedding_forward(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor) override {}
+  void embedding_backward(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t) override {}
+  void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {}
+  void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {}
+  void add_bias(Tensor, Tensor) override {}
+  void gelu_forward(Tensor, Tensor) override {}
+  void gelu_backward(Tensor, Tensor, Tensor) override {}
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override {
+    attention_shape(qkv, out, att, H, "attention_forward");
+  }
+  void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, Tensor) override {}
+  void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override {}
+  void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override {}
+  void sgd_update(Tensor, Tensor, Tensor, const SgdArgs&) override {}
+
+ private:
+  std::atomic<uintptr_t> next_{uintptr_t{0x7f00} << 32};
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_meta_backend() { return std::make_unique<MetaBackend>(); }
+
+}  // namespace shardlab

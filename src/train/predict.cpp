@@ -1,0 +1,34 @@
+#include "src/train/predict.hpp"
+
+#include "src/comm/sim_comm.hpp"
+
+namespace shardlab {
+
+Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline) {
+  SHARD_REQUIRE(world >= 1 && rank >= 0 && rank < world, "predict: rank {} of a world of {}", rank, world);
+  SHARD_REQUIRE(micro_batch >= 1 && micro_batch <= (int64_t{1} << 24), "--micro-batch {}: expected 1 to 16777216",
+                micro_batch);
+  TrainConfig c = cfg;
+  c.batch = micro_batch * c.accum * world;
+  c.steps = 1;
+  c.init.clear();
+  c.resume.clear();
+  c.save_dir.clear();
+  c.save_every = 0;
+  c.log_path.clear();
+  c.save_path.clear();
+  c.check_collectives = false;
+  c.record_step = timeline;
+  // Token values are never read on the meta backend: one sequence of zeros stands in for the data.
+  auto tokens = std::make_shared<TokenStream>();
+  tokens->tokens.assign(static_cast<size_t>(c.spec.seq + 1), 0);
+  tokens->source = "(prediction: no data)";
+  auto be = make_meta_backend();
+  Pool pool(*be);  // no budget: the prediction says how much; callers compare it with theirs
+  auto comm = make_sim_communicator(rank, world, pool);
+  Trainer t(*be, pool, *comm, c, std::move(tokens));
+  t.step(0);
+  return t.measured_step();
+}
+
+}  // namespace shardlab

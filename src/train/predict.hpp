@@ -1,0 +1,21 @@
+// predict.hpp — the memory of one training step of one rank, predicted without training.
+//
+// The prediction is the real step: the Trainer, the runner, the strategy and the optimizer run on
+// the meta backend (which allocates and computes nothing) with the sim communicator playing rank
+// `rank` of `world` (holding MPI's staging buffers as MPI would). So there is one implementation of
+// each strategy, and what is predicted is what that implementation allocates, in order. The model
+// is never materialised: gpt2-xl at world 64 is predicted in milliseconds.
+//
+// Independent oracles live in the tests: ZeRO's model-state formulas, Korthikanti et al.'s
+// activation memory, and measured = predicted against real runs over MPI.
+#pragma once
+#include "memory/estimate.hpp"
+#include "src/train/trainer.hpp"
+
+namespace shardlab {
+
+// Rank `rank` of `world` running cfg with micro-batches of `micro_batch` sequences (cfg.batch and
+// cfg.data are ignored). With `timeline`, the step's allocations are kept in the result.
+Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline = true);
+
+}  // namespace shardlab
