@@ -295,9 +295,9 @@ TEST_CASE("bf16 parameters and gradients: ZeRO's memory formulas, exactly, and t
                                           {"zero3", 16 * P},
                                           {"dp", g_mpi->rank() == 0 ? 16 * psi : 0}};
   RunOut ref = reference(base);  // f32, one rank
-  for (StrategyKind k : all_strategies()) {
-    const std::string s = strategy_name(k);
-    TrainConfig cfg = parity_config(k, N);
+  for (StrategyKind kind : all_strategies()) {
+    const std::string s = strategy_name(kind);
+    TrainConfig cfg = parity_config(kind, N);
     cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = DType::bf16;
     auto be = make_cpu_backend(BackendConfig{1});
     Pool pool(*be);

@@ -2,9 +2,11 @@
 //
 //  * InputError: the user gave something we cannot use (bad option, bad file, budget too small).
 //    Thrown with a message that carries the values involved; the CLI prints it and exits 1.
-//  * SHARD_CHECK(cond, fmt, args...): an internal fault (a bug). The reporter prints the failed
-//    statement, file:line, the rank and device of this process, and the formatted values, then
-//    throws InternalError so tests can observe it and the CLI can abort the whole job.
+//    (Out of memory is its own exception, memory::OutOfMemory: exit 4.)
+//  * SHARD_CHECK(cond, fmt, args...): an internal fault (a bug). The reporter formats the failed
+//    statement, file:line, the rank and device of this process, and the values into the message of
+//    an InternalError it throws, so tests can observe it and the CLI can print it and abort the
+//    whole job (exit 2).
 //  * MPI_CHECK / CUDA_CHECK / NCCL_CHECK / CUBLAS_CHECK (in their own headers) feed the same reporter.
 #pragma once
 #include <fmt/format.h>

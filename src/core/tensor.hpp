@@ -89,10 +89,15 @@ class Tensor {
   std::array<int64_t, kMaxDims> shape_{};
 };
 
-inline std::string Tensor::shape_str() const {
+// "(2, 3, 4)": the one way shapes are written in messages.
+inline std::string shape_str(std::span<const int64_t> dims) {
   std::string s = "(";
-  for (int i = 0; i < ndim_; ++i) s += (i ? ", " : "") + std::to_string(shape_[i]);
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + ")";
+}
+
+inline std::string Tensor::shape_str() const {
+  return shardlab::shape_str(std::span<const int64_t>(shape_.data(), static_cast<size_t>(ndim_)));
 }
 
 }  // namespace shardlab

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/check.hpp"
+#include "src/core/tensor.hpp"
 
 namespace shardlab {
 namespace {
@@ -38,11 +39,50 @@ int64_t SafetensorsEntry::numel() const {
   return n;
 }
 
-std::string SafetensorsEntry::shape_str() const {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
+std::string SafetensorsEntry::shape_str() const { return shardlab::shape_str(shape); }
+
+namespace {
+
+// One tensor's header entry, checked against the data section's size (nothing is read or
+// allocated from the sizes it claims).
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
+                             uint64_t data_size) {
+  SHARD_REQUIRE(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+                "'{}' has a bad header: tensor '{}' lacks dtype, shape or data_offsets", path, name);
+  SafetensorsEntry e;
+  e.name = name;
+  std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "";
+  e.dtype_name = dt;
+  size_t elem_size = element_size(dt);
+  SHARD_REQUIRE(elem_size > 0, "'{}' has a bad header: tensor '{}' has unknown dtype '{}'", path, name, dt);
+  e.readable = dt == "F32" || dt == "BF16" || dt == "F16";
+  if (dt == "BF16") e.dtype = DType::bf16;
+  if (dt == "F16") e.dtype = DType::f16;
+  SHARD_REQUIRE(v["shape"].is_array() && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
+                "'{}' has a bad header: tensor '{}' has a malformed shape or data_offsets", path, name);
+  uint64_t elems = 1;
+  for (const auto& d : v["shape"]) {
+    SHARD_REQUIRE(d.is_number_unsigned(), "'{}' has a bad header: tensor '{}' has a non-integer dimension", path, name);
+    uint64_t dim = d.get<uint64_t>();
+    SHARD_REQUIRE(dim == 0 || elems <= data_size / dim, "'{}': tensor '{}' is larger than the file", path, name);
+    elems *= dim;
+    e.shape.push_back(static_cast<int64_t>(dim));
+  }
+  const auto& off = v["data_offsets"];
+  SHARD_REQUIRE(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                "'{}' has a bad header: tensor '{}' has non-integer data_offsets", path, name);
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  SHARD_REQUIRE(e.begin <= e.end && e.end <= data_size,
+                "'{}' is truncated or corrupt: tensor '{}' spans bytes [{}, {}) of a {}-byte data section", path,
+                name, e.begin, e.end, data_size);
+  SHARD_REQUIRE(e.end - e.begin == elems * elem_size,
+                "'{}': tensor '{}' {} {} needs {} bytes but its offsets give {}", path, name, dt, e.shape_str(),
+                elems * elem_size, e.end - e.begin);
+  return e;
 }
+
+}  // namespace
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   std::error_code ec;
@@ -80,39 +120,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         if (m.value().is_string()) metadata_[m.key()] = m.value().get<std::string>();
       continue;
     }
-    SHARD_REQUIRE(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-                  "'{}' has a bad header: tensor '{}' lacks dtype, shape or data_offsets", path, name);
-    SafetensorsEntry e;
-    e.name = name;
-    std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "";
-    e.dtype_name = dt;
-    size_t elem_size = element_size(dt);
-    SHARD_REQUIRE(elem_size > 0, "'{}' has a bad header: tensor '{}' has unknown dtype '{}'", path, name, dt);
-    e.readable = dt == "F32" || dt == "BF16" || dt == "F16";
-    if (dt == "BF16") e.dtype = DType::bf16;
-    if (dt == "F16") e.dtype = DType::f16;
-    SHARD_REQUIRE(v["shape"].is_array() && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
-                  "'{}' has a bad header: tensor '{}' has a malformed shape or data_offsets", path, name);
-    uint64_t elems = 1;
-    for (const auto& d : v["shape"]) {
-      SHARD_REQUIRE(d.is_number_unsigned(), "'{}' has a bad header: tensor '{}' has a non-integer dimension", path, name);
-      uint64_t dim = d.get<uint64_t>();
-      SHARD_REQUIRE(dim == 0 || elems <= data_size / dim, "'{}': tensor '{}' is larger than the file", path, name);
-      elems *= dim;
-      e.shape.push_back(static_cast<int64_t>(dim));
-    }
-    const auto& off = v["data_offsets"];
-    SHARD_REQUIRE(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                  "'{}' has a bad header: tensor '{}' has non-integer data_offsets", path, name);
-    e.begin = off[0].get<uint64_t>();
-    e.end = off[1].get<uint64_t>();
-    SHARD_REQUIRE(e.begin <= e.end && e.end <= data_size,
-                  "'{}' is truncated or corrupt: tensor '{}' spans bytes [{}, {}) of a {}-byte data section", path,
-                  name, e.begin, e.end, data_size);
-    SHARD_REQUIRE(e.end - e.begin == elems * elem_size,
-                  "'{}': tensor '{}' {} {} needs {} bytes but its offsets give {}", path, name, dt, e.shape_str(),
-                  elems * elem_size, e.end - e.begin);
-    entries_.emplace(name, std::move(e));
+    entries_.emplace(name, parse_entry(path, name, v, data_size));
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/rng.hpp"
+#include "src/core/tensor.hpp"
 
 namespace shardlab {
 
@@ -43,11 +44,7 @@ std::vector<std::string> model_preset_names() {
   return {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
 }
 
-std::string TensorDecl::shape_str() const {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
-}
+std::string TensorDecl::shape_str() const { return shardlab::shape_str(shape); }
 
 const TensorDecl& UnitLayout::find(std::string_view tensor) const {
   for (const auto& t : tensors)

@@ -29,6 +29,42 @@ double comm_theory(StrategyKind s, double params, int world, const TrainConfig& 
   return p + g + 2 * f * logits;
 }
 
+// The trainer for one strategy, or null with r.error set when it does not fit the budget. A step
+// that runs out of memory half-way cannot be skipped by every rank together (they are in
+// different collectives by then), so the prediction, exact for these steps, decides first.
+std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, const TrainConfig& tc, uint64_t budget,
+                               StrategyResult& r) {
+  if (budget) {
+    const int64_t micro = tc.batch / comm.world_size() / tc.accum;
+    Estimate e = predict_step(tc, comm.world_size(), comm.rank(), micro, false);
+    if (e.peak > budget) {
+      r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
+                            format_bytes(double(e.peak)), phase_label(e.peak_phase, gpt2_unit_names(tc.spec)),
+                            format_bytes(double(budget)));
+      return nullptr;
+    }
+  }
+  try {
+    return std::make_unique<Trainer>(be, pool, comm, tc);
+  } catch (const OutOfMemory& e) {
+    r.error = e.what();
+    return nullptr;
+  }
+}
+
+// Rank 0 learns every rank's peak per category (and total): its own, and the largest of the others.
+void collect_peaks(Communicator& comm, const std::array<uint64_t, kNumCategories + 1>& peak, StrategyResult& r) {
+  std::vector<uint64_t> all = comm.gather_u64(peak);
+  if (all.empty()) return;  // not rank 0
+  for (int c = 0; c < kNumCategories; ++c) r.peak0[c] = all[c];
+  r.total0 = all[kNumCategories];
+  for (int q = 1; q < comm.world_size(); ++q) {
+    const uint64_t* p = all.data() + static_cast<size_t>(q) * peak.size();
+    for (int c = 0; c < kNumCategories; ++c) r.peak_other[c] = std::max(r.peak_other[c], p[c]);
+    r.total_other = std::max(r.total_other, p[kNumCategories]);
+  }
+}
+
 StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, StrategyKind kind) {
   StrategyResult r;
   r.kind = kind;
@@ -40,27 +76,8 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   tc.log_path.clear();
   tc.save_path.clear();
   tc.record_step = true;
-  std::unique_ptr<Trainer> trainer;
-  int failed = 0;
-  // A step that runs out of the budget half-way cannot be skipped by every rank together (they
-  // are in different collectives by then), so the estimator, exact for these steps, decides first.
-  if (cfg.budget) {
-    const int64_t micro = tc.batch / comm->world_size() / tc.accum;
-    Estimate e = predict_step(tc, comm->world_size(), comm->rank(), micro);
-    if (e.peak > cfg.budget) {
-      failed = 1;
-      r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
-                            format_bytes(double(e.peak)), phase_label(e.peak_phase, gpt2_unit_names(tc.spec)),
-                            format_bytes(double(cfg.budget)));
-    }
-  }
-  try {
-    if (!failed) trainer = std::make_unique<Trainer>(be, pool, *comm, tc);
-  } catch (const OutOfMemory& e) {
-    failed = 1;
-    r.error = e.what();
-  }
-  if (comm->all_max(failed)) {  // every rank skips together: no rank is left waiting in a collective
+  std::unique_ptr<Trainer> trainer = admit(be, pool, *comm, tc, cfg.budget, r);
+  if (comm->all_max(trainer ? 0 : 1)) {  // every rank skips together: none is left waiting in a collective
     r.oom = true;
     if (r.error.empty()) r.error = "out of memory on another rank";
     return r;
@@ -81,17 +98,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   r.ms_per_step = ms[ms.size() / 2];
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
   r.comm_theory = comm_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
-  // Rank 0 learns every rank's peaks.
-  const int size = comm->world_size();
-  std::vector<uint64_t> all = comm->gather_u64(peak);
-  if (all.empty()) return r;  // not rank 0
-  for (int c = 0; c < kNumCategories; ++c) r.peak0[c] = all[c];
-  r.total0 = all[kNumCategories];
-  for (int q = 1; q < size; ++q) {
-    const uint64_t* p = all.data() + static_cast<size_t>(q) * peak.size();
-    for (int c = 0; c < kNumCategories; ++c) r.peak_other[c] = std::max(r.peak_other[c], p[c]);
-    r.total_other = std::max(r.total_other, p[kNumCategories]);
-  }
+  collect_peaks(*comm, peak, r);
   return r;
 }
 

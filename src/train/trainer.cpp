@@ -178,6 +178,56 @@ void Trainer::save(const std::string& path) {
   if (comm_.rank() == 0) write_units(path, cfg_.spec, units_, host);
 }
 
+namespace {
+
+// What the run prints at its end: the loss from its first step to its last, and the throughput
+// of every step but the first (which warms caches and allocators) when there are others.
+struct RunSummary {
+  StepStats first, last;
+  double total_ms = 0, total_tokens = 0;
+  int64_t timed_steps = 0;
+  uint64_t peak = 0;
+  float min_loss = INFINITY;
+  void add(const StepStats& s, bool first_step, bool timed, double tokens) {
+    if (first_step) first = s;
+    last = s;
+    if (timed) total_ms += s.ms, total_tokens += tokens, ++timed_steps;
+    peak = std::max(peak, s.peak_bytes);
+    min_loss = std::min(min_loss, s.loss);
+  }
+};
+
+void print_step(std::FILE* out, const StepStats& s, int64_t steps) {
+  std::fprintf(out, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s | comm %s\n",
+               static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, s.lr, s.grad_norm, s.ms,
+               s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str(),
+               format_bytes(s.comm_bytes).c_str());
+  std::fflush(out);
+}
+
+void log_step(std::ofstream& log, const StepStats& s) {
+  nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
+                      {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
+                      {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}};
+  log << j.dump() << '\n';
+  log.flush();  // a killed run keeps every finished step
+}
+
+}  // namespace
+
+void Trainer::print_header(std::FILE* out) const {
+  std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
+               strategy_->name().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
+               be_.describe().c_str());
+  std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld), global batch %lld, %lld steps, %s lr %.2e\n",
+               stream_->source.c_str(), stream_->tokens.size(), static_cast<long long>(loader_.num_sequences()),
+               static_cast<long long>(cfg_.spec.seq), static_cast<long long>(cfg_.batch),
+               static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind), cfg_.schedule.lr);
+  if (!resumed_from_.empty())
+    std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));
+  std::fflush(out);
+}
+
 StepStats Trainer::run(std::FILE* out) {
   const bool root = comm_.rank() == 0;
   std::ofstream log;
@@ -185,65 +235,29 @@ StepStats Trainer::run(std::FILE* out) {
     log.open(cfg_.log_path, std::ios::trunc);
     SHARD_REQUIRE(log.good(), "cannot write --log file '{}'", cfg_.log_path);
   }
-  if (root) {
-    std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
-                 strategy_->name().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
-                 be_.describe().c_str());
-    std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld), global batch %lld, %lld steps, %s lr %.2e\n",
-                 stream_->source.c_str(), stream_->tokens.size(), static_cast<long long>(loader_.num_sequences()),
-                 static_cast<long long>(cfg_.spec.seq), static_cast<long long>(cfg_.batch),
-                 static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind), cfg_.schedule.lr);
-    std::fflush(out);
-  }
-  StepStats s, first;
-  double total_ms = 0, total_tokens = 0;
-  int64_t timed = 0;
-  uint64_t peak = 0;
-  float min_loss = INFINITY;
   if (start_step_ >= cfg_.steps) {
     if (root) std::fprintf(out, "nothing to do: the checkpoint is at step %lld of %lld\n",
                            static_cast<long long>(start_step_), static_cast<long long>(cfg_.steps));
-    return s;
+    return {};
   }
-  if (root && !resumed_from_.empty())
-    std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));
+  if (root) print_header(out);
+  RunSummary sum;
   for (int64_t t = start_step_; t < cfg_.steps; ++t) {
-    s = step(t);
-    if (t == start_step_) first = s;
-    // The first step warms caches and allocators; throughput excludes it when there are others.
-    if (t > start_step_ || cfg_.steps == start_step_ + 1) {
-      total_ms += s.ms;
-      total_tokens += static_cast<double>(cfg_.batch * cfg_.spec.seq);
-      ++timed;
-    }
-    peak = std::max(peak, s.peak_bytes);
-    min_loss = std::min(min_loss, s.loss);
-    if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) {
-      std::fprintf(out,
-                   "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s | comm %s\n",
-                   static_cast<long long>(s.step), static_cast<long long>(cfg_.steps), s.loss, s.lr, s.grad_norm,
-                   s.ms, s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str(),
-                   format_bytes(s.comm_bytes).c_str());
-      std::fflush(out);
-    }
-    if (log.is_open()) {
-      nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
-                          {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
-                          {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}};
-      log << j.dump() << '\n';
-      log.flush();  // a killed run keeps every finished step
-    }
-    bool save_now = !cfg_.save_dir.empty() &&
-                    ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps);
-    if (save_now) {
+    StepStats s = step(t);
+    sum.add(s, t == start_step_, t > start_step_ || cfg_.steps == start_step_ + 1,
+            static_cast<double>(cfg_.batch * cfg_.spec.seq));
+    if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) print_step(out, s, cfg_.steps);
+    if (log.is_open()) log_step(log, s);
+    if (!cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps)) {
       std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this);
       if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
     }
   }
   if (root)
     std::fprintf(out, "done: %lld steps, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",
-                 static_cast<long long>(cfg_.steps), first.loss, s.loss, min_loss, total_ms / static_cast<double>(timed),
-                 total_tokens / (total_ms / 1e3), format_bytes(static_cast<double>(peak)).c_str());
+                 static_cast<long long>(cfg_.steps), sum.first.loss, sum.last.loss, sum.min_loss,
+                 sum.total_ms / static_cast<double>(sum.timed_steps),
+                 sum.total_tokens / (sum.total_ms / 1e3), format_bytes(static_cast<double>(sum.peak)).c_str());
   if (root && skipped_steps_ > 0)
     std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm (--skip-nonfinite)\n",
                  static_cast<long long>(skipped_steps_));
@@ -251,7 +265,7 @@ StepStats Trainer::run(std::FILE* out) {
     save(cfg_.save_path);
     if (root) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
   }
-  return s;
+  return sum.last;
 }
 
 }  // namespace shardlab

@@ -72,6 +72,8 @@ class Trainer {
   std::vector<std::string> unit_names() const;
 
  private:
+  void print_header(std::FILE* out) const;
+
   Backend& be_;
   Pool& pool_;
   Communicator& comm_;

@@ -18,8 +18,7 @@
 namespace shardlab {
 namespace {
 
-// Loops shorter than this run on one thread: the fork/join costs more than it saves.
-constexpr int64_t kParallelMin = 1 << 15;
+using cpu::kParallelMin;
 
 class CpuEvent final : public Event {
  public:

@@ -17,7 +17,6 @@
 
 namespace shardlab::cpu {
 namespace {
-constexpr int64_t kParallelMin = 1 << 14;  // elements below which a loop stays on one thread
 constexpr float kLayerNormEps = 1e-5f;
 
 // Checked before any parallel loop: an exception must not leave an OpenMP region.

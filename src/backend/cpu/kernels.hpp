@@ -7,6 +7,11 @@
 
 namespace shardlab::cpu {
 
+// Loops over fewer elements than this run on one thread: the fork/join costs more than it saves.
+// One value for every CPU loop; the threaded layernorm backward sums per-thread partials, so it
+// also fixes where results start to depend on the thread count.
+inline constexpr int64_t kParallelMin = 1 << 14;
+
 // Row-major sgemm through oneDNN: C = alpha op(A) op(B) + beta C.
 void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
