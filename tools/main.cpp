@@ -15,9 +15,14 @@
 // Exit codes (README, "Exit codes"): 0 success; 1 bad input (an option, a file, a size: one line
 // naming the value); 2 internal fault (file:line and the rank; every rank of the job ends);
 // 3 wrong results (compare's losses disagree, bench-collectives found wrong elements); 4 out of
-// memory (a rank's --device-memory budget, with what was live).
+// memory (a rank's --device-memory budget, with what was live); 5 a collective did not complete
+// within --collective-timeout (the ranks that never reached it are named).
 #include <boost/program_options.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -28,6 +33,7 @@
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/comm/watchdog.hpp"
 #include "src/core/units.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/compare.hpp"
@@ -62,6 +68,7 @@ const char* kUsage =
 struct CommonOptions {
   int threads = 0;
   std::string device_memory;
+  double collective_timeout = 600;
 };
 
 void add_common(po::options_description& d, CommonOptions& c) {
@@ -70,7 +77,11 @@ void add_common(po::options_description& d, CommonOptions& c) {
       "CPU threads per rank; 0 = usable cores / ranks on this node")(
       "device-memory", po::value(&c.device_memory)->default_value(""),
       "per-rank memory budget (e.g. 2GiB); allocations past it fail with an out-of-memory error "
-      "that lists what is live. Empty = no budget");
+      "that lists what is live. Empty = no budget")(
+      "collective-timeout", po::value(&c.collective_timeout)->default_value(c.collective_timeout),
+      "seconds a rank may wait in one collective before the job ends (exit 5), naming the rank(s) that "
+      "never reached it; 0 = off. Progress records live in $SHARDLAB_WATCHDOG_DIR (default /dev/shm): "
+      "point it at a shared directory for jobs across nodes");
 }
 
 // Parses args for one command; returns false (after printing help on rank 0) when --help was given.
@@ -117,6 +128,30 @@ struct StrategyStrings {
 
 ProcessGroup world_group(const MpiRuntime& mpi) {
   return {mpi.rank(), mpi.world(), [](Pool& pool) { return make_mpi_communicator(MPI_COMM_WORLD, pool); }};
+}
+
+// --collective-timeout: rank 0 names a fresh job directory for the progress records (every rank
+// creates it on its own node), then each rank starts its watchdog.
+void start_watchdog(const MpiRuntime& mpi, double timeout_s) {
+  SHARD_REQUIRE(timeout_s >= 0 && timeout_s <= 1e7, "--collective-timeout {}: expected 0 (off) or a number of seconds",
+                timeout_s);
+  if (timeout_s == 0) return;
+  auto meta = make_meta_backend();
+  Pool pool(*meta);
+  auto comm = world_group(mpi).connect(pool);
+  std::string dir;
+  if (mpi.rank() == 0) {
+    const char* env = std::getenv("SHARDLAB_WATCHDOG_DIR");
+    std::string base = env && *env ? env : (std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp");
+    std::string tmpl = base + "/shardlab-watchdog-XXXXXX";
+    SHARD_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "--collective-timeout: cannot create a directory under '{}': {}",
+                  base, std::strerror(errno));
+    dir = tmpl;
+  }
+  dir = comm->all_gather_strings(dir)[0];
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // ranks on other nodes
+  Watchdog::start(dir, mpi.rank(), mpi.world(), timeout_s);
 }
 
 void add_strategy_options(po::options_description& d, StrategyConfig& s, StrategyStrings& dt) {
@@ -265,6 +300,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   if (!parse(args, desc, mpi, "train")) return 0;
   opts.finish(cfg);
   cfg.record_step = reports.any();
+  start_watchdog(mpi, common.collective_timeout);
   auto backend = opts.backend(common, mpi);
   Pool pool(*backend, pool_config(common));
   auto comm = world_group(mpi).connect(pool);
@@ -343,6 +379,7 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   if (!parse(args, desc, mpi, "profile")) return 0;
   opts.finish(pc.train);
   pc.strategies = parse_strategy_list(strategies);
+  start_watchdog(mpi, common.collective_timeout);
   if (!budget.empty()) pc.budget = parse_bytes(budget);
   SHARD_REQUIRE(budget.empty() || pc.budget > 0, "--budget {}: expected a positive size", budget);
   pc.pool_budget = pool_config(common).budget;
@@ -377,6 +414,7 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   if (!parse(args, desc, mpi, "compare")) return 0;
   opts.finish(cc.train);
   cc.strategies = parse_strategy_list(strategies);
+  start_watchdog(mpi, common.collective_timeout);
   cc.train.strategy.validate();
   cc.budget = pool_config(common).budget;
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
@@ -438,6 +476,7 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
       "communicator: mpi (real ranks) or sim (this process plays rank 0 of --sim-world ranks)")(
       "sim-world", po::value(&sim_world)->default_value(0), "world size the sim communicator pretends");
   if (!parse(args, desc, mpi, "bench-collectives")) return 0;
+  start_watchdog(mpi, common.collective_timeout);
   cfg.ops = parse_comm_ops(ops);
   cfg.dtype = parse_dtype(dtype);
   cfg.min_bytes = parse_bytes(min_b);
@@ -495,6 +534,18 @@ int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi)
   return 0;
 }
 
+int run_command(const std::string& command, const std::vector<std::string>& rest, const MpiRuntime& mpi) {
+  if (command == "train") return cmd_train(rest, mpi);
+  if (command == "compare") return cmd_compare(rest, mpi);
+  if (command == "profile") return cmd_profile(rest, mpi);
+  if (command == "export") return cmd_export(rest, mpi);
+  if (command == "info") return cmd_info(rest, mpi);
+  if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
+  if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);
+  if (command == "bench-train") return cmd_bench_train(rest, mpi);
+  throw InputError(fmt::format("unknown command '{}'\n{}", command, kUsage));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -513,15 +564,9 @@ int main(int argc, char** argv) {
   std::string command = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   try {
-    if (command == "train") return cmd_train(rest, mpi);
-    if (command == "compare") return cmd_compare(rest, mpi);
-    if (command == "profile") return cmd_profile(rest, mpi);
-    if (command == "export") return cmd_export(rest, mpi);
-    if (command == "info") return cmd_info(rest, mpi);
-    if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
-    if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);
-    if (command == "bench-train") return cmd_bench_train(rest, mpi);
-    throw InputError(fmt::format("unknown command '{}'\n{}", command, kUsage));
+    int code = run_command(command, rest, mpi);
+    Watchdog::stop();
+    return code;
   } catch (const InputError& e) {
     abort_job(fmt::format("error: {}", e.what()), kBadInput);
   } catch (const OutOfMemory& e) {

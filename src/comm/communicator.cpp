@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "src/comm/watchdog.hpp"
+
 namespace shardlab {
 
 const char* comm_op_name(CommOp op) {
@@ -121,8 +123,41 @@ std::string describe(const Communicator::Fingerprint& f) {
 }
 }  // namespace
 
-void Communicator::verify(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site) {
-  if (!check_) return;
+namespace {
+// Blocks on a collective in the watchdog's records while it is waited on.
+class WatchedWork final : public WorkImpl {
+ public:
+  WatchedWork(Work inner, uint64_t seq) : inner_(std::move(inner)), seq_(seq) {}
+  bool test() override { return inner_.done(); }
+  void wait() override {
+    WatchdogWait w(seq_);
+    inner_.wait();
+  }
+
+ private:
+  Work inner_;
+  uint64_t seq_;
+};
+}  // namespace
+
+Work Communicator::watched(uint64_t seq, Work w) {
+  if (seq == 0) return w;
+  return Work(std::make_unique<WatchedWork>(std::move(w), seq));
+}
+
+uint64_t Communicator::enter(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site) {
+  uint64_t seq = 0;
+  if (blocks() && Watchdog::active()) {
+    Fingerprint d{};
+    d.count = t.data() ? t.numel() : 0;
+    d.root = root;
+    d.op = static_cast<uint8_t>(op);
+    d.dtype = static_cast<uint8_t>(t.dtype());
+    std::snprintf(d.site, sizeof(d.site), "%s", short_site(site).c_str());
+    seq = Watchdog::enter(describe(d));
+  }
+  if (!check_) return seq;
+  WatchdogWait waiting(seq);  // the fingerprint exchange blocks too
   Fingerprint f{};
   f.seq = seq_++;
   f.count = t.data() ? t.numel() : 0;
@@ -148,9 +183,12 @@ void Communicator::verify(CommOp op, const Tensor& t, int root, ReduceOp rop, co
                                       "rank {} issues {}",
                                       a.seq, describe(a), r, describe(b)));
   }
+  return seq;
 }
 
 std::vector<std::string> Communicator::all_gather_strings(const std::string& mine) {
+  const uint64_t seq = blocks() && Watchdog::active() ? Watchdog::enter("control exchange") : 0;
+  WatchdogWait waiting(seq);
   std::vector<std::string> all = exchange(mine);
   SHARD_CHECK(all.size() == static_cast<size_t>(world_size()), "control exchange returned {} entries for {} ranks",
               all.size(), world_size());
@@ -198,42 +236,42 @@ void Communicator::check_root(int root, const char* op) const {
 }
 
 Work Communicator::all_reduce(Tensor buf, ReduceOp op, Site site) {
-  verify(CommOp::all_reduce, buf, -1, op, site);
+  const uint64_t seq = enter(CommOp::all_reduce, buf, -1, op, site);
   count(CommOp::all_reduce, buf.dtype(), static_cast<double>(buf.bytes()));
-  return do_all_reduce(buf, op);
+  return watched(seq, do_all_reduce(buf, op));
 }
 
 Work Communicator::reduce_scatter(Tensor send, Tensor recv, ReduceOp op, Site site) {
-  verify(CommOp::reduce_scatter, send, -1, op, site);
+  const uint64_t seq = enter(CommOp::reduce_scatter, send, -1, op, site);
   SHARD_CHECK(send.dtype() == recv.dtype(), "reduce_scatter: send {} vs recv {}", dtype_name(send.dtype()),
               dtype_name(recv.dtype()));
   SHARD_CHECK(send.numel() == recv.numel() * world_size(),
               "reduce_scatter: send has {} elements, expected world {} x recv {} = {}", send.numel(), world_size(),
               recv.numel(), recv.numel() * world_size());
   count(CommOp::reduce_scatter, send.dtype(), static_cast<double>(send.bytes()));
-  return do_reduce_scatter(send, recv, op);
+  return watched(seq, do_reduce_scatter(send, recv, op));
 }
 
 Work Communicator::all_gather(Tensor send, Tensor recv, Site site) {
-  verify(CommOp::all_gather, send, -1, ReduceOp::sum, site);
+  const uint64_t seq = enter(CommOp::all_gather, send, -1, ReduceOp::sum, site);
   SHARD_CHECK(send.dtype() == recv.dtype(), "all_gather: send {} vs recv {}", dtype_name(send.dtype()),
               dtype_name(recv.dtype()));
   SHARD_CHECK(recv.numel() == send.numel() * world_size(),
               "all_gather: recv has {} elements, expected world {} x send {} = {}", recv.numel(), world_size(),
               send.numel(), send.numel() * world_size());
   count(CommOp::all_gather, send.dtype(), static_cast<double>(recv.bytes()));
-  return do_all_gather(send, recv);
+  return watched(seq, do_all_gather(send, recv));
 }
 
 Work Communicator::broadcast(Tensor buf, int root, Site site) {
-  verify(CommOp::broadcast, buf, root, ReduceOp::sum, site);
+  const uint64_t seq = enter(CommOp::broadcast, buf, root, ReduceOp::sum, site);
   check_root(root, "broadcast");
   count(CommOp::broadcast, buf.dtype(), static_cast<double>(buf.bytes()));
-  return do_broadcast(buf, root);
+  return watched(seq, do_broadcast(buf, root));
 }
 
 Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op, Site site) {
-  verify(CommOp::reduce, send, root, op, site);
+  const uint64_t seq = enter(CommOp::reduce, send, root, op, site);
   check_root(root, "reduce");
   if (rank() == root) {
     SHARD_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel(),
@@ -241,35 +279,35 @@ Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op, Site 
                 dtype_name(send.dtype()), send.numel());
   }
   count(CommOp::reduce, send.dtype(), static_cast<double>(send.bytes()));
-  return do_reduce(send, recv, root, op);
+  return watched(seq, do_reduce(send, recv, root, op));
 }
 
 Work Communicator::gather(Tensor send, Tensor recv, int root, Site site) {
-  verify(CommOp::gather, send, root, ReduceOp::sum, site);
+  const uint64_t seq = enter(CommOp::gather, send, root, ReduceOp::sum, site);
   check_root(root, "gather");
   if (rank() == root)
     SHARD_CHECK(send.dtype() == recv.dtype() && recv.numel() == send.numel() * world_size(),
                 "gather: root's recv has {} {} elements, expected world {} x send {} {}", recv.numel(),
                 dtype_name(recv.dtype()), world_size(), send.numel(), dtype_name(send.dtype()));
   count(CommOp::gather, send.dtype(), static_cast<double>(send.bytes()) * world_size());
-  return do_gather(send, recv, root);
+  return watched(seq, do_gather(send, recv, root));
 }
 
 Work Communicator::scatter(Tensor send, Tensor recv, int root, Site site) {
-  verify(CommOp::scatter, recv, root, ReduceOp::sum, site);
+  const uint64_t seq = enter(CommOp::scatter, recv, root, ReduceOp::sum, site);
   check_root(root, "scatter");
   if (rank() == root)
     SHARD_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel() * world_size(),
                 "scatter: root's send has {} {} elements, expected world {} x recv {} {}", send.numel(),
                 dtype_name(send.dtype()), world_size(), recv.numel(), dtype_name(recv.dtype()));
   count(CommOp::scatter, recv.dtype(), static_cast<double>(recv.bytes()) * world_size());
-  return do_scatter(send, recv, root);
+  return watched(seq, do_scatter(send, recv, root));
 }
 
 Work Communicator::barrier(Site site) {
-  verify(CommOp::barrier, Tensor(), -1, ReduceOp::sum, site);
+  const uint64_t seq = enter(CommOp::barrier, Tensor(), -1, ReduceOp::sum, site);
   count(CommOp::barrier, DType::f32, 0.0);
-  return do_barrier();
+  return watched(seq, do_barrier());
 }
 
 }  // namespace shardlab

@@ -184,6 +184,8 @@ class Communicator {
   virtual Work do_gather(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_scatter(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_barrier() = 0;
+  // Whether a collective can block this process (and so is watched by --collective-timeout).
+  virtual bool blocks() const { return false; }
   // Bytes the transport moves per logical byte (2 where it widens a reduction to f32).
   virtual double wire_factor(CommOp op, DType dtype) const { return 1.0; }
   // The control channel: every rank's bytes in rank order, on every rank (blocking; separate from
@@ -193,7 +195,9 @@ class Communicator {
  private:
   void count(CommOp op, DType dtype, double full_bytes);
   void check_root(int root, const char* op) const;
-  void verify(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site);
+  // Numbers the collective for the watchdog, then (--check-collectives) compares fingerprints.
+  uint64_t enter(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site);
+  Work watched(uint64_t seq, Work w);
 
   CommStats stats_;
   bool check_ = false;

@@ -78,6 +78,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string name() const override { return "mpi"; }
+  bool blocks() const override { return true; }
 
  protected:
   double wire_factor(CommOp op, DType dtype) const override {

@@ -1,5 +1,7 @@
 #include "src/comm/mpi_runtime.hpp"
 
+#include "src/comm/watchdog.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -36,6 +38,7 @@ MpiRuntime::~MpiRuntime() {
 }
 
 void abort_job(const std::string& message, int code) {
+  Watchdog::stop();
   std::fprintf(stderr, "shardlab [%s]: %s\n", process_identity().c_str(), message.c_str());
   std::fflush(stderr);
   int initialized = 0, finalized = 0;

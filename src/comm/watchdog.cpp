@@ -1,0 +1,185 @@
+#include "src/comm/watchdog.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace shardlab {
+namespace {
+
+// One rank's published progress. Lock-free atomics on a shared mapping: readers in other
+// processes see each field whole.
+struct Record {
+  std::atomic<uint64_t> entered;      // number of the last collective this rank entered
+  std::atomic<uint64_t> waiting;      // the collective it is blocked on, 0 when not blocked
+  std::atomic<int64_t> wait_since_ns; // when it started waiting (steady clock of this node)
+  std::atomic<int64_t> entered_ns;    // when it entered the last collective
+  std::atomic<int64_t> beat_ns;       // the watchdog thread's last heartbeat: stale = frozen process
+  char what[160];                     // that collective, described
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string record_path(const std::string& dir, int rank) { return fmt::format("{}/rank_{:05d}", dir, rank); }
+
+Record* map_record(const std::string& path, bool create) {
+  int fd = ::open(path.c_str(), create ? O_RDWR | O_CREAT | O_TRUNC : O_RDONLY, 0600);
+  if (fd < 0) return nullptr;
+  if (create && ::ftruncate(fd, sizeof(Record)) != 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, sizeof(Record), create ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<Record*>(p);
+}
+
+class State {
+ public:
+  State(std::string dir, int rank, int world, double timeout_s)
+      : dir_(std::move(dir)), rank_(rank), world_(world), timeout_ns_(static_cast<int64_t>(timeout_s * 1e9)) {
+    mine_ = map_record(record_path(dir_, rank_), true);
+    if (!mine_) {
+      std::fprintf(stderr, "shardlab [rank %d]: --collective-timeout: cannot publish progress under %s: %s\n", rank_,
+                   dir_.c_str(), std::strerror(errno));
+      return;
+    }
+    mine_->beat_ns.store(now_ns());
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~State() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (mine_) ::munmap(mine_, sizeof(Record));
+    ::unlink(record_path(dir_, rank_).c_str());
+    if (rank_ == 0) ::rmdir(dir_.c_str());  // succeeds once the other ranks removed their records
+  }
+  bool ok() const { return mine_ != nullptr; }
+
+  uint64_t enter(const std::string& what) {
+    uint64_t seq = ++seq_;
+    std::snprintf(mine_->what, sizeof(mine_->what), "%s", what.c_str());
+    mine_->entered_ns.store(now_ns());
+    mine_->entered.store(seq);
+    return seq;
+  }
+  void begin_wait(uint64_t seq) {
+    mine_->wait_since_ns.store(now_ns());
+    mine_->waiting.store(seq);
+  }
+  void end_wait() { mine_->waiting.store(0); }
+
+ private:
+  void watch() {
+    while (!stop_) {
+      mine_->beat_ns.store(now_ns());
+      std::this_thread::sleep_for(std::chrono::milliseconds(kBeatMs));
+      uint64_t k = mine_->waiting.load();
+      if (k == 0 || now_ns() - mine_->wait_since_ns.load() < timeout_ns_ || k != mine_->waiting.load()) continue;
+      diagnose(k);
+    }
+  }
+
+  static constexpr int kBeatMs = 100;
+  static constexpr int64_t kFrozenNs = 20 * kBeatMs * 1'000'000ll;  // 2 s without a heartbeat
+
+  std::string describe_last(const Record& r, int64_t t) const {
+    uint64_t e = r.entered.load();
+    if (e == 0) return "no collective yet";
+    return fmt::format("#{} {}, entered {:.1f} s ago", e, std::string(r.what, strnlen(r.what, sizeof(r.what))),
+                       (t - r.entered_ns.load()) / 1e9);
+  }
+
+  // Someone already reported (or the job directory is gone): end quietly.
+  bool already_reported() const { return ::access((dir_ + "/reported").c_str(), F_OK) == 0 || ::access(dir_.c_str(), F_OK) != 0; }
+
+  // This rank has waited on collective #k past the timeout: name who is frozen or never arrived,
+  // and end the process. One rank reports: the first to create dir/reported.
+  [[noreturn]] void diagnose(uint64_t k) {
+    const int64_t t = now_ns();
+    std::vector<std::string> frozen, behind;
+    bool lower_waiting = false;
+    for (int r = 0; r < world_ && !already_reported(); ++r) {
+      if (r == rank_) continue;
+      Record* other = map_record(record_path(dir_, r), false);
+      if (!other) {
+        behind.push_back(fmt::format("rank {} (no progress record here: on another node, or gone)", r));
+        continue;
+      }
+      if (t - other->beat_ns.load() > kFrozenNs)
+        frozen.push_back(fmt::format("rank {} shows no sign of life for {:.1f} s (stopped or frozen; its last: {})", r,
+                                     (t - other->beat_ns.load()) / 1e9, describe_last(*other, t)));
+      else if (other->entered.load() < k)
+        behind.push_back(fmt::format("rank {} never reached it (its last: {})", r, describe_last(*other, t)));
+      else if (r < rank_ && other->waiting.load() == k)
+        lower_waiting = true;  // a lower rank waits on the same collective and reports
+      ::munmap(other, sizeof(Record));
+    }
+    if (lower_waiting) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    int fd = already_reported() ? -1 : ::open((dir_ + "/reported").c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd < 0) std::_Exit(kExitTimeout);  // another rank reports
+    ::close(fd);
+    std::string who;
+    for (const auto* list : {&frozen, &behind})
+      for (const std::string& m : *list) who += (who.empty() ? "" : "; ") + m;
+    if (who.empty()) who = "every rank entered it and is alive: the transport did not complete it";
+    std::fprintf(stderr,
+                 "shardlab [rank %d/%d]: collective #%llu (%s) did not complete within %.0f s "
+                 "(--collective-timeout): %s. Ending the job.\n",
+                 rank_, world_, static_cast<unsigned long long>(k),
+                 std::string(mine_->what, strnlen(mine_->what, sizeof(mine_->what))).c_str(), timeout_ns_ / 1e9,
+                 who.c_str());
+    std::fflush(stderr);
+    for (int r = 0; r < world_; ++r) ::unlink(record_path(dir_, r).c_str());
+    ::unlink((dir_ + "/reported").c_str());
+    ::rmdir(dir_.c_str());
+    std::_Exit(kExitTimeout);
+  }
+
+  std::string dir_;
+  int rank_, world_;
+  int64_t timeout_ns_;
+  Record* mine_ = nullptr;
+  uint64_t seq_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+State* g_state = nullptr;
+
+}  // namespace
+
+void Watchdog::start(const std::string& dir, int rank, int world, double timeout_s) {
+  if (timeout_s <= 0 || g_state) return;
+  g_state = new State(dir, rank, world, timeout_s);
+  if (!g_state->ok()) stop();
+}
+
+void Watchdog::stop() {
+  delete g_state;
+  g_state = nullptr;
+}
+
+bool Watchdog::active() { return g_state != nullptr; }
+uint64_t Watchdog::enter(const std::string& what) { return g_state ? g_state->enter(what) : 0; }
+void Watchdog::begin_wait(uint64_t seq) {
+  if (g_state) g_state->begin_wait(seq);
+}
+void Watchdog::end_wait() {
+  if (g_state) g_state->end_wait();
+}
+
+}  // namespace shardlab
