@@ -10,7 +10,9 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
+#include "src/core/hash.hpp"
 #include "src/model/safetensors.hpp"
 
 namespace shardlab {
@@ -37,7 +39,7 @@ class CheckedWriter {
   uint64_t offset() const { return offset_; }
   void write(const void* data, size_t n) {
     f_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-    hash_ = fnv1a(static_cast<const char*>(data), n, hash_);
+    hash_ = fnv1a64(std::string_view(static_cast<const char*>(data), n), hash_);
     offset_ += n;
   }
   uint64_t close() {
@@ -51,7 +53,7 @@ class CheckedWriter {
  private:
   fs::path path_;
   std::ofstream f_;
-  uint64_t offset_ = 0, hash_ = 0xcbf29ce484222325ull;
+  uint64_t offset_ = 0, hash_ = kFnv1a64Basis;
 };
 
 nlohmann::json spec_json(const ModelSpec& s) {

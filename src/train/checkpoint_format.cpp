@@ -13,15 +13,6 @@
 namespace shardlab {
 namespace fs = std::filesystem;
 
-// FNV-1a 64 over a byte range, continued from h.
-uint64_t fnv1a(const char* p, size_t n, uint64_t h) {
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(p[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 nlohmann::json parse_manifest(const std::string& text, const std::string& origin) {
   nlohmann::json m;
   try {

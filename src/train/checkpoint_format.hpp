@@ -7,17 +7,16 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/core/check.hpp"
 #include "src/core/dtype.hpp"
+#include "src/core/hash.hpp"
 
 namespace shardlab {
 
 inline constexpr const char* kCheckpointFormat = "shardlab.checkpoint/1";
-
-// FNV-1a 64 over a byte range, continued from h.
-uint64_t fnv1a(const char* p, size_t n, uint64_t h = 0xcbf29ce484222325ull);
 
 // Parses and validates a manifest's structure (types, ranges, file names, a sane model spec);
 // throws InputError naming `origin`. Nothing is allocated from the sizes it claims.
@@ -72,10 +71,10 @@ class CheckpointFiles {
                   p.string(), size, e.at("bytes").get<uint64_t>());
     std::ifstream f(p, std::ios::binary);
     std::vector<char> buf(1 << 20);
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = kFnv1a64Basis;
     while (f) {
       f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      h = fnv1a(buf.data(), static_cast<size_t>(f.gcount()), h);
+      h = fnv1a64(std::string_view(buf.data(), static_cast<size_t>(f.gcount())), h);
     }
     std::string got = fmt::format("fnv1a64:{:016x}", h);
     SHARD_REQUIRE(got == e.at("checksum").get<std::string>(), "'{}' is corrupt: checksum {} but the manifest says {}",
