@@ -19,7 +19,6 @@ namespace shardlab {
 namespace fs = std::filesystem;
 namespace {
 
-
 std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 std::string rank_file(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
 
@@ -55,10 +54,6 @@ class CheckedWriter {
   std::ofstream f_;
   uint64_t offset_ = 0, hash_ = kFnv1a64Basis;
 };
-
-nlohmann::json spec_json(const ModelSpec& s) {
-  return {{"name", s.name}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"seq", s.seq}, {"vocab", s.vocab}};
-}
 
 // Test hook (fault injection): SHARDLAB_FAULT_KILL_IN_SAVE=r makes rank r kill itself with SIGKILL
 // half-way through writing its checkpoint file.
@@ -127,7 +122,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
     const TrainConfig& c = trainer.config();
     nlohmann::json m;
     m["format"] = kCheckpointFormat;
-    m["model"] = spec_json(c.spec);
+    m["model"] = spec_to_json(c.spec);
     m["strategy"] = c.strategy.name;
     m["world"] = comm.world_size();
     m["param_dtype"] = dtype_name(c.strategy.param_dtype);
@@ -168,34 +163,53 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
   return final_dir.string();
 }
 
+// ---- Loading ------------------------------------------------------------------------------------
+
 namespace {
 
-void check_compatible(const nlohmann::json& m, const TrainConfig& c, const std::string& path) {
-  const auto& mm = m["model"];
-  auto same = [&](const char* k, int64_t v) {
-    SHARD_REQUIRE(mm.at(k).get<int64_t>() == v,
-                  "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {})", path, k,
-                  mm.at(k).get<int64_t>(), v, mm.value("name", "?"), c.spec.describe());
+void check_compatible(const Manifest& m, const TrainConfig& c, const std::string& path) {
+  auto same = [&](const char* k, int64_t there, int64_t here) {
+    SHARD_REQUIRE(there == here, "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {})", path, k,
+                  there, here, m.model.name, c.spec.describe());
   };
-  same("layers", c.spec.layers);
-  same("dim", c.spec.dim);
-  same("heads", c.spec.heads);
-  same("seq", c.spec.seq);
-  same("vocab", c.spec.vocab);
-  std::string kind = m["optimizer"].value("kind", "");
-  SHARD_REQUIRE(kind == c.optim.kind, "checkpoint '{}' holds {} state; this run uses --optimizer {}", path, kind,
-                c.optim.kind);
+  same("layers", m.model.layers, c.spec.layers);
+  same("dim", m.model.dim, c.spec.dim);
+  same("heads", m.model.heads, c.spec.heads);
+  same("seq", m.model.seq, c.spec.seq);
+  same("vocab", m.model.vocab, c.spec.vocab);
+  SHARD_REQUIRE(m.optimizer.kind == c.optim.kind, "checkpoint '{}' holds {} state; this run uses --optimizer {}", path,
+                m.optimizer.kind, c.optim.kind);
+}
+
+// Reads elements [lo, hi) of `state` of tensor t into dst[0, hi - lo), from whichever pieces overlap.
+void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& state,
+                       int64_t lo, int64_t hi, float* dst, const std::string& path) {
+  const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, state);
+  SHARD_REQUIRE(pieces, "checkpoint '{}' has no {} for tensor '{}'", path, state, t.name);
+  const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
+  SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
+                nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
+  int64_t covered = 0;
+  for (const ManifestPiece& p : *pieces) {
+    int64_t x0 = std::max(lo, p.begin), x1 = std::min(hi, p.end);
+    if (x0 >= x1) continue;
+    files.read(p.rank, p.offset + static_cast<uint64_t>(x0 - p.begin) * sizeof(float), dst + (x0 - lo),
+               static_cast<size_t>(x1 - x0), t.name);
+    covered += x1 - x0;
+  }
+  SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
+                path, covered, hi - lo, lo, hi, state, t.name);
 }
 
 }  // namespace
 
 int64_t load_checkpoint(const std::string& path, Trainer& trainer) {
   const fs::path dir(path);
-  nlohmann::json m = read_manifest(dir);
+  const Manifest m = read_manifest(dir);
   Strategy& st = trainer.strategy();
   const auto names = st.owned_state_names();
   check_compatible(m, trainer.config(), path);
-  CheckpointFiles files(dir, m["files"]);
+  CheckpointFiles files(dir, m.files);
   const auto& units = trainer.units();
   for (size_t u = 0; u < units.size(); ++u) {
     auto [a, b] = st.owned_range(u);
@@ -206,28 +220,13 @@ int64_t load_checkpoint(const std::string& path, Trainer& trainer) {
       for (const TensorDecl& t : units[u]->layout().tensors) {
         int64_t lo = std::max(a, t.offset) - t.offset, hi = std::min(b, t.offset + t.numel) - t.offset;
         if (lo >= hi) continue;
-        SHARD_REQUIRE(m["tensors"].contains(t.name) && m["tensors"][t.name].contains(names[i]),
-                      "checkpoint '{}' has no {} for tensor '{}'", path, names[i], t.name);
-        const auto& shape = m["tensors"][t.name].value("shape", std::vector<int64_t>{});
-        SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path,
-                      t.name, nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
-        int64_t covered = 0;
-        for (const auto& p : m["tensors"][t.name][names[i]]) {
-          int64_t pb = p.at("begin").get<int64_t>(), pe = p.at("end").get<int64_t>();
-          int64_t x0 = std::max(lo, pb), x1 = std::min(hi, pe);
-          if (x0 >= x1) continue;
-          files.read(p.at("rank").get<int>(), p.at("offset").get<uint64_t>() + static_cast<uint64_t>(x0 - pb) * 4,
-                     host.data() + (t.offset + x0 - a), static_cast<size_t>(x1 - x0), t.name);
-          covered += x1 - x0;
-        }
-        SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
-                      path, covered, hi - lo, lo, hi, names[i], t.name);
+        read_tensor_range(m, files, t, names[i], lo, hi, host.data() + (t.offset + lo - a), path);
       }
       trainer.backend().copy(tensors[i].slice(0, b - a), Tensor::of(std::span<float>(host)));
     }
   }
   st.sync_after_load();
-  return m["step"].get<int64_t>();
+  return m.step;
 }
 
 }  // namespace shardlab
