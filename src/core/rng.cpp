@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "src/core/hash.hpp"
+
 namespace shardlab {
 namespace {
 uint64_t splitmix64(uint64_t x) {
@@ -9,14 +11,6 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
 }
 }  // namespace
 

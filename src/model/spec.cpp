@@ -1,6 +1,7 @@
 #include "src/model/spec.hpp"
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "src/core/check.hpp"
 #include "src/core/rng.hpp"
@@ -44,7 +45,34 @@ std::vector<std::string> model_preset_names() {
   return {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
 }
 
+nlohmann::json spec_to_json(const ModelSpec& s) {
+  return {{"name", s.name}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"seq", s.seq}, {"vocab", s.vocab}};
+}
+
+ModelSpec spec_from_json(const nlohmann::json& j) {
+  auto size = [&](const char* key, int64_t lo) {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer())
+      throw InputError(fmt::format("\"{}\" must be an integer", key));
+    int64_t v = j[key].get<int64_t>();
+    if (v < lo) throw InputError(fmt::format("\"{}\" is {}, below {}", key, v, lo));
+    return v;
+  };
+  ModelSpec s;
+  s.layers = size("layers", 1);
+  s.dim = size("dim", 1);
+  s.heads = size("heads", 1);
+  s.seq = size("seq", 1);
+  s.vocab = size("vocab", 2);
+  if (j.contains("name")) {
+    SHARD_REQUIRE(j["name"].is_string(), "\"name\" must be a string");
+    s.name = j["name"].get<std::string>();
+  }
+  s.validate();
+  return s;
+}
+
 std::string TensorDecl::shape_str() const { return shardlab::shape_str(shape); }
+
 
 const TensorDecl& UnitLayout::find(std::string_view tensor) const {
   for (const auto& t : tensors)
@@ -128,10 +156,6 @@ std::vector<std::string> gpt2_unit_names(const ModelSpec& spec) {
   std::vector<std::string> names;
   for (const UnitLayout& u : gpt2_layout(spec)) names.push_back(u.name);
   return names;
-}
-
-nlohmann::json spec_to_json(const ModelSpec& s) {
-  return {{"name", s.name}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"seq", s.seq}, {"vocab", s.vocab}};
 }
 
 }  // namespace shardlab

@@ -1,12 +1,11 @@
-// spec.hpp — ModelSpec (GPT-2 shape), presets, and the parameter layout: which tensors each Unit
-// owns, in which order, with which shape, initialisation and weight-decay flag. Names and layouts
-// are Hugging Face's (Conv1D weights stored (in, out)).
+// spec.hpp — ModelSpec (GPT-2 shape), presets, its JSON form, and the parameter layout: which
+// tensors each Unit owns, in which order, with which shape, initialisation and weight-decay flag.
+// Names and layouts are Hugging Face's (Conv1D weights stored (in, out)).
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
-
-#include <nlohmann/json.hpp>
 #include <string_view>
 #include <vector>
 
@@ -26,6 +25,12 @@ struct ModelSpec {
 // tiny (tests), small (the embedded demo), gpt2, gpt2-medium, gpt2-large, gpt2-xl.
 ModelSpec model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
+
+// {"name", "layers", "dim", "heads", "seq", "vocab"}: the form checkpoints and reports store.
+nlohmann::json spec_to_json(const ModelSpec& spec);
+// The inverse, validated: each size must be an integer (at least 1; vocab at least 2), a present
+// "name" a string (absent: "custom"), and the whole pass ModelSpec::validate. Throws InputError.
+ModelSpec spec_from_json(const nlohmann::json& j);
 
 enum class Init : uint8_t { normal, zeros, ones };
 
@@ -51,8 +56,6 @@ struct UnitLayout {
 std::vector<UnitLayout> gpt2_layout(const ModelSpec& spec);
 int64_t num_params(const std::vector<UnitLayout>& layout);
 std::vector<std::string> gpt2_unit_names(const ModelSpec& spec);  // "embedding", "h.0", ..., "head"
-
-nlohmann::json spec_to_json(const ModelSpec& spec);  // {"name", "layers", "dim", "heads", "seq", "vocab"}
 
 // GPT-2 initialisation of elements [first, first + out.size()) of a unit's flat buffer, as a
 // function of (seed, tensor name, index in tensor) only: any shard initialises alone.

@@ -6,97 +6,232 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <string_view>
 
+#include "src/core/hash.hpp"
 #include "src/model/safetensors.hpp"
-#include "src/model/spec.hpp"
 
 namespace shardlab {
 namespace fs = std::filesystem;
+using nlohmann::json;
 
-// FNV-1a 64 over a byte range, continued from h.
-uint64_t fnv1a(const char* p, size_t n, uint64_t h) {
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(p[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
+// ---- Manifest parser ----------------------------------------------------------------------------
+// Every check throws InputError "'<origin>' is not a valid manifest: <what>". The checks run in the
+// order of the fields below, so a manifest with several faults always names the same one.
 
-nlohmann::json parse_manifest(const std::string& text, const std::string& origin) {
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("'{}' is corrupt: {}", origin, e.what()));
+namespace {
+
+struct ManifestParser {
+  const std::string& origin;
+
+  InputError bad(const std::string& what) const {
+    return InputError(fmt::format("'{}' is not a valid manifest: {}", origin, what));
   }
-  auto bad = [&](const std::string& what) { return InputError(fmt::format("'{}' is not a valid manifest: {}", origin, what)); };
-  auto integer = [&](const nlohmann::json& o, const char* key, int64_t lo) {
-    if (!o.is_object() || !o.contains(key) || !o[key].is_number_integer()) throw bad(fmt::format("\"{}\" must be an integer", key));
+  int64_t integer(const json& o, const char* key, int64_t lo) const {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_number_integer())
+      throw bad(fmt::format("\"{}\" must be an integer", key));
     int64_t v = o[key].get<int64_t>();
     if (v < lo) throw bad(fmt::format("\"{}\" is {}, below {}", key, v, lo));
     return v;
-  };
-  if (!m.is_object() || !m.contains("format") || !m["format"].is_string() || m["format"].get<std::string>() != kCheckpointFormat)
-    throw bad(fmt::format("its format is not {}", kCheckpointFormat));
-  ModelSpec spec;
-  const auto& model = m.contains("model") ? m["model"] : nlohmann::json();
-  spec.layers = integer(model, "layers", 1);
-  spec.dim = integer(model, "dim", 1);
-  spec.heads = integer(model, "heads", 1);
-  spec.seq = integer(model, "seq", 1);
-  spec.vocab = integer(model, "vocab", 2);
-  try {
-    spec.validate();
-  } catch (const InputError& e) {
-    throw bad(e.what());
   }
-  integer(m, "step", 0);
-  integer(m, "world", 1);
-  if (!m.contains("strategy") || !m["strategy"].is_string()) throw bad("\"strategy\" must be a string");
+  // An optional number (a hyperparameter): `fallback` when absent.
+  double number(const json& o, const char* key, double fallback) const {
+    if (!o.contains(key)) return fallback;
+    if (!o[key].is_number()) throw bad(fmt::format("\"{}\" must be a number", key));
+    return o[key].get<double>();
+  }
+  // An optional dtype name: f32 when absent.
+  DType dtype(const json& m, const char* key) const {
+    if (!m.contains(key)) return DType::f32;
+    if (!m[key].is_string()) throw bad(fmt::format("\"{}\" must be a dtype name", key));
+    try {
+      return parse_dtype(m[key].get<std::string>());
+    } catch (const InputError& e) {
+      throw bad(fmt::format("\"{}\": {}", key, e.what()));
+    }
+  }
+  // Any uint64 (0 when absent): above 2^63 the JSON number is unsigned, which integer() would wrap.
+  uint64_t seed(const json& m) const {
+    if (!m.contains("seed")) return 0;
+    return m["seed"].is_number_unsigned() ? m["seed"].get<uint64_t>() : static_cast<uint64_t>(integer(m, "seed", 0));
+  }
+  ModelSpec model(const json& m) const {
+    try {
+      return spec_from_json(m.contains("model") ? m["model"] : json());
+    } catch (const InputError& e) {
+      throw bad(e.what());
+    }
+  }
+  ManifestOptimizer optimizer(const json& m) const;
+  std::vector<ManifestFile> files(const json& m) const;
+  std::map<std::string, ManifestTensor> tensors(const json& m, const std::vector<ManifestFile>& files) const;
+};
+
+ManifestOptimizer ManifestParser::optimizer(const json& m) const {
   if (!m.contains("optimizer") || !m["optimizer"].is_object() || !m["optimizer"].contains("kind") ||
       !m["optimizer"]["kind"].is_string())
     throw bad("\"optimizer\" must name its kind");
+  const json& o = m["optimizer"];
+  ManifestOptimizer opt;
+  opt.kind = o["kind"].get<std::string>();
+  opt.beta1 = number(o, "beta1", 0);
+  opt.beta2 = number(o, "beta2", 0);
+  opt.eps = number(o, "eps", 0);
+  opt.weight_decay = number(o, "weight_decay", 0);
+  opt.momentum = number(o, "momentum", 0);
+  if (o.contains("states")) {
+    if (!o["states"].is_array()) throw bad("the optimizer's \"states\" must be a list of names");
+    for (const auto& s : o["states"]) {
+      if (!s.is_string()) throw bad("the optimizer's \"states\" must be a list of names");
+      opt.states.push_back(s.get<std::string>());
+    }
+  }
+  return opt;
+}
+
+std::vector<ManifestFile> ManifestParser::files(const json& m) const {
   if (!m.contains("files") || !m["files"].is_array()) throw bad("\"files\" must be an array");
-  std::map<int64_t, bool> ranks;
+  std::vector<ManifestFile> out;
   for (const auto& f : m["files"]) {
-    int64_t r = integer(f, "rank", 0);
-    integer(f, "bytes", 0);
+    ManifestFile e;
+    e.rank = integer(f, "rank", 0);
+    e.bytes = static_cast<uint64_t>(integer(f, "bytes", 0));
     if (!f.contains("file") || !f["file"].is_string() || !f.contains("checksum") || !f["checksum"].is_string())
       throw bad("every file needs a name and a checksum");
-    std::string name = f["file"].get<std::string>();
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-      throw bad(fmt::format("file name '{}' must be a plain name inside the checkpoint", name));
-    ranks[r] = true;
+    e.file = f["file"].get<std::string>();
+    if (e.file.empty() || e.file.find('/') != std::string::npos || e.file == "." || e.file == "..")
+      throw bad(fmt::format("file name '{}' must be a plain name inside the checkpoint", e.file));
+    e.checksum = f["checksum"].get<std::string>();
+    out.push_back(std::move(e));
   }
+  return out;
+}
+
+std::map<std::string, ManifestTensor> ManifestParser::tensors(const json& m, const std::vector<ManifestFile>& files) const {
+  std::map<int64_t, bool> ranks;
+  for (const ManifestFile& f : files) ranks[f.rank] = true;
   if (!m.contains("tensors") || !m["tensors"].is_object()) throw bad("\"tensors\" must be an object");
+  std::map<std::string, ManifestTensor> out;
   for (const auto& [name, states] : m["tensors"].items()) {
     if (!states.is_object()) throw bad(fmt::format("tensor '{}' must be an object", name));
+    ManifestTensor& t = out[name];
     for (const auto& [state, list] : states.items()) {
       if (state == "shape") {
         if (!list.is_array()) throw bad(fmt::format("the shape of '{}' must be an array", name));
-        for (const auto& d : list)
+        for (const auto& d : list) {
           if (!d.is_number_integer() || d.get<int64_t>() < 0) throw bad(fmt::format("the shape of '{}' is not valid", name));
+          t.shape.push_back(d.get<int64_t>());
+        }
         continue;
       }
       if (!list.is_array()) throw bad(fmt::format("{} of '{}' must be a list of pieces", state, name));
+      std::vector<ManifestPiece>& pieces = t.states[state];
       for (const auto& p : list) {
         int64_t r = integer(p, "rank", 0), b = integer(p, "begin", 0), e = integer(p, "end", 0);
-        integer(p, "offset", 0);
+        uint64_t offset = static_cast<uint64_t>(integer(p, "offset", 0));
         if (e <= b) throw bad(fmt::format("a piece of {} of '{}' spans [{}, {})", state, name, b, e));
         if (!ranks.count(r)) throw bad(fmt::format("a piece of {} of '{}' lies in rank {}'s file, which is not listed", state, name, r));
+        pieces.push_back({r, offset, b, e});
       }
     }
   }
-  return m;
+  return out;
 }
 
-nlohmann::json read_manifest(const fs::path& dir) {
+}  // namespace
+
+Manifest parse_manifest(const std::string& text, const std::string& origin) {
+  json m;
+  try {
+    m = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("'{}' is corrupt: {}", origin, e.what()));
+  }
+  const ManifestParser p{origin};
+  if (!m.is_object() || !m.contains("format") || !m["format"].is_string() || m["format"].get<std::string>() != kCheckpointFormat)
+    throw p.bad(fmt::format("its format is not {}", kCheckpointFormat));
+  Manifest out;
+  out.model = p.model(m);
+  out.step = p.integer(m, "step", 0);
+  out.world = p.integer(m, "world", 1);
+  if (!m.contains("strategy") || !m["strategy"].is_string()) throw p.bad("\"strategy\" must be a string");
+  out.strategy = m["strategy"].get<std::string>();
+  out.optimizer = p.optimizer(m);
+  out.param_dtype = p.dtype(m, "param_dtype");
+  out.reduce_dtype = p.dtype(m, "reduce_dtype");
+  out.data_position = m.contains("data_position") ? p.integer(m, "data_position", 0) : out.step;
+  out.seed = p.seed(m);
+  out.files = p.files(m);
+  out.tensors = p.tensors(m, out.files);
+  return out;
+}
+
+const std::vector<ManifestPiece>* Manifest::find_pieces(const std::string& tensor, const std::string& state) const {
+  auto t = tensors.find(tensor);
+  if (t == tensors.end()) return nullptr;
+  auto s = t->second.states.find(state);
+  return s == t->second.states.end() ? nullptr : &s->second;
+}
+
+Manifest read_manifest(const fs::path& dir) {
   fs::path p = dir / "manifest.json";
   std::ifstream f(p);
   SHARD_REQUIRE(f.good(), "'{}' is not a checkpoint: it has no manifest.json", dir.string());
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   return parse_manifest(text, p.string());
 }
+
+// ---- Checked reads of the per-rank files ----------------------------------------------------------
+
+CheckpointFiles::CheckpointFiles(fs::path dir, const std::vector<ManifestFile>& files) : dir_(std::move(dir)) {
+  for (const ManifestFile& f : files) by_rank_[f.rank] = f;
+}
+
+void CheckpointFiles::check_range(int64_t r, uint64_t off, uint64_t n, const std::string& tensor) {
+  const ManifestFile& e = entry(r, tensor);
+  fs::path p = dir_ / e.file;
+  verify(e, p);
+  SHARD_REQUIRE(off <= e.bytes && n <= (e.bytes - off) / sizeof(float),
+                "'{}': tensor '{}' needs bytes [{}, {}) of a {}-byte file", p.string(), tensor, off,
+                off + n * sizeof(float), e.bytes);
+}
+
+void CheckpointFiles::read(int64_t r, uint64_t off, float* out, size_t n, const std::string& tensor) {
+  check_range(r, off, n, tensor);
+  fs::path p = dir_ / entry(r, tensor).file;
+  std::ifstream f(p, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(off));
+  f.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n * sizeof(float)));
+  SHARD_REQUIRE(f.good(), "'{}' is truncated: tensor '{}' needs bytes [{}, {})", p.string(), tensor, off,
+                off + n * sizeof(float));
+}
+
+const ManifestFile& CheckpointFiles::entry(int64_t r, const std::string& tensor) const {
+  auto it = by_rank_.find(r);
+  SHARD_REQUIRE(it != by_rank_.end(), "manifest names rank {}'s file for tensor '{}' but does not list it", r, tensor);
+  return it->second;
+}
+
+void CheckpointFiles::verify(const ManifestFile& e, const fs::path& p) {
+  if (verified_.count(e.rank)) return;
+  std::error_code ec;
+  uint64_t size = fs::file_size(p, ec);
+  SHARD_REQUIRE(!ec, "checkpoint file '{}' is missing: {}", p.string(), ec.message());
+  SHARD_REQUIRE(size == e.bytes, "'{}' is truncated or corrupt: {} bytes, the manifest says {}", p.string(), size, e.bytes);
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> buf(1 << 20);
+  uint64_t h = kFnv1a64Basis;
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    h = fnv1a64(std::string_view(buf.data(), static_cast<size_t>(f.gcount())), h);
+  }
+  std::string got = fmt::format("fnv1a64:{:016x}", h);
+  SHARD_REQUIRE(got == e.checksum, "'{}' is corrupt: checksum {} but the manifest says {}", p.string(), got, e.checksum);
+  verified_.insert({e.rank, true});
+}
+
+// ---- Finding and exporting checkpoints ------------------------------------------------------------
 
 std::string latest_checkpoint(const std::string& dir) {
   std::error_code ec;
@@ -110,47 +245,44 @@ std::string latest_checkpoint(const std::string& dir) {
   return best;
 }
 
+namespace {
+
+// The parameters of tensor t, whole, from the manifest's "param" pieces. Every piece is checked
+// (range inside the tensor, bytes inside a verified file, full coverage) before anything is allocated.
+std::vector<float> read_param(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& path) {
+  const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, "param");
+  SHARD_REQUIRE(pieces, "checkpoint '{}' has no parameters for tensor '{}'", path, t.name);
+  int64_t covered = 0;
+  for (const ManifestPiece& p : *pieces) {
+    SHARD_REQUIRE(p.begin >= 0 && p.end <= t.numel && p.begin < p.end, "checkpoint '{}': bad range [{}, {}) for '{}'", path,
+                  p.begin, p.end, t.name);
+    files.check_range(p.rank, p.offset, static_cast<uint64_t>(p.end - p.begin), t.name);
+    covered += p.end - p.begin;
+  }
+  SHARD_REQUIRE(covered == t.numel, "checkpoint '{}' covers {} of the {} elements of '{}'", path, covered, t.numel, t.name);
+  std::vector<float> v(static_cast<size_t>(t.numel));
+  for (const ManifestPiece& p : *pieces)
+    files.read(p.rank, p.offset, v.data() + p.begin, static_cast<size_t>(p.end - p.begin), t.name);
+  return v;
+}
+
+}  // namespace
+
 void export_checkpoint(const std::string& path, const std::string& out, DType dtype) {
   const fs::path dir(path);
-  nlohmann::json m = read_manifest(dir);
-  CheckpointFiles files(dir, m["files"]);
-  ModelSpec spec;
-  spec.name = m["model"].value("name", "custom");
-  for (auto [field, key] : {std::pair{&spec.layers, "layers"}, std::pair{&spec.dim, "dim"},
-                            std::pair{&spec.heads, "heads"}, std::pair{&spec.seq, "seq"}, std::pair{&spec.vocab, "vocab"}})
-    *field = m["model"].at(key).get<int64_t>();
-  spec.validate();
+  const Manifest m = read_manifest(dir);
+  CheckpointFiles files(dir, m.files);
   std::vector<SafetensorsStreamWriter::Entry> entries;
   std::vector<const TensorDecl*> decls;
-  auto layout = gpt2_layout(spec);
+  const auto layout = gpt2_layout(m.model);
   for (const auto& u : layout)
     for (const TensorDecl& t : u.tensors) {
       entries.push_back({t.name, dtype, t.shape});
       decls.push_back(&t);
     }
-  SafetensorsStreamWriter w(out, entries, {{"format", "pt"}, {"model", spec.describe()}, {"step", m["step"].dump()}});
-  for (const TensorDecl* t : decls) {  // one tensor in memory at a time
-    SHARD_REQUIRE(m["tensors"].contains(t->name) && m["tensors"][t->name].contains("param"),
-                  "checkpoint '{}' has no parameters for tensor '{}'", path, t->name);
-    // Check the pieces before allocating anything their sizes suggest.
-    int64_t covered = 0;
-    for (const auto& p : m["tensors"][t->name]["param"]) {
-      int64_t pb = p.at("begin").get<int64_t>(), pe = p.at("end").get<int64_t>();
-      SHARD_REQUIRE(pb >= 0 && pe <= t->numel && pb < pe, "checkpoint '{}': bad range [{}, {}) for '{}'", path, pb, pe,
-                    t->name);
-      files.check_range(p.at("rank").get<int>(), p.at("offset").get<uint64_t>(), static_cast<uint64_t>(pe - pb), t->name);
-      covered += pe - pb;
-    }
-    SHARD_REQUIRE(covered == t->numel, "checkpoint '{}' covers {} of the {} elements of '{}'", path, covered, t->numel,
-                  t->name);
-    std::vector<float> v(static_cast<size_t>(t->numel));
-    for (const auto& p : m["tensors"][t->name]["param"]) {
-      int64_t pb = p.at("begin").get<int64_t>(), pe = p.at("end").get<int64_t>();
-      files.read(p.at("rank").get<int>(), p.at("offset").get<uint64_t>(), v.data() + pb, static_cast<size_t>(pe - pb),
-                 t->name);
-    }
-    w.write_next(v);
-  }
+  SafetensorsStreamWriter w(out, entries,
+                            {{"format", "pt"}, {"model", m.model.describe()}, {"step", std::to_string(m.step)}});
+  for (const TensorDecl* t : decls) w.write_next(read_param(m, files, *t, path));  // one tensor in memory at a time
   w.finish();
 }
 

@@ -1,28 +1,71 @@
-// checkpoint_format.hpp — the on-disk checkpoint format (see checkpoint.hpp): manifest parsing and
-// validation, checked reads of the per-rank files, and the helpers save and load share.
+// checkpoint_format.hpp — the on-disk checkpoint format (see checkpoint.hpp): the typed manifest and
+// its parser, checked reads of the per-rank files, and the helpers save and load share.
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "src/core/check.hpp"
 #include "src/core/dtype.hpp"
+#include "src/model/spec.hpp"
 
 namespace shardlab {
 
 inline constexpr const char* kCheckpointFormat = "shardlab.checkpoint/1";
 
-// FNV-1a 64 over a byte range, continued from h.
-uint64_t fnv1a(const char* p, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+// ---- The manifest (manifest.json), as parse_manifest returns it ----------------------------------
+// Field names are the JSON keys. Every checkpoint writer so far has written every field; the parser
+// still accepts manifests without the informational ones and gives them the defaults below.
+
+// One rank's file.
+struct ManifestFile {
+  int64_t rank = 0;
+  std::string file;      // a plain name inside the checkpoint directory: "rank_00003.bin"
+  uint64_t bytes = 0;    // its size
+  std::string checksum;  // "fnv1a64:<16 hex digits>" of its bytes
+};
+
+// Elements [begin, end) of one state of a tensor, stored as f32 at byte `offset` of rank's file.
+struct ManifestPiece {
+  int64_t rank = 0;
+  uint64_t offset = 0;
+  int64_t begin = 0, end = 0;  // begin < end; not yet checked against the tensor's size
+};
+
+struct ManifestTensor {
+  std::vector<int64_t> shape;  // empty when the manifest gives none
+  std::map<std::string, std::vector<ManifestPiece>> states;  // "param", "adam_m", ... -> pieces
+};
+
+struct ManifestOptimizer {
+  std::string kind;  // adamw | sgd (not checked against the known kinds: load compares it with the run's)
+  // The hyperparameters of the run that wrote it (f32 values widened to double); 0 when absent.
+  double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, momentum = 0;
+  std::vector<std::string> states;  // state names, "param" first; empty when absent
+};
+
+struct Manifest {
+  ModelSpec model;       // validated (ModelSpec::validate)
+  std::string strategy;  // as written: "zero3", ...
+  int64_t world = 1;     // ranks of the run that wrote it
+  DType param_dtype = DType::f32, reduce_dtype = DType::f32;  // f32 when absent
+  ManifestOptimizer optimizer;
+  int64_t step = 0;           // steps done
+  int64_t data_position = 0;  // the step whose batch comes next; = step when absent
+  uint64_t seed = 0;          // 0 when absent
+  std::vector<ManifestFile> files;
+  std::map<std::string, ManifestTensor> tensors;  // by HF name; every piece's rank is in `files`
+
+  // The pieces of `state` of `tensor`, or nullptr when the manifest has none.
+  const std::vector<ManifestPiece>* find_pieces(const std::string& tensor, const std::string& state) const;
+};
 
 // Parses and validates a manifest's structure (types, ranges, file names, a sane model spec);
 // throws InputError naming `origin`. Nothing is allocated from the sizes it claims.
-nlohmann::json parse_manifest(const std::string& text, const std::string& origin);
-nlohmann::json read_manifest(const std::filesystem::path& dir);  // dir/manifest.json, parsed and validated
+Manifest parse_manifest(const std::string& text, const std::string& origin);
+Manifest read_manifest(const std::filesystem::path& dir);  // dir/manifest.json, parsed and validated
 
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);
@@ -34,58 +77,19 @@ namespace fs = std::filesystem;
 // The files of a checkpoint, checked once each against the manifest's size and checksum.
 class CheckpointFiles {
  public:
-  CheckpointFiles(fs::path dir, const nlohmann::json& files) : dir_(std::move(dir)) {
-    for (const auto& f : files) by_rank_[f.at("rank").get<int>()] = f;
-  }
+  CheckpointFiles(fs::path dir, const std::vector<ManifestFile>& files);
   // Checks that n floats at byte offset `off` lie inside rank r's (verified) file.
-  void check_range(int r, uint64_t off, uint64_t n, const std::string& tensor) {
-    fs::path p = path_of(r, tensor);
-    verify(r, p);
-    uint64_t size = by_rank_[r].at("bytes").get<uint64_t>();
-    SHARD_REQUIRE(off <= size && n <= (size - off) / sizeof(float), "'{}': tensor '{}' needs bytes [{}, {}) of a {}-byte file",
-                  p.string(), tensor, off, off + n * sizeof(float), size);
-  }
+  void check_range(int64_t r, uint64_t off, uint64_t n, const std::string& tensor);
   // Reads n floats at byte offset `off` of rank r's file.
-  void read(int r, uint64_t off, float* out, size_t n, const std::string& tensor) {
-    check_range(r, off, n, tensor);
-    fs::path p = path_of(r, tensor);
-    std::ifstream f(p, std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(off));
-    f.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n * sizeof(float)));
-    SHARD_REQUIRE(f.good(), "'{}' is truncated: tensor '{}' needs bytes [{}, {})", p.string(), tensor, off,
-                  off + n * sizeof(float));
-  }
+  void read(int64_t r, uint64_t off, float* out, size_t n, const std::string& tensor);
 
  private:
-  fs::path path_of(int r, const std::string& tensor) const {
-    auto it = by_rank_.find(r);
-    SHARD_REQUIRE(it != by_rank_.end(), "manifest names rank {}'s file for tensor '{}' but does not list it", r, tensor);
-    return dir_ / it->second.at("file").get<std::string>();
-  }
-  void verify(int r, const fs::path& p) {
-    if (verified_.count(r)) return;
-    const auto& e = by_rank_[r];
-    std::error_code ec;
-    uint64_t size = fs::file_size(p, ec);
-    SHARD_REQUIRE(!ec, "checkpoint file '{}' is missing: {}", p.string(), ec.message());
-    SHARD_REQUIRE(size == e.at("bytes").get<uint64_t>(), "'{}' is truncated or corrupt: {} bytes, the manifest says {}",
-                  p.string(), size, e.at("bytes").get<uint64_t>());
-    std::ifstream f(p, std::ios::binary);
-    std::vector<char> buf(1 << 20);
-    uint64_t h = 0xcbf29ce484222325ull;
-    while (f) {
-      f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      h = fnv1a(buf.data(), static_cast<size_t>(f.gcount()), h);
-    }
-    std::string got = fmt::format("fnv1a64:{:016x}", h);
-    SHARD_REQUIRE(got == e.at("checksum").get<std::string>(), "'{}' is corrupt: checksum {} but the manifest says {}",
-                  p.string(), got, e.at("checksum").get<std::string>());
-    verified_.insert({r, true});
-  }
+  const ManifestFile& entry(int64_t r, const std::string& tensor) const;
+  void verify(const ManifestFile& e, const fs::path& p);
 
   fs::path dir_;
-  std::map<int, nlohmann::json> by_rank_;
-  std::map<int, bool> verified_;
+  std::map<int64_t, ManifestFile> by_rank_;  // a rank listed twice: the last entry counts
+  std::map<int64_t, bool> verified_;
 };
 
 }  // namespace shardlab
