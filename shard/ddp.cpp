@@ -66,6 +66,9 @@ class Ddp final : public Strategy {
 
   std::vector<float> gather_unit_params(size_t u) override { return to_host(updated(u)); }
   std::pair<int64_t, int64_t> owned_range(size_t u) const override { return {0, layout(u).numel}; }
+  std::pair<int64_t, int64_t> saved_range(size_t u) const override {
+    return rank_ == 0 ? owned_range(u) : std::pair<int64_t, int64_t>{0, 0};
+  }
   std::vector<float> gather_unit_grads(size_t u) override {
     wait_all();
     return to_host(grad(u));

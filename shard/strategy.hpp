@@ -81,6 +81,9 @@ class Strategy : public UnitHooks {
   // ---- checkpoints: what this rank owns and updates ----
   // Elements [begin, end) of unit u's real parameters this rank updates (empty for DP replicas).
   virtual std::pair<int64_t, int64_t> owned_range(size_t u) const = 0;
+  // The part of owned_range(u) this rank writes to a checkpoint: all of it, except where ranks
+  // hold replicas of one range (DDP), which only rank 0 writes.
+  virtual std::pair<int64_t, int64_t> saved_range(size_t u) const { return owned_range(u); }
   // f32 buffers whose first end - begin elements are that range: the parameters the optimizer
   // updates (the master copy under mixed precision), then each optimizer state; none for a rank
   // without an optimizer (DP's replicas).

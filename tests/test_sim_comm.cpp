@@ -39,8 +39,8 @@ TEST_CASE("sim communicator: right sizes, replica values, real-world byte counts
   CHECK(st.total[static_cast<int>(CommOp::all_reduce)].calls == 2);
   double step = comm->stats().step_bytes();
   comm->stats().end_step();
-  CHECK(comm->stats().bytes_per_step.size() == 1);
-  CHECK(comm->stats().bytes_per_step[0] == step);
+  CHECK(comm->stats().steps == 1);
+  CHECK(comm->stats().last_step_bytes == step);
   CHECK(comm->stats().step_bytes() == 0);
   CHECK(pool.in_use() == 0);  // the bf16 widening buffer went back
 

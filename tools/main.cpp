@@ -290,6 +290,8 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "save-dir", po::value(&cfg.save_dir)->default_value(""),
       "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
       "save-every", po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
+      "save-keep", po::value(&cfg.save_keep)->default_value(0),
+      "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all)")(
       "skip-nonfinite", po::bool_switch(&cfg.skip_nonfinite),
       "skip the update of a step whose loss or gradient norm is not finite (default: stop with the step number)")(
       "resume", po::value(&cfg.resume)->default_value(""),

@@ -54,7 +54,8 @@ void CommStats::record(CommOp op, double bytes, double wire_bytes) {
 }
 
 void CommStats::end_step() {
-  bytes_per_step.push_back(step_bytes());
+  last_step_bytes = step_bytes();
+  ++steps;
   step = {};
 }
 

@@ -64,7 +64,8 @@ struct CommStats {
   std::vector<CommEvent> events;
   std::array<OpCounter, kNumCommOps> total{};
   std::array<OpCounter, kNumCommOps> step{};  // since the last end_step()
-  std::vector<double> bytes_per_step;         // bus bytes of each finished step
+  int64_t steps = 0;                          // finished steps
+  double last_step_bytes = 0;                 // bus bytes of the last finished step (nothing grows per step)
 
   void record(CommOp op, double bytes, double wire_bytes);
   void end_step();

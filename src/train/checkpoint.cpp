@@ -4,8 +4,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,36 +27,60 @@ std::string rank_file(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
 
 void fsync_path(const fs::path& p, bool directory) {
   int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  SHARD_REQUIRE(fd >= 0, "cannot open '{}' to sync it", p.string());
-  ::fsync(fd);
+  SHARD_REQUIRE(fd >= 0, "cannot open '{}' to sync it: {}", p.string(), std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
   ::close(fd);
+  SHARD_REQUIRE(rc == 0 || directory, "cannot sync '{}': {}", p.string(), std::strerror(err));
 }
 
-// Writes bytes with a running checksum; one rank's file.
+// Writes bytes with a running checksum, through write(2) so that a failure (disk full, the
+// file-size limit, an I/O error) names the file and the system's reason.
 class CheckedWriter {
  public:
-  explicit CheckedWriter(const fs::path& p) : path_(p), f_(p, std::ios::binary | std::ios::trunc) {
-    SHARD_REQUIRE(f_.good(), "cannot write checkpoint file '{}'", p.string());
+  explicit CheckedWriter(fs::path p) : path_(std::move(p)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    SHARD_REQUIRE(fd_ >= 0, "cannot write checkpoint file '{}': {}", path_.string(), std::strerror(errno));
   }
+  ~CheckedWriter() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  CheckedWriter(const CheckedWriter&) = delete;
+  CheckedWriter& operator=(const CheckedWriter&) = delete;
   uint64_t offset() const { return offset_; }
   void write(const void* data, size_t n) {
-    f_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-    hash_ = fnv1a64(std::string_view(static_cast<const char*>(data), n), hash_);
+    const char* p = static_cast<const char*>(data);
+    hash_ = fnv1a64(std::string_view(p, n), hash_);
+    for (size_t done = 0; done < n;) {
+      ssize_t k = ::write(fd_, p + done, n - done);
+      if (k < 0 && errno == EINTR) continue;
+      SHARD_REQUIRE(k > 0, "writing checkpoint file '{}' failed at byte {}: {}", path_.string(), offset_ + done,
+                    k < 0 ? std::strerror(errno) : "no progress");
+      done += static_cast<size_t>(k);
+    }
     offset_ += n;
   }
   uint64_t close() {
-    f_.flush();
-    SHARD_REQUIRE(f_.good(), "writing '{}' failed (disk full?)", path_.string());
-    f_.close();
-    fsync_path(path_, false);
+    int rc = ::fsync(fd_);
+    int err = errno;
+    rc |= ::close(fd_);
+    fd_ = -1;
+    SHARD_REQUIRE(rc == 0, "writing checkpoint file '{}' failed: {}", path_.string(), std::strerror(err));
     return hash_;
   }
 
  private:
   fs::path path_;
-  std::ofstream f_;
+  int fd_ = -1;
   uint64_t offset_ = 0, hash_ = kFnv1a64Basis;
 };
+
+// A small file written whole and synced, or an error naming it and the system's reason.
+void write_small_file(const fs::path& p, const std::string& text) {
+  CheckedWriter w(p);
+  w.write(text.data(), text.size());
+  w.close();
+}
 
 // Test hook (fault injection): SHARDLAB_FAULT_KILL_IN_SAVE=r makes rank r kill itself with SIGKILL
 // half-way through writing its checkpoint file.
@@ -72,12 +99,14 @@ struct SavePaths {
   fs::path root, tmp, final_dir;  // --save-dir, .tmp.step_XXXXXXXX and step_XXXXXXXX in it
 };
 
-// Rank 0: a fresh, empty temporary directory.
+// Rank 0: a fresh, empty temporary directory; temporary directories a failed or killed save left
+// behind are removed (resume never reads them: only step_* directories with a manifest count).
 void make_tmp_dir(const SavePaths& paths) {
   std::error_code ec;
   fs::create_directories(paths.root, ec);
   SHARD_REQUIRE(!ec, "--save-dir '{}': cannot create it: {}", paths.root.string(), ec.message());
-  fs::remove_all(paths.tmp, ec);
+  for (const auto& e : fs::directory_iterator(paths.root, ec))
+    if (e.path().filename().string().rfind(".tmp.step_", 0) == 0) fs::remove_all(e.path(), ec);
   fs::create_directory(paths.tmp, ec);
   SHARD_REQUIRE(!ec, "cannot create '{}': {}", paths.tmp.string(), ec.message());
 }
@@ -104,13 +133,13 @@ void write_rank_file(const fs::path& tmp, Trainer& trainer) {
   const auto& units = trainer.units();
   const int rank = trainer.comm().rank();
   bool owns = false;
-  for (size_t u = 0; u < units.size(); ++u) owns |= st.owned_range(u).second > st.owned_range(u).first;
+  for (size_t u = 0; u < units.size(); ++u) owns |= st.saved_range(u).second > st.saved_range(u).first;
   if (!owns) return;
   const auto names = st.owned_state_names();
   nlohmann::json pieces = nlohmann::json::object();
   CheckedWriter w(tmp / rank_file(rank));
   for (size_t u = 0; u < units.size(); ++u) {
-    auto [a, b] = st.owned_range(u);
+    auto [a, b] = st.saved_range(u);
     if (b <= a) continue;
     auto tensors = st.owned_state(u);
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -125,11 +154,10 @@ void write_rank_file(const fs::path& tmp, Trainer& trainer) {
       add_pieces(pieces, units[u]->layout(), a, b, base, rank, names[i]);
     }
   }
-  uint64_t hash = w.close();
-  nlohmann::json side = {{"file", rank_file(rank)}, {"bytes", fs::file_size(tmp / rank_file(rank))},
+  const uint64_t bytes = w.offset(), hash = w.close();
+  nlohmann::json side = {{"file", rank_file(rank)}, {"bytes", bytes},
                          {"checksum", fmt::format("fnv1a64:{:016x}", hash)}, {"pieces", pieces}};
-  std::ofstream(tmp / (rank_file(rank) + ".json")) << side.dump();
-  fsync_path(tmp / (rank_file(rank) + ".json"), false);
+  write_small_file(tmp / (rank_file(rank) + ".json"), side.dump());
 }
 
 // The manifest's description of the run (format, model, strategy, ..., seed); files and tensors empty.
@@ -167,15 +195,12 @@ void merge_manifest(const fs::path& tmp, int64_t step, Trainer& trainer) {
   }
   for (const auto& unit : trainer.units())
     for (const TensorDecl& t : unit->layout().tensors) m["tensors"][t.name]["shape"] = t.shape;
-  std::ofstream f(tmp / "manifest.json", std::ios::trunc);
-  f << m.dump(1) << '\n';
-  SHARD_REQUIRE(f.good(), "writing the manifest in '{}' failed", tmp.string());
+  write_small_file(tmp / "manifest.json", m.dump(1) + "\n");
 }
 
 // Phase 3 (rank 0): make the manifest and directory durable, then publish it with one rename
 // (replacing an older checkpoint of the same step), and make the rename durable.
 void commit_checkpoint(const SavePaths& paths) {
-  fsync_path(paths.tmp / "manifest.json", false);
   fsync_path(paths.tmp, true);
   std::error_code ec;
   if (fs::exists(paths.final_dir)) fs::remove_all(paths.final_dir, ec);
@@ -184,21 +209,56 @@ void commit_checkpoint(const SavePaths& paths) {
   fsync_path(paths.root, true);
 }
 
+// --save-keep: the newest `keep` complete checkpoints stay; older ones go (rank 0, after a commit).
+void prune_checkpoints(const fs::path& root, int64_t keep) {
+  if (keep <= 0) return;
+  std::vector<fs::path> complete;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && fs::exists(e.path() / "manifest.json")) complete.push_back(e.path());
+  }
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i], ec);
+}
+
+// Runs one phase of a save on the ranks `who` selects, and makes every rank agree on its outcome
+// (in place of a barrier): a rank that failed names the file and the reason, the others stop too.
+template <class Phase>
+void agree(Communicator& comm, bool who, Phase phase, int64_t step) {
+  std::string error;
+  try {
+    if (who) phase();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  for (const std::string& e : comm.all_gather_strings(error))
+    if (!e.empty())
+      throw InputError(fmt::format("saving the checkpoint of step {} failed: {}. The previous checkpoint is intact "
+                                   "(--resume auto finds it)", step, e));
+}
+
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer) {
+std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer, int64_t keep) {
   Communicator& comm = trainer.comm();
   const fs::path root(dir);
   const SavePaths paths{root, root / (".tmp." + step_name(step)), root / step_name(step)};
-  if (comm.rank() == 0) make_tmp_dir(paths);
-  comm.barrier().wait();
-  write_rank_file(paths.tmp, trainer);
-  comm.barrier().wait();
-  if (comm.rank() == 0) {
-    merge_manifest(paths.tmp, step, trainer);
-    commit_checkpoint(paths);
+  std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
+  const bool root_rank = comm.rank() == 0;
+  agree(comm, root_rank, [&] { make_tmp_dir(paths); }, step);
+  try {
+    agree(comm, true, [&] { write_rank_file(paths.tmp, trainer); }, step);
+    agree(comm, root_rank, [&] {
+      merge_manifest(paths.tmp, step, trainer);
+      commit_checkpoint(paths);
+    }, step);
+  } catch (const InputError&) {
+    std::error_code ec;
+    if (root_rank) fs::remove_all(paths.tmp, ec);  // the next save would clean it up anyway
+    throw;
   }
-  comm.barrier().wait();
+  if (root_rank) prune_checkpoints(root, keep);
   return paths.final_dir.string();
 }
 
@@ -229,16 +289,21 @@ void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDe
   const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
   SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
                 nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
-  int64_t covered = 0;
-  for (const ManifestPiece& p : *pieces) {
-    int64_t x0 = std::max(lo, p.begin), x1 = std::min(hi, p.end);
-    if (x0 >= x1) continue;
-    files.read(p.rank, p.offset + static_cast<uint64_t>(x0 - p.begin) * sizeof(float), dst + (x0 - lo),
+  // Pieces may overlap (replicas of one range, as older DDP checkpoints hold): each element is read
+  // once, from the first piece that covers it, walking the pieces in order of their start.
+  std::vector<const ManifestPiece*> order;
+  for (const ManifestPiece& p : *pieces) order.push_back(&p);
+  std::stable_sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->begin < y->begin; });
+  int64_t next = lo;  // the first element not read yet
+  for (const ManifestPiece* p : order) {
+    int64_t x0 = std::max(next, p->begin), x1 = std::min(hi, p->end);
+    if (x0 >= x1 || p->begin > next) continue;  // nothing new here, or a gap before it (reported below)
+    files.read(p->rank, p->offset + static_cast<uint64_t>(x0 - p->begin) * sizeof(float), dst + (x0 - lo),
                static_cast<size_t>(x1 - x0), t.name);
-    covered += x1 - x0;
+    next = x1;
   }
-  SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
-                path, covered, hi - lo, lo, hi, state, t.name);
+  SHARD_REQUIRE(next == hi, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
+                path, next - lo, hi - lo, lo, hi, state, t.name);
 }
 
 }  // namespace

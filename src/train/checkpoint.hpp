@@ -21,7 +21,10 @@
 namespace shardlab {
 
 // Collective over the trainer's ranks. `step` is the number of steps done. Returns the directory.
-std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer);
+// A failure on any rank (disk full, file-size limit, I/O error) is an InputError on every rank
+// naming the file and the reason; the previous checkpoint stays the newest complete one. With
+// keep > 0, only the newest `keep` complete checkpoints remain afterwards.
+std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer, int64_t keep = 0);
 // Loads into the trainer's strategy (any world size and strategy); returns the step to resume at.
 int64_t load_checkpoint(const std::string& path, Trainer& trainer);
 

@@ -1,6 +1,10 @@
 #include "src/train/trainer.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
@@ -28,6 +32,8 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(print_every >= 1, "--print-every {}: expected a positive count", print_every);
   SHARD_REQUIRE(save_every >= 0, "--save-every {}: expected 0 or a positive number of steps", save_every);
   SHARD_REQUIRE(save_every == 0 || !save_dir.empty(), "--save-every {} needs --save-dir", save_every);
+  SHARD_REQUIRE(save_keep >= 0, "--save-keep {}: expected 0 (keep all) or a positive count", save_keep);
+  SHARD_REQUIRE(save_keep == 0 || !save_dir.empty(), "--save-keep {} needs --save-dir", save_keep);
   SHARD_REQUIRE(resume != "auto" || !save_dir.empty(), "--resume auto needs --save-dir (where to look)");
   optim.validate();
   schedule.validate();
@@ -76,6 +82,16 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
 }
 
 namespace {
+uint64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long long pages = 0, resident = 0;
+  if (f) {
+    if (std::fscanf(f, "%llu %llu", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
 // Test hook (fault injection): SHARDLAB_FAULT_THROW_AT_STEP=R:S makes rank R throw at step S, so a
 // test can check that one failing rank ends the whole job instead of leaving the others hanging.
 void maybe_inject_throw(int rank, int64_t step) {
@@ -139,6 +155,7 @@ StepStats Trainer::step(int64_t t) {
   s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);
   s.peak_bytes = pool_.ledger().peak_total();
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
+  s.rss_bytes = resident_bytes();
   return s;
 }
 
@@ -168,7 +185,7 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
       row.measured_comm.push_back(
           {std::chrono::duration<double, std::milli>(e.issued - L.start()).count(), comm_op_name(e.op), e.bytes});
   }
-  if (!comm_.stats().bytes_per_step.empty()) row.comm_bytes = comm_.stats().bytes_per_step.back();
+  if (comm_.stats().steps > 0) row.comm_bytes = comm_.stats().last_step_bytes;
   return row;
 }
 
@@ -208,12 +225,54 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps) {
 void log_step(std::ofstream& log, const StepStats& s) {
   nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
-                      {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}};
+                      {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes}};
   log << j.dump() << '\n';
   log.flush();  // a killed run keeps every finished step
 }
 
+// Preemption: the handler only records the signal; the run loop acts on it between steps.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Installs the handlers for the run's lifetime and restores the previous ones afterwards.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr int kSignals[2] = {SIGTERM, SIGUSR1};
+  struct sigaction old_[2];
+};
+
 }  // namespace
+
+// After step `done`: if any rank was signalled, every rank saves (all agree on the step) and the
+// run ends. Returns true when the run must stop.
+bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
+  const int64_t sig = comm_.all_max(static_cast<int64_t>(g_stop_signal));
+  if (sig == 0) return false;
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+  SHARD_REQUIRE(!cfg_.save_dir.empty(),
+                "received {} after step {}, but there is no --save-dir to save to: stopping without a checkpoint "
+                "(pass --save-dir to make a preempted run resumable)", name, done);
+  if (!saved) save_checkpoint(cfg_.save_dir, done, *this, cfg_.save_keep);
+  if (comm_.rank() == 0) {
+    std::fprintf(out, "saved step %lld on %s\n", static_cast<long long>(done), name);
+    std::fflush(out);
+  }
+  return true;
+}
 
 void Trainer::print_header(std::FILE* out) const {
   std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
@@ -241,6 +300,7 @@ StepStats Trainer::run(std::FILE* out) {
     return {};
   }
   if (root) print_header(out);
+  StopSignals signals;
   RunSummary sum;
   for (int64_t t = start_step_; t < cfg_.steps; ++t) {
     StepStats s = step(t);
@@ -248,10 +308,13 @@ StepStats Trainer::run(std::FILE* out) {
             static_cast<double>(cfg_.batch * cfg_.spec.seq));
     if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) print_step(out, s, cfg_.steps);
     if (log.is_open()) log_step(log, s);
-    if (!cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps)) {
-      std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this);
+    const bool save_now =
+        !cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps);
+    if (save_now) {
+      std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this, cfg_.save_keep);
       if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
     }
+    if (stop_requested(t + 1, save_now, out)) return s;
   }
   if (root)
     std::fprintf(out, "done: %lld steps, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",

@@ -31,6 +31,7 @@ struct TrainConfig {
   bool record_step = false;  // keep the last step's allocation timeline and collectives (reports)
   std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
+  int64_t save_keep = 0;     // keep the newest K complete checkpoints (0 = all)
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
   bool check_collectives = false;  // compare every collective's fingerprint across ranks first
@@ -43,6 +44,7 @@ struct StepStats {
   double ms = 0, tokens_per_s = 0;
   uint64_t peak_bytes = 0;   // this rank, this step
   double comm_bytes = 0;     // this rank, this step (bus bytes)
+  uint64_t rss_bytes = 0;    // this process's resident memory after the step (/proc)
 };
 
 class Trainer {
@@ -53,7 +55,9 @@ class Trainer {
   StepStats step(int64_t t);  // t is 0-based
   int64_t start_step() const { return start_step_; }  // after a resume: the steps already done
   int64_t skipped_steps() const { return skipped_steps_; }  // non-finite steps skipped (--skip-nonfinite)
-  // The whole run: progress to `out` (rank 0), the JSONL log, the final save. Returns the last step.
+  // The whole run: progress to `out` (rank 0), the JSONL log, checkpoints, the final save. On
+  // SIGTERM or SIGUSR1 at any rank, every rank finishes the step in progress, they agree on it,
+  // save a checkpoint to --save-dir and return (InputError without a --save-dir). Returns the last step.
   StepStats run(std::FILE* out);
   Strategy& strategy() { return *strategy_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
@@ -73,6 +77,7 @@ class Trainer {
 
  private:
   void print_header(std::FILE* out) const;
+  bool stop_requested(int64_t done, bool saved, std::FILE* out);
 
   Backend& be_;
   Pool& pool_;
