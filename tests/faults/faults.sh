@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Faults of long runs, with real signals and real limits. Each case prints what happened and ends
+# with PASS (CTest matches it) or FAIL and a non-zero exit.
+# usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigterm_no_save_dir | save_ulimit |
+#                                          sigkill_midstep | save_keep | soak
+set -u
+bin=$1 case=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# A constant schedule: the learning rate of a step must not depend on --steps, which differs
+# between the interrupted run and the ones it is compared with.
+train=("$bin" train --model tiny --batch 4 --threads 1 --print-every 100000 --schedule constant)
+
+fail() { echo "FAIL: $*"; exit 1; }
+losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
+# PIDs of the job's ranks, by their MPI rank (from the environment Open MPI gives each rank).
+rank_pid() {
+  for p in $(pgrep -f "shardlab train"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
+  done
+}
+wait_for_steps() {  # until the JSONL log has $2 lines
+  for _ in $(seq 1 300); do
+    [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "the run did not reach step $2"
+}
+# The losses of steps first..last of an uninterrupted run equal those of the resumed run's log.
+check_resume_identical() {  # log_of_resumed_part total_steps
+  "${train[@]}" --nproc 2 --steps "$2" --log "$work/full.log" >/dev/null 2>&1 || fail "uninterrupted run failed"
+  local got want
+  got=$(losses "$1")
+  want=$(losses "$work/full.log" | tr ' ' '\n' | tail -n "$(echo "$got" | wc -w)" | tr '\n' ' ' | sed 's/ $//')
+  [ "$got" = "$want" ] || fail "resumed losses differ: [$got] vs [$want]"
+  echo "resumed losses bit-identical to the uninterrupted run's ($(echo "$got" | wc -w) steps)"
+}
+
+case $case in
+sigterm_all | sigterm_one)
+  "${train[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  wait_for_steps "$work/a.log" 50
+  t0=$(date +%s%N)
+  if [ "$case" = sigterm_all ]; then kill -TERM $(rank_pid 0) $(rank_pid 1); else kill -TERM $(rank_pid 1); fi
+  wait $job; rc=$?
+  echo "exit $rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms"; grep -v '^step' "$work/out"
+  [ $rc -eq 0 ] || fail "expected exit 0"
+  n=$(sed -n 's/^saved step \([0-9]*\) on SIGTERM$/\1/p' "$work/out")
+  [ -n "$n" ] && [ -d "$work/ck/step_$(printf %08d "$n")" ] || fail "no checkpoint of the step in progress"
+  "${train[@]}" --nproc 2 --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
+    fail "resume failed"
+  check_resume_identical "$work/b.log" $((n + 5))
+  ;;
+sigterm_no_save_dir)
+  "${train[@]}" --nproc 2 --steps 1000000 --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  wait_for_steps "$work/a.log" 20
+  kill -TERM $(rank_pid 0)
+  wait $job; rc=$?
+  grep -v '^step' "$work/out"
+  [ $rc -ne 0 ] || fail "expected a non-zero exit without --save-dir"
+  grep -q "no --save-dir to save to" "$work/out" || fail "the message does not say why"
+  ;;
+save_ulimit)
+  # A first checkpoint at step 4; then, with a file-size limit (4 MiB: Open MPI needs about that
+  # for its own shared-memory files) below one rank file (9.5 MiB), the save of
+  # step 8 fails: non-zero, naming the file and the reason; step 4 stays the newest and resumes.
+  small=("$bin" train --model small --seq 32 --batch 4 --threads 1)
+  "${small[@]}" --nproc 2 --steps 4 --save-dir "$work/ck" >/dev/null 2>&1 || fail "first run failed"
+  mpirun -np 2 --bind-to none bash -c "ulimit -f 8192; exec ${small[*]} --steps 8 --save-dir $work/ck --resume auto" \
+    >"$work/out" 2>&1
+  rc=$?
+  grep -v '^step' "$work/out" | grep -i "error\|saving" | head -3
+  [ $rc -ne 0 ] || fail "expected a non-zero exit"
+  grep -q "rank_0000[01].bin' failed at byte [0-9]*: File too large" "$work/out" || fail "the file and reason are not named"
+  [ "$(ls "$work/ck")" = "step_00000004" ] || fail "expected only step_00000004 left: $(ls -a "$work/ck")"
+  "${small[@]}" --nproc 2 --steps 8 --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 || fail "resume failed"
+  "${small[@]}" --nproc 2 --steps 8 --log "$work/full.log" >/dev/null 2>&1 || fail "uninterrupted run failed"
+  [ "$(losses "$work/b.log")" = "$(losses "$work/full.log" | cut -d' ' -f5-)" ] || fail "resumed losses differ"
+  echo "resumed from step 4: losses of steps 5-8 bit-identical"
+  ;;
+sigkill_midstep)
+  "${train[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --save-every 20 --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  wait_for_steps "$work/a.log" 50
+  t0=$(date +%s%N)
+  kill -KILL $(rank_pid 1)
+  wait $job; rc=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "exit $rc, job ended $ms ms after SIGKILL"
+  [ $rc -ne 0 ] || fail "expected a non-zero exit"
+  [ $ms -lt 10000 ] || fail "the job took too long to end"
+  last=$(ls "$work/ck" | grep '^step_' | tail -1)
+  n=$((10#${last#step_}))
+  "${train[@]}" --nproc 2 --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
+    fail "resume failed"
+  check_resume_identical "$work/b.log" $((n + 5))
+  ;;
+save_keep)
+  "${train[@]}" --nproc 2 --steps 10 --save-dir "$work/ck" --save-every 2 --save-keep 2 >"$work/out" 2>&1 || fail "run failed"
+  left=$(ls "$work/ck" | tr '\n' ' ')
+  echo "left: $left"
+  [ "$left" = "step_00000008 step_00000010 " ] || fail "expected the last two checkpoints"
+  ;;
+soak)
+  # Tens of thousands of steps with checkpoints: resident memory after warm-up stays flat.
+  "${train[@]}" --nproc 2 --strategy zero3 --steps 20000 --save-dir "$work/ck" --save-every 2000 --save-keep 1 \
+    --log "$work/a.log" >/dev/null 2>&1 || fail "soak run failed"
+  python3 - "$work/a.log" <<'PY' || exit 1
+import json, sys
+rss = [json.loads(l)["rss_bytes"] for l in open(sys.argv[1])]
+warm, last = rss[4000], rss[-1]
+print(f"rank 0 resident memory: step 4000 {warm // 1024} KiB, step {len(rss)} {last // 1024} KiB, "
+      f"growth {(last - warm) // 1024} KiB over {len(rss) - 4000} steps")
+sys.exit(0 if last - warm <= 8 * 4096 else 1)  # a few pages; it grew 150 KiB per 16000 steps before
+PY
+  ;;
+*) fail "unknown case $case" ;;
+esac
+echo PASS
