@@ -23,6 +23,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+
+#include <signal.h>
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -130,6 +133,17 @@ ProcessGroup world_group(const MpiRuntime& mpi) {
   return {mpi.rank(), mpi.world(), [](Pool& pool) { return make_mpi_communicator(MPI_COMM_WORLD, pool); }};
 }
 
+// Job directories whose owner (rank 0 of a job that was killed) is gone, left in a node-local base.
+void remove_dead_watchdog_dirs(const std::string& base) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    if (e.path().filename().string().rfind("shardlab-watchdog-", 0) != 0) continue;
+    long pid = 0;
+    std::ifstream(e.path() / "owner") >> pid;
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 // --collective-timeout: rank 0 names a fresh job directory for the progress records (every rank
 // creates it on its own node), then each rank starts its watchdog.
 void start_watchdog(const MpiRuntime& mpi, double timeout_s) {
@@ -143,10 +157,12 @@ void start_watchdog(const MpiRuntime& mpi, double timeout_s) {
   if (mpi.rank() == 0) {
     const char* env = std::getenv("SHARDLAB_WATCHDOG_DIR");
     std::string base = env && *env ? env : (std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp");
+    if (!(env && *env)) remove_dead_watchdog_dirs(base);  // node-local: owners' pids are meaningful
     std::string tmpl = base + "/shardlab-watchdog-XXXXXX";
     SHARD_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "--collective-timeout: cannot create a directory under '{}': {}",
                   base, std::strerror(errno));
     dir = tmpl;
+    std::ofstream(dir + "/owner") << ::getpid() << "\n";
   }
   dir = comm->all_gather_strings(dir)[0];
   std::error_code ec;

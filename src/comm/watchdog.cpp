@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -65,7 +66,10 @@ class State {
     if (thread_.joinable()) thread_.join();
     if (mine_) ::munmap(mine_, sizeof(Record));
     ::unlink(record_path(dir_, rank_).c_str());
-    if (rank_ == 0) ::rmdir(dir_.c_str());  // succeeds once the other ranks removed their records
+    if (rank_ == 0) {  // the job is done: the directory goes (the others' mappings outlive it)
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
   }
   bool ok() const { return mine_ != nullptr; }
 
