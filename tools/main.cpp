@@ -140,7 +140,8 @@ void remove_dead_watchdog_dirs(const std::string& base) {
     if (e.path().filename().string().rfind("shardlab-watchdog-", 0) != 0) continue;
     long pid = 0;
     std::ifstream(e.path() / "owner") >> pid;
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+    bool dead = pid > 0 ? ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH : std::filesystem::is_empty(e.path(), ec);
+    if (dead) std::filesystem::remove_all(e.path(), ec);
   }
 }
 
