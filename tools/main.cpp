@@ -227,6 +227,19 @@ struct TrainOptions {
         "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
         "device", po::value(&device)->default_value(device), "cpu or cuda")(
         "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)")(
+        "shuffle", po::bool_switch(&cfg.shuffle),
+        "permute the sequences of each epoch (a pass over the stream) from (--seed, epoch); batches run on over "
+        "epoch boundaries, so none is padded and no sequence is dropped")(
+        "val-data", po::value(&cfg.val_data)->default_value(""), "validation token source (formats as --data)")(
+        "val-fraction", po::value<double>()->notifier([&cfg](double f) {
+          SHARD_REQUIRE(f > 0 && f < 1, "--val-fraction {}: expected a fraction between 0 and 1 (exclusive)", f);
+          cfg.val_fraction = f;
+        }),
+        "hold out the last F of the token stream for validation (never trained on)")(
+        "val-every", po::value(&cfg.val_every)->default_value(0),
+        "validation loss every K steps (0 = at the end only, when there is a validation source)")(
+        "val-batches", po::value(&cfg.val_batches)->default_value(cfg.val_batches),
+        "global batches of the validation set per evaluation (at most the whole batches it holds)")(
         "check-collectives", po::bool_switch(&cfg.check_collectives),
         "debug: compare each collective's fingerprint (sequence, op, count, dtype, call site) across ranks before "
         "issuing it, and stop naming the first diverging rank and both call sites instead of hanging");
@@ -291,7 +304,10 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
       "save-every", po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
       "save-keep", po::value(&cfg.save_keep)->default_value(0),
-      "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all)")(
+      "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all; "
+      "the --save-best checkpoint is always kept)")(
+      "save-best", po::bool_switch(&cfg.save_best),
+      "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it")(
       "skip-nonfinite", po::bool_switch(&cfg.skip_nonfinite),
       "skip the update of a step whose loss or gradient norm is not finite (default: stop with the step number)")(
       "resume", po::value(&cfg.resume)->default_value(""),
