@@ -267,7 +267,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
   return paths.final_dir.string();
 }
 
-void mark_best_checkpoint(const std::string& dir, int64_t step) {
+void mark_best_checkpoint(const std::string& dir, int64_t step, int64_t keep) {
   const fs::path root(dir), tmp = root / ".best.tmp", link = root / "best";
   std::error_code ec;
   fs::remove(tmp, ec);
@@ -276,6 +276,7 @@ void mark_best_checkpoint(const std::string& dir, int64_t step) {
   fs::rename(tmp, link, ec);
   SHARD_REQUIRE(!ec, "--save-best: cannot rename '{}' to '{}': {}", tmp.string(), link.string(), ec.message());
   fsync_path(root, true);
+  prune_checkpoints(root, keep);  // the previous best, now unprotected, may be past --save-keep
 }
 
 std::string best_checkpoint(const std::string& dir) {

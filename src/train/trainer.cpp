@@ -406,7 +406,7 @@ StepStats Trainer::run(std::FILE* out) {
       std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this, cfg_.save_keep);
       if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
       if (new_best) {
-        if (root) mark_best_checkpoint(cfg_.save_dir, t + 1);
+        if (root) mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
         if (root) std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
       }
     }
