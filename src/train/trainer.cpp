@@ -43,6 +43,12 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(val_every == 0 || has_validation(),
                 "--val-every {} needs a validation source: --val-data SRC or --val-fraction F", val_every);
   SHARD_REQUIRE(val_batches >= 1, "--val-batches {}: expected at least one batch", val_batches);
+  SHARD_REQUIRE(sample_every >= 0, "--sample-every {}: expected 0 (never) or a positive number of steps", sample_every);
+  if (sample_every > 0) {
+    sample.validate(spec.vocab);
+    SHARD_REQUIRE(static_cast<int64_t>(encode_prompt(sample_prompt, spec.vocab).size()) <= spec.seq,
+                  "--sample-prompt is longer than the model's {} positions", spec.seq);
+  }
   SHARD_REQUIRE(!save_best || !save_dir.empty(), "--save-best needs --save-dir (where the checkpoints go)");
   SHARD_REQUIRE(!save_best || has_validation(),
                 "--save-best needs a validation source (--val-data SRC or --val-fraction F) to rank checkpoints by");
@@ -188,19 +194,59 @@ StepStats Trainer::step(int64_t t) {
   return s;
 }
 
+// Evaluation and sampling are not part of a step: the scope keeps them out of the step's timeline,
+// peaks and communication counts, and brackets them with the strategy's begin_eval/end_eval.
+class Trainer::EvalScope {
+ public:
+  explicit EvalScope(Trainer& t)
+      : t_(t), peaks_(t.pool_.ledger().peaks()), step_(t.comm_.stats().step), events_(t.comm_.stats().record_events) {
+    t_.pool_.ledger().set_recording(false);
+    t_.comm_.stats().record_events = false;
+    t_.strategy_->begin_eval();
+  }
+  ~EvalScope() {
+    t_.strategy_->end_eval();
+    t_.comm_.stats().step = step_;
+    t_.comm_.stats().record_events = events_;
+    t_.pool_.ledger().set_recording(t_.cfg_.record_step);
+    t_.pool_.ledger().restore_peaks(peaks_);
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Trainer& t_;
+  Ledger::Peaks peaks_;
+  std::array<OpCounter, kNumCommOps> step_;
+  bool events_;
+};
+
+std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const SampleConfig& c) {
+  c.validate(cfg_.spec.vocab);
+  const int64_t T = cfg_.spec.seq, W = comm_.world_size();
+  SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= T, "the prompt has {} tokens, more than the model's {} positions",
+                tokens.size(), T);
+  if (tokens.empty()) tokens.push_back(cfg_.spec.vocab > 10 ? 10 : 0);  // a newline for byte-level models
+  EvalScope scope(*this);
+  std::vector<float> logits;
+  for (int64_t i = 0; i < c.tokens; ++i) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), T);
+    std::vector<int32_t> context(tokens.end() - n, tokens.end());
+    std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
+    Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
+    run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits);
+    const int64_t V = cfg_.spec.vocab;
+    tokens.push_back(sample_token(std::span<const float>(logits).subspan(static_cast<size_t>((n - 1) * V), V), c, i));
+  }
+  return tokens;
+}
+
 float Trainer::evaluate() {
   SHARD_REQUIRE(val_loader_, "no validation data: pass --val-data SRC or --val-fraction F");
   const int64_t T = cfg_.spec.seq, W = comm_.world_size(), r = comm_.rank();
   const int64_t local = cfg_.batch / W, micro = local / cfg_.accum;
-  // Evaluation is not part of a step: keep it out of the step's timeline and communication counts.
-  Ledger& ledger = pool_.ledger();
-  const Ledger::Peaks peaks = ledger.peaks();
-  ledger.set_recording(false);
-  const auto step_counters = comm_.stats().step;
-  const bool record_events = comm_.stats().record_events;
-  comm_.stats().record_events = false;
-  strategy_->begin_eval();
   std::vector<float> sums(static_cast<size_t>(val_batches_), 0.f);  // per batch, this rank's share
+  EvalScope scope(*this);
   for (int64_t i = 0; i < val_batches_; ++i) {
     double sum = 0;
     for (int64_t k = 0; k < cfg_.accum; ++k) {  // micro-batches of the training size bound the memory
@@ -213,12 +259,7 @@ float Trainer::evaluate() {
     }
     sums[static_cast<size_t>(i)] = static_cast<float>(sum);
   }
-  strategy_->end_eval();
   comm_.all_reduce(std::span<float>(sums)).wait();
-  comm_.stats().step = step_counters;
-  comm_.stats().record_events = record_events;
-  ledger.set_recording(cfg_.record_step);
-  ledger.restore_peaks(peaks);
   double total = 0;
   for (float v : sums) total += v;
   return static_cast<float>(total / static_cast<double>(val_batches_ * cfg_.batch * T));
@@ -400,6 +441,18 @@ StepStats Trainer::run(std::FILE* out) {
                   new_best);
     }
     if (log.is_open()) log_step(log, s);
+    if (cfg_.sample_every > 0 && ((t + 1) % cfg_.sample_every == 0 || t + 1 == cfg_.steps)) {
+      SampleConfig c = cfg_.sample;
+      c.seed = cfg_.seed;
+      c.stream = static_cast<uint64_t>(t + 1);
+      const auto prompt = encode_prompt(cfg_.sample_prompt, cfg_.spec.vocab);
+      const auto tokens = generate(prompt, c);
+      if (root) {
+        std::fprintf(out, "step %5lld/%lld | sample: %s\n", static_cast<long long>(t + 1),
+                     static_cast<long long>(cfg_.steps), decode_tokens(tokens, cfg_.spec.vocab).c_str());
+        std::fflush(out);
+      }
+    }
     const bool save_now = !cfg_.save_dir.empty() &&
                           ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
     if (save_now) {

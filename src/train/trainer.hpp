@@ -12,6 +12,7 @@
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/train/data.hpp"
+#include "src/train/sample.hpp"
 
 namespace shardlab {
 
@@ -44,6 +45,9 @@ struct TrainConfig {
   int64_t val_every = 0;      // validate every K steps; 0 = at the end only (when there is a source)
   int64_t val_batches = 8;    // global batches of the validation set (at most the whole ones it holds)
   bool save_best = false;     // keep save_dir/best -> the checkpoint of the lowest validation loss
+  int64_t sample_every = 0;   // print a sample from rank 0 every K steps (0 = never)
+  std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
+  SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
   void validate(int world) const;
 };
@@ -69,6 +73,9 @@ class Trainer {
   // slice of each batch, so the sequences, and the value, are the same at any world size and strategy.
   float evaluate();
   bool has_validation() const { return val_loader_ != nullptr; }
+  // Collective: `prompt` followed by c.tokens sampled tokens, forward only through the strategy's
+  // hooks (the context is the last `seq` tokens); every rank returns the same tokens.
+  std::vector<int32_t> generate(std::vector<int32_t> prompt, const SampleConfig& c);
   int64_t val_batches() const { return val_batches_; }
   // The validation loss computed at the step being checkpointed (recorded in its manifest).
   std::optional<float> checkpoint_val_loss() const { return checkpoint_val_loss_; }
@@ -95,6 +102,7 @@ class Trainer {
   std::vector<std::string> unit_names() const;
 
  private:
+  class EvalScope;
   void print_header(std::FILE* out) const;
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
 
