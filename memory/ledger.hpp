@@ -52,6 +52,20 @@ class Ledger {
   uint64_t dropped_events() const { return dropped_; }
   // Peaks restart from what is live now (e.g. to measure one training step); the timeline is kept.
   void reset_peaks();
+  // The peaks as they stand, to measure something aside (an evaluation between steps) and then
+  // put them back, so a step's figures stay the step's.
+  struct Peaks {
+    CategoryBytes peak{}, at_peak{};
+    uint64_t total = 0;
+    Phase phase;
+  };
+  Peaks peaks() const { return {peak_, at_peak_, peak_total_, phase_at_peak_}; }
+  void restore_peaks(const Peaks& p) {
+    peak_ = p.peak;
+    at_peak_ = p.at_peak;
+    peak_total_ = p.total;
+    phase_at_peak_ = p.phase;
+  }
   // The clock origin of t_ms.
   std::chrono::steady_clock::time_point start() const { return start_; }
 

@@ -45,6 +45,23 @@ class Dp final : public Strategy {
     for (Work& w : works) w.wait();
   }
 
+  // Evaluation: the replicas receive the parameters once for the whole pass, and drop them after.
+  void begin_eval() override {
+    Strategy::begin_eval();
+    std::vector<Work> works;
+    for (size_t u = 0; u < num_units(); ++u) {
+      if (rank_ != 0)
+        params_[u] = env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, layout(u).name + " replica");
+      works.push_back(env_.comm.broadcast(params_[u].flat(param_dtype()), 0));
+    }
+    for (Work& w : works) w.wait();
+  }
+  void end_eval() override {
+    Strategy::end_eval();
+    if (rank_ != 0)
+      for (Block& p : params_) p.reset();
+  }
+
   void begin_micro(int64_t k, bool last) override {
     Strategy::begin_micro(k, last);
     if (rank_ == 0) return;
@@ -81,6 +98,23 @@ class Dp final : public Strategy {
     }
     env_.comm.scatter(all_t, logits, 0).wait();
     return sum;
+  }
+
+  // Forward only: rank 0 takes the loss of the whole batch (its sum); the others contribute 0.
+  double forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch) override {
+    const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
+    SHARD_CHECK(batch.global_targets && batch.world == world_, "dp: the batch carries targets of {} ranks, not {}",
+                batch.global_targets ? batch.world : 0, world_);
+    Block all;
+    Tensor all_t;
+    if (rank_ == 0) {
+      all = pool.alloc(DType::f32, n * world_ * V, Category::activations, "dp gathered logits");
+      all_t = all.view(DType::f32, {n * world_, V});
+    }
+    env_.comm.gather(logits, all_t, 0).wait();
+    if (rank_ != 0) return 0;
+    Batch global{nullptr, batch.global_targets, batch.B * world_, batch.T};
+    return UnitHooks::forward_loss(be, pool, all_t, global);
   }
 
   void after_backward(size_t u) override {

@@ -70,6 +70,11 @@ class Strategy : public UnitHooks {
     micro_ = k;
     last_micro_ = last;
   }
+  // Evaluation (Trainer::evaluate): between these calls the runner runs forward passes only
+  // (run_forward). No gradient and no optimizer state is touched, and every unit is released
+  // after its forward, since no backward follows. DP brings its replicas the parameters.
+  virtual void begin_eval() { eval_ = true; }
+  virtual void end_eval() { eval_ = false; }
   // Global squared gradient norm, the same on every rank; waits for outstanding reductions.
   virtual double grad_norm_sq() = 0;
   // The update of what this rank owns, then whatever brings every copy of the parameters up to date.
@@ -140,6 +145,7 @@ class Strategy : public UnitHooks {
   std::vector<std::vector<BorrowedTensor>> borrowed_;  // per unit
   int64_t micro_ = 0;
   bool last_micro_ = true;
+  bool eval_ = false;  // between begin_eval and end_eval
   MixedPrecision mp_;
   // One group per unit, over updated(u) and its gradient; null where nothing is updated (DP's replicas).
   std::unique_ptr<Optimizer> optim_;

@@ -9,7 +9,8 @@
 //   stage 3  parameters are sharded too. A unit is all-gathered before its forward and again
 //            before its backward and freed after each (the last unit stays gathered from its
 //            forward into its backward); the next unit's gather is issued ahead (--prefetch),
-//            never holding more than --max-gathered units at once.
+//            never holding more than --max-gathered units at once. In evaluation (forward only)
+//            every unit, the last included, is freed after its forward.
 // A gathered unit is a buffer plus the Work that fills it, in one struct, with an explicit state
 // (sharded -> gathering -> gathered -> sharded): the buffer cannot be freed while its collective
 // runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
@@ -70,7 +71,8 @@ class Zero final : public Strategy {
     release_unit_params(u);
     if (stage_ != 3) return;
     // The last unit runs backward right after its forward: keep it (and what it borrows) gathered.
-    bool keep = !cfg_.reshard_after_forward || u + 1 == num_units();
+    // A forward-only pass (evaluation) has no backward to keep anything for.
+    bool keep = !eval_ && (!cfg_.reshard_after_forward || u + 1 == num_units());
     release(u, keep);
   }
 

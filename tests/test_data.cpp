@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -86,4 +87,50 @@ TEST_CASE("batches follow the documented rule", "[data]") {
   small.source = "short.txt";
   small.tokens = {1, 2, 3};
   CHECK_THROWS_WITH(BatchLoader(small, 4, 1), Catch::Contains("'short.txt' holds 3 tokens, too few for one sequence of 4"));
+}
+
+TEST_CASE("shuffled epochs are permutations of (seed, epoch), and batches run on across epochs", "[data][shuffle]") {
+  const int64_t n = 10;
+  auto p0 = epoch_permutation(7, 0, n), p1 = epoch_permutation(7, 1, n);
+  CHECK(p0 == epoch_permutation(7, 0, n));  // a function of its arguments only
+  CHECK(p0 != p1);                          // two epochs differ in order
+  CHECK(p0 != epoch_permutation(8, 0, n));  // and seeds differ
+  for (const auto& p : {p0, p1}) {
+    std::vector<int64_t> sorted = p;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t i = 0; i < n; ++i) CHECK(sorted[static_cast<size_t>(i)] == i);
+  }
+  TokenStream s;
+  s.source = "test";
+  for (int i = 0; i < 41; ++i) s.tokens.push_back(i);  // 10 sequences of T = 4
+  BatchLoader loader(s, 4, 3, ShuffleConfig{true, 7});
+  // Positions 0..29 (10 steps of 3) are epochs 0, 1 and 2 back to back; step 3 straddles epochs 0 and 1.
+  for (int64_t p = 0; p < 30; ++p)
+    CHECK(loader.sequence_at(p) == epoch_permutation(7, p / n, n)[static_cast<size_t>(p % n)]);
+  std::vector<int32_t> in(3 * 4), tgt(3 * 4);
+  loader.fill(3, 0, 3, in.data(), tgt.data());
+  for (int64_t i = 0; i < 3; ++i) {
+    int64_t j = loader.sequence_at(9 + i);
+    CHECK(in[static_cast<size_t>(i * 4)] == j * 4);
+    CHECK(tgt[static_cast<size_t>(i * 4 + 3)] == j * 4 + 4);
+  }
+  // A rank's slice equals the same part of the whole batch (so any world size sees one order).
+  std::vector<int32_t> part(4), partt(4);
+  loader.fill(3, 2, 1, part.data(), partt.data());
+  CHECK(std::equal(part.begin(), part.end(), in.begin() + 8));
+}
+
+TEST_CASE("--val-fraction cuts the tail off the training stream", "[data][validation]") {
+  TokenStream s;
+  s.source = "t";
+  for (int i = 0; i < 100; ++i) s.tokens.push_back(i);
+  TokenStream v = split_tail(s, 0.1);
+  CHECK(s.tokens.size() == 90);
+  CHECK(v.tokens.size() == 10);
+  CHECK(v.tokens.front() == 90);
+  CHECK(s.tokens.back() == 89);  // no training sequence reaches a validation token
+  TokenStream s2 = s;
+  CHECK_THROWS_WITH(split_tail(s2, 0.0), Catch::Contains("--val-fraction 0: expected a fraction between 0 and 1"));
+  CHECK_THROWS_WITH(split_tail(s2, 1.0), Catch::Contains("--val-fraction 1: expected a fraction between 0 and 1"));
+  CHECK_THROWS_WITH(split_tail(s2, 0.001), Catch::Contains("leaves 0 for validation"));
 }

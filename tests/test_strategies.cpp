@@ -13,6 +13,7 @@
 
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/model/model.hpp"
 #include "src/train/compare.hpp"
 #include "src/train/predict.hpp"
 #include "src/train/profile.hpp"
@@ -397,4 +398,110 @@ TEST_CASE("profile --measure: measured equals predicted, with real ranks or the 
   CHECK(html.find("http://") == html.find("http://www.w3.org/2000/svg"));  // no network, only the SVG namespace
   auto trace = nlohmann::json::parse(memory_trace_json(r));
   CHECK(trace["traceEvents"].size() > 10);
+}
+
+// ---- Validation: a forward-only pass through the same hooks ----
+
+namespace {
+
+// The validation loss of cfg's model at its initialisation, computed by a single-rank Gpt2Model
+// (an independent path: its own hooks, forward_backward's mean loss) over the same sequences.
+double reference_val_loss(const TrainConfig& cfg, int64_t batches) {
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  Gpt2Model model(cfg.spec, *be, pool);
+  model.init(cfg.seed);
+  TokenStream train = synthetic_stream(cfg.spec.vocab);
+  TokenStream val = split_tail(train, cfg.val_fraction);
+  const int64_t T = cfg.spec.seq, B = cfg.batch;
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    std::vector<int32_t> in, tgt;
+    for (int64_t j = i * B; j < (i + 1) * B; ++j) {  // sequence j is val[j*T : j*T + T + 1]
+      in.insert(in.end(), val.tokens.begin() + j * T, val.tokens.begin() + j * T + T);
+      tgt.insert(tgt.end(), val.tokens.begin() + j * T + 1, val.tokens.begin() + j * T + T + 1);
+    }
+    sum += model.forward_backward(Batch{in.data(), tgt.data(), B, T}, 1.f);
+  }
+  return sum / static_cast<double>(batches);
+}
+
+TrainConfig val_config(StrategyKind s, int world) {
+  TrainConfig cfg = parity_config(s, world);
+  cfg.val_fraction = 0.01;  // 10486 tokens of the synthetic stream: 327 sequences of 32
+  cfg.val_batches = 3;
+  return cfg;
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
+
+}  // namespace
+
+TEST_CASE("the validation loss is the same under every strategy and equals a single-rank forward", "[strategies][validation]") {
+  const int W = g_mpi->world();
+  const double want = reference_val_loss(val_config(StrategyKind::ddp, W), 3);
+  float trained_ref = 0;
+  for (StrategyKind s : all_strategies()) {
+    TrainConfig cfg = val_config(s, W);
+    auto be = make_cpu_backend(BackendConfig{1});
+    Pool pool(*be);
+    auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+    Trainer t(*be, pool, *comm, cfg);
+    CHECK(t.val_batches() == 3);
+    const CategoryBytes before = pool.ledger().current_by_category();
+    const float at_init = t.evaluate();
+    INFO(strategy_name(s) << " at " << W << " ranks: " << at_init << " vs single-rank forward " << want);
+    CHECK(rel(at_init, want) <= 1e-6);
+    // Nothing is left gathered or allocated by the forward-only pass: ZeRO-3 frees its last unit,
+    // DP's replicas drop their copies, no activation survives.
+    CHECK(pool.ledger().current_by_category() == before);
+    for (int64_t k = 0; k < 3; ++k) t.step(k);
+    const float trained = t.evaluate();
+    if (s == StrategyKind::dp) trained_ref = trained;
+    CHECK(rel(trained, trained_ref) <= 1e-5);  // training itself reorders sums: parity's tolerance
+    if (g_mpi->rank() == 0)
+      std::printf("validation %-6s world %d: at init %.7f (reference %.7f), after 3 steps %.7f\n", strategy_name(s), W,
+                  at_init, want, trained);
+  }
+}
+
+TEST_CASE("validation touches no parameter, gradient or optimizer state, and frees what it gathers", "[strategies][validation]") {
+  const int W = g_mpi->world();
+  std::vector<std::pair<StrategyKind, bool>> cases;  // strategy, reshard_after_forward
+  for (StrategyKind s : all_strategies()) cases.push_back({s, true});
+  cases.push_back({StrategyKind::zero3, false});
+  for (auto [s, reshard] : cases) {
+    TrainConfig cfg = val_config(s, W);
+    cfg.steps = 4;
+    cfg.strategy.reshard_after_forward = reshard;
+    RunOut plain = train_mpi(cfg);
+    auto be = make_cpu_backend(BackendConfig{1});
+    Pool pool(*be);
+    auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+    Trainer t(*be, pool, *comm, cfg);
+    RunOut with_val;
+    for (int64_t k = 0; k < cfg.steps; ++k) {
+      const CategoryBytes before = pool.ledger().current_by_category();
+      t.evaluate();
+      CHECK(pool.ledger().current_by_category() == before);  // every gathered unit and activation freed
+      with_val.losses.push_back(t.step(k).loss);
+      t.evaluate();
+    }
+    for (size_t u = 0; u < t.units().size(); ++u) with_val.params.push_back(t.strategy().gather_unit_params(u));
+    INFO(strategy_name(s) << " reshard_after_forward " << reshard);
+    CHECK(with_val.losses == plain.losses);  // bit for bit
+    CHECK(with_val.params == plain.params);
+  }
+}
+
+TEST_CASE("shuffled batches are the same global batches at every world size and strategy", "[strategies][shuffle]") {
+  for (StrategyKind s : {StrategyKind::dp, StrategyKind::zero3}) {
+    TrainConfig cfg = parity_config(s, g_mpi->world());
+    cfg.steps = 4;
+    cfg.shuffle = true;
+    check_parity(train_mpi(cfg), reference(cfg), std::string(strategy_name(s)) + " shuffled");
+    TrainConfig plain = cfg;
+    plain.shuffle = false;
+    CHECK(train_mpi(cfg).losses != train_mpi(plain).losses);  // the order did change
+  }
 }

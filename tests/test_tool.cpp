@@ -4,6 +4,9 @@
 //   same-safetensors A B                  every tensor of A equals B's, bit for bit
 //   flip-byte FILE OFFSET                 corrupts one byte
 //   truncate FILE BYTES                   cuts a file short
+//   check-best DIR LOG.jsonl              DIR/best links to the step of LOG's lowest val_loss (the
+//                                         first such step), and that checkpoint is complete
+//   differ-logs A.jsonl B.jsonl           some step both logs have differs in loss
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -44,6 +47,34 @@ int main(int argc, char** argv) {
       }
       std::printf("%d common steps, largest relative loss difference %.3g (tolerance %.3g)\n", common, worst, tol);
       return common > 0 && worst <= tol ? 0 : 1;
+    }
+    if (cmd == "check-best" && argc == 4) {
+      std::ifstream f(argv[3]);
+      if (!f) throw std::runtime_error(std::string("cannot read ") + argv[3]);
+      int64_t best_step = -1, validated = 0;
+      double best = INFINITY;
+      for (std::string line; std::getline(f, line);) {
+        auto j = nlohmann::json::parse(line);
+        if (!j.contains("val_loss")) continue;
+        ++validated;
+        if (j["val_loss"].get<double>() < best) best = j["val_loss"].get<double>(), best_step = j["step"].get<int64_t>();
+      }
+      const std::filesystem::path link = std::filesystem::path(argv[2]) / "best";
+      char want[32];
+      std::snprintf(want, sizeof(want), "step_%08lld", static_cast<long long>(best_step));
+      const std::string got = std::filesystem::is_symlink(link) ? std::filesystem::read_symlink(link).string() : "(none)";
+      const bool complete = std::filesystem::exists(std::filesystem::path(argv[2]) / want / "manifest.json");
+      std::printf("%lld validations, lowest %.6f at step %lld; best -> %s; %s %s\n", static_cast<long long>(validated),
+                  best, static_cast<long long>(best_step), got.c_str(), want, complete ? "complete" : "MISSING");
+      return validated > 0 && got == want && complete ? 0 : 1;
+    }
+    if (cmd == "differ-logs" && argc == 4) {
+      auto a = losses(argv[2]), b = losses(argv[3]);
+      int differ = 0;
+      for (auto [step, la] : a)
+        if (b.count(step) && b[step] != la) ++differ;
+      std::printf("%d steps differ\n", differ);
+      return differ > 0 ? 0 : 1;
     }
     if (cmd == "same-safetensors" && argc == 4) {
       SafetensorsReader a(argv[2]), b(argv[3]);

@@ -3,6 +3,7 @@
 //   shardlab train               train GPT-2 under any strategy on any number of ranks
 //   shardlab compare             every strategy on the same model, data and seed, side by side
 //   shardlab profile             the memory profile: every strategy x category per rank, predicted and measured
+//   shardlab sample              text from a model file or a checkpoint, on one rank
 //   shardlab export              a checkpoint as one HF-named safetensors file
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
@@ -58,6 +59,7 @@ const char* kUsage =
     "  compare             train the same model under each strategy; loss agreement, memory, time, traffic\n"
     "  profile             predicted (and measured) memory per rank, per category, per strategy, any world size\n"
     "  export              a checkpoint as one HF-named safetensors file, one tensor in memory at a time\n"
+    "  sample              generate text from an --init file or a checkpoint (prompt, temperature, top-k, seed)\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
@@ -244,6 +246,19 @@ struct TrainOptions {
         "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
         "device", po::value(&device)->default_value(device), "cpu or cuda")(
         "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)")(
+        "shuffle", po::bool_switch(&cfg.shuffle),
+        "permute the sequences of each epoch (a pass over the stream) from (--seed, epoch); batches run on over "
+        "epoch boundaries, so none is padded and no sequence is dropped")(
+        "val-data", po::value(&cfg.val_data)->default_value(""), "validation token source (formats as --data)")(
+        "val-fraction", po::value<double>()->notifier([&cfg](double f) {
+          SHARD_REQUIRE(f > 0 && f < 1, "--val-fraction {}: expected a fraction between 0 and 1 (exclusive)", f);
+          cfg.val_fraction = f;
+        }),
+        "hold out the last F of the token stream for validation (never trained on)")(
+        "val-every", po::value(&cfg.val_every)->default_value(0),
+        "validation loss every K steps (0 = at the end only, when there is a validation source)")(
+        "val-batches", po::value(&cfg.val_batches)->default_value(cfg.val_batches),
+        "global batches of the validation set per evaluation (at most the whole batches it holds)")(
         "check-collectives", po::bool_switch(&cfg.check_collectives),
         "debug: compare each collective's fingerprint (sequence, op, count, dtype, call site) across ranks before "
         "issuing it, and stop naming the first diverging rank and both call sites instead of hanging");
@@ -308,7 +323,17 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
       "save-every", po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
       "save-keep", po::value(&cfg.save_keep)->default_value(0),
-      "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all)")(
+      "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all; "
+      "the --save-best checkpoint is always kept)")(
+      "sample-every", po::value(&cfg.sample_every)->default_value(0),
+      "print a sample from rank 0 every K steps and at the end (0 = never); the parameters are gathered as in a "
+      "forward")(
+      "sample-prompt", po::value(&cfg.sample_prompt)->default_value(""), "the samples' prompt (as sample --prompt)")(
+      "sample-tokens", po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
+      "sample-temperature", po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
+      "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step")(
+      "save-best", po::bool_switch(&cfg.save_best),
+      "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it")(
       "skip-nonfinite", po::bool_switch(&cfg.skip_nonfinite),
       "skip the update of a step whose loss or gradient norm is not finite (default: stop with the step number)")(
       "resume", po::value(&cfg.resume)->default_value(""),
@@ -373,6 +398,62 @@ int cmd_export(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   export_checkpoint(ckpt, out, parse_dtype(dtype));
   std::printf("wrote %s\n", out.c_str());
   return 0;
+}
+
+// `shardlab sample`: the model of an --init file or a checkpoint on one rank (a world of one under
+// DDP, so the forward is the strategies' own, forward only), prompt + sampled tokens on stdout.
+int cmd_sample(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  ModelOptions model;
+  TrainConfig cfg;
+  SampleConfig sc;
+  std::string prompt;
+  int64_t seed = static_cast<int64_t>(sc.seed);
+  po::options_description desc("sample options");
+  add_common(desc, common);
+  model.add(desc);
+  desc.add_options()("init", po::value(&cfg.init)->default_value(""),
+                     "the model: a safetensors file with HF GPT-2 names (its shape from --model and the overrides)")(
+      "resume", po::value(&cfg.resume)->default_value(""), "the model: a checkpoint directory (its shape from the manifest)")(
+      "prompt", po::value(&prompt)->default_value(""),
+      "text for byte-level models (vocab <= 256), token ids separated by spaces or commas otherwise; empty = a newline")(
+      "tokens", po::value(&sc.tokens)->default_value(sc.tokens), "tokens to generate")(
+      "temperature", po::value(&sc.temperature)->default_value(sc.temperature, "1.0"), "softmax temperature (0 = greedy)")(
+      "top-k", po::value(&sc.top_k)->default_value(sc.top_k), "sample among the K most likely tokens (0 = all, 1 = greedy)")(
+      "seed", po::value(&seed)->default_value(seed), "sampling seed: the same seed gives the same sample");
+  if (!parse(args, desc, mpi, "sample")) return 0;
+  SHARD_REQUIRE(mpi.world() == 1, "sample runs on one rank (started on {})", mpi.world());
+  SHARD_REQUIRE(cfg.init.empty() != cfg.resume.empty(), "sample needs exactly one model: --init FILE or --resume CKPT");
+  SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
+  sc.seed = static_cast<uint64_t>(seed);
+  if (!cfg.resume.empty()) {  // the checkpoint says what it holds
+    const Manifest m = read_manifest(cfg.resume);
+    cfg.spec = m.model;
+    cfg.optim.kind = parse_optimizer(m.optimizer.kind);
+    cfg.shuffle = m.shuffle;
+    cfg.seed = m.seed;
+    cfg.steps = std::max<int64_t>(m.step, 1);
+  } else {
+    cfg.spec = model.spec();
+  }
+  sc.validate(cfg.spec.vocab);
+  std::vector<int32_t> tokens = encode_prompt(prompt, cfg.spec.vocab);
+  SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= cfg.spec.seq,
+                "--prompt has {} tokens, more than the model's {} positions (--seq)", tokens.size(), cfg.spec.seq);
+  auto backend = make_cpu(common, mpi);
+  Pool pool(*backend, pool_config(common));
+  auto comm = make_sim_communicator(0, 1, pool);
+  auto none = std::make_shared<TokenStream>();  // no data is read: a stand-in stream
+  none->tokens.assign(static_cast<size_t>(cfg.spec.seq + 1), 0);
+  none->source = "(sample: no data)";
+  Trainer trainer(*backend, pool, *comm, cfg, none);
+  const size_t given = tokens.size();
+  tokens = trainer.generate(tokens, sc);
+  if (given == 0) tokens.erase(tokens.begin());  // the newline that stood in for an empty prompt
+  std::string text = decode_tokens(tokens, cfg.spec.vocab);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  return kOk;
 }
 
 int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
@@ -558,6 +639,7 @@ int run_command(const std::string& command, const std::vector<std::string>& rest
   if (command == "compare") return cmd_compare(rest, mpi);
   if (command == "profile") return cmd_profile(rest, mpi);
   if (command == "export") return cmd_export(rest, mpi);
+  if (command == "sample") return cmd_sample(rest, mpi);
   if (command == "info") return cmd_info(rest, mpi);
   if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
   if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);

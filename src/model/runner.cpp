@@ -17,6 +17,59 @@ double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batc
   return sum;
 }
 
+double UnitHooks::forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch) {
+  const int64_t N = batch.B * batch.T;
+  Block losses = pool.alloc(DType::f32, N + 1, Category::activations, "losses");
+  Tensor l = losses.flat(DType::f32);
+  be.cross_entropy(l.slice(0, N), Tensor(), logits, batch.targets, 0.f);
+  be.sum(l.slice(0, N), l.slice(N, 1), false);
+  float sum = 0.f;
+  be.copy(Tensor::flat(&sum, DType::f32, 1), l.slice(N, 1));
+  return sum;
+}
+
+namespace {
+// Forward through every unit; outs[u] is unit u's output, saved[u] what its backward needs (kept
+// only when `keep_saved`: evaluation frees each unit's input as soon as the next unit has run).
+void forward_units(const std::vector<std::unique_ptr<Unit>>& units, UnitContext& ctx, UnitHooks& hooks,
+                   std::vector<Block>& outs, std::vector<Saved>& saved, bool keep_saved) {
+  const ModelSpec& spec = ctx.spec;
+  for (size_t u = 0; u < units.size(); ++u) {
+    ctx.pool.ledger().set_phase(Phase::forward(u));
+    int64_t n = units[u]->out_elems(spec, ctx.batch.B, ctx.batch.T);
+    outs[u] = ctx.pool.alloc(DType::f32, n, Category::activations, units[u]->name() + " output");
+    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
+    units[u]->forward(ctx, hooks.forward_params(u), in, outs[u].flat(DType::f32), saved[u]);
+    hooks.after_forward(u);
+    if (!keep_saved) {
+      saved[u].clear();
+      if (u > 0) outs[u - 1].reset();
+    }
+  }
+}
+}  // namespace
+
+RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool,
+                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits) {
+  SHARD_REQUIRE(batch.T <= spec.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec.seq);
+  UnitContext ctx{be, pool, spec, batch};
+  const int64_t N = batch.B * batch.T;
+  std::vector<Block> outs(units.size());
+  std::vector<Saved> saved(units.size());
+  forward_units(units, ctx, hooks, outs, saved, false);
+  Tensor out = outs.back().view(DType::f32, {N, spec.vocab});
+  if (logits) {
+    logits->resize(static_cast<size_t>(N * spec.vocab));
+    be.copy(Tensor::of(std::span<float>(*logits)), out);
+  }
+  pool.ledger().set_phase({PhaseKind::loss});
+  RunResult r;
+  r.positions = N;
+  r.loss_sum = hooks.forward_loss(be, pool, out, batch);
+  pool.ledger().set_phase({});
+  return r;
+}
+
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
                                std::vector<float>* logits) {
@@ -26,14 +79,7 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
-  for (size_t u = 0; u < U; ++u) {
-    pool.ledger().set_phase(Phase::forward(u));
-    int64_t n = units[u]->out_elems(spec, batch.B, batch.T);
-    outs[u] = pool.alloc(DType::f32, n, Category::activations, units[u]->name() + " output");
-    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
-    units[u]->forward(ctx, hooks.forward_params(u), in, outs[u].flat(DType::f32), saved[u]);
-    hooks.after_forward(u);
-  }
+  forward_units(units, ctx, hooks, outs, saved, true);
   Tensor out = outs.back().view(DType::f32, {N, spec.vocab});
   if (logits) {
     logits->resize(static_cast<size_t>(N * spec.vocab));

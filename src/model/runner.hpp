@@ -23,6 +23,9 @@ class UnitHooks {
   // Cross-entropy of this rank's logits (N, V): returns the sum of the N losses and overwrites
   // logits with d(loss)/d(logits) times dlogit_scale. DP overrides it (the loss lives on rank 0).
   virtual double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale);
+  // Forward-only (evaluation): the sum of this rank's share of the N losses; logits are left as
+  // they are and no gradient is computed. DP overrides it (rank 0 takes the whole batch's sum).
+  virtual double forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch);
 };
 
 struct RunResult {
@@ -36,6 +39,12 @@ struct RunResult {
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
                                std::vector<float>* logits = nullptr);
+
+// Forward through every unit and the loss, no backward (evaluation): returns this rank's loss sum.
+// after_forward(u) follows each unit's forward as in training; hooks that keep a unit for a
+// backward must know from their own state that none follows (Strategy::begin_eval).
+RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool,
+                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits = nullptr);
 
 // Views of every tensor of `unit` inside a flat f32 buffer laid out as the unit's layout says.
 void add_unit_views(ParamSet& set, const UnitLayout& unit, Tensor flat);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -174,6 +175,7 @@ nlohmann::json manifest_head(const TrainConfig& c, int world, int64_t step, cons
   m["step"] = step;
   m["data_position"] = step;  // batches are a function of the step index: resume at step `step`
   m["seed"] = c.seed;
+  m["shuffle"] = c.shuffle;  // with the seed and the step, the batch order
   m["files"] = nlohmann::json::array();
   m["tensors"] = nlohmann::json::object();
   return m;
@@ -183,6 +185,7 @@ nlohmann::json manifest_head(const TrainConfig& c, int world, int64_t step, cons
 void merge_manifest(const fs::path& tmp, int64_t step, Trainer& trainer) {
   const int world = trainer.comm().world_size();
   nlohmann::json m = manifest_head(trainer.config(), world, step, trainer.strategy().owned_state_names());
+  if (auto v = trainer.checkpoint_val_loss()) m["val_loss"] = *v;
   for (int r = 0; r < world; ++r) {
     fs::path side = tmp / (rank_file(r) + ".json");
     if (!fs::exists(side)) continue;
@@ -214,8 +217,10 @@ void prune_checkpoints(const fs::path& root, int64_t keep) {
   if (keep <= 0) return;
   std::vector<fs::path> complete;
   std::error_code ec;
+  const std::string best = fs::path(best_checkpoint(root.string())).filename().string();
   for (const auto& e : fs::directory_iterator(root, ec)) {
     std::string n = e.path().filename().string();
+    if (n == best) continue;  // --save-best's checkpoint stays, beside the newest `keep`
     if (n.rfind("step_", 0) == 0 && fs::exists(e.path() / "manifest.json")) complete.push_back(e.path());
   }
   std::sort(complete.begin(), complete.end());
@@ -262,6 +267,35 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
   return paths.final_dir.string();
 }
 
+void mark_best_checkpoint(const std::string& dir, int64_t step, int64_t keep) {
+  const fs::path root(dir), tmp = root / ".best.tmp", link = root / "best";
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  fs::create_symlink(step_name(step), tmp, ec);
+  SHARD_REQUIRE(!ec, "--save-best: cannot create the link '{}': {}", tmp.string(), ec.message());
+  fs::rename(tmp, link, ec);
+  SHARD_REQUIRE(!ec, "--save-best: cannot rename '{}' to '{}': {}", tmp.string(), link.string(), ec.message());
+  fsync_path(root, true);
+  prune_checkpoints(root, keep);  // the previous best, now unprotected, may be past --save-keep
+}
+
+std::string best_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  const fs::path link = fs::path(dir) / "best";
+  if (!fs::is_symlink(link, ec)) return "";
+  fs::path target = fs::read_symlink(link, ec);
+  if (ec) return "";
+  return (fs::path(dir) / target).string();
+}
+
+float best_checkpoint_val_loss(const std::string& dir) {
+  const std::string best = best_checkpoint(dir);
+  std::error_code ec;
+  if (best.empty() || !fs::exists(fs::path(best) / "manifest.json", ec)) return INFINITY;
+  const Manifest m = read_manifest(best);
+  return m.val_loss ? static_cast<float>(*m.val_loss) : INFINITY;
+}
+
 // ---- Loading ------------------------------------------------------------------------------------
 
 namespace {
@@ -276,6 +310,10 @@ void check_compatible(const Manifest& m, const TrainConfig& c, const std::string
   same("heads", m.model.heads, c.spec.heads);
   same("seq", m.model.seq, c.spec.seq);
   same("vocab", m.model.vocab, c.spec.vocab);
+  SHARD_REQUIRE(m.shuffle == c.shuffle, "checkpoint '{}' was trained {} --shuffle, this run is {} it: the batch order "
+                "would change (pass the same setting)", path, m.shuffle ? "with" : "without", c.shuffle ? "with" : "without");
+  SHARD_REQUIRE(!c.shuffle || m.seed == c.seed, "checkpoint '{}' shuffled its batches with --seed {}, this run has --seed "
+                "{}: the order would change (pass --seed {})", path, m.seed, c.seed, m.seed);
   SHARD_REQUIRE(m.optimizer.kind == optimizer_name(c.optim.kind),
                 "checkpoint '{}' holds {} state; this run uses --optimizer {}", path, m.optimizer.kind,
                 optimizer_name(c.optim.kind));

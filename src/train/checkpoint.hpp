@@ -25,6 +25,14 @@ namespace shardlab {
 // naming the file and the reason; the previous checkpoint stays the newest complete one. With
 // keep > 0, only the newest `keep` complete checkpoints remain afterwards.
 std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer, int64_t keep = 0);
+// --save-best: DIR/best becomes a symlink to step_XXXXXXXX (made beside it, then renamed over the
+// old one: atomic), then prunes to the newest `keep` (0 = all) and the best. Rank 0 only.
+// --save-keep never deletes the checkpoint `best` points to.
+void mark_best_checkpoint(const std::string& dir, int64_t step, int64_t keep = 0);
+// The checkpoint DIR/best points to ("" when none), and the validation loss its manifest records
+// (infinity when there is none).
+std::string best_checkpoint(const std::string& dir);
+float best_checkpoint_val_loss(const std::string& dir);
 // Loads into the trainer's strategy (any world size and strategy); returns the step to resume at.
 int64_t load_checkpoint(const std::string& path, Trainer& trainer);
 

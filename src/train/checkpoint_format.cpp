@@ -162,6 +162,14 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   out.reduce_dtype = p.dtype(m, "reduce_dtype");
   out.data_position = m.contains("data_position") ? p.integer(m, "data_position", 0) : out.step;
   out.seed = p.seed(m);
+  if (m.contains("shuffle")) {
+    if (!m["shuffle"].is_boolean()) throw p.bad("\"shuffle\" must be true or false");
+    out.shuffle = m["shuffle"].get<bool>();
+  }
+  if (m.contains("val_loss")) {
+    if (!m["val_loss"].is_number()) throw p.bad("\"val_loss\" must be a number");
+    out.val_loss = m["val_loss"].get<double>();
+  }
   out.files = p.files(m);
   out.tensors = p.tensors(m, out.files);
   return out;

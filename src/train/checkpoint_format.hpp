@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ struct Manifest {
   int64_t step = 0;           // steps done
   int64_t data_position = 0;  // the step whose batch comes next; = step when absent
   uint64_t seed = 0;          // 0 when absent
+  bool shuffle = false;       // batches drawn from per-epoch permutations of (seed, epoch); false when absent
+  std::optional<double> val_loss;  // the validation loss computed at this step, when there was one
   std::vector<ManifestFile> files;
   std::map<std::string, ManifestTensor> tensors;  // by HF name; every piece's rank is in `files`
 

@@ -92,6 +92,11 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     const auto& cat = pool.ledger().peak_by_category();
     for (int c = 0; c < kNumCategories; ++c) peak[c] = std::max(peak[c], cat[c]);
     peak[kNumCategories] = std::max<uint64_t>(peak[kNumCategories], pool.ledger().peak_total());
+
+    if (trainer->has_validation() && ((tc.val_every > 0 && (t + 1) % tc.val_every == 0) || t + 1 == tc.steps)) {
+      r.val_steps.push_back(t + 1);
+      r.val_losses.push_back(trainer->evaluate());
+    }
   }
   r.memory = trainer->memory_row(r.name);
   std::sort(ms.begin(), ms.end());
@@ -109,8 +114,9 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
   std::fprintf(out, "\nshardlab compare: %s, %d ranks, global batch %lld x %lld tokens, %lld steps, %s\n",
                c.spec.describe().c_str(), world, static_cast<long long>(c.batch), static_cast<long long>(c.spec.seq),
                static_cast<long long>(c.steps), cfg.budget ? ("budget " + format_bytes(double(cfg.budget)) + "/rank").c_str() : "no budget");
-  std::fprintf(out, "\n%-8s %11s %12s %9s %9s %14s %14s %8s %8s\n", "strategy", "final loss", "max loss dev",
-               "ms/step", "tok/s", "comm/rank/step", "theory", "÷theory", "÷ddp");
+  const bool val = c.has_validation();
+  std::fprintf(out, "\n%-8s %11s %12s%s %9s %9s %14s %14s %8s %8s\n", "strategy", "final loss", "max loss dev",
+               val ? "    val loss" : "", "ms/step", "tok/s", "comm/rank/step", "theory", "÷theory", "÷ddp");
   double ddp_comm = 0;
   for (const auto& r : res.runs)
     if (r.kind == StrategyKind::ddp) ddp_comm = r.comm_bytes;
@@ -119,8 +125,9 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
       std::fprintf(out, "%-8s  did not fit: %s\n", r.name.c_str(), r.error.substr(0, r.error.find('\n')).c_str());
       continue;
     }
-    std::fprintf(out, "%-8s %11.5f %12.2e %9.1f %9.0f %14s %14s %8s %8s\n", r.name.c_str(), r.losses.back(),
-                 r.max_rel_dev, r.ms_per_step, r.tokens_per_s, format_bytes(r.comm_bytes).c_str(),
+    std::fprintf(out, "%-8s %11.5f %12.2e%s %9.1f %9.0f %14s %14s %8s %8s\n", r.name.c_str(), r.losses.back(),
+                 r.max_rel_dev, val && !r.val_losses.empty() ? fmt::format(" {:11.5f}", r.val_losses.back()).c_str() : "",
+                 r.ms_per_step, r.tokens_per_s, format_bytes(r.comm_bytes).c_str(),
                  format_bytes(r.comm_theory).c_str(),
                  r.comm_theory > 0 ? fmt::format("{:.3f}", r.comm_bytes / r.comm_theory).c_str() : "-",
                  ddp_comm > 0 ? fmt::format("{:.2f}", r.comm_bytes / ddp_comm).c_str() : "-");
@@ -184,6 +191,17 @@ void check_agreement(CompareResult& res, double tolerance) {
                                        r.name, t + 1, r.losses[t], first->name, first->losses[t], dev, tolerance);
       }
     }
+    for (size_t i = 0; i < r.val_losses.size() && i < first->val_losses.size(); ++i) {
+      double dev = std::fabs(r.val_losses[i] - first->val_losses[i]) /
+                   std::max(1e-12, double(std::fabs(first->val_losses[i])));
+      if (!(dev <= r.max_rel_dev)) r.max_rel_dev = dev;
+      if (!(dev <= tolerance) && res.agree) {
+        res.agree = false;
+        res.disagreement = fmt::format("{} step {}: validation loss {:.7f}, {} has {:.7f} (relative difference {:.2e} > "
+                                       "{:.0e})", r.name, r.val_steps[i], r.val_losses[i], first->name,
+                                       first->val_losses[i], dev, tolerance);
+      }
+    }
   }
 }
 
@@ -210,7 +228,10 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
   j["world"] = world;
   j["config"] = {{"batch", c.batch}, {"accum", c.accum}, {"steps", c.steps}, {"seed", c.seed},
                  {"lr", c.schedule.lr}, {"optimizer", optimizer_name(c.optim.kind)}, {"data", c.data}, {"budget_bytes", cfg.budget},
-                 {"tolerance", cfg.tolerance}};
+                 {"tolerance", cfg.tolerance}, {"shuffle", c.shuffle}, {"val_every", c.val_every},
+                 {"val_batches", c.val_batches}};
+  if (!c.val_data.empty()) j["config"]["val_data"] = c.val_data;
+  if (c.val_fraction != 0) j["config"]["val_fraction"] = c.val_fraction;
   j["losses_agree"] = r.agree;
   if (!r.agree) j["disagreement"] = r.disagreement;
   auto cats = [](const std::array<uint64_t, kNumCategories>& p, uint64_t total) {
@@ -225,6 +246,11 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
       o["error"] = s.error;
     } else {
       o["losses"] = s.losses;
+      if (!s.val_losses.empty()) {
+        o["val_loss"] = s.val_losses.back();  // at the last step
+        for (size_t i = 0; i < s.val_losses.size(); ++i)
+          o["val_losses"].push_back({{"step", s.val_steps[i]}, {"val_loss", s.val_losses[i]}});
+      }
       o["max_loss_rel_dev"] = s.max_rel_dev;
       o["ms_per_step"] = s.ms_per_step;
       o["tokens_per_s"] = s.tokens_per_s;

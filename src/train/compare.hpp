@@ -24,6 +24,8 @@ struct StrategyResult {
   bool oom = false;                  // did not fit the budget
   std::string error;                 // the out-of-memory message, when oom
   std::vector<float> losses;
+  std::vector<int64_t> val_steps;    // the steps validated (--val-every, and the last), 1-based
+  std::vector<float> val_losses;     // the validation loss at each of them
   double max_rel_dev = 0;            // against the first strategy, per step
   double ms_per_step = 0, tokens_per_s = 0;  // median step, first step excluded
   double comm_bytes = 0;             // rank 0, bus bytes, last step

@@ -1,6 +1,7 @@
 #include "src/train/data.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -75,8 +76,35 @@ TokenStream load_tokens(const std::string& what, int64_t vocab) {
   return s;
 }
 
-BatchLoader::BatchLoader(const TokenStream& stream, int64_t seq_len, int64_t global_batch)
-    : stream_(stream), T_(seq_len), B_(global_batch) {
+TokenStream split_tail(TokenStream& s, double fraction) {
+  SHARD_REQUIRE(fraction > 0 && fraction < 1, "--val-fraction {}: expected a fraction between 0 and 1 (exclusive)",
+                fraction);
+  const int64_t n = static_cast<int64_t>(s.tokens.size());
+  const int64_t tail = std::llround(fraction * static_cast<double>(n));
+  SHARD_REQUIRE(tail >= 1 && tail < n, "--val-fraction {} of the {} tokens of '{}' leaves {} for validation and {} for "
+                "training: both need tokens", fraction, n, s.source, tail, n - tail);
+  TokenStream val;
+  val.tokens.assign(s.tokens.end() - tail, s.tokens.end());
+  val.source = fmt::format("{} (last {} tokens)", s.source, tail);
+  s.tokens.resize(static_cast<size_t>(n - tail));
+  s.source = fmt::format("{} (first {} tokens)", s.source, n - tail);
+  return val;
+}
+
+std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n) {
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
+  const Rng rng(seed, fmt::format("data shuffle epoch {}", epoch));
+  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates; 64 random bits per draw, so the modulo bias is < 2^-40
+    auto b = rng.bits(static_cast<uint64_t>(i));
+    uint64_t r = ((static_cast<uint64_t>(b[0]) << 32) | b[1]) % static_cast<uint64_t>(i + 1);
+    std::swap(perm[static_cast<size_t>(i)], perm[r]);
+  }
+  return perm;
+}
+
+BatchLoader::BatchLoader(const TokenStream& stream, int64_t seq_len, int64_t global_batch, ShuffleConfig shuffle)
+    : stream_(stream), T_(seq_len), B_(global_batch), shuffle_(shuffle) {
   SHARD_REQUIRE(T_ >= 1 && B_ >= 1, "sequence length {} and batch {} must be positive", T_, B_);
   int64_t n = static_cast<int64_t>(stream.tokens.size());
   num_sequences_ = n >= T_ + 1 ? (n - 1) / T_ : 0;
@@ -88,11 +116,25 @@ void BatchLoader::fill(int64_t step, int64_t first, int64_t count, int32_t* inpu
   SHARD_CHECK(first >= 0 && first + count <= B_, "batch slice [{}, {}) of a global batch of {}", first,
               first + count, B_);
   for (int64_t i = 0; i < count; ++i) {
-    int64_t j = (step * B_ + first + i) % num_sequences_;
+    int64_t j = sequence_at(step * B_ + first + i);
     const int32_t* seq = stream_.tokens.data() + j * T_;
     std::memcpy(inputs + i * T_, seq, static_cast<size_t>(T_) * sizeof(int32_t));
     std::memcpy(targets + i * T_, seq + 1, static_cast<size_t>(T_) * sizeof(int32_t));
   }
+}
+
+}  // namespace shardlab
+
+namespace shardlab {
+
+int64_t BatchLoader::sequence_at(int64_t p) const {
+  if (!shuffle_.on) return p % num_sequences_;
+  const int64_t epoch = p / num_sequences_;
+  if (epoch != perm_epoch_) {
+    perm_ = epoch_permutation(shuffle_.seed, epoch, num_sequences_);
+    perm_epoch_ = epoch;
+  }
+  return perm_[static_cast<size_t>(p % num_sequences_)];
 }
 
 }  // namespace shardlab

@@ -7,6 +7,16 @@
 // Batching: sequence j is tokens[j*T : j*T + T + 1] (inputs the first T, targets the last T).
 // Step t's global batch is sequences t*B .. t*B + B - 1, modulo the number of sequences; rank r
 // of W takes the contiguous slice [r*B/W, (r+1)*B/W), and micro-step k of it the next `micro`.
+//
+// Shuffling (--shuffle): positions p = t*B + i run over the concatenation of epochs, each a
+// permutation of the S sequences: position p is sequence perm_e[p mod S] with e = p / S, and
+// perm_e is a function of (seed, e) only (Fisher-Yates over the counter RNG). So the global order
+// is the same at every world size and strategy, a batch that straddles two epochs takes the end of
+// one and the start of the next (no padding, no sequence dropped or repeated within an epoch), and
+// a resumed run continues the same order from the step alone. Without it, perm_e is the identity.
+//
+// Validation (--val-fraction F): the last round(F * n) tokens form the validation stream and are
+// cut from the training stream, so no training sequence reaches into them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,16 +38,33 @@ TokenStream load_text_bytes(const std::string& path);
 // a model that learns it goes from ln(vocab) to about 1.2 nats. Same stream for every run.
 TokenStream synthetic_stream(int64_t vocab, int64_t length = 1 << 20);
 
+// Removes the last round(fraction * n) tokens of `s` and returns them as a stream of their own;
+// InputError unless 0 < fraction < 1 and both parts keep at least one token.
+TokenStream split_tail(TokenStream& s, double fraction);
+
+// Sequence order of epoch `epoch` over `n` sequences: a permutation that depends on (seed, epoch) only.
+std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n);
+
+struct ShuffleConfig {
+  bool on = false;
+  uint64_t seed = 0;
+};
+
 class BatchLoader {
  public:
-  BatchLoader(const TokenStream& stream, int64_t seq_len, int64_t global_batch);
+  BatchLoader(const TokenStream& stream, int64_t seq_len, int64_t global_batch, ShuffleConfig shuffle = {});
   int64_t num_sequences() const { return num_sequences_; }
   // Fills count sequences starting at position `first` of step t's global batch.
   void fill(int64_t step, int64_t first, int64_t count, int32_t* inputs, int32_t* targets) const;
+  // The sequence index at global position p (p = t*B + i).
+  int64_t sequence_at(int64_t p) const;
 
  private:
   const TokenStream& stream_;
   int64_t T_, B_, num_sequences_;
+  ShuffleConfig shuffle_;
+  mutable int64_t perm_epoch_ = -1;  // the epoch perm_ holds (a cache: fill stays a function of its arguments)
+  mutable std::vector<int64_t> perm_;
 };
 
 }  // namespace shardlab

@@ -15,6 +15,11 @@ Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro
   c.resume.clear();
   c.save_dir.clear();
   c.save_every = 0;
+  c.save_best = false;  // one training step: no validation, samples or best checkpoint
+  c.val_data.clear();
+  c.val_fraction = 0;
+  c.val_every = 0;
+  c.sample_every = 0;
   c.log_path.clear();
   c.save_path.clear();
   c.check_collectives = false;

@@ -35,8 +35,35 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(save_keep >= 0, "--save-keep {}: expected 0 (keep all) or a positive count", save_keep);
   SHARD_REQUIRE(save_keep == 0 || !save_dir.empty(), "--save-keep {} needs --save-dir", save_keep);
   SHARD_REQUIRE(resume != "auto" || !save_dir.empty(), "--resume auto needs --save-dir (where to look)");
+  SHARD_REQUIRE(val_fraction == 0 || (val_fraction > 0 && val_fraction < 1),
+                "--val-fraction {}: expected a fraction between 0 and 1 (exclusive)", val_fraction);
+  SHARD_REQUIRE(val_data.empty() || val_fraction == 0, "--val-data '{}' and --val-fraction {} both given: choose one "
+                "validation source", val_data, val_fraction);
+  SHARD_REQUIRE(val_every >= 0, "--val-every {}: expected 0 (at the end) or a positive number of steps", val_every);
+  SHARD_REQUIRE(val_every == 0 || has_validation(),
+                "--val-every {} needs a validation source: --val-data SRC or --val-fraction F", val_every);
+  SHARD_REQUIRE(val_batches >= 1, "--val-batches {}: expected at least one batch", val_batches);
+  SHARD_REQUIRE(sample_every >= 0, "--sample-every {}: expected 0 (never) or a positive number of steps", sample_every);
+  if (sample_every > 0) {
+    sample.validate(spec.vocab);
+    SHARD_REQUIRE(static_cast<int64_t>(encode_prompt(sample_prompt, spec.vocab).size()) <= spec.seq,
+                  "--sample-prompt is longer than the model's {} positions", spec.seq);
+  }
+  SHARD_REQUIRE(!save_best || !save_dir.empty(), "--save-best needs --save-dir (where the checkpoints go)");
+  SHARD_REQUIRE(!save_best || has_validation(),
+                "--save-best needs a validation source (--val-data SRC or --val-fraction F) to rank checkpoints by");
   optim.validate();
   schedule.validate();
+}
+
+Trainer::Streams Trainer::load_streams(const TrainConfig& cfg, std::shared_ptr<const TokenStream> tokens) {
+  // A stand-in stream (predictions) comes without validation: they measure a training step.
+  if (tokens) return {std::move(tokens), nullptr};
+  auto train = std::make_shared<TokenStream>(load_tokens(cfg.data, cfg.spec.vocab));
+  std::shared_ptr<TokenStream> val;
+  if (cfg.val_fraction != 0) val = std::make_shared<TokenStream>(split_tail(*train, cfg.val_fraction));
+  else if (!cfg.val_data.empty()) val = std::make_shared<TokenStream>(load_tokens(cfg.val_data, cfg.spec.vocab));
+  return {std::move(train), std::move(val)};
 }
 
 namespace {
@@ -53,11 +80,18 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
       pool_(pool),
       comm_(comm),
       cfg_(checked(std::move(cfg), comm.world_size())),
-      stream_(tokens ? std::move(tokens)
-                     : std::make_shared<const TokenStream>(load_tokens(cfg_.data, cfg_.spec.vocab))),
-      loader_(*stream_, cfg_.spec.seq, cfg_.batch),
+      data_(load_streams(cfg_, std::move(tokens))),
+      loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
       units_(make_gpt2_units(cfg_.spec)) {
   for (const auto& u : units_) num_params_ += u->layout().numel;
+  if (data_.val) {
+    const int64_t T = cfg_.spec.seq, n = static_cast<int64_t>(data_.val->tokens.size());
+    const int64_t sequences = n >= T + 1 ? (n - 1) / T : 0;
+    SHARD_REQUIRE(sequences >= cfg_.batch, "the validation set '{}' holds {} tokens: {} sequences of {} (+1 target), "
+                  "fewer than one global batch of {} (--batch)", data_.val->source, n, sequences, T, cfg_.batch);
+    val_loader_ = std::make_unique<BatchLoader>(*data_.val, T, cfg_.batch);
+    val_batches_ = std::min(cfg_.val_batches, sequences / cfg_.batch);
+  }
   comm_.set_check(cfg_.check_collectives);
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, comm_, cfg_.spec, units_, cfg_.optim});
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
@@ -72,6 +106,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     SHARD_REQUIRE(start_step_ <= cfg_.steps, "checkpoint '{}' is at step {}, past --steps {}", from, start_step_,
                   cfg_.steps);
     resumed_from_ = from;
+    if (cfg_.save_best) best_val_loss_ = best_checkpoint_val_loss(cfg_.save_dir);
   }
   states_ = pool_.ledger().current_by_category();
   // The allocation timeline serves reports of the last step only: keep none otherwise.
@@ -159,6 +194,77 @@ StepStats Trainer::step(int64_t t) {
   return s;
 }
 
+// Evaluation and sampling are not part of a step: the scope keeps them out of the step's timeline,
+// peaks and communication counts, and brackets them with the strategy's begin_eval/end_eval.
+class Trainer::EvalScope {
+ public:
+  explicit EvalScope(Trainer& t)
+      : t_(t), peaks_(t.pool_.ledger().peaks()), step_(t.comm_.stats().step), events_(t.comm_.stats().record_events) {
+    t_.pool_.ledger().set_recording(false);
+    t_.comm_.stats().record_events = false;
+    t_.strategy_->begin_eval();
+  }
+  ~EvalScope() {
+    t_.strategy_->end_eval();
+    t_.comm_.stats().step = step_;
+    t_.comm_.stats().record_events = events_;
+    t_.pool_.ledger().set_recording(t_.cfg_.record_step);
+    t_.pool_.ledger().restore_peaks(peaks_);
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Trainer& t_;
+  Ledger::Peaks peaks_;
+  std::array<OpCounter, kNumCommOps> step_;
+  bool events_;
+};
+
+std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const SampleConfig& c) {
+  c.validate(cfg_.spec.vocab);
+  const int64_t T = cfg_.spec.seq, W = comm_.world_size();
+  SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= T, "the prompt has {} tokens, more than the model's {} positions",
+                tokens.size(), T);
+  if (tokens.empty()) tokens.push_back(cfg_.spec.vocab > 10 ? 10 : 0);  // a newline for byte-level models
+  EvalScope scope(*this);
+  std::vector<float> logits;
+  for (int64_t i = 0; i < c.tokens; ++i) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), T);
+    std::vector<int32_t> context(tokens.end() - n, tokens.end());
+    std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
+    Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
+    run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits);
+    const int64_t V = cfg_.spec.vocab;
+    tokens.push_back(sample_token(std::span<const float>(logits).subspan(static_cast<size_t>((n - 1) * V), V), c, i));
+  }
+  return tokens;
+}
+
+float Trainer::evaluate() {
+  SHARD_REQUIRE(val_loader_, "no validation data: pass --val-data SRC or --val-fraction F");
+  const int64_t T = cfg_.spec.seq, W = comm_.world_size(), r = comm_.rank();
+  const int64_t local = cfg_.batch / W, micro = local / cfg_.accum;
+  std::vector<float> sums(static_cast<size_t>(val_batches_), 0.f);  // per batch, this rank's share
+  EvalScope scope(*this);
+  for (int64_t i = 0; i < val_batches_; ++i) {
+    double sum = 0;
+    for (int64_t k = 0; k < cfg_.accum; ++k) {  // micro-batches of the training size bound the memory
+      for (int64_t q = 0; q < W; ++q)
+        val_loader_->fill(i, q * local + k * micro, micro, global_inputs_.data() + q * micro * T,
+                          global_targets_.data() + q * micro * T);
+      Batch b{global_inputs_.data() + r * micro * T, global_targets_.data() + r * micro * T, micro, T,
+              global_targets_.data(), static_cast<int>(W)};
+      sum += run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_).loss_sum;
+    }
+    sums[static_cast<size_t>(i)] = static_cast<float>(sum);
+  }
+  comm_.all_reduce(std::span<float>(sums)).wait();
+  double total = 0;
+  for (float v : sums) total += v;
+  return static_cast<float>(total / static_cast<double>(val_batches_ * cfg_.batch * T));
+}
+
 std::vector<std::string> Trainer::unit_names() const {
   std::vector<std::string> names;
   for (const auto& u : units_) names.push_back(u->name());
@@ -205,6 +311,7 @@ struct RunSummary {
   int64_t timed_steps = 0;
   uint64_t peak = 0;
   float min_loss = INFINITY;
+  std::optional<float> last_val;
   void add(const StepStats& s, bool first_step, bool timed, double tokens) {
     if (first_step) first = s;
     last = s;
@@ -222,10 +329,17 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps) {
   std::fflush(out);
 }
 
+void print_val(std::FILE* out, const StepStats& s, int64_t steps, double ms, bool best) {
+  std::fprintf(out, "step %5lld/%lld | val loss %.4f | %7.1f ms%s\n", static_cast<long long>(s.step),
+               static_cast<long long>(steps), *s.val_loss, ms, best ? " | best" : "");
+  std::fflush(out);
+}
+
 void log_step(std::ofstream& log, const StepStats& s) {
   nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
                       {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes}};
+  if (s.val_loss) j["val_loss"] = *s.val_loss;
   log << j.dump() << '\n';
   log.flush();  // a killed run keeps every finished step
 }
@@ -278,10 +392,16 @@ void Trainer::print_header(std::FILE* out) const {
   std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
                strategy_->name().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
                be_.describe().c_str());
-  std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld), global batch %lld, %lld steps, %s lr %.2e\n",
-               stream_->source.c_str(), stream_->tokens.size(), static_cast<long long>(loader_.num_sequences()),
-               static_cast<long long>(cfg_.spec.seq), static_cast<long long>(cfg_.batch),
-               static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind), cfg_.schedule.lr);
+  std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld%s), global batch %lld, %lld steps, %s lr %.2e\n",
+               data_.train->source.c_str(), data_.train->tokens.size(), static_cast<long long>(loader_.num_sequences()),
+               static_cast<long long>(cfg_.spec.seq), cfg_.shuffle ? ", shuffled per epoch" : "",
+               static_cast<long long>(cfg_.batch), static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind),
+               cfg_.schedule.lr);
+  if (val_loader_)
+    std::fprintf(out, "  validation %s: %lld batches of %lld sequences (%lld requested), every %s\n",
+                 data_.val->source.c_str(), static_cast<long long>(val_batches_), static_cast<long long>(cfg_.batch),
+                 static_cast<long long>(cfg_.val_batches),
+                 cfg_.val_every > 0 ? fmt::format("{} steps and at the end", cfg_.val_every).c_str() : "run's end");
   if (!resumed_from_.empty())
     std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));
   std::fflush(out);
@@ -307,12 +427,41 @@ StepStats Trainer::run(std::FILE* out) {
     sum.add(s, t == start_step_, t > start_step_ || cfg_.steps == start_step_ + 1,
             static_cast<double>(cfg_.batch * cfg_.spec.seq));
     if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) print_step(out, s, cfg_.steps);
+    bool new_best = false;
+    checkpoint_val_loss_.reset();
+    if (val_loader_ && ((cfg_.val_every > 0 && (t + 1) % cfg_.val_every == 0) || t + 1 == cfg_.steps)) {
+      auto v0 = std::chrono::steady_clock::now();
+      s.val_loss = evaluate();
+      checkpoint_val_loss_ = s.val_loss;
+      new_best = cfg_.save_best && *s.val_loss < best_val_loss_;
+      if (new_best) best_val_loss_ = *s.val_loss;
+      sum.last_val = s.val_loss;
+      if (root)
+        print_val(out, s, cfg_.steps, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - v0).count(),
+                  new_best);
+    }
     if (log.is_open()) log_step(log, s);
-    const bool save_now =
-        !cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps);
+    if (cfg_.sample_every > 0 && ((t + 1) % cfg_.sample_every == 0 || t + 1 == cfg_.steps)) {
+      SampleConfig c = cfg_.sample;
+      c.seed = cfg_.seed;
+      c.stream = static_cast<uint64_t>(t + 1);
+      const auto prompt = encode_prompt(cfg_.sample_prompt, cfg_.spec.vocab);
+      const auto tokens = generate(prompt, c);
+      if (root) {
+        std::fprintf(out, "step %5lld/%lld | sample: %s\n", static_cast<long long>(t + 1),
+                     static_cast<long long>(cfg_.steps), decode_tokens(tokens, cfg_.spec.vocab).c_str());
+        std::fflush(out);
+      }
+    }
+    const bool save_now = !cfg_.save_dir.empty() &&
+                          ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
     if (save_now) {
       std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this, cfg_.save_keep);
       if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
+      if (new_best) {
+        if (root) mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
+        if (root) std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
+      }
     }
     if (stop_requested(t + 1, save_now, out)) return s;
   }
@@ -321,6 +470,7 @@ StepStats Trainer::run(std::FILE* out) {
                  static_cast<long long>(cfg_.steps), sum.first.loss, sum.last.loss, sum.min_loss,
                  sum.total_ms / static_cast<double>(sum.timed_steps),
                  sum.total_tokens / (sum.total_ms / 1e3), format_bytes(static_cast<double>(sum.peak)).c_str());
+  if (root && sum.last_val) std::fprintf(out, "validation loss at the end: %.4f\n", *sum.last_val);
   if (root && skipped_steps_ > 0)
     std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm (--skip-nonfinite)\n",
                  static_cast<long long>(skipped_steps_));

@@ -2,14 +2,17 @@
 // hooks) -> loss -> backward -> global-norm clip -> optimizer, with a progress line per step, a
 // final summary and an optional JSONL log. One rank is world size 1 of the same code.
 #pragma once
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "memory/report.hpp"
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/train/data.hpp"
+#include "src/train/sample.hpp"
 
 namespace shardlab {
 
@@ -35,6 +38,17 @@ struct TrainConfig {
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
   bool check_collectives = false;  // compare every collective's fingerprint across ranks first
+  bool shuffle = false;            // permute each epoch's sequences from (seed, epoch) (data.hpp)
+  // Validation: a separate source, or the last val_fraction of the token stream (never trained on).
+  std::string val_data;       // "" = none
+  double val_fraction = 0;    // 0 = none
+  int64_t val_every = 0;      // validate every K steps; 0 = at the end only (when there is a source)
+  int64_t val_batches = 8;    // global batches of the validation set (at most the whole ones it holds)
+  bool save_best = false;     // keep save_dir/best -> the checkpoint of the lowest validation loss
+  int64_t sample_every = 0;   // print a sample from rank 0 every K steps (0 = never)
+  std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
+  SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
+  bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
   void validate(int world) const;
 };
 
@@ -45,6 +59,7 @@ struct StepStats {
   uint64_t peak_bytes = 0;   // this rank, this step
   double comm_bytes = 0;     // this rank, this step (bus bytes)
   uint64_t rss_bytes = 0;    // this process's resident memory after the step (/proc)
+  std::optional<float> val_loss;  // on the steps that validate (Trainer::run)
 };
 
 class Trainer {
@@ -53,6 +68,17 @@ class Trainer {
   Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
           std::shared_ptr<const TokenStream> tokens = nullptr);
   StepStats step(int64_t t);  // t is 0-based
+  // Collective: the mean loss over the first val_batches() global batches of the validation set,
+  // forward only (parameters, gradients and optimizer state untouched). Each rank computes its
+  // slice of each batch, so the sequences, and the value, are the same at any world size and strategy.
+  float evaluate();
+  bool has_validation() const { return val_loader_ != nullptr; }
+  // Collective: `prompt` followed by c.tokens sampled tokens, forward only through the strategy's
+  // hooks (the context is the last `seq` tokens); every rank returns the same tokens.
+  std::vector<int32_t> generate(std::vector<int32_t> prompt, const SampleConfig& c);
+  int64_t val_batches() const { return val_batches_; }
+  // The validation loss computed at the step being checkpointed (recorded in its manifest).
+  std::optional<float> checkpoint_val_loss() const { return checkpoint_val_loss_; }
   int64_t start_step() const { return start_step_; }  // after a resume: the steps already done
   int64_t skipped_steps() const { return skipped_steps_; }  // non-finite steps skipped (--skip-nonfinite)
   // The whole run: progress to `out` (rank 0), the JSONL log, checkpoints, the final save. On
@@ -76,6 +102,7 @@ class Trainer {
   std::vector<std::string> unit_names() const;
 
  private:
+  class EvalScope;
   void print_header(std::FILE* out) const;
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
 
@@ -83,8 +110,16 @@ class Trainer {
   Pool& pool_;
   Communicator& comm_;
   TrainConfig cfg_;
-  std::shared_ptr<const TokenStream> stream_;
+  struct Streams {
+    std::shared_ptr<const TokenStream> train, val;  // val null without validation
+  };
+  static Streams load_streams(const TrainConfig& cfg, std::shared_ptr<const TokenStream> tokens);
+  Streams data_;
   BatchLoader loader_;
+  std::unique_ptr<BatchLoader> val_loader_;  // one global batch per "step", no shuffle
+  int64_t val_batches_ = 0;
+  std::optional<float> checkpoint_val_loss_;
+  float best_val_loss_ = INFINITY;  // --save-best: the lowest so far (from the best checkpoint on resume)
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;

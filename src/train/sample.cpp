@@ -1,0 +1,88 @@
+#include "src/train/sample.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#include "src/core/check.hpp"
+#include "src/core/rng.hpp"
+
+namespace shardlab {
+
+void SampleConfig::validate(int64_t vocab) const {
+  SHARD_REQUIRE(tokens >= 0 && tokens <= (int64_t{1} << 24), "--tokens {}: expected 0 to 16777216", tokens);
+  SHARD_REQUIRE(std::isfinite(temperature) && temperature >= 0, "--temperature {}: expected 0 (greedy) or a positive number",
+                temperature);
+  SHARD_REQUIRE(top_k >= 0 && top_k <= vocab, "--top-k {}: expected 0 (all) to the vocabulary's {}", top_k, vocab);
+}
+
+int32_t sample_token(std::span<const float> logits, const SampleConfig& c, int64_t index) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  SHARD_CHECK(V > 0, "sampling from an empty row of logits");
+  if (c.temperature == 0 || c.top_k == 1)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t k = c.top_k > 0 ? std::min(c.top_k, V) : V;
+  // The k largest, ties to the lower index: a total order, so the draw never depends on the sort.
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<double> p(static_cast<size_t>(k));
+  const double top = logits[order[0]];
+  double total = 0;
+  for (int64_t i = 0; i < k; ++i) total += p[i] = std::exp((logits[order[i]] - top) / c.temperature);
+  const Rng rng(c.seed, "sample");
+  auto b = rng.bits((c.stream << 32) + static_cast<uint64_t>(index));
+  const double u = static_cast<double>((static_cast<uint64_t>(b[0]) << 21) ^ b[1]) / 9007199254740992.0 * total;
+  double acc = 0;
+  for (int64_t i = 0; i < k; ++i)
+    if ((acc += p[i]) > u) return order[i];
+  return order[k - 1];
+}
+
+std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab) {
+  std::vector<int32_t> out;
+  if (vocab <= 256) {
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const int b = static_cast<unsigned char>(prompt[i]);
+      SHARD_REQUIRE(b < vocab, "--prompt: byte {} ('{}') at position {} is outside the model's vocabulary of {}", b,
+                    b >= 32 && b < 127 ? std::string(1, prompt[i]) : fmt::format("\\x{:02x}", b), i, vocab);
+      out.push_back(b);
+    }
+    return out;
+  }
+  std::string s = prompt;
+  std::replace(s.begin(), s.end(), ',', ' ');
+  std::istringstream in(s);
+  for (std::string w; in >> w;) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(w, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    SHARD_REQUIRE(used == w.size() && id >= 0 && id < vocab, "--prompt: '{}' is not a token id of the model's "
+                  "vocabulary of {} (a model with more than 256 tokens takes token ids separated by spaces or commas)",
+                  w, vocab);
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab) {
+  std::string out;
+  for (int32_t t : tokens) {
+    if (vocab <= 256) {
+      out.push_back(static_cast<char>(t));
+    } else {
+      if (!out.empty()) out.push_back(' ');
+      out.append(std::to_string(t));
+    }
+  }
+  return out;
+}
+
+}  // namespace shardlab
