@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <chrono>
@@ -39,7 +41,10 @@ std::string record_path(const std::string& dir, int rank) { return fmt::format("
 Record* map_record(const std::string& path, bool create) {
   int fd = ::open(path.c_str(), create ? O_RDWR | O_CREAT | O_TRUNC : O_RDONLY, 0600);
   if (fd < 0) return nullptr;
-  if (create && ::ftruncate(fd, sizeof(Record)) != 0) {
+  struct stat st {};
+  // A reader must not map a record its writer has not sized yet: touching it would raise SIGBUS.
+  bool sized = create ? ::ftruncate(fd, sizeof(Record)) == 0 : ::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(Record));
+  if (!sized) {
     ::close(fd);
     return nullptr;
   }
@@ -85,19 +90,37 @@ class State {
     mine_->waiting.store(seq);
   }
   void end_wait() { mine_->waiting.store(0); }
+  void pause(bool on) { paused_ += on ? 1 : -1; }
 
  private:
+  // The time waited is counted in the ticks this thread actually ran, each at most two periods:
+  // a job suspended as a whole (SIGSTOP of every rank, a scheduler's suspend, a paused VM) does not
+  // time out when it resumes, and time spent paused (a checkpoint being written) does not count.
   void watch() {
+    uint64_t tracked = 0;
+    int64_t counted = 0, last = now_ns();
     while (!stop_) {
       mine_->beat_ns.store(now_ns());
       std::this_thread::sleep_for(std::chrono::milliseconds(kBeatMs));
-      uint64_t k = mine_->waiting.load();
-      if (k == 0 || now_ns() - mine_->wait_since_ns.load() < timeout_ns_ || k != mine_->waiting.load()) continue;
-      diagnose(k);
+      const int64_t t = now_ns(), gap = std::min<int64_t>(t - last, 2 * kBeatNs);
+      last = t;
+      const uint64_t k = mine_->waiting.load();
+      if (k == 0 || paused_.load() > 0) {
+        tracked = 0;
+        continue;
+      }
+      if (k != tracked) {
+        tracked = k;
+        counted = std::min<int64_t>(t - mine_->wait_since_ns.load(), gap);
+        continue;
+      }
+      counted += gap;
+      if (counted >= timeout_ns_) diagnose(k);
     }
   }
 
   static constexpr int kBeatMs = 100;
+  static constexpr int64_t kBeatNs = kBeatMs * 1'000'000ll;
   static constexpr int64_t kFrozenNs = 20 * kBeatMs * 1'000'000ll;  // 2 s without a heartbeat
 
   std::string describe_last(const Record& r, int64_t t) const {
@@ -111,8 +134,9 @@ class State {
   bool already_reported() const { return ::access((dir_ + "/reported").c_str(), F_OK) == 0 || ::access(dir_.c_str(), F_OK) != 0; }
 
   // This rank has waited on collective #k past the timeout: name who is frozen or never arrived,
-  // and end the process. One rank reports: the first to create dir/reported.
-  [[noreturn]] void diagnose(uint64_t k) {
+  // and end the process. One rank reports: the first to create dir/reported. Returns (and the
+  // run goes on) only when the collective completed meanwhile.
+  void diagnose(uint64_t k) {
     const int64_t t = now_ns();
     std::vector<std::string> frozen, behind;
     bool lower_waiting = false;
@@ -133,6 +157,7 @@ class State {
       ::munmap(other, sizeof(Record));
     }
     if (lower_waiting) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (mine_->waiting.load() != k) return;  // it completed after all
     int fd = already_reported() ? -1 : ::open((dir_ + "/reported").c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
     if (fd < 0) std::_Exit(kExitTimeout);  // another rank reports
     ::close(fd);
@@ -158,6 +183,7 @@ class State {
   Record* mine_ = nullptr;
   uint64_t seq_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<int> paused_{0};
   std::thread thread_;
 };
 
@@ -183,6 +209,9 @@ void Watchdog::begin_wait(uint64_t seq) {
 }
 void Watchdog::end_wait() {
   if (g_state) g_state->end_wait();
+}
+void Watchdog::pause(bool on) {
+  if (g_state) g_state->pause(on);
 }
 
 }  // namespace shardlab

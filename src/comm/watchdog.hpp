@@ -1,12 +1,14 @@
 // watchdog.hpp — --collective-timeout: a rank that stops making progress ends the job, named.
 //
 // Each rank publishes, in a small file of its own under a job directory that every rank of the
-// node can read (tmpfs, /dev/shm by default), the number and description of the last collective
+// node can read (tmpfs, /dev/shm by default; the diagnosis is node-local: ranks on other nodes are
+// named as having no record here), the number and description of the last collective
 // it entered and, while it is blocked in one, which and since when. The writer is the rank's own
 // main thread, with plain stores to a shared mapping, so the record stays readable when that rank
 // is frozen (SIGSTOP, a swapped-out host, a debugger): diagnosing a frozen rank never needs its
-// cooperation. A thread per rank wakes every 100 ms; when its rank has waited on collective #k for
-// longer than the timeout, it reads every rank's record and names the ranks that never entered #k
+// cooperation. A thread per rank wakes every 100 ms (its heartbeat); when its rank has waited on
+// collective #k for longer than the timeout (counted in ticks that ran, so a suspended job does not
+// time out on resuming), it reads every rank's record and names the ranks that never entered #k
 // (or, if all did, says the transport did not complete it). The lowest such waiting rank prints the
 // one message; every detecting rank then ends its process with exit code 5, and mpirun ends the
 // rest, frozen ones included.
@@ -33,6 +35,17 @@ class Watchdog {
   // This rank blocks on collective `seq` until end_wait().
   static void begin_wait(uint64_t seq);
   static void end_wait();
+  // While paused (nestable), waiting does not count: phases where one rank legitimately keeps the
+  // others waiting for long (writing a checkpoint) are not hangs.
+  static void pause(bool on);
+};
+
+class WatchdogPause {
+ public:
+  WatchdogPause() { Watchdog::pause(true); }
+  ~WatchdogPause() { Watchdog::pause(false); }
+  WatchdogPause(const WatchdogPause&) = delete;
+  WatchdogPause& operator=(const WatchdogPause&) = delete;
 };
 
 // Blocks on collective `seq` for its lifetime (no-op when the watchdog is off).

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "src/comm/watchdog.hpp"
 #include "src/core/hash.hpp"
 #include "src/model/safetensors.hpp"
 
@@ -106,8 +107,16 @@ void make_tmp_dir(const SavePaths& paths) {
   std::error_code ec;
   fs::create_directories(paths.root, ec);
   SHARD_REQUIRE(!ec, "--save-dir '{}': cannot create it: {}", paths.root.string(), ec.message());
-  for (const auto& e : fs::directory_iterator(paths.root, ec))
-    if (e.path().filename().string().rfind(".tmp.step_", 0) == 0) fs::remove_all(e.path(), ec);
+  for (const auto& e : fs::directory_iterator(paths.root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp.step_", 0) == 0) fs::remove_all(e.path(), ec);
+    // A replaced checkpoint moved aside by a commit that was killed before it finished: the step
+    // is complete under its own name, unless the rename to it never happened.
+    if (n.rfind(".old.step_", 0) == 0) {
+      if (fs::exists(paths.root / n.substr(5) / "manifest.json")) fs::remove_all(e.path(), ec);
+      else fs::rename(e.path(), paths.root / n.substr(5), ec);
+    }
+  }
   fs::create_directory(paths.tmp, ec);
   SHARD_REQUIRE(!ec, "cannot create '{}': {}", paths.tmp.string(), ec.message());
 }
@@ -129,13 +138,13 @@ void add_pieces(nlohmann::json& pieces, const UnitLayout& unit, int64_t a, int64
 // Phase 1 (every rank): per unit, per state, the owned range as f32 into tmp/rank_XXXXX.bin, fsynced;
 // then rank_XXXXX.bin.json with its size, checksum and pieces (tensor -> state -> [piece]).
 // A rank that owns nothing writes neither.
-void write_rank_file(const fs::path& tmp, Trainer& trainer) {
+bool write_rank_file(const fs::path& tmp, Trainer& trainer) {
   Strategy& st = trainer.strategy();
   const auto& units = trainer.units();
   const int rank = trainer.comm().rank();
   bool owns = false;
   for (size_t u = 0; u < units.size(); ++u) owns |= st.saved_range(u).second > st.saved_range(u).first;
-  if (!owns) return;
+  if (!owns) return false;
   const auto names = st.owned_state_names();
   nlohmann::json pieces = nlohmann::json::object();
   CheckedWriter w(tmp / rank_file(rank));
@@ -159,6 +168,7 @@ void write_rank_file(const fs::path& tmp, Trainer& trainer) {
   nlohmann::json side = {{"file", rank_file(rank)}, {"bytes", bytes},
                          {"checksum", fmt::format("fnv1a64:{:016x}", hash)}, {"pieces", pieces}};
   write_small_file(tmp / (rank_file(rank) + ".json"), side.dump());
+  return true;
 }
 
 // The manifest's description of the run (format, model, strategy, ..., seed); files and tensors empty.
@@ -182,8 +192,13 @@ nlohmann::json manifest_head(const TrainConfig& c, int world, int64_t step, cons
 }
 
 // Phase 2 (rank 0): the side files (consumed) and every tensor's shape into tmp/manifest.json.
-void merge_manifest(const fs::path& tmp, int64_t step, Trainer& trainer) {
+// `wrote[r]` says whether rank r wrote a file: each of those must have left its side file.
+void merge_manifest(const fs::path& tmp, int64_t step, Trainer& trainer, const std::vector<uint64_t>& wrote) {
   const int world = trainer.comm().world_size();
+  for (int r = 0; r < world; ++r)
+    SHARD_REQUIRE(!wrote[static_cast<size_t>(r)] || fs::exists(tmp / (rank_file(r) + ".json")),
+                  "rank {} wrote '{}' but its description '{}' is not there", r, (tmp / rank_file(r)).string(),
+                  (tmp / (rank_file(r) + ".json")).string());
   nlohmann::json m = manifest_head(trainer.config(), world, step, trainer.strategy().owned_state_names());
   if (auto v = trainer.checkpoint_val_loss()) m["val_loss"] = *v;
   for (int r = 0; r < world; ++r) {
@@ -203,17 +218,27 @@ void merge_manifest(const fs::path& tmp, int64_t step, Trainer& trainer) {
 
 // Phase 3 (rank 0): make the manifest and directory durable, then publish it with one rename
 // (replacing an older checkpoint of the same step), and make the rename durable.
+// A checkpoint of the same step already there is first renamed aside (.old.step_...), so a kill at
+// any moment leaves one complete copy of the step.
 void commit_checkpoint(const SavePaths& paths) {
   fsync_path(paths.tmp, true);
   std::error_code ec;
-  if (fs::exists(paths.final_dir)) fs::remove_all(paths.final_dir, ec);
+  const fs::path aside = paths.root / (".old." + paths.final_dir.filename().string());
+  if (fs::exists(paths.final_dir)) {
+    fs::remove_all(aside, ec);
+    fs::rename(paths.final_dir, aside, ec);
+    SHARD_REQUIRE(!ec, "cannot move '{}' aside: {}", paths.final_dir.string(), ec.message());
+  }
   fs::rename(paths.tmp, paths.final_dir, ec);
   SHARD_REQUIRE(!ec, "cannot rename '{}' to '{}': {}", paths.tmp.string(), paths.final_dir.string(), ec.message());
   fsync_path(paths.root, true);
+  fs::remove_all(aside, ec);
 }
 
-// --save-keep: the newest `keep` complete checkpoints stay; older ones go (rank 0, after a commit).
-void prune_checkpoints(const fs::path& root, int64_t keep) {
+// --save-keep: of the complete checkpoints up to `step` (the one just committed), the newest `keep`
+// stay and older ones go (rank 0, after a commit). Checkpoints of later steps (left by a run that was
+// resumed from an earlier one) are not this run's to delete.
+void prune_checkpoints(const fs::path& root, int64_t keep, int64_t step) {
   if (keep <= 0) return;
   std::vector<fs::path> complete;
   std::error_code ec;
@@ -221,7 +246,8 @@ void prune_checkpoints(const fs::path& root, int64_t keep) {
   for (const auto& e : fs::directory_iterator(root, ec)) {
     std::string n = e.path().filename().string();
     if (n == best) continue;  // --save-best's checkpoint stays, beside the newest `keep`
-    if (n.rfind("step_", 0) == 0 && fs::exists(e.path() / "manifest.json")) complete.push_back(e.path());
+    if (n.rfind("step_", 0) != 0 || n > step_name(step) || !fs::exists(e.path() / "manifest.json")) continue;
+    complete.push_back(e.path());
   }
   std::sort(complete.begin(), complete.end());
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i], ec);
@@ -250,20 +276,23 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
   const fs::path root(dir);
   const SavePaths paths{root, root / (".tmp." + step_name(step)), root / step_name(step)};
   std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
+  WatchdogPause pause;  // rank 0 alone may keep the others waiting for long: that is not a hang
   const bool root_rank = comm.rank() == 0;
   agree(comm, root_rank, [&] { make_tmp_dir(paths); }, step);
   try {
-    agree(comm, true, [&] { write_rank_file(paths.tmp, trainer); }, step);
+    uint64_t wrote = 0;
+    agree(comm, true, [&] { wrote = write_rank_file(paths.tmp, trainer); }, step);
+    const std::vector<uint64_t> writers = comm.gather_u64(std::span<const uint64_t>(&wrote, 1));
     agree(comm, root_rank, [&] {
-      merge_manifest(paths.tmp, step, trainer);
+      merge_manifest(paths.tmp, step, trainer, writers);
       commit_checkpoint(paths);
+      prune_checkpoints(root, keep, step);
     }, step);
   } catch (const InputError&) {
     std::error_code ec;
     if (root_rank) fs::remove_all(paths.tmp, ec);  // the next save would clean it up anyway
     throw;
   }
-  if (root_rank) prune_checkpoints(root, keep);
   return paths.final_dir.string();
 }
 
@@ -276,7 +305,7 @@ void mark_best_checkpoint(const std::string& dir, int64_t step, int64_t keep) {
   fs::rename(tmp, link, ec);
   SHARD_REQUIRE(!ec, "--save-best: cannot rename '{}' to '{}': {}", tmp.string(), link.string(), ec.message());
   fsync_path(root, true);
-  prune_checkpoints(root, keep);  // the previous best, now unprotected, may be past --save-keep
+  prune_checkpoints(root, keep, step);  // the previous best, now unprotected, may be past --save-keep
 }
 
 std::string best_checkpoint(const std::string& dir) {
@@ -327,21 +356,9 @@ void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDe
   const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
   SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
                 nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
-  // Pieces may overlap (replicas of one range, as older DDP checkpoints hold): each element is read
-  // once, from the first piece that covers it, walking the pieces in order of their start.
-  std::vector<const ManifestPiece*> order;
-  for (const ManifestPiece& p : *pieces) order.push_back(&p);
-  std::stable_sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->begin < y->begin; });
-  int64_t next = lo;  // the first element not read yet
-  for (const ManifestPiece* p : order) {
-    int64_t x0 = std::max(next, p->begin), x1 = std::min(hi, p->end);
-    if (x0 >= x1 || p->begin > next) continue;  // nothing new here, or a gap before it (reported below)
-    files.read(p->rank, p->offset + static_cast<uint64_t>(x0 - p->begin) * sizeof(float), dst + (x0 - lo),
-               static_cast<size_t>(x1 - x0), t.name);
-    next = x1;
-  }
-  SHARD_REQUIRE(next == hi, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
-                path, next - lo, hi - lo, lo, hi, state, t.name);
+  const int64_t covered = read_pieces(files, *pieces, lo, hi, dst, t.name);
+  SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
+                path, covered, hi - lo, lo, hi, state, t.name);
 }
 
 }  // namespace

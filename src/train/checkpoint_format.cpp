@@ -192,6 +192,25 @@ Manifest read_manifest(const fs::path& dir) {
 
 // ---- Checked reads of the per-rank files ----------------------------------------------------------
 
+int64_t read_pieces(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, int64_t lo, int64_t hi, float* dst,
+                    const std::string& tensor) {
+  std::vector<const ManifestPiece*> order;
+  for (const ManifestPiece& p : pieces) order.push_back(&p);
+  std::stable_sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->begin < y->begin; });
+  int64_t next = lo;  // the first element not read yet
+  for (const ManifestPiece* p : order) {
+    if (p->begin > next) break;  // a gap: what follows does not continue [lo, next)
+    int64_t x0 = std::max(next, p->begin), x1 = std::min(hi, p->end);
+    if (x0 >= x1) continue;  // nothing new in this piece
+    if (dst)
+      files.read(p->rank, p->offset + static_cast<uint64_t>(x0 - p->begin) * sizeof(float), dst + (x0 - lo),
+                 static_cast<size_t>(x1 - x0), tensor);
+    next = x1;
+    if (next == hi) break;
+  }
+  return next - lo;
+}
+
 CheckpointFiles::CheckpointFiles(fs::path dir, const std::vector<ManifestFile>& files) : dir_(std::move(dir)) {
   for (const ManifestFile& f : files) by_rank_[f.rank] = f;
 }
@@ -260,17 +279,16 @@ namespace {
 std::vector<float> read_param(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& path) {
   const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, "param");
   SHARD_REQUIRE(pieces, "checkpoint '{}' has no parameters for tensor '{}'", path, t.name);
-  int64_t covered = 0;
   for (const ManifestPiece& p : *pieces) {
     SHARD_REQUIRE(p.begin >= 0 && p.end <= t.numel && p.begin < p.end, "checkpoint '{}': bad range [{}, {}) for '{}'", path,
                   p.begin, p.end, t.name);
     files.check_range(p.rank, p.offset, static_cast<uint64_t>(p.end - p.begin), t.name);
-    covered += p.end - p.begin;
   }
-  SHARD_REQUIRE(covered == t.numel, "checkpoint '{}' covers {} of the {} elements of '{}'", path, covered, t.numel, t.name);
+  SHARD_REQUIRE(read_pieces(files, *pieces, 0, t.numel, nullptr, t.name) == t.numel,
+                "checkpoint '{}' covers {} of the {} elements of '{}'", path,
+                read_pieces(files, *pieces, 0, t.numel, nullptr, t.name), t.numel, t.name);
   std::vector<float> v(static_cast<size_t>(t.numel));
-  for (const ManifestPiece& p : *pieces)
-    files.read(p.rank, p.offset, v.data() + p.begin, static_cast<size_t>(p.end - p.begin), t.name);
+  read_pieces(files, *pieces, 0, t.numel, v.data(), t.name);
   return v;
 }
 

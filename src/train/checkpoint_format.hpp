@@ -70,6 +70,14 @@ struct Manifest {
 Manifest parse_manifest(const std::string& text, const std::string& origin);
 Manifest read_manifest(const std::filesystem::path& dir);  // dir/manifest.json, parsed and validated
 
+// Reads elements [lo, hi) of one state of a tensor from its pieces into dst[0, hi - lo) (nothing is
+// read when dst is null). Pieces may overlap (replicas of a range, as older DDP checkpoints hold):
+// each element is read once, from the first piece that covers it, in order of the pieces' starts.
+// Returns how many elements from lo on are covered without a gap (hi - lo when all are).
+class CheckpointFiles;
+int64_t read_pieces(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, int64_t lo, int64_t hi, float* dst,
+                    const std::string& tensor);
+
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);
 // Writes a consolidated HF-named safetensors file, one tensor in memory at a time.

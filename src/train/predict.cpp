@@ -8,21 +8,18 @@ Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro
   SHARD_REQUIRE(world >= 1 && rank >= 0 && rank < world, "predict: rank {} of a world of {}", rank, world);
   SHARD_REQUIRE(micro_batch >= 1 && micro_batch <= (int64_t{1} << 24), "--micro-batch {}: expected 1 to 16777216",
                 micro_batch);
-  TrainConfig c = cfg;
+  // Only what shapes a training step's memory is taken from the run (an allowlist: data, validation,
+  // checkpoints, logs and samples are not part of a step, and their options must not be validated here).
+  TrainConfig c;
+  c.spec = cfg.spec;
+  c.strategy = cfg.strategy;
+  c.optim = cfg.optim;
+  c.schedule = cfg.schedule;
+  c.accum = cfg.accum;
+  c.grad_clip = cfg.grad_clip;
+  c.seed = cfg.seed;
   c.batch = micro_batch * c.accum * world;
   c.steps = 1;
-  c.init.clear();
-  c.resume.clear();
-  c.save_dir.clear();
-  c.save_every = 0;
-  c.save_best = false;  // one training step: no validation, samples or best checkpoint
-  c.val_data.clear();
-  c.val_fraction = 0;
-  c.val_every = 0;
-  c.sample_every = 0;
-  c.log_path.clear();
-  c.save_path.clear();
-  c.check_collectives = false;
   c.record_step = timeline;
   // Token values are never read on the meta backend: one sequence of zeros stands in for the data.
   auto tokens = std::make_shared<TokenStream>();

@@ -348,26 +348,20 @@ void log_step(std::ofstream& log, const StepStats& s) {
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-// Installs the handlers for the run's lifetime and restores the previous ones afterwards.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~StopSignals() {
-    for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &old_[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  static constexpr int kSignals[2] = {SIGTERM, SIGUSR1};
-  struct sigaction old_[2];
-};
+// Installs the handlers when a run starts and keeps them for the rest of the process: a second
+// signal during the save, the reports or the shutdown is recorded and changes nothing. SA_RESTART:
+// a system call the signal interrupts (a checkpoint write) resumes instead of failing. SIGXFSZ is
+// ignored, so a write past `ulimit -f` (log, checkpoint) is an error naming the file.
+void install_stop_signals() {
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);
+}
 
 }  // namespace
 
@@ -420,7 +414,7 @@ StepStats Trainer::run(std::FILE* out) {
     return {};
   }
   if (root) print_header(out);
-  StopSignals signals;
+  install_stop_signals();
   RunSummary sum;
   for (int64_t t = start_step_; t < cfg_.steps; ++t) {
     StepStats s = step(t);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Faults of long runs, with real signals and real limits. Each case prints what happened and ends
 # with PASS (CTest matches it) or FAIL and a non-zero exit.
-# usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigterm_no_save_dir | save_ulimit |
-#                                          sigkill_midstep | save_keep | soak
+# usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
+#                                          save_ulimit | sigkill_midstep | save_keep | soak
 set -u
 bin=$1 case=$2
 work=$(mktemp -d)
@@ -14,11 +14,21 @@ train=("$bin" train --model tiny --batch 4 --threads 1 --print-every 100000 --sc
 
 fail() { echo "FAIL: $*"; exit 1; }
 losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
-# PIDs of the job's ranks, by their MPI rank (from the environment Open MPI gives each rank).
+# The PID of rank $1 of the job started last: a child of its mpirun (--nproc execs mpirun, so $job is
+# mpirun), found by the MPI rank in its environment. Only this job's processes are ever signalled.
 rank_pid() {
-  for p in $(pgrep -f "shardlab train"); do
+  for p in $(pgrep -P "$job"); do
     tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
   done
+}
+# Waits for the job, at most $1 seconds (a broken handler must fail the test, not hang it).
+wait_job() {
+  for _ in $(seq 1 $(($1 * 10))); do
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$job" 2>/dev/null; then kill -KILL "$job"; fail "the job did not end within $1 s"; fi
+  wait "$job"
 }
 wait_for_steps() {  # until the JSONL log has $2 lines
   for _ in $(seq 1 300); do
@@ -38,16 +48,18 @@ check_resume_identical() {  # log_of_resumed_part total_steps
 }
 
 case $case in
-sigterm_all | sigterm_one)
+sigterm_all | sigterm_one | sigusr1_mpirun)
   "${train[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --log "$work/a.log" >"$work/out" 2>&1 &
   job=$!
   wait_for_steps "$work/a.log" 50
   t0=$(date +%s%N)
-  if [ "$case" = sigterm_all ]; then kill -TERM $(rank_pid 0) $(rank_pid 1); else kill -TERM $(rank_pid 1); fi
-  wait $job; rc=$?
+  # Open MPI's mpirun forwards SIGUSR1 to the ranks (SIGTERM it answers by killing them a second later).
+  if [ "$case" = sigusr1_mpirun ]; then kill -USR1 "$job"
+  elif [ "$case" = sigterm_all ]; then kill -TERM $(rank_pid 0) $(rank_pid 1); else kill -TERM $(rank_pid 1); fi
+  wait_job 60; rc=$?
   echo "exit $rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms"; grep -v '^step' "$work/out"
   [ $rc -eq 0 ] || fail "expected exit 0"
-  n=$(sed -n 's/^saved step \([0-9]*\) on SIGTERM$/\1/p' "$work/out")
+  n=$(sed -n 's/^saved step \([0-9]*\) on SIG[A-Z0-9]*$/\1/p' "$work/out")
   [ -n "$n" ] && [ -d "$work/ck/step_$(printf %08d "$n")" ] || fail "no checkpoint of the step in progress"
   "${train[@]}" --nproc 2 --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
     fail "resume failed"
@@ -58,14 +70,14 @@ sigterm_no_save_dir)
   job=$!
   wait_for_steps "$work/a.log" 20
   kill -TERM $(rank_pid 0)
-  wait $job; rc=$?
+  wait_job 60; rc=$?
   grep -v '^step' "$work/out"
   [ $rc -ne 0 ] || fail "expected a non-zero exit without --save-dir"
   grep -q "no --save-dir to save to" "$work/out" || fail "the message does not say why"
   ;;
 save_ulimit)
-  # A first checkpoint at step 4; then, with a file-size limit (4 MiB: Open MPI needs about that
-  # for its own shared-memory files) below one rank file (9.5 MiB), the save of
+  # A first checkpoint at step 4; then, with a file-size limit (ulimit -f 8192: 8 MiB; Open MPI's
+  # own shared-memory files need a few MiB) below one rank file (9.5 MiB), the save of
   # step 8 fails: non-zero, naming the file and the reason; step 4 stays the newest and resumes.
   small=("$bin" train --model small --seq 32 --batch 4 --threads 1)
   "${small[@]}" --nproc 2 --steps 4 --save-dir "$work/ck" >/dev/null 2>&1 || fail "first run failed"
@@ -75,7 +87,7 @@ save_ulimit)
   grep -v '^step' "$work/out" | grep -i "error\|saving" | head -3
   [ $rc -ne 0 ] || fail "expected a non-zero exit"
   grep -q "rank_0000[01].bin' failed at byte [0-9]*: File too large" "$work/out" || fail "the file and reason are not named"
-  [ "$(ls "$work/ck")" = "step_00000004" ] || fail "expected only step_00000004 left: $(ls -a "$work/ck")"
+  [ "$(ls -A "$work/ck")" = "step_00000004" ] || fail "expected only step_00000004 left: $(ls -A "$work/ck")"
   "${small[@]}" --nproc 2 --steps 8 --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 || fail "resume failed"
   "${small[@]}" --nproc 2 --steps 8 --log "$work/full.log" >/dev/null 2>&1 || fail "uninterrupted run failed"
   [ "$(losses "$work/b.log")" = "$(losses "$work/full.log" | cut -d' ' -f5-)" ] || fail "resumed losses differ"
@@ -87,7 +99,7 @@ sigkill_midstep)
   wait_for_steps "$work/a.log" 50
   t0=$(date +%s%N)
   kill -KILL $(rank_pid 1)
-  wait $job; rc=$?
+  wait_job 60; rc=$?
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   echo "exit $rc, job ended $ms ms after SIGKILL"
   [ $rc -ne 0 ] || fail "expected a non-zero exit"

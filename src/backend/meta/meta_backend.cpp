@@ -3,8 +3,9 @@
 // The memory prediction runs the real training step (runner, strategy, optimizer, communicator
 // staging) on this backend, so each strategy is written once and the prediction is what that code
 // allocates (PyTorch's FSDP memory tracker runs the real model under fake tensors for the same
-// reason). raw_alloc hands out addresses from a reserved-nothing counter: distinct, aligned, and
-// never mapped, so a kernel that touched one would fault at once instead of reading garbage.
+// reason). raw_alloc hands out addresses from a counter in the non-canonical part of the address
+// space: distinct, aligned, and never mappable, so code that touched one would fault at once
+// instead of reading garbage.
 // Every kernel, copy and cast returns without touching memory; reductions leave `out` unwritten,
 // so a loss or norm read back through copy() keeps whatever the host buffer held (callers zero it).
 #include <atomic>
@@ -27,7 +28,7 @@ class MetaBackend final : public Backend {
   int threads() const override { return 1; }
 
   void* raw_alloc(size_t bytes) override {
-    // Far above any real mapping of a 48-bit address space's lower half; 256-byte aligned.
+    // 256-byte aligned, with a gap between blocks.
     uintptr_t p = next_.fetch_add((bytes + 255) / 256 * 256 + 256);
     return reinterpret_cast<void*>(p);
   }
@@ -65,7 +66,9 @@ class MetaBackend final : public Backend {
   void sgd_update(Tensor, Tensor, Tensor, const SgdArgs&) override {}
 
  private:
-  std::atomic<uintptr_t> next_{uintptr_t{0x7f00} << 32};
+  // Non-canonical on x86-64 (bits 48-63 differ from bit 47): any dereference faults at once, and
+  // no real mapping can ever lie there, however many terabytes a prediction hands out.
+  std::atomic<uintptr_t> next_{uintptr_t{0xdead} << 48};
 };
 
 }  // namespace
