@@ -312,6 +312,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   TrainOptions opts;
   TrainConfig cfg;
+  std::string tokenizer_dir;
   po::options_description desc("train options");
   add_common(desc, common);
   opts.add(desc, cfg);
@@ -329,6 +330,9 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "print a sample from rank 0 every K steps and at the end (0 = never); the parameters are gathered as in a "
       "forward")(
       "sample-prompt", po::value(&cfg.sample_prompt)->default_value(""), "the samples' prompt (as sample --prompt)")(
+      "tokenizer", po::value(&tokenizer_dir)->default_value(""),
+      "a directory with GPT-2's encoder.json and vocab.bpe: prompts and samples as text "
+      "(scripts/fetch-gpt2-tokenizer.sh DIR fetches them)")(
       "sample-tokens", po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
       "sample-temperature", po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
       "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step")(
@@ -343,6 +347,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   reports.add(desc, true);
   if (!parse(args, desc, mpi, "train")) return 0;
   opts.finish(cfg);
+  if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
   cfg.record_step = reports.any();
   start_watchdog(mpi, common.collective_timeout);
   auto backend = opts.backend(common, mpi);
@@ -407,7 +412,7 @@ int cmd_sample(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   ModelOptions model;
   TrainConfig cfg;
   SampleConfig sc;
-  std::string prompt;
+  std::string prompt, tokenizer_dir;
   int64_t seed = static_cast<int64_t>(sc.seed);
   po::options_description desc("sample options");
   add_common(desc, common);
@@ -420,7 +425,10 @@ int cmd_sample(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "tokens", po::value(&sc.tokens)->default_value(sc.tokens), "tokens to generate")(
       "temperature", po::value(&sc.temperature)->default_value(sc.temperature, "1.0"), "softmax temperature (0 = greedy)")(
       "top-k", po::value(&sc.top_k)->default_value(sc.top_k), "sample among the K most likely tokens (0 = all, 1 = greedy)")(
-      "seed", po::value(&seed)->default_value(seed), "sampling seed: the same seed gives the same sample");
+      "seed", po::value(&seed)->default_value(seed), "sampling seed: the same seed gives the same sample")(
+      "tokenizer", po::value(&tokenizer_dir)->default_value(""),
+      "a directory with GPT-2's encoder.json and vocab.bpe: the prompt and the sample as text "
+      "(scripts/fetch-gpt2-tokenizer.sh DIR fetches them)");
   if (!parse(args, desc, mpi, "sample")) return 0;
   SHARD_REQUIRE(mpi.world() == 1, "sample runs on one rank (started on {})", mpi.world());
   SHARD_REQUIRE(cfg.init.empty() != cfg.resume.empty(), "sample needs exactly one model: --init FILE or --resume CKPT");
@@ -437,7 +445,8 @@ int cmd_sample(const std::vector<std::string>& args, const MpiRuntime& mpi) {
     cfg.spec = model.spec();
   }
   sc.validate(cfg.spec.vocab);
-  std::vector<int32_t> tokens = encode_prompt(prompt, cfg.spec.vocab);
+  if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+  std::vector<int32_t> tokens = encode_prompt(prompt, cfg.spec.vocab, cfg.tokenizer.get());
   SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= cfg.spec.seq,
                 "--prompt has {} tokens, more than the model's {} positions (--seq)", tokens.size(), cfg.spec.seq);
   auto backend = make_cpu(common, mpi);
@@ -450,7 +459,7 @@ int cmd_sample(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   const size_t given = tokens.size();
   tokens = trainer.generate(tokens, sc);
   if (given == 0) tokens.erase(tokens.begin());  // the newline that stood in for an empty prompt
-  std::string text = decode_tokens(tokens, cfg.spec.vocab);
+  std::string text = decode_tokens(tokens, cfg.spec.vocab, cfg.tokenizer.get());
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
   return kOk;

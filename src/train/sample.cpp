@@ -1,5 +1,7 @@
 #include "src/train/sample.hpp"
 
+#include "src/train/tokenizer.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -42,7 +44,12 @@ int32_t sample_token(std::span<const float> logits, const SampleConfig& c, int64
   return order[k - 1];
 }
 
-std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab) {
+std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, const Gpt2Tokenizer* tokenizer) {
+  if (tokenizer) {
+    SHARD_REQUIRE(static_cast<int64_t>(tokenizer->size()) <= vocab,
+                  "--tokenizer has {} tokens, more than the model's vocabulary of {}", tokenizer->size(), vocab);
+    return tokenizer->encode(prompt);
+  }
   std::vector<int32_t> out;
   if (vocab <= 256) {
     for (size_t i = 0; i < prompt.size(); ++i) {
@@ -72,7 +79,14 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab) {
   return out;
 }
 
-std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab) {
+std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab, const Gpt2Tokenizer* tokenizer) {
+  if (tokenizer) {  // ids past the tokenizer's (a padded vocabulary) print as <id>
+    std::string out;
+    for (int32_t t : tokens)
+      out += t >= 0 && static_cast<size_t>(t) < tokenizer->size() ? tokenizer->decode(std::span<const int32_t>(&t, 1))
+                                                                   : fmt::format("<{}>", t);
+    return out;
+  }
   std::string out;
   for (int32_t t : tokens) {
     if (vocab <= 256) {

@@ -46,7 +46,7 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(sample_every >= 0, "--sample-every {}: expected 0 (never) or a positive number of steps", sample_every);
   if (sample_every > 0) {
     sample.validate(spec.vocab);
-    SHARD_REQUIRE(static_cast<int64_t>(encode_prompt(sample_prompt, spec.vocab).size()) <= spec.seq,
+    SHARD_REQUIRE(static_cast<int64_t>(encode_prompt(sample_prompt, spec.vocab, tokenizer.get()).size()) <= spec.seq,
                   "--sample-prompt is longer than the model's {} positions", spec.seq);
   }
   SHARD_REQUIRE(!save_best || !save_dir.empty(), "--save-best needs --save-dir (where the checkpoints go)");
@@ -439,11 +439,11 @@ StepStats Trainer::run(std::FILE* out) {
       SampleConfig c = cfg_.sample;
       c.seed = cfg_.seed;
       c.stream = static_cast<uint64_t>(t + 1);
-      const auto prompt = encode_prompt(cfg_.sample_prompt, cfg_.spec.vocab);
+      const auto prompt = encode_prompt(cfg_.sample_prompt, cfg_.spec.vocab, cfg_.tokenizer.get());
       const auto tokens = generate(prompt, c);
       if (root) {
         std::fprintf(out, "step %5lld/%lld | sample: %s\n", static_cast<long long>(t + 1),
-                     static_cast<long long>(cfg_.steps), decode_tokens(tokens, cfg_.spec.vocab).c_str());
+                     static_cast<long long>(cfg_.steps), decode_tokens(tokens, cfg_.spec.vocab, cfg_.tokenizer.get()).c_str());
         std::fflush(out);
       }
     }

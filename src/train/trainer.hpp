@@ -12,6 +12,7 @@
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/train/data.hpp"
+#include "src/train/tokenizer.hpp"
 #include "src/train/sample.hpp"
 
 namespace shardlab {
@@ -47,6 +48,7 @@ struct TrainConfig {
   bool save_best = false;     // keep save_dir/best -> the checkpoint of the lowest validation loss
   int64_t sample_every = 0;   // print a sample from rank 0 every K steps (0 = never)
   std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
+  std::shared_ptr<const Gpt2Tokenizer> tokenizer;  // --tokenizer: prompts and samples as text (GPT-2 BPE)
   SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
   void validate(int world) const;
