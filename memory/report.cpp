@@ -69,14 +69,16 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   std::fprintf(out, "%s\nper rank, composition at the step's peak (%s)\n", r.title.c_str(), u.name);
   std::fprintf(out, "%-10s %-5s", "strategy", "");
   for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8s", kShort[k]);
-  std::fprintf(out, " %9s %9s %7s %7s", "peak", "states", "vs ddp", "vs dp");
+  std::fprintf(out, " %9s %9s %9s %7s %7s", "peak", "states", "val peak", "vs ddp", "vs dp");
   if (r.budget) std::fprintf(out, " %5s %7s", "fits", "max mb");
   std::fprintf(out, "  peak during\n");
   auto line = [&](const std::string& name, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
                   const Phase& phase, const MemoryRow* row) {
     std::fprintf(out, "%-10s %-5s", name.c_str(), kind);
     for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8.2f", double(c[k]) / u.div);
-    std::fprintf(out, " %9.2f %9.2f %7s %7s", double(peak) / u.div, double(states) / u.div,
+    std::fprintf(out, " %9.2f %9.2f %9s %7s %7s", double(peak) / u.div, double(states) / u.div,
+                 row && row->predicted_eval_peak ? fmt::format("{:.2f}", double(row->predicted_eval_peak) / u.div).c_str()
+                                                 : "",
                  ddp ? pct(double(peak), double(ddp->predicted.peak)).c_str() : "-",
                  dp0 ? pct(double(peak), double(dp0->predicted.peak)).c_str() : "-");
     if (r.budget && row)
@@ -103,7 +105,8 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
                "columns: p_shard/p_full parameters (sharded / gathered or replicated), g_shard/g_full gradients, "
                "master fp32 master weights,\noptim optimizer state, activ activations, comm communication buffers, "
                "work workspaces. states: parameters, gradients,\nmaster weights and optimizer state held between "
-               "steps. vs ddp / vs dp: peak against DDP's and DP's rank 0 (predicted).%s\n",
+               "steps. val peak: a validation pass (forward only). vs ddp / vs dp: peak against DDP's and DP's rank 0 "
+               "(predicted).%s\n",
                r.budget ? fmt::format(" fits: predicted peak within the {} budget; max mb: the largest "
                                       "micro-batch that fits.", format_bytes(double(r.budget))).c_str()
                         : "");
@@ -128,7 +131,8 @@ std::string memory_report_json(const MemoryReport& r) {
       tl.push_back({{"phase", label(p.phase)}, {"total", total(p.live)}, {"by_category", cats(p.live)}});
     o["predicted"] = {{"model_states", cats(e.model_states)}, {"at_peak", cats(e.at_peak)},
                       {"peak_by_category", cats(e.peak_by_category)}, {"peak", e.peak},
-                      {"peak_phase", label(e.peak_phase)}, {"timeline", tl}};
+                      {"peak_phase", label(e.peak_phase)}, {"eval_peak", row.predicted_eval_peak},
+                      {"timeline", tl}};
     if (row.measured) {
       nlohmann::json mt = nlohmann::json::array();
       for (const auto& ev : row.measured_timeline)

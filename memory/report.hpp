@@ -26,6 +26,7 @@ struct MemoryRow {
   std::string label;          // "zero3", "dp rank 0", "dp others"
   Baseline baseline = Baseline::none;
   Estimate predicted;
+  uint64_t predicted_eval_peak = 0;  // a validation pass's peak (forward only); 0 = not predicted
   bool measured = false;
   CategoryBytes measured_states{}, measured_at_peak{}, measured_peak_by_category{};
   uint64_t measured_peak = 0;

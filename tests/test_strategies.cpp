@@ -359,6 +359,35 @@ TEST_CASE("the prediction (meta backend, sim) equals what an MPI run's ledger me
       }
 }
 
+TEST_CASE("the predicted validation pass equals what an MPI run's ledger measures", "[strategies][estimator]") {
+  const int N = g_mpi->world();
+  for (DType dt : {DType::f32, DType::bf16})
+    for (StrategyKind s : all_strategies()) {
+      TrainConfig cfg = parity_config(s, N);
+      cfg.batch = 4 * N;
+      cfg.accum = 2;
+      cfg.steps = 1;
+      cfg.val_fraction = 0.1;
+      cfg.val_batches = 2;
+      cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = dt;
+      auto be = make_cpu_backend(BackendConfig{1});
+      Pool pool(*be);
+      auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+      Trainer t(*be, pool, *comm, cfg);
+      t.step(0);
+      t.evaluate();
+      Estimate m = t.measured_eval();
+      Estimate e = predict_eval(cfg, N, g_mpi->rank(), cfg.batch / N / cfg.accum);
+      INFO(strategy_name(s) << " " << dtype_name(dt) << " world " << N << " rank " << g_mpi->rank()
+                            << ": validation peak predicted " << e.peak << ", measured " << m.peak);
+      CHECK(m.peak == e.peak);
+      CHECK(m.at_peak == e.at_peak);
+      CHECK(m.peak_by_category == e.peak_by_category);
+      CHECK(m.peak_phase == e.peak_phase);
+      CHECK(m.peak > m.model_state_total());  // activations were live: the pass ran
+    }
+}
+
 TEST_CASE("profile --measure: measured equals predicted, with real ranks or the sim communicator", "[profile]") {
   int procs = g_mpi->world();
   ProfileConfig pc;

@@ -4,7 +4,11 @@
 
 namespace shardlab {
 
-Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline) {
+namespace {
+
+// Only what shapes a step's memory, from the run's configuration, for `micro_batch` sequences per
+// rank and micro-step.
+TrainConfig step_config(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline) {
   SHARD_REQUIRE(world >= 1 && rank >= 0 && rank < world, "predict: rank {} of a world of {}", rank, world);
   SHARD_REQUIRE(micro_batch >= 1 && micro_batch <= (int64_t{1} << 24), "--micro-batch {}: expected 1 to 16777216",
                 micro_batch);
@@ -21,16 +25,41 @@ Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro
   c.batch = micro_batch * c.accum * world;
   c.steps = 1;
   c.record_step = timeline;
-  // Token values are never read on the meta backend: one sequence of zeros stands in for the data.
-  auto tokens = std::make_shared<TokenStream>();
-  tokens->tokens.assign(static_cast<size_t>(c.spec.seq + 1), 0);
-  tokens->source = "(prediction: no data)";
+  return c;
+}
+
+// Token values are never read on the meta backend: zeros stand in for the data.
+std::shared_ptr<TokenStream> stand_in(int64_t tokens) {
+  auto s = std::make_shared<TokenStream>();
+  s->tokens.assign(static_cast<size_t>(tokens), 0);
+  s->source = "(prediction: no data)";
+  return s;
+}
+
+}  // namespace
+
+Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline) {
+  TrainConfig c = step_config(cfg, world, rank, micro_batch, timeline);
   auto be = make_meta_backend();
   Pool pool(*be);  // no budget: the prediction says how much; callers compare it with theirs
   auto comm = make_sim_communicator(rank, world, pool);
-  Trainer t(*be, pool, *comm, c, std::move(tokens));
+  Trainer t(*be, pool, *comm, c, stand_in(c.spec.seq + 1));
   t.step(0);
   return t.measured_step();
+}
+
+Estimate predict_eval(const TrainConfig& cfg, int world, int rank, int64_t micro_batch) {
+  TrainConfig c = step_config(cfg, world, rank, micro_batch, false);
+  // A stand-in stream whose second half holds exactly one global batch of validation sequences.
+  const int64_t half = c.batch * c.spec.seq + 1;
+  c.val_fraction = 0.5;
+  c.val_batches = 1;
+  auto be = make_meta_backend();
+  Pool pool(*be);
+  auto comm = make_sim_communicator(rank, world, pool);
+  Trainer t(*be, pool, *comm, c, stand_in(2 * half));
+  t.evaluate();
+  return t.measured_eval();
 }
 
 }  // namespace shardlab

@@ -17,5 +17,8 @@ namespace shardlab {
 // Rank `rank` of `world` running cfg with micro-batches of `micro_batch` sequences (cfg.batch and
 // cfg.data are ignored). With `timeline`, the step's allocations are kept in the result.
 Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline = true);
+// The same for an evaluation pass (validation: forward only, units gathered and freed as in a
+// training forward): its peak and composition; model_states as for the step.
+Estimate predict_eval(const TrainConfig& cfg, int world, int rank, int64_t micro_batch);
 
 }  // namespace shardlab

@@ -51,6 +51,9 @@ MemoryRow predicted_row(const ProfileConfig& cfg, const RowSpec& r) {
                  : r.kind == StrategyKind::dp && r.rank == 0 ? Baseline::dp
                                                              : Baseline::none;
   row.predicted = predict(cfg, r.kind, r.rank, cfg.micro_batch);
+  TrainConfig t = cfg.train;
+  t.strategy.kind = r.kind;
+  row.predicted_eval_peak = predict_eval(t, cfg.world, r.rank, cfg.micro_batch).peak;
   if (cfg.budget) {
     row.fits = row.predicted.peak <= cfg.budget;
     row.max_micro_batch = largest_fitting(cfg, r);

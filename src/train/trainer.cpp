@@ -57,8 +57,13 @@ void TrainConfig::validate(int world) const {
 }
 
 Trainer::Streams Trainer::load_streams(const TrainConfig& cfg, std::shared_ptr<const TokenStream> tokens) {
-  // A stand-in stream (predictions) comes without validation: they measure a training step.
-  if (tokens) return {std::move(tokens), nullptr};
+  // A stand-in stream (predictions) is split only for a predicted evaluation (val_fraction).
+  if (tokens && cfg.val_fraction == 0) return {std::move(tokens), nullptr};
+  if (tokens) {
+    auto train = std::make_shared<TokenStream>(*tokens);
+    auto val = std::make_shared<TokenStream>(split_tail(*train, cfg.val_fraction));
+    return {std::move(train), std::move(val)};
+  }
   auto train = std::make_shared<TokenStream>(load_tokens(cfg.data, cfg.spec.vocab));
   std::shared_ptr<TokenStream> val;
   if (cfg.val_fraction != 0) val = std::make_shared<TokenStream>(split_tail(*train, cfg.val_fraction));
@@ -201,11 +206,13 @@ class Trainer::EvalScope {
   explicit EvalScope(Trainer& t)
       : t_(t), peaks_(t.pool_.ledger().peaks()), step_(t.comm_.stats().step), events_(t.comm_.stats().record_events) {
     t_.pool_.ledger().set_recording(false);
+    t_.pool_.ledger().reset_peaks();  // the evaluation's own peak, kept in eval_peaks_
     t_.comm_.stats().record_events = false;
     t_.strategy_->begin_eval();
   }
   ~EvalScope() {
     t_.strategy_->end_eval();
+    t_.eval_peaks_ = t_.pool_.ledger().peaks();
     t_.comm_.stats().step = step_;
     t_.comm_.stats().record_events = events_;
     t_.pool_.ledger().set_recording(t_.cfg_.record_step);
@@ -272,6 +279,16 @@ std::vector<std::string> Trainer::unit_names() const {
 }
 
 Estimate Trainer::measured_step() const { return estimate_from_ledger(pool_.ledger(), states_); }
+
+Estimate Trainer::measured_eval() const {
+  Estimate e;
+  e.model_states = states_;
+  e.peak_by_category = eval_peaks_.peak;
+  e.at_peak = eval_peaks_.at_peak;
+  e.peak = eval_peaks_.total;
+  e.peak_phase = eval_peaks_.phase;
+  return e;
+}
 
 MemoryRow Trainer::memory_row(const std::string& label) const {
   const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;

@@ -101,6 +101,8 @@ class Trainer {
   MemoryRow memory_row(const std::string& label) const;
   // This rank's last step as the ledger recorded it (the measured counterpart of a prediction).
   Estimate measured_step() const;
+  // The last evaluation or sample (forward only) as the ledger recorded it: its peak and composition.
+  Estimate measured_eval() const;
   std::vector<std::string> unit_names() const;
 
  private:
@@ -130,6 +132,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   std::string resumed_from_;
   std::vector<int32_t> global_inputs_, global_targets_;  // one micro-step of every rank, rank order
+  Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };
 
 }  // namespace shardlab
