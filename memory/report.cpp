@@ -300,7 +300,7 @@ std::string memory_report_html(const MemoryReport& r) {
 
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
                          const CategoryBytes& base, const std::vector<TraceMark>& marks,
-                         const std::vector<std::string>& unit_names) {
+                         const std::vector<std::string>& unit_names, std::optional<double> val_loss) {
   auto add = [&](const nlohmann::json& e) {
     if (!out.empty()) out += ",\n";
     out += e.dump();
@@ -334,6 +334,9 @@ void append_trace_events(std::string& out, int pid, const std::string& name, con
       phase_start = i + 1;
     }
   }
+  if (val_loss)  // a counter at the end of the step: the validation loss measured after it
+    add({{"ph", "C"}, {"pid", pid}, {"name", "validation loss"}, {"ts", (events.back().t_ms - t0) * 1000.0},
+         {"args", {{"val_loss", *val_loss}}}});
 }
 
 std::string memory_trace_json(const MemoryReport& r) {

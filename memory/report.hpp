@@ -5,6 +5,7 @@
 // phase labels ("backward h.3") are built from.
 #pragma once
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,10 @@ std::string memory_trace_json(const MemoryReport& r);
 // A trace-event document around events written by append_trace_events.
 std::string chrome_trace_document(const std::string& events);
 // The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing
-// array): `base` is what was live before the first event; marks go on a "collectives" track.
+// array): `base` is what was live before the first event; marks go on a "collectives" track; a
+// validation loss measured after the step, if given, is a counter at its end.
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
                          const CategoryBytes& base, const std::vector<TraceMark>& marks,
-                         const std::vector<std::string>& unit_names);
+                         const std::vector<std::string>& unit_names, std::optional<double> val_loss = std::nullopt);
 
 }  // namespace shardlab

@@ -354,13 +354,14 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   Pool pool(*backend, pool_config(common));
   auto comm = world_group(mpi).connect(pool);
   Trainer trainer(*backend, pool, *comm, cfg);
-  trainer.run(stdout);
+  const StepStats last = trainer.run(stdout);
   if (!reports.any()) return kOk;
   const std::string name = strategy_name(cfg.strategy.kind);
   MemoryRow row = trainer.memory_row(name);
   std::string events;  // every rank's last step, one trace process per rank
   append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), name), row.measured_timeline,
-                      row.measured_states, row.measured_comm, trainer.unit_names());
+                      row.measured_states, row.measured_comm, trainer.unit_names(),
+                      last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt);
   auto all = comm->gather_strings(events);
   if (mpi.rank() != 0) return kOk;
   MemoryReport report;

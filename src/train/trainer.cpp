@@ -489,7 +489,9 @@ StepStats Trainer::run(std::FILE* out) {
     save(cfg_.save_path);
     if (root) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
   }
-  return sum.last;
+  StepStats last = sum.last;
+  last.val_loss = sum.last_val;  // the validation after the last step (it comes after sum.add)
+  return last;
 }
 
 }  // namespace shardlab
