@@ -311,6 +311,32 @@ struct ReportOptions {
   bool any() const { return !json.empty() || !html.empty() || !trace.empty(); }
 };
 
+// --json / --html / --trace of a finished run: rank 0's memory, and every rank's last step on the trace.
+void write_train_reports(Trainer& trainer, Communicator& comm, const ReportOptions& reports, const StepStats& last,
+                         const MpiRuntime& mpi) {
+  const TrainConfig& cfg = trainer.config();
+  const std::string name = strategy_name(cfg.strategy.kind);
+  MemoryRow row = trainer.memory_row(name);
+  std::string events;  // one trace process per rank
+  append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), name), row.measured_timeline,
+                      row.measured_states, row.measured_comm, trainer.unit_names(),
+                      last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt);
+  auto all = comm.gather_strings(events);
+  if (mpi.rank() != 0) return;
+  MemoryReport report;
+  report.title = fmt::format("shardlab train: {}, {} on {} ranks, global batch {}, rank 0, last step",
+                             cfg.spec.describe(), name, mpi.world(), cfg.batch);
+  report.unit_names = trainer.unit_names();
+  report.rows.push_back(row);
+  if (!reports.json.empty()) write_text(reports.json, memory_report_json(report) + "\n", "--json");
+  if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
+  if (!reports.trace.empty()) {
+    std::string joined;
+    for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
+    write_text(reports.trace, chrome_trace_document(joined), "--trace");
+  }
+}
+
 int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   TrainOptions opts;
@@ -358,27 +384,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   auto comm = world_group(mpi).connect(pool);
   Trainer trainer(*backend, pool, *comm, cfg);
   const StepStats last = trainer.run(stdout);
-  if (!reports.any()) return kOk;
-  const std::string name = strategy_name(cfg.strategy.kind);
-  MemoryRow row = trainer.memory_row(name);
-  std::string events;  // every rank's last step, one trace process per rank
-  append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), name), row.measured_timeline,
-                      row.measured_states, row.measured_comm, trainer.unit_names(),
-                      last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt);
-  auto all = comm->gather_strings(events);
-  if (mpi.rank() != 0) return kOk;
-  MemoryReport report;
-  report.title = fmt::format("shardlab train: {}, {} on {} ranks, global batch {}, rank 0, last step",
-                             cfg.spec.describe(), name, mpi.world(), cfg.batch);
-  report.unit_names = trainer.unit_names();
-  report.rows.push_back(row);
-  if (!reports.json.empty()) write_text(reports.json, memory_report_json(report) + "\n", "--json");
-  if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
-  if (!reports.trace.empty()) {
-    std::string joined;
-    for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
-    write_text(reports.trace, chrome_trace_document(joined), "--trace");
-  }
+  if (reports.any()) write_train_reports(trainer, *comm, reports, last, mpi);
   return kOk;
 }
 

@@ -399,6 +399,50 @@ bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
   return true;
 }
 
+// After step t: validate when due (filling s.val_loss); returns whether it is a new best.
+bool Trainer::maybe_validate(int64_t t, StepStats& s, std::FILE* out) {
+  checkpoint_val_loss_.reset();
+  if (!val_loader_ || !((cfg_.val_every > 0 && (t + 1) % cfg_.val_every == 0) || t + 1 == cfg_.steps)) return false;
+  auto v0 = std::chrono::steady_clock::now();
+  s.val_loss = evaluate();
+  checkpoint_val_loss_ = s.val_loss;
+  const bool new_best = cfg_.save_best && *s.val_loss < best_val_loss_;
+  if (new_best) best_val_loss_ = *s.val_loss;
+  if (comm_.rank() == 0)
+    print_val(out, s, cfg_.steps, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - v0).count(),
+              new_best);
+  return new_best;
+}
+
+// After step t: a sample from rank 0 when --sample-every says so (collective: every rank runs it).
+void Trainer::maybe_sample(int64_t t, std::FILE* out) {
+  if (cfg_.sample_every <= 0 || !((t + 1) % cfg_.sample_every == 0 || t + 1 == cfg_.steps)) return;
+  SampleConfig c = cfg_.sample;
+  c.seed = cfg_.seed;
+  c.stream = static_cast<uint64_t>(t + 1);
+  const auto prompt = encode_prompt(cfg_.sample_prompt, cfg_.spec.vocab, cfg_.tokenizer.get());
+  const auto tokens = generate(prompt, c);
+  if (comm_.rank() != 0) return;
+  std::fprintf(out, "step %5lld/%lld | sample: %s\n", static_cast<long long>(t + 1), static_cast<long long>(cfg_.steps),
+               decode_tokens(tokens, cfg_.spec.vocab, cfg_.tokenizer.get()).c_str());
+  std::fflush(out);
+}
+
+// After step t: a checkpoint when due (periodic, the last step, a new best); returns whether saved.
+bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
+  const bool root = comm_.rank() == 0;
+  const bool due = !cfg_.save_dir.empty() &&
+                   ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
+  if (!due) return false;
+  std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this, cfg_.save_keep);
+  if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
+  if (new_best && root) {
+    mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
+    std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
+  }
+  return true;
+}
+
 void Trainer::print_header(std::FILE* out) const {
   std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
                strategy_->name().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
@@ -438,42 +482,11 @@ StepStats Trainer::run(std::FILE* out) {
     sum.add(s, t == start_step_, t > start_step_ || cfg_.steps == start_step_ + 1,
             static_cast<double>(cfg_.batch * cfg_.spec.seq));
     if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) print_step(out, s, cfg_.steps);
-    bool new_best = false;
-    checkpoint_val_loss_.reset();
-    if (val_loader_ && ((cfg_.val_every > 0 && (t + 1) % cfg_.val_every == 0) || t + 1 == cfg_.steps)) {
-      auto v0 = std::chrono::steady_clock::now();
-      s.val_loss = evaluate();
-      checkpoint_val_loss_ = s.val_loss;
-      new_best = cfg_.save_best && *s.val_loss < best_val_loss_;
-      if (new_best) best_val_loss_ = *s.val_loss;
-      sum.last_val = s.val_loss;
-      if (root)
-        print_val(out, s, cfg_.steps, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - v0).count(),
-                  new_best);
-    }
+    const bool new_best = maybe_validate(t, s, out);
+    if (s.val_loss) sum.last_val = s.val_loss;
     if (log.is_open()) log_step(log, s);
-    if (cfg_.sample_every > 0 && ((t + 1) % cfg_.sample_every == 0 || t + 1 == cfg_.steps)) {
-      SampleConfig c = cfg_.sample;
-      c.seed = cfg_.seed;
-      c.stream = static_cast<uint64_t>(t + 1);
-      const auto prompt = encode_prompt(cfg_.sample_prompt, cfg_.spec.vocab, cfg_.tokenizer.get());
-      const auto tokens = generate(prompt, c);
-      if (root) {
-        std::fprintf(out, "step %5lld/%lld | sample: %s\n", static_cast<long long>(t + 1),
-                     static_cast<long long>(cfg_.steps), decode_tokens(tokens, cfg_.spec.vocab, cfg_.tokenizer.get()).c_str());
-        std::fflush(out);
-      }
-    }
-    const bool save_now = !cfg_.save_dir.empty() &&
-                          ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
-    if (save_now) {
-      std::string where = save_checkpoint(cfg_.save_dir, t + 1, *this, cfg_.save_keep);
-      if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
-      if (new_best) {
-        if (root) mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
-        if (root) std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
-      }
-    }
+    maybe_sample(t, out);
+    const bool save_now = maybe_checkpoint(t, new_best, out);
     if (stop_requested(t + 1, save_now, out)) return s;
   }
   if (root)

@@ -109,6 +109,9 @@ class Trainer {
   class EvalScope;
   void print_header(std::FILE* out) const;
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
+  bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);
+  void maybe_sample(int64_t t, std::FILE* out);
+  bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
 
   Backend& be_;
   Pool& pool_;
