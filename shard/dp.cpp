@@ -81,40 +81,19 @@ class Dp final : public Strategy {
   }
 
   double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) override {
-    const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
-    SHARD_CHECK(batch.global_targets && batch.world == world_, "dp: the batch carries targets of {} ranks, not {}",
-                batch.global_targets ? batch.world : 0, world_);
     Block all;
-    Tensor all_t;
-    if (rank_ == 0) {
-      all = pool.alloc(DType::f32, n * world_ * V, Category::activations, "dp gathered logits");
-      all_t = all.view(DType::f32, {n * world_, V});
-    }
-    env_.comm.gather(logits, all_t, 0).wait();
+    Tensor all_t = gather_logits(pool, logits, batch, all);
     double sum = 0;
-    if (rank_ == 0) {
-      Batch global{nullptr, batch.global_targets, batch.B * world_, batch.T};
-      sum = UnitHooks::loss(be, pool, all_t, global, dlogit_scale);
-    }
+    if (rank_ == 0) sum = UnitHooks::loss(be, pool, all_t, global_batch(batch), dlogit_scale);
     env_.comm.scatter(all_t, logits, 0).wait();
     return sum;
   }
 
   // Forward only: rank 0 takes the loss of the whole batch (its sum); the others contribute 0.
   double forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch) override {
-    const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
-    SHARD_CHECK(batch.global_targets && batch.world == world_, "dp: the batch carries targets of {} ranks, not {}",
-                batch.global_targets ? batch.world : 0, world_);
     Block all;
-    Tensor all_t;
-    if (rank_ == 0) {
-      all = pool.alloc(DType::f32, n * world_ * V, Category::activations, "dp gathered logits");
-      all_t = all.view(DType::f32, {n * world_, V});
-    }
-    env_.comm.gather(logits, all_t, 0).wait();
-    if (rank_ != 0) return 0;
-    Batch global{nullptr, batch.global_targets, batch.B * world_, batch.T};
-    return UnitHooks::forward_loss(be, pool, all_t, global);
+    Tensor all_t = gather_logits(pool, logits, batch, all);
+    return rank_ == 0 ? UnitHooks::forward_loss(be, pool, all_t, global_batch(batch)) : 0.0;
   }
 
   void after_backward(size_t u) override {
@@ -159,6 +138,24 @@ class Dp final : public Strategy {
   Tensor updated(size_t u) const override { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
 
  private:
+  // Every rank's logits on rank 0, in `hold` (an empty tensor elsewhere).
+  Tensor gather_logits(Pool& pool, Tensor logits, const Batch& batch, Block& hold) {
+    const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
+    SHARD_CHECK(batch.global_targets && batch.world == world_, "dp: the batch carries targets of {} ranks, not {}",
+                batch.global_targets ? batch.world : 0, world_);
+    Tensor all;
+    if (rank_ == 0) {
+      hold = pool.alloc(DType::f32, n * world_ * V, Category::activations, "dp gathered logits");
+      all = hold.view(DType::f32, {n * world_, V});
+    }
+    env_.comm.gather(logits, all, 0).wait();
+    return all;
+  }
+  // The whole batch, every rank's targets in rank order (what rank 0 takes the loss of).
+  Batch global_batch(const Batch& batch) const {
+    return Batch{nullptr, batch.global_targets, batch.B * world_, batch.T};
+  }
+
   // Rank 0's f32 values of a unit buffer, broadcast to every rank.
   template <class Source>
   std::vector<float> from_root(size_t u, Source source) {

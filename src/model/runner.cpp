@@ -6,26 +6,36 @@ void add_unit_views(ParamSet& set, const UnitLayout& unit, Tensor flat) {
   for (const TensorDecl& t : unit.tensors) set.set(t.name, flat.slice(t.offset, t.numel).reshape(t.shape));
 }
 
-double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) {
+namespace {
+// The sum of the batch's cross-entropy losses; with dlogits, also their gradient (times scale).
+double cross_entropy_sum(Backend& be, Pool& pool, Tensor logits, const Batch& batch, Tensor dlogits, float scale) {
   const int64_t N = batch.B * batch.T;
   Block losses = pool.alloc(DType::f32, N + 1, Category::activations, "losses");
   Tensor l = losses.flat(DType::f32);
-  be.cross_entropy(l.slice(0, N), logits, logits, batch.targets, dlogit_scale);
+  be.cross_entropy(l.slice(0, N), dlogits, logits, batch.targets, scale);
   be.sum(l.slice(0, N), l.slice(N, 1), false);
   float sum = 0.f;
   be.copy(Tensor::flat(&sum, DType::f32, 1), l.slice(N, 1));
   return sum;
 }
 
+// The last unit's output as (N, V) logits, copied to *logits when asked for.
+Tensor final_logits(Backend& be, const Block& out, const ModelSpec& spec, int64_t N, std::vector<float>* logits) {
+  Tensor t = out.view(DType::f32, {N, spec.vocab});
+  if (logits) {
+    logits->resize(static_cast<size_t>(N * spec.vocab));
+    be.copy(Tensor::of(std::span<float>(*logits)), t);
+  }
+  return t;
+}
+}  // namespace
+
+double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) {
+  return cross_entropy_sum(be, pool, logits, batch, logits, dlogit_scale);
+}
+
 double UnitHooks::forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch) {
-  const int64_t N = batch.B * batch.T;
-  Block losses = pool.alloc(DType::f32, N + 1, Category::activations, "losses");
-  Tensor l = losses.flat(DType::f32);
-  be.cross_entropy(l.slice(0, N), Tensor(), logits, batch.targets, 0.f);
-  be.sum(l.slice(0, N), l.slice(N, 1), false);
-  float sum = 0.f;
-  be.copy(Tensor::flat(&sum, DType::f32, 1), l.slice(N, 1));
-  return sum;
+  return cross_entropy_sum(be, pool, logits, batch, Tensor(), 0.f);
 }
 
 namespace {
@@ -57,11 +67,7 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
   std::vector<Block> outs(units.size());
   std::vector<Saved> saved(units.size());
   forward_units(units, ctx, hooks, outs, saved, false);
-  Tensor out = outs.back().view(DType::f32, {N, spec.vocab});
-  if (logits) {
-    logits->resize(static_cast<size_t>(N * spec.vocab));
-    be.copy(Tensor::of(std::span<float>(*logits)), out);
-  }
+  Tensor out = final_logits(be, outs.back(), spec, N, logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
@@ -80,11 +86,7 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
   forward_units(units, ctx, hooks, outs, saved, true);
-  Tensor out = outs.back().view(DType::f32, {N, spec.vocab});
-  if (logits) {
-    logits->resize(static_cast<size_t>(N * spec.vocab));
-    be.copy(Tensor::of(std::span<float>(*logits)), out);
-  }
+  Tensor out = final_logits(be, outs.back(), spec, N, logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
