@@ -142,10 +142,10 @@ void remove_dead_watchdog_dirs(const std::string& base) {
     if (e.path().filename().string().rfind("shardlab-watchdog-", 0) != 0) continue;
     long pid = 0;
     std::ifstream(e.path() / "owner") >> pid;
-    // No owner yet: a job that is starting right now, unless it has stayed so for a minute.
+    // No owner: a job starting right now (rank 0 writes it just after creating the directory), or,
+    // a minute on, one that never will.
     auto age = std::filesystem::file_time_type::clock::now() - std::filesystem::last_write_time(e.path(), ec);
-    bool dead = pid > 0 ? ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH
-                        : !ec && age > std::chrono::minutes(1) && std::filesystem::is_empty(e.path(), ec);
+    bool dead = pid > 0 ? ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH : !ec && age > std::chrono::minutes(1);
     if (dead) std::filesystem::remove_all(e.path(), ec);
   }
 }
