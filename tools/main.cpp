@@ -223,7 +223,7 @@ struct ModelOptions {
 struct TrainOptions {
   ModelOptions model;
   StrategyStrings dtypes;
-  std::string device = "cpu", schedule = "cosine", optimizer = "adamw";
+  std::string device = "cpu", schedule = "cosine", optimizer = "adamw", checkpointing = "none";
   int64_t seed = 1337;
   void add(po::options_description& desc, TrainConfig& cfg) {
     model.add(desc);
@@ -239,6 +239,9 @@ struct TrainOptions {
         "min-lr-frac", po::value(&cfg.schedule.min_lr_frac)->default_value(0.1f, "0.1"),
         "cosine ends at lr * this")(
         "optimizer", po::value(&optimizer)->default_value(optimizer), "adamw or sgd")(
+        "activation-checkpointing", po::value(&checkpointing)->default_value(checkpointing),
+        "none; attention (recompute the attention probabilities in backward); blocks (keep only each block's "
+        "input and run its forward again before its backward). Same results, less activation memory")(
         "weight-decay", po::value(&cfg.optim.weight_decay)->default_value(0.1f, "0.1"),
         "decoupled weight decay, on tensors with >= 2 dims only")(
         "beta1", po::value(&cfg.optim.beta1)->default_value(0.9f, "0.9"), "AdamW beta1")(
@@ -278,6 +281,7 @@ struct TrainOptions {
         dtypes.reduce.empty() ? cfg.strategy.precision.param_dtype : parse_dtype(dtypes.reduce);
     cfg.optim.kind = parse_optimizer(optimizer);
     cfg.schedule.kind = parse_schedule(schedule);
+    cfg.checkpointing = parse_checkpointing(checkpointing);
   }
   std::unique_ptr<Backend> backend(const CommonOptions& common, const MpiRuntime& mpi) const {
     if (parse_device(device) == Device::cpu) return make_cpu(common, mpi);

@@ -17,6 +17,25 @@ Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int
   return t;
 }
 
+void Saved::drop(const std::string& name) {
+  auto it = tensors_.find(name);
+  SHARD_CHECK(it != tensors_.end(), "no saved activation '{}' to drop", name);
+  void* data = it->second.data();
+  tensors_.erase(it);
+  std::erase_if(blocks_, [&](const Block& b) { return b.data() == data; });
+}
+
+Checkpointing parse_checkpointing(const std::string& s) {
+  if (s == "none") return Checkpointing::none;
+  if (s == "attention") return Checkpointing::attention;
+  if (s == "blocks") return Checkpointing::blocks;
+  throw InputError(fmt::format("--activation-checkpointing '{}': expected none, attention or blocks", s));
+}
+
+const char* checkpointing_name(Checkpointing c) {
+  return c == Checkpointing::none ? "none" : c == Checkpointing::attention ? "attention" : "blocks";
+}
+
 Tensor Saved::operator()(const std::string& name) const {
   auto it = tensors_.find(name);
   SHARD_CHECK(it != tensors_.end(), "no saved activation '{}'", name);
@@ -67,6 +86,7 @@ class EmbeddingUnit final : public Unit {
 class BlockUnit final : public Unit {
  public:
   BlockUnit(UnitLayout layout, int64_t index) : Unit(std::move(layout)), prefix_("h." + std::to_string(index) + ".") {}
+  bool recomputable() const override { return true; }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
@@ -78,6 +98,7 @@ class BlockUnit final : public Unit {
     matmul_forward(be, qkv, ln1, w(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
     Tensor atty = s.add(c.pool, "atty", {N, C}), att = s.add(c.pool, "att", {B, H, T, T});
     be.attention_forward(atty, att, qkv, H);
+    if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
     Tensor x2 = s.add(c.pool, "x2", {N, C});
     matmul_forward(be, x2, atty, w(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
     be.add(x2, in, x2);  // residual
@@ -113,7 +134,13 @@ class BlockUnit final : public Unit {
     matmul_backward(be, dsmall, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"), din, s("atty"),
                     w(p, "attn.c_proj.weight"), N, C, C);
     Tensor dqkv = big.view(DType::f32, {B, T, 3 * C});
-    be.attention_backward(dqkv, dsmall, s("qkv"), s("att"), H, scratch.flat(DType::f32));
+    Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
+    if (!s.has("att")) {
+      att_again = c.pool.alloc(DType::f32, B * H * T * T, Category::activations, prefix_ + "att (recomputed)");
+      be.attention_forward(s("atty"), att_again.view(DType::f32, {B, H, T, T}), s("qkv"), H);  // atty: same values
+    }
+    Tensor att = att_again ? att_again.view(DType::f32, {B, H, T, T}) : s("att");
+    be.attention_backward(dqkv, dsmall, s("qkv"), att, H, scratch.flat(DType::f32));
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv, s("ln1"),
                     w(p, "attn.c_attn.weight"), N, C, 3 * C);

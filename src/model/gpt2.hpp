@@ -26,6 +26,16 @@ struct Batch {
   int world = 1;
 };
 
+// Activation checkpointing (--activation-checkpointing): what a transformer block keeps from its
+// forward for its backward. none: everything. attention: all but the attention probabilities
+// (B, H, T, T), recomputed from q and k in backward (Korthikanti et al.'s selective recomputation).
+// blocks: only its input (the previous unit's output, which the runner keeps anyway); its forward
+// runs again just before its backward, with the parameters backward uses. Kernels are
+// deterministic, so either gives bit-identical results.
+enum class Checkpointing : uint8_t { none, attention, blocks };
+Checkpointing parse_checkpointing(const std::string& s);  // InputError naming the choices otherwise
+const char* checkpointing_name(Checkpointing c);
+
 // Tensors by name (views; the owner is elsewhere).
 class ParamSet {
  public:
@@ -42,6 +52,9 @@ class Saved {
  public:
   Tensor add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape);
   Tensor operator()(const std::string& name) const;
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  bool empty() const { return tensors_.empty(); }
+  void drop(const std::string& name);  // frees one saved tensor now
   void clear() {
     tensors_.clear();
     blocks_.clear();
@@ -57,6 +70,7 @@ struct UnitContext {
   Pool& pool;
   const ModelSpec& spec;
   Batch batch;
+  Checkpointing checkpointing = Checkpointing::none;
 };
 
 class Unit {
@@ -67,6 +81,8 @@ class Unit {
   const std::string& name() const { return layout_.name; }
   // Tensors of other units this unit computes with (the head borrows wte.weight).
   virtual std::vector<std::string> borrowed() const { return {}; }
+  // Whether --activation-checkpointing applies: its forward can run again before its backward.
+  virtual bool recomputable() const { return false; }
   // Elements (f32) of this unit's output for a (B, T) batch; the runner allocates it.
   virtual int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const { return B * T * s.dim; }
 

@@ -51,10 +51,8 @@ void forward_units(const std::vector<std::unique_ptr<Unit>>& units, UnitContext&
     Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
     units[u]->forward(ctx, hooks.forward_params(u), in, outs[u].flat(DType::f32), saved[u]);
     hooks.after_forward(u);
-    if (!keep_saved) {
-      saved[u].clear();
-      if (u > 0) outs[u - 1].reset();
-    }
+    if (!keep_saved || (ctx.checkpointing == Checkpointing::blocks && units[u]->recomputable())) saved[u].clear();
+    if (!keep_saved && u > 0) outs[u - 1].reset();
   }
 }
 }  // namespace
@@ -78,9 +76,9 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
 
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
-                               std::vector<float>* logits) {
+                               std::vector<float>* logits, Checkpointing checkpointing) {
   SHARD_REQUIRE(batch.T <= spec.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec.seq);
-  UnitContext ctx{be, pool, spec, batch};
+  UnitContext ctx{be, pool, spec, batch, checkpointing};
   const size_t U = units.size();
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(U);
@@ -100,8 +98,16 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
                        units[u]->name() + " dinput");
     Tensor dout = u + 1 == U ? out : dnext.flat(DType::f32);
     Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
-    units[u]->backward(ctx, hooks.backward_params(u), hooks.grads(u), saved[u], in, dout,
-                       u == 0 ? Tensor() : din.flat(DType::f32));
+    Tensor dinput = u == 0 ? Tensor() : din.flat(DType::f32);
+    if (saved[u].empty() && checkpointing == Checkpointing::blocks && units[u]->recomputable()) {
+      // The block's forward again, with the parameters its backward uses (under ZeRO-3 gathered for
+      // backward already: no extra communication); its output was kept and is rewritten unchanged.
+      ParamSet p = hooks.backward_params(u);
+      units[u]->forward(ctx, p, in, outs[u].flat(DType::f32), saved[u]);
+      units[u]->backward(ctx, p, hooks.grads(u), saved[u], in, dout, dinput);
+    } else {
+      units[u]->backward(ctx, hooks.backward_params(u), hooks.grads(u), saved[u], in, dout, dinput);
+    }
     saved[u].clear();
     outs[u].reset();
     dnext = std::move(din);

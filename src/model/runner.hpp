@@ -38,7 +38,7 @@ struct RunResult {
 // given, it receives this rank's logits before the loss overwrites them.
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
-                               std::vector<float>* logits = nullptr);
+                               std::vector<float>* logits = nullptr, Checkpointing checkpointing = Checkpointing::none);
 
 // Forward through every unit and the loss, no backward (evaluation): returns this rank's loss sum.
 // after_forward(u) follows each unit's forward as in training; hooks that keep a unit for a

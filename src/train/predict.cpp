@@ -20,6 +20,7 @@ TrainConfig step_config(const TrainConfig& cfg, int world, int rank, int64_t mic
   c.optim = cfg.optim;
   c.schedule = cfg.schedule;
   c.accum = cfg.accum;
+  c.checkpointing = cfg.checkpointing;
   c.grad_clip = cfg.grad_clip;
   c.seed = cfg.seed;
   c.batch = micro_batch * c.accum * world;

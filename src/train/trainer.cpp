@@ -23,6 +23,9 @@ void TrainConfig::validate(int world) const {
   spec.validate();
   strategy.validate();
   SHARD_REQUIRE(steps >= 1, "--steps {}: expected at least one step", steps);
+  SHARD_REQUIRE(checkpointing == Checkpointing::none || spec.layers >= 2,
+                "--activation-checkpointing {} with a one-block model (--layers 1): there is nothing to trade; use none",
+                checkpointing_name(checkpointing));
   SHARD_REQUIRE(batch >= 1, "--batch {}: expected at least one sequence", batch);
   SHARD_REQUIRE(accum >= 1, "--accum {}: expected at least one micro-step", accum);
   SHARD_REQUIRE(batch % (static_cast<int64_t>(world) * accum) == 0,
@@ -168,7 +171,9 @@ StepStats Trainer::step(int64_t t) {
     strategy_->begin_micro(k, k + 1 == cfg_.accum);
     Batch b{global_inputs_.data() + r * micro * T, global_targets_.data() + r * micro * T, micro, T,
             global_targets_.data(), static_cast<int>(W)};
-    loss_sum += run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale).loss_sum;
+    loss_sum +=
+        run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing)
+            .loss_sum;
   }
   float loss = static_cast<float>(loss_sum);
   comm_.all_reduce(std::span<float>(&loss, 1)).wait();
