@@ -33,28 +33,15 @@ class Dp final : public Strategy {
   }
 
   void begin_step() override {
-    std::vector<Work> works;
-    for (size_t u = 0; u < num_units(); ++u) {
-      if (rank_ == 0) {
-        env_.be.fill(grads_[u].flat(reduce_dtype()), 0.f);
-      } else {
-        params_[u] = env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, layout(u).name + " replica");
-      }
-      works.push_back(env_.comm.broadcast(params_[u].flat(param_dtype()), 0));
-    }
-    for (Work& w : works) w.wait();
+    if (rank_ == 0)
+      for (size_t u = 0; u < num_units(); ++u) env_.be.fill(grads_[u].flat(reduce_dtype()), 0.f);
+    broadcast_params();
   }
 
   // Evaluation: the replicas receive the parameters once for the whole pass, and drop them after.
   void begin_eval() override {
     Strategy::begin_eval();
-    std::vector<Work> works;
-    for (size_t u = 0; u < num_units(); ++u) {
-      if (rank_ != 0)
-        params_[u] = env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, layout(u).name + " replica");
-      works.push_back(env_.comm.broadcast(params_[u].flat(param_dtype()), 0));
-    }
-    for (Work& w : works) w.wait();
+    broadcast_params();
   }
   void end_eval() override {
     Strategy::end_eval();
@@ -138,6 +125,17 @@ class Dp final : public Strategy {
   Tensor updated(size_t u) const override { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
 
  private:
+  // Rank 0's parameters to every replica, into copies the replicas allocate now.
+  void broadcast_params() {
+    std::vector<Work> works;
+    for (size_t u = 0; u < num_units(); ++u) {
+      if (rank_ != 0)
+        params_[u] = env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, layout(u).name + " replica");
+      works.push_back(env_.comm.broadcast(params_[u].flat(param_dtype()), 0));
+    }
+    for (Work& w : works) w.wait();
+  }
+
   // Every rank's logits on rank 0, in `hold` (an empty tensor elsewhere).
   Tensor gather_logits(Pool& pool, Tensor logits, const Batch& batch, Block& hold) {
     const int64_t n = batch.B * batch.T, V = env_.spec.vocab;

@@ -466,9 +466,7 @@ int cmd_sample(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   auto backend = make_cpu(common, mpi);
   Pool pool(*backend, pool_config(common));
   auto comm = make_sim_communicator(0, 1, pool);
-  auto none = std::make_shared<TokenStream>();  // no data is read: a stand-in stream
-  none->tokens.assign(static_cast<size_t>(cfg.spec.seq + 1), 0);
-  none->source = "(sample: no data)";
+  auto none = std::make_shared<TokenStream>(zero_stream(cfg.spec.seq + 1, "(sample: no data)"));  // no data read
   Trainer trainer(*backend, pool, *comm, cfg, none);
   const size_t given = tokens.size();
   tokens = trainer.generate(tokens, sc);

@@ -93,7 +93,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     for (int c = 0; c < kNumCategories; ++c) peak[c] = std::max(peak[c], cat[c]);
     peak[kNumCategories] = std::max<uint64_t>(peak[kNumCategories], pool.ledger().peak_total());
 
-    if (trainer->has_validation() && ((tc.val_every > 0 && (t + 1) % tc.val_every == 0) || t + 1 == tc.steps)) {
+    if (trainer->has_validation() && tc.validates_after(t)) {
       r.val_steps.push_back(t + 1);
       r.val_losses.push_back(trainer->evaluate());
     }

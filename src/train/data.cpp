@@ -62,6 +62,13 @@ TokenStream synthetic_stream(int64_t vocab, int64_t length) {
   return s;
 }
 
+TokenStream zero_stream(int64_t length, std::string source) {
+  TokenStream s;
+  s.tokens.assign(static_cast<size_t>(length), 0);
+  s.source = std::move(source);
+  return s;
+}
+
 TokenStream load_tokens(const std::string& what, int64_t vocab) {
   TokenStream s;
   if (what == "synthetic") {

@@ -37,6 +37,8 @@ TokenStream load_text_bytes(const std::string& path);
 // A first-order Markov chain over `vocab` tokens in which each token has four likely successors:
 // a model that learns it goes from ln(vocab) to about 1.2 nats. Same stream for every run.
 TokenStream synthetic_stream(int64_t vocab, int64_t length = 1 << 20);
+// `length` zero tokens named `source`: a stand-in where a Trainer reads no data (predictions, sample).
+TokenStream zero_stream(int64_t length, std::string source);
 
 // Removes the last round(fraction * n) tokens of `s` and returns them as a stream of their own;
 // InputError unless 0 < fraction < 1 and both parts keep at least one token.

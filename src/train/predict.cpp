@@ -31,10 +31,7 @@ TrainConfig step_config(const TrainConfig& cfg, int world, int rank, int64_t mic
 
 // Token values are never read on the meta backend: zeros stand in for the data.
 std::shared_ptr<TokenStream> stand_in(int64_t tokens) {
-  auto s = std::make_shared<TokenStream>();
-  s->tokens.assign(static_cast<size_t>(tokens), 0);
-  s->source = "(prediction: no data)";
-  return s;
+  return std::make_shared<TokenStream>(zero_stream(tokens, "(prediction: no data)"));
 }
 
 }  // namespace

@@ -17,6 +17,13 @@ struct RowSpec {
   int rank;
 };
 
+// The run's configuration under one strategy.
+TrainConfig config_for(const ProfileConfig& cfg, StrategyKind kind) {
+  TrainConfig t = cfg.train;
+  t.strategy.kind = kind;
+  return t;
+}
+
 std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
   std::vector<RowSpec> rows;
   for (StrategyKind s : cfg.strategies) {
@@ -51,9 +58,7 @@ MemoryRow predicted_row(const ProfileConfig& cfg, const RowSpec& r) {
                  : r.kind == StrategyKind::dp && r.rank == 0 ? Baseline::dp
                                                              : Baseline::none;
   row.predicted = predict(cfg, r.kind, r.rank, cfg.micro_batch);
-  TrainConfig t = cfg.train;
-  t.strategy.kind = r.kind;
-  row.predicted_eval_peak = predict_eval(t, cfg.world, r.rank, cfg.micro_batch).peak;
+  row.predicted_eval_peak = predict_eval(config_for(cfg, r.kind), cfg.world, r.rank, cfg.micro_batch).peak;
   if (cfg.budget) {
     row.fits = row.predicted.peak <= cfg.budget;
     row.max_micro_batch = largest_fitting(cfg, r);
@@ -89,8 +94,7 @@ void unpack(const uint64_t* b, MemoryRow& row) {
 
 // Runs a few real steps of `kind` as `rank` of cfg.world over `comm` and reads the ledger.
 MemoryRow measure_on(Backend& be, Pool& pool, Communicator& comm, const ProfileConfig& cfg, StrategyKind kind) {
-  TrainConfig tc = cfg.train;
-  tc.strategy.kind = kind;
+  TrainConfig tc = config_for(cfg, kind);
   tc.batch = cfg.micro_batch * tc.accum * cfg.world;
   tc.steps = cfg.measure_steps;
   tc.log_path.clear();
@@ -161,9 +165,7 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
 }  // namespace
 
 Estimate predict(const ProfileConfig& cfg, StrategyKind strategy, int rank, int64_t micro_batch, bool timeline) {
-  TrainConfig t = cfg.train;
-  t.strategy.kind = strategy;
-  return predict_step(t, cfg.world, rank, micro_batch, timeline);
+  return predict_step(config_for(cfg, strategy), cfg.world, rank, micro_batch, timeline);
 }
 
 MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileConfig& cfg) {

@@ -407,7 +407,7 @@ bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
 // After step t: validate when due (filling s.val_loss); returns whether it is a new best.
 bool Trainer::maybe_validate(int64_t t, StepStats& s, std::FILE* out) {
   checkpoint_val_loss_.reset();
-  if (!val_loader_ || !((cfg_.val_every > 0 && (t + 1) % cfg_.val_every == 0) || t + 1 == cfg_.steps)) return false;
+  if (!val_loader_ || !cfg_.validates_after(t)) return false;
   auto v0 = std::chrono::steady_clock::now();
   s.val_loss = evaluate();
   checkpoint_val_loss_ = s.val_loss;

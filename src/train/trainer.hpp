@@ -52,6 +52,8 @@ struct TrainConfig {
   std::shared_ptr<const Gpt2Tokenizer> tokenizer;  // --tokenizer: prompts and samples as text (GPT-2 BPE)
   SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
+  // Whether a run validates after step t (0-based): every val_every steps, and after the last.
+  bool validates_after(int64_t t) const { return (val_every > 0 && (t + 1) % val_every == 0) || t + 1 == steps; }
   void validate(int world) const;
 };
 
