@@ -25,4 +25,10 @@ inline constexpr std::array<std::string_view, kNumCategories> kCategoryNames = {
 
 inline std::string_view category_name(Category c) { return kCategoryNames[static_cast<int>(c)]; }
 
+// Where a byte lives: the device's memory (--device-memory) or the host's (--host-memory; pinned
+// on CUDA). On the CPU backend both tiers are RAM, with their own pools, budgets and copies.
+enum class Tier : uint8_t { device, host };
+inline constexpr int kNumTiers = 2;
+inline std::string_view tier_name(Tier t) { return t == Tier::device ? "device" : "host"; }
+
 }  // namespace shardlab

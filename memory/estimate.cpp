@@ -8,18 +8,21 @@ uint64_t Estimate::model_state_total() const {
   return s;
 }
 
-Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states) {
+Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states, const CategoryBytes& host_states) {
   Estimate e;
   e.model_states = states;
   e.peak_by_category = ledger.peak_by_category();
   e.at_peak = ledger.composition_at_peak();
   e.peak = ledger.peak_total();
   e.peak_phase = ledger.phase_at_peak();
-  CategoryBytes live = states;
+  e.host = {host_states, ledger.peak_by_category(Tier::host), ledger.composition_at_peak(Tier::host),
+            ledger.peak_total(Tier::host)};
+  CategoryBytes live = states, host_live = host_states;
   for (const LedgerEvent& ev : ledger.timeline()) {
+    CategoryBytes& l = ev.tier == Tier::device ? live : host_live;
     int k = static_cast<int>(ev.category);
-    live[k] = static_cast<uint64_t>(static_cast<int64_t>(live[k]) + ev.delta);
-    e.timeline.push_back({ev.phase, live});
+    l[k] = static_cast<uint64_t>(static_cast<int64_t>(l[k]) + ev.delta);
+    e.timeline.push_back({ev.phase, live, host_live});
   }
   return e;
 }

@@ -17,7 +17,17 @@ namespace shardlab {
 // One point of the step: after an allocation or a free, what is live, and the phase.
 struct EstimatePoint {
   Phase phase;
-  CategoryBytes live{};
+  CategoryBytes live{};       // device tier
+  CategoryBytes host_live{};  // host tier
+};
+
+// The host tier's part of an Estimate (what --offload moves there, and its staging).
+struct HostEstimate {
+  CategoryBytes model_states{};
+  CategoryBytes peak_by_category{};
+  CategoryBytes at_peak{};  // composition when the host total peaks
+  uint64_t peak = 0;
+  bool operator==(const HostEstimate&) const = default;
 };
 
 struct Estimate {
@@ -27,11 +37,12 @@ struct Estimate {
   uint64_t peak = 0;                 // total at the peak
   Phase peak_phase;                  // e.g. backward of the head
   std::vector<EstimatePoint> timeline;  // the step, allocation by allocation (when recorded)
-  uint64_t model_state_total() const;
+  HostEstimate host;                    // the same for the host tier (the fields above are the device's)
+  uint64_t model_state_total() const;   // device tier
 };
 
-// The step a ledger holds: its peaks were reset at the step's start, `states` were live then, and
-// its timeline (if it was recording) holds the step's events only.
-Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states);
+// The step a ledger holds: its peaks were reset at the step's start, `states` (device) and
+// `host_states` were live then, and its timeline (if it was recording) holds the step's events only.
+Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states, const CategoryBytes& host_states);
 
 }  // namespace shardlab

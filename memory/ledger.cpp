@@ -8,43 +8,62 @@ namespace shardlab {
 
 Ledger::Ledger(size_t max_events) : max_events_(max_events), start_(std::chrono::steady_clock::now()) {}
 
-void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag) {
+void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag, Tier tier) {
+  TierState& s = tiers_[static_cast<int>(tier)];
   int i = static_cast<int>(c);
-  current_[i] += bytes;
-  total_ += bytes;
-  peak_[i] = std::max(peak_[i], current_[i]);
-  if (total_ > peak_total_) {
-    peak_total_ = total_;
-    at_peak_ = current_;
-    phase_at_peak_ = phase_;
+  s.current[i] += bytes;
+  s.total += bytes;
+  s.peak[i] = std::max(s.peak[i], s.current[i]);
+  if (s.total > s.peak_total) {
+    s.peak_total = s.total;
+    s.at_peak = s.current;
+    s.phase_at_peak = phase_;
   }
-  record(c, static_cast<int64_t>(bytes), tag);
+  record(c, static_cast<int64_t>(bytes), tag, tier);
 }
 
-void Ledger::on_free(Category c, uint64_t bytes, const std::string& tag) {
+void Ledger::on_free(Category c, uint64_t bytes, const std::string& tag, Tier tier) {
+  TierState& s = tiers_[static_cast<int>(tier)];
   int i = static_cast<int>(c);
-  SHARD_CHECK(current_[i] >= bytes, "ledger: freeing {} bytes of {} '{}' but only {} are live", bytes,
-              category_name(c), tag, current_[i]);
-  current_[i] -= bytes;
-  total_ -= bytes;
-  record(c, -static_cast<int64_t>(bytes), tag);
+  SHARD_CHECK(s.current[i] >= bytes, "ledger: freeing {} bytes of {} '{}' on the {} tier but only {} are live", bytes,
+              category_name(c), tag, tier_name(tier), s.current[i]);
+  s.current[i] -= bytes;
+  s.total -= bytes;
+  record(c, -static_cast<int64_t>(bytes), tag, tier);
 }
 
 void Ledger::reset_peaks() {
-  peak_ = current_;
-  peak_total_ = total_;
-  at_peak_ = current_;
-  phase_at_peak_ = phase_;
+  for (TierState& s : tiers_) {
+    s.peak = s.current;
+    s.peak_total = s.total;
+    s.at_peak = s.current;
+    s.phase_at_peak = phase_;
+  }
 }
 
-void Ledger::record(Category c, int64_t delta, const std::string& tag) {
+Ledger::Peaks Ledger::peaks() const {
+  Peaks p;
+  for (int t = 0; t < kNumTiers; ++t) p[t] = {tiers_[t].peak, tiers_[t].at_peak, tiers_[t].peak_total, tiers_[t].phase_at_peak};
+  return p;
+}
+
+void Ledger::restore_peaks(const Peaks& p) {
+  for (int t = 0; t < kNumTiers; ++t) {
+    tiers_[t].peak = p[t].peak;
+    tiers_[t].at_peak = p[t].at_peak;
+    tiers_[t].peak_total = p[t].total;
+    tiers_[t].phase_at_peak = p[t].phase;
+  }
+}
+
+void Ledger::record(Category c, int64_t delta, const std::string& tag, Tier tier) {
   if (!recording_) return;
   if (events_.size() >= max_events_) {
     ++dropped_;
     return;
   }
   double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
-  events_.push_back({t, c, delta, total_, tag, phase_});
+  events_.push_back({t, c, delta, of(tier).total, tag, phase_, tier});
 }
 
 }  // namespace shardlab

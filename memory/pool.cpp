@@ -44,7 +44,22 @@ Tensor Block::flat(DType dtype) const {
   return Tensor::flat(ptr_, dtype, static_cast<int64_t>(bytes_ / dtype_size(dtype)), device());
 }
 
-Pool::Pool(Backend& backend, PoolConfig cfg) : backend_(backend), cfg_(cfg) {}
+Pool::Pool(Backend& backend, PoolConfig cfg)
+    : alloc_backend_(backend),
+      backend_(backend),
+      tier_(Tier::device),
+      budget_(cfg.budget),
+      own_ledger_(std::make_unique<Ledger>()),
+      ledger_(own_ledger_.get()) {
+  host_.reset(new Pool(backend, cfg.host_budget, *ledger_));
+}
+
+Pool::Pool(Backend& device_backend, uint64_t budget, Ledger& ledger)
+    : alloc_backend_(device_backend),
+      backend_(device_backend.host()),
+      tier_(Tier::host),
+      budget_(budget),
+      ledger_(&ledger) {}
 
 Pool::~Pool() {
   if (!live_.empty()) {
@@ -56,28 +71,29 @@ Pool::~Pool() {
 
 uint64_t Pool::in_use() const {
   std::lock_guard lock(mutex_);
-  return ledger_.current_total();
+  return ledger_->current_total(tier_);
 }
 
 Block Pool::alloc(uint64_t bytes, Category category, std::string tag) {
   std::lock_guard lock(mutex_);
-  uint64_t used = ledger_.current_total();
-  if (cfg_.budget > 0 && (used > cfg_.budget || bytes > cfg_.budget - used)) {
+  uint64_t used = ledger_->current_total(tier_);
+  if (budget_ > 0 && (used > budget_ || bytes > budget_ - used)) {
     std::string msg = fmt::format(
-        "out of memory: cannot allocate {} ({} bytes) for {} '{}': {} of the {} budget in use, {} free.\n"
-        "  live: {}",
-        format_bytes(static_cast<double>(bytes)), bytes, category_name(category), tag,
-        format_bytes(static_cast<double>(used)), format_bytes(static_cast<double>(cfg_.budget)),
-        format_bytes(static_cast<double>(cfg_.budget > used ? cfg_.budget - used : 0)), describe_live());
-    throw OutOfMemory(msg, bytes, used, cfg_.budget);
+        "out of memory: cannot allocate {} ({} bytes) for {} '{}' on the {} tier: {} of the {} budget ({}) in "
+        "use, {} free.\n  live: {}",
+        format_bytes(static_cast<double>(bytes)), bytes, category_name(category), tag, tier_name(tier_),
+        format_bytes(static_cast<double>(used)), format_bytes(static_cast<double>(budget_)),
+        tier_ == Tier::device ? "--device-memory" : "--host-memory",
+        format_bytes(static_cast<double>(budget_ > used ? budget_ - used : 0)), describe_live());
+    throw OutOfMemory(msg, bytes, used, budget_);
   }
   Block b;
-  b.ptr_ = backend_.raw_alloc(bytes);
+  b.ptr_ = tier_ == Tier::device ? alloc_backend_.raw_alloc(bytes) : alloc_backend_.raw_alloc_host(bytes);
   b.pool_ = this;
   b.bytes_ = bytes;
   b.category_ = category;
   b.id_ = next_id_++;
-  ledger_.on_alloc(category, bytes, tag);
+  ledger_->on_alloc(category, bytes, tag, tier_);
   live_.emplace(b.id_, LiveBlock{std::move(tag), category, bytes});
   return b;
 }
@@ -86,8 +102,9 @@ void Pool::release(Block& b) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(b.id_);
   SHARD_CHECK(it != live_.end(), "releasing block {} that this pool does not hold", b.id_);
-  backend_.raw_free(b.ptr_, b.bytes_);
-  ledger_.on_free(it->second.category, it->second.bytes, it->second.tag);
+  if (tier_ == Tier::device) alloc_backend_.raw_free(b.ptr_, b.bytes_);
+  else alloc_backend_.raw_free_host(b.ptr_, b.bytes_);
+  ledger_->on_free(it->second.category, it->second.bytes, it->second.tag, tier_);
   live_.erase(it);
 }
 

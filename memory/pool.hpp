@@ -5,10 +5,16 @@
 // OutOfMemory naming the request and listing what is live, by category and largest tags — the
 // same failure a GPU gives, so "too big for one device" can be tested on CPUs.
 // Blocks are RAII: the memory returns to the pool when the Block is destroyed or reset.
+//
+// Two tiers: a Pool is a rank's device memory, and host() is its host tier (a Pool of its own,
+// with its own budget, --host-memory, and pinned memory on CUDA) charged to the same Ledger under
+// Tier::host. Host-tier blocks are computed on by the backend's host() backend; moving data
+// between the tiers is a Backend::copy, counted like any other.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <stdexcept>
@@ -64,7 +70,8 @@ class Block {
 };
 
 struct PoolConfig {
-  uint64_t budget = 0;  // bytes; 0 = no limit
+  uint64_t budget = 0;       // device tier, bytes; 0 = no limit
+  uint64_t host_budget = 0;  // host tier, bytes; 0 = no limit
 };
 
 struct LiveBlock {
@@ -75,7 +82,7 @@ struct LiveBlock {
 
 class Pool {
  public:
-  Pool(Backend& backend, PoolConfig cfg = {});
+  Pool(Backend& backend, PoolConfig cfg = {});  // the device tier, with its host tier
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -96,22 +103,32 @@ class Pool {
     return w;
   }
 
+  // The backend that computes on this tier's memory (the host tier's: the device backend's host()).
   Backend& backend() const { return backend_; }
-  Ledger& ledger() { return ledger_; }
-  const Ledger& ledger() const { return ledger_; }
-  uint64_t budget() const { return cfg_.budget; }
-  uint64_t in_use() const;
+  Tier tier() const { return tier_; }
+  // The host tier of this rank's memory (itself for the host tier).
+  Pool& host() { return tier_ == Tier::host ? *this : *host_; }
+  // The rank's one ledger, for both tiers.
+  Ledger& ledger() { return *ledger_; }
+  const Ledger& ledger() const { return *ledger_; }
+  uint64_t budget() const { return budget_; }
+  uint64_t in_use() const;  // this tier
   std::vector<LiveBlock> live_blocks() const;  // largest first
   // "param_full 1.00 GiB in 3 blocks, ...; largest: 'wte' (param_full) 512.00 MiB, ..."
   std::string describe_live(size_t max_tags = 8) const;
 
  private:
   friend class Block;
+  Pool(Backend& device_backend, uint64_t budget, Ledger& ledger);  // a host tier
   void release(Block& b);
 
+  Backend& alloc_backend_;  // raw memory comes from here (the device backend, for both tiers)
   Backend& backend_;
-  PoolConfig cfg_;
-  Ledger ledger_;
+  Tier tier_;
+  uint64_t budget_;
+  std::unique_ptr<Ledger> own_ledger_;  // the device tier owns the ledger
+  Ledger* ledger_;
+  std::unique_ptr<Pool> host_;
   mutable std::recursive_mutex mutex_;  // recursive: alloc() describes live blocks while holding it
   std::map<uint64_t, LiveBlock> live_;
   uint64_t next_id_ = 1;

@@ -364,6 +364,7 @@ void MemoryRow::take_measurement(const MemoryRow& m) {
   measured_peak_by_category = m.measured_peak_by_category;
   measured_peak = m.measured_peak;
   measured_phase = m.measured_phase;
+  measured_host = m.measured_host;
   measured_timeline = m.measured_timeline;
   measured_comm = m.measured_comm;
   comm_bytes = m.comm_bytes;

@@ -32,6 +32,7 @@ struct MemoryRow {
   CategoryBytes measured_states{}, measured_at_peak{}, measured_peak_by_category{};
   uint64_t measured_peak = 0;
   Phase measured_phase;
+  HostEstimate measured_host;                  // the host tier, measured
   std::vector<LedgerEvent> measured_timeline;  // one step
   std::vector<TraceMark> measured_comm;        // the collectives of that step
   bool fits = true;           // predicted peak within the budget (when there is one)

@@ -57,6 +57,21 @@ double zero_model_states(StrategyKind k, double psi, int world, double optimizer
   }
 }
 
+Offload parse_offload(const std::string& s) {
+  for (Offload o : {Offload::none, Offload::optimizer, Offload::params})
+    if (s == offload_name(o)) return o;
+  throw InputError(fmt::format("--offload '{}': expected none, optimizer or params", s));
+}
+
+const char* offload_name(Offload o) {
+  switch (o) {
+    case Offload::none: return "none";
+    case Offload::optimizer: return "optimizer";
+    case Offload::params: return "params";
+  }
+  return "?";
+}
+
 void StrategyConfig::validate() const {
   SHARD_REQUIRE(bucket_mb > 0 && bucket_mb <= (1 << 20), "--bucket-mb {}: expected a size in (0, 1048576] MiB",
                 bucket_mb);
@@ -66,6 +81,12 @@ void StrategyConfig::validate() const {
   SHARD_REQUIRE(max_gathered == 0 || max_gathered >= 2,
                 "--max-gathered {}: at least 2 (the unit running and the one it borrows from), or 0 for automatic",
                 max_gathered);
+  SHARD_REQUIRE(offload != Offload::params || kind == StrategyKind::zero3,
+                "--offload params with --strategy {}: only zero3 shards the parameters, so only zero3 can keep them on "
+                "the host; use --strategy zero3, or --offload optimizer", strategy_name(kind));
+  SHARD_REQUIRE(offload != Offload::optimizer || zero_stage(kind) > 0,
+                "--offload optimizer with --strategy {}: offload moves a rank's shard of the optimizer state to the "
+                "host; use zero1, zero2 or zero3", strategy_name(kind));
 }
 
 Strategy::Strategy(const StrategyConfig& cfg, StrategyEnv env)
@@ -94,13 +115,13 @@ void Strategy::load_params(const std::string& path) {
 void Strategy::optimizer_step(int64_t step, float lr, float grad_scale) {
   if (!optim_) return;
   optim_->step(step, lr, grad_scale);
-  for (size_t u = 0; u < num_units(); ++u) mp_.params_from_master(owned_params(u), updated(u));
+  for (size_t u = 0; u < num_units(); ++u) params_from_master(u);
   after_update();
 }
 
 void Strategy::sync_after_load() {
   if (!optim_) return;
-  for (size_t u = 0; u < num_units(); ++u) mp_.params_from_master(owned_params(u), updated(u));
+  for (size_t u = 0; u < num_units(); ++u) params_from_master(u);
   after_update();
 }
 
@@ -128,20 +149,22 @@ std::vector<float> Strategy::to_host(Tensor t) const {
   return v;
 }
 
-double Strategy::sum_squares(const std::vector<Tensor>& tensors) const {
-  Block acc = env_.pool.alloc(DType::f32, 1, Category::workspace, "grad norm");
+double Strategy::sum_squares(const std::vector<Tensor>& tensors, Pool* tier) const {
+  Pool& pool = tier ? *tier : env_.pool;
+  Backend& be = pool.backend();
+  Block acc = pool.alloc(DType::f32, 1, Category::workspace, "grad norm");
   Tensor a = acc.flat(DType::f32);
-  env_.be.fill(a, 0.f);
+  be.fill(a, 0.f);
   for (const Tensor& t : tensors) {
     if (t.dtype() == DType::f32) {
-      env_.be.sum_squares(t, a, true);
+      be.sum_squares(t, a, true);
       continue;
     }
     Block wide;
-    env_.be.sum_squares(env_.pool.widen(t, wide, "grad norm f32"), a, true);
+    be.sum_squares(pool.widen(t, wide, "grad norm f32"), a, true);
   }
   float v = 0.f;
-  env_.be.copy(Tensor::flat(&v, DType::f32, 1), a);
+  be.copy(Tensor::flat(&v, DType::f32, 1), a);
   return v;
 }
 

@@ -39,6 +39,16 @@ std::vector<StrategyKind> parse_strategy_list(const std::string& comma_separated
 // (2+2+K)Psi, ZeRO-1 4Psi + K Psi/N, ZeRO-2 2Psi + (2+K)Psi/N, ZeRO-3 (4+K)Psi/N.
 double zero_model_states(StrategyKind k, double psi, int world, double optimizer_bytes = 12);
 
+// --offload (ZeRO-Offload / ZeRO-Infinity): what lives on the host tier of the rank's memory.
+//   optimizer  (zero1-3) the f32 master weights and the optimizer state; each unit's reduced
+//              gradient shard is copied to the host as its reduction completes, the update runs
+//              there (Backend::host()), and the updated parameters return in the parameter dtype.
+//   params     (zero3) the parameter shards too: each is copied to the device just before its
+//              all-gather (prefetched with it), and freed from the device when the gather is done.
+enum class Offload : uint8_t { none, optimizer, params };
+Offload parse_offload(const std::string& s);  // InputError naming the choices otherwise
+const char* offload_name(Offload o);
+
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::ddp;
   double bucket_mb = 25;             // ddp: gradient bucket size
@@ -46,6 +56,7 @@ struct StrategyConfig {
   int prefetch = 1;                  // zero3: units gathered ahead of use
   int max_gathered = 0;              // zero3: cap on gathered units at once; 0 = prefetch + 2
   MixedPrecisionPolicy precision;
+  Offload offload = Offload::none;
   void validate() const;
 };
 
@@ -106,6 +117,8 @@ class Strategy : public UnitHooks {
   virtual Tensor updated(size_t u) const = 0;
   // After the owned parameters changed (an update, a load): zero1/2 all-gather them.
   virtual void after_update() {}
+  // owned_params(u) <- updated(u), where they differ (mixed precision, offload).
+  virtual void params_from_master(size_t u) { mp_.params_from_master(owned_params(u), updated(u)); }
 
   // Views of unit u's tensors (and those it borrows) given where each unit's full buffer is.
   template <class FullOf>
@@ -137,7 +150,8 @@ class Strategy : public UnitHooks {
   DType param_dtype() const { return cfg_.precision.param_dtype; }
   DType reduce_dtype() const { return cfg_.precision.reduce_dtype; }
   std::vector<float> to_host(Tensor t) const;  // any dtype, widened to f32
-  double sum_squares(const std::vector<Tensor>& tensors) const;  // local; any dtype
+  // Local; any dtype; tensors in `tier` (the device pool's unless given).
+  double sum_squares(const std::vector<Tensor>& tensors, Pool* tier = nullptr) const;
 
   StrategyConfig cfg_;
   StrategyEnv env_;

@@ -11,6 +11,10 @@
 //            forward into its backward); the next unit's gather is issued ahead (--prefetch),
 //            never holding more than --max-gathered units at once. In evaluation (forward only)
 //            every unit, the last included, is freed after its forward.
+// With --offload optimizer the f32 master shard, the optimizer state and the reduced gradient shard
+// live on the host tier (env_.pool.host()) and the update runs on the host backend; with --offload
+// params (stage 3) the parameter shards live there too and are uploaded into a device staging
+// buffer as each all-gather is issued.
 // A gathered unit is a buffer plus the Work that fills it, in one struct, with an explicit state
 // (sharded -> gathering -> gathered -> sharded): the buffer cannot be freed while its collective
 // runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
@@ -24,8 +28,17 @@ namespace {
 class Zero final : public Strategy {
  public:
   Zero(const StrategyConfig& cfg, StrategyEnv env)
-      : Strategy(cfg, std::move(env)), stage_(zero_stage(cfg.kind)), pd_(param_dtype()), rd_(reduce_dtype()) {
-    optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
+      : Strategy(cfg, std::move(env)),
+        stage_(zero_stage(cfg.kind)),
+        pd_(param_dtype()),
+        rd_(reduce_dtype()),
+        off_(cfg.offload != Offload::none),
+        off_params_(cfg.offload == Offload::params),
+        hp_(env_.pool.host()),
+        hmp_(cfg.precision, hp_, env_.units.size()) {
+    // The optimizer state, master shard and reduced gradient shard: on the host tier under offload.
+    Pool& opt_pool = off_ ? hp_ : env_.pool;
+    optim_ = std::make_unique<Optimizer>(opt_pool, env_.optim);
     const size_t U = num_units();
     for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
       SHARD_REQUIRE(layout(u).numel >= world_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
@@ -37,26 +50,31 @@ class Zero final : public Strategy {
       const FlatParam& f = flat_[u];
       const std::string& n = layout(u).name;
       if (stage_ == 3) {
-        param_shard_.push_back(env_.pool.alloc(pd_, f.shard, Category::param_shard, n + " param shard"));
+        param_shard_.push_back(
+            (off_params_ ? hp_ : env_.pool).alloc(pd_, f.shard, Category::param_shard, n + " param shard"));
       } else {
         params_.push_back(env_.pool.alloc(pd_, f.padded, Category::param_full, n + " params"));
         env_.be.fill(params_.back().flat(pd_), 0.f);  // padding stays zero
       }
-      master_.push_back(mixed() ? env_.pool.alloc(DType::f32, f.shard, Category::master_weights, n + " master shard")
-                                : Block());
+      master_.push_back(has_master() ? opt_pool.alloc(DType::f32, f.shard, Category::master_weights, n + " master shard")
+                                     : Block());
       if (stage_ == 1) {
         grads_full_.push_back(env_.pool.alloc(rd_, f.padded, Category::grad_full, n + " grads"));
+        // Offload: the reduced shard is copied out of the full buffer to the host.
+        host_grad_.push_back(off_ ? hp_.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard") : Block());
       } else {
         grads_full_.emplace_back();  // allocated during backward
-        grad_shard_.push_back(env_.pool.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
+        grad_shard_.push_back(opt_pool.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
       }
-      optim_->add(updated(u), owned_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
+      optim_->add(updated(u), reduced_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
     }
   }
 
   void begin_step() override {
-    for (size_t u = 0; u < num_units(); ++u)
-      env_.be.fill(stage_ == 1 ? grads_full_[u].flat(rd_) : grad_shard_[u].flat(rd_), 0.f);
+    for (size_t u = 0; u < num_units(); ++u) {
+      if (stage_ == 1) env_.be.fill(grads_full_[u].flat(rd_), 0.f);
+      else (off_ ? hp_ : env_.pool).backend().fill(grad_shard_[u].flat(rd_), 0.f);
+    }
   }
 
   // ---- hooks ----
@@ -111,17 +129,18 @@ class Zero final : public Strategy {
   double grad_norm_sq() override {
     while (!inflight_.empty()) finish_oldest();
     std::vector<Tensor> shards;
-    for (size_t u = 0; u < num_units(); ++u) shards.push_back(owned_grads(u));
-    float local = static_cast<float>(sum_squares(shards));
+    for (size_t u = 0; u < num_units(); ++u) shards.push_back(reduced_grads(u));
+    float local = static_cast<float>(sum_squares(shards, off_ ? &hp_ : nullptr));
     env_.comm.all_reduce(std::span<float>(&local, 1)).wait();
     return local;
   }
 
   std::vector<float> gather_unit_params(size_t u) override {
     std::vector<float> v;
-    if (stage_ == 3 || mixed()) {  // from the shards of what the optimizer updates (f32)
+    if (stage_ == 3 || has_master()) {  // from the shards of what the optimizer updates (f32)
       Block b = env_.pool.alloc(DType::f32, flat_[u].padded, Category::workspace, "gather params");
-      env_.comm.all_gather(updated(u), b.flat(DType::f32)).wait();
+      Block staged;
+      env_.comm.all_gather(on_device(updated(u), staged), b.flat(DType::f32)).wait();
       v = to_host(b.flat(DType::f32));
     } else {
       v = to_host(params_[u].flat(DType::f32));
@@ -139,7 +158,8 @@ class Zero final : public Strategy {
   std::vector<float> gather_unit_grads(size_t u) override {
     while (!inflight_.empty()) finish_oldest();
     Block b = env_.pool.alloc(rd_, flat_[u].padded, Category::workspace, "gather grads");
-    env_.comm.all_gather(owned_grads(u), b.flat(rd_)).wait();
+    Block staged;
+    env_.comm.all_gather(on_device(reduced_grads(u), staged), b.flat(rd_)).wait();
     std::vector<float> v = to_host(b.flat(rd_));
     v.resize(static_cast<size_t>(flat_[u].numel));
     return v;
@@ -157,8 +177,26 @@ class Zero final : public Strategy {
   Tensor owned_params(size_t u) const override {
     return stage_ == 3 ? param_shard_[u].flat(pd_) : own(params_[u], pd_, u);
   }
-  // What the optimizer updates: the f32 master shard under mixed precision, else the parameter shard.
-  Tensor updated(size_t u) const override { return mixed() ? master_[u].flat(DType::f32) : owned_params(u); }
+  // What the optimizer updates: the f32 master shard under mixed precision or when the optimizer
+  // runs on the host away from the parameters, else the parameter shard.
+  Tensor updated(size_t u) const override { return has_master() ? master_[u].flat(DType::f32) : owned_params(u); }
+
+  void params_from_master(size_t u) override {
+    if (!off_ || off_params_) {  // both in one tier
+      (off_params_ ? hmp_ : mp_).params_from_master(owned_params(u), updated(u));
+      return;
+    }
+    Tensor p = owned_params(u), m = updated(u);
+    if (pd_ == DType::f32) {
+      env_.be.copy(p, m);  // upload
+      return;
+    }
+    // Rounded on the host, so what crosses to the device is already in the parameter dtype.
+    Block staged = hp_.alloc(pd_, p.numel(), Category::comm_buffer, layout(u).name + " updated params (host)");
+    Tensor t = staged.flat(pd_).slice(0, p.numel());
+    hp_.backend().cast(t, m);
+    env_.be.copy(p, t);
+  }
 
   void set_unit_values(size_t u, std::span<const float> full) override {
     std::vector<float> padded(full.begin(), full.end());
@@ -171,12 +209,12 @@ class Zero final : public Strategy {
   void store(size_t u, std::span<const float> padded) {
     const FlatParam& f = flat_[u];
     auto shard = padded.subspan(static_cast<size_t>(f.shard_begin()), static_cast<size_t>(f.shard));
-    Tensor master = mixed() ? master_[u].flat(DType::f32) : Tensor();
+    Tensor master = has_master() ? master_[u].flat(DType::f32) : Tensor();
     if (stage_ == 3) {
-      mp_.write_values(param_shard_[u].flat(pd_), master, shard);
+      (off_params_ ? hmp_ : mp_).write_values(param_shard_[u].flat(pd_), master, shard);
     } else {
       mp_.write_values(params_[u].flat(pd_), Tensor(), padded);
-      if (mixed()) env_.be.copy(master, Tensor::of(shard));
+      if (has_master()) env_.be.copy(master, Tensor::of(shard));
     }
   }
 
@@ -184,8 +222,9 @@ class Zero final : public Strategy {
   enum class GatherState : uint8_t { sharded, gathering, gathered };
   struct Gathered {
     GatherState state = GatherState::sharded;
-    Block buf;  // the full unit, in the param dtype, while not sharded
-    Work work;  // after buf: destroyed (and waited on) first
+    Block buf;     // the full unit, in the param dtype, while not sharded
+    Block upload;  // --offload params: the shard on the device while its all-gather runs
+    Work work;     // after the buffers: destroyed (and waited on) first
     int users = 0;  // hooks between acquire and release
   };
   struct Reduction {
@@ -200,6 +239,18 @@ class Zero final : public Strategy {
     return full.flat(t).slice(flat_[u].shard_begin(), flat_[u].shard);
   }
   Tensor owned_grads(size_t u) const { return stage_ == 1 ? own(grads_full_[u], rd_, u) : grad_shard_[u].flat(rd_); }
+  // The reduced gradient shard the optimizer and the norm read (on the host under offload).
+  Tensor reduced_grads(size_t u) const { return stage_ == 1 && off_ ? host_grad_[u].flat(rd_) : owned_grads(u); }
+  bool has_master() const { return mixed() || (off_ && !off_params_); }
+  // A host-tier tensor's copy on the device (for a collective), kept alive by `hold`; device
+  // tensors pass through.
+  Tensor on_device(Tensor t, Block& hold) const {
+    if (!off_) return t;
+    hold = env_.pool.alloc(t.dtype(), t.numel(), Category::comm_buffer, "host shard on the device");
+    Tensor d = hold.flat(t.dtype()).slice(0, t.numel());
+    env_.be.copy(d, t);
+    return d;
+  }
 
   void ensure_grad_full(size_t u) {
     if (grads_full_[u]) return;
@@ -211,7 +262,21 @@ class Zero final : public Strategy {
     Reduction r = std::move(inflight_.front());
     inflight_.pop_front();
     r.work.wait();
-    if (stage_ != 1) mp_.accumulate(grad_shard_[r.unit].flat(rd_), r.shard.flat(rd_));
+    const size_t u = r.unit;
+    if (!off_) {
+      if (stage_ != 1) mp_.accumulate(grad_shard_[u].flat(rd_), r.shard.flat(rd_));
+      return;
+    }
+    if (stage_ == 1) {  // the reduced shard, out of the full buffer, to the host
+      env_.be.copy(host_grad_[u].flat(rd_), owned_grads(u));
+      return;
+    }
+    // Stages 2 and 3: to the host as soon as the reduction is done, accumulated there.
+    Block host = hp_.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard (host)");
+    env_.be.copy(host.flat(rd_), r.shard.flat(rd_));
+    r.shard.reset();
+    r.full.reset();
+    hmp_.accumulate(grad_shard_[u].flat(rd_), host.flat(rd_));
   }
 
   // ---- stage 3: gathered units ----
@@ -225,7 +290,13 @@ class Zero final : public Strategy {
     Gathered& g = gathered_[u];
     if (g.state != GatherState::sharded) return;
     g.buf = env_.pool.alloc(pd_, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
-    g.work = env_.comm.all_gather(param_shard_[u].flat(pd_), g.buf.flat(pd_));
+    Tensor shard = param_shard_[u].flat(pd_);
+    if (off_params_) {
+      g.upload = env_.pool.alloc(pd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " shard upload");
+      env_.be.copy(g.upload.flat(pd_), shard);
+      shard = g.upload.flat(pd_);
+    }
+    g.work = env_.comm.all_gather(shard, g.buf.flat(pd_));
     g.state = GatherState::gathering;
   }
   void prefetch(size_t u) {
@@ -237,6 +308,7 @@ class Zero final : public Strategy {
     Gathered& g = gathered_[u];
     issue_gather(u);
     g.work.wait();
+    g.upload.reset();
     g.state = GatherState::gathered;
     g.users += 1;
   }
@@ -266,9 +338,12 @@ class Zero final : public Strategy {
 
   int stage_;
   DType pd_, rd_;
+  bool off_, off_params_;  // --offload optimizer (or params), --offload params
+  Pool& hp_;               // the host tier
+  MixedPrecision hmp_;     // casts and accumulations on the host tier
   int max_gathered_ = 3;
   std::vector<FlatParam> flat_;
-  std::vector<Block> params_, param_shard_, master_, grads_full_, grad_shard_;
+  std::vector<Block> params_, param_shard_, master_, grads_full_, grad_shard_, host_grad_;
   std::vector<Gathered> gathered_;
   std::deque<Reduction> inflight_;
 };

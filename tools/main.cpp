@@ -72,7 +72,7 @@ const char* kUsage =
 // Options every rank-running command shares.
 struct CommonOptions {
   int threads = 0;
-  std::string device_memory;
+  std::string device_memory, host_memory;
   double collective_timeout = 600;
 };
 
@@ -81,8 +81,11 @@ void add_common(po::options_description& d, CommonOptions& c) {
       "threads", po::value(&c.threads)->default_value(0),
       "CPU threads per rank; 0 = usable cores / ranks on this node")(
       "device-memory", po::value(&c.device_memory)->default_value(""),
-      "per-rank memory budget (e.g. 2GiB); allocations past it fail with an out-of-memory error "
-      "that lists what is live. Empty = no budget")(
+      "per-rank memory budget of the device tier (e.g. 2GiB); allocations past it fail with an out-of-memory "
+      "error that lists what is live. Empty = no budget")(
+      "host-memory", po::value(&c.host_memory)->default_value(""),
+      "per-rank budget of the host tier (what --offload keeps there; pinned memory on CUDA), as --device-memory. "
+      "Empty = no budget")(
       "collective-timeout", po::value(&c.collective_timeout)->default_value(c.collective_timeout),
       "seconds a rank may wait in one collective before the job ends (exit 5), naming the rank(s) that "
       "never reached it; 0 = off. Progress records live in $SHARDLAB_WATCHDOG_DIR (default /dev/shm): "
@@ -120,6 +123,9 @@ PoolConfig pool_config(const CommonOptions& c) {
   if (!c.device_memory.empty()) pc.budget = parse_bytes(c.device_memory);
   SHARD_REQUIRE(c.device_memory.empty() || pc.budget > 0,
                 "--device-memory {}: expected a positive size (leave the option out for no budget)", c.device_memory);
+  if (!c.host_memory.empty()) pc.host_budget = parse_bytes(c.host_memory);
+  SHARD_REQUIRE(c.host_memory.empty() || pc.host_budget > 0,
+                "--host-memory {}: expected a positive size (leave the option out for no budget)", c.host_memory);
   return pc;
 }
 
@@ -128,7 +134,7 @@ enum ExitCode : int { kOk = 0, kBadInput = 1, kInternal = 2, kWrongResults = 3, 
 
 // Command-line strings that become enums once parsed (StrategyConfig keeps only the enums).
 struct StrategyStrings {
-  std::string strategy = "ddp", param = "f32", reduce = "";
+  std::string strategy = "ddp", param = "f32", reduce = "", offload = "none";
 };
 
 ProcessGroup world_group(const MpiRuntime& mpi) {
@@ -186,7 +192,11 @@ void add_strategy_options(po::options_description& d, StrategyConfig& s, Strateg
       "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")(
       "prefetch", po::value(&s.prefetch)->default_value(s.prefetch), "zero3: units gathered ahead of use")(
       "max-gathered", po::value(&s.max_gathered)->default_value(0),
-      "zero3: most units gathered at once (0 = prefetch + 2)");
+      "zero3: most units gathered at once (0 = prefetch + 2)")(
+      "offload", po::value(&dt.offload)->default_value(dt.offload),
+      "none; optimizer (zero1-3: f32 master weights and optimizer state on the host tier, the update runs on the "
+      "host, reduced gradient shards are copied there as their reductions complete); params (zero3: the parameter "
+      "shards on the host too, copied to the device just before their all-gather)");
 }
 
 // Model shape: a preset, with any of --layers/--dim/--heads/--seq/--vocab overriding it.
@@ -276,6 +286,7 @@ struct TrainOptions {
     cfg.seed = static_cast<uint64_t>(seed);
     cfg.spec = model.spec();
     cfg.strategy.kind = parse_strategy(dtypes.strategy);
+    cfg.strategy.offload = parse_offload(dtypes.offload);
     cfg.strategy.precision.param_dtype = parse_dtype(dtypes.param);
     cfg.strategy.precision.reduce_dtype =
         dtypes.reduce.empty() ? cfg.strategy.precision.param_dtype : parse_dtype(dtypes.reduce);

@@ -75,6 +75,13 @@ class Backend {
   // Raw device memory. Only memory::Pool calls these; everything else allocates through a Pool.
   virtual void* raw_alloc(size_t bytes) = 0;
   virtual void raw_free(void* p, size_t bytes) = 0;
+  // Host memory for the host tier of a Pool (pinned on CUDA, so copies can be asynchronous); on
+  // the CPU and meta backends the same memory as raw_alloc.
+  virtual void* raw_alloc_host(size_t bytes) { return raw_alloc(bytes); }
+  virtual void raw_free_host(void* p, size_t bytes) { raw_free(p, bytes); }
+  // The backend that computes on host memory: this one on the CPU and meta backends, a CPU
+  // backend on CUDA (the host optimizer of --offload runs there).
+  virtual Backend& host() { return *this; }
 
   // dst <- src, same dtype and element count; either may live on the host or on this device.
   virtual void copy(Tensor dst, Tensor src) = 0;

@@ -117,6 +117,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     if (cfg_.save_best) best_val_loss_ = best_checkpoint_val_loss(cfg_.save_dir);
   }
   states_ = pool_.ledger().current_by_category();
+  host_states_ = pool_.ledger().current_by_category(Tier::host);
   // The allocation timeline serves reports of the last step only: keep none otherwise.
   pool_.ledger().set_recording(cfg_.record_step);
   const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
@@ -283,15 +284,18 @@ std::vector<std::string> Trainer::unit_names() const {
   return names;
 }
 
-Estimate Trainer::measured_step() const { return estimate_from_ledger(pool_.ledger(), states_); }
+Estimate Trainer::measured_step() const { return estimate_from_ledger(pool_.ledger(), states_, host_states_); }
 
 Estimate Trainer::measured_eval() const {
   Estimate e;
+  const Ledger::TierPeaks& d = eval_peaks_[static_cast<int>(Tier::device)];
+  const Ledger::TierPeaks& h = eval_peaks_[static_cast<int>(Tier::host)];
   e.model_states = states_;
-  e.peak_by_category = eval_peaks_.peak;
-  e.at_peak = eval_peaks_.at_peak;
-  e.peak = eval_peaks_.total;
-  e.peak_phase = eval_peaks_.phase;
+  e.peak_by_category = d.peak;
+  e.at_peak = d.at_peak;
+  e.peak = d.total;
+  e.peak_phase = d.phase;
+  e.host = {host_states_, h.peak, h.at_peak, h.total};
   return e;
 }
 
@@ -307,6 +311,8 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
   row.measured_at_peak = L.composition_at_peak();
   row.measured_peak_by_category = L.peak_by_category();
   row.measured_phase = L.phase_at_peak();
+  row.measured_host = {host_states_, L.peak_by_category(Tier::host), L.composition_at_peak(Tier::host),
+                       L.peak_total(Tier::host)};
   if (cfg_.record_step) {
     row.measured_timeline = L.timeline();  // cleared at the start of each step
     for (const CommEvent& e : comm_.stats().events)

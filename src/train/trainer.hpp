@@ -133,7 +133,7 @@ class Trainer {
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
-  CategoryBytes states_{};     // ledger after set-up
+  CategoryBytes states_{}, host_states_{};  // ledger after set-up, per tier
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;
   std::string resumed_from_;

@@ -64,6 +64,7 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     name_ = prop.name;
+    host_ = make_cpu_backend(cfg);
   }
   ~CudaBackend() override {
     cudaFreeAsync(partial_, compute_);
@@ -83,6 +84,17 @@ class CudaBackend final : public Backend {
     return p;
   }
   void raw_free(void* p, size_t) override { CUDA_CHECK(cudaFreeAsync(p, compute_)); }
+  // The host tier is pinned, so copies to and from it can run asynchronously on a stream.
+  void* raw_alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+    return p;
+  }
+  void raw_free_host(void* p, size_t) override {
+    CUDA_CHECK(cudaStreamSynchronize(compute_));  // a copy issued on the stream may still read it
+    CUDA_CHECK(cudaFreeHost(p));
+  }
+  Backend& host() override { return *host_; }
 
   void copy(Tensor dst, Tensor src) override {
     check_same_numel(dst, src, "copy");
@@ -210,7 +222,8 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_{};
   cudaStream_t comm_{};
   cublasHandle_t cublas_{};
-  double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
+  double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial result
+  std::unique_ptr<Backend> host_;  // computes on the host tier (the offloaded optimizer)s of a reduction
 };
 
 }  // namespace
