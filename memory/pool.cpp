@@ -79,8 +79,8 @@ Block Pool::alloc(uint64_t bytes, Category category, std::string tag) {
   uint64_t used = ledger_->current_total(tier_);
   if (budget_ > 0 && (used > budget_ || bytes > budget_ - used)) {
     std::string msg = fmt::format(
-        "out of memory: cannot allocate {} ({} bytes) for {} '{}' on the {} tier: {} of the {} budget ({}) in "
-        "use, {} free.\n  live: {}",
+        "out of memory: cannot allocate {} ({} bytes) for {} '{}' on the {} tier: {} of the {} budget in use "
+        "({}), {} free.\n  live: {}",
         format_bytes(static_cast<double>(bytes)), bytes, category_name(category), tag, tier_name(tier_),
         format_bytes(static_cast<double>(used)), format_bytes(static_cast<double>(budget_)),
         tier_ == Tier::device ? "--device-memory" : "--host-memory",

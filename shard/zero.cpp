@@ -102,6 +102,9 @@ class Zero final : public Strategy {
   }
 
   ParamSet grads(size_t u) override {
+    // Offload trades speed for memory: the previous unit's reduction (which overlapped this unit's
+    // gather and recomputation) completes and leaves for the host before this gradient exists.
+    if (off_) drain();
     if (stage_ != 1) {
       ensure_grad_full(u);
       for (const BorrowedTensor& b : borrowed_[u]) ensure_grad_full(b.owner);
@@ -127,7 +130,7 @@ class Zero final : public Strategy {
   }
 
   double grad_norm_sq() override {
-    while (!inflight_.empty()) finish_oldest();
+    drain();
     std::vector<Tensor> shards;
     for (size_t u = 0; u < num_units(); ++u) shards.push_back(reduced_grads(u));
     float local = static_cast<float>(sum_squares(shards, off_ ? &hp_ : nullptr));
@@ -156,7 +159,7 @@ class Zero final : public Strategy {
   }
 
   std::vector<float> gather_unit_grads(size_t u) override {
-    while (!inflight_.empty()) finish_oldest();
+    drain();
     Block b = env_.pool.alloc(rd_, flat_[u].padded, Category::workspace, "gather grads");
     Block staged;
     env_.comm.all_gather(on_device(reduced_grads(u), staged), b.flat(rd_)).wait();
@@ -258,6 +261,9 @@ class Zero final : public Strategy {
     env_.be.fill(grads_full_[u].flat(rd_), 0.f);
   }
 
+  void drain() {
+    while (!inflight_.empty()) finish_oldest();
+  }
   void finish_oldest() {
     Reduction r = std::move(inflight_.front());
     inflight_.pop_front();

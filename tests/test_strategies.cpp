@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -568,4 +569,173 @@ TEST_CASE("activation checkpointing: the same losses and parameters, bit for bit
       CHECK(e.peak_by_category[act] < none.peak_by_category[act]);
     }
   }
+}
+
+namespace {
+// Measured (MPI, both tiers) = predicted (meta + sim) for one configuration: model states, peaks,
+// composition and phase at the peak, and the step allocation by allocation, on both tiers.
+void check_measured_is_predicted(const TrainConfig& base, const std::string& what) {
+  const int N = g_mpi->world();
+  TrainConfig cfg = base;
+  cfg.record_step = true;
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  Trainer t(*be, pool, *comm, cfg);
+  t.step(0);
+  t.step(1);
+  Estimate m = t.measured_step();
+  Estimate e = predict_step(cfg, N, g_mpi->rank(), cfg.batch / N / cfg.accum);
+  INFO(what << " world " << N << " rank " << g_mpi->rank() << ": device peak predicted " << e.peak << " measured "
+            << m.peak << ", host peak predicted " << e.host.peak << " measured " << m.host.peak);
+  CHECK(m.model_states == e.model_states);
+  CHECK(m.peak == e.peak);
+  CHECK(m.peak_by_category == e.peak_by_category);
+  CHECK(m.at_peak == e.at_peak);
+  CHECK(m.peak_phase == e.peak_phase);
+  CHECK(m.host == e.host);
+  bool same = m.timeline.size() == e.timeline.size();
+  for (size_t i = 0; same && i < m.timeline.size(); ++i)
+    same = m.timeline[i].live == e.timeline[i].live && m.timeline[i].host_live == e.timeline[i].host_live &&
+           m.timeline[i].phase == e.timeline[i].phase;
+  CHECK(same);
+}
+
+uint64_t total(const CategoryBytes& c) {
+  uint64_t s = 0;
+  for (uint64_t b : c) s += b;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("offload: the same training as without it, and both memory tiers predicted to the byte",
+          "[strategies][offload]") {
+  const int N = g_mpi->world();
+  for (DType dt : {DType::f32, DType::bf16})
+    for (StrategyKind s : {StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3})
+      for (Offload o : {Offload::optimizer, Offload::params}) {
+        if (o == Offload::params && s != StrategyKind::zero3) continue;
+        TrainConfig cfg = parity_config(s, N);
+        cfg.steps = 3;
+        cfg.accum = 2;
+        cfg.batch = 4 * N;
+        cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = dt;
+        TrainConfig off = cfg;
+        off.strategy.offload = o;
+        const std::string what = fmt::format("{} offload {} {}", strategy_name(s), offload_name(o), dtype_name(dt));
+        INFO(what << " world " << N);
+        RunOut plain = train_mpi(cfg);
+        RunOut got = train_mpi(off);
+        double worst = 0;
+        for (size_t i = 0; i < got.losses.size() && i < plain.losses.size(); ++i)
+          worst = std::max(worst, double(std::fabs(got.losses[i] - plain.losses[i]) / std::fabs(plain.losses[i])));
+        CHECK(got.losses.size() == plain.losses.size());
+        CHECK(worst <= 1e-6);
+        CHECK(got.params == plain.params);  // the same kernels on the same values, on the other tier
+        check_measured_is_predicted(off, what);
+        // What moved: the optimizer's state (and the shards) leave the device tier for the host.
+        Estimate e_plain = predict_step(cfg, N, g_mpi->rank(), cfg.batch / N / cfg.accum, false);
+        Estimate e_off = predict_step(off, N, g_mpi->rank(), off.batch / N / off.accum, false);
+        const int opt = static_cast<int>(Category::optim_state);
+        CHECK(e_off.model_states[opt] == 0);
+        CHECK(e_off.host.model_states[opt] == e_plain.model_states[opt]);
+        CHECK(total(e_off.model_states) < total(e_plain.model_states));
+        if (o == Offload::params) CHECK(e_off.model_states[static_cast<int>(Category::param_shard)] == 0);
+      }
+}
+
+TEST_CASE("checkpoints save and resume with offload on or off, across world sizes", "[strategies][offload]") {
+  const int N = g_mpi->world();
+  // Reference: 4 uninterrupted steps of zero3 without offload.
+  TrainConfig cfg = parity_config(StrategyKind::zero3, N);
+  cfg.steps = 4;
+  cfg.batch = 4 * N;
+  cfg.schedule.kind = ScheduleKind::constant;  // a 2-step run then has the 4-step run's learning rates
+  RunOut want = train_mpi(cfg);
+  // Two steps with offload params, a checkpoint, then two more with offload optimizer (zero2)
+  // and with none: the run continues as if never stopped.
+  const std::string dir = fmt::format("offload_ckpt_np{}", N);
+  if (g_mpi->rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  TrainConfig first = cfg;
+  first.strategy.offload = Offload::params;
+  first.save_dir = dir;
+  first.steps = 2;
+  for (auto [kind, off] : {std::pair{StrategyKind::zero2, Offload::optimizer}, std::pair{StrategyKind::zero3, Offload::none}}) {
+    {
+      auto be = make_cpu_backend(BackendConfig{1});
+      Pool pool(*be);
+      auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+      TrainConfig c = first;
+      Trainer t(*be, pool, *comm, c);
+      std::FILE* sink = std::fopen("/dev/null", "w");
+      t.run(sink);
+      std::fclose(sink);
+    }
+    TrainConfig second = cfg;
+    second.strategy.kind = kind;
+    second.strategy.offload = off;
+    second.save_dir = dir;
+    second.resume = "auto";
+    auto be = make_cpu_backend(BackendConfig{1});
+    Pool pool(*be);
+    auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+    Trainer t(*be, pool, *comm, second);
+    CHECK(t.start_step() == 2);
+    std::vector<float> losses;
+    for (int64_t s = t.start_step(); s < second.steps; ++s) losses.push_back(t.step(s).loss);
+    INFO("resumed under " << strategy_name(kind) << " offload " << offload_name(off) << " world " << N);
+    REQUIRE(losses.size() == 2);
+    for (size_t i = 0; i < 2; ++i) CHECK(std::fabs(losses[i] - want.losses[2 + i]) <= 1e-5 * std::fabs(want.losses[2 + i]));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_mpi->rank() == 0) std::filesystem::remove_all(dir);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("one rank, 64 MiB: DDP runs out of memory, ZeRO-3 with offload and checkpointing trains",
+          "[headline][offload]") {
+  REQUIRE(g_mpi->world() == 1);
+  const uint64_t budget = 64ull << 20;
+  TrainConfig cfg;
+  cfg.spec = model_preset("small");
+  cfg.spec.layers = 8;
+  cfg.spec.dim = 512;
+  cfg.spec.heads = 8;
+  cfg.spec.seq = 64;
+  cfg.spec.vocab = 256;
+  cfg.spec.name = "small+custom";
+  cfg.batch = 4;
+  cfg.steps = 3;
+  cfg.seed = 4242;
+  cfg.strategy.kind = StrategyKind::ddp;
+  const Estimate ddp = predict_step(cfg, 1, 0, 4, false);
+  std::printf("L8 C512 H8 T64 V256: model states under ddp %.1f MiB, %.1fx the 64 MiB budget\n",
+              ddp.model_state_total() / 1048576.0, double(ddp.model_state_total()) / double(budget));
+  CHECK(ddp.model_state_total() > 6 * budget);
+  std::string message;
+  try {
+    train_mpi(cfg, budget);
+  } catch (const OutOfMemory& e) {
+    message = e.what();
+  }
+  std::printf("ddp: %s\n", message.substr(0, message.find('\n')).c_str());
+  CHECK_THAT(message, Catch::Contains("out of memory: cannot allocate"));
+  CHECK_THAT(message, Catch::Contains("on the device tier"));
+
+  cfg.strategy.kind = StrategyKind::zero3;
+  cfg.strategy.offload = Offload::params;
+  cfg.strategy.prefetch = 0;  // one gathered unit at a time: the budget has no room for a second
+  cfg.checkpointing = Checkpointing::blocks;
+  RunOut tight = train_mpi(cfg, budget);
+  TrainConfig roomy = cfg;
+  roomy.strategy = StrategyConfig{};
+  roomy.strategy.kind = StrategyKind::zero3;
+  roomy.checkpointing = Checkpointing::none;
+  RunOut want = train_mpi(roomy, 0);
+  CHECK(tight.losses == want.losses);
+  const Estimate e = predict_step(cfg, 1, 0, 4, false);
+  std::printf("zero3 + offload params + blocks: device peak %.2f MiB, host peak %.2f MiB, losses %.4f %.4f %.4f\n",
+              e.peak / 1048576.0, e.host.peak / 1048576.0, tight.losses[0], tight.losses[1], tight.losses[2]);
+  CHECK(e.peak <= budget);
 }

@@ -200,6 +200,7 @@ StepStats Trainer::step(int64_t t) {
   s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);
   s.peak_bytes = pool_.ledger().peak_total();
+  s.host_peak_bytes = pool_.ledger().peak_total(Tier::host);
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   s.rss_bytes = resident_bytes();
   return s;
@@ -350,9 +351,12 @@ struct RunSummary {
 };
 
 void print_step(std::FILE* out, const StepStats& s, int64_t steps) {
-  std::fprintf(out, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s | comm %s\n",
+  // The host tier's peak appears once anything lives there (--offload).
+  const std::string host =
+      s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
+  std::fprintf(out, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s%s | comm %s\n",
                static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, s.lr, s.grad_norm, s.ms,
-               s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str(),
+               s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(),
                format_bytes(s.comm_bytes).c_str());
   std::fflush(out);
 }
@@ -366,7 +370,8 @@ void print_val(std::FILE* out, const StepStats& s, int64_t steps, double ms, boo
 void log_step(std::ofstream& log, const StepStats& s) {
   nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
-                      {"peak_bytes", s.peak_bytes}, {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes}};
+                      {"peak_bytes", s.peak_bytes}, {"host_peak_bytes", s.host_peak_bytes},
+                      {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   log << j.dump() << '\n';
   log.flush();  // a killed run keeps every finished step
@@ -468,6 +473,13 @@ void Trainer::print_header(std::FILE* out) const {
                  data_.val->source.c_str(), static_cast<long long>(val_batches_), static_cast<long long>(cfg_.batch),
                  static_cast<long long>(cfg_.val_batches),
                  cfg_.val_every > 0 ? fmt::format("{} steps and at the end", cfg_.val_every).c_str() : "run's end");
+  if (cfg_.checkpointing != Checkpointing::none || cfg_.strategy.offload != Offload::none) {
+    const uint64_t dev = pool_.budget(), host = pool_.host().budget();
+    std::fprintf(out, "  memory levers: activation checkpointing %s, offload %s; budgets: device %s, host %s\n",
+                 checkpointing_name(cfg_.checkpointing), offload_name(cfg_.strategy.offload),
+                 dev ? format_bytes(static_cast<double>(dev)).c_str() : "none",
+                 host ? format_bytes(static_cast<double>(host)).c_str() : "none");
+  }
   if (!resumed_from_.empty())
     std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));
   std::fflush(out);

@@ -62,6 +62,7 @@ struct StepStats {
   float loss = 0, lr = 0, grad_norm = 0;
   double ms = 0, tokens_per_s = 0;
   uint64_t peak_bytes = 0;   // this rank, this step
+  uint64_t host_peak_bytes = 0;  // this rank's host tier (--offload), this step
   double comm_bytes = 0;     // this rank, this step (bus bytes)
   uint64_t rss_bytes = 0;    // this process's resident memory after the step (/proc)
   std::optional<float> val_loss;  // on the steps that validate (Trainer::run)
