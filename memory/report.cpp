@@ -45,6 +45,14 @@ nlohmann::json cats(const CategoryBytes& c) {
   return o;
 }
 
+// The host tier's fields beside the device's (schema shardlab.profile/2).
+void add_host(nlohmann::json& o, const HostEstimate& h) {
+  o["host_model_states"] = cats(h.model_states);
+  o["host_at_peak"] = cats(h.at_peak);
+  o["host_peak_by_category"] = cats(h.peak_by_category);
+  o["host_peak"] = h.peak;
+}
+
 std::string esc(const std::string& s) {
   std::string o;
   for (char ch : s) {
@@ -59,6 +67,8 @@ std::string esc(const std::string& s) {
 
 }  // namespace
 
+std::string levers_line(const MemoryReport& r);  // the answer of profile's lever search, in words
+
 void print_memory_table(const MemoryReport& r, std::FILE* out) {
   uint64_t largest = 0;
   for (const auto& row : r.rows) largest = std::max({largest, row.predicted.peak, row.measured_peak});
@@ -67,20 +77,22 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   const MemoryRow* dp0 = find(r, Baseline::dp);
   auto label = [&](const Phase& p) { return phase_label(p, r.unit_names); };
   std::fprintf(out, "%s\nper rank, composition at the step's peak (%s)\n", r.title.c_str(), u.name);
-  std::fprintf(out, "%-10s %-5s", "strategy", "");
+  std::fprintf(out, "%-19s %-5s", "strategy", "");
   for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8s", kShort[k]);
-  std::fprintf(out, " %9s %9s %9s %7s %7s", "peak", "states", "val peak", "vs ddp", "vs dp");
+  std::fprintf(out, " %9s %9s %9s %7s %7s %9s %9s", "peak", "states", "val peak", "vs ddp", "vs dp", "host pk",
+               "host st");
   if (r.budget) std::fprintf(out, " %5s %7s", "fits", "max mb");
   std::fprintf(out, "  peak during\n");
   auto line = [&](const std::string& name, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
-                  const Phase& phase, const MemoryRow* row) {
-    std::fprintf(out, "%-10s %-5s", name.c_str(), kind);
+                  const HostEstimate& host, const Phase& phase, const MemoryRow* row) {
+    std::fprintf(out, "%-19s %-5s", name.c_str(), kind);
     for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8.2f", double(c[k]) / u.div);
     std::fprintf(out, " %9.2f %9.2f %9s %7s %7s", double(peak) / u.div, double(states) / u.div,
                  row && row->predicted_eval_peak ? fmt::format("{:.2f}", double(row->predicted_eval_peak) / u.div).c_str()
                                                  : "",
                  ddp ? pct(double(peak), double(ddp->predicted.peak)).c_str() : "-",
                  dp0 ? pct(double(peak), double(dp0->predicted.peak)).c_str() : "-");
+    std::fprintf(out, " %9.2f %9.2f", double(host.peak) / u.div, double(total(host.model_states)) / u.div);
     if (r.budget && row)
       std::fprintf(out, " %5s %7lld", row->fits ? "yes" : "NO", static_cast<long long>(row->max_micro_batch));
     else if (r.budget)
@@ -89,10 +101,11 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   };
   for (const auto& row : r.rows) {
     line(row.label, "pred", row.predicted.at_peak, row.predicted.peak, row.predicted.model_state_total(),
-         row.predicted.peak_phase, &row);
+         row.predicted.host, row.predicted.peak_phase, &row);
     if (!row.measured) continue;
-    line("", "meas", row.measured_at_peak, row.measured_peak, total(row.measured_states), row.measured_phase, nullptr);
-    std::fprintf(out, "%-10s %-5s", "", "diff");
+    line("", "meas", row.measured_at_peak, row.measured_peak, total(row.measured_states), row.measured_host,
+         row.measured_phase, nullptr);
+    std::fprintf(out, "%-19s %-5s", "", "diff");
     for (int k = 0; k < kNumCategories; ++k)
       std::fprintf(out, " %8s",
                    row.measured_at_peak[k] || row.predicted.at_peak[k]
@@ -106,20 +119,49 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
                "master fp32 master weights,\noptim optimizer state, activ activations, comm communication buffers, "
                "work workspaces. states: parameters, gradients,\nmaster weights and optimizer state held between "
                "steps. val peak: a validation pass (forward only). vs ddp / vs dp: peak against DDP's and DP's rank 0 "
-               "(predicted).%s\n",
-               r.budget ? fmt::format(" fits: predicted peak within the {} budget; max mb: the largest "
-                                      "micro-batch that fits.", format_bytes(double(r.budget))).c_str()
+               "(predicted).\nhost pk / host st: the host tier's peak and model states (--offload); the other "
+               "columns are the device tier.%s\n",
+               r.budget ? fmt::format(" fits: predicted peaks within the {} budget{}; max mb: the largest "
+                                      "micro-batch that fits.", format_bytes(double(r.budget)),
+                                      r.host_budget ? " and the host's " + format_bytes(double(r.host_budget)) : "")
+                              .c_str()
                         : "");
+  if (r.levers_searched) std::fprintf(out, "%s\n", levers_line(r).c_str());
   std::fflush(out);
+}
+
+std::string levers_line(const MemoryReport& r) {
+  std::string budgets = format_bytes(double(r.budget)) +
+                        (r.host_budget ? ", host " + format_bytes(double(r.host_budget)) : std::string(", host unlimited"));
+  if (!r.levers)
+    return fmt::format("cheapest levers: nothing fits (device {}) at any micro-batch, with any strategy, "
+                       "checkpointing or offload", budgets);
+  const LeverChoice& c = *r.levers;
+  return fmt::format("cheapest levers that fit (device {}): {}, activation checkpointing {}, offload {}, micro-batch "
+                     "{} x accum {}: device peak {}, host peak {}\n  (tried cheapest first: shard more, ddp -> zero1 "
+                     "-> zero2 -> zero3; then checkpoint attention, then blocks; then offload the optimizer, then "
+                     "the parameters; a smaller micro-batch only when nothing fits at --micro-batch)",
+                     budgets, c.strategy, c.checkpointing, c.offload, c.micro_batch, c.accum,
+                     format_bytes(double(c.peak)), format_bytes(double(c.host_peak)));
 }
 
 std::string memory_report_json(const MemoryReport& r) {
   auto label = [&](const Phase& p) { return phase_label(p, r.unit_names); };
   nlohmann::json j;
-  j["schema"] = "shardlab.profile/1";
+  j["schema"] = "shardlab.profile/2";
   j["title"] = r.title;
   j["config"] = r.config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(r.config_json);
   j["budget_bytes"] = r.budget;
+  j["host_budget_bytes"] = r.host_budget;
+  if (r.levers_searched) {
+    if (r.levers)
+      j["cheapest_levers"] = {{"strategy", r.levers->strategy}, {"activation_checkpointing", r.levers->checkpointing},
+                              {"offload", r.levers->offload}, {"micro_batch", r.levers->micro_batch},
+                              {"accum", r.levers->accum}, {"peak", r.levers->peak},
+                              {"host_peak", r.levers->host_peak}};
+    else
+      j["cheapest_levers"] = nullptr;
+  }
   j["categories"] = std::vector<std::string>(kCategoryNames.begin(), kCategoryNames.end());
   j["rows"] = nlohmann::json::array();
   for (const auto& row : r.rows) {
@@ -128,20 +170,24 @@ std::string memory_report_json(const MemoryReport& r) {
     const Estimate& e = row.predicted;
     nlohmann::json tl = nlohmann::json::array();
     for (const auto& p : e.timeline)
-      tl.push_back({{"phase", label(p.phase)}, {"total", total(p.live)}, {"by_category", cats(p.live)}});
+      tl.push_back({{"phase", label(p.phase)}, {"total", total(p.live)}, {"by_category", cats(p.live)},
+                    {"host_total", total(p.host_live)}});
     o["predicted"] = {{"model_states", cats(e.model_states)}, {"at_peak", cats(e.at_peak)},
                       {"peak_by_category", cats(e.peak_by_category)}, {"peak", e.peak},
-                      {"peak_phase", label(e.peak_phase)}, {"eval_peak", row.predicted_eval_peak},
-                      {"timeline", tl}};
+                      {"peak_phase", label(e.peak_phase)}, {"eval_peak", row.predicted_eval_peak}};
+    add_host(o["predicted"], e.host);
+    o["predicted"]["timeline"] = tl;
     if (row.measured) {
       nlohmann::json mt = nlohmann::json::array();
       for (const auto& ev : row.measured_timeline)
-        mt.push_back({{"t_ms", ev.t_ms}, {"category", std::string(category_name(ev.category))}, {"delta", ev.delta},
+        mt.push_back({{"t_ms", ev.t_ms}, {"tier", std::string(tier_name(ev.tier))},
+                      {"category", std::string(category_name(ev.category))}, {"delta", ev.delta},
                       {"total", ev.total_after}, {"tag", ev.tag}, {"phase", label(ev.phase)}});
       o["measured"] = {{"model_states", cats(row.measured_states)}, {"at_peak", cats(row.measured_at_peak)},
                        {"peak_by_category", cats(row.measured_peak_by_category)}, {"peak", row.measured_peak},
-                       {"peak_phase", label(row.measured_phase)}, {"comm_bytes_per_step", row.comm_bytes},
-                       {"timeline", mt}};
+                       {"peak_phase", label(row.measured_phase)}, {"comm_bytes_per_step", row.comm_bytes}};
+      add_host(o["measured"], row.measured_host);
+      o["measured"]["timeline"] = mt;
     } else {
       o["measured"] = nullptr;
     }
@@ -277,21 +323,25 @@ std::string memory_report_html(const MemoryReport& r) {
   h += "<h1>shardlab memory profile</h1>\n<p>" + esc(r.title) + "</p>\n";
   h += fmt::format("<h2>Per rank at the step's peak ({})</h2>\n<table><tr><th>strategy</th><th></th>", u.name);
   for (int k = 0; k < kNumCategories; ++k) h += "<th>" + std::string(kCategoryNames[k]) + "</th>";
-  h += "<th>peak</th><th>model states</th><th>peak during</th></tr>\n";
+  h += "<th>peak</th><th>model states</th><th>host peak</th><th>host model states</th><th>peak during</th></tr>\n";
   auto tr = [&](const std::string& label, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
-                const Phase& phase) {
+                const HostEstimate& host, const Phase& phase) {
     h += "<tr><td>" + esc(label) + "</td><td>" + kind + "</td>";
     for (int k = 0; k < kNumCategories; ++k) h += fmt::format("<td>{:.2f}</td>", double(c[k]) / u.div);
-    h += fmt::format("<td><b>{:.2f}</b></td><td>{:.2f}</td><td>{}</td></tr>\n", double(peak) / u.div,
-                     double(states) / u.div, esc(phase_label(phase, r.unit_names)));
+    h += fmt::format("<td><b>{:.2f}</b></td><td>{:.2f}</td><td>{:.2f}</td><td>{:.2f}</td><td>{}</td></tr>\n",
+                     double(peak) / u.div, double(states) / u.div, double(host.peak) / u.div,
+                     double(total(host.model_states)) / u.div, esc(phase_label(phase, r.unit_names)));
   };
   for (const auto& row : r.rows) {
     tr(row.label, "predicted", row.predicted.at_peak, row.predicted.peak, row.predicted.model_state_total(),
-       row.predicted.peak_phase);
+       row.predicted.host, row.predicted.peak_phase);
     if (row.measured)
-      tr(row.label, "measured", row.measured_at_peak, row.measured_peak, total(row.measured_states), row.measured_phase);
+      tr(row.label, "measured", row.measured_at_peak, row.measured_peak, total(row.measured_states), row.measured_host,
+         row.measured_phase);
   }
-  h += "</table>\n<h2>Memory per rank by category</h2>\n" + bars_svg(r, u, bar_max);
+  h += "</table>\n";
+  if (r.levers_searched) h += "<p>" + esc(levers_line(r)) + "</p>\n";
+  h += "<h2>Memory per rank by category</h2>\n" + bars_svg(r, u, bar_max);
   h += "<h2>Memory over one training step (predicted)</h2>\n";
   for (const auto& row : r.rows) h += "<h3>" + esc(row.label) + "</h3>\n" + timeline_svg(row, u, r.unit_names);
   h += "<p style='color:#666;font-size:11px'>Written by shardlab profile. Self-contained: no scripts, no network.</p>\n";
@@ -299,7 +349,7 @@ std::string memory_report_html(const MemoryReport& r) {
 }
 
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
-                         const CategoryBytes& base, const std::vector<TraceMark>& marks,
+                         const TierBytes& base, const std::vector<TraceMark>& marks,
                          const std::vector<std::string>& unit_names, std::optional<double> val_loss) {
   auto add = [&](const nlohmann::json& e) {
     if (!out.empty()) out += ",\n";
@@ -314,15 +364,17 @@ void append_trace_events(std::string& out, int pid, const std::string& name, con
   for (const auto& m : marks)
     add({{"ph", "i"}, {"pid", pid}, {"tid", 2}, {"s", "t"}, {"name", m.name}, {"ts", (m.t_ms - t0) * 1000.0},
          {"args", {{"bus_bytes", m.bytes}}}});
-  CategoryBytes live = base;
+  TierBytes live = base;
   size_t phase_start = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     const LedgerEvent& e = events[i];
+    CategoryBytes& l = live[static_cast<int>(e.tier)];
     int k = static_cast<int>(e.category);
-    live[k] = static_cast<uint64_t>(static_cast<int64_t>(live[k]) + e.delta);
+    l[k] = static_cast<uint64_t>(static_cast<int64_t>(l[k]) + e.delta);
     nlohmann::json args;
-    for (int c = 0; c < kNumCategories; ++c) args[std::string(kCategoryNames[c])] = live[c];
-    add({{"ph", "C"}, {"pid", pid}, {"name", "memory (bytes by category)"},
+    for (int c = 0; c < kNumCategories; ++c) args[std::string(kCategoryNames[c])] = l[c];
+    add({{"ph", "C"}, {"pid", pid},
+         {"name", e.tier == Tier::device ? "memory (bytes by category)" : "host memory (bytes by category)"},
          {"ts", (e.t_ms - t0) * 1000.0}, {"args", args}});
     bool last = i + 1 == events.size();
     if (last || events[i + 1].phase != events[phase_start].phase) {
@@ -344,8 +396,8 @@ std::string memory_trace_json(const MemoryReport& r) {
   int pid = 0;
   for (const auto& row : r.rows)
     if (row.measured && !row.measured_timeline.empty())
-      append_trace_events(events, pid++, row.label, row.measured_timeline, row.measured_states, row.measured_comm,
-                          r.unit_names);
+      append_trace_events(events, pid++, row.label, row.measured_timeline,
+                          {row.measured_states, row.measured_host.model_states}, row.measured_comm, r.unit_names);
   return chrome_trace_document(events);
 }
 

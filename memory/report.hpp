@@ -23,6 +23,8 @@ struct TraceMark {
 // What the "vs ddp" and "vs dp" columns compare each row against.
 enum class Baseline : uint8_t { none, ddp, dp };
 
+using TierBytes = std::array<CategoryBytes, kNumTiers>;  // device, host
+
 struct MemoryRow {
   std::string label;          // "zero3", "dp rank 0", "dp others"
   Baseline baseline = Baseline::none;
@@ -42,12 +44,22 @@ struct MemoryRow {
   void take_measurement(const MemoryRow& m);
 };
 
+// `profile --budget`: the cheapest combination of memory levers whose predicted peaks fit.
+struct LeverChoice {
+  std::string strategy, checkpointing, offload;
+  int64_t micro_batch = 0, accum = 0;  // accum keeps the requested sequences per rank and step
+  uint64_t peak = 0, host_peak = 0;
+};
+
 struct MemoryReport {
   std::string title;      // e.g. "gpt2-xl (...), world 64, micro-batch 4 x 1024"
   std::string config_json;  // the run's configuration, embedded as is in the JSON report
   uint64_t budget = 0;
   std::vector<std::string> unit_names;  // for phase labels
   std::vector<MemoryRow> rows;
+  uint64_t host_budget = 0;
+  bool levers_searched = false;       // with a budget: the search ran
+  std::optional<LeverChoice> levers;  // its answer (none: nothing fits)
 };
 
 void print_memory_table(const MemoryReport& r, std::FILE* out);
@@ -59,10 +71,11 @@ std::string memory_trace_json(const MemoryReport& r);
 // A trace-event document around events written by append_trace_events.
 std::string chrome_trace_document(const std::string& events);
 // The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing
-// array): `base` is what was live before the first event; marks go on a "collectives" track; a
+// array): `base` is what was live on each tier before the first event (the host tier gets its own
+// counter); marks go on a "collectives" track; a
 // validation loss measured after the step, if given, is a counter at its end.
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
-                         const CategoryBytes& base, const std::vector<TraceMark>& marks,
+                         const TierBytes& base, const std::vector<TraceMark>& marks,
                          const std::vector<std::string>& unit_names, std::optional<double> val_loss = std::nullopt);
 
 }  // namespace shardlab

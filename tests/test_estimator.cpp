@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 
+#include "src/comm/sim_comm.hpp"
 #include "src/train/predict.hpp"
+#include "src/train/profile.hpp"
 
 using namespace shardlab;
 
@@ -89,4 +91,86 @@ TEST_CASE("predicting gpt2-xl never materialises the model", "[estimator]") {
   CHECK(e.peak > (uint64_t{30} << 30));
   CHECK(grown < (uint64_t{200} << 20));
   CHECK(!e.timeline.empty());
+}
+
+TEST_CASE("offload moves ZeRO's model states to the host tier, by the formulas, to the byte", "[estimator][offload]") {
+  // ZeRO-Offload: the f32 master weights, Adam's m and v (12 bytes per parameter) and the reduced
+  // bf16 gradient shard (2) move to the host; ZeRO-Infinity's parameter offload moves the bf16
+  // parameter shard (2) as well. What stays on the device is what the forward and backward need.
+  const int N = 64;
+  uint64_t psi = 0, shard = 0;
+  for (const auto& u : gpt2_layout(model_preset("gpt2-xl"))) {
+    psi += static_cast<uint64_t>(u.numel);
+    shard += static_cast<uint64_t>((u.numel + N - 1) / N);
+  }
+  const uint64_t padded = shard * N;
+  struct Want {
+    StrategyKind s;
+    Offload o;
+    uint64_t device, host;
+  };
+  for (const Want& w : {Want{StrategyKind::zero1, Offload::optimizer, 2 * padded + 2 * padded, 14 * shard},
+                        Want{StrategyKind::zero2, Offload::optimizer, 2 * padded, 14 * shard},
+                        Want{StrategyKind::zero3, Offload::optimizer, 2 * shard, 14 * shard},
+                        Want{StrategyKind::zero3, Offload::params, 0, 16 * shard}}) {
+    TrainConfig c = config("gpt2-xl", w.s, DType::bf16);
+    c.strategy.offload = w.o;
+    Estimate e = predict_step(c, N, 0, 1, false);
+    INFO(strategy_name(w.s) << " offload " << offload_name(w.o));
+    CHECK(e.model_state_total() == w.device);
+    uint64_t host = 0;
+    for (uint64_t b : e.host.model_states) host += b;
+    CHECK(host == w.host);
+    // Nothing else moves: device + host = the strategy without offload, plus, for ZeRO-1 (whose
+    // reduced shard lives inside the full gradient buffer on the device), the host's copy of it.
+    const uint64_t copy = w.s == StrategyKind::zero1 ? 2 * shard : 0;
+    CHECK(e.model_state_total() + host ==
+          predict_step(config("gpt2-xl", w.s, DType::bf16), N, 0, 1, false).model_state_total() + copy);
+  }
+}
+
+TEST_CASE("activation checkpointing removes what Korthikanti et al. say it removes", "[estimator][checkpointing]") {
+  // attention drops the probabilities (4 a s^2 b bytes per layer in f32); blocks keeps one (s, b, h)
+  // input per block (4 s b h) and, at the peak, one block's recomputed activations.
+  ModelSpec spec = model_preset("gpt2-xl");
+  const double s = 1024, b = 4, h = double(spec.dim), a = double(spec.heads), L = double(spec.layers);
+  TrainConfig c = config("gpt2-xl", StrategyKind::zero3, DType::bf16);
+  auto act = [&](Checkpointing k) {
+    c.checkpointing = k;
+    return double(category(predict_step(c, 64, 0, 4, false).peak_by_category, Category::activations));
+  };
+  const double none = act(Checkpointing::none), attention = act(Checkpointing::attention), blocks = act(Checkpointing::blocks);
+  std::printf("gpt2-xl x 4 x 1024 activations: none %.2f GiB, attention %.2f GiB, blocks %.2f GiB\n", none / (1 << 30),
+              attention / (1 << 30), blocks / (1 << 30));
+  CHECK(none - attention == L * 4 * a * s * s * b);  // the peak comes before any recomputation
+  CHECK(blocks < (L * 4 * s * b * h + 2 * (64 * s * b * h + 4 * a * s * s * b) + 4 * s * b * double(spec.vocab)));
+  CHECK(blocks > L * 4 * s * b * h);
+}
+
+TEST_CASE("profile --budget names the cheapest levers that fit, and they fit", "[estimator][profile]") {
+  ProfileConfig pc;
+  pc.train = config("gpt2-xl", StrategyKind::ddp, DType::bf16);
+  pc.world = 8;
+  pc.micro_batch = 4;
+  pc.budget = uint64_t{16} << 30;
+  auto meta = make_meta_backend();
+  ProcessGroup one{0, 1, [](Pool& pool) { return make_sim_communicator(0, 1, pool); }};
+  MemoryReport r = run_profile(*meta, one, pc);
+  REQUIRE(r.levers_searched);
+  REQUIRE(r.levers);
+  const LeverChoice& c = *r.levers;
+  TrainConfig t = pc.train;
+  t.strategy.kind = parse_strategy(c.strategy);
+  t.checkpointing = parse_checkpointing(c.checkpointing);
+  t.strategy.offload = parse_offload(c.offload);
+  CHECK(c.micro_batch == 4);
+  CHECK(predict_step(t, 8, 0, c.micro_batch, false).peak <= pc.budget);
+  // Plain sharding is not enough at 16 GiB (38 GiB of activations), so a lever was needed.
+  TrainConfig plain = pc.train;
+  plain.strategy.kind = StrategyKind::zero3;
+  CHECK(predict_step(plain, 8, 0, 4, false).peak > pc.budget);
+  CHECK(c.checkpointing != "none");
+  // Nothing fits 1 MiB: said so, not a wrong answer.
+  pc.budget = 1 << 20;
+  CHECK(!run_profile(*meta, one, pc).levers);
 }

@@ -419,7 +419,7 @@ TEST_CASE("profile --measure: measured equals predicted, with real ranks or the 
     }
   }
   auto j = nlohmann::json::parse(memory_report_json(r));
-  CHECK(j["schema"] == "shardlab.profile/1");
+  CHECK(j["schema"] == "shardlab.profile/2");
   CHECK(j["rows"].size() == r.rows.size());
   CHECK(j["rows"][0]["measured"]["peak"] == r.rows[0].measured_peak);
   std::string html = memory_report_html(r);

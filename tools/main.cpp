@@ -317,7 +317,7 @@ struct ReportOptions {
   void add(po::options_description& d, bool with_json) {
     if (with_json)
       d.add_options()("json", po::value(&json)->default_value(""),
-                      "write rank 0's memory report as JSON (schema shardlab.profile/1)");
+                      "write rank 0's memory report as JSON (schema shardlab.profile/2)");
     d.add_options()("html", po::value(&html)->default_value(""),
                     "write a self-contained HTML memory report with SVG charts (rank 0)")(
         "trace", po::value(&trace)->default_value(""),
@@ -334,7 +334,7 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const ReportOptio
   MemoryRow row = trainer.memory_row(name);
   std::string events;  // one trace process per rank
   append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), name), row.measured_timeline,
-                      row.measured_states, row.measured_comm, trainer.unit_names(),
+                      {row.measured_states, row.measured_host.model_states}, row.measured_comm, trainer.unit_names(),
                       last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt);
   auto all = comm.gather_strings(events);
   if (mpi.rank() != 0) return;
@@ -492,7 +492,7 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   TrainOptions opts;
   ProfileConfig pc;
-  std::string strategies = "dp,ddp,zero1,zero2,zero3", budget, json_path, html_path, trace_path;
+  std::string strategies = "dp,ddp,zero1,zero2,zero3", budget, host_budget, json_path, html_path, trace_path;
   po::options_description desc("profile options");
   add_common(desc, common);
   opts.add(desc, pc.train);
@@ -500,11 +500,14 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "micro-batch", po::value(&pc.micro_batch)->default_value(pc.micro_batch), "sequences per rank per micro-step")(
       "strategies", po::value(&strategies)->default_value(strategies), "strategies to profile")(
       "budget", po::value(&budget)->default_value(""),
-      "per-rank memory (e.g. 80GiB): mark what fits and find the largest micro-batch that does")(
+      "per-rank device memory (e.g. 80GiB): mark what fits, find the largest micro-batch that does, and name the "
+      "cheapest combination of levers (strategy, activation checkpointing, offload, micro-batch) that fits")(
+      "host-budget", po::value(&host_budget)->default_value(""),
+      "with --budget: per-rank host memory for what --offload keeps there (empty = unlimited)")(
       "measure", po::bool_switch(&pc.measure), "also run real steps and print measured beside predicted "
       "(with fewer processes than --world, one process plays rank 0 through the sim communicator)")(
       "measure-steps", po::value(&pc.measure_steps)->default_value(pc.measure_steps), "steps per measured run")(
-      "json", po::value(&json_path)->default_value(""), "write the report as JSON (schema shardlab.profile/1)")(
+      "json", po::value(&json_path)->default_value(""), "write the report as JSON (schema shardlab.profile/2)")(
       "html", po::value(&html_path)->default_value(""), "write a self-contained HTML page with SVG charts")(
       "trace", po::value(&trace_path)->default_value(""),
       "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
@@ -514,7 +517,9 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   start_watchdog(mpi, common.collective_timeout);
   if (!budget.empty()) pc.budget = parse_bytes(budget);
   SHARD_REQUIRE(budget.empty() || pc.budget > 0, "--budget {}: expected a positive size", budget);
-  pc.pool_budget = pool_config(common).budget;
+  if (!host_budget.empty()) pc.host_budget = parse_bytes(host_budget);
+  SHARD_REQUIRE(host_budget.empty() || pc.host_budget > 0, "--host-budget {}: expected a positive size", host_budget);
+  pc.pools = pool_config(common);
   SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
   SHARD_REQUIRE(trace_path.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");
   auto backend = opts.backend(common, mpi);

@@ -17,11 +17,25 @@ struct RowSpec {
   int rank;
 };
 
+// The strongest offload a strategy allows, up to the one asked for: params needs zero3, and
+// optimizer a ZeRO stage (DP and DDP rows stay the baselines they are).
+Offload allowed_offload(StrategyKind kind, Offload asked) {
+  if (asked == Offload::params && kind != StrategyKind::zero3) asked = Offload::optimizer;
+  if (asked == Offload::optimizer && zero_stage(kind) == 0) asked = Offload::none;
+  return asked;
+}
+
 // The run's configuration under one strategy.
 TrainConfig config_for(const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig t = cfg.train;
   t.strategy.kind = kind;
+  t.strategy.offload = allowed_offload(kind, t.strategy.offload);
   return t;
+}
+
+std::string row_label(const ProfileConfig& cfg, StrategyKind kind) {
+  Offload o = allowed_offload(kind, cfg.train.strategy.offload);
+  return o == Offload::none ? strategy_name(kind) : fmt::format("{} off:{}", strategy_name(kind), offload_name(o));
 }
 
 std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
@@ -31,15 +45,44 @@ std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
       rows.push_back({"dp rank 0", s, 0});
       rows.push_back({"dp others", s, 1});
     } else {
-      rows.push_back({strategy_name(s), s, 0});
+      rows.push_back({row_label(cfg, s), s, 0});
     }
   }
   return rows;
 }
 
+bool fits(const ProfileConfig& cfg, const Estimate& e) {
+  return e.peak <= cfg.budget && (cfg.host_budget == 0 || e.host.peak <= cfg.host_budget);
+}
+
+// The cheapest combination of levers that fits the budgets, trying them in order of cost: shard
+// more first (ddp -> zero1 -> zero2 -> zero3: the same traffic, or 1.5x for zero3, and overlapped),
+// then recompute (attention, a few percent; blocks, one more forward), then offload (the
+// optimizer, then the parameters: host-link traffic every step). Only when nothing fits at the
+// requested micro-batch does a smaller one (with accumulation, the same sequences per step) count.
+std::optional<LeverChoice> cheapest_levers(const ProfileConfig& cfg) {
+  std::vector<Checkpointing> ckpts = {Checkpointing::none};
+  if (cfg.train.spec.layers >= 2) ckpts.insert(ckpts.end(), {Checkpointing::attention, Checkpointing::blocks});
+  for (int64_t mb = cfg.micro_batch; mb >= 1; mb = mb == 1 ? 0 : (mb + 1) / 2)
+    for (Offload off : {Offload::none, Offload::optimizer, Offload::params})
+      for (Checkpointing ck : ckpts)
+        for (StrategyKind k : cfg.strategies) {
+          if (k == StrategyKind::dp || allowed_offload(k, off) != off) continue;
+          TrainConfig t = cfg.train;
+          t.strategy.kind = k;
+          t.strategy.offload = off;
+          t.checkpointing = ck;
+          Estimate e = predict_step(t, cfg.world, 0, mb, false);
+          if (!fits(cfg, e)) continue;
+          return LeverChoice{strategy_name(k), checkpointing_name(ck), offload_name(off), mb,
+                             (cfg.micro_batch + mb - 1) / mb * t.accum, e.peak, e.host.peak};
+        }
+  return std::nullopt;
+}
+
 // The largest micro-batch whose predicted peak fits the budget (0 if even one does not).
 int64_t largest_fitting(const ProfileConfig& cfg, const RowSpec& r) {
-  auto fits = [&](int64_t mb) { return predict(cfg, r.kind, r.rank, mb, false).peak <= cfg.budget; };
+  auto fits = [&](int64_t mb) { return shardlab::fits(cfg, predict(cfg, r.kind, r.rank, mb, false)); };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;
   while (hi <= (1 << 16) && fits(hi)) lo = hi, hi *= 2;
@@ -60,36 +103,34 @@ MemoryRow predicted_row(const ProfileConfig& cfg, const RowSpec& r) {
   row.predicted = predict(cfg, r.kind, r.rank, cfg.micro_batch);
   row.predicted_eval_peak = predict_eval(config_for(cfg, r.kind), cfg.world, r.rank, cfg.micro_batch).peak;
   if (cfg.budget) {
-    row.fits = row.predicted.peak <= cfg.budget;
+    row.fits = fits(cfg, row.predicted);
     row.max_micro_batch = largest_fitting(cfg, r);
   }
   return row;
 }
 
-// A measured step's figures, as plain numbers that travel between ranks.
-constexpr size_t kPacked = 3 * kNumCategories + 3;
+// A measured step's figures, as plain numbers that travel between ranks: six category arrays
+// (device states, at peak, peaks; the same for the host), the two totals and the phase.
+constexpr size_t K = kNumCategories, kPacked = 6 * K + 4;
 std::array<uint64_t, kPacked> pack(const MemoryRow& m) {
   std::array<uint64_t, kPacked> b{};
-  for (int k = 0; k < kNumCategories; ++k) {
-    b[k] = m.measured_states[k];
-    b[kNumCategories + k] = m.measured_at_peak[k];
-    b[2 * kNumCategories + k] = m.measured_peak_by_category[k];
-  }
-  b[3 * kNumCategories] = m.measured_peak;
-  b[3 * kNumCategories + 1] = static_cast<uint64_t>(m.measured_phase.kind);
-  b[3 * kNumCategories + 2] = static_cast<uint64_t>(static_cast<int64_t>(m.measured_phase.unit));
+  const CategoryBytes* arrays[6] = {&m.measured_states,         &m.measured_at_peak,     &m.measured_peak_by_category,
+                                    &m.measured_host.model_states, &m.measured_host.at_peak, &m.measured_host.peak_by_category};
+  for (size_t a = 0; a < 6; ++a) std::copy(arrays[a]->begin(), arrays[a]->end(), b.begin() + a * K);
+  b[6 * K] = m.measured_peak;
+  b[6 * K + 1] = m.measured_host.peak;
+  b[6 * K + 2] = static_cast<uint64_t>(m.measured_phase.kind);
+  b[6 * K + 3] = static_cast<uint64_t>(static_cast<int64_t>(m.measured_phase.unit));
   return b;
 }
 void unpack(const uint64_t* b, MemoryRow& row) {
   row.measured = true;
-  for (int k = 0; k < kNumCategories; ++k) {
-    row.measured_states[k] = b[k];
-    row.measured_at_peak[k] = b[kNumCategories + k];
-    row.measured_peak_by_category[k] = b[2 * kNumCategories + k];
-  }
-  row.measured_peak = b[3 * kNumCategories];
-  row.measured_phase = {static_cast<PhaseKind>(b[3 * kNumCategories + 1]),
-                        static_cast<int>(static_cast<int64_t>(b[3 * kNumCategories + 2]))};
+  CategoryBytes* arrays[6] = {&row.measured_states,         &row.measured_at_peak,     &row.measured_peak_by_category,
+                              &row.measured_host.model_states, &row.measured_host.at_peak, &row.measured_host.peak_by_category};
+  for (size_t a = 0; a < 6; ++a) std::copy(b + a * K, b + (a + 1) * K, arrays[a]->begin());
+  row.measured_peak = b[6 * K];
+  row.measured_host.peak = b[6 * K + 1];
+  row.measured_phase = {static_cast<PhaseKind>(b[6 * K + 2]), static_cast<int>(static_cast<int64_t>(b[6 * K + 3]))};
 }
 
 // Runs a few real steps of `kind` as `rank` of cfg.world over `comm` and reads the ledger.
@@ -112,14 +153,14 @@ void measure_strategy(Backend& be, const ProcessGroup& group, const ProfileConfi
   for (size_t i = 0; i < specs.size(); ++i) {
     if (specs[i].kind != kind) continue;
     if (group.size == 1) {
-      Pool pool(be, PoolConfig{cfg.pool_budget});
+      Pool pool(be, cfg.pools);
       auto comm = make_sim_communicator(specs[i].rank, cfg.world, pool);
       MemoryRow m = measure_on(be, pool, *comm, cfg, kind);
       rows[i].take_measurement(m);
       continue;
     }
     if (specs[i].rank != 0) continue;  // filled below from the same run
-    Pool pool(be, PoolConfig{cfg.pool_budget});
+    Pool pool(be, cfg.pools);
     auto comm = group.connect(pool);
     MemoryRow m = measure_on(be, pool, *comm, cfg, kind);
     rows[i].take_measurement(m);
@@ -131,9 +172,12 @@ void measure_strategy(Backend& be, const ProcessGroup& group, const ProfileConfi
 
 std::string title_of(const ProfileConfig& cfg) {
   const auto& t = cfg.train;
-  return fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}", t.spec.describe(),
+  std::string levers;
+  if (t.checkpointing != Checkpointing::none) levers += fmt::format(", activation checkpointing {}", checkpointing_name(t.checkpointing));
+  if (t.strategy.offload != Offload::none) levers += fmt::format(", offload {} (where the strategy allows)", offload_name(t.strategy.offload));
+  return fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}{}", t.spec.describe(),
                      cfg.world, cfg.micro_batch, t.spec.seq, t.accum, dtype_name(t.strategy.precision.param_dtype),
-                     dtype_name(t.strategy.precision.reduce_dtype), optimizer_name(t.optim.kind));
+                     dtype_name(t.strategy.precision.reduce_dtype), optimizer_name(t.optim.kind), levers);
 }
 
 std::string config_json(const ProfileConfig& cfg) {
@@ -147,6 +191,9 @@ std::string config_json(const ProfileConfig& cfg) {
                       {"optimizer", optimizer_name(t.optim.kind)},
                       {"prefetch", t.strategy.prefetch},
                       {"bucket_mb", t.strategy.bucket_mb},
+                      {"activation_checkpointing", checkpointing_name(t.checkpointing)},
+                      {"offload", offload_name(t.strategy.offload)},
+                      {"host_budget_bytes", cfg.host_budget},
                       {"measured", cfg.measure}};
   return c.dump();
 }
@@ -155,8 +202,11 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
   SHARD_REQUIRE(cfg.world >= 1, "--world {}: expected at least one rank", cfg.world);
   SHARD_REQUIRE(cfg.micro_batch >= 1, "--micro-batch {}: expected at least one sequence", cfg.micro_batch);
   SHARD_REQUIRE(!cfg.strategies.empty(), "--strategies: name at least one strategy");
+  SHARD_REQUIRE(cfg.host_budget == 0 || cfg.budget > 0, "--host-budget needs --budget (the device tier's)");
   cfg.train.spec.validate();
-  cfg.train.strategy.validate();
+  StrategyConfig each = cfg.train.strategy;  // --offload applies to each row as far as its strategy allows
+  each.offload = Offload::none;
+  each.validate();
   SHARD_REQUIRE(!cfg.measure || group.size == 1 || group.size == cfg.world,
                 "--measure with {} processes: start 1 (the sim communicator stands in for the others) or --world {}",
                 group.size, cfg.world);
@@ -177,6 +227,11 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
   r.unit_names = gpt2_unit_names(cfg.train.spec);
   const std::vector<RowSpec> specs = row_specs(cfg);
   for (const RowSpec& s : specs) r.rows.push_back(predicted_row(cfg, s));
+  r.host_budget = cfg.host_budget;
+  if (cfg.budget) {
+    r.levers_searched = true;
+    r.levers = cheapest_levers(cfg);
+  }
   if (cfg.measure)
     for (StrategyKind k : cfg.strategies) measure_strategy(be, group, cfg, specs, r.rows, k);
   return r;
