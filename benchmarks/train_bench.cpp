@@ -5,6 +5,7 @@
 
 #include "benchmarks/gemm_bench.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/core/units.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
@@ -29,26 +30,60 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   tc.steps = cfg.warmup + cfg.steps;
   tc.schedule.kind = ScheduleKind::constant;
   tc.schedule.lr = 1e-4f;
-  auto comm = make_sim_communicator(0, 1, pool);
-  Trainer trainer(pool.backend(), pool, *comm, tc);
-  const double n_params = static_cast<double>(trainer.num_params());
+  tc.strategy = cfg.strategy;
+  tc.checkpointing = cfg.checkpointing;
+  // One trainer per configuration, each with its own communicator; steps alternate between them
+  // so that both see the same machine state (frequency, caches, neighbours).
+  struct Run {
+    std::string label;
+    std::unique_ptr<Communicator> comm;
+    std::unique_ptr<Trainer> trainer;
+    std::vector<double> ms;
+    StepStats last;
+  };
+  std::vector<Run> runs;
+  auto add = [&](TrainConfig c, std::string label) {
+    Run run{std::move(label), make_sim_communicator(0, 1, pool), nullptr, {}, {}};
+    run.trainer = std::make_unique<Trainer>(pool.backend(), pool, *run.comm, c);
+    runs.push_back(std::move(run));
+  };
+  add(tc, fmt::format("{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
+                      checkpointing_name(tc.checkpointing), offload_name(tc.strategy.offload)));
+  if (cfg.levers()) {
+    TrainConfig base = tc;
+    base.checkpointing = Checkpointing::none;
+    base.strategy.offload = Offload::none;
+    add(base, fmt::format("{}, no levers", strategy_name(tc.strategy.kind)));
+  }
+  const double n_params = static_cast<double>(runs[0].trainer->num_params());
   const double flops_per_token = 6.0 * n_params + 6.0 * s.layers * s.dim * s.seq;
   std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens, %s\n", s.describe().c_str(),
                static_cast<long long>(cfg.batch), static_cast<long long>(s.seq), pool.backend().describe().c_str());
-  std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g; sgemm on this model's shapes: %.1f GFLOP/s\n",
-               flops_per_token, r.sgemm_gflops);
-  std::vector<double> ms;
-  for (int t = 0; t < cfg.warmup + cfg.steps; ++t) {
-    StepStats st = trainer.step(t);
-    if (t >= cfg.warmup) ms.push_back(st.ms);
+  std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g (recomputation not counted); sgemm on this model's shapes: "
+               "%.1f GFLOP/s\n", flops_per_token, r.sgemm_gflops);
+  for (int t = 0; t < cfg.warmup + cfg.steps; ++t)
+    for (Run& run : runs) {
+      run.last = run.trainer->step(t);
+      if (t >= cfg.warmup) run.ms.push_back(run.last.ms);
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::fprintf(out, "#%-44s %6s %10s %10s %9s %7s %8s %11s %11s\n", "configuration", "steps", "ms/step", "tokens/s",
+               "GFLOP/s", "%sgemm", "vs none", "peak", "host peak");
+  const double base_ms = median(runs.back().ms);
+  for (const Run& run : runs) {
+    const double ms = median(run.ms), tps = static_cast<double>(tokens) / (ms / 1e3), gf = tps * flops_per_token / 1e9;
+    std::fprintf(out, " %-44s %6d %10.1f %10.0f %9.1f %6.1f%% %7.2fx %11s %11s\n", run.label.c_str(), cfg.steps, ms, tps,
+                 gf, 100.0 * gf / r.sgemm_gflops, ms / base_ms,
+                 format_bytes(static_cast<double>(run.last.peak_bytes)).c_str(),
+                 format_bytes(static_cast<double>(run.last.host_peak_bytes)).c_str());
   }
-  std::sort(ms.begin(), ms.end());
-  r.ms_per_step = ms[ms.size() / 2];  // median
+  r.ms_per_step = median(runs[0].ms);
   r.tokens_per_s = static_cast<double>(tokens) / (r.ms_per_step / 1e3);
   r.gflops = r.tokens_per_s * flops_per_token / 1e9;
-  std::fprintf(out, "#%9s %12s %12s %12s %10s\n", "steps", "ms/step", "tokens/s", "GFLOP/s", "%sgemm");
-  std::fprintf(out, " %9d %12.1f %12.0f %12.1f %9.1f%%\n", cfg.steps, r.ms_per_step, r.tokens_per_s, r.gflops,
-               100.0 * r.gflops / r.sgemm_gflops);
+  if (cfg.levers()) r.baseline_ms_per_step = base_ms;
   std::fflush(out);
   return r;
 }

@@ -1,11 +1,14 @@
 // train_bench.hpp — training-step throughput: tokens/s and achieved GFLOP/s (llm.c's count,
 // 6N + 6·L·C·T FLOPs per token) beside the sgemm GFLOP/s this machine reaches on the same
-// model's matrix shapes, measured in the same run.
+// model's matrix shapes, measured in the same run. With a memory lever (--activation-checkpointing,
+// --offload) the same configuration without it runs too, its steps interleaved with the lever's,
+// and both are printed with the ratio: what the lever costs.
 #pragma once
 #include <cstdio>
 
 #include "memory/pool.hpp"
-#include "src/model/spec.hpp"
+#include "shard/strategy.hpp"
+#include "src/model/gpt2.hpp"
 
 namespace shardlab {
 
@@ -14,10 +17,14 @@ struct TrainBenchConfig {
   int64_t batch = 8;
   int steps = 10;   // timed
   int warmup = 2;   // untimed
+  StrategyConfig strategy;  // one rank of it (sim communicator)
+  Checkpointing checkpointing = Checkpointing::none;
+  bool levers() const { return checkpointing != Checkpointing::none || strategy.offload != Offload::none; }
 };
 
 struct TrainBenchResult {
   double ms_per_step = 0, tokens_per_s = 0, gflops = 0, sgemm_gflops = 0;
+  double baseline_ms_per_step = 0;  // without the levers (0 when none was asked for)
 };
 
 TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out);

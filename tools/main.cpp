@@ -8,7 +8,8 @@
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
-//   shardlab bench-train         training-step throughput beside the sgemm ceiling
+//   shardlab bench-train         training-step throughput beside the sgemm ceiling (a lever against none)
+//   shardlab bench-adamw         the host optimizer of --offload against STREAM's triad
 //
 // Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
 // MPI appears in this file only: commands get a ProcessGroup and open communicators through it.
@@ -31,6 +32,7 @@
 #include <sstream>
 #include <iostream>
 
+#include "benchmarks/adamw_bench.hpp"
 #include "benchmarks/collectives.hpp"
 #include "benchmarks/gemm_bench.hpp"
 #include "benchmarks/train_bench.hpp"
@@ -63,7 +65,8 @@ const char* kUsage =
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
     "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
-    "  bench-train         training-step tokens/s and GFLOP/s beside the sgemm ceiling\n"
+    "  bench-train         training-step tokens/s and GFLOP/s beside the sgemm ceiling; a memory lever against none\n"
+    "  bench-adamw         the host optimizer (--offload) against STREAM's triad bandwidth, same threads\n"
     "\n"
     "every command accepts:\n"
     "  --nproc N           start N ranks through mpirun (same as `mpirun -np N shardlab ...`)\n"
@@ -656,18 +659,43 @@ int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi)
   CommonOptions common;
   ModelOptions model;
   TrainBenchConfig cfg;
+  std::string strategy = "ddp", checkpointing = "none", offload = "none";
   po::options_description desc("bench-train options");
   add_common(desc, common);
   model.add(desc);
   desc.add_options()("batch", po::value(&cfg.batch)->default_value(cfg.batch), "sequences per step")(
       "steps", po::value(&cfg.steps)->default_value(cfg.steps), "timed steps (the median is reported)")(
-      "warmup", po::value(&cfg.warmup)->default_value(cfg.warmup), "untimed steps first");
+      "warmup", po::value(&cfg.warmup)->default_value(cfg.warmup), "untimed steps first")(
+      "strategy", po::value(&strategy)->default_value(strategy), "the strategy, on one rank: dp, ddp, zero1, zero2, zero3")(
+      "activation-checkpointing", po::value(&checkpointing)->default_value(checkpointing),
+      "none, attention or blocks; with a lever, the run without it is timed too (steps interleaved) and the ratio printed")(
+      "offload", po::value(&offload)->default_value(offload),
+      "none, optimizer (zero1-3) or params (zero3): as --activation-checkpointing, timed against none");
   if (!parse(args, desc, mpi, "bench-train")) return 0;
   SHARD_REQUIRE(mpi.world() == 1, "bench-train runs on one rank, {} started", mpi.world());
   cfg.spec = model.spec();
+  cfg.strategy.kind = parse_strategy(strategy);
+  cfg.strategy.offload = parse_offload(offload);
+  cfg.strategy.validate();
+  cfg.checkpointing = parse_checkpointing(checkpointing);
   auto backend = make_cpu(common, mpi);
   Pool pool(*backend, pool_config(common));
   run_train_benchmark(pool, cfg, stdout);
+  return 0;
+}
+
+int cmd_bench_adamw(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  AdamwBenchConfig cfg;
+  po::options_description desc("bench-adamw options");
+  add_common(desc, common);
+  desc.add_options()("elements", po::value(&cfg.elements)->default_value(cfg.elements), "f32 elements per array")(
+      "repeats", po::value(&cfg.repeats)->default_value(cfg.repeats), "runs of each kernel (the best is reported)");
+  if (!parse(args, desc, mpi, "bench-adamw")) return 0;
+  SHARD_REQUIRE(mpi.world() == 1, "bench-adamw runs on one rank, {} started", mpi.world());
+  auto backend = make_cpu(common, mpi);
+  Pool pool(*backend, pool_config(common));
+  run_adamw_benchmark(pool, cfg, stdout);
   return 0;
 }
 
@@ -681,6 +709,7 @@ int run_command(const std::string& command, const std::vector<std::string>& rest
   if (command == "bench-collectives") return cmd_bench_collectives(rest, mpi);
   if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);
   if (command == "bench-train") return cmd_bench_train(rest, mpi);
+  if (command == "bench-adamw") return cmd_bench_adamw(rest, mpi);
   throw InputError(fmt::format("unknown command '{}'\n{}", command, kUsage));
 }
 

@@ -277,14 +277,29 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
   const float b1 = a.beta1, b2 = a.beta2, eps = a.eps, lr = a.lr, wd = a.weight_decay, gs = a.grad_scale;
   const float inv_bc1 = 1.f / (1.f - std::pow(b1, static_cast<float>(a.step)));
   const float inv_bc2 = 1.f / (1.f - std::pow(b2, static_cast<float>(a.step)));
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    float grad = g[i] * gs;
-    float mi = b1 * m[i] + (1.f - b1) * grad;
-    float vi = b2 * v[i] + (1.f - b2) * grad * grad;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] -= lr * ((mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps) + wd * p[i]);
+  // Seven streams (four read, three written back): the hardware prefetcher alone leaves memory
+  // idle, so each tile of one cache line asks for the lines of its four inputs 1 KiB ahead
+  // (bench-adamw on one thread of an AVX2 EPYC: about 78% -> 86% of the triad bandwidth). The
+  // arithmetic per element is unchanged.
+  constexpr int64_t kTile = 16, kAhead = 256;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t t = 0; t < n; t += kTile) {
+    if (t + kAhead < n) {
+      __builtin_prefetch(p + t + kAhead);
+      __builtin_prefetch(g + t + kAhead);
+      __builtin_prefetch(m + t + kAhead);
+      __builtin_prefetch(v + t + kAhead);
+    }
+    const int64_t end = std::min(n, t + kTile);
+#pragma omp simd
+    for (int64_t i = t; i < end; ++i) {
+      float grad = g[i] * gs;
+      float mi = b1 * m[i] + (1.f - b1) * grad;
+      float vi = b2 * v[i] + (1.f - b2) * grad * grad;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] -= lr * ((mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps) + wd * p[i]);
+    }
   }
 }
 
