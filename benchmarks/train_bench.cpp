@@ -32,10 +32,11 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   tc.schedule.lr = 1e-4f;
   tc.strategy = cfg.strategy;
   tc.checkpointing = cfg.checkpointing;
-  // One trainer per configuration, each with its own communicator; steps alternate between them
-  // so that both see the same machine state (frequency, caches, neighbours).
+  // One trainer per configuration, each with its own pools (so each ledger is its own) and
+  // communicator; steps alternate between them so that both see the same machine state.
   struct Run {
     std::string label;
+    std::unique_ptr<Pool> pool;
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Trainer> trainer;
     std::vector<double> ms;
@@ -43,8 +44,10 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   };
   std::vector<Run> runs;
   auto add = [&](TrainConfig c, std::string label) {
-    Run run{std::move(label), make_sim_communicator(0, 1, pool), nullptr, {}, {}};
-    run.trainer = std::make_unique<Trainer>(pool.backend(), pool, *run.comm, c);
+    Run run{std::move(label), std::make_unique<Pool>(pool.backend(), PoolConfig{pool.budget(), pool.host().budget()}),
+            nullptr, nullptr, {}, {}};
+    run.comm = make_sim_communicator(0, 1, *run.pool);
+    run.trainer = std::make_unique<Trainer>(pool.backend(), *run.pool, *run.comm, c);
     runs.push_back(std::move(run));
   };
   add(tc, fmt::format("{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
