@@ -72,6 +72,17 @@ const char* offload_name(Offload o) {
   return "?";
 }
 
+Offload offload_for(StrategyKind kind, Offload asked) {
+  if (asked == Offload::params && kind != StrategyKind::zero3) asked = Offload::optimizer;
+  if (asked == Offload::optimizer && zero_stage(kind) == 0) asked = Offload::none;
+  return asked;
+}
+
+std::string strategy_label(StrategyKind kind, Offload offload) {
+  return offload == Offload::none ? strategy_name(kind)
+                                  : fmt::format("{} off:{}", strategy_name(kind), offload_name(offload));
+}
+
 void StrategyConfig::validate() const {
   SHARD_REQUIRE(bucket_mb > 0 && bucket_mb <= (1 << 20), "--bucket-mb {}: expected a size in (0, 1048576] MiB",
                 bucket_mb);

@@ -48,6 +48,11 @@ double zero_model_states(StrategyKind k, double psi, int world, double optimizer
 enum class Offload : uint8_t { none, optimizer, params };
 Offload parse_offload(const std::string& s);  // InputError naming the choices otherwise
 const char* offload_name(Offload o);
+// The strongest offload `kind` allows, up to `asked` (params needs zero3, optimizer a ZeRO stage):
+// how profile and compare apply one --offload to every strategy they run.
+Offload offload_for(StrategyKind kind, Offload asked);
+// "zero3", or "zero3 off:params" with an offload: the label of a row in reports.
+std::string strategy_label(StrategyKind kind, Offload offload);
 
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::ddp;

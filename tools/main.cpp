@@ -555,8 +555,11 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   opts.finish(cc.train);
   cc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
-  cc.train.strategy.validate();
+  StrategyConfig each = cc.train.strategy;  // --offload applies to each strategy as far as it allows
+  each.offload = Offload::none;
+  each.validate();
   cc.budget = pool_config(common).budget;
+  cc.host_budget = pool_config(common).host_budget;
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
   auto backend = opts.backend(common, mpi);
   CompareResult r = run_compare(*backend, world_group(mpi), cc, stdout);

@@ -33,11 +33,16 @@ double comm_theory(StrategyKind s, double params, int world, const TrainConfig& 
 // that runs out of memory half-way cannot be skipped by every rank together (they are in
 // different collectives by then), so the prediction, exact for these steps, decides first.
 std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, const TrainConfig& tc, uint64_t budget,
-                               StrategyResult& r) {
-  if (budget) {
+                               uint64_t host_budget, StrategyResult& r) {
+  if (budget || host_budget) {
     const int64_t micro = tc.batch / comm.world_size() / tc.accum;
     Estimate e = predict_step(tc, comm.world_size(), comm.rank(), micro, false);
-    if (e.peak > budget) {
+    if (host_budget && e.host.peak > host_budget) {
+      r.error = fmt::format("out of memory on the host tier: a step needs {} per rank, the host budget is {}",
+                            format_bytes(double(e.host.peak)), format_bytes(double(host_budget)));
+      return nullptr;
+    }
+    if (budget && e.peak > budget) {
       r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
                             format_bytes(double(e.peak)), phase_label(e.peak_phase, gpt2_unit_names(tc.spec)),
                             format_bytes(double(budget)));
@@ -52,38 +57,43 @@ std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, cons
   }
 }
 
-// Rank 0 learns every rank's peak per category (and total): its own, and the largest of the others.
-void collect_peaks(Communicator& comm, const std::array<uint64_t, kNumCategories + 1>& peak, StrategyResult& r) {
+// Rank 0 learns every rank's peak per category, its total and its host tier's total: its own, and
+// the largest of the others.
+using Peaks = std::array<uint64_t, kNumCategories + 2>;
+void collect_peaks(Communicator& comm, const Peaks& peak, StrategyResult& r) {
   std::vector<uint64_t> all = comm.gather_u64(peak);
   if (all.empty()) return;  // not rank 0
   for (int c = 0; c < kNumCategories; ++c) r.peak0[c] = all[c];
   r.total0 = all[kNumCategories];
+  r.host0 = all[kNumCategories + 1];
   for (int q = 1; q < comm.world_size(); ++q) {
     const uint64_t* p = all.data() + static_cast<size_t>(q) * peak.size();
     for (int c = 0; c < kNumCategories; ++c) r.peak_other[c] = std::max(r.peak_other[c], p[c]);
     r.total_other = std::max(r.total_other, p[kNumCategories]);
+    r.host_other = std::max(r.host_other, p[kNumCategories + 1]);
   }
 }
 
 StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, StrategyKind kind) {
   StrategyResult r;
   r.kind = kind;
-  r.name = strategy_name(kind);
-  Pool pool(be, PoolConfig{cfg.budget});
-  auto comm = group.connect(pool);
   TrainConfig tc = cfg.train;
   tc.strategy.kind = kind;
+  tc.strategy.offload = offload_for(kind, tc.strategy.offload);  // --offload as far as the strategy allows
+  r.name = strategy_label(kind, tc.strategy.offload);
+  Pool pool(be, PoolConfig{cfg.budget, cfg.host_budget});
+  auto comm = group.connect(pool);
   tc.log_path.clear();
   tc.save_path.clear();
   tc.record_step = true;
-  std::unique_ptr<Trainer> trainer = admit(be, pool, *comm, tc, cfg.budget, r);
+  std::unique_ptr<Trainer> trainer = admit(be, pool, *comm, tc, cfg.budget, cfg.host_budget, r);
   if (comm->all_max(trainer ? 0 : 1)) {  // every rank skips together: none is left waiting in a collective
     r.oom = true;
     if (r.error.empty()) r.error = "out of memory on another rank";
     return r;
   }
   std::vector<double> ms;
-  std::array<uint64_t, kNumCategories + 1> peak{};
+  Peaks peak{};
   for (int64_t t = 0; t < tc.steps; ++t) {
     StepStats s = trainer->step(t);
     r.losses.push_back(s.loss);
@@ -92,6 +102,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     const auto& cat = pool.ledger().peak_by_category();
     for (int c = 0; c < kNumCategories; ++c) peak[c] = std::max(peak[c], cat[c]);
     peak[kNumCategories] = std::max<uint64_t>(peak[kNumCategories], pool.ledger().peak_total());
+    peak[kNumCategories + 1] = std::max<uint64_t>(peak[kNumCategories + 1], s.host_peak_bytes);
 
     if (trainer->has_validation() && tc.validates_after(t)) {
       r.val_steps.push_back(t + 1);
@@ -115,17 +126,17 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                c.spec.describe().c_str(), world, static_cast<long long>(c.batch), static_cast<long long>(c.spec.seq),
                static_cast<long long>(c.steps), cfg.budget ? ("budget " + format_bytes(double(cfg.budget)) + "/rank").c_str() : "no budget");
   const bool val = c.has_validation();
-  std::fprintf(out, "\n%-8s %11s %12s%s %9s %9s %14s %14s %8s %8s\n", "strategy", "final loss", "max loss dev",
+  std::fprintf(out, "\n%-19s %11s %12s%s %9s %9s %14s %14s %8s %8s\n", "strategy", "final loss", "max loss dev",
                val ? "    val loss" : "", "ms/step", "tok/s", "comm/rank/step", "theory", "÷theory", "÷ddp");
   double ddp_comm = 0;
   for (const auto& r : res.runs)
     if (r.kind == StrategyKind::ddp) ddp_comm = r.comm_bytes;
   for (const auto& r : res.runs) {
     if (r.oom) {
-      std::fprintf(out, "%-8s  did not fit: %s\n", r.name.c_str(), r.error.substr(0, r.error.find('\n')).c_str());
+      std::fprintf(out, "%-19s  did not fit: %s\n", r.name.c_str(), r.error.substr(0, r.error.find('\n')).c_str());
       continue;
     }
-    std::fprintf(out, "%-8s %11.5f %12.2e%s %9.1f %9.0f %14s %14s %8s %8s\n", r.name.c_str(), r.losses.back(),
+    std::fprintf(out, "%-19s %11.5f %12.2e%s %9.1f %9.0f %14s %14s %8s %8s\n", r.name.c_str(), r.losses.back(),
                  r.max_rel_dev, val && !r.val_losses.empty() ? fmt::format(" {:11.5f}", r.val_losses.back()).c_str() : "",
                  r.ms_per_step, r.tokens_per_s, format_bytes(r.comm_bytes).c_str(),
                  format_bytes(r.comm_theory).c_str(),
@@ -133,30 +144,32 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                  ddp_comm > 0 ? fmt::format("{:.2f}", r.comm_bytes / ddp_comm).c_str() : "-");
   }
   // Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
-  std::fprintf(out, "\npeak memory per rank (MiB)\n%-13s", "strategy");
+  std::fprintf(out, "\npeak memory per rank (MiB; host peak: the host tier, --offload)\n%-19s", "strategy");
   for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %*s", static_cast<int>(std::max<size_t>(9, kCategoryNames[k].size())), std::string(kCategoryNames[k]).c_str());
-  std::fprintf(out, " %9s %8s %8s\n", "peak", "vs ddp", "vs dp");
+  std::fprintf(out, " %9s %8s %8s %9s\n", "peak", "vs ddp", "vs dp", "host peak");
   uint64_t ddp_total = 0, dp_total = 0;
   for (const auto& r : res.runs) {
     if (r.kind == StrategyKind::ddp && !r.oom) ddp_total = std::max(r.total0, r.total_other);
     if (r.kind == StrategyKind::dp && !r.oom) dp_total = std::max(r.total0, r.total_other);
   }
-  auto row = [&](const std::string& label, const std::array<uint64_t, kNumCategories>& p, uint64_t total) {
-    std::fprintf(out, "%-13s", label.c_str());
+  auto row = [&](const std::string& label, const std::array<uint64_t, kNumCategories>& p, uint64_t total,
+                 uint64_t host) {
+    std::fprintf(out, "%-19s", label.c_str());
     for (int k = 0; k < kNumCategories; ++k)
       std::fprintf(out, " %*s", static_cast<int>(std::max<size_t>(9, kCategoryNames[k].size())), mib(double(p[k])).c_str());
     auto saving = [&](uint64_t base) {
       return base ? fmt::format("{:+.0f}%", 100.0 * (double(total) - double(base)) / double(base)) : std::string("-");
     };
-    std::fprintf(out, " %9s %8s %8s\n", mib(double(total)).c_str(), saving(ddp_total).c_str(), saving(dp_total).c_str());
+    std::fprintf(out, " %9s %8s %8s %9s\n", mib(double(total)).c_str(), saving(ddp_total).c_str(),
+                 saving(dp_total).c_str(), mib(double(host)).c_str());
   };
   for (const auto& r : res.runs) {
     if (r.oom) continue;
     if (r.kind == StrategyKind::dp && world > 1) {
-      row("dp rank 0", r.peak0, r.total0);
-      row("dp others", r.peak_other, r.total_other);
+      row("dp rank 0", r.peak0, r.total0, r.host0);
+      row("dp others", r.peak_other, r.total_other, r.host_other);
     } else {
-      row(r.name, r.peak0, std::max(r.total0, r.total_other));
+      row(r.name, r.peak0, std::max(r.total0, r.total_other), std::max(r.host0, r.host_other));
     }
   }
   std::fprintf(out,
@@ -229,7 +242,9 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
   j["config"] = {{"batch", c.batch}, {"accum", c.accum}, {"steps", c.steps}, {"seed", c.seed},
                  {"lr", c.schedule.lr}, {"optimizer", optimizer_name(c.optim.kind)}, {"data", c.data}, {"budget_bytes", cfg.budget},
                  {"tolerance", cfg.tolerance}, {"shuffle", c.shuffle}, {"val_every", c.val_every},
-                 {"val_batches", c.val_batches}};
+                 {"val_batches", c.val_batches}, {"host_budget_bytes", cfg.host_budget},
+                 {"activation_checkpointing", checkpointing_name(c.checkpointing)},
+                 {"offload", offload_name(c.strategy.offload)}};
   if (!c.val_data.empty()) j["config"]["val_data"] = c.val_data;
   if (c.val_fraction != 0) j["config"]["val_fraction"] = c.val_fraction;
   j["losses_agree"] = r.agree;
@@ -257,7 +272,9 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
       o["comm_bytes_per_rank_per_step"] = s.comm_bytes;
       o["comm_theory_bytes"] = s.comm_theory;
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
+      o["host_peak_bytes_rank0"] = s.host0;
       if (world > 1) o["peak_bytes_other_ranks_max"] = cats(s.peak_other, s.total_other);
+      if (world > 1) o["host_peak_bytes_other_ranks_max"] = s.host_other;
     }
     j["strategies"].push_back(o);
   }

@@ -15,12 +15,13 @@ struct CompareConfig {
   TrainConfig train;                 // strategy.kind is ignored: each of `strategies` runs in turn
   std::vector<StrategyKind> strategies = all_strategies();
   uint64_t budget = 0;               // per-rank pool budget for every run (0 = none)
+  uint64_t host_budget = 0;          // per-rank host-tier budget (--host-memory; 0 = none)
   double tolerance = 1e-4;           // max relative loss deviation from the first strategy
 };
 
 struct StrategyResult {
   StrategyKind kind = StrategyKind::ddp;
-  std::string name;                  // strategy_name(kind)
+  std::string name;                  // strategy_label(kind, offload): "zero3", "zero3 off:params"
   bool oom = false;                  // did not fit the budget
   std::string error;                 // the out-of-memory message, when oom
   std::vector<float> losses;
@@ -33,6 +34,7 @@ struct StrategyResult {
   // Peak over the run of each category and of the total, for rank 0 and for the largest other rank.
   std::array<uint64_t, kNumCategories> peak0{}, peak_other{};
   uint64_t total0 = 0, total_other = 0;
+  uint64_t host0 = 0, host_other = 0;  // the host tier's peak (--offload)
   MemoryRow memory;                  // rank 0: predicted and measured, the last step recorded
 };
 

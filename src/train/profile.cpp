@@ -17,25 +17,16 @@ struct RowSpec {
   int rank;
 };
 
-// The strongest offload a strategy allows, up to the one asked for: params needs zero3, and
-// optimizer a ZeRO stage (DP and DDP rows stay the baselines they are).
-Offload allowed_offload(StrategyKind kind, Offload asked) {
-  if (asked == Offload::params && kind != StrategyKind::zero3) asked = Offload::optimizer;
-  if (asked == Offload::optimizer && zero_stage(kind) == 0) asked = Offload::none;
-  return asked;
-}
-
 // The run's configuration under one strategy.
 TrainConfig config_for(const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig t = cfg.train;
   t.strategy.kind = kind;
-  t.strategy.offload = allowed_offload(kind, t.strategy.offload);
+  t.strategy.offload = offload_for(kind, t.strategy.offload);
   return t;
 }
 
 std::string row_label(const ProfileConfig& cfg, StrategyKind kind) {
-  Offload o = allowed_offload(kind, cfg.train.strategy.offload);
-  return o == Offload::none ? strategy_name(kind) : fmt::format("{} off:{}", strategy_name(kind), offload_name(o));
+  return strategy_label(kind, offload_for(kind, cfg.train.strategy.offload));
 }
 
 std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
@@ -67,7 +58,7 @@ std::optional<LeverChoice> cheapest_levers(const ProfileConfig& cfg) {
     for (Offload off : {Offload::none, Offload::optimizer, Offload::params})
       for (Checkpointing ck : ckpts)
         for (StrategyKind k : cfg.strategies) {
-          if (k == StrategyKind::dp || allowed_offload(k, off) != off) continue;
+          if (k == StrategyKind::dp || offload_for(k, off) != off) continue;
           TrainConfig t = cfg.train;
           t.strategy.kind = k;
           t.strategy.offload = off;
