@@ -78,9 +78,19 @@ Offload offload_for(StrategyKind kind, Offload asked) {
   return asked;
 }
 
-std::string strategy_label(StrategyKind kind, Offload offload) {
-  return offload == Offload::none ? strategy_name(kind)
-                                  : fmt::format("{} off:{}", strategy_name(kind), offload_name(offload));
+StrategyConfig StrategyConfig::under(StrategyKind k) const {
+  StrategyConfig c = *this;
+  c.kind = k;
+  c.offload = offload_for(k, offload);
+  if (zero_stage(k) == 0) c.shard_group = 0;
+  return c;
+}
+
+std::string StrategyConfig::label() const {
+  std::string s = strategy_name(kind);
+  if (shard_group > 0) s += fmt::format(" S={}", shard_group);
+  if (offload != Offload::none) s += fmt::format(" off:{}", offload_name(offload));
+  return s;
 }
 
 void StrategyConfig::validate() const {
@@ -92,6 +102,11 @@ void StrategyConfig::validate() const {
   SHARD_REQUIRE(max_gathered == 0 || max_gathered >= 2,
                 "--max-gathered {}: at least 2 (the unit running and the one it borrows from), or 0 for automatic",
                 max_gathered);
+  SHARD_REQUIRE(shard_group >= 0 && shard_group <= (1 << 20), "--shard-group {}: expected 0 (the whole world) or a "
+                "group size", shard_group);
+  SHARD_REQUIRE(shard_group == 0 || zero_stage(kind) > 0,
+                "--shard-group {} with --strategy {}: only zero1, zero2 and zero3 shard state", shard_group,
+                strategy_name(kind));
   SHARD_REQUIRE(offload != Offload::params || kind == StrategyKind::zero3,
                 "--offload params with --strategy {}: only zero3 shards the parameters, so only zero3 can keep them on "
                 "the host; use --strategy zero3, or --offload optimizer", strategy_name(kind));

@@ -48,11 +48,8 @@ double zero_model_states(StrategyKind k, double psi, int world, double optimizer
 enum class Offload : uint8_t { none, optimizer, params };
 Offload parse_offload(const std::string& s);  // InputError naming the choices otherwise
 const char* offload_name(Offload o);
-// The strongest offload `kind` allows, up to `asked` (params needs zero3, optimizer a ZeRO stage):
-// how profile and compare apply one --offload to every strategy they run.
+// The strongest offload `kind` allows, up to `asked` (params needs zero3, optimizer a ZeRO stage).
 Offload offload_for(StrategyKind kind, Offload asked);
-// "zero3", or "zero3 off:params" with an offload: the label of a row in reports.
-std::string strategy_label(StrategyKind kind, Offload offload);
 
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::ddp;
@@ -62,7 +59,15 @@ struct StrategyConfig {
   int max_gathered = 0;              // zero3: cap on gathered units at once; 0 = prefetch + 2
   MixedPrecisionPolicy precision;
   Offload offload = Offload::none;
+  // zero1-3, hybrid sharding: the state is sharded within groups of this many consecutive ranks
+  // and replicated across the world / S groups (0 = the whole world, plain ZeRO).
+  int shard_group = 0;
   void validate() const;
+  // This configuration under `k`, with what only some strategies take (--offload, --shard-group)
+  // applied as far as k allows: how profile and compare run one set of options under each strategy.
+  StrategyConfig under(StrategyKind k) const;
+  // "zero3", "zero3 off:params", "zero2 S=2": the label of a row in reports.
+  std::string label() const;
 };
 
 struct StrategyEnv {

@@ -15,6 +15,11 @@
 // live on the host tier (env_.pool.host()) and the update runs on the host backend; with --offload
 // params (stage 3) the parameter shards live there too and are uploaded into a device staging
 // buffer as each all-gather is issued.
+// Hybrid sharding (--shard-group S, FSDP's HYBRID_SHARD): all of the above happens within a shard
+// group of S consecutive ranks, whose communicator carries every gather and reduce-scatter; after
+// a unit's gradient is reduce-scattered in the group, its shard is all-reduced across the
+// world / S replica groups (the ranks holding the same shard), so every replica updates the same
+// shard identically. S = world (the default) is plain ZeRO and opens no sub-communicator.
 // A gathered unit is a buffer plus the Work that fills it, in one struct, with an explicit state
 // (sharded -> gathering -> gathered -> sharded): the buffer cannot be freed while its collective
 // runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
@@ -36,17 +41,18 @@ class Zero final : public Strategy {
         off_params_(cfg.offload == Offload::params),
         hp_(env_.pool.host()),
         hmp_(cfg.precision, hp_, env_.units.size()) {
+    open_groups(cfg.shard_group);
     // The optimizer state, master shard and reduced gradient shard: on the host tier under offload.
     Pool& opt_pool = off_ ? hp_ : env_.pool;
     optim_ = std::make_unique<Optimizer>(opt_pool, env_.optim);
     const size_t U = num_units();
     for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
-      SHARD_REQUIRE(layout(u).numel >= world_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
-                    layout(u).name, layout(u).numel, world_);
+      SHARD_REQUIRE(layout(u).numel >= S_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
+                    layout(u).name, layout(u).numel, S_);
     max_gathered_ = cfg.max_gathered > 0 ? cfg.max_gathered : cfg.prefetch + 2;
     gathered_.resize(U);
     for (size_t u = 0; u < U; ++u) {
-      flat_.push_back(make_flat_param(layout(u), world_, rank_));
+      flat_.push_back(make_flat_param(layout(u), S_, srank_));
       const FlatParam& f = flat_[u];
       const std::string& n = layout(u).name;
       if (stage_ == 3) {
@@ -119,11 +125,11 @@ class Zero final : public Strategy {
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
       if (last_micro_)
-        inflight_.push_back({u, {}, {}, env_.comm.reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u))});
+        inflight_.push_back({u, {}, {}, sc().reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u))});
       return;
     }
     Block tmp = env_.pool.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
-    Work w = env_.comm.reduce_scatter(grads_full_[u].flat(rd_), tmp.flat(rd_));
+    Work w = sc().reduce_scatter(grads_full_[u].flat(rd_), tmp.flat(rd_));
     // The full gradient now belongs to its reduction: the next micro-step starts a fresh one.
     inflight_.push_back({u, std::move(tmp), std::move(grads_full_[u]), std::move(w)});
     while (inflight_.size() > 2) finish_oldest();
@@ -134,7 +140,7 @@ class Zero final : public Strategy {
     std::vector<Tensor> shards;
     for (size_t u = 0; u < num_units(); ++u) shards.push_back(reduced_grads(u));
     float local = static_cast<float>(sum_squares(shards, off_ ? &hp_ : nullptr));
-    env_.comm.all_reduce(std::span<float>(&local, 1)).wait();
+    sc().all_reduce(std::span<float>(&local, 1)).wait();  // replicas hold the same shards: one group's sum
     return local;
   }
 
@@ -143,13 +149,19 @@ class Zero final : public Strategy {
     if (stage_ == 3 || has_master()) {  // from the shards of what the optimizer updates (f32)
       Block b = env_.pool.alloc(DType::f32, flat_[u].padded, Category::workspace, "gather params");
       Block staged;
-      env_.comm.all_gather(on_device(updated(u), staged), b.flat(DType::f32)).wait();
+      sc().all_gather(on_device(updated(u), staged), b.flat(DType::f32)).wait();
       v = to_host(b.flat(DType::f32));
     } else {
       v = to_host(params_[u].flat(DType::f32));
     }
     v.resize(static_cast<size_t>(flat_[u].numel));
     return v;
+  }
+
+  // Replicas of a shard (hybrid sharding): only the first shard group writes it.
+  std::pair<int64_t, int64_t> saved_range(size_t u) const override {
+    if (rank_ >= S_) return {0, 0};
+    return owned_range(u);
   }
 
   std::pair<int64_t, int64_t> owned_range(size_t u) const override {
@@ -162,7 +174,7 @@ class Zero final : public Strategy {
     drain();
     Block b = env_.pool.alloc(rd_, flat_[u].padded, Category::workspace, "gather grads");
     Block staged;
-    env_.comm.all_gather(on_device(reduced_grads(u), staged), b.flat(rd_)).wait();
+    sc().all_gather(on_device(reduced_grads(u), staged), b.flat(rd_)).wait();
     std::vector<float> v = to_host(b.flat(rd_));
     v.resize(static_cast<size_t>(flat_[u].numel));
     return v;
@@ -174,7 +186,7 @@ class Zero final : public Strategy {
     if (stage_ == 3) return;
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u)
-      works.push_back(env_.comm.all_gather(owned_params(u), params_[u].flat(pd_)));
+      works.push_back(sc().all_gather(owned_params(u), params_[u].flat(pd_)));
     for (Work& w : works) w.wait();
   }
   Tensor owned_params(size_t u) const override {
@@ -269,6 +281,8 @@ class Zero final : public Strategy {
     inflight_.pop_front();
     r.work.wait();
     const size_t u = r.unit;
+    // Hybrid sharding: the group's reduced shard, summed over the replica groups.
+    if (rc_) rc_->all_reduce(stage_ == 1 ? owned_grads(u) : r.shard.flat(rd_)).wait();
     if (!off_) {
       if (stage_ != 1) mp_.accumulate(grad_shard_[u].flat(rd_), r.shard.flat(rd_));
       return;
@@ -302,7 +316,7 @@ class Zero final : public Strategy {
       env_.be.copy(g.upload.flat(pd_), shard);
       shard = g.upload.flat(pd_);
     }
-    g.work = env_.comm.all_gather(shard, g.buf.flat(pd_));
+    g.work = sc().all_gather(shard, g.buf.flat(pd_));
     g.state = GatherState::gathering;
   }
   void prefetch(size_t u) {
@@ -342,7 +356,21 @@ class Zero final : public Strategy {
     return gathered_[u].buf.flat(pd_);
   }
 
+  // The shard group's communicator (the world's without hybrid sharding).
+  Communicator& sc() { return shard_comm_ ? *shard_comm_ : env_.comm; }
+  void open_groups(int S) {
+    S_ = S == 0 ? world_ : S;
+    SHARD_REQUIRE(S_ <= world_ && world_ % S_ == 0,
+                  "--shard-group {} does not divide the world of {} ranks: every group needs S ranks", S, world_);
+    srank_ = rank_ % S_;
+    if (S_ == world_) return;
+    shard_comm_ = env_.comm.split(rank_ / S_, rank_, S_, srank_, CommLink::intra);
+    rc_ = env_.comm.split(srank_, rank_, world_ / S_, rank_ / S_, CommLink::inter);
+  }
+
   int stage_;
+  int S_ = 1, srank_ = 0;  // shard group size and this rank's place in it
+  std::unique_ptr<Communicator> shard_comm_, rc_;  // hybrid sharding only: the shard and replica groups
   DType pd_, rd_;
   bool off_, off_params_;  // --offload optimizer (or params), --offload params
   Pool& hp_;               // the host tier

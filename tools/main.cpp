@@ -196,6 +196,10 @@ void add_strategy_options(po::options_description& d, StrategyConfig& s, Strateg
       "prefetch", po::value(&s.prefetch)->default_value(s.prefetch), "zero3: units gathered ahead of use")(
       "max-gathered", po::value(&s.max_gathered)->default_value(0),
       "zero3: most units gathered at once (0 = prefetch + 2)")(
+      "shard-group", po::value(&s.shard_group)->default_value(0),
+      "zero1-3, hybrid sharding: shard the state within groups of S consecutive ranks and replicate it across the "
+      "world / S groups (gradients reduce-scattered in the group, then all-reduced across groups); S must divide "
+      "the world. 0 = the whole world")(
       "offload", po::value(&dt.offload)->default_value(dt.offload),
       "none; optimizer (zero1-3: f32 master weights and optimizer state on the host tier, the update runs on the "
       "host, reduced gradient shards are copied there as their reductions complete); params (zero3: the parameter "
@@ -555,9 +559,7 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   opts.finish(cc.train);
   cc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
-  StrategyConfig each = cc.train.strategy;  // --offload applies to each strategy as far as it allows
-  each.offload = Offload::none;
-  each.validate();
+  cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows
   cc.budget = pool_config(common).budget;
   cc.host_budget = pool_config(common).host_budget;
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);

@@ -43,8 +43,19 @@ double bus_bytes(CommOp op, double full_bytes, int world) {
   return bus_factor(op, world) * full_bytes;
 }
 
-void CommStats::record(CommOp op, double bytes, double wire_bytes) {
+const char* comm_link_name(CommLink l) {
+  switch (l) {
+    case CommLink::world: return "world";
+    case CommLink::intra: return "intra-group";
+    case CommLink::inter: return "inter-group";
+  }
+  return "?";
+}
+
+void CommStats::record(CommOp op, double bytes, double wire_bytes, CommLink link) {
   if (record_events) events.push_back({op, bytes, std::chrono::steady_clock::now()});
+  link_total[static_cast<int>(link)] += bytes;
+  link_step[static_cast<int>(link)] += bytes;
   for (auto* counters : {&total, &step}) {
     OpCounter& c = (*counters)[static_cast<int>(op)];
     c.calls += 1;
@@ -55,8 +66,10 @@ void CommStats::record(CommOp op, double bytes, double wire_bytes) {
 
 void CommStats::end_step() {
   last_step_bytes = step_bytes();
+  last_step_link = link_step;
   ++steps;
   step = {};
+  link_step = {};
 }
 
 double CommStats::total_bytes() const {
@@ -229,7 +242,21 @@ int64_t Communicator::all_max(int64_t v) {
 
 void Communicator::count(CommOp op, DType dtype, double full_bytes) {
   double b = bus_bytes(op, full_bytes, world_size());
-  stats_.record(op, b, b * wire_factor(op, dtype));
+  stats_.record(op, b, b * wire_factor(op, dtype), link_);
+  if (parent_) parent_->stats_.record(op, b, b * wire_factor(op, dtype), link_);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, int size, int rank, CommLink link) {
+  SHARD_CHECK(size >= 1 && size <= world_size() && rank >= 0 && rank < size,
+              "split of a world of {}: rank {} of {}", world_size(), rank, size);
+  std::unique_ptr<Communicator> c = do_split(color, key, size, rank);
+  SHARD_CHECK(c->world_size() == size && c->rank() == rank,
+              "split (color {}, key {}): rank {} of {}, the caller expected rank {} of {}", color, key, c->rank(),
+              c->world_size(), rank, size);
+  c->parent_ = this;
+  c->link_ = link;
+  c->check_ = check_;
+  return c;
 }
 
 void Communicator::check_root(int root, const char* op) const {

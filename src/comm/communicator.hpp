@@ -59,6 +59,13 @@ struct CommEvent {
   std::chrono::steady_clock::time_point issued;
 };
 
+// Which ranks a collective spans: the whole world, one shard group (hybrid sharding: S consecutive
+// ranks) or one replica group (the ranks at the same place in every shard group). A
+// sub-communicator counts its traffic in its own stats and in its parent's, under its link.
+enum class CommLink : uint8_t { world, intra, inter };
+inline constexpr int kNumCommLinks = 3;
+const char* comm_link_name(CommLink l);  // "world", "intra-group", "inter-group"
+
 struct CommStats {
   bool record_events = false;     // keep a CommEvent per call (off by default: it grows)
   std::vector<CommEvent> events;
@@ -66,8 +73,9 @@ struct CommStats {
   std::array<OpCounter, kNumCommOps> step{};  // since the last end_step()
   int64_t steps = 0;                          // finished steps
   double last_step_bytes = 0;                 // bus bytes of the last finished step (nothing grows per step)
+  std::array<double, kNumCommLinks> link_total{}, link_step{}, last_step_link{};  // bus bytes by link
 
-  void record(CommOp op, double bytes, double wire_bytes);
+  void record(CommOp op, double bytes, double wire_bytes, CommLink link = CommLink::world);
   void end_step();
   double total_bytes() const;
   double step_bytes() const;
@@ -163,6 +171,12 @@ class Communicator {
   // throws InternalError naming the first diverging rank and both call sites instead of hanging.
   void set_check(bool on) { check_ = on; }
 
+  // Collective over this communicator: a communicator over the ranks that pass the same `color`,
+  // ordered by `key`, in which this rank is `rank` of `size` (the caller knows the layout; the
+  // transport checks it where it can). It inherits --check-collectives and counts its traffic in
+  // this communicator's stats too, under `link`.
+  std::unique_ptr<Communicator> split(int color, int key, int size, int rank, CommLink link);
+
   CommStats& stats() { return stats_; }
 
   // What --check-collectives compares. Plain bytes: it travels as such.
@@ -192,6 +206,7 @@ class Communicator {
   // The control channel: every rank's bytes in rank order, on every rank (blocking; separate from
   // the data collectives). One rank alone needs no transport.
   virtual std::vector<std::string> exchange(const std::string& mine) { return {mine}; }
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, int size, int rank) = 0;
 
  private:
   void count(CommOp op, DType dtype, double full_bytes);
@@ -201,6 +216,8 @@ class Communicator {
   Work watched(uint64_t seq, Work w);
 
   CommStats stats_;
+  Communicator* parent_ = nullptr;  // a sub-communicator's (split): its traffic counts there too
+  CommLink link_ = CommLink::world;
   bool check_ = false;
   uint64_t seq_ = 0;
 };

@@ -86,6 +86,14 @@ class MpiCommunicator final : public Communicator {
     return reduction && widened(dtype) ? 4.0 / dtype_size(dtype) : 1.0;
   }
 
+  std::unique_ptr<Communicator> do_split(int color, int key, int, int) override {
+    MPI_Comm part = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
+    auto c = std::make_unique<MpiCommunicator>(part, pool_);  // duplicates it
+    MPI_CHECK(MPI_Comm_free(&part));
+    return c;
+  }
+
   // The control channel: a duplicate of the data communicator, so control messages never match
   // a data collective in flight.
   std::vector<std::string> exchange(const std::string& mine) override {

@@ -66,6 +66,10 @@ class SimCommunicator final : public Communicator {
     if (rank_ == root) be().copy(recv, send.slice(rank_ * recv.numel(), recv.numel()));
     return Work();
   }
+  // The group is imaginary like the world: rank `rank` of `size`, the others holding what it holds.
+  std::unique_ptr<Communicator> do_split(int, int, int size, int rank) override {
+    return std::make_unique<SimCommunicator>(rank, size, pool_);
+  }
   Work do_broadcast(Tensor, int) override { return Work(); }
   Work do_barrier() override { return Work(); }
 

@@ -12,7 +12,21 @@ namespace {
 
 // Bus bytes per rank per step the strategy's pattern implies: the textbook figures, with parameters
 // moved in the param dtype and gradients in the reduce dtype.
+// Hybrid sharding: {within the group, across groups}. The group runs its ZeRO stage over S ranks;
+// each rank's reduced shard (params / S) is then all-reduced across the world / S groups.
+std::array<double, 2> hybrid_theory(StrategyKind s, double params, int world, int S, const TrainConfig& c) {
+  const double fs = (S - 1.0) / S, G = double(world) / S, fg = (G - 1) / G;
+  const double p = params * static_cast<double>(dtype_size(c.strategy.precision.param_dtype));
+  const double g = params * static_cast<double>(dtype_size(c.strategy.precision.reduce_dtype));
+  const double intra = s == StrategyKind::zero3 ? fs * (g + 2 * p) : fs * (g + p);
+  return {intra, 2 * fg * g / S};
+}
+
 double comm_theory(StrategyKind s, double params, int world, const TrainConfig& c) {
+  if (c.strategy.shard_group > 0) {
+    auto t = hybrid_theory(s, params, world, c.strategy.shard_group, c);
+    return t[0] + t[1];
+  }
   if (world == 1) return 0;
   const double n = world, f = (n - 1) / n;
   const double p = params * static_cast<double>(dtype_size(c.strategy.precision.param_dtype));
@@ -78,9 +92,8 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   StrategyResult r;
   r.kind = kind;
   TrainConfig tc = cfg.train;
-  tc.strategy.kind = kind;
-  tc.strategy.offload = offload_for(kind, tc.strategy.offload);  // --offload as far as the strategy allows
-  r.name = strategy_label(kind, tc.strategy.offload);
+  tc.strategy = tc.strategy.under(kind);  // --offload and --shard-group as far as the strategy allows
+  r.name = tc.strategy.label();
   Pool pool(be, PoolConfig{cfg.budget, cfg.host_budget});
   auto comm = group.connect(pool);
   tc.log_path.clear();
@@ -114,6 +127,15 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   r.ms_per_step = ms[ms.size() / 2];
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
   r.comm_theory = comm_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
+  if (tc.strategy.shard_group > 0) {
+    r.shard_group = tc.strategy.shard_group;
+    const auto& link = comm->stats().last_step_link;
+    r.comm_intra = link[static_cast<int>(CommLink::intra)];
+    r.comm_inter = link[static_cast<int>(CommLink::inter)];
+    auto t = hybrid_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), r.shard_group, tc);
+    r.theory_intra = t[0];
+    r.theory_inter = t[1];
+  }
   collect_peaks(*comm, peak, r);
   return r;
 }
@@ -142,6 +164,19 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                  format_bytes(r.comm_theory).c_str(),
                  r.comm_theory > 0 ? fmt::format("{:.3f}", r.comm_bytes / r.comm_theory).c_str() : "-",
                  ddp_comm > 0 ? fmt::format("{:.2f}", r.comm_bytes / ddp_comm).c_str() : "-");
+  }
+  bool hybrid = false;
+  for (const auto& r : res.runs) hybrid |= !r.oom && r.shard_group > 0;
+  if (hybrid) {
+    std::fprintf(out, "\nhybrid sharding: bus bytes per rank in the last step, within the shard group and across groups\n");
+    std::fprintf(out, "%-19s %14s %14s %14s %14s\n", "strategy", "intra-group", "theory", "inter-group", "theory");
+    for (const auto& r : res.runs)
+      if (!r.oom && r.shard_group > 0)
+        std::fprintf(out, "%-19s %14s %14s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_intra).c_str(),
+                     format_bytes(r.theory_intra).c_str(), format_bytes(r.comm_inter).c_str(),
+                     format_bytes(r.theory_inter).c_str());
+    std::fprintf(out, "(intra: the group's reduce-scatter and all-gathers, (S-1)/S each, plus the gradient norm; inter: "
+                 "an all-reduce of each rank's shard, 2(G-1)/G x Psi/S; the world's loss all-reduce is in neither)\n");
   }
   // Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
   std::fprintf(out, "\npeak memory per rank (MiB; host peak: the host tier, --offload)\n%-19s", "strategy");
@@ -271,6 +306,10 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
       o["tokens_per_s"] = s.tokens_per_s;
       o["comm_bytes_per_rank_per_step"] = s.comm_bytes;
       o["comm_theory_bytes"] = s.comm_theory;
+      if (s.shard_group > 0)
+        o["hybrid"] = {{"shard_group", s.shard_group},           {"intra_bytes", s.comm_intra},
+                       {"intra_theory_bytes", s.theory_intra}, {"inter_bytes", s.comm_inter},
+                       {"inter_theory_bytes", s.theory_inter}};
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
       o["host_peak_bytes_rank0"] = s.host0;
       if (world > 1) o["peak_bytes_other_ranks_max"] = cats(s.peak_other, s.total_other);

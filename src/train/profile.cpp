@@ -20,13 +20,12 @@ struct RowSpec {
 // The run's configuration under one strategy.
 TrainConfig config_for(const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig t = cfg.train;
-  t.strategy.kind = kind;
-  t.strategy.offload = offload_for(kind, t.strategy.offload);
+  t.strategy = t.strategy.under(kind);
   return t;
 }
 
 std::string row_label(const ProfileConfig& cfg, StrategyKind kind) {
-  return strategy_label(kind, offload_for(kind, cfg.train.strategy.offload));
+  return cfg.train.strategy.under(kind).label();
 }
 
 std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
@@ -60,7 +59,7 @@ std::optional<LeverChoice> cheapest_levers(const ProfileConfig& cfg) {
         for (StrategyKind k : cfg.strategies) {
           if (k == StrategyKind::dp || offload_for(k, off) != off) continue;
           TrainConfig t = cfg.train;
-          t.strategy.kind = k;
+          t.strategy = t.strategy.under(k);
           t.strategy.offload = off;
           t.checkpointing = ck;
           Estimate e = predict_step(t, cfg.world, 0, mb, false);
@@ -195,9 +194,7 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
   SHARD_REQUIRE(!cfg.strategies.empty(), "--strategies: name at least one strategy");
   SHARD_REQUIRE(cfg.host_budget == 0 || cfg.budget > 0, "--host-budget needs --budget (the device tier's)");
   cfg.train.spec.validate();
-  StrategyConfig each = cfg.train.strategy;  // --offload applies to each row as far as its strategy allows
-  each.offload = Offload::none;
-  each.validate();
+  cfg.train.strategy.under(StrategyKind::zero3).validate();  // each row applies what its strategy allows
   SHARD_REQUIRE(!cfg.measure || group.size == 1 || group.size == cfg.world,
                 "--measure with {} processes: start 1 (the sim communicator stands in for the others) or --world {}",
                 group.size, cfg.world);
