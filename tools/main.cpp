@@ -185,8 +185,22 @@ void start_watchdog(const MpiRuntime& mpi, double timeout_s) {
   Watchdog::start(dir, mpi.rank(), mpi.world(), timeout_s);
 }
 
+// Ranks per node: MPI's shared-memory split, or $SHARDLAB_RANKS_PER_NODE, which lets one machine
+// pretend to be several nodes (tests, rehearsals).
+int ranks_per_node(const MpiRuntime& mpi) {
+  const char* v = std::getenv("SHARDLAB_RANKS_PER_NODE");
+  if (!v || !*v) return mpi.local_size();
+  char* end = nullptr;
+  const long k = std::strtol(v, &end, 10);
+  SHARD_REQUIRE(end && *end == '\0' && k >= 1 && k <= (1 << 20), "SHARDLAB_RANKS_PER_NODE='{}': expected a positive "
+                "number of ranks", v);
+  return static_cast<int>(k);
+}
+
 void add_strategy_options(po::options_description& d, StrategyConfig& s, StrategyStrings& dt) {
-  d.add_options()("strategy", po::value(&dt.strategy)->default_value(dt.strategy), "dp, ddp, zero1, zero2 or zero3")(
+  d.add_options()("strategy", po::value(&dt.strategy)->default_value(dt.strategy),
+                  "dp, ddp, zero1, zero2, zero3, or hsdp (zero3 with --shard-group = ranks per node, from MPI's "
+                  "shared-memory split or $SHARDLAB_RANKS_PER_NODE)")(
       "param-dtype", po::value(&dt.param)->default_value(dt.param),
       "storage and all-gather dtype of parameters: f32, or bf16 with an f32 master copy beside the optimizer")(
       "reduce-dtype", po::value(&dt.reduce)->default_value(""), "gradient storage and reduction dtype (default: the param dtype)")(
@@ -288,11 +302,16 @@ struct TrainOptions {
     add_strategy_options(desc, cfg.strategy, dtypes);
   }
   // After parsing: fills what the options could not write directly.
-  void finish(TrainConfig& cfg) const {
+  void finish(TrainConfig& cfg, const MpiRuntime& mpi) const {
     SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
     cfg.seed = static_cast<uint64_t>(seed);
     cfg.spec = model.spec();
-    cfg.strategy.kind = parse_strategy(dtypes.strategy);
+    if (dtypes.strategy == "hsdp") {  // FSDP's HYBRID_SHARD: zero3 sharded within each node
+      cfg.strategy.kind = StrategyKind::zero3;
+      if (cfg.strategy.shard_group == 0) cfg.strategy.shard_group = ranks_per_node(mpi);
+    } else {
+      cfg.strategy.kind = parse_strategy(dtypes.strategy);
+    }
     cfg.strategy.offload = parse_offload(dtypes.offload);
     cfg.strategy.precision.param_dtype = parse_dtype(dtypes.param);
     cfg.strategy.precision.reduce_dtype =
@@ -397,7 +416,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   ReportOptions reports;
   reports.add(desc, true);
   if (!parse(args, desc, mpi, "train")) return 0;
-  opts.finish(cfg);
+  opts.finish(cfg, mpi);
   if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
   cfg.record_step = reports.any();
   start_watchdog(mpi, common.collective_timeout);
@@ -519,7 +538,7 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "trace", po::value(&trace_path)->default_value(""),
       "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
   if (!parse(args, desc, mpi, "profile")) return 0;
-  opts.finish(pc.train);
+  opts.finish(pc.train, mpi);
   pc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
   if (!budget.empty()) pc.budget = parse_bytes(budget);
@@ -556,7 +575,7 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   ReportOptions reports;
   reports.add(desc, false);
   if (!parse(args, desc, mpi, "compare")) return 0;
-  opts.finish(cc.train);
+  opts.finish(cc.train, mpi);
   cc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
   cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows

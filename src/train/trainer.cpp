@@ -461,7 +461,7 @@ bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
 
 void Trainer::print_header(std::FILE* out) const {
   std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
-               strategy_->name().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
+               cfg_.strategy.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
                be_.describe().c_str());
   std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld%s), global batch %lld, %lld steps, %s lr %.2e\n",
                data_.train->source.c_str(), data_.train->tokens.size(), static_cast<long long>(loader_.num_sequences()),
