@@ -33,6 +33,7 @@
 #include <iostream>
 
 #include "benchmarks/adamw_bench.hpp"
+#include "benchmarks/calibrate.hpp"
 #include "benchmarks/collectives.hpp"
 #include "benchmarks/gemm_bench.hpp"
 #include "benchmarks/train_bench.hpp"
@@ -44,6 +45,7 @@
 #include "src/train/checkpoint.hpp"
 #include "src/train/compare.hpp"
 #include "src/train/predict.hpp"
+#include "src/train/plan.hpp"
 #include "src/train/profile.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/launch.hpp"
@@ -60,6 +62,7 @@ const char* kUsage =
     "  train               train GPT-2 under a strategy (dp, ddp, zero1-3) on any number of ranks\n"
     "  compare             train the same model under each strategy; loss agreement, memory, time, traffic\n"
     "  profile             predicted (and measured) memory per rank, per category, per strategy, any world size\n"
+    "  plan                the fastest configuration that fits N ranks: every strategy and lever, predicted (and measured)\n"
     "  export              a checkpoint as one HF-named safetensors file, one tensor in memory at a time\n"
     "  sample              generate text from an --init file or a checkpoint (prompt, temperature, top-k, seed)\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
@@ -723,6 +726,107 @@ int cmd_bench_adamw(const std::vector<std::string>& args, const MpiRuntime& mpi)
   return 0;
 }
 
+// Runs the top `k` fitting entries of the plan for a few steps each on the real ranks and fills
+// their measured step time (median after the first step) and rank 0's measured peak.
+void measure_plan(Backend& be, const MpiRuntime& mpi, const PlanConfig& pc, const CommonOptions& common,
+                  std::vector<PlanEntry>& plan, int k, int64_t steps) {
+  int done = 0;
+  for (PlanEntry& e : plan) {
+    if (!e.fits || done == k) break;
+    ++done;
+    TrainConfig t = e.config(pc);
+    t.steps = steps;
+    t.schedule.kind = ScheduleKind::constant;
+    Pool pool(be, pool_config(common));
+    auto comm = world_group(mpi).connect(pool);
+    Trainer trainer(be, pool, *comm, t);
+    std::vector<double> ms;
+    uint64_t peak = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      StepStats st = trainer.step(s);
+      if (s > 0) ms.push_back(st.ms);
+      peak = std::max(peak, st.peak_bytes);
+    }
+    std::sort(ms.begin(), ms.end());
+    e.measured_step_ms = ms[ms.size() / 2];
+    e.measured_peak = peak;
+    if (mpi.rank() == 0) {
+      std::printf("measured %d/%d: %s, checkpointing %s, micro-batch %lld x %lld: %.1f ms (predicted %.1f)\n", done, k,
+                  e.strategy.label().c_str(), checkpointing_name(e.checkpointing), static_cast<long long>(e.micro_batch),
+                  static_cast<long long>(e.accum), *e.measured_step_ms, e.step_ms);
+      std::fflush(stdout);
+    }
+  }
+}
+
+int cmd_plan(const std::vector<std::string>& args, const MpiRuntime& mpi) {
+  CommonOptions common;
+  ModelOptions model;
+  PlanConfig pc;
+  std::string param = "bf16", reduce, json_path;
+  double tflops = 0, intra = 0, inter = 0, host_link = 0;
+  bool calibrate = false;
+  int measure = 0, show = 15;
+  int64_t measure_steps = 6;
+  po::options_description desc("plan options");
+  add_common(desc, common);
+  model.add(desc);
+  desc.add_options()("world", po::value(&pc.world)->default_value(pc.world), "ranks to plan for")(
+      "ranks-per-node", po::value(&pc.ranks_per_node)->default_value(pc.ranks_per_node),
+      "ranks per node: collectives within a node use --link-intra, across nodes --link-inter; hybrid sharding "
+      "groups are one node")(
+      "global-batch", po::value(&pc.global_batch)->default_value(0), "sequences per step (0 = 8 per rank)")(
+      "param-dtype", po::value(&param)->default_value(param), "parameter dtype: f32 or bf16 (f32 master weights)")(
+      "reduce-dtype", po::value(&reduce)->default_value(""), "gradient dtype (default: the param dtype)")(
+      "device-tflops", po::value(&tflops)->default_value(0),
+      "peak dense TFLOP/s per rank; the model uses 45% of it (0 = an H100's 989)")(
+      "link-intra", po::value(&intra)->default_value(0), "GB/s of bus bandwidth within a node (0 = NVLink's 360)")(
+      "link-inter", po::value(&inter)->default_value(0), "GB/s of bus bandwidth between nodes (0 = 45: 400 Gb/s IB)")(
+      "host-link", po::value(&host_link)->default_value(0), "GB/s device <-> host (0 = 25: PCIe 5 x16)")(
+      "calibrate", po::bool_switch(&calibrate),
+      "measure the rates on this machine instead (a few training steps, an all-reduce, copies, AdamW)")(
+      "measure", po::value(&measure)->default_value(0),
+      "run the top K configurations that fit for --measure-steps steps each (needs --nproc = --world) and print "
+      "measured beside predicted")(
+      "measure-steps", po::value(&measure_steps)->default_value(measure_steps), "steps per measured configuration")(
+      "show", po::value(&show)->default_value(show), "configurations that fit to list")(
+      "json", po::value(&json_path)->default_value(""), "write every configuration as JSON (schema shardlab.plan/1)");
+  if (!parse(args, desc, mpi, "plan")) return 0;
+  pc.train.spec = model.spec();
+  pc.train.strategy.precision.param_dtype = parse_dtype(param);
+  pc.train.strategy.precision.reduce_dtype = reduce.empty() ? pc.train.strategy.precision.param_dtype : parse_dtype(reduce);
+  pc.train.strategy.precision.validate();
+  const PoolConfig budgets = pool_config(common);
+  pc.device_memory = budgets.budget;
+  pc.host_memory = budgets.host_budget;
+  SHARD_REQUIRE(tflops >= 0 && intra >= 0 && inter >= 0 && host_link >= 0,
+                "--device-tflops, --link-intra, --link-inter and --host-link must not be negative");
+  if (tflops > 0) pc.rates.flops = tflops * 1e12 * 0.45;
+  if (intra > 0) pc.rates.link_intra = intra * 1e9;
+  if (inter > 0) pc.rates.link_inter = inter * 1e9;
+  if (host_link > 0) pc.rates.host_link = host_link * 1e9;
+  if (tflops > 0 || intra > 0 || inter > 0 || host_link > 0) pc.rates.source = "given, and defaults for the rest";
+  SHARD_REQUIRE(measure >= 0 && measure_steps >= 2, "--measure {} --measure-steps {}: expected K >= 0 and at least 2 steps",
+                measure, measure_steps);
+  SHARD_REQUIRE(measure == 0 || mpi.world() == pc.world,
+                "--measure runs the configurations on real ranks: start --nproc {} (the --world), not {}", pc.world,
+                mpi.world());
+  pc.validate();
+  auto backend = make_cpu(common, mpi);
+  if (calibrate) {
+    Pool pool(*backend);
+    auto comm = world_group(mpi).connect(pool);
+    const int64_t per_rank = (pc.global_batch > 0 ? pc.global_batch : 8 * int64_t{pc.world}) / pc.world;
+    pc.rates = calibrate_rates(*backend, *comm, pc, std::min<int64_t>(per_rank, 8), mpi.rank() == 0 ? stdout : nullptr);
+  }
+  std::vector<PlanEntry> plan = make_plan(pc);
+  if (measure > 0) measure_plan(*backend, mpi, pc, common, plan, measure, measure_steps);
+  if (mpi.rank() != 0) return 0;
+  print_plan(pc, plan, static_cast<size_t>(std::max(show, measure)), stdout);
+  if (!json_path.empty()) write_text(json_path, plan_json(pc, plan) + "\n", "--json");
+  return 0;
+}
+
 int run_command(const std::string& command, const std::vector<std::string>& rest, const MpiRuntime& mpi) {
   if (command == "train") return cmd_train(rest, mpi);
   if (command == "compare") return cmd_compare(rest, mpi);
@@ -734,6 +838,7 @@ int run_command(const std::string& command, const std::vector<std::string>& rest
   if (command == "bench-gemm") return cmd_bench_gemm(rest, mpi);
   if (command == "bench-train") return cmd_bench_train(rest, mpi);
   if (command == "bench-adamw") return cmd_bench_adamw(rest, mpi);
+  if (command == "plan") return cmd_plan(rest, mpi);
   throw InputError(fmt::format("unknown command '{}'\n{}", command, kUsage));
 }
 

@@ -1,0 +1,114 @@
+#include "benchmarks/calibrate.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "benchmarks/adamw_bench.hpp"
+#include "src/comm/sim_comm.hpp"
+#include "src/model/model.hpp"
+
+namespace shardlab {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Model FLOPs per second of single-rank steps (ddp on a world of one) of the planned model.
+double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
+  Pool pool(be);
+  auto one = make_sim_communicator(0, 1, pool);
+  TrainConfig t = cfg.train;
+  t.strategy = t.strategy.under(StrategyKind::ddp);
+  t.batch = micro_batch;
+  t.accum = 1;
+  t.steps = 6;
+  t.schedule.kind = ScheduleKind::constant;
+  Trainer trainer(be, pool, *one, t);
+  std::vector<double> ms;
+  for (int64_t s = 0; s < t.steps; ++s) {
+    StepStats st = trainer.step(s);
+    if (s > 0) ms.push_back(st.ms);
+  }
+  const ModelSpec& m = t.spec;
+  const double per_token = 6.0 * double(trainer.num_params()) + 6.0 * m.layers * m.dim * m.seq;
+  return double(micro_batch * m.seq) * per_token / (median(ms) / 1e3);
+}
+
+double allreduce_busbw(Backend& be, Communicator& comm, const PlanConfig& cfg) {
+  if (comm.world_size() == 1) return 1e12;  // nothing crosses a link
+  double psi = 0;
+  const auto layout = gpt2_layout(cfg.train.spec);
+  for (const auto& u : layout) psi += double(u.numel);
+  const int64_t n = std::max<int64_t>(1024, static_cast<int64_t>(psi / double(layout.size())));
+  Pool pool(be);
+  Block b = pool.alloc(DType::f32, n, Category::comm_buffer, "calibrate all_reduce");
+  be.fill(b.flat(DType::f32), 1.f);
+  std::vector<double> s;
+  for (int i = 0; i < 12; ++i) {
+    comm.barrier().wait();
+    const double t0 = now_s();
+    comm.all_reduce(b.flat(DType::f32)).wait();
+    if (i >= 2) s.push_back(now_s() - t0);
+  }
+  return bus_bytes(CommOp::all_reduce, 4.0 * double(n), comm.world_size()) / median(s);
+}
+
+double host_link(Backend& be) {
+  Pool pool(be);
+  const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
+  Block d = pool.alloc(DType::f32, n, Category::workspace, "calibrate device");
+  Block h = pool.host().alloc(DType::f32, n, Category::workspace, "calibrate host");
+  be.fill(d.flat(DType::f32), 1.f);
+  pool.host().backend().fill(h.flat(DType::f32), 1.f);
+  std::vector<double> s;
+  for (int i = 0; i < 6; ++i) {
+    const double t0 = now_s();
+    be.copy(h.flat(DType::f32), d.flat(DType::f32));
+    be.copy(d.flat(DType::f32), h.flat(DType::f32));
+    be.synchronize();
+    s.push_back((now_s() - t0) / 2);
+  }
+  return 4.0 * double(n) / median(s);
+}
+
+}  // namespace
+
+PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg, int64_t micro_batch, std::FILE* log) {
+  std::vector<float> r(5);
+  r[0] = static_cast<float>(step_flops(be, cfg, micro_batch));
+  r[1] = static_cast<float>(allreduce_busbw(be, comm, cfg));
+  r[2] = static_cast<float>(host_link(be));
+  {
+    Pool pool(be);
+    std::FILE* sink = std::fopen("/dev/null", "w");
+    AdamwBenchConfig a;
+    a.elements = int64_t{1} << 22;
+    a.repeats = 5;
+    r[3] = static_cast<float>(run_adamw_benchmark(pool, a, sink).adamw_elements_per_s);
+    std::fclose(sink);
+  }
+  r[4] = 0;
+  comm.all_reduce(std::span<float>(r)).wait();  // the ranks' mean
+  const double n = comm.world_size();
+  PlanRates rates;
+  rates.flops = r[0] / n;
+  rates.link_intra = rates.link_inter = r[1] / n;
+  rates.host_link = r[2] / n;
+  rates.host_adamw = rates.device_adamw = r[3] / n;
+  rates.overlap = 0;
+  rates.source = fmt::format("calibrated on this machine by {} rank{}, {}", comm.world_size(),
+                             comm.world_size() == 1 ? "" : "s", be.describe());
+  if (log)
+    std::fprintf(log, "calibrated: %.2f GFLOP/s per rank (a whole step), all-reduce %.2f GB/s, host link %.2f GB/s, "
+                 "AdamW %.3g elements/s\n", rates.flops / 1e9, rates.link_intra / 1e9, rates.host_link / 1e9,
+                 rates.host_adamw);
+  return rates;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,67 @@
+// plan.hpp — `shardlab plan`: every configuration of strategy, shard group, activation
+// checkpointing, offload and micro-batch for a model on N ranks, each with its predicted peak per
+// memory tier (the estimator: the real step on the meta backend, exact to the byte) and its
+// predicted step time (a model of compute, communication, host copies and the optimizer over
+// stated rates), ranked fastest first; optionally the top K measured.
+//
+// The time model, per rank and step (tokens = micro-batch x accum x T):
+//   compute   tokens x (6 Psi + 6 L C T + recomputation) / rates.flops
+//             recomputation: blocks one more forward (2 Psi + 2 L C T), attention Q K^T again (L C T)
+//   comm      the bus bytes of each collective (the strategy's pattern, accumulation included)
+//             over the link it crosses: within a node (intra) when its ranks share one, else inter;
+//             rates.overlap of it hides behind compute (NCCL on a comm stream), the rest adds
+//   offload   gradient shards down and parameters up over rates.host_link (params: each gather's
+//             upload too), and AdamW at rates.host_adamw elements/s; without offload AdamW runs at
+//             rates.device_adamw
+// It is a model: its error is measured by --measure (README: "Planning").
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/train/trainer.hpp"
+
+namespace shardlab {
+
+struct PlanRates {
+  double flops = 989e12 * 0.45;    // model FLOP/s a whole step achieves per rank
+  double link_intra = 360e9;       // bus bytes/s between ranks of one node (NVLink)
+  double link_inter = 45e9;        // bus bytes/s between nodes (400 Gb/s InfiniBand per GPU)
+  double host_link = 25e9;         // bytes/s device <-> host (PCIe 5 x16, achieved)
+  double host_adamw = 1.5e9;       // elements/s of the host optimizer (per rank)
+  double device_adamw = 1e11;      // elements/s of the device optimizer (HBM3: 28 bytes each)
+  double overlap = 0.9;            // share of overlappable communication hidden behind compute
+  std::string source = "defaults: one H100 per rank, 8 per node (989 TFLOP/s dense bf16 at 45%)";
+};
+
+struct PlanConfig {
+  TrainConfig train;        // model, dtypes, optimizer (strategy, levers and batch are enumerated)
+  int world = 8;
+  int ranks_per_node = 8;
+  uint64_t device_memory = 0;  // per rank; required
+  uint64_t host_memory = 0;    // per rank; 0 = unlimited
+  int64_t global_batch = 0;    // sequences per step; 0 = 8 per rank
+  PlanRates rates;
+  void validate() const;
+};
+
+struct PlanEntry {
+  StrategyConfig strategy;   // kind, shard_group (0 = world), offload
+  Checkpointing checkpointing = Checkpointing::none;
+  int64_t micro_batch = 0, accum = 0;
+  bool fits = false;
+  std::string why;           // when it does not fit: which tier, by how much
+  uint64_t peak = 0, host_peak = 0;
+  double step_ms = 0, tokens_per_s = 0;
+  double compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0, offload_ms = 0, optimizer_ms = 0;
+  std::optional<double> measured_step_ms;
+  std::optional<uint64_t> measured_peak;
+  TrainConfig config(const PlanConfig& p) const;  // the run this entry describes
+};
+
+// Every configuration, fitting ones first (fastest first), then the rest (fastest first).
+std::vector<PlanEntry> make_plan(const PlanConfig& cfg);
+void print_plan(const PlanConfig& cfg, const std::vector<PlanEntry>& plan, size_t show, std::FILE* out);
+std::string plan_json(const PlanConfig& cfg, const std::vector<PlanEntry>& plan);  // schema shardlab.plan/1
+
+}  // namespace shardlab
