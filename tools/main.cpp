@@ -763,7 +763,7 @@ int cmd_plan(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   ModelOptions model;
   PlanConfig pc;
-  std::string param = "bf16", reduce, json_path;
+  std::string param = "bf16", reduce, json_path, html_path;
   double tflops = 0, intra = 0, inter = 0, host_link = 0;
   bool calibrate = false;
   int measure = 0, show = 15;
@@ -790,7 +790,9 @@ int cmd_plan(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "measured beside predicted")(
       "measure-steps", po::value(&measure_steps)->default_value(measure_steps), "steps per measured configuration")(
       "show", po::value(&show)->default_value(show), "configurations that fit to list")(
-      "json", po::value(&json_path)->default_value(""), "write every configuration as JSON (schema shardlab.plan/1)");
+      "json", po::value(&json_path)->default_value(""), "write every configuration as JSON (schema shardlab.plan/1)")(
+      "html", po::value(&html_path)->default_value(""),
+      "write a self-contained HTML page: the rates and the ranked configurations with their time split");
   if (!parse(args, desc, mpi, "plan")) return 0;
   pc.train.spec = model.spec();
   pc.train.strategy.precision.param_dtype = parse_dtype(param);
@@ -824,6 +826,7 @@ int cmd_plan(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   if (mpi.rank() != 0) return 0;
   print_plan(pc, plan, static_cast<size_t>(std::max(show, measure)), stdout);
   if (!json_path.empty()) write_text(json_path, plan_json(pc, plan) + "\n", "--json");
+  if (!html_path.empty()) write_text(html_path, plan_html(pc, plan), "--html");
   return 0;
 }
 

@@ -172,6 +172,45 @@ void print_plan(const PlanConfig& c, const std::vector<PlanEntry>& plan, size_t 
   std::fflush(out);
 }
 
+std::string plan_html(const PlanConfig& c, const std::vector<PlanEntry>& plan) {
+  auto esc = [](std::string s) {
+    std::string o;
+    for (char ch : s) o += ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '&' ? "&amp;" : std::string(1, ch);
+    return o;
+  };
+  const PlanRates& r = c.rates;
+  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>shardlab plan</title><style>"
+                  "body{font-family:sans-serif;margin:24px}table{border-collapse:collapse;font-size:12px}"
+                  "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
+                  "td.l{text-align:left}tr.no{color:#999}</style></head><body>\n<h1>shardlab plan</h1>\n";
+  h += fmt::format("<p>{}, {} ranks ({} per node), global batch {} x {} tokens, device {} per rank, host {}</p>\n",
+                   esc(c.train.spec.describe()), c.world, c.ranks_per_node, global_batch(c), c.train.spec.seq,
+                   format_bytes(double(c.device_memory)), c.host_memory ? format_bytes(double(c.host_memory)) : "unlimited");
+  h += fmt::format("<p>Rates ({}): {:.4g} GFLOP/s per rank; links {:.1f} GB/s within a node, {:.1f} GB/s between "
+                   "nodes; host link {:.1f} GB/s; AdamW {:.3g} (host) / {:.3g} (device) elements/s; {:.0f}% of "
+                   "overlappable communication hidden.</p>\n",
+                   esc(r.source), r.flops / 1e9, r.link_intra / 1e9, r.link_inter / 1e9, r.host_link / 1e9,
+                   r.host_adamw, r.device_adamw, 100 * r.overlap);
+  h += "<table><tr><th>#</th><th>strategy</th><th>checkpointing</th><th>micro-batch x accum</th><th>peak</th>"
+       "<th>host peak</th><th>compute ms</th><th>exposed comm ms</th><th>offload ms</th><th>optimizer ms</th>"
+       "<th>step ms</th><th>tokens/s</th><th>measured ms</th><th>measured peak</th><th>fits</th></tr>\n";
+  size_t shown_no = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const PlanEntry& e = plan[i];
+    if (!e.fits && ++shown_no > 10) break;
+    h += fmt::format("<tr{}><td>{}</td><td class='l'>{}</td><td class='l'>{}</td><td>{} x {}</td><td>{}</td><td>{}</td>"
+                     "<td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}</td><td><b>{:.1f}</b></td><td>{:.0f}</td>"
+                     "<td>{}</td><td>{}</td><td class='l'>{}</td></tr>\n",
+                     e.fits ? "" : " class='no'", i + 1, esc(e.strategy.label()), checkpointing_name(e.checkpointing),
+                     e.micro_batch, e.accum, format_bytes(double(e.peak)), format_bytes(double(e.host_peak)),
+                     e.compute_ms, e.exposed_comm_ms, e.offload_ms, e.optimizer_ms, e.step_ms, e.tokens_per_s,
+                     e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms) : "",
+                     e.measured_peak ? format_bytes(double(*e.measured_peak)) : "", e.fits ? "yes" : esc(e.why));
+  }
+  return h + "</table>\n<p style='color:#666;font-size:11px'>Written by shardlab plan. The memory is the "
+             "estimator's (exact); the time is a model (README, Planning).</p>\n</body></html>\n";
+}
+
 std::string plan_json(const PlanConfig& c, const std::vector<PlanEntry>& plan) {
   nlohmann::json j;
   j["schema"] = "shardlab.plan/1";

@@ -63,5 +63,8 @@ struct PlanEntry {
 std::vector<PlanEntry> make_plan(const PlanConfig& cfg);
 void print_plan(const PlanConfig& cfg, const std::vector<PlanEntry>& plan, size_t show, std::FILE* out);
 std::string plan_json(const PlanConfig& cfg, const std::vector<PlanEntry>& plan);  // schema shardlab.plan/1
+// One self-contained page (no scripts, no network): the rates and the ranked table with each
+// configuration's time split (compute, exposed communication, offload, optimizer).
+std::string plan_html(const PlanConfig& cfg, const std::vector<PlanEntry>& plan);
 
 }  // namespace shardlab
