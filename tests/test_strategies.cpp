@@ -326,6 +326,38 @@ TEST_CASE("bf16 parameters and gradients: ZeRO's memory formulas, exactly, and t
   }
 }
 
+namespace {
+// Measured (MPI, both tiers) = predicted (meta + sim) for one configuration: model states, peaks,
+// composition and phase at the peak, and the step allocation by allocation, on both tiers.
+void check_measured_is_predicted(const TrainConfig& base, const std::string& what) {
+  const int N = g_mpi->world();
+  TrainConfig cfg = base;
+  cfg.record_step = true;
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  Trainer t(*be, pool, *comm, cfg);
+  t.step(0);
+  t.step(1);
+  Estimate m = t.measured_step();
+  Estimate e = predict_step(cfg, N, g_mpi->rank(), cfg.batch / N / cfg.accum);
+  INFO(what << " world " << N << " rank " << g_mpi->rank() << ": device peak predicted " << e.peak << " measured "
+            << m.peak << ", host peak predicted " << e.host.peak << " measured " << m.host.peak);
+  CHECK(m.model_states == e.model_states);
+  CHECK(m.peak == e.peak);
+  CHECK(m.peak_by_category == e.peak_by_category);
+  CHECK(m.at_peak == e.at_peak);
+  CHECK(m.peak_phase == e.peak_phase);
+  CHECK(m.host == e.host);
+  bool same = m.timeline.size() == e.timeline.size();
+  for (size_t i = 0; same && i < m.timeline.size(); ++i)
+    same = m.timeline[i].live == e.timeline[i].live && m.timeline[i].host_live == e.timeline[i].host_live &&
+           m.timeline[i].phase == e.timeline[i].phase;
+  CHECK(same);
+}
+
+}  // namespace
+
 TEST_CASE("the prediction (meta backend, sim) equals what an MPI run's ledger measures", "[strategies][estimator]") {
   const int N = g_mpi->world();
   for (DType dt : {DType::f32, DType::bf16})
@@ -336,30 +368,7 @@ TEST_CASE("the prediction (meta backend, sim) equals what an MPI run's ledger me
         cfg.accum = accum;
         cfg.steps = 2;
         cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = dt;
-        cfg.record_step = true;
-        auto be = make_cpu_backend(BackendConfig{1});
-        Pool pool(*be);
-        auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
-        Trainer t(*be, pool, *comm, cfg);
-        t.step(0);
-        t.step(1);  // the ledger now holds this step's peaks and allocations
-        Estimate m = t.measured_step();
-        Estimate e = predict_step(cfg, N, g_mpi->rank(), cfg.batch / N / accum);
-        const auto names = t.unit_names();
-        INFO(strategy_name(s) << " " << dtype_name(dt) << " accum " << accum << " world " << N << " rank "
-                              << g_mpi->rank() << ": predicted peak " << e.peak << " (" << phase_label(e.peak_phase, names)
-                              << "), measured " << m.peak << " (" << phase_label(m.peak_phase, names) << ")");
-        CHECK(m.model_states == e.model_states);  // exact, padding included
-        CHECK(m.peak == e.peak);
-        CHECK(m.peak_by_category == e.peak_by_category);
-        CHECK(m.at_peak == e.at_peak);
-        CHECK(m.peak_phase == e.peak_phase);
-        // The whole step, allocation by allocation: the same sizes in the same order and phases.
-        CHECK(m.timeline.size() == e.timeline.size());
-        bool same = m.timeline.size() == e.timeline.size();
-        for (size_t i = 0; same && i < m.timeline.size(); ++i)
-          same = m.timeline[i].live == e.timeline[i].live && m.timeline[i].phase == e.timeline[i].phase;
-        CHECK(same);
+        check_measured_is_predicted(cfg, fmt::format("{} {} accum {}", strategy_name(s), dtype_name(dt), accum));
       }
 }
 
@@ -575,35 +584,6 @@ TEST_CASE("activation checkpointing: the same losses and parameters, bit for bit
 }
 
 namespace {
-// Measured (MPI, both tiers) = predicted (meta + sim) for one configuration: model states, peaks,
-// composition and phase at the peak, and the step allocation by allocation, on both tiers.
-void check_measured_is_predicted(const TrainConfig& base, const std::string& what) {
-  const int N = g_mpi->world();
-  TrainConfig cfg = base;
-  cfg.record_step = true;
-  auto be = make_cpu_backend(BackendConfig{1});
-  Pool pool(*be);
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
-  Trainer t(*be, pool, *comm, cfg);
-  t.step(0);
-  t.step(1);
-  Estimate m = t.measured_step();
-  Estimate e = predict_step(cfg, N, g_mpi->rank(), cfg.batch / N / cfg.accum);
-  INFO(what << " world " << N << " rank " << g_mpi->rank() << ": device peak predicted " << e.peak << " measured "
-            << m.peak << ", host peak predicted " << e.host.peak << " measured " << m.host.peak);
-  CHECK(m.model_states == e.model_states);
-  CHECK(m.peak == e.peak);
-  CHECK(m.peak_by_category == e.peak_by_category);
-  CHECK(m.at_peak == e.at_peak);
-  CHECK(m.peak_phase == e.peak_phase);
-  CHECK(m.host == e.host);
-  bool same = m.timeline.size() == e.timeline.size();
-  for (size_t i = 0; same && i < m.timeline.size(); ++i)
-    same = m.timeline[i].live == e.timeline[i].live && m.timeline[i].host_live == e.timeline[i].host_live &&
-           m.timeline[i].phase == e.timeline[i].phase;
-  CHECK(same);
-}
-
 uint64_t total(const CategoryBytes& c) {
   uint64_t s = 0;
   for (uint64_t b : c) s += b;
