@@ -145,9 +145,11 @@ void print_plan(const PlanConfig& c, const std::vector<PlanEntry>& plan, size_t 
                static_cast<long long>(global_batch(c)), static_cast<long long>(c.train.spec.seq),
                dtype_name(c.train.strategy.precision.param_dtype), format_bytes(double(c.device_memory)).c_str(),
                c.host_memory ? format_bytes(double(c.host_memory)).c_str() : "unlimited");
-  std::fprintf(out, "rates (%s): %.4g GFLOP/s per rank, links %.1f GB/s within a node and %.1f GB/s between nodes, "
+  const std::string flops =
+      r.flops >= 1e12 ? fmt::format("{:.1f} TFLOP/s", r.flops / 1e12) : fmt::format("{:.2f} GFLOP/s", r.flops / 1e9);
+  std::fprintf(out, "rates (%s): %s per rank, links %.1f GB/s within a node and %.1f GB/s between nodes, "
                "host link %.1f GB/s, AdamW %.3g (host) / %.3g (device) elements/s, %.0f%% of overlappable "
-               "communication hidden\n", r.source.c_str(), r.flops / 1e9, r.link_intra / 1e9, r.link_inter / 1e9,
+               "communication hidden\n", r.source.c_str(), flops.c_str(), r.link_intra / 1e9, r.link_inter / 1e9,
                r.host_link / 1e9, r.host_adamw, r.device_adamw, 100 * r.overlap);
   size_t fitting = 0;
   for (const auto& e : plan) fitting += e.fits;
