@@ -43,18 +43,8 @@ double bus_bytes(CommOp op, double full_bytes, int world) {
   return bus_factor(op, world) * full_bytes;
 }
 
-const char* comm_link_name(CommLink l) {
-  switch (l) {
-    case CommLink::world: return "world";
-    case CommLink::intra: return "intra-group";
-    case CommLink::inter: return "inter-group";
-  }
-  return "?";
-}
-
 void CommStats::record(CommOp op, double bytes, double wire_bytes, CommLink link) {
   if (record_events) events.push_back({op, bytes, std::chrono::steady_clock::now()});
-  link_total[static_cast<int>(link)] += bytes;
   link_step[static_cast<int>(link)] += bytes;
   for (auto* counters : {&total, &step}) {
     OpCounter& c = (*counters)[static_cast<int>(op)];

@@ -64,7 +64,6 @@ struct CommEvent {
 // sub-communicator counts its traffic in its own stats and in its parent's, under its link.
 enum class CommLink : uint8_t { world, intra, inter };
 inline constexpr int kNumCommLinks = 3;
-const char* comm_link_name(CommLink l);  // "world", "intra-group", "inter-group"
 
 struct CommStats {
   bool record_events = false;     // keep a CommEvent per call (off by default: it grows)
@@ -73,7 +72,7 @@ struct CommStats {
   std::array<OpCounter, kNumCommOps> step{};  // since the last end_step()
   int64_t steps = 0;                          // finished steps
   double last_step_bytes = 0;                 // bus bytes of the last finished step (nothing grows per step)
-  std::array<double, kNumCommLinks> link_total{}, link_step{}, last_step_link{};  // bus bytes by link
+  std::array<double, kNumCommLinks> link_step{}, last_step_link{};  // bus bytes by link (as step, last_step_bytes)
 
   void record(CommOp op, double bytes, double wire_bytes, CommLink link = CommLink::world);
   void end_step();
