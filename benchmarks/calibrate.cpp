@@ -5,6 +5,7 @@
 
 #include "benchmarks/adamw_bench.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/core/stats.hpp"
 #include "src/model/model.hpp"
 
 namespace shardlab {
@@ -12,11 +13,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Model FLOPs per second of single-rank steps (ddp on a world of one) of the planned model.
@@ -35,17 +31,13 @@ double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
     StepStats st = trainer.step(s);
     if (s > 0) ms.push_back(st.ms);
   }
-  const ModelSpec& m = t.spec;
-  const double per_token = 6.0 * double(trainer.num_params()) + 6.0 * m.layers * m.dim * m.seq;
-  return double(micro_batch * m.seq) * per_token / (median(ms) / 1e3);
+  return double(micro_batch * t.spec.seq) * flops_per_token(t.spec) / (median(ms) / 1e3);
 }
 
 double allreduce_busbw(Backend& be, Communicator& comm, const PlanConfig& cfg) {
   if (comm.world_size() == 1) return 1e12;  // nothing crosses a link
-  double psi = 0;
   const auto layout = gpt2_layout(cfg.train.spec);
-  for (const auto& u : layout) psi += double(u.numel);
-  const int64_t n = std::max<int64_t>(1024, static_cast<int64_t>(psi / double(layout.size())));
+  const int64_t n = std::max<int64_t>(1024, num_params(layout) / static_cast<int64_t>(layout.size()));
   Pool pool(be);
   Block b = pool.alloc(DType::f32, n, Category::comm_buffer, "calibrate all_reduce");
   be.fill(b.flat(DType::f32), 1.f);

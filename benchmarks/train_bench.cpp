@@ -5,6 +5,7 @@
 
 #include "benchmarks/gemm_bench.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/core/stats.hpp"
 #include "src/core/units.hpp"
 #include "src/train/trainer.hpp"
 
@@ -58,8 +59,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     base.strategy.offload = Offload::none;
     add(base, fmt::format("{}, no levers", strategy_name(tc.strategy.kind)));
   }
-  const double n_params = static_cast<double>(runs[0].trainer->num_params());
-  const double flops_per_token = 6.0 * n_params + 6.0 * s.layers * s.dim * s.seq;
+  const double flops_per_token = shardlab::flops_per_token(s);
   std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens, %s\n", s.describe().c_str(),
                static_cast<long long>(cfg.batch), static_cast<long long>(s.seq), pool.backend().describe().c_str());
   std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g (recomputation not counted); sgemm on this model's shapes: "
@@ -69,10 +69,6 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
       run.last = run.trainer->step(t);
       if (t >= cfg.warmup) run.ms.push_back(run.last.ms);
     }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   std::fprintf(out, "#%-44s %6s %10s %10s %9s %7s %8s %11s %11s\n", "configuration", "steps", "ms/step", "tokens/s",
                "GFLOP/s", "%sgemm", "vs none", "peak", "host peak");
   const double base_ms = median(runs.back().ms);

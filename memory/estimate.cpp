@@ -8,6 +8,11 @@ uint64_t Estimate::model_state_total() const {
   return s;
 }
 
+HostEstimate host_estimate(const Ledger& ledger, const CategoryBytes& host_states) {
+  return {host_states, ledger.peak_by_category(Tier::host), ledger.composition_at_peak(Tier::host),
+          ledger.peak_total(Tier::host)};
+}
+
 Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states, const CategoryBytes& host_states) {
   Estimate e;
   e.model_states = states;
@@ -15,8 +20,7 @@ Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states,
   e.at_peak = ledger.composition_at_peak();
   e.peak = ledger.peak_total();
   e.peak_phase = ledger.phase_at_peak();
-  e.host = {host_states, ledger.peak_by_category(Tier::host), ledger.composition_at_peak(Tier::host),
-            ledger.peak_total(Tier::host)};
+  e.host = host_estimate(ledger, host_states);
   CategoryBytes live = states, host_live = host_states;
   for (const LedgerEvent& ev : ledger.timeline()) {
     CategoryBytes& l = ev.tier == Tier::device ? live : host_live;

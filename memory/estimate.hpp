@@ -44,5 +44,7 @@ struct Estimate {
 // The step a ledger holds: its peaks were reset at the step's start, `states` (device) and
 // `host_states` were live then, and its timeline (if it was recording) holds the step's events only.
 Estimate estimate_from_ledger(const Ledger& ledger, const CategoryBytes& states, const CategoryBytes& host_states);
+// The host tier's part of it alone (no timeline).
+HostEstimate host_estimate(const Ledger& ledger, const CategoryBytes& host_states);
 
 }  // namespace shardlab

@@ -42,9 +42,7 @@ class Zero final : public Strategy {
         hp_(env_.pool.host()),
         hmp_(cfg.precision, hp_, env_.units.size()) {
     open_groups(cfg.shard_group);
-    // The optimizer state, master shard and reduced gradient shard: on the host tier under offload.
-    Pool& opt_pool = off_ ? hp_ : env_.pool;
-    optim_ = std::make_unique<Optimizer>(opt_pool, env_.optim);
+    optim_ = std::make_unique<Optimizer>(opt_pool(), env_.optim);
     const size_t U = num_units();
     for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
       SHARD_REQUIRE(layout(u).numel >= S_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
@@ -62,7 +60,7 @@ class Zero final : public Strategy {
         params_.push_back(env_.pool.alloc(pd_, f.padded, Category::param_full, n + " params"));
         env_.be.fill(params_.back().flat(pd_), 0.f);  // padding stays zero
       }
-      master_.push_back(has_master() ? opt_pool.alloc(DType::f32, f.shard, Category::master_weights, n + " master shard")
+      master_.push_back(has_master() ? opt_pool().alloc(DType::f32, f.shard, Category::master_weights, n + " master shard")
                                      : Block());
       if (stage_ == 1) {
         grads_full_.push_back(env_.pool.alloc(rd_, f.padded, Category::grad_full, n + " grads"));
@@ -70,7 +68,7 @@ class Zero final : public Strategy {
         host_grad_.push_back(off_ ? hp_.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard") : Block());
       } else {
         grads_full_.emplace_back();  // allocated during backward
-        grad_shard_.push_back(opt_pool.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
+        grad_shard_.push_back(opt_pool().alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
       }
       optim_->add(updated(u), reduced_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
     }
@@ -79,7 +77,7 @@ class Zero final : public Strategy {
   void begin_step() override {
     for (size_t u = 0; u < num_units(); ++u) {
       if (stage_ == 1) env_.be.fill(grads_full_[u].flat(rd_), 0.f);
-      else (off_ ? hp_ : env_.pool).backend().fill(grad_shard_[u].flat(rd_), 0.f);
+      else opt_pool().backend().fill(grad_shard_[u].flat(rd_), 0.f);
     }
   }
 
@@ -139,7 +137,7 @@ class Zero final : public Strategy {
     drain();
     std::vector<Tensor> shards;
     for (size_t u = 0; u < num_units(); ++u) shards.push_back(reduced_grads(u));
-    float local = static_cast<float>(sum_squares(shards, off_ ? &hp_ : nullptr));
+    float local = static_cast<float>(sum_squares(shards, &opt_pool()));
     sc().all_reduce(std::span<float>(&local, 1)).wait();  // replicas hold the same shards: one group's sum
     return local;
   }
@@ -257,6 +255,9 @@ class Zero final : public Strategy {
   // The reduced gradient shard the optimizer and the norm read (on the host under offload).
   Tensor reduced_grads(size_t u) const { return stage_ == 1 && off_ ? host_grad_[u].flat(rd_) : owned_grads(u); }
   bool has_master() const { return mixed() || (off_ && !off_params_); }
+  // Where the optimizer state, the master shard and the reduced gradient shards live: the host
+  // tier under offload.
+  Pool& opt_pool() { return off_ ? hp_ : env_.pool; }
   // A host-tier tensor's copy on the device (for a collective), kept alive by `hold`; device
   // tensors pass through.
   Tensor on_device(Tensor t, Block& hold) const {

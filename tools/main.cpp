@@ -41,6 +41,7 @@
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/comm/watchdog.hpp"
+#include "src/core/stats.hpp"
 #include "src/core/units.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/compare.hpp"
@@ -747,8 +748,7 @@ void measure_plan(Backend& be, const MpiRuntime& mpi, const PlanConfig& pc, cons
       if (s > 0) ms.push_back(st.ms);
       peak = std::max(peak, st.peak_bytes);
     }
-    std::sort(ms.begin(), ms.end());
-    e.measured_step_ms = ms[ms.size() / 2];
+    e.measured_step_ms = median(ms);
     e.measured_peak = peak;
     if (mpi.rank() == 0) {
       std::printf("measured %d/%d: %s, checkpointing %s, micro-batch %lld x %lld: %.1f ms (predicted %.1f)\n", done, k,

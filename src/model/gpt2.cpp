@@ -32,6 +32,11 @@ Checkpointing parse_checkpointing(const std::string& s) {
   throw InputError(fmt::format("--activation-checkpointing '{}': expected none, attention or blocks", s));
 }
 
+std::vector<Checkpointing> checkpointing_choices(const ModelSpec& spec) {
+  if (spec.layers < 2) return {Checkpointing::none};
+  return {Checkpointing::none, Checkpointing::attention, Checkpointing::blocks};
+}
+
 const char* checkpointing_name(Checkpointing c) {
   return c == Checkpointing::none ? "none" : c == Checkpointing::attention ? "attention" : "blocks";
 }

@@ -35,6 +35,8 @@ struct Batch {
 enum class Checkpointing : uint8_t { none, attention, blocks };
 Checkpointing parse_checkpointing(const std::string& s);  // InputError naming the choices otherwise
 const char* checkpointing_name(Checkpointing c);
+// The settings a model allows, cheapest first: none, and with two blocks or more attention, blocks.
+std::vector<Checkpointing> checkpointing_choices(const ModelSpec& spec);
 
 // Tensors by name (views; the owner is elsewhere).
 class ParamSet {

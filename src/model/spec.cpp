@@ -21,6 +21,10 @@ void ModelSpec::validate() const {
                 "vocab {} (max 16777216)", layers, dim, seq, vocab);
 }
 
+double flops_per_token(const ModelSpec& s) {
+  return 6.0 * static_cast<double>(num_params(gpt2_layout(s))) + 6.0 * double(s.layers) * double(s.dim) * double(s.seq);
+}
+
 std::string ModelSpec::describe() const {
   double p = static_cast<double>(num_params(gpt2_layout(*this)));
   return fmt::format("{} (L={} C={} H={} T={} V={}, {:.2f}M params)", name, layers, dim, heads, seq, vocab, p / 1e6);

@@ -56,6 +56,8 @@ struct UnitLayout {
 std::vector<UnitLayout> gpt2_layout(const ModelSpec& spec);
 int64_t num_params(const std::vector<UnitLayout>& layout);
 std::vector<std::string> gpt2_unit_names(const ModelSpec& spec);  // "embedding", "h.0", ..., "head"
+// Training FLOPs per token, llm.c's count: 6N + 6LCT (N parameters; no recomputation).
+double flops_per_token(const ModelSpec& spec);
 
 // GPT-2 initialisation of elements [first, first + out.size()) of a unit's flat buffer, as a
 // function of (seed, tensor name, index in tensor) only: any shard initialises alone.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "src/core/stats.hpp"
 #include "src/core/units.hpp"
 #include "src/train/predict.hpp"
 
@@ -123,8 +124,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     }
   }
   r.memory = trainer->memory_row(r.name);
-  std::sort(ms.begin(), ms.end());
-  r.ms_per_step = ms[ms.size() / 2];
+  r.ms_per_step = median(ms);
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
   r.comm_theory = comm_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
   if (tc.strategy.shard_group > 0) {

@@ -49,7 +49,7 @@ double link_for(const PlanConfig& c, int span, bool consecutive) {
 void predict_time(const PlanConfig& c, double psi, PlanEntry& e) {
   const ModelSpec& s = c.train.spec;
   const double L = double(s.layers), C = double(s.dim), T = double(s.seq);
-  double per_token = 6 * psi + 6 * L * C * T;
+  double per_token = flops_per_token(s);
   if (e.checkpointing == Checkpointing::blocks) per_token += 2 * psi + 2 * L * C * T;
   if (e.checkpointing == Checkpointing::attention) per_token += L * C * T;
   const double tokens = double(e.micro_batch * e.accum) * T, accum = double(e.accum);
@@ -87,25 +87,20 @@ void predict_time(const PlanConfig& c, double psi, PlanEntry& e) {
   e.tokens_per_s = double(global_batch(c)) * T / (e.step_ms / 1e3);
 }
 
-std::string label(const PlanEntry& e) { return e.strategy.label(); }
-
 }  // namespace
 
 std::vector<PlanEntry> make_plan(const PlanConfig& c) {
   c.validate();
   const int N = c.world, K = c.ranks_per_node;
   const int64_t per_rank = global_batch(c) / N;
-  double psi = 0;
-  for (const auto& u : gpt2_layout(c.train.spec)) psi += double(u.numel);
+  const double psi = static_cast<double>(num_params(gpt2_layout(c.train.spec)));
   std::vector<int> groups = {0};
   if (K > 1 && K < N && N % K == 0) groups.push_back(K);
-  std::vector<Checkpointing> ckpts = {Checkpointing::none};
-  if (c.train.spec.layers >= 2) ckpts.insert(ckpts.end(), {Checkpointing::attention, Checkpointing::blocks});
   std::vector<PlanEntry> plan;
   for (StrategyKind k : {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3})
     for (int S : groups)
       for (Offload off : {Offload::none, Offload::optimizer, Offload::params})
-        for (Checkpointing ck : ckpts)
+        for (Checkpointing ck : checkpointing_choices(c.train.spec))
           for (int64_t mb = 1; mb <= per_rank; mb *= 2) {
             if (per_rank % mb != 0) continue;
             if ((S > 0 && zero_stage(k) == 0) || offload_for(k, off) != off) continue;
@@ -158,7 +153,7 @@ void print_plan(const PlanConfig& c, const std::vector<PlanEntry>& plan, size_t 
                "peak", "host peak", "step ms", "tokens/s", "meas ms", "meas peak");
   auto line = [&](size_t i, const PlanEntry& e) {
     std::fprintf(out, "%4zu %-22s %-10s %4lld x %-3lld %11s %11s %10.1f %12.0f %10s %11s%s\n", i + 1,
-                 label(e).c_str(), checkpointing_name(e.checkpointing), static_cast<long long>(e.micro_batch),
+                 e.strategy.label().c_str(), checkpointing_name(e.checkpointing), static_cast<long long>(e.micro_batch),
                  static_cast<long long>(e.accum), format_bytes(double(e.peak)).c_str(),
                  format_bytes(double(e.host_peak)).c_str(), e.step_ms, e.tokens_per_s,
                  e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms).c_str() : "",

@@ -51,11 +51,9 @@ bool fits(const ProfileConfig& cfg, const Estimate& e) {
 // optimizer, then the parameters: host-link traffic every step). Only when nothing fits at the
 // requested micro-batch does a smaller one (with accumulation, the same sequences per step) count.
 std::optional<LeverChoice> cheapest_levers(const ProfileConfig& cfg) {
-  std::vector<Checkpointing> ckpts = {Checkpointing::none};
-  if (cfg.train.spec.layers >= 2) ckpts.insert(ckpts.end(), {Checkpointing::attention, Checkpointing::blocks});
   for (int64_t mb = cfg.micro_batch; mb >= 1; mb = mb == 1 ? 0 : (mb + 1) / 2)
     for (Offload off : {Offload::none, Offload::optimizer, Offload::params})
-      for (Checkpointing ck : ckpts)
+      for (Checkpointing ck : checkpointing_choices(cfg.train.spec))
         for (StrategyKind k : cfg.strategies) {
           if (k == StrategyKind::dp || offload_for(k, off) != off) continue;
           TrainConfig t = cfg.train;

@@ -312,8 +312,7 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
   row.measured_at_peak = L.composition_at_peak();
   row.measured_peak_by_category = L.peak_by_category();
   row.measured_phase = L.phase_at_peak();
-  row.measured_host = {host_states_, L.peak_by_category(Tier::host), L.composition_at_peak(Tier::host),
-                       L.peak_total(Tier::host)};
+  row.measured_host = host_estimate(L, host_states_);
   if (cfg_.record_step) {
     row.measured_timeline = L.timeline();  // cleared at the start of each step
     for (const CommEvent& e : comm_.stats().events)

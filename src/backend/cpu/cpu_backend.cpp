@@ -9,10 +9,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <unordered_map>
 #include <vector>
 
 #include "src/backend/backend.hpp"
+#include "src/backend/block_cache.hpp"
 #include "src/backend/cpu/kernels.hpp"
 
 namespace shardlab {
@@ -40,34 +40,19 @@ class CpuBackend final : public Backend {
   int threads() const override { return threads_; }
 
   ~CpuBackend() override {
-    for (auto& [size, blocks] : cache_)
-      for (void* p : blocks) std::free(p);
+    cache_.release_all([](void* p) { std::free(p); });
   }
 
-  // Freed blocks are kept by size and handed out again: a training step frees and reallocates the
-  // same sizes every step, and fresh pages from the kernel cost page faults each time. The cache
-  // holds at most kCacheLimit bytes; the ledger counts live blocks only.
+  // Freed blocks are kept by size (at most 1 GiB of them) and handed out again (block_cache.hpp).
   void* raw_alloc(size_t bytes) override {
-    size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-    auto it = cache_.find(rounded);
-    if (it != cache_.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      cached_bytes_ -= rounded;
-      return p;
-    }
+    const size_t rounded = cache_.round(bytes);
+    if (void* p = cache_.take(rounded)) return p;
     void* p = std::aligned_alloc(64, rounded);
     SHARD_CHECK(p != nullptr, "host allocation of {} bytes failed", bytes);
     return p;
   }
   void raw_free(void* p, size_t bytes) override {
-    size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-    if (cached_bytes_ + rounded > kCacheLimit) {
-      std::free(p);
-      return;
-    }
-    cache_[rounded].push_back(p);
-    cached_bytes_ += rounded;
+    if (!cache_.keep(p, cache_.round(bytes))) std::free(p);
   }
 
   void copy(Tensor dst, Tensor src) override {
@@ -302,10 +287,8 @@ class CpuBackend final : public Backend {
     o[0] = static_cast<float>((accumulate ? o[0] : 0.0) + acc);
   }
 
-  static constexpr size_t kCacheLimit = size_t{1} << 30;
   int threads_;
-  std::unordered_map<size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
-  size_t cached_bytes_ = 0;
+  BlockCache cache_{64, size_t{1} << 30};  // 64-byte aligned blocks, at most 1 GiB cached
 };
 
 }  // namespace

@@ -12,10 +12,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <unordered_map>
-#include <vector>
 
 #include "src/backend/backend.hpp"
+#include "src/backend/block_cache.hpp"
 #include "src/backend/cuda/cuda_check.hpp"
 #include "src/backend/cuda/kernels.cuh"
 
@@ -69,8 +68,7 @@ class CudaBackend final : public Backend {
     host_ = make_cpu_backend(cfg);
   }
   ~CudaBackend() override {
-    for (auto& [size, blocks] : pinned_cache_)
-      for (void* p : blocks) cudaFreeHost(p);
+    pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });
     cudaFreeAsync(partial_, compute_);
     cudaStreamSynchronize(compute_);
     cublasDestroy(cublas_);
@@ -90,29 +88,17 @@ class CudaBackend final : public Backend {
   void raw_free(void* p, size_t) override { CUDA_CHECK(cudaFreeAsync(p, compute_)); }
   // The host tier is pinned, so copies to and from it can run asynchronously on a stream.
   // cudaMallocHost costs milliseconds and offload stages a buffer per unit per step, so freed
-  // pinned blocks are kept by size (at most kPinnedCacheLimit bytes) and handed out again.
+  // pinned blocks are kept by size (at most 1 GiB of them) and handed out again.
   void* raw_alloc_host(size_t bytes) override {
-    const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
-    auto it = pinned_cache_.find(rounded);
-    if (it != pinned_cache_.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      pinned_cached_ -= rounded;
-      return p;
-    }
+    const size_t rounded = pinned_cache_.round(bytes);
+    if (void* p = pinned_cache_.take(rounded)) return p;
     void* p = nullptr;
     CUDA_CHECK(cudaMallocHost(&p, rounded));
     return p;
   }
   void raw_free_host(void* p, size_t bytes) override {
     CUDA_CHECK(cudaStreamSynchronize(compute_));  // a copy issued on the stream may still read it
-    const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
-    if (pinned_cached_ + rounded > kPinnedCacheLimit) {
-      CUDA_CHECK(cudaFreeHost(p));
-      return;
-    }
-    pinned_cache_[rounded].push_back(p);
-    pinned_cached_ += rounded;
+    if (!pinned_cache_.keep(p, pinned_cache_.round(bytes))) CUDA_CHECK(cudaFreeHost(p));
   }
   Backend& host() override { return *host_; }
 
@@ -244,9 +230,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_{};
   double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
   std::unique_ptr<Backend> host_;  // computes on the host tier (the offloaded optimizer)
-  static constexpr size_t kPinnedCacheLimit = size_t{1} << 30;
-  std::unordered_map<size_t, std::vector<void*>> pinned_cache_;  // freed pinned blocks by size
-  size_t pinned_cached_ = 0;
+  BlockCache pinned_cache_{256, size_t{1} << 30};  // freed pinned host blocks
 };
 
 }  // namespace
