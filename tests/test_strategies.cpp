@@ -45,7 +45,7 @@ TrainConfig parity_config(StrategyKind strategy, int world) {
 }
 
 ProcessGroup world_group() {
-  return {g_mpi->rank(), g_mpi->world(), [](Pool& pool) { return make_mpi_communicator(MPI_COMM_WORLD, pool); }};
+  return {g_mpi->rank(), g_mpi->world(), [](Pool& pool) { return test::test_communicator(pool); }};
 }
 
 RunOut train(Communicator& comm, Pool& pool, const TrainConfig& cfg) {
@@ -60,9 +60,10 @@ RunOut train(Communicator& comm, Pool& pool, const TrainConfig& cfg) {
   return out;
 }
 
-// Single-rank training on this process (every rank computes the same reference).
+// Single-rank training on this process (every rank computes the same reference), on the test's
+// device.
 RunOut reference(const TrainConfig& cfg) {
-  auto be = make_cpu_backend(BackendConfig{1});
+  auto be = test::test_backend();
   Pool pool(*be);
   auto comm = make_sim_communicator(0, 1, pool);
   TrainConfig c = cfg;
@@ -70,11 +71,14 @@ RunOut reference(const TrainConfig& cfg) {
   return train(*comm, pool, c);
 }
 
+// N ranks over the test's transport (mpi unless $SHARDLAB_TEST_COMM says otherwise).
 RunOut train_mpi(const TrainConfig& cfg, uint64_t budget = 0) {
-  auto be = make_cpu_backend(BackendConfig{1});
+  auto be = test::test_backend();
   Pool pool(*be, PoolConfig{budget});
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
-  return train(*comm, pool, cfg);
+  auto comm = test::test_communicator(pool);
+  TrainConfig c = cfg;
+  c.comm = test::test_comm();
+  return train(*comm, pool, c);
 }
 
 // Losses: relative difference <= 1e-5 per step. Parameters: |difference| <= 2e-5 (10 AdamW steps
@@ -98,7 +102,7 @@ void check_parity(const RunOut& got, const RunOut& want, const std::string& what
 
 }  // namespace
 
-TEST_CASE("every strategy matches single-rank training", "[strategies]") {
+TEST_CASE("every strategy matches single-rank training", "[strategies][transport]") {
   for (StrategyKind s : all_strategies()) {
     TrainConfig cfg = parity_config(s, g_mpi->world());
     RunOut want = reference(cfg);
@@ -333,9 +337,10 @@ void check_measured_is_predicted(const TrainConfig& base, const std::string& wha
   const int N = g_mpi->world();
   TrainConfig cfg = base;
   cfg.record_step = true;
-  auto be = make_cpu_backend(BackendConfig{1});
+  cfg.comm = test::test_comm();  // the prediction holds what this transport holds
+  auto be = test::test_backend();
   Pool pool(*be);
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  auto comm = test::test_communicator(pool);
   Trainer t(*be, pool, *comm, cfg);
   t.step(0);
   t.step(1);
@@ -358,7 +363,8 @@ void check_measured_is_predicted(const TrainConfig& base, const std::string& wha
 
 }  // namespace
 
-TEST_CASE("the prediction (meta backend, sim) equals what an MPI run's ledger measures", "[strategies][estimator]") {
+TEST_CASE("the prediction (meta backend, sim) equals what an MPI run's ledger measures",
+          "[strategies][estimator][transport]") {
   const int N = g_mpi->world();
   for (DType dt : {DType::f32, DType::bf16})
     for (StrategyKind s : all_strategies())

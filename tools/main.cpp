@@ -38,6 +38,8 @@
 #include "benchmarks/gemm_bench.hpp"
 #include "benchmarks/train_bench.hpp"
 #include "src/comm/mpi_comm.hpp"
+#include "src/comm/nccl_comm.hpp"
+#include "src/comm/staged_comm.hpp"
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/comm/watchdog.hpp"
@@ -125,9 +127,13 @@ std::unique_ptr<Backend> make_cpu(const CommonOptions& c, const MpiRuntime& mpi)
   return make_cpu_backend(bc);
 }
 
-PoolConfig pool_config(const CommonOptions& c) {
+// The budgets of a rank's two tiers. On a GPU an empty --device-memory means the device's free
+// memory (once the backend holds its context), so running out is shardlab's out-of-memory error,
+// listing what is live, rather than the driver's.
+PoolConfig pool_config(const CommonOptions& c, const Backend* be = nullptr) {
   PoolConfig pc;
   if (!c.device_memory.empty()) pc.budget = parse_bytes(c.device_memory);
+  else if (be) pc.budget = be->device_memory().free;
   SHARD_REQUIRE(c.device_memory.empty() || pc.budget > 0,
                 "--device-memory {}: expected a positive size (leave the option out for no budget)", c.device_memory);
   if (!c.host_memory.empty()) pc.host_budget = parse_bytes(c.host_memory);
@@ -144,8 +150,23 @@ struct StrategyStrings {
   std::string strategy = "ddp", param = "f32", reduce = "", offload = "none";
 };
 
-ProcessGroup world_group(const MpiRuntime& mpi) {
-  return {mpi.rank(), mpi.world(), [](Pool& pool) { return make_mpi_communicator(MPI_COMM_WORLD, pool); }};
+// The world's communicator over `kind`'s transport (resolved: see resolve_comm); mpi carries host
+// buffers, nccl and staged device buffers (staged also host ones, through the same copies).
+ProcessGroup world_group(const MpiRuntime& mpi, CommKind kind = CommKind::mpi) {
+  return {mpi.rank(), mpi.world(), [kind](Pool& pool) -> std::unique_ptr<Communicator> {
+            switch (kind) {
+              case CommKind::nccl: return make_nccl_communicator(MPI_COMM_WORLD, pool.backend());
+              case CommKind::staged: return make_staged_communicator(MPI_COMM_WORLD, pool.backend());
+              case CommKind::automatic:
+              case CommKind::mpi: break;
+            }
+            return make_mpi_communicator(MPI_COMM_WORLD, pool);
+          }};
+}
+
+// --comm for a backend on `device`: the transport this rank uses.
+CommKind comm_for(const std::string& comm, Device device, const MpiRuntime& mpi) {
+  return resolve_comm(parse_comm(comm), device, mpi.local_size(), device == Device::cuda ? cuda_device_count() : 0);
 }
 
 // Job directories whose owner (rank 0 of a job that was killed) is gone, left in a node-local base.
@@ -258,7 +279,7 @@ struct ModelOptions {
 struct TrainOptions {
   ModelOptions model;
   StrategyStrings dtypes;
-  std::string device = "cpu", schedule = "cosine", optimizer = "adamw", checkpointing = "none";
+  std::string device = "cpu", schedule = "cosine", optimizer = "adamw", checkpointing = "none", comm = "auto";
   int64_t seed = 1337;
   void add(po::options_description& desc, TrainConfig& cfg) {
     model.add(desc);
@@ -286,6 +307,10 @@ struct TrainOptions {
         "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)")(
         "seed", po::value(&seed)->default_value(seed), "initialisation seed")(
         "device", po::value(&device)->default_value(device), "cpu or cuda")(
+        "comm", po::value(&comm)->default_value(comm),
+        "collective transport: auto (mpi on the cpu; on cuda nccl when each rank on a node has its own GPU, staged "
+        "when ranks share one), mpi (host buffers), nccl (one rank per GPU), staged (device buffers over MPI "
+        "through host copies)")(
         "init", po::value(&cfg.init)->default_value(""), "start from this safetensors file (HF GPT-2 names)")(
         "shuffle", po::bool_switch(&cfg.shuffle),
         "permute the sequences of each epoch (a pass over the stream) from (--seed, epoch); batches run on over "
@@ -323,6 +348,7 @@ struct TrainOptions {
     cfg.optim.kind = parse_optimizer(optimizer);
     cfg.schedule.kind = parse_schedule(schedule);
     cfg.checkpointing = parse_checkpointing(checkpointing);
+    cfg.comm = comm_for(comm, parse_device(device), mpi);
   }
   std::unique_ptr<Backend> backend(const CommonOptions& common, const MpiRuntime& mpi) const {
     if (parse_device(device) == Device::cpu) return make_cpu(common, mpi);
@@ -425,8 +451,8 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   cfg.record_step = reports.any();
   start_watchdog(mpi, common.collective_timeout);
   auto backend = opts.backend(common, mpi);
-  Pool pool(*backend, pool_config(common));
-  auto comm = world_group(mpi).connect(pool);
+  Pool pool(*backend, pool_config(common, backend.get()));
+  auto comm = world_group(mpi, cfg.comm).connect(pool);
   Trainer trainer(*backend, pool, *comm, cfg);
   const StepStats last = trainer.run(stdout);
   if (reports.any()) write_train_reports(trainer, *comm, reports, last, mpi);
@@ -549,11 +575,11 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   SHARD_REQUIRE(budget.empty() || pc.budget > 0, "--budget {}: expected a positive size", budget);
   if (!host_budget.empty()) pc.host_budget = parse_bytes(host_budget);
   SHARD_REQUIRE(host_budget.empty() || pc.host_budget > 0, "--host-budget {}: expected a positive size", host_budget);
-  pc.pools = pool_config(common);
   SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
   SHARD_REQUIRE(trace_path.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");
   auto backend = opts.backend(common, mpi);
-  MemoryReport r = run_profile(*backend, world_group(mpi), pc);
+  pc.pools = pool_config(common, backend.get());
+  MemoryReport r = run_profile(*backend, world_group(mpi, pc.train.comm), pc);
   if (mpi.rank() != 0) return 0;
   print_memory_table(r, stdout);
   if (!json_path.empty()) write_text(json_path, memory_report_json(r) + "\n", "--json");
@@ -587,7 +613,8 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   cc.host_budget = pool_config(common).host_budget;
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
   auto backend = opts.backend(common, mpi);
-  CompareResult r = run_compare(*backend, world_group(mpi), cc, stdout);
+  cc.budget = pool_config(common, backend.get()).budget;
+  CompareResult r = run_compare(*backend, world_group(mpi, cc.train.comm), cc, stdout);
   if (mpi.rank() == 0 && !json_path.empty()) write_text(json_path, compare_json(cc, r, mpi.world()) + "\n", "--json");
   if (mpi.rank() == 0 && reports.any()) {
     MemoryReport report;

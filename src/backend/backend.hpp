@@ -86,6 +86,34 @@ class Backend {
   // dst <- src, same dtype and element count; either may live on the host or on this device.
   virtual void copy(Tensor dst, Tensor src) = 0;
 
+  // The CUDA stream behind `stream` (a cudaStream_t), for transports that issue work on it
+  // (NCCL); nullptr on backends without streams. The device it computes on; -1 on the host.
+  virtual void* native_stream(StreamKind) { return nullptr; }
+  virtual int device_index() const { return -1; }
+  // The device's memory as the driver reports it, and what this backend's allocator has reserved
+  // from it (the Pool's blocks live there). Their difference is what lives outside the pool: the
+  // CUDA context, cuBLAS's workspace, NCCL's buffers (and, when ranks share a GPU, the others'
+  // memory). All zero on backends without a device.
+  struct DeviceMemory {
+    uint64_t free = 0, total = 0, reserved = 0;
+    uint64_t outside_pool() const { return total - free > reserved ? total - free - reserved : 0; }
+  };
+  virtual DeviceMemory device_memory() const { return {}; }
+  // Named ranges for a profiler's timeline (NVTX on CUDA, so Nsight Systems shows units and
+  // collectives); no-ops elsewhere. Use Backend::Range.
+  virtual void range_push(const char*) {}
+  virtual void range_pop() {}
+  class Range {
+   public:
+    Range(Backend& be, const char* name) : be_(be) { be_.range_push(name); }
+    ~Range() { be_.range_pop(); }
+    Range(const Range&) = delete;
+    Range& operator=(const Range&) = delete;
+
+   private:
+    Backend& be_;
+  };
+
   virtual std::unique_ptr<Event> record(StreamKind stream) = 0;
   virtual void wait(StreamKind stream, const Event& event) = 0;  // stream waits on event
   virtual void synchronize() = 0;                                // host waits for all streams

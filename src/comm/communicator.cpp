@@ -23,6 +23,36 @@ const char* comm_op_name(CommOp op) {
   return "?";
 }
 
+CommKind parse_comm(const std::string& s) {
+  if (s == "auto") return CommKind::automatic;
+  if (s == "mpi") return CommKind::mpi;
+  if (s == "nccl") return CommKind::nccl;
+  if (s == "staged") return CommKind::staged;
+  throw InputError(fmt::format("--comm '{}': expected auto, mpi, nccl or staged", s));
+}
+
+const char* comm_kind_name(CommKind k) {
+  switch (k) {
+    case CommKind::automatic: return "auto";
+    case CommKind::mpi: return "mpi";
+    case CommKind::nccl: return "nccl";
+    case CommKind::staged: return "staged";
+  }
+  return "?";
+}
+
+CommKind resolve_comm(CommKind k, Device device, int local_ranks, int devices) {
+  if (device != Device::cuda) {
+    SHARD_REQUIRE(k == CommKind::automatic || k == CommKind::mpi || k == CommKind::staged,
+                  "--comm {} carries GPU buffers; with --device {} use --comm mpi (or auto)", comm_kind_name(k),
+                  device_name(device));
+    return k == CommKind::automatic ? CommKind::mpi : k;
+  }
+  SHARD_REQUIRE(k != CommKind::mpi, "--comm mpi carries host buffers only; with --device cuda use nccl, staged or auto");
+  if (k != CommKind::automatic) return k;
+  return local_ranks <= devices ? CommKind::nccl : CommKind::staged;
+}
+
 double bus_factor(CommOp op, int world) {
   double n = world;
   switch (op) {

@@ -221,6 +221,15 @@ class Communicator {
   uint64_t seq_ = 0;
 };
 
+// --comm: the transport a rank's collectives use. automatic: mpi on the host; on CUDA, nccl when
+// every rank on a node has a GPU of its own, staged when ranks share one (NCCL refuses that).
+enum class CommKind : uint8_t { automatic, mpi, nccl, staged };
+CommKind parse_comm(const std::string& s);  // "auto", "mpi", "nccl", "staged"; InputError otherwise
+const char* comm_kind_name(CommKind k);
+// The concrete transport for a backend on `device`, with `local_ranks` processes sharing a node
+// that has `devices` GPUs. Throws InputError for a transport the device cannot use.
+CommKind resolve_comm(CommKind k, Device device, int local_ranks, int devices);
+
 class Pool;
 
 // The processes a command runs on, without naming the transport: this process's rank, how many

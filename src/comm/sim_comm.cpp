@@ -27,7 +27,11 @@ class SimWork final : public WorkImpl {
 
 class SimCommunicator final : public Communicator {
  public:
-  SimCommunicator(int rank, int world, Pool& pool) : rank_(rank), world_(world), pool_(pool) {
+  SimCommunicator(int rank, int world, Pool& pool, SimTransport transport)
+      : rank_(rank), world_(world), pool_(pool), transport_(transport) {
+    // The GPU transports stage nothing in the rank's pool (NCCL reduces bf16 natively; staged
+    // keeps its host copies to itself): the sim widens in a pool of its own then.
+    if (transport == SimTransport::gpu) private_ = std::make_unique<Pool>(pool.backend());
     SHARD_REQUIRE(world >= 1, "sim communicator: world size must be at least 1, got {}", world);
     SHARD_REQUIRE(rank >= 0 && rank < world, "sim communicator: rank {} outside world of {}", rank, world);
   }
@@ -68,13 +72,14 @@ class SimCommunicator final : public Communicator {
   }
   // The group is imaginary like the world: rank `rank` of `size`, the others holding what it holds.
   std::unique_ptr<Communicator> do_split(int, int, int size, int rank) override {
-    return std::make_unique<SimCommunicator>(rank, size, pool_);
+    return std::make_unique<SimCommunicator>(rank, size, pool_, transport_);
   }
   Work do_broadcast(Tensor, int) override { return Work(); }
   Work do_barrier() override { return Work(); }
 
  private:
   Backend& be() { return pool_.backend(); }
+  Pool& staging_pool() { return private_ ? *private_ : pool_; }
 
   // How MPI receives a widened reduction: into the widened send buffer (all_reduce), into an f32
   // buffer of its own (reduce_scatter; reduce at the root, even in place), or not at all.
@@ -92,7 +97,7 @@ class SimCommunicator final : public Communicator {
       return Work();
     }
     std::vector<Block> staging;
-    staging.push_back(pool_.alloc(DType::f32, send.numel(), Category::comm_buffer, fmt::format("sim {} send (f32)", what)));
+    staging.push_back(staging_pool().alloc(DType::f32, send.numel(), Category::comm_buffer, fmt::format("sim {} send (f32)", what)));
     Tensor wide_send = staging.back().flat(DType::f32).slice(0, send.numel());
     be().cast(wide_send, send);
     if (receives == Receives::nothing) return Work(std::make_unique<SimWork>(std::move(staging), nullptr));
@@ -101,7 +106,7 @@ class SimCommunicator final : public Communicator {
                                        mine.numel());
     Tensor wide_recv = wide_send;
     if (receives == Receives::staged) {
-      staging.push_back(pool_.alloc(DType::f32, recv.numel(), Category::comm_buffer, fmt::format("sim {} recv (f32)", what)));
+      staging.push_back(staging_pool().alloc(DType::f32, recv.numel(), Category::comm_buffer, fmt::format("sim {} recv (f32)", what)));
       wide_recv = staging.back().flat(DType::f32).slice(0, recv.numel());
       be().copy(wide_recv, wide_mine);
     }
@@ -114,12 +119,14 @@ class SimCommunicator final : public Communicator {
 
   int rank_, world_;
   Pool& pool_;
+  SimTransport transport_;
+  std::unique_ptr<Pool> private_;  // staging outside the rank's ledger (SimTransport::gpu)
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_sim_communicator(int rank, int world, Pool& pool) {
-  return std::make_unique<SimCommunicator>(rank, world, pool);
+std::unique_ptr<Communicator> make_sim_communicator(int rank, int world, Pool& pool, SimTransport transport) {
+  return std::make_unique<SimCommunicator>(rank, world, pool, transport);
 }
 
 }  // namespace shardlab

@@ -15,6 +15,8 @@
 // for as long: a bf16/f16 reduction stages an f32 copy of its send buffer (and a received f32
 // buffer for reduce_scatter, and for reduce at the root) until the Work is waited on, and results
 // are written then. That is what makes a prediction on the meta backend equal an MPI run's ledger.
+// Standing in for a GPU transport (nccl, staged: SimTransport::gpu) it holds nothing in the rank's
+// pool, as they hold nothing there.
 // Numbers, not correctness: parity is tested with real ranks (mpi), never with sim.
 #pragma once
 #include <memory>
@@ -24,7 +26,12 @@
 
 namespace shardlab {
 
+// Which transport's memory the sim holds: mpi's f32 staging of reductions, or none (nccl, staged).
+enum class SimTransport : uint8_t { mpi, gpu };
+inline SimTransport sim_transport(CommKind k) { return k == CommKind::mpi ? SimTransport::mpi : SimTransport::gpu; }
+
 // Buffers may live on the host or on pool's device; data moves through pool's Backend.
-std::unique_ptr<Communicator> make_sim_communicator(int rank, int world, Pool& pool);
+std::unique_ptr<Communicator> make_sim_communicator(int rank, int world, Pool& pool,
+                                                    SimTransport transport = SimTransport::mpi);
 
 }  // namespace shardlab

@@ -23,6 +23,7 @@ TrainConfig step_config(const TrainConfig& cfg, int world, int rank, int64_t mic
   c.checkpointing = cfg.checkpointing;
   c.grad_clip = cfg.grad_clip;
   c.seed = cfg.seed;
+  c.comm = cfg.comm;
   c.batch = micro_batch * c.accum * world;
   c.steps = 1;
   c.record_step = timeline;
@@ -40,7 +41,7 @@ Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro
   TrainConfig c = step_config(cfg, world, rank, micro_batch, timeline);
   auto be = make_meta_backend();
   Pool pool(*be);  // no budget: the prediction says how much; callers compare it with theirs
-  auto comm = make_sim_communicator(rank, world, pool);
+  auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
   Trainer t(*be, pool, *comm, c, stand_in(c.spec.seq + 1));
   t.step(0);
   return t.measured_step();
@@ -54,7 +55,7 @@ Estimate predict_eval(const TrainConfig& cfg, int world, int rank, int64_t micro
   c.val_batches = 1;
   auto be = make_meta_backend();
   Pool pool(*be);
-  auto comm = make_sim_communicator(rank, world, pool);
+  auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
   Trainer t(*be, pool, *comm, c, stand_in(2 * half));
   t.evaluate();
   return t.measured_eval();

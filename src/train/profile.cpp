@@ -142,7 +142,7 @@ void measure_strategy(Backend& be, const ProcessGroup& group, const ProfileConfi
     if (specs[i].kind != kind) continue;
     if (group.size == 1) {
       Pool pool(be, cfg.pools);
-      auto comm = make_sim_communicator(specs[i].rank, cfg.world, pool);
+      auto comm = make_sim_communicator(specs[i].rank, cfg.world, pool, sim_transport(cfg.train.comm));
       MemoryRow m = measure_on(be, pool, *comm, cfg, kind);
       rows[i].take_measurement(m);
       continue;

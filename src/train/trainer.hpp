@@ -39,6 +39,7 @@ struct TrainConfig {
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
   bool check_collectives = false;  // compare every collective's fingerprint across ranks first
+  CommKind comm = CommKind::mpi;   // the transport (--comm, resolved): predictions hold what it holds
   Checkpointing checkpointing = Checkpointing::none;  // --activation-checkpointing
   bool shuffle = false;            // permute each epoch's sequences from (seed, epoch) (data.hpp)
   // Validation: a separate source, or the last val_fraction of the token stream (never trained on).

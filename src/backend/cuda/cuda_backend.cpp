@@ -4,12 +4,14 @@
 //
 // Design notes.
 //  * Launchers (kernels.cuh) own the grid math; this file validates tensors and checks launches.
-//  * Memory is stream-ordered (cudaMallocAsync on the compute stream), so freeing a block never
-//    synchronises the device.
+//  * Memory is stream-ordered (cudaMallocFromPoolAsync on the compute stream, from a memory pool
+//    of this backend's own that keeps what it frees), so freeing a block never synchronises the
+//    device, and the pool's reserved bytes tell the Pool's memory from everything else on the GPU.
 //  * Copies that touch host memory synchronise the compute stream: the host buffer may be pageable
 //    and the caller expects it filled (or free to reuse) when copy() returns.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 
@@ -61,6 +63,14 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    CUDA_CHECK(cudaMemPoolCreate(&mempool_, &props));
+    uint64_t keep_all = UINT64_MAX;  // freed blocks stay in the pool for the next step
+    CUDA_CHECK(cudaMemPoolSetAttribute(mempool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
     CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial_), cuda::kReduceBlocks * sizeof(double), compute_));
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -71,6 +81,8 @@ class CudaBackend final : public Backend {
     pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });
     cudaFreeAsync(partial_, compute_);
     cudaStreamSynchronize(compute_);
+    cudaStreamSynchronize(comm_);
+    cudaMemPoolDestroy(mempool_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(compute_);
@@ -82,7 +94,7 @@ class CudaBackend final : public Backend {
 
   void* raw_alloc(size_t bytes) override {
     void* p = nullptr;
-    CUDA_CHECK(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), compute_));
+    CUDA_CHECK(cudaMallocFromPoolAsync(&p, std::max<size_t>(bytes, 1), mempool_, compute_));
     return p;
   }
   void raw_free(void* p, size_t) override { CUDA_CHECK(cudaFreeAsync(p, compute_)); }
@@ -101,6 +113,18 @@ class CudaBackend final : public Backend {
     if (!pinned_cache_.keep(p, pinned_cache_.round(bytes))) CUDA_CHECK(cudaFreeHost(p));
   }
   Backend& host() override { return *host_; }
+  void* native_stream(StreamKind s) override { return stream(s); }
+  int device_index() const override { return device_; }
+  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_pop() override { nvtxRangePop(); }
+  DeviceMemory device_memory() const override {
+    DeviceMemory m;
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    m.free = free, m.total = total;
+    CUDA_CHECK(cudaMemPoolGetAttribute(mempool_, cudaMemPoolAttrReservedMemCurrent, &m.reserved));
+    return m;
+  }
 
   void copy(Tensor dst, Tensor src) override {
     check_same_numel(dst, src, "copy");
@@ -228,6 +252,7 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_{};
   cudaStream_t comm_{};
   cublasHandle_t cublas_{};
+  cudaMemPool_t mempool_{};  // the Pool's device memory
   double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
   std::unique_ptr<Backend> host_;  // computes on the host tier (the offloaded optimizer)
   BlockCache pinned_cache_{256, size_t{1} << 30};  // freed pinned host blocks

@@ -1,0 +1,250 @@
+// nccl_comm.cpp — the NCCL transport (see nccl_comm.hpp). Host code; needs CUDA and NCCL.
+//
+// Design notes.
+//  * Why events and not a host sync: a host sync after each collective would stall the CPU thread
+//    that issues the next unit's kernels, and ZeRO-3's prefetch would overlap nothing. The comm
+//    stream waits on the compute stream's event, NCCL runs, and an event on the comm stream is what
+//    the compute stream waits on in Work::wait. A Block freed after wait() is freed on the compute
+//    stream (stream-ordered), hence after the collective that used it.
+//  * Failing loudly: every NCCL call is checked; on failure the communicator is aborted
+//    (ncclCommAbort, so no rank stays blocked in it) and the error names this rank, the collective
+//    and NCCL's last message. test() also polls ncclCommGetAsyncError.
+//  * NCCL has no gather or scatter: they are grouped point-to-point sends and receives.
+#include "src/comm/nccl_comm.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nvtx3/nvToolsExt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "memory/pool.hpp"
+#include "src/backend/cuda/cuda_check.hpp"
+#include "src/comm/mpi_comm.hpp"
+#include "src/comm/mpi_runtime.hpp"
+
+namespace shardlab {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+  }
+  return ncclFloat32;
+}
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
+
+// Aborts the communicator, then reports through the common reporter (rank, device, file:line).
+void nccl_failed(ncclComm_t comm, ncclResult_t st, const char* call, const char* what, const char* file, int line) {
+  std::string last = comm ? ncclGetLastError(comm) : "";
+  if (comm) ncclCommAbort(comm);
+  check_failed(call, file, line,
+               fmt::format("NCCL error in {}: {} ({}){}{}", what, static_cast<int>(st), ncclGetErrorString(st),
+                           last.empty() ? "" : ": ", last));
+}
+
+#define NCCL_CHECK(comm, what, call)                                                   \
+  do {                                                                                 \
+    ncclResult_t st_ = (call);                                                         \
+    if (st_ != ncclSuccess) [[unlikely]]                                               \
+      nccl_failed(comm, st_, #call, what, __FILE__, __LINE__);                         \
+  } while (0)
+
+class NcclWork final : public WorkImpl {
+ public:
+  NcclWork(ncclComm_t comm, cudaStream_t compute, cudaEvent_t done, const char* what)
+      : comm_(comm), compute_(compute), done_(done), what_(what) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  bool test() override {
+    if (waited_) return true;
+    cudaError_t st = cudaEventQuery(done_);
+    if (st == cudaErrorNotReady) {
+      ncclResult_t async = ncclSuccess;
+      NCCL_CHECK(comm_, what_, ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress) nccl_failed(comm_, async, "(asynchronous)", what_, __FILE__, __LINE__);
+      return false;
+    }
+    CUDA_CHECK(st);
+    wait();
+    return true;
+  }
+  // The compute stream waits; the host does not.
+  void wait() override {
+    if (waited_) return;
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    waited_ = true;
+  }
+
+ private:
+  ncclComm_t comm_;
+  cudaStream_t compute_;
+  cudaEvent_t done_;
+  const char* what_;
+  bool waited_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm comm, Backend& be) : be_(be), host_pool_(be.host()) {
+    SHARD_REQUIRE(be.device() == Device::cuda, "--comm nccl needs --device cuda (the backend is {})",
+                  device_name(be.device()));
+    MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    mpi_ = make_mpi_communicator(comm_, host_pool_);
+    compute_ = static_cast<cudaStream_t>(be.native_stream(StreamKind::compute));
+    stream_ = static_cast<cudaStream_t>(be.native_stream(StreamKind::comm));
+    check_one_rank_per_device();
+    ncclUniqueId id{};
+    if (mpi_->rank() == 0) NCCL_CHECK(nullptr, "ncclGetUniqueId", ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_));
+    CUDA_CHECK(cudaSetDevice(be.device_index()));
+    NCCL_CHECK(nullptr, "ncclCommInitRank", ncclCommInitRank(&nccl_, mpi_->world_size(), id, mpi_->rank()));
+  }
+  ~NcclCommunicator() override {
+    if (nccl_) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(nccl_);
+    }
+    mpi_.reset();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return mpi_->rank(); }
+  int world_size() const override { return mpi_->world_size(); }
+  std::string name() const override { return "nccl"; }
+
+ protected:
+  std::vector<std::string> exchange(const std::string& mine) override { return mpi_->all_gather_strings(mine); }
+  std::unique_ptr<Communicator> do_split(int color, int key, int, int) override {
+    MPI_Comm part = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
+    auto c = std::make_unique<NcclCommunicator>(part, be_);  // duplicates it
+    MPI_CHECK(MPI_Comm_free(&part));
+    return c;
+  }
+
+  Work do_all_reduce(Tensor buf, ReduceOp op) override {
+    if (on_host(buf)) return mpi_->all_reduce(buf, op);
+    return issue("all_reduce", [&] {
+      return ncclAllReduce(buf.data(), buf.data(), count(buf), nccl_type(buf.dtype()), nccl_op(op), nccl_, stream_);
+    });
+  }
+  Work do_reduce_scatter(Tensor send, Tensor recv, ReduceOp op) override {
+    if (on_host(send, recv)) return mpi_->reduce_scatter(send, recv, op);
+    // In place when recv is chunk `rank` of send: NCCL's own in-place rule.
+    return issue("reduce_scatter", [&] {
+      return ncclReduceScatter(send.data(), recv.data(), count(recv), nccl_type(recv.dtype()), nccl_op(op), nccl_,
+                               stream_);
+    });
+  }
+  Work do_all_gather(Tensor send, Tensor recv) override {
+    if (on_host(send, recv)) return mpi_->all_gather(send, recv);
+    return issue("all_gather", [&] {
+      return ncclAllGather(send.data(), recv.data(), count(send), nccl_type(send.dtype()), nccl_, stream_);
+    });
+  }
+  Work do_broadcast(Tensor buf, int root) override {
+    if (on_host(buf)) return mpi_->broadcast(buf, root);
+    return issue("broadcast", [&] {
+      return ncclBroadcast(buf.data(), buf.data(), count(buf), nccl_type(buf.dtype()), root, nccl_, stream_);
+    });
+  }
+  Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) override {
+    const bool is_root = rank() == root;
+    if (on_host(send, is_root ? recv : send)) return mpi_->reduce(send, recv, root, op);
+    return issue("reduce", [&] {
+      return ncclReduce(send.data(), is_root ? recv.data() : nullptr, count(send), nccl_type(send.dtype()),
+                        nccl_op(op), root, nccl_, stream_);
+    });
+  }
+  Work do_gather(Tensor send, Tensor recv, int root) override {
+    const bool is_root = rank() == root;
+    if (on_host(send, is_root ? recv : send)) return mpi_->gather(send, recv, root);
+    return issue("gather", [&] {
+      const size_t n = count(send), bytes = send.bytes();
+      const ncclDataType_t t = nccl_type(send.dtype());
+      ncclResult_t st = ncclGroupStart();
+      for (int r = 0; is_root && r < world_size() && st == ncclSuccess; ++r)
+        st = ncclRecv(static_cast<char*>(recv.data()) + r * bytes, n, t, r, nccl_, stream_);
+      if (st == ncclSuccess) st = ncclSend(send.data(), n, t, root, nccl_, stream_);
+      ncclResult_t end = ncclGroupEnd();
+      return st != ncclSuccess ? st : end;
+    });
+  }
+  Work do_scatter(Tensor send, Tensor recv, int root) override {
+    const bool is_root = rank() == root;
+    if (on_host(recv, is_root ? send : recv)) return mpi_->scatter(send, recv, root);
+    return issue("scatter", [&] {
+      const size_t n = count(recv), bytes = recv.bytes();
+      const ncclDataType_t t = nccl_type(recv.dtype());
+      ncclResult_t st = ncclGroupStart();
+      for (int r = 0; is_root && r < world_size() && st == ncclSuccess; ++r)
+        st = ncclSend(static_cast<const char*>(send.data()) + r * bytes, n, t, r, nccl_, stream_);
+      if (st == ncclSuccess) st = ncclRecv(recv.data(), n, t, root, nccl_, stream_);
+      ncclResult_t end = ncclGroupEnd();
+      return st != ncclSuccess ? st : end;
+    });
+  }
+  Work do_barrier() override { return mpi_->barrier(); }
+
+ private:
+  static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
+  // Host tensors (all of a call's, or none) travel over MPI.
+  static bool on_host(const Tensor& a, const Tensor& b = Tensor()) {
+    const bool ha = a.device() == Device::cpu, hb = b.data() ? b.device() == Device::cpu : ha;
+    SHARD_CHECK(ha == hb, "nccl communicator: one collective mixes host and device buffers");
+    return ha;
+  }
+
+  // Orders the collective after the compute stream's work so far, issues it on the comm stream,
+  // and returns a Work whose wait() orders the compute stream after it.
+  template <class F>
+  Work issue(const char* what, F&& call) {
+    nvtxRangePushA(what);
+    cudaEvent_t ready{}, done{};
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ready, compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    CUDA_CHECK(cudaEventDestroy(ready));  // destruction is deferred until the wait is satisfied
+    NCCL_CHECK(nccl_, what, call());
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(done, stream_));
+    nvtxRangePop();
+    return Work(std::make_unique<NcclWork>(nccl_, compute_, done, what));
+  }
+
+  // NCCL refuses two ranks on one GPU with an opaque error; say which ranks and what to use.
+  void check_one_rank_per_device() {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    const std::string mine = fmt::format("{}:{}", host, be_.device_index());
+    const std::vector<std::string> all = mpi_->all_gather_strings(mine);
+    // Every rank sees the same list, so every rank throws (none is left waiting in NCCL's init).
+    for (size_t i = 0; i < all.size(); ++i)
+      for (size_t j = i + 1; j < all.size(); ++j)
+        if (all[i] == all[j])
+          throw InputError(fmt::format("--comm nccl: ranks {} and {} share GPU {}; NCCL needs one rank per device: "
+                                       "use --comm staged (or auto, which picks it)",
+                                       i, j, all[i]));
+  }
+
+  Backend& be_;
+  Pool host_pool_;  // staging of host-tensor reductions over MPI (not the rank's ledger)
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<Communicator> mpi_;
+  ncclComm_t nccl_ = nullptr;
+  cudaStream_t compute_{}, stream_{};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, Backend& be) {
+  return std::make_unique<NcclCommunicator>(comm, be);
+}
+
+}  // namespace shardlab
