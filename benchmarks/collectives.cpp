@@ -12,15 +12,20 @@ namespace {
 // Rank r's input element i: a small integer, so sums over a few ranks are exact in bf16 and f16.
 float input_value(int rank, int64_t i) { return static_cast<float>((rank + 1) * 3 + (i % 7) - 3); }
 
-void fill_inputs(const Tensor& t, int rank, int64_t first_index = 0) {
+// Buffers live in the pool's memory (a GPU's with --device cuda): values travel through host copies.
+void fill_inputs(Backend& be, const Tensor& t, int rank, int64_t first_index = 0) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = input_value(rank, first_index + static_cast<int64_t>(i));
-  convert(v.data(), DType::f32, t.data(), t.dtype(), v.size());
+  std::vector<uint8_t> host(t.bytes());
+  convert(v.data(), DType::f32, host.data(), t.dtype(), v.size());
+  be.copy(t, Tensor::flat(host.data(), t.dtype(), t.numel()));
 }
 
-std::vector<float> to_f32(const Tensor& t) {
+std::vector<float> to_f32(Backend& be, const Tensor& t) {
+  std::vector<uint8_t> host(t.bytes());
+  be.copy(Tensor::flat(host.data(), t.dtype(), t.numel()), t);
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  convert(t.data(), t.dtype(), v.data(), DType::f32, v.size());
+  convert(host.data(), t.dtype(), v.data(), DType::f32, v.size());
   return v;
 }
 
@@ -63,11 +68,12 @@ Work issue(Communicator& comm, CommOp op, Buffers& b) {
 }
 
 // One fresh call, checked against what it must produce. Returns this rank's wrong elements.
-uint64_t checked_call(Communicator& comm, CommOp op, Buffers& b) {
+uint64_t checked_call(Backend& be, Communicator& comm, CommOp op, Buffers& b) {
   int r = comm.rank(), n = comm.world_size();
   int64_t recv_n = b.recv_t.numel();
-  fill_inputs(b.send_t, r);
+  fill_inputs(be, b.send_t, r);
   issue(comm, op, b).wait();
+  auto to_f32 = [&be](const Tensor& t) { return shardlab::to_f32(be, t); };
   uint64_t wrong = 0;
   auto expect_eq = [&](const std::vector<float>& got, auto expected) {
     for (size_t i = 0; i < got.size(); ++i)
@@ -133,6 +139,7 @@ uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const Collecti
   SHARD_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0, "benchmark: iters {} warmup {}", cfg.iters, cfg.warmup);
   const int world = comm.world_size();
   const bool root = comm.rank() == 0;
+  Backend& be = pool.backend();
   const size_t elt = dtype_size(cfg.dtype);
   uint64_t total_wrong = 0;
   if (root)
@@ -149,14 +156,16 @@ uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const Collecti
       int64_t count = static_cast<int64_t>(size / elt) / world * world;
       if (count == 0) continue;
       Buffers b = make_buffers(pool, op, cfg.dtype, count, world);
-      fill_inputs(b.send_t, comm.rank());
+      fill_inputs(be, b.send_t, comm.rank());
       for (int i = 0; i < cfg.warmup; ++i) issue(comm, op, b).wait();
+      be.synchronize();  // on a GPU, wait() orders streams; the clock needs the work done
       comm.barrier().wait();
       double t0 = MPI_Wtime();
       for (int i = 0; i < cfg.iters; ++i) issue(comm, op, b).wait();
+      be.synchronize();
       double local = (MPI_Wtime() - t0) / cfg.iters, slowest = 0;
       MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      unsigned long long wrong = checked_call(comm, op, b), all_wrong = 0;
+      unsigned long long wrong = checked_call(be, comm, op, b), all_wrong = 0;
       MPI_Allreduce(&wrong, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
       total_wrong += all_wrong;
       double bytes = static_cast<double>(count) * elt;

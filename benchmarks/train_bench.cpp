@@ -32,6 +32,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   tc.schedule.kind = ScheduleKind::constant;
   tc.schedule.lr = 1e-4f;
   tc.strategy = cfg.strategy;
+  tc.comm = CommKind::staged;  // sim stands in; on a GPU it holds what a GPU transport holds
   tc.checkpointing = cfg.checkpointing;
   // One trainer per configuration, each with its own pools (so each ledger is its own) and
   // communicator; steps alternate between them so that both see the same machine state.
@@ -47,7 +48,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   auto add = [&](TrainConfig c, std::string label) {
     Run run{std::move(label), std::make_unique<Pool>(pool.backend(), PoolConfig{pool.budget(), pool.host().budget()}),
             nullptr, nullptr, {}, {}};
-    run.comm = make_sim_communicator(0, 1, *run.pool);
+    run.comm = make_sim_communicator(0, 1, *run.pool, sim_transport(c.comm));
     run.trainer = std::make_unique<Trainer>(pool.backend(), *run.pool, *run.comm, c);
     runs.push_back(std::move(run));
   };
@@ -82,6 +83,11 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   r.ms_per_step = median(runs[0].ms);
   r.tokens_per_s = static_cast<double>(tokens) / (r.ms_per_step / 1e3);
   r.gflops = r.tokens_per_s * flops_per_token / 1e9;
+  if (cfg.peak_tflops > 0) {
+    r.mfu = r.gflops / (cfg.peak_tflops * 1e3);
+    std::fprintf(out, "# MFU %.1f%% of %.0f TFLOP/s (%s: %.1f TFLOP/s achieved, 6N + 6LCT per token)\n", 100.0 * r.mfu,
+                 cfg.peak_tflops, runs[0].label.c_str(), r.gflops / 1e3);
+  }
   if (cfg.levers()) r.baseline_ms_per_step = base_ms;
   std::fflush(out);
   return r;

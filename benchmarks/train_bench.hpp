@@ -19,11 +19,13 @@ struct TrainBenchConfig {
   int warmup = 2;   // untimed
   StrategyConfig strategy;  // one rank of it (sim communicator)
   Checkpointing checkpointing = Checkpointing::none;
+  double peak_tflops = 0;  // the device's dense peak, for MFU (0 = not printed)
   bool levers() const { return checkpointing != Checkpointing::none || strategy.offload != Offload::none; }
 };
 
 struct TrainBenchResult {
   double ms_per_step = 0, tokens_per_s = 0, gflops = 0, sgemm_gflops = 0;
+  double mfu = 0;  // gflops / peak (0 without a peak)
   double baseline_ms_per_step = 0;  // without the levers (0 when none was asked for)
 };
 

@@ -127,6 +127,9 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
                               .c_str()
                         : "");
   if (r.levers_searched) std::fprintf(out, "%s\n", levers_line(r).c_str());
+  if (r.outside_pool)
+    std::fprintf(out, "outside the pool (rank 0's device, measured: CUDA context, cuBLAS workspace, NCCL buffers; "
+                 "with ranks sharing a GPU, theirs too): %s\n", format_bytes(double(r.outside_pool)).c_str());
   std::fflush(out);
 }
 
@@ -153,6 +156,7 @@ std::string memory_report_json(const MemoryReport& r) {
   j["config"] = r.config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(r.config_json);
   j["budget_bytes"] = r.budget;
   j["host_budget_bytes"] = r.host_budget;
+  j["outside_pool_bytes"] = r.outside_pool;
   if (r.levers_searched) {
     if (r.levers)
       j["cheapest_levers"] = {{"strategy", r.levers->strategy}, {"activation_checkpointing", r.levers->checkpointing},

@@ -60,6 +60,9 @@ struct MemoryReport {
   uint64_t host_budget = 0;
   bool levers_searched = false;       // with a budget: the search ran
   std::optional<LeverChoice> levers;  // its answer (none: nothing fits)
+  // Measured on a GPU: device memory outside the Pool on rank 0 (CUDA context, cuBLAS workspace,
+  // NCCL buffers), from cudaMemGetInfo less what the backend's allocator reserved. 0 elsewhere.
+  uint64_t outside_pool = 0;
 };
 
 void print_memory_table(const MemoryReport& r, std::FILE* out);

@@ -127,6 +127,15 @@ std::unique_ptr<Backend> make_cpu(const CommonOptions& c, const MpiRuntime& mpi)
   return make_cpu_backend(bc);
 }
 
+// The backend of --device: the cpu one, or the CUDA one on this rank's local GPU.
+std::unique_ptr<Backend> make_device_backend(Device device, const CommonOptions& c, const MpiRuntime& mpi) {
+  if (device != Device::cuda) return make_cpu(c, mpi);
+  BackendConfig bc;
+  bc.local_rank = mpi.local_rank();
+  bc.local_ranks = mpi.local_size();
+  return make_cuda_backend(bc);
+}
+
 // The budgets of a rank's two tiers. On a GPU an empty --device-memory means the device's free
 // memory (once the backend holds its context), so running out is shardlab's out-of-memory error,
 // listing what is live, rather than the driver's.
@@ -351,10 +360,7 @@ struct TrainOptions {
     cfg.comm = comm_for(comm, parse_device(device), mpi);
   }
   std::unique_ptr<Backend> backend(const CommonOptions& common, const MpiRuntime& mpi) const {
-    if (parse_device(device) == Device::cpu) return make_cpu(common, mpi);
-    BackendConfig bc;
-    bc.local_rank = mpi.local_rank();
-    return make_cuda_backend(bc);
+    return make_device_backend(parse_device(device), common, mpi);
   }
 };
 
@@ -656,7 +662,7 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
   CommonOptions common;
   CollectiveBenchConfig cfg;
   std::string ops = "all_reduce,reduce_scatter,all_gather,broadcast,reduce,gather,scatter", dtype = "f32", min_b = "1KiB",
-              max_b = "64MiB", comm_kind = "mpi";
+              max_b = "64MiB", comm_kind = "mpi", device = "cpu";
   int sim_world = 0;
   po::options_description desc("bench-collectives options");
   add_common(desc, common);
@@ -668,7 +674,9 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
       "warmup", po::value(&cfg.warmup)->default_value(cfg.warmup), "untimed calls per size")(
       "iters", po::value(&cfg.iters)->default_value(cfg.iters), "timed calls per size")(
       "comm", po::value(&comm_kind)->default_value(comm_kind),
-      "communicator: mpi (real ranks) or sim (this process plays rank 0 of --sim-world ranks)")(
+      "communicator: mpi (real ranks, host buffers), nccl or staged (real ranks, --device cuda buffers; staged "
+      "also on the cpu), auto, or sim (this process plays rank 0 of --sim-world ranks)")(
+      "device", po::value(&device)->default_value(device), "where the buffers live: cpu or cuda")(
       "sim-world", po::value(&sim_world)->default_value(0), "world size the sim communicator pretends");
   if (!parse(args, desc, mpi, "bench-collectives")) return 0;
   start_watchdog(mpi, common.collective_timeout);
@@ -676,18 +684,17 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
   cfg.dtype = parse_dtype(dtype);
   cfg.min_bytes = parse_bytes(min_b);
   cfg.max_bytes = parse_bytes(max_b);
-  auto backend = make_cpu(common, mpi);
+  const Device dev = parse_device(device);
+  std::unique_ptr<Backend> backend = make_device_backend(dev, common, mpi);
   Pool pool(*backend, pool_config(common));
   std::unique_ptr<Communicator> comm;
-  if (comm_kind == "mpi") {
-    SHARD_REQUIRE(sim_world == 0, "--sim-world is for --comm sim");
-    comm = world_group(mpi).connect(pool);
-  } else if (comm_kind == "sim") {
+  if (comm_kind == "sim") {
     SHARD_REQUIRE(mpi.world() == 1, "--comm sim runs in one process; started with {} ranks", mpi.world());
     SHARD_REQUIRE(sim_world >= 1, "--comm sim needs --sim-world N (N >= 1)");
     comm = make_sim_communicator(0, sim_world, pool);
   } else {
-    throw InputError(fmt::format("--comm '{}': expected mpi or sim", comm_kind));
+    SHARD_REQUIRE(sim_world == 0, "--sim-world is for --comm sim");
+    comm = world_group(mpi, comm_for(comm_kind, dev, mpi)).connect(pool);
   }
   uint64_t wrong = run_collective_benchmark(*comm, pool, cfg, stdout);
   comm.reset();
@@ -714,7 +721,7 @@ int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi)
   CommonOptions common;
   ModelOptions model;
   TrainBenchConfig cfg;
-  std::string strategy = "ddp", checkpointing = "none", offload = "none";
+  std::string strategy = "ddp", checkpointing = "none", offload = "none", param_dtype = "f32", device = "cpu";
   po::options_description desc("bench-train options");
   add_common(desc, common);
   model.add(desc);
@@ -725,7 +732,11 @@ int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi)
       "activation-checkpointing", po::value(&checkpointing)->default_value(checkpointing),
       "none, attention or blocks; with a lever, the run without it is timed too (steps interleaved) and the ratio printed")(
       "offload", po::value(&offload)->default_value(offload),
-      "none, optimizer (zero1-3) or params (zero3): as --activation-checkpointing, timed against none");
+      "none, optimizer (zero1-3) or params (zero3): as --activation-checkpointing, timed against none")(
+      "param-dtype", po::value(&param_dtype)->default_value(param_dtype), "f32 or bf16 parameters (and gradients)")(
+      "device", po::value(&device)->default_value(device), "cpu or cuda")(
+      "peak-tflops", po::value(&cfg.peak_tflops)->default_value(-1, "989 on cuda (H100 dense bf16), none on cpu"),
+      "the device's peak for the MFU line; 0 = no MFU line");
   if (!parse(args, desc, mpi, "bench-train")) return 0;
   SHARD_REQUIRE(mpi.world() == 1, "bench-train runs on one rank, {} started", mpi.world());
   cfg.spec = model.spec();
@@ -733,8 +744,12 @@ int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi)
   cfg.strategy.offload = parse_offload(offload);
   cfg.strategy.validate();
   cfg.checkpointing = parse_checkpointing(checkpointing);
-  auto backend = make_cpu(common, mpi);
-  Pool pool(*backend, pool_config(common));
+  cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = parse_dtype(param_dtype);
+  cfg.strategy.precision.validate();
+  const Device dev = parse_device(device);
+  if (cfg.peak_tflops < 0) cfg.peak_tflops = dev == Device::cuda ? 989 : 0;
+  std::unique_ptr<Backend> backend = make_device_backend(dev, common, mpi);
+  Pool pool(*backend, pool_config(common, backend.get()));
   run_train_benchmark(pool, cfg, stdout);
   return 0;
 }

@@ -134,7 +134,8 @@ class Backend {
   virtual void sum_rows(Tensor x, Tensor out, bool accumulate) = 0;
 
   // ---- GPT-2 kernels (f32). Shapes: B batch, T time, C channels, H heads, V vocab. Token ids are
-  // int32 on this backend's device. "accumulate" gradients add to what the buffer holds. ----
+  // int32 in host memory on every backend (the CUDA backend copies them to the device itself; the
+  // caller may reuse them once the call returns). "accumulate" gradients add to what the buffer holds. ----
   // out (B*T, C) = wte[tokens] + wpe[t]
   virtual void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) = 0;
   // dwte[tokens] += dout, dwpe[t] += dout (accumulate)

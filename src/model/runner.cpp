@@ -46,6 +46,7 @@ void forward_units(const std::vector<std::unique_ptr<Unit>>& units, UnitContext&
   const ModelSpec& spec = ctx.spec;
   for (size_t u = 0; u < units.size(); ++u) {
     ctx.pool.ledger().set_phase(Phase::forward(u));
+    Backend::Range range(ctx.be, ("forward " + units[u]->name()).c_str());  // NVTX on CUDA
     int64_t n = units[u]->out_elems(spec, ctx.batch.B, ctx.batch.T);
     outs[u] = ctx.pool.alloc(DType::f32, n, Category::activations, units[u]->name() + " output");
     Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
@@ -92,6 +93,7 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   Block dnext;  // gradient flowing into unit u's output
   for (size_t u = U; u-- > 0;) {
     pool.ledger().set_phase(Phase::backward(u));
+    Backend::Range range(be, ("backward " + units[u]->name()).c_str());
     Block din;
     if (u > 0)
       din = pool.alloc(DType::f32, outs[u - 1].bytes() / sizeof(float), Category::activations,

@@ -218,8 +218,10 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
     r.levers_searched = true;
     r.levers = cheapest_levers(cfg);
   }
-  if (cfg.measure)
+  if (cfg.measure) {
     for (StrategyKind k : cfg.strategies) measure_strategy(be, group, cfg, specs, r.rows, k);
+    r.outside_pool = be.device_memory().outside_pool();
+  }
   return r;
 }
 

@@ -187,7 +187,10 @@ StepStats Trainer::step(int64_t t) {
   if (!finite && !cfg_.skip_nonfinite)
     throw InputError(fmt::format("step {}: the loss is {} and the gradient norm {}: stopping (lower --lr, or pass "
                                  "--skip-nonfinite to skip such steps)", t + 1, loss, norm));
-  if (finite) strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+  if (finite) {
+    Backend::Range range(be_, "optimizer step");
+    strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+  }
   else ++skipped_steps_;
   pool_.ledger().set_phase({});
   be_.synchronize();
@@ -459,9 +462,13 @@ bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
 }
 
 void Trainer::print_header(std::FILE* out) const {
-  std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s\n", cfg_.spec.describe().c_str(),
+  std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s, %s communicator\n", cfg_.spec.describe().c_str(),
                cfg_.strategy.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
-               be_.describe().c_str());
+               be_.describe().c_str(), comm_.name().c_str());
+  if (const Backend::DeviceMemory m = be_.device_memory(); m.total)
+    std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
+                 format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),
+                 format_bytes(double(m.outside_pool())).c_str(), format_bytes(double(pool_.budget())).c_str());
   std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld%s), global batch %lld, %lld steps, %s lr %.2e\n",
                data_.train->source.c_str(), data_.train->tokens.size(), static_cast<long long>(loader_.num_sequences()),
                static_cast<long long>(cfg_.spec.seq), cfg_.shuffle ? ", shuffled per epoch" : "",

@@ -14,6 +14,9 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
+#include <vector>
 
 #include "src/backend/backend.hpp"
 #include "src/backend/block_cache.hpp"
@@ -80,6 +83,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });
     cudaFreeAsync(partial_, compute_);
+    if (scratch_ != nullptr) cudaFreeAsync(scratch_, compute_);
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
     cudaMemPoolDestroy(mempool_);
@@ -209,25 +213,216 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cuda::launch_sum_rows(x.ptr<float>(), x.dim(0), x.dim(1), out.ptr<float>(), accumulate, compute_));
   }
 
-  // ---- GPT-2 and optimizer kernels: not yet on CUDA. They fail loudly rather than compute nothing. ----
-  [[noreturn]] static void not_yet(const char* op) {
-    throw InputError(fmt::format("{} is not implemented on the CUDA backend yet: use --device cpu", op));
+  // ---- GPT-2 and optimizer kernels ----
+  // Token ids are host memory (the trainer's Batch holds host vectors): they are checked on the
+  // host, as the CPU kernels check them, and copied to device scratch on the compute stream.
+  void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override {
+    int64_t C = wte.dim(1);
+    SHARD_CHECK(out.numel() == B * T * C && wpe.dim(0) >= T && wpe.dim(1) == C,
+                "embedding_forward: out {} wte {} wpe {} B={} T={}", out.shape_str(), wte.shape_str(),
+                wpe.shape_str(), B, T);
+    const int32_t* ids = upload_ids(tokens, B * T, wte.dim(0), "token");
+    CUDA_CHECK(cuda::launch_embedding_forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.ptr<float>(), B, T, C,
+                                              compute_));
   }
-  void embedding_forward(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor) override { not_yet("embedding_forward"); }
-  void embedding_backward(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t) override { not_yet("embedding_backward"); }
-  void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override { not_yet("layernorm_forward"); }
-  void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override { not_yet("layernorm_backward"); }
-  void add_bias(Tensor, Tensor) override { not_yet("add_bias"); }
-  void gelu_forward(Tensor, Tensor) override { not_yet("gelu_forward"); }
-  void gelu_backward(Tensor, Tensor, Tensor) override { not_yet("gelu_backward"); }
-  void attention_forward(Tensor, Tensor, Tensor, int64_t) override { not_yet("attention_forward"); }
-  void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, Tensor) override { not_yet("attention_backward"); }
-  void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override { not_yet("cross_entropy"); }
-  void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override { not_yet("adamw_update"); }
-  void sgd_update(Tensor, Tensor, Tensor, const SgdArgs&) override { not_yet("sgd_update"); }
+  // Deterministic without atomics: positions are grouped by token on the host (a stable counting
+  // sort), and one block per distinct token adds its positions' rows in ascending order, as the CPU.
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                          int64_t T) override {
+    int64_t C = dwte.dim(1);
+    SHARD_CHECK(dout.numel() == B * T * C && dwpe.dim(1) == C, "embedding_backward: dout {} dwte {} dwpe {}",
+                dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
+    CUDA_CHECK(cuda::launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
+    const int64_t buckets = group_positions_by_token(tokens, B * T, dwte.dim(0));
+    const int32_t* grouped = upload_host_ids();  // [bucket tokens | offsets | positions]
+    CUDA_CHECK(cuda::launch_embedding_backward_dwte(dwte.ptr<float>(), dout.ptr<float>(), grouped, grouped + buckets,
+                                                    grouped + 2 * buckets + 1, buckets, C, compute_));
+  }
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) override {
+    int64_t C = weight.numel(), N = inp.numel() / C;
+    SHARD_CHECK(inp.numel() == N * C && out.numel() == N * C && mean.numel() == N && rstd.numel() == N &&
+                    bias.numel() == C,
+                "layernorm_forward: inp {} out {} mean {} weight {}", inp.shape_str(), out.shape_str(),
+                mean.shape_str(), weight.shape_str());
+    CUDA_CHECK(cuda::launch_layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
+                                              weight.ptr<float>(), bias.ptr<float>(), N, C, compute_));
+  }
+  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                          Tensor mean, Tensor rstd) override {
+    int64_t C = weight.numel(), N = inp.numel() / C;
+    SHARD_CHECK(dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C && dbias.numel() == C &&
+                    mean.numel() == N && rstd.numel() == N,
+                "layernorm_backward: dinp {} dout {} dweight {} mean {}", dinp.shape_str(), dout.shape_str(),
+                dweight.shape_str(), mean.shape_str());
+    auto* workspace = static_cast<float*>(scratch(cuda::layernorm_backward_workspace(N, C) * sizeof(float)));
+    CUDA_CHECK(cuda::launch_layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(),
+                                               dout.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(),
+                                               mean.ptr<float>(), rstd.ptr<float>(), workspace, N, C, compute_));
+  }
+  void add_bias(Tensor x, Tensor bias) override {
+    int64_t OC = bias.numel();
+    SHARD_CHECK(OC > 0 && x.numel() % OC == 0, "add_bias: x {} bias {}", x.shape_str(), bias.shape_str());
+    CUDA_CHECK(cuda::launch_add_bias(x.ptr<float>(), bias.ptr<float>(), x.numel() / OC, OC, compute_));
+  }
+  void gelu_forward(Tensor out, Tensor inp) override {
+    check_same_numel(out, inp, "gelu_forward");
+    CUDA_CHECK(cuda::launch_gelu_forward(out.ptr<float>(), inp.ptr<float>(), inp.numel(), compute_));
+  }
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override {
+    check_same_numel(dinp, inp, "gelu_backward");
+    check_same_numel(dout, inp, "gelu_backward");
+    CUDA_CHECK(cuda::launch_gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel(),
+                                          compute_));
+  }
+  // Per batch entry, GEMMs batched over the H heads: head h's q, k, v are columns [h*hs, (h+1)*hs)
+  // of the (T, 3C) rows (leading dimension 3C, batch stride hs), and its output goes to the same
+  // columns of (T, C), as on the CPU.
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override {
+    auto [B, T, C] = attention_shape(qkv, out, att, H, "attention_forward");
+    const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
+    const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+    for (int64_t b = 0; b < B; ++b) {  // scores, scaled: att = scale * q k^T
+      const float* q = qkv.ptr<float>() + b * T * C3;
+      gemm({.trans_b = Trans::T, .m = T, .n = T, .k = hs, .alpha = scale, .lda = C3, .ldb = C3, .ldc = T,
+            .batch = H, .stride_a = hs, .stride_b = hs, .stride_c = TT},
+           q, q + C, att.ptr<float>() + b * H * TT);
+    }
+    CUDA_CHECK(cuda::launch_causal_softmax(att.ptr<float>(), B * H * T, T, compute_));
+    for (int64_t b = 0; b < B; ++b) {  // out_h = att v
+      gemm({.m = T, .n = hs, .k = T, .lda = T, .ldb = C3, .ldc = C, .batch = H, .stride_a = TT, .stride_b = hs,
+            .stride_c = hs},
+           att.ptr<float>() + b * H * TT, qkv.ptr<float>() + b * T * C3 + 2 * C, out.ptr<float>() + b * T * C);
+    }
+  }
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) override {
+    auto [B, T, C] = attention_shape(qkv, dout, att, H, "attention_backward");
+    check_same_numel(dqkv, qkv, "attention_backward");
+    SHARD_CHECK(scratch.numel() >= attention_scratch_elems(T, H), "attention_backward: scratch of {} < {} floats",
+                scratch.numel(), attention_scratch_elems(T, H));
+    const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
+    const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+    float* datt = scratch.ptr<float>();  // (H, T, T), reused by every batch entry (stream order)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* q = qkv.ptr<float>() + b * T * C3;
+      float* dq = dqkv.ptr<float>() + b * T * C3;
+      const float* a = att.ptr<float>() + b * H * TT;
+      const float* dh = dout.ptr<float>() + b * T * C;
+      gemm({.trans_b = Trans::T, .m = T, .n = T, .k = hs, .lda = C, .ldb = C3, .ldc = T, .batch = H,
+            .stride_a = hs, .stride_b = hs, .stride_c = TT},
+           dh, q + 2 * C, datt);  // d(att) = dh v^T
+      gemm({.trans_a = Trans::T, .m = T, .n = hs, .k = T, .lda = T, .ldb = C, .ldc = C3, .batch = H,
+            .stride_a = TT, .stride_b = hs, .stride_c = hs},
+           a, dh, dq + 2 * C);  // dv = att^T dh
+      CUDA_CHECK(cuda::launch_causal_softmax_backward(datt, a, H * T, T, scale, compute_));
+      const GemmDesc dpre_times{.m = T, .n = hs, .k = T, .lda = T, .ldb = C3, .ldc = C3, .batch = H,
+                                .stride_a = TT, .stride_b = hs, .stride_c = hs};
+      gemm(dpre_times, datt, q + C, dq);  // dq = dpre k
+      GemmDesc dpre_t_times = dpre_times;
+      dpre_t_times.trans_a = Trans::T;
+      gemm(dpre_t_times, datt, q, dq + C);  // dk = dpre^T q
+    }
+  }
+  void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                     float dloss_scale) override {
+    int64_t N = losses.numel();
+    SHARD_CHECK(N > 0 && logits.numel() % N == 0, "cross_entropy: logits {} losses {}", logits.shape_str(),
+                losses.shape_str());
+    float* d = nullptr;
+    if (dlogits.data() != nullptr) {
+      check_same_numel(dlogits, logits, "cross_entropy");
+      d = dlogits.ptr<float>();
+    }
+    const int64_t V = logits.numel() / N;
+    const int32_t* ids = upload_ids(targets, N, V, "target");
+    CUDA_CHECK(cuda::launch_cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), ids, N, V, dloss_scale,
+                                          compute_));
+  }
+
+  // ---- optimizers ----
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
+    check_same_numel(param, grad, "adamw_update");
+    check_same_numel(param, m, "adamw_update");
+    check_same_numel(param, v, "adamw_update");
+    // Bias corrections on the host, in float, exactly as the CPU kernel computes them.
+    const float inv_bc1 = 1.f / (1.f - std::pow(a.beta1, static_cast<float>(a.step)));
+    const float inv_bc2 = 1.f / (1.f - std::pow(a.beta2, static_cast<float>(a.step)));
+    const cuda::AdamWStep s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, inv_bc1, inv_bc2};
+    CUDA_CHECK(cuda::launch_adamw(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(),
+                                  param.numel(), s, compute_));
+  }
+  void sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) override {
+    check_same_numel(param, grad, "sgd_update");
+    check_same_numel(param, momentum, "sgd_update");
+    CUDA_CHECK(cuda::launch_sgd(param.ptr<float>(), grad.ptr<float>(), momentum.ptr<float>(), param.numel(), a.lr,
+                                a.momentum, a.weight_decay, a.grad_scale, compute_));
+  }
 
  private:
   cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }
+
+  // Device scratch of at least `bytes` (token ids, LayerNorm partials), grown on demand. Freeing
+  // the old buffer is ordered on the compute stream after every kernel that still reads it.
+  void* scratch(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      if (scratch_ != nullptr) CUDA_CHECK(cudaFreeAsync(scratch_, compute_));
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+      CUDA_CHECK(cudaMallocAsync(&scratch_, bytes, compute_));
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+
+  // host_ids_ -> device scratch on the compute stream. host_ids_ is pageable, so the copy has
+  // staged it when cudaMemcpyAsync returns and the next call may refill it (a pinned source would be
+  // read later, which is why callers' ids are copied into host_ids_ first).
+  const int32_t* upload_host_ids() {
+    const size_t bytes = host_ids_.size() * sizeof(int32_t);
+    if (bytes == 0) return nullptr;
+    void* dev = scratch(bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dev, host_ids_.data(), bytes, cudaMemcpyHostToDevice, compute_));
+    return static_cast<const int32_t*>(dev);
+  }
+
+  // Checks n host ids against the vocabulary (the CPU kernels' check) and uploads them.
+  const int32_t* upload_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
+    host_ids_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      SHARD_CHECK(ids[i] >= 0 && ids[i] < V, "{} id {} at position {} outside vocabulary of {}", what, ids[i], i, V);
+      host_ids_[static_cast<size_t>(i)] = ids[i];
+    }
+    return upload_host_ids();
+  }
+
+  // Fills host_ids_ with [bucket tokens (U) | offsets (U + 1) | positions (n)]: the distinct tokens
+  // in ascending order, and each one's positions, ascending (a stable counting sort). Returns U.
+  int64_t group_positions_by_token(const int32_t* tokens, int64_t n, int64_t V) {
+    SHARD_CHECK(n <= INT32_MAX, "embedding_backward: {} positions overflow int32 offsets", n);
+    std::vector<int32_t> start(static_cast<size_t>(V) + 1, 0);  // start[v]: first slot of token v
+    for (int64_t i = 0; i < n; ++i) {
+      SHARD_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} at position {} outside vocabulary of {}", tokens[i],
+                  i, V);
+      ++start[static_cast<size_t>(tokens[i]) + 1];
+    }
+    int64_t buckets = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      buckets += start[static_cast<size_t>(v) + 1] > 0;
+      start[static_cast<size_t>(v) + 1] += start[static_cast<size_t>(v)];
+    }
+    host_ids_.resize(static_cast<size_t>(2 * buckets + 1 + n));
+    int32_t* bucket_token = host_ids_.data();
+    int32_t* offsets = bucket_token + buckets;
+    int32_t* positions = offsets + buckets + 1;
+    int64_t u = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      if (start[static_cast<size_t>(v) + 1] == start[static_cast<size_t>(v)]) continue;
+      bucket_token[u] = static_cast<int32_t>(v);
+      offsets[u++] = start[static_cast<size_t>(v)];
+    }
+    offsets[buckets] = static_cast<int32_t>(n);
+    for (int64_t i = 0; i < n; ++i) positions[start[static_cast<size_t>(tokens[i])]++] = static_cast<int32_t>(i);
+    return buckets;
+  }
 
   static void check_pair(const Tensor& a, const Tensor& b, const char* op) {
     check_f32(a, op);
@@ -254,6 +449,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_{};
   cudaMemPool_t mempool_{};  // the Pool's device memory
   double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
+  void* scratch_ = nullptr;  // device scratch of the GPT-2 kernels (see scratch())
+  size_t scratch_bytes_ = 0;
+  std::vector<int32_t> host_ids_;  // pageable staging of token ids for upload
   std::unique_ptr<Backend> host_;  // computes on the host tier (the offloaded optimizer)
   BlockCache pinned_cache_{256, size_t{1} << 30};  // freed pinned host blocks
 };

@@ -2,10 +2,20 @@
 //
 // Reductions are deterministic: a fixed grid writes per-block partial sums and one block folds
 // them in order. No atomics, so two runs of the same step give the same bits.
+//
+// GPT-2 kernels mirror src/backend/cpu/kernels.cpp formula for formula (same constants, same
+// accumulate/overwrite rules). Row reductions use one warp per row (or one block for the long rows
+// of cross-entropy) folded with __shfl_xor_sync butterflies: every lane ends with the same bits, so
+// values broadcast that way (a row's max and sum) are consistent across the row. Cross-row sums
+// (embedding and LayerNorm parameter gradients) run in an order fixed by the shapes alone.
+// Element-wise kernels move float4 packs when every pointer is 16-byte aligned and the length
+// divides by 4, else single floats.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 
 #include "src/backend/cuda/kernels.cuh"
 
@@ -110,6 +120,334 @@ __global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, floa
   out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc);
 }
 
+// ---- GPT-2 and optimizer kernels ----------------------------------------------------------------
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = kThreads / kWarp;  // warp-per-row kernels
+constexpr int kCrossEntropyThreads = 512;        // one block per row of V logits
+constexpr float kLayerNormEps = 1e-5f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// float4 packs need n % 4 == 0 and every pointer 16-byte aligned; otherwise the scalar kernel runs.
+template <class... P>
+bool packable(int64_t n, const P*... ptrs) {
+  return n % 4 == 0 && (aligned16(ptrs) && ...);
+}
+
+// Blocks for `rows` rows at one warp each.
+int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+template <int W>
+struct Pack {
+  float v[W];
+};
+
+template <int W>
+__device__ inline Pack<W> load_pack(const float* p) {
+  Pack<W> r;
+  if constexpr (W == 4) {
+    float4 q = *reinterpret_cast<const float4*>(p);
+    r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
+  } else {
+    r.v[0] = *p;
+  }
+  return r;
+}
+
+template <int W>
+__device__ inline void store_pack(float* p, const Pack<W>& r) {
+  if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  } else {
+    *p = r.v[0];
+  }
+}
+
+struct SumOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Butterfly over the warp: each step combines the same two values on both partner lanes, and the
+// ops are commutative, so every lane returns bit-identical results.
+template <class T, class Op>
+__device__ inline T warp_allreduce(T v, Op op) {
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Every thread of the block returns the block's result (blockDim.x a multiple of 32, at most 1024).
+template <class T, class Op>
+__device__ T block_allreduce(T v, T identity, Op op) {
+  __shared__ T warp_vals[kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = warp_allreduce(v, op);
+  if (lane == 0) warp_vals[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_vals[lane] : identity;
+  v = warp_allreduce(v, op);
+  __syncthreads();  // warp_vals is reused by the next call
+  return v;
+}
+
+template <int W>
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                         int64_t T, int64_t C, int64_t packs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const int64_t idx = i * W, bt = idx / C, c = idx % C;
+    Pack<W> e = load_pack<W>(wte + static_cast<int64_t>(tokens[bt]) * C + c);
+    const Pack<W> p = load_pack<W>(wpe + (bt % T) * C + c);
+    for (int k = 0; k < W; ++k) e.v[k] += p.v[k];
+    store_pack<W>(out + idx, e);
+  }
+}
+
+// One thread per (t, c); b ascending, one add at a time from the value dwpe holds: the CPU's order.
+__global__ void embedding_backward_dwpe_kernel(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C) {
+  GRID_STRIDE_LOOP(i, T * C) {
+    float acc = dwpe[i];
+    for (int64_t b = 0; b < B; ++b) acc += dout[b * T * C + i];
+    dwpe[i] = acc;
+  }
+}
+
+// One block per distinct token: it alone writes that dwte row, so no atomics are needed.
+__global__ void embedding_backward_dwte_kernel(float* dwte, const float* dout, const int32_t* bucket_token,
+                                               const int32_t* offsets, const int32_t* positions, int64_t C) {
+  const int64_t u = blockIdx.x;
+  float* row = dwte + static_cast<int64_t>(bucket_token[u]) * C;
+  const int32_t begin = offsets[u], end = offsets[u + 1];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = row[c];
+    for (int32_t j = begin; j < end; ++j) acc += dout[static_cast<int64_t>(positions[j]) * C + c];
+    row[c] = acc;
+  }
+}
+
+// One warp per row. Whole warps leave together (row is per warp), so the shuffles see full warps.
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                         const float* b, int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float s = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) s += x[c];
+  const float m = warp_allreduce(s, SumOp{}) / C;
+  float v = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) v += (x[c] - m) * (x[c] - m);
+  const float r = 1.f / sqrtf(warp_allreduce(v, SumOp{}) / C + kLayerNormEps);
+  float* o = out + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) o[c] = (x[c] - m) * r * w[c] + b[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp (accumulated), one warp per row.
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                               const float* mean, const float* rstd, int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* d = dout + row * C;
+  const float m = mean[row], r = rstd[row];
+  float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float norm = (x[c] - m) * r;
+    const float dnorm = w[c] * d[c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * norm;
+  }
+  dnorm_mean = warp_allreduce(dnorm_mean, SumOp{}) / C;
+  dnorm_norm_mean = warp_allreduce(dnorm_norm_mean, SumOp{}) / C;
+  float* di = dinp + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float norm = (x[c] - m) * r;
+    const float dnorm = w[c] * d[c];
+    di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+  }
+}
+
+// LayerNorm's dw/db: chunk blockIdx.y of rows_per_chunk rows writes its partial sums (dw then db,
+// 2C floats) to `partial`; a second kernel folds the chunks in order. The chunking depends on N
+// alone, so the result is the same on every run.
+__global__ void layernorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+                                                  const float* mean, const float* rstd, int64_t N, int64_t C,
+                                                  int64_t rows_per_chunk) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t begin = chunk * rows_per_chunk, end = min(N, begin + rows_per_chunk);
+  float dw = 0.f, db = 0.f;
+  for (int64_t r = begin; r < end; ++r) {
+    const float d = dout[r * C + c];
+    dw += (inp[r * C + c] - mean[r]) * rstd[r] * d;
+    db += d;
+  }
+  partial[chunk * 2 * C + c] = dw;
+  partial[chunk * 2 * C + C + c] = db;
+}
+
+__global__ void layernorm_backward_fold_kernel(float* dw, float* db, const float* partial, int64_t chunks, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f, sb = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    sw += partial[k * 2 * C + c];
+    sb += partial[k * 2 * C + C + c];
+  }
+  dw[c] += sw;
+  db[c] += sb;
+}
+
+template <int W>
+__global__ void add_bias_kernel(float* x, const float* bias, int64_t OC, int64_t packs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const int64_t idx = i * W;
+    Pack<W> v = load_pack<W>(x + idx);
+    const Pack<W> b = load_pack<W>(bias + idx % OC);
+    for (int k = 0; k < W; ++k) v.v[k] += b.v[k];
+    store_pack<W>(x + idx, v);
+  }
+}
+
+__device__ inline float gelu(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + tanhf(u));
+}
+
+__device__ inline float gelu_grad(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  const float th = tanhf(u);
+  const float sech2 = 1.f - th * th;
+  return 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+}
+
+template <int W>
+__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t packs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    Pack<W> v = load_pack<W>(inp + i * W);
+    for (int k = 0; k < W; ++k) v.v[k] = gelu(v.v[k]);
+    store_pack<W>(out + i * W, v);
+  }
+}
+
+template <int W>
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t packs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const Pack<W> x = load_pack<W>(inp + i * W);
+    Pack<W> d = load_pack<W>(dout + i * W);
+    for (int k = 0; k < W; ++k) d.v[k] = gelu_grad(x.v[k]) * d.v[k];
+    store_pack<W>(dinp + i * W, d);
+  }
+}
+
+// One warp per row of scaled scores, in place. Each lane reads and rewrites only its own elements,
+// after the warp-wide max and sum are known.
+__global__ void causal_softmax_kernel(float* att, int64_t rows, int64_t T) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const int64_t t = row % T;
+  float* a = att + row * T;
+  float mx = -INFINITY;
+  for (int64_t s = lane; s <= t; s += kWarp) mx = fmaxf(mx, a[s]);
+  mx = warp_allreduce(mx, MaxOp{});
+  float sum = 0.f;
+  for (int64_t s = lane; s <= t; s += kWarp) sum += expf(a[s] - mx);
+  const float inv = 1.f / warp_allreduce(sum, SumOp{});
+  for (int64_t s = lane; s < T; s += kWarp) a[s] = s <= t ? expf(a[s] - mx) * inv : 0.f;
+}
+
+__global__ void causal_softmax_backward_kernel(float* datt, const float* att, int64_t rows, int64_t T, float scale) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const int64_t t = row % T;
+  const float* a = att + row * T;
+  float* d = datt + row * T;
+  float dot = 0.f;
+  for (int64_t s = lane; s <= t; s += kWarp) dot += a[s] * d[s];
+  dot = warp_allreduce(dot, SumOp{});
+  for (int64_t s = lane; s < T; s += kWarp) d[s] = s <= t ? a[s] * (d[s] - dot) * scale : 0.f;
+}
+
+// One block per row. The whole row (and the target's logit) is read in the max and sum passes,
+// which end in __syncthreads, before any thread writes: dlogits may alias logits. In the last pass
+// each thread rewrites only the elements it reads.
+__global__ void cross_entropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                     int64_t V, float dloss_scale) {
+  const int64_t row = blockIdx.x;
+  const float* z = logits + row * V;
+  const int32_t y = targets[row];
+  const float zy = z[y];
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, z[j]);
+  mx = block_allreduce(mx, -INFINITY, MaxOp{});
+  double sum = 0.0;  // as on the CPU: exp in double, summed in double
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += exp(static_cast<double>(z[j] - mx));
+  sum = block_allreduce(sum, 0.0, SumOp{});
+  if (threadIdx.x == 0) losses[row] = static_cast<float>(log(sum)) + mx - zy;
+  if (dlogits == nullptr) return;
+  const float inv = static_cast<float>(1.0 / sum);
+  float* d = dlogits + row * V;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float g = expf(z[j] - mx) * inv * dloss_scale;
+    if (j == y) g -= dloss_scale;
+    d[j] = g;
+  }
+}
+
+template <int W>
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t packs, AdamWStep a) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const int64_t idx = i * W;
+    Pack<W> pp = load_pack<W>(p + idx), mm = load_pack<W>(m + idx), vv = load_pack<W>(v + idx);
+    const Pack<W> gg = load_pack<W>(g + idx);
+    for (int k = 0; k < W; ++k) {
+      const float grad = gg.v[k] * a.grad_scale;
+      const float mi = a.beta1 * mm.v[k] + (1.f - a.beta1) * grad;
+      const float vi = a.beta2 * vv.v[k] + (1.f - a.beta2) * grad * grad;
+      mm.v[k] = mi;
+      vv.v[k] = vi;
+      pp.v[k] -= a.lr * ((mi * a.inv_bc1) / (sqrtf(vi * a.inv_bc2) + a.eps) + a.weight_decay * pp.v[k]);
+    }
+    store_pack<W>(p + idx, pp);
+    store_pack<W>(m + idx, mm);
+    store_pack<W>(v + idx, vv);
+  }
+}
+
+template <int W>
+__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t packs, float lr, float mu, float wd,
+                           float gs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const int64_t idx = i * W;
+    Pack<W> pp = load_pack<W>(p + idx), bb = load_pack<W>(buf + idx);
+    const Pack<W> gg = load_pack<W>(g + idx);
+    for (int k = 0; k < W; ++k) {
+      const float b = mu * bb.v[k] + gg.v[k] * gs + wd * pp.v[k];
+      bb.v[k] = b;
+      pp.v[k] -= lr * b;
+    }
+    store_pack<W>(p + idx, pp);
+    store_pack<W>(buf + idx, bb);
+  }
+}
+
+// LayerNorm backward's chunking of N rows: at most 256 chunks of at least 32 rows (fewer when N is
+// small). A function of N only, which is what makes dw/db reproducible.
+int64_t layernorm_chunks(int64_t N) { return std::clamp<int64_t>((N + 31) / 32, 1, 256); }
+
 }  // namespace
 
 cudaError_t launch_fill(void* x, DType t, int64_t n, float value, cudaStream_t s) {
@@ -155,6 +493,130 @@ cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* parti
 cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s) {
   int blocks = static_cast<int>(std::max<int64_t>(1, (cols + kThreads - 1) / kThreads));
   sum_rows_kernel<<<blocks, kThreads, 0, s>>>(x, rows, cols, out, accumulate);
+  return cudaGetLastError();
+}
+
+// ---- GPT-2 and optimizer launchers ----------------------------------------------------------------
+
+cudaError_t launch_embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                                     int64_t T, int64_t C, cudaStream_t s) {
+  const int64_t n = B * T * C;
+  if (n == 0) return cudaSuccess;
+  if (packable(C, out, wte, wpe))
+    embedding_forward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, n / 4);
+  else
+    embedding_forward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_embedding_backward_dwpe(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C,
+                                           cudaStream_t s) {
+  if (T * C == 0) return cudaSuccess;
+  embedding_backward_dwpe_kernel<<<grid_for(T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const int32_t* bucket_token,
+                                           const int32_t* offsets, const int32_t* positions, int64_t buckets,
+                                           int64_t C, cudaStream_t s) {
+  if (buckets == 0 || C == 0) return cudaSuccess;
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, (C + kWarp - 1) / kWarp * kWarp));
+  embedding_backward_dwte_kernel<<<static_cast<unsigned>(buckets), threads, 0, s>>>(dwte, dout, bucket_token, offsets,
+                                                                                     positions, C);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                     const float* b, int64_t N, int64_t C, cudaStream_t s) {
+  if (N == 0) return cudaSuccess;
+  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C);
+  return cudaGetLastError();
+}
+
+int64_t layernorm_backward_workspace(int64_t N, int64_t C) { return 2 * C * layernorm_chunks(N); }
+
+cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                      const float* w, const float* mean, const float* rstd, float* workspace,
+                                      int64_t N, int64_t C, cudaStream_t s) {
+  if (N == 0 || C == 0) return cudaSuccess;
+  layernorm_backward_dinp_kernel<<<row_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t chunks = layernorm_chunks(N), rows_per_chunk = (N + chunks - 1) / chunks;
+  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+  layernorm_backward_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
+      workspace, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  layernorm_backward_fold_kernel<<<col_blocks, kThreads, 0, s>>>(dw, db, workspace, chunks, C);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(float* x, const float* bias, int64_t N, int64_t OC, cudaStream_t s) {
+  const int64_t n = N * OC;
+  if (n == 0) return cudaSuccess;
+  if (packable(OC, x, bias))
+    add_bias_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(x, bias, OC, n / 4);
+  else
+    add_bias_kernel<1><<<grid_for(n), kThreads, 0, s>>>(x, bias, OC, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, out, inp))
+    gelu_forward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(out, inp, n / 4);
+  else
+    gelu_forward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(out, inp, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, dinp, inp, dout))
+    gelu_backward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(dinp, inp, dout, n / 4);
+  else
+    gelu_backward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_causal_softmax(float* att, int64_t rows, int64_t T, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, s>>>(att, rows, T);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t rows, int64_t T, float scale,
+                                           cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  causal_softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, s>>>(datt, att, rows, T, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                 int64_t N, int64_t V, float dloss_scale, cudaStream_t s) {
+  if (N == 0) return cudaSuccess;
+  cross_entropy_kernel<<<static_cast<unsigned>(N), kCrossEntropyThreads, 0, s>>>(losses, dlogits, logits, targets, V,
+                                                                                 dloss_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& a, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, p, g, m, v))
+    adamw_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(p, g, m, v, n / 4, a);
+  else
+    adamw_kernel<1><<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, n, a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
+                       float grad_scale, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, p, g, buf))
+    sgd_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(p, g, buf, n / 4, lr, momentum, weight_decay, grad_scale);
+  else
+    sgd_kernel<1><<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
   return cudaGetLastError();
 }
 

@@ -27,4 +27,57 @@ cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* parti
 // out[c] (+)= sum_r x[r, c]
 cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s);
 
+// ---- GPT-2 and optimizer kernels (f32). Every pointer is device memory, token ids included: the
+// backend uploads the host ids before calling these. Semantics mirror src/backend/cpu/kernels.cpp;
+// shapes use that file's names (B batch, T time, C channels, H heads, V vocab, N rows). ----
+
+// out (B*T, C) = wte[tokens] + wpe[t]
+cudaError_t launch_embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                                     int64_t T, int64_t C, cudaStream_t s);
+// dwpe[t] += sum over b of dout[b, t], b in order.
+cudaError_t launch_embedding_backward_dwpe(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C,
+                                           cudaStream_t s);
+// For each of the `buckets` distinct tokens u: dwte[bucket_token[u]] += dout[p] for p in
+// positions[offsets[u] .. offsets[u+1]), one add after another in that (ascending) order, which is
+// the CPU's order: the result is bit-identical to it and independent of scheduling.
+cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const int32_t* bucket_token,
+                                           const int32_t* offsets, const int32_t* positions, int64_t buckets,
+                                           int64_t C, cudaStream_t s);
+
+// out (N, C), mean, rstd (N); eps 1e-5.
+cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                     const float* b, int64_t N, int64_t C, cudaStream_t s);
+// Floats of workspace launch_layernorm_backward needs for (N, C): per-chunk partials of dw and db.
+int64_t layernorm_backward_workspace(int64_t N, int64_t C);
+// dinp, dw, db accumulate. workspace holds layernorm_backward_workspace(N, C) floats.
+cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                      const float* w, const float* mean, const float* rstd, float* workspace,
+                                      int64_t N, int64_t C, cudaStream_t s);
+
+// x (N, OC) += bias (OC) on every row
+cudaError_t launch_add_bias(float* x, const float* bias, int64_t N, int64_t OC, cudaStream_t s);
+cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t s);
+cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t s);
+
+// In place over `rows` rows of T scores, row r being time step r % T of its (T, T) matrix: the
+// causal softmax over s <= t, zeros above the diagonal.
+cudaError_t launch_causal_softmax(float* att, int64_t rows, int64_t T, cudaStream_t s);
+// In place: datt <- att * (datt - <att, datt>) * scale over s <= t, zeros above the diagonal.
+cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t rows, int64_t T, float scale,
+                                           cudaStream_t s);
+
+// losses (N) = -log softmax(logits)[target]; when dlogits is not null it receives
+// (softmax - onehot(target)) * dloss_scale. dlogits may alias logits.
+cudaError_t launch_cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                 int64_t N, int64_t V, float dloss_scale, cudaStream_t s);
+
+// AdamW as in the CPU kernel; inv_bc1/inv_bc2 are 1 / (1 - beta^step), computed by the caller.
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale, inv_bc1, inv_bc2;
+};
+cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& a, cudaStream_t s);
+// b = mu * b + g * grad_scale + wd * p; p -= lr * b.
+cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
+                       float grad_scale, cudaStream_t s);
+
 }  // namespace shardlab::cuda
