@@ -20,9 +20,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "memory/pool.hpp"
 #include "src/backend/cuda/cuda_check.hpp"
-#include "src/comm/mpi_comm.hpp"
+#include "src/comm/mpi_backed.hpp"
 #include "src/comm/mpi_runtime.hpp"
 
 namespace shardlab {
@@ -87,45 +86,31 @@ class NcclWork final : public WorkImpl {
   bool waited_ = false;
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public MpiBackedCommunicator {
  public:
-  NcclCommunicator(MPI_Comm comm, Backend& be) : be_(be), host_pool_(be.host()) {
+  NcclCommunicator(MPI_Comm comm, Backend& be) : MpiBackedCommunicator(comm, be) {
     SHARD_REQUIRE(be.device() == Device::cuda, "--comm nccl needs --device cuda (the backend is {})",
                   device_name(be.device()));
-    MPI_CHECK(MPI_Comm_dup(comm, &comm_));
-    mpi_ = make_mpi_communicator(comm_, host_pool_);
     compute_ = static_cast<cudaStream_t>(be.native_stream(StreamKind::compute));
     stream_ = static_cast<cudaStream_t>(be.native_stream(StreamKind::comm));
     check_one_rank_per_device();
     ncclUniqueId id{};
-    if (mpi_->rank() == 0) NCCL_CHECK(nullptr, "ncclGetUniqueId", ncclGetUniqueId(&id));
+    if (rank() == 0) NCCL_CHECK(nullptr, "ncclGetUniqueId", ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_));
     CUDA_CHECK(cudaSetDevice(be.device_index()));
-    NCCL_CHECK(nullptr, "ncclCommInitRank", ncclCommInitRank(&nccl_, mpi_->world_size(), id, mpi_->rank()));
+    NCCL_CHECK(nullptr, "ncclCommInitRank", ncclCommInitRank(&nccl_, world_size(), id, rank()));
   }
   ~NcclCommunicator() override {
     if (nccl_) {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(nccl_);
     }
-    mpi_.reset();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
   }
-
-  int rank() const override { return mpi_->rank(); }
-  int world_size() const override { return mpi_->world_size(); }
   std::string name() const override { return "nccl"; }
 
  protected:
-  std::vector<std::string> exchange(const std::string& mine) override { return mpi_->all_gather_strings(mine); }
-  std::unique_ptr<Communicator> do_split(int color, int key, int, int) override {
-    MPI_Comm part = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
-    auto c = std::make_unique<NcclCommunicator>(part, be_);  // duplicates it
-    MPI_CHECK(MPI_Comm_free(&part));
-    return c;
+  std::unique_ptr<Communicator> same_kind(MPI_Comm comm) override {
+    return std::make_unique<NcclCommunicator>(comm, be_);
   }
 
   Work do_all_reduce(Tensor buf, ReduceOp op) override {
@@ -233,10 +218,6 @@ class NcclCommunicator final : public Communicator {
                                        i, j, all[i]));
   }
 
-  Backend& be_;
-  Pool host_pool_;  // staging of host-tensor reductions over MPI (not the rank's ledger)
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  std::unique_ptr<Communicator> mpi_;
   ncclComm_t nccl_ = nullptr;
   cudaStream_t compute_{}, stream_{};
 };

@@ -1,9 +1,8 @@
 // staged_comm.cpp — the staged transport (see staged_comm.hpp).
 //
 // Design notes.
-//  * The MPI work is done by an mpi communicator over host buffers (`mpi_`), so widening bf16/f16
-//    reductions to f32 and the watchdog's records are the mpi transport's own. Its staging pool is
-//    a private one on the host backend: transport memory, outside the rank's ledger.
+//  * The MPI work is done by an mpi communicator over host buffers (`mpi_`, see mpi_backed.hpp), so
+//    widening bf16/f16 reductions to f32 and the watchdog's records are the mpi transport's own.
 //  * A device input is copied to the host before MPI sees it; Backend::copy synchronises the
 //    compute stream whenever host memory is involved, so the input is complete when copied.
 //  * Results go back to the device in Work::wait (or when test() finds the MPI request done).
@@ -13,9 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "memory/pool.hpp"
-#include "src/comm/mpi_comm.hpp"
-#include "src/comm/mpi_runtime.hpp"
+#include "src/comm/mpi_backed.hpp"
 
 namespace shardlab {
 namespace {
@@ -71,21 +68,9 @@ class StagedWork final : public WorkImpl {
   bool completed_ = false;
 };
 
-class StagedCommunicator final : public Communicator {
+class StagedCommunicator final : public MpiBackedCommunicator {
  public:
-  StagedCommunicator(MPI_Comm comm, Backend& be) : be_(be), host_pool_(be.host()) {
-    MPI_CHECK(MPI_Comm_dup(comm, &comm_));
-    mpi_ = make_mpi_communicator(comm_, host_pool_);
-  }
-  ~StagedCommunicator() override {
-    mpi_.reset();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
-  }
-
-  int rank() const override { return mpi_->rank(); }
-  int world_size() const override { return mpi_->world_size(); }
+  StagedCommunicator(MPI_Comm comm, Backend& be) : MpiBackedCommunicator(comm, be) {}
   std::string name() const override { return "staged"; }
 
  protected:
@@ -94,14 +79,8 @@ class StagedCommunicator final : public Communicator {
     bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
     return reduction && dtype != DType::f32 ? 4.0 / dtype_size(dtype) : 1.0;  // MPI widens them to f32
   }
-  std::vector<std::string> exchange(const std::string& mine) override { return mpi_->all_gather_strings(mine); }
-
-  std::unique_ptr<Communicator> do_split(int color, int key, int, int) override {
-    MPI_Comm part = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
-    auto c = std::make_unique<StagedCommunicator>(part, be_);  // duplicates it
-    MPI_CHECK(MPI_Comm_free(&part));
-    return c;
+  std::unique_ptr<Communicator> same_kind(MPI_Comm comm) override {
+    return std::make_unique<StagedCommunicator>(comm, be_);
   }
 
   Work do_all_reduce(Tensor buf, ReduceOp op) override {
@@ -174,11 +153,6 @@ class StagedCommunicator final : public Communicator {
     StagedCommunicator& self;
     std::vector<HostStage> stages;
   };
-
-  Backend& be_;
-  Pool host_pool_;  // the mpi communicator's f32 staging of bf16/f16 reductions (not the rank's ledger)
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  std::unique_ptr<Communicator> mpi_;
 };
 
 }  // namespace
