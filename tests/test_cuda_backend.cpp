@@ -1,6 +1,13 @@
 // Every CUDA backend op against the CPU backend on the same inputs. Tolerances per op below.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "memory/pool.hpp"
 #include "tests/test_util.hpp"
@@ -121,4 +128,292 @@ TEST_CASE("cuda element-wise ops, casts and reductions match the cpu backend", "
   e.cpu->sum_rows(Tensor(m.data(), DType::f32, {rows, cols}), host(cs), false);
   got = e.download(gs, DType::f32, cols);
   for (int64_t c = 0; c < cols; ++c) REQUIRE(got[c] == Approx(cs[c]).epsilon(1e-6).margin(1e-6));
+}
+
+// ---- GPT-2 and optimizer kernels against the CPU backend ----------------------------------------
+// Tolerances: |gpu - cpu| <= abs + rel * |cpu| per element, stated at each check. TF32 is off, so
+// GEMM-based ops differ from the CPU only by summation order.
+
+namespace {
+
+using Ids = std::vector<int32_t>;
+
+Block up(Env& e, const std::vector<float>& v, const char* tag) { return e.upload(v, DType::f32, tag); }
+std::vector<float> down(Env& e, const Block& b, size_t n) { return e.download(b, DType::f32, n); }
+Tensor host2(std::vector<float>& v, int64_t rows, int64_t cols) { return Tensor(v.data(), DType::f32, {rows, cols}); }
+
+// n token ids in [0, V), with the last one repeating the first so that some row is hit twice.
+Ids random_ids(const std::string& name, int64_t n, int64_t V) {
+  auto u = random_vector(name, static_cast<size_t>(n), 0.f, static_cast<float>(V));
+  Ids ids(u.size());
+  for (size_t i = 0; i < u.size(); ++i) ids[i] = std::min(static_cast<int32_t>(V - 1), static_cast<int32_t>(u[i]));
+  if (n > 1) ids.back() = ids.front();
+  return ids;
+}
+
+// Every element within abs + rel * |ref|; reports the count, the max error and the first mismatches.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double rel, double abs,
+                  const std::string& what) {
+  REQUIRE(got.size() == ref.size());
+  size_t bad = 0;
+  double max_err = 0;
+  std::ostringstream first;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double err = std::fabs(double(got[i]) - double(ref[i]));
+    max_err = std::max(max_err, err);
+    if (!(err <= abs + rel * std::fabs(double(ref[i])))) {
+      if (bad < 5) first << " [" << i << "] gpu " << got[i] << " cpu " << ref[i] << ";";
+      ++bad;
+    }
+  }
+  INFO(what << ": " << bad << " of " << ref.size() << " outside tolerance, max abs error " << max_err << first.str());
+  CHECK(bad == 0);
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("cuda embedding forward and backward match the cpu bit for bit", "[cuda]") {
+  Env e;
+  struct Shape { int64_t B, T, C, V; };
+  // C = 130 takes the scalar path of the forward; 64 and 36 the float4 one.
+  for (Shape s : {Shape{2, 17, 64, 50}, Shape{3, 1, 36, 1003}, Shape{2, 64, 130, 1003}}) {
+    const int64_t B = s.B, T = s.T, C = s.C, V = s.V, maxT = T + 3, BT = B * T;
+    INFO("B=" << B << " T=" << T << " C=" << C << " V=" << V);
+    Ids tokens = random_ids("etok", BT, V);
+    auto wte = random_vector("ewte", V * C), wpe = random_vector("ewpe", maxT * C);
+    std::vector<float> out(BT * C);
+    e.cpu->embedding_forward(host2(out, BT, C), tokens.data(), B, T, host2(wte, V, C), host2(wpe, maxT, C));
+    Block gwte = up(e, wte, "wte"), gwpe = up(e, wpe, "wpe");
+    Block gout = e.pool.alloc(DType::f32, BT * C, Category::workspace, "out");
+    e.gpu->embedding_forward(gout.view(DType::f32, {BT, C}), tokens.data(), B, T, gwte.view(DType::f32, {V, C}),
+                             gwpe.view(DType::f32, {maxT, C}));
+    CHECK(bit_equal(down(e, gout, out.size()), out));  // tolerance 0: one add per element
+
+    // Backward accumulates into random gradients. Both backends add each position's row in
+    // ascending position order, so they agree bit for bit (tolerance 0).
+    auto dout = random_vector("edout", BT * C);
+    auto dwte = random_vector("edwte", V * C), dwpe = random_vector("edwpe", maxT * C);
+    Block gdout = up(e, dout, "dout");
+    auto run_gpu = [&] {
+      Block gdwte = up(e, dwte, "dwte"), gdwpe = up(e, dwpe, "dwpe");
+      e.gpu->embedding_backward(gdwte.view(DType::f32, {V, C}), gdwpe.view(DType::f32, {maxT, C}),
+                                gdout.view(DType::f32, {BT, C}), tokens.data(), B, T);
+      return std::pair{down(e, gdwte, dwte.size()), down(e, gdwpe, dwpe.size())};
+    };
+    auto [got_dwte, got_dwpe] = run_gpu();
+    auto [again_dwte, again_dwpe] = run_gpu();
+    e.cpu->embedding_backward(host2(dwte, V, C), host2(dwpe, maxT, C), host2(dout, BT, C), tokens.data(), B, T);
+    CHECK(bit_equal(got_dwte, dwte));
+    CHECK(bit_equal(got_dwpe, dwpe));
+    // Determinism: repeated tokens, no atomics: the second run gives the same bits.
+    CHECK(bit_equal(got_dwte, again_dwte));
+    CHECK(bit_equal(got_dwpe, again_dwpe));
+  }
+}
+
+TEST_CASE("cuda kernels reject token ids outside the vocabulary", "[cuda]") {
+  Env e;
+  const int64_t V = 10, C = 8;
+  Block wte = e.pool.alloc(DType::f32, V * C, Category::workspace, "wte");
+  Block out = e.pool.alloc(DType::f32, 2 * C, Category::workspace, "out");
+  Ids bad{3, 10};
+  CHECK_THROWS_AS(e.gpu->embedding_forward(out.view(DType::f32, {2, C}), bad.data(), 1, 2,
+                                           wte.view(DType::f32, {V, C}), wte.view(DType::f32, {V, C})),
+                  InternalError);
+  Block losses = e.pool.alloc(DType::f32, 2, Category::workspace, "losses");
+  Ids negative{-1, 0};
+  CHECK_THROWS_AS(e.gpu->cross_entropy(losses.flat(DType::f32).slice(0, 2), Tensor(), out.view(DType::f32, {2, C}),
+                                       negative.data(), 1.f),
+                  InternalError);
+}
+
+TEST_CASE("cuda layernorm forward and backward match the cpu backend", "[cuda]") {
+  Env e;
+  struct Shape { int64_t N, C; };
+  // C = 31 leaves lanes idle; N = 1000 spreads dw/db over 32 row chunks.
+  for (Shape s : {Shape{1, 64}, Shape{34, 768}, Shape{64, 130}, Shape{17, 31}, Shape{1000, 64}}) {
+    const int64_t N = s.N, C = s.C;
+    INFO("N=" << N << " C=" << C);
+    auto inp = random_vector("linp", N * C, -2.f, 3.f), w = random_vector("lw", C, 0.5f, 1.5f);
+    auto b = random_vector("lb", C);
+    std::vector<float> out(N * C), mean(N), rstd(N);
+    e.cpu->layernorm_forward(host2(out, N, C), host(mean), host(rstd), host2(inp, N, C), host(w), host(b));
+    Block ginp = up(e, inp, "inp"), gw = up(e, w, "w"), gb = up(e, b, "b");
+    Block gout = e.pool.alloc(DType::f32, N * C, Category::workspace, "out");
+    Block gmean = e.pool.alloc(DType::f32, N, Category::workspace, "mean");
+    Block grstd = e.pool.alloc(DType::f32, N, Category::workspace, "rstd");
+    e.gpu->layernorm_forward(gout.view(DType::f32, {N, C}), Env::dev(gmean, DType::f32, N),
+                             Env::dev(grstd, DType::f32, N), ginp.view(DType::f32, {N, C}),
+                             Env::dev(gw, DType::f32, C), Env::dev(gb, DType::f32, C));
+    // f32, only the summation order differs: 1e-5 relative, 1e-5 absolute.
+    expect_close(down(e, gout, out.size()), out, 1e-5, 1e-5, "layernorm out");
+    expect_close(down(e, gmean, mean.size()), mean, 1e-5, 1e-5, "layernorm mean");
+    expect_close(down(e, grstd, rstd.size()), rstd, 1e-5, 1e-5, "layernorm rstd");
+
+    // Backward on the CPU's mean/rstd, into random gradients (all three accumulate).
+    auto dout = random_vector("ldout", N * C), dinp = random_vector("ldinp", N * C);
+    auto dw = random_vector("ldw", C), db = random_vector("ldb", C);
+    Block gdout = up(e, dout, "dout"), gm = up(e, mean, "mean"), gr = up(e, rstd, "rstd");
+    auto run_gpu = [&] {
+      Block gdinp = up(e, dinp, "dinp"), gdw = up(e, dw, "dw"), gdb = up(e, db, "db");
+      e.gpu->layernorm_backward(gdinp.view(DType::f32, {N, C}), Env::dev(gdw, DType::f32, C),
+                                Env::dev(gdb, DType::f32, C), gdout.view(DType::f32, {N, C}),
+                                ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C),
+                                Env::dev(gm, DType::f32, N), Env::dev(gr, DType::f32, N));
+      return std::tuple{down(e, gdinp, dinp.size()), down(e, gdw, dw.size()), down(e, gdb, db.size())};
+    };
+    auto [got_dinp, got_dw, got_db] = run_gpu();
+    auto [again_dinp, again_dw, again_db] = run_gpu();
+    e.cpu->layernorm_backward(host2(dinp, N, C), host(dw), host(db), host2(dout, N, C), host2(inp, N, C), host(w),
+                              host(mean), host(rstd));
+    // Sums over C (dinp) and over N rows (dw, db) in another order: 1e-4 relative, 1e-4 absolute.
+    expect_close(got_dinp, dinp, 1e-4, 1e-4, "layernorm dinp");
+    expect_close(got_dw, dw, 1e-4, 1e-4, "layernorm dweight");
+    expect_close(got_db, db, 1e-4, 1e-4, "layernorm dbias");
+    CHECK(bit_equal(got_dw, again_dw));  // partials folded in a fixed order: reproducible
+    CHECK(bit_equal(got_db, again_db));
+    CHECK(bit_equal(got_dinp, again_dinp));
+  }
+}
+
+TEST_CASE("cuda add_bias and gelu match the cpu backend", "[cuda]") {
+  Env e;
+  // add_bias: OC = 64 takes the float4 path, OC = 50 the scalar one.
+  for (int64_t OC : {int64_t{64}, int64_t{50}}) {
+    const int64_t N = 17;
+    auto x = random_vector("bx", N * OC), bias = random_vector("bbias", OC);
+    Block gx = up(e, x, "x"), gbias = up(e, bias, "bias");
+    e.gpu->add_bias(gx.view(DType::f32, {N, OC}), Env::dev(gbias, DType::f32, OC));
+    e.cpu->add_bias(host2(x, N, OC), host(bias));
+    CHECK(bit_equal(down(e, gx, x.size()), x));  // tolerance 0: one add per element
+  }
+  // gelu: 4096 elements take the float4 path; 1001 elements one float past an aligned start, the
+  // scalar one. The CPU's tanh is a polynomial within about 1e-7 absolute of tanhf's.
+  for (int64_t n : {int64_t{4096}, int64_t{1001}}) {
+    const int64_t off = n % 4 == 0 ? 0 : 1;
+    INFO("n=" << n);
+    auto inp = random_vector("ginp", n + off, -4.f, 4.f), dout = random_vector("gdout", n + off);
+    std::vector<float> out(n + off), dinp(n + off, 7.f);
+    Block ginp = up(e, inp, "inp"), gdout = up(e, dout, "dout");
+    Block gout = up(e, out, "out"), gdinp = up(e, dinp, "dinp");
+    auto dev = [&](const Block& b) { return Env::dev(b, DType::f32, n + off).slice(off, n); };
+    auto hst = [&](std::vector<float>& v) { return host(v).slice(off, n); };
+    e.gpu->gelu_forward(dev(gout), dev(ginp));
+    e.gpu->gelu_backward(dev(gdinp), dev(ginp), dev(gdout));
+    e.cpu->gelu_forward(hst(out), hst(inp));
+    e.cpu->gelu_backward(hst(dinp), hst(inp), hst(dout));
+    // 1e-5 relative, 1e-6 absolute (the tanh approximations differ by ~1e-7 absolute).
+    expect_close(down(e, gout, out.size()), out, 1e-5, 1e-6, "gelu_forward");
+    expect_close(down(e, gdinp, dinp.size()), dinp, 1e-5, 1e-6, "gelu_backward");
+  }
+}
+
+TEST_CASE("cuda attention forward and backward match the cpu backend", "[cuda]") {
+  Env e;
+  struct Shape { int64_t B, T, C, H; };
+  // Head sizes 8 (C=64, H=8) and 64 (C=128, H=2); T = 1, 17 (not a multiple of 32) and 64.
+  for (Shape s : {Shape{2, 1, 64, 8}, Shape{2, 17, 64, 8}, Shape{1, 64, 128, 2}, Shape{2, 17, 128, 2},
+                  Shape{1, 64, 64, 8}}) {
+    const int64_t B = s.B, T = s.T, C = s.C, H = s.H;
+    INFO("B=" << B << " T=" << T << " C=" << C << " H=" << H);
+    auto qkv = random_vector("aqkv", B * T * 3 * C);
+    std::vector<float> out(B * T * C), att(B * H * T * T);
+    Tensor hqkv(qkv.data(), DType::f32, {B, T, 3 * C});
+    e.cpu->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}),
+                             Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H);
+    Block gqkv = up(e, qkv, "qkv");
+    Block gout = e.pool.alloc(DType::f32, B * T * C, Category::workspace, "out");
+    Block gatt = e.pool.alloc(DType::f32, B * H * T * T, Category::workspace, "att");
+    e.gpu->attention_forward(gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
+                             gqkv.view(DType::f32, {B, T, 3 * C}), H);
+    auto got_att = down(e, gatt, att.size());
+    // cuBLAS sums in another order (f32, no TF32): 1e-4 relative, 1e-5 absolute.
+    expect_close(got_att, att, 1e-4, 1e-5, "attention att");
+    expect_close(down(e, gout, out.size()), out, 1e-4, 1e-5, "attention out");
+    size_t nonzero_above = 0;  // the causal mask is exact zeros
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t u = t + 1; u < T; ++u) nonzero_above += got_att[(bh * T + t) * T + u] != 0.f;
+    CHECK(nonzero_above == 0);
+
+    // Backward from the CPU's att; dqkv starts as garbage on both sides (it is overwritten).
+    auto dout = random_vector("adout", B * T * C);
+    std::vector<float> dqkv(qkv.size(), 7.f), scratch(attention_scratch_elems(T, H));
+    Block gdout = up(e, dout, "dout"), gdqkv = up(e, dqkv, "dqkv"), gatt_ref = up(e, att, "att");
+    Block gscratch = e.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace, "scratch");
+    e.gpu->attention_backward(gdqkv.view(DType::f32, {B, T, 3 * C}), gdout.view(DType::f32, {B, T, C}),
+                              gqkv.view(DType::f32, {B, T, 3 * C}), gatt_ref.view(DType::f32, {B, H, T, T}), H,
+                              gscratch.flat(DType::f32));
+    e.cpu->attention_backward(Tensor(dqkv.data(), DType::f32, {B, T, 3 * C}),
+                              Tensor(dout.data(), DType::f32, {B, T, C}), hqkv,
+                              Tensor(att.data(), DType::f32, {B, H, T, T}), H, host(scratch));
+    // Four GEMMs and the softmax backward in another order: 1e-4 relative, 2e-5 absolute.
+    expect_close(down(e, gdqkv, dqkv.size()), dqkv, 1e-4, 2e-5, "attention dqkv");
+  }
+}
+
+TEST_CASE("cuda cross_entropy matches the cpu backend, in place and without gradients", "[cuda]") {
+  Env e;
+  struct Shape { int64_t N, V; };
+  // V not a multiple of 32 (50, 1003) and GPT-2's 50257 (many elements per thread).
+  for (Shape s : {Shape{34, 50}, Shape{34, 1003}, Shape{3, 50257}, Shape{1, 1}}) {
+    const int64_t N = s.N, V = s.V;
+    INFO("N=" << N << " V=" << V);
+    auto logits = random_vector("xlogits", N * V, -4.f, 4.f);
+    Ids targets = random_ids("xtargets", N, V);
+    const float scale = 1.f / static_cast<float>(N);
+    std::vector<float> losses(N), dlogits(N * V);
+    e.cpu->cross_entropy(host(losses), host2(dlogits, N, V), host2(logits, N, V), targets.data(), scale);
+    enum class Mode { separate, aliased, no_grad };
+    for (Mode mode : {Mode::separate, Mode::aliased, Mode::no_grad}) {
+      INFO("mode " << static_cast<int>(mode));
+      Block glogits = up(e, logits, "logits");
+      Block gd = e.pool.alloc(DType::f32, N * V, Category::workspace, "dlogits");
+      Block glosses = e.pool.alloc(DType::f32, N, Category::workspace, "losses");
+      Tensor tl = glogits.view(DType::f32, {N, V});
+      Tensor td = mode == Mode::separate ? gd.view(DType::f32, {N, V}) : mode == Mode::aliased ? tl : Tensor();
+      e.gpu->cross_entropy(Env::dev(glosses, DType::f32, N), td, tl, targets.data(), scale);
+      // Double-precision sums on both sides; float exps differ by an ulp or two: 1e-5 relative.
+      expect_close(down(e, glosses, losses.size()), losses, 1e-5, 1e-6, "cross_entropy losses");
+      if (mode == Mode::separate) expect_close(down(e, gd, dlogits.size()), dlogits, 1e-5, 1e-8, "dlogits");
+      if (mode == Mode::aliased)
+        expect_close(down(e, glogits, dlogits.size()), dlogits, 1e-5, 1e-8, "dlogits in place");
+      if (mode == Mode::no_grad) CHECK(bit_equal(down(e, glogits, logits.size()), logits));  // untouched
+    }
+  }
+}
+
+TEST_CASE("cuda adamw and sgd match the cpu backend over several steps", "[cuda]") {
+  Env e;
+  // 4096 elements take the float4 path, 4099 the scalar one.
+  for (int64_t n : {int64_t{4096}, int64_t{4099}}) {
+    INFO("n=" << n);
+    auto p = random_vector("op", n), m = random_vector("om", n, -0.1f, 0.1f), v = random_vector("ov", n, 0.f, 0.01f);
+    std::vector<float> sp = p, sbuf(n, 0.f);
+    Block gp = up(e, p, "p"), gm = up(e, m, "m"), gv = up(e, v, "v");
+    Block gsp = up(e, sp, "sp"), gsbuf = up(e, sbuf, "sbuf");
+    auto t = [&](const Block& b) { return Env::dev(b, DType::f32, n); };
+    for (int64_t step = 1; step <= 3; ++step) {
+      auto g = random_vector("og" + std::to_string(step), n);
+      Block gg = up(e, g, "g");
+      AdamWArgs a;
+      a.lr = 1e-3f, a.weight_decay = 0.1f, a.step = step, a.grad_scale = 0.5f;
+      e.gpu->adamw_update(t(gp), t(gg), t(gm), t(gv), a);
+      e.cpu->adamw_update(host(p), host(g), host(m), host(v), a);
+      SgdArgs sa;
+      sa.lr = 0.01f, sa.momentum = 0.9f, sa.weight_decay = 0.01f, sa.grad_scale = 0.5f;
+      e.gpu->sgd_update(t(gsp), t(gg), t(gsbuf), sa);
+      e.cpu->sgd_update(host(sp), host(g), host(sbuf), sa);
+    }
+    // The same f32 formula (contractions into FMAs may differ): 1e-5 relative, 1e-7 absolute.
+    expect_close(down(e, gp, n), p, 1e-5, 1e-7, "adamw param");
+    expect_close(down(e, gm, n), m, 1e-5, 1e-7, "adamw m");
+    expect_close(down(e, gv, n), v, 1e-5, 1e-7, "adamw v");
+    expect_close(down(e, gsp, n), sp, 1e-5, 1e-7, "sgd param");
+    expect_close(down(e, gsbuf, n), sbuf, 1e-5, 1e-7, "sgd momentum");
+  }
 }

@@ -254,7 +254,7 @@ class CudaBackend final : public Backend {
                     mean.numel() == N && rstd.numel() == N,
                 "layernorm_backward: dinp {} dout {} dweight {} mean {}", dinp.shape_str(), dout.shape_str(),
                 dweight.shape_str(), mean.shape_str());
-    auto* workspace = static_cast<float*>(scratch(cuda::layernorm_backward_workspace(N, C) * sizeof(float)));
+    auto* workspace = static_cast<float*>(device_scratch(cuda::layernorm_backward_workspace(N, C) * sizeof(float)));
     CUDA_CHECK(cuda::launch_layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(),
                                                dout.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(),
                                                mean.ptr<float>(), rstd.ptr<float>(), workspace, N, C, compute_));
@@ -362,7 +362,7 @@ class CudaBackend final : public Backend {
 
   // Device scratch of at least `bytes` (token ids, LayerNorm partials), grown on demand. Freeing
   // the old buffer is ordered on the compute stream after every kernel that still reads it.
-  void* scratch(size_t bytes) {
+  void* device_scratch(size_t bytes) {
     if (bytes > scratch_bytes_) {
       if (scratch_ != nullptr) CUDA_CHECK(cudaFreeAsync(scratch_, compute_));
       scratch_ = nullptr;
@@ -379,7 +379,7 @@ class CudaBackend final : public Backend {
   const int32_t* upload_host_ids() {
     const size_t bytes = host_ids_.size() * sizeof(int32_t);
     if (bytes == 0) return nullptr;
-    void* dev = scratch(bytes);
+    void* dev = device_scratch(bytes);
     CUDA_CHECK(cudaMemcpyAsync(dev, host_ids_.data(), bytes, cudaMemcpyHostToDevice, compute_));
     return static_cast<const int32_t*>(dev);
   }
@@ -449,7 +449,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_{};
   cudaMemPool_t mempool_{};  // the Pool's device memory
   double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
-  void* scratch_ = nullptr;  // device scratch of the GPT-2 kernels (see scratch())
+  void* scratch_ = nullptr;  // device scratch of the GPT-2 kernels (see device_scratch())
   size_t scratch_bytes_ = 0;
   std::vector<int32_t> host_ids_;  // pageable staging of token ids for upload
   std::unique_ptr<Backend> host_;  // computes on the host tier (the offloaded optimizer)
