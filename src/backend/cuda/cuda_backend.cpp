@@ -14,7 +14,9 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -81,11 +83,15 @@ class CudaBackend final : public Backend {
     host_ = make_cpu_backend(cfg);
   }
   ~CudaBackend() override {
-    pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });
     cudaFreeAsync(partial_, compute_);
     if (scratch_ != nullptr) cudaFreeAsync(scratch_, compute_);
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
+    pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });
+    for (IdSlot& slot : id_slots_) {
+      if (slot.host) cudaFreeHost(slot.host);
+      if (slot.copied) cudaEventDestroy(slot.copied);
+    }
     cudaMemPoolDestroy(mempool_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(comm_);
@@ -373,14 +379,25 @@ class CudaBackend final : public Backend {
     return scratch_;
   }
 
-  // host_ids_ -> device scratch on the compute stream. host_ids_ is pageable, so the copy has
-  // staged it when cudaMemcpyAsync returns and the next call may refill it (a pinned source would be
-  // read later, which is why callers' ids are copied into host_ids_ first).
+  // host_ids_ -> device scratch on the compute stream, through a pinned slot: from pageable
+  // memory cudaMemcpyAsync would first wait for the stream (a host sync per upload). The slot is
+  // reused kIdSlots uploads later, once the copy that read it has run (its event).
   const int32_t* upload_host_ids() {
     const size_t bytes = host_ids_.size() * sizeof(int32_t);
     if (bytes == 0) return nullptr;
+    IdSlot& slot = id_slots_[next_id_slot_++ % id_slots_.size()];
+    if (slot.copied) CUDA_CHECK(cudaEventSynchronize(slot.copied));
+    else CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    if (slot.bytes < bytes) {
+      if (slot.host) CUDA_CHECK(cudaFreeHost(slot.host));
+      slot.host = nullptr;
+      CUDA_CHECK(cudaMallocHost(&slot.host, bytes));
+      slot.bytes = bytes;
+    }
+    std::memcpy(slot.host, host_ids_.data(), bytes);
     void* dev = device_scratch(bytes);
-    CUDA_CHECK(cudaMemcpyAsync(dev, host_ids_.data(), bytes, cudaMemcpyHostToDevice, compute_));
+    CUDA_CHECK(cudaMemcpyAsync(dev, slot.host, bytes, cudaMemcpyHostToDevice, compute_));
+    CUDA_CHECK(cudaEventRecord(slot.copied, compute_));
     return static_cast<const int32_t*>(dev);
   }
 
@@ -451,7 +468,14 @@ class CudaBackend final : public Backend {
   double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
   void* scratch_ = nullptr;  // device scratch of the GPT-2 kernels (see device_scratch())
   size_t scratch_bytes_ = 0;
-  std::vector<int32_t> host_ids_;  // pageable staging of token ids for upload
+  std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
+  struct IdSlot {
+    void* host = nullptr;  // pinned
+    size_t bytes = 0;
+    cudaEvent_t copied{};  // the upload that last read it
+  };
+  std::array<IdSlot, 8> id_slots_{};
+  size_t next_id_slot_ = 0;
   std::unique_ptr<Backend> host_;  // computes on the host tier (the offloaded optimizer)
   BlockCache pinned_cache_{256, size_t{1} << 30};  // freed pinned host blocks
 };
