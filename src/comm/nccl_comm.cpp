@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <mutex>
+#include <set>
 
 #include "src/backend/cuda/cuda_check.hpp"
 #include "src/comm/mpi_backed.hpp"
@@ -37,10 +39,22 @@ ncclDataType_t nccl_type(DType t) {
 }
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
 
+// Communicators aborted after an error: their handles are gone, so their owners must not destroy them.
+std::mutex g_aborted_mutex;
+std::set<ncclComm_t> g_aborted;
+bool aborted(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(g_aborted_mutex);
+  return g_aborted.count(comm) != 0;
+}
+
 // Aborts the communicator, then reports through the common reporter (rank, device, file:line).
 void nccl_failed(ncclComm_t comm, ncclResult_t st, const char* call, const char* what, const char* file, int line) {
   std::string last = comm ? ncclGetLastError(comm) : "";
-  if (comm) ncclCommAbort(comm);
+  if (comm && !aborted(comm)) {
+    ncclCommAbort(comm);
+    std::lock_guard<std::mutex> lock(g_aborted_mutex);
+    g_aborted.insert(comm);
+  }
   check_failed(call, file, line,
                fmt::format("NCCL error in {}: {} ({}){}{}", what, static_cast<int>(st), ncclGetErrorString(st),
                            last.empty() ? "" : ": ", last));
@@ -101,7 +115,7 @@ class NcclCommunicator final : public MpiBackedCommunicator {
     NCCL_CHECK(nullptr, "ncclCommInitRank", ncclCommInitRank(&nccl_, world_size(), id, rank()));
   }
   ~NcclCommunicator() override {
-    if (nccl_) {
+    if (nccl_ && !aborted(nccl_)) {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(nccl_);
     }
