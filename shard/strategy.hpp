@@ -140,9 +140,13 @@ class Strategy : public UnitHooks {
     return s;
   }
   // Views of the f32 compute copies of unit u's parameters held in storage(x) for each unit x.
+  // On a backend with fast low-precision GEMMs the storage (bf16, gathered) goes to the GEMMs as
+  // it is (ParamSet::gemm); the f32 copies serve the other kernels.
   template <class StorageOf>
   ParamSet compute_views(size_t u, StorageOf storage_of) {
-    return views(u, [&](size_t x) { return mp_.compute_params(x, storage_of(x), layout(x).name); });
+    ParamSet s = views(u, [&](size_t x) { return mp_.compute_params(x, storage_of(x), layout(x).name); });
+    if (mixed() && env_.be.low_precision_gemm()) s.set_low(views(u, storage_of));
+    return s;
   }
   template <class StorageOf>
   ParamSet grad_views(size_t u, StorageOf storage_of) {

@@ -78,7 +78,7 @@ TEST_CASE("cpu gemm rejects bad shapes and types", "[backend][gemm]") {
   d.ldb = d.ldc = 4;
   CHECK_THROWS_WITH(be->gemm(d, a.data(), b.data(), c.data()), Catch::Contains("lda=3 < 4 columns of A"));
   d.lda = 4;
-  d.ab_type = DType::bf16;
+  d.a_type = d.b_type = DType::bf16;
   CHECK_THROWS_WITH(be->gemm(d, a.data(), b.data(), c.data()), Catch::Contains("cpu gemm computes f32 only"));
 }
 

@@ -57,14 +57,14 @@ TEST_CASE("cuda gemm matches the cpu backend (f32 and bf16 inputs)", "[cuda]") {
       d.ldb = d.trans_b == Trans::N ? d.n : d.k;
       d.ldc = d.n;
       d.stride_a = d.m * d.k, d.stride_b = d.k * d.n, d.stride_c = d.m * d.n;
-      d.ab_type = ab;
+      d.a_type = d.b_type = ab;
       auto A = random_vector("cA", d.stride_a * 2), B = random_vector("cB", d.stride_b * 2);
       // The reference sees the inputs as the GPU does: rounded to the input dtype.
       for (auto& v : A) v = test::round_to(v, ab);
       for (auto& v : B) v = test::round_to(v, ab);
       std::vector<float> ref(d.stride_c * 2);
       GemmDesc dc = d;
-      dc.ab_type = DType::f32;
+      dc.a_type = dc.b_type = DType::f32;
       e.cpu->gemm(dc, A.data(), B.data(), ref.data());
       Block a = e.upload(A, ab, "A"), b = e.upload(B, ab, "B");
       Block c = e.pool.alloc(DType::f32, d.stride_c * 2, Category::workspace, "C");
@@ -75,6 +75,36 @@ TEST_CASE("cuda gemm matches the cpu backend (f32 and bf16 inputs)", "[cuda]") {
       INFO(dtype_name(ab) << " trans " << t << " max abs error " << max_err);
       CHECK(max_err <= 1e-3);  // f32 accumulation of 129 products; TF32 is not enabled
     }
+}
+
+TEST_CASE("cuda gemm: an f32 activation meets a bf16 weight, rounded to bf16 first (round_inputs_to)", "[cuda]") {
+  Env e;
+  REQUIRE(e.gpu->low_precision_gemm());
+  for (int t = 0; t < 4; ++t) {
+    GemmDesc d;
+    d.trans_a = (t & 2) ? Trans::T : Trans::N;
+    d.trans_b = (t & 1) ? Trans::T : Trans::N;
+    d.m = 67, d.n = 45, d.k = 129;
+    d.lda = d.trans_a == Trans::N ? d.k : d.m;
+    d.ldb = d.trans_b == Trans::N ? d.n : d.k;
+    d.ldc = d.n;
+    d.beta = 1.f;  // accumulates, as a weight gradient does
+    auto A = random_vector("mA", d.m * d.k), B = random_vector("mB", d.k * d.n), C0 = random_vector("mC", d.m * d.n);
+    for (auto& v : B) v = test::round_to(v, DType::bf16);
+    std::vector<float> Ar = A, ref = C0;  // the reference sees A rounded, as the GPU rounds it
+    for (auto& v : Ar) v = test::round_to(v, DType::bf16);
+    GemmDesc dc = d;
+    e.cpu->gemm(dc, Ar.data(), B.data(), ref.data());
+    Block a = e.upload(A, DType::f32, "A"), b = e.upload(B, DType::bf16, "B"), c = e.upload(C0, DType::f32, "C");
+    d.b_type = DType::bf16;
+    d.round_inputs_to = DType::bf16;
+    e.gpu->gemm(d, a.data(), b.data(), c.data());
+    auto got = e.download(c, DType::f32, ref.size());
+    double max_err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(double(got[i]) - ref[i]));
+    INFO("trans " << t << " max abs error " << max_err);
+    CHECK(max_err <= 1e-3);  // products of bf16 values are exact in f32; only the summation order differs
+  }
 }
 
 TEST_CASE("cuda element-wise ops, casts and reductions match the cpu backend", "[cuda]") {

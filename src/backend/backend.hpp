@@ -32,8 +32,12 @@ struct GemmDesc {
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch entries
-  DType ab_type = DType::f32;                        // A and B (bf16 on GPUs; f32 everywhere)
-  DType c_type = DType::f32;                         // C; accumulation is always f32
+  DType a_type = DType::f32, b_type = DType::f32;  // A's and B's storage (bf16 on GPUs; f32 everywhere)
+  DType c_type = DType::f32;                        // C; accumulation is always f32
+  // f32 inputs may be rounded to this dtype first: a backend whose low-precision GEMMs are much
+  // faster (low_precision_gemm()) does, so an f32 activation meets a bf16 weight on the tensor
+  // cores; the others compute in f32 and ignore it.
+  DType round_inputs_to = DType::f32;
 };
 
 enum class StreamKind : uint8_t { compute, comm };
@@ -89,6 +93,9 @@ class Backend {
   // The CUDA stream behind `stream` (a cudaStream_t), for transports that issue work on it
   // (NCCL); nullptr on backends without streams. The device it computes on; -1 on the host.
   virtual void* native_stream(StreamKind) { return nullptr; }
+  // Whether GEMMs with bf16 operands (and round_inputs_to) run much faster here than f32 ones: the
+  // model then hands the gathered bf16 parameters to them (ParamSet::gemm) instead of f32 copies.
+  virtual bool low_precision_gemm() const { return false; }
   virtual int device_index() const { return -1; }
   // The device's memory as the driver reports it, and what this backend's allocator has reserved
   // from it (the Pool's blocks live there). Their difference is what lives outside the pool: the

@@ -8,6 +8,8 @@ Tensor ParamSet::operator()(const std::string& name) const {
   return it->second;
 }
 
+Tensor ParamSet::gemm(const std::string& name) const { return low_ ? (*low_)(name) : (*this)(name); }
+
 Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -49,9 +51,18 @@ Tensor Saved::operator()(const std::string& name) const {
 
 namespace {
 
+// A GEMM over f32 activations and a weight `w` as ParamSet::gemm gives it: a bf16 weight goes to
+// the GEMM as it is, and the activations are rounded to bf16 to meet it (f32 accumulation).
+GemmDesc gemm_with(const Tensor& w) {
+  GemmDesc d;
+  d.b_type = w.dtype();
+  d.round_inputs_to = w.dtype();
+  return d;
+}
+
 // out (N, OC) = inp (N, IC) @ W (IC, OC) + bias
 void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
-  GemmDesc d;
+  GemmDesc d = gemm_with(w);
   d.m = N, d.n = OC, d.k = IC;
   d.lda = IC, d.ldb = OC, d.ldc = OC;
   be.gemm(d, inp.data(), w.data(), out.data());
@@ -61,12 +72,13 @@ void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, 
 // dinp (N, IC) = dout @ W^T (overwritten); dW += inp^T @ dout; dbias += column sums of dout.
 void matmul_backward(Backend& be, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int64_t N,
                      int64_t IC, int64_t OC) {
-  GemmDesc dx;
+  GemmDesc dx = gemm_with(w);
   dx.trans_b = Trans::T;
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = OC, dx.ldc = IC;
   be.gemm(dx, dout.data(), w.data(), dinp.data());
-  GemmDesc dW;
+  GemmDesc dW;  // both operands f32 activations, rounded as the weight is
+  dW.round_inputs_to = w.dtype();
   dW.trans_a = Trans::T;
   dW.m = IC, dW.n = OC, dW.k = N;
   dW.lda = IC, dW.ldb = OC, dW.ldc = OC;
@@ -100,20 +112,20 @@ class BlockUnit final : public Unit {
            ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
     be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
-    matmul_forward(be, qkv, ln1, w(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
+    matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
     Tensor atty = s.add(c.pool, "atty", {N, C}), att = s.add(c.pool, "att", {B, H, T, T});
     be.attention_forward(atty, att, qkv, H);
     if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
     Tensor x2 = s.add(c.pool, "x2", {N, C});
-    matmul_forward(be, x2, atty, w(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
+    matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add(c.pool, "ln2_mean", {N}),
            ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
     be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"));
     Tensor fch = s.add(c.pool, "fch", {N, 4 * C}), fch_gelu = s.add(c.pool, "fch_gelu", {N, 4 * C});
-    matmul_forward(be, fch, ln2, w(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, 4 * C);
+    matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, 4 * C);
     be.gelu_forward(fch_gelu, fch);
-    matmul_forward(be, out, fch_gelu, w(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, 4 * C, C);
+    matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, 4 * C, C);
     be.add(out, x2, out);  // residual
   }
 
@@ -128,16 +140,16 @@ class BlockUnit final : public Unit {
     Tensor dfch = flat_view(big, {N, 4 * C}), dsmall = flat_view(small, {N, C});
     // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
     matmul_backward(be, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dout, s("fch_gelu"),
-                    w(p, "mlp.c_proj.weight"), N, 4 * C, C);
+                    wg(p, "mlp.c_proj.weight"), N, 4 * C, C);
     be.gelu_backward(dfch, s("fch"), dfch);
     matmul_backward(be, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch, s("ln2"),
-                    w(p, "mlp.c_fc.weight"), N, C, 4 * C);
+                    wg(p, "mlp.c_fc.weight"), N, C, 4 * C);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
     be.layernorm_backward(din, w(g, "ln_2.weight"), w(g, "ln_2.bias"), dsmall, s("x2"), w(p, "ln_2.weight"),
                           s("ln2_mean"), s("ln2_rstd"));
     // Attention: x2 = x + c_proj(attn(c_attn(ln_1(x))))
     matmul_backward(be, dsmall, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"), din, s("atty"),
-                    w(p, "attn.c_proj.weight"), N, C, C);
+                    wg(p, "attn.c_proj.weight"), N, C, C);
     Tensor dqkv = big.view(DType::f32, {B, T, 3 * C});
     Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
     if (!s.has("att")) {
@@ -148,13 +160,14 @@ class BlockUnit final : public Unit {
     be.attention_backward(dqkv, dsmall, s("qkv"), att, H, scratch.flat(DType::f32));
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv, s("ln1"),
-                    w(p, "attn.c_attn.weight"), N, C, 3 * C);
+                    wg(p, "attn.c_attn.weight"), N, C, 3 * C);
     be.layernorm_backward(din, w(g, "ln_1.weight"), w(g, "ln_1.bias"), dln1, in, w(p, "ln_1.weight"),
                           s("ln1_mean"), s("ln1_rstd"));
   }
 
  private:
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
+  Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
   std::string prefix_;
 };
 
@@ -169,22 +182,25 @@ class HeadUnit final : public Unit {
     Tensor lnf = s.add(c.pool, "lnf", {N, C}), mean = s.add(c.pool, "lnf_mean", {N}),
            rstd = s.add(c.pool, "lnf_rstd", {N});
     c.be.layernorm_forward(lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"));
-    GemmDesc d;  // logits (N, V) = lnf (N, C) @ wte^T
+    const Tensor wte = p.gemm("wte.weight");
+    GemmDesc d = gemm_with(wte);  // logits (N, V) = lnf (N, C) @ wte^T
     d.trans_b = Trans::T;
     d.m = N, d.n = V, d.k = C;
     d.lda = C, d.ldb = C, d.ldc = V;
-    c.be.gemm(d, lnf.data(), p("wte.weight").data(), out.data());
+    c.be.gemm(d, lnf.data(), wte.data(), out.data());
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
                 Tensor din) override {
     const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim, V = c.spec.vocab;
     Block dlnf_block = c.pool.alloc(DType::f32, N * C, Category::workspace, "head backward dlnf");
-    GemmDesc dx;  // dlnf (N, C) = dlogits (N, V) @ wte (V, C)
+    const Tensor wte = p.gemm("wte.weight");
+    GemmDesc dx = gemm_with(wte);  // dlnf (N, C) = dlogits (N, V) @ wte (V, C)
     dx.m = N, dx.n = C, dx.k = V;
     dx.lda = V, dx.ldb = C, dx.ldc = C;
-    c.be.gemm(dx, dout.data(), p("wte.weight").data(), dlnf_block.data());
+    c.be.gemm(dx, dout.data(), wte.data(), dlnf_block.data());
     GemmDesc dw;  // dwte (V, C) += dlogits^T (V, N) @ lnf (N, C)
+    dw.round_inputs_to = wte.dtype();
     dw.trans_a = Trans::T;
     dw.m = V, dw.n = C, dw.k = N;
     dw.lda = V, dw.ldb = C, dw.ldc = C;

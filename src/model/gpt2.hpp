@@ -44,9 +44,14 @@ class ParamSet {
   void set(const std::string& name, Tensor t) { map_[name] = t; }
   Tensor operator()(const std::string& name) const;
   bool has(const std::string& name) const { return map_.count(name) != 0; }
+  // A weight as a GEMM takes it: its low-precision storage (the gathered bf16 parameters) when the
+  // strategy set one (on a backend with fast low-precision GEMMs), else the f32 view above.
+  Tensor gemm(const std::string& name) const;
+  void set_low(ParamSet low) { low_ = std::make_shared<const ParamSet>(std::move(low)); }
 
  private:
   std::map<std::string, Tensor> map_;
+  std::shared_ptr<const ParamSet> low_;
 };
 
 // What a unit's forward keeps for its backward; freed (back to the pool) by clear().

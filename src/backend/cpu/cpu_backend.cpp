@@ -70,8 +70,9 @@ class CpuBackend final : public Backend {
 
   void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override {
     check_gemm(d);
-    SHARD_CHECK(d.ab_type == DType::f32 && d.c_type == DType::f32, "cpu gemm computes f32 only (A/B {}, C {})",
-                dtype_name(d.ab_type), dtype_name(d.c_type));
+    SHARD_CHECK(d.a_type == DType::f32 && d.b_type == DType::f32 && d.c_type == DType::f32,
+                "cpu gemm computes f32 only (A {}, B {}, C {})", dtype_name(d.a_type), dtype_name(d.b_type),
+                dtype_name(d.c_type));
     const float* A = static_cast<const float*>(a);
     const float* B = static_cast<const float*>(b);
     float* C = static_cast<float*>(c);

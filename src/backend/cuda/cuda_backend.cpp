@@ -84,7 +84,8 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaFreeAsync(partial_, compute_);
-    if (scratch_ != nullptr) cudaFreeAsync(scratch_, compute_);
+    scratch_.release(compute_);
+    gemm_scratch_.release(compute_);
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
     pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });
@@ -157,15 +158,36 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(comm_));
   }
 
+  bool low_precision_gemm() const override { return true; }
+
   void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override {
     check_gemm(d);
+    DType at = d.a_type, bt = d.b_type;
+    if (d.round_inputs_to != DType::f32 && (at == DType::f32 || bt == DType::f32)) {
+      // f32 operands rounded to round_inputs_to in the GEMM scratch, so both run on the tensor cores.
+      const int64_t na = operand_elems(d.batch, d.stride_a, d.trans_a == Trans::N ? d.m : d.k, d.lda);
+      const int64_t nb = operand_elems(d.batch, d.stride_b, d.trans_b == Trans::N ? d.k : d.n, d.ldb);
+      const size_t half = dtype_size(d.round_inputs_to);
+      const size_t a_bytes = at == DType::f32 ? (static_cast<size_t>(na) * half + 255) / 256 * 256 : 0;
+      char* scratch = static_cast<char*>(gemm_scratch_.get(a_bytes + (bt == DType::f32 ? nb * half : 0), compute_));
+      if (at == DType::f32) {
+        CUDA_CHECK(cuda::launch_cast(a, DType::f32, scratch, d.round_inputs_to, na, compute_));
+        a = scratch, at = d.round_inputs_to;
+      }
+      if (bt == DType::f32) {
+        CUDA_CHECK(cuda::launch_cast(b, DType::f32, scratch + a_bytes, d.round_inputs_to, nb, compute_));
+        b = scratch + a_bytes, bt = d.round_inputs_to;
+      }
+    }
+    SHARD_CHECK(at == bt, "cuda gemm: A is {} and B {}; mixed operands need round_inputs_to", dtype_name(at),
+                dtype_name(bt));
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
     cublasOperation_t opa = d.trans_a == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
     cublasOperation_t opb = d.trans_b == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
     const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // f32 accumulation for every input type
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas_, opb, opa, static_cast<int>(d.n), static_cast<int>(d.m),
-                                            static_cast<int>(d.k), &d.alpha, b, cuda_type(d.ab_type),
-                                            static_cast<int>(d.ldb), d.stride_b, a, cuda_type(d.ab_type),
+                                            static_cast<int>(d.k), &d.alpha, b, cuda_type(bt),
+                                            static_cast<int>(d.ldb), d.stride_b, a, cuda_type(at),
                                             static_cast<int>(d.lda), d.stride_a, &d.beta, c, cuda_type(d.c_type),
                                             static_cast<int>(d.ldc), d.stride_c, static_cast<int>(d.batch), compute,
                                             CUBLAS_GEMM_DEFAULT));
@@ -366,18 +388,12 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }
 
-  // Device scratch of at least `bytes` (token ids, LayerNorm partials), grown on demand. Freeing
-  // the old buffer is ordered on the compute stream after every kernel that still reads it.
-  void* device_scratch(size_t bytes) {
-    if (bytes > scratch_bytes_) {
-      if (scratch_ != nullptr) CUDA_CHECK(cudaFreeAsync(scratch_, compute_));
-      scratch_ = nullptr;
-      scratch_bytes_ = 0;
-      CUDA_CHECK(cudaMallocAsync(&scratch_, bytes, compute_));
-      scratch_bytes_ = bytes;
-    }
-    return scratch_;
+  // Elements an operand spans: `rows` rows of `ld` in each of `batch` entries `stride` apart.
+  static int64_t operand_elems(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
+    return (batch - 1) * stride + rows * ld;
   }
+
+  void* device_scratch(size_t bytes) { return scratch_.get(bytes, compute_); }
 
   // host_ids_ -> device scratch on the compute stream, through a pinned slot: from pageable
   // memory cudaMemcpyAsync would first wait for the stream (a host sync per upload). The slot is
@@ -466,8 +482,27 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_{};
   cudaMemPool_t mempool_{};  // the Pool's device memory
   double* partial_ = nullptr;  // (cuda::kReduceBlocks,) per-block partial results of a reduction
-  void* scratch_ = nullptr;  // device scratch of the GPT-2 kernels (see device_scratch())
-  size_t scratch_bytes_ = 0;
+  // Device memory outside the Pool (like cuBLAS's workspace), grown on demand. Freeing the old
+  // buffer is ordered on the compute stream after every kernel that still reads it.
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+    void* get(size_t want, cudaStream_t s) {
+      if (want > bytes) {
+        if (p != nullptr) CUDA_CHECK(cudaFreeAsync(p, s));
+        p = nullptr, bytes = 0;
+        CUDA_CHECK(cudaMallocAsync(&p, want, s));
+        bytes = want;
+      }
+      return p;
+    }
+    void release(cudaStream_t s) {
+      if (p != nullptr) cudaFreeAsync(p, s);
+      p = nullptr, bytes = 0;
+    }
+  };
+  Scratch scratch_;       // the GPT-2 kernels' (token ids, LayerNorm partials)
+  Scratch gemm_scratch_;  // f32 GEMM operands rounded to bf16
   std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
   struct IdSlot {
     void* host = nullptr;  // pinned
