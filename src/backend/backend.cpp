@@ -45,6 +45,53 @@ std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, con
   return {B, T, C};
 }
 
+int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T) {
+  const int64_t C = wte.dim(1);
+  SHARD_CHECK(out.numel() == B * T * C && wpe.dim(0) >= T && wpe.dim(1) == C,
+              "embedding_forward: out {} wte {} wpe {} B={} T={}", out.shape_str(), wte.shape_str(), wpe.shape_str(),
+              B, T);
+  return C;
+}
+
+int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B, int64_t T) {
+  const int64_t C = dwte.dim(1);
+  SHARD_CHECK(dout.numel() == B * T * C && dwpe.dim(1) == C, "embedding_backward: dout {} dwte {} dwpe {}",
+              dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
+  return C;
+}
+
+// Forward: out, mean, rstd, inp, weight, bias. Backward: dinp, dweight, dbias, dout, weight, mean and rstd in
+// the same places (checked the same way: N rows of C, C weights and biases, N statistics).
+std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                                       const Tensor& weight, const Tensor& bias, const char* op) {
+  const int64_t C = weight.numel(), N = C > 0 ? inp.numel() / C : 0;
+  SHARD_CHECK(C > 0 && inp.numel() == N * C && out.numel() == N * C && mean.numel() == N && rstd.numel() == N &&
+                  bias.numel() == C,
+              "{}: inp {} out {} mean {} rstd {} weight {} bias {}", op, inp.shape_str(), out.shape_str(),
+              mean.shape_str(), rstd.shape_str(), weight.shape_str(), bias.shape_str());
+  return {N, C};
+}
+
+int64_t bias_rows(const Tensor& x, const Tensor& bias) {
+  const int64_t OC = bias.numel();
+  SHARD_CHECK(OC > 0 && x.numel() % OC == 0, "add_bias: x {} bias {}", x.shape_str(), bias.shape_str());
+  return x.numel() / OC;
+}
+
+void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H) {
+  check_same_numel(dqkv, qkv, "attention_backward");
+  SHARD_CHECK(scratch.numel() >= attention_scratch_elems(T, H), "attention_backward: scratch of {} < {} floats",
+              scratch.numel(), attention_scratch_elems(T, H));
+}
+
+std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits) {
+  const int64_t N = losses.numel();
+  SHARD_CHECK(N > 0 && logits.numel() % N == 0, "cross_entropy: logits {} losses {}", logits.shape_str(),
+              losses.shape_str());
+  if (dlogits.data() != nullptr) check_same_numel(dlogits, logits, "cross_entropy");
+  return {N, logits.numel() / N};
+}
+
 void check_gemm(const GemmDesc& d) {
   SHARD_CHECK(d.m >= 0 && d.n >= 0 && d.k >= 0 && d.batch >= 1, "gemm: m={} n={} k={} batch={}", d.m, d.n, d.k,
               d.batch);

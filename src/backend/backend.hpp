@@ -190,6 +190,15 @@ int default_cpu_threads(int local_ranks);  // max(1, usable cores / local_ranks)
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
 void check_f32(const Tensor& t, const char* op);
 void check_gemm(const GemmDesc& d);
+// Validate a GPT-2 kernel's tensors; each returns the sizes its kernel needs.
+int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T);  // C
+int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B,
+                                 int64_t T);  // C
+std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                                       const Tensor& weight, const Tensor& bias, const char* op);  // {N, C}
+int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
+void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
+std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}
 // Validates attention tensors and returns {B, T, C}.
 std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H,
                                        const char* op);

@@ -168,42 +168,29 @@ class CpuBackend final : public Backend {
 
   // ---- GPT-2 kernels ----
   void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override {
-    int64_t C = wte.dim(1);
-    SHARD_CHECK(out.numel() == B * T * C && wpe.dim(0) >= T && wpe.dim(1) == C,
-                "embedding_forward: out {} wte {} wpe {} B={} T={}", out.shape_str(), wte.shape_str(),
-                wpe.shape_str(), B, T);
+    const int64_t C = embedding_shape(out, wte, wpe, B, T);
     cpu::embedding_forward(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.ptr<float>(), B, T, C, wte.dim(0));
   }
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                           int64_t T) override {
-    int64_t C = dwte.dim(1);
-    SHARD_CHECK(dout.numel() == B * T * C && dwpe.dim(1) == C, "embedding_backward: dout {} dwte {} dwpe {}",
-                dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
+    const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
     cpu::embedding_backward(dwte.ptr<float>(), dwpe.ptr<float>(), dout.ptr<float>(), tokens, B, T, C);
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) override {
-    int64_t C = weight.numel(), N = inp.numel() / C;
-    SHARD_CHECK(inp.numel() == N * C && out.numel() == N * C && mean.numel() == N && rstd.numel() == N &&
-                    bias.numel() == C,
-                "layernorm_forward: inp {} out {} mean {} weight {}", inp.shape_str(), out.shape_str(),
-                mean.shape_str(), weight.shape_str());
+    const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
     cpu::layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
                            weight.ptr<float>(), bias.ptr<float>(), N, C);
   }
   void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                           Tensor mean, Tensor rstd) override {
-    int64_t C = weight.numel(), N = inp.numel() / C;
-    SHARD_CHECK(dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C && dbias.numel() == C &&
-                    mean.numel() == N && rstd.numel() == N,
-                "layernorm_backward: dinp {} dout {} dweight {} mean {}", dinp.shape_str(), dout.shape_str(),
-                dweight.shape_str(), mean.shape_str());
+    const auto [N, C] = layernorm_shape(dinp, mean, rstd, inp, weight, dbias, "layernorm_backward");
+    check_same_numel(dout, inp, "layernorm_backward");
+    check_same_numel(dweight, weight, "layernorm_backward");
     cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
                             inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N, C);
   }
   void add_bias(Tensor x, Tensor bias) override {
-    int64_t OC = bias.numel();
-    SHARD_CHECK(OC > 0 && x.numel() % OC == 0, "add_bias: x {} bias {}", x.shape_str(), bias.shape_str());
-    cpu::add_bias(x.ptr<float>(), bias.ptr<float>(), x.numel() / OC, OC);
+    cpu::add_bias(x.ptr<float>(), bias.ptr<float>(), bias_rows(x, bias), bias.numel());
   }
   void gelu_forward(Tensor out, Tensor inp) override {
     check_same_numel(out, inp, "gelu_forward");
@@ -220,23 +207,15 @@ class CpuBackend final : public Backend {
   }
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) override {
     auto [B, T, C] = attention_shape(qkv, dout, att, H, "attention_backward");
-    check_same_numel(dqkv, qkv, "attention_backward");
-    SHARD_CHECK(scratch.numel() >= attention_scratch_elems(T, H), "attention_backward: scratch of {} < {} floats",
-                scratch.numel(), attention_scratch_elems(T, H));
+    check_attention_backward(dqkv, qkv, scratch, T, H);
     cpu::attention_backward(dqkv.ptr<float>(), scratch.ptr<float>(), dout.ptr<float>(), qkv.ptr<float>(),
                             att.ptr<float>(), B, T, C, H);
   }
   void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                      float dloss_scale) override {
-    int64_t N = losses.numel();
-    SHARD_CHECK(N > 0 && logits.numel() % N == 0, "cross_entropy: logits {} losses {}", logits.shape_str(),
-                losses.shape_str());
-    float* d = nullptr;
-    if (dlogits.data() != nullptr) {
-      check_same_numel(dlogits, logits, "cross_entropy");
-      d = dlogits.ptr<float>();
-    }
-    cpu::cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), targets, N, logits.numel() / N, dloss_scale);
+    const auto [N, V] = cross_entropy_shape(losses, dlogits, logits);
+    float* d = dlogits.data() ? dlogits.ptr<float>() : nullptr;
+    cpu::cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), targets, N, V, dloss_scale);
   }
 
   // ---- optimizers ----

@@ -245,10 +245,7 @@ class CudaBackend final : public Backend {
   // Token ids are host memory (the trainer's Batch holds host vectors): they are checked on the
   // host, as the CPU kernels check them, and copied to device scratch on the compute stream.
   void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override {
-    int64_t C = wte.dim(1);
-    SHARD_CHECK(out.numel() == B * T * C && wpe.dim(0) >= T && wpe.dim(1) == C,
-                "embedding_forward: out {} wte {} wpe {} B={} T={}", out.shape_str(), wte.shape_str(),
-                wpe.shape_str(), B, T);
+    const int64_t C = embedding_shape(out, wte, wpe, B, T);
     const int32_t* ids = upload_ids(tokens, B * T, wte.dim(0), "token");
     CUDA_CHECK(cuda::launch_embedding_forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.ptr<float>(), B, T, C,
                                               compute_));
@@ -257,9 +254,7 @@ class CudaBackend final : public Backend {
   // sort), and one block per distinct token adds its positions' rows in ascending order, as the CPU.
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                           int64_t T) override {
-    int64_t C = dwte.dim(1);
-    SHARD_CHECK(dout.numel() == B * T * C && dwpe.dim(1) == C, "embedding_backward: dout {} dwte {} dwpe {}",
-                dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
+    const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
     CUDA_CHECK(cuda::launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
     const int64_t buckets = group_positions_by_token(tokens, B * T, dwte.dim(0));
     const int32_t* grouped = upload_host_ids();  // [bucket tokens | offsets | positions]
@@ -267,30 +262,22 @@ class CudaBackend final : public Backend {
                                                     grouped + 2 * buckets + 1, buckets, C, compute_));
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) override {
-    int64_t C = weight.numel(), N = inp.numel() / C;
-    SHARD_CHECK(inp.numel() == N * C && out.numel() == N * C && mean.numel() == N && rstd.numel() == N &&
-                    bias.numel() == C,
-                "layernorm_forward: inp {} out {} mean {} weight {}", inp.shape_str(), out.shape_str(),
-                mean.shape_str(), weight.shape_str());
+    const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
     CUDA_CHECK(cuda::launch_layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
                                               weight.ptr<float>(), bias.ptr<float>(), N, C, compute_));
   }
   void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                           Tensor mean, Tensor rstd) override {
-    int64_t C = weight.numel(), N = inp.numel() / C;
-    SHARD_CHECK(dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C && dbias.numel() == C &&
-                    mean.numel() == N && rstd.numel() == N,
-                "layernorm_backward: dinp {} dout {} dweight {} mean {}", dinp.shape_str(), dout.shape_str(),
-                dweight.shape_str(), mean.shape_str());
+    const auto [N, C] = layernorm_shape(dinp, mean, rstd, inp, weight, dbias, "layernorm_backward");
+    check_same_numel(dout, inp, "layernorm_backward");
+    check_same_numel(dweight, weight, "layernorm_backward");
     auto* workspace = static_cast<float*>(device_scratch(cuda::layernorm_backward_workspace(N, C) * sizeof(float)));
     CUDA_CHECK(cuda::launch_layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(),
                                                dout.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(),
                                                mean.ptr<float>(), rstd.ptr<float>(), workspace, N, C, compute_));
   }
   void add_bias(Tensor x, Tensor bias) override {
-    int64_t OC = bias.numel();
-    SHARD_CHECK(OC > 0 && x.numel() % OC == 0, "add_bias: x {} bias {}", x.shape_str(), bias.shape_str());
-    CUDA_CHECK(cuda::launch_add_bias(x.ptr<float>(), bias.ptr<float>(), x.numel() / OC, OC, compute_));
+    CUDA_CHECK(cuda::launch_add_bias(x.ptr<float>(), bias.ptr<float>(), bias_rows(x, bias), bias.numel(), compute_));
   }
   void gelu_forward(Tensor out, Tensor inp) override {
     check_same_numel(out, inp, "gelu_forward");
@@ -324,9 +311,7 @@ class CudaBackend final : public Backend {
   }
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) override {
     auto [B, T, C] = attention_shape(qkv, dout, att, H, "attention_backward");
-    check_same_numel(dqkv, qkv, "attention_backward");
-    SHARD_CHECK(scratch.numel() >= attention_scratch_elems(T, H), "attention_backward: scratch of {} < {} floats",
-                scratch.numel(), attention_scratch_elems(T, H));
+    check_attention_backward(dqkv, qkv, scratch, T, H);
     const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
     const float scale = 1.f / std::sqrt(static_cast<float>(hs));
     float* datt = scratch.ptr<float>();  // (H, T, T), reused by every batch entry (stream order)
@@ -352,15 +337,8 @@ class CudaBackend final : public Backend {
   }
   void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                      float dloss_scale) override {
-    int64_t N = losses.numel();
-    SHARD_CHECK(N > 0 && logits.numel() % N == 0, "cross_entropy: logits {} losses {}", logits.shape_str(),
-                losses.shape_str());
-    float* d = nullptr;
-    if (dlogits.data() != nullptr) {
-      check_same_numel(dlogits, logits, "cross_entropy");
-      d = dlogits.ptr<float>();
-    }
-    const int64_t V = logits.numel() / N;
+    const auto [N, V] = cross_entropy_shape(losses, dlogits, logits);
+    float* d = dlogits.data() ? dlogits.ptr<float>() : nullptr;
     const int32_t* ids = upload_ids(targets, N, V, "target");
     CUDA_CHECK(cuda::launch_cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), ids, N, V, dloss_scale,
                                           compute_));
