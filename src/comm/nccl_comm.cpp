@@ -164,30 +164,12 @@ class NcclCommunicator final : public MpiBackedCommunicator {
   Work do_gather(Tensor send, Tensor recv, int root) override {
     const bool is_root = rank() == root;
     if (on_host(send, is_root ? recv : send)) return mpi_->gather(send, recv, root);
-    return issue("gather", [&] {
-      const size_t n = count(send), bytes = send.bytes();
-      const ncclDataType_t t = nccl_type(send.dtype());
-      ncclResult_t st = ncclGroupStart();
-      for (int r = 0; is_root && r < world_size() && st == ncclSuccess; ++r)
-        st = ncclRecv(static_cast<char*>(recv.data()) + r * bytes, n, t, r, nccl_, stream_);
-      if (st == ncclSuccess) st = ncclSend(send.data(), n, t, root, nccl_, stream_);
-      ncclResult_t end = ncclGroupEnd();
-      return st != ncclSuccess ? st : end;
-    });
+    return issue("gather", [&] { return root_exchange(true, recv, send, root); });
   }
   Work do_scatter(Tensor send, Tensor recv, int root) override {
     const bool is_root = rank() == root;
     if (on_host(recv, is_root ? send : recv)) return mpi_->scatter(send, recv, root);
-    return issue("scatter", [&] {
-      const size_t n = count(recv), bytes = recv.bytes();
-      const ncclDataType_t t = nccl_type(recv.dtype());
-      ncclResult_t st = ncclGroupStart();
-      for (int r = 0; is_root && r < world_size() && st == ncclSuccess; ++r)
-        st = ncclSend(static_cast<const char*>(send.data()) + r * bytes, n, t, r, nccl_, stream_);
-      if (st == ncclSuccess) st = ncclRecv(recv.data(), n, t, root, nccl_, stream_);
-      ncclResult_t end = ncclGroupEnd();
-      return st != ncclSuccess ? st : end;
-    });
+    return issue("scatter", [&] { return root_exchange(false, send, recv, root); });
   }
   Work do_barrier() override { return mpi_->barrier(); }
 
@@ -198,6 +180,23 @@ class NcclCommunicator final : public MpiBackedCommunicator {
     const bool ha = a.device() == Device::cpu, hb = b.data() ? b.device() == Device::cpu : ha;
     SHARD_CHECK(ha == hb, "nccl communicator: one collective mixes host and device buffers");
     return ha;
+  }
+
+  // NCCL has no gather or scatter: one group of point-to-point calls in which the root receives
+  // (gather) or sends (scatter) chunk r of `chunks` from or to rank r, and every rank sends or
+  // receives `mine`.
+  ncclResult_t root_exchange(bool gather, Tensor chunks, Tensor mine, int root) {
+    const size_t n = count(mine), bytes = mine.bytes();
+    const ncclDataType_t t = nccl_type(mine.dtype());
+    ncclResult_t st = ncclGroupStart();
+    for (int r = 0; rank() == root && r < world_size() && st == ncclSuccess; ++r) {
+      char* chunk = static_cast<char*>(chunks.data()) + r * bytes;
+      st = gather ? ncclRecv(chunk, n, t, r, nccl_, stream_) : ncclSend(chunk, n, t, r, nccl_, stream_);
+    }
+    if (st == ncclSuccess)
+      st = gather ? ncclSend(mine.data(), n, t, root, nccl_, stream_) : ncclRecv(mine.data(), n, t, root, nccl_, stream_);
+    const ncclResult_t end = ncclGroupEnd();
+    return st != ncclSuccess ? st : end;
   }
 
   // Orders the collective after the compute stream's work so far, issues it on the comm stream,
