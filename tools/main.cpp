@@ -615,7 +615,6 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   cc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
   cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows
-  cc.budget = pool_config(common).budget;
   cc.host_budget = pool_config(common).host_budget;
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
   auto backend = opts.backend(common, mpi);
