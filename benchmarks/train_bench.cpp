@@ -32,7 +32,8 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   tc.schedule.kind = ScheduleKind::constant;
   tc.schedule.lr = 1e-4f;
   tc.strategy = cfg.strategy;
-  tc.comm = CommKind::staged;  // sim stands in; on a GPU it holds what a GPU transport holds
+  // The sim stands in for the transport one rank would use: mpi on the cpu, nccl on a GPU.
+  tc.comm = pool.backend().device() == Device::cuda ? CommKind::nccl : CommKind::mpi;
   tc.checkpointing = cfg.checkpointing;
   // One trainer per configuration, each with its own pools (so each ledger is its own) and
   // communicator; steps alternate between them so that both see the same machine state.

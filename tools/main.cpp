@@ -615,10 +615,11 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   cc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
   cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows
-  cc.host_budget = pool_config(common).host_budget;
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
   auto backend = opts.backend(common, mpi);
-  cc.budget = pool_config(common, backend.get()).budget;
+  const PoolConfig pools = pool_config(common, backend.get());
+  cc.budget = pools.budget;
+  cc.host_budget = pools.host_budget;
   CompareResult r = run_compare(*backend, world_group(mpi, cc.train.comm), cc, stdout);
   if (mpi.rank() == 0 && !json_path.empty()) write_text(json_path, compare_json(cc, r, mpi.world()) + "\n", "--json");
   if (mpi.rank() == 0 && reports.any()) {

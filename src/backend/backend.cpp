@@ -60,8 +60,7 @@ int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const T
   return C;
 }
 
-// Forward: out, mean, rstd, inp, weight, bias. Backward: dinp, dweight, dbias, dout, weight, mean and rstd in
-// the same places (checked the same way: N rows of C, C weights and biases, N statistics).
+// N rows of C in out and inp, C weights and biases, N statistics.
 std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
                                        const Tensor& weight, const Tensor& bias, const char* op) {
   const int64_t C = weight.numel(), N = C > 0 ? inp.numel() / C : 0;
@@ -70,6 +69,16 @@ std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, co
               "{}: inp {} out {} mean {} rstd {} weight {} bias {}", op, inp.shape_str(), out.shape_str(),
               mean.shape_str(), rstd.shape_str(), weight.shape_str(), bias.shape_str());
   return {N, C};
+}
+
+// As the forward's (dinp in out's place, dbias in bias's), and dout like inp, dweight like weight.
+std::array<int64_t, 2> layernorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                                const Tensor& mean, const Tensor& rstd) {
+  const std::array<int64_t, 2> nc = layernorm_shape(dinp, mean, rstd, inp, weight, dbias, "layernorm_backward");
+  check_same_numel(dout, inp, "layernorm_backward");
+  check_same_numel(dweight, weight, "layernorm_backward");
+  return nc;
 }
 
 int64_t bias_rows(const Tensor& x, const Tensor& bias) {

@@ -196,6 +196,9 @@ int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const T
                                  int64_t T);  // C
 std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
                                        const Tensor& weight, const Tensor& bias, const char* op);  // {N, C}
+std::array<int64_t, 2> layernorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                                const Tensor& mean, const Tensor& rstd);  // {N, C}
 int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
 void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
 std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}

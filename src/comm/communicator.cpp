@@ -53,6 +53,11 @@ CommKind resolve_comm(CommKind k, Device device, int local_ranks, int devices) {
   return local_ranks <= devices ? CommKind::nccl : CommKind::staged;
 }
 
+double mpi_wire_factor(CommOp op, DType dtype) {
+  const bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
+  return reduction && dtype != DType::f32 ? 4.0 / dtype_size(dtype) : 1.0;
+}
+
 double bus_factor(CommOp op, int world) {
   double n = world;
   switch (op) {

@@ -43,6 +43,8 @@ const char* comm_op_name(CommOp op);
 
 // Bus bytes per rank for one call (see the table above); full_bytes is S.
 double bus_bytes(CommOp op, double full_bytes, int world);
+// Bytes MPI moves per logical byte: bf16/f16 reductions are widened to f32 (mpi, staged, sim).
+double mpi_wire_factor(CommOp op, DType dtype);
 // nccl-tests' factor busbw / algbw, for benchmarks: 2(N-1)/N, (N-1)/N or 1.
 double bus_factor(CommOp op, int world);
 

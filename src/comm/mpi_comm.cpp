@@ -81,10 +81,7 @@ class MpiCommunicator final : public Communicator {
   bool blocks() const override { return true; }
 
  protected:
-  double wire_factor(CommOp op, DType dtype) const override {
-    bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;  // widened
-    return reduction && widened(dtype) ? 4.0 / dtype_size(dtype) : 1.0;
-  }
+  double wire_factor(CommOp op, DType dtype) const override { return mpi_wire_factor(op, dtype); }
 
   std::unique_ptr<Communicator> do_split(int color, int key, int, int) override {
     MPI_Comm part = MPI_COMM_NULL;

@@ -40,10 +40,7 @@ class SimCommunicator final : public Communicator {
   std::string name() const override { return "sim"; }
 
  protected:
-  double wire_factor(CommOp op, DType dtype) const override {  // as MPI's
-    bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
-    return reduction && dtype != DType::f32 ? 4.0 / dtype_size(dtype) : 1.0;
-  }
+  double wire_factor(CommOp op, DType dtype) const override { return mpi_wire_factor(op, dtype); }
   std::vector<std::string> exchange(const std::string& mine) override {
     return std::vector<std::string>(static_cast<size_t>(world_), mine);
   }

@@ -75,10 +75,7 @@ class StagedCommunicator final : public MpiBackedCommunicator {
 
  protected:
   // The mpi communicator inside watches its own calls (it blocks); this one only stages.
-  double wire_factor(CommOp op, DType dtype) const override {
-    bool reduction = op == CommOp::all_reduce || op == CommOp::reduce_scatter || op == CommOp::reduce;
-    return reduction && dtype != DType::f32 ? 4.0 / dtype_size(dtype) : 1.0;  // MPI widens them to f32
-  }
+  double wire_factor(CommOp op, DType dtype) const override { return mpi_wire_factor(op, dtype); }
   std::unique_ptr<Communicator> same_kind(MPI_Comm comm) override {
     return std::make_unique<StagedCommunicator>(comm, be_);
   }

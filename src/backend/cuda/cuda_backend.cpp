@@ -268,9 +268,7 @@ class CudaBackend final : public Backend {
   }
   void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                           Tensor mean, Tensor rstd) override {
-    const auto [N, C] = layernorm_shape(dinp, mean, rstd, inp, weight, dbias, "layernorm_backward");
-    check_same_numel(dout, inp, "layernorm_backward");
-    check_same_numel(dweight, weight, "layernorm_backward");
+    const auto [N, C] = layernorm_backward_shape(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     auto* workspace = static_cast<float*>(device_scratch(cuda::layernorm_backward_workspace(N, C) * sizeof(float)));
     CUDA_CHECK(cuda::launch_layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(),
                                                dout.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(),
