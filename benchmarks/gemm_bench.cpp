@@ -1,68 +1,186 @@
 #include "benchmarks/gemm_bench.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
+#include <vector>
+
+#include "src/backend/cpu/gemm.hpp"
 
 namespace shardlab {
+namespace {
 
-double run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out) {
-  Backend& be = pool.backend();
-  const int64_t C = cfg.dim, BT = cfg.tokens;
+struct Product {
+  std::string what;
+  Trans ta = Trans::N, tb = Trans::N;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  float beta = 0.f;
+  int64_t calls = 0;  // per training step; 0 = not one of the step's products (the grid)
+  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+};
+
+Product product(std::string what, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                int64_t ldc, float beta, int64_t calls) {
+  return Product{std::move(what), ta, tb, m, n, k, lda, ldb, ldc, beta, calls};
+}
+
+// The four layer shapes under all four transpose combinations, leading dimensions packed.
+std::vector<Product> grid_products(int64_t C, int64_t BT) {
   struct Shape {
     const char* what;
     int64_t m, n, k;
   };
-  const Shape shapes[] = {{"qkv fwd (BT,C)x(C,3C)", BT, 3 * C, C},
-                          {"mlp fwd (BT,C)x(C,4C)", BT, 4 * C, C},
-                          {"mlp proj (BT,4C)x(4C,C)", BT, C, 4 * C},
-                          {"dW (C,BT)x(BT,4C)", C, 4 * C, BT}};
-  std::fprintf(out, "# sgemm on %s\n#%-26s %6s %6s %6s %3s %10s %10s\n", be.describe().c_str(), "shape", "m", "n",
-               "k", "op", "ms", "GFLOP/s");
-  double sum = 0;
-  int lines = 0;
-  for (const Shape& s : shapes) {
+  const Shape shapes[] = {{"qkv (BT,C)x(C,3C)", BT, 3 * C, C},
+                          {"fc (BT,C)x(C,4C)", BT, 4 * C, C},
+                          {"proj (BT,4C)x(4C,C)", BT, C, 4 * C},
+                          {"fc dW (C,BT)x(BT,4C)", C, 4 * C, BT}};
+  std::vector<Product> out;
+  for (const Shape& s : shapes)
     for (int t = 0; t < 4; ++t) {
-      GemmDesc d;
-      d.trans_a = (t & 2) ? Trans::T : Trans::N;
-      d.trans_b = (t & 1) ? Trans::T : Trans::N;
-      d.m = s.m, d.n = s.n, d.k = s.k;
-      d.lda = d.trans_a == Trans::N ? s.k : s.m;
-      d.ldb = d.trans_b == Trans::N ? s.n : s.k;
-      d.ldc = s.n;
-      Block a = pool.alloc(DType::f32, s.m * s.k, Category::workspace, "gemm A");
-      Block b = pool.alloc(DType::f32, s.k * s.n, Category::workspace, "gemm B");
-      Block c = pool.alloc(DType::f32, s.m * s.n, Category::workspace, "gemm C");
-      be.fill(a.flat(DType::f32), 0.5f);
-      be.fill(b.flat(DType::f32), 0.25f);
-      be.gemm(d, a.data(), b.data(), c.data());  // warm-up
-      be.synchronize();
-      // Best of three timing windows: the ceiling is what the machine can do, and on a shared
-      // machine a neighbour's burst only ever slows a window down.
-      double elapsed = 0;
-      int iters = 0;
-      for (int window = 0; window < 3; ++window) {
-        int n = 0;
-        auto t0 = std::chrono::steady_clock::now();
-        double e = 0;
-        while (e < cfg.seconds / 3 || n < 3) {
-          be.gemm(d, a.data(), b.data(), c.data());
-          be.synchronize();
-          ++n;
-          e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        }
-        if (window == 0 || e / n < elapsed / iters) elapsed = e, iters = n;
-      }
-      double ms = elapsed / iters * 1e3;
-      double gflops = 2.0 * s.m * s.n * s.k / (elapsed / iters) / 1e9;
-      sum += gflops;
-      ++lines;
-      std::fprintf(out, " %-26s %6lld %6lld %6lld %c%c %10.3f %10.1f\n", s.what, static_cast<long long>(s.m),
-                   static_cast<long long>(s.n), static_cast<long long>(s.k), d.trans_a == Trans::N ? 'N' : 'T',
-                   d.trans_b == Trans::N ? 'N' : 'T', ms, gflops);
+      const Trans ta = (t & 2) ? Trans::T : Trans::N, tb = (t & 1) ? Trans::T : Trans::N;
+      out.push_back(product(s.what, ta, tb, s.m, s.n, s.k, ta == Trans::N ? s.k : s.m, tb == Trans::N ? s.n : s.k,
+                            s.n, 0.f, 0));
     }
+  return out;
+}
+
+// What one training step runs (src/model/gpt2.cpp), with its leading dimensions and call counts.
+std::vector<Product> step_products(const GemmBenchConfig& cfg) {
+  const int64_t C = cfg.dim, N = cfg.tokens, L = cfg.layers;
+  std::vector<Product> out;
+  const struct {
+    const char* what;
+    int64_t ic, oc;
+  } linears[] = {{"qkv", C, 3 * C}, {"attn proj", C, C}, {"fc", C, 4 * C}, {"fc proj", 4 * C, C}};
+  for (const auto& l : linears) {
+    const std::string w = l.what;
+    out.push_back(product(w + " fwd", Trans::N, Trans::N, N, l.oc, l.ic, l.ic, l.oc, l.oc, 0.f, L));
+    out.push_back(product(w + " dinp", Trans::N, Trans::T, N, l.ic, l.oc, l.oc, l.oc, l.ic, 0.f, L));
+    out.push_back(product(w + " dW", Trans::T, Trans::N, l.ic, l.oc, N, l.ic, l.oc, l.oc, 1.f, L));
   }
-  double mean = sum / lines;
-  std::fprintf(out, "# mean %.1f GFLOP/s over %d shapes\n", mean, lines);
-  return mean;
+  if (cfg.heads > 0 && cfg.seq > 0) {
+    const int64_t T = cfg.seq, H = cfg.heads, hs = C / H, C3 = 3 * C, calls = L * (N / T) * H;
+    out.push_back(product("att q k^T", Trans::N, Trans::T, T, T, hs, C3, C3, T, 0.f, calls));
+    out.push_back(product("att a v", Trans::N, Trans::N, T, hs, T, T, C3, C, 0.f, calls));
+    out.push_back(product("att d(a)", Trans::N, Trans::T, T, T, hs, C, C3, T, 0.f, calls));
+    out.push_back(product("att dv", Trans::T, Trans::N, T, hs, T, T, C, C3, 0.f, calls));
+    out.push_back(product("att dq", Trans::N, Trans::N, T, hs, T, T, C3, C3, 0.f, calls));
+    out.push_back(product("att dk", Trans::T, Trans::N, T, hs, T, T, C3, C3, 0.f, calls));
+  }
+  if (cfg.vocab > 0) {
+    const int64_t V = cfg.vocab;
+    out.push_back(product("head fwd", Trans::N, Trans::T, N, V, C, C, C, V, 0.f, 1));
+    out.push_back(product("head dx", Trans::N, Trans::N, N, C, V, V, C, C, 0.f, 1));
+    out.push_back(product("head dW", Trans::T, Trans::N, V, C, N, V, C, C, 1.f, 1));
+  }
+  return out;
+}
+
+// Seconds per call: the best of three windows of at least seconds/3 and three calls each. On a
+// shared machine a neighbour's burst only ever slows a window down.
+double time_call(const std::function<void()>& call, Backend& be, double seconds) {
+  call();  // warm-up
+  be.synchronize();
+  double best = 0;
+  for (int window = 0; window < 3; ++window) {
+    int n = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    double e = 0;
+    while (e < seconds / 3 || n < 3) {
+      call();
+      be.synchronize();
+      ++n;
+      e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (window == 0 || e / n < best) best = e / n;
+  }
+  return best;
+}
+
+}  // namespace
+
+GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out) {
+  SHARD_REQUIRE(cfg.dim > 0 && cfg.tokens > 0 && cfg.layers > 0, "gemm benchmark: --dim {} --tokens {}: expected "
+                "positive sizes", cfg.dim, cfg.tokens);
+  SHARD_REQUIRE(cfg.heads <= 0 || cfg.seq <= 0 || (cfg.dim % cfg.heads == 0 && cfg.tokens % cfg.seq == 0),
+                "gemm benchmark: --heads {} must divide --dim {} and --seq {} must divide --tokens {}", cfg.heads,
+                cfg.dim, cfg.seq, cfg.tokens);
+  Backend& be = pool.backend();
+  const bool cpu = be.device() == Device::cpu;
+  // The candidates: each library the cpu backend can call, or the backend itself elsewhere.
+  std::vector<std::string> names;
+  if (cpu) names = {cpu::gemm_lib_name(cpu::GemmLib::onednn), cpu::gemm_lib_name(cpu::GemmLib::openblas)};
+  else names = {"backend"};
+
+  std::vector<Product> products = step_products(cfg);
+  if (cfg.grid) {
+    std::vector<Product> g = grid_products(cfg.dim, cfg.tokens);
+    products.insert(products.begin(), g.begin(), g.end());
+  }
+  std::fprintf(out, "# sgemm on %s; GFLOP/s of each candidate, the backend's pick and its share of the best\n",
+               be.describe().c_str());
+  std::fprintf(out, "#%-21s %6s %6s %6s %2s %6s", "product", "m", "n", "k", "op", "calls");
+  for (const std::string& n : names) std::fprintf(out, " %9s", n.c_str());
+  std::fprintf(out, " %9s %6s\n", "picked", "%best");
+
+  GemmBenchResult r;
+  double step_flops = 0, best_s = 0, chosen_s = 0;
+  bool grid_done = !cfg.grid;
+  for (const Product& p : products) {
+    if (!grid_done && p.calls > 0) {
+      grid_done = true;
+      std::fprintf(out, "# one training step's products (calls per step: %lld layers, %lld sequences of %lld)\n",
+                   static_cast<long long>(cfg.layers), static_cast<long long>(cfg.tokens / std::max<int64_t>(1, cfg.seq)),
+                   static_cast<long long>(cfg.seq));
+    }
+    const int64_t a_rows = p.ta == Trans::N ? p.m : p.k, b_rows = p.tb == Trans::N ? p.k : p.n;
+    Block a = pool.alloc(DType::f32, a_rows * p.lda, Category::workspace, "gemm bench A");
+    Block b = pool.alloc(DType::f32, b_rows * p.ldb, Category::workspace, "gemm bench B");
+    Block c = pool.alloc(DType::f32, p.m * p.ldc, Category::workspace, "gemm bench C");
+    be.fill(a.flat(DType::f32), 0.5f);
+    be.fill(b.flat(DType::f32), 0.25f);
+    be.fill(c.flat(DType::f32), 0.f);
+    std::vector<double> secs;
+    for (size_t i = 0; i < names.size(); ++i) {
+      std::function<void()> call;
+      if (cpu) {
+        const cpu::GemmLib lib = i == 0 ? cpu::GemmLib::onednn : cpu::GemmLib::openblas;
+        const float *A = static_cast<const float*>(a.data()), *B = static_cast<const float*>(b.data());
+        float* Cp = static_cast<float*>(c.data());
+        call = [&p, lib, A, B, Cp] {
+          cpu::sgemm_with(lib, p.ta, p.tb, p.m, p.n, p.k, 1.f, A, p.lda, B, p.ldb, p.beta, Cp, p.ldc);
+        };
+      } else {
+        GemmDesc d;
+        d.trans_a = p.ta, d.trans_b = p.tb;
+        d.m = p.m, d.n = p.n, d.k = p.k, d.lda = p.lda, d.ldb = p.ldb, d.ldc = p.ldc, d.beta = p.beta;
+        call = [&, d] { be.gemm(d, a.data(), b.data(), c.data()); };
+      }
+      secs.push_back(time_call(call, be, cfg.seconds));
+    }
+    const size_t picked = cpu && cpu::gemm_pick(p.ta, p.tb, p.m, p.n, p.k) == cpu::GemmLib::openblas ? 1 : 0;
+    const double best = *std::min_element(secs.begin(), secs.end()), ratio = best / secs[picked];
+    std::fprintf(out, " %-21s %6lld %6lld %6lld %c%c %6lld", p.what.c_str(), static_cast<long long>(p.m),
+                 static_cast<long long>(p.n), static_cast<long long>(p.k), p.ta == Trans::N ? 'N' : 'T',
+                 p.tb == Trans::N ? 'N' : 'T', static_cast<long long>(p.calls));
+    for (double s : secs) std::fprintf(out, " %9.1f", p.flops() / s / 1e9);
+    std::fprintf(out, " %9s %5.1f%%\n", names[picked].c_str(), 100.0 * ratio);
+    if (ratio < r.worst_ratio) {
+      r.worst_ratio = ratio;
+      r.worst = fmt::format("{} {}{}", p.what, p.ta == Trans::N ? 'N' : 'T', p.tb == Trans::N ? 'N' : 'T');
+    }
+    step_flops += p.flops() * p.calls;
+    best_s += best * p.calls;
+    chosen_s += secs[picked] * p.calls;
+  }
+  r.ceiling = step_flops / best_s / 1e9;
+  r.chosen = step_flops / chosen_s / 1e9;
+  std::fprintf(out, "# step's products, FLOP-weighted: ceiling (best candidate each) %.1f GFLOP/s, picked %.1f "
+               "(%.1f%%)\n", r.ceiling, r.chosen, 100.0 * r.chosen / r.ceiling);
+  if (r.worst.empty()) std::fprintf(out, "# the pick was the best candidate for every product\n");
+  else std::fprintf(out, "# lowest share of the best: %.1f%% (%s)\n", 100.0 * r.worst_ratio, r.worst.c_str());
+  std::fflush(out);
+  return r;
 }
 
 }  // namespace shardlab

@@ -1,19 +1,32 @@
-// gemm_bench.hpp — sgemm throughput of a Backend on the shapes a GPT-2 step uses, every transpose
-// combination: the machine's own GFLOP/s ceiling that step benchmarks compare against.
+// gemm_bench.hpp — sgemm throughput on the products a GPT-2 step runs, for every candidate the
+// backend can use (on the cpu: oneDNN and OpenBLAS), beside the one the backend picks. The best
+// candidate per product is the host's sgemm ceiling that step benchmarks compare against.
 #pragma once
 #include <cstdio>
+#include <string>
 
 #include "memory/pool.hpp"
 
 namespace shardlab {
 
 struct GemmBenchConfig {
-  int64_t dim = 768;      // model width C; shapes are (B*T, C) x (C, 3C) and friends
+  int64_t dim = 768;      // model width C
   int64_t tokens = 1024;  // B*T rows
-  double seconds = 0.3;   // minimum time per shape (three windows of a third each; the best counts)
+  // The step's products: attention's per-head ones need heads and seq, the LM head's vocab
+  // (0 = leave those products out); each is weighted by how often a step runs it.
+  int64_t heads = 12, seq = 1024, vocab = 0, layers = 1;
+  bool grid = true;       // also the four layer shapes under all four transpose combinations
+  double seconds = 0.3;   // minimum time per product and candidate (three windows; the best counts)
 };
 
-// Prints one line per (shape, transposes) and returns the mean GFLOP/s over all lines.
-double run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out);
+struct GemmBenchResult {
+  double ceiling = 0;     // the step's products, each at its best candidate: FLOPs / time, GFLOP/s
+  double chosen = 0;      // the same at the candidate the backend picks
+  double worst_ratio = 1; // the lowest chosen / best over every product timed (grid included)
+  std::string worst;      // that product
+};
+
+// Prints one line per product with every candidate's GFLOP/s, the pick and its share of the best.
+GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out);
 
 }  // namespace shardlab

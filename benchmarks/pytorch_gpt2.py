@@ -3,10 +3,13 @@
 
 Same architecture as shardlab (HF GPT-2: Conv1D-style weights, LayerNorm eps 1e-5, GELU tanh,
 causal attention, tied lm head), same step (forward, mean cross-entropy, backward, global-norm
-clip 1.0, AdamW), same shape. Prints one line: "pytorch <ms/step> <tokens/s>" (median of steps).
-Usage: OMP_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_gpt2.py L C H T V B STEPS WARMUP
+clip 1.0, AdamW), same shape. Prints one line: "pytorch <ms/step> <tokens/s> ..." (median of steps).
+With RANKS > 1 the step runs under DistributedDataParallel over gloo on RANKS local processes,
+B is the global batch (B / RANKS sequences per rank), and rank 0 prints the global tokens/s.
+Usage: OMP_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_gpt2.py L C H T V B STEPS WARMUP [RANKS]
 """
 import math
+import socket
 import sys
 import time
 
@@ -51,12 +54,25 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def main():
-    L, C, H, T, V, B, steps, warmup = (int(a) for a in sys.argv[1:9])
+def cpu_capability():
+    """The vector ISA ATen's kernels run with (ATEN_CPU_CAPABILITY caps it)."""
+    for line in torch.__config__.show().splitlines():
+        if "CPU capability usage:" in line:
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def run(rank, ranks, port, L, C, H, T, V, B, steps, warmup):
+    torch.set_num_threads(1 if ranks > 1 else torch.get_num_threads())
     torch.manual_seed(0)
     model = GPT2(L, C, H, T, V)
+    if ranks > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    data = torch.randint(0, V, (B, T + 1))
+    torch.manual_seed(1 + rank)
+    data = torch.randint(0, V, (B // ranks, T + 1))
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
@@ -67,8 +83,28 @@ def main():
         opt.step()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    ms = sorted(times)[len(times) // 2] * 1e3
-    print(f"pytorch {ms:.1f} {B * T / (ms / 1e3):.0f} torch={torch.__version__} threads={torch.get_num_threads()}")
+    if rank == 0:
+        ms = sorted(times)[len(times) // 2] * 1e3
+        print(f"pytorch {ms:.1f} {B * T / (ms / 1e3):.0f} torch={torch.__version__} threads={torch.get_num_threads()}"
+              f" ranks={ranks} isa={cpu_capability()}",
+              flush=True)
+    if ranks > 1:
+        torch.distributed.destroy_process_group()
+
+
+def main():
+    L, C, H, T, V, B, steps, warmup = (int(a) for a in sys.argv[1:9])
+    ranks = int(sys.argv[9]) if len(sys.argv) > 9 else 1
+    if B % ranks:
+        sys.exit(f"batch {B} is not a multiple of {ranks} ranks")
+    if ranks == 1:
+        run(0, 1, 0, L, C, H, T, V, B, steps, warmup)
+        return
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import torch.multiprocessing as mp
+    mp.spawn(run, args=(ranks, port, L, C, H, T, V, B, steps, warmup), nprocs=ranks, join=True)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@
 
 namespace shardlab {
 
-TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out) {
+TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out, Communicator* world) {
   SHARD_REQUIRE(cfg.steps >= 1 && cfg.warmup >= 0, "--steps {} --warmup {}", cfg.steps, cfg.warmup);
+  const int ranks = world ? world->world_size() : 1;
+  SHARD_REQUIRE(ranks == 1 || !cfg.levers(), "bench-train times a lever against none on one rank only ({} started)",
+                ranks);
   const ModelSpec& s = cfg.spec;
   const int64_t tokens = cfg.batch * s.seq;
   TrainBenchResult r;
@@ -20,9 +23,13 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     std::FILE* sink = std::fopen("/dev/null", "w");
     GemmBenchConfig g;
     g.dim = s.dim;
-    g.tokens = tokens;
-    g.seconds = 0.2;
-    r.sgemm_gflops = run_gemm_benchmark(pool, g, sink);
+    g.tokens = tokens / ranks;  // one rank's rows
+    g.heads = s.heads, g.seq = s.seq, g.vocab = s.vocab, g.layers = s.layers;
+    g.grid = false;
+    g.seconds = 0.1;
+    const GemmBenchResult gr = run_gemm_benchmark(pool, g, sink);
+    r.sgemm_gflops = gr.ceiling;
+    r.sgemm_picked_gflops = gr.chosen;
     std::fclose(sink);
   }
   TrainConfig tc;
@@ -49,12 +56,13 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   auto add = [&](TrainConfig c, std::string label) {
     Run run{std::move(label), std::make_unique<Pool>(pool.backend(), PoolConfig{pool.budget(), pool.host().budget()}),
             nullptr, nullptr, {}, {}};
-    run.comm = make_sim_communicator(0, 1, *run.pool, sim_transport(c.comm));
-    run.trainer = std::make_unique<Trainer>(pool.backend(), *run.pool, *run.comm, c);
+    if (!world) run.comm = make_sim_communicator(0, 1, *run.pool, sim_transport(c.comm));
+    run.trainer = std::make_unique<Trainer>(pool.backend(), *run.pool, world ? *world : *run.comm, c);
     runs.push_back(std::move(run));
   };
-  add(tc, fmt::format("{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
-                      checkpointing_name(tc.checkpointing), offload_name(tc.strategy.offload)));
+  add(tc, fmt::format("{}{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
+                      ranks > 1 ? fmt::format(" x{} ranks", ranks) : std::string(), checkpointing_name(tc.checkpointing),
+                      offload_name(tc.strategy.offload)));
   if (cfg.levers()) {
     TrainConfig base = tc;
     base.checkpointing = Checkpointing::none;
@@ -62,10 +70,13 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     add(base, fmt::format("{}, no levers", strategy_name(tc.strategy.kind)));
   }
   const double flops_per_token = shardlab::flops_per_token(s);
-  std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens, %s\n", s.describe().c_str(),
-               static_cast<long long>(cfg.batch), static_cast<long long>(s.seq), pool.backend().describe().c_str());
-  std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g (recomputation not counted); sgemm on this model's shapes: "
-               "%.1f GFLOP/s\n", flops_per_token, r.sgemm_gflops);
+  std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens%s, %s\n", s.describe().c_str(),
+               static_cast<long long>(cfg.batch), static_cast<long long>(s.seq),
+               ranks > 1 ? fmt::format(" over {} ranks (GFLOP/s and %sgemm per rank)", ranks).c_str() : "",
+               pool.backend().describe().c_str());
+  std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g (recomputation not counted); sgemm ceiling on this step's "
+               "products (the best library for each, FLOP-weighted): %.1f GFLOP/s; as picked: %.1f\n", flops_per_token,
+               r.sgemm_gflops, r.sgemm_picked_gflops);
   for (int t = 0; t < cfg.warmup + cfg.steps; ++t)
     for (Run& run : runs) {
       run.last = run.trainer->step(t);
@@ -75,7 +86,8 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                "GFLOP/s", "%sgemm", "vs none", "peak", "host peak");
   const double base_ms = median(runs.back().ms);
   for (const Run& run : runs) {
-    const double ms = median(run.ms), tps = static_cast<double>(tokens) / (ms / 1e3), gf = tps * flops_per_token / 1e9;
+    const double ms = median(run.ms), tps = static_cast<double>(tokens) / (ms / 1e3),
+                 gf = tps * flops_per_token / 1e9 / ranks;
     std::fprintf(out, " %-44s %6d %10.1f %10.0f %9.1f %6.1f%% %7.2fx %11s %11s\n", run.label.c_str(), cfg.steps, ms, tps,
                  gf, 100.0 * gf / r.sgemm_gflops, ms / base_ms,
                  format_bytes(static_cast<double>(run.last.peak_bytes)).c_str(),
@@ -83,7 +95,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   }
   r.ms_per_step = median(runs[0].ms);
   r.tokens_per_s = static_cast<double>(tokens) / (r.ms_per_step / 1e3);
-  r.gflops = r.tokens_per_s * flops_per_token / 1e9;
+  r.gflops = r.tokens_per_s * flops_per_token / 1e9 / ranks;
   if (cfg.peak_tflops > 0) {
     r.mfu = r.gflops / (cfg.peak_tflops * 1e3);
     std::fprintf(out, "# MFU %.1f%% of %.0f TFLOP/s (%s: %.1f TFLOP/s achieved, 6N + 6LCT per token)\n", 100.0 * r.mfu,

@@ -2,12 +2,14 @@
 // 6N + 6·L·C·T FLOPs per token) beside the sgemm GFLOP/s this machine reaches on the same
 // model's matrix shapes, measured in the same run. With a memory lever (--activation-checkpointing,
 // --offload) the same configuration without it runs too, its steps interleaved with the lever's,
-// and both are printed with the ratio: what the lever costs.
+// and both are printed with the ratio: what the lever costs. On several ranks (`--nproc N`) the
+// strategy runs over the real communicator, the batch is the global one, and rank 0 prints.
 #pragma once
 #include <cstdio>
 
 #include "memory/pool.hpp"
 #include "shard/strategy.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/model/gpt2.hpp"
 
 namespace shardlab {
@@ -17,18 +19,20 @@ struct TrainBenchConfig {
   int64_t batch = 8;
   int steps = 10;   // timed
   int warmup = 2;   // untimed
-  StrategyConfig strategy;  // one rank of it (sim communicator)
+  StrategyConfig strategy;  // one rank of it (sim communicator) or every rank of `world`
   Checkpointing checkpointing = Checkpointing::none;
   double peak_tflops = 0;  // the device's dense peak, for MFU (0 = not printed)
   bool levers() const { return checkpointing != Checkpointing::none || strategy.offload != Offload::none; }
 };
 
 struct TrainBenchResult {
-  double ms_per_step = 0, tokens_per_s = 0, gflops = 0, sgemm_gflops = 0;
+  double ms_per_step = 0, tokens_per_s = 0, gflops = 0, sgemm_gflops = 0, sgemm_picked_gflops = 0;
   double mfu = 0;  // gflops / peak (0 without a peak)
   double baseline_ms_per_step = 0;  // without the levers (0 when none was asked for)
 };
 
-TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out);
+// world: the ranks' communicator when there are several (no levers then); nullptr = one rank.
+TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out,
+                                     Communicator* world = nullptr);
 
 }  // namespace shardlab

@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev
-  libdnnl-dev
+  libdnnl-dev libopenblas-openmp-dev
   libboost-program-options-dev
   catch2
   nlohmann-json3-dev

@@ -7,7 +7,7 @@
 //   shardlab export              a checkpoint as one HF-named safetensors file
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi or sim
-//   shardlab bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 shapes
+//   shardlab bench-gemm          sgemm GFLOP/s of each CPU library on GPT-2 products, and the pick
 //   shardlab bench-train         training-step throughput beside the sgemm ceiling (a lever against none)
 //   shardlab bench-adamw         the host optimizer of --offload against STREAM's triad
 //
@@ -70,7 +70,7 @@ const char* kUsage =
     "  sample              generate text from an --init file or a checkpoint (prompt, temperature, top-k, seed)\n"
     "  info                runtime facts of every rank: build, backend, threads, ranks per node\n"
     "  bench-collectives   collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong\n"
-    "  bench-gemm          sgemm GFLOP/s of the CPU backend on GPT-2 layer shapes\n"
+    "  bench-gemm          sgemm GFLOP/s of each CPU library on a GPT-2 step's products, and the one picked\n"
     "  bench-train         training-step tokens/s and GFLOP/s beside the sgemm ceiling; a memory lever against none\n"
     "  bench-adamw         the host optimizer (--offload) against STREAM's triad bandwidth, same threads\n"
     "\n"
@@ -81,6 +81,7 @@ const char* kUsage =
 // Options every rank-running command shares.
 struct CommonOptions {
   int threads = 0;
+  std::string cpu_gemm = "auto";
   std::string device_memory, host_memory;
   double collective_timeout = 600;
 };
@@ -89,6 +90,9 @@ void add_common(po::options_description& d, CommonOptions& c) {
   d.add_options()("help,h", "show this command's options")(
       "threads", po::value(&c.threads)->default_value(0),
       "CPU threads per rank; 0 = usable cores / ranks on this node")(
+      "cpu-gemm", po::value(&c.cpu_gemm)->default_value(c.cpu_gemm),
+      "sgemm library of the cpu backend: auto (picked per product by the host's ISA and the product's shape; "
+      "README, \"CPU GEMM\"), onednn or openblas (that one for every product)")(
       "device-memory", po::value(&c.device_memory)->default_value(""),
       "per-rank memory budget of the device tier (e.g. 2GiB); allocations past it fail with an out-of-memory "
       "error that lists what is live. Empty = no budget")(
@@ -121,6 +125,7 @@ bool parse(const std::vector<std::string>& args, po::options_description& desc, 
 std::unique_ptr<Backend> make_cpu(const CommonOptions& c, const MpiRuntime& mpi) {
   BackendConfig bc;
   bc.threads = c.threads;
+  bc.cpu_gemm = c.cpu_gemm;
   bc.local_ranks = mpi.local_size();
   bc.local_rank = mpi.local_rank();
   SHARD_REQUIRE(c.threads >= 0, "--threads {}: expected 0 (automatic) or a positive count", c.threads);
@@ -131,6 +136,8 @@ std::unique_ptr<Backend> make_cpu(const CommonOptions& c, const MpiRuntime& mpi)
 std::unique_ptr<Backend> make_device_backend(Device device, const CommonOptions& c, const MpiRuntime& mpi) {
   if (device != Device::cuda) return make_cpu(c, mpi);
   BackendConfig bc;
+  bc.threads = c.threads;  // of its host backend
+  bc.cpu_gemm = c.cpu_gemm;
   bc.local_rank = mpi.local_rank();
   bc.local_ranks = mpi.local_size();
   return make_cuda_backend(bc);
@@ -704,13 +711,22 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
 int cmd_bench_gemm(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   CommonOptions common;
   GemmBenchConfig cfg;
+  cfg.heads = 0, cfg.seq = 0;
   po::options_description desc("bench-gemm options");
   add_common(desc, common);
   desc.add_options()("dim", po::value(&cfg.dim)->default_value(cfg.dim), "model width C")(
       "tokens", po::value(&cfg.tokens)->default_value(cfg.tokens), "rows B*T")(
-      "seconds", po::value(&cfg.seconds)->default_value(cfg.seconds), "minimum timing per shape");
+      "heads", po::value(&cfg.heads)->default_value(0, "C/64"), "attention heads (per-head products C/heads wide)")(
+      "seq", po::value(&cfg.seq)->default_value(0, "min(tokens, 1024)"), "sequence length T (attention's T x T)")(
+      "vocab", po::value(&cfg.vocab)->default_value(cfg.vocab), "vocabulary of the LM head's products; 0 = leave them out")(
+      "layers", po::value(&cfg.layers)->default_value(cfg.layers), "blocks (weights the step's products)")(
+      "seconds", po::value(&cfg.seconds)->default_value(cfg.seconds), "minimum timing per product and candidate");
   if (!parse(args, desc, mpi, "bench-gemm")) return 0;
-  SHARD_REQUIRE(cfg.dim > 0 && cfg.tokens > 0, "--dim {} --tokens {}: expected positive sizes", cfg.dim, cfg.tokens);
+  SHARD_REQUIRE(cfg.dim > 0 && cfg.tokens > 0 && cfg.heads >= 0 && cfg.seq >= 0 && cfg.vocab >= 0 && cfg.layers > 0,
+                "--dim {} --tokens {} --heads {} --seq {} --vocab {} --layers {}: expected positive sizes (0 where a "
+                "default is named)", cfg.dim, cfg.tokens, cfg.heads, cfg.seq, cfg.vocab, cfg.layers);
+  if (cfg.heads == 0) cfg.heads = std::max<int64_t>(1, cfg.dim / 64);
+  if (cfg.seq == 0) cfg.seq = std::min<int64_t>(cfg.tokens, 1024);
   auto backend = make_cpu(common, mpi);
   Pool pool(*backend, pool_config(common));
   if (mpi.rank() == 0) run_gemm_benchmark(pool, cfg, stdout);
@@ -738,7 +754,6 @@ int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi)
       "peak-tflops", po::value(&cfg.peak_tflops)->default_value(-1, "989 on cuda (H100 dense bf16), none on cpu"),
       "the device's peak for the MFU line; 0 = no MFU line");
   if (!parse(args, desc, mpi, "bench-train")) return 0;
-  SHARD_REQUIRE(mpi.world() == 1, "bench-train runs on one rank, {} started", mpi.world());
   cfg.spec = model.spec();
   cfg.strategy.kind = parse_strategy(strategy);
   cfg.strategy.offload = parse_offload(offload);
@@ -750,7 +765,15 @@ int cmd_bench_train(const std::vector<std::string>& args, const MpiRuntime& mpi)
   if (cfg.peak_tflops < 0) cfg.peak_tflops = dev == Device::cuda ? 989 : 0;
   std::unique_ptr<Backend> backend = make_device_backend(dev, common, mpi);
   Pool pool(*backend, pool_config(common, backend.get()));
-  run_train_benchmark(pool, cfg, stdout);
+  if (mpi.world() == 1) {
+    run_train_benchmark(pool, cfg, stdout);
+    return 0;
+  }
+  // Several ranks: the strategy over the real transport; rank 0 prints.
+  auto comm = world_group(mpi, comm_for("auto", dev, mpi)).connect(pool);
+  std::FILE* sink = mpi.rank() == 0 ? stdout : std::fopen("/dev/null", "w");
+  run_train_benchmark(pool, cfg, sink, comm.get());
+  if (sink != stdout) std::fclose(sink);
   return 0;
 }
 

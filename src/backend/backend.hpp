@@ -67,6 +67,7 @@ struct BackendConfig {
   int local_ranks = 1;    // processes sharing this node (for the default thread count)
   int device_index = -1;  // CUDA device; -1 = local rank modulo device count
   int local_rank = 0;
+  std::string cpu_gemm = "auto";  // sgemm library of the CPU backend: auto (by shape) | onednn | openblas
 };
 
 class Backend {

@@ -1,7 +1,9 @@
-// cpu_backend.cpp — the CPU Backend: oneDNN's sgemm for matrix products, OpenMP loops for the rest.
+// cpu_backend.cpp — the CPU Backend: oneDNN's or OpenBLAS's sgemm for matrix products (gemm.hpp
+// picks per shape), OpenMP loops for the rest.
 //
 // One rank is one process; its thread count (cores / ranks on the node by default) is set once
-// for OpenMP, which oneDNN's Debian build also uses, so GEMM and element-wise loops share one pool.
+// for OpenMP, which the Debian builds of oneDNN and of OpenBLAS (openmp flavour) also use, so GEMMs
+// and element-wise loops share one pool.
 // Everything is synchronous: an event is complete when recorded, and streams need no ordering.
 #include <omp.h>
 
@@ -13,6 +15,7 @@
 
 #include "src/backend/backend.hpp"
 #include "src/backend/block_cache.hpp"
+#include "src/backend/cpu/gemm.hpp"
 #include "src/backend/cpu/kernels.hpp"
 
 namespace shardlab {
@@ -29,14 +32,21 @@ class CpuEvent final : public Event {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendConfig& cfg)
-      : threads_(cfg.threads > 0 ? cfg.threads : default_cpu_threads(cfg.local_ranks)) {
+      : threads_(cfg.threads > 0 ? cfg.threads : default_cpu_threads(cfg.local_ranks)),
+        policy_(cpu::parse_gemm_policy(cfg.cpu_gemm)) {
     omp_set_num_threads(threads_);
+    cpu::set_gemm_policy(policy_);
     // oneDNN's profiler hooks (ITT) cost about 2% of a step and serve only VTune; off unless asked for.
     setenv("DNNL_ITT_TASK_LEVEL", "0", /*overwrite=*/0);
   }
 
   Device device() const override { return Device::cpu; }
-  std::string describe() const override { return fmt::format("cpu (oneDNN sgemm, {} threads)", threads_); }
+  std::string describe() const override {
+    const char* gemm = policy_ == cpu::GemmPolicy::automatic ? "oneDNN/OpenBLAS sgemm by shape"
+                       : policy_ == cpu::GemmPolicy::onednn  ? "oneDNN sgemm"
+                                                             : "OpenBLAS sgemm";
+    return fmt::format("cpu ({}, {}, {} threads)", gemm, cpu::gemm_isa_describe(), threads_);
+  }
   int threads() const override { return threads_; }
 
   ~CpuBackend() override {
@@ -85,7 +95,7 @@ class CpuBackend final : public Backend {
     int64_t n = x.numel();
     if (x.dtype() == DType::f32) {
       float* p = x.ptr<float>();
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
       for (int64_t i = 0; i < n; ++i) p[i] = value;
       return;
     }
@@ -111,7 +121,7 @@ class CpuBackend final : public Backend {
     const float* xp = x.ptr<float>();
     float* yp = y.ptr<float>();
     int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) yp[i] += alpha * xp[i];
   }
 
@@ -119,7 +129,7 @@ class CpuBackend final : public Backend {
     check_f32(x, "scale");
     float* p = x.ptr<float>();
     int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) p[i] *= alpha;
   }
 
@@ -248,7 +258,7 @@ class CpuBackend final : public Backend {
     const float* bp = b.ptr<float>();
     float* o = out.ptr<float>();
     int64_t n = a.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) o[i] = f(ap[i], bp[i]);
   }
 
@@ -259,13 +269,15 @@ class CpuBackend final : public Backend {
     const float* p = x.ptr<float>();
     int64_t n = x.numel();
     double acc = 0.0;
-#pragma omp parallel for reduction(+ : acc) schedule(static) if (n > kParallelMin)
+    // simd: the double sum is split across vector lanes (a fixed order for a given build and thread count).
+#pragma omp parallel for simd reduction(+ : acc) schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) acc += f(p[i]);
     float* o = out.ptr<float>();
     o[0] = static_cast<float>((accumulate ? o[0] : 0.0) + acc);
   }
 
   int threads_;
+  cpu::GemmPolicy policy_;
   BlockCache cache_{64, size_t{1} << 30};  // 64-byte aligned blocks, at most 1 GiB cached
 };
 

@@ -6,8 +6,8 @@
 // Attention reads q, k, v straight out of the fused (B, T, 3C) buffer with leading dimension 3C and
 // writes head h's output into columns [h*hs, (h+1)*hs) of (B, T, C): no permutation copies.
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/gemm.hpp"
 
-#include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -28,10 +28,7 @@ void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
 
 void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  dnnl_status_t st = dnnl_sgemm(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', m, n, k, alpha, A, lda, B,
-                                ldb, beta, C, ldc);
-  SHARD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", static_cast<int>(st), m, n, k);
+  sgemm_with(gemm_pick(ta, tb, m, n, k), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
@@ -144,9 +141,11 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 // x = n ln2 + r, |r| <= ln2/2, then a degree-6 Taylor polynomial for e^r, then 2^n by exponent bits.
 inline float fast_exp(float x) {
   x = std::min(88.f, std::max(-87.f, x));
-  float t = x * 1.44269504088896341f;
-  int32_t n = static_cast<int32_t>(t + (t >= 0.f ? 0.5f : -0.5f));
-  float fn = static_cast<float>(n);
+  const float t = x * 1.44269504088896341f;
+  // Round to nearest by adding and subtracting 1.5 * 2^23 (no branch, no libm call: the loops
+  // around this must vectorize).
+  const float fn = (t + 12582912.f) - 12582912.f;
+  const int32_t n = static_cast<int32_t>(fn);
   float r = x - fn * 0.693145751953125f - fn * 1.428606765330187e-06f;  // ln2 split in two for accuracy
   float p = 1.f / 720.f;
   p = p * r + 1.f / 120.f;
@@ -158,33 +157,27 @@ inline float fast_exp(float x) {
   return p * std::bit_cast<float>((n + 127) << 23);
 }
 
-// tanh through e^{-2|u|}: no cancellation for large |u|; absolute error about 1e-7 everywhere,
-// which is what GELU's 1 + tanh(u) sees.
-inline float fast_tanh(float u) {
-  float e = fast_exp(-2.f * std::fabs(u));
-  float t = (1.f - e) / (1.f + e);
-  return u < 0.f ? -t : t;
-}
+// GELU's 0.5 (1 + tanh u) is the logistic 1 / (1 + e^{-2u}): one exp and one division per element.
+// The exponent stops at 80 so that the result stays a normal float (no denormal slow path).
+inline float gelu_gate(float u) { return 1.f / (1.f + fast_exp(std::min(80.f, -2.f * u))); }
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float u = kGeluScale * (x + 0.044715f * x * x * x);
-    out[i] = 0.5f * x * (1.f + fast_tanh(u));
+    const float x = inp[i];
+    out[i] = x * gelu_gate(kGeluScale * (x + 0.044715f * x * x * x));
   }
 }
 
+// d/dx [x s(x)] = s + x s', and s' = 2 s (1 - s) du/dx for s = 1 / (1 + e^{-2u}).
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float u = kGeluScale * (x + 0.044715f * x * x * x);
-    float th = fast_tanh(u);
-    float sech2 = 1.f - th * th;
-    float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
-    dinp[i] = grad * dout[i];
+    const float x = inp[i];
+    const float s = gelu_gate(kGeluScale * (x + 0.044715f * x * x * x));
+    const float du = kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+    dinp[i] = (s + 2.f * x * s * (1.f - s) * du) * dout[i];
   }
 }
 
@@ -256,17 +249,20 @@ void cross_entropy(float* losses, float* dlogits, const float* logits, const int
 #pragma omp parallel for schedule(static) if (N * V > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* z = logits + i * V;
-    int32_t y = targets[i];
+    const int32_t y = targets[i];
     float mx = z[0];
+#pragma omp simd reduction(max : mx)
     for (int64_t j = 1; j < V; ++j) mx = std::max(mx, z[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(z[j] - mx));
-    float zy = z[y];
+    double sum = 0.0;  // float terms, a double sum: V may be 50257
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += fast_exp(z[j] - mx);
+    const float zy = z[y];
     losses[i] = static_cast<float>(std::log(sum)) + mx - zy;
     if (dlogits) {
-      float inv = static_cast<float>(1.0 / sum);
-      float* d = dlogits + i * V;
-      for (int64_t j = 0; j < V; ++j) d[j] = std::exp(z[j] - mx) * inv * dloss_scale;
+      const float scale = static_cast<float>(1.0 / sum) * dloss_scale;
+      float* d = dlogits + i * V;  // may be z itself: each element is read before it is written
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) d[j] = fast_exp(z[j] - mx) * scale;
       d[y] -= dloss_scale;
     }
   }
@@ -305,7 +301,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a) {
   const float lr = a.lr, mu = a.momentum, wd = a.weight_decay, gs = a.grad_scale;
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float b = mu * buf[i] + g[i] * gs + wd * p[i];
     buf[i] = b;

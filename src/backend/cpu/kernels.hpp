@@ -12,7 +12,7 @@ namespace shardlab::cpu {
 // also fixes where results start to depend on the thread count.
 inline constexpr int64_t kParallelMin = 1 << 14;
 
-// Row-major sgemm through oneDNN: C = alpha op(A) op(B) + beta C.
+// Row-major sgemm, C = alpha op(A) op(B) + beta C, through the library gemm.hpp's rule picks.
 void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 

@@ -1,0 +1,84 @@
+// gemm.cpp — oneDNN and OpenBLAS behind one row-major sgemm, and the rule that chooses between them.
+#include "src/backend/cpu/gemm.hpp"
+
+#include <cblas.h>
+#include <dnnl.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace shardlab::cpu {
+namespace {
+std::atomic<GemmPolicy> g_policy{GemmPolicy::automatic};
+}  // namespace
+
+const char* gemm_lib_name(GemmLib lib) { return lib == GemmLib::onednn ? "onednn" : "openblas"; }
+
+const char* gemm_policy_name(GemmPolicy p) {
+  return p == GemmPolicy::automatic ? "auto" : p == GemmPolicy::onednn ? "onednn" : "openblas";
+}
+
+GemmPolicy parse_gemm_policy(const std::string& s) {
+  if (s == "auto") return GemmPolicy::automatic;
+  if (s == "onednn") return GemmPolicy::onednn;
+  if (s == "openblas") return GemmPolicy::openblas;
+  throw InputError(fmt::format("--cpu-gemm '{}': expected auto, onednn or openblas", s));
+}
+
+bool host_avx512() {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned core = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+  return (isa & core) == core;
+}
+
+std::string gemm_isa_describe() {
+  return fmt::format("oneDNN {}, OpenBLAS {}", host_avx512() ? "avx512" : "avx2", openblas_get_corename());
+}
+
+// Measured with `shardlab bench-gemm` (README, "CPU GEMM"), one thread:
+// - AVX2 (AMD EPYC): with k <= 256 oneDNN is the faster (92-98 GFLOP/s against OpenBLAS's 90-91,
+//   and 85-91 against 61-75 on attention's per-head products). With k >= 512 oneDNN falls to
+//   40-72 GFLOP/s on A-transposed products (the weight gradients, k = B*T) and to 85-88 where an
+//   output side is 256, while OpenBLAS holds 90-94 on every product whose output sides are both
+//   >= 256 and 76-81 on attention's A-transposed ones (against oneDNN's 41-65).
+// - AVX-512: oneDNN's sgemm led OpenBLAS on every GPT-2 shape measured (101-108 against 58-86
+//   GFLOP/s), so it keeps every product there.
+GemmLib gemm_rule(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, bool avx512) {
+  (void)tb;
+  if (avx512 || k <= 256) return GemmLib::onednn;
+  if (std::min(m, n) >= 256) return GemmLib::openblas;
+  if (ta == Trans::T && k >= 512) return GemmLib::openblas;
+  return GemmLib::onednn;
+}
+
+void set_gemm_policy(GemmPolicy p) { g_policy.store(p, std::memory_order_relaxed); }
+GemmPolicy gemm_policy() { return g_policy.load(std::memory_order_relaxed); }
+
+GemmLib gemm_pick(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k) {
+  switch (gemm_policy()) {
+    case GemmPolicy::onednn: return GemmLib::onednn;
+    case GemmPolicy::openblas: return GemmLib::openblas;
+    case GemmPolicy::automatic: break;
+  }
+  static const bool avx512 = host_avx512();
+  return gemm_rule(ta, tb, m, n, k, avx512);
+}
+
+void sgemm_with(GemmLib lib, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (lib == GemmLib::openblas) {
+    // OpenBLAS takes int sizes; every GPT-2 product is far below 2^31 per side.
+    SHARD_CHECK(std::max({m, n, k, lda, ldb, ldc}) <= INT32_MAX, "openblas sgemm: a side over 2^31 (m={} n={} k={})",
+                m, n, k);
+    cblas_sgemm(CblasRowMajor, ta == Trans::N ? CblasNoTrans : CblasTrans, tb == Trans::N ? CblasNoTrans : CblasTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, A, static_cast<int>(lda), B,
+                static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+    return;
+  }
+  dnnl_status_t st = dnnl_sgemm(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', m, n, k, alpha, A, lda, B,
+                                ldb, beta, C, ldc);
+  SHARD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", static_cast<int>(st), m, n, k);
+}
+
+}  // namespace shardlab::cpu
