@@ -1,27 +1,109 @@
 #!/usr/bin/env bash
-# shardlab against PyTorch (Debian's python3-torch, CPU), same GPT-2 shape, same step, one thread
-# each, in one run. Prints both benchmark outputs and a table with the ratio.
-#   bash benchmarks/compare_pytorch.sh [L C H T V B]      (default: 4 256 4 128 256 8)
+# shardlab against PyTorch (Debian's python3-torch, CPU) on the same GPT-2 step, one thread per
+# rank on each side, in one run: a single rank, then DDP on 2 ranks (shardlab over MPI, PyTorch's
+# DistributedDataParallel over gloo, each at twice the batch), then shardlab's ZeRO-3 on 2 ranks
+# against its own DDP. Prints every benchmark's output and one table at the end.
+#
+#   bash benchmarks/compare_pytorch.sh [--avx2] [--sweep] [--single] [L C H T V B]
+#     L C H T V B  the shape (default 4 256 4 128 256 8: the benchmark shape)
+#     --sweep      the three shapes of issue 14 instead: 4 256 4 128 256 8, 4 512 8 256 256 4,
+#                  2 768 12 512 1024 2
+#     --single     one rank only (no DDP and ZeRO-3 rows)
+#     --avx2       cap both sides to AVX2 on an AVX-512 host: ONEDNN_MAX_CPU_ISA=AVX2,
+#                  OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2
+#   STEPS (10) and WARMUP (2) in the environment set the timed and untimed steps.
+# Ratios: "vs torch" is shardlab's tokens/s over PyTorch's in the same configuration; the ZeRO-3
+# row's is its step time over shardlab DDP's. "%ceiling" is shardlab's GFLOP/s per rank (6N + 6LCT
+# per token) over the best sgemm of the host on that step's products (bench-gemm's ceiling).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-L=${1:-4} C=${2:-256} H=${3:-4} T=${4:-128} V=${5:-256} B=${6:-8}
 STEPS=${STEPS:-10} WARMUP=${WARMUP:-2}
+sweep=0 single=0 shape=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 ;;
+    --sweep) sweep=1 ;;
+    --single) single=1 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -*) echo "compare_pytorch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) shape+=("$1") ;;
+  esac
+  shift
+done
+if [ ${#shape[@]} -ne 0 ] && [ ${#shape[@]} -ne 6 ]; then
+  echo "compare_pytorch.sh: a shape is six numbers L C H T V B, got '${shape[*]}'" >&2
+  exit 2
+fi
+if [ $sweep -eq 1 ]; then
+  shapes=("4 256 4 128 256 8" "4 512 8 256 256 4" "2 768 12 512 1024 2")
+elif [ ${#shape[@]} -eq 6 ]; then
+  shapes=("${shape[*]}")
+else
+  shapes=("4 256 4 128 256 8")
+fi
+
 [ -x build/shardlab ] || bash scripts/setup.sh
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "installing python3-torch (Debian) for the comparison"
-  apt-get install -y -qq python3-torch > /dev/null
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get install -y -qq python3-torch > /dev/null
 fi
-ours=$(build/shardlab bench-train --layers "$L" --dim "$C" --heads "$H" --seq "$T" --vocab "$V" --batch "$B" \
-       --threads 1 --steps "$STEPS" --warmup "$WARMUP")
-echo "$ours"
-theirs=$(OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_gpt2.py "$L" "$C" "$H" "$T" "$V" "$B" \
-         "$STEPS" "$WARMUP")
-echo "# $theirs"
-read -r s_ms s_tok s_gf s_pct <<<"$(echo "$ours" | tail -1 | awk '{print $2, $3, $4, $5}')"
-read -r _ p_ms p_tok _ <<<"$theirs"
-ceiling=$(echo "$ours" | sed -n 's/.*this model.s shapes: \([0-9.]*\) GFLOP.*/\1/p')
-printf '\n# L=%s C=%s H=%s T=%s V=%s batch=%s, 1 thread each, median of %s steps\n' "$L" "$C" "$H" "$T" "$V" "$B" "$STEPS"
-printf '%-10s %10s %10s %10s\n' "impl" "ms/step" "tokens/s" "vs torch"
-printf '%-10s %10s %10s %9.2fx\n' "shardlab" "$s_ms" "$s_tok" "$(awk -v a="$s_tok" -v b="$p_tok" 'BEGIN { print a / b }')"
-printf '%-10s %10s %10s %9.2fx\n' "pytorch" "$p_ms" "$p_tok" 1
-printf '# shardlab: %s GFLOP/s = %s of the %s GFLOP/s sgemm ceiling measured above\n' "$s_gf" "$s_pct" "$ceiling"
+
+# "key=value" out of bench-train's "# result" line.
+field() { sed -n "s/^# result .*$1=\([0-9.]*\).*/\1/p" <<< "$2"; }
+ours() {  # ours RANKS STRATEGY L C H T V B
+  local ranks=$1 strategy=$2 L=$3 C=$4 H=$5 T=$6 V=$7 B=$8 nproc=()
+  [ "$ranks" -gt 1 ] && nproc=(--nproc "$ranks")
+  build/shardlab bench-train "${nproc[@]}" --strategy "$strategy" --layers "$L" --dim "$C" --heads "$H" --seq "$T" \
+    --vocab "$V" --batch "$B" --threads 1 --steps "$STEPS" --warmup "$WARMUP"
+}
+theirs() {  # theirs RANKS L C H T V B
+  local ranks=$1
+  shift
+  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_gpt2.py "$@" "$STEPS" "$WARMUP" "$ranks"
+}
+
+rows=()
+add_row() {  # add_row CONFIG S_MS S_TOK P_MS P_TOK RATIO PCT
+  rows+=("$(printf '%-46s %9s %9s %9s %9s %8s %9s' "$@")")
+}
+isa_ours="" isa_theirs=""
+for s in "${shapes[@]}"; do
+  read -r L C H T V B <<< "$s"
+  label="L$L C$C H$H T$T V$V"
+  out=$(ours 1 ddp "$L" "$C" "$H" "$T" "$V" "$B")
+  echo "$out"
+  isa_ours=$(sed -n 's/^# shardlab train-step benchmark: .*, cpu (\(.*\))$/\1/p' <<< "$out")
+  p=$(theirs 1 "$L" "$C" "$H" "$T" "$V" "$B")
+  echo "# $p"
+  isa_theirs=$(sed -n 's/.*isa=\([^ ]*\).*/\1/p' <<< "$p")
+  read -r _ p_ms p_tok _ <<< "$p"
+  s_ms=$(field ms_per_step "$out") s_tok=$(field tokens_per_s "$out")
+  pct=$(awk -v g="$(field gflops_per_rank "$out")" -v c="$(field ceiling "$out")" 'BEGIN { printf "%.1f%%", 100 * g / c }')
+  add_row "$label B$B, 1 rank" "$s_ms" "$s_tok" "$p_ms" "$p_tok" \
+    "$(awk -v a="$s_tok" -v b="$p_tok" 'BEGIN { printf "%.2fx", a / b }')" "$pct"
+  [ $single -eq 1 ] && continue
+  B2=$((2 * B))
+  ddp=$(ours 2 ddp "$L" "$C" "$H" "$T" "$V" "$B2")
+  echo "$ddp"
+  p=$(theirs 2 "$L" "$C" "$H" "$T" "$V" "$B2")
+  echo "# $p"
+  read -r _ p_ms p_tok _ <<< "$p"
+  d_ms=$(field ms_per_step "$ddp") d_tok=$(field tokens_per_s "$ddp")
+  pct=$(awk -v g="$(field gflops_per_rank "$ddp")" -v c="$(field ceiling "$ddp")" 'BEGIN { printf "%.1f%%", 100 * g / c }')
+  add_row "$label B$B2, ddp x2" "$d_ms" "$d_tok" "$p_ms" "$p_tok" \
+    "$(awk -v a="$d_tok" -v b="$p_tok" 'BEGIN { printf "%.2fx", a / b }')" "$pct"
+  z3=$(ours 2 zero3 "$L" "$C" "$H" "$T" "$V" "$B2")
+  echo "$z3"
+  z_ms=$(field ms_per_step "$z3") z_tok=$(field tokens_per_s "$z3")
+  pct=$(awk -v g="$(field gflops_per_rank "$z3")" -v c="$(field ceiling "$z3")" 'BEGIN { printf "%.1f%%", 100 * g / c }')
+  add_row "$label B$B2, zero3 x2 (vs our ddp)" "$z_ms" "$z_tok" "-" "-" \
+    "$(awk -v a="$z_ms" -v b="$d_ms" 'BEGIN { printf "%.2fx", a / b }')" "$pct"
+done
+
+printf '\n# %s; shardlab: %s; pytorch: %s, BLAS %s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" \
+  "$isa_ours" "$isa_theirs" "$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
+printf '# one thread per rank on each side, median of %s steps after %s%s\n' "$STEPS" "$WARMUP" \
+  "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
+printf '%-46s %9s %9s %9s %9s %8s %9s\n' "config" "ms/step" "tokens/s" "torch ms" "torch t/s" "vs torch" "%ceiling"
+printf '%s\n' "${rows[@]}"

@@ -158,7 +158,8 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
       }
       secs.push_back(time_call(call, be, cfg.seconds));
     }
-    const size_t picked = cpu && cpu::gemm_pick(p.ta, p.tb, p.m, p.n, p.k) == cpu::GemmLib::openblas ? 1 : 0;
+    const size_t picked =
+        cpu && cpu::gemm_pick(cpu::GemmShape{p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb}) == cpu::GemmLib::openblas ? 1 : 0;
     const double best = *std::min_element(secs.begin(), secs.end()), ratio = best / secs[picked];
     std::fprintf(out, " %-21s %6lld %6lld %6lld %c%c %6lld", p.what.c_str(), static_cast<long long>(p.m),
                  static_cast<long long>(p.n), static_cast<long long>(p.k), p.ta == Trans::N ? 'N' : 'T',

@@ -102,6 +102,9 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                  cfg.peak_tflops, runs[0].label.c_str(), r.gflops / 1e3);
   }
   if (cfg.levers()) r.baseline_ms_per_step = base_ms;
+  // One line for scripts (benchmarks/compare_pytorch.sh): the first configuration's figures.
+  std::fprintf(out, "# result ms_per_step=%.1f tokens_per_s=%.0f gflops_per_rank=%.1f ceiling=%.1f ranks=%d\n",
+               r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks);
   std::fflush(out);
   return r;
 }

@@ -9,7 +9,8 @@
 #     NEEDED entries of mpirun/orted/libmpi, not apt's Depends (no UCX, libfabric, verbs, PSM).
 #     MCA components whose libraries are not in that closure (ucx, ofi, openib, psm, oshmem) are
 #     dropped; shared memory (vader) and TCP remain.
-#   - oneDNN (libdnnl2, libdnnl-dev) with its OpenCL ICD loader, Boost.Program_options (the library
+#   - oneDNN (libdnnl2, libdnnl-dev) with its OpenCL ICD loader, OpenBLAS's OpenMP flavour
+#     (libopenblas-openmp-dev, libopenblas0-openmp, with libgfortran), Boost.Program_options (the library
 #     and just the Boost headers <boost/program_options.hpp> pulls in), Catch2 v2,
 #     nlohmann-json, fmt 9.
 #   - No docs, man pages, locales, static libraries, Fortran or Java bindings.
@@ -87,6 +88,7 @@ add_family() {  # add_family PACKAGE REGEX: the package and its Depends (recursi
 add_family openmpi-bin '^(openmpi-|libopenmpi)'
 add_family libopenmpi-dev '^(openmpi-|libopenmpi)'
 add_family libdnnl-dev '^libdnnl'
+add_family libopenblas-openmp-dev '^libopenblas'
 add_family libboost-program-options-dev '^libboost'
 add_family catch2 '^catch2'
 add_family nlohmann-json3-dev '^nlohmann'

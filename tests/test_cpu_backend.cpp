@@ -6,25 +6,12 @@
 #include "tests/test_util.hpp"
 
 using namespace shardlab;
+using shardlab::test::gemm_reference;
 using shardlab::test::random_vector;
 
 namespace {
 
 Tensor t1(std::vector<float>& v) { return Tensor::flat(v.data(), DType::f32, static_cast<int64_t>(v.size())); }
-
-// C = alpha op(A) op(B) + beta C in double, row-major, for one batch entry.
-void gemm_reference(const GemmDesc& d, const float* A, const float* B, float* C) {
-  for (int64_t i = 0; i < d.m; ++i)
-    for (int64_t j = 0; j < d.n; ++j) {
-      double acc = 0;
-      for (int64_t p = 0; p < d.k; ++p) {
-        double a = d.trans_a == Trans::N ? A[i * d.lda + p] : A[p * d.lda + i];
-        double b = d.trans_b == Trans::N ? B[p * d.ldb + j] : B[j * d.ldb + p];
-        acc += a * b;
-      }
-      C[i * d.ldc + j] = static_cast<float>(d.alpha * acc + d.beta * C[i * d.ldc + j]);
-    }
-}
 
 std::unique_ptr<Backend> cpu(int threads = 2) {
   BackendConfig cfg;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "src/backend/backend.hpp"
 #include "src/core/dtype.hpp"
 #include "src/core/rng.hpp"
 
@@ -33,6 +34,20 @@ inline double ulp(double x, DType t) {
   int min_exp = t == DType::f16 ? -14 : -126;
   int e = x == 0.0 ? min_exp : std::max(min_exp, static_cast<int>(std::floor(std::log2(std::fabs(x)))));
   return std::ldexp(1.0, e - mant_bits);
+}
+
+// C = alpha op(A) op(B) + beta C in double, row-major, for one batch entry.
+inline void gemm_reference(const GemmDesc& d, const float* A, const float* B, float* C) {
+  for (int64_t i = 0; i < d.m; ++i)
+    for (int64_t j = 0; j < d.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < d.k; ++p) {
+        double a = d.trans_a == Trans::N ? A[i * d.lda + p] : A[p * d.lda + i];
+        double b = d.trans_b == Trans::N ? B[p * d.ldb + j] : B[j * d.ldb + p];
+        acc += a * b;
+      }
+      C[i * d.ldc + j] = static_cast<float>(d.alpha * acc + d.beta * C[i * d.ldc + j]);
+    }
 }
 
 }  // namespace shardlab::test

@@ -35,33 +35,49 @@ std::string gemm_isa_describe() {
   return fmt::format("oneDNN {}, OpenBLAS {}", host_avx512() ? "avx512" : "avx2", openblas_get_corename());
 }
 
-// Measured with `shardlab bench-gemm` (README, "CPU GEMM"), one thread:
-// - AVX2 (AMD EPYC): with k <= 256 oneDNN is the faster (92-98 GFLOP/s against OpenBLAS's 90-91,
-//   and 85-91 against 61-75 on attention's per-head products). With k >= 512 oneDNN falls to
+namespace {
+// Rows of B whose byte stride is a multiple of 4096 (or of 2048, for k >= 512) fall into one or two
+// sets of a 4-KiB-periodic L1: oneDNN, which reads small products' B in place, slows to 40-67
+// GFLOP/s there (attention's v and k rows at C = 1024, and at C = 512 for T >= 512); OpenBLAS
+// copies B into a packed buffer first and does not care.
+bool aliasing_rows(int64_t ld, int64_t k) {
+  const int64_t bytes = ld * static_cast<int64_t>(sizeof(float));
+  return bytes % 4096 == 0 || (bytes % 2048 == 0 && k >= 512);
+}
+}  // namespace
+
+// Measured with `shardlab bench-gemm` and a sweep of attention's products over C = 256-1600 and
+// T = 128-1024 (README, "CPU GEMM"), one thread:
+// - AVX2 (AMD EPYC), products with both output sides >= 256 (the linear layers): with k <= 256
+//   oneDNN is the faster (92-98 GFLOP/s against OpenBLAS's 90-91). With k >= 512 oneDNN falls to
 //   40-72 GFLOP/s on A-transposed products (the weight gradients, k = B*T) and to 85-88 where an
-//   output side is 256, while OpenBLAS holds 90-94 on every product whose output sides are both
-//   >= 256 and 76-81 on attention's A-transposed ones (against oneDNN's 41-65).
+//   output side is 256, while OpenBLAS holds 90-94 on all of them.
+// - AVX2, attention's per-head products (one output side the head size, 64):
+//   q k^T and d(a) (B transposed, k = 64): oneDNN 78-91 against OpenBLAS's 62-72, always.
+//   dv and dk (A transposed, k = T): from T = 256 on OpenBLAS 78-82 against oneDNN's 35-84.
+//   a v and dq (neither transposed): oneDNN 80-94 against 72-80, unless B's rows alias (above).
 // - AVX-512: oneDNN's sgemm led OpenBLAS on every GPT-2 shape measured (101-108 against 58-86
 //   GFLOP/s), so it keeps every product there.
-GemmLib gemm_rule(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, bool avx512) {
-  (void)tb;
-  if (avx512 || k <= 256) return GemmLib::onednn;
-  if (std::min(m, n) >= 256) return GemmLib::openblas;
-  if (ta == Trans::T && k >= 512) return GemmLib::openblas;
+GemmLib gemm_rule(const GemmShape& s, bool avx512) {
+  if (avx512) return GemmLib::onednn;
+  if (std::min(s.m, s.n) >= 256) return s.k <= 256 ? GemmLib::onednn : GemmLib::openblas;
+  if (s.tb == Trans::T) return GemmLib::onednn;
+  if (s.ta == Trans::T && s.k >= 256) return GemmLib::openblas;
+  if (aliasing_rows(s.ldb, s.k)) return GemmLib::openblas;
   return GemmLib::onednn;
 }
 
 void set_gemm_policy(GemmPolicy p) { g_policy.store(p, std::memory_order_relaxed); }
 GemmPolicy gemm_policy() { return g_policy.load(std::memory_order_relaxed); }
 
-GemmLib gemm_pick(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k) {
+GemmLib gemm_pick(const GemmShape& s) {
   switch (gemm_policy()) {
     case GemmPolicy::onednn: return GemmLib::onednn;
     case GemmPolicy::openblas: return GemmLib::openblas;
     case GemmPolicy::automatic: break;
   }
   static const bool avx512 = host_avx512();
-  return gemm_rule(ta, tb, m, n, k, avx512);
+  return gemm_rule(s, avx512);
 }
 
 void sgemm_with(GemmLib lib, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,

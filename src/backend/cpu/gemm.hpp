@@ -26,13 +26,19 @@ GemmPolicy parse_gemm_policy(const std::string& s);  // auto | onednn | openblas
 bool host_avx512();
 std::string gemm_isa_describe();  // e.g. "oneDNN avx2, OpenBLAS Haswell"
 
-// The library the rule picks for C (m, n) = op(A) op(B), op(A) (m, k).
-GemmLib gemm_rule(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, bool avx512);
+// C (m, n) = op(A) op(B), op(A) (m, k), row-major with leading dimensions lda and ldb (elements).
+struct GemmShape {
+  Trans ta = Trans::N, tb = Trans::N;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0;
+};
+
+// The library the rule picks for a product.
+GemmLib gemm_rule(const GemmShape& s, bool avx512);
 
 // Process-wide policy (the CPU backend sets it from --cpu-gemm; default automatic).
 void set_gemm_policy(GemmPolicy p);
 GemmPolicy gemm_policy();
-GemmLib gemm_pick(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k);  // under the current policy
+GemmLib gemm_pick(const GemmShape& s);  // under the current policy
 
 // Row-major C = alpha op(A) op(B) + beta C through one library.
 void sgemm_with(GemmLib lib, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
