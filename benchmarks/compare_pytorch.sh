@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/compare_pytorch.sh [--avx2] [--sweep] [--single] [L C H T V B]
 #     L C H T V B  the shape (default 4 256 4 128 256 8: the benchmark shape)
-#     --sweep      the three shapes of issue 14 instead: 4 256 4 128 256 8, 4 512 8 256 256 4,
+#     --sweep      three shapes instead: 4 256 4 128 256 8, 4 512 8 256 256 4,
 #                  2 768 12 512 1024 2
 #     --single     one rank only (no DDP and ZeRO-3 rows)
 #     --avx2       cap both sides to AVX2 on an AVX-512 host: ONEDNN_MAX_CPU_ISA=AVX2,
@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 ;;
     --sweep) sweep=1 ;;
     --single) single=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     -*) echo "compare_pytorch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) shape+=("$1") ;;
   esac

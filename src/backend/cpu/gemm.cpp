@@ -14,10 +14,6 @@ std::atomic<GemmPolicy> g_policy{GemmPolicy::automatic};
 
 const char* gemm_lib_name(GemmLib lib) { return lib == GemmLib::onednn ? "onednn" : "openblas"; }
 
-const char* gemm_policy_name(GemmPolicy p) {
-  return p == GemmPolicy::automatic ? "auto" : p == GemmPolicy::onednn ? "onednn" : "openblas";
-}
-
 GemmPolicy parse_gemm_policy(const std::string& s) {
   if (s == "auto") return GemmPolicy::automatic;
   if (s == "onednn") return GemmPolicy::onednn;

@@ -18,7 +18,6 @@ enum class GemmLib { onednn, openblas };
 enum class GemmPolicy { automatic, onednn, openblas };
 
 const char* gemm_lib_name(GemmLib lib);
-const char* gemm_policy_name(GemmPolicy p);
 GemmPolicy parse_gemm_policy(const std::string& s);  // auto | onednn | openblas; InputError otherwise
 
 // The vector ISA both libraries run with, as oneDNN sees it (ONEDNN_MAX_CPU_ISA caps it):
@@ -35,7 +34,8 @@ struct GemmShape {
 // The library the rule picks for a product.
 GemmLib gemm_rule(const GemmShape& s, bool avx512);
 
-// Process-wide policy (the CPU backend sets it from --cpu-gemm; default automatic).
+// Process-wide policy: the CPU kernels are free functions, so each CPU backend sets it from its
+// --cpu-gemm when made (the last one made wins; a run makes one). Default automatic.
 void set_gemm_policy(GemmPolicy p);
 GemmPolicy gemm_policy();
 GemmLib gemm_pick(const GemmShape& s);  // under the current policy
