@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <string>
 
 #include "src/core/tensor.hpp"
@@ -186,6 +187,8 @@ bool cuda_compiled();
 int cuda_device_count();  // 0 without CUDA or without a device; never throws
 Device parse_device(const std::string& s);
 int default_cpu_threads(int local_ranks);  // max(1, usable cores / local_ranks)
+// Runs f once on each thread of the CPU backend's OpenMP pool, the calling thread among them.
+void on_every_cpu_thread(const std::function<void()>& f);
 
 // Shape checks shared by the implementations.
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);

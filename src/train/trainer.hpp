@@ -17,6 +17,11 @@
 
 namespace shardlab {
 
+// SIGTERM and SIGUSR1 ask a run to save and stop after the current step (trainer.cpp). Every run
+// installs this; it is here for the test that signals a process busy in GEMMs.
+void install_stop_signals();
+int stop_signal();  // the last stop signal received since install_stop_signals (0 = none)
+
 struct TrainConfig {
   ModelSpec spec;
   StrategyConfig strategy;

@@ -285,4 +285,9 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg) { return std::make_unique<CpuBackend>(cfg); }
 
+void on_every_cpu_thread(const std::function<void()>& f) {
+#pragma omp parallel
+  f();
+}
+
 }  // namespace shardlab
