@@ -51,6 +51,11 @@ fi
 
 # "key=value" out of bench-train's "# result" line.
 field() { sed -n "s/^# result .*$1=\([0-9.]*\).*/\1/p" <<< "$2"; }
+# A bench-train output's GFLOP/s per rank as a share of its ceiling; a / b as "1.23x".
+pct_of_ceiling() {
+  awk -v g="$(field gflops_per_rank "$1")" -v c="$(field ceiling "$1")" 'BEGIN { printf "%.1f%%", 100 * g / c }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
 ours() {  # ours RANKS STRATEGY L C H T V B
   local ranks=$1 strategy=$2 L=$3 C=$4 H=$5 T=$6 V=$7 B=$8 nproc=()
   [ "$ranks" -gt 1 ] && nproc=(--nproc "$ranks")
@@ -79,9 +84,7 @@ for s in "${shapes[@]}"; do
   isa_theirs=$(sed -n 's/.*isa=\([^ ]*\).*/\1/p' <<< "$p")
   read -r _ p_ms p_tok _ <<< "$p"
   s_ms=$(field ms_per_step "$out") s_tok=$(field tokens_per_s "$out")
-  pct=$(awk -v g="$(field gflops_per_rank "$out")" -v c="$(field ceiling "$out")" 'BEGIN { printf "%.1f%%", 100 * g / c }')
-  add_row "$label B$B, 1 rank" "$s_ms" "$s_tok" "$p_ms" "$p_tok" \
-    "$(awk -v a="$s_tok" -v b="$p_tok" 'BEGIN { printf "%.2fx", a / b }')" "$pct"
+  add_row "$label B$B, 1 rank" "$s_ms" "$s_tok" "$p_ms" "$p_tok" "$(ratio "$s_tok" "$p_tok")" "$(pct_of_ceiling "$out")"
   [ $single -eq 1 ] && continue
   B2=$((2 * B))
   ddp=$(ours 2 ddp "$L" "$C" "$H" "$T" "$V" "$B2")
@@ -90,15 +93,11 @@ for s in "${shapes[@]}"; do
   echo "# $p"
   read -r _ p_ms p_tok _ <<< "$p"
   d_ms=$(field ms_per_step "$ddp") d_tok=$(field tokens_per_s "$ddp")
-  pct=$(awk -v g="$(field gflops_per_rank "$ddp")" -v c="$(field ceiling "$ddp")" 'BEGIN { printf "%.1f%%", 100 * g / c }')
-  add_row "$label B$B2, ddp x2" "$d_ms" "$d_tok" "$p_ms" "$p_tok" \
-    "$(awk -v a="$d_tok" -v b="$p_tok" 'BEGIN { printf "%.2fx", a / b }')" "$pct"
+  add_row "$label B$B2, ddp x2" "$d_ms" "$d_tok" "$p_ms" "$p_tok" "$(ratio "$d_tok" "$p_tok")" "$(pct_of_ceiling "$ddp")"
   z3=$(ours 2 zero3 "$L" "$C" "$H" "$T" "$V" "$B2")
   echo "$z3"
   z_ms=$(field ms_per_step "$z3") z_tok=$(field tokens_per_s "$z3")
-  pct=$(awk -v g="$(field gflops_per_rank "$z3")" -v c="$(field ceiling "$z3")" 'BEGIN { printf "%.1f%%", 100 * g / c }')
-  add_row "$label B$B2, zero3 x2 (vs our ddp)" "$z_ms" "$z_tok" "-" "-" \
-    "$(awk -v a="$z_ms" -v b="$d_ms" 'BEGIN { printf "%.2fx", a / b }')" "$pct"
+  add_row "$label B$B2, zero3 x2 (vs our ddp)" "$z_ms" "$z_tok" "-" "-" "$(ratio "$z_ms" "$d_ms")" "$(pct_of_ceiling "$z3")"
 done
 
 printf '\n# %s; shardlab: %s; pytorch: %s, BLAS %s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" \

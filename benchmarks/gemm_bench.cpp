@@ -17,6 +17,7 @@ struct Product {
   float beta = 0.f;
   int64_t calls = 0;  // per training step; 0 = not one of the step's products (the grid)
   double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+  std::string op() const { return {ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T'}; }
 };
 
 Product product(std::string what, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
@@ -108,8 +109,10 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
   Backend& be = pool.backend();
   const bool cpu = be.device() == Device::cpu;
   // The candidates: each library the cpu backend can call, or the backend itself elsewhere.
+  const std::vector<cpu::GemmLib> libs = {cpu::GemmLib::onednn, cpu::GemmLib::openblas};
   std::vector<std::string> names;
-  if (cpu) names = {cpu::gemm_lib_name(cpu::GemmLib::onednn), cpu::gemm_lib_name(cpu::GemmLib::openblas)};
+  if (cpu)
+    for (cpu::GemmLib lib : libs) names.push_back(cpu::gemm_lib_name(lib));
   else names = {"backend"};
 
   std::vector<Product> products = step_products(cfg);
@@ -144,7 +147,7 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
     for (size_t i = 0; i < names.size(); ++i) {
       std::function<void()> call;
       if (cpu) {
-        const cpu::GemmLib lib = i == 0 ? cpu::GemmLib::onednn : cpu::GemmLib::openblas;
+        const cpu::GemmLib lib = libs[i];
         const float *A = static_cast<const float*>(a.data()), *B = static_cast<const float*>(b.data());
         float* Cp = static_cast<float*>(c.data());
         call = [&p, lib, A, B, Cp] {
@@ -159,16 +162,19 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
       secs.push_back(time_call(call, be, cfg.seconds));
     }
     const size_t picked =
-        cpu && cpu::gemm_pick(cpu::GemmShape{p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb}) == cpu::GemmLib::openblas ? 1 : 0;
+        cpu ? static_cast<size_t>(std::find(libs.begin(), libs.end(),
+                                            cpu::gemm_pick(cpu::GemmShape{p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb})) -
+                                  libs.begin())
+            : 0;
     const double best = *std::min_element(secs.begin(), secs.end()), ratio = best / secs[picked];
-    std::fprintf(out, " %-21s %6lld %6lld %6lld %c%c %6lld", p.what.c_str(), static_cast<long long>(p.m),
-                 static_cast<long long>(p.n), static_cast<long long>(p.k), p.ta == Trans::N ? 'N' : 'T',
-                 p.tb == Trans::N ? 'N' : 'T', static_cast<long long>(p.calls));
+    std::fprintf(out, " %-21s %6lld %6lld %6lld %s %6lld", p.what.c_str(), static_cast<long long>(p.m),
+                 static_cast<long long>(p.n), static_cast<long long>(p.k), p.op().c_str(),
+                 static_cast<long long>(p.calls));
     for (double s : secs) std::fprintf(out, " %9.1f", p.flops() / s / 1e9);
     std::fprintf(out, " %9s %5.1f%%\n", names[picked].c_str(), 100.0 * ratio);
     if (ratio < r.worst_ratio) {
       r.worst_ratio = ratio;
-      r.worst = fmt::format("{} {}{}", p.what, p.ta == Trans::N ? 'N' : 'T', p.tb == Trans::N ? 'N' : 'T');
+      r.worst = p.what + " " + p.op();
     }
     step_flops += p.flops() * p.calls;
     best_s += best * p.calls;

@@ -63,7 +63,8 @@ def cpu_capability():
 
 
 def run(rank, ranks, port, L, C, H, T, V, B, steps, warmup):
-    torch.set_num_threads(1 if ranks > 1 else torch.get_num_threads())
+    if ranks > 1:
+        torch.set_num_threads(1)  # one thread per rank, whatever OMP_NUM_THREADS says
     torch.manual_seed(0)
     model = GPT2(L, C, H, T, V)
     if ranks > 1:
