@@ -63,6 +63,15 @@ Work issue(Communicator& comm, CommOp op, Buffers& b) {
     case CommOp::gather: return comm.gather(b.send_t, b.recv_t, 0);
     case CommOp::scatter: return comm.scatter(b.send_t, b.recv_t, 0);
     case CommOp::barrier: return comm.barrier();
+    case CommOp::send:
+    case CommOp::recv: {  // a ring: every rank sends to the next and receives from the previous
+      const int n = comm.world_size(), r = comm.rank();
+      if (n == 1) return Work();
+      Work in = comm.recv(b.recv_t, (r + n - 1) % n);
+      Work out = comm.send(b.send_t, (r + 1) % n);
+      in.wait();
+      return out;
+    }
   }
   return Work();
 }
@@ -105,6 +114,10 @@ uint64_t checked_call(Backend& be, Communicator& comm, CommOp op, Buffers& b) {
     }
     case CommOp::scatter:
       expect_eq(to_f32(b.recv_t), [&](int64_t i) { return input_value(0, r * recv_n + i); });
+      break;
+    case CommOp::send:
+    case CommOp::recv:
+      if (n > 1) expect_eq(to_f32(b.recv_t), [&](int64_t i) { return input_value((r + n - 1) % n, i); });
       break;
     case CommOp::barrier: break;
   }

@@ -365,8 +365,8 @@ class Zero final : public Strategy {
                   "--shard-group {} does not divide the world of {} ranks: every group needs S ranks", S, world_);
     srank_ = rank_ % S_;
     if (S_ == world_) return;
-    shard_comm_ = env_.comm.split(rank_ / S_, rank_, S_, srank_, CommLink::intra);
-    rc_ = env_.comm.split(srank_, rank_, world_ / S_, rank_ / S_, CommLink::inter);
+    shard_comm_ = env_.comm.split(rank_ / S_, rank_, S_, srank_, CommAxis::dp_shard);
+    rc_ = env_.comm.split(srank_, rank_, world_ / S_, rank_ / S_, CommAxis::dp_replicate);
   }
 
   int stage_;

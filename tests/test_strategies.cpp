@@ -169,9 +169,13 @@ class LateRank final : public Communicator {
   Work do_gather(Tensor s, Tensor r, int root) override { return late(), inner_->gather(s, r, root); }
   Work do_scatter(Tensor s, Tensor r, int root) override { return late(), inner_->scatter(s, r, root); }
   Work do_barrier() override { return late(), inner_->barrier(); }
+  Work do_send(Tensor b, int peer) override { return late(), inner_->send(b, peer); }
+  Work do_recv(Tensor b, int peer) override { return late(), inner_->recv(b, peer); }
   std::vector<std::string> exchange(const std::string& mine) override { return inner_->all_gather_strings(mine); }
+  void do_post_control(int peer, const std::string& bytes) override { inner_->post_control(peer, bytes); }
+  std::string do_take_control(int peer) override { return inner_->take_control(peer); }
   std::unique_ptr<Communicator> do_split(int color, int key, int size, int rank) override {
-    return std::make_unique<LateRank>(inner_->split(color, key, size, rank, CommLink::world));
+    return std::make_unique<LateRank>(inner_->split(color, key, size, rank, CommAxis::world));
   }
 
  private:
@@ -795,11 +799,11 @@ TEST_CASE("hybrid sharding's intra- and inter-group traffic is the theory's, to 
     // In the group: reduce-scatter and all-gather of every unit (f32), and the gradient norm's
     // all-reduce of one float. Across groups: an all-reduce of each rank's shard. World: the loss.
     const double intra = 2 * fs * 4 * padded + 2 * fs * 4, inter = 2 * fg * 4 * padded / S, world = 2 * fn * 4;
-    const auto& link = comm->stats().last_step_link;
+    const auto& link = comm->stats().last_step_axis;
     INFO(strategy_name(s) << " S=" << S << " world " << N);
-    CHECK(link[static_cast<int>(CommLink::intra)] == Approx(intra).epsilon(1e-12));
-    CHECK(link[static_cast<int>(CommLink::inter)] == Approx(inter).epsilon(1e-12));
-    CHECK(link[static_cast<int>(CommLink::world)] == Approx(world).epsilon(1e-12));
+    CHECK(link[static_cast<int>(CommAxis::dp_shard)] == Approx(intra).epsilon(1e-12));
+    CHECK(link[static_cast<int>(CommAxis::dp_replicate)] == Approx(inter).epsilon(1e-12));
+    CHECK(link[static_cast<int>(CommAxis::world)] == Approx(world).epsilon(1e-12));
     CHECK(comm->stats().last_step_bytes == Approx(intra + inter + world).epsilon(1e-12));
   }
 }

@@ -19,6 +19,20 @@ const char* comm_op_name(CommOp op) {
     case CommOp::gather: return "gather";
     case CommOp::scatter: return "scatter";
     case CommOp::barrier: return "barrier";
+    case CommOp::send: return "send";
+    case CommOp::recv: return "recv";
+  }
+  return "?";
+}
+
+const char* comm_axis_name(CommAxis a) {
+  switch (a) {
+    case CommAxis::world: return "world";
+    case CommAxis::pp: return "pp";
+    case CommAxis::dp_replicate: return "dp_replicate";
+    case CommAxis::dp_shard: return "dp_shard";
+    case CommAxis::dp: return "dp";
+    case CommAxis::tp: return "tp";
   }
   return "?";
 }
@@ -67,7 +81,9 @@ double bus_factor(CommOp op, int world) {
     case CommOp::gather:
     case CommOp::scatter: return (n - 1) / n;
     case CommOp::broadcast:
-    case CommOp::reduce: return 1.0;
+    case CommOp::reduce:
+    case CommOp::send:
+    case CommOp::recv: return 1.0;
     case CommOp::barrier: return 0.0;
   }
   return 0.0;
@@ -78,9 +94,9 @@ double bus_bytes(CommOp op, double full_bytes, int world) {
   return bus_factor(op, world) * full_bytes;
 }
 
-void CommStats::record(CommOp op, double bytes, double wire_bytes, CommLink link) {
+void CommStats::record(CommOp op, double bytes, double wire_bytes, CommAxis axis) {
   if (record_events) events.push_back({op, bytes, std::chrono::steady_clock::now()});
-  link_step[static_cast<int>(link)] += bytes;
+  axis_step[static_cast<int>(axis)] += bytes;
   for (auto* counters : {&total, &step}) {
     OpCounter& c = (*counters)[static_cast<int>(op)];
     c.calls += 1;
@@ -91,10 +107,10 @@ void CommStats::record(CommOp op, double bytes, double wire_bytes, CommLink link
 
 void CommStats::end_step() {
   last_step_bytes = step_bytes();
-  last_step_link = link_step;
+  last_step_axis = axis_step;
   ++steps;
   step = {};
-  link_step = {};
+  axis_step = {};
 }
 
 double CommStats::total_bytes() const {
@@ -155,7 +171,11 @@ std::string short_site(const Site& s) {
   return (cut == std::string::npos ? f : f.substr(cut + 1)) + ":" + std::to_string(s.line());
 }
 std::string describe(const Communicator::Fingerprint& f) {
-  if (static_cast<CommOp>(f.op) == CommOp::barrier) return fmt::format("barrier at {}", f.site);
+  const CommOp op = static_cast<CommOp>(f.op);
+  if (op == CommOp::barrier) return fmt::format("barrier at {}", f.site);
+  if (op == CommOp::send || op == CommOp::recv)
+    return fmt::format("{} of {} {} {} rank {} at {}", comm_op_name(op), f.count, dtype_name(static_cast<DType>(f.dtype)),
+                       op == CommOp::send ? "to" : "from", f.root, f.site);
   return fmt::format("{} of {} {}{} at {}", comm_op_name(static_cast<CommOp>(f.op)), f.count,
                      dtype_name(static_cast<DType>(f.dtype)), f.root >= 0 ? fmt::format(" (root {})", f.root) : "",
                      f.site);
@@ -267,11 +287,11 @@ int64_t Communicator::all_max(int64_t v) {
 
 void Communicator::count(CommOp op, DType dtype, double full_bytes) {
   double b = bus_bytes(op, full_bytes, world_size());
-  stats_.record(op, b, b * wire_factor(op, dtype), link_);
-  if (parent_) parent_->stats_.record(op, b, b * wire_factor(op, dtype), link_);
+  stats_.record(op, b, b * wire_factor(op, dtype), axis_);
+  if (parent_) parent_->stats_.record(op, b, b * wire_factor(op, dtype), axis_);
 }
 
-std::unique_ptr<Communicator> Communicator::split(int color, int key, int size, int rank, CommLink link) {
+std::unique_ptr<Communicator> Communicator::split(int color, int key, int size, int rank, CommAxis axis) {
   SHARD_CHECK(size >= 1 && size <= world_size() && rank >= 0 && rank < size,
               "split of a world of {}: rank {} of {}", world_size(), rank, size);
   std::unique_ptr<Communicator> c = do_split(color, key, size, rank);
@@ -279,7 +299,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, int size, 
               "split (color {}, key {}): rank {} of {}, the caller expected rank {} of {}", color, key, c->rank(),
               c->world_size(), rank, size);
   c->parent_ = this;
-  c->link_ = link;
+  c->axis_ = axis;
   c->check_ = check_;
   return c;
 }
@@ -355,6 +375,67 @@ Work Communicator::scatter(Tensor send, Tensor recv, int root, Site site) {
                 dtype_name(send.dtype()), world_size(), recv.numel(), dtype_name(recv.dtype()));
   count(CommOp::scatter, recv.dtype(), static_cast<double>(recv.bytes()) * world_size());
   return watched(seq, do_scatter(send, recv, root));
+}
+
+void Communicator::check_peer(int peer, const char* op) const {
+  SHARD_CHECK(peer >= 0 && peer < world_size() && peer != rank(), "{}: peer {} from rank {} of a world of {}", op, peer,
+              rank(), world_size());
+}
+
+void Communicator::post_control(int peer, const std::string& bytes) {
+  check_peer(peer, "post_control");
+  do_post_control(peer, bytes);
+}
+
+std::string Communicator::take_control(int peer) {
+  check_peer(peer, "take_control");
+  const uint64_t seq = blocks() && Watchdog::active() ? Watchdog::enter("control exchange") : 0;
+  WatchdogWait waiting(seq);
+  return do_take_control(peer);
+}
+
+uint64_t Communicator::enter_p2p(CommOp op, const Tensor& t, int peer, const Site& site) {
+  check_peer(peer, comm_op_name(op));
+  Fingerprint f{};
+  f.count = t.numel();
+  f.root = peer;
+  f.op = static_cast<uint8_t>(op);
+  f.dtype = static_cast<uint8_t>(t.dtype());
+  std::snprintf(f.site, sizeof(f.site), "%s", short_site(site).c_str());
+  const uint64_t seq = blocks() && Watchdog::active() ? Watchdog::enter(describe(f)) : 0;
+  if (!check_) return seq;
+  std::vector<uint64_t>& counter = op == CommOp::send ? sent_ : received_;
+  counter.resize(static_cast<size_t>(world_size()), 0);
+  f.seq = counter[static_cast<size_t>(peer)]++;
+  if (op == CommOp::send) {
+    do_post_control(peer, std::string(reinterpret_cast<const char*>(&f), sizeof f));
+    return seq;
+  }
+  WatchdogWait waiting(seq);  // waiting for the sender's fingerprint blocks too
+  const std::string bytes = do_take_control(peer);
+  if (bytes.empty()) return seq;  // no real peer (sim)
+  SHARD_CHECK(bytes.size() == sizeof(Fingerprint), "fingerprint from rank {}: {} bytes", peer, bytes.size());
+  Fingerprint theirs{};
+  std::memcpy(&theirs, bytes.data(), sizeof theirs);
+  const bool same = theirs.op == static_cast<uint8_t>(CommOp::send) && theirs.root == rank() && theirs.seq == f.seq &&
+                    theirs.count == f.count && theirs.dtype == f.dtype;
+  if (!same)
+    throw InternalError(fmt::format("point-to-point #{} from rank {} to rank {} differs (--check-collectives): "
+                                    "rank {} issues {}, rank {} issues {}",
+                                    f.seq, peer, rank(), peer, describe(theirs), rank(), describe(f)));
+  return seq;
+}
+
+Work Communicator::send(Tensor buf, int peer, Site site) {
+  const uint64_t seq = enter_p2p(CommOp::send, buf, peer, site);
+  count(CommOp::send, buf.dtype(), static_cast<double>(buf.bytes()));
+  return watched(seq, do_send(buf, peer));
+}
+
+Work Communicator::recv(Tensor buf, int peer, Site site) {
+  const uint64_t seq = enter_p2p(CommOp::recv, buf, peer, site);
+  count(CommOp::recv, buf.dtype(), static_cast<double>(buf.bytes()));
+  return watched(seq, do_recv(buf, peer));
 }
 
 Work Communicator::barrier(Site site) {

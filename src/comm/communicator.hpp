@@ -17,6 +17,7 @@
 //   all_gather         (N-1)/N * S     (S = N * send count * element size)
 //   gather, scatter    (N-1)/N * S     (S = N * chunk; the root receives or sends N-1 chunks)
 //   broadcast, reduce            S     (0 when N = 1)
+//   send, recv                   S     (point to point: what this rank sends or receives)
 //   barrier                      0
 // `bytes` counts the logical dtype; `wire_bytes` what the transport really moved (MPI widens
 // bf16/f16 reductions to f32 so the sum is accumulated in f32: twice the bytes).
@@ -37,8 +38,8 @@ namespace shardlab {
 
 enum class ReduceOp : uint8_t { sum, max };
 using Site = std::source_location;
-enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier };
-inline constexpr int kNumCommOps = 8;
+enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier, send, recv };
+inline constexpr int kNumCommOps = 10;
 const char* comm_op_name(CommOp op);
 
 // Bus bytes per rank for one call (see the table above); full_bytes is S.
@@ -61,11 +62,14 @@ struct CommEvent {
   std::chrono::steady_clock::time_point issued;
 };
 
-// Which ranks a collective spans: the whole world, one shard group (hybrid sharding: S consecutive
-// ranks) or one replica group (the ranks at the same place in every shard group). A
-// sub-communicator counts its traffic in its own stats and in its parent's, under its link.
-enum class CommLink : uint8_t { world, intra, inter };
-inline constexpr int kNumCommLinks = 3;
+// Which ranks a communicator spans: the whole world, or one axis (or group of axes) of the device
+// mesh (src/comm/mesh.hpp): pipeline stages, data-parallel replicas, data-parallel shards, the whole
+// data-parallel group (replicas x shards), tensor-parallel ranks. A sub-communicator counts its
+// traffic in its own stats and in its parent's under its axis, so reports can say which link the
+// bytes crossed (tp stays inside a node, pp crosses nodes).
+enum class CommAxis : uint8_t { world, pp, dp_replicate, dp_shard, dp, tp };
+inline constexpr int kNumCommAxes = 6;
+const char* comm_axis_name(CommAxis a);
 
 struct CommStats {
   bool record_events = false;     // keep a CommEvent per call (off by default: it grows)
@@ -74,9 +78,9 @@ struct CommStats {
   std::array<OpCounter, kNumCommOps> step{};  // since the last end_step()
   int64_t steps = 0;                          // finished steps
   double last_step_bytes = 0;                 // bus bytes of the last finished step (nothing grows per step)
-  std::array<double, kNumCommLinks> link_step{}, last_step_link{};  // bus bytes by link (as step, last_step_bytes)
+  std::array<double, kNumCommAxes> axis_step{}, last_step_axis{};  // bus bytes by axis (as step, last_step_bytes)
 
-  void record(CommOp op, double bytes, double wire_bytes, CommLink link = CommLink::world);
+  void record(CommOp op, double bytes, double wire_bytes, CommAxis axis = CommAxis::world);
   void end_step();
   double total_bytes() const;
   double step_bytes() const;
@@ -132,6 +136,14 @@ class Communicator {
   // In place at the root when send and recv are the same buffer.
   Work reduce(Tensor send, Tensor recv, int root, ReduceOp op = ReduceOp::sum, Site site = Site::current());
   Work barrier(Site site = Site::current());
+  // Point to point: buf goes to rank `peer`, which receives it with recv(buf of the same count and
+  // dtype, this rank). Sends to one peer arrive in the order they were issued. Both sides count S
+  // bus bytes; the watchdog watches them like any collective. --check-collectives: the sender posts
+  // its fingerprint without waiting (a ring of sends then receives must not deadlock), and the
+  // receiver compares it with its own (the k-th send to a peer with the peer's k-th receive from
+  // this rank) and throws naming both on a mismatch.
+  Work send(Tensor buf, int peer, Site site = Site::current());
+  Work recv(Tensor buf, int peer, Site site = Site::current());
 
   template <class T>
   Work all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::sum, Site site = Site::current()) {
@@ -166,6 +178,10 @@ class Communicator {
   // Every rank's values, concatenated in rank order, on `root` (each rank gives the same count).
   std::vector<uint64_t> gather_u64(std::span<const uint64_t> mine, int root = 0);
   int64_t all_max(int64_t v);  // the largest v of any rank, on every rank
+  // Bytes to rank `peer` without waiting for it, and the next bytes rank `peer` posted to this rank
+  // (blocking). In order between one pair; not counted as traffic.
+  void post_control(int peer, const std::string& bytes);
+  std::string take_control(int peer);
 
   // --check-collectives: before each collective, every rank's fingerprint (sequence number, op,
   // count, dtype, root, call site) is compared across ranks on a separate channel; a mismatch
@@ -175,8 +191,8 @@ class Communicator {
   // Collective over this communicator: a communicator over the ranks that pass the same `color`,
   // ordered by `key`, in which this rank is `rank` of `size` (the caller knows the layout; the
   // transport checks it where it can). It inherits --check-collectives and counts its traffic in
-  // this communicator's stats too, under `link`.
-  std::unique_ptr<Communicator> split(int color, int key, int size, int rank, CommLink link);
+  // this communicator's stats too, under `axis`. Only the Mesh calls it (src/comm/mesh.hpp).
+  std::unique_ptr<Communicator> split(int color, int key, int size, int rank, CommAxis axis);
 
   CommStats& stats() { return stats_; }
 
@@ -200,6 +216,8 @@ class Communicator {
   virtual Work do_gather(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_scatter(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_barrier() = 0;
+  virtual Work do_send(Tensor buf, int peer) = 0;
+  virtual Work do_recv(Tensor buf, int peer) = 0;
   // Whether a collective can block this process (and so is watched by --collective-timeout).
   virtual bool blocks() const { return false; }
   // Bytes the transport moves per logical byte (2 where it widens a reduction to f32).
@@ -207,6 +225,10 @@ class Communicator {
   // The control channel: every rank's bytes in rank order, on every rank (blocking; separate from
   // the data collectives). One rank alone needs no transport.
   virtual std::vector<std::string> exchange(const std::string& mine) { return {mine}; }
+  // The control channel between two ranks (post_control, take_control). A transport without real
+  // peers (sim) posts nothing and takes "": nothing to compare.
+  virtual void do_post_control(int peer, const std::string& bytes) = 0;
+  virtual std::string do_take_control(int peer) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, int size, int rank) = 0;
 
  private:
@@ -214,13 +236,17 @@ class Communicator {
   void check_root(int root, const char* op) const;
   // Numbers the collective for the watchdog, then (--check-collectives) compares fingerprints.
   uint64_t enter(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site);
+  // The same for a send or a receive: the watchdog's record, then the pair's fingerprints.
+  uint64_t enter_p2p(CommOp op, const Tensor& t, int peer, const Site& site);
+  void check_peer(int peer, const char* op) const;
   Work watched(uint64_t seq, Work w);
 
   CommStats stats_;
   Communicator* parent_ = nullptr;  // a sub-communicator's (split): its traffic counts there too
-  CommLink link_ = CommLink::world;
+  CommAxis axis_ = CommAxis::world;
   bool check_ = false;
   uint64_t seq_ = 0;
+  std::vector<uint64_t> sent_, received_;  // point-to-point sequence numbers per peer (--check-collectives)
 };
 
 // --comm: the transport a rank's collectives use. automatic: mpi on the host; on CUDA, nccl when

@@ -22,6 +22,8 @@ class MpiBackedCommunicator : public Communicator {
 
  protected:
   std::vector<std::string> exchange(const std::string& mine) override { return mpi_->all_gather_strings(mine); }
+  void do_post_control(int peer, const std::string& bytes) override { mpi_->post_control(peer, bytes); }
+  std::string do_take_control(int peer) override { return mpi_->take_control(peer); }
   // A communicator of the same kind over MPI_Comm_split of this one.
   std::unique_ptr<Communicator> do_split(int color, int key, int size, int rank) override;
   virtual std::unique_ptr<Communicator> same_kind(MPI_Comm comm) = 0;

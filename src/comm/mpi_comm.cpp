@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "src/comm/mpi_runtime.hpp"
@@ -70,6 +71,15 @@ class MpiCommunicator final : public Communicator {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
+      // A fingerprint nobody received (its receiver failed first) is withdrawn, not waited for.
+      for (PostedControl& p : posted_) {
+        int done = 0;
+        MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
+        if (!done) {
+          MPI_Cancel(&p.req);
+          MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+        }
+      }
       MPI_Comm_free(&comm_);
       if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
     }
@@ -104,6 +114,30 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, control_));
     std::vector<std::string> out;
     for (int r = 0; r < world_; ++r) out.push_back(all.substr(static_cast<size_t>(offs[r]), static_cast<size_t>(lens[r])));
+    return out;
+  }
+
+  // Point-to-point control: on the data communicator under a tag of its own (duplicating a
+  // communicator for it would be collective over ranks that take no part). The bytes are kept
+  // with their request until MPI is done with them, so posting never waits for the peer.
+  void do_post_control(int peer, const std::string& bytes) override {
+    std::erase_if(posted_, [](PostedControl& p) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&p.req, &done, MPI_STATUS_IGNORE));
+      return done != 0;
+    });
+    posted_.push_back({std::make_unique<std::string>(bytes), MPI_REQUEST_NULL});
+    const std::string& b = *posted_.back().bytes;
+    MPI_CHECK(MPI_Isend(b.data(), mpi_count(static_cast<int64_t>(b.size()), "post_control"), MPI_CHAR, peer, kControlTag,
+                        comm_, &posted_.back().req));
+  }
+  std::string do_take_control(int peer) override {
+    MPI_Status st;
+    MPI_CHECK(MPI_Probe(peer, kControlTag, comm_, &st));
+    int n = 0;
+    MPI_CHECK(MPI_Get_count(&st, MPI_CHAR, &n));
+    std::string out(static_cast<size_t>(n), '\0');
+    MPI_CHECK(MPI_Recv(out.data(), n, MPI_CHAR, peer, kControlTag, comm_, MPI_STATUS_IGNORE));
     return out;
   }
 
@@ -221,6 +255,21 @@ class MpiCommunicator final : public Communicator {
     return make_work(req, {}, nullptr);
   }
 
+  // Point to point: bf16/f16 travel as their bit patterns. MPI keeps the order of messages with one
+  // (source, tag, communicator), which is the order Communicator::send promises.
+  Work do_send(Tensor buf, int peer) override {
+    check_host(buf, "send");
+    MPI_Request req;
+    MPI_CHECK(MPI_Isend(buf.data(), mpi_count(buf.numel(), "send"), mpi_type(buf.dtype()), peer, kDataTag, comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+  Work do_recv(Tensor buf, int peer) override {
+    check_host(buf, "recv");
+    MPI_Request req;
+    MPI_CHECK(MPI_Irecv(buf.data(), mpi_count(buf.numel(), "recv"), mpi_type(buf.dtype()), peer, kDataTag, comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+
  private:
   static Work make_work(MPI_Request req, std::vector<Block> staging, std::function<void()> finish) {
     return Work(std::make_unique<MpiWork>(req, std::move(staging), std::move(finish)));
@@ -233,6 +282,12 @@ class MpiCommunicator final : public Communicator {
     return b;
   }
 
+  static constexpr int kDataTag = 0, kControlTag = 1;
+  struct PostedControl {
+    std::unique_ptr<std::string> bytes;  // stays where MPI reads it until the request completes
+    MPI_Request req;
+  };
+  std::vector<PostedControl> posted_;
   Pool& pool_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm control_ = MPI_COMM_NULL;

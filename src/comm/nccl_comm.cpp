@@ -9,7 +9,8 @@
 //  * Failing loudly: every NCCL call is checked; on failure the communicator is aborted
 //    (ncclCommAbort, so no rank stays blocked in it) and the error names this rank, the collective
 //    and NCCL's last message. test() also polls ncclCommGetAsyncError.
-//  * NCCL has no gather or scatter: they are grouped point-to-point sends and receives.
+//  * NCCL has no gather or scatter: they are grouped point-to-point sends and receives. A send or
+//    a receive alone is one ncclSend/ncclRecv on the comm stream, ordered like the collectives.
 #include "src/comm/nccl_comm.hpp"
 
 #include <cuda_runtime.h>
@@ -172,6 +173,15 @@ class NcclCommunicator final : public MpiBackedCommunicator {
     return issue("scatter", [&] { return root_exchange(false, send, recv, root); });
   }
   Work do_barrier() override { return mpi_->barrier(); }
+  // NCCL matches a peer's sends and receives in issue order, as Communicator::send promises.
+  Work do_send(Tensor buf, int peer) override {
+    if (on_host(buf)) return mpi_->send(buf, peer);
+    return issue("send", [&] { return ncclSend(buf.data(), count(buf), nccl_type(buf.dtype()), peer, nccl_, stream_); });
+  }
+  Work do_recv(Tensor buf, int peer) override {
+    if (on_host(buf)) return mpi_->recv(buf, peer);
+    return issue("recv", [&] { return ncclRecv(buf.data(), count(buf), nccl_type(buf.dtype()), peer, nccl_, stream_); });
+  }
 
  private:
   static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }

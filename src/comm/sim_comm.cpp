@@ -73,6 +73,12 @@ class SimCommunicator final : public Communicator {
   }
   Work do_broadcast(Tensor, int) override { return Work(); }
   Work do_barrier() override { return Work(); }
+  // The peer sends what this rank would send: a receive leaves buf as it is, a send moves nothing.
+  Work do_send(Tensor, int) override { return Work(); }
+  Work do_recv(Tensor, int) override { return Work(); }
+  // No real peer: nothing is posted, and nothing comes to compare (--check-collectives).
+  void do_post_control(int, const std::string&) override {}
+  std::string do_take_control(int) override { return {}; }
 
  private:
   Backend& be() { return pool_.backend(); }

@@ -10,7 +10,9 @@
 //   reduce(sum) at root recv <- N * send          reduce(max)         recv <- send
 //   gather at root      every chunk <- send       scatter             recv <- chunk r of send at
 //                                                                     the root, else unchanged
-//   control exchanges   every rank sent what this rank sent
+//   send                nothing moves             recv                buf unchanged
+//   control exchanges   every rank sent what this rank sent; point-to-point control: nothing
+//                       (so a receive has no sender's fingerprint to compare)
 // Memory: the transport it stands in for is MPI, so it holds what the mpi communicator holds and
 // for as long: a bf16/f16 reduction stages an f32 copy of its send buffer (and a received f32
 // buffer for reduce_scatter, and for reduce at the root) until the Work is waited on, and results

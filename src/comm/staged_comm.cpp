@@ -121,6 +121,16 @@ class StagedCommunicator final : public MpiBackedCommunicator {
     return c.done(mpi_->scatter(hs, hr, root), {{recv, hr}});
   }
   Work do_barrier() override { return mpi_->barrier(); }
+  Work do_send(Tensor buf, int peer) override {
+    Call c(*this);
+    Tensor h = c.in(buf);
+    return c.done(mpi_->send(h, peer), {});
+  }
+  Work do_recv(Tensor buf, int peer) override {
+    Call c(*this);
+    Tensor h = c.out(buf);
+    return c.done(mpi_->recv(h, peer), {{buf, h}});
+  }
 
  private:
   // One collective's staging: the host views MPI works on, and where results go back to.

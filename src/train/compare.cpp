@@ -129,9 +129,9 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   r.comm_theory = comm_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
   if (tc.strategy.shard_group > 0) {
     r.shard_group = tc.strategy.shard_group;
-    const auto& link = comm->stats().last_step_link;
-    r.comm_intra = link[static_cast<int>(CommLink::intra)];
-    r.comm_inter = link[static_cast<int>(CommLink::inter)];
+    const auto& link = comm->stats().last_step_axis;
+    r.comm_intra = link[static_cast<int>(CommAxis::dp_shard)];
+    r.comm_inter = link[static_cast<int>(CommAxis::dp_replicate)];
     auto t = hybrid_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), r.shard_group, tc);
     r.theory_intra = t[0];
     r.theory_inter = t[1];

@@ -1,0 +1,115 @@
+#include "src/comm/mesh.hpp"
+
+#include <fmt/format.h>
+
+namespace shardlab {
+
+ParallelDims ParallelDims::resolved(int world) const {
+  SHARD_REQUIRE(world >= 1, "the world must hold at least one rank, got {}", world);
+  SHARD_REQUIRE(pp >= 1 && tp >= 1 && dp_replicate >= 0 && dp_shard >= 0,
+                "parallel degrees must be positive: --pp {} --dp-replicate {} --dp-shard {} --tp {}", pp, dp_replicate,
+                dp_shard, tp);
+  ParallelDims d = *this;
+  if (d.dp_replicate == 0 && d.dp_shard == 0) d.dp_replicate = 1;
+  const bool shard_left = d.dp_shard == 0, replicate_left = d.dp_replicate == 0;
+  if (shard_left || replicate_left) {
+    const int fixed = pp * tp * (shard_left ? d.dp_replicate : d.dp_shard);
+    SHARD_REQUIRE(world % fixed == 0,
+                  "--pp {} x --tp {} x --{} {} = {} does not divide the world of {} ranks (--{} takes what they leave)",
+                  pp, tp, shard_left ? "dp-replicate" : "dp-shard", shard_left ? d.dp_replicate : d.dp_shard, fixed,
+                  world, shard_left ? "dp-shard" : "dp-replicate");
+    (shard_left ? d.dp_shard : d.dp_replicate) = world / fixed;
+  }
+  SHARD_REQUIRE(d.world() == world,
+                "--pp {} x --dp-replicate {} x --dp-shard {} x --tp {} = {} ranks, but the world has {}", pp,
+                d.dp_replicate, d.dp_shard, tp, d.world(), world);
+  return d;
+}
+
+int ParallelDims::size(CommAxis a) const {
+  switch (a) {
+    case CommAxis::world: return world();
+    case CommAxis::pp: return pp;
+    case CommAxis::dp_replicate: return dp_replicate;
+    case CommAxis::dp_shard: return dp_shard;
+    case CommAxis::dp: return dp();
+    case CommAxis::tp: return tp;
+  }
+  return 1;
+}
+
+std::string ParallelDims::describe() const {
+  return fmt::format("pp {} x dp_replicate {} x dp_shard {} x tp {}", pp, dp_replicate, dp_shard, tp);
+}
+
+int MeshCoord::rank_in(CommAxis a, const ParallelDims& d) const {
+  switch (a) {
+    case CommAxis::world: return mesh_rank(d, *this);
+    case CommAxis::pp: return pp;
+    case CommAxis::dp_replicate: return dp_replicate;
+    case CommAxis::dp_shard: return dp_shard;
+    case CommAxis::dp: return dp_replicate * d.dp_shard + dp_shard;
+    case CommAxis::tp: return tp;
+  }
+  return 0;
+}
+
+MeshCoord mesh_coord(const ParallelDims& d, int r) {
+  SHARD_CHECK(r >= 0 && r < d.world(), "rank {} outside the mesh {}", r, d.describe());
+  MeshCoord c;
+  c.tp = r % d.tp;
+  r /= d.tp;
+  c.dp_shard = r % d.dp_shard;
+  r /= d.dp_shard;
+  c.dp_replicate = r % d.dp_replicate;
+  c.pp = r / d.dp_replicate;
+  return c;
+}
+
+int mesh_rank(const ParallelDims& d, const MeshCoord& c) {
+  return ((c.pp * d.dp_replicate + c.dp_replicate) * d.dp_shard + c.dp_shard) * d.tp + c.tp;
+}
+
+namespace {
+// The group's first member: this rank's coordinates with those along the group set to 0. Ranks of
+// one group share it, so it is the group's colour for the split.
+int group_color(const ParallelDims& d, MeshCoord c, CommAxis a) {
+  switch (a) {
+    case CommAxis::world: return 0;
+    case CommAxis::pp: c.pp = 0; break;
+    case CommAxis::dp_replicate: c.dp_replicate = 0; break;
+    case CommAxis::dp_shard: c.dp_shard = 0; break;
+    case CommAxis::dp: c.dp_replicate = c.dp_shard = 0; break;
+    case CommAxis::tp: c.tp = 0; break;
+  }
+  return mesh_rank(d, c);
+}
+}  // namespace
+
+Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) {
+  SHARD_CHECK(dims_.is_resolved() && dims_.world() == world.world_size(), "mesh {} over a world of {}",
+              dims_.describe(), world.world_size());
+  me_ = mesh_coord(dims_, world.rank());
+  comms_[static_cast<size_t>(CommAxis::world)] = &world_;
+  // Every axis gets a communicator of its own, so its traffic is counted under it; the data-parallel
+  // group is the world's when it spans the world (the loss, DDP's buckets: the world's own traffic).
+  // The same order on every rank: the splits are collective over the world.
+  for (CommAxis a : {CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::tp, CommAxis::pp}) {
+    const int n = dims_.size(a);
+    if (world.world_size() == 1 || (a == CommAxis::dp && n == world.world_size())) {
+      comms_[static_cast<size_t>(a)] = &world_;
+      continue;
+    }
+    owned_.push_back(world_.split(group_color(dims_, me_, a), world.rank(), n, rank(a), a));
+    comms_[static_cast<size_t>(a)] = owned_.back().get();
+  }
+}
+
+void require_implemented(const ParallelDims& d) {
+  SHARD_REQUIRE(d.tp == 1, "--tp {}: tensor parallelism is not implemented yet (the mesh reserves its axis); use --tp 1",
+                d.tp);
+  SHARD_REQUIRE(d.pp == 1,
+                "--pp {}: pipeline parallelism is not implemented yet (the mesh reserves its axis); use --pp 1", d.pp);
+}
+
+}  // namespace shardlab

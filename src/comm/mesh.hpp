@@ -1,0 +1,88 @@
+// mesh.hpp — ParallelDims and Mesh: one layout of the ranks for every parallel axis.
+//
+// The world is a 4-D grid, pp x dp_replicate x dp_shard x tp, with tp innermost (consecutive
+// ranks: tensor parallelism stays inside a node) and pp outermost (the pipeline crosses nodes):
+//
+//   world rank = ((pp_i * dp_replicate + replicate_i) * dp_shard + shard_i) * tp + tp_i
+//
+// Every group is a line or a plane of that grid: a tp group varies tp_i, a dp_shard group shard_i,
+// a dp_replicate group replicate_i, the data-parallel group (dp) both replicate_i and shard_i, a pp
+// group pp_i. ZeRO/FSDP shard over dp_shard and replicate over dp_replicate (hybrid sharding when
+// both exceed 1); DDP and DP replicate over the whole dp group. The Mesh is built once from the
+// world communicator and is the only code that splits communicators; it keeps no rank arithmetic
+// anywhere else.
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/comm/communicator.hpp"
+
+namespace shardlab {
+
+// The degree of each axis (torchtitan's ParallelDims). 0 leaves a data-parallel degree to what the
+// others leave of the world: dp_shard when neither is given (plain ZeRO/FSDP), the one not given
+// otherwise (--dp-shard S alone is hybrid sharding over world / S replicas).
+struct ParallelDims {
+  int pp = 1;
+  int dp_replicate = 0;
+  int dp_shard = 0;
+  int tp = 1;
+
+  // Both data-parallel degrees filled in and the product checked against `world`: InputError
+  // naming every degree and the world otherwise. Resolving resolved dims again only checks them.
+  ParallelDims resolved(int world) const;
+  bool is_resolved() const { return dp_replicate > 0 && dp_shard > 0; }
+  int dp() const { return dp_replicate * dp_shard; }  // data-parallel ranks (replicas x shards)
+  int world() const { return pp * dp() * tp; }
+  int size(CommAxis a) const;  // ranks of one group along a (world: all of them)
+  bool operator==(const ParallelDims&) const = default;
+  std::string describe() const;  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1"
+};
+
+// A rank's place in the grid.
+struct MeshCoord {
+  int pp = 0, dp_replicate = 0, dp_shard = 0, tp = 0;
+  int rank_in(CommAxis a, const ParallelDims& d) const;  // its rank within its group along a
+};
+MeshCoord mesh_coord(const ParallelDims& d, int world_rank);
+int mesh_rank(const ParallelDims& d, const MeshCoord& c);
+
+class Mesh {
+ public:
+  // Collective over `world`: one communicator per axis group this rank belongs to, split in a fixed
+  // order, so each axis counts its own traffic; the data-parallel group is `world` itself when it
+  // spans the world. `dims` must be resolved against world.world_size().
+  Mesh(Communicator& world, ParallelDims dims);
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  const ParallelDims& dims() const { return dims_; }
+  const MeshCoord& coord() const { return me_; }
+  Communicator& world() { return world_; }
+  Communicator& comm(CommAxis a) { return *comms_[static_cast<size_t>(a)]; }
+  Communicator& dp() { return comm(CommAxis::dp); }
+  int rank(CommAxis a) const { return me_.rank_in(a, dims_); }
+  int size(CommAxis a) const { return dims_.size(a); }
+  int dp_rank() const { return rank(CommAxis::dp); }
+  int dp_size() const { return size(CommAxis::dp); }
+  // Pipeline neighbours as ranks of comm(CommAxis::pp); -1 at the first (prev) or last (next) stage.
+  int pp_prev() const { return me_.pp > 0 ? me_.pp - 1 : -1; }
+  int pp_next() const { return me_.pp + 1 < dims_.pp ? me_.pp + 1 : -1; }
+  // Bus bytes of the last finished step that crossed each axis, as the world communicator counted
+  // them (its own traffic under world).
+  const std::array<double, kNumCommAxes>& last_step_bytes() const { return world_.stats().last_step_axis; }
+
+ private:
+  Communicator& world_;
+  ParallelDims dims_;
+  MeshCoord me_;
+  std::array<Communicator*, kNumCommAxes> comms_{};
+  std::vector<std::unique_ptr<Communicator>> owned_;
+};
+
+// --tp and --pp are part of the mesh already; the layers that use them are not built yet.
+void require_implemented(const ParallelDims& d);
+
+}  // namespace shardlab
