@@ -23,6 +23,7 @@
 #include "shard/flat_param.hpp"
 #include "shard/mixed_precision.hpp"
 #include "src/comm/communicator.hpp"
+#include "src/comm/mesh.hpp"
 #include "src/model/runner.hpp"
 
 namespace shardlab {
@@ -59,11 +60,14 @@ struct StrategyConfig {
   int max_gathered = 0;              // zero3: cap on gathered units at once; 0 = prefetch + 2
   MixedPrecisionPolicy precision;
   Offload offload = Offload::none;
-  // zero1-3, hybrid sharding: the state is sharded within groups of this many consecutive ranks
-  // and replicated across the world / S groups (0 = the whole world, plain ZeRO).
-  int shard_group = 0;
+  // The mesh (--dp-shard, --dp-replicate, --tp, --pp): zero1-3 shard the state over dp_shard and
+  // replicate it over dp_replicate (hybrid sharding when both exceed 1); ddp and dp replicate over
+  // both. Resolved against the world by the CLI (or by the Trainer, for callers that leave it).
+  ParallelDims dims;
   void validate() const;
-  // This configuration under `k`, with what only some strategies take (--offload, --shard-group)
+  // Hybrid sharding: the state replicated over more than one shard group.
+  bool hybrid() const { return dims.dp_replicate > 1 || (dims.dp_shard > 0 && dims.dp_replicate == 0); }
+  // This configuration under `k`, with what only some strategies take (--offload, hybrid sharding)
   // applied as far as k allows: how profile and compare run one set of options under each strategy.
   StrategyConfig under(StrategyKind k) const;
   // "zero3", "zero3 off:params", "zero2 S=2": the label of a row in reports.
@@ -73,7 +77,8 @@ struct StrategyConfig {
 struct StrategyEnv {
   Backend& be;
   Pool& pool;
-  Communicator& comm;
+  Communicator& comm;  // the data-parallel group (mesh.dp())
+  Mesh& mesh;
   const ModelSpec& spec;
   const std::vector<std::unique_ptr<Unit>>& units;
   OptimConfig optim;

@@ -15,11 +15,12 @@
 // live on the host tier (env_.pool.host()) and the update runs on the host backend; with --offload
 // params (stage 3) the parameter shards live there too and are uploaded into a device staging
 // buffer as each all-gather is issued.
-// Hybrid sharding (--shard-group S, FSDP's HYBRID_SHARD): all of the above happens within a shard
-// group of S consecutive ranks, whose communicator carries every gather and reduce-scatter; after
-// a unit's gradient is reduce-scattered in the group, its shard is all-reduced across the
-// world / S replica groups (the ranks holding the same shard), so every replica updates the same
-// shard identically. S = world (the default) is plain ZeRO and opens no sub-communicator.
+// Hybrid sharding (--dp-shard S, alias --shard-group; FSDP's HYBRID_SHARD): all of the above
+// happens within the mesh's dp_shard group of S consecutive data-parallel ranks, whose
+// communicator carries every gather and reduce-scatter; after a unit's gradient is
+// reduce-scattered in the group, its shard is all-reduced over the dp_replicate group (the ranks
+// holding the same shard), so every replica updates the same shard identically. dp_shard = the
+// data-parallel group (the default) is plain ZeRO, with no replica group.
 // A gathered unit is a buffer plus the Work that fills it, in one struct, with an explicit state
 // (sharded -> gathering -> gathered -> sharded): the buffer cannot be freed while its collective
 // runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
@@ -41,7 +42,7 @@ class Zero final : public Strategy {
         off_params_(cfg.offload == Offload::params),
         hp_(env_.pool.host()),
         hmp_(cfg.precision, hp_, env_.units.size()) {
-    open_groups(cfg.shard_group);
+    open_groups();
     optim_ = std::make_unique<Optimizer>(opt_pool(), env_.optim);
     const size_t U = num_units();
     for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
@@ -158,7 +159,7 @@ class Zero final : public Strategy {
 
   // Replicas of a shard (hybrid sharding): only the first shard group writes it.
   std::pair<int64_t, int64_t> saved_range(size_t u) const override {
-    if (rank_ >= S_) return {0, 0};
+    if (env_.mesh.rank(CommAxis::dp_replicate) > 0) return {0, 0};
     return owned_range(u);
   }
 
@@ -357,21 +358,19 @@ class Zero final : public Strategy {
     return gathered_[u].buf.flat(pd_);
   }
 
-  // The shard group's communicator (the world's without hybrid sharding).
-  Communicator& sc() { return shard_comm_ ? *shard_comm_ : env_.comm; }
-  void open_groups(int S) {
-    S_ = S == 0 ? world_ : S;
-    SHARD_REQUIRE(S_ <= world_ && world_ % S_ == 0,
-                  "--shard-group {} does not divide the world of {} ranks: every group needs S ranks", S, world_);
-    srank_ = rank_ % S_;
-    if (S_ == world_) return;
-    shard_comm_ = env_.comm.split(rank_ / S_, rank_, S_, srank_, CommAxis::dp_shard);
-    rc_ = env_.comm.split(srank_, rank_, world_ / S_, rank_ / S_, CommAxis::dp_replicate);
+  // The shard group's communicator (the whole data-parallel group's without hybrid sharding).
+  Communicator& sc() { return *shard_comm_; }
+  void open_groups() {
+    shard_comm_ = &env_.mesh.comm(CommAxis::dp_shard);
+    S_ = shard_comm_->world_size();
+    srank_ = shard_comm_->rank();
+    if (env_.mesh.size(CommAxis::dp_replicate) > 1) rc_ = &env_.mesh.comm(CommAxis::dp_replicate);
   }
 
   int stage_;
   int S_ = 1, srank_ = 0;  // shard group size and this rank's place in it
-  std::unique_ptr<Communicator> shard_comm_, rc_;  // hybrid sharding only: the shard and replica groups
+  Communicator* shard_comm_ = nullptr;  // the mesh's dp_shard group
+  Communicator* rc_ = nullptr;          // hybrid sharding only: the mesh's dp_replicate group
   DType pd_, rd_;
   bool off_, off_params_;  // --offload optimizer (or params), --offload params
   Pool& hp_;               // the host tier

@@ -199,14 +199,14 @@ TEST_CASE("plan: the JSON schema, and the top configuration for gpt2-xl on 64 x 
   CHECK(j.contains("config"));
   CHECK(j.contains("rates"));
   REQUIRE(j["configs"].size() == plan.size());
-  for (const char* key : {"strategy", "shard_group", "activation_checkpointing", "offload", "micro_batch", "accum",
+  for (const char* key : {"strategy", "dp_shard", "activation_checkpointing", "offload", "micro_batch", "accum",
                           "fits", "predicted_peak_bytes", "predicted_host_peak_bytes", "predicted_step_ms",
                           "predicted_tokens_per_s", "measured_step_ms", "measured_peak_bytes"})
     CHECK(j["configs"][0].contains(key));
   CHECK(j["configs"][0]["measured_step_ms"].is_null());
   // Hybrid sharding within a node is among the candidates at 8 ranks per node.
   bool hybrid = false;
-  for (const auto& c : j["configs"]) hybrid |= c["shard_group"] == 8;
+  for (const auto& c : j["configs"]) hybrid |= c["dp_shard"] == 8;
   CHECK(hybrid);
 }
 

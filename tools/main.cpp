@@ -37,6 +37,7 @@
 #include "benchmarks/collectives.hpp"
 #include "benchmarks/gemm_bench.hpp"
 #include "benchmarks/train_bench.hpp"
+#include "src/comm/mesh.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/nccl_comm.hpp"
 #include "src/comm/staged_comm.hpp"
@@ -164,6 +165,7 @@ enum ExitCode : int { kOk = 0, kBadInput = 1, kInternal = 2, kWrongResults = 3, 
 // Command-line strings that become enums once parsed (StrategyConfig keeps only the enums).
 struct StrategyStrings {
   std::string strategy = "ddp", param = "f32", reduce = "", offload = "none";
+  int shard_group = 0;  // --shard-group: --dp-shard's name before the mesh
 };
 
 // The world's communicator over `kind`'s transport (resolved: see resolve_comm); mpi carries host
@@ -240,8 +242,16 @@ int ranks_per_node(const MpiRuntime& mpi) {
 
 void add_strategy_options(po::options_description& d, StrategyConfig& s, StrategyStrings& dt) {
   d.add_options()("strategy", po::value(&dt.strategy)->default_value(dt.strategy),
-                  "dp, ddp, zero1, zero2, zero3, or hsdp (zero3 with --shard-group = ranks per node, from MPI's "
+                  "dp, ddp, zero1, zero2, zero3, or hsdp (zero3 with --dp-shard = ranks per node, from MPI's "
                   "shared-memory split or $SHARDLAB_RANKS_PER_NODE)")(
+      "dp-shard", po::value(&s.dims.dp_shard)->default_value(0),
+      "data-parallel ranks that shard the state (zero1-3; FSDP's shard dimension): groups of S consecutive ranks; "
+      "0 = what --dp-replicate, --tp and --pp leave of the world")(
+      "dp-replicate", po::value(&s.dims.dp_replicate)->default_value(0),
+      "data-parallel replicas of the sharded state (hybrid sharding: gradients reduce-scattered within a shard "
+      "group, then all-reduced across replicas); 0 = what the other degrees leave (1 when --dp-shard is 0 too)")(
+      "tp", po::value(&s.dims.tp)->default_value(1), "tensor-parallel degree (consecutive ranks; not implemented yet: 1)")(
+      "pp", po::value(&s.dims.pp)->default_value(1), "pipeline-parallel stages (outermost; not implemented yet: 1)")(
       "param-dtype", po::value(&dt.param)->default_value(dt.param),
       "storage and all-gather dtype of parameters: f32, or bf16 with an f32 master copy beside the optimizer")(
       "reduce-dtype", po::value(&dt.reduce)->default_value(""), "gradient storage and reduction dtype (default: the param dtype)")(
@@ -251,10 +261,8 @@ void add_strategy_options(po::options_description& d, StrategyConfig& s, Strateg
       "prefetch", po::value(&s.prefetch)->default_value(s.prefetch), "zero3: units gathered ahead of use")(
       "max-gathered", po::value(&s.max_gathered)->default_value(0),
       "zero3: most units gathered at once (0 = prefetch + 2)")(
-      "shard-group", po::value(&s.shard_group)->default_value(0),
-      "zero1-3, hybrid sharding: shard the state within groups of S consecutive ranks and replicate it across the "
-      "world / S groups (gradients reduce-scattered in the group, then all-reduced across groups); S must divide "
-      "the world. 0 = the whole world")(
+      "shard-group", po::value(&dt.shard_group)->default_value(0),
+      "the old name of --dp-shard (S must divide the world; 0 = the whole world)")(
       "offload", po::value(&dt.offload)->default_value(dt.offload),
       "none; optimizer (zero1-3: f32 master weights and optimizer state on the host tier, the update runs on the "
       "host, reduced gradient shards are copied there as their reductions complete); params (zero3: the parameter "
@@ -347,16 +355,23 @@ struct TrainOptions {
     add_strategy_options(desc, cfg.strategy, dtypes);
   }
   // After parsing: fills what the options could not write directly.
-  void finish(TrainConfig& cfg, const MpiRuntime& mpi) const {
+  void finish(TrainConfig& cfg, const MpiRuntime& mpi, int world) const {
     SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
     cfg.seed = static_cast<uint64_t>(seed);
     cfg.spec = model.spec();
+    ParallelDims& d = cfg.strategy.dims;
+    SHARD_REQUIRE(dtypes.shard_group == 0 || (d.dp_shard == 0 && d.dp_replicate == 0),
+                  "--shard-group {} with --dp-shard/--dp-replicate: --shard-group is --dp-shard's old name; give one",
+                  dtypes.shard_group);
+    if (dtypes.shard_group > 0) d.dp_shard = shard_group_dims(dtypes.shard_group, world).dp_shard;
     if (dtypes.strategy == "hsdp") {  // FSDP's HYBRID_SHARD: zero3 sharded within each node
       cfg.strategy.kind = StrategyKind::zero3;
-      if (cfg.strategy.shard_group == 0) cfg.strategy.shard_group = ranks_per_node(mpi);
+      if (d.dp_shard == 0 && d.dp_replicate == 0) d.dp_shard = shard_group_dims(ranks_per_node(mpi), world).dp_shard;
     } else {
       cfg.strategy.kind = parse_strategy(dtypes.strategy);
     }
+    require_implemented(d);
+    d = d.resolved(world);
     cfg.strategy.offload = parse_offload(dtypes.offload);
     cfg.strategy.precision.param_dtype = parse_dtype(dtypes.param);
     cfg.strategy.precision.reduce_dtype =
@@ -459,7 +474,7 @@ int cmd_train(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   ReportOptions reports;
   reports.add(desc, true);
   if (!parse(args, desc, mpi, "train")) return 0;
-  opts.finish(cfg, mpi);
+  opts.finish(cfg, mpi, mpi.world());
   if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
   cfg.record_step = reports.any();
   start_watchdog(mpi, common.collective_timeout);
@@ -581,7 +596,7 @@ int cmd_profile(const std::vector<std::string>& args, const MpiRuntime& mpi) {
       "trace", po::value(&trace_path)->default_value(""),
       "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
   if (!parse(args, desc, mpi, "profile")) return 0;
-  opts.finish(pc.train, mpi);
+  opts.finish(pc.train, mpi, pc.world);
   pc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
   if (!budget.empty()) pc.budget = parse_bytes(budget);
@@ -618,7 +633,7 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
   ReportOptions reports;
   reports.add(desc, false);
   if (!parse(args, desc, mpi, "compare")) return 0;
-  opts.finish(cc.train, mpi);
+  opts.finish(cc.train, mpi, mpi.world());
   cc.strategies = parse_strategy_list(strategies);
   start_watchdog(mpi, common.collective_timeout);
   cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows

@@ -24,8 +24,8 @@ std::array<double, 2> hybrid_theory(StrategyKind s, double params, int world, in
 }
 
 double comm_theory(StrategyKind s, double params, int world, const TrainConfig& c) {
-  if (c.strategy.shard_group > 0) {
-    auto t = hybrid_theory(s, params, world, c.strategy.shard_group, c);
+  if (c.strategy.hybrid()) {
+    auto t = hybrid_theory(s, params, world, c.strategy.dims.dp_shard, c);
     return t[0] + t[1];
   }
   if (world == 1) return 0;
@@ -52,15 +52,17 @@ std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, cons
   if (budget || host_budget) {
     const int64_t micro = tc.batch / comm.world_size() / tc.accum;
     Estimate e = predict_step(tc, comm.world_size(), comm.rank(), micro, false);
-    if (host_budget && e.host.peak > host_budget) {
+    if (host_budget && e.host.peak > host_budget)
       r.error = fmt::format("out of memory on the host tier: a step needs {} per rank, the host budget is {}",
                             format_bytes(double(e.host.peak)), format_bytes(double(host_budget)));
-      return nullptr;
-    }
-    if (budget && e.peak > budget) {
+    else if (budget && e.peak > budget)
       r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
                             format_bytes(double(e.peak)), phase_label(e.peak_phase, gpt2_unit_names(tc.spec)),
                             format_bytes(double(budget)));
+    // Every rank learns the verdict before any builds a trainer: its mesh splits communicators,
+    // which is collective, so a rank that stopped here would leave the others waiting.
+    if (comm.all_max(r.error.empty() ? 0 : 1)) {
+      if (r.error.empty()) r.error = "out of memory on another rank";
       return nullptr;
     }
   }
@@ -93,7 +95,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   StrategyResult r;
   r.kind = kind;
   TrainConfig tc = cfg.train;
-  tc.strategy = tc.strategy.under(kind);  // --offload and --shard-group as far as the strategy allows
+  tc.strategy = tc.strategy.under(kind);  // --offload and hybrid sharding as far as the strategy allows
   r.name = tc.strategy.label();
   Pool pool(be, PoolConfig{cfg.budget, cfg.host_budget});
   auto comm = group.connect(pool);
@@ -127,12 +129,12 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   r.ms_per_step = median(ms);
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
   r.comm_theory = comm_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
-  if (tc.strategy.shard_group > 0) {
-    r.shard_group = tc.strategy.shard_group;
-    const auto& link = comm->stats().last_step_axis;
-    r.comm_intra = link[static_cast<int>(CommAxis::dp_shard)];
-    r.comm_inter = link[static_cast<int>(CommAxis::dp_replicate)];
-    auto t = hybrid_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), r.shard_group, tc);
+  if (tc.strategy.hybrid()) {
+    r.dp_shard = tc.strategy.dims.dp_shard;
+    const auto& axis = trainer->mesh().last_step_bytes();
+    r.comm_intra = axis[static_cast<int>(CommAxis::dp_shard)];
+    r.comm_inter = axis[static_cast<int>(CommAxis::dp_replicate)];
+    auto t = hybrid_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), r.dp_shard, tc);
     r.theory_intra = t[0];
     r.theory_inter = t[1];
   }
@@ -166,12 +168,12 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                  ddp_comm > 0 ? fmt::format("{:.2f}", r.comm_bytes / ddp_comm).c_str() : "-");
   }
   bool hybrid = false;
-  for (const auto& r : res.runs) hybrid |= !r.oom && r.shard_group > 0;
+  for (const auto& r : res.runs) hybrid |= !r.oom && r.dp_shard > 0;
   if (hybrid) {
     std::fprintf(out, "\nhybrid sharding: bus bytes per rank in the last step, within the shard group and across groups\n");
     std::fprintf(out, "%-19s %14s %14s %14s %14s\n", "strategy", "intra-group", "theory", "inter-group", "theory");
     for (const auto& r : res.runs)
-      if (!r.oom && r.shard_group > 0)
+      if (!r.oom && r.dp_shard > 0)
         std::fprintf(out, "%-19s %14s %14s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_intra).c_str(),
                      format_bytes(r.theory_intra).c_str(), format_bytes(r.comm_inter).c_str(),
                      format_bytes(r.theory_inter).c_str());
@@ -306,8 +308,8 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
       o["tokens_per_s"] = s.tokens_per_s;
       o["comm_bytes_per_rank_per_step"] = s.comm_bytes;
       o["comm_theory_bytes"] = s.comm_theory;
-      if (s.shard_group > 0)
-        o["hybrid"] = {{"shard_group", s.shard_group},           {"intra_bytes", s.comm_intra},
+      if (s.dp_shard > 0)
+        o["hybrid"] = {{"dp_shard", s.dp_shard},           {"intra_bytes", s.comm_intra},
                        {"intra_theory_bytes", s.theory_intra}, {"inter_bytes", s.comm_inter},
                        {"inter_theory_bytes", s.theory_inter}};
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);

@@ -31,9 +31,10 @@ struct StrategyResult {
   double ms_per_step = 0, tokens_per_s = 0;  // median step, first step excluded
   double comm_bytes = 0;             // rank 0, bus bytes, last step
   double comm_theory = 0;            // what the strategy's pattern predicts, same units
-  // Hybrid sharding (--shard-group): the last step's bus bytes within the shard group and across
-  // the replica groups, and the theory's for each (0 without shard groups).
-  int shard_group = 0;
+  // Hybrid sharding (--dp-shard S < the data-parallel ranks): the last step's bus bytes on the
+  // mesh's dp_shard axis (within the shard group) and dp_replicate axis (across the replica
+  // groups), and the theory's for each (0 without hybrid sharding).
+  int dp_shard = 0;
   double comm_intra = 0, comm_inter = 0, theory_intra = 0, theory_inter = 0;
   // Peak over the run of each category and of the total, for rank 0 and for the largest other rank.
   std::array<uint64_t, kNumCategories> peak0{}, peak_other{};

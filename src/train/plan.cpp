@@ -56,7 +56,7 @@ void predict_time(const PlanConfig& c, double psi, PlanEntry& e) {
   const double compute = tokens * per_token / c.rates.flops;
   const double p = double(dtype_size(c.train.strategy.precision.param_dtype)) * psi;
   const double g = double(dtype_size(c.train.strategy.precision.reduce_dtype)) * psi;
-  const int N = c.world, S = e.strategy.shard_group > 0 ? e.strategy.shard_group : N, G = N / S;
+  const int N = c.world, S = e.strategy.dims.dp_shard > 0 ? e.strategy.dims.dp_shard : N, G = N / S;
   const double fs = (S - 1.0) / S, fg = (G - 1.0) / G, fn = (N - 1.0) / N;
   const double bw_s = link_for(c, S, true), bw_g = link_for(c, G, false), bw_n = link_for(c, N, true);
   double hidden = 0, exposed = 0;  // seconds of communication that can overlap compute, and that cannot
@@ -106,7 +106,8 @@ std::vector<PlanEntry> make_plan(const PlanConfig& c) {
             if ((S > 0 && zero_stage(k) == 0) || offload_for(k, off) != off) continue;
             PlanEntry e;
             e.strategy = c.train.strategy.under(k);
-            e.strategy.shard_group = S;
+            e.strategy.dims.dp_shard = S;  // 0: the whole world; else the replicas take the rest
+            e.strategy.dims.dp_replicate = 0;
             e.strategy.offload = off;
             e.checkpointing = ck;
             e.micro_batch = mb;
@@ -227,7 +228,7 @@ std::string plan_json(const PlanConfig& c, const std::vector<PlanEntry>& plan) {
   j["configs"] = nlohmann::json::array();
   for (const auto& e : plan) {
     nlohmann::json o = {{"strategy", strategy_name(e.strategy.kind)},
-                        {"shard_group", e.strategy.shard_group > 0 ? e.strategy.shard_group : c.world},
+                        {"dp_shard", e.strategy.dims.dp_shard > 0 ? e.strategy.dims.dp_shard : c.world},
                         {"activation_checkpointing", checkpointing_name(e.checkpointing)},
                         {"offload", offload_name(e.strategy.offload)},
                         {"micro_batch", e.micro_batch},

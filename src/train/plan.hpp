@@ -46,7 +46,7 @@ struct PlanConfig {
 };
 
 struct PlanEntry {
-  StrategyConfig strategy;   // kind, shard_group (0 = world), offload
+  StrategyConfig strategy;   // kind, dims (dp_shard 0 = the world), offload
   Checkpointing checkpointing = Checkpointing::none;
   int64_t micro_batch = 0, accum = 0;
   bool fits = false;

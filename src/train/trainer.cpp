@@ -31,9 +31,10 @@ void TrainConfig::validate(int world) const {
                 checkpointing_name(checkpointing));
   SHARD_REQUIRE(batch >= 1, "--batch {}: expected at least one sequence", batch);
   SHARD_REQUIRE(accum >= 1, "--accum {}: expected at least one micro-step", accum);
-  SHARD_REQUIRE(batch % (static_cast<int64_t>(world) * accum) == 0,
+  const int dp = strategy.dims.resolved(world).dp();
+  SHARD_REQUIRE(batch % (static_cast<int64_t>(dp) * accum) == 0,
                 "--batch {} is not divisible by {} ranks x --accum {}: every rank needs whole micro-batches", batch,
-                world, accum);
+                dp, accum);
   SHARD_REQUIRE(grad_clip >= 0.f, "--grad-clip {}: expected 0 (off) or a positive norm", grad_clip);
   SHARD_REQUIRE(print_every >= 1, "--print-every {}: expected a positive count", print_every);
   SHARD_REQUIRE(save_every >= 0, "--save-every {}: expected 0 or a positive number of steps", save_every);
@@ -80,6 +81,7 @@ Trainer::Streams Trainer::load_streams(const TrainConfig& cfg, std::shared_ptr<c
 namespace {
 TrainConfig checked(TrainConfig cfg, int world) {
   cfg.validate(world);
+  cfg.strategy.dims = cfg.strategy.dims.resolved(world);
   cfg.schedule.total_steps = cfg.steps;
   return cfg;
 }
@@ -91,6 +93,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
       pool_(pool),
       comm_(comm),
       cfg_(checked(std::move(cfg), comm.world_size())),
+      mesh_(comm, cfg_.strategy.dims),
       data_(load_streams(cfg_, std::move(tokens))),
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
       units_(make_gpt2_units(cfg_.spec)) {
@@ -104,7 +107,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     val_batches_ = std::min(cfg_.val_batches, sequences / cfg_.batch);
   }
   comm_.set_check(cfg_.check_collectives);
-  strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, comm_, cfg_.spec, units_, cfg_.optim});
+  strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp(), mesh_, cfg_.spec, units_, cfg_.optim});
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
   // On the meta backend (predictions) values are never read: computing them would only cost time.
   if (be_.device() != Device::meta) {
@@ -123,8 +126,8 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   host_states_ = pool_.ledger().current_by_category(Tier::host);
   // The allocation timeline serves reports of the last step only: keep none otherwise.
   pool_.ledger().set_recording(cfg_.record_step);
-  const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
-  global_inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq * comm_.world_size()));
+  const int64_t micro = cfg_.batch / mesh_.dp_size() / cfg_.accum;
+  global_inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq * mesh_.dp_size()));
   global_targets_.resize(global_inputs_.size());
 }
 
@@ -153,7 +156,7 @@ void maybe_inject_throw(int rank, int64_t step) {
 StepStats Trainer::step(int64_t t) {
   maybe_inject_throw(comm_.rank(), t + 1);
   auto t0 = std::chrono::steady_clock::now();
-  const int64_t T = cfg_.spec.seq, W = comm_.world_size(), r = comm_.rank();
+  const int64_t T = cfg_.spec.seq, W = mesh_.dp_size(), r = mesh_.dp_rank();
   const int64_t local = cfg_.batch / W, micro = local / cfg_.accum;
   const float dlogit_scale = 1.f / static_cast<float>(cfg_.batch * T);  // d(global mean loss)
   pool_.ledger().reset_peaks();
@@ -180,7 +183,7 @@ StepStats Trainer::step(int64_t t) {
             .loss_sum;
   }
   float loss = static_cast<float>(loss_sum);
-  comm_.all_reduce(std::span<float>(&loss, 1)).wait();
+  mesh_.dp().all_reduce(std::span<float>(&loss, 1)).wait();
   loss /= static_cast<float>(cfg_.batch * T);
   pool_.ledger().set_phase({PhaseKind::optimizer});
   const float norm = static_cast<float>(std::sqrt(strategy_->grad_norm_sq()));
@@ -243,7 +246,7 @@ class Trainer::EvalScope {
 
 std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const SampleConfig& c) {
   c.validate(cfg_.spec.vocab);
-  const int64_t T = cfg_.spec.seq, W = comm_.world_size();
+  const int64_t T = cfg_.spec.seq, W = mesh_.dp_size();
   SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= T, "the prompt has {} tokens, more than the model's {} positions",
                 tokens.size(), T);
   if (tokens.empty()) tokens.push_back(cfg_.spec.vocab > 10 ? 10 : 0);  // a newline for byte-level models
@@ -263,7 +266,7 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
 
 float Trainer::evaluate() {
   SHARD_REQUIRE(val_loader_, "no validation data: pass --val-data SRC or --val-fraction F");
-  const int64_t T = cfg_.spec.seq, W = comm_.world_size(), r = comm_.rank();
+  const int64_t T = cfg_.spec.seq, W = mesh_.dp_size(), r = mesh_.dp_rank();
   const int64_t local = cfg_.batch / W, micro = local / cfg_.accum;
   std::vector<float> sums(static_cast<size_t>(val_batches_), 0.f);  // per batch, this rank's share
   EvalScope scope(*this);
@@ -279,7 +282,7 @@ float Trainer::evaluate() {
     }
     sums[static_cast<size_t>(i)] = static_cast<float>(sum);
   }
-  comm_.all_reduce(std::span<float>(sums)).wait();
+  mesh_.dp().all_reduce(std::span<float>(sums)).wait();
   double total = 0;
   for (float v : sums) total += v;
   return static_cast<float>(total / static_cast<double>(val_batches_ * cfg_.batch * T));
@@ -307,7 +310,7 @@ Estimate Trainer::measured_eval() const {
 }
 
 MemoryRow Trainer::memory_row(const std::string& label) const {
-  const int64_t micro = cfg_.batch / comm_.world_size() / cfg_.accum;
+  const int64_t micro = cfg_.batch / mesh_.dp_size() / cfg_.accum;
   MemoryRow row;
   row.label = label;
   row.predicted = predict_step(cfg_, comm_.world_size(), comm_.rank(), micro);

@@ -101,7 +101,8 @@ class Trainer {
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   int64_t num_params() const { return num_params_; }
   const TrainConfig& config() const { return cfg_; }
-  Communicator& comm() { return comm_; }
+  Communicator& comm() { return comm_; }  // the world
+  Mesh& mesh() { return mesh_; }          // its axes: data-parallel rank and size come from here
   Backend& backend() { return be_; }
   // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
   void save(const std::string& path);
@@ -127,6 +128,7 @@ class Trainer {
   Pool& pool_;
   Communicator& comm_;
   TrainConfig cfg_;
+  Mesh mesh_;
   struct Streams {
     std::shared_ptr<const TokenStream> train, val;  // val null without validation
   };
