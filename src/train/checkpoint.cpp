@@ -128,10 +128,8 @@ void add_pieces(nlohmann::json& pieces, const UnitLayout& unit, int64_t a, int64
   for (const TensorDecl& t : unit.tensors) {
     int64_t lo = std::max(a, t.offset), hi = std::min(b, t.offset + t.numel);
     if (lo >= hi) continue;
-    pieces[t.name][state].push_back({{"rank", rank},
-                                     {"offset", base + static_cast<uint64_t>(lo - a) * sizeof(float)},
-                                     {"begin", lo - t.offset},
-                                     {"end", hi - t.offset}});
+    const ManifestPiece piece{rank, base + static_cast<uint64_t>(lo - a) * sizeof(float), lo - t.offset, hi - t.offset, {}};
+    pieces[t.name][state].push_back(piece_to_json(piece));
   }
 }
 
@@ -353,7 +351,8 @@ void check_compatible(const Manifest& m, const CheckpointState& state, const std
                 optimizer_name(c.optim.kind));
 }
 
-// Reads elements [lo, hi) of `state` of tensor t into dst[0, hi - lo), from whichever pieces overlap.
+// Reads flat elements [lo, hi) of `state` of tensor t into dst[0, hi - lo), from whichever pieces
+// overlap them (flat ranges or slices of any shape).
 void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& state,
                        int64_t lo, int64_t hi, float* dst, const std::string& path) {
   const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, state);
@@ -361,7 +360,7 @@ void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDe
   const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
   SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
                 nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
-  const int64_t covered = read_pieces(files, *pieces, lo, hi, dst, t.name);
+  const int64_t covered = read_region(files, *pieces, shape, TensorRegion{{}, lo, hi}, dst, t.name);
   SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
                 path, covered, hi - lo, lo, hi, state, t.name);
 }
