@@ -47,16 +47,6 @@ std::vector<StrategyKind> parse_strategy_list(const std::string& s) {
   return out;
 }
 
-double zero_model_states(StrategyKind k, double psi, int world, double optimizer_bytes) {
-  const double n = world, K = optimizer_bytes;
-  switch (zero_stage(k)) {
-    case 1: return 4 * psi + K * psi / n;
-    case 2: return 2 * psi + (2 + K) * psi / n;
-    case 3: return (4 + K) * psi / n;
-    default: return (4 + K) * psi;  // ddp, and dp's rank 0
-  }
-}
-
 Offload parse_offload(const std::string& s) {
   for (Offload o : {Offload::none, Offload::optimizer, Offload::params})
     if (s == offload_name(o)) return o;

@@ -35,10 +35,7 @@ int zero_stage(StrategyKind k);  // 1, 2, 3 for zero1-3; 0 for dp and ddp
 const std::vector<StrategyKind>& all_strategies();  // dp, ddp, zero1, zero2, zero3
 std::vector<StrategyKind> parse_strategy_list(const std::string& comma_separated);
 
-// ZeRO's model-state formulas (paper, section 5): bytes per rank for Psi parameters, K bytes of
-// optimizer state per parameter, 2-byte parameters and gradients: DDP (and DP's rank 0)
-// (2+2+K)Psi, ZeRO-1 4Psi + K Psi/N, ZeRO-2 2Psi + (2+K)Psi/N, ZeRO-3 (4+K)Psi/N.
-double zero_model_states(StrategyKind k, double psi, int world, double optimizer_bytes = 12);
+// The strategies' model-state and traffic formulas: shard/strategy_formulas.hpp.
 
 // --offload (ZeRO-Offload / ZeRO-Infinity): what lives on the host tier of the rank's memory.
 //   optimizer  (zero1-3) the f32 master weights and the optimizer state; each unit's reduced

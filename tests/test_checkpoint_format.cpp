@@ -1,9 +1,14 @@
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
+#include "src/core/hash.hpp"
 #include "src/model/spec.hpp"
 #include "src/train/checkpoint_format.hpp"
 
@@ -59,6 +64,7 @@ TEST_CASE("spec_to_json and spec_from_json round-trip and reject bad specs", "[c
 
 TEST_CASE("parse_manifest returns every field typed", "[ckpt]") {
   const Manifest m = parse_manifest(valid_manifest().dump(), "valid.json");
+  CHECK(m.version == 1);  // the corpus keeps a manifest of the older format: it still parses
   CHECK(m.model.describe() == model_preset("tiny").describe());
   CHECK(m.strategy == "zero3");
   CHECK(m.world == 4);
@@ -89,6 +95,7 @@ TEST_CASE("parse_manifest returns every field typed", "[ckpt]") {
   CHECK((*param)[1].offset == 27648);
   CHECK((*param)[1].begin == 40);
   CHECK((*param)[1].end == 96);
+  CHECK((*param)[1].slice.empty());  // a flat range of the whole tensor
   CHECK(m.find_pieces("h.0.attn.c_attn.bias", "momentum") == nullptr);
   CHECK(m.find_pieces("no.such.tensor", "param") == nullptr);
 }
@@ -120,7 +127,7 @@ TEST_CASE("parse_manifest defaults the informational fields and checks them when
 }
 
 TEST_CASE("parse_manifest names what is wrong with a manifest", "[ckpt]") {
-  CHECK_THAT(rejection(json::parse("{}")), Catch::Contains("is not a valid manifest: its format is not shardlab.checkpoint/1"));
+  CHECK_THAT(rejection(json::parse("{}")), Catch::Contains("is not a valid manifest: its format is not shardlab.checkpoint/2 (or the older shardlab.checkpoint/1)"));
   json j = valid_manifest();
   j["model"].erase("layers");
   CHECK(rejection(j) == "'m.json' is not a valid manifest: \"layers\" must be an integer");
@@ -144,4 +151,179 @@ TEST_CASE("parse_manifest names what is wrong with a manifest", "[ckpt]") {
   j["tensors"]["wte.weight"]["shape"] = {256, -32};
   CHECK(rejection(j) == "'m.json' is not a valid manifest: the shape of 'wte.weight' is not valid");
   CHECK_THROWS_WITH(parse_manifest("[1", "m.json"), Catch::Contains("'m.json' is corrupt"));
+}
+
+// ---- Slices: pieces that are boxes of a tensor, read back against a reference ---------------------
+
+namespace {
+
+// The value a test tensor holds at flat element i: exact in f32.
+float value_at(int64_t i) { return static_cast<float>(i) + 0.5f; }
+
+// The flat elements of region r in its order, by plain index arithmetic (the reference: it shares
+// nothing with read_region's runs).
+std::vector<int64_t> elements(const std::vector<int64_t>& shape, const TensorRegion& r) {
+  std::vector<int64_t> out;
+  for (int64_t k = r.begin; k < r.end; ++k) {
+    if (r.box.empty()) {
+      out.push_back(k);
+      continue;
+    }
+    int64_t rest = k, flat = 0, stride = 1;
+    for (size_t d = shape.size(); d-- > 0;) {
+      flat += (r.box[d].offset + rest % r.box[d].length) * stride;
+      rest /= r.box[d].length;
+      stride *= shape[d];
+    }
+    out.push_back(flat);
+  }
+  return out;
+}
+
+// A checkpoint directory holding one tensor "w" of `shape` (state "param") in `pieces` (their
+// rank; offsets and files are made here): each rank's file holds its pieces' values in order.
+struct SlicedCheckpoint {
+  std::filesystem::path dir;
+  Manifest manifest;
+  SlicedCheckpoint(const std::vector<int64_t>& shape, std::vector<ManifestPiece> pieces) {
+    static int serial = 0;
+    dir = std::filesystem::temp_directory_path() / fmt::format("shardlab_test_slices_{}_{}", ::getpid(), serial++);
+    std::filesystem::create_directories(dir);
+    std::map<int64_t, std::string> bytes;  // per rank
+    json m = valid_manifest();
+    m["format"] = kCheckpointFormat;
+    m["files"] = json::array();
+    m["tensors"] = json::object();
+    m["tensors"]["w"]["shape"] = shape;
+    for (ManifestPiece& p : pieces) {
+      std::string& b = bytes[p.rank];
+      p.offset = b.size();
+      for (int64_t i : elements(shape, p.region())) {
+        const float v = value_at(i);
+        b.append(reinterpret_cast<const char*>(&v), sizeof v);
+      }
+      m["tensors"]["w"]["param"].push_back(piece_to_json(p));
+    }
+    for (const auto& [rank, b] : bytes) {
+      const std::string name = fmt::format("rank_{:05d}.bin", rank);
+      std::ofstream(dir / name, std::ios::binary) << b;
+      m["files"].push_back({{"rank", rank}, {"file", name}, {"bytes", b.size()},
+                            {"checksum", fmt::format("fnv1a64:{:016x}", fnv1a64(b))}});
+    }
+    std::ofstream(dir / "manifest.json") << m.dump(1);
+    manifest = read_manifest(dir);
+  }
+  ~SlicedCheckpoint() { std::filesystem::remove_all(dir); }
+  // Reads `want`; checks every element against the reference and returns how many were covered.
+  int64_t read_checked(const TensorRegion& want) {
+    CheckpointFiles files(dir, manifest.files);
+    const auto& t = manifest.tensors.at("w");
+    std::vector<float> got(static_cast<size_t>(want.end - want.begin), -1.f);
+    const int64_t covered = read_region(files, t.states.at("param"), t.shape, want, got.data(), "w");
+    if (covered == want.end - want.begin) {
+      const std::vector<int64_t> flat = elements(t.shape, want);
+      for (size_t k = 0; k < got.size(); ++k) {
+        INFO("element " << k << " of the region, flat " << flat[k]);
+        REQUIRE(got[k] == value_at(flat[k]));
+      }
+    }
+    return covered;
+  }
+};
+
+std::vector<SliceDim> box(std::initializer_list<std::pair<int64_t, int64_t>> dims) {
+  std::vector<SliceDim> out;
+  for (auto [o, n] : dims) out.push_back({o, n});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("strided 2-D slices (tensor-parallel columns, shards of them) assemble any region", "[ckpt]") {
+  // A (5, 7) weight: columns [0, 3) whole in rank 0's file; columns [3, 7) as a flat-parameter
+  // shard split between ranks 1 and 2 (9 and 11 of its 20 elements).
+  const std::vector<int64_t> shape{5, 7};
+  SlicedCheckpoint c(shape, {{0, 0, 0, 15, box({{0, 5}, {0, 3}})},
+                             {1, 0, 0, 9, box({{0, 5}, {3, 4}})},
+                             {2, 0, 9, 20, box({{0, 5}, {3, 4}})}});
+  CHECK(c.manifest.version == 2);
+  const auto& pieces = c.manifest.tensors.at("w").states.at("param");
+  REQUIRE(pieces.size() == 3);
+  CHECK(pieces[2].slice == box({{0, 5}, {3, 4}}));
+  CHECK(pieces[2].begin == 9);
+  CHECK(c.read_checked({{}, 0, 35}) == 35);                          // the whole tensor, flat
+  CHECK(c.read_checked({{}, 10, 30}) == 20);                         // a flat range (a ZeRO shard)
+  CHECK(c.read_checked({box({{1, 3}, {2, 4}}), 0, 12}) == 12);       // a box across the column split
+  CHECK(c.read_checked({box({{1, 3}, {2, 4}}), 2, 11}) == 9);        // a shard of that box
+  CHECK(c.read_checked({box({{0, 5}, {6, 1}}), 0, 5}) == 5);         // one column
+  CHECK(c.read_checked({box({{4, 1}, {0, 7}}), 0, 7}) == 7);         // one row
+
+  // Without rank 2's piece, elements [9, 20) of the right-hand slice are missing (row 2 on, partly).
+  SlicedCheckpoint gap(shape, {{0, 0, 0, 15, box({{0, 5}, {0, 3}})}, {1, 0, 0, 9, box({{0, 5}, {3, 4}})}});
+  CHECK(gap.read_checked({{}, 0, 35}) == 35 - 11);
+  CHECK(gap.read_checked({box({{0, 2}, {0, 7}}), 0, 14}) == 14);  // rows 0 and 1 are all there
+}
+
+TEST_CASE("random tilings of a 3-D tensor by slices and shards read back any region", "[ckpt]") {
+  const std::vector<int64_t> shape{4, 6, 5};
+  std::mt19937 rng(7);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (int trial = 0; trial < 20; ++trial) {
+    // Cut dimension 1 (or 0) into two slices, each split into two flat shards, plus a replica of
+    // some flat range of the whole tensor (as an older DDP checkpoint holds).
+    const size_t d = trial % 2 ? 1 : 0;
+    const int64_t cut = uniform(1, shape[d] - 1);
+    std::vector<ManifestPiece> pieces;
+    int64_t rank = 0;
+    for (auto [o, n] : {std::pair{int64_t{0}, cut}, std::pair{cut, shape[d] - cut}}) {
+      std::vector<SliceDim> b = box({{0, shape[0]}, {0, shape[1]}, {0, shape[2]}});
+      b[d] = {o, n};
+      const int64_t numel = b[0].length * b[1].length * b[2].length, split = uniform(1, numel - 1);
+      pieces.push_back({rank++, 0, 0, split, b});
+      pieces.push_back({rank++, 0, split, numel, b});
+    }
+    const int64_t r0 = uniform(0, 100);
+    pieces.push_back({rank, 0, r0, uniform(r0 + 1, 120), {}});
+    SlicedCheckpoint c(shape, pieces);
+    for (int q = 0; q < 10; ++q) {
+      std::vector<SliceDim> want;
+      int64_t numel = 1;
+      for (int64_t n : shape) {
+        const int64_t o = uniform(0, n - 1), len = uniform(1, n - o);
+        want.push_back({o, len});
+        numel *= len;
+      }
+      const int64_t b = uniform(0, numel - 1), e = uniform(b + 1, numel);
+      INFO("trial " << trial << " query " << q);
+      CHECK(c.read_checked({want, b, e}) == e - b);
+      CHECK(c.read_checked({{}, b, e}) == e - b);
+    }
+  }
+}
+
+TEST_CASE("parse_manifest checks slices against the tensor's shape", "[ckpt]") {
+  json j = valid_manifest();
+  j["format"] = kCheckpointFormat;
+  json& piece = j["tensors"]["wte.weight"]["param"][0];  // shape (256, 32)
+  piece["begin"] = 0;
+  piece["end"] = 64;
+  piece["slice"] = {{0, 256}, {30, 2}};
+  CHECK(rejection(j).empty());
+  CHECK(parse_manifest(j.dump(), "m.json").find_pieces("wte.weight", "param")->at(0).slice == box({{0, 256}, {30, 2}}));
+  // The fuzzer's seed of format 2: the valid manifest with wte's first piece as a box of rows.
+  std::ifstream f(std::string(SHARDLAB_SOURCE_DIR) + "/tests/fuzz/corpus/manifest/sliced.json");
+  const Manifest sliced = parse_manifest(std::string(std::istreambuf_iterator<char>(f), {}), "sliced.json");
+  CHECK(sliced.find_pieces("wte.weight", "param")->at(0).slice == box({{0, 72}, {0, 32}}));
+  piece["end"] = 513;
+  CHECK(rejection(j) == "'m.json' is not a valid manifest: a piece of param of 'wte.weight' spans [0, 513) of a slice of 512 elements");
+  piece["end"] = 64;
+  piece["slice"] = {{0, 256}, {30, 3}};
+  CHECK(rejection(j) == "'m.json' is not a valid manifest: a piece of param of 'wte.weight' slices [30, 33) of dimension 1, which has 32");
+  piece["slice"] = {{0, 256}};
+  CHECK(rejection(j) == "'m.json' is not a valid manifest: a piece of param of 'wte.weight' slices 1 dimensions of a tensor of 2");
+  piece["slice"] = {{0, 256}, {3, 0}};
+  CHECK(rejection(j) == "'m.json' is not a valid manifest: a piece of param of 'wte.weight': slice dimension [3, 3) is empty or negative");
+  piece["slice"] = {{0, 256}, {30, 2}};
+  j["format"] = kCheckpointFormatV1;
+  CHECK(rejection(j) == "'m.json' is not a valid manifest: a piece of param of 'wte.weight' has a \"slice\", which format shardlab.checkpoint/1 does not have");
 }

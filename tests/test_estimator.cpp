@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "shard/strategy_formulas.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/train/predict.hpp"
 #include "src/train/plan.hpp"

@@ -128,20 +128,18 @@ void add_pieces(nlohmann::json& pieces, const UnitLayout& unit, int64_t a, int64
   for (const TensorDecl& t : unit.tensors) {
     int64_t lo = std::max(a, t.offset), hi = std::min(b, t.offset + t.numel);
     if (lo >= hi) continue;
-    pieces[t.name][state].push_back({{"rank", rank},
-                                     {"offset", base + static_cast<uint64_t>(lo - a) * sizeof(float)},
-                                     {"begin", lo - t.offset},
-                                     {"end", hi - t.offset}});
+    const ManifestPiece piece{rank, base + static_cast<uint64_t>(lo - a) * sizeof(float), lo - t.offset, hi - t.offset, {}};
+    pieces[t.name][state].push_back(piece_to_json(piece));
   }
 }
 
 // Phase 1 (every rank): per unit, per state, the owned range as f32 into tmp/rank_XXXXX.bin, fsynced;
 // then rank_XXXXX.bin.json with its size, checksum and pieces (tensor -> state -> [piece]).
 // A rank that owns nothing writes neither.
-bool write_rank_file(const fs::path& tmp, Trainer& trainer) {
-  Strategy& st = trainer.strategy();
-  const auto& units = trainer.units();
-  const int rank = trainer.comm().rank();
+bool write_rank_file(const fs::path& tmp, const CheckpointState& state) {
+  Strategy& st = state.strategy;
+  const auto& units = state.units;
+  const int rank = state.comm.rank();
   bool owns = false;
   for (size_t u = 0; u < units.size(); ++u) owns |= st.saved_range(u).second > st.saved_range(u).first;
   if (!owns) return false;
@@ -154,7 +152,7 @@ bool write_rank_file(const fs::path& tmp, Trainer& trainer) {
     auto tensors = st.owned_state(u);
     for (size_t i = 0; i < tensors.size(); ++i) {
       std::vector<float> host(static_cast<size_t>(b - a));
-      trainer.backend().copy(Tensor::of(std::span<float>(host)), tensors[i].slice(0, b - a));
+      state.backend.copy(Tensor::of(std::span<float>(host)), tensors[i].slice(0, b - a));
       const uint64_t base = w.offset();
       if (kill_in_save(rank) && u == units.size() / 2) {
         w.write(host.data(), host.size() * sizeof(float) / 2);
@@ -172,20 +170,24 @@ bool write_rank_file(const fs::path& tmp, Trainer& trainer) {
 }
 
 // The manifest's description of the run (format, model, strategy, ..., seed); files and tensors empty.
-nlohmann::json manifest_head(const TrainConfig& c, int world, int64_t step, const std::vector<std::string>& states) {
+nlohmann::json manifest_head(const CheckpointState& state, int world, const RunPosition& at,
+                             const std::vector<std::string>& states) {
+  const StepConfig& c = state.step;
   nlohmann::json m;
   m["format"] = kCheckpointFormat;
   m["model"] = spec_to_json(c.spec);
   m["strategy"] = strategy_name(c.strategy.kind);
   m["world"] = world;
+  const ParallelDims& d = c.strategy.dims;  // the layout that wrote it (informational: any layout loads it)
+  m["mesh"] = {{"pp", d.pp}, {"dp_replicate", d.dp_replicate}, {"dp_shard", d.dp_shard}, {"tp", d.tp}};
   m["param_dtype"] = dtype_name(c.strategy.precision.param_dtype);
   m["reduce_dtype"] = dtype_name(c.strategy.precision.reduce_dtype);
   m["optimizer"] = {{"kind", optimizer_name(c.optim.kind)}, {"beta1", c.optim.beta1}, {"beta2", c.optim.beta2}, {"eps", c.optim.eps},
                     {"weight_decay", c.optim.weight_decay}, {"momentum", c.optim.momentum}, {"states", states}};
-  m["step"] = step;
-  m["data_position"] = step;  // batches are a function of the step index: resume at step `step`
+  m["step"] = at.step;
+  m["data_position"] = at.data_position;
   m["seed"] = c.seed;
-  m["shuffle"] = c.shuffle;  // with the seed and the step, the batch order
+  m["shuffle"] = state.shuffle;  // with the seed and the step, the batch order
   m["files"] = nlohmann::json::array();
   m["tensors"] = nlohmann::json::object();
   return m;
@@ -193,25 +195,26 @@ nlohmann::json manifest_head(const TrainConfig& c, int world, int64_t step, cons
 
 // Phase 2 (rank 0): the side files (consumed) and every tensor's shape into tmp/manifest.json.
 // `wrote[r]` says whether rank r wrote a file: each of those must have left its side file.
-void merge_manifest(const fs::path& tmp, int64_t step, Trainer& trainer, const std::vector<uint64_t>& wrote) {
-  const int world = trainer.comm().world_size();
+void merge_manifest(const fs::path& tmp, const CheckpointState& state, const RunPosition& at,
+                    const std::vector<uint64_t>& wrote) {
+  const int world = state.comm.world_size();
   for (int r = 0; r < world; ++r)
     SHARD_REQUIRE(!wrote[static_cast<size_t>(r)] || fs::exists(tmp / (rank_file(r) + ".json")),
                   "rank {} wrote '{}' but its description '{}' is not there", r, (tmp / rank_file(r)).string(),
                   (tmp / (rank_file(r) + ".json")).string());
-  nlohmann::json m = manifest_head(trainer.config(), world, step, trainer.strategy().owned_state_names());
-  if (auto v = trainer.checkpoint_val_loss()) m["val_loss"] = *v;
+  nlohmann::json m = manifest_head(state, world, at, state.strategy.owned_state_names());
+  if (at.val_loss) m["val_loss"] = *at.val_loss;
   for (int r = 0; r < world; ++r) {
     fs::path side = tmp / (rank_file(r) + ".json");
     if (!fs::exists(side)) continue;
     nlohmann::json j = nlohmann::json::parse(std::ifstream(side));
     m["files"].push_back({{"rank", r}, {"file", j["file"]}, {"bytes", j["bytes"]}, {"checksum", j["checksum"]}});
     for (auto& [tensor, states] : j["pieces"].items())
-      for (auto& [state, list] : states.items())
-        for (auto& p : list) m["tensors"][tensor][state].push_back(p);
+      for (auto& [state_name, list] : states.items())
+        for (auto& p : list) m["tensors"][tensor][state_name].push_back(p);
     fs::remove(side);
   }
-  for (const auto& unit : trainer.units())
+  for (const auto& unit : state.units)
     for (const TensorDecl& t : unit->layout().tensors) m["tensors"][t.name]["shape"] = t.shape;
   write_small_file(tmp / "manifest.json", m.dump(1) + "\n");
 }
@@ -271,8 +274,9 @@ void agree(Communicator& comm, bool who, Phase phase, int64_t step) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer, int64_t keep) {
-  Communicator& comm = trainer.comm();
+std::string save_checkpoint(const std::string& dir, const CheckpointState& state, const RunPosition& at, int64_t keep) {
+  Communicator& comm = state.comm;
+  const int64_t step = at.step;
   const fs::path root(dir);
   const SavePaths paths{root, root / (".tmp." + step_name(step)), root / step_name(step)};
   std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
@@ -281,10 +285,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& train
   agree(comm, root_rank, [&] { make_tmp_dir(paths); }, step);
   try {
     uint64_t wrote = 0;
-    agree(comm, true, [&] { wrote = write_rank_file(paths.tmp, trainer); }, step);
+    agree(comm, true, [&] { wrote = write_rank_file(paths.tmp, state); }, step);
     const std::vector<uint64_t> writers = comm.gather_u64(std::span<const uint64_t>(&wrote, 1));
     agree(comm, root_rank, [&] {
-      merge_manifest(paths.tmp, step, trainer, writers);
+      merge_manifest(paths.tmp, state, at, writers);
       commit_checkpoint(paths);
       prune_checkpoints(root, keep, step);
     }, step);
@@ -329,7 +333,8 @@ float best_checkpoint_val_loss(const std::string& dir) {
 
 namespace {
 
-void check_compatible(const Manifest& m, const TrainConfig& c, const std::string& path) {
+void check_compatible(const Manifest& m, const CheckpointState& state, const std::string& path) {
+  const StepConfig& c = state.step;
   auto same = [&](const char* k, int64_t there, int64_t here) {
     SHARD_REQUIRE(there == here, "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {})", path, k,
                   there, here, m.model.name, c.spec.describe());
@@ -339,16 +344,17 @@ void check_compatible(const Manifest& m, const TrainConfig& c, const std::string
   same("heads", m.model.heads, c.spec.heads);
   same("seq", m.model.seq, c.spec.seq);
   same("vocab", m.model.vocab, c.spec.vocab);
-  SHARD_REQUIRE(m.shuffle == c.shuffle, "checkpoint '{}' was trained {} --shuffle, this run is {} it: the batch order "
-                "would change (pass the same setting)", path, m.shuffle ? "with" : "without", c.shuffle ? "with" : "without");
-  SHARD_REQUIRE(!c.shuffle || m.seed == c.seed, "checkpoint '{}' shuffled its batches with --seed {}, this run has --seed "
+  SHARD_REQUIRE(m.shuffle == state.shuffle, "checkpoint '{}' was trained {} --shuffle, this run is {} it: the batch order "
+                "would change (pass the same setting)", path, m.shuffle ? "with" : "without", state.shuffle ? "with" : "without");
+  SHARD_REQUIRE(!state.shuffle || m.seed == c.seed, "checkpoint '{}' shuffled its batches with --seed {}, this run has --seed "
                 "{}: the order would change (pass --seed {})", path, m.seed, c.seed, m.seed);
   SHARD_REQUIRE(m.optimizer.kind == optimizer_name(c.optim.kind),
                 "checkpoint '{}' holds {} state; this run uses --optimizer {}", path, m.optimizer.kind,
                 optimizer_name(c.optim.kind));
 }
 
-// Reads elements [lo, hi) of `state` of tensor t into dst[0, hi - lo), from whichever pieces overlap.
+// Reads flat elements [lo, hi) of `state` of tensor t into dst[0, hi - lo), from whichever pieces
+// overlap them (flat ranges or slices of any shape).
 void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& state,
                        int64_t lo, int64_t hi, float* dst, const std::string& path) {
   const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, state);
@@ -356,21 +362,21 @@ void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDe
   const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
   SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
                 nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
-  const int64_t covered = read_pieces(files, *pieces, lo, hi, dst, t.name);
+  const int64_t covered = read_region(files, *pieces, shape, TensorRegion{{}, lo, hi}, dst, t.name);
   SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
                 path, covered, hi - lo, lo, hi, state, t.name);
 }
 
 }  // namespace
 
-int64_t load_checkpoint(const std::string& path, Trainer& trainer) {
+RunPosition load_checkpoint(const std::string& path, const CheckpointState& state) {
   const fs::path dir(path);
   const Manifest m = read_manifest(dir);
-  Strategy& st = trainer.strategy();
+  Strategy& st = state.strategy;
   const auto names = st.owned_state_names();
-  check_compatible(m, trainer.config(), path);
+  check_compatible(m, state, path);
   CheckpointFiles files(dir, m.files);
-  const auto& units = trainer.units();
+  const auto& units = state.units;
   for (size_t u = 0; u < units.size(); ++u) {
     auto [a, b] = st.owned_range(u);
     if (b <= a) continue;
@@ -382,11 +388,13 @@ int64_t load_checkpoint(const std::string& path, Trainer& trainer) {
         if (lo >= hi) continue;
         read_tensor_range(m, files, t, names[i], lo, hi, host.data() + (t.offset + lo - a), path);
       }
-      trainer.backend().copy(tensors[i].slice(0, b - a), Tensor::of(std::span<float>(host)));
+      state.backend.copy(tensors[i].slice(0, b - a), Tensor::of(std::span<float>(host)));
     }
   }
   st.sync_after_load();
-  return m.step;
+  RunPosition at{m.step, m.data_position, std::nullopt};
+  if (m.val_loss) at.val_loss = static_cast<float>(*m.val_loss);
+  return at;
 }
 
 }  // namespace shardlab

@@ -13,18 +13,41 @@
 // strategy and world size, only the pieces that overlap them (after checking the checksums of
 // the files it reads): resharding is the normal case, not a conversion step.
 #pragma once
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "shard/strategy.hpp"
 #include "src/train/checkpoint_format.hpp"
-#include "src/train/trainer.hpp"
+#include "src/train/step_config.hpp"
 
 namespace shardlab {
 
-// Collective over the trainer's ranks. `step` is the number of steps done. Returns the directory.
+// What save and load work on: the ranks' strategy (whose owned state is written and read), the
+// model's units (the tensors' names and offsets), and the run's configuration for the manifest's
+// description and load's compatibility checks. The Trainer makes one (Trainer::checkpoint_state).
+struct CheckpointState {
+  Backend& backend;
+  Communicator& comm;
+  Strategy& strategy;
+  const std::vector<std::unique_ptr<Unit>>& units;
+  const StepConfig& step;  // model, strategy, dtypes, optimizer, seed
+  bool shuffle = false;    // batches from per-epoch permutations of (seed, epoch): with the step, the data order
+};
+
+// Where a run stands when it saves, and where a loaded checkpoint resumes.
+struct RunPosition {
+  int64_t step = 0;           // steps done
+  int64_t data_position = 0;  // the step whose batch comes next (batches are a function of the step index)
+  std::optional<float> val_loss;  // the validation loss computed at this step, when there was one
+};
+
+// Collective over state.comm's ranks. Saves at `at` (at.step steps done). Returns the directory.
 // A failure on any rank (disk full, file-size limit, I/O error) is an InputError on every rank
 // naming the file and the reason; the previous checkpoint stays the newest complete one. With
 // keep > 0, only the newest `keep` complete checkpoints remain afterwards.
-std::string save_checkpoint(const std::string& dir, int64_t step, Trainer& trainer, int64_t keep = 0);
+std::string save_checkpoint(const std::string& dir, const CheckpointState& state, const RunPosition& at, int64_t keep = 0);
 // --save-best: DIR/best becomes a symlink to step_XXXXXXXX (made beside it, then renamed over the
 // old one: atomic), then prunes to the newest `keep` (0 = all) and the best. Rank 0 only.
 // --save-keep never deletes the checkpoint `best` points to.
@@ -33,7 +56,8 @@ void mark_best_checkpoint(const std::string& dir, int64_t step, int64_t keep = 0
 // (infinity when there is none).
 std::string best_checkpoint(const std::string& dir);
 float best_checkpoint_val_loss(const std::string& dir);
-// Loads into the trainer's strategy (any world size and strategy); returns the step to resume at.
-int64_t load_checkpoint(const std::string& path, Trainer& trainer);
+// Loads into state.strategy (any world size and strategy), after checking the checkpoint is of the
+// same model, optimizer and batch order; returns where it resumes.
+RunPosition load_checkpoint(const std::string& path, const CheckpointState& state);
 
 }  // namespace shardlab

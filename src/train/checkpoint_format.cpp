@@ -65,7 +65,9 @@ struct ManifestParser {
   }
   ManifestOptimizer optimizer(const json& m) const;
   std::vector<ManifestFile> files(const json& m) const;
-  std::map<std::string, ManifestTensor> tensors(const json& m, const std::vector<ManifestFile>& files) const;
+  std::vector<SliceDim> slice(const json& p, const std::string& where) const;
+  void check_slices(const std::string& name, const ManifestTensor& t) const;
+  std::map<std::string, ManifestTensor> tensors(const json& m, const std::vector<ManifestFile>& files, int version) const;
 };
 
 ManifestOptimizer ManifestParser::optimizer(const json& m) const {
@@ -108,7 +110,53 @@ std::vector<ManifestFile> ManifestParser::files(const json& m) const {
   return out;
 }
 
-std::map<std::string, ManifestTensor> ManifestParser::tensors(const json& m, const std::vector<ManifestFile>& files) const {
+// A piece's "slice": [[offset, length], ...], offsets from 0, lengths from 1 (checked against the
+// tensor's shape once the whole tensor is read: check_slices).
+std::vector<SliceDim> ManifestParser::slice(const json& p, const std::string& where) const {
+  std::vector<SliceDim> out;
+  if (!p["slice"].is_array() || p["slice"].empty()) throw bad(fmt::format("{}: \"slice\" must be a list of [offset, length]", where));
+  for (const auto& d : p["slice"]) {
+    if (!d.is_array() || d.size() != 2 || !d[0].is_number_integer() || !d[1].is_number_integer())
+      throw bad(fmt::format("{}: \"slice\" must be a list of [offset, length]", where));
+    const int64_t o = d[0].get<int64_t>(), n = d[1].get<int64_t>();
+    if (o < 0 || n < 1) throw bad(fmt::format("{}: slice dimension [{}, {}) is empty or negative", where, o, o + (n < 0 ? 0 : n)));
+    out.push_back({o, n});
+  }
+  return out;
+}
+
+// Every sliced piece of tensor `name` against its shape: one dimension per axis, inside it, and
+// [begin, end) inside the box. The products are checked for overflow (nothing is allocated here).
+void ManifestParser::check_slices(const std::string& name, const ManifestTensor& t) const {
+  int64_t numel = 1;
+  bool sliced = false;
+  for (const auto& [state, pieces] : t.states)
+    for (const ManifestPiece& p : pieces) sliced |= !p.slice.empty();
+  if (!sliced) return;
+  for (int64_t d : t.shape)
+    if (__builtin_mul_overflow(numel, d, &numel)) throw bad(fmt::format("the shape of '{}' is too large", name));
+  for (const auto& [state, pieces] : t.states)
+    for (const ManifestPiece& p : pieces) {
+      if (p.slice.empty()) continue;
+      if (p.slice.size() != t.shape.size())
+        throw bad(fmt::format("a piece of {} of '{}' slices {} dimensions of a tensor of {}", state, name, p.slice.size(),
+                              t.shape.size()));
+      int64_t box = 1;
+      for (size_t d = 0; d < p.slice.size(); ++d) {
+        const SliceDim& s = p.slice[d];
+        if (s.offset > t.shape[d] || s.length > t.shape[d] - s.offset)
+          throw bad(fmt::format("a piece of {} of '{}' slices [{}, {}) of dimension {}, which has {}", state, name,
+                                s.offset, s.offset + s.length, d, t.shape[d]));
+        box *= s.length;  // at most numel: no overflow
+      }
+      if (p.end > box)
+        throw bad(fmt::format("a piece of {} of '{}' spans [{}, {}) of a slice of {} elements", state, name, p.begin,
+                              p.end, box));
+    }
+}
+
+std::map<std::string, ManifestTensor> ManifestParser::tensors(const json& m, const std::vector<ManifestFile>& files,
+                                                              int version) const {
   std::map<int64_t, bool> ranks;
   for (const ManifestFile& f : files) ranks[f.rank] = true;
   if (!m.contains("tensors") || !m["tensors"].is_object()) throw bad("\"tensors\" must be an object");
@@ -132,9 +180,16 @@ std::map<std::string, ManifestTensor> ManifestParser::tensors(const json& m, con
         uint64_t offset = static_cast<uint64_t>(integer(p, "offset", 0));
         if (e <= b) throw bad(fmt::format("a piece of {} of '{}' spans [{}, {})", state, name, b, e));
         if (!ranks.count(r)) throw bad(fmt::format("a piece of {} of '{}' lies in rank {}'s file, which is not listed", state, name, r));
-        pieces.push_back({r, offset, b, e});
+        ManifestPiece piece{r, offset, b, e, {}};
+        if (p.contains("slice")) {
+          const std::string where = fmt::format("a piece of {} of '{}'", state, name);
+          if (version < 2) throw bad(fmt::format("{} has a \"slice\", which format {} does not have", where, kCheckpointFormatV1));
+          piece.slice = slice(p, where);
+        }
+        pieces.push_back(std::move(piece));
       }
     }
+    check_slices(name, t);
   }
   return out;
 }
@@ -149,9 +204,11 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     throw InputError(fmt::format("'{}' is corrupt: {}", origin, e.what()));
   }
   const ManifestParser p{origin};
-  if (!m.is_object() || !m.contains("format") || !m["format"].is_string() || m["format"].get<std::string>() != kCheckpointFormat)
-    throw p.bad(fmt::format("its format is not {}", kCheckpointFormat));
+  const std::string format = m.is_object() && m.contains("format") && m["format"].is_string() ? m["format"].get<std::string>() : "";
+  if (format != kCheckpointFormat && format != kCheckpointFormatV1)
+    throw p.bad(fmt::format("its format is not {} (or the older {})", kCheckpointFormat, kCheckpointFormatV1));
   Manifest out;
+  out.version = format == kCheckpointFormat ? 2 : 1;
   out.model = p.model(m);
   out.step = p.integer(m, "step", 0);
   out.world = p.integer(m, "world", 1);
@@ -171,7 +228,7 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     out.val_loss = m["val_loss"].get<double>();
   }
   out.files = p.files(m);
-  out.tensors = p.tensors(m, out.files);
+  out.tensors = p.tensors(m, out.files, out.version);
   return out;
 }
 
@@ -192,23 +249,87 @@ Manifest read_manifest(const fs::path& dir) {
 
 // ---- Checked reads of the per-rank files ----------------------------------------------------------
 
-int64_t read_pieces(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, int64_t lo, int64_t hi, float* dst,
-                    const std::string& tensor) {
-  std::vector<const ManifestPiece*> order;
-  for (const ManifestPiece& p : pieces) order.push_back(&p);
-  std::stable_sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->begin < y->begin; });
-  int64_t next = lo;  // the first element not read yet
-  for (const ManifestPiece* p : order) {
-    if (p->begin > next) break;  // a gap: what follows does not continue [lo, next)
-    int64_t x0 = std::max(next, p->begin), x1 = std::min(hi, p->end);
-    if (x0 >= x1) continue;  // nothing new in this piece
-    if (dst)
-      files.read(p->rank, p->offset + static_cast<uint64_t>(x0 - p->begin) * sizeof(float), dst + (x0 - lo),
-                 static_cast<size_t>(x1 - x0), tensor);
-    next = x1;
-    if (next == hi) break;
+json piece_to_json(const ManifestPiece& p) {
+  json j = {{"rank", p.rank}, {"offset", p.offset}, {"begin", p.begin}, {"end", p.end}};
+  if (!p.slice.empty()) {
+    j["slice"] = json::array();
+    for (const SliceDim& d : p.slice) j["slice"].push_back({d.offset, d.length});
   }
-  return next - lo;
+  return j;
+}
+
+namespace {
+
+// A stretch of a region that is contiguous in the tensor's flat order: `length` elements from flat
+// element `start`, which are the region's elements from `index` on (0 = the region's `begin`).
+struct Run {
+  int64_t start, length, index;
+};
+
+// Calls f(Run) for the runs of region r of a tensor of shape `shape`, in order (increasing starts).
+// Trailing dimensions the box covers whole merge into its rows, so a box that is the whole tensor
+// is one run, and a column slice of a (R, C) matrix one run per row.
+template <class F>
+void for_each_run(const std::vector<int64_t>& shape, const TensorRegion& r, F f) {
+  if (r.box.empty()) return f(Run{r.begin, r.end - r.begin, 0});
+  SHARD_CHECK(r.box.size() == shape.size(), "a region of {} dimensions of a tensor of {}", r.box.size(), shape.size());
+  size_t k = shape.size() - 1;  // the box's rows: dimensions k.. of it, contiguous in the tensor
+  int64_t inner = 1;            // elements of the tensor per step of dimension k
+  while (k > 0 && r.box[k].offset == 0 && r.box[k].length == shape[k]) inner *= shape[k--];
+  const int64_t row = r.box[k].length * inner;
+  std::vector<int64_t> stride(k, 0);  // of the outer dimensions 0..k-1, in tensor elements
+  int64_t s = inner * shape[k];
+  for (size_t d = k; d-- > 0; s *= shape[d]) stride[d] = s;
+  for (int64_t q = r.begin / row; q * row < r.end; ++q) {
+    int64_t start = r.box[k].offset * inner, rest = q;  // q's position over the outer dimensions
+    for (size_t d = k; d-- > 0;) {
+      start += (r.box[d].offset + rest % r.box[d].length) * stride[d];
+      rest /= r.box[d].length;
+    }
+    const int64_t lo = std::max(r.begin, q * row), hi = std::min(r.end, (q + 1) * row);
+    f(Run{start + (lo - q * row), hi - lo, lo - r.begin});
+  }
+}
+
+// A run of a piece: where its values lie in the file.
+struct PieceRun {
+  int64_t start, end;  // flat elements of the tensor
+  int64_t rank;
+  uint64_t offset;  // byte offset of element `start`
+};
+
+}  // namespace
+
+int64_t read_region(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, const std::vector<int64_t>& shape,
+                    const TensorRegion& want, float* dst, const std::string& tensor) {
+  std::vector<PieceRun> runs;
+  for (const ManifestPiece& p : pieces)
+    for_each_run(shape, p.region(), [&](Run r) {
+      runs.push_back({r.start, r.start + r.length, p.rank, p.offset + static_cast<uint64_t>(r.index) * sizeof(float)});
+    });
+  std::stable_sort(runs.begin(), runs.end(), [](const PieceRun& x, const PieceRun& y) { return x.start < y.start; });
+  // One sweep: the wanted runs come in increasing order, and so does `next` within them. Runs of
+  // pieces that end at or before `next` can serve nothing later.
+  size_t i = 0;
+  int64_t covered = 0;
+  for_each_run(shape, want, [&](Run w) {
+    const int64_t end = w.start + w.length;
+    for (int64_t next = w.start; next < end;) {
+      while (i < runs.size() && runs[i].end <= next) ++i;
+      if (i == runs.size() || runs[i].start > next) {  // a gap: nothing covers `next`
+        next = i == runs.size() ? end : std::min(end, runs[i].start);
+        continue;
+      }
+      const PieceRun& p = runs[i];
+      const int64_t x1 = std::min(end, p.end);
+      if (dst)
+        files.read(p.rank, p.offset + static_cast<uint64_t>(next - p.start) * sizeof(float), dst + w.index + (next - w.start),
+                   static_cast<size_t>(x1 - next), tensor);
+      covered += x1 - next;
+      next = x1;
+    }
+  });
+  return covered;
 }
 
 CheckpointFiles::CheckpointFiles(fs::path dir, const std::vector<ManifestFile>& files) : dir_(std::move(dir)) {
@@ -279,16 +400,21 @@ namespace {
 std::vector<float> read_param(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& path) {
   const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, "param");
   SHARD_REQUIRE(pieces, "checkpoint '{}' has no parameters for tensor '{}'", path, t.name);
+  const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
   for (const ManifestPiece& p : *pieces) {
-    SHARD_REQUIRE(p.begin >= 0 && p.end <= t.numel && p.begin < p.end, "checkpoint '{}': bad range [{}, {}) for '{}'", path,
-                  p.begin, p.end, t.name);
+    if (p.slice.empty())
+      SHARD_REQUIRE(p.begin >= 0 && p.end <= t.numel && p.begin < p.end, "checkpoint '{}': bad range [{}, {}) for '{}'",
+                    path, p.begin, p.end, t.name);
+    else  // the parser checked the slice against this shape
+      SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
+                    json(shape).dump(), json(t.shape).dump());
     files.check_range(p.rank, p.offset, static_cast<uint64_t>(p.end - p.begin), t.name);
   }
-  SHARD_REQUIRE(read_pieces(files, *pieces, 0, t.numel, nullptr, t.name) == t.numel,
-                "checkpoint '{}' covers {} of the {} elements of '{}'", path,
-                read_pieces(files, *pieces, 0, t.numel, nullptr, t.name), t.numel, t.name);
+  const TensorRegion whole{{}, 0, t.numel};
+  const int64_t covered = read_region(files, *pieces, shape, whole, nullptr, t.name);
+  SHARD_REQUIRE(covered == t.numel, "checkpoint '{}' covers {} of the {} elements of '{}'", path, covered, t.numel, t.name);
   std::vector<float> v(static_cast<size_t>(t.numel));
-  read_pieces(files, *pieces, 0, t.numel, v.data(), t.name);
+  read_region(files, *pieces, shape, whole, v.data(), t.name);
   return v;
 }
 

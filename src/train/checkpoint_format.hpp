@@ -1,9 +1,27 @@
 // checkpoint_format.hpp — the on-disk checkpoint format (see checkpoint.hpp): the typed manifest and
 // its parser, checked reads of the per-rank files, and the helpers save and load share.
+//
+// ---- Pieces: which part of which tensor a file holds (format 2) ----------------------------------
+// A piece of one state ("param", "adam_m", ...) of a tensor of shape (d0, ..., dk) is
+//
+//   {"rank": r, "offset": bytes, "slice": [[o0, n0], ..., [ok, nk]], "begin": b, "end": e}
+//
+// "slice" is a box of the tensor: per dimension, elements [o, o + n) (a tensor-parallel column
+// slice of a (R, C) weight is [[0, R], [c0, c1 - c0]]: strided in the tensor's flat order). Within
+// the box, in its own row-major order, the piece holds elements [b, e): a flat-parameter shard of
+// a slice cuts it anywhere. Those e - b values are f32, contiguous, at byte `offset` of rank r's
+// file. Without "slice" the box is the whole tensor, so [b, e) is a range of its flat elements:
+// that is every piece of format 1 (shardlab.checkpoint/1, still read) and every piece a data-
+// parallel run writes. A piece with a slice needs the tensor's "shape" in the manifest.
+//
+// A reader asks for a region of the same kind (a box and a flat range within it) and gets it from
+// any pieces that cover it, whatever their boxes: resharding across world sizes, strategies and
+// tensor-parallel layouts is one function (read_region).
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,7 +32,8 @@
 
 namespace shardlab {
 
-inline constexpr const char* kCheckpointFormat = "shardlab.checkpoint/1";
+inline constexpr const char* kCheckpointFormat = "shardlab.checkpoint/2";    // what save writes
+inline constexpr const char* kCheckpointFormatV1 = "shardlab.checkpoint/1";  // still read: flat pieces only
 
 // ---- The manifest (manifest.json), as parse_manifest returns it ----------------------------------
 // Field names are the JSON keys. Every checkpoint writer so far has written every field; the parser
@@ -28,11 +47,27 @@ struct ManifestFile {
   std::string checksum;  // "fnv1a64:<16 hex digits>" of its bytes
 };
 
-// Elements [begin, end) of one state of a tensor, stored as f32 at byte `offset` of rank's file.
+// One dimension of a box: elements [offset, offset + length).
+struct SliceDim {
+  int64_t offset = 0, length = 0;
+  bool operator==(const SliceDim&) const = default;
+};
+
+// A part of a tensor: a box (one SliceDim per dimension; empty = the whole tensor, taken flat) and,
+// in the box's row-major order, its elements [begin, end).
+struct TensorRegion {
+  std::vector<SliceDim> box;
+  int64_t begin = 0, end = 0;
+};
+
+// Elements [begin, end) of the box `slice` of one state of a tensor (see the top of this file),
+// stored as f32 at byte `offset` of rank's file.
 struct ManifestPiece {
   int64_t rank = 0;
   uint64_t offset = 0;
-  int64_t begin = 0, end = 0;  // begin < end; not yet checked against the tensor's size
+  int64_t begin = 0, end = 0;    // begin < end; inside the slice (checked when it has one)
+  std::vector<SliceDim> slice;  // empty: the whole tensor (all of format 1's pieces)
+  TensorRegion region() const { return {slice, begin, end}; }
 };
 
 struct ManifestTensor {
@@ -48,6 +83,7 @@ struct ManifestOptimizer {
 };
 
 struct Manifest {
+  int version = 2;       // of the format it was written in: 1 (flat pieces only) or 2
   ModelSpec model;       // validated (ModelSpec::validate)
   std::string strategy;  // as written: "zero3", ...
   int64_t world = 1;     // ranks of the run that wrote it
@@ -70,13 +106,18 @@ struct Manifest {
 Manifest parse_manifest(const std::string& text, const std::string& origin);
 Manifest read_manifest(const std::filesystem::path& dir);  // dir/manifest.json, parsed and validated
 
-// Reads elements [lo, hi) of one state of a tensor from its pieces into dst[0, hi - lo) (nothing is
-// read when dst is null). Pieces may overlap (replicas of a range, as older DDP checkpoints hold):
-// each element is read once, from the first piece that covers it, in order of the pieces' starts.
-// Returns how many elements from lo on are covered without a gap (hi - lo when all are).
+// The piece's JSON object, as the manifest holds it ("slice" only when it has one).
+nlohmann::json piece_to_json(const ManifestPiece& p);
+
+// Reads region `want` of one state of a tensor of shape `shape` from its pieces into
+// dst[0, want.end - want.begin), in the order of want's box (nothing is read when dst is null).
+// `shape` may be empty when neither `want` nor any piece has a box. Pieces may overlap (replicas
+// of a range, as older DDP checkpoints hold): each element is read once, from the first piece
+// that covers it in order of where the pieces start in the tensor. Returns how many of the wanted
+// elements the pieces cover (want.end - want.begin when all are).
 class CheckpointFiles;
-int64_t read_pieces(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, int64_t lo, int64_t hi, float* dst,
-                    const std::string& tensor);
+int64_t read_region(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, const std::vector<int64_t>& shape,
+                    const TensorRegion& want, float* dst, const std::string& tensor);
 
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);

@@ -5,43 +5,17 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/stats.hpp"
+#include "shard/strategy_formulas.hpp"
 #include "src/core/units.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
 namespace {
 
-// Bus bytes per rank per step the strategy's pattern implies: the textbook figures, with parameters
-// moved in the param dtype and gradients in the reduce dtype.
-// Hybrid sharding: {within the group, across groups}. The group runs its ZeRO stage over S ranks;
-// each rank's reduced shard (params / S) is then all-reduced across the world / S groups.
-std::array<double, 2> hybrid_theory(StrategyKind s, double params, int world, int S, const TrainConfig& c) {
-  const double fs = (S - 1.0) / S, G = double(world) / S, fg = (G - 1) / G;
-  const double p = params * static_cast<double>(dtype_size(c.strategy.precision.param_dtype));
-  const double g = params * static_cast<double>(dtype_size(c.strategy.precision.reduce_dtype));
-  const double intra = s == StrategyKind::zero3 ? fs * (g + 2 * p) : fs * (g + p);
-  return {intra, 2 * fg * g / S};
-}
-
-double comm_theory(StrategyKind s, double params, int world, const TrainConfig& c) {
-  if (c.strategy.hybrid()) {
-    auto t = hybrid_theory(s, params, world, c.strategy.dims.dp_shard, c);
-    return t[0] + t[1];
-  }
-  if (world == 1) return 0;
-  const double n = world, f = (n - 1) / n;
-  const double p = params * static_cast<double>(dtype_size(c.strategy.precision.param_dtype));
-  const double g = params * static_cast<double>(dtype_size(c.strategy.precision.reduce_dtype));
-  switch (s) {
-    case StrategyKind::ddp: return 2 * f * g;  // all-reduce of the gradients
-    case StrategyKind::zero1:
-    case StrategyKind::zero2: return f * (g + p);  // reduce-scatter + all-gather
-    case StrategyKind::zero3: return f * (g + 2 * p);  // gather for forward and backward + reduce-scatter
-    case StrategyKind::dp: break;
-  }
-  // dp: broadcast the parameters, reduce the gradients, gather the logits, scatter their gradient.
-  const double logits = 4.0 * static_cast<double>(c.batch) * static_cast<double>(c.spec.seq * c.spec.vocab);
-  return p + g + 2 * f * logits;
+// The textbook traffic of the strategy's pattern (shard/strategy_formulas.hpp) for this run.
+StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig& c) {
+  return step_traffic(s, TrafficInputs{params, world, c.strategy.hybrid() ? c.strategy.dims.dp_shard : 0, c.strategy.precision.param_dtype,
+                                       c.strategy.precision.reduce_dtype, c.batch, c.spec.seq, c.spec.vocab});
 }
 
 // The trainer for one strategy, or null with r.error set when it does not fit the budget. A step
@@ -128,15 +102,15 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   r.memory = trainer->memory_row(r.name);
   r.ms_per_step = median(ms);
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
-  r.comm_theory = comm_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
+  const StepTraffic theory = traffic(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
+  r.comm_theory = theory.total_bus();
   if (tc.strategy.hybrid()) {
     r.dp_shard = tc.strategy.dims.dp_shard;
     const auto& axis = trainer->mesh().last_step_bytes();
     r.comm_intra = axis[static_cast<int>(CommAxis::dp_shard)];
     r.comm_inter = axis[static_cast<int>(CommAxis::dp_replicate)];
-    auto t = hybrid_theory(kind, static_cast<double>(trainer->num_params()), comm->world_size(), r.dp_shard, tc);
-    r.theory_intra = t[0];
-    r.theory_inter = t[1];
+    r.theory_intra = theory.intra_bus();
+    r.theory_inter = theory.across_bus();
   }
   collect_peaks(*comm, peak, r);
   return r;

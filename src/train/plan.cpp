@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "shard/strategy_formulas.hpp"
 #include "src/core/units.hpp"
 #include "src/model/model.hpp"
 #include "src/train/predict.hpp"
@@ -54,27 +55,19 @@ void predict_time(const PlanConfig& c, double psi, PlanEntry& e) {
   if (e.checkpointing == Checkpointing::attention) per_token += L * C * T;
   const double tokens = double(e.micro_batch * e.accum) * T, accum = double(e.accum);
   const double compute = tokens * per_token / c.rates.flops;
-  const double p = double(dtype_size(c.train.strategy.precision.param_dtype)) * psi;
-  const double g = double(dtype_size(c.train.strategy.precision.reduce_dtype)) * psi;
   const int N = c.world, S = e.strategy.dims.dp_shard > 0 ? e.strategy.dims.dp_shard : N, G = N / S;
-  const double fs = (S - 1.0) / S, fg = (G - 1.0) / G, fn = (N - 1.0) / N;
+  const StepTraffic t = step_traffic(e.strategy.kind, TrafficInputs{psi, N, e.strategy.dims.dp_shard,
+                                                                    c.train.strategy.precision.param_dtype,
+                                                                    c.train.strategy.precision.reduce_dtype});
   const double bw_s = link_for(c, S, true), bw_g = link_for(c, G, false), bw_n = link_for(c, N, true);
-  double hidden = 0, exposed = 0;  // seconds of communication that can overlap compute, and that cannot
-  const double inter = 2 * fg * g / S / bw_g;  // hybrid: the reduced shard across groups
-  switch (e.strategy.kind) {
-    case StrategyKind::ddp: hidden = 2 * fn * g / bw_n; break;
-    case StrategyKind::zero1: hidden = fs * g / bw_s + inter, exposed = fs * p / bw_s; break;
-    case StrategyKind::zero2: hidden = accum * (fs * g / bw_s + inter), exposed = fs * p / bw_s; break;
-    case StrategyKind::zero3: hidden = accum * (fs * (2 * p + g) / bw_s + inter); break;
-    case StrategyKind::dp: break;
-  }
+  // Seconds of communication that can overlap compute, and that cannot (zero1/2's gather after the update).
+  const double hidden = (t.per_micro ? accum : 1.0) * (t.group_overlapped_bus() / bw_s + t.across_bus() / bw_g) +
+                        t.world_bus() / bw_n;
+  const double exposed = t.group_exposed_bus() / bw_s;
   const double shard = psi / S;  // elements this rank updates
   double offload = 0, optimizer = shard / c.rates.device_adamw;
   if (e.strategy.offload != Offload::none) {
-    const double gs = g / S, ps = p / S;
-    const double copies = (e.strategy.kind == StrategyKind::zero1 ? 1 : accum) * gs + ps +
-                          (e.strategy.offload == Offload::params ? 2 * accum * ps : 0);
-    offload = copies / c.rates.host_link;
+    offload = t.host_link(e.strategy.offload, accum) / c.rates.host_link;
     optimizer = shard / c.rates.host_adamw;
   }
   const double hide = c.rates.overlap * std::min(hidden, compute);

@@ -1,29 +1,21 @@
 #include "src/train/predict.hpp"
 
 #include "src/comm/sim_comm.hpp"
+#include "src/train/trainer.hpp"
 
 namespace shardlab {
 
 namespace {
 
-// Only what shapes a step's memory, from the run's configuration, for `micro_batch` sequences per
-// rank and micro-step.
-TrainConfig step_config(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline) {
+// The run of one step of `step` with `micro_batch` sequences per rank and micro-step: only the
+// StepConfig part of a TrainConfig is set (data, validation, checkpoints, logs and samples are not
+// part of a step, and their options must not be validated here).
+TrainConfig step_config(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline) {
   SHARD_REQUIRE(world >= 1 && rank >= 0 && rank < world, "predict: rank {} of a world of {}", rank, world);
   SHARD_REQUIRE(micro_batch >= 1 && micro_batch <= (int64_t{1} << 24), "--micro-batch {}: expected 1 to 16777216",
                 micro_batch);
-  // Only what shapes a training step's memory is taken from the run (an allowlist: data, validation,
-  // checkpoints, logs and samples are not part of a step, and their options must not be validated here).
   TrainConfig c;
-  c.spec = cfg.spec;
-  c.strategy = cfg.strategy;
-  c.optim = cfg.optim;
-  c.schedule = cfg.schedule;
-  c.accum = cfg.accum;
-  c.checkpointing = cfg.checkpointing;
-  c.grad_clip = cfg.grad_clip;
-  c.seed = cfg.seed;
-  c.comm = cfg.comm;
+  static_cast<StepConfig&>(c) = step;
   c.batch = micro_batch * c.accum * world;
   c.steps = 1;
   c.record_step = timeline;
@@ -37,8 +29,8 @@ std::shared_ptr<TokenStream> stand_in(int64_t tokens) {
 
 }  // namespace
 
-Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline) {
-  TrainConfig c = step_config(cfg, world, rank, micro_batch, timeline);
+Estimate predict_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline) {
+  TrainConfig c = step_config(step, world, rank, micro_batch, timeline);
   auto be = make_meta_backend();
   Pool pool(*be);  // no budget: the prediction says how much; callers compare it with theirs
   auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
@@ -47,8 +39,8 @@ Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro
   return t.measured_step();
 }
 
-Estimate predict_eval(const TrainConfig& cfg, int world, int rank, int64_t micro_batch) {
-  TrainConfig c = step_config(cfg, world, rank, micro_batch, false);
+Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro_batch) {
+  TrainConfig c = step_config(step, world, rank, micro_batch, false);
   // A stand-in stream whose second half holds exactly one global batch of validation sequences.
   const int64_t half = c.batch * c.spec.seq + 1;
   c.val_fraction = 0.5;

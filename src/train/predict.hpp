@@ -10,15 +10,16 @@
 // activation memory, and measured = predicted against real runs over MPI.
 #pragma once
 #include "memory/estimate.hpp"
-#include "src/train/trainer.hpp"
+#include "src/train/step_config.hpp"
 
 namespace shardlab {
 
-// Rank `rank` of `world` running cfg with micro-batches of `micro_batch` sequences (cfg.batch and
-// cfg.data are ignored). With `timeline`, the step's allocations are kept in the result.
-Estimate predict_step(const TrainConfig& cfg, int world, int rank, int64_t micro_batch, bool timeline = true);
+// Rank `rank` of `world` running a step of `step` with micro-batches of `micro_batch` sequences (a
+// TrainConfig passes as its StepConfig: its batch, data and the rest are not part of a step).
+// With `timeline`, the step's allocations are kept in the result.
+Estimate predict_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline = true);
 // The same for an evaluation pass (validation: forward only, units gathered and freed as in a
 // training forward): its peak and composition; model_states as for the step.
-Estimate predict_eval(const TrainConfig& cfg, int world, int rank, int64_t micro_batch);
+Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro_batch);
 
 }  // namespace shardlab

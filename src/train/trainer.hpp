@@ -12,27 +12,25 @@
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/train/data.hpp"
+#include "src/train/step_config.hpp"
 #include "src/train/tokenizer.hpp"
 #include "src/train/sample.hpp"
 
 namespace shardlab {
 
-// SIGTERM and SIGUSR1 ask a run to save and stop after the current step (trainer.cpp). Every run
+struct CheckpointState;  // checkpoint.hpp
+
+// SIGTERM and SIGUSR1 ask a run to save and stop after the current step (run.cpp). Every run
 // installs this; it is here for the test that signals a process busy in GEMMs.
 void install_stop_signals();
 int stop_signal();  // the last stop signal received since install_stop_signals (0 = none)
 
-struct TrainConfig {
-  ModelSpec spec;
-  StrategyConfig strategy;
+// A run: the steps (StepConfig's fields: spec, strategy, accum, seed, optim, schedule, grad_clip,
+// comm, checkpointing) and everything around them.
+struct TrainConfig : StepConfig {
   std::string data = "synthetic";
   int64_t steps = 200;
   int64_t batch = 8;  // global, in sequences: world x micro-batch x accum
-  int64_t accum = 1;  // micro-steps per step
-  uint64_t seed = 1337;
-  OptimConfig optim;
-  LrSchedule schedule;
-  float grad_clip = 1.f;     // 0 = off
   std::string init;          // safetensors to start from
   std::string log_path;      // JSONL, one object per step (rank 0)
   std::string save_path;     // safetensors written at the end (rank 0)
@@ -44,8 +42,6 @@ struct TrainConfig {
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
   bool check_collectives = false;  // compare every collective's fingerprint across ranks first
-  CommKind comm = CommKind::mpi;   // the transport (--comm, resolved): predictions hold what it holds
-  Checkpointing checkpointing = Checkpointing::none;  // --activation-checkpointing
   bool shuffle = false;            // permute each epoch's sequences from (seed, epoch) (data.hpp)
   // Validation: a separate source, or the last val_fraction of the token stream (never trained on).
   std::string val_data;       // "" = none
@@ -89,8 +85,6 @@ class Trainer {
   // hooks (the context is the last `seq` tokens); every rank returns the same tokens.
   std::vector<int32_t> generate(std::vector<int32_t> prompt, const SampleConfig& c);
   int64_t val_batches() const { return val_batches_; }
-  // The validation loss computed at the step being checkpointed (recorded in its manifest).
-  std::optional<float> checkpoint_val_loss() const { return checkpoint_val_loss_; }
   int64_t start_step() const { return start_step_; }  // after a resume: the steps already done
   int64_t skipped_steps() const { return skipped_steps_; }  // non-finite steps skipped (--skip-nonfinite)
   // The whole run: progress to `out` (rank 0), the JSONL log, checkpoints, the final save. On
@@ -118,6 +112,7 @@ class Trainer {
 
  private:
   class EvalScope;
+  CheckpointState checkpoint_state();  // what save_checkpoint and load_checkpoint work on
   void print_header(std::FILE* out) const;
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
   bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);
@@ -137,7 +132,7 @@ class Trainer {
   BatchLoader loader_;
   std::unique_ptr<BatchLoader> val_loader_;  // one global batch per "step", no shuffle
   int64_t val_batches_ = 0;
-  std::optional<float> checkpoint_val_loss_;
+  std::optional<float> checkpoint_val_loss_;  // computed at the step being checkpointed (its manifest records it)
   float best_val_loss_ = INFINITY;  // --save-best: the lowest so far (from the best checkpoint on resume)
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Strategy> strategy_;

@@ -1,0 +1,249 @@
+// run.cpp — Trainer::run: the loop around the steps and what it prints and writes (progress lines,
+// the JSONL log, validation, samples, checkpoints, the final summary), and the stop signals that
+// end it with a checkpoint. The step itself, evaluation and sampling are in trainer.cpp.
+#include <pthread.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "src/core/units.hpp"
+#include "src/train/checkpoint.hpp"
+#include "src/train/trainer.hpp"
+
+namespace shardlab {
+
+namespace {
+
+// What the run prints at its end: the loss from its first step to its last, and the throughput
+// of every step but the first (which warms caches and allocators) when there are others.
+struct RunSummary {
+  StepStats first, last;
+  double total_ms = 0, total_tokens = 0;
+  int64_t timed_steps = 0;
+  uint64_t peak = 0;
+  float min_loss = INFINITY;
+  std::optional<float> last_val;
+  void add(const StepStats& s, bool first_step, bool timed, double tokens) {
+    if (first_step) first = s;
+    last = s;
+    if (timed) total_ms += s.ms, total_tokens += tokens, ++timed_steps;
+    peak = std::max(peak, s.peak_bytes);
+    min_loss = std::min(min_loss, s.loss);
+  }
+};
+
+void print_step(std::FILE* out, const StepStats& s, int64_t steps) {
+  // The host tier's peak appears once anything lives there (--offload).
+  const std::string host =
+      s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
+  std::fprintf(out, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s%s | comm %s\n",
+               static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, s.lr, s.grad_norm, s.ms,
+               s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(),
+               format_bytes(s.comm_bytes).c_str());
+  std::fflush(out);
+}
+
+void print_val(std::FILE* out, const StepStats& s, int64_t steps, double ms, bool best) {
+  std::fprintf(out, "step %5lld/%lld | val loss %.4f | %7.1f ms%s\n", static_cast<long long>(s.step),
+               static_cast<long long>(steps), *s.val_loss, ms, best ? " | best" : "");
+  std::fflush(out);
+}
+
+void log_step(std::ofstream& log, const StepStats& s) {
+  nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
+                      {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
+                      {"peak_bytes", s.peak_bytes}, {"host_peak_bytes", s.host_peak_bytes},
+                      {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes}};
+  if (s.val_loss) j["val_loss"] = *s.val_loss;
+  log << j.dump() << '\n';
+  log.flush();  // a killed run keeps every finished step
+}
+
+// Preemption: the handler only records the signal; the run loop acts on it between steps.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+}  // namespace
+
+// Installs the handlers when a run starts and keeps them for the rest of the process: a second
+// signal during the save, the reports or the shutdown is recorded and changes nothing. SA_RESTART:
+// a system call the signal interrupts (a checkpoint write) resumes instead of failing. SIGXFSZ is
+// ignored, so a write past `ulimit -f` (log, checkpoint) is an error naming the file.
+//
+// No thread that computes ever runs the handler: oneDNN's JIT sgemm keeps data below the stack
+// pointer, past the 128 bytes a signal frame leaves alone, and a handler run on top of it corrupted
+// the heap (one SIGTERM in a few dozen, in the fault tests; every time in a loop of sgemm calls
+// signalled every 5 ms). So the two signals are blocked in this thread, in the threads it starts
+// from now on and in the OpenMP workers, and one thread of their own waits for them. Threads that
+// existed before (MPI's) may still take one; they run no GEMM, and the handler only sets a flag.
+void install_stop_signals() {
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);
+  static std::once_flag waiter;
+  std::call_once(waiter, [] {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGUSR1);
+    on_every_cpu_thread([&stop] { pthread_sigmask(SIG_BLOCK, &stop, nullptr); });
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // this thread, had it no part in the pool
+    std::thread([stop] {
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&stop, &sig) == 0) g_stop_signal = sig;
+      }
+    }).detach();
+  });
+}
+
+int stop_signal() { return g_stop_signal; }
+
+// After step `done`: if any rank was signalled, every rank saves (all agree on the step) and the
+// run ends. Returns true when the run must stop.
+bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
+  const int64_t sig = comm_.all_max(static_cast<int64_t>(g_stop_signal));
+  if (sig == 0) return false;
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+  SHARD_REQUIRE(!cfg_.save_dir.empty(),
+                "received {} after step {}, but there is no --save-dir to save to: stopping without a checkpoint "
+                "(pass --save-dir to make a preempted run resumable)", name, done);
+  if (!saved) save_checkpoint(cfg_.save_dir, checkpoint_state(), {done, done, checkpoint_val_loss_}, cfg_.save_keep);
+  if (comm_.rank() == 0) {
+    std::fprintf(out, "saved step %lld on %s\n", static_cast<long long>(done), name);
+    std::fflush(out);
+  }
+  return true;
+}
+
+// After step t: validate when due (filling s.val_loss); returns whether it is a new best.
+bool Trainer::maybe_validate(int64_t t, StepStats& s, std::FILE* out) {
+  checkpoint_val_loss_.reset();
+  if (!val_loader_ || !cfg_.validates_after(t)) return false;
+  auto v0 = std::chrono::steady_clock::now();
+  s.val_loss = evaluate();
+  checkpoint_val_loss_ = s.val_loss;
+  const bool new_best = cfg_.save_best && *s.val_loss < best_val_loss_;
+  if (new_best) best_val_loss_ = *s.val_loss;
+  if (comm_.rank() == 0)
+    print_val(out, s, cfg_.steps, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - v0).count(),
+              new_best);
+  return new_best;
+}
+
+// After step t: a sample from rank 0 when --sample-every says so (collective: every rank runs it).
+void Trainer::maybe_sample(int64_t t, std::FILE* out) {
+  if (cfg_.sample_every <= 0 || !((t + 1) % cfg_.sample_every == 0 || t + 1 == cfg_.steps)) return;
+  SampleConfig c = cfg_.sample;
+  c.seed = cfg_.seed;
+  c.stream = static_cast<uint64_t>(t + 1);
+  const auto prompt = encode_prompt(cfg_.sample_prompt, cfg_.spec.vocab, cfg_.tokenizer.get());
+  const auto tokens = generate(prompt, c);
+  if (comm_.rank() != 0) return;
+  std::fprintf(out, "step %5lld/%lld | sample: %s\n", static_cast<long long>(t + 1), static_cast<long long>(cfg_.steps),
+               decode_tokens(tokens, cfg_.spec.vocab, cfg_.tokenizer.get()).c_str());
+  std::fflush(out);
+}
+
+// After step t: a checkpoint when due (periodic, the last step, a new best); returns whether saved.
+bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
+  const bool root = comm_.rank() == 0;
+  const bool due = !cfg_.save_dir.empty() &&
+                   ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
+  if (!due) return false;
+  std::string where = save_checkpoint(cfg_.save_dir, checkpoint_state(), {t + 1, t + 1, checkpoint_val_loss_}, cfg_.save_keep);
+  if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
+  if (new_best && root) {
+    mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
+    std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
+  }
+  return true;
+}
+
+void Trainer::print_header(std::FILE* out) const {
+  std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s, %s communicator\n", cfg_.spec.describe().c_str(),
+               cfg_.strategy.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
+               be_.describe().c_str(), comm_.name().c_str());
+  if (const Backend::DeviceMemory m = be_.device_memory(); m.total)
+    std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
+                 format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),
+                 format_bytes(double(m.outside_pool())).c_str(), format_bytes(double(pool_.budget())).c_str());
+  std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld%s), global batch %lld, %lld steps, %s lr %.2e\n",
+               data_.train->source.c_str(), data_.train->tokens.size(), static_cast<long long>(loader_.num_sequences()),
+               static_cast<long long>(cfg_.spec.seq), cfg_.shuffle ? ", shuffled per epoch" : "",
+               static_cast<long long>(cfg_.batch), static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind),
+               cfg_.schedule.lr);
+  if (val_loader_)
+    std::fprintf(out, "  validation %s: %lld batches of %lld sequences (%lld requested), every %s\n",
+                 data_.val->source.c_str(), static_cast<long long>(val_batches_), static_cast<long long>(cfg_.batch),
+                 static_cast<long long>(cfg_.val_batches),
+                 cfg_.val_every > 0 ? fmt::format("{} steps and at the end", cfg_.val_every).c_str() : "run's end");
+  if (cfg_.checkpointing != Checkpointing::none || cfg_.strategy.offload != Offload::none) {
+    const uint64_t dev = pool_.budget(), host = pool_.host().budget();
+    std::fprintf(out, "  memory levers: activation checkpointing %s, offload %s; budgets: device %s, host %s\n",
+                 checkpointing_name(cfg_.checkpointing), offload_name(cfg_.strategy.offload),
+                 dev ? format_bytes(static_cast<double>(dev)).c_str() : "none",
+                 host ? format_bytes(static_cast<double>(host)).c_str() : "none");
+  }
+  if (!resumed_from_.empty())
+    std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));
+  std::fflush(out);
+}
+
+StepStats Trainer::run(std::FILE* out) {
+  const bool root = comm_.rank() == 0;
+  std::ofstream log;
+  if (root && !cfg_.log_path.empty()) {
+    log.open(cfg_.log_path, std::ios::trunc);
+    SHARD_REQUIRE(log.good(), "cannot write --log file '{}'", cfg_.log_path);
+  }
+  if (start_step_ >= cfg_.steps) {
+    if (root) std::fprintf(out, "nothing to do: the checkpoint is at step %lld of %lld\n",
+                           static_cast<long long>(start_step_), static_cast<long long>(cfg_.steps));
+    return {};
+  }
+  if (root) print_header(out);
+  install_stop_signals();
+  RunSummary sum;
+  for (int64_t t = start_step_; t < cfg_.steps; ++t) {
+    StepStats s = step(t);
+    sum.add(s, t == start_step_, t > start_step_ || cfg_.steps == start_step_ + 1,
+            static_cast<double>(cfg_.batch * cfg_.spec.seq));
+    if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) print_step(out, s, cfg_.steps);
+    const bool new_best = maybe_validate(t, s, out);
+    if (s.val_loss) sum.last_val = s.val_loss;
+    if (log.is_open()) log_step(log, s);
+    maybe_sample(t, out);
+    const bool save_now = maybe_checkpoint(t, new_best, out);
+    if (stop_requested(t + 1, save_now, out)) return s;
+  }
+  if (root)
+    std::fprintf(out, "done: %lld steps, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",
+                 static_cast<long long>(cfg_.steps), sum.first.loss, sum.last.loss, sum.min_loss,
+                 sum.total_ms / static_cast<double>(sum.timed_steps),
+                 sum.total_tokens / (sum.total_ms / 1e3), format_bytes(static_cast<double>(sum.peak)).c_str());
+  if (root && sum.last_val) std::fprintf(out, "validation loss at the end: %.4f\n", *sum.last_val);
+  if (root && skipped_steps_ > 0)
+    std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm (--skip-nonfinite)\n",
+                 static_cast<long long>(skipped_steps_));
+  if (!cfg_.save_path.empty()) {
+    save(cfg_.save_path);
+    if (root) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
+  }
+  StepStats last = sum.last;
+  last.val_loss = sum.last_val;  // the validation after the last step (it comes after sum.add)
+  return last;
+}
+
+
+}  // namespace shardlab
