@@ -10,6 +10,11 @@
 
 namespace shardlab {
 
+std::string default_rates_source() {
+  return fmt::format("defaults: one {} per rank, 8 per node ({:g} TFLOP/s dense bf16 at {:g}%)", kH100.name,
+                     kH100.dense_bf16_tflops, kStepPeakShare * 100);
+}
+
 void PlanConfig::validate() const {
   train.spec.validate();
   SHARD_REQUIRE(world >= 1 && world <= (1 << 20), "--world {}: expected at least one rank", world);
