@@ -694,16 +694,17 @@ int cmd_bench_collectives(const std::vector<std::string>& args, const MpiRuntime
   const Device dev = parse_device(device);
   std::unique_ptr<Backend> backend = make_device_backend(dev, common, mpi);
   Pool pool(*backend, pool_config(common));
-  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Communicator> comm, alone;
   if (comm_kind == "sim") {
     SHARD_REQUIRE(mpi.world() == 1, "--comm sim runs in one process; started with {} ranks", mpi.world());
     SHARD_REQUIRE(sim_world >= 1, "--comm sim needs --sim-world N (N >= 1)");
     comm = make_sim_communicator(0, sim_world, pool);
+    alone = make_sim_communicator(0, 1, pool);  // the processes that run: this one
   } else {
     SHARD_REQUIRE(sim_world == 0, "--sim-world is for --comm sim");
     comm = world_group(mpi, comm_for(comm_kind, dev, mpi)).connect(pool);
   }
-  uint64_t wrong = run_collective_benchmark(*comm, pool, cfg, stdout);
+  uint64_t wrong = run_collective_benchmark(*comm, alone ? *alone : *comm, pool, cfg, stdout);
   comm.reset();
   return wrong == 0 ? kOk : kWrongResults;
 }
