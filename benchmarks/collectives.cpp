@@ -1,8 +1,7 @@
 #include "benchmarks/collectives.hpp"
 
-#include <mpi.h>
-
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <sstream>
 
@@ -145,7 +144,8 @@ std::vector<CommOp> parse_comm_ops(const std::string& list) {
   return ops;
 }
 
-uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const CollectiveBenchConfig& cfg, std::FILE* out) {
+uint64_t run_collective_benchmark(Communicator& comm, Communicator& processes, Pool& pool,
+                                  const CollectiveBenchConfig& cfg, std::FILE* out) {
   SHARD_REQUIRE(cfg.min_bytes >= 1 && cfg.min_bytes <= cfg.max_bytes, "benchmark sizes: min {} > max {}",
                 cfg.min_bytes, cfg.max_bytes);
   SHARD_REQUIRE(cfg.step_factor >= 2, "benchmark size step factor must be at least 2, got {}", cfg.step_factor);
@@ -173,13 +173,18 @@ uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const Collecti
       for (int i = 0; i < cfg.warmup; ++i) issue(comm, op, b).wait();
       be.synchronize();  // on a GPU, wait() orders streams; the clock needs the work done
       comm.barrier().wait();
-      double t0 = MPI_Wtime();
+      const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < cfg.iters; ++i) issue(comm, op, b).wait();
       be.synchronize();
-      double local = (MPI_Wtime() - t0) / cfg.iters, slowest = 0;
-      MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      unsigned long long wrong = checked_call(be, comm, op, b), all_wrong = 0;
-      MPI_Allreduce(&wrong, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      const int64_t local_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - t0).count();
+      // The slowest process's time and every process's wrong elements, over the control channel
+      // (not counted as traffic; never between the timed calls).
+      const double slowest = static_cast<double>(processes.all_max(local_ns)) / 1e9 / cfg.iters;
+      const uint64_t wrong = checked_call(be, comm, op, b);
+      uint64_t all_wrong = 0;
+      for (uint64_t w : processes.gather_u64(std::span<const uint64_t>(&wrong, 1))) all_wrong += w;
+      all_wrong = static_cast<uint64_t>(processes.all_max(static_cast<int64_t>(all_wrong)));  // from rank 0
       total_wrong += all_wrong;
       double bytes = static_cast<double>(count) * elt;
       double algbw = bytes / slowest / 1e9;
@@ -188,7 +193,8 @@ uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const Collecti
         bool rooted = op == CommOp::broadcast || op == CommOp::reduce || op == CommOp::gather || op == CommOp::scatter;
         std::fprintf(out, " %12.0f %12lld %6s %6s %5s %12.1f %12.3f %12.3f %8llu\n", bytes,
                      static_cast<long long>(count), dtype_name(cfg.dtype), reduces ? "sum" : "none",
-                     rooted ? "0" : "-1", slowest * 1e6, algbw, algbw * bus_factor(op, world), all_wrong);
+                     rooted ? "0" : "-1", slowest * 1e6, algbw, algbw * bus_factor(op, world),
+                     static_cast<unsigned long long>(all_wrong));
         std::fflush(out);
       }
     }

@@ -30,8 +30,12 @@ struct CollectiveBenchConfig {
   int iters = 10;
 };
 
-// Prints the tables on rank 0 (to `out`); returns the number of wrong elements over all ranks.
-uint64_t run_collective_benchmark(Communicator& comm, Pool& pool, const CollectiveBenchConfig& cfg, std::FILE* out);
+// Times `comm`'s collectives and prints the tables on rank 0 (to `out`); returns the number of
+// wrong elements over all ranks, on every rank. `processes` spans the processes that really run:
+// times and wrong counts are combined over it. It is `comm` itself, except under the sim
+// communicator, where one process stands in for every rank (then a sim world of one).
+uint64_t run_collective_benchmark(Communicator& comm, Communicator& processes, Pool& pool,
+                                  const CollectiveBenchConfig& cfg, std::FILE* out);
 
 // "all_reduce,all_gather" -> ops; throws InputError on an unknown name.
 std::vector<CommOp> parse_comm_ops(const std::string& list);

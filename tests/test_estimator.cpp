@@ -150,7 +150,7 @@ TEST_CASE("activation checkpointing removes what Korthikanti et al. say it remov
   CHECK(blocks > L * 4 * s * b * h);
 }
 
-TEST_CASE("profile --budget names the cheapest levers that fit, and they fit", "[estimator][profile]") {
+TEST_CASE("profile --device-memory names the cheapest levers that fit, and they fit", "[estimator][profile]") {
   ProfileConfig pc;
   pc.train = config("gpt2-xl", StrategyKind::ddp, DType::bf16);
   pc.world = 8;

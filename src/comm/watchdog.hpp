@@ -19,9 +19,11 @@
 #include <cstdint>
 #include <string>
 
+#include "src/core/exit_code.hpp"
+
 namespace shardlab {
 
-inline constexpr int kExitTimeout = 5;  // README, "Exit codes"
+inline constexpr int kExitTimeout = exit_status(ExitCode::collective_timeout);
 
 class Watchdog {
  public:

@@ -11,6 +11,11 @@
 
 namespace shardlab {
 
+std::string default_rates_source() {
+  return fmt::format("defaults: one {} per rank, 8 per node ({:g} TFLOP/s dense bf16 at {:g}%)", kH100.name,
+                     kH100.dense_bf16_tflops, kStepPeakShare * 100);
+}
+
 void PlanConfig::validate() const {
   train.spec.validate();
   SHARD_REQUIRE(world >= 1 && world <= (1 << 20), "--world {}: expected at least one rank", world);
@@ -88,7 +93,8 @@ std::vector<PlanEntry> make_plan(const PlanConfig& c) {
   const int64_t per_rank = global_batch(c) / N;
   const double psi = static_cast<double>(num_params(gpt2_layout(c.train.spec)));
   std::vector<int> groups = {0};
-  if (K > 1 && K < N && N % K == 0) groups.push_back(K);
+  if (c.dp_shard >= 0) groups = {c.dp_shard};
+  else if (K > 1 && K < N && N % K == 0) groups.push_back(K);
   std::vector<PlanEntry> plan;
   for (StrategyKind k : {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3})
     for (int S : groups)

@@ -13,25 +13,31 @@
 //   offload   gradient shards down and parameters up over rates.host_link (params: each gather's
 //             upload too), and AdamW at rates.host_adamw elements/s; without offload AdamW runs at
 //             rates.device_adamw
-// It is a model: its error is measured by --measure (README: "Planning").
+// It is a model: its error is measured by --measure-top (README: "Planning").
 #pragma once
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "src/core/device_peaks.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
 
+// Share of the device's dense peak that a whole training step achieves (the default rates, and
+// --device-tflops): kernels outside GEMMs, launch gaps, imperfect tiles.
+inline constexpr double kStepPeakShare = 0.45;
+std::string default_rates_source();  // "defaults: one H100 per rank, ..." (device_peaks.hpp)
+
 struct PlanRates {
-  double flops = 989e12 * 0.45;    // model FLOP/s a whole step achieves per rank
-  double link_intra = 360e9;       // bus bytes/s between ranks of one node (NVLink)
-  double link_inter = 45e9;        // bus bytes/s between nodes (400 Gb/s InfiniBand per GPU)
-  double host_link = 25e9;         // bytes/s device <-> host (PCIe 5 x16, achieved)
+  double flops = kH100.dense_bf16_tflops * 1e12 * kStepPeakShare;  // model FLOP/s a whole step achieves per rank
+  double link_intra = kH100.intra_node_gbs * 1e9;   // bus bytes/s between ranks of one node (NVLink)
+  double link_inter = kH100.inter_node_gbs * 1e9;   // bus bytes/s between nodes (InfiniBand)
+  double host_link = kH100.host_link_gbs * 1e9;     // bytes/s device <-> host (PCIe, achieved)
   double host_adamw = 1.5e9;       // elements/s of the host optimizer (per rank)
   double device_adamw = 1e11;      // elements/s of the device optimizer (HBM3: 28 bytes each)
   double overlap = 0.9;            // share of overlappable communication hidden behind compute
-  std::string source = "defaults: one H100 per rank, 8 per node (989 TFLOP/s dense bf16 at 45%)";
+  std::string source = default_rates_source();
 };
 
 struct PlanConfig {
@@ -41,6 +47,7 @@ struct PlanConfig {
   uint64_t device_memory = 0;  // per rank; required
   uint64_t host_memory = 0;    // per rank; 0 = unlimited
   int64_t global_batch = 0;    // sequences per step; 0 = 8 per rank
+  int dp_shard = -1;           // the shard groups tried: -1 = the world and a node; 0 = the world; S = S
   PlanRates rates;
   void validate() const;
 };

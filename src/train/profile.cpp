@@ -190,7 +190,7 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
   SHARD_REQUIRE(cfg.world >= 1, "--world {}: expected at least one rank", cfg.world);
   SHARD_REQUIRE(cfg.micro_batch >= 1, "--micro-batch {}: expected at least one sequence", cfg.micro_batch);
   SHARD_REQUIRE(!cfg.strategies.empty(), "--strategies: name at least one strategy");
-  SHARD_REQUIRE(cfg.host_budget == 0 || cfg.budget > 0, "--host-budget needs --budget (the device tier's)");
+  SHARD_REQUIRE(cfg.host_budget == 0 || cfg.budget > 0, "--host-memory needs --device-memory (the device tier's)");
   cfg.train.spec.validate();
   cfg.train.strategy.under(StrategyKind::zero3).validate();  // each row applies what its strategy allows
   SHARD_REQUIRE(!cfg.measure || group.size == 1 || group.size == cfg.world,

@@ -11,9 +11,9 @@ struct ProfileConfig {
   int world = 8;              // the world size to profile
   int64_t micro_batch = 4;    // sequences per rank per micro-step
   std::vector<StrategyKind> strategies = all_strategies();
-  uint64_t budget = 0;        // per rank, device tier; 0 = none. With it: the cheapest levers that fit
+  uint64_t budget = 0;        // per rank, device tier (--device-memory); 0 = none. With it: the cheapest levers that fit
   bool measure = false;       // also run real steps and read the ledger
-  uint64_t host_budget = 0;   // per rank, host tier (--host-budget); 0 = none
+  uint64_t host_budget = 0;   // per rank, host tier (--host-memory); 0 = none
   PoolConfig pools;           // --device-memory and --host-memory for the measured runs (0 = none)
   int measure_steps = 2;
 };

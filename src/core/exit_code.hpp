@@ -1,0 +1,21 @@
+// exit_code.hpp — the exit codes of every shardlab program: the one table (README, "Exit codes").
+//
+// Under mpirun (or --nproc) the job's code is the failing rank's, so each code means one thing
+// whichever rank reports it. Scripts branch on them (tests/faults, scripts/gpu-check.sh): a code's
+// meaning never changes; a new failure kind gets a new number.
+#pragma once
+
+namespace shardlab {
+
+enum class ExitCode : int {
+  ok = 0,
+  bad_input = 1,           // an option, a file, a size: one line naming the value (InputError)
+  internal = 2,            // a failed check: file:line and the rank; every rank of the job ends
+  wrong_results = 3,       // compare's losses disagree, bench-collectives found wrong elements
+  out_of_memory = 4,       // past a rank's --device-memory or --host-memory budget, with what was live
+  collective_timeout = 5,  // a collective did not complete within --collective-timeout (ranks named)
+};
+
+constexpr int exit_status(ExitCode c) { return static_cast<int>(c); }
+
+}  // namespace shardlab

@@ -1,0 +1,57 @@
+// `shardlab compare`: the same model, data and seed under each strategy; exit 3 when losses disagree.
+#include <cstdio>
+
+#include "memory/report.hpp"
+#include "src/model/gpt2.hpp"
+#include "src/train/compare.hpp"
+#include "tools/command.hpp"
+#include "tools/options.hpp"
+#include "tools/runtime.hpp"
+
+namespace shardlab {
+
+ExitCode cmd_compare(const Args& args, const Context& ctx) {
+  cli::TrainOptions opts;
+  cli::ReportOptions reports;
+  CompareConfig cc;
+  cc.train.steps = 20;
+  std::string strategies = "dp,ddp,zero1,zero2,zero3";
+  cli::Desc desc = cli::command_options("compare");
+  cli::add_strategies(desc, strategies, "strategies to run, in order; the first is the loss reference");
+  desc.add_options()("tolerance", cli::po::value(&cc.tolerance)->default_value(cc.tolerance),
+                     "largest relative loss difference from the first strategy at any step");
+  opts.add(desc, cc.train);
+  reports.add(desc, "also write the results as JSON (schema shardlab.compare/1)",
+              "write a self-contained HTML memory report with SVG charts (rank 0)",
+              "write a Chrome trace-event file (Perfetto) of the last step: phases, collectives, memory per category");
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"compare"})) return ExitCode::ok;
+  opts.finish(cc.train, ctx, ctx.mpi.world());
+  cc.strategies = parse_strategy_list(strategies);
+  start_watchdog(ctx, opts.run.collective_timeout);
+  cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows
+  SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
+  auto backend = opts.backend(ctx);
+  const PoolConfig pools = opts.memory.pools(backend.get());
+  cc.budget = pools.budget;
+  cc.host_budget = pools.host_budget;
+  CompareResult r = run_compare(*backend, ctx.world(cc.train.comm), cc, stdout);
+  const bool root = ctx.mpi.rank() == 0;
+  if (root && !reports.json.empty()) write_text(reports.json, compare_json(cc, r, ctx.mpi.world()) + "\n", "--json");
+  if (root && (!reports.html.empty() || !reports.trace.empty())) {
+    MemoryReport report;
+    report.title = fmt::format("shardlab compare: {}, {} ranks, global batch {}, rank 0, last step of each strategy",
+                               cc.train.spec.describe(), ctx.mpi.world(), cc.train.batch);
+    report.unit_names = gpt2_unit_names(cc.train.spec);
+    for (const auto& run : r.runs)
+      if (!run.oom) report.rows.push_back(run.memory);
+    if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
+    if (!reports.trace.empty()) write_text(reports.trace, memory_trace_json(report), "--trace");
+  }
+  if (!r.agree) {
+    if (root) std::fprintf(stderr, "shardlab compare: the strategies' losses disagree: %s\n", r.disagreement.c_str());
+    return ExitCode::wrong_results;
+  }
+  return ExitCode::ok;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,52 @@
+// `shardlab profile`: predicted (and with --measure, measured) memory per rank, per category, for
+// every strategy at any world size; with --device-memory, what fits and the cheapest levers that do.
+#include <cstdio>
+
+#include "memory/report.hpp"
+#include "src/train/profile.hpp"
+#include "tools/command.hpp"
+#include "tools/options.hpp"
+#include "tools/runtime.hpp"
+
+namespace shardlab {
+
+ExitCode cmd_profile(const Args& args, const Context& ctx) {
+  cli::TrainOptions opts;
+  cli::ReportOptions reports;
+  ProfileConfig pc;
+  std::string strategies = "dp,ddp,zero1,zero2,zero3";
+  cli::Desc desc = cli::command_options("profile");
+  cli::add_world(desc, pc.world, "world size to profile");
+  desc.add_options()("micro-batch", cli::po::value(&pc.micro_batch)->default_value(pc.micro_batch),
+                     "sequences per rank per micro-step");
+  cli::add_strategies(desc, strategies, "strategies to profile");
+  cli::add_measure(desc, pc.measure,
+                   "also run real steps and print measured beside predicted (with fewer processes than --world, one "
+                   "process plays rank 0 through the sim communicator)");
+  cli::add_measure_steps(desc, pc.measure_steps, "steps per measured run");
+  opts.add(desc, pc.train);
+  reports.add(desc, "write the report as JSON (schema shardlab.profile/2)",
+              "write a self-contained HTML page with SVG charts",
+              "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"profile"})) return ExitCode::ok;
+  opts.finish(pc.train, ctx, pc.world);
+  pc.strategies = parse_strategy_list(strategies);
+  start_watchdog(ctx, opts.run.collective_timeout);
+  SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
+  SHARD_REQUIRE(reports.trace.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");
+  auto backend = opts.backend(ctx);
+  pc.pools = opts.memory.pools(backend.get());
+  // The prediction is held to the budgets given (on a GPU the pools' default is the device's free
+  // memory, which says nothing about the --world profiled); the host's only beside the device's.
+  pc.budget = opts.memory.device_memory.empty() ? 0 : pc.pools.budget;
+  pc.host_budget = pc.budget > 0 && !opts.memory.host_memory.empty() ? pc.pools.host_budget : 0;
+  MemoryReport r = run_profile(*backend, ctx.world(pc.train.comm), pc);
+  if (ctx.mpi.rank() != 0) return ExitCode::ok;
+  print_memory_table(r, stdout);
+  if (!reports.json.empty()) write_text(reports.json, memory_report_json(r) + "\n", "--json");
+  if (!reports.html.empty()) write_text(reports.html, memory_report_html(r), "--html");
+  if (!reports.trace.empty()) write_text(reports.trace, memory_trace_json(r), "--trace");
+  return ExitCode::ok;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,76 @@
+// `shardlab sample`: the model of an --init file or a checkpoint on one rank (a world of one under
+// DDP, so the forward is the strategies' own, forward only), prompt + sampled tokens on stdout.
+#include <algorithm>
+#include <cstdio>
+
+#include "src/comm/sim_comm.hpp"
+#include "src/train/checkpoint.hpp"
+#include "src/train/sample.hpp"
+#include "src/train/tokenizer.hpp"
+#include "src/train/trainer.hpp"
+#include "tools/command.hpp"
+#include "tools/options.hpp"
+#include "tools/runtime.hpp"
+
+namespace shardlab {
+
+ExitCode cmd_sample(const Args& args, const Context& ctx) {
+  cli::RunOptions run;
+  cli::MemoryOptions memory;
+  cli::ModelOptions model;
+  TrainConfig cfg;
+  SampleConfig sc;
+  std::string prompt, tokenizer_dir;
+  int64_t seed = static_cast<int64_t>(sc.seed);
+  cli::Desc desc = cli::command_options("sample");
+  cli::add_init(desc, cfg.init,
+                "the model: a safetensors file with HF GPT-2 names (its shape from --model and the overrides)");
+  cli::add_resume(desc, cfg.resume, "the model: a checkpoint directory (its shape from the manifest)");
+  desc.add_options()("prompt", cli::po::value(&prompt)->default_value(""),
+                     "text for byte-level models (vocab <= 256), token ids separated by spaces or commas otherwise; "
+                     "empty = a newline")(
+      "tokens", cli::po::value(&sc.tokens)->default_value(sc.tokens), "tokens to generate")(
+      "temperature", cli::po::value(&sc.temperature)->default_value(sc.temperature, "1.0"),
+      "softmax temperature (0 = greedy)")(
+      "top-k", cli::po::value(&sc.top_k)->default_value(sc.top_k),
+      "sample among the K most likely tokens (0 = all, 1 = greedy)");
+  cli::add_seed(desc, seed, "sampling seed: the same seed gives the same sample");
+  cli::add_tokenizer(desc, tokenizer_dir, "the prompt and the sample");
+  run.add(desc);
+  memory.add(desc);
+  model.add(desc);
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"sample"})) return ExitCode::ok;
+  SHARD_REQUIRE(ctx.mpi.world() == 1, "sample runs on one rank (started on {})", ctx.mpi.world());
+  SHARD_REQUIRE(cfg.init.empty() != cfg.resume.empty(), "sample needs exactly one model: --init FILE or --resume CKPT");
+  SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
+  sc.seed = static_cast<uint64_t>(seed);
+  if (!cfg.resume.empty()) {  // the checkpoint says what it holds
+    const Manifest m = read_manifest(cfg.resume);
+    cfg.spec = m.model;
+    cfg.optim.kind = parse_optimizer(m.optimizer.kind);
+    cfg.shuffle = m.shuffle;
+    cfg.seed = m.seed;
+    cfg.steps = std::max<int64_t>(m.step, 1);
+  } else {
+    cfg.spec = model.spec();
+  }
+  sc.validate(cfg.spec.vocab);
+  if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+  std::vector<int32_t> tokens = encode_prompt(prompt, cfg.spec.vocab, cfg.tokenizer.get());
+  SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= cfg.spec.seq,
+                "--prompt has {} tokens, more than the model's {} positions (--seq)", tokens.size(), cfg.spec.seq);
+  auto backend = make_cpu(run, ctx);
+  Pool pool(*backend, memory.pools());
+  auto comm = make_sim_communicator(0, 1, pool);
+  auto none = std::make_shared<TokenStream>(zero_stream(cfg.spec.seq + 1, "(sample: no data)"));  // no data read
+  Trainer trainer(*backend, pool, *comm, cfg, none);
+  const size_t given = tokens.size();
+  tokens = trainer.generate(tokens, sc);
+  if (given == 0) tokens.erase(tokens.begin());  // the newline that stood in for an empty prompt
+  std::string text = decode_tokens(tokens, cfg.spec.vocab, cfg.tokenizer.get());
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  return ExitCode::ok;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,93 @@
+// `shardlab train`: one training run under any strategy on any number of ranks.
+#include <cstdio>
+
+#include "memory/report.hpp"
+#include "src/comm/watchdog.hpp"
+#include "src/train/tokenizer.hpp"
+#include "src/train/trainer.hpp"
+#include "tools/command.hpp"
+#include "tools/options.hpp"
+#include "tools/runtime.hpp"
+
+namespace shardlab {
+namespace {
+
+// --json / --html / --trace of a finished run: rank 0's memory, and every rank's last step on the trace.
+void write_train_reports(Trainer& trainer, Communicator& comm, const cli::ReportOptions& reports, const StepStats& last,
+                         const MpiRuntime& mpi) {
+  const TrainConfig& cfg = trainer.config();
+  const std::string name = strategy_name(cfg.strategy.kind);
+  MemoryRow row = trainer.memory_row(name);
+  std::string events;  // one trace process per rank
+  append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), name), row.measured_timeline,
+                      {row.measured_states, row.measured_host.model_states}, row.measured_comm, trainer.unit_names(),
+                      last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt);
+  auto all = comm.gather_strings(events);
+  if (mpi.rank() != 0) return;
+  MemoryReport report;
+  report.title = fmt::format("shardlab train: {}, {} on {} ranks, global batch {}, rank 0, last step",
+                             cfg.spec.describe(), name, mpi.world(), cfg.batch);
+  report.unit_names = trainer.unit_names();
+  report.rows.push_back(row);
+  if (!reports.json.empty()) write_text(reports.json, memory_report_json(report) + "\n", "--json");
+  if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
+  if (!reports.trace.empty()) {
+    std::string joined;
+    for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
+    write_text(reports.trace, chrome_trace_document(joined), "--trace");
+  }
+}
+
+}  // namespace
+
+ExitCode cmd_train(const Args& args, const Context& ctx) {
+  cli::TrainOptions opts;
+  cli::ReportOptions reports;
+  TrainConfig cfg;
+  std::string tokenizer_dir;
+  cli::Desc desc = cli::command_options("train");
+  desc.add_options()("save", cli::po::value(&cfg.save_path)->default_value(""),
+                     "write the final weights to this safetensors file")(
+      "log", cli::po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
+      "print-every", cli::po::value(&cfg.print_every)->default_value(1), "progress line every k steps")(
+      "save-dir", cli::po::value(&cfg.save_dir)->default_value(""),
+      "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
+      "save-every", cli::po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
+      "save-keep", cli::po::value(&cfg.save_keep)->default_value(0),
+      "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all; "
+      "the --save-best checkpoint is always kept)")(
+      "sample-every", cli::po::value(&cfg.sample_every)->default_value(0),
+      "print a sample from rank 0 every K steps and at the end (0 = never); the parameters are gathered as in a "
+      "forward")(
+      "sample-prompt", cli::po::value(&cfg.sample_prompt)->default_value(""), "the samples' prompt (as sample --prompt)")(
+      "sample-tokens", cli::po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
+      "sample-temperature", cli::po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
+      "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step");
+  cli::add_tokenizer(desc, tokenizer_dir, "prompts and samples");
+  cli::add_switch(desc, "save-best", cfg.save_best,
+                  "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
+  cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,
+                  "skip the update of a step whose loss or gradient norm is not finite (default: stop with the step "
+                  "number)");
+  cli::add_resume(desc, cfg.resume,
+                  "resume from a checkpoint directory, or 'auto' for the newest complete one under --save-dir; any "
+                  "world size and strategy can resume any checkpoint");
+  opts.add(desc, cfg);
+  reports.add(desc, "write rank 0's memory report as JSON (schema shardlab.profile/2)",
+              "write a self-contained HTML memory report with SVG charts (rank 0)",
+              "write a Chrome trace-event file (Perfetto) of the last step: phases, collectives, memory per category");
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"train"})) return ExitCode::ok;
+  opts.finish(cfg, ctx, ctx.mpi.world());
+  if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+  cfg.record_step = reports.any();
+  start_watchdog(ctx, opts.run.collective_timeout);
+  auto backend = opts.backend(ctx);
+  Pool pool(*backend, opts.memory.pools(backend.get()));
+  auto comm = ctx.world(cfg.comm).connect(pool);
+  Trainer trainer(*backend, pool, *comm, cfg);
+  const StepStats last = trainer.run(stdout);
+  if (reports.any()) write_train_reports(trainer, *comm, reports, last, ctx.mpi);
+  return ExitCode::ok;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,439 @@
+#include "tools/options.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cstdio>
+#include <iostream>
+
+#include "src/core/units.hpp"
+#include "tools/runtime.hpp"
+
+namespace shardlab::cli {
+
+// ---- parsing ----------------------------------------------------------------------------------
+
+namespace {
+
+// Flags renamed so that one name means one thing (README, "Renamed options"). `accepted`: the old
+// spelling meant one thing, so it still works (with a note); otherwise it now means something else
+// in another command and is refused, naming the new spelling.
+struct Rename {
+  const char* command;
+  const char* from;
+  const char* to;
+  bool accepted;
+};
+constexpr Rename kRenames[] = {
+    {"profile", "budget", "device-memory", true},   // one concept: a rank's device budget
+    {"profile", "host-budget", "host-memory", true},
+    {"plan", "measure", "measure-top", false},      // profile's --measure is a switch
+    {"bench-gemm", "tokens", "rows", false},        // sample's --tokens counts generated tokens
+};
+
+// "--name" or "--name=value" -> name; anything else -> "".
+std::string long_name(const std::string& arg) {
+  if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) return "";
+  return arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+}
+
+void apply_renames(std::vector<std::string>& args, const char* command, int rank) {
+  for (std::string& a : args) {
+    if (a == "--") break;
+    const std::string name = long_name(a);
+    for (const Rename& r : kRenames) {
+      if (name != r.from || std::string(command) != r.command) continue;
+      SHARD_REQUIRE(r.accepted, "{} --{} is now --{} (README, \"Renamed options\")", command, r.from, r.to);
+      if (rank == 0) std::fprintf(stderr, "shardlab %s: --%s is now --%s\n", command, r.from, r.to);
+      a = "--" + std::string(r.to) + a.substr(2 + name.size());
+    }
+  }
+}
+
+bool is_bool_word(std::string w) {
+  for (char& c : w) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* b : {"true", "false", "1", "0", "yes", "no", "on", "off"})
+    if (w == b) return true;
+  return false;
+}
+
+// A switch's value may follow it as its own word (`--shuffle false`). Boost versions differ on
+// whether an option with an implicit value takes the next word, so join the two: every build reads
+// `--shuffle false` as false.
+void join_switch_values(std::vector<std::string>& args, const Desc& desc) {
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--") break;
+    if (args[i].find('=') != std::string::npos || long_name(args[i]).empty() || !is_bool_word(args[i + 1])) continue;
+    const po::option_description* o = nullptr;
+    try {
+      o = desc.find_nothrow(long_name(args[i]), true);
+    } catch (const po::error&) {  // ambiguous: the parser names it
+    }
+    if (o && dynamic_cast<const po::typed_value<bool>*>(o->semantic().get())) {
+      args[i] += "=" + args[i + 1];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+}
+
+}  // namespace
+
+Desc command_options(const char* command) {
+  Desc d(std::string(command) + " options");
+  d.add_options()("help,h", "show this command's options");
+  return d;
+}
+
+bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage) {
+  apply_renames(args, usage.command, rank);
+  join_switch_values(args, desc);
+  po::variables_map vm;
+  try {
+    po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
+    bool operand_taken = false;
+    for (po::option& o : parsed.options) {
+      if (!o.string_key.empty()) continue;  // a bare word: an operand, or a mistake
+      const std::string word = o.original_tokens.empty() ? "" : o.original_tokens[0];
+      SHARD_REQUIRE(usage.positional && !operand_taken,
+                    "unexpected argument '{}': every option is --name VALUE and switches take true or false "
+                    "(see `shardlab {} --help`)", word, usage.command);
+      o.string_key = usage.positional;
+      operand_taken = true;
+    }
+    po::store(parsed, vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw InputError(fmt::format("{} (see `shardlab {} --help`)", e.what(), usage.command));
+  }
+  if (!vm.count("help")) return true;
+  if (rank == 0)
+    std::cout << "usage: shardlab " << usage.command << " " << usage.operands << (*usage.operands ? " " : "")
+              << "[options]\n\n" << desc << "\n";
+  return false;
+}
+
+void add_switch(Desc& d, const char* name, bool& value, const char* help) {
+  d.add_options()(name,
+                  po::value<bool>(&value)
+                      ->default_value(value, value ? "true" : "false")
+                      ->implicit_value(true, "")  // shown as the value name: "--flag [true|false] (=false)"
+                      ->value_name("[true|false]"),
+                  help);
+}
+
+// ---- run ----------------------------------------------------------------------------------------
+
+void RunOptions::add(Desc& d, bool with_device, bool with_comm, const char* comm_note) {
+  Desc g("run");
+  g.add_options()("threads", po::value(&threads)->default_value(threads),
+                  "CPU threads per rank; 0 = usable cores / ranks on this node")(
+      "cpu-gemm", po::value(&cpu_gemm)->default_value(cpu_gemm),
+      "sgemm library of the cpu backend: auto (picked per product by the host's ISA and the product's shape; "
+      "README, \"CPU GEMM\"), onednn or openblas (that one for every product)")(
+      "collective-timeout", po::value(&collective_timeout)->default_value(collective_timeout),
+      "seconds a rank may wait in one collective before the job ends (exit 5), naming the rank(s) that "
+      "never reached it; 0 = off. Progress records live in $SHARDLAB_WATCHDOG_DIR (default /dev/shm): "
+      "point it at a shared directory for jobs across nodes");
+  if (with_device)
+    g.add_options()("device", po::value(&device)->default_value(device), "cpu or cuda: the backend, where buffers live");
+  if (with_comm)
+    g.add_options()("comm", po::value(&comm)->default_value(comm),
+                    fmt::format("collective transport: auto (mpi on the cpu; on cuda nccl when each rank on a node "
+                                "has its own GPU, staged when ranks share one), mpi (host buffers), nccl (one rank "
+                                "per GPU), staged (device buffers over MPI through host copies){}{}",
+                                comm_note ? "; " : "", comm_note ? comm_note : "")
+                        .c_str());
+  d.add(g);
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+void MemoryOptions::add(Desc& d, bool with_levers, const char* lever_note) {
+  Desc g("memory");
+  g.add_options()("device-memory", po::value(&device_memory)->default_value(""),
+                  "per-rank memory budget of the device tier (e.g. 2GiB); allocations past it fail with an "
+                  "out-of-memory error that lists what is live. Empty = no budget (profile: marks what fits and "
+                  "names the cheapest levers that do)")(
+      "host-memory", po::value(&host_memory)->default_value(""),
+      "per-rank budget of the host tier (what --offload keeps there; pinned memory on CUDA), as --device-memory. "
+      "Empty = no budget");
+  if (with_levers) {
+    const std::string note = lever_note ? fmt::format(". {}", lever_note) : "";
+    g.add_options()("activation-checkpointing", po::value(&checkpointing)->default_value(checkpointing),
+                    ("none; attention (recompute the attention probabilities in backward); blocks (keep only each "
+                     "block's input and run its forward again before its backward). Same results, less activation "
+                     "memory" + note).c_str())(
+        "offload", po::value(&offload)->default_value(offload),
+        ("none; optimizer (zero1-3: f32 master weights and optimizer state on the host tier, the update runs on "
+         "the host, reduced gradient shards are copied there as their reductions complete); params (zero3: the "
+         "parameter shards on the host too, copied to the device just before their all-gather)" + note).c_str());
+  }
+  d.add(g);
+}
+
+PoolConfig MemoryOptions::pools(const Backend* be) const {
+  PoolConfig pc;
+  if (!device_memory.empty()) pc.budget = parse_bytes(device_memory);
+  else if (be) pc.budget = be->device_memory().free;
+  SHARD_REQUIRE(device_memory.empty() || pc.budget > 0,
+                "--device-memory {}: expected a positive size (leave the option out for no budget)", device_memory);
+  if (!host_memory.empty()) pc.host_budget = parse_bytes(host_memory);
+  SHARD_REQUIRE(host_memory.empty() || pc.host_budget > 0,
+                "--host-memory {}: expected a positive size (leave the option out for no budget)", host_memory);
+  return pc;
+}
+
+// ---- model --------------------------------------------------------------------------------------
+
+namespace {
+
+// The five dimensions of a shape, each flag declared here only; 0 means meaning0[i] where given.
+void add_dims(Desc& g, ModelOptions& m, const char* const (&shown)[5], const char* const (&meaning0)[5]) {
+  constexpr const char* kFlags[5] = {"layers", "dim", "heads", "seq", "vocab"};
+  constexpr const char* kMeaning[5] = {"transformer blocks L", "channels C", "attention heads H",
+                                       "sequence length T, also the model's positions", "vocabulary V"};
+  int64_t* fields[5] = {&m.layers, &m.dim, &m.heads, &m.seq, &m.vocab};
+  for (int i = 0; i < 5; ++i) {
+    auto* v = po::value(fields[i]);
+    if (shown[i]) v->default_value(*fields[i], shown[i]);
+    else v->default_value(*fields[i]);
+    const std::string help = meaning0[i] ? fmt::format("{} (0 = {})", kMeaning[i], meaning0[i]) : kMeaning[i];
+    g.add_options()(kFlags[i], v, help.c_str());
+  }
+}
+
+}  // namespace
+
+void ModelOptions::add(Desc& d) {
+  Desc g("model");
+  g.add_options()("model", po::value(&preset)->default_value(preset),
+                  "preset: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl");
+  const char* const shown[5] = {};
+  const char* const preset_s[5] = {"the preset's", "the preset's", "the preset's", "the preset's", "the preset's"};
+  add_dims(g, *this, shown, preset_s);
+  d.add(g);
+}
+
+void ModelOptions::add_shape(Desc& d, const char* const (&shown)[5], const char* const (&meaning0)[5]) {
+  Desc g("model shape");
+  add_dims(g, *this, shown, meaning0);
+  d.add(g);
+}
+
+ModelSpec ModelOptions::spec() const {
+  ModelSpec s = model_preset(preset);
+  bool custom = false;
+  for (auto [field, value] : {std::pair{&s.layers, layers}, std::pair{&s.dim, dim}, std::pair{&s.heads, heads},
+                              std::pair{&s.seq, seq}, std::pair{&s.vocab, vocab}}) {
+    SHARD_REQUIRE(value >= 0, "model dimensions must be positive, got {}", value);
+    if (value > 0 && value != *field) {
+      *field = value;
+      custom = true;
+    }
+  }
+  if (custom) s.name = preset + "+custom";
+  s.validate();
+  return s;
+}
+
+// ---- strategy and mesh --------------------------------------------------------------------------
+
+namespace {
+void add_kind(Desc& g, std::string& kind, const char* note) {
+  g.add_options()("strategy", po::value(&kind)->default_value(kind),
+                  fmt::format("dp, ddp, zero1, zero2, zero3, or hsdp (zero3 with --dp-shard = ranks per node, from "
+                              "MPI's shared-memory split or $SHARDLAB_RANKS_PER_NODE){}{}",
+                              note ? "; " : "", note ? note : "").c_str());
+}
+void add_param_dtype(Desc& g, std::string& param, const char* note) {
+  g.add_options()("param-dtype", po::value(&param)->default_value(param),
+                  fmt::format("storage and all-gather dtype of parameters: f32, or bf16 with an f32 master copy beside "
+                              "the optimizer{}{}", note ? "; " : "", note ? note : "").c_str());
+}
+void add_reduce_dtype(Desc& g, std::string& reduce) {
+  g.add_options()("reduce-dtype", po::value(&reduce)->default_value(""),
+                  "gradient storage and reduction dtype (default: the param dtype)");
+}
+}  // namespace
+
+void StrategyOptions::add(Desc& d, StrategyConfig& s) {
+  Desc g("strategy");
+  add_kind(g, kind, nullptr);
+  add_param_dtype(g, param, nullptr);
+  add_reduce_dtype(g, reduce);
+  g.add_options()("bucket-mb", po::value(&s.bucket_mb)->default_value(s.bucket_mb), "ddp: gradient bucket size in MiB");
+  add_switch(g, "reshard-after-forward", s.reshard_after_forward,
+             "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward");
+  g.add_options()("prefetch", po::value(&s.prefetch)->default_value(s.prefetch), "zero3: units gathered ahead of use")(
+      "max-gathered", po::value(&s.max_gathered)->default_value(s.max_gathered),
+      "zero3: most units gathered at once (0 = prefetch + 2)");
+  d.add(g);
+}
+
+void StrategyOptions::add_kind_and_dtype(Desc& d, const char* kind_note, const char* dtype_note) {
+  Desc g("strategy");
+  add_kind(g, kind, kind_note);
+  add_param_dtype(g, param, dtype_note);
+  d.add(g);
+}
+
+void StrategyOptions::add_dtypes(Desc& d, const char* dtype_note) {
+  Desc g("strategy");
+  add_param_dtype(g, param, dtype_note);
+  add_reduce_dtype(g, reduce);
+  d.add(g);
+}
+
+void StrategyOptions::apply_dtypes(StrategyConfig& s) const {
+  s.precision.param_dtype = parse_dtype(param);
+  s.precision.reduce_dtype = reduce.empty() ? s.precision.param_dtype : parse_dtype(reduce);
+}
+
+void MeshOptions::add(Desc& d) {
+  Desc g("mesh");
+  g.add_options()("dp-shard", po::value(&dims.dp_shard)->default_value(0),
+                  "data-parallel ranks that shard the model state (zero1-3; FSDP's shard dimension), in groups of "
+                  "consecutive ranks; 0 = what --dp-replicate, --tp and --pp leave of the world")(
+      "dp-replicate", po::value(&dims.dp_replicate)->default_value(0),
+      "replicas of the sharded state (hybrid sharding: gradients reduce-scattered within a shard group, then "
+      "all-reduced across the replicas); 0 = what the other degrees leave (1 when --dp-shard is 0 too)")(
+      "tp", po::value(&dims.tp)->default_value(1),
+      "tensor-parallel ranks, innermost (consecutive ranks); not implemented yet: only 1")(
+      "pp", po::value(&dims.pp)->default_value(1), "pipeline stages, outermost; not implemented yet: only 1")(
+      "shard-group", po::value(&shard_group)->default_value(0),
+      "the old name of --dp-shard, kept: S must divide the world; 0 = the whole world");
+  d.add(g);
+}
+
+ParallelDims MeshOptions::resolve(int world, int hsdp_ranks) const {
+  ParallelDims d = dims;
+  SHARD_REQUIRE(shard_group == 0 || (d.dp_shard == 0 && d.dp_replicate == 0),
+                "--shard-group {} with --dp-shard/--dp-replicate: --shard-group is --dp-shard's old name; give one",
+                shard_group);
+  if (shard_group > 0) d.dp_shard = shard_group_dims(shard_group, world).dp_shard;
+  if (hsdp_ranks > 0 && d.dp_shard == 0 && d.dp_replicate == 0)
+    d.dp_shard = shard_group_dims(hsdp_ranks, world).dp_shard;
+  require_implemented(d);
+  return d.resolved(world);
+}
+
+// ---- training -----------------------------------------------------------------------------------
+
+void TrainOptions::add(Desc& d, TrainConfig& cfg) {
+  run.add(d, true, true);
+  memory.add(d, true);
+  model.add(d);
+  strategy.add(d, cfg.strategy);
+  mesh.add(d);
+  Desc g("training");
+  g.add_options()("data", po::value(&cfg.data)->default_value(cfg.data),
+                  "token source: synthetic (embedded), an llm.c .bin shard, or any file as bytes");
+  add_steps(g, cfg.steps, "optimizer steps");
+  add_batch(g, cfg.batch, "global batch in sequences (ranks x micro-batch x accum)");
+  g.add_options()("accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
+      "lr", po::value(&cfg.schedule.lr)->default_value(1e-3f, "1e-3"), "peak learning rate")(
+      "schedule", po::value(&schedule)->default_value(schedule), "constant or cosine")(
+      "warmup-steps", po::value(&cfg.schedule.warmup_steps)->default_value(10), "linear warmup steps")(
+      "min-lr-frac", po::value(&cfg.schedule.min_lr_frac)->default_value(0.1f, "0.1"), "cosine ends at lr * this")(
+      "optimizer", po::value(&optimizer)->default_value(optimizer), "adamw or sgd")(
+      "weight-decay", po::value(&cfg.optim.weight_decay)->default_value(0.1f, "0.1"),
+      "decoupled weight decay, on tensors with >= 2 dims only")(
+      "beta1", po::value(&cfg.optim.beta1)->default_value(0.9f, "0.9"), "AdamW beta1")(
+      "beta2", po::value(&cfg.optim.beta2)->default_value(0.95f, "0.95"), "AdamW beta2")(
+      "eps", po::value(&cfg.optim.eps)->default_value(1e-8f, "1e-8"), "AdamW epsilon")(
+      "momentum", po::value(&cfg.optim.momentum)->default_value(0.9f, "0.9"), "SGD momentum")(
+      "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)");
+  add_seed(g, seed, "initialisation seed");
+  add_init(g, cfg.init, "start from this safetensors file (HF GPT-2 names)");
+  add_switch(g, "shuffle", cfg.shuffle,
+             "permute the sequences of each epoch (a pass over the stream) from (--seed, epoch); batches run on over "
+             "epoch boundaries, so none is padded and no sequence is dropped");
+  g.add_options()("val-data", po::value(&cfg.val_data)->default_value(""), "validation token source (formats as --data)")(
+      "val-fraction", po::value<double>()->notifier([&cfg](double f) {
+        SHARD_REQUIRE(f > 0 && f < 1, "--val-fraction {}: expected a fraction between 0 and 1 (exclusive)", f);
+        cfg.val_fraction = f;
+      }),
+      "hold out the last F of the token stream for validation (never trained on)")(
+      "val-every", po::value(&cfg.val_every)->default_value(0),
+      "validation loss every K steps (0 = at the end only, when there is a validation source)")(
+      "val-batches", po::value(&cfg.val_batches)->default_value(cfg.val_batches),
+      "global batches of the validation set per evaluation (at most the whole batches it holds)");
+  add_switch(g, "check-collectives", cfg.check_collectives,
+             "debug: compare each collective's fingerprint (sequence, op, count, dtype, call site) across ranks before "
+             "issuing it, and stop naming the first diverging rank and both call sites instead of hanging");
+  d.add(g);
+}
+
+void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const {
+  SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
+  cfg.seed = static_cast<uint64_t>(seed);
+  cfg.spec = model.spec();
+  const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
+  cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind);
+  cfg.strategy.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
+  cfg.strategy.offload = parse_offload(memory.offload);
+  strategy.apply_dtypes(cfg.strategy);
+  cfg.optim.kind = parse_optimizer(optimizer);
+  cfg.schedule.kind = parse_schedule(schedule);
+  cfg.checkpointing = parse_checkpointing(memory.checkpointing);
+  cfg.comm = comm_for(run.comm, parse_device(run.device), ctx);
+}
+
+std::unique_ptr<Backend> TrainOptions::backend(const Context& ctx) const {
+  return make_device_backend(parse_device(run.device), run, ctx);
+}
+
+// ---- report -------------------------------------------------------------------------------------
+
+void ReportOptions::add(Desc& d, const char* json_what, const char* html_what, const char* trace_what) {
+  Desc g("report");
+  if (json_what) g.add_options()("json", po::value(&json)->default_value(""), json_what);
+  if (html_what) g.add_options()("html", po::value(&html)->default_value(""), html_what);
+  if (trace_what) g.add_options()("trace", po::value(&trace)->default_value(""), trace_what);
+  d.add(g);
+}
+
+// ---- single shared flags ------------------------------------------------------------------------
+
+template <class T>
+void add_steps(Desc& d, T& steps, const char* help) {
+  d.add_options()("steps", po::value(&steps)->default_value(steps), help);
+}
+template void add_steps(Desc&, int&, const char*);
+template void add_steps(Desc&, int64_t&, const char*);
+
+void add_batch(Desc& d, int64_t& batch, const char* help) {
+  d.add_options()("batch", po::value(&batch)->default_value(batch), help);
+}
+void add_warmup(Desc& d, int& calls, const char* help) {
+  d.add_options()("warmup", po::value(&calls)->default_value(calls), help);
+}
+void add_seed(Desc& d, int64_t& seed, const char* help) {
+  d.add_options()("seed", po::value(&seed)->default_value(seed), help);
+}
+void add_init(Desc& d, std::string& path, const char* help) {
+  d.add_options()("init", po::value(&path)->default_value(""), help);
+}
+void add_resume(Desc& d, std::string& path, const char* help) {
+  d.add_options()("resume", po::value(&path)->default_value(""), help);
+}
+void add_tokenizer(Desc& d, std::string& dir, const char* purpose) {
+  d.add_options()("tokenizer", po::value(&dir)->default_value(""),
+                  fmt::format("a directory with GPT-2's encoder.json and vocab.bpe: {} as text "
+                              "(scripts/fetch-gpt2-tokenizer.sh DIR fetches them)", purpose).c_str());
+}
+void add_dtype(Desc& d, std::string& dtype, const char* help) {
+  d.add_options()("dtype", po::value(&dtype)->default_value(dtype), help);
+}
+void add_world(Desc& d, int& world, const char* help) {
+  d.add_options()("world", po::value(&world)->default_value(world), help);
+}
+void add_strategies(Desc& d, std::string& list, const char* help) {
+  d.add_options()("strategies", po::value(&list)->default_value(list), help);
+}
+void add_measure(Desc& d, bool& on, const char* help) { add_switch(d, "measure", on, help); }
+void add_measure_steps(Desc& d, int& steps, const char* help) {
+  d.add_options()("measure-steps", po::value(&steps)->default_value(steps), help);
+}
+
+}  // namespace shardlab::cli

@@ -1,0 +1,151 @@
+// options.hpp — the option groups of shardlab's commands, each flag declared once.
+//
+// A command composes the groups it takes (run, memory, model, strategy, mesh, training, report)
+// and the shared single flags below; each flag name is declared in exactly one function here, with
+// one type and one meaning in every command that accepts it. A command's help text adds to a
+// flag's text only what the flag does there (a `note`). parse() also makes two rules hold for
+// every command:
+//   * a word that is not an option is an error naming it (it used to be dropped silently, so
+//     `--shuffle false` shuffled);
+//   * a switch is `--flag`, `--flag true|false|1|0` or `--flag=VALUE`, whichever the flag.
+// Flags renamed so that a name means one thing (README, "Renamed options") are in options.cpp's
+// table: an old spelling still works where it meant one thing, and is refused naming the new one
+// where another command gives it another meaning.
+#pragma once
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/train/trainer.hpp"
+
+namespace shardlab {
+
+struct Context;
+
+namespace cli {
+
+namespace po = boost::program_options;
+using Desc = po::options_description;
+
+// ---- parsing ----------------------------------------------------------------------------------
+
+struct Usage {
+  const char* command;               // "train"
+  const char* operands = "";         // what goes before [options] in the usage line
+  const char* positional = nullptr;  // the option one bare word fills (export's "checkpoint")
+};
+
+// The description a command adds its own options to: captioned "<command> options", with --help.
+Desc command_options(const char* command);
+// Parses `args` into the variables bound in `desc`. Returns false (after printing the help on
+// rank 0) when --help was given. Throws InputError for an unknown, malformed or stray argument.
+bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage);
+
+// ---- run: how this process runs (every command but export) -----------------------------------
+struct RunOptions {
+  int threads = 0;
+  std::string cpu_gemm = "auto";
+  double collective_timeout = 600;
+  std::string device = "cpu";  // with_device
+  std::string comm = "auto";   // with_comm; the default is the command's (set before add)
+  // --threads --cpu-gemm --collective-timeout, and --device / --comm where the command takes them
+  // (comm_note: what else --comm accepts there).
+  void add(Desc& d, bool with_device = false, bool with_comm = false, const char* comm_note = nullptr);
+};
+
+// ---- memory: the budgets of a rank's two tiers, and the levers that trade memory ---------------
+struct MemoryOptions {
+  std::string device_memory, host_memory;
+  std::string checkpointing = "none", offload = "none";
+  // --device-memory --host-memory, and with levers --activation-checkpointing --offload
+  // (lever_note: what a lever does in this command).
+  void add(Desc& d, bool with_levers = false, const char* lever_note = nullptr);
+  // The budgets. On a GPU (be given) an empty --device-memory means the device's free memory once
+  // the backend holds its context, so running out is shardlab's out-of-memory error, listing what
+  // is live, rather than the driver's.
+  PoolConfig pools(const Backend* be = nullptr) const;
+};
+
+// ---- model: a preset and its overrides --------------------------------------------------------
+struct ModelOptions {
+  std::string preset = "small";
+  int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
+  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab
+  // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults
+  // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
+  // default of 0 stands for, where it stands for something.
+  void add_shape(Desc& d, const char* const (&shown)[5], const char* const (&meaning0)[5]);
+  ModelSpec spec() const;
+};
+
+// ---- strategy: how the model's state is split and stored --------------------------------------
+struct StrategyOptions {
+  std::string kind = "ddp", param = "f32", reduce;
+  // --strategy --param-dtype --reduce-dtype --bucket-mb --reshard-after-forward --prefetch
+  // --max-gathered (with `s`'s values as defaults); kind_note / dtype_note qualify what this
+  // command does with them. Without `s`: --strategy and --param-dtype (bench-train) or, with
+  // dtypes_only, --param-dtype --reduce-dtype (plan).
+  void add(Desc& d, StrategyConfig& s);
+  void add_kind_and_dtype(Desc& d, const char* kind_note, const char* dtype_note);
+  void add_dtypes(Desc& d, const char* dtype_note);
+  // The dtypes into s.precision (reduce defaults to the param dtype).
+  void apply_dtypes(StrategyConfig& s) const;
+};
+
+// ---- mesh: how the world's ranks are laid out (src/comm/mesh.hpp) -----------------------------
+struct MeshOptions {
+  ParallelDims dims;    // --dp-shard --dp-replicate --tp --pp
+  int shard_group = 0;  // --shard-group, the old name of --dp-shard
+  void add(Desc& d);
+  // The degrees resolved against `world`, aliases applied: --shard-group S is --dp-shard S, and
+  // hsdp (`hsdp_ranks`: the ranks per node, 0 otherwise) is --dp-shard = the ranks per node where
+  // no data-parallel degree is given. --tp/--pp > 1 are refused until their layers exist.
+  ParallelDims resolve(int world, int hsdp_ranks) const;
+};
+
+// ---- training: what a training run does (train, compare, profile) -----------------------------
+struct TrainOptions {
+  RunOptions run;
+  MemoryOptions memory;
+  ModelOptions model;
+  StrategyOptions strategy;
+  MeshOptions mesh;
+  std::string schedule = "cosine", optimizer = "adamw";
+  int64_t seed = 1337;
+  void add(Desc& d, TrainConfig& cfg);  // every group above, mesh, and the training flags
+  // After parsing: what the options could not write directly (enums, the model, the transport,
+  // the mesh resolved against `world`: the ranks running, or profile's --world).
+  void finish(TrainConfig& cfg, const Context& ctx, int world) const;
+  std::unique_ptr<Backend> backend(const Context& ctx) const;
+};
+
+// ---- report: files a command writes (rank 0) --------------------------------------------------
+struct ReportOptions {
+  std::string json, html, trace;
+  // Each non-null text says what that file holds in this command; a null one leaves the flag out.
+  void add(Desc& d, const char* json_what, const char* html_what, const char* trace_what);
+  bool any() const { return !json.empty() || !html.empty() || !trace.empty(); }
+};
+
+// ---- single flags that several commands share -------------------------------------------------
+// Each declares one flag; `help` is the command's text for it.
+template <class T>
+void add_steps(Desc& d, T& steps, const char* help);  // --steps (int, int64_t)
+void add_batch(Desc& d, int64_t& batch, const char* help);
+void add_warmup(Desc& d, int& calls, const char* help);  // --warmup: untimed runs before timing
+void add_seed(Desc& d, int64_t& seed, const char* help);
+void add_init(Desc& d, std::string& path, const char* help);
+void add_resume(Desc& d, std::string& path, const char* help);
+void add_tokenizer(Desc& d, std::string& dir, const char* purpose);
+void add_dtype(Desc& d, std::string& dtype, const char* help);  // --dtype: f32, bf16 or f16
+void add_world(Desc& d, int& world, const char* help);
+void add_strategies(Desc& d, std::string& list, const char* help);
+void add_measure(Desc& d, bool& on, const char* help);  // a switch: also run real steps
+void add_measure_steps(Desc& d, int& steps, const char* help);
+// A switch: --name, --name true|false|1|0, --name=VALUE. Every boolean flag is one.
+void add_switch(Desc& d, const char* name, bool& value, const char* help);
+
+}  // namespace cli
+}  // namespace shardlab

@@ -1,0 +1,106 @@
+#include "tools/runtime.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "memory/pool.hpp"
+#include "src/comm/watchdog.hpp"
+
+namespace shardlab {
+
+std::unique_ptr<Backend> make_cpu(const cli::RunOptions& run, const Context& ctx) {
+  BackendConfig bc;
+  bc.threads = run.threads;
+  bc.cpu_gemm = run.cpu_gemm;
+  bc.local_ranks = ctx.mpi.local_size();
+  bc.local_rank = ctx.mpi.local_rank();
+  SHARD_REQUIRE(run.threads >= 0, "--threads {}: expected 0 (automatic) or a positive count", run.threads);
+  return make_cpu_backend(bc);
+}
+
+std::unique_ptr<Backend> make_device_backend(Device device, const cli::RunOptions& run, const Context& ctx) {
+  if (device != Device::cuda) return make_cpu(run, ctx);
+  BackendConfig bc;
+  bc.threads = run.threads;  // of its host backend
+  bc.cpu_gemm = run.cpu_gemm;
+  bc.local_rank = ctx.mpi.local_rank();
+  bc.local_ranks = ctx.mpi.local_size();
+  return make_cuda_backend(bc);
+}
+
+CommKind comm_for(const std::string& comm, Device device, const Context& ctx) {
+  return resolve_comm(parse_comm(comm), device, ctx.mpi.local_size(),
+                      device == Device::cuda ? cuda_device_count() : 0);
+}
+
+namespace {
+
+// Job directories whose owner (rank 0 of a job that was killed) is gone, left in a node-local base.
+void remove_dead_watchdog_dirs(const std::string& base) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    if (e.path().filename().string().rfind("shardlab-watchdog-", 0) != 0) continue;
+    long pid = 0;
+    std::ifstream(e.path() / "owner") >> pid;
+    // No owner: a job starting right now (rank 0 writes it just after creating the directory), or,
+    // a minute on, one that never will.
+    auto age = std::filesystem::file_time_type::clock::now() - std::filesystem::last_write_time(e.path(), ec);
+    bool dead = pid > 0 ? ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH : !ec && age > std::chrono::minutes(1);
+    if (dead) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
+}  // namespace
+
+void start_watchdog(const Context& ctx, double timeout_s) {
+  SHARD_REQUIRE(timeout_s >= 0 && timeout_s <= 1e7, "--collective-timeout {}: expected 0 (off) or a number of seconds",
+                timeout_s);
+  if (timeout_s == 0) return;
+  auto meta = make_meta_backend();
+  Pool pool(*meta);
+  auto comm = ctx.world(CommKind::mpi).connect(pool);
+  std::string dir;
+  if (ctx.mpi.rank() == 0) {
+    const char* env = std::getenv("SHARDLAB_WATCHDOG_DIR");
+    std::string base = env && *env ? env : (std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp");
+    if (!(env && *env)) remove_dead_watchdog_dirs(base);  // node-local: owners' pids are meaningful
+    std::string tmpl = base + "/shardlab-watchdog-XXXXXX";
+    SHARD_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "--collective-timeout: cannot create a directory under '{}': {}",
+                  base, std::strerror(errno));
+    dir = tmpl;
+    std::ofstream(dir + "/owner") << ::getpid() << "\n";
+  }
+  dir = comm->all_gather_strings(dir)[0];
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // ranks on other nodes
+  Watchdog::start(dir, ctx.mpi.rank(), ctx.mpi.world(), timeout_s);
+}
+
+int ranks_per_node(const Context& ctx) {
+  const char* v = std::getenv("SHARDLAB_RANKS_PER_NODE");
+  if (!v || !*v) return ctx.mpi.local_size();
+  char* end = nullptr;
+  const long k = std::strtol(v, &end, 10);
+  SHARD_REQUIRE(end && *end == '\0' && k >= 1 && k <= (1 << 20), "SHARDLAB_RANKS_PER_NODE='{}': expected a positive "
+                "number of ranks", v);
+  return static_cast<int>(k);
+}
+
+void write_text(const std::string& path, const std::string& text, const char* option) {
+  std::ofstream f(path, std::ios::trunc);
+  SHARD_REQUIRE(f.good(), "cannot write {} file '{}'", option, path);
+  f << text;
+  f.close();
+  SHARD_REQUIRE(f.good(), "writing {} file '{}' failed", option, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
+}  // namespace shardlab

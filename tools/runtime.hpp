@@ -1,0 +1,27 @@
+// runtime.hpp — what commands do with the run options: backends, transports, the watchdog, files.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "src/backend/backend.hpp"
+#include "tools/command.hpp"
+#include "tools/options.hpp"
+
+namespace shardlab {
+
+// The cpu backend with --threads and --cpu-gemm, its threads shared among this node's ranks.
+std::unique_ptr<Backend> make_cpu(const cli::RunOptions& run, const Context& ctx);
+// The backend of `device`: the cpu one, or the CUDA one on this rank's local GPU.
+std::unique_ptr<Backend> make_device_backend(Device device, const cli::RunOptions& run, const Context& ctx);
+// --comm for a backend on `device`: the transport this rank uses.
+CommKind comm_for(const std::string& comm, Device device, const Context& ctx);
+// --collective-timeout: rank 0 names a fresh job directory for the progress records (every rank
+// creates it on its own node), then each rank starts its watchdog. 0 = off.
+void start_watchdog(const Context& ctx, double timeout_s);
+// Ranks per node: MPI's shared-memory split, or $SHARDLAB_RANKS_PER_NODE, which lets one machine
+// pretend to be several nodes (tests, rehearsals).
+int ranks_per_node(const Context& ctx);
+// Writes a report file and says so; `option` names the flag in errors.
+void write_text(const std::string& path, const std::string& text, const char* option);
+
+}  // namespace shardlab
