@@ -28,20 +28,6 @@ void OptimConfig::validate() const {
   SHARD_REQUIRE(momentum >= 0.f && momentum < 1.f, "--momentum {}: expected 0 <= momentum < 1", momentum);
 }
 
-std::vector<ParamSegment> unit_segments(const UnitLayout& unit, int64_t first, int64_t count) {
-  std::vector<ParamSegment> segs;
-  const int64_t last = first + count;
-  for (const TensorDecl& t : unit.tensors) {
-    int64_t lo = std::max(first, t.offset), hi = std::min(last, t.offset + t.numel);
-    if (lo < hi) segs.push_back({lo - first, hi - lo, t.decay});
-  }
-  if (last > unit.numel) {
-    int64_t lo = std::max(first, unit.numel);
-    segs.push_back({lo - first, last - lo, false});
-  }
-  return segs;
-}
-
 void Optimizer::add(Tensor param, Tensor grad, std::vector<ParamSegment> segments, const std::string& tag) {
   SHARD_CHECK(param.numel() == grad.numel(), "optimizer buffer {}: {} params, {} grads", tag, param.numel(),
               grad.numel());

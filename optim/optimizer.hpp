@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "memory/pool.hpp"
-#include "src/model/spec.hpp"
 
 namespace shardlab {
 
@@ -29,10 +28,6 @@ struct ParamSegment {
   int64_t offset = 0, numel = 0;  // within the registered buffer
   bool decay = false;
 };
-
-// The segments of elements [first, first + count) of a unit's flat buffer, relative to `first`;
-// padding past the last tensor gets a no-decay segment (its gradient is zero, so it stays zero).
-std::vector<ParamSegment> unit_segments(const UnitLayout& unit, int64_t first, int64_t count);
 
 class Optimizer {
  public:

@@ -2,8 +2,11 @@
 // of the world size so it splits into equal shards; rank r owns elements [r*S, (r+1)*S).
 // Padding elements are zero, get zero gradients and stay zero.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
+#include "optim/optimizer.hpp"
 #include "src/model/spec.hpp"
 
 namespace shardlab {
@@ -26,6 +29,23 @@ inline FlatParam make_flat_param(const UnitLayout& unit, int world, int rank) {
   f.padded = (unit.numel + world - 1) / world * world;
   f.shard = f.padded / world;
   return f;
+}
+
+// The optimizer's segments of elements [first, first + count) of a unit's flat buffer, relative to
+// `first`: each tensor's range with its weight-decay flag; padding past the last tensor gets a
+// no-decay segment (its gradient is zero, so it stays zero).
+inline std::vector<ParamSegment> unit_segments(const UnitLayout& unit, int64_t first, int64_t count) {
+  std::vector<ParamSegment> segs;
+  const int64_t last = first + count;
+  for (const TensorDecl& t : unit.tensors) {
+    int64_t lo = std::max(first, t.offset), hi = std::min(last, t.offset + t.numel);
+    if (lo < hi) segs.push_back({lo - first, hi - lo, t.decay});
+  }
+  if (last > unit.numel) {
+    int64_t lo = std::max(first, unit.numel);
+    segs.push_back({lo - first, last - lo, false});
+  }
+  return segs;
 }
 
 }  // namespace shardlab

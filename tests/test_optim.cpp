@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "optim/optimizer.hpp"
+#include "shard/flat_param.hpp"
 #include "tests/test_util.hpp"
 
 using namespace shardlab;
