@@ -26,6 +26,7 @@ std::map<int64_t, double> losses(const std::string& path) {
   std::map<int64_t, double> out;
   for (std::string line; std::getline(f, line);) {
     auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;  // a marker (a resumed run's "resume"), not a step
     out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
   }
   return out;

@@ -24,9 +24,11 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
   reports.add(desc, "also write the results as JSON (schema shardlab.compare/1)",
               "write a self-contained HTML memory report with SVG charts (rank 0)",
               "write a Chrome trace-event file (Perfetto) of the last step: phases, collectives, memory per category");
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"compare"})) return ExitCode::ok;
+  cli::po::variables_map given;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"compare"}, &given)) return ExitCode::ok;
   opts.finish(cc.train, ctx, ctx.mpi.world());
   cc.strategies = parse_strategy_list(strategies);
+  cli::check_applicable(given, cc.train, cc.strategies, true, "compare", ctx.mpi.rank());
   start_watchdog(ctx, opts.run.collective_timeout);
   cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);

@@ -28,9 +28,11 @@ ExitCode cmd_profile(const Args& args, const Context& ctx) {
   reports.add(desc, "write the report as JSON (schema shardlab.profile/2)",
               "write a self-contained HTML page with SVG charts",
               "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"profile"})) return ExitCode::ok;
+  cli::po::variables_map given;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"profile"}, &given)) return ExitCode::ok;
   opts.finish(pc.train, ctx, pc.world);
   pc.strategies = parse_strategy_list(strategies);
+  cli::check_applicable(given, pc.train, pc.strategies, true, "profile", ctx.mpi.rank());
   start_watchdog(ctx, opts.run.collective_timeout);
   SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
   SHARD_REQUIRE(reports.trace.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");

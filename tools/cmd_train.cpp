@@ -1,5 +1,6 @@
 // `shardlab train`: one training run under any strategy on any number of ranks.
 #include <cstdio>
+#include <utility>
 
 #include "memory/report.hpp"
 #include "src/comm/watchdog.hpp"
@@ -76,9 +77,24 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   reports.add(desc, "write rank 0's memory report as JSON (schema shardlab.profile/2)",
               "write a self-contained HTML memory report with SVG charts (rank 0)",
               "write a Chrome trace-event file (Perfetto) of the last step: phases, collectives, memory per category");
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"train"})) return ExitCode::ok;
+  cli::po::variables_map given;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"train"}, &given)) return ExitCode::ok;
   opts.finish(cfg, ctx, ctx.mpi.world());
-  if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+  cli::check_applicable(given, cfg, {cfg.strategy.kind}, false, "train", ctx.mpi.rank());
+  if (!tokenizer_dir.empty()) {
+    // --tokenizer shapes prompts and samples; it does not tokenize --data. A text file would be
+    // trained on as byte ids 0-255 and sampled as GPT-2 tokens: gibberish, so refuse the pair.
+    for (const auto& [flag, src] : {std::pair{"--data", cfg.data}, std::pair{"--val-data", cfg.val_data}}) {
+      const bool bytes = !src.empty() && src != "synthetic" && !(src.size() >= 4 && src.ends_with(".bin"));
+      SHARD_REQUIRE(!bytes, "--tokenizer with {} '{}': that file is read as bytes (ids 0-255), not tokenized, and the "
+                    "samples would be decoded as GPT-2 tokens; tokenize it into an llm.c .bin shard first, or leave "
+                    "--tokenizer out", flag, src);
+    }
+    cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+    SHARD_REQUIRE(static_cast<int64_t>(cfg.tokenizer->size()) <= cfg.spec.vocab,
+                  "--tokenizer has {} tokens, more than the model's vocabulary of {}: pass --vocab {} or a gpt2 preset",
+                  cfg.tokenizer->size(), cfg.spec.vocab, cfg.tokenizer->size());
+  }
   cfg.record_step = reports.any();
   start_watchdog(ctx, opts.run.collective_timeout);
   auto backend = opts.backend(ctx);
@@ -87,7 +103,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   Trainer trainer(*backend, pool, *comm, cfg);
   const StepStats last = trainer.run(stdout);
   if (reports.any()) write_train_reports(trainer, *comm, reports, last, ctx.mpi);
-  return ExitCode::ok;
+  return trainer.interrupted() ? ExitCode::interrupted : ExitCode::ok;
 }
 
 }  // namespace shardlab

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <iostream>
@@ -76,6 +79,19 @@ void join_switch_values(std::vector<std::string>& args, const Desc& desc) {
   }
 }
 
+// --threads past the cores this process may run on: OpenMP's threads then take turns on them, and a
+// step can be many times slower (64 threads on 2 cores: 8.7 s a step against 70 ms).
+void warn_threads(const po::variables_map& vm, int rank) {
+  if (rank != 0 || !vm.count("threads") || vm["threads"].defaulted()) return;
+  const int threads = vm["threads"].as<int>();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cores > 0 && threads > cores)
+    std::fprintf(stderr, "shardlab: warning: --threads %d is more than the %d core%s this process may use: the threads "
+                 "will take turns on them and every step slows down\n", threads, cores, cores == 1 ? "" : "s");
+}
+
 }  // namespace
 
 Desc command_options(const char* command) {
@@ -84,7 +100,7 @@ Desc command_options(const char* command) {
   return d;
 }
 
-bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage) {
+bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage, po::variables_map* given) {
   apply_renames(args, usage.command, rank);
   join_switch_values(args, desc);
   po::variables_map vm;
@@ -105,6 +121,8 @@ bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usag
   } catch (const po::error& e) {
     throw InputError(fmt::format("{} (see `shardlab {} --help`)", e.what(), usage.command));
   }
+  warn_threads(vm, rank);
+  if (given) *given = vm;
   if (!vm.count("help")) return true;
   if (rank == 0)
     std::cout << "usage: shardlab " << usage.command << " " << usage.operands << (*usage.operands ? " " : "")
@@ -381,6 +399,67 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
 
 std::unique_ptr<Backend> TrainOptions::backend(const Context& ctx) const {
   return make_device_backend(parse_device(run.device), run, ctx);
+}
+
+// ---- flags a run does not use --------------------------------------------------------------------
+
+namespace {
+
+// A strategy's own flags and the strategies that read them.
+struct StrategyFlag {
+  const char* flag;
+  std::vector<StrategyKind> used_by;
+  const char* applies_to;
+};
+const std::vector<StrategyFlag>& strategy_flags() {
+  static const std::vector<StrategyFlag> flags = {
+      {"bucket-mb", {StrategyKind::ddp}, "ddp (gradient buckets)"},
+      {"reshard-after-forward", {StrategyKind::zero3}, "zero3 and hsdp (gathered parameters)"},
+      {"prefetch", {StrategyKind::zero3}, "zero3 and hsdp (gathered parameters)"},
+      {"max-gathered", {StrategyKind::zero3}, "zero3 and hsdp (gathered parameters)"},
+  };
+  return flags;
+}
+
+bool given_flag(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
+
+std::string names(const std::vector<StrategyKind>& kinds) {
+  std::string s;
+  for (StrategyKind k : kinds) {
+    if (!s.empty()) s += ',';
+    s += strategy_name(k);
+  }
+  return s;
+}
+
+}  // namespace
+
+void check_applicable(const po::variables_map& vm, const TrainConfig& cfg, const std::vector<StrategyKind>& kinds,
+                      bool several, const char* command, int rank) {
+  SHARD_REQUIRE(!several || !given_flag(vm, "strategy"),
+                "{} --strategy {}: {} runs each of --strategies ({}); --strategy applies to train", command,
+                vm["strategy"].as<std::string>(), command, names(kinds));
+  for (const StrategyFlag& f : strategy_flags()) {
+    if (!given_flag(vm, f.flag)) continue;
+    std::vector<StrategyKind> using_it;
+    for (StrategyKind k : kinds)
+      if (std::find(f.used_by.begin(), f.used_by.end(), k) != f.used_by.end()) using_it.push_back(k);
+    SHARD_REQUIRE(!using_it.empty(), "--{} applies to {}, not to {} {}: leave it out", f.flag, f.applies_to,
+                  several ? "--strategies" : "--strategy", names(kinds));
+    if (using_it.size() < kinds.size() && rank == 0)
+      std::fprintf(stderr, "shardlab %s: note: --%s applies to %s only; of --strategies %s, %s use%s it\n", command,
+                   f.flag, f.applies_to, names(kinds).c_str(), names(using_it).c_str(), using_it.size() == 1 ? "s" : "");
+  }
+  const bool sgd = cfg.optim.kind == OptimizerKind::sgd;
+  for (const char* f : {"beta1", "beta2", "eps"})
+    SHARD_REQUIRE(!sgd || !given_flag(vm, f), "--{} applies to --optimizer adamw, not sgd: leave it out", f);
+  SHARD_REQUIRE(sgd || !given_flag(vm, "momentum"), "--momentum applies to --optimizer sgd, not adamw: leave it out");
+  SHARD_REQUIRE(cfg.schedule.kind != ScheduleKind::constant || !given_flag(vm, "min-lr-frac"),
+                "--min-lr-frac applies to --schedule cosine, not constant: leave it out");
+  if (rank == 0 && cfg.schedule.warmup_steps > cfg.steps)
+    std::fprintf(stderr, "shardlab %s: warning: --warmup-steps %lld%s is longer than the run (--steps %lld): the "
+                 "learning rate never reaches --lr\n", command, static_cast<long long>(cfg.schedule.warmup_steps),
+                 given_flag(vm, "warmup-steps") ? "" : " (the default)", static_cast<long long>(cfg.steps));
 }
 
 // ---- report -------------------------------------------------------------------------------------

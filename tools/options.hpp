@@ -41,7 +41,9 @@ struct Usage {
 Desc command_options(const char* command);
 // Parses `args` into the variables bound in `desc`. Returns false (after printing the help on
 // rank 0) when --help was given. Throws InputError for an unknown, malformed or stray argument.
-bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage);
+// `given`, when not null, receives the parsed map (its defaulted() tells a flag given from a default).
+bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage,
+           po::variables_map* given = nullptr);
 
 // ---- run: how this process runs (every command but export) -----------------------------------
 struct RunOptions {
@@ -120,6 +122,15 @@ struct TrainOptions {
   void finish(TrainConfig& cfg, const Context& ctx, int world) const;
   std::unique_ptr<Backend> backend(const Context& ctx) const;
 };
+
+// Flags the user gave (never defaults) that the run does not use (README, "Commands"): a strategy's
+// own flags (--bucket-mb: ddp; --reshard-after-forward, --prefetch, --max-gathered: zero3) and the
+// optimizer's and schedule's. `kinds` are the strategies the command runs: one (train) refuses such
+// a flag, naming it and what it applies to; several (compare, profile) refuse a flag none of them
+// uses and warn once (rank 0) about one that only some use. `several` also refuses --strategy.
+// Warns (rank 0) when the warmup is longer than the run.
+void check_applicable(const po::variables_map& given, const TrainConfig& cfg, const std::vector<StrategyKind>& kinds,
+                      bool several, const char* command, int rank);
 
 // ---- report: files a command writes (rank 0) --------------------------------------------------
 struct ReportOptions {

@@ -188,6 +188,7 @@ nlohmann::json manifest_head(const CheckpointState& state, int world, const RunP
   m["data_position"] = at.data_position;
   m["seed"] = c.seed;
   m["shuffle"] = state.shuffle;  // with the seed and the step, the batch order
+  if (state.data) m["data"] = data_record_to_json(*state.data);
   m["files"] = nlohmann::json::array();
   m["tensors"] = nlohmann::json::object();
   return m;
@@ -258,18 +259,29 @@ void prune_checkpoints(const fs::path& root, int64_t keep, int64_t step) {
 
 // Runs one phase of a save on the ranks `who` selects, and makes every rank agree on its outcome
 // (in place of a barrier): a rank that failed names the file and the reason, the others stop too.
+// The message names the newest complete checkpoint, or says there is none (a first save that
+// fails must not promise one).
 template <class Phase>
-void agree(Communicator& comm, bool who, Phase phase, int64_t step) {
+void agree(Communicator& comm, bool who, Phase phase, int64_t step, const fs::path& root) {
   std::string error;
   try {
     if (who) phase();
   } catch (const std::exception& e) {
     error = e.what();
   }
-  for (const std::string& e : comm.all_gather_strings(error))
-    if (!e.empty())
-      throw InputError(fmt::format("saving the checkpoint of step {} failed: {}. The previous checkpoint is intact "
-                                   "(--resume auto finds it)", step, e));
+  for (const std::string& e : comm.all_gather_strings(error)) {
+    if (e.empty()) continue;
+    std::string newest;
+    try {
+      newest = latest_checkpoint(root.string());
+    } catch (const std::exception&) {  // an unreadable directory holds none we could resume
+    }
+    throw InputError(fmt::format("saving the checkpoint of step {} failed: {}. {}", step, e,
+                                 newest.empty() ? fmt::format("There is no complete checkpoint under '{}': nothing of "
+                                                              "this run is saved", root.string())
+                                                : fmt::format("The newest complete checkpoint, '{}', is intact "
+                                                              "(--resume auto finds it)", newest)));
+  }
 }
 
 }  // namespace
@@ -282,16 +294,16 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
   WatchdogPause pause;  // rank 0 alone may keep the others waiting for long: that is not a hang
   const bool root_rank = comm.rank() == 0;
-  agree(comm, root_rank, [&] { make_tmp_dir(paths); }, step);
+  agree(comm, root_rank, [&] { make_tmp_dir(paths); }, step, root);
   try {
     uint64_t wrote = 0;
-    agree(comm, true, [&] { wrote = write_rank_file(paths.tmp, state); }, step);
+    agree(comm, true, [&] { wrote = write_rank_file(paths.tmp, state); }, step, root);
     const std::vector<uint64_t> writers = comm.gather_u64(std::span<const uint64_t>(&wrote, 1));
     agree(comm, root_rank, [&] {
       merge_manifest(paths.tmp, state, at, writers);
       commit_checkpoint(paths);
       prune_checkpoints(root, keep, step);
-    }, step);
+    }, step, root);
   } catch (const InputError&) {
     std::error_code ec;
     if (root_rank) fs::remove_all(paths.tmp, ec);  // the next save would clean it up anyway
@@ -353,6 +365,40 @@ void check_compatible(const Manifest& m, const CheckpointState& state, const std
                 optimizer_name(c.optim.kind));
 }
 
+std::string describe(const DataSource& s) {
+  return s.path == "synthetic" ? "synthetic" : fmt::format("'{}' ({} bytes, {})", s.path, s.bytes, s.hash);
+}
+std::string describe_val(const DataRecord& d) {
+  if (d.val_data) return fmt::format("--val-data {}", describe(*d.val_data));
+  if (d.val_fraction != 0) return fmt::format("--val-fraction {}", d.val_fraction);
+  return "no validation split";
+}
+
+// The tokens, batch and validation split: with the step, they say which sequences come next.
+// Returns a note when the manifest predates the record (nothing to compare).
+std::string check_data(const Manifest& m, const CheckpointState& state, const std::string& path) {
+  if (!state.data) return "";
+  if (!m.data)
+    return fmt::format("checkpoint '{}' records no data source, batch or validation split (written before shardlab "
+                       "recorded them): resuming without checking --data, --batch and the validation split", path);
+  const DataRecord &was = *m.data, &now = *state.data;
+  SHARD_REQUIRE(!(was.train.path != "synthetic" && now.train.path == "synthetic"),
+                "checkpoint '{}' was trained on --data {}; this run has --data synthetic (the default when --data is "
+                "not given): pass --data '{}'", path, describe(was.train), was.train.path);
+  SHARD_REQUIRE(was.train.same_tokens(now.train),
+                "checkpoint '{}' was trained on --data {}; this run's --data is {}: it would continue at step {} on "
+                "other tokens (pass the same data)", path, describe(was.train), describe(now.train), m.step);
+  SHARD_REQUIRE(was.batch == now.batch, "checkpoint '{}' was trained with --batch {}; this run has --batch {}: step "
+                "{}'s batch would be other sequences (pass --batch {})", path, was.batch, now.batch, m.step, was.batch);
+  SHARD_REQUIRE(was.seq == now.seq, "checkpoint '{}' was trained with sequences of {} tokens; this run has --seq {}",
+                path, was.seq, now.seq);
+  const bool same_val = was.val_fraction == now.val_fraction && was.val_data.has_value() == now.val_data.has_value() &&
+                        (!was.val_data || was.val_data->same_tokens(*now.val_data));
+  SHARD_REQUIRE(same_val, "checkpoint '{}' was trained with {}; this run has {} (pass the same validation split)", path,
+                describe_val(was), describe_val(now));
+  return "";
+}
+
 // Reads flat elements [lo, hi) of `state` of tensor t into dst[0, hi - lo), from whichever pieces
 // overlap them (flat ranges or slices of any shape).
 void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& state,
@@ -375,6 +421,7 @@ RunPosition load_checkpoint(const std::string& path, const CheckpointState& stat
   Strategy& st = state.strategy;
   const auto names = st.owned_state_names();
   check_compatible(m, state, path);
+  const std::string note = check_data(m, state, path);
   CheckpointFiles files(dir, m.files);
   const auto& units = state.units;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -392,7 +439,7 @@ RunPosition load_checkpoint(const std::string& path, const CheckpointState& stat
     }
   }
   st.sync_after_load();
-  RunPosition at{m.step, m.data_position, std::nullopt};
+  RunPosition at{m.step, m.data_position, std::nullopt, note};
   if (m.val_loss) at.val_loss = static_cast<float>(*m.val_loss);
   return at;
 }

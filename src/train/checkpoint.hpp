@@ -34,6 +34,7 @@ struct CheckpointState {
   const std::vector<std::unique_ptr<Unit>>& units;
   const StepConfig& step;  // model, strategy, dtypes, optimizer, seed
   bool shuffle = false;    // batches from per-epoch permutations of (seed, epoch): with the step, the data order
+  const DataRecord* data = nullptr;  // the run's data, batch and validation split (null: not recorded or checked)
 };
 
 // Where a run stands when it saves, and where a loaded checkpoint resumes.
@@ -41,6 +42,7 @@ struct RunPosition {
   int64_t step = 0;           // steps done
   int64_t data_position = 0;  // the step whose batch comes next (batches are a function of the step index)
   std::optional<float> val_loss;  // the validation loss computed at this step, when there was one
+  std::string note;  // load: what could not be checked (a manifest without a data record), for the log
 };
 
 // Collective over state.comm's ranks. Saves at `at` (at.step steps done). Returns the directory.
@@ -57,7 +59,8 @@ void mark_best_checkpoint(const std::string& dir, int64_t step, int64_t keep = 0
 std::string best_checkpoint(const std::string& dir);
 float best_checkpoint_val_loss(const std::string& dir);
 // Loads into state.strategy (any world size and strategy), after checking the checkpoint is of the
-// same model, optimizer and batch order; returns where it resumes.
+// same model, optimizer and batch order, and (state.data) of the same data source, global batch,
+// sequence length and validation split: an InputError names both values. Returns where it resumes.
 RunPosition load_checkpoint(const std::string& path, const CheckpointState& state);
 
 }  // namespace shardlab

@@ -65,6 +65,28 @@ struct ManifestParser {
   }
   ManifestOptimizer optimizer(const json& m) const;
   std::vector<ManifestFile> files(const json& m) const;
+  std::string string(const json& o, const char* key) const {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_string()) throw bad(fmt::format("\"{}\" must be a string", key));
+    return o[key].get<std::string>();
+  }
+  DataSource source(const json& o) const {
+    if (!o.is_object()) throw bad("a data source must be an object");
+    return {string(o, "path"), static_cast<uint64_t>(integer(o, "bytes", 0)), string(o, "hash")};
+  }
+  DataRecord data(const json& m) const {
+    const json& d = m["data"];
+    if (!d.is_object() || !d.contains("train")) throw bad("\"data\" must be an object with \"train\"");
+    DataRecord r;
+    r.train = source(d["train"]);
+    r.batch = integer(d, "batch", 1);
+    r.seq = integer(d, "seq", 1);
+    if (d.contains("val_data")) r.val_data = source(d["val_data"]);
+    if (d.contains("val_fraction")) {
+      if (!d["val_fraction"].is_number()) throw bad("\"val_fraction\" must be a number");
+      r.val_fraction = d["val_fraction"].get<double>();
+    }
+    return r;
+  }
   std::vector<SliceDim> slice(const json& p, const std::string& where) const;
   void check_slices(const std::string& name, const ManifestTensor& t) const;
   std::map<std::string, ManifestTensor> tensors(const json& m, const std::vector<ManifestFile>& files, int version) const;
@@ -227,6 +249,7 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     if (!m["val_loss"].is_number()) throw p.bad("\"val_loss\" must be a number");
     out.val_loss = m["val_loss"].get<double>();
   }
+  if (m.contains("data")) out.data = p.data(m);
   out.files = p.files(m);
   out.tensors = p.tensors(m, out.files, out.version);
   return out;
@@ -248,6 +271,14 @@ Manifest read_manifest(const fs::path& dir) {
 }
 
 // ---- Checked reads of the per-rank files ----------------------------------------------------------
+
+json data_record_to_json(const DataRecord& d) {
+  auto source = [](const DataSource& s) { return json{{"path", s.path}, {"bytes", s.bytes}, {"hash", s.hash}}; };
+  json j = {{"train", source(d.train)}, {"batch", d.batch}, {"seq", d.seq}};
+  if (d.val_data) j["val_data"] = source(*d.val_data);
+  if (d.val_fraction != 0) j["val_fraction"] = d.val_fraction;
+  return j;
+}
 
 json piece_to_json(const ManifestPiece& p) {
   json j = {{"rank", p.rank}, {"offset", p.offset}, {"begin", p.begin}, {"end", p.end}};

@@ -82,6 +82,27 @@ struct ManifestOptimizer {
   std::vector<std::string> states;  // state names, "param" first; empty when absent
 };
 
+// A token source as a checkpoint records it: enough to tell, cheaply, whether a resumed run reads
+// the same tokens (data.hpp's describe_source makes one).
+struct DataSource {
+  std::string path;   // "synthetic", or the path as given
+  uint64_t bytes = 0;  // the file's size (0 for synthetic)
+  std::string hash;   // "fnv1a64:<hex>" of the size and the first and last MiB; "" for synthetic
+  bool same_tokens(const DataSource& o) const {
+    return path == "synthetic" ? o.path == "synthetic" : o.path != "synthetic" && bytes == o.bytes && hash == o.hash;
+  }
+};
+
+// What a run's batches are made of: with the step, the sequences each step takes. Resuming with
+// another source, batch, sequence length or validation split would continue at the right step on
+// other sequences, so load compares them (manifest key "data").
+struct DataRecord {
+  DataSource train;
+  int64_t batch = 0, seq = 0;         // global batch in sequences, sequence length
+  std::optional<DataSource> val_data;  // --val-data
+  double val_fraction = 0;             // --val-fraction (0 = none): the training stream is cut before it
+};
+
 struct Manifest {
   int version = 2;       // of the format it was written in: 1 (flat pieces only) or 2
   ModelSpec model;       // validated (ModelSpec::validate)
@@ -94,6 +115,7 @@ struct Manifest {
   uint64_t seed = 0;          // 0 when absent
   bool shuffle = false;       // batches drawn from per-epoch permutations of (seed, epoch); false when absent
   std::optional<double> val_loss;  // the validation loss computed at this step, when there was one
+  std::optional<DataRecord> data;  // absent in manifests written before it was recorded
   std::vector<ManifestFile> files;
   std::map<std::string, ManifestTensor> tensors;  // by HF name; every piece's rank is in `files`
 
@@ -105,6 +127,9 @@ struct Manifest {
 // throws InputError naming `origin`. Nothing is allocated from the sizes it claims.
 Manifest parse_manifest(const std::string& text, const std::string& origin);
 Manifest read_manifest(const std::filesystem::path& dir);  // dir/manifest.json, parsed and validated
+
+// The data record's JSON object, as the manifest holds it under "data".
+nlohmann::json data_record_to_json(const DataRecord& d);
 
 // The piece's JSON object, as the manifest holds it ("slice" only when it has one).
 nlohmann::json piece_to_json(const ManifestPiece& p);

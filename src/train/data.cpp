@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "src/core/check.hpp"
+#include "src/core/hash.hpp"
+#include "src/train/checkpoint_format.hpp"
 #include "src/core/rng.hpp"
 
 namespace shardlab {
@@ -67,6 +69,25 @@ TokenStream zero_stream(int64_t length, std::string source) {
   s.tokens.assign(static_cast<size_t>(length), 0);
   s.source = std::move(source);
   return s;
+}
+
+DataSource describe_source(const std::string& what) {
+  if (what == "synthetic") return {what, 0, ""};
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(what, ec);
+  SHARD_REQUIRE(!ec, "cannot read data file '{}': {}", what, ec.message());
+  std::ifstream f(what, std::ios::binary);
+  SHARD_REQUIRE(f.good(), "cannot open data file '{}'", what);
+  constexpr uint64_t kMiB = 1 << 20;
+  std::string head(static_cast<size_t>(std::min(size, kMiB)), '\0');
+  std::string tail(static_cast<size_t>(size > kMiB ? std::min(size - kMiB, kMiB) : 0), '\0');
+  f.read(head.data(), static_cast<std::streamsize>(head.size()));
+  f.seekg(static_cast<std::streamoff>(size - tail.size()));
+  f.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  SHARD_REQUIRE(f.good(), "reading data file '{}' failed", what);
+  const std::string size_text = std::to_string(size);
+  const uint64_t h = fnv1a64(tail, fnv1a64(head, fnv1a64(size_text)));
+  return {what, size, fmt::format("fnv1a64:{:016x}", h)};
 }
 
 TokenStream load_tokens(const std::string& what, int64_t vocab) {

@@ -40,6 +40,11 @@ TokenStream synthetic_stream(int64_t vocab, int64_t length = 1 << 20);
 // `length` zero tokens named `source`: a stand-in where a Trainer reads no data (predictions, sample).
 TokenStream zero_stream(int64_t length, std::string source);
 
+// `what` (as load_tokens takes it) as a checkpoint records it: a file's size and the FNV-1a-64 hash
+// of its size, first MiB and last MiB (two reads, however large the file); "synthetic" as such.
+struct DataSource;  // checkpoint_format.hpp
+DataSource describe_source(const std::string& what);
+
 // Removes the last round(fraction * n) tokens of `s` and returns them as a stream of their own;
 // InputError unless 0 < fraction < 1 and both parts keep at least one token.
 TokenStream split_tail(TokenStream& s, double fraction);

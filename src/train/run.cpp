@@ -1,11 +1,16 @@
 // run.cpp — Trainer::run: the loop around the steps and what it prints and writes (progress lines,
 // the JSONL log, validation, samples, checkpoints, the final summary), and the stop signals that
 // end it with a checkpoint. The step itself, evaluation and sampling are in trainer.cpp.
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -66,7 +71,26 @@ void log_step(std::ofstream& log, const StepStats& s) {
 
 // Preemption: the handler only records the signal; the run loop acts on it between steps.
 volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+// Ctrl-C: the first SIGINT saves and stops like SIGTERM when there is somewhere to save; without a
+// --save-dir, or at the second one, the process ends at once with 130 (128 + SIGINT, the shell's
+// code for an interrupted program), as an untrained user expects of Ctrl-C.
+volatile std::sig_atomic_t g_sigint_saves = 0;
+volatile std::sig_atomic_t g_sigints = 0;
+
+void take_signal(int sig) {
+  if (sig == SIGINT) {
+    g_sigints = g_sigints + 1;
+    if (!g_sigint_saves || g_sigints > 1) {
+      static const char msg[] = "shardlab: interrupted (SIGINT): stopping now, without a checkpoint\n";
+      if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
+      _exit(130);
+    }
+    static const char msg[] = "shardlab: SIGINT: saving a checkpoint after this step (Ctrl-C again stops at once)\n";
+    if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
+  }
+  g_stop_signal = sig;
+}
+extern "C" void on_stop_signal(int sig) { take_signal(sig); }
 
 }  // namespace
 
@@ -81,14 +105,23 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 // signalled every 5 ms). So the two signals are blocked in this thread, in the threads it starts
 // from now on and in the OpenMP workers, and one thread of their own waits for them. Threads that
 // existed before (MPI's) may still take one; they run no GEMM, and the handler only sets a flag.
-void install_stop_signals() {
+void install_stop_signals(bool sigint_saves) {
   g_stop_signal = 0;
+  g_sigints = 0;
+  g_sigint_saves = sigint_saves;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+  // A process started with SIGINT ignored (a background job of a script, nohup-like wrappers) was
+  // meant not to stop on Ctrl-C: it keeps ignoring it.
+  static const bool sigint_ignored = [] {
+    struct sigaction old {};
+    return sigaction(SIGINT, nullptr, &old) == 0 && old.sa_handler == SIG_IGN;
+  }();
+  if (!sigint_ignored) sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGXFSZ, SIG_IGN);
   static std::once_flag waiter;
   std::call_once(waiter, [] {
@@ -96,12 +129,13 @@ void install_stop_signals() {
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGUSR1);
+    sigaddset(&stop, SIGINT);
     on_every_cpu_thread([&stop] { pthread_sigmask(SIG_BLOCK, &stop, nullptr); });
     pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // this thread, had it no part in the pool
     std::thread([stop] {
       for (;;) {
         int sig = 0;
-        if (sigwait(&stop, &sig) == 0) g_stop_signal = sig;
+        if (sigwait(&stop, &sig) == 0) take_signal(sig);
       }
     }).detach();
   });
@@ -114,11 +148,12 @@ int stop_signal() { return g_stop_signal; }
 bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
   const int64_t sig = comm_.all_max(static_cast<int64_t>(g_stop_signal));
   if (sig == 0) return false;
-  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "a signal";
+  if (sig == SIGINT) interrupted_ = true;
   SHARD_REQUIRE(!cfg_.save_dir.empty(),
                 "received {} after step {}, but there is no --save-dir to save to: stopping without a checkpoint "
                 "(pass --save-dir to make a preempted run resumable)", name, done);
-  if (!saved) save_checkpoint(cfg_.save_dir, checkpoint_state(), {done, done, checkpoint_val_loss_}, cfg_.save_keep);
+  if (!saved) save_checkpoint(cfg_.save_dir, checkpoint_state(), {done, done, checkpoint_val_loss_, {}}, cfg_.save_keep);
   if (comm_.rank() == 0) {
     std::fprintf(out, "saved step %lld on %s\n", static_cast<long long>(done), name);
     std::fflush(out);
@@ -161,7 +196,7 @@ bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
   const bool due = !cfg_.save_dir.empty() &&
                    ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
   if (!due) return false;
-  std::string where = save_checkpoint(cfg_.save_dir, checkpoint_state(), {t + 1, t + 1, checkpoint_val_loss_}, cfg_.save_keep);
+  std::string where = save_checkpoint(cfg_.save_dir, checkpoint_state(), {t + 1, t + 1, checkpoint_val_loss_, {}}, cfg_.save_keep);
   if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
   if (new_best && root) {
     mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
@@ -200,20 +235,72 @@ void Trainer::print_header(std::FILE* out) const {
   std::fflush(out);
 }
 
+namespace {
+
+// --save FILE: it can be created or written (a file made only to find out is removed again).
+void probe_file(const std::string& path, const char* flag) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0644);
+  SHARD_REQUIRE(fd >= 0, "{} '{}': cannot write it: {} (checked before the first step)", flag, path, std::strerror(errno));
+  ::close(fd);
+  if (!existed) std::filesystem::remove(path, ec);
+}
+
+// --save-dir DIR: it exists (made here) and a file can be created in it.
+void probe_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  SHARD_REQUIRE(!ec, "--save-dir '{}': cannot create it: {} (checked before the first step)", dir, ec.message());
+  const std::string probe = (std::filesystem::path(dir) / fmt::format(".probe.{}", ::getpid())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  SHARD_REQUIRE(fd >= 0, "--save-dir '{}': cannot write in it: {} (checked before the first step)", dir,
+                std::strerror(errno));
+  ::close(fd);
+  std::filesystem::remove(probe, ec);
+}
+
+}  // namespace
+
+// Before the first step, rank 0 (which writes them) makes sure the log, the final weights and the
+// checkpoints can be written, so a mistake costs no training; every rank stops with its message.
+// A resumed run's log keeps the earlier steps: it is appended to, after a line marking the resume.
+void Trainer::open_outputs(std::ofstream& log) {
+  if (cfg_.log_path.empty() && cfg_.save_path.empty() && cfg_.save_dir.empty()) return;
+  std::string error;
+  if (comm_.rank() == 0) {
+    try {
+      if (!cfg_.save_dir.empty()) probe_dir(cfg_.save_dir);
+      if (!cfg_.save_path.empty()) probe_file(cfg_.save_path, "--save");
+      if (!cfg_.log_path.empty()) {
+        const bool resumed = !resumed_from_.empty();
+        log.open(cfg_.log_path, resumed ? std::ios::app : std::ios::trunc);
+        SHARD_REQUIRE(log.good(), "--log '{}': cannot write it: {} (checked before the first step)", cfg_.log_path,
+                      std::strerror(errno));
+        if (resumed) {
+          log << nlohmann::json{{"event", "resume"}, {"step", start_step_}, {"from", resumed_from_}}.dump() << '\n';
+          log.flush();
+        }
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  for (const std::string& e : comm_.all_gather_strings(error))
+    if (!e.empty()) throw InputError(e);
+}
+
 StepStats Trainer::run(std::FILE* out) {
   const bool root = comm_.rank() == 0;
   std::ofstream log;
-  if (root && !cfg_.log_path.empty()) {
-    log.open(cfg_.log_path, std::ios::trunc);
-    SHARD_REQUIRE(log.good(), "cannot write --log file '{}'", cfg_.log_path);
-  }
   if (start_step_ >= cfg_.steps) {
     if (root) std::fprintf(out, "nothing to do: the checkpoint is at step %lld of %lld\n",
                            static_cast<long long>(start_step_), static_cast<long long>(cfg_.steps));
     return {};
   }
+  open_outputs(log);
   if (root) print_header(out);
-  install_stop_signals();
+  install_stop_signals(!cfg_.save_dir.empty());
   RunSummary sum;
   for (int64_t t = start_step_; t < cfg_.steps; ++t) {
     StepStats s = step(t);
@@ -227,9 +314,12 @@ StepStats Trainer::run(std::FILE* out) {
     const bool save_now = maybe_checkpoint(t, new_best, out);
     if (stop_requested(t + 1, save_now, out)) return s;
   }
+  // A resumed run says how many steps it ran itself and where the whole run stands.
+  const std::string resumed = start_step_ > 0 ? fmt::format(" in this process ({} in total, resumed after step {})",
+                                                            cfg_.steps, start_step_) : "";
   if (root)
-    std::fprintf(out, "done: %lld steps, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",
-                 static_cast<long long>(cfg_.steps), sum.first.loss, sum.last.loss, sum.min_loss,
+    std::fprintf(out, "done: %lld steps%s, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",
+                 static_cast<long long>(cfg_.steps - start_step_), resumed.c_str(), sum.first.loss, sum.last.loss, sum.min_loss,
                  sum.total_ms / static_cast<double>(sum.timed_steps),
                  sum.total_tokens / (sum.total_ms / 1e3), format_bytes(static_cast<double>(sum.peak)).c_str());
   if (root && sum.last_val) std::fprintf(out, "validation loss at the end: %.4f\n", *sum.last_val);

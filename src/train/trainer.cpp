@@ -90,7 +90,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
       comm_(comm),
       cfg_(checked(std::move(cfg), comm.world_size())),
       mesh_(comm, cfg_.strategy.dims),
-      data_(load_streams(cfg_, std::move(tokens))),
+      data_(load_streams(cfg_, tokens)),  // tokens kept: the body asks whether a stand-in was given
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
       units_(make_gpt2_units(cfg_.spec)) {
   for (const auto& u : units_) num_params_ += u->layout().numel;
@@ -111,8 +111,19 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     else strategy_->load_params(cfg_.init);
   }
   std::string from = cfg_.resume == "auto" ? latest_checkpoint(cfg_.save_dir) : cfg_.resume;
+  if (!tokens && (!cfg_.save_dir.empty() || !from.empty())) {
+    auto d = std::make_shared<DataRecord>();
+    d->train = describe_source(cfg_.data);
+    d->batch = cfg_.batch;
+    d->seq = cfg_.spec.seq;
+    if (!cfg_.val_data.empty()) d->val_data = describe_source(cfg_.val_data);
+    d->val_fraction = cfg_.val_fraction;
+    data_record_ = std::move(d);
+  }
   if (!from.empty()) {
-    start_step_ = load_checkpoint(from, checkpoint_state()).step;
+    const RunPosition at = load_checkpoint(from, checkpoint_state());
+    start_step_ = at.step;
+    if (!at.note.empty() && comm_.rank() == 0) std::fprintf(stderr, "shardlab train: note: %s\n", at.note.c_str());
     SHARD_REQUIRE(start_step_ <= cfg_.steps, "checkpoint '{}' is at step {}, past --steps {}", from, start_step_,
                   cfg_.steps);
     resumed_from_ = from;
@@ -329,7 +340,7 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
 }
 
 CheckpointState Trainer::checkpoint_state() {
-  return CheckpointState{be_, comm_, *strategy_, units_, cfg_, cfg_.shuffle};
+  return CheckpointState{be_, comm_, *strategy_, units_, cfg_, cfg_.shuffle, data_record_.get()};
 }
 
 void Trainer::save(const std::string& path) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdio>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,10 +20,13 @@
 namespace shardlab {
 
 struct CheckpointState;  // checkpoint.hpp
+struct DataRecord;       // checkpoint_format.hpp
 
-// SIGTERM and SIGUSR1 ask a run to save and stop after the current step (run.cpp). Every run
-// installs this; it is here for the test that signals a process busy in GEMMs.
-void install_stop_signals();
+// SIGTERM and SIGUSR1 ask a run to save and stop after the current step (run.cpp); so does a first
+// SIGINT (Ctrl-C) when `sigint_saves` (there is a --save-dir); otherwise, or at a second SIGINT, the
+// process exits 130 at once. Every run installs this; it is here for the test that signals a process
+// busy in GEMMs.
+void install_stop_signals(bool sigint_saves = false);
 int stop_signal();  // the last stop signal received since install_stop_signals (0 = none)
 
 // A run: the steps (StepConfig's fields: spec, strategy, accum, seed, optim, schedule, grad_clip,
@@ -91,6 +95,7 @@ class Trainer {
   // SIGTERM or SIGUSR1 at any rank, every rank finishes the step in progress, they agree on it,
   // save a checkpoint to --save-dir and return (InputError without a --save-dir). Returns the last step.
   StepStats run(std::FILE* out);
+  bool interrupted() const { return interrupted_; }  // run() stopped on SIGINT (after saving): exit 130
   Strategy& strategy() { return *strategy_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   int64_t num_params() const { return num_params_; }
@@ -114,6 +119,7 @@ class Trainer {
   class EvalScope;
   CheckpointState checkpoint_state();  // what save_checkpoint and load_checkpoint work on
   void print_header(std::FILE* out) const;
+  void open_outputs(std::ofstream& log);
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
   bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);
   void maybe_sample(int64_t t, std::FILE* out);
@@ -140,7 +146,9 @@ class Trainer {
   CategoryBytes states_{}, host_states_{};  // ledger after set-up, per tier
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;
+  bool interrupted_ = false;
   std::string resumed_from_;
+  std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
   std::vector<int32_t> global_inputs_, global_targets_;  // one micro-step of every rank, rank order
   Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };

@@ -2,7 +2,8 @@
 # Faults of long runs, with real signals and real limits. Each case prints what happened and ends
 # with PASS (CTest matches it) or FAIL and a non-zero exit.
 # usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
-#                                          save_ulimit | sigkill_midstep | save_keep | soak
+#                                          sigint_saves | sigint_no_save_dir | save_ulimit | sigkill_midstep |
+#                                          save_keep | soak
 set -u
 bin=$1 case=$2
 work=$(mktemp -d)
@@ -13,7 +14,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 train=("$bin" train --model tiny --batch 4 --threads 1 --print-every 100000 --schedule constant)
 
 fail() { echo "FAIL: $*"; exit 1; }
-losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
+# (A resumed run's log starts with a {"event": "resume", ...} line: markers have no loss.)
+losses() { python3 -c "import json,sys; print(' '.join(repr(j['loss']) for j in map(json.loads, open(sys.argv[1])) if 'loss' in j))" "$1"; }
 # The PID of rank $1 of the job started last: a child of its mpirun (--nproc execs mpirun, so $job is
 # mpirun), found by the MPI rank in its environment. Only this job's processes are ever signalled.
 rank_pid() {
@@ -74,6 +76,37 @@ sigterm_no_save_dir)
   grep -v '^step' "$work/out"
   [ $rc -ne 0 ] || fail "expected a non-zero exit without --save-dir"
   grep -q "no --save-dir to save to" "$work/out" || fail "the message does not say why"
+  ;;
+sigint_saves | sigint_no_save_dir)
+  # Ctrl-C reaches a foreground process: one process, no mpirun (which answers SIGINT itself). A
+  # background job of a script starts with SIGINT ignored, and shardlab keeps it so; job control
+  # (set -m) starts it as a foreground job would, taking SIGINT.
+  set -m
+  extra=(); [ "$case" = sigint_saves ] && extra=(--save-dir "$work/ck")
+  "${train[@]}" --steps 1000000 "${extra[@]}" --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  set +m
+  wait_for_steps "$work/a.log" 20
+  kill -INT "$job"
+  wait_job 60; rc=$?
+  grep -v '^step' "$work/out"
+  [ $rc -eq 130 ] || fail "expected exit 130 after SIGINT, got $rc"
+  if [ "$case" = sigint_no_save_dir ]; then
+    grep -q "interrupted (SIGINT): stopping now" "$work/out" || fail "the message does not say it stopped"
+  else
+    n=$(sed -n 's/^saved step \([0-9]*\) on SIGINT$/\1/p' "$work/out")
+    [ -n "$n" ] && [ -d "$work/ck/step_$(printf %08d "$n")" ] || fail "no checkpoint of the step in progress"
+    # The resumed run appends to the same log: the earlier steps stay, after them a resume marker.
+    "${train[@]}" --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/a.log" >"$work/b.out" 2>&1 ||
+      fail "resume failed"
+    grep '^done' "$work/b.out"
+    [ "$(losses "$work/a.log" | wc -w)" -eq $((n + 5)) ] || fail "the log does not hold steps 1-$((n + 5))"
+    grep -q "\"event\":\"resume\",\"from\":\".*step_$(printf %08d "$n")\",\"step\":$n" "$work/a.log" ||
+      fail "no resume marker in the log"
+    "${train[@]}" --steps $((n + 5)) --log "$work/full.log" >/dev/null 2>&1 || fail "uninterrupted run failed"
+    [ "$(losses "$work/a.log")" = "$(losses "$work/full.log")" ] || fail "the saved and resumed losses differ"
+    echo "saved step $n on SIGINT; resumed to step $((n + 5)), log bit-identical to the uninterrupted run's"
+  fi
   ;;
 save_ulimit)
   # A first checkpoint at step 4; then, with a file-size limit (ulimit -f 8192: 8 MiB; Open MPI's
