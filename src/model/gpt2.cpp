@@ -110,7 +110,7 @@ class BlockUnit final : public Unit {
     Backend& be = c.be;
     Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add(c.pool, "ln1_mean", {N}),
            ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
-    be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"));
+    be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), 1e-5f);
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
     matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
     Tensor atty = s.add(c.pool, "atty", {N, C}), att = s.add(c.pool, "att", {B, H, T, T});
@@ -121,7 +121,7 @@ class BlockUnit final : public Unit {
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add(c.pool, "ln2_mean", {N}),
            ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
-    be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"));
+    be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), 1e-5f);
     Tensor fch = s.add(c.pool, "fch", {N, 4 * C}), fch_gelu = s.add(c.pool, "fch_gelu", {N, 4 * C});
     matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, 4 * C);
     be.gelu_forward(fch_gelu, fch);
@@ -181,7 +181,7 @@ class HeadUnit final : public Unit {
     const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim, V = c.spec.vocab;
     Tensor lnf = s.add(c.pool, "lnf", {N, C}), mean = s.add(c.pool, "lnf_mean", {N}),
            rstd = s.add(c.pool, "lnf_rstd", {N});
-    c.be.layernorm_forward(lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"));
+    c.be.layernorm_forward(lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"), 1e-5f);
     const Tensor wte = p.gemm("wte.weight");
     GemmDesc d = gemm_with(wte);  // logits (N, V) = lnf (N, C) @ wte^T
     d.trans_b = Trans::T;
