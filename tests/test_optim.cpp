@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "optim/optimizer.hpp"
+#include "src/model/gpt2/gpt2.hpp"
 #include "tests/test_util.hpp"
 
 using namespace shardlab;

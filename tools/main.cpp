@@ -45,6 +45,7 @@
 #include "src/comm/watchdog.hpp"
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"
+#include "src/model/family.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/compare.hpp"
 #include "src/train/predict.hpp"
@@ -633,7 +634,7 @@ int cmd_compare(const std::vector<std::string>& args, const MpiRuntime& mpi) {
     MemoryReport report;
     report.title = fmt::format("shardlab compare: {}, {} ranks, global batch {}, rank 0, last step of each strategy",
                                cc.train.spec.describe(), mpi.world(), cc.train.batch);
-    report.unit_names = gpt2_unit_names(cc.train.spec);
+    report.unit_names = family_of(cc.train.spec).unit_names(cc.train.spec);
     for (const auto& run : r.runs)
       if (!run.oom) report.rows.push_back(run.memory);
     if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");

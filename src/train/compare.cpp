@@ -6,6 +6,7 @@
 
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"
+#include "src/model/family.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
@@ -59,7 +60,8 @@ std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, cons
     }
     if (budget && e.peak > budget) {
       r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
-                            format_bytes(double(e.peak)), phase_label(e.peak_phase, gpt2_unit_names(tc.spec)),
+                            format_bytes(double(e.peak)),
+                            phase_label(e.peak_phase, family_of(tc.spec).unit_names(tc.spec)),
                             format_bytes(double(budget)));
       return nullptr;
     }
