@@ -6,6 +6,7 @@
 #include "benchmarks/adamw_bench.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/core/stats.hpp"
+#include "src/model/family.hpp"
 #include "src/model/model.hpp"
 
 namespace shardlab {
@@ -31,12 +32,12 @@ double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
     StepStats st = trainer.step(s);
     if (s > 0) ms.push_back(st.ms);
   }
-  return double(micro_batch * t.spec.seq) * flops_per_token(t.spec) / (median(ms) / 1e3);
+  return double(micro_batch * t.spec.seq) * family_of(t.spec).flops_per_token(t.spec) / (median(ms) / 1e3);
 }
 
 double allreduce_busbw(Backend& be, Communicator& comm, const PlanConfig& cfg) {
   if (comm.world_size() == 1) return 1e12;  // nothing crosses a link
-  const auto layout = gpt2_layout(cfg.train.spec);
+  const auto layout = family_of(cfg.train.spec).layout(cfg.train.spec);
   const int64_t n = std::max<int64_t>(1024, num_params(layout) / static_cast<int64_t>(layout.size()));
   Pool pool(be);
   Block b = pool.alloc(DType::f32, n, Category::comm_buffer, "calibrate all_reduce");

@@ -7,6 +7,7 @@
 #include "src/comm/sim_comm.hpp"
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"
+#include "src/model/family.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
@@ -69,7 +70,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     base.strategy.offload = Offload::none;
     add(base, fmt::format("{}, no levers", strategy_name(tc.strategy.kind)));
   }
-  const double flops_per_token = shardlab::flops_per_token(s);
+  const double flops_per_token = family_of(s).flops_per_token(s);
   std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens%s, %s\n", s.describe().c_str(),
                static_cast<long long>(cfg.batch), static_cast<long long>(s.seq),
                ranks > 1 ? fmt::format(" over {} ranks (GFLOP/s and %sgemm per rank)", ranks).c_str() : "",

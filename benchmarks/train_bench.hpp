@@ -10,7 +10,7 @@
 #include "memory/pool.hpp"
 #include "shard/strategy.hpp"
 #include "src/comm/communicator.hpp"
-#include "src/model/gpt2.hpp"
+#include "src/model/unit.hpp"
 
 namespace shardlab {
 

@@ -39,7 +39,8 @@ std::string rejection(const json& m) {
 TEST_CASE("spec_to_json and spec_from_json round-trip and reject bad specs", "[ckpt]") {
   const ModelSpec tiny = model_preset("tiny");
   const json j = spec_to_json(tiny);
-  CHECK(j == json::parse(R"({"name": "tiny", "layers": 2, "dim": 32, "heads": 2, "seq": 32, "vocab": 256})"));
+  CHECK(j == json::parse(
+                 R"({"family": "gpt2", "name": "tiny", "layers": 2, "dim": 32, "heads": 2, "seq": 32, "vocab": 256})"));
   const ModelSpec back = spec_from_json(j);
   CHECK(back.name == "tiny");
   CHECK(back.describe() == tiny.describe());
@@ -60,6 +61,31 @@ TEST_CASE("spec_to_json and spec_from_json round-trip and reject bad specs", "[c
   k = j;
   k["name"] = 7;
   CHECK_THROWS_WITH(spec_from_json(k), "\"name\" must be a string");
+
+  // Specs written before families had none: they are GPT-2's.
+  json old = j;
+  old.erase("family");
+  CHECK(spec_from_json(old).family == FamilyId::gpt2);
+  CHECK(spec_from_json(old).describe() == tiny.describe());
+  k = j;
+  k["family"] = "gpt3";
+  CHECK_THROWS_WITH(spec_from_json(k), "unknown model family 'gpt3': expected one of gpt2");
+  // Fields off their defaults are written, read back, and checked by the family.
+  ModelSpec wide = tiny;
+  wide.ffn_dim = 48;
+  wide.norm_eps = 1e-6;
+  const json w = spec_to_json(wide);
+  CHECK(w["ffn_dim"] == 48);
+  CHECK(w.contains("norm_eps"));
+  CHECK_FALSE(w.contains("kv_heads"));
+  CHECK(spec_from_json(w).ffn_hidden() == 48);
+  CHECK(spec_from_json(w).norm_eps == 1e-6);
+  k = j;
+  k["kv_heads"] = 1;
+  CHECK_THROWS_WITH(spec_from_json(k), Catch::Contains("GPT-2 attends with as many K/V heads as heads"));
+  k = j;
+  k["tied_head"] = false;
+  CHECK_THROWS_WITH(spec_from_json(k), Catch::Contains("tied_head must be true"));
 }
 
 TEST_CASE("parse_manifest returns every field typed", "[ckpt]") {

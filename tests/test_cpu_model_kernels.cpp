@@ -50,7 +50,7 @@ TEST_CASE("layernorm forward and backward", "[kernels]") {
   auto x = random_vector("ln x", N * C, -3.f, 3.f), w = random_vector("ln w", C), b = random_vector("ln b", C);
   auto dout = random_vector("ln dout", N * C);
   std::vector<float> y(N * C), mean(N), rstd(N), dx(N * C, 0.5f), dw(C, 0.f), db(C, 0.f);
-  be->layernorm_forward(t1(y), t1(mean), t1(rstd), t1(x), t1(w), t1(b));
+  be->layernorm_forward(t1(y), t1(mean), t1(rstd), t1(x), t1(w), t1(b), 1e-5f);
   be->layernorm_backward(t1(dx), t1(dw), t1(db), t1(dout), t1(x), t1(w), t1(mean), t1(rstd));
   std::vector<double> ry(N * C), rdx(N * C), rdw(C, 0), rdb(C, 0);
   for (int64_t i = 0; i < N; ++i) {

@@ -129,6 +129,11 @@ TEST_CASE("cuda element-wise ops, casts and reductions match the cpu backend", "
   got = e.download(gy, DType::f32, n);
   for (size_t i = 0; i < n; ++i) REQUIRE(got[i] == y[i]);
 
+  e.gpu->add(tx, ty, ty);
+  e.cpu->add(host(x), host(y), host(y));
+  got = e.download(gy, DType::f32, n);
+  for (size_t i = 0; i < n; ++i) REQUIRE(got[i] == y[i]);
+
   Block out = e.pool.alloc(DType::f32, 1, Category::workspace, "out");
   Tensor to = out.flat(DType::f32);
   std::vector<float> ref(1);
@@ -158,9 +163,17 @@ TEST_CASE("cuda element-wise ops, casts and reductions match the cpu backend", "
   e.cpu->sum_rows(Tensor(m.data(), DType::f32, {rows, cols}), host(cs), false);
   got = e.download(gs, DType::f32, cols);
   for (int64_t c = 0; c < cols; ++c) REQUIRE(got[c] == Approx(cs[c]).epsilon(1e-6).margin(1e-6));
+
+  // fill, in every dtype.
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    Block f = e.upload(x, t, "fill");
+    e.gpu->fill(Env::dev(f, t, n), -0.3f);
+    auto filled = e.download(f, t, n);
+    for (size_t i = 0; i < n; ++i) REQUIRE(filled[i] == test::round_to(-0.3f, t));
+  }
 }
 
-// ---- GPT-2 and optimizer kernels against the CPU backend ----------------------------------------
+// ---- the layers' operations and the optimizers against the CPU backend ------------------------
 // Tolerances: |gpu - cpu| <= abs + rel * |cpu| per element, stated at each check. TF32 is off, so
 // GEMM-based ops differ from the CPU only by summation order.
 
@@ -271,14 +284,15 @@ TEST_CASE("cuda layernorm forward and backward match the cpu backend", "[cuda]")
     auto inp = random_vector("linp", N * C, -2.f, 3.f), w = random_vector("lw", C, 0.5f, 1.5f);
     auto b = random_vector("lb", C);
     std::vector<float> out(N * C), mean(N), rstd(N);
-    e.cpu->layernorm_forward(host2(out, N, C), host(mean), host(rstd), host2(inp, N, C), host(w), host(b));
+    e.cpu->layernorm_forward(host2(out, N, C), host(mean), host(rstd), host2(inp, N, C), host(w), host(b),
+                             1e-5f);
     Block ginp = up(e, inp, "inp"), gw = up(e, w, "w"), gb = up(e, b, "b");
     Block gout = e.pool.alloc(DType::f32, N * C, Category::workspace, "out");
     Block gmean = e.pool.alloc(DType::f32, N, Category::workspace, "mean");
     Block grstd = e.pool.alloc(DType::f32, N, Category::workspace, "rstd");
     e.gpu->layernorm_forward(gout.view(DType::f32, {N, C}), Env::dev(gmean, DType::f32, N),
                              Env::dev(grstd, DType::f32, N), ginp.view(DType::f32, {N, C}),
-                             Env::dev(gw, DType::f32, C), Env::dev(gb, DType::f32, C));
+                             Env::dev(gw, DType::f32, C), Env::dev(gb, DType::f32, C), 1e-5f);
     // f32, only the summation order differs: 1e-5 relative, 1e-5 absolute.
     expect_close(down(e, gout, out.size()), out, 1e-5, 1e-5, "layernorm out");
     expect_close(down(e, gmean, mean.size()), mean, 1e-5, 1e-5, "layernorm mean");

@@ -7,6 +7,7 @@
 
 #include "shard/strategy_formulas.hpp"
 #include "src/comm/sim_comm.hpp"
+#include "src/model/gpt2/gpt2.hpp"
 #include "src/train/predict.hpp"
 #include "src/train/plan.hpp"
 #include "src/train/profile.hpp"

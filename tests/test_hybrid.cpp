@@ -68,7 +68,7 @@ TEST_CASE("hybrid sharding's intra- and inter-group traffic is the theory's, to 
     Trainer t(*be, pool, *comm, cfg);
     t.step(0);
     double padded = 0;  // every unit padded to a multiple of S
-    for (const auto& u : gpt2_layout(cfg.spec)) padded += static_cast<double>(make_flat_param(u, S, 0).padded);
+    for (const auto& u : family_of(cfg.spec).layout(cfg.spec)) padded += static_cast<double>(make_flat_param(u, S, 0).padded);
     const double fs = (S - 1.0) / S, fg = (G - 1.0) / G, fn = (N - 1.0) / N;
     // In the group: reduce-scatter and all-gather of every unit (f32), and the gradient norm's
     // all-reduce of one float. Across groups: an all-reduce of each rank's shard. World: the loss.

@@ -47,7 +47,7 @@ TEST_CASE("GPT-2 forward and backward match PyTorch", "[model][reference]") {
   REQUIRE(cfg["layers"] == spec.layers);
   REQUIRE(cfg["dim"] == spec.dim);
   REQUIRE(cfg["vocab"] == spec.vocab);
-  Gpt2Model model(spec, *f.be, f.pool);
+  Model model(spec, *f.be, f.pool);
   model.load(kReference);  // "transformer." names and attn.bias buffers, as in an HF file
   auto tokens = ints(ref.metadata().at("tokens")), targets = ints(ref.metadata().at("targets"));
   const int64_t B = cfg["batch"], T = cfg["seq"];
@@ -97,7 +97,7 @@ TEST_CASE("finite differences agree with every unit's gradients", "[model][gradc
   Fixture f;
   ModelSpec spec = model_preset("tiny");
   spec.seq = 8;  // short sequences keep the check quick
-  Gpt2Model model(spec, *f.be, f.pool);
+  Model model(spec, *f.be, f.pool);
   model.init(7);
   const int64_t B = 2, T = 8;
   std::vector<int32_t> tokens(B * T), targets(B * T);

@@ -4,6 +4,7 @@
 
 #include "optim/optimizer.hpp"
 #include "shard/flat_param.hpp"
+#include "src/model/gpt2/gpt2.hpp"
 #include "tests/test_util.hpp"
 
 using namespace shardlab;

@@ -25,7 +25,7 @@ TEST_CASE("an HF-named model round-trips through safetensors in f32, bf16 and f1
   auto be = make_cpu_backend(BackendConfig{1});
   Pool pool(*be);
   ModelSpec spec = model_preset("tiny");
-  Gpt2Model a(spec, *be, pool), b(spec, *be, pool);
+  Model a(spec, *be, pool), b(spec, *be, pool);
   a.init(3);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     std::string path = tmp_path(std::string("roundtrip_") + dtype_name(t) + ".safetensors");
@@ -55,7 +55,7 @@ TEST_CASE("bad safetensors files fail with a message naming the problem", "[safe
   auto be = make_cpu_backend(BackendConfig{1});
   Pool pool(*be);
   ModelSpec spec = model_preset("tiny");
-  Gpt2Model m(spec, *be, pool);
+  Model m(spec, *be, pool);
   m.init(1);
   std::string good = tmp_path("good.safetensors");
   m.save(good);
@@ -102,11 +102,11 @@ TEST_CASE("bad safetensors files fail with a message naming the problem", "[safe
   // A file of another architecture: a shape mismatch names the tensor and both shapes.
   ModelSpec wider = spec;
   wider.dim = 64;
-  Gpt2Model w(wider, *be, pool);
+  Model w(wider, *be, pool);
   CHECK_THROWS_WITH(w.load(good), Catch::Contains("tensor 'wte.weight' has shape (256, 32), the model expects (256, 64)"));
   ModelSpec deeper = spec;
   deeper.layers = 3;
-  Gpt2Model d(deeper, *be, pool);
+  Model d(deeper, *be, pool);
   CHECK_THROWS_WITH(d.load(good), Catch::Contains("has no tensor 'h.2.ln_1.weight'"));
   CHECK_THROWS_WITH(m.load(tmp_path("does_not_exist.safetensors")), Catch::Contains("cannot open safetensors file"));
   for (const auto& p : {good, truncated, tiny, huge, notjson, lying, overflow, ints}) fs::remove(p);

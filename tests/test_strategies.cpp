@@ -175,7 +175,7 @@ TEST_CASE("measured communication per step matches each strategy's pattern", "[s
   CHECK(r.agree);
   const int N = g_mpi->world();
   const double f = (N - 1.0) / N;
-  auto layout = gpt2_layout(cc.train.spec);
+  auto layout = family_of(cc.train.spec).layout(cc.train.spec);
   double psi = 0, pad_all = 0, pad_blocks = 0;
   for (const auto& u : layout) {
     psi += u.numel;
@@ -204,7 +204,7 @@ TEST_CASE("measured communication per step matches each strategy's pattern", "[s
 TEST_CASE("bf16 parameters and gradients: ZeRO's memory formulas, exactly, and the same training", "[strategies][bf16]") {
   const int N = g_mpi->world();
   TrainConfig base = parity_config(StrategyKind::ddp, N);
-  auto layout = gpt2_layout(base.spec);
+  auto layout = family_of(base.spec).layout(base.spec);
   uint64_t psi = 0, psi_pad = 0;
   for (const auto& u : layout) {
     psi += static_cast<uint64_t>(u.numel);

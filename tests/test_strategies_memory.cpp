@@ -101,12 +101,12 @@ TEST_CASE("profile --measure: measured equals predicted, with real ranks or the 
 
 namespace {
 
-// The validation loss of cfg's model at its initialisation, computed by a single-rank Gpt2Model
+// The validation loss of cfg's model at its initialisation, computed by a single-rank Model
 // (an independent path: its own hooks, forward_backward's mean loss) over the same sequences.
 double reference_val_loss(const TrainConfig& cfg, int64_t batches) {
   auto be = make_cpu_backend(BackendConfig{1});
   Pool pool(*be);
-  Gpt2Model model(cfg.spec, *be, pool);
+  Model model(cfg.spec, *be, pool);
   model.init(cfg.seed);
   TokenStream train = synthetic_stream(cfg.spec.vocab);
   TokenStream val = split_tail(train, cfg.val_fraction);

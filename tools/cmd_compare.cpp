@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "memory/report.hpp"
-#include "src/model/gpt2.hpp"
+#include "src/model/family.hpp"
 #include "src/train/compare.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
@@ -43,7 +43,7 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
     MemoryReport report;
     report.title = fmt::format("shardlab compare: {}, {} ranks, global batch {}, rank 0, last step of each strategy",
                                cc.train.spec.describe(), ctx.mpi.world(), cc.train.batch);
-    report.unit_names = gpt2_unit_names(cc.train.spec);
+    report.unit_names = family_of(cc.train.spec).unit_names(cc.train.spec);
     for (const auto& run : r.runs)
       if (!run.oom) report.rows.push_back(run.memory);
     if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");

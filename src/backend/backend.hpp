@@ -127,14 +127,24 @@ class Backend {
   virtual void wait(StreamKind stream, const Event& event) = 0;  // stream waits on event
   virtual void synchronize() = 0;                                // host waits for all streams
 
-  // ---- kernels ----
+  // Operations, grouped by family. A model family that needs a new operation (rmsnorm, rope,
+  // swiglu, ...) adds it to its group, named by what it computes, with one implementation per
+  // backend (cpu/, cuda/, meta/) tested against the CPU's.
+
+  // ---- matrix products ----
   virtual void gemm(const GemmDesc& d, const void* a, const void* b, void* c) = 0;
+
+  // ---- element-wise ----
   virtual void fill(Tensor x, float value) = 0;          // any dtype
   virtual void cast(Tensor dst, Tensor src) = 0;         // dst <- src, any dtypes, same numel (as copy)
   virtual void axpy(float alpha, Tensor x, Tensor y) = 0;  // y += alpha * x
   virtual void scale(Tensor x, float alpha) = 0;           // x *= alpha
   virtual void add(Tensor a, Tensor b, Tensor out) = 0;    // out = a + b (out may alias a or b)
   virtual void mul(Tensor a, Tensor b, Tensor out) = 0;    // out = a * b
+  // x (N, OC) += bias (OC) on every row
+  virtual void add_bias(Tensor x, Tensor bias) = 0;
+
+  // ---- reductions ----
   // out[0] (+)= sum(x) / sum(x^2) / max|x|; accumulate adds to (or maxes with) what out holds.
   virtual void sum(Tensor x, Tensor out, bool accumulate) = 0;
   virtual void sum_squares(Tensor x, Tensor out, bool accumulate) = 0;
@@ -142,29 +152,40 @@ class Backend {
   // out[c] (+)= sum_r x[r, c] for x of shape (rows, cols): bias gradients.
   virtual void sum_rows(Tensor x, Tensor out, bool accumulate) = 0;
 
-  // ---- GPT-2 kernels (f32). Shapes: B batch, T time, C channels, H heads, V vocab. Token ids are
-  // int32 in host memory on every backend (the CUDA backend copies them to the device itself; the
-  // caller may reuse them once the call returns). "accumulate" gradients add to what the buffer holds. ----
+  // The layers' operations below are f32. Shapes: B batch, T time, C channels, H heads, V vocab,
+  // N rows. Token ids are int32 in host memory on every backend (the CUDA backend copies them to
+  // the device itself; the caller may reuse them once the call returns). "accumulate" gradients
+  // add to what the buffer holds.
+
+  // ---- embeddings: token and learned position ----
   // out (B*T, C) = wte[tokens] + wpe[t]
   virtual void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) = 0;
   // dwte[tokens] += dout, dwpe[t] += dout (accumulate)
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                                   int64_t T) = 0;
-  // inp, out (N, C); mean, rstd (N); eps 1e-5
-  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) = 0;
+
+  // ---- normalisation ----
+  // LayerNorm over the last dimension: inp, out (N, C); mean, rstd (N) saved for backward;
+  // rstd = 1 / sqrt(variance + eps).
+  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                                 float eps) = 0;
   // dinp, dweight, dbias accumulate
   virtual void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                                   Tensor mean, Tensor rstd) = 0;
-  // x (N, OC) += bias (OC) on every row
-  virtual void add_bias(Tensor x, Tensor bias) = 0;
+
+  // ---- activations ----
   // GELU, tanh approximation; backward: dinp = gelu'(inp) * dout (overwrites dinp)
   virtual void gelu_forward(Tensor out, Tensor inp) = 0;
   virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;
+
+  // ---- attention ----
   // Causal self-attention over qkv (B, T, 3C) laid out [q | k | v], heads of C/H channels.
   // out (B, T, C); att (B, H, T, T) softmax probabilities (zero above the diagonal), saved for backward.
   virtual void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) = 0;
   // dqkv (B, T, 3C) is overwritten; scratch holds attention_scratch_elems(T, H) floats.
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) = 0;
+
+  // ---- losses ----
   // losses (N) = -log softmax(logits)[target]; when dlogits is not empty it receives
   // (softmax - onehot(target)) * dloss_scale (it may alias logits).
   virtual void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
@@ -194,7 +215,9 @@ void on_every_cpu_thread(const std::function<void()>& f);
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
 void check_f32(const Tensor& t, const char* op);
 void check_gemm(const GemmDesc& d);
-// Validate a GPT-2 kernel's tensors; each returns the sizes its kernel needs.
+int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
+// Validate a layer operation's tensors (in the groups' order above); each returns the sizes its
+// kernel needs.
 int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T);  // C
 int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B,
                                  int64_t T);  // C
@@ -203,11 +226,10 @@ std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, co
 std::array<int64_t, 2> layernorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                                 const Tensor& mean, const Tensor& rstd);  // {N, C}
-int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
-void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
-std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}
 // Validates attention tensors and returns {B, T, C}.
 std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H,
                                        const char* op);
+void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
+std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}
 
 }  // namespace shardlab

@@ -1,10 +1,12 @@
 #include "src/model/model.hpp"
 
+#include <algorithm>
+
 namespace shardlab {
 
-Gpt2Model::Gpt2Model(const ModelSpec& spec, Backend& be, Pool& pool) : spec_(spec), be_(be), pool_(pool) {
+Model::Model(const ModelSpec& spec, Backend& be, Pool& pool) : spec_(spec), be_(be), pool_(pool) {
   spec_.validate();
-  units_ = make_gpt2_units(spec_);
+  units_ = family_of(spec_).make_units(spec_);
   for (const auto& u : units_) {
     params_.push_back(pool_.alloc(DType::f32, u->layout().numel, Category::param_full, u->name() + " params"));
     grads_.push_back(pool_.alloc(DType::f32, u->layout().numel, Category::grad_full, u->name() + " grads"));
@@ -12,13 +14,13 @@ Gpt2Model::Gpt2Model(const ModelSpec& spec, Backend& be, Pool& pool) : spec_(spe
   zero_grads();
 }
 
-int64_t Gpt2Model::num_params() const {
+int64_t Model::num_params() const {
   int64_t n = 0;
   for (const auto& u : units_) n += u->layout().numel;
   return n;
 }
 
-void Gpt2Model::init(uint64_t seed) {
+void Model::init(uint64_t seed) {
   for (size_t i = 0; i < units_.size(); ++i) {
     const UnitLayout& l = units_[i]->layout();
     if (be_.device() == Device::cpu) {
@@ -34,15 +36,21 @@ void Gpt2Model::init(uint64_t seed) {
 void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec) {
   SHARD_CHECK(static_cast<int64_t>(out.size()) >= unit.numel, "read_unit {}: {} floats for {}", unit.name, out.size(),
               unit.numel);
+  const ModelFamily& family = family_of(spec);
   for (const TensorDecl& t : unit.tensors) {
-    std::string name = r.has(t.name) ? t.name : "transformer." + t.name;
-    SHARD_REQUIRE(r.has(name), "'{}' has no tensor '{}' (nor 'transformer.{}'): is it a GPT-2 checkpoint of {}?",
-                  r.path(), t.name, t.name, spec.describe());
-    r.read_f32(name, out.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.numel)), &t.shape);
+    const std::vector<std::string> names = family.hf_load_names(t);
+    auto name = std::find_if(names.begin(), names.end(), [&](const std::string& n) { return r.has(n); });
+    if (name == names.end()) {
+      std::string others;
+      for (size_t i = 1; i < names.size(); ++i) others += fmt::format("{}'{}'", i > 1 ? ", " : "", names[i]);
+      throw InputError(fmt::format("'{}' has no tensor '{}'{}: is it a {} checkpoint of {}?", r.path(), names[0],
+                                   others.empty() ? "" : " (nor " + others + ")", family.name(), spec.describe()));
+    }
+    r.read_f32(*name, out.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.numel)), &t.shape);
   }
 }
 
-void Gpt2Model::load(const std::string& path) {
+void Model::load(const std::string& path) {
   SafetensorsReader r(path);
   for (size_t i = 0; i < units_.size(); ++i) {
     std::vector<float> host(static_cast<size_t>(units_[i]->layout().numel));
@@ -56,12 +64,12 @@ void write_units(const std::string& path, const ModelSpec& spec, const std::vect
   std::vector<SafetensorsTensor> tensors;
   for (size_t u = 0; u < units.size(); ++u)
     for (const TensorDecl& t : units[u]->layout().tensors)
-      tensors.push_back({t.name, dtype, t.shape,
+      tensors.push_back({family_of(spec).hf_name(t), dtype, t.shape,
                          std::span<const float>(values[u].data() + t.offset, static_cast<size_t>(t.numel))});
   write_safetensors(path, tensors, {{"format", "pt"}, {"model", spec.describe()}});
 }
 
-void Gpt2Model::save(const std::string& path, DType dtype) const {
+void Model::save(const std::string& path, DType dtype) const {
   std::vector<std::vector<float>> host(units_.size());
   for (size_t i = 0; i < units_.size(); ++i) {
     host[i].resize(static_cast<size_t>(units_[i]->layout().numel));
@@ -70,21 +78,21 @@ void Gpt2Model::save(const std::string& path, DType dtype) const {
   write_units(path, spec_, units_, host, dtype);
 }
 
-Tensor Gpt2Model::find(const std::string& name, const std::vector<Block>& storage, const char* what) const {
+Tensor Model::find(const std::string& name, const std::vector<Block>& storage, const char* what) const {
   for (size_t i = 0; i < units_.size(); ++i)
     for (const TensorDecl& t : units_[i]->layout().tensors)
       if (t.name == name) return storage[i].flat(DType::f32).slice(t.offset, t.numel);
   SHARD_CHECK(false, "model has no {} '{}'", what, name);
 }
 
-Tensor Gpt2Model::param(const std::string& name) const { return find(name, params_, "parameter"); }
-Tensor Gpt2Model::grad(const std::string& name) const { return find(name, grads_, "gradient"); }
+Tensor Model::param(const std::string& name) const { return find(name, params_, "parameter"); }
+Tensor Model::grad(const std::string& name) const { return find(name, grads_, "gradient"); }
 
-void Gpt2Model::zero_grads() {
+void Model::zero_grads() {
   for (const Block& g : grads_) be_.fill(g.flat(DType::f32), 0.f);
 }
 
-ParamSet Gpt2Model::view_set(size_t i, const std::vector<Block>& storage) const {
+ParamSet Model::view_set(size_t i, const std::vector<Block>& storage) const {
   ParamSet s;
   add_unit_views(s, units_[i]->layout(), storage[i].flat(DType::f32));
   for (const BorrowedTensor& b : borrowed_tensors(units_, i))
@@ -92,7 +100,7 @@ ParamSet Gpt2Model::view_set(size_t i, const std::vector<Block>& storage) const 
   return s;
 }
 
-float Gpt2Model::forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits) {
+float Model::forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits) {
   const float positions = static_cast<float>(batch.B * batch.T);
   RunResult r = run_forward_backward(units_, spec_, be_, pool_, batch, *this, grad_scale / positions, logits);
   return static_cast<float>(r.loss_sum / positions);

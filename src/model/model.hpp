@@ -1,35 +1,36 @@
-// model.hpp — Gpt2Model: a full (unsharded) GPT-2 on one rank: f32 parameters and gradients per
-// unit in one flat buffer each, forward + loss + backward over the units, HF-named safetensors
-// load and save. Single-rank training and the reference tests use it; the sharding strategies
-// hold the same units' parameters in FlatParams instead.
+// model.hpp — Model: a full (unsharded) model of any family on one rank: f32 parameters and
+// gradients per unit in one flat buffer each, forward + loss + backward over the units, HF-named
+// safetensors load and save. Single-rank training and the reference tests use it; the sharding
+// strategies hold the same units' parameters in FlatParams instead.
 #pragma once
 #include <memory>
 #include <vector>
 
-#include "src/model/gpt2.hpp"
+#include "src/model/family.hpp"
 #include "src/model/runner.hpp"
 #include "src/model/safetensors.hpp"
 
 namespace shardlab {
 
-// Reads every tensor of `unit` from an HF-named file into `out` (the unit's flat layout), accepting
-// a "transformer." prefix; throws InputError naming a missing tensor or a shape mismatch.
+// Reads every tensor of `unit` from an HF-named file into `out` (the unit's flat layout), under any
+// name the family's adapter accepts (GPT-2: a "transformer." prefix or none); throws InputError
+// naming a missing tensor or a shape mismatch.
 void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec);
 
 // Writes every unit's parameters (values[u]: unit u's flat f32 buffer) as HF-named safetensors.
 void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
                  const std::vector<std::vector<float>>& values, DType dtype = DType::f32);
 
-class Gpt2Model : private UnitHooks {
+class Model : private UnitHooks {
  public:
-  Gpt2Model(const ModelSpec& spec, Backend& be, Pool& pool);
+  Model(const ModelSpec& spec, Backend& be, Pool& pool);
 
   const ModelSpec& spec() const { return spec_; }
   size_t num_units() const { return units_.size(); }
   Unit& unit(size_t i) { return *units_[i]; }
   int64_t num_params() const;
 
-  void init(uint64_t seed);  // GPT-2 initialisation through the counter-based RNG
+  void init(uint64_t seed);  // the family's initialisation through the counter-based RNG
   // Loads every parameter from an HF-named file ("transformer." prefix and attention-mask buffers
   // accepted); throws InputError naming a missing tensor or a shape mismatch.
   void load(const std::string& path);

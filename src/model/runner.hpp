@@ -1,12 +1,12 @@
 // runner.hpp — the one forward/loss/backward loop over a model's units, and UnitHooks: where a
-// unit's parameters come from and where its gradients go. A full replica (Gpt2Model) answers the
+// unit's parameters come from and where its gradients go. A full replica (Model) answers the
 // hooks with its own buffers; a sharding strategy gathers before a unit runs, reduces after, and
 // frees in between. The loop itself never knows which.
 #pragma once
 #include <memory>
 #include <vector>
 
-#include "src/model/gpt2.hpp"
+#include "src/model/unit.hpp"
 
 namespace shardlab {
 

@@ -6,6 +6,7 @@
 #include "src/core/check.hpp"
 #include "src/core/rng.hpp"
 #include "src/core/tensor.hpp"
+#include "src/model/family.hpp"
 
 namespace shardlab {
 
@@ -19,38 +20,30 @@ void ModelSpec::validate() const {
   SHARD_REQUIRE(layers <= 4096 && dim <= (1 << 17) && heads <= dim && seq <= (1 << 20) && vocab <= (1 << 24),
                 "model too large to describe: layers {} (max 4096), dim {} (max 131072), seq {} (max 1048576), "
                 "vocab {} (max 16777216)", layers, dim, seq, vocab);
-}
-
-double flops_per_token(const ModelSpec& s) {
-  return 6.0 * static_cast<double>(num_params(gpt2_layout(s))) + 6.0 * double(s.layers) * double(s.dim) * double(s.seq);
+  SHARD_REQUIRE(kv_heads >= 0 && heads % num_kv_heads() == 0, "kv_heads {}: must divide heads {} (0: as many)",
+                kv_heads, heads);
+  SHARD_REQUIRE(ffn_dim >= 0 && ffn_dim <= (1 << 20), "ffn_dim {}: must be in [0, 1048576] (0: 4 * dim)", ffn_dim);
+  SHARD_REQUIRE(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps < 1, "norm_eps {}: must be in (0, 1)", norm_eps);
+  SHARD_REQUIRE(std::isfinite(rope_theta) && rope_theta >= 0, "rope_theta {}: must be 0 (none) or positive",
+                rope_theta);
+  family_of(*this).check(*this);
 }
 
 std::string ModelSpec::describe() const {
-  double p = static_cast<double>(num_params(gpt2_layout(*this)));
+  double p = static_cast<double>(num_params(family_of(*this).layout(*this)));
   return fmt::format("{} (L={} C={} H={} T={} V={}, {:.2f}M params)", name, layers, dim, heads, seq, vocab, p / 1e6);
 }
 
-ModelSpec model_preset(std::string_view name) {
-  struct P {
-    const char* name;
-    int64_t L, C, H, T, V;
-  };
-  static const P presets[] = {{"tiny", 2, 32, 2, 32, 256},         {"small", 4, 128, 4, 128, 256},
-                              {"gpt2", 12, 768, 12, 1024, 50257},  {"gpt2-medium", 24, 1024, 16, 1024, 50257},
-                              {"gpt2-large", 36, 1280, 20, 1024, 50257}, {"gpt2-xl", 48, 1600, 25, 1024, 50257}};
-  for (const P& p : presets)
-    if (name == p.name) return ModelSpec{p.name, p.L, p.C, p.H, p.T, p.V};
-  std::string names;
-  for (const P& p : presets) names += std::string(names.empty() ? "" : ", ") + p.name;
-  throw InputError(fmt::format("unknown model '{}': expected one of {}", name, names));
-}
-
-std::vector<std::string> model_preset_names() {
-  return {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
-}
-
 nlohmann::json spec_to_json(const ModelSpec& s) {
-  return {{"name", s.name}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"seq", s.seq}, {"vocab", s.vocab}};
+  nlohmann::json j = {{"family", family_of(s).name()}, {"name", s.name}, {"layers", s.layers}, {"dim", s.dim},
+                      {"heads", s.heads},  {"seq", s.seq},   {"vocab", s.vocab}};
+  const ModelSpec d;  // the defaults: GPT-2's, left out so a GPT-2 spec reads as it always did
+  if (s.kv_heads != d.kv_heads) j["kv_heads"] = s.kv_heads;
+  if (s.ffn_dim != d.ffn_dim) j["ffn_dim"] = s.ffn_dim;
+  if (s.norm_eps != d.norm_eps) j["norm_eps"] = s.norm_eps;
+  if (s.rope_theta != d.rope_theta) j["rope_theta"] = s.rope_theta;
+  if (s.tied_head != d.tied_head) j["tied_head"] = s.tied_head;
+  return j;
 }
 
 ModelSpec spec_from_json(const nlohmann::json& j) {
@@ -60,6 +53,11 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
     int64_t v = j[key].get<int64_t>();
     if (v < lo) throw InputError(fmt::format("\"{}\" is {}, below {}", key, v, lo));
     return v;
+  };
+  auto number = [&](const char* key, double fallback) {
+    if (!j.contains(key)) return fallback;
+    SHARD_REQUIRE(j[key].is_number(), "\"{}\" must be a number", key);
+    return j[key].get<double>();
   };
   ModelSpec s;
   s.layers = size("layers", 1);
@@ -71,12 +69,23 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
     SHARD_REQUIRE(j["name"].is_string(), "\"name\" must be a string");
     s.name = j["name"].get<std::string>();
   }
+  if (j.contains("family")) {
+    SHARD_REQUIRE(j["family"].is_string(), "\"family\" must be a string");
+    s.family = model_family(j["family"].get<std::string>()).id();
+  }
+  if (j.contains("kv_heads")) s.kv_heads = size("kv_heads", 0);
+  if (j.contains("ffn_dim")) s.ffn_dim = size("ffn_dim", 0);
+  s.norm_eps = number("norm_eps", s.norm_eps);
+  s.rope_theta = number("rope_theta", s.rope_theta);
+  if (j.contains("tied_head")) {
+    SHARD_REQUIRE(j["tied_head"].is_boolean(), "\"tied_head\" must be true or false");
+    s.tied_head = j["tied_head"].get<bool>();
+  }
   s.validate();
   return s;
 }
 
 std::string TensorDecl::shape_str() const { return shardlab::shape_str(shape); }
-
 
 const TensorDecl& UnitLayout::find(std::string_view tensor) const {
   for (const auto& t : tensors)
@@ -84,8 +93,7 @@ const TensorDecl& UnitLayout::find(std::string_view tensor) const {
   SHARD_CHECK(false, "unit {} has no tensor {}", name, tensor);
 }
 
-namespace {
-void add(UnitLayout& u, std::string name, std::vector<int64_t> shape, Init init, float std = 0.f) {
+void add_tensor(UnitLayout& u, std::string name, std::vector<int64_t> shape, Init init, float std) {
   TensorDecl t;
   t.name = std::move(name);
   t.shape = std::move(shape);
@@ -97,40 +105,6 @@ void add(UnitLayout& u, std::string name, std::vector<int64_t> shape, Init init,
   t.std = std;
   u.numel += t.numel;
   u.tensors.push_back(std::move(t));
-}
-}  // namespace
-
-std::vector<UnitLayout> gpt2_layout(const ModelSpec& s) {
-  const int64_t C = s.dim;
-  const float std = 0.02f;
-  const float proj_std = 0.02f / std::sqrt(2.f * static_cast<float>(s.layers));  // GPT-2's residual scaling
-  std::vector<UnitLayout> units;
-  UnitLayout emb{"embedding", {}, 0};
-  add(emb, "wte.weight", {s.vocab, C}, Init::normal, std);
-  add(emb, "wpe.weight", {s.seq, C}, Init::normal, std);
-  units.push_back(std::move(emb));
-  for (int64_t l = 0; l < s.layers; ++l) {
-    std::string p = "h." + std::to_string(l) + ".";
-    UnitLayout b{"h." + std::to_string(l), {}, 0};
-    add(b, p + "ln_1.weight", {C}, Init::ones);
-    add(b, p + "ln_1.bias", {C}, Init::zeros);
-    add(b, p + "attn.c_attn.weight", {C, 3 * C}, Init::normal, std);
-    add(b, p + "attn.c_attn.bias", {3 * C}, Init::zeros);
-    add(b, p + "attn.c_proj.weight", {C, C}, Init::normal, proj_std);
-    add(b, p + "attn.c_proj.bias", {C}, Init::zeros);
-    add(b, p + "ln_2.weight", {C}, Init::ones);
-    add(b, p + "ln_2.bias", {C}, Init::zeros);
-    add(b, p + "mlp.c_fc.weight", {C, 4 * C}, Init::normal, std);
-    add(b, p + "mlp.c_fc.bias", {4 * C}, Init::zeros);
-    add(b, p + "mlp.c_proj.weight", {4 * C, C}, Init::normal, proj_std);
-    add(b, p + "mlp.c_proj.bias", {C}, Init::zeros);
-    units.push_back(std::move(b));
-  }
-  UnitLayout head{"head", {}, 0};
-  add(head, "ln_f.weight", {C}, Init::ones);
-  add(head, "ln_f.bias", {C}, Init::zeros);
-  units.push_back(std::move(head));
-  return units;
 }
 
 int64_t num_params(const std::vector<UnitLayout>& layout) {
@@ -154,12 +128,6 @@ void init_flat_range(const UnitLayout& unit, uint64_t seed, int64_t first, std::
       case Init::normal: Rng(seed, t.name).fill_normal(dst, static_cast<uint64_t>(lo - t.offset), 0.f, t.std); break;
     }
   }
-}
-
-std::vector<std::string> gpt2_unit_names(const ModelSpec& spec) {
-  std::vector<std::string> names;
-  for (const UnitLayout& u : gpt2_layout(spec)) names.push_back(u.name);
-  return names;
 }
 
 }  // namespace shardlab

@@ -1,6 +1,7 @@
-// spec.hpp — ModelSpec (GPT-2 shape), presets, its JSON form, and the parameter layout: which
-// tensors each Unit owns, in which order, with which shape, initialisation and weight-decay flag.
-// Names and layouts are Hugging Face's (Conv1D weights stored (in, out)).
+// spec.hpp — ModelSpec (a model's family and shape), presets, its JSON form, and the parameter
+// layout: which tensors each Unit owns, in which order, with which shape, initialisation and
+// weight-decay flag. What differs between families (which tensors, their names, the FLOPs) is the
+// family's (family.hpp); this header is model-neutral.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
@@ -11,6 +12,9 @@
 
 namespace shardlab {
 
+// The model families shardlab implements; family.hpp finds each one's ModelFamily.
+enum class FamilyId : uint8_t { gpt2 };
+
 struct ModelSpec {
   std::string name = "custom";
   int64_t layers = 0;  // L
@@ -18,24 +22,39 @@ struct ModelSpec {
   int64_t heads = 0;   // H
   int64_t seq = 0;     // T, the longest sequence (rows of wpe)
   int64_t vocab = 0;   // V
-  void validate() const;  // throws InputError naming the bad value
+  FamilyId family = FamilyId::gpt2;
+  // Fields some families need. Their defaults are GPT-2's, so a spec built from the six sizes
+  // above is the GPT-2 it always was; a family rejects values its units do not compute.
+  int64_t kv_heads = 0;    // heads of K and V (grouped-query attention); 0: as many as heads
+  int64_t ffn_dim = 0;     // the MLP's hidden width; 0: 4C
+  double norm_eps = 1e-5;  // the normalisation's epsilon
+  double rope_theta = 0;   // rotary position embedding base; 0: none (learned positions, wpe)
+  bool tied_head = true;   // the LM head is the token embedding's transpose
+  int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t ffn_hidden() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
+
+  void validate() const;  // throws InputError naming the bad value (the family's checks included)
   std::string describe() const;  // "gpt2 (L=12 C=768 H=12 T=1024 V=50257, 124.44M params)"
 };
 
-// tiny (tests), small (the embedded demo), gpt2, gpt2-medium, gpt2-large, gpt2-xl.
+// Every family's presets (family.hpp): tiny (tests), small (the embedded demo), gpt2, gpt2-medium,
+// gpt2-large, gpt2-xl. InputError naming the presets for an unknown name.
 ModelSpec model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 
-// {"name", "layers", "dim", "heads", "seq", "vocab"}: the form checkpoints and reports store.
+// {"family", "name", "layers", "dim", "heads", "seq", "vocab"}, and those of kv_heads, ffn_dim,
+// norm_eps, rope_theta and tied_head that differ from their defaults: the form checkpoints and
+// reports store.
 nlohmann::json spec_to_json(const ModelSpec& spec);
 // The inverse, validated: each size must be an integer (at least 1; vocab at least 2), a present
-// "name" a string (absent: "custom"), and the whole pass ModelSpec::validate. Throws InputError.
+// "name" a string (absent: "custom"), a present "family" a known family's name (absent: gpt2, as
+// specs written before families were), and the whole pass ModelSpec::validate. Throws InputError.
 ModelSpec spec_from_json(const nlohmann::json& j);
 
 enum class Init : uint8_t { normal, zeros, ones };
 
 struct TensorDecl {
-  std::string name;              // HF name, e.g. "h.3.attn.c_attn.weight"
+  std::string name;              // the family's name, e.g. "h.3.attn.c_attn.weight"
   std::vector<int64_t> shape;
   int64_t offset = 0;            // elements from the start of the unit's flat buffer
   int64_t numel = 0;
@@ -52,15 +71,12 @@ struct UnitLayout {
   const TensorDecl& find(std::string_view tensor) const;  // InternalError if absent
 };
 
-// Units in execution order: embedding, h.0 .. h.{L-1}, head (ln_f; the lm head is tied to wte).
-std::vector<UnitLayout> gpt2_layout(const ModelSpec& spec);
+// Appends a tensor to a unit's flat buffer (after the last one); decay for 2 dims or more.
+void add_tensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, Init init, float std = 0.f);
 int64_t num_params(const std::vector<UnitLayout>& layout);
-std::vector<std::string> gpt2_unit_names(const ModelSpec& spec);  // "embedding", "h.0", ..., "head"
-// Training FLOPs per token, llm.c's count: 6N + 6LCT (N parameters; no recomputation).
-double flops_per_token(const ModelSpec& spec);
 
-// GPT-2 initialisation of elements [first, first + out.size()) of a unit's flat buffer, as a
-// function of (seed, tensor name, index in tensor) only: any shard initialises alone.
+// Initialisation of elements [first, first + out.size()) of a unit's flat buffer, as its tensors'
+// Init says, as a function of (seed, tensor name, index in tensor) only: any shard initialises alone.
 void init_flat_range(const UnitLayout& unit, uint64_t seed, int64_t first, std::span<float> out);
 
 }  // namespace shardlab

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "src/core/hash.hpp"
+#include "src/model/family.hpp"
 #include "src/model/safetensors.hpp"
 
 namespace shardlab {
@@ -457,10 +458,11 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
   CheckpointFiles files(dir, m.files);
   std::vector<SafetensorsStreamWriter::Entry> entries;
   std::vector<const TensorDecl*> decls;
-  const auto layout = gpt2_layout(m.model);
+  const ModelFamily& family = family_of(m.model);
+  const auto layout = family.layout(m.model);
   for (const auto& u : layout)
     for (const TensorDecl& t : u.tensors) {
-      entries.push_back({t.name, dtype, t.shape});
+      entries.push_back({family.hf_name(t), dtype, t.shape});
       decls.push_back(&t);
     }
   SafetensorsStreamWriter w(out, entries,

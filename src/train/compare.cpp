@@ -7,6 +7,7 @@
 #include "src/core/stats.hpp"
 #include "shard/strategy_formulas.hpp"
 #include "src/core/units.hpp"
+#include "src/model/family.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
@@ -31,7 +32,8 @@ std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, cons
                             format_bytes(double(e.host.peak)), format_bytes(double(host_budget)));
     else if (budget && e.peak > budget)
       r.error = fmt::format("out of memory: a step needs {} per rank at its peak ({}), the budget is {}",
-                            format_bytes(double(e.peak)), phase_label(e.peak_phase, gpt2_unit_names(tc.spec)),
+                            format_bytes(double(e.peak)),
+                            phase_label(e.peak_phase, family_of(tc.spec).unit_names(tc.spec)),
                             format_bytes(double(budget)));
     // Every rank learns the verdict before any builds a trainer: its mesh splits communicators,
     // which is collective, so a rank that stopped here would leave the others waiting.

@@ -6,6 +6,7 @@
 
 #include "shard/strategy_formulas.hpp"
 #include "src/core/units.hpp"
+#include "src/model/family.hpp"
 #include "src/model/model.hpp"
 #include "src/train/predict.hpp"
 
@@ -55,7 +56,7 @@ double link_for(const PlanConfig& c, int span, bool consecutive) {
 void predict_time(const PlanConfig& c, double psi, PlanEntry& e) {
   const ModelSpec& s = c.train.spec;
   const double L = double(s.layers), C = double(s.dim), T = double(s.seq);
-  double per_token = flops_per_token(s);
+  double per_token = family_of(s).flops_per_token(s);
   if (e.checkpointing == Checkpointing::blocks) per_token += 2 * psi + 2 * L * C * T;
   if (e.checkpointing == Checkpointing::attention) per_token += L * C * T;
   const double tokens = double(e.micro_batch * e.accum) * T, accum = double(e.accum);
@@ -91,7 +92,7 @@ std::vector<PlanEntry> make_plan(const PlanConfig& c) {
   c.validate();
   const int N = c.world, K = c.ranks_per_node;
   const int64_t per_rank = global_batch(c) / N;
-  const double psi = static_cast<double>(num_params(gpt2_layout(c.train.spec)));
+  const double psi = static_cast<double>(num_params(family_of(c.train.spec).layout(c.train.spec)));
   std::vector<int> groups = {0};
   if (c.dp_shard >= 0) groups = {c.dp_shard};
   else if (K > 1 && K < N && N % K == 0) groups.push_back(K);

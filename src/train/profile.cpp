@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/comm/sim_comm.hpp"
+#include "src/model/family.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
@@ -210,7 +211,7 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
   r.budget = cfg.budget;
   r.title = title_of(cfg);
   r.config_json = config_json(cfg);
-  r.unit_names = gpt2_unit_names(cfg.train.spec);
+  r.unit_names = family_of(cfg.train.spec).unit_names(cfg.train.spec);
   const std::vector<RowSpec> specs = row_specs(cfg);
   for (const RowSpec& s : specs) r.rows.push_back(predicted_row(cfg, s));
   r.host_budget = cfg.host_budget;

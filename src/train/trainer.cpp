@@ -92,7 +92,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
       mesh_(comm, cfg_.strategy.dims),
       data_(load_streams(cfg_, tokens)),  // tokens kept: the body asks whether a stand-in was given
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
-      units_(make_gpt2_units(cfg_.spec)) {
+      units_(family_of(cfg_.spec).make_units(cfg_.spec)) {
   for (const auto& u : units_) num_params_ += u->layout().numel;
   if (data_.val) {
     const int64_t T = cfg_.spec.seq, n = static_cast<int64_t>(data_.val->tokens.size());

@@ -135,6 +135,9 @@ class CpuBackend final : public Backend {
 
   void add(Tensor a, Tensor b, Tensor out) override { binary(a, b, out, "add", [](float u, float v) { return u + v; }); }
   void mul(Tensor a, Tensor b, Tensor out) override { binary(a, b, out, "mul", [](float u, float v) { return u * v; }); }
+  void add_bias(Tensor x, Tensor bias) override {
+    cpu::add_bias(x.ptr<float>(), bias.ptr<float>(), bias_rows(x, bias), bias.numel());
+  }
 
   void sum(Tensor x, Tensor out, bool accumulate) override {
     reduce_to_scalar(x, out, accumulate, "sum", [](float v) { return static_cast<double>(v); });
@@ -176,7 +179,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // ---- GPT-2 kernels ----
+  // ---- the layers' operations: embeddings, normalisation, activations, attention, losses ----
   void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override {
     const int64_t C = embedding_shape(out, wte, wpe, B, T);
     cpu::embedding_forward(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.ptr<float>(), B, T, C, wte.dim(0));
@@ -186,19 +189,17 @@ class CpuBackend final : public Backend {
     const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
     cpu::embedding_backward(dwte.ptr<float>(), dwpe.ptr<float>(), dout.ptr<float>(), tokens, B, T, C);
   }
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) override {
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                         float eps) override {
     const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
     cpu::layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
-                           weight.ptr<float>(), bias.ptr<float>(), N, C);
+                           weight.ptr<float>(), bias.ptr<float>(), N, C, eps);
   }
   void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                           Tensor mean, Tensor rstd) override {
     const auto [N, C] = layernorm_backward_shape(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
                             inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N, C);
-  }
-  void add_bias(Tensor x, Tensor bias) override {
-    cpu::add_bias(x.ptr<float>(), bias.ptr<float>(), bias_rows(x, bias), bias.numel());
   }
   void gelu_forward(Tensor out, Tensor inp) override {
     check_same_numel(out, inp, "gelu_forward");

@@ -1,4 +1,5 @@
-// kernels.cpp — GPT-2 forward/backward and optimizer kernels for the CPU backend.
+// kernels.cpp — the CPU backend's layer (embedding, LayerNorm, GELU, attention, cross-entropy) and
+// optimizer kernels.
 //
 // Threads: loops over rows run under OpenMP with a static schedule, so results do not depend on
 // timing. Reductions across rows (LayerNorm's weight/bias gradients, embedding gradients) are
@@ -17,8 +18,6 @@
 
 namespace shardlab::cpu {
 namespace {
-constexpr float kLayerNormEps = 1e-5f;
-
 // Checked before any parallel loop: an exception must not leave an OpenMP region.
 void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
   for (int64_t i = 0; i < n; ++i)
@@ -61,7 +60,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                       int64_t N, int64_t C) {
+                       int64_t N, int64_t C, float eps) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
@@ -72,7 +71,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     float v = 0.f;
 #pragma omp simd reduction(+ : v)
     for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    float r = 1.f / std::sqrt(v / C + kLayerNormEps);
+    float r = 1.f / std::sqrt(v / C + eps);
     float* o = out + i * C;
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - m) * r * w[c] + b[c];

@@ -1,5 +1,6 @@
-// kernels.hpp — the CPU backend's GPT-2 and optimizer kernels on raw f32 pointers. CpuBackend
-// validates tensors and calls these; they are separate so each stays short and testable.
+// kernels.hpp — the CPU backend's layer and optimizer kernels on raw f32 pointers, in backend.hpp's
+// groups. CpuBackend validates tensors and calls these; they are separate so each stays short and
+// testable.
 #pragma once
 #include <cstdint>
 
@@ -21,7 +22,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
                         int64_t C);
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                       int64_t N, int64_t C);
+                       int64_t N, int64_t C, float eps);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int64_t N, int64_t C);
 void add_bias(float* x, const float* bias, int64_t N, int64_t OC);

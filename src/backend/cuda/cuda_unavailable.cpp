@@ -1,4 +1,4 @@
-// cuda_unavailable.cpp — linked instead of cuda_backend.cpp and kernels.cu when CMake found no CUDA toolkit
+// cuda_unavailable.cpp — linked instead of the CUDA backend (cuda_*.cpp, kernels.cu) when CMake found no CUDA toolkit
 // (or SHARDLAB_CUDA=OFF), so shared code asks at run time and never needs an #ifdef.
 #include "src/backend/backend.hpp"
 

@@ -3,7 +3,7 @@
 // Reductions are deterministic: a fixed grid writes per-block partial sums and one block folds
 // them in order. No atomics, so two runs of the same step give the same bits.
 //
-// GPT-2 kernels mirror src/backend/cpu/kernels.cpp formula for formula (same constants, same
+// Layer kernels mirror src/backend/cpu/kernels.cpp formula for formula (same constants, same
 // accumulate/overwrite rules). Row reductions use one warp per row (or one block for the long rows
 // of cross-entropy) folded with __shfl_xor_sync butterflies: every lane ends with the same bits, so
 // values broadcast that way (a row's max and sum) are consistent across the row. Cross-row sums
@@ -120,13 +120,12 @@ __global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, floa
   out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc);
 }
 
-// ---- GPT-2 and optimizer kernels ----------------------------------------------------------------
+// ---- layer and optimizer kernels --------------------------------------------------------------------
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = kThreads / kWarp;  // warp-per-row kernels
 constexpr int kCrossEntropyThreads = 512;        // one block per row of V logits
-constexpr float kLayerNormEps = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -232,7 +231,7 @@ __global__ void embedding_backward_dwte_kernel(float* dwte, const float* dout, c
 
 // One warp per row. Whole warps leave together (row is per warp), so the shuffles see full warps.
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                         const float* b, int64_t N, int64_t C) {
+                                         const float* b, int64_t N, int64_t C, float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
@@ -242,7 +241,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float m = warp_allreduce(s, SumOp{}) / C;
   float v = 0.f;
   for (int64_t c = lane; c < C; c += kWarp) v += (x[c] - m) * (x[c] - m);
-  const float r = 1.f / sqrtf(warp_allreduce(v, SumOp{}) / C + kLayerNormEps);
+  const float r = 1.f / sqrtf(warp_allreduce(v, SumOp{}) / C + eps);
   float* o = out + row * C;
   for (int64_t c = lane; c < C; c += kWarp) o[c] = (x[c] - m) * r * w[c] + b[c];
   if (lane == 0) {
@@ -496,7 +495,7 @@ cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* o
   return cudaGetLastError();
 }
 
-// ---- GPT-2 and optimizer launchers ----------------------------------------------------------------
+// ---- layer and optimizer launchers ------------------------------------------------------------------
 
 cudaError_t launch_embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                                      int64_t T, int64_t C, cudaStream_t s) {
@@ -527,9 +526,9 @@ cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const
 }
 
 cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                     const float* b, int64_t N, int64_t C, cudaStream_t s) {
+                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t s) {
   if (N == 0) return cudaSuccess;
-  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C);
+  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C, eps);
   return cudaGetLastError();
 }
 

@@ -27,9 +27,10 @@ cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* parti
 // out[c] (+)= sum_r x[r, c]
 cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s);
 
-// ---- GPT-2 and optimizer kernels (f32). Every pointer is device memory, token ids included: the
-// backend uploads the host ids before calling these. Semantics mirror src/backend/cpu/kernels.cpp;
-// shapes use that file's names (B batch, T time, C channels, H heads, V vocab, N rows). ----
+// ---- layer and optimizer kernels (f32), in backend.hpp's groups. Every pointer is device memory,
+// token ids included: the backend uploads the host ids before calling these. Semantics mirror
+// src/backend/cpu/kernels.cpp; shapes use that file's names (B batch, T time, C channels, H heads,
+// V vocab, N rows). ----
 
 // out (B*T, C) = wte[tokens] + wpe[t]
 cudaError_t launch_embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
@@ -44,9 +45,9 @@ cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const
                                            const int32_t* offsets, const int32_t* positions, int64_t buckets,
                                            int64_t C, cudaStream_t s);
 
-// out (N, C), mean, rstd (N); eps 1e-5.
+// out (N, C), mean, rstd (N); rstd = 1 / sqrt(variance + eps).
 cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                     const float* b, int64_t N, int64_t C, cudaStream_t s);
+                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t s);
 // Floats of workspace launch_layernorm_backward needs for (N, C): per-chunk partials of dw and db.
 int64_t layernorm_backward_workspace(int64_t N, int64_t C);
 // dinp, dw, db accumulate. workspace holds layernorm_backward_workspace(N, C) floats.

@@ -39,22 +39,26 @@ class MetaBackend final : public Backend {
   void wait(StreamKind, const Event&) override {}
   void synchronize() override {}
 
+  // ---- matrix products ----
   void gemm(const GemmDesc& d, const void*, const void*, void*) override { check_gemm(d); }
+  // ---- element-wise ----
   void fill(Tensor, float) override {}
   void cast(Tensor dst, Tensor src) override { check_same_numel(src, dst, "cast"); }
   void axpy(float, Tensor, Tensor) override {}
   void scale(Tensor, float) override {}
   void add(Tensor, Tensor, Tensor) override {}
   void mul(Tensor, Tensor, Tensor) override {}
+  void add_bias(Tensor, Tensor) override {}
+  // ---- reductions ----
   void sum(Tensor, Tensor, bool) override {}
   void sum_squares(Tensor, Tensor, bool) override {}
   void max_abs(Tensor, Tensor, bool) override {}
   void sum_rows(Tensor, Tensor, bool) override {}
+  // ---- the layers' operations: embeddings, normalisation, activations, attention, losses ----
   void embedding_forward(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor) override {}
   void embedding_backward(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t) override {}
-  void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {}
+  void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float) override {}
   void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {}
-  void add_bias(Tensor, Tensor) override {}
   void gelu_forward(Tensor, Tensor) override {}
   void gelu_backward(Tensor, Tensor, Tensor) override {}
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override {
@@ -62,6 +66,7 @@ class MetaBackend final : public Backend {
   }
   void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, Tensor) override {}
   void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override {}
+  // ---- optimizers ----
   void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override {}
   void sgd_update(Tensor, Tensor, Tensor, const SgdArgs&) override {}
 

@@ -1,54 +1,10 @@
-#include "src/model/gpt2.hpp"
+// units.cpp — GPT-2's units with explicit forward and backward: the embedding (wte + wpe), each
+// pre-LayerNorm transformer block, and the head (ln_f, then logits through the tied wte).
+#include <algorithm>
+
+#include "src/model/gpt2/gpt2.hpp"
 
 namespace shardlab {
-
-Tensor ParamSet::operator()(const std::string& name) const {
-  auto it = map_.find(name);
-  SHARD_CHECK(it != map_.end(), "parameter set has no tensor '{}'", name);
-  return it->second;
-}
-
-Tensor ParamSet::gemm(const std::string& name) const { return low_ ? (*low_)(name) : (*this)(name); }
-
-Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  blocks_.push_back(pool.alloc(DType::f32, n, Category::activations, name));
-  Tensor t = blocks_.back().view(DType::f32, shape);
-  tensors_[name] = t;
-  return t;
-}
-
-void Saved::drop(const std::string& name) {
-  auto it = tensors_.find(name);
-  SHARD_CHECK(it != tensors_.end(), "no saved activation '{}' to drop", name);
-  void* data = it->second.data();
-  tensors_.erase(it);
-  std::erase_if(blocks_, [&](const Block& b) { return b.data() == data; });
-}
-
-Checkpointing parse_checkpointing(const std::string& s) {
-  if (s == "none") return Checkpointing::none;
-  if (s == "attention") return Checkpointing::attention;
-  if (s == "blocks") return Checkpointing::blocks;
-  throw InputError(fmt::format("--activation-checkpointing '{}': expected none, attention or blocks", s));
-}
-
-std::vector<Checkpointing> checkpointing_choices(const ModelSpec& spec) {
-  if (spec.layers < 2) return {Checkpointing::none};
-  return {Checkpointing::none, Checkpointing::attention, Checkpointing::blocks};
-}
-
-const char* checkpointing_name(Checkpointing c) {
-  return c == Checkpointing::none ? "none" : c == Checkpointing::attention ? "attention" : "blocks";
-}
-
-Tensor Saved::operator()(const std::string& name) const {
-  auto it = tensors_.find(name);
-  SHARD_CHECK(it != tensors_.end(), "no saved activation '{}'", name);
-  return it->second;
-}
-
 namespace {
 
 // A GEMM over f32 activations and a weight `w` as ParamSet::gemm gives it: a bf16 weight goes to
@@ -89,6 +45,8 @@ void matmul_backward(Backend& be, Tensor dinp, Tensor dw, Tensor dbias, Tensor d
 
 Tensor flat_view(const Block& b, std::initializer_list<int64_t> shape) { return b.view(DType::f32, shape); }
 
+float eps(const ModelSpec& s) { return static_cast<float>(s.norm_eps); }
+
 class EmbeddingUnit final : public Unit {
  public:
   using Unit::Unit;
@@ -107,10 +65,11 @@ class BlockUnit final : public Unit {
 
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
+    const int64_t F = c.spec.ffn_hidden();  // 4C
     Backend& be = c.be;
     Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add(c.pool, "ln1_mean", {N}),
            ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
-    be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"));
+    be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
     matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
     Tensor atty = s.add(c.pool, "atty", {N, C}), att = s.add(c.pool, "att", {B, H, T, T});
@@ -121,29 +80,31 @@ class BlockUnit final : public Unit {
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add(c.pool, "ln2_mean", {N}),
            ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
-    be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"));
-    Tensor fch = s.add(c.pool, "fch", {N, 4 * C}), fch_gelu = s.add(c.pool, "fch_gelu", {N, 4 * C});
-    matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, 4 * C);
+    be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
+    Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
+    matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
     be.gelu_forward(fch_gelu, fch);
-    matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, 4 * C, C);
+    matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
     be.add(out, x2, out);  // residual
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
                 Tensor din) override {
     const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
+    const int64_t F = c.spec.ffn_hidden();  // 4C
     Backend& be = c.be;
-    Block big = c.pool.alloc(DType::f32, N * 4 * C, Category::workspace, prefix_ + "backward dfch");
+    // big holds d(fch), then d(qkv): F >= 3C unless a config's n_inner says otherwise.
+    Block big = c.pool.alloc(DType::f32, N * std::max(F, 3 * C), Category::workspace, prefix_ + "backward dfch");
     Block small = c.pool.alloc(DType::f32, N * C, Category::workspace, prefix_ + "backward dln");
     Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace,
                                  prefix_ + "attention scratch");
-    Tensor dfch = flat_view(big, {N, 4 * C}), dsmall = flat_view(small, {N, C});
+    Tensor dfch = flat_view(big, {N, F}), dsmall = flat_view(small, {N, C});
     // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
     matmul_backward(be, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dout, s("fch_gelu"),
-                    wg(p, "mlp.c_proj.weight"), N, 4 * C, C);
+                    wg(p, "mlp.c_proj.weight"), N, F, C);
     be.gelu_backward(dfch, s("fch"), dfch);
     matmul_backward(be, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch, s("ln2"),
-                    wg(p, "mlp.c_fc.weight"), N, C, 4 * C);
+                    wg(p, "mlp.c_fc.weight"), N, C, F);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
     be.layernorm_backward(din, w(g, "ln_2.weight"), w(g, "ln_2.bias"), dsmall, s("x2"), w(p, "ln_2.weight"),
                           s("ln2_mean"), s("ln2_rstd"));
@@ -181,7 +142,7 @@ class HeadUnit final : public Unit {
     const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim, V = c.spec.vocab;
     Tensor lnf = s.add(c.pool, "lnf", {N, C}), mean = s.add(c.pool, "lnf_mean", {N}),
            rstd = s.add(c.pool, "lnf_rstd", {N});
-    c.be.layernorm_forward(lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"));
+    c.be.layernorm_forward(lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"), eps(c.spec));
     const Tensor wte = p.gemm("wte.weight");
     GemmDesc d = gemm_with(wte);  // logits (N, V) = lnf (N, C) @ wte^T
     d.trans_b = Trans::T;
@@ -222,15 +183,6 @@ std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec) {
     units.push_back(std::make_unique<BlockUnit>(std::move(layout[static_cast<size_t>(l + 1)]), l));
   units.push_back(std::make_unique<HeadUnit>(std::move(layout.back())));
   return units;
-}
-
-std::vector<BorrowedTensor> borrowed_tensors(const std::vector<std::unique_ptr<Unit>>& units, size_t u) {
-  std::vector<BorrowedTensor> out;
-  for (const std::string& name : units[u]->borrowed())
-    for (size_t o = 0; o < units.size(); ++o)
-      for (const TensorDecl& t : units[o]->layout().tensors)
-        if (t.name == name) out.push_back({o, &t});
-  return out;
 }
 
 }  // namespace shardlab

@@ -1,9 +1,10 @@
-// gpt2.hpp — GPT-2 as a list of Units with explicit forward and backward.
+// unit.hpp — the model-neutral pieces every family's units are made of.
 //
-// A Unit is the FSDP wrapping granularity: embedding, each transformer block, and the head
-// (ln_f + the lm head tied to wte). A unit computes with the tensors a ParamSet hands it, wherever
-// they live (a full replica, or a freshly gathered unit), and keeps what backward needs in Saved,
-// allocated from the pool as `activations`. Every kernel goes through Backend.
+// A Unit is the FSDP wrapping granularity (for GPT-2: the embedding, each transformer block, and
+// the head). A unit computes with the tensors a ParamSet hands it, wherever they live (a full
+// replica, or a freshly gathered unit), and keeps what backward needs in Saved, allocated from the
+// pool as `activations`. Every kernel goes through Backend. A family (family.hpp) makes its units;
+// the runner, the strategies and the trainer see only this interface.
 #pragma once
 #include <map>
 #include <memory>
@@ -86,7 +87,7 @@ class Unit {
   virtual ~Unit() = default;
   const UnitLayout& layout() const { return layout_; }
   const std::string& name() const { return layout_.name; }
-  // Tensors of other units this unit computes with (the head borrows wte.weight).
+  // Tensors of other units this unit computes with (a tied head borrows the token embedding).
   virtual std::vector<std::string> borrowed() const { return {}; }
   // Whether --activation-checkpointing applies: its forward can run again before its backward.
   virtual bool recomputable() const { return false; }
@@ -103,8 +104,6 @@ class Unit {
  private:
   UnitLayout layout_;
 };
-
-std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec);
 
 // The tensors unit u borrows from other units (tied weights), with the index of their owner.
 struct BorrowedTensor {

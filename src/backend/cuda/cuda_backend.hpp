@@ -1,0 +1,143 @@
+// cuda_backend.hpp — the CUDA Backend's declaration: cuBLAS for GEMMs (f32, or bf16/f16 inputs
+// with f32 accumulation), the kernels of kernels.cu for the rest, one compute and one comm stream
+// per rank. Private to src/backend/cuda/; everything else gets one from make_cuda_backend().
+// Host code, compiled by the C++ compiler; only kernels.cu goes through nvcc.
+//
+// Implemented by operation family, as backend.hpp groups them:
+//   cuda_backend.cpp      device, memory, streams and events, copies, matrix products
+//   cuda_elementwise.cpp  element-wise operations, reductions, optimizers
+//   cuda_layers.cpp       embeddings, normalisation, activations, attention, losses (and the
+//                         upload of the token ids they take from the host)
+//
+// Design notes.
+//  * Launchers (kernels.cuh) own the grid math; these files validate tensors and check launches.
+//  * Memory is stream-ordered (cudaMallocFromPoolAsync on the compute stream, from a memory pool
+//    of this backend's own that keeps what it frees), so freeing a block never synchronises the
+//    device, and the pool's reserved bytes tell the Pool's memory from everything else on the GPU.
+//  * Copies that touch host memory synchronise the compute stream: the host buffer may be pageable
+//    and the caller expects it filled (or free to reuse) when copy() returns.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/backend/backend.hpp"
+#include "src/backend/block_cache.hpp"
+#include "src/backend/cuda/cuda_check.hpp"
+#include "src/backend/cuda/kernels.cuh"
+
+namespace shardlab::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendConfig& cfg);
+  ~CudaBackend() override;
+
+  // ---- device, memory, streams, copies (cuda_backend.cpp) ----
+  Device device() const override { return Device::cuda; }
+  std::string describe() const override;
+  int threads() const override { return 1; }
+  void* raw_alloc(size_t bytes) override;
+  void raw_free(void* p, size_t) override;
+  void* raw_alloc_host(size_t bytes) override;
+  void raw_free_host(void* p, size_t bytes) override;
+  Backend& host() override { return *host_; }
+  void* native_stream(StreamKind s) override { return stream(s); }
+  int device_index() const override { return device_; }
+  void range_push(const char* name) override;
+  void range_pop() override;
+  DeviceMemory device_memory() const override;
+  void copy(Tensor dst, Tensor src) override;
+  std::unique_ptr<Event> record(StreamKind s) override;
+  void wait(StreamKind s, const Event& e) override;
+  void synchronize() override;
+  bool low_precision_gemm() const override { return true; }
+
+  // ---- matrix products (cuda_backend.cpp) ----
+  void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override;
+
+  // ---- element-wise, reductions, optimizers (cuda_elementwise.cpp) ----
+  void fill(Tensor x, float value) override;
+  void cast(Tensor dst, Tensor src) override;
+  void axpy(float alpha, Tensor x, Tensor y) override;
+  void scale(Tensor x, float alpha) override;
+  void add(Tensor a, Tensor b, Tensor out) override;
+  void mul(Tensor a, Tensor b, Tensor out) override;
+  void add_bias(Tensor x, Tensor bias) override;
+  void sum(Tensor x, Tensor out, bool accumulate) override;
+  void sum_squares(Tensor x, Tensor out, bool accumulate) override;
+  void max_abs(Tensor x, Tensor out, bool accumulate) override;
+  void sum_rows(Tensor x, Tensor out, bool accumulate) override;
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override;
+  void sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) override;
+
+  // ---- the layers' operations (cuda_layers.cpp) ----
+  void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override;
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                          int64_t T) override;
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                         float eps) override;
+  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                          Tensor mean, Tensor rstd) override;
+  void gelu_forward(Tensor out, Tensor inp) override;
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) override;
+  void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                     float dloss_scale) override;
+
+ private:
+  cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }
+  void* device_scratch(size_t bytes) { return scratch_.get(bytes, compute_); }
+  void reduce(Tensor x, Tensor out, bool accumulate, ReduceKind k, const char* name);
+
+  // Token ids (cuda_layers.cpp).
+  const int32_t* upload_host_ids();
+  const int32_t* upload_ids(const int32_t* ids, int64_t n, int64_t V, const char* what);
+  int64_t group_positions_by_token(const int32_t* tokens, int64_t n, int64_t V);
+
+  int device_ = 0;
+  std::string name_;
+  cudaStream_t compute_{};
+  cudaStream_t comm_{};
+  cublasHandle_t cublas_{};
+  cudaMemPool_t mempool_{};  // the Pool's device memory
+  double* partial_ = nullptr;  // (kReduceBlocks,) per-block partial results of a reduction
+  // Device memory outside the Pool (like cuBLAS's workspace), grown on demand. Freeing the old
+  // buffer is ordered on the compute stream after every kernel that still reads it.
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+    void* get(size_t want, cudaStream_t s) {
+      if (want > bytes) {
+        if (p != nullptr) CUDA_CHECK(cudaFreeAsync(p, s));
+        p = nullptr, bytes = 0;
+        CUDA_CHECK(cudaMallocAsync(&p, want, s));
+        bytes = want;
+      }
+      return p;
+    }
+    void release(cudaStream_t s) {
+      if (p != nullptr) cudaFreeAsync(p, s);
+      p = nullptr, bytes = 0;
+    }
+  };
+  Scratch scratch_;       // the layers' operations' (token ids, LayerNorm partials)
+  Scratch gemm_scratch_;  // f32 GEMM operands rounded to bf16
+  std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
+  struct IdSlot {
+    void* host = nullptr;  // pinned
+    size_t bytes = 0;
+    cudaEvent_t copied{};  // the upload that last read it
+  };
+  std::array<IdSlot, 8> id_slots_{};
+  size_t next_id_slot_ = 0;
+  std::unique_ptr<Backend> host_;  // computes on the host tier (the offloaded optimizer)
+  BlockCache pinned_cache_{256, size_t{1} << 30};  // freed pinned host blocks
+};
+
+}  // namespace shardlab::cuda

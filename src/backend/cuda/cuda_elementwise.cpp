@@ -1,0 +1,109 @@
+// cuda_elementwise.cpp — the CUDA Backend's element-wise operations, reductions and optimizer
+// updates: tensors validated here, grids in the launchers (kernels.cuh).
+#include <cmath>
+
+#include "src/backend/cuda/cuda_backend.hpp"
+
+namespace shardlab::cuda {
+namespace {
+
+void check_pair(const Tensor& a, const Tensor& b, const char* op) {
+  check_f32(a, op);
+  check_f32(b, op);
+  check_same_numel(a, b, op);
+}
+
+void check_binary(const Tensor& a, const Tensor& b, const Tensor& out, const char* name) {
+  check_pair(a, b, name);
+  check_pair(a, out, name);
+}
+
+}  // namespace
+
+// ---- element-wise -------------------------------------------------------------------------------
+
+void CudaBackend::fill(Tensor x, float value) {
+  int64_t n = x.numel();
+  CUDA_CHECK(launch_fill(x.data(), x.dtype(), n, value, compute_));
+}
+
+void CudaBackend::cast(Tensor dst, Tensor src) {
+  check_same_numel(src, dst, "cast");
+  int64_t n = src.numel();
+  CUDA_CHECK(launch_cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n, compute_));
+}
+
+void CudaBackend::axpy(float alpha, Tensor x, Tensor y) {
+  check_pair(x, y, "axpy");
+  int64_t n = x.numel();
+  CUDA_CHECK(launch_axpy(alpha, x.ptr<float>(), y.ptr<float>(), n, compute_));
+}
+
+void CudaBackend::scale(Tensor x, float alpha) {
+  check_f32(x, "scale");
+  int64_t n = x.numel();
+  CUDA_CHECK(launch_scale(x.ptr<float>(), alpha, n, compute_));
+}
+
+void CudaBackend::add(Tensor a, Tensor b, Tensor out) {
+  check_binary(a, b, out, "add");
+  CUDA_CHECK(launch_add(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), compute_));
+}
+
+void CudaBackend::mul(Tensor a, Tensor b, Tensor out) {
+  check_binary(a, b, out, "mul");
+  CUDA_CHECK(launch_mul(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), compute_));
+}
+
+void CudaBackend::add_bias(Tensor x, Tensor bias) {
+  CUDA_CHECK(launch_add_bias(x.ptr<float>(), bias.ptr<float>(), bias_rows(x, bias), bias.numel(), compute_));
+}
+
+// ---- reductions ---------------------------------------------------------------------------------
+
+void CudaBackend::reduce(Tensor x, Tensor out, bool accumulate, ReduceKind k, const char* name) {
+  check_f32(x, name);
+  check_f32(out, name);
+  SHARD_CHECK(out.numel() == 1, "{}: out must hold 1 element, has {}", name, out.numel());
+  CUDA_CHECK(launch_reduce(x.ptr<float>(), x.numel(), k, partial_, out.ptr<float>(), accumulate, compute_));
+}
+
+void CudaBackend::sum(Tensor x, Tensor out, bool accumulate) { reduce(x, out, accumulate, ReduceKind::sum, "sum"); }
+
+void CudaBackend::sum_squares(Tensor x, Tensor out, bool accumulate) {
+  reduce(x, out, accumulate, ReduceKind::sum_squares, "sum_squares");
+}
+
+void CudaBackend::max_abs(Tensor x, Tensor out, bool accumulate) {
+  reduce(x, out, accumulate, ReduceKind::max_abs, "max_abs");
+}
+
+void CudaBackend::sum_rows(Tensor x, Tensor out, bool accumulate) {
+  check_f32(x, "sum_rows");
+  check_f32(out, "sum_rows");
+  SHARD_CHECK(x.ndim() == 2 && out.numel() == x.dim(1), "sum_rows: x {} and out {}", x.shape_str(), out.shape_str());
+  CUDA_CHECK(launch_sum_rows(x.ptr<float>(), x.dim(0), x.dim(1), out.ptr<float>(), accumulate, compute_));
+}
+
+// ---- optimizers ---------------------------------------------------------------------------------
+
+void CudaBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) {
+  check_same_numel(param, grad, "adamw_update");
+  check_same_numel(param, m, "adamw_update");
+  check_same_numel(param, v, "adamw_update");
+  // Bias corrections on the host, in float, exactly as the CPU kernel computes them.
+  const float inv_bc1 = 1.f / (1.f - std::pow(a.beta1, static_cast<float>(a.step)));
+  const float inv_bc2 = 1.f / (1.f - std::pow(a.beta2, static_cast<float>(a.step)));
+  const AdamWStep s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, inv_bc1, inv_bc2};
+  CUDA_CHECK(launch_adamw(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), param.numel(), s,
+                          compute_));
+}
+
+void CudaBackend::sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) {
+  check_same_numel(param, grad, "sgd_update");
+  check_same_numel(param, momentum, "sgd_update");
+  CUDA_CHECK(launch_sgd(param.ptr<float>(), grad.ptr<float>(), momentum.ptr<float>(), param.numel(), a.lr, a.momentum,
+                        a.weight_decay, a.grad_scale, compute_));
+}
+
+}  // namespace shardlab::cuda

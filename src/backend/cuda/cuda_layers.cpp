@@ -1,0 +1,189 @@
+// cuda_layers.cpp — the CUDA Backend's operations of the models' layers, in backend.hpp's groups:
+// embeddings, normalisation, activations, attention (cuBLAS products around a softmax kernel) and
+// losses; and the upload of the token ids they take from the host.
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "src/backend/cuda/cuda_backend.hpp"
+
+namespace shardlab::cuda {
+
+// ---- embeddings ---------------------------------------------------------------------------------
+// Token ids are host memory (the trainer's Batch holds host vectors): they are checked on the
+// host, as the CPU kernels check them, and copied to device scratch on the compute stream.
+
+void CudaBackend::embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) {
+  const int64_t C = embedding_shape(out, wte, wpe, B, T);
+  const int32_t* ids = upload_ids(tokens, B * T, wte.dim(0), "token");
+  CUDA_CHECK(launch_embedding_forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.ptr<float>(), B, T, C, compute_));
+}
+
+// Deterministic without atomics: positions are grouped by token on the host (a stable counting
+// sort), and one block per distinct token adds its positions' rows in ascending order, as the CPU.
+void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                                     int64_t T) {
+  const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
+  CUDA_CHECK(launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
+  const int64_t buckets = group_positions_by_token(tokens, B * T, dwte.dim(0));
+  const int32_t* grouped = upload_host_ids();  // [bucket tokens | offsets | positions]
+  CUDA_CHECK(launch_embedding_backward_dwte(dwte.ptr<float>(), dout.ptr<float>(), grouped, grouped + buckets,
+                                            grouped + 2 * buckets + 1, buckets, C, compute_));
+}
+
+// ---- normalisation ------------------------------------------------------------------------------
+
+void CudaBackend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                                    float eps) {
+  const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
+  CUDA_CHECK(launch_layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
+                                      weight.ptr<float>(), bias.ptr<float>(), N, C, eps, compute_));
+}
+
+void CudaBackend::layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                                     Tensor mean, Tensor rstd) {
+  const auto [N, C] = layernorm_backward_shape(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+  auto* workspace = static_cast<float*>(device_scratch(layernorm_backward_workspace(N, C) * sizeof(float)));
+  CUDA_CHECK(launch_layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
+                                       inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(),
+                                       workspace, N, C, compute_));
+}
+
+// ---- activations --------------------------------------------------------------------------------
+
+void CudaBackend::gelu_forward(Tensor out, Tensor inp) {
+  check_same_numel(out, inp, "gelu_forward");
+  CUDA_CHECK(launch_gelu_forward(out.ptr<float>(), inp.ptr<float>(), inp.numel(), compute_));
+}
+
+void CudaBackend::gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
+  check_same_numel(dinp, inp, "gelu_backward");
+  check_same_numel(dout, inp, "gelu_backward");
+  CUDA_CHECK(launch_gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel(), compute_));
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+// Per batch entry, GEMMs batched over the H heads: head h's q, k, v are columns [h*hs, (h+1)*hs)
+// of the (T, 3C) rows (leading dimension 3C, batch stride hs), and its output goes to the same
+// columns of (T, C), as on the CPU.
+
+void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) {
+  auto [B, T, C] = attention_shape(qkv, out, att, H, "attention_forward");
+  const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; ++b) {  // scores, scaled: att = scale * q k^T
+    const float* q = qkv.ptr<float>() + b * T * C3;
+    gemm({.trans_b = Trans::T, .m = T, .n = T, .k = hs, .alpha = scale, .lda = C3, .ldb = C3, .ldc = T,
+          .batch = H, .stride_a = hs, .stride_b = hs, .stride_c = TT},
+         q, q + C, att.ptr<float>() + b * H * TT);
+  }
+  CUDA_CHECK(launch_causal_softmax(att.ptr<float>(), B * H * T, T, compute_));
+  for (int64_t b = 0; b < B; ++b) {  // out_h = att v
+    gemm({.m = T, .n = hs, .k = T, .lda = T, .ldb = C3, .ldc = C, .batch = H, .stride_a = TT, .stride_b = hs,
+          .stride_c = hs},
+         att.ptr<float>() + b * H * TT, qkv.ptr<float>() + b * T * C3 + 2 * C, out.ptr<float>() + b * T * C);
+  }
+}
+
+void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) {
+  auto [B, T, C] = attention_shape(qkv, dout, att, H, "attention_backward");
+  check_attention_backward(dqkv, qkv, scratch, T, H);
+  const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  float* datt = scratch.ptr<float>();  // (H, T, T), reused by every batch entry (stream order)
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv.ptr<float>() + b * T * C3;
+    float* dq = dqkv.ptr<float>() + b * T * C3;
+    const float* a = att.ptr<float>() + b * H * TT;
+    const float* dh = dout.ptr<float>() + b * T * C;
+    gemm({.trans_b = Trans::T, .m = T, .n = T, .k = hs, .lda = C, .ldb = C3, .ldc = T, .batch = H,
+          .stride_a = hs, .stride_b = hs, .stride_c = TT},
+         dh, q + 2 * C, datt);  // d(att) = dh v^T
+    gemm({.trans_a = Trans::T, .m = T, .n = hs, .k = T, .lda = T, .ldb = C, .ldc = C3, .batch = H,
+          .stride_a = TT, .stride_b = hs, .stride_c = hs},
+         a, dh, dq + 2 * C);  // dv = att^T dh
+    CUDA_CHECK(launch_causal_softmax_backward(datt, a, H * T, T, scale, compute_));
+    const GemmDesc dpre_times{.m = T, .n = hs, .k = T, .lda = T, .ldb = C3, .ldc = C3, .batch = H,
+                              .stride_a = TT, .stride_b = hs, .stride_c = hs};
+    gemm(dpre_times, datt, q + C, dq);  // dq = dpre k
+    GemmDesc dpre_t_times = dpre_times;
+    dpre_t_times.trans_a = Trans::T;
+    gemm(dpre_t_times, datt, q, dq + C);  // dk = dpre^T q
+  }
+}
+
+// ---- losses -------------------------------------------------------------------------------------
+
+void CudaBackend::cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                                float dloss_scale) {
+  const auto [N, V] = cross_entropy_shape(losses, dlogits, logits);
+  float* d = dlogits.data() ? dlogits.ptr<float>() : nullptr;
+  const int32_t* ids = upload_ids(targets, N, V, "target");
+  CUDA_CHECK(launch_cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), ids, N, V, dloss_scale, compute_));
+}
+
+// ---- token ids ----------------------------------------------------------------------------------
+
+// host_ids_ -> device scratch on the compute stream, through a pinned slot: from pageable
+// memory cudaMemcpyAsync would first wait for the stream (a host sync per upload). The slot is
+// reused kIdSlots uploads later, once the copy that read it has run (its event).
+const int32_t* CudaBackend::upload_host_ids() {
+  const size_t bytes = host_ids_.size() * sizeof(int32_t);
+  if (bytes == 0) return nullptr;
+  IdSlot& slot = id_slots_[next_id_slot_++ % id_slots_.size()];
+  if (slot.copied) CUDA_CHECK(cudaEventSynchronize(slot.copied));
+  else CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+  if (slot.bytes < bytes) {
+    if (slot.host) CUDA_CHECK(cudaFreeHost(slot.host));
+    slot.host = nullptr;
+    CUDA_CHECK(cudaMallocHost(&slot.host, bytes));
+    slot.bytes = bytes;
+  }
+  std::memcpy(slot.host, host_ids_.data(), bytes);
+  void* dev = device_scratch(bytes);
+  CUDA_CHECK(cudaMemcpyAsync(dev, slot.host, bytes, cudaMemcpyHostToDevice, compute_));
+  CUDA_CHECK(cudaEventRecord(slot.copied, compute_));
+  return static_cast<const int32_t*>(dev);
+}
+
+// Checks n host ids against the vocabulary (the CPU kernels' check) and uploads them.
+const int32_t* CudaBackend::upload_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
+  host_ids_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    SHARD_CHECK(ids[i] >= 0 && ids[i] < V, "{} id {} at position {} outside vocabulary of {}", what, ids[i], i, V);
+    host_ids_[static_cast<size_t>(i)] = ids[i];
+  }
+  return upload_host_ids();
+}
+
+// Fills host_ids_ with [bucket tokens (U) | offsets (U + 1) | positions (n)]: the distinct tokens
+// in ascending order, and each one's positions, ascending (a stable counting sort). Returns U.
+int64_t CudaBackend::group_positions_by_token(const int32_t* tokens, int64_t n, int64_t V) {
+  SHARD_CHECK(n <= INT32_MAX, "embedding_backward: {} positions overflow int32 offsets", n);
+  std::vector<int32_t> start(static_cast<size_t>(V) + 1, 0);  // start[v]: first slot of token v
+  for (int64_t i = 0; i < n; ++i) {
+    SHARD_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} at position {} outside vocabulary of {}", tokens[i],
+                i, V);
+    ++start[static_cast<size_t>(tokens[i]) + 1];
+  }
+  int64_t buckets = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    buckets += start[static_cast<size_t>(v) + 1] > 0;
+    start[static_cast<size_t>(v) + 1] += start[static_cast<size_t>(v)];
+  }
+  host_ids_.resize(static_cast<size_t>(2 * buckets + 1 + n));
+  int32_t* bucket_token = host_ids_.data();
+  int32_t* offsets = bucket_token + buckets;
+  int32_t* positions = offsets + buckets + 1;
+  int64_t u = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    if (start[static_cast<size_t>(v) + 1] == start[static_cast<size_t>(v)]) continue;
+    bucket_token[u] = static_cast<int32_t>(v);
+    offsets[u++] = start[static_cast<size_t>(v)];
+  }
+  offsets[buckets] = static_cast<int32_t>(n);
+  for (int64_t i = 0; i < n; ++i) positions[start[static_cast<size_t>(tokens[i])]++] = static_cast<int32_t>(i);
+  return buckets;
+}
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,69 @@
+// family.hpp — ModelFamily: everything shardlab knows about one kind of model, and the registry
+// that finds a family by name or from a ModelSpec.
+//
+// A family is a folder under src/model/ (gpt2/ today) with the same few parts: presets and the
+// spec from a Hugging Face config.json, the unit layout (for a tensor-parallel degree and rank),
+// the units, the state-dict adapter to HF tensor names, FLOPs per token and the tokenizer it
+// uses. Everything else (runner, strategies, trainer, checkpoints, predictions) asks
+// family_of(spec) and never names a model, as torchtitan's trainer never names models/llama3/.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/model/spec.hpp"
+#include "src/model/unit.hpp"
+
+namespace shardlab {
+
+struct ModelPreset {
+  ModelSpec spec;
+  std::string help;  // one line for --help: what the preset is for
+};
+
+// The tokenizer a family's checkpoints expect (src/train/tokenizer.hpp implements them).
+enum class TokenizerKind : uint8_t { gpt2_bpe };  // GPT-2's byte-level BPE (encoder.json, vocab.bpe)
+const char* tokenizer_name(TokenizerKind t);      // "gpt2-bpe"
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  virtual FamilyId id() const = 0;
+  virtual const char* name() const = 0;  // "gpt2": as specs and manifests spell it
+  virtual std::vector<ModelPreset> presets() const = 0;
+  // A spec from a Hugging Face config.json. InputError naming each missing field, and each field
+  // shardlab does not know or whose value its units do not compute.
+  virtual ModelSpec spec_from_hf_config(const nlohmann::json& config) const = 0;
+  // InputError when the spec asks for something this family does not compute (ModelSpec::validate
+  // calls it after the model-neutral checks).
+  virtual void check(const ModelSpec& spec) const = 0;
+
+  // Units in execution order with the tensors tensor-parallel rank tp_rank of tp_degree holds.
+  // Only tp_degree 1 exists yet: any other throws InputError.
+  std::vector<UnitLayout> layout(const ModelSpec& spec, int tp_degree = 1, int tp_rank = 0) const;
+  std::vector<std::unique_ptr<Unit>> make_units(const ModelSpec& spec, int tp_degree = 1, int tp_rank = 0) const;
+  std::vector<std::string> unit_names(const ModelSpec& spec) const;  // as layout(spec) names them
+
+  // The state-dict adapter (safetensors save, load, export): the name a layout tensor has in an
+  // HF file, and the names a load accepts for it, preferred first.
+  virtual std::string hf_name(const TensorDecl& t) const = 0;
+  virtual std::vector<std::string> hf_load_names(const TensorDecl& t) const = 0;
+  // Training FLOPs per token (forward and backward, no recomputation): what MFU divides by.
+  virtual double flops_per_token(const ModelSpec& spec) const = 0;
+  virtual TokenizerKind tokenizer() const = 0;
+
+ protected:
+  // layout() and make_units() check the tensor-parallel arguments, then call these.
+  virtual std::vector<UnitLayout> do_layout(const ModelSpec& spec, int tp_degree, int tp_rank) const = 0;
+  virtual std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& spec, int tp_degree,
+                                                           int tp_rank) const = 0;
+};
+
+const ModelFamily& family_of(const ModelSpec& spec);
+const ModelFamily& model_family(std::string_view name);  // InputError naming the families otherwise
+std::vector<std::string> model_family_names();
+
+}  // namespace shardlab

@@ -1,0 +1,162 @@
+// family.cpp — GPT-2 as a ModelFamily: presets, the spec from an HF config.json, what the units
+// compute (the family's checks), HF tensor names, FLOPs per token and the tokenizer.
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "src/core/check.hpp"
+#include "src/model/gpt2/gpt2.hpp"
+
+namespace shardlab {
+namespace {
+
+class Gpt2Family final : public ModelFamily {
+ public:
+  FamilyId id() const override { return FamilyId::gpt2; }
+  const char* name() const override { return "gpt2"; }
+  std::vector<ModelPreset> presets() const override { return gpt2_presets(); }
+  ModelSpec spec_from_hf_config(const nlohmann::json& config) const override {
+    return gpt2_spec_from_hf_config(config);
+  }
+
+  void check(const ModelSpec& s) const override {
+    SHARD_REQUIRE(s.num_kv_heads() == s.heads, "kv_heads {}: GPT-2 attends with as many K/V heads as heads ({})",
+                  s.kv_heads, s.heads);
+    SHARD_REQUIRE(s.rope_theta == 0, "rope_theta {}: GPT-2 learns its positions (wpe), it has no rotary embedding",
+                  s.rope_theta);
+    SHARD_REQUIRE(s.tied_head, "GPT-2's LM head is its token embedding (wte): tied_head must be true");
+  }
+
+  // GPT-2's names are HF's; HF's GPT2LMHeadModel files prefix them with "transformer.".
+  std::string hf_name(const TensorDecl& t) const override { return t.name; }
+  std::vector<std::string> hf_load_names(const TensorDecl& t) const override {
+    return {t.name, "transformer." + t.name};
+  }
+  double flops_per_token(const ModelSpec& s) const override { return gpt2_flops_per_token(s); }
+  TokenizerKind tokenizer() const override { return TokenizerKind::gpt2_bpe; }
+
+ protected:
+  std::vector<UnitLayout> do_layout(const ModelSpec& s, int, int) const override { return gpt2_layout(s); }
+  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, int, int) const override {
+    return make_gpt2_units(s);
+  }
+};
+
+// Reads an HF config.json field by field, so every missing or unknown one can be named at once.
+struct HfConfig {
+  const nlohmann::json& j;
+  std::vector<std::string> missing;
+
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+  int64_t integer(const char* key, int64_t lo) {
+    if (!has(key)) {
+      missing.push_back(key);
+      return lo;
+    }
+    SHARD_REQUIRE(j[key].is_number_integer() && j[key].get<int64_t>() >= lo,
+                  "config.json: \"{}\" is {}, expected an integer of at least {}", key, j[key].dump(), lo);
+    return j[key].get<int64_t>();
+  }
+  double number(const char* key) {
+    if (!has(key)) {
+      missing.push_back(key);
+      return 0;
+    }
+    SHARD_REQUIRE(j[key].is_number(), "config.json: \"{}\" is {}, expected a number", key, j[key].dump());
+    return j[key].get<double>();
+  }
+  // A field shardlab computes one way only: absent, or equal to that way.
+  template <class T>
+  void expect(const char* key, const T& value, const char* why) const {
+    if (!has(key)) return;
+    SHARD_REQUIRE(j[key] == nlohmann::json(value), "config.json: \"{}\" is {}; shardlab's GPT-2 needs {} ({})", key,
+                  j[key].dump(), nlohmann::json(value).dump(), why);
+  }
+};
+
+// Fields of HF's GPT2Config that change nothing shardlab computes: dropout (shardlab trains
+// without), special token ids, the sequence-classification summary head, and bookkeeping.
+const std::set<std::string> kIgnoredFields = {
+    "_name_or_path", "architectures", "attn_pdrop", "bos_token_id", "embd_pdrop", "eos_token_id",
+    "gradient_checkpointing", "id2label", "label2id", "pad_token_id", "resid_pdrop", "summary_activation",
+    "summary_first_dropout", "summary_proj_to_labels", "summary_type", "summary_use_proj", "task_specific_params",
+    "torch_dtype", "transformers_version", "use_cache", "reorder_and_upcast_attn"};
+// Fields read or checked below.
+const std::set<std::string> kKnownFields = {
+    "model_type", "n_embd", "n_layer", "n_head", "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon",
+    "n_inner", "activation_function", "initializer_range", "tie_word_embeddings", "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx", "add_cross_attention"};
+
+}  // namespace
+
+const ModelFamily& gpt2_family() {
+  static const Gpt2Family family;
+  return family;
+}
+
+std::vector<ModelPreset> gpt2_presets() {
+  struct P {
+    const char* name;
+    int64_t L, C, H, T, V;
+    const char* help;
+  };
+  static const P presets[] = {
+      {"tiny", 2, 32, 2, 32, 256, "GPT-2 shape, 2 layers of 32 channels, bytes as tokens: the tests' model"},
+      {"small", 4, 128, 4, 128, 256, "GPT-2 shape, 4 layers of 128 channels, bytes as tokens: the demo's model"},
+      {"gpt2", 12, 768, 12, 1024, 50257, "GPT-2 124M"},
+      {"gpt2-medium", 24, 1024, 16, 1024, 50257, "GPT-2 medium, 350M"},
+      {"gpt2-large", 36, 1280, 20, 1024, 50257, "GPT-2 large, 774M"},
+      {"gpt2-xl", 48, 1600, 25, 1024, 50257, "GPT-2 XL, 1.5B"}};
+  std::vector<ModelPreset> out;
+  for (const P& p : presets) {
+    ModelSpec s;
+    s.name = p.name, s.layers = p.L, s.dim = p.C, s.heads = p.H, s.seq = p.T, s.vocab = p.V;
+    out.push_back({s, p.help});
+  }
+  return out;
+}
+
+ModelSpec gpt2_spec_from_hf_config(const nlohmann::json& j) {
+  SHARD_REQUIRE(j.is_object(), "config.json: expected an object, got {}", j.type_name());
+  std::string unknown;
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!kKnownFields.count(it.key()) && !kIgnoredFields.count(it.key()))
+      unknown += (unknown.empty() ? "" : ", ") + it.key();
+  SHARD_REQUIRE(unknown.empty(), "config.json: unknown fields {} (shardlab's GPT-2 would ignore what they ask for)",
+                unknown);
+  HfConfig c{j, {}};
+  c.expect("model_type", "gpt2", "this is the gpt2 family");
+  ModelSpec s;
+  s.name = "hf-config";
+  s.dim = c.integer("n_embd", 1);
+  s.layers = c.integer("n_layer", 1);
+  s.heads = c.integer("n_head", 1);
+  s.vocab = c.integer("vocab_size", 2);
+  if (c.has("n_positions") && c.has("n_ctx"))
+    SHARD_REQUIRE(j["n_positions"] == j["n_ctx"], "config.json: \"n_positions\" {} and \"n_ctx\" {} differ",
+                  j["n_positions"].dump(), j["n_ctx"].dump());
+  if (c.has("n_positions") || c.has("n_ctx")) s.seq = c.integer(c.has("n_positions") ? "n_positions" : "n_ctx", 1);
+  else c.missing.push_back("n_positions (or n_ctx)");
+  s.norm_eps = c.number("layer_norm_epsilon");
+  if (!c.missing.empty()) {
+    std::string names;
+    for (const std::string& m : c.missing) names += (names.empty() ? "" : ", ") + m;
+    throw InputError(fmt::format("config.json: missing {}", names));
+  }
+  if (c.has("n_inner")) s.ffn_dim = c.integer("n_inner", 1);
+  // GPT-2's "gelu_new" is the tanh approximation, which PyTorch calls gelu_pytorch_tanh.
+  if (c.has("activation_function") && j["activation_function"] != "gelu_pytorch_tanh")
+    c.expect("activation_function", "gelu_new", "GELU, tanh approximation");
+  c.expect("initializer_range", 0.02, "the initialisation's standard deviation");
+  c.expect("tie_word_embeddings", true, "the LM head is wte");
+  c.expect("scale_attn_weights", true, "scores scaled by 1/sqrt(head size)");
+  c.expect("scale_attn_by_inverse_layer_idx", false, "no per-layer score scaling");
+  c.expect("add_cross_attention", false, "a decoder only");
+  s.validate();
+  return s;
+}
+
+double gpt2_flops_per_token(const ModelSpec& s) {
+  return 6.0 * static_cast<double>(num_params(gpt2_layout(s))) + 6.0 * double(s.layers) * double(s.dim) * double(s.seq);
+}
+
+}  // namespace shardlab

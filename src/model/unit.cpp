@@ -1,0 +1,61 @@
+#include "src/model/unit.hpp"
+
+namespace shardlab {
+
+Tensor ParamSet::operator()(const std::string& name) const {
+  auto it = map_.find(name);
+  SHARD_CHECK(it != map_.end(), "parameter set has no tensor '{}'", name);
+  return it->second;
+}
+
+Tensor ParamSet::gemm(const std::string& name) const { return low_ ? (*low_)(name) : (*this)(name); }
+
+Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  blocks_.push_back(pool.alloc(DType::f32, n, Category::activations, name));
+  Tensor t = blocks_.back().view(DType::f32, shape);
+  tensors_[name] = t;
+  return t;
+}
+
+void Saved::drop(const std::string& name) {
+  auto it = tensors_.find(name);
+  SHARD_CHECK(it != tensors_.end(), "no saved activation '{}' to drop", name);
+  void* data = it->second.data();
+  tensors_.erase(it);
+  std::erase_if(blocks_, [&](const Block& b) { return b.data() == data; });
+}
+
+Tensor Saved::operator()(const std::string& name) const {
+  auto it = tensors_.find(name);
+  SHARD_CHECK(it != tensors_.end(), "no saved activation '{}'", name);
+  return it->second;
+}
+
+Checkpointing parse_checkpointing(const std::string& s) {
+  if (s == "none") return Checkpointing::none;
+  if (s == "attention") return Checkpointing::attention;
+  if (s == "blocks") return Checkpointing::blocks;
+  throw InputError(fmt::format("--activation-checkpointing '{}': expected none, attention or blocks", s));
+}
+
+std::vector<Checkpointing> checkpointing_choices(const ModelSpec& spec) {
+  if (spec.layers < 2) return {Checkpointing::none};
+  return {Checkpointing::none, Checkpointing::attention, Checkpointing::blocks};
+}
+
+const char* checkpointing_name(Checkpointing c) {
+  return c == Checkpointing::none ? "none" : c == Checkpointing::attention ? "attention" : "blocks";
+}
+
+std::vector<BorrowedTensor> borrowed_tensors(const std::vector<std::unique_ptr<Unit>>& units, size_t u) {
+  std::vector<BorrowedTensor> out;
+  for (const std::string& name : units[u]->borrowed())
+    for (size_t o = 0; o < units.size(); ++o)
+      for (const TensorDecl& t : units[o]->layout().tensors)
+        if (t.name == name) out.push_back({o, &t});
+  return out;
+}
+
+}  // namespace shardlab

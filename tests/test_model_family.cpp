@@ -1,0 +1,140 @@
+// The model-family registry and GPT-2's family: presets, the spec from an HF config.json, layouts
+// (tensor parallelism refused until it exists), HF names, FLOPs, and the spec fields its units honour.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "src/model/gpt2/gpt2.hpp"
+#include "src/model/model.hpp"
+
+using namespace shardlab;
+using nlohmann::json;
+
+namespace {
+
+// Hugging Face's openai-community/gpt2 config.json, as published.
+json hf_gpt2_config() {
+  return json::parse(R"({
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+    "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": null,
+    "summary_first_dropout": 0.1, "summary_proj_to_labels": true, "summary_type": "cls_index",
+    "summary_use_proj": true, "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+    "vocab_size": 50257})");
+}
+
+// Mean loss of one forward/backward of `spec` from a fixed initialisation and batch.
+float loss_of(const ModelSpec& spec) {
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  Model model(spec, *be, pool);
+  model.init(5);
+  const int64_t B = 2, T = spec.seq;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 37 + 11) % spec.vocab);
+    targets[i] = static_cast<int32_t>((i * 53 + 5) % spec.vocab);
+  }
+  return model.forward_backward(Batch{tokens.data(), targets.data(), B, T}, 1.f);
+}
+
+}  // namespace
+
+TEST_CASE("the registry finds GPT-2 by name and from a spec, and lists its presets", "[model][family]") {
+  const ModelFamily& gpt2 = model_family("gpt2");
+  CHECK(&gpt2 == &gpt2_family());
+  CHECK(std::string(gpt2.name()) == "gpt2");
+  CHECK(model_family_names() == std::vector<std::string>{"gpt2"});
+  CHECK_THROWS_WITH(model_family("llama"), "unknown model family 'llama': expected one of gpt2");
+  CHECK(&family_of(model_preset("gpt2-xl")) == &gpt2);
+  std::vector<std::string> names;
+  for (const ModelPreset& p : gpt2.presets()) {
+    names.push_back(p.spec.name);
+    CHECK_FALSE(p.help.empty());
+    CHECK(p.spec.family == FamilyId::gpt2);
+  }
+  CHECK(names == model_preset_names());
+  CHECK_THROWS_WITH(model_preset("gpt5"), Catch::Contains("unknown model 'gpt5': expected one of tiny, small, gpt2"));
+  CHECK(gpt2.tokenizer() == TokenizerKind::gpt2_bpe);
+  CHECK(std::string(tokenizer_name(gpt2.tokenizer())) == "gpt2-bpe");
+}
+
+TEST_CASE("GPT-2's layout, names and FLOPs through the family", "[model][family]") {
+  const ModelSpec spec = model_preset("gpt2");
+  const ModelFamily& f = family_of(spec);
+  const auto layout = f.layout(spec);
+  const auto direct = gpt2_layout(spec);
+  REQUIRE(layout.size() == direct.size());
+  for (size_t u = 0; u < layout.size(); ++u) {
+    CHECK(layout[u].name == direct[u].name);
+    CHECK(layout[u].numel == direct[u].numel);
+  }
+  CHECK(num_params(layout) == 124439808);
+  CHECK(f.unit_names(spec).front() == "embedding");
+  CHECK(f.unit_names(spec).back() == "head");
+  CHECK(f.make_units(spec).size() == 14);
+  // llm.c's count: 6N + 6LCT.
+  CHECK(f.flops_per_token(spec) == 6.0 * 124439808 + 6.0 * 12 * 768 * 1024);
+  const TensorDecl& qkv = layout[1].find("h.0.attn.c_attn.weight");
+  CHECK(f.hf_name(qkv) == "h.0.attn.c_attn.weight");
+  const std::vector<std::string> load_names = {"h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.weight"};
+  CHECK(f.hf_load_names(qkv) == load_names);
+  // Tensor parallelism has a signature and no implementation yet.
+  CHECK_THROWS_WITH(f.layout(spec, 2, 0), Catch::Contains("tensor parallelism is not implemented yet"));
+  CHECK_THROWS_WITH(f.make_units(spec, 4, 1), Catch::Contains("tensor parallelism is not implemented yet"));
+  CHECK_THROWS_WITH(f.layout(spec, 1, 1), Catch::Contains("tensor-parallel rank 1 of 1"));
+}
+
+TEST_CASE("a GPT-2 spec from an HF config.json, every bad field named", "[model][family]") {
+  const ModelFamily& f = model_family("gpt2");
+  const ModelSpec s = f.spec_from_hf_config(hf_gpt2_config());
+  const ModelSpec p = model_preset("gpt2");
+  CHECK(s.family == FamilyId::gpt2);
+  CHECK((s.layers == p.layers && s.dim == p.dim && s.heads == p.heads && s.seq == p.seq && s.vocab == p.vocab));
+  CHECK(s.norm_eps == 1e-5);
+  CHECK(s.ffn_hidden() == 4 * 768);
+  CHECK(num_params(f.layout(s)) == num_params(f.layout(p)));
+
+  CHECK_THROWS_WITH(f.spec_from_hf_config(json{{"n_embd", 64}}),
+                    "config.json: missing n_layer, n_head, vocab_size, n_positions (or n_ctx), layer_norm_epsilon");
+  json c = hf_gpt2_config();
+  c["rope_scaling"] = nullptr;
+  c["rotary_dim"] = 64;
+  CHECK_THROWS_WITH(f.spec_from_hf_config(c), Catch::Contains("unknown fields rope_scaling, rotary_dim"));
+  c = hf_gpt2_config();
+  c["activation_function"] = "relu";
+  CHECK_THROWS_WITH(f.spec_from_hf_config(c), Catch::Contains("\"activation_function\" is \"relu\""));
+  c = hf_gpt2_config();
+  c["tie_word_embeddings"] = false;
+  CHECK_THROWS_WITH(f.spec_from_hf_config(c), Catch::Contains("\"tie_word_embeddings\" is false"));
+  c = hf_gpt2_config();
+  c["n_ctx"] = 2048;
+  CHECK_THROWS_WITH(f.spec_from_hf_config(c), Catch::Contains("\"n_positions\" 1024 and \"n_ctx\" 2048 differ"));
+  c = hf_gpt2_config();
+  c["n_head"] = 7;
+  CHECK_THROWS_WITH(f.spec_from_hf_config(c), "--dim 768 is not divisible by --heads 7");
+  c = hf_gpt2_config();
+  c.erase("n_positions");
+  c["n_ctx"] = 512;  // older configs name the positions n_ctx only
+  CHECK(f.spec_from_hf_config(c).seq == 512);
+  c["n_inner"] = 1000;
+  CHECK(f.spec_from_hf_config(c).ffn_hidden() == 1000);
+}
+
+TEST_CASE("GPT-2's units honour the spec's MLP width and LayerNorm epsilon", "[model][family]") {
+  ModelSpec spec = model_preset("tiny");
+  spec.seq = 8;
+  const float base = loss_of(spec);
+  CHECK(std::isfinite(base));
+  ModelSpec narrow = spec;
+  narrow.ffn_dim = 40;  // narrower than 3C: backward's shared buffer must still hold d(qkv)
+  CHECK(family_of(narrow).layout(narrow)[1].find("h.0.mlp.c_fc.weight").shape == std::vector<int64_t>{32, 40});
+  const float narrow_loss = loss_of(narrow);
+  CHECK(std::isfinite(narrow_loss));
+  CHECK(narrow_loss != base);
+  ModelSpec eps = spec;
+  eps.norm_eps = 0.25;
+  CHECK(loss_of(eps) != base);
+  CHECK(loss_of(spec) == base);  // deterministic: the differences above are the fields'
+}
