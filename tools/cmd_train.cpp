@@ -80,6 +80,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   opts.finish(cfg, ctx, ctx.mpi.world());
   if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
   cfg.record_step = reports.any();
+  require_step_fits_host(cfg, opts, ctx);
   start_watchdog(ctx, opts.run.collective_timeout);
   auto backend = opts.backend(ctx);
   Pool pool(*backend, opts.memory.pools(backend.get()));

@@ -46,8 +46,10 @@ int take_nproc(std::vector<std::string>& args) {
 
 std::vector<std::string> mpirun_command(int nproc, const std::string& exe, const std::vector<std::string>& args) {
   const char* env = std::getenv("SHARDLAB_MPIRUN");
+  // --quiet: shardlab's own line says what failed (an input error once, exit 1), and Open MPI's
+  // banners about a non-zero exit or MPI_Abort would only bury it.
   std::vector<std::string> cmd = {env && *env ? env : "mpirun", "-np", std::to_string(nproc), "--oversubscribe",
-                                  "--bind-to", "none"};
+                                  "--bind-to", "none", "--quiet"};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   cmd.push_back(exe);
   cmd.insert(cmd.end(), args.begin(), args.end());

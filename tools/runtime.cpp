@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +14,8 @@
 
 #include "memory/pool.hpp"
 #include "src/comm/watchdog.hpp"
+#include "src/core/units.hpp"
+#include "src/train/predict.hpp"
 
 namespace shardlab {
 
@@ -34,6 +37,23 @@ std::unique_ptr<Backend> make_device_backend(Device device, const cli::RunOption
   bc.local_rank = ctx.mpi.local_rank();
   bc.local_ranks = ctx.mpi.local_size();
   return make_cuda_backend(bc);
+}
+
+void require_step_fits_host(const TrainConfig& cfg, const cli::TrainOptions& opts, const Context& ctx) {
+  if (parse_device(opts.run.device) != Device::cpu || !opts.memory.device_memory.empty()) return;
+  const int dp = cfg.strategy.dims.is_resolved() ? cfg.strategy.dims.dp() : ctx.mpi.world();
+  // Indivisible batches are the trainer's error to report, with its own message.
+  if (dp < 1 || cfg.accum < 1 || cfg.batch < 1 || cfg.batch % (int64_t(dp) * cfg.accum) != 0) return;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double host = double(pages) * double(page) / std::max(1, ctx.mpi.local_size());
+  const Estimate e = predict_step(cfg, ctx.mpi.world(), ctx.mpi.rank(), cfg.batch / dp / cfg.accum, false);
+  const double need = double(e.peak) + double(e.host.peak);
+  SHARD_REQUIRE(need <= host,
+                "a step of {} with --seq {}, --batch {} (micro-batch {}) needs {} per rank, more than this host's "
+                "memory ({} per rank, {} rank(s) here): lower --seq or --batch, or raise --accum",
+                cfg.spec.describe(), cfg.spec.seq, cfg.batch, cfg.batch / dp / cfg.accum, format_bytes(need),
+                format_bytes(host), ctx.mpi.local_size());
 }
 
 CommKind comm_for(const std::string& comm, Device device, const Context& ctx) {
