@@ -4,6 +4,8 @@
 // Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
 // MPI appears here only (and in src/comm): the commands get a ProcessGroup and open communicators
 // through it. Exit codes: src/core/exit_code.hpp (README, "Exit codes").
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -91,9 +93,22 @@ ExitCode run_command(const std::string& command, const Args& rest, const Context
   throw InputError(fmt::format("unknown command '{}'\n{}", command, usage()));
 }
 
+// OpenMP threads that wait at a barrier by spinning (libgomp's default) hold their cores while a
+// thread they wait for is descheduled: on a machine where other work runs, a step with all cores
+// took 20x as long as with one thread (README, "Threads"); passive waiting sleeps instead.
+// libgomp reads OMP_WAIT_POLICY when it is loaded,
+// before main, so the setting takes effect by executing this binary again with it (once: the
+// variable is then set). A policy or spin count the user gives is kept.
+void wait_passively_in_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: run on, spinning as before
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively_in_openmp(argv);
   std::vector<std::string> args;
   try {
     args = launch_or_continue(argc, argv);

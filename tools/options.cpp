@@ -134,7 +134,7 @@ void add_switch(Desc& d, const char* name, bool& value, const char* help) {
 void RunOptions::add(Desc& d, bool with_device, bool with_comm, const char* comm_note) {
   Desc g("run");
   g.add_options()("threads", po::value(&threads)->default_value(threads),
-                  "CPU threads per rank; 0 = usable cores / ranks on this node")(
+                  "CPU threads per rank; 0 = this node's idle cores / its ranks (at least 1; README, \"Threads\")")(
       "cpu-gemm", po::value(&cpu_gemm)->default_value(cpu_gemm),
       "sgemm library of the cpu backend: auto (picked per product by the host's ISA and the product's shape; "
       "README, \"CPU GEMM\"), onednn or openblas (that one for every product)")(
