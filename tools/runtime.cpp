@@ -91,9 +91,10 @@ void require_step_fits_host(const TrainConfig& cfg, const cli::TrainOptions& opt
   const Estimate e = predict_step(cfg, ctx.mpi.world(), ctx.mpi.rank(), cfg.batch / dp / cfg.accum, false);
   const double need = double(e.peak) + double(e.host.peak);
   SHARD_REQUIRE(need <= host,
-                "a step of {} with --seq {}, --batch {} (micro-batch {}) needs {} per rank, more than this host's "
+                "a {} step of {} with --seq {}, --batch {} (micro-batch {}) needs {} per rank, more than this host's "
                 "memory ({} per rank, {} rank(s) here): lower --seq or --batch, or raise --accum",
-                cfg.spec.describe(), cfg.spec.seq, cfg.batch, cfg.batch / dp / cfg.accum, format_bytes(need),
+                strategy_name(cfg.strategy.kind), cfg.spec.describe(), cfg.spec.seq, cfg.batch, cfg.batch / dp / cfg.accum,
+                format_bytes(need),
                 format_bytes(host), ctx.mpi.local_size());
 }
 
