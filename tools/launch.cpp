@@ -46,10 +46,9 @@ int take_nproc(std::vector<std::string>& args) {
 
 std::vector<std::string> mpirun_command(int nproc, const std::string& exe, const std::vector<std::string>& args) {
   const char* env = std::getenv("SHARDLAB_MPIRUN");
-  // --quiet: shardlab's own line says what failed (an input error once, exit 1), and Open MPI's
-  // banners about a non-zero exit or MPI_Abort would only bury it.
+  // Not --quiet: it would also hide Open MPI's report of a rank killed by a signal.
   std::vector<std::string> cmd = {env && *env ? env : "mpirun", "-np", std::to_string(nproc), "--oversubscribe",
-                                  "--bind-to", "none", "--quiet"};
+                                  "--bind-to", "none"};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   cmd.push_back(exe);
   cmd.insert(cmd.end(), args.begin(), args.end());
