@@ -2,14 +2,21 @@
 
 #include <sstream>
 
+#include "src/core/suggest.hpp"
 #include "src/model/model.hpp"
 
 namespace shardlab {
 
-StrategyKind parse_strategy(const std::string& s) {
-  for (StrategyKind k : all_strategies())
+StrategyKind parse_strategy(const std::string& s, const std::vector<std::string>& aliases) {
+  std::vector<std::string> names;
+  for (StrategyKind k : all_strategies()) {
     if (s == strategy_name(k)) return k;
-  throw InputError(fmt::format("unknown strategy '{}': expected dp, ddp, zero1, zero2 or zero3", s));
+    names.push_back(strategy_name(k));
+  }
+  names.insert(names.end(), aliases.begin(), aliases.end());
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  throw InputError(fmt::format("unknown strategy '{}': expected {}{}", s, list, did_you_mean(s, names)));
 }
 
 const char* strategy_name(StrategyKind k) {

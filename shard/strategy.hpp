@@ -29,7 +29,9 @@
 namespace shardlab {
 
 enum class StrategyKind : uint8_t { dp, ddp, zero1, zero2, zero3 };
-StrategyKind parse_strategy(const std::string& s);  // InputError naming the choices otherwise
+// InputError naming every accepted name (and the closest one) otherwise; `aliases` are names the
+// caller resolves itself before calling (the command line's hsdp), listed among the choices.
+StrategyKind parse_strategy(const std::string& s, const std::vector<std::string>& aliases = {});
 const char* strategy_name(StrategyKind k);
 int zero_stage(StrategyKind k);  // 1, 2, 3 for zero1-3; 0 for dp and ddp
 const std::vector<StrategyKind>& all_strategies();  // dp, ddp, zero1, zero2, zero3

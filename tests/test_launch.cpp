@@ -32,6 +32,7 @@ TEST_CASE("the mpirun command line suits a small machine", "[launch]") {
   CHECK(cmd[2] == "4");
   CHECK(has("--oversubscribe"));
   CHECK(has("--bind-to"));
+  CHECK(!has("--quiet"));  // it would hide Open MPI's report of a rank killed by a signal
   CHECK(has("--allow-run-as-root") == (geteuid() == 0));
   auto exe = std::find(cmd.begin(), cmd.end(), "/opt/shardlab");
   REQUIRE(exe != cmd.end());

@@ -29,6 +29,11 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
   opts.finish(cc.train, ctx, ctx.mpi.world());
   cc.strategies = parse_strategy_list(strategies);
   cli::check_applicable(given, cc.train, cc.strategies, true, "compare", ctx.mpi.rank());
+  for (StrategyKind k : cc.strategies) {  // each strategy's step must fit this host (none is skipped for it)
+    TrainConfig one = cc.train;
+    one.strategy = cc.train.strategy.under(k);
+    require_step_fits_host(one, opts, ctx);
+  }
   start_watchdog(ctx, opts.run.collective_timeout);
   cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);

@@ -1,5 +1,6 @@
 // `shardlab info`: every rank's runtime facts (rank, node-local rank, backend, threads), in order.
 #include <cstdio>
+#include <cstdlib>
 
 #include "memory/pool.hpp"
 #include "tools/command.hpp"
@@ -23,8 +24,10 @@ ExitCode cmd_info(const Args& args, const Context& ctx) {
   auto lines = comm->gather_strings(fmt::format("rank {}/{} (local {}/{}): {}", mpi.rank(), mpi.world(),
                                                 mpi.local_rank(), mpi.local_size(), backend->describe()));
   if (mpi.rank() == 0) {
-    std::printf("shardlab %s — CUDA backend %s, %d CUDA device(s) visible\n", "0.1.0",
-                cuda_compiled() ? "compiled" : "not compiled", cuda_device_count());
+    const char* wait = std::getenv("OMP_WAIT_POLICY");  // main.cpp sets passive unless given
+    std::printf("shardlab %s — CUDA backend %s, %d CUDA device(s) visible, OpenMP waits %s\n", "0.1.0",
+                cuda_compiled() ? "compiled" : "not compiled", cuda_device_count(),
+                wait ? wait : "as GOMP_SPINCOUNT says");
     for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
   }
   return ExitCode::ok;

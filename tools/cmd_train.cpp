@@ -96,6 +96,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                   cfg.tokenizer->size(), cfg.spec.vocab, cfg.tokenizer->size());
   }
   cfg.record_step = reports.any();
+  require_step_fits_host(cfg, opts, ctx);
   start_watchdog(ctx, opts.run.collective_timeout);
   auto backend = opts.backend(ctx);
   Pool pool(*backend, opts.memory.pools(backend.get()));

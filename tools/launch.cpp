@@ -46,6 +46,7 @@ int take_nproc(std::vector<std::string>& args) {
 
 std::vector<std::string> mpirun_command(int nproc, const std::string& exe, const std::vector<std::string>& args) {
   const char* env = std::getenv("SHARDLAB_MPIRUN");
+  // Not --quiet: it would also hide Open MPI's report of a rank killed by a signal.
   std::vector<std::string> cmd = {env && *env ? env : "mpirun", "-np", std::to_string(nproc), "--oversubscribe",
                                   "--bind-to", "none"};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");

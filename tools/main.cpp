@@ -4,17 +4,23 @@
 // Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
 // MPI appears here only (and in src/comm): the commands get a ProcessGroup and open communicators
 // through it. Exit codes: src/core/exit_code.hpp (README, "Exit codes").
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "memory/pool.hpp"
+#include "shardlab_version_info.hpp"
+#include "src/backend/cpu/gemm.hpp"
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/nccl_comm.hpp"
 #include "src/comm/staged_comm.hpp"
 #include "src/comm/watchdog.hpp"
 #include "src/core/exit_code.hpp"
+#include "src/core/suggest.hpp"
 #include "tools/command.hpp"
 #include "tools/launch.hpp"
 
@@ -45,9 +51,18 @@ constexpr CommandEntry kCommands[] = {
     {"bench-adamw", cmd_bench_adamw, "the host optimizer (--offload) against STREAM's triad bandwidth, same threads"},
 };
 
+// What a bug report needs to name the build: `shardlab --version` / `shardlab version`.
+std::string version_text() {
+  return fmt::format("shardlab {}\n  commit      {}\n  build type  {}\n  CUDA        {}\n  CPU sgemm   {}\n",
+                     SHARDLAB_VERSION, SHARDLAB_GIT_COMMIT, SHARDLAB_BUILD_TYPE,
+                     std::string(SHARDLAB_CUDA_BUILT) == "ON" ? "on (compiled)" : "off (not compiled)",
+                     cpu::gemm_library_versions());
+}
+
 std::string usage() {
   std::string u = "usage: shardlab <command> [options] [--nproc N]\n\ncommands:\n";
   for (const CommandEntry& c : kCommands) u += fmt::format("  {:<19} {}\n", c.name, c.summary);
+  u += fmt::format("  {:<19} {}\n", "version", "version, git commit, build type, CUDA on/off and BLAS libraries");
   return u + "\nevery command accepts:\n"
              "  --nproc N           start N ranks through mpirun (same as `mpirun -np N shardlab ...`)\n"
              "  --help              the command's options\n";
@@ -68,14 +83,32 @@ ProcessGroup world_group(const MpiRuntime& mpi, CommKind kind) {
 }
 
 ExitCode run_command(const std::string& command, const Args& rest, const Context& ctx) {
-  for (const CommandEntry& c : kCommands)
+  std::vector<std::string> names = {"version"};
+  for (const CommandEntry& c : kCommands) {
     if (command == c.name) return c.run(rest, ctx);
+    names.push_back(c.name);
+  }
+  const std::string near = closest_name(command, names);
+  if (!near.empty()) throw InputError(fmt::format("unknown command '{}': did you mean {}?", command, near));
   throw InputError(fmt::format("unknown command '{}'\n{}", command, usage()));
+}
+
+// OpenMP threads that wait at a barrier by spinning (libgomp's default) hold their cores while a
+// thread they wait for is descheduled: on a machine where other work runs, a step with all cores
+// took 20x as long as with one thread (README, "Threads"); passive waiting sleeps instead.
+// libgomp reads OMP_WAIT_POLICY when it is loaded,
+// before main, so the setting takes effect by executing this binary again with it (once: the
+// variable is then set). A policy or spin count the user gives is kept.
+void wait_passively_in_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: run on, spinning as before
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively_in_openmp(argv);
   std::vector<std::string> args;
   try {
     args = launch_or_continue(argc, argv);
@@ -87,6 +120,10 @@ int main(int argc, char** argv) {
     std::fputs(usage().c_str(), args.empty() ? stderr : stdout);
     return exit_status(args.empty() ? ExitCode::bad_input : ExitCode::ok);
   }
+  if (args[0] == "--version" || args[0] == "version") {
+    std::fputs(version_text().c_str(), stdout);
+    return exit_status(ExitCode::ok);
+  }
   MpiRuntime mpi(&argc, &argv);
   const Context ctx{mpi, [&mpi](CommKind kind) { return world_group(mpi, kind); }};
   try {
@@ -94,7 +131,7 @@ int main(int argc, char** argv) {
     Watchdog::stop();
     return exit_status(code);
   } catch (const InputError& e) {
-    abort_job(fmt::format("error: {}", e.what()), exit_status(ExitCode::bad_input));
+    end_job_on_input_error(fmt::format("error: {}", e.what()), exit_status(ExitCode::bad_input));
   } catch (const OutOfMemory& e) {
     abort_job(e.what(), exit_status(ExitCode::out_of_memory));
   } catch (const std::exception& e) {

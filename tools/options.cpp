@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "src/core/suggest.hpp"
 #include "src/core/units.hpp"
 #include "tools/runtime.hpp"
 
@@ -118,6 +119,13 @@ bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usag
     }
     po::store(parsed, vm);
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    std::string name = e.get_option_name();
+    name.erase(0, name.find_first_not_of('-'));
+    std::vector<std::string> names;
+    for (const auto& o : desc.options()) names.push_back(o->long_name());
+    throw InputError(fmt::format("{}{} (see `shardlab {} --help`)", e.what(), did_you_mean(name, names, "--"),
+                                 usage.command));
   } catch (const po::error& e) {
     throw InputError(fmt::format("{} (see `shardlab {} --help`)", e.what(), usage.command));
   }
@@ -144,7 +152,7 @@ void add_switch(Desc& d, const char* name, bool& value, const char* help) {
 void RunOptions::add(Desc& d, bool with_device, bool with_comm, const char* comm_note) {
   Desc g("run");
   g.add_options()("threads", po::value(&threads)->default_value(threads),
-                  "CPU threads per rank; 0 = usable cores / ranks on this node")(
+                  "CPU threads per rank; 0 = this node's idle cores / its ranks (at least 1; README, \"Threads\")")(
       "cpu-gemm", po::value(&cpu_gemm)->default_value(cpu_gemm),
       "sgemm library of the cpu backend: auto (picked per product by the host's ISA and the product's shape; "
       "README, \"CPU GEMM\"), onednn or openblas (that one for every product)")(
@@ -387,7 +395,7 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.seed = static_cast<uint64_t>(seed);
   cfg.spec = model.spec();
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
-  cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind);
+  cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
   cfg.strategy.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
   cfg.strategy.offload = parse_offload(memory.offload);
   strategy.apply_dtypes(cfg.strategy);

@@ -3,22 +3,66 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "memory/pool.hpp"
 #include "src/comm/watchdog.hpp"
+#include "src/core/units.hpp"
+#include "src/train/predict.hpp"
 
 namespace shardlab {
 
+namespace {
+
+// Cores other processes keep busy now: /proc/stat's busy share over 30 ms, times the cores. Threads
+// beyond the idle cores only queue behind other work (each step then waits for its slowest
+// thread), so the automatic count leaves the busy ones alone. Sampled, not the load average, which
+// trails by a minute (the run before this one would still count). 0 where /proc/stat is unreadable.
+double busy_cores() {
+  auto sample = [](uint64_t& idle, uint64_t& total) {
+    std::ifstream f("/proc/stat");
+    std::string cpu;
+    f >> cpu;
+    uint64_t v = 0;
+    idle = total = 0;
+    for (int i = 0; i < 8 && f >> v; ++i) {
+      total += v;
+      if (i == 3 || i == 4) idle += v;  // idle, iowait
+    }
+    return cpu == "cpu" && total > 0;
+  };
+  uint64_t i0, t0, i1, t1;
+  if (!sample(i0, t0)) return 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  if (!sample(i1, t1) || t1 <= t0) return 0;
+  const double busy = 1.0 - double(i1 - i0) / double(t1 - t0);
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return std::max(0.0, busy) * double(std::max(1L, cores));
+}
+
+// --threads 0: this node's cores shared among its ranks, less those busy with other work.
+int automatic_threads(int local_ranks) {
+  const int share = default_cpu_threads(local_ranks);
+  if (share <= 1) return share;
+  const int usable = share * std::max(1, local_ranks);
+  const int idle = usable - static_cast<int>(std::lround(busy_cores()));
+  return std::clamp(idle / std::max(1, local_ranks), 1, share);
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> make_cpu(const cli::RunOptions& run, const Context& ctx) {
   BackendConfig bc;
-  bc.threads = run.threads;
+  bc.threads = run.threads > 0 ? run.threads : run.threads == 0 ? automatic_threads(ctx.mpi.local_size()) : run.threads;
   bc.cpu_gemm = run.cpu_gemm;
   bc.local_ranks = ctx.mpi.local_size();
   bc.local_rank = ctx.mpi.local_rank();
@@ -34,6 +78,24 @@ std::unique_ptr<Backend> make_device_backend(Device device, const cli::RunOption
   bc.local_rank = ctx.mpi.local_rank();
   bc.local_ranks = ctx.mpi.local_size();
   return make_cuda_backend(bc);
+}
+
+void require_step_fits_host(const TrainConfig& cfg, const cli::TrainOptions& opts, const Context& ctx) {
+  if (parse_device(opts.run.device) != Device::cpu || !opts.memory.device_memory.empty()) return;
+  const int dp = cfg.strategy.dims.is_resolved() ? cfg.strategy.dims.dp() : ctx.mpi.world();
+  // Indivisible batches are the trainer's error to report, with its own message.
+  if (dp < 1 || cfg.accum < 1 || cfg.batch < 1 || cfg.batch % (int64_t(dp) * cfg.accum) != 0) return;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double host = double(pages) * double(page) / std::max(1, ctx.mpi.local_size());
+  const Estimate e = predict_step(cfg, ctx.mpi.world(), ctx.mpi.rank(), cfg.batch / dp / cfg.accum, false);
+  const double need = double(e.peak) + double(e.host.peak);
+  SHARD_REQUIRE(need <= host,
+                "a {} step of {} with --seq {}, --batch {} (micro-batch {}) needs {} per rank, more than this host's "
+                "memory ({} per rank, {} rank(s) here): lower --seq or --batch, or raise --accum",
+                strategy_name(cfg.strategy.kind), cfg.spec.describe(), cfg.spec.seq, cfg.batch, cfg.batch / dp / cfg.accum,
+                format_bytes(need),
+                format_bytes(host), ctx.mpi.local_size());
 }
 
 CommKind comm_for(const std::string& comm, Device device, const Context& ctx) {

@@ -21,6 +21,10 @@ void start_watchdog(const Context& ctx, double timeout_s);
 // Ranks per node: MPI's shared-memory split, or $SHARDLAB_RANKS_PER_NODE, which lets one machine
 // pretend to be several nodes (tests, rehearsals).
 int ranks_per_node(const Context& ctx);
+// On the cpu with no --device-memory nothing bounds a step but the host: a step that cannot fit
+// this node's memory (shared by its ranks) is an input error naming the sizes, found before any
+// allocation by predicting the step (src/train/predict.hpp; it allocates nothing).
+void require_step_fits_host(const TrainConfig& cfg, const cli::TrainOptions& opts, const Context& ctx);
 // Writes a report file and says so; `option` names the flag in errors.
 void write_text(const std::string& path, const std::string& text, const char* option);
 

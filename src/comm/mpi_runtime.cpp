@@ -2,10 +2,21 @@
 
 #include "src/comm/watchdog.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <thread>
+
+#include "src/core/hash.hpp"
 
 namespace shardlab {
+
+namespace {
+// A duplicate of the world kept for end_job_on_input_error, so its exchange can never match a
+// collective that a rank left half-done on the world's communicator.
+MPI_Comm g_error_comm = MPI_COMM_NULL;
+}  // namespace
 
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -28,13 +39,16 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
   MPI_CHECK(MPI_Comm_size(local, &local_size_));
   MPI_CHECK(MPI_Comm_free(&local));
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_error_comm));
   set_process_identity(rank_, world_, "cpu");
 }
 
 MpiRuntime::~MpiRuntime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (g_error_comm != MPI_COMM_NULL) MPI_Comm_free(&g_error_comm);
+  MPI_Finalize();
 }
 
 void abort_job(const std::string& message, int code) {
@@ -50,6 +64,70 @@ void abort_job(const std::string& message, int code) {
     if (world > 1) MPI_Abort(MPI_COMM_WORLD, code);
     MPI_Finalize();
   }
+  std::exit(code);
+}
+
+}  // namespace shardlab
+
+namespace shardlab {
+namespace {
+
+// Every rank's message, at rank 0 (all ranks call it: they all reached the error exchange).
+std::vector<std::string> gather_messages(const std::string& mine, int rank, int world) {
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(world), offsets(world);
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g_error_comm);
+  std::string all;
+  if (rank == 0) {
+    for (int r = 0, at = 0; r < world; at += lens[r], ++r) offsets[r] = at;
+    all.resize(static_cast<size_t>(offsets[world - 1] + lens[world - 1]));
+  }
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, g_error_comm);
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int r = 0; r < world; ++r) out.push_back(all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lens[r])));
+  return out;
+}
+
+}  // namespace
+
+void end_job_on_input_error(const std::string& message, int code, double grace_s) {
+  int initialized = 0, finalized = 0, world = 1, rank = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) {
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+  if (world == 1 || g_error_comm == MPI_COMM_NULL) abort_job(message, code);
+  Watchdog::stop();
+  // max(h) == h and max(~h) == ~h on every rank exactly when every rank's h is the same.
+  const uint64_t h = fnv1a64(message);
+  uint64_t in[2] = {h, ~h}, out[2] = {0, 0};
+  MPI_Request req;
+  MPI_Iallreduce(in, out, 2, MPI_UINT64_T, MPI_MAX, g_error_comm, &req);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  int done = 0;
+  while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (!done) abort_job(message, code);  // some rank is elsewhere: it must be ended, not waited for
+  if (out[0] == h && out[1] == ~h) {
+    if (rank == 0) std::fprintf(stderr, "shardlab [%d ranks]: %s\n", world, message.c_str());
+  } else {
+    const std::vector<std::string> all = gather_messages(message, rank, world);
+    std::map<std::string, std::string> ranks_of;  // message -> "0,2"
+    for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+      std::string& ranks = ranks_of[all[r]];
+      if (!ranks.empty()) ranks += ',';
+      ranks += std::to_string(r);
+    }
+    for (const auto& [text, ranks] : ranks_of)
+      std::fprintf(stderr, "shardlab [ranks %s of %d]: %s\n", ranks.c_str(), world, text.c_str());
+  }
+  std::fflush(stderr);
+  MPI_Comm_free(&g_error_comm);
+  MPI_Finalize();
   std::exit(code);
 }
 

@@ -42,4 +42,12 @@ class MpiRuntime {
 // Prints "shardlab [rank r/N]: message" to stderr and ends every rank of the job with `code`.
 [[noreturn]] void abort_job(const std::string& message, int code = 1);
 
+// For an input error (bad option, bad file): most are found alike by every rank, and N copies of
+// one line plus Open MPI's MPI_ABORT banner bury it. Each failing rank offers its message's hash
+// on a communicator kept for this; when every rank arrives within `grace_s`, rank 0 prints each
+// distinct message once (with the ranks that raised it, where not all), every rank finalizes MPI
+// and exits with `code`. A rank that fails alone cannot wait for the others (they may be blocked
+// in a collective it will never join), so past the grace it ends the job as abort_job does.
+[[noreturn]] void end_job_on_input_error(const std::string& message, int code, double grace_s = 5.0);
+
 }  // namespace shardlab

@@ -13,7 +13,18 @@
 
 namespace shardlab {
 
+namespace {
+// An ifstream opens a directory without complaint on Linux and fails only on the first read, with
+// libstdc++'s "basic_filebuf::underflow" text: name the path before that.
+void require_not_directory(const std::string& path) {
+  std::error_code ec;
+  SHARD_REQUIRE(!std::filesystem::is_directory(path, ec),
+                "data file '{}' is a directory (--data and --val-data take a file: an llm.c .bin shard or text)", path);
+}
+}  // namespace
+
 TokenStream load_llmc_bin(const std::string& path) {
+  require_not_directory(path);
   std::ifstream f(path, std::ios::binary);
   SHARD_REQUIRE(f.good(), "cannot open token file '{}'", path);
   std::error_code ec;
@@ -35,6 +46,7 @@ TokenStream load_llmc_bin(const std::string& path) {
 }
 
 TokenStream load_text_bytes(const std::string& path) {
+  require_not_directory(path);
   std::ifstream f(path, std::ios::binary);
   SHARD_REQUIRE(f.good(), "cannot open data file '{}'", path);
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

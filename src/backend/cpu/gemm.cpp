@@ -31,6 +31,13 @@ std::string gemm_isa_describe() {
   return fmt::format("oneDNN {}, OpenBLAS {}", host_avx512() ? "avx512" : "avx2", openblas_get_corename());
 }
 
+std::string gemm_library_versions() {
+  const dnnl_version_t* v = dnnl_version();
+  const std::string hash = v->hash ? v->hash : "N/A";
+  return fmt::format("oneDNN {}.{}.{}{}, {}", v->major, v->minor, v->patch,
+                     hash == "N/A" ? "" : fmt::format(" (commit {})", hash), openblas_get_config());
+}
+
 namespace {
 // Rows of B whose byte stride is a multiple of 4096 (or of 2048, for k >= 512) fall into one or two
 // sets of a 4-KiB-periodic L1: oneDNN, which reads small products' B in place, slows to 40-67

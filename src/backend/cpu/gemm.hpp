@@ -24,6 +24,8 @@ GemmPolicy parse_gemm_policy(const std::string& s);  // auto | onednn | openblas
 // "avx512" or "avx2" (anything narrower counts as avx2: the rule has measurements for these two).
 bool host_avx512();
 std::string gemm_isa_describe();  // e.g. "oneDNN avx2, OpenBLAS Haswell"
+// The libraries linked, as they report themselves: "oneDNN 3.0.0 (...), OpenBLAS 0.3.21 ...".
+std::string gemm_library_versions();
 
 // C (m, n) = op(A) op(B), op(A) (m, k), row-major with leading dimensions lda and ldb (elements).
 struct GemmShape {
