@@ -314,18 +314,13 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
 
 }  // namespace
 
-std::string memory_report_html(const MemoryReport& r) {
+std::string memory_report_sections(const MemoryReport& r) {
   uint64_t largest = r.budget;
   for (const auto& row : r.rows) largest = std::max({largest, row.predicted.peak, row.measured_peak});
   uint64_t bar_max = 0;
   for (const auto& row : r.rows) bar_max = std::max({bar_max, row.predicted.peak, row.measured_peak});
   Unit u = unit_for(largest);
-  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>shardlab memory profile</title>\n"
-                  "<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;"
-                  "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-                  "th{background:#f3f3f3}td:first-child{text-align:left}h2{margin-top:28px}</style></head><body>\n";
-  h += "<h1>shardlab memory profile</h1>\n<p>" + esc(r.title) + "</p>\n";
-  h += fmt::format("<h2>Per rank at the step's peak ({})</h2>\n<table><tr><th>strategy</th><th></th>", u.name);
+  std::string h = fmt::format("<h2>Per rank at the step's peak ({})</h2>\n<table><tr><th>strategy</th><th></th>", u.name);
   for (int k = 0; k < kNumCategories; ++k) h += "<th>" + std::string(kCategoryNames[k]) + "</th>";
   h += "<th>peak</th><th>model states</th><th>host peak</th><th>host model states</th><th>peak during</th></tr>\n";
   auto tr = [&](const std::string& label, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
@@ -348,9 +343,24 @@ std::string memory_report_html(const MemoryReport& r) {
   h += "<h2>Memory per rank by category</h2>\n" + bars_svg(r, u, bar_max);
   h += "<h2>Memory over one training step (predicted)</h2>\n";
   for (const auto& row : r.rows) h += "<h3>" + esc(row.label) + "</h3>\n" + timeline_svg(row, u, r.unit_names);
+  return h;
+}
+
+std::string html_page_start(const std::string& title) {
+  return "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" + esc(title) +
+         "</title>\n<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;"
+         "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+         "th{background:#f3f3f3}td:first-child{text-align:left}h2{margin-top:28px}</style></head><body>\n";
+}
+
+std::string memory_report_html(const MemoryReport& r) {
+  std::string h = html_page_start("shardlab memory profile");
+  h += "<h1>shardlab memory profile</h1>\n<p>" + esc(r.title) + "</p>\n" + memory_report_sections(r);
   h += "<p style='color:#666;font-size:11px'>Written by shardlab profile. Self-contained: no scripts, no network.</p>\n";
   return h + "</body></html>\n";
 }
+
+std::string html_escape(const std::string& s) { return esc(s); }
 
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
                          const TierBytes& base, const std::vector<TraceMark>& marks,

@@ -53,6 +53,7 @@ struct TrainConfig : StepConfig {
   std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
   std::shared_ptr<const Gpt2Tokenizer> tokenizer;  // --tokenizer: prompts and samples as text (GPT-2 BPE)
   SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
+  std::string options_origin;  // the header's "options:" line, where each non-default came from ("" = none)
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
   // Whether a run validates after step t (0-based): every val_every steps, and after the last.
   bool validates_after(int64_t t) const { return (val_every > 0 && (t + 1) % val_every == 0) || t + 1 == steps; }
@@ -68,6 +69,8 @@ struct StepStats {
   double comm_bytes = 0;     // this rank, this step (bus bytes)
   uint64_t rss_bytes = 0;    // this process's resident memory after the step (/proc)
   std::optional<float> val_loss;  // on the steps that validate (Trainer::run)
+  double flops_per_s = 0;    // the whole job's model FLOP/s: 6N + 6LCT per token (flops_per_token)
+  double elapsed_s = 0;      // since this process's first step began (Trainer::run)
 };
 
 class Trainer {
@@ -91,6 +94,8 @@ class Trainer {
   // SIGTERM or SIGUSR1 at any rank, every rank finishes the step in progress, they agree on it,
   // save a checkpoint to --save-dir and return (InputError without a --save-dir). Returns the last step.
   StepStats run(std::FILE* out);
+  // Every step run() has finished in this process, validation included (the run report's curves).
+  const std::vector<StepStats>& history() const { return history_; }
   Strategy& strategy() { return *strategy_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   int64_t num_params() const { return num_params_; }
@@ -141,6 +146,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;
   std::string resumed_from_;
+  std::vector<StepStats> history_;  // run()'s steps
   std::vector<int32_t> global_inputs_, global_targets_;  // one micro-step of every rank, rank order
   Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };
