@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "src/core/check.hpp"
@@ -276,10 +277,13 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
   for (size_t i = 1; i <= tl.size(); ++i) {
     if (i < tl.size() && kind(tl[i].phase) == kind(tl[start].phase)) continue;
     int k = kind(tl[start].phase);
-    s += fmt::format("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}'/>"
-                     "<text x='{:.1f}' y='{}' fill='#555'>{}</text>\n",
-                     X(start), top, std::max(1.0, X(i - 1) - X(start)), plot_h, band_color[k], X(start) + 3, top + 12,
-                     band_name[k]);
+    // A band's name only where it fits inside the band (about 6.5 px a character at 11 px): narrow
+    // bands (loss, a short optimizer step) would print over their neighbour or past the edge.
+    const double band_w = std::max(1.0, X(i - 1) - X(start));
+    s += fmt::format("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}'><title>{}</title></rect>\n", X(start),
+                     top, band_w, plot_h, band_color[k], band_name[k]);
+    if (band_w >= 6 + 6.5 * double(std::strlen(band_name[k])))
+      s += fmt::format("<text x='{:.1f}' y='{}' fill='#555'>{}</text>\n", X(start) + 3, top + 12, band_name[k]);
     start = i;
   }
   for (size_t i = 1; i < tl.size(); ++i)  // a tick where each unit starts
@@ -307,7 +311,7 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
   }
   s += fmt::format("<text x='{}' y='{}'>{}</text><text x='{}' y='{}' text-anchor='middle'>allocations and frees of "
                    "one step, in order (peak {:.2f} {} during {})</text>\n",
-                   4, top + 10, u.name, left + plot_w / 2, h - 8, double(row.predicted.peak) / u.div, u.name,
+                   4, top - 8, u.name, left + plot_w / 2, h - 8, double(row.predicted.peak) / u.div, u.name,
                    esc(phase_label(row.predicted.peak_phase, unit_names)));
   return s + "</svg>\n";
 }
