@@ -274,6 +274,7 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
   const char* band_color[5] = {"#eef5ff", "#fff5e6", "#f0fff0", "#f7f0ff", "#f4f4f4"};
   const char* band_name[5] = {"forward", "loss", "backward", "optimizer", "begin"};
   size_t start = 0;
+  std::string band_labels;  // drawn over the areas, which would hide them at the peak
   for (size_t i = 1; i <= tl.size(); ++i) {
     if (i < tl.size() && kind(tl[i].phase) == kind(tl[start].phase)) continue;
     int k = kind(tl[start].phase);
@@ -283,7 +284,8 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
     s += fmt::format("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}'><title>{}</title></rect>\n", X(start),
                      top, band_w, plot_h, band_color[k], band_name[k]);
     if (band_w >= 6 + 6.5 * double(std::strlen(band_name[k])))
-      s += fmt::format("<text x='{:.1f}' y='{}' fill='#555'>{}</text>\n", X(start) + 3, top + 12, band_name[k]);
+      band_labels += fmt::format("<text x='{:.1f}' y='{}' fill='#333' stroke='white' stroke-width='3' "
+                                 "paint-order='stroke'>{}</text>\n", X(start) + 3, top + 12, band_name[k]);
     start = i;
   }
   for (size_t i = 1; i < tl.size(); ++i)  // a tick where each unit starts
@@ -303,6 +305,7 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
                      kCategoryNames[k]);
     for (size_t i = 0; i < tl.size(); ++i) base[i] += double(tl[i].live[k]);
   }
+  s += band_labels;
   s += fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='black'/>", left, top + plot_h, left + plot_w, top + plot_h);
   s += fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='black'/>", left, top, left, top + plot_h);
   for (int t = 0; t <= 4; ++t) {

@@ -268,7 +268,7 @@ StepStats Trainer::run(std::FILE* out) {
     const bool new_best = maybe_validate(t, s, out);
     if (s.val_loss) sum.last_val = s.val_loss;
     if (log.is_open()) log_step(log, s);
-    history_.push_back(s);
+    if (cfg_.record_step) history_.push_back(s);  // only for the reports: a long run's memory stays flat
     maybe_sample(t, out);
     const bool save_now = maybe_checkpoint(t, new_best, out);
     if (stop_requested(t + 1, save_now, out)) return s;

@@ -94,7 +94,8 @@ class Trainer {
   // SIGTERM or SIGUSR1 at any rank, every rank finishes the step in progress, they agree on it,
   // save a checkpoint to --save-dir and return (InputError without a --save-dir). Returns the last step.
   StepStats run(std::FILE* out);
-  // Every step run() has finished in this process, validation included (the run report's curves).
+  // Every step run() has finished in this process, validation included (the run report's curves);
+  // kept only with record_step (the reports), so that a long run's memory does not grow.
   const std::vector<StepStats>& history() const { return history_; }
   Strategy& strategy() { return *strategy_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
