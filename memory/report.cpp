@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "src/core/check.hpp"
@@ -273,13 +274,18 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
   const char* band_color[5] = {"#eef5ff", "#fff5e6", "#f0fff0", "#f7f0ff", "#f4f4f4"};
   const char* band_name[5] = {"forward", "loss", "backward", "optimizer", "begin"};
   size_t start = 0;
+  std::string band_labels;  // drawn over the areas, which would hide them at the peak
   for (size_t i = 1; i <= tl.size(); ++i) {
     if (i < tl.size() && kind(tl[i].phase) == kind(tl[start].phase)) continue;
     int k = kind(tl[start].phase);
-    s += fmt::format("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}'/>"
-                     "<text x='{:.1f}' y='{}' fill='#555'>{}</text>\n",
-                     X(start), top, std::max(1.0, X(i - 1) - X(start)), plot_h, band_color[k], X(start) + 3, top + 12,
-                     band_name[k]);
+    // A band's name only where it fits inside the band (about 6.5 px a character at 11 px): narrow
+    // bands (loss, a short optimizer step) would print over their neighbour or past the edge.
+    const double band_w = std::max(1.0, X(i - 1) - X(start));
+    s += fmt::format("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}'><title>{}</title></rect>\n", X(start),
+                     top, band_w, plot_h, band_color[k], band_name[k]);
+    if (band_w >= 6 + 6.5 * double(std::strlen(band_name[k])))
+      band_labels += fmt::format("<text x='{:.1f}' y='{}' fill='#333' stroke='white' stroke-width='3' "
+                                 "paint-order='stroke'>{}</text>\n", X(start) + 3, top + 12, band_name[k]);
     start = i;
   }
   for (size_t i = 1; i < tl.size(); ++i)  // a tick where each unit starts
@@ -299,6 +305,7 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
                      kCategoryNames[k]);
     for (size_t i = 0; i < tl.size(); ++i) base[i] += double(tl[i].live[k]);
   }
+  s += band_labels;
   s += fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='black'/>", left, top + plot_h, left + plot_w, top + plot_h);
   s += fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='black'/>", left, top, left, top + plot_h);
   for (int t = 0; t <= 4; ++t) {
@@ -307,25 +314,20 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
   }
   s += fmt::format("<text x='{}' y='{}'>{}</text><text x='{}' y='{}' text-anchor='middle'>allocations and frees of "
                    "one step, in order (peak {:.2f} {} during {})</text>\n",
-                   4, top + 10, u.name, left + plot_w / 2, h - 8, double(row.predicted.peak) / u.div, u.name,
+                   4, top - 8, u.name, left + plot_w / 2, h - 8, double(row.predicted.peak) / u.div, u.name,
                    esc(phase_label(row.predicted.peak_phase, unit_names)));
   return s + "</svg>\n";
 }
 
 }  // namespace
 
-std::string memory_report_html(const MemoryReport& r) {
+std::string memory_report_sections(const MemoryReport& r) {
   uint64_t largest = r.budget;
   for (const auto& row : r.rows) largest = std::max({largest, row.predicted.peak, row.measured_peak});
   uint64_t bar_max = 0;
   for (const auto& row : r.rows) bar_max = std::max({bar_max, row.predicted.peak, row.measured_peak});
   Unit u = unit_for(largest);
-  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>shardlab memory profile</title>\n"
-                  "<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;"
-                  "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-                  "th{background:#f3f3f3}td:first-child{text-align:left}h2{margin-top:28px}</style></head><body>\n";
-  h += "<h1>shardlab memory profile</h1>\n<p>" + esc(r.title) + "</p>\n";
-  h += fmt::format("<h2>Per rank at the step's peak ({})</h2>\n<table><tr><th>strategy</th><th></th>", u.name);
+  std::string h = fmt::format("<h2>Per rank at the step's peak ({})</h2>\n<table><tr><th>strategy</th><th></th>", u.name);
   for (int k = 0; k < kNumCategories; ++k) h += "<th>" + std::string(kCategoryNames[k]) + "</th>";
   h += "<th>peak</th><th>model states</th><th>host peak</th><th>host model states</th><th>peak during</th></tr>\n";
   auto tr = [&](const std::string& label, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
@@ -348,9 +350,24 @@ std::string memory_report_html(const MemoryReport& r) {
   h += "<h2>Memory per rank by category</h2>\n" + bars_svg(r, u, bar_max);
   h += "<h2>Memory over one training step (predicted)</h2>\n";
   for (const auto& row : r.rows) h += "<h3>" + esc(row.label) + "</h3>\n" + timeline_svg(row, u, r.unit_names);
+  return h;
+}
+
+std::string html_page_start(const std::string& title) {
+  return "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" + esc(title) +
+         "</title>\n<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;"
+         "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+         "th{background:#f3f3f3}td:first-child{text-align:left}h2{margin-top:28px}</style></head><body>\n";
+}
+
+std::string memory_report_html(const MemoryReport& r) {
+  std::string h = html_page_start("shardlab memory profile");
+  h += "<h1>shardlab memory profile</h1>\n<p>" + esc(r.title) + "</p>\n" + memory_report_sections(r);
   h += "<p style='color:#666;font-size:11px'>Written by shardlab profile. Self-contained: no scripts, no network.</p>\n";
   return h + "</body></html>\n";
 }
+
+std::string html_escape(const std::string& s) { return esc(s); }
 
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
                          const TierBytes& base, const std::vector<TraceMark>& marks,

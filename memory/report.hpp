@@ -68,6 +68,11 @@ struct MemoryReport {
 void print_memory_table(const MemoryReport& r, std::FILE* out);
 std::string memory_report_json(const MemoryReport& r);
 std::string memory_report_html(const MemoryReport& r);
+// The page's parts, for reports that embed the memory charts (the run report): the doctype, head
+// and style up to <body>; and the memory sections (table, bars, one timeline per row) without them.
+std::string html_page_start(const std::string& title);
+std::string memory_report_sections(const MemoryReport& r);
+std::string html_escape(const std::string& s);
 // Chrome trace-event JSON (opens in Perfetto): per measured row a process with memory counters per
 // category and a span per phase (forward of unit i, backward of unit i, loss, optimizer step).
 std::string memory_trace_json(const MemoryReport& r);

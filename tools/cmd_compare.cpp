@@ -4,6 +4,7 @@
 #include "memory/report.hpp"
 #include "src/model/family.hpp"
 #include "src/train/compare.hpp"
+#include "src/train/run_report.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 #include "tools/runtime.hpp"
@@ -22,10 +23,13 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
                      "largest relative loss difference from the first strategy at any step");
   opts.add(desc, cc.train);
   reports.add(desc, "also write the results as JSON (schema shardlab.compare/1)",
-              "write a self-contained HTML memory report with SVG charts (rank 0)",
+              "write the run report (rank 0): a self-contained HTML page with SVG charts of each strategy's loss and "
+              "validation curves, tokens/s, communication and peak memory per step, and memory by category",
               "write a Chrome trace-event file (Perfetto) of the last step: phases, collectives, memory per category");
   cli::po::variables_map given;
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"compare"}, &given)) return ExitCode::ok;
+  cli::OptionSources sources;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"compare"}, &sources, &given)) return ExitCode::ok;
+  if (ctx.mpi.rank() == 0 && !sources.empty()) std::printf("shardlab compare options: %s\n", cli::describe(sources).c_str());
   opts.finish(cc.train, ctx, ctx.mpi.world());
   cc.strategies = parse_strategy_list(strategies);
   cli::check_applicable(given, cc.train, cc.strategies, true, "compare", ctx.mpi.rank());
@@ -51,7 +55,17 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
     report.unit_names = family_of(cc.train.spec).unit_names(cc.train.spec);
     for (const auto& run : r.runs)
       if (!run.oom) report.rows.push_back(run.memory);
-    if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
+    if (!reports.html.empty()) {
+      RunReport run;
+      run.title = fmt::format("shardlab compare: {}, {} ranks, global batch {} x {} tokens, {} steps",
+                              cc.train.spec.describe(), ctx.mpi.world(), cc.train.batch, cc.train.spec.seq, cc.train.steps);
+      if (!sources.empty()) run.facts.push_back("options: " + cli::describe(sources));
+      for (const auto& one : r.runs)
+        if (one.oom) run.facts.push_back(one.name + " did not fit: " + one.error.substr(0, one.error.find('\n')));
+        else run.runs.push_back({one.name, one.steps});
+      run.memory = report;
+      write_text(reports.html, run_report_html(run), "--html");
+    }
     if (!reports.trace.empty()) write_text(reports.trace, memory_trace_json(report), "--trace");
   }
   if (!r.agree) {

@@ -29,7 +29,7 @@ ExitCode cmd_profile(const Args& args, const Context& ctx) {
               "write a self-contained HTML page with SVG charts",
               "with --measure: a Chrome trace-event file (Perfetto) of each measured step");
   cli::po::variables_map given;
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"profile"}, &given)) return ExitCode::ok;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"profile"}, nullptr, &given)) return ExitCode::ok;
   opts.finish(pc.train, ctx, pc.world);
   pc.strategies = parse_strategy_list(strategies);
   cli::check_applicable(given, pc.train, pc.strategies, true, "profile", ctx.mpi.rank());

@@ -4,6 +4,7 @@
 
 #include "memory/report.hpp"
 #include "src/comm/watchdog.hpp"
+#include "src/train/run_report.hpp"
 #include "src/train/tokenizer.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/command.hpp"
@@ -31,7 +32,15 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
   report.unit_names = trainer.unit_names();
   report.rows.push_back(row);
   if (!reports.json.empty()) write_text(reports.json, memory_report_json(report) + "\n", "--json");
-  if (!reports.html.empty()) write_text(reports.html, memory_report_html(report), "--html");
+  if (!reports.html.empty()) {
+    RunReport run;
+    run.title = fmt::format("shardlab train: {}, {} on {} rank{}, global batch {} x {} tokens", cfg.spec.describe(),
+                            cfg.strategy.label(), mpi.world(), mpi.world() == 1 ? "" : "s", cfg.batch, cfg.spec.seq);
+    if (!cfg.options_origin.empty()) run.facts.push_back("options: " + cfg.options_origin);
+    run.runs.push_back({name, trainer.history()});
+    run.memory = report;
+    write_text(reports.html, run_report_html(run), "--html");
+  }
   if (!reports.trace.empty()) {
     std::string joined;
     for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
@@ -75,11 +84,14 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                   "world size and strategy can resume any checkpoint");
   opts.add(desc, cfg);
   reports.add(desc, "write rank 0's memory report as JSON (schema shardlab.profile/2)",
-              "write a self-contained HTML memory report with SVG charts (rank 0)",
+              "write the run report (rank 0): a self-contained HTML page with SVG charts of the loss and validation "
+              "curves, tokens/s, communication and peak memory per step, and the last step's memory by category",
               "write a Chrome trace-event file (Perfetto) of the last step: phases, collectives, memory per category");
   cli::po::variables_map given;
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"train"}, &given)) return ExitCode::ok;
+  cli::OptionSources sources;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"train"}, &sources, &given)) return ExitCode::ok;
   opts.finish(cfg, ctx, ctx.mpi.world());
+  cfg.options_origin = cli::describe(sources);
   cli::check_applicable(given, cfg, {cfg.strategy.kind}, false, "train", ctx.mpi.rank());
   if (!tokenizer_dir.empty()) {
     // --tokenizer shapes prompts and samples; it does not tokenize --data. A text file would be

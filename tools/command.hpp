@@ -6,6 +6,7 @@
 //   shardlab plan                the fastest configuration that fits N ranks, predicted (and measured)
 //   shardlab sample              text from a model file or a checkpoint, on one rank
 //   shardlab export              a checkpoint as one HF-named safetensors file
+//   shardlab report              the run report (curves, throughput, communication, memory) of a --log file
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi, nccl, staged or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of each CPU library on GPT-2 products, and the pick
@@ -41,6 +42,7 @@ ExitCode cmd_profile(const Args& args, const Context& ctx);
 ExitCode cmd_plan(const Args& args, const Context& ctx);
 ExitCode cmd_sample(const Args& args, const Context& ctx);
 ExitCode cmd_export(const Args& args, const Context& ctx);
+ExitCode cmd_report(const Args& args, const Context& ctx);
 ExitCode cmd_info(const Args& args, const Context& ctx);
 ExitCode cmd_bench_collectives(const Args& args, const Context& ctx);
 ExitCode cmd_bench_gemm(const Args& args, const Context& ctx);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "src/core/suggest.hpp"
@@ -101,23 +102,77 @@ Desc command_options(const char* command) {
   return d;
 }
 
-bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage, po::variables_map* given) {
-  apply_renames(args, usage.command, rank);
-  join_switch_values(args, desc);
-  po::variables_map vm;
+namespace {
+
+// What each option given in `parsed` was set to, and where; options already listed keep their
+// first source (the command line is read before the config file and wins).
+void note_sources(const po::parsed_options& parsed, const std::string& origin, OptionSources& out) {
+  for (const po::option& o : parsed.options) {
+    if (o.string_key.empty() || o.string_key == "help" || o.string_key == "config") continue;
+    bool seen = false;
+    for (const OptionSource& s : out) seen |= s.name == o.string_key;
+    if (seen) continue;
+    std::string value;
+    for (const std::string& v : o.value) value += (value.empty() ? "" : " ") + v;
+    out.push_back({o.string_key, value.empty() ? "true" : value, origin});
+  }
+}
+
+// --config FILE's options, stored after the command line's so that those win (po::store keeps a
+// value already stored). Every name must be an option of this command.
+void store_config_file(const std::string& path, const Desc& desc, const char* command, po::variables_map& vm,
+                       OptionSources& sources) {
+  std::ifstream in(path);
+  SHARD_REQUIRE(in.good(), "--config '{}': cannot read the file", path);
+  po::parsed_options parsed(&desc);
   try {
-    po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
+    parsed = po::parse_config_file(in, desc, false);
+  } catch (const po::error& e) {
+    throw InputError(fmt::format("--config '{}': {} (a line is `name = value`, names as {}'s options without the "
+                                 "dashes; see `shardlab {} --help`)", path, e.what(), command, command));
+  }
+  note_sources(parsed, "config " + path, sources);
+  po::store(parsed, vm);
+}
+
+}  // namespace
+
+std::string describe(const OptionSources& sources) {
+  std::string line;
+  for (const OptionSource& s : sources)
+    line += fmt::format("{}--{} {} ({})", line.empty() ? "" : ", ", s.name, s.value, s.origin);
+  return line;
+}
+
+bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage, OptionSources* sources,
+           po::variables_map* given) {
+  std::string config_path;
+  Desc all;  // the command's options and --config, which every command takes
+  all.add(desc);
+  Desc file_group("options from a file");
+  file_group.add_options()("config", po::value(&config_path)->value_name("FILE"),
+                           "read options from FILE, one `name = value` per line (names without the dashes, `#` "
+                           "comments); options on the command line override it");
+  all.add(file_group);
+  apply_renames(args, usage.command, rank);
+  join_switch_values(args, all);
+  po::variables_map vm;
+  OptionSources found;
+  try {
+    po::parsed_options parsed = po::command_line_parser(args).options(all).run();
     bool operand_taken = false;
     for (po::option& o : parsed.options) {
       if (!o.string_key.empty()) continue;  // a bare word: an operand, or a mistake
       const std::string word = o.original_tokens.empty() ? "" : o.original_tokens[0];
-      SHARD_REQUIRE(usage.positional && !operand_taken,
+      SHARD_REQUIRE(usage.positional && (usage.positional_many || !operand_taken),
                     "unexpected argument '{}': every option is --name VALUE and switches take true or false "
                     "(see `shardlab {} --help`)", word, usage.command);
       o.string_key = usage.positional;
       operand_taken = true;
     }
+    note_sources(parsed, "command line", found);
     po::store(parsed, vm);
+    if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), desc, usage.command, vm, found);
     po::notify(vm);
   } catch (const po::unknown_option& e) {
     std::string name = e.get_option_name();
@@ -131,10 +186,11 @@ bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usag
   }
   warn_threads(vm, rank);
   if (given) *given = vm;
+  if (sources) *sources = std::move(found);
   if (!vm.count("help")) return true;
   if (rank == 0)
     std::cout << "usage: shardlab " << usage.command << " " << usage.operands << (*usage.operands ? " " : "")
-              << "[options]\n\n" << desc << "\n";
+              << "[options]\n\n" << all << "\n";
   return false;
 }
 

@@ -35,15 +35,29 @@ struct Usage {
   const char* command;               // "train"
   const char* operands = "";         // what goes before [options] in the usage line
   const char* positional = nullptr;  // the option one bare word fills (export's "checkpoint")
+  bool positional_many = false;      // every bare word fills it (report's log files)
 };
 
 // The description a command adds its own options to: captioned "<command> options", with --help.
 Desc command_options(const char* command);
-// Parses `args` into the variables bound in `desc`. Returns false (after printing the help on
-// rank 0) when --help was given. Throws InputError for an unknown, malformed or stray argument.
-// `given`, when not null, receives the parsed map (its defaulted() tells a flag given from a default).
+
+// Where an option that is not at its default came from: the command line or a --config file.
+struct OptionSource {
+  std::string name, value;  // "steps", "5" (a switch given bare: "true")
+  std::string origin;       // "command line" or "config FILE"
+};
+using OptionSources = std::vector<OptionSource>;
+// "--steps 5 (command line), --model tiny (config run.cfg)": the run header's options line.
+std::string describe(const OptionSources& sources);
+
+// Parses `args` into the variables bound in `desc`, and every command's --config FILE: options as
+// `name = value` lines (boost's config-file format, README "Options from a file"), which the
+// command line overrides. Returns false (after printing the help on rank 0) when --help was given.
+// Throws InputError for an unknown, malformed or stray argument, in either place. `sources`, when
+// given, receives where each option not at its default came from, in command-line order first;
+// `given`, the parsed map (its defaulted() tells a flag given from a default).
 bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage,
-           po::variables_map* given = nullptr);
+           OptionSources* sources = nullptr, po::variables_map* given = nullptr);
 
 // ---- run: how this process runs (every command but export) -----------------------------------
 struct RunOptions {

@@ -99,7 +99,9 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     if (trainer->has_validation() && tc.validates_after(t)) {
       r.val_steps.push_back(t + 1);
       r.val_losses.push_back(trainer->evaluate());
+      s.val_loss = r.val_losses.back();
     }
+    r.steps.push_back(s);
   }
   r.memory = trainer->memory_row(r.name);
   r.ms_per_step = median(ms);

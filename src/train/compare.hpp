@@ -41,6 +41,7 @@ struct StrategyResult {
   uint64_t total0 = 0, total_other = 0;
   uint64_t host0 = 0, host_other = 0;  // the host tier's peak (--offload)
   MemoryRow memory;                  // rank 0: predicted and measured, the last step recorded
+  std::vector<StepStats> steps;      // rank 0's, each step (val_loss where validated): the run report
 };
 
 struct CompareResult {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "src/core/device_peaks.hpp"
 #include "src/core/units.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/trainer.hpp"
@@ -42,15 +43,53 @@ struct RunSummary {
   }
 };
 
-void print_step(std::FILE* out, const StepStats& s, int64_t steps) {
+// The progress line's running figures: the time since the run's first step began and the losses
+// since the previous line (their mean sits beside the last step's, which is noisy at small batches).
+struct Progress {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t steps_done = 0;  // in this process (a resumed run's ETA counts only what it timed)
+  double loss_sum = 0;
+  int64_t losses = 0;
+  void add(float loss) { loss_sum += loss, ++losses, ++steps_done; }
+  double elapsed_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+// "1:02:03", "2:03" or "45s".
+std::string format_duration(double s) {
+  const auto t = static_cast<long long>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+  if (t >= 60) return fmt::format("{}:{:02}", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+// Model FLOP/s (6N + 6LCT per token): on a GPU as MFU against the H100's dense bf16 peak per GPU
+// (device_peaks.hpp); on the CPU as GFLOP/s of the whole job, since the sgemm ceiling that would
+// make it a percentage takes a benchmark of its own (`shardlab bench-train`).
+std::string format_flops(double flops_per_s, Device device, int world) {
+  if (device == Device::cuda)
+    return fmt::format("MFU {:4.1f}%", 100.0 * flops_per_s / world / (kH100.dense_bf16_tflops * 1e12));
+  return fmt::format("{:6.1f} GFLOP/s", flops_per_s / 1e9);
+}
+
+// Prints the line and starts the next interval's loss mean.
+void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start_step, Progress& p, Device device,
+                int world) {
   // The host tier's peak appears once anything lives there (--offload).
   const std::string host =
       s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
-  std::fprintf(out, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | peak %s%s | comm %s\n",
-               static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, s.lr, s.grad_norm, s.ms,
-               s.tokens_per_s, format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(),
-               format_bytes(s.comm_bytes).c_str());
+  const double elapsed = p.elapsed_s();
+  const double eta = elapsed / static_cast<double>(p.steps_done) * static_cast<double>(steps - start_step - p.steps_done);
+  std::fprintf(out,
+               "step %5lld/%lld | loss %.4f (avg %.4f) | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %s | peak %s%s "
+               "| comm %s | %s, ETA %s\n",
+               static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, p.loss_sum / double(p.losses), s.lr,
+               s.grad_norm, s.ms, s.tokens_per_s, format_flops(s.flops_per_s, device, world).c_str(),
+               format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(), format_bytes(s.comm_bytes).c_str(),
+               format_duration(elapsed).c_str(), format_duration(eta).c_str());
   std::fflush(out);
+  p.loss_sum = 0, p.losses = 0;
 }
 
 void print_val(std::FILE* out, const StepStats& s, int64_t steps, double ms, bool best) {
@@ -63,7 +102,8 @@ void log_step(std::ofstream& log, const StepStats& s) {
   nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
                       {"peak_bytes", s.peak_bytes}, {"host_peak_bytes", s.host_peak_bytes},
-                      {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes}};
+                      {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes},
+                      {"flops_per_s", s.flops_per_s}, {"elapsed_s", s.elapsed_s}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   log << j.dump() << '\n';
   log.flush();  // a killed run keeps every finished step
@@ -209,6 +249,7 @@ void Trainer::print_header(std::FILE* out) const {
   std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s, %s communicator\n", cfg_.spec.describe().c_str(),
                cfg_.strategy.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
                be_.describe().c_str(), comm_.name().c_str());
+  if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());
   if (const Backend::DeviceMemory m = be_.device_memory(); m.total)
     std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
                  format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),
@@ -302,14 +343,19 @@ StepStats Trainer::run(std::FILE* out) {
   if (root) print_header(out);
   install_stop_signals(!cfg_.save_dir.empty());
   RunSummary sum;
+  Progress progress;
   for (int64_t t = start_step_; t < cfg_.steps; ++t) {
     StepStats s = step(t);
+    progress.add(s.loss);
+    s.elapsed_s = progress.elapsed_s();
     sum.add(s, t == start_step_, t > start_step_ || cfg_.steps == start_step_ + 1,
             static_cast<double>(cfg_.batch * cfg_.spec.seq));
-    if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1)) print_step(out, s, cfg_.steps);
+    if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1))
+      print_step(out, s, cfg_.steps, start_step_, progress, be_.device(), comm_.world_size());
     const bool new_best = maybe_validate(t, s, out);
     if (s.val_loss) sum.last_val = s.val_loss;
     if (log.is_open()) log_step(log, s);
+    if (cfg_.record_step) history_.push_back(s);  // only for the reports: a long run's memory stays flat
     maybe_sample(t, out);
     const bool save_now = maybe_checkpoint(t, new_best, out);
     if (stop_requested(t + 1, save_now, out)) return s;

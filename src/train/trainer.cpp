@@ -215,6 +215,7 @@ StepStats Trainer::step(int64_t t) {
   s.grad_norm = norm;
   s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);
+  s.flops_per_s = family_of(cfg_.spec).flops_per_token(cfg_.spec) * s.tokens_per_s;
   s.peak_bytes = pool_.ledger().peak_total();
   s.host_peak_bytes = pool_.ledger().peak_total(Tier::host);
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;

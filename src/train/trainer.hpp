@@ -57,6 +57,7 @@ struct TrainConfig : StepConfig {
   std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
   std::shared_ptr<const Gpt2Tokenizer> tokenizer;  // --tokenizer: prompts and samples as text (GPT-2 BPE)
   SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
+  std::string options_origin;  // the header's "options:" line, where each non-default came from ("" = none)
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
   // Whether a run validates after step t (0-based): every val_every steps, and after the last.
   bool validates_after(int64_t t) const { return (val_every > 0 && (t + 1) % val_every == 0) || t + 1 == steps; }
@@ -72,6 +73,8 @@ struct StepStats {
   double comm_bytes = 0;     // this rank, this step (bus bytes)
   uint64_t rss_bytes = 0;    // this process's resident memory after the step (/proc)
   std::optional<float> val_loss;  // on the steps that validate (Trainer::run)
+  double flops_per_s = 0;    // the whole job's model FLOP/s: 6N + 6LCT per token (flops_per_token)
+  double elapsed_s = 0;      // since this process's first step began (Trainer::run)
 };
 
 class Trainer {
@@ -96,6 +99,9 @@ class Trainer {
   // save a checkpoint to --save-dir and return (InputError without a --save-dir). Returns the last step.
   StepStats run(std::FILE* out);
   bool interrupted() const { return interrupted_; }  // run() stopped on SIGINT (after saving): exit 130
+  // Every step run() has finished in this process, validation included (the run report's curves);
+  // kept only with record_step (the reports), so that a long run's memory does not grow.
+  const std::vector<StepStats>& history() const { return history_; }
   Strategy& strategy() { return *strategy_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   int64_t num_params() const { return num_params_; }
@@ -149,6 +155,7 @@ class Trainer {
   bool interrupted_ = false;
   std::string resumed_from_;
   std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
+  std::vector<StepStats> history_;  // run()'s steps
   std::vector<int32_t> global_inputs_, global_targets_;  // one micro-step of every rank, rank order
   Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };

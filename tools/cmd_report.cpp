@@ -1,0 +1,44 @@
+// `shardlab report`: the run report (src/train/run_report.hpp) of a finished run, from its --log.
+#include <cstdio>
+#include <filesystem>
+
+#include "src/train/run_report.hpp"
+#include "tools/command.hpp"
+#include "tools/options.hpp"
+#include "tools/runtime.hpp"
+
+namespace shardlab {
+
+ExitCode cmd_report(const Args& args, const Context& ctx) {
+  std::vector<std::string> logs;
+  std::string html, title;
+  cli::Desc desc = cli::command_options("report");
+  desc.add_options()("log", cli::po::value(&logs)->multitoken(),
+                     "a train --log file (JSON lines, one object per step); the words after `report` are these, and "
+                     "several draw one line each on every chart")(
+      "html", cli::po::value(&html)->default_value(""), "write the report here: a self-contained HTML page with SVG charts")(
+      "title", cli::po::value(&title)->default_value(""), "the report's title (default: the log files' names)");
+  cli::Usage usage{"report", "LOG.jsonl [LOG2.jsonl ...]", "log"};
+  usage.positional_many = true;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), usage)) return ExitCode::ok;
+  SHARD_REQUIRE(!logs.empty(), "report needs a log file: shardlab report LOG.jsonl --html FILE");
+  SHARD_REQUIRE(!html.empty(), "report needs --html FILE: where to write the report");
+  if (ctx.mpi.rank() != 0) return ExitCode::ok;
+  RunReport r;
+  for (const std::string& log : logs)
+    r.runs.push_back(read_step_log(log, logs.size() == 1 ? "run" : std::filesystem::path(log).stem().string()));
+  std::string names;
+  for (const std::string& log : logs) names += (names.empty() ? "" : ", ") + log;
+  r.title = title.empty() ? "shardlab report: " + names : title;
+  for (const RunSeries& s : r.runs)
+    r.facts.push_back(fmt::format("{}: steps {} to {}, loss {:.4f} -> {:.4f}{}", s.label, s.steps.front().step,
+                                  s.steps.back().step, s.steps.front().loss, s.steps.back().loss,
+                                  s.steps.back().val_loss ? fmt::format(", validation loss {:.4f}", *s.steps.back().val_loss)
+                                                          : std::string()));
+  r.facts.push_back("Memory by category over a step is in train --html and profile --html: the log holds each step's "
+                    "peaks only.");
+  write_text(html, run_report_html(r), "--html");  // says "wrote FILE"
+  return ExitCode::ok;
+}
+
+}  // namespace shardlab
