@@ -105,15 +105,6 @@ Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) 
   }
 }
 
-ParallelDims shard_group_dims(int S, int world) {
-  SHARD_REQUIRE(S >= 0 && S <= (1 << 20), "--shard-group {}: expected 0 (the whole world) or a group size", S);
-  SHARD_REQUIRE(S == 0 || (S <= world && world % S == 0),
-                "--shard-group {} does not divide the world of {} ranks: every group needs S ranks", S, world);
-  ParallelDims d;
-  d.dp_shard = S;
-  return d.resolved(world);
-}
-
 void require_implemented(const ParallelDims& d) {
   SHARD_REQUIRE(d.tp == 1, "--tp {}: tensor parallelism is not implemented yet (the mesh reserves its axis); use --tp 1",
                 d.tp);

@@ -82,10 +82,6 @@ class Mesh {
   std::vector<std::unique_ptr<Communicator>> owned_;
 };
 
-// --shard-group S (an alias kept from before the mesh): --dp-shard S with the replicas taking the
-// rest; InputError naming S and the world when S does not divide it.
-ParallelDims shard_group_dims(int S, int world);
-
 // --tp and --pp are part of the mesh already; the layers that use them are not built yet.
 void require_implemented(const ParallelDims& d);
 
