@@ -94,6 +94,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
       units_(family_of(cfg_.spec).make_units(cfg_.spec)) {
   for (const auto& u : units_) num_params_ += u->layout().numel;
+  flops_per_token_ = family_of(cfg_.spec).flops_per_token(cfg_.spec);  // once: it builds the layout
   if (data_.val) {
     const int64_t T = cfg_.spec.seq, n = static_cast<int64_t>(data_.val->tokens.size());
     const int64_t sequences = n >= T + 1 ? (n - 1) / T : 0;
@@ -215,7 +216,7 @@ StepStats Trainer::step(int64_t t) {
   s.grad_norm = norm;
   s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);
-  s.flops_per_s = family_of(cfg_.spec).flops_per_token(cfg_.spec) * s.tokens_per_s;
+  s.flops_per_s = flops_per_token_ * s.tokens_per_s;
   s.peak_bytes = pool_.ledger().peak_total();
   s.host_peak_bytes = pool_.ledger().peak_total(Tier::host);
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;

@@ -149,6 +149,7 @@ class Trainer {
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
+  double flops_per_token_ = 0;  // the family's model FLOPs per token (the progress line's rate)
   CategoryBytes states_{}, host_states_{};  // ledger after set-up, per tier
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;
