@@ -180,6 +180,18 @@ std::string describe(const Communicator::Fingerprint& f) {
                      dtype_name(static_cast<DType>(f.dtype)), f.root >= 0 ? fmt::format(" (root {})", f.root) : "",
                      f.site);
 }
+// What a call is, for the watchdog's records and --check-collectives (seq is the caller's to set).
+// root: the root of a rooted collective, the peer of a send or receive, -1 otherwise.
+Communicator::Fingerprint fingerprint_of(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site) {
+  Communicator::Fingerprint f{};
+  f.count = t.data() ? t.numel() : 0;
+  f.root = root;
+  f.op = static_cast<uint8_t>(op);
+  f.dtype = static_cast<uint8_t>(t.dtype());
+  f.reduce_op = static_cast<uint8_t>(rop);
+  std::snprintf(f.site, sizeof(f.site), "%s", short_site(site).c_str());
+  return f;
+}
 }  // namespace
 
 namespace {
@@ -205,27 +217,11 @@ Work Communicator::watched(uint64_t seq, Work w) {
 }
 
 uint64_t Communicator::enter(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site) {
-  uint64_t seq = 0;
-  if (blocks() && Watchdog::active()) {
-    Fingerprint d{};
-    d.count = t.data() ? t.numel() : 0;
-    d.root = root;
-    d.op = static_cast<uint8_t>(op);
-    d.dtype = static_cast<uint8_t>(t.dtype());
-    std::snprintf(d.site, sizeof(d.site), "%s", short_site(site).c_str());
-    seq = Watchdog::enter(describe(d));
-  }
+  Fingerprint f = fingerprint_of(op, t, root, rop, site);
+  const uint64_t seq = blocks() && Watchdog::active() ? Watchdog::enter(describe(f)) : 0;
   if (!check_) return seq;
   WatchdogWait waiting(seq);  // the fingerprint exchange blocks too
-  Fingerprint f{};
   f.seq = seq_++;
-  f.count = t.data() ? t.numel() : 0;
-  f.root = root;
-  f.op = static_cast<uint8_t>(op);
-  f.dtype = static_cast<uint8_t>(t.dtype());
-  f.reduce_op = static_cast<uint8_t>(rop);
-  std::string s = short_site(site);
-  std::snprintf(f.site, sizeof(f.site), "%s", s.c_str());
   std::vector<std::string> bytes = exchange(std::string(reinterpret_cast<const char*>(&f), sizeof f));
   std::vector<Fingerprint> all(bytes.size());
   for (size_t r = 0; r < bytes.size(); ++r) {
@@ -396,12 +392,7 @@ std::string Communicator::take_control(int peer) {
 
 uint64_t Communicator::enter_p2p(CommOp op, const Tensor& t, int peer, const Site& site) {
   check_peer(peer, comm_op_name(op));
-  Fingerprint f{};
-  f.count = t.numel();
-  f.root = peer;
-  f.op = static_cast<uint8_t>(op);
-  f.dtype = static_cast<uint8_t>(t.dtype());
-  std::snprintf(f.site, sizeof(f.site), "%s", short_site(site).c_str());
+  Fingerprint f = fingerprint_of(op, t, peer, ReduceOp::sum, site);
   const uint64_t seq = blocks() && Watchdog::active() ? Watchdog::enter(describe(f)) : 0;
   if (!check_) return seq;
   std::vector<uint64_t>& counter = op == CommOp::send ? sent_ : received_;
