@@ -61,12 +61,12 @@ int automatic_threads(int local_ranks) {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu(const cli::RunOptions& run, const Context& ctx) {
+  SHARD_REQUIRE(run.threads >= 0, "--threads {}: expected 0 (automatic) or a positive count", run.threads);
   BackendConfig bc;
-  bc.threads = run.threads > 0 ? run.threads : run.threads == 0 ? automatic_threads(ctx.mpi.local_size()) : run.threads;
+  bc.threads = run.threads > 0 ? run.threads : automatic_threads(ctx.mpi.local_size());
   bc.cpu_gemm = run.cpu_gemm;
   bc.local_ranks = ctx.mpi.local_size();
   bc.local_rank = ctx.mpi.local_rank();
-  SHARD_REQUIRE(run.threads >= 0, "--threads {}: expected 0 (automatic) or a positive count", run.threads);
   return make_cpu_backend(bc);
 }
 
