@@ -85,7 +85,7 @@ TEST_CASE("causal attention forward", "[kernels]") {
   auto qkv = random_vector("qkv", B * T * 3 * C, -2.f, 2.f);
   std::vector<float> out(B * T * C), att(B * H * T * T);
   be->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}), Tensor(att.data(), DType::f32, {B, H, T, T}),
-                        Tensor(qkv.data(), DType::f32, {B, T, 3 * C}), H);
+                        Tensor(qkv.data(), DType::f32, {B, T, 3 * C}), H, H);
   std::vector<double> ref(B * T * C, 0.0), ratt(B * H * T * T, 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)

@@ -368,12 +368,12 @@ TEST_CASE("cuda attention forward and backward match the cpu backend", "[cuda]")
     std::vector<float> out(B * T * C), att(B * H * T * T);
     Tensor hqkv(qkv.data(), DType::f32, {B, T, 3 * C});
     e.cpu->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}),
-                             Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H);
+                             Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, H);
     Block gqkv = up(e, qkv, "qkv");
     Block gout = e.pool.alloc(DType::f32, B * T * C, Category::workspace, "out");
     Block gatt = e.pool.alloc(DType::f32, B * H * T * T, Category::workspace, "att");
     e.gpu->attention_forward(gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
-                             gqkv.view(DType::f32, {B, T, 3 * C}), H);
+                             gqkv.view(DType::f32, {B, T, 3 * C}), H, H);
     auto got_att = down(e, gatt, att.size());
     // cuBLAS sums in another order (f32, no TF32): 1e-4 relative, 1e-5 absolute.
     expect_close(got_att, att, 1e-4, 1e-5, "attention att");
@@ -390,11 +390,11 @@ TEST_CASE("cuda attention forward and backward match the cpu backend", "[cuda]")
     Block gdout = up(e, dout, "dout"), gdqkv = up(e, dqkv, "dqkv"), gatt_ref = up(e, att, "att");
     Block gscratch = e.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace, "scratch");
     e.gpu->attention_backward(gdqkv.view(DType::f32, {B, T, 3 * C}), gdout.view(DType::f32, {B, T, C}),
-                              gqkv.view(DType::f32, {B, T, 3 * C}), gatt_ref.view(DType::f32, {B, H, T, T}), H,
+                              gqkv.view(DType::f32, {B, T, 3 * C}), gatt_ref.view(DType::f32, {B, H, T, T}), H, H,
                               gscratch.flat(DType::f32));
     e.cpu->attention_backward(Tensor(dqkv.data(), DType::f32, {B, T, 3 * C}),
                               Tensor(dout.data(), DType::f32, {B, T, C}), hqkv,
-                              Tensor(att.data(), DType::f32, {B, H, T, T}), H, host(scratch));
+                              Tensor(att.data(), DType::f32, {B, H, T, T}), H, H, host(scratch));
     // Four GEMMs and the softmax backward in another order: 1e-4 relative, 2e-5 absolute.
     expect_close(down(e, gdqkv, dqkv.size()), dqkv, 1e-4, 2e-5, "attention dqkv");
   }

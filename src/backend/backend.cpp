@@ -35,13 +35,14 @@ void check_f32(const Tensor& t, const char* op) {
   SHARD_CHECK(t.dtype() == DType::f32, "{}: expects f32, got {} tensor {}", op, dtype_name(t.dtype()), t.shape_str());
 }
 
-std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H,
+std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H, int64_t KV,
                                        const char* op) {
-  SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % 3 == 0, "{}: qkv {} must be (B, T, 3C)", op, qkv.shape_str());
-  int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
-  SHARD_CHECK(H > 0 && C % H == 0, "{}: {} channels do not split into {} heads", op, C, H);
-  SHARD_CHECK(out.numel() == B * T * C && att.numel() == B * H * T * T, "{}: qkv {} out {} att {} H={}", op,
-              qkv.shape_str(), out.shape_str(), att.shape_str(), H);
+  SHARD_CHECK(H > 0 && KV > 0 && H % KV == 0, "{}: {} query heads do not share {} K/V heads evenly", op, H, KV);
+  SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (H + 2 * KV) == 0, "{}: qkv {} must be (B, T, (H + 2 KV) hd), H={} KV={}",
+              op, qkv.shape_str(), H, KV);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (H + 2 * KV), C = H * hd;
+  SHARD_CHECK(hd > 0 && out.numel() == B * T * C && att.numel() == B * H * T * T, "{}: qkv {} out {} att {} H={} KV={}",
+              op, qkv.shape_str(), out.shape_str(), att.shape_str(), H, KV);
   return {B, T, C};
 }
 
@@ -99,6 +100,23 @@ std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& d
               losses.shape_str());
   if (dlogits.data() != nullptr) check_same_numel(dlogits, logits, "cross_entropy");
   return {N, logits.numel() / N};
+}
+
+// The operations a family adds are implemented backend by backend; until one is, it says so.
+void Backend::rmsnorm_forward(Tensor, Tensor, Tensor, Tensor, float) {
+  SHARD_CHECK(false, "rmsnorm_forward: not implemented on the {} backend", describe());
+}
+void Backend::rmsnorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
+  SHARD_CHECK(false, "rmsnorm_backward: not implemented on the {} backend", describe());
+}
+void Backend::rope(Tensor, int64_t, int64_t, const RopeFreqs&, int64_t, bool) {
+  SHARD_CHECK(false, "rope: not implemented on the {} backend", describe());
+}
+void Backend::swiglu_forward(Tensor, Tensor) {
+  SHARD_CHECK(false, "swiglu_forward: not implemented on the {} backend", describe());
+}
+void Backend::swiglu_backward(Tensor, Tensor, Tensor) {
+  SHARD_CHECK(false, "swiglu_backward: not implemented on the {} backend", describe());
 }
 
 void check_gemm(const GemmDesc& d) {

@@ -43,6 +43,15 @@ struct GemmDesc {
 
 enum class StreamKind : uint8_t { compute, comm };
 
+// Rotary position embedding's frequencies for one head size, computed on the host by the model
+// (HF's inv_freq = 1 / theta^(2i / head_dim), with Llama 3.1's frequency scaling when asked) and
+// passed by value, so a CUDA kernel takes them as a parameter with no device copy.
+struct RopeFreqs {
+  static constexpr int kMaxHalf = 256;  // head_dim up to 512
+  int64_t half = 0;                     // head_dim / 2
+  std::array<float, kMaxHalf> inv_freq{};
+};
+
 // AdamW with decoupled weight decay (Loshchilov & Hutter): p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p).
 struct AdamWArgs {
   float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
@@ -158,7 +167,8 @@ class Backend {
   // add to what the buffer holds.
 
   // ---- embeddings: token and learned position ----
-  // out (B*T, C) = wte[tokens] + wpe[t]
+  // out (B*T, C) = wte[tokens] + wpe[t]; an empty wpe (no data: a family without learned
+  // positions) adds nothing, and embedding_backward then leaves dwpe alone.
   virtual void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) = 0;
   // dwte[tokens] += dout, dwpe[t] += dout (accumulate)
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
@@ -173,17 +183,39 @@ class Backend {
   virtual void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                                   Tensor mean, Tensor rstd) = 0;
 
+  // RMSNorm over the last dimension, in f32 (HF's LlamaRMSNorm): out = inp * rstd * weight with
+  // rstd (N) = 1 / sqrt(mean(inp^2) + eps), saved for backward.
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
+  // dinp and dweight accumulate
+  virtual void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
+
+  // ---- positions ----
+  // Rotary position embedding in place, in HF's convention (rotate_half): x is (B, T, W), and in
+  // every row the first `heads` heads of head_dim channels (W >= heads * head_dim) rotate pairs
+  // (i, i + head_dim/2) by the angle (pos0 + t) * inv_freq[i], with the angle and its cos and sin
+  // computed in f32. inverse rotates by minus the angle: a rotation's gradient, so backward is
+  // rope(dx, ..., inverse = true).
+  virtual void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse);
+
   // ---- activations ----
   // GELU, tanh approximation; backward: dinp = gelu'(inp) * dout (overwrites dinp)
   virtual void gelu_forward(Tensor out, Tensor inp) = 0;
   virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;
+  // SwiGLU (Llama's MLP): gate_up (N, 2F) holds [gate | up] in each row; out (N, F) =
+  // silu(gate) * up. Backward overwrites dgate_up (N, 2F) from dout (N, F) and the saved gate_up.
+  virtual void swiglu_forward(Tensor out, Tensor gate_up);
+  virtual void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout);
 
   // ---- attention ----
-  // Causal self-attention over qkv (B, T, 3C) laid out [q | k | v], heads of C/H channels.
-  // out (B, T, C); att (B, H, T, T) softmax probabilities (zero above the diagonal), saved for backward.
-  virtual void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) = 0;
-  // dqkv (B, T, 3C) is overwritten; scratch holds attention_scratch_elems(T, H) floats.
-  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) = 0;
+  // Causal self-attention with grouped-query heads, scores scaled by 1/sqrt(hd): qkv (B, T,
+  // (H + 2 KV) hd) is laid out [q (H heads) | k (KV heads) | v (KV heads)] in each row, and query
+  // head h reads K/V head h / (H / KV). KV == H is multi-head attention over GPT-2's [q | k | v]
+  // of 3C. out (B, T, H hd); att (B, H, T, T) softmax probabilities (zero above the diagonal),
+  // saved for backward.
+  virtual void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) = 0;
+  // dqkv (like qkv) is overwritten; scratch holds attention_scratch_elems(T, H) floats.
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
+                                  Tensor scratch) = 0;
 
   // ---- losses ----
   // losses (N) = -log softmax(logits)[target]; when dlogits is not empty it receives
@@ -226,8 +258,8 @@ std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, co
 std::array<int64_t, 2> layernorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                                 const Tensor& mean, const Tensor& rstd);  // {N, C}
-// Validates attention tensors and returns {B, T, C}.
-std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H,
+// Validates attention tensors and returns {B, T, C} with C = H hd, the output's channels.
+std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H, int64_t KV,
                                        const char* op);
 void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
 std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}

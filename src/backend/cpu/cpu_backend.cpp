@@ -210,12 +210,15 @@ class CpuBackend final : public Backend {
     check_same_numel(dout, inp, "gelu_backward");
     cpu::gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel());
   }
-  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override {
-    auto [B, T, C] = attention_shape(qkv, out, att, H, "attention_forward");
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override {
+    auto [B, T, C] = attention_shape(qkv, out, att, H, KV, "attention_forward");
+    SHARD_CHECK(KV == H, "attention_forward: grouped-query heads (H={} KV={}) are not implemented on the CPU yet", H, KV);
     cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, C, H);
   }
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) override {
-    auto [B, T, C] = attention_shape(qkv, dout, att, H, "attention_backward");
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
+                          Tensor scratch) override {
+    auto [B, T, C] = attention_shape(qkv, dout, att, H, KV, "attention_backward");
+    SHARD_CHECK(KV == H, "attention_backward: grouped-query heads (H={} KV={}) are not implemented on the CPU yet", H, KV);
     check_attention_backward(dqkv, qkv, scratch, T, H);
     cpu::attention_backward(dqkv.ptr<float>(), scratch.ptr<float>(), dout.ptr<float>(), qkv.ptr<float>(),
                             att.ptr<float>(), B, T, C, H);

@@ -85,8 +85,9 @@ class CudaBackend final : public Backend {
                           Tensor mean, Tensor rstd) override;
   void gelu_forward(Tensor out, Tensor inp) override;
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
-  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override;
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) override;
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
+                          Tensor scratch) override;
   void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                      float dloss_scale) override;
 

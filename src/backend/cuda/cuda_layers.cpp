@@ -67,8 +67,9 @@ void CudaBackend::gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
 // of the (T, 3C) rows (leading dimension 3C, batch stride hs), and its output goes to the same
 // columns of (T, C), as on the CPU.
 
-void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) {
-  auto [B, T, C] = attention_shape(qkv, out, att, H, "attention_forward");
+void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) {
+  auto [B, T, C] = attention_shape(qkv, out, att, H, KV, "attention_forward");
+  SHARD_CHECK(KV == H, "attention_forward: grouped-query heads (H={} KV={}) are not implemented on CUDA yet", H, KV);
   const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b) {  // scores, scaled: att = scale * q k^T
@@ -85,8 +86,10 @@ void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t 
   }
 }
 
-void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, Tensor scratch) {
-  auto [B, T, C] = attention_shape(qkv, dout, att, H, "attention_backward");
+void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
+                                     Tensor scratch) {
+  auto [B, T, C] = attention_shape(qkv, dout, att, H, KV, "attention_backward");
+  SHARD_CHECK(KV == H, "attention_backward: grouped-query heads (H={} KV={}) are not implemented on CUDA yet", H, KV);
   check_attention_backward(dqkv, qkv, scratch, T, H);
   const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));

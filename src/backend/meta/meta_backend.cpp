@@ -61,10 +61,10 @@ class MetaBackend final : public Backend {
   void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {}
   void gelu_forward(Tensor, Tensor) override {}
   void gelu_backward(Tensor, Tensor, Tensor) override {}
-  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H) override {
-    attention_shape(qkv, out, att, H, "attention_forward");
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override {
+    attention_shape(qkv, out, att, H, KV, "attention_forward");
   }
-  void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, Tensor) override {}
+  void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) override {}
   void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override {}
   // ---- optimizers ----
   void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override {}

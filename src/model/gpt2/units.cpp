@@ -73,7 +73,7 @@ class BlockUnit final : public Unit {
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
     matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
     Tensor atty = s.add(c.pool, "atty", {N, C}), att = s.add(c.pool, "att", {B, H, T, T});
-    be.attention_forward(atty, att, qkv, H);
+    be.attention_forward(atty, att, qkv, H, H);
     if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
     Tensor x2 = s.add(c.pool, "x2", {N, C});
     matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
@@ -115,10 +115,10 @@ class BlockUnit final : public Unit {
     Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
     if (!s.has("att")) {
       att_again = c.pool.alloc(DType::f32, B * H * T * T, Category::activations, prefix_ + "att (recomputed)");
-      be.attention_forward(s("atty"), att_again.view(DType::f32, {B, H, T, T}), s("qkv"), H);  // atty: same values
+      be.attention_forward(s("atty"), att_again.view(DType::f32, {B, H, T, T}), s("qkv"), H, H);  // atty: same values
     }
     Tensor att = att_again ? att_again.view(DType::f32, {B, H, T, T}) : s("att");
-    be.attention_backward(dqkv, dsmall, s("qkv"), att, H, scratch.flat(DType::f32));
+    be.attention_backward(dqkv, dsmall, s("qkv"), att, H, H, scratch.flat(DType::f32));
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv, s("ln1"),
                     wg(p, "attn.c_attn.weight"), N, C, 3 * C);
