@@ -48,7 +48,7 @@ std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, con
 
 int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T) {
   const int64_t C = wte.dim(1);
-  SHARD_CHECK(out.numel() == B * T * C && wpe.dim(0) >= T && wpe.dim(1) == C,
+  SHARD_CHECK(out.numel() == B * T * C && (wpe.data() == nullptr || (wpe.dim(0) >= T && wpe.dim(1) == C)),
               "embedding_forward: out {} wte {} wpe {} B={} T={}", out.shape_str(), wte.shape_str(), wpe.shape_str(),
               B, T);
   return C;
@@ -56,7 +56,7 @@ int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe,
 
 int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B, int64_t T) {
   const int64_t C = dwte.dim(1);
-  SHARD_CHECK(dout.numel() == B * T * C && dwpe.dim(1) == C, "embedding_backward: dout {} dwte {} dwpe {}",
+  SHARD_CHECK(dout.numel() == B * T * C && (dwpe.data() == nullptr || dwpe.dim(1) == C), "embedding_backward: dout {} dwte {} dwpe {}",
               dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
   return C;
 }
@@ -80,6 +80,38 @@ std::array<int64_t, 2> layernorm_backward_shape(const Tensor& dinp, const Tensor
   check_same_numel(dout, inp, "layernorm_backward");
   check_same_numel(dweight, weight, "layernorm_backward");
   return nc;
+}
+
+std::array<int64_t, 2> rmsnorm_shape(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                                     const char* op) {
+  const int64_t C = weight.numel(), N = C > 0 ? inp.numel() / C : 0;
+  SHARD_CHECK(C > 0 && inp.numel() == N * C && out.numel() == N * C && rstd.numel() == N,
+              "{}: inp {} out {} rstd {} weight {}", op, inp.shape_str(), out.shape_str(), rstd.shape_str(),
+              weight.shape_str());
+  return {N, C};
+}
+
+std::array<int64_t, 2> rmsnorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                                              const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
+  const std::array<int64_t, 2> nc = rmsnorm_shape(dinp, rstd, inp, weight, "rmsnorm_backward");
+  check_same_numel(dout, inp, "rmsnorm_backward");
+  check_same_numel(dweight, weight, "rmsnorm_backward");
+  return nc;
+}
+
+std::array<int64_t, 3> rope_shape(const Tensor& x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs) {
+  SHARD_CHECK(x.ndim() == 3 && heads > 0 && head_dim > 0 && head_dim % 2 == 0 && heads * head_dim <= x.dim(2) &&
+                  freqs.half == head_dim / 2 && freqs.half <= RopeFreqs::kMaxHalf,
+              "rope: x {} must be (B, T, W) with W >= heads {} x head_dim {} (even, at most {}); freqs for {} pairs",
+              x.shape_str(), heads, head_dim, 2 * RopeFreqs::kMaxHalf, freqs.half);
+  return {x.dim(0), x.dim(1), x.dim(2)};
+}
+
+std::array<int64_t, 2> swiglu_shape(const Tensor& out, const Tensor& gate_up, const char* op) {
+  const int64_t F = out.ndim() >= 1 ? out.dim(out.ndim() - 1) : 0, N = F > 0 ? out.numel() / F : 0;
+  SHARD_CHECK(F > 0 && gate_up.numel() == 2 * N * F, "{}: out {} must be (N, F) and gate_up {} (N, 2F)", op,
+              out.shape_str(), gate_up.shape_str());
+  return {N, F};
 }
 
 int64_t bias_rows(const Tensor& x, const Tensor& bias) {

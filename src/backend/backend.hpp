@@ -258,6 +258,12 @@ std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, co
 std::array<int64_t, 2> layernorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                                 const Tensor& mean, const Tensor& rstd);  // {N, C}
+std::array<int64_t, 2> rmsnorm_shape(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                                     const char* op);  // {N, C}
+std::array<int64_t, 2> rmsnorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                                              const Tensor& inp, const Tensor& weight, const Tensor& rstd);  // {N, C}
+std::array<int64_t, 3> rope_shape(const Tensor& x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs);  // {B, T, W}
+std::array<int64_t, 2> swiglu_shape(const Tensor& out, const Tensor& gate_up, const char* op);  // {N, F}
 // Validates attention tensors and returns {B, T, C} with C = H hd, the output's channels.
 std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H, int64_t KV,
                                        const char* op);
