@@ -86,6 +86,19 @@ TEST_CASE("GPT-2's layout, names and FLOPs through the family", "[model][family]
   CHECK_THROWS_WITH(f.layout(spec, 1, 1), Catch::Contains("tensor-parallel rank 1 of 1"));
 }
 
+TEST_CASE("GPT-2's exported config.json reads back to the same spec", "[model][family]") {
+  const ModelFamily& f = model_family("gpt2");
+  for (ModelSpec p : {model_preset("gpt2"), model_preset("tiny")}) {
+    p.ffn_dim = p.name == "tiny" ? 100 : 0;
+    const ModelSpec s = f.spec_from_hf_config(f.hf_config(p));
+    CHECK(spec_to_json(s).dump() == spec_to_json([&] {
+            ModelSpec q = p;
+            q.name = s.name;
+            return q;
+          }()).dump());
+  }
+}
+
 TEST_CASE("a GPT-2 spec from an HF config.json, every bad field named", "[model][family]") {
   const ModelFamily& f = model_family("gpt2");
   const ModelSpec s = f.spec_from_hf_config(hf_gpt2_config());

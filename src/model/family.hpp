@@ -37,6 +37,10 @@ class ModelFamily {
   // A spec from a Hugging Face config.json. InputError naming each missing field, and each field
   // shardlab does not know or whose value its units do not compute.
   virtual ModelSpec spec_from_hf_config(const nlohmann::json& config) const = 0;
+  // The inverse: the config.json an exported HF model directory carries, which transformers loads
+  // (its model_type, architectures and every field spec_from_hf_config reads) and
+  // spec_from_hf_config reads back to the same spec (its name aside).
+  virtual nlohmann::json hf_config(const ModelSpec& spec) const = 0;
   // InputError when the spec asks for something this family does not compute (ModelSpec::validate
   // calls it after the model-neutral checks).
   virtual void check(const ModelSpec& spec) const = 0;

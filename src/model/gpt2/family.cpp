@@ -17,6 +17,7 @@ class Gpt2Family final : public ModelFamily {
   ModelSpec spec_from_hf_config(const nlohmann::json& config) const override {
     return gpt2_spec_from_hf_config(config);
   }
+  nlohmann::json hf_config(const ModelSpec& spec) const override { return gpt2_hf_config(spec); }
 
   void check(const ModelSpec& s) const override {
     SHARD_REQUIRE(s.num_kv_heads() == s.heads, "kv_heads {}: GPT-2 attends with as many K/V heads as heads ({})",
@@ -153,6 +154,27 @@ ModelSpec gpt2_spec_from_hf_config(const nlohmann::json& j) {
   c.expect("add_cross_attention", false, "a decoder only");
   s.validate();
   return s;
+}
+
+nlohmann::json gpt2_hf_config(const ModelSpec& s) {
+  nlohmann::json j = {{"model_type", "gpt2"},
+                      {"architectures", {"GPT2LMHeadModel"}},
+                      {"n_embd", s.dim},
+                      {"n_layer", s.layers},
+                      {"n_head", s.heads},
+                      {"vocab_size", s.vocab},
+                      {"n_positions", s.seq},
+                      {"n_ctx", s.seq},
+                      {"layer_norm_epsilon", s.norm_eps},
+                      {"activation_function", "gelu_new"},
+                      {"initializer_range", 0.02},
+                      {"tie_word_embeddings", true},
+                      {"scale_attn_weights", true},
+                      {"scale_attn_by_inverse_layer_idx", false},
+                      {"add_cross_attention", false},
+                      {"torch_dtype", "float32"}};
+  if (s.ffn_dim > 0) j["n_inner"] = s.ffn_dim;
+  return j;
 }
 
 double gpt2_flops_per_token(const ModelSpec& s) {

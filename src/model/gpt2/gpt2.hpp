@@ -21,6 +21,7 @@ std::vector<ModelPreset> gpt2_presets();
 // n_embd, n_layer, n_head, vocab_size, n_positions (or n_ctx), layer_norm_epsilon required; the
 // fields that change nothing shardlab computes (dropouts, token ids, the summary head) ignored.
 ModelSpec gpt2_spec_from_hf_config(const nlohmann::json& config);
+nlohmann::json gpt2_hf_config(const ModelSpec& spec);
 // llm.c's count: 6N + 6LCT (N parameters; no recomputation).
 double gpt2_flops_per_token(const ModelSpec& spec);
 
