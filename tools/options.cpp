@@ -110,11 +110,15 @@ void add_dims(Desc& g, ModelOptions& m, const char* const (&shown)[5], const cha
 
 void ModelOptions::add(Desc& d) {
   Desc g("model");
-  g.add_options()("model", po::value(&preset)->default_value(preset),
-                  "preset: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl");
+  std::string names;
+  for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  g.add_options()("model", po::value(&preset)->default_value(preset), ("preset: " + names).c_str());
   const char* const shown[5] = {};
   const char* const preset_s[5] = {"the preset's", "the preset's", "the preset's", "the preset's", "the preset's"};
   add_dims(g, *this, shown, preset_s);
+  g.add_options()("kv-heads", po::value(&kv_heads)->default_value(0),
+                  "K/V heads of grouped-query attention, dividing --heads (0 = the preset's; GPT-2: as many as heads)")(
+      "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)");
   d.add(g);
 }
 
@@ -130,6 +134,13 @@ ModelSpec ModelOptions::spec() const {
   for (auto [field, value] : {std::pair{&s.layers, layers}, std::pair{&s.dim, dim}, std::pair{&s.heads, heads},
                               std::pair{&s.seq, seq}, std::pair{&s.vocab, vocab}}) {
     SHARD_REQUIRE(value >= 0, "model dimensions must be positive, got {}", value);
+    if (value > 0 && value != *field) {
+      *field = value;
+      custom = true;
+    }
+  }
+  for (auto [field, value] : {std::pair{&s.kv_heads, kv_heads}, std::pair{&s.ffn_dim, ffn_dim}}) {
+    SHARD_REQUIRE(value >= 0, "--kv-heads and --ffn-dim must be positive, got {}", value);
     if (value > 0 && value != *field) {
       *field = value;
       custom = true;

@@ -88,7 +88,8 @@ struct MemoryOptions {
 struct ModelOptions {
   std::string preset = "small";
   int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
-  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab
+  int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
+  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim
   // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults
   // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
   // default of 0 stands for, where it stands for something.
