@@ -5,7 +5,11 @@
 # against its own DDP. Prints every benchmark's output and one table at the end.
 #
 #   bash benchmarks/compare_pytorch.sh [--avx2] [--sweep] [--single] [L C H T V B]
+#   bash benchmarks/compare_pytorch.sh --llama [--avx2] [--single] [L C H KV F T V B]
 #     L C H T V B  the shape (default 4 256 4 128 256 8: the benchmark shape)
+#     --llama      the Llama family instead (benchmarks/pytorch_llama.py against shardlab's
+#                  llama preset); its shape adds KV heads and the MLP width F (default
+#                  4 512 8 2 1408 256 256 4)
 #     --sweep      three shapes instead: 4 256 4 128 256 8, 4 512 8 256 256 4,
 #                  2 768 12 512 1024 2
 #     --single     one rank only (no DDP and ZeRO-3 rows)
@@ -18,26 +22,35 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-10} WARMUP=${WARMUP:-2}
-sweep=0 single=0 shape=()
+sweep=0 single=0 llama=0 shape=()
 while [ $# -gt 0 ]; do
   case $1 in
     --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 ;;
     --sweep) sweep=1 ;;
     --single) single=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --llama) llama=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "compare_pytorch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) shape+=("$1") ;;
   esac
   shift
 done
-if [ ${#shape[@]} -ne 0 ] && [ ${#shape[@]} -ne 6 ]; then
-  echo "compare_pytorch.sh: a shape is six numbers L C H T V B, got '${shape[*]}'" >&2
+arity=6 names="L C H T V B"
+[ $llama -eq 1 ] && arity=8 names="L C H KV F T V B"
+if [ ${#shape[@]} -ne 0 ] && [ ${#shape[@]} -ne $arity ]; then
+  echo "compare_pytorch.sh: a shape is $arity numbers $names, got '${shape[*]}'" >&2
+  exit 2
+fi
+if [ $sweep -eq 1 ] && [ $llama -eq 1 ]; then
+  echo "compare_pytorch.sh: --sweep is GPT-2's three shapes; give --llama one shape instead" >&2
   exit 2
 fi
 if [ $sweep -eq 1 ]; then
   shapes=("4 256 4 128 256 8" "4 512 8 256 256 4" "2 768 12 512 1024 2")
-elif [ ${#shape[@]} -eq 6 ]; then
+elif [ ${#shape[@]} -eq $arity ]; then
   shapes=("${shape[*]}")
+elif [ $llama -eq 1 ]; then
+  shapes=("4 512 8 2 1408 256 256 4")
 else
   shapes=("4 256 4 128 256 8")
 fi
@@ -56,26 +69,37 @@ pct_of_ceiling() {
   awk -v g="$(field gflops_per_rank "$1")" -v c="$(field ceiling "$1")" 'BEGIN { printf "%.1f%%", 100 * g / c }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
-ours() {  # ours RANKS STRATEGY L C H T V B
-  local ranks=$1 strategy=$2 L=$3 C=$4 H=$5 T=$6 V=$7 B=$8 nproc=()
+ours() {  # ours RANKS STRATEGY L C H T V B (KV F in the Llama run's globals)
+  local ranks=$1 strategy=$2 L=$3 C=$4 H=$5 T=$6 V=$7 B=$8 nproc=() family=()
   [ "$ranks" -gt 1 ] && nproc=(--nproc "$ranks")
-  build/shardlab bench-train "${nproc[@]}" --strategy "$strategy" --layers "$L" --dim "$C" --heads "$H" --seq "$T" \
-    --vocab "$V" --batch "$B" --threads 1 --steps "$STEPS" --warmup "$WARMUP"
+  [ $llama -eq 1 ] && family=(--model llama-small --kv-heads "$KV" --ffn-dim "$F")
+  build/shardlab bench-train "${nproc[@]}" "${family[@]}" --strategy "$strategy" --layers "$L" --dim "$C" \
+    --heads "$H" --seq "$T" --vocab "$V" --batch "$B" --threads 1 --steps "$STEPS" --warmup "$WARMUP"
 }
-theirs() {  # theirs RANKS L C H T V B
-  local ranks=$1
-  shift
-  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_gpt2.py "$@" "$STEPS" "$WARMUP" "$ranks"
+theirs() {  # theirs RANKS L C H T V B (KV F in the Llama run's globals)
+  local ranks=$1 L=$2 C=$3 H=$4 T=$5 V=$6 B=$7
+  if [ $llama -eq 1 ]; then
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_llama.py "$L" "$C" "$H" "$KV" "$F" "$T" \
+      "$V" "$B" "$STEPS" "$WARMUP" "$ranks"
+  else
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_gpt2.py "$L" "$C" "$H" "$T" "$V" "$B" \
+      "$STEPS" "$WARMUP" "$ranks"
+  fi
 }
 
 rows=()
 add_row() {  # add_row CONFIG S_MS S_TOK P_MS P_TOK RATIO PCT
-  rows+=("$(printf '%-46s %9s %9s %9s %9s %8s %9s' "$@")")
+  rows+=("$(printf '%-58s %9s %9s %9s %9s %8s %9s' "$@")")
 }
 isa_ours="" isa_theirs=""
 for s in "${shapes[@]}"; do
-  read -r L C H T V B <<< "$s"
-  label="L$L C$C H$H T$T V$V"
+  if [ $llama -eq 1 ]; then
+    read -r L C H KV F T V B <<< "$s"
+    label="llama L$L C$C H$H KV$KV F$F T$T V$V"
+  else
+    read -r L C H T V B <<< "$s"
+    label="L$L C$C H$H T$T V$V"
+  fi
   out=$(ours 1 ddp "$L" "$C" "$H" "$T" "$V" "$B")
   echo "$out"
   isa_ours=$(sed -n 's/^# shardlab train-step benchmark: .*, cpu (\(.*\))$/\1/p' <<< "$out")
@@ -104,5 +128,5 @@ printf '\n# %s; shardlab: %s; pytorch: %s, BLAS %s\n' "$(sed -n 's/^model name[[
   "$isa_ours" "$isa_theirs" "$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
 printf '# one thread per rank on each side, median of %s steps after %s%s\n' "$STEPS" "$WARMUP" \
   "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
-printf '%-46s %9s %9s %9s %9s %8s %9s\n' "config" "ms/step" "tokens/s" "torch ms" "torch t/s" "vs torch" "%ceiling"
+printf '%-58s %9s %9s %9s %9s %8s %9s\n' "config" "ms/step" "tokens/s" "torch ms" "torch t/s" "vs torch" "%ceiling"
 printf '%s\n' "${rows[@]}"
