@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fmt/format.h>
 #include <functional>
 #include <vector>
 
@@ -45,22 +46,46 @@ std::vector<Product> grid_products(int64_t C, int64_t BT) {
   return out;
 }
 
-// What one training step runs (src/model/gpt2.cpp), with its leading dimensions and call counts.
+// The recorded products, one row per distinct product with how often the step issued it.
+std::vector<Product> recorded_products(const std::vector<GemmDesc>& recorded) {
+  std::vector<Product> out;
+  for (const GemmDesc& d : recorded) {
+    Product p = product("", d.trans_a, d.trans_b, d.m, d.n, d.k, d.lda, d.ldb, d.ldc, d.beta, d.batch);
+    auto same = [&p](const Product& q) {
+      return q.ta == p.ta && q.tb == p.tb && q.m == p.m && q.n == p.n && q.k == p.k && q.lda == p.lda &&
+             q.ldb == p.ldb && q.ldc == p.ldc && q.beta == p.beta;
+    };
+    auto it = std::find_if(out.begin(), out.end(), same);
+    if (it != out.end()) {
+      it->calls += p.calls;
+      continue;
+    }
+    p.what = fmt::format("step #{}{}", out.size() + 1, p.beta != 0.f ? " (+=)" : "");
+    out.push_back(p);
+  }
+  return out;
+}
+
+// What one training step runs, with its leading dimensions and call counts: the recorded products
+// or GPT-2's (src/model/gpt2/units.cpp), then attention's, which the CPU backend runs per head
+// inside its kernels (src/backend/cpu/kernels.cpp).
 std::vector<Product> step_products(const GemmBenchConfig& cfg) {
   const int64_t C = cfg.dim, N = cfg.tokens, L = cfg.layers;
-  std::vector<Product> out;
+  std::vector<Product> out = recorded_products(cfg.recorded);
   const struct {
     const char* what;
     int64_t ic, oc;
   } linears[] = {{"qkv", C, 3 * C}, {"attn proj", C, C}, {"fc", C, 4 * C}, {"fc proj", 4 * C, C}};
   for (const auto& l : linears) {
+    if (!cfg.recorded.empty()) break;
     const std::string w = l.what;
     out.push_back(product(w + " fwd", Trans::N, Trans::N, N, l.oc, l.ic, l.ic, l.oc, l.oc, 0.f, L));
     out.push_back(product(w + " dinp", Trans::N, Trans::T, N, l.ic, l.oc, l.oc, l.oc, l.ic, 0.f, L));
     out.push_back(product(w + " dW", Trans::T, Trans::N, l.ic, l.oc, N, l.ic, l.oc, l.oc, 1.f, L));
   }
   if (cfg.heads > 0 && cfg.seq > 0) {
-    const int64_t T = cfg.seq, H = cfg.heads, hs = C / H, C3 = 3 * C, calls = L * (N / T) * H;
+    const int64_t T = cfg.seq, H = cfg.heads, hs = C / H, calls = L * (N / T) * H;
+    const int64_t C3 = (H + 2 * (cfg.kv_heads > 0 ? cfg.kv_heads : H)) * hs;  // a qkv row
     out.push_back(product("att q k^T", Trans::N, Trans::T, T, T, hs, C3, C3, T, 0.f, calls));
     out.push_back(product("att a v", Trans::N, Trans::N, T, hs, T, T, C3, C, 0.f, calls));
     out.push_back(product("att d(a)", Trans::N, Trans::T, T, T, hs, C, C3, T, 0.f, calls));
@@ -68,7 +93,7 @@ std::vector<Product> step_products(const GemmBenchConfig& cfg) {
     out.push_back(product("att dq", Trans::N, Trans::N, T, hs, T, T, C3, C3, 0.f, calls));
     out.push_back(product("att dk", Trans::T, Trans::N, T, hs, T, T, C3, C3, 0.f, calls));
   }
-  if (cfg.vocab > 0) {
+  if (cfg.vocab > 0 && cfg.recorded.empty()) {
     const int64_t V = cfg.vocab;
     out.push_back(product("head fwd", Trans::N, Trans::T, N, V, C, C, C, V, 0.f, 1));
     out.push_back(product("head dx", Trans::N, Trans::N, N, C, V, V, C, C, 0.f, 1));

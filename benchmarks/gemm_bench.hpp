@@ -1,9 +1,10 @@
-// gemm_bench.hpp — sgemm throughput on the products a GPT-2 step runs, for every candidate the
+// gemm_bench.hpp — sgemm throughput on the products a training step runs, for every candidate the
 // backend can use (on the cpu: oneDNN and OpenBLAS), beside the one the backend picks. The best
 // candidate per product is the host's sgemm ceiling that step benchmarks compare against.
 #pragma once
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "memory/pool.hpp"
 
@@ -15,6 +16,10 @@ struct GemmBenchConfig {
   // The step's products: attention's per-head ones need heads and seq, the LM head's vocab
   // (0 = leave those products out); each is weighted by how often a step runs it.
   int64_t heads = 12, seq = 1024, vocab = 0, layers = 1;
+  int64_t kv_heads = 0;  // K/V heads of grouped-query attention (0: as many as heads)
+  // The step's other products as the model issues them (step_gemms: a step on the meta backend),
+  // for any family; empty: GPT-2's linears and LM head, from dim, layers and vocab.
+  std::vector<GemmDesc> recorded;
   bool grid = true;       // also the four layer shapes under all four transpose combinations
   double seconds = 0.3;   // minimum time per product and candidate (three windows; the best counts)
 };

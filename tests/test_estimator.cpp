@@ -3,6 +3,8 @@
 // et al. 2022. (Prediction = measurement against real MPI runs is in test_strategies.cpp.)
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "shard/strategy_formulas.hpp"
@@ -230,4 +232,24 @@ TEST_CASE("plan: with 8 x 16 GiB it picks a lever that fits where plain ZeRO-3 d
   // Nothing fits 1 GiB per rank: every entry says why.
   pc.device_memory = uint64_t{1} << 30;
   for (const PlanEntry& e : make_plan(pc)) CHECK((!e.fits && !e.why.empty()));
+}
+
+TEST_CASE("a step's GEMMs as the meta backend records them are GPT-2's linears and head, three each", "[estimator]") {
+  StepConfig step;
+  step.spec = model_preset("tiny");
+  const int64_t B = 3, N = B * step.spec.seq, C = step.spec.dim, V = step.spec.vocab, L = step.spec.layers;
+  std::map<std::tuple<int, int, int64_t, int64_t, int64_t>, int64_t> got, want;  // (ta, tb, m, n, k) -> calls
+  for (const GemmDesc& d : step_gemms(step, 1, 0, B))
+    got[{int(d.trans_a), int(d.trans_b), d.m, d.n, d.k}] += d.batch;
+  const int N_ = int(Trans::N), T_ = int(Trans::T);
+  // Each linear (in, out): forward, the input's gradient, the weight's gradient (Conv1D weights).
+  for (auto [ic, oc] : {std::pair{C, 3 * C}, std::pair{C, C}, std::pair{C, 4 * C}, std::pair{4 * C, C}}) {
+    want[{N_, N_, N, oc, ic}] += L;
+    want[{N_, T_, N, ic, oc}] += L;
+    want[{T_, N_, ic, oc, N}] += L;
+  }
+  want[{N_, T_, N, V, C}] += 1;  // logits through the tied wte
+  want[{N_, N_, N, C, V}] += 1;
+  want[{T_, N_, V, C, N}] += 1;
+  CHECK(got == want);
 }

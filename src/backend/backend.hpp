@@ -233,7 +233,10 @@ inline int64_t attention_scratch_elems(int64_t T, int64_t H) { return H * T * T;
 
 std::unique_ptr<Backend> make_backend(Device device, const BackendConfig& cfg);
 std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg);
-std::unique_ptr<Backend> make_meta_backend();
+// on_gemm, when set, sees every product the meta backend is asked for: a step's GEMMs as the
+// model issues them (step_gemms in src/train/predict.hpp), for benchmarks' sgemm ceilings.
+using GemmObserver = std::function<void(const GemmDesc&)>;
+std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm = {});
 // Throws InputError when shardlab was built without CUDA or no device is visible.
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& cfg);
 bool cuda_compiled();

@@ -39,6 +39,17 @@ Estimate predict_step(const StepConfig& step, int world, int rank, int64_t micro
   return t.measured_step();
 }
 
+std::vector<GemmDesc> step_gemms(const StepConfig& step, int world, int rank, int64_t micro_batch) {
+  TrainConfig c = step_config(step, world, rank, micro_batch, false);
+  std::vector<GemmDesc> gemms;
+  auto be = make_meta_backend([&gemms](const GemmDesc& d) { gemms.push_back(d); });
+  Pool pool(*be);
+  auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
+  Trainer t(*be, pool, *comm, c, stand_in(c.spec.seq + 1));
+  t.step(0);
+  return gemms;
+}
+
 Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro_batch) {
   TrainConfig c = step_config(step, world, rank, micro_batch, false);
   // A stand-in stream whose second half holds exactly one global batch of validation sequences.

@@ -9,7 +9,10 @@
 // Independent oracles live in the tests: ZeRO's model-state formulas, Korthikanti et al.'s
 // activation memory, and measured = predicted against real runs over MPI.
 #pragma once
+#include <vector>
+
 #include "memory/estimate.hpp"
+#include "src/backend/backend.hpp"
 #include "src/train/step_config.hpp"
 
 namespace shardlab {
@@ -21,5 +24,8 @@ Estimate predict_step(const StepConfig& step, int world, int rank, int64_t micro
 // The same for an evaluation pass (validation: forward only, units gathered and freed as in a
 // training forward): its peak and composition; model_states as for the step.
 Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro_batch);
+// Every GEMM the model issues in that step, in order (the meta backend's record of them; the
+// products a CPU backend runs inside its own kernels, attention's, are not among them).
+std::vector<GemmDesc> step_gemms(const StepConfig& step, int world, int rank, int64_t micro_batch);
 
 }  // namespace shardlab

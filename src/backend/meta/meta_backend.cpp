@@ -23,6 +23,7 @@ class MetaEvent final : public Event {
 
 class MetaBackend final : public Backend {
  public:
+  explicit MetaBackend(GemmObserver on_gemm) : on_gemm_(std::move(on_gemm)) {}
   Device device() const override { return Device::meta; }
   std::string describe() const override { return "meta (accounts for memory, computes nothing)"; }
   int threads() const override { return 1; }
@@ -40,7 +41,10 @@ class MetaBackend final : public Backend {
   void synchronize() override {}
 
   // ---- matrix products ----
-  void gemm(const GemmDesc& d, const void*, const void*, void*) override { check_gemm(d); }
+  void gemm(const GemmDesc& d, const void*, const void*, void*) override {
+    check_gemm(d);
+    if (on_gemm_) on_gemm_(d);
+  }
   // ---- element-wise ----
   void fill(Tensor, float) override {}
   void cast(Tensor dst, Tensor src) override { check_same_numel(src, dst, "cast"); }
@@ -74,10 +78,13 @@ class MetaBackend final : public Backend {
   // Non-canonical on x86-64 (bits 48-63 differ from bit 47): any dereference faults at once, and
   // no real mapping can ever lie there, however many terabytes a prediction hands out.
   std::atomic<uintptr_t> next_{uintptr_t{0xdead} << 48};
+  GemmObserver on_gemm_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_meta_backend() { return std::make_unique<MetaBackend>(); }
+std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm) {
+  return std::make_unique<MetaBackend>(std::move(on_gemm));
+}
 
 }  // namespace shardlab
