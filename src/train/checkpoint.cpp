@@ -347,15 +347,17 @@ namespace {
 
 void check_compatible(const Manifest& m, const CheckpointState& state, const std::string& path) {
   const StepConfig& c = state.step;
-  auto same = [&](const char* k, int64_t there, int64_t here) {
-    SHARD_REQUIRE(there == here, "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {})", path, k,
-                  there, here, m.model.name, c.spec.describe());
-  };
-  same("layers", m.model.layers, c.spec.layers);
-  same("dim", m.model.dim, c.spec.dim);
-  same("heads", m.model.heads, c.spec.heads);
-  same("seq", m.model.seq, c.spec.seq);
-  same("vocab", m.model.vocab, c.spec.vocab);
+  // Every field of the spec but its name: family, sizes, and what the family's units compute.
+  nlohmann::json there = spec_to_json(m.model), here = spec_to_json(c.spec);
+  there.erase("name");
+  here.erase("name");
+  for (const auto* j : {&there, &here})
+    for (auto it = j->begin(); it != j->end(); ++it) {
+      const char* k = it.key().c_str();
+      const std::string a = there.contains(k) ? there[k].dump() : "(unset)", b = here.contains(k) ? here[k].dump() : "(unset)";
+      SHARD_REQUIRE(a == b, "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {})", path, k, a, b,
+                    m.model.name, c.spec.describe());
+    }
   SHARD_REQUIRE(m.shuffle == state.shuffle, "checkpoint '{}' was trained {} --shuffle, this run is {} it: the batch order "
                 "would change (pass the same setting)", path, m.shuffle ? "with" : "without", state.shuffle ? "with" : "without");
   SHARD_REQUIRE(!state.shuffle || m.seed == c.seed, "checkpoint '{}' shuffled its batches with --seed {}, this run has --seed "
