@@ -1,6 +1,7 @@
 // cuda_layers.cpp — the CUDA Backend's operations of the models' layers, in backend.hpp's groups:
-// embeddings, normalisation, activations, attention (cuBLAS products around a softmax kernel) and
-// losses; and the upload of the token ids they take from the host.
+// embeddings, normalisation, positions, activations, attention (cuBLAS products around a softmax
+// kernel) and losses; and the upload of the token ids they take from the host.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -16,7 +17,8 @@ namespace shardlab::cuda {
 void CudaBackend::embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) {
   const int64_t C = embedding_shape(out, wte, wpe, B, T);
   const int32_t* ids = upload_ids(tokens, B * T, wte.dim(0), "token");
-  CUDA_CHECK(launch_embedding_forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.ptr<float>(), B, T, C, compute_));
+  const float* positions = wpe.data() != nullptr ? wpe.ptr<float>() : nullptr;  // null: none to add
+  CUDA_CHECK(launch_embedding_forward(out.ptr<float>(), ids, wte.ptr<float>(), positions, B, T, C, compute_));
 }
 
 // Deterministic without atomics: positions are grouped by token on the host (a stable counting
@@ -24,7 +26,8 @@ void CudaBackend::embedding_forward(Tensor out, const int32_t* tokens, int64_t B
 void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                                      int64_t T) {
   const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
-  CUDA_CHECK(launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
+  if (dwpe.data() != nullptr)  // empty: a family without learned positions
+    CUDA_CHECK(launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
   const int64_t buckets = group_positions_by_token(tokens, B * T, dwte.dim(0));
   const int32_t* grouped = upload_host_ids();  // [bucket tokens | offsets | positions]
   CUDA_CHECK(launch_embedding_backward_dwte(dwte.ptr<float>(), dout.ptr<float>(), grouped, grouped + buckets,
@@ -49,6 +52,29 @@ void CudaBackend::layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, 
                                        workspace, N, C, compute_));
 }
 
+void CudaBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
+  const auto [N, C] = rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
+  CUDA_CHECK(launch_rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C,
+                                    eps, compute_));
+}
+
+void CudaBackend::rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+  const auto [N, C] = rmsnorm_backward_shape(dinp, dweight, dout, inp, weight, rstd);
+  auto* workspace = static_cast<float*>(device_scratch(rmsnorm_backward_workspace(N, C) * sizeof(float)));
+  CUDA_CHECK(launch_rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
+                                     weight.ptr<float>(), rstd.ptr<float>(), workspace, N, C, compute_));
+}
+
+// ---- positions ----------------------------------------------------------------------------------
+
+void CudaBackend::rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse) {
+  static_assert(RopeFreqs::kMaxHalf == kRopeMaxHalf, "the kernel's frequency table must hold RopeFreqs's");
+  const auto [B, T, W] = rope_shape(x, heads, head_dim, freqs);
+  RopeTable table{};  // a kernel parameter: 1 KB in the launch, no device buffer
+  std::copy_n(freqs.inv_freq.begin(), freqs.half, table.inv_freq);
+  CUDA_CHECK(launch_rope(x.ptr<float>(), B * T, T, W, heads, freqs.half, table, pos0, inverse, compute_));
+}
+
 // ---- activations --------------------------------------------------------------------------------
 
 void CudaBackend::gelu_forward(Tensor out, Tensor inp) {
@@ -60,6 +86,17 @@ void CudaBackend::gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
   check_same_numel(dinp, inp, "gelu_backward");
   check_same_numel(dout, inp, "gelu_backward");
   CUDA_CHECK(launch_gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel(), compute_));
+}
+
+void CudaBackend::swiglu_forward(Tensor out, Tensor gate_up) {
+  const auto [N, F] = swiglu_shape(out, gate_up, "swiglu_forward");
+  CUDA_CHECK(launch_swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F, compute_));
+}
+
+void CudaBackend::swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) {
+  const auto [N, F] = swiglu_shape(dout, gate_up, "swiglu_backward");
+  check_same_numel(dgate_up, gate_up, "swiglu_backward");
+  CUDA_CHECK(launch_swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F, compute_));
 }
 
 // ---- attention ----------------------------------------------------------------------------------
