@@ -461,3 +461,179 @@ TEST_CASE("cuda adamw and sgd match the cpu backend over several steps", "[cuda]
     expect_close(down(e, gsbuf, n), sbuf, 1e-5, 1e-7, "sgd momentum");
   }
 }
+
+// ---- the Llama family's operations against the CPU backend ---------------------------------------
+// Odd shapes throughout (rows of 13, 11 or 6 channels; T = 9), so no float4 path or full warp hides
+// an indexing error.
+
+TEST_CASE("cuda embedding without learned positions (empty wpe) matches the cpu bit for bit", "[cuda]") {
+  Env e;
+  const int64_t B = 2, T = 9, C = 13, V = 50, BT = B * T;
+  Ids tokens = random_ids("etok_nopos", BT, V);
+  auto wte = random_vector("ewte_nopos", V * C);
+  Block gwte = up(e, wte, "wte");
+  Block gout = e.pool.alloc(DType::f32, BT * C, Category::workspace, "out");
+  e.gpu->embedding_forward(gout.view(DType::f32, {BT, C}), tokens.data(), B, T, gwte.view(DType::f32, {V, C}),
+                           Tensor());
+  std::vector<float> out(BT * C), gathered(BT * C);
+  e.cpu->embedding_forward(host2(out, BT, C), tokens.data(), B, T, host2(wte, V, C), Tensor());
+  for (int64_t bt = 0; bt < BT; ++bt)
+    std::copy_n(wte.begin() + tokens[bt] * C, C, gathered.begin() + bt * C);
+  auto got = down(e, gout, out.size());
+  CHECK(bit_equal(got, gathered));  // tolerance 0: a copy of the token's row, nothing added
+  CHECK(bit_equal(got, out));
+
+  // Backward with no dwpe: dwte as with positions (ascending position order on both sides, so
+  // tolerance 0), and nothing written through the empty dwpe (a write would fault the download).
+  auto dout = random_vector("edout_nopos", BT * C), dwte = random_vector("edwte_nopos", V * C);
+  Block gdout = up(e, dout, "dout"), gdwte = up(e, dwte, "dwte");
+  e.gpu->embedding_backward(gdwte.view(DType::f32, {V, C}), Tensor(), gdout.view(DType::f32, {BT, C}), tokens.data(),
+                            B, T);
+  e.cpu->embedding_backward(host2(dwte, V, C), Tensor(), host2(dout, BT, C), tokens.data(), B, T);
+  CHECK(bit_equal(down(e, gdwte, dwte.size()), dwte));
+}
+
+TEST_CASE("cuda rmsnorm forward and backward match the cpu backend", "[cuda]") {
+  Env e;
+  struct Shape { int64_t N, C; };
+  // C = 13 leaves most lanes idle and N = 7 makes one row chunk for dweight; N = 1000 makes 32.
+  for (Shape s : {Shape{7, 13}, Shape{1000, 64}}) {
+    const int64_t N = s.N, C = s.C;
+    INFO("N=" << N << " C=" << C);
+    auto inp = random_vector("rinp", N * C, -2.f, 3.f), w = random_vector("rw", C, 0.5f, 1.5f);
+    std::vector<float> out(N * C), rstd(N);
+    const float eps = 1e-6f;  // Llama's
+    e.cpu->rmsnorm_forward(host2(out, N, C), host(rstd), host2(inp, N, C), host(w), eps);
+    Block ginp = up(e, inp, "inp"), gw = up(e, w, "w");
+    Block gout = e.pool.alloc(DType::f32, N * C, Category::workspace, "out");
+    Block grstd = e.pool.alloc(DType::f32, N, Category::workspace, "rstd");
+    e.gpu->rmsnorm_forward(gout.view(DType::f32, {N, C}), Env::dev(grstd, DType::f32, N),
+                           ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C), eps);
+    // f32; only the order of the sum of squares differs (a few ulps of rstd): 1e-5 relative and
+    // absolute, as LayerNorm's.
+    expect_close(down(e, gout, out.size()), out, 1e-5, 1e-5, "rmsnorm out");
+    expect_close(down(e, grstd, rstd.size()), rstd, 1e-5, 1e-5, "rmsnorm rstd");
+
+    // Backward on the CPU's rstd, into random gradients (dinp and dweight accumulate).
+    auto dout = random_vector("rdout", N * C), dinp = random_vector("rdinp", N * C), dw = random_vector("rdw", C);
+    Block gdout = up(e, dout, "dout"), gr = up(e, rstd, "rstd");
+    auto run_gpu = [&] {
+      Block gdinp = up(e, dinp, "dinp"), gdw = up(e, dw, "dw");
+      e.gpu->rmsnorm_backward(gdinp.view(DType::f32, {N, C}), Env::dev(gdw, DType::f32, C),
+                              gdout.view(DType::f32, {N, C}), ginp.view(DType::f32, {N, C}),
+                              Env::dev(gw, DType::f32, C), Env::dev(gr, DType::f32, N));
+      return std::pair{down(e, gdinp, dinp.size()), down(e, gdw, dw.size())};
+    };
+    auto [got_dinp, got_dw] = run_gpu();
+    auto [again_dinp, again_dw] = run_gpu();
+    e.cpu->rmsnorm_backward(host2(dinp, N, C), host(dw), host2(dout, N, C), host2(inp, N, C), host(w), host(rstd));
+    // A sum over C (dinp) and over N rows (dweight, 1000 terms of |x r dout| <= ~3) in another
+    // order: 1e-4 relative and absolute, as LayerNorm's.
+    expect_close(got_dinp, dinp, 1e-4, 1e-4, "rmsnorm dinp");
+    expect_close(got_dw, dw, 1e-4, 1e-4, "rmsnorm dweight");
+    CHECK(bit_equal(got_dw, again_dw));  // chunk partials folded in a fixed order: reproducible
+    CHECK(bit_equal(got_dinp, again_dinp));
+  }
+}
+
+TEST_CASE("cuda rope matches the cpu backend, at an offset and inverted, and leaves other heads alone", "[cuda]") {
+  Env e;
+  const int64_t B = 2, T = 9, hd = 6;
+  RopeFreqs freqs;  // HF's default: inv_freq = 1 / 10000^(2i / hd), in f32
+  freqs.half = hd / 2;
+  for (int64_t i = 0; i < freqs.half; ++i)
+    freqs.inv_freq[static_cast<size_t>(i)] = 1.f / std::pow(10000.f, static_cast<float>(2 * i) / hd);
+  struct Case { int64_t heads, W, pos0; bool inverse; };
+  // W = 48: the 4 query heads of a GQA row (H = 4, KV = 2), whose other 24 channels stay as they
+  // are; W = 36: every channel rotates. pos0 = 4093 reaches angles in the thousands.
+  for (Case c : {Case{4, 48, 0, false}, Case{4, 48, 5, false}, Case{4, 48, 5, true}, Case{6, 36, 0, true},
+                 Case{6, 36, 4093, false}}) {
+    INFO("heads=" << c.heads << " W=" << c.W << " pos0=" << c.pos0 << " inverse=" << c.inverse);
+    const auto x0 = random_vector("rope_x", B * T * c.W);
+    std::vector<float> x = x0;
+    Block gx = up(e, x0, "x");
+    e.gpu->rope(gx.view(DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, c.inverse);
+    e.cpu->rope(Tensor(x.data(), DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, c.inverse);
+    auto got = down(e, gx, x.size());
+    // The same f32 angle on both sides; CUDA's cosf/sinf are within 2 ulp and glibc's within 1,
+    // so with |x| <= 1 each output differs by a few 1e-7: 1e-5 relative, 1e-6 absolute.
+    expect_close(got, x, 1e-5, 1e-6, "rope");
+    size_t changed_outside = 0;  // channels past the rotated heads: bit for bit the input
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t ch = c.heads * hd; ch < c.W; ++ch) changed_outside += got[r * c.W + ch] != x0[r * c.W + ch];
+    CHECK(changed_outside == 0);
+    // The inverse undoes the rotation: back to the input, to a rounding of c^2 + s^2 = 1.
+    e.gpu->rope(gx.view(DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, !c.inverse);
+    expect_close(down(e, gx, x.size()), x0, 1e-5, 1e-6, "rope then its inverse");
+  }
+}
+
+TEST_CASE("cuda swiglu forward and backward match the cpu backend", "[cuda]") {
+  Env e;
+  struct Shape { int64_t N, F; };
+  for (Shape s : {Shape{7, 11}, Shape{33, 64}}) {
+    const int64_t N = s.N, F = s.F;
+    INFO("N=" << N << " F=" << F);
+    auto gate_up = random_vector("sgu", N * 2 * F, -4.f, 4.f), dout = random_vector("sdout", N * F);
+    std::vector<float> out(N * F), dgate_up(N * 2 * F, 7.f);  // garbage: backward overwrites it
+    Block ggu = up(e, gate_up, "gate_up"), gdout = up(e, dout, "dout");
+    Block gout = e.pool.alloc(DType::f32, N * F, Category::workspace, "out"), gdgu = up(e, dgate_up, "dgate_up");
+    e.gpu->swiglu_forward(gout.view(DType::f32, {N, F}), ggu.view(DType::f32, {N, 2 * F}));
+    e.gpu->swiglu_backward(gdgu.view(DType::f32, {N, 2 * F}), ggu.view(DType::f32, {N, 2 * F}),
+                           gdout.view(DType::f32, {N, F}));
+    e.cpu->swiglu_forward(host2(out, N, F), host2(gate_up, N, 2 * F));
+    e.cpu->swiglu_backward(host2(dgate_up, N, 2 * F), host2(gate_up, N, 2 * F), host2(dout, N, F));
+    // exp within 2 ulp on each side (CUDA's expf; the CPU's may be a vectorized one), and silu's
+    // derivative 1 + g (1 - s) cancels near g = -1.28, where its absolute error stays ~1e-7 times
+    // |dout up| <= 4: 1e-5 relative, 1e-6 absolute forward, 2e-6 absolute backward.
+    expect_close(down(e, gout, out.size()), out, 1e-5, 1e-6, "swiglu out");
+    expect_close(down(e, gdgu, dgate_up.size()), dgate_up, 1e-5, 2e-6, "swiglu dgate_up");
+  }
+}
+
+TEST_CASE("cuda grouped-query attention forward and backward match the cpu backend", "[cuda]") {
+  Env e;
+  struct Heads { int64_t H, KV; };
+  const int64_t B = 2, T = 9, hd = 6;
+  // Groups of 2 (H=4 KV=2), of 2 with an odd KV (6, 3), one K/V head for all (4, 1), and MHA on
+  // the same odd shape (3, 3).
+  for (Heads h : {Heads{4, 2}, Heads{6, 3}, Heads{4, 1}, Heads{3, 3}}) {
+    const int64_t H = h.H, KV = h.KV, C = H * hd, R = (H + 2 * KV) * hd;
+    INFO("B=" << B << " T=" << T << " hd=" << hd << " H=" << H << " KV=" << KV);
+    auto qkv = random_vector("gqkv", B * T * R);
+    std::vector<float> out(B * T * C), att(B * H * T * T);
+    Tensor hqkv(qkv.data(), DType::f32, {B, T, R});
+    e.cpu->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}),
+                             Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, KV);
+    Block gqkv = up(e, qkv, "qkv");
+    Block gout = e.pool.alloc(DType::f32, B * T * C, Category::workspace, "out");
+    Block gatt = e.pool.alloc(DType::f32, B * H * T * T, Category::workspace, "att");
+    e.gpu->attention_forward(gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
+                             gqkv.view(DType::f32, {B, T, R}), H, KV);
+    // cuBLAS sums in another order (f32, no TF32): 1e-4 relative, 1e-5 absolute, as for MHA.
+    expect_close(down(e, gatt, att.size()), att, 1e-4, 1e-5, "gqa att");
+    expect_close(down(e, gout, out.size()), out, 1e-4, 1e-5, "gqa out");
+
+    // Backward from the CPU's att; dqkv starts as garbage (it is overwritten, dK and dV included,
+    // though they sum over the group's query heads).
+    auto dout = random_vector("gdout", B * T * C);
+    std::vector<float> dqkv(qkv.size(), 7.f), scratch(attention_scratch_elems(T, H));
+    Block gdout = up(e, dout, "dout"), gatt_ref = up(e, att, "att");
+    Block gscratch = e.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace, "scratch");
+    auto run_gpu = [&] {
+      Block gdqkv = up(e, dqkv, "dqkv");
+      e.gpu->attention_backward(gdqkv.view(DType::f32, {B, T, R}), gdout.view(DType::f32, {B, T, C}),
+                                gqkv.view(DType::f32, {B, T, R}), gatt_ref.view(DType::f32, {B, H, T, T}), H, KV,
+                                gscratch.flat(DType::f32));
+      return down(e, gdqkv, dqkv.size());
+    };
+    auto got = run_gpu();
+    auto again = run_gpu();
+    e.cpu->attention_backward(Tensor(dqkv.data(), DType::f32, {B, T, R}), Tensor(dout.data(), DType::f32, {B, T, C}),
+                              hqkv, Tensor(att.data(), DType::f32, {B, H, T, T}), H, KV, host(scratch));
+    // As for MHA (1e-4 relative, 2e-5 absolute): dK and dV add at most 4 group members' products
+    // of |values| < 1 over T = 9, each rounding ~1e-7 in either order.
+    expect_close(got, dqkv, 1e-4, 2e-5, "gqa dqkv");
+    CHECK(bit_equal(got, again));  // the group sums run in a fixed order: reproducible
+  }
+}

@@ -6,8 +6,8 @@
 // Implemented by operation family, as backend.hpp groups them:
 //   cuda_backend.cpp      device, memory, streams and events, copies, matrix products
 //   cuda_elementwise.cpp  element-wise operations, reductions, optimizers
-//   cuda_layers.cpp       embeddings, normalisation, activations, attention, losses (and the
-//                         upload of the token ids they take from the host)
+//   cuda_layers.cpp       embeddings, normalisation, positions, activations, attention, losses
+//                         (and the upload of the token ids they take from the host)
 //
 // Design notes.
 //  * Launchers (kernels.cuh) own the grid math; these files validate tensors and check launches.
@@ -83,8 +83,13 @@ class CudaBackend final : public Backend {
                          float eps) override;
   void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                           Tensor mean, Tensor rstd) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) override;
+  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override;
+  void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse) override;
   void gelu_forward(Tensor out, Tensor inp) override;
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
+  void swiglu_forward(Tensor out, Tensor gate_up) override;
+  void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) override;
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                           Tensor scratch) override;
@@ -127,7 +132,7 @@ class CudaBackend final : public Backend {
       p = nullptr, bytes = 0;
     }
   };
-  Scratch scratch_;       // the layers' operations' (token ids, LayerNorm partials)
+  Scratch scratch_;       // the layers' operations' (token ids, LayerNorm and RMSNorm partials)
   Scratch gemm_scratch_;  // f32 GEMM operands rounded to bf16
   std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
   struct IdSlot {

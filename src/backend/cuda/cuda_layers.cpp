@@ -1,6 +1,8 @@
 // cuda_layers.cpp — the CUDA Backend's operations of the models' layers, in backend.hpp's groups:
-// embeddings, normalisation, activations, attention (cuBLAS products around a softmax kernel) and
-// losses; and the upload of the token ids they take from the host.
+// embeddings, normalisation, positions, activations, attention (cuBLAS products around a softmax
+// kernel, grouped-query heads included) and losses; and the upload of the token ids they take from
+// the host.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -16,7 +18,8 @@ namespace shardlab::cuda {
 void CudaBackend::embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) {
   const int64_t C = embedding_shape(out, wte, wpe, B, T);
   const int32_t* ids = upload_ids(tokens, B * T, wte.dim(0), "token");
-  CUDA_CHECK(launch_embedding_forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.ptr<float>(), B, T, C, compute_));
+  const float* positions = wpe.data() != nullptr ? wpe.ptr<float>() : nullptr;  // null: none to add
+  CUDA_CHECK(launch_embedding_forward(out.ptr<float>(), ids, wte.ptr<float>(), positions, B, T, C, compute_));
 }
 
 // Deterministic without atomics: positions are grouped by token on the host (a stable counting
@@ -24,7 +27,8 @@ void CudaBackend::embedding_forward(Tensor out, const int32_t* tokens, int64_t B
 void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                                      int64_t T) {
   const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
-  CUDA_CHECK(launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
+  if (dwpe.data() != nullptr)  // empty: a family without learned positions
+    CUDA_CHECK(launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
   const int64_t buckets = group_positions_by_token(tokens, B * T, dwte.dim(0));
   const int32_t* grouped = upload_host_ids();  // [bucket tokens | offsets | positions]
   CUDA_CHECK(launch_embedding_backward_dwte(dwte.ptr<float>(), dout.ptr<float>(), grouped, grouped + buckets,
@@ -49,6 +53,29 @@ void CudaBackend::layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, 
                                        workspace, N, C, compute_));
 }
 
+void CudaBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
+  const auto [N, C] = rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
+  CUDA_CHECK(launch_rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C,
+                                    eps, compute_));
+}
+
+void CudaBackend::rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+  const auto [N, C] = rmsnorm_backward_shape(dinp, dweight, dout, inp, weight, rstd);
+  auto* workspace = static_cast<float*>(device_scratch(rmsnorm_backward_workspace(N, C) * sizeof(float)));
+  CUDA_CHECK(launch_rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
+                                     weight.ptr<float>(), rstd.ptr<float>(), workspace, N, C, compute_));
+}
+
+// ---- positions ----------------------------------------------------------------------------------
+
+void CudaBackend::rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse) {
+  static_assert(RopeFreqs::kMaxHalf == kRopeMaxHalf, "the kernel's frequency table must hold RopeFreqs's");
+  const auto [B, T, W] = rope_shape(x, heads, head_dim, freqs);
+  RopeTable table{};  // a kernel parameter: 1 KB in the launch, no device buffer
+  std::copy_n(freqs.inv_freq.begin(), freqs.half, table.inv_freq);
+  CUDA_CHECK(launch_rope(x.ptr<float>(), B * T, T, W, heads, freqs.half, table, pos0, inverse, compute_));
+}
+
 // ---- activations --------------------------------------------------------------------------------
 
 void CudaBackend::gelu_forward(Tensor out, Tensor inp) {
@@ -62,56 +89,95 @@ void CudaBackend::gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
   CUDA_CHECK(launch_gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel(), compute_));
 }
 
+void CudaBackend::swiglu_forward(Tensor out, Tensor gate_up) {
+  const auto [N, F] = swiglu_shape(out, gate_up, "swiglu_forward");
+  CUDA_CHECK(launch_swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F, compute_));
+}
+
+void CudaBackend::swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) {
+  const auto [N, F] = swiglu_shape(dout, gate_up, "swiglu_backward");
+  check_same_numel(dgate_up, gate_up, "swiglu_backward");
+  CUDA_CHECK(launch_swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F, compute_));
+}
+
 // ---- attention ----------------------------------------------------------------------------------
-// Per batch entry, GEMMs batched over the H heads: head h's q, k, v are columns [h*hs, (h+1)*hs)
-// of the (T, 3C) rows (leading dimension 3C, batch stride hs), and its output goes to the same
-// columns of (T, C), as on the CPU.
+// Per batch entry, cuBLAS strided-batched GEMMs read q, k and v in place in the (T, R) rows, R =
+// (H + 2 KV) hd (leading dimension R; heads hd apart), and write the output to columns [h hd,
+// (h+1) hd) of (T, C), C = H hd, as on the CPU.
+//
+// Grouped-query heads: query head h = kv G + g (G = H / KV) reads K/V head kv. A strided batch has
+// one stride per operand, and the query heads of a batch must all reach their K/V head by that
+// stride: so each product is issued once per member g of the groups, batched over the KV groups
+// (query-side strides G hd and G T^2, K/V-side stride hd), its query-side operands offset by g
+// heads. The shared K/V heads are read in place, never gathered into copies of H heads. MHA is
+// G = 1: one GEMM batched over the H heads per product, the same calls as before grouped heads.
+// dK and dV sum over a group's query heads: the first member overwrites, the others add (beta = 1)
+// in g order, so the result is deterministic.
+
+namespace {
+
+// Issues `d` (batched over the KV groups) once per group member g in [0, G), with the operands
+// advanced g steps; `sum` makes members after the first accumulate into C (its step is then 0).
+void for_each_group_member(Backend& be, GemmDesc d, int64_t G, const float* a, int64_t a_step, const float* b,
+                           int64_t b_step, float* c, int64_t c_step, bool sum) {
+  for (int64_t g = 0; g < G; ++g) {
+    if (sum && g > 0) d.beta = 1.f;
+    be.gemm(d, a + g * a_step, b + g * b_step, c + g * c_step);
+  }
+}
+
+}  // namespace
 
 void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) {
   auto [B, T, C] = attention_shape(qkv, out, att, H, KV, "attention_forward");
-  SHARD_CHECK(KV == H, "attention_forward: grouped-query heads (H={} KV={}) are not implemented on CUDA yet", H, KV);
-  const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  const int64_t hd = C / H, G = H / KV, R = qkv.dim(2), TT = T * T;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   for (int64_t b = 0; b < B; ++b) {  // scores, scaled: att = scale * q k^T
-    const float* q = qkv.ptr<float>() + b * T * C3;
-    gemm({.trans_b = Trans::T, .m = T, .n = T, .k = hs, .alpha = scale, .lda = C3, .ldb = C3, .ldc = T,
-          .batch = H, .stride_a = hs, .stride_b = hs, .stride_c = TT},
-         q, q + C, att.ptr<float>() + b * H * TT);
+    const float* q = qkv.ptr<float>() + b * T * R;
+    for_each_group_member(*this,
+                          {.trans_b = Trans::T, .m = T, .n = T, .k = hd, .alpha = scale, .lda = R, .ldb = R, .ldc = T,
+                           .batch = KV, .stride_a = G * hd, .stride_b = hd, .stride_c = G * TT},
+                          G, q, hd, q + C, 0, att.ptr<float>() + b * H * TT, TT, false);
   }
   CUDA_CHECK(launch_causal_softmax(att.ptr<float>(), B * H * T, T, compute_));
-  for (int64_t b = 0; b < B; ++b) {  // out_h = att v
-    gemm({.m = T, .n = hs, .k = T, .lda = T, .ldb = C3, .ldc = C, .batch = H, .stride_a = TT, .stride_b = hs,
-          .stride_c = hs},
-         att.ptr<float>() + b * H * TT, qkv.ptr<float>() + b * T * C3 + 2 * C, out.ptr<float>() + b * T * C);
+  for (int64_t b = 0; b < B; ++b) {  // out_h = att_h v
+    const float* v = qkv.ptr<float>() + b * T * R + C + KV * hd;
+    for_each_group_member(*this,
+                          {.m = T, .n = hd, .k = T, .lda = T, .ldb = R, .ldc = C, .batch = KV, .stride_a = G * TT,
+                           .stride_b = hd, .stride_c = G * hd},
+                          G, att.ptr<float>() + b * H * TT, TT, v, 0, out.ptr<float>() + b * T * C, hd, false);
   }
 }
 
 void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                                      Tensor scratch) {
   auto [B, T, C] = attention_shape(qkv, dout, att, H, KV, "attention_backward");
-  SHARD_CHECK(KV == H, "attention_backward: grouped-query heads (H={} KV={}) are not implemented on CUDA yet", H, KV);
   check_attention_backward(dqkv, qkv, scratch, T, H);
-  const int64_t hs = C / H, C3 = 3 * C, TT = T * T;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  const int64_t hd = C / H, G = H / KV, R = qkv.dim(2), TT = T * T, KVd = KV * hd;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   float* datt = scratch.ptr<float>();  // (H, T, T), reused by every batch entry (stream order)
   for (int64_t b = 0; b < B; ++b) {
-    const float* q = qkv.ptr<float>() + b * T * C3;
-    float* dq = dqkv.ptr<float>() + b * T * C3;
+    const float* q = qkv.ptr<float>() + b * T * R;  // k at q + C, v at q + C + KVd; dqkv alike
+    float* dq = dqkv.ptr<float>() + b * T * R;
     const float* a = att.ptr<float>() + b * H * TT;
     const float* dh = dout.ptr<float>() + b * T * C;
-    gemm({.trans_b = Trans::T, .m = T, .n = T, .k = hs, .lda = C, .ldb = C3, .ldc = T, .batch = H,
-          .stride_a = hs, .stride_b = hs, .stride_c = TT},
-         dh, q + 2 * C, datt);  // d(att) = dh v^T
-    gemm({.trans_a = Trans::T, .m = T, .n = hs, .k = T, .lda = T, .ldb = C, .ldc = C3, .batch = H,
-          .stride_a = TT, .stride_b = hs, .stride_c = hs},
-         a, dh, dq + 2 * C);  // dv = att^T dh
+    for_each_group_member(*this,
+                          {.trans_b = Trans::T, .m = T, .n = T, .k = hd, .lda = C, .ldb = R, .ldc = T, .batch = KV,
+                           .stride_a = G * hd, .stride_b = hd, .stride_c = G * TT},
+                          G, dh, hd, q + C + KVd, 0, datt, TT, false);  // d(att) = dh v^T
+    for_each_group_member(*this,
+                          {.trans_a = Trans::T, .m = T, .n = hd, .k = T, .lda = T, .ldb = C, .ldc = R, .batch = KV,
+                           .stride_a = G * TT, .stride_b = G * hd, .stride_c = hd},
+                          G, a, TT, dh, hd, dq + C + KVd, 0, true);  // dv = sum over the group of att^T dh
     CUDA_CHECK(launch_causal_softmax_backward(datt, a, H * T, T, scale, compute_));
-    const GemmDesc dpre_times{.m = T, .n = hs, .k = T, .lda = T, .ldb = C3, .ldc = C3, .batch = H,
-                              .stride_a = TT, .stride_b = hs, .stride_c = hs};
-    gemm(dpre_times, datt, q + C, dq);  // dq = dpre k
-    GemmDesc dpre_t_times = dpre_times;
-    dpre_t_times.trans_a = Trans::T;
-    gemm(dpre_t_times, datt, q, dq + C);  // dk = dpre^T q
+    for_each_group_member(*this,
+                          {.m = T, .n = hd, .k = T, .lda = T, .ldb = R, .ldc = R, .batch = KV, .stride_a = G * TT,
+                           .stride_b = hd, .stride_c = G * hd},
+                          G, datt, TT, q + C, 0, dq, hd, false);  // dq = dpre k
+    for_each_group_member(*this,
+                          {.trans_a = Trans::T, .m = T, .n = hd, .k = T, .lda = T, .ldb = R, .ldc = R, .batch = KV,
+                           .stride_a = G * TT, .stride_b = G * hd, .stride_c = hd},
+                          G, datt, TT, q, hd, dq + C, 0, true);  // dk = sum over the group of dpre^T q
   }
 }
 

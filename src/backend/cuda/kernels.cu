@@ -201,8 +201,10 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
   GRID_STRIDE_LOOP(i, packs) {
     const int64_t idx = i * W, bt = idx / C, c = idx % C;
     Pack<W> e = load_pack<W>(wte + static_cast<int64_t>(tokens[bt]) * C + c);
-    const Pack<W> p = load_pack<W>(wpe + (bt % T) * C + c);
-    for (int k = 0; k < W; ++k) e.v[k] += p.v[k];
+    if (wpe != nullptr) {  // null: a family without learned positions
+      const Pack<W> p = load_pack<W>(wpe + (bt % T) * C + c);
+      for (int k = 0; k < W; ++k) e.v[k] += p.v[k];
+    }
     store_pack<W>(out + idx, e);
   }
 }
@@ -308,6 +310,75 @@ __global__ void layernorm_backward_fold_kernel(float* dw, float* db, const float
   db[c] += sb;
 }
 
+// RMSNorm, one warp per row as LayerNorm: out = x * r * w with r = 1 / sqrt(mean(x^2) + eps), the
+// CPU's formula (1 / sqrtf, not the approximate rsqrtf).
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t N,
+                                       int64_t C, float eps) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float ss = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) ss += x[c] * x[c];
+  const float r = 1.f / sqrtf(warp_allreduce(ss, SumOp{}) / C + eps);
+  float* o = out + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) o[c] = x[c] * r * w[c];
+  if (lane == 0) rstd[row] = r;
+}
+
+// d/dx of x * r * w, with g = w * dout: r * (g - x * r^2 * mean(g * x)), since dr/dx_j = -r^3 x_j / C.
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                             const float* rstd, int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* d = dout + row * C;
+  const float r = rstd[row];
+  float gx = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) gx += w[c] * d[c] * x[c];
+  const float k = warp_allreduce(gx, SumOp{}) / C * r * r;
+  float* di = dinp + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) di[c] += (w[c] * d[c] - x[c] * k) * r;
+}
+
+// RMSNorm's dw as LayerNorm's: chunk blockIdx.y writes its C partial sums, a second kernel folds
+// the chunks in order (rmsnorm_backward_fold_kernel); the chunking depends on N alone.
+__global__ void rmsnorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+                                                const float* rstd, int64_t N, int64_t C, int64_t rows_per_chunk) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t begin = chunk * rows_per_chunk, end = min(N, begin + rows_per_chunk);
+  float dw = 0.f;
+  for (int64_t r = begin; r < end; ++r) dw += inp[r * C + c] * rstd[r] * dout[r * C + c];
+  partial[chunk * C + c] = dw;
+}
+
+__global__ void rmsnorm_backward_fold_kernel(float* dw, const float* partial, int64_t chunks, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) sw += partial[k * C + c];
+  dw[c] += sw;
+}
+
+// One thread per (row, head, pair): each pair is read and written by its own thread only. The
+// angle is the f32 product HF computes (inv_freq @ position_ids.float()), then f32 cos and sin;
+// the inverse negates the sine, which is sin(-angle) exactly.
+__global__ void rope_kernel(float* x, int64_t T, int64_t W, int64_t heads, int64_t half, RopeTable freqs,
+                            int64_t pos0, bool inverse, int64_t n) {
+  GRID_STRIDE_LOOP(idx, n) {
+    const int64_t i = idx % half, h = (idx / half) % heads, row = idx / (half * heads);
+    const float angle = static_cast<float>(pos0 + row % T) * freqs.inv_freq[i];
+    const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
+    float* p = x + row * W + h * 2 * half + i;
+    const float x1 = p[0], x2 = p[half];
+    p[0] = x1 * c - x2 * s;
+    p[half] = x2 * c + x1 * s;
+  }
+}
+
 template <int W>
 __global__ void add_bias_kernel(float* x, const float* bias, int64_t OC, int64_t packs) {
   GRID_STRIDE_LOOP(i, packs) {
@@ -347,6 +418,30 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
     Pack<W> d = load_pack<W>(dout + i * W);
     for (int k = 0; k < W; ++k) d.v[k] = gelu_grad(x.v[k]) * d.v[k];
     store_pack<W>(dinp + i * W, d);
+  }
+}
+
+__device__ inline float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+// One thread per output (n, f); F is any width (Llama's are not all multiples of 4), so no packs.
+__global__ void swiglu_forward_kernel(float* out, const float* gate_up, int64_t F, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) {
+    const float* row = gate_up + (i / F) * 2 * F;
+    const int64_t f = i % F;
+    const float g = row[f];
+    out[i] = g * sigmoid(g) * row[F + f];
+  }
+}
+
+// silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
+__global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, const float* dout, int64_t F,
+                                       int64_t n) {
+  GRID_STRIDE_LOOP(i, n) {
+    const int64_t r = i / F, f = i % F;
+    const float g = gate_up[r * 2 * F + f], u = gate_up[r * 2 * F + F + f], d = dout[i];
+    const float s = sigmoid(g);
+    dgate_up[r * 2 * F + f] = d * u * s * (1.f + g * (1.f - s));
+    dgate_up[r * 2 * F + F + f] = d * g * s;
   }
 }
 
@@ -551,6 +646,40 @@ cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const f
   return cudaGetLastError();
 }
 
+cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                                   float eps, cudaStream_t s) {
+  if (N == 0) return cudaSuccess;
+  rmsnorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, rstd, inp, w, N, C, eps);
+  return cudaGetLastError();
+}
+
+int64_t rmsnorm_backward_workspace(int64_t N, int64_t C) { return C * layernorm_chunks(N); }
+
+cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                                    const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s) {
+  if (N == 0 || C == 0) return cudaSuccess;
+  rmsnorm_backward_dinp_kernel<<<row_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  // The chunking of LayerNorm's dw/db, for the same reproducibility.
+  const int64_t chunks = layernorm_chunks(N), rows_per_chunk = (N + chunks - 1) / chunks;
+  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+  rmsnorm_backward_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
+      workspace, dout, inp, rstd, N, C, rows_per_chunk);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  rmsnorm_backward_fold_kernel<<<col_blocks, kThreads, 0, s>>>(dw, workspace, chunks, C);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope(float* x, int64_t rows, int64_t T, int64_t W, int64_t heads, int64_t half,
+                        const RopeTable& freqs, int64_t pos0, bool inverse, cudaStream_t s) {
+  const int64_t n = rows * heads * half;
+  if (n == 0) return cudaSuccess;
+  rope_kernel<<<grid_for(n), kThreads, 0, s>>>(x, T, W, heads, half, freqs, pos0, inverse, n);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_add_bias(float* x, const float* bias, int64_t N, int64_t OC, cudaStream_t s) {
   const int64_t n = N * OC;
   if (n == 0) return cudaSuccess;
@@ -576,6 +705,21 @@ cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dou
     gelu_backward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(dinp, inp, dout, n / 4);
   else
     gelu_backward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
+  const int64_t n = N * F;
+  if (n == 0) return cudaSuccess;
+  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(out, gate_up, F, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
+                                   cudaStream_t s) {
+  const int64_t n = N * F;
+  if (n == 0) return cudaSuccess;
+  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(dgate_up, gate_up, dout, F, n);
   return cudaGetLastError();
 }
 

@@ -32,7 +32,7 @@ cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* o
 // src/backend/cpu/kernels.cpp; shapes use that file's names (B batch, T time, C channels, H heads,
 // V vocab, N rows). ----
 
-// out (B*T, C) = wte[tokens] + wpe[t]
+// out (B*T, C) = wte[tokens] + wpe[t]; wpe null: out = wte[tokens] (no learned positions).
 cudaError_t launch_embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                                      int64_t T, int64_t C, cudaStream_t s);
 // dwpe[t] += sum over b of dout[b, t], b in order.
@@ -55,10 +55,36 @@ cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const f
                                       const float* w, const float* mean, const float* rstd, float* workspace,
                                       int64_t N, int64_t C, cudaStream_t s);
 
+// RMSNorm: out (N, C) = inp * rstd * w, rstd (N) = 1 / sqrt(mean(inp^2) + eps).
+cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                                   float eps, cudaStream_t s);
+// Floats of workspace launch_rmsnorm_backward needs for (N, C): per-chunk partials of dw.
+int64_t rmsnorm_backward_workspace(int64_t N, int64_t C);
+// dinp and dw accumulate. workspace holds rmsnorm_backward_workspace(N, C) floats.
+cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                                    const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s);
+
+// Rotary embedding's frequencies as a kernel parameter (RopeFreqs without std::array, which device
+// code cannot index): passed by value, so no device copy and no upload to order on the stream.
+inline constexpr int kRopeMaxHalf = 256;  // RopeFreqs::kMaxHalf (static_assert in cuda_layers.cpp)
+struct RopeTable {
+  float inv_freq[kRopeMaxHalf];
+};
+// In place on x (rows = B*T rows of W floats, row r at time step r % T): in each of the first
+// `heads` heads of 2*half channels, pairs (i, i + half) rotate by (pos0 + t) * inv_freq[i]
+// (minus that when inverse), HF's rotate_half convention.
+cudaError_t launch_rope(float* x, int64_t rows, int64_t T, int64_t W, int64_t heads, int64_t half,
+                        const RopeTable& freqs, int64_t pos0, bool inverse, cudaStream_t s);
+
 // x (N, OC) += bias (OC) on every row
 cudaError_t launch_add_bias(float* x, const float* bias, int64_t N, int64_t OC, cudaStream_t s);
 cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t s);
 cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t s);
+// SwiGLU over gate_up (N, 2F) rows [gate | up]: out (N, F) = silu(gate) * up. Backward overwrites
+// dgate_up (N, 2F) with [dout * up * silu'(gate) | dout * silu(gate)].
+cudaError_t launch_swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s);
+cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
+                                   cudaStream_t s);
 
 // In place over `rows` rows of T scores, row r being time step r % T of its (T, T) matrix: the
 // causal softmax over s <= t, zeros above the diagonal.
