@@ -102,7 +102,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                     "samples would be decoded as GPT-2 tokens; tokenize it into an llm.c .bin shard first, or leave "
                     "--tokenizer out", flag, src);
     }
-    cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+    cfg.tokenizer = std::make_shared<const Tokenizer>(tokenizer_dir);
     SHARD_REQUIRE(static_cast<int64_t>(cfg.tokenizer->size()) <= cfg.spec.vocab,
                   "--tokenizer has {} tokens, more than the model's vocabulary of {}: pass --vocab {} or a gpt2 preset",
                   cfg.tokenizer->size(), cfg.spec.vocab, cfg.tokenizer->size());
