@@ -73,7 +73,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "sample-tokens", cli::po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
       "sample-temperature", cli::po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
       "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step");
-  cli::add_tokenizer(desc, tokenizer_dir, "prompts and samples");
+  cli::add_tokenizer(desc, tokenizer_dir, "a text --data or --val-data, prompts and samples");
   cli::add_switch(desc, "save-best", cfg.save_best,
                   "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
   cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,
