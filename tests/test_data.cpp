@@ -7,6 +7,7 @@
 
 #include "src/core/check.hpp"
 #include "src/train/data.hpp"
+#include "src/train/tokenizer.hpp"
 
 using namespace shardlab;
 namespace fs = std::filesystem;
@@ -35,7 +36,7 @@ TEST_CASE("llm.c token files load, and bad ones are named", "[data]") {
   CHECK_THROWS_WITH(load_llmc_bin(magic), Catch::Contains("magic 1234 (expected 20240520)"));
   std::string version = tmp_path("version.bin");
   write_bin(version, 20240520, 2, 6, toks);
-  CHECK_THROWS_WITH(load_llmc_bin(version), Catch::Contains("version 2"));
+  CHECK_THROWS_WITH(load_llmc_bin(version), Catch::Contains("version 2 with magic 20240520"));
   std::string truncated = tmp_path("truncated.bin");
   write_bin(truncated, 20240520, 1, 600, toks);
   CHECK_THROWS_WITH(load_llmc_bin(truncated), Catch::Contains("is truncated: header promises 600 tokens, the file holds 6"));
@@ -133,4 +134,66 @@ TEST_CASE("--val-fraction cuts the tail off the training stream", "[data][valida
   CHECK_THROWS_WITH(split_tail(s2, 0.0), Catch::Contains("--val-fraction 0: expected a fraction between 0 and 1"));
   CHECK_THROWS_WITH(split_tail(s2, 1.0), Catch::Contains("--val-fraction 1: expected a fraction between 0 and 1"));
   CHECK_THROWS_WITH(split_tail(s2, 0.001), Catch::Contains("leaves 0 for validation"));
+}
+
+TEST_CASE("llm.c's uint32 token files (magic 20240801, version 7) carry ids past 65,535", "[data]") {
+  // Written by hand as llm.c's dev/data/data_common.py writes its "llama-3" form.
+  const std::vector<uint32_t> wide = {0, 65535, 65536, 128255, 7};
+  const std::string path = tmp_path("wide.bin");
+  const auto write = [&](int32_t magic, int32_t version, int32_t count) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = magic, header[1] = version, header[2] = count;
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    f.write(reinterpret_cast<const char*>(wide.data()), static_cast<std::streamsize>(4 * wide.size()));
+  };
+  write(20240801, 7, 5);
+  CHECK(load_llmc_bin(path).tokens == std::vector<int32_t>{0, 65535, 65536, 128255, 7});
+  CHECK(load_tokens(path, 128256).tokens.size() == 5);
+  CHECK_THROWS_WITH(load_tokens(path, 128000), Catch::Contains("token 128255 at position 3 does not fit the model's "
+                                                               "vocabulary of 128000"));
+  write(20240801, 1, 5);
+  CHECK_THROWS_WITH(load_llmc_bin(path), Catch::Contains("version 1 with magic 20240801"));
+  write(20240801, 7, 6);
+  CHECK_THROWS_WITH(load_llmc_bin(path), Catch::Contains("header promises 6 tokens, the file holds 5"));
+  write(20240802, 7, 5);
+  CHECK_THROWS_WITH(load_llmc_bin(path), Catch::Contains("magic 20240802 (expected 20240520), nor 20240801"));
+  fs::remove(path);
+}
+
+TEST_CASE("token files are written in the narrow form while the vocabulary allows, and read back", "[data]") {
+  const std::string path = tmp_path("written.bin");
+  const auto header = [&] {
+    std::vector<int32_t> h(256);
+    std::ifstream f(path, std::ios::binary);
+    f.read(reinterpret_cast<char*>(h.data()), 1024);
+    return std::tuple{h[0], h[1], h[2], fs::file_size(path)};
+  };
+  const std::vector<int32_t> narrow = {0, 1, 65535, 42};
+  write_llmc_bin(path, narrow, 65536);
+  CHECK(header() == std::tuple{20240520, 1, 4, uintmax_t{1024 + 2 * 4}});
+  CHECK(load_llmc_bin(path).tokens == narrow);
+  const std::vector<int32_t> wide = {0, 65536, 128255, 100000, 3};
+  write_llmc_bin(path, wide, 128256);
+  CHECK(header() == std::tuple{20240801, 7, 5, uintmax_t{1024 + 4 * 5}});
+  CHECK(load_llmc_bin(path).tokens == wide);
+  write_llmc_bin(path, narrow, 128256);  // a large vocabulary takes the wide form whatever the ids
+  CHECK(std::get<0>(header()) == 20240801);
+  CHECK(load_llmc_bin(path).tokens == narrow);
+  CHECK_THROWS_WITH(write_llmc_bin(path, wide, 65536), Catch::Contains("token 65536 at position 1 does not fit the "
+                                                                       "vocabulary of 65536"));
+  fs::remove(path);
+}
+
+TEST_CASE("a text file with a tokenizer is its tokens", "[data][hf-tokenizer]") {
+  const std::string dir = std::string(SHARDLAB_SOURCE_DIR) + "/tests/fixtures/tokenizers/llama3-style";
+  const Tokenizer tok(dir);
+  const std::string path = tmp_path("tokenized.txt"), text = "Licensed under the Apache License, Version 2.0\n";
+  { std::ofstream(path, std::ios::binary) << text; }
+  const TokenStream s = load_tokens(path, 808, &tok);
+  // HF tokenizers 0.23.3: Tokenizer.from_file(<that dir>/tokenizer.json).encode(text, add_special_tokens=False).ids
+  CHECK(s.tokens == std::vector<int32_t>{745, 67, 452, 268, 616, 324, 11, 220, 752, 417, 220, 17, 13, 15, 198});
+  CHECK(tok.decode(s.tokens) == text);
+  CHECK(load_tokens(path, 808).tokens.size() == text.size());  // without one, its bytes
+  fs::remove(path);
 }

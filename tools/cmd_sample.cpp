@@ -55,7 +55,7 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
     cfg.spec = model.spec();
   }
   sc.validate(cfg.spec.vocab);
-  if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+  if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Tokenizer>(tokenizer_dir);
   std::vector<int32_t> tokens = encode_prompt(prompt, cfg.spec.vocab, cfg.tokenizer.get());
   SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= cfg.spec.seq,
                 "--prompt has {} tokens, more than the model's {} positions (--seq)", tokens.size(), cfg.spec.seq);

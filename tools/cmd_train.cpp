@@ -73,7 +73,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "sample-tokens", cli::po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
       "sample-temperature", cli::po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
       "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step");
-  cli::add_tokenizer(desc, tokenizer_dir, "prompts and samples");
+  cli::add_tokenizer(desc, tokenizer_dir, "a text --data or --val-data, prompts and samples");
   cli::add_switch(desc, "save-best", cfg.save_best,
                   "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
   cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,
@@ -94,18 +94,13 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   cfg.options_origin = cli::describe(sources);
   cli::check_applicable(given, cfg, {cfg.strategy.kind}, false, "train", ctx.mpi.rank());
   if (!tokenizer_dir.empty()) {
-    // --tokenizer shapes prompts and samples; it does not tokenize --data. A text file would be
-    // trained on as byte ids 0-255 and sampled as GPT-2 tokens: gibberish, so refuse the pair.
-    for (const auto& [flag, src] : {std::pair{"--data", cfg.data}, std::pair{"--val-data", cfg.val_data}}) {
-      const bool bytes = !src.empty() && src != "synthetic" && !(src.size() >= 4 && src.ends_with(".bin"));
-      SHARD_REQUIRE(!bytes, "--tokenizer with {} '{}': that file is read as bytes (ids 0-255), not tokenized, and the "
-                    "samples would be decoded as GPT-2 tokens; tokenize it into an llm.c .bin shard first, or leave "
-                    "--tokenizer out", flag, src);
-    }
-    cfg.tokenizer = std::make_shared<const Gpt2Tokenizer>(tokenizer_dir);
+    // --tokenizer shapes prompts and samples, and tokenizes a text --data / --val-data (an llm.c .bin
+    // is tokens already).
+    cfg.tokenizer = std::make_shared<const Tokenizer>(tokenizer_dir);
     SHARD_REQUIRE(static_cast<int64_t>(cfg.tokenizer->size()) <= cfg.spec.vocab,
-                  "--tokenizer has {} tokens, more than the model's vocabulary of {}: pass --vocab {} or a gpt2 preset",
-                  cfg.tokenizer->size(), cfg.spec.vocab, cfg.tokenizer->size());
+                  "--tokenizer '{}' has {} tokens, more than the model's vocabulary of {}: pass --vocab {} or a model "
+                  "whose vocabulary holds them", tokenizer_dir, cfg.tokenizer->size(), cfg.spec.vocab,
+                  cfg.tokenizer->size());
   }
   cfg.record_step = reports.any();
   require_step_fits_host(cfg, opts, ctx);

@@ -36,6 +36,7 @@ void check_tp(int tp_degree, int tp_rank) {
 const char* tokenizer_name(TokenizerKind t) {
   switch (t) {
     case TokenizerKind::gpt2_bpe: return "gpt2-bpe";
+    case TokenizerKind::hf_byte_bpe: return "hf-byte-bpe";
   }
   return "?";
 }

@@ -25,8 +25,11 @@ struct ModelPreset {
 };
 
 // The tokenizer a family's checkpoints expect (src/train/tokenizer.hpp implements them).
-enum class TokenizerKind : uint8_t { gpt2_bpe };  // GPT-2's byte-level BPE (encoder.json, vocab.bpe)
-const char* tokenizer_name(TokenizerKind t);      // "gpt2-bpe"
+enum class TokenizerKind : uint8_t {
+  gpt2_bpe,     // GPT-2's byte-level BPE (encoder.json, vocab.bpe)
+  hf_byte_bpe,  // a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, SmolLM)
+};
+const char* tokenizer_name(TokenizerKind t);  // "gpt2-bpe", "hf-byte-bpe"
 
 class ModelFamily {
  public:

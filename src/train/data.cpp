@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "src/core/hash.hpp"
 #include "src/train/checkpoint_format.hpp"
 #include "src/core/rng.hpp"
+#include "src/train/tokenizer.hpp"
 
 namespace shardlab {
 
@@ -23,6 +25,26 @@ void require_not_directory(const std::string& path) {
 }
 }  // namespace
 
+namespace {
+constexpr int32_t kMagic16 = 20240520, kVersion16 = 1;  // llm.c's "gpt-2" header: uint16 tokens
+constexpr int32_t kMagic32 = 20240801, kVersion32 = 7;  // llm.c's "llama-3" header: uint32 tokens
+
+template <class T>
+std::vector<int32_t> read_tokens(std::ifstream& f, const std::string& path, int64_t count) {
+  std::vector<T> raw(static_cast<size_t>(count));
+  f.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(sizeof(T) * raw.size()));
+  SHARD_REQUIRE(f.good(), "'{}': reading {} tokens failed", path, count);
+  std::vector<int32_t> out(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if constexpr (sizeof(T) == 4)
+      SHARD_REQUIRE(raw[i] <= static_cast<uint32_t>(INT32_MAX), "'{}': token {} at position {} is past 2^31 - 1",
+                    path, raw[i], i);
+    out[i] = static_cast<int32_t>(raw[i]);
+  }
+  return out;
+}
+}  // namespace
+
 TokenStream load_llmc_bin(const std::string& path) {
   require_not_directory(path);
   std::ifstream f(path, std::ios::binary);
@@ -32,17 +54,41 @@ TokenStream load_llmc_bin(const std::string& path) {
   SHARD_REQUIRE(!ec && size >= 1024, "'{}' is too short for an llm.c token file header (1024 bytes)", path);
   int32_t header[256];
   f.read(reinterpret_cast<char*>(header), sizeof(header));
-  SHARD_REQUIRE(header[0] == 20240520, "'{}' is not an llm.c token file: magic {} (expected 20240520)", path, header[0]);
-  SHARD_REQUIRE(header[1] == 1, "'{}': llm.c token file version {} (shardlab reads version 1)", path, header[1]);
-  int64_t count = header[2];
-  SHARD_REQUIRE(count >= 0 && 1024 + 2 * static_cast<uint64_t>(count) <= size,
-                "'{}' is truncated: header promises {} tokens, the file holds {}", path, count,
-                (size - 1024) / 2);
-  std::vector<uint16_t> raw(static_cast<size_t>(count));
-  f.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(2 * count));
-  SHARD_REQUIRE(f.good(), "'{}': reading {} tokens failed", path, count);
-  TokenStream s{std::vector<int32_t>(raw.begin(), raw.end()), path};
-  return s;
+  const int32_t magic = header[0], version = header[1];
+  SHARD_REQUIRE(magic == kMagic16 || magic == kMagic32, "'{}' is not an llm.c token file: magic {} (expected {}), nor "
+                "{} (the uint32 form)", path, magic, kMagic16, kMagic32);
+  const bool wide = magic == kMagic32;
+  SHARD_REQUIRE(version == (wide ? kVersion32 : kVersion16), "'{}': llm.c token file version {} with magic {} "
+                "(shardlab reads magic {} version {}: uint16 tokens, and magic {} version {}: uint32 tokens)", path,
+                version, magic, kMagic16, kVersion16, kMagic32, kVersion32);
+  const int64_t count = header[2];
+  const uint64_t width = wide ? 4 : 2;
+  SHARD_REQUIRE(count >= 0 && 1024 + width * static_cast<uint64_t>(count) <= size,
+                "'{}' is truncated: header promises {} tokens, the file holds {}", path, count, (size - 1024) / width);
+  return {wide ? read_tokens<uint32_t>(f, path, count) : read_tokens<uint16_t>(f, path, count), path};
+}
+
+void write_llmc_bin(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab) {
+  SHARD_REQUIRE(tokens.size() <= static_cast<size_t>(INT32_MAX), "'{}': {} tokens are more than an llm.c token file "
+                "holds (2^31 - 1)", path, tokens.size());
+  auto bad = std::find_if(tokens.begin(), tokens.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
+  SHARD_REQUIRE(bad == tokens.end(), "'{}': token {} at position {} does not fit the vocabulary of {}", path,
+                bad == tokens.end() ? 0 : *bad, bad - tokens.begin(), vocab);
+  const bool wide = vocab > 65536;
+  int32_t header[256] = {};
+  header[0] = wide ? kMagic32 : kMagic16;
+  header[1] = wide ? kVersion32 : kVersion16;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  SHARD_REQUIRE(f.good(), "cannot write token file '{}'", path);
+  f.write(reinterpret_cast<const char*>(header), sizeof(header));
+  if (wide) {
+    f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(4 * tokens.size()));
+  } else {
+    const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+    f.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(2 * narrow.size()));
+  }
+  SHARD_REQUIRE(f.good(), "writing token file '{}' failed", path);
 }
 
 TokenStream load_text_bytes(const std::string& path) {
@@ -55,6 +101,14 @@ TokenStream load_text_bytes(const std::string& path) {
   s.tokens.reserve(bytes.size());
   for (char c : bytes) s.tokens.push_back(static_cast<unsigned char>(c));
   return s;
+}
+
+TokenStream load_text_tokens(const std::string& path, const Tokenizer& tokenizer) {
+  require_not_directory(path);
+  std::ifstream f(path, std::ios::binary);
+  SHARD_REQUIRE(f.good(), "cannot open data file '{}'", path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return {tokenizer.encode(text), path};
 }
 
 TokenStream synthetic_stream(int64_t vocab, int64_t length) {
@@ -102,13 +156,13 @@ DataSource describe_source(const std::string& what) {
   return {what, size, fmt::format("fnv1a64:{:016x}", h)};
 }
 
-TokenStream load_tokens(const std::string& what, int64_t vocab) {
+TokenStream load_tokens(const std::string& what, int64_t vocab, const Tokenizer* tokenizer) {
   TokenStream s;
   if (what == "synthetic") {
     s = synthetic_stream(vocab);
   } else {
     bool bin = what.size() >= 4 && what.compare(what.size() - 4, 4, ".bin") == 0;
-    s = bin ? load_llmc_bin(what) : load_text_bytes(what);
+    s = bin ? load_llmc_bin(what) : tokenizer ? load_text_tokens(what, *tokenizer) : load_text_bytes(what);
   }
   auto bad = std::find_if(s.tokens.begin(), s.tokens.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
   SHARD_REQUIRE(bad == s.tokens.end(), "'{}': token {} at position {} does not fit the model's vocabulary of {}",

@@ -1,8 +1,13 @@
 // data.hpp — token streams and the batching rule every strategy and world size shares.
 //
-// Sources: llm.c `.bin` shards (a 256 x int32 header: magic 20240520, version 1, token count; then
-// uint16 tokens), any other file as bytes (vocab 256), or "synthetic": an embedded deterministic
-// stream a small model visibly learns, so the main job needs no download.
+// Sources: llm.c `.bin` shards, any other file as text (its bytes, vocab 256, or with --tokenizer
+// its tokens), or "synthetic": an embedded deterministic stream a small model visibly learns, so the
+// main job needs no download.
+//
+// An llm.c token file is a 256 x int32 header (magic, version, token count; the rest zero), then the
+// tokens, in one of the two forms llm.c's dev/data/data_common.py writes:
+//   magic 20240520, version 1: uint16 tokens (GPT-2's, ids up to 65,535)
+//   magic 20240801, version 7: uint32 tokens (Llama 3's vocabulary of 128,256)
 //
 // Batching: sequence j is tokens[j*T : j*T + T + 1] (inputs the first T, targets the last T).
 // Step t's global batch is sequences t*B .. t*B + B - 1, modulo the number of sequences; rank r
@@ -29,11 +34,18 @@ struct TokenStream {
   std::string source;  // for messages: the path, or "synthetic"
 };
 
-// "synthetic", a path ending in .bin (llm.c shard), or any other path (bytes). Checks that every
-// token fits the vocabulary; throws InputError naming the file and the offending value.
-TokenStream load_tokens(const std::string& what, int64_t vocab);
+class Tokenizer;
+
+// "synthetic", a path ending in .bin (llm.c shard), or any other path: text, encoded by `tokenizer`
+// when there is one, else its bytes. Checks that every token fits the vocabulary; throws InputError
+// naming the file and the offending value.
+TokenStream load_tokens(const std::string& what, int64_t vocab, const Tokenizer* tokenizer = nullptr);
 TokenStream load_llmc_bin(const std::string& path);
 TokenStream load_text_bytes(const std::string& path);
+TokenStream load_text_tokens(const std::string& path, const Tokenizer& tokenizer);
+// Writes an llm.c token file: the uint16 form when vocab <= 65,536 and every id fits, else uint32.
+// InputError for an id outside [0, vocab) or more tokens than the header's int32 count holds.
+void write_llmc_bin(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab);
 // A first-order Markov chain over `vocab` tokens in which each token has four likely successors:
 // a model that learns it goes from ln(vocab) to about 1.2 nats. Same stream for every run.
 TokenStream synthetic_stream(int64_t vocab, int64_t length = 1 << 20);

@@ -44,7 +44,7 @@ int32_t sample_token(std::span<const float> logits, const SampleConfig& c, int64
   return order[k - 1];
 }
 
-std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, const Gpt2Tokenizer* tokenizer) {
+std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, const Tokenizer* tokenizer) {
   if (tokenizer) {
     SHARD_REQUIRE(static_cast<int64_t>(tokenizer->size()) <= vocab,
                   "--tokenizer has {} tokens, more than the model's vocabulary of {}", tokenizer->size(), vocab);
@@ -79,7 +79,7 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, con
   return out;
 }
 
-std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab, const Gpt2Tokenizer* tokenizer) {
+std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab, const Tokenizer* tokenizer) {
   if (tokenizer) {  // ids past the tokenizer's (a padded vocabulary) print as <id>
     std::string out;
     for (int32_t t : tokens)

@@ -12,7 +12,7 @@
 
 namespace shardlab {
 
-class Gpt2Tokenizer;
+class Tokenizer;
 
 struct SampleConfig {
   int64_t tokens = 64;       // tokens to generate
@@ -28,12 +28,12 @@ struct SampleConfig {
 // temperature) over the top_k largest, with a uniform number of (seed, stream, index). Deterministic.
 int32_t sample_token(std::span<const float> logits, const SampleConfig& c, int64_t index);
 
-// Prompt text to tokens: with a tokenizer (--tokenizer: GPT-2's BPE), its encoding; else bytes for a
+// Prompt text to tokens: with a tokenizer (--tokenizer: byte-level BPE), its encoding; else bytes for a
 // byte-level model (vocab 256, or smaller: then every byte must be below vocab), else token ids
 // separated by spaces or commas. InputError names a byte or id outside the vocabulary.
-std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, const Gpt2Tokenizer* tokenizer = nullptr);
+std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, const Tokenizer* tokenizer = nullptr);
 // Tokens as text: the tokenizer's decoding when there is one, bytes for vocab <= 256, else the ids
 // separated by spaces.
-std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab, const Gpt2Tokenizer* tokenizer = nullptr);
+std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab, const Tokenizer* tokenizer = nullptr);
 
 }  // namespace shardlab

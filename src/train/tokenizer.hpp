@@ -1,40 +1,82 @@
-// tokenizer.hpp — GPT-2's byte-level BPE, from the two files OpenAI published with the model:
-// encoder.json (token string -> id) and vocab.bpe (the merges, in priority order).
+// tokenizer.hpp — byte-level BPE, read from either of the two forms models ship it in:
 //
-// Tokens are byte strings: GPT-2 writes each byte as a printable code point (the "bytes to
-// unicode" table), which this reader maps back once, so encoding and decoding work on raw bytes.
-// Text is first split as GPT-2's pattern splits it (contractions, an optional space with a run of
-// letters, of digits or of other symbols, runs of whitespace), then each piece is merged pair by
-// pair, lowest merge rank first. Letters and digits are classified for ASCII; every other
-// (UTF-8, non-ASCII) character counts as a letter, which matches GPT-2 for letters of any script
-// and differs only for non-ASCII digits and punctuation. Decoding is exact for any ids.
+//  * DIR/tokenizer.json (Hugging Face `tokenizers`): a "BPE" model with a ByteLevel pre-tokenizer
+//    and decoder, as GPT-2, Llama 3 and SmolLM ship. What encode computes equals HF's
+//    `Tokenizer.encode(text, add_special_tokens=False).ids`:
+//      - added tokens (<|endoftext|>, <|begin_of_text|>, ...) are cut out of the text first, as HF
+//        does whether or not add_special_tokens is set (leftmost, then longest; those with
+//        "normalized": false before those with true);
+//      - each remaining segment passes the pre-tokenizers in order: ByteLevel (GPT-2's split
+//        pattern when use_regex), Split with GPT-2's or Llama 3's pattern (pretokenize.hpp), Digits;
+//      - each piece is merged pair by pair, lowest merge rank first (leftmost among equal ranks),
+//        or taken whole when the model has ignore_merges and the vocabulary holds it.
+//    The post-processor (a BOS template) is what add_special_tokens adds, and is not applied.
+//    Anything else (WordPiece, Unigram, Metaspace BPE like Llama 2's, byte fallback, dropout,
+//    normalizers, other regexes, added tokens with lstrip/rstrip/single_word) is refused by name.
+//  * DIR/encoder.json and DIR/vocab.bpe: GPT-2's files as OpenAI published them (used when there
+//    is no tokenizer.json). GPT-2's split pattern; no added tokens (<|endoftext|> in text is text).
+//
+// Tokens are byte strings: byte-level BPE writes each byte as a printable code point (the "bytes to
+// unicode" table), which the reader maps back once, so encoding and decoding work on raw bytes and
+// decoding is exact for any ids (an added token decodes to its text).
 #pragma once
 #include <cstdint>
-#include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "src/model/family.hpp"
+#include "src/train/pretokenize.hpp"
+
 namespace shardlab {
 
-class Gpt2Tokenizer {
+class Tokenizer {
  public:
-  // Reads dir/encoder.json and dir/vocab.bpe; InputError names a missing or malformed file.
-  explicit Gpt2Tokenizer(const std::string& dir);
-  std::vector<int32_t> encode(const std::string& text) const;
+  // DIR/tokenizer.json when it exists, else DIR/encoder.json with DIR/vocab.bpe. InputError names a
+  // missing or malformed file, and the component of a tokenizer.json shardlab does not implement.
+  explicit Tokenizer(const std::string& dir);
+  TokenizerKind kind() const { return kind_; }
+  const std::string& source() const { return source_; }  // its tokenizer.json or directory, for messages
+  std::vector<int32_t> encode(std::string_view text) const;
   std::string decode(std::span<const int32_t> ids) const;  // InputError for an id outside the vocabulary
-  size_t size() const { return tokens_.size(); }
+  size_t size() const { return tokens_.size(); }           // the largest id + 1
 
  private:
-  std::vector<std::string> bpe(const std::string& piece) const;
+  struct Merge {
+    int32_t rank;
+    int32_t id;  // the merged token
+  };
+  struct AddedToken {
+    std::string text;
+    int32_t id;
+    bool normalized;  // matched after those that are not
+  };
+  enum class PreTokenizer : uint8_t { gpt2, llama3, digits, digits_individual };
 
-  std::vector<std::string> tokens_;                 // id -> bytes
-  std::unordered_map<std::string, int32_t> ids_;    // bytes -> id
-  std::unordered_map<std::string, int> ranks_;      // merge key(a, b) -> priority (lower first)
+  void read_gpt2_files(const std::string& dir);
+  void read_hf_json(const std::string& path);
+  void read_hf_model(const nlohmann::json& model);
+  void read_hf_pre_tokenizer(const nlohmann::json& pre);
+  void read_hf_added_tokens(const nlohmann::json& added);
+  void add_token(int32_t id, std::string bytes);
+  void add_merge(const std::string& a, const std::string& b, int32_t rank);
+  void encode_segment(std::string_view text, size_t stage, std::vector<int32_t>& out,
+                      std::unordered_map<std::string, std::vector<int32_t>>& cache) const;
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+
+  TokenizerKind kind_ = TokenizerKind::gpt2_bpe;
+  std::string source_;
+  std::vector<std::string> tokens_;                  // id -> bytes
+  std::vector<bool> has_token_;                      // ids the files define (a vocabulary may have holes)
+  std::unordered_map<std::string, int32_t> vocab_;   // bytes -> id (the model's vocabulary, not added tokens)
+  int32_t byte_ids_[256];                            // id of each single byte (-1: none)
+  std::unordered_map<uint64_t, Merge> merges_;       // (left id << 32 | right id) -> merge
+  std::vector<AddedToken> added_;                    // longest first
+  std::vector<PreTokenizer> pre_;                    // in order
+  bool ignore_merges_ = false;
 };
-
-// GPT-2's pre-tokenisation of text into pieces (exposed for tests).
-std::vector<std::string> gpt2_split(const std::string& text);
 
 }  // namespace shardlab

@@ -67,10 +67,11 @@ Trainer::Streams Trainer::load_streams(const TrainConfig& cfg, std::shared_ptr<c
     auto val = std::make_shared<TokenStream>(split_tail(*train, cfg.val_fraction));
     return {std::move(train), std::move(val)};
   }
-  auto train = std::make_shared<TokenStream>(load_tokens(cfg.data, cfg.spec.vocab));
+  auto train = std::make_shared<TokenStream>(load_tokens(cfg.data, cfg.spec.vocab, cfg.tokenizer.get()));
   std::shared_ptr<TokenStream> val;
   if (cfg.val_fraction != 0) val = std::make_shared<TokenStream>(split_tail(*train, cfg.val_fraction));
-  else if (!cfg.val_data.empty()) val = std::make_shared<TokenStream>(load_tokens(cfg.val_data, cfg.spec.vocab));
+  else if (!cfg.val_data.empty())
+    val = std::make_shared<TokenStream>(load_tokens(cfg.val_data, cfg.spec.vocab, cfg.tokenizer.get()));
   return {std::move(train), std::move(val)};
 }
 

@@ -55,7 +55,7 @@ struct TrainConfig : StepConfig {
   bool save_best = false;     // keep save_dir/best -> the checkpoint of the lowest validation loss
   int64_t sample_every = 0;   // print a sample from rank 0 every K steps (0 = never)
   std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
-  std::shared_ptr<const Gpt2Tokenizer> tokenizer;  // --tokenizer: prompts and samples as text (GPT-2 BPE)
+  std::shared_ptr<const Tokenizer> tokenizer;  // --tokenizer: prompts, samples and text --data as tokens
   SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
   std::string options_origin;  // the header's "options:" line, where each non-default came from ("" = none)
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
