@@ -6,13 +6,14 @@
 
 #include "src/core/check.hpp"
 #include "src/model/gpt2/gpt2.hpp"
+#include "src/model/llama/llama.hpp"
 
 namespace shardlab {
 namespace {
 
 // Indexed by FamilyId.
-const std::array<const ModelFamily*, 1>& registry() {
-  static const std::array<const ModelFamily*, 1> families = {&gpt2_family()};
+const std::array<const ModelFamily*, 2>& registry() {
+  static const std::array<const ModelFamily*, 2> families = {&gpt2_family(), &llama_family()};
   return families;
 }
 
@@ -36,6 +37,7 @@ void check_tp(int tp_degree, int tp_rank) {
 const char* tokenizer_name(TokenizerKind t) {
   switch (t) {
     case TokenizerKind::gpt2_bpe: return "gpt2-bpe";
+    case TokenizerKind::hf_byte_bpe: return "hf-byte-bpe";
   }
   return "?";
 }

@@ -1,7 +1,7 @@
 // family.hpp — ModelFamily: everything shardlab knows about one kind of model, and the registry
 // that finds a family by name or from a ModelSpec.
 //
-// A family is a folder under src/model/ (gpt2/ today) with the same few parts: presets and the
+// A family is a folder under src/model/ (gpt2/, llama/) with the same few parts: presets and the
 // spec from a Hugging Face config.json, the unit layout (for a tensor-parallel degree and rank),
 // the units, the state-dict adapter to HF tensor names, FLOPs per token and the tokenizer it
 // uses. Everything else (runner, strategies, trainer, checkpoints, predictions) asks
@@ -25,8 +25,11 @@ struct ModelPreset {
 };
 
 // The tokenizer a family's checkpoints expect (src/train/tokenizer.hpp implements them).
-enum class TokenizerKind : uint8_t { gpt2_bpe };  // GPT-2's byte-level BPE (encoder.json, vocab.bpe)
-const char* tokenizer_name(TokenizerKind t);      // "gpt2-bpe"
+enum class TokenizerKind : uint8_t {
+  gpt2_bpe,     // GPT-2's byte-level BPE (encoder.json, vocab.bpe)
+  hf_byte_bpe,  // a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, SmolLM)
+};
+const char* tokenizer_name(TokenizerKind t);  // "gpt2-bpe", "hf-byte-bpe"
 
 class ModelFamily {
  public:
