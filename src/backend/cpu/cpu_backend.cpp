@@ -179,15 +179,17 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // ---- the layers' operations: embeddings, normalisation, activations, attention, losses ----
+  // ---- the layers' operations: embeddings, normalisation, positions, activations, attention, losses ----
   void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override {
     const int64_t C = embedding_shape(out, wte, wpe, B, T);
-    cpu::embedding_forward(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.ptr<float>(), B, T, C, wte.dim(0));
+    cpu::embedding_forward(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.data() ? wpe.ptr<float>() : nullptr, B, T, C,
+                           wte.dim(0));
   }
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                           int64_t T) override {
     const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
-    cpu::embedding_backward(dwte.ptr<float>(), dwpe.ptr<float>(), dout.ptr<float>(), tokens, B, T, C);
+    cpu::embedding_backward(dwte.ptr<float>(), dwpe.data() ? dwpe.ptr<float>() : nullptr, dout.ptr<float>(), tokens,
+                            B, T, C);
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
                          float eps) override {
@@ -201,6 +203,19 @@ class CpuBackend final : public Backend {
     cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
                             inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N, C);
   }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) override {
+    const auto [N, C] = rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
+    cpu::rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C, eps);
+  }
+  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override {
+    const auto [N, C] = rmsnorm_backward_shape(dinp, dweight, dout, inp, weight, rstd);
+    cpu::rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
+                          weight.ptr<float>(), rstd.ptr<float>(), N, C);
+  }
+  void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse) override {
+    const auto [B, T, W] = rope_shape(x, heads, head_dim, freqs);
+    cpu::rope(x.ptr<float>(), B, T, W, heads, head_dim, freqs, pos0, inverse);
+  }
   void gelu_forward(Tensor out, Tensor inp) override {
     check_same_numel(out, inp, "gelu_forward");
     cpu::gelu_forward(out.ptr<float>(), inp.ptr<float>(), inp.numel());
@@ -210,18 +225,25 @@ class CpuBackend final : public Backend {
     check_same_numel(dout, inp, "gelu_backward");
     cpu::gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel());
   }
+  void swiglu_forward(Tensor out, Tensor gate_up) override {
+    const auto [N, F] = swiglu_shape(out, gate_up, "swiglu_forward");
+    cpu::swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F);
+  }
+  void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) override {
+    const auto [N, F] = swiglu_shape(dout, gate_up, "swiglu_backward");
+    check_same_numel(dgate_up, gate_up, "swiglu_backward");
+    cpu::swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F);
+  }
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override {
     auto [B, T, C] = attention_shape(qkv, out, att, H, KV, "attention_forward");
-    SHARD_CHECK(KV == H, "attention_forward: grouped-query heads (H={} KV={}) are not implemented on the CPU yet", H, KV);
-    cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, C, H);
+    cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, C, H, KV);
   }
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                           Tensor scratch) override {
     auto [B, T, C] = attention_shape(qkv, dout, att, H, KV, "attention_backward");
-    SHARD_CHECK(KV == H, "attention_backward: grouped-query heads (H={} KV={}) are not implemented on the CPU yet", H, KV);
     check_attention_backward(dqkv, qkv, scratch, T, H);
     cpu::attention_backward(dqkv.ptr<float>(), scratch.ptr<float>(), dout.ptr<float>(), qkv.ptr<float>(),
-                            att.ptr<float>(), B, T, C, H);
+                            att.ptr<float>(), B, T, C, H, KV);
   }
   void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                      float dloss_scale) override {

@@ -1,11 +1,13 @@
-// kernels.cpp — the CPU backend's layer (embedding, LayerNorm, GELU, attention, cross-entropy) and
-// optimizer kernels.
+// kernels.cpp — the CPU backend's layer (embedding, LayerNorm, RMSNorm, rotary positions, GELU,
+// SwiGLU, attention, cross-entropy) and optimizer kernels.
 //
 // Threads: loops over rows run under OpenMP with a static schedule, so results do not depend on
 // timing. Reductions across rows (LayerNorm's weight/bias gradients, embedding gradients) are
 // done per thread and folded in thread order, so a run is bit-reproducible at a given thread count.
-// Attention reads q, k, v straight out of the fused (B, T, 3C) buffer with leading dimension 3C and
-// writes head h's output into columns [h*hs, (h+1)*hs) of (B, T, C): no permutation copies.
+// Attention reads q, k, v straight out of the fused (B, T, (H + 2 KV) hs) buffer through its leading
+// dimension and writes head h's output into columns [h*hs, (h+1)*hs) of (B, T, C): no permutation
+// copies. With KV == H these are GPT-2's (B, T, 3C) and the very same GEMM calls as before grouped
+// heads existed, so multi-head results did not change by a bit.
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cpu/gemm.hpp"
 
@@ -37,10 +39,14 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
   for (int64_t bt = 0; bt < B * T; ++bt) {
     int32_t tok = tokens[bt];
     const float* e = wte + tok * C;
-    const float* p = wpe + (bt % T) * C;
     float* o = out + bt * C;
+    if (wpe) {
+      const float* p = wpe + (bt % T) * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    } else {
+      std::copy_n(e, C, o);
+    }
   }
 }
 
@@ -50,11 +56,12 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   for (int64_t bt = 0; bt < B * T; ++bt) {
     const float* d = dout + bt * C;
     float* e = dwte + static_cast<int64_t>(tokens[bt]) * C;
-    float* p = dwpe + (bt % T) * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) {
-      e[c] += d[c];
-      p[c] += d[c];
+    for (int64_t c = 0; c < C; ++c) e[c] += d[c];
+    if (dwpe) {
+      float* p = dwpe + (bt % T) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) p[c] += d[c];
     }
   }
 }
@@ -123,6 +130,92 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
   }
 }
 
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* x = inp + i * C;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
+    const float r = 1.f / std::sqrt(ss / C + eps);
+    float* o = out + i * C;
+    // (x r) w, HF's order: the normalised row is rounded before the weight multiplies it.
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = (x[c] * r) * w[c];
+    rstd[i] = r;
+  }
+}
+
+// With xhat = x r: dx = r (w dy - xhat mean(w dy xhat)); dw = sum over rows of dy xhat, per-thread
+// partials folded in thread order as layernorm_backward does.
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
+                      int64_t N, int64_t C) {
+  const int threads = (N * C > kParallelMin) ? omp_get_max_threads() : 1;
+  std::vector<float> partial(static_cast<size_t>(threads) * C, 0.f);
+#pragma omp parallel num_threads(threads)
+  {
+    float* pdw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * C;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const float* x = inp + i * C;
+      const float* d = dout + i * C;
+      const float r = rstd[i];
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < C; ++c) dot += w[c] * d[c] * (x[c] * r);
+      dot /= C;
+      float* di = dinp + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = x[c] * r;
+        pdw[c] += d[c] * xhat;
+        di[c] += (w[c] * d[c] - xhat * dot) * r;
+      }
+    }
+  }
+  for (int t = 0; t < threads; ++t) {
+    const float* pdw = partial.data() + static_cast<size_t>(t) * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) dw[c] += pdw[c];
+  }
+}
+
+void rope(float* x, int64_t B, int64_t T, int64_t W, int64_t heads, int64_t head_dim, const RopeFreqs& freqs,
+          int64_t pos0, bool inverse) {
+  const int64_t half = head_dim / 2;
+  // cos and sin per (t, i), shared by every batch entry and head: libm's cosf and sinf are scalar
+  // calls, so computing them once keeps the rotation itself a plain vector loop.
+  std::vector<float> table(static_cast<size_t>(T) * 2 * half);
+  const float sign = inverse ? -1.f : 1.f;
+#pragma omp parallel for schedule(static) if (T * half > kParallelMin / 16)
+  for (int64_t t = 0; t < T; ++t) {
+    const float pos = static_cast<float>(pos0 + t);
+    float* c = table.data() + t * 2 * half;
+    float* s = c + half;
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = pos * freqs.inv_freq[i];
+      c[i] = std::cos(angle);
+      s[i] = sign * std::sin(angle);
+    }
+  }
+#pragma omp parallel for schedule(static) if (B * T * heads * head_dim > kParallelMin)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const float* c = table.data() + (bt % T) * 2 * half;
+    const float* s = c + half;
+    float* row = x + bt * W;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x1 = row + h * head_dim;
+      float* x2 = x1 + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x1[i], b = x2[i];
+        x1[i] = a * c[i] - b * s[i];
+        x2[i] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
 void add_bias(float* x, const float* bias, int64_t N, int64_t OC) {
 #pragma omp parallel for schedule(static) if (N * OC > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
@@ -185,15 +278,48 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
   }
 }
 
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H) {
-  const int64_t hs = C / H, C3 = 3 * C;
+// silu(g) = g sigmoid(g), with e^-g from fast_exp so the loops vectorize; its clamp to e^87 only
+// touches g < -87, where silu is below 1e-36 either way.
+void swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static) if (N * F > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* g = gate_up + i * 2 * F;
+    const float* u = g + F;
+    float* o = out + i * F;
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) o[j] = g[j] / (1.f + fast_exp(-g[j])) * u[j];
+  }
+}
+
+// d silu(g) / dg = sig (1 + g (1 - sig)).
+void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static) if (N * F > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* g = gate_up + i * 2 * F;
+    const float* u = g + F;
+    const float* d = dout + i * F;
+    float* dg = dgate_up + i * 2 * F;
+    float* du = dg + F;
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) {
+      const float sig = 1.f / (1.f + fast_exp(-g[j]));
+      dg[j] = d[j] * u[j] * sig * (1.f + g[j] * (1.f - sig));
+      du[j] = d[j] * g[j] * sig;
+    }
+  }
+}
+
+// Query head h reads K/V head h / (H / KV), at column C + (h / group) hs of the row (v KV hs further).
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                       int64_t KV) {
+  const int64_t hs = C / H, C3 = C + 2 * KV * hs, group = H / KV;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel for schedule(static) if (B * H > 1 && B * T * C > kParallelMin)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     int64_t b = bh / H, h = bh % H;
     const float* q = qkv + b * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
+    const float* k = qkv + b * T * C3 + C + (h / group) * hs;
+    const float* v = k + KV * hs;
     float* a = att + bh * T * T;
     sgemm(Trans::N, Trans::T, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);  // scores, scaled
     for (int64_t t = 0; t < T; ++t) {
@@ -214,35 +340,41 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
   }
 }
 
+// One thread owns a K/V head and its group of query heads, so dk and dv (sums over the group, the
+// first head's GEMM writing and the others' adding in head order) have a single writer and a fixed
+// order. With KV == H each group is one head and every call is the multi-head one.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
-                        int64_t T, int64_t C, int64_t H) {
-  const int64_t hs = C / H, C3 = 3 * C;
+                        int64_t T, int64_t C, int64_t H, int64_t KV) {
+  const int64_t hs = C / H, C3 = C + 2 * KV * hs, group = H / KV;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b) {
-#pragma omp parallel for schedule(static) if (H > 1 && T * C > kParallelMin)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + b * T * C3 + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* a = att + (b * H + h) * T * T;
-      const float* dh = dout + b * T * C + h * hs;
-      float* da = scratch + h * T * T;
-      sgemm(Trans::N, Trans::T, T, T, hs, 1.f, dh, C, v, C3, 0.f, da, T);  // d(att) = dh v^T
-      sgemm(Trans::T, Trans::N, T, hs, T, 1.f, a, T, dh, C, 0.f, dv, C3);  // dv = att^T dh
-      // Softmax backward, folding in the score scale: d(pre) = att * (datt - <att, datt>) * scale.
-      for (int64_t t = 0; t < T; ++t) {
-        const float* ar = a + t * T;
-        float* dr = da + t * T;
-        float dot = 0.f;
-        for (int64_t s = 0; s <= t; ++s) dot += ar[s] * dr[s];
-        for (int64_t s = 0; s <= t; ++s) dr[s] = ar[s] * (dr[s] - dot) * scale;
-        for (int64_t s = t + 1; s < T; ++s) dr[s] = 0.f;
+#pragma omp parallel for schedule(static) if (KV > 1 && T * C > kParallelMin)
+    for (int64_t g = 0; g < KV; ++g) {
+      const float* k = qkv + b * T * C3 + C + g * hs;
+      const float* v = k + KV * hs;
+      float* dk = dqkv + b * T * C3 + C + g * hs;
+      float* dv = dk + KV * hs;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float beta = h == g * group ? 0.f : 1.f;  // the group's first head writes dk, dv; the rest add
+        const float* q = qkv + b * T * C3 + h * hs;
+        float* dq = dqkv + b * T * C3 + h * hs;
+        const float* a = att + (b * H + h) * T * T;
+        const float* dh = dout + b * T * C + h * hs;
+        float* da = scratch + h * T * T;
+        sgemm(Trans::N, Trans::T, T, T, hs, 1.f, dh, C, v, C3, 0.f, da, T);   // d(att) = dh v^T
+        sgemm(Trans::T, Trans::N, T, hs, T, 1.f, a, T, dh, C, beta, dv, C3);  // dv (+)= att^T dh
+        // Softmax backward, folding in the score scale: d(pre) = att * (datt - <att, datt>) * scale.
+        for (int64_t t = 0; t < T; ++t) {
+          const float* ar = a + t * T;
+          float* dr = da + t * T;
+          float dot = 0.f;
+          for (int64_t s = 0; s <= t; ++s) dot += ar[s] * dr[s];
+          for (int64_t s = 0; s <= t; ++s) dr[s] = ar[s] * (dr[s] - dot) * scale;
+          for (int64_t s = t + 1; s < T; ++s) dr[s] = 0.f;
+        }
+        sgemm(Trans::N, Trans::N, T, hs, T, 1.f, da, T, k, C3, 0.f, dq, C3);    // dq = dpre k
+        sgemm(Trans::T, Trans::N, T, hs, T, 1.f, da, T, q, C3, beta, dk, C3);  // dk (+)= dpre^T q
       }
-      sgemm(Trans::N, Trans::N, T, hs, T, 1.f, da, T, k, C3, 0.f, dq, C3);  // dq = dpre k
-      sgemm(Trans::T, Trans::N, T, hs, T, 1.f, da, T, q, C3, 0.f, dk, C3);  // dk = dpre^T q
     }
   }
 }

@@ -17,6 +17,7 @@ inline constexpr int64_t kParallelMin = 1 << 14;
 void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// wpe / dwpe may be nullptr: no learned positions.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
                        int64_t C, int64_t V);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
@@ -25,12 +26,23 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        int64_t N, int64_t C, float eps);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int64_t N, int64_t C);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps);
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
+                      int64_t N, int64_t C);
+// x (B*T rows of W); the first `heads` heads of head_dim channels rotate, positions pos0 + t.
+void rope(float* x, int64_t B, int64_t T, int64_t W, int64_t heads, int64_t head_dim, const RopeFreqs& freqs,
+          int64_t pos0, bool inverse);
 void add_bias(float* x, const float* bias, int64_t N, int64_t OC);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H);
+// gate_up (N, 2F) = [gate | up] per row; out, dout (N, F).
+void swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F);
+void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F);
+// qkv (B, T, (H + 2 KV) hd) = [q | k | v]; out (B, T, C = H hd); KV divides H.
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                       int64_t KV);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
-                        int64_t T, int64_t C, int64_t H);
+                        int64_t T, int64_t C, int64_t H, int64_t KV);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                    float dloss_scale);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a);

@@ -54,13 +54,27 @@ class MetaBackend final : public Backend {
   void sum_squares(Tensor, Tensor, bool) override {}
   void max_abs(Tensor, Tensor, bool) override {}
   void sum_rows(Tensor, Tensor, bool) override {}
-  // ---- the layers' operations: embeddings, normalisation, activations, attention, losses ----
+  // ---- the layers' operations: embeddings, normalisation, positions, activations, attention, losses ----
   void embedding_forward(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor) override {}
   void embedding_backward(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t) override {}
   void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float) override {}
   void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {}
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float) override {
+    rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
+  }
+  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override {
+    rmsnorm_backward_shape(dinp, dweight, dout, inp, weight, rstd);
+  }
+  void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t, bool) override {
+    rope_shape(x, heads, head_dim, freqs);
+  }
   void gelu_forward(Tensor, Tensor) override {}
   void gelu_backward(Tensor, Tensor, Tensor) override {}
+  void swiglu_forward(Tensor out, Tensor gate_up) override { swiglu_shape(out, gate_up, "swiglu_forward"); }
+  void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) override {
+    swiglu_shape(dout, gate_up, "swiglu_backward");
+    check_same_numel(dgate_up, gate_up, "swiglu_backward");
+  }
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override {
     attention_shape(qkv, out, att, H, KV, "attention_forward");
   }
