@@ -299,4 +299,7 @@ TEST_CASE("RoPE frequencies: HF's inv_freq, and Llama 3.1's bands", "[model][fam
     }
   }
   CHECK((kept > 0 && divided > 0 && between > 0));
+  // Bit for bit as transformers 5.23 computes it (LlamaRotaryEmbedding's inv_freq for this config):
+  // an interpolated frequency, where a fused multiply-add would land one ulp lower.
+  CHECK(scaled.inv_freq[29] == 0.0021665706299245358f);
 }

@@ -302,8 +302,9 @@ RopeFreqs llama_rope_freqs(const ModelSpec& s) {
     } else if (!(wavelen < high_wavelen)) {
       const float smooth = (old_context / wavelen - low) / band;
       const float stretched = (1.f - smooth) * inv / factor;
-      const float kept = smooth * inv;
-      f.inv_freq[i] = stretched + kept;
+      // This file is compiled with -ffp-contract=off (CMakeLists.txt): a fused multiply-add here
+      // rounds once where transformers rounds twice (Llama 3.1 405B's 30th frequency, one ulp).
+      f.inv_freq[i] = stretched + smooth * inv;
     }
   }
   return f;
