@@ -110,8 +110,13 @@ void add_dims(Desc& g, ModelOptions& m, const char* const (&shown)[5], const cha
 
 void ModelOptions::add(Desc& d) {
   Desc g("model");
-  g.add_options()("model", po::value(&preset)->default_value(preset),
-                  "preset: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl");
+  // Every family's presets, from the registry (README, "--model").
+  static const std::string presets = [] {
+    std::string s = "preset:";
+    for (const std::string& n : model_preset_names()) s += (s.back() == ':' ? " " : ", ") + n;
+    return s;
+  }();
+  g.add_options()("model", po::value(&preset)->default_value(preset), presets.c_str());
   const char* const shown[5] = {};
   const char* const preset_s[5] = {"the preset's", "the preset's", "the preset's", "the preset's", "the preset's"};
   add_dims(g, *this, shown, preset_s);
