@@ -6,13 +6,14 @@
 
 #include "src/core/check.hpp"
 #include "src/model/gpt2/gpt2.hpp"
+#include "src/model/llama/llama.hpp"
 
 namespace shardlab {
 namespace {
 
 // Indexed by FamilyId.
-const std::array<const ModelFamily*, 1>& registry() {
-  static const std::array<const ModelFamily*, 1> families = {&gpt2_family()};
+const std::array<const ModelFamily*, 2>& registry() {
+  static const std::array<const ModelFamily*, 2> families = {&gpt2_family(), &llama_family()};
   return families;
 }
 

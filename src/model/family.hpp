@@ -1,7 +1,7 @@
 // family.hpp — ModelFamily: everything shardlab knows about one kind of model, and the registry
 // that finds a family by name or from a ModelSpec.
 //
-// A family is a folder under src/model/ (gpt2/ today) with the same few parts: presets and the
+// A family is a folder under src/model/ (gpt2/, llama/) with the same few parts: presets and the
 // spec from a Hugging Face config.json, the unit layout (for a tensor-parallel degree and rank),
 // the units, the state-dict adapter to HF tensor names, FLOPs per token and the tokenizer it
 // uses. Everything else (runner, strategies, trainer, checkpoints, predictions) asks

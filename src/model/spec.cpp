@@ -26,13 +26,58 @@ void ModelSpec::validate() const {
   SHARD_REQUIRE(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps < 1, "norm_eps {}: must be in (0, 1)", norm_eps);
   SHARD_REQUIRE(std::isfinite(rope_theta) && rope_theta >= 0, "rope_theta {}: must be 0 (none) or positive",
                 rope_theta);
+  if (rope_scaling.enabled()) {
+    const RopeScaling& r = rope_scaling;
+    // HF's llama3 formula divides by high_freq_factor - low_freq_factor and by each factor.
+    SHARD_REQUIRE(rope_theta > 0, "rope_scaling needs a rotary embedding: rope_theta is {}", rope_theta);
+    SHARD_REQUIRE(std::isfinite(r.factor) && r.factor > 0 && std::isfinite(r.low_freq_factor) &&
+                      std::isfinite(r.high_freq_factor) && r.low_freq_factor > 0 &&
+                      r.high_freq_factor > r.low_freq_factor && r.original_max_positions >= 1,
+                  "rope_scaling factor {} low_freq_factor {} high_freq_factor {} original_max_position_embeddings {}: "
+                  "need factor > 0, 0 < low_freq_factor < high_freq_factor and original positions >= 1",
+                  r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_positions);
+  }
   family_of(*this).check(*this);
 }
 
 std::string ModelSpec::describe() const {
   double p = static_cast<double>(num_params(family_of(*this).layout(*this)));
-  return fmt::format("{} (L={} C={} H={} T={} V={}, {:.2f}M params)", name, layers, dim, heads, seq, vocab, p / 1e6);
+  // The fields past GPT-2's six only where they differ from GPT-2's, so its descriptions read as before.
+  const ModelSpec d;
+  std::string extra, rope;
+  if (kv_heads != d.kv_heads) extra += fmt::format(" KV={}", kv_heads);
+  if (ffn_dim != d.ffn_dim) extra += fmt::format(" F={}", ffn_dim);
+  if (rope_theta != d.rope_theta) rope += fmt::format(", RoPE theta {}", rope_theta);
+  if (rope_scaling.enabled())
+    rope += fmt::format(" scaled llama3 x{} ({}, {}, {})", rope_scaling.factor, rope_scaling.low_freq_factor,
+                        rope_scaling.high_freq_factor, rope_scaling.original_max_positions);
+  if (tied_head != d.tied_head) rope += tied_head ? ", tied head" : ", untied head";
+  return fmt::format("{} (L={} C={} H={}{} T={} V={}{}, {:.2f}M params)", name, layers, dim, heads, extra, seq, vocab,
+                     rope, p / 1e6);
 }
+
+namespace {
+RopeScaling rope_scaling_from_json(const nlohmann::json& r) {
+  SHARD_REQUIRE(r.is_object(), "\"rope_scaling\" must be an object, got {}", r.dump());
+  auto field = [&](const char* key) {
+    SHARD_REQUIRE(r.contains(key) && r[key].is_number(), "\"rope_scaling\": \"{}\" must be a number", key);
+    return r[key];
+  };
+  for (auto it = r.begin(); it != r.end(); ++it)
+    SHARD_REQUIRE(it.key() == "factor" || it.key() == "low_freq_factor" || it.key() == "high_freq_factor" ||
+                      it.key() == "original_max_position_embeddings",
+                  "\"rope_scaling\": unknown field \"{}\"", it.key());
+  RopeScaling s;
+  s.factor = field("factor").get<double>();
+  s.low_freq_factor = field("low_freq_factor").get<double>();
+  s.high_freq_factor = field("high_freq_factor").get<double>();
+  SHARD_REQUIRE(field("original_max_position_embeddings").is_number_integer(),
+                "\"rope_scaling\": \"original_max_position_embeddings\" must be an integer");
+  s.original_max_positions = r["original_max_position_embeddings"].get<int64_t>();
+  SHARD_REQUIRE(s.enabled(), "\"rope_scaling\": factor 0 (leave rope_scaling out for none)");
+  return s;
+}
+}  // namespace
 
 nlohmann::json spec_to_json(const ModelSpec& s) {
   nlohmann::json j = {{"family", family_of(s).name()}, {"name", s.name}, {"layers", s.layers}, {"dim", s.dim},
@@ -43,6 +88,11 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
   if (s.norm_eps != d.norm_eps) j["norm_eps"] = s.norm_eps;
   if (s.rope_theta != d.rope_theta) j["rope_theta"] = s.rope_theta;
   if (s.tied_head != d.tied_head) j["tied_head"] = s.tied_head;
+  if (s.rope_scaling.enabled())
+    j["rope_scaling"] = {{"factor", s.rope_scaling.factor},
+                         {"low_freq_factor", s.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", s.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", s.rope_scaling.original_max_positions}};
   return j;
 }
 
@@ -81,6 +131,7 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
     SHARD_REQUIRE(j["tied_head"].is_boolean(), "\"tied_head\" must be true or false");
     s.tied_head = j["tied_head"].get<bool>();
   }
+  if (j.contains("rope_scaling")) s.rope_scaling = rope_scaling_from_json(j["rope_scaling"]);
   s.validate();
   return s;
 }

@@ -13,7 +13,20 @@
 namespace shardlab {
 
 // The model families shardlab implements; family.hpp finds each one's ModelFamily.
-enum class FamilyId : uint8_t { gpt2 };
+enum class FamilyId : uint8_t { gpt2, llama };
+
+// Llama 3.1's RoPE frequency scaling (Hugging Face's rope_scaling of type "llama3"): wavelengths
+// longer than original_max_positions / low_freq_factor are stretched by `factor`, those shorter
+// than original_max_positions / high_freq_factor kept, and the band between interpolated.
+// factor 0: no scaling.
+struct RopeScaling {
+  double factor = 0;
+  double low_freq_factor = 0;
+  double high_freq_factor = 0;
+  int64_t original_max_positions = 0;  // HF's original_max_position_embeddings
+  bool enabled() const { return factor != 0; }
+  bool operator==(const RopeScaling&) const = default;
+};
 
 struct ModelSpec {
   std::string name = "custom";
@@ -30,6 +43,7 @@ struct ModelSpec {
   double norm_eps = 1e-5;  // the normalisation's epsilon
   double rope_theta = 0;   // rotary position embedding base; 0: none (learned positions, wpe)
   bool tied_head = true;   // the LM head is the token embedding's transpose
+  RopeScaling rope_scaling;  // none unless set (rope_theta > 0 then)
   int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t ffn_hidden() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
 
@@ -37,14 +51,17 @@ struct ModelSpec {
   std::string describe() const;  // "gpt2 (L=12 C=768 H=12 T=1024 V=50257, 124.44M params)"
 };
 
-// Every family's presets (family.hpp): tiny (tests), small (the embedded demo), gpt2, gpt2-medium,
-// gpt2-large, gpt2-xl. InputError naming the presets for an unknown name.
+// Every family's presets (family.hpp): GPT-2's tiny (tests), small (the embedded demo), gpt2,
+// gpt2-medium, gpt2-large, gpt2-xl; Llama's llama-tiny, llama-small, llama2-7b, llama3-8b,
+// llama3-70b, llama3-405b, tinyllama-1.1b, smollm-135m. InputError naming the presets for an
+// unknown name.
 ModelSpec model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 
 // {"family", "name", "layers", "dim", "heads", "seq", "vocab"}, and those of kv_heads, ffn_dim,
-// norm_eps, rope_theta and tied_head that differ from their defaults: the form checkpoints and
-// reports store.
+// norm_eps, rope_theta and tied_head that differ from their defaults, and "rope_scaling"
+// ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) when
+// set: the form checkpoints and reports store.
 nlohmann::json spec_to_json(const ModelSpec& spec);
 // The inverse, validated: each size must be an integer (at least 1; vocab at least 2), a present
 // "name" a string (absent: "custom"), a present "family" a known family's name (absent: gpt2, as

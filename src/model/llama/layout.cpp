@@ -1,0 +1,41 @@
+// layout.cpp — Llama's parameters: which tensors each unit owns, in HF's names and shapes
+// (nn.Linear weights (out, in)), with HF's initialisation (_init_weights: every matrix normal(0,
+// initializer_range 0.02), RMSNorm weights ones; no residual scaling, unlike GPT-2).
+//
+// Within a layer, q_proj, k_proj and v_proj follow one another in the unit's flat buffer, as do
+// gate_proj and up_proj: stacked, they are the ((H + 2 KV) hd, C) and (2F, C) matrices one GEMM
+// each multiplies by (units.cpp).
+#include "src/model/llama/llama.hpp"
+
+namespace shardlab {
+
+std::vector<UnitLayout> llama_layout(const ModelSpec& s) {
+  const int64_t C = s.dim, F = s.ffn_hidden(), hd = s.dim / s.heads;
+  const int64_t q_rows = s.heads * hd, kv_rows = s.num_kv_heads() * hd;
+  const float std = 0.02f;
+  std::vector<UnitLayout> units;
+  UnitLayout emb{"embedding", {}, 0};
+  add_tensor(emb, "model.embed_tokens.weight", {s.vocab, C}, Init::normal, std);
+  units.push_back(std::move(emb));
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    UnitLayout b{"layers." + std::to_string(l), {}, 0};
+    add_tensor(b, p + "input_layernorm.weight", {C}, Init::ones);
+    add_tensor(b, p + "self_attn.q_proj.weight", {q_rows, C}, Init::normal, std);
+    add_tensor(b, p + "self_attn.k_proj.weight", {kv_rows, C}, Init::normal, std);
+    add_tensor(b, p + "self_attn.v_proj.weight", {kv_rows, C}, Init::normal, std);
+    add_tensor(b, p + "self_attn.o_proj.weight", {C, q_rows}, Init::normal, std);
+    add_tensor(b, p + "post_attention_layernorm.weight", {C}, Init::ones);
+    add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std);
+    add_tensor(b, p + "mlp.up_proj.weight", {F, C}, Init::normal, std);
+    add_tensor(b, p + "mlp.down_proj.weight", {C, F}, Init::normal, std);
+    units.push_back(std::move(b));
+  }
+  UnitLayout head{"head", {}, 0};
+  add_tensor(head, "model.norm.weight", {C}, Init::ones);
+  if (!s.tied_head) add_tensor(head, "lm_head.weight", {s.vocab, C}, Init::normal, std);
+  units.push_back(std::move(head));
+  return units;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,49 @@
+// llama.hpp — Llama (Meta's Llama 2 and 3, and the models of its shape: TinyLlama, SmolLM), as
+// Hugging Face's LlamaForCausalLM computes it: a token embedding (no learned positions),
+// pre-RMSNorm decoder layers of causal grouped-query attention with rotary position embeddings
+// (HF's rotate_half convention, optionally Llama 3.1's frequency scaling) and a SwiGLU MLP, no
+// biases anywhere, then a final RMSNorm and an LM head that is its own matrix unless tied to the
+// embedding. Tensor names and layouts are HF's (nn.Linear weights stored (out, in)), so HF files
+// load as they are.
+//
+// Everything outside this folder reaches Llama through llama_family() (family.hpp's registry);
+// the parts are declared here for the family and for tests.
+#pragma once
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <vector>
+
+#include "src/backend/backend.hpp"
+#include "src/model/family.hpp"
+
+namespace shardlab {
+
+const ModelFamily& llama_family();
+
+// family.cpp: llama-tiny (tests), llama-small (demos), and the published shapes llama2-7b,
+// llama3-8b, llama3-70b, llama3-405b (Llama 3.1), tinyllama-1.1b, smollm-135m.
+std::vector<ModelPreset> llama_presets();
+// hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size and
+// max_position_embeddings required; what HF defaults when absent defaults as HF does
+// (num_key_value_heads: heads, rms_norm_eps 1e-6, rope_theta 10000, tie_word_embeddings false).
+// Rope parameters in either form: "rope_theta" + "rope_scaling", or transformers 5's
+// "rope_parameters". Fields that change nothing shardlab computes (token ids, dropout, dtype,
+// use_cache) ignored; unknown fields and values the units do not compute refused by name.
+ModelSpec llama_spec_from_hf_config(const nlohmann::json& config);
+nlohmann::json llama_hf_config(const ModelSpec& spec);
+// 6N + 6LCT as GPT-2's (llm.c's) count, with N the parameters outside the token embedding (an
+// untied LM head counts: it is a product per token; a lookup is not).
+double llama_flops_per_token(const ModelSpec& spec);
+
+// HF's inv_freq for the spec's head size, in f32 arithmetic as transformers computes it:
+// 1 / theta^(arange(0, hd, 2) / hd), then Llama 3.1's scaling when the spec asks for it.
+RopeFreqs llama_rope_freqs(const ModelSpec& spec);
+
+// layout.cpp: units in execution order: embedding, layers.0 .. layers.{L-1}, head (model.norm
+// and lm_head; a tied head borrows model.embed_tokens.weight).
+std::vector<UnitLayout> llama_layout(const ModelSpec& spec);
+
+// units.cpp
+std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec);
+
+}  // namespace shardlab

@@ -1,0 +1,229 @@
+// units.cpp — Llama's units with explicit forward and backward: the token embedding, each
+// decoder layer (pre-RMSNorm grouped-query attention with RoPE, then a pre-RMSNorm SwiGLU MLP,
+// each added to the residual stream), and the head (the final RMSNorm, then the logits through
+// lm_head, or through the token embedding when tied).
+//
+// q, k and v come from one GEMM by the stacked (q_proj; k_proj; v_proj) matrix, straight into the
+// [q | k | v] rows attention reads, and gate and up from one GEMM by (gate_proj; up_proj) into the
+// [gate | up] rows SwiGLU reads: the tensors are adjacent in every ParamSet (layout.cpp), so the
+// stacks are views, and one wide product runs faster than three narrow ones. RoPE rotates q and k
+// in place; attention's backward needs them rotated, so the rotated qkv is what is saved.
+#include <algorithm>
+#include <vector>
+
+#include "src/model/llama/llama.hpp"
+
+namespace shardlab {
+namespace {
+
+// A GEMM over f32 activations and a weight `w` as ParamSet::gemm gives it: a bf16 weight goes to
+// the GEMM as it is, and the activations are rounded to bf16 to meet it (f32 accumulation).
+GemmDesc gemm_with(const Tensor& w) {
+  GemmDesc d;
+  d.b_type = w.dtype();
+  d.round_inputs_to = w.dtype();
+  return d;
+}
+
+// out (N, OC) = inp (N, IC) @ W^T, with W (OC, IC) as nn.Linear stores it.
+void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
+  const int64_t OC = w.dim(0), IC = w.dim(1);
+  GemmDesc d = gemm_with(w);
+  d.trans_b = Trans::T;
+  d.m = N, d.n = OC, d.k = IC;
+  d.lda = IC, d.ldb = IC, d.ldc = OC;
+  be.gemm(d, inp.data(), w.data(), out.data());
+}
+
+// dinp (N, IC) = dout (N, OC) @ W (overwritten); dW (OC, IC) += dout^T @ inp.
+void linear_backward(Backend& be, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N) {
+  const int64_t OC = w.dim(0), IC = w.dim(1);
+  GemmDesc dx = gemm_with(w);
+  dx.m = N, dx.n = IC, dx.k = OC;
+  dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
+  be.gemm(dx, dout.data(), w.data(), dinp.data());
+  GemmDesc dW;  // both operands f32 activations, rounded as the weight is
+  dW.round_inputs_to = w.dtype();
+  dW.trans_a = Trans::T;
+  dW.m = OC, dW.n = IC, dW.k = N;
+  dW.lda = OC, dW.ldb = IC, dW.ldc = IC;
+  dW.beta = 1.f;
+  be.gemm(dW, dout.data(), inp.data(), dw.data());
+}
+
+// Tensors that follow one another in memory, each (rows_i, cols), as one (sum rows_i, cols) matrix.
+Tensor stacked(const std::vector<Tensor>& parts) {
+  const Tensor& first = parts.front();
+  const int64_t cols = first.dim(1);
+  const char* next = static_cast<const char*>(first.data());
+  int64_t rows = 0;
+  for (const Tensor& t : parts) {
+    SHARD_CHECK(t.data() == next && t.dtype() == first.dtype() && t.ndim() == 2 && t.dim(1) == cols,
+                "stacked weights: a {} {} tensor at {} does not follow the previous one (expected at {})",
+                dtype_name(t.dtype()), t.shape_str(), t.data(), static_cast<const void*>(next));
+    next += t.bytes();
+    rows += t.dim(0);
+  }
+  return Tensor(first.data(), first.dtype(), {rows, cols}, first.device());
+}
+
+float eps(const ModelSpec& s) { return static_cast<float>(s.norm_eps); }
+
+class EmbeddingUnit final : public Unit {
+ public:
+  using Unit::Unit;
+  void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {
+    // No learned positions: RoPE places tokens inside attention.
+    c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"), Tensor());
+  }
+  void backward(UnitContext& c, const ParamSet&, const ParamSet& g, Saved&, Tensor, Tensor dout, Tensor) override {
+    c.be.embedding_backward(g("model.embed_tokens.weight"), Tensor(), dout, c.batch.tokens, c.batch.B, c.batch.T);
+  }
+};
+
+class DecoderLayerUnit final : public Unit {
+ public:
+  DecoderLayerUnit(UnitLayout layout, int64_t index, const ModelSpec& spec)
+      : Unit(std::move(layout)),
+        prefix_("model.layers." + std::to_string(index) + "."),
+        freqs_(llama_rope_freqs(spec)) {}
+  bool recomputable() const override { return true; }
+
+  void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
+    const Dims d(c);
+    Backend& be = c.be;
+    Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.N});
+    be.rmsnorm_forward(ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
+    linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
+    be.rope(qkv, d.H + d.KV, d.hd, freqs_, 0, false);  // q and k: the first H + KV heads of each row
+    Tensor atty = s.add(c.pool, "atty", {d.N, d.C}), att = s.add(c.pool, "att", {d.B, d.H, d.T, d.T});
+    be.attention_forward(atty, att, qkv, d.H, d.KV);
+    if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
+    Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
+    linear_forward(be, x2, atty, wg(p, "self_attn.o_proj.weight"), d.N);
+    be.add(x2, in, x2);  // residual
+    Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.N});
+    be.rmsnorm_forward(ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
+    linear_forward(be, gate_up, ln2, gate_up_weight(p), d.N);
+    be.swiglu_forward(act, gate_up);
+    linear_forward(be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
+    be.add(out, x2, out);  // residual
+  }
+
+  void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
+                Tensor din) override {
+    const Dims d(c);
+    Backend& be = c.be;
+    // big holds d(gate_up), then d(qkv); mid d(swiglu); small d(ln2), d(atty), then d(ln1).
+    Block big = c.pool.alloc(DType::f32, d.N * std::max(2 * d.F, d.W), Category::workspace,
+                             prefix_ + "backward dgate_up");
+    Block mid = c.pool.alloc(DType::f32, d.N * d.F, Category::workspace, prefix_ + "backward dswiglu");
+    Block small = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "backward dln");
+    Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(d.T, d.H), Category::workspace,
+                                 prefix_ + "attention scratch");
+    Tensor dgate_up = big.view(DType::f32, {d.N, 2 * d.F}), dact = mid.view(DType::f32, {d.N, d.F});
+    Tensor dsmall = small.view(DType::f32, {d.N, d.C});
+    // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
+    linear_backward(be, dact, w(g, "mlp.down_proj.weight"), dout, s("swiglu"), wg(p, "mlp.down_proj.weight"), d.N);
+    be.swiglu_backward(dgate_up, s("gate_up"), dact);
+    linear_backward(be, dsmall, gate_up_weight(g, false), dgate_up, s("ln2"), gate_up_weight(p), d.N);
+    be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
+    be.rmsnorm_backward(din, w(g, "post_attention_layernorm.weight"), dsmall, s("x2"),
+                        w(p, "post_attention_layernorm.weight"), s("ln2_rstd"));
+    // Attention: x2 = in + o_proj(attn(rope(qkv(ln1)))), ln1 = rmsnorm(in)
+    linear_backward(be, dsmall, w(g, "self_attn.o_proj.weight"), din, s("atty"), wg(p, "self_attn.o_proj.weight"),
+                    d.N);
+    Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
+    Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
+    if (!s.has("att")) {
+      att_again = c.pool.alloc(DType::f32, d.B * d.H * d.T * d.T, Category::activations, prefix_ + "att (recomputed)");
+      be.attention_forward(s("atty"), att_again.view(DType::f32, {d.B, d.H, d.T, d.T}), s("qkv"), d.H, d.KV);
+    }
+    Tensor att = att_again ? att_again.view(DType::f32, {d.B, d.H, d.T, d.T}) : s("att");
+    be.attention_backward(dqkv, dsmall, s("qkv"), att, d.H, d.KV, scratch.flat(DType::f32));
+    be.rope(dqkv, d.H + d.KV, d.hd, freqs_, 0, true);  // a rotation's gradient rotates back
+    Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
+    linear_backward(be, dln1, qkv_weight(g, false), dqkv, s("ln1"), qkv_weight(p), d.N);
+    be.rmsnorm_backward(din, w(g, "input_layernorm.weight"), dln1, in, w(p, "input_layernorm.weight"),
+                        s("ln1_rstd"));
+  }
+
+ private:
+  struct Dims {
+    int64_t B, T, N, C, H, KV, hd, W, F;
+    explicit Dims(const UnitContext& c)
+        : B(c.batch.B),
+          T(c.batch.T),
+          N(B * T),
+          C(c.spec.dim),
+          H(c.spec.heads),
+          KV(c.spec.num_kv_heads()),
+          hd(C / H),
+          W((H + 2 * KV) * hd),
+          F(c.spec.ffn_hidden()) {}
+  };
+  Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
+  Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
+  // The stacked matrices: ((H + 2 KV) hd, C), rows of q, then k, then v; and (2F, C), gate then
+  // up. As the GEMMs take the weights (ParamSet::gemm), or as stored (gradients).
+  Tensor stack(const ParamSet& p, bool gemm, std::initializer_list<const char*> suffixes) const {
+    std::vector<Tensor> parts;
+    for (const char* suffix : suffixes) parts.push_back(gemm ? wg(p, suffix) : w(p, suffix));
+    return stacked(parts);
+  }
+  Tensor qkv_weight(const ParamSet& p, bool gemm = true) const {
+    return stack(p, gemm, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"});
+  }
+  Tensor gate_up_weight(const ParamSet& p, bool gemm = true) const {
+    return stack(p, gemm, {"mlp.gate_proj.weight", "mlp.up_proj.weight"});
+  }
+  std::string prefix_;
+  RopeFreqs freqs_;
+};
+
+class HeadUnit final : public Unit {
+ public:
+  HeadUnit(UnitLayout layout, bool tied)
+      : Unit(std::move(layout)), weight_(tied ? "model.embed_tokens.weight" : "lm_head.weight"), tied_(tied) {}
+  std::vector<std::string> borrowed() const override {
+    return tied_ ? std::vector<std::string>{weight_} : std::vector<std::string>{};
+  }
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return B * T * s.vocab; }
+
+  void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
+    const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim;
+    Tensor lnf = s.add(c.pool, "lnf", {N, C}), rstd = s.add(c.pool, "lnf_rstd", {N});
+    c.be.rmsnorm_forward(lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
+    linear_forward(c.be, out, lnf, p.gemm(weight_), N);  // logits (N, V)
+  }
+
+  void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
+                Tensor din) override {
+    const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim;
+    Block dlnf = c.pool.alloc(DType::f32, N * C, Category::workspace, "head backward dlnf");
+    linear_backward(c.be, dlnf.view(DType::f32, {N, C}), g(weight_), dout, s("lnf"), p.gemm(weight_), N);
+    c.be.fill(din, 0.f);
+    c.be.rmsnorm_backward(din, g("model.norm.weight"), dlnf.view(DType::f32, {N, C}), in, p("model.norm.weight"),
+                          s("lnf_rstd"));
+  }
+
+ private:
+  std::string weight_;  // the (V, C) matrix the logits come through
+  bool tied_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec) {
+  std::vector<UnitLayout> layout = llama_layout(spec);
+  std::vector<std::unique_ptr<Unit>> units;
+  units.push_back(std::make_unique<EmbeddingUnit>(std::move(layout[0])));
+  for (int64_t l = 0; l < spec.layers; ++l)
+    units.push_back(std::make_unique<DecoderLayerUnit>(std::move(layout[static_cast<size_t>(l + 1)]), l, spec));
+  units.push_back(std::make_unique<HeadUnit>(std::move(layout.back()), spec.tied_head));
+  return units;
+}
+
+}  // namespace shardlab
