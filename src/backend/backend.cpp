@@ -134,23 +134,6 @@ std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& d
   return {N, logits.numel() / N};
 }
 
-// The operations a family adds are implemented backend by backend; until one is, it says so.
-void Backend::rmsnorm_forward(Tensor, Tensor, Tensor, Tensor, float) {
-  SHARD_CHECK(false, "rmsnorm_forward: not implemented on the {} backend", describe());
-}
-void Backend::rmsnorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
-  SHARD_CHECK(false, "rmsnorm_backward: not implemented on the {} backend", describe());
-}
-void Backend::rope(Tensor, int64_t, int64_t, const RopeFreqs&, int64_t, bool) {
-  SHARD_CHECK(false, "rope: not implemented on the {} backend", describe());
-}
-void Backend::swiglu_forward(Tensor, Tensor) {
-  SHARD_CHECK(false, "swiglu_forward: not implemented on the {} backend", describe());
-}
-void Backend::swiglu_backward(Tensor, Tensor, Tensor) {
-  SHARD_CHECK(false, "swiglu_backward: not implemented on the {} backend", describe());
-}
-
 void check_gemm(const GemmDesc& d) {
   SHARD_CHECK(d.m >= 0 && d.n >= 0 && d.k >= 0 && d.batch >= 1, "gemm: m={} n={} k={} batch={}", d.m, d.n, d.k,
               d.batch);

@@ -185,9 +185,9 @@ class Backend {
 
   // RMSNorm over the last dimension, in f32 (HF's LlamaRMSNorm): out = inp * rstd * weight with
   // rstd (N) = 1 / sqrt(mean(inp^2) + eps), saved for backward.
-  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) = 0;
   // dinp and dweight accumulate
-  virtual void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
+  virtual void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) = 0;
 
   // ---- positions ----
   // Rotary position embedding in place, in HF's convention (rotate_half): x is (B, T, W), and in
@@ -195,7 +195,7 @@ class Backend {
   // (i, i + head_dim/2) by the angle (pos0 + t) * inv_freq[i], with the angle and its cos and sin
   // computed in f32. inverse rotates by minus the angle: a rotation's gradient, so backward is
   // rope(dx, ..., inverse = true).
-  virtual void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse);
+  virtual void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse) = 0;
 
   // ---- activations ----
   // GELU, tanh approximation; backward: dinp = gelu'(inp) * dout (overwrites dinp)
@@ -203,8 +203,8 @@ class Backend {
   virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;
   // SwiGLU (Llama's MLP): gate_up (N, 2F) holds [gate | up] in each row; out (N, F) =
   // silu(gate) * up. Backward overwrites dgate_up (N, 2F) from dout (N, F) and the saved gate_up.
-  virtual void swiglu_forward(Tensor out, Tensor gate_up);
-  virtual void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout);
+  virtual void swiglu_forward(Tensor out, Tensor gate_up) = 0;
+  virtual void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) = 0;
 
   // ---- attention ----
   // Causal self-attention with grouped-query heads, scores scaled by 1/sqrt(hd): qkv (B, T,
@@ -265,7 +265,8 @@ std::array<int64_t, 2> rmsnorm_shape(const Tensor& out, const Tensor& rstd, cons
                                      const char* op);  // {N, C}
 std::array<int64_t, 2> rmsnorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
                                               const Tensor& inp, const Tensor& weight, const Tensor& rstd);  // {N, C}
-std::array<int64_t, 3> rope_shape(const Tensor& x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs);  // {B, T, W}
+// {B, T, W}
+std::array<int64_t, 3> rope_shape(const Tensor& x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs);
 std::array<int64_t, 2> swiglu_shape(const Tensor& out, const Tensor& gate_up, const char* op);  // {N, F}
 // Validates attention tensors and returns {B, T, C} with C = H hd, the output's channels.
 std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H, int64_t KV,
