@@ -129,7 +129,12 @@ bool is_hf_model_dir(const std::string& path) {
 
 ModelSpec read_hf_config(const std::string& dir) {
   const fs::path p = fs::path(dir) / kHfConfigFile;
-  const json j = read_json_file(p, "an HF model directory has a config.json, which gives the model's family and shape");
+  std::error_code ec;
+  const bool checkpoint = fs::exists(fs::path(dir) / "manifest.json", ec);
+  const json j = read_json_file(p, checkpoint ? "this is a shardlab checkpoint (it has a manifest.json): give it to "
+                                                "--resume, or export it to an HF model directory"
+                                              : "an HF model directory has a config.json, which gives the model's "
+                                                "family and shape");
   SHARD_REQUIRE(j.is_object(), "'{}': expected a JSON object, got {}", p.string(), j.type_name());
   SHARD_REQUIRE(j.contains("model_type") && j["model_type"].is_string(),
                 "'{}' has no \"model_type\" string: it names the model's family (shardlab knows {})", p.string(),

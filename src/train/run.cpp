@@ -314,8 +314,15 @@ void Trainer::open_outputs(std::ofstream& log) {
     try {
       if (!cfg_.save_dir.empty()) probe_dir(cfg_.save_dir);
       if (!cfg_.save_path.empty()) {
-        if (is_safetensors_path(cfg_.save_path)) probe_file(cfg_.save_path, "--save");
-        else check_hf_export_dir(cfg_.save_path);
+        if (is_safetensors_path(cfg_.save_path)) {
+          probe_file(cfg_.save_path, "--save");
+        } else {  // an HF model directory
+          try {
+            check_hf_export_dir(cfg_.save_path);
+          } catch (const InputError& e) {
+            throw InputError(fmt::format("--save '{}': {} (checked before the first step)", cfg_.save_path, e.what()));
+          }
+        }
       }
       if (!cfg_.log_path.empty()) {
         const bool resumed = !resumed_from_.empty();
