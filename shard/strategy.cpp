@@ -134,7 +134,7 @@ void Strategy::init_params(uint64_t seed) {
 }
 
 void Strategy::load_params(const std::string& path) {
-  SafetensorsReader r(path);
+  HfWeights r(path);
   for (size_t u = 0; u < num_units(); ++u) {
     std::vector<float> full(static_cast<size_t>(layout(u).numel));
     read_unit(r, layout(u), full, env_.spec);

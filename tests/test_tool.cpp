@@ -1,7 +1,8 @@
 // test_tool — small helpers the CLI tests chain together (no Python needed in CI):
 //   compare-logs A.jsonl B.jsonl TOL      losses of the steps both logs have: |a-b| <= TOL*|a|, and
 //                                         at least one step in common; prints the largest difference
-//   same-safetensors A B                  every tensor of A equals B's, bit for bit
+//   same-safetensors A B                  every tensor of A equals B's, bit for bit, and B has no
+//                                         others (each a .safetensors file or an HF model directory)
 //   flip-byte FILE OFFSET                 corrupts one byte
 //   truncate FILE BYTES                   cuts a file short
 //   check-best DIR LOG.jsonl              DIR/best links to the step of LOG's lowest val_loss (the
@@ -15,11 +16,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "src/model/safetensors.hpp"
+#include "src/model/hf_dir.hpp"
 
 using namespace shardlab;
 
 namespace {
+void read(HfWeights& w, const std::string& name, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(w.entry(name).numel()));
+  w.read_f32(name, out);
+}
 std::map<int64_t, double> losses(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error("cannot read " + path);
@@ -78,12 +83,16 @@ int main(int argc, char** argv) {
       return differ > 0 ? 0 : 1;
     }
     if (cmd == "same-safetensors" && argc == 4) {
-      SafetensorsReader a(argv[2]), b(argv[3]);
+      HfWeights a(argv[2]), b(argv[3]);
       int tensors = 0;
-      for (const auto& [name, e] : a.entries()) {
-        std::vector<float> va(static_cast<size_t>(e.numel())), vb(va.size());
-        a.read_f32(name, va);
-        b.read_f32(name, vb);
+      for (const std::string& name : a.names()) {
+        if (!b.has(name)) {
+          std::printf("tensor %s is missing from %s\n", name.c_str(), b.where().c_str());
+          return 1;
+        }
+        std::vector<float> va, vb;
+        read(a, name, va);
+        read(b, name, vb);
         if (va != vb) {
           std::printf("tensor %s differs\n", name.c_str());
           return 1;
@@ -91,7 +100,7 @@ int main(int argc, char** argv) {
         ++tensors;
       }
       std::printf("%d tensors identical\n", tensors);
-      return tensors > 0 && a.entries().size() == b.entries().size() ? 0 : 1;
+      return tensors > 0 && a.names().size() == b.names().size() ? 0 : 1;
     }
     if (cmd == "flip-byte" && argc == 4) {
       std::fstream f(argv[2], std::ios::in | std::ios::out | std::ios::binary);

@@ -1,7 +1,10 @@
-// `shardlab export CHECKPOINT --out FILE`: a checkpoint as one HF-named safetensors file, one tensor
-// in memory at a time (rank 0).
+// `shardlab export CHECKPOINT --out DIR|FILE.safetensors`: a checkpoint as an HF model directory
+// (config.json and safetensors, sharded past --max-shard-size) or as one HF-named safetensors file,
+// one tensor in memory at a time (rank 0).
 #include <cstdio>
 
+#include "src/core/units.hpp"
+#include "src/model/hf_dir.hpp"
 #include "src/train/checkpoint.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
@@ -9,16 +12,31 @@
 namespace shardlab {
 
 ExitCode cmd_export(const Args& args, const Context& ctx) {
-  std::string ckpt, out, dtype = "f32";
+  std::string ckpt, out, dtype = "f32", max_shard = "5GB";
   cli::Desc desc = cli::command_options("export");
   desc.add_options()("checkpoint", cli::po::value(&ckpt), "checkpoint directory (step_XXXXXXXX); also the operand")(
-      "out", cli::po::value(&out)->default_value(""), "safetensors file to write (HF GPT-2 names)");
+      "out", cli::po::value(&out)->default_value(""),
+      "where to write: a path ending in .safetensors is one file (HF tensor names); any other is an HF model "
+      "directory (config.json and model.safetensors, or shards and model.safetensors.index.json), created if needed: "
+      "new, empty, or holding an earlier export")(
+      "max-shard-size", cli::po::value(&max_shard)->default_value(max_shard),
+      "a directory's largest shard file (transformers' save_pretrained convention: 5GB = 5e9 bytes; also MB, KB, "
+      "GiB, plain bytes); a larger model is split into model-0000i-of-0000N.safetensors with an index");
   cli::add_dtype(desc, dtype, "stored dtype: f32, bf16 or f16");
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"export", "CHECKPOINT --out FILE.safetensors", "checkpoint"}))
+  cli::po::variables_map given;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"export", "CHECKPOINT --out DIR|FILE.safetensors", "checkpoint"},
+                  nullptr, &given))
     return ExitCode::ok;
-  SHARD_REQUIRE(!ckpt.empty() && !out.empty(), "usage: shardlab export CHECKPOINT --out FILE.safetensors");
+  SHARD_REQUIRE(!ckpt.empty() && !out.empty(), "usage: shardlab export CHECKPOINT --out DIR|FILE.safetensors");
+  const bool file = is_safetensors_path(out);
+  SHARD_REQUIRE(!file || given["max-shard-size"].defaulted(),
+                "--max-shard-size {} with --out {}: a .safetensors file is never split; give a directory for shards",
+                max_shard, out);
+  const uint64_t max_shard_size = parse_bytes(max_shard);
+  SHARD_REQUIRE(max_shard_size > 0, "--max-shard-size {}: expected a positive size", max_shard);
+  const DType stored = parse_dtype(dtype);
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
-  export_checkpoint(ckpt, out, parse_dtype(dtype));
+  export_checkpoint(ckpt, out, stored, max_shard_size);
   std::printf("wrote %s\n", out.c_str());
   return ExitCode::ok;
 }

@@ -24,7 +24,8 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
   int64_t seed = static_cast<int64_t>(sc.seed);
   cli::Desc desc = cli::command_options("sample");
   cli::add_init(desc, cfg.init,
-                "the model: a safetensors file with HF GPT-2 names (its shape from --model and the overrides)");
+                "the model: an HF model directory (its config.json gives the shape) or a .safetensors file with HF "
+                "names (its shape from --model and the overrides)");
   cli::add_resume(desc, cfg.resume, "the model: a checkpoint directory (its shape from the manifest)");
   desc.add_options()("prompt", cli::po::value(&prompt)->default_value(""),
                      "text for byte-level models (vocab <= 256), token ids separated by spaces or commas otherwise; "
@@ -52,7 +53,7 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
     cfg.seed = m.seed;
     cfg.steps = std::max<int64_t>(m.step, 1);
   } else {
-    cfg.spec = model.spec();
+    cfg.spec = model.spec(cfg.init);
   }
   sc.validate(cfg.spec.vocab);
   if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Tokenizer>(tokenizer_dir);

@@ -57,7 +57,8 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   std::string tokenizer_dir;
   cli::Desc desc = cli::command_options("train");
   desc.add_options()("save", cli::po::value(&cfg.save_path)->default_value(""),
-                     "write the final weights to this safetensors file")(
+                     "write the final weights: to FILE.safetensors, or as an HF model directory (config.json and "
+                     "safetensors, sharded past 5GB) for any other path")(
       "log", cli::po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
       "print-every", cli::po::value(&cfg.print_every)->default_value(1), "progress line every k steps")(
       "save-dir", cli::po::value(&cfg.save_dir)->default_value(""),

@@ -9,9 +9,13 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <tuple>
 
 #include "src/core/suggest.hpp"
 #include "src/core/units.hpp"
+#include "src/model/family.hpp"
+#include "src/model/hf_dir.hpp"
 #include "tools/runtime.hpp"
 
 namespace shardlab::cli {
@@ -112,7 +116,8 @@ void ModelOptions::add(Desc& d) {
   Desc g("model");
   std::string names;
   for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
-  g.add_options()("model", po::value(&preset)->default_value(preset), ("preset: " + names).c_str());
+  g.add_options()("model", po::value(&preset)->default_value(preset, "small"),
+                  ("preset: " + names + " (not with --init DIR, whose config.json gives the model)").c_str());
   const char* const shown[5] = {};
   const char* const preset_s[5] = {"the preset's", "the preset's", "the preset's", "the preset's", "the preset's"};
   add_dims(g, *this, shown, preset_s);
@@ -128,26 +133,72 @@ void ModelOptions::add_shape(Desc& d, const char* const (&shown)[5], const char*
   d.add(g);
 }
 
-ModelSpec ModelOptions::spec() const {
-  ModelSpec s = model_preset(preset);
+namespace {
+
+// --layers N (fewer) and --seq T (shorter) on an HF directory's model: every tensor the smaller
+// model has must be in the directory with the same shape (GPT-2's wpe has a row per position).
+void check_loadable(const ModelSpec& hf, const ModelSpec& s, const std::string& init) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  const ModelFamily& family = family_of(hf);
+  for (const UnitLayout& u : family.layout(hf))
+    for (const TensorDecl& t : u.tensors) shapes[t.name] = t.shape;
+  for (const UnitLayout& u : family.layout(s))
+    for (const TensorDecl& t : u.tensors) {
+      auto it = shapes.find(t.name);
+      SHARD_CHECK(it != shapes.end(), "a model with fewer layers has tensor {}, which the whole model lacks", t.name);
+      SHARD_REQUIRE(it->second == t.shape,
+                    "--seq {} with --init {}: tensor '{}' would have shape {}, the directory's has {}; leave --seq "
+                    "out (the weights fix it)",
+                    s.seq, init, t.name, t.shape_str(), shape_str(it->second));
+    }
+}
+
+}  // namespace
+
+ModelSpec ModelOptions::spec(const std::string& init) const {
+  const bool hf = is_hf_model_dir(init);
+  SHARD_REQUIRE(!hf || preset.empty(),
+                "--model {} with --init {}: the directory's config.json gives the model; leave --model out", preset,
+                init);
+  const std::string base = preset.empty() ? "small" : preset;
+  const ModelSpec given = hf ? read_hf_config(init) : model_preset(base);
+  ModelSpec s = given;
   bool custom = false;
-  for (auto [field, value] : {std::pair{&s.layers, layers}, std::pair{&s.dim, dim}, std::pair{&s.heads, heads},
-                              std::pair{&s.seq, seq}, std::pair{&s.vocab, vocab}}) {
-    SHARD_REQUIRE(value >= 0, "model dimensions must be positive, got {}", value);
-    if (value > 0 && value != *field) {
-      *field = value;
-      custom = true;
-    }
+  struct Dim {
+    const char* flag;
+    int64_t* field;
+    int64_t value;
+    bool may_shrink;  // with --init DIR
+  };
+  for (const Dim& d : {Dim{"layers", &s.layers, layers, true}, Dim{"dim", &s.dim, dim, false},
+                       Dim{"heads", &s.heads, heads, false}, Dim{"seq", &s.seq, seq, true},
+                       Dim{"vocab", &s.vocab, vocab, false}}) {
+    SHARD_REQUIRE(d.value >= 0, "model dimensions must be positive, got {}", d.value);
+    if (d.value == 0 || d.value == *d.field) continue;
+    if (hf)
+      SHARD_REQUIRE(d.may_shrink && d.value < *d.field,
+                    "--{} {} with --init {}: the directory's config.json fixes the shape ({} {}); leave --{} out{}",
+                    d.flag, d.value, init, d.flag, *d.field, d.flag,
+                    d.may_shrink ? fmt::format(" or give at most {}", *d.field) : "");
+    *d.field = d.value;
+    custom = true;
   }
-  for (auto [field, value] : {std::pair{&s.kv_heads, kv_heads}, std::pair{&s.ffn_dim, ffn_dim}}) {
+  // With a directory these must be what its config gives (kv_heads 0 and ffn_dim 0 stand for H and 4C).
+  for (auto [flag, field, value, effective] : {std::tuple{"kv-heads", &s.kv_heads, kv_heads, s.num_kv_heads()},
+                                               std::tuple{"ffn-dim", &s.ffn_dim, ffn_dim, s.ffn_hidden()}}) {
     SHARD_REQUIRE(value >= 0, "--kv-heads and --ffn-dim must be positive, got {}", value);
-    if (value > 0 && value != *field) {
+    if (hf) {
+      SHARD_REQUIRE(value == 0 || value == effective,
+                    "--{} {} with --init {}: the directory's config.json fixes the shape ({} {}); leave --{} out", flag,
+                    value, init, flag, effective, flag);
+    } else if (value > 0 && value != *field) {
       *field = value;
       custom = true;
     }
   }
-  if (custom) s.name = preset + "+custom";
+  if (custom) s.name = (hf ? s.name : base) + "+custom";
   s.validate();
+  if (hf && custom) check_loadable(given, s, init);
   return s;
 }
 
@@ -272,7 +323,10 @@ void TrainOptions::add(Desc& d, TrainConfig& cfg) {
       "momentum", po::value(&cfg.optim.momentum)->default_value(0.9f, "0.9"), "SGD momentum")(
       "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)");
   add_seed(g, seed, "initialisation seed");
-  add_init(g, cfg.init, "start from this safetensors file (HF GPT-2 names)");
+  add_init(g, cfg.init,
+           "start from Hugging Face weights: an HF model directory (its config.json gives the model, so no --model "
+           "or size flags; model.safetensors or an index and shards) or a .safetensors file with HF names (its shape "
+           "from --model and the overrides)");
   add_switch(g, "shuffle", cfg.shuffle,
              "permute the sequences of each epoch (a pass over the stream) from (--seed, epoch); batches run on over "
              "epoch boundaries, so none is padded and no sequence is dropped");
@@ -295,7 +349,7 @@ void TrainOptions::add(Desc& d, TrainConfig& cfg) {
 void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const {
   SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
   cfg.seed = static_cast<uint64_t>(seed);
-  cfg.spec = model.spec();
+  cfg.spec = model.spec(cfg.init);
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
   cfg.strategy.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);

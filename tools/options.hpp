@@ -86,7 +86,7 @@ struct MemoryOptions {
 
 // ---- model: a preset and its overrides --------------------------------------------------------
 struct ModelOptions {
-  std::string preset = "small";
+  std::string preset;  // empty: not given (small, or an --init directory's model)
   int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
   int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
   void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim
@@ -94,7 +94,11 @@ struct ModelOptions {
   // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
   // default of 0 stands for, where it stands for something.
   void add_shape(Desc& d, const char* const (&shown)[5], const char* const (&meaning0)[5]);
-  ModelSpec spec() const;
+  // The preset with the overrides; or, when `init` (--init) is an HF model directory, the model
+  // its config.json gives, which fixes the shape: --model is refused, --dim, --heads, --vocab,
+  // --kv-heads and --ffn-dim must equal the config's, --layers may be fewer (the first blocks load) and --seq shorter where
+  // no tensor changes with it (README, "Models from Hugging Face directories").
+  ModelSpec spec(const std::string& init = "") const;
 };
 
 // ---- strategy: how the model's state is split and stored --------------------------------------

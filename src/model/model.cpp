@@ -33,7 +33,7 @@ void Model::init(uint64_t seed) {
   }
 }
 
-void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec) {
+void read_unit(HfWeights& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec) {
   SHARD_CHECK(static_cast<int64_t>(out.size()) >= unit.numel, "read_unit {}: {} floats for {}", unit.name, out.size(),
               unit.numel);
   const ModelFamily& family = family_of(spec);
@@ -43,7 +43,7 @@ void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> ou
     if (name == names.end()) {
       std::string others;
       for (size_t i = 1; i < names.size(); ++i) others += fmt::format("{}'{}'", i > 1 ? ", " : "", names[i]);
-      throw InputError(fmt::format("'{}' has no tensor '{}'{}: is it a {} checkpoint of {}?", r.path(), names[0],
+      throw InputError(fmt::format("'{}' has no tensor '{}'{}: is it a {} checkpoint of {}?", r.where(), names[0],
                                    others.empty() ? "" : " (nor " + others + ")", family.name(), spec.describe()));
     }
     r.read_f32(*name, out.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.numel)), &t.shape);
@@ -51,7 +51,7 @@ void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> ou
 }
 
 void Model::load(const std::string& path) {
-  SafetensorsReader r(path);
+  HfWeights r(path);
   for (size_t i = 0; i < units_.size(); ++i) {
     std::vector<float> host(static_cast<size_t>(units_[i]->layout().numel));
     read_unit(r, units_[i]->layout(), host, spec_);
@@ -61,12 +61,17 @@ void Model::load(const std::string& path) {
 
 void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
                  const std::vector<std::vector<float>>& values, DType dtype) {
-  std::vector<SafetensorsTensor> tensors;
+  std::vector<HfTensorDecl> tensors;
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const TensorDecl& t : units[u]->layout().tensors) tensors.push_back({family_of(spec).hf_name(t), t.shape});
+  HfWriteOptions opts;
+  opts.dtype = dtype;
+  opts.metadata = {{"format", "pt"}, {"model", spec.describe()}};
+  HfModelWriter w(path, spec, std::move(tensors), std::move(opts));
   for (size_t u = 0; u < units.size(); ++u)
     for (const TensorDecl& t : units[u]->layout().tensors)
-      tensors.push_back({family_of(spec).hf_name(t), dtype, t.shape,
-                         std::span<const float>(values[u].data() + t.offset, static_cast<size_t>(t.numel))});
-  write_safetensors(path, tensors, {{"format", "pt"}, {"model", spec.describe()}});
+      w.write_next(std::span<const float>(values[u].data() + t.offset, static_cast<size_t>(t.numel)));
+  w.finish();
 }
 
 void Model::save(const std::string& path, DType dtype) const {

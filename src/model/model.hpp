@@ -1,23 +1,25 @@
 // model.hpp — Model: a full (unsharded) model of any family on one rank: f32 parameters and
 // gradients per unit in one flat buffer each, forward + loss + backward over the units, HF-named
-// safetensors load and save. Single-rank training and the reference tests use it; the sharding
+// safetensors load and save (a file or an HF model directory, hf_dir.hpp). Single-rank training and the reference tests use it; the sharding
 // strategies hold the same units' parameters in FlatParams instead.
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "src/model/family.hpp"
+#include "src/model/hf_dir.hpp"
 #include "src/model/runner.hpp"
 #include "src/model/safetensors.hpp"
 
 namespace shardlab {
 
-// Reads every tensor of `unit` from an HF-named file into `out` (the unit's flat layout), under any
-// name the family's adapter accepts (GPT-2: a "transformer." prefix or none); throws InputError
-// naming a missing tensor or a shape mismatch.
-void read_unit(SafetensorsReader& r, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec);
+// Reads every tensor of `unit` from HF-named weights (a file or a directory) into `out` (the
+// unit's flat layout), under any name the family's adapter accepts (GPT-2: a "transformer." prefix
+// or none); throws InputError naming a missing tensor or a shape mismatch.
+void read_unit(HfWeights& w, const UnitLayout& unit, std::span<float> out, const ModelSpec& spec);
 
-// Writes every unit's parameters (values[u]: unit u's flat f32 buffer) as HF-named safetensors.
+// Writes every unit's parameters (values[u]: unit u's flat f32 buffer) as HF-named safetensors:
+// a .safetensors file, or an HF model directory (config.json, shards past 5 GB) otherwise.
 void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
                  const std::vector<std::vector<float>>& values, DType dtype = DType::f32);
 
@@ -31,8 +33,8 @@ class Model : private UnitHooks {
   int64_t num_params() const;
 
   void init(uint64_t seed);  // the family's initialisation through the counter-based RNG
-  // Loads every parameter from an HF-named file ("transformer." prefix and attention-mask buffers
-  // accepted); throws InputError naming a missing tensor or a shape mismatch.
+  // Loads every parameter from an HF-named file or HF model directory ("transformer." prefix and
+  // attention-mask buffers accepted); throws InputError naming a missing tensor or a shape mismatch.
   void load(const std::string& path);
   void save(const std::string& path, DType dtype = DType::f32) const;
 

@@ -11,6 +11,7 @@
 
 #include "src/core/hash.hpp"
 #include "src/model/family.hpp"
+#include "src/model/hf_dir.hpp"
 #include "src/model/safetensors.hpp"
 
 namespace shardlab {
@@ -452,21 +453,24 @@ std::vector<float> read_param(const Manifest& m, CheckpointFiles& files, const T
 
 }  // namespace
 
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype) {
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype, uint64_t max_shard_size) {
   const fs::path dir(path);
   const Manifest m = read_manifest(dir);
   CheckpointFiles files(dir, m.files);
-  std::vector<SafetensorsStreamWriter::Entry> entries;
+  std::vector<HfTensorDecl> tensors;
   std::vector<const TensorDecl*> decls;
   const ModelFamily& family = family_of(m.model);
   const auto layout = family.layout(m.model);
   for (const auto& u : layout)
     for (const TensorDecl& t : u.tensors) {
-      entries.push_back({family.hf_name(t), dtype, t.shape});
+      tensors.push_back({family.hf_name(t), t.shape});
       decls.push_back(&t);
     }
-  SafetensorsStreamWriter w(out, entries,
-                            {{"format", "pt"}, {"model", m.model.describe()}, {"step", std::to_string(m.step)}});
+  HfWriteOptions opts;
+  opts.dtype = dtype;
+  opts.max_shard_size = max_shard_size;
+  opts.metadata = {{"format", "pt"}, {"model", m.model.describe()}, {"step", std::to_string(m.step)}};
+  HfModelWriter w(out, m.model, std::move(tensors), std::move(opts));
   for (const TensorDecl* t : decls) w.write_next(read_param(m, files, *t, path));  // one tensor in memory at a time
   w.finish();
 }

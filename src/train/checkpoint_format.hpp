@@ -28,6 +28,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/dtype.hpp"
+#include "src/model/hf_dir.hpp"
 #include "src/model/spec.hpp"
 
 namespace shardlab {
@@ -146,8 +147,10 @@ int64_t read_region(CheckpointFiles& files, const std::vector<ManifestPiece>& pi
 
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);
-// Writes a consolidated HF-named safetensors file, one tensor in memory at a time.
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype = DType::f32);
+// Writes the consolidated parameters, one tensor in memory at a time: to OUT.safetensors, or as an
+// HF model directory OUT (config.json, shards past max_shard_size bytes; hf_dir.hpp).
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype = DType::f32,
+                       uint64_t max_shard_size = kHfMaxShardSize);
 
 namespace fs = std::filesystem;
 

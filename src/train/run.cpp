@@ -18,6 +18,7 @@
 
 #include "src/core/device_peaks.hpp"
 #include "src/core/units.hpp"
+#include "src/model/hf_dir.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/trainer.hpp"
 
@@ -312,7 +313,17 @@ void Trainer::open_outputs(std::ofstream& log) {
   if (comm_.rank() == 0) {
     try {
       if (!cfg_.save_dir.empty()) probe_dir(cfg_.save_dir);
-      if (!cfg_.save_path.empty()) probe_file(cfg_.save_path, "--save");
+      if (!cfg_.save_path.empty()) {
+        if (is_safetensors_path(cfg_.save_path)) {
+          probe_file(cfg_.save_path, "--save");
+        } else {  // an HF model directory
+          try {
+            check_hf_export_dir(cfg_.save_path);
+          } catch (const InputError& e) {
+            throw InputError(fmt::format("--save '{}': {} (checked before the first step)", cfg_.save_path, e.what()));
+          }
+        }
+      }
       if (!cfg_.log_path.empty()) {
         const bool resumed = !resumed_from_.empty();
         log.open(cfg_.log_path, resumed ? std::ios::app : std::ios::trunc);

@@ -80,7 +80,7 @@ const std::set<std::string> kIgnoredFields = {
     "_name_or_path", "architectures", "attn_pdrop", "bos_token_id", "embd_pdrop", "eos_token_id",
     "gradient_checkpointing", "id2label", "label2id", "pad_token_id", "resid_pdrop", "summary_activation",
     "summary_first_dropout", "summary_proj_to_labels", "summary_type", "summary_use_proj", "task_specific_params",
-    "torch_dtype", "transformers_version", "use_cache", "reorder_and_upcast_attn"};
+    "torch_dtype", "dtype", "transformers_version", "use_cache", "reorder_and_upcast_attn"};
 // Fields read or checked below.
 const std::set<std::string> kKnownFields = {
     "model_type", "n_embd", "n_layer", "n_head", "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon",
@@ -174,6 +174,11 @@ nlohmann::json gpt2_hf_config(const ModelSpec& s) {
                       {"add_cross_attention", false},
                       {"torch_dtype", "float32"}};
   if (s.ffn_dim > 0) j["n_inner"] = s.ffn_dim;
+  // GPT2Config's default bos/eos is 50256 (<|endoftext|>), outside a smaller vocabulary (tiny's
+  // bytes), which transformers warns about: such a model has none.
+  const nlohmann::json endoftext = s.vocab > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr);
+  j["bos_token_id"] = endoftext;
+  j["eos_token_id"] = endoftext;
   return j;
 }
 
