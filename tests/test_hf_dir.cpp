@@ -77,17 +77,15 @@ void write_model(Model& m, const std::string& out, HfWriteOptions opts) {
 
 }  // namespace
 
-TEST_CASE("a GPT-2 directory written by transformers loads and computes transformers' logits", "[hf_dir]") {
-  const ModelSpec spec = read_hf_config(kHfDir);  // bf16, two shards and an index, "transformer." names
-  const ModelSpec tiny = model_preset("tiny");
-  CHECK(spec.family == FamilyId::gpt2);
-  CHECK(spec.name == "hf_gpt2_tiny");
-  CHECK((spec.layers == tiny.layers && spec.dim == tiny.dim && spec.heads == tiny.heads && spec.seq == tiny.seq &&
-         spec.vocab == tiny.vocab));
+namespace {
+
+// Loads a directory transformers wrote and checks the logits and loss of its reference file.
+void check_against_transformers(const std::string& dir, const std::string& reference) {
+  const ModelSpec spec = read_hf_config(dir);
   Cpu cpu;
   Model m(spec, *cpu.be, cpu.pool);
-  m.load(kHfDir);
-  const json ref = read_json(kHfRef);
+  m.load(dir);
+  const json ref = read_json(reference);
   const auto all = ref["tokens"].get<std::vector<int32_t>>();
   REQUIRE(static_cast<int64_t>(all.size()) == spec.seq + 1);
   std::vector<int32_t> tokens(all.begin(), all.end() - 1), targets(all.begin() + 1, all.end());
@@ -98,10 +96,34 @@ TEST_CASE("a GPT-2 directory written by transformers loads and computes transfor
   for (int64_t t = 0; t < spec.seq; ++t)
     for (int64_t v = 0; v < spec.vocab; ++v)
       worst = std::max(worst, std::fabs(logits[static_cast<size_t>(t * spec.vocab + v)] - ref["logits"][t][v].get<double>()));
-  std::printf("transformers' GPT-2 directory: loss %.7f vs %.7f, logits max abs error %.3g\n", loss,
+  std::printf("transformers' %s directory: loss %.7f vs %.7f, logits max abs error %.3g\n", spec.name.c_str(), loss,
               ref["loss"].get<double>(), worst);
   CHECK(worst <= 2e-5);  // f32 against float64, as the PyTorch reference test (values rounded to 1e-7)
   CHECK(loss == Approx(ref["loss"].get<double>()).epsilon(1e-5));
+}
+
+}  // namespace
+
+TEST_CASE("a GPT-2 directory written by transformers loads and computes transformers' logits", "[hf_dir]") {
+  const ModelSpec spec = read_hf_config(kHfDir);  // bf16, two shards and an index, "transformer." names
+  const ModelSpec tiny = model_preset("tiny");
+  CHECK(spec.family == FamilyId::gpt2);
+  CHECK(spec.name == "hf_gpt2_tiny");
+  CHECK((spec.layers == tiny.layers && spec.dim == tiny.dim && spec.heads == tiny.heads && spec.seq == tiny.seq &&
+         spec.vocab == tiny.vocab));
+  check_against_transformers(kHfDir, kHfRef);
+}
+
+TEST_CASE("a Llama directory written by transformers loads and computes transformers' logits", "[hf_dir][llama]") {
+  // tests/reference/make_hf_llama_dir.py: bf16 shards with an index, grouped-query heads, an untied
+  // lm_head, and transformers 5's "rope_parameters" with Llama 3.1's frequency scaling.
+  const std::string dir = std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/hf_llama_tiny";
+  const ModelSpec spec = read_hf_config(dir);
+  CHECK(spec.family == FamilyId::llama);
+  CHECK((spec.layers == 2 && spec.dim == 32 && spec.heads == 4 && spec.num_kv_heads() == 2 &&
+         spec.ffn_hidden() == 88 && spec.vocab == 256 && !spec.tied_head && spec.rope_theta == 500000));
+  CHECK(spec.rope_scaling.enabled());
+  check_against_transformers(dir, std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/hf_llama_tiny.json");
 }
 
 TEST_CASE("a model written as an HF directory reads back bit for bit, in f32, bf16 and f16", "[hf_dir]") {
