@@ -5,6 +5,7 @@
 
 #include "src/core/check.hpp"
 #include "src/model/gpt2/gpt2.hpp"
+#include "src/model/hf_config_reader.hpp"
 
 namespace shardlab {
 namespace {
@@ -39,38 +40,6 @@ class Gpt2Family final : public ModelFamily {
   std::vector<UnitLayout> do_layout(const ModelSpec& s, int, int) const override { return gpt2_layout(s); }
   std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, int, int) const override {
     return make_gpt2_units(s);
-  }
-};
-
-// Reads an HF config.json field by field, so every missing or unknown one can be named at once.
-struct HfConfig {
-  const nlohmann::json& j;
-  std::vector<std::string> missing;
-
-  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  int64_t integer(const char* key, int64_t lo) {
-    if (!has(key)) {
-      missing.push_back(key);
-      return lo;
-    }
-    SHARD_REQUIRE(j[key].is_number_integer() && j[key].get<int64_t>() >= lo,
-                  "config.json: \"{}\" is {}, expected an integer of at least {}", key, j[key].dump(), lo);
-    return j[key].get<int64_t>();
-  }
-  double number(const char* key) {
-    if (!has(key)) {
-      missing.push_back(key);
-      return 0;
-    }
-    SHARD_REQUIRE(j[key].is_number(), "config.json: \"{}\" is {}, expected a number", key, j[key].dump());
-    return j[key].get<double>();
-  }
-  // A field shardlab computes one way only: absent, or equal to that way.
-  template <class T>
-  void expect(const char* key, const T& value, const char* why) const {
-    if (!has(key)) return;
-    SHARD_REQUIRE(j[key] == nlohmann::json(value), "config.json: \"{}\" is {}; shardlab's GPT-2 needs {} ({})", key,
-                  j[key].dump(), nlohmann::json(value).dump(), why);
   }
 };
 
@@ -117,14 +86,7 @@ std::vector<ModelPreset> gpt2_presets() {
 }
 
 ModelSpec gpt2_spec_from_hf_config(const nlohmann::json& j) {
-  SHARD_REQUIRE(j.is_object(), "config.json: expected an object, got {}", j.type_name());
-  std::string unknown;
-  for (auto it = j.begin(); it != j.end(); ++it)
-    if (!kKnownFields.count(it.key()) && !kIgnoredFields.count(it.key()))
-      unknown += (unknown.empty() ? "" : ", ") + it.key();
-  SHARD_REQUIRE(unknown.empty(), "config.json: unknown fields {} (shardlab's GPT-2 would ignore what they ask for)",
-                unknown);
-  HfConfig c{j, {}};
+  HfConfigReader c(j, "GPT-2", kKnownFields, kIgnoredFields);
   c.expect("model_type", "gpt2", "this is the gpt2 family");
   ModelSpec s;
   s.name = "hf-config";
@@ -136,13 +98,9 @@ ModelSpec gpt2_spec_from_hf_config(const nlohmann::json& j) {
     SHARD_REQUIRE(j["n_positions"] == j["n_ctx"], "config.json: \"n_positions\" {} and \"n_ctx\" {} differ",
                   j["n_positions"].dump(), j["n_ctx"].dump());
   if (c.has("n_positions") || c.has("n_ctx")) s.seq = c.integer(c.has("n_positions") ? "n_positions" : "n_ctx", 1);
-  else c.missing.push_back("n_positions (or n_ctx)");
+  else c.add_missing("n_positions (or n_ctx)");
   s.norm_eps = c.number("layer_norm_epsilon");
-  if (!c.missing.empty()) {
-    std::string names;
-    for (const std::string& m : c.missing) names += (names.empty() ? "" : ", ") + m;
-    throw InputError(fmt::format("config.json: missing {}", names));
-  }
+  c.check_missing();
   if (c.has("n_inner")) s.ffn_dim = c.integer("n_inner", 1);
   // GPT-2's "gelu_new" is the tanh approximation, which PyTorch calls gelu_pytorch_tanh.
   if (c.has("activation_function") && j["activation_function"] != "gelu_pytorch_tanh")

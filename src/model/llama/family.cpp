@@ -7,6 +7,7 @@
 #include <set>
 
 #include "src/core/check.hpp"
+#include "src/model/hf_config_reader.hpp"
 #include "src/model/llama/llama.hpp"
 
 namespace shardlab {
@@ -52,36 +53,6 @@ std::string joined(const std::vector<std::string>& names) {
   return s;
 }
 
-// Reads an HF config.json field by field, so every missing field can be named at once.
-struct HfConfig {
-  const nlohmann::json& j;
-  std::vector<std::string> missing;
-
-  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  int64_t integer(const char* key, int64_t lo) {
-    if (!has(key)) {
-      missing.push_back(key);
-      return lo;
-    }
-    SHARD_REQUIRE(j[key].is_number_integer() && j[key].get<int64_t>() >= lo,
-                  "config.json: \"{}\" is {}, expected an integer of at least {}", key, j[key].dump(), lo);
-    return j[key].get<int64_t>();
-  }
-  // A field HF gives a default when absent: that default.
-  double number_or(const char* key, double fallback) const {
-    if (!has(key)) return fallback;
-    SHARD_REQUIRE(j[key].is_number(), "config.json: \"{}\" is {}, expected a number", key, j[key].dump());
-    return j[key].get<double>();
-  }
-  // A field shardlab computes one way only: absent, or equal to that way.
-  template <class T>
-  void expect(const char* key, const T& value, const char* why) const {
-    if (!has(key)) return;
-    SHARD_REQUIRE(j[key] == nlohmann::json(value), "config.json: \"{}\" is {}; shardlab's Llama needs {} ({})", key,
-                  j[key].dump(), nlohmann::json(value).dump(), why);
-  }
-};
-
 // Fields of HF's LlamaConfig that change nothing shardlab computes: special token ids, dropout
 // (shardlab trains without; HF's default is 0), storage dtype, the generation cache, bookkeeping,
 // and initializer_range, which only a fresh HF initialisation reads (a directory brings weights).
@@ -96,7 +67,7 @@ const std::set<std::string> kKnownFields = {
 
 // The rope parameters, from transformers 5's "rope_parameters" or the classic "rope_theta" and
 // "rope_scaling" (null or absent: none), into s.rope_theta and s.rope_scaling.
-void read_rope(const nlohmann::json& j, ModelSpec& s) {
+void read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
   const bool has_params = j.contains("rope_parameters") && !j["rope_parameters"].is_null();
   const bool has_scaling = j.contains("rope_scaling") && !j["rope_scaling"].is_null();
   SHARD_REQUIRE(!(has_params && has_scaling),
@@ -105,7 +76,7 @@ void read_rope(const nlohmann::json& j, ModelSpec& s) {
   const nlohmann::json r = has_params ? j["rope_parameters"] : has_scaling ? j["rope_scaling"] : nlohmann::json::object();
   SHARD_REQUIRE(r.is_object(), "config.json: \"{}\" is {}, expected an object", where, r.dump());
   // HF's default base when a config names none.
-  double theta = HfConfig{j, {}}.number_or("rope_theta", 10000.0);
+  double theta = c.number_or("rope_theta", 10000.0);
   if (r.contains("rope_theta")) {
     SHARD_REQUIRE(r["rope_theta"].is_number(), "config.json: \"{}\".\"rope_theta\" is {}, expected a number", where,
                   r["rope_theta"].dump());
@@ -195,13 +166,7 @@ std::vector<ModelPreset> llama_presets() {
 }
 
 ModelSpec llama_spec_from_hf_config(const nlohmann::json& j) {
-  SHARD_REQUIRE(j.is_object(), "config.json: expected an object, got {}", j.type_name());
-  std::vector<std::string> unknown;
-  for (auto it = j.begin(); it != j.end(); ++it)
-    if (!kKnownFields.count(it.key()) && !kIgnoredFields.count(it.key())) unknown.push_back(it.key());
-  SHARD_REQUIRE(unknown.empty(), "config.json: unknown fields {} (shardlab's Llama would ignore what they ask for)",
-                joined(unknown));
-  HfConfig c{j, {}};
+  HfConfigReader c(j, "Llama", kKnownFields, kIgnoredFields);
   c.expect("model_type", "llama", "this is the llama family");
   ModelSpec s;
   s.family = FamilyId::llama;
@@ -212,7 +177,7 @@ ModelSpec llama_spec_from_hf_config(const nlohmann::json& j) {
   s.heads = c.integer("num_attention_heads", 1);
   s.vocab = c.integer("vocab_size", 2);
   s.seq = c.integer("max_position_embeddings", 1);
-  if (!c.missing.empty()) throw InputError(fmt::format("config.json: missing {}", joined(c.missing)));
+  c.check_missing();
   // Older configs (Llama 1 and 2) have no num_key_value_heads: HF then gives every head its own.
   s.kv_heads = c.has("num_key_value_heads") ? c.integer("num_key_value_heads", 1) : s.heads;
   s.norm_eps = c.number_or("rms_norm_eps", 1e-6);  // HF's defaults
@@ -230,7 +195,7 @@ ModelSpec llama_spec_from_hf_config(const nlohmann::json& j) {
     throw InputError(fmt::format("config.json: \"head_dim\" is {}; shardlab's Llama needs hidden_size / "
                                  "num_attention_heads = {}",
                                  j["head_dim"].dump(), s.dim / s.heads));
-  read_rope(j, s);
+  read_rope(j, c, s);
   s.validate();
   return s;
 }
