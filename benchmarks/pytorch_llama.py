@@ -74,9 +74,9 @@ class Llama(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         freqs = torch.arange(T).float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-        self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).tril(), persistent=False)
+        # Plain attributes, not buffers: DDP would broadcast buffers, and gloo has no bool type.
+        self.cos, self.sin = emb.cos(), emb.sin()
+        self.mask = torch.ones(T, T, dtype=torch.bool).tril()
 
     def forward(self, idx, targets):
         T = idx.shape[1]
