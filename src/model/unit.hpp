@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "memory/pool.hpp"
+#include "src/backend/backend.hpp"
 #include "src/model/spec.hpp"
 
 namespace shardlab {
@@ -54,6 +55,15 @@ class ParamSet {
   std::map<std::string, Tensor> map_;
   std::shared_ptr<const ParamSet> low_;
 };
+
+// A GEMM over f32 activations and a weight `w` as ParamSet::gemm gives it: a bf16 weight goes to
+// the GEMM as it is, and the activations are rounded to bf16 to meet it (f32 accumulation).
+inline GemmDesc gemm_with(const Tensor& w) {
+  GemmDesc d;
+  d.b_type = w.dtype();
+  d.round_inputs_to = w.dtype();
+  return d;
+}
 
 // What a unit's forward keeps for its backward; freed (back to the pool) by clear().
 class Saved {

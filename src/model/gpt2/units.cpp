@@ -7,15 +7,6 @@
 namespace shardlab {
 namespace {
 
-// A GEMM over f32 activations and a weight `w` as ParamSet::gemm gives it: a bf16 weight goes to
-// the GEMM as it is, and the activations are rounded to bf16 to meet it (f32 accumulation).
-GemmDesc gemm_with(const Tensor& w) {
-  GemmDesc d;
-  d.b_type = w.dtype();
-  d.round_inputs_to = w.dtype();
-  return d;
-}
-
 // out (N, OC) = inp (N, IC) @ W (IC, OC) + bias
 void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
   GemmDesc d = gemm_with(w);

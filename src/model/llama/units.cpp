@@ -16,15 +16,6 @@
 namespace shardlab {
 namespace {
 
-// A GEMM over f32 activations and a weight `w` as ParamSet::gemm gives it: a bf16 weight goes to
-// the GEMM as it is, and the activations are rounded to bf16 to meet it (f32 accumulation).
-GemmDesc gemm_with(const Tensor& w) {
-  GemmDesc d;
-  d.b_type = w.dtype();
-  d.round_inputs_to = w.dtype();
-  return d;
-}
-
 // out (N, OC) = inp (N, IC) @ W^T, with W (OC, IC) as nn.Linear stores it.
 void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
   const int64_t OC = w.dim(0), IC = w.dim(1);
