@@ -11,9 +11,10 @@ mkdir -p "$OUT"
 FLAGS="-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. -DFMT_HEADER_ONLY"
 COMMON="src/core/dtype.cpp src/core/check.cpp src/core/rng.cpp src/core/units.cpp src/model/safetensors.cpp"
 clang++ $FLAGS tests/fuzz/fuzz_safetensors.cpp $COMMON -o "$OUT/fuzz_safetensors"
-# The manifest names its model's family: the registry and the families' sources (and the pool their units use).
-MODEL="src/model/spec.cpp src/model/family.cpp src/model/unit.cpp src/model/gpt2/family.cpp src/model/gpt2/layout.cpp
-src/model/gpt2/units.cpp memory/pool.cpp memory/ledger.cpp"
+# The manifest names its model's family: the registry, every family's folder (src/model/<family>/),
+# the HF-directory writer export uses, and the pool the units use.
+MODEL="src/model/spec.cpp src/model/family.cpp src/model/unit.cpp src/model/hf_dir.cpp $(echo src/model/*/*.cpp)
+memory/pool.cpp memory/ledger.cpp"
 clang++ $FLAGS tests/fuzz/fuzz_manifest.cpp src/train/checkpoint_format.cpp $MODEL $COMMON -o "$OUT/fuzz_manifest"
 for t in safetensors manifest; do
   mkdir -p "$OUT/corpus_$t"
