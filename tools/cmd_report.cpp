@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "src/core/suggest.hpp"
 #include "src/train/run_report.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
@@ -27,9 +28,7 @@ ExitCode cmd_report(const Args& args, const Context& ctx) {
   RunReport r;
   for (const std::string& log : logs)
     r.runs.push_back(read_step_log(log, logs.size() == 1 ? "run" : std::filesystem::path(log).stem().string()));
-  std::string names;
-  for (const std::string& log : logs) names += (names.empty() ? "" : ", ") + log;
-  r.title = title.empty() ? "shardlab report: " + names : title;
+  r.title = title.empty() ? "shardlab report: " + join_names(logs) : title;
   for (const RunSeries& s : r.runs)
     r.facts.push_back(fmt::format("{}: steps {} to {}, loss {:.4f} -> {:.4f}{}", s.label, s.steps.front().step,
                                   s.steps.back().step, s.steps.front().loss, s.steps.back().loss,

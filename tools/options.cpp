@@ -114,10 +114,8 @@ void add_dims(Desc& g, ModelOptions& m, const char* const (&shown)[5], const cha
 
 void ModelOptions::add(Desc& d) {
   Desc g("model");
-  std::string names;
-  for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
   g.add_options()("model", po::value(&preset)->default_value(preset, "small"),
-                  ("preset: " + names + " (not with --init DIR, whose config.json gives the model)").c_str());
+                  ("preset: " + join_names(model_preset_names()) + " (not with --init DIR, whose config.json gives the model)").c_str());
   const char* const shown[5] = {};
   const char* const preset_s[5] = {"the preset's", "the preset's", "the preset's", "the preset's", "the preset's"};
   add_dims(g, *this, shown, preset_s);

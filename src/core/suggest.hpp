@@ -1,4 +1,5 @@
-// suggest.hpp — "did you mean ...?" for a mistyped name: the closest of the names a place accepts.
+// suggest.hpp — the names a place accepts, for messages: listed ("a, b, c"), and "did you mean
+// ...?" for a mistyped one, the closest of them.
 //
 // Edit distance (Levenshtein, with a swap of two neighbours counting as one edit, so `trian` is one
 // edit from `train`): a suggestion is made only when the word is within a third of its length of a
@@ -10,6 +11,13 @@
 #include <vector>
 
 namespace shardlab {
+
+// "a, b, c": names as a message lists them.
+inline std::string join_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
 
 inline size_t edit_distance(std::string_view a, std::string_view b) {
   // Three rows of the dynamic programme: the row before the previous one is what a swap reads.

@@ -5,6 +5,7 @@
 #include <array>
 
 #include "src/core/check.hpp"
+#include "src/core/suggest.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/llama/llama.hpp"
 
@@ -15,12 +16,6 @@ namespace {
 const std::array<const ModelFamily*, 2>& registry() {
   static const std::array<const ModelFamily*, 2> families = {&gpt2_family(), &llama_family()};
   return families;
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
 }
 
 // tp_degree 1 (the whole model on every rank) is all the units compute yet; the tensor-parallel
@@ -68,7 +63,7 @@ const ModelFamily& family_of(const ModelSpec& spec) {
 const ModelFamily& model_family(std::string_view name) {
   for (const ModelFamily* f : registry())
     if (name == f->name()) return *f;
-  throw InputError(fmt::format("unknown model family '{}': expected one of {}", name, joined(model_family_names())));
+  throw InputError(fmt::format("unknown model family '{}': expected one of {}", name, join_names(model_family_names())));
 }
 
 std::vector<std::string> model_family_names() {
@@ -81,7 +76,7 @@ ModelSpec model_preset(std::string_view name) {
   for (const ModelFamily* f : registry())
     for (const ModelPreset& p : f->presets())
       if (name == p.spec.name) return p.spec;
-  throw InputError(fmt::format("unknown model '{}': expected one of {}", name, joined(model_preset_names())));
+  throw InputError(fmt::format("unknown model '{}': expected one of {}", name, join_names(model_preset_names())));
 }
 
 std::vector<std::string> model_preset_names() {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "src/core/check.hpp"
+#include "src/core/suggest.hpp"
 
 namespace shardlab {
 
@@ -26,7 +27,7 @@ class HfConfigReader {
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key()) && !ignored.count(it.key())) unknown.push_back(it.key());
     SHARD_REQUIRE(unknown.empty(), "config.json: unknown fields {} (shardlab's {} would ignore what they ask for)",
-                  joined(unknown), family_);
+                  join_names(unknown), family_);
   }
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
@@ -57,7 +58,7 @@ class HfConfigReader {
   void add_missing(std::string what) { missing_.push_back(std::move(what)); }
   // Throws InputError naming every required field found missing so far.
   void check_missing() const {
-    if (!missing_.empty()) throw InputError(fmt::format("config.json: missing {}", joined(missing_)));
+    if (!missing_.empty()) throw InputError(fmt::format("config.json: missing {}", join_names(missing_)));
   }
   // A field shardlab computes one way only: absent, or equal to that way.
   template <class T>
@@ -68,11 +69,6 @@ class HfConfigReader {
   }
 
  private:
-  static std::string joined(const std::vector<std::string>& names) {
-    std::string s;
-    for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }
   const nlohmann::json& j_;
   const char* family_;
   std::vector<std::string> missing_;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "src/core/check.hpp"
+#include "src/core/suggest.hpp"
 #include "src/model/family.hpp"
 
 namespace shardlab {
@@ -45,12 +46,6 @@ std::string dir_name(const std::string& dir) {
   fs::path p = fs::absolute(fs::path(dir)).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   return p.filename().empty() ? "hf-model" : p.filename().string();
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
 }
 
 const char* hf_dtype_name(DType t) {
@@ -138,12 +133,12 @@ ModelSpec read_hf_config(const std::string& dir) {
   SHARD_REQUIRE(j.is_object(), "'{}': expected a JSON object, got {}", p.string(), j.type_name());
   SHARD_REQUIRE(j.contains("model_type") && j["model_type"].is_string(),
                 "'{}' has no \"model_type\" string: it names the model's family (shardlab knows {})", p.string(),
-                joined(model_family_names()));
+                join_names(model_family_names()));
   const std::string type = j["model_type"].get<std::string>();
   const std::vector<std::string> known = model_family_names();
   SHARD_REQUIRE(std::find(known.begin(), known.end(), type) != known.end(),
                 "'{}': model_type '{}' is not a family shardlab implements (it knows {})", p.string(), type,
-                joined(known));
+                join_names(known));
   ModelSpec s;
   try {
     s = model_family(type).spec_from_hf_config(j);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "src/core/check.hpp"
+#include "src/core/suggest.hpp"
 #include "src/model/hf_config_reader.hpp"
 #include "src/model/llama/llama.hpp"
 
@@ -46,12 +47,6 @@ class LlamaFamily final : public ModelFamily {
     return make_llama_units(s);
   }
 };
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
 
 // Fields of HF's LlamaConfig that change nothing shardlab computes: special token ids, dropout
 // (shardlab trains without; HF's default is 0), storage dtype, the generation cache, bookkeeping,
@@ -122,7 +117,7 @@ void read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
   for (auto it = r.begin(); it != r.end(); ++it)
     if (!allowed.count(it.key())) unknown.push_back(it.key());
   SHARD_REQUIRE(unknown.empty(), "config.json: \"{}\" of type {}: fields {} are not computed by shardlab's Llama",
-                where, type, joined(unknown));
+                where, type, join_names(unknown));
 }
 
 }  // namespace
