@@ -63,8 +63,7 @@ const std::set<std::string> kKnownFields = {
 // The rope parameters, from transformers 5's "rope_parameters" or the classic "rope_theta" and
 // "rope_scaling" (null or absent: none), into s.rope_theta and s.rope_scaling.
 void read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
-  const bool has_params = j.contains("rope_parameters") && !j["rope_parameters"].is_null();
-  const bool has_scaling = j.contains("rope_scaling") && !j["rope_scaling"].is_null();
+  const bool has_params = c.has("rope_parameters"), has_scaling = c.has("rope_scaling");
   SHARD_REQUIRE(!(has_params && has_scaling),
                 "config.json: both \"rope_parameters\" and \"rope_scaling\" are given; expected one of them");
   const char* where = has_params ? "rope_parameters" : "rope_scaling";
@@ -75,7 +74,7 @@ void read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
   if (r.contains("rope_theta")) {
     SHARD_REQUIRE(r["rope_theta"].is_number(), "config.json: \"{}\".\"rope_theta\" is {}, expected a number", where,
                   r["rope_theta"].dump());
-    SHARD_REQUIRE(!j.contains("rope_theta") || j["rope_theta"].is_null() || j["rope_theta"] == r["rope_theta"],
+    SHARD_REQUIRE(!c.has("rope_theta") || j["rope_theta"] == r["rope_theta"],
                   "config.json: \"rope_theta\" {} and \"{}\".\"rope_theta\" {} differ", j["rope_theta"].dump(), where,
                   r["rope_theta"].dump());
     theta = r["rope_theta"].get<double>();
