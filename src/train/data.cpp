@@ -23,9 +23,15 @@ void require_not_directory(const std::string& path) {
   SHARD_REQUIRE(!std::filesystem::is_directory(path, ec),
                 "data file '{}' is a directory (--data and --val-data take a file: an llm.c .bin shard or text)", path);
 }
-}  // namespace
 
-namespace {
+// A text data file's bytes, whole.
+std::string read_text_file(const std::string& path) {
+  require_not_directory(path);
+  std::ifstream f(path, std::ios::binary);
+  SHARD_REQUIRE(f.good(), "cannot open data file '{}'", path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
 constexpr int32_t kMagic16 = 20240520, kVersion16 = 1;  // llm.c's "gpt-2" header: uint16 tokens
 constexpr int32_t kMagic32 = 20240801, kVersion32 = 7;  // llm.c's "llama-3" header: uint32 tokens
 
@@ -92,10 +98,7 @@ void write_llmc_bin(const std::string& path, const std::vector<int32_t>& tokens,
 }
 
 TokenStream load_text_bytes(const std::string& path) {
-  require_not_directory(path);
-  std::ifstream f(path, std::ios::binary);
-  SHARD_REQUIRE(f.good(), "cannot open data file '{}'", path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string bytes = read_text_file(path);
   TokenStream s;
   s.source = path;
   s.tokens.reserve(bytes.size());
@@ -104,11 +107,7 @@ TokenStream load_text_bytes(const std::string& path) {
 }
 
 TokenStream load_text_tokens(const std::string& path, const Tokenizer& tokenizer) {
-  require_not_directory(path);
-  std::ifstream f(path, std::ios::binary);
-  SHARD_REQUIRE(f.good(), "cannot open data file '{}'", path);
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return {tokenizer.encode(text), path};
+  return {tokenizer.encode(read_text_file(path)), path};
 }
 
 TokenStream synthetic_stream(int64_t vocab, int64_t length) {
