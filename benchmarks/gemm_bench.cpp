@@ -76,13 +76,13 @@ std::vector<Product> step_products(const GemmBenchConfig& cfg) {
     const char* what;
     int64_t ic, oc;
   } linears[] = {{"qkv", C, 3 * C}, {"attn proj", C, C}, {"fc", C, 4 * C}, {"fc proj", 4 * C, C}};
-  for (const auto& l : linears) {
-    if (!cfg.recorded.empty()) break;
-    const std::string w = l.what;
-    out.push_back(product(w + " fwd", Trans::N, Trans::N, N, l.oc, l.ic, l.ic, l.oc, l.oc, 0.f, L));
-    out.push_back(product(w + " dinp", Trans::N, Trans::T, N, l.ic, l.oc, l.oc, l.oc, l.ic, 0.f, L));
-    out.push_back(product(w + " dW", Trans::T, Trans::N, l.ic, l.oc, N, l.ic, l.oc, l.oc, 1.f, L));
-  }
+  if (cfg.recorded.empty())
+    for (const auto& l : linears) {
+      const std::string w = l.what;
+      out.push_back(product(w + " fwd", Trans::N, Trans::N, N, l.oc, l.ic, l.ic, l.oc, l.oc, 0.f, L));
+      out.push_back(product(w + " dinp", Trans::N, Trans::T, N, l.ic, l.oc, l.oc, l.oc, l.ic, 0.f, L));
+      out.push_back(product(w + " dW", Trans::T, Trans::N, l.ic, l.oc, N, l.ic, l.oc, l.oc, 1.f, L));
+    }
   if (cfg.heads > 0 && cfg.seq > 0) {
     const int64_t T = cfg.seq, H = cfg.heads, hs = C / H, calls = L * (N / T) * H;
     const int64_t C3 = (H + 2 * (cfg.kv_heads > 0 ? cfg.kv_heads : H)) * hs;  // a qkv row

@@ -66,7 +66,7 @@ void write_units(const std::string& path, const ModelSpec& spec, const std::vect
     for (const TensorDecl& t : units[u]->layout().tensors) tensors.push_back({family_of(spec).hf_name(t), t.shape});
   HfWriteOptions opts;
   opts.dtype = dtype;
-  opts.metadata = {{"format", "pt"}, {"model", spec.describe()}};
+  opts.metadata = {{"model", spec.describe()}};
   HfModelWriter w(path, spec, std::move(tensors), std::move(opts));
   for (size_t u = 0; u < units.size(); ++u)
     for (const TensorDecl& t : units[u]->layout().tensors)

@@ -469,7 +469,7 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
   HfWriteOptions opts;
   opts.dtype = dtype;
   opts.max_shard_size = max_shard_size;
-  opts.metadata = {{"format", "pt"}, {"model", m.model.describe()}, {"step", std::to_string(m.step)}};
+  opts.metadata = {{"model", m.model.describe()}, {"step", std::to_string(m.step)}};
   HfModelWriter w(out, m.model, std::move(tensors), std::move(opts));
   for (const TensorDecl* t : decls) w.write_next(read_param(m, files, *t, path));  // one tensor in memory at a time
   w.finish();
