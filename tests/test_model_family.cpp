@@ -82,10 +82,77 @@ TEST_CASE("GPT-2's layout, names and FLOPs through the family", "[model][family]
   CHECK(f.hf_name(qkv) == "h.0.attn.c_attn.weight");
   const std::vector<std::string> load_names = {"h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.weight"};
   CHECK(f.hf_load_names(qkv) == load_names);
-  // Tensor parallelism has a signature and no implementation yet.
-  CHECK_THROWS_WITH(f.layout(spec, 2, 0), Catch::Contains("tensor parallelism is not implemented yet"));
-  CHECK_THROWS_WITH(f.make_units(spec, 4, 1), Catch::Contains("tensor parallelism is not implemented yet"));
-  CHECK_THROWS_WITH(f.layout(spec, 1, 1), Catch::Contains("tensor-parallel rank 1 of 1"));
+  CHECK_THROWS_WITH(f.layout(spec, TpConfig{1, 1}), Catch::Contains("tensor-parallel rank 1 of 1"));
+  CHECK_THROWS_WITH(f.layout(spec, TpConfig{5, 0}), Catch::Contains("--tp 5 must divide the attention heads (12)"));
+}
+
+// Every element of every whole tensor is held by exactly one tensor-parallel rank, in the place
+// Megatron's layout puts it, and a rank's initial values are the whole model's at those places.
+TEST_CASE("tensor-parallel layouts split every tensor exactly once", "[model][family][tp]") {
+  ModelSpec gpt2 = model_preset("tiny");
+  gpt2.vocab = 67;  // divisible by neither 2 nor 4: padded
+  ModelSpec llama = model_preset("llama-tiny");
+  llama.vocab = 67;
+  for (const ModelSpec& spec : {gpt2, llama}) {
+    const ModelFamily& f = family_of(spec);
+    const std::vector<UnitLayout> whole = f.layout(spec);
+    for (int T : {2, 4}) {
+      if (spec.num_kv_heads() % T != 0 || spec.heads % T != 0) continue;
+      INFO(spec.name << " tp " << T);
+      std::vector<std::vector<int>> seen(whole.size());
+      for (size_t u = 0; u < whole.size(); ++u) seen[u].assign(static_cast<size_t>(whole[u].numel), 0);
+      int64_t padding = 0;
+      for (int r = 0; r < T; ++r) {
+        const std::vector<UnitLayout> part = f.layout(spec, TpConfig{T, r});
+        REQUIRE(part.size() == whole.size());
+        for (size_t u = 0; u < part.size(); ++u) {
+          std::vector<float> full_init(static_cast<size_t>(whole[u].numel)), part_init(static_cast<size_t>(part[u].numel));
+          init_flat_range(whole[u], 7, 0, full_init);
+          init_flat_range(part[u], 7, 0, part_init);
+          for (size_t t = 0; t < part[u].tensors.size(); ++t) {
+            const TensorDecl& local = part[u].tensors[t];
+            const TensorDecl& full = whole[u].tensors[t];
+            REQUIRE(local.name == full.name);
+            CHECK(local.full_shape == full.shape);
+            int64_t covered = 0;
+            for (const TpRun& run : tp_runs(local, T, r)) {
+              CHECK(run.local == covered);
+              covered += run.len;
+              for (int64_t i = 0; i < run.len; ++i) {
+                const float v = part_init[static_cast<size_t>(local.offset + run.local + i)];
+                if (run.full < 0) {
+                  ++padding;
+                  CHECK(v == 0.f);
+                  continue;
+                }
+                ++seen[u][static_cast<size_t>(full.offset + run.full + i)];
+                CHECK(v == full_init[static_cast<size_t>(full.offset + run.full + i)]);
+              }
+            }
+            CHECK(covered == local.numel);
+            if (!local.tp.split()) CHECK(local.shape == full.shape);
+          }
+        }
+      }
+      // Replicated tensors are seen T times, split ones once.
+      const std::vector<UnitLayout> rank0 = f.layout(spec, TpConfig{T, 0});
+      for (size_t u = 0; u < whole.size(); ++u)
+        for (const TensorDecl& t : rank0[u].tensors)
+          for (int64_t i = 0; i < t.numel && !t.tp.split(); ++i)
+            CHECK(seen[u][static_cast<size_t>(whole[u].find(t.name).offset + i)] == T);
+      for (size_t u = 0; u < whole.size(); ++u)
+        for (const TensorDecl& t : rank0[u].tensors) {
+          if (!t.tp.split()) continue;
+          const TensorDecl& full = whole[u].find(t.name);
+          int ones = 0;
+          for (int64_t i = 0; i < full.numel; ++i) ones += seen[u][static_cast<size_t>(full.offset + i)] == 1;
+          CHECK(ones == full.numel);
+        }
+      // 67 rows padded to a multiple of T, once for the tied embedding, twice when the head is untied.
+      const int64_t pad_rows = (67 + T - 1) / T * T - 67;
+      CHECK(padding == pad_rows * spec.dim * (spec.tied_head ? 1 : 2));
+    }
+  }
 }
 
 TEST_CASE("GPT-2's exported config.json reads back to the same spec", "[model][family]") {

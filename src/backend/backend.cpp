@@ -134,6 +134,13 @@ std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& d
   return {N, logits.numel() / N};
 }
 
+std::array<int64_t, 2> vocab_ce_shape(const Tensor& mx, const Tensor& logits, int64_t valid) {
+  const int64_t N = mx.numel();
+  SHARD_CHECK(N > 0 && logits.numel() % N == 0 && valid >= 0 && valid <= logits.numel() / N,
+              "vocab-parallel cross-entropy: logits {} rows {} valid columns {}", logits.shape_str(), N, valid);
+  return {N, logits.numel() / N};
+}
+
 void check_gemm(const GemmDesc& d) {
   SHARD_CHECK(d.m >= 0 && d.n >= 0 && d.k >= 0 && d.batch >= 1, "gemm: m={} n={} k={} batch={}", d.m, d.n, d.k,
               d.batch);

@@ -174,6 +174,15 @@ class Backend {
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                                   int64_t T) = 0;
 
+  // The vocabulary-parallel embedding (--tp): wte holds rows [v0, v0 + rows) of the whole token
+  // embedding; out (B*T, C) = wte[token - v0] for tokens in that range and 0 for the others, plus
+  // wpe[t] when wpe is not empty. Backward accumulates dwte[token - v0] += dout for tokens in
+  // range only, and dwpe[t] += dout (when not empty). Tokens outside are other ranks' rows.
+  virtual void embedding_forward_shard(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe,
+                                       int64_t v0) = 0;
+  virtual void embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                                        int64_t T, int64_t v0) = 0;
+
   // ---- normalisation ----
   // LayerNorm over the last dimension: inp, out (N, C); mean, rstd (N) saved for backward;
   // rstd = 1 / sqrt(variance + eps).
@@ -222,6 +231,23 @@ class Backend {
   // (softmax - onehot(target)) * dloss_scale (it may alias logits).
   virtual void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                              float dloss_scale) = 0;
+
+  // The vocabulary-parallel cross-entropy (--tp, Megatron's): logits (N, Vl) are columns [v0, v0 +
+  // Vl) of the whole (N, V) logits, the first `valid` of them real (the rest vocabulary padding,
+  // never counted). Between the three steps the caller reduces over the tensor-parallel group:
+  // the row maxima (max), then the sums and the target logits (sum); the B*T logits are never
+  // gathered. targets are int32 in host memory (as for cross_entropy), every one in [0, V).
+  // mx (N) = the maximum of each row's valid columns (-inf with none).
+  virtual void vocab_ce_max(Tensor mx, Tensor logits, int64_t valid) = 0;
+  // sumexp (N) = the sum of exp(logit - mx) over each row's valid columns (with the reduced mx);
+  // tlogit (N) = the target's logit where the target is in [v0, v0 + valid), else 0.
+  virtual void vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0,
+                             int64_t valid, Tensor mx) = 0;
+  // With the reduced mx, sumexp and tlogit: losses (N) = log(sumexp) + mx - tlogit; when dlogits
+  // is not empty it receives (exp(logit - mx) / sumexp - onehot(target)) * dloss_scale in the valid
+  // columns and 0 in the padding (it may alias logits).
+  virtual void vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0,
+                               int64_t valid, Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale) = 0;
 
   // ---- optimizers over flat f32 buffers (any shard of them) ----
   virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) = 0;
@@ -273,5 +299,7 @@ std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, con
                                        const char* op);
 void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
 std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}
+// The vocabulary-parallel loss's rows and columns, {N, Vl}, from mx (N) and logits (N, Vl); valid <= Vl.
+std::array<int64_t, 2> vocab_ce_shape(const Tensor& mx, const Tensor& logits, int64_t valid);
 
 }  // namespace shardlab

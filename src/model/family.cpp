@@ -18,13 +18,18 @@ const std::array<const ModelFamily*, 2>& registry() {
   return families;
 }
 
-// tp_degree 1 (the whole model on every rank) is all the units compute yet; the tensor-parallel
-// issue fills in the rest.
-void check_tp(int tp_degree, int tp_rank) {
-  SHARD_REQUIRE(tp_degree >= 1 && tp_rank >= 0 && tp_rank < tp_degree,
-                "tensor-parallel rank {} of {}: need 0 <= rank < degree", tp_rank, tp_degree);
-  if (tp_degree != 1)
-    throw InputError(fmt::format("tensor parallelism is not implemented yet (tensor-parallel degree {})", tp_degree));
+// The divisibility every family's tensor-parallel layout needs, said in the model's terms (the
+// layouts check each tensor too, in the tensors' terms).
+void check_tp(const ModelSpec& spec, const TpConfig& tp) {
+  SHARD_REQUIRE(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree,
+                "tensor-parallel rank {} of {}: need 0 <= rank < degree", tp.rank, tp.degree);
+  if (tp.degree == 1) return;
+  const int64_t T = tp.degree;
+  if (spec.heads % T != 0 || spec.num_kv_heads() % T != 0)
+    throw InputError(fmt::format("--tp {} must divide the attention heads ({}) and the KV heads ({}) of {}", T,
+                                 spec.heads, spec.num_kv_heads(), spec.name));
+  if (spec.ffn_hidden() % T != 0)
+    throw InputError(fmt::format("--tp {} must divide the MLP width ({}) of {}", T, spec.ffn_hidden(), spec.name));
 }
 
 }  // namespace
@@ -37,14 +42,18 @@ const char* tokenizer_name(TokenizerKind t) {
   return "?";
 }
 
-std::vector<UnitLayout> ModelFamily::layout(const ModelSpec& spec, int tp_degree, int tp_rank) const {
-  check_tp(tp_degree, tp_rank);
-  return do_layout(spec, tp_degree, tp_rank);
+std::vector<UnitLayout> ModelFamily::layout(const ModelSpec& spec, const TpConfig& tp) const {
+  check_tp(spec, tp);
+  std::vector<UnitLayout> units = do_layout(spec, tp);
+  for (const UnitLayout& u : units)
+    SHARD_CHECK(u.tp_degree == tp.degree && u.tp_rank == tp.rank, "unit {} laid out for tp rank {} of {}, asked {} of {}",
+                u.name, u.tp_rank, u.tp_degree, tp.rank, tp.degree);
+  return units;
 }
 
-std::vector<std::unique_ptr<Unit>> ModelFamily::make_units(const ModelSpec& spec, int tp_degree, int tp_rank) const {
-  check_tp(tp_degree, tp_rank);
-  return do_make_units(spec, tp_degree, tp_rank);
+std::vector<std::unique_ptr<Unit>> ModelFamily::make_units(const ModelSpec& spec, const TpConfig& tp) const {
+  check_tp(spec, tp);
+  return do_make_units(spec, tp);
 }
 
 std::vector<std::string> ModelFamily::unit_names(const ModelSpec& spec) const {

@@ -48,10 +48,13 @@ class ModelFamily {
   // calls it after the model-neutral checks).
   virtual void check(const ModelSpec& spec) const = 0;
 
-  // Units in execution order with the tensors tensor-parallel rank tp_rank of tp_degree holds.
-  // Only tp_degree 1 exists yet: any other throws InputError.
-  std::vector<UnitLayout> layout(const ModelSpec& spec, int tp_degree = 1, int tp_rank = 0) const;
-  std::vector<std::unique_ptr<Unit>> make_units(const ModelSpec& spec, int tp_degree = 1, int tp_rank = 0) const;
+  // Units in execution order with the tensors tensor-parallel rank tp.rank of tp.degree holds
+  // (Megatron's layout: attention column-parallel by heads, its output projection row-parallel,
+  // the MLP's first linears column-parallel and its second row-parallel, the vocabulary split
+  // over the embedding and the head). InputError when the degree does not divide the heads, the
+  // KV heads or the MLP width, naming them.
+  std::vector<UnitLayout> layout(const ModelSpec& spec, const TpConfig& tp = {}) const;
+  std::vector<std::unique_ptr<Unit>> make_units(const ModelSpec& spec, const TpConfig& tp = {}) const;
   std::vector<std::string> unit_names(const ModelSpec& spec) const;  // as layout(spec) names them
 
   // The state-dict adapter (safetensors save, load, export): the name a layout tensor has in an
@@ -64,9 +67,8 @@ class ModelFamily {
 
  protected:
   // layout() and make_units() check the tensor-parallel arguments, then call these.
-  virtual std::vector<UnitLayout> do_layout(const ModelSpec& spec, int tp_degree, int tp_rank) const = 0;
-  virtual std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& spec, int tp_degree,
-                                                           int tp_rank) const = 0;
+  virtual std::vector<UnitLayout> do_layout(const ModelSpec& spec, const TpConfig& tp) const = 0;
+  virtual std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& spec, const TpConfig& tp) const = 0;
 };
 
 const ModelFamily& family_of(const ModelSpec& spec);

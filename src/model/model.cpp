@@ -4,9 +4,12 @@
 
 namespace shardlab {
 
-Model::Model(const ModelSpec& spec, Backend& be, Pool& pool) : spec_(spec), be_(be), pool_(pool) {
+Model::Model(const ModelSpec& spec, Backend& be, Pool& pool, const TpContext& tp)
+    : spec_(spec), be_(be), pool_(pool), tp_(tp) {
   spec_.validate();
-  units_ = family_of(spec_).make_units(spec_);
+  SHARD_CHECK(!tp.active() || tp.comm != nullptr, "a tensor-parallel model (degree {}) needs its group's communicator",
+              tp.config.degree);
+  units_ = family_of(spec_).make_units(spec_, tp.config);
   for (const auto& u : units_) {
     params_.push_back(pool_.alloc(DType::f32, u->layout().numel, Category::param_full, u->name() + " params"));
     grads_.push_back(pool_.alloc(DType::f32, u->layout().numel, Category::grad_full, u->name() + " grads"));
@@ -46,7 +49,23 @@ void read_unit(HfWeights& r, const UnitLayout& unit, std::span<float> out, const
       throw InputError(fmt::format("'{}' has no tensor '{}'{}: is it a {} checkpoint of {}?", r.where(), names[0],
                                    others.empty() ? "" : " (nor " + others + ")", family.name(), spec.describe()));
     }
-    r.read_f32(*name, out.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.numel)), &t.shape);
+    std::span<float> dst = out.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.numel));
+    if (unit.tp_degree == 1 || !t.tp.split()) {
+      r.read_f32(*name, dst, &t.full_shape);
+      continue;
+    }
+    // A tensor-parallel part: the whole tensor, then this rank's runs of it (padding zero).
+    int64_t full_numel = 1;
+    for (int64_t d : t.full_shape) full_numel *= d;
+    std::vector<float> whole(static_cast<size_t>(full_numel));
+    r.read_f32(*name, whole, &t.full_shape);
+    for (const TpRun& run : tp_runs(t, unit.tp_degree, unit.tp_rank)) {
+      float* to = dst.data() + run.local;
+      if (run.full < 0)
+        std::fill_n(to, run.len, 0.f);
+      else
+        std::copy_n(whole.data() + run.full, run.len, to);
+    }
   }
 }
 
@@ -61,6 +80,8 @@ void Model::load(const std::string& path) {
 
 void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
                  const std::vector<std::vector<float>>& values, DType dtype) {
+  SHARD_CHECK(units.empty() || units[0]->layout().tp_degree == 1,
+              "write_units takes whole tensors (tensor-parallel degree 1), not degree {}", units[0]->layout().tp_degree);
   std::vector<HfTensorDecl> tensors;
   for (size_t u = 0; u < units.size(); ++u)
     for (const TensorDecl& t : units[u]->layout().tensors) tensors.push_back({family_of(spec).hf_name(t), t.shape});
@@ -107,7 +128,8 @@ ParamSet Model::view_set(size_t i, const std::vector<Block>& storage) const {
 
 float Model::forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits) {
   const float positions = static_cast<float>(batch.B * batch.T);
-  RunResult r = run_forward_backward(units_, spec_, be_, pool_, batch, *this, grad_scale / positions, logits);
+  RunResult r = run_forward_backward(units_, spec_, be_, pool_, batch, *this, grad_scale / positions, logits,
+                                     Checkpointing::none, tp_);
   return static_cast<float>(r.loss_sum / positions);
 }
 

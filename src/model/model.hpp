@@ -25,7 +25,10 @@ void write_units(const std::string& path, const ModelSpec& spec, const std::vect
 
 class Model : private UnitHooks {
  public:
-  Model(const ModelSpec& spec, Backend& be, Pool& pool);
+  // Under tensor parallelism (tp active) this rank's part of the model (family layout for
+  // tp.config): init() and load() fill that part of every tensor as the whole model would have it,
+  // and forward_backward() computes with the group (its loss is the whole model's).
+  Model(const ModelSpec& spec, Backend& be, Pool& pool, const TpContext& tp = {});
 
   const ModelSpec& spec() const { return spec_; }
   size_t num_units() const { return units_.size(); }
@@ -36,7 +39,7 @@ class Model : private UnitHooks {
   // Loads every parameter from an HF-named file or HF model directory ("transformer." prefix and
   // attention-mask buffers accepted); throws InputError naming a missing tensor or a shape mismatch.
   void load(const std::string& path);
-  void save(const std::string& path, DType dtype = DType::f32) const;
+  void save(const std::string& path, DType dtype = DType::f32) const;  // tensor-parallel degree 1 only
 
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
@@ -58,6 +61,7 @@ class Model : private UnitHooks {
   ModelSpec spec_;
   Backend& be_;
   Pool& pool_;
+  TpContext tp_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Block> params_, grads_;  // one flat f32 buffer per unit
 };

@@ -19,16 +19,40 @@ double cross_entropy_sum(Backend& be, Pool& pool, Tensor logits, const Batch& ba
   return sum;
 }
 
-// The last unit's output as (N, V) logits, copied to *logits when asked for.
-Tensor final_logits(Backend& be, const Block& out, const ModelSpec& spec, int64_t N, std::vector<float>* logits) {
-  Tensor t = out.view(DType::f32, {N, spec.vocab});
+// The last unit's output as (N, V) logits (this rank's vocabulary columns under tensor
+// parallelism), copied to *logits when asked for.
+Tensor final_logits(Backend& be, const Block& out, int64_t N, std::vector<float>* logits) {
+  const int64_t V = static_cast<int64_t>(out.bytes() / sizeof(float)) / N;
+  Tensor t = out.view(DType::f32, {N, V});
   if (logits) {
-    logits->resize(static_cast<size_t>(N * spec.vocab));
+    logits->resize(static_cast<size_t>(N * V));
     be.copy(Tensor::of(std::span<float>(*logits)), t);
   }
   return t;
 }
 }  // namespace
+
+double vocab_parallel_loss(Backend& be, Pool& pool, Communicator& tp, const ModelSpec& spec, Tensor logits,
+                           const Batch& batch, Tensor dlogits, float scale) {
+  const int64_t N = batch.B * batch.T;
+  const VocabShard v = vocab_shard(spec.vocab, tp.world_size(), tp.rank());
+  SHARD_CHECK(logits.numel() == N * v.rows, "vocabulary-parallel loss: logits {} for {} rows of {} vocabulary rows",
+              logits.shape_str(), N, v.rows);
+  // mx, then [sumexp | tlogit] (reduced together), losses, and their sum.
+  Block stats = pool.alloc(DType::f32, 4 * N + 1, Category::activations, "vocab-parallel loss");
+  Tensor all = stats.flat(DType::f32);
+  Tensor mx = all.slice(0, N), sums = all.slice(N, 2 * N), losses = all.slice(3 * N, N);
+  be.vocab_ce_max(mx, logits, v.valid);
+  tp.all_reduce(mx, ReduceOp::max).wait();
+  be.vocab_ce_sums(sums.slice(0, N), sums.slice(N, N), logits, batch.targets, v.begin, v.valid, mx);
+  tp.all_reduce(sums).wait();
+  be.vocab_ce_finish(losses, dlogits, logits, batch.targets, v.begin, v.valid, mx, sums.slice(0, N), sums.slice(N, N),
+                     scale);
+  be.sum(losses, all.slice(4 * N, 1), false);
+  float sum = 0.f;
+  be.copy(Tensor::flat(&sum, DType::f32, 1), all.slice(4 * N, 1));
+  return sum;
+}
 
 double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) {
   return cross_entropy_sum(be, pool, logits, batch, logits, dlogit_scale);
@@ -59,37 +83,39 @@ void forward_units(const std::vector<std::unique_ptr<Unit>>& units, UnitContext&
 }  // namespace
 
 RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool,
-                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits) {
+                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits, const TpContext& tp) {
   SHARD_REQUIRE(batch.T <= spec.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec.seq);
-  UnitContext ctx{be, pool, spec, batch};
+  UnitContext ctx{be, pool, spec, batch, Checkpointing::none, tp};
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(units.size());
   std::vector<Saved> saved(units.size());
   forward_units(units, ctx, hooks, outs, saved, false);
-  Tensor out = final_logits(be, outs.back(), spec, N, logits);
+  Tensor out = final_logits(be, outs.back(), N, logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
-  r.loss_sum = hooks.forward_loss(be, pool, out, batch);
+  r.loss_sum = tp.active() ? vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, Tensor(), 0.f)
+                           : hooks.forward_loss(be, pool, out, batch);
   pool.ledger().set_phase({});
   return r;
 }
 
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
-                               std::vector<float>* logits, Checkpointing checkpointing) {
+                               std::vector<float>* logits, Checkpointing checkpointing, const TpContext& tp) {
   SHARD_REQUIRE(batch.T <= spec.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec.seq);
-  UnitContext ctx{be, pool, spec, batch, checkpointing};
+  UnitContext ctx{be, pool, spec, batch, checkpointing, tp};
   const size_t U = units.size();
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
   forward_units(units, ctx, hooks, outs, saved, true);
-  Tensor out = final_logits(be, outs.back(), spec, N, logits);
+  Tensor out = final_logits(be, outs.back(), N, logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
-  r.loss_sum = hooks.loss(be, pool, out, batch, dlogit_scale);
+  r.loss_sum = tp.active() ? vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, out, dlogit_scale)
+                           : hooks.loss(be, pool, out, batch, dlogit_scale);
   Block dnext;  // gradient flowing into unit u's output
   for (size_t u = U; u-- > 0;) {
     pool.ledger().set_phase(Phase::backward(u));

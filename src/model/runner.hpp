@@ -35,16 +35,31 @@ struct RunResult {
 
 // Forward through every unit, loss, backward through every unit in reverse. Activations come from
 // the pool (category activations) and are freed as backward passes each unit. When logits is
-// given, it receives this rank's logits before the loss overwrites them.
+// given, it receives this rank's logits before the loss overwrites them (under tensor
+// parallelism: its vocabulary columns, (N, padded V / T)).
+//
+// Under tensor parallelism (tp active, units made for tp.config) the loss is the
+// vocabulary-parallel cross-entropy over the tp group (vocab_parallel_loss below) instead of
+// hooks.loss / hooks.forward_loss; every rank of the group gets the same loss.
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
-                               std::vector<float>* logits = nullptr, Checkpointing checkpointing = Checkpointing::none);
+                               std::vector<float>* logits = nullptr, Checkpointing checkpointing = Checkpointing::none,
+                               const TpContext& tp = {});
 
 // Forward through every unit and the loss, no backward (evaluation): returns this rank's loss sum.
 // after_forward(u) follows each unit's forward as in training; hooks that keep a unit for a
 // backward must know from their own state that none follows (Strategy::begin_eval).
 RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool,
-                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits = nullptr);
+                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits = nullptr,
+                      const TpContext& tp = {});
+
+// Megatron's vocabulary-parallel cross-entropy: logits (N, rows) are this rank's vocabulary rows
+// of the head (vocab_shard). The row maxima are all-reduced (max) over the tp group, then each
+// row's sum of exponentials and its target's logit (sum, one collective of 2N): 3N floats in all,
+// and the (N, V) logits are never gathered. Returns the sum of the N losses, the same on every
+// rank; with dlogits (may alias logits) also their gradient times scale, zero in padding columns.
+double vocab_parallel_loss(Backend& be, Pool& pool, Communicator& tp, const ModelSpec& spec, Tensor logits,
+                           const Batch& batch, Tensor dlogits, float scale);
 
 // Views of every tensor of `unit` inside a flat f32 buffer laid out as the unit's layout says.
 void add_unit_views(ParamSet& set, const UnitLayout& unit, Tensor flat);

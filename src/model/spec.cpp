@@ -1,5 +1,6 @@
 #include "src/model/spec.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -144,10 +145,22 @@ const TensorDecl& UnitLayout::find(std::string_view tensor) const {
   SHARD_CHECK(false, "unit {} has no tensor {}", name, tensor);
 }
 
-void add_tensor(UnitLayout& u, std::string name, std::vector<int64_t> shape, Init init, float std) {
+void add_tensor(UnitLayout& u, std::string name, std::vector<int64_t> shape, Init init, float std, TpSplit tp) {
   TensorDecl t;
   t.name = std::move(name);
+  t.full_shape = shape;
   t.shape = std::move(shape);
+  if (tp.split()) {
+    SHARD_CHECK(tp.dim < static_cast<int>(t.shape.size()) && tp.parts >= 1 && t.shape[tp.dim] % tp.parts == 0,
+                "{}: tensor-parallel split of dimension {} in {} parts for shape {}", t.name, tp.dim, tp.parts,
+                t.shape_str());
+    const int64_t block = t.shape[tp.dim] / tp.parts, T = u.tp_degree;
+    if (!tp.pad && block % T != 0)
+      throw InputError(fmt::format("--tp {} does not divide {}'s {} {} (dimension {} of {})", T, t.name,
+                                   tp.parts > 1 ? "blocks of" : "size", block, tp.dim, t.shape_str()));
+    t.shape[tp.dim] = tp.parts * ((block + T - 1) / T);
+  }
+  t.tp = tp;
   t.numel = 1;
   for (int64_t d : t.shape) t.numel *= d;
   t.offset = u.numel;
@@ -156,6 +169,44 @@ void add_tensor(UnitLayout& u, std::string name, std::vector<int64_t> shape, Ini
   t.std = std;
   u.numel += t.numel;
   u.tensors.push_back(std::move(t));
+}
+
+std::vector<TpRun> tp_runs(const TensorDecl& t, int tp_degree, int tp_rank) {
+  if (!t.tp.split() || tp_degree == 1) return {TpRun{0, 0, t.numel}};
+  const size_t d = static_cast<size_t>(t.tp.dim);
+  int64_t outer = 1, inner = 1;
+  for (size_t i = 0; i < d; ++i) outer *= t.full_shape[i];
+  for (size_t i = d + 1; i < t.full_shape.size(); ++i) inner *= t.full_shape[i];
+  const int64_t block = t.full_shape[d] / t.tp.parts, chunk = t.shape[d] / t.tp.parts;
+  const int64_t valid = std::clamp<int64_t>(block - tp_rank * chunk, 0, chunk);
+  std::vector<TpRun> runs;
+  auto push = [&](int64_t local, int64_t full, int64_t len) {
+    if (len == 0) return;
+    if (!runs.empty()) {
+      TpRun& b = runs.back();
+      const bool both_pad = b.full < 0 && full < 0, adjacent = b.full >= 0 && full == b.full + b.len;
+      if (b.local + b.len == local && (both_pad || adjacent)) {
+        b.len += len;
+        return;
+      }
+    }
+    runs.push_back({local, full, len});
+  };
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t b = 0; b < t.tp.parts; ++b) {
+      const int64_t local = (o * t.shape[d] + b * chunk) * inner;
+      push(local, (o * t.full_shape[d] + b * block + tp_rank * chunk) * inner, valid * inner);
+      push(local + valid * inner, -1, (chunk - valid) * inner);
+    }
+  return runs;
+}
+
+VocabShard vocab_shard(int64_t vocab, int tp_degree, int tp_rank) {
+  VocabShard v;
+  v.rows = (vocab + tp_degree - 1) / tp_degree;
+  v.begin = tp_rank * v.rows;
+  v.valid = std::clamp<int64_t>(vocab - v.begin, 0, v.rows);
+  return v;
 }
 
 int64_t num_params(const std::vector<UnitLayout>& layout) {
@@ -167,16 +218,22 @@ int64_t num_params(const std::vector<UnitLayout>& layout) {
 void init_flat_range(const UnitLayout& unit, uint64_t seed, int64_t first, std::span<float> out) {
   const int64_t last = first + static_cast<int64_t>(out.size());
   SHARD_CHECK(first >= 0, "init range starts at {}", first);
-  // Elements past the last tensor are padding (sharded buffers round up): zero.
+  // Elements past the last tensor are padding (sharded buffers round up): zero, as is the padding
+  // of tensor-parallel parts.
   std::fill(out.begin(), out.end(), 0.f);
   for (const TensorDecl& t : unit.tensors) {
-    int64_t lo = std::max(first, t.offset), hi = std::min(last, t.offset + t.numel);
-    if (lo >= hi) continue;
-    std::span<float> dst = out.subspan(static_cast<size_t>(lo - first), static_cast<size_t>(hi - lo));
-    switch (t.init) {
-      case Init::zeros: std::fill(dst.begin(), dst.end(), 0.f); break;
-      case Init::ones: std::fill(dst.begin(), dst.end(), 1.f); break;
-      case Init::normal: Rng(seed, t.name).fill_normal(dst, static_cast<uint64_t>(lo - t.offset), 0.f, t.std); break;
+    if (std::max(first, t.offset) >= std::min(last, t.offset + t.numel)) continue;
+    for (const TpRun& r : tp_runs(t, unit.tp_degree, unit.tp_rank)) {
+      int64_t lo = std::max(first, t.offset + r.local), hi = std::min(last, t.offset + r.local + r.len);
+      if (lo >= hi || r.full < 0) continue;
+      std::span<float> dst = out.subspan(static_cast<size_t>(lo - first), static_cast<size_t>(hi - lo));
+      switch (t.init) {
+        case Init::zeros: std::fill(dst.begin(), dst.end(), 0.f); break;
+        case Init::ones: std::fill(dst.begin(), dst.end(), 1.f); break;
+        case Init::normal:
+          Rng(seed, t.name).fill_normal(dst, static_cast<uint64_t>(lo - t.offset - r.local + r.full), 0.f, t.std);
+          break;
+      }
     }
   }
 }

@@ -70,6 +70,30 @@ ModelSpec spec_from_json(const nlohmann::json& j);
 
 enum class Init : uint8_t { normal, zeros, ones };
 
+// Tensor parallelism (Megatron-LM's layout, --tp): which part of a model each rank of a
+// tensor-parallel group of `degree` ranks computes. Units are built for one (degree, rank); with
+// sequence_parallel the activations between the tensor-parallel regions (norms, residuals, the
+// units' inputs and outputs) are split along the B*T token rows too.
+struct TpConfig {
+  int degree = 1;
+  int rank = 0;
+  bool sequence_parallel = false;
+  bool operator==(const TpConfig&) const = default;
+};
+
+// How one tensor is split over the tensor-parallel group. dim -1: replicated (every rank holds it
+// whole). Otherwise dimension `dim` of the whole tensor is `parts` equal blocks (GPT-2's c_attn
+// columns: q, k, v), each cut into `degree` contiguous chunks, and rank r holds chunk r of every
+// block, in block order. `pad`: a block that degree does not divide is padded up to a multiple (the
+// vocabulary: padding rows are zero, no token reads them and the loss masks them out); without it
+// such a split is an InputError naming the tensor.
+struct TpSplit {
+  int dim = -1;
+  int parts = 1;
+  bool pad = false;
+  bool split() const { return dim >= 0; }
+};
+
 struct TensorDecl {
   std::string name;              // the family's name, e.g. "h.3.attn.c_attn.weight"
   std::vector<int64_t> shape;
@@ -78,6 +102,8 @@ struct TensorDecl {
   bool decay = false;            // weight decay applies (tensors with >= 2 dims)
   Init init = Init::zeros;
   float std = 0.f;               // for Init::normal
+  TpSplit tp;                    // how tensor parallelism splits it (replicated unless set)
+  std::vector<int64_t> full_shape;  // the whole tensor's shape (HF's): shape when not split
   std::string shape_str() const;
 };
 
@@ -85,15 +111,35 @@ struct UnitLayout {
   std::string name;  // "embedding", "h.0", ..., "head"
   std::vector<TensorDecl> tensors;
   int64_t numel = 0;
+  int tp_degree = 1, tp_rank = 0;  // the tensor-parallel rank whose part of the tensors this is
   const TensorDecl& find(std::string_view tensor) const;  // InternalError if absent
 };
 
 // Appends a tensor to a unit's flat buffer (after the last one); decay for 2 dims or more.
-void add_tensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, Init init, float std = 0.f);
+// `shape` is the whole tensor's; the unit holds its tensor-parallel rank's part as `tp` says.
+void add_tensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, Init init, float std = 0.f,
+                TpSplit tp = {});
 int64_t num_params(const std::vector<UnitLayout>& layout);
 
+// A run of elements a tensor-parallel rank holds: `len` elements from `local` (index in the rank's
+// tensor, row-major) are the whole tensor's elements from `full` on (row-major in full_shape);
+// full is -1 for padding (elements no whole tensor has).
+struct TpRun {
+  int64_t local = 0, full = 0, len = 0;
+};
+// Every run of t's local elements in order (one run for a replicated tensor), covering all of them.
+std::vector<TpRun> tp_runs(const TensorDecl& t, int tp_degree, int tp_rank);
+
+// The vocabulary rows a tensor-parallel rank holds of the embedding and the LM head (padded to a
+// multiple of the degree): [begin, begin + rows), of which the first `valid` are real tokens.
+struct VocabShard {
+  int64_t begin = 0, rows = 0, valid = 0;
+};
+VocabShard vocab_shard(int64_t vocab, int tp_degree, int tp_rank);
+
 // Initialisation of elements [first, first + out.size()) of a unit's flat buffer, as its tensors'
-// Init says, as a function of (seed, tensor name, index in tensor) only: any shard initialises alone.
+// Init says, as a function of (seed, tensor name, index in the whole tensor) only: any shard, and
+// any tensor-parallel rank's part, initialises alone to what one rank holding everything would.
 void init_flat_range(const UnitLayout& unit, uint64_t seed, int64_t first, std::span<float> out);
 
 }  // namespace shardlab

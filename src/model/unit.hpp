@@ -13,6 +13,7 @@
 
 #include "memory/pool.hpp"
 #include "src/backend/backend.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/model/spec.hpp"
 
 namespace shardlab {
@@ -83,12 +84,23 @@ class Saved {
   std::map<std::string, Tensor> tensors_;
 };
 
+// The tensor-parallel group a rank's units compute in (--tp): its degree and rank, whether
+// sequence parallelism splits the activations between the regions, and the group's communicator
+// (null at degree 1). src/model/tp.hpp has the regions' communication.
+struct TpContext {
+  TpConfig config;
+  Communicator* comm = nullptr;
+  bool active() const { return config.degree > 1; }
+  bool sequence_parallel() const { return active() && config.sequence_parallel; }
+};
+
 struct UnitContext {
   Backend& be;
   Pool& pool;
   const ModelSpec& spec;
   Batch batch;
   Checkpointing checkpointing = Checkpointing::none;
+  TpContext tp;
 };
 
 class Unit {

@@ -191,6 +191,18 @@ class CpuBackend final : public Backend {
     cpu::embedding_backward(dwte.ptr<float>(), dwpe.data() ? dwpe.ptr<float>() : nullptr, dout.ptr<float>(), tokens,
                             B, T, C);
   }
+  void embedding_forward_shard(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe,
+                               int64_t v0) override {
+    const int64_t C = embedding_shape(out, wte, wpe, B, T);
+    cpu::embedding_forward_shard(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.data() ? wpe.ptr<float>() : nullptr,
+                                 B, T, C, wte.dim(0), v0);
+  }
+  void embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B, int64_t T,
+                                int64_t v0) override {
+    const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
+    cpu::embedding_backward_shard(dwte.ptr<float>(), dwpe.data() ? dwpe.ptr<float>() : nullptr, dout.ptr<float>(),
+                                  tokens, B, T, C, dwte.dim(0), v0);
+  }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
                          float eps) override {
     const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
@@ -250,6 +262,28 @@ class CpuBackend final : public Backend {
     const auto [N, V] = cross_entropy_shape(losses, dlogits, logits);
     float* d = dlogits.data() ? dlogits.ptr<float>() : nullptr;
     cpu::cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), targets, N, V, dloss_scale);
+  }
+
+  void vocab_ce_max(Tensor mx, Tensor logits, int64_t valid) override {
+    const auto [N, Vl] = vocab_ce_shape(mx, logits, valid);
+    cpu::vocab_ce_max(mx.ptr<float>(), logits.ptr<float>(), N, Vl, valid);
+  }
+  void vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
+                     Tensor mx) override {
+    const auto [N, Vl] = vocab_ce_shape(mx, logits, valid);
+    check_same_numel(sumexp, mx, "vocab_ce_sums");
+    check_same_numel(tlogit, mx, "vocab_ce_sums");
+    cpu::vocab_ce_sums(sumexp.ptr<float>(), tlogit.ptr<float>(), logits.ptr<float>(), targets, N, Vl, v0, valid,
+                       mx.ptr<float>());
+  }
+  void vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
+                       Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale) override {
+    const auto [N, Vl] = vocab_ce_shape(mx, logits, valid);
+    for (const Tensor* t : {&losses, &sumexp, &tlogit}) check_same_numel(*t, mx, "vocab_ce_finish");
+    if (dlogits.data()) check_same_numel(dlogits, logits, "vocab_ce_finish");
+    cpu::vocab_ce_finish(losses.ptr<float>(), dlogits.data() ? dlogits.ptr<float>() : nullptr, logits.ptr<float>(),
+                         targets, N, Vl, v0, valid, mx.ptr<float>(), sumexp.ptr<float>(), tlogit.ptr<float>(),
+                         dloss_scale);
   }
 
   // ---- optimizers ----

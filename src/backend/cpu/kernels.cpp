@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace shardlab::cpu {
@@ -58,6 +59,48 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     float* e = dwte + static_cast<int64_t>(tokens[bt]) * C;
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) e[c] += d[c];
+    if (dwpe) {
+      float* p = dwpe + (bt % T) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) p[c] += d[c];
+    }
+  }
+}
+
+void embedding_forward_shard(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                             int64_t T, int64_t C, int64_t V, int64_t v0) {
+#pragma omp parallel for schedule(static) if (B * T * C > kParallelMin)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t row = static_cast<int64_t>(tokens[bt]) - v0;
+    const float* p = wpe ? wpe + (bt % T) * C : nullptr;
+    float* o = out + bt * C;
+    if (row >= 0 && row < V) {
+      const float* e = wte + row * C;
+      if (p) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      } else {
+        std::copy_n(e, C, o);
+      }
+    } else if (p) {
+      std::copy_n(p, C, o);
+    } else {
+      std::fill_n(o, C, 0.f);
+    }
+  }
+}
+
+void embedding_backward_shard(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                              int64_t T, int64_t C, int64_t V, int64_t v0) {
+  // Sequential over positions, as embedding_backward: a fixed order of additions.
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const float* d = dout + bt * C;
+    const int64_t row = static_cast<int64_t>(tokens[bt]) - v0;
+    if (row >= 0 && row < V) {
+      float* e = dwte + row * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) e[c] += d[c];
+    }
     if (dwpe) {
       float* p = dwpe + (bt % T) * C;
 #pragma omp simd
@@ -460,6 +503,50 @@ void cross_entropy(float* losses, float* dlogits, const float* logits, const int
       for (int64_t j = 0; j < V; ++j) d[j] = fast_exp(z[j] - mx) * scale;
       d[y] -= dloss_scale;
     }
+  }
+}
+
+void vocab_ce_max(float* mx, const float* logits, int64_t N, int64_t Vl, int64_t valid) {
+#pragma omp parallel for schedule(static) if (N * valid > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* z = logits + i * Vl;
+    float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < valid; ++j) m = std::max(m, z[j]);
+    mx[i] = m;
+  }
+}
+
+void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const int32_t* targets, int64_t N, int64_t Vl,
+                   int64_t v0, int64_t valid, const float* mx) {
+#pragma omp parallel for schedule(static) if (N * valid > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* z = logits + i * Vl;
+    const float m = mx[i];
+    double sum = 0.0;  // float terms, a double sum, as cross_entropy
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; ++j) sum += fast_exp(z[j] - m);
+    sumexp[i] = static_cast<float>(sum);
+    const int64_t y = static_cast<int64_t>(targets[i]) - v0;
+    tlogit[i] = y >= 0 && y < valid ? z[y] : 0.f;
+  }
+}
+
+void vocab_ce_finish(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N,
+                     int64_t Vl, int64_t v0, int64_t valid, const float* mx, const float* sumexp, const float* tlogit,
+                     float dloss_scale) {
+#pragma omp parallel for schedule(static) if (N * Vl > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    losses[i] = std::log(sumexp[i]) + mx[i] - tlogit[i];
+    if (!dlogits) continue;
+    const float* z = logits + i * Vl;
+    float* d = dlogits + i * Vl;  // may be z itself: each element is read before it is written
+    const float m = mx[i], scale = (1.f / sumexp[i]) * dloss_scale;
+#pragma omp simd
+    for (int64_t j = 0; j < valid; ++j) d[j] = fast_exp(z[j] - m) * scale;
+    std::fill(d + valid, d + Vl, 0.f);
+    const int64_t y = static_cast<int64_t>(targets[i]) - v0;
+    if (y >= 0 && y < valid) d[y] -= dloss_scale;
   }
 }
 

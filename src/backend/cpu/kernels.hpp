@@ -22,6 +22,12 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
                        int64_t C, int64_t V);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,
                         int64_t C);
+// The vocabulary-parallel embedding: wte holds rows [v0, v0 + V); tokens outside give zero rows
+// (plus wpe) and no gradient.
+void embedding_forward_shard(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                             int64_t T, int64_t C, int64_t V, int64_t v0);
+void embedding_backward_shard(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                              int64_t T, int64_t C, int64_t V, int64_t v0);
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                        int64_t N, int64_t C, float eps);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
@@ -45,6 +51,13 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         int64_t T, int64_t C, int64_t H, int64_t KV);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                    float dloss_scale);
+// The vocabulary-parallel cross-entropy's three steps (Backend::vocab_ce_*): logits (N, Vl).
+void vocab_ce_max(float* mx, const float* logits, int64_t N, int64_t Vl, int64_t valid);
+void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const int32_t* targets, int64_t N, int64_t Vl,
+                   int64_t v0, int64_t valid, const float* mx);
+void vocab_ce_finish(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N,
+                     int64_t Vl, int64_t v0, int64_t valid, const float* mx, const float* sumexp, const float* tlogit,
+                     float dloss_scale);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a);
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a);
 

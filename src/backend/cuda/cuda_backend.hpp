@@ -95,6 +95,15 @@ class CudaBackend final : public Backend {
                           Tensor scratch) override;
   void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                      float dloss_scale) override;
+  void embedding_forward_shard(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe,
+                               int64_t v0) override;
+  void embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B, int64_t T,
+                                int64_t v0) override;
+  void vocab_ce_max(Tensor mx, Tensor logits, int64_t valid) override;
+  void vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
+                     Tensor mx) override;
+  void vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
+                       Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale) override;
 
  private:
   cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }

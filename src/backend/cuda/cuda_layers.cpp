@@ -191,6 +191,23 @@ void CudaBackend::cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, co
   CUDA_CHECK(launch_cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), ids, N, V, dloss_scale, compute_));
 }
 
+// ---- the vocabulary-parallel embedding and loss (--tp) ----
+// TODO(tp kernels): written by the tensor-parallel work; until then they refuse.
+void CudaBackend::embedding_forward_shard(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, int64_t) {
+  SHARD_CHECK(false, "embedding_forward_shard is not written for CUDA yet");
+}
+void CudaBackend::embedding_backward_shard(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, int64_t) {
+  SHARD_CHECK(false, "embedding_backward_shard is not written for CUDA yet");
+}
+void CudaBackend::vocab_ce_max(Tensor, Tensor, int64_t) { SHARD_CHECK(false, "vocab_ce_max is not written for CUDA yet"); }
+void CudaBackend::vocab_ce_sums(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor) {
+  SHARD_CHECK(false, "vocab_ce_sums is not written for CUDA yet");
+}
+void CudaBackend::vocab_ce_finish(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, Tensor,
+                                  float) {
+  SHARD_CHECK(false, "vocab_ce_finish is not written for CUDA yet");
+}
+
 // ---- token ids ----------------------------------------------------------------------------------
 
 // host_ids_ -> device scratch on the compute stream, through a pinned slot: from pageable

@@ -84,6 +84,11 @@ class MetaBackend final : public Backend {
   }
   void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) override {}
   void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override {}
+  void embedding_forward_shard(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, int64_t) override {}
+  void embedding_backward_shard(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, int64_t) override {}
+  void vocab_ce_max(Tensor, Tensor, int64_t) override {}
+  void vocab_ce_sums(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor) override {}
+  void vocab_ce_finish(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, Tensor, float) override {}
   // ---- optimizers ----
   void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override {}
   void sgd_update(Tensor, Tensor, Tensor, const SgdArgs&) override {}

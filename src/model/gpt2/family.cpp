@@ -37,9 +37,11 @@ class Gpt2Family final : public ModelFamily {
   TokenizerKind tokenizer() const override { return TokenizerKind::gpt2_bpe; }
 
  protected:
-  std::vector<UnitLayout> do_layout(const ModelSpec& s, int, int) const override { return gpt2_layout(s); }
-  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, int, int) const override {
-    return make_gpt2_units(s);
+  std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp) const override {
+    return gpt2_layout(s, tp);
+  }
+  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, const TpConfig& tp) const override {
+    return make_gpt2_units(s, tp);
   }
 };
 

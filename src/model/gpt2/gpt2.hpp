@@ -26,9 +26,9 @@ nlohmann::json gpt2_hf_config(const ModelSpec& spec);
 double gpt2_flops_per_token(const ModelSpec& spec);
 
 // layout.cpp: units in execution order: embedding, h.0 .. h.{L-1}, head (ln_f; the LM head is wte).
-std::vector<UnitLayout> gpt2_layout(const ModelSpec& spec);
+std::vector<UnitLayout> gpt2_layout(const ModelSpec& spec, const TpConfig& tp = {});
 
 // units.cpp
-std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec);
+std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec, const TpConfig& tp = {});
 
 }  // namespace shardlab

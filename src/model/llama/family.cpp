@@ -42,9 +42,11 @@ class LlamaFamily final : public ModelFamily {
   TokenizerKind tokenizer() const override { return TokenizerKind::hf_byte_bpe; }
 
  protected:
-  std::vector<UnitLayout> do_layout(const ModelSpec& s, int, int) const override { return llama_layout(s); }
-  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, int, int) const override {
-    return make_llama_units(s);
+  std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp) const override {
+    return llama_layout(s, tp);
+  }
+  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, const TpConfig& tp) const override {
+    return make_llama_units(s, tp);
   }
 };
 

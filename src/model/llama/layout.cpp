@@ -5,35 +5,41 @@
 // Within a layer, q_proj, k_proj and v_proj follow one another in the unit's flat buffer, as do
 // gate_proj and up_proj: stacked, they are the ((H + 2 KV) hd, C) and (2F, C) matrices one GEMM
 // each multiplies by (units.cpp).
+//
+// Tensor parallelism (Megatron; nn.Linear is (out, in)): q/k/v_proj and gate/up_proj split by
+// output rows (column-parallel: each rank holds its heads, its KV heads, its slice of the MLP
+// width, still adjacent and stacked), o_proj and down_proj by input columns (row-parallel),
+// embed_tokens and lm_head by vocabulary rows (padded). The RMSNorm weights are replicated.
 #include "src/model/llama/llama.hpp"
 
 namespace shardlab {
 
-std::vector<UnitLayout> llama_layout(const ModelSpec& s) {
+std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
   const int64_t C = s.dim, F = s.ffn_hidden(), hd = s.dim / s.heads;
   const int64_t q_rows = s.heads * hd, kv_rows = s.num_kv_heads() * hd;
   const float std = 0.02f;
+  const TpSplit vocab{0, 1, true}, rows{0}, cols{1};
   std::vector<UnitLayout> units;
-  UnitLayout emb{"embedding", {}, 0};
-  add_tensor(emb, "model.embed_tokens.weight", {s.vocab, C}, Init::normal, std);
+  UnitLayout emb{"embedding", {}, 0, tp.degree, tp.rank};
+  add_tensor(emb, "model.embed_tokens.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(emb));
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    UnitLayout b{"layers." + std::to_string(l), {}, 0};
+    UnitLayout b{"layers." + std::to_string(l), {}, 0, tp.degree, tp.rank};
     add_tensor(b, p + "input_layernorm.weight", {C}, Init::ones);
-    add_tensor(b, p + "self_attn.q_proj.weight", {q_rows, C}, Init::normal, std);
-    add_tensor(b, p + "self_attn.k_proj.weight", {kv_rows, C}, Init::normal, std);
-    add_tensor(b, p + "self_attn.v_proj.weight", {kv_rows, C}, Init::normal, std);
-    add_tensor(b, p + "self_attn.o_proj.weight", {C, q_rows}, Init::normal, std);
+    add_tensor(b, p + "self_attn.q_proj.weight", {q_rows, C}, Init::normal, std, rows);
+    add_tensor(b, p + "self_attn.k_proj.weight", {kv_rows, C}, Init::normal, std, rows);
+    add_tensor(b, p + "self_attn.v_proj.weight", {kv_rows, C}, Init::normal, std, rows);
+    add_tensor(b, p + "self_attn.o_proj.weight", {C, q_rows}, Init::normal, std, cols);
     add_tensor(b, p + "post_attention_layernorm.weight", {C}, Init::ones);
-    add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std);
-    add_tensor(b, p + "mlp.up_proj.weight", {F, C}, Init::normal, std);
-    add_tensor(b, p + "mlp.down_proj.weight", {C, F}, Init::normal, std);
+    add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std, rows);
+    add_tensor(b, p + "mlp.up_proj.weight", {F, C}, Init::normal, std, rows);
+    add_tensor(b, p + "mlp.down_proj.weight", {C, F}, Init::normal, std, cols);
     units.push_back(std::move(b));
   }
-  UnitLayout head{"head", {}, 0};
+  UnitLayout head{"head", {}, 0, tp.degree, tp.rank};
   add_tensor(head, "model.norm.weight", {C}, Init::ones);
-  if (!s.tied_head) add_tensor(head, "lm_head.weight", {s.vocab, C}, Init::normal, std);
+  if (!s.tied_head) add_tensor(head, "lm_head.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(head));
   return units;
 }

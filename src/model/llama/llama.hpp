@@ -41,9 +41,9 @@ RopeFreqs llama_rope_freqs(const ModelSpec& spec);
 
 // layout.cpp: units in execution order: embedding, layers.0 .. layers.{L-1}, head (model.norm
 // and lm_head; a tied head borrows model.embed_tokens.weight).
-std::vector<UnitLayout> llama_layout(const ModelSpec& spec);
+std::vector<UnitLayout> llama_layout(const ModelSpec& spec, const TpConfig& tp = {});
 
 // units.cpp
-std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec);
+std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp = {});
 
 }  // namespace shardlab

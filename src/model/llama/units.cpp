@@ -207,8 +207,9 @@ class HeadUnit final : public Unit {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec) {
-  std::vector<UnitLayout> layout = llama_layout(spec);
+std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp) {
+  if (tp.degree > 1) throw InputError("tensor-parallel llama units are not written yet");
+  std::vector<UnitLayout> layout = llama_layout(spec, tp);
   std::vector<std::unique_ptr<Unit>> units;
   units.push_back(std::make_unique<EmbeddingUnit>(std::move(layout[0])));
   for (int64_t l = 0; l < spec.layers; ++l)

@@ -1,0 +1,85 @@
+#include "src/model/tp.hpp"
+
+#include "src/core/check.hpp"
+
+namespace shardlab {
+
+int64_t tp_local_rows(const TpContext& tp, int64_t N) {
+  if (!tp.sequence_parallel()) return N;
+  if (N % tp.config.degree != 0)
+    throw InputError(fmt::format("--sequence-parallel splits the micro-batch's {} token rows (batch x sequence) over "
+                                 "--tp {}, which does not divide them",
+                                 N, tp.config.degree));
+  return N / tp.config.degree;
+}
+
+namespace {
+Communicator& group(UnitContext& c) {
+  SHARD_CHECK(c.tp.comm != nullptr && c.tp.comm->world_size() == c.tp.config.degree &&
+                  c.tp.comm->rank() == c.tp.config.rank,
+              "tensor-parallel rank {} of {} has no matching communicator", c.tp.config.rank, c.tp.config.degree);
+  return *c.tp.comm;
+}
+}  // namespace
+
+Tensor tp_region_input(UnitContext& c, Tensor local, Tensor full) {
+  if (!c.tp.sequence_parallel()) return local;
+  SHARD_CHECK(full.numel() == local.numel() * c.tp.config.degree, "region input: local {} full {} at tp {}",
+              local.shape_str(), full.shape_str(), c.tp.config.degree);
+  group(c).all_gather(local, full).wait();
+  return full;
+}
+
+void tp_region_input_backward(UnitContext& c, Tensor dfull, Tensor dlocal) {
+  if (c.tp.sequence_parallel()) {
+    group(c).reduce_scatter(dfull, dlocal).wait();
+    return;
+  }
+  if (c.tp.active()) group(c).all_reduce(dfull).wait();
+  if (dlocal.data() != dfull.data()) c.be.copy(dlocal, dfull);
+}
+
+void tp_region_output(UnitContext& c, Tensor partial, Tensor local) {
+  if (c.tp.sequence_parallel()) {
+    group(c).reduce_scatter(partial, local).wait();
+    return;
+  }
+  if (c.tp.active()) group(c).all_reduce(partial).wait();
+  if (local.data() != partial.data()) c.be.copy(local, partial);
+}
+
+Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull) {
+  if (!c.tp.sequence_parallel()) return dlocal;
+  group(c).all_gather(dlocal, dfull).wait();
+  return dfull;
+}
+
+TpPartialGrads::TpPartialGrads(UnitContext& c, const ParamSet& g, std::vector<std::string> names,
+                               const std::string& what)
+    : c_(c), g_(g), names_(std::move(names)) {
+  if (!c.tp.sequence_parallel()) return;
+  int64_t n = 0;
+  for (const std::string& name : names_) n += g(name).numel();
+  block_ = c.pool.alloc(DType::f32, n, Category::workspace, what + " partial gradients");
+  Tensor flat = block_.flat(DType::f32);
+  c.be.fill(flat, 0.f);
+  int64_t at = 0;
+  for (const std::string& name : names_) {
+    const Tensor t = g(name);
+    std::vector<int64_t> dims;
+    for (int i = 0; i < t.ndim(); ++i) dims.push_back(t.dim(i));
+    scratch_.set(name, flat.slice(at, t.numel()).reshape(dims));
+    at += t.numel();
+  }
+}
+
+Tensor TpPartialGrads::operator()(const std::string& name) const { return block_ ? scratch_(name) : g_(name); }
+
+void TpPartialGrads::reduce() {
+  if (!block_) return;
+  group(c_).all_reduce(block_.flat(DType::f32)).wait();
+  for (const std::string& name : names_) c_.be.axpy(1.f, scratch_(name), g_(name));
+  block_.reset();
+}
+
+}  // namespace shardlab

@@ -1,0 +1,67 @@
+// tp.hpp — the communication of Megatron's tensor-parallel regions, shared by every family's units.
+//
+// A transformer layer under tensor parallelism is two regions: attention (q/k/v column-parallel by
+// heads, the output projection row-parallel) and the MLP (first linears column-parallel, the
+// second row-parallel). A region's input enters whole on every rank and its output leaves as
+// partial sums, one per rank:
+//
+//                      forward                         backward
+//   region input       without SP: nothing             all-reduce the input's gradient
+//                      with SP: all-gather the rows    reduce-scatter it
+//   region output      without SP: all-reduce          nothing
+//                      with SP: reduce-scatter         all-gather the output's gradient
+//
+// Without sequence parallelism the activations between regions (norms, residuals, the units'
+// inputs and outputs) are the whole (N, C) on every rank, N = B*T; with it (--sequence-parallel)
+// each rank holds N/T of the token rows, contiguous, in rank order: the same bytes move, as
+// all-gathers and reduce-scatters instead of all-reduces, and those activations take 1/T of the
+// memory. The vocabulary-parallel embedding leaves as a region output; the head enters as a
+// region input.
+//
+// At degree 1 (no communicator) every call is a copy at most; units keep their tp-1 code paths
+// and call these only under tensor parallelism.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "src/model/unit.hpp"
+
+namespace shardlab {
+
+// Token rows this rank holds between regions: N / degree with sequence parallelism, else N.
+// InputError when sequence parallelism is on and the degree does not divide N.
+int64_t tp_local_rows(const TpContext& tp, int64_t N);
+
+// A region's input for its column-parallel GEMMs: `local` itself without SP; with SP its rows from
+// every rank all-gathered into `full` (N, C), which is returned.
+Tensor tp_region_input(UnitContext& c, Tensor local, Tensor full);
+// Its backward: dfull (N, C) holds this rank's partial gradient of the region input. dlocal receives
+// the group's sum for this rank's rows: all-reduced (dlocal may be dfull itself) without SP,
+// reduce-scattered with it.
+void tp_region_input_backward(UnitContext& c, Tensor dfull, Tensor dlocal);
+// A region's output: partial (N, C) holds this rank's partial sums. local receives the group's sum
+// for this rank's rows: all-reduced (local may be partial itself) without SP, reduce-scattered with it.
+void tp_region_output(UnitContext& c, Tensor partial, Tensor local);
+// Its backward: the output's gradient for every row: dlocal itself without SP; with SP every rank's
+// rows all-gathered into dfull (N, C), which is returned.
+Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull);
+
+// Gradients of replicated tensors (norm weights and biases, row-parallel biases) that a rank
+// computes from its own token rows only (with SP) are partial sums: backward accumulates them
+// into zeroed scratch instead (operator()), and reduce() all-reduces the scratch over the group
+// and adds it to the gradients in one collective. Without SP every rank computes them from all
+// rows alike: operator() is the gradient itself and reduce() does nothing.
+class TpPartialGrads {
+ public:
+  TpPartialGrads(UnitContext& c, const ParamSet& g, std::vector<std::string> names, const std::string& what);
+  Tensor operator()(const std::string& name) const;
+  void reduce();
+
+ private:
+  UnitContext& c_;
+  ParamSet g_, scratch_;
+  std::vector<std::string> names_;
+  Block block_;
+};
+
+}  // namespace shardlab
