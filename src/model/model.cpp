@@ -126,10 +126,11 @@ ParamSet Model::view_set(size_t i, const std::vector<Block>& storage) const {
   return s;
 }
 
-float Model::forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits) {
+float Model::forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits,
+                              Checkpointing checkpointing) {
   const float positions = static_cast<float>(batch.B * batch.T);
   RunResult r = run_forward_backward(units_, spec_, be_, pool_, batch, *this, grad_scale / positions, logits,
-                                     Checkpointing::none, tp_);
+                                     checkpointing, tp_);
   return static_cast<float>(r.loss_sum / positions);
 }
 

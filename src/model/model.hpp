@@ -49,7 +49,8 @@ class Model : private UnitHooks {
 
   // Forward, mean cross-entropy, backward for one micro-batch. Gradients accumulate, scaled by
   // grad_scale (1 / accumulation steps). Returns the mean loss; copies the logits to *logits when given.
-  float forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits = nullptr);
+  float forward_backward(const Batch& batch, float grad_scale, std::vector<float>* logits = nullptr,
+                         Checkpointing checkpointing = Checkpointing::none);
 
  private:
   ParamSet view_set(size_t i, const std::vector<Block>& storage) const;
