@@ -119,10 +119,11 @@ struct StrategyOptions {
 struct MeshOptions {
   ParallelDims dims;    // --dp-shard --dp-replicate --tp --pp
   int shard_group = 0;  // --shard-group, the old name of --dp-shard
+  bool sequence_parallel = false;  // --sequence-parallel
   void add(Desc& d);
   // The degrees resolved against `world`, aliases applied: --shard-group S is --dp-shard S, and
   // hsdp (`hsdp_ranks`: the ranks per node, 0 otherwise) is --dp-shard = the ranks per node where
-  // no data-parallel degree is given. --tp/--pp > 1 are refused until their layers exist.
+  // no data-parallel degree is given. --pp > 1 is refused until the pipeline exists.
   ParallelDims resolve(int world, int hsdp_ranks) const;
 };
 
