@@ -418,6 +418,19 @@ void add_world(Desc& d, int& world, const char* help) {
 void add_strategies(Desc& d, std::string& list, const char* help) {
   d.add_options()("strategies", po::value(&list)->default_value(list), help);
 }
+std::vector<StrategyKind> strategies_for(const std::string& list, const po::variables_map& given,
+                                         const ParallelDims& dims, const char* command, int rank) {
+  std::vector<StrategyKind> kinds = parse_strategy_list(list);
+  if (dims.tp == 1 || std::find(kinds.begin(), kinds.end(), StrategyKind::dp) == kinds.end()) return kinds;
+  SHARD_REQUIRE(!given.count("strategies"),
+                "--strategies {} with --tp {}: dp, the single-master baseline, keeps the whole model on rank 0 and "
+                "takes no tensor parallelism; leave it out",
+                list, dims.tp);
+  std::erase(kinds, StrategyKind::dp);
+  if (rank == 0) std::printf("shardlab %s: --tp %d: leaving out dp (the single-master baseline takes no tensor parallelism)\n", command, dims.tp);
+  return kinds;
+}
+
 void add_measure(Desc& d, bool& on, const char* help) { add_switch(d, "measure", on, help); }
 void add_measure_steps(Desc& d, int& steps, const char* help) {
   d.add_options()("measure-steps", po::value(&steps)->default_value(steps), help);
