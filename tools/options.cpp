@@ -422,7 +422,7 @@ std::vector<StrategyKind> strategies_for(const std::string& list, const po::vari
                                          const ParallelDims& dims, const char* command, int rank) {
   std::vector<StrategyKind> kinds = parse_strategy_list(list);
   if (dims.tp == 1 || std::find(kinds.begin(), kinds.end(), StrategyKind::dp) == kinds.end()) return kinds;
-  SHARD_REQUIRE(!given.count("strategies"),
+  SHARD_REQUIRE(!given.count("strategies") || given["strategies"].defaulted(),
                 "--strategies {} with --tp {}: dp, the single-master baseline, keeps the whole model on rank 0 and "
                 "takes no tensor parallelism; leave it out",
                 list, dims.tp);
