@@ -1,18 +1,34 @@
 // units.cpp — GPT-2's units with explicit forward and backward: the embedding (wte + wpe), each
 // pre-LayerNorm transformer block, and the head (ln_f, then logits through the tied wte).
+//
+// Tensor parallelism (Megatron, tp.hpp's regions): a rank computes its H/T heads (c_attn's local
+// [q | k | v] columns) and F/T of the MLP's hidden columns; attn.c_proj and mlp.c_proj are
+// row-parallel, their outputs partial sums that leave the region reduced, and their replicated
+// biases are added once, after the reduction. The embedding looks up its vocabulary rows (rank 0
+// adds wpe, so the group's sum holds it once) and leaves as a region output; the head enters as a
+// region input and computes its vocabulary columns of the logits. The same code runs at tp 1,
+// where every region call is a no-op. With sequence parallelism a rank keeps only its own rows of
+// each region's input for backward and all-gathers them again there, as Megatron does: one more
+// all-gather per region input (activations / T instead of the whole (N, C)).
 #include <algorithm>
 
 #include "src/model/gpt2/gpt2.hpp"
+#include "src/model/tp.hpp"
 
 namespace shardlab {
 namespace {
 
-// out (N, OC) = inp (N, IC) @ W (IC, OC) + bias
-void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
+// out (N, OC) = inp (N, IC) @ W (IC, OC)
+void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N, int64_t IC, int64_t OC) {
   GemmDesc d = gemm_with(w);
   d.m = N, d.n = OC, d.k = IC;
   d.lda = IC, d.ldb = OC, d.ldc = OC;
   be.gemm(d, inp.data(), w.data(), out.data());
+}
+
+// out (N, OC) = inp (N, IC) @ W (IC, OC) + bias
+void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
+  linear_forward(be, out, inp, w, N, IC, OC);
   be.add_bias(out, bias);
 }
 
@@ -38,114 +54,188 @@ Tensor flat_view(const Block& b, std::initializer_list<int64_t> shape) { return 
 
 float eps(const ModelSpec& s) { return static_cast<float>(s.norm_eps); }
 
+// Token rows of the residual stream a unit's input and output hold (tp.hpp): N / T with sequence
+// parallelism, else N.
+int64_t stream_rows(const TpConfig& tp, int64_t B, int64_t T) { return tp_local_rows(TpContext{tp}, B * T); }
+
+// With sequence parallelism, workspace for all N rows of a region: its input gathered, or its
+// partial output before the reduce-scatter; empty without (the rank's rows are all rows).
+Block region_rows(UnitContext& c, const std::string& what) {
+  if (!c.tp.sequence_parallel()) return {};
+  return c.pool.alloc(DType::f32, c.batch.B * c.batch.T * c.spec.dim, Category::workspace, what);
+}
+// b's first rows x C floats, or `otherwise` when b is empty.
+Tensor rows_of(const Block& b, int64_t rows, int64_t C, Tensor otherwise = {}) {
+  return b ? b.view(DType::f32, {rows, C}) : otherwise;
+}
+
 class EmbeddingUnit final : public Unit {
  public:
-  using Unit::Unit;
+  EmbeddingUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return stream_rows(tp_, B, T) * s.dim; }
+
   void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {
-    c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), p("wpe.weight"));
+    if (!c.tp.active()) {
+      c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), p("wpe.weight"));
+      return;
+    }
+    // Each rank's lookup is zero for other ranks' tokens: the group's sum is the embedding.
+    Block rows = region_rows(c, "embedding partial sums");
+    Tensor partial = rows_of(rows, c.batch.B * c.batch.T, c.spec.dim, out);
+    c.be.embedding_forward_shard(partial, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"),
+                                 c.tp.config.rank == 0 ? p("wpe.weight") : Tensor(), v0(c));
+    tp_region_output(c, partial, out);
   }
   void backward(UnitContext& c, const ParamSet&, const ParamSet& g, Saved&, Tensor, Tensor dout, Tensor) override {
-    c.be.embedding_backward(g("wte.weight"), g("wpe.weight"), dout, c.batch.tokens, c.batch.B, c.batch.T);
+    if (!c.tp.active()) {
+      c.be.embedding_backward(g("wte.weight"), g("wpe.weight"), dout, c.batch.tokens, c.batch.B, c.batch.T);
+      return;
+    }
+    // Every rank gets wpe's whole gradient (it is replicated) and its vocabulary rows' part of wte's.
+    Block rows = region_rows(c, "embedding backward gathered rows");
+    Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, c.batch.B * c.batch.T, c.spec.dim));
+    c.be.embedding_backward_shard(g("wte.weight"), g("wpe.weight"), dy, c.batch.tokens, c.batch.B, c.batch.T, v0(c));
   }
+
+ private:
+  static int64_t v0(const UnitContext& c) {
+    return vocab_shard(c.spec.vocab, c.tp.config.degree, c.tp.config.rank).begin;
+  }
+  TpConfig tp_;
 };
 
 class BlockUnit final : public Unit {
  public:
-  BlockUnit(UnitLayout layout, int64_t index) : Unit(std::move(layout)), prefix_("h." + std::to_string(index) + ".") {}
+  BlockUnit(UnitLayout layout, int64_t index, const TpConfig& tp)
+      : Unit(std::move(layout)), prefix_("h." + std::to_string(index) + "."), tp_(tp) {}
   bool recomputable() const override { return true; }
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return stream_rows(tp_, B, T) * s.dim; }
 
+  // n: the residual stream's rows (tp.hpp); H, A = H * head size and F: this rank's heads, attention
+  // width and MLP hidden columns (all of them at tp 1).
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
-    const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
-    const int64_t F = c.spec.ffn_hidden();  // 4C
+    const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, N = B * T, n = stream_rows(tp_, B, T);
+    const int64_t D = tp_.degree, H = c.spec.heads / D, A = C / D, F = c.spec.ffn_hidden() / D;  // F: 4C / D
     Backend& be = c.be;
-    Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add(c.pool, "ln1_mean", {N}),
-           ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
+    Block rows = region_rows(c, prefix_ + "region rows");
+    Tensor ln1 = s.add(c.pool, "ln1", {n, C}), ln1_mean = s.add(c.pool, "ln1_mean", {n}),
+           ln1_rstd = s.add(c.pool, "ln1_rstd", {n});
     be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
-    Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
-    matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
-    Tensor atty = s.add(c.pool, "atty", {N, C}), att = s.add(c.pool, "att", {B, H, T, T});
+    Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * A});
+    matmul_forward(be, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
+                   w(p, "attn.c_attn.bias"), N, C, 3 * A);
+    Tensor atty = s.add(c.pool, "atty", {N, A}), att = s.add(c.pool, "att", {B, H, T, T});
     be.attention_forward(atty, att, qkv, H, H);
     if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
-    Tensor x2 = s.add(c.pool, "x2", {N, C});
-    matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
+    Tensor x2 = s.add(c.pool, "x2", {n, C});
+    Tensor partial = rows_of(rows, N, C, x2);
+    linear_forward(be, partial, atty, wg(p, "attn.c_proj.weight"), N, A, C);
+    tp_region_output(c, partial, x2);
+    be.add_bias(x2, w(p, "attn.c_proj.bias"));  // replicated: added once, to the sum
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add(c.pool, "ln2_mean", {N}),
-           ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
+    Tensor ln2 = s.add(c.pool, "ln2", {n, C}), ln2_mean = s.add(c.pool, "ln2_mean", {n}),
+           ln2_rstd = s.add(c.pool, "ln2_rstd", {n});
     be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
-    matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
+    matmul_forward(be, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
+                   w(p, "mlp.c_fc.bias"), N, C, F);
     be.gelu_forward(fch_gelu, fch);
-    matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
+    partial = rows_of(rows, N, C, out);
+    linear_forward(be, partial, fch_gelu, wg(p, "mlp.c_proj.weight"), N, F, C);
+    tp_region_output(c, partial, out);
+    be.add_bias(out, w(p, "mlp.c_proj.bias"));
     be.add(out, x2, out);  // residual
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
                 Tensor din) override {
-    const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
-    const int64_t F = c.spec.ffn_hidden();  // 4C
+    const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, N = B * T, n = stream_rows(tp_, B, T);
+    const int64_t D = tp_.degree, H = c.spec.heads / D, A = C / D, F = c.spec.ffn_hidden() / D;
     Backend& be = c.be;
     // big holds d(fch), then d(qkv): F >= 3C unless a config's n_inner says otherwise.
-    Block big = c.pool.alloc(DType::f32, N * std::max(F, 3 * C), Category::workspace, prefix_ + "backward dfch");
+    Block big = c.pool.alloc(DType::f32, N * std::max(F, 3 * A), Category::workspace, prefix_ + "backward dfch");
     Block small = c.pool.alloc(DType::f32, N * C, Category::workspace, prefix_ + "backward dln");
     Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace,
                                  prefix_ + "attention scratch");
+    // With sequence parallelism: each region's output gradient gathered, its input gathered again,
+    // then this rank's rows of the input's gradient.
+    Block rows = region_rows(c, prefix_ + "backward region rows");
+    TpPartialGrads norms(c, g, {prefix_ + "ln_1.weight", prefix_ + "ln_1.bias", prefix_ + "ln_2.weight",
+                                prefix_ + "ln_2.bias"}, prefix_ + "norms");
     Tensor dfch = flat_view(big, {N, F}), dsmall = flat_view(small, {N, C});
-    // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
-    matmul_backward(be, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dout, s("fch_gelu"),
+    // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2)))). The bias's gradient sums every row's: those of
+    // dy, which under sequence parallelism holds every rank's rows.
+    Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, N, C));
+    matmul_backward(be, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
                     wg(p, "mlp.c_proj.weight"), N, F, C);
     be.gelu_backward(dfch, s("fch"), dfch);
-    matmul_backward(be, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch, s("ln2"),
-                    wg(p, "mlp.c_fc.weight"), N, C, F);
+    matmul_backward(be, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch,
+                    tp_region_input(c, s("ln2"), rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"), N, C, F);
+    Tensor dln2 = rows_of(rows, n, C, dsmall);
+    tp_region_input_backward(c, dsmall, dln2);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
-    be.layernorm_backward(din, w(g, "ln_2.weight"), w(g, "ln_2.bias"), dsmall, s("x2"), w(p, "ln_2.weight"),
-                          s("ln2_mean"), s("ln2_rstd"));
+    be.layernorm_backward(din, norms(prefix_ + "ln_2.weight"), norms(prefix_ + "ln_2.bias"), dln2, s("x2"),
+                          w(p, "ln_2.weight"), s("ln2_mean"), s("ln2_rstd"));
     // Attention: x2 = x + c_proj(attn(c_attn(ln_1(x))))
-    matmul_backward(be, dsmall, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"), din, s("atty"),
-                    wg(p, "attn.c_proj.weight"), N, C, C);
-    Tensor dqkv = big.view(DType::f32, {B, T, 3 * C});
+    Tensor datty = flat_view(small, {N, A});
+    matmul_backward(be, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
+                    tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
+                    N, A, C);
+    Tensor dqkv = big.view(DType::f32, {B, T, 3 * A});
     Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
     if (!s.has("att")) {
       att_again = c.pool.alloc(DType::f32, B * H * T * T, Category::activations, prefix_ + "att (recomputed)");
       be.attention_forward(s("atty"), att_again.view(DType::f32, {B, H, T, T}), s("qkv"), H, H);  // atty: same values
     }
     Tensor att = att_again ? att_again.view(DType::f32, {B, H, T, T}) : s("att");
-    be.attention_backward(dqkv, dsmall, s("qkv"), att, H, H, scratch.flat(DType::f32));
+    be.attention_backward(dqkv, datty, s("qkv"), att, H, H, scratch.flat(DType::f32));
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
-    matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv, s("ln1"),
-                    wg(p, "attn.c_attn.weight"), N, C, 3 * C);
-    be.layernorm_backward(din, w(g, "ln_1.weight"), w(g, "ln_1.bias"), dln1, in, w(p, "ln_1.weight"),
-                          s("ln1_mean"), s("ln1_rstd"));
+    matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv,
+                    tp_region_input(c, s("ln1"), rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"), N, C, 3 * A);
+    Tensor dln1_rows = rows_of(rows, n, C, dln1);
+    tp_region_input_backward(c, dln1, dln1_rows);
+    be.layernorm_backward(din, norms(prefix_ + "ln_1.weight"), norms(prefix_ + "ln_1.bias"), dln1_rows, in,
+                          w(p, "ln_1.weight"), s("ln1_mean"), s("ln1_rstd"));
+    norms.reduce();
   }
 
  private:
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
   std::string prefix_;
+  TpConfig tp_;
 };
 
 class HeadUnit final : public Unit {
  public:
-  using Unit::Unit;
+  HeadUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
   std::vector<std::string> borrowed() const override { return {"wte.weight"}; }
-  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return B * T * s.vocab; }
+  // This rank's vocabulary columns (padded) of the logits; every column at tp 1.
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return B * T * vocab_rows(s); }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
-    const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim, V = c.spec.vocab;
-    Tensor lnf = s.add(c.pool, "lnf", {N, C}), mean = s.add(c.pool, "lnf_mean", {N}),
-           rstd = s.add(c.pool, "lnf_rstd", {N});
+    const int64_t N = c.batch.B * c.batch.T, n = stream_rows(tp_, c.batch.B, c.batch.T), C = c.spec.dim,
+                  V = vocab_rows(c.spec);
+    Tensor lnf = s.add(c.pool, "lnf", {n, C}), mean = s.add(c.pool, "lnf_mean", {n}),
+           rstd = s.add(c.pool, "lnf_rstd", {n});
     c.be.layernorm_forward(lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"), eps(c.spec));
+    Block rows = region_rows(c, "head region rows");
+    const Tensor x = tp_region_input(c, lnf, rows_of(rows, N, C));
     const Tensor wte = p.gemm("wte.weight");
     GemmDesc d = gemm_with(wte);  // logits (N, V) = lnf (N, C) @ wte^T
     d.trans_b = Trans::T;
     d.m = N, d.n = V, d.k = C;
     d.lda = C, d.ldb = C, d.ldc = V;
-    c.be.gemm(d, lnf.data(), wte.data(), out.data());
+    c.be.gemm(d, x.data(), wte.data(), out.data());
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
                 Tensor din) override {
-    const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim, V = c.spec.vocab;
+    const int64_t N = c.batch.B * c.batch.T, n = stream_rows(tp_, c.batch.B, c.batch.T), C = c.spec.dim,
+                  V = vocab_rows(c.spec);
     Block dlnf_block = c.pool.alloc(DType::f32, N * C, Category::workspace, "head backward dlnf");
+    Block rows = region_rows(c, "head backward region rows");  // lnf gathered again, then dlnf's rows
+    TpPartialGrads norm(c, g, {"ln_f.weight", "ln_f.bias"}, "ln_f");
     const Tensor wte = p.gemm("wte.weight");
     GemmDesc dx = gemm_with(wte);  // dlnf (N, C) = dlogits (N, V) @ wte (V, C)
     dx.m = N, dx.n = C, dx.k = V;
@@ -157,23 +247,29 @@ class HeadUnit final : public Unit {
     dw.m = V, dw.n = C, dw.k = N;
     dw.lda = V, dw.ldb = C, dw.ldc = C;
     dw.beta = 1.f;
-    c.be.gemm(dw, dout.data(), s("lnf").data(), g("wte.weight").data());
+    c.be.gemm(dw, dout.data(), tp_region_input(c, s("lnf"), rows_of(rows, N, C)).data(), g("wte.weight").data());
+    const Tensor dlnf = dlnf_block.view(DType::f32, {N, C}), dlnf_rows = rows_of(rows, n, C, dlnf);
+    tp_region_input_backward(c, dlnf, dlnf_rows);
     c.be.fill(din, 0.f);
-    c.be.layernorm_backward(din, g("ln_f.weight"), g("ln_f.bias"), dlnf_block.view(DType::f32, {N, C}), in,
-                            p("ln_f.weight"), s("lnf_mean"), s("lnf_rstd"));
+    c.be.layernorm_backward(din, norm("ln_f.weight"), norm("ln_f.bias"), dlnf_rows, in, p("ln_f.weight"),
+                            s("lnf_mean"), s("lnf_rstd"));
+    norm.reduce();
   }
+
+ private:
+  int64_t vocab_rows(const ModelSpec& s) const { return vocab_shard(s.vocab, tp_.degree, tp_.rank).rows; }
+  TpConfig tp_;
 };
 
 }  // namespace
 
 std::vector<std::unique_ptr<Unit>> make_gpt2_units(const ModelSpec& spec, const TpConfig& tp) {
-  if (tp.degree > 1) throw InputError("tensor-parallel gpt2 units are not written yet");
   std::vector<UnitLayout> layout = gpt2_layout(spec, tp);
   std::vector<std::unique_ptr<Unit>> units;
-  units.push_back(std::make_unique<EmbeddingUnit>(std::move(layout[0])));
+  units.push_back(std::make_unique<EmbeddingUnit>(std::move(layout[0]), tp));
   for (int64_t l = 0; l < spec.layers; ++l)
-    units.push_back(std::make_unique<BlockUnit>(std::move(layout[static_cast<size_t>(l + 1)]), l));
-  units.push_back(std::make_unique<HeadUnit>(std::move(layout.back())));
+    units.push_back(std::make_unique<BlockUnit>(std::move(layout[static_cast<size_t>(l + 1)]), l, tp));
+  units.push_back(std::make_unique<HeadUnit>(std::move(layout.back()), tp));
   return units;
 }
 
