@@ -8,10 +8,19 @@
 // [gate | up] rows SwiGLU reads: the tensors are adjacent in every ParamSet (layout.cpp), so the
 // stacks are views, and one wide product runs faster than three narrow ones. RoPE rotates q and k
 // in place; attention's backward needs them rotated, so the rotated qkv is what is saved.
+//
+// Tensor parallelism (Megatron's, tp.hpp): the same code on a rank's part. The embedding looks up
+// its vocabulary rows and leaves as a region output; a layer's q/k/v and gate/up GEMMs produce the
+// rank's heads and MLP columns, attention runs on its H/T query and KV/T K/V heads, and o_proj and
+// down_proj give partial sums that leave as region outputs; the head enters as a region input and
+// gives the rank's vocabulary columns of the logits. At degree 1 every tp_region_* call and
+// TpPartialGrads is a no-op on the same buffer and whole_rows allocates nothing, so the kernels,
+// allocations and results are the ones of the code before tensor parallelism.
 #include <algorithm>
 #include <vector>
 
 #include "src/model/llama/llama.hpp"
+#include "src/model/tp.hpp"
 
 namespace shardlab {
 namespace {
@@ -60,52 +69,109 @@ Tensor stacked(const std::vector<Tensor>& parts) {
 
 float eps(const ModelSpec& s) { return static_cast<float>(s.norm_eps); }
 
+// Rows of the (N, C) activations between the tensor-parallel regions this rank holds (N / degree
+// under sequence parallelism), for units built for `built` and run in context c.
+int64_t local_rows(const UnitContext& c, const TpConfig& built) {
+  SHARD_CHECK(c.tp.config == built,
+              "a unit built for tp rank {} of {} (sequence parallel: {}) runs as rank {} of {} ({})", built.rank,
+              built.degree, built.sequence_parallel, c.tp.config.rank, c.tp.config.degree,
+              c.tp.config.sequence_parallel);
+  return tp_local_rows(c.tp, c.batch.B * c.batch.T);
+}
+int64_t local_elems(const ModelSpec& s, const TpConfig& tp, int64_t B, int64_t T) {
+  return tp_local_rows(TpContext{tp, nullptr}, B * T) * s.dim;
+}
+
+// Under sequence parallelism, a workspace for a region's whole (N, C) rows: what an all-gather
+// fills, or the partial sums a reduce-scatter reads. Without it nothing: the rows are whole.
+Block whole_rows(UnitContext& c, const std::string& what) {
+  if (!c.tp.sequence_parallel()) return {};
+  return c.pool.alloc(DType::f32, c.batch.B * c.batch.T * c.spec.dim, Category::workspace, what);
+}
+// That workspace as (N, C), or `rows` (the rank's rows, whole without sequence parallelism).
+Tensor whole_or(const Block& whole, const UnitContext& c, Tensor rows) {
+  return whole ? whole.view(DType::f32, {c.batch.B * c.batch.T, c.spec.dim}) : rows;
+}
+
 class EmbeddingUnit final : public Unit {
  public:
-  using Unit::Unit;
+  EmbeddingUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
+
   void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {
+    local_rows(c, tp_);  // checks c.tp is the group the unit was built for
     // No learned positions: RoPE places tokens inside attention.
-    c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"), Tensor());
+    if (!c.tp.active()) {
+      c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"), Tensor());
+      return;
+    }
+    // Vocabulary-parallel: each rank looks up the tokens in its rows (zeros for the others'), and
+    // the region output sums the ranks' lookups.
+    Block whole = whole_rows(c, "embedding partial");
+    Tensor partial = whole_or(whole, c, out);
+    c.be.embedding_forward_shard(partial, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"),
+                                 Tensor(), vocab_begin(c));
+    tp_region_output(c, partial, out);
   }
   void backward(UnitContext& c, const ParamSet&, const ParamSet& g, Saved&, Tensor, Tensor dout, Tensor) override {
-    c.be.embedding_backward(g("model.embed_tokens.weight"), Tensor(), dout, c.batch.tokens, c.batch.B, c.batch.T);
+    if (!c.tp.active()) {
+      c.be.embedding_backward(g("model.embed_tokens.weight"), Tensor(), dout, c.batch.tokens, c.batch.B, c.batch.T);
+      return;
+    }
+    Block whole = whole_rows(c, "embedding backward dout");
+    c.be.embedding_backward_shard(g("model.embed_tokens.weight"), Tensor(),
+                                  tp_region_output_backward(c, dout, whole_or(whole, c, dout)), c.batch.tokens,
+                                  c.batch.B, c.batch.T, vocab_begin(c));
   }
+
+ private:
+  int64_t vocab_begin(const UnitContext& c) const { return vocab_shard(c.spec.vocab, tp_.degree, tp_.rank).begin; }
+  TpConfig tp_;
 };
 
 class DecoderLayerUnit final : public Unit {
  public:
-  DecoderLayerUnit(UnitLayout layout, int64_t index, const ModelSpec& spec)
+  DecoderLayerUnit(UnitLayout layout, int64_t index, const ModelSpec& spec, const TpConfig& tp)
       : Unit(std::move(layout)),
         prefix_("model.layers." + std::to_string(index) + "."),
-        freqs_(llama_rope_freqs(spec)) {}
+        freqs_(llama_rope_freqs(spec)),
+        tp_(tp) {}
   bool recomputable() const override { return true; }
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
 
+  // Under tensor parallelism in, out, ln1, x2 and ln2 hold the rank's rows (Nl); the rest all N.
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
-    const Dims d(c);
+    const Dims d(c, tp_);
     Backend& be = c.be;
-    Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.N});
+    Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.Nl});
     be.rmsnorm_forward(ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    // Sequence parallelism: ln1 gathered, o_proj's partial sums, ln2 gathered, down_proj's, in turn.
+    Block whole = whole_rows(c, prefix_ + "region rows");
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
-    linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
+    linear_forward(be, qkv, tp_region_input(c, ln1, whole_or(whole, c, ln1)), qkv_weight(p), d.N);
     be.rope(qkv, d.H + d.KV, d.hd, freqs_, 0, false);  // q and k: the first H + KV heads of each row
-    Tensor atty = s.add(c.pool, "atty", {d.N, d.C}), att = s.add(c.pool, "att", {d.B, d.H, d.T, d.T});
+    Tensor atty = s.add(c.pool, "atty", {d.N, d.H * d.hd}), att = s.add(c.pool, "att", {d.B, d.H, d.T, d.T});
     be.attention_forward(atty, att, qkv, d.H, d.KV);
     if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
-    Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
-    linear_forward(be, x2, atty, wg(p, "self_attn.o_proj.weight"), d.N);
+    Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
+    Tensor attn_out = whole_or(whole, c, x2);
+    linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
+    tp_region_output(c, attn_out, x2);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.N});
+    Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.Nl});
     be.rmsnorm_forward(ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
     Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
-    linear_forward(be, gate_up, ln2, gate_up_weight(p), d.N);
+    linear_forward(be, gate_up, tp_region_input(c, ln2, whole_or(whole, c, ln2)), gate_up_weight(p), d.N);
     be.swiglu_forward(act, gate_up);
-    linear_forward(be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
+    Tensor mlp_out = whole_or(whole, c, out);
+    linear_forward(be, mlp_out, act, wg(p, "mlp.down_proj.weight"), d.N);
+    tp_region_output(c, mlp_out, out);
     be.add(out, x2, out);  // residual
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
                 Tensor din) override {
-    const Dims d(c);
+    const Dims d(c, tp_);
     Backend& be = c.be;
     // big holds d(gate_up), then d(qkv); mid d(swiglu); small d(ln2), d(atty), then d(ln1).
     Block big = c.pool.alloc(DType::f32, d.N * std::max(2 * d.F, d.W), Category::workspace,
@@ -114,17 +180,32 @@ class DecoderLayerUnit final : public Unit {
     Block small = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "backward dln");
     Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(d.T, d.H), Category::workspace,
                                  prefix_ + "attention scratch");
+    // Sequence parallelism: whole holds what a GEMM needs of all N rows, gathered: d(out), ln2,
+    // d(x2), ln1 in turn (forward kept only the rank's rows of ln1 and ln2, Megatron's activations
+    // / T, so they are gathered again); local the rank's rows of d(ln2), then d(ln1).
+    Block whole = whole_rows(c, prefix_ + "backward region rows");
+    Block local = c.tp.sequence_parallel() ? c.pool.alloc(DType::f32, d.Nl * d.C, Category::workspace,
+                                                          prefix_ + "backward dln rows")
+                                           : Block();
     Tensor dgate_up = big.view(DType::f32, {d.N, 2 * d.F}), dact = mid.view(DType::f32, {d.N, d.F});
     Tensor dsmall = small.view(DType::f32, {d.N, d.C});
+    Tensor dln = local ? local.view(DType::f32, {d.Nl, d.C}) : dsmall;
+    TpPartialGrads norm_grads(c, g, {prefix_ + "input_layernorm.weight", prefix_ + "post_attention_layernorm.weight"},
+                              prefix_ + "norms");
     // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
-    linear_backward(be, dact, w(g, "mlp.down_proj.weight"), dout, s("swiglu"), wg(p, "mlp.down_proj.weight"), d.N);
+    const Tensor dmlp_out = tp_region_output_backward(c, dout, whole_or(whole, c, dout));  // all N rows
+    linear_backward(be, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"), d.N);
     be.swiglu_backward(dgate_up, s("gate_up"), dact);
-    linear_backward(be, dsmall, gate_up_weight(g, false), dgate_up, s("ln2"), gate_up_weight(p), d.N);
+    linear_backward(be, dsmall, gate_up_weight(g, false), dgate_up,
+                    tp_region_input(c, s("ln2"), whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
+    tp_region_input_backward(c, dsmall, dln);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
-    be.rmsnorm_backward(din, w(g, "post_attention_layernorm.weight"), dsmall, s("x2"),
+    be.rmsnorm_backward(din, norm_grads(prefix_ + "post_attention_layernorm.weight"), dln, s("x2"),
                         w(p, "post_attention_layernorm.weight"), s("ln2_rstd"));
     // Attention: x2 = in + o_proj(attn(rope(qkv(ln1)))), ln1 = rmsnorm(in)
-    linear_backward(be, dsmall, w(g, "self_attn.o_proj.weight"), din, s("atty"), wg(p, "self_attn.o_proj.weight"),
+    Tensor datty = small.view(DType::f32, {d.N, d.H * d.hd});
+    const Tensor dattn_out = tp_region_output_backward(c, din, whole_or(whole, c, din));  // all N rows
+    linear_backward(be, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
                     d.N);
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
     Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
@@ -133,27 +214,33 @@ class DecoderLayerUnit final : public Unit {
       be.attention_forward(s("atty"), att_again.view(DType::f32, {d.B, d.H, d.T, d.T}), s("qkv"), d.H, d.KV);
     }
     Tensor att = att_again ? att_again.view(DType::f32, {d.B, d.H, d.T, d.T}) : s("att");
-    be.attention_backward(dqkv, dsmall, s("qkv"), att, d.H, d.KV, scratch.flat(DType::f32));
+    be.attention_backward(dqkv, datty, s("qkv"), att, d.H, d.KV, scratch.flat(DType::f32));
     be.rope(dqkv, d.H + d.KV, d.hd, freqs_, 0, true);  // a rotation's gradient rotates back
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
-    linear_backward(be, dln1, qkv_weight(g, false), dqkv, s("ln1"), qkv_weight(p), d.N);
-    be.rmsnorm_backward(din, w(g, "input_layernorm.weight"), dln1, in, w(p, "input_layernorm.weight"),
+    linear_backward(be, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
+                    qkv_weight(p), d.N);
+    tp_region_input_backward(c, dln1, dln);
+    be.rmsnorm_backward(din, norm_grads(prefix_ + "input_layernorm.weight"), dln, in, w(p, "input_layernorm.weight"),
                         s("ln1_rstd"));
+    norm_grads.reduce();
   }
 
  private:
+  // H, KV, W and F are this tensor-parallel rank's: its query heads, K/V heads, qkv width and
+  // MLP width; Nl its token rows between the regions.
   struct Dims {
-    int64_t B, T, N, C, H, KV, hd, W, F;
-    explicit Dims(const UnitContext& c)
+    int64_t B, T, N, Nl, C, hd, H, KV, W, F;
+    Dims(const UnitContext& c, const TpConfig& tp)
         : B(c.batch.B),
           T(c.batch.T),
           N(B * T),
+          Nl(local_rows(c, tp)),
           C(c.spec.dim),
-          H(c.spec.heads),
-          KV(c.spec.num_kv_heads()),
-          hd(C / H),
+          hd(C / c.spec.heads),
+          H(c.spec.heads / tp.degree),
+          KV(c.spec.num_kv_heads() / tp.degree),
           W((H + 2 * KV) * hd),
-          F(c.spec.ffn_hidden()) {}
+          F(c.spec.ffn_hidden() / tp.degree) {}
   };
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
@@ -172,49 +259,65 @@ class DecoderLayerUnit final : public Unit {
   }
   std::string prefix_;
   RopeFreqs freqs_;
+  TpConfig tp_;
 };
 
 class HeadUnit final : public Unit {
  public:
-  HeadUnit(UnitLayout layout, bool tied)
-      : Unit(std::move(layout)), weight_(tied ? "model.embed_tokens.weight" : "lm_head.weight"), tied_(tied) {}
+  HeadUnit(UnitLayout layout, bool tied, const TpConfig& tp)
+      : Unit(std::move(layout)),
+        weight_(tied ? "model.embed_tokens.weight" : "lm_head.weight"),
+        tied_(tied),
+        tp_(tp) {}
   std::vector<std::string> borrowed() const override {
     return tied_ ? std::vector<std::string>{weight_} : std::vector<std::string>{};
   }
-  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return B * T * s.vocab; }
+  // The rank's vocabulary columns (all V at degree 1); the runner's loss reduces over the group.
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
+    return B * T * vocab_shard(s.vocab, tp_.degree, tp_.rank).rows;
+  }
 
+  // lnf and in hold the rank's rows under sequence parallelism.
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
-    const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim;
-    Tensor lnf = s.add(c.pool, "lnf", {N, C}), rstd = s.add(c.pool, "lnf_rstd", {N});
+    const int64_t N = c.batch.B * c.batch.T, Nl = local_rows(c, tp_), C = c.spec.dim;
+    Tensor lnf = s.add(c.pool, "lnf", {Nl, C}), rstd = s.add(c.pool, "lnf_rstd", {Nl});
     c.be.rmsnorm_forward(lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
-    linear_forward(c.be, out, lnf, p.gemm(weight_), N);  // logits (N, V)
+    Block whole = whole_rows(c, "head lnf gathered");
+    linear_forward(c.be, out, tp_region_input(c, lnf, whole_or(whole, c, lnf)), p.gemm(weight_), N);  // logits
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
                 Tensor din) override {
-    const int64_t N = c.batch.B * c.batch.T, C = c.spec.dim;
+    const int64_t N = c.batch.B * c.batch.T, Nl = local_rows(c, tp_), C = c.spec.dim;
     Block dlnf = c.pool.alloc(DType::f32, N * C, Category::workspace, "head backward dlnf");
-    linear_backward(c.be, dlnf.view(DType::f32, {N, C}), g(weight_), dout, s("lnf"), p.gemm(weight_), N);
+    // Sequence parallelism: lnf gathered again for the weight's gradient, then the rank's rows of
+    // d(lnf) in the same block (lnf is consumed by then).
+    Block whole = whole_rows(c, "head backward lnf gathered");
+    linear_backward(c.be, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
+                    tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_), N);
+    Tensor dlnf_rows = whole ? whole.view(DType::f32, {Nl, C}) : dlnf.view(DType::f32, {N, C});
+    tp_region_input_backward(c, dlnf.view(DType::f32, {N, C}), dlnf_rows);
     c.be.fill(din, 0.f);
-    c.be.rmsnorm_backward(din, g("model.norm.weight"), dlnf.view(DType::f32, {N, C}), in, p("model.norm.weight"),
-                          s("lnf_rstd"));
+    TpPartialGrads norm_grad(c, g, {"model.norm.weight"}, "head");
+    c.be.rmsnorm_backward(din, norm_grad("model.norm.weight"), dlnf_rows, in, p("model.norm.weight"), s("lnf_rstd"));
+    norm_grad.reduce();
   }
 
  private:
-  std::string weight_;  // the (V, C) matrix the logits come through
+  std::string weight_;  // the (V, C) matrix the logits come through: the rank's vocabulary rows
   bool tied_;
+  TpConfig tp_;
 };
 
 }  // namespace
 
 std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp) {
-  if (tp.degree > 1) throw InputError("tensor-parallel llama units are not written yet");
   std::vector<UnitLayout> layout = llama_layout(spec, tp);
   std::vector<std::unique_ptr<Unit>> units;
-  units.push_back(std::make_unique<EmbeddingUnit>(std::move(layout[0])));
+  units.push_back(std::make_unique<EmbeddingUnit>(std::move(layout[0]), tp));
   for (int64_t l = 0; l < spec.layers; ++l)
-    units.push_back(std::make_unique<DecoderLayerUnit>(std::move(layout[static_cast<size_t>(l + 1)]), l, spec));
-  units.push_back(std::make_unique<HeadUnit>(std::move(layout.back()), spec.tied_head));
+    units.push_back(std::make_unique<DecoderLayerUnit>(std::move(layout[static_cast<size_t>(l + 1)]), l, spec, tp));
+  units.push_back(std::make_unique<HeadUnit>(std::move(layout.back()), spec.tied_head, tp));
   return units;
 }
 
