@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "memory/pool.hpp"
+#include "src/model/spec.hpp"
 #include "tests/test_util.hpp"
 
 using namespace shardlab;
@@ -636,4 +638,171 @@ TEST_CASE("cuda grouped-query attention forward and backward match the cpu backe
     expect_close(got, dqkv, 1e-4, 2e-5, "gqa dqkv");
     CHECK(bit_equal(got, again));  // the group sums run in a fixed order: reproducible
   }
+}
+
+// ---- the vocabulary-parallel embedding and loss (--tp) against the CPU backend -------------------
+// Each rank's shard of a vocabulary that the degree does not divide, so the last shards carry
+// padding (9 over 4: the last shard is all padding). Padding logits are larger than any real one
+// and padding embedding rows are NaN: read, either would show.
+
+namespace {
+
+// n targets in [0, V), random but for the first ones, set to this shard's first and last columns.
+Ids shard_targets(const std::string& name, int64_t n, int64_t V, const VocabShard& v) {
+  Ids t = random_ids(name, n, V);
+  if (v.valid > 0 && n >= 2) t[0] = static_cast<int32_t>(v.begin), t[1] = static_cast<int32_t>(v.begin + v.valid - 1);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("cuda vocabulary-parallel cross-entropy steps match the cpu backend, padding gradients zero", "[cuda]") {
+  Env e;
+  struct Case { int64_t N, V; int T; };
+  for (Case c : {Case{34, 50, 3}, Case{5, 9, 4}, Case{3, 50257, 4}}) {
+    for (int r = 0; r < c.T; ++r) {
+      const VocabShard v = vocab_shard(c.V, c.T, r);
+      const int64_t N = c.N, Vl = v.rows;
+      INFO("N=" << N << " V=" << c.V << " rank " << r << " of " << c.T << ": columns [" << v.begin << ", "
+                << v.begin + Vl << "), " << v.valid << " valid");
+      auto logits = random_vector("vlogits", N * Vl, -6.f, 6.f);
+      for (int64_t i = 0; i < N; ++i) std::fill_n(logits.begin() + i * Vl + v.valid, Vl - v.valid, 30.f);
+      const Ids targets = shard_targets("vtargets", N, c.V, v);
+      Block glogits = up(e, logits, "logits");
+      auto dev = [&](const Block& b, int64_t n) { return Env::dev(b, DType::f32, static_cast<size_t>(n)); };
+
+      // max: exact on both sides.
+      std::vector<float> mx(N);
+      e.cpu->vocab_ce_max(host(mx), host2(logits, N, Vl), v.valid);
+      Block gmx = e.pool.alloc(DType::f32, N, Category::workspace, "mx");
+      e.gpu->vocab_ce_max(dev(gmx, N), glogits.view(DType::f32, {N, Vl}), v.valid);
+      CHECK(bit_equal(down(e, gmx, mx.size()), mx));
+
+      // sums, from a group maximum at least this shard's (finite where the shard is all padding).
+      auto other = random_vector("vother_max", N, -6.f, 7.f);
+      std::vector<float> red_mx(N);
+      for (int64_t i = 0; i < N; ++i) red_mx[i] = std::max(mx[i], other[i]);
+      std::vector<float> sumexp(N), tlogit(N);
+      e.cpu->vocab_ce_sums(host(sumexp), host(tlogit), host2(logits, N, Vl), targets.data(), v.begin, v.valid,
+                           host(red_mx));
+      Block gred_mx = up(e, red_mx, "reduced mx");
+      Block gsumexp = e.pool.alloc(DType::f32, N, Category::workspace, "sumexp");
+      Block gtlogit = e.pool.alloc(DType::f32, N, Category::workspace, "tlogit");
+      e.gpu->vocab_ce_sums(dev(gsumexp, N), dev(gtlogit, N), glogits.view(DType::f32, {N, Vl}), targets.data(),
+                           v.begin, v.valid, dev(gred_mx, N));
+      // Double sums on both sides of exps within 2 ulp (the CPU's fast_exp) or exact (CUDA's double exp).
+      expect_close(down(e, gsumexp, sumexp.size()), sumexp, 1e-6, 0, "sumexp");
+      CHECK(bit_equal(down(e, gtlogit, tlogit.size()), tlogit));  // a copy of the target's logit, or 0
+
+      // finish, from group sums that include other ranks' parts.
+      auto extra = random_vector("vother_sum", N, 0.5f, 40.f), other_t = random_vector("vother_t", N, -6.f, 6.f);
+      std::vector<float> red_sum(N), red_t(N);
+      for (int64_t i = 0; i < N; ++i) {
+        red_sum[i] = sumexp[i] + extra[i];
+        red_t[i] = tlogit[i] != 0.f ? tlogit[i] : other_t[i];
+      }
+      const float scale = 1.f / static_cast<float>(N);
+      std::vector<float> losses(N), dlogits(N * Vl, -3.f);
+      e.cpu->vocab_ce_finish(host(losses), host2(dlogits, N, Vl), host2(logits, N, Vl), targets.data(), v.begin,
+                             v.valid, host(red_mx), host(red_sum), host(red_t), scale);
+      Block gred_sum = up(e, red_sum, "reduced sumexp"), gred_t = up(e, red_t, "reduced tlogit");
+      enum class Mode { separate, aliased, no_grad };
+      for (Mode mode : {Mode::separate, Mode::aliased, Mode::no_grad}) {
+        INFO("mode " << static_cast<int>(mode));
+        Block gl = up(e, logits, "logits");
+        Block gd = up(e, std::vector<float>(N * Vl, -3.f), "dlogits");
+        Block glosses = e.pool.alloc(DType::f32, N, Category::workspace, "losses");
+        Tensor tl = gl.view(DType::f32, {N, Vl});
+        Tensor td = mode == Mode::separate ? gd.view(DType::f32, {N, Vl}) : mode == Mode::aliased ? tl : Tensor();
+        e.gpu->vocab_ce_finish(dev(glosses, N), td, tl, targets.data(), v.begin, v.valid, dev(gred_mx, N),
+                               dev(gred_sum, N), dev(gred_t, N), scale);
+        // As cross_entropy: 1e-5 relative (a float log, float exps an ulp or two apart).
+        expect_close(down(e, glosses, losses.size()), losses, 1e-5, 1e-6, "losses");
+        if (mode == Mode::no_grad) {
+          CHECK(bit_equal(down(e, gl, logits.size()), logits));  // untouched
+          continue;
+        }
+        const auto got = down(e, mode == Mode::separate ? gd : gl, dlogits.size());
+        expect_close(got, dlogits, 1e-5, 1e-8, "dlogits");
+        int64_t nonzero_padding = 0;
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t j = v.valid; j < Vl; ++j) nonzero_padding += got[i * Vl + j] != 0.f;
+        CHECK(nonzero_padding == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda vocabulary-parallel embedding matches the cpu bit for bit, padding rows untouched", "[cuda]") {
+  Env e;
+  struct Case { int64_t B, T, C, V; int TP; };
+  // C = 64 takes the float4 path of the forward, 13 the scalar one.
+  for (Case c : {Case{2, 17, 64, 50, 3}, Case{3, 5, 13, 9, 4}, Case{2, 33, 64, 1003, 2}}) {
+    for (bool positions : {true, false}) {
+      const int64_t B = c.B, T = c.T, C = c.C, V = c.V, maxT = T + 3, BT = B * T;
+      Ids tokens = random_ids("vetok", BT, V);
+      tokens[0] = 0, tokens[1] = static_cast<int32_t>(V - 1);
+      auto wte = random_vector("vewte", V * C), wpe = random_vector("vewpe", maxT * C);
+      auto dout = random_vector("vedout", BT * C), dwpe0 = random_vector("vedwpe", maxT * C);
+      Block gwpe = up(e, wpe, "wpe"), gdout = up(e, dout, "dout");
+      for (int r = 0; r < c.TP; ++r) {
+        const VocabShard v = vocab_shard(V, c.TP, r);
+        INFO("B=" << B << " T=" << T << " C=" << C << " V=" << V << (positions ? " with" : " without")
+                  << " wpe, rank " << r << " of " << c.TP << ": rows [" << v.begin << ", " << v.begin + v.rows
+                  << "), " << v.valid << " valid");
+        std::vector<float> part(v.rows * C, std::numeric_limits<float>::quiet_NaN());
+        std::copy_n(wte.begin() + v.begin * C, v.valid * C, part.begin());
+        Block gpart = up(e, part, "wte shard"), gout = up(e, std::vector<float>(BT * C, -1.f), "out");
+        Tensor no_wpe;
+        e.gpu->embedding_forward_shard(gout.view(DType::f32, {BT, C}), tokens.data(), B, T,
+                                       gpart.view(DType::f32, {v.rows, C}),
+                                       positions ? gwpe.view(DType::f32, {maxT, C}) : no_wpe, v.begin);
+        std::vector<float> out(BT * C);
+        e.cpu->embedding_forward_shard(host2(out, BT, C), tokens.data(), B, T, host2(part, v.rows, C),
+                                       positions ? host2(wpe, maxT, C) : no_wpe, v.begin);
+        CHECK(bit_equal(down(e, gout, out.size()), out));  // one add at most per element
+
+        // Backward into random gradients, padding rows holding 7: the same ascending order of
+        // additions per row on both sides (tolerance 0), and the same bits when run again.
+        auto dpart = random_vector("vedwte", v.rows * C);
+        std::fill(dpart.begin() + v.valid * C, dpart.end(), 7.f);
+        auto run_gpu = [&] {
+          Block gdpart = up(e, dpart, "dwte shard"), gdwpe = up(e, dwpe0, "dwpe");
+          e.gpu->embedding_backward_shard(gdpart.view(DType::f32, {v.rows, C}),
+                                          positions ? gdwpe.view(DType::f32, {maxT, C}) : no_wpe,
+                                          gdout.view(DType::f32, {BT, C}), tokens.data(), B, T, v.begin);
+          return std::pair{down(e, gdpart, dpart.size()), down(e, gdwpe, dwpe0.size())};
+        };
+        auto [got_dwte, got_dwpe] = run_gpu();
+        auto [again_dwte, again_dwpe] = run_gpu();
+        std::vector<float> dwpe = dwpe0;
+        e.cpu->embedding_backward_shard(host2(dpart, v.rows, C), positions ? host2(dwpe, maxT, C) : no_wpe,
+                                        host2(dout, BT, C), tokens.data(), B, T, v.begin);
+        CHECK(bit_equal(got_dwte, dpart));
+        CHECK(bit_equal(got_dwpe, dwpe));
+        CHECK(bit_equal(got_dwte, again_dwte));
+        CHECK(std::all_of(got_dwte.begin() + v.valid * C, got_dwte.end(), [](float x) { return x == 7.f; }));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda vocabulary-parallel operations reject negative ids", "[cuda]") {
+  Env e;
+  const int64_t N = 2, Vl = 4, C = 8;
+  Block logits = e.pool.alloc(DType::f32, N * Vl, Category::workspace, "logits");
+  Block rows = e.pool.alloc(DType::f32, 3 * N, Category::workspace, "rows");
+  Block wte = e.pool.alloc(DType::f32, Vl * C, Category::workspace, "wte");
+  Block out = e.pool.alloc(DType::f32, N * C, Category::workspace, "out");
+  Tensor r = rows.flat(DType::f32);
+  const Ids bad{3, -1};
+  CHECK_THROWS_AS(e.gpu->vocab_ce_sums(r.slice(0, N), r.slice(N, N), logits.view(DType::f32, {N, Vl}), bad.data(), 4,
+                                       Vl, r.slice(2 * N, N)),
+                  InternalError);
+  CHECK_THROWS_AS(e.gpu->embedding_forward_shard(out.view(DType::f32, {N, C}), bad.data(), 1, N,
+                                                 wte.view(DType::f32, {Vl, C}), Tensor(), 4),
+                  InternalError);
+  CHECK_THROWS_AS(e.gpu->embedding_backward_shard(wte.view(DType::f32, {Vl, C}), Tensor(), out.view(DType::f32, {N, C}),
+                                                  bad.data(), 1, N, 4),
+                  InternalError);
 }

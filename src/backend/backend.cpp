@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <thread>
 
 namespace shardlab {
@@ -46,19 +47,46 @@ std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, con
   return {B, T, C};
 }
 
-int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T) {
+namespace {
+int64_t embedding_forward_check(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T,
+                                const char* op) {
   const int64_t C = wte.dim(1);
   SHARD_CHECK(out.numel() == B * T * C && (wpe.data() == nullptr || (wpe.dim(0) >= T && wpe.dim(1) == C)),
-              "embedding_forward: out {} wte {} wpe {} B={} T={}", out.shape_str(), wte.shape_str(), wpe.shape_str(),
-              B, T);
+              "{}: out {} wte {} wpe {} B={} T={}", op, out.shape_str(), wte.shape_str(), wpe.shape_str(), B, T);
   return C;
 }
 
-int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B, int64_t T) {
+int64_t embedding_backward_check(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B, int64_t T,
+                                 const char* op) {
   const int64_t C = dwte.dim(1);
-  SHARD_CHECK(dout.numel() == B * T * C && (dwpe.data() == nullptr || dwpe.dim(1) == C), "embedding_backward: dout {} dwte {} dwpe {}",
-              dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
+  SHARD_CHECK(dout.numel() == B * T * C && (dwpe.data() == nullptr || dwpe.dim(1) == C), "{}: dout {} dwte {} dwpe {}",
+              op, dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
   return C;
+}
+}  // namespace
+
+int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T) {
+  return embedding_forward_check(out, wte, wpe, B, T, "embedding_forward");
+}
+
+int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B, int64_t T) {
+  return embedding_backward_check(dwte, dwpe, dout, B, T, "embedding_backward");
+}
+
+int64_t embedding_shard_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T,
+                              int64_t v0) {
+  SHARD_CHECK(v0 >= 0, "embedding_forward_shard: the shard's first row {} is negative", v0);
+  return embedding_forward_check(out, wte, wpe, B, T, "embedding_forward_shard");
+}
+
+int64_t embedding_backward_shard_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B,
+                                       int64_t T, int64_t v0) {
+  SHARD_CHECK(v0 >= 0, "embedding_backward_shard: the shard's first row {} is negative", v0);
+  return embedding_backward_check(dwte, dwpe, dout, B, T, "embedding_backward_shard");
+}
+
+void check_shard_ids(const int32_t* ids, int64_t n, const char* what) {
+  for (int64_t i = 0; i < n; ++i) SHARD_CHECK(ids[i] >= 0, "{} id {} at position {} is negative", what, ids[i], i);
 }
 
 // N rows of C in out and inp, C weights and biases, N statistics.
@@ -134,11 +162,35 @@ std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& d
   return {N, logits.numel() / N};
 }
 
-std::array<int64_t, 2> vocab_ce_shape(const Tensor& mx, const Tensor& logits, int64_t valid) {
+namespace {
+// N rows from mx, Vl columns from logits, valid of them real; the other per-row tensors hold N.
+std::array<int64_t, 2> vocab_ce_check(const Tensor& mx, const Tensor& logits, int64_t valid, const char* op,
+                                      std::initializer_list<const Tensor*> rows) {
   const int64_t N = mx.numel();
   SHARD_CHECK(N > 0 && logits.numel() % N == 0 && valid >= 0 && valid <= logits.numel() / N,
-              "vocab-parallel cross-entropy: logits {} rows {} valid columns {}", logits.shape_str(), N, valid);
+              "{}: logits {} for {} rows with {} valid columns", op, logits.shape_str(), N, valid);
+  for (const Tensor* t : rows) check_same_numel(*t, mx, op);
   return {N, logits.numel() / N};
+}
+}  // namespace
+
+std::array<int64_t, 2> vocab_ce_shape(const Tensor& mx, const Tensor& logits, int64_t valid) {
+  return vocab_ce_check(mx, logits, valid, "vocab_ce_max", {});
+}
+
+std::array<int64_t, 2> vocab_ce_sums_shape(const Tensor& sumexp, const Tensor& tlogit, const Tensor& logits,
+                                           const Tensor& mx, int64_t v0, int64_t valid) {
+  SHARD_CHECK(v0 >= 0, "vocab_ce_sums: the shard's first column {} is negative", v0);
+  return vocab_ce_check(mx, logits, valid, "vocab_ce_sums", {&sumexp, &tlogit});
+}
+
+std::array<int64_t, 2> vocab_ce_finish_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                             const Tensor& mx, const Tensor& sumexp, const Tensor& tlogit, int64_t v0,
+                                             int64_t valid) {
+  SHARD_CHECK(v0 >= 0, "vocab_ce_finish: the shard's first column {} is negative", v0);
+  const std::array<int64_t, 2> nv = vocab_ce_check(mx, logits, valid, "vocab_ce_finish", {&losses, &sumexp, &tlogit});
+  if (dlogits.data() != nullptr) check_same_numel(dlogits, logits, "vocab_ce_finish");
+  return nv;
 }
 
 void check_gemm(const GemmDesc& d) {

@@ -282,6 +282,14 @@ int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.num
 int64_t embedding_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T);  // C
 int64_t embedding_backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B,
                                  int64_t T);  // C
+// The vocabulary-parallel embedding's (a shard's first row v0 >= 0, then as above).
+int64_t embedding_shard_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T,
+                              int64_t v0);  // C
+int64_t embedding_backward_shard_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B,
+                                       int64_t T, int64_t v0);  // C
+// Ids of the whole vocabulary seen by one shard of it: only their sign can be checked there (the
+// upper bound is the whole vocabulary's, which a shard's operation is not told).
+void check_shard_ids(const int32_t* ids, int64_t n, const char* what);
 std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
                                        const Tensor& weight, const Tensor& bias, const char* op);  // {N, C}
 std::array<int64_t, 2> layernorm_backward_shape(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
@@ -300,6 +308,13 @@ std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, con
 void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
 std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}
 // The vocabulary-parallel loss's rows and columns, {N, Vl}, from mx (N) and logits (N, Vl); valid <= Vl.
+// vocab_ce_shape checks vocab_ce_max's tensors; the others their step's (every per-row one N long,
+// dlogits like logits when not empty, v0 >= 0).
 std::array<int64_t, 2> vocab_ce_shape(const Tensor& mx, const Tensor& logits, int64_t valid);
+std::array<int64_t, 2> vocab_ce_sums_shape(const Tensor& sumexp, const Tensor& tlogit, const Tensor& logits,
+                                           const Tensor& mx, int64_t v0, int64_t valid);
+std::array<int64_t, 2> vocab_ce_finish_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                             const Tensor& mx, const Tensor& sumexp, const Tensor& tlogit, int64_t v0,
+                                             int64_t valid);
 
 }  // namespace shardlab

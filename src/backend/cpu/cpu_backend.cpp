@@ -193,13 +193,15 @@ class CpuBackend final : public Backend {
   }
   void embedding_forward_shard(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe,
                                int64_t v0) override {
-    const int64_t C = embedding_shape(out, wte, wpe, B, T);
+    const int64_t C = embedding_shard_shape(out, wte, wpe, B, T, v0);
+    check_shard_ids(tokens, B * T, "token");
     cpu::embedding_forward_shard(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.data() ? wpe.ptr<float>() : nullptr,
                                  B, T, C, wte.dim(0), v0);
   }
   void embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B, int64_t T,
                                 int64_t v0) override {
-    const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
+    const int64_t C = embedding_backward_shard_shape(dwte, dwpe, dout, B, T, v0);
+    check_shard_ids(tokens, B * T, "token");
     cpu::embedding_backward_shard(dwte.ptr<float>(), dwpe.data() ? dwpe.ptr<float>() : nullptr, dout.ptr<float>(),
                                   tokens, B, T, C, dwte.dim(0), v0);
   }
@@ -270,17 +272,15 @@ class CpuBackend final : public Backend {
   }
   void vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
                      Tensor mx) override {
-    const auto [N, Vl] = vocab_ce_shape(mx, logits, valid);
-    check_same_numel(sumexp, mx, "vocab_ce_sums");
-    check_same_numel(tlogit, mx, "vocab_ce_sums");
+    const auto [N, Vl] = vocab_ce_sums_shape(sumexp, tlogit, logits, mx, v0, valid);
+    check_shard_ids(targets, N, "target");
     cpu::vocab_ce_sums(sumexp.ptr<float>(), tlogit.ptr<float>(), logits.ptr<float>(), targets, N, Vl, v0, valid,
                        mx.ptr<float>());
   }
   void vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
                        Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale) override {
-    const auto [N, Vl] = vocab_ce_shape(mx, logits, valid);
-    for (const Tensor* t : {&losses, &sumexp, &tlogit}) check_same_numel(*t, mx, "vocab_ce_finish");
-    if (dlogits.data()) check_same_numel(dlogits, logits, "vocab_ce_finish");
+    const auto [N, Vl] = vocab_ce_finish_shape(losses, dlogits, logits, mx, sumexp, tlogit, v0, valid);
+    check_shard_ids(targets, N, "target");
     cpu::vocab_ce_finish(losses.ptr<float>(), dlogits.data() ? dlogits.ptr<float>() : nullptr, logits.ptr<float>(),
                          targets, N, Vl, v0, valid, mx.ptr<float>(), sumexp.ptr<float>(), tlogit.ptr<float>(),
                          dloss_scale);

@@ -113,7 +113,10 @@ class CudaBackend final : public Backend {
   // Token ids (cuda_layers.cpp).
   const int32_t* upload_host_ids();
   const int32_t* upload_ids(const int32_t* ids, int64_t n, int64_t V, const char* what);
-  int64_t group_positions_by_token(const int32_t* tokens, int64_t n, int64_t V);
+  void shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what,
+                  std::vector<int32_t>& out);
+  const int32_t* upload_shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what);
+  int64_t group_positions_by_row(const int32_t* rows, int64_t n, int64_t V);
 
   int device_ = 0;
   std::string name_;
@@ -144,6 +147,7 @@ class CudaBackend final : public Backend {
   Scratch scratch_;       // the layers' operations' (token ids, LayerNorm and RMSNorm partials)
   Scratch gemm_scratch_;  // f32 GEMM operands rounded to bf16
   std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
+  std::vector<int32_t> shard_rows_;  // a vocabulary shard's rows of token ids, -1 for other ranks'
   struct IdSlot {
     void* host = nullptr;  // pinned
     size_t bytes = 0;

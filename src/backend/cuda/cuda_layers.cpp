@@ -10,6 +10,15 @@
 #include "src/backend/cuda/cuda_backend.hpp"
 
 namespace shardlab::cuda {
+namespace {
+
+// n host ids in [0, V): the CPU kernels' check, with their message.
+void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
+  for (int64_t i = 0; i < n; ++i)
+    SHARD_CHECK(ids[i] >= 0 && ids[i] < V, "{} id {} at position {} outside vocabulary of {}", what, ids[i], i, V);
+}
+
+}  // namespace
 
 // ---- embeddings ---------------------------------------------------------------------------------
 // Token ids are host memory (the trainer's Batch holds host vectors): they are checked on the
@@ -27,9 +36,10 @@ void CudaBackend::embedding_forward(Tensor out, const int32_t* tokens, int64_t B
 void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
                                      int64_t T) {
   const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
+  check_ids(tokens, B * T, dwte.dim(0), "token");  // before anything is launched
   if (dwpe.data() != nullptr)  // empty: a family without learned positions
     CUDA_CHECK(launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
-  const int64_t buckets = group_positions_by_token(tokens, B * T, dwte.dim(0));
+  const int64_t buckets = group_positions_by_row(tokens, B * T, dwte.dim(0));  // a token id is its row
   const int32_t* grouped = upload_host_ids();  // [bucket tokens | offsets | positions]
   CUDA_CHECK(launch_embedding_backward_dwte(dwte.ptr<float>(), dout.ptr<float>(), grouped, grouped + buckets,
                                             grouped + 2 * buckets + 1, buckets, C, compute_));
@@ -191,21 +201,53 @@ void CudaBackend::cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, co
   CUDA_CHECK(launch_cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), ids, N, V, dloss_scale, compute_));
 }
 
-// ---- the vocabulary-parallel embedding and loss (--tp) ----
-// TODO(tp kernels): written by the tensor-parallel work; until then they refuse.
-void CudaBackend::embedding_forward_shard(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, int64_t) {
-  SHARD_CHECK(false, "embedding_forward_shard is not written for CUDA yet");
+// ---- the vocabulary-parallel embedding and loss (--tp) ---------------------------------------
+// Ids of the whole vocabulary become rows (columns) of this rank's shard on the host, -1 where
+// another rank holds the id, so the kernels index the shard directly and need no v0: the
+// embedding's kernels are the whole embedding's, whose rows are the ids themselves.
+
+void CudaBackend::embedding_forward_shard(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte,
+                                          Tensor wpe, int64_t v0) {
+  const int64_t C = embedding_shard_shape(out, wte, wpe, B, T, v0);
+  const int32_t* rows = upload_shard_rows(tokens, B * T, v0, wte.dim(0), "token");
+  const float* positions = wpe.data() != nullptr ? wpe.ptr<float>() : nullptr;  // null: none to add
+  CUDA_CHECK(launch_embedding_forward(out.ptr<float>(), rows, wte.ptr<float>(), positions, B, T, C, compute_));
 }
-void CudaBackend::embedding_backward_shard(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, int64_t) {
-  SHARD_CHECK(false, "embedding_backward_shard is not written for CUDA yet");
+
+// As embedding_backward, over the positions whose token is in this shard: the same per-row
+// order of additions, so a shard's rows get the whole embedding's bits.
+void CudaBackend::embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                                           int64_t T, int64_t v0) {
+  const int64_t C = embedding_backward_shard_shape(dwte, dwpe, dout, B, T, v0);
+  shard_rows(tokens, B * T, v0, dwte.dim(0), "token", shard_rows_);  // checks, before anything is launched
+  if (dwpe.data() != nullptr)
+    CUDA_CHECK(launch_embedding_backward_dwpe(dwpe.ptr<float>(), dout.ptr<float>(), B, T, C, compute_));
+  const int64_t buckets = group_positions_by_row(shard_rows_.data(), B * T, dwte.dim(0));
+  const int32_t* grouped = upload_host_ids();  // [bucket rows | offsets | positions]
+  CUDA_CHECK(launch_embedding_backward_dwte(dwte.ptr<float>(), dout.ptr<float>(), grouped, grouped + buckets,
+                                            grouped + 2 * buckets + 1, buckets, C, compute_));
 }
-void CudaBackend::vocab_ce_max(Tensor, Tensor, int64_t) { SHARD_CHECK(false, "vocab_ce_max is not written for CUDA yet"); }
-void CudaBackend::vocab_ce_sums(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor) {
-  SHARD_CHECK(false, "vocab_ce_sums is not written for CUDA yet");
+
+void CudaBackend::vocab_ce_max(Tensor mx, Tensor logits, int64_t valid) {
+  const auto [N, Vl] = vocab_ce_shape(mx, logits, valid);
+  CUDA_CHECK(launch_vocab_ce_max(mx.ptr<float>(), logits.ptr<float>(), N, Vl, valid, compute_));
 }
-void CudaBackend::vocab_ce_finish(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, Tensor,
-                                  float) {
-  SHARD_CHECK(false, "vocab_ce_finish is not written for CUDA yet");
+
+void CudaBackend::vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0,
+                                int64_t valid, Tensor mx) {
+  const auto [N, Vl] = vocab_ce_sums_shape(sumexp, tlogit, logits, mx, v0, valid);
+  const int32_t* cols = upload_shard_rows(targets, N, v0, valid, "target");
+  CUDA_CHECK(launch_vocab_ce_sums(sumexp.ptr<float>(), tlogit.ptr<float>(), logits.ptr<float>(), cols,
+                                  mx.ptr<float>(), N, Vl, valid, compute_));
+}
+
+void CudaBackend::vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0,
+                                  int64_t valid, Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale) {
+  const auto [N, Vl] = vocab_ce_finish_shape(losses, dlogits, logits, mx, sumexp, tlogit, v0, valid);
+  float* d = dlogits.data() ? dlogits.ptr<float>() : nullptr;
+  const int32_t* cols = upload_shard_rows(targets, N, v0, valid, "target");
+  CUDA_CHECK(launch_vocab_ce_finish(losses.ptr<float>(), d, logits.ptr<float>(), cols, mx.ptr<float>(),
+                                    sumexp.ptr<float>(), tlogit.ptr<float>(), N, Vl, valid, dloss_scale, compute_));
 }
 
 // ---- token ids ----------------------------------------------------------------------------------
@@ -234,41 +276,62 @@ const int32_t* CudaBackend::upload_host_ids() {
 
 // Checks n host ids against the vocabulary (the CPU kernels' check) and uploads them.
 const int32_t* CudaBackend::upload_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
-  host_ids_.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    SHARD_CHECK(ids[i] >= 0 && ids[i] < V, "{} id {} at position {} outside vocabulary of {}", what, ids[i], i, V);
-    host_ids_[static_cast<size_t>(i)] = ids[i];
-  }
+  check_ids(ids, n, V, what);
+  host_ids_.assign(ids, ids + n);
   return upload_host_ids();
 }
 
-// Fills host_ids_ with [bucket tokens (U) | offsets (U + 1) | positions (n)]: the distinct tokens
-// in ascending order, and each one's positions, ascending (a stable counting sort). Returns U.
-int64_t CudaBackend::group_positions_by_token(const int32_t* tokens, int64_t n, int64_t V) {
-  SHARD_CHECK(n <= INT32_MAX, "embedding_backward: {} positions overflow int32 offsets", n);
-  std::vector<int32_t> start(static_cast<size_t>(V) + 1, 0);  // start[v]: first slot of token v
+// out (n) = each id's row in the shard [v0, v0 + rows) of the vocabulary, -1 outside it. Only the
+// ids' sign can be checked here (check_shard_ids, as the CPU backend).
+void CudaBackend::shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what,
+                             std::vector<int32_t>& out) {
+  check_shard_ids(ids, n, what);
+  SHARD_CHECK(v0 >= 0 && rows >= 0 && v0 + rows <= INT32_MAX, "{} shard [{}, {}) outside int32 ids", what, v0,
+              v0 + rows);
+  out.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    SHARD_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} at position {} outside vocabulary of {}", tokens[i],
-                i, V);
-    ++start[static_cast<size_t>(tokens[i]) + 1];
+    const int64_t r = ids[i] - v0;
+    out[static_cast<size_t>(i)] = r >= 0 && r < rows ? static_cast<int32_t>(r) : -1;
+  }
+}
+
+const int32_t* CudaBackend::upload_shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows,
+                                              const char* what) {
+  shard_rows(ids, n, v0, rows, what, host_ids_);
+  return upload_host_ids();
+}
+
+// Fills host_ids_ with [bucket rows (U) | offsets (U + 1) | positions (m)]: the distinct rows in
+// ascending order, and each one's positions, ascending (a stable counting sort), for the m
+// positions whose row is not negative (negative: another rank's vocabulary shard). Returns U.
+int64_t CudaBackend::group_positions_by_row(const int32_t* rows, int64_t n, int64_t V) {
+  SHARD_CHECK(n <= INT32_MAX, "embedding_backward: {} positions overflow int32 offsets", n);
+  std::vector<int32_t> start(static_cast<size_t>(V) + 1, 0);  // start[v]: first slot of row v
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0) continue;
+    SHARD_CHECK(rows[i] < V, "embedding row {} at position {} outside {} rows", rows[i], i, V);
+    ++start[static_cast<size_t>(rows[i]) + 1];
+    ++m;
   }
   int64_t buckets = 0;
   for (int64_t v = 0; v < V; ++v) {
     buckets += start[static_cast<size_t>(v) + 1] > 0;
     start[static_cast<size_t>(v) + 1] += start[static_cast<size_t>(v)];
   }
-  host_ids_.resize(static_cast<size_t>(2 * buckets + 1 + n));
-  int32_t* bucket_token = host_ids_.data();
-  int32_t* offsets = bucket_token + buckets;
+  host_ids_.resize(static_cast<size_t>(2 * buckets + 1 + m));
+  int32_t* bucket_row = host_ids_.data();
+  int32_t* offsets = bucket_row + buckets;
   int32_t* positions = offsets + buckets + 1;
   int64_t u = 0;
   for (int64_t v = 0; v < V; ++v) {
     if (start[static_cast<size_t>(v) + 1] == start[static_cast<size_t>(v)]) continue;
-    bucket_token[u] = static_cast<int32_t>(v);
+    bucket_row[u] = static_cast<int32_t>(v);
     offsets[u++] = start[static_cast<size_t>(v)];
   }
-  offsets[buckets] = static_cast<int32_t>(n);
-  for (int64_t i = 0; i < n; ++i) positions[start[static_cast<size_t>(tokens[i])]++] = static_cast<int32_t>(i);
+  offsets[buckets] = static_cast<int32_t>(m);
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] >= 0) positions[start[static_cast<size_t>(rows[i])]++] = static_cast<int32_t>(i);
   return buckets;
 }
 

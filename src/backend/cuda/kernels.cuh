@@ -32,8 +32,10 @@ cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* o
 // src/backend/cpu/kernels.cpp; shapes use that file's names (B batch, T time, C channels, H heads,
 // V vocab, N rows). ----
 
-// out (B*T, C) = wte[tokens] + wpe[t]; wpe null: out = wte[tokens] (no learned positions).
-cudaError_t launch_embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+// out (B*T, C) = wte[rows] + wpe[t]; wpe null: out = wte[rows] (no learned positions). A negative
+// row is a token of another rank's vocabulary shard (--tp): out = wpe[t], or zeros without wpe.
+// The whole embedding's rows are its token ids.
+cudaError_t launch_embedding_forward(float* out, const int32_t* rows, const float* wte, const float* wpe, int64_t B,
                                      int64_t T, int64_t C, cudaStream_t s);
 // dwpe[t] += sum over b of dout[b, t], b in order.
 cudaError_t launch_embedding_backward_dwpe(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C,
@@ -97,6 +99,16 @@ cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_
 // (softmax - onehot(target)) * dloss_scale. dlogits may alias logits.
 cudaError_t launch_cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                  int64_t N, int64_t V, float dloss_scale, cudaStream_t s);
+// The vocabulary-parallel cross-entropy's steps (Backend::vocab_ce_*) over logits (N, Vl), of
+// which the first `valid` columns are real. cols (N) is each target's column in this shard, -1
+// where another rank holds it; mx, sumexp and tlogit passed in are the group's reduced values.
+// Padding columns' dlogits are 0; dlogits may alias logits.
+cudaError_t launch_vocab_ce_max(float* mx, const float* logits, int64_t N, int64_t Vl, int64_t valid, cudaStream_t s);
+cudaError_t launch_vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const int32_t* cols,
+                                 const float* mx, int64_t N, int64_t Vl, int64_t valid, cudaStream_t s);
+cudaError_t launch_vocab_ce_finish(float* losses, float* dlogits, const float* logits, const int32_t* cols,
+                                   const float* mx, const float* sumexp, const float* tlogit, int64_t N, int64_t Vl,
+                                   int64_t valid, float dloss_scale, cudaStream_t s);
 
 // AdamW as in the CPU kernel; inv_bc1/inv_bc2 are 1 / (1 - beta^step), computed by the caller.
 struct AdamWStep {

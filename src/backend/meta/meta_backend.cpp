@@ -84,11 +84,23 @@ class MetaBackend final : public Backend {
   }
   void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) override {}
   void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override {}
-  void embedding_forward_shard(Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, int64_t) override {}
-  void embedding_backward_shard(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, int64_t) override {}
-  void vocab_ce_max(Tensor, Tensor, int64_t) override {}
-  void vocab_ce_sums(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor) override {}
-  void vocab_ce_finish(Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, Tensor, float) override {}
+  void embedding_forward_shard(Tensor out, const int32_t*, int64_t B, int64_t T, Tensor wte, Tensor wpe,
+                               int64_t v0) override {
+    embedding_shard_shape(out, wte, wpe, B, T, v0);
+  }
+  void embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t*, int64_t B, int64_t T,
+                                int64_t v0) override {
+    embedding_backward_shard_shape(dwte, dwpe, dout, B, T, v0);
+  }
+  void vocab_ce_max(Tensor mx, Tensor logits, int64_t valid) override { vocab_ce_shape(mx, logits, valid); }
+  void vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t*, int64_t v0, int64_t valid,
+                     Tensor mx) override {
+    vocab_ce_sums_shape(sumexp, tlogit, logits, mx, v0, valid);
+  }
+  void vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t*, int64_t v0, int64_t valid,
+                       Tensor mx, Tensor sumexp, Tensor tlogit, float) override {
+    vocab_ce_finish_shape(losses, dlogits, logits, mx, sumexp, tlogit, v0, valid);
+  }
   // ---- optimizers ----
   void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override {}
   void sgd_update(Tensor, Tensor, Tensor, const SgdArgs&) override {}
