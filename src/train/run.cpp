@@ -251,6 +251,7 @@ void Trainer::print_header(std::FILE* out) const {
                cfg_.strategy.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
                be_.describe().c_str(), comm_.name().c_str());
   if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());
+  if (!cfg_.model_origin.empty()) std::fprintf(out, "  model: %s\n", cfg_.model_origin.c_str());
   if (const Backend::DeviceMemory m = be_.device_memory(); m.total)
     std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
                  format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),

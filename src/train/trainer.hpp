@@ -57,6 +57,7 @@ struct TrainConfig : StepConfig {
   std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
   std::shared_ptr<const Tokenizer> tokenizer;  // --tokenizer: prompts, samples and text --data as tokens
   SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
+  std::string model_origin;    // the header's "model:" line when the model is not the flags' ("" = it is)
   std::string options_origin;  // the header's "options:" line, where each non-default came from ("" = none)
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
   // Whether a run validates after step t (0-based): every val_every steps, and after the last.
