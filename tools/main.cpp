@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   try {
     const ExitCode code = run_command(args[0], Args(args.begin() + 1, args.end()), ctx);
     Watchdog::stop();
-    return exit_status(code);
+    return status_for_launcher(exit_status(code));
   } catch (const InputError& e) {
     end_job_on_input_error(fmt::format("error: {}", e.what()), exit_status(ExitCode::bad_input));
   } catch (const OutOfMemory& e) {

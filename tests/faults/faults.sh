@@ -16,11 +16,13 @@ train=("$bin" train --model tiny --batch 4 --threads 1 --print-every 100000 --sc
 fail() { echo "FAIL: $*"; exit 1; }
 # (A resumed run's log starts with a {"event": "resume", ...} line: markers have no loss.)
 losses() { python3 -c "import json,sys; print(' '.join(repr(j['loss']) for j in map(json.loads, open(sys.argv[1])) if 'loss' in j))" "$1"; }
-# The PID of rank $1 of the job started last: a child of its mpirun (--nproc execs mpirun, so $job is
-# mpirun), found by the MPI rank in its environment. Only this job's processes are ever signalled.
+# The PID of rank $1 of the job started last: a child of its mpirun, which is the child of the --nproc
+# launcher ($job), found by the MPI rank in its environment. Only this job's processes are ever signalled.
 rank_pid() {
-  for p in $(pgrep -P "$job"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
+  for m in $(pgrep -P "$job"); do
+    for p in $(pgrep -P "$m"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
+    done
   done
 }
 # Waits for the job, at most $1 seconds (a broken handler must fail the test, not hang it).
@@ -55,7 +57,8 @@ sigterm_all | sigterm_one | sigusr1_mpirun)
   job=$!
   wait_for_steps "$work/a.log" 50
   t0=$(date +%s%N)
-  # Open MPI's mpirun forwards SIGUSR1 to the ranks (SIGTERM it answers by killing them a second later).
+  # The launcher passes SIGUSR1 on to mpirun, which forwards it to the ranks (SIGTERM it answers by
+  # killing them a second later).
   if [ "$case" = sigusr1_mpirun ]; then kill -USR1 "$job"
   elif [ "$case" = sigterm_all ]; then kill -TERM $(rank_pid 0) $(rank_pid 1); else kill -TERM $(rank_pid 1); fi
   wait_job 60; rc=$?
