@@ -72,12 +72,15 @@ namespace {
 //   exits 0, so Open MPI prints no note about a process that "returned a non-zero exit code" (its
 //   --quiet would hide that note, and with it the report of a rank killed by a signal, which stays).
 //   A job mpirun ends (MPI_Abort, a rank killed) keeps mpirun's status and report.
-// - mpirun runs in a process group of its own: a terminal's Ctrl-C reaches the launcher only,
-//   which passes the signals it is sent on to mpirun (SIGUSR1 and SIGUSR2 mpirun forwards to the
-//   ranks; SIGTERM, SIGHUP and SIGINT end the job, as they did when the launcher was mpirun).
+// - Ctrl-C: Open MPI's mpirun answers SIGINT by ending the ranks (SIGTERM, SIGKILL a second later:
+//   too soon for a checkpoint) and refuses to forward it (ess_base_forward_signals). So mpirun runs
+//   in a process group of its own, a terminal's Ctrl-C reaches the launcher only, and the launcher
+//   passes SIGINT on as SIGUSR2, which mpirun forwards to every rank and a rank takes as its Ctrl-C
+//   (run.cpp: the first saves when there is a --save-dir, a second stops at once). SIGTERM, SIGHUP,
+//   SIGUSR1 and SIGUSR2 go to mpirun as they are, as when the launcher was mpirun.
 volatile std::sig_atomic_t g_mpirun = 0;
 
-int forwarded(int sig) { return sig; }
+int forwarded(int sig) { return sig == SIGINT ? SIGUSR2 : sig; }
 
 extern "C" void pass_on(int sig) {
   if (g_mpirun > 0) ::kill(static_cast<pid_t>(g_mpirun), forwarded(sig));

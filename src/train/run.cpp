@@ -137,6 +137,7 @@ volatile std::sig_atomic_t g_sigint_saves = 0;
 volatile std::sig_atomic_t g_sigints = 0;
 
 void take_signal(int sig) {
+  if (sig == SIGUSR2) sig = SIGINT;  // Ctrl-C at the --nproc launcher, passed on (tools/launch.cpp)
   if (sig == SIGINT) {
     g_sigints = g_sigints + 1;
     if (!g_sigint_saves || g_sigints > 1) {
@@ -174,6 +175,7 @@ void install_stop_signals(bool sigint_saves) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGUSR2, &sa, nullptr);
   // A process started with SIGINT ignored (a background job of a script, nohup-like wrappers) was
   // meant not to stop on Ctrl-C: it keeps ignoring it.
   static const bool sigint_ignored = [] {
@@ -189,6 +191,7 @@ void install_stop_signals(bool sigint_saves) {
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGUSR1);
     sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGUSR2);
     on_every_cpu_thread([&stop] { pthread_sigmask(SIG_BLOCK, &stop, nullptr); });
     pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // this thread, had it no part in the pool
     std::thread([stop] {

@@ -24,7 +24,7 @@ struct DataRecord;       // checkpoint_format.hpp
 
 // SIGTERM and SIGUSR1 ask a run to save and stop after the current step (run.cpp); so does a first
 // SIGINT (Ctrl-C) when `sigint_saves` (there is a --save-dir); otherwise, or at a second SIGINT, the
-// process exits 130 at once. Every run installs this; it is here for the test that signals a process
+// process exits 130 at once. SIGUSR2 is SIGINT: the --nproc launcher's Ctrl-C, passed on through mpirun. Every run installs this; it is here for the test that signals a process
 // busy in GEMMs.
 void install_stop_signals(bool sigint_saves = false);
 int stop_signal();  // the last stop signal received since install_stop_signals (0 = none)
