@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "src/backend/cpu/gemm.hpp"
+#include "src/train/predict.hpp"
 
 namespace shardlab {
 namespace {
@@ -124,6 +125,26 @@ double time_call(const std::function<void()>& call, Backend& be, double seconds)
 }
 
 }  // namespace
+
+GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch) {
+  GemmBenchConfig g;
+  g.dim = spec.dim;
+  g.tokens = micro_batch * spec.seq;
+  g.heads = spec.heads, g.seq = spec.seq, g.vocab = spec.vocab, g.layers = spec.layers, g.kv_heads = spec.num_kv_heads();
+  StepConfig step;  // the products do not depend on the strategy
+  step.spec = spec;
+  g.recorded = step_gemms(step, 1, 0, micro_batch);
+  g.grid = false;
+  return g;
+}
+
+double gemm_benchmark_pass_flops(const GemmBenchConfig& cfg) {
+  double flops = 0;
+  for (const Product& p : step_products(cfg)) flops += p.flops();
+  if (cfg.grid)
+    for (const Product& p : grid_products(cfg.dim, cfg.tokens)) flops += p.flops();
+  return flops * 2;  // the cpu's two candidates (oneDNN, OpenBLAS); elsewhere one
+}
 
 GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out) {
   SHARD_REQUIRE(cfg.dim > 0 && cfg.tokens > 0 && cfg.layers > 0, "gemm benchmark: --dim {} --tokens {}: expected "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "memory/pool.hpp"
+#include "src/model/spec.hpp"
 
 namespace shardlab {
 
@@ -33,5 +34,13 @@ struct GemmBenchResult {
 
 // Prints one line per product with every candidate's GFLOP/s, the pick and its share of the best.
 GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out);
+
+// The products of one rank's micro-step of `spec` with `micro_batch` sequences, as its units issue
+// them (step_gemms: any family) and as attention runs them inside the CPU kernels, without the grid:
+// what bench-train and train's progress line measure their sgemm ceiling on.
+GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch);
+// FLOPs of one call of each distinct product of cfg, every candidate: a timing pass costs about
+// 10 times this (a warm-up and three windows of at least three calls).
+double gemm_benchmark_pass_flops(const GemmBenchConfig& cfg);
 
 }  // namespace shardlab

@@ -8,7 +8,6 @@
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
-#include "src/train/predict.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
@@ -23,14 +22,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   TrainBenchResult r;
   {
     std::FILE* sink = std::fopen("/dev/null", "w");
-    GemmBenchConfig g;
-    g.dim = s.dim;
-    g.tokens = tokens / ranks;  // one rank's rows
-    g.heads = s.heads, g.seq = s.seq, g.vocab = s.vocab, g.layers = s.layers, g.kv_heads = s.num_kv_heads();
-    StepConfig step;  // the model's products as its units issue them, whatever the family (one
-    step.spec = s;    // rank's micro-batch: the products do not depend on the strategy)
-    g.recorded = step_gemms(step, 1, 0, std::max<int64_t>(1, cfg.batch / ranks));
-    g.grid = false;
+    GemmBenchConfig g = step_gemm_config(s, std::max<int64_t>(1, cfg.batch / ranks));  // one rank's rows
     g.seconds = 0.1;
     const GemmBenchResult gr = run_gemm_benchmark(pool, g, sink);
     r.sgemm_gflops = gr.ceiling;

@@ -33,6 +33,9 @@ TEST_CASE("the mpirun command line suits a small machine", "[launch]") {
   CHECK(has("--oversubscribe"));
   CHECK(has("--bind-to"));
   CHECK(!has("--quiet"));  // it would hide Open MPI's report of a rank killed by a signal
+  auto in = std::find(cmd.begin(), cmd.end(), "--stdin");  // mpirun, in its own process group, reads no terminal
+  REQUIRE(in + 1 < cmd.end());
+  CHECK(in[1] == "none");
   CHECK(has("--allow-run-as-root") == (geteuid() == 0));
   auto exe = std::find(cmd.begin(), cmd.end(), "/opt/shardlab");
   REQUIRE(exe != cmd.end());

@@ -1,7 +1,11 @@
 // `shardlab train`: one training run under any strategy on any number of ranks.
+#include <algorithm>
+#include <chrono>
+#include <charconv>
 #include <cstdio>
 #include <utility>
 
+#include "benchmarks/gemm_bench.hpp"
 #include "memory/report.hpp"
 #include "src/comm/watchdog.hpp"
 #include "src/train/run_report.hpp"
@@ -48,6 +52,54 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
   }
 }
 
+// --sgemm-ceiling: what the progress line's share of the CPU's sgemm ceiling is taken against
+// (TrainConfig::sgemm_ceiling). `auto` times this step's products (bench-train's measurement,
+// shorter) before the first step, on every rank at once, since the ranks share the host as they
+// will while training; the job's ceiling is their sum. A step whose products would take long to
+// time (a larger model: about 10 passes over them, both libraries) is not measured: a figure from
+// bench-train can be given instead, per rank.
+constexpr double kCeilingBudgetFlops = 60e9;  // under a second at the 80-100 GFLOP/s of this machine type
+
+void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, Communicator& comm) {
+  if (flag == "off") return;
+  const bool cpu = be.device() == Device::cpu;
+  SHARD_REQUIRE(cpu || flag == "auto", "--sgemm-ceiling {}: the sgemm ceiling is the CPU's (on a GPU the progress "
+                "line shows MFU)", flag);
+  if (!cpu) return;
+  const int world = comm.world_size();
+  if (flag != "auto") {
+    double gflops = 0;
+    const auto [p, ec] = std::from_chars(flag.data(), flag.data() + flag.size(), gflops);
+    SHARD_REQUIRE(ec == std::errc() && p == flag.data() + flag.size() && gflops > 0,
+                  "--sgemm-ceiling '{}': expected auto, off or a rank's GFLOP/s (bench-train's \"ceiling\")", flag);
+    cfg.sgemm_ceiling = gflops * 1e9 * world;
+    cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s per rank (--sgemm-ceiling)", gflops);
+    return;
+  }
+  const int64_t micro = std::max<int64_t>(1, cfg.batch / world / cfg.accum);
+  GemmBenchConfig g = step_gemm_config(cfg.spec, micro);
+  g.seconds = 0.001;  // per product and library: the step's products are timed in ~0.1 s (tiny, small)
+  const double cost = 10 * gemm_benchmark_pass_flops(g);
+  if (cost > kCeilingBudgetFlops) {
+    cfg.sgemm_ceiling_note = fmt::format("not measured (timing this step's products takes about {:.0f} GFLOP; "
+                                         "--sgemm-ceiling GFLOPS takes bench-train's)", cost / 1e9);
+    return;
+  }
+  Pool scratch(be);  // not the run's pool: its ledger and budget see only the run
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  comm.all_gather_strings("");  // the ranks start together
+  const auto t0 = std::chrono::steady_clock::now();
+  const double mine = run_gemm_benchmark(scratch, g, sink ? sink : stdout).ceiling;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (sink) std::fclose(sink);
+  double sum = 0;
+  for (const std::string& v : comm.all_gather_strings(fmt::format("{}", mine))) sum += std::stod(v);
+  cfg.sgemm_ceiling = sum * 1e9;
+  cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s{} on this step's products, best library each (measured in "
+                                       "{:.2f} s; --sgemm-ceiling off skips it)", sum / world,
+                                       world > 1 ? " per rank" : "", secs);
+}
+
 }  // namespace
 
 ExitCode cmd_train(const Args& args, const Context& ctx) {
@@ -74,6 +126,11 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "sample-tokens", cli::po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
       "sample-temperature", cli::po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
       "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step");
+  std::string sgemm_ceiling = "auto";
+  desc.add_options()("sgemm-ceiling", cli::po::value(&sgemm_ceiling)->default_value(sgemm_ceiling),
+                     "the CPU's sgemm GFLOP/s per rank that the progress line's model FLOP/s is a share of: auto (this "
+                     "step's products timed before the first step, a fraction of a second; skipped for large models), "
+                     "off, or a figure (bench-train's ceiling)");
   cli::add_tokenizer(desc, tokenizer_dir, "a text --data or --val-data, prompts and samples");
   cli::add_switch(desc, "save-best", cfg.save_best,
                   "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
@@ -109,6 +166,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   auto backend = opts.backend(ctx);
   Pool pool(*backend, opts.memory.pools(backend.get()));
   auto comm = ctx.world(cfg.comm).connect(pool);
+  set_sgemm_ceiling(cfg, sgemm_ceiling, *backend, *comm);
   Trainer trainer(*backend, pool, *comm, cfg);
   const StepStats last = trainer.run(stdout);
   if (reports.any()) write_train_reports(trainer, *comm, reports, last, ctx.mpi);

@@ -1,14 +1,20 @@
 #include "tools/launch.hpp"
 
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "src/core/check.hpp"
+#include "src/core/exit_code.hpp"
 
 namespace shardlab {
 
@@ -47,13 +53,119 @@ int take_nproc(std::vector<std::string>& args) {
 std::vector<std::string> mpirun_command(int nproc, const std::string& exe, const std::vector<std::string>& args) {
   const char* env = std::getenv("SHARDLAB_MPIRUN");
   // Not --quiet: it would also hide Open MPI's report of a rank killed by a signal.
+  // --stdin none: mpirun runs in a process group of its own (run_mpirun), where reading a terminal
+  // would stop it; no command reads standard input.
   std::vector<std::string> cmd = {env && *env ? env : "mpirun", "-np", std::to_string(nproc), "--oversubscribe",
-                                  "--bind-to", "none"};
+                                  "--bind-to", "none", "--stdin", "none"};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   cmd.push_back(exe);
   cmd.insert(cmd.end(), args.begin(), args.end());
   return cmd;
 }
+
+namespace {
+
+// ---- The launcher: mpirun as a child ------------------------------------------------------------
+// The launcher runs mpirun as its child instead of becoming it, and exits with the job's status:
+// - A rank that ends normally with a non-zero status (an input error every rank raised, exit 1)
+//   leaves it in a file the launcher names ($SHARDLAB_LAUNCHER_STATUS, status_for_launcher) and
+//   exits 0, so Open MPI prints no note about a process that "returned a non-zero exit code" (its
+//   --quiet would hide that note, and with it the report of a rank killed by a signal, which stays).
+//   A job mpirun ends (MPI_Abort, a rank killed) keeps mpirun's status and report.
+// - Ctrl-C: Open MPI's mpirun answers SIGINT by ending the ranks (SIGTERM, SIGKILL a second later:
+//   too soon for a checkpoint) and refuses to forward it (ess_base_forward_signals). So mpirun runs
+//   in a process group of its own, a terminal's Ctrl-C reaches the launcher only, and the launcher
+//   passes SIGINT on as SIGUSR2, which mpirun forwards to every rank and a rank takes as its Ctrl-C
+//   (run.cpp: the first saves when there is a --save-dir, a second stops at once). SIGTERM, SIGHUP,
+//   SIGUSR1 and SIGUSR2 go to mpirun as they are, as when the launcher was mpirun.
+volatile std::sig_atomic_t g_mpirun = 0;
+
+int forwarded(int sig) { return sig == SIGINT ? SIGUSR2 : sig; }
+
+extern "C" void pass_on(int sig) {
+  if (g_mpirun > 0) ::kill(static_cast<pid_t>(g_mpirun), forwarded(sig));
+}
+
+constexpr int kPassedOn[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+
+// The child: its own process group, ended with the launcher (SIGTERM makes mpirun end the ranks),
+// default signal handling, then mpirun. An exec that fails reports errno through `report`.
+[[noreturn]] void exec_mpirun(std::vector<std::string>& cmd, pid_t launcher, int report) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != launcher) ::_exit(127);  // the launcher is already gone
+  for (int sig : kPassedOn) std::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  std::vector<char*> argv;
+  for (auto& a : cmd) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  const int e = errno;
+  if (::write(report, &e, sizeof e) < 0) {}
+  ::_exit(127);
+}
+
+// The job's status: a rank's from the status file when mpirun ended normally, else mpirun's.
+int job_status(int wait_status, const std::string& status_file) {
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  const int mpirun = WEXITSTATUS(wait_status);
+  if (mpirun != 0) return mpirun;
+  std::ifstream in(status_file);
+  int rank_status = 0;
+  return in >> rank_status ? rank_status : 0;
+}
+
+[[noreturn]] void run_mpirun(std::vector<std::string> cmd, int nproc) {
+  char status_file[] = "/tmp/shardlab-status-XXXXXX";
+  const int fd = ::mkstemp(status_file);
+  SHARD_REQUIRE(fd >= 0, "--nproc {}: cannot create the launcher's status file in /tmp: {}", nproc, std::strerror(errno));
+  ::close(fd);
+  ::setenv(kLauncherStatusVar, status_file, 1);
+  int report[2];
+  SHARD_REQUIRE(::pipe2(report, O_CLOEXEC) == 0, "--nproc {}: pipe: {}", nproc, std::strerror(errno));
+  // The signals wait (blocked) until the child's pid is known to the handler.
+  sigset_t passed, old;
+  sigemptyset(&passed);
+  for (int sig : kPassedOn) sigaddset(&passed, sig);
+  ::sigprocmask(SIG_BLOCK, &passed, &old);
+  const pid_t launcher = ::getpid();
+  const pid_t child = ::fork();
+  SHARD_REQUIRE(child >= 0, "--nproc {}: fork: {}", nproc, std::strerror(errno));
+  if (child == 0) {
+    ::close(report[0]);
+    exec_mpirun(cmd, launcher, report[1]);
+  }
+  ::setpgid(child, child);  // as the child does: whichever runs first
+  ::close(report[1]);
+  g_mpirun = child;
+  struct sigaction sa {};
+  sa.sa_handler = pass_on;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kPassedOn) {
+    struct sigaction was {};
+    // A launcher started with a signal ignored (SIGINT in a script's background job) ignores it still.
+    if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  int exec_errno = 0;
+  ssize_t got;
+  do got = ::read(report[0], &exec_errno, sizeof exec_errno);
+  while (got < 0 && errno == EINTR);
+  ::close(report[0]);
+  int wait_status = 0;
+  while (::waitpid(child, &wait_status, 0) < 0 && errno == EINTR) {}
+  const int status = got > 0 ? -1 : job_status(wait_status, status_file);
+  std::filesystem::remove(status_file);
+  if (status < 0)
+    throw InputError(fmt::format("--nproc {}: could not start '{}': {} (is Open MPI installed? "
+                                 "scripts/install-deps.sh installs it)", nproc, cmd[0], std::strerror(exec_errno)));
+  std::exit(status);
+}
+
+}  // namespace
 
 std::vector<std::string> launch_or_continue(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -69,14 +181,7 @@ std::vector<std::string> launch_or_continue(int argc, char** argv) {
   std::error_code ec;
   std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) exe = argv[0];
-  std::vector<std::string> cmd = mpirun_command(nproc, exe, args);
-  std::vector<char*> cargv;
-  for (auto& s : cmd) cargv.push_back(s.data());
-  cargv.push_back(nullptr);
-  execvp(cargv[0], cargv.data());
-  throw InputError(fmt::format("--nproc {}: could not start '{}': {} (is Open MPI installed? "
-                               "scripts/install-deps.sh installs it)",
-                               nproc, cmd[0], std::strerror(errno)));
+  run_mpirun(mpirun_command(nproc, exe, args), nproc);
 }
 
 }  // namespace shardlab

@@ -6,6 +6,7 @@
 // through it. Exit codes: src/core/exit_code.hpp (README, "Exit codes").
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -106,6 +107,14 @@ void wait_passively_in_openmp(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: run on, spinning as before
 }
 
+// Under the --nproc launcher SIGUSR2 is a Ctrl-C passed on (tools/launch.cpp). Until a run installs
+// its own handling (train: a checkpoint at the first), it ends the rank as SIGINT ends a process.
+extern "C" void interrupted_before_the_run(int) {
+  static const char msg[] = "shardlab: interrupted (SIGINT)\n";
+  if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
+  _exit(exit_status(ExitCode::interrupted));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,12 +134,14 @@ int main(int argc, char** argv) {
     std::fputs(version_text().c_str(), stdout);
     return exit_status(ExitCode::ok);
   }
+  if (const char* launcher = std::getenv(kLauncherStatusVar); launcher && *launcher)
+    std::signal(SIGUSR2, interrupted_before_the_run);
   MpiRuntime mpi(&argc, &argv);
   const Context ctx{mpi, [&mpi](CommKind kind) { return world_group(mpi, kind); }};
   try {
     const ExitCode code = run_command(args[0], Args(args.begin() + 1, args.end()), ctx);
     Watchdog::stop();
-    return exit_status(code);
+    return status_for_launcher(exit_status(code));
   } catch (const InputError& e) {
     end_job_on_input_error(fmt::format("error: {}", e.what()), exit_status(ExitCode::bad_input));
   } catch (const OutOfMemory& e) {

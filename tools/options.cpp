@@ -16,6 +16,7 @@
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/model/hf_dir.hpp"
+#include "src/train/checkpoint_format.hpp"
 #include "tools/runtime.hpp"
 
 namespace shardlab::cli {
@@ -200,6 +201,10 @@ ModelSpec ModelOptions::spec(const std::string& init) const {
   return s;
 }
 
+bool ModelOptions::given() const {
+  return !preset.empty() || layers || dim || heads || seq || vocab || kv_heads || ffn_dim;
+}
+
 // ---- strategy and mesh --------------------------------------------------------------------------
 
 namespace {
@@ -349,10 +354,23 @@ void TrainOptions::add(Desc& d, TrainConfig& cfg) {
   d.add(g);
 }
 
+// A resumed run continues the checkpoint's model: without model flags it takes the manifest's spec,
+// which also holds what no flag expresses (an HF config's rope scaling, norm epsilon, tied head).
+// Flags that are given make the spec as for a fresh run, and loading checks it against the
+// checkpoint (an error naming the field, both values and both models).
+std::optional<ModelSpec> TrainOptions::resume_spec(TrainConfig& cfg) const {
+  if (cfg.resume.empty() || !cfg.init.empty() || model.given()) return std::nullopt;
+  const std::string from = cfg.resume == "auto" ? latest_checkpoint(cfg.save_dir) : cfg.resume;
+  if (from.empty()) return std::nullopt;  // --resume auto with nothing saved yet: a fresh run
+  ModelSpec s = read_manifest(from).model;
+  cfg.model_origin = fmt::format("the checkpoint's, '{}' (no --model or size flag given)", from);
+  return s;
+}
+
 void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const {
   SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
   cfg.seed = static_cast<uint64_t>(seed);
-  cfg.spec = model.spec(cfg.init);
+  cfg.spec = resume_spec(cfg).value_or(model.spec(cfg.init));
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
   cfg.strategy.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);

@@ -99,6 +99,7 @@ struct ModelOptions {
   // --kv-heads and --ffn-dim must equal the config's, --layers may be fewer (the first blocks load) and --seq shorter where
   // no tensor changes with it (README, "Models from Hugging Face directories").
   ModelSpec spec(const std::string& init = "") const;
+  bool given() const;  // whether any of these flags was given (with a value other than the default)
 };
 
 // ---- strategy: how the model's state is split and stored --------------------------------------
@@ -138,9 +139,13 @@ struct TrainOptions {
   int64_t seed = 1337;
   void add(Desc& d, TrainConfig& cfg);  // every group above, mesh, and the training flags
   // After parsing: what the options could not write directly (enums, the model, the transport,
-  // the mesh resolved against `world`: the ranks running, or profile's --world).
+  // the mesh resolved against `world`: the ranks running, or profile's --world). With --resume and
+  // no model flag, the model is the checkpoint's (its manifest's spec; cfg.model_origin says so).
   void finish(TrainConfig& cfg, const Context& ctx, int world) const;
   std::unique_ptr<Backend> backend(const Context& ctx) const;
+
+ private:
+  std::optional<ModelSpec> resume_spec(TrainConfig& cfg) const;
 };
 
 // Flags the user gave (never defaults) that the run does not use (README, "Commands"): a strategy's

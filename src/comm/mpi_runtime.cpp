@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "src/core/exit_code.hpp"
 #include "src/core/hash.hpp"
 
 namespace shardlab {
@@ -64,7 +65,7 @@ void abort_job(const std::string& message, int code) {
     if (world > 1) MPI_Abort(MPI_COMM_WORLD, code);
     MPI_Finalize();
   }
-  std::exit(code);
+  std::exit(status_for_launcher(code));  // one rank: it ends as a whole job would
 }
 
 }  // namespace shardlab
@@ -128,7 +129,7 @@ void end_job_on_input_error(const std::string& message, int code, double grace_s
   std::fflush(stderr);
   MPI_Comm_free(&g_error_comm);
   MPI_Finalize();
-  std::exit(code);
+  std::exit(status_for_launcher(code));
 }
 
 }  // namespace shardlab

@@ -19,4 +19,13 @@ enum class ExitCode : int {
 
 constexpr int exit_status(ExitCode c) { return static_cast<int>(c); }
 
+// The --nproc launcher (tools/launch.cpp) names a file in this variable for its ranks' statuses.
+inline constexpr const char* kLauncherStatusVar = "SHARDLAB_LAUNCHER_STATUS";
+
+// What a rank that ends normally (every rank together, after MPI_Finalize) exits with. Under the
+// --nproc launcher a non-zero status is written to the launcher's file and the rank exits 0, so
+// mpirun adds no note about a process that "returned a non-zero exit code": the launcher exits with
+// the status. Elsewhere (no launcher, or a plain mpirun) it is `status` itself.
+int status_for_launcher(int status);
+
 }  // namespace shardlab

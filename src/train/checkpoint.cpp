@@ -355,8 +355,9 @@ void check_compatible(const Manifest& m, const CheckpointState& state, const std
     for (auto it = j->begin(); it != j->end(); ++it) {
       const char* k = it.key().c_str();
       const std::string a = there.contains(k) ? there[k].dump() : "(unset)", b = here.contains(k) ? here[k].dump() : "(unset)";
-      SHARD_REQUIRE(a == b, "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {})", path, k, a, b,
-                    m.model.name, c.spec.describe());
+      SHARD_REQUIRE(a == b, "checkpoint '{}' is of another model: {} {} there, {} here (model {} vs {}); without "
+                    "--model and size flags a resume takes the checkpoint's", path, k, a, b, m.model.name,
+                    c.spec.describe());
     }
   SHARD_REQUIRE(m.shuffle == state.shuffle, "checkpoint '{}' was trained {} --shuffle, this run is {} it: the batch order "
                 "would change (pass the same setting)", path, m.shuffle ? "with" : "without", state.shuffle ? "with" : "without");

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -30,7 +31,7 @@ namespace {
 // of every step but the first (which warms caches and allocators) when there are others.
 struct RunSummary {
   StepStats first, last;
-  double total_ms = 0, total_tokens = 0;
+  double total_ms = 0, total_tokens = 0, total_flops = 0;
   int64_t timed_steps = 0;
   uint64_t peak = 0;
   float min_loss = INFINITY;
@@ -38,7 +39,7 @@ struct RunSummary {
   void add(const StepStats& s, bool first_step, bool timed, double tokens) {
     if (first_step) first = s;
     last = s;
-    if (timed) total_ms += s.ms, total_tokens += tokens, ++timed_steps;
+    if (timed) total_ms += s.ms, total_tokens += tokens, total_flops += s.flops_per_s * s.ms / 1e3, ++timed_steps;
     peak = std::max(peak, s.peak_bytes);
     min_loss = std::min(min_loss, s.loss);
   }
@@ -65,18 +66,34 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-// Model FLOP/s (6N + 6LCT per token): on a GPU as MFU against the H100's dense bf16 peak per GPU
-// (device_peaks.hpp); on the CPU as GFLOP/s of the whole job, since the sgemm ceiling that would
-// make it a percentage takes a benchmark of its own (`shardlab bench-train`).
-std::string format_flops(double flops_per_s, Device device, int world) {
-  if (device == Device::cuda)
-    return fmt::format("MFU {:4.1f}%", 100.0 * flops_per_s / world / (kH100.dense_bf16_tflops * 1e12));
-  return fmt::format("{:6.1f} GFLOP/s", flops_per_s / 1e9);
-}
+// Model FLOP/s (6N + 6LCT per token) as a share of what the device can do: on a GPU as MFU against
+// the H100's dense bf16 peak per GPU (device_peaks.hpp); on the CPU beside GFLOP/s of the whole
+// job, as the share of the job's sgemm ceiling on this step's products (TrainConfig::sgemm_ceiling;
+// 0 = unknown: GFLOP/s only).
+struct FlopsShare {
+  Device device;
+  int world;
+  double sgemm_ceiling;  // FLOP/s, the job's
+  // The percentage, or nothing (the CPU without a ceiling).
+  std::optional<double> percent(double flops_per_s) const {
+    if (device == Device::cuda) return 100.0 * flops_per_s / world / (kH100.dense_bf16_tflops * 1e12);
+    if (sgemm_ceiling > 0) return 100.0 * flops_per_s / sgemm_ceiling;
+    return std::nullopt;
+  }
+  const char* log_key() const { return device == Device::cuda ? "mfu_pct" : "sgemm_ceiling_pct"; }
+  // Aligned for the progress lines; without padding in the summary.
+  std::string format(double flops_per_s, bool aligned = true) const {
+    const int w = aligned ? 6 : 0;
+    if (device == Device::cuda) return fmt::format("MFU {:{}.1f}%", *percent(flops_per_s), aligned ? 4 : 0);
+    if (sgemm_ceiling > 0)
+      return fmt::format("{:{}.1f} GFLOP/s ({:.1f}% of sgemm)", flops_per_s / 1e9, w, *percent(flops_per_s));
+    return fmt::format("{:{}.1f} GFLOP/s", flops_per_s / 1e9, w);
+  }
+};
 
 // Prints the line and starts the next interval's loss mean.
-void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start_step, Progress& p, Device device,
-                int world) {
+void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start_step, Progress& p,
+                const FlopsShare& share) {
   // The host tier's peak appears once anything lives there (--offload).
   const std::string host =
       s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
@@ -86,7 +103,7 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
                "step %5lld/%lld | loss %.4f (avg %.4f) | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %s | peak %s%s "
                "| comm %s | %s, ETA %s\n",
                static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, p.loss_sum / double(p.losses), s.lr,
-               s.grad_norm, s.ms, s.tokens_per_s, format_flops(s.flops_per_s, device, world).c_str(),
+               s.grad_norm, s.ms, s.tokens_per_s, share.format(s.flops_per_s).c_str(),
                format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(), format_bytes(s.comm_bytes).c_str(),
                format_duration(elapsed).c_str(), format_duration(eta).c_str());
   std::fflush(out);
@@ -99,13 +116,14 @@ void print_val(std::FILE* out, const StepStats& s, int64_t steps, double ms, boo
   std::fflush(out);
 }
 
-void log_step(std::ofstream& log, const StepStats& s) {
+void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
   nlohmann::json j = {{"step", s.step},         {"loss", s.loss}, {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"ms", s.ms},     {"tokens_per_s", s.tokens_per_s},
                       {"peak_bytes", s.peak_bytes}, {"host_peak_bytes", s.host_peak_bytes},
                       {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes},
                       {"flops_per_s", s.flops_per_s}, {"elapsed_s", s.elapsed_s}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
+  if (const auto pct = share.percent(s.flops_per_s)) j[share.log_key()] = *pct;
   log << j.dump() << '\n';
   log.flush();  // a killed run keeps every finished step
 }
@@ -119,6 +137,7 @@ volatile std::sig_atomic_t g_sigint_saves = 0;
 volatile std::sig_atomic_t g_sigints = 0;
 
 void take_signal(int sig) {
+  if (sig == SIGUSR2) sig = SIGINT;  // Ctrl-C at the --nproc launcher, passed on (tools/launch.cpp)
   if (sig == SIGINT) {
     g_sigints = g_sigints + 1;
     if (!g_sigint_saves || g_sigints > 1) {
@@ -156,6 +175,7 @@ void install_stop_signals(bool sigint_saves) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGUSR2, &sa, nullptr);
   // A process started with SIGINT ignored (a background job of a script, nohup-like wrappers) was
   // meant not to stop on Ctrl-C: it keeps ignoring it.
   static const bool sigint_ignored = [] {
@@ -171,6 +191,7 @@ void install_stop_signals(bool sigint_saves) {
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGUSR1);
     sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGUSR2);
     on_every_cpu_thread([&stop] { pthread_sigmask(SIG_BLOCK, &stop, nullptr); });
     pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // this thread, had it no part in the pool
     std::thread([stop] {
@@ -251,6 +272,8 @@ void Trainer::print_header(std::FILE* out) const {
                cfg_.strategy.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
                be_.describe().c_str(), comm_.name().c_str());
   if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());
+  if (!cfg_.model_origin.empty()) std::fprintf(out, "  model: %s\n", cfg_.model_origin.c_str());
+  if (!cfg_.sgemm_ceiling_note.empty()) std::fprintf(out, "  sgemm ceiling: %s\n", cfg_.sgemm_ceiling_note.c_str());
   if (const Backend::DeviceMemory m = be_.device_memory(); m.total)
     std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
                  format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),
@@ -355,6 +378,7 @@ StepStats Trainer::run(std::FILE* out) {
   install_stop_signals(!cfg_.save_dir.empty());
   RunSummary sum;
   Progress progress;
+  const FlopsShare share{be_.device(), comm_.world_size(), cfg_.sgemm_ceiling};
   for (int64_t t = start_step_; t < cfg_.steps; ++t) {
     StepStats s = step(t);
     progress.add(s.loss);
@@ -362,10 +386,10 @@ StepStats Trainer::run(std::FILE* out) {
     sum.add(s, t == start_step_, t > start_step_ || cfg_.steps == start_step_ + 1,
             static_cast<double>(cfg_.batch * cfg_.spec.seq));
     if (root && (s.step % cfg_.print_every == 0 || s.step == cfg_.steps || s.step == 1))
-      print_step(out, s, cfg_.steps, start_step_, progress, be_.device(), comm_.world_size());
+      print_step(out, s, cfg_.steps, start_step_, progress, share);
     const bool new_best = maybe_validate(t, s, out);
     if (s.val_loss) sum.last_val = s.val_loss;
-    if (log.is_open()) log_step(log, s);
+    if (log.is_open()) log_step(log, s, share);
     if (cfg_.record_step) history_.push_back(s);  // only for the reports: a long run's memory stays flat
     maybe_sample(t, out);
     const bool save_now = maybe_checkpoint(t, new_best, out);
@@ -375,10 +399,10 @@ StepStats Trainer::run(std::FILE* out) {
   const std::string resumed = start_step_ > 0 ? fmt::format(" in this process ({} in total, resumed after step {})",
                                                             cfg_.steps, start_step_) : "";
   if (root)
-    std::fprintf(out, "done: %lld steps%s, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, peak %s on rank 0\n",
+    std::fprintf(out, "done: %lld steps%s, loss %.4f -> %.4f (min %.4f), %.1f ms/step, %.0f tok/s, %s, peak %s on rank 0\n",
                  static_cast<long long>(cfg_.steps - start_step_), resumed.c_str(), sum.first.loss, sum.last.loss, sum.min_loss,
-                 sum.total_ms / static_cast<double>(sum.timed_steps),
-                 sum.total_tokens / (sum.total_ms / 1e3), format_bytes(static_cast<double>(sum.peak)).c_str());
+                 sum.total_ms / static_cast<double>(sum.timed_steps), sum.total_tokens / (sum.total_ms / 1e3),
+                 share.format(sum.total_flops / (sum.total_ms / 1e3), false).c_str(), format_bytes(static_cast<double>(sum.peak)).c_str());
   if (root && sum.last_val) std::fprintf(out, "validation loss at the end: %.4f\n", *sum.last_val);
   if (root && skipped_steps_ > 0)
     std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm (--skip-nonfinite)\n",

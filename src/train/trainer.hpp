@@ -24,7 +24,7 @@ struct DataRecord;       // checkpoint_format.hpp
 
 // SIGTERM and SIGUSR1 ask a run to save and stop after the current step (run.cpp); so does a first
 // SIGINT (Ctrl-C) when `sigint_saves` (there is a --save-dir); otherwise, or at a second SIGINT, the
-// process exits 130 at once. Every run installs this; it is here for the test that signals a process
+// process exits 130 at once. SIGUSR2 is SIGINT: the --nproc launcher's Ctrl-C, passed on through mpirun. Every run installs this; it is here for the test that signals a process
 // busy in GEMMs.
 void install_stop_signals(bool sigint_saves = false);
 int stop_signal();  // the last stop signal received since install_stop_signals (0 = none)
@@ -57,6 +57,12 @@ struct TrainConfig : StepConfig {
   std::string sample_prompt;  // its prompt (encode_prompt); "" = a newline (byte-level) or token 0
   std::shared_ptr<const Tokenizer> tokenizer;  // --tokenizer: prompts, samples and text --data as tokens
   SampleConfig sample;        // its length, temperature, top-k; seed = --seed, stream = the step
+  // The CPU's sgemm ceiling of the whole job (the ranks' sum, FLOP/s) on this step's products:
+  // the progress line, the summary and the log give the model FLOP/s as a share of it (0 = unknown:
+  // GFLOP/s only). The header's line says where it came from (cmd_train: --sgemm-ceiling).
+  double sgemm_ceiling = 0;
+  std::string sgemm_ceiling_note;
+  std::string model_origin;    // the header's "model:" line when the model is not the flags' ("" = it is)
   std::string options_origin;  // the header's "options:" line, where each non-default came from ("" = none)
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
   // Whether a run validates after step t (0-based): every val_every steps, and after the last.

@@ -2,7 +2,8 @@
 # Faults of long runs, with real signals and real limits. Each case prints what happened and ends
 # with PASS (CTest matches it) or FAIL and a non-zero exit.
 # usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
-#                                          sigint_saves | sigint_no_save_dir | save_ulimit | sigkill_midstep |
+#                                          sigint_saves | sigint_no_save_dir | sigint_launcher |
+#                                          sigint_twice_launcher | save_ulimit | sigkill_midstep |
 #                                          save_keep | soak
 set -u
 bin=$1 case=$2
@@ -16,11 +17,13 @@ train=("$bin" train --model tiny --batch 4 --threads 1 --print-every 100000 --sc
 fail() { echo "FAIL: $*"; exit 1; }
 # (A resumed run's log starts with a {"event": "resume", ...} line: markers have no loss.)
 losses() { python3 -c "import json,sys; print(' '.join(repr(j['loss']) for j in map(json.loads, open(sys.argv[1])) if 'loss' in j))" "$1"; }
-# The PID of rank $1 of the job started last: a child of its mpirun (--nproc execs mpirun, so $job is
-# mpirun), found by the MPI rank in its environment. Only this job's processes are ever signalled.
+# The PID of rank $1 of the job started last: a child of its mpirun, which is the child of the --nproc
+# launcher ($job), found by the MPI rank in its environment. Only this job's processes are ever signalled.
 rank_pid() {
-  for p in $(pgrep -P "$job"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
+  for m in $(pgrep -P "$job"); do
+    for p in $(pgrep -P "$m"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
+    done
   done
 }
 # Waits for the job, at most $1 seconds (a broken handler must fail the test, not hang it).
@@ -55,7 +58,8 @@ sigterm_all | sigterm_one | sigusr1_mpirun)
   job=$!
   wait_for_steps "$work/a.log" 50
   t0=$(date +%s%N)
-  # Open MPI's mpirun forwards SIGUSR1 to the ranks (SIGTERM it answers by killing them a second later).
+  # The launcher passes SIGUSR1 on to mpirun, which forwards it to the ranks (SIGTERM it answers by
+  # killing them a second later).
   if [ "$case" = sigusr1_mpirun ]; then kill -USR1 "$job"
   elif [ "$case" = sigterm_all ]; then kill -TERM $(rank_pid 0) $(rank_pid 1); else kill -TERM $(rank_pid 1); fi
   wait_job 60; rc=$?
@@ -106,6 +110,44 @@ sigint_saves | sigint_no_save_dir)
     "${train[@]}" --steps $((n + 5)) --log "$work/full.log" >/dev/null 2>&1 || fail "uninterrupted run failed"
     [ "$(losses "$work/a.log")" = "$(losses "$work/full.log")" ] || fail "the saved and resumed losses differ"
     echo "saved step $n on SIGINT; resumed to step $((n + 5)), log bit-identical to the uninterrupted run's"
+  fi
+  ;;
+sigint_launcher | sigint_twice_launcher)
+  # Ctrl-C at the --nproc launcher: a terminal's Ctrl-C reaches it alone (mpirun and the ranks run in
+  # process groups of their own); it passes it on to every rank, which takes it as one process does:
+  # the first saves after the step in progress and the run exits 130, a second stops at once. Job
+  # control (set -m) starts the launcher as a foreground job would, taking SIGINT.
+  run=("${train[@]}")
+  # Twice: steps of a second or more (more under load), so that the second Ctrl-C, sent as soon as a
+  # rank has taken the first, arrives before the step in progress ends.
+  [ "$case" = sigint_twice_launcher ] && run=("$bin" train --model small --batch 64 --threads 1 --print-every 100000
+                                              --schedule constant --sgemm-ceiling off)
+  set -m
+  "${run[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  set +m
+  wait_for_steps "$work/a.log" $([ "$case" = sigint_launcher ] && echo 20 || echo 2)
+  kill -INT "$job"
+  if [ "$case" = sigint_twice_launcher ]; then
+    for _ in $(seq 1 600); do grep -q "SIGINT: saving a checkpoint after this step" "$work/out" && break; sleep 0.1; done
+    grep -q "SIGINT: saving a checkpoint after this step" "$work/out" || fail "no rank took the first Ctrl-C"
+    kill -INT "$job"
+  fi
+  wait_job 120; rc=$?
+  grep -v '^step' "$work/out"
+  [ $rc -eq 130 ] || fail "expected exit 130 after SIGINT, got $rc"
+  if [ "$case" = sigint_twice_launcher ]; then
+    grep -q "interrupted (SIGINT): stopping now, without a checkpoint" "$work/out" || fail "the message does not say it stopped"
+    ! grep -q '^saved step' "$work/out" || fail "the second Ctrl-C did not stop the run before its save"
+    [ -z "$(ls "$work/ck" | grep '^step_')" ] || fail "a checkpoint was written: $(ls "$work/ck")"
+    echo "the second Ctrl-C stopped the run at once, without a checkpoint"
+  else
+    n=$(sed -n 's/^saved step \([0-9]*\) on SIGINT$/\1/p' "$work/out")
+    [ -n "$n" ] && [ -d "$work/ck/step_$(printf %08d "$n")" ] || fail "no checkpoint of the step in progress"
+    ! grep -qi -e 'primary job' -e 'non-zero' "$work/out" || fail "Open MPI's note after a saved Ctrl-C"
+    "${train[@]}" --nproc 2 --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
+      fail "resume failed"
+    check_resume_identical "$work/b.log" $((n + 5))
   fi
   ;;
 save_ulimit)

@@ -14,7 +14,7 @@ job=$!
 pid=""
 for _ in $(seq 1 100); do
   sleep 0.1
-  for p in $(pgrep -P "$job"); do  # the ranks: children of this job's mpirun (--nproc execs it)
+  for p in $(pgrep -P "$(pgrep -P "$job")"); do  # the ranks: children of mpirun, the --nproc launcher's child
     if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then pid=$p; fi
   done
   [ -n "$pid" ] && grep -q "^step" "$out" && break
