@@ -70,6 +70,11 @@ class EmbeddingUnit final : public Unit {
   void backward(UnitContext& c, const ParamSet&, const ParamSet& g, Saved&, Tensor, Tensor dout, Tensor) override {
     c.be.embedding_backward(g("model.embed_tokens.weight"), Tensor(), dout, c.batch.tokens, c.batch.B, c.batch.T);
   }
+  bool decodes() const override { return true; }
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved&, int64_t) override {
+    Saved none;  // a token's embedding is its own: the position enters through RoPE
+    forward(c, p, in, out, none);
+  }
 };
 
 class DecoderLayerUnit final : public Unit {
@@ -141,6 +146,39 @@ class DecoderLayerUnit final : public Unit {
                         s("ln1_rstd"));
   }
 
+  // forward() with q and k rotated for positions pos0 on, the new keys and values appended to the
+  // cache (spec.seq rows of KV heads each) and attention over it; the activations are this call's only.
+  bool decodes() const override { return true; }
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0) override {
+    const Dims d(c);
+    Backend& be = c.be;
+    const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
+    if (pos0 == 0) {
+      cache.clear();
+      cache.add(c.pool, k_name, {d.B, c.spec.seq, d.KV * d.hd});
+      cache.add(c.pool, v_name, {d.B, c.spec.seq, d.KV * d.hd});
+    }
+    Saved s;
+    Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.N});
+    be.rmsnorm_forward(ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
+    linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
+    be.rope(qkv, d.H + d.KV, d.hd, freqs_, pos0, false);
+    be.kv_cache_write(cache(k_name), cache(v_name), qkv, d.H, d.KV, pos0);
+    Tensor atty = s.add(c.pool, "atty", {d.N, d.C});
+    be.attention_cached(atty, qkv, cache(k_name), cache(v_name), d.H, d.KV, pos0);
+    Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
+    linear_forward(be, x2, atty, wg(p, "self_attn.o_proj.weight"), d.N);
+    be.add(x2, in, x2);  // residual
+    Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.N});
+    be.rmsnorm_forward(ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
+    linear_forward(be, gate_up, ln2, gate_up_weight(p), d.N);
+    be.swiglu_forward(act, gate_up);
+    linear_forward(be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
+    be.add(out, x2, out);  // residual
+  }
+
  private:
   struct Dims {
     int64_t B, T, N, C, H, KV, hd, W, F;
@@ -198,6 +236,11 @@ class HeadUnit final : public Unit {
     c.be.fill(din, 0.f);
     c.be.rmsnorm_backward(din, g("model.norm.weight"), dlnf.view(DType::f32, {N, C}), in, p("model.norm.weight"),
                           s("lnf_rstd"));
+  }
+  bool decodes() const override { return true; }
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved&, int64_t) override {
+    Saved s;  // each position's logits depend on that position alone
+    forward(c, p, in, out, s);
   }
 
  private:
