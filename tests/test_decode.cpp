@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "src/comm/sim_comm.hpp"
 #include "src/model/decode.hpp"
