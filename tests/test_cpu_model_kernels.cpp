@@ -407,6 +407,68 @@ TEST_CASE("grouped-query attention equals multi-head attention over repeated K/V
   CHECK(e < 2e-6);
 }
 
+TEST_CASE("attention over a KV cache computes the whole sequence's rows, in any number of steps", "[kernels]") {
+  auto be = cpu();
+  struct Case {
+    int64_t B, T, H, KV, hd, S;
+    std::vector<int64_t> steps;  // new positions per call: the first is the prefill
+  };
+  // MHA, GQA and MQA; a cache longer than the sequence (S > T); one position at a time, and a large
+  // enough step (2 x 40 x 8 heads x 32) that the heads run on separate threads.
+  for (const Case& c : {Case{2, 9, 3, 3, 6, 9, {4, 1, 1, 3}}, Case{2, 9, 4, 2, 6, 12, {1, 1, 1, 1, 1, 1, 1, 1, 1}},
+                        Case{1, 7, 4, 1, 6, 7, {7}}, Case{2, 72, 8, 2, 32, 80, {30, 40, 1, 1}}}) {
+    const int64_t B = c.B, T = c.T, H = c.H, KV = c.KV, hd = c.hd, S = c.S, W = (H + 2 * KV) * hd, C = H * hd;
+    INFO("B=" << B << " T=" << T << " H=" << H << " KV=" << KV << " S=" << S);
+    auto qkv = random_vector("cached qkv", B * T * W, -2.f, 2.f);
+    const AttentionReference r = attention_reference(qkv, std::vector<float>(B * T * C, 0.f), B, T, H, KV, hd);
+    std::vector<float> kc(B * S * KV * hd, std::nanf("")), vc(kc), out(B * T * C, std::nanf(""));
+    Tensor tk(kc.data(), DType::f32, {B, S, KV * hd}), tv(vc.data(), DType::f32, {B, S, KV * hd});
+    int64_t pos0 = 0;
+    for (int64_t n : c.steps) {  // qkv's rows [pos0, pos0 + n) of each sequence, as the model makes them
+      std::vector<float> part(B * n * W), part_out(B * n * C);
+      for (int64_t b = 0; b < B; ++b)
+        std::copy_n(qkv.begin() + (b * T + pos0) * W, n * W, part.begin() + b * n * W);
+      Tensor tpart(part.data(), DType::f32, {B, n, W});
+      be->kv_cache_write(tk, tv, tpart, H, KV, pos0);
+      be->attention_cached(Tensor(part_out.data(), DType::f32, {B, n, C}), tpart, tk, tv, H, KV, pos0);
+      for (int64_t b = 0; b < B; ++b)
+        std::copy_n(part_out.begin() + b * n * C, n * C, out.begin() + (b * T + pos0) * C);
+      pos0 += n;
+    }
+    REQUIRE(pos0 == T);
+    CHECK(max_abs_diff(out, r.out) < 1e-5);  // as the whole forward's tolerance; NaN (unwritten) fails
+    // The cache holds each position's K/V heads, copied exactly.
+    double e = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < KV * hd; ++j) {
+          e = std::max(e, std::fabs(double(kc[(b * S + t) * KV * hd + j]) - qkv[(b * T + t) * W + C + j]));
+          e = std::max(e, std::fabs(double(vc[(b * S + t) * KV * hd + j]) - qkv[(b * T + t) * W + C + KV * hd + j]));
+        }
+    CHECK(e == 0);
+  }
+}
+
+TEST_CASE("the cached attention's shapes are checked, on the meta backend too", "[kernels]") {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(cpu());
+  backends.push_back(make_meta_backend());
+  for (auto& be : backends) {
+    const int64_t B = 1, T = 2, H = 4, KV = 2, hd = 6, S = 8;
+    std::vector<float> qkv(B * T * (H + 2 * KV) * hd), kv(B * S * KV * hd), out(B * T * H * hd);
+    const Device d = be->device();
+    Tensor tq(qkv.data(), DType::f32, {B, T, (H + 2 * KV) * hd}, d), tk(kv.data(), DType::f32, {B, S, KV * hd}, d),
+        to(out.data(), DType::f32, {B, T, H * hd}, d);
+    CHECK_NOTHROW(be->kv_cache_write(tk, tk, tq, H, KV, S - T));
+    CHECK_NOTHROW(be->attention_cached(to, tq, tk, tk, H, KV, S - T));
+    CHECK_THROWS_WITH(be->kv_cache_write(tk, tk, tq, H, KV, S - T + 1), Catch::Contains("pos0=7"));
+    CHECK_THROWS_WITH(be->attention_cached(to, tq, tk, tk, H, KV, S - 1), Catch::Contains("attention_cached"));
+    CHECK_THROWS_WITH(be->attention_cached(to, tq, tk, tk, H, H, 0), Catch::Contains("k_cache"));  // KV heads wrong
+    Tensor short_out(out.data(), DType::f32, {B, T - 1, H * hd}, d);
+    CHECK_THROWS_WITH(be->attention_cached(short_out, tq, tk, tk, H, KV, 0), Catch::Contains("out"));
+  }
+}
+
 TEST_CASE("embedding without learned positions (empty wpe)", "[kernels]") {
   auto be = cpu();
   const int64_t B = 2, T = 3, C = 5, V = 4;

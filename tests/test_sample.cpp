@@ -4,6 +4,7 @@
 #include <set>
 
 #include "src/train/sample.hpp"
+#include "src/train/tokenizer.hpp"
 
 using namespace shardlab;
 
@@ -52,4 +53,44 @@ TEST_CASE("prompts: bytes for byte-level models, token ids otherwise, out-of-voc
   bad.top_k = 0;
   bad.temperature = -1;
   CHECK_THROWS_WITH(bad.validate(256), Catch::Contains("--temperature -1"));
+}
+
+TEST_CASE("TextStream prints what is complete and splits no UTF-8 character", "[sample]") {
+  TextStream bytes(256, nullptr);
+  CHECK(bytes.push('h') == "h");
+  CHECK(bytes.push(0xC3).empty());  // the lead byte of "é": held
+  CHECK(bytes.push(0xA9) == "\xC3\xA9");
+  CHECK(bytes.push(0xE2).empty());  // three bytes announced, "→"
+  CHECK(bytes.push(0x86).empty());
+  CHECK(bytes.push(0x92) == "\xE2\x86\x92");
+  CHECK(bytes.push(0xC3).empty());
+  CHECK(bytes.push('x') == "\xC3x");  // not UTF-8 after all: printed as it is, nothing lost
+  CHECK(bytes.push(0xF0).empty());
+  CHECK(bytes.finish() == "\xF0");  // the end returns what is held
+  TextStream ids(50257, nullptr);
+  CHECK(ids.push(50256) == "50256");
+  CHECK(ids.push(13) == " 13");
+  CHECK(ids.finish().empty());
+
+  // A byte-level BPE whose byte tokens split "é" (0xC3 0xA9) in two: nothing until it is whole, and
+  // the pieces add up to decode_tokens of the whole sequence.
+  const Tokenizer tok(std::string(SHARDLAB_SOURCE_DIR) + "/tests/fixtures/tokenizers/llama3-style");
+  int32_t lead = -1, tail = -1;
+  for (int32_t id = 0; id < static_cast<int32_t>(tok.size()); ++id) {
+    const std::string text = tok.decode(std::span<const int32_t>(&id, 1));
+    if (text == "\xC3") lead = id;
+    if (text == "\xA9") tail = id;
+  }
+  REQUIRE((lead >= 0 && tail >= 0));
+  const std::vector<int32_t> seq = {tok.encode("caf")[0], lead, tail, tok.encode("!")[0]};
+  TextStream stream(static_cast<int64_t>(tok.size()), &tok);
+  std::vector<std::string> pieces;
+  for (int32_t t : seq) pieces.push_back(stream.push(t));
+  pieces.push_back(stream.finish());
+  CHECK(pieces[1].empty());
+  CHECK(pieces[2] == "\xC3\xA9");
+  std::string joined;
+  for (const std::string& p : pieces) joined += p;
+  CHECK(joined == decode_tokens(seq, static_cast<int64_t>(tok.size()), &tok));
+  CHECK(joined.find("\xC3\xA9!") != std::string::npos);
 }

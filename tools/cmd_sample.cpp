@@ -1,5 +1,6 @@
 // `shardlab sample`: the model of an --init file or a checkpoint on one rank (a world of one under
-// DDP, so the forward is the strategies' own, forward only), prompt + sampled tokens on stdout.
+// DDP, so the forward is the strategies' own, forward only), prompt + sampled tokens on stdout,
+// each token printed as soon as it is drawn.
 #include <algorithm>
 #include <cstdio>
 
@@ -35,6 +36,9 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
       "softmax temperature (0 = greedy)")(
       "top-k", cli::po::value(&sc.top_k)->default_value(sc.top_k),
       "sample among the K most likely tokens (0 = all, 1 = greedy)");
+  cli::add_switch(desc, "kv-cache", sc.kv_cache,
+                  "run the prompt once and then one new position per token against a KV cache; false: the whole "
+                  "context through the model for every token (the same tokens, slower; for comparison)");
   cli::add_seed(desc, seed, "sampling seed: the same seed gives the same sample");
   cli::add_tokenizer(desc, tokenizer_dir, "the prompt and the sample");
   run.add(desc);
@@ -65,12 +69,15 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
   auto comm = make_sim_communicator(0, 1, pool);
   auto none = std::make_shared<TokenStream>(zero_stream(cfg.spec.seq + 1, "(sample: no data)"));  // no data read
   Trainer trainer(*backend, pool, *comm, cfg, none);
-  const size_t given = tokens.size();
-  tokens = trainer.generate(tokens, sc);
-  if (given == 0) tokens.erase(tokens.begin());  // the newline that stood in for an empty prompt
-  std::string text = decode_tokens(tokens, cfg.spec.vocab, cfg.tokenizer.get());
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fputc('\n', stdout);
+  // The prompt, then each token as it is drawn, flushed, so a slow model shows its progress.
+  TextStream text(cfg.spec.vocab, cfg.tokenizer.get());
+  auto print = [](const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  };
+  for (int32_t t : tokens) print(text.push(t));  // an empty prompt's stand-in newline is not printed
+  trainer.generate(tokens, sc, [&](int32_t t) { print(text.push(t)); });
+  print(text.finish() + "\n");
   return ExitCode::ok;
 }
 

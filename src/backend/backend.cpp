@@ -154,6 +154,24 @@ void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tenso
               scratch.numel(), attention_scratch_elems(T, H));
 }
 
+std::array<int64_t, 4> attention_cached_shape(const Tensor& out, const Tensor& qkv, const Tensor& k_cache,
+                                              const Tensor& v_cache, int64_t H, int64_t KV, int64_t pos0,
+                                              const char* op) {
+  SHARD_CHECK(H > 0 && KV > 0 && H % KV == 0, "{}: {} query heads do not share {} K/V heads evenly", op, H, KV);
+  SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (H + 2 * KV) == 0, "{}: qkv {} must be (B, T, (H + 2 KV) hd), H={} KV={}",
+              op, qkv.shape_str(), H, KV);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (H + 2 * KV), C = H * hd;
+  const bool cache_ok = k_cache.ndim() == 3 && k_cache.dim(0) == B && k_cache.dim(2) == KV * hd &&
+                        v_cache.ndim() == 3 && v_cache.dim(0) == B && v_cache.dim(1) == k_cache.dim(1) &&
+                        v_cache.dim(2) == KV * hd;
+  SHARD_CHECK(hd > 0 && cache_ok && pos0 >= 0 && pos0 + T <= k_cache.dim(1) &&
+                  (out.data() == nullptr || out.numel() == B * T * C),
+              "{}: qkv {} out {} k_cache {} v_cache {} must be (B, T, (H + 2 KV) hd), (B, T, H hd) and (B, S, KV hd) "
+              "with pos0 + T <= S; H={} KV={} pos0={}",
+              op, qkv.shape_str(), out.shape_str(), k_cache.shape_str(), v_cache.shape_str(), H, KV, pos0);
+  return {B, T, C, k_cache.dim(1)};
+}
+
 std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits) {
   const int64_t N = losses.numel();
   SHARD_CHECK(N > 0 && logits.numel() % N == 0, "cross_entropy: logits {} losses {}", logits.shape_str(),

@@ -226,6 +226,17 @@ class Backend {
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                                   Tensor scratch) = 0;
 
+  // Attention over a KV cache (incremental decoding: sample). A sequence's keys and values live in
+  // k_cache and v_cache, (B, S, KV hd) each, row p holding position p's K/V heads, so each new
+  // position computes only its own row of attention_forward's. kv_cache_write copies the k and v
+  // heads of qkv (B, T, (H + 2 KV) hd), positions [pos0, pos0 + T), into rows [pos0, pos0 + T).
+  virtual void kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0) = 0;
+  // out (B, T, H hd): the queries of qkv, at positions pos0 + t, attend over cache rows [0, pos0 +
+  // t] (written before: causal within the new positions), as attention_forward's rows pos0 + t do
+  // over a whole sequence. No probabilities are kept: there is no backward.
+  virtual void attention_cached(Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                                int64_t pos0) = 0;
+
   // ---- losses ----
   // losses (N) = -log softmax(logits)[target]; when dlogits is not empty it receives
   // (softmax - onehot(target)) * dloss_scale (it may alias logits).
@@ -306,6 +317,11 @@ std::array<int64_t, 2> swiglu_shape(const Tensor& out, const Tensor& gate_up, co
 std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, const Tensor& att, int64_t H, int64_t KV,
                                        const char* op);
 void check_attention_backward(const Tensor& dqkv, const Tensor& qkv, const Tensor& scratch, int64_t T, int64_t H);
+// Validates the cached attention's tensors (kv_cache_write: out empty) and returns {B, T, C, S}:
+// C = H hd, the output's channels; S the cache's rows, at least pos0 + T.
+std::array<int64_t, 4> attention_cached_shape(const Tensor& out, const Tensor& qkv, const Tensor& k_cache,
+                                              const Tensor& v_cache, int64_t H, int64_t KV, int64_t pos0,
+                                              const char* op);
 std::array<int64_t, 2> cross_entropy_shape(const Tensor& losses, const Tensor& dlogits, const Tensor& logits);  // {N, V}
 // The vocabulary-parallel loss's rows and columns, {N, Vl}, from mx (N) and logits (N, Vl); valid <= Vl.
 // vocab_ce_shape checks vocab_ce_max's tensors; the others their step's (every per-row one N long,

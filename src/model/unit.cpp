@@ -33,6 +33,10 @@ Tensor Saved::operator()(const std::string& name) const {
   return it->second;
 }
 
+void Unit::forward_cached(UnitContext&, const ParamSet&, Tensor, Tensor, Saved&, int64_t) {
+  SHARD_CHECK(false, "unit {} has no cached forward (decodes() is false): decode by whole forwards instead", name());
+}
+
 Checkpointing parse_checkpointing(const std::string& s) {
   if (s == "none") return Checkpointing::none;
   if (s == "attention") return Checkpointing::attention;

@@ -123,6 +123,15 @@ class Unit {
   virtual void backward(UnitContext& ctx, const ParamSet& p, const ParamSet& g, Saved& saved, Tensor in,
                         Tensor dout, Tensor din) = 0;
 
+  // Incremental decoding (sample's KV cache, decode.hpp): whether forward_cached is written.
+  virtual bool decodes() const { return false; }
+  // forward() of positions [pos0, pos0 + batch.T) of batch.B sequences whose earlier positions
+  // this unit has seen through `cache` in earlier calls (pos0 = 0 starts afresh): a unit whose
+  // output depends on other positions keeps there what it needs of them (a layer's keys and
+  // values, for spec.seq positions), allocating it on the first call. out as forward's. The
+  // default refuses: a unit that decodes overrides both.
+  virtual void forward_cached(UnitContext& ctx, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0);
+
  private:
   UnitLayout layout_;
 };

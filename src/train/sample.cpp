@@ -79,24 +79,43 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, con
   return out;
 }
 
+namespace {
+// The bytes at the end of `s` that begin a UTF-8 character the string does not finish (a lead byte
+// with fewer continuation bytes after it than it announces); 0 when it ends complete or invalid.
+size_t unfinished_utf8(const std::string& s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= std::min<size_t>(n, 3); ++back) {
+    const auto b = static_cast<unsigned char>(s[n - back]);
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look further back for its lead
+    const size_t need = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+}  // namespace
+
+std::string TextStream::push(int32_t t) {
+  if (tokenizer_) {  // ids past the tokenizer's (a padded vocabulary) print as <id>
+    held_ += t >= 0 && static_cast<size_t>(t) < tokenizer_->size() ? tokenizer_->decode(std::span<const int32_t>(&t, 1))
+                                                                    : fmt::format("<{}>", t);
+  } else if (vocab_ <= 256) {
+    held_.push_back(static_cast<char>(t));
+  } else {
+    if (!first_) held_.push_back(' ');
+    held_.append(std::to_string(t));
+  }
+  first_ = false;
+  const size_t keep = unfinished_utf8(held_);
+  std::string ready = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return ready;
+}
+
 std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab, const Tokenizer* tokenizer) {
-  if (tokenizer) {  // ids past the tokenizer's (a padded vocabulary) print as <id>
-    std::string out;
-    for (int32_t t : tokens)
-      out += t >= 0 && static_cast<size_t>(t) < tokenizer->size() ? tokenizer->decode(std::span<const int32_t>(&t, 1))
-                                                                   : fmt::format("<{}>", t);
-    return out;
-  }
+  TextStream stream(vocab, tokenizer);
   std::string out;
-  for (int32_t t : tokens) {
-    if (vocab <= 256) {
-      out.push_back(static_cast<char>(t));
-    } else {
-      if (!out.empty()) out.push_back(' ');
-      out.append(std::to_string(t));
-    }
-  }
-  return out;
+  for (int32_t t : tokens) out += stream.push(t);
+  return out + stream.finish();
 }
 
 }  // namespace shardlab

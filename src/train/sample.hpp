@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace shardlab {
@@ -20,6 +21,7 @@ struct SampleConfig {
   int64_t top_k = 0;         // keep the k most likely tokens (0 = all; 1 = greedy)
   uint64_t seed = 1337;      // with the token index, the only source of randomness (counter RNG)
   uint64_t stream = 0;       // separates samples of one seed (train --sample-every: the step)
+  bool kv_cache = true;      // decode with a KV cache when the units can (false: a whole forward per token)
   void validate(int64_t vocab) const;
 };
 
@@ -35,5 +37,22 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int64_t vocab, con
 // Tokens as text: the tokenizer's decoding when there is one, bytes for vocab <= 256, else the ids
 // separated by spaces.
 std::string decode_tokens(std::span<const int32_t> tokens, int64_t vocab, const Tokenizer* tokenizer = nullptr);
+
+// decode_tokens one token at a time, for printing tokens as they come: push(t) returns the text
+// that is complete so far, holding back the bytes of a UTF-8 character a later token may finish (a
+// byte-level BPE token can end inside one); finish() returns what is held. Everything returned, in
+// order, is decode_tokens of every token pushed: the same bytes, only split.
+class TextStream {
+ public:
+  TextStream(int64_t vocab, const Tokenizer* tokenizer) : vocab_(vocab), tokenizer_(tokenizer) {}
+  std::string push(int32_t token);
+  std::string finish() { return std::exchange(held_, {}); }
+
+ private:
+  int64_t vocab_;
+  const Tokenizer* tokenizer_;
+  bool first_ = true;  // token ids are separated by spaces: none before the first
+  std::string held_;
+};
 
 }  // namespace shardlab

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "src/core/units.hpp"
+#include "src/model/decode.hpp"
 #include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
 #include "src/train/checkpoint.hpp"
@@ -281,31 +282,44 @@ class Trainer::EvalScope {
   bool events_;
 };
 
-std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const SampleConfig& c) {
+std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const SampleConfig& c,
+                                      const std::function<void(int32_t)>& on_token) {
   c.validate(cfg_.spec.vocab);
-  const int64_t T = cfg_.spec.seq, W = mesh_.dp_size();
+  const int64_t T = cfg_.spec.seq, W = mesh_.dp_size(), V = cfg_.spec.vocab;
   SHARD_REQUIRE(static_cast<int64_t>(tokens.size()) <= T, "the prompt has {} tokens, more than the model's {} positions",
                 tokens.size(), T);
   if (tokens.empty()) tokens.push_back(cfg_.spec.vocab > 10 ? 10 : 0);  // a newline for byte-level models
   EvalScope scope(*this);
   std::vector<float> logits;
+  std::optional<Decoder> decoder;
+  if (c.kv_cache && Decoder::supported(units_)) decoder.emplace(units_, cfg_.spec, be_, pool_);
   for (int64_t i = 0; i < c.tokens; ++i) {
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), T);
-    std::vector<int32_t> context(tokens.end() - n, tokens.end());
-    std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
-    Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
-    run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
-    const int64_t V = cfg_.spec.vocab;
+    const int64_t size = static_cast<int64_t>(tokens.size()), n = std::min(size, T);
+    if (decoder && size <= T) {  // the cache holds every position but the newest (none at first)
+      const int64_t fed = decoder->length();
+      decoder->forward(std::span<const int32_t>(tokens).subspan(static_cast<size_t>(fed)), *strategy_, logits);
+    } else if (decoder) {
+      // Past seq positions the context slides: every position moves, so every key and value changes
+      // (learned positions and RoPE alike), and the window is prefilled again, as a whole forward.
+      decoder->reset();
+      decoder->forward(std::span<const int32_t>(tokens).subspan(static_cast<size_t>(size - n)), *strategy_, logits);
+    } else {
+      std::vector<int32_t> context(tokens.end() - n, tokens.end());
+      std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
+      Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
+      run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
+    }
     if (tp_.active()) {  // every rank's vocabulary columns of the last position, in rank order (padded)
-      const int64_t rows = static_cast<int64_t>(logits.size()) / n;
-      std::vector<float> whole(static_cast<size_t>(rows * tp_.config.degree));
-      tp_.comm->all_gather(std::span<const float>(logits).subspan(static_cast<size_t>((n - 1) * rows), rows),
+      const int64_t cols = static_cast<int64_t>(logits.size()) / n;
+      std::vector<float> whole(static_cast<size_t>(cols * tp_.config.degree));
+      tp_.comm->all_gather(std::span<const float>(logits).subspan(static_cast<size_t>((n - 1) * cols), cols),
                            std::span<float>(whole))
           .wait();
-      tokens.push_back(sample_token(std::span<const float>(whole).first(static_cast<size_t>(V)), c, i));
-      continue;
+      logits.assign(whole.begin(), whole.begin() + V);
     }
-    tokens.push_back(sample_token(std::span<const float>(logits).subspan(static_cast<size_t>((n - 1) * V), V), c, i));
+    const int64_t rows = static_cast<int64_t>(logits.size()) / V;  // the last row is the next token's
+    tokens.push_back(sample_token(std::span<const float>(logits).subspan(static_cast<size_t>((rows - 1) * V), V), c, i));
+    if (on_token) on_token(tokens.back());
   }
   return tokens;
 }

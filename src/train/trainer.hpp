@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -95,8 +96,12 @@ class Trainer {
   float evaluate();
   bool has_validation() const { return val_loader_ != nullptr; }
   // Collective: `prompt` followed by c.tokens sampled tokens, forward only through the strategy's
-  // hooks (the context is the last `seq` tokens); every rank returns the same tokens.
-  std::vector<int32_t> generate(std::vector<int32_t> prompt, const SampleConfig& c);
+  // hooks (the context is the last `seq` tokens); every rank returns the same tokens. With
+  // c.kv_cache and units that decode (decode.hpp), the prompt runs once and each token after it
+  // one position; past seq tokens every token prefills the window again, as a whole forward would.
+  // on_token, when given, sees each sampled token as soon as it is drawn (streaming).
+  std::vector<int32_t> generate(std::vector<int32_t> prompt, const SampleConfig& c,
+                                const std::function<void(int32_t)>& on_token = {});
   int64_t val_batches() const { return val_batches_; }
   int64_t start_step() const { return start_step_; }  // after a resume: the steps already done
   int64_t skipped_steps() const { return skipped_steps_; }  // non-finite steps skipped (--skip-nonfinite)

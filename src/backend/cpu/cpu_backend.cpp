@@ -252,6 +252,16 @@ class CpuBackend final : public Backend {
     auto [B, T, C] = attention_shape(qkv, out, att, H, KV, "attention_forward");
     cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, C, H, KV);
   }
+  void kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0) override {
+    const auto [B, T, C, S] = attention_cached_shape(Tensor(), qkv, k_cache, v_cache, H, KV, pos0, "kv_cache_write");
+    cpu::kv_cache_write(k_cache.ptr<float>(), v_cache.ptr<float>(), qkv.ptr<float>(), B, T, S, H, KV, C / H, pos0);
+  }
+  void attention_cached(Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                        int64_t pos0) override {
+    const auto [B, T, C, S] = attention_cached_shape(out, qkv, k_cache, v_cache, H, KV, pos0, "attention_cached");
+    cpu::attention_cached(out.ptr<float>(), qkv.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), B, T, S, H,
+                          KV, C / H, pos0);
+  }
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                           Tensor scratch) override {
     auto [B, T, C] = attention_shape(qkv, dout, att, H, KV, "attention_backward");

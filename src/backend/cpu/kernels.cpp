@@ -383,6 +383,52 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
   }
 }
 
+void kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S, int64_t H,
+                    int64_t KV, int64_t hd, int64_t pos0) {
+  const int64_t W = (H + 2 * KV) * hd, KVd = KV * hd;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* k = qkv + (b * T + t) * W + H * hd;
+      const int64_t row = (b * S + pos0 + t) * KVd;
+      std::copy_n(k, KVd, k_cache + row);
+      std::copy_n(k + KVd, KVd, v_cache + row);
+    }
+}
+
+// attention_forward's rows pos0 + t, with the same products (sgemm, scaled scores then a v) and the
+// same softmax, over the cache's rows instead of qkv's: a decoded position's output differs from
+// the whole sequence's only by the GEMM library's summation order for other shapes.
+void attention_cached(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t B, int64_t T,
+                      int64_t S, int64_t H, int64_t KV, int64_t hd, int64_t pos0) {
+  const int64_t C = H * hd, W = C + 2 * KV * hd, KVd = KV * hd, group = H / KV, P = pos0 + T;  // keys the last query sees
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel for schedule(static) if (B * H > 1 && B * H * T * P * hd > kParallelMin)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    const float* q = qkv + b * T * W + h * hd;
+    const float* k = k_cache + b * S * KVd + (h / group) * hd;
+    const float* v = v_cache + b * S * KVd + (h / group) * hd;
+    std::vector<float> a(static_cast<size_t>(T * P));  // (T, P) scores, then probabilities
+    sgemm(Trans::N, Trans::T, T, P, hd, scale, q, W, k, KVd, 0.f, a.data(), P);
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = a.data() + t * P;
+      const int64_t last = pos0 + t;
+      float mx = row[0];
+      for (int64_t s = 1; s <= last; ++s) mx = std::max(mx, row[s]);
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t s = 0; s <= last; ++s) {
+        row[s] = fast_exp(row[s] - mx);
+        sum += row[s];
+      }
+      float inv = 1.f / sum;
+      for (int64_t s = 0; s <= last; ++s) row[s] *= inv;
+      for (int64_t s = last + 1; s < P; ++s) row[s] = 0.f;
+    }
+    sgemm(Trans::N, Trans::N, T, hd, P, 1.f, a.data(), P, v, KVd, 0.f, out + b * T * C + h * hd, C);
+  }
+}
+
 namespace {
 // One batch entry of attention_backward: qkv, dqkv (T, C3) with C3 = (H + 2 KV) hs, att (H, T, T),
 // dout (T, C), scratch (H, T, T).

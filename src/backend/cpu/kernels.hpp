@@ -49,6 +49,12 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
                        int64_t KV);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t H, int64_t KV);
+// k_cache, v_cache (B, S, KV hd); qkv (B, T, (H + 2 KV) hd); rows [pos0, pos0 + T) of the caches.
+void kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S, int64_t H,
+                    int64_t KV, int64_t hd, int64_t pos0);
+// out (B, T, C = H hd): query t of qkv over cache rows [0, pos0 + t].
+void attention_cached(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t B, int64_t T,
+                      int64_t S, int64_t H, int64_t KV, int64_t hd, int64_t pos0);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                    float dloss_scale);
 // The vocabulary-parallel cross-entropy's three steps (Backend::vocab_ce_*): logits (N, Vl).

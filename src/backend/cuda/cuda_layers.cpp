@@ -191,6 +191,23 @@ void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tenso
   }
 }
 
+// Decoding's attention over a KV cache: one small kernel per op (a decoded position is one query
+// row per head, too thin for cuBLAS's batched products to pay), the scores in device scratch.
+
+void CudaBackend::kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0) {
+  const auto [B, T, C, S] = attention_cached_shape(Tensor(), qkv, k_cache, v_cache, H, KV, pos0, "kv_cache_write");
+  CUDA_CHECK(launch_kv_cache_write(k_cache.ptr<float>(), v_cache.ptr<float>(), qkv.ptr<float>(), B, T, S, H, KV, C / H,
+                                   pos0, compute_));
+}
+
+void CudaBackend::attention_cached(Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                                   int64_t pos0) {
+  const auto [B, T, C, S] = attention_cached_shape(out, qkv, k_cache, v_cache, H, KV, pos0, "attention_cached");
+  auto* scores = static_cast<float*>(device_scratch(static_cast<size_t>(B * H * T * (pos0 + T)) * sizeof(float)));
+  CUDA_CHECK(launch_attention_cached(out.ptr<float>(), qkv.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(),
+                                     scores, B, T, S, H, KV, C / H, pos0, compute_));
+}
+
 // ---- losses -------------------------------------------------------------------------------------
 
 void CudaBackend::cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,

@@ -95,6 +95,16 @@ cudaError_t launch_causal_softmax(float* att, int64_t rows, int64_t T, cudaStrea
 cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t rows, int64_t T, float scale,
                                            cudaStream_t s);
 
+// Attention over a KV cache: k_cache, v_cache (B, S, KV hd), qkv (B, T, (H + 2 KV) hd).
+// kv_cache_write copies qkv's k and v heads into cache rows [pos0, pos0 + T); attention_cached
+// writes out (B, T, H hd), query t over cache rows [0, pos0 + t], with scores a workspace of
+// B H T (pos0 + T) floats.
+cudaError_t launch_kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S,
+                                  int64_t H, int64_t KV, int64_t hd, int64_t pos0, cudaStream_t s);
+cudaError_t launch_attention_cached(float* out, const float* qkv, const float* k_cache, const float* v_cache,
+                                    float* scores, int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t hd,
+                                    int64_t pos0, cudaStream_t s);
+
 // losses (N) = -log softmax(logits)[target]; when dlogits is not null it receives
 // (softmax - onehot(target)) * dloss_scale. dlogits may alias logits.
 cudaError_t launch_cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,

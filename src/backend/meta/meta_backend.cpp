@@ -83,6 +83,13 @@ class MetaBackend final : public Backend {
     attention_shape(qkv, out, att, H, KV, "attention_forward");
   }
   void attention_backward(Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) override {}
+  void kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0) override {
+    attention_cached_shape(Tensor(), qkv, k_cache, v_cache, H, KV, pos0, "kv_cache_write");
+  }
+  void attention_cached(Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                        int64_t pos0) override {
+    attention_cached_shape(out, qkv, k_cache, v_cache, H, KV, pos0, "attention_cached");
+  }
   void cross_entropy(Tensor, Tensor, Tensor, const int32_t*, float) override {}
   void embedding_forward_shard(Tensor out, const int32_t*, int64_t B, int64_t T, Tensor wte, Tensor wpe,
                                int64_t v0) override {

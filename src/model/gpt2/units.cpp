@@ -96,6 +96,14 @@ class EmbeddingUnit final : public Unit {
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, c.batch.B * c.batch.T, c.spec.dim));
     c.be.embedding_backward_shard(g("wte.weight"), g("wpe.weight"), dy, c.batch.tokens, c.batch.B, c.batch.T, v0(c));
   }
+  bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
+  // Positions pos0 on: wpe from its row pos0.
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&, int64_t pos0) override {
+    const Tensor wpe = p("wpe.weight");
+    const int64_t C = wpe.dim(1);
+    const Tensor from(wpe.ptr<float>() + pos0 * C, DType::f32, {wpe.dim(0) - pos0, C}, wpe.device());
+    c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), from);
+  }
 
  private:
   static int64_t v0(const UnitContext& c) {
@@ -199,6 +207,41 @@ class BlockUnit final : public Unit {
     norms.reduce();
   }
 
+  // forward() with the new positions' keys and values appended to the cache (spec.seq rows each)
+  // and attention over it; the activations are this call's only.
+  bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0) override {
+    const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
+    const int64_t F = c.spec.ffn_hidden();
+    Backend& be = c.be;
+    const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
+    if (pos0 == 0) {
+      cache.clear();
+      cache.add(c.pool, k_name, {B, c.spec.seq, C});
+      cache.add(c.pool, v_name, {B, c.spec.seq, C});
+    }
+    Saved s;
+    Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add(c.pool, "ln1_mean", {N}),
+           ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
+    be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
+    Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
+    matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
+    be.kv_cache_write(cache(k_name), cache(v_name), qkv, H, H, pos0);
+    Tensor atty = s.add(c.pool, "atty", {N, C});
+    be.attention_cached(atty, qkv, cache(k_name), cache(v_name), H, H, pos0);
+    Tensor x2 = s.add(c.pool, "x2", {N, C});
+    matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
+    be.add(x2, in, x2);  // residual
+    Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add(c.pool, "ln2_mean", {N}),
+           ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
+    be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
+    Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
+    matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
+    be.gelu_forward(fch_gelu, fch);
+    matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
+    be.add(out, x2, out);  // residual
+  }
+
  private:
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
@@ -254,6 +297,11 @@ class HeadUnit final : public Unit {
     c.be.layernorm_backward(din, norm("ln_f.weight"), norm("ln_f.bias"), dlnf_rows, in, p("ln_f.weight"),
                             s("lnf_mean"), s("lnf_rstd"));
     norm.reduce();
+  }
+  bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved&, int64_t) override {
+    Saved s;  // each position's logits depend on that position alone
+    forward(c, p, in, out, s);
   }
 
  private:

@@ -123,6 +123,11 @@ class EmbeddingUnit final : public Unit {
                                   tp_region_output_backward(c, dout, whole_or(whole, c, dout)), c.batch.tokens,
                                   c.batch.B, c.batch.T, vocab_begin(c));
   }
+  bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved&, int64_t) override {
+    Saved none;  // a token's embedding is its own: the position enters through RoPE
+    forward(c, p, in, out, none);
+  }
 
  private:
   int64_t vocab_begin(const UnitContext& c) const { return vocab_shard(c.spec.vocab, tp_.degree, tp_.rank).begin; }
@@ -225,6 +230,39 @@ class DecoderLayerUnit final : public Unit {
     norm_grads.reduce();
   }
 
+  // forward() with q and k rotated for positions pos0 on, the new keys and values appended to the
+  // cache (spec.seq rows of KV heads each) and attention over it; the activations are this call's only.
+  bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0) override {
+    const Dims d(c);
+    Backend& be = c.be;
+    const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
+    if (pos0 == 0) {
+      cache.clear();
+      cache.add(c.pool, k_name, {d.B, c.spec.seq, d.KV * d.hd});
+      cache.add(c.pool, v_name, {d.B, c.spec.seq, d.KV * d.hd});
+    }
+    Saved s;
+    Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.N});
+    be.rmsnorm_forward(ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
+    linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
+    be.rope(qkv, d.H + d.KV, d.hd, freqs_, pos0, false);
+    be.kv_cache_write(cache(k_name), cache(v_name), qkv, d.H, d.KV, pos0);
+    Tensor atty = s.add(c.pool, "atty", {d.N, d.C});
+    be.attention_cached(atty, qkv, cache(k_name), cache(v_name), d.H, d.KV, pos0);
+    Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
+    linear_forward(be, x2, atty, wg(p, "self_attn.o_proj.weight"), d.N);
+    be.add(x2, in, x2);  // residual
+    Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.N});
+    be.rmsnorm_forward(ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
+    linear_forward(be, gate_up, ln2, gate_up_weight(p), d.N);
+    be.swiglu_forward(act, gate_up);
+    linear_forward(be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
+    be.add(out, x2, out);  // residual
+  }
+
  private:
   // H, KV, W and F are this tensor-parallel rank's: its query heads, K/V heads, qkv width and
   // MLP width; Nl its token rows between the regions.
@@ -301,6 +339,11 @@ class HeadUnit final : public Unit {
     TpPartialGrads norm_grad(c, g, {"model.norm.weight"}, "head");
     c.be.rmsnorm_backward(din, norm_grad("model.norm.weight"), dlnf_rows, in, p("model.norm.weight"), s("lnf_rstd"));
     norm_grad.reduce();
+  }
+  bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
+  void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved&, int64_t) override {
+    Saved s;  // each position's logits depend on that position alone
+    forward(c, p, in, out, s);
   }
 
  private:
