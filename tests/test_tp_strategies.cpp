@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "src/model/tp.hpp"
 #include "tests/strategy_test_util.hpp"
 
 using namespace shardlab;
@@ -153,4 +154,33 @@ TEST_CASE("tensor parallelism: bad layouts are input errors naming the values", 
   CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("but the world has"));
   cfg = tp_config(gpt2_spec(), Layout{1, StrategyKind::zero3}, true);
   CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("--sequence-parallel"));
+}
+
+// The tensor-parallel axis moves exactly what tp_micro_step_bus_bytes says per micro-step (plus
+// the gradient norm's one float per step), for both families, with and without sequence
+// parallelism, with and without recomputation.
+TEST_CASE("tensor parallelism: bus bytes on the tp axis equal the theory", "[tp][comm]") {
+  const int N = g_mpi->world();
+  for (const ModelSpec& spec : {gpt2_spec(), llama_spec()})
+    for (bool sp : {false, true})
+      for (Checkpointing ck : {Checkpointing::none, Checkpointing::blocks}) {
+        TrainConfig cfg = tp_config(spec, Layout{2, StrategyKind::zero3}, sp);
+        cfg.accum = 2;
+        cfg.batch = 2 * 2 * (N / 2);
+        cfg.checkpointing = ck;
+        auto be = test::test_backend();
+        Pool pool(*be);
+        auto comm = test::test_communicator(pool);
+        Trainer t(*be, pool, *comm, cfg);
+        t.step(0);
+        const double measured = t.mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
+        const TpConfig tp{2, t.mesh().rank(CommAxis::tp), sp};
+        const int64_t micro = cfg.batch / t.mesh().dp_size() / cfg.accum;
+        const double theory =
+            cfg.accum * tp_micro_step_bus_bytes(family_of(spec).layout(spec, tp), spec, tp, micro, spec.seq, ck) +
+            2 * 0.5 * sizeof(float);  // the gradient norm's all-reduce
+        INFO(label(cfg) << " checkpointing " << checkpointing_name(ck) << ": measured " << measured << " theory "
+                        << theory);
+        CHECK(measured == Approx(theory).epsilon(1e-12));
+      }
 }

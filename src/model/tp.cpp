@@ -82,4 +82,31 @@ void TpPartialGrads::reduce() {
   block_.reset();
 }
 
+double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const ModelSpec& spec, const TpConfig& tp,
+                               int64_t B, int64_t T, Checkpointing checkpointing) {
+  if (tp.degree == 1) return 0;
+  SHARD_CHECK(layout.size() >= 2, "a layout of {} units", layout.size());
+  const double f = (tp.degree - 1.0) / tp.degree, N = static_cast<double>(B * T);
+  const double A = N * static_cast<double>(spec.dim) * sizeof(float);
+  auto replicated = [](const UnitLayout& u) {
+    double n = 0;
+    for (const TensorDecl& t : u.tensors)
+      if (!t.tp.split()) n += static_cast<double>(t.numel);
+    return n * sizeof(float);
+  };
+  const double layers = static_cast<double>(layout.size() - 2);
+  const double recompute = checkpointing == Checkpointing::blocks ? 1 : 0;
+  double bytes = 2 * f * 3 * N * sizeof(float);  // the loss
+  if (!tp.sequence_parallel) {
+    bytes += 2 * f * A;                                   // embedding
+    bytes += layers * (2 + 2 + 2 * recompute) * 2 * f * A;  // layers (all-reduces)
+    bytes += 2 * f * A;                                   // head, backward
+    return bytes;
+  }
+  bytes += 2 * f * A;  // embedding
+  for (size_t u = 1; u + 1 < layout.size(); ++u) bytes += (4 + 6 + 4 * recompute) * f * A + 2 * f * replicated(layout[u]);
+  bytes += 3 * f * A + 2 * f * replicated(layout.back());  // head
+  return bytes;
+}
+
 }  // namespace shardlab

@@ -64,4 +64,25 @@ class TpPartialGrads {
   Block block_;
 };
 
+// The bus bytes one rank moves over its tensor-parallel group in one micro-step's forward and
+// backward, as the communicator counts them (f = (T-1)/T; an all-reduce of x bytes is 2f x, an
+// all-gather or reduce-scatter of a whole x f x), for the units above and the runner's loss, with
+// A = the micro-batch's B*T*C activations in f32:
+//
+//                       without SP                      with --sequence-parallel
+//   embedding           all-reduce A                    reduce-scatter A; all-gather A backward
+//   each layer          2 all-reduces A forward,        2 all-gathers + 2 reduce-scatters A forward;
+//                       2 backward                      backward 2 all-gathers of the outputs' gradients,
+//                                                       2 re-gathers of the region inputs, 2 reduce-
+//                                                       scatters, and an all-reduce of its replicated
+//                                                       tensors' gradients
+//   head                all-reduce A backward           all-gather A; backward a re-gather, a reduce-
+//                                                       scatter and an all-reduce of ln_f's gradients
+//   loss                all-reduce of B*T floats (max), then of 2 B*T (sums)
+//
+// --activation-checkpointing blocks runs each layer's forward (and its collectives) again in
+// backward. `layout` is this rank's (family.layout(spec, tp)): the embedding first, the head last.
+double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const ModelSpec& spec, const TpConfig& tp,
+                               int64_t B, int64_t T, Checkpointing checkpointing);
+
 }  // namespace shardlab

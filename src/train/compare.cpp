@@ -8,6 +8,7 @@
 #include "shard/strategy_formulas.hpp"
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
+#include "src/model/tp.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
@@ -119,6 +120,15 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     r.theory_intra = theory.intra_bus();
     r.theory_inter = theory.across_bus();
   }
+  if (tc.strategy.dims.tp > 1) {
+    const TpConfig tp{tc.strategy.dims.tp, trainer->mesh().rank(CommAxis::tp), tc.sequence_parallel};
+    const int64_t micro = tc.batch / trainer->mesh().dp_size() / tc.accum;
+    r.tp = tp.degree;
+    r.comm_tp = trainer->mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
+    r.theory_tp = static_cast<double>(tc.accum) * tp_micro_step_bus_bytes(family_of(tc.spec).layout(tc.spec, tp), tc.spec,
+                                                                          tp, micro, tc.spec.seq, tc.checkpointing) +
+                  2.0 * (tp.degree - 1) / tp.degree * sizeof(float);
+  }
   collect_peaks(*comm, peak, r);
   return r;
 }
@@ -160,6 +170,19 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                      format_bytes(r.theory_inter).c_str());
     std::fprintf(out, "(intra: the group's reduce-scatter and all-gathers, (S-1)/S each, plus the gradient norm; inter: "
                  "an all-reduce of each rank's shard, 2(G-1)/G x Psi/S; the world's loss all-reduce is in neither)\n");
+  }
+  bool tp = false;
+  for (const auto& r : res.runs) tp |= !r.oom && r.tp > 1;
+  if (tp) {
+    std::fprintf(out, "\ntensor parallelism: bus bytes per rank in the last step over the tp group\n");
+    std::fprintf(out, "%-19s %14s %14s\n", "strategy", "tp axis", "theory");
+    for (const auto& r : res.runs)
+      if (!r.oom && r.tp > 1)
+        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_tp).c_str(),
+                     format_bytes(r.theory_tp).c_str());
+    std::fprintf(out, "(per layer and micro-step 2 all-reduces of B*T*C forward and 2 backward, or with --sequence-"
+                 "parallel the same as all-gathers and reduce-scatters plus the backward re-gathers; the embedding, "
+                 "the head, the vocabulary-parallel loss's 3 B*T floats and the gradient norm: src/model/tp.hpp)\n");
   }
   // Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
   std::fprintf(out, "\npeak memory per rank (MiB; host peak: the host tier, --offload)\n%-19s", "strategy");
@@ -293,6 +316,7 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
         o["hybrid"] = {{"dp_shard", s.dp_shard},           {"intra_bytes", s.comm_intra},
                        {"intra_theory_bytes", s.theory_intra}, {"inter_bytes", s.comm_inter},
                        {"inter_theory_bytes", s.theory_inter}};
+      if (s.tp > 1) o["tp"] = {{"degree", s.tp}, {"bytes", s.comm_tp}, {"theory_bytes", s.theory_tp}};
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
       o["host_peak_bytes_rank0"] = s.host0;
       if (world > 1) o["peak_bytes_other_ranks_max"] = cats(s.peak_other, s.total_other);

@@ -36,6 +36,10 @@ struct StrategyResult {
   // groups), and the theory's for each (0 without hybrid sharding).
   int dp_shard = 0;
   double comm_intra = 0, comm_inter = 0, theory_intra = 0, theory_inter = 0;
+  // Tensor parallelism (--tp T > 1): the last step's bus bytes on the tp axis and the theory's
+  // (tp_micro_step_bus_bytes per micro-step, plus the gradient norm's float); 0 otherwise.
+  int tp = 1;
+  double comm_tp = 0, theory_tp = 0;
   // Peak over the run of each category and of the total, for rank 0 and for the largest other rank.
   std::array<uint64_t, kNumCategories> peak0{}, peak_other{};
   uint64_t total0 = 0, total_other = 0;
