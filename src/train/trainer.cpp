@@ -349,7 +349,16 @@ CheckpointState Trainer::checkpoint_state() {
 void Trainer::save(const std::string& path) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
-  if (comm_.rank() == 0) write_units(path, cfg_.spec, units_, host);
+  if (units_[0]->layout().tp_degree == 1) {
+    if (comm_.rank() == 0) write_units(path, cfg_.spec, units_, host);
+    return;
+  }
+  // Each rank holds its tensor-parallel part: world rank 0 (tp rank 0) assembles whole tensors.
+  const ModelFamily& family = family_of(cfg_.spec);
+  std::vector<UnitLayout> local;
+  for (const auto& u : units_) local.push_back(u->layout());
+  host = gather_tp_units(mesh_.comm(CommAxis::tp), local, family.layout(cfg_.spec), host);
+  if (comm_.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host);
 }
 
 }  // namespace shardlab
