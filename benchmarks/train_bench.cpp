@@ -47,6 +47,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   // The sim stands in for the transport one rank would use: mpi on the cpu, nccl on a GPU.
   tc.comm = pool.backend().device() == Device::cuda ? CommKind::nccl : CommKind::mpi;
   tc.checkpointing = cfg.checkpointing;
+  tc.sequence_parallel = cfg.sequence_parallel;
   // One trainer per configuration, each with its own pools (so each ledger is its own) and
   // communicator; steps alternate between them so that both see the same machine state.
   struct Run {

@@ -21,6 +21,7 @@ struct TrainBenchConfig {
   int warmup = 2;   // untimed
   StrategyConfig strategy;  // one rank of it (sim communicator) or every rank of `world`
   Checkpointing checkpointing = Checkpointing::none;
+  bool sequence_parallel = false;  // with strategy.dims.tp > 1
   double peak_tflops = 0;  // the device's dense peak, for MFU (0 = not printed)
   bool levers() const { return checkpointing != Checkpointing::none || strategy.offload != Offload::none; }
 };

@@ -63,6 +63,13 @@ class Ddp final : public Strategy {
     wait_all();
     return sum_squares({grads_.flat(reduce_dtype())});
   }
+  double replicated_grad_norm_sq() override {
+    wait_all();
+    std::vector<Tensor> parts;
+    for (size_t u = 0; u < num_units(); ++u)
+      for (const Tensor& t : replicated_part(u, grad(u), 0)) parts.push_back(t);
+    return parts.empty() ? 0.0 : sum_squares(parts);
+  }
 
   std::vector<float> gather_unit_params(size_t u) override { return to_host(updated(u)); }
   std::pair<int64_t, int64_t> owned_range(size_t u) const override { return {0, layout(u).numel}; }

@@ -107,6 +107,10 @@ void StrategyConfig::validate() const {
                 "--dp-shard {} --dp-replicate {}: expected 0 (what the world leaves) or a group size", dims.dp_shard,
                 dims.dp_replicate);
   require_implemented(dims);
+  SHARD_REQUIRE(kind != StrategyKind::dp || dims.tp == 1,
+                "--tp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
+                "zero1-3 with tensor parallelism",
+                dims.tp);
   SHARD_REQUIRE(!hybrid() || zero_stage(kind) > 0,
                 "--dp-shard {} (--shard-group) with --strategy {}: only zero1, zero2 and zero3 shard state; {} "
                 "replicates it over every data-parallel rank",
@@ -177,6 +181,18 @@ std::vector<float> Strategy::to_host(Tensor t) const {
     env_.be.copy(Tensor::of(std::span<float>(v)), env_.pool.widen(t, wide, "widen for host copy"));
   }
   return v;
+}
+
+std::vector<Tensor> Strategy::replicated_part(size_t u, Tensor owned, int64_t begin) const {
+  std::vector<Tensor> parts;
+  if (layout(u).tp_degree == 1) return parts;
+  const int64_t end = begin + owned.numel();
+  for (const TensorDecl& t : layout(u).tensors) {
+    if (t.tp.split()) continue;
+    const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo < hi) parts.push_back(owned.slice(lo - begin, hi - lo));
+  }
+  return parts;
 }
 
 double Strategy::sum_squares(const std::vector<Tensor>& tensors, Pool* tier) const {

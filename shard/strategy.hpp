@@ -100,8 +100,13 @@ class Strategy : public UnitHooks {
   // after its forward, since no backward follows. DP brings its replicas the parameters.
   virtual void begin_eval() { eval_ = true; }
   virtual void end_eval() { eval_ = false; }
-  // Global squared gradient norm, the same on every rank; waits for outstanding reductions.
+  // Global squared gradient norm, the same on every rank; waits for outstanding reductions. Under
+  // tensor parallelism: of this rank's part of the model, over its data-parallel group.
   virtual double grad_norm_sq() = 0;
+  // Under tensor parallelism: the share of grad_norm_sq() of the tensors every rank of the
+  // tensor-parallel group holds whole (norms, row-parallel biases, wpe), the same on each of them,
+  // so the trainer counts it once. 0 without tensor parallelism.
+  virtual double replicated_grad_norm_sq() { return 0; }
   // The update of what this rank owns, then whatever brings every copy of the parameters up to date.
   void optimizer_step(int64_t step, float lr, float grad_scale);
   // Collective: unit u's full parameters (or reduced gradient, before the step) on every rank.
@@ -163,6 +168,9 @@ class Strategy : public UnitHooks {
     for (const BorrowedTensor& b : borrowed_[u]) mp_.release_params(b.owner);
   }
   const UnitLayout& layout(size_t u) const { return env_.units[u]->layout(); }
+  // Views of the elements of tensors replicated over the tensor-parallel group inside `owned`,
+  // which holds unit u's flat elements from `begin` on (none at tensor-parallel degree 1).
+  std::vector<Tensor> replicated_part(size_t u, Tensor owned, int64_t begin) const;
   size_t num_units() const { return env_.units.size(); }
   bool mixed() const { return mp_.mixed(); }
   DType param_dtype() const { return cfg_.precision.param_dtype; }

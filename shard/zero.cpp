@@ -142,6 +142,19 @@ class Zero final : public Strategy {
     sc().all_reduce(std::span<float>(&local, 1)).wait();  // replicas hold the same shards: one group's sum
     return local;
   }
+  double replicated_grad_norm_sq() override {
+    if (env_.units.empty() || layout(0).tp_degree == 1) return 0;
+    drain();
+    std::vector<Tensor> parts;
+    for (size_t u = 0; u < num_units(); ++u) {
+      const auto [begin, end] = owned_range(u);
+      if (end > begin)
+        for (const Tensor& t : replicated_part(u, reduced_grads(u).slice(0, end - begin), begin)) parts.push_back(t);
+    }
+    float local = parts.empty() ? 0.f : static_cast<float>(sum_squares(parts, &opt_pool()));
+    sc().all_reduce(std::span<float>(&local, 1)).wait();
+    return local;
+  }
 
   std::vector<float> gather_unit_params(size_t u) override {
     std::vector<float> v;

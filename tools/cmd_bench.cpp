@@ -113,6 +113,7 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   cfg.spec = model.spec();
   cfg.strategy.kind = parse_strategy(strategy.kind);
   cfg.strategy.dims = mesh.resolve(ctx.mpi.world(), 0);
+  cfg.sequence_parallel = mesh.sequence_parallel;
   cfg.strategy.offload = parse_offload(memory.offload);
   cfg.strategy.validate();
   cfg.checkpointing = parse_checkpointing(memory.checkpointing);

@@ -31,7 +31,7 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"compare"}, &sources, &given)) return ExitCode::ok;
   if (ctx.mpi.rank() == 0 && !sources.empty()) std::printf("shardlab compare options: %s\n", cli::describe(sources).c_str());
   opts.finish(cc.train, ctx, ctx.mpi.world());
-  cc.strategies = parse_strategy_list(strategies);
+  cc.strategies = cli::strategies_for(strategies, given, cc.train.strategy.dims, "compare", ctx.mpi.rank());
   cli::check_applicable(given, cc.train, cc.strategies, true, "compare", ctx.mpi.rank());
   for (StrategyKind k : cc.strategies) {  // each strategy's step must fit this host (none is skipped for it)
     TrainConfig one = cc.train;

@@ -94,6 +94,10 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"plan"})) return ExitCode::ok;
   pc.train.spec = model.spec();
   const ParallelDims dims = mesh.resolve(pc.world, 0);  // a data-parallel degree given pins the shard group
+  SHARD_REQUIRE(dims.tp == 1 && !mesh.sequence_parallel,
+                "plan --tp {}: the planner ranks data-parallel layouts only so far; predict one tensor-parallel layout "
+                "with profile --tp, or measure it with bench-train --tp",
+                dims.tp);
   if (mesh.dims.dp_shard > 0 || mesh.dims.dp_replicate > 0 || mesh.shard_group > 0)
     pc.dp_shard = dims.dp_shard == pc.world ? 0 : dims.dp_shard;
   strategy.apply_dtypes(pc.train.strategy);

@@ -275,10 +275,15 @@ void MeshOptions::add(Desc& d) {
       "replicas of the sharded state (hybrid sharding: gradients reduce-scattered within a shard group, then "
       "all-reduced across the replicas); 0 = what the other degrees leave (1 when --dp-shard is 0 too)")(
       "tp", po::value(&dims.tp)->default_value(1),
-      "tensor-parallel ranks, innermost (consecutive ranks); not implemented yet: only 1")(
+      "tensor-parallel ranks, innermost (consecutive ranks: keep a group inside a node): Megatron's layout, "
+      "attention split by heads and the MLP by its width, the vocabulary over the embedding and the head; must "
+      "divide the heads, the KV heads and the MLP width")(
       "pp", po::value(&dims.pp)->default_value(1), "pipeline stages, outermost; not implemented yet: only 1")(
       "shard-group", po::value(&shard_group)->default_value(0),
       "the old name of --dp-shard, kept: S must divide the world; 0 = the whole world");
+  add_switch(g, "sequence-parallel", sequence_parallel,
+             "with --tp: split the activations between the tensor-parallel regions (norms, residuals) along the "
+             "token rows too: all-gathers and reduce-scatters instead of all-reduces, those activations / tp");
   d.add(g);
 }
 
@@ -351,6 +356,7 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
   cfg.strategy.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
+  cfg.sequence_parallel = mesh.sequence_parallel;
   cfg.strategy.offload = parse_offload(memory.offload);
   strategy.apply_dtypes(cfg.strategy);
   cfg.optim.kind = parse_optimizer(optimizer);
@@ -412,6 +418,19 @@ void add_world(Desc& d, int& world, const char* help) {
 void add_strategies(Desc& d, std::string& list, const char* help) {
   d.add_options()("strategies", po::value(&list)->default_value(list), help);
 }
+std::vector<StrategyKind> strategies_for(const std::string& list, const po::variables_map& given,
+                                         const ParallelDims& dims, const char* command, int rank) {
+  std::vector<StrategyKind> kinds = parse_strategy_list(list);
+  if (dims.tp == 1 || std::find(kinds.begin(), kinds.end(), StrategyKind::dp) == kinds.end()) return kinds;
+  SHARD_REQUIRE(!given.count("strategies") || given["strategies"].defaulted(),
+                "--strategies {} with --tp {}: dp, the single-master baseline, keeps the whole model on rank 0 and "
+                "takes no tensor parallelism; leave it out",
+                list, dims.tp);
+  std::erase(kinds, StrategyKind::dp);
+  if (rank == 0) std::printf("shardlab %s: --tp %d: leaving out dp (the single-master baseline takes no tensor parallelism)\n", command, dims.tp);
+  return kinds;
+}
+
 void add_measure(Desc& d, bool& on, const char* help) { add_switch(d, "measure", on, help); }
 void add_measure_steps(Desc& d, int& steps, const char* help) {
   d.add_options()("measure-steps", po::value(&steps)->default_value(steps), help);

@@ -119,10 +119,11 @@ struct StrategyOptions {
 struct MeshOptions {
   ParallelDims dims;    // --dp-shard --dp-replicate --tp --pp
   int shard_group = 0;  // --shard-group, the old name of --dp-shard
+  bool sequence_parallel = false;  // --sequence-parallel
   void add(Desc& d);
   // The degrees resolved against `world`, aliases applied: --shard-group S is --dp-shard S, and
   // hsdp (`hsdp_ranks`: the ranks per node, 0 otherwise) is --dp-shard = the ranks per node where
-  // no data-parallel degree is given. --tp/--pp > 1 are refused until their layers exist.
+  // no data-parallel degree is given. --pp > 1 is refused until the pipeline exists.
   ParallelDims resolve(int world, int hsdp_ranks) const;
 };
 
@@ -175,6 +176,11 @@ void add_strategies(Desc& d, std::string& list, const char* help);
 void add_measure(Desc& d, bool& on, const char* help);  // a switch: also run real steps
 void add_measure_steps(Desc& d, int& steps, const char* help);
 // A switch: --name, --name true|false|1|0, --name=VALUE. Every boolean flag is one.
+// --strategies as compare and profile take it: the list parsed, without dp under tensor
+// parallelism (the single-master baseline refuses it) when the list is the default, said on rank
+// 0's stdout; an explicit dp with --tp > 1 is an InputError.
+std::vector<StrategyKind> strategies_for(const std::string& list, const po::variables_map& given,
+                                         const ParallelDims& dims, const char* command, int rank);
 void add_switch(Desc& d, const char* name, bool& value, const char* help);
 
 }  // namespace cli

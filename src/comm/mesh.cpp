@@ -106,8 +106,6 @@ Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) 
 }
 
 void require_implemented(const ParallelDims& d) {
-  SHARD_REQUIRE(d.tp == 1, "--tp {}: tensor parallelism is not implemented yet (the mesh reserves its axis); use --tp 1",
-                d.tp);
   SHARD_REQUIRE(d.pp == 1,
                 "--pp {}: pipeline parallelism is not implemented yet (the mesh reserves its axis); use --pp 1", d.pp);
 }

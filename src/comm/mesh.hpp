@@ -82,7 +82,7 @@ class Mesh {
   std::vector<std::unique_ptr<Communicator>> owned_;
 };
 
-// --tp and --pp are part of the mesh already; the layers that use them are not built yet.
+// --pp is part of the mesh already; the pipeline that uses it is not built yet.
 void require_implemented(const ParallelDims& d);
 
 }  // namespace shardlab

@@ -25,7 +25,7 @@ StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig&
 std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, const TrainConfig& tc, uint64_t budget,
                                uint64_t host_budget, StrategyResult& r) {
   if (budget || host_budget) {
-    const int64_t micro = tc.batch / comm.world_size() / tc.accum;
+    const int64_t micro = tc.batch / tc.strategy.dims.resolved(comm.world_size()).dp() / tc.accum;
     Estimate e = predict_step(tc, comm.world_size(), comm.rank(), micro, false);
     if (host_budget && e.host.peak > host_budget)
       r.error = fmt::format("out of memory on the host tier: a step needs {} per rank, the host budget is {}",
@@ -106,7 +106,10 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   r.memory = trainer->memory_row(r.name);
   r.ms_per_step = median(ms);
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
-  const StepTraffic theory = traffic(kind, static_cast<double>(trainer->num_params()), comm->world_size(), tc);
+  // The data-parallel axes move this rank's part of the model among its data-parallel group.
+  double part = 0;
+  for (const auto& u : trainer->units()) part += static_cast<double>(u->layout().numel);
+  const StepTraffic theory = traffic(kind, part, trainer->mesh().dp_size(), tc);
   r.comm_theory = theory.total_bus();
   if (tc.strategy.hybrid()) {
     r.dp_shard = tc.strategy.dims.dp_shard;

@@ -125,7 +125,7 @@ void unpack(const uint64_t* b, MemoryRow& row) {
 // Runs a few real steps of `kind` as `rank` of cfg.world over `comm` and reads the ledger.
 MemoryRow measure_on(Backend& be, Pool& pool, Communicator& comm, const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig tc = config_for(cfg, kind);
-  tc.batch = cfg.micro_batch * tc.accum * cfg.world;
+  tc.batch = cfg.micro_batch * tc.accum * tc.strategy.dims.resolved(cfg.world).dp();
   tc.steps = cfg.measure_steps;
   tc.log_path.clear();
   tc.save_path.clear();

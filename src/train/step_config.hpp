@@ -20,6 +20,9 @@ struct StepConfig {
   float grad_clip = 1.f;         // 0 = off
   CommKind comm = CommKind::mpi;  // the transport (--comm, resolved): predictions hold what it holds
   Checkpointing checkpointing = Checkpointing::none;  // --activation-checkpointing
+  // --sequence-parallel: with tensor parallelism (strategy.dims.tp > 1), the activations between
+  // its regions split along the token rows too (src/model/tp.hpp).
+  bool sequence_parallel = false;
 };
 
 }  // namespace shardlab

@@ -27,10 +27,20 @@ void TrainConfig::validate(int world) const {
                 checkpointing_name(checkpointing));
   SHARD_REQUIRE(batch >= 1, "--batch {}: expected at least one sequence", batch);
   SHARD_REQUIRE(accum >= 1, "--accum {}: expected at least one micro-step", accum);
-  const int dp = strategy.dims.resolved(world).dp();
+  const ParallelDims dims = strategy.dims.resolved(world);
+  const int dp = dims.dp();
   SHARD_REQUIRE(batch % (static_cast<int64_t>(dp) * accum) == 0,
-                "--batch {} is not divisible by {} ranks x --accum {}: every rank needs whole micro-batches", batch,
-                dp, accum);
+                "--batch {} is not divisible by {} data-parallel ranks x --accum {}: every rank needs whole "
+                "micro-batches",
+                batch, dp, accum);
+  SHARD_REQUIRE(!sequence_parallel || dims.tp > 1,
+                "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
+  if (sequence_parallel) {
+    const int64_t rows = batch / dp / accum * spec.seq;
+    SHARD_REQUIRE(rows % dims.tp == 0,
+                  "--sequence-parallel: a micro-batch's {} token rows ({} sequences of {}) do not split over --tp {}",
+                  rows, batch / dp / accum, spec.seq, dims.tp);
+  }
   SHARD_REQUIRE(grad_clip >= 0.f, "--grad-clip {}: expected 0 (off) or a positive norm", grad_clip);
   SHARD_REQUIRE(print_every >= 1, "--print-every {}: expected a positive count", print_every);
   SHARD_REQUIRE(save_every >= 0, "--save-every {}: expected 0 or a positive number of steps", save_every);
@@ -93,8 +103,10 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
       mesh_(comm, cfg_.strategy.dims),
       data_(load_streams(cfg_, tokens)),  // tokens kept: the body asks whether a stand-in was given
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
-      units_(family_of(cfg_.spec).make_units(cfg_.spec)) {
-  for (const auto& u : units_) num_params_ += u->layout().numel;
+      tp_{TpConfig{cfg_.strategy.dims.tp, mesh_.rank(CommAxis::tp), cfg_.sequence_parallel},
+          cfg_.strategy.dims.tp > 1 ? &mesh_.comm(CommAxis::tp) : nullptr},
+      units_(family_of(cfg_.spec).make_units(cfg_.spec, tp_.config)) {
+  num_params_ = shardlab::num_params(family_of(cfg_.spec).layout(cfg_.spec));  // the whole model's, whatever this rank holds
   flops_per_token_ = family_of(cfg_.spec).flops_per_token(cfg_.spec);  // once: it builds the layout
   if (data_.val) {
     const int64_t T = cfg_.spec.seq, n = static_cast<int64_t>(data_.val->tokens.size());
@@ -107,6 +119,10 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   comm_.set_check(cfg_.check_collectives);
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp(), mesh_, cfg_.spec, units_, cfg_.optim});
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
+  SHARD_REQUIRE(!tp_.active() || (cfg_.save_dir.empty() && cfg_.resume.empty() && cfg_.save_path.empty()),
+                "--tp {}: checkpoints and --save of tensor-parallel runs are not written yet; run without --save-dir, "
+                "--resume and --save, or with --tp 1",
+                tp_.config.degree);
   // On the meta backend (predictions) values are never read: computing them would only cost time.
   if (be_.device() != Device::meta) {
     if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
@@ -188,14 +204,14 @@ StepStats Trainer::step(int64_t t) {
     Batch b{global_inputs_.data() + r * micro * T, global_targets_.data() + r * micro * T, micro, T,
             global_targets_.data(), static_cast<int>(W)};
     loss_sum +=
-        run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing)
+        run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing, tp_)
             .loss_sum;
   }
   float loss = static_cast<float>(loss_sum);
   mesh_.dp().all_reduce(std::span<float>(&loss, 1)).wait();
   loss /= static_cast<float>(cfg_.batch * T);
   pool_.ledger().set_phase({PhaseKind::optimizer});
-  const float norm = static_cast<float>(std::sqrt(strategy_->grad_norm_sq()));
+  const float norm = static_cast<float>(std::sqrt(grad_norm_sq()));
   const float lr = cfg_.schedule.at(t);
   // Every rank sees the same loss and norm, so every rank takes the same branch here.
   const bool finite = std::isfinite(loss) && std::isfinite(norm);
@@ -223,6 +239,17 @@ StepStats Trainer::step(int64_t t) {
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   s.rss_bytes = resident_bytes();
   return s;
+}
+
+double Trainer::grad_norm_sq() {
+  const double all = strategy_->grad_norm_sq();
+  if (!tp_.active()) return all;
+  // This rank's part: the split tensors' squares add up over the tensor-parallel group; the
+  // replicated ones are the same on every rank of it and count once.
+  const double replicated = strategy_->replicated_grad_norm_sq();
+  float split = static_cast<float>(all - replicated);
+  tp_.comm->all_reduce(std::span<float>(&split, 1)).wait();
+  return split + replicated;
 }
 
 // Evaluation and sampling are not part of a step: the scope keeps them out of the step's timeline,
@@ -267,8 +294,17 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
     std::vector<int32_t> context(tokens.end() - n, tokens.end());
     std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
     Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
-    run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits);
+    run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
     const int64_t V = cfg_.spec.vocab;
+    if (tp_.active()) {  // every rank's vocabulary columns of the last position, in rank order (padded)
+      const int64_t rows = static_cast<int64_t>(logits.size()) / n;
+      std::vector<float> whole(static_cast<size_t>(rows * tp_.config.degree));
+      tp_.comm->all_gather(std::span<const float>(logits).subspan(static_cast<size_t>((n - 1) * rows), rows),
+                           std::span<float>(whole))
+          .wait();
+      tokens.push_back(sample_token(std::span<const float>(whole).first(static_cast<size_t>(V)), c, i));
+      continue;
+    }
     tokens.push_back(sample_token(std::span<const float>(logits).subspan(static_cast<size_t>((n - 1) * V), V), c, i));
   }
   return tokens;
@@ -288,7 +324,7 @@ float Trainer::evaluate() {
                           global_targets_.data() + q * micro * T);
       Batch b{global_inputs_.data() + r * micro * T, global_targets_.data() + r * micro * T, micro, T,
               global_targets_.data(), static_cast<int>(W)};
-      sum += run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_).loss_sum;
+      sum += run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, nullptr, tp_).loss_sum;
     }
     sums[static_cast<size_t>(i)] = static_cast<float>(sum);
   }

@@ -128,6 +128,7 @@ class Trainer {
   void open_outputs(std::ofstream& log);
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
   bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);
+  double grad_norm_sq();  // the whole model's, under tensor parallelism too
   void maybe_sample(int64_t t, std::FILE* out);
   bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
 
@@ -146,6 +147,7 @@ class Trainer {
   int64_t val_batches_ = 0;
   std::optional<float> checkpoint_val_loss_;  // computed at the step being checkpointed (its manifest records it)
   float best_val_loss_ = INFINITY;  // --save-best: the lowest so far (from the best checkpoint on resume)
+  TpContext tp_;  // this rank's tensor-parallel group (inactive at --tp 1)
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
