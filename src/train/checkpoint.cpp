@@ -121,20 +121,9 @@ void make_tmp_dir(const SavePaths& paths) {
   SHARD_REQUIRE(!ec, "cannot create '{}': {}", paths.tmp.string(), ec.message());
 }
 
-// Records where the tensors of `unit` that overlap flat elements [a, b) lie: `base` is the byte
-// offset in this rank's file of element a of state `state`.
-void add_pieces(nlohmann::json& pieces, const UnitLayout& unit, int64_t a, int64_t b, uint64_t base, int rank,
-                const std::string& state) {
-  for (const TensorDecl& t : unit.tensors) {
-    int64_t lo = std::max(a, t.offset), hi = std::min(b, t.offset + t.numel);
-    if (lo >= hi) continue;
-    const ManifestPiece piece{rank, base + static_cast<uint64_t>(lo - a) * sizeof(float), lo - t.offset, hi - t.offset, {}};
-    pieces[t.name][state].push_back(piece_to_json(piece));
-  }
-}
-
-// Phase 1 (every rank): per unit, per state, the owned range as f32 into tmp/rank_XXXXX.bin, fsynced;
-// then rank_XXXXX.bin.json with its size, checksum and pieces (tensor -> state -> [piece]).
+// Phase 1 (every rank): per unit, per state, the owned range as f32 into tmp/rank_XXXXX.bin, fsynced
+// (under tensor parallelism as its whole-tensor pieces: append_unit_state); then rank_XXXXX.bin.json
+// with its size, checksum, tensor-parallel rank and pieces (tensor -> state -> [piece]).
 // A rank that owns nothing writes neither.
 bool write_rank_file(const fs::path& tmp, const CheckpointState& state) {
   Strategy& st = state.strategy;
@@ -146,6 +135,7 @@ bool write_rank_file(const fs::path& tmp, const CheckpointState& state) {
   const auto names = st.owned_state_names();
   nlohmann::json pieces = nlohmann::json::object();
   CheckedWriter w(tmp / rank_file(rank));
+  std::vector<float> staged;
   for (size_t u = 0; u < units.size(); ++u) {
     auto [a, b] = st.saved_range(u);
     if (b <= a) continue;
@@ -153,18 +143,19 @@ bool write_rank_file(const fs::path& tmp, const CheckpointState& state) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       std::vector<float> host(static_cast<size_t>(b - a));
       state.backend.copy(Tensor::of(std::span<float>(host)), tensors[i].slice(0, b - a));
-      const uint64_t base = w.offset();
+      staged.clear();
+      append_unit_state(units[u]->layout(), a, b, host, rank, names[i], w.offset(), staged, pieces);
       if (kill_in_save(rank) && u == units.size() / 2) {
-        w.write(host.data(), host.size() * sizeof(float) / 2);
+        w.write(staged.data(), staged.size() * sizeof(float) / 2);
         std::raise(SIGKILL);
       }
-      w.write(host.data(), host.size() * sizeof(float));
-      add_pieces(pieces, units[u]->layout(), a, b, base, rank, names[i]);
+      w.write(staged.data(), staged.size() * sizeof(float));
     }
   }
   const uint64_t bytes = w.offset(), hash = w.close();
   nlohmann::json side = {{"file", rank_file(rank)}, {"bytes", bytes},
                          {"checksum", fmt::format("fnv1a64:{:016x}", hash)}, {"pieces", pieces}};
+  if (units[0]->layout().tp_degree > 1) side["tp_rank"] = units[0]->layout().tp_rank;
   write_small_file(tmp / (rank_file(rank) + ".json"), side.dump());
   return true;
 }
@@ -210,13 +201,14 @@ void merge_manifest(const fs::path& tmp, const CheckpointState& state, const Run
     if (!fs::exists(side)) continue;
     nlohmann::json j = nlohmann::json::parse(std::ifstream(side));
     m["files"].push_back({{"rank", r}, {"file", j["file"]}, {"bytes", j["bytes"]}, {"checksum", j["checksum"]}});
+    if (j.contains("tp_rank")) m["files"].back()["tp_rank"] = j["tp_rank"];
     for (auto& [tensor, states] : j["pieces"].items())
       for (auto& [state_name, list] : states.items())
         for (auto& p : list) m["tensors"][tensor][state_name].push_back(p);
     fs::remove(side);
   }
-  for (const auto& unit : state.units)
-    for (const TensorDecl& t : unit->layout().tensors) m["tensors"][t.name]["shape"] = t.shape;
+  for (const auto& unit : state.units)  // the whole tensor's: pieces are whole-tensor regions
+    for (const TensorDecl& t : unit->layout().tensors) m["tensors"][t.name]["shape"] = t.full_shape;
   write_small_file(tmp / "manifest.json", m.dump(1) + "\n");
 }
 
@@ -402,20 +394,6 @@ std::string check_data(const Manifest& m, const CheckpointState& state, const st
   return "";
 }
 
-// Reads flat elements [lo, hi) of `state` of tensor t into dst[0, hi - lo), from whichever pieces
-// overlap them (flat ranges or slices of any shape).
-void read_tensor_range(const Manifest& m, CheckpointFiles& files, const TensorDecl& t, const std::string& state,
-                       int64_t lo, int64_t hi, float* dst, const std::string& path) {
-  const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, state);
-  SHARD_REQUIRE(pieces, "checkpoint '{}' has no {} for tensor '{}'", path, state, t.name);
-  const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
-  SHARD_REQUIRE(shape == t.shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
-                nlohmann::json(shape).dump(), nlohmann::json(t.shape).dump());
-  const int64_t covered = read_region(files, *pieces, shape, TensorRegion{{}, lo, hi}, dst, t.name);
-  SHARD_REQUIRE(covered == hi - lo, "checkpoint '{}' covers {} of the {} elements [{}, {}) of {} '{}' this rank needs",
-                path, covered, hi - lo, lo, hi, state, t.name);
-}
-
 }  // namespace
 
 RunPosition load_checkpoint(const std::string& path, const CheckpointState& state) {
@@ -433,11 +411,7 @@ RunPosition load_checkpoint(const std::string& path, const CheckpointState& stat
     auto tensors = st.owned_state(u);
     for (size_t i = 0; i < tensors.size(); ++i) {
       std::vector<float> host(static_cast<size_t>(b - a));
-      for (const TensorDecl& t : units[u]->layout().tensors) {
-        int64_t lo = std::max(a, t.offset) - t.offset, hi = std::min(b, t.offset + t.numel) - t.offset;
-        if (lo >= hi) continue;
-        read_tensor_range(m, files, t, names[i], lo, hi, host.data() + (t.offset + lo - a), path);
-      }
+      read_unit_state(m, files, units[u]->layout(), a, b, names[i], host, path);
       state.backend.copy(tensors[i].slice(0, b - a), Tensor::of(std::span<float>(host)));
     }
   }
@@ -445,6 +419,38 @@ RunPosition load_checkpoint(const std::string& path, const CheckpointState& stat
   RunPosition at{m.step, m.data_position, std::nullopt, note};
   if (m.val_loss) at.val_loss = static_cast<float>(*m.val_loss);
   return at;
+}
+
+// ---- train --save under tensor parallelism -------------------------------------------------------
+
+std::vector<std::vector<float>> gather_tp_units(Communicator& tp, const std::vector<UnitLayout>& local,
+                                                const std::vector<UnitLayout>& whole,
+                                                const std::vector<std::vector<float>>& parts) {
+  SHARD_CHECK(local.size() == whole.size() && parts.size() == local.size(), "{} parts of {} units ({} whole)",
+              parts.size(), local.size(), whole.size());
+  const int T = tp.world_size();
+  std::vector<std::vector<float>> out;
+  for (size_t u = 0; u < local.size(); ++u) {
+    const UnitLayout &mine = local[u], &full = whole[u];
+    SHARD_CHECK(mine.tp_degree == T && mine.tp_rank == tp.rank() && full.tp_degree == 1 &&
+                    mine.tensors.size() == full.tensors.size() && static_cast<int64_t>(parts[u].size()) == mine.numel,
+                "unit {}: tensor-parallel rank {} of {} with a part of {} elements, gathered over rank {} of {}",
+                mine.name, mine.tp_rank, mine.tp_degree, parts[u].size(), tp.rank(), T);
+    // Every rank's part has the same layout (padded alike), so the parts gather as equal chunks.
+    std::vector<float> all(tp.rank() == 0 ? parts[u].size() * static_cast<size_t>(T) : 0);
+    tp.gather(Tensor::of(std::span<const float>(parts[u])), Tensor::of(std::span<float>(all)), 0).wait();
+    if (tp.rank() != 0) continue;
+    std::vector<float>& values = out.emplace_back(static_cast<size_t>(full.numel));
+    for (int r = 0; r < T; ++r) {
+      const float* part = all.data() + static_cast<size_t>(r) * parts[u].size();
+      for (size_t i = 0; i < mine.tensors.size(); ++i) {
+        const TensorDecl &t = mine.tensors[i], &w = full.tensors[i];
+        for (const TpRun& run : tp_runs(t, T, r))
+          if (run.full >= 0) std::copy_n(part + t.offset + run.local, run.len, values.data() + w.offset + run.full);
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace shardlab

@@ -3,6 +3,7 @@
 // the fuzz targets (tests/fuzz) build with clang from a handful of sources.
 #include "src/train/checkpoint_format.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -122,6 +123,7 @@ std::vector<ManifestFile> ManifestParser::files(const json& m) const {
   for (const auto& f : m["files"]) {
     ManifestFile e;
     e.rank = integer(f, "rank", 0);
+    if (f.contains("tp_rank")) e.tp_rank = integer(f, "tp_rank", 0);
     e.bytes = static_cast<uint64_t>(integer(f, "bytes", 0));
     if (!f.contains("file") || !f["file"].is_string() || !f.contains("checksum") || !f["checksum"].is_string())
       throw bad("every file needs a name and a checksum");
@@ -236,6 +238,10 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   out.model = p.model(m);
   out.step = p.integer(m, "step", 0);
   out.world = p.integer(m, "world", 1);
+  if (m.contains("mesh")) {
+    if (!m["mesh"].is_object()) throw p.bad("\"mesh\" must be an object");
+    if (m["mesh"].contains("tp")) out.tp = p.integer(m["mesh"], "tp", 1);
+  }
   if (!m.contains("strategy") || !m["strategy"].is_string()) throw p.bad("\"strategy\" must be a string");
   out.strategy = m["strategy"].get<std::string>();
   out.optimizer = p.optimizer(m);
@@ -331,38 +337,145 @@ struct PieceRun {
   uint64_t offset;  // byte offset of element `start`
 };
 
+// Reads wanted runs, given in increasing order of their starts, from the runs of a tensor's pieces.
+// One sweep: `next` only grows, so runs of pieces that end at or before it can serve nothing later.
+class PieceSweep {
+ public:
+  PieceSweep(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, const std::vector<int64_t>& shape,
+             const std::string& tensor)
+      : files_(files), tensor_(tensor) {
+    for (const ManifestPiece& p : pieces)
+      for_each_run(shape, p.region(), [&](Run r) {
+        runs_.push_back({r.start, r.start + r.length, p.rank, p.offset + static_cast<uint64_t>(r.index) * sizeof(float)});
+      });
+    std::stable_sort(runs_.begin(), runs_.end(), [](const PieceRun& x, const PieceRun& y) { return x.start < y.start; });
+  }
+  // Reads run w into dst[w.index, w.index + w.length) (nothing when dst is null), what the pieces cover of it.
+  void take(Run w, float* dst) {
+    SHARD_CHECK(w.start >= last_, "'{}': wanted runs out of order ({} after {})", tensor_, w.start, last_);
+    const int64_t end = last_ = w.start + w.length;
+    for (int64_t next = w.start; next < end;) {
+      while (i_ < runs_.size() && runs_[i_].end <= next) ++i_;
+      if (i_ == runs_.size() || runs_[i_].start > next) {  // a gap: nothing covers `next`
+        next = i_ == runs_.size() ? end : std::min(end, runs_[i_].start);
+        continue;
+      }
+      const PieceRun& p = runs_[i_];
+      const int64_t x1 = std::min(end, p.end);
+      if (dst)
+        files_.read(p.rank, p.offset + static_cast<uint64_t>(next - p.start) * sizeof(float),
+                    dst + w.index + (next - w.start), static_cast<size_t>(x1 - next), tensor_);
+      covered_ += x1 - next;
+      next = x1;
+    }
+  }
+  int64_t covered() const { return covered_; }
+
+ private:
+  CheckpointFiles& files_;
+  const std::string& tensor_;
+  std::vector<PieceRun> runs_;
+  size_t i_ = 0;
+  int64_t last_ = 0, covered_ = 0;
+};
+
 }  // namespace
 
 int64_t read_region(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, const std::vector<int64_t>& shape,
                     const TensorRegion& want, float* dst, const std::string& tensor) {
-  std::vector<PieceRun> runs;
-  for (const ManifestPiece& p : pieces)
-    for_each_run(shape, p.region(), [&](Run r) {
-      runs.push_back({r.start, r.start + r.length, p.rank, p.offset + static_cast<uint64_t>(r.index) * sizeof(float)});
-    });
-  std::stable_sort(runs.begin(), runs.end(), [](const PieceRun& x, const PieceRun& y) { return x.start < y.start; });
-  // One sweep: the wanted runs come in increasing order, and so does `next` within them. Runs of
-  // pieces that end at or before `next` can serve nothing later.
-  size_t i = 0;
-  int64_t covered = 0;
-  for_each_run(shape, want, [&](Run w) {
-    const int64_t end = w.start + w.length;
-    for (int64_t next = w.start; next < end;) {
-      while (i < runs.size() && runs[i].end <= next) ++i;
-      if (i == runs.size() || runs[i].start > next) {  // a gap: nothing covers `next`
-        next = i == runs.size() ? end : std::min(end, runs[i].start);
+  PieceSweep sweep(files, pieces, shape, tensor);
+  for_each_run(shape, want, [&](Run w) { sweep.take(w, dst); });
+  return sweep.covered();
+}
+
+// ---- A unit's state in rank files ---------------------------------------------------------------
+
+std::vector<LocalRegion> local_regions(const TensorDecl& t, int tp_degree, int tp_rank, int64_t lo, int64_t hi) {
+  SHARD_CHECK(0 <= lo && lo <= hi && hi <= t.numel, "'{}': local elements [{}, {}) of {}", t.name, lo, hi, t.numel);
+  if (lo == hi) return {};
+  if (!t.tp.split() || tp_degree == 1) {  // the whole tensor here: one flat range of it
+    std::vector<LocalRegion> flat(1);
+    flat[0].region.begin = lo;
+    flat[0].region.end = hi;
+    flat[0].local.push_back({lo, hi});
+    return flat;
+  }
+  // The local tensor is (outer, parts * chunk, inner) with rank tp_rank's chunk of every block of
+  // dimension d; the first `valid` of a chunk's rows are real (the rest pad a block that the degree
+  // does not divide). Block b's real elements are a box of the whole tensor in the same order.
+  const size_t d = static_cast<size_t>(t.tp.dim);
+  int64_t inner = 1;
+  for (size_t i = d + 1; i < t.full_shape.size(); ++i) inner *= t.full_shape[i];
+  const int64_t block = t.full_shape[d] / t.tp.parts, chunk = t.shape[d] / t.tp.parts;
+  const int64_t valid = std::clamp<int64_t>(block - tp_rank * chunk, 0, chunk);
+  const int64_t row = t.shape[d] * inner, span = valid * inner;  // a local row of dimension d and below; its real part per block
+  std::vector<LocalRegion> out;
+  for (int64_t b = 0; b < t.tp.parts && span > 0; ++b) {
+    const int64_t first = b * chunk * inner;  // block b's offset in a local row
+    // Box elements of block b before local element x (x's row o, then within it).
+    auto before = [&](int64_t x) { return x / row * span + std::clamp<int64_t>(x % row - first, 0, span); };
+    LocalRegion r;
+    r.region.begin = before(lo);
+    r.region.end = before(hi);
+    if (r.region.begin == r.region.end) continue;
+    for (size_t i = 0; i < t.full_shape.size(); ++i) r.region.box.push_back({0, t.full_shape[i]});
+    r.region.box[d] = {b * block + tp_rank * chunk, valid};
+    for (int64_t o = lo / row; o * row < hi; ++o) {
+      const int64_t from = std::max(lo, o * row + first), to = std::min(hi, o * row + first + span);
+      if (from < to) r.local.push_back({from, to});
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void append_unit_state(const UnitLayout& unit, int64_t a, int64_t b, std::span<const float> values, int64_t file_rank,
+                       const std::string& state, uint64_t base, std::vector<float>& out, json& pieces) {
+  SHARD_CHECK(static_cast<int64_t>(values.size()) == b - a, "unit {}: {} values for elements [{}, {})", unit.name,
+              values.size(), a, b);
+  for (const TensorDecl& t : unit.tensors) {
+    const int64_t lo = std::max(a, t.offset), hi = std::min(b, t.offset + t.numel);
+    if (lo >= hi || (unit.tp_degree > 1 && !t.tp.split() && unit.tp_rank != 0)) continue;
+    for (const LocalRegion& r : local_regions(t, unit.tp_degree, unit.tp_rank, lo - t.offset, hi - t.offset)) {
+      const ManifestPiece piece{file_rank, base + out.size() * sizeof(float), r.region.begin, r.region.end, r.region.box};
+      for (auto [from, to] : r.local)
+        out.insert(out.end(), values.begin() + (t.offset + from - a), values.begin() + (t.offset + to - a));
+      pieces[t.name][state].push_back(piece_to_json(piece));
+    }
+  }
+}
+
+void read_unit_state(const Manifest& m, CheckpointFiles& files, const UnitLayout& unit, int64_t a, int64_t b,
+                     const std::string& state, std::span<float> dst, const std::string& path) {
+  SHARD_CHECK(static_cast<int64_t>(dst.size()) == b - a, "unit {}: {} values for elements [{}, {})", unit.name, dst.size(),
+              a, b);
+  for (const TensorDecl& t : unit.tensors) {
+    const int64_t lo = std::max(a, t.offset) - t.offset, hi = std::min(b, t.offset + t.numel) - t.offset;
+    if (lo >= hi) continue;
+    const std::vector<ManifestPiece>* pieces = m.find_pieces(t.name, state);
+    SHARD_REQUIRE(pieces, "checkpoint '{}' has no {} for tensor '{}'", path, state, t.name);
+    const std::vector<int64_t>& shape = m.tensors.at(t.name).shape;
+    SHARD_REQUIRE(shape == t.full_shape, "checkpoint '{}': tensor '{}' has shape {}, the model expects {}", path, t.name,
+                  json(shape).dump(), json(t.full_shape).dump());
+    // Local runs -> whole-tensor runs (tp_runs: increasing in both), clipped to [lo, hi).
+    float* out = dst.data() + (t.offset + lo - a);
+    PieceSweep sweep(files, *pieces, shape, t.name);
+    int64_t needed = 0;
+    for (const TpRun& r : tp_runs(t, unit.tp_degree, unit.tp_rank)) {
+      const int64_t from = std::max(lo, r.local), to = std::min(hi, r.local + r.len);
+      if (from >= to) continue;
+      if (r.full < 0) {
+        std::fill(out + (from - lo), out + (to - lo), 0.f);
         continue;
       }
-      const PieceRun& p = runs[i];
-      const int64_t x1 = std::min(end, p.end);
-      if (dst)
-        files.read(p.rank, p.offset + static_cast<uint64_t>(next - p.start) * sizeof(float), dst + w.index + (next - w.start),
-                   static_cast<size_t>(x1 - next), tensor);
-      covered += x1 - next;
-      next = x1;
+      sweep.take(Run{r.full + (from - r.local), to - from, from - lo}, out);
+      needed += to - from;
     }
-  });
-  return covered;
+    SHARD_REQUIRE(sweep.covered() == needed,
+                  "checkpoint '{}' covers {} of the {} elements of {} '{}' this rank needs (its elements [{}, {}) as "
+                  "tensor-parallel rank {} of {} holds it)", path, sweep.covered(), needed, state, t.name, lo, hi,
+                  unit.tp_rank, unit.tp_degree);
+  }
 }
 
 CheckpointFiles::CheckpointFiles(fs::path dir, const std::vector<ManifestFile>& files) : dir_(std::move(dir)) {

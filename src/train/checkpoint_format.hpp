@@ -17,12 +17,21 @@
 // A reader asks for a region of the same kind (a box and a flat range within it) and gets it from
 // any pieces that cover it, whatever their boxes: resharding across world sizes, strategies and
 // tensor-parallel layouts is one function (read_region).
+//
+// ---- Tensor-parallel parts ----------------------------------------------------------------------
+// Under tensor parallelism a rank holds its part of each tensor (TensorDecl::tp, tp_runs). Its file
+// holds whole-tensor elements, so the manifest never depends on the layout that wrote it: a split
+// tensor's part is one box per block of its split (GPT-2's c_attn: the rank's columns of q, of k,
+// of v), its padding (the vocabulary's) left out, and a flat-parameter shard of the part is one
+// range of each box (local_regions). Replicated tensors are written by tensor-parallel rank 0
+// alone: the group's copies are equal. The shape in the manifest is the whole tensor's.
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,6 +52,7 @@ inline constexpr const char* kCheckpointFormatV1 = "shardlab.checkpoint/1";  // 
 // One rank's file.
 struct ManifestFile {
   int64_t rank = 0;
+  int64_t tp_rank = 0;   // the writer's tensor-parallel rank (informational; 0 when absent)
   std::string file;      // a plain name inside the checkpoint directory: "rank_00003.bin"
   uint64_t bytes = 0;    // its size
   std::string checksum;  // "fnv1a64:<16 hex digits>" of its bytes
@@ -109,6 +119,7 @@ struct Manifest {
   ModelSpec model;       // validated (ModelSpec::validate)
   std::string strategy;  // as written: "zero3", ...
   int64_t world = 1;     // ranks of the run that wrote it
+  int64_t tp = 1;        // its tensor-parallel degree ("mesh": informational, any layout loads it); 1 when absent
   DType param_dtype = DType::f32, reduce_dtype = DType::f32;  // f32 when absent
   ManifestOptimizer optimizer;
   int64_t step = 0;           // steps done
@@ -144,6 +155,30 @@ nlohmann::json piece_to_json(const ManifestPiece& p);
 class CheckpointFiles;
 int64_t read_region(CheckpointFiles& files, const std::vector<ManifestPiece>& pieces, const std::vector<int64_t>& shape,
                     const TensorRegion& want, float* dst, const std::string& tensor);
+
+// ---- A unit's state in rank files (save and load; see "Tensor-parallel parts" above) ------------
+
+// The regions of the whole tensor that local elements [lo, hi) of t hold (t as tensor-parallel rank
+// tp_rank of tp_degree holds it), each with the local runs [from, to) its elements come from, in
+// the region's order. One flat region when t is not split here; none for padding alone.
+struct LocalRegion {
+  TensorRegion region;
+  std::vector<std::pair<int64_t, int64_t>> local;
+};
+std::vector<LocalRegion> local_regions(const TensorDecl& t, int tp_degree, int tp_rank, int64_t lo, int64_t hi);
+
+// One state of local elements [a, b) of a unit (`values`: those b - a values) as a rank's file
+// holds it: the values appended to `out` in the pieces' order, each piece (rank `file_rank`, byte
+// offsets from `base`: the file's size before `out`) added to pieces[tensor][state] as JSON.
+void append_unit_state(const UnitLayout& unit, int64_t a, int64_t b, std::span<const float> values, int64_t file_rank,
+                       const std::string& state, uint64_t base, std::vector<float>& out, nlohmann::json& pieces);
+
+// The inverse, under any layout: dst[0, b - a) <- one state of local elements [a, b) of a unit,
+// each element read as its whole-tensor element from whichever pieces hold it (tp_runs of the
+// unit's layout, run by run); padding reads as 0 and elements past the tensors are left alone.
+// InputError naming the tensor when its pieces are missing, of another shape, or leave a gap.
+void read_unit_state(const Manifest& m, CheckpointFiles& files, const UnitLayout& unit, int64_t a, int64_t b,
+                     const std::string& state, std::span<float> dst, const std::string& path);
 
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);

@@ -120,10 +120,6 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   comm_.set_check(cfg_.check_collectives);
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp(), mesh_, cfg_.spec, units_, cfg_.optim});
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
-  SHARD_REQUIRE(!tp_.active() || (cfg_.save_dir.empty() && cfg_.resume.empty() && cfg_.save_path.empty()),
-                "--tp {}: checkpoints and --save of tensor-parallel runs are not written yet; run without --save-dir, "
-                "--resume and --save, or with --tp 1",
-                tp_.config.degree);
   // On the meta backend (predictions) values are never read: computing them would only cost time.
   if (be_.device() != Device::meta) {
     if (cfg_.init.empty()) strategy_->init_params(cfg_.seed);
@@ -399,7 +395,16 @@ CheckpointState Trainer::checkpoint_state() {
 void Trainer::save(const std::string& path) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
-  if (comm_.rank() == 0) write_units(path, cfg_.spec, units_, host);
+  if (!tp_.active()) {
+    if (comm_.rank() == 0) write_units(path, cfg_.spec, units_, host);
+    return;
+  }
+  // Each rank holds its tensor-parallel part: world rank 0 (tp rank 0) assembles whole tensors.
+  const ModelFamily& family = family_of(cfg_.spec);
+  std::vector<UnitLayout> local;
+  for (const auto& u : units_) local.push_back(u->layout());
+  host = gather_tp_units(*tp_.comm, local, family.layout(cfg_.spec), host);
+  if (comm_.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host);
 }
 
 }  // namespace shardlab
