@@ -71,10 +71,10 @@ TEST_CASE("bad training options are named", "[train]") {
   cfg.batch = 6;
   cfg.accum = 4;
   auto comm = make_sim_communicator(0, 1, pool);
-  CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("--batch 6 is not divisible by 1 ranks x --accum 4"));
+  CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("--batch 6 is not divisible by 1 data-parallel ranks x --accum 4"));
   auto four = make_sim_communicator(0, 4, pool);
   cfg.accum = 1;
-  CHECK_THROWS_WITH(Trainer(*be, pool, *four, cfg), Catch::Contains("--batch 6 is not divisible by 4 ranks x --accum 1"));
+  CHECK_THROWS_WITH(Trainer(*be, pool, *four, cfg), Catch::Contains("--batch 6 is not divisible by 4 data-parallel ranks x --accum 1"));
   cfg.steps = 0;
   CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains("--steps 0"));
   cfg.steps = 1;

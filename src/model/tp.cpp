@@ -1,5 +1,7 @@
 #include "src/model/tp.hpp"
 
+#include <algorithm>
+
 #include "src/core/check.hpp"
 
 namespace shardlab {
@@ -88,10 +90,16 @@ double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const Mode
   SHARD_CHECK(layout.size() >= 2, "a layout of {} units", layout.size());
   const double f = (tp.degree - 1.0) / tp.degree, N = static_cast<double>(B * T);
   const double A = N * static_cast<double>(spec.dim) * sizeof(float);
+  // The replicated tensors whose gradients come from the rank's own rows (norms): a row-parallel
+  // layer's bias (replicated, its weight split) sums the gathered output gradient instead.
   auto replicated = [](const UnitLayout& u) {
     double n = 0;
-    for (const TensorDecl& t : u.tensors)
-      if (!t.tp.split()) n += static_cast<double>(t.numel);
+    for (const TensorDecl& t : u.tensors) {
+      if (t.tp.split()) continue;
+      const std::string weight = t.name.ends_with(".bias") ? t.name.substr(0, t.name.size() - 5) + ".weight" : "";
+      const auto w = std::find_if(u.tensors.begin(), u.tensors.end(), [&](const TensorDecl& x) { return x.name == weight; });
+      if (w == u.tensors.end() || !w->tp.split()) n += static_cast<double>(t.numel);
+    }
     return n * sizeof(float);
   };
   const double layers = static_cast<double>(layout.size() - 2);

@@ -74,8 +74,9 @@ class TpPartialGrads {
 //   each layer          2 all-reduces A forward,        2 all-gathers + 2 reduce-scatters A forward;
 //                       2 backward                      backward 2 all-gathers of the outputs' gradients,
 //                                                       2 re-gathers of the region inputs, 2 reduce-
-//                                                       scatters, and an all-reduce of its replicated
-//                                                       tensors' gradients
+//                                                       scatters, and an all-reduce of its norms'
+//                                                       gradients (a row-parallel bias sums the
+//                                                       gathered output gradient: none)
 //   head                all-reduce A backward           all-gather A; backward a re-gather, a reduce-
 //                                                       scatter and an all-reduce of ln_f's gradients
 //   loss                all-reduce of B*T floats (max), then of 2 B*T (sums)

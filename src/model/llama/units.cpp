@@ -234,7 +234,7 @@ class DecoderLayerUnit final : public Unit {
   // cache (spec.seq rows of KV heads each) and attention over it; the activations are this call's only.
   bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
   void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0) override {
-    const Dims d(c);
+    const Dims d(c, tp_);
     Backend& be = c.be;
     const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
     if (pos0 == 0) {
