@@ -352,6 +352,24 @@ void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, i
   }
 }
 
+namespace {
+// A row of scaled scores into causal softmax probabilities: positions [0, last] normalised (the
+// max subtracted, float terms summed), the rest of the row's n entries zero.
+inline void causal_softmax_row(float* row, int64_t last, int64_t n) {
+  float mx = row[0];
+  for (int64_t s = 1; s <= last; ++s) mx = std::max(mx, row[s]);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t s = 0; s <= last; ++s) {
+    row[s] = fast_exp(row[s] - mx);
+    sum += row[s];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t s = 0; s <= last; ++s) row[s] *= inv;
+  for (int64_t s = last + 1; s < n; ++s) row[s] = 0.f;
+}
+}  // namespace
+
 // Query head h reads K/V head h / (H / KV), at column C + (h / group) hs of the row (v KV hs further).
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
                        int64_t KV) {
@@ -365,20 +383,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
     const float* v = k + KV * hs;
     float* a = att + bh * T * T;
     sgemm(Trans::N, Trans::T, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);  // scores, scaled
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = a + t * T;
-      float mx = row[0];
-      for (int64_t s = 1; s <= t; ++s) mx = std::max(mx, row[s]);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t s = 0; s <= t; ++s) {
-        row[s] = fast_exp(row[s] - mx);
-        sum += row[s];
-      }
-      float inv = 1.f / sum;
-      for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
-      for (int64_t s = t + 1; s < T; ++s) row[s] = 0.f;
-    }
+    for (int64_t t = 0; t < T; ++t) causal_softmax_row(a + t * T, t, T);
     sgemm(Trans::N, Trans::N, T, hs, T, 1.f, a, T, v, C3, 0.f, out + b * T * C + h * hs, C);
   }
 }
@@ -410,21 +415,7 @@ void attention_cached(float* out, const float* qkv, const float* k_cache, const 
     const float* v = v_cache + b * S * KVd + (h / group) * hd;
     std::vector<float> a(static_cast<size_t>(T * P));  // (T, P) scores, then probabilities
     sgemm(Trans::N, Trans::T, T, P, hd, scale, q, W, k, KVd, 0.f, a.data(), P);
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = a.data() + t * P;
-      const int64_t last = pos0 + t;
-      float mx = row[0];
-      for (int64_t s = 1; s <= last; ++s) mx = std::max(mx, row[s]);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t s = 0; s <= last; ++s) {
-        row[s] = fast_exp(row[s] - mx);
-        sum += row[s];
-      }
-      float inv = 1.f / sum;
-      for (int64_t s = 0; s <= last; ++s) row[s] *= inv;
-      for (int64_t s = last + 1; s < P; ++s) row[s] = 0.f;
-    }
+    for (int64_t t = 0; t < T; ++t) causal_softmax_row(a.data() + t * P, pos0 + t, P);
     sgemm(Trans::N, Trans::N, T, hd, P, 1.f, a.data(), P, v, KVd, 0.f, out + b * T * C + h * hd, C);
   }
 }
