@@ -61,8 +61,9 @@ TrainConfig whole_model(TrainConfig c) {
 }
 
 std::string label(const TrainConfig& c) {
-  return fmt::format("{} tp {} {}{} {}", c.spec.name, c.strategy.dims.tp, strategy_name(c.strategy.kind),
-                     c.sequence_parallel ? " sp" : "", dtype_name(c.strategy.precision.param_dtype));
+  return fmt::format("{} tp {} {}{} {}{}", c.spec.name, c.strategy.dims.tp, strategy_name(c.strategy.kind),
+                     c.sequence_parallel ? " sp" : "", dtype_name(c.strategy.precision.param_dtype),
+                     c.strategy.offload != Offload::none ? std::string(" off:") + offload_name(c.strategy.offload) : "");
 }
 
 // Losses as check_parity has them; the parameters of this rank's part against the whole model's
@@ -115,22 +116,46 @@ TEST_CASE("Llama: tensor parallelism with every data-parallel layout matches sin
   check_family(llama_spec());
 }
 
-TEST_CASE("tensor parallelism: bf16 parameters and gradients train as f32 does, with checkpointing",
+TEST_CASE("tensor parallelism with offload and recomputation matches single-rank training", "[tp][offload]") {
+  for (const ModelSpec& spec : {gpt2_spec(), llama_spec()}) {
+    TrainConfig cfg = tp_config(spec, Layout{2, StrategyKind::zero3}, true);
+    cfg.strategy.offload = Offload::params;
+    cfg.checkpointing = Checkpointing::attention;
+    check_tp_parity(train_mpi(cfg), reference(whole_model(cfg)), cfg);
+    cfg = tp_config(spec, Layout{2, StrategyKind::zero2}, false);
+    cfg.strategy.offload = Offload::optimizer;
+    cfg.checkpointing = Checkpointing::blocks;
+    check_tp_parity(train_mpi(cfg), reference(whole_model(cfg)), cfg);
+  }
+}
+
+// bf16 parameters and gradients: against single-rank training in bf16 (the same roundings of the
+// same sums up to their order), and within 1e-3 of f32 training.
+TEST_CASE("tensor parallelism: bf16 parameters and gradients train as on one rank, with checkpointing",
           "[tp][bf16]") {
   const int N = g_mpi->world();
   for (const ModelSpec& spec : {gpt2_spec(), llama_spec()})
     for (bool sp : {false, true}) {
       TrainConfig cfg = tp_config(spec, Layout{2, StrategyKind::zero3}, sp);
       cfg.checkpointing = Checkpointing::blocks;
-      RunOut ref = reference(whole_model(tp_config(spec, Layout{2, StrategyKind::zero3}, sp)));  // f32, one rank
+      RunOut f32 = reference(whole_model(cfg));
       cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = DType::bf16;
-      RunOut got = train_mpi(cfg);
-      double worst = 0;
-      for (size_t k = 0; k < got.losses.size() && k < ref.losses.size(); ++k)
+      RunOut got = train_mpi(cfg), ref = reference(whole_model(cfg));
+      double worst = 0, worst_f32 = 0;
+      for (size_t k = 0; k < got.losses.size() && k < ref.losses.size(); ++k) {
         worst = std::max(worst, std::fabs(double(got.losses[k]) - ref.losses[k]) / ref.losses[k]);
-      INFO(label(cfg) << " world " << N << ": losses within " << worst << " of f32");
+        worst_f32 = std::max(worst_f32, std::fabs(double(got.losses[k]) - f32.losses[k]) / f32.losses[k]);
+      }
+      if (g_mpi->rank() == 0)
+        std::printf("bf16 %-34s world %d: losses within %.2e of bf16 on one rank, %.2e of f32\n", label(cfg).c_str(),
+                    N, worst, worst_f32);
+      INFO(label(cfg) << " world " << N << ": losses within " << worst << " of one rank's bf16, " << worst_f32
+                      << " of f32");
       CHECK(got.losses.size() == ref.losses.size());
-      CHECK(worst < 1e-3);
+      // With data-parallel ranks too (N = 4) the gradients are also reduced in bf16 across them, in
+      // another order than one rank's sum: measured 8.3e-6 on AVX-512, bounded at 3e-5.
+      CHECK(worst <= (N == 2 ? 1e-5 : 3e-5));
+      CHECK(worst_f32 < 1e-3);
     }
 }
 
