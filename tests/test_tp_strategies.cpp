@@ -194,25 +194,26 @@ TEST_CASE("tensor parallelism: bad layouts are input errors naming the values", 
 TEST_CASE("tensor parallelism: bus bytes on the tp axis equal the theory", "[tp][comm]") {
   const int N = g_mpi->world();
   for (const ModelSpec& spec : {gpt2_spec(), llama_spec()})
-    for (bool sp : {false, true})
-      for (Checkpointing ck : {Checkpointing::none, Checkpointing::blocks}) {
-        TrainConfig cfg = tp_config(spec, Layout{2, StrategyKind::zero3}, sp);
-        cfg.accum = 2;
-        cfg.batch = 2 * 2 * (N / 2);
-        cfg.checkpointing = ck;
-        auto be = test::test_backend();
-        Pool pool(*be);
-        auto comm = test::test_communicator(pool);
-        Trainer t(*be, pool, *comm, cfg);
-        t.step(0);
-        const double measured = t.mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
-        const TpConfig tp{2, t.mesh().rank(CommAxis::tp), sp};
-        const int64_t micro = cfg.batch / t.mesh().dp_size() / cfg.accum;
-        const double theory =
-            cfg.accum * tp_micro_step_bus_bytes(family_of(spec).layout(spec, tp), spec, tp, micro, spec.seq, ck) +
-            2 * 0.5 * sizeof(float);  // the gradient norm's all-reduce
-        INFO(label(cfg) << " checkpointing " << checkpointing_name(ck) << ": measured " << measured << " theory "
-                        << theory);
-        CHECK(measured == Approx(theory).epsilon(1e-12));
-      }
+    for (const Layout& l : layouts(N))
+      for (bool sp : {false, true})
+        for (Checkpointing ck : {Checkpointing::none, Checkpointing::blocks}) {
+          TrainConfig cfg = tp_config(spec, l, sp);
+          cfg.accum = 2;
+          cfg.batch = 2 * 2 * (N / l.tp);
+          cfg.checkpointing = ck;
+          auto be = test::test_backend();
+          Pool pool(*be);
+          auto comm = test::test_communicator(pool);
+          Trainer t(*be, pool, *comm, cfg);
+          t.step(0);
+          const double measured = t.mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
+          const TpConfig tp{l.tp, t.mesh().rank(CommAxis::tp), sp};
+          const int64_t micro = cfg.batch / t.mesh().dp_size() / cfg.accum;
+          const double theory =
+              cfg.accum * tp_micro_step_bus_bytes(family_of(spec).layout(spec, tp), spec, tp, micro, spec.seq, ck) +
+              2.0 * (l.tp - 1) / l.tp * sizeof(float);  // the gradient norm's all-reduce
+          INFO(label(cfg) << " checkpointing " << checkpointing_name(ck) << ": measured " << measured << " theory "
+                          << theory);
+          CHECK(measured == Approx(theory).epsilon(1e-12));
+        }
 }

@@ -128,6 +128,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     r.theory_tp = static_cast<double>(tc.accum) * tp_micro_step_bus_bytes(family_of(tc.spec).layout(tc.spec, tp), tc.spec,
                                                                           tp, micro, tc.spec.seq, tc.checkpointing) +
                   2.0 * (tp.degree - 1) / tp.degree * sizeof(float);
+    r.comm_theory += r.theory_tp;  // the whole step's: the data-parallel axes' and the tp axis's
   }
   collect_peaks(*comm, peak, r);
   return r;
