@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/compare_pytorch.sh [--avx2] [--sweep] [--single] [L C H T V B]
 #   bash benchmarks/compare_pytorch.sh --llama [--avx2] [--single] [L C H KV F T V B]
+#   bash benchmarks/compare_pytorch.sh --tp [--avx2] [L C H KV F T V B]
 #     L C H T V B  the shape (default 4 256 4 128 256 8: the benchmark shape)
 #     --llama      the Llama family instead (benchmarks/pytorch_llama.py against shardlab's
 #                  llama preset); its shape adds KV heads and the MLP width F (default
@@ -13,6 +14,12 @@
 #     --sweep      three shapes instead: 4 256 4 128 256 8, 4 512 8 256 256 4,
 #                  2 768 12 512 1024 2
 #     --single     one rank only (no DDP and ZeRO-3 rows)
+#     --tp         tensor parallelism on 2 ranks, Llama shape as --llama (B default 8, the batch of
+#                  the group): shardlab tp 1 x dp 2 (ddp), tp 2, tp 2 --sequence-parallel against
+#                  PyTorch DDP and DTensor tensor parallelism (benchmarks/pytorch_tp.py). DTensor
+#                  needs PyTorch >= 2.3: $PYTHON when set, else build/venv-torch, created on first
+#                  use with the CPU wheel (pip install torch --index-url
+#                  https://download.pytorch.org/whl/cpu: a download of roughly 200 MB)
 #     --avx2       cap both sides to AVX2 on an AVX-512 host: ONEDNN_MAX_CPU_ISA=AVX2,
 #                  OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2
 #   STEPS (10) and WARMUP (2) in the environment set the timed and untimed steps.
@@ -22,23 +29,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-10} WARMUP=${WARMUP:-2}
-sweep=0 single=0 llama=0 shape=()
+sweep=0 single=0 llama=0 tp=0 shape=()
 while [ $# -gt 0 ]; do
   case $1 in
     --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 ;;
     --sweep) sweep=1 ;;
     --single) single=1 ;;
     --llama) llama=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --tp) tp=1 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     -*) echo "compare_pytorch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) shape+=("$1") ;;
   esac
   shift
 done
+[ $tp -eq 1 ] && llama=1
 arity=6 names="L C H T V B"
 [ $llama -eq 1 ] && arity=8 names="L C H KV F T V B"
 if [ ${#shape[@]} -ne 0 ] && [ ${#shape[@]} -ne $arity ]; then
   echo "compare_pytorch.sh: a shape is $arity numbers $names, got '${shape[*]}'" >&2
+  exit 2
+fi
+if [ $tp -eq 1 ] && [ $((sweep + single)) -ne 0 ]; then
+  echo "compare_pytorch.sh: --tp runs its own rows on 2 ranks; it takes no --sweep or --single" >&2
   exit 2
 fi
 if [ $sweep -eq 1 ] && [ $llama -eq 1 ]; then
@@ -49,6 +62,8 @@ if [ $sweep -eq 1 ]; then
   shapes=("4 256 4 128 256 8" "4 512 8 256 256 4" "2 768 12 512 1024 2")
 elif [ ${#shape[@]} -eq $arity ]; then
   shapes=("${shape[*]}")
+elif [ $tp -eq 1 ]; then
+  shapes=("4 512 8 2 1408 256 256 8")
 elif [ $llama -eq 1 ]; then
   shapes=("4 512 8 2 1408 256 256 4")
 else
@@ -56,7 +71,21 @@ else
 fi
 
 [ -x build/shardlab ] || bash scripts/setup.sh
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+if [ $tp -eq 1 ]; then
+  # DTensor's tensor parallelism needs PyTorch >= 2.3; Debian's python3-torch is 1.13.
+  if [ -z "${PYTHON:-}" ]; then
+    PYTHON=build/venv-torch/bin/python
+    if [ ! -x "$PYTHON" ]; then
+      echo "creating build/venv-torch with PyTorch's CPU wheel (a download of roughly 200 MB)"
+      python3 -m venv build/venv-torch
+      build/venv-torch/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+    fi
+  fi
+  "$PYTHON" -c "import torch.distributed.tensor.parallel" 2>/dev/null || {
+    echo "compare_pytorch.sh --tp: $PYTHON has no torch.distributed.tensor.parallel (PyTorch >= 2.3 needed)" >&2
+    exit 2
+  }
+elif ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "installing python3-torch (Debian) for the comparison"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
   $sudo apt-get install -y -qq python3-torch > /dev/null
@@ -86,6 +115,51 @@ theirs() {  # theirs RANKS L C H T V B (KV F in the Llama run's globals)
       "$STEPS" "$WARMUP" "$ranks"
   fi
 }
+
+if [ $tp -eq 1 ]; then
+  read -r L C H KV F T V B <<< "${shapes[0]}"
+  label="llama L$L C$C H$H KV$KV F$F T$T V$V B$B"
+  common=(--model llama-small --kv-heads "$KV" --ffn-dim "$F" --layers "$L" --dim "$C" --heads "$H" --seq "$T"
+          --vocab "$V" --batch "$B" --threads 1 --steps "$STEPS" --warmup "$WARMUP" --strategy ddp)
+  torch_env=(env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PYTHON")
+  rows=()
+  # tp_row LABEL SHARDLAB_OUTPUT PYTORCH_LINE
+  tp_row() {
+    local p_ms p_tok
+    read -r _ p_ms p_tok _ <<< "$3"
+    rows+=("$(printf '%-44s %9s %9s %9s %9s %8s %9s %10s %8s' "$1" "$(field ms_per_step "$2")" \
+      "$(field tokens_per_s "$2")" "$p_ms" "$p_tok" "$(ratio "$(field tokens_per_s "$2")" "$p_tok")" \
+      "$(pct_of_ceiling "$2")" \
+      "$(awk -v b="$(field tp_bytes "$2")" -v d="$(field dp_bytes "$2")" 'BEGIN { printf "%.1f MiB", (b + d) / 1048576 }')" \
+      "$(awk -v e="$(field tp_est_ms "$2")" -v d="$(field dp_est_ms "$2")" -v m="$(field ms_per_step "$2")" \
+          'BEGIN { printf "%.1f%%", 100 * (e + d) / m }')")")
+  }
+  out=$(build/shardlab bench-train --nproc 2 "${common[@]}")
+  echo "$out"
+  isa_ours=$(sed -n 's/^# shardlab train-step benchmark: .*, cpu (\(.*\))$/\1/p' <<< "$out")
+  p=$("${torch_env[@]}" benchmarks/pytorch_llama.py "$L" "$C" "$H" "$KV" "$F" "$T" "$V" "$B" "$STEPS" "$WARMUP" 2)
+  echo "# $p"
+  isa_theirs=$(sed -n 's/.*torch=\([^ ]*\).*isa=\([^ ]*\).*/torch \1, ATen \2/p' <<< "$p")
+  tp_row "tp 1 x dp 2 (ddp; torch DDP)" "$out" "$p"
+  for sp in "" sp; do
+    out=$(build/shardlab bench-train --nproc 2 --tp 2 ${sp:+--sequence-parallel} "${common[@]}")
+    echo "$out"
+    p=$("${torch_env[@]}" benchmarks/pytorch_tp.py "$L" "$C" "$H" "$KV" "$F" "$T" "$V" "$B" "$STEPS" "$WARMUP" 2 $sp)
+    echo "# $p"
+    tp_row "tp 2${sp:+ --sequence-parallel} (torch DTensor${sp:+ + SP})" "$out" "$p"
+  done
+  printf '\n# %s; shardlab: %s; pytorch: %s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" \
+    "$isa_ours" "$isa_theirs"
+  printf '# %s, 2 ranks of one thread each (gloo on the PyTorch side), median of %s steps after %s%s\n' "$label" \
+    "$STEPS" "$WARMUP" \
+    "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
+  printf '# comm: shardlab bus bytes per step and rank (tp and data-parallel axes), and their time estimated from an\n'
+  printf '# isolated all-reduce of the mean call size (bench-train: the communicators keep no clock)\n'
+  printf '%-44s %9s %9s %9s %9s %8s %9s %10s %8s\n' "config" "ms/step" "tokens/s" "torch ms" "torch t/s" "vs torch" \
+    "%ceiling" "comm" "comm est"
+  printf '%s\n' "${rows[@]}"
+  exit 0
+fi
 
 rows=()
 add_row() {  # add_row CONFIG S_MS S_TOK P_MS P_TOK RATIO PCT

@@ -127,13 +127,24 @@ double time_call(const std::function<void()>& call, Backend& be, double seconds)
 }  // namespace
 
 GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch) {
-  GemmBenchConfig g;
-  g.dim = spec.dim;
-  g.tokens = micro_batch * spec.seq;
-  g.heads = spec.heads, g.seq = spec.seq, g.vocab = spec.vocab, g.layers = spec.layers, g.kv_heads = spec.num_kv_heads();
-  StepConfig step;  // the products do not depend on the strategy
+  StepConfig step;  // the products do not depend on the data-parallel strategy
   step.spec = spec;
-  g.recorded = step_gemms(step, 1, 0, micro_batch);
+  return step_gemm_config(step, 1, micro_batch);
+}
+
+GemmBenchConfig step_gemm_config(const StepConfig& step, int world, int64_t micro_batch) {
+  const ModelSpec& spec = step.spec;
+  const int tp = step.strategy.dims.resolved(world).tp;
+  SHARD_REQUIRE(spec.heads % tp == 0 && spec.num_kv_heads() % tp == 0,
+                "--tp {} must divide the heads ({}) and the KV heads ({})", tp, spec.heads, spec.num_kv_heads());
+  GemmBenchConfig g;
+  // Attention runs inside the CPU kernels on this rank's heads (all the sequence's rows, with
+  // sequence parallelism too: the region gathers them first); its row is heads/tp heads wide.
+  g.dim = spec.dim / tp;
+  g.tokens = micro_batch * spec.seq;
+  g.heads = spec.heads / tp, g.seq = spec.seq, g.vocab = spec.vocab, g.layers = spec.layers;
+  g.kv_heads = spec.num_kv_heads() / tp;
+  g.recorded = step_gemms(step, world, 0, micro_batch);
   g.grid = false;
   return g;
 }

@@ -8,6 +8,7 @@
 
 #include "memory/pool.hpp"
 #include "src/model/spec.hpp"
+#include "src/train/step_config.hpp"
 
 namespace shardlab {
 
@@ -39,6 +40,10 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
 // them (step_gemms: any family) and as attention runs them inside the CPU kernels, without the grid:
 // what bench-train and train's progress line measure their sgemm ceiling on.
 GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch);
+// The same for rank 0 of `world` ranks under `step`'s mesh (strategy.dims, sequence_parallel):
+// under tensor parallelism a rank's part, whose linears are 1/tp as wide and whose attention runs
+// heads/tp heads. At tp 1 the products are the whole model's, as above.
+GemmBenchConfig step_gemm_config(const StepConfig& step, int world, int64_t micro_batch);
 // FLOPs of one call of each distinct product of cfg, every candidate: a timing pass costs about
 // 10 times this (a warm-up and three windows of at least three calls).
 double gemm_benchmark_pass_flops(const GemmBenchConfig& cfg);

@@ -1,6 +1,7 @@
 #include "benchmarks/train_bench.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "benchmarks/gemm_bench.hpp"
@@ -11,6 +12,86 @@
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
+namespace {
+
+// Seconds per all-reduce of `full_bytes` (f32) over `comm`: the slowest rank's best of three windows
+// of 10 calls, after 2 untimed. Collective over comm: every rank uses the same size (the group's
+// largest).
+double all_reduce_seconds(Communicator& comm, Pool& pool, double full_bytes) {
+  Block one = pool.alloc(DType::f32, 1, Category::comm_buffer, "bench size");
+  Tensor n = one.flat(DType::f32).slice(0, 1);
+  const float mine = static_cast<float>(std::max(1.0, full_bytes / sizeof(float)));
+  pool.backend().copy(n, Tensor::flat(const_cast<float*>(&mine), DType::f32, 1));
+  comm.all_reduce(n, ReduceOp::max).wait();
+  float count = 0;
+  pool.backend().copy(Tensor::flat(&count, DType::f32, 1), n);
+  const auto elems = static_cast<int64_t>(count);
+  Block buf = pool.alloc(DType::f32, elems, Category::comm_buffer, "bench all-reduce");
+  Tensor t = buf.flat(DType::f32).slice(0, elems);
+  pool.backend().fill(t, 1.f);
+  for (int i = 0; i < 2; ++i) comm.all_reduce(t).wait();
+  float secs = 0;
+  for (int window = 0; window < 3; ++window) {  // the best window: a neighbour's burst only slows one down
+    comm.barrier().wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    constexpr int kIters = 10;
+    for (int i = 0; i < kIters; ++i) comm.all_reduce(t).wait();
+    pool.backend().synchronize();
+    const double e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto s = static_cast<float>(e / kIters);
+    secs = window == 0 ? s : std::min(secs, s);
+  }
+  pool.backend().copy(n, Tensor::flat(&secs, DType::f32, 1));
+  comm.all_reduce(n, ReduceOp::max).wait();
+  pool.backend().copy(Tensor::flat(&secs, DType::f32, 1), n);
+  return secs;
+}
+
+// Mean full bytes per collective call over comm so far (its own stats: a split counts only its group's).
+double mean_call_bytes(const Communicator& comm) {
+  double bus = 0;
+  uint64_t calls = 0;
+  for (const OpCounter& c : comm.stats().total) bus += c.bytes, calls += c.calls;
+  const double f = bus_factor(CommOp::all_reduce, comm.world_size());
+  return calls && f > 0 ? bus / static_cast<double>(calls) / f : 0;
+}
+
+// The last step's bus bytes on the tensor-parallel axis and on the data-parallel ones (the world's
+// own traffic included: at tp 1 the data-parallel group is the world), and an estimate of their
+// time. The communicators keep no clock, so the time share is not measured: it is each axis's bytes
+// over the bus bandwidth of an all-reduce of its mean call size on the same group, timed alone
+// after the steps (no overlap with compute, no waiting on a slower rank, all-gathers and
+// reduce-scatters priced as all-reduces of the same bus bytes).
+TrainBenchResult::Comm comm_share(Trainer& trainer, Pool& pool, double ms_per_step, std::FILE* out) {
+  Mesh& mesh = trainer.mesh();
+  const auto bytes = mesh.last_step_bytes();  // a copy: the timing below counts bytes too
+  TrainBenchResult::Comm c;
+  c.tp_bytes = bytes[static_cast<int>(CommAxis::tp)];
+  for (CommAxis a : {CommAxis::world, CommAxis::dp, CommAxis::dp_shard, CommAxis::dp_replicate})
+    c.dp_bytes += bytes[static_cast<int>(a)];
+  auto estimate = [&](Communicator& comm, double axis_bytes) {
+    if (comm.world_size() <= 1) return 0.0;  // no traffic; every rank decides alike (a mesh size)
+    const double full = mean_call_bytes(comm);
+    const double s = all_reduce_seconds(comm, pool, full);
+    const double busbw = bus_bytes(CommOp::all_reduce, std::max(1.0, full), comm.world_size()) / s;
+    return axis_bytes / busbw * 1e3;
+  };
+  c.tp_est_ms = estimate(mesh.comm(CommAxis::tp), c.tp_bytes);
+  c.dp_est_ms = estimate(mesh.dp(), c.dp_bytes);
+  std::string axes;
+  for (int a = 0; a < kNumCommAxes; ++a)
+    if (bytes[a] > 0)
+      axes += fmt::format("{}{} {}", axes.empty() ? "" : ", ", comm_axis_name(static_cast<CommAxis>(a)),
+                          format_bytes(bytes[a]));
+  std::fprintf(out, "# comm per step, bus bytes of rank 0 by axis: %s\n", axes.empty() ? "none" : axes.c_str());
+  std::fprintf(out, "# comm time share not measured (the communicators keep no clock); estimated from an isolated "
+               "all-reduce of each axis's mean call size: tp %.1f ms (%.1f%% of the step), data-parallel %.1f ms "
+               "(%.1f%%)\n", c.tp_est_ms, 100.0 * c.tp_est_ms / ms_per_step, c.dp_est_ms,
+               100.0 * c.dp_est_ms / ms_per_step);
+  return c;
+}
+
+}  // namespace
 
 TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out, Communicator* world) {
   SHARD_REQUIRE(cfg.steps >= 1 && cfg.warmup >= 0, "--steps {} --warmup {}", cfg.steps, cfg.warmup);
@@ -19,10 +100,21 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                 ranks);
   const ModelSpec& s = cfg.spec;
   const int64_t tokens = cfg.batch * s.seq;
+  const ParallelDims dims = cfg.strategy.dims.resolved(ranks);
+  const bool tp = dims.tp > 1;
   TrainBenchResult r;
   {
     std::FILE* sink = std::fopen("/dev/null", "w");
-    GemmBenchConfig g = step_gemm_config(s, std::max<int64_t>(1, cfg.batch / ranks));  // one rank's rows
+    GemmBenchConfig g;
+    if (tp) {  // this rank's part: linears 1/tp as wide, heads/tp heads, its data-parallel group's rows
+      StepConfig step;
+      step.spec = s;
+      step.strategy.dims = dims;
+      step.sequence_parallel = cfg.sequence_parallel;
+      g = step_gemm_config(step, ranks, std::max<int64_t>(1, cfg.batch / dims.dp()));
+    } else {
+      g = step_gemm_config(s, std::max<int64_t>(1, cfg.batch / ranks));  // one rank's rows
+    }
     g.seconds = 0.1;
     const GemmBenchResult gr = run_gemm_benchmark(pool, g, sink);
     r.sgemm_gflops = gr.ceiling;
@@ -75,6 +167,14 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g (recomputation not counted); sgemm ceiling on this step's "
                "products (the best library for each, FLOP-weighted): %.1f GFLOP/s; as picked: %.1f\n", flops_per_token,
                r.sgemm_gflops, r.sgemm_picked_gflops);
+  if (ranks > 1)
+    std::fprintf(out, "# mesh %s%s; the sgemm ceiling is measured on %s, %lld sequences per micro-step\n",
+                 dims.describe().c_str(),
+                 tp ? (cfg.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism") : "",
+                 tp ? fmt::format("the products of rank 0's part (linears 1/{} as wide, {} of {} heads)", dims.tp,
+                                  s.heads / dims.tp, s.heads).c_str()
+                    : "the whole model's products",
+                 static_cast<long long>(std::max<int64_t>(1, cfg.batch / dims.dp())));
   for (int t = 0; t < cfg.warmup + cfg.steps; ++t)
     for (Run& run : runs) {
       run.last = run.trainer->step(t);
@@ -92,6 +192,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                  format_bytes(static_cast<double>(run.last.host_peak_bytes)).c_str());
   }
   r.ms_per_step = median(runs[0].ms);
+  if (world) r.comm = comm_share(*runs[0].trainer, *runs[0].pool, r.ms_per_step, out);
   r.tokens_per_s = static_cast<double>(tokens) / (r.ms_per_step / 1e3);
   r.gflops = r.tokens_per_s * flops_per_token / 1e9 / ranks;
   if (cfg.peak_tflops > 0) {
@@ -101,8 +202,11 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   }
   if (cfg.levers()) r.baseline_ms_per_step = base_ms;
   // One line for scripts (benchmarks/compare_pytorch.sh): the first configuration's figures.
-  std::fprintf(out, "# result ms_per_step=%.1f tokens_per_s=%.0f gflops_per_rank=%.1f ceiling=%.1f ranks=%d\n",
-               r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks);
+  // Fields are only ever added at the end: a script may read them by position.
+  std::fprintf(out, "# result ms_per_step=%.1f tokens_per_s=%.0f gflops_per_rank=%.1f ceiling=%.1f ranks=%d tp=%d "
+               "sp=%d tp_bytes=%.0f dp_bytes=%.0f tp_est_ms=%.2f dp_est_ms=%.2f\n",
+               r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks, dims.tp, cfg.sequence_parallel ? 1 : 0,
+               r.comm.tp_bytes, r.comm.dp_bytes, r.comm.tp_est_ms, r.comm.dp_est_ms);
   std::fflush(out);
   return r;
 }
