@@ -88,6 +88,33 @@ TEST_CASE("predicted activations of gpt2-xl follow Korthikanti et al. 2022", "[e
   CHECK(ddp.peak_phase.kind == PhaseKind::backward);
 }
 
+// Korthikanti et al.'s accounting under tensor parallelism, adapted as above (f32, no dropout): a
+// layer keeps its norms' inputs and outputs and its residual (ln1, x2, ln2, its output: 16 sbh)
+// whole on every rank and the rest split (q/k/v, the attention output, both MLP activations: 48
+// sbh/t; the probabilities 4as^2b/t) — their sbh(10 + 24/t + 5as/(ht)); with sequence parallelism
+// everything splits, (64 sbh + 4as^2b)/t — their sbh(34 + 5as/h)/t. The logits: 4 s b V'/t, V'
+// the vocabulary padded to a multiple of t.
+TEST_CASE("predicted activations under tensor parallelism follow Korthikanti et al. 2022", "[estimator][tp]") {
+  ModelSpec spec = model_preset("gpt2-large");  // 20 heads: t = 4 divides them
+  const double s = 1024, b = 4, h = double(spec.dim), a = double(spec.heads), L = double(spec.layers), t = 4;
+  const double Vp = std::ceil(double(spec.vocab) / t) * t;
+  for (bool sp : {false, true}) {
+    TrainConfig c = config("gpt2-large", StrategyKind::zero3, DType::bf16);
+    c.strategy.dims.tp = 4;
+    c.sequence_parallel = sp;
+    const double layer = sp ? (64 * s * b * h + 4 * a * s * s * b) / t
+                            : 16 * s * b * h + 48 * s * b * h / t + 4 * a * s * s * b / t;
+    const double want = L * layer + 4 * s * b * Vp / t;
+    const Estimate e = predict_step(c, 32, 0, 4, false);
+    const double act = double(category(e.peak_by_category, Category::activations));
+    std::printf("gpt2-large x 4 x 1024 at tp 4%s: predicted activations %.3f GiB, Korthikanti + logits %.3f GiB "
+                "(%+.2f%%)\n", sp ? " with sequence parallelism" : "", act / (1 << 30), want / (1 << 30),
+                100 * (act - want) / want);
+    INFO((sp ? "sequence-parallel" : "tensor-parallel"));
+    CHECK(act == Approx(want).epsilon(0.02));
+  }
+}
+
 TEST_CASE("predicting gpt2-xl never materialises the model", "[estimator]") {
   // 1.56B parameters: DDP's model states alone are 25 GB. The meta backend hands out addresses,
   // not memory; the process must not grow by anything near that (nor by the 6 GB of one f32 copy).
