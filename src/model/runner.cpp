@@ -1,5 +1,7 @@
 #include "src/model/runner.hpp"
 
+#include "src/comm/communicator.hpp"
+
 namespace shardlab {
 
 void add_unit_views(ParamSet& set, const UnitLayout& unit, Tensor flat) {

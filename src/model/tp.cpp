@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "src/comm/communicator.hpp"
 #include "src/core/check.hpp"
 
 namespace shardlab {

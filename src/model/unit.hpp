@@ -13,10 +13,11 @@
 
 #include "memory/pool.hpp"
 #include "src/backend/backend.hpp"
-#include "src/comm/communicator.hpp"
 #include "src/model/spec.hpp"
 
 namespace shardlab {
+
+class Communicator;  // src/comm/communicator.hpp (only a pointer here: the fuzzers build the model alone)
 
 // Token ids for one micro-batch, on the backend's device: inputs and targets, (B, T) each.
 struct Batch {
