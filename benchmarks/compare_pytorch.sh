@@ -19,7 +19,7 @@
 #                  PyTorch DDP and DTensor tensor parallelism (benchmarks/pytorch_tp.py). DTensor
 #                  needs PyTorch >= 2.3: $PYTHON when set, else build/venv-torch, created on first
 #                  use with the CPU wheel (pip install torch --index-url
-#                  https://download.pytorch.org/whl/cpu: a download of roughly 200 MB)
+#                  https://download.pytorch.org/whl/cpu: a few hundred MB to download)
 #     --avx2       cap both sides to AVX2 on an AVX-512 host: ONEDNN_MAX_CPU_ISA=AVX2,
 #                  OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2
 #   STEPS (10) and WARMUP (2) in the environment set the timed and untimed steps.
@@ -76,7 +76,7 @@ if [ $tp -eq 1 ]; then
   if [ -z "${PYTHON:-}" ]; then
     PYTHON=build/venv-torch/bin/python
     if [ ! -x "$PYTHON" ]; then
-      echo "creating build/venv-torch with PyTorch's CPU wheel (a download of roughly 200 MB)"
+      echo "creating build/venv-torch with PyTorch's CPU wheel (a few hundred MB to download)"
       python3 -m venv build/venv-torch
       build/venv-torch/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
     fi
