@@ -76,8 +76,9 @@ void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, C
     cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s per rank (--sgemm-ceiling)", gflops);
     return;
   }
-  const int64_t micro = std::max<int64_t>(1, cfg.batch / world / cfg.accum);
-  GemmBenchConfig g = step_gemm_config(cfg.spec, micro);
+  // This rank's products: its part of the model under --tp, its data-parallel share of the batch.
+  const int64_t micro = std::max<int64_t>(1, cfg.batch / cfg.strategy.dims.resolved(world).dp() / cfg.accum);
+  GemmBenchConfig g = step_gemm_config(cfg, world, micro);
   g.seconds = 0.001;  // per product and library: the step's products are timed in ~0.1 s (tiny, small)
   const double cost = 10 * gemm_benchmark_pass_flops(g);
   if (cost > kCeilingBudgetFlops) {
