@@ -1,0 +1,99 @@
+// pipeline.hpp — pipeline parallelism as data: how the units split into stages, and each rank's
+// list of forward/backward actions for a step (the schedule), built once and checked before any
+// of it runs. The runner (src/model/pipeline_run) executes one rank's list; nothing here computes.
+//
+// Chunks: the U units split into P x V contiguous chunks in model order (V = --pp-virtual, 1
+// without interleaving). Chunk c lives on pipeline rank c % P as that rank's virtual stage c / P
+// (Megatron's interleaving: rank r holds chunks r, r + P, r + 2P, ...), so activations always flow
+// from rank r to rank (r + 1) % P, and gradients back.
+//
+// Schedules over M micro-batches (P ranks, V chunks each):
+//   gpipe             every forward (micro-batches 0..M-1), then every backward (0..M-1).
+//   1f1b              rank r runs min(M, P - r) warm-up forwards, then alternates one forward and
+//                     one backward, then drains the backwards (PipeDream-Flush / Megatron).
+//   interleaved-1f1b  Megatron's interleaved schedule over V chunks per rank: micro-batches go
+//                     through the chunks in groups of P; needs M % P == 0.
+// Theory (equal stage times, backward = 2 x forward): the bubble's share of a step is
+// (P - 1) / (M + P - 1) for gpipe and 1f1b, (P - 1) / (V M + P - 1) interleaved.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "src/model/spec.hpp"
+
+namespace shardlab {
+
+enum class PpSchedule : uint8_t { gpipe, one_f_one_b, interleaved };
+PpSchedule parse_pp_schedule(const std::string& s);  // InputError naming the choices otherwise
+const char* pp_schedule_name(PpSchedule s);          // "gpipe", "1f1b", "interleaved-1f1b"
+
+// The units of each chunk, in model order: chunk c holds units [begin(c), begin(c) + count(c)).
+struct StageSplit {
+  int pp = 1, virtual_stages = 1;
+  std::vector<int> counts;  // P x V entries, each >= 1, summing to the number of units
+  int chunks() const { return pp * virtual_stages; }
+  int rank_of(int chunk) const { return chunk % pp; }
+  int begin(int chunk) const;                 // its first unit
+  int count(int chunk) const { return counts[static_cast<size_t>(chunk)]; }
+  int chunk_of_unit(int unit) const;
+  // The chunks of pipeline rank r, in model order (its virtual stages 0..V-1).
+  std::vector<int> chunks_of(int r) const;
+  // The units of pipeline rank r, in model order (chunk by chunk).
+  std::vector<int> units_of(int r) const;
+  std::string describe() const;  // "stage 0: units 0-3 (embedding .. h.2) | stage 1: ..." given names
+  std::string describe(const std::vector<std::string>& unit_names) const;
+};
+
+// Units split as given (--pp-split 3,3,2: one count per chunk, P x V of them). InputError when
+// the counts are not P x V positive numbers summing to `units`.
+StageSplit explicit_split(const std::vector<int>& counts, int pp, int virtual_stages, int units);
+// Units split by cost: `cost[u]` of each unit (predicted time: its FLOPs per token plus, for the
+// embedding and the head, their weight), contiguous chunks minimising the largest chunk's cost
+// (ties: the earlier chunks lighter). InputError when there are fewer units than P x V chunks.
+StageSplit balanced_split(const std::vector<double>& cost, int pp, int virtual_stages);
+// "3,3,2" -> {3, 3, 2}; InputError for anything else (names the text).
+std::vector<int> parse_pp_split(const std::string& s);
+
+struct PipeAction {
+  enum Kind : uint8_t { forward, backward } kind;
+  int chunk;  // the global chunk (0 .. P x V - 1)
+  int micro;  // 0 .. M - 1
+  bool operator==(const PipeAction&) const = default;
+};
+std::string describe(const PipeAction& a);  // "F3c1" (forward of micro-batch 3, chunk 1)
+
+// Every rank's actions for one step, in the order it runs them.
+struct PipeSchedule {
+  PpSchedule kind = PpSchedule::gpipe;
+  int pp = 1, virtual_stages = 1, micro_batches = 1;
+  std::vector<std::vector<PipeAction>> ranks;  // pp lists
+  // The most micro-batches whose forward has run and whose backward has not, at once, per rank
+  // and chunk: what the schedule makes a stage hold (gpipe M, 1f1b min(M, P - r), ...).
+  int in_flight(int rank) const;
+  std::string describe() const;  // one line per rank: "rank 0: F0c0 F1c0 B0c0 ..."
+};
+
+// The schedule, built and checked (check_schedule). InputError for a combination that has none:
+// V > 1 without interleaved-1f1b, interleaved-1f1b with V < 2 or M % P != 0, M < 1.
+// 1f1b with M < P runs (it degenerates to gpipe's memory): a warning is the caller's.
+PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
+// InternalError naming the first violation: each (chunk, micro) forward and backward exactly once,
+// on the chunk's rank; a chunk's backward of m after its own forward of m; and the schedule runs
+// to completion under the runner's point-to-point semantics, simulated:
+//   - a forward of chunk c > 0 needs the activation of (c - 1, m) from rank_of(c - 1); a backward
+//     of chunk c < last needs the gradient of (c + 1, m) from rank_of(c + 1); the first chunk's
+//     forward and the last chunk's backward need nothing;
+//   - after computing, a forward of c < last sends its activation to rank_of(c + 1), a backward of
+//     c > 0 its gradient to rank_of(c - 1): the send is posted and the rank moves on;
+//   - at an action that needs a message, the rank posts its receive, then waits until every send
+//     it has posted is received (a send completes once its receiver has posted the receive for
+//     it: the runner frees the sent buffer there), then waits for its own message;
+//   - at the end of its list it waits for its posted sends.
+// Messages are told apart by (kind, chunk, micro), not by their order. A state where no rank can
+// advance is a deadlock: the error names each rank's position and what it waits for.
+void check_schedule(const PipeSchedule& s);
+
+// The theory above: the bubble's share of a step (0 for pp 1).
+double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
+
+}  // namespace shardlab
