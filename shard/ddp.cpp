@@ -80,6 +80,10 @@ class Ddp final : public Strategy {
     wait_all();
     return to_host(grad(u));
   }
+  Tensor reduced_grad(size_t u) override {
+    wait_all();
+    return grad(u);
+  }
 
  protected:
   void set_unit_values(size_t u, std::span<const float> full) override {

@@ -112,6 +112,11 @@ class Dp final : public Strategy {
   std::vector<float> gather_unit_grads(size_t u) override {
     return from_root(u, [&] { return grads_[u].flat(reduce_dtype()); });
   }
+  // Pipeline parallelism refuses dp (StrategyConfig::validate): nothing asks for it.
+  Tensor reduced_grad(size_t u) override {
+    SHARD_CHECK(false, "dp has no per-rank reduced gradient (unit {})", layout(u).name);
+    return {};
+  }
   std::pair<int64_t, int64_t> owned_range(size_t u) const override {
     return rank_ == 0 ? std::pair<int64_t, int64_t>{0, layout(u).numel} : std::pair<int64_t, int64_t>{0, 0};
   }

@@ -106,7 +106,10 @@ void StrategyConfig::validate() const {
                     dims.dp_replicate <= (1 << 20),
                 "--dp-shard {} --dp-replicate {}: expected 0 (what the world leaves) or a group size", dims.dp_shard,
                 dims.dp_replicate);
-  require_implemented(dims);
+  SHARD_REQUIRE(kind != StrategyKind::dp || dims.pp == 1,
+                "--pp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
+                "zero1-3 with pipeline parallelism",
+                dims.pp);
   SHARD_REQUIRE(kind != StrategyKind::dp || dims.tp == 1,
                 "--tp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
                 "zero1-3 with tensor parallelism",

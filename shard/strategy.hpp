@@ -63,6 +63,12 @@ struct StrategyConfig {
   // replicate it over dp_replicate (hybrid sharding when both exceed 1); ddp and dp replicate over
   // both. Resolved against the world by the CLI (or by the Trainer, for callers that leave it).
   ParallelDims dims;
+  // Set by the Trainer under pipeline parallelism (--pp > 1), where micro-batches interleave
+  // forwards and backwards: zero2/3 accumulate each unit's full gradient over the step and
+  // reduce-scatter it once, after the unit's last micro-batch (never once per micro-batch), and
+  // zero3 keeps a unit gathered from its first forward to its last backward of the step: one
+  // all-gather per unit and step (torchtitan's reshard_after_forward=False under PP).
+  bool pipelined = false;
   void validate() const;
   // Hybrid sharding: the state replicated over more than one shard group.
   bool hybrid() const { return dims.dp_replicate > 1 || (dims.dp_shard > 0 && dims.dp_replicate == 0); }
@@ -112,6 +118,10 @@ class Strategy : public UnitHooks {
   // Collective: unit u's full parameters (or reduced gradient, before the step) on every rank.
   virtual std::vector<float> gather_unit_params(size_t u) = 0;
   virtual std::vector<float> gather_unit_grads(size_t u) = 0;
+  // Unit u's reduced gradient over owned_range(u), in the reduce dtype, where the optimizer reads
+  // it (the host tier under offload), after outstanding reductions complete; writable: pipeline
+  // parallelism sums a tied copy's gradient into it before the norm.
+  virtual Tensor reduced_grad(size_t u) = 0;
 
   // ---- checkpoints: what this rank owns and updates ----
   // Elements [begin, end) of unit u's real parameters this rank updates (empty for DP replicas).

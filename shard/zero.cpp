@@ -95,7 +95,7 @@ class Zero final : public Strategy {
     if (stage_ != 3) return;
     // The last unit runs backward right after its forward: keep it (and what it borrows) gathered.
     // A forward-only pass (evaluation) has no backward to keep anything for.
-    bool keep = !eval_ && (!cfg_.reshard_after_forward || u + 1 == num_units());
+    bool keep = !eval_ && (!cfg_.reshard_after_forward || cfg_.pipelined || u + 1 == num_units());
     release(u, keep);
   }
 
@@ -119,8 +119,10 @@ class Zero final : public Strategy {
 
   void after_backward(size_t u) override {
     release_unit_params(u);
-    if (stage_ == 3) release(u, false);
+    if (stage_ == 3) release(u, cfg_.pipelined && !last_micro_);
     flush_grads(u, grads_full_[u].flat(rd_));
+    // Pipelined: the full gradient accumulates until the unit's last micro-batch (stage 1's way).
+    if (cfg_.pipelined && !last_micro_) return;
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
       if (last_micro_)
@@ -168,6 +170,12 @@ class Zero final : public Strategy {
     }
     v.resize(static_cast<size_t>(flat_[u].numel));
     return v;
+  }
+
+  Tensor reduced_grad(size_t u) override {
+    drain();
+    const auto [begin, end] = owned_range(u);
+    return reduced_grads(u).slice(0, end - begin);
   }
 
   // Replicas of a shard (hybrid sharding): only the first shard group writes it.

@@ -22,9 +22,6 @@ TEST_CASE("parallel degrees resolve against the world and name every degree when
                     Catch::Contains("--pp 2 x --dp-replicate 2 x --dp-shard 2 x --tp 2 = 16 ranks, but the world has 8"));
   CHECK_THROWS_WITH(ParallelDims({1, 0, 0, 3}).resolved(4), Catch::Contains("--tp 3"));
   CHECK_THROWS_WITH(ParallelDims({0, 0, 0, 1}).resolved(4), Catch::Contains("must be positive"));
-  CHECK_NOTHROW(require_implemented(ParallelDims{1, 1, 2, 2}));  // tensor parallelism is built
-  CHECK_THROWS_WITH(require_implemented(ParallelDims{2, 1, 2, 1}), Catch::Contains("--pp 2: pipeline parallelism is not"));
-  CHECK_NOTHROW(require_implemented(ParallelDims{1, 2, 2, 1}));
 }
 
 TEST_CASE("ranks: tp innermost, then dp_shard, dp_replicate, pp outermost", "[comm][mesh]") {

@@ -283,13 +283,34 @@ void MeshOptions::add(Desc& d) {
       "tensor-parallel ranks, innermost (consecutive ranks: keep a group inside a node): Megatron's layout, "
       "attention split by heads and the MLP by its width, the vocabulary over the embedding and the head; must "
       "divide the heads, the KV heads and the MLP width")(
-      "pp", po::value(&dims.pp)->default_value(1), "pipeline stages, outermost; not implemented yet: only 1")(
+      "pp", po::value(&dims.pp)->default_value(1),
+      "pipeline stages, outermost (consecutive stages on different nodes): the units split into contiguous "
+      "stages, activations sent between neighbours; with DDP/ZeRO over each stage's data-parallel ranks and TP "
+      "inside it")(
+      "pp-schedule", po::value(&pp_schedule)->default_value(pp_schedule),
+      "with --pp: gpipe (every forward, then every backward: all micro-batches' activations held), 1f1b (one "
+      "forward, one backward: at most pp - stage micro-batches held) or interleaved-1f1b (--pp-virtual chunks per "
+      "rank: a smaller bubble, more sends; micro-batches a multiple of --pp)")(
+      "pp-virtual", po::value(&pp_virtual)->default_value(pp_virtual),
+      "with --pp-schedule interleaved-1f1b: model chunks per rank (virtual stages); chunk c runs on stage c % pp")(
+      "pp-split", po::value(&pp_split)->default_value(""),
+      "with --pp: units per chunk in model order, e.g. 3,3,2 (pp x pp-virtual counts summing to the units: "
+      "the embedding, the blocks and the head); default: balanced by each unit's parameters and attention work")(
       "shard-group", po::value(&shard_group)->default_value(0),
       "the old name of --dp-shard, kept: S must divide the world; 0 = the whole world");
   add_switch(g, "sequence-parallel", sequence_parallel,
              "with --tp: split the activations between the tensor-parallel regions (norms, residuals) along the "
              "token rows too: all-gathers and reduce-scatters instead of all-reduces, those activations / tp");
   d.add(g);
+}
+
+PipelineConfig MeshOptions::pipeline() const {
+  PipelineConfig p;
+  p.schedule = parse_pp_schedule(pp_schedule);
+  SHARD_REQUIRE(pp_virtual >= 1 && pp_virtual <= 1024, "--pp-virtual {}: expected 1 to 1024 chunks per rank", pp_virtual);
+  p.virtual_stages = pp_virtual;
+  if (!pp_split.empty()) p.split = parse_pp_split(pp_split);
+  return p;
 }
 
 ParallelDims MeshOptions::resolve(int world, int hsdp_ranks) const {
@@ -300,7 +321,6 @@ ParallelDims MeshOptions::resolve(int world, int hsdp_ranks) const {
   if (shard_group > 0) d.dp_shard = shard_group_dims(shard_group, world).dp_shard;
   if (hsdp_ranks > 0 && d.dp_shard == 0 && d.dp_replicate == 0)
     d.dp_shard = shard_group_dims(hsdp_ranks, world).dp_shard;
-  require_implemented(d);
   return d.resolved(world);
 }
 
@@ -318,6 +338,8 @@ void TrainOptions::add(Desc& d, TrainConfig& cfg) {
   add_steps(g, cfg.steps, "optimizer steps");
   add_batch(g, cfg.batch, "global batch in sequences (ranks x micro-batch x accum)");
   g.add_options()("accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
+      "micro-batches", po::value(&micro_batches)->default_value(0),
+      "--accum's other name: under --pp the accumulation micro-steps are the pipeline's micro-batches (0 = --accum)")(
       "lr", po::value(&cfg.schedule.lr)->default_value(1e-3f, "1e-3"), "peak learning rate")(
       "schedule", po::value(&schedule)->default_value(schedule), "constant or cosine")(
       "warmup-steps", po::value(&cfg.schedule.warmup_steps)->default_value(10), "linear warmup steps")(
@@ -375,6 +397,14 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
   cfg.strategy.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
   cfg.sequence_parallel = mesh.sequence_parallel;
+  cfg.pipeline = mesh.pipeline();
+  SHARD_REQUIRE(micro_batches >= 0, "--micro-batches {}: expected a positive count (0 = --accum)", micro_batches);
+  if (micro_batches > 0) {
+    SHARD_REQUIRE(cfg.accum == 1 || cfg.accum == micro_batches,
+                  "--micro-batches {} and --accum {}: one count under two names (the pipeline's micro-batches are the "
+                  "accumulation micro-steps); give one", micro_batches, cfg.accum);
+    cfg.accum = micro_batches;
+  }
   cfg.strategy.offload = parse_offload(memory.offload);
   strategy.apply_dtypes(cfg.strategy);
   cfg.optim.kind = parse_optimizer(optimizer);

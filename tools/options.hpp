@@ -121,7 +121,11 @@ struct MeshOptions {
   ParallelDims dims;    // --dp-shard --dp-replicate --tp --pp
   int shard_group = 0;  // --shard-group, the old name of --dp-shard
   bool sequence_parallel = false;  // --sequence-parallel
+  std::string pp_schedule = "1f1b";  // --pp-schedule
+  int pp_virtual = 1;                // --pp-virtual
+  std::string pp_split;              // --pp-split
   void add(Desc& d);
+  PipelineConfig pipeline() const;  // the pipeline flags, parsed
   // The degrees resolved against `world`, aliases applied: --shard-group S is --dp-shard S, and
   // hsdp (`hsdp_ranks`: the ranks per node, 0 otherwise) is --dp-shard = the ranks per node where
   // no data-parallel degree is given. --pp > 1 is refused until the pipeline exists.
@@ -137,6 +141,7 @@ struct TrainOptions {
   MeshOptions mesh;
   std::string schedule = "cosine", optimizer = "adamw";
   int64_t seed = 1337;
+  int64_t micro_batches = 0;  // --micro-batches: --accum under its pipeline name
   void add(Desc& d, TrainConfig& cfg);  // every group above, mesh, and the training flags
   // After parsing: what the options could not write directly (enums, the model, the transport,
   // the mesh resolved against `world`: the ranks running, or profile's --world). With --resume and

@@ -103,11 +103,15 @@ Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) 
     owned_.push_back(world_.split(group_color(dims_, me_, a), world.rank(), n, rank(a), a));
     comms_[static_cast<size_t>(a)] = owned_.back().get();
   }
-}
-
-void require_implemented(const ParallelDims& d) {
-  SHARD_REQUIRE(d.pp == 1,
-                "--pp {}: pipeline parallelism is not implemented yet (the mesh reserves its axis); use --pp 1", d.pp);
+  if (dims_.pp > 1) {  // after the axes, in the same order everywhere; the middle stages split alone
+    const bool end = me_.pp == 0 || me_.pp + 1 == dims_.pp;
+    MeshCoord first{0, 0, 0, me_.tp};
+    const int dp = dims_.dp(), color = end ? mesh_rank(dims_, first) : world.rank();
+    auto c = world_.split(color, world.rank(), end ? 2 * dp : 1, end ? (me_.pp == 0 ? 0 : dp) + dp_rank() : 0,
+                          CommAxis::pp);
+    if (end) tied_ = c.get();
+    owned_.push_back(std::move(c));
+  }
 }
 
 }  // namespace shardlab

@@ -70,6 +70,10 @@ class Mesh {
   // Pipeline neighbours as ranks of comm(CommAxis::pp); -1 at the first (prev) or last (next) stage.
   int pp_prev() const { return me_.pp > 0 ? me_.pp - 1 : -1; }
   int pp_next() const { return me_.pp + 1 < dims_.pp ? me_.pp + 1 : -1; }
+  // Pipeline parallelism: the ranks of the first and the last stage with this rank's tensor-parallel
+  // coordinate (2 x dp ranks; Megatron's embedding group), over which a tied token embedding's
+  // gradient is summed; null at pp 1 and on the stages between. Counted on the pp axis.
+  Communicator* tied() { return tied_; }
   // Bus bytes of the last finished step that crossed each axis, as the world communicator counted
   // them (its own traffic under world).
   const std::array<double, kNumCommAxes>& last_step_bytes() const { return world_.stats().last_step_axis; }
@@ -79,10 +83,9 @@ class Mesh {
   ParallelDims dims_;
   MeshCoord me_;
   std::array<Communicator*, kNumCommAxes> comms_{};
+  Communicator* tied_ = nullptr;
   std::vector<std::unique_ptr<Communicator>> owned_;
 };
 
-// --pp is part of the mesh already; the pipeline that uses it is not built yet.
-void require_implemented(const ParallelDims& d);
 
 }  // namespace shardlab

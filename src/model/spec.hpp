@@ -104,6 +104,10 @@ struct TensorDecl {
   float std = 0.f;               // for Init::normal
   TpSplit tp;                    // how tensor parallelism splits it (replicated unless set)
   std::vector<int64_t> full_shape;  // the whole tensor's shape (HF's): shape when not split
+  // Pipeline parallelism: this unit's copy of a tensor another unit owns (a tied head's token
+  // embedding on a stage without the embedding; Unit::adopt_tied_copy). Initialised and loaded
+  // as the owner's, its gradient summed with the owner's every step, never saved.
+  bool tied_copy = false;
   std::string shape_str() const;
 };
 

@@ -53,10 +53,26 @@ const char* checkpointing_name(Checkpointing c) {
   return c == Checkpointing::none ? "none" : c == Checkpointing::attention ? "attention" : "blocks";
 }
 
+void Unit::adopt_tied_copy(const TensorDecl& owner) {
+  for (const TensorDecl& t : layout_.tensors)
+    SHARD_CHECK(t.name != owner.name, "unit {} already holds {}", layout_.name, owner.name);
+  TensorDecl copy = owner;
+  copy.offset = layout_.numel;
+  copy.tied_copy = true;
+  layout_.numel += copy.numel;
+  layout_.tensors.push_back(std::move(copy));
+}
+
 std::vector<BorrowedTensor> borrowed_tensors(const std::vector<std::unique_ptr<Unit>>& units, size_t u) {
   std::vector<BorrowedTensor> out;
+  auto own = [&](const std::string& name) {
+    for (const TensorDecl& t : units[u]->layout().tensors)
+      if (t.name == name) return true;
+    return false;
+  };
   for (const std::string& name : units[u]->borrowed())
-    for (size_t o = 0; o < units.size(); ++o)
+    if (!own(name))
+      for (size_t o = 0; o < units.size(); ++o)
       for (const TensorDecl& t : units[o]->layout().tensors)
         if (t.name == name) out.push_back({o, &t});
   return out;

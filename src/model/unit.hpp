@@ -112,6 +112,10 @@ class Unit {
   const std::string& name() const { return layout_.name; }
   // Tensors of other units this unit computes with (a tied head borrows the token embedding).
   virtual std::vector<std::string> borrowed() const { return {}; }
+  // Pipeline parallelism: a borrowed tensor whose owner is on another stage becomes this unit's
+  // own, appended to its layout as a tied copy (TensorDecl::tied_copy); borrowed_tensors() then
+  // finds it here. `owner` is the owner's declaration.
+  void adopt_tied_copy(const TensorDecl& owner);
   // Whether --activation-checkpointing applies: its forward can run again before its backward.
   virtual bool recomputable() const { return false; }
   // Elements (f32) of this unit's output for a (B, T) batch; the runner allocates it.
@@ -137,7 +141,8 @@ class Unit {
   UnitLayout layout_;
 };
 
-// The tensors unit u borrows from other units (tied weights), with the index of their owner.
+// The tensors unit u borrows from other units (tied weights), with the index of their owner;
+// none that the unit holds itself (a tied copy).
 struct BorrowedTensor {
   size_t owner;
   const TensorDecl* decl;

@@ -7,8 +7,17 @@
 
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"  // StrategyConfig; with it the model spec, Checkpointing and CommKind
+#include "src/train/pipeline.hpp"
 
 namespace shardlab {
+
+// Pipeline parallelism beyond its degree (strategy.dims.pp): the schedule, the virtual stages per
+// rank and the split (src/train/pipeline.hpp). The micro-batches are the accumulation micro-steps.
+struct PipelineConfig {
+  PpSchedule schedule = PpSchedule::one_f_one_b;  // --pp-schedule
+  int virtual_stages = 1;                         // --pp-virtual
+  std::vector<int> split;                         // --pp-split: units per chunk; empty = balanced by cost
+};
 
 struct StepConfig {
   ModelSpec spec;
@@ -23,6 +32,7 @@ struct StepConfig {
   // --sequence-parallel: with tensor parallelism (strategy.dims.tp > 1), the activations between
   // its regions split along the token rows too (src/model/tp.hpp).
   bool sequence_parallel = false;
+  PipelineConfig pipeline;
 };
 
 }  // namespace shardlab

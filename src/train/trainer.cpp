@@ -15,6 +15,7 @@
 #include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
 #include "src/train/checkpoint.hpp"
+#include "src/train/pipeline_run.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
@@ -63,6 +64,17 @@ void TrainConfig::validate(int world) const {
     SHARD_REQUIRE(static_cast<int64_t>(encode_prompt(sample_prompt, spec.vocab, tokenizer.get()).size()) <= spec.seq,
                   "--sample-prompt is longer than the model's {} positions", spec.seq);
   }
+  if (dims.pp > 1) {
+    SHARD_REQUIRE(sample_every == 0,
+                  "--sample-every {} with --pp {}: sampling does not run through a pipeline yet; train, then `shardlab "
+                  "sample` the checkpoint at --pp 1", sample_every, dims.pp);
+    SHARD_REQUIRE(pipeline.virtual_stages == 1 || pipeline.schedule == PpSchedule::interleaved,
+                  "--pp-virtual {} with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
+                  pipeline.virtual_stages, pp_schedule_name(pipeline.schedule));
+  } else {
+    SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),
+                  "--pp-virtual {} / --pp-split: pipeline options need --pp 2 or more", pipeline.virtual_stages);
+  }
   SHARD_REQUIRE(!save_best || !save_dir.empty(), "--save-best needs --save-dir (where the checkpoints go)");
   SHARD_REQUIRE(!save_best || has_validation(),
                 "--save-best needs a validation source (--val-data SRC or --val-fraction F) to rank checkpoints by");
@@ -90,6 +102,7 @@ namespace {
 TrainConfig checked(TrainConfig cfg, int world) {
   cfg.validate(world);
   cfg.strategy.dims = cfg.strategy.dims.resolved(world);
+  cfg.strategy.pipelined = cfg.strategy.dims.pp > 1;
   cfg.schedule.total_steps = cfg.steps;
   return cfg;
 }
@@ -117,6 +130,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     val_loader_ = std::make_unique<BatchLoader>(*data_.val, T, cfg_.batch);
     val_batches_ = std::min(cfg_.val_batches, sequences / cfg_.batch);
   }
+  if (cfg_.strategy.dims.pp > 1) take_stage_units();
   comm_.set_check(cfg_.check_collectives);
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp(), mesh_, cfg_.spec, units_, cfg_.optim});
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
@@ -149,8 +163,116 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   // The allocation timeline serves reports of the last step only: keep none otherwise.
   pool_.ledger().set_recording(cfg_.record_step);
   const int64_t micro = cfg_.batch / mesh_.dp_size() / cfg_.accum;
-  global_inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq * mesh_.dp_size()));
+  // One micro-step of every data-parallel rank; under --pp every micro-batch of this rank's.
+  global_inputs_.resize(static_cast<size_t>(micro * cfg_.spec.seq * (pipelined() ? cfg_.accum : mesh_.dp_size())));
   global_targets_.resize(global_inputs_.size());
+}
+
+void Trainer::take_stage_units() {
+  const ModelSpec& spec = cfg_.spec;
+  const ParallelDims& d = cfg_.strategy.dims;
+  const PipelineConfig& pc = cfg_.pipeline;
+  const int U = static_cast<int>(units_.size());
+  if (!pc.split.empty()) {
+    split_ = explicit_split(pc.split, d.pp, pc.virtual_stages, U);
+  } else {
+    // Each unit's cost: its parameters (the GEMMs' work per token, and the state it keeps), what it
+    // borrows (a tied head's GEMM), and a block's attention (6 C T FLOPs per token: 1 per parameter-equivalent).
+    std::vector<double> cost;
+    for (int u = 0; u < U; ++u) {
+      double c = static_cast<double>(units_[static_cast<size_t>(u)]->layout().numel);
+      for (const BorrowedTensor& b : borrowed_tensors(units_, static_cast<size_t>(u))) c += static_cast<double>(b.decl->numel);
+      if (units_[static_cast<size_t>(u)]->recomputable()) c += static_cast<double>(spec.dim * spec.seq);
+      cost.push_back(c);
+    }
+    split_ = balanced_split(cost, d.pp, pc.virtual_stages);
+  }
+  schedule_ = build_schedule(pc.schedule, d.pp, pc.virtual_stages, static_cast<int>(cfg_.accum));
+  const int me = mesh_.rank(CommAxis::pp);
+  // Borrowed tensors whose owner is on another stage: the owner keeps its tensor, the borrower gets a
+  // copy; both sum their gradients over the mesh's tied group (the first and the last stage).
+  std::vector<std::pair<size_t, size_t>> cross;  // (owner, borrower), model indices
+  for (size_t v = 0; v < units_.size(); ++v)
+    for (const BorrowedTensor& b : borrowed_tensors(units_, v)) {
+      const int ro = split_->rank_of(split_->chunk_of_unit(static_cast<int>(b.owner)));
+      const int rv = split_->rank_of(split_->chunk_of_unit(static_cast<int>(v)));
+      if (ro == rv) continue;
+      SHARD_CHECK(ro == 0 && rv == d.pp - 1, "unit {} borrows {} from stage {} on stage {}: only the first and the last "
+                  "stage share tensors", units_[v]->name(), b.decl->name, ro, rv);
+      cross.push_back({b.owner, v});
+    }
+  model_units_ = family_of(spec).make_units(spec, tp_.config);
+  std::vector<std::unique_ptr<Unit>> mine;
+  std::vector<int> local(units_.size(), -1);
+  for (int u : split_->units_of(me)) {
+    local[static_cast<size_t>(u)] = static_cast<int>(mine.size());
+    mine.push_back(std::move(units_[static_cast<size_t>(u)]));
+  }
+  for (const auto& [o, v] : cross) {
+    const std::vector<std::string> names = model_units_[v]->borrowed();
+    for (const TensorDecl& t : model_units_[o]->layout().tensors) {
+      if (std::find(names.begin(), names.end(), t.name) == names.end()) continue;
+      if (local[v] >= 0) mine[static_cast<size_t>(local[v])]->adopt_tied_copy(t);
+    }
+  }
+  units_ = std::move(mine);
+  for (const auto& [o, v] : cross) {
+    const size_t u = static_cast<size_t>(local[o] >= 0 ? local[o] : local[v]);
+    if (local[o] < 0 && local[v] < 0) continue;
+    const std::vector<std::string> names = model_units_[v]->borrowed();
+    for (const TensorDecl& t : units_[u]->layout().tensors)
+      if (std::find(names.begin(), names.end(), t.name) != names.end()) tied_.push_back({u, &t});
+  }
+}
+
+PipelineRun Trainer::pipeline_run() {
+  PipelineRun run{*split_, *schedule_, mesh_.rank(CommAxis::pp), mesh_.comm(CommAxis::pp), {}, {}};
+  const int64_t B = cfg_.batch / mesh_.dp_size() / cfg_.accum, T = cfg_.spec.seq;
+  for (int c = 0; c < split_->chunks(); ++c)
+    run.input_elems.push_back(
+        c == 0 ? 0 : model_units_[static_cast<size_t>(split_->begin(c) - 1)]->out_elems(cfg_.spec, B, T));
+  run.begin_micro = [this](int64_t k, bool last) { strategy_->begin_micro(k, last); };
+  return run;
+}
+
+std::vector<Batch> Trainer::pipeline_batches(BatchLoader& loader, int64_t t) {
+  const int64_t T = cfg_.spec.seq, local = cfg_.batch / mesh_.dp_size(), micro = local / cfg_.accum;
+  const int64_t first = mesh_.dp_rank() * local;
+  std::vector<Batch> batches;
+  for (int64_t k = 0; k < cfg_.accum; ++k) {
+    int32_t* in = global_inputs_.data() + k * micro * T;
+    int32_t* tg = global_targets_.data() + k * micro * T;
+    loader.fill(t, first + k * micro, micro, in, tg);
+    batches.push_back(Batch{in, tg, micro, T, tg, 1});
+  }
+  return batches;
+}
+
+void Trainer::sync_tied_grads() {
+  tied_copy_sq_ = 0;
+  for (const auto& [u, decl] : tied_) {
+    const auto [begin, end] = strategy_->owned_range(u);
+    const auto [sbegin, send] = strategy_->saved_range(u);
+    Tensor g = strategy_->reduced_grad(u);  // elements [begin, end) of the unit
+    Block buf = pool_.alloc(DType::f32, decl->numel + 1, Category::comm_buffer, decl->name + " tied gradient");
+    Tensor whole = buf.flat(DType::f32).slice(0, decl->numel);
+    be_.fill(whole, 0.f);
+    const int64_t t0 = decl->offset, t1 = t0 + decl->numel;
+    // Each element once per stage: the ranks that save it (replicas hold the same value) put it in.
+    if (int64_t lo = std::max(sbegin, t0), hi = std::min(send, t1); lo < hi)
+      be_.cast(whole.slice(lo - t0, hi - lo), g.slice(lo - begin, hi - lo));
+    mesh_.tied()->all_reduce(whole).wait();
+    if (int64_t lo = std::max(begin, t0), hi = std::min(end, t1); lo < hi)
+      be_.cast(g.slice(lo - begin, hi - lo), whole.slice(lo - t0, hi - lo));
+    if (decl->tied_copy) {  // its squares are in this stage's norm: the owner's stage counts them
+      Tensor acc = buf.flat(DType::f32).slice(decl->numel, 1);
+      be_.fill(acc, 0.f);
+      be_.sum_squares(whole, acc, true);
+      float v = 0.f;
+      be_.copy(Tensor::flat(&v, DType::f32, 1), acc);
+      tied_copy_sq_ += v;
+    }
+  }
 }
 
 namespace {
@@ -191,7 +313,13 @@ StepStats Trainer::step(int64_t t) {
   pool_.ledger().set_phase({PhaseKind::begin_step});
   strategy_->begin_step();
   double loss_sum = 0;
-  for (int64_t k = 0; k < cfg_.accum; ++k) {
+  if (pipelined()) {
+    const std::vector<Batch> batches = pipeline_batches(loader_, t);
+    loss_sum = run_pipeline(pipeline_run(), units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale,
+                            cfg_.checkpointing, tp_)
+                   .loss_sum;
+  }
+  for (int64_t k = 0; k < (pipelined() ? 0 : cfg_.accum); ++k) {
     // Every rank's slice of micro-step k, in rank order: this rank computes with its own, and a
     // strategy that takes the whole batch's loss on one rank (dp) reads all of them.
     for (int64_t q = 0; q < W; ++q)
@@ -206,8 +334,10 @@ StepStats Trainer::step(int64_t t) {
   }
   float loss = static_cast<float>(loss_sum);
   mesh_.dp().all_reduce(std::span<float>(&loss, 1)).wait();
+  if (pipelined()) mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&loss, 1)).wait();  // the last stage's
   loss /= static_cast<float>(cfg_.batch * T);
   pool_.ledger().set_phase({PhaseKind::optimizer});
+  sync_tied_grads();
   const float norm = static_cast<float>(std::sqrt(grad_norm_sq()));
   const float lr = cfg_.schedule.at(t);
   // Every rank sees the same loss and norm, so every rank takes the same branch here.
@@ -239,14 +369,21 @@ StepStats Trainer::step(int64_t t) {
 }
 
 double Trainer::grad_norm_sq() {
-  const double all = strategy_->grad_norm_sq();
-  if (!tp_.active()) return all;
-  // This rank's part: the split tensors' squares add up over the tensor-parallel group; the
-  // replicated ones are the same on every rank of it and count once.
-  const double replicated = strategy_->replicated_grad_norm_sq();
-  float split = static_cast<float>(all - replicated);
-  tp_.comm->all_reduce(std::span<float>(&split, 1)).wait();
-  return split + replicated;
+  double all = strategy_->grad_norm_sq() - tied_copy_sq_;  // a tied copy counts at its owner only
+  if (tp_.active()) {
+    // This rank's part: the split tensors' squares add up over the tensor-parallel group; the
+    // replicated ones are the same on every rank of it and count once.
+    const double replicated = strategy_->replicated_grad_norm_sq();
+    float split = static_cast<float>(all - replicated);
+    tp_.comm->all_reduce(std::span<float>(&split, 1)).wait();
+    all = split + replicated;
+  }
+  if (pipelined()) {  // each stage's units
+    float stage = static_cast<float>(all);
+    mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&stage, 1)).wait();
+    all = stage;
+  }
+  return all;
 }
 
 // Evaluation and sampling are not part of a step: the scope keeps them out of the step's timeline,
@@ -328,6 +465,14 @@ float Trainer::evaluate() {
   EvalScope scope(*this);
   for (int64_t i = 0; i < val_batches_; ++i) {
     double sum = 0;
+    if (pipelined()) {
+      const std::vector<Batch> batches = pipeline_batches(*val_loader_, i);
+      float s = static_cast<float>(
+          run_pipeline_forward(pipeline_run(), units_, cfg_.spec, be_, pool_, batches, *strategy_, tp_).loss_sum);
+      mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&s, 1)).wait();  // the last stage's
+      sums[static_cast<size_t>(i)] = s;
+      continue;
+    }
     for (int64_t k = 0; k < cfg_.accum; ++k) {  // micro-batches of the training size bound the memory
       for (int64_t q = 0; q < W; ++q)
         val_loader_->fill(i, q * local + k * micro, micro, global_inputs_.data() + q * micro * T,

@@ -14,6 +14,7 @@
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/train/data.hpp"
+#include "src/train/pipeline.hpp"
 #include "src/train/step_config.hpp"
 #include "src/train/tokenizer.hpp"
 #include "src/train/sample.hpp"
@@ -84,6 +85,8 @@ struct StepStats {
   double elapsed_s = 0;      // since this process's first step began (Trainer::run)
 };
 
+struct PipelineRun;  // pipeline_run.hpp
+
 class Trainer {
  public:
   // Tokens come from cfg.data unless `tokens` is given (predictions pass a stand-in stream).
@@ -139,7 +142,16 @@ class Trainer {
   void open_outputs(std::ofstream& log);
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
   bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);
-  double grad_norm_sq();  // the whole model's, under tensor parallelism too
+  double grad_norm_sq();  // the whole model's, under tensor and pipeline parallelism too
+  bool pipelined() const { return schedule_.has_value(); }
+  // Pipeline parallelism: keeps this rank's units of the split, making tied copies of the tensors
+  // they borrow from units on other stages (the pairs in tied_).
+  void take_stage_units();
+  // The gradients of a tied tensor and its copies, summed over the first and the last stage.
+  void sync_tied_grads();
+  // Pipeline parallelism: every micro-batch of step t (or validation batch i) for this rank.
+  std::vector<Batch> pipeline_batches(BatchLoader& loader, int64_t t);
+  PipelineRun pipeline_run();
   void maybe_sample(int64_t t, std::FILE* out);
   bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
 
@@ -159,7 +171,14 @@ class Trainer {
   std::optional<float> checkpoint_val_loss_;  // computed at the step being checkpointed (its manifest records it)
   float best_val_loss_ = INFINITY;  // --save-best: the lowest so far (from the best checkpoint on resume)
   TpContext tp_;  // this rank's tensor-parallel group (inactive at --tp 1)
-  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::unique_ptr<Unit>> units_;  // this rank's (under --pp: its stage's chunks)
+  // Pipeline parallelism (--pp > 1): the split, the step's schedule, every unit of the model (for
+  // the sizes of the stages' inputs), and the tied tensors whose twin is on the other end stage.
+  std::optional<StageSplit> split_;
+  std::optional<PipeSchedule> schedule_;
+  std::vector<std::unique_ptr<Unit>> model_units_;
+  std::vector<std::pair<size_t, const TensorDecl*>> tied_;
+  double tied_copy_sq_ = 0;  // this rank's tied copies' squared gradient, counted at their owner
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
   double flops_per_token_ = 0;  // the family's model FLOPs per token (the progress line's rate)

@@ -1,0 +1,289 @@
+// pipeline_run.cpp — the executor of one rank's pipeline actions (pipeline_run.hpp).
+#include "src/train/pipeline_run.hpp"
+
+#include <deque>
+#include <map>
+
+#include "src/comm/communicator.hpp"
+
+namespace shardlab {
+namespace {
+
+// A message is named by the action that consumes it: the activation a forward of (c, m) takes, or
+// the gradient a backward of (c, m) takes.
+using Key = std::pair<int, std::pair<int, int>>;  // (kind, (chunk, micro))
+Key key_of(const PipeAction& a) { return {a.kind, {a.chunk, a.micro}}; }
+
+class Executor {
+ public:
+  Executor(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
+           Backend& be, Pool& pool, UnitHooks& hooks, const TpContext& tp,
+           const std::vector<std::vector<PipeAction>>& lists)
+      : run_(run), split_(run.split), units_(units), spec_(spec), be_(be), pool_(pool), hooks_(hooks),
+        tp_(tp), last_chunk_(run.split.chunks() - 1) {
+    int local = 0;
+    for (int c : split_.chunks_of(run.rank)) {
+      local_begin_[c] = local;
+      local += split_.count(c);
+    }
+    SHARD_CHECK(local == static_cast<int>(units.size()), "pipeline rank {}: {} units, the split gives it {}", run.rank,
+                units.size(), local);
+    // What each neighbour will send this rank, in the order it sends: its own list says.
+    for (int q = 0; q < static_cast<int>(lists.size()); ++q)
+      for (const PipeAction& a : lists[static_cast<size_t>(q)]) {
+        if (a.kind == PipeAction::forward && a.chunk < last_chunk_ && split_.rank_of(a.chunk + 1) == run.rank)
+          inbox_[q].expected.push_back({PipeAction::forward, a.chunk + 1, a.micro});
+        if (a.kind == PipeAction::backward && a.chunk > 0 && split_.rank_of(a.chunk - 1) == run.rank)
+          inbox_[q].expected.push_back({PipeAction::backward, a.chunk - 1, a.micro});
+      }
+  }
+
+  void forward(const PipeAction& a, bool train, UnitContext& ctx) {
+    Flight& f = flights_[{a.chunk, a.micro}];
+    const int first = local_begin_.at(a.chunk), n = split_.count(a.chunk);
+    f.outs.resize(static_cast<size_t>(n));
+    f.saved.resize(static_cast<size_t>(n));
+    Tensor in;
+    if (a.chunk > 0) {
+      f.input = take(a);
+      in = f.input.flat(DType::f32);
+    }
+    const Batch& b = ctx.batch;
+    for (int k = 0; k < n; ++k) {
+      const size_t i = static_cast<size_t>(first + k);
+      pool_.ledger().set_phase(Phase::forward(i));
+      Backend::Range range(be_, ("forward " + units_[i]->name()).c_str());
+      Block& out = f.outs[static_cast<size_t>(k)];
+      out = pool_.alloc(DType::f32, units_[i]->out_elems(spec_, b.B, b.T), Category::activations,
+                        units_[i]->name() + " output");
+      units_[i]->forward(ctx, hooks_.forward_params(i), in, out.flat(DType::f32), f.saved[static_cast<size_t>(k)]);
+      hooks_.after_forward(i);
+      Saved& s = f.saved[static_cast<size_t>(k)];
+      if (!train || (ctx.checkpointing == Checkpointing::blocks && units_[i]->recomputable())) s.clear();
+      if (!train) {  // evaluation: an output lives until the next unit has read it
+        if (k > 0) f.outs[static_cast<size_t>(k - 1)].reset();
+        else f.input.reset();
+      }
+      in = out.flat(DType::f32);
+    }
+    Block& last = f.outs.back();
+    if (a.chunk == last_chunk_) {
+      pool_.ledger().set_phase({PhaseKind::loss});
+      const int64_t N = b.B * b.T;
+      const Tensor logits = last.view(DType::f32, {N, static_cast<int64_t>(last.bytes() / sizeof(float)) / N});
+      if (tp_.active())
+        loss_sum_ += vocab_parallel_loss(be_, pool_, *tp_.comm, spec_, logits, b, train ? logits : Tensor(),
+                                         train ? dlogit_scale_ : 0.f);
+      else
+        loss_sum_ += train ? hooks_.loss(be_, pool_, logits, b, dlogit_scale_) : hooks_.forward_loss(be_, pool_, logits, b);
+      positions_ += N;
+      if (!train) flights_.erase({a.chunk, a.micro});
+    } else {
+      send(std::move(last), split_.rank_of(a.chunk + 1));
+      if (!train) flights_.erase({a.chunk, a.micro});
+    }
+    pool_.ledger().set_phase({});
+  }
+
+  void backward(const PipeAction& a, UnitContext& ctx) {
+    auto it = flights_.find({a.chunk, a.micro});
+    SHARD_CHECK(it != flights_.end(), "pipeline rank {}: backward of {} before its forward", run_.rank, describe(a));
+    Flight f = std::move(it->second);
+    flights_.erase(it);
+    const int first = local_begin_.at(a.chunk), n = split_.count(a.chunk);
+    const Batch& b = ctx.batch;
+    Block dnext;
+    Tensor dout;
+    if (a.chunk == last_chunk_) {
+      dout = f.outs.back().flat(DType::f32);  // the loss left d(loss)/d(logits) there
+    } else {
+      dnext = take(a);
+      dout = dnext.flat(DType::f32);
+    }
+    for (int k = n; k-- > 0;) {
+      const size_t i = static_cast<size_t>(first + k), ks = static_cast<size_t>(k);
+      pool_.ledger().set_phase(Phase::backward(i));
+      Backend::Range range(be_, ("backward " + units_[i]->name()).c_str());
+      Block din;
+      Tensor in, dinput;
+      if (k > 0) {
+        in = f.outs[ks - 1].flat(DType::f32);
+        din = pool_.alloc(DType::f32, f.outs[ks - 1].bytes() / sizeof(float), Category::activations,
+                          units_[i]->name() + " dinput");
+      } else if (a.chunk > 0) {
+        in = f.input.flat(DType::f32);
+        din = pool_.alloc(DType::f32, f.input.bytes() / sizeof(float), Category::activations,
+                          units_[i]->name() + " dinput");
+      }
+      if (din) dinput = din.flat(DType::f32);
+      Saved& s = f.saved[ks];
+      if (s.empty() && ctx.checkpointing == Checkpointing::blocks && units_[i]->recomputable()) {
+        // The block's forward again (runner.cpp); a chunk's last output was sent away: a scratch
+        // buffer takes the recomputed one.
+        ParamSet p = hooks_.backward_params(i);
+        Block scratch;
+        if (!f.outs[ks])
+          scratch = pool_.alloc(DType::f32, units_[i]->out_elems(spec_, b.B, b.T), Category::activations,
+                                units_[i]->name() + " recomputed output");
+        const Tensor out = f.outs[ks] ? f.outs[ks].flat(DType::f32) : scratch.flat(DType::f32);
+        units_[i]->forward(ctx, p, in, out, s);
+        units_[i]->backward(ctx, p, hooks_.grads(i), s, in, dout, dinput);
+      } else {
+        units_[i]->backward(ctx, hooks_.backward_params(i), hooks_.grads(i), s, in, dout, dinput);
+      }
+      s.clear();
+      f.outs[ks].reset();
+      dnext = std::move(din);
+      dout = dnext ? dnext.flat(DType::f32) : Tensor();
+      hooks_.after_backward(i);
+    }
+    f.input.reset();
+    if (a.chunk > 0) send(std::move(dnext), split_.rank_of(a.chunk - 1));
+    pool_.ledger().set_phase({});
+  }
+
+  // The end of the list: every posted send completes.
+  void finish() {
+    wait_sends();
+    SHARD_CHECK(flights_.empty(), "pipeline rank {}: {} micro-batches left without a backward", run_.rank,
+                flights_.size());
+  }
+
+  void set_scale(float s) { dlogit_scale_ = s; }
+  RunResult result() const { return {loss_sum_, positions_}; }
+
+ private:
+  struct Flight {
+    Block input;                 // the received activation (chunks after the first)
+    std::vector<Block> outs;     // each unit's output
+    std::vector<Saved> saved;    // what each unit's backward needs
+  };
+  struct Posted {
+    Key key;
+    Block buf;
+    Work work;  // declared last: waited on before the buffer goes
+  };
+  struct Inbox {
+    std::vector<PipeAction> expected;  // the messages from this peer, in its order
+    size_t posted = 0;                 // receives posted so far
+    std::deque<Posted> pending;        // posted, not yet waited for
+  };
+  struct Sent {
+    Block buf;
+    Work work;  // declared last: waited on before the buffer goes
+  };
+
+  int64_t message_elems(const PipeAction& a) const {
+    // An activation for chunk c's forward is its input; a gradient for chunk c's backward has
+    // the size of its output, which is chunk c + 1's input.
+    const int c = a.kind == PipeAction::forward ? a.chunk : a.chunk + 1;
+    return run_.input_elems.at(static_cast<size_t>(c));
+  }
+
+  // The message action a consumes: every receive from its sender up to it is posted, this rank's
+  // own sends complete (their buffers freed), then the receives are waited for in order.
+  Block take(const PipeAction& a) {
+    const Key k = key_of(a);
+    if (auto s = stash_.find(k); s != stash_.end()) {
+      Block b = std::move(s->second);
+      stash_.erase(s);
+      return b;
+    }
+    const int peer = a.kind == PipeAction::forward ? split_.rank_of(a.chunk - 1) : split_.rank_of(a.chunk + 1);
+    Inbox& box = inbox_[peer];
+    bool found = false;
+    for (const Posted& p : box.pending) found = found || p.key == k;
+    while (!found) {
+      SHARD_CHECK(box.posted < box.expected.size(), "pipeline rank {}: {} never comes from rank {}", run_.rank,
+                  describe(a), peer);
+      const PipeAction& e = box.expected[box.posted++];
+      Block buf = pool_.alloc(DType::f32, message_elems(e), Category::activations,
+                              e.kind == PipeAction::forward ? "received activation" : "received gradient");
+      Work w = run_.pp.recv(buf.flat(DType::f32), peer);
+      found = key_of(e) == k;
+      box.pending.push_back({key_of(e), std::move(buf), std::move(w)});
+    }
+    wait_sends();
+    for (;;) {
+      Posted p = std::move(box.pending.front());
+      box.pending.pop_front();
+      p.work.wait();
+      if (p.key == k) return std::move(p.buf);
+      stash_[p.key] = std::move(p.buf);
+    }
+  }
+
+  void send(Block buf, int peer) {
+    Work w = run_.pp.send(buf.flat(DType::f32), peer);
+    sends_.push_back({std::move(buf), std::move(w)});
+  }
+  void wait_sends() {
+    for (Sent& s : sends_) s.work.wait();
+    sends_.clear();
+  }
+
+  const PipelineRun& run_;
+  const StageSplit& split_;
+  const std::vector<std::unique_ptr<Unit>>& units_;
+  const ModelSpec& spec_;
+  Backend& be_;
+  Pool& pool_;
+  UnitHooks& hooks_;
+  const TpContext& tp_;
+  const int last_chunk_;
+  float dlogit_scale_ = 0.f;
+  double loss_sum_ = 0;
+  int64_t positions_ = 0;
+  std::map<int, int> local_begin_;  // chunk -> its first unit among this rank's
+  std::map<std::pair<int, int>, Flight> flights_;
+  std::map<int, Inbox> inbox_;
+  std::map<Key, Block> stash_;
+  std::vector<Sent> sends_;
+};
+
+void check_batches(const ModelSpec& spec, std::span<const Batch> micro) {
+  SHARD_CHECK(!micro.empty(), "a pipelined step without micro-batches");
+  for (const Batch& b : micro)
+    SHARD_REQUIRE(b.T <= spec.seq, "sequence length {} exceeds the model's {} positions", b.T, spec.seq);
+}
+
+}  // namespace
+
+RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
+                       Backend& be, Pool& pool, std::span<const Batch> micro, UnitHooks& hooks, float dlogit_scale,
+                       Checkpointing checkpointing, const TpContext& tp) {
+  check_batches(spec, micro);
+  SHARD_CHECK(static_cast<int64_t>(micro.size()) == run.schedule.micro_batches,
+              "{} micro-batches for a schedule of {}", micro.size(), run.schedule.micro_batches);
+  Executor ex(run, units, spec, be, pool, hooks, tp, run.schedule.ranks);
+  ex.set_scale(dlogit_scale);
+  const int64_t M = run.schedule.micro_batches;
+  for (const PipeAction& a : run.schedule.ranks.at(static_cast<size_t>(run.rank))) {
+    if (run.begin_micro) run.begin_micro(a.micro, a.micro + 1 == M);
+    UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], checkpointing, tp};
+    if (a.kind == PipeAction::forward) ex.forward(a, true, ctx);
+    else ex.backward(a, ctx);
+  }
+  ex.finish();
+  return ex.result();
+}
+
+RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
+                               const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
+                               UnitHooks& hooks, const TpContext& tp) {
+  check_batches(spec, micro);
+  // Every rank: each micro-batch through its chunks in model order.
+  std::vector<std::vector<PipeAction>> lists(static_cast<size_t>(run.split.pp));
+  for (int r = 0; r < run.split.pp; ++r)
+    for (int m = 0; m < static_cast<int>(micro.size()); ++m)
+      for (int c : run.split.chunks_of(r)) lists[static_cast<size_t>(r)].push_back({PipeAction::forward, c, m});
+  Executor ex(run, units, spec, be, pool, hooks, tp, lists);
+  for (const PipeAction& a : lists.at(static_cast<size_t>(run.rank))) {
+    UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], Checkpointing::none, tp};
+    ex.forward(a, false, ctx);
+  }
+  ex.finish();
+  return ex.result();
+}
+
+}  // namespace shardlab

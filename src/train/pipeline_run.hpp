@@ -1,0 +1,49 @@
+// pipeline_run.hpp — one rank's part of a pipelined step: its list of actions (pipeline.hpp) run
+// over its units, with activations and their gradients sent to the neighbouring stages.
+//
+// A forward of (chunk c, micro-batch m) receives its input from the previous chunk's rank (the
+// first chunk takes the tokens), runs the chunk's units keeping what their backward needs, and
+// sends its output on; the last chunk computes the loss instead, leaving d(loss)/d(logits) in
+// place. A backward receives the gradient of its output (the last chunk has it), runs the units
+// in reverse, and sends the gradient of its input back. Point-to-point semantics are the ones
+// check_schedule simulates: a send is posted and the rank moves on; before it waits for a message
+// it has posted the receive for, it waits for its own posted sends and frees their buffers there,
+// so what a stage holds at each moment depends on the schedule only (predictions match runs to
+// the byte). Messages are told apart by (kind, chunk, micro-batch), known from the schedule.
+#pragma once
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "src/model/runner.hpp"
+#include "src/train/pipeline.hpp"
+
+namespace shardlab {
+
+struct PipelineRun {
+  const StageSplit& split;
+  const PipeSchedule& schedule;
+  int rank = 0;                  // this rank's pipeline coordinate
+  Communicator& pp;              // the pipeline group (peers by pipeline coordinate)
+  // Elements of chunk c's input per micro-batch (the output of unit split.begin(c) - 1); unused for c = 0.
+  std::vector<int64_t> input_elems;
+  // Before each action: the strategy learns which micro-batch runs and whether it is the last
+  // (the units' gradients are reduced after their last micro-batch's backward).
+  std::function<void(int64_t micro, bool last)> begin_micro;
+};
+
+// The step's actions of this rank over `units` (this rank's, in model order: split.units_of(rank)),
+// one Batch per micro-batch. Returns this rank's loss sum (the last chunk's rank; 0 elsewhere).
+// Ledger phases name local unit indices, as Trainer::unit_names() lists them.
+RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
+                       Backend& be, Pool& pool, std::span<const Batch> micro, UnitHooks& hooks, float dlogit_scale,
+                       Checkpointing checkpointing, const TpContext& tp);
+
+// Forward only (evaluation): every micro-batch through this rank's chunks in order, the loss on the
+// last chunk's rank (hooks.forward_loss, or the vocabulary-parallel loss under TP); 0 elsewhere.
+RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
+                               const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
+                               UnitHooks& hooks, const TpContext& tp);
+
+}  // namespace shardlab
