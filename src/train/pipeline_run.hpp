@@ -6,8 +6,9 @@
 // sends its output on; the last chunk computes the loss instead, leaving d(loss)/d(logits) in
 // place. A backward receives the gradient of its output (the last chunk has it), runs the units
 // in reverse, and sends the gradient of its input back. Point-to-point semantics are the ones
-// check_schedule simulates: a send is posted and the rank moves on; before it waits for a message
-// it has posted the receive for, it waits for its own posted sends and frees their buffers there,
+// check_schedule simulates: a send is posted and the rank moves on; each action first posts its
+// own receive and those of the next forward and backward that need one; before it waits for its
+// message, it waits for its own posted sends and frees their buffers there,
 // so what a stage holds at each moment depends on the schedule only (predictions match runs to
 // the byte). Messages are told apart by (kind, chunk, micro-batch), known from the schedule.
 #pragma once
