@@ -283,12 +283,6 @@ void Trainer::print_header(std::FILE* out) const {
                static_cast<long long>(cfg_.spec.seq), cfg_.shuffle ? ", shuffled per epoch" : "",
                static_cast<long long>(cfg_.batch), static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind),
                cfg_.schedule.lr);
-  // 1f1b with fewer micro-batches than stages runs (a smaller M is legal, only wasteful): say so.
-  if (const int P = cfg_.strategy.dims.pp; P > 1 && cfg_.pipeline.schedule == PpSchedule::one_f_one_b && cfg_.accum < P)
-    std::fprintf(out, "  warning: --pp-schedule 1f1b with --micro-batches %lld, fewer than --pp %d: no stage reaches "
-                 "its steady state (each holds every micro-batch, as gpipe), and the bubble is %.0f%% of the step; "
-                 "give --micro-batches %d or more\n", static_cast<long long>(cfg_.accum), P,
-                 100 * bubble_fraction(PpSchedule::one_f_one_b, P, 1, static_cast<int>(cfg_.accum)), P);
   if (val_loader_)
     std::fprintf(out, "  validation %s: %lld batches of %lld sequences (%lld requested), every %s\n",
                  data_.val->source.c_str(), static_cast<long long>(val_batches_), static_cast<long long>(cfg_.batch),
