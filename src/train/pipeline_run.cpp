@@ -71,6 +71,10 @@ class Executor {
       pool_.ledger().set_phase({PhaseKind::loss});
       const int64_t N = b.B * b.T;
       const Tensor logits = last.view(DType::f32, {N, static_cast<int64_t>(last.bytes() / sizeof(float)) / N});
+      if (logits_out_) {
+        logits_out_->resize(static_cast<size_t>(logits.numel()));
+        be_.copy(Tensor::of(std::span<float>(*logits_out_)), logits);
+      }
       if (tp_.active())
         loss_sum_ += vocab_parallel_loss(be_, pool_, *tp_.comm, spec_, logits, b, train ? logits : Tensor(),
                                          train ? dlogit_scale_ : 0.f);
@@ -150,6 +154,7 @@ class Executor {
   }
 
   void set_scale(float s) { dlogit_scale_ = s; }
+  void set_logits(std::vector<float>* l) { logits_out_ = l; }
   RunResult result() const { return {loss_sum_, positions_}; }
 
  private:
@@ -232,6 +237,7 @@ class Executor {
   const TpContext& tp_;
   const int last_chunk_;
   float dlogit_scale_ = 0.f;
+  std::vector<float>* logits_out_ = nullptr;
   double loss_sum_ = 0;
   int64_t positions_ = 0;
   std::map<int, int> local_begin_;  // chunk -> its first unit among this rank's
@@ -270,14 +276,16 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
 
 RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
                                const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
-                               UnitHooks& hooks, const TpContext& tp) {
+                               UnitHooks& hooks, const TpContext& tp, std::vector<float>* logits) {
   check_batches(spec, micro);
+  SHARD_CHECK(!logits || micro.size() == 1, "logits of {} micro-batches", micro.size());
   // Every rank: each micro-batch through its chunks in model order.
   std::vector<std::vector<PipeAction>> lists(static_cast<size_t>(run.split.pp));
   for (int r = 0; r < run.split.pp; ++r)
     for (int m = 0; m < static_cast<int>(micro.size()); ++m)
       for (int c : run.split.chunks_of(r)) lists[static_cast<size_t>(r)].push_back({PipeAction::forward, c, m});
   Executor ex(run, units, spec, be, pool, hooks, tp, lists);
+  ex.set_logits(logits);
   for (const PipeAction& a : lists.at(static_cast<size_t>(run.rank))) {
     UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], Checkpointing::none, tp};
     ex.forward(a, false, ctx);

@@ -42,8 +42,10 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
 
 // Forward only (evaluation): every micro-batch through this rank's chunks in order, the loss on the
 // last chunk's rank (hooks.forward_loss, or the vocabulary-parallel loss under TP); 0 elsewhere.
+// With `logits` (one micro-batch: sampling), the last chunk's rank also copies its logits there,
+// as run_forward does.
 RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
                                const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
-                               UnitHooks& hooks, const TpContext& tp);
+                               UnitHooks& hooks, const TpContext& tp, std::vector<float>* logits = nullptr);
 
 }  // namespace shardlab

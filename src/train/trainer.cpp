@@ -97,9 +97,6 @@ void TrainConfig::validate(int world) const {
                   "--sample-prompt is longer than the model's {} positions", spec.seq);
   }
   if (dims.pp > 1) {
-    SHARD_REQUIRE(sample_every == 0,
-                  "--sample-every {} with --pp {}: sampling does not run through a pipeline yet; train, then `shardlab "
-                  "sample` the checkpoint at --pp 1", sample_every, dims.pp);
     SHARD_REQUIRE(pipeline.virtual_stages == 1 || pipeline.schedule == PpSchedule::interleaved,
                   "--pp-virtual {} with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
                   pipeline.virtual_stages, pp_schedule_name(pipeline.schedule));
@@ -258,9 +255,17 @@ void Trainer::take_stage_units() {
   }
 }
 
-PipelineRun Trainer::pipeline_run() {
+int32_t Trainer::receive_sampled_token(int32_t token) {
+  // Token ids are below 2^24: a float sum over the pipeline (zeros elsewhere) carries one exactly.
+  float v = static_cast<float>(token);
+  mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&v, 1)).wait();
+  return static_cast<int32_t>(v);
+}
+
+PipelineRun Trainer::pipeline_run(int64_t B, int64_t T) {
   PipelineRun run{*split_, *schedule_, mesh_.rank(CommAxis::pp), mesh_.comm(CommAxis::pp), {}, {}};
-  const int64_t B = cfg_.batch / mesh_.dp_size() / cfg_.accum, T = cfg_.spec.seq;
+  if (B == 0) B = cfg_.batch / mesh_.dp_size() / cfg_.accum;
+  if (T == 0) T = cfg_.spec.seq;
   for (int c = 0; c < split_->chunks(); ++c)
     run.input_elems.push_back(
         c == 0 ? 0 : model_units_[static_cast<size_t>(split_->begin(c) - 1)]->out_elems(cfg_.spec, B, T));
@@ -458,7 +463,7 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
   EvalScope scope(*this);
   std::vector<float> logits;
   std::optional<Decoder> decoder;
-  if (c.kv_cache && Decoder::supported(units_)) decoder.emplace(units_, cfg_.spec, be_, pool_);
+  if (c.kv_cache && Decoder::supported(units_) && !pipelined()) decoder.emplace(units_, cfg_.spec, be_, pool_);
   for (int64_t i = 0; i < c.tokens; ++i) {
     const int64_t size = static_cast<int64_t>(tokens.size()), n = std::min(size, T);
     if (decoder && size <= T) {  // the cache holds every position but the newest (none at first)
@@ -473,7 +478,18 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
       std::vector<int32_t> context(tokens.end() - n, tokens.end());
       std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
       Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
-      run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
+      if (pipelined()) {  // the last stage's logits; the other stages' stay empty
+        logits.clear();
+        run_pipeline_forward(pipeline_run(1, n), units_, cfg_.spec, be_, pool_, std::span<const Batch>(&b, 1),
+                             *strategy_, tp_, &logits);
+      } else {
+        run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
+      }
+    }
+    if (pipelined() && logits.empty()) {  // not the last stage: its token comes from there
+      tokens.push_back(receive_sampled_token(0));
+      if (on_token) on_token(tokens.back());
+      continue;
     }
     if (tp_.active()) {  // every rank's vocabulary columns of the last position, in rank order (padded)
       const int64_t cols = static_cast<int64_t>(logits.size()) / n;
@@ -485,6 +501,7 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
     }
     const int64_t rows = static_cast<int64_t>(logits.size()) / V;  // the last row is the next token's
     tokens.push_back(sample_token(std::span<const float>(logits).subspan(static_cast<size_t>((rows - 1) * V), V), c, i));
+    if (pipelined()) receive_sampled_token(tokens.back());
     if (on_token) on_token(tokens.back());
   }
   return tokens;

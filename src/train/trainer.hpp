@@ -152,7 +152,10 @@ class Trainer {
   void sync_tied_grads();
   // Pipeline parallelism: every micro-batch of step t (or validation batch i) for this rank.
   std::vector<Batch> pipeline_batches(BatchLoader& loader, int64_t t);
-  PipelineRun pipeline_run();
+  // The pipeline's run for micro-batches of B sequences of T tokens (0: the training step's).
+  PipelineRun pipeline_run(int64_t B = 0, int64_t T = 0);
+  // Sampling under --pp: the last stage's token (the other stages pass 0), on every rank.
+  int32_t receive_sampled_token(int32_t token);
   void maybe_sample(int64_t t, std::FILE* out);
   bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
 
