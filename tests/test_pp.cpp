@@ -179,9 +179,8 @@ TEST_CASE("pipeline parallelism: accumulation over 4 micro-batches, and 1f1b wit
 }
 
 // Interleaved 1F1B: 8 chunks of one unit each (6 blocks) over 4 ranks, 2 per rank.
-// Hidden until the schedules land (branch pp-sched): the stub's pipeline.cpp has no interleaving.
 TEST_CASE("pipeline parallelism: interleaved 1f1b at pp 4 x V 2 matches single-rank training",
-          "[pp][interleaved][.needs-pp-sched]") {
+          "[pp][interleaved]") {
   if (g_mpi->world() != 4) return;
   for (ModelSpec spec : {gpt2_spec(), llama_spec()}) {
     spec.layers = 6;
