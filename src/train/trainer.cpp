@@ -4,11 +4,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
+#include <numeric>
+
+#include <fmt/ranges.h>
 
 #include "src/core/units.hpp"
 #include "src/model/decode.hpp"
@@ -19,6 +23,34 @@
 #include "src/train/predict.hpp"
 
 namespace shardlab {
+
+// The split and the schedule against the model's units, before any unit is built: every message
+// names the values (pipeline.cpp's explicit_split / build_schedule check the same as their contract).
+void TrainConfig::validate_pipeline(int pp) const {
+  const PipelineConfig& pc = pipeline;
+  const bool interleaved = pc.schedule == PpSchedule::interleaved;
+  SHARD_REQUIRE(!interleaved || pc.virtual_stages >= 2,
+                "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (model chunks per rank); with one chunk "
+                "per rank use 1f1b");
+  SHARD_REQUIRE(!interleaved || accum % pp == 0,
+                "--pp-schedule interleaved-1f1b: --micro-batches {} is not a multiple of --pp {} (micro-batches go "
+                "through the chunks in groups of pp)", accum, pp);
+  const std::vector<UnitLayout> layout = family_of(spec).layout(spec);
+  const int units = static_cast<int>(layout.size()), chunks = pp * pc.virtual_stages;
+  const std::string model = fmt::format("{} units ({} .. {})", units, layout.front().name, layout.back().name);
+  SHARD_REQUIRE(chunks <= units, "--pp {} x --pp-virtual {} = {} stages, but the model has {}: every stage needs at "
+                "least one", pp, pc.virtual_stages, chunks, model);
+  if (pc.split.empty()) return;
+  const std::string given = fmt::format("{}", fmt::join(pc.split, ","));
+  SHARD_REQUIRE(static_cast<int>(pc.split.size()) == chunks,
+                "--pp-split {} gives {} count{}; --pp {} x --pp-virtual {} needs {} (one per chunk)", given,
+                pc.split.size(), pc.split.size() == 1 ? "" : "s", pp, pc.virtual_stages, chunks);
+  SHARD_REQUIRE(std::all_of(pc.split.begin(), pc.split.end(), [](int c) { return c >= 1; }),
+                "--pp-split {}: every chunk needs at least one unit", given);
+  const int64_t sum = std::accumulate(pc.split.begin(), pc.split.end(), int64_t{0});
+  SHARD_REQUIRE(sum == units, "--pp-split {} sums to {} units, but the model has {} ({} .. {})", given, sum, units,
+                layout.front().name, layout.back().name);
+}
 
 void TrainConfig::validate(int world) const {
   spec.validate();
@@ -68,6 +100,7 @@ void TrainConfig::validate(int world) const {
     SHARD_REQUIRE(pipeline.virtual_stages == 1 || pipeline.schedule == PpSchedule::interleaved,
                   "--pp-virtual {} with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
                   pipeline.virtual_stages, pp_schedule_name(pipeline.schedule));
+    validate_pipeline(dims.pp);
   } else {
     SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),
                   "--pp-virtual {} / --pp-split: pipeline options need --pp 2 or more", pipeline.virtual_stages);

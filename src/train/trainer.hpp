@@ -70,6 +70,7 @@ struct TrainConfig : StepConfig {
   // Whether a run validates after step t (0-based): every val_every steps, and after the last.
   bool validates_after(int64_t t) const { return (val_every > 0 && (t + 1) % val_every == 0) || t + 1 == steps; }
   void validate(int world) const;
+  void validate_pipeline(int pp) const;  // --pp > 1: the split and the schedule against the units (validate calls it)
 };
 
 struct StepStats {
