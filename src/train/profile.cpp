@@ -257,6 +257,11 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
   SHARD_REQUIRE(!cfg.measure || group.size == 1 || group.size == cfg.world,
                 "--measure with {} processes: start 1 (the sim communicator stands in for the others) or --world {}",
                 group.size, cfg.world);
+  // The sim communicator stands in for collectives, not for a neighbour stage's activations: a
+  // stage measured alone would compute on what no stage sent.
+  SHARD_REQUIRE(!cfg.measure || pp_of(cfg) == 1 || group.size == cfg.world,
+                "--measure with --pp {} and {} process: start --nproc {} (every stage runs)", pp_of(cfg), group.size,
+                cfg.world);
 }
 
 // One line per stage: the units it holds (by name) and the micro-batches its schedule keeps in flight.
