@@ -1,5 +1,5 @@
 // Memory under pipeline parallelism: every stage's measured step equals its prediction (meta
-// backend, sim) to the byte under each schedule, at pp 2 and pp 4 and composed with data
+// backend, sim) to the byte under each schedule (interleaved at pp 2 x V 2), at pp 2 and pp 4 and composed with data
 // parallelism; and the activations a stage holds follow the schedule (gpipe every micro-batch,
 // 1f1b min(M, P - stage)), read off the ledger's activation peaks at several micro-batch counts.
 #include <catch2/catch.hpp>
@@ -51,6 +51,14 @@ TEST_CASE("pipeline: every stage's step memory is predicted to the byte, each sc
         check_measured_is_predicted(cfg, fmt::format("pp {} x dp {} {} {} {}", l.pp, N / l.pp, strategy_name(l.kind),
                                                      pp_schedule_name(s), dtype_name(dt)));
       }
+  // Interleaved 1F1B: tiny's 4 units as 2 chunks on each of 2 stages (V 2; M a multiple of P).
+  for (StrategyKind k : N == 4 ? std::vector<StrategyKind>{StrategyKind::ddp, StrategyKind::zero3}
+                               : std::vector<StrategyKind>{StrategyKind::ddp}) {
+    TrainConfig cfg = pp_config(k, N, 2, PpSchedule::interleaved, 4);
+    cfg.pipeline.virtual_stages = 2;
+    cfg.steps = 2;
+    check_measured_is_predicted(cfg, fmt::format("pp 2 V 2 x dp {} {} interleaved-1f1b", N / 2, strategy_name(k)));
+  }
 }
 
 TEST_CASE("pipeline: the stages differ, and their activations follow the schedule's micro-batches in flight",
