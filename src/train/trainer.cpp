@@ -198,25 +198,33 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   global_targets_.resize(global_inputs_.size());
 }
 
+StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const StepConfig& c) {
+  const ParallelDims& d = c.strategy.dims;
+  const PipelineConfig& pc = c.pipeline;
+  const int U = static_cast<int>(units.size());
+  if (!pc.split.empty()) return explicit_split(pc.split, d.pp, pc.virtual_stages, U);
+  // Each unit's cost: its parameters (the GEMMs' work per token, and the state it keeps), what it
+  // borrows (a tied head's GEMM), and a block's attention (6 C T FLOPs per token: 1 per parameter-equivalent).
+  std::vector<double> cost;
+  for (int u = 0; u < U; ++u) {
+    double w = static_cast<double>(units[static_cast<size_t>(u)]->layout().numel);
+    for (const BorrowedTensor& b : borrowed_tensors(units, static_cast<size_t>(u))) w += static_cast<double>(b.decl->numel);
+    if (units[static_cast<size_t>(u)]->recomputable()) w += static_cast<double>(c.spec.dim * c.spec.seq);
+    cost.push_back(w);
+  }
+  return balanced_split(cost, d.pp, pc.virtual_stages);
+}
+
+StageSplit stage_split(const StepConfig& c) {
+  const TpConfig tp{c.strategy.dims.tp, 0, c.sequence_parallel};
+  return stage_split(family_of(c.spec).make_units(c.spec, tp), c);
+}
+
 void Trainer::take_stage_units() {
   const ModelSpec& spec = cfg_.spec;
   const ParallelDims& d = cfg_.strategy.dims;
   const PipelineConfig& pc = cfg_.pipeline;
-  const int U = static_cast<int>(units_.size());
-  if (!pc.split.empty()) {
-    split_ = explicit_split(pc.split, d.pp, pc.virtual_stages, U);
-  } else {
-    // Each unit's cost: its parameters (the GEMMs' work per token, and the state it keeps), what it
-    // borrows (a tied head's GEMM), and a block's attention (6 C T FLOPs per token: 1 per parameter-equivalent).
-    std::vector<double> cost;
-    for (int u = 0; u < U; ++u) {
-      double c = static_cast<double>(units_[static_cast<size_t>(u)]->layout().numel);
-      for (const BorrowedTensor& b : borrowed_tensors(units_, static_cast<size_t>(u))) c += static_cast<double>(b.decl->numel);
-      if (units_[static_cast<size_t>(u)]->recomputable()) c += static_cast<double>(spec.dim * spec.seq);
-      cost.push_back(c);
-    }
-    split_ = balanced_split(cost, d.pp, pc.virtual_stages);
-  }
+  split_ = stage_split(units_, cfg_);
   schedule_ = build_schedule(pc.schedule, d.pp, pc.virtual_stages, static_cast<int>(cfg_.accum));
   const int me = mesh_.rank(CommAxis::pp);
   // Borrowed tensors whose owner is on another stage: the owner keeps its tensor, the borrower gets a

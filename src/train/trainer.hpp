@@ -88,6 +88,11 @@ struct StepStats {
 
 struct PipelineRun;  // pipeline_run.hpp
 
+// Pipeline parallelism: the units' split into stages for step config c (--pp-split as given, or
+// balanced by each unit's cost); the Trainer's own, so reports can name what each stage holds.
+StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const StepConfig& c);
+StageSplit stage_split(const StepConfig& c);  // over the units of tensor-parallel rank 0
+
 class Trainer {
  public:
   // Tokens come from cfg.data unless `tokens` is given (predictions pass a stand-in stream).
