@@ -255,8 +255,8 @@ void Trainer::take_stage_units() {
   }
   units_ = std::move(mine);
   for (const auto& [o, v] : cross) {
+    if (local[o] < 0 && local[v] < 0) continue;  // a stage between them
     const size_t u = static_cast<size_t>(local[o] >= 0 ? local[o] : local[v]);
-    if (local[o] < 0 && local[v] < 0) continue;
     const std::vector<std::string> names = model_units_[v]->borrowed();
     for (const TensorDecl& t : units_[u]->layout().tensors)
       if (std::find(names.begin(), names.end(), t.name) != names.end()) tied_.push_back({u, &t});
