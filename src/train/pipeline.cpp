@@ -1,43 +1,475 @@
-// TEMPORARY stub for the lead's testing; replaced by the helper's pipeline.cpp.
+// pipeline.cpp — stage splits, the three schedules, and the simulation that checks them
+// (pipeline.hpp).
+//
+// The check and simulated_bubble share one simulation of the runner's point-to-point semantics:
+// a monotone system (receives and sends, once posted, stay posted), so advancing every rank as far
+// as it can, round after round, reaches the same state in any order, and a round without progress
+// is a deadlock. Timing rides along: a rank advances only once everything it waits on is known.
 #include "src/train/pipeline.hpp"
-#include <fmt/format.h>
-#include <sstream>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
 #include "src/core/check.hpp"
+#include "src/core/suggest.hpp"
+
 namespace shardlab {
+
+// ---------------------------------------------------------------------------------------------
+// Names
+
 PpSchedule parse_pp_schedule(const std::string& s) {
-  if (s == "gpipe") return PpSchedule::gpipe;
-  if (s == "1f1b") return PpSchedule::one_f_one_b;
-  if (s == "interleaved-1f1b") return PpSchedule::interleaved;
-  throw InputError("bad schedule " + s);
-}
-const char* pp_schedule_name(PpSchedule s) { return s == PpSchedule::gpipe ? "gpipe" : s == PpSchedule::one_f_one_b ? "1f1b" : "interleaved-1f1b"; }
-int StageSplit::begin(int chunk) const { int b = 0; for (int c = 0; c < chunk; ++c) b += counts[c]; return b; }
-int StageSplit::chunk_of_unit(int unit) const { int b = 0; for (int c = 0; c < chunks(); ++c) { b += counts[c]; if (unit < b) return c; } return -1; }
-std::vector<int> StageSplit::chunks_of(int r) const { std::vector<int> v; for (int c = r; c < chunks(); c += pp) v.push_back(c); return v; }
-std::vector<int> StageSplit::units_of(int r) const { std::vector<int> v; for (int c : chunks_of(r)) for (int u = begin(c); u < begin(c) + count(c); ++u) v.push_back(u); return v; }
-std::string StageSplit::describe() const { return ""; }
-std::string StageSplit::describe(const std::vector<std::string>&) const { return ""; }
-StageSplit explicit_split(const std::vector<int>& counts, int pp, int v, int) { return StageSplit{pp, v, counts}; }
-StageSplit balanced_split(const std::vector<double>& cost, int pp, int v) {
-  int n = pp * v, U = (int)cost.size(); StageSplit s{pp, v, {}};
-  for (int c = 0; c < n; ++c) s.counts.push_back(U / n + (c < U % n ? 1 : 0));
-  return s;
-}
-std::vector<int> parse_pp_split(const std::string& s) { std::vector<int> v; std::stringstream ss(s); std::string x; while (std::getline(ss, x, ',')) v.push_back(std::stoi(x)); return v; }
-std::string describe(const PipeAction& a) { return fmt::format("{}{}c{}", a.kind == PipeAction::forward ? "F" : "B", a.micro, a.chunk); }
-int PipeSchedule::in_flight(int) const { return 0; }
-std::string PipeSchedule::describe() const { return ""; }
-PipeSchedule build_schedule(PpSchedule kind, int pp, int v, int M) {
-  PipeSchedule s; s.kind = kind; s.pp = pp; s.virtual_stages = v; s.micro_batches = M; s.ranks.resize(pp);
-  for (int r = 0; r < pp; ++r) {
-    auto& L = s.ranks[r];
-    if (kind == PpSchedule::gpipe) { for (int m = 0; m < M; ++m) L.push_back({PipeAction::forward, r, m}); for (int m = 0; m < M; ++m) L.push_back({PipeAction::backward, r, m}); continue; }
-    int warm = std::min(M, pp - r), f = 0, b = 0;
-    for (; f < warm; ++f) L.push_back({PipeAction::forward, r, f});
-    while (b < M) { L.push_back({PipeAction::backward, r, b++}); if (f < M) L.push_back({PipeAction::forward, r, f++}); }
+  std::vector<std::string> names;
+  for (PpSchedule k : {PpSchedule::gpipe, PpSchedule::one_f_one_b, PpSchedule::interleaved}) {
+    if (s == pp_schedule_name(k)) return k;
+    names.push_back(pp_schedule_name(k));
   }
+  throw InputError(fmt::format("unknown pipeline schedule '{}': expected {}, {} or {}{}", s, names[0], names[1],
+                               names[2], did_you_mean(s, names)));
+}
+
+const char* pp_schedule_name(PpSchedule s) {
+  switch (s) {
+    case PpSchedule::gpipe: return "gpipe";
+    case PpSchedule::one_f_one_b: return "1f1b";
+    case PpSchedule::interleaved: return "interleaved-1f1b";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage splits
+
+int StageSplit::begin(int chunk) const {
+  SHARD_CHECK(chunk >= 0 && chunk < chunks(), "chunk {} of {}", chunk, chunks());
+  int b = 0;
+  for (int c = 0; c < chunk; ++c) b += count(c);
+  return b;
+}
+
+int StageSplit::chunk_of_unit(int unit) const {
+  int end = 0;
+  for (int c = 0; c < chunks(); ++c) {
+    end += count(c);
+    if (unit < end && unit >= 0) return c;
+  }
+  SHARD_CHECK(false, "unit {} is outside the split's {} units", unit, end);
+  return -1;
+}
+
+std::vector<int> StageSplit::chunks_of(int r) const {
+  SHARD_CHECK(r >= 0 && r < pp, "pipeline rank {} of {}", r, pp);
+  std::vector<int> out;
+  for (int c = r; c < chunks(); c += pp) out.push_back(c);
+  return out;
+}
+
+std::vector<int> StageSplit::units_of(int r) const {
+  std::vector<int> out;
+  for (int c : chunks_of(r))
+    for (int u = begin(c); u < begin(c) + count(c); ++u) out.push_back(u);
+  return out;
+}
+
+std::string StageSplit::describe() const { return describe({}); }
+
+// Chunks are "stage r" without interleaving; with it, the rank is not the chunk's position.
+std::string StageSplit::describe(const std::vector<std::string>& unit_names) const {
+  std::string out;
+  for (int c = 0; c < chunks(); ++c) {
+    const int b = begin(c), e = b + count(c) - 1;
+    out += c == 0 ? "" : " | ";
+    out += virtual_stages == 1 ? fmt::format("stage {}: ", c) : fmt::format("chunk {} (rank {}): ", c, rank_of(c));
+    out += b == e ? fmt::format("unit {}", b) : fmt::format("units {}-{}", b, e);
+    if (static_cast<int>(unit_names.size()) > e) {
+      const std::string& first = unit_names[static_cast<size_t>(b)];
+      out += b == e ? fmt::format(" ({})", first) : fmt::format(" ({} .. {})", first, unit_names[static_cast<size_t>(e)]);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+void require_degrees(int pp, int virtual_stages) {
+  SHARD_REQUIRE(pp >= 1 && virtual_stages >= 1, "--pp {} and --pp-virtual {} must be at least 1", pp, virtual_stages);
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{}", i ? "," : "", v[i]);
   return s;
 }
-void check_schedule(const PipeSchedule&) {}
-double bubble_fraction(PpSchedule, int pp, int v, int M) { return double(pp - 1) / (v * M + pp - 1); }
+
+}  // namespace
+
+StageSplit explicit_split(const std::vector<int>& counts, int pp, int virtual_stages, int units) {
+  require_degrees(pp, virtual_stages);
+  const int chunks = pp * virtual_stages;
+  SHARD_REQUIRE(static_cast<int>(counts.size()) == chunks,
+                "--pp-split {} gives {} counts, but --pp {} x --pp-virtual {} makes {} chunks: give one count per "
+                "chunk, {} in all", join(counts), counts.size(), pp, virtual_stages, chunks, chunks);
+  long long sum = 0;
+  for (size_t c = 0; c < counts.size(); ++c) {
+    SHARD_REQUIRE(counts[c] >= 1, "--pp-split {}: chunk {} gets {} units; every chunk needs at least one",
+                  join(counts), c, counts[c]);
+    sum += counts[c];
+  }
+  SHARD_REQUIRE(sum == units, "--pp-split {} sums to {} units, but the model has {}: the counts must add up to {}",
+                join(counts), sum, units, units);
+  return StageSplit{pp, virtual_stages, counts};
 }
+
+namespace {
+
+// Fewest chunks whose costs stay within `limit`, filled greedily (optimal for contiguous splits).
+int chunks_needed(const std::vector<double>& prefix, double limit) {
+  const size_t U = prefix.size() - 1;
+  int n = 0;
+  for (size_t b = 0; b < U; ++n) {
+    size_t e = b + 1;
+    if (prefix[e] - prefix[b] > limit) return std::numeric_limits<int>::max();
+    while (e < U && prefix[e + 1] - prefix[b] <= limit) ++e;
+    b = e;
+  }
+  return n;
+}
+
+}  // namespace
+
+// The optimal bottleneck is one of the O(U^2) chunk sums: binary search them with the greedy
+// count. Every cost is compared as prefix[e] - prefix[b], one expression, so the rounding of the
+// search and of the assignment agree.
+StageSplit balanced_split(const std::vector<double>& cost, int pp, int virtual_stages) {
+  require_degrees(pp, virtual_stages);
+  const int chunks = pp * virtual_stages, U = static_cast<int>(cost.size());
+  SHARD_REQUIRE(U >= chunks,
+                "{} units cannot fill --pp {} x --pp-virtual {} = {} chunks (each needs a unit): lower --pp or "
+                "--pp-virtual to at most {} chunks", U, pp, virtual_stages, chunks, U);
+  std::vector<double> prefix(static_cast<size_t>(U) + 1, 0.0);
+  for (size_t u = 0; u < cost.size(); ++u) {
+    SHARD_CHECK(std::isfinite(cost[u]) && cost[u] >= 0, "unit {} costs {}", u, cost[u]);
+    prefix[u + 1] = prefix[u] + cost[u];
+  }
+  std::vector<double> sums;
+  for (size_t b = 0; b < cost.size(); ++b)
+    for (size_t e = b + 1; e <= cost.size(); ++e) sums.push_back(prefix[e] - prefix[b]);
+  std::sort(sums.begin(), sums.end());
+  sums.erase(std::unique(sums.begin(), sums.end()), sums.end());
+  const auto it = std::partition_point(sums.begin(), sums.end(),
+                                       [&](double limit) { return chunks_needed(prefix, limit) > chunks; });
+  SHARD_CHECK(it != sums.end(), "no split of {} units into {} chunks", U, chunks);
+  const double limit = *it;
+  // From the back, each chunk as heavy as the limit allows while leaving a unit per chunk before
+  // it: the earlier chunks come out lighter (the first stage holds the most activations in 1f1b).
+  StageSplit s{pp, virtual_stages, std::vector<int>(static_cast<size_t>(chunks))};
+  int end = U;
+  for (int c = chunks - 1; c >= 0; --c) {
+    int b = end - 1;
+    while (b - 1 >= c && prefix[static_cast<size_t>(end)] - prefix[static_cast<size_t>(b - 1)] <= limit) --b;
+    s.counts[static_cast<size_t>(c)] = end - b;
+    end = b;
+  }
+  SHARD_CHECK(end == 0, "balanced split left {} units before chunk 0", end);
+  return s;
+}
+
+std::vector<int> parse_pp_split(const std::string& s) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const char *first = s.data() + pos, *last = s.data() + comma;
+    int v = 0;
+    const auto [ptr, ec] = std::from_chars(first, last, v);
+    SHARD_REQUIRE(ec == std::errc() && ptr == last && first != last && v >= 1,
+                  "--pp-split '{}': '{}' is not a positive unit count; give one count per chunk, like 3,3,2", s,
+                  std::string(first, last));
+    out.push_back(v);
+    if (comma == s.size()) return out;
+    pos = comma + 1;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedules
+
+std::string describe(const PipeAction& a) {
+  return fmt::format("{}{}c{}", a.kind == PipeAction::forward ? 'F' : 'B', a.micro, a.chunk);
+}
+
+int PipeSchedule::in_flight(int rank) const {
+  SHARD_CHECK(rank >= 0 && rank < static_cast<int>(ranks.size()), "pipeline rank {} of {}", rank, ranks.size());
+  int now = 0, most = 0;
+  for (const PipeAction& a : ranks[static_cast<size_t>(rank)]) {
+    now += a.kind == PipeAction::forward ? 1 : -1;
+    most = std::max(most, now);
+  }
+  return most;
+}
+
+std::string PipeSchedule::describe() const {
+  std::string out;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    out += fmt::format("{}rank {}:", r ? "\n" : "", r);
+    for (const PipeAction& a : ranks[r]) out += fmt::format(" {}", shardlab::describe(a));
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<PipeAction> gpipe_list(int chunk, int M) {
+  std::vector<PipeAction> l;
+  for (int m = 0; m < M; ++m) l.push_back({PipeAction::forward, chunk, m});
+  for (int m = 0; m < M; ++m) l.push_back({PipeAction::backward, chunk, m});
+  return l;
+}
+
+// Warm-up forwards, then a forward and a backward in turn, then the remaining backwards; the i-th
+// forward and backward are fwd(i) and bwd(i).
+template <class Fwd, class Bwd>
+std::vector<PipeAction> one_f_one_b_list(int total, int warmup, Fwd fwd, Bwd bwd) {
+  std::vector<PipeAction> l;
+  for (int k = 0; k < warmup; ++k) l.push_back(fwd(k));
+  for (int k = 0; k + warmup < total; ++k) {
+    l.push_back(fwd(k + warmup));
+    l.push_back(bwd(k));
+  }
+  for (int k = std::max(0, total - warmup); k < total; ++k) l.push_back(bwd(k));
+  return l;
+}
+
+// Megatron's interleaving: the k-th forward of rank r takes the micro-batch group k / (P V) (P
+// micro-batches) through its chunks in turn, P micro-batches per chunk; backwards walk the chunks in
+// reverse. Megatron merges the two lists 1f1b-style (warm-up (P - r - 1) * 2 + (V - 1) * P, then a
+// forward and a backward in turn), but under the runner's semantics that merge deadlocks whenever it
+// has a steady state (M > P): a rank's backward waits for its last activation to be taken, the
+// taker reaches it only after its own backwards, and around the ring of chunks (rank P - 1 feeds
+// rank 0) those waits close on themselves, whatever the warm-up. Megatron escapes by posting the
+// next receives together with the sends; our runner posts a receive at its action. So every
+// forward runs first (the warm-up capped at V M, as Megatron does when M = P): the bubble of
+// interleaving, gpipe's activation memory.
+std::vector<PipeAction> interleaved_list(int r, int P, int V, int M) {
+  const int total = V * M;
+  const auto micro = [=](int k) { return (k / (P * V)) * P + k % P; };
+  const auto fwd = [=](int k) { return PipeAction{PipeAction::forward, ((k / P) % V) * P + r, micro(k)}; };
+  const auto bwd = [=](int k) { return PipeAction{PipeAction::backward, (V - 1 - (k / P) % V) * P + r, micro(k)}; };
+  return one_f_one_b_list(total, total, fwd, bwd);
+}
+
+}  // namespace
+
+PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches) {
+  require_degrees(pp, virtual_stages);
+  const int P = pp, V = virtual_stages, M = micro_batches;
+  SHARD_REQUIRE(M >= 1, "--micro-batches {}: a step needs at least one micro-batch", M);
+  if (kind == PpSchedule::interleaved) {
+    SHARD_REQUIRE(V >= 2, "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (got {}); with one chunk per "
+                  "rank use 1f1b", V);
+    const int below = M / P * P;
+    SHARD_REQUIRE(M % P == 0, "--pp-schedule interleaved-1f1b sends micro-batches through the chunks in groups of "
+                  "--pp {}: --micro-batches {} is not a multiple; give {}", P, M,
+                  below == 0 ? fmt::format("{} or more", P) : fmt::format("{} or {}", below, below + P));
+  } else {
+    SHARD_REQUIRE(V == 1, "--pp-virtual {} needs --pp-schedule interleaved-1f1b ({} runs one chunk per rank)", V,
+                  pp_schedule_name(kind));
+  }
+  PipeSchedule s;
+  s.kind = kind;
+  s.pp = P, s.virtual_stages = V, s.micro_batches = M;
+  for (int r = 0; r < P; ++r) {
+    const auto fwd = [=](int k) { return PipeAction{PipeAction::forward, r, k}; };
+    const auto bwd = [=](int k) { return PipeAction{PipeAction::backward, r, k}; };
+    switch (kind) {
+      case PpSchedule::gpipe: s.ranks.push_back(gpipe_list(r, M)); break;
+      case PpSchedule::one_f_one_b: s.ranks.push_back(one_f_one_b_list(M, std::min(M, P - r) - 1, fwd, bwd)); break;
+      case PpSchedule::interleaved: s.ranks.push_back(interleaved_list(r, P, V, M)); break;
+    }
+  }
+  check_schedule(s);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The simulation
+
+namespace {
+
+class Simulation {
+ public:
+  Simulation(const PipeSchedule& s, double forward_time, double backward_time)
+      : s_(s), chunks_(s.pp * s.virtual_stages), fwd_time_(forward_time), bwd_time_(backward_time),
+        sent_at_(2 * static_cast<size_t>(chunks_ * s.micro_batches), -1),
+        posted_at_(sent_at_.size(), -1), ranks_(static_cast<size_t>(s.pp)) {}
+
+  // Runs to the end or to a deadlock; false on a deadlock.
+  bool run() {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int r = 0; r < s_.pp; ++r)
+        while (advance(r)) progress = true;
+    }
+    for (const Rank& k : ranks_)
+      if (!k.done) return false;
+    return true;
+  }
+
+  double makespan() const {
+    double t = 0;
+    for (const Rank& k : ranks_) t = std::max(t, k.free);
+    return t;
+  }
+  double busy(int r) const { return ranks_[static_cast<size_t>(r)].busy; }
+
+  // Each stuck rank's position and what it waits for.
+  std::string stuck() const {
+    std::string out;
+    for (int r = 0; r < s_.pp; ++r) {
+      const Rank& k = ranks_[static_cast<size_t>(r)];
+      if (k.done) continue;
+      const auto& list = s_.ranks[static_cast<size_t>(r)];
+      out += fmt::format("; rank {} ", r);
+      out += k.pc < list.size() ? fmt::format("at {} (action {} of {})", describe(list[k.pc]), k.pc + 1, list.size())
+                                : std::string("at the end of its list");
+      const int unreceived = first_unreceived(k);
+      if (unreceived >= 0)
+        out += fmt::format(" waits for rank {} to take {}", receiver(unreceived), message_name(unreceived));
+      else if (k.pc < list.size())
+        out += fmt::format(" waits for {}", message_name(needs(list[k.pc])));
+    }
+    return out;
+  }
+
+ private:
+  struct Rank {
+    size_t pc = 0;
+    bool posted = false, done = false;
+    double free = 0, busy = 0, sends_done = 0;
+    std::vector<int> sends;  // posted, not yet known to be received
+  };
+
+  // A message is named by the action that consumes it: index (kind, chunk, micro).
+  int key(PipeAction::Kind kind, int chunk, int micro) const {
+    return (static_cast<int>(kind) * chunks_ + chunk) * s_.micro_batches + micro;
+  }
+  int needs(const PipeAction& a) const {
+    if (a.kind == PipeAction::forward) return a.chunk > 0 ? key(a.kind, a.chunk, a.micro) : -1;
+    return a.chunk < chunks_ - 1 ? key(a.kind, a.chunk, a.micro) : -1;
+  }
+  int sends(const PipeAction& a) const {
+    if (a.kind == PipeAction::forward) return a.chunk < chunks_ - 1 ? key(a.kind, a.chunk + 1, a.micro) : -1;
+    return a.chunk > 0 ? key(a.kind, a.chunk - 1, a.micro) : -1;
+  }
+  PipeAction consumer(int k) const {
+    const int micro = k % s_.micro_batches, chunk = (k / s_.micro_batches) % chunks_;
+    return {k / (s_.micro_batches * chunks_) == 0 ? PipeAction::forward : PipeAction::backward, chunk, micro};
+  }
+  int receiver(int k) const { return consumer(k).chunk % s_.pp; }
+  std::string message_name(int k) const {
+    const PipeAction a = consumer(k);
+    const int from = (a.kind == PipeAction::forward ? a.chunk - 1 : a.chunk + 1) % s_.pp;
+    return fmt::format("the {} for {} from rank {}", a.kind == PipeAction::forward ? "activation" : "gradient",
+                       describe(a), from);
+  }
+  int first_unreceived(const Rank& k) const {
+    for (int m : k.sends)
+      if (posted_at_[static_cast<size_t>(m)] < 0) return m;
+    return -1;
+  }
+
+  // Every posted send received: its completion time joins the rank's.
+  bool sends_received(Rank& k) {
+    if (first_unreceived(k) >= 0) return false;
+    for (int m : k.sends)
+      k.sends_done = std::max({k.sends_done, sent_at_[static_cast<size_t>(m)], posted_at_[static_cast<size_t>(m)]});
+    k.sends.clear();
+    return true;
+  }
+
+  bool advance(int r) {
+    Rank& k = ranks_[static_cast<size_t>(r)];
+    const auto& list = s_.ranks[static_cast<size_t>(r)];
+    if (k.done) return false;
+    if (k.pc == list.size()) return k.done = sends_received(k);
+    const PipeAction& a = list[k.pc];
+    const int in = needs(a);
+    bool moved = false;
+    double start = k.free;
+    if (in >= 0) {
+      if (!k.posted) posted_at_[static_cast<size_t>(in)] = k.free, k.posted = moved = true;
+      if (!sends_received(k) || sent_at_[static_cast<size_t>(in)] < 0) return moved;
+      start = std::max({start, k.sends_done, sent_at_[static_cast<size_t>(in)]});
+    }
+    const double took = a.kind == PipeAction::forward ? fwd_time_ : bwd_time_;
+    k.free = start + took, k.busy += took;
+    if (const int out = sends(a); out >= 0) {
+      sent_at_[static_cast<size_t>(out)] = k.free;
+      k.sends.push_back(out);
+    }
+    ++k.pc, k.posted = false;
+    return true;
+  }
+
+  const PipeSchedule& s_;
+  const int chunks_;
+  const double fwd_time_, bwd_time_;
+  std::vector<double> sent_at_, posted_at_;  // per message; -1 until it happens
+  std::vector<Rank> ranks_;
+};
+
+// Each action once, on its chunk's rank, each backward after its own forward.
+void check_actions(const PipeSchedule& s) {
+  const int P = s.pp, C = s.pp * s.virtual_stages, M = s.micro_batches;
+  SHARD_CHECK(P >= 1 && s.virtual_stages >= 1 && M >= 1, "schedule of pp {} x {} virtual over {} micro-batches", P,
+              s.virtual_stages, M);
+  SHARD_CHECK(static_cast<int>(s.ranks.size()) == P, "schedule has {} rank lists for pp {}", s.ranks.size(), P);
+  std::vector<int> seen(2 * static_cast<size_t>(C * M), -1);  // the rank that ran it
+  for (int r = 0; r < P; ++r)
+    for (const PipeAction& a : s.ranks[static_cast<size_t>(r)]) {
+      SHARD_CHECK(a.chunk >= 0 && a.chunk < C && a.micro >= 0 && a.micro < M,
+                  "rank {} runs {}, outside {} chunks and {} micro-batches", r, describe(a), C, M);
+      SHARD_CHECK(a.chunk % P == r, "rank {} runs {}, whose chunk lives on rank {}", r, describe(a), a.chunk % P);
+      const size_t i = static_cast<size_t>((static_cast<int>(a.kind) * C + a.chunk) * M + a.micro);
+      SHARD_CHECK(seen[i] < 0, "rank {} runs {} twice", r, describe(a));
+      seen[i] = r;
+      if (a.kind == PipeAction::backward)
+        SHARD_CHECK(seen[i - static_cast<size_t>(C * M)] >= 0, "rank {} runs {} before its forward", r, describe(a));
+    }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const PipeAction a{i < seen.size() / 2 ? PipeAction::forward : PipeAction::backward,
+                       static_cast<int>(i / static_cast<size_t>(M)) % C, static_cast<int>(i % static_cast<size_t>(M))};
+    SHARD_CHECK(seen[i] >= 0, "no rank runs {} (rank {} should)", describe(a), a.chunk % P);
+  }
+}
+
+}  // namespace
+
+void check_schedule(const PipeSchedule& s) {
+  check_actions(s);
+  Simulation sim(s, 1, 2);
+  const bool finished = sim.run();
+  SHARD_CHECK(finished, "{} schedule (pp {}, {} virtual, {} micro-batches) deadlocks{}", pp_schedule_name(s.kind),
+              s.pp, s.virtual_stages, s.micro_batches, sim.stuck());
+}
+
+double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_batches) {
+  const double ramp = pp - 1;
+  const double work = kind == PpSchedule::interleaved ? double(virtual_stages) * micro_batches : micro_batches;
+  return ramp / (work + ramp);
+}
+
+double simulated_bubble(const PipeSchedule& s, double forward_time, double backward_time) {
+  check_schedule(s);
+  Simulation sim(s, forward_time, backward_time);
+  SHARD_CHECK(sim.run(), "the checked schedule deadlocks in the timed simulation{}", sim.stuck());
+  const double span = sim.makespan();
+  if (span <= 0) return 0;
+  double idle = 0;
+  for (int r = 0; r < s.pp; ++r) idle += (span - sim.busy(r)) / span;
+  return idle / s.pp;
+}
+
+}  // namespace shardlab

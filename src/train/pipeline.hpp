@@ -11,8 +11,10 @@
 //   gpipe             every forward (micro-batches 0..M-1), then every backward (0..M-1).
 //   1f1b              rank r runs min(M, P - r) warm-up forwards, then alternates one forward and
 //                     one backward, then drains the backwards (PipeDream-Flush / Megatron).
-//   interleaved-1f1b  Megatron's interleaved schedule over V chunks per rank: micro-batches go
-//                     through the chunks in groups of P; needs M % P == 0.
+//   interleaved-1f1b  Megatron's interleaved order over V chunks per rank: micro-batches go
+//                     through the chunks in groups of P; needs M % P == 0. Every forward runs
+//                     before the backwards (Megatron's 1f1b merge deadlocks under the runner's
+//                     semantics when M > P: pipeline.cpp), so a rank holds V x M chunk activations.
 // Theory (equal stage times, backward = 2 x forward): the bubble's share of a step is
 // (P - 1) / (M + P - 1) for gpipe and 1f1b, (P - 1) / (V M + P - 1) interleaved.
 #pragma once
@@ -95,5 +97,10 @@ void check_schedule(const PipeSchedule& s);
 
 // The theory above: the bubble's share of a step (0 for pp 1).
 double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
+// The schedule run under check_schedule's semantics with every forward taking `forward_time` and
+// every backward `backward_time` (per chunk) and messages taking no time: each rank's idle share
+// of the step (1 - its compute / the makespan), averaged over the ranks. InternalError for a
+// schedule that does not pass check_schedule.
+double simulated_bubble(const PipeSchedule& s, double forward_time, double backward_time);
 
 }  // namespace shardlab
