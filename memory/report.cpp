@@ -34,9 +34,9 @@ Unit unit_for(uint64_t largest) {
 
 std::string pct(double a, double b) { return b > 0 ? fmt::format("{:+.1f}%", 100.0 * (a - b) / b) : "-"; }
 
-const MemoryRow* find(const MemoryReport& r, Baseline b) {
+const MemoryRow* find(const MemoryReport& r, Baseline b, int stage = 0) {
   for (const auto& row : r.rows)
-    if (row.baseline == b) return &row;
+    if (row.baseline == b && row.stage == stage) return &row;
   return nullptr;
 }
 
@@ -74,10 +74,10 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   uint64_t largest = 0;
   for (const auto& row : r.rows) largest = std::max({largest, row.predicted.peak, row.measured_peak});
   Unit u = unit_for(largest);
-  const MemoryRow* ddp = find(r, Baseline::ddp);
-  const MemoryRow* dp0 = find(r, Baseline::dp);
   auto label = [&](const Phase& p) { return phase_label(p, r.unit_names); };
-  std::fprintf(out, "%s\nper rank, composition at the step's peak (%s)\n", r.title.c_str(), u.name);
+  std::fprintf(out, "%s\n", r.title.c_str());
+  for (const std::string& n : r.notes) std::fprintf(out, "%s\n", n.c_str());
+  std::fprintf(out, "per rank, composition at the step's peak (%s)\n", u.name);
   std::fprintf(out, "%-19s %-5s", "strategy", "");
   for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8s", kShort[k]);
   std::fprintf(out, " %9s %9s %9s %7s %7s %9s %9s", "peak", "states", "val peak", "vs ddp", "vs dp", "host pk",
@@ -85,7 +85,9 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   if (r.budget) std::fprintf(out, " %5s %7s", "fits", "max mb");
   std::fprintf(out, "  peak during\n");
   auto line = [&](const std::string& name, const char* kind, const CategoryBytes& c, uint64_t peak, uint64_t states,
-                  const HostEstimate& host, const Phase& phase, const MemoryRow* row) {
+                  const HostEstimate& host, const Phase& phase, const MemoryRow* row, int stage) {
+    const MemoryRow* ddp = find(r, Baseline::ddp, stage);
+    const MemoryRow* dp0 = find(r, Baseline::dp, stage);
     std::fprintf(out, "%-19s %-5s", name.c_str(), kind);
     for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %8.2f", double(c[k]) / u.div);
     std::fprintf(out, " %9.2f %9.2f %9s %7s %7s", double(peak) / u.div, double(states) / u.div,
@@ -102,10 +104,10 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   };
   for (const auto& row : r.rows) {
     line(row.label, "pred", row.predicted.at_peak, row.predicted.peak, row.predicted.model_state_total(),
-         row.predicted.host, row.predicted.peak_phase, &row);
+         row.predicted.host, row.predicted.peak_phase, &row, row.stage);
     if (!row.measured) continue;
     line("", "meas", row.measured_at_peak, row.measured_peak, total(row.measured_states), row.measured_host,
-         row.measured_phase, nullptr);
+         row.measured_phase, nullptr, row.stage);
     std::fprintf(out, "%-19s %-5s", "", "diff");
     for (int k = 0; k < kNumCategories; ++k)
       std::fprintf(out, " %8s",
@@ -154,6 +156,7 @@ std::string memory_report_json(const MemoryReport& r) {
   nlohmann::json j;
   j["schema"] = "shardlab.profile/2";
   j["title"] = r.title;
+  if (!r.notes.empty()) j["notes"] = r.notes;
   j["config"] = r.config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(r.config_json);
   j["budget_bytes"] = r.budget;
   j["host_budget_bytes"] = r.host_budget;
@@ -362,7 +365,9 @@ std::string html_page_start(const std::string& title) {
 
 std::string memory_report_html(const MemoryReport& r) {
   std::string h = html_page_start("shardlab memory profile");
-  h += "<h1>shardlab memory profile</h1>\n<p>" + esc(r.title) + "</p>\n" + memory_report_sections(r);
+  h += "<h1>shardlab memory profile</h1>\n<p>" + esc(r.title) + "</p>\n";
+  for (const std::string& n : r.notes) h += "<p>" + esc(n) + "</p>\n";
+  h += memory_report_sections(r);
   h += "<p style='color:#666;font-size:11px'>Written by shardlab profile. Self-contained: no scripts, no network.</p>\n";
   return h + "</body></html>\n";
 }

@@ -28,6 +28,7 @@ using TierBytes = std::array<CategoryBytes, kNumTiers>;  // device, host
 struct MemoryRow {
   std::string label;          // "zero3", "dp rank 0", "dp others"
   Baseline baseline = Baseline::none;
+  int stage = 0;  // pipeline stage (--pp): "vs ddp" compares with DDP's row of the same stage
   Estimate predicted;
   uint64_t predicted_eval_peak = 0;  // a validation pass's peak (forward only); 0 = not predicted
   bool measured = false;
@@ -56,6 +57,7 @@ struct MemoryReport {
   std::string config_json;  // the run's configuration, embedded as is in the JSON report
   uint64_t budget = 0;
   std::vector<std::string> unit_names;  // for phase labels
+  std::vector<std::string> notes;       // lines printed under the title (under --pp: what each stage holds)
   std::vector<MemoryRow> rows;
   uint64_t host_budget = 0;
   bool levers_searched = false;       // with a budget: the search ran

@@ -12,6 +12,7 @@
 //   shardlab bench-gemm          sgemm GFLOP/s of each CPU library on GPT-2 products, and the pick
 //   shardlab bench-train         training-step throughput beside the sgemm ceiling (a lever against none)
 //   shardlab bench-adamw         the host optimizer of --offload against STREAM's triad
+//   shardlab bench-plan-validation  plan's time model against Narayanan et al. 2021, Table 1
 //
 // One file per command (tools/cmd_*.cpp); their options come from tools/options.hpp, their exit
 // codes from src/core/exit_code.hpp. A command never names the transport: it opens communicators
@@ -48,5 +49,6 @@ ExitCode cmd_bench_collectives(const Args& args, const Context& ctx);
 ExitCode cmd_bench_gemm(const Args& args, const Context& ctx);
 ExitCode cmd_bench_train(const Args& args, const Context& ctx);
 ExitCode cmd_bench_adamw(const Args& args, const Context& ctx);
+ExitCode cmd_bench_plan_validation(const Args& args, const Context& ctx);
 
 }  // namespace shardlab

@@ -51,6 +51,8 @@ constexpr CommandEntry kCommands[] = {
     {"bench-train", cmd_bench_train,
      "training-step tokens/s and GFLOP/s beside the sgemm ceiling; a memory lever against none"},
     {"bench-adamw", cmd_bench_adamw, "the host optimizer (--offload) against STREAM's triad bandwidth, same threads"},
+    {"bench-plan-validation", cmd_bench_plan_validation,
+     "plan's time model against published runs (Narayanan et al. 2021, Table 1): predicted vs published TFLOP/s"},
 };
 
 // What a bug report needs to name the build: `shardlab --version` / `shardlab version`.

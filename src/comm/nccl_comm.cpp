@@ -9,8 +9,15 @@
 //  * Failing loudly: every NCCL call is checked; on failure the communicator is aborted
 //    (ncclCommAbort, so no rank stays blocked in it) and the error names this rank, the collective
 //    and NCCL's last message. test() also polls ncclCommGetAsyncError.
-//  * NCCL has no gather or scatter: they are grouped point-to-point sends and receives. A send or
-//    a receive alone is one ncclSend/ncclRecv on the comm stream, ordered like the collectives.
+//  * NCCL has no gather or scatter: they are grouped point-to-point sends and receives.
+//  * Sends and receives are held, then issued together in one ncclGroupStart/End. An ungrouped
+//    ncclSend is a kernel that completes only once the peer runs the matching ncclRecv, and a comm
+//    stream runs its kernels in order: two pipeline stages that each send before they receive
+//    (1F1B's steady state: an activation goes forward while a gradient comes back) would both
+//    stall in their sends, each peer's receive queued behind its own send (for messages past
+//    NCCL's buffers). Held calls go out as one group (Megatron's batch_isend_irecv) when one of
+//    their Works is waited for or tested, or before any other call of this communicator. Calls to
+//    one peer keep their order, which is how NCCL matches them.
 #include "src/comm/nccl_comm.hpp"
 
 #include <cuda_runtime.h>
@@ -20,8 +27,10 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "src/backend/cuda/cuda_check.hpp"
 #include "src/comm/mpi_backed.hpp"
@@ -101,6 +110,27 @@ class NcclWork final : public WorkImpl {
   bool waited_ = false;
 };
 
+// A send or receive held by the communicator (see the design notes): wait() and test() issue it,
+// with every other held call, first.
+struct HeldSlot {
+  std::function<void()> flush;  // issues every held call of the communicator
+  std::unique_ptr<WorkImpl> issued;
+};
+class HeldWork final : public WorkImpl {
+ public:
+  explicit HeldWork(std::shared_ptr<HeldSlot> slot) : slot_(std::move(slot)) {}
+  bool test() override { return issued().test(); }
+  void wait() override { issued().wait(); }
+
+ private:
+  WorkImpl& issued() {
+    if (!slot_->issued) slot_->flush();
+    SHARD_CHECK(slot_->issued != nullptr, "nccl communicator: a held send or receive was never issued");
+    return *slot_->issued;
+  }
+  std::shared_ptr<HeldSlot> slot_;
+};
+
 class NcclCommunicator final : public MpiBackedCommunicator {
  public:
   NcclCommunicator(MPI_Comm comm, Backend& be) : MpiBackedCommunicator(comm, be) {
@@ -116,6 +146,7 @@ class NcclCommunicator final : public MpiBackedCommunicator {
     NCCL_CHECK(nullptr, "ncclCommInitRank", ncclCommInitRank(&nccl_, world_size(), id, rank()));
   }
   ~NcclCommunicator() override {
+    for (Held& h : held_) h.slot->flush = [] {};  // never waited for: a bug the check in HeldWork names
     if (nccl_ && !aborted(nccl_)) {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(nccl_);
@@ -173,14 +204,15 @@ class NcclCommunicator final : public MpiBackedCommunicator {
     return issue("scatter", [&] { return root_exchange(false, send, recv, root); });
   }
   Work do_barrier() override { return mpi_->barrier(); }
-  // NCCL matches a peer's sends and receives in issue order, as Communicator::send promises.
+  // NCCL matches a peer's sends and receives in issue order, as Communicator::send promises. Both
+  // are held until one of them is waited for, or another call comes (design notes).
   Work do_send(Tensor buf, int peer) override {
     if (on_host(buf)) return mpi_->send(buf, peer);
-    return issue("send", [&] { return ncclSend(buf.data(), count(buf), nccl_type(buf.dtype()), peer, nccl_, stream_); });
+    return hold(true, buf, peer);
   }
   Work do_recv(Tensor buf, int peer) override {
     if (on_host(buf)) return mpi_->recv(buf, peer);
-    return issue("recv", [&] { return ncclRecv(buf.data(), count(buf), nccl_type(buf.dtype()), peer, nccl_, stream_); });
+    return hold(false, buf, peer);
   }
 
  private:
@@ -209,21 +241,61 @@ class NcclCommunicator final : public MpiBackedCommunicator {
     return st != ncclSuccess ? st : end;
   }
 
-  // Orders the collective after the compute stream's work so far, issues it on the comm stream,
-  // and returns a Work whose wait() orders the compute stream after it.
+  // Orders the collective after the compute stream's work so far, issues it on the comm stream
+  // (after the held point-to-point calls), and returns a Work whose wait() orders the compute
+  // stream after it.
   template <class F>
   Work issue(const char* what, F&& call) {
     nvtxRangePushA(what);
-    cudaEvent_t ready{}, done{};
+    after_compute();
+    issue_held();
+    NCCL_CHECK(nccl_, what, call());
+    std::unique_ptr<WorkImpl> done = recorded(what);
+    nvtxRangePop();
+    return Work(std::move(done));
+  }
+  void after_compute() {
+    cudaEvent_t ready{};
     CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(ready, compute_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     CUDA_CHECK(cudaEventDestroy(ready));  // destruction is deferred until the wait is satisfied
-    NCCL_CHECK(nccl_, what, call());
+  }
+  // The comm stream's position now, as a Work.
+  std::unique_ptr<WorkImpl> recorded(const char* what) {
+    cudaEvent_t done{};
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(done, stream_));
-    nvtxRangePop();
-    return Work(std::make_unique<NcclWork>(nccl_, compute_, done, what));
+    return std::make_unique<NcclWork>(nccl_, compute_, done, what);
+  }
+
+  Work hold(bool send, Tensor buf, int peer) {
+    auto slot = std::make_shared<HeldSlot>();
+    slot->flush = [this] {
+      nvtxRangePushA("send/recv");
+      after_compute();
+      issue_held();
+      nvtxRangePop();
+    };
+    held_.push_back({send, buf, peer, slot});
+    return Work(std::make_unique<HeldWork>(std::move(slot)));
+  }
+  // Every held send and receive in one group, in the order they were called; each one's Work then
+  // waits for the group.
+  void issue_held() {
+    if (held_.empty()) return;
+    std::vector<Held> held = std::move(held_);
+    held_.clear();
+    NCCL_CHECK(nccl_, "send/recv", ncclGroupStart());
+    for (const Held& h : held) {
+      const size_t n = count(h.buf);
+      const ncclDataType_t t = nccl_type(h.buf.dtype());
+      NCCL_CHECK(nccl_, h.send ? "send" : "recv",
+                 h.send ? ncclSend(h.buf.data(), n, t, h.peer, nccl_, stream_)
+                        : ncclRecv(h.buf.data(), n, t, h.peer, nccl_, stream_));
+    }
+    NCCL_CHECK(nccl_, "send/recv", ncclGroupEnd());
+    for (Held& h : held) h.slot->issued = recorded(h.send ? "send" : "recv");
   }
 
   // NCCL refuses two ranks on one GPU with an opaque error; say which ranks and what to use.
@@ -241,6 +313,13 @@ class NcclCommunicator final : public MpiBackedCommunicator {
                                        i, j, all[i]));
   }
 
+  struct Held {
+    bool send;
+    Tensor buf;
+    int peer;
+    std::shared_ptr<HeldSlot> slot;
+  };
+  std::vector<Held> held_;  // point-to-point calls not yet issued, in call order
   ncclComm_t nccl_ = nullptr;
   cudaStream_t compute_{}, stream_{};
 };

@@ -1,20 +1,56 @@
 // device_peaks.hpp — the published peak figures shardlab assumes where it does not measure: the
-// MFU line of bench-train on a GPU and the default rates of `plan`. One table, so a figure is
-// corrected in one place; a run that can measure (plan --calibrate) never uses it.
+// MFU line of bench-train on a GPU, the default rates of `plan`, and the device presets of the
+// time model (src/train/plan_time.hpp, `--gpu`). One table, so a figure is corrected in one place;
+// a run that can measure (plan --calibrate) never uses it.
 #pragma once
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace shardlab {
 
 struct DevicePeaks {
   const char* name;
   double dense_bf16_tflops;  // tensor-core peak without sparsity, TFLOP/s per GPU
-  double intra_node_gbs;     // bus bandwidth between GPUs of one node (NVLink), GB/s
-  double inter_node_gbs;     // bus bandwidth per GPU between nodes, GB/s
+  double intra_node_gbs;     // bus bandwidth between GPUs of one node (NVLink), GB/s achieved by all-reduce
+  double inter_node_gbs;     // bus bandwidth per GPU between nodes, GB/s achieved
   double host_link_gbs;      // device <-> host copies, GB/s achieved
+  // The datasheet figures the time model starts from (it applies its own achievable fractions):
+  double memory_gb = 0;      // HBM capacity, GB (10^9 bytes)
+  double hbm_gbs = 0;        // HBM bandwidth, GB/s
+  double nvlink_gbs = 0;     // NVLink per GPU and direction, GB/s (half the datasheet's bidirectional total)
+  double nic_gbits = 0;      // InfiniBand per NIC, Gb/s
+  int nics_per_node = 0;     // compute NICs per node (one per GPU on DGX/HGX)
+  int gpus_per_node = 8;
+  const char* source = "";   // where the figures come from
 };
 
 // H100 SXM in an 8-GPU node: 989 TFLOP/s dense bf16, NVLink 4 (360 GB/s of bus bandwidth achieved
 // by all-reduce), one 400 Gb/s InfiniBand NIC per GPU (45 GB/s achieved), PCIe 5 x16 (25 GB/s).
-inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25};
+// plan's default rates and bench-train's MFU use it (989, rounded: kept so their output does not move).
+inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 80, 3350, 450, 400, 8, 8,
+                                   "NVIDIA H100 Tensor Core GPU datasheet (SXM5), DGX H100 user guide"};
+
+// The presets of `--gpu` (SXM parts, 8 per node, one compute NIC per GPU):
+//   a100-80gb  NVIDIA A100 datasheet (2021), 80GB SXM: BF16 tensor core 312 TFLOP/s dense (624 with
+//              sparsity), HBM2e 2,039 GB/s, NVLink 3 600 GB/s bidirectional (12 links x 50 GB/s);
+//              DGX A100: 8x ConnectX-6 HDR InfiniBand 200 Gb/s for compute. Selene (Narayanan et
+//              al. 2021) is DGX A100 80GB nodes.
+//   h100-80gb  NVIDIA H100 datasheet, SXM5: BF16 1,979 TFLOP/s with sparsity = 989.4 dense, HBM3
+//              3.35 TB/s, NVLink 4 900 GB/s bidirectional; DGX H100: 8x ConnectX-7 NDR 400 Gb/s.
+//   h200       NVIDIA H200 datasheet, SXM: BF16 989.4 dense, 141 GB HBM3e at 4.8 TB/s, NVLink 4
+//              900 GB/s; HGX H200 with 8x NDR 400 Gb/s.
+// The achieved bus bandwidths (intra/inter/host) are plan/1's figures: about 80% of NVLink per
+// direction, 90% of the NIC, PCIe achieved.
+inline constexpr DevicePeaks kA100_80GB{"a100-80gb", 312, 240, 22.5, 20, 80, 2039, 300, 200, 8, 8,
+                                        "NVIDIA A100 datasheet (80GB SXM), DGX A100 (8x HDR 200 Gb/s)"};
+inline constexpr DevicePeaks kH100_80GB{"h100-80gb", 989.4, 360, 45, 25, 80, 3350, 450, 400, 8, 8,
+                                        "NVIDIA H100 datasheet (SXM5), DGX H100 (8x NDR 400 Gb/s)"};
+inline constexpr DevicePeaks kH200{"h200", 989.4, 360, 45, 25, 141, 4800, 450, 400, 8, 8,
+                                   "NVIDIA H200 datasheet (SXM), HGX H200 (8x NDR 400 Gb/s)"};
+
+// The preset of that name (a100-80gb, h100-80gb, h200); InputError listing them otherwise.
+const DevicePeaks& device_preset(std::string_view name);
+std::vector<std::string> device_preset_names();
 
 }  // namespace shardlab

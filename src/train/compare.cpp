@@ -20,6 +20,25 @@ StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig&
                                        c.strategy.precision.reduce_dtype, c.batch, c.spec.seq, c.spec.vocab});
 }
 
+// Rank 0's traffic on the pp axis in one step (it is the first stage: pipeline rank 0): its
+// chunks send their activations (B x T x C floats) forward and receive their gradients back, once
+// per micro-batch at each chunk boundary they touch (both ends count a message: send and recv, S
+// each); the tied token embedding's gradient (its vocabulary rows on this tensor-parallel rank)
+// is all-reduced over the first and the last stage's ranks (2 x dp of them); the loss and the
+// norm's stage sums are one float all-reduced over the pipeline each.
+double pp_theory(const TrainConfig& c, int dp, int tp) {
+  const int P = c.strategy.dims.pp, V = c.pipeline.virtual_stages, chunks = P * V;
+  const double B = static_cast<double>(c.batch / dp / c.accum), T = static_cast<double>(c.spec.seq);
+  int boundaries = 0;
+  for (int chunk = 0; chunk < chunks; chunk += P) boundaries += (chunk > 0) + (chunk < chunks - 1);
+  double bytes = 2.0 * boundaries * static_cast<double>(c.accum) * B * T * static_cast<double>(c.spec.dim) * sizeof(float);
+  if (c.spec.tied_head) {
+    const double n = 2.0 * dp;
+    bytes += 2.0 * (n - 1) / n * static_cast<double>(c.spec.vocab) / tp * static_cast<double>(c.spec.dim) * sizeof(float);
+  }
+  return bytes + 2 * 2.0 * (P - 1) / P * sizeof(float);
+}
+
 // The trainer for one strategy, or null with r.error set when it does not fit the budget. A step
 // that runs out of memory half-way cannot be skipped by every rank together (they are in
 // different collectives by then), so the prediction, exact for these steps, decides first.
@@ -110,7 +129,10 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   // The data-parallel axes move this rank's part of the model among its data-parallel group.
   double part = 0;
   for (const auto& u : trainer->units()) part += static_cast<double>(u->layout().numel);
-  const StepTraffic theory = traffic(kind, part, trainer->mesh().dp_size(), tc);
+  StepTraffic theory = traffic(kind, part, trainer->mesh().dp_size(), tc);
+  // Under --pp ZeRO-3 keeps a stage's units gathered over the step: one gather of the parameters,
+  // not one for the forward and one for the backward.
+  if (tc.strategy.dims.pp > 1 && kind == StrategyKind::zero3) theory.group_overlapped -= theory.p;
   r.comm_theory = theory.total_bus();
   if (tc.strategy.hybrid()) {
     r.dp_shard = tc.strategy.dims.dp_shard;
@@ -129,6 +151,12 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
                                                                           tp, micro, tc.spec.seq, tc.checkpointing) +
                   2.0 * (tp.degree - 1) / tp.degree * sizeof(float);
     r.comm_theory += r.theory_tp;  // the whole step's: the data-parallel axes' and the tp axis's
+  }
+  if (tc.strategy.dims.pp > 1) {
+    r.pp = tc.strategy.dims.pp;
+    r.comm_pp = trainer->mesh().last_step_bytes()[static_cast<int>(CommAxis::pp)];
+    r.theory_pp = pp_theory(tc, trainer->mesh().dp_size(), tc.strategy.dims.tp);
+    r.comm_theory += r.theory_pp;
   }
   collect_peaks(*comm, peak, r);
   return r;
@@ -184,6 +212,19 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
     std::fprintf(out, "(per layer and micro-step 2 all-reduces of B*T*C forward and 2 backward, or with --sequence-"
                  "parallel the same as all-gathers and reduce-scatters plus the backward re-gathers; the embedding, "
                  "the head, the vocabulary-parallel loss's 3 B*T floats and the gradient norm: src/model/tp.hpp)\n");
+  }
+  bool pp = false;
+  for (const auto& r : res.runs) pp |= !r.oom && r.pp > 1;
+  if (pp) {
+    std::fprintf(out, "\npipeline parallelism: bus bytes of rank 0 (the first stage) in the last step over the pp axis\n");
+    std::fprintf(out, "%-19s %14s %14s\n", "strategy", "pp axis", "theory");
+    for (const auto& r : res.runs)
+      if (!r.oom && r.pp > 1)
+        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_pp).c_str(),
+                     format_bytes(r.theory_pp).c_str());
+    std::fprintf(out, "(per micro-batch and chunk boundary an activation of B*T*C floats forward and its gradient back; "
+                 "the tied embedding's gradient all-reduced over the first and last stages; the loss and the norm: one "
+                 "float each). Under --pp the theory's Psi is rank 0's stage, and zero3's 2Psi(N-1)/N: a stage stays gathered over the step\n");
   }
   // Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
   std::fprintf(out, "\npeak memory per rank (MiB; host peak: the host tier, --offload)\n%-19s", "strategy");
@@ -318,6 +359,7 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
                        {"intra_theory_bytes", s.theory_intra}, {"inter_bytes", s.comm_inter},
                        {"inter_theory_bytes", s.theory_inter}};
       if (s.tp > 1) o["tp"] = {{"degree", s.tp}, {"bytes", s.comm_tp}, {"theory_bytes", s.theory_tp}};
+      if (s.pp > 1) o["pp"] = {{"degree", s.pp}, {"bytes", s.comm_pp}, {"theory_bytes", s.theory_pp}};
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
       o["host_peak_bytes_rank0"] = s.host0;
       if (world > 1) o["peak_bytes_other_ranks_max"] = cats(s.peak_other, s.total_other);

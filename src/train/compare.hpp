@@ -40,6 +40,11 @@ struct StrategyResult {
   // (tp_micro_step_bus_bytes per micro-step, plus the gradient norm's float); 0 otherwise.
   int tp = 1;
   double comm_tp = 0, theory_tp = 0;
+  // Pipeline parallelism (--pp P > 1): rank 0's (the first stage's) bus bytes in the last step on
+  // the pp axis (activations and their gradients, the tied embedding's gradient, the loss and the
+  // norm) and the theory's; 0 otherwise.
+  int pp = 1;
+  double comm_pp = 0, theory_pp = 0;
   // Peak over the run of each category and of the total, for rank 0 and for the largest other rank.
   std::array<uint64_t, kNumCategories> peak0{}, peak_other{};
   uint64_t total0 = 0, total_other = 0;

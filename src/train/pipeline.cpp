@@ -244,20 +244,17 @@ std::vector<PipeAction> one_f_one_b_list(int total, int warmup, Fwd fwd, Bwd bwd
 
 // Megatron's interleaving: the k-th forward of rank r takes the micro-batch group k / (P V) (P
 // micro-batches) through its chunks in turn, P micro-batches per chunk; backwards walk the chunks in
-// reverse. Megatron merges the two lists 1f1b-style (warm-up (P - r - 1) * 2 + (V - 1) * P, then a
-// forward and a backward in turn), but under the runner's semantics that merge deadlocks whenever it
-// has a steady state (M > P): a rank's backward waits for its last activation to be taken, the
-// taker reaches it only after its own backwards, and around the ring of chunks (rank P - 1 feeds
-// rank 0) those waits close on themselves, whatever the warm-up. Megatron escapes by posting the
-// next receives together with the sends; our runner posts a receive at its action. So every
-// forward runs first (the warm-up capped at V M, as Megatron does when M = P): the bubble of
-// interleaving, gpipe's activation memory.
+// reverse; the two lists merge 1f1b-style after a warm-up of (P - r - 1) * 2 + (V - 1) * P forwards
+// (capped at V M). This order runs only because each action posts the receives of the next forward
+// and the next backward that need one (Megatron's paired send/receive calls): posting a receive
+// only at its own action, the waits for sent activations close on themselves around the ring of
+// chunks (rank P - 1 feeds rank 0) whenever M > P.
 std::vector<PipeAction> interleaved_list(int r, int P, int V, int M) {
   const int total = V * M;
   const auto micro = [=](int k) { return (k / (P * V)) * P + k % P; };
   const auto fwd = [=](int k) { return PipeAction{PipeAction::forward, ((k / P) % V) * P + r, micro(k)}; };
   const auto bwd = [=](int k) { return PipeAction{PipeAction::backward, (V - 1 - (k / P) % V) * P + r, micro(k)}; };
-  return one_f_one_b_list(total, total, fwd, bwd);
+  return one_f_one_b_list(total, std::min(total, (P - r - 1) * 2 + (V - 1) * P), fwd, bwd);
 }
 
 }  // namespace
@@ -398,8 +395,16 @@ class Simulation {
     const int in = needs(a);
     bool moved = false;
     double start = k.free;
+    if (!k.posted) {  // this action's receive, and the next one of each kind after it
+      k.posted = moved = true;
+      post(in, k.free);
+      bool forward = false, backward = false;
+      for (size_t j = k.pc + 1; j < list.size() && !(forward && backward); ++j) {
+        bool& done = list[j].kind == PipeAction::forward ? forward : backward;
+        if (const int m = needs(list[j]); m >= 0 && !done) done = true, post(m, k.free);
+      }
+    }
     if (in >= 0) {
-      if (!k.posted) posted_at_[static_cast<size_t>(in)] = k.free, k.posted = moved = true;
       if (!sends_received(k) || sent_at_[static_cast<size_t>(in)] < 0) return moved;
       start = std::max({start, k.sends_done, sent_at_[static_cast<size_t>(in)]});
     }
@@ -411,6 +416,10 @@ class Simulation {
     }
     ++k.pc, k.posted = false;
     return true;
+  }
+
+  void post(int m, double at) {
+    if (m >= 0 && posted_at_[static_cast<size_t>(m)] < 0) posted_at_[static_cast<size_t>(m)] = at;
   }
 
   const PipeSchedule& s_;

@@ -12,9 +12,9 @@
 //   1f1b              rank r runs min(M, P - r) warm-up forwards, then alternates one forward and
 //                     one backward, then drains the backwards (PipeDream-Flush / Megatron).
 //   interleaved-1f1b  Megatron's interleaved order over V chunks per rank: micro-batches go
-//                     through the chunks in groups of P; needs M % P == 0. Every forward runs
-//                     before the backwards (Megatron's 1f1b merge deadlocks under the runner's
-//                     semantics when M > P: pipeline.cpp), so a rank holds V x M chunk activations.
+//                     through the chunks in groups of P, and after (P - r - 1) * 2 + (V - 1) * P
+//                     warm-up forwards (at most V M) one forward and one backward in turn;
+//                     needs M % P == 0.
 // Theory (equal stage times, backward = 2 x forward): the bubble's share of a step is
 // (P - 1) / (M + P - 1) for gpipe and 1f1b, (P - 1) / (V M + P - 1) interleaved.
 #pragma once
@@ -87,9 +87,11 @@ PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int mic
 //     forward and the last chunk's backward need nothing;
 //   - after computing, a forward of c < last sends its activation to rank_of(c + 1), a backward of
 //     c > 0 its gradient to rank_of(c - 1): the send is posted and the rank moves on;
-//   - at an action that needs a message, the rank posts its receive, then waits until every send
-//     it has posted is received (a send completes once its receiver has posted the receive for
-//     it: the runner frees the sent buffer there), then waits for its own message;
+//   - at each action the rank posts the receive of its message (if it needs one) and those of the
+//     next forward and the next backward after it that need one (Megatron pairs each send with the
+//     next receives so; interleaved-1f1b deadlocks without it); at an action that needs a message
+//     it then waits until every send it has posted is received (a send completes once its receiver
+//     has posted the receive for it: the runner frees the sent buffer there), then for its message;
 //   - at the end of its list it waits for its posted sends.
 // Messages are told apart by (kind, chunk, micro), not by their order. A state where no rank can
 // advance is a deadlock: the error names each rank's position and what it waits for.

@@ -71,6 +71,10 @@ class Executor {
       pool_.ledger().set_phase({PhaseKind::loss});
       const int64_t N = b.B * b.T;
       const Tensor logits = last.view(DType::f32, {N, static_cast<int64_t>(last.bytes() / sizeof(float)) / N});
+      if (logits_out_) {
+        logits_out_->resize(static_cast<size_t>(logits.numel()));
+        be_.copy(Tensor::of(std::span<float>(*logits_out_)), logits);
+      }
       if (tp_.active())
         loss_sum_ += vocab_parallel_loss(be_, pool_, *tp_.comm, spec_, logits, b, train ? logits : Tensor(),
                                          train ? dlogit_scale_ : 0.f);
@@ -150,6 +154,7 @@ class Executor {
   }
 
   void set_scale(float s) { dlogit_scale_ = s; }
+  void set_logits(std::vector<float>* l) { logits_out_ = l; }
   RunResult result() const { return {loss_sum_, positions_}; }
 
  private:
@@ -180,16 +185,38 @@ class Executor {
     return run_.input_elems.at(static_cast<size_t>(c));
   }
 
-  // The message action a consumes: every receive from its sender up to it is posted, this rank's
-  // own sends complete (their buffers freed), then the receives are waited for in order.
-  Block take(const PipeAction& a) {
-    const Key k = key_of(a);
-    if (auto s = stash_.find(k); s != stash_.end()) {
-      Block b = std::move(s->second);
-      stash_.erase(s);
-      return b;
+  bool needs_message(const PipeAction& a) const {
+    return a.kind == PipeAction::forward ? a.chunk > 0 : a.chunk < last_chunk_;
+  }
+  int sender(const PipeAction& a) const {
+    return a.kind == PipeAction::forward ? split_.rank_of(a.chunk - 1) : split_.rank_of(a.chunk + 1);
+  }
+
+
+ public:
+  // Before action i of `list` runs: the receive of its message and those of the next forward and
+  // the next backward after it that need one (check_schedule's rules: without these, Megatron's
+  // interleaved order deadlocks).
+  void post_receives(const std::vector<PipeAction>& list, size_t i) {
+    if (needs_message(list[i])) post_until(list[i]);
+    bool forward = false, backward = false;
+    for (size_t j = i + 1; j < list.size() && !(forward && backward); ++j) {
+      bool& done = list[j].kind == PipeAction::forward ? forward : backward;
+      if (!done && needs_message(list[j])) {
+        done = true;
+        post_until(list[j]);
+      }
     }
-    const int peer = a.kind == PipeAction::forward ? split_.rank_of(a.chunk - 1) : split_.rank_of(a.chunk + 1);
+  }
+
+
+ private:
+  // The message action a consumes, with every receive from its sender up to it posted (in the
+  // order the sender sends), unless it is here already.
+  void post_until(const PipeAction& a) {
+    const Key k = key_of(a);
+    if (stash_.count(k)) return;
+    const int peer = sender(a);
     Inbox& box = inbox_[peer];
     bool found = false;
     for (const Posted& p : box.pending) found = found || p.key == k;
@@ -203,6 +230,19 @@ class Executor {
       found = key_of(e) == k;
       box.pending.push_back({key_of(e), std::move(buf), std::move(w)});
     }
+  }
+
+  // The message action a consumes (posted by post_receives): this rank's own sends complete (their
+  // buffers freed), then the receives from its sender are waited for in order up to it.
+  Block take(const PipeAction& a) {
+    const Key k = key_of(a);
+    if (auto s = stash_.find(k); s != stash_.end()) {
+      Block b = std::move(s->second);
+      stash_.erase(s);
+      return b;
+    }
+    post_until(a);
+    Inbox& box = inbox_[sender(a)];
     wait_sends();
     for (;;) {
       Posted p = std::move(box.pending.front());
@@ -232,6 +272,7 @@ class Executor {
   const TpContext& tp_;
   const int last_chunk_;
   float dlogit_scale_ = 0.f;
+  std::vector<float>* logits_out_ = nullptr;
   double loss_sum_ = 0;
   int64_t positions_ = 0;
   std::map<int, int> local_begin_;  // chunk -> its first unit among this rank's
@@ -258,7 +299,10 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
   Executor ex(run, units, spec, be, pool, hooks, tp, run.schedule.ranks);
   ex.set_scale(dlogit_scale);
   const int64_t M = run.schedule.micro_batches;
-  for (const PipeAction& a : run.schedule.ranks.at(static_cast<size_t>(run.rank))) {
+  const std::vector<PipeAction>& list = run.schedule.ranks.at(static_cast<size_t>(run.rank));
+  for (size_t i = 0; i < list.size(); ++i) {
+    const PipeAction& a = list[i];
+    ex.post_receives(list, i);
     if (run.begin_micro) run.begin_micro(a.micro, a.micro + 1 == M);
     UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], checkpointing, tp};
     if (a.kind == PipeAction::forward) ex.forward(a, true, ctx);
@@ -270,15 +314,20 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
 
 RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
                                const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
-                               UnitHooks& hooks, const TpContext& tp) {
+                               UnitHooks& hooks, const TpContext& tp, std::vector<float>* logits) {
   check_batches(spec, micro);
+  SHARD_CHECK(!logits || micro.size() == 1, "logits of {} micro-batches", micro.size());
   // Every rank: each micro-batch through its chunks in model order.
   std::vector<std::vector<PipeAction>> lists(static_cast<size_t>(run.split.pp));
   for (int r = 0; r < run.split.pp; ++r)
     for (int m = 0; m < static_cast<int>(micro.size()); ++m)
       for (int c : run.split.chunks_of(r)) lists[static_cast<size_t>(r)].push_back({PipeAction::forward, c, m});
   Executor ex(run, units, spec, be, pool, hooks, tp, lists);
-  for (const PipeAction& a : lists.at(static_cast<size_t>(run.rank))) {
+  ex.set_logits(logits);
+  const std::vector<PipeAction>& list = lists.at(static_cast<size_t>(run.rank));
+  for (size_t i = 0; i < list.size(); ++i) {
+    const PipeAction& a = list[i];
+    ex.post_receives(list, i);
     UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], Checkpointing::none, tp};
     ex.forward(a, false, ctx);
   }

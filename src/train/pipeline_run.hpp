@@ -6,8 +6,9 @@
 // sends its output on; the last chunk computes the loss instead, leaving d(loss)/d(logits) in
 // place. A backward receives the gradient of its output (the last chunk has it), runs the units
 // in reverse, and sends the gradient of its input back. Point-to-point semantics are the ones
-// check_schedule simulates: a send is posted and the rank moves on; before it waits for a message
-// it has posted the receive for, it waits for its own posted sends and frees their buffers there,
+// check_schedule simulates: a send is posted and the rank moves on; each action first posts its
+// own receive and those of the next forward and backward that need one; before it waits for its
+// message, it waits for its own posted sends and frees their buffers there,
 // so what a stage holds at each moment depends on the schedule only (predictions match runs to
 // the byte). Messages are told apart by (kind, chunk, micro-batch), known from the schedule.
 #pragma once
@@ -42,8 +43,10 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
 
 // Forward only (evaluation): every micro-batch through this rank's chunks in order, the loss on the
 // last chunk's rank (hooks.forward_loss, or the vocabulary-parallel loss under TP); 0 elsewhere.
+// With `logits` (one micro-batch: sampling), the last chunk's rank also copies its logits there,
+// as run_forward does.
 RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
                                const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
-                               UnitHooks& hooks, const TpContext& tp);
+                               UnitHooks& hooks, const TpContext& tp, std::vector<float>* logits = nullptr);
 
 }  // namespace shardlab

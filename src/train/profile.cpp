@@ -2,8 +2,10 @@
 // any world size), measure the rows that ran (--measure), and assemble the report.
 #include "src/train/profile.hpp"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "src/comm/mesh.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/model/family.hpp"
 #include "src/train/predict.hpp"
@@ -11,12 +13,31 @@
 namespace shardlab {
 namespace {
 
-// A row of the report: a strategy as seen from one rank (DP's rank 0 differs from its replicas).
+// A row of the report: a strategy as seen from one rank (DP's rank 0 differs from its replicas;
+// under --pp each stage differs: its units, and the micro-batches its schedule keeps in flight).
 struct RowSpec {
   std::string label;
   StrategyKind kind;
   int rank;
+  int stage = 0;
 };
+
+int pp_of(const ProfileConfig& cfg) { return cfg.train.strategy.dims.pp; }
+
+// The world rank of pipeline stage k's first rank (its data- and tensor-parallel ranks are alike).
+int stage_rank(const ProfileConfig& cfg, int k) {
+  MeshCoord c;
+  c.pp = k;
+  return mesh_rank(cfg.train.strategy.dims.resolved(cfg.world), c);
+}
+
+// "0-16" or, for interleaved chunks, "0-8,17-24": the units a stage holds, in model order.
+std::string unit_ranges(const StageSplit& split, int stage) {
+  std::string out;
+  for (int c : split.chunks_of(stage))
+    out += fmt::format("{}{}-{}", out.empty() ? "" : ",", split.begin(c), split.begin(c) + split.count(c) - 1);
+  return out;
+}
 
 // The run's configuration under one strategy.
 TrainConfig config_for(const ProfileConfig& cfg, StrategyKind kind) {
@@ -32,7 +53,10 @@ std::string row_label(const ProfileConfig& cfg, StrategyKind kind) {
 std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
   std::vector<RowSpec> rows;
   for (StrategyKind s : cfg.strategies) {
-    if (s == StrategyKind::dp && cfg.world > 1) {
+    if (pp_of(cfg) > 1) {
+      for (int k = 0; k < pp_of(cfg); ++k)
+        rows.push_back({fmt::format("{} stage {}", row_label(cfg, s), k), s, stage_rank(cfg, k), k});
+    } else if (s == StrategyKind::dp && cfg.world > 1) {
       rows.push_back({"dp rank 0", s, 0});
       rows.push_back({"dp others", s, 1});
     } else {
@@ -44,6 +68,18 @@ std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
 
 bool fits(const ProfileConfig& cfg, const Estimate& e) {
   return e.peak <= cfg.budget && (cfg.host_budget == 0 || e.host.peak <= cfg.host_budget);
+}
+
+// The most any rank needs: rank 0's at --pp 1 (the strategies the search tries treat their ranks
+// alike), the largest stage's peaks otherwise.
+Estimate predict_worst(const TrainConfig& t, const ProfileConfig& cfg, int64_t micro_batch) {
+  Estimate worst = predict_step(t, cfg.world, 0, micro_batch, false);
+  for (int k = 1; k < pp_of(cfg); ++k) {
+    Estimate e = predict_step(t, cfg.world, stage_rank(cfg, k), micro_batch, false);
+    if (e.peak > worst.peak) std::swap(worst.peak, e.peak);
+    if (e.host.peak > worst.host.peak) std::swap(worst.host.peak, e.host.peak);
+  }
+  return worst;
 }
 
 // The cheapest combination of levers that fits the budgets, trying them in order of cost: shard
@@ -61,7 +97,7 @@ std::optional<LeverChoice> cheapest_levers(const ProfileConfig& cfg) {
           t.strategy = t.strategy.under(k);
           t.strategy.offload = off;
           t.checkpointing = ck;
-          Estimate e = predict_step(t, cfg.world, 0, mb, false);
+          Estimate e = predict_worst(t, cfg, mb);
           if (!fits(cfg, e)) continue;
           return LeverChoice{strategy_name(k), checkpointing_name(ck), offload_name(off), mb,
                              (cfg.micro_batch + mb - 1) / mb * t.accum, e.peak, e.host.peak};
@@ -86,6 +122,7 @@ int64_t largest_fitting(const ProfileConfig& cfg, const RowSpec& r) {
 MemoryRow predicted_row(const ProfileConfig& cfg, const RowSpec& r) {
   MemoryRow row;
   row.label = r.label;
+  row.stage = r.stage;
   row.baseline = r.kind == StrategyKind::ddp ? Baseline::ddp
                  : r.kind == StrategyKind::dp && r.rank == 0 ? Baseline::dp
                                                              : Baseline::none;
@@ -153,9 +190,15 @@ void measure_strategy(Backend& be, const ProcessGroup& group, const ProfileConfi
     auto comm = group.connect(pool);
     MemoryRow m = measure_on(be, pool, *comm, cfg, kind);
     rows[i].take_measurement(m);
-    if (kind != StrategyKind::dp || cfg.world == 1) continue;
+    // The strategy's other rows (DP's replicas, the later pipeline stages) are other ranks' runs.
+    bool others = false;
+    for (const RowSpec& o : specs) others |= o.kind == kind && o.rank != 0;
+    if (!others) continue;
     std::vector<uint64_t> all = comm->gather_u64(pack(m));
-    if (group.rank == 0 && i + 1 < specs.size() && specs[i + 1].rank == 1) unpack(all.data() + kPacked, rows[i + 1]);
+    if (group.rank != 0) continue;
+    for (size_t j = 0; j < specs.size(); ++j)
+      if (specs[j].kind == kind && specs[j].rank != 0)
+        unpack(all.data() + static_cast<size_t>(specs[j].rank) * kPacked, rows[j]);
   }
 }
 
@@ -164,6 +207,9 @@ std::string title_of(const ProfileConfig& cfg) {
   std::string levers;
   if (t.checkpointing != Checkpointing::none) levers += fmt::format(", activation checkpointing {}", checkpointing_name(t.checkpointing));
   if (t.strategy.offload != Offload::none) levers += fmt::format(", offload {} (where the strategy allows)", offload_name(t.strategy.offload));
+  if (pp_of(cfg) > 1)
+    levers += fmt::format(", pp {} {}{} (accum = micro-batches per step)", pp_of(cfg), pp_schedule_name(t.pipeline.schedule),
+                          t.pipeline.virtual_stages > 1 ? fmt::format(" V {}", t.pipeline.virtual_stages) : "");
   return fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}{}", t.spec.describe(),
                      cfg.world, cfg.micro_batch, t.spec.seq, t.accum, dtype_name(t.strategy.precision.param_dtype),
                      dtype_name(t.strategy.precision.reduce_dtype), optimizer_name(t.optim.kind), levers);
@@ -184,6 +230,16 @@ std::string config_json(const ProfileConfig& cfg) {
                       {"offload", offload_name(t.strategy.offload)},
                       {"host_budget_bytes", cfg.host_budget},
                       {"measured", cfg.measure}};
+  if (pp_of(cfg) > 1) {
+    const StageSplit split = stage_split(t);
+    nlohmann::json stages = nlohmann::json::array();
+    for (int k = 0; k < split.pp; ++k) stages.push_back(split.units_of(k));
+    c["pipeline"] = {{"pp", split.pp},
+                     {"schedule", pp_schedule_name(t.pipeline.schedule)},
+                     {"virtual_stages", split.virtual_stages},
+                     {"micro_batches", t.accum},
+                     {"stage_units", stages}};
+  }
   return c.dump();
 }
 
@@ -194,9 +250,53 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
   SHARD_REQUIRE(cfg.host_budget == 0 || cfg.budget > 0, "--host-memory needs --device-memory (the device tier's)");
   cfg.train.spec.validate();
   cfg.train.strategy.under(StrategyKind::zero3).validate();  // each row applies what its strategy allows
+  SHARD_REQUIRE(pp_of(cfg) == 1 || std::find(cfg.strategies.begin(), cfg.strategies.end(), StrategyKind::dp) ==
+                                       cfg.strategies.end(),
+                "--strategies with dp and --pp {}: dp, the single-master baseline, takes no pipeline; leave it out",
+                pp_of(cfg));
   SHARD_REQUIRE(!cfg.measure || group.size == 1 || group.size == cfg.world,
                 "--measure with {} processes: start 1 (the sim communicator stands in for the others) or --world {}",
                 group.size, cfg.world);
+  // The sim communicator stands in for collectives, not for a neighbour stage's activations: a
+  // stage measured alone would compute on what no stage sent.
+  SHARD_REQUIRE(!cfg.measure || pp_of(cfg) == 1 || group.size == cfg.world,
+                "--measure with --pp {} and {} process: start --nproc {} (every stage runs)", pp_of(cfg), group.size,
+                cfg.world);
+}
+
+// One line per stage: the units it holds (by name) and the micro-batches its schedule keeps in flight.
+std::vector<std::string> stage_notes(const ProfileConfig& cfg, const std::vector<std::string>& names) {
+  const TrainConfig& t = cfg.train;
+  const StageSplit split = stage_split(t);
+  const PipeSchedule sched =
+      build_schedule(t.pipeline.schedule, split.pp, split.virtual_stages, static_cast<int>(t.accum));
+  std::vector<std::string> notes;
+  for (int k = 0; k < split.pp; ++k) {
+    std::string held;
+    for (int c : split.chunks_of(k))
+      held += fmt::format("{}{} .. {}", held.empty() ? "" : ", ", names[static_cast<size_t>(split.begin(c))],
+                          names[static_cast<size_t>(split.begin(c) + split.count(c) - 1)]);
+    const std::string flight =
+        split.virtual_stages == 1
+            ? fmt::format("up to {} of {} micro-batches in flight", sched.in_flight(k), t.accum)
+            : fmt::format("up to {} of {} (micro-batch, chunk) activations in flight", sched.in_flight(k),
+                          t.accum * split.virtual_stages);
+    notes.push_back(fmt::format("stage {} (ranks with pp coordinate {}, e.g. rank {}): units {} ({}); {}", k, k,
+                                stage_rank(cfg, k), unit_ranges(split, k), held, flight));
+  }
+  return notes;
+}
+
+// The runtime names a unit in a phase by its index on the rank, which under --pp is an index into
+// the stage's units; the report names units of the model.
+void to_model_units(MemoryRow& row, const std::vector<int>& units) {
+  auto fix = [&](Phase& p) {
+    if (p.unit >= 0 && static_cast<size_t>(p.unit) < units.size()) p.unit = units[static_cast<size_t>(p.unit)];
+  };
+  fix(row.predicted.peak_phase);
+  for (EstimatePoint& e : row.predicted.timeline) fix(e.phase);
+  fix(row.measured_phase);
+  for (LedgerEvent& e : row.measured_timeline) fix(e.phase);
 }
 
 }  // namespace
@@ -212,6 +312,7 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
   r.title = title_of(cfg);
   r.config_json = config_json(cfg);
   r.unit_names = family_of(cfg.train.spec).unit_names(cfg.train.spec);
+  if (pp_of(cfg) > 1) r.notes = stage_notes(cfg, r.unit_names);
   const std::vector<RowSpec> specs = row_specs(cfg);
   for (const RowSpec& s : specs) r.rows.push_back(predicted_row(cfg, s));
   r.host_budget = cfg.host_budget;
@@ -222,6 +323,10 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
   if (cfg.measure) {
     for (StrategyKind k : cfg.strategies) measure_strategy(be, group, cfg, specs, r.rows, k);
     r.outside_pool = be.device_memory().outside_pool();
+  }
+  if (pp_of(cfg) > 1) {
+    const StageSplit split = stage_split(cfg.train);
+    for (MemoryRow& row : r.rows) to_model_units(row, split.units_of(row.stage));
   }
   return r;
 }

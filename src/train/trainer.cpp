@@ -4,11 +4,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
+#include <numeric>
+
+#include <fmt/ranges.h>
 
 #include "src/core/units.hpp"
 #include "src/model/decode.hpp"
@@ -19,6 +23,34 @@
 #include "src/train/predict.hpp"
 
 namespace shardlab {
+
+// The split and the schedule against the model's units, before any unit is built: every message
+// names the values (pipeline.cpp's explicit_split / build_schedule check the same as their contract).
+void TrainConfig::validate_pipeline(int pp) const {
+  const PipelineConfig& pc = pipeline;
+  const bool interleaved = pc.schedule == PpSchedule::interleaved;
+  SHARD_REQUIRE(!interleaved || pc.virtual_stages >= 2,
+                "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (model chunks per rank); with one chunk "
+                "per rank use 1f1b");
+  SHARD_REQUIRE(!interleaved || accum % pp == 0,
+                "--pp-schedule interleaved-1f1b: --micro-batches {} is not a multiple of --pp {} (micro-batches go "
+                "through the chunks in groups of pp)", accum, pp);
+  const std::vector<UnitLayout> layout = family_of(spec).layout(spec);
+  const int units = static_cast<int>(layout.size()), chunks = pp * pc.virtual_stages;
+  const std::string model = fmt::format("{} units ({} .. {})", units, layout.front().name, layout.back().name);
+  SHARD_REQUIRE(chunks <= units, "--pp {} x --pp-virtual {} = {} stages, but the model has {}: every stage needs at "
+                "least one", pp, pc.virtual_stages, chunks, model);
+  if (pc.split.empty()) return;
+  const std::string given = fmt::format("{}", fmt::join(pc.split, ","));
+  SHARD_REQUIRE(static_cast<int>(pc.split.size()) == chunks,
+                "--pp-split {} gives {} count{}; --pp {} x --pp-virtual {} needs {} (one per chunk)", given,
+                pc.split.size(), pc.split.size() == 1 ? "" : "s", pp, pc.virtual_stages, chunks);
+  SHARD_REQUIRE(std::all_of(pc.split.begin(), pc.split.end(), [](int c) { return c >= 1; }),
+                "--pp-split {}: every chunk needs at least one unit", given);
+  const int64_t sum = std::accumulate(pc.split.begin(), pc.split.end(), int64_t{0});
+  SHARD_REQUIRE(sum == units, "--pp-split {} sums to {} units, but the model has {} ({} .. {})", given, sum, units,
+                layout.front().name, layout.back().name);
+}
 
 void TrainConfig::validate(int world) const {
   spec.validate();
@@ -65,12 +97,10 @@ void TrainConfig::validate(int world) const {
                   "--sample-prompt is longer than the model's {} positions", spec.seq);
   }
   if (dims.pp > 1) {
-    SHARD_REQUIRE(sample_every == 0,
-                  "--sample-every {} with --pp {}: sampling does not run through a pipeline yet; train, then `shardlab "
-                  "sample` the checkpoint at --pp 1", sample_every, dims.pp);
     SHARD_REQUIRE(pipeline.virtual_stages == 1 || pipeline.schedule == PpSchedule::interleaved,
                   "--pp-virtual {} with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
                   pipeline.virtual_stages, pp_schedule_name(pipeline.schedule));
+    validate_pipeline(dims.pp);
   } else {
     SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),
                   "--pp-virtual {} / --pp-split: pipeline options need --pp 2 or more", pipeline.virtual_stages);
@@ -168,25 +198,33 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   global_targets_.resize(global_inputs_.size());
 }
 
+StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const StepConfig& c) {
+  const ParallelDims& d = c.strategy.dims;
+  const PipelineConfig& pc = c.pipeline;
+  const int U = static_cast<int>(units.size());
+  if (!pc.split.empty()) return explicit_split(pc.split, d.pp, pc.virtual_stages, U);
+  // Each unit's cost: its parameters (the GEMMs' work per token, and the state it keeps), what it
+  // borrows (a tied head's GEMM), and a block's attention (6 C T FLOPs per token: 1 per parameter-equivalent).
+  std::vector<double> cost;
+  for (int u = 0; u < U; ++u) {
+    double w = static_cast<double>(units[static_cast<size_t>(u)]->layout().numel);
+    for (const BorrowedTensor& b : borrowed_tensors(units, static_cast<size_t>(u))) w += static_cast<double>(b.decl->numel);
+    if (units[static_cast<size_t>(u)]->recomputable()) w += static_cast<double>(c.spec.dim * c.spec.seq);
+    cost.push_back(w);
+  }
+  return balanced_split(cost, d.pp, pc.virtual_stages);
+}
+
+StageSplit stage_split(const StepConfig& c) {
+  const TpConfig tp{c.strategy.dims.tp, 0, c.sequence_parallel};
+  return stage_split(family_of(c.spec).make_units(c.spec, tp), c);
+}
+
 void Trainer::take_stage_units() {
   const ModelSpec& spec = cfg_.spec;
   const ParallelDims& d = cfg_.strategy.dims;
   const PipelineConfig& pc = cfg_.pipeline;
-  const int U = static_cast<int>(units_.size());
-  if (!pc.split.empty()) {
-    split_ = explicit_split(pc.split, d.pp, pc.virtual_stages, U);
-  } else {
-    // Each unit's cost: its parameters (the GEMMs' work per token, and the state it keeps), what it
-    // borrows (a tied head's GEMM), and a block's attention (6 C T FLOPs per token: 1 per parameter-equivalent).
-    std::vector<double> cost;
-    for (int u = 0; u < U; ++u) {
-      double c = static_cast<double>(units_[static_cast<size_t>(u)]->layout().numel);
-      for (const BorrowedTensor& b : borrowed_tensors(units_, static_cast<size_t>(u))) c += static_cast<double>(b.decl->numel);
-      if (units_[static_cast<size_t>(u)]->recomputable()) c += static_cast<double>(spec.dim * spec.seq);
-      cost.push_back(c);
-    }
-    split_ = balanced_split(cost, d.pp, pc.virtual_stages);
-  }
+  split_ = stage_split(units_, cfg_);
   schedule_ = build_schedule(pc.schedule, d.pp, pc.virtual_stages, static_cast<int>(cfg_.accum));
   const int me = mesh_.rank(CommAxis::pp);
   // Borrowed tensors whose owner is on another stage: the owner keeps its tensor, the borrower gets a
@@ -225,9 +263,17 @@ void Trainer::take_stage_units() {
   }
 }
 
-PipelineRun Trainer::pipeline_run() {
+int32_t Trainer::receive_sampled_token(int32_t token) {
+  // Token ids are below 2^24: a float sum over the pipeline (zeros elsewhere) carries one exactly.
+  float v = static_cast<float>(token);
+  mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&v, 1)).wait();
+  return static_cast<int32_t>(v);
+}
+
+PipelineRun Trainer::pipeline_run(int64_t B, int64_t T) {
   PipelineRun run{*split_, *schedule_, mesh_.rank(CommAxis::pp), mesh_.comm(CommAxis::pp), {}, {}};
-  const int64_t B = cfg_.batch / mesh_.dp_size() / cfg_.accum, T = cfg_.spec.seq;
+  if (B == 0) B = cfg_.batch / mesh_.dp_size() / cfg_.accum;
+  if (T == 0) T = cfg_.spec.seq;
   for (int c = 0; c < split_->chunks(); ++c)
     run.input_elems.push_back(
         c == 0 ? 0 : model_units_[static_cast<size_t>(split_->begin(c) - 1)]->out_elems(cfg_.spec, B, T));
@@ -425,7 +471,7 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
   EvalScope scope(*this);
   std::vector<float> logits;
   std::optional<Decoder> decoder;
-  if (c.kv_cache && Decoder::supported(units_)) decoder.emplace(units_, cfg_.spec, be_, pool_);
+  if (c.kv_cache && Decoder::supported(units_) && !pipelined()) decoder.emplace(units_, cfg_.spec, be_, pool_);
   for (int64_t i = 0; i < c.tokens; ++i) {
     const int64_t size = static_cast<int64_t>(tokens.size()), n = std::min(size, T);
     if (decoder && size <= T) {  // the cache holds every position but the newest (none at first)
@@ -440,7 +486,18 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
       std::vector<int32_t> context(tokens.end() - n, tokens.end());
       std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
       Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
-      run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
+      if (pipelined()) {  // the last stage's logits; the other stages' stay empty
+        logits.clear();
+        run_pipeline_forward(pipeline_run(1, n), units_, cfg_.spec, be_, pool_, std::span<const Batch>(&b, 1),
+                             *strategy_, tp_, &logits);
+      } else {
+        run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
+      }
+    }
+    if (pipelined() && logits.empty()) {  // not the last stage: its token comes from there
+      tokens.push_back(receive_sampled_token(0));
+      if (on_token) on_token(tokens.back());
+      continue;
     }
     if (tp_.active()) {  // every rank's vocabulary columns of the last position, in rank order (padded)
       const int64_t cols = static_cast<int64_t>(logits.size()) / n;
@@ -452,6 +509,7 @@ std::vector<int32_t> Trainer::generate(std::vector<int32_t> tokens, const Sample
     }
     const int64_t rows = static_cast<int64_t>(logits.size()) / V;  // the last row is the next token's
     tokens.push_back(sample_token(std::span<const float>(logits).subspan(static_cast<size_t>((rows - 1) * V), V), c, i));
+    if (pipelined()) receive_sampled_token(tokens.back());
     if (on_token) on_token(tokens.back());
   }
   return tokens;

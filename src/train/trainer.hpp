@@ -70,6 +70,7 @@ struct TrainConfig : StepConfig {
   // Whether a run validates after step t (0-based): every val_every steps, and after the last.
   bool validates_after(int64_t t) const { return (val_every > 0 && (t + 1) % val_every == 0) || t + 1 == steps; }
   void validate(int world) const;
+  void validate_pipeline(int pp) const;  // --pp > 1: the split and the schedule against the units (validate calls it)
 };
 
 struct StepStats {
@@ -86,6 +87,11 @@ struct StepStats {
 };
 
 struct PipelineRun;  // pipeline_run.hpp
+
+// Pipeline parallelism: the units' split into stages for step config c (--pp-split as given, or
+// balanced by each unit's cost); the Trainer's own, so reports can name what each stage holds.
+StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const StepConfig& c);
+StageSplit stage_split(const StepConfig& c);  // over the units of tensor-parallel rank 0
 
 class Trainer {
  public:
@@ -151,7 +157,10 @@ class Trainer {
   void sync_tied_grads();
   // Pipeline parallelism: every micro-batch of step t (or validation batch i) for this rank.
   std::vector<Batch> pipeline_batches(BatchLoader& loader, int64_t t);
-  PipelineRun pipeline_run();
+  // The pipeline's run for micro-batches of B sequences of T tokens (0: the training step's).
+  PipelineRun pipeline_run(int64_t B = 0, int64_t T = 0);
+  // Sampling under --pp: the last stage's token (the other stages pass 0), on every rank.
+  int32_t receive_sampled_token(int32_t token);
   void maybe_sample(int64_t t, std::FILE* out);
   bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
 

@@ -1,0 +1,112 @@
+// plan_validation.cpp — Table 1 of Narayanan et al. 2021 through the time model.
+#include "benchmarks/plan_validation.hpp"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace shardlab {
+
+const std::vector<PublishedRun>& narayanan2021_table1() {
+  // name, h, L, heads, TP, PP, virtual (1: plain 1f1b), GPUs, global batch, micro-batch, TFLOP/s
+  static const std::vector<PublishedRun> rows = {
+      {"1.7B", 2304, 24, 24, 1, 1, 1, 32, 512, 16, 137},
+      {"3.6B", 3072, 30, 32, 2, 1, 1, 64, 512, 16, 138},
+      {"7.5B", 4096, 36, 32, 4, 1, 1, 128, 512, 16, 142},
+      {"18B", 6144, 40, 48, 8, 1, 1, 256, 1024, 8, 135},
+      {"39B", 8192, 48, 64, 8, 2, 1, 512, 1536, 4, 138},
+      {"76B", 10240, 60, 80, 8, 4, 3, 1024, 1792, 2, 140},
+      {"145B", 12288, 80, 96, 8, 8, 2, 1536, 2304, 2, 148},
+      {"310B", 16384, 96, 128, 8, 16, 2, 1920, 2160, 1, 155},
+      {"530B", 20480, 105, 128, 8, 35, 3, 2520, 2520, 1, 163},
+      {"1T", 25600, 128, 160, 8, 64, 1, 3072, 3072, 1, 163},
+  };
+  return rows;
+}
+
+ModelSpec published_model(const PublishedRun& row) {
+  ModelSpec m;
+  m.name = row.name;
+  m.family = FamilyId::gpt2;
+  m.layers = row.layers, m.dim = row.hidden, m.heads = row.heads, m.seq = 2048, m.vocab = 51200;
+  return m;
+}
+
+TimeLayout published_layout(const PublishedRun& row) {
+  TimeLayout l;
+  l.tp = row.tp, l.pp = row.pp, l.virtual_stages = row.virtual_stages;
+  l.dp = row.gpus / (row.tp * row.pp);
+  l.schedule = row.virtual_stages > 1 ? PpSchedule::interleaved : PpSchedule::one_f_one_b;
+  l.micro_batch = row.micro_batch, l.global_batch = row.global_batch;
+  l.recompute = Checkpointing::blocks;
+  l.flash_attention = false;  // 2021: softmax and dropout over the materialised scores
+  l.pp_scatter_gather = true; // the paper's section 4.1
+  l.dp_strategy = StrategyKind::ddp;
+  l.dp_overlap = 0;           // Megatron's DDP then all-reduced after the flush
+  return l;
+}
+
+ValidationResult run_plan_validation(const DeviceRates& rates, const Achievable& ach, std::FILE* out) {
+  ValidationResult res;
+  for (const PublishedRun& row : narayanan2021_table1()) {
+    ValidationRow v{row, predict_step_time(published_model(row), published_layout(row), rates, ach), 0};
+    v.error = (v.predicted.hardware_tflops_per_device - row.published_tflops) / row.published_tflops;
+    res.mean_abs_error += std::abs(v.error) / double(narayanan2021_table1().size());
+    res.worst_abs_error = std::max(res.worst_abs_error, std::abs(v.error));
+    res.rows.push_back(v);
+  }
+  if (!out) return res;
+  std::fprintf(out, "plan time model against Narayanan et al. 2021, Table 1 (seq 2048, V 51200, full recompute, "
+               "no flash attention, DDP all-reduce after the flush)\nrates:\n%s%s",
+               rates.describe().c_str(), ach.describe().c_str());
+  std::fprintf(out, "%-5s %3s %3s %2s %5s %5s %3s %4s | %8s %8s %7s | %8s %6s %6s %6s %6s %6s %6s %6s | %5s\n",
+               "model", "tp", "pp", "v", "gpus", "B", "b", "M", "TFLOP/s", "publ.", "error", "step s", "comp%",
+               "reco%", "tp%", "dp%", "bubb%", "p2p%", "opt%", "MFU");
+  for (const ValidationRow& v : res.rows) {
+    const TimeSplit& s = v.predicted.split;
+    auto pct = [&](double x) { return 100 * x / s.total; };
+    std::fprintf(out, "%-5s %3d %3d %2d %5d %5lld %3lld %4lld | %8.1f %8.0f %+6.1f%% | %8.2f %6.1f %6.1f %6.1f %6.1f "
+                 "%6.1f %6.1f %6.1f | %4.1f%%\n", v.run.name, v.run.tp, v.run.pp, v.run.virtual_stages, v.run.gpus,
+                 static_cast<long long>(v.run.global_batch), static_cast<long long>(v.run.micro_batch),
+                 static_cast<long long>(published_layout(v.run).micro_batches()),
+                 v.predicted.hardware_tflops_per_device, v.run.published_tflops, 100 * v.error, s.total,
+                 pct(s.compute), pct(s.recompute), pct(s.exposed_tp), pct(s.exposed_dp), pct(s.bubble), pct(s.pp_p2p),
+                 pct(s.optimizer), 100 * v.predicted.mfu);
+  }
+  if (rates.flops.from.rfind("a100-80gb", 0) != 0)
+    std::fprintf(out, "note: the published runs are on A100 80GB; on other rates the error is a speed-up, not an error\n");
+  std::fprintf(out, "mean |error| %.1f%%, worst %.1f%% (goal: 10%% and 20%%)\n", 100 * res.mean_abs_error,
+               100 * res.worst_abs_error);
+  std::fflush(out);
+  return res;
+}
+
+std::string plan_validation_json(const DeviceRates& r, const Achievable& a, const ValidationResult& res) {
+  auto rate = [](const Rate& x) { return nlohmann::json{{"value", x.value}, {"from", x.from}}; };
+  nlohmann::json j;
+  j["schema"] = "shardlab.plan-validation/1";
+  j["source"] = "Narayanan et al. 2021, SC21, Table 1";
+  j["rates"] = {{"flops", rate(r.flops)}, {"hbm_bytes_per_s", rate(r.hbm)}, {"intra_bytes_per_s", rate(r.intra)},
+                {"inter_bytes_per_s", rate(r.inter)}, {"ranks_per_node", r.ranks_per_node}};
+  j["achievable"] = {{"gemm", a.gemm}, {"knee", a.knee}, {"memory", a.memory}, {"intra", a.intra}, {"inter", a.inter}};
+  j["rows"] = nlohmann::json::array();
+  for (const ValidationRow& v : res.rows) {
+    const TimeSplit& s = v.predicted.split;
+    j["rows"].push_back({{"model", v.run.name}, {"hidden", v.run.hidden}, {"layers", v.run.layers},
+                         {"heads", v.run.heads}, {"tp", v.run.tp}, {"pp", v.run.pp},
+                         {"pp_virtual", v.run.virtual_stages}, {"gpus", v.run.gpus},
+                         {"global_batch", v.run.global_batch}, {"micro_batch", v.run.micro_batch},
+                         {"published_tflops_per_device", v.run.published_tflops},
+                         {"predicted_tflops_per_device", v.predicted.hardware_tflops_per_device},
+                         {"predicted_model_tflops_per_device", v.predicted.model_tflops_per_device},
+                         {"predicted_mfu", v.predicted.mfu}, {"error", v.error},
+                         {"predicted_step_s", s.total},
+                         {"time_split_s", {{"compute", s.compute}, {"recompute", s.recompute},
+                                           {"exposed_tp", s.exposed_tp}, {"exposed_dp", s.exposed_dp},
+                                           {"bubble", s.bubble}, {"pp_p2p", s.pp_p2p}, {"optimizer", s.optimizer}}}});
+  }
+  j["mean_abs_error"] = res.mean_abs_error;
+  j["worst_abs_error"] = res.worst_abs_error;
+  return j.dump(1);
+}
+
+}  // namespace shardlab

@@ -1,0 +1,28 @@
+// device_peaks.cpp — the presets of `--gpu` by name.
+#include "src/core/device_peaks.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "src/core/check.hpp"
+
+namespace shardlab {
+
+namespace {
+constexpr const DevicePeaks* kPresets[] = {&kA100_80GB, &kH100_80GB, &kH200};
+}
+
+std::vector<std::string> device_preset_names() {
+  std::vector<std::string> names;
+  for (const DevicePeaks* p : kPresets) names.emplace_back(p->name);
+  return names;
+}
+
+const DevicePeaks& device_preset(std::string_view name) {
+  for (const DevicePeaks* p : kPresets)
+    if (name == p->name) return *p;
+  throw InputError(fmt::format("--gpu '{}': unknown device; expected one of {}", name,
+                               fmt::join(device_preset_names(), ", ")));
+}
+
+}  // namespace shardlab

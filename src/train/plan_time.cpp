@@ -1,0 +1,260 @@
+// plan_time.cpp — the time model stated in plan_time.hpp.
+#include "src/train/plan_time.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "src/core/check.hpp"
+
+namespace shardlab {
+
+std::string DeviceRates::describe() const {
+  return fmt::format("  peak     {:8.1f} TFLOP/s dense bf16  ({})\n"
+                     "  HBM      {:8.0f} GB/s               ({})\n"
+                     "  NVLink   {:8.0f} GB/s per direction ({})\n"
+                     "  network  {:8.1f} GB/s per GPU       ({})\n"
+                     "  {} GPUs per node\n",
+                     flops.value / 1e12, flops.from, hbm.value / 1e9, hbm.from, intra.value / 1e9, intra.from,
+                     inter.value / 1e9, inter.from, ranks_per_node);
+}
+
+DeviceRates device_rates(const DevicePeaks& d) {
+  const std::string src = fmt::format("{}: {}", d.name, d.source);
+  DeviceRates r;
+  r.flops = {d.dense_bf16_tflops * 1e12, src};
+  r.hbm = {d.hbm_gbs * 1e9, src};
+  r.intra = {d.nvlink_gbs * 1e9, src};
+  // The node's NICs shared by its GPUs (one each on DGX/HGX).
+  const double per_gpu = d.nic_gbits / 8 * 1e9 * d.nics_per_node / d.gpus_per_node;
+  r.inter = {per_gpu, fmt::format("{}: {} x {:g} Gb/s per node", d.name, d.nics_per_node, d.nic_gbits)};
+  r.ranks_per_node = d.gpus_per_node;
+  return r;
+}
+
+std::string Achievable::describe() const {
+  return fmt::format("  achievable: GEMM {:.0f}% of peak x sat(m) sat(n) sat(k), sat(x) = x / (x + {:g}); "
+                     "memory {:.0f}% of HBM; NCCL bus {:.0f}% of NVLink, {:.0f}% of the network\n",
+                     100 * gemm, knee, 100 * memory, 100 * intra, 100 * inter);
+}
+
+int64_t TimeLayout::micro_batches() const { return global_batch / (micro_batch * dp); }
+
+void TimeLayout::validate(const ModelSpec& m) const {
+  SHARD_REQUIRE(tp >= 1 && pp >= 1 && dp >= 1 && virtual_stages >= 1,
+                "tp {} pp {} dp {} virtual stages {}: expected at least 1 each", tp, pp, dp, virtual_stages);
+  SHARD_REQUIRE(m.layers >= 1 && m.dim >= 1 && m.heads >= 1 && m.seq >= 1 && m.vocab >= 1,
+                "model L={} h={} heads={} s={} V={}: expected positive sizes", m.layers, m.dim, m.heads, m.seq,
+                m.vocab);
+  SHARD_REQUIRE(m.dim % m.heads == 0, "hidden {} is not divisible by heads {}", m.dim, m.heads);
+  SHARD_REQUIRE(m.heads % tp == 0 && m.num_kv_heads() % tp == 0,
+                "tp {} does not divide heads {} and KV heads {}", tp, m.heads, m.num_kv_heads());
+  SHARD_REQUIRE(m.layers >= int64_t{pp} * virtual_stages, "{} layers cannot fill pp {} x {} virtual stages",
+                m.layers, pp, virtual_stages);
+  SHARD_REQUIRE((schedule == PpSchedule::interleaved) == (virtual_stages > 1),
+                "virtual stages {}: interleaved-1f1b needs 2 or more, the other schedules 1", virtual_stages);
+  SHARD_REQUIRE(micro_batch >= 1 && global_batch % (micro_batch * dp) == 0,
+                "global batch {} is not a multiple of micro-batch {} x dp {}", global_batch, micro_batch, dp);
+  SHARD_REQUIRE(schedule != PpSchedule::interleaved || micro_batches() % pp == 0,
+                "interleaved-1f1b needs the micro-batches ({}) to be a multiple of pp {}", micro_batches(), pp);
+  SHARD_REQUIRE(dp_strategy != StrategyKind::dp, "the time model covers ddp and zero1-3, not dp (rank 0's copy)");
+  SHARD_REQUIRE(dp_overlap >= 0 && dp_overlap <= 1, "dp overlap {}: expected 0 to 1", dp_overlap);
+  SHARD_REQUIRE(act_bytes > 0 && grad_bytes > 0 && param_bytes > 0 && optimizer_bytes >= 0,
+                "element sizes act {} grad {} param {} optimizer {}: expected positive", act_bytes, grad_bytes,
+                param_bytes, optimizer_bytes);
+}
+
+double gemm_seconds(double m, double n, double k, double count, int act_bytes, const DeviceRates& r,
+                    const Achievable& a) {
+  auto sat = [&](double x) { return x / (x + a.knee); };
+  const double eff = a.gemm * sat(m) * sat(n) * sat(k);
+  const double compute = 2 * m * n * k / (r.flops.value * eff);
+  const double memory = act_bytes * (m * k + k * n + m * n) / (r.hbm.value * a.memory);
+  return count * std::max(compute, memory);
+}
+
+namespace {
+
+struct Gemm {
+  double m, n, k, count = 1;
+  double flops() const { return 2 * m * n * k * count; }
+};
+
+// One layer's forward products on one TP rank for one micro-batch: the dense ones (projections
+// and MLP) and the attention core (scores and context), apart because recomputation and flash
+// attention treat them differently.
+struct LayerGemms {
+  std::vector<Gemm> dense, core;
+};
+
+LayerGemms layer_gemms(const ModelSpec& m, double b, double t) {
+  const double s = double(m.seq), h = double(m.dim), a = double(m.heads), g = double(m.num_kv_heads());
+  const double d = h / a, f = double(m.ffn_hidden()), n = b * s;
+  const double up = m.family == FamilyId::llama ? 2 : 1;  // SwiGLU's gate and up in one product
+  LayerGemms l;
+  l.dense = {{n, (a + 2 * g) * d / t, h}, {n, h, h / t}, {n, up * f / t, h}, {n, h, f / t}};
+  l.core = {{s, s, d, b * a / t}, {s, d, s, b * a / t}};
+  return l;
+}
+
+double forward_seconds(const std::vector<Gemm>& gs, int act, const DeviceRates& r, const Achievable& a) {
+  double sec = 0;
+  for (const Gemm& g : gs) sec += gemm_seconds(g.m, g.n, g.k, g.count, act, r, a);
+  return sec;
+}
+
+// The input's gradient (m x n) . (n x k) and the weight's (k x m) . (m x n) of each product.
+double backward_seconds(const std::vector<Gemm>& gs, int act, const DeviceRates& r, const Achievable& a) {
+  double sec = 0;
+  for (const Gemm& g : gs)
+    sec += gemm_seconds(g.m, g.k, g.n, g.count, act, r, a) + gemm_seconds(g.k, g.n, g.m, g.count, act, r, a);
+  return sec;
+}
+
+// One layer on one TP rank for one micro-batch, in seconds.
+struct LayerTime {
+  double fwd = 0, bwd = 0;     // everything but the attention core
+  double core_fwd = 0, core_bwd = 0;
+  double tp_collective = 0;    // one all-reduce (or reduce-scatter + all-gather) of n h
+};
+
+LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
+  const double b = double(l.micro_batch), t = double(l.tp), s = double(m.seq), h = double(m.dim);
+  const double heads = double(m.heads), g = double(m.num_kv_heads()), f = double(m.ffn_hidden()), n = b * s;
+  const bool llama = m.family == FamilyId::llama;
+  const double mem = r.hbm.value * a.memory, act = l.act_bytes;
+  const LayerGemms gs = layer_gemms(m, b, t);
+  LayerTime lt;
+  // Element accesses (plan_time.hpp): per token x hidden, per token x MLP, RoPE, per score.
+  const double rows = l.sequence_parallel ? n / t : n;
+  double elem = rows * h * (llama ? 10 : 11) + n * f / t * (llama ? 3 : 2);
+  if (llama) elem += 2 * n * (heads + g) * (h / heads) / t;
+  lt.fwd = forward_seconds(gs.dense, l.act_bytes, r, a) + elem * act / mem;
+  lt.bwd = backward_seconds(gs.dense, l.act_bytes, r, a) + 2 * elem * act / mem;
+  if (l.flash_attention) {
+    double flops = 0, eff = 0;
+    for (const Gemm& c : gs.core) flops += c.flops();
+    eff = a.gemm * (s / (s + a.knee)) * (s / (s + a.knee)) * ((h / heads) / (h / heads + a.knee));
+    lt.core_fwd = flops / (r.flops.value * eff);
+    lt.core_bwd = 2.5 * lt.core_fwd;
+  } else {
+    const double scores = b * heads / t * s * s;
+    lt.core_fwd = forward_seconds(gs.core, l.act_bytes, r, a) + scores * (llama ? 2 : 4.5) * act / mem;
+    lt.core_bwd = backward_seconds(gs.core, l.act_bytes, r, a) + scores * (llama ? 3 : 5.5) * act / mem;
+  }
+  if (l.tp > 1) {
+    const double link = l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    lt.tp_collective = 2 * (t - 1) / t * n * h * act / link;
+  }
+  return lt;
+}
+
+// One stage's parts for one micro-batch.
+struct StageTime {
+  double compute = 0, recompute = 0, tp = 0;
+  double backward = 0;  // its backward (and recomputation): the window DP reductions hide in
+  double params = 0;    // parameters on one rank of the stage
+  double total() const { return compute + recompute + tp; }
+};
+
+StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a,
+                     bool first, bool last) {
+  const LayerTime lt = layer_time(m, l, r, a);
+  const double per_chunk = std::ceil(double(m.layers) / (l.pp * l.virtual_stages));
+  const double layers = per_chunk * l.virtual_stages, t = double(l.tp);
+  const double n = double(l.micro_batch * m.seq), h = double(m.dim), V = double(m.vocab);
+  const double heads = double(m.heads), d = h / heads, g = double(m.num_kv_heads()), f = double(m.ffn_hidden());
+  const bool llama = m.family == FamilyId::llama;
+  StageTime st;
+  st.compute = layers * (lt.fwd + lt.bwd + lt.core_fwd + lt.core_bwd);
+  if (l.recompute == Checkpointing::blocks) st.recompute = layers * (lt.fwd + lt.core_fwd);
+  if (l.recompute == Checkpointing::attention) st.recompute = layers * lt.core_fwd;
+  st.tp = layers * lt.tp_collective * (l.recompute == Checkpointing::blocks ? 6 : 4);
+  st.backward = (lt.bwd + lt.core_bwd) * layers + st.recompute;
+  const double layer_params = h * (heads + 2 * g) * d + h * h + (llama ? 3 : 2) * h * f;
+  st.params = layers * layer_params / t;
+  const double mem = r.hbm.value * a.memory;
+  if (first) {  // the embedding lookup (and GPT-2's positions) and its vocab-parallel all-reduce
+    st.compute += n * h * (llama ? 2 : 3) * l.act_bytes / mem;
+    st.tp += lt.tp_collective;
+    st.params += V * h / t + (llama ? 0 : double(m.seq) * h);
+  }
+  if (last) {  // the head and the cross-entropy (20 bytes per logit: fp32 softmax and its gradient)
+    const double head_bwd = backward_seconds({{n, V / t, h}}, l.act_bytes, r, a) + n * V / t * 8 / mem;
+    st.compute += forward_seconds({{n, V / t, h}}, l.act_bytes, r, a) + n * V / t * 12 / mem + head_bwd;
+    st.backward += head_bwd;
+    if (!first || !m.tied_head) st.params += V * h / t;
+  }
+  return st;
+}
+
+}  // namespace
+
+double megatron_flops(const ModelSpec& m, int64_t global_batch, Checkpointing recompute) {
+  const LayerGemms gs = layer_gemms(m, double(global_batch), 1);
+  double dense = 0, core = 0;
+  for (const Gemm& g : gs.dense) dense += g.flops();
+  for (const Gemm& g : gs.core) core += g.flops();
+  const double head = 2.0 * double(global_batch * m.seq) * double(m.dim) * double(m.vocab);
+  const double passes = recompute == Checkpointing::blocks ? 4 : 3;
+  const double core_passes = recompute == Checkpointing::none ? 3 : 4;
+  return double(m.layers) * (passes * dense + core_passes * core) + 3 * head;
+}
+
+TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
+  l.validate(m);
+  const double M = double(l.micro_batches()), p = l.pp, v = l.virtual_stages, dp = l.dp;
+  // The slowest stage: with one stage it holds both ends; else the first or the last.
+  StageTime st = stage_time(m, l, r, a, true, l.pp == 1);
+  if (l.pp > 1) {
+    StageTime last = stage_time(m, l, r, a, false, true);
+    if (last.total() > st.total()) st = last;
+  }
+  TimePrediction out;
+  TimeSplit& sp = out.split;
+  sp.compute = M * st.compute;
+  sp.recompute = M * st.recompute;
+  sp.exposed_tp = M * st.tp;
+  out.stage_s = st.total();
+  sp.bubble = (p - 1) / v * out.stage_s;
+  if (l.pp > 1) {
+    const bool one_node = int64_t{l.tp} * l.dp * l.pp <= r.ranks_per_node;
+    const double link = one_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    const double bytes = double(l.micro_batch * m.seq * m.dim) * l.act_bytes /
+                         (l.sequence_parallel || l.pp_scatter_gather ? l.tp : 1);
+    sp.pp_p2p = M * v * 2 * bytes / link;
+  }
+  if (l.dp > 1) {
+    const bool one_node = int64_t{l.tp} * l.dp <= r.ranks_per_node;
+    const double link = one_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    const double share = (dp - 1) / dp, grads = st.params * l.grad_bytes, params = st.params * l.param_bytes;
+    double overlappable = 0, exposed = 0, window = st.backward;
+    switch (l.dp_strategy) {
+      case StrategyKind::zero3:
+        overlappable = M * share * (params * (l.recompute == Checkpointing::blocks ? 3 : 2) + grads) / link;
+        window = M * st.compute;
+        break;
+      case StrategyKind::zero1:
+      case StrategyKind::zero2:
+        overlappable = share * grads / link;
+        exposed = share * params / link;
+        break;
+      default:
+        overlappable = 2 * share * grads / link;
+    }
+    sp.exposed_dp = overlappable - std::min(l.dp_overlap * overlappable, window) + exposed;
+  }
+  const double updated = zero_stage(l.dp_strategy) > 0 ? st.params / dp : st.params;
+  sp.optimizer = updated * l.optimizer_bytes / (r.hbm.value * a.memory);
+  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.bubble + sp.pp_p2p + sp.exposed_dp + sp.optimizer;
+  const double devices = double(l.tp) * l.pp * l.dp;
+  out.tokens_per_s = double(l.global_batch * m.seq) / sp.total;
+  out.hardware_flops = megatron_flops(m, l.global_batch, l.recompute);
+  out.model_flops = megatron_flops(m, l.global_batch, Checkpointing::none);
+  out.hardware_tflops_per_device = out.hardware_flops / devices / sp.total / 1e12;
+  out.model_tflops_per_device = out.model_flops / devices / sp.total / 1e12;
+  out.mfu = out.model_tflops_per_device * 1e12 / r.flops.value;
+  return out;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,140 @@
+// plan_time.hpp — the time model of `plan` at scale (issue 26): one training step of a TP x PP x DP
+// layout on a GPU cluster, predicted from the model's shape and the device's rates. It is a model,
+// checked against published runs by `shardlab bench-plan-validation` (README: "Planning").
+//
+// Notation: b micro-batch, s sequence, h hidden, a heads (g of K/V), d = h/a, f MLP width, V vocab,
+// L layers; t tp, p pp, v virtual stages, dp replicas, M = B / (b dp) micro-batches; n = b s tokens.
+// Every size below is one tensor-parallel rank's share, for one micro-batch.
+//
+// GEMM time, each product (m x k) . (k x n), `count` of them (attention: b a / t per micro-batch):
+//   t = count x max(2 m n k / (peak x eff), bytes / (hbm x memory)),  bytes = act (m k + k n + m n)
+//   eff = gemm x sat(m) sat(n) sat(k),  sat(x) = x / (x + knee)       (Achievable: gemm, knee)
+// Products of a layer (forward; backward is each one's two products, the input's gradient
+// (m, k, n) and the weight's (k, n, m), the same FLOPs):
+//   QKV (n, h, (a + 2g) d / t)   scores b a/t x (s, s, d)   context b a/t x (s, d, s)
+//   out (n, h / t, h)            up (n, h, f / t; llama x2 gate and up)   down (n, f / t, h)
+//   flash attention instead: scores and context at GEMM efficiency with no s x s traffic;
+//   backward 2.5x forward (it recomputes the scores).
+// Element-wise work at memory bandwidth (hbm x memory), act bytes per element access, forward:
+//   per token and hidden element (n / t of them under sequence parallelism, else n):
+//     gpt2 11 accesses (2 layer norms read + write, 2 bias-dropout-residual: 2 reads, a write,
+//     a 1-byte mask); llama 10 (2 RMS norms, 2 residual adds)
+//   per token and MLP element (f / t): gpt2 2 (GeLU), llama 3 (SwiGLU); llama RoPE 2 per q/k element
+//   per attention score (b a / t x s x s, not under flash): gpt2 4.5 (softmax read + write,
+//   dropout read + write + mask), llama 2; backward gpt2 5.5, llama 3
+//   backward of the rest: 2x forward. Head: (n, h, V / t), cross-entropy 20 bytes per logit.
+// Recomputation: blocks (full) runs each layer's forward again (its TP collectives too);
+//   attention (selective) the scores, softmax, dropout and context only.
+// TP: per layer 2 all-reduces forward, 2 backward, 2 more under full recomputation, each of
+//   n h act bytes (sequence parallelism: a reduce-scatter and an all-gather instead: the same bus
+//   bytes); bus bytes 2 (t - 1) / t of it over the intra-node link (tp <= a node) x intra
+//   fraction; not overlapped. Vocab-parallel embedding: one more all-reduce forward on stage 0.
+// Stage time per micro-batch T_stage: the slowest stage's layers (ceil(L / (p v)) per chunk, v
+//   chunks) forward + recompute + backward + TP, the head on the last stage.
+// Pipeline: compute etc. = M x the stage's parts; bubble = (p - 1) / v x T_stage (gpipe and 1f1b:
+//   (p - 1)(t_f + t_b), interleaved over v chunks); p2p = M x v x 2 messages (activation forward,
+//   gradient backward) of b s h act bytes (/ t with sequence parallelism or Megatron's
+//   scatter-gather) over the inter-node link (intra when the whole layout is one node).
+// DP over the inter-node link unless tp x dp ranks fit a node (intra): the largest stage's
+//   parameters per rank, gradients in grad bytes:
+//   ddp    all-reduce 2 (dp - 1) / dp x grads, overlappable with the last micro-batch's backward
+//   zero1/2 reduce-scatter (dp - 1) / dp x grads (overlappable, the same window) and the parameters'
+//          all-gather after the optimizer (exposed)
+//   zero3  per micro-batch an all-gather forward, backward (and recompute) and a reduce-scatter,
+//          overlappable with the whole step's compute
+//   hidden = min(dp_overlap x overlappable, window); the rest is exposed (the last bucket's tail
+//   is why dp_overlap < 1).
+// Optimizer: the rank's parameters (/ dp under ZeRO) x optimizer_bytes per parameter at hbm x
+//   memory (AdamW with fp32 master, m, v, the gradient's fp32 copy and the bf16 copy out: 36).
+// total = compute + recompute + exposed_tp + bubble + pp_p2p + exposed_dp + optimizer.
+//
+// FLOPs as Megatron counts them (Narayanan et al. 2021, eq. 3, GPT): every GEMM's 2 m n k, the
+// attention's full s x s, the layers 4 passes under full recomputation (forward, recompute,
+// backward = 2) and the head 3:  F = 96 B s L h^2 (1 + s / (6 h) + V / (16 L h)). Table 1's
+// TFLOP/s are F / (N x step): `hardware_tflops_per_device`. Model FLOPs (no recomputation, 3
+// passes) are 72 B s L h^2 (1 + s / (6 h) + V / (12 L h)): `model_tflops_per_device` and MFU
+// against the dense peak. Llama counts its own GEMMs the same way.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "shard/strategy.hpp"
+#include "src/core/device_peaks.hpp"
+#include "src/model/spec.hpp"
+#include "src/model/unit.hpp"
+#include "src/train/pipeline.hpp"
+
+namespace shardlab {
+
+// A rate and where it came from ("a100-80gb: NVIDIA A100 datasheet ..." or "given").
+struct Rate {
+  double value = 0;
+  std::string from;
+};
+
+// The device's peak rates (datasheet figures; the achievable fractions below apply to them).
+struct DeviceRates {
+  Rate flops;  // dense bf16 FLOP/s per GPU
+  Rate hbm;    // HBM bytes/s
+  Rate intra;  // NVLink bytes/s per GPU and direction
+  Rate inter;  // InfiniBand bytes/s per GPU (its NIC share)
+  int ranks_per_node = 8;
+  std::string describe() const;  // one line per rate with its source
+};
+DeviceRates device_rates(const DevicePeaks& d);
+
+// The model's constants: what share of a peak real kernels and collectives reach. Calibrated once
+// against Narayanan et al. 2021's Table 1 on A100 (README: "Planning"), never per run.
+struct Achievable {
+  double gemm = 0.70;   // of the dense peak, by a large GEMM
+  double knee = 48;     // sat(x) = x / (x + knee): a GEMM dimension of 48 halves it
+  double memory = 0.80; // of HBM bandwidth, by element-wise kernels and memory-bound GEMMs
+  double intra = 0.80;  // of NVLink per direction, as NCCL bus bandwidth
+  double inter = 0.90;  // of the NIC, as NCCL bus bandwidth
+  std::string describe() const;
+};
+
+struct TimeLayout {
+  int tp = 1, pp = 1, virtual_stages = 1, dp = 1;
+  PpSchedule schedule = PpSchedule::one_f_one_b;
+  int64_t micro_batch = 1;   // b
+  int64_t global_batch = 1;  // B sequences per step: M = B / (b dp)
+  Checkpointing recompute = Checkpointing::none;
+  bool sequence_parallel = false;
+  bool pp_scatter_gather = false;  // Megatron 2021: each TP rank sends 1/t of a boundary
+  bool flash_attention = true;
+  StrategyKind dp_strategy = StrategyKind::ddp;  // dp (plain) is ddp's traffic without buckets
+  double dp_overlap = 0.9;        // share of overlappable DP traffic hidden (0: after the flush)
+  int act_bytes = 2, grad_bytes = 2, param_bytes = 2;  // bf16 activations, gradients, parameters
+  double optimizer_bytes = 36;    // per parameter the optimizer step touches
+  int64_t micro_batches() const;  // M
+  void validate(const ModelSpec& m) const;  // InputError naming the values
+};
+
+// Seconds per step on the critical path.
+struct TimeSplit {
+  double compute = 0, recompute = 0, exposed_tp = 0, exposed_dp = 0, bubble = 0, pp_p2p = 0, optimizer = 0,
+         total = 0;
+};
+
+struct TimePrediction {
+  TimeSplit split;
+  double stage_s = 0;          // T_stage: the slowest stage, one micro-batch (all parts)
+  double tokens_per_s = 0;
+  double hardware_flops = 0;   // F per step, Megatron's count with recomputation (eq. 3 under full)
+  double model_flops = 0;      // per step without recomputation
+  double hardware_tflops_per_device = 0, model_tflops_per_device = 0, mfu = 0;
+};
+
+// GEMM FLOPs of one step as Megatron counts them: forward, backward (2x), and the layers'
+// forward once more when `recompute` is blocks (selective: the attention's score products).
+double megatron_flops(const ModelSpec& m, int64_t global_batch, Checkpointing recompute);
+
+// One GEMM's seconds under the roofline above (`count` independent products of m x n x k).
+double gemm_seconds(double m, double n, double k, double count, int act_bytes, const DeviceRates& r,
+                    const Achievable& a);
+
+TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r,
+                                 const Achievable& a = {});
+
+}  // namespace shardlab

@@ -1,0 +1,300 @@
+// Pipeline parallelism on real ranks (mpirun -np 2, 4 and 8), GPT-2 (tied head: the last stage
+// trains a tied copy of the token embedding) and Llama (untied): parity with single-rank training
+// of the same configuration in this process over 10 steps (losses within 1e-5 relative, every
+// element of every unit this rank holds, tied copies included, within 2e-5 of the whole model's),
+// for each schedule and with DDP, ZeRO and TP on the other axes; gradients reduced once per step,
+// not once per micro-batch; and the bad inputs, by their messages. Each case runs at the world
+// its layout needs and returns at the others.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+
+#include "src/model/tp.hpp"
+#include "tests/strategy_test_util.hpp"
+
+using namespace shardlab;
+using namespace shardlab::strategy_test;
+
+namespace {
+
+struct Layout {
+  int pp;
+  PpSchedule schedule;
+  int micro;  // M
+  StrategyKind kind = StrategyKind::ddp;
+  int tp = 1;
+  int virtual_stages = 1;
+};
+
+ModelSpec gpt2_spec() { return model_preset("tiny"); }     // embedding, h.0, h.1, head: 4 units
+ModelSpec llama_spec() { return model_preset("llama-tiny"); }
+
+TrainConfig pp_config(const ModelSpec& spec, const Layout& l) {
+  const int N = g_mpi->world();
+  TrainConfig cfg = parity_config(l.kind, N);
+  cfg.spec = spec;
+  cfg.strategy.dims.pp = l.pp;
+  cfg.strategy.dims.tp = l.tp;
+  cfg.pipeline.schedule = l.schedule;
+  cfg.pipeline.virtual_stages = l.virtual_stages;
+  cfg.accum = l.micro;
+  cfg.batch = 2 * l.micro * (N / l.pp / l.tp);  // micro-batches of 2 sequences on each data-parallel rank
+  return cfg;
+}
+
+// The same run on one rank holding the whole model: the reference.
+TrainConfig whole_model(TrainConfig c) {
+  c.strategy.dims = ParallelDims{};
+  c.pipeline = PipelineConfig{};
+  return c;
+}
+
+std::string label(const TrainConfig& c) {
+  const ParallelDims& d = c.strategy.dims;
+  return fmt::format("{} pp {} {} M {}{}{} {}{}", c.spec.name, d.pp, pp_schedule_name(c.pipeline.schedule), c.accum,
+                     c.pipeline.virtual_stages > 1 ? fmt::format(" V {}", c.pipeline.virtual_stages) : "",
+                     d.tp > 1 ? fmt::format(" tp {}", d.tp) : "", strategy_name(c.strategy.kind),
+                     c.strategy.precision.param_dtype != DType::f32 ? " bf16" : "");
+}
+
+// This rank's run: losses, and its units' parameters (gathered over the data-parallel group) with
+// their layouts (the tensor-parallel part, tied copies included).
+struct PpRun {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> params;
+  std::vector<UnitLayout> layouts;
+  int tp = 1, tp_rank = 0;
+  bool last_stage = false;
+};
+
+PpRun train_pp(const TrainConfig& cfg) {
+  auto be = test::test_backend();
+  Pool pool(*be);
+  auto comm = test::test_communicator(pool);
+  TrainConfig c = cfg;
+  c.comm = test::test_comm();
+  Trainer t(*be, pool, *comm, c);
+  PpRun out;
+  for (int64_t s = 0; s < c.steps; ++s) out.losses.push_back(t.step(s).loss);
+  for (size_t u = 0; u < t.units().size(); ++u) {
+    out.params.push_back(t.strategy().gather_unit_params(u));
+    out.layouts.push_back(t.units()[u]->layout());
+  }
+  out.tp = t.mesh().size(CommAxis::tp);
+  out.tp_rank = t.mesh().rank(CommAxis::tp);
+  out.last_stage = t.mesh().rank(CommAxis::pp) == t.mesh().size(CommAxis::pp) - 1;
+  return out;
+}
+
+struct Worst {
+  double loss = 0, param = 0;
+  size_t compared = 0, tied = 0;  // parameters compared, of them in tied copies
+};
+
+// Every element this rank holds against the whole model's: units matched by name, a tied copy
+// against its owner's tensor (wherever that unit is), tensor-parallel parts through tp_runs.
+Worst compare(const PpRun& got, const RunOut& want, const ModelSpec& spec) {
+  const std::vector<UnitLayout> whole = family_of(spec).layout(spec);
+  auto find_unit = [&](const std::string& name) {
+    for (size_t w = 0; w < whole.size(); ++w)
+      if (whole[w].name == name) return w;
+    FAIL("unit " << name << " is not in the model");
+    return size_t{0};
+  };
+  auto find_owner = [&](const std::string& tensor) -> std::pair<size_t, const TensorDecl*> {
+    for (size_t w = 0; w < whole.size(); ++w)
+      for (const TensorDecl& t : whole[w].tensors)
+        if (t.name == tensor) return {w, &t};
+    FAIL("tied tensor " << tensor << " has no owner in the model");
+    return {0, nullptr};
+  };
+  Worst worst;
+  for (size_t i = 0; i < got.losses.size() && i < want.losses.size(); ++i)
+    worst.loss = std::max(worst.loss, std::fabs(double(got.losses[i]) - want.losses[i]) / std::fabs(want.losses[i]));
+  for (size_t u = 0; u < got.layouts.size(); ++u) {
+    const size_t w = find_unit(got.layouts[u].name);
+    for (const TensorDecl& t : got.layouts[u].tensors) {
+      const auto [owner, full] = t.tied_copy ? find_owner(t.name) : std::pair{w, &whole[w].find(t.name)};
+      for (const TpRun& run : tp_runs(t, got.tp, got.tp_rank)) {
+        if (run.full < 0) continue;  // vocabulary padding
+        for (int64_t i = 0; i < run.len; ++i) {
+          const double v = got.params[u][static_cast<size_t>(t.offset + run.local + i)];
+          const double r = want.params[owner][static_cast<size_t>(full->offset + run.full + i)];
+          worst.param = std::max(worst.param, std::fabs(v - r));
+        }
+        worst.compared += static_cast<size_t>(run.len);
+        if (t.tied_copy) worst.tied += static_cast<size_t>(run.len);
+      }
+    }
+  }
+  return worst;
+}
+
+void check_pp_parity(const TrainConfig& cfg) {
+  const PpRun got = train_pp(cfg);
+  const RunOut want = reference(whole_model(cfg));
+  const Worst w = compare(got, want, cfg.spec);
+  if (g_mpi->rank() == 0 || g_mpi->rank() == g_mpi->world() - 1)  // the first stage and the last
+    std::printf("parity %-36s world %d rank %d: max loss rel diff %.2e, max param abs diff %.2e (%zu params, %zu in "
+                "tied copies)\n", label(cfg).c_str(), g_mpi->world(), g_mpi->rank(), w.loss, w.param, w.compared,
+                w.tied);
+  INFO(label(cfg) << " world " << g_mpi->world() << " rank " << g_mpi->rank() << ": loss " << w.loss << " param "
+                   << w.param);
+  CHECK(got.losses.size() == want.losses.size());
+  CHECK(w.compared > 0);
+  // A tied head on the last stage trains a copy of the token embedding: compared with the owner's.
+  CHECK((w.tied > 0) == (cfg.spec.tied_head && got.last_stage));
+  CHECK(w.loss <= 1e-5);
+  CHECK(w.param <= 2e-5);
+}
+
+// The layouts of the list that fit this world.
+std::vector<Layout> layouts(int world) {
+  using enum PpSchedule;
+  if (world == 2) return {{2, gpipe, 2}, {2, one_f_one_b, 2}};
+  if (world == 4) return {{2, one_f_one_b, 2, StrategyKind::ddp}, {2, one_f_one_b, 2, StrategyKind::zero3},
+                          {2, gpipe, 2, StrategyKind::ddp, 2}};
+  if (world == 8) return {{2, one_f_one_b, 2, StrategyKind::zero1, 2}};
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2 (tied head): pipeline parallelism matches single-rank training", "[pp][gpt2]") {
+  for (const Layout& l : layouts(g_mpi->world())) check_pp_parity(pp_config(gpt2_spec(), l));
+}
+
+TEST_CASE("Llama: pipeline parallelism matches single-rank training", "[pp][llama]") {
+  for (const Layout& l : layouts(g_mpi->world())) check_pp_parity(pp_config(llama_spec(), l));
+}
+
+// Four micro-batches per step (gradients accumulated over them on every stage) and 1f1b with fewer
+// micro-batches than stages (it runs, warned about in the train header: gpipe's memory).
+TEST_CASE("pipeline parallelism: accumulation over 4 micro-batches, and 1f1b with M < P", "[pp][accum]") {
+  if (g_mpi->world() != 2) return;
+  for (const ModelSpec& spec : {gpt2_spec(), llama_spec()}) {
+    check_pp_parity(pp_config(spec, {2, PpSchedule::one_f_one_b, 4}));
+    check_pp_parity(pp_config(spec, {2, PpSchedule::one_f_one_b, 1}));
+  }
+}
+
+// Interleaved 1F1B: 8 chunks of one unit each (6 blocks) over 4 ranks, 2 per rank.
+TEST_CASE("pipeline parallelism: interleaved 1f1b at pp 4 x V 2 matches single-rank training",
+          "[pp][interleaved]") {
+  if (g_mpi->world() != 4) return;
+  for (ModelSpec spec : {gpt2_spec(), llama_spec()}) {
+    spec.layers = 6;
+    check_pp_parity(pp_config(spec, {4, PpSchedule::interleaved, 4, StrategyKind::ddp, 1, 2}));
+  }
+}
+
+// bf16 parameters and gradients: against single-rank training in bf16. At pp 2 (dp 1) the stages
+// compute what one rank computes, in the same micro-batch order: bounded at 1e-5 as f32.
+TEST_CASE("pipeline parallelism: bf16 parameters and gradients train as on one rank", "[pp][bf16]") {
+  if (g_mpi->world() != 2) return;
+  for (const ModelSpec& spec : {gpt2_spec(), llama_spec()}) {
+    TrainConfig cfg = pp_config(spec, {2, PpSchedule::one_f_one_b, 2});
+    const RunOut f32 = reference(whole_model(cfg));
+    cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = DType::bf16;
+    const PpRun got = train_pp(cfg);
+    const RunOut ref = reference(whole_model(cfg));
+    const Worst w = compare(got, ref, cfg.spec);
+    double worst_f32 = 0;
+    for (size_t k = 0; k < got.losses.size() && k < f32.losses.size(); ++k)
+      worst_f32 = std::max(worst_f32, std::fabs(double(got.losses[k]) - f32.losses[k]) / f32.losses[k]);
+    if (g_mpi->rank() == 0)
+      std::printf("bf16 %-40s world 2: losses within %.2e of bf16 on one rank, %.2e of f32; params within %.2e\n",
+                  label(cfg).c_str(), w.loss, worst_f32, w.param);
+    INFO(label(cfg) << ": losses within " << w.loss << " of one rank's bf16, " << worst_f32 << " of f32");
+    CHECK(got.losses.size() == ref.losses.size());
+    CHECK(w.loss <= 1e-5);
+    CHECK(worst_f32 < 1e-3);
+  }
+}
+
+// The data-parallel collectives of a step (calls per op over the dp, dp_shard and dp_replicate
+// communicators) at M = 4 equal those at M = 1: gradients are reduced (and ZeRO-3's parameters
+// gathered) once per step, not once per micro-batch (pytorch#164756, torchtitan#1733).
+TEST_CASE("pipeline parallelism: data-parallel collectives run once per step, not once per micro-batch",
+          "[pp][comm]") {
+  if (g_mpi->world() != 4) return;
+  auto step_calls = [](const TrainConfig& cfg) {
+    auto be = test::test_backend();
+    Pool pool(*be);
+    auto comm = test::test_communicator(pool);
+    Trainer t(*be, pool, *comm, cfg);
+    t.step(0);
+    std::vector<Communicator*> dp;
+    for (CommAxis a : {CommAxis::dp, CommAxis::dp_shard, CommAxis::dp_replicate})
+      if (std::find(dp.begin(), dp.end(), &t.mesh().comm(a)) == dp.end()) dp.push_back(&t.mesh().comm(a));
+    std::array<uint64_t, kNumCommOps> before{}, calls{};
+    for (Communicator* c : dp)
+      for (int op = 0; op < kNumCommOps; ++op) before[op] += c->stats().total[op].calls;
+    t.step(1);
+    for (Communicator* c : dp)
+      for (int op = 0; op < kNumCommOps; ++op) calls[op] += c->stats().total[op].calls;
+    for (int op = 0; op < kNumCommOps; ++op) calls[op] -= before[op];
+    return calls;
+  };
+  for (StrategyKind k : {StrategyKind::ddp, StrategyKind::zero2, StrategyKind::zero3}) {
+    TrainConfig one = pp_config(gpt2_spec(), {2, PpSchedule::one_f_one_b, 1, k});
+    TrainConfig four = pp_config(gpt2_spec(), {2, PpSchedule::one_f_one_b, 4, k});
+    one.batch = four.batch;  // the same sequences per step
+    const auto a = step_calls(one), b = step_calls(four);
+    const CommOp reduce = k == StrategyKind::ddp ? CommOp::all_reduce : CommOp::reduce_scatter;
+    std::string row;
+    for (int op = 0; op < kNumCommOps; ++op)
+      if (a[op] || b[op]) row += fmt::format(" {} {}/{}", comm_op_name(static_cast<CommOp>(op)), a[op], b[op]);
+    if (g_mpi->rank() == 0)
+      std::printf("pp 2 x %s 2: data-parallel calls per step, M = 1 / M = 4:%s\n", strategy_name(k), row.c_str());
+    INFO(strategy_name(k) << " rank " << g_mpi->rank() << ": calls per step M = 1 / M = 4:" << row);
+    CHECK(a[static_cast<int>(reduce)] > 0);
+    if (k == StrategyKind::zero3) CHECK(a[static_cast<int>(CommOp::all_gather)] > 0);
+    CHECK(a == b);
+  }
+}
+
+TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values", "[pp][errors]") {
+  auto be = test::test_backend();
+  Pool pool(*be);
+  auto comm = test::test_communicator(pool);
+  const int N = g_mpi->world();
+  if (N < 2) return;
+  auto throws_with = [&](TrainConfig cfg, const std::string& text) {
+    INFO(label(cfg));
+    CHECK_THROWS_AS(Trainer(*be, pool, *comm, cfg), InputError);
+    CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains(text));
+  };
+  const Layout two{2, PpSchedule::one_f_one_b, 2};
+  TrainConfig cfg = pp_config(gpt2_spec(), two);
+  cfg.strategy.dims.pp = N + 1;
+  throws_with(cfg, fmt::format("--pp {} x --tp 1 x --dp-replicate 1 = {} does not divide the world of {} ranks", N + 1,
+                               N + 1, N));
+  // More stages than units: 2 x 3 chunks of GPT-2 tiny's 4 units.
+  cfg = pp_config(gpt2_spec(), {2, PpSchedule::interleaved, 2, StrategyKind::ddp, 1, 3});
+  throws_with(cfg, "--pp 2 x --pp-virtual 3 = 6 stages, but the model has 4 units (embedding .. head): every "
+                   "stage needs at least one");
+  cfg = pp_config(gpt2_spec(), two);
+  cfg.pipeline.split = {3, 2};
+  throws_with(cfg, "--pp-split 3,2 sums to 5 units, but the model has 4 (embedding .. head)");
+  cfg.pipeline.split = {4};
+  throws_with(cfg, "--pp-split 4 gives 1 count; --pp 2 x --pp-virtual 1 needs 2 (one per chunk)");
+  cfg.pipeline.split = {4, 0};
+  throws_with(cfg, "--pp-split 4,0: every chunk needs at least one unit");
+  for (PpSchedule s : {PpSchedule::gpipe, PpSchedule::one_f_one_b}) {
+    cfg = pp_config(gpt2_spec(), {2, s, 2, StrategyKind::ddp, 1, 2});
+    throws_with(cfg, fmt::format("--pp-virtual 2 with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
+                                 pp_schedule_name(s)));
+  }
+  cfg = pp_config(gpt2_spec(), {2, PpSchedule::interleaved, 2});
+  throws_with(cfg, "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more");
+  cfg = pp_config(gpt2_spec(), {2, PpSchedule::interleaved, 3, StrategyKind::ddp, 1, 2});
+  throws_with(cfg, "--pp-schedule interleaved-1f1b: --micro-batches 3 is not a multiple of --pp 2");
+  cfg = pp_config(gpt2_spec(), two);
+  cfg.strategy.kind = StrategyKind::dp;
+  throws_with(cfg, "--pp 2 with --strategy dp: the single-master baseline keeps the whole model on rank 0");
+  cfg = pp_config(gpt2_spec(), two);
+  cfg.strategy.dims.pp = 1;
+  cfg.pipeline.split = {2, 2};
+  throws_with(cfg, "--pp-virtual 1 / --pp-split: pipeline options need --pp 2 or more");
+}
