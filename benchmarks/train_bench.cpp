@@ -123,21 +123,27 @@ std::vector<double> print_bubbles(Communicator& world, const Trainer& trainer, c
   for (int k = 0; k < kFields; ++k) all[static_cast<size_t>(me * kFields + k)] = static_cast<float>(row[k]);
   world.all_reduce(std::span<float>(all)).wait();
   const ParallelDims dims = cfg.strategy.dims.resolved(n);
-  std::fprintf(out, "# pipeline: pp %d, %s%s, %lld micro-batches of %lld sequences; bubble = 1 - compute / the "
-               "pipelined part (the stages enter it together: a barrier; first action to last send), medians over the timed steps; theory %s = %.1f%%\n",
+  std::fprintf(out, "# pipeline: pp %d, %s%s, %lld micro-batches of %lld sequences; bubble = 1 - a stage's compute / the "
+               "pipelined part (the stages enter it together: a barrier; to the last stage's last send), medians over the timed steps; theory %s = %.1f%%\n",
                dims.pp, pp_schedule_name(cfg.pipeline.schedule),
                cfg.pipeline.virtual_stages > 1 ? fmt::format(" V {}", cfg.pipeline.virtual_stages).c_str() : "",
                static_cast<long long>(cfg.accum), static_cast<long long>(cfg.batch / dims.dp() / cfg.accum),
                cfg.pipeline.schedule == PpSchedule::interleaved ? "(P-1)/(VM+P-1)" : "(P-1)/(M+P-1)", 100 * theory);
   std::fprintf(out, "#%-5s %5s %9s %9s %9s %9s %9s %8s %8s %8s\n", "rank", "stage", "step ms", "pipe ms", "busy ms",
                "fwd ms", "bwd ms", "bubble", "theory", "diff");
+  // The theory's span is the whole pipeline's (the first stage's first forward to its last
+  // backward): a later stage that finishes early is idle to that end too. The stages start together
+  // (the barrier), so the longest stage's span is the pipeline's.
+  double span = 0;
+  for (int r = 0; r < n; ++r) span = std::max(span, static_cast<double>(all[static_cast<size_t>(r * kFields + 2)]));
   std::vector<double> bubble(static_cast<size_t>(dims.pp), -1);
   for (int r = 0; r < n; ++r) {
     const float* f = &all[static_cast<size_t>(r * kFields)];
     const int stage = static_cast<int>(f[0]);
-    if (bubble[static_cast<size_t>(stage)] < 0) bubble[static_cast<size_t>(stage)] = f[6];
+    const double b = span > 0 ? 1 - f[3] / span : 0;
+    if (bubble[static_cast<size_t>(stage)] < 0) bubble[static_cast<size_t>(stage)] = b;
     std::fprintf(out, " %-5d %5d %9.2f %9.2f %9.2f %9.2f %9.2f %7.1f%% %7.1f%% %+7.1f\n", r, stage, f[1], f[2], f[3],
-                 f[4], f[5], 100.0 * f[6], 100 * theory, 100.0 * (f[6] - theory));
+                 f[4], f[5], 100.0 * b, 100 * theory, 100.0 * (b - theory));
   }
   return bubble;
 }
