@@ -91,6 +91,63 @@ TrainBenchResult::Comm comm_share(Trainer& trainer, Pool& pool, double ms_per_st
   return c;
 }
 
+// "0.1234,0.0567" (per stage), "-" without a pipeline.
+std::string bubble_list(const std::vector<double>& b) {
+  std::string s;
+  for (double v : b) s += fmt::format("{}{:.4f}", s.empty() ? "" : ",", v);
+  return s.empty() ? "-" : s;
+}
+
+// One rank's pipelined steps, medians over the timed ones (ms).
+struct StageTimes {
+  std::vector<double> step, wall, busy, forward, backward, bubble;
+  void add(const StepStats& s, const PipelineTiming& p) {
+    step.push_back(s.ms);
+    wall.push_back(p.wall_ms());
+    busy.push_back(p.busy_ms());
+    forward.push_back(p.forward_ms());
+    backward.push_back(p.backward_ms());
+    bubble.push_back(p.bubble());
+  }
+};
+
+// Under --pp: every rank's stage times, gathered (collective over world), printed as one row per
+// rank beside the theory; returns each stage's bubble (its first data-parallel rank's).
+std::vector<double> print_bubbles(Communicator& world, const Trainer& trainer, const StageTimes& mine,
+                                  const TrainBenchConfig& cfg, double theory, std::FILE* out) {
+  constexpr int kFields = 7;
+  const int n = world.world_size(), me = world.rank();
+  std::vector<float> all(static_cast<size_t>(n * kFields), 0.f);
+  const double row[kFields] = {static_cast<double>(trainer.pipeline_rank()), median(mine.step), median(mine.wall),
+                               median(mine.busy), median(mine.forward), median(mine.backward), median(mine.bubble)};
+  for (int k = 0; k < kFields; ++k) all[static_cast<size_t>(me * kFields + k)] = static_cast<float>(row[k]);
+  world.all_reduce(std::span<float>(all)).wait();
+  const ParallelDims dims = cfg.strategy.dims.resolved(n);
+  std::fprintf(out, "# pipeline: pp %d, %s%s, %lld micro-batches of %lld sequences; bubble = 1 - a stage's compute / the "
+               "pipelined part (the stages enter it together: a barrier; to the last stage's last send), medians over the timed steps; theory %s = %.1f%%\n",
+               dims.pp, pp_schedule_name(cfg.pipeline.schedule),
+               cfg.pipeline.virtual_stages > 1 ? fmt::format(" V {}", cfg.pipeline.virtual_stages).c_str() : "",
+               static_cast<long long>(cfg.accum), static_cast<long long>(cfg.batch / dims.dp() / cfg.accum),
+               cfg.pipeline.schedule == PpSchedule::interleaved ? "(P-1)/(VM+P-1)" : "(P-1)/(M+P-1)", 100 * theory);
+  std::fprintf(out, "#%-5s %5s %9s %9s %9s %9s %9s %8s %8s %8s\n", "rank", "stage", "step ms", "pipe ms", "busy ms",
+               "fwd ms", "bwd ms", "bubble", "theory", "diff");
+  // The theory's span is the whole pipeline's (the first stage's first forward to its last
+  // backward): a later stage that finishes early is idle to that end too. The stages start together
+  // (the barrier), so the longest stage's span is the pipeline's.
+  double span = 0;
+  for (int r = 0; r < n; ++r) span = std::max(span, static_cast<double>(all[static_cast<size_t>(r * kFields + 2)]));
+  std::vector<double> bubble(static_cast<size_t>(dims.pp), -1);
+  for (int r = 0; r < n; ++r) {
+    const float* f = &all[static_cast<size_t>(r * kFields)];
+    const int stage = static_cast<int>(f[0]);
+    const double b = span > 0 ? 1 - f[3] / span : 0;
+    if (bubble[static_cast<size_t>(stage)] < 0) bubble[static_cast<size_t>(stage)] = b;
+    std::fprintf(out, " %-5d %5d %9.2f %9.2f %9.2f %9.2f %9.2f %7.1f%% %7.1f%% %+7.1f\n", r, stage, f[1], f[2], f[3],
+                 f[4], f[5], 100.0 * b, 100 * theory, 100.0 * (b - theory));
+  }
+  return bubble;
+}
+
 }  // namespace
 
 TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out, Communicator* world) {
@@ -113,7 +170,8 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
       step.sequence_parallel = cfg.sequence_parallel;
       g = step_gemm_config(step, ranks, std::max<int64_t>(1, cfg.batch / dims.dp()));
     } else {
-      g = step_gemm_config(s, std::max<int64_t>(1, cfg.batch / ranks));  // one rank's rows
+      // One rank's rows per micro-step (the whole model's products, also under --pp).
+      g = step_gemm_config(s, std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum));
     }
     g.seconds = 0.1;
     const GemmBenchResult gr = run_gemm_benchmark(pool, g, sink);
@@ -132,6 +190,10 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   tc.comm = pool.backend().device() == Device::cuda ? CommKind::nccl : CommKind::mpi;
   tc.checkpointing = cfg.checkpointing;
   tc.sequence_parallel = cfg.sequence_parallel;
+  tc.accum = cfg.accum;
+  tc.pipeline = cfg.pipeline;
+  tc.pipeline.align_steps = true;  // the bubble measured is the schedule's (step_config.hpp)
+  const bool piped = dims.pp > 1;
   // One trainer per configuration, each with its own pools (so each ledger is its own) and
   // communicator; steps alternate between them so that both see the same machine state.
   struct Run {
@@ -150,9 +212,11 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     run.trainer = std::make_unique<Trainer>(pool.backend(), *run.pool, world ? *world : *run.comm, c);
     runs.push_back(std::move(run));
   };
-  add(tc, fmt::format("{}{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
-                      ranks > 1 ? fmt::format(" x{} ranks", ranks) : std::string(), checkpointing_name(tc.checkpointing),
-                      offload_name(tc.strategy.offload)));
+  add(tc, piped ? fmt::format("{} x{} ranks, pp {} {}, M {}", strategy_name(tc.strategy.kind), ranks, dims.pp,
+                              pp_schedule_name(cfg.pipeline.schedule), cfg.accum)
+                : fmt::format("{}{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
+                              ranks > 1 ? fmt::format(" x{} ranks", ranks) : std::string(),
+                              checkpointing_name(tc.checkpointing), offload_name(tc.strategy.offload)));
   if (cfg.levers()) {
     TrainConfig base = tc;
     base.checkpointing = Checkpointing::none;
@@ -174,11 +238,14 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                  tp ? fmt::format("the products of rank 0's part (linears 1/{} as wide, {} of {} heads)", dims.tp,
                                   s.heads / dims.tp, s.heads).c_str()
                     : "the whole model's products",
-                 static_cast<long long>(std::max<int64_t>(1, cfg.batch / dims.dp())));
+                 static_cast<long long>(std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum)));
+  StageTimes stage;  // under --pp, the first (only) configuration's
   for (int t = 0; t < cfg.warmup + cfg.steps; ++t)
     for (Run& run : runs) {
       run.last = run.trainer->step(t);
-      if (t >= cfg.warmup) run.ms.push_back(run.last.ms);
+      if (t < cfg.warmup) continue;
+      run.ms.push_back(run.last.ms);
+      if (piped && &run == &runs[0]) stage.add(run.last, run.trainer->pipeline_timing());
     }
   std::fprintf(out, "#%-44s %6s %10s %10s %9s %7s %8s %11s %11s\n", "configuration", "steps", "ms/step", "tokens/s",
                "GFLOP/s", "%sgemm", "vs none", "peak", "host peak");
@@ -192,6 +259,11 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                  format_bytes(static_cast<double>(run.last.host_peak_bytes)).c_str());
   }
   r.ms_per_step = median(runs[0].ms);
+  if (piped) {
+    r.bubble_theory = bubble_fraction(cfg.pipeline.schedule, dims.pp, cfg.pipeline.virtual_stages,
+                                      static_cast<int>(cfg.accum));
+    r.bubble = print_bubbles(*world, *runs[0].trainer, stage, cfg, r.bubble_theory, out);
+  }
   if (world) r.comm = comm_share(*runs[0].trainer, *runs[0].pool, r.ms_per_step, out);
   r.tokens_per_s = static_cast<double>(tokens) / (r.ms_per_step / 1e3);
   r.gflops = r.tokens_per_s * flops_per_token / 1e9 / ranks;
@@ -204,9 +276,11 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   // One line for scripts (benchmarks/compare_pytorch.sh): the first configuration's figures.
   // Fields are only ever added at the end: a script may read them by position.
   std::fprintf(out, "# result ms_per_step=%.1f tokens_per_s=%.0f gflops_per_rank=%.1f ceiling=%.1f ranks=%d tp=%d "
-               "sp=%d tp_bytes=%.0f dp_bytes=%.0f tp_est_ms=%.2f dp_est_ms=%.2f\n",
+               "sp=%d tp_bytes=%.0f dp_bytes=%.0f tp_est_ms=%.2f dp_est_ms=%.2f pp=%d micro=%lld bubble_theory=%.4f "
+               "bubble=%s\n",
                r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks, dims.tp, cfg.sequence_parallel ? 1 : 0,
-               r.comm.tp_bytes, r.comm.dp_bytes, r.comm.tp_est_ms, r.comm.dp_est_ms);
+               r.comm.tp_bytes, r.comm.dp_bytes, r.comm.tp_est_ms, r.comm.dp_est_ms, dims.pp,
+               static_cast<long long>(cfg.accum), r.bubble_theory, bubble_list(r.bubble).c_str());
   std::fflush(out);
   return r;
 }

@@ -4,6 +4,8 @@
 // --offload) the same configuration without it runs too, its steps interleaved with the lever's,
 // and both are printed with the ratio: what the lever costs. On several ranks (`--nproc N`) the
 // strategy runs over the real communicator, the batch is the global one, and rank 0 prints.
+// Under --pp each stage's measured bubble (its idle share of the pipelined part of the step) is
+// printed beside the schedule's theory.
 #pragma once
 #include <cstdio>
 
@@ -11,6 +13,7 @@
 #include "shard/strategy.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/model/unit.hpp"
+#include "src/train/step_config.hpp"
 
 namespace shardlab {
 
@@ -22,6 +25,8 @@ struct TrainBenchConfig {
   StrategyConfig strategy;  // one rank of it (sim communicator) or every rank of `world`
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;  // with strategy.dims.tp > 1
+  int64_t accum = 1;               // micro-steps per step: the pipeline's micro-batches under --pp
+  PipelineConfig pipeline;         // with strategy.dims.pp > 1
   double peak_tflops = 0;  // the device's dense peak, for MFU (0 = not printed)
   bool levers() const { return checkpointing != Checkpointing::none || strategy.offload != Offload::none; }
 };
@@ -35,6 +40,10 @@ struct TrainBenchResult {
   struct Comm {
     double tp_bytes = 0, dp_bytes = 0, tp_est_ms = 0, dp_est_ms = 0;
   } comm;
+  // Under --pp, per pipeline stage (the first data-parallel rank's of each): the median over the
+  // timed steps of its idle share of the pipelined part, and the schedule's theory.
+  std::vector<double> bubble;
+  double bubble_theory = 0;
 };
 
 // world: the ranks' communicator when there are several (no levers then); nullptr = one rank.

@@ -376,7 +376,8 @@ std::string html_escape(const std::string& s) { return esc(s); }
 
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
                          const TierBytes& base, const std::vector<TraceMark>& marks,
-                         const std::vector<std::string>& unit_names, std::optional<double> val_loss) {
+                         const std::vector<std::string>& unit_names, std::optional<double> val_loss,
+                         const std::vector<TraceSpan>& spans) {
   auto add = [&](const nlohmann::json& e) {
     if (!out.empty()) out += ",\n";
     out += e.dump();
@@ -384,9 +385,15 @@ void append_trace_events(std::string& out, int pid, const std::string& name, con
   add({{"ph", "M"}, {"pid", pid}, {"name", "process_name"}, {"args", {{"name", name}}}});
   add({{"ph", "M"}, {"pid", pid}, {"tid", 1}, {"name", "thread_name"}, {"args", {{"name", "compute phases"}}}});
   add({{"ph", "M"}, {"pid", pid}, {"tid", 2}, {"name", "thread_name"}, {"args", {{"name", "collectives (issued)"}}}});
+  if (!spans.empty())
+    add({{"ph", "M"}, {"pid", pid}, {"tid", 3}, {"name", "thread_name"}, {"args", {{"name", "pipeline actions"}}}});
   if (events.empty()) return;
   double t0 = events.front().t_ms;
   for (const auto& m : marks) t0 = std::min(t0, m.t_ms);
+  for (const auto& s : spans) t0 = std::min(t0, s.t_ms);
+  for (const auto& s : spans)
+    add({{"ph", "X"}, {"pid", pid}, {"tid", 3}, {"name", s.name}, {"ts", (s.t_ms - t0) * 1000.0},
+         {"dur", s.dur_ms * 1000.0}});
   for (const auto& m : marks)
     add({{"ph", "i"}, {"pid", pid}, {"tid", 2}, {"s", "t"}, {"name", m.name}, {"ts", (m.t_ms - t0) * 1000.0},
          {"args", {{"bus_bytes", m.bytes}}}});

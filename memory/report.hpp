@@ -20,6 +20,13 @@ struct TraceMark {
   double bytes;
 };
 
+// A span on a trace's own track (a pipeline stage's actions: "F3c1", its message waits inside),
+// from t_ms for dur_ms on the ledger's clock.
+struct TraceSpan {
+  double t_ms, dur_ms;
+  std::string name;
+};
+
 // What the "vs ddp" and "vs dp" columns compare each row against.
 enum class Baseline : uint8_t { none, ddp, dp };
 
@@ -83,9 +90,11 @@ std::string chrome_trace_document(const std::string& events);
 // The same for one ledger timeline, as the events of process `pid` named `name` (no enclosing
 // array): `base` is what was live on each tier before the first event (the host tier gets its own
 // counter); marks go on a "collectives" track; a
-// validation loss measured after the step, if given, is a counter at its end.
+// validation loss measured after the step, if given, is a counter at its end; spans, if any, go on
+// a "pipeline actions" track (nested where one holds another).
 void append_trace_events(std::string& out, int pid, const std::string& name, const std::vector<LedgerEvent>& events,
                          const TierBytes& base, const std::vector<TraceMark>& marks,
-                         const std::vector<std::string>& unit_names, std::optional<double> val_loss = std::nullopt);
+                         const std::vector<std::string>& unit_names, std::optional<double> val_loss = std::nullopt,
+                         const std::vector<TraceSpan>& spans = {});
 
 }  // namespace shardlab

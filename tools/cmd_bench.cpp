@@ -101,7 +101,8 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   cli::add_batch(desc, cfg.batch, "sequences per step");
   cli::add_steps(desc, cfg.steps, "timed steps (the median is reported)");
   cli::add_warmup(desc, cfg.warmup, "untimed steps first");
-  desc.add_options()("peak-tflops", po::value(&cfg.peak_tflops)
+  desc.add_options()("micro-batches", po::value(&cfg.accum)->default_value(cfg.accum),
+                     "accumulation micro-steps per step: under --pp the pipeline's micro-batches")("peak-tflops", po::value(&cfg.peak_tflops)
                                         ->default_value(-1, fmt::format("{:g} on cuda ({} dense bf16), none on cpu",
                                                                         kH100.dense_bf16_tflops, kH100.name)),
                      "the device's peak for the MFU line; 0 = no MFU line");
@@ -116,6 +117,7 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   cfg.strategy.kind = parse_strategy(strategy.kind);
   cfg.strategy.dims = mesh.resolve(ctx.mpi.world(), 0);
   cfg.sequence_parallel = mesh.sequence_parallel;
+  cfg.pipeline = mesh.pipeline();
   cfg.strategy.offload = parse_offload(memory.offload);
   cfg.strategy.validate();
   cfg.checkpointing = parse_checkpointing(memory.checkpointing);

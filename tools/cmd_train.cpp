@@ -24,10 +24,20 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
   const TrainConfig& cfg = trainer.config();
   const std::string name = strategy_name(cfg.strategy.kind);
   MemoryRow row = trainer.memory_row(name);
+  // Under --pp, each action of the last step ("F3c1") with its message wait inside: the schedule
+  // as it ran, one track per rank.
+  std::vector<TraceSpan> spans;
+  for (const PipelineTiming::Span& a : trainer.pipeline_timing().actions) {
+    spans.push_back({a.start_ms, a.end_ms - a.start_ms, describe(a.action)});
+    if (a.wait_ms > 0) spans.push_back({a.wait_start_ms, a.wait_ms, "wait"});
+  }
+  const bool piped = !spans.empty();
   std::string events;  // one trace process per rank
-  append_trace_events(events, mpi.rank(), fmt::format("rank {} ({})", mpi.rank(), name), row.measured_timeline,
-                      {row.measured_states, row.measured_host.model_states}, row.measured_comm, trainer.unit_names(),
-                      last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt);
+  append_trace_events(events, mpi.rank(),
+                      piped ? fmt::format("rank {} ({}, stage {})", mpi.rank(), name, trainer.pipeline_rank())
+                            : fmt::format("rank {} ({})", mpi.rank(), name),
+                      row.measured_timeline, {row.measured_states, row.measured_host.model_states}, row.measured_comm,
+                      trainer.unit_names(), last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt, spans);
   auto all = comm.gather_strings(events);
   if (mpi.rank() != 0) return;
   MemoryReport report;

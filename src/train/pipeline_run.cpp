@@ -1,8 +1,10 @@
 // pipeline_run.cpp — the executor of one rank's pipeline actions (pipeline_run.hpp).
 #include "src/train/pipeline_run.hpp"
 
+#include <chrono>
 #include <deque>
 #include <map>
+#include <utility>
 
 #include "src/comm/communicator.hpp"
 
@@ -155,6 +157,11 @@ class Executor {
 
   void set_scale(float s) { dlogit_scale_ = s; }
   void set_logits(std::vector<float>* l) { logits_out_ = l; }
+  double now_ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - pool_.ledger().start()).count();
+  }
+  // The last action's message wait: when it began, how long it took (0 without one); reset per action.
+  std::pair<double, double> take_wait() { return std::exchange(wait_, {0.0, 0.0}); }
   RunResult result() const { return {loss_sum_, positions_}; }
 
  private:
@@ -176,6 +183,15 @@ class Executor {
   struct Sent {
     Block buf;
     Work work;  // declared last: waited on before the buffer goes
+  };
+  // take()'s span, however it returns.
+  struct Waiting {
+    Executor& ex;
+    double start;
+    explicit Waiting(Executor& e) : ex(e), start(e.now_ms()) {}
+    ~Waiting() { ex.wait_ = {start, ex.now_ms() - start}; }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
   };
 
   int64_t message_elems(const PipeAction& a) const {
@@ -233,8 +249,10 @@ class Executor {
   }
 
   // The message action a consumes (posted by post_receives): this rank's own sends complete (their
-  // buffers freed), then the receives from its sender are waited for in order up to it.
+  // buffers freed), then the receives from its sender are waited for in order up to it. The time
+  // from here to the message is the action's wait (PipelineTiming).
   Block take(const PipeAction& a) {
+    Waiting waiting(*this);
     const Key k = key_of(a);
     if (auto s = stash_.find(k); s != stash_.end()) {
       Block b = std::move(s->second);
@@ -280,6 +298,7 @@ class Executor {
   std::map<int, Inbox> inbox_;
   std::map<Key, Block> stash_;
   std::vector<Sent> sends_;
+  std::pair<double, double> wait_{0.0, 0.0};  // (start, ms) of the current action's message wait
 };
 
 void check_batches(const ModelSpec& spec, std::span<const Batch> micro) {
@@ -289,6 +308,22 @@ void check_batches(const ModelSpec& spec, std::span<const Batch> micro) {
 }
 
 }  // namespace
+
+double PipelineTiming::busy_ms() const { return forward_ms() + backward_ms(); }
+
+double PipelineTiming::forward_ms() const {
+  double ms = 0;
+  for (const Span& s : actions)
+    if (s.action.kind == PipeAction::forward) ms += s.end_ms - s.start_ms - s.wait_ms;
+  return ms;
+}
+
+double PipelineTiming::backward_ms() const {
+  double ms = 0;
+  for (const Span& s : actions)
+    if (s.action.kind == PipeAction::backward) ms += s.end_ms - s.start_ms - s.wait_ms;
+  return ms;
+}
 
 RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
                        Backend& be, Pool& pool, std::span<const Batch> micro, UnitHooks& hooks, float dlogit_scale,
@@ -300,15 +335,25 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
   ex.set_scale(dlogit_scale);
   const int64_t M = run.schedule.micro_batches;
   const std::vector<PipeAction>& list = run.schedule.ranks.at(static_cast<size_t>(run.rank));
+  PipelineTiming* timing = run.timing;
+  if (timing) {
+    timing->actions.clear();
+    timing->actions.reserve(list.size());
+    timing->start_ms = ex.now_ms();
+  }
   for (size_t i = 0; i < list.size(); ++i) {
     const PipeAction& a = list[i];
+    const double start = timing ? ex.now_ms() : 0;
     ex.post_receives(list, i);
     if (run.begin_micro) run.begin_micro(a.micro, a.micro + 1 == M);
     UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], checkpointing, tp};
     if (a.kind == PipeAction::forward) ex.forward(a, true, ctx);
     else ex.backward(a, ctx);
+    const auto [wait_start, wait] = ex.take_wait();
+    if (timing) timing->actions.push_back({a, start, ex.now_ms(), wait_start, wait});
   }
   ex.finish();
+  if (timing) timing->end_ms = ex.now_ms();
   return ex.result();
 }
 

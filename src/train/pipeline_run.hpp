@@ -12,6 +12,7 @@
 // so what a stage holds at each moment depends on the schedule only (predictions match runs to
 // the byte). Messages are told apart by (kind, chunk, micro-batch), known from the schedule.
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <span>
@@ -21,6 +22,27 @@
 #include "src/train/pipeline.hpp"
 
 namespace shardlab {
+
+// Where one rank's time went in its part of a pipelined step (bench-train's measured bubble, the
+// trace's action track). Times are ms on the ledger's clock (Ledger::start()). A wait is the time
+// an action spent getting its message: posting receives, completing this rank's own posted sends,
+// waiting for the message; the rest of an action is compute. Four clock reads per action: the
+// executor always records (pp 1 does not run it).
+struct PipelineTiming {
+  struct Span {
+    PipeAction action;
+    double start_ms = 0, end_ms = 0;
+    double wait_start_ms = 0, wait_ms = 0;  // the message wait inside the span (0 for none)
+  };
+  std::vector<Span> actions;  // in the order run
+  double start_ms = 0, end_ms = 0;  // the first action's start, the last posted send's completion
+  double busy_ms() const;           // the actions less their waits
+  double wall_ms() const { return end_ms - start_ms; }
+  // The idle share of the rank's pipelined part: 1 - busy / wall (0 when nothing ran).
+  double bubble() const { return wall_ms() > 0 ? 1 - busy_ms() / wall_ms() : 0; }
+  double forward_ms() const;   // compute in forwards (their waits excluded)
+  double backward_ms() const;  // compute in backwards
+};
 
 struct PipelineRun {
   const StageSplit& split;
@@ -32,6 +54,7 @@ struct PipelineRun {
   // Before each action: the strategy learns which micro-batch runs and whether it is the last
   // (the units' gradients are reduced after their last micro-batch's backward).
   std::function<void(int64_t micro, bool last)> begin_micro;
+  PipelineTiming* timing = nullptr;  // filled by run_pipeline when given (the training step's)
 };
 
 // The step's actions of this rank over `units` (this rank's, in model order: split.units_of(rank)),

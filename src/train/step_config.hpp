@@ -17,6 +17,10 @@ struct PipelineConfig {
   PpSchedule schedule = PpSchedule::one_f_one_b;  // --pp-schedule
   int virtual_stages = 1;                         // --pp-virtual
   std::vector<int> split;                         // --pp-split: units per chunk; empty = balanced by cost
+  // bench-train: the stages enter each step's pipelined part together (a barrier on the pipeline
+  // group), so a stage's measured bubble is the schedule's and not the skew the previous step's
+  // uneven optimizer work leaves between the stages.
+  bool align_steps = false;
 };
 
 struct StepConfig {

@@ -271,7 +271,7 @@ int32_t Trainer::receive_sampled_token(int32_t token) {
 }
 
 PipelineRun Trainer::pipeline_run(int64_t B, int64_t T) {
-  PipelineRun run{*split_, *schedule_, mesh_.rank(CommAxis::pp), mesh_.comm(CommAxis::pp), {}, {}};
+  PipelineRun run{*split_, *schedule_, mesh_.rank(CommAxis::pp), mesh_.comm(CommAxis::pp), {}, {}, nullptr};
   if (B == 0) B = cfg_.batch / mesh_.dp_size() / cfg_.accum;
   if (T == 0) T = cfg_.spec.seq;
   for (int c = 0; c < split_->chunks(); ++c)
@@ -361,7 +361,10 @@ StepStats Trainer::step(int64_t t) {
   double loss_sum = 0;
   if (pipelined()) {
     const std::vector<Batch> batches = pipeline_batches(loader_, t);
-    loss_sum = run_pipeline(pipeline_run(), units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale,
+    if (cfg_.pipeline.align_steps) mesh_.comm(CommAxis::pp).barrier().wait();
+    PipelineRun run = pipeline_run();
+    run.timing = &pipe_timing_;
+    loss_sum = run_pipeline(run, units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale,
                             cfg_.checkpointing, tp_)
                    .loss_sum;
   }

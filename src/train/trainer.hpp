@@ -15,6 +15,7 @@
 #include "shard/strategy.hpp"
 #include "src/train/data.hpp"
 #include "src/train/pipeline.hpp"
+#include "src/train/pipeline_run.hpp"
 #include "src/train/step_config.hpp"
 #include "src/train/tokenizer.hpp"
 #include "src/train/sample.hpp"
@@ -86,8 +87,6 @@ struct StepStats {
   double elapsed_s = 0;      // since this process's first step began (Trainer::run)
 };
 
-struct PipelineRun;  // pipeline_run.hpp
-
 // Pipeline parallelism: the units' split into stages for step config c (--pp-split as given, or
 // balanced by each unit's cost); the Trainer's own, so reports can name what each stage holds.
 StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const StepConfig& c);
@@ -140,6 +139,9 @@ class Trainer {
   // The last evaluation or sample (forward only) as the ledger recorded it: its peak and composition.
   Estimate measured_eval() const;
   std::vector<std::string> unit_names() const;
+  // Under --pp: this rank's last training step, action by action (its measured bubble).
+  const PipelineTiming& pipeline_timing() const { return pipe_timing_; }
+  int pipeline_rank() const { return mesh_.rank(CommAxis::pp); }
 
  private:
   class EvalScope;
@@ -187,7 +189,8 @@ class Trainer {
   std::optional<PipeSchedule> schedule_;
   std::vector<std::unique_ptr<Unit>> model_units_;
   std::vector<std::pair<size_t, const TensorDecl*>> tied_;
-  double tied_copy_sq_ = 0;  // this rank's tied copies' squared gradient, counted at their owner
+  double tied_copy_sq_ = 0;     // this rank's tied copies' squared gradient, counted at their owner
+  PipelineTiming pipe_timing_;  // the last training step's (run_pipeline fills it)
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
   double flops_per_token_ = 0;  // the family's model FLOPs per token (the progress line's rate)
