@@ -18,6 +18,7 @@
 
 #include "src/comm/watchdog.hpp"
 #include "src/core/hash.hpp"
+#include "src/model/family.hpp"
 #include "src/model/safetensors.hpp"
 
 namespace shardlab {
@@ -207,8 +208,10 @@ void merge_manifest(const fs::path& tmp, const CheckpointState& state, const Run
         for (auto& p : list) m["tensors"][tensor][state_name].push_back(p);
     fs::remove(side);
   }
-  for (const auto& unit : state.units)  // the whole tensor's: pieces are whole-tensor regions
-    for (const TensorDecl& t : unit->layout().tensors) m["tensors"][t.name]["shape"] = t.full_shape;
+  // The whole model's tensors (under --pp this rank holds one stage's), at their whole shapes:
+  // pieces are whole-tensor regions.
+  for (const UnitLayout& unit : family_of(state.step.spec).layout(state.step.spec))
+    for (const TensorDecl& t : unit.tensors) m["tensors"][t.name]["shape"] = t.full_shape;
   write_small_file(tmp / "manifest.json", m.dump(1) + "\n");
 }
 

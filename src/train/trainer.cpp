@@ -601,16 +601,59 @@ CheckpointState Trainer::checkpoint_state() {
 void Trainer::save(const std::string& path) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
-  if (!tp_.active()) {
+  if (!tp_.active() && !pipelined()) {
     if (comm_.rank() == 0) write_units(path, cfg_.spec, units_, host);
     return;
   }
-  // Each rank holds its tensor-parallel part: world rank 0 (tp rank 0) assembles whole tensors.
   const ModelFamily& family = family_of(cfg_.spec);
-  std::vector<UnitLayout> local;
-  for (const auto& u : units_) local.push_back(u->layout());
-  host = gather_tp_units(*tp_.comm, local, family.layout(cfg_.spec), host);
-  if (comm_.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host);
+  const std::vector<UnitLayout> whole = family.layout(cfg_.spec);
+  auto whole_of = [&](const std::string& name) -> const UnitLayout& {
+    for (const UnitLayout& l : whole)
+      if (l.name == name) return l;
+    SHARD_CHECK(false, "unit {} is not the model's", name);
+    return whole.front();
+  };
+  // This rank's units without their tied copies (appended last: the owner's stage saves the tensor).
+  std::vector<UnitLayout> local, wanted;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitLayout l = units_[u]->layout();
+    while (!l.tensors.empty() && l.tensors.back().tied_copy) {
+      l.numel = l.tensors.back().offset;
+      l.tensors.pop_back();
+    }
+    host[u].resize(static_cast<size_t>(l.numel));
+    wanted.push_back(whole_of(l.name));
+    local.push_back(std::move(l));
+  }
+  // Each rank holds its tensor-parallel part: tp rank 0 assembles whole units.
+  if (tp_.active()) host = gather_tp_units(*tp_.comm, local, wanted, host);
+  if (!pipelined()) {
+    if (comm_.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host);
+    return;
+  }
+  // Every stage's first rank (data-parallel and tensor-parallel rank 0) sends its whole units to
+  // world rank 0, the first stage's, over their pipeline group; world rank 0 writes the model.
+  if (mesh_.dp_rank() != 0 || mesh_.rank(CommAxis::tp) != 0) return;
+  Communicator& pp = mesh_.comm(CommAxis::pp);
+  const int me = mesh_.rank(CommAxis::pp);
+  if (me != 0) {
+    for (std::vector<float>& v : host) pp.send(Tensor::of(std::span<const float>(v)), 0).wait();
+    return;
+  }
+  std::vector<std::vector<float>> all(whole.size());
+  for (int s = 0; s < split_->pp; ++s) {
+    const std::vector<int> units = split_->units_of(s);
+    for (size_t i = 0; i < units.size(); ++i) {
+      std::vector<float>& v = all[static_cast<size_t>(units[i])];
+      if (s == 0) {
+        v = std::move(host[i]);
+        continue;
+      }
+      v.resize(static_cast<size_t>(whole[static_cast<size_t>(units[i])].numel));
+      pp.recv(Tensor::of(std::span<float>(v)), s).wait();
+    }
+  }
+  write_units(path, cfg_.spec, family.make_units(cfg_.spec), all);
 }
 
 }  // namespace shardlab
