@@ -21,6 +21,7 @@ double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
   Pool pool(be);
   auto one = make_sim_communicator(0, 1, pool);
   TrainConfig t = cfg.train;
+  t.checkpointing = Checkpointing::none;
   t.strategy = t.strategy.under(StrategyKind::ddp);
   t.batch = micro_batch;
   t.accum = 1;
@@ -32,7 +33,8 @@ double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
     StepStats st = trainer.step(s);
     if (s > 0) ms.push_back(st.ms);
   }
-  return double(micro_batch * t.spec.seq) * family_of(t.spec).flops_per_token(t.spec) / (median(ms) / 1e3);
+  // FLOPs as the time model counts them (plan_time.hpp), so the model gives back the measured time.
+  return megatron_flops(t.spec, micro_batch, Checkpointing::none) / (median(ms) / 1e3);
 }
 
 double allreduce_busbw(Backend& be, Communicator& comm, const PlanConfig& cfg) {
@@ -90,17 +92,24 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   comm.all_reduce(std::span<float>(r)).wait();  // the ranks' mean
   const double n = comm.world_size();
   PlanRates rates;
-  rates.flops = r[0] / n;
-  rates.link_intra = rates.link_inter = r[1] / n;
-  rates.host_link = r[2] / n;
-  rates.host_adamw = rates.device_adamw = r[3] / n;
-  rates.overlap = 0;
+  const std::string from = fmt::format("measured here by {} rank{}", comm.world_size(), comm.world_size() == 1 ? "" : "s");
+  DeviceRates& d = rates.device;
+  d.flops = {r[0] / n, from + ": model FLOP/s of whole training steps"};
+  d.hbm = {1e12, "unused: element-wise work is inside the whole-step rate"};
+  d.intra = d.inter = {r[1] / n, from + ": an all-reduce's bus bandwidth"};
+  d.host = {r[2] / n, from + ": host-tier copies"};
+  d.adamw = d.host_adamw = {r[3] / n, from + ": bench-adamw's kernel"};
+  d.ranks_per_node = cfg.ranks_per_node;
+  rates.achievable.whole_step = true;
+  rates.achievable.intra = rates.achievable.inter = 1;
+  rates.dp_overlap = 0;           // MPI's collectives progress only inside MPI calls on the CPU backend
+  rates.flash_attention = false;  // the CPU kernels keep the scores
   rates.source = fmt::format("calibrated on this machine by {} rank{}, {}", comm.world_size(),
                              comm.world_size() == 1 ? "" : "s", be.describe());
   if (log)
     std::fprintf(log, "calibrated: %.2f GFLOP/s per rank (a whole step), all-reduce %.2f GB/s, host link %.2f GB/s, "
-                 "AdamW %.3g elements/s\n", rates.flops / 1e9, rates.link_intra / 1e9, rates.host_link / 1e9,
-                 rates.host_adamw);
+                 "AdamW %.3g elements/s\n", d.flops.value / 1e9, d.intra.value / 1e9, d.host.value / 1e9,
+                 d.adamw.value);
   return rates;
 }
 

@@ -1,12 +1,14 @@
 // calibrate.hpp — `plan --calibrate`: the rates of plan's time model, measured on this machine by
 // every rank at once (so they see the contention a run sees), averaged over the ranks:
 //   flops       model FLOPs per second of a few single-rank training steps of the model at the
-//               planned micro-batch (every kernel, not only the GEMMs: bench-train's figure)
+//               planned micro-batch (every kernel, not only the GEMMs), FLOPs counted as the
+//               time model counts them (megatron_flops: every GEMM, the attention s x s whole)
 //   links       bus bandwidth of an f32 all-reduce of one unit's size over the ranks (the same
 //               figure within and between nodes: one machine has one link)
 //   host link   Backend::copy between the host tier and the device tier, 64 MiB
 //   AdamW       bench-adamw's host kernel (on the CPU backend the device's is the same kernel)
 //   overlap     0: MPI's collectives progress only inside MPI calls on the CPU backend
+// The time model then runs every GEMM at the whole-step rate (Achievable::whole_step).
 #pragma once
 #include "src/train/plan.hpp"
 

@@ -208,58 +208,7 @@ TEST_CASE("profile --device-memory names the cheapest levers that fit, and they 
   CHECK(!run_profile(*meta, one, pc).levers);
 }
 
-// ---- plan: every configuration, its predicted memory (the estimator) and step time ----
-
-TEST_CASE("plan: the JSON schema, and the top configuration for gpt2-xl on 64 x 80 GiB fits", "[plan]") {
-  PlanConfig pc;
-  pc.train = config("gpt2-xl", StrategyKind::zero3, DType::bf16);
-  pc.world = 64;
-  pc.ranks_per_node = 8;
-  pc.device_memory = uint64_t{80} << 30;
-  std::vector<PlanEntry> plan = make_plan(pc);
-  REQUIRE(!plan.empty());
-  const PlanEntry& top = plan.front();
-  CHECK(top.fits);
-  // Its memory is the estimator's for its configuration, to the byte.
-  CHECK(top.peak == predict_step(top.config(pc), 64, 0, top.micro_batch, false).peak);
-  CHECK(top.peak <= pc.device_memory);
-  for (size_t i = 1; i < plan.size(); ++i)  // fitting ones first, each group fastest first
-    CHECK((plan[i - 1].fits > plan[i].fits || (plan[i - 1].fits == plan[i].fits && plan[i - 1].step_ms <= plan[i].step_ms)));
-  auto j = nlohmann::json::parse(plan_json(pc, plan));
-  CHECK(j["schema"] == "shardlab.plan/1");
-  CHECK(j.contains("config"));
-  CHECK(j.contains("rates"));
-  REQUIRE(j["configs"].size() == plan.size());
-  for (const char* key : {"strategy", "dp_shard", "activation_checkpointing", "offload", "micro_batch", "accum",
-                          "fits", "predicted_peak_bytes", "predicted_host_peak_bytes", "predicted_step_ms",
-                          "predicted_tokens_per_s", "measured_step_ms", "measured_peak_bytes"})
-    CHECK(j["configs"][0].contains(key));
-  CHECK(j["configs"][0]["measured_step_ms"].is_null());
-  // Hybrid sharding within a node is among the candidates at 8 ranks per node.
-  bool hybrid = false;
-  for (const auto& c : j["configs"]) hybrid |= c["dp_shard"] == 8;
-  CHECK(hybrid);
-}
-
-TEST_CASE("plan: with 8 x 16 GiB it picks a lever that fits where plain ZeRO-3 does not", "[plan]") {
-  PlanConfig pc;
-  pc.train = config("gpt2-xl", StrategyKind::zero3, DType::f32);
-  pc.world = 8;
-  pc.device_memory = uint64_t{16} << 30;
-  std::vector<PlanEntry> plan = make_plan(pc);
-  REQUIRE(!plan.empty());
-  const PlanEntry& top = plan.front();
-  REQUIRE(top.fits);
-  CHECK((top.checkpointing != Checkpointing::none || top.strategy.offload != Offload::none));
-  TrainConfig plain = top.config(pc);
-  plain.strategy = plain.strategy.under(StrategyKind::zero3);
-  plain.strategy.offload = Offload::none;
-  plain.checkpointing = Checkpointing::none;
-  CHECK(predict_step(plain, 8, 0, top.micro_batch, false).peak > pc.device_memory);
-  // Nothing fits 1 GiB per rank: every entry says why.
-  pc.device_memory = uint64_t{1} << 30;
-  for (const PlanEntry& e : make_plan(pc)) CHECK((!e.fits && !e.why.empty()));
-}
+// plan's tests (tests/test_plan.cpp) hold its memory to the estimator's.
 
 TEST_CASE("a step's GEMMs as the meta backend records them are GPT-2's linears and head, three each", "[estimator]") {
   StepConfig step;

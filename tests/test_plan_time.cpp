@@ -192,3 +192,51 @@ TEST_CASE("plan time: a layout the model cannot run is refused with its values",
   CHECK_THROWS_WITH(predict_step_time(m, l, rates(1, 1, 1, 1, 8)),
                     Catch::Contains("micro-batches (3) to be a multiple of pp 2"));
 }
+
+TEST_CASE("plan time: hybrid sharding reduces in the node and across nodes; offload crosses the host link", "[plan]") {
+  // GPT L=4 h=512 a=8 s=256 V=1000 (tied head), one stage holding everything: 4 x 12 h^2 + V h + s h =
+  // 12582912 + 512000 + 131072 = 13225984 parameters, bf16: p = g = 26451968 bytes.
+  const ModelSpec m = gpt(4, 512, 8, 256, 1000);
+  DeviceRates r = rates(1e12, 1e20, 1e9, 2e8, 4);  // NVLink 5e8 B/s at half, network 1e8
+  r.host = {1e9, "test"};
+  r.host_adamw = {1e6, "test"};
+  TimeLayout l;
+  l.dp = 8, l.dp_shard = 4, l.micro_batch = 1, l.global_batch = 16;  // M = 2
+  l.dp_strategy = StrategyKind::zero1;
+  l.dp_overlap = 0;
+  // zero1, S = 4 in a node of 4 (NVLink), 2 replicas across nodes (network):
+  //   reduce-scatter 3/4 g = 19838976 B / 5e8 = 0.039677952 s
+  //   all-reduce of the 1/4 shard across 2 groups: 1/2 x 2 g / 4 = 6612992 B / 1e8 = 0.06612992 s
+  //   all-gather of the parameters after the update: 3/4 p / 5e8 = 0.039677952 s (exposed)
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(0.145485824).epsilon(1e-9));
+  // zero2 with the optimizer offloaded, the whole 8 sharding (S = 8): each micro-batch's gradient
+  // shard down (2 x g / 8) and the updated parameter shard up (p / 8): 9919488 B / 1e9 B/s; AdamW on
+  // the host over 13225984 / 8 = 1653248 parameters at 1e6 per second.
+  l.dp_shard = 0;
+  l.dp_strategy = StrategyKind::zero2;
+  l.offload = Offload::optimizer;
+  const TimePrediction q = predict_step_time(m, l, r, halves(0));
+  CHECK(q.split.offload == Approx(9.919488e-3).epsilon(1e-9));
+  CHECK(q.split.optimizer == Approx(1.653248).epsilon(1e-9));
+  // ddp cannot offload.
+  l.dp_strategy = StrategyKind::ddp;
+  CHECK_THROWS_WITH(predict_step_time(m, l, r, halves(0)), Catch::Contains("offload optimizer needs a ZeRO strategy"));
+}
+
+TEST_CASE("plan time: calibrated rates run every GEMM at the whole step's rate and nothing apart", "[plan]") {
+  // GPT L=1 h=4 a=1 s=4 V=4 f=16, one rank: forward FLOPs per layer 2 n (12 h^2... as products):
+  //   QKV 2x4x12x4 = 384, out 128, up 512, down 512, scores 128, context 128: 1792; x3 passes = 5376
+  //   head 2x4x4x4 = 128, x3 = 384: 5760 FLOPs at 1e3 FLOP/s = 5.76 s; the optimizer: 224 parameters
+  //   at 32 per second = 7 s.
+  const ModelSpec m = gpt(1, 4, 1, 4, 4);
+  DeviceRates r = rates(1e3, 1, 1, 1, 8);  // HBM 1 B/s would dominate if element-wise work counted
+  r.adamw = {32, "test"};
+  Achievable a;
+  a.whole_step = true;
+  TimeLayout l;
+  l.flash_attention = false;
+  const TimePrediction p = predict_step_time(m, l, r, a);
+  CHECK(p.split.compute == Approx(5.76).epsilon(1e-12));
+  CHECK(p.split.optimizer == Approx(7).epsilon(1e-12));
+  CHECK(p.split.total == Approx(12.76).epsilon(1e-12));
+}

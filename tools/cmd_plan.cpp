@@ -1,12 +1,14 @@
-// `shardlab plan`: every strategy x shard group x checkpointing x offload x micro-batch for --world
-// ranks, predicted (memory exactly, time by a stated model), fastest that fit first; --measure-top K
-// runs the best K on the real ranks.
+// `shardlab plan`: every layout of tp x pp (schedule, virtual stages) x dp (strategy, shard group),
+// sequence parallelism, checkpointing, offload and micro-batch for --world devices, timed by the
+// model of src/train/plan_time.hpp and walked fastest first with memory predicted exactly
+// (src/train/plan.hpp); a flag given pins its dimension. --measure-top K runs the best K here.
 #include <algorithm>
 #include <cstdio>
 
 #include "benchmarks/calibrate.hpp"
 #include "src/core/device_peaks.hpp"
 #include "src/core/stats.hpp"
+#include "src/core/units.hpp"
 #include "src/train/plan.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
@@ -16,7 +18,8 @@ namespace shardlab {
 namespace {
 
 // Runs the top `k` fitting entries of the plan for a few steps each on the real ranks and fills
-// their measured step time (median after the first step) and rank 0's measured peak.
+// their measured step time (median after the first step, the slowest rank's) and the largest
+// peak of any rank (under --pp the stages differ).
 void measure_plan(Backend& be, const Context& ctx, const PlanConfig& pc, const PoolConfig& pools,
                   std::vector<PlanEntry>& plan, int k, int64_t steps) {
   int done = 0;
@@ -28,24 +31,34 @@ void measure_plan(Backend& be, const Context& ctx, const PlanConfig& pc, const P
     t.schedule.kind = ScheduleKind::constant;
     Pool pool(be, pools);
     auto comm = ctx.world(CommKind::mpi).connect(pool);
-    Trainer trainer(be, pool, *comm, t);
     std::vector<double> ms;
     uint64_t peak = 0;
-    for (int64_t s = 0; s < steps; ++s) {
-      StepStats st = trainer.step(s);
-      if (s > 0) ms.push_back(st.ms);
-      peak = std::max(peak, st.peak_bytes);
+    {
+      Trainer trainer(be, pool, *comm, t);
+      for (int64_t s = 0; s < steps; ++s) {
+        StepStats st = trainer.step(s);
+        if (s > 0) ms.push_back(st.ms);
+        peak = std::max(peak, st.peak_bytes);
+      }
     }
-    e.measured_step_ms = median(ms);
-    e.measured_peak = peak;
+    // Rank 0 takes the slowest rank's time (in ns) and the largest peak.
+    const std::vector<uint64_t> mine = {static_cast<uint64_t>(median(ms) * 1e6), peak};
+    const std::vector<uint64_t> all = comm->gather_u64(mine, 0);
+    uint64_t ns = 0, most = 0;
+    for (size_t i = 0; i + 1 < all.size(); i += 2) ns = std::max(ns, all[i]), most = std::max(most, all[i + 1]);
+    e.measured_step_ms = double(ns) / 1e6;
+    e.measured_peak = most;
     if (ctx.mpi.rank() == 0) {
-      std::printf("measured %d/%d: %s, checkpointing %s, micro-batch %lld x %lld: %.1f ms (predicted %.1f)\n", done, k,
-                  e.strategy.label().c_str(), checkpointing_name(e.checkpointing), static_cast<long long>(e.micro_batch),
-                  static_cast<long long>(e.accum), *e.measured_step_ms, e.step_ms);
+      std::printf("measured %d/%d: %s, checkpointing %s, micro-batch %lld x %lld: %.1f ms (predicted %.1f), peak %s "
+                  "(predicted %s)\n", done, k, e.label().c_str(), checkpointing_name(e.checkpointing),
+                  static_cast<long long>(e.micro_batch), static_cast<long long>(e.accum), *e.measured_step_ms,
+                  e.step_ms, format_bytes(double(*e.measured_peak)).c_str(), format_bytes(double(e.peak)).c_str());
       std::fflush(stdout);
     }
   }
 }
+
+bool given(const cli::po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
 }  // namespace
 
@@ -58,76 +71,143 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   cli::ReportOptions reports;
   PlanConfig pc;
   strategy.param = "bf16";
-  double tflops = 0, intra = 0, inter = 0, host_link = 0;
+  std::string gpu = kH100_80GB.name, family, kind, ckpt, offload;
+  double peak = 0, hbm = 0, nvlink = 0, network = 0, host_link = 0;
+  Achievable& ach = pc.rates.achievable;
   bool calibrate = false;
   int measure_top = 0, measure_steps = 6, show = 15;
+  int64_t micro_batch = 0;
   cli::Desc desc = cli::command_options("plan");
-  cli::add_world(desc, pc.world, "ranks to plan for");
-  desc.add_options()("ranks-per-node", cli::po::value(&pc.ranks_per_node)->default_value(pc.ranks_per_node),
-                     "ranks per node: collectives within a node use --link-intra, across nodes --link-inter; hybrid "
-                     "sharding groups are one node")(
+  cli::add_world(desc, pc.world, "devices (ranks) to plan for");
+  desc.add_options()(
+      "gpu", cli::po::value(&gpu)->default_value(gpu),
+      fmt::format("device preset ({}): its peak, HBM, NVLink, network, host link and memory (the --device-memory "
+                  "default) feed the time model; --calibrate measures this machine instead",
+                  fmt::join(device_preset_names(), ", ")).c_str())(
+      "ranks-per-node", cli::po::value(&pc.ranks_per_node)->default_value(pc.ranks_per_node),
+      "ranks per node: tensor parallelism stays within one; collectives within it use NVLink, across nodes the "
+      "network; hybrid sharding groups are one node's data-parallel ranks")(
+      "family", cli::po::value(&family)->default_value(""),
+      "gpt2 or llama: the family the size flags (--layers --dim --heads --vocab --seq --kv-heads --ffn-dim) describe, "
+      "without --model (gpt2: from small; llama: from llama-small)")(
       "global-batch", cli::po::value(&pc.global_batch)->default_value(0), "sequences per step (0 = 8 per rank)")(
-      "device-tflops", cli::po::value(&tflops)->default_value(0),
-      fmt::format("peak dense TFLOP/s per rank; the model uses {:g}% of it (0 = an {}'s {:g})", kStepPeakShare * 100,
-                  kH100.name, kH100.dense_bf16_tflops).c_str())(
-      "link-intra", cli::po::value(&intra)->default_value(0),
-      fmt::format("GB/s of bus bandwidth within a node (0 = NVLink's {:g})", kH100.intra_node_gbs).c_str())(
-      "link-inter", cli::po::value(&inter)->default_value(0),
-      fmt::format("GB/s of bus bandwidth between nodes (0 = {:g}: 400 Gb/s IB)", kH100.inter_node_gbs).c_str())(
-      "host-link", cli::po::value(&host_link)->default_value(0),
-      fmt::format("GB/s device <-> host (0 = {:g}: PCIe 5 x16)", kH100.host_link_gbs).c_str())(
+      "strategy", cli::po::value(&kind)->default_value(""), "pin the data-parallel strategy: ddp, zero1, zero2, zero3")(
+      "activation-checkpointing", cli::po::value(&ckpt)->default_value(""), "pin it: none, attention, blocks")(
+      "offload", cli::po::value(&offload)->default_value(""), "pin it: none, optimizer, params")(
+      "micro-batch", cli::po::value(&micro_batch)->default_value(0),
+      "pin the sequences per micro-batch (accumulation makes up --global-batch)")(
+      "peak-tflops", cli::po::value(&peak)->default_value(0), "dense bf16 TFLOP/s per device (0 = the preset's)")(
+      "hbm-gbs", cli::po::value(&hbm)->default_value(0), "HBM GB/s (0 = the preset's)")(
+      "nvlink-gbs", cli::po::value(&nvlink)->default_value(0), "NVLink GB/s per device and direction (0 = the preset's)")(
+      "network-gbs", cli::po::value(&network)->default_value(0), "GB/s between nodes per device (0 = the preset's NICs)")(
+      "host-link-gbs", cli::po::value(&host_link)->default_value(0), "GB/s device <-> host, achieved (0 = the preset's)")(
+      "gemm-fraction", cli::po::value(&ach.gemm)->default_value(ach.gemm, fmt::format("{:g}", ach.gemm)),
+      "share of the peak a large GEMM reaches")(
+      "gemm-knee", cli::po::value(&ach.knee)->default_value(ach.knee, fmt::format("{:g}", ach.knee)),
+      "the GEMM dimension that halves it")(
+      "memory-fraction", cli::po::value(&ach.memory)->default_value(ach.memory, fmt::format("{:g}", ach.memory)),
+      "share of HBM bandwidth element-wise work reaches")(
+      "nvlink-fraction", cli::po::value(&ach.intra)->default_value(ach.intra, fmt::format("{:g}", ach.intra)),
+      "NCCL bus bandwidth's share of NVLink")(
+      "network-fraction", cli::po::value(&ach.inter)->default_value(ach.inter, fmt::format("{:g}", ach.inter)),
+      "NCCL bus bandwidth's share of the network")(
+      "overlap", cli::po::value(&pc.rates.dp_overlap)->default_value(pc.rates.dp_overlap, "0.9"),
+      "share of the overlappable data-parallel traffic hidden behind compute")(
       "measure-top", cli::po::value(&measure_top)->default_value(0),
       "run the top K configurations that fit for --measure-steps steps each (needs --nproc = --world) and print "
       "measured beside predicted")(
-      "show", cli::po::value(&show)->default_value(show), "configurations that fit to list");
+      "show", cli::po::value(&show)->default_value(show),
+      "configurations that fit to find and list (the search ends when it has them)");
   cli::add_switch(desc, "calibrate", calibrate,
-                  "measure the rates on this machine instead (a few training steps, an all-reduce, copies, AdamW)");
+                  "measure the rates on this machine instead of --gpu (a few training steps, an all-reduce, copies, "
+                  "AdamW); needs --device-memory");
   cli::add_measure_steps(desc, measure_steps, "steps per measured configuration");
   run.add(desc);
   memory.add(desc);
   model.add(desc);
   strategy.add_dtypes(desc, nullptr);
   mesh.add(desc);
-  reports.add(desc, "write every configuration as JSON (schema shardlab.plan/1)",
-              "write a self-contained HTML page: the rates and the ranked configurations with their time split",
+  reports.add(desc, "write the configurations walked as JSON (schema shardlab.plan/2)",
+              "write a self-contained HTML page: the rates and the ranked configurations with their time split as bars",
               nullptr);
-  if (!cli::parse(args, desc, ctx.mpi.rank(), {"plan"})) return ExitCode::ok;
+  cli::po::variables_map vm;
+  if (!cli::parse(args, desc, ctx.mpi.rank(), {"plan"}, nullptr, &vm)) return ExitCode::ok;
+
+  // The model: a preset, or the size flags over a family's small preset.
+  if (!family.empty()) {
+    SHARD_REQUIRE(family == "gpt2" || family == "llama", "--family {}: expected gpt2 or llama", family);
+    SHARD_REQUIRE(model.preset.empty(), "--family {} with --model {}: the preset fixes the family; give one",
+                  family, model.preset);
+    model.preset = family == "llama" ? "llama-small" : "small";
+  }
   pc.train.spec = model.spec();
-  const ParallelDims dims = mesh.resolve(pc.world, 0);  // a data-parallel degree given pins the shard group
-  SHARD_REQUIRE(dims.tp == 1 && !mesh.sequence_parallel,
-                "plan --tp {}: the planner ranks data-parallel layouts only so far; predict one tensor-parallel layout "
-                "with profile --tp, or measure it with bench-train --tp",
-                dims.tp);
-  if (mesh.dims.dp_shard > 0 || mesh.dims.dp_replicate > 0 || mesh.shard_group > 0)
-    pc.dp_shard = dims.dp_shard == pc.world ? 0 : dims.dp_shard;
   strategy.apply_dtypes(pc.train.strategy);
   pc.train.strategy.precision.validate();
+
+  // Pins: every mesh flag given, and the levers.
+  PlanPins& pins = pc.pins;
+  SHARD_REQUIRE(!given(vm, "pp-split"), "plan --pp-split: the planner splits the stages by cost; leave it out");
+  SHARD_REQUIRE(!given(vm, "dp-replicate") || given(vm, "dp-shard"),
+                "plan --dp-replicate without --dp-shard: pin the shard group with --dp-shard (the replicas follow)");
+  if (given(vm, "tp")) pins.tp = mesh.dims.tp;
+  if (given(vm, "pp")) pins.pp = mesh.dims.pp;
+  if (given(vm, "pp-virtual")) pins.pp_virtual = mesh.pp_virtual;
+  if (given(vm, "pp-schedule")) pins.schedule = parse_pp_schedule(mesh.pp_schedule);
+  if (given(vm, "dp-shard")) pins.dp_shard = mesh.dims.dp_shard;
+  if (given(vm, "shard-group")) pins.dp_shard = mesh.shard_group;
+  if (given(vm, "sequence-parallel")) pins.sequence_parallel = mesh.sequence_parallel;
+  if (!kind.empty()) pins.strategy = parse_strategy(kind);
+  if (!ckpt.empty()) pins.checkpointing = parse_checkpointing(ckpt);
+  if (!offload.empty()) pins.offload = parse_offload(offload);
+  if (micro_batch != 0) pins.micro_batch = micro_batch;
+
   const PoolConfig budgets = memory.pools();
-  pc.device_memory = budgets.budget;
+  SHARD_REQUIRE(peak >= 0 && hbm >= 0 && nvlink >= 0 && network >= 0 && host_link >= 0,
+                "--peak-tflops {} --hbm-gbs {} --nvlink-gbs {} --network-gbs {} --host-link-gbs {}: expected 0 (the "
+                "preset) or positive", peak, hbm, nvlink, network, host_link);
+  for (auto [flag, f] : {std::pair{"--gemm-fraction", ach.gemm}, std::pair{"--memory-fraction", ach.memory},
+                         std::pair{"--nvlink-fraction", ach.intra}, std::pair{"--network-fraction", ach.inter}})
+    SHARD_REQUIRE(f > 0 && f <= 1, "{} {}: expected a share above 0, at most 1", flag, f);
+  SHARD_REQUIRE(ach.knee >= 0, "--gemm-knee {}: expected 0 or more", ach.knee);
+  SHARD_REQUIRE(!calibrate || !given(vm, "gpu"), "--calibrate measures this machine: leave --gpu {} out", gpu);
+  const DevicePeaks& preset = device_preset(gpu);
+  if (!calibrate) {
+    DeviceRates& r = pc.rates.device;
+    r = device_rates(preset);
+    pc.rates.source = fmt::format("{} preset", preset.name);
+    if (peak > 0) r.flops = {peak * 1e12, "given (--peak-tflops)"};
+    if (hbm > 0) r.hbm = {hbm * 1e9, "given (--hbm-gbs)"};
+    if (nvlink > 0) r.intra = {nvlink * 1e9, "given (--nvlink-gbs)"};
+    if (network > 0) r.inter = {network * 1e9, "given (--network-gbs)"};
+    if (host_link > 0) r.host = {host_link * 1e9, "given (--host-link-gbs)"};
+    if (given(vm, "ranks-per-node")) r.ranks_per_node = pc.ranks_per_node;
+    else pc.ranks_per_node = std::min(r.ranks_per_node, pc.world);
+    r.ranks_per_node = pc.ranks_per_node;
+  }
+  pc.device_memory = budgets.budget > 0 ? budgets.budget
+                     : calibrate        ? 0
+                                        : static_cast<uint64_t>(preset.memory_gb * 1e9);
   pc.host_memory = budgets.host_budget;
-  SHARD_REQUIRE(tflops >= 0 && intra >= 0 && inter >= 0 && host_link >= 0,
-                "--device-tflops, --link-intra, --link-inter and --host-link must not be negative");
-  if (tflops > 0) pc.rates.flops = tflops * 1e12 * kStepPeakShare;
-  if (intra > 0) pc.rates.link_intra = intra * 1e9;
-  if (inter > 0) pc.rates.link_inter = inter * 1e9;
-  if (host_link > 0) pc.rates.host_link = host_link * 1e9;
-  if (tflops > 0 || intra > 0 || inter > 0 || host_link > 0) pc.rates.source = "given, and defaults for the rest";
+  pc.keep = static_cast<size_t>(std::max({show, measure_top, 1}));
   SHARD_REQUIRE(measure_top >= 0 && measure_steps >= 2,
                 "--measure-top {} --measure-steps {}: expected K >= 0 and at least 2 steps", measure_top, measure_steps);
   SHARD_REQUIRE(measure_top == 0 || ctx.mpi.world() == pc.world,
                 "--measure-top runs the configurations on real ranks: start --nproc {} (the --world), not {}",
                 pc.world, ctx.mpi.world());
+  SHARD_REQUIRE(pc.global_batch == 0 || pc.global_batch > 0, "--global-batch {}: expected a positive number",
+                pc.global_batch);
+  if (calibrate) SHARD_REQUIRE(pc.device_memory > 0, "plan needs --device-memory (each rank's device budget) with --calibrate");
   pc.validate();
   auto backend = make_cpu(run, ctx);
   if (calibrate) {
     Pool pool(*backend);
     auto comm = ctx.world(CommKind::mpi).connect(pool);
-    const int64_t per_rank = (pc.global_batch > 0 ? pc.global_batch : 8 * int64_t{pc.world}) / pc.world;
-    pc.rates = calibrate_rates(*backend, *comm, pc, std::min<int64_t>(per_rank, 8),
+    pc.rates = calibrate_rates(*backend, *comm, pc, std::min<int64_t>(pc.batch() / pc.world, 8),
                                ctx.mpi.rank() == 0 ? stdout : nullptr);
+    pc.rates.device.ranks_per_node = pc.ranks_per_node;
   }
-  std::vector<PlanEntry> plan = make_plan(pc);
-  if (measure_top > 0) measure_plan(*backend, ctx, pc, budgets, plan, measure_top, measure_steps);
+  PlanResult plan = make_plan(pc, ctx.mpi.rank() == 0 ? stderr : nullptr);
+  if (measure_top > 0) measure_plan(*backend, ctx, pc, budgets, plan.entries, measure_top, measure_steps);
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
   print_plan(pc, plan, static_cast<size_t>(std::max(show, measure_top)), stdout);
   if (!reports.json.empty()) write_text(reports.json, plan_json(pc, plan) + "\n", "--json");

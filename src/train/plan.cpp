@@ -1,10 +1,14 @@
-// plan.cpp — enumerate, predict (memory: the estimator; time: the model in plan.hpp), rank.
+// plan.cpp — enumerate the layouts, predict their time (plan_time.hpp), walk them fastest first
+// predicting memory (the estimator) where no bound settles it, rank (plan.hpp).
 #include "src/train/plan.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
-#include "shard/strategy_formulas.hpp"
+#include "src/comm/mesh.hpp"
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/model/model.hpp"
@@ -12,232 +16,508 @@
 
 namespace shardlab {
 
-std::string default_rates_source() {
-  return fmt::format("defaults: one {} per rank, 8 per node ({:g} TFLOP/s dense bf16 at {:g}%)", kH100.name,
-                     kH100.dense_bf16_tflops, kStepPeakShare * 100);
+std::string PlanRates::describe() const {
+  return fmt::format("rates ({}):\n{}{}  data-parallel overlap {:.0f}% of the overlappable traffic; attention {}\n",
+                     source, device.describe(), achievable.describe(), 100 * dp_overlap,
+                     flash_attention ? "flash (no s x s scores in memory)" : "with its s x s scores in memory");
 }
 
 void PlanConfig::validate() const {
   train.spec.validate();
-  SHARD_REQUIRE(world >= 1 && world <= (1 << 20), "--world {}: expected at least one rank", world);
+  SHARD_REQUIRE(world >= 1 && world <= (1 << 20), "--world {}: expected 1 to 2^20 ranks", world);
   SHARD_REQUIRE(ranks_per_node >= 1, "--ranks-per-node {}: expected at least one rank", ranks_per_node);
   SHARD_REQUIRE(world % ranks_per_node == 0 || world < ranks_per_node,
                 "--ranks-per-node {} does not divide --world {}: every node needs the same ranks", ranks_per_node, world);
-  SHARD_REQUIRE(device_memory > 0, "plan needs --device-memory (each rank's device budget)");
+  SHARD_REQUIRE(device_memory > 0, "plan needs --device-memory (each rank's device budget) with --calibrate");
   SHARD_REQUIRE(global_batch >= 0, "--global-batch {}: expected a positive number of sequences", global_batch);
-  SHARD_REQUIRE(global_batch == 0 || global_batch % world == 0,
-                "--global-batch {} is not divisible by --world {}: every rank needs whole sequences", global_batch, world);
-  for (double r : {rates.flops, rates.link_intra, rates.link_inter, rates.host_link, rates.host_adamw, rates.device_adamw})
-    SHARD_REQUIRE(r > 0, "plan rates must be positive (--device-tflops, --link-intra, --link-inter, --host-link)");
-  SHARD_REQUIRE(rates.overlap >= 0 && rates.overlap <= 1, "overlap {}: expected 0 to 1", rates.overlap);
+  const DeviceRates& d = rates.device;
+  for (const Rate* r : {&d.flops, &d.hbm, &d.intra, &d.inter, &d.host, &d.host_adamw})
+    SHARD_REQUIRE(r->value > 0, "plan rates must be positive: {} ({})", r->value, r->from);
+  SHARD_REQUIRE(rates.dp_overlap >= 0 && rates.dp_overlap <= 1, "--overlap {}: expected 0 to 1", rates.dp_overlap);
+  const PlanPins& p = pins;
+  for (auto [flag, v] : {std::pair{"--tp", p.tp}, std::pair{"--pp", p.pp}, std::pair{"--pp-virtual", p.pp_virtual},
+                         std::pair{"--dp-shard", p.dp_shard}})
+    SHARD_REQUIRE(!v || *v >= 1, "{} {}: expected at least 1 (or leave it out to search it)", flag, v.value_or(0));
+  SHARD_REQUIRE(!p.micro_batch || *p.micro_batch >= 1, "--micro-batch {}: expected at least 1", p.micro_batch.value_or(0));
+  SHARD_REQUIRE(!p.strategy || *p.strategy != StrategyKind::dp,
+                "plan --strategy dp: the single-master baseline is not a layout plan ranks (ddp or zero1-3)");
+  SHARD_REQUIRE(!p.sequence_parallel || !*p.sequence_parallel || !p.tp || *p.tp > 1,
+                "--sequence-parallel needs --tp 2 or more (it splits the tensor-parallel regions' activations)");
+  SHARD_REQUIRE(!p.pp_virtual || *p.pp_virtual == 1 || !p.schedule || *p.schedule == PpSchedule::interleaved,
+                "--pp-virtual {} needs --pp-schedule interleaved-1f1b, not {}", p.pp_virtual.value_or(1),
+                p.schedule ? pp_schedule_name(*p.schedule) : "");
+  SHARD_REQUIRE(!p.offload || !p.strategy || offload_for(*p.strategy, *p.offload) == *p.offload,
+                "--offload {} does not apply to --strategy {} (optimizer: zero1-3; params: zero3)",
+                offload_name(p.offload.value_or(Offload::none)), strategy_name(p.strategy.value_or(StrategyKind::ddp)));
 }
+
+namespace {
+int entry_dp(const StrategyConfig& s) { return s.dims.dp_shard * s.dims.dp_replicate; }
+}  // namespace
 
 TrainConfig PlanEntry::config(const PlanConfig& p) const {
   TrainConfig t = p.train;
   t.strategy = strategy;
   t.checkpointing = checkpointing;
+  t.sequence_parallel = sequence_parallel;
+  t.pipeline.schedule = schedule;
+  t.pipeline.virtual_stages = pp_virtual;
+  t.pipeline.split.clear();
   t.accum = accum;
-  t.batch = micro_batch * accum * p.world;
+  t.batch = micro_batch * accum * entry_dp(strategy);
   return t;
+}
+
+TimeLayout PlanEntry::layout(const PlanConfig& p) const {
+  TimeLayout l;
+  l.tp = strategy.dims.tp;
+  l.pp = strategy.dims.pp;
+  l.virtual_stages = pp_virtual;
+  l.dp = entry_dp(strategy);
+  l.dp_shard = strategy.dims.dp_shard;
+  l.schedule = schedule;
+  l.micro_batch = micro_batch;
+  l.global_batch = p.batch();
+  l.recompute = checkpointing;
+  l.sequence_parallel = sequence_parallel;
+  l.flash_attention = p.rates.flash_attention;
+  l.dp_strategy = strategy.kind;
+  l.offload = strategy.offload;
+  l.dp_overlap = p.rates.dp_overlap;
+  const MixedPrecisionPolicy& pr = p.train.strategy.precision;
+  l.act_bytes = l.param_bytes = static_cast<int>(dtype_size(pr.param_dtype));
+  l.grad_bytes = static_cast<int>(dtype_size(pr.reduce_dtype));
+  return l;
+}
+
+std::string PlanEntry::label() const {
+  const ParallelDims& d = strategy.dims;
+  std::string s = fmt::format("tp {}{} pp {}", d.tp, sequence_parallel ? "+sp" : "", d.pp);
+  if (d.pp > 1) s += fmt::format(" {}", schedule == PpSchedule::interleaved ? fmt::format("interleaved v{}", pp_virtual)
+                                                                           : std::string(pp_schedule_name(schedule)));
+  s += fmt::format(" dp {} {}", d.dp(), strategy_name(strategy.kind));
+  if (d.dp_replicate > 1) s += fmt::format(" S={}", d.dp_shard);
+  if (strategy.offload != Offload::none) s += fmt::format(" off:{}", offload_name(strategy.offload));
+  return s;
 }
 
 namespace {
 
-int64_t global_batch(const PlanConfig& c) { return c.global_batch > 0 ? c.global_batch : 8 * int64_t{c.world}; }
-
-// Which link a group of `span` ranks crosses: a node's own, when they share one.
-double link_for(const PlanConfig& c, int span, bool consecutive) {
-  const int K = c.ranks_per_node;
-  const bool one_node = consecutive ? (span <= K && K % span == 0) : c.world <= K;
-  return one_node ? c.rates.link_intra : c.rates.link_inter;
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The time model of plan.hpp for one entry (its memory is already predicted).
-void predict_time(const PlanConfig& c, double psi, PlanEntry& e) {
-  const ModelSpec& s = c.train.spec;
-  const double L = double(s.layers), C = double(s.dim), T = double(s.seq);
-  double per_token = family_of(s).flops_per_token(s);
-  if (e.checkpointing == Checkpointing::blocks) per_token += 2 * psi + 2 * L * C * T;
-  if (e.checkpointing == Checkpointing::attention) per_token += L * C * T;
-  const double tokens = double(e.micro_batch * e.accum) * T, accum = double(e.accum);
-  const double compute = tokens * per_token / c.rates.flops;
-  const int N = c.world, S = e.strategy.dims.dp_shard > 0 ? e.strategy.dims.dp_shard : N, G = N / S;
-  const StepTraffic t = step_traffic(e.strategy.kind, TrafficInputs{psi, N, e.strategy.dims.dp_shard,
-                                                                    c.train.strategy.precision.param_dtype,
-                                                                    c.train.strategy.precision.reduce_dtype});
-  const double bw_s = link_for(c, S, true), bw_g = link_for(c, G, false), bw_n = link_for(c, N, true);
-  // Seconds of communication that can overlap compute, and that cannot (zero1/2's gather after the update).
-  const double hidden = (t.per_micro ? accum : 1.0) * (t.group_overlapped_bus() / bw_s + t.across_bus() / bw_g) +
-                        t.world_bus() / bw_n;
-  const double exposed = t.group_exposed_bus() / bw_s;
-  const double shard = psi / S;  // elements this rank updates
-  double offload = 0, optimizer = shard / c.rates.device_adamw;
-  if (e.strategy.offload != Offload::none) {
-    offload = t.host_link(e.strategy.offload, accum) / c.rates.host_link;
-    optimizer = shard / c.rates.host_adamw;
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+template <class T>
+std::vector<T> pinned_or(const std::optional<T>& pin, std::vector<T> all) {
+  if (pin) return {*pin};
+  return all;
+}
+
+// What a stage of a (tp, pp, v) layout holds: its largest stage's parameters on one rank, and the
+// stages whose memory must be predicted (one per distinct set of units: a stage with the same units
+// as an earlier one keeps no more micro-batches in flight, so never more memory).
+struct StageFacts {
+  double max_params = 0;
+  std::vector<int> distinct;
+};
+
+class Searcher {
+ public:
+  explicit Searcher(const PlanConfig& c) : c_(c) {}
+
+  PlanResult run(std::FILE* progress) {
+    const double t0 = now_s();
+    PlanResult res;
+    std::vector<PlanEntry> cands = enumerate(res);
+    res.candidates = cands.size();
+    SHARD_REQUIRE(!cands.empty(),
+                  "no layout of {} ranks meets the flags given: tp must divide the heads ({}) and KV heads ({}) within "
+                  "a node of {}, tp x pp the world, dp = world / (tp x pp) the global batch ({}), pp x virtual "
+                  "stages at most the {} blocks, interleaved-1f1b's micro-batches a multiple of pp",
+                  c_.world, c_.train.spec.heads, c_.train.spec.num_kv_heads(), std::min(c_.ranks_per_node, c_.world),
+                  c_.batch(), c_.train.spec.layers);
+    std::stable_sort(cands.begin(), cands.end(), [](const PlanEntry& a, const PlanEntry& b) {
+      if (a.step_ms != b.step_ms) return a.step_ms < b.step_ms;
+      return a.micro_batch > b.micro_batch;  // a tie (the model sees none): the larger micro-batch
+    });
+    std::vector<PlanEntry> fit, no;
+    std::map<std::string, int64_t> failed_mb;  // layout (all but the micro-batch) -> smallest that did not fit
+    double last = now_s();
+    for (PlanEntry& e : cands) {
+      if (!c_.exhaustive && fit.size() >= c_.keep) break;
+      ++res.walked;
+      if (progress && now_s() - last > 2) {
+        last = now_s();
+        std::fprintf(progress, "plan: %zu of %zu layouts walked, %zu memory predictions, %zu fit (%.0f s)\n",
+                     res.walked, cands.size(), res.predictions, fit.size(), last - t0);
+        std::fflush(progress);
+      }
+      const std::string key = group_key(e);
+      const uint64_t lb = states_bound(e);
+      if (!c_.exhaustive) {
+        auto it = failed_mb.find(key);
+        if (it != failed_mb.end() && e.micro_batch >= it->second) {
+          e.why = fmt::format("micro-batch {} of this layout does not fit already", it->second);
+          ++res.ruled_by_micro_batch;
+          no.push_back(std::move(e));
+          continue;
+        }
+        if (lb > c_.device_memory) {
+          e.why = fmt::format("model states alone at least {} > {}", format_bytes(double(lb)),
+                              format_bytes(double(c_.device_memory)));
+          ++res.ruled_by_states;
+          no.push_back(std::move(e));
+          continue;
+        }
+      }
+      const TrainConfig t = e.config(c_);
+      try {
+        t.validate(c_.world);
+      } catch (const InputError&) {
+        ++res.not_runnable;
+        continue;
+      }
+      predict_memory(t, e, res);
+      SHARD_CHECK(e.peak >= lb, "plan: the model-state bound {} exceeds the predicted peak {} of {}", lb, e.peak,
+                  e.label());
+      if (e.fits) {
+        fit.push_back(std::move(e));
+      } else {
+        auto [it, fresh] = failed_mb.emplace(key, e.micro_batch);
+        if (!fresh) it->second = std::min(it->second, e.micro_batch);
+        no.push_back(std::move(e));
+      }
+    }
+    res.entries = std::move(fit);
+    constexpr size_t kKeepNo = 200;  // the fastest that do not fit, enough for any report
+    for (size_t i = 0; i < no.size() && i < kKeepNo; ++i) res.entries.push_back(std::move(no[i]));
+    res.seconds = now_s() - t0;
+    return res;
   }
-  const double hide = c.rates.overlap * std::min(hidden, compute);
-  e.compute_ms = compute * 1e3;
-  e.comm_ms = (hidden + exposed) * 1e3;
-  e.exposed_comm_ms = (hidden - hide + exposed) * 1e3;
-  e.offload_ms = offload * 1e3;
-  e.optimizer_ms = optimizer * 1e3;
-  e.step_ms = e.compute_ms + e.exposed_comm_ms + e.offload_ms + e.optimizer_ms;
-  e.tokens_per_s = double(global_batch(c)) * T / (e.step_ms / 1e3);
+
+ private:
+  const PlanConfig& c_;
+  std::map<std::tuple<int, int, int>, StageFacts> stages_;
+
+  std::vector<PlanEntry> enumerate(PlanResult& res) {
+    const ModelSpec& s = c_.train.spec;
+    const PlanPins& p = c_.pins;
+    const int N = c_.world, K = std::min(c_.ranks_per_node, c_.world);
+    const int64_t B = c_.batch();
+    // Each chunk holds at least one block (the time model spreads the blocks over the chunks).
+    const int units = static_cast<int>(s.layers);
+    std::vector<int> tps;
+    for (int t : divisors(K))
+      if (s.heads % t == 0 && s.num_kv_heads() % t == 0 && N % t == 0) tps.push_back(t);
+    if (p.tp) {
+      SHARD_REQUIRE(*p.tp <= K && K % *p.tp == 0, "--tp {}: tensor parallelism stays within a node of {} ranks", *p.tp,
+                    K);
+      SHARD_REQUIRE(s.heads % *p.tp == 0 && s.num_kv_heads() % *p.tp == 0,
+                    "--tp {} must divide the attention heads ({}) and the KV heads ({})", *p.tp, s.heads,
+                    s.num_kv_heads());
+      SHARD_REQUIRE(N % *p.tp == 0, "--tp {} does not divide --world {}", *p.tp, N);
+      tps = {*p.tp};
+    }
+    std::vector<PlanEntry> out;
+    for (int t : tps) {
+      std::vector<int> pps;
+      for (int pp : divisors(N / t))
+        if (pp <= units) pps.push_back(pp);
+      if (p.pp) {
+        SHARD_REQUIRE(*p.pp <= units, "--pp {}: the model has {} blocks (each stage needs one)", *p.pp, units);
+        if ((N / t) % *p.pp != 0) continue;  // another tp may leave room for it
+        pps = {*p.pp};
+      }
+      for (int pp : pps) {
+        if (pp == 1 && (p.schedule || p.pp_virtual.value_or(1) > 1) && !p.pp) continue;  // they ask for a pipeline
+        const int dp = N / (t * pp);
+        if (B % dp != 0) {
+          ++res.not_runnable;
+          continue;
+        }
+        // (schedule, virtual stages)
+        std::vector<std::pair<PpSchedule, int>> scheds;
+        if (pp == 1) {
+          scheds = {{PpSchedule::one_f_one_b, 1}};
+        } else {
+          for (PpSchedule k : {PpSchedule::one_f_one_b, PpSchedule::gpipe, PpSchedule::interleaved}) {
+            if (p.schedule && *p.schedule != k) continue;
+            if (k != PpSchedule::interleaved) {
+              if (!p.pp_virtual || *p.pp_virtual == 1) scheds.push_back({k, 1});
+              continue;
+            }
+            for (int v : pinned_or<int>(p.pp_virtual, {2, 3, 4, 6, 8}))
+              if (v > 1 && pp * v <= units) scheds.push_back({k, v});
+          }
+        }
+        std::vector<int> groups = {dp};
+        const int local = K / t;
+        if (local > 1 && local < dp && dp % local == 0) groups.push_back(local);
+        if (p.dp_shard) {
+          SHARD_REQUIRE(dp % *p.dp_shard == 0, "--dp-shard {} does not divide the data-parallel degree {} (world {} / "
+                        "tp {} / pp {})", *p.dp_shard, dp, N, t, pp);
+          groups = {*p.dp_shard};
+        }
+        std::vector<int64_t> mbs;
+        for (int64_t mb = 1; mb <= B / dp; mb *= 2)
+          if ((B / dp) % mb == 0) mbs.push_back(mb);
+        if (p.micro_batch) {
+          SHARD_REQUIRE((B / dp) % *p.micro_batch == 0,
+                        "--micro-batch {} does not divide the {} sequences per data-parallel rank (--global-batch {} / "
+                        "dp {})", *p.micro_batch, B / dp, B, dp);
+          mbs = {*p.micro_batch};
+        }
+        for (auto [sched, v] : scheds)
+          for (int S : groups)
+            for (bool sp : pinned_or<bool>(p.sequence_parallel, {false, true})) {
+              if (sp && t == 1) continue;
+              for (StrategyKind k : pinned_or<StrategyKind>(
+                       p.strategy, {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3}))
+                for (Offload off : pinned_or<Offload>(p.offload, {Offload::none, Offload::optimizer, Offload::params}))
+                  for (Checkpointing ck : pinned_or<Checkpointing>(p.checkpointing, checkpointing_choices(s)))
+                    for (int64_t mb : mbs) {
+                      if ((S < dp && zero_stage(k) == 0) || offload_for(k, off) != off) continue;
+                      const int64_t accum = B / (dp * mb);
+                      if (sched == PpSchedule::interleaved && accum % pp != 0) continue;
+                      PlanEntry e;
+                      e.strategy = c_.train.strategy.under(k);
+                      e.strategy.dims = ParallelDims{pp, dp / S, S, t};
+                      e.strategy.offload = off;
+                      e.checkpointing = ck;
+                      e.sequence_parallel = sp;
+                      e.schedule = sched;
+                      e.pp_virtual = v;
+                      e.micro_batch = mb;
+                      e.accum = accum;
+                      e.time = predict_step_time(s, e.layout(c_), c_.rates.device, c_.rates.achievable);
+                      e.step_ms = e.time.split.total * 1e3;
+                      e.tokens_per_s = e.time.tokens_per_s;
+                      out.push_back(std::move(e));
+                    }
+            }
+      }
+    }
+    return out;
+  }
+
+  // Everything but the micro-batch (and the accumulation that follows from it).
+  static std::string group_key(const PlanEntry& e) {
+    const ParallelDims& d = e.strategy.dims;
+    return fmt::format("{} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.dp_shard, d.dp_replicate, int(e.schedule),
+                       e.pp_virtual, int(e.sequence_parallel), int(e.strategy.kind), int(e.strategy.offload),
+                       int(e.checkpointing));
+  }
+
+  const StageFacts& stage_facts(const PlanEntry& e) {
+    const ParallelDims& d = e.strategy.dims;
+    auto key = std::tuple{d.tp, d.pp, e.pp_virtual};
+    auto it = stages_.find(key);
+    if (it != stages_.end()) return it->second;
+    StageFacts f;
+    const ModelSpec& s = c_.train.spec;
+    const std::vector<UnitLayout> units = family_of(s).layout(s, TpConfig{d.tp, 0, false});
+    if (d.pp == 1) {
+      f.distinct = {0};
+      f.max_params = double(num_params(units));
+    } else {
+      TrainConfig t = e.config(c_);
+      const StageSplit split = stage_split(t);
+      std::vector<std::vector<int>> seen;
+      for (int k = 0; k < d.pp; ++k) {
+        double params = 0;
+        for (int u : split.units_of(k)) params += double(units.at(static_cast<size_t>(u)).numel);
+        f.max_params = std::max(f.max_params, params);
+        std::vector<int> what;  // its chunks' sizes, and whether it holds the first or the last unit
+        for (int ch : split.chunks_of(k)) what.push_back(split.count(ch));
+        what.push_back(k == 0);
+        what.push_back(k == split.rank_of(split.chunks() - 1));
+        if (std::find(seen.begin(), seen.end(), what) == seen.end()) {
+          seen.push_back(what);
+          f.distinct.push_back(k);
+        }
+      }
+    }
+    return stages_.emplace(key, std::move(f)).first->second;
+  }
+
+  // A lower bound of the device bytes the model states of the largest stage's rank take between
+  // steps: its parameters (the exact count for its tensor-parallel rank) times what the strategy
+  // keeps of each on the device, sharded over S at best.
+  uint64_t states_bound(const PlanEntry& e) {
+    const MixedPrecisionPolicy& pr = c_.train.strategy.precision;
+    const double params = stage_facts(e).max_params, S = double(e.strategy.dims.dp_shard);
+    const double p = double(dtype_size(pr.param_dtype));
+    const double g = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
+    const double opt = (pr.param_dtype == DType::f32 ? 0 : 4) +
+                       (c_.train.optim.kind == OptimizerKind::adamw ? 8 : 0);
+    double per = 0;
+    const Offload off = e.strategy.offload;
+    switch (zero_stage(e.strategy.kind)) {
+      case 0: per = p + g + opt; break;
+      case 1: per = p + g + (off == Offload::none ? opt / S : 0); break;
+      case 2: per = p + (off == Offload::none ? (g + opt) / S : 0); break;
+      default: per = off == Offload::params ? 0 : off == Offload::optimizer ? p / S : (p + g + opt) / S;
+    }
+    return static_cast<uint64_t>(params * per * 0.999);
+  }
+
+  void predict_memory(const TrainConfig& t, PlanEntry& e, PlanResult& res) {
+    const ParallelDims dims = t.strategy.dims.resolved(c_.world);
+    for (int k : stage_facts(e).distinct) {
+      MeshCoord at;
+      at.pp = k;
+      const Estimate est = predict_step(t, c_.world, mesh_rank(dims, at), e.micro_batch, false);
+      ++res.predictions;
+      if (est.peak > e.peak) e.peak = est.peak, e.peak_stage = k;
+      e.host_peak = std::max(e.host_peak, est.host.peak);
+    }
+    e.predicted = true;
+    e.fits = e.peak <= c_.device_memory && (c_.host_memory == 0 || e.host_peak <= c_.host_memory);
+    if (e.peak > c_.device_memory)
+      e.why = fmt::format("device peak {} > {}", format_bytes(double(e.peak)), format_bytes(double(c_.device_memory)));
+    else if (!e.fits)
+      e.why = fmt::format("host peak {} > {}", format_bytes(double(e.host_peak)), format_bytes(double(c_.host_memory)));
+  }
+};
+
+std::string ckpt_short(Checkpointing c) { return checkpointing_name(c); }
+
+std::string mb_text(const PlanEntry& e) { return fmt::format("{} x {}", e.micro_batch, e.accum); }
+
+std::string peak_text(const PlanEntry& e) {
+  if (!e.predicted) return "-";
+  return e.strategy.dims.pp > 1 ? fmt::format("{} (s{})", format_bytes(double(e.peak)), e.peak_stage)
+                                : format_bytes(double(e.peak));
 }
 
 }  // namespace
 
-std::vector<PlanEntry> make_plan(const PlanConfig& c) {
+PlanResult make_plan(const PlanConfig& c, std::FILE* progress) {
   c.validate();
-  const int N = c.world, K = c.ranks_per_node;
-  const int64_t per_rank = global_batch(c) / N;
-  const double psi = static_cast<double>(num_params(family_of(c.train.spec).layout(c.train.spec)));
-  std::vector<int> groups = {0};
-  if (c.dp_shard >= 0) groups = {c.dp_shard};
-  else if (K > 1 && K < N && N % K == 0) groups.push_back(K);
-  std::vector<PlanEntry> plan;
-  for (StrategyKind k : {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3})
-    for (int S : groups)
-      for (Offload off : {Offload::none, Offload::optimizer, Offload::params})
-        for (Checkpointing ck : checkpointing_choices(c.train.spec))
-          for (int64_t mb = 1; mb <= per_rank; mb *= 2) {
-            if (per_rank % mb != 0) continue;
-            if ((S > 0 && zero_stage(k) == 0) || offload_for(k, off) != off) continue;
-            PlanEntry e;
-            e.strategy = c.train.strategy.under(k);
-            e.strategy.dims.dp_shard = S;  // 0: the whole world; else the replicas take the rest
-            e.strategy.dims.dp_replicate = 0;
-            e.strategy.offload = off;
-            e.checkpointing = ck;
-            e.micro_batch = mb;
-            e.accum = per_rank / mb;
-            const Estimate est = predict_step(e.config(c), N, 0, mb, false);
-            e.peak = est.peak;
-            e.host_peak = est.host.peak;
-            e.fits = e.peak <= c.device_memory && (c.host_memory == 0 || e.host_peak <= c.host_memory);
-            if (e.peak > c.device_memory)
-              e.why = fmt::format("device peak {} > {}", format_bytes(double(e.peak)), format_bytes(double(c.device_memory)));
-            else if (!e.fits)
-              e.why = fmt::format("host peak {} > {}", format_bytes(double(e.host_peak)), format_bytes(double(c.host_memory)));
-            predict_time(c, psi, e);
-            plan.push_back(std::move(e));
-          }
-  std::stable_sort(plan.begin(), plan.end(), [](const PlanEntry& a, const PlanEntry& b) {
-    if (a.fits != b.fits) return a.fits;
-    if (a.step_ms != b.step_ms) return a.step_ms < b.step_ms;
-    // Ties (the model gives larger micro-batches no speed of their own): the larger micro-batch,
-    // then the smaller peak.
-    if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
-    return a.peak < b.peak;
-  });
-  return plan;
+  return Searcher(c).run(progress);
 }
 
-void print_plan(const PlanConfig& c, const std::vector<PlanEntry>& plan, size_t show, std::FILE* out) {
-  const PlanRates& r = c.rates;
+void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FILE* out) {
   std::fprintf(out, "shardlab plan: %s, %d ranks (%d per node), global batch %lld x %lld tokens, params %s, "
                "device %s per rank, host %s\n", c.train.spec.describe().c_str(), c.world, c.ranks_per_node,
-               static_cast<long long>(global_batch(c)), static_cast<long long>(c.train.spec.seq),
+               static_cast<long long>(c.batch()), static_cast<long long>(c.train.spec.seq),
                dtype_name(c.train.strategy.precision.param_dtype), format_bytes(double(c.device_memory)).c_str(),
                c.host_memory ? format_bytes(double(c.host_memory)).c_str() : "unlimited");
-  const std::string flops =
-      r.flops >= 1e12 ? fmt::format("{:.1f} TFLOP/s", r.flops / 1e12) : fmt::format("{:.2f} GFLOP/s", r.flops / 1e9);
-  std::fprintf(out, "rates (%s): %s per rank, links %.1f GB/s within a node and %.1f GB/s between nodes, "
-               "host link %.1f GB/s, AdamW %.3g (host) / %.3g (device) elements/s, %.0f%% of overlappable "
-               "communication hidden\n", r.source.c_str(), flops.c_str(), r.link_intra / 1e9, r.link_inter / 1e9,
-               r.host_link / 1e9, r.host_adamw, r.device_adamw, 100 * r.overlap);
+  std::fprintf(out, "%s", c.rates.describe().c_str());
   size_t fitting = 0;
-  for (const auto& e : plan) fitting += e.fits;
-  std::fprintf(out, "%zu of %zu configurations fit; fastest first (predicted)\n", fitting, plan.size());
-  std::fprintf(out, "%4s %-22s %-10s %9s %11s %11s %10s %12s %10s %11s\n", "#", "strategy", "ckpt", "mb x acc",
-               "peak", "host peak", "step ms", "tokens/s", "meas ms", "meas peak");
+  for (const auto& e : res.entries) fitting += e.fits;
+  std::fprintf(out, "search: %zu layouts timed, %zu walked fastest first, %zu memory predictions (%zu ruled out by "
+               "their model states, %zu by a smaller micro-batch that did not fit, %zu not runnable), %.2f s; %zu fit\n",
+               res.candidates, res.walked, res.predictions, res.ruled_by_states, res.ruled_by_micro_batch,
+               res.not_runnable, res.seconds, fitting);
+  std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s\n", "#", "layout", "ckpt",
+               "mb x acc", "peak (stage)", "host peak", "step ms", "tokens/s", "TFLOP/s", "MFU",
+               "compute/recomp/tp/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");
   auto line = [&](size_t i, const PlanEntry& e) {
-    std::fprintf(out, "%4zu %-22s %-10s %4lld x %-3lld %11s %11s %10.1f %12.0f %10s %11s%s\n", i + 1,
-                 e.strategy.label().c_str(), checkpointing_name(e.checkpointing), static_cast<long long>(e.micro_batch),
-                 static_cast<long long>(e.accum), format_bytes(double(e.peak)).c_str(),
-                 format_bytes(double(e.host_peak)).c_str(), e.step_ms, e.tokens_per_s,
+    const TimeSplit& s = e.time.split;
+    auto pct = [&](double x) { return s.total > 0 ? 100 * x / s.total : 0.0; };
+    const std::string split = fmt::format("{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}", pct(s.compute),
+                                          pct(s.recompute), pct(s.exposed_tp), pct(s.exposed_dp), pct(s.bubble),
+                                          pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
+    std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.1f %4.0f%%  %-38s %9s %10s%s\n", i + 1,
+                 e.label().c_str(), ckpt_short(e.checkpointing).c_str(), mb_text(e).c_str(), peak_text(e).c_str(),
+                 e.predicted ? format_bytes(double(e.host_peak)).c_str() : "-", e.step_ms, e.tokens_per_s,
+                 e.time.model_tflops_per_device, 100 * e.time.mfu, split.c_str(),
                  e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms).c_str() : "",
                  e.measured_peak ? format_bytes(double(*e.measured_peak)).c_str() : "",
                  e.fits ? "" : ("  does not fit: " + e.why).c_str());
   };
-  for (size_t i = 0; i < plan.size() && i < show && plan[i].fits; ++i) line(i, plan[i]);
-  if (fitting < plan.size()) {
+  for (size_t i = 0; i < res.entries.size() && i < show && res.entries[i].fits; ++i) line(i, res.entries[i]);
+  if (fitting < res.entries.size()) {
     std::fprintf(out, "the fastest that do not fit:\n");
-    for (size_t i = fitting; i < plan.size() && i < fitting + 3; ++i) line(i, plan[i]);
+    for (size_t i = fitting; i < res.entries.size() && i < fitting + 3; ++i) line(i, res.entries[i]);
   }
   if (fitting == 0) std::fprintf(out, "nothing fits: more ranks, more device memory, or a smaller model\n");
+  std::fprintf(out, "TFLOP/s: model FLOPs per device (Megatron's count, no recomputation); MFU against the %.1f "
+               "TFLOP/s peak. Memory is the estimator's (exact); time is the model of README \"Planning\".\n",
+               c.rates.device.flops.value / 1e12);
   std::fflush(out);
 }
 
-std::string plan_html(const PlanConfig& c, const std::vector<PlanEntry>& plan) {
-  auto esc = [](std::string s) {
-    std::string o;
-    for (char ch : s) o += ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '&' ? "&amp;" : std::string(1, ch);
-    return o;
-  };
-  const PlanRates& r = c.rates;
-  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>shardlab plan</title><style>"
-                  "body{font-family:sans-serif;margin:24px}table{border-collapse:collapse;font-size:12px}"
-                  "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
-                  "td.l{text-align:left}tr.no{color:#999}</style></head><body>\n<h1>shardlab plan</h1>\n";
-  h += fmt::format("<p>{}, {} ranks ({} per node), global batch {} x {} tokens, device {} per rank, host {}</p>\n",
-                   esc(c.train.spec.describe()), c.world, c.ranks_per_node, global_batch(c), c.train.spec.seq,
-                   format_bytes(double(c.device_memory)), c.host_memory ? format_bytes(double(c.host_memory)) : "unlimited");
-  h += fmt::format("<p>Rates ({}): {:.4g} GFLOP/s per rank; links {:.1f} GB/s within a node, {:.1f} GB/s between "
-                   "nodes; host link {:.1f} GB/s; AdamW {:.3g} (host) / {:.3g} (device) elements/s; {:.0f}% of "
-                   "overlappable communication hidden.</p>\n",
-                   esc(r.source), r.flops / 1e9, r.link_intra / 1e9, r.link_inter / 1e9, r.host_link / 1e9,
-                   r.host_adamw, r.device_adamw, 100 * r.overlap);
-  h += "<table><tr><th>#</th><th>strategy</th><th>checkpointing</th><th>micro-batch x accum</th><th>peak</th>"
-       "<th>host peak</th><th>compute ms</th><th>exposed comm ms</th><th>offload ms</th><th>optimizer ms</th>"
-       "<th>step ms</th><th>tokens/s</th><th>measured ms</th><th>measured peak</th><th>fits</th></tr>\n";
-  size_t shown_no = 0;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const PlanEntry& e = plan[i];
-    if (!e.fits && ++shown_no > 10) break;
-    h += fmt::format("<tr{}><td>{}</td><td class='l'>{}</td><td class='l'>{}</td><td>{} x {}</td><td>{}</td><td>{}</td>"
-                     "<td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}</td><td><b>{:.1f}</b></td><td>{:.0f}</td>"
-                     "<td>{}</td><td>{}</td><td class='l'>{}</td></tr>\n",
-                     e.fits ? "" : " class='no'", i + 1, esc(e.strategy.label()), checkpointing_name(e.checkpointing),
-                     e.micro_batch, e.accum, format_bytes(double(e.peak)), format_bytes(double(e.host_peak)),
-                     e.compute_ms, e.exposed_comm_ms, e.offload_ms, e.optimizer_ms, e.step_ms, e.tokens_per_s,
-                     e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms) : "",
-                     e.measured_peak ? format_bytes(double(*e.measured_peak)) : "", e.fits ? "yes" : esc(e.why));
-  }
-  return h + "</table>\n<p style='color:#666;font-size:11px'>Written by shardlab plan. The memory is the "
-             "estimator's (exact); the time is a model (README, Planning).</p>\n</body></html>\n";
+namespace {
+
+nlohmann::json split_json(const TimeSplit& s) {
+  return {{"compute_ms", s.compute * 1e3},   {"recompute_ms", s.recompute * 1e3}, {"exposed_tp_ms", s.exposed_tp * 1e3},
+          {"exposed_dp_ms", s.exposed_dp * 1e3}, {"bubble_ms", s.bubble * 1e3},   {"pp_p2p_ms", s.pp_p2p * 1e3},
+          {"offload_ms", s.offload * 1e3},   {"optimizer_ms", s.optimizer * 1e3}};
 }
 
-std::string plan_json(const PlanConfig& c, const std::vector<PlanEntry>& plan) {
+nlohmann::json rate_json(const Rate& r) { return {{"value", r.value}, {"from", r.from}}; }
+
+}  // namespace
+
+std::string plan_json(const PlanConfig& c, const PlanResult& res) {
   nlohmann::json j;
-  j["schema"] = "shardlab.plan/1";
+  j["schema"] = "shardlab.plan/2";
   j["config"] = {{"model", spec_to_json(c.train.spec)},
                  {"world", c.world},
                  {"ranks_per_node", c.ranks_per_node},
                  {"device_memory_bytes", c.device_memory},
                  {"host_memory_bytes", c.host_memory},
-                 {"global_batch", global_batch(c)},
+                 {"global_batch", c.batch()},
                  {"param_dtype", dtype_name(c.train.strategy.precision.param_dtype)},
                  {"reduce_dtype", dtype_name(c.train.strategy.precision.reduce_dtype)}};
   const PlanRates& r = c.rates;
-  j["rates"] = {{"source", r.source},         {"flops", r.flops},           {"link_intra_bytes_per_s", r.link_intra},
-                {"link_inter_bytes_per_s", r.link_inter}, {"host_link_bytes_per_s", r.host_link},
-                {"host_adamw_elements_per_s", r.host_adamw}, {"device_adamw_elements_per_s", r.device_adamw},
-                {"overlap", r.overlap}};
+  const Achievable& a = r.achievable;
+  j["rates"] = {{"source", r.source},
+                {"peak_flops", rate_json(r.device.flops)},
+                {"hbm_bytes_per_s", rate_json(r.device.hbm)},
+                {"intra_node_bytes_per_s", rate_json(r.device.intra)},
+                {"inter_node_bytes_per_s", rate_json(r.device.inter)},
+                {"host_link_bytes_per_s", rate_json(r.device.host)},
+                {"device_adamw_elements_per_s", rate_json(r.device.adamw)},
+                {"host_adamw_elements_per_s", rate_json(r.device.host_adamw)},
+                {"ranks_per_node", r.device.ranks_per_node},
+                {"gemm_fraction", a.gemm},
+                {"gemm_knee", a.knee},
+                {"memory_fraction", a.memory},
+                {"intra_fraction", a.intra},
+                {"inter_fraction", a.inter},
+                {"whole_step", a.whole_step},
+                {"dp_overlap", r.dp_overlap},
+                {"flash_attention", r.flash_attention}};
+  j["search"] = {{"candidates", res.candidates},           {"walked", res.walked},
+                 {"memory_predictions", res.predictions},  {"ruled_by_states", res.ruled_by_states},
+                 {"ruled_by_micro_batch", res.ruled_by_micro_batch}, {"not_runnable", res.not_runnable},
+                 {"seconds", res.seconds}};
   j["configs"] = nlohmann::json::array();
-  for (const auto& e : plan) {
+  for (const auto& e : res.entries) {
+    const ParallelDims& d = e.strategy.dims;
     nlohmann::json o = {{"strategy", strategy_name(e.strategy.kind)},
-                        {"dp_shard", e.strategy.dims.dp_shard > 0 ? e.strategy.dims.dp_shard : c.world},
+                        {"tp", d.tp},
+                        {"pp", d.pp},
+                        {"pp_virtual", e.pp_virtual},
+                        {"pp_schedule", pp_schedule_name(e.schedule)},
+                        {"sequence_parallel", e.sequence_parallel},
+                        {"dp_shard", d.dp_shard},
+                        {"dp_replicate", d.dp_replicate},
                         {"activation_checkpointing", checkpointing_name(e.checkpointing)},
                         {"offload", offload_name(e.strategy.offload)},
                         {"micro_batch", e.micro_batch},
                         {"accum", e.accum},
                         {"fits", e.fits},
-                        {"predicted_peak_bytes", e.peak},
-                        {"predicted_host_peak_bytes", e.host_peak},
+                        {"memory_predicted", e.predicted},
+                        {"predicted_peak_bytes", e.predicted ? nlohmann::json(e.peak) : nlohmann::json(nullptr)},
+                        {"predicted_peak_stage", e.peak_stage},
+                        {"predicted_host_peak_bytes", e.predicted ? nlohmann::json(e.host_peak) : nlohmann::json(nullptr)},
                         {"predicted_step_ms", e.step_ms},
                         {"predicted_tokens_per_s", e.tokens_per_s},
+                        {"predicted_tflops_per_device", e.time.model_tflops_per_device},
+                        {"predicted_hardware_tflops_per_device", e.time.hardware_tflops_per_device},
+                        {"predicted_mfu", e.time.mfu},
+                        {"time_split", split_json(e.time.split)},
                         {"measured_step_ms", nullptr},
                         {"measured_peak_bytes", nullptr}};
     if (e.measured_step_ms) o["measured_step_ms"] = *e.measured_step_ms;
@@ -246,6 +526,66 @@ std::string plan_json(const PlanConfig& c, const std::vector<PlanEntry>& plan) {
     j["configs"].push_back(o);
   }
   return j.dump(1);
+}
+
+std::string plan_html(const PlanConfig& c, const PlanResult& res) {
+  auto esc = [](const std::string& s) {
+    std::string o;
+    for (char ch : s) o += ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '&' ? "&amp;" : std::string(1, ch);
+    return o;
+  };
+  struct Part {
+    const char* name;
+    const char* color;
+    double TimeSplit::*field;
+  };
+  static const Part parts[] = {{"compute", "#4e79a7", &TimeSplit::compute},   {"recompute", "#a0cbe8", &TimeSplit::recompute},
+                               {"exposed TP", "#f28e2b", &TimeSplit::exposed_tp}, {"exposed DP", "#e15759", &TimeSplit::exposed_dp},
+                               {"bubble", "#bab0ac", &TimeSplit::bubble},     {"PP sends", "#59a14f", &TimeSplit::pp_p2p},
+                               {"offload", "#b07aa1", &TimeSplit::offload},   {"optimizer", "#edc948", &TimeSplit::optimizer}};
+  std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>shardlab plan</title><style>"
+                  "body{font-family:sans-serif;margin:24px}table{border-collapse:collapse;font-size:12px}"
+                  "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
+                  "td.l{text-align:left}tr.no{color:#999}.bar{display:flex;height:12px;width:320px}"
+                  ".bar div{height:12px}.key span{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px}"
+                  "pre{font-size:11px}</style></head><body>\n<h1>shardlab plan</h1>\n";
+  h += fmt::format("<p>{}, {} ranks ({} per node), global batch {} x {} tokens, device {} per rank, host {}</p>\n",
+                   esc(c.train.spec.describe()), c.world, c.ranks_per_node, c.batch(), c.train.spec.seq,
+                   format_bytes(double(c.device_memory)), c.host_memory ? format_bytes(double(c.host_memory)) : "unlimited");
+  h += "<pre>" + esc(c.rates.describe()) + "</pre>\n";
+  h += fmt::format("<p>Search: {} layouts timed, {} walked, {} memory predictions, {:.2f} s.</p>\n<p class='key'>",
+                   res.candidates, res.walked, res.predictions, res.seconds);
+  for (const Part& p : parts) h += fmt::format("<span style='background:{}'></span>{}", p.color, p.name);
+  h += "</p>\n<table><tr><th>#</th><th>layout</th><th>checkpointing</th><th>micro-batch x accum</th><th>peak (stage)</th>"
+       "<th>host peak</th><th>step ms</th><th>tokens/s</th><th>TFLOP/s</th><th>MFU</th><th>time split</th>"
+       "<th>measured ms</th><th>measured peak</th><th>fits</th></tr>\n";
+  double longest = 0;
+  size_t shown_no = 0;
+  for (const auto& e : res.entries)
+    if (e.fits || ++shown_no <= 10) longest = std::max(longest, e.step_ms);
+  shown_no = 0;
+  for (size_t i = 0; i < res.entries.size(); ++i) {
+    const PlanEntry& e = res.entries[i];
+    if (!e.fits && ++shown_no > 10) break;
+    std::string bar = "<div class='bar'>";
+    for (const Part& p : parts) {
+      const double ms = e.time.split.*p.field * 1e3;
+      if (ms > 0 && longest > 0)
+        bar += fmt::format("<div title='{} {:.1f} ms' style='width:{:.2f}%;background:{}'></div>", p.name, ms,
+                           100 * ms / longest, p.color);
+    }
+    bar += "</div>";
+    h += fmt::format("<tr{}><td>{}</td><td class='l'>{}</td><td class='l'>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                     "<td><b>{:.1f}</b></td><td>{:.0f}</td><td>{:.1f}</td><td>{:.0f}%</td><td>{}</td><td>{}</td><td>{}</td>"
+                     "<td class='l'>{}</td></tr>\n",
+                     e.fits ? "" : " class='no'", i + 1, esc(e.label()), checkpointing_name(e.checkpointing),
+                     mb_text(e), esc(peak_text(e)), e.predicted ? format_bytes(double(e.host_peak)) : "-", e.step_ms,
+                     e.tokens_per_s, e.time.model_tflops_per_device, 100 * e.time.mfu, bar,
+                     e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms) : "",
+                     e.measured_peak ? format_bytes(double(*e.measured_peak)) : "", e.fits ? "yes" : esc(e.why));
+  }
+  return h + "</table>\n<p style='color:#666;font-size:11px'>Written by shardlab plan. The memory is the "
+             "estimator's (exact); the time is a model (README, Planning).</p>\n</body></html>\n";
 }
 
 }  // namespace shardlab

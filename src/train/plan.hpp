@@ -1,77 +1,106 @@
-// plan.hpp — `shardlab plan`: every configuration of strategy, shard group, activation
-// checkpointing, offload and micro-batch for a model on N ranks, each with its predicted peak per
-// memory tier (the estimator: the real step on the meta backend, exact to the byte) and its
-// predicted step time (a model of compute, communication, host copies and the optimizer over
-// stated rates), ranked fastest first; optionally the top K measured.
+// plan.hpp — `shardlab plan`: the layouts of a model on N devices — tensor parallelism (tp), pipeline
+// parallelism (pp, virtual stages, schedule), data parallelism (strategy, shard group x replicas),
+// sequence parallelism, activation checkpointing, offload, micro-batch and accumulation for the
+// global batch — each with its predicted step time (the model of src/train/plan_time.hpp, one
+// place) and, for the ones the search reaches, its peak memory per tier predicted exactly (the
+// real step on the meta backend with a simulated mesh, every distinct pipeline stage), ranked
+// fastest first; optionally the top K measured on real ranks.
 //
-// The time model, per rank and step (tokens = micro-batch x accum x T):
-//   compute   tokens x (6 Psi + 6 L C T + recomputation) / rates.flops
-//             recomputation: blocks one more forward (2 Psi + 2 L C T), attention Q K^T again (L C T)
-//   comm      the bus bytes of each collective (the strategy's pattern, accumulation included)
-//             over the link it crosses: within a node (intra) when its ranks share one, else inter;
-//             rates.overlap of it hides behind compute (NCCL on a comm stream), the rest adds
-//   offload   gradient shards down and parameters up over rates.host_link (params: each gather's
-//             upload too), and AdamW at rates.host_adamw elements/s; without offload AdamW runs at
-//             rates.device_adamw
-// It is a model: its error is measured by --measure-top (README: "Planning").
+// The search (a branch and bound on the time model):
+//   1. enumerate every layout the flags leave free (a flag given pins its dimension): tp dividing
+//      the heads and the KV heads within a node, pp dividing world / tp with at least pp x v units,
+//      v in {2, 3, 4, 6, 8} for interleaved-1f1b, the data-parallel degree dp = world / (tp pp)
+//      sharded over the whole of it or over a node's share (hybrid), ddp/zero1-3, offload where the
+//      strategy has it, none/attention/blocks, power-of-two micro-batches dividing B / dp;
+//   2. predict each one's time (microseconds each) and sort;
+//   3. walk them fastest first and settle whether each fits: a lower bound of its model states
+//      (the largest stage's parameters / tp times the bytes per parameter the strategy keeps on the
+//      device) over the budget rules it out without a prediction, as does a smaller micro-batch of
+//      the same layout that did not fit; the rest are predicted. The walk ends when `keep` fit.
+// So the top `keep` are exactly those an exhaustive search would rank first (the test holds the
+// search to the exhaustive one), and a 405B search over 16,384 GPUs predicts a few hundred steps.
 #pragma once
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "src/core/device_peaks.hpp"
+#include "src/train/plan_time.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
 
-// Share of the device's dense peak that a whole training step achieves (the default rates, and
-// --device-tflops): kernels outside GEMMs, launch gaps, imperfect tiles.
-inline constexpr double kStepPeakShare = 0.45;
-std::string default_rates_source();  // "defaults: one H100 per rank, ..." (device_peaks.hpp)
-
+// The rates of the time model and where they came from.
 struct PlanRates {
-  double flops = kH100.dense_bf16_tflops * 1e12 * kStepPeakShare;  // model FLOP/s a whole step achieves per rank
-  double link_intra = kH100.intra_node_gbs * 1e9;   // bus bytes/s between ranks of one node (NVLink)
-  double link_inter = kH100.inter_node_gbs * 1e9;   // bus bytes/s between nodes (InfiniBand)
-  double host_link = kH100.host_link_gbs * 1e9;     // bytes/s device <-> host (PCIe, achieved)
-  double host_adamw = 1.5e9;       // elements/s of the host optimizer (per rank)
-  double device_adamw = 1e11;      // elements/s of the device optimizer (HBM3: 28 bytes each)
-  double overlap = 0.9;            // share of overlappable communication hidden behind compute
-  std::string source = default_rates_source();
+  DeviceRates device = device_rates(kH100_80GB);
+  Achievable achievable;
+  double dp_overlap = 0.9;      // share of overlappable data-parallel traffic hidden
+  bool flash_attention = true;  // GPU presets: flash attention; calibrated (CPU): the attention as this runtime runs it
+  std::string source = "h100-80gb preset";
+  std::string describe() const;  // every rate and share, one per line
+};
+
+// The dimensions a flag pins; unset = searched.
+struct PlanPins {
+  std::optional<int> tp, pp, pp_virtual, dp_shard;
+  std::optional<PpSchedule> schedule;
+  std::optional<bool> sequence_parallel;
+  std::optional<StrategyKind> strategy;
+  std::optional<Checkpointing> checkpointing;
+  std::optional<Offload> offload;
+  std::optional<int64_t> micro_batch;
 };
 
 struct PlanConfig {
-  TrainConfig train;        // model, dtypes, optimizer (strategy, levers and batch are enumerated)
+  TrainConfig train;         // model, dtypes, optimizer (the layout and the batch are searched)
   int world = 8;
   int ranks_per_node = 8;
   uint64_t device_memory = 0;  // per rank; required
   uint64_t host_memory = 0;    // per rank; 0 = unlimited
   int64_t global_batch = 0;    // sequences per step; 0 = 8 per rank
-  int dp_shard = -1;           // the shard groups tried: -1 = the world and a node; 0 = the world; S = S
+  PlanPins pins;
   PlanRates rates;
+  size_t keep = 15;            // configurations that fit to find (the walk's end)
+  bool exhaustive = false;     // predict every candidate's memory (no pruning): the test's oracle
   void validate() const;
+  int64_t batch() const { return global_batch > 0 ? global_batch : 8 * int64_t{world}; }
 };
 
 struct PlanEntry {
-  StrategyConfig strategy;   // kind, dims (dp_shard 0 = the world), offload
+  StrategyConfig strategy;   // kind, dims (tp, pp, dp_shard, dp_replicate), offload
   Checkpointing checkpointing = Checkpointing::none;
+  bool sequence_parallel = false;
+  PpSchedule schedule = PpSchedule::one_f_one_b;
+  int pp_virtual = 1;
   int64_t micro_batch = 0, accum = 0;
   bool fits = false;
+  bool predicted = false;    // its memory was predicted (else ruled out by a bound, `why` says which)
   std::string why;           // when it does not fit: which tier, by how much
   uint64_t peak = 0, host_peak = 0;
+  int peak_stage = 0;        // the pipeline stage whose device peak is the largest
+  TimePrediction time;
   double step_ms = 0, tokens_per_s = 0;
-  double compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0, offload_ms = 0, optimizer_ms = 0;
   std::optional<double> measured_step_ms;
   std::optional<uint64_t> measured_peak;
   TrainConfig config(const PlanConfig& p) const;  // the run this entry describes
+  TimeLayout layout(const PlanConfig& p) const;   // what the time model sees
+  std::string label() const;  // "tp 8 pp 4 (1f1b) zero1 dp 32"
 };
 
-// Every configuration, fitting ones first (fastest first), then the rest (fastest first).
-std::vector<PlanEntry> make_plan(const PlanConfig& cfg);
-void print_plan(const PlanConfig& cfg, const std::vector<PlanEntry>& plan, size_t show, std::FILE* out);
-std::string plan_json(const PlanConfig& cfg, const std::vector<PlanEntry>& plan);  // schema shardlab.plan/1
+struct PlanResult {
+  std::vector<PlanEntry> entries;  // fitting ones first (fastest first), then the rest walked (fastest first)
+  size_t candidates = 0;           // layouts enumerated (time predicted)
+  size_t walked = 0;               // reached by the walk
+  size_t predictions = 0;          // memory predictions (steps on the meta backend, one per stage)
+  size_t ruled_by_states = 0, ruled_by_micro_batch = 0, not_runnable = 0;
+  double seconds = 0;
+};
+
+PlanResult make_plan(const PlanConfig& cfg, std::FILE* progress = nullptr);
+void print_plan(const PlanConfig& cfg, const PlanResult& plan, size_t show, std::FILE* out);
+std::string plan_json(const PlanConfig& cfg, const PlanResult& plan);  // schema shardlab.plan/2
 // One self-contained page (no scripts, no network): the rates and the ranked table with each
-// configuration's time split (compute, exposed communication, offload, optimizer).
-std::string plan_html(const PlanConfig& cfg, const std::vector<PlanEntry>& plan);
+// configuration's time split as a stacked bar.
+std::string plan_html(const PlanConfig& cfg, const PlanResult& plan);
 
 }  // namespace shardlab

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
+#include "shard/strategy_formulas.hpp"
 #include "src/core/check.hpp"
 
 namespace shardlab {
@@ -14,9 +16,13 @@ std::string DeviceRates::describe() const {
                      "  HBM      {:8.0f} GB/s               ({})\n"
                      "  NVLink   {:8.0f} GB/s per direction ({})\n"
                      "  network  {:8.1f} GB/s per GPU       ({})\n"
+                     "  host     {:8.1f} GB/s               ({})\n"
+                     "  AdamW    {:>8} elements/s on the device ({}), {:.3g} on the host ({})\n"
                      "  {} GPUs per node\n",
                      flops.value / 1e12, flops.from, hbm.value / 1e9, hbm.from, intra.value / 1e9, intra.from,
-                     inter.value / 1e9, inter.from, ranks_per_node);
+                     inter.value / 1e9, inter.from, host.value / 1e9, host.from,
+                     adamw.value > 0 ? fmt::format("{:.3g}", adamw.value) : std::string("HBM"), adamw.from,
+                     host_adamw.value, host_adamw.from, ranks_per_node);
 }
 
 DeviceRates device_rates(const DevicePeaks& d) {
@@ -28,11 +34,17 @@ DeviceRates device_rates(const DevicePeaks& d) {
   // The node's NICs shared by its GPUs (one each on DGX/HGX).
   const double per_gpu = d.nic_gbits / 8 * 1e9 * d.nics_per_node / d.gpus_per_node;
   r.inter = {per_gpu, fmt::format("{}: {} x {:g} Gb/s per node", d.name, d.nics_per_node, d.nic_gbits)};
+  r.host = {d.host_link_gbs * 1e9, fmt::format("{}: PCIe achieved", d.name)};
+  r.adamw = {0, "36 bytes per parameter at the HBM share"};
+  r.host_adamw = {1.5e9, "assumed: a host AdamW over one socket's share"};
   r.ranks_per_node = d.gpus_per_node;
   return r;
 }
 
 std::string Achievable::describe() const {
+  if (whole_step)
+    return fmt::format("  achievable: every GEMM at the calibrated whole-step rate (element-wise work inside it); "
+                       "NCCL bus {:.0f}% of the intra link, {:.0f}% of the network\n", 100 * intra, 100 * inter);
   return fmt::format("  achievable: GEMM {:.0f}% of peak x sat(m) sat(n) sat(k), sat(x) = x / (x + {:g}); "
                      "memory {:.0f}% of HBM; NCCL bus {:.0f}% of NVLink, {:.0f}% of the network\n",
                      100 * gemm, knee, 100 * memory, 100 * intra, 100 * inter);
@@ -58,6 +70,10 @@ void TimeLayout::validate(const ModelSpec& m) const {
   SHARD_REQUIRE(schedule != PpSchedule::interleaved || micro_batches() % pp == 0,
                 "interleaved-1f1b needs the micro-batches ({}) to be a multiple of pp {}", micro_batches(), pp);
   SHARD_REQUIRE(dp_strategy != StrategyKind::dp, "the time model covers ddp and zero1-3, not dp (rank 0's copy)");
+  SHARD_REQUIRE(dp_shard >= 0 && (dp_shard == 0 || dp % dp_shard == 0), "dp shard group {} does not divide dp {}",
+                dp_shard, dp);
+  SHARD_REQUIRE(offload == Offload::none || zero_stage(dp_strategy) > 0, "offload {} needs a ZeRO strategy, not {}",
+                offload_name(offload), strategy_name(dp_strategy));
   SHARD_REQUIRE(dp_overlap >= 0 && dp_overlap <= 1, "dp overlap {}: expected 0 to 1", dp_overlap);
   SHARD_REQUIRE(act_bytes > 0 && grad_bytes > 0 && param_bytes > 0 && optimizer_bytes >= 0,
                 "element sizes act {} grad {} param {} optimizer {}: expected positive", act_bytes, grad_bytes,
@@ -66,6 +82,7 @@ void TimeLayout::validate(const ModelSpec& m) const {
 
 double gemm_seconds(double m, double n, double k, double count, int act_bytes, const DeviceRates& r,
                     const Achievable& a) {
+  if (a.whole_step) return count * 2 * m * n * k / r.flops.value;
   auto sat = [&](double x) { return x / (x + a.knee); };
   const double eff = a.gemm * sat(m) * sat(n) * sat(k);
   const double compute = 2 * m * n * k / (r.flops.value * eff);
@@ -111,6 +128,11 @@ double backward_seconds(const std::vector<Gemm>& gs, int act, const DeviceRates&
   return sec;
 }
 
+// Bytes per second of element-wise work: none apart under a calibrated whole-step rate.
+double memory_rate(const DeviceRates& r, const Achievable& a) {
+  return a.whole_step ? std::numeric_limits<double>::infinity() : r.hbm.value * a.memory;
+}
+
 // One layer on one TP rank for one micro-batch, in seconds.
 struct LayerTime {
   double fwd = 0, bwd = 0;     // everything but the attention core
@@ -122,7 +144,7 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   const double b = double(l.micro_batch), t = double(l.tp), s = double(m.seq), h = double(m.dim);
   const double heads = double(m.heads), g = double(m.num_kv_heads()), f = double(m.ffn_hidden()), n = b * s;
   const bool llama = m.family == FamilyId::llama;
-  const double mem = r.hbm.value * a.memory, act = l.act_bytes;
+  const double mem = memory_rate(r, a), act = l.act_bytes;
   const LayerGemms gs = layer_gemms(m, b, t);
   LayerTime lt;
   // Element accesses (plan_time.hpp): per token x hidden, per token x MLP, RoPE, per score.
@@ -134,7 +156,7 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   if (l.flash_attention) {
     double flops = 0, eff = 0;
     for (const Gemm& c : gs.core) flops += c.flops();
-    eff = a.gemm * (s / (s + a.knee)) * (s / (s + a.knee)) * ((h / heads) / (h / heads + a.knee));
+    eff = a.whole_step ? 1 : a.gemm * (s / (s + a.knee)) * (s / (s + a.knee)) * ((h / heads) / (h / heads + a.knee));
     lt.core_fwd = flops / (r.flops.value * eff);
     lt.core_bwd = 2.5 * lt.core_fwd;
   } else {
@@ -173,7 +195,7 @@ StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   st.backward = (lt.bwd + lt.core_bwd) * layers + st.recompute;
   const double layer_params = h * (heads + 2 * g) * d + h * h + (llama ? 3 : 2) * h * f;
   st.params = layers * layer_params / t;
-  const double mem = r.hbm.value * a.memory;
+  const double mem = memory_rate(r, a);
   if (first) {  // the embedding lookup (and GPT-2's positions) and its vocab-parallel all-reduce
     st.compute += n * h * (llama ? 2 : 3) * l.act_bytes / mem;
     st.tp += lt.tp_collective;
@@ -203,7 +225,7 @@ double megatron_flops(const ModelSpec& m, int64_t global_batch, Checkpointing re
 
 TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
   l.validate(m);
-  const double M = double(l.micro_batches()), p = l.pp, v = l.virtual_stages, dp = l.dp;
+  const double M = double(l.micro_batches()), p = l.pp, v = l.virtual_stages;
   // The slowest stage: with one stage it holds both ends; else the first or the last.
   StageTime st = stage_time(m, l, r, a, true, l.pp == 1);
   if (l.pp > 1) {
@@ -224,29 +246,36 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
                          (l.sequence_parallel || l.pp_scatter_gather ? l.tp : 1);
     sp.pp_p2p = M * v * 2 * bytes / link;
   }
+  // Data parallelism: step_traffic's volumes of the largest stage's parameters on one rank.
+  const int S = l.dp_shard > 0 ? l.dp_shard : l.dp;
+  const StepTraffic tr = step_traffic(
+      l.dp_strategy, TrafficInputs{st.params, l.dp, S, l.param_bytes == 2 ? DType::bf16 : DType::f32,
+                                   l.grad_bytes == 2 ? DType::bf16 : DType::f32});
+  const double repeats = tr.per_micro && l.pp == 1 ? M : 1;
   if (l.dp > 1) {
-    const bool one_node = int64_t{l.tp} * l.dp <= r.ranks_per_node;
-    const double link = one_node ? r.intra.value * a.intra : r.inter.value * a.inter;
-    const double share = (dp - 1) / dp, grads = st.params * l.grad_bytes, params = st.params * l.param_bytes;
-    double overlappable = 0, exposed = 0, window = st.backward;
-    switch (l.dp_strategy) {
-      case StrategyKind::zero3:
-        overlappable = M * share * (params * (l.recompute == Checkpointing::blocks ? 3 : 2) + grads) / link;
-        window = M * st.compute;
-        break;
-      case StrategyKind::zero1:
-      case StrategyKind::zero2:
-        overlappable = share * grads / link;
-        exposed = share * params / link;
-        break;
-      default:
-        overlappable = 2 * share * grads / link;
-    }
+    // dp ranks are tp apart (tp innermost): a group of S spans S x tp ranks, the whole dp x tp.
+    auto link = [&](int64_t span) {
+      return span <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    };
+    const double bw_s = link(int64_t{S} * l.tp), bw_all = link(int64_t{l.dp} * l.tp);
+    double group = tr.group_overlapped_bus();
+    if (l.dp_strategy == StrategyKind::zero3 && l.pp == 1 && l.recompute == Checkpointing::blocks)
+      group += tr.fs() * tr.p;  // the recomputed forward gathers again
+    const double overlappable = repeats * (group / bw_s + tr.across_bus() / bw_all) + tr.world_bus() / bw_all;
+    const double exposed = tr.group_exposed_bus() / bw_s;
+    const double window = l.dp_strategy == StrategyKind::zero3 ? M * st.compute : st.backward;
     sp.exposed_dp = overlappable - std::min(l.dp_overlap * overlappable, window) + exposed;
   }
-  const double updated = zero_stage(l.dp_strategy) > 0 ? st.params / dp : st.params;
-  sp.optimizer = updated * l.optimizer_bytes / (r.hbm.value * a.memory);
-  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.bubble + sp.pp_p2p + sp.exposed_dp + sp.optimizer;
+  const double updated = zero_stage(l.dp_strategy) > 0 ? st.params / S : st.params;
+  if (l.offload != Offload::none) {
+    sp.offload = tr.host_link(l.offload, repeats) / r.host.value;
+    sp.optimizer = updated / r.host_adamw.value;
+  } else {
+    sp.optimizer = r.adamw.value > 0 ? updated / r.adamw.value
+                                     : updated * l.optimizer_bytes / (r.hbm.value * a.memory);
+  }
+  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.bubble + sp.pp_p2p + sp.exposed_dp + sp.offload +
+             sp.optimizer;
   const double devices = double(l.tp) * l.pp * l.dp;
   out.tokens_per_s = double(l.global_batch * m.seq) / sp.total;
   out.hardware_flops = megatron_flops(m, l.global_batch, l.recompute);

@@ -43,10 +43,21 @@
 //   zero3  per micro-batch an all-gather forward, backward (and recompute) and a reduce-scatter,
 //          overlappable with the whole step's compute
 //   hidden = min(dp_overlap x overlappable, window); the rest is exposed (the last bucket's tail
-//   is why dp_overlap < 1).
-// Optimizer: the rank's parameters (/ dp under ZeRO) x optimizer_bytes per parameter at hbm x
-//   memory (AdamW with fp32 master, m, v, the gradient's fp32 copy and the bf16 copy out: 36).
-// total = compute + recompute + exposed_tp + bubble + pp_p2p + exposed_dp + optimizer.
+//   is why dp_overlap < 1). The bytes are shard/strategy_formulas.hpp's step_traffic (the same
+//   table compare's theory uses): hybrid sharding (dp_shard S < dp) reduces within groups of S
+//   (NVLink when S x tp ranks fit a node) and all-reduces a 1/S shard across the dp / S groups.
+//   zero2 and zero3 repeat theirs every micro-batch without a pipeline, once per step with one
+//   (the pipelined strategies keep the gradients, and zero3 the gathered parameters, until the
+//   flush).
+// Offload: step_traffic's host-link bytes (gradient shards down, parameter shards up, and with
+//   params each gather's upload) at the host link, exposed; the optimizer then runs on the host.
+// Optimizer: the rank's parameters (/ S under ZeRO) at the device's AdamW rate (presets: hbm x
+//   memory / optimizer_bytes per parameter: AdamW with fp32 master, m, v, the gradient's fp32 copy
+//   and the bf16 copy out, 36), or the host's under offload.
+// Calibrated rates (`plan --calibrate`, Achievable::whole_step): the FLOP rate is a whole measured
+//   step's, so every GEMM runs at it (no shape efficiency, no memory term) and element-wise work
+//   costs nothing apart (it is inside that rate).
+// total = compute + recompute + exposed_tp + bubble + pp_p2p + exposed_dp + offload + optimizer.
 //
 // FLOPs as Megatron counts them (Narayanan et al. 2021, eq. 3, GPT): every GEMM's 2 m n k, the
 // attention's full s x s, the layers 4 passes under full recomputation (forward, recompute,
@@ -78,6 +89,9 @@ struct DeviceRates {
   Rate hbm;    // HBM bytes/s
   Rate intra;  // NVLink bytes/s per GPU and direction
   Rate inter;  // InfiniBand bytes/s per GPU (its NIC share)
+  Rate host;   // device <-> host bytes/s (PCIe, achieved): --offload's copies
+  Rate adamw;       // device AdamW elements/s; 0 = hbm x memory / optimizer_bytes
+  Rate host_adamw;  // host AdamW elements/s (--offload)
   int ranks_per_node = 8;
   std::string describe() const;  // one line per rate with its source
 };
@@ -91,6 +105,8 @@ struct Achievable {
   double memory = 0.80; // of HBM bandwidth, by element-wise kernels and memory-bound GEMMs
   double intra = 0.80;  // of NVLink per direction, as NCCL bus bandwidth
   double inter = 0.90;  // of the NIC, as NCCL bus bandwidth
+  // Calibrated on this machine: `flops` is a whole step's measured rate (plan_time.hpp's top).
+  bool whole_step = false;
   std::string describe() const;
 };
 
@@ -104,6 +120,8 @@ struct TimeLayout {
   bool pp_scatter_gather = false;  // Megatron 2021: each TP rank sends 1/t of a boundary
   bool flash_attention = true;
   StrategyKind dp_strategy = StrategyKind::ddp;  // dp (plain) is ddp's traffic without buckets
+  int dp_shard = 0;               // ZeRO's shard group S (0 = dp); replicas dp / S
+  Offload offload = Offload::none;
   double dp_overlap = 0.9;        // share of overlappable DP traffic hidden (0: after the flush)
   int act_bytes = 2, grad_bytes = 2, param_bytes = 2;  // bf16 activations, gradients, parameters
   double optimizer_bytes = 36;    // per parameter the optimizer step touches
@@ -113,8 +131,8 @@ struct TimeLayout {
 
 // Seconds per step on the critical path.
 struct TimeSplit {
-  double compute = 0, recompute = 0, exposed_tp = 0, exposed_dp = 0, bubble = 0, pp_p2p = 0, optimizer = 0,
-         total = 0;
+  double compute = 0, recompute = 0, exposed_tp = 0, exposed_dp = 0, bubble = 0, pp_p2p = 0, offload = 0,
+         optimizer = 0, total = 0;
 };
 
 struct TimePrediction {

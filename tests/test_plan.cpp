@@ -1,0 +1,174 @@
+// `plan` (src/train/plan.hpp): its memory against the estimator's prediction of every rank role,
+// its time against the time model of the layout, the pruned search against the exhaustive one,
+// pins, and the JSON schema shardlab.plan/2.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "src/comm/mesh.hpp"
+#include "src/core/check.hpp"
+#include "src/train/plan.hpp"
+#include "src/train/predict.hpp"
+
+using namespace shardlab;
+
+namespace {
+
+PlanConfig plan_for(const std::string& preset, int world, uint64_t device_memory, DType dt = DType::bf16) {
+  PlanConfig pc;
+  pc.train.spec = model_preset(preset);
+  pc.train.strategy.precision.param_dtype = pc.train.strategy.precision.reduce_dtype = dt;
+  pc.world = world;
+  pc.ranks_per_node = std::min(world, 8);
+  pc.rates.device.ranks_per_node = pc.ranks_per_node;
+  pc.device_memory = device_memory;
+  return pc;
+}
+
+// The largest peak of any rank of the entry's configuration: every pipeline stage predicted (the
+// plan predicts only the distinct ones).
+uint64_t every_stage_peak(const PlanConfig& pc, const PlanEntry& e) {
+  const TrainConfig t = e.config(pc);
+  const ParallelDims d = t.strategy.dims.resolved(pc.world);
+  uint64_t peak = 0;
+  for (int k = 0; k < d.pp; ++k) {
+    MeshCoord c;
+    c.pp = k;
+    peak = std::max(peak, predict_step(t, pc.world, mesh_rank(d, c), e.micro_batch, false).peak);
+  }
+  return peak;
+}
+
+std::string key(const PlanEntry& e) { return e.label() + " " + checkpointing_name(e.checkpointing) + " mb " + std::to_string(e.micro_batch); }
+
+}  // namespace
+
+TEST_CASE("plan: gpt2-xl on 64 x 80 GiB, the top fits with the estimator's peak and the model's time", "[plan]") {
+  PlanConfig pc = plan_for("gpt2-xl", 64, uint64_t{80} << 30);
+  const PlanResult plan = make_plan(pc);
+  REQUIRE(!plan.entries.empty());
+  const PlanEntry& top = plan.entries.front();
+  REQUIRE(top.fits);
+  CHECK(top.peak == every_stage_peak(pc, top));
+  CHECK(top.peak <= pc.device_memory);
+  const TimePrediction t = predict_step_time(pc.train.spec, top.layout(pc), pc.rates.device, pc.rates.achievable);
+  CHECK(top.step_ms == Approx(t.split.total * 1e3).epsilon(1e-12));
+  CHECK(top.time.mfu == Approx(t.mfu).epsilon(1e-12));
+  for (size_t i = 1; i < plan.entries.size(); ++i)  // fitting ones first, each group fastest first
+    CHECK((plan.entries[i - 1].fits > plan.entries[i].fits ||
+           (plan.entries[i - 1].fits == plan.entries[i].fits && plan.entries[i - 1].step_ms <= plan.entries[i].step_ms)));
+}
+
+TEST_CASE("plan: the pruned search ranks the same top configurations as the exhaustive one", "[plan]") {
+  // `small` (4 blocks, 4 heads) on 16 devices (8 per node), 8 MiB each, global batch 64: tp 1-4,
+  // pp 1-4, hybrid groups, every lever. The budget leaves the fastest layouts out.
+  PlanConfig pc = plan_for("small", 16, uint64_t{8} << 20);
+  pc.global_batch = 64;
+  pc.keep = 5;
+  const PlanResult pruned = make_plan(pc);
+  pc.exhaustive = true;
+  const PlanResult all = make_plan(pc);
+  CHECK(all.predictions > pruned.predictions);
+  CHECK(all.walked == all.candidates);
+  std::vector<std::string> a, b;
+  size_t fitting_all = 0;
+  for (const PlanEntry& e : all.entries) fitting_all += e.fits;
+  REQUIRE(fitting_all >= 5);
+  for (size_t i = 0; i < 5; ++i) {
+    REQUIRE(pruned.entries[i].fits);
+    a.push_back(key(pruned.entries[i]));
+    b.push_back(key(all.entries[i]));
+    CHECK(pruned.entries[i].peak == all.entries[i].peak);
+  }
+  CHECK(a == b);
+  // Some faster layout did not fit (the budget binds), and the top is the fastest that does.
+  bool faster_out = false;
+  for (const PlanEntry& e : all.entries)
+    if (!e.fits && e.step_ms < all.entries[0].step_ms) faster_out = true;
+  CHECK(faster_out);
+  // The exhaustive walk holds hybrid groups and pipelines among its candidates.
+  bool hybrid = false, pipelined = false, tp = false;
+  for (const PlanEntry& e : all.entries) {
+    hybrid |= e.strategy.dims.dp_replicate > 1;
+    pipelined |= e.strategy.dims.pp > 1;
+    tp |= e.strategy.dims.tp > 1;
+  }
+  CHECK((hybrid && pipelined && tp));
+}
+
+TEST_CASE("plan: each pipeline layout's peak is the largest of every stage's", "[plan]") {
+  PlanConfig pc = plan_for("small", 8, uint64_t{1} << 30);
+  pc.global_batch = 32;
+  pc.pins.pp = 4;
+  pc.keep = 6;
+  const PlanResult plan = make_plan(pc);
+  size_t checked = 0;
+  for (const PlanEntry& e : plan.entries) {
+    if (!e.predicted) continue;
+    CHECK(e.strategy.dims.pp == 4);
+    CHECK(e.peak == every_stage_peak(pc, e));
+    ++checked;
+  }
+  CHECK(checked >= 6);
+}
+
+TEST_CASE("plan: every dimension pinned gives one configuration, the one asked for", "[plan]") {
+  PlanConfig pc = plan_for("small", 16, uint64_t{80} << 30);
+  pc.global_batch = 64;
+  PlanPins& p = pc.pins;
+  p.tp = 2, p.pp = 2, p.pp_virtual = 2, p.schedule = PpSchedule::interleaved, p.dp_shard = 2;
+  p.sequence_parallel = true, p.strategy = StrategyKind::zero3, p.checkpointing = Checkpointing::attention;
+  p.offload = Offload::optimizer, p.micro_batch = 2;
+  const PlanResult plan = make_plan(pc);
+  CHECK(plan.candidates == 1);
+  REQUIRE(plan.entries.size() == 1);
+  const PlanEntry& e = plan.entries[0];
+  CHECK(e.fits);
+  CHECK(e.strategy.dims == ParallelDims{2, 2, 2, 2});
+  CHECK(e.pp_virtual == 2);
+  CHECK(e.accum == 64 / (4 * 2));
+  CHECK(e.label() == "tp 2+sp pp 2 interleaved v2 dp 4 zero3 S=2 off:optimizer");
+  CHECK(e.peak == every_stage_peak(pc, e));
+  // A pin that cannot hold is refused with its values.
+  p.pp_virtual = 3;  // 2 x 3 chunks, 4 blocks
+  CHECK_THROWS_WITH(make_plan(pc), Catch::Contains("no layout of 16 ranks meets the flags given"));
+  p.pp_virtual = 2;
+  p.tp = 5;
+  CHECK_THROWS_WITH(make_plan(pc), Catch::Contains("--tp 5: tensor parallelism stays within a node of 8 ranks"));
+  p.tp = 8;
+  CHECK_THROWS_WITH(make_plan(pc), Catch::Contains("--tp 8 must divide the attention heads (4) and the KV heads (4)"));
+}
+
+TEST_CASE("plan: a budget nothing meets says why for every configuration walked", "[plan]") {
+  PlanConfig pc = plan_for("gpt2-xl", 8, uint64_t{1} << 30, DType::f32);
+  pc.pins.tp = 1, pc.pins.pp = 1;
+  const PlanResult plan = make_plan(pc);
+  REQUIRE(!plan.entries.empty());
+  CHECK(plan.walked == plan.candidates);
+  for (const PlanEntry& e : plan.entries) CHECK((!e.fits && !e.why.empty()));
+  CHECK(plan.ruled_by_states > 0);
+}
+
+TEST_CASE("plan: JSON schema shardlab.plan/2", "[plan]") {
+  PlanConfig pc = plan_for("tiny", 8, uint64_t{64} << 20);
+  pc.keep = 3;
+  const PlanResult plan = make_plan(pc);
+  const auto j = nlohmann::json::parse(plan_json(pc, plan));
+  CHECK(j["schema"] == "shardlab.plan/2");
+  for (const char* k : {"config", "rates", "search", "configs"}) CHECK(j.contains(k));
+  REQUIRE(j["configs"].size() == plan.entries.size());
+  for (const char* k : {"strategy", "dp_shard", "dp_replicate", "activation_checkpointing", "offload", "micro_batch",
+                        "accum", "fits", "predicted_peak_bytes", "predicted_host_peak_bytes", "predicted_step_ms",
+                        "predicted_tokens_per_s", "measured_step_ms", "measured_peak_bytes", "tp", "pp", "pp_virtual",
+                        "pp_schedule", "sequence_parallel", "predicted_tflops_per_device", "predicted_mfu",
+                        "time_split"})
+    CHECK(j["configs"][0].contains(k));
+  for (const char* k : {"compute_ms", "recompute_ms", "exposed_tp_ms", "exposed_dp_ms", "bubble_ms", "pp_p2p_ms",
+                        "offload_ms", "optimizer_ms"})
+    CHECK(j["configs"][0]["time_split"].contains(k));
+  double parts = 0;
+  for (const auto& [k, v] : j["configs"][0]["time_split"].items()) parts += v.get<double>();
+  CHECK(parts == Approx(j["configs"][0]["predicted_step_ms"].get<double>()).epsilon(1e-9));
+  CHECK(j["configs"][0]["measured_step_ms"].is_null());
+  const std::string html = plan_html(pc, plan);
+  CHECK(html.find("class='bar'") != std::string::npos);
+}
