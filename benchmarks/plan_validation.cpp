@@ -4,6 +4,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "src/core/units.hpp"
+
 namespace shardlab {
 
 const std::vector<PublishedRun>& narayanan2021_table1() {
@@ -78,6 +80,75 @@ ValidationResult run_plan_validation(const DeviceRates& rates, const Achievable&
                100 * res.worst_abs_error);
   std::fflush(out);
   return res;
+}
+
+PlanConfig published_plan(const PublishedRun& row, const DeviceRates& rates, const Achievable& achievable) {
+  PlanConfig pc;
+  pc.train.spec = published_model(row);
+  pc.train.strategy.precision.param_dtype = pc.train.strategy.precision.reduce_dtype = DType::bf16;
+  pc.world = row.gpus;
+  pc.ranks_per_node = rates.ranks_per_node;
+  pc.device_memory = static_cast<uint64_t>(kA100_80GB.memory_gb * 1e9);
+  pc.global_batch = row.global_batch;
+  pc.rates.device = rates;
+  pc.rates.achievable = achievable;
+  pc.rates.dp_overlap = 0;
+  pc.rates.flash_attention = false;
+  pc.rates.source = "bench-plan-validation: the rows' assumptions";
+  pc.keep = 3;
+  return pc;
+}
+
+std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievable& achievable, std::FILE* out) {
+  std::vector<SearchRow> rows;
+  if (out)
+    std::fprintf(out, "\nfree search: plan over each row's model, GPUs and global batch (80 GB each, bf16, no flash "
+                 "attention, DP not overlapped), against the published layout pinned\n"
+                 "%-5s %5s | %-36s %8s %14s | %-46s %-9s %7s %8s %15s | %7s | %6s %6s %6s\n"
+                 "      split of each step, seconds: compute / recompute / exposed TP / exposed DP / bubble / PP sends / "
+                 "offload / optimizer, published -> found\n",
+                 "model", "gpus", "published layout", "step s", "peak", "search's fastest that fits", "ckpt",
+                 "mb", "step s", "peak (stage)", "speedup", "walked", "preds", "secs");
+  for (const PublishedRun& row : narayanan2021_table1()) {
+    SearchRow r{row, {}, {}};
+    PlanConfig pinned = published_plan(row, rates, achievable);
+    PlanPins& p = pinned.pins;
+    p.tp = row.tp, p.pp = row.pp, p.pp_virtual = row.virtual_stages, p.dp_shard = row.gpus / (row.tp * row.pp);
+    p.schedule = row.virtual_stages > 1 ? PpSchedule::interleaved : PpSchedule::one_f_one_b;
+    p.sequence_parallel = false, p.strategy = StrategyKind::ddp, p.checkpointing = Checkpointing::blocks;
+    p.offload = Offload::none, p.micro_batch = row.micro_batch;
+    if (row.pp == 1) p.schedule.reset(), p.pp_virtual.reset();
+    r.published = make_plan(pinned);
+    r.found = make_plan(published_plan(row, rates, achievable));
+    if (out) {
+      const PlanEntry& a = r.published.entries.at(0);
+      const PlanEntry* b = nullptr;
+      for (const PlanEntry& e : r.found.entries)
+        if (e.fits) {
+          b = &e;
+          break;
+        }
+      auto peak = [](const PlanEntry& e) {
+        return e.strategy.dims.pp > 1 ? fmt::format("{} (s{})", format_bytes(double(e.peak)), e.peak_stage)
+                                      : format_bytes(double(e.peak));
+      };
+      auto split = [](const PlanEntry& e) {
+        const TimeSplit& t = e.time.split;
+        return fmt::format("{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}", t.compute, t.recompute,
+                           t.exposed_tp, t.exposed_dp, t.bubble, t.pp_p2p, t.offload, t.optimizer);
+      };
+      std::fprintf(out, "%-5s %5d | %-36s %8.2f %14s | %-46s %-9s %7s %8s %15s | %7s | %6zu %6zu %6.1f\n      %s -> %s\n", row.name,
+                   row.gpus, (a.label() + (a.fits ? "" : " (no fit)")).c_str(), a.step_ms / 1e3, peak(a).c_str(),
+                   b ? b->label().c_str() : "nothing fits", b ? checkpointing_name(b->checkpointing) : "",
+                   b ? fmt::format("{}x{}", b->micro_batch, b->accum).c_str() : "",
+                   b ? fmt::format("{:.2f}", b->step_ms / 1e3).c_str() : "", b ? peak(*b).c_str() : "",
+                   b ? fmt::format("{:.2f}x", a.step_ms / b->step_ms).c_str() : "", r.found.walked,
+                   r.found.predictions, r.found.seconds, split(a).c_str(), b ? split(*b).c_str() : "-");
+      std::fflush(out);
+    }
+    rows.push_back(std::move(r));
+  }
+  return rows;
 }
 
 std::string plan_validation_json(const DeviceRates& r, const Achievable& a, const ValidationResult& res) {

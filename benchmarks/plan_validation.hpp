@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "src/train/plan.hpp"
 #include "src/train/plan_time.hpp"
 
 namespace shardlab {
@@ -39,5 +40,16 @@ struct ValidationResult {
 
 ValidationResult run_plan_validation(const DeviceRates& rates, const Achievable& achievable, std::FILE* out);
 std::string plan_validation_json(const DeviceRates& rates, const Achievable& achievable, const ValidationResult& r);
+
+// The free search (`--search`): for each row's model, GPU count and global batch, `plan` on 80 GB
+// devices with the row's assumptions (no flash attention, the data-parallel traffic not overlapped,
+// bf16), once with the published layout pinned (its time and whether it fits this runtime's memory)
+// and once free; the rows with their top configuration, the speed-up and the search's cost.
+struct SearchRow {
+  PublishedRun run;
+  PlanResult published, found;  // the pinned one (one entry) and the free search
+};
+std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievable& achievable, std::FILE* out);
+PlanConfig published_plan(const PublishedRun& row, const DeviceRates& rates, const Achievable& achievable);
 
 }  // namespace shardlab

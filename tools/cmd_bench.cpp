@@ -161,6 +161,7 @@ ExitCode cmd_bench_plan_validation(const Args& args, const Context& ctx) {
   std::string gpu = kA100_80GB.name;
   double peak = 0, hbm = 0, nvlink = 0, network = 0;
   Achievable ach;
+  bool search = false;
   cli::Desc desc = cli::command_options("bench-plan-validation");
   desc.add_options()("gpu", po::value(&gpu)->default_value(gpu),
                      fmt::format("device preset: {}", fmt::join(device_preset_names(), ", ")).c_str())(
@@ -173,6 +174,9 @@ ExitCode cmd_bench_plan_validation(const Args& args, const Context& ctx) {
       "memory-fraction", po::value(&ach.memory)->default_value(ach.memory, fmt::format("{:g}", ach.memory)), "share of HBM bandwidth reached")(
       "nvlink-fraction", po::value(&ach.intra)->default_value(ach.intra, fmt::format("{:g}", ach.intra)), "NCCL bus bandwidth's share of NVLink")(
       "network-fraction", po::value(&ach.inter)->default_value(ach.inter, fmt::format("{:g}", ach.inter)), "NCCL bus bandwidth's share of the NIC");
+  cli::add_switch(desc, "search", search,
+                  "also run plan's free search for each row's model, GPUs and global batch (80 GB devices) beside the "
+                  "published layout pinned: does it find that layout, or a faster one that fits?");
   reports.add(desc, "write the rows, the rates and the errors as JSON (schema shardlab.plan-validation/1)", nullptr,
               nullptr);
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"bench-plan-validation"})) return ExitCode::ok;
@@ -190,6 +194,7 @@ ExitCode cmd_bench_plan_validation(const Args& args, const Context& ctx) {
   if (network > 0) rates.inter = {network * 1e9, "given (--network-gbs)"};
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
   const ValidationResult res = run_plan_validation(rates, ach, stdout);
+  if (search) run_plan_search(rates, ach, stdout);
   if (!reports.json.empty()) write_text(reports.json, plan_validation_json(rates, ach, res) + "\n", "--json");
   return ExitCode::ok;
 }

@@ -426,7 +426,7 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
     const std::string split = fmt::format("{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}", pct(s.compute),
                                           pct(s.recompute), pct(s.exposed_tp), pct(s.exposed_dp), pct(s.bubble),
                                           pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
-    std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.1f %4.0f%%  %-38s %9s %10s%s\n", i + 1,
+    std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.3g %4.0f%%  %-38s %9s %10s%s\n", i + 1,
                  e.label().c_str(), ckpt_short(e.checkpointing).c_str(), mb_text(e).c_str(), peak_text(e).c_str(),
                  e.predicted ? format_bytes(double(e.host_peak)).c_str() : "-", e.step_ms, e.tokens_per_s,
                  e.time.model_tflops_per_device, 100 * e.time.mfu, split.c_str(),

@@ -12,14 +12,16 @@
 namespace shardlab {
 
 std::string DeviceRates::describe() const {
-  return fmt::format("  peak     {:8.1f} TFLOP/s dense bf16  ({})\n"
-                     "  HBM      {:8.0f} GB/s               ({})\n"
-                     "  NVLink   {:8.0f} GB/s per direction ({})\n"
-                     "  network  {:8.1f} GB/s per GPU       ({})\n"
-                     "  host     {:8.1f} GB/s               ({})\n"
+  const std::string peak = flops.value >= 1e12 ? fmt::format("{:8.1f} TFLOP/s", flops.value / 1e12)
+                                               : fmt::format("{:8.2f} GFLOP/s", flops.value / 1e9);
+  return fmt::format("  peak     {} dense    ({})\n"
+                     "  HBM      {:8.0f} GB/s          ({})\n"
+                     "  NVLink   {:8.1f} GB/s          ({}; per direction)\n"
+                     "  network  {:8.1f} GB/s          ({}; per device)\n"
+                     "  host     {:8.1f} GB/s          ({})\n"
                      "  AdamW    {:>8} elements/s on the device ({}), {:.3g} on the host ({})\n"
-                     "  {} GPUs per node\n",
-                     flops.value / 1e12, flops.from, hbm.value / 1e9, hbm.from, intra.value / 1e9, intra.from,
+                     "  {} ranks per node\n",
+                     peak, flops.from, hbm.value / 1e9, hbm.from, intra.value / 1e9, intra.from,
                      inter.value / 1e9, inter.from, host.value / 1e9, host.from,
                      adamw.value > 0 ? fmt::format("{:.3g}", adamw.value) : std::string("HBM"), adamw.from,
                      host_adamw.value, host_adamw.from, ranks_per_node);
