@@ -37,6 +37,12 @@ constexpr Rename kRenames[] = {
     {"profile", "budget", "device-memory", true},   // one concept: a rank's device budget
     {"profile", "host-budget", "host-memory", true},
     {"plan", "measure", "measure-top", false},      // profile's --measure is a switch
+    // plan/2's rates are the device's datasheet figures with stated achievable shares (plan/1's were
+    // achieved figures): the same number means something else, so the old names are refused.
+    {"plan", "device-tflops", "peak-tflops", false},
+    {"plan", "link-intra", "nvlink-gbs", false},
+    {"plan", "link-inter", "network-gbs", false},
+    {"plan", "host-link", "host-link-gbs", true},  // achieved, as before
     {"bench-gemm", "tokens", "rows", false},        // sample's --tokens counts generated tokens
 };
 
