@@ -172,3 +172,30 @@ TEST_CASE("plan: JSON schema shardlab.plan/2", "[plan]") {
   const std::string html = plan_html(pc, plan);
   CHECK(html.find("class='bar'") != std::string::npos);
 }
+
+TEST_CASE("plan: the answer for a fixed small case, by the model's arithmetic", "[plan]") {
+  // `small` on one node of 8 H100s, global batch 64. With memory to spare the model can only lose
+  // time by splitting a layer (tp: smaller GEMMs, exposed all-reduces) or the model (pp: a bubble),
+  // and a micro-batch below 8 only shrinks GEMMs; among the strategies ZeRO-3 updates an eighth of
+  // the parameters and hides all its traffic in the whole step (ddp updates all of them; ZeRO-1/2
+  // expose their all-gather). So: tp 1, pp 1, dp 8, zero3, micro-batch 8.
+  PlanConfig pc = plan_for("small", 8, uint64_t{80} << 30);
+  pc.global_batch = 64;
+  pc.keep = 1;
+  const PlanEntry top = make_plan(pc).entries.at(0);
+  CHECK(top.strategy.dims == ParallelDims{1, 1, 8, 1});
+  CHECK(top.strategy.kind == StrategyKind::zero3);
+  CHECK(top.micro_batch == 8);
+  CHECK(top.checkpointing == Checkpointing::none);
+  CHECK(top.strategy.offload == Offload::none);
+  // At 5 MiB no data-parallel-only layout fits (each rank holds every layer),
+  // so the answer splits the model, and it fits.
+  pc.device_memory = uint64_t{5} << 20;
+  pc.exhaustive = true;
+  const PlanResult all = make_plan(pc);
+  for (const PlanEntry& e : all.entries)
+    if (e.strategy.dims.tp == 1 && e.strategy.dims.pp == 1) CHECK(!e.fits);
+  REQUIRE(all.entries.at(0).fits);
+  CHECK(all.entries[0].strategy.dims.tp * all.entries[0].strategy.dims.pp > 1);
+  CHECK(all.entries[0].peak <= pc.device_memory);
+}
