@@ -178,7 +178,7 @@ TEST_CASE("plan time: device presets carry their datasheet figures", "[plan]") {
   // 8 x 200 Gb/s for 8 GPUs: 25 GB/s each.
   CHECK(device_rates(a100).inter.value == 25e9);
   CHECK(device_rates(h100).flops.value == 989.4e12);
-  // plan/1's defaults and bench-train's MFU stay on the rounded figure.
+  // bench-train's MFU stays on the rounded figure.
   CHECK(kH100.dense_bf16_tflops == 989);
   CHECK_THROWS_WITH(device_preset("v100"), Catch::Contains("expected one of a100-80gb, h100-80gb, h200"));
 }

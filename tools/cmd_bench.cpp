@@ -158,40 +158,18 @@ ExitCode cmd_bench_adamw(const Args& args, const Context& ctx) {
 
 ExitCode cmd_bench_plan_validation(const Args& args, const Context& ctx) {
   cli::ReportOptions reports;
-  std::string gpu = kA100_80GB.name;
-  double peak = 0, hbm = 0, nvlink = 0, network = 0;
-  Achievable ach;
+  cli::DeviceRateOptions device;
   bool search = false;
   cli::Desc desc = cli::command_options("bench-plan-validation");
-  desc.add_options()("gpu", po::value(&gpu)->default_value(gpu),
-                     fmt::format("device preset: {}", fmt::join(device_preset_names(), ", ")).c_str())(
-      "peak-tflops", po::value(&peak)->default_value(0), "dense bf16 TFLOP/s per GPU (0 = the preset's)")(
-      "hbm-gbs", po::value(&hbm)->default_value(0), "HBM GB/s (0 = the preset's)")(
-      "nvlink-gbs", po::value(&nvlink)->default_value(0), "NVLink GB/s per GPU and direction (0 = the preset's)")(
-      "network-gbs", po::value(&network)->default_value(0), "GB/s between nodes per GPU (0 = the preset's NICs)")(
-      "gemm-fraction", po::value(&ach.gemm)->default_value(ach.gemm, fmt::format("{:g}", ach.gemm)), "share of the peak a large GEMM reaches")(
-      "gemm-knee", po::value(&ach.knee)->default_value(ach.knee, fmt::format("{:g}", ach.knee)), "the GEMM dimension that halves it")(
-      "memory-fraction", po::value(&ach.memory)->default_value(ach.memory, fmt::format("{:g}", ach.memory)), "share of HBM bandwidth reached")(
-      "nvlink-fraction", po::value(&ach.intra)->default_value(ach.intra, fmt::format("{:g}", ach.intra)), "NCCL bus bandwidth's share of NVLink")(
-      "network-fraction", po::value(&ach.inter)->default_value(ach.inter, fmt::format("{:g}", ach.inter)), "NCCL bus bandwidth's share of the NIC");
+  device.add(desc, kA100_80GB.name);
   cli::add_switch(desc, "search", search,
                   "also run plan's free search for each row's model, GPUs and global batch (80 GB devices) beside the "
                   "published layout pinned: does it find that layout, or a faster one that fits?");
   reports.add(desc, "write the rows, the rates and the errors as JSON (schema shardlab.plan-validation/1)", nullptr,
               nullptr);
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"bench-plan-validation"})) return ExitCode::ok;
-  SHARD_REQUIRE(peak >= 0 && hbm >= 0 && nvlink >= 0 && network >= 0,
-                "--peak-tflops {} --hbm-gbs {} --nvlink-gbs {} --network-gbs {}: expected 0 (the preset) or positive",
-                peak, hbm, nvlink, network);
-  for (auto [flag, f] : {std::pair{"--gemm-fraction", ach.gemm}, std::pair{"--memory-fraction", ach.memory},
-                         std::pair{"--nvlink-fraction", ach.intra}, std::pair{"--network-fraction", ach.inter}})
-    SHARD_REQUIRE(f > 0 && f <= 1, "{} {}: expected a share above 0, at most 1", flag, f);
-  SHARD_REQUIRE(ach.knee >= 0, "--gemm-knee {}: expected 0 or more", ach.knee);
-  DeviceRates rates = device_rates(device_preset(gpu));
-  if (peak > 0) rates.flops = {peak * 1e12, "given (--peak-tflops)"};
-  if (hbm > 0) rates.hbm = {hbm * 1e9, "given (--hbm-gbs)"};
-  if (nvlink > 0) rates.intra = {nvlink * 1e9, "given (--nvlink-gbs)"};
-  if (network > 0) rates.inter = {network * 1e9, "given (--network-gbs)"};
+  const DeviceRates rates = device.rates();
+  const Achievable& ach = device.achievable;
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
   const ValidationResult res = run_plan_validation(rates, ach, stdout);
   if (search) run_plan_search(rates, ach, stdout);

@@ -71,19 +71,15 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   cli::ReportOptions reports;
   PlanConfig pc;
   strategy.param = "bf16";
-  std::string gpu = kH100_80GB.name, family, kind, ckpt, offload;
-  double peak = 0, hbm = 0, nvlink = 0, network = 0, host_link = 0;
-  Achievable& ach = pc.rates.achievable;
+  cli::DeviceRateOptions device;
+  std::string family, kind, ckpt, offload;
   bool calibrate = false;
   int measure_top = 0, measure_steps = 6, show = 15;
   int64_t micro_batch = 0;
   cli::Desc desc = cli::command_options("plan");
   cli::add_world(desc, pc.world, "devices (ranks) to plan for");
+  device.add(desc, kH100_80GB.name);
   desc.add_options()(
-      "gpu", cli::po::value(&gpu)->default_value(gpu),
-      fmt::format("device preset ({}): its peak, HBM, NVLink, network, host link and memory (the --device-memory "
-                  "default) feed the time model; --calibrate measures this machine instead",
-                  fmt::join(device_preset_names(), ", ")).c_str())(
       "ranks-per-node", cli::po::value(&pc.ranks_per_node)->default_value(pc.ranks_per_node),
       "ranks per node: tensor parallelism stays within one; collectives within it use NVLink, across nodes the "
       "network; hybrid sharding groups are one node's data-parallel ranks")(
@@ -96,21 +92,6 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
       "offload", cli::po::value(&offload)->default_value(""), "pin it: none, optimizer, params")(
       "micro-batch", cli::po::value(&micro_batch)->default_value(0),
       "pin the sequences per micro-batch (accumulation makes up --global-batch)")(
-      "peak-tflops", cli::po::value(&peak)->default_value(0), "dense bf16 TFLOP/s per device (0 = the preset's)")(
-      "hbm-gbs", cli::po::value(&hbm)->default_value(0), "HBM GB/s (0 = the preset's)")(
-      "nvlink-gbs", cli::po::value(&nvlink)->default_value(0), "NVLink GB/s per device and direction (0 = the preset's)")(
-      "network-gbs", cli::po::value(&network)->default_value(0), "GB/s between nodes per device (0 = the preset's NICs)")(
-      "host-link-gbs", cli::po::value(&host_link)->default_value(0), "GB/s device <-> host, achieved (0 = the preset's)")(
-      "gemm-fraction", cli::po::value(&ach.gemm)->default_value(ach.gemm, fmt::format("{:g}", ach.gemm)),
-      "share of the peak a large GEMM reaches")(
-      "gemm-knee", cli::po::value(&ach.knee)->default_value(ach.knee, fmt::format("{:g}", ach.knee)),
-      "the GEMM dimension that halves it")(
-      "memory-fraction", cli::po::value(&ach.memory)->default_value(ach.memory, fmt::format("{:g}", ach.memory)),
-      "share of HBM bandwidth element-wise work reaches")(
-      "nvlink-fraction", cli::po::value(&ach.intra)->default_value(ach.intra, fmt::format("{:g}", ach.intra)),
-      "NCCL bus bandwidth's share of NVLink")(
-      "network-fraction", cli::po::value(&ach.inter)->default_value(ach.inter, fmt::format("{:g}", ach.inter)),
-      "NCCL bus bandwidth's share of the network")(
       "overlap", cli::po::value(&pc.rates.dp_overlap)->default_value(pc.rates.dp_overlap, "0.9"),
       "share of the overlappable data-parallel traffic hidden behind compute")(
       "measure-top", cli::po::value(&measure_top)->default_value(0),
@@ -162,24 +143,14 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   if (micro_batch != 0) pins.micro_batch = micro_batch;
 
   const PoolConfig budgets = memory.pools();
-  SHARD_REQUIRE(peak >= 0 && hbm >= 0 && nvlink >= 0 && network >= 0 && host_link >= 0,
-                "--peak-tflops {} --hbm-gbs {} --nvlink-gbs {} --network-gbs {} --host-link-gbs {}: expected 0 (the "
-                "preset) or positive", peak, hbm, nvlink, network, host_link);
-  for (auto [flag, f] : {std::pair{"--gemm-fraction", ach.gemm}, std::pair{"--memory-fraction", ach.memory},
-                         std::pair{"--nvlink-fraction", ach.intra}, std::pair{"--network-fraction", ach.inter}})
-    SHARD_REQUIRE(f > 0 && f <= 1, "{} {}: expected a share above 0, at most 1", flag, f);
-  SHARD_REQUIRE(ach.knee >= 0, "--gemm-knee {}: expected 0 or more", ach.knee);
-  SHARD_REQUIRE(!calibrate || !given(vm, "gpu"), "--calibrate measures this machine: leave --gpu {} out", gpu);
-  const DevicePeaks& preset = device_preset(gpu);
+  SHARD_REQUIRE(!calibrate || !given(vm, "gpu"), "--calibrate measures this machine: leave --gpu {} out",
+                device.gpu);
+  const DevicePeaks& preset = device_preset(device.gpu);
   if (!calibrate) {
     DeviceRates& r = pc.rates.device;
-    r = device_rates(preset);
+    r = device.rates();
+    pc.rates.achievable = device.achievable;
     pc.rates.source = fmt::format("{} preset", preset.name);
-    if (peak > 0) r.flops = {peak * 1e12, "given (--peak-tflops)"};
-    if (hbm > 0) r.hbm = {hbm * 1e9, "given (--hbm-gbs)"};
-    if (nvlink > 0) r.intra = {nvlink * 1e9, "given (--nvlink-gbs)"};
-    if (network > 0) r.inter = {network * 1e9, "given (--network-gbs)"};
-    if (host_link > 0) r.host = {host_link * 1e9, "given (--host-link-gbs)"};
     if (given(vm, "ranks-per-node")) r.ranks_per_node = pc.ranks_per_node;
     else pc.ranks_per_node = std::min(r.ranks_per_node, pc.world);
     r.ranks_per_node = pc.ranks_per_node;

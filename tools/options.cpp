@@ -1,6 +1,7 @@
 #include "tools/options.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sched.h>
 
@@ -322,6 +323,50 @@ ParallelDims MeshOptions::resolve(int world, int hsdp_ranks) const {
   if (hsdp_ranks > 0 && d.dp_shard == 0 && d.dp_replicate == 0)
     d.dp_shard = shard_group_dims(hsdp_ranks, world).dp_shard;
   return d.resolved(world);
+}
+
+// ---- device rates -------------------------------------------------------------------------------
+
+void DeviceRateOptions::add(Desc& d, const std::string& default_gpu) {
+  gpu = default_gpu;
+  Achievable& a = achievable;
+  Desc g("device rates (the time model)");
+  g.add_options()("gpu", po::value(&gpu)->default_value(gpu),
+                  fmt::format("device preset: {}", fmt::join(device_preset_names(), ", ")).c_str())(
+      "peak-tflops", po::value(&peak)->default_value(0), "dense bf16 TFLOP/s per device (0 = the preset's)")(
+      "hbm-gbs", po::value(&hbm)->default_value(0), "HBM GB/s (0 = the preset's)")(
+      "nvlink-gbs", po::value(&nvlink)->default_value(0), "NVLink GB/s per device and direction (0 = the preset's)")(
+      "network-gbs", po::value(&network)->default_value(0), "GB/s between nodes per device (0 = the preset's NICs)")(
+      "host-link-gbs", po::value(&host_link)->default_value(0), "GB/s device <-> host, achieved (0 = the preset's)")(
+      "gemm-fraction", po::value(&a.gemm)->default_value(a.gemm, fmt::format("{:g}", a.gemm)),
+      "share of the peak a large GEMM reaches")(
+      "gemm-knee", po::value(&a.knee)->default_value(a.knee, fmt::format("{:g}", a.knee)),
+      "the GEMM dimension that halves it")(
+      "memory-fraction", po::value(&a.memory)->default_value(a.memory, fmt::format("{:g}", a.memory)),
+      "share of HBM bandwidth element-wise work reaches")(
+      "nvlink-fraction", po::value(&a.intra)->default_value(a.intra, fmt::format("{:g}", a.intra)),
+      "NCCL bus bandwidth's share of NVLink")(
+      "network-fraction", po::value(&a.inter)->default_value(a.inter, fmt::format("{:g}", a.inter)),
+      "NCCL bus bandwidth's share of the network");
+  d.add(g);
+}
+
+DeviceRates DeviceRateOptions::rates() const {
+  SHARD_REQUIRE(peak >= 0 && hbm >= 0 && nvlink >= 0 && network >= 0 && host_link >= 0,
+                "--peak-tflops {} --hbm-gbs {} --nvlink-gbs {} --network-gbs {} --host-link-gbs {}: expected 0 (the "
+                "preset) or positive", peak, hbm, nvlink, network, host_link);
+  const Achievable& a = achievable;
+  for (auto [flag, f] : {std::pair{"--gemm-fraction", a.gemm}, std::pair{"--memory-fraction", a.memory},
+                         std::pair{"--nvlink-fraction", a.intra}, std::pair{"--network-fraction", a.inter}})
+    SHARD_REQUIRE(f > 0 && f <= 1, "{} {}: expected a share above 0, at most 1", flag, f);
+  SHARD_REQUIRE(a.knee >= 0, "--gemm-knee {}: expected 0 or more", a.knee);
+  DeviceRates r = device_rates(device_preset(gpu));
+  if (peak > 0) r.flops = {peak * 1e12, "given (--peak-tflops)"};
+  if (hbm > 0) r.hbm = {hbm * 1e9, "given (--hbm-gbs)"};
+  if (nvlink > 0) r.intra = {nvlink * 1e9, "given (--nvlink-gbs)"};
+  if (network > 0) r.inter = {network * 1e9, "given (--network-gbs)"};
+  if (host_link > 0) r.host = {host_link * 1e9, "given (--host-link-gbs)"};
+  return r;
 }
 
 // ---- training -----------------------------------------------------------------------------------

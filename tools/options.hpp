@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "src/train/plan_time.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
@@ -161,6 +162,19 @@ struct TrainOptions {
 // Warns (rank 0) when the warmup is longer than the run.
 void check_applicable(const po::variables_map& given, const TrainConfig& cfg, const std::vector<StrategyKind>& kinds,
                       bool several, const char* command, int rank);
+
+// ---- device rates: plan's time model (plan, bench-plan-validation) --------------------------------
+struct DeviceRateOptions {
+  std::string gpu;  // the preset (its default is the command's)
+  double peak = 0, hbm = 0, nvlink = 0, network = 0, host_link = 0;  // 0 = the preset's
+  Achievable achievable;
+  // --gpu --peak-tflops --hbm-gbs --nvlink-gbs --network-gbs --host-link-gbs --gemm-fraction
+  // --gemm-knee --memory-fraction --nvlink-fraction --network-fraction
+  void add(Desc& d, const std::string& default_gpu);
+  // The preset's rates with the overrides, each naming its flag as its source; InputError for a
+  // negative rate or a share outside (0, 1].
+  DeviceRates rates() const;
+};
 
 // ---- report: files a command writes (rank 0) --------------------------------------------------
 struct ReportOptions {

@@ -1,6 +1,6 @@
 // device_peaks.hpp — the published peak figures shardlab assumes where it does not measure: the
-// MFU line of bench-train on a GPU, the default rates of `plan`, and the device presets of the
-// time model (src/train/plan_time.hpp, `--gpu`). One table, so a figure is corrected in one place;
+// MFU line of bench-train on a GPU and the device presets of plan's time model
+// (src/train/plan_time.hpp, `--gpu`). One table, so a figure is corrected in one place;
 // a run that can measure (plan --calibrate) never uses it.
 #pragma once
 #include <string>
@@ -27,7 +27,7 @@ struct DevicePeaks {
 
 // H100 SXM in an 8-GPU node: 989 TFLOP/s dense bf16, NVLink 4 (360 GB/s of bus bandwidth achieved
 // by all-reduce), one 400 Gb/s InfiniBand NIC per GPU (45 GB/s achieved), PCIe 5 x16 (25 GB/s).
-// plan's default rates and bench-train's MFU use it (989, rounded: kept so their output does not move).
+// bench-train's MFU uses it (989, rounded: kept so its output does not move); plan uses the presets.
 inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 80, 3350, 450, 400, 8, 8,
                                    "NVIDIA H100 Tensor Core GPU datasheet (SXM5), DGX H100 user guide"};
 
@@ -40,8 +40,8 @@ inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 80, 3350, 450, 400,
 //              3.35 TB/s, NVLink 4 900 GB/s bidirectional; DGX H100: 8x ConnectX-7 NDR 400 Gb/s.
 //   h200       NVIDIA H200 datasheet, SXM: BF16 989.4 dense, 141 GB HBM3e at 4.8 TB/s, NVLink 4
 //              900 GB/s; HGX H200 with 8x NDR 400 Gb/s.
-// The achieved bus bandwidths (intra/inter/host) are plan/1's figures: about 80% of NVLink per
-// direction, 90% of the NIC, PCIe achieved.
+// The achieved bus bandwidths (intra/inter) are plan/1's figures, kept for reference (plan/2 applies
+// its achievable shares to the datasheet ones); host_link_gbs is PCIe achieved, plan/2's host link.
 inline constexpr DevicePeaks kA100_80GB{"a100-80gb", 312, 240, 22.5, 20, 80, 2039, 300, 200, 8, 8,
                                         "NVIDIA A100 datasheet (80GB SXM), DGX A100 (8x HDR 200 Gb/s)"};
 inline constexpr DevicePeaks kH100_80GB{"h100-80gb", 989.4, 360, 45, 25, 80, 3350, 450, 400, 8, 8,
