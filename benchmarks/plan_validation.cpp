@@ -128,21 +128,17 @@ std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievabl
           b = &e;
           break;
         }
-      auto peak = [](const PlanEntry& e) {
-        return e.strategy.dims.pp > 1 ? fmt::format("{} (s{})", format_bytes(double(e.peak)), e.peak_stage)
-                                      : format_bytes(double(e.peak));
-      };
       auto split = [](const PlanEntry& e) {
         const TimeSplit& t = e.time.split;
         return fmt::format("{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}", t.compute, t.recompute,
                            t.exposed_tp, t.exposed_dp, t.bubble, t.pp_p2p, t.offload, t.optimizer);
       };
       std::fprintf(out, "%-5s %5d | %-36s %8.2f %14s | %-46s %-9s %7s %8s %15s | %7s | %6zu %6zu %6.1f\n      %s -> %s\n", row.name,
-                   row.gpus, (a.label() + (a.fits ? "" : " (no fit)")).c_str(), a.step_ms / 1e3, peak(a).c_str(),
+                   row.gpus, (a.label() + (a.fits ? "" : " (no fit)")).c_str(), a.step_ms() / 1e3, a.peak_text().c_str(),
                    b ? b->label().c_str() : "nothing fits", b ? checkpointing_name(b->checkpointing) : "",
                    b ? fmt::format("{}x{}", b->micro_batch, b->accum).c_str() : "",
-                   b ? fmt::format("{:.2f}", b->step_ms / 1e3).c_str() : "", b ? peak(*b).c_str() : "",
-                   b ? fmt::format("{:.2f}x", a.step_ms / b->step_ms).c_str() : "", r.found.walked,
+                   b ? fmt::format("{:.2f}", b->step_ms() / 1e3).c_str() : "", b ? b->peak_text().c_str() : "",
+                   b ? fmt::format("{:.2f}x", a.step_ms() / b->step_ms()).c_str() : "", r.found.walked,
                    r.found.predictions, r.found.seconds, split(a).c_str(), b ? split(*b).c_str() : "-");
       std::fflush(out);
     }

@@ -51,11 +51,11 @@ TEST_CASE("plan: gpt2-xl on 64 x 80 GiB, the top fits with the estimator's peak 
   CHECK(top.peak == every_stage_peak(pc, top));
   CHECK(top.peak <= pc.device_memory);
   const TimePrediction t = predict_step_time(pc.train.spec, top.layout(pc), pc.rates.device, pc.rates.achievable);
-  CHECK(top.step_ms == Approx(t.split.total * 1e3).epsilon(1e-12));
+  CHECK(top.step_ms() == Approx(t.split.total * 1e3).epsilon(1e-12));
   CHECK(top.time.mfu == Approx(t.mfu).epsilon(1e-12));
   for (size_t i = 1; i < plan.entries.size(); ++i)  // fitting ones first, each group fastest first
     CHECK((plan.entries[i - 1].fits > plan.entries[i].fits ||
-           (plan.entries[i - 1].fits == plan.entries[i].fits && plan.entries[i - 1].step_ms <= plan.entries[i].step_ms)));
+           (plan.entries[i - 1].fits == plan.entries[i].fits && plan.entries[i - 1].step_ms() <= plan.entries[i].step_ms())));
 }
 
 TEST_CASE("plan: the pruned search ranks the same top configurations as the exhaustive one", "[plan]") {
@@ -83,7 +83,7 @@ TEST_CASE("plan: the pruned search ranks the same top configurations as the exha
   // Some faster layout did not fit (the budget binds), and the top is the fastest that does.
   bool faster_out = false;
   for (const PlanEntry& e : all.entries)
-    if (!e.fits && e.step_ms < all.entries[0].step_ms) faster_out = true;
+    if (!e.fits && e.step_ms() < all.entries[0].step_ms()) faster_out = true;
   CHECK(faster_out);
   // The exhaustive walk holds hybrid groups and pipelines among its candidates.
   bool hybrid = false, pipelined = false, tp = false;

@@ -52,13 +52,11 @@ void measure_plan(Backend& be, const Context& ctx, const PlanConfig& pc, const P
       std::printf("measured %d/%d: %s, checkpointing %s, micro-batch %lld x %lld: %.1f ms (predicted %.1f), peak %s "
                   "(predicted %s)\n", done, k, e.label().c_str(), checkpointing_name(e.checkpointing),
                   static_cast<long long>(e.micro_batch), static_cast<long long>(e.accum), *e.measured_step_ms,
-                  e.step_ms, format_bytes(double(*e.measured_peak)).c_str(), format_bytes(double(e.peak)).c_str());
+                  e.step_ms(), format_bytes(double(*e.measured_peak)).c_str(), format_bytes(double(e.peak)).c_str());
       std::fflush(stdout);
     }
   }
 }
-
-bool given(const cli::po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
 }  // namespace
 
@@ -127,23 +125,23 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
 
   // Pins: every mesh flag given, and the levers.
   PlanPins& pins = pc.pins;
-  SHARD_REQUIRE(!given(vm, "pp-split"), "plan --pp-split: the planner splits the stages by cost; leave it out");
-  SHARD_REQUIRE(!given(vm, "dp-replicate") || given(vm, "dp-shard"),
+  SHARD_REQUIRE(!cli::given_flag(vm, "pp-split"), "plan --pp-split: the planner splits the stages by cost; leave it out");
+  SHARD_REQUIRE(!cli::given_flag(vm, "dp-replicate") || cli::given_flag(vm, "dp-shard"),
                 "plan --dp-replicate without --dp-shard: pin the shard group with --dp-shard (the replicas follow)");
-  if (given(vm, "tp")) pins.tp = mesh.dims.tp;
-  if (given(vm, "pp")) pins.pp = mesh.dims.pp;
-  if (given(vm, "pp-virtual")) pins.pp_virtual = mesh.pp_virtual;
-  if (given(vm, "pp-schedule")) pins.schedule = parse_pp_schedule(mesh.pp_schedule);
-  if (given(vm, "dp-shard")) pins.dp_shard = mesh.dims.dp_shard;
-  if (given(vm, "shard-group")) pins.dp_shard = mesh.shard_group;
-  if (given(vm, "sequence-parallel")) pins.sequence_parallel = mesh.sequence_parallel;
+  if (cli::given_flag(vm, "tp")) pins.tp = mesh.dims.tp;
+  if (cli::given_flag(vm, "pp")) pins.pp = mesh.dims.pp;
+  if (cli::given_flag(vm, "pp-virtual")) pins.pp_virtual = mesh.pp_virtual;
+  if (cli::given_flag(vm, "pp-schedule")) pins.schedule = parse_pp_schedule(mesh.pp_schedule);
+  if (cli::given_flag(vm, "dp-shard")) pins.dp_shard = mesh.dims.dp_shard;
+  if (cli::given_flag(vm, "shard-group")) pins.dp_shard = mesh.shard_group;
+  if (cli::given_flag(vm, "sequence-parallel")) pins.sequence_parallel = mesh.sequence_parallel;
   if (!kind.empty()) pins.strategy = parse_strategy(kind);
   if (!ckpt.empty()) pins.checkpointing = parse_checkpointing(ckpt);
   if (!offload.empty()) pins.offload = parse_offload(offload);
   if (micro_batch != 0) pins.micro_batch = micro_batch;
 
   const PoolConfig budgets = memory.pools();
-  SHARD_REQUIRE(!calibrate || !given(vm, "gpu"), "--calibrate measures this machine: leave --gpu {} out",
+  SHARD_REQUIRE(!calibrate || !cli::given_flag(vm, "gpu"), "--calibrate measures this machine: leave --gpu {} out",
                 device.gpu);
   const DevicePeaks& preset = device_preset(device.gpu);
   if (!calibrate) {
@@ -151,7 +149,7 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
     r = device.rates();
     pc.rates.achievable = device.achievable;
     pc.rates.source = fmt::format("{} preset", preset.name);
-    if (given(vm, "ranks-per-node")) r.ranks_per_node = pc.ranks_per_node;
+    if (cli::given_flag(vm, "ranks-per-node")) r.ranks_per_node = pc.ranks_per_node;
     else pc.ranks_per_node = std::min(r.ranks_per_node, pc.world);
     r.ranks_per_node = pc.ranks_per_node;
   }
@@ -165,9 +163,6 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   SHARD_REQUIRE(measure_top == 0 || ctx.mpi.world() == pc.world,
                 "--measure-top runs the configurations on real ranks: start --nproc {} (the --world), not {}",
                 pc.world, ctx.mpi.world());
-  SHARD_REQUIRE(pc.global_batch == 0 || pc.global_batch > 0, "--global-batch {}: expected a positive number",
-                pc.global_batch);
-  if (calibrate) SHARD_REQUIRE(pc.device_memory > 0, "plan needs --device-memory (each rank's device budget) with --calibrate");
   pc.validate();
   auto backend = make_cpu(run, ctx);
   if (calibrate) {

@@ -59,6 +59,8 @@ std::string describe(const OptionSources& sources);
 // `given`, the parsed map (its defaulted() tells a flag given from a default).
 bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usage& usage,
            OptionSources* sources = nullptr, po::variables_map* given = nullptr);
+// Whether `flag` was given (on the command line or in a --config file), not left at its default.
+bool given_flag(const po::variables_map& vm, const char* flag);
 
 // ---- run: how this process runs (every command but export) -----------------------------------
 struct RunOptions {

@@ -225,8 +225,6 @@ const std::vector<StrategyFlag>& strategy_flags() {
   return flags;
 }
 
-bool given_flag(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
-
 std::string names(const std::vector<StrategyKind>& kinds) {
   std::string s;
   for (StrategyKind k : kinds) {
@@ -266,5 +264,7 @@ void check_applicable(const po::variables_map& vm, const TrainConfig& cfg, const
                  given_flag(vm, "warmup-steps") ? "" : " (the default)", static_cast<long long>(cfg.steps));
 }
 
+
+bool given_flag(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
 
 }  // namespace shardlab::cli

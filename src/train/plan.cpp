@@ -51,10 +51,6 @@ void PlanConfig::validate() const {
                 offload_name(p.offload.value_or(Offload::none)), strategy_name(p.strategy.value_or(StrategyKind::ddp)));
 }
 
-namespace {
-int entry_dp(const StrategyConfig& s) { return s.dims.dp_shard * s.dims.dp_replicate; }
-}  // namespace
-
 TrainConfig PlanEntry::config(const PlanConfig& p) const {
   TrainConfig t = p.train;
   t.strategy = strategy;
@@ -64,7 +60,7 @@ TrainConfig PlanEntry::config(const PlanConfig& p) const {
   t.pipeline.virtual_stages = pp_virtual;
   t.pipeline.split.clear();
   t.accum = accum;
-  t.batch = micro_batch * accum * entry_dp(strategy);
+  t.batch = micro_batch * accum * strategy.dims.dp();
   return t;
 }
 
@@ -73,7 +69,7 @@ TimeLayout PlanEntry::layout(const PlanConfig& p) const {
   l.tp = strategy.dims.tp;
   l.pp = strategy.dims.pp;
   l.virtual_stages = pp_virtual;
-  l.dp = entry_dp(strategy);
+  l.dp = strategy.dims.dp();
   l.dp_shard = strategy.dims.dp_shard;
   l.schedule = schedule;
   l.micro_batch = micro_batch;
@@ -88,6 +84,12 @@ TimeLayout PlanEntry::layout(const PlanConfig& p) const {
   l.act_bytes = l.param_bytes = static_cast<int>(dtype_size(pr.param_dtype));
   l.grad_bytes = static_cast<int>(dtype_size(pr.reduce_dtype));
   return l;
+}
+
+std::string PlanEntry::peak_text() const {
+  if (!predicted) return "-";
+  return strategy.dims.pp > 1 ? fmt::format("{} (s{})", format_bytes(double(peak)), peak_stage)
+                              : format_bytes(double(peak));
 }
 
 std::string PlanEntry::label() const {
@@ -144,7 +146,7 @@ class Searcher {
                   c_.world, c_.train.spec.heads, c_.train.spec.num_kv_heads(), std::min(c_.ranks_per_node, c_.world),
                   c_.batch(), c_.train.spec.layers);
     std::stable_sort(cands.begin(), cands.end(), [](const PlanEntry& a, const PlanEntry& b) {
-      if (a.step_ms != b.step_ms) return a.step_ms < b.step_ms;
+      if (a.step_ms() != b.step_ms()) return a.step_ms() < b.step_ms();
       return a.micro_batch > b.micro_batch;  // a tie (the model sees none): the larger micro-batch
     });
     std::vector<PlanEntry> fit, no;
@@ -297,8 +299,6 @@ class Searcher {
                       e.micro_batch = mb;
                       e.accum = accum;
                       e.time = predict_step_time(s, e.layout(c_), c_.rates.device, c_.rates.achievable);
-                      e.step_ms = e.time.split.total * 1e3;
-                      e.tokens_per_s = e.time.tokens_per_s;
                       out.push_back(std::move(e));
                     }
             }
@@ -387,15 +387,8 @@ class Searcher {
   }
 };
 
-std::string ckpt_short(Checkpointing c) { return checkpointing_name(c); }
-
 std::string mb_text(const PlanEntry& e) { return fmt::format("{} x {}", e.micro_batch, e.accum); }
 
-std::string peak_text(const PlanEntry& e) {
-  if (!e.predicted) return "-";
-  return e.strategy.dims.pp > 1 ? fmt::format("{} (s{})", format_bytes(double(e.peak)), e.peak_stage)
-                                : format_bytes(double(e.peak));
-}
 
 }  // namespace
 
@@ -427,8 +420,8 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
                                           pct(s.recompute), pct(s.exposed_tp), pct(s.exposed_dp), pct(s.bubble),
                                           pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
     std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.3g %4.0f%%  %-38s %9s %10s%s\n", i + 1,
-                 e.label().c_str(), ckpt_short(e.checkpointing).c_str(), mb_text(e).c_str(), peak_text(e).c_str(),
-                 e.predicted ? format_bytes(double(e.host_peak)).c_str() : "-", e.step_ms, e.tokens_per_s,
+                 e.label().c_str(), checkpointing_name(e.checkpointing), mb_text(e).c_str(), e.peak_text().c_str(),
+                 e.predicted ? format_bytes(double(e.host_peak)).c_str() : "-", e.step_ms(), e.time.tokens_per_s,
                  e.time.model_tflops_per_device, 100 * e.time.mfu, split.c_str(),
                  e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms).c_str() : "",
                  e.measured_peak ? format_bytes(double(*e.measured_peak)).c_str() : "",
@@ -512,8 +505,8 @@ std::string plan_json(const PlanConfig& c, const PlanResult& res) {
                         {"predicted_peak_bytes", e.predicted ? nlohmann::json(e.peak) : nlohmann::json(nullptr)},
                         {"predicted_peak_stage", e.peak_stage},
                         {"predicted_host_peak_bytes", e.predicted ? nlohmann::json(e.host_peak) : nlohmann::json(nullptr)},
-                        {"predicted_step_ms", e.step_ms},
-                        {"predicted_tokens_per_s", e.tokens_per_s},
+                        {"predicted_step_ms", e.step_ms()},
+                        {"predicted_tokens_per_s", e.time.tokens_per_s},
                         {"predicted_tflops_per_device", e.time.model_tflops_per_device},
                         {"predicted_hardware_tflops_per_device", e.time.hardware_tflops_per_device},
                         {"predicted_mfu", e.time.mfu},
@@ -562,7 +555,7 @@ std::string plan_html(const PlanConfig& c, const PlanResult& res) {
   double longest = 0;
   size_t shown_no = 0;
   for (const auto& e : res.entries)
-    if (e.fits || ++shown_no <= 10) longest = std::max(longest, e.step_ms);
+    if (e.fits || ++shown_no <= 10) longest = std::max(longest, e.step_ms());
   shown_no = 0;
   for (size_t i = 0; i < res.entries.size(); ++i) {
     const PlanEntry& e = res.entries[i];
@@ -579,8 +572,8 @@ std::string plan_html(const PlanConfig& c, const PlanResult& res) {
                      "<td><b>{:.1f}</b></td><td>{:.0f}</td><td>{:.1f}</td><td>{:.0f}%</td><td>{}</td><td>{}</td><td>{}</td>"
                      "<td class='l'>{}</td></tr>\n",
                      e.fits ? "" : " class='no'", i + 1, esc(e.label()), checkpointing_name(e.checkpointing),
-                     mb_text(e), esc(peak_text(e)), e.predicted ? format_bytes(double(e.host_peak)) : "-", e.step_ms,
-                     e.tokens_per_s, e.time.model_tflops_per_device, 100 * e.time.mfu, bar,
+                     mb_text(e), esc(e.peak_text()), e.predicted ? format_bytes(double(e.host_peak)) : "-", e.step_ms(),
+                     e.time.tokens_per_s, e.time.model_tflops_per_device, 100 * e.time.mfu, bar,
                      e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms) : "",
                      e.measured_peak ? format_bytes(double(*e.measured_peak)) : "", e.fits ? "yes" : esc(e.why));
   }

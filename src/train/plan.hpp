@@ -79,12 +79,13 @@ struct PlanEntry {
   uint64_t peak = 0, host_peak = 0;
   int peak_stage = 0;        // the pipeline stage whose device peak is the largest
   TimePrediction time;
-  double step_ms = 0, tokens_per_s = 0;
+  double step_ms() const { return time.split.total * 1e3; }
   std::optional<double> measured_step_ms;
   std::optional<uint64_t> measured_peak;
   TrainConfig config(const PlanConfig& p) const;  // the run this entry describes
   TimeLayout layout(const PlanConfig& p) const;   // what the time model sees
   std::string label() const;  // "tp 8 pp 4 (1f1b) zero1 dp 32"
+  std::string peak_text() const;  // "61.19 GiB (s0)" (the stage under --pp), "-" when not predicted
 };
 
 struct PlanResult {
