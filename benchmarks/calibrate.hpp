@@ -10,7 +10,7 @@
 //   overlap     0: MPI's collectives progress only inside MPI calls on the CPU backend
 // The time model then runs every GEMM at the whole-step rate (Achievable::whole_step).
 #pragma once
-#include "src/train/plan.hpp"
+#include "src/plan/plan.hpp"
 
 namespace shardlab {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "src/train/plan.hpp"
-#include "src/train/plan_time.hpp"
+#include "src/plan/plan.hpp"
+#include "src/plan/plan_time.hpp"
 
 namespace shardlab {
 

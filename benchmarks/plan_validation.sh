@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# plan's time model (src/train/plan_time.hpp) against Narayanan et al. 2021, Table 1 (Megatron-LM
+# plan's time model (src/plan/plan_time.hpp) against Narayanan et al. 2021, Table 1 (Megatron-LM
 # on Selene, A100 80GB): each row's predicted TFLOP/s per GPU beside the published one, the error,
 # and the predicted time split; then the mean and worst |error|. A benchmark, not a test: it needs
 # no GPU and runs in well under a second.

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes src/train/unicode_classes.hpp: the code-point ranges of the character classes the
+"""Writes src/data/unicode_classes.hpp: the code-point ranges of the character classes the
 pre-tokenizer patterns use (\\p{L}, \\p{N}, \\s), taken from the regex engine of Hugging Face
 `tokenizers` itself (Oniguruma, in the installed wheel), so shardlab splits text exactly as the
 version that made the fixtures does. Not run by CI; run it with the reference venv:
-    /work/venv-ref/bin/python scripts/make-unicode-classes.py > src/train/unicode_classes.hpp
+    /work/venv-ref/bin/python scripts/make-unicode-classes.py > src/data/unicode_classes.hpp
 """
 import tokenizers
 from tokenizers import Regex, pre_tokenizers

@@ -13,9 +13,9 @@
 #include "src/comm/mpi_comm.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/model/model.hpp"
-#include "src/train/compare.hpp"
+#include "src/compare/compare.hpp"
 #include "src/train/predict.hpp"
-#include "src/train/profile.hpp"
+#include "src/compare/profile.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi_test_env.hpp"
 

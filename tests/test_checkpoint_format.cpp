@@ -10,7 +10,7 @@
 
 #include "src/core/hash.hpp"
 #include "src/model/spec.hpp"
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 
 using namespace shardlab;
 using nlohmann::json;

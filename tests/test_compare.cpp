@@ -2,7 +2,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "src/train/compare.hpp"
+#include "src/compare/compare.hpp"
 
 using namespace shardlab;
 

@@ -6,8 +6,8 @@
 #include <map>
 
 #include "src/core/check.hpp"
-#include "src/train/data.hpp"
-#include "src/train/tokenizer.hpp"
+#include "src/data/data.hpp"
+#include "src/data/tokenizer.hpp"
 
 using namespace shardlab;
 namespace fs = std::filesystem;

@@ -11,8 +11,8 @@
 #include "src/comm/sim_comm.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/train/predict.hpp"
-#include "src/train/plan.hpp"
-#include "src/train/profile.hpp"
+#include "src/plan/plan.hpp"
+#include "src/compare/profile.hpp"
 
 using namespace shardlab;
 

@@ -1,4 +1,4 @@
-// Pipeline stage splits and schedules (src/train/pipeline.hpp): the 1f1b and gpipe orders written
+// Pipeline stage splits and schedules (shard/pipeline/schedule.hpp): the 1f1b and gpipe orders written
 // out by hand from Narayanan et al. 2021 (fig. 4) and GPipe, the interleaved order from Megatron's
 // rule worked by hand, stage memory (in_flight) against each paper's count, the check catching
 // broken schedules, balanced splits against hand-computed and brute-force optima, and the simulated
@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "src/core/check.hpp"
-#include "src/train/pipeline.hpp"
+#include "shard/pipeline/schedule.hpp"
 
 using namespace shardlab;
 

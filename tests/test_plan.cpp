@@ -1,4 +1,4 @@
-// `plan` (src/train/plan.hpp): its memory against the estimator's prediction of every rank role,
+// `plan` (src/plan/plan.hpp): its memory against the estimator's prediction of every rank role,
 // its time against the time model of the layout, the pruned search against the exhaustive one,
 // pins, and the JSON schema shardlab.plan/2.
 #include <catch2/catch.hpp>
@@ -6,7 +6,7 @@
 
 #include "src/comm/mesh.hpp"
 #include "src/core/check.hpp"
-#include "src/train/plan.hpp"
+#include "src/plan/plan.hpp"
 #include "src/train/predict.hpp"
 
 using namespace shardlab;

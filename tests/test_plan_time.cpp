@@ -1,10 +1,10 @@
-// The time model of src/train/plan_time.hpp against arithmetic done by hand (in the comments) and
+// The time model of src/plan/plan_time.hpp against arithmetic done by hand (in the comments) and
 // against the FLOP formulas of Narayanan et al. 2021 (eq. 3) and its training-time estimate; the
 // device presets against their datasheets.
 #include <catch2/catch.hpp>
 
 #include "src/core/check.hpp"
-#include "src/train/plan_time.hpp"
+#include "src/plan/plan_time.hpp"
 
 using namespace shardlab;
 

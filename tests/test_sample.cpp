@@ -4,7 +4,7 @@
 #include <set>
 
 #include "src/train/sample.hpp"
-#include "src/train/tokenizer.hpp"
+#include "src/data/tokenizer.hpp"
 
 using namespace shardlab;
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "src/report/memory_report.hpp"
 #include "tests/strategy_test_util.hpp"
 
 using namespace shardlab;

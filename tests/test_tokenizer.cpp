@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "src/train/sample.hpp"
-#include "src/train/tokenizer.hpp"
+#include "src/data/tokenizer.hpp"
 
 using namespace shardlab;
 

@@ -15,7 +15,7 @@
 #include "src/core/hash.hpp"
 #include "src/model/family.hpp"
 #include "src/model/safetensors.hpp"
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 
 using namespace shardlab;
 using nlohmann::json;

@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "src/model/safetensors.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/checkpoint/checkpoint.hpp"
 #include "tests/strategy_test_util.hpp"
 
 using namespace shardlab;

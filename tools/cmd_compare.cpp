@@ -1,10 +1,11 @@
 // `shardlab compare`: the same model, data and seed under each strategy; exit 3 when losses disagree.
 #include <cstdio>
 
+#include "src/report/memory_report.hpp"
 #include "memory/report.hpp"
 #include "src/model/family.hpp"
-#include "src/train/compare.hpp"
-#include "src/train/run_report.hpp"
+#include "src/compare/compare.hpp"
+#include "src/report/run_report.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 #include "tools/runtime.hpp"

@@ -5,7 +5,7 @@
 
 #include "src/core/units.hpp"
 #include "src/model/hf_dir.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/checkpoint/checkpoint.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 

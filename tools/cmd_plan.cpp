@@ -1,7 +1,7 @@
 // `shardlab plan`: every layout of tp x pp (schedule, virtual stages) x dp (strategy, shard group),
 // sequence parallelism, checkpointing, offload and micro-batch for --world devices, timed by the
-// model of src/train/plan_time.hpp and walked fastest first with memory predicted exactly
-// (src/train/plan.hpp); a flag given pins its dimension. --measure-top K runs the best K here.
+// model of src/plan/plan_time.hpp and walked fastest first with memory predicted exactly
+// (src/plan/plan.hpp); a flag given pins its dimension. --measure-top K runs the best K here.
 #include <algorithm>
 #include <cstdio>
 
@@ -9,7 +9,7 @@
 #include "src/core/device_peaks.hpp"
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"
-#include "src/train/plan.hpp"
+#include "src/plan/plan.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 #include "tools/runtime.hpp"

@@ -2,8 +2,9 @@
 // every strategy at any world size; with --device-memory, what fits and the cheapest levers that do.
 #include <cstdio>
 
+#include "src/report/memory_report.hpp"
 #include "memory/report.hpp"
-#include "src/train/profile.hpp"
+#include "src/compare/profile.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 #include "tools/runtime.hpp"

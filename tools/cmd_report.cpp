@@ -1,9 +1,9 @@
-// `shardlab report`: the run report (src/train/run_report.hpp) of a finished run, from its --log.
+// `shardlab report`: the run report (src/report/run_report.hpp) of a finished run, from its --log.
 #include <cstdio>
 #include <filesystem>
 
 #include "src/core/suggest.hpp"
-#include "src/train/run_report.hpp"
+#include "src/report/run_report.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 #include "tools/runtime.hpp"

@@ -5,9 +5,9 @@
 #include <cstdio>
 
 #include "src/comm/sim_comm.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/checkpoint/checkpoint.hpp"
 #include "src/train/sample.hpp"
-#include "src/train/tokenizer.hpp"
+#include "src/data/tokenizer.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"

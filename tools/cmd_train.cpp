@@ -5,11 +5,12 @@
 #include <cstdio>
 #include <utility>
 
+#include "src/report/memory_report.hpp"
 #include "benchmarks/gemm_bench.hpp"
 #include "memory/report.hpp"
 #include "src/comm/watchdog.hpp"
-#include "src/train/run_report.hpp"
-#include "src/train/tokenizer.hpp"
+#include "src/report/run_report.hpp"
+#include "src/data/tokenizer.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"

@@ -17,7 +17,7 @@
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/model/hf_dir.hpp"
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 #include "tools/runtime.hpp"
 
 namespace shardlab::cli {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "src/train/plan_time.hpp"
+#include "src/plan/plan_time.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {

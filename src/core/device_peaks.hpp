@@ -1,6 +1,6 @@
 // device_peaks.hpp — the published peak figures shardlab assumes where it does not measure: the
 // MFU line of bench-train on a GPU and the device presets of plan's time model
-// (src/train/plan_time.hpp, `--gpu`). One table, so a figure is corrected in one place;
+// (src/plan/plan_time.hpp, `--gpu`). One table, so a figure is corrected in one place;
 // a run that can measure (plan --calibrate) never uses it.
 #pragma once
 #include <string>

@@ -24,7 +24,7 @@ struct ModelPreset {
   std::string help;  // one line for --help: what the preset is for
 };
 
-// The tokenizer a family's checkpoints expect (src/train/tokenizer.hpp implements them).
+// The tokenizer a family's checkpoints expect (src/data/tokenizer.hpp implements them).
 enum class TokenizerKind : uint8_t {
   gpt2_bpe,     // GPT-2's byte-level BPE (encoder.json, vocab.bpe)
   hf_byte_bpe,  // a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, SmolLM)

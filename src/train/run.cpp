@@ -20,7 +20,7 @@
 #include "src/core/device_peaks.hpp"
 #include "src/core/units.hpp"
 #include "src/model/hf_dir.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/checkpoint/checkpoint.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {

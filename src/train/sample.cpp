@@ -1,6 +1,6 @@
 #include "src/train/sample.hpp"
 
-#include "src/train/tokenizer.hpp"
+#include "src/data/tokenizer.hpp"
 
 #include <algorithm>
 #include <cmath>

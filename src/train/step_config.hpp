@@ -7,12 +7,12 @@
 
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"  // StrategyConfig; with it the model spec, Checkpointing and CommKind
-#include "src/train/pipeline.hpp"
+#include "shard/pipeline/schedule.hpp"
 
 namespace shardlab {
 
 // Pipeline parallelism beyond its degree (strategy.dims.pp): the schedule, the virtual stages per
-// rank and the split (src/train/pipeline.hpp). The micro-batches are the accumulation micro-steps.
+// rank and the split (shard/pipeline/schedule.hpp). The micro-batches are the accumulation micro-steps.
 struct PipelineConfig {
   PpSchedule schedule = PpSchedule::one_f_one_b;  // --pp-schedule
   int virtual_stages = 1;                         // --pp-virtual

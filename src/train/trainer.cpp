@@ -18,8 +18,8 @@
 #include "src/model/decode.hpp"
 #include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
-#include "src/train/checkpoint.hpp"
-#include "src/train/pipeline_run.hpp"
+#include "src/checkpoint/checkpoint.hpp"
+#include "shard/pipeline/executor.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {

@@ -13,11 +13,11 @@
 #include "memory/report.hpp"
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
-#include "src/train/data.hpp"
-#include "src/train/pipeline.hpp"
-#include "src/train/pipeline_run.hpp"
+#include "src/data/data.hpp"
+#include "shard/pipeline/schedule.hpp"
+#include "shard/pipeline/executor.hpp"
 #include "src/train/step_config.hpp"
-#include "src/train/tokenizer.hpp"
+#include "src/data/tokenizer.hpp"
 #include "src/train/sample.hpp"
 
 namespace shardlab {

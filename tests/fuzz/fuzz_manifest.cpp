@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <string>
 
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string dir = "/tmp/shardlab_fuzz_ckpt_" + std::to_string(getpid());

@@ -1,4 +1,4 @@
-#include "src/train/data.hpp"
+#include "src/data/data.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,9 @@
 
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 #include "src/core/rng.hpp"
-#include "src/train/tokenizer.hpp"
+#include "src/data/tokenizer.hpp"
 
 namespace shardlab {
 

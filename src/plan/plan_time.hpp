@@ -73,7 +73,7 @@
 #include "src/core/device_peaks.hpp"
 #include "src/model/spec.hpp"
 #include "src/model/unit.hpp"
-#include "src/train/pipeline.hpp"
+#include "shard/pipeline/schedule.hpp"
 
 namespace shardlab {
 

@@ -1,7 +1,7 @@
 // plan.hpp — `shardlab plan`: the layouts of a model on N devices — tensor parallelism (tp), pipeline
 // parallelism (pp, virtual stages, schedule), data parallelism (strategy, shard group x replicas),
 // sequence parallelism, activation checkpointing, offload, micro-batch and accumulation for the
-// global batch — each with its predicted step time (the model of src/train/plan_time.hpp, one
+// global batch — each with its predicted step time (the model of src/plan/plan_time.hpp, one
 // place) and, for the ones the search reaches, its peak memory per tier predicted exactly (the
 // real step on the meta backend with a simulated mesh, every distinct pipeline stage), ranked
 // fastest first; optionally the top K measured on real ranks.
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "src/core/device_peaks.hpp"
-#include "src/train/plan_time.hpp"
+#include "src/plan/plan_time.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {

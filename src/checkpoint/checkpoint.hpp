@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "shard/strategy.hpp"
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 #include "src/train/step_config.hpp"
 
 namespace shardlab {

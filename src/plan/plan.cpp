@@ -1,6 +1,6 @@
 // plan.cpp — enumerate the layouts, predict their time (plan_time.hpp), walk them fastest first
 // predicting memory (the estimator) where no bound settles it, rank (plan.hpp).
-#include "src/train/plan.hpp"
+#include "src/plan/plan.hpp"
 
 #include <algorithm>
 #include <chrono>

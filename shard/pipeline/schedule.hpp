@@ -1,6 +1,6 @@
-// pipeline.hpp — pipeline parallelism as data: how the units split into stages, and each rank's
+// schedule.hpp — pipeline parallelism as data: how the units split into stages, and each rank's
 // list of forward/backward actions for a step (the schedule), built once and checked before any
-// of it runs. The runner (src/model/pipeline_run) executes one rank's list; nothing here computes.
+// of it runs. The runner (shard/pipeline/executor) executes one rank's list; nothing here computes.
 //
 // Chunks: the U units split into P x V contiguous chunks in model order (V = --pp-virtual, 1
 // without interleaving). Chunk c lives on pipeline rank c % P as that rank's virtual stage c / P

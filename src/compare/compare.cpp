@@ -1,4 +1,4 @@
-#include "src/train/compare.hpp"
+#include "src/compare/compare.hpp"
 
 #include <algorithm>
 #include <cmath>

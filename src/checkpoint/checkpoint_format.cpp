@@ -1,7 +1,7 @@
 // checkpoint_format.cpp — the parts of the checkpoint format that need no training runtime: the
 // manifest parser, the checked file reader, finding the newest checkpoint, and export. Kept apart so
 // the fuzz targets (tests/fuzz) build with clang from a handful of sources.
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 
 #include <algorithm>
 #include <filesystem>

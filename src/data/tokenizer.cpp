@@ -1,4 +1,4 @@
-#include "src/train/tokenizer.hpp"
+#include "src/data/tokenizer.hpp"
 
 #include <algorithm>
 #include <filesystem>

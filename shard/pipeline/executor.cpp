@@ -1,5 +1,5 @@
-// pipeline_run.cpp — the executor of one rank's pipeline actions (pipeline_run.hpp).
-#include "src/train/pipeline_run.hpp"
+// executor.cpp — the executor of one rank's pipeline actions (executor.hpp).
+#include "shard/pipeline/executor.hpp"
 
 #include <chrono>
 #include <deque>

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "src/model/family.hpp"
-#include "src/train/pretokenize.hpp"
+#include "src/data/pretokenize.hpp"
 
 namespace shardlab {
 

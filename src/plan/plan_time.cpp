@@ -1,5 +1,5 @@
 // plan_time.cpp — the time model stated in plan_time.hpp.
-#include "src/train/plan_time.hpp"
+#include "src/plan/plan_time.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,11 +1,11 @@
 // pipeline.cpp — stage splits, the three schedules, and the simulation that checks them
-// (pipeline.hpp).
+// (schedule.hpp).
 //
 // The check and simulated_bubble share one simulation of the runner's point-to-point semantics:
 // a monotone system (receives and sends, once posted, stay posted), so advancing every rank as far
 // as it can, round after round, reaches the same state in any order, and a round without progress
 // is a deadlock. Timing rides along: a rank advances only once everything it waits on is known.
-#include "src/train/pipeline.hpp"
+#include "shard/pipeline/schedule.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,5 +1,5 @@
-#include "src/train/checkpoint.hpp"
-#include "src/train/checkpoint_format.hpp"
+#include "src/checkpoint/checkpoint.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

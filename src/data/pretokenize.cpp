@@ -1,10 +1,10 @@
-#include "src/train/pretokenize.hpp"
+#include "src/data/pretokenize.hpp"
 
 #include <algorithm>
 #include <iterator>
 
 #include "src/core/check.hpp"
-#include "src/train/unicode_classes.hpp"
+#include "src/data/unicode_classes.hpp"
 
 namespace shardlab {
 namespace {

@@ -1,4 +1,4 @@
-// pipeline_run.hpp — one rank's part of a pipelined step: its list of actions (pipeline.hpp) run
+// executor.hpp — one rank's part of a pipelined step: its list of actions (schedule.hpp) run
 // over its units, with activations and their gradients sent to the neighbouring stages.
 //
 // A forward of (chunk c, micro-batch m) receives its input from the previous chunk's rank (the
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "src/model/runner.hpp"
-#include "src/train/pipeline.hpp"
+#include "shard/pipeline/schedule.hpp"
 
 namespace shardlab {
 

@@ -1,6 +1,6 @@
 // profile.cpp — the memory profile in three parts: predict every row (the meta backend, fast for
 // any world size), measure the rows that ran (--measure), and assemble the report.
-#include "src/train/profile.hpp"
+#include "src/compare/profile.hpp"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

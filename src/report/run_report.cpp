@@ -1,4 +1,5 @@
-#include "src/train/run_report.hpp"
+#include "src/report/memory_report.hpp"
+#include "src/report/run_report.hpp"
 
 #include <algorithm>
 #include <cmath>
