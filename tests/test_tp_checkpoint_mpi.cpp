@@ -7,6 +7,7 @@
 #include "src/comm/mesh.hpp"
 #include "src/model/family.hpp"
 #include "src/checkpoint/checkpoint.hpp"
+#include "src/model/tp.hpp"
 #include "tests/mpi_test_env.hpp"
 
 using namespace shardlab;

@@ -63,12 +63,4 @@ float best_checkpoint_val_loss(const std::string& dir);
 // sequence length and validation split: an InputError names both values. Returns where it resumes.
 RunPosition load_checkpoint(const std::string& path, const CheckpointState& state);
 
-// `train --save` under tensor parallelism: the whole model's unit buffers (values[u] in layout
-// whole[u], tensor-parallel degree 1) on rank 0 of `tp` from every rank's part of them (parts[u]:
-// unit u's buffer in its layout local[u], as Strategy::gather_unit_params gives it); the other
-// ranks get nothing. Collective over tp, whose rank r must hold tensor-parallel rank r's part.
-std::vector<std::vector<float>> gather_tp_units(Communicator& tp, const std::vector<UnitLayout>& local,
-                                                const std::vector<UnitLayout>& whole,
-                                                const std::vector<std::vector<float>>& parts);
-
 }  // namespace shardlab

@@ -164,29 +164,8 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
 
 std::string mib(double bytes) { return fmt::format("{:.2f}", bytes / (1 << 20)); }
 
-void print_tables(const CompareConfig& cfg, const CompareResult& res, int world, std::FILE* out) {
-  const TrainConfig& c = cfg.train;
-  std::fprintf(out, "\nshardlab compare: %s, %d ranks, global batch %lld x %lld tokens, %lld steps, %s\n",
-               c.spec.describe().c_str(), world, static_cast<long long>(c.batch), static_cast<long long>(c.spec.seq),
-               static_cast<long long>(c.steps), cfg.budget ? ("budget " + format_bytes(double(cfg.budget)) + "/rank").c_str() : "no budget");
-  const bool val = c.has_validation();
-  std::fprintf(out, "\n%-19s %11s %12s%s %9s %9s %14s %14s %8s %8s\n", "strategy", "final loss", "max loss dev",
-               val ? "    val loss" : "", "ms/step", "tok/s", "comm/rank/step", "theory", "÷theory", "÷ddp");
-  double ddp_comm = 0;
-  for (const auto& r : res.runs)
-    if (r.kind == StrategyKind::ddp) ddp_comm = r.comm_bytes;
-  for (const auto& r : res.runs) {
-    if (r.oom) {
-      std::fprintf(out, "%-19s  did not fit: %s\n", r.name.c_str(), r.error.substr(0, r.error.find('\n')).c_str());
-      continue;
-    }
-    std::fprintf(out, "%-19s %11.5f %12.2e%s %9.1f %9.0f %14s %14s %8s %8s\n", r.name.c_str(), r.losses.back(),
-                 r.max_rel_dev, val && !r.val_losses.empty() ? fmt::format(" {:11.5f}", r.val_losses.back()).c_str() : "",
-                 r.ms_per_step, r.tokens_per_s, format_bytes(r.comm_bytes).c_str(),
-                 format_bytes(r.comm_theory).c_str(),
-                 r.comm_theory > 0 ? fmt::format("{:.3f}", r.comm_bytes / r.comm_theory).c_str() : "-",
-                 ddp_comm > 0 ? fmt::format("{:.2f}", r.comm_bytes / ddp_comm).c_str() : "-");
-  }
+// The per-axis traffic tables: hybrid sharding's groups, the tp axis and the pp axis, where a run used them.
+void print_axis_tables(const CompareResult& res, std::FILE* out) {
   bool hybrid = false;
   for (const auto& r : res.runs) hybrid |= !r.oom && r.dp_shard > 0;
   if (hybrid) {
@@ -226,7 +205,10 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                  "the tied embedding's gradient all-reduced over the first and last stages; the loss and the norm: one "
                  "float each). Under --pp the theory's Psi is rank 0's stage, and zero3's 2Psi(N-1)/N: a stage stays gathered over the step\n");
   }
-  // Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
+}
+
+// Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
+void print_memory_peaks(const CompareResult& res, int world, std::FILE* out) {
   std::fprintf(out, "\npeak memory per rank (MiB; host peak: the host tier, --offload)\n%-19s", "strategy");
   for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %*s", static_cast<int>(std::max<size_t>(9, kCategoryNames[k].size())), std::string(kCategoryNames[k]).c_str());
   std::fprintf(out, " %9s %8s %8s %9s\n", "peak", "vs ddp", "vs dp", "host peak");
@@ -255,6 +237,33 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
       row(r.name, r.peak0, std::max(r.total0, r.total_other), std::max(r.host0, r.host_other));
     }
   }
+}
+
+void print_tables(const CompareConfig& cfg, const CompareResult& res, int world, std::FILE* out) {
+  const TrainConfig& c = cfg.train;
+  std::fprintf(out, "\nshardlab compare: %s, %d ranks, global batch %lld x %lld tokens, %lld steps, %s\n",
+               c.spec.describe().c_str(), world, static_cast<long long>(c.batch), static_cast<long long>(c.spec.seq),
+               static_cast<long long>(c.steps), cfg.budget ? ("budget " + format_bytes(double(cfg.budget)) + "/rank").c_str() : "no budget");
+  const bool val = c.has_validation();
+  std::fprintf(out, "\n%-19s %11s %12s%s %9s %9s %14s %14s %8s %8s\n", "strategy", "final loss", "max loss dev",
+               val ? "    val loss" : "", "ms/step", "tok/s", "comm/rank/step", "theory", "÷theory", "÷ddp");
+  double ddp_comm = 0;
+  for (const auto& r : res.runs)
+    if (r.kind == StrategyKind::ddp) ddp_comm = r.comm_bytes;
+  for (const auto& r : res.runs) {
+    if (r.oom) {
+      std::fprintf(out, "%-19s  did not fit: %s\n", r.name.c_str(), r.error.substr(0, r.error.find('\n')).c_str());
+      continue;
+    }
+    std::fprintf(out, "%-19s %11.5f %12.2e%s %9.1f %9.0f %14s %14s %8s %8s\n", r.name.c_str(), r.losses.back(),
+                 r.max_rel_dev, val && !r.val_losses.empty() ? fmt::format(" {:11.5f}", r.val_losses.back()).c_str() : "",
+                 r.ms_per_step, r.tokens_per_s, format_bytes(r.comm_bytes).c_str(),
+                 format_bytes(r.comm_theory).c_str(),
+                 r.comm_theory > 0 ? fmt::format("{:.3f}", r.comm_bytes / r.comm_theory).c_str() : "-",
+                 ddp_comm > 0 ? fmt::format("{:.2f}", r.comm_bytes / ddp_comm).c_str() : "-");
+  }
+  print_axis_tables(res, out);
+  print_memory_peaks(res, world, out);
   std::fprintf(out,
                "\ncomm: bus bytes per rank in the last step (all-reduce 2(N-1)/N, all-gather/reduce-scatter/gather/"
                "scatter (N-1)/N, broadcast/reduce 1 x size).\ntheory: 2Psi(N-1)/N elements for ddp, zero1 and zero2, "

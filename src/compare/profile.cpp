@@ -231,7 +231,7 @@ std::string config_json(const ProfileConfig& cfg) {
                       {"host_budget_bytes", cfg.host_budget},
                       {"measured", cfg.measure}};
   if (pp_of(cfg) > 1) {
-    const StageSplit split = stage_split(t);
+    const StageSplit split = stage_split(t.spec, t.layout());
     nlohmann::json stages = nlohmann::json::array();
     for (int k = 0; k < split.pp; ++k) stages.push_back(split.units_of(k));
     c["pipeline"] = {{"pp", split.pp},
@@ -267,7 +267,7 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
 // One line per stage: the units it holds (by name) and the micro-batches its schedule keeps in flight.
 std::vector<std::string> stage_notes(const ProfileConfig& cfg, const std::vector<std::string>& names) {
   const TrainConfig& t = cfg.train;
-  const StageSplit split = stage_split(t);
+  const StageSplit split = stage_split(t.spec, t.layout());
   const PipeSchedule sched =
       build_schedule(t.pipeline.schedule, split.pp, split.virtual_stages, static_cast<int>(t.accum));
   std::vector<std::string> notes;
@@ -325,7 +325,7 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
     r.outside_pool = be.device_memory().outside_pool();
   }
   if (pp_of(cfg) > 1) {
-    const StageSplit split = stage_split(cfg.train);
+    const StageSplit split = stage_split(cfg.train.spec, cfg.train.layout());
     for (MemoryRow& row : r.rows) to_model_units(row, split.units_of(row.stage));
   }
   return r;

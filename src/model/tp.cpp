@@ -118,4 +118,34 @@ double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const Mode
   return bytes;
 }
 
+std::vector<std::vector<float>> gather_tp_units(Communicator& tp, const std::vector<UnitLayout>& local,
+                                                const std::vector<UnitLayout>& whole,
+                                                const std::vector<std::vector<float>>& parts) {
+  SHARD_CHECK(local.size() == whole.size() && parts.size() == local.size(), "{} parts of {} units ({} whole)",
+              parts.size(), local.size(), whole.size());
+  const int T = tp.world_size();
+  std::vector<std::vector<float>> out;
+  for (size_t u = 0; u < local.size(); ++u) {
+    const UnitLayout &mine = local[u], &full = whole[u];
+    SHARD_CHECK(mine.tp_degree == T && mine.tp_rank == tp.rank() && full.tp_degree == 1 &&
+                    mine.tensors.size() == full.tensors.size() && static_cast<int64_t>(parts[u].size()) == mine.numel,
+                "unit {}: tensor-parallel rank {} of {} with a part of {} elements, gathered over rank {} of {}",
+                mine.name, mine.tp_rank, mine.tp_degree, parts[u].size(), tp.rank(), T);
+    // Every rank's part has the same layout (padded alike), so the parts gather as equal chunks.
+    std::vector<float> all(tp.rank() == 0 ? parts[u].size() * static_cast<size_t>(T) : 0);
+    tp.gather(Tensor::of(std::span<const float>(parts[u])), Tensor::of(std::span<float>(all)), 0).wait();
+    if (tp.rank() != 0) continue;
+    std::vector<float>& values = out.emplace_back(static_cast<size_t>(full.numel));
+    for (int r = 0; r < T; ++r) {
+      const float* part = all.data() + static_cast<size_t>(r) * parts[u].size();
+      for (size_t i = 0; i < mine.tensors.size(); ++i) {
+        const TensorDecl &t = mine.tensors[i], &w = full.tensors[i];
+        for (const TpRun& run : tp_runs(t, T, r))
+          if (run.full >= 0) std::copy_n(part + t.offset + run.local, run.len, values.data() + w.offset + run.full);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace shardlab

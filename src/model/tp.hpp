@@ -86,4 +86,12 @@ class TpPartialGrads {
 double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const ModelSpec& spec, const TpConfig& tp,
                                int64_t B, int64_t T, Checkpointing checkpointing);
 
+// `train --save` under tensor parallelism: the whole model's unit buffers (values[u] in layout
+// whole[u], tensor-parallel degree 1) on rank 0 of `tp` from every rank's part of them (parts[u]:
+// unit u's buffer in its layout local[u], as Strategy::gather_unit_params gives it); the other
+// ranks get nothing. Collective over tp, whose rank r must hold tensor-parallel rank r's part.
+std::vector<std::vector<float>> gather_tp_units(Communicator& tp, const std::vector<UnitLayout>& local,
+                                                const std::vector<UnitLayout>& whole,
+                                                const std::vector<std::vector<float>>& parts);
+
 }  // namespace shardlab

@@ -328,7 +328,7 @@ class Searcher {
       f.max_params = double(num_params(units));
     } else {
       TrainConfig t = e.config(c_);
-      const StageSplit split = stage_split(t);
+      const StageSplit split = stage_split(t.spec, t.layout());
       std::vector<std::vector<int>> seen;
       for (int k = 0; k < d.pp; ++k) {
         double params = 0;

@@ -283,19 +283,7 @@ void Trainer::print_header(std::FILE* out) const {
                static_cast<long long>(cfg_.spec.seq), cfg_.shuffle ? ", shuffled per epoch" : "",
                static_cast<long long>(cfg_.batch), static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind),
                cfg_.schedule.lr);
-  if (pipelined()) {
-    const int P = split_->pp, M = static_cast<int>(cfg_.accum);
-    std::vector<std::string> names;
-    for (const auto& u : model_units_) names.push_back(u->name());
-    std::fprintf(out, "  pipeline: %s over %d stages%s, %d micro-batches, bubble %.1f%% in theory; %s\n",
-                 pp_schedule_name(schedule_->kind), P,
-                 split_->virtual_stages > 1 ? fmt::format(" x {} virtual", split_->virtual_stages).c_str() : "", M,
-                 100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), split_->describe(names).c_str());
-    if (schedule_->kind != PpSchedule::gpipe && M < P)
-      std::fprintf(out, "  warning: %d micro-batches for %d stages: 1f1b holds as many activations as gpipe here and "
-                   "the bubble is %.0f%%; give --micro-batches %d or more\n", M, P,
-                   100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), P);
-  }
+  model_.print_pipeline(out);
   if (val_loader_)
     std::fprintf(out, "  validation %s: %lld batches of %lld sequences (%lld requested), every %s\n",
                  data_.val->source.c_str(), static_cast<long long>(val_batches_), static_cast<long long>(cfg_.batch),

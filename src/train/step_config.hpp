@@ -7,21 +7,9 @@
 
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"  // StrategyConfig; with it the model spec, Checkpointing and CommKind
-#include "shard/pipeline/schedule.hpp"
+#include "shard/layout.hpp"  // ParallelLayout, PipelineConfig
 
 namespace shardlab {
-
-// Pipeline parallelism beyond its degree (strategy.dims.pp): the schedule, the virtual stages per
-// rank and the split (shard/pipeline/schedule.hpp). The micro-batches are the accumulation micro-steps.
-struct PipelineConfig {
-  PpSchedule schedule = PpSchedule::one_f_one_b;  // --pp-schedule
-  int virtual_stages = 1;                         // --pp-virtual
-  std::vector<int> split;                         // --pp-split: units per chunk; empty = balanced by cost
-  // bench-train: the stages enter each step's pipelined part together (a barrier on the pipeline
-  // group), so a stage's measured bubble is the schedule's and not the skew the previous step's
-  // uneven optimizer work leaves between the stages.
-  bool align_steps = false;
-};
 
 struct StepConfig {
   ModelSpec spec;
@@ -37,6 +25,9 @@ struct StepConfig {
   // its regions split along the token rows too (src/model/tp.hpp).
   bool sequence_parallel = false;
   PipelineConfig pipeline;
+  // The placement beyond the strategy, as one value (shard/layout.hpp): its rules and the per-rank
+  // model (shard/parallel_model.hpp) take it.
+  ParallelLayout layout() const { return {strategy.dims, pipeline, sequence_parallel}; }
 };
 
 }  // namespace shardlab

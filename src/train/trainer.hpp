@@ -14,8 +14,7 @@
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/data/data.hpp"
-#include "shard/pipeline/schedule.hpp"
-#include "shard/pipeline/executor.hpp"
+#include "shard/parallel_model.hpp"
 #include "src/train/step_config.hpp"
 #include "src/data/tokenizer.hpp"
 #include "src/train/sample.hpp"
@@ -71,7 +70,6 @@ struct TrainConfig : StepConfig {
   // Whether a run validates after step t (0-based): every val_every steps, and after the last.
   bool validates_after(int64_t t) const { return (val_every > 0 && (t + 1) % val_every == 0) || t + 1 == steps; }
   void validate(int world) const;
-  void validate_pipeline(int pp) const;  // --pp > 1: the split and the schedule against the units (validate calls it)
 };
 
 struct StepStats {
@@ -86,11 +84,6 @@ struct StepStats {
   double flops_per_s = 0;    // the whole job's model FLOP/s: 6N + 6LCT per token (flops_per_token)
   double elapsed_s = 0;      // since this process's first step began (Trainer::run)
 };
-
-// Pipeline parallelism: the units' split into stages for step config c (--pp-split as given, or
-// balanced by each unit's cost); the Trainer's own, so reports can name what each stage holds.
-StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const StepConfig& c);
-StageSplit stage_split(const StepConfig& c);  // over the units of tensor-parallel rank 0
 
 class Trainer {
  public:
@@ -122,7 +115,7 @@ class Trainer {
   // kept only with record_step (the reports), so that a long run's memory does not grow.
   const std::vector<StepStats>& history() const { return history_; }
   Strategy& strategy() { return *strategy_; }
-  const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
+  const std::vector<std::unique_ptr<Unit>>& units() const { return model_.units(); }
   int64_t num_params() const { return num_params_; }
   const TrainConfig& config() const { return cfg_; }
   Communicator& comm() { return comm_; }  // the world
@@ -150,19 +143,8 @@ class Trainer {
   void open_outputs(std::ofstream& log);
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
   bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);
-  double grad_norm_sq();  // the whole model's, under tensor and pipeline parallelism too
-  bool pipelined() const { return schedule_.has_value(); }
-  // Pipeline parallelism: keeps this rank's units of the split, making tied copies of the tensors
-  // they borrow from units on other stages (the pairs in tied_).
-  void take_stage_units();
-  // The gradients of a tied tensor and its copies, summed over the first and the last stage.
-  void sync_tied_grads();
-  // Pipeline parallelism: every micro-batch of step t (or validation batch i) for this rank.
-  std::vector<Batch> pipeline_batches(BatchLoader& loader, int64_t t);
-  // The pipeline's run for micro-batches of B sequences of T tokens (0: the training step's).
-  PipelineRun pipeline_run(int64_t B = 0, int64_t T = 0);
-  // Sampling under --pp: the last stage's token (the other stages pass 0), on every rank.
-  int32_t receive_sampled_token(int32_t token);
+  // One global batch (index t of `loader`) as the parallel model reads it.
+  static BatchFill batch_fill(BatchLoader& loader, int64_t t);
   void maybe_sample(int64_t t, std::FILE* out);
   bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
 
@@ -181,16 +163,8 @@ class Trainer {
   int64_t val_batches_ = 0;
   std::optional<float> checkpoint_val_loss_;  // computed at the step being checkpointed (its manifest records it)
   float best_val_loss_ = INFINITY;  // --save-best: the lowest so far (from the best checkpoint on resume)
-  TpContext tp_;  // this rank's tensor-parallel group (inactive at --tp 1)
-  std::vector<std::unique_ptr<Unit>> units_;  // this rank's (under --pp: its stage's chunks)
-  // Pipeline parallelism (--pp > 1): the split, the step's schedule, every unit of the model (for
-  // the sizes of the stages' inputs), and the tied tensors whose twin is on the other end stage.
-  std::optional<StageSplit> split_;
-  std::optional<PipeSchedule> schedule_;
-  std::vector<std::unique_ptr<Unit>> model_units_;
-  std::vector<std::pair<size_t, const TensorDecl*>> tied_;
-  double tied_copy_sq_ = 0;     // this rank's tied copies' squared gradient, counted at their owner
-  PipelineTiming pipe_timing_;  // the last training step's (run_pipeline fills it)
+  ParallelModel model_;  // this rank's part of the model under every axis, and their cross-axis work
+  PipelineTiming pipe_timing_;  // the last training step's under --pp (the executor fills it)
   std::unique_ptr<Strategy> strategy_;
   int64_t num_params_ = 0;
   double flops_per_token_ = 0;  // the family's model FLOPs per token (the progress line's rate)
@@ -201,7 +175,6 @@ class Trainer {
   std::string resumed_from_;
   std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
   std::vector<StepStats> history_;  // run()'s steps
-  std::vector<int32_t> global_inputs_, global_targets_;  // one micro-step of every rank, rank order
   Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };
 

@@ -16,7 +16,7 @@ clang++ $FLAGS tests/fuzz/fuzz_safetensors.cpp $COMMON -o "$OUT/fuzz_safetensors
 # collectives as traps (tests/fuzz/tp_unreachable.cpp: no unit runs here).
 MODEL="src/model/spec.cpp src/model/family.cpp src/model/unit.cpp src/model/hf_dir.cpp $(echo src/model/*/*.cpp)
 memory/pool.cpp memory/ledger.cpp tests/fuzz/tp_unreachable.cpp"
-clang++ $FLAGS tests/fuzz/fuzz_manifest.cpp src/checkpoint/checkpoint_format.cpp $MODEL $COMMON -o "$OUT/fuzz_manifest"
+clang++ $FLAGS tests/fuzz/fuzz_manifest.cpp src/checkpoint/manifest.cpp src/checkpoint/pieces.cpp src/checkpoint/export.cpp $MODEL $COMMON -o "$OUT/fuzz_manifest"
 for t in safetensors manifest; do
   mkdir -p "$OUT/corpus_$t"
   cp -n tests/fuzz/corpus/$t/* "$OUT/corpus_$t/" 2>/dev/null || true

@@ -1,0 +1,68 @@
+// layout.cpp — ParallelLayout's rules (layout.hpp). Each one lives here once: the Trainer checks a
+// run with them, and the prediction, profile and plan through the Trainer they build.
+#include "shard/layout.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/ranges.h>
+
+#include "src/core/check.hpp"
+#include "src/model/family.hpp"
+
+namespace shardlab {
+
+void ParallelLayout::validate_pipeline(const ModelSpec& spec, int64_t micro_batches) const {
+  const PipelineConfig& pc = pipeline;
+  const int pp = dims.pp;
+  const bool interleaved = pc.schedule == PpSchedule::interleaved;
+  SHARD_REQUIRE(!interleaved || pc.virtual_stages >= 2,
+                "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (model chunks per rank); with one chunk "
+                "per rank use 1f1b");
+  SHARD_REQUIRE(!interleaved || micro_batches % pp == 0,
+                "--pp-schedule interleaved-1f1b: --micro-batches {} is not a multiple of --pp {} (micro-batches go "
+                "through the chunks in groups of pp)", micro_batches, pp);
+  const std::vector<UnitLayout> layout = family_of(spec).layout(spec);
+  const int units = static_cast<int>(layout.size()), chunks = pp * pc.virtual_stages;
+  const std::string model = fmt::format("{} units ({} .. {})", units, layout.front().name, layout.back().name);
+  SHARD_REQUIRE(chunks <= units, "--pp {} x --pp-virtual {} = {} stages, but the model has {}: every stage needs at "
+                "least one", pp, pc.virtual_stages, chunks, model);
+  if (pc.split.empty()) return;
+  const std::string given = fmt::format("{}", fmt::join(pc.split, ","));
+  SHARD_REQUIRE(static_cast<int>(pc.split.size()) == chunks,
+                "--pp-split {} gives {} count{}; --pp {} x --pp-virtual {} needs {} (one per chunk)", given,
+                pc.split.size(), pc.split.size() == 1 ? "" : "s", pp, pc.virtual_stages, chunks);
+  SHARD_REQUIRE(std::all_of(pc.split.begin(), pc.split.end(), [](int c) { return c >= 1; }),
+                "--pp-split {}: every chunk needs at least one unit", given);
+  const int64_t sum = std::accumulate(pc.split.begin(), pc.split.end(), int64_t{0});
+  SHARD_REQUIRE(sum == units, "--pp-split {} sums to {} units, but the model has {} ({} .. {})", given, sum, units,
+                layout.front().name, layout.back().name);
+}
+
+void ParallelLayout::validate(const ModelSpec& spec, int64_t batch, int64_t micro_batches, int world) const {
+  const ParallelDims d = dims.resolved(world);
+  const int dp = d.dp();
+  SHARD_REQUIRE(batch % (static_cast<int64_t>(dp) * micro_batches) == 0,
+                "--batch {} is not divisible by {} data-parallel ranks x --accum {}: every rank needs whole "
+                "micro-batches",
+                batch, dp, micro_batches);
+  SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
+                "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
+  if (sequence_parallel) {
+    const int64_t rows = batch / dp / micro_batches * spec.seq;
+    SHARD_REQUIRE(rows % d.tp == 0,
+                  "--sequence-parallel: a micro-batch's {} token rows ({} sequences of {}) do not split over --tp {}",
+                  rows, batch / dp / micro_batches, spec.seq, d.tp);
+  }
+  if (d.pp > 1) {
+    SHARD_REQUIRE(pipeline.virtual_stages == 1 || pipeline.schedule == PpSchedule::interleaved,
+                  "--pp-virtual {} with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
+                  pipeline.virtual_stages, pp_schedule_name(pipeline.schedule));
+    ParallelLayout{d, pipeline, sequence_parallel}.validate_pipeline(spec, micro_batches);
+  } else {
+    SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),
+                  "--pp-virtual {} / --pp-split: pipeline options need --pp 2 or more", pipeline.virtual_stages);
+  }
+}
+
+}  // namespace shardlab

@@ -1,0 +1,76 @@
+// parallel_model_save.cpp — `train --save` under every layout: the whole model's parameters on
+// world rank 0, assembled from the tensor-parallel parts and the pipeline stages, written as
+// HF-named safetensors (parallel_model.hpp).
+#include "shard/parallel_model.hpp"
+
+#include "src/model/family.hpp"
+#include "src/model/model.hpp"
+#include "src/model/tp.hpp"
+
+namespace shardlab {
+
+// This rank's units without their tied copies (the owner's stage saves the tensor), assembled into
+// whole units on tensor-parallel rank 0 (the others return their trimmed parts).
+std::vector<std::vector<float>> ParallelModel::stage_units_whole(std::vector<std::vector<float>> host) {
+  const std::vector<UnitLayout> whole = family_of(cfg_.spec).layout(cfg_.spec);
+  auto whole_of = [&](const std::string& name) -> const UnitLayout& {
+    for (const UnitLayout& l : whole)
+      if (l.name == name) return l;
+    SHARD_CHECK(false, "unit {} is not the model's", name);
+    return whole.front();
+  };
+  std::vector<UnitLayout> local, wanted;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitLayout l = units_[u]->layout();
+    while (!l.tensors.empty() && l.tensors.back().tied_copy) {  // tied copies are appended last
+      l.numel = l.tensors.back().offset;
+      l.tensors.pop_back();
+    }
+    host[u].resize(static_cast<size_t>(l.numel));
+    wanted.push_back(whole_of(l.name));
+    local.push_back(std::move(l));
+  }
+  if (tp_.active()) host = gather_tp_units(*tp_.comm, local, wanted, host);
+  return host;
+}
+
+void ParallelModel::save(const std::string& path) {
+  std::vector<std::vector<float>> host;
+  for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
+  Communicator& world = mesh_.world();
+  if (!tp_.active() && !pipelined()) {
+    if (world.rank() == 0) write_units(path, cfg_.spec, units_, host);
+    return;
+  }
+  const ModelFamily& family = family_of(cfg_.spec);
+  host = stage_units_whole(std::move(host));
+  if (!pipelined()) {
+    if (world.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host);
+    return;
+  }
+  // Every stage's first rank (data-parallel and tensor-parallel rank 0) sends its whole units to
+  // world rank 0, the first stage's, over their pipeline group; world rank 0 writes the model.
+  if (mesh_.dp_rank() != 0 || mesh_.rank(CommAxis::tp) != 0) return;
+  Communicator& pp = mesh_.comm(CommAxis::pp);
+  if (mesh_.rank(CommAxis::pp) != 0) {
+    for (std::vector<float>& v : host) pp.send(Tensor::of(std::span<const float>(v)), 0).wait();
+    return;
+  }
+  const std::vector<UnitLayout> whole = family.layout(cfg_.spec);
+  std::vector<std::vector<float>> all(whole.size());
+  for (int s = 0; s < split_->pp; ++s) {
+    const std::vector<int> units = split_->units_of(s);
+    for (size_t i = 0; i < units.size(); ++i) {
+      std::vector<float>& v = all[static_cast<size_t>(units[i])];
+      if (s == 0) {
+        v = std::move(host[i]);
+        continue;
+      }
+      v.resize(static_cast<size_t>(whole[static_cast<size_t>(units[i])].numel));
+      pp.recv(Tensor::of(std::span<float>(v)), s).wait();
+    }
+  }
+  write_units(path, cfg_.spec, family.make_units(cfg_.spec), all);
+}
+
+}  // namespace shardlab
