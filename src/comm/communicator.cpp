@@ -25,17 +25,7 @@ const char* comm_op_name(CommOp op) {
   return "?";
 }
 
-const char* comm_axis_name(CommAxis a) {
-  switch (a) {
-    case CommAxis::world: return "world";
-    case CommAxis::pp: return "pp";
-    case CommAxis::dp_replicate: return "dp_replicate";
-    case CommAxis::dp_shard: return "dp_shard";
-    case CommAxis::dp: return "dp";
-    case CommAxis::tp: return "tp";
-  }
-  return "?";
-}
+const char* comm_axis_name(CommAxis a) { return comm_axis_row(a).name; }
 
 CommKind parse_comm(const std::string& s) {
   if (s == "auto") return CommKind::automatic;

@@ -32,15 +32,14 @@
 #include <string>
 #include <vector>
 
+#include "src/comm/axes.hpp"  // CommAxis
+#include "src/comm/comm_stats.hpp"  // CommOp, CommStats
 #include "src/core/tensor.hpp"
 
 namespace shardlab {
 
 enum class ReduceOp : uint8_t { sum, max };
 using Site = std::source_location;
-enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier, send, recv };
-inline constexpr int kNumCommOps = 10;
-const char* comm_op_name(CommOp op);
 
 // Bus bytes per rank for one call (see the table above); full_bytes is S.
 double bus_bytes(CommOp op, double full_bytes, int world);
@@ -48,43 +47,6 @@ double bus_bytes(CommOp op, double full_bytes, int world);
 double mpi_wire_factor(CommOp op, DType dtype);
 // nccl-tests' factor busbw / algbw, for benchmarks: 2(N-1)/N, (N-1)/N or 1.
 double bus_factor(CommOp op, int world);
-
-struct OpCounter {
-  uint64_t calls = 0;
-  double bytes = 0;       // bus bytes in the logical dtype
-  double wire_bytes = 0;  // bus bytes as carried by the transport
-};
-
-// A collective as issued, for traces: what, how many bus bytes, when.
-struct CommEvent {
-  CommOp op;
-  double bytes;
-  std::chrono::steady_clock::time_point issued;
-};
-
-// Which ranks a communicator spans: the whole world, or one axis (or group of axes) of the device
-// mesh (src/comm/mesh.hpp): pipeline stages, data-parallel replicas, data-parallel shards, the whole
-// data-parallel group (replicas x shards), tensor-parallel ranks. A sub-communicator counts its
-// traffic in its own stats and in its parent's under its axis, so reports can say which link the
-// bytes crossed (tp stays inside a node, pp crosses nodes).
-enum class CommAxis : uint8_t { world, pp, dp_replicate, dp_shard, dp, tp };
-inline constexpr int kNumCommAxes = 6;
-const char* comm_axis_name(CommAxis a);
-
-struct CommStats {
-  bool record_events = false;     // keep a CommEvent per call (off by default: it grows)
-  std::vector<CommEvent> events;
-  std::array<OpCounter, kNumCommOps> total{};
-  std::array<OpCounter, kNumCommOps> step{};  // since the last end_step()
-  int64_t steps = 0;                          // finished steps
-  double last_step_bytes = 0;                 // bus bytes of the last finished step (nothing grows per step)
-  std::array<double, kNumCommAxes> axis_step{}, last_step_axis{};  // bus bytes by axis (as step, last_step_bytes)
-
-  void record(CommOp op, double bytes, double wire_bytes, CommAxis axis = CommAxis::world);
-  void end_step();
-  double total_bytes() const;
-  double step_bytes() const;
-};
 
 // Handle to a collective in flight.
 class WorkImpl {

@@ -27,61 +27,44 @@ ParallelDims ParallelDims::resolved(int world) const {
 }
 
 int ParallelDims::size(CommAxis a) const {
-  switch (a) {
-    case CommAxis::world: return world();
-    case CommAxis::pp: return pp;
-    case CommAxis::dp_replicate: return dp_replicate;
-    case CommAxis::dp_shard: return dp_shard;
-    case CommAxis::dp: return dp();
-    case CommAxis::tp: return tp;
-  }
-  return 1;
+  int n = 1;
+  for (int g = 0; g < kNumGridAxes; ++g)
+    if (spans(a, static_cast<GridAxis>(g))) n *= degree(static_cast<GridAxis>(g));
+  return n;
 }
 
 std::string ParallelDims::describe() const {
   return fmt::format("pp {} x dp_replicate {} x dp_shard {} x tp {}", pp, dp_replicate, dp_shard, tp);
 }
 
+// Ranks are mixed-radix numbers over the grid axes a group spans, the first outermost; the world's
+// spans them all.
 int MeshCoord::rank_in(CommAxis a, const ParallelDims& d) const {
-  switch (a) {
-    case CommAxis::world: return mesh_rank(d, *this);
-    case CommAxis::pp: return pp;
-    case CommAxis::dp_replicate: return dp_replicate;
-    case CommAxis::dp_shard: return dp_shard;
-    case CommAxis::dp: return dp_replicate * d.dp_shard + dp_shard;
-    case CommAxis::tp: return tp;
-  }
-  return 0;
+  int r = 0;
+  for (int g = 0; g < kNumGridAxes; ++g)
+    if (spans(a, static_cast<GridAxis>(g))) r = r * d.degree(static_cast<GridAxis>(g)) + at(static_cast<GridAxis>(g));
+  return r;
 }
 
 MeshCoord mesh_coord(const ParallelDims& d, int r) {
   SHARD_CHECK(r >= 0 && r < d.world(), "rank {} outside the mesh {}", r, d.describe());
   MeshCoord c;
-  c.tp = r % d.tp;
-  r /= d.tp;
-  c.dp_shard = r % d.dp_shard;
-  r /= d.dp_shard;
-  c.dp_replicate = r % d.dp_replicate;
-  c.pp = r / d.dp_replicate;
+  for (int g = kNumGridAxes - 1; g >= 0; --g) {
+    const int n = d.degree(static_cast<GridAxis>(g));
+    c.at(static_cast<GridAxis>(g)) = r % n;
+    r /= n;
+  }
   return c;
 }
 
-int mesh_rank(const ParallelDims& d, const MeshCoord& c) {
-  return ((c.pp * d.dp_replicate + c.dp_replicate) * d.dp_shard + c.dp_shard) * d.tp + c.tp;
-}
+int mesh_rank(const ParallelDims& d, const MeshCoord& c) { return c.rank_in(CommAxis::world, d); }
 
 namespace {
 // The group's first member: this rank's coordinates with those along the group set to 0. Ranks of
 // one group share it, so it is the group's colour for the split.
 int group_color(const ParallelDims& d, MeshCoord c, CommAxis a) {
-  switch (a) {
-    case CommAxis::world: return 0;
-    case CommAxis::pp: c.pp = 0; break;
-    case CommAxis::dp_replicate: c.dp_replicate = 0; break;
-    case CommAxis::dp_shard: c.dp_shard = 0; break;
-    case CommAxis::dp: c.dp_replicate = c.dp_shard = 0; break;
-    case CommAxis::tp: c.tp = 0; break;
-  }
+  for (int g = 0; g < kNumGridAxes; ++g)
+    if (spans(a, static_cast<GridAxis>(g))) c.at(static_cast<GridAxis>(g)) = 0;
   return mesh_rank(d, c);
 }
 }  // namespace

@@ -1,6 +1,6 @@
 // mesh.hpp — ParallelDims and Mesh: one layout of the ranks for every parallel axis.
 //
-// The world is a 4-D grid, pp x dp_replicate x dp_shard x tp, with tp innermost (consecutive
+// The world is a 4-D grid, pp x dp_replicate x dp_shard x tp (the rows of src/comm/axes.hpp), with tp innermost (consecutive
 // ranks: tensor parallelism stays inside a node) and pp outermost (the pipeline crosses nodes):
 //
 //   world rank = ((pp_i * dp_replicate + replicate_i) * dp_shard + shard_i) * tp + tp_i
@@ -37,14 +37,29 @@ struct ParallelDims {
   int dp() const { return dp_replicate * dp_shard; }  // data-parallel ranks (replicas x shards)
   int world() const { return pp * dp() * tp; }
   int size(CommAxis a) const;  // ranks of one group along a (world: all of them)
+  // The degree along grid axis g (src/comm/axes.hpp): the one place a grid axis meets its field.
+  int degree(GridAxis g) const {
+    static constexpr int ParallelDims::*field[kNumGridAxes] = {&ParallelDims::pp, &ParallelDims::dp_replicate,
+                                                               &ParallelDims::dp_shard, &ParallelDims::tp};
+    return this->*field[static_cast<int>(g)];
+  }
   bool operator==(const ParallelDims&) const = default;
   std::string describe() const;  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1"
+
 };
 
 // A rank's place in the grid.
 struct MeshCoord {
   int pp = 0, dp_replicate = 0, dp_shard = 0, tp = 0;
   int rank_in(CommAxis a, const ParallelDims& d) const;  // its rank within its group along a
+  // The coordinate along grid axis g (src/comm/axes.hpp).
+  int& at(GridAxis g) { return this->*field(g); }
+  int at(GridAxis g) const { return this->*field(g); }
+  static int MeshCoord::*field(GridAxis g) {
+    static constexpr int MeshCoord::*fields[kNumGridAxes] = {&MeshCoord::pp, &MeshCoord::dp_replicate,
+                                                             &MeshCoord::dp_shard, &MeshCoord::tp};
+    return fields[static_cast<int>(g)];
+  }
 };
 MeshCoord mesh_coord(const ParallelDims& d, int world_rank);
 int mesh_rank(const ParallelDims& d, const MeshCoord& c);

@@ -1,0 +1,42 @@
+// axes.hpp — the device mesh's axes as a table: the grid's axes, outermost first, and each
+// communicator axis as the set of grid axes its groups vary along. Everything the mesh derives
+// (sizes, coordinates, ranks within a group, the groups' colours, names) reads these rows, so a new
+// parallel axis is a value of each enum, a degree and a coordinate, and a row here.
+#pragma once
+#include <array>
+#include <cstdint>
+
+namespace shardlab {
+
+// The grid: world rank = mixed radix over these axes, the first outermost (the pipeline crosses
+// nodes) and the last innermost (consecutive ranks: tensor parallelism stays inside a node).
+enum class GridAxis : uint8_t { pp, dp_replicate, dp_shard, tp };
+inline constexpr int kNumGridAxes = 4;
+
+// Which ranks a communicator spans: the whole world, or one axis (or group of axes) of the device
+// mesh (src/comm/mesh.hpp): pipeline stages, data-parallel replicas, data-parallel shards, the whole
+// data-parallel group (replicas x shards), tensor-parallel ranks. A sub-communicator counts its
+// traffic in its own stats and in its parent's under its axis, so reports can say which link the
+// bytes crossed (tp stays inside a node, pp crosses nodes).
+enum class CommAxis : uint8_t { world, pp, dp_replicate, dp_shard, dp, tp };
+inline constexpr int kNumCommAxes = 6;
+
+struct CommAxisRow {
+  CommAxis axis;
+  const char* name;
+  uint8_t grid;  // bit g: its groups vary along GridAxis g
+};
+constexpr uint8_t grid_bit(GridAxis g) { return static_cast<uint8_t>(1u << static_cast<int>(g)); }
+inline constexpr std::array<CommAxisRow, kNumCommAxes> kCommAxes = {{
+    {CommAxis::world, "world", 0xf},
+    {CommAxis::pp, "pp", grid_bit(GridAxis::pp)},
+    {CommAxis::dp_replicate, "dp_replicate", grid_bit(GridAxis::dp_replicate)},
+    {CommAxis::dp_shard, "dp_shard", grid_bit(GridAxis::dp_shard)},
+    {CommAxis::dp, "dp", static_cast<uint8_t>(grid_bit(GridAxis::dp_replicate) | grid_bit(GridAxis::dp_shard))},
+    {CommAxis::tp, "tp", grid_bit(GridAxis::tp)},
+}};
+constexpr const CommAxisRow& comm_axis_row(CommAxis a) { return kCommAxes[static_cast<size_t>(a)]; }
+constexpr bool spans(CommAxis a, GridAxis g) { return (comm_axis_row(a).grid & grid_bit(g)) != 0; }
+const char* comm_axis_name(CommAxis a);
+
+}  // namespace shardlab
