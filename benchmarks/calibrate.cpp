@@ -22,7 +22,7 @@ double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
   auto one = make_sim_communicator(0, 1, pool);
   TrainConfig t = cfg.train;
   t.checkpointing = Checkpointing::none;
-  t.strategy = t.strategy.under(StrategyKind::ddp);
+  t.use_strategy(StrategyKind::ddp);
   t.batch = micro_batch;
   t.accum = 1;
   t.steps = 6;

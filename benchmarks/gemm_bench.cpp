@@ -134,7 +134,7 @@ GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch) {
 
 GemmBenchConfig step_gemm_config(const StepConfig& step, int world, int64_t micro_batch) {
   const ModelSpec& spec = step.spec;
-  const int tp = step.strategy.dims.resolved(world).tp;
+  const int tp = step.layout.dims.resolved(world).tp;
   SHARD_REQUIRE(spec.heads % tp == 0 && spec.num_kv_heads() % tp == 0,
                 "--tp {} must divide the heads ({}) and the KV heads ({})", tp, spec.heads, spec.num_kv_heads());
   GemmBenchConfig g;

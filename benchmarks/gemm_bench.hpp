@@ -40,7 +40,7 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
 // them (step_gemms: any family) and as attention runs them inside the CPU kernels, without the grid:
 // what bench-train and train's progress line measure their sgemm ceiling on.
 GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch);
-// The same for rank 0 of `world` ranks under `step`'s mesh (strategy.dims, sequence_parallel):
+// The same for rank 0 of `world` ranks under `step`'s mesh (layout.dims, sequence_parallel):
 // under tensor parallelism a rank's part, whose linears are 1/tp as wide and whose attention runs
 // heads/tp heads. At tp 1 the products are the whole model's, as above.
 GemmBenchConfig step_gemm_config(const StepConfig& step, int world, int64_t micro_batch);

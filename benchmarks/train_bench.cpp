@@ -122,13 +122,13 @@ std::vector<double> print_bubbles(Communicator& world, const Trainer& trainer, c
                                median(mine.busy), median(mine.forward), median(mine.backward), median(mine.bubble)};
   for (int k = 0; k < kFields; ++k) all[static_cast<size_t>(me * kFields + k)] = static_cast<float>(row[k]);
   world.all_reduce(std::span<float>(all)).wait();
-  const ParallelDims dims = cfg.strategy.dims.resolved(n);
+  const ParallelDims dims = cfg.layout.dims.resolved(n);
   std::fprintf(out, "# pipeline: pp %d, %s%s, %lld micro-batches of %lld sequences; bubble = 1 - a stage's compute / the "
                "pipelined part (the stages enter it together: a barrier; to the last stage's last send), medians over the timed steps; theory %s = %.1f%%\n",
-               dims.pp, pp_schedule_name(cfg.pipeline.schedule),
-               cfg.pipeline.virtual_stages > 1 ? fmt::format(" V {}", cfg.pipeline.virtual_stages).c_str() : "",
+               dims.pp, pp_schedule_name(cfg.layout.pipeline.schedule),
+               cfg.layout.pipeline.virtual_stages > 1 ? fmt::format(" V {}", cfg.layout.pipeline.virtual_stages).c_str() : "",
                static_cast<long long>(cfg.accum), static_cast<long long>(cfg.batch / dims.dp() / cfg.accum),
-               cfg.pipeline.schedule == PpSchedule::interleaved ? "(P-1)/(VM+P-1)" : "(P-1)/(M+P-1)", 100 * theory);
+               cfg.layout.pipeline.schedule == PpSchedule::interleaved ? "(P-1)/(VM+P-1)" : "(P-1)/(M+P-1)", 100 * theory);
   std::fprintf(out, "#%-5s %5s %9s %9s %9s %9s %9s %8s %8s %8s\n", "rank", "stage", "step ms", "pipe ms", "busy ms",
                "fwd ms", "bwd ms", "bubble", "theory", "diff");
   // The theory's span is the whole pipeline's (the first stage's first forward to its last
@@ -157,7 +157,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                 ranks);
   const ModelSpec& s = cfg.spec;
   const int64_t tokens = cfg.batch * s.seq;
-  const ParallelDims dims = cfg.strategy.dims.resolved(ranks);
+  const ParallelDims dims = cfg.layout.dims.resolved(ranks);
   const bool tp = dims.tp > 1;
   TrainBenchResult r;
   {
@@ -166,8 +166,8 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     if (tp) {  // this rank's part: linears 1/tp as wide, heads/tp heads, its data-parallel group's rows
       StepConfig step;
       step.spec = s;
-      step.strategy.dims = dims;
-      step.sequence_parallel = cfg.sequence_parallel;
+      step.layout.dims = dims;
+      step.layout.sequence_parallel = cfg.layout.sequence_parallel;
       g = step_gemm_config(step, ranks, std::max<int64_t>(1, cfg.batch / dims.dp()));
     } else {
       // One rank's rows per micro-step (the whole model's products, also under --pp).
@@ -189,10 +189,10 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   // The sim stands in for the transport one rank would use: mpi on the cpu, nccl on a GPU.
   tc.comm = pool.backend().device() == Device::cuda ? CommKind::nccl : CommKind::mpi;
   tc.checkpointing = cfg.checkpointing;
-  tc.sequence_parallel = cfg.sequence_parallel;
+  tc.layout.sequence_parallel = cfg.layout.sequence_parallel;
   tc.accum = cfg.accum;
-  tc.pipeline = cfg.pipeline;
-  tc.pipeline.align_steps = true;  // the bubble measured is the schedule's (step_config.hpp)
+  tc.layout.pipeline = cfg.layout.pipeline;
+  tc.layout.pipeline.align_steps = true;  // the bubble measured is the schedule's (step_config.hpp)
   const bool piped = dims.pp > 1;
   // One trainer per configuration, each with its own pools (so each ledger is its own) and
   // communicator; steps alternate between them so that both see the same machine state.
@@ -213,7 +213,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     runs.push_back(std::move(run));
   };
   add(tc, piped ? fmt::format("{} x{} ranks, pp {} {}, M {}", strategy_name(tc.strategy.kind), ranks, dims.pp,
-                              pp_schedule_name(cfg.pipeline.schedule), cfg.accum)
+                              pp_schedule_name(cfg.layout.pipeline.schedule), cfg.accum)
                 : fmt::format("{}{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
                               ranks > 1 ? fmt::format(" x{} ranks", ranks) : std::string(),
                               checkpointing_name(tc.checkpointing), offload_name(tc.strategy.offload)));
@@ -234,7 +234,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   if (ranks > 1)
     std::fprintf(out, "# mesh %s%s; the sgemm ceiling is measured on %s, %lld sequences per micro-step\n",
                  dims.describe().c_str(),
-                 tp ? (cfg.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism") : "",
+                 tp ? (cfg.layout.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism") : "",
                  tp ? fmt::format("the products of rank 0's part (linears 1/{} as wide, {} of {} heads)", dims.tp,
                                   s.heads / dims.tp, s.heads).c_str()
                     : "the whole model's products",
@@ -260,7 +260,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   }
   r.ms_per_step = median(runs[0].ms);
   if (piped) {
-    r.bubble_theory = bubble_fraction(cfg.pipeline.schedule, dims.pp, cfg.pipeline.virtual_stages,
+    r.bubble_theory = bubble_fraction(cfg.layout.pipeline.schedule, dims.pp, cfg.layout.pipeline.virtual_stages,
                                       static_cast<int>(cfg.accum));
     r.bubble = print_bubbles(*world, *runs[0].trainer, stage, cfg, r.bubble_theory, out);
   }
@@ -278,7 +278,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   std::fprintf(out, "# result ms_per_step=%.1f tokens_per_s=%.0f gflops_per_rank=%.1f ceiling=%.1f ranks=%d tp=%d "
                "sp=%d tp_bytes=%.0f dp_bytes=%.0f tp_est_ms=%.2f dp_est_ms=%.2f pp=%d micro=%lld bubble_theory=%.4f "
                "bubble=%s\n",
-               r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks, dims.tp, cfg.sequence_parallel ? 1 : 0,
+               r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks, dims.tp, cfg.layout.sequence_parallel ? 1 : 0,
                r.comm.tp_bytes, r.comm.dp_bytes, r.comm.tp_est_ms, r.comm.dp_est_ms, dims.pp,
                static_cast<long long>(cfg.accum), r.bubble_theory, bubble_list(r.bubble).c_str());
   std::fflush(out);

@@ -24,9 +24,8 @@ struct TrainBenchConfig {
   int warmup = 2;   // untimed
   StrategyConfig strategy;  // one rank of it (sim communicator) or every rank of `world`
   Checkpointing checkpointing = Checkpointing::none;
-  bool sequence_parallel = false;  // with strategy.dims.tp > 1
   int64_t accum = 1;               // micro-steps per step: the pipeline's micro-batches under --pp
-  PipelineConfig pipeline;         // with strategy.dims.pp > 1
+  ParallelLayout layout;           // the mesh's degrees, sequence parallelism, the pipeline
   double peak_tflops = 0;  // the device's dense peak, for MFU (0 = not printed)
   bool levers() const { return checkpointing != Checkpointing::none || strategy.offload != Offload::none; }
 };

@@ -39,7 +39,37 @@ void ParallelLayout::validate_pipeline(const ModelSpec& spec, int64_t micro_batc
                 layout.front().name, layout.back().name);
 }
 
-void ParallelLayout::validate(const ModelSpec& spec, int64_t batch, int64_t micro_batches, int world) const {
+ParallelDims ParallelLayout::dims_under(StrategyKind k) const {
+  ParallelDims d = dims;
+  if (zero_stage(k) == 0) {  // one replica group: the whole data-parallel group
+    d.dp_shard = dims.is_resolved() ? dims.dp() : 0;
+    d.dp_replicate = dims.is_resolved() ? 1 : 0;
+  }
+  return d;
+}
+
+void ParallelLayout::check_strategy(const StrategyConfig& s) const {
+  SHARD_REQUIRE(dims.dp_shard >= 0 && dims.dp_shard <= (1 << 20) && dims.dp_replicate >= 0 &&
+                    dims.dp_replicate <= (1 << 20),
+                "--dp-shard {} --dp-replicate {}: expected 0 (what the world leaves) or a group size", dims.dp_shard,
+                dims.dp_replicate);
+  SHARD_REQUIRE(s.kind != StrategyKind::dp || dims.pp == 1,
+                "--pp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
+                "zero1-3 with pipeline parallelism",
+                dims.pp);
+  SHARD_REQUIRE(s.kind != StrategyKind::dp || dims.tp == 1,
+                "--tp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
+                "zero1-3 with tensor parallelism",
+                dims.tp);
+  SHARD_REQUIRE(!dims.hybrid() || zero_stage(s.kind) > 0,
+                "--dp-shard {} (--shard-group) with --strategy {}: only zero1, zero2 and zero3 shard state; {} "
+                "replicates it over every data-parallel rank",
+                dims.dp_shard, strategy_name(s.kind), strategy_name(s.kind));
+}
+
+void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strategy, int64_t batch,
+                              int64_t micro_batches, int world) const {
+  check_strategy(strategy);
   const ParallelDims d = dims.resolved(world);
   const int dp = d.dp();
   SHARD_REQUIRE(batch % (static_cast<int64_t>(dp) * micro_batches) == 0,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shard/pipeline/schedule.hpp"
+#include "shard/strategy.hpp"
 #include "src/comm/mesh.hpp"
 #include "src/model/spec.hpp"
 
@@ -34,7 +35,13 @@ struct ParallelLayout {
   // Every cross-axis rule, each message naming the values: the degrees against the world, the
   // global batch (sequences) against the data-parallel ranks and the micro-batches, sequence
   // parallelism against tp and the token rows, the pipeline's options against pp and the units.
-  void validate(const ModelSpec& spec, int64_t batch, int64_t micro_batches, int world) const;
+  void validate(const ModelSpec& spec, const StrategyConfig& strategy, int64_t batch, int64_t micro_batches,
+                int world) const;
+  // The rules between the data-parallel strategy and the degrees alone (no model, no batch): dp
+  // neither under tp nor pp, hybrid sharding only for zero1-3, group sizes in range.
+  void check_strategy(const StrategyConfig& s) const;
+  // The degrees strategy k runs with: dp and ddp replicate over one group of every data-parallel rank.
+  ParallelDims dims_under(StrategyKind k) const;
   // --pp > 1: the split and the schedule against the model's units, before any unit is built.
   void validate_pipeline(const ModelSpec& spec, int64_t micro_batches) const;
   bool pipelined() const { return dims.pp > 1; }

@@ -79,16 +79,12 @@ StrategyConfig StrategyConfig::under(StrategyKind k) const {
   StrategyConfig c = *this;
   c.kind = k;
   c.offload = offload_for(k, offload);
-  if (zero_stage(k) == 0) {  // one replica group: the whole data-parallel group
-    c.dims.dp_shard = dims.is_resolved() ? dims.dp() : 0;
-    c.dims.dp_replicate = dims.is_resolved() ? 1 : 0;
-  }
   return c;
 }
 
-std::string StrategyConfig::label() const {
+std::string StrategyConfig::label(const ParallelDims& dims) const {
   std::string s = strategy_name(kind);
-  if (hybrid()) s += fmt::format(" S={}", dims.dp_shard);
+  if (dims.hybrid()) s += fmt::format(" S={}", dims.dp_shard);
   if (offload != Offload::none) s += fmt::format(" off:{}", offload_name(offload));
   return s;
 }
@@ -102,22 +98,6 @@ void StrategyConfig::validate() const {
   SHARD_REQUIRE(max_gathered == 0 || max_gathered >= 2,
                 "--max-gathered {}: at least 2 (the unit running and the one it borrows from), or 0 for automatic",
                 max_gathered);
-  SHARD_REQUIRE(dims.dp_shard >= 0 && dims.dp_shard <= (1 << 20) && dims.dp_replicate >= 0 &&
-                    dims.dp_replicate <= (1 << 20),
-                "--dp-shard {} --dp-replicate {}: expected 0 (what the world leaves) or a group size", dims.dp_shard,
-                dims.dp_replicate);
-  SHARD_REQUIRE(kind != StrategyKind::dp || dims.pp == 1,
-                "--pp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
-                "zero1-3 with pipeline parallelism",
-                dims.pp);
-  SHARD_REQUIRE(kind != StrategyKind::dp || dims.tp == 1,
-                "--tp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
-                "zero1-3 with tensor parallelism",
-                dims.tp);
-  SHARD_REQUIRE(!hybrid() || zero_stage(kind) > 0,
-                "--dp-shard {} (--shard-group) with --strategy {}: only zero1, zero2 and zero3 shard state; {} "
-                "replicates it over every data-parallel rank",
-                dims.dp_shard, strategy_name(kind), strategy_name(kind));
   SHARD_REQUIRE(offload != Offload::params || kind == StrategyKind::zero3,
                 "--offload params with --strategy {}: only zero3 shards the parameters, so only zero3 can keep them on "
                 "the host; use --strategy zero3, or --offload optimizer", strategy_name(kind));

@@ -59,24 +59,13 @@ struct StrategyConfig {
   int max_gathered = 0;              // zero3: cap on gathered units at once; 0 = prefetch + 2
   MixedPrecisionPolicy precision;
   Offload offload = Offload::none;
-  // The mesh (--dp-shard, --dp-replicate, --tp, --pp): zero1-3 shard the state over dp_shard and
-  // replicate it over dp_replicate (hybrid sharding when both exceed 1); ddp and dp replicate over
-  // both. Resolved against the world by the CLI (or by the Trainer, for callers that leave it).
-  ParallelDims dims;
-  // Set by the Trainer under pipeline parallelism (--pp > 1), where micro-batches interleave
-  // forwards and backwards: zero2/3 accumulate each unit's full gradient over the step and
-  // reduce-scatter it once, after the unit's last micro-batch (never once per micro-batch), and
-  // zero3 keeps a unit gathered from its first forward to its last backward of the step: one
-  // all-gather per unit and step (torchtitan's reshard_after_forward=False under PP).
-  bool pipelined = false;
+  // The options alone; the rules between the strategy and the mesh are ParallelLayout::validate's.
   void validate() const;
-  // Hybrid sharding: the state replicated over more than one shard group.
-  bool hybrid() const { return dims.dp_replicate > 1 || (dims.dp_shard > 0 && dims.dp_replicate == 0); }
-  // This configuration under `k`, with what only some strategies take (--offload, hybrid sharding)
-  // applied as far as k allows: how profile and compare run one set of options under each strategy.
+  // This configuration under `k`, with --offload applied as far as k allows (hybrid sharding:
+  // ParallelLayout::dims_under).
   StrategyConfig under(StrategyKind k) const;
-  // "zero3", "zero3 off:params", "zero2 S=2": the label of a row in reports.
-  std::string label() const;
+  // "zero3", "zero3 off:params", "zero2 S=2" (hybrid over shard groups of dims.dp_shard): a report row's label.
+  std::string label(const ParallelDims& dims) const;
 };
 
 struct StrategyEnv {
@@ -178,6 +167,12 @@ class Strategy : public UnitHooks {
     for (const BorrowedTensor& b : borrowed_[u]) mp_.release_params(b.owner);
   }
   const UnitLayout& layout(size_t u) const { return env_.units[u]->layout(); }
+  // Under pipeline parallelism (--pp > 1) micro-batches interleave forwards and backwards: zero2/3
+  // accumulate each unit's full gradient over the step and reduce-scatter it once, after the unit's
+  // last micro-batch (never once per micro-batch), and zero3 keeps a unit gathered from its first
+  // forward to its last backward of the step: one all-gather per unit and step (torchtitan's
+  // reshard_after_forward=False under PP).
+  bool pipelined() const { return env_.mesh.dims().pp > 1; }
   // Views of the elements of tensors replicated over the tensor-parallel group inside `owned`,
   // which holds unit u's flat elements from `begin` on (none at tensor-parallel degree 1).
   std::vector<Tensor> replicated_part(size_t u, Tensor owned, int64_t begin) const;

@@ -95,7 +95,7 @@ class Zero final : public Strategy {
     if (stage_ != 3) return;
     // The last unit runs backward right after its forward: keep it (and what it borrows) gathered.
     // A forward-only pass (evaluation) has no backward to keep anything for.
-    bool keep = !eval_ && (!cfg_.reshard_after_forward || cfg_.pipelined || u + 1 == num_units());
+    bool keep = !eval_ && (!cfg_.reshard_after_forward || pipelined() || u + 1 == num_units());
     release(u, keep);
   }
 
@@ -119,10 +119,10 @@ class Zero final : public Strategy {
 
   void after_backward(size_t u) override {
     release_unit_params(u);
-    if (stage_ == 3) release(u, cfg_.pipelined && !last_micro_);
+    if (stage_ == 3) release(u, pipelined() && !last_micro_);
     flush_grads(u, grads_full_[u].flat(rd_));
     // Pipelined: the full gradient accumulates until the unit's last micro-batch (stage 1's way).
-    if (cfg_.pipelined && !last_micro_) return;
+    if (pipelined() && !last_micro_) return;
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
       if (last_micro_)

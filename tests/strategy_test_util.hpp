@@ -64,7 +64,7 @@ inline RunOut reference(const TrainConfig& cfg) {
   Pool pool(*be);
   auto comm = make_sim_communicator(0, 1, pool);
   TrainConfig c = cfg;
-  c.strategy = c.strategy.under(StrategyKind::ddp);  // without what only ZeRO takes (shard groups, offload)
+  c.use_strategy(StrategyKind::ddp);  // without what only ZeRO takes (shard groups, offload)
   return train(*comm, pool, c);
 }
 
@@ -110,7 +110,7 @@ inline void check_measured_is_predicted(const TrainConfig& base, const std::stri
   t.step(0);
   t.step(1);
   Estimate m = t.measured_step();
-  Estimate e = predict_step(cfg, N, g_mpi->rank(), cfg.batch / cfg.strategy.dims.resolved(N).dp() / cfg.accum);
+  Estimate e = predict_step(cfg, N, g_mpi->rank(), cfg.batch / cfg.layout.dims.resolved(N).dp() / cfg.accum);
   INFO(what << " world " << N << " rank " << g_mpi->rank() << ": device peak predicted " << e.peak << " measured "
             << m.peak << ", host peak predicted " << e.host.peak << " measured " << m.host.peak);
   CHECK(m.model_states == e.model_states);

@@ -100,8 +100,8 @@ TEST_CASE("predicted activations under tensor parallelism follow Korthikanti et 
   const double Vp = std::ceil(double(spec.vocab) / t) * t;
   for (bool sp : {false, true}) {
     TrainConfig c = config("gpt2-large", StrategyKind::zero3, DType::bf16);
-    c.strategy.dims.tp = 4;
-    c.sequence_parallel = sp;
+    c.layout.dims.tp = 4;
+    c.layout.sequence_parallel = sp;
     const double layer = sp ? (64 * s * b * h + 4 * a * s * s * b) / t
                             : 16 * s * b * h + 48 * s * b * h / t + 4 * a * s * s * b / t;
     const double want = L * layer + 4 * s * b * Vp / t;

@@ -30,7 +30,7 @@ TEST_CASE("hybrid sharding trains as single-rank training does, at every shard g
     if (N % S != 0) continue;
     for (StrategyKind s : {StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3}) {
       TrainConfig cfg = parity_config(s, N);
-      cfg.strategy.dims.dp_shard = S;
+      cfg.layout.dims.dp_shard = S;
       check_parity(train_mpi(cfg), reference(cfg), fmt::format("{} S={}", strategy_name(s), S));
     }
   }
@@ -42,7 +42,7 @@ TEST_CASE("hybrid sharding with groups of one rank reduces DDP's gradients", "[s
   for (StrategyKind s : {StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3}) {
     TrainConfig cfg = ddp;
     cfg.strategy.kind = s;
-    cfg.strategy.dims.dp_shard = 1;
+    cfg.layout.dims.dp_shard = 1;
     const auto got = grads_after_step(cfg);
     double worst = 0;
     for (size_t u = 0; u < want.size(); ++u) {
@@ -61,7 +61,7 @@ TEST_CASE("hybrid sharding's intra- and inter-group traffic is the theory's, to 
   for (StrategyKind s : {StrategyKind::zero1, StrategyKind::zero2}) {
     TrainConfig cfg = parity_config(s, N);
     cfg.steps = 1;
-    cfg.strategy.dims.dp_shard = S;
+    cfg.layout.dims.dp_shard = S;
     auto be = make_cpu_backend(BackendConfig{1});
     Pool pool(*be);
     auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
@@ -88,7 +88,7 @@ TEST_CASE("hybrid sharding's memory is predicted to the byte", "[strategies][hyb
     if (N >= 2 && N % 2 == 0) {  // real ranks: S = N / 2 (S = 2 at N = 4)
       TrainConfig cfg = parity_config(s, N);
       cfg.batch = 4 * N;
-      cfg.strategy.dims.dp_shard = N / 2;
+      cfg.layout.dims.dp_shard = N / 2;
       cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = DType::bf16;
       check_measured_is_predicted(cfg, fmt::format("{} S={}", strategy_name(s), N / 2));
     }
@@ -97,7 +97,7 @@ TEST_CASE("hybrid sharding's memory is predicted to the byte", "[strategies][hyb
     TrainConfig cfg = parity_config(s, 6);
     cfg.batch = 12;
     cfg.steps = 2;
-    cfg.strategy.dims.dp_shard = 3;
+    cfg.layout.dims.dp_shard = 3;
     cfg.record_step = true;
     auto be = make_cpu_backend(BackendConfig{1});
     Pool pool(*be);
@@ -113,7 +113,7 @@ TEST_CASE("hybrid sharding's memory is predicted to the byte", "[strategies][hyb
     CHECK(m.peak_by_category == e.peak_by_category);
     // Model states follow ZeRO's formulas with S in place of N: those of plain ZeRO on a world of S.
     TrainConfig plain3 = cfg;
-    plain3.strategy.dims = ParallelDims{};
+    plain3.layout.dims = ParallelDims{};
     CHECK(e.model_states == predict_step(plain3, 3, 1, 2, false).model_states);
   }
 }
@@ -121,7 +121,7 @@ TEST_CASE("hybrid sharding's memory is predicted to the byte", "[strategies][hyb
 TEST_CASE("a shard group that does not divide the world is refused", "[strategies][hybrid]") {
   TrainConfig cfg = parity_config(StrategyKind::zero3, 6);
   cfg.batch = 12;
-  cfg.strategy.dims.dp_shard = 4;
+  cfg.layout.dims.dp_shard = 4;
   auto be = make_cpu_backend(BackendConfig{1});
   Pool pool(*be);
   auto comm = make_sim_communicator(0, 6, pool);

@@ -31,7 +31,7 @@ TEST_CASE("Llama: every strategy and hybrid sharding match single-rank training"
   for (int S = 1; S < N; ++S) {
     if (N % S != 0) continue;
     TrainConfig cfg = llama_config(StrategyKind::zero3, N);
-    cfg.strategy.dims.dp_shard = S;
+    cfg.layout.dims.dp_shard = S;
     check_parity(train_mpi(cfg), reference(cfg), fmt::format("llama zero3 S={}", S));
   }
 }

@@ -28,7 +28,7 @@ PlanConfig plan_for(const std::string& preset, int world, uint64_t device_memory
 // plan predicts only the distinct ones).
 uint64_t every_stage_peak(const PlanConfig& pc, const PlanEntry& e) {
   const TrainConfig t = e.config(pc);
-  const ParallelDims d = t.strategy.dims.resolved(pc.world);
+  const ParallelDims d = t.layout.dims.resolved(pc.world);
   uint64_t peak = 0;
   for (int k = 0; k < d.pp; ++k) {
     MeshCoord c;
@@ -50,7 +50,7 @@ TEST_CASE("plan: gpt2-xl on 64 x 80 GiB, the top fits with the estimator's peak 
   REQUIRE(top.fits);
   CHECK(top.peak == every_stage_peak(pc, top));
   CHECK(top.peak <= pc.device_memory);
-  const TimePrediction t = predict_step_time(pc.train.spec, top.layout(pc), pc.rates.device, pc.rates.achievable);
+  const TimePrediction t = predict_step_time(pc.train.spec, top.time_layout(pc), pc.rates.device, pc.rates.achievable);
   CHECK(top.step_ms() == Approx(t.split.total * 1e3).epsilon(1e-12));
   CHECK(top.time.mfu == Approx(t.mfu).epsilon(1e-12));
   for (size_t i = 1; i < plan.entries.size(); ++i)  // fitting ones first, each group fastest first
@@ -88,9 +88,9 @@ TEST_CASE("plan: the pruned search ranks the same top configurations as the exha
   // The exhaustive walk holds hybrid groups and pipelines among its candidates.
   bool hybrid = false, pipelined = false, tp = false;
   for (const PlanEntry& e : all.entries) {
-    hybrid |= e.strategy.dims.dp_replicate > 1;
-    pipelined |= e.strategy.dims.pp > 1;
-    tp |= e.strategy.dims.tp > 1;
+    hybrid |= e.layout.dims.dp_replicate > 1;
+    pipelined |= e.layout.dims.pp > 1;
+    tp |= e.layout.dims.tp > 1;
   }
   CHECK((hybrid && pipelined && tp));
 }
@@ -104,7 +104,7 @@ TEST_CASE("plan: each pipeline layout's peak is the largest of every stage's", "
   size_t checked = 0;
   for (const PlanEntry& e : plan.entries) {
     if (!e.predicted) continue;
-    CHECK(e.strategy.dims.pp == 4);
+    CHECK(e.layout.dims.pp == 4);
     CHECK(e.peak == every_stage_peak(pc, e));
     ++checked;
   }
@@ -123,8 +123,8 @@ TEST_CASE("plan: every dimension pinned gives one configuration, the one asked f
   REQUIRE(plan.entries.size() == 1);
   const PlanEntry& e = plan.entries[0];
   CHECK(e.fits);
-  CHECK(e.strategy.dims == ParallelDims{2, 2, 2, 2});
-  CHECK(e.pp_virtual == 2);
+  CHECK(e.layout.dims == ParallelDims{2, 2, 2, 2});
+  CHECK(e.layout.pipeline.virtual_stages == 2);
   CHECK(e.accum == 64 / (4 * 2));
   CHECK(e.label() == "tp 2+sp pp 2 interleaved v2 dp 4 zero3 S=2 off:optimizer");
   CHECK(e.peak == every_stage_peak(pc, e));
@@ -183,7 +183,7 @@ TEST_CASE("plan: the answer for a fixed small case, by the model's arithmetic", 
   pc.global_batch = 64;
   pc.keep = 1;
   const PlanEntry top = make_plan(pc).entries.at(0);
-  CHECK(top.strategy.dims == ParallelDims{1, 1, 8, 1});
+  CHECK(top.layout.dims == ParallelDims{1, 1, 8, 1});
   CHECK(top.strategy.kind == StrategyKind::zero3);
   CHECK(top.micro_batch == 8);
   CHECK(top.checkpointing == Checkpointing::none);
@@ -194,8 +194,8 @@ TEST_CASE("plan: the answer for a fixed small case, by the model's arithmetic", 
   pc.exhaustive = true;
   const PlanResult all = make_plan(pc);
   for (const PlanEntry& e : all.entries)
-    if (e.strategy.dims.tp == 1 && e.strategy.dims.pp == 1) CHECK(!e.fits);
+    if (e.layout.dims.tp == 1 && e.layout.dims.pp == 1) CHECK(!e.fits);
   REQUIRE(all.entries.at(0).fits);
-  CHECK(all.entries[0].strategy.dims.tp * all.entries[0].strategy.dims.pp > 1);
+  CHECK(all.entries[0].layout.dims.tp * all.entries[0].layout.dims.pp > 1);
   CHECK(all.entries[0].peak <= pc.device_memory);
 }

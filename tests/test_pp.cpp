@@ -33,10 +33,10 @@ TrainConfig pp_config(const ModelSpec& spec, const Layout& l) {
   const int N = g_mpi->world();
   TrainConfig cfg = parity_config(l.kind, N);
   cfg.spec = spec;
-  cfg.strategy.dims.pp = l.pp;
-  cfg.strategy.dims.tp = l.tp;
-  cfg.pipeline.schedule = l.schedule;
-  cfg.pipeline.virtual_stages = l.virtual_stages;
+  cfg.layout.dims.pp = l.pp;
+  cfg.layout.dims.tp = l.tp;
+  cfg.layout.pipeline.schedule = l.schedule;
+  cfg.layout.pipeline.virtual_stages = l.virtual_stages;
   cfg.accum = l.micro;
   cfg.batch = 2 * l.micro * (N / l.pp / l.tp);  // micro-batches of 2 sequences on each data-parallel rank
   return cfg;
@@ -44,15 +44,15 @@ TrainConfig pp_config(const ModelSpec& spec, const Layout& l) {
 
 // The same run on one rank holding the whole model: the reference.
 TrainConfig whole_model(TrainConfig c) {
-  c.strategy.dims = ParallelDims{};
-  c.pipeline = PipelineConfig{};
+  c.layout.dims = ParallelDims{};
+  c.layout.pipeline = PipelineConfig{};
   return c;
 }
 
 std::string label(const TrainConfig& c) {
-  const ParallelDims& d = c.strategy.dims;
-  return fmt::format("{} pp {} {} M {}{}{} {}{}", c.spec.name, d.pp, pp_schedule_name(c.pipeline.schedule), c.accum,
-                     c.pipeline.virtual_stages > 1 ? fmt::format(" V {}", c.pipeline.virtual_stages) : "",
+  const ParallelDims& d = c.layout.dims;
+  return fmt::format("{} pp {} {} M {}{}{} {}{}", c.spec.name, d.pp, pp_schedule_name(c.layout.pipeline.schedule), c.accum,
+                     c.layout.pipeline.virtual_stages > 1 ? fmt::format(" V {}", c.layout.pipeline.virtual_stages) : "",
                      d.tp > 1 ? fmt::format(" tp {}", d.tp) : "", strategy_name(c.strategy.kind),
                      c.strategy.precision.param_dtype != DType::f32 ? " bf16" : "");
 }
@@ -267,7 +267,7 @@ TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values"
   };
   const Layout two{2, PpSchedule::one_f_one_b, 2};
   TrainConfig cfg = pp_config(gpt2_spec(), two);
-  cfg.strategy.dims.pp = N + 1;
+  cfg.layout.dims.pp = N + 1;
   throws_with(cfg, fmt::format("--pp {} x --tp 1 x --dp-replicate 1 = {} does not divide the world of {} ranks", N + 1,
                                N + 1, N));
   // More stages than units: 2 x 3 chunks of GPT-2 tiny's 4 units.
@@ -275,11 +275,11 @@ TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values"
   throws_with(cfg, "--pp 2 x --pp-virtual 3 = 6 stages, but the model has 4 units (embedding .. head): every "
                    "stage needs at least one");
   cfg = pp_config(gpt2_spec(), two);
-  cfg.pipeline.split = {3, 2};
+  cfg.layout.pipeline.split = {3, 2};
   throws_with(cfg, "--pp-split 3,2 sums to 5 units, but the model has 4 (embedding .. head)");
-  cfg.pipeline.split = {4};
+  cfg.layout.pipeline.split = {4};
   throws_with(cfg, "--pp-split 4 gives 1 count; --pp 2 x --pp-virtual 1 needs 2 (one per chunk)");
-  cfg.pipeline.split = {4, 0};
+  cfg.layout.pipeline.split = {4, 0};
   throws_with(cfg, "--pp-split 4,0: every chunk needs at least one unit");
   for (PpSchedule s : {PpSchedule::gpipe, PpSchedule::one_f_one_b}) {
     cfg = pp_config(gpt2_spec(), {2, s, 2, StrategyKind::ddp, 1, 2});
@@ -294,7 +294,7 @@ TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values"
   cfg.strategy.kind = StrategyKind::dp;
   throws_with(cfg, "--pp 2 with --strategy dp: the single-master baseline keeps the whole model on rank 0");
   cfg = pp_config(gpt2_spec(), two);
-  cfg.strategy.dims.pp = 1;
-  cfg.pipeline.split = {2, 2};
+  cfg.layout.dims.pp = 1;
+  cfg.layout.pipeline.split = {2, 2};
   throws_with(cfg, "--pp-virtual 1 / --pp-split: pipeline options need --pp 2 or more");
 }

@@ -14,8 +14,8 @@ namespace {
 // tiny (GPT-2, tied head) at pp P: M micro-batches of 2 sequences per data-parallel rank.
 TrainConfig pp_config(StrategyKind s, int world, int P, PpSchedule schedule, int64_t M) {
   TrainConfig cfg = parity_config(s, world);
-  cfg.strategy.dims.pp = P;
-  cfg.pipeline.schedule = schedule;
+  cfg.layout.dims.pp = P;
+  cfg.layout.pipeline.schedule = schedule;
   cfg.accum = M;
   cfg.batch = 2 * M * (world / P);
   return cfg;
@@ -55,7 +55,7 @@ TEST_CASE("pipeline: every stage's step memory is predicted to the byte, each sc
   for (StrategyKind k : N == 4 ? std::vector<StrategyKind>{StrategyKind::ddp, StrategyKind::zero3}
                                : std::vector<StrategyKind>{StrategyKind::ddp}) {
     TrainConfig cfg = pp_config(k, N, 2, PpSchedule::interleaved, 4);
-    cfg.pipeline.virtual_stages = 2;
+    cfg.layout.pipeline.virtual_stages = 2;
     cfg.steps = 2;
     check_measured_is_predicted(cfg, fmt::format("pp 2 V 2 x dp {} {} interleaved-1f1b", N / 2, strategy_name(k)));
   }
@@ -103,7 +103,7 @@ TEST_CASE("profile --pp: one row per stage, each the stage's prediction", "[pp][
   if (g_mpi->rank() != 0) return;
   ProfileConfig pc;
   pc.train = pp_config(StrategyKind::ddp, 8, 4, PpSchedule::one_f_one_b, 4);
-  pc.train.strategy.dims.dp_shard = 2;
+  pc.train.layout.dims.dp_shard = 2;
   pc.world = 8;
   pc.micro_batch = 2;
   pc.strategies = {StrategyKind::ddp, StrategyKind::zero3};
@@ -116,7 +116,7 @@ TEST_CASE("profile --pp: one row per stage, each the stage's prediction", "[pp][
     CHECK(r.rows[static_cast<size_t>(k)].stage == k);
     // Stage k's first rank is k x (dp 2 x tp 1) in the mesh's layout.
     TrainConfig t = pc.train;
-    t.strategy = t.strategy.under(StrategyKind::zero3);
+    t.use_strategy(StrategyKind::zero3);
     CHECK(r.rows[static_cast<size_t>(4 + k)].predicted.peak == predict_step(t, 8, 2 * k, 2, false).peak);
   }
 }

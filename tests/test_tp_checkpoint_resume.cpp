@@ -43,7 +43,7 @@ TrainConfig config(const ModelSpec& spec, Layout l) {
   TrainConfig cfg = parity_config(l.kind, g_mpi->world());
   cfg.spec = spec;
   cfg.batch = 4;
-  cfg.strategy.dims.tp = l.tp;
+  cfg.layout.dims.tp = l.tp;
   return cfg;
 }
 

@@ -48,28 +48,28 @@ TrainConfig tp_config(const ModelSpec& spec, Layout l, bool sp) {
   TrainConfig cfg = parity_config(l.kind, g_mpi->world());
   cfg.spec = spec;
   cfg.batch = 4;
-  cfg.strategy.dims.tp = l.tp;
-  cfg.sequence_parallel = sp;
+  cfg.layout.dims.tp = l.tp;
+  cfg.layout.sequence_parallel = sp;
   return cfg;
 }
 
 // The same run on one rank holding the whole model: the parity reference.
 TrainConfig whole_model(TrainConfig c) {
-  c.strategy.dims = ParallelDims{};
-  c.sequence_parallel = false;
+  c.layout.dims = ParallelDims{};
+  c.layout.sequence_parallel = false;
   return c;
 }
 
 std::string label(const TrainConfig& c) {
-  return fmt::format("{} tp {} {}{} {}{}", c.spec.name, c.strategy.dims.tp, strategy_name(c.strategy.kind),
-                     c.sequence_parallel ? " sp" : "", dtype_name(c.strategy.precision.param_dtype),
+  return fmt::format("{} tp {} {}{} {}{}", c.spec.name, c.layout.dims.tp, strategy_name(c.strategy.kind),
+                     c.layout.sequence_parallel ? " sp" : "", dtype_name(c.strategy.precision.param_dtype),
                      c.strategy.offload != Offload::none ? std::string(" off:") + offload_name(c.strategy.offload) : "");
 }
 
 // Losses as check_parity has them; the parameters of this rank's part against the whole model's
 // at the places tp_runs gives (padding: zero).
 void check_tp_parity(const RunOut& got, const RunOut& want, const TrainConfig& cfg) {
-  const int T = cfg.strategy.dims.tp, r = g_mpi->rank() % T;  // tp innermost
+  const int T = cfg.layout.dims.tp, r = g_mpi->rank() % T;  // tp innermost
   const std::vector<UnitLayout> part = family_of(cfg.spec).layout(cfg.spec, TpConfig{T, r});
   const std::vector<UnitLayout> whole = family_of(cfg.spec).layout(cfg.spec);
   double worst_loss = 0, worst_param = 0, padding = 0;

@@ -32,15 +32,19 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"compare"}, &sources, &given)) return ExitCode::ok;
   if (ctx.mpi.rank() == 0 && !sources.empty()) std::printf("shardlab compare options: %s\n", cli::describe(sources).c_str());
   opts.finish(cc.train, ctx, ctx.mpi.world());
-  cc.strategies = cli::strategies_for(strategies, given, cc.train.strategy.dims, "compare", ctx.mpi.rank());
+  cc.strategies = cli::strategies_for(strategies, given, cc.train.layout.dims, "compare", ctx.mpi.rank());
   cli::check_applicable(given, cc.train, cc.strategies, true, "compare", ctx.mpi.rank());
   for (StrategyKind k : cc.strategies) {  // each strategy's step must fit this host (none is skipped for it)
     TrainConfig one = cc.train;
-    one.strategy = cc.train.strategy.under(k);
+    one.use_strategy(k);
     require_step_fits_host(one, opts, ctx);
   }
   start_watchdog(ctx, opts.run.collective_timeout);
-  cc.train.strategy.under(StrategyKind::zero3).validate();  // each strategy applies what it allows
+  {  // each strategy applies what it allows
+    StepConfig z = cc.train;
+    z.use_strategy(StrategyKind::zero3);
+    z.validate_strategy();
+  }
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
   auto backend = opts.backend(ctx);
   const PoolConfig pools = opts.memory.pools(backend.get());

@@ -32,7 +32,7 @@ ExitCode cmd_profile(const Args& args, const Context& ctx) {
   cli::po::variables_map given;
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"profile"}, nullptr, &given)) return ExitCode::ok;
   opts.finish(pc.train, ctx, pc.world);
-  pc.strategies = cli::strategies_for(strategies, given, pc.train.strategy.dims, "profile", ctx.mpi.rank());
+  pc.strategies = cli::strategies_for(strategies, given, pc.train.layout.dims, "profile", ctx.mpi.rank());
   cli::check_applicable(given, pc.train, pc.strategies, true, "profile", ctx.mpi.rank());
   start_watchdog(ctx, opts.run.collective_timeout);
   SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);

@@ -50,7 +50,7 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
   if (!reports.html.empty()) {
     RunReport run;
     run.title = fmt::format("shardlab train: {}, {} on {} rank{}, global batch {} x {} tokens", cfg.spec.describe(),
-                            cfg.strategy.label(), mpi.world(), mpi.world() == 1 ? "" : "s", cfg.batch, cfg.spec.seq);
+                            cfg.label(), mpi.world(), mpi.world() == 1 ? "" : "s", cfg.batch, cfg.spec.seq);
     if (!cfg.options_origin.empty()) run.facts.push_back("options: " + cfg.options_origin);
     run.runs.push_back({name, trainer.history()});
     run.memory = report;
@@ -88,7 +88,7 @@ void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, C
     return;
   }
   // This rank's products: its part of the model under --tp, its data-parallel share of the batch.
-  const int64_t micro = std::max<int64_t>(1, cfg.batch / cfg.strategy.dims.resolved(world).dp() / cfg.accum);
+  const int64_t micro = std::max<int64_t>(1, cfg.batch / cfg.layout.dims.resolved(world).dp() / cfg.accum);
   GemmBenchConfig g = step_gemm_config(cfg, world, micro);
   g.seconds = 0.001;  // per product and library: the step's products are timed in ~0.1 s (tiny, small)
   const double cost = 10 * gemm_benchmark_pass_flops(g);

@@ -440,9 +440,9 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.spec = resume_spec(cfg).value_or(model.spec(cfg.init));
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
-  cfg.strategy.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
-  cfg.sequence_parallel = mesh.sequence_parallel;
-  cfg.pipeline = mesh.pipeline();
+  cfg.layout.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
+  cfg.layout.sequence_parallel = mesh.sequence_parallel;
+  cfg.layout.pipeline = mesh.pipeline();
   SHARD_REQUIRE(micro_batches >= 0, "--micro-batches {}: expected a positive count (0 = --accum)", micro_batches);
   if (micro_batches > 0) {
     SHARD_REQUIRE(cfg.accum == 1 || cfg.accum == micro_batches,

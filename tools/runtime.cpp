@@ -82,7 +82,7 @@ std::unique_ptr<Backend> make_device_backend(Device device, const cli::RunOption
 
 void require_step_fits_host(const TrainConfig& cfg, const cli::TrainOptions& opts, const Context& ctx) {
   if (parse_device(opts.run.device) != Device::cpu || !opts.memory.device_memory.empty()) return;
-  const int dp = cfg.strategy.dims.is_resolved() ? cfg.strategy.dims.dp() : ctx.mpi.world();
+  const int dp = cfg.layout.dims.is_resolved() ? cfg.layout.dims.dp() : ctx.mpi.world();
   // Indivisible batches are the trainer's error to report, with its own message.
   if (dp < 1 || cfg.accum < 1 || cfg.batch < 1 || cfg.batch % (int64_t(dp) * cfg.accum) != 0) return;
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

@@ -170,7 +170,7 @@ nlohmann::json manifest_head(const CheckpointState& state, int world, const RunP
   m["model"] = spec_to_json(c.spec);
   m["strategy"] = strategy_name(c.strategy.kind);
   m["world"] = world;
-  const ParallelDims& d = c.strategy.dims;  // the layout that wrote it (informational: any layout loads it)
+  const ParallelDims& d = c.layout.dims;  // the layout that wrote it (informational: any layout loads it)
   m["mesh"] = {{"pp", d.pp}, {"dp_replicate", d.dp_replicate}, {"dp_shard", d.dp_shard}, {"tp", d.tp}};
   m["param_dtype"] = dtype_name(c.strategy.precision.param_dtype);
   m["reduce_dtype"] = dtype_name(c.strategy.precision.reduce_dtype);

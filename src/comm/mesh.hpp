@@ -34,7 +34,9 @@ struct ParallelDims {
   // naming every degree and the world otherwise. Resolving resolved dims again only checks them.
   ParallelDims resolved(int world) const;
   bool is_resolved() const { return dp_replicate > 0 && dp_shard > 0; }
-  int dp() const { return dp_replicate * dp_shard; }  // data-parallel ranks (replicas x shards)
+  int dp() const { return dp_replicate * dp_shard; }
+  // Hybrid sharding: the state replicated over more than one shard group.
+  bool hybrid() const { return dp_replicate > 1 || (dp_shard > 0 && dp_replicate == 0); }  // data-parallel ranks (replicas x shards)
   int world() const { return pp * dp() * tp; }
   int size(CommAxis a) const;  // ranks of one group along a (world: all of them)
   // The degree along grid axis g (src/comm/axes.hpp): the one place a grid axis meets its field.

@@ -16,7 +16,7 @@ namespace {
 
 // The textbook traffic of the strategy's pattern (shard/strategy_formulas.hpp) for this run.
 StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig& c) {
-  return step_traffic(s, TrafficInputs{params, world, c.strategy.hybrid() ? c.strategy.dims.dp_shard : 0, c.strategy.precision.param_dtype,
+  return step_traffic(s, TrafficInputs{params, world, c.layout.dims.hybrid() ? c.layout.dims.dp_shard : 0, c.strategy.precision.param_dtype,
                                        c.strategy.precision.reduce_dtype, c.batch, c.spec.seq, c.spec.vocab});
 }
 
@@ -27,7 +27,7 @@ StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig&
 // is all-reduced over the first and the last stage's ranks (2 x dp of them); the loss and the
 // norm's stage sums are one float all-reduced over the pipeline each.
 double pp_theory(const TrainConfig& c, int dp, int tp) {
-  const int P = c.strategy.dims.pp, V = c.pipeline.virtual_stages, chunks = P * V;
+  const int P = c.layout.dims.pp, V = c.layout.pipeline.virtual_stages, chunks = P * V;
   const double B = static_cast<double>(c.batch / dp / c.accum), T = static_cast<double>(c.spec.seq);
   int boundaries = 0;
   for (int chunk = 0; chunk < chunks; chunk += P) boundaries += (chunk > 0) + (chunk < chunks - 1);
@@ -45,7 +45,7 @@ double pp_theory(const TrainConfig& c, int dp, int tp) {
 std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, const TrainConfig& tc, uint64_t budget,
                                uint64_t host_budget, StrategyResult& r) {
   if (budget || host_budget) {
-    const int64_t micro = tc.batch / tc.strategy.dims.resolved(comm.world_size()).dp() / tc.accum;
+    const int64_t micro = tc.batch / tc.layout.dims.resolved(comm.world_size()).dp() / tc.accum;
     Estimate e = predict_step(tc, comm.world_size(), comm.rank(), micro, false);
     if (host_budget && e.host.peak > host_budget)
       r.error = fmt::format("out of memory on the host tier: a step needs {} per rank, the host budget is {}",
@@ -91,8 +91,8 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   StrategyResult r;
   r.kind = kind;
   TrainConfig tc = cfg.train;
-  tc.strategy = tc.strategy.under(kind);  // --offload and hybrid sharding as far as the strategy allows
-  r.name = tc.strategy.label();
+  tc.use_strategy(kind);  // --offload and hybrid sharding as far as the strategy allows
+  r.name = tc.label();
   Pool pool(be, PoolConfig{cfg.budget, cfg.host_budget});
   auto comm = group.connect(pool);
   tc.log_path.clear();
@@ -132,18 +132,18 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   StepTraffic theory = traffic(kind, part, trainer->mesh().dp_size(), tc);
   // Under --pp ZeRO-3 keeps a stage's units gathered over the step: one gather of the parameters,
   // not one for the forward and one for the backward.
-  if (tc.strategy.dims.pp > 1 && kind == StrategyKind::zero3) theory.group_overlapped -= theory.p;
+  if (tc.layout.dims.pp > 1 && kind == StrategyKind::zero3) theory.group_overlapped -= theory.p;
   r.comm_theory = theory.total_bus();
-  if (tc.strategy.hybrid()) {
-    r.dp_shard = tc.strategy.dims.dp_shard;
+  if (tc.layout.dims.hybrid()) {
+    r.dp_shard = tc.layout.dims.dp_shard;
     const auto& axis = trainer->mesh().last_step_bytes();
     r.comm_intra = axis[static_cast<int>(CommAxis::dp_shard)];
     r.comm_inter = axis[static_cast<int>(CommAxis::dp_replicate)];
     r.theory_intra = theory.intra_bus();
     r.theory_inter = theory.across_bus();
   }
-  if (tc.strategy.dims.tp > 1) {
-    const TpConfig tp{tc.strategy.dims.tp, trainer->mesh().rank(CommAxis::tp), tc.sequence_parallel};
+  if (tc.layout.dims.tp > 1) {
+    const TpConfig tp{tc.layout.dims.tp, trainer->mesh().rank(CommAxis::tp), tc.layout.sequence_parallel};
     const int64_t micro = tc.batch / trainer->mesh().dp_size() / tc.accum;
     r.tp = tp.degree;
     r.comm_tp = trainer->mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
@@ -152,10 +152,10 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
                   2.0 * (tp.degree - 1) / tp.degree * sizeof(float);
     r.comm_theory += r.theory_tp;  // the whole step's: the data-parallel axes' and the tp axis's
   }
-  if (tc.strategy.dims.pp > 1) {
-    r.pp = tc.strategy.dims.pp;
+  if (tc.layout.dims.pp > 1) {
+    r.pp = tc.layout.dims.pp;
     r.comm_pp = trainer->mesh().last_step_bytes()[static_cast<int>(CommAxis::pp)];
-    r.theory_pp = pp_theory(tc, trainer->mesh().dp_size(), tc.strategy.dims.tp);
+    r.theory_pp = pp_theory(tc, trainer->mesh().dp_size(), tc.layout.dims.tp);
     r.comm_theory += r.theory_pp;
   }
   collect_peaks(*comm, peak, r);

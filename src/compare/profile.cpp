@@ -22,13 +22,13 @@ struct RowSpec {
   int stage = 0;
 };
 
-int pp_of(const ProfileConfig& cfg) { return cfg.train.strategy.dims.pp; }
+int pp_of(const ProfileConfig& cfg) { return cfg.train.layout.dims.pp; }
 
 // The world rank of pipeline stage k's first rank (its data- and tensor-parallel ranks are alike).
 int stage_rank(const ProfileConfig& cfg, int k) {
   MeshCoord c;
   c.pp = k;
-  return mesh_rank(cfg.train.strategy.dims.resolved(cfg.world), c);
+  return mesh_rank(cfg.train.layout.dims.resolved(cfg.world), c);
 }
 
 // "0-16" or, for interleaved chunks, "0-8,17-24": the units a stage holds, in model order.
@@ -42,12 +42,14 @@ std::string unit_ranges(const StageSplit& split, int stage) {
 // The run's configuration under one strategy.
 TrainConfig config_for(const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig t = cfg.train;
-  t.strategy = t.strategy.under(kind);
+  t.use_strategy(kind);
   return t;
 }
 
 std::string row_label(const ProfileConfig& cfg, StrategyKind kind) {
-  return cfg.train.strategy.under(kind).label();
+  TrainConfig t = cfg.train;
+  t.use_strategy(kind);
+  return t.label();
 }
 
 std::vector<RowSpec> row_specs(const ProfileConfig& cfg) {
@@ -94,7 +96,7 @@ std::optional<LeverChoice> cheapest_levers(const ProfileConfig& cfg) {
         for (StrategyKind k : cfg.strategies) {
           if (k == StrategyKind::dp || offload_for(k, off) != off) continue;
           TrainConfig t = cfg.train;
-          t.strategy = t.strategy.under(k);
+          t.use_strategy(k);
           t.strategy.offload = off;
           t.checkpointing = ck;
           Estimate e = predict_worst(t, cfg, mb);
@@ -162,7 +164,7 @@ void unpack(const uint64_t* b, MemoryRow& row) {
 // Runs a few real steps of `kind` as `rank` of cfg.world over `comm` and reads the ledger.
 MemoryRow measure_on(Backend& be, Pool& pool, Communicator& comm, const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig tc = config_for(cfg, kind);
-  tc.batch = cfg.micro_batch * tc.accum * tc.strategy.dims.resolved(cfg.world).dp();
+  tc.batch = cfg.micro_batch * tc.accum * tc.layout.dims.resolved(cfg.world).dp();
   tc.steps = cfg.measure_steps;
   tc.log_path.clear();
   tc.save_path.clear();
@@ -208,8 +210,8 @@ std::string title_of(const ProfileConfig& cfg) {
   if (t.checkpointing != Checkpointing::none) levers += fmt::format(", activation checkpointing {}", checkpointing_name(t.checkpointing));
   if (t.strategy.offload != Offload::none) levers += fmt::format(", offload {} (where the strategy allows)", offload_name(t.strategy.offload));
   if (pp_of(cfg) > 1)
-    levers += fmt::format(", pp {} {}{} (accum = micro-batches per step)", pp_of(cfg), pp_schedule_name(t.pipeline.schedule),
-                          t.pipeline.virtual_stages > 1 ? fmt::format(" V {}", t.pipeline.virtual_stages) : "");
+    levers += fmt::format(", pp {} {}{} (accum = micro-batches per step)", pp_of(cfg), pp_schedule_name(t.layout.pipeline.schedule),
+                          t.layout.pipeline.virtual_stages > 1 ? fmt::format(" V {}", t.layout.pipeline.virtual_stages) : "");
   return fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}{}", t.spec.describe(),
                      cfg.world, cfg.micro_batch, t.spec.seq, t.accum, dtype_name(t.strategy.precision.param_dtype),
                      dtype_name(t.strategy.precision.reduce_dtype), optimizer_name(t.optim.kind), levers);
@@ -231,11 +233,11 @@ std::string config_json(const ProfileConfig& cfg) {
                       {"host_budget_bytes", cfg.host_budget},
                       {"measured", cfg.measure}};
   if (pp_of(cfg) > 1) {
-    const StageSplit split = stage_split(t.spec, t.layout());
+    const StageSplit split = stage_split(t.spec, t.layout);
     nlohmann::json stages = nlohmann::json::array();
     for (int k = 0; k < split.pp; ++k) stages.push_back(split.units_of(k));
     c["pipeline"] = {{"pp", split.pp},
-                     {"schedule", pp_schedule_name(t.pipeline.schedule)},
+                     {"schedule", pp_schedule_name(t.layout.pipeline.schedule)},
                      {"virtual_stages", split.virtual_stages},
                      {"micro_batches", t.accum},
                      {"stage_units", stages}};
@@ -249,7 +251,11 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
   SHARD_REQUIRE(!cfg.strategies.empty(), "--strategies: name at least one strategy");
   SHARD_REQUIRE(cfg.host_budget == 0 || cfg.budget > 0, "--host-memory needs --device-memory (the device tier's)");
   cfg.train.spec.validate();
-  cfg.train.strategy.under(StrategyKind::zero3).validate();  // each row applies what its strategy allows
+  {  // each row applies what its strategy allows
+    StepConfig z = cfg.train;
+    z.use_strategy(StrategyKind::zero3);
+    z.validate_strategy();
+  }
   SHARD_REQUIRE(pp_of(cfg) == 1 || std::find(cfg.strategies.begin(), cfg.strategies.end(), StrategyKind::dp) ==
                                        cfg.strategies.end(),
                 "--strategies with dp and --pp {}: dp, the single-master baseline, takes no pipeline; leave it out",
@@ -267,9 +273,9 @@ void validate(const ProfileConfig& cfg, const ProcessGroup& group) {
 // One line per stage: the units it holds (by name) and the micro-batches its schedule keeps in flight.
 std::vector<std::string> stage_notes(const ProfileConfig& cfg, const std::vector<std::string>& names) {
   const TrainConfig& t = cfg.train;
-  const StageSplit split = stage_split(t.spec, t.layout());
+  const StageSplit split = stage_split(t.spec, t.layout);
   const PipeSchedule sched =
-      build_schedule(t.pipeline.schedule, split.pp, split.virtual_stages, static_cast<int>(t.accum));
+      build_schedule(t.layout.pipeline.schedule, split.pp, split.virtual_stages, static_cast<int>(t.accum));
   std::vector<std::string> notes;
   for (int k = 0; k < split.pp; ++k) {
     std::string held;
@@ -325,7 +331,7 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
     r.outside_pool = be.device_memory().outside_pool();
   }
   if (pp_of(cfg) > 1) {
-    const StageSplit split = stage_split(cfg.train.spec, cfg.train.layout());
+    const StageSplit split = stage_split(cfg.train.spec, cfg.train.layout);
     for (MemoryRow& row : r.rows) to_model_units(row, split.units_of(row.stage));
   }
   return r;

@@ -54,28 +54,25 @@ void PlanConfig::validate() const {
 TrainConfig PlanEntry::config(const PlanConfig& p) const {
   TrainConfig t = p.train;
   t.strategy = strategy;
+  t.layout = layout;
   t.checkpointing = checkpointing;
-  t.sequence_parallel = sequence_parallel;
-  t.pipeline.schedule = schedule;
-  t.pipeline.virtual_stages = pp_virtual;
-  t.pipeline.split.clear();
   t.accum = accum;
-  t.batch = micro_batch * accum * strategy.dims.dp();
+  t.batch = micro_batch * accum * layout.dims.dp();
   return t;
 }
 
-TimeLayout PlanEntry::layout(const PlanConfig& p) const {
+TimeLayout PlanEntry::time_layout(const PlanConfig& p) const {
   TimeLayout l;
-  l.tp = strategy.dims.tp;
-  l.pp = strategy.dims.pp;
-  l.virtual_stages = pp_virtual;
-  l.dp = strategy.dims.dp();
-  l.dp_shard = strategy.dims.dp_shard;
-  l.schedule = schedule;
+  l.tp = layout.dims.tp;
+  l.pp = layout.dims.pp;
+  l.virtual_stages = layout.pipeline.virtual_stages;
+  l.dp = layout.dims.dp();
+  l.dp_shard = layout.dims.dp_shard;
+  l.schedule = layout.pipeline.schedule;
   l.micro_batch = micro_batch;
   l.global_batch = p.batch();
   l.recompute = checkpointing;
-  l.sequence_parallel = sequence_parallel;
+  l.sequence_parallel = layout.sequence_parallel;
   l.flash_attention = p.rates.flash_attention;
   l.dp_strategy = strategy.kind;
   l.offload = strategy.offload;
@@ -88,15 +85,17 @@ TimeLayout PlanEntry::layout(const PlanConfig& p) const {
 
 std::string PlanEntry::peak_text() const {
   if (!predicted) return "-";
-  return strategy.dims.pp > 1 ? fmt::format("{} (s{})", format_bytes(double(peak)), peak_stage)
+  return layout.dims.pp > 1 ? fmt::format("{} (s{})", format_bytes(double(peak)), peak_stage)
                               : format_bytes(double(peak));
 }
 
 std::string PlanEntry::label() const {
-  const ParallelDims& d = strategy.dims;
-  std::string s = fmt::format("tp {}{} pp {}", d.tp, sequence_parallel ? "+sp" : "", d.pp);
-  if (d.pp > 1) s += fmt::format(" {}", schedule == PpSchedule::interleaved ? fmt::format("interleaved v{}", pp_virtual)
-                                                                           : std::string(pp_schedule_name(schedule)));
+  const ParallelDims& d = layout.dims;
+  const PipelineConfig& pc = layout.pipeline;
+  std::string s = fmt::format("tp {}{} pp {}", d.tp, layout.sequence_parallel ? "+sp" : "", d.pp);
+  if (d.pp > 1) s += fmt::format(" {}", pc.schedule == PpSchedule::interleaved
+                                            ? fmt::format("interleaved v{}", pc.virtual_stages)
+                                            : std::string(pp_schedule_name(pc.schedule)));
   s += fmt::format(" dp {} {}", d.dp(), strategy_name(strategy.kind));
   if (d.dp_replicate > 1) s += fmt::format(" S={}", d.dp_shard);
   if (strategy.offload != Offload::none) s += fmt::format(" off:{}", offload_name(strategy.offload));
@@ -290,15 +289,15 @@ class Searcher {
                       if (sched == PpSchedule::interleaved && accum % pp != 0) continue;
                       PlanEntry e;
                       e.strategy = c_.train.strategy.under(k);
-                      e.strategy.dims = ParallelDims{pp, dp / S, S, t};
+                      e.layout.dims = ParallelDims{pp, dp / S, S, t};
                       e.strategy.offload = off;
                       e.checkpointing = ck;
-                      e.sequence_parallel = sp;
-                      e.schedule = sched;
-                      e.pp_virtual = v;
+                      e.layout.sequence_parallel = sp;
+                      e.layout.pipeline.schedule = sched;
+                      e.layout.pipeline.virtual_stages = v;
                       e.micro_batch = mb;
                       e.accum = accum;
-                      e.time = predict_step_time(s, e.layout(c_), c_.rates.device, c_.rates.achievable);
+                      e.time = predict_step_time(s, e.time_layout(c_), c_.rates.device, c_.rates.achievable);
                       out.push_back(std::move(e));
                     }
             }
@@ -309,15 +308,15 @@ class Searcher {
 
   // Everything but the micro-batch (and the accumulation that follows from it).
   static std::string group_key(const PlanEntry& e) {
-    const ParallelDims& d = e.strategy.dims;
-    return fmt::format("{} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.dp_shard, d.dp_replicate, int(e.schedule),
-                       e.pp_virtual, int(e.sequence_parallel), int(e.strategy.kind), int(e.strategy.offload),
+    const ParallelDims& d = e.layout.dims;
+    return fmt::format("{} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.dp_shard, d.dp_replicate, int(e.layout.pipeline.schedule),
+                       e.layout.pipeline.virtual_stages, int(e.layout.sequence_parallel), int(e.strategy.kind), int(e.strategy.offload),
                        int(e.checkpointing));
   }
 
   const StageFacts& stage_facts(const PlanEntry& e) {
-    const ParallelDims& d = e.strategy.dims;
-    auto key = std::tuple{d.tp, d.pp, e.pp_virtual};
+    const ParallelDims& d = e.layout.dims;
+    auto key = std::tuple{d.tp, d.pp, e.layout.pipeline.virtual_stages};
     auto it = stages_.find(key);
     if (it != stages_.end()) return it->second;
     StageFacts f;
@@ -328,7 +327,7 @@ class Searcher {
       f.max_params = double(num_params(units));
     } else {
       TrainConfig t = e.config(c_);
-      const StageSplit split = stage_split(t.spec, t.layout());
+      const StageSplit split = stage_split(t.spec, t.layout);
       std::vector<std::vector<int>> seen;
       for (int k = 0; k < d.pp; ++k) {
         double params = 0;
@@ -352,7 +351,7 @@ class Searcher {
   // keeps of each on the device, sharded over S at best.
   uint64_t states_bound(const PlanEntry& e) {
     const MixedPrecisionPolicy& pr = c_.train.strategy.precision;
-    const double params = stage_facts(e).max_params, S = double(e.strategy.dims.dp_shard);
+    const double params = stage_facts(e).max_params, S = double(e.layout.dims.dp_shard);
     const double p = double(dtype_size(pr.param_dtype));
     const double g = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
     const double opt = (pr.param_dtype == DType::f32 ? 0 : 4) +
@@ -369,7 +368,7 @@ class Searcher {
   }
 
   void predict_memory(const TrainConfig& t, PlanEntry& e, PlanResult& res) {
-    const ParallelDims dims = t.strategy.dims.resolved(c_.world);
+    const ParallelDims dims = t.layout.dims.resolved(c_.world);
     for (int k : stage_facts(e).distinct) {
       MeshCoord at;
       at.pp = k;
@@ -487,13 +486,13 @@ std::string plan_json(const PlanConfig& c, const PlanResult& res) {
                  {"seconds", res.seconds}};
   j["configs"] = nlohmann::json::array();
   for (const auto& e : res.entries) {
-    const ParallelDims& d = e.strategy.dims;
+    const ParallelDims& d = e.layout.dims;
     nlohmann::json o = {{"strategy", strategy_name(e.strategy.kind)},
                         {"tp", d.tp},
                         {"pp", d.pp},
-                        {"pp_virtual", e.pp_virtual},
-                        {"pp_schedule", pp_schedule_name(e.schedule)},
-                        {"sequence_parallel", e.sequence_parallel},
+                        {"pp_virtual", e.layout.pipeline.virtual_stages},
+                        {"pp_schedule", pp_schedule_name(e.layout.pipeline.schedule)},
+                        {"sequence_parallel", e.layout.sequence_parallel},
                         {"dp_shard", d.dp_shard},
                         {"dp_replicate", d.dp_replicate},
                         {"activation_checkpointing", checkpointing_name(e.checkpointing)},

@@ -67,11 +67,9 @@ struct PlanConfig {
 };
 
 struct PlanEntry {
-  StrategyConfig strategy;   // kind, dims (tp, pp, dp_shard, dp_replicate), offload
+  StrategyConfig strategy;   // kind, offload (the dtypes of the command line's)
+  ParallelLayout layout;     // degrees (tp, pp, dp_shard, dp_replicate), sequence parallelism, schedule, virtual stages
   Checkpointing checkpointing = Checkpointing::none;
-  bool sequence_parallel = false;
-  PpSchedule schedule = PpSchedule::one_f_one_b;
-  int pp_virtual = 1;
   int64_t micro_batch = 0, accum = 0;
   bool fits = false;
   bool predicted = false;    // its memory was predicted (else ruled out by a bound, `why` says which)
@@ -83,7 +81,7 @@ struct PlanEntry {
   std::optional<double> measured_step_ms;
   std::optional<uint64_t> measured_peak;
   TrainConfig config(const PlanConfig& p) const;  // the run this entry describes
-  TimeLayout layout(const PlanConfig& p) const;   // what the time model sees
+  TimeLayout time_layout(const PlanConfig& p) const;  // what the time model sees
   std::string label() const;  // "tp 8 pp 4 (1f1b) zero1 dp 32"
   std::string peak_text() const;  // "61.19 GiB (s0)" (the stage under --pp), "-" when not predicted
 };

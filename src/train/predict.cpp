@@ -16,7 +16,7 @@ TrainConfig step_config(const StepConfig& step, int world, int rank, int64_t mic
                 micro_batch);
   TrainConfig c;
   static_cast<StepConfig&>(c) = step;
-  c.batch = micro_batch * c.accum * c.strategy.dims.resolved(world).dp();  // tensor-parallel ranks share a batch
+  c.batch = micro_batch * c.accum * c.layout.dims.resolved(world).dp();  // tensor-parallel ranks share a batch
   c.steps = 1;
   c.record_step = timeline;
   return c;

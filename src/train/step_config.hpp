@@ -21,13 +21,23 @@ struct StepConfig {
   float grad_clip = 1.f;         // 0 = off
   CommKind comm = CommKind::mpi;  // the transport (--comm, resolved): predictions hold what it holds
   Checkpointing checkpointing = Checkpointing::none;  // --activation-checkpointing
-  // --sequence-parallel: with tensor parallelism (strategy.dims.tp > 1), the activations between
-  // its regions split along the token rows too (src/model/tp.hpp).
-  bool sequence_parallel = false;
-  PipelineConfig pipeline;
-  // The placement beyond the strategy, as one value (shard/layout.hpp): its rules and the per-rank
-  // model (shard/parallel_model.hpp) take it.
-  ParallelLayout layout() const { return {strategy.dims, pipeline, sequence_parallel}; }
+  // Where the model lives: the mesh's degrees, the pipeline and sequence parallelism, as one value
+  // (shard/layout.hpp) whose validate() holds every cross-axis rule; the per-rank model
+  // (shard/parallel_model.hpp) is built from it.
+  ParallelLayout layout;
+  // Runs this configuration under strategy k: what only some strategies take (--offload, hybrid
+  // sharding) applied as far as k allows (how profile and compare run one set of options each way).
+  void use_strategy(StrategyKind k) {
+    strategy = strategy.under(k);
+    layout.dims = layout.dims_under(k);
+  }
+  // The strategy's options and its rules against the degrees, before anything is built.
+  void validate_strategy() const {
+    strategy.validate();
+    layout.check_strategy(strategy);
+  }
+  // "zero3", "zero3 off:params", "zero2 S=2": the label of a row in reports.
+  std::string label() const { return strategy.label(layout.dims); }
 };
 
 }  // namespace shardlab

@@ -26,14 +26,14 @@ namespace shardlab {
 
 void TrainConfig::validate(int world) const {
   spec.validate();
-  strategy.validate();
+  validate_strategy();
   SHARD_REQUIRE(steps >= 1, "--steps {}: expected at least one step", steps);
   SHARD_REQUIRE(checkpointing == Checkpointing::none || spec.layers >= 2,
                 "--activation-checkpointing {} with a one-block model (--layers 1): there is nothing to trade; use none",
                 checkpointing_name(checkpointing));
   SHARD_REQUIRE(batch >= 1, "--batch {}: expected at least one sequence", batch);
   SHARD_REQUIRE(accum >= 1, "--accum {}: expected at least one micro-step", accum);
-  layout().validate(spec, batch, accum, world);
+  layout.validate(spec, strategy, batch, accum, world);
   SHARD_REQUIRE(grad_clip >= 0.f, "--grad-clip {}: expected 0 (off) or a positive norm", grad_clip);
   SHARD_REQUIRE(print_every >= 1, "--print-every {}: expected a positive count", print_every);
   SHARD_REQUIRE(save_every >= 0, "--save-every {}: expected 0 or a positive number of steps", save_every);
@@ -81,8 +81,7 @@ Trainer::Streams Trainer::load_streams(const TrainConfig& cfg, std::shared_ptr<c
 namespace {
 TrainConfig checked(TrainConfig cfg, int world) {
   cfg.validate(world);
-  cfg.strategy.dims = cfg.strategy.dims.resolved(world);
-  cfg.strategy.pipelined = cfg.layout().pipelined();
+  cfg.layout.dims = cfg.layout.dims.resolved(world);
   cfg.schedule.total_steps = cfg.steps;
   return cfg;
 }
@@ -94,10 +93,10 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
       pool_(pool),
       comm_(comm),
       cfg_(checked(std::move(cfg), comm.world_size())),
-      mesh_(comm, cfg_.strategy.dims),
+      mesh_(comm, cfg_.layout.dims),
       data_(load_streams(cfg_, tokens)),  // tokens kept: the body asks whether a stand-in was given
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
-      model_(ParallelModelConfig{cfg_.spec, cfg_.layout(), cfg_.batch, cfg_.accum, cfg_.checkpointing}, mesh_, be, pool) {
+      model_(ParallelModelConfig{cfg_.spec, cfg_.layout, cfg_.batch, cfg_.accum, cfg_.checkpointing}, mesh_, be, pool) {
   num_params_ = shardlab::num_params(family_of(cfg_.spec).layout(cfg_.spec));  // the whole model's, whatever this rank holds
   flops_per_token_ = family_of(cfg_.spec).flops_per_token(cfg_.spec);  // once: it builds the layout
   if (data_.val) {
