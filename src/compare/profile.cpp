@@ -208,7 +208,7 @@ std::string title_of(const ProfileConfig& cfg) {
   if (t.checkpointing != Checkpointing::none) levers += fmt::format(", activation checkpointing {}", checkpointing_name(t.checkpointing));
   if (t.strategy.offload != Offload::none) levers += fmt::format(", offload {} (where the strategy allows)", offload_name(t.strategy.offload));
   if (pp_of(cfg) > 1)
-    levers += fmt::format(", pp {} {}{} (accum = micro-batches per step)", pp_of(cfg), pp_schedule_name(t.pipeline.schedule),
+    levers += fmt::format(", pp {} {}{} (accum = micro-batches per step)", pp_of(cfg), t.pipeline.schedule.name(),
                           t.pipeline.virtual_stages > 1 ? fmt::format(" V {}", t.pipeline.virtual_stages) : "");
   return fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}{}", t.spec.describe(),
                      cfg.world, cfg.micro_batch, t.spec.seq, t.accum, dtype_name(t.strategy.precision.param_dtype),
@@ -235,7 +235,7 @@ std::string config_json(const ProfileConfig& cfg) {
     nlohmann::json stages = nlohmann::json::array();
     for (int k = 0; k < split.pp; ++k) stages.push_back(split.units_of(k));
     c["pipeline"] = {{"pp", split.pp},
-                     {"schedule", pp_schedule_name(t.pipeline.schedule)},
+                     {"schedule", t.pipeline.schedule.name()},
                      {"virtual_stages", split.virtual_stages},
                      {"micro_batches", t.accum},
                      {"stage_units", stages}};

@@ -9,9 +9,10 @@
 // The search (a branch and bound on the time model):
 //   1. enumerate every layout the flags leave free (a flag given pins its dimension): tp dividing
 //      the heads and the KV heads within a node, pp dividing world / tp with at least pp x v units,
-//      v in {2, 3, 4, 6, 8} for interleaved-1f1b, the data-parallel degree dp = world / (tp pp)
-//      sharded over the whole of it or over a node's share (hybrid), ddp/zero1-3, offload where the
-//      strategy has it, none/attention/blocks, power-of-two micro-batches dividing B / dp;
+//      every schedule with its virtual-stage choices (shard/pipeline/schedules), the data-parallel
+//      degree dp = world / (tp pp) sharded over the whole of it or over a node's share (hybrid),
+//      ddp/zero1-3, offload where the strategy has it, none/attention/blocks, power-of-two
+//      micro-batches dividing B / dp;
 //   2. predict each one's time (microseconds each) and sort;
 //   3. walk them fastest first and settle whether each fits: a lower bound of its model states
 //      (the largest stage's parameters / tp times the bytes per parameter the strategy keeps on the
@@ -70,7 +71,7 @@ struct PlanEntry {
   StrategyConfig strategy;   // kind, dims (tp, pp, dp_shard, dp_replicate), offload
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
-  PpSchedule schedule = PpSchedule::one_f_one_b;
+  PpSchedule schedule;  // the default unless given
   int pp_virtual = 1;
   int64_t micro_batch = 0, accum = 0;
   bool fits = false;
@@ -84,7 +85,7 @@ struct PlanEntry {
   std::optional<uint64_t> measured_peak;
   TrainConfig config(const PlanConfig& p) const;  // the run this entry describes
   TimeLayout layout(const PlanConfig& p) const;   // what the time model sees
-  std::string label() const;  // "tp 8 pp 4 (1f1b) zero1 dp 32"
+  std::string label() const;  // "tp 8 pp 4 1f1b dp 32 zero1"
   std::string peak_text() const;  // "61.19 GiB (s0)" (the stage under --pp), "-" when not predicted
 };
 

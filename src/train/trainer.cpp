@@ -25,16 +25,10 @@
 namespace shardlab {
 
 // The split and the schedule against the model's units, before any unit is built: every message
-// names the values (pipeline.cpp's explicit_split / build_schedule check the same as their contract).
+// names the values (schedule.cpp's explicit_split / build_schedule check the same as their contract).
 void TrainConfig::validate_pipeline(int pp) const {
   const PipelineConfig& pc = pipeline;
-  const bool interleaved = pc.schedule == PpSchedule::interleaved;
-  SHARD_REQUIRE(!interleaved || pc.virtual_stages >= 2,
-                "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (model chunks per rank); with one chunk "
-                "per rank use 1f1b");
-  SHARD_REQUIRE(!interleaved || accum % pp == 0,
-                "--pp-schedule interleaved-1f1b: --micro-batches {} is not a multiple of --pp {} (micro-batches go "
-                "through the chunks in groups of pp)", accum, pp);
+  require_pp_schedule(pc.schedule, pp, pc.virtual_stages, accum);
   const std::vector<UnitLayout> layout = family_of(spec).layout(spec);
   const int units = static_cast<int>(layout.size()), chunks = pp * pc.virtual_stages;
   const std::string model = fmt::format("{} units ({} .. {})", units, layout.front().name, layout.back().name);
@@ -97,9 +91,6 @@ void TrainConfig::validate(int world) const {
                   "--sample-prompt is longer than the model's {} positions", spec.seq);
   }
   if (dims.pp > 1) {
-    SHARD_REQUIRE(pipeline.virtual_stages == 1 || pipeline.schedule == PpSchedule::interleaved,
-                  "--pp-virtual {} with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
-                  pipeline.virtual_stages, pp_schedule_name(pipeline.schedule));
     validate_pipeline(dims.pp);
   } else {
     SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),
