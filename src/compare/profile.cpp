@@ -31,7 +31,7 @@ int stage_rank(const ProfileConfig& cfg, int k) {
   return mesh_rank(cfg.train.strategy.dims.resolved(cfg.world), c);
 }
 
-// "0-16" or, for interleaved chunks, "0-8,17-24": the units a stage holds, in model order.
+// "0-16" or, with virtual stages (several chunks per rank), "0-8,17-24": the units a stage holds, in model order.
 std::string unit_ranges(const StageSplit& split, int stage) {
   std::string out;
   for (int c : split.chunks_of(stage))
