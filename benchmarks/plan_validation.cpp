@@ -9,7 +9,7 @@
 namespace shardlab {
 
 const std::vector<PublishedRun>& narayanan2021_table1() {
-  // name, h, L, heads, TP, PP, virtual (1: plain 1f1b), GPUs, global batch, micro-batch, TFLOP/s
+  // name, h, L, heads, TP, PP, virtual (each runs the default schedule for it), GPUs, global batch, micro-batch, TFLOP/s
   static const std::vector<PublishedRun> rows = {
       {"1.7B", 2304, 24, 24, 1, 1, 1, 32, 512, 16, 137},
       {"3.6B", 3072, 30, 32, 2, 1, 1, 64, 512, 16, 138},
@@ -37,7 +37,7 @@ TimeLayout published_layout(const PublishedRun& row) {
   TimeLayout l;
   l.tp = row.tp, l.pp = row.pp, l.virtual_stages = row.virtual_stages;
   l.dp = row.gpus / (row.tp * row.pp);
-  l.schedule = row.virtual_stages > 1 ? PpSchedule::interleaved : PpSchedule::one_f_one_b;
+  l.schedule = default_pp_schedule(row.virtual_stages);
   l.micro_batch = row.micro_batch, l.global_batch = row.global_batch;
   l.recompute = Checkpointing::blocks;
   l.flash_attention = false;  // 2021: softmax and dropout over the materialised scores
@@ -114,7 +114,7 @@ std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievabl
     PlanConfig pinned = published_plan(row, rates, achievable);
     PlanPins& p = pinned.pins;
     p.tp = row.tp, p.pp = row.pp, p.pp_virtual = row.virtual_stages, p.dp_shard = row.gpus / (row.tp * row.pp);
-    p.schedule = row.virtual_stages > 1 ? PpSchedule::interleaved : PpSchedule::one_f_one_b;
+    p.schedule = default_pp_schedule(row.virtual_stages);
     p.sequence_parallel = false, p.strategy = StrategyKind::ddp, p.checkpointing = Checkpointing::blocks;
     p.offload = Offload::none, p.micro_batch = row.micro_batch;
     if (row.pp == 1) p.schedule.reset(), p.pp_virtual.reset();

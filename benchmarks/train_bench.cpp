@@ -125,10 +125,10 @@ std::vector<double> print_bubbles(Communicator& world, const Trainer& trainer, c
   const ParallelDims dims = cfg.layout.dims.resolved(n);
   std::fprintf(out, "# pipeline: pp %d, %s%s, %lld micro-batches of %lld sequences; bubble = 1 - a stage's compute / the "
                "pipelined part (the stages enter it together: a barrier; to the last stage's last send), medians over the timed steps; theory %s = %.1f%%\n",
-               dims.pp, pp_schedule_name(cfg.layout.pipeline.schedule),
+               dims.pp, cfg.layout.pipeline.schedule.name(),
                cfg.layout.pipeline.virtual_stages > 1 ? fmt::format(" V {}", cfg.layout.pipeline.virtual_stages).c_str() : "",
                static_cast<long long>(cfg.accum), static_cast<long long>(cfg.batch / dims.dp() / cfg.accum),
-               cfg.layout.pipeline.schedule == PpSchedule::interleaved ? "(P-1)/(VM+P-1)" : "(P-1)/(M+P-1)", 100 * theory);
+               cfg.layout.pipeline.schedule->bubble_formula, 100 * theory);
   std::fprintf(out, "#%-5s %5s %9s %9s %9s %9s %9s %8s %8s %8s\n", "rank", "stage", "step ms", "pipe ms", "busy ms",
                "fwd ms", "bwd ms", "bubble", "theory", "diff");
   // The theory's span is the whole pipeline's (the first stage's first forward to its last
@@ -213,7 +213,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     runs.push_back(std::move(run));
   };
   add(tc, piped ? fmt::format("{} x{} ranks, pp {} {}, M {}", strategy_name(tc.strategy.kind), ranks, dims.pp,
-                              pp_schedule_name(cfg.layout.pipeline.schedule), cfg.accum)
+                              cfg.layout.pipeline.schedule.name(), cfg.accum)
                 : fmt::format("{}{}, checkpointing {}, offload {}", strategy_name(tc.strategy.kind),
                               ranks > 1 ? fmt::format(" x{} ranks", ranks) : std::string(),
                               checkpointing_name(tc.checkpointing), offload_name(tc.strategy.offload)));

@@ -15,13 +15,7 @@ namespace shardlab {
 void ParallelLayout::validate_pipeline(const ModelSpec& spec, int64_t micro_batches) const {
   const PipelineConfig& pc = pipeline;
   const int pp = dims.pp;
-  const bool interleaved = pc.schedule == PpSchedule::interleaved;
-  SHARD_REQUIRE(!interleaved || pc.virtual_stages >= 2,
-                "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (model chunks per rank); with one chunk "
-                "per rank use 1f1b");
-  SHARD_REQUIRE(!interleaved || micro_batches % pp == 0,
-                "--pp-schedule interleaved-1f1b: --micro-batches {} is not a multiple of --pp {} (micro-batches go "
-                "through the chunks in groups of pp)", micro_batches, pp);
+  require_pp_schedule(pc.schedule, pp, pc.virtual_stages, micro_batches);
   const std::vector<UnitLayout> layout = family_of(spec).layout(spec);
   const int units = static_cast<int>(layout.size()), chunks = pp * pc.virtual_stages;
   const std::string model = fmt::format("{} units ({} .. {})", units, layout.front().name, layout.back().name);
@@ -85,9 +79,6 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                   rows, batch / dp / micro_batches, spec.seq, d.tp);
   }
   if (d.pp > 1) {
-    SHARD_REQUIRE(pipeline.virtual_stages == 1 || pipeline.schedule == PpSchedule::interleaved,
-                  "--pp-virtual {} with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
-                  pipeline.virtual_stages, pp_schedule_name(pipeline.schedule));
     ParallelLayout{d, pipeline, sequence_parallel}.validate_pipeline(spec, micro_batches);
   } else {
     SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),

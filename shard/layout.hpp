@@ -16,7 +16,7 @@ namespace shardlab {
 // Pipeline parallelism beyond its degree (dims.pp): the schedule, the virtual stages per rank and
 // the split (shard/pipeline/schedule.hpp). The micro-batches are the accumulation micro-steps.
 struct PipelineConfig {
-  PpSchedule schedule = PpSchedule::one_f_one_b;  // --pp-schedule
+  PpSchedule schedule;                            // --pp-schedule (the default unless given)
   int virtual_stages = 1;                         // --pp-virtual
   std::vector<int> split;                         // --pp-split: units per chunk; empty = balanced by cost
   // bench-train: the stages enter each step's pipelined part together (a barrier on the pipeline

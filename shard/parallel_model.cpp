@@ -244,13 +244,12 @@ void ParallelModel::print_pipeline(std::FILE* out) const {
   std::vector<std::string> names;
   for (const auto& u : model_units_) names.push_back(u->name());
   std::fprintf(out, "  pipeline: %s over %d stages%s, %d micro-batches, bubble %.1f%% in theory; %s\n",
-               pp_schedule_name(schedule_->kind), P,
+               schedule_->kind.name(), P,
                split_->virtual_stages > 1 ? fmt::format(" x {} virtual", split_->virtual_stages).c_str() : "", M,
                100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), split_->describe(names).c_str());
-  if (schedule_->kind != PpSchedule::gpipe && M < P)
-    std::fprintf(out, "  warning: %d micro-batches for %d stages: 1f1b holds as many activations as gpipe here and "
-                 "the bubble is %.0f%%; give --micro-batches %d or more\n", M, P,
-                 100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), P);
+  if (const std::string w = schedule_->kind->warning ? schedule_->kind->warning(P, split_->virtual_stages, M) : "";
+      !w.empty())
+    std::fprintf(out, "  warning: %s\n", w.c_str());
 }
 
 }  // namespace shardlab

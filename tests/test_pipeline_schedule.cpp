@@ -4,6 +4,7 @@
 // broken schedules, balanced splits against hand-computed and brute-force optima, and the simulated
 // bubble against the closed forms.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <functional>
 #include <sstream>
 
@@ -13,6 +14,10 @@
 using namespace shardlab;
 
 namespace {
+
+// The schedules these tests run, by the names --pp-schedule takes.
+const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
+                 interleaved = parse_pp_schedule("interleaved-1f1b");
 
 // An exception whose message contains `part` (Catch2 v2's Contains matches strings only).
 struct Says : Catch::MatcherBase<std::exception> {
@@ -52,11 +57,11 @@ int megatron_in_flight(int r, int P, int V, int M) {
 }  // namespace
 
 TEST_CASE("schedule names parse, and a wrong one names the choices and the closest", "[pipeline]") {
-  CHECK(parse_pp_schedule("gpipe") == PpSchedule::gpipe);
-  CHECK(parse_pp_schedule("1f1b") == PpSchedule::one_f_one_b);
-  CHECK(parse_pp_schedule("interleaved-1f1b") == PpSchedule::interleaved);
-  for (PpSchedule k : {PpSchedule::gpipe, PpSchedule::one_f_one_b, PpSchedule::interleaved})
-    CHECK(parse_pp_schedule(pp_schedule_name(k)) == k);
+  CHECK(parse_pp_schedule("gpipe") == gpipe);
+  CHECK(parse_pp_schedule("1f1b") == one_f_one_b);
+  CHECK(parse_pp_schedule("interleaved-1f1b") == interleaved);
+  for (PpSchedule k : {gpipe, one_f_one_b, interleaved})
+    CHECK(parse_pp_schedule(k.name()) == k);
   CHECK_THROWS_MATCHES(parse_pp_schedule("1fb1"), InputError,
                        Catch::Message("unknown pipeline schedule '1fb1': expected gpipe, 1f1b or interleaved-1f1b "
                                       "(did you mean 1f1b?)"));
@@ -151,24 +156,24 @@ TEST_CASE("balanced splits minimise the heaviest chunk, earlier chunks lighter o
 }
 
 TEST_CASE("gpipe and 1f1b orders, rank by rank, as in the papers", "[pipeline]") {
-  const PipeSchedule g = build_schedule(PpSchedule::gpipe, 2, 1, 3);
+  const PipeSchedule g = build_schedule(gpipe, 2, 1, 3);
   CHECK(g.ranks[0] == actions("F0 F1 F2 B0 B1 B2", 0));
   CHECK(g.ranks[1] == actions("F0 F1 F2 B0 B1 B2", 1));
   CHECK(g.describe() == "rank 0: F0c0 F1c0 F2c0 B0c0 B1c0 B2c0\nrank 1: F0c1 F1c1 F2c1 B0c1 B1c1 B2c1");
 
-  const PipeSchedule a = build_schedule(PpSchedule::one_f_one_b, 2, 1, 4);
+  const PipeSchedule a = build_schedule(one_f_one_b, 2, 1, 4);
   CHECK(a.ranks[0] == actions("F0 F1 B0 F2 B1 F3 B2 B3", 0));
   CHECK(a.ranks[1] == actions("F0 B0 F1 B1 F2 B2 F3 B3", 1));
 
   // Narayanan et al. 2021, fig. 4 (top): 4 devices, 8 micro-batches.
-  const PipeSchedule b = build_schedule(PpSchedule::one_f_one_b, 4, 1, 8);
+  const PipeSchedule b = build_schedule(one_f_one_b, 4, 1, 8);
   CHECK(b.ranks[0] == actions("F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7", 0));
   CHECK(b.ranks[1] == actions("F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7", 1));
   CHECK(b.ranks[2] == actions("F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7", 2));
   CHECK(b.ranks[3] == actions("F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7", 3));
 
   // Fewer micro-batches than stages: every forward, then every backward (gpipe's memory).
-  const PipeSchedule c = build_schedule(PpSchedule::one_f_one_b, 4, 1, 2);
+  const PipeSchedule c = build_schedule(one_f_one_b, 4, 1, 2);
   CHECK(c.ranks[0] == actions("F0 F1 B0 B1", 0));
   CHECK(c.ranks[3] == actions("F0 B0 F1 B1", 3));
   CHECK(describe(PipeAction{PipeAction::forward, 1, 3}) == "F3c1");
@@ -178,7 +183,7 @@ TEST_CASE("interleaved order: Megatron's chunk order and warm-up, then one forwa
   // P 2, V 2, M 4. Forward k of rank r: virtual stage (k / 2) % 2, micro-batch (k / 4) * 2 + k % 2;
   // backward k: the virtual stages reversed; warm-up (P - r - 1) * 2 + (V - 1) * P = 4 forwards on
   // rank 0 and 2 on rank 1, then forward k + warm-up and backward k in turn.
-  const PipeSchedule s = build_schedule(PpSchedule::interleaved, 2, 2, 4);
+  const PipeSchedule s = build_schedule(interleaved, 2, 2, 4);
   CHECK(s.ranks[0] == actions("F0c0 F1c0 F0c2 F1c2 F2c0 B0c2 F3c0 B1c2 F2c2 B0c0 F3c2 B1c0 B2c2 B3c2 B2c0 B3c0"));
   CHECK(s.ranks[1] == actions("F0c1 F1c1 F0c3 B0c3 F1c3 B1c3 F2c1 B0c1 F3c1 B1c1 F2c3 B2c3 F3c3 B3c3 B2c1 B3c1"));
   // The same order runs only with receives posted ahead: rank 0 waits at B0c2 for rank 1 to take
@@ -189,8 +194,8 @@ TEST_CASE("interleaved order: Megatron's chunk order and warm-up, then one forwa
 TEST_CASE("in_flight: what each rank holds", "[pipeline]") {
   for (int P = 1; P <= 6; ++P)
     for (int M = 1; M <= 10; ++M) {
-      const PipeSchedule g = build_schedule(PpSchedule::gpipe, P, 1, M);
-      const PipeSchedule f = build_schedule(PpSchedule::one_f_one_b, P, 1, M);
+      const PipeSchedule g = build_schedule(gpipe, P, 1, M);
+      const PipeSchedule f = build_schedule(one_f_one_b, P, 1, M);
       for (int r = 0; r < P; ++r) {
         CHECK(g.in_flight(r) == M);
         CHECK(f.in_flight(r) == std::min(M, P - r));
@@ -200,7 +205,7 @@ TEST_CASE("in_flight: what each rank holds", "[pipeline]") {
   for (int P = 1; P <= 6; ++P)
     for (int V = 2; V <= 4; ++V)
       for (int M = P; M <= 4 * P; M += P) {
-        const PipeSchedule s = build_schedule(PpSchedule::interleaved, P, V, M);
+        const PipeSchedule s = build_schedule(interleaved, P, V, M);
         for (int r = 0; r < P; ++r) {
           INFO("P " << P << " V " << V << " M " << M << " rank " << r);
           CHECK(s.in_flight(r) == megatron_in_flight(r, P, V, M));
@@ -211,27 +216,28 @@ TEST_CASE("in_flight: what each rank holds", "[pipeline]") {
 TEST_CASE("every built schedule passes the check, and combinations without one are refused", "[pipeline]") {
   for (int P = 1; P <= 8; ++P)
     for (int M = 1; M <= 16; ++M) {
-      CHECK_NOTHROW(build_schedule(PpSchedule::gpipe, P, 1, M));
-      CHECK_NOTHROW(build_schedule(PpSchedule::one_f_one_b, P, 1, M));
+      CHECK_NOTHROW(build_schedule(gpipe, P, 1, M));
+      CHECK_NOTHROW(build_schedule(one_f_one_b, P, 1, M));
       for (int V = 2; V <= 4; ++V)
         if (M % P == 0) {
           INFO("P " << P << " V " << V << " M " << M);
-          CHECK_NOTHROW(build_schedule(PpSchedule::interleaved, P, V, M));
+          CHECK_NOTHROW(build_schedule(interleaved, P, V, M));
         }
     }
-  CHECK_THROWS_MATCHES(build_schedule(PpSchedule::interleaved, 4, 2, 6), InputError,
-                       Says("--micro-batches 6 is not a multiple; give 4 or 8"));
-  CHECK_THROWS_MATCHES(build_schedule(PpSchedule::interleaved, 4, 2, 2), InputError, Says("give 4 or more"));
-  CHECK_THROWS_MATCHES(build_schedule(PpSchedule::interleaved, 2, 1, 4), InputError,
+  CHECK_THROWS_MATCHES(build_schedule(interleaved, 4, 2, 6), InputError,
+                       Says("--micro-batches 6 is not a multiple of --pp 4 (micro-batches go through the chunks in "
+                            "groups of pp); give 4 or 8"));
+  CHECK_THROWS_MATCHES(build_schedule(interleaved, 4, 2, 2), InputError, Says("give 4 or more"));
+  CHECK_THROWS_MATCHES(build_schedule(interleaved, 2, 1, 4), InputError,
                        Says("needs --pp-virtual 2 or more (got 1)"));
-  CHECK_THROWS_MATCHES(build_schedule(PpSchedule::one_f_one_b, 2, 2, 4), InputError,
-                       Says("--pp-virtual 2 needs --pp-schedule interleaved-1f1b"));
-  CHECK_THROWS_MATCHES(build_schedule(PpSchedule::gpipe, 2, 1, 0), InputError, Says("--micro-batches 0"));
+  CHECK_THROWS_MATCHES(build_schedule(one_f_one_b, 2, 2, 4), InputError,
+                       Says("--pp-virtual 2 with --pp-schedule 1f1b: only interleaved-1f1b runs virtual stages"));
+  CHECK_THROWS_MATCHES(build_schedule(gpipe, 2, 1, 0), InputError, Says("--micro-batches 0"));
 }
 
 TEST_CASE("the check catches broken schedules", "[pipeline]") {
   const auto P2 = [](const std::string& r0, const std::string& r1) {
-    return by_hand(PpSchedule::one_f_one_b, 2, 1, 2, {r0, r1});
+    return by_hand(one_f_one_b, 2, 1, 2, {r0, r1});
   };
   CHECK_NOTHROW(check_schedule(P2("F0 F1 B0 B1", "F0 B0 F1 B1")));
   CHECK_THROWS_MATCHES(check_schedule(P2("F0 B0 F1 B1", "B0 F0 F1 B1")), InternalError,
@@ -240,7 +246,7 @@ TEST_CASE("the check catches broken schedules", "[pipeline]") {
                        Says("no rank runs B1c1 (rank 1 should)"));
   CHECK_THROWS_MATCHES(check_schedule(P2("F0 F1 B0 B1 B1", "F0 B0 F1 B1")), InternalError,
                        Says("rank 0 runs B1c0 twice"));
-  CHECK_THROWS_MATCHES(check_schedule(by_hand(PpSchedule::one_f_one_b, 2, 1, 1, {"F0c0 F0c1 B0c1 B0c0", ""})),
+  CHECK_THROWS_MATCHES(check_schedule(by_hand(one_f_one_b, 2, 1, 1, {"F0c0 F0c1 B0c1 B0c0", ""})),
                        InternalError, Says("rank 0 runs F0c1, whose chunk lives on rank 1"));
   // A cycle of messages: rank 1 wants micro-batch 1 first, rank 0 sends it only after micro-batch 0's
   // backward, which needs rank 1.
@@ -251,36 +257,88 @@ TEST_CASE("the check catches broken schedules", "[pipeline]") {
   // may take an activation, and rank 0 posts that receive only at B1 (receives go ahead by one
   // forward and one backward: from B2 the next backward is B1): the runner's send-then-wait
   // semantics deadlock an order that unbounded buffering would run.
-  CHECK_THROWS_MATCHES(check_schedule(by_hand(PpSchedule::one_f_one_b, 2, 1, 3,
+  CHECK_THROWS_MATCHES(check_schedule(by_hand(one_f_one_b, 2, 1, 3,
                                               {"F0 F1 F2 B2 B1 B0", "F0 B0 F1 B1 F2 B2"})),
                        InternalError, Says("rank 1 at F1c1 (action 3 of 6) waits for rank 0 to take the gradient for B0c0"));
   // A receive is posted before the wait for the rank's own sends: 1f1b's steady state, where both ranks
   // have sent and each needs the other's message, runs only so.
-  CHECK_NOTHROW(check_schedule(by_hand(PpSchedule::one_f_one_b, 2, 1, 4,
+  CHECK_NOTHROW(check_schedule(by_hand(one_f_one_b, 2, 1, 4,
                                        {"F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"})));
 }
 
 TEST_CASE("bubble: the closed forms, and the simulated one against them", "[pipeline]") {
-  CHECK(bubble_fraction(PpSchedule::gpipe, 1, 1, 8) == 0);
-  CHECK(bubble_fraction(PpSchedule::gpipe, 4, 1, 8) == Approx(3.0 / 11));
-  CHECK(bubble_fraction(PpSchedule::one_f_one_b, 4, 1, 8) == Approx(3.0 / 11));
-  CHECK(bubble_fraction(PpSchedule::interleaved, 4, 2, 8) == Approx(3.0 / 19));
-  CHECK(bubble_fraction(PpSchedule::one_f_one_b, 8, 1, 1) == Approx(7.0 / 8));
+  CHECK(bubble_fraction(gpipe, 1, 1, 8) == 0);
+  CHECK(bubble_fraction(gpipe, 4, 1, 8) == Approx(3.0 / 11));
+  CHECK(bubble_fraction(one_f_one_b, 4, 1, 8) == Approx(3.0 / 11));
+  CHECK(bubble_fraction(interleaved, 4, 2, 8) == Approx(3.0 / 19));
+  CHECK(bubble_fraction(one_f_one_b, 8, 1, 1) == Approx(7.0 / 8));
 
   // Equal stages, backward = 2 x forward, no communication time: the simulation gives the theory.
   for (int P = 1; P <= 8; ++P)
     for (int M = 1; M <= 16; ++M) {
       INFO("P " << P << " M " << M);
       const double theory = double(P - 1) / (M + P - 1);
-      CHECK(simulated_bubble(build_schedule(PpSchedule::gpipe, P, 1, M), 1, 2) == Approx(theory).epsilon(1e-12));
-      CHECK(simulated_bubble(build_schedule(PpSchedule::one_f_one_b, P, 1, M), 1, 2) == Approx(theory).epsilon(1e-12));
+      CHECK(simulated_bubble(build_schedule(gpipe, P, 1, M), 1, 2) == Approx(theory).epsilon(1e-12));
+      CHECK(simulated_bubble(build_schedule(one_f_one_b, P, 1, M), 1, 2) == Approx(theory).epsilon(1e-12));
     }
   // Interleaved, each chunk a V-th of a stage: (P - 1) / (V M + P - 1).
   for (int P = 1; P <= 8; ++P)
     for (int V = 2; V <= 4; ++V)
       for (int M = P; M <= 16; M += P) {
         INFO("P " << P << " V " << V << " M " << M);
-        const double sim = simulated_bubble(build_schedule(PpSchedule::interleaved, P, V, M), 1.0 / V, 2.0 / V);
+        const double sim = simulated_bubble(build_schedule(interleaved, P, V, M), 1.0 / V, 2.0 / V);
         CHECK(sim == Approx(double(P - 1) / (V * M + P - 1)).epsilon(1e-12));
       }
+}
+
+// The registry: what every entry owes its callers, and the answers train, plan and --help take.
+TEST_CASE("registry: every schedule builds checked lists where its rules allow, its theory the simulation's",
+          "[pipeline]") {
+  std::vector<std::string> names;
+  for (const PpScheduleDef* d : pp_schedules()) {
+    INFO(d->name);
+    const PpSchedule k(*d);
+    REQUIRE((d->actions && d->bubble_fraction && d->bubble_stages && d->help[0] != '\0'));
+    CHECK(parse_pp_schedule(d->name) == k);
+    CHECK(std::find(names.begin(), names.end(), d->name) == names.end());
+    names.push_back(d->name);
+    for (int P = 1; P <= 4; ++P)
+      for (int V : {1, 2, 3})
+        for (int M = 1; M <= 8; ++M) {
+          INFO("P " << P << " V " << V << " M " << M);
+          if (!pp_schedule_allows(k, P, V, M)) {
+            CHECK_THROWS_AS(require_pp_schedule(k, P, V, M), InputError);
+            continue;
+          }
+          CHECK_NOTHROW(require_pp_schedule(k, P, V, M));
+          const PipeSchedule s = build_schedule(k, P, V, M);
+          CHECK(simulated_bubble(s, 1.0 / V, 2.0 / V) ==
+                Approx(bubble_fraction(k, P, V, M)).margin(1e-12).epsilon(1e-12));
+        }
+  }
+}
+
+TEST_CASE("registry: defaults, planner labels, --help and the rules' messages", "[pipeline]") {
+  CHECK(PpSchedule() == one_f_one_b);
+  CHECK(default_pp_schedule(1) == one_f_one_b);
+  CHECK(default_pp_schedule(4) == interleaved);
+  CHECK(one_f_one_b->label(1) == "1f1b");
+  CHECK(gpipe->label(1) == "gpipe");
+  CHECK(interleaved->label(8) == "interleaved v8");
+  CHECK(pp_schedule_help() ==
+        "gpipe (every forward, then every backward: all micro-batches' activations held), 1f1b (one forward, one "
+        "backward: at most pp - stage micro-batches held) or interleaved-1f1b (--pp-virtual chunks per rank: a "
+        "smaller bubble, more sends; micro-batches a multiple of --pp)");
+  CHECK_THROWS_MATCHES(require_pp_schedule(interleaved, 2, 1, 0), InputError,
+                       Says("--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (got 1); with one chunk per "
+                            "rank use 1f1b"));
+  CHECK_THROWS_MATCHES(require_pp_schedule(gpipe, 2, 3, 0), InputError,
+                       Says("--pp-virtual 3 with --pp-schedule gpipe: only interleaved-1f1b runs virtual stages"));
+  CHECK_NOTHROW(require_pp_schedule(interleaved, 2, 2, 0));  // micro-batches not known yet
+  CHECK_FALSE(pp_schedule_allows(interleaved, 2, 2, 3));
+  CHECK(pp_schedule_allows(one_f_one_b, 2, 1, 3));
+  // 1f1b with fewer micro-batches than stages runs, with the train header's warning.
+  CHECK(one_f_one_b->warning(2, 1, 2).empty());
+  CHECK(one_f_one_b->warning(2, 1, 1) == "1 micro-batches for 2 stages: 1f1b holds as many activations as gpipe here "
+                                         "and the bubble is 50%; give --micro-batches 2 or more");
 }

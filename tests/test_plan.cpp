@@ -13,6 +13,9 @@ using namespace shardlab;
 
 namespace {
 
+// The schedules these tests run, by the names --pp-schedule takes.
+const PpSchedule interleaved = parse_pp_schedule("interleaved-1f1b");
+
 PlanConfig plan_for(const std::string& preset, int world, uint64_t device_memory, DType dt = DType::bf16) {
   PlanConfig pc;
   pc.train.spec = model_preset(preset);
@@ -115,7 +118,7 @@ TEST_CASE("plan: every dimension pinned gives one configuration, the one asked f
   PlanConfig pc = plan_for("small", 16, uint64_t{80} << 30);
   pc.global_batch = 64;
   PlanPins& p = pc.pins;
-  p.tp = 2, p.pp = 2, p.pp_virtual = 2, p.schedule = PpSchedule::interleaved, p.dp_shard = 2;
+  p.tp = 2, p.pp = 2, p.pp_virtual = 2, p.schedule = interleaved, p.dp_shard = 2;
   p.sequence_parallel = true, p.strategy = StrategyKind::zero3, p.checkpointing = Checkpointing::attention;
   p.offload = Offload::optimizer, p.micro_batch = 2;
   const PlanResult plan = make_plan(pc);

@@ -10,6 +10,9 @@ using namespace shardlab;
 
 namespace {
 
+// The schedules these tests run, by the names --pp-schedule takes.
+const PpSchedule interleaved = parse_pp_schedule("interleaved-1f1b");
+
 ModelSpec gpt(int64_t layers, int64_t h, int64_t heads, int64_t seq, int64_t vocab) {
   ModelSpec m;
   m.family = FamilyId::gpt2;
@@ -105,7 +108,7 @@ TEST_CASE("plan time: every piece of a TP 2 x PP 2 x DP 2 step, compute-bound, b
           Approx(4 * (0.022510829568 + 2.68435456e-4)).epsilon(1e-9));
   }
   SECTION("interleaving divides the bubble by v and multiplies the messages by v") {
-    l.schedule = PpSchedule::interleaved, l.virtual_stages = 2;
+    l.schedule = interleaved, l.virtual_stages = 2;
     // 1 layer per chunk, 2 chunks per stage: the same stage time.
     const TimePrediction q = predict_step_time(m, l, r, halves(0));
     CHECK(q.split.bubble == Approx(0.042073063424 / 2).epsilon(1e-9));
@@ -188,9 +191,9 @@ TEST_CASE("plan time: a layout the model cannot run is refused with its values",
   TimeLayout l;
   l.tp = 3;
   CHECK_THROWS_AS(predict_step_time(m, l, rates(1, 1, 1, 1, 8)), InputError);
-  l.tp = 1, l.pp = 2, l.schedule = PpSchedule::interleaved, l.virtual_stages = 2, l.global_batch = 3;
+  l.tp = 1, l.pp = 2, l.schedule = interleaved, l.virtual_stages = 2, l.global_batch = 3;
   CHECK_THROWS_WITH(predict_step_time(m, l, rates(1, 1, 1, 1, 8)),
-                    Catch::Contains("micro-batches (3) to be a multiple of pp 2"));
+                    Catch::Contains("--micro-batches 3 is not a multiple of --pp 2"));
 }
 
 TEST_CASE("plan time: hybrid sharding reduces in the node and across nodes; offload crosses the host link", "[plan]") {

@@ -17,6 +17,10 @@ using namespace shardlab::strategy_test;
 
 namespace {
 
+// The schedules these tests run, by the names --pp-schedule takes.
+const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
+                 interleaved = parse_pp_schedule("interleaved-1f1b");
+
 struct Layout {
   int pp;
   PpSchedule schedule;
@@ -51,7 +55,7 @@ TrainConfig whole_model(TrainConfig c) {
 
 std::string label(const TrainConfig& c) {
   const ParallelDims& d = c.layout.dims;
-  return fmt::format("{} pp {} {} M {}{}{} {}{}", c.spec.name, d.pp, pp_schedule_name(c.layout.pipeline.schedule), c.accum,
+  return fmt::format("{} pp {} {} M {}{}{} {}{}", c.spec.name, d.pp, c.layout.pipeline.schedule.name(), c.accum,
                      c.layout.pipeline.virtual_stages > 1 ? fmt::format(" V {}", c.layout.pipeline.virtual_stages) : "",
                      d.tp > 1 ? fmt::format(" tp {}", d.tp) : "", strategy_name(c.strategy.kind),
                      c.strategy.precision.param_dtype != DType::f32 ? " bf16" : "");
@@ -150,7 +154,6 @@ void check_pp_parity(const TrainConfig& cfg) {
 
 // The layouts of the issue's list that fit this world.
 std::vector<Layout> layouts(int world) {
-  using enum PpSchedule;
   if (world == 2) return {{2, gpipe, 2}, {2, one_f_one_b, 2}};
   if (world == 4) return {{2, one_f_one_b, 2, StrategyKind::ddp}, {2, one_f_one_b, 2, StrategyKind::zero3},
                           {2, gpipe, 2, StrategyKind::ddp, 2}};
@@ -173,8 +176,8 @@ TEST_CASE("Llama: pipeline parallelism matches single-rank training", "[pp][llam
 TEST_CASE("pipeline parallelism: accumulation over 4 micro-batches, and 1f1b with M < P", "[pp][accum]") {
   if (g_mpi->world() != 2) return;
   for (const ModelSpec& spec : {gpt2_spec(), llama_spec()}) {
-    check_pp_parity(pp_config(spec, {2, PpSchedule::one_f_one_b, 4}));
-    check_pp_parity(pp_config(spec, {2, PpSchedule::one_f_one_b, 1}));
+    check_pp_parity(pp_config(spec, {2, one_f_one_b, 4}));
+    check_pp_parity(pp_config(spec, {2, one_f_one_b, 1}));
   }
 }
 
@@ -184,7 +187,7 @@ TEST_CASE("pipeline parallelism: interleaved 1f1b at pp 4 x V 2 matches single-r
   if (g_mpi->world() != 4) return;
   for (ModelSpec spec : {gpt2_spec(), llama_spec()}) {
     spec.layers = 6;
-    check_pp_parity(pp_config(spec, {4, PpSchedule::interleaved, 4, StrategyKind::ddp, 1, 2}));
+    check_pp_parity(pp_config(spec, {4, interleaved, 4, StrategyKind::ddp, 1, 2}));
   }
 }
 
@@ -193,7 +196,7 @@ TEST_CASE("pipeline parallelism: interleaved 1f1b at pp 4 x V 2 matches single-r
 TEST_CASE("pipeline parallelism: bf16 parameters and gradients train as on one rank", "[pp][bf16]") {
   if (g_mpi->world() != 2) return;
   for (const ModelSpec& spec : {gpt2_spec(), llama_spec()}) {
-    TrainConfig cfg = pp_config(spec, {2, PpSchedule::one_f_one_b, 2});
+    TrainConfig cfg = pp_config(spec, {2, one_f_one_b, 2});
     const RunOut f32 = reference(whole_model(cfg));
     cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = DType::bf16;
     const PpRun got = train_pp(cfg);
@@ -237,8 +240,8 @@ TEST_CASE("pipeline parallelism: data-parallel collectives run once per step, no
     return calls;
   };
   for (StrategyKind k : {StrategyKind::ddp, StrategyKind::zero2, StrategyKind::zero3}) {
-    TrainConfig one = pp_config(gpt2_spec(), {2, PpSchedule::one_f_one_b, 1, k});
-    TrainConfig four = pp_config(gpt2_spec(), {2, PpSchedule::one_f_one_b, 4, k});
+    TrainConfig one = pp_config(gpt2_spec(), {2, one_f_one_b, 1, k});
+    TrainConfig four = pp_config(gpt2_spec(), {2, one_f_one_b, 4, k});
     one.batch = four.batch;  // the same sequences per step
     const auto a = step_calls(one), b = step_calls(four);
     const CommOp reduce = k == StrategyKind::ddp ? CommOp::all_reduce : CommOp::reduce_scatter;
@@ -265,13 +268,13 @@ TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values"
     CHECK_THROWS_AS(Trainer(*be, pool, *comm, cfg), InputError);
     CHECK_THROWS_WITH(Trainer(*be, pool, *comm, cfg), Catch::Contains(text));
   };
-  const Layout two{2, PpSchedule::one_f_one_b, 2};
+  const Layout two{2, one_f_one_b, 2};
   TrainConfig cfg = pp_config(gpt2_spec(), two);
   cfg.layout.dims.pp = N + 1;
   throws_with(cfg, fmt::format("--pp {} x --tp 1 x --dp-replicate 1 = {} does not divide the world of {} ranks", N + 1,
                                N + 1, N));
   // More stages than units: 2 x 3 chunks of GPT-2 tiny's 4 units.
-  cfg = pp_config(gpt2_spec(), {2, PpSchedule::interleaved, 2, StrategyKind::ddp, 1, 3});
+  cfg = pp_config(gpt2_spec(), {2, interleaved, 2, StrategyKind::ddp, 1, 3});
   throws_with(cfg, "--pp 2 x --pp-virtual 3 = 6 stages, but the model has 4 units (embedding .. head): every "
                    "stage needs at least one");
   cfg = pp_config(gpt2_spec(), two);
@@ -281,14 +284,14 @@ TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values"
   throws_with(cfg, "--pp-split 4 gives 1 count; --pp 2 x --pp-virtual 1 needs 2 (one per chunk)");
   cfg.layout.pipeline.split = {4, 0};
   throws_with(cfg, "--pp-split 4,0: every chunk needs at least one unit");
-  for (PpSchedule s : {PpSchedule::gpipe, PpSchedule::one_f_one_b}) {
+  for (PpSchedule s : {gpipe, one_f_one_b}) {
     cfg = pp_config(gpt2_spec(), {2, s, 2, StrategyKind::ddp, 1, 2});
     throws_with(cfg, fmt::format("--pp-virtual 2 with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
-                                 pp_schedule_name(s)));
+                                 s.name()));
   }
-  cfg = pp_config(gpt2_spec(), {2, PpSchedule::interleaved, 2});
+  cfg = pp_config(gpt2_spec(), {2, interleaved, 2});
   throws_with(cfg, "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more");
-  cfg = pp_config(gpt2_spec(), {2, PpSchedule::interleaved, 3, StrategyKind::ddp, 1, 2});
+  cfg = pp_config(gpt2_spec(), {2, interleaved, 3, StrategyKind::ddp, 1, 2});
   throws_with(cfg, "--pp-schedule interleaved-1f1b: --micro-batches 3 is not a multiple of --pp 2");
   cfg = pp_config(gpt2_spec(), two);
   cfg.strategy.kind = StrategyKind::dp;

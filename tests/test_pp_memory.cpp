@@ -11,6 +11,10 @@ using namespace shardlab::strategy_test;
 
 namespace {
 
+// The schedules these tests run, by the names --pp-schedule takes.
+const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
+                 interleaved = parse_pp_schedule("interleaved-1f1b");
+
 // tiny (GPT-2, tied head) at pp P: M micro-batches of 2 sequences per data-parallel rank.
 TrainConfig pp_config(StrategyKind s, int world, int P, PpSchedule schedule, int64_t M) {
   TrainConfig cfg = parity_config(s, world);
@@ -21,7 +25,7 @@ TrainConfig pp_config(StrategyKind s, int world, int P, PpSchedule schedule, int
   return cfg;
 }
 
-std::vector<PpSchedule> schedules() { return {PpSchedule::gpipe, PpSchedule::one_f_one_b}; }
+std::vector<PpSchedule> schedules() { return {gpipe, one_f_one_b}; }
 
 // Stage k's activation peak (the ledger's, through a prediction: equal to a run's, as the test
 // below checks) with M micro-batches, as rank k of a pipeline of P over P ranks.
@@ -49,12 +53,12 @@ TEST_CASE("pipeline: every stage's step memory is predicted to the byte, each sc
         cfg.steps = 2;
         cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = dt;
         check_measured_is_predicted(cfg, fmt::format("pp {} x dp {} {} {} {}", l.pp, N / l.pp, strategy_name(l.kind),
-                                                     pp_schedule_name(s), dtype_name(dt)));
+                                                     s.name(), dtype_name(dt)));
       }
   // Interleaved 1F1B: tiny's 4 units as 2 chunks on each of 2 stages (V 2; M a multiple of P).
   for (StrategyKind k : N == 4 ? std::vector<StrategyKind>{StrategyKind::ddp, StrategyKind::zero3}
                                : std::vector<StrategyKind>{StrategyKind::ddp}) {
-    TrainConfig cfg = pp_config(k, N, 2, PpSchedule::interleaved, 4);
+    TrainConfig cfg = pp_config(k, N, 2, interleaved, 4);
     cfg.layout.pipeline.virtual_stages = 2;
     cfg.steps = 2;
     check_measured_is_predicted(cfg, fmt::format("pp 2 V 2 x dp {} {} interleaved-1f1b", N / 2, strategy_name(k)));
@@ -72,8 +76,8 @@ TEST_CASE("pipeline: the stages differ, and their activations follow the schedul
   for (int P : {2, 4})
     for (int k = 0; k < P; ++k) {
       INFO("pp " << P << " stage " << k);
-      const auto g = [&](int64_t M) { return activation_peak(PpSchedule::gpipe, P, k, M); };
-      const auto f = [&](int64_t M) { return activation_peak(PpSchedule::one_f_one_b, P, k, M); };
+      const auto g = [&](int64_t M) { return activation_peak(gpipe, P, k, M); };
+      const auto f = [&](int64_t M) { return activation_peak(one_f_one_b, P, k, M); };
       const uint64_t per_micro = g(4) - g(3);
       REQUIRE(per_micro > 0);
       CHECK(g(6) - g(4) == 2 * per_micro);
@@ -88,7 +92,7 @@ TEST_CASE("pipeline: the stages differ, and their activations follow the schedul
   // are its own parameters at 16 bytes each under DDP with AdamW in f32 (parameter, gradient, two
   // moments): the embedding's V x C + T x C, a block's 12 C^2 + 13 C, the head's final norm (2 C)
   // and its tied copy of the token embedding (V x C).
-  TrainConfig cfg = pp_config(StrategyKind::ddp, 4, 4, PpSchedule::one_f_one_b, 4);
+  TrainConfig cfg = pp_config(StrategyKind::ddp, 4, 4, one_f_one_b, 4);
   const uint64_t C = 32, V = 256, T = 32;
   REQUIRE((cfg.spec.dim == 32 && cfg.spec.vocab == 256 && cfg.spec.seq == 32 && cfg.spec.layers == 2));
   const uint64_t expect[4] = {16 * (V * C + T * C), 16 * (12 * C * C + 13 * C), 16 * (12 * C * C + 13 * C),
@@ -102,7 +106,7 @@ TEST_CASE("pipeline: the stages differ, and their activations follow the schedul
 TEST_CASE("profile --pp: one row per stage, each the stage's prediction", "[pp][profile]") {
   if (g_mpi->rank() != 0) return;
   ProfileConfig pc;
-  pc.train = pp_config(StrategyKind::ddp, 8, 4, PpSchedule::one_f_one_b, 4);
+  pc.train = pp_config(StrategyKind::ddp, 8, 4, one_f_one_b, 4);
   pc.train.layout.dims.dp_shard = 2;
   pc.world = 8;
   pc.micro_batch = 2;

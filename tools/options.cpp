@@ -289,9 +289,7 @@ void MeshOptions::add(Desc& d) {
       "stages, activations sent between neighbours; with DDP/ZeRO over each stage's data-parallel ranks and TP "
       "inside it")(
       "pp-schedule", po::value(&pp_schedule)->default_value(pp_schedule),
-      "with --pp: gpipe (every forward, then every backward: all micro-batches' activations held), 1f1b (one "
-      "forward, one backward: at most pp - stage micro-batches held) or interleaved-1f1b (--pp-virtual chunks per "
-      "rank: a smaller bubble, more sends; micro-batches a multiple of --pp)")(
+      ("with --pp: " + pp_schedule_help()).c_str())(
       "pp-virtual", po::value(&pp_virtual)->default_value(pp_virtual),
       "with --pp-schedule interleaved-1f1b: model chunks per rank (virtual stages); chunk c runs on stage c % pp")(
       "pp-split", po::value(&pp_split)->default_value(""),

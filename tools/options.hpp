@@ -124,7 +124,7 @@ struct MeshOptions {
   ParallelDims dims;    // --dp-shard --dp-replicate --tp --pp
   int shard_group = 0;  // --shard-group, the old name of --dp-shard
   bool sequence_parallel = false;  // --sequence-parallel
-  std::string pp_schedule = "1f1b";  // --pp-schedule
+  std::string pp_schedule = default_pp_schedule().name();  // --pp-schedule
   int pp_virtual = 1;                // --pp-virtual
   std::string pp_split;              // --pp-split
   void add(Desc& d);

@@ -52,21 +52,11 @@ class Executor {
     }
     const Batch& b = ctx.batch;
     for (int k = 0; k < n; ++k) {
-      const size_t i = static_cast<size_t>(first + k);
-      pool_.ledger().set_phase(Phase::forward(i));
-      Backend::Range range(be_, ("forward " + units_[i]->name()).c_str());
-      Block& out = f.outs[static_cast<size_t>(k)];
-      out = pool_.alloc(DType::f32, units_[i]->out_elems(spec_, b.B, b.T), Category::activations,
-                        units_[i]->name() + " output");
-      units_[i]->forward(ctx, hooks_.forward_params(i), in, out.flat(DType::f32), f.saved[static_cast<size_t>(k)]);
-      hooks_.after_forward(i);
-      Saved& s = f.saved[static_cast<size_t>(k)];
-      if (!train || (ctx.checkpointing == Checkpointing::blocks && units_[i]->recomputable())) s.clear();
-      if (!train) {  // evaluation: an output lives until the next unit has read it
-        if (k > 0) f.outs[static_cast<size_t>(k - 1)].reset();
-        else f.input.reset();
-      }
-      in = out.flat(DType::f32);
+      const size_t i = static_cast<size_t>(first + k), ks = static_cast<size_t>(k);
+      // Evaluation: an output (or the received input) lives until the next unit has read it.
+      Block* release = train ? nullptr : k > 0 ? &f.outs[ks - 1] : &f.input;
+      f.outs[ks] = forward_unit(*units_[i], i, ctx, hooks_, in, f.saved[ks], train, release);
+      in = f.outs[ks].flat(DType::f32);
     }
     Block& last = f.outs.back();
     if (a.chunk == last_chunk_) {
@@ -97,7 +87,6 @@ class Executor {
     Flight f = std::move(it->second);
     flights_.erase(it);
     const int first = local_begin_.at(a.chunk), n = split_.count(a.chunk);
-    const Batch& b = ctx.batch;
     Block dnext;
     Tensor dout;
     if (a.chunk == last_chunk_) {
@@ -108,40 +97,12 @@ class Executor {
     }
     for (int k = n; k-- > 0;) {
       const size_t i = static_cast<size_t>(first + k), ks = static_cast<size_t>(k);
-      pool_.ledger().set_phase(Phase::backward(i));
-      Backend::Range range(be_, ("backward " + units_[i]->name()).c_str());
-      Block din;
-      Tensor in, dinput;
-      if (k > 0) {
-        in = f.outs[ks - 1].flat(DType::f32);
-        din = pool_.alloc(DType::f32, f.outs[ks - 1].bytes() / sizeof(float), Category::activations,
-                          units_[i]->name() + " dinput");
-      } else if (a.chunk > 0) {
-        in = f.input.flat(DType::f32);
-        din = pool_.alloc(DType::f32, f.input.bytes() / sizeof(float), Category::activations,
-                          units_[i]->name() + " dinput");
-      }
-      if (din) dinput = din.flat(DType::f32);
-      Saved& s = f.saved[ks];
-      if (s.empty() && ctx.checkpointing == Checkpointing::blocks && units_[i]->recomputable()) {
-        // The block's forward again (runner.cpp); a chunk's last output was sent away: a scratch
-        // buffer takes the recomputed one.
-        ParamSet p = hooks_.backward_params(i);
-        Block scratch;
-        if (!f.outs[ks])
-          scratch = pool_.alloc(DType::f32, units_[i]->out_elems(spec_, b.B, b.T), Category::activations,
-                                units_[i]->name() + " recomputed output");
-        const Tensor out = f.outs[ks] ? f.outs[ks].flat(DType::f32) : scratch.flat(DType::f32);
-        units_[i]->forward(ctx, p, in, out, s);
-        units_[i]->backward(ctx, p, hooks_.grads(i), s, in, dout, dinput);
-      } else {
-        units_[i]->backward(ctx, hooks_.backward_params(i), hooks_.grads(i), s, in, dout, dinput);
-      }
-      s.clear();
-      f.outs[ks].reset();
-      dnext = std::move(din);
+      // The unit's input: the previous unit's output, or the chunk's received activation.
+      const Block* input = k > 0 ? &f.outs[ks - 1] : a.chunk > 0 ? &f.input : nullptr;
+      const Tensor in = input ? input->flat(DType::f32) : Tensor();
+      const int64_t din_elems = input ? static_cast<int64_t>(input->bytes() / sizeof(float)) : 0;
+      backward_unit(*units_[i], i, ctx, hooks_, in, f.outs[ks], f.saved[ks], dout, din_elems, dnext);
       dout = dnext ? dnext.flat(DType::f32) : Tensor();
-      hooks_.after_backward(i);
     }
     f.input.reset();
     if (a.chunk > 0) send(std::move(dnext), split_.rank_of(a.chunk - 1));

@@ -1,5 +1,5 @@
-// pipeline.cpp — stage splits, the three schedules, and the simulation that checks them
-// (schedule.hpp).
+// schedule.cpp — stage splits, a schedule built from its registry entry, and the simulation that
+// checks it (schedule.hpp).
 //
 // The check and simulated_bubble share one simulation of the runner's point-to-point semantics:
 // a monotone system (receives and sends, once posted, stay posted), so advancing every rank as far
@@ -13,31 +13,8 @@
 #include <limits>
 
 #include "src/core/check.hpp"
-#include "src/core/suggest.hpp"
 
 namespace shardlab {
-
-// ---------------------------------------------------------------------------------------------
-// Names
-
-PpSchedule parse_pp_schedule(const std::string& s) {
-  std::vector<std::string> names;
-  for (PpSchedule k : {PpSchedule::gpipe, PpSchedule::one_f_one_b, PpSchedule::interleaved}) {
-    if (s == pp_schedule_name(k)) return k;
-    names.push_back(pp_schedule_name(k));
-  }
-  throw InputError(fmt::format("unknown pipeline schedule '{}': expected {}, {} or {}{}", s, names[0], names[1],
-                               names[2], did_you_mean(s, names)));
-}
-
-const char* pp_schedule_name(PpSchedule s) {
-  switch (s) {
-    case PpSchedule::gpipe: return "gpipe";
-    case PpSchedule::one_f_one_b: return "1f1b";
-    case PpSchedule::interleaved: return "interleaved-1f1b";
-  }
-  return "?";
-}
 
 // ---------------------------------------------------------------------------------------------
 // Stage splits
@@ -219,73 +196,14 @@ std::string PipeSchedule::describe() const {
   return out;
 }
 
-namespace {
-
-std::vector<PipeAction> gpipe_list(int chunk, int M) {
-  std::vector<PipeAction> l;
-  for (int m = 0; m < M; ++m) l.push_back({PipeAction::forward, chunk, m});
-  for (int m = 0; m < M; ++m) l.push_back({PipeAction::backward, chunk, m});
-  return l;
-}
-
-// Warm-up forwards, then a forward and a backward in turn, then the remaining backwards; the i-th
-// forward and backward are fwd(i) and bwd(i).
-template <class Fwd, class Bwd>
-std::vector<PipeAction> one_f_one_b_list(int total, int warmup, Fwd fwd, Bwd bwd) {
-  std::vector<PipeAction> l;
-  for (int k = 0; k < warmup; ++k) l.push_back(fwd(k));
-  for (int k = 0; k + warmup < total; ++k) {
-    l.push_back(fwd(k + warmup));
-    l.push_back(bwd(k));
-  }
-  for (int k = std::max(0, total - warmup); k < total; ++k) l.push_back(bwd(k));
-  return l;
-}
-
-// Megatron's interleaving: the k-th forward of rank r takes the micro-batch group k / (P V) (P
-// micro-batches) through its chunks in turn, P micro-batches per chunk; backwards walk the chunks in
-// reverse; the two lists merge 1f1b-style after a warm-up of (P - r - 1) * 2 + (V - 1) * P forwards
-// (capped at V M). This order runs only because each action posts the receives of the next forward
-// and the next backward that need one (Megatron's paired send/receive calls): posting a receive
-// only at its own action, the waits for sent activations close on themselves around the ring of
-// chunks (rank P - 1 feeds rank 0) whenever M > P.
-std::vector<PipeAction> interleaved_list(int r, int P, int V, int M) {
-  const int total = V * M;
-  const auto micro = [=](int k) { return (k / (P * V)) * P + k % P; };
-  const auto fwd = [=](int k) { return PipeAction{PipeAction::forward, ((k / P) % V) * P + r, micro(k)}; };
-  const auto bwd = [=](int k) { return PipeAction{PipeAction::backward, (V - 1 - (k / P) % V) * P + r, micro(k)}; };
-  return one_f_one_b_list(total, std::min(total, (P - r - 1) * 2 + (V - 1) * P), fwd, bwd);
-}
-
-}  // namespace
-
 PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches) {
   require_degrees(pp, virtual_stages);
-  const int P = pp, V = virtual_stages, M = micro_batches;
-  SHARD_REQUIRE(M >= 1, "--micro-batches {}: a step needs at least one micro-batch", M);
-  if (kind == PpSchedule::interleaved) {
-    SHARD_REQUIRE(V >= 2, "--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (got {}); with one chunk per "
-                  "rank use 1f1b", V);
-    const int below = M / P * P;
-    SHARD_REQUIRE(M % P == 0, "--pp-schedule interleaved-1f1b sends micro-batches through the chunks in groups of "
-                  "--pp {}: --micro-batches {} is not a multiple; give {}", P, M,
-                  below == 0 ? fmt::format("{} or more", P) : fmt::format("{} or {}", below, below + P));
-  } else {
-    SHARD_REQUIRE(V == 1, "--pp-virtual {} needs --pp-schedule interleaved-1f1b ({} runs one chunk per rank)", V,
-                  pp_schedule_name(kind));
-  }
+  SHARD_REQUIRE(micro_batches >= 1, "--micro-batches {}: a step needs at least one micro-batch", micro_batches);
+  require_pp_schedule(kind, pp, virtual_stages, micro_batches);
   PipeSchedule s;
   s.kind = kind;
-  s.pp = P, s.virtual_stages = V, s.micro_batches = M;
-  for (int r = 0; r < P; ++r) {
-    const auto fwd = [=](int k) { return PipeAction{PipeAction::forward, r, k}; };
-    const auto bwd = [=](int k) { return PipeAction{PipeAction::backward, r, k}; };
-    switch (kind) {
-      case PpSchedule::gpipe: s.ranks.push_back(gpipe_list(r, M)); break;
-      case PpSchedule::one_f_one_b: s.ranks.push_back(one_f_one_b_list(M, std::min(M, P - r) - 1, fwd, bwd)); break;
-      case PpSchedule::interleaved: s.ranks.push_back(interleaved_list(r, P, V, M)); break;
-    }
-  }
+  s.pp = pp, s.virtual_stages = virtual_stages, s.micro_batches = micro_batches;
+  for (int r = 0; r < pp; ++r) s.ranks.push_back(kind->actions(r, pp, virtual_stages, micro_batches));
   check_schedule(s);
   return s;
 }
@@ -460,14 +378,12 @@ void check_schedule(const PipeSchedule& s) {
   check_actions(s);
   Simulation sim(s, 1, 2);
   const bool finished = sim.run();
-  SHARD_CHECK(finished, "{} schedule (pp {}, {} virtual, {} micro-batches) deadlocks{}", pp_schedule_name(s.kind),
+  SHARD_CHECK(finished, "{} schedule (pp {}, {} virtual, {} micro-batches) deadlocks{}", s.kind.name(),
               s.pp, s.virtual_stages, s.micro_batches, sim.stuck());
 }
 
 double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_batches) {
-  const double ramp = pp - 1;
-  const double work = kind == PpSchedule::interleaved ? double(virtual_stages) * micro_batches : micro_batches;
-  return ramp / (work + ramp);
+  return kind->bubble_fraction(pp, virtual_stages, micro_batches);
 }
 
 double simulated_bubble(const PipeSchedule& s, double forward_time, double backward_time) {

@@ -3,31 +3,19 @@
 // of it runs. The runner (shard/pipeline/executor) executes one rank's list; nothing here computes.
 //
 // Chunks: the U units split into P x V contiguous chunks in model order (V = --pp-virtual, 1
-// without interleaving). Chunk c lives on pipeline rank c % P as that rank's virtual stage c / P
+// without virtual stages). Chunk c lives on pipeline rank c % P as that rank's virtual stage c / P
 // (Megatron's interleaving: rank r holds chunks r, r + P, r + 2P, ...), so activations always flow
 // from rank r to rank (r + 1) % P, and gradients back.
 //
-// Schedules over M micro-batches (P ranks, V chunks each):
-//   gpipe             every forward (micro-batches 0..M-1), then every backward (0..M-1).
-//   1f1b              rank r runs min(M, P - r) warm-up forwards, then alternates one forward and
-//                     one backward, then drains the backwards (PipeDream-Flush / Megatron).
-//   interleaved-1f1b  Megatron's interleaved order over V chunks per rank: micro-batches go
-//                     through the chunks in groups of P, and after (P - r - 1) * 2 + (V - 1) * P
-//                     warm-up forwards (at most V M) one forward and one backward in turn;
-//                     needs M % P == 0.
-// Theory (equal stage times, backward = 2 x forward): the bubble's share of a step is
-// (P - 1) / (M + P - 1) for gpipe and 1f1b, (P - 1) / (V M + P - 1) interleaved.
+// The schedules themselves (their orders over M micro-batches, requirements and bubbles) are
+// registry entries, one file each under shard/pipeline/schedules/ (registry.hpp).
 #pragma once
 #include <string>
 #include <vector>
 
-#include "src/model/spec.hpp"
+#include "shard/pipeline/registry.hpp"
 
 namespace shardlab {
-
-enum class PpSchedule : uint8_t { gpipe, one_f_one_b, interleaved };
-PpSchedule parse_pp_schedule(const std::string& s);  // InputError naming the choices otherwise
-const char* pp_schedule_name(PpSchedule s);          // "gpipe", "1f1b", "interleaved-1f1b"
 
 // The units of each chunk, in model order: chunk c holds units [begin(c), begin(c) + count(c)).
 struct StageSplit {
@@ -56,28 +44,20 @@ StageSplit balanced_split(const std::vector<double>& cost, int pp, int virtual_s
 // "3,3,2" -> {3, 3, 2}; InputError for anything else (names the text).
 std::vector<int> parse_pp_split(const std::string& s);
 
-struct PipeAction {
-  enum Kind : uint8_t { forward, backward } kind;
-  int chunk;  // the global chunk (0 .. P x V - 1)
-  int micro;  // 0 .. M - 1
-  bool operator==(const PipeAction&) const = default;
-};
-std::string describe(const PipeAction& a);  // "F3c1" (forward of micro-batch 3, chunk 1)
-
 // Every rank's actions for one step, in the order it runs them.
 struct PipeSchedule {
-  PpSchedule kind = PpSchedule::gpipe;
+  PpSchedule kind;
   int pp = 1, virtual_stages = 1, micro_batches = 1;
   std::vector<std::vector<PipeAction>> ranks;  // pp lists
   // The most micro-batches whose forward has run and whose backward has not, at once, per rank
-  // and chunk: what the schedule makes a stage hold (gpipe M, 1f1b min(M, P - r), ...).
+  // and chunk: what the schedule makes a stage hold (every micro-batch for gpipe, ...).
   int in_flight(int rank) const;
   std::string describe() const;  // one line per rank: "rank 0: F0c0 F1c0 B0c0 ..."
 };
 
-// The schedule, built and checked (check_schedule). InputError for a combination that has none:
-// V > 1 without interleaved-1f1b, interleaved-1f1b with V < 2 or M % P != 0, M < 1.
-// 1f1b with M < P runs (it degenerates to gpipe's memory): a warning is the caller's.
+// The schedule, built and checked (check_schedule). InputError for a combination that has none
+// (M < 1, or one its entry's requirements refuse: require_pp_schedule). A runnable but poor one
+// (1f1b with M < P) runs: printing the entry's warning is the caller's.
 PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
 // InternalError naming the first violation: each (chunk, micro) forward and backward exactly once,
 // on the chunk's rank; a chunk's backward of m after its own forward of m; and the schedule runs
@@ -89,7 +69,7 @@ PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int mic
 //     c > 0 its gradient to rank_of(c - 1): the send is posted and the rank moves on;
 //   - at each action the rank posts the receive of its message (if it needs one) and those of the
 //     next forward and the next backward after it that need one (Megatron pairs each send with the
-//     next receives so; interleaved-1f1b deadlocks without it); at an action that needs a message
+//     next receives so; its interleaved order deadlocks without it); at an action that needs a message
 //     it then waits until every send it has posted is received (a send completes once its receiver
 //     has posted the receive for it: the runner frees the sent buffer there), then for its message;
 //   - at the end of its list it waits for its posted sends.
@@ -97,7 +77,7 @@ PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int mic
 // advance is a deadlock: the error names each rank's position and what it waits for.
 void check_schedule(const PipeSchedule& s);
 
-// The theory above: the bubble's share of a step (0 for pp 1).
+// The schedule's theory (its entry's): the bubble's share of a step (0 for pp 1).
 double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
 // The schedule run under check_schedule's semantics with every forward taking `forward_time` and
 // every backward `backward_time` (per chunk) and messages taking no time: each rank's idle share

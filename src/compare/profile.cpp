@@ -31,7 +31,7 @@ int stage_rank(const ProfileConfig& cfg, int k) {
   return mesh_rank(cfg.train.layout.dims.resolved(cfg.world), c);
 }
 
-// "0-16" or, for interleaved chunks, "0-8,17-24": the units a stage holds, in model order.
+// "0-16" or, with virtual stages (several chunks per rank), "0-8,17-24": the units a stage holds, in model order.
 std::string unit_ranges(const StageSplit& split, int stage) {
   std::string out;
   for (int c : split.chunks_of(stage))
@@ -210,7 +210,7 @@ std::string title_of(const ProfileConfig& cfg) {
   if (t.checkpointing != Checkpointing::none) levers += fmt::format(", activation checkpointing {}", checkpointing_name(t.checkpointing));
   if (t.strategy.offload != Offload::none) levers += fmt::format(", offload {} (where the strategy allows)", offload_name(t.strategy.offload));
   if (pp_of(cfg) > 1)
-    levers += fmt::format(", pp {} {}{} (accum = micro-batches per step)", pp_of(cfg), pp_schedule_name(t.layout.pipeline.schedule),
+    levers += fmt::format(", pp {} {}{} (accum = micro-batches per step)", pp_of(cfg), t.layout.pipeline.schedule.name(),
                           t.layout.pipeline.virtual_stages > 1 ? fmt::format(" V {}", t.layout.pipeline.virtual_stages) : "");
   return fmt::format("{}, world {}, micro-batch {} x {} tokens, accum {}, params {}, grads {}, {}{}", t.spec.describe(),
                      cfg.world, cfg.micro_batch, t.spec.seq, t.accum, dtype_name(t.strategy.precision.param_dtype),
@@ -237,7 +237,7 @@ std::string config_json(const ProfileConfig& cfg) {
     nlohmann::json stages = nlohmann::json::array();
     for (int k = 0; k < split.pp; ++k) stages.push_back(split.units_of(k));
     c["pipeline"] = {{"pp", split.pp},
-                     {"schedule", pp_schedule_name(t.layout.pipeline.schedule)},
+                     {"schedule", t.layout.pipeline.schedule.name()},
                      {"virtual_stages", split.virtual_stages},
                      {"micro_batches", t.accum},
                      {"stage_units", stages}};

@@ -64,22 +64,54 @@ double UnitHooks::forward_loss(Backend& be, Pool& pool, Tensor logits, const Bat
   return cross_entropy_sum(be, pool, logits, batch, Tensor(), 0.f);
 }
 
+Block forward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Saved& saved,
+                   bool train, Block* release) {
+  ctx.pool.ledger().set_phase(Phase::forward(u));
+  Backend::Range range(ctx.be, ("forward " + unit.name()).c_str());  // NVTX on CUDA
+  Block out = ctx.pool.alloc(DType::f32, unit.out_elems(ctx.spec, ctx.batch.B, ctx.batch.T), Category::activations,
+                             unit.name() + " output");
+  unit.forward(ctx, hooks.forward_params(u), in, out.flat(DType::f32), saved);
+  hooks.after_forward(u);
+  if (!train || (ctx.checkpointing == Checkpointing::blocks && unit.recomputable())) saved.clear();
+  if (release) release->reset();
+  return out;
+}
+
+void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Block& out,
+                   Saved& saved, Tensor dout, int64_t din_elems, Block& grad) {
+  ctx.pool.ledger().set_phase(Phase::backward(u));
+  Backend::Range range(ctx.be, ("backward " + unit.name()).c_str());
+  Block din;
+  if (din_elems > 0) din = ctx.pool.alloc(DType::f32, din_elems, Category::activations, unit.name() + " dinput");
+  const Tensor dinput = din ? din.flat(DType::f32) : Tensor();
+  if (saved.empty() && ctx.checkpointing == Checkpointing::blocks && unit.recomputable()) {
+    // The block's forward again, with the parameters its backward uses (under ZeRO-3 gathered for
+    // backward already: no extra communication); a kept output is rewritten unchanged.
+    ParamSet p = hooks.backward_params(u);
+    Block scratch;
+    if (!out)
+      scratch = ctx.pool.alloc(DType::f32, unit.out_elems(ctx.spec, ctx.batch.B, ctx.batch.T), Category::activations,
+                               unit.name() + " recomputed output");
+    unit.forward(ctx, p, in, out ? out.flat(DType::f32) : scratch.flat(DType::f32), saved);
+    unit.backward(ctx, p, hooks.grads(u), saved, in, dout, dinput);
+  } else {
+    unit.backward(ctx, hooks.backward_params(u), hooks.grads(u), saved, in, dout, dinput);
+  }
+  saved.clear();
+  out.reset();
+  grad = std::move(din);
+  hooks.after_backward(u);
+}
+
 namespace {
 // Forward through every unit; outs[u] is unit u's output, saved[u] what its backward needs (kept
 // only when `keep_saved`: evaluation frees each unit's input as soon as the next unit has run).
 void forward_units(const std::vector<std::unique_ptr<Unit>>& units, UnitContext& ctx, UnitHooks& hooks,
                    std::vector<Block>& outs, std::vector<Saved>& saved, bool keep_saved) {
-  const ModelSpec& spec = ctx.spec;
   for (size_t u = 0; u < units.size(); ++u) {
-    ctx.pool.ledger().set_phase(Phase::forward(u));
-    Backend::Range range(ctx.be, ("forward " + units[u]->name()).c_str());  // NVTX on CUDA
-    int64_t n = units[u]->out_elems(spec, ctx.batch.B, ctx.batch.T);
-    outs[u] = ctx.pool.alloc(DType::f32, n, Category::activations, units[u]->name() + " output");
-    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
-    units[u]->forward(ctx, hooks.forward_params(u), in, outs[u].flat(DType::f32), saved[u]);
-    hooks.after_forward(u);
-    if (!keep_saved || (ctx.checkpointing == Checkpointing::blocks && units[u]->recomputable())) saved[u].clear();
-    if (!keep_saved && u > 0) outs[u - 1].reset();
+    const Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
+    outs[u] = forward_unit(*units[u], u, ctx, hooks, in, saved[u], keep_saved,
+                           !keep_saved && u > 0 ? &outs[u - 1] : nullptr);
   }
 }
 }  // namespace
@@ -118,30 +150,13 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   r.positions = N;
   r.loss_sum = tp.active() ? vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, out, dlogit_scale)
                            : hooks.loss(be, pool, out, batch, dlogit_scale);
-  Block dnext;  // gradient flowing into unit u's output
+  Block dnext;  // gradient flowing into unit u's output (the last unit's is in the logits)
+  Tensor dout = out;
   for (size_t u = U; u-- > 0;) {
-    pool.ledger().set_phase(Phase::backward(u));
-    Backend::Range range(be, ("backward " + units[u]->name()).c_str());
-    Block din;
-    if (u > 0)
-      din = pool.alloc(DType::f32, outs[u - 1].bytes() / sizeof(float), Category::activations,
-                       units[u]->name() + " dinput");
-    Tensor dout = u + 1 == U ? out : dnext.flat(DType::f32);
-    Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
-    Tensor dinput = u == 0 ? Tensor() : din.flat(DType::f32);
-    if (saved[u].empty() && checkpointing == Checkpointing::blocks && units[u]->recomputable()) {
-      // The block's forward again, with the parameters its backward uses (under ZeRO-3 gathered for
-      // backward already: no extra communication); its output was kept and is rewritten unchanged.
-      ParamSet p = hooks.backward_params(u);
-      units[u]->forward(ctx, p, in, outs[u].flat(DType::f32), saved[u]);
-      units[u]->backward(ctx, p, hooks.grads(u), saved[u], in, dout, dinput);
-    } else {
-      units[u]->backward(ctx, hooks.backward_params(u), hooks.grads(u), saved[u], in, dout, dinput);
-    }
-    saved[u].clear();
-    outs[u].reset();
-    dnext = std::move(din);
-    hooks.after_backward(u);
+    const Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);
+    const int64_t din_elems = u == 0 ? 0 : static_cast<int64_t>(outs[u - 1].bytes() / sizeof(float));
+    backward_unit(*units[u], u, ctx, hooks, in, outs[u], saved[u], dout, din_elems, dnext);
+    dout = dnext ? dnext.flat(DType::f32) : Tensor();
   }
   pool.ledger().set_phase({});
   return r;

@@ -53,6 +53,20 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
                       const Batch& batch, UnitHooks& hooks, std::vector<float>* logits = nullptr,
                       const TpContext& tp = {});
 
+// One unit's forward step, the loop's and the pipeline executor's (so both run the same
+// operations in the same order): its output allocated, the unit run on the hooks' forward
+// parameters, after_forward(u); `saved` kept only for a backward that reads it (`train`, and not
+// a block that checkpointing recomputes); `release` (evaluation: the input, once read) freed last.
+// The ledger phase names u. Returns the output.
+Block forward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Saved& saved,
+                   bool train, Block* release = nullptr);
+// One unit's backward step: d(input) allocated when din_elems > 0; a block checkpointing dropped
+// recomputed first (into `out`, or a scratch buffer when `out` is gone: a pipeline chunk's last
+// output was sent away); the backward from `dout`; `saved` and `out` freed; `grad`, which held
+// d(output), replaced by d(input) (empty for none); after_backward(u). The ledger phase names u.
+void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Block& out,
+                   Saved& saved, Tensor dout, int64_t din_elems, Block& grad);
+
 // Megatron's vocabulary-parallel cross-entropy: logits (N, rows) are this rank's vocabulary rows
 // of the head (vocab_shard). The row maxima are all-reduced (max) over the tp group, then each
 // row's sum of exponentials and its target's logit (sum, one collective of 2N): 3N floats in all,

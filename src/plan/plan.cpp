@@ -43,9 +43,7 @@ void PlanConfig::validate() const {
                 "plan --strategy dp: the single-master baseline is not a layout plan ranks (ddp or zero1-3)");
   SHARD_REQUIRE(!p.sequence_parallel || !*p.sequence_parallel || !p.tp || *p.tp > 1,
                 "--sequence-parallel needs --tp 2 or more (it splits the tensor-parallel regions' activations)");
-  SHARD_REQUIRE(!p.pp_virtual || *p.pp_virtual == 1 || !p.schedule || *p.schedule == PpSchedule::interleaved,
-                "--pp-virtual {} needs --pp-schedule interleaved-1f1b, not {}", p.pp_virtual.value_or(1),
-                p.schedule ? pp_schedule_name(*p.schedule) : "");
+  if (p.schedule && p.pp_virtual) require_pp_schedule(*p.schedule, p.pp.value_or(1), *p.pp_virtual, 0);
   SHARD_REQUIRE(!p.offload || !p.strategy || offload_for(*p.strategy, *p.offload) == *p.offload,
                 "--offload {} does not apply to --strategy {} (optimizer: zero1-3; params: zero3)",
                 offload_name(p.offload.value_or(Offload::none)), strategy_name(p.strategy.value_or(StrategyKind::ddp)));
@@ -91,11 +89,8 @@ std::string PlanEntry::peak_text() const {
 
 std::string PlanEntry::label() const {
   const ParallelDims& d = layout.dims;
-  const PipelineConfig& pc = layout.pipeline;
   std::string s = fmt::format("tp {}{} pp {}", d.tp, layout.sequence_parallel ? "+sp" : "", d.pp);
-  if (d.pp > 1) s += fmt::format(" {}", pc.schedule == PpSchedule::interleaved
-                                            ? fmt::format("interleaved v{}", pc.virtual_stages)
-                                            : std::string(pp_schedule_name(pc.schedule)));
+  if (d.pp > 1) s += fmt::format(" {}", layout.pipeline.schedule->label(layout.pipeline.virtual_stages));
   s += fmt::format(" dp {} {}", d.dp(), strategy_name(strategy.kind));
   if (d.dp_replicate > 1) s += fmt::format(" S={}", d.dp_shard);
   if (strategy.offload != Offload::none) s += fmt::format(" off:{}", offload_name(strategy.offload));
@@ -141,7 +136,7 @@ class Searcher {
     SHARD_REQUIRE(!cands.empty(),
                   "no layout of {} ranks meets the flags given: tp must divide the heads ({}) and KV heads ({}) within "
                   "a node of {}, tp x pp the world, dp = world / (tp x pp) the global batch ({}), pp x virtual "
-                  "stages at most the {} blocks, interleaved-1f1b's micro-batches a multiple of pp",
+                  "stages at most the {} blocks, and each schedule's own rules (--pp-virtual, micro-batches)",
                   c_.world, c_.train.spec.heads, c_.train.spec.num_kv_heads(), std::min(c_.ranks_per_node, c_.world),
                   c_.batch(), c_.train.spec.layers);
     std::stable_sort(cands.begin(), cands.end(), [](const PlanEntry& a, const PlanEntry& b) {
@@ -207,6 +202,22 @@ class Searcher {
   const PlanConfig& c_;
   std::map<std::tuple<int, int, int>, StageFacts> stages_;
 
+  // The (schedule, virtual stages) pairs of a pipeline of pp stages, in the planner's order of the
+  // registry (ties in time go to the earlier); without a pipeline, the default schedule.
+  std::vector<std::pair<PpSchedule, int>> schedules(int pp, int units) const {
+    if (pp == 1) return {{default_pp_schedule(), 1}};
+    std::vector<const PpScheduleDef*> defs(pp_schedules().begin(), pp_schedules().end());
+    std::stable_sort(defs.begin(), defs.end(), [](auto* a, auto* b) { return a->plan_order < b->plan_order; });
+    std::vector<std::pair<PpSchedule, int>> out;
+    for (const PpScheduleDef* d : defs) {
+      const PpSchedule k(*d);
+      if (c_.pins.schedule && *c_.pins.schedule != k) continue;
+      for (int v : pinned_or<int>(c_.pins.pp_virtual, d->plan_virtual))
+        if (pp_schedule_allows(k, pp, v, 0) && pp * v <= units) out.push_back({k, v});
+    }
+    return out;
+  }
+
   std::vector<PlanEntry> enumerate(PlanResult& res) {
     const ModelSpec& s = c_.train.spec;
     const PlanPins& p = c_.pins;
@@ -243,21 +254,7 @@ class Searcher {
           ++res.not_runnable;
           continue;
         }
-        // (schedule, virtual stages)
-        std::vector<std::pair<PpSchedule, int>> scheds;
-        if (pp == 1) {
-          scheds = {{PpSchedule::one_f_one_b, 1}};
-        } else {
-          for (PpSchedule k : {PpSchedule::one_f_one_b, PpSchedule::gpipe, PpSchedule::interleaved}) {
-            if (p.schedule && *p.schedule != k) continue;
-            if (k != PpSchedule::interleaved) {
-              if (!p.pp_virtual || *p.pp_virtual == 1) scheds.push_back({k, 1});
-              continue;
-            }
-            for (int v : pinned_or<int>(p.pp_virtual, {2, 3, 4, 6, 8}))
-              if (v > 1 && pp * v <= units) scheds.push_back({k, v});
-          }
-        }
+        const std::vector<std::pair<PpSchedule, int>> scheds = schedules(pp, units);
         std::vector<int> groups = {dp};
         const int local = K / t;
         if (local > 1 && local < dp && dp % local == 0) groups.push_back(local);
@@ -286,7 +283,7 @@ class Searcher {
                     for (int64_t mb : mbs) {
                       if ((S < dp && zero_stage(k) == 0) || offload_for(k, off) != off) continue;
                       const int64_t accum = B / (dp * mb);
-                      if (sched == PpSchedule::interleaved && accum % pp != 0) continue;
+                      if (!pp_schedule_allows(sched, pp, v, accum)) continue;
                       PlanEntry e;
                       e.strategy = c_.train.strategy.under(k);
                       e.layout.dims = ParallelDims{pp, dp / S, S, t};
@@ -309,8 +306,9 @@ class Searcher {
   // Everything but the micro-batch (and the accumulation that follows from it).
   static std::string group_key(const PlanEntry& e) {
     const ParallelDims& d = e.layout.dims;
-    return fmt::format("{} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.dp_shard, d.dp_replicate, int(e.layout.pipeline.schedule),
-                       e.layout.pipeline.virtual_stages, int(e.layout.sequence_parallel), int(e.strategy.kind), int(e.strategy.offload),
+    return fmt::format("{} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.dp_shard, d.dp_replicate,
+                       e.layout.pipeline.schedule.name(), e.layout.pipeline.virtual_stages,
+                       int(e.layout.sequence_parallel), int(e.strategy.kind), int(e.strategy.offload),
                        int(e.checkpointing));
   }
 
@@ -491,7 +489,7 @@ std::string plan_json(const PlanConfig& c, const PlanResult& res) {
                         {"tp", d.tp},
                         {"pp", d.pp},
                         {"pp_virtual", e.layout.pipeline.virtual_stages},
-                        {"pp_schedule", pp_schedule_name(e.layout.pipeline.schedule)},
+                        {"pp_schedule", e.layout.pipeline.schedule.name()},
                         {"sequence_parallel", e.layout.sequence_parallel},
                         {"dp_shard", d.dp_shard},
                         {"dp_replicate", d.dp_replicate},

@@ -82,7 +82,7 @@ struct PlanEntry {
   std::optional<uint64_t> measured_peak;
   TrainConfig config(const PlanConfig& p) const;  // the run this entry describes
   TimeLayout time_layout(const PlanConfig& p) const;  // what the time model sees
-  std::string label() const;  // "tp 8 pp 4 (1f1b) zero1 dp 32"
+  std::string label() const;  // "tp 8 pp 4 1f1b dp 32 zero1"
   std::string peak_text() const;  // "61.19 GiB (s0)" (the stage under --pp), "-" when not predicted
 };
 

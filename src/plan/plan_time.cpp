@@ -65,12 +65,9 @@ void TimeLayout::validate(const ModelSpec& m) const {
                 "tp {} does not divide heads {} and KV heads {}", tp, m.heads, m.num_kv_heads());
   SHARD_REQUIRE(m.layers >= int64_t{pp} * virtual_stages, "{} layers cannot fill pp {} x {} virtual stages",
                 m.layers, pp, virtual_stages);
-  SHARD_REQUIRE((schedule == PpSchedule::interleaved) == (virtual_stages > 1),
-                "virtual stages {}: interleaved-1f1b needs 2 or more, the other schedules 1", virtual_stages);
   SHARD_REQUIRE(micro_batch >= 1 && global_batch % (micro_batch * dp) == 0,
                 "global batch {} is not a multiple of micro-batch {} x dp {}", global_batch, micro_batch, dp);
-  SHARD_REQUIRE(schedule != PpSchedule::interleaved || micro_batches() % pp == 0,
-                "interleaved-1f1b needs the micro-batches ({}) to be a multiple of pp {}", micro_batches(), pp);
+  require_pp_schedule(schedule, pp, virtual_stages, micro_batches());
   SHARD_REQUIRE(dp_strategy != StrategyKind::dp, "the time model covers ddp and zero1-3, not dp (rank 0's copy)");
   SHARD_REQUIRE(dp_shard >= 0 && (dp_shard == 0 || dp % dp_shard == 0), "dp shard group {} does not divide dp {}",
                 dp_shard, dp);
@@ -240,7 +237,7 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   sp.recompute = M * st.recompute;
   sp.exposed_tp = M * st.tp;
   out.stage_s = st.total();
-  sp.bubble = (p - 1) / v * out.stage_s;
+  sp.bubble = l.schedule->bubble_stages(p, v) * out.stage_s;
   if (l.pp > 1) {
     const bool one_node = int64_t{l.tp} * l.dp * l.pp <= r.ranks_per_node;
     const double link = one_node ? r.intra.value * a.intra : r.inter.value * a.inter;

@@ -31,8 +31,8 @@
 //   fraction; not overlapped. Vocab-parallel embedding: one more all-reduce forward on stage 0.
 // Stage time per micro-batch T_stage: the slowest stage's layers (ceil(L / (p v)) per chunk, v
 //   chunks) forward + recompute + backward + TP, the head on the last stage.
-// Pipeline: compute etc. = M x the stage's parts; bubble = (p - 1) / v x T_stage (gpipe and 1f1b:
-//   (p - 1)(t_f + t_b), interleaved over v chunks); p2p = M x v x 2 messages (activation forward,
+// Pipeline: compute etc. = M x the stage's parts; bubble = the schedule's bubble_stages x T_stage
+//   ((p - 1) / v for the 1F1B family: (p - 1)(t_f + t_b) over v chunks); p2p = M x v x 2 messages (activation forward,
 //   gradient backward) of b s h act bytes (/ t with sequence parallelism or Megatron's
 //   scatter-gather) over the inter-node link (intra when the whole layout is one node).
 // DP over the inter-node link unless tp x dp ranks fit a node (intra): the largest stage's
@@ -112,7 +112,7 @@ struct Achievable {
 
 struct TimeLayout {
   int tp = 1, pp = 1, virtual_stages = 1, dp = 1;
-  PpSchedule schedule = PpSchedule::one_f_one_b;
+  PpSchedule schedule;  // the default unless given
   int64_t micro_batch = 1;   // b
   int64_t global_batch = 1;  // B sequences per step: M = B / (b dp)
   Checkpointing recompute = Checkpointing::none;
