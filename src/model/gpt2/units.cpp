@@ -12,6 +12,7 @@
 // all-gather per region input (activations / T instead of the whole (N, C)).
 #include <algorithm>
 
+#include "src/model/blocks/attention.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/tp.hpp"
 
@@ -132,9 +133,7 @@ class BlockUnit final : public Unit {
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * A});
     matmul_forward(be, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
                    w(p, "attn.c_attn.bias"), N, C, 3 * A);
-    Tensor atty = s.add(c.pool, "atty", {N, A}), att = s.add(c.pool, "att", {B, H, T, T});
-    be.attention_forward(atty, att, qkv, H, H);
-    if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
+    Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H});
     Tensor x2 = s.add(c.pool, "x2", {n, C});
     Tensor partial = rows_of(rows, N, C, x2);
     linear_forward(be, partial, atty, wg(p, "attn.c_proj.weight"), N, A, C);
@@ -163,8 +162,8 @@ class BlockUnit final : public Unit {
     // big holds d(fch), then d(qkv): F >= 3C unless a config's n_inner says otherwise.
     Block big = c.pool.alloc(DType::f32, N * std::max(F, 3 * A), Category::workspace, prefix_ + "backward dfch");
     Block small = c.pool.alloc(DType::f32, N * C, Category::workspace, prefix_ + "backward dln");
-    Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace,
-                                 prefix_ + "attention scratch");
+    const blocks::AttentionShape shape{B, T, H, H, A / H};
+    Block scratch = blocks::attention_scratch(c, shape, prefix_);
     // With sequence parallelism: each region's output gradient gathered, its input gathered again,
     // then this rank's rows of the input's gradient.
     Block rows = region_rows(c, prefix_ + "backward region rows");
@@ -190,13 +189,7 @@ class BlockUnit final : public Unit {
                     tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
                     N, A, C);
     Tensor dqkv = big.view(DType::f32, {B, T, 3 * A});
-    Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
-    if (!s.has("att")) {
-      att_again = c.pool.alloc(DType::f32, B * H * T * T, Category::activations, prefix_ + "att (recomputed)");
-      be.attention_forward(s("atty"), att_again.view(DType::f32, {B, H, T, T}), s("qkv"), H, H);  // atty: same values
-    }
-    Tensor att = att_again ? att_again.view(DType::f32, {B, H, T, T}) : s("att");
-    be.attention_backward(dqkv, datty, s("qkv"), att, H, H, scratch.flat(DType::f32));
+    blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), shape, prefix_);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv,
                     tp_region_input(c, s("ln1"), rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"), N, C, 3 * A);
@@ -214,21 +207,15 @@ class BlockUnit final : public Unit {
     const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
     const int64_t F = c.spec.ffn_hidden();
     Backend& be = c.be;
-    const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
-    if (pos0 == 0) {
-      cache.clear();
-      cache.add(c.pool, k_name, {B, c.spec.seq, C});
-      cache.add(c.pool, v_name, {B, c.spec.seq, C});
-    }
+    const blocks::AttentionShape shape{B, T, H, H, C / H};
+    blocks::kv_cache_open(c, cache, shape, prefix_, pos0);
     Saved s;
     Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add(c.pool, "ln1_mean", {N}),
            ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
     be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
     matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
-    be.kv_cache_write(cache(k_name), cache(v_name), qkv, H, H, pos0);
-    Tensor atty = s.add(c.pool, "atty", {N, C});
-    be.attention_cached(atty, qkv, cache(k_name), cache(v_name), H, H, pos0);
+    Tensor atty = blocks::attention_cached(c, cache, s, qkv, shape, prefix_, pos0);
     Tensor x2 = s.add(c.pool, "x2", {N, C});
     matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
     be.add(x2, in, x2);  // residual

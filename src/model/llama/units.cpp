@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "src/model/blocks/attention.hpp"
 #include "src/model/llama/llama.hpp"
 #include "src/model/tp.hpp"
 
@@ -155,9 +156,7 @@ class DecoderLayerUnit final : public Unit {
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, tp_region_input(c, ln1, whole_or(whole, c, ln1)), qkv_weight(p), d.N);
     be.rope(qkv, d.H + d.KV, d.hd, freqs_, 0, false);  // q and k: the first H + KV heads of each row
-    Tensor atty = s.add(c.pool, "atty", {d.N, d.H * d.hd}), att = s.add(c.pool, "att", {d.B, d.H, d.T, d.T});
-    be.attention_forward(atty, att, qkv, d.H, d.KV);
-    if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
+    Tensor atty = blocks::attention_forward(c, s, qkv, d.attention());
     Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
     Tensor attn_out = whole_or(whole, c, x2);
     linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
@@ -183,8 +182,7 @@ class DecoderLayerUnit final : public Unit {
                              prefix_ + "backward dgate_up");
     Block mid = c.pool.alloc(DType::f32, d.N * d.F, Category::workspace, prefix_ + "backward dswiglu");
     Block small = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "backward dln");
-    Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(d.T, d.H), Category::workspace,
-                                 prefix_ + "attention scratch");
+    Block scratch = blocks::attention_scratch(c, d.attention(), prefix_);
     // Sequence parallelism: whole holds what a GEMM needs of all N rows, gathered: d(out), ln2,
     // d(x2), ln1 in turn (forward kept only the rank's rows of ln1 and ln2, Megatron's activations
     // / T, so they are gathered again); local the rank's rows of d(ln2), then d(ln1).
@@ -213,13 +211,7 @@ class DecoderLayerUnit final : public Unit {
     linear_backward(be, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
                     d.N);
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
-    Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
-    if (!s.has("att")) {
-      att_again = c.pool.alloc(DType::f32, d.B * d.H * d.T * d.T, Category::activations, prefix_ + "att (recomputed)");
-      be.attention_forward(s("atty"), att_again.view(DType::f32, {d.B, d.H, d.T, d.T}), s("qkv"), d.H, d.KV);
-    }
-    Tensor att = att_again ? att_again.view(DType::f32, {d.B, d.H, d.T, d.T}) : s("att");
-    be.attention_backward(dqkv, datty, s("qkv"), att, d.H, d.KV, scratch.flat(DType::f32));
+    blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), d.attention(), prefix_);
     be.rope(dqkv, d.H + d.KV, d.hd, freqs_, 0, true);  // a rotation's gradient rotates back
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     linear_backward(be, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
@@ -236,21 +228,14 @@ class DecoderLayerUnit final : public Unit {
   void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0) override {
     const Dims d(c, tp_);
     Backend& be = c.be;
-    const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
-    if (pos0 == 0) {
-      cache.clear();
-      cache.add(c.pool, k_name, {d.B, c.spec.seq, d.KV * d.hd});
-      cache.add(c.pool, v_name, {d.B, c.spec.seq, d.KV * d.hd});
-    }
+    blocks::kv_cache_open(c, cache, d.attention(), prefix_, pos0);
     Saved s;
     Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.N});
     be.rmsnorm_forward(ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
     be.rope(qkv, d.H + d.KV, d.hd, freqs_, pos0, false);
-    be.kv_cache_write(cache(k_name), cache(v_name), qkv, d.H, d.KV, pos0);
-    Tensor atty = s.add(c.pool, "atty", {d.N, d.C});
-    be.attention_cached(atty, qkv, cache(k_name), cache(v_name), d.H, d.KV, pos0);
+    Tensor atty = blocks::attention_cached(c, cache, s, qkv, d.attention(), prefix_, pos0);
     Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
     linear_forward(be, x2, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     be.add(x2, in, x2);  // residual
@@ -279,6 +264,7 @@ class DecoderLayerUnit final : public Unit {
           KV(c.spec.num_kv_heads() / tp.degree),
           W((H + 2 * KV) * hd),
           F(c.spec.ffn_hidden() / tp.degree) {}
+    blocks::AttentionShape attention() const { return {B, T, H, KV, hd}; }
   };
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
