@@ -1,11 +1,13 @@
 // attention.cpp — the attention core shared by the families (attention.hpp).
 #include "src/model/blocks/attention.hpp"
+#include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/kv_cache.hpp"
 
 namespace shardlab::blocks {
 
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
   Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), att = s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
-  c.be.attention_forward(atty, att, qkv, a.H, a.KV);
+  ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV);
   if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
   return atty;
 }
@@ -21,10 +23,10 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
   if (!s.has("att")) {
     att_again = c.pool.alloc(DType::f32, a.B * a.H * a.T * a.T, Category::activations, prefix + "att (recomputed)");
     // atty is overwritten with the values forward wrote: the kernels are deterministic.
-    c.be.attention_forward(s("atty"), att_again.view(DType::f32, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV);
+    ops::attention_forward(c.be, s("atty"), att_again.view(DType::f32, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV);
   }
   Tensor att = att_again ? att_again.view(DType::f32, {a.B, a.H, a.T, a.T}) : s("att");
-  c.be.attention_backward(dqkv, datty, s("qkv"), att, a.H, a.KV, scratch);
+  ops::attention_backward(c.be, dqkv, datty, s("qkv"), att, a.H, a.KV, scratch);
 }
 
 namespace {
@@ -42,9 +44,9 @@ void kv_cache_open(UnitContext& c, Saved& cache, const AttentionShape& a, const 
 Tensor attention_cached(UnitContext& c, Saved& cache, Saved& s, Tensor qkv, const AttentionShape& a,
                         const std::string& prefix, int64_t pos0) {
   const Tensor k = cache(k_name(prefix)), v = cache(v_name(prefix));
-  c.be.kv_cache_write(k, v, qkv, a.H, a.KV, pos0);
+  ops::kv_cache_write(c.be, k, v, qkv, a.H, a.KV, pos0);
   Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd});
-  c.be.attention_cached(atty, qkv, k, v, a.H, a.KV, pos0);
+  ops::attention_cached(c.be, atty, qkv, k, v, a.H, a.KV, pos0);
   return atty;
 }
 
