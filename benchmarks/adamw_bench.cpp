@@ -1,4 +1,5 @@
 #include "benchmarks/adamw_bench.hpp"
+#include "src/backend/ops/optimizer.hpp"
 
 #include <omp.h>
 
@@ -54,8 +55,8 @@ AdamwBenchResult run_adamw_benchmark(Pool& pool, const AdamwBenchConfig& cfg, st
     AdamWArgs a;
     a.step = r + 1;
     t0 = std::chrono::steady_clock::now();
-    be.adamw_update(blocks[0].flat(DType::f32), blocks[1].flat(DType::f32), blocks[2].flat(DType::f32),
-                    blocks[3].flat(DType::f32), a);
+    ops::adamw_update(be, blocks[0].flat(DType::f32), blocks[1].flat(DType::f32), blocks[2].flat(DType::f32),
+                      blocks[3].flat(DType::f32), a);
     be.synchronize();
     best_adamw = std::min(best_adamw, seconds_since(t0));
   }

@@ -1,4 +1,5 @@
 #include "optim/optimizer.hpp"
+#include "src/backend/ops/optimizer.hpp"
 
 #include <cmath>
 
@@ -53,10 +54,10 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
       Tensor p = g.param.slice(s.offset, s.numel), gr = grad.slice(s.offset, s.numel);
       if (cfg_.kind == OptimizerKind::adamw) {
         AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step, grad_scale};
-        be.adamw_update(p, gr, m.slice(s.offset, s.numel), v.slice(s.offset, s.numel), a);
+        ops::adamw_update(be, p, gr, m.slice(s.offset, s.numel), v.slice(s.offset, s.numel), a);
       } else {
         SgdArgs a{lr, cfg_.momentum, wd, grad_scale};
-        be.sgd_update(p, gr, m.slice(s.offset, s.numel), a);
+        ops::sgd_update(be, p, gr, m.slice(s.offset, s.numel), a);
       }
     }
   }

@@ -6,6 +6,13 @@
 
 #include "src/backend/backend.hpp"
 #include "tests/test_util.hpp"
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/kv_cache.hpp"
+#include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/norm.hpp"
+#include "src/backend/ops/rope.hpp"
 
 using namespace shardlab;
 using shardlab::test::random_vector;
@@ -25,8 +32,8 @@ TEST_CASE("gelu forward and backward (tanh approximation)", "[kernels]") {
   const size_t n = 100003;
   auto x = random_vector("gelu", n, -12.f, 12.f), dout = random_vector("dgelu", n);
   std::vector<float> y(n), dx(n);
-  be->gelu_forward(t1(y), t1(x));
-  be->gelu_backward(t1(dx), t1(x), t1(dout));
+  ops::gelu_forward(*be, t1(y), t1(x));
+  ops::gelu_backward(*be, t1(dx), t1(x), t1(dout));
   std::vector<double> ry(n), rdx(n);
   const double k = std::sqrt(2.0 / M_PI);
   for (size_t i = 0; i < n; ++i) {
@@ -51,8 +58,8 @@ TEST_CASE("layernorm forward and backward", "[kernels]") {
   auto x = random_vector("ln x", N * C, -3.f, 3.f), w = random_vector("ln w", C), b = random_vector("ln b", C);
   auto dout = random_vector("ln dout", N * C);
   std::vector<float> y(N * C), mean(N), rstd(N), dx(N * C, 0.5f), dw(C, 0.f), db(C, 0.f);
-  be->layernorm_forward(t1(y), t1(mean), t1(rstd), t1(x), t1(w), t1(b), 1e-5f);
-  be->layernorm_backward(t1(dx), t1(dw), t1(db), t1(dout), t1(x), t1(w), t1(mean), t1(rstd));
+  ops::layernorm_forward(*be, t1(y), t1(mean), t1(rstd), t1(x), t1(w), t1(b), 1e-5f);
+  ops::layernorm_backward(*be, t1(dx), t1(dw), t1(db), t1(dout), t1(x), t1(w), t1(mean), t1(rstd));
   std::vector<double> ry(N * C), rdx(N * C), rdw(C, 0), rdb(C, 0);
   for (int64_t i = 0; i < N; ++i) {
     double m = 0, v = 0;
@@ -85,8 +92,8 @@ TEST_CASE("causal attention forward", "[kernels]") {
   const int64_t B = 2, T = 9, C = 12, H = 3, hs = C / H;
   auto qkv = random_vector("qkv", B * T * 3 * C, -2.f, 2.f);
   std::vector<float> out(B * T * C), att(B * H * T * T);
-  be->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}), Tensor(att.data(), DType::f32, {B, H, T, T}),
-                        Tensor(qkv.data(), DType::f32, {B, T, 3 * C}), H, H);
+  ops::attention_forward(*be, Tensor(out.data(), DType::f32, {B, T, C}), Tensor(att.data(), DType::f32, {B, H, T, T}),
+                         Tensor(qkv.data(), DType::f32, {B, T, 3 * C}), H, H);
   std::vector<double> ref(B * T * C, 0.0), ratt(B * H * T * T, 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -117,7 +124,7 @@ TEST_CASE("cross-entropy loss and its gradient", "[kernels]") {
   auto logits = random_vector("ce", N * V, -5.f, 5.f);
   std::vector<int32_t> tgt = {0, 49, 3, 3, 17, 25, 1};
   std::vector<float> loss(N), dl(N * V);
-  be->cross_entropy(t1(loss), t1(dl), t1(logits), tgt.data(), 0.5f);
+  ops::cross_entropy(*be, t1(loss), t1(dl), t1(logits), tgt.data(), 0.5f);
   for (int64_t i = 0; i < N; ++i) {
     double mx = -1e300, sum = 0;
     for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(logits[i * V + j]));
@@ -129,7 +136,7 @@ TEST_CASE("cross-entropy loss and its gradient", "[kernels]") {
     }
   }
   std::vector<int32_t> bad = {0, 50, 0, 0, 0, 0, 0};
-  CHECK_THROWS_WITH(be->cross_entropy(t1(loss), t1(dl), t1(logits), bad.data(), 1.f),
+  CHECK_THROWS_WITH(ops::cross_entropy(*be, t1(loss), t1(dl), t1(logits), bad.data(), 1.f),
                     Catch::Contains("target id 50 at position 1 outside vocabulary of 50"));
 }
 
@@ -140,9 +147,9 @@ TEST_CASE("embedding forward and backward", "[kernels]") {
   std::vector<int32_t> tok = {1, 4, 1, 0, 1, 2};
   std::vector<float> out(B * T * C), dwte(V * C, 0.f), dwpe(T * C, 0.f);
   Tensor twte(wte.data(), DType::f32, {V, C}), twpe(wpe.data(), DType::f32, {T, C});
-  be->embedding_forward(t1(out), tok.data(), B, T, twte, twpe);
-  be->embedding_backward(Tensor(dwte.data(), DType::f32, {V, C}), Tensor(dwpe.data(), DType::f32, {T, C}), t1(dout),
-                         tok.data(), B, T);
+  ops::embedding_forward(*be, t1(out), tok.data(), B, T, twte, twpe);
+  ops::embedding_backward(*be, Tensor(dwte.data(), DType::f32, {V, C}), Tensor(dwpe.data(), DType::f32, {T, C}),
+                          t1(dout), tok.data(), B, T);
   std::vector<double> rdwte(V * C, 0), rdwpe(T * C, 0);
   for (int64_t bt = 0; bt < B * T; ++bt)
     for (int64_t c = 0; c < C; ++c) {
@@ -153,7 +160,7 @@ TEST_CASE("embedding forward and backward", "[kernels]") {
   CHECK(max_abs_diff(dwte, rdwte) < 1e-6);  // token 1 appears three times: its gradient is a sum
   CHECK(max_abs_diff(dwpe, rdwpe) < 1e-6);
   std::vector<int32_t> bad = {1, 4, 5, 0, 1, 2};
-  CHECK_THROWS_WITH(be->embedding_forward(t1(out), bad.data(), B, T, twte, twpe),
+  CHECK_THROWS_WITH(ops::embedding_forward(*be, t1(out), bad.data(), B, T, twte, twpe),
                     Catch::Contains("token id 5 at position 2 outside vocabulary of 5"));
 }
 
@@ -177,8 +184,8 @@ TEST_CASE("rmsnorm forward and backward, accumulating into dinp and dweight", "[
     auto dout = random_vector("rms dout", N * C), dx0 = random_vector("rms dx0", N * C);
     auto dw0 = random_vector("rms dw0", C);
     std::vector<float> y(N * C), rstd(N), dx = dx0, dw = dw0;
-    be->rmsnorm_forward(t1(y), t1(rstd), t1(x), t1(w), eps);
-    be->rmsnorm_backward(t1(dx), t1(dw), t1(dout), t1(x), t1(w), t1(rstd));
+    ops::rmsnorm_forward(*be, t1(y), t1(rstd), t1(x), t1(w), eps);
+    ops::rmsnorm_backward(*be, t1(dx), t1(dw), t1(dout), t1(x), t1(w), t1(rstd));
     std::vector<double> ry(N * C), rrstd(N), rdx(N * C), rdw(dw0.begin(), dw0.end());
     for (int64_t i = 0; i < N; ++i) {
       double ms = 0, dot = 0;
@@ -242,18 +249,18 @@ TEST_CASE("rope rotates the first heads' channel pairs, and its inverse undoes i
     const auto x0 = random_vector("rope x", B * T * W, -2.f, 2.f);
     std::vector<float> x = x0;
     Tensor tx(x.data(), DType::f32, {B, T, W});
-    be->rope(tx, heads, hd, f, pos0, false);
+    ops::rope(*be, tx, heads, hd, f, pos0, false);
     CHECK(max_abs_diff(x, rope_reference(x0, B, T, W, heads, hd, f, pos0, false)) < 2e-6);
     for (int64_t bt = 0; bt < B * T; ++bt)
       for (int64_t c = heads * hd; c < W; ++c) REQUIRE(x[bt * W + c] == x0[bt * W + c]);
-    be->rope(tx, heads, hd, f, pos0, true);
+    ops::rope(*be, tx, heads, hd, f, pos0, true);
     CHECK(max_abs_diff(x, x0) < 2e-6);  // a rotation and its inverse, each rounded in f32
     std::vector<float> xi = x0;
-    be->rope(Tensor(xi.data(), DType::f32, {B, T, W}), heads, hd, f, pos0, true);
+    ops::rope(*be, Tensor(xi.data(), DType::f32, {B, T, W}), heads, hd, f, pos0, true);
     CHECK(max_abs_diff(xi, rope_reference(x0, B, T, W, heads, hd, f, pos0, true)) < 2e-6);
   }
   std::vector<float> x(2 * 3 * 8);
-  CHECK_THROWS_WITH(be->rope(Tensor(x.data(), DType::f32, {2, 3, 8}), 2, 6, rope_freqs(6, 1e4), 0, false),
+  CHECK_THROWS_WITH(ops::rope(*be, Tensor(x.data(), DType::f32, {2, 3, 8}), 2, 6, rope_freqs(6, 1e4), 0, false),
                     Catch::Contains("W >= heads 2 x head_dim 6"));
 }
 
@@ -264,9 +271,9 @@ TEST_CASE("swiglu forward and backward (silu(gate) * up)", "[kernels]") {
     INFO("N=" << N << " F=" << F);
     auto gu = random_vector("swiglu gu", N * 2 * F, -12.f, 12.f), dout = random_vector("swiglu dout", N * F);
     std::vector<float> out(N * F), dgu(N * 2 * F, 7.f);  // overwritten, not accumulated
-    be->swiglu_forward(Tensor(out.data(), DType::f32, {N, F}), Tensor(gu.data(), DType::f32, {N, 2 * F}));
-    be->swiglu_backward(Tensor(dgu.data(), DType::f32, {N, 2 * F}), Tensor(gu.data(), DType::f32, {N, 2 * F}),
-                        Tensor(dout.data(), DType::f32, {N, F}));
+    ops::swiglu_forward(*be, Tensor(out.data(), DType::f32, {N, F}), Tensor(gu.data(), DType::f32, {N, 2 * F}));
+    ops::swiglu_backward(*be, Tensor(dgu.data(), DType::f32, {N, 2 * F}), Tensor(gu.data(), DType::f32, {N, 2 * F}),
+                         Tensor(dout.data(), DType::f32, {N, F}));
     // Tolerance: 1e-6 x (1 + |g|) x (1 + |up|): e^-g within 2 ulp, then a few f32 roundings.
     double ey = 0, eg = 0, eu = 0;
     for (int64_t i = 0; i < N; ++i)
@@ -351,9 +358,9 @@ TEST_CASE("grouped-query attention forward and backward", "[kernels]") {
     std::vector<float> out(B * T * C), att(B * H * T * T), dqkv(B * T * W, std::nanf("")),
         scratch(attention_scratch_elems(T, H));
     Tensor tqkv(qkv.data(), DType::f32, {B, T, W}), tatt(att.data(), DType::f32, {B, H, T, T});
-    be->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}), tatt, tqkv, H, KV);
-    be->attention_backward(Tensor(dqkv.data(), DType::f32, {B, T, W}), Tensor(dout.data(), DType::f32, {B, T, C}),
-                           tqkv, tatt, H, KV, t1(scratch));
+    ops::attention_forward(*be, Tensor(out.data(), DType::f32, {B, T, C}), tatt, tqkv, H, KV);
+    ops::attention_backward(*be, Tensor(dqkv.data(), DType::f32, {B, T, W}), Tensor(dout.data(), DType::f32, {B, T, C}),
+                            tqkv, tatt, H, KV, t1(scratch));
     const AttentionReference r = attention_reference(qkv, dout, B, T, H, KV, hd);
     // Tolerances: f32 dot products of hd terms and softmax sums of T; dk and dv also sum H / KV heads.
     CHECK(max_abs_diff(att, r.att) < 1e-6);
@@ -380,11 +387,11 @@ TEST_CASE("grouped-query attention equals multi-head attention over repeated K/V
       d_m(B * T * 3 * C), scratch(attention_scratch_elems(T, H));
   Tensor tdout(dout.data(), DType::f32, {B, T, C});
   Tensor tq_g(qkv.data(), DType::f32, {B, T, W}), tatt_g(att_g.data(), DType::f32, {B, H, T, T});
-  be->attention_forward(Tensor(out_g.data(), DType::f32, {B, T, C}), tatt_g, tq_g, H, KV);
-  be->attention_backward(Tensor(d_g.data(), DType::f32, {B, T, W}), tdout, tq_g, tatt_g, H, KV, t1(scratch));
+  ops::attention_forward(*be, Tensor(out_g.data(), DType::f32, {B, T, C}), tatt_g, tq_g, H, KV);
+  ops::attention_backward(*be, Tensor(d_g.data(), DType::f32, {B, T, W}), tdout, tq_g, tatt_g, H, KV, t1(scratch));
   Tensor tq_m(mha.data(), DType::f32, {B, T, 3 * C}), tatt_m(att_m.data(), DType::f32, {B, H, T, T});
-  be->attention_forward(Tensor(out_m.data(), DType::f32, {B, T, C}), tatt_m, tq_m, H, H);
-  be->attention_backward(Tensor(d_m.data(), DType::f32, {B, T, 3 * C}), tdout, tq_m, tatt_m, H, H, t1(scratch));
+  ops::attention_forward(*be, Tensor(out_m.data(), DType::f32, {B, T, C}), tatt_m, tq_m, H, H);
+  ops::attention_backward(*be, Tensor(d_m.data(), DType::f32, {B, T, 3 * C}), tdout, tq_m, tatt_m, H, H, t1(scratch));
   // The same products with different leading dimensions: the GEMM library may block them
   // differently, so equal to f32 rounding rather than to the bit.
   CHECK(max_abs_diff(att_g, att_m) < 1e-6);
@@ -429,8 +436,8 @@ TEST_CASE("attention over a KV cache computes the whole sequence's rows, in any 
       for (int64_t b = 0; b < B; ++b)
         std::copy_n(qkv.begin() + (b * T + pos0) * W, n * W, part.begin() + b * n * W);
       Tensor tpart(part.data(), DType::f32, {B, n, W});
-      be->kv_cache_write(tk, tv, tpart, H, KV, pos0);
-      be->attention_cached(Tensor(part_out.data(), DType::f32, {B, n, C}), tpart, tk, tv, H, KV, pos0);
+      ops::kv_cache_write(*be, tk, tv, tpart, H, KV, pos0);
+      ops::attention_cached(*be, Tensor(part_out.data(), DType::f32, {B, n, C}), tpart, tk, tv, H, KV, pos0);
       for (int64_t b = 0; b < B; ++b)
         std::copy_n(part_out.begin() + b * n * C, n * C, out.begin() + (b * T + pos0) * C);
       pos0 += n;
@@ -459,13 +466,14 @@ TEST_CASE("the cached attention's shapes are checked, on the meta backend too", 
     const Device d = be->device();
     Tensor tq(qkv.data(), DType::f32, {B, T, (H + 2 * KV) * hd}, d), tk(kv.data(), DType::f32, {B, S, KV * hd}, d),
         to(out.data(), DType::f32, {B, T, H * hd}, d);
-    CHECK_NOTHROW(be->kv_cache_write(tk, tk, tq, H, KV, S - T));
-    CHECK_NOTHROW(be->attention_cached(to, tq, tk, tk, H, KV, S - T));
-    CHECK_THROWS_WITH(be->kv_cache_write(tk, tk, tq, H, KV, S - T + 1), Catch::Contains("pos0=7"));
-    CHECK_THROWS_WITH(be->attention_cached(to, tq, tk, tk, H, KV, S - 1), Catch::Contains("attention_cached"));
-    CHECK_THROWS_WITH(be->attention_cached(to, tq, tk, tk, H, H, 0), Catch::Contains("k_cache"));  // KV heads wrong
+    CHECK_NOTHROW(ops::kv_cache_write(*be, tk, tk, tq, H, KV, S - T));
+    CHECK_NOTHROW(ops::attention_cached(*be, to, tq, tk, tk, H, KV, S - T));
+    CHECK_THROWS_WITH(ops::kv_cache_write(*be, tk, tk, tq, H, KV, S - T + 1), Catch::Contains("pos0=7"));
+    CHECK_THROWS_WITH(ops::attention_cached(*be, to, tq, tk, tk, H, KV, S - 1), Catch::Contains("attention_cached"));
+    CHECK_THROWS_WITH(ops::attention_cached(*be, to, tq, tk, tk, H, H,
+                                            0), Catch::Contains("k_cache"));  // KV heads wrong
     Tensor short_out(out.data(), DType::f32, {B, T - 1, H * hd}, d);
-    CHECK_THROWS_WITH(be->attention_cached(short_out, tq, tk, tk, H, KV, 0), Catch::Contains("out"));
+    CHECK_THROWS_WITH(ops::attention_cached(*be, short_out, tq, tk, tk, H, KV, 0), Catch::Contains("out"));
   }
 }
 
@@ -476,8 +484,8 @@ TEST_CASE("embedding without learned positions (empty wpe)", "[kernels]") {
   auto dwte0 = random_vector("dwte0 nopos", V * C);
   std::vector<int32_t> tok = {3, 0, 3, 1, 3, 2};
   std::vector<float> out(B * T * C, 9.f), dwte = dwte0;
-  be->embedding_forward(t1(out), tok.data(), B, T, Tensor(wte.data(), DType::f32, {V, C}), Tensor());
-  be->embedding_backward(Tensor(dwte.data(), DType::f32, {V, C}), Tensor(), t1(dout), tok.data(), B, T);
+  ops::embedding_forward(*be, t1(out), tok.data(), B, T, Tensor(wte.data(), DType::f32, {V, C}), Tensor());
+  ops::embedding_backward(*be, Tensor(dwte.data(), DType::f32, {V, C}), Tensor(), t1(dout), tok.data(), B, T);
   std::vector<double> rdwte(dwte0.begin(), dwte0.end());
   for (int64_t bt = 0; bt < B * T; ++bt)
     for (int64_t c = 0; c < C; ++c) {
@@ -497,15 +505,15 @@ TEST_CASE("the meta backend checks the Llama operations' shapes and computes not
   };
   const int64_t N = 7, C = 13, F = 11;
   Tensor x = fake({N, C}), w = fake({C}), rstd = fake({N}), gu = fake({N, 2 * F}), h = fake({N, F});
-  CHECK_NOTHROW(meta->rmsnorm_forward(x, rstd, x, w, 1e-5f));
-  CHECK_NOTHROW(meta->rmsnorm_backward(x, w, x, x, w, rstd));
-  CHECK_THROWS_WITH(meta->rmsnorm_forward(x, fake({N + 1}), x, w, 1e-5f), Catch::Contains("rmsnorm_forward"));
-  CHECK_THROWS_WITH(meta->rmsnorm_backward(x, fake({C + 1}), x, x, w, rstd), Catch::Contains("rmsnorm_backward"));
-  CHECK_NOTHROW(meta->swiglu_forward(h, gu));
-  CHECK_NOTHROW(meta->swiglu_backward(gu, gu, h));
-  CHECK_THROWS_WITH(meta->swiglu_forward(h, fake({N, F})), Catch::Contains("swiglu_forward"));
-  CHECK_THROWS_WITH(meta->swiglu_backward(fake({N, F}), gu, h), Catch::Contains("swiglu_backward"));
+  CHECK_NOTHROW(ops::rmsnorm_forward(*meta, x, rstd, x, w, 1e-5f));
+  CHECK_NOTHROW(ops::rmsnorm_backward(*meta, x, w, x, x, w, rstd));
+  CHECK_THROWS_WITH(ops::rmsnorm_forward(*meta, x, fake({N + 1}), x, w, 1e-5f), Catch::Contains("rmsnorm_forward"));
+  CHECK_THROWS_WITH(ops::rmsnorm_backward(*meta, x, fake({C + 1}), x, x, w, rstd), Catch::Contains("rmsnorm_backward"));
+  CHECK_NOTHROW(ops::swiglu_forward(*meta, h, gu));
+  CHECK_NOTHROW(ops::swiglu_backward(*meta, gu, gu, h));
+  CHECK_THROWS_WITH(ops::swiglu_forward(*meta, h, fake({N, F})), Catch::Contains("swiglu_forward"));
+  CHECK_THROWS_WITH(ops::swiglu_backward(*meta, fake({N, F}), gu, h), Catch::Contains("swiglu_backward"));
   Tensor qkv = fake({2, 9, 4 * 6 + 2 * 2 * 6});
-  CHECK_NOTHROW(meta->rope(qkv, 4 + 2, 6, rope_freqs(6, 1e4), 3, false));  // q and k heads of a fused qkv
-  CHECK_THROWS_WITH(meta->rope(qkv, 4, 6, rope_freqs(8, 1e4), 3, true), Catch::Contains("freqs for 4 pairs"));
+  CHECK_NOTHROW(ops::rope(*meta, qkv, 4 + 2, 6, rope_freqs(6, 1e4), 3, false));  // q and k heads of a fused qkv
+  CHECK_THROWS_WITH(ops::rope(*meta, qkv, 4, 6, rope_freqs(8, 1e4), 3, true), Catch::Contains("freqs for 4 pairs"));
 }

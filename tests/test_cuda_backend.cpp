@@ -13,6 +13,14 @@
 #include "memory/pool.hpp"
 #include "src/model/spec.hpp"
 #include "tests/test_util.hpp"
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/kv_cache.hpp"
+#include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/norm.hpp"
+#include "src/backend/ops/optimizer.hpp"
+#include "src/backend/ops/rope.hpp"
 
 using namespace shardlab;
 using shardlab::test::random_vector;
@@ -231,11 +239,11 @@ TEST_CASE("cuda embedding forward and backward match the cpu bit for bit", "[cud
     Ids tokens = random_ids("etok", BT, V);
     auto wte = random_vector("ewte", V * C), wpe = random_vector("ewpe", maxT * C);
     std::vector<float> out(BT * C);
-    e.cpu->embedding_forward(host2(out, BT, C), tokens.data(), B, T, host2(wte, V, C), host2(wpe, maxT, C));
+    ops::embedding_forward(*e.cpu, host2(out, BT, C), tokens.data(), B, T, host2(wte, V, C), host2(wpe, maxT, C));
     Block gwte = up(e, wte, "wte"), gwpe = up(e, wpe, "wpe");
     Block gout = e.pool.alloc(DType::f32, BT * C, Category::workspace, "out");
-    e.gpu->embedding_forward(gout.view(DType::f32, {BT, C}), tokens.data(), B, T, gwte.view(DType::f32, {V, C}),
-                             gwpe.view(DType::f32, {maxT, C}));
+    ops::embedding_forward(*e.gpu, gout.view(DType::f32, {BT, C}), tokens.data(), B, T, gwte.view(DType::f32, {V, C}),
+                           gwpe.view(DType::f32, {maxT, C}));
     CHECK(bit_equal(down(e, gout, out.size()), out));  // tolerance 0: one add per element
 
     // Backward accumulates into random gradients. Both backends add each position's row in
@@ -245,13 +253,13 @@ TEST_CASE("cuda embedding forward and backward match the cpu bit for bit", "[cud
     Block gdout = up(e, dout, "dout");
     auto run_gpu = [&] {
       Block gdwte = up(e, dwte, "dwte"), gdwpe = up(e, dwpe, "dwpe");
-      e.gpu->embedding_backward(gdwte.view(DType::f32, {V, C}), gdwpe.view(DType::f32, {maxT, C}),
-                                gdout.view(DType::f32, {BT, C}), tokens.data(), B, T);
+      ops::embedding_backward(*e.gpu, gdwte.view(DType::f32, {V, C}), gdwpe.view(DType::f32, {maxT, C}),
+                              gdout.view(DType::f32, {BT, C}), tokens.data(), B, T);
       return std::pair{down(e, gdwte, dwte.size()), down(e, gdwpe, dwpe.size())};
     };
     auto [got_dwte, got_dwpe] = run_gpu();
     auto [again_dwte, again_dwpe] = run_gpu();
-    e.cpu->embedding_backward(host2(dwte, V, C), host2(dwpe, maxT, C), host2(dout, BT, C), tokens.data(), B, T);
+    ops::embedding_backward(*e.cpu, host2(dwte, V, C), host2(dwpe, maxT, C), host2(dout, BT, C), tokens.data(), B, T);
     CHECK(bit_equal(got_dwte, dwte));
     CHECK(bit_equal(got_dwpe, dwpe));
     // Determinism: repeated tokens, no atomics: the second run gives the same bits.
@@ -266,13 +274,13 @@ TEST_CASE("cuda kernels reject token ids outside the vocabulary", "[cuda]") {
   Block wte = e.pool.alloc(DType::f32, V * C, Category::workspace, "wte");
   Block out = e.pool.alloc(DType::f32, 2 * C, Category::workspace, "out");
   Ids bad{3, 10};
-  CHECK_THROWS_AS(e.gpu->embedding_forward(out.view(DType::f32, {2, C}), bad.data(), 1, 2,
-                                           wte.view(DType::f32, {V, C}), wte.view(DType::f32, {V, C})),
+  CHECK_THROWS_AS(ops::embedding_forward(*e.gpu, out.view(DType::f32, {2, C}), bad.data(), 1, 2,
+                                         wte.view(DType::f32, {V, C}), wte.view(DType::f32, {V, C})),
                   InternalError);
   Block losses = e.pool.alloc(DType::f32, 2, Category::workspace, "losses");
   Ids negative{-1, 0};
-  CHECK_THROWS_AS(e.gpu->cross_entropy(losses.flat(DType::f32).slice(0, 2), Tensor(), out.view(DType::f32, {2, C}),
-                                       negative.data(), 1.f),
+  CHECK_THROWS_AS(ops::cross_entropy(*e.gpu, losses.flat(DType::f32).slice(0, 2), Tensor(),
+                                     out.view(DType::f32, {2, C}), negative.data(), 1.f),
                   InternalError);
 }
 
@@ -286,15 +294,15 @@ TEST_CASE("cuda layernorm forward and backward match the cpu backend", "[cuda]")
     auto inp = random_vector("linp", N * C, -2.f, 3.f), w = random_vector("lw", C, 0.5f, 1.5f);
     auto b = random_vector("lb", C);
     std::vector<float> out(N * C), mean(N), rstd(N);
-    e.cpu->layernorm_forward(host2(out, N, C), host(mean), host(rstd), host2(inp, N, C), host(w), host(b),
-                             1e-5f);
+    ops::layernorm_forward(*e.cpu, host2(out, N, C), host(mean), host(rstd), host2(inp, N, C), host(w), host(b),
+                           1e-5f);
     Block ginp = up(e, inp, "inp"), gw = up(e, w, "w"), gb = up(e, b, "b");
     Block gout = e.pool.alloc(DType::f32, N * C, Category::workspace, "out");
     Block gmean = e.pool.alloc(DType::f32, N, Category::workspace, "mean");
     Block grstd = e.pool.alloc(DType::f32, N, Category::workspace, "rstd");
-    e.gpu->layernorm_forward(gout.view(DType::f32, {N, C}), Env::dev(gmean, DType::f32, N),
-                             Env::dev(grstd, DType::f32, N), ginp.view(DType::f32, {N, C}),
-                             Env::dev(gw, DType::f32, C), Env::dev(gb, DType::f32, C), 1e-5f);
+    ops::layernorm_forward(*e.gpu, gout.view(DType::f32, {N, C}), Env::dev(gmean, DType::f32, N),
+                           Env::dev(grstd, DType::f32, N), ginp.view(DType::f32, {N, C}),
+                           Env::dev(gw, DType::f32, C), Env::dev(gb, DType::f32, C), 1e-5f);
     // f32, only the summation order differs: 1e-5 relative, 1e-5 absolute.
     expect_close(down(e, gout, out.size()), out, 1e-5, 1e-5, "layernorm out");
     expect_close(down(e, gmean, mean.size()), mean, 1e-5, 1e-5, "layernorm mean");
@@ -306,16 +314,16 @@ TEST_CASE("cuda layernorm forward and backward match the cpu backend", "[cuda]")
     Block gdout = up(e, dout, "dout"), gm = up(e, mean, "mean"), gr = up(e, rstd, "rstd");
     auto run_gpu = [&] {
       Block gdinp = up(e, dinp, "dinp"), gdw = up(e, dw, "dw"), gdb = up(e, db, "db");
-      e.gpu->layernorm_backward(gdinp.view(DType::f32, {N, C}), Env::dev(gdw, DType::f32, C),
-                                Env::dev(gdb, DType::f32, C), gdout.view(DType::f32, {N, C}),
-                                ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C),
-                                Env::dev(gm, DType::f32, N), Env::dev(gr, DType::f32, N));
+      ops::layernorm_backward(*e.gpu, gdinp.view(DType::f32, {N, C}), Env::dev(gdw, DType::f32, C),
+                              Env::dev(gdb, DType::f32, C), gdout.view(DType::f32, {N, C}),
+                              ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C),
+                              Env::dev(gm, DType::f32, N), Env::dev(gr, DType::f32, N));
       return std::tuple{down(e, gdinp, dinp.size()), down(e, gdw, dw.size()), down(e, gdb, db.size())};
     };
     auto [got_dinp, got_dw, got_db] = run_gpu();
     auto [again_dinp, again_dw, again_db] = run_gpu();
-    e.cpu->layernorm_backward(host2(dinp, N, C), host(dw), host(db), host2(dout, N, C), host2(inp, N, C), host(w),
-                              host(mean), host(rstd));
+    ops::layernorm_backward(*e.cpu, host2(dinp, N, C), host(dw), host(db), host2(dout, N, C), host2(inp, N, C), host(w),
+                            host(mean), host(rstd));
     // Sums over C (dinp) and over N rows (dw, db) in another order: 1e-4 relative, 1e-4 absolute.
     expect_close(got_dinp, dinp, 1e-4, 1e-4, "layernorm dinp");
     expect_close(got_dw, dw, 1e-4, 1e-4, "layernorm dweight");
@@ -348,10 +356,10 @@ TEST_CASE("cuda add_bias and gelu match the cpu backend", "[cuda]") {
     Block gout = up(e, out, "out"), gdinp = up(e, dinp, "dinp");
     auto dev = [&](const Block& b) { return Env::dev(b, DType::f32, n + off).slice(off, n); };
     auto hst = [&](std::vector<float>& v) { return host(v).slice(off, n); };
-    e.gpu->gelu_forward(dev(gout), dev(ginp));
-    e.gpu->gelu_backward(dev(gdinp), dev(ginp), dev(gdout));
-    e.cpu->gelu_forward(hst(out), hst(inp));
-    e.cpu->gelu_backward(hst(dinp), hst(inp), hst(dout));
+    ops::gelu_forward(*e.gpu, dev(gout), dev(ginp));
+    ops::gelu_backward(*e.gpu, dev(gdinp), dev(ginp), dev(gdout));
+    ops::gelu_forward(*e.cpu, hst(out), hst(inp));
+    ops::gelu_backward(*e.cpu, hst(dinp), hst(inp), hst(dout));
     // 1e-5 relative, 1e-6 absolute (the tanh approximations differ by ~1e-7 absolute).
     expect_close(down(e, gout, out.size()), out, 1e-5, 1e-6, "gelu_forward");
     expect_close(down(e, gdinp, dinp.size()), dinp, 1e-5, 1e-6, "gelu_backward");
@@ -369,13 +377,13 @@ TEST_CASE("cuda attention forward and backward match the cpu backend", "[cuda]")
     auto qkv = random_vector("aqkv", B * T * 3 * C);
     std::vector<float> out(B * T * C), att(B * H * T * T);
     Tensor hqkv(qkv.data(), DType::f32, {B, T, 3 * C});
-    e.cpu->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}),
-                             Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, H);
+    ops::attention_forward(*e.cpu, Tensor(out.data(), DType::f32, {B, T, C}),
+                           Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, H);
     Block gqkv = up(e, qkv, "qkv");
     Block gout = e.pool.alloc(DType::f32, B * T * C, Category::workspace, "out");
     Block gatt = e.pool.alloc(DType::f32, B * H * T * T, Category::workspace, "att");
-    e.gpu->attention_forward(gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
-                             gqkv.view(DType::f32, {B, T, 3 * C}), H, H);
+    ops::attention_forward(*e.gpu, gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
+                           gqkv.view(DType::f32, {B, T, 3 * C}), H, H);
     auto got_att = down(e, gatt, att.size());
     // cuBLAS sums in another order (f32, no TF32): 1e-4 relative, 1e-5 absolute.
     expect_close(got_att, att, 1e-4, 1e-5, "attention att");
@@ -391,12 +399,12 @@ TEST_CASE("cuda attention forward and backward match the cpu backend", "[cuda]")
     std::vector<float> dqkv(qkv.size(), 7.f), scratch(attention_scratch_elems(T, H));
     Block gdout = up(e, dout, "dout"), gdqkv = up(e, dqkv, "dqkv"), gatt_ref = up(e, att, "att");
     Block gscratch = e.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace, "scratch");
-    e.gpu->attention_backward(gdqkv.view(DType::f32, {B, T, 3 * C}), gdout.view(DType::f32, {B, T, C}),
-                              gqkv.view(DType::f32, {B, T, 3 * C}), gatt_ref.view(DType::f32, {B, H, T, T}), H, H,
-                              gscratch.flat(DType::f32));
-    e.cpu->attention_backward(Tensor(dqkv.data(), DType::f32, {B, T, 3 * C}),
-                              Tensor(dout.data(), DType::f32, {B, T, C}), hqkv,
-                              Tensor(att.data(), DType::f32, {B, H, T, T}), H, H, host(scratch));
+    ops::attention_backward(*e.gpu, gdqkv.view(DType::f32, {B, T, 3 * C}), gdout.view(DType::f32, {B, T, C}),
+                            gqkv.view(DType::f32, {B, T, 3 * C}), gatt_ref.view(DType::f32, {B, H, T, T}), H, H,
+                            gscratch.flat(DType::f32));
+    ops::attention_backward(*e.cpu, Tensor(dqkv.data(), DType::f32, {B, T, 3 * C}),
+                            Tensor(dout.data(), DType::f32, {B, T, C}), hqkv,
+                            Tensor(att.data(), DType::f32, {B, H, T, T}), H, H, host(scratch));
     // Four GEMMs and the softmax backward in another order: 1e-4 relative, 2e-5 absolute.
     expect_close(down(e, gdqkv, dqkv.size()), dqkv, 1e-4, 2e-5, "attention dqkv");
   }
@@ -413,7 +421,7 @@ TEST_CASE("cuda cross_entropy matches the cpu backend, in place and without grad
     Ids targets = random_ids("xtargets", N, V);
     const float scale = 1.f / static_cast<float>(N);
     std::vector<float> losses(N), dlogits(N * V);
-    e.cpu->cross_entropy(host(losses), host2(dlogits, N, V), host2(logits, N, V), targets.data(), scale);
+    ops::cross_entropy(*e.cpu, host(losses), host2(dlogits, N, V), host2(logits, N, V), targets.data(), scale);
     enum class Mode { separate, aliased, no_grad };
     for (Mode mode : {Mode::separate, Mode::aliased, Mode::no_grad}) {
       INFO("mode " << static_cast<int>(mode));
@@ -422,7 +430,7 @@ TEST_CASE("cuda cross_entropy matches the cpu backend, in place and without grad
       Block glosses = e.pool.alloc(DType::f32, N, Category::workspace, "losses");
       Tensor tl = glogits.view(DType::f32, {N, V});
       Tensor td = mode == Mode::separate ? gd.view(DType::f32, {N, V}) : mode == Mode::aliased ? tl : Tensor();
-      e.gpu->cross_entropy(Env::dev(glosses, DType::f32, N), td, tl, targets.data(), scale);
+      ops::cross_entropy(*e.gpu, Env::dev(glosses, DType::f32, N), td, tl, targets.data(), scale);
       // Double-precision sums on both sides; float exps differ by an ulp or two: 1e-5 relative.
       expect_close(down(e, glosses, losses.size()), losses, 1e-5, 1e-6, "cross_entropy losses");
       if (mode == Mode::separate) expect_close(down(e, gd, dlogits.size()), dlogits, 1e-5, 1e-8, "dlogits");
@@ -448,12 +456,12 @@ TEST_CASE("cuda adamw and sgd match the cpu backend over several steps", "[cuda]
       Block gg = up(e, g, "g");
       AdamWArgs a;
       a.lr = 1e-3f, a.weight_decay = 0.1f, a.step = step, a.grad_scale = 0.5f;
-      e.gpu->adamw_update(t(gp), t(gg), t(gm), t(gv), a);
-      e.cpu->adamw_update(host(p), host(g), host(m), host(v), a);
+      ops::adamw_update(*e.gpu, t(gp), t(gg), t(gm), t(gv), a);
+      ops::adamw_update(*e.cpu, host(p), host(g), host(m), host(v), a);
       SgdArgs sa;
       sa.lr = 0.01f, sa.momentum = 0.9f, sa.weight_decay = 0.01f, sa.grad_scale = 0.5f;
-      e.gpu->sgd_update(t(gsp), t(gg), t(gsbuf), sa);
-      e.cpu->sgd_update(host(sp), host(g), host(sbuf), sa);
+      ops::sgd_update(*e.gpu, t(gsp), t(gg), t(gsbuf), sa);
+      ops::sgd_update(*e.cpu, host(sp), host(g), host(sbuf), sa);
     }
     // The same f32 formula (contractions into FMAs may differ): 1e-5 relative, 1e-7 absolute.
     expect_close(down(e, gp, n), p, 1e-5, 1e-7, "adamw param");
@@ -475,10 +483,10 @@ TEST_CASE("cuda embedding without learned positions (empty wpe) matches the cpu 
   auto wte = random_vector("ewte_nopos", V * C);
   Block gwte = up(e, wte, "wte");
   Block gout = e.pool.alloc(DType::f32, BT * C, Category::workspace, "out");
-  e.gpu->embedding_forward(gout.view(DType::f32, {BT, C}), tokens.data(), B, T, gwte.view(DType::f32, {V, C}),
-                           Tensor());
+  ops::embedding_forward(*e.gpu, gout.view(DType::f32, {BT, C}), tokens.data(), B, T, gwte.view(DType::f32, {V, C}),
+                         Tensor());
   std::vector<float> out(BT * C), gathered(BT * C);
-  e.cpu->embedding_forward(host2(out, BT, C), tokens.data(), B, T, host2(wte, V, C), Tensor());
+  ops::embedding_forward(*e.cpu, host2(out, BT, C), tokens.data(), B, T, host2(wte, V, C), Tensor());
   for (int64_t bt = 0; bt < BT; ++bt)
     std::copy_n(wte.begin() + tokens[bt] * C, C, gathered.begin() + bt * C);
   auto got = down(e, gout, out.size());
@@ -489,9 +497,9 @@ TEST_CASE("cuda embedding without learned positions (empty wpe) matches the cpu 
   // tolerance 0), and nothing written through the empty dwpe (a write would fault the download).
   auto dout = random_vector("edout_nopos", BT * C), dwte = random_vector("edwte_nopos", V * C);
   Block gdout = up(e, dout, "dout"), gdwte = up(e, dwte, "dwte");
-  e.gpu->embedding_backward(gdwte.view(DType::f32, {V, C}), Tensor(), gdout.view(DType::f32, {BT, C}), tokens.data(),
-                            B, T);
-  e.cpu->embedding_backward(host2(dwte, V, C), Tensor(), host2(dout, BT, C), tokens.data(), B, T);
+  ops::embedding_backward(*e.gpu, gdwte.view(DType::f32, {V, C}), Tensor(), gdout.view(DType::f32, {BT, C}),
+                          tokens.data(), B, T);
+  ops::embedding_backward(*e.cpu, host2(dwte, V, C), Tensor(), host2(dout, BT, C), tokens.data(), B, T);
   CHECK(bit_equal(down(e, gdwte, dwte.size()), dwte));
 }
 
@@ -505,12 +513,12 @@ TEST_CASE("cuda rmsnorm forward and backward match the cpu backend", "[cuda]") {
     auto inp = random_vector("rinp", N * C, -2.f, 3.f), w = random_vector("rw", C, 0.5f, 1.5f);
     std::vector<float> out(N * C), rstd(N);
     const float eps = 1e-6f;  // Llama's
-    e.cpu->rmsnorm_forward(host2(out, N, C), host(rstd), host2(inp, N, C), host(w), eps);
+    ops::rmsnorm_forward(*e.cpu, host2(out, N, C), host(rstd), host2(inp, N, C), host(w), eps);
     Block ginp = up(e, inp, "inp"), gw = up(e, w, "w");
     Block gout = e.pool.alloc(DType::f32, N * C, Category::workspace, "out");
     Block grstd = e.pool.alloc(DType::f32, N, Category::workspace, "rstd");
-    e.gpu->rmsnorm_forward(gout.view(DType::f32, {N, C}), Env::dev(grstd, DType::f32, N),
-                           ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C), eps);
+    ops::rmsnorm_forward(*e.gpu, gout.view(DType::f32, {N, C}), Env::dev(grstd, DType::f32, N),
+                         ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C), eps);
     // f32; only the order of the sum of squares differs (a few ulps of rstd): 1e-5 relative and
     // absolute, as LayerNorm's.
     expect_close(down(e, gout, out.size()), out, 1e-5, 1e-5, "rmsnorm out");
@@ -521,14 +529,15 @@ TEST_CASE("cuda rmsnorm forward and backward match the cpu backend", "[cuda]") {
     Block gdout = up(e, dout, "dout"), gr = up(e, rstd, "rstd");
     auto run_gpu = [&] {
       Block gdinp = up(e, dinp, "dinp"), gdw = up(e, dw, "dw");
-      e.gpu->rmsnorm_backward(gdinp.view(DType::f32, {N, C}), Env::dev(gdw, DType::f32, C),
-                              gdout.view(DType::f32, {N, C}), ginp.view(DType::f32, {N, C}),
-                              Env::dev(gw, DType::f32, C), Env::dev(gr, DType::f32, N));
+      ops::rmsnorm_backward(*e.gpu, gdinp.view(DType::f32, {N, C}), Env::dev(gdw, DType::f32, C),
+                            gdout.view(DType::f32, {N, C}), ginp.view(DType::f32, {N, C}),
+                            Env::dev(gw, DType::f32, C), Env::dev(gr, DType::f32, N));
       return std::pair{down(e, gdinp, dinp.size()), down(e, gdw, dw.size())};
     };
     auto [got_dinp, got_dw] = run_gpu();
     auto [again_dinp, again_dw] = run_gpu();
-    e.cpu->rmsnorm_backward(host2(dinp, N, C), host(dw), host2(dout, N, C), host2(inp, N, C), host(w), host(rstd));
+    ops::rmsnorm_backward(*e.cpu, host2(dinp, N, C), host(dw), host2(dout, N, C), host2(inp, N, C), host(w),
+                          host(rstd));
     // A sum over C (dinp) and over N rows (dweight, 1000 terms of |x r dout| <= ~3) in another
     // order: 1e-4 relative and absolute, as LayerNorm's.
     expect_close(got_dinp, dinp, 1e-4, 1e-4, "rmsnorm dinp");
@@ -554,8 +563,8 @@ TEST_CASE("cuda rope matches the cpu backend, at an offset and inverted, and lea
     const auto x0 = random_vector("rope_x", B * T * c.W);
     std::vector<float> x = x0;
     Block gx = up(e, x0, "x");
-    e.gpu->rope(gx.view(DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, c.inverse);
-    e.cpu->rope(Tensor(x.data(), DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, c.inverse);
+    ops::rope(*e.gpu, gx.view(DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, c.inverse);
+    ops::rope(*e.cpu, Tensor(x.data(), DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, c.inverse);
     auto got = down(e, gx, x.size());
     // The same f32 angle on both sides; CUDA's cosf/sinf are within 2 ulp and glibc's within 1,
     // so with |x| <= 1 each output differs by a few 1e-7: 1e-5 relative, 1e-6 absolute.
@@ -565,7 +574,7 @@ TEST_CASE("cuda rope matches the cpu backend, at an offset and inverted, and lea
       for (int64_t ch = c.heads * hd; ch < c.W; ++ch) changed_outside += got[r * c.W + ch] != x0[r * c.W + ch];
     CHECK(changed_outside == 0);
     // The inverse undoes the rotation: back to the input, to a rounding of c^2 + s^2 = 1.
-    e.gpu->rope(gx.view(DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, !c.inverse);
+    ops::rope(*e.gpu, gx.view(DType::f32, {B, T, c.W}), c.heads, hd, freqs, c.pos0, !c.inverse);
     expect_close(down(e, gx, x.size()), x0, 1e-5, 1e-6, "rope then its inverse");
   }
 }
@@ -580,11 +589,11 @@ TEST_CASE("cuda swiglu forward and backward match the cpu backend", "[cuda]") {
     std::vector<float> out(N * F), dgate_up(N * 2 * F, 7.f);  // garbage: backward overwrites it
     Block ggu = up(e, gate_up, "gate_up"), gdout = up(e, dout, "dout");
     Block gout = e.pool.alloc(DType::f32, N * F, Category::workspace, "out"), gdgu = up(e, dgate_up, "dgate_up");
-    e.gpu->swiglu_forward(gout.view(DType::f32, {N, F}), ggu.view(DType::f32, {N, 2 * F}));
-    e.gpu->swiglu_backward(gdgu.view(DType::f32, {N, 2 * F}), ggu.view(DType::f32, {N, 2 * F}),
-                           gdout.view(DType::f32, {N, F}));
-    e.cpu->swiglu_forward(host2(out, N, F), host2(gate_up, N, 2 * F));
-    e.cpu->swiglu_backward(host2(dgate_up, N, 2 * F), host2(gate_up, N, 2 * F), host2(dout, N, F));
+    ops::swiglu_forward(*e.gpu, gout.view(DType::f32, {N, F}), ggu.view(DType::f32, {N, 2 * F}));
+    ops::swiglu_backward(*e.gpu, gdgu.view(DType::f32, {N, 2 * F}), ggu.view(DType::f32, {N, 2 * F}),
+                         gdout.view(DType::f32, {N, F}));
+    ops::swiglu_forward(*e.cpu, host2(out, N, F), host2(gate_up, N, 2 * F));
+    ops::swiglu_backward(*e.cpu, host2(dgate_up, N, 2 * F), host2(gate_up, N, 2 * F), host2(dout, N, F));
     // exp within 2 ulp on each side (CUDA's expf; the CPU's may be a vectorized one), and silu's
     // derivative 1 + g (1 - s) cancels near g = -1.28, where its absolute error stays ~1e-7 times
     // |dout up| <= 4: 1e-5 relative, 1e-6 absolute forward, 2e-6 absolute backward.
@@ -605,13 +614,13 @@ TEST_CASE("cuda grouped-query attention forward and backward match the cpu backe
     auto qkv = random_vector("gqkv", B * T * R);
     std::vector<float> out(B * T * C), att(B * H * T * T);
     Tensor hqkv(qkv.data(), DType::f32, {B, T, R});
-    e.cpu->attention_forward(Tensor(out.data(), DType::f32, {B, T, C}),
-                             Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, KV);
+    ops::attention_forward(*e.cpu, Tensor(out.data(), DType::f32, {B, T, C}),
+                           Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, KV);
     Block gqkv = up(e, qkv, "qkv");
     Block gout = e.pool.alloc(DType::f32, B * T * C, Category::workspace, "out");
     Block gatt = e.pool.alloc(DType::f32, B * H * T * T, Category::workspace, "att");
-    e.gpu->attention_forward(gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
-                             gqkv.view(DType::f32, {B, T, R}), H, KV);
+    ops::attention_forward(*e.gpu, gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
+                           gqkv.view(DType::f32, {B, T, R}), H, KV);
     // cuBLAS sums in another order (f32, no TF32): 1e-4 relative, 1e-5 absolute, as for MHA.
     expect_close(down(e, gatt, att.size()), att, 1e-4, 1e-5, "gqa att");
     expect_close(down(e, gout, out.size()), out, 1e-4, 1e-5, "gqa out");
@@ -624,15 +633,16 @@ TEST_CASE("cuda grouped-query attention forward and backward match the cpu backe
     Block gscratch = e.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace, "scratch");
     auto run_gpu = [&] {
       Block gdqkv = up(e, dqkv, "dqkv");
-      e.gpu->attention_backward(gdqkv.view(DType::f32, {B, T, R}), gdout.view(DType::f32, {B, T, C}),
-                                gqkv.view(DType::f32, {B, T, R}), gatt_ref.view(DType::f32, {B, H, T, T}), H, KV,
-                                gscratch.flat(DType::f32));
+      ops::attention_backward(*e.gpu, gdqkv.view(DType::f32, {B, T, R}), gdout.view(DType::f32, {B, T, C}),
+                              gqkv.view(DType::f32, {B, T, R}), gatt_ref.view(DType::f32, {B, H, T, T}), H, KV,
+                              gscratch.flat(DType::f32));
       return down(e, gdqkv, dqkv.size());
     };
     auto got = run_gpu();
     auto again = run_gpu();
-    e.cpu->attention_backward(Tensor(dqkv.data(), DType::f32, {B, T, R}), Tensor(dout.data(), DType::f32, {B, T, C}),
-                              hqkv, Tensor(att.data(), DType::f32, {B, H, T, T}), H, KV, host(scratch));
+    ops::attention_backward(*e.cpu, Tensor(dqkv.data(), DType::f32, {B, T, R}),
+                            Tensor(dout.data(), DType::f32, {B, T, C}),
+                            hqkv, Tensor(att.data(), DType::f32, {B, H, T, T}), H, KV, host(scratch));
     // As for MHA (1e-4 relative, 2e-5 absolute): dK and dV add at most 4 group members' products
     // of |values| < 1 over T = 9, each rounding ~1e-7 in either order.
     expect_close(got, dqkv, 1e-4, 2e-5, "gqa dqkv");
@@ -673,9 +683,9 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy steps match the cpu backend, p
 
       // max: exact on both sides.
       std::vector<float> mx(N);
-      e.cpu->vocab_ce_max(host(mx), host2(logits, N, Vl), v.valid);
+      ops::vocab_ce_max(*e.cpu, host(mx), host2(logits, N, Vl), v.valid);
       Block gmx = e.pool.alloc(DType::f32, N, Category::workspace, "mx");
-      e.gpu->vocab_ce_max(dev(gmx, N), glogits.view(DType::f32, {N, Vl}), v.valid);
+      ops::vocab_ce_max(*e.gpu, dev(gmx, N), glogits.view(DType::f32, {N, Vl}), v.valid);
       CHECK(bit_equal(down(e, gmx, mx.size()), mx));
 
       // sums, from a group maximum at least this shard's (finite where the shard is all padding).
@@ -683,13 +693,13 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy steps match the cpu backend, p
       std::vector<float> red_mx(N);
       for (int64_t i = 0; i < N; ++i) red_mx[i] = std::max(mx[i], other[i]);
       std::vector<float> sumexp(N), tlogit(N);
-      e.cpu->vocab_ce_sums(host(sumexp), host(tlogit), host2(logits, N, Vl), targets.data(), v.begin, v.valid,
-                           host(red_mx));
+      ops::vocab_ce_sums(*e.cpu, host(sumexp), host(tlogit), host2(logits, N, Vl), targets.data(), v.begin, v.valid,
+                         host(red_mx));
       Block gred_mx = up(e, red_mx, "reduced mx");
       Block gsumexp = e.pool.alloc(DType::f32, N, Category::workspace, "sumexp");
       Block gtlogit = e.pool.alloc(DType::f32, N, Category::workspace, "tlogit");
-      e.gpu->vocab_ce_sums(dev(gsumexp, N), dev(gtlogit, N), glogits.view(DType::f32, {N, Vl}), targets.data(),
-                           v.begin, v.valid, dev(gred_mx, N));
+      ops::vocab_ce_sums(*e.gpu, dev(gsumexp, N), dev(gtlogit, N), glogits.view(DType::f32, {N, Vl}), targets.data(),
+                         v.begin, v.valid, dev(gred_mx, N));
       // Double sums on both sides of exps within 2 ulp (the CPU's fast_exp) or exact (CUDA's double exp).
       expect_close(down(e, gsumexp, sumexp.size()), sumexp, 1e-6, 0, "sumexp");
       CHECK(bit_equal(down(e, gtlogit, tlogit.size()), tlogit));  // a copy of the target's logit, or 0
@@ -703,8 +713,8 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy steps match the cpu backend, p
       }
       const float scale = 1.f / static_cast<float>(N);
       std::vector<float> losses(N), dlogits(N * Vl, -3.f);
-      e.cpu->vocab_ce_finish(host(losses), host2(dlogits, N, Vl), host2(logits, N, Vl), targets.data(), v.begin,
-                             v.valid, host(red_mx), host(red_sum), host(red_t), scale);
+      ops::vocab_ce_finish(*e.cpu, host(losses), host2(dlogits, N, Vl), host2(logits, N, Vl), targets.data(), v.begin,
+                           v.valid, host(red_mx), host(red_sum), host(red_t), scale);
       Block gred_sum = up(e, red_sum, "reduced sumexp"), gred_t = up(e, red_t, "reduced tlogit");
       enum class Mode { separate, aliased, no_grad };
       for (Mode mode : {Mode::separate, Mode::aliased, Mode::no_grad}) {
@@ -714,8 +724,8 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy steps match the cpu backend, p
         Block glosses = e.pool.alloc(DType::f32, N, Category::workspace, "losses");
         Tensor tl = gl.view(DType::f32, {N, Vl});
         Tensor td = mode == Mode::separate ? gd.view(DType::f32, {N, Vl}) : mode == Mode::aliased ? tl : Tensor();
-        e.gpu->vocab_ce_finish(dev(glosses, N), td, tl, targets.data(), v.begin, v.valid, dev(gred_mx, N),
-                               dev(gred_sum, N), dev(gred_t, N), scale);
+        ops::vocab_ce_finish(*e.gpu, dev(glosses, N), td, tl, targets.data(), v.begin, v.valid, dev(gred_mx, N),
+                             dev(gred_sum, N), dev(gred_t, N), scale);
         // As cross_entropy: 1e-5 relative (a float log, float exps an ulp or two apart).
         expect_close(down(e, glosses, losses.size()), losses, 1e-5, 1e-6, "losses");
         if (mode == Mode::no_grad) {
@@ -754,12 +764,12 @@ TEST_CASE("cuda vocabulary-parallel embedding matches the cpu bit for bit, paddi
         std::copy_n(wte.begin() + v.begin * C, v.valid * C, part.begin());
         Block gpart = up(e, part, "wte shard"), gout = up(e, std::vector<float>(BT * C, -1.f), "out");
         Tensor no_wpe;
-        e.gpu->embedding_forward_shard(gout.view(DType::f32, {BT, C}), tokens.data(), B, T,
-                                       gpart.view(DType::f32, {v.rows, C}),
-                                       positions ? gwpe.view(DType::f32, {maxT, C}) : no_wpe, v.begin);
+        ops::embedding_forward_shard(*e.gpu, gout.view(DType::f32, {BT, C}), tokens.data(), B, T,
+                                     gpart.view(DType::f32, {v.rows, C}),
+                                     positions ? gwpe.view(DType::f32, {maxT, C}) : no_wpe, v.begin);
         std::vector<float> out(BT * C);
-        e.cpu->embedding_forward_shard(host2(out, BT, C), tokens.data(), B, T, host2(part, v.rows, C),
-                                       positions ? host2(wpe, maxT, C) : no_wpe, v.begin);
+        ops::embedding_forward_shard(*e.cpu, host2(out, BT, C), tokens.data(), B, T, host2(part, v.rows, C),
+                                     positions ? host2(wpe, maxT, C) : no_wpe, v.begin);
         CHECK(bit_equal(down(e, gout, out.size()), out));  // one add at most per element
 
         // Backward into random gradients, padding rows holding 7: the same ascending order of
@@ -768,16 +778,16 @@ TEST_CASE("cuda vocabulary-parallel embedding matches the cpu bit for bit, paddi
         std::fill(dpart.begin() + v.valid * C, dpart.end(), 7.f);
         auto run_gpu = [&] {
           Block gdpart = up(e, dpart, "dwte shard"), gdwpe = up(e, dwpe0, "dwpe");
-          e.gpu->embedding_backward_shard(gdpart.view(DType::f32, {v.rows, C}),
-                                          positions ? gdwpe.view(DType::f32, {maxT, C}) : no_wpe,
-                                          gdout.view(DType::f32, {BT, C}), tokens.data(), B, T, v.begin);
+          ops::embedding_backward_shard(*e.gpu, gdpart.view(DType::f32, {v.rows, C}),
+                                        positions ? gdwpe.view(DType::f32, {maxT, C}) : no_wpe,
+                                        gdout.view(DType::f32, {BT, C}), tokens.data(), B, T, v.begin);
           return std::pair{down(e, gdpart, dpart.size()), down(e, gdwpe, dwpe0.size())};
         };
         auto [got_dwte, got_dwpe] = run_gpu();
         auto [again_dwte, again_dwpe] = run_gpu();
         std::vector<float> dwpe = dwpe0;
-        e.cpu->embedding_backward_shard(host2(dpart, v.rows, C), positions ? host2(dwpe, maxT, C) : no_wpe,
-                                        host2(dout, BT, C), tokens.data(), B, T, v.begin);
+        ops::embedding_backward_shard(*e.cpu, host2(dpart, v.rows, C), positions ? host2(dwpe, maxT, C) : no_wpe,
+                                      host2(dout, BT, C), tokens.data(), B, T, v.begin);
         CHECK(bit_equal(got_dwte, dpart));
         CHECK(bit_equal(got_dwpe, dwpe));
         CHECK(bit_equal(got_dwte, again_dwte));
@@ -796,14 +806,14 @@ TEST_CASE("cuda vocabulary-parallel operations reject negative ids", "[cuda]") {
   Block out = e.pool.alloc(DType::f32, N * C, Category::workspace, "out");
   Tensor r = rows.flat(DType::f32);
   const Ids bad{3, -1};
-  CHECK_THROWS_AS(e.gpu->vocab_ce_sums(r.slice(0, N), r.slice(N, N), logits.view(DType::f32, {N, Vl}), bad.data(), 4,
-                                       Vl, r.slice(2 * N, N)),
+  CHECK_THROWS_AS(ops::vocab_ce_sums(*e.gpu, r.slice(0, N), r.slice(N, N), logits.view(DType::f32, {N, Vl}),
+                                     bad.data(), 4, Vl, r.slice(2 * N, N)),
                   InternalError);
-  CHECK_THROWS_AS(e.gpu->embedding_forward_shard(out.view(DType::f32, {N, C}), bad.data(), 1, N,
-                                                 wte.view(DType::f32, {Vl, C}), Tensor(), 4),
+  CHECK_THROWS_AS(ops::embedding_forward_shard(*e.gpu, out.view(DType::f32, {N, C}), bad.data(), 1, N,
+                                               wte.view(DType::f32, {Vl, C}), Tensor(), 4),
                   InternalError);
-  CHECK_THROWS_AS(e.gpu->embedding_backward_shard(wte.view(DType::f32, {Vl, C}), Tensor(), out.view(DType::f32, {N, C}),
-                                                  bad.data(), 1, N, 4),
+  CHECK_THROWS_AS(ops::embedding_backward_shard(*e.gpu, wte.view(DType::f32, {Vl, C}), Tensor(),
+                                                out.view(DType::f32, {N, C}), bad.data(), 1, N, 4),
                   InternalError);
 }
 
@@ -830,13 +840,13 @@ TEST_CASE("cuda attention over a KV cache matches the cpu backend, step by step"
       std::vector<float> part(B * n * W), out(B * n * C);
       for (int64_t b = 0; b < B; ++b) std::copy_n(qkv.begin() + (b * T + pos0) * W, n * W, part.begin() + b * n * W);
       Tensor hpart(part.data(), DType::f32, {B, n, W});
-      e.cpu->kv_cache_write(tk, tv, hpart, H, KV, pos0);
-      e.cpu->attention_cached(Tensor(out.data(), DType::f32, {B, n, C}), hpart, tk, tv, H, KV, pos0);
+      ops::kv_cache_write(*e.cpu, tk, tv, hpart, H, KV, pos0);
+      ops::attention_cached(*e.cpu, Tensor(out.data(), DType::f32, {B, n, C}), hpart, tk, tv, H, KV, pos0);
       Block gpart = up(e, part, "qkv"), gout = e.pool.alloc(DType::f32, B * n * C, Category::workspace, "out");
-      e.gpu->kv_cache_write(gk.view(DType::f32, {B, S, KVd}), gv.view(DType::f32, {B, S, KVd}),
-                            gpart.view(DType::f32, {B, n, W}), H, KV, pos0);
-      e.gpu->attention_cached(gout.view(DType::f32, {B, n, C}), gpart.view(DType::f32, {B, n, W}),
-                              gk.view(DType::f32, {B, S, KVd}), gv.view(DType::f32, {B, S, KVd}), H, KV, pos0);
+      ops::kv_cache_write(*e.gpu, gk.view(DType::f32, {B, S, KVd}), gv.view(DType::f32, {B, S, KVd}),
+                          gpart.view(DType::f32, {B, n, W}), H, KV, pos0);
+      ops::attention_cached(*e.gpu, gout.view(DType::f32, {B, n, C}), gpart.view(DType::f32, {B, n, W}),
+                            gk.view(DType::f32, {B, S, KVd}), gv.view(DType::f32, {B, S, KVd}), H, KV, pos0);
       // As attention_forward's tolerance: the scores' and the outputs' sums run in another order.
       expect_close(down(e, gout, out.size()), out, 1e-4, 1e-5, "cached attention out");
       pos0 += n;

@@ -15,6 +15,8 @@
 #include "src/backend/backend.hpp"
 #include "src/model/spec.hpp"
 #include "tests/test_util.hpp"
+#include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/loss.hpp"
 
 using namespace shardlab;
 using shardlab::test::random_vector;
@@ -82,20 +84,20 @@ VocabLoss vocab_parallel_loss(Backend& be, const std::vector<float>& logits, con
   std::vector<float> mx(N, -std::numeric_limits<float>::infinity()), sumexp(N, 0.f), tlogit(N, 0.f);
   for (int r = 0; r < T; ++r) {
     std::vector<float> m(N);
-    be.vocab_ce_max(t1(m), t2(parts[r], N, Vl), shards[r].valid);
+    ops::vocab_ce_max(be, t1(m), t2(parts[r], N, Vl), shards[r].valid);
     for (int64_t i = 0; i < N; ++i) mx[i] = std::max(mx[i], m[i]);
   }
   for (int r = 0; r < T; ++r) {
     std::vector<float> s(N), z(N);
-    be.vocab_ce_sums(t1(s), t1(z), t2(parts[r], N, Vl), targets.data(), shards[r].begin, shards[r].valid, t1(mx));
+    ops::vocab_ce_sums(be, t1(s), t1(z), t2(parts[r], N, Vl), targets.data(), shards[r].begin, shards[r].valid, t1(mx));
     for (int64_t i = 0; i < N; ++i) sumexp[i] += s[i], tlogit[i] += z[i];
   }
   VocabLoss out{std::vector<float>(N), std::vector<float>(N * V)};
   for (int r = 0; r < T; ++r) {
     std::vector<float> losses(N), separate(N * Vl, -5.f);
     std::vector<float>& d = in_place ? parts[r] : separate;
-    be.vocab_ce_finish(t1(losses), t2(d, N, Vl), t2(parts[r], N, Vl), targets.data(), shards[r].begin,
-                       shards[r].valid, t1(mx), t1(sumexp), t1(tlogit), scale);
+    ops::vocab_ce_finish(be, t1(losses), t2(d, N, Vl), t2(parts[r], N, Vl), targets.data(), shards[r].begin,
+                         shards[r].valid, t1(mx), t1(sumexp), t1(tlogit), scale);
     INFO("rank " << r << " of " << T << ": valid columns " << shards[r].valid << " of " << Vl);
     if (r == 0) out.losses = losses;
     CHECK(bit_equal(losses, out.losses));  // the same reduced inputs on every rank
@@ -140,7 +142,7 @@ TEST_CASE("vocabulary-parallel cross-entropy over padded shards equals cross_ent
     const Ids targets = edge_targets(N, V, c.T);
     const float scale = 1.f / static_cast<float>(N);
     std::vector<float> ref_losses(N), ref_dlogits(N * V);
-    be->cross_entropy(t1(ref_losses), t2(ref_dlogits, N, V), t2(logits, N, V), targets.data(), scale);
+    ops::cross_entropy(*be, t1(ref_losses), t2(ref_dlogits, N, V), t2(logits, N, V), targets.data(), scale);
     // The double-precision loss and gradient.
     std::vector<double> dbl_losses(N), dbl_dlogits(N * V);
     for (int64_t i = 0; i < N; ++i) {
@@ -172,10 +174,10 @@ TEST_CASE("vocabulary-parallel cross-entropy without gradients leaves the logits
   const std::vector<float> before = logits;
   const Ids targets = {0, 6, 10, 7};
   std::vector<float> mx(N), sumexp(N), tlogit(N), losses(N);
-  be->vocab_ce_max(t1(mx), t2(logits, N, Vl), valid);
-  be->vocab_ce_sums(t1(sumexp), t1(tlogit), t2(logits, N, Vl), targets.data(), v0, valid, t1(mx));
-  be->vocab_ce_finish(t1(losses), Tensor(), t2(logits, N, Vl), targets.data(), v0, valid, t1(mx), t1(sumexp),
-                      t1(tlogit), 1.f);
+  ops::vocab_ce_max(*be, t1(mx), t2(logits, N, Vl), valid);
+  ops::vocab_ce_sums(*be, t1(sumexp), t1(tlogit), t2(logits, N, Vl), targets.data(), v0, valid, t1(mx));
+  ops::vocab_ce_finish(*be, t1(losses), Tensor(), t2(logits, N, Vl), targets.data(), v0, valid, t1(mx), t1(sumexp),
+                       t1(tlogit), 1.f);
   CHECK(bit_equal(logits, before));
   for (int64_t i = 0; i < N; ++i) {
     const float* z = logits.data() + i * Vl;
@@ -207,10 +209,10 @@ TEST_CASE("vocabulary-parallel embedding shards sum to the whole embedding, and 
       tokens[3] = 0, tokens[4] = static_cast<int32_t>(V - 1);
       std::vector<float> ref(BT * C), ref_dwte = dwte0, ref_dwpe = dwpe0;
       Tensor no_wpe;
-      be->embedding_forward(t2(ref, BT, C), tokens.data(), B, T, t2(wte, V, C),
-                            positions ? t2(wpe, maxT, C) : no_wpe);
-      be->embedding_backward(t2(ref_dwte, V, C), positions ? t2(ref_dwpe, maxT, C) : no_wpe, t2(dout, BT, C),
-                             tokens.data(), B, T);
+      ops::embedding_forward(*be, t2(ref, BT, C), tokens.data(), B, T, t2(wte, V, C),
+                             positions ? t2(wpe, maxT, C) : no_wpe);
+      ops::embedding_backward(*be, t2(ref_dwte, V, C), positions ? t2(ref_dwpe, maxT, C) : no_wpe, t2(dout, BT, C),
+                              tokens.data(), B, T);
 
       std::vector<float> sum(BT * C, 0.f), dwpe = dwpe0;
       for (int r = 0; r < TP; ++r) {
@@ -222,10 +224,10 @@ TEST_CASE("vocabulary-parallel embedding shards sum to the whole embedding, and 
         std::copy_n(dwte0.begin() + v.begin * C, v.valid * C, dpart.begin());
         // Positions are added (and their gradient taken) by one rank, as a unit would.
         const bool mine = positions && r == 0;
-        be->embedding_forward_shard(t2(out, BT, C), tokens.data(), B, T, t2(part, v.rows, C),
-                                    mine ? t2(wpe, maxT, C) : no_wpe, v.begin);
-        be->embedding_backward_shard(t2(dpart, v.rows, C), mine ? t2(dwpe, maxT, C) : no_wpe, t2(dout, BT, C),
-                                     tokens.data(), B, T, v.begin);
+        ops::embedding_forward_shard(*be, t2(out, BT, C), tokens.data(), B, T, t2(part, v.rows, C),
+                                     mine ? t2(wpe, maxT, C) : no_wpe, v.begin);
+        ops::embedding_backward_shard(*be, t2(dpart, v.rows, C), mine ? t2(dwpe, maxT, C) : no_wpe, t2(dout, BT, C),
+                                      tokens.data(), B, T, v.begin);
         for (int64_t bt = 0; bt < BT; ++bt) {
           const bool here = tokens[bt] >= v.begin && tokens[bt] < v.begin + v.valid;
           for (int64_t c = 0; c < C; ++c) {
@@ -257,16 +259,16 @@ TEST_CASE("vocabulary-parallel operations reject negative ids; the meta backend 
   const int64_t N = 3, Vl = 4, C = 2;
   std::vector<float> logits(N * Vl, 0.f), mx(N), s(N), z(N), losses(N), wte(Vl * C, 0.f), out(N * C);
   const Ids bad = {1, -2, 0};
-  CHECK_THROWS_WITH(be->vocab_ce_sums(t1(s), t1(z), t2(logits, N, Vl), bad.data(), 4, Vl, t1(mx)),
+  CHECK_THROWS_WITH(ops::vocab_ce_sums(*be, t1(s), t1(z), t2(logits, N, Vl), bad.data(), 4, Vl, t1(mx)),
                     Catch::Contains("target id -2 at position 1 is negative"));
-  CHECK_THROWS_WITH(be->vocab_ce_finish(t1(losses), Tensor(), t2(logits, N, Vl), bad.data(), 4, Vl, t1(mx), t1(s),
-                                        t1(z), 1.f),
+  CHECK_THROWS_WITH(ops::vocab_ce_finish(*be, t1(losses), Tensor(), t2(logits, N, Vl), bad.data(), 4, Vl, t1(mx), t1(s),
+                                         t1(z), 1.f),
                     Catch::Contains("target id -2 at position 1 is negative"));
-  CHECK_THROWS_WITH(be->embedding_forward_shard(t2(out, N, C), bad.data(), 1, N, t2(wte, Vl, C), Tensor(), 4),
+  CHECK_THROWS_WITH(ops::embedding_forward_shard(*be, t2(out, N, C), bad.data(), 1, N, t2(wte, Vl, C), Tensor(), 4),
                     Catch::Contains("token id -2 at position 1 is negative"));
-  CHECK_THROWS_WITH(be->embedding_backward_shard(t2(wte, Vl, C), Tensor(), t2(out, N, C), bad.data(), 1, N, 4),
+  CHECK_THROWS_WITH(ops::embedding_backward_shard(*be, t2(wte, Vl, C), Tensor(), t2(out, N, C), bad.data(), 1, N, 4),
                     Catch::Contains("token id -2 at position 1 is negative"));
-  CHECK_THROWS_WITH(be->vocab_ce_max(t1(mx), t2(logits, N, Vl), Vl + 1), Catch::Contains("vocab_ce_max"));
+  CHECK_THROWS_WITH(ops::vocab_ce_max(*be, t1(mx), t2(logits, N, Vl), Vl + 1), Catch::Contains("vocab_ce_max"));
 
   auto meta = make_meta_backend();
   // Addresses the meta backend hands out: any touch would fault.
@@ -279,23 +281,23 @@ TEST_CASE("vocabulary-parallel operations reject negative ids; the meta backend 
   Tensor lg = fake({B * T, V}), row = fake({B * T}), other = fake({B * T + 1});
   Tensor e = fake({V, D}), p = fake({T, D}), x = fake({B * T, D});
   const Ids ids(B * T, 0);
-  CHECK_NOTHROW(meta->vocab_ce_max(row, lg, V - 1));
-  CHECK_NOTHROW(meta->vocab_ce_sums(row, row, lg, ids.data(), 5, V - 1, row));
-  CHECK_NOTHROW(meta->vocab_ce_finish(row, lg, lg, ids.data(), 5, V - 1, row, row, row, 1.f));
-  CHECK_NOTHROW(meta->vocab_ce_finish(row, Tensor(), lg, ids.data(), 5, V - 1, row, row, row, 1.f));
-  CHECK_THROWS_WITH(meta->vocab_ce_max(row, lg, V + 1), Catch::Contains("vocab_ce_max"));
-  CHECK_THROWS_WITH(meta->vocab_ce_sums(other, row, lg, ids.data(), 5, V, row), Catch::Contains("vocab_ce_sums"));
-  CHECK_THROWS_WITH(meta->vocab_ce_sums(row, row, lg, ids.data(), -1, V, row), Catch::Contains("vocab_ce_sums"));
-  CHECK_THROWS_WITH(meta->vocab_ce_finish(row, fake({B * T, V + 1}), lg, ids.data(), 5, V, row, row, row, 1.f),
+  CHECK_NOTHROW(ops::vocab_ce_max(*meta, row, lg, V - 1));
+  CHECK_NOTHROW(ops::vocab_ce_sums(*meta, row, row, lg, ids.data(), 5, V - 1, row));
+  CHECK_NOTHROW(ops::vocab_ce_finish(*meta, row, lg, lg, ids.data(), 5, V - 1, row, row, row, 1.f));
+  CHECK_NOTHROW(ops::vocab_ce_finish(*meta, row, Tensor(), lg, ids.data(), 5, V - 1, row, row, row, 1.f));
+  CHECK_THROWS_WITH(ops::vocab_ce_max(*meta, row, lg, V + 1), Catch::Contains("vocab_ce_max"));
+  CHECK_THROWS_WITH(ops::vocab_ce_sums(*meta, other, row, lg, ids.data(), 5, V, row), Catch::Contains("vocab_ce_sums"));
+  CHECK_THROWS_WITH(ops::vocab_ce_sums(*meta, row, row, lg, ids.data(), -1, V, row), Catch::Contains("vocab_ce_sums"));
+  CHECK_THROWS_WITH(ops::vocab_ce_finish(*meta, row, fake({B * T, V + 1}), lg, ids.data(), 5, V, row, row, row, 1.f),
                     Catch::Contains("vocab_ce_finish"));
-  CHECK_THROWS_WITH(meta->vocab_ce_finish(row, lg, lg, ids.data(), 5, V, row, other, row, 1.f),
+  CHECK_THROWS_WITH(ops::vocab_ce_finish(*meta, row, lg, lg, ids.data(), 5, V, row, other, row, 1.f),
                     Catch::Contains("vocab_ce_finish"));
-  CHECK_NOTHROW(meta->embedding_forward_shard(x, ids.data(), B, T, e, p, 5));
-  CHECK_NOTHROW(meta->embedding_backward_shard(e, Tensor(), x, ids.data(), B, T, 5));
-  CHECK_THROWS_WITH(meta->embedding_forward_shard(fake({B * T, D + 1}), ids.data(), B, T, e, p, 5),
+  CHECK_NOTHROW(ops::embedding_forward_shard(*meta, x, ids.data(), B, T, e, p, 5));
+  CHECK_NOTHROW(ops::embedding_backward_shard(*meta, e, Tensor(), x, ids.data(), B, T, 5));
+  CHECK_THROWS_WITH(ops::embedding_forward_shard(*meta, fake({B * T, D + 1}), ids.data(), B, T, e, p, 5),
                     Catch::Contains("embedding_forward_shard"));
-  CHECK_THROWS_WITH(meta->embedding_forward_shard(x, ids.data(), B, T, e, p, -5),
+  CHECK_THROWS_WITH(ops::embedding_forward_shard(*meta, x, ids.data(), B, T, e, p, -5),
                     Catch::Contains("embedding_forward_shard"));
-  CHECK_THROWS_WITH(meta->embedding_backward_shard(e, fake({T, D + 1}), x, ids.data(), B, T, 5),
+  CHECK_THROWS_WITH(ops::embedding_backward_shard(*meta, e, fake({T, D + 1}), x, ids.data(), B, T, 5),
                     Catch::Contains("embedding_backward_shard"));
 }

@@ -1,6 +1,7 @@
 #include "src/model/runner.hpp"
 
 #include "src/comm/communicator.hpp"
+#include "src/backend/ops/loss.hpp"
 
 namespace shardlab {
 
@@ -14,7 +15,7 @@ double cross_entropy_sum(Backend& be, Pool& pool, Tensor logits, const Batch& ba
   const int64_t N = batch.B * batch.T;
   Block losses = pool.alloc(DType::f32, N + 1, Category::activations, "losses");
   Tensor l = losses.flat(DType::f32);
-  be.cross_entropy(l.slice(0, N), dlogits, logits, batch.targets, scale);
+  ops::cross_entropy(be, l.slice(0, N), dlogits, logits, batch.targets, scale);
   be.sum(l.slice(0, N), l.slice(N, 1), false);
   float sum = 0.f;
   be.copy(Tensor::flat(&sum, DType::f32, 1), l.slice(N, 1));
@@ -44,12 +45,12 @@ double vocab_parallel_loss(Backend& be, Pool& pool, Communicator& tp, const Mode
   Block stats = pool.alloc(DType::f32, 4 * N + 1, Category::activations, "vocab-parallel loss");
   Tensor all = stats.flat(DType::f32);
   Tensor mx = all.slice(0, N), sums = all.slice(N, 2 * N), losses = all.slice(3 * N, N);
-  be.vocab_ce_max(mx, logits, v.valid);
+  ops::vocab_ce_max(be, mx, logits, v.valid);
   tp.all_reduce(mx, ReduceOp::max).wait();
-  be.vocab_ce_sums(sums.slice(0, N), sums.slice(N, N), logits, batch.targets, v.begin, v.valid, mx);
+  ops::vocab_ce_sums(be, sums.slice(0, N), sums.slice(N, N), logits, batch.targets, v.begin, v.valid, mx);
   tp.all_reduce(sums).wait();
-  be.vocab_ce_finish(losses, dlogits, logits, batch.targets, v.begin, v.valid, mx, sums.slice(0, N), sums.slice(N, N),
-                     scale);
+  ops::vocab_ce_finish(be, losses, dlogits, logits, batch.targets, v.begin, v.valid, mx, sums.slice(0, N),
+                       sums.slice(N, N), scale);
   be.sum(losses, all.slice(4 * N, 1), false);
   float sum = 0.f;
   be.copy(Tensor::flat(&sum, DType::f32, 1), all.slice(4 * N, 1));

@@ -1,5 +1,6 @@
 // cpu_backend.cpp — the CPU Backend: oneDNN's or OpenBLAS's sgemm for matrix products (gemm.hpp
-// picks per shape), OpenMP loops for the rest.
+// picks per shape), OpenMP loops for the element-wise primitives and reductions. The operation
+// families' kernels are in cpu/<family>.cpp (kernels.hpp).
 //
 // One rank is one process; its thread count (cores / ranks on the node by default) is set once
 // for OpenMP, which the Debian builds of oneDNN and of OpenBLAS (openmp flavour) also use, so GEMMs
@@ -19,6 +20,19 @@
 #include "src/backend/cpu/kernels.hpp"
 
 namespace shardlab {
+
+// x (N, OC) += bias on every row (kernels.hpp).
+namespace cpu {
+void add_bias(float* x, const float* bias, int64_t N, int64_t OC) {
+#pragma omp parallel for schedule(static) if (N * OC > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    float* row = x + i * OC;
+#pragma omp simd
+    for (int64_t c = 0; c < OC; ++c) row[c] += bias[c];
+  }
+}
+}  // namespace cpu
+
 namespace {
 
 using cpu::kParallelMin;
@@ -177,136 +191,6 @@ class CpuBackend final : public Backend {
       }
       for (int64_t c = c0; c < c1; ++c) op[c] = static_cast<float>((accumulate ? op[c] : 0.0) + acc[c - c0]);
     }
-  }
-
-  // ---- the layers' operations: embeddings, normalisation, positions, activations, attention, losses ----
-  void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override {
-    const int64_t C = embedding_shape(out, wte, wpe, B, T);
-    cpu::embedding_forward(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.data() ? wpe.ptr<float>() : nullptr, B, T, C,
-                           wte.dim(0));
-  }
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
-                          int64_t T) override {
-    const int64_t C = embedding_backward_shape(dwte, dwpe, dout, B, T);
-    cpu::embedding_backward(dwte.ptr<float>(), dwpe.data() ? dwpe.ptr<float>() : nullptr, dout.ptr<float>(), tokens,
-                            B, T, C);
-  }
-  void embedding_forward_shard(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe,
-                               int64_t v0) override {
-    const int64_t C = embedding_shard_shape(out, wte, wpe, B, T, v0);
-    check_shard_ids(tokens, B * T, "token");
-    cpu::embedding_forward_shard(out.ptr<float>(), tokens, wte.ptr<float>(), wpe.data() ? wpe.ptr<float>() : nullptr,
-                                 B, T, C, wte.dim(0), v0);
-  }
-  void embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B, int64_t T,
-                                int64_t v0) override {
-    const int64_t C = embedding_backward_shard_shape(dwte, dwpe, dout, B, T, v0);
-    check_shard_ids(tokens, B * T, "token");
-    cpu::embedding_backward_shard(dwte.ptr<float>(), dwpe.data() ? dwpe.ptr<float>() : nullptr, dout.ptr<float>(),
-                                  tokens, B, T, C, dwte.dim(0), v0);
-  }
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
-                         float eps) override {
-    const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
-    cpu::layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
-                           weight.ptr<float>(), bias.ptr<float>(), N, C, eps);
-  }
-  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                          Tensor mean, Tensor rstd) override {
-    const auto [N, C] = layernorm_backward_shape(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
-    cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
-                            inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N, C);
-  }
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) override {
-    const auto [N, C] = rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
-    cpu::rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C, eps);
-  }
-  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override {
-    const auto [N, C] = rmsnorm_backward_shape(dinp, dweight, dout, inp, weight, rstd);
-    cpu::rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
-                          weight.ptr<float>(), rstd.ptr<float>(), N, C);
-  }
-  void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse) override {
-    const auto [B, T, W] = rope_shape(x, heads, head_dim, freqs);
-    cpu::rope(x.ptr<float>(), B, T, W, heads, head_dim, freqs, pos0, inverse);
-  }
-  void gelu_forward(Tensor out, Tensor inp) override {
-    check_same_numel(out, inp, "gelu_forward");
-    cpu::gelu_forward(out.ptr<float>(), inp.ptr<float>(), inp.numel());
-  }
-  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override {
-    check_same_numel(dinp, inp, "gelu_backward");
-    check_same_numel(dout, inp, "gelu_backward");
-    cpu::gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel());
-  }
-  void swiglu_forward(Tensor out, Tensor gate_up) override {
-    const auto [N, F] = swiglu_shape(out, gate_up, "swiglu_forward");
-    cpu::swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F);
-  }
-  void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) override {
-    const auto [N, F] = swiglu_shape(dout, gate_up, "swiglu_backward");
-    check_same_numel(dgate_up, gate_up, "swiglu_backward");
-    cpu::swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F);
-  }
-  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override {
-    auto [B, T, C] = attention_shape(qkv, out, att, H, KV, "attention_forward");
-    cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, C, H, KV);
-  }
-  void kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0) override {
-    const auto [B, T, C, S] = attention_cached_shape(Tensor(), qkv, k_cache, v_cache, H, KV, pos0, "kv_cache_write");
-    cpu::kv_cache_write(k_cache.ptr<float>(), v_cache.ptr<float>(), qkv.ptr<float>(), B, T, S, H, KV, C / H, pos0);
-  }
-  void attention_cached(Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
-                        int64_t pos0) override {
-    const auto [B, T, C, S] = attention_cached_shape(out, qkv, k_cache, v_cache, H, KV, pos0, "attention_cached");
-    cpu::attention_cached(out.ptr<float>(), qkv.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), B, T, S, H,
-                          KV, C / H, pos0);
-  }
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
-                          Tensor scratch) override {
-    auto [B, T, C] = attention_shape(qkv, dout, att, H, KV, "attention_backward");
-    check_attention_backward(dqkv, qkv, scratch, T, H);
-    cpu::attention_backward(dqkv.ptr<float>(), scratch.ptr<float>(), dout.ptr<float>(), qkv.ptr<float>(),
-                            att.ptr<float>(), B, T, C, H, KV);
-  }
-  void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
-                     float dloss_scale) override {
-    const auto [N, V] = cross_entropy_shape(losses, dlogits, logits);
-    float* d = dlogits.data() ? dlogits.ptr<float>() : nullptr;
-    cpu::cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), targets, N, V, dloss_scale);
-  }
-
-  void vocab_ce_max(Tensor mx, Tensor logits, int64_t valid) override {
-    const auto [N, Vl] = vocab_ce_shape(mx, logits, valid);
-    cpu::vocab_ce_max(mx.ptr<float>(), logits.ptr<float>(), N, Vl, valid);
-  }
-  void vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
-                     Tensor mx) override {
-    const auto [N, Vl] = vocab_ce_sums_shape(sumexp, tlogit, logits, mx, v0, valid);
-    check_shard_ids(targets, N, "target");
-    cpu::vocab_ce_sums(sumexp.ptr<float>(), tlogit.ptr<float>(), logits.ptr<float>(), targets, N, Vl, v0, valid,
-                       mx.ptr<float>());
-  }
-  void vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
-                       Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale) override {
-    const auto [N, Vl] = vocab_ce_finish_shape(losses, dlogits, logits, mx, sumexp, tlogit, v0, valid);
-    check_shard_ids(targets, N, "target");
-    cpu::vocab_ce_finish(losses.ptr<float>(), dlogits.data() ? dlogits.ptr<float>() : nullptr, logits.ptr<float>(),
-                         targets, N, Vl, v0, valid, mx.ptr<float>(), sumexp.ptr<float>(), tlogit.ptr<float>(),
-                         dloss_scale);
-  }
-
-  // ---- optimizers ----
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
-    check_same_numel(param, grad, "adamw_update");
-    check_same_numel(param, m, "adamw_update");
-    check_same_numel(param, v, "adamw_update");
-    cpu::adamw_update(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), param.numel(), a);
-  }
-  void sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) override {
-    check_same_numel(param, grad, "sgd_update");
-    check_same_numel(param, momentum, "sgd_update");
-    cpu::sgd_update(param.ptr<float>(), grad.ptr<float>(), momentum.ptr<float>(), param.numel(), a);
   }
 
  private:

@@ -1,5 +1,6 @@
 // gemm.cpp — oneDNN and OpenBLAS behind one row-major sgemm, and the rule that chooses between them.
 #include "src/backend/cpu/gemm.hpp"
+#include "src/backend/cpu/kernels.hpp"
 
 #include <cblas.h>
 #include <dnnl.h>
@@ -98,6 +99,12 @@ void sgemm_with(GemmLib lib, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k
   dnnl_status_t st = dnnl_sgemm(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', m, n, k, alpha, A, lda, B,
                                 ldb, beta, C, ldc);
   SHARD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", static_cast<int>(st), m, n, k);
+}
+
+// kernels.hpp's entry for the kernels (attention): the library gemm_pick chooses for the shape.
+void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  sgemm_with(gemm_pick(GemmShape{ta, tb, m, n, k, lda, ldb}), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace shardlab::cpu

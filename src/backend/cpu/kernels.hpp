@@ -1,10 +1,10 @@
-// kernels.hpp — the CPU backend's layer and optimizer kernels on raw f32 pointers, in backend.hpp's
-// groups. CpuBackend validates tensors and calls these; they are separate so each stays short and
-// testable.
+// kernels.hpp — the CPU implementations of the operation families (src/backend/ops/) on raw f32
+// pointers, one file each (cpu/<family>.cpp). The families validate the tensors and call these.
 #pragma once
 #include <cstdint>
 
-#include "src/backend/backend.hpp"
+#include "src/backend/ops/optimizer.hpp"
+#include "src/backend/ops/rope.hpp"
 
 namespace shardlab::cpu {
 
@@ -57,7 +57,7 @@ void attention_cached(float* out, const float* qkv, const float* k_cache, const 
                       int64_t S, int64_t H, int64_t KV, int64_t hd, int64_t pos0);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                    float dloss_scale);
-// The vocabulary-parallel cross-entropy's three steps (Backend::vocab_ce_*): logits (N, Vl).
+// The vocabulary-parallel cross-entropy's three steps (ops::vocab_ce_*): logits (N, Vl).
 void vocab_ce_max(float* mx, const float* logits, int64_t N, int64_t Vl, int64_t valid);
 void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const int32_t* targets, int64_t N, int64_t Vl,
                    int64_t v0, int64_t valid, const float* mx);

@@ -1,16 +1,18 @@
 // cuda_backend.hpp — the CUDA Backend's declaration: cuBLAS for GEMMs (f32, or bf16/f16 inputs
-// with f32 accumulation), the kernels of kernels.cu for the rest, one compute and one comm stream
-// per rank. Private to src/backend/cuda/; everything else gets one from make_cuda_backend().
-// Host code, compiled by the C++ compiler; only kernels.cu goes through nvcc.
+// with f32 accumulation), the kernels of the .cu files (kernels.cuh) for the rest, one compute and
+// one comm stream per rank. Private to src/backend/cuda/; everything else gets one from
+// make_cuda_backend(). Host code, compiled by the C++ compiler; only the .cu files go through nvcc.
 //
-// Implemented by operation family, as backend.hpp groups them:
+// Implemented in:
 //   cuda_backend.cpp      device, memory, streams and events, copies, matrix products
-//   cuda_elementwise.cpp  element-wise operations, reductions, optimizers
-//   cuda_layers.cpp       embeddings, normalisation, positions, activations, attention, losses
-//                         (and the upload of the token ids they take from the host)
+//   cuda_elementwise.cpp  element-wise operations and reductions
+//   token_ids.cpp         the upload of the token ids the operation families take from the host
+// and the operation families (src/backend/ops/) in one file each, cuda/<family>.cpp (ops.hpp)
+// with its kernels in cuda/<family>.cu; they reach this class through CudaBackend::of.
 //
 // Design notes.
-//  * Launchers (kernels.cuh) own the grid math; these files validate tensors and check launches.
+//  * Launchers (kernels.cuh) own the grid math; the host files check launches (the operation
+//    families validated the tensors).
 //  * Memory is stream-ordered (cudaMallocFromPoolAsync on the compute stream, from a memory pool
 //    of this backend's own that keeps what it frees), so freeing a block never synchronises the
 //    device, and the pool's reserved bytes tell the Pool's memory from everything else on the GPU.
@@ -31,6 +33,9 @@
 #include "src/backend/cuda/kernels.cuh"
 
 namespace shardlab::cuda {
+
+// n host ids in [0, V): the CPU kernels' check, with their message (token_ids.cpp).
+void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* what);
 
 class CudaBackend final : public Backend {
  public:
@@ -60,7 +65,7 @@ class CudaBackend final : public Backend {
   // ---- matrix products (cuda_backend.cpp) ----
   void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override;
 
-  // ---- element-wise, reductions, optimizers (cuda_elementwise.cpp) ----
+  // ---- element-wise, reductions (cuda_elementwise.cpp) ----
   void fill(Tensor x, float value) override;
   void cast(Tensor dst, Tensor src) override;
   void axpy(float alpha, Tensor x, Tensor y) override;
@@ -72,54 +77,30 @@ class CudaBackend final : public Backend {
   void sum_squares(Tensor x, Tensor out, bool accumulate) override;
   void max_abs(Tensor x, Tensor out, bool accumulate) override;
   void sum_rows(Tensor x, Tensor out, bool accumulate) override;
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override;
-  void sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) override;
 
-  // ---- the layers' operations (cuda_layers.cpp) ----
-  void embedding_forward(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) override;
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
-                          int64_t T) override;
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
-                         float eps) override;
-  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                          Tensor mean, Tensor rstd) override;
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) override;
-  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override;
-  void rope(Tensor x, int64_t heads, int64_t head_dim, const RopeFreqs& freqs, int64_t pos0, bool inverse) override;
-  void gelu_forward(Tensor out, Tensor inp) override;
-  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
-  void swiglu_forward(Tensor out, Tensor gate_up) override;
-  void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout) override;
-  void attention_forward(Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) override;
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
-                          Tensor scratch) override;
-  void kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0) override;
-  void attention_cached(Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
-                        int64_t pos0) override;
-  void cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
-                     float dloss_scale) override;
-  void embedding_forward_shard(Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe,
-                               int64_t v0) override;
-  void embedding_backward_shard(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B, int64_t T,
-                                int64_t v0) override;
-  void vocab_ce_max(Tensor mx, Tensor logits, int64_t valid) override;
-  void vocab_ce_sums(Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
-                     Tensor mx) override;
-  void vocab_ce_finish(Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0, int64_t valid,
-                       Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale) override;
+  // ---- for the operation families' implementations (cuda/<family>.cpp) ----
+  // be, which must be a CudaBackend (the families dispatch here only for Device::cuda).
+  static CudaBackend& of(Backend& be) {
+    SHARD_CHECK(be.device() == Device::cuda, "a CUDA operation on a {} backend", device_name(be.device()));
+    return static_cast<CudaBackend&>(be);
+  }
+  cudaStream_t compute_stream() const { return compute_; }
+  void* device_scratch(size_t bytes) { return scratch_.get(bytes, compute_); }
+  // Token ids (token_ids.cpp): host_ids_ uploaded; n ids checked against V and uploaded; the rows
+  // of a vocabulary shard [v0, v0 + rows) of n ids (-1 for other ranks'), on the host or uploaded;
+  // host_ids_ = positions grouped by row (embedding_backward's buckets), returning their count.
+  const int32_t* upload_host_ids();
+  const int32_t* upload_ids(const int32_t* ids, int64_t n, int64_t V, const char* what);
+  const int32_t* host_shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what);
+  const int32_t* upload_shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what);
+  int64_t group_positions_by_row(const int32_t* rows, int64_t n, int64_t V);
 
  private:
   cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }
-  void* device_scratch(size_t bytes) { return scratch_.get(bytes, compute_); }
   void reduce(Tensor x, Tensor out, bool accumulate, ReduceKind k, const char* name);
 
-  // Token ids (cuda_layers.cpp).
-  const int32_t* upload_host_ids();
-  const int32_t* upload_ids(const int32_t* ids, int64_t n, int64_t V, const char* what);
   void shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what,
                   std::vector<int32_t>& out);
-  const int32_t* upload_shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what);
-  int64_t group_positions_by_row(const int32_t* rows, int64_t n, int64_t V);
 
   int device_ = 0;
   std::string name_;

@@ -1,5 +1,5 @@
-// cuda_elementwise.cpp — the CUDA Backend's element-wise operations, reductions and optimizer
-// updates: tensors validated here, grids in the launchers (kernels.cuh).
+// cuda_elementwise.cpp — the CUDA Backend's element-wise operations and reductions: tensors
+// validated here, grids in the launchers (kernels.cuh).
 #include <cmath>
 
 #include "src/backend/cuda/cuda_backend.hpp"
@@ -83,27 +83,6 @@ void CudaBackend::sum_rows(Tensor x, Tensor out, bool accumulate) {
   check_f32(out, "sum_rows");
   SHARD_CHECK(x.ndim() == 2 && out.numel() == x.dim(1), "sum_rows: x {} and out {}", x.shape_str(), out.shape_str());
   CUDA_CHECK(launch_sum_rows(x.ptr<float>(), x.dim(0), x.dim(1), out.ptr<float>(), accumulate, compute_));
-}
-
-// ---- optimizers ---------------------------------------------------------------------------------
-
-void CudaBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) {
-  check_same_numel(param, grad, "adamw_update");
-  check_same_numel(param, m, "adamw_update");
-  check_same_numel(param, v, "adamw_update");
-  // Bias corrections on the host, in float, exactly as the CPU kernel computes them.
-  const float inv_bc1 = 1.f / (1.f - std::pow(a.beta1, static_cast<float>(a.step)));
-  const float inv_bc2 = 1.f / (1.f - std::pow(a.beta2, static_cast<float>(a.step)));
-  const AdamWStep s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, inv_bc1, inv_bc2};
-  CUDA_CHECK(launch_adamw(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), param.numel(), s,
-                          compute_));
-}
-
-void CudaBackend::sgd_update(Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a) {
-  check_same_numel(param, grad, "sgd_update");
-  check_same_numel(param, momentum, "sgd_update");
-  CUDA_CHECK(launch_sgd(param.ptr<float>(), grad.ptr<float>(), momentum.ptr<float>(), param.numel(), a.lr, a.momentum,
-                        a.weight_decay, a.grad_scale, compute_));
 }
 
 }  // namespace shardlab::cuda

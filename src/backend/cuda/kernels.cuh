@@ -1,5 +1,6 @@
 // kernels.cuh — launchers of the CUDA backend's kernels. Plain signatures, no fmt and no Tensor:
-// this header is shared by nvcc (kernels.cu) and the host compiler (cuda_backend.cpp). Each
+// this header is shared by nvcc (the .cu files, one per operation family and elementwise.cu) and
+// the host compiler (cuda_backend.cpp, cuda/<family>.cpp). Each
 // launcher does its own grid math and returns the launch status for the caller's CUDA_CHECK.
 #pragma once
 #include <cuda_runtime.h>
@@ -27,9 +28,9 @@ cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* parti
 // out[c] (+)= sum_r x[r, c]
 cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s);
 
-// ---- layer and optimizer kernels (f32), in backend.hpp's groups. Every pointer is device memory,
+// ---- the operation families' kernels (f32), in ops/'s families. Every pointer is device memory,
 // token ids included: the backend uploads the host ids before calling these. Semantics mirror
-// src/backend/cpu/kernels.cpp; shapes use that file's names (B batch, T time, C channels, H heads,
+// src/backend/cpu/<family>.cpp; shapes use those files's names (B batch, T time, C channels, H heads,
 // V vocab, N rows). ----
 
 // out (B*T, C) = wte[rows] + wpe[t]; wpe null: out = wte[rows] (no learned positions). A negative
@@ -68,7 +69,7 @@ cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, c
 
 // Rotary embedding's frequencies as a kernel parameter (RopeFreqs without std::array, which device
 // code cannot index): passed by value, so no device copy and no upload to order on the stream.
-inline constexpr int kRopeMaxHalf = 256;  // RopeFreqs::kMaxHalf (static_assert in cuda_layers.cpp)
+inline constexpr int kRopeMaxHalf = 256;  // RopeFreqs::kMaxHalf (static_assert in rope.cpp)
 struct RopeTable {
   float inv_freq[kRopeMaxHalf];
 };

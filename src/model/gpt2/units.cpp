@@ -12,8 +12,12 @@
 // all-gather per region input (activations / T instead of the whole (N, C)).
 #include <algorithm>
 
+#include "src/model/blocks/attention.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/tp.hpp"
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/norm.hpp"
 
 namespace shardlab {
 namespace {
@@ -76,25 +80,26 @@ class EmbeddingUnit final : public Unit {
 
   void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {
     if (!c.tp.active()) {
-      c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), p("wpe.weight"));
+      ops::embedding_forward(c.be, out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), p("wpe.weight"));
       return;
     }
     // Each rank's lookup is zero for other ranks' tokens: the group's sum is the embedding.
     Block rows = region_rows(c, "embedding partial sums");
     Tensor partial = rows_of(rows, c.batch.B * c.batch.T, c.spec.dim, out);
-    c.be.embedding_forward_shard(partial, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"),
+    ops::embedding_forward_shard(c.be, partial, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"),
                                  c.tp.config.rank == 0 ? p("wpe.weight") : Tensor(), v0(c));
     tp_region_output(c, partial, out);
   }
   void backward(UnitContext& c, const ParamSet&, const ParamSet& g, Saved&, Tensor, Tensor dout, Tensor) override {
     if (!c.tp.active()) {
-      c.be.embedding_backward(g("wte.weight"), g("wpe.weight"), dout, c.batch.tokens, c.batch.B, c.batch.T);
+      ops::embedding_backward(c.be, g("wte.weight"), g("wpe.weight"), dout, c.batch.tokens, c.batch.B, c.batch.T);
       return;
     }
     // Every rank gets wpe's whole gradient (it is replicated) and its vocabulary rows' part of wte's.
     Block rows = region_rows(c, "embedding backward gathered rows");
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, c.batch.B * c.batch.T, c.spec.dim));
-    c.be.embedding_backward_shard(g("wte.weight"), g("wpe.weight"), dy, c.batch.tokens, c.batch.B, c.batch.T, v0(c));
+    ops::embedding_backward_shard(c.be, g("wte.weight"), g("wpe.weight"), dy, c.batch.tokens, c.batch.B, c.batch.T,
+                                  v0(c));
   }
   bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
   // Positions pos0 on: wpe from its row pos0.
@@ -102,7 +107,7 @@ class EmbeddingUnit final : public Unit {
     const Tensor wpe = p("wpe.weight");
     const int64_t C = wpe.dim(1);
     const Tensor from(wpe.ptr<float>() + pos0 * C, DType::f32, {wpe.dim(0) - pos0, C}, wpe.device());
-    c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), from);
+    ops::embedding_forward(c.be, out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), from);
   }
 
  private:
@@ -128,13 +133,11 @@ class BlockUnit final : public Unit {
     Block rows = region_rows(c, prefix_ + "region rows");
     Tensor ln1 = s.add(c.pool, "ln1", {n, C}), ln1_mean = s.add(c.pool, "ln1_mean", {n}),
            ln1_rstd = s.add(c.pool, "ln1_rstd", {n});
-    be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
+    ops::layernorm_forward(be, ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * A});
     matmul_forward(be, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
                    w(p, "attn.c_attn.bias"), N, C, 3 * A);
-    Tensor atty = s.add(c.pool, "atty", {N, A}), att = s.add(c.pool, "att", {B, H, T, T});
-    be.attention_forward(atty, att, qkv, H, H);
-    if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
+    Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H});
     Tensor x2 = s.add(c.pool, "x2", {n, C});
     Tensor partial = rows_of(rows, N, C, x2);
     linear_forward(be, partial, atty, wg(p, "attn.c_proj.weight"), N, A, C);
@@ -143,11 +146,11 @@ class BlockUnit final : public Unit {
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {n, C}), ln2_mean = s.add(c.pool, "ln2_mean", {n}),
            ln2_rstd = s.add(c.pool, "ln2_rstd", {n});
-    be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
+    ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
     matmul_forward(be, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
                    w(p, "mlp.c_fc.bias"), N, C, F);
-    be.gelu_forward(fch_gelu, fch);
+    ops::gelu_forward(be, fch_gelu, fch);
     partial = rows_of(rows, N, C, out);
     linear_forward(be, partial, fch_gelu, wg(p, "mlp.c_proj.weight"), N, F, C);
     tp_region_output(c, partial, out);
@@ -163,8 +166,8 @@ class BlockUnit final : public Unit {
     // big holds d(fch), then d(qkv): F >= 3C unless a config's n_inner says otherwise.
     Block big = c.pool.alloc(DType::f32, N * std::max(F, 3 * A), Category::workspace, prefix_ + "backward dfch");
     Block small = c.pool.alloc(DType::f32, N * C, Category::workspace, prefix_ + "backward dln");
-    Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(T, H), Category::workspace,
-                                 prefix_ + "attention scratch");
+    const blocks::AttentionShape shape{B, T, H, H, A / H};
+    Block scratch = blocks::attention_scratch(c, shape, prefix_);
     // With sequence parallelism: each region's output gradient gathered, its input gathered again,
     // then this rank's rows of the input's gradient.
     Block rows = region_rows(c, prefix_ + "backward region rows");
@@ -176,34 +179,28 @@ class BlockUnit final : public Unit {
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, N, C));
     matmul_backward(be, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
                     wg(p, "mlp.c_proj.weight"), N, F, C);
-    be.gelu_backward(dfch, s("fch"), dfch);
+    ops::gelu_backward(be, dfch, s("fch"), dfch);
     matmul_backward(be, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch,
                     tp_region_input(c, s("ln2"), rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"), N, C, F);
     Tensor dln2 = rows_of(rows, n, C, dsmall);
     tp_region_input_backward(c, dsmall, dln2);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
-    be.layernorm_backward(din, norms(prefix_ + "ln_2.weight"), norms(prefix_ + "ln_2.bias"), dln2, s("x2"),
-                          w(p, "ln_2.weight"), s("ln2_mean"), s("ln2_rstd"));
+    ops::layernorm_backward(be, din, norms(prefix_ + "ln_2.weight"), norms(prefix_ + "ln_2.bias"), dln2, s("x2"),
+                            w(p, "ln_2.weight"), s("ln2_mean"), s("ln2_rstd"));
     // Attention: x2 = x + c_proj(attn(c_attn(ln_1(x))))
     Tensor datty = flat_view(small, {N, A});
     matmul_backward(be, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
                     tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
                     N, A, C);
     Tensor dqkv = big.view(DType::f32, {B, T, 3 * A});
-    Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
-    if (!s.has("att")) {
-      att_again = c.pool.alloc(DType::f32, B * H * T * T, Category::activations, prefix_ + "att (recomputed)");
-      be.attention_forward(s("atty"), att_again.view(DType::f32, {B, H, T, T}), s("qkv"), H, H);  // atty: same values
-    }
-    Tensor att = att_again ? att_again.view(DType::f32, {B, H, T, T}) : s("att");
-    be.attention_backward(dqkv, datty, s("qkv"), att, H, H, scratch.flat(DType::f32));
+    blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), shape, prefix_);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv,
                     tp_region_input(c, s("ln1"), rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"), N, C, 3 * A);
     Tensor dln1_rows = rows_of(rows, n, C, dln1);
     tp_region_input_backward(c, dln1, dln1_rows);
-    be.layernorm_backward(din, norms(prefix_ + "ln_1.weight"), norms(prefix_ + "ln_1.bias"), dln1_rows, in,
-                          w(p, "ln_1.weight"), s("ln1_mean"), s("ln1_rstd"));
+    ops::layernorm_backward(be, din, norms(prefix_ + "ln_1.weight"), norms(prefix_ + "ln_1.bias"), dln1_rows, in,
+                            w(p, "ln_1.weight"), s("ln1_mean"), s("ln1_rstd"));
     norms.reduce();
   }
 
@@ -214,30 +211,24 @@ class BlockUnit final : public Unit {
     const int64_t B = c.batch.B, T = c.batch.T, C = c.spec.dim, H = c.spec.heads, N = B * T;
     const int64_t F = c.spec.ffn_hidden();
     Backend& be = c.be;
-    const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
-    if (pos0 == 0) {
-      cache.clear();
-      cache.add(c.pool, k_name, {B, c.spec.seq, C});
-      cache.add(c.pool, v_name, {B, c.spec.seq, C});
-    }
+    const blocks::AttentionShape shape{B, T, H, H, C / H};
+    blocks::kv_cache_open(c, cache, shape, prefix_, pos0);
     Saved s;
     Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add(c.pool, "ln1_mean", {N}),
            ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
-    be.layernorm_forward(ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
+    ops::layernorm_forward(be, ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
     matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
-    be.kv_cache_write(cache(k_name), cache(v_name), qkv, H, H, pos0);
-    Tensor atty = s.add(c.pool, "atty", {N, C});
-    be.attention_cached(atty, qkv, cache(k_name), cache(v_name), H, H, pos0);
+    Tensor atty = blocks::attention_cached(c, cache, s, qkv, shape, prefix_, pos0);
     Tensor x2 = s.add(c.pool, "x2", {N, C});
     matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add(c.pool, "ln2_mean", {N}),
            ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
-    be.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
+    ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
     matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
-    be.gelu_forward(fch_gelu, fch);
+    ops::gelu_forward(be, fch_gelu, fch);
     matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
     be.add(out, x2, out);  // residual
   }
@@ -261,7 +252,7 @@ class HeadUnit final : public Unit {
                   V = vocab_rows(c.spec);
     Tensor lnf = s.add(c.pool, "lnf", {n, C}), mean = s.add(c.pool, "lnf_mean", {n}),
            rstd = s.add(c.pool, "lnf_rstd", {n});
-    c.be.layernorm_forward(lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"), eps(c.spec));
+    ops::layernorm_forward(c.be, lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"), eps(c.spec));
     Block rows = region_rows(c, "head region rows");
     const Tensor x = tp_region_input(c, lnf, rows_of(rows, N, C));
     const Tensor wte = p.gemm("wte.weight");
@@ -294,7 +285,7 @@ class HeadUnit final : public Unit {
     const Tensor dlnf = dlnf_block.view(DType::f32, {N, C}), dlnf_rows = rows_of(rows, n, C, dlnf);
     tp_region_input_backward(c, dlnf, dlnf_rows);
     c.be.fill(din, 0.f);
-    c.be.layernorm_backward(din, norm("ln_f.weight"), norm("ln_f.bias"), dlnf_rows, in, p("ln_f.weight"),
+    ops::layernorm_backward(c.be, din, norm("ln_f.weight"), norm("ln_f.bias"), dlnf_rows, in, p("ln_f.weight"),
                             s("lnf_mean"), s("lnf_rstd"));
     norm.reduce();
   }

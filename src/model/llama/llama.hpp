@@ -13,7 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <vector>
 
-#include "src/backend/backend.hpp"
+#include "src/backend/ops/rope.hpp"
 #include "src/model/family.hpp"
 
 namespace shardlab {

@@ -19,8 +19,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "src/model/blocks/attention.hpp"
 #include "src/model/llama/llama.hpp"
 #include "src/model/tp.hpp"
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/norm.hpp"
+#include "src/backend/ops/rope.hpp"
 
 namespace shardlab {
 namespace {
@@ -102,24 +107,25 @@ class EmbeddingUnit final : public Unit {
     local_rows(c, tp_);  // checks c.tp is the group the unit was built for
     // No learned positions: RoPE places tokens inside attention.
     if (!c.tp.active()) {
-      c.be.embedding_forward(out, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"), Tensor());
+      ops::embedding_forward(c.be, out, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"), Tensor());
       return;
     }
     // Vocabulary-parallel: each rank looks up the tokens in its rows (zeros for the others'), and
     // the region output sums the ranks' lookups.
     Block whole = whole_rows(c, "embedding partial");
     Tensor partial = whole_or(whole, c, out);
-    c.be.embedding_forward_shard(partial, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"),
+    ops::embedding_forward_shard(c.be, partial, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"),
                                  Tensor(), vocab_begin(c));
     tp_region_output(c, partial, out);
   }
   void backward(UnitContext& c, const ParamSet&, const ParamSet& g, Saved&, Tensor, Tensor dout, Tensor) override {
     if (!c.tp.active()) {
-      c.be.embedding_backward(g("model.embed_tokens.weight"), Tensor(), dout, c.batch.tokens, c.batch.B, c.batch.T);
+      ops::embedding_backward(c.be, g("model.embed_tokens.weight"), Tensor(), dout, c.batch.tokens, c.batch.B,
+                              c.batch.T);
       return;
     }
     Block whole = whole_rows(c, "embedding backward dout");
-    c.be.embedding_backward_shard(g("model.embed_tokens.weight"), Tensor(),
+    ops::embedding_backward_shard(c.be, g("model.embed_tokens.weight"), Tensor(),
                                   tp_region_output_backward(c, dout, whole_or(whole, c, dout)), c.batch.tokens,
                                   c.batch.B, c.batch.T, vocab_begin(c));
   }
@@ -149,25 +155,23 @@ class DecoderLayerUnit final : public Unit {
     const Dims d(c, tp_);
     Backend& be = c.be;
     Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.Nl});
-    be.rmsnorm_forward(ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
     // Sequence parallelism: ln1 gathered, o_proj's partial sums, ln2 gathered, down_proj's, in turn.
     Block whole = whole_rows(c, prefix_ + "region rows");
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, tp_region_input(c, ln1, whole_or(whole, c, ln1)), qkv_weight(p), d.N);
-    be.rope(qkv, d.H + d.KV, d.hd, freqs_, 0, false);  // q and k: the first H + KV heads of each row
-    Tensor atty = s.add(c.pool, "atty", {d.N, d.H * d.hd}), att = s.add(c.pool, "att", {d.B, d.H, d.T, d.T});
-    be.attention_forward(atty, att, qkv, d.H, d.KV);
-    if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
+    ops::rope(be, qkv, d.H + d.KV, d.hd, freqs_, 0, false);  // q and k: the first H + KV heads of each row
+    Tensor atty = blocks::attention_forward(c, s, qkv, d.attention());
     Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
     Tensor attn_out = whole_or(whole, c, x2);
     linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     tp_region_output(c, attn_out, x2);
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.Nl});
-    be.rmsnorm_forward(ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+    ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
     Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
     linear_forward(be, gate_up, tp_region_input(c, ln2, whole_or(whole, c, ln2)), gate_up_weight(p), d.N);
-    be.swiglu_forward(act, gate_up);
+    ops::swiglu_forward(be, act, gate_up);
     Tensor mlp_out = whole_or(whole, c, out);
     linear_forward(be, mlp_out, act, wg(p, "mlp.down_proj.weight"), d.N);
     tp_region_output(c, mlp_out, out);
@@ -183,8 +187,7 @@ class DecoderLayerUnit final : public Unit {
                              prefix_ + "backward dgate_up");
     Block mid = c.pool.alloc(DType::f32, d.N * d.F, Category::workspace, prefix_ + "backward dswiglu");
     Block small = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "backward dln");
-    Block scratch = c.pool.alloc(DType::f32, attention_scratch_elems(d.T, d.H), Category::workspace,
-                                 prefix_ + "attention scratch");
+    Block scratch = blocks::attention_scratch(c, d.attention(), prefix_);
     // Sequence parallelism: whole holds what a GEMM needs of all N rows, gathered: d(out), ln2,
     // d(x2), ln1 in turn (forward kept only the rank's rows of ln1 and ln2, Megatron's activations
     // / T, so they are gathered again); local the rank's rows of d(ln2), then d(ln1).
@@ -200,33 +203,27 @@ class DecoderLayerUnit final : public Unit {
     // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
     const Tensor dmlp_out = tp_region_output_backward(c, dout, whole_or(whole, c, dout));  // all N rows
     linear_backward(be, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"), d.N);
-    be.swiglu_backward(dgate_up, s("gate_up"), dact);
+    ops::swiglu_backward(be, dgate_up, s("gate_up"), dact);
     linear_backward(be, dsmall, gate_up_weight(g, false), dgate_up,
                     tp_region_input(c, s("ln2"), whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
     tp_region_input_backward(c, dsmall, dln);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
-    be.rmsnorm_backward(din, norm_grads(prefix_ + "post_attention_layernorm.weight"), dln, s("x2"),
-                        w(p, "post_attention_layernorm.weight"), s("ln2_rstd"));
+    ops::rmsnorm_backward(be, din, norm_grads(prefix_ + "post_attention_layernorm.weight"), dln, s("x2"),
+                          w(p, "post_attention_layernorm.weight"), s("ln2_rstd"));
     // Attention: x2 = in + o_proj(attn(rope(qkv(ln1)))), ln1 = rmsnorm(in)
     Tensor datty = small.view(DType::f32, {d.N, d.H * d.hd});
     const Tensor dattn_out = tp_region_output_backward(c, din, whole_or(whole, c, din));  // all N rows
     linear_backward(be, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
                     d.N);
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
-    Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
-    if (!s.has("att")) {
-      att_again = c.pool.alloc(DType::f32, d.B * d.H * d.T * d.T, Category::activations, prefix_ + "att (recomputed)");
-      be.attention_forward(s("atty"), att_again.view(DType::f32, {d.B, d.H, d.T, d.T}), s("qkv"), d.H, d.KV);
-    }
-    Tensor att = att_again ? att_again.view(DType::f32, {d.B, d.H, d.T, d.T}) : s("att");
-    be.attention_backward(dqkv, datty, s("qkv"), att, d.H, d.KV, scratch.flat(DType::f32));
-    be.rope(dqkv, d.H + d.KV, d.hd, freqs_, 0, true);  // a rotation's gradient rotates back
+    blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), d.attention(), prefix_);
+    ops::rope(be, dqkv, d.H + d.KV, d.hd, freqs_, 0, true);  // a rotation's gradient rotates back
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     linear_backward(be, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
                     qkv_weight(p), d.N);
     tp_region_input_backward(c, dln1, dln);
-    be.rmsnorm_backward(din, norm_grads(prefix_ + "input_layernorm.weight"), dln, in, w(p, "input_layernorm.weight"),
-                        s("ln1_rstd"));
+    ops::rmsnorm_backward(be, din, norm_grads(prefix_ + "input_layernorm.weight"), dln, in,
+                          w(p, "input_layernorm.weight"), s("ln1_rstd"));
     norm_grads.reduce();
   }
 
@@ -236,29 +233,22 @@ class DecoderLayerUnit final : public Unit {
   void forward_cached(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0) override {
     const Dims d(c, tp_);
     Backend& be = c.be;
-    const std::string k_name = prefix_ + "k cache", v_name = prefix_ + "v cache";
-    if (pos0 == 0) {
-      cache.clear();
-      cache.add(c.pool, k_name, {d.B, c.spec.seq, d.KV * d.hd});
-      cache.add(c.pool, v_name, {d.B, c.spec.seq, d.KV * d.hd});
-    }
+    blocks::kv_cache_open(c, cache, d.attention(), prefix_, pos0);
     Saved s;
     Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.N});
-    be.rmsnorm_forward(ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
-    be.rope(qkv, d.H + d.KV, d.hd, freqs_, pos0, false);
-    be.kv_cache_write(cache(k_name), cache(v_name), qkv, d.H, d.KV, pos0);
-    Tensor atty = s.add(c.pool, "atty", {d.N, d.C});
-    be.attention_cached(atty, qkv, cache(k_name), cache(v_name), d.H, d.KV, pos0);
+    ops::rope(be, qkv, d.H + d.KV, d.hd, freqs_, pos0, false);
+    Tensor atty = blocks::attention_cached(c, cache, s, qkv, d.attention(), prefix_, pos0);
     Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
     linear_forward(be, x2, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.N});
-    be.rmsnorm_forward(ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+    ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
     Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
     linear_forward(be, gate_up, ln2, gate_up_weight(p), d.N);
-    be.swiglu_forward(act, gate_up);
+    ops::swiglu_forward(be, act, gate_up);
     linear_forward(be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
     be.add(out, x2, out);  // residual
   }
@@ -279,6 +269,7 @@ class DecoderLayerUnit final : public Unit {
           KV(c.spec.num_kv_heads() / tp.degree),
           W((H + 2 * KV) * hd),
           F(c.spec.ffn_hidden() / tp.degree) {}
+    blocks::AttentionShape attention() const { return {B, T, H, KV, hd}; }
   };
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
@@ -319,7 +310,7 @@ class HeadUnit final : public Unit {
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t N = c.batch.B * c.batch.T, Nl = local_rows(c, tp_), C = c.spec.dim;
     Tensor lnf = s.add(c.pool, "lnf", {Nl, C}), rstd = s.add(c.pool, "lnf_rstd", {Nl});
-    c.be.rmsnorm_forward(lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
+    ops::rmsnorm_forward(c.be, lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
     Block whole = whole_rows(c, "head lnf gathered");
     linear_forward(c.be, out, tp_region_input(c, lnf, whole_or(whole, c, lnf)), p.gemm(weight_), N);  // logits
   }
@@ -337,7 +328,8 @@ class HeadUnit final : public Unit {
     tp_region_input_backward(c, dlnf.view(DType::f32, {N, C}), dlnf_rows);
     c.be.fill(din, 0.f);
     TpPartialGrads norm_grad(c, g, {"model.norm.weight"}, "head");
-    c.be.rmsnorm_backward(din, norm_grad("model.norm.weight"), dlnf_rows, in, p("model.norm.weight"), s("lnf_rstd"));
+    ops::rmsnorm_backward(c.be, din, norm_grad("model.norm.weight"), dlnf_rows, in, p("model.norm.weight"),
+                          s("lnf_rstd"));
     norm_grad.reduce();
   }
   bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward

@@ -1,0 +1,100 @@
+// activation.cu — the GELU and SwiGLU kernels (ops/activation.hpp; host side in
+// activation.cpp), formula for formula as src/backend/cpu/activation.cpp.
+#include "src/backend/cuda/kernel_util.cuh"
+
+namespace shardlab::cuda {
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+__device__ inline float gelu(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + tanhf(u));
+}
+
+__device__ inline float gelu_grad(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  const float th = tanhf(u);
+  const float sech2 = 1.f - th * th;
+  return 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+}
+
+template <int W>
+__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t packs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    Pack<W> v = load_pack<W>(inp + i * W);
+    for (int k = 0; k < W; ++k) v.v[k] = gelu(v.v[k]);
+    store_pack<W>(out + i * W, v);
+  }
+}
+
+template <int W>
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t packs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const Pack<W> x = load_pack<W>(inp + i * W);
+    Pack<W> d = load_pack<W>(dout + i * W);
+    for (int k = 0; k < W; ++k) d.v[k] = gelu_grad(x.v[k]) * d.v[k];
+    store_pack<W>(dinp + i * W, d);
+  }
+}
+
+__device__ inline float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+// One thread per output (n, f); F is any width (Llama's are not all multiples of 4), so no packs.
+__global__ void swiglu_forward_kernel(float* out, const float* gate_up, int64_t F, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) {
+    const float* row = gate_up + (i / F) * 2 * F;
+    const int64_t f = i % F;
+    const float g = row[f];
+    out[i] = g * sigmoid(g) * row[F + f];
+  }
+}
+
+// silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
+__global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, const float* dout, int64_t F,
+                                       int64_t n) {
+  GRID_STRIDE_LOOP(i, n) {
+    const int64_t r = i / F, f = i % F;
+    const float g = gate_up[r * 2 * F + f], u = gate_up[r * 2 * F + F + f], d = dout[i];
+    const float s = sigmoid(g);
+    dgate_up[r * 2 * F + f] = d * u * s * (1.f + g * (1.f - s));
+    dgate_up[r * 2 * F + F + f] = d * g * s;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, out, inp))
+    gelu_forward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(out, inp, n / 4);
+  else
+    gelu_forward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(out, inp, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, dinp, inp, dout))
+    gelu_backward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(dinp, inp, dout, n / 4);
+  else
+    gelu_backward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
+  const int64_t n = N * F;
+  if (n == 0) return cudaSuccess;
+  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(out, gate_up, F, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
+                                   cudaStream_t s) {
+  const int64_t n = N * F;
+  if (n == 0) return cudaSuccess;
+  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(dgate_up, gate_up, dout, F, n);
+  return cudaGetLastError();
+}
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,168 @@
+// elementwise.cu — the CUDA backend's element-wise kernels and reductions (cuda_elementwise.cpp
+// launches them).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "src/backend/cuda/kernel_util.cuh"
+
+namespace shardlab::cuda {
+namespace {
+
+__device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+  return 0.f;
+}
+
+__device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; break;
+    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+  }
+}
+
+__global__ void fill_kernel(void* x, DType t, int64_t n, float v) {
+  GRID_STRIDE_LOOP(i, n) store_from_f32(x, t, i, v);
+}
+
+__global__ void cast_kernel(const void* src, DType st, void* dst, DType dt, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) store_from_f32(dst, dt, i, load_as_f32(src, st, i));
+}
+
+__global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) y[i] += alpha * x[i];
+}
+
+__global__ void scale_kernel(float* x, float alpha, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) x[i] *= alpha;
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void mul_kernel(const float* a, const float* b, float* out, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) out[i] = a[i] * b[i];
+}
+
+__device__ inline double reduce_map(ReduceKind k, float v) {
+  switch (k) {
+    case ReduceKind::sum: return v;
+    case ReduceKind::sum_squares: return static_cast<double>(v) * v;
+    case ReduceKind::max_abs: return fabs(static_cast<double>(v));
+  }
+  return 0.0;
+}
+
+__device__ inline double reduce_combine(ReduceKind k, double a, double b) {
+  return k == ReduceKind::max_abs ? fmax(a, b) : a + b;
+}
+
+// Block-wide fold of one value per thread; every thread returns the block's result.
+__device__ double block_reduce(ReduceKind k, double v) {
+  __shared__ double shared[kThreads];
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] = reduce_combine(k, shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+__global__ void reduce_partial_kernel(const float* x, int64_t n, ReduceKind k, double* partial) {
+  double acc = 0.0;
+  GRID_STRIDE_LOOP(i, n) acc = reduce_combine(k, acc, reduce_map(k, x[i]));
+  double r = block_reduce(k, acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = r;
+}
+
+__global__ void reduce_final_kernel(const double* partial, int count, ReduceKind k, float* out, bool accumulate) {
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc = reduce_combine(k, acc, partial[i]);
+  double r = block_reduce(k, acc);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(accumulate ? reduce_combine(k, out[0], r) : r);
+}
+
+__global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate) {
+  int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  double acc = 0.0;
+  for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
+  out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc);
+}
+
+template <int W>
+__global__ void add_bias_kernel(float* x, const float* bias, int64_t OC, int64_t packs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const int64_t idx = i * W;
+    Pack<W> v = load_pack<W>(x + idx);
+    const Pack<W> b = load_pack<W>(bias + idx % OC);
+    for (int k = 0; k < W; ++k) v.v[k] += b.v[k];
+    store_pack<W>(x + idx, v);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_fill(void* x, DType t, int64_t n, float value, cudaStream_t s) {
+  fill_kernel<<<grid_for(n), kThreads, 0, s>>>(x, t, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t s) {
+  cast_kernel<<<grid_for(n), kThreads, 0, s>>>(src, src_type, dst, dst_type, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t s) {
+  axpy_kernel<<<grid_for(n), kThreads, 0, s>>>(alpha, x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scale(float* x, float alpha, int64_t n, cudaStream_t s) {
+  scale_kernel<<<grid_for(n), kThreads, 0, s>>>(x, alpha, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
+  add_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_mul(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
+  mul_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* partial, float* out, bool accumulate,
+                          cudaStream_t s) {
+  int blocks = static_cast<int>(std::min<int64_t>(kReduceBlocks, std::max<int64_t>(1, (n + kThreads - 1) / kThreads)));
+  reduce_partial_kernel<<<blocks, kThreads, 0, s>>>(x, n, k, partial);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  reduce_final_kernel<<<1, kThreads, 0, s>>>(partial, blocks, k, out, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s) {
+  int blocks = static_cast<int>(std::max<int64_t>(1, (cols + kThreads - 1) / kThreads));
+  sum_rows_kernel<<<blocks, kThreads, 0, s>>>(x, rows, cols, out, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(float* x, const float* bias, int64_t N, int64_t OC, cudaStream_t s) {
+  const int64_t n = N * OC;
+  if (n == 0) return cudaSuccess;
+  if (packable(OC, x, bias))
+    add_bias_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(x, bias, OC, n / 4);
+  else
+    add_bias_kernel<1><<<grid_for(n), kThreads, 0, s>>>(x, bias, OC, n);
+  return cudaGetLastError();
+}
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,100 @@
+// kernel_util.cuh — what the CUDA kernel files (*.cu) share: grid sizes, the grid-stride loop,
+// float4 packs, and warp and block reductions whose every lane ends with the same bits.
+//
+// Reductions are deterministic: a fixed grid writes per-block partial sums and one block folds
+// them in order. No atomics, so two runs of the same step give the same bits. Row reductions use
+// one warp per row (or one block for long rows) folded with __shfl_xor_sync butterflies: every
+// lane ends with the same bits, so values broadcast that way (a row's max and sum) are consistent
+// across the row. Element-wise kernels move float4 packs when every pointer is 16-byte aligned and
+// the length divides by 4, else single floats.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "src/backend/cuda/kernels.cuh"
+
+namespace shardlab::cuda {
+
+constexpr int kThreads = 256;
+
+inline int grid_for(int64_t n) {
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65535 * 8));
+}
+
+#define GRID_STRIDE_LOOP(i, n) \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = kThreads / kWarp;  // warp-per-row kernels
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// float4 packs need n % 4 == 0 and every pointer 16-byte aligned; otherwise the scalar kernel runs.
+template <class... P>
+bool packable(int64_t n, const P*... ptrs) {
+  return n % 4 == 0 && (aligned16(ptrs) && ...);
+}
+
+// Blocks for `rows` rows at one warp each.
+inline int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+template <int W>
+struct Pack {
+  float v[W];
+};
+
+template <int W>
+__device__ inline Pack<W> load_pack(const float* p) {
+  Pack<W> r;
+  if constexpr (W == 4) {
+    float4 q = *reinterpret_cast<const float4*>(p);
+    r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
+  } else {
+    r.v[0] = *p;
+  }
+  return r;
+}
+
+template <int W>
+__device__ inline void store_pack(float* p, const Pack<W>& r) {
+  if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  } else {
+    *p = r.v[0];
+  }
+}
+
+struct SumOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Butterfly over the warp: each step combines the same two values on both partner lanes, and the
+// ops are commutative, so every lane returns bit-identical results.
+template <class T, class Op>
+__device__ inline T warp_allreduce(T v, Op op) {
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Every thread of the block returns the block's result (blockDim.x a multiple of 32, at most 1024).
+template <class T, class Op>
+__device__ T block_allreduce(T v, T identity, Op op) {
+  __shared__ T warp_vals[kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = warp_allreduce(v, op);
+  if (lane == 0) warp_vals[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_vals[lane] : identity;
+  v = warp_allreduce(v, op);
+  __syncthreads();  // warp_vals is reused by the next call
+  return v;
+}
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,37 @@
+// norm.cpp — the CUDA LayerNorm and RMSNorm (ops/norm.hpp): launchers in norm.cu. The backward
+// passes fold per-chunk partial parameter gradients kept in device scratch, in a fixed order.
+#include "src/backend/cuda/cuda_backend.hpp"
+#include "src/backend/cuda/ops.hpp"
+
+namespace shardlab::cuda {
+
+void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                       float eps, int64_t N, int64_t C) {
+  CUDA_CHECK(launch_layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
+                                      weight.ptr<float>(), bias.ptr<float>(), N, C, eps,
+                                      CudaBackend::of(be).compute_stream()));
+}
+
+void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                        Tensor mean, Tensor rstd, int64_t N, int64_t C) {
+  CudaBackend& cb = CudaBackend::of(be);
+  auto* workspace = static_cast<float*>(cb.device_scratch(layernorm_backward_workspace(N, C) * sizeof(float)));
+  CUDA_CHECK(launch_layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
+                                       inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(),
+                                       workspace, N, C, cb.compute_stream()));
+}
+
+void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C) {
+  CUDA_CHECK(launch_rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C,
+                                    eps, CudaBackend::of(be).compute_stream()));
+}
+
+void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
+                      int64_t N, int64_t C) {
+  CudaBackend& cb = CudaBackend::of(be);
+  auto* workspace = static_cast<float*>(cb.device_scratch(rmsnorm_backward_workspace(N, C) * sizeof(float)));
+  CUDA_CHECK(launch_rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
+                                     weight.ptr<float>(), rstd.ptr<float>(), workspace, N, C, cb.compute_stream()));
+}
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,200 @@
+// norm.cu — the LayerNorm and RMSNorm kernels (ops/norm.hpp; host side in norm.cpp).
+// Mirrors src/backend/cpu/norm.cpp formula for formula; the parameter gradients fold per-chunk
+// partials in an order fixed by the shapes alone.
+#include "src/backend/cuda/kernel_util.cuh"
+
+namespace shardlab::cuda {
+namespace {
+
+// One warp per row. Whole warps leave together (row is per warp), so the shuffles see full warps.
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                         const float* b, int64_t N, int64_t C, float eps) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float s = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) s += x[c];
+  const float m = warp_allreduce(s, SumOp{}) / C;
+  float v = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) v += (x[c] - m) * (x[c] - m);
+  const float r = 1.f / sqrtf(warp_allreduce(v, SumOp{}) / C + eps);
+  float* o = out + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) o[c] = (x[c] - m) * r * w[c] + b[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp (accumulated), one warp per row.
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                               const float* mean, const float* rstd, int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* d = dout + row * C;
+  const float m = mean[row], r = rstd[row];
+  float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float norm = (x[c] - m) * r;
+    const float dnorm = w[c] * d[c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * norm;
+  }
+  dnorm_mean = warp_allreduce(dnorm_mean, SumOp{}) / C;
+  dnorm_norm_mean = warp_allreduce(dnorm_norm_mean, SumOp{}) / C;
+  float* di = dinp + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float norm = (x[c] - m) * r;
+    const float dnorm = w[c] * d[c];
+    di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+  }
+}
+
+// LayerNorm's dw/db: chunk blockIdx.y of rows_per_chunk rows writes its partial sums (dw then db,
+// 2C floats) to `partial`; a second kernel folds the chunks in order. The chunking depends on N
+// alone, so the result is the same on every run.
+__global__ void layernorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+                                                  const float* mean, const float* rstd, int64_t N, int64_t C,
+                                                  int64_t rows_per_chunk) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t begin = chunk * rows_per_chunk, end = min(N, begin + rows_per_chunk);
+  float dw = 0.f, db = 0.f;
+  for (int64_t r = begin; r < end; ++r) {
+    const float d = dout[r * C + c];
+    dw += (inp[r * C + c] - mean[r]) * rstd[r] * d;
+    db += d;
+  }
+  partial[chunk * 2 * C + c] = dw;
+  partial[chunk * 2 * C + C + c] = db;
+}
+
+__global__ void layernorm_backward_fold_kernel(float* dw, float* db, const float* partial, int64_t chunks, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f, sb = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    sw += partial[k * 2 * C + c];
+    sb += partial[k * 2 * C + C + c];
+  }
+  dw[c] += sw;
+  db[c] += sb;
+}
+
+// RMSNorm, one warp per row as LayerNorm: out = x * r * w with r = 1 / sqrt(mean(x^2) + eps), the
+// CPU's formula (1 / sqrtf, not the approximate rsqrtf).
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t N,
+                                       int64_t C, float eps) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float ss = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) ss += x[c] * x[c];
+  const float r = 1.f / sqrtf(warp_allreduce(ss, SumOp{}) / C + eps);
+  float* o = out + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) o[c] = x[c] * r * w[c];
+  if (lane == 0) rstd[row] = r;
+}
+
+// d/dx of x * r * w, with g = w * dout: r * (g - x * r^2 * mean(g * x)), since dr/dx_j = -r^3 x_j / C.
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                             const float* rstd, int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* d = dout + row * C;
+  const float r = rstd[row];
+  float gx = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) gx += w[c] * d[c] * x[c];
+  const float k = warp_allreduce(gx, SumOp{}) / C * r * r;
+  float* di = dinp + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) di[c] += (w[c] * d[c] - x[c] * k) * r;
+}
+
+// RMSNorm's dw as LayerNorm's: chunk blockIdx.y writes its C partial sums, a second kernel folds
+// the chunks in order (rmsnorm_backward_fold_kernel); the chunking depends on N alone.
+__global__ void rmsnorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+                                                const float* rstd, int64_t N, int64_t C, int64_t rows_per_chunk) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t begin = chunk * rows_per_chunk, end = min(N, begin + rows_per_chunk);
+  float dw = 0.f;
+  for (int64_t r = begin; r < end; ++r) dw += inp[r * C + c] * rstd[r] * dout[r * C + c];
+  partial[chunk * C + c] = dw;
+}
+
+__global__ void rmsnorm_backward_fold_kernel(float* dw, const float* partial, int64_t chunks, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) sw += partial[k * C + c];
+  dw[c] += sw;
+}
+
+
+// LayerNorm backward's chunking of N rows: at most 256 chunks of at least 32 rows (fewer when N is
+// small). A function of N only, which is what makes dw/db reproducible.
+int64_t layernorm_chunks(int64_t N) { return std::clamp<int64_t>((N + 31) / 32, 1, 256); }
+
+}  // namespace
+
+cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t s) {
+  if (N == 0) return cudaSuccess;
+  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C, eps);
+  return cudaGetLastError();
+}
+
+int64_t layernorm_backward_workspace(int64_t N, int64_t C) { return 2 * C * layernorm_chunks(N); }
+
+cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                      const float* w, const float* mean, const float* rstd, float* workspace,
+                                      int64_t N, int64_t C, cudaStream_t s) {
+  if (N == 0 || C == 0) return cudaSuccess;
+  layernorm_backward_dinp_kernel<<<row_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t chunks = layernorm_chunks(N), rows_per_chunk = (N + chunks - 1) / chunks;
+  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+  layernorm_backward_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
+      workspace, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  layernorm_backward_fold_kernel<<<col_blocks, kThreads, 0, s>>>(dw, db, workspace, chunks, C);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                                   float eps, cudaStream_t s) {
+  if (N == 0) return cudaSuccess;
+  rmsnorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, rstd, inp, w, N, C, eps);
+  return cudaGetLastError();
+}
+
+int64_t rmsnorm_backward_workspace(int64_t N, int64_t C) { return C * layernorm_chunks(N); }
+
+cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                                    const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s) {
+  if (N == 0 || C == 0) return cudaSuccess;
+  rmsnorm_backward_dinp_kernel<<<row_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  // The chunking of LayerNorm's dw/db, for the same reproducibility.
+  const int64_t chunks = layernorm_chunks(N), rows_per_chunk = (N + chunks - 1) / chunks;
+  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+  rmsnorm_backward_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
+      workspace, dout, inp, rstd, N, C, rows_per_chunk);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  rmsnorm_backward_fold_kernel<<<col_blocks, kThreads, 0, s>>>(dw, workspace, chunks, C);
+  return cudaGetLastError();
+}
+
+}  // namespace shardlab::cuda

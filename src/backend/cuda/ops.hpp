@@ -1,0 +1,58 @@
+// ops.hpp — the CUDA implementations of the operation families (src/backend/ops/), one file each
+// (cuda/<family>.cpp, launching cuda/<family>.cu's kernels). Plain C++: the families' dispatch
+// includes it without the CUDA toolkit, and calls these only for a CUDA backend (be is one). The
+// families checked the tensors and pass the sizes they derived.
+#pragma once
+#include "src/backend/ops/optimizer.hpp"
+#include "src/backend/ops/rope.hpp"
+
+namespace shardlab::cuda {
+
+// ---- embedding.cpp ----
+void embedding_forward(Backend& be, Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe,
+                       int64_t C);
+void embedding_backward(Backend& be, Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C);
+void embedding_forward_shard(Backend& be, Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte,
+                             Tensor wpe, int64_t v0, int64_t C);
+void embedding_backward_shard(Backend& be, Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                              int64_t T, int64_t v0, int64_t C);
+// ---- norm.cpp ----
+void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                       float eps, int64_t N, int64_t C);
+void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                        Tensor mean, Tensor rstd, int64_t N, int64_t C);
+void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C);
+void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
+                      int64_t N, int64_t C);
+// ---- rope.cpp ----
+void rope(Backend& be, Tensor x, int64_t heads, const RopeFreqs& freqs, int64_t pos0, bool inverse, int64_t B,
+          int64_t T, int64_t W);
+// ---- activation.cpp ----
+void gelu_forward(Backend& be, Tensor out, Tensor inp);
+void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout);
+void swiglu_forward(Backend& be, Tensor out, Tensor gate_up, int64_t N, int64_t F);
+void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout, int64_t N, int64_t F);
+// ---- attention.cpp ----
+void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV, int64_t B, int64_t T,
+                       int64_t C);
+void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
+                        Tensor scratch, int64_t B, int64_t T, int64_t C);
+// ---- kv_cache.cpp ----
+void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0,
+                    int64_t B, int64_t T, int64_t C, int64_t S);
+void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                      int64_t pos0, int64_t B, int64_t T, int64_t C, int64_t S);
+// ---- loss.cpp ----
+void cross_entropy(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                   float dloss_scale, int64_t N, int64_t V);
+void vocab_ce_max(Backend& be, Tensor mx, Tensor logits, int64_t valid, int64_t N, int64_t Vl);
+void vocab_ce_sums(Backend& be, Tensor sumexp, Tensor tlogit, Tensor logits, const int32_t* targets, int64_t v0,
+                   int64_t valid, Tensor mx, int64_t N, int64_t Vl);
+void vocab_ce_finish(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets, int64_t v0,
+                     int64_t valid, Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale, int64_t N, int64_t Vl);
+// ---- optimizer.cpp ----
+void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a);
+void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a);
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,65 @@
+// optimizer.cu — the AdamW and SGD kernels (ops/optimizer.hpp; host side in optimizer.cpp).
+#include "src/backend/cuda/kernel_util.cuh"
+
+namespace shardlab::cuda {
+namespace {
+
+template <int W>
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t packs, AdamWStep a) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const int64_t idx = i * W;
+    Pack<W> pp = load_pack<W>(p + idx), mm = load_pack<W>(m + idx), vv = load_pack<W>(v + idx);
+    const Pack<W> gg = load_pack<W>(g + idx);
+    for (int k = 0; k < W; ++k) {
+      const float grad = gg.v[k] * a.grad_scale;
+      const float mi = a.beta1 * mm.v[k] + (1.f - a.beta1) * grad;
+      const float vi = a.beta2 * vv.v[k] + (1.f - a.beta2) * grad * grad;
+      mm.v[k] = mi;
+      vv.v[k] = vi;
+      pp.v[k] -= a.lr * ((mi * a.inv_bc1) / (sqrtf(vi * a.inv_bc2) + a.eps) + a.weight_decay * pp.v[k]);
+    }
+    store_pack<W>(p + idx, pp);
+    store_pack<W>(m + idx, mm);
+    store_pack<W>(v + idx, vv);
+  }
+}
+
+template <int W>
+__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t packs, float lr, float mu, float wd,
+                           float gs) {
+  GRID_STRIDE_LOOP(i, packs) {
+    const int64_t idx = i * W;
+    Pack<W> pp = load_pack<W>(p + idx), bb = load_pack<W>(buf + idx);
+    const Pack<W> gg = load_pack<W>(g + idx);
+    for (int k = 0; k < W; ++k) {
+      const float b = mu * bb.v[k] + gg.v[k] * gs + wd * pp.v[k];
+      bb.v[k] = b;
+      pp.v[k] -= lr * b;
+    }
+    store_pack<W>(p + idx, pp);
+    store_pack<W>(buf + idx, bb);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& a, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, p, g, m, v))
+    adamw_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(p, g, m, v, n / 4, a);
+  else
+    adamw_kernel<1><<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, n, a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
+                       float grad_scale, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packable(n, p, g, buf))
+    sgd_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(p, g, buf, n / 4, lr, momentum, weight_decay, grad_scale);
+  else
+    sgd_kernel<1><<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
+  return cudaGetLastError();
+}
+
+}  // namespace shardlab::cuda

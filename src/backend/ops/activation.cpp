@@ -1,0 +1,69 @@
+// activation.cpp — the activation family's checks and dispatch (activation.hpp).
+#include "src/backend/ops/activation.hpp"
+
+#include <array>
+
+#include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cuda/ops.hpp"
+
+namespace shardlab::ops {
+namespace {
+
+// {N, F}: out (N, F), gate_up (N, 2F).
+std::array<int64_t, 2> swiglu_shape(const Tensor& out, const Tensor& gate_up, const char* op) {
+  const int64_t F = out.ndim() >= 1 ? out.dim(out.ndim() - 1) : 0, N = F > 0 ? out.numel() / F : 0;
+  SHARD_CHECK(F > 0 && gate_up.numel() == 2 * N * F, "{}: out {} must be (N, F) and gate_up {} (N, 2F)", op,
+              out.shape_str(), gate_up.shape_str());
+  return {N, F};
+}
+
+}  // namespace
+
+void gelu_forward(Backend& be, Tensor out, Tensor inp) {
+  check_same_numel(out, inp, "gelu_forward");
+  switch (be.device()) {
+    case Device::cpu: return cpu::gelu_forward(out.ptr<float>(), inp.ptr<float>(), inp.numel());
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::gelu_forward(be, out, inp);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout) {
+  check_same_numel(dinp, inp, "gelu_backward");
+  check_same_numel(dout, inp, "gelu_backward");
+  switch (be.device()) {
+    case Device::cpu: return cpu::gelu_backward(dinp.ptr<float>(), inp.ptr<float>(), dout.ptr<float>(), inp.numel());
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::gelu_backward(be, dinp, inp, dout);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void swiglu_forward(Backend& be, Tensor out, Tensor gate_up) {
+  const auto [N, F] = swiglu_shape(out, gate_up, "swiglu_forward");
+  switch (be.device()) {
+    case Device::cpu: return cpu::swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::swiglu_forward(be, out, gate_up, N, F);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout) {
+  const auto [N, F] = swiglu_shape(dout, gate_up, "swiglu_backward");
+  check_same_numel(dgate_up, gate_up, "swiglu_backward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::swiglu_backward(be, dgate_up, gate_up, dout, N, F);
+      return;
+    case Device::meta: return;
+  }
+}
+
+}  // namespace shardlab::ops

@@ -1,0 +1,22 @@
+// attention.hpp — the attention family: causal self-attention with grouped-query heads, forward and
+// backward (the naive kernels: probabilities materialised). Conventions: ops/dispatch.hpp.
+#pragma once
+#include "src/backend/ops/dispatch.hpp"
+
+namespace shardlab::ops {
+
+// Scores scaled by 1/sqrt(hd): qkv (B, T, (H + 2 KV) hd) is laid out [q (H heads) | k (KV heads) |
+// v (KV heads)] in each row, and query head h reads K/V head h / (H / KV). KV == H is multi-head
+// attention over GPT-2's [q | k | v] of 3C. out (B, T, H hd); att (B, H, T, T) softmax
+// probabilities (zero above the diagonal), saved for backward.
+void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV);
+// dqkv (like qkv) is overwritten; scratch holds attention_scratch_elems(T, H) floats.
+void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
+                        Tensor scratch);
+
+}  // namespace shardlab::ops
+
+namespace shardlab {
+// Floats of scratch attention_backward needs: one batch entry's attention gradient (H, T, T).
+inline int64_t attention_scratch_elems(int64_t T, int64_t H) { return H * T * T; }
+}  // namespace shardlab

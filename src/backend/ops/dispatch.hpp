@@ -1,0 +1,35 @@
+// dispatch.hpp — what the operation families (ops/*.hpp) share.
+//
+// An operation family is a header of free functions (`ops::layernorm_forward(be, ...)`) and one
+// .cpp that checks the tensors once and switches on the backend's device to its implementation:
+// cpu/<family>.cpp (kernels on raw pointers), cuda/<family>.cpp (launchers of cuda/<family>.cu,
+// declared in cuda/ops.hpp), and nothing on the meta backend, which computes nothing (its memory is
+// the Pool's, and the checks above ran). A new operation is its kernels' files, its function in a
+// family (or a new family), one case per device, and a case in tests/test_backend_ops.cpp.
+//
+// The layers' operations are f32. Shapes: B batch, T time, C channels, H heads, V vocab, N rows.
+// Token ids are int32 in host memory on every backend (the CUDA implementation copies them to the
+// device itself; the caller may reuse them once the call returns). "accumulate" gradients add to
+// what the buffer holds.
+#pragma once
+#include "src/backend/backend.hpp"
+
+#ifndef SHARDLAB_WITH_CUDA
+#define SHARDLAB_WITH_CUDA 0
+#endif
+
+namespace shardlab::ops {
+
+// Whether the CUDA implementations are linked in. Without them no Backend reports Device::cuda,
+// and the families' `if constexpr (kWithCuda)` branches name cuda:: functions that are not defined,
+// which a discarded branch may.
+inline constexpr bool kWithCuda = SHARDLAB_WITH_CUDA != 0;
+
+// Raw f32 data of a tensor that may be empty (an optional operand), else nullptr.
+inline float* f32_or_null(const Tensor& t) { return t.data() != nullptr ? t.ptr<float>() : nullptr; }
+
+// Ids of the whole vocabulary seen by one shard of it: only their sign can be checked there (the
+// upper bound is the whole vocabulary's, which a shard's operation is not told).
+void check_shard_ids(const int32_t* ids, int64_t n, const char* what);
+
+}  // namespace shardlab::ops

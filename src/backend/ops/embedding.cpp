@@ -1,0 +1,89 @@
+// embedding.cpp — the embedding family's checks and dispatch (embedding.hpp).
+#include "src/backend/ops/embedding.hpp"
+
+#include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cuda/ops.hpp"
+
+namespace shardlab::ops {
+namespace {
+
+// C, from wte (rows, C); out holds B*T rows, wpe (when not empty) at least T.
+int64_t forward_shape(const Tensor& out, const Tensor& wte, const Tensor& wpe, int64_t B, int64_t T, const char* op) {
+  const int64_t C = wte.dim(1);
+  SHARD_CHECK(out.numel() == B * T * C && (wpe.data() == nullptr || (wpe.dim(0) >= T && wpe.dim(1) == C)),
+              "{}: out {} wte {} wpe {} B={} T={}", op, out.shape_str(), wte.shape_str(), wpe.shape_str(), B, T);
+  return C;
+}
+
+int64_t backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, int64_t B, int64_t T,
+                       const char* op) {
+  const int64_t C = dwte.dim(1);
+  SHARD_CHECK(dout.numel() == B * T * C && (dwpe.data() == nullptr || dwpe.dim(1) == C), "{}: dout {} dwte {} dwpe {}",
+              op, dout.shape_str(), dwte.shape_str(), dwpe.shape_str());
+  return C;
+}
+
+}  // namespace
+
+void check_shard_ids(const int32_t* ids, int64_t n, const char* what) {
+  for (int64_t i = 0; i < n; ++i) SHARD_CHECK(ids[i] >= 0, "{} id {} at position {} is negative", what, ids[i], i);
+}
+
+void embedding_forward(Backend& be, Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte, Tensor wpe) {
+  const int64_t C = forward_shape(out, wte, wpe, B, T, "embedding_forward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::embedding_forward(out.ptr<float>(), tokens, wte.ptr<float>(), f32_or_null(wpe), B, T, C, wte.dim(0));
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::embedding_forward(be, out, tokens, B, T, wte, wpe, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void embedding_backward(Backend& be, Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                        int64_t T) {
+  const int64_t C = backward_shape(dwte, dwpe, dout, B, T, "embedding_backward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::embedding_backward(dwte.ptr<float>(), f32_or_null(dwpe), dout.ptr<float>(), tokens, B, T, C);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::embedding_backward(be, dwte, dwpe, dout, tokens, B, T, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void embedding_forward_shard(Backend& be, Tensor out, const int32_t* tokens, int64_t B, int64_t T, Tensor wte,
+                             Tensor wpe, int64_t v0) {
+  SHARD_CHECK(v0 >= 0, "embedding_forward_shard: the shard's first row {} is negative", v0);
+  const int64_t C = forward_shape(out, wte, wpe, B, T, "embedding_forward_shard");
+  switch (be.device()) {
+    case Device::cpu:
+      check_shard_ids(tokens, B * T, "token");
+      return cpu::embedding_forward_shard(out.ptr<float>(), tokens, wte.ptr<float>(), f32_or_null(wpe), B, T, C,
+                                          wte.dim(0), v0);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::embedding_forward_shard(be, out, tokens, B, T, wte, wpe, v0, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void embedding_backward_shard(Backend& be, Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int64_t B,
+                              int64_t T, int64_t v0) {
+  SHARD_CHECK(v0 >= 0, "embedding_backward_shard: the shard's first row {} is negative", v0);
+  const int64_t C = backward_shape(dwte, dwpe, dout, B, T, "embedding_backward_shard");
+  switch (be.device()) {
+    case Device::cpu:
+      check_shard_ids(tokens, B * T, "token");
+      return cpu::embedding_backward_shard(dwte.ptr<float>(), f32_or_null(dwpe), dout.ptr<float>(), tokens, B, T, C,
+                                           dwte.dim(0), v0);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::embedding_backward_shard(be, dwte, dwpe, dout, tokens, B, T, v0, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+}  // namespace shardlab::ops

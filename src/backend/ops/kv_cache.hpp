@@ -1,0 +1,18 @@
+// kv_cache.hpp — the KV cache family of incremental decoding (sample): a sequence's keys and
+// values kept in k_cache and v_cache, (B, S, KV hd) each, row p holding position p's K/V heads, so
+// each new position computes only its own row of attention_forward's. Conventions: ops/dispatch.hpp.
+#pragma once
+#include "src/backend/ops/dispatch.hpp"
+
+namespace shardlab::ops {
+
+// Copies the k and v heads of qkv (B, T, (H + 2 KV) hd), positions [pos0, pos0 + T), into rows
+// [pos0, pos0 + T).
+void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0);
+// out (B, T, H hd): the queries of qkv, at positions pos0 + t, attend over cache rows [0, pos0 +
+// t] (written before: causal within the new positions), as attention_forward's rows pos0 + t do
+// over a whole sequence. No probabilities are kept: there is no backward.
+void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                      int64_t pos0);
+
+}  // namespace shardlab::ops

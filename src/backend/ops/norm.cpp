@@ -1,0 +1,94 @@
+// norm.cpp — the normalisation family's checks and dispatch (norm.hpp).
+#include "src/backend/ops/norm.hpp"
+
+#include <array>
+
+#include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cuda/ops.hpp"
+
+namespace shardlab::ops {
+namespace {
+
+// N rows of C in out and inp, C weights and biases, N statistics; returns {N, C}.
+std::array<int64_t, 2> layernorm_shape(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                                       const Tensor& weight, const Tensor& bias, const char* op) {
+  const int64_t C = weight.numel(), N = C > 0 ? inp.numel() / C : 0;
+  SHARD_CHECK(C > 0 && inp.numel() == N * C && out.numel() == N * C && mean.numel() == N && rstd.numel() == N &&
+                  bias.numel() == C,
+              "{}: inp {} out {} mean {} rstd {} weight {} bias {}", op, inp.shape_str(), out.shape_str(),
+              mean.shape_str(), rstd.shape_str(), weight.shape_str(), bias.shape_str());
+  return {N, C};
+}
+
+std::array<int64_t, 2> rmsnorm_shape(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                                     const char* op) {
+  const int64_t C = weight.numel(), N = C > 0 ? inp.numel() / C : 0;
+  SHARD_CHECK(C > 0 && inp.numel() == N * C && out.numel() == N * C && rstd.numel() == N,
+              "{}: inp {} out {} rstd {} weight {}", op, inp.shape_str(), out.shape_str(), rstd.shape_str(),
+              weight.shape_str());
+  return {N, C};
+}
+
+}  // namespace
+
+void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                       float eps) {
+  const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
+                                    weight.ptr<float>(), bias.ptr<float>(), N, C, eps);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::layernorm_forward(be, out, mean, rstd, inp, weight, bias, eps, N, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+// As the forward's (dinp in out's place, dbias in bias's), and dout like inp, dweight like weight.
+void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                        Tensor mean, Tensor rstd) {
+  const auto [N, C] = layernorm_shape(dinp, mean, rstd, inp, weight, dbias, "layernorm_backward");
+  check_same_numel(dout, inp, "layernorm_backward");
+  check_same_numel(dweight, weight, "layernorm_backward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
+                                     inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N,
+                                     C);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::layernorm_backward(be, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
+  const auto [N, C] = rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C,
+                                  eps);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::rmsnorm_forward(be, out, rstd, inp, weight, eps, N, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+  const auto [N, C] = rmsnorm_shape(dinp, rstd, inp, weight, "rmsnorm_backward");
+  check_same_numel(dout, inp, "rmsnorm_backward");
+  check_same_numel(dweight, weight, "rmsnorm_backward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
+                                   weight.ptr<float>(), rstd.ptr<float>(), N, C);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::rmsnorm_backward(be, dinp, dweight, dout, inp, weight, rstd, N, C);
+      return;
+    case Device::meta: return;
+  }
+}
+
+}  // namespace shardlab::ops

@@ -1,0 +1,53 @@
+// attention.cpp — the attention core shared by the families (attention.hpp).
+#include "src/model/blocks/attention.hpp"
+#include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/kv_cache.hpp"
+
+namespace shardlab::blocks {
+
+Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
+  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), att = s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
+  ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV);
+  if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
+  return atty;
+}
+
+Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::string& prefix) {
+  return c.pool.alloc(DType::f32, attention_scratch_elems(a.T, a.H), Category::workspace,
+                      prefix + "attention scratch");
+}
+
+void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch, const AttentionShape& a,
+                        const std::string& prefix) {
+  Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
+  if (!s.has("att")) {
+    att_again = c.pool.alloc(DType::f32, a.B * a.H * a.T * a.T, Category::activations, prefix + "att (recomputed)");
+    // atty is overwritten with the values forward wrote: the kernels are deterministic.
+    ops::attention_forward(c.be, s("atty"), att_again.view(DType::f32, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV);
+  }
+  Tensor att = att_again ? att_again.view(DType::f32, {a.B, a.H, a.T, a.T}) : s("att");
+  ops::attention_backward(c.be, dqkv, datty, s("qkv"), att, a.H, a.KV, scratch);
+}
+
+namespace {
+std::string k_name(const std::string& prefix) { return prefix + "k cache"; }
+std::string v_name(const std::string& prefix) { return prefix + "v cache"; }
+}  // namespace
+
+void kv_cache_open(UnitContext& c, Saved& cache, const AttentionShape& a, const std::string& prefix, int64_t pos0) {
+  if (pos0 != 0) return;
+  cache.clear();
+  cache.add(c.pool, k_name(prefix), {a.B, c.spec.seq, a.KV * a.hd});
+  cache.add(c.pool, v_name(prefix), {a.B, c.spec.seq, a.KV * a.hd});
+}
+
+Tensor attention_cached(UnitContext& c, Saved& cache, Saved& s, Tensor qkv, const AttentionShape& a,
+                        const std::string& prefix, int64_t pos0) {
+  const Tensor k = cache(k_name(prefix)), v = cache(v_name(prefix));
+  ops::kv_cache_write(c.be, k, v, qkv, a.H, a.KV, pos0);
+  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd});
+  ops::attention_cached(c.be, atty, qkv, k, v, a.H, a.KV, pos0);
+  return atty;
+}
+
+}  // namespace shardlab::blocks

@@ -1,0 +1,43 @@
+// attention.hpp — the causal self-attention core every family's layer calls: the probabilities
+// and output from a [q | k | v] buffer, their backward with Korthikanti et al.'s selective
+// recomputation (--activation-checkpointing attention drops the (B, H, T, T) probabilities in
+// forward and recomputes them from q and k in backward), and the KV-cached path of decoding.
+//
+// What differs between families stays with them: the projections around the core, RoPE (Llama
+// rotates q and k before the core and the gradient back after it) and the number of K/V heads
+// (KV == H is GPT-2's multi-head attention). Saved names are the core's: "qkv" (saved by the
+// caller, as rotated when it rotates), "atty" and "att".
+#pragma once
+#include <string>
+
+#include "src/model/unit.hpp"
+
+namespace shardlab::blocks {
+
+// One rank's attention: B sequences of T positions, H query heads and KV K/V heads of hd channels.
+struct AttentionShape {
+  int64_t B = 0, T = 0, H = 0, KV = 0, hd = 0;
+};
+
+// atty (B*T, H hd) = attention over qkv (B, T, (H + 2 KV) hd), saved as "atty"; the probabilities
+// are saved as "att" unless c.checkpointing drops them for backward to recompute.
+Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a);
+
+// The workspace attention_backward needs, allocated where the caller's backward allocates its
+// other workspace (so the peak holds the same blocks as before the core was shared).
+Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::string& prefix);
+
+// dqkv (like s("qkv")) = attention's gradient from datty (B*T, H hd); the probabilities come from
+// s("att"), or are recomputed from s("qkv") (as "<prefix>att (recomputed)") when forward dropped
+// them. Kernels are deterministic, so both give the same bits.
+void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch, const AttentionShape& a,
+                        const std::string& prefix);
+
+// Decoding: at pos0 == 0, (re)allocates the layer's K and V cache, c.spec.seq rows of KV hd each.
+void kv_cache_open(UnitContext& c, Saved& cache, const AttentionShape& a, const std::string& prefix, int64_t pos0);
+// Appends qkv's keys and values (positions [pos0, pos0 + T)) to the cache and returns atty (B*T,
+// H hd, saved in s) of its queries over every cached position up to their own.
+Tensor attention_cached(UnitContext& c, Saved& cache, Saved& s, Tensor qkv, const AttentionShape& a,
+                        const std::string& prefix, int64_t pos0);
+
+}  // namespace shardlab::blocks

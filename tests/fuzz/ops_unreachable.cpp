@@ -1,0 +1,47 @@
+// The fuzz targets link the model families' units but never run one: the operation families
+// (src/backend/ops/) they call would bring the CPU kernels, OpenMP and the sgemm libraries, so
+// they are linked as traps here (as tp_unreachable.cpp does for the tensor-parallel regions).
+#include <cstdlib>
+
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/kv_cache.hpp"
+#include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/norm.hpp"
+#include "src/backend/ops/rope.hpp"
+
+namespace shardlab::ops {
+
+[[noreturn]] static void unreachable() { std::abort(); }
+
+void embedding_forward(Backend&, Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor) { unreachable(); }
+void embedding_backward(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t) { unreachable(); }
+void embedding_forward_shard(Backend&, Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, int64_t) {
+  unreachable();
+}
+void embedding_backward_shard(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, int64_t) {
+  unreachable();
+}
+void layernorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float) { unreachable(); }
+void layernorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) { unreachable(); }
+void rmsnorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, float) { unreachable(); }
+void rmsnorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) { unreachable(); }
+void rope(Backend&, Tensor, int64_t, int64_t, const RopeFreqs&, int64_t, bool) { unreachable(); }
+void gelu_forward(Backend&, Tensor, Tensor) { unreachable(); }
+void gelu_backward(Backend&, Tensor, Tensor, Tensor) { unreachable(); }
+void swiglu_forward(Backend&, Tensor, Tensor) { unreachable(); }
+void swiglu_backward(Backend&, Tensor, Tensor, Tensor) { unreachable(); }
+void attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t) { unreachable(); }
+void attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) { unreachable(); }
+void kv_cache_write(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
+void attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
+void cross_entropy(Backend&, Tensor, Tensor, Tensor, const int32_t*, float) { unreachable(); }
+void vocab_ce_max(Backend&, Tensor, Tensor, int64_t) { unreachable(); }
+void vocab_ce_sums(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor) { unreachable(); }
+void vocab_ce_finish(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, Tensor, Tensor, Tensor,
+                     float) {
+  unreachable();
+}
+
+}  // namespace shardlab::ops

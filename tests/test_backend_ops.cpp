@@ -1,0 +1,240 @@
+// Every operation family (src/backend/ops/) on every backend, against the CPU (ggml's
+// test-backend-ops): one table of cases, each running a family's operations on deterministic
+// inputs; the CPU backend gives the reference. The meta backend computes nothing, so it is held to
+// shapes and allocations: every case runs there (its checks pass) and allocates what the CPU's
+// run allocates. The [cuda] case compares each output with the CPU's (cuda_tests; skipped, visibly,
+// without a device). A new operation adds its case here.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memory/pool.hpp"
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/kv_cache.hpp"
+#include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/norm.hpp"
+#include "src/backend/ops/optimizer.hpp"
+#include "src/backend/ops/rope.hpp"
+#include "tests/test_util.hpp"
+
+using namespace shardlab;
+
+namespace {
+
+// One run of a case on one backend: its tensors live in a Pool of that backend, inputs are
+// deterministic random values uploaded from the host, and outputs are read back by results().
+class Run {
+ public:
+  explicit Run(Backend& backend) : be(backend), pool_(backend) {}
+  Backend& be;
+
+  // Random values in [lo, hi), the same for a given name on every backend.
+  Tensor in(const std::string& name, std::initializer_list<int64_t> shape, float lo = -1.f, float hi = 1.f) {
+    Tensor t = alloc(name, shape);
+    std::vector<float> host = test::random_vector("ops " + name, static_cast<size_t>(t.numel()), lo, hi);
+    be.copy(t, Tensor::flat(host.data(), DType::f32, t.numel()));
+    return t;
+  }
+  // An output read back after the run: zeros, or (accumulated gradients, state) random values.
+  Tensor out(const std::string& name, std::initializer_list<int64_t> shape, bool random = false, float lo = -1.f,
+             float hi = 1.f) {
+    Tensor t = random ? in(name, shape, lo, hi) : alloc(name, shape);
+    if (!random) be.fill(t, 0.f);
+    outs_.emplace_back(name, t);
+    return t;
+  }
+  // Workspace whose contents are the implementation's own (not compared).
+  Tensor work(const std::string& name, std::initializer_list<int64_t> shape) { return alloc(name, shape); }
+  std::map<std::string, std::vector<float>> results() {
+    std::map<std::string, std::vector<float>> r;
+    for (const auto& [name, t] : outs_) {
+      std::vector<float>& host = r[name];
+      host.resize(static_cast<size_t>(t.numel()));
+      be.copy(Tensor::flat(host.data(), DType::f32, t.numel()), t);
+    }
+    be.synchronize();
+    return r;
+  }
+  uint64_t bytes_allocated() const { return bytes_; }
+
+ private:
+  Tensor alloc(const std::string& name, std::initializer_list<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    blocks_.push_back(pool_.alloc(DType::f32, n, Category::workspace, name));
+    bytes_ += blocks_.back().bytes();
+    return blocks_.back().view(DType::f32, shape);
+  }
+  Pool pool_;
+  std::vector<Block> blocks_;
+  std::vector<std::pair<std::string, Tensor>> outs_;
+  uint64_t bytes_ = 0;
+};
+
+struct OpCase {
+  std::string name;  // family: what it runs
+  double tol;        // another backend's max |error| / max(1, max |cpu|), per output
+  std::function<void(Run&)> run;
+};
+
+const std::vector<int32_t> kTokens = {3, 0, 7, 3, 10, 1, 2, 7, 9, 3};  // B = 2, T = 5, ids < 11
+
+void embedding_case(Run& r) {
+  const int64_t B = 2, T = 5, C = 8, V = 11;
+  ops::embedding_forward(r.be, r.out("out", {B * T, C}), kTokens.data(), B, T, r.in("wte", {V, C}),
+                         r.in("wpe", {T, C}));
+  ops::embedding_backward(r.be, r.out("dwte", {V, C}, true), r.out("dwpe", {T, C}, true), r.in("dout", {B * T, C}),
+                          kTokens.data(), B, T);
+  // A shard of rows [4, 9): tokens outside give zero rows and no gradient.
+  ops::embedding_forward_shard(r.be, r.out("out shard", {B * T, C}), kTokens.data(), B, T, r.in("wte shard", {5, C}),
+                               Tensor(), 4);
+  ops::embedding_backward_shard(r.be, r.out("dwte shard", {5, C}, true), Tensor(), r.in("dout", {B * T, C}),
+                                kTokens.data(), B, T, 4);
+}
+
+void norm_case(Run& r) {
+  const int64_t N = 6, C = 40;
+  Tensor x = r.in("x", {N, C}, -2.f, 2.f), w = r.in("w", {C}), b = r.in("b", {C}), dout = r.in("dout", {N, C});
+  Tensor mean = r.out("mean", {N}), rstd = r.out("rstd", {N});
+  ops::layernorm_forward(r.be, r.out("ln", {N, C}), mean, rstd, x, w, b, 1e-5f);
+  ops::layernorm_backward(r.be, r.out("ln dx", {N, C}, true), r.out("ln dw", {C}, true), r.out("ln db", {C}, true),
+                          dout, x, w, mean, rstd);
+  Tensor rms = r.out("rms rstd", {N});
+  ops::rmsnorm_forward(r.be, r.out("rms", {N, C}), rms, x, w, 1e-6f);
+  ops::rmsnorm_backward(r.be, r.out("rms dx", {N, C}, true), r.out("rms dw", {C}, true), dout, x, w, rms);
+}
+
+void rope_case(Run& r) {
+  const int64_t B = 2, T = 3, heads = 3, hd = 8;
+  RopeFreqs f;
+  f.half = hd / 2;
+  for (int64_t i = 0; i < f.half; ++i)
+    f.inv_freq[static_cast<size_t>(i)] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / hd));
+  Tensor x = r.out("x", {B, T, (heads + 1) * hd}, true);  // the last head is not rotated
+  ops::rope(r.be, x, heads, hd, f, 3, false);
+  Tensor dx = r.out("dx", {B, T, (heads + 1) * hd}, true);
+  ops::rope(r.be, dx, heads, hd, f, 0, true);
+}
+
+void activation_case(Run& r) {
+  const int64_t N = 5, F = 12;
+  Tensor x = r.in("x", {N, F}, -4.f, 4.f), gate_up = r.in("gate_up", {N, 2 * F}, -4.f, 4.f);
+  ops::gelu_forward(r.be, r.out("gelu", {N, F}), x);
+  ops::gelu_backward(r.be, r.out("gelu dx", {N, F}), x, r.in("dout", {N, F}));
+  ops::swiglu_forward(r.be, r.out("swiglu", {N, F}), gate_up);
+  ops::swiglu_backward(r.be, r.out("swiglu dgate_up", {N, 2 * F}), gate_up, r.in("dout", {N, F}));
+}
+
+// Forward then backward with H query heads sharing KV K/V heads (KV == H: multi-head).
+std::function<void(Run&)> attention_case(int64_t H, int64_t KV) {
+  return [H, KV](Run& r) {
+    const int64_t B = 2, T = 7, hd = 4, R = (H + 2 * KV) * hd;
+    Tensor qkv = r.in("qkv", {B, T, R}), att = r.out("att", {B, H, T, T});
+    ops::attention_forward(r.be, r.out("out", {B, T, H * hd}), att, qkv, H, KV);
+    Tensor scratch = r.work("scratch", {attention_scratch_elems(T, H)});
+    ops::attention_backward(r.be, r.out("dqkv", {B, T, R}), r.in("dout", {B, T, H * hd}), qkv, att, H, KV, scratch);
+  };
+}
+
+// Three positions written at once, then one more: attention over the cache as it grows.
+void kv_cache_case(Run& r) {
+  const int64_t B = 2, S = 6, H = 4, KV = 2, hd = 4, R = (H + 2 * KV) * hd;
+  Tensor k = r.out("k cache", {B, S, KV * hd}), v = r.out("v cache", {B, S, KV * hd});
+  Tensor first = r.in("qkv 0", {B, 3, R}), next = r.in("qkv 3", {B, 1, R});
+  ops::kv_cache_write(r.be, k, v, first, H, KV, 0);
+  ops::attention_cached(r.be, r.out("out 0", {B, 3, H * hd}), first, k, v, H, KV, 0);
+  ops::kv_cache_write(r.be, k, v, next, H, KV, 3);
+  ops::attention_cached(r.be, r.out("out 3", {B, 1, H * hd}), next, k, v, H, KV, 3);
+}
+
+// The whole loss, then the vocabulary-parallel steps on one shard holding every column (the last
+// of them padding), with no group to reduce over.
+void loss_case(Run& r) {
+  const int64_t N = 4, V = 9;
+  const std::vector<int32_t> targets = {0, 7, 3, 7};
+  Tensor logits = r.in("logits", {N, V}, -3.f, 3.f);
+  ops::cross_entropy(r.be, r.out("losses", {N}), r.out("dlogits", {N, V}), logits, targets.data(), 0.25f);
+  Tensor mx = r.out("mx", {N}), sumexp = r.out("sumexp", {N}), tlogit = r.out("tlogit", {N});
+  ops::vocab_ce_max(r.be, mx, logits, V - 1);
+  ops::vocab_ce_sums(r.be, sumexp, tlogit, logits, targets.data(), 0, V - 1, mx);
+  ops::vocab_ce_finish(r.be, r.out("vocab losses", {N}), r.out("vocab dlogits", {N, V}), logits, targets.data(), 0,
+                       V - 1, mx, sumexp, tlogit, 0.25f);
+}
+
+void optimizer_case(Run& r) {
+  const int64_t n = 37;  // not a multiple of 4: the CUDA kernels' scalar path
+  AdamWArgs a;
+  a.step = 3, a.weight_decay = 0.1f, a.grad_scale = 0.5f;
+  ops::adamw_update(r.be, r.out("adamw p", {n}, true), r.in("g", {n}), r.out("adamw m", {n}, true),
+                    r.out("adamw v", {n}, true, 0.f, 1.f), a);  // a second moment: not negative
+  SgdArgs s;
+  s.weight_decay = 0.01f;
+  ops::sgd_update(r.be, r.out("sgd p", {n}, true), r.in("g", {n}), r.out("sgd b", {n}, true), s);
+}
+
+std::vector<OpCase> op_cases() {
+  return {
+      {"embedding", 1e-6, embedding_case},
+      {"norm", 1e-4, norm_case},
+      {"rope", 1e-5, rope_case},
+      {"activation", 1e-5, activation_case},
+      {"attention (multi-head)", 1e-4, attention_case(2, 2)},
+      {"attention (grouped-query)", 1e-4, attention_case(4, 2)},
+      {"kv_cache", 1e-4, kv_cache_case},
+      {"loss", 1e-5, loss_case},
+      {"optimizer", 1e-5, optimizer_case},
+  };
+}
+
+// Runs a case on be; the outputs (none on the meta backend) and the bytes its pool handed out.
+std::map<std::string, std::vector<float>> run_case(const OpCase& c, Backend& be, uint64_t* bytes = nullptr) {
+  Run r(be);
+  c.run(r);
+  if (bytes != nullptr) *bytes = r.bytes_allocated();
+  return be.device() == Device::meta ? std::map<std::string, std::vector<float>>{} : r.results();
+}
+
+}  // namespace
+
+TEST_CASE("every operation family on the cpu and meta backends", "[ops]") {
+  auto cpu = make_cpu_backend(BackendConfig{});
+  auto meta = make_meta_backend();
+  for (const OpCase& c : op_cases()) {
+    INFO("case " << c.name);
+    uint64_t cpu_bytes = 0, meta_bytes = 0;
+    const auto ref = run_case(c, *cpu, &cpu_bytes);
+    REQUIRE_FALSE(ref.empty());
+    // The reference is deterministic: a second run gives the same bits.
+    CHECK(run_case(c, *cpu) == ref);
+    // Meta: every check passes on the same shapes, and the same memory is allocated.
+    REQUIRE_NOTHROW(run_case(c, *meta, &meta_bytes));
+    CHECK(meta_bytes == cpu_bytes);
+  }
+}
+
+TEST_CASE("every operation family on the cuda backend matches the cpu", "[cuda][ops]") {
+  auto cpu = make_cpu_backend(BackendConfig{});
+  auto gpu = make_cuda_backend(BackendConfig{});
+  for (const OpCase& c : op_cases()) {
+    const auto ref = run_case(c, *cpu), got = run_case(c, *gpu);
+    REQUIRE(got.size() == ref.size());
+    for (const auto& [name, want] : ref) {
+      const std::vector<float>& have = got.at(name);
+      REQUIRE(have.size() == want.size());
+      double err = 0, scale = 1;
+      for (size_t i = 0; i < want.size(); ++i) {
+        err = std::max(err, std::fabs(static_cast<double>(have[i]) - want[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+      }
+      INFO("case " << c.name << ", output " << name << ": max |error| " << err << " against max |cpu| " << scale);
+      CHECK(err <= c.tol * scale);
+    }
+  }
+}
