@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +71,12 @@ class ModelFamily {
   virtual std::vector<UnitLayout> do_layout(const ModelSpec& spec, const TpConfig& tp) const = 0;
   virtual std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& spec, const TpConfig& tp) const = 0;
 };
+
+// Why the model cannot be split over `degree` tensor-parallel ranks (the InputError message
+// layout() and make_units() throw: "--tp 4 must divide the MLP width (510) of small"), or nothing
+// when it can. The one rule: the planner asks it before proposing a --tp, so plan never proposes a
+// degree train refuses.
+std::optional<std::string> tp_split_problem(const ModelSpec& spec, int degree);
 
 const ModelFamily& family_of(const ModelSpec& spec);
 const ModelFamily& model_family(std::string_view name);  // InputError naming the families otherwise

@@ -140,11 +140,11 @@ class Searcher {
     std::vector<PlanEntry> cands = enumerate(res);
     res.candidates = cands.size();
     SHARD_REQUIRE(!cands.empty(),
-                  "no layout of {} ranks meets the flags given: tp must divide the heads ({}) and KV heads ({}) within "
-                  "a node of {}, tp x pp the world, dp = world / (tp x pp) the global batch ({}), pp x virtual "
-                  "stages at most the {} blocks, interleaved-1f1b's micro-batches a multiple of pp",
-                  c_.world, c_.train.spec.heads, c_.train.spec.num_kv_heads(), std::min(c_.ranks_per_node, c_.world),
-                  c_.batch(), c_.train.spec.layers);
+                  "no layout of {} ranks meets the flags given: tp must divide the heads ({}), KV heads ({}) and MLP "
+                  "width ({}) within a node of {}, tp x pp the world, dp = world / (tp x pp) the global batch ({}), "
+                  "pp x virtual stages at most the {} blocks, interleaved-1f1b's micro-batches a multiple of pp",
+                  c_.world, c_.train.spec.heads, c_.train.spec.num_kv_heads(), c_.train.spec.ffn_hidden(),
+                  std::min(c_.ranks_per_node, c_.world), c_.batch(), c_.train.spec.layers);
     std::stable_sort(cands.begin(), cands.end(), [](const PlanEntry& a, const PlanEntry& b) {
       if (a.step_ms() != b.step_ms()) return a.step_ms() < b.step_ms();
       return a.micro_batch > b.micro_batch;  // a tie (the model sees none): the larger micro-batch
@@ -215,20 +215,8 @@ class Searcher {
     const int64_t B = c_.batch();
     // Each chunk holds at least one block (the time model spreads the blocks over the chunks).
     const int units = static_cast<int>(s.layers);
-    std::vector<int> tps;
-    for (int t : divisors(K))
-      if (s.heads % t == 0 && s.num_kv_heads() % t == 0 && N % t == 0) tps.push_back(t);
-    if (p.tp) {
-      SHARD_REQUIRE(*p.tp <= K && K % *p.tp == 0, "--tp {}: tensor parallelism stays within a node of {} ranks", *p.tp,
-                    K);
-      SHARD_REQUIRE(s.heads % *p.tp == 0 && s.num_kv_heads() % *p.tp == 0,
-                    "--tp {} must divide the attention heads ({}) and the KV heads ({})", *p.tp, s.heads,
-                    s.num_kv_heads());
-      SHARD_REQUIRE(N % *p.tp == 0, "--tp {} does not divide --world {}", *p.tp, N);
-      tps = {*p.tp};
-    }
     std::vector<PlanEntry> out;
-    for (int t : tps) {
+    for (int t : tp_choices()) {
       std::vector<int> pps;
       for (int pp : divisors(N / t))
         if (pp <= units) pps.push_back(pp);
@@ -305,6 +293,24 @@ class Searcher {
       }
     }
     return out;
+  }
+
+  // The tensor-parallel degrees: those within a node that divide the world and that the model can
+  // be split over (the trainer's rule, tp_split_problem), or the one pinned, refused with the
+  // trainer's words when it cannot hold.
+  std::vector<int> tp_choices() const {
+    const ModelSpec& s = c_.train.spec;
+    const int N = c_.world, K = std::min(c_.ranks_per_node, c_.world);
+    if (const std::optional<int>& tp = c_.pins.tp) {
+      SHARD_REQUIRE(*tp <= K && K % *tp == 0, "--tp {}: tensor parallelism stays within a node of {} ranks", *tp, K);
+      if (auto why = tp_split_problem(s, *tp)) throw InputError(*why);
+      SHARD_REQUIRE(N % *tp == 0, "--tp {} does not divide --world {}", *tp, N);
+      return {*tp};
+    }
+    std::vector<int> tps;
+    for (int t : divisors(K))
+      if (N % t == 0 && !tp_split_problem(s, t)) tps.push_back(t);
+    return tps;
   }
 
   // Everything but the micro-batch (and the accumulation that follows from it).
