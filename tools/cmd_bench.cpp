@@ -6,7 +6,7 @@
 
 #include "benchmarks/adamw_bench.hpp"
 #include "benchmarks/collectives.hpp"
-#include "benchmarks/gemm_bench.hpp"
+#include "src/train/sgemm_ceiling.hpp"
 #include "benchmarks/plan_validation.hpp"
 #include "benchmarks/train_bench.hpp"
 #include "src/comm/sim_comm.hpp"
