@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "benchmarks/calibrate.hpp"
+#include "src/plan/calibrate.hpp"
 #include "src/core/device_peaks.hpp"
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"
