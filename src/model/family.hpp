@@ -38,6 +38,9 @@ class ModelFamily {
   virtual FamilyId id() const = 0;
   virtual const char* name() const = 0;  // "gpt2": as specs and manifests spell it
   virtual std::vector<ModelPreset> presets() const = 0;
+  // The preset that size flags change when a command is given the family instead of a model
+  // (plan --family): a small one.
+  virtual const char* sized_preset() const = 0;
   // A spec from a Hugging Face config.json. InputError naming each missing field, and each field
   // shardlab does not know or whose value its units do not compute.
   virtual ModelSpec spec_from_hf_config(const nlohmann::json& config) const = 0;
