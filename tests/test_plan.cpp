@@ -7,6 +7,7 @@
 #include "src/comm/mesh.hpp"
 #include "src/core/check.hpp"
 #include "src/plan/plan.hpp"
+#include "src/report/plan_report.hpp"
 #include "src/train/predict.hpp"
 
 using namespace shardlab;

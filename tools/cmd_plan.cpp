@@ -10,6 +10,7 @@
 #include "src/model/family.hpp"
 #include "src/plan/measure.hpp"
 #include "src/plan/plan.hpp"
+#include "src/report/plan_report.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 #include "tools/plan_options.hpp"

@@ -100,9 +100,6 @@ struct PlanResult {
 
 PlanResult make_plan(const PlanConfig& cfg, std::FILE* progress = nullptr);
 void print_plan(const PlanConfig& cfg, const PlanResult& plan, size_t show, std::FILE* out);
-std::string plan_json(const PlanConfig& cfg, const PlanResult& plan);  // schema shardlab.plan/2
-// One self-contained page (no scripts, no network): the rates and the ranked table with each
-// configuration's time split as a stacked bar.
-std::string plan_html(const PlanConfig& cfg, const PlanResult& plan);
+std::string mb_text(const PlanEntry& e);  // "4 x 8": micro-batch x accumulation, as the tables show it
 
 }  // namespace shardlab
