@@ -4,7 +4,7 @@
 #include <chrono>
 #include <vector>
 
-#include "benchmarks/gemm_bench.hpp"
+#include "src/train/sgemm_ceiling.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"

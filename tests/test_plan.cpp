@@ -7,6 +7,7 @@
 #include "src/comm/mesh.hpp"
 #include "src/core/check.hpp"
 #include "src/plan/plan.hpp"
+#include "src/report/plan_report.hpp"
 #include "src/train/predict.hpp"
 
 using namespace shardlab;
@@ -139,6 +140,32 @@ TEST_CASE("plan: every dimension pinned gives one configuration, the one asked f
   CHECK_THROWS_WITH(make_plan(pc), Catch::Contains("--tp 5: tensor parallelism stays within a node of 8 ranks"));
   p.tp = 8;
   CHECK_THROWS_WITH(make_plan(pc), Catch::Contains("--tp 8 must divide the attention heads (4) and the KV heads (4)"));
+}
+
+TEST_CASE("plan: tensor parallelism follows the trainer's rule, the MLP width as well as the heads", "[plan]") {
+  // `small` has 4 heads; an MLP width of 510 takes --tp 2 but not 4, which the heads alone allow.
+  PlanConfig pc = plan_for("small", 8, uint64_t{80} << 30);
+  pc.train.spec.ffn_dim = 510;
+  pc.pins.pp = 1, pc.pins.strategy = StrategyKind::zero3, pc.pins.offload = Offload::none;
+  pc.pins.checkpointing = Checkpointing::none;
+  pc.exhaustive = true;
+  const PlanResult plan = make_plan(pc);
+  bool tp2 = false;
+  for (const PlanEntry& e : plan.entries) {
+    CHECK(e.layout.dims.tp <= 2);
+    tp2 |= e.layout.dims.tp == 2;
+  }
+  CHECK(tp2);
+  // Pinned, plan refuses it in the words train refuses it with.
+  std::string train_says;
+  try {
+    family_of(pc.train.spec).make_units(pc.train.spec, TpConfig{4, 0, false});
+  } catch (const InputError& e) {
+    train_says = e.what();
+  }
+  REQUIRE(train_says == "--tp 4 must divide the MLP width (510) of small");
+  pc.pins.tp = 4;
+  CHECK_THROWS_WITH(make_plan(pc), train_says);
 }
 
 TEST_CASE("plan: a budget nothing meets says why for every configuration walked", "[plan]") {

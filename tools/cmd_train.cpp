@@ -1,16 +1,15 @@
 // `shardlab train`: one training run under any strategy on any number of ranks.
 #include <algorithm>
-#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <utility>
 
 #include "src/report/memory_report.hpp"
-#include "benchmarks/gemm_bench.hpp"
 #include "memory/report.hpp"
 #include "src/comm/watchdog.hpp"
 #include "src/report/run_report.hpp"
 #include "src/data/tokenizer.hpp"
+#include "src/train/sgemm_ceiling.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
@@ -63,53 +62,20 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
   }
 }
 
-// --sgemm-ceiling: what the progress line's share of the CPU's sgemm ceiling is taken against
-// (TrainConfig::sgemm_ceiling). `auto` times this step's products (bench-train's measurement,
-// shorter) before the first step, on every rank at once, since the ranks share the host as they
-// will while training; the job's ceiling is their sum. A step whose products would take long to
-// time (a larger model: about 10 passes over them, both libraries) is not measured: a figure from
-// bench-train can be given instead, per rank.
-constexpr double kCeilingBudgetFlops = 60e9;  // under a second at the 80-100 GFLOP/s of this machine type
-
+// --sgemm-ceiling: auto (measured: measure_sgemm_ceiling), off, or a figure from bench-train per rank.
 void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, Communicator& comm) {
   if (flag == "off") return;
   const bool cpu = be.device() == Device::cpu;
   SHARD_REQUIRE(cpu || flag == "auto", "--sgemm-ceiling {}: the sgemm ceiling is the CPU's (on a GPU the progress "
                 "line shows MFU)", flag);
   if (!cpu) return;
-  const int world = comm.world_size();
-  if (flag != "auto") {
-    double gflops = 0;
-    const auto [p, ec] = std::from_chars(flag.data(), flag.data() + flag.size(), gflops);
-    SHARD_REQUIRE(ec == std::errc() && p == flag.data() + flag.size() && gflops > 0,
-                  "--sgemm-ceiling '{}': expected auto, off or a rank's GFLOP/s (bench-train's \"ceiling\")", flag);
-    cfg.sgemm_ceiling = gflops * 1e9 * world;
-    cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s per rank (--sgemm-ceiling)", gflops);
-    return;
-  }
-  // This rank's products: its part of the model under --tp, its data-parallel share of the batch.
-  const int64_t micro = std::max<int64_t>(1, cfg.batch / cfg.layout.dims.resolved(world).dp() / cfg.accum);
-  GemmBenchConfig g = step_gemm_config(cfg, world, micro);
-  g.seconds = 0.001;  // per product and library: the step's products are timed in ~0.1 s (tiny, small)
-  const double cost = 10 * gemm_benchmark_pass_flops(g);
-  if (cost > kCeilingBudgetFlops) {
-    cfg.sgemm_ceiling_note = fmt::format("not measured (timing this step's products takes about {:.0f} GFLOP; "
-                                         "--sgemm-ceiling GFLOPS takes bench-train's)", cost / 1e9);
-    return;
-  }
-  Pool scratch(be);  // not the run's pool: its ledger and budget see only the run
-  std::FILE* sink = std::fopen("/dev/null", "w");
-  comm.all_gather_strings("");  // the ranks start together
-  const auto t0 = std::chrono::steady_clock::now();
-  const double mine = run_gemm_benchmark(scratch, g, sink ? sink : stdout).ceiling;
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (sink) std::fclose(sink);
-  double sum = 0;
-  for (const std::string& v : comm.all_gather_strings(fmt::format("{}", mine))) sum += std::stod(v);
-  cfg.sgemm_ceiling = sum * 1e9;
-  cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s{} on this step's products, best library each (measured in "
-                                       "{:.2f} s; --sgemm-ceiling off skips it)", sum / world,
-                                       world > 1 ? " per rank" : "", secs);
+  if (flag == "auto") return measure_sgemm_ceiling(cfg, be, comm);
+  double gflops = 0;
+  const auto [p, ec] = std::from_chars(flag.data(), flag.data() + flag.size(), gflops);
+  SHARD_REQUIRE(ec == std::errc() && p == flag.data() + flag.size() && gflops > 0,
+                "--sgemm-ceiling '{}': expected auto, off or a rank's GFLOP/s (bench-train's \"ceiling\")", flag);
+  cfg.sgemm_ceiling = gflops * 1e9 * comm.world_size();
+  cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s per rank (--sgemm-ceiling)", gflops);
 }
 
 }  // namespace

@@ -18,18 +18,10 @@ const std::array<const ModelFamily*, 2>& registry() {
   return families;
 }
 
-// The divisibility every family's tensor-parallel layout needs, said in the model's terms (the
-// layouts check each tensor too, in the tensors' terms).
 void check_tp(const ModelSpec& spec, const TpConfig& tp) {
   SHARD_REQUIRE(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree,
                 "tensor-parallel rank {} of {}: need 0 <= rank < degree", tp.rank, tp.degree);
-  if (tp.degree == 1) return;
-  const int64_t T = tp.degree;
-  if (spec.heads % T != 0 || spec.num_kv_heads() % T != 0)
-    throw InputError(fmt::format("--tp {} must divide the attention heads ({}) and the KV heads ({}) of {}", T,
-                                 spec.heads, spec.num_kv_heads(), spec.name));
-  if (spec.ffn_hidden() % T != 0)
-    throw InputError(fmt::format("--tp {} must divide the MLP width ({}) of {}", T, spec.ffn_hidden(), spec.name));
+  if (auto why = tp_split_problem(spec, tp.degree)) throw InputError(*why);
 }
 
 }  // namespace
@@ -60,6 +52,20 @@ std::vector<std::string> ModelFamily::unit_names(const ModelSpec& spec) const {
   std::vector<std::string> names;
   for (const UnitLayout& u : layout(spec)) names.push_back(u.name);
   return names;
+}
+
+// The divisibility every family's tensor-parallel layout needs, said in the model's terms (the
+// layouts check each tensor too, in the tensors' terms).
+std::optional<std::string> tp_split_problem(const ModelSpec& spec, int degree) {
+  if (degree < 1) return fmt::format("--tp {}: expected 1 or more", degree);
+  if (degree == 1) return std::nullopt;
+  const int64_t T = degree;
+  if (spec.heads % T != 0 || spec.num_kv_heads() % T != 0)
+    return fmt::format("--tp {} must divide the attention heads ({}) and the KV heads ({}) of {}", T, spec.heads,
+                       spec.num_kv_heads(), spec.name);
+  if (spec.ffn_hidden() % T != 0)
+    return fmt::format("--tp {} must divide the MLP width ({}) of {}", T, spec.ffn_hidden(), spec.name);
+  return std::nullopt;
 }
 
 const ModelFamily& family_of(const ModelSpec& spec) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,9 @@ class ModelFamily {
   virtual FamilyId id() const = 0;
   virtual const char* name() const = 0;  // "gpt2": as specs and manifests spell it
   virtual std::vector<ModelPreset> presets() const = 0;
+  // The preset that size flags change when a command is given the family instead of a model
+  // (plan --family): a small one.
+  virtual const char* sized_preset() const = 0;
   // A spec from a Hugging Face config.json. InputError naming each missing field, and each field
   // shardlab does not know or whose value its units do not compute.
   virtual ModelSpec spec_from_hf_config(const nlohmann::json& config) const = 0;
@@ -70,6 +74,12 @@ class ModelFamily {
   virtual std::vector<UnitLayout> do_layout(const ModelSpec& spec, const TpConfig& tp) const = 0;
   virtual std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& spec, const TpConfig& tp) const = 0;
 };
+
+// Why the model cannot be split over `degree` tensor-parallel ranks (the InputError message
+// layout() and make_units() throw: "--tp 4 must divide the MLP width (510) of small"), or nothing
+// when it can. The one rule: the planner asks it before proposing a --tp, so plan never proposes a
+// degree train refuses.
+std::optional<std::string> tp_split_problem(const ModelSpec& spec, int degree);
 
 const ModelFamily& family_of(const ModelSpec& spec);
 const ModelFamily& model_family(std::string_view name);  // InputError naming the families otherwise

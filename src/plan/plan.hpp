@@ -7,9 +7,10 @@
 // fastest first; optionally the top K measured on real ranks.
 //
 // The search (a branch and bound on the time model):
-//   1. enumerate every layout the flags leave free (a flag given pins its dimension): tp dividing
-//      the heads and the KV heads within a node, pp dividing world / tp with at least pp x v units,
-//      v in {2, 3, 4, 6, 8} for interleaved-1f1b, the data-parallel degree dp = world / (tp pp)
+//   1. enumerate every layout the flags leave free (a flag given pins its dimension): tp within a
+//      node that the model can be split over (the trainer's rule, tp_split_problem: the heads, the
+//      KV heads and the MLP width), pp dividing world / tp with at least pp x v units, v in
+//      {2, 3, 4, 6, 8} for interleaved-1f1b, the data-parallel degree dp = world / (tp pp)
 //      sharded over the whole of it or over a node's share (hybrid), ddp/zero1-3, offload where the
 //      strategy has it, none/attention/blocks, power-of-two micro-batches dividing B / dp;
 //   2. predict each one's time (microseconds each) and sort;
@@ -97,9 +98,6 @@ struct PlanResult {
 
 PlanResult make_plan(const PlanConfig& cfg, std::FILE* progress = nullptr);
 void print_plan(const PlanConfig& cfg, const PlanResult& plan, size_t show, std::FILE* out);
-std::string plan_json(const PlanConfig& cfg, const PlanResult& plan);  // schema shardlab.plan/2
-// One self-contained page (no scripts, no network): the rates and the ranked table with each
-// configuration's time split as a stacked bar.
-std::string plan_html(const PlanConfig& cfg, const PlanResult& plan);
+std::string mb_text(const PlanEntry& e);  // "4 x 8": micro-batch x accumulation, as the tables show it
 
 }  // namespace shardlab

@@ -8,6 +8,7 @@
 
 #include "shard/strategy_formulas.hpp"
 #include "src/core/check.hpp"
+#include "src/model/family.hpp"
 
 namespace shardlab {
 
@@ -61,8 +62,7 @@ void TimeLayout::validate(const ModelSpec& m) const {
                 "model L={} h={} heads={} s={} V={}: expected positive sizes", m.layers, m.dim, m.heads, m.seq,
                 m.vocab);
   SHARD_REQUIRE(m.dim % m.heads == 0, "hidden {} is not divisible by heads {}", m.dim, m.heads);
-  SHARD_REQUIRE(m.heads % tp == 0 && m.num_kv_heads() % tp == 0,
-                "tp {} does not divide heads {} and KV heads {}", tp, m.heads, m.num_kv_heads());
+  if (auto why = tp_split_problem(m, tp)) throw InputError(*why);  // the trainer's rule
   SHARD_REQUIRE(m.layers >= int64_t{pp} * virtual_stages, "{} layers cannot fill pp {} x {} virtual stages",
                 m.layers, pp, virtual_stages);
   SHARD_REQUIRE(micro_batch >= 1 && global_batch % (micro_batch * dp) == 0,

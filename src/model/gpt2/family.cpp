@@ -15,6 +15,7 @@ class Gpt2Family final : public ModelFamily {
   FamilyId id() const override { return FamilyId::gpt2; }
   const char* name() const override { return "gpt2"; }
   std::vector<ModelPreset> presets() const override { return gpt2_presets(); }
+  const char* sized_preset() const override { return "small"; }
   ModelSpec spec_from_hf_config(const nlohmann::json& config) const override {
     return gpt2_spec_from_hf_config(config);
   }

@@ -19,6 +19,7 @@ class LlamaFamily final : public ModelFamily {
   FamilyId id() const override { return FamilyId::llama; }
   const char* name() const override { return "llama"; }
   std::vector<ModelPreset> presets() const override { return llama_presets(); }
+  const char* sized_preset() const override { return "llama-small"; }
   ModelSpec spec_from_hf_config(const nlohmann::json& config) const override {
     return llama_spec_from_hf_config(config);
   }

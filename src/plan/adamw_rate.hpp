@@ -1,4 +1,5 @@
-// adamw_bench.hpp — the host optimizer of --offload against the memory bandwidth it can use.
+// adamw_rate.hpp — the host optimizer of --offload against the memory bandwidth it can use: what
+// bench-adamw prints and plan --calibrate takes as the AdamW rate.
 //
 // AdamW over f32 buffers reads the parameter, gradient and both moments and writes the parameter
 // and both moments: 28 bytes per element, a handful of flops. On the host it should run at the

@@ -1,6 +1,7 @@
-// gemm_bench.hpp — sgemm throughput on the products a training step runs, for every candidate the
+// sgemm_ceiling.hpp — sgemm throughput on the products a training step runs, for every candidate the
 // backend can use (on the cpu: oneDNN and OpenBLAS), beside the one the backend picks. The best
-// candidate per product is the host's sgemm ceiling that step benchmarks compare against.
+// candidate per product is the host's sgemm ceiling that train's progress line and the step
+// benchmarks compare against; bench-gemm prints the whole table.
 #pragma once
 #include <cstdio>
 #include <string>
@@ -47,5 +48,15 @@ GemmBenchConfig step_gemm_config(const StepConfig& step, int world, int64_t micr
 // FLOPs of one call of each distinct product of cfg, every candidate: a timing pass costs about
 // 10 times this (a warm-up and three windows of at least three calls).
 double gemm_benchmark_pass_flops(const GemmBenchConfig& cfg);
+
+struct TrainConfig;
+class Communicator;
+// train's --sgemm-ceiling auto: sets cfg.sgemm_ceiling, what the progress line's share of the CPU's
+// sgemm ceiling is taken against, and cfg.sgemm_ceiling_note, where it came from. It times this
+// step's products (bench-train's measurement, shorter) before the first step, on every rank at once,
+// since the ranks share the host as they will while training; the job's ceiling is their sum. A
+// step whose products would take long to time (a larger model: about 10 passes over them, both
+// libraries) is not measured; the note says so. Collective over comm.
+void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm);
 
 }  // namespace shardlab

@@ -1,4 +1,4 @@
-#include "benchmarks/gemm_bench.hpp"
+#include "src/train/sgemm_ceiling.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,10 @@
 #include <vector>
 
 #include "src/backend/cpu/gemm.hpp"
+#include "src/comm/communicator.hpp"
+#include "src/model/family.hpp"
 #include "src/train/predict.hpp"
+#include "src/train/trainer.hpp"
 
 namespace shardlab {
 namespace {
@@ -124,6 +127,35 @@ double time_call(const std::function<void()>& call, Backend& be, double seconds)
   return best;
 }
 
+// Seconds per call of product p on each candidate: each cpu library in `libs`, or the backend
+// itself elsewhere. a, b, c hold p's operands (filled here).
+std::vector<double> time_candidates(const Product& p, Backend& be, const std::vector<cpu::GemmLib>& libs, Block& a,
+                                    Block& b, Block& c, double seconds) {
+  be.fill(a.flat(DType::f32), 0.5f);
+  be.fill(b.flat(DType::f32), 0.25f);
+  be.fill(c.flat(DType::f32), 0.f);
+  const bool cpu = be.device() == Device::cpu;
+  std::vector<double> secs;
+  for (size_t i = 0; i < (cpu ? libs.size() : 1); ++i) {
+    std::function<void()> call;
+    if (cpu) {
+      const cpu::GemmLib lib = libs[i];
+      const float *A = static_cast<const float*>(a.data()), *B = static_cast<const float*>(b.data());
+      float* Cp = static_cast<float*>(c.data());
+      call = [&p, lib, A, B, Cp] {
+        cpu::sgemm_with(lib, p.ta, p.tb, p.m, p.n, p.k, 1.f, A, p.lda, B, p.ldb, p.beta, Cp, p.ldc);
+      };
+    } else {
+      GemmDesc d;
+      d.trans_a = p.ta, d.trans_b = p.tb;
+      d.m = p.m, d.n = p.n, d.k = p.k, d.lda = p.lda, d.ldb = p.ldb, d.ldc = p.ldc, d.beta = p.beta;
+      call = [&, d] { be.gemm(d, a.data(), b.data(), c.data()); };
+    }
+    secs.push_back(time_call(call, be, seconds));
+  }
+  return secs;
+}
+
 }  // namespace
 
 GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch) {
@@ -135,8 +167,7 @@ GemmBenchConfig step_gemm_config(const ModelSpec& spec, int64_t micro_batch) {
 GemmBenchConfig step_gemm_config(const StepConfig& step, int world, int64_t micro_batch) {
   const ModelSpec& spec = step.spec;
   const int tp = step.layout.dims.resolved(world).tp;
-  SHARD_REQUIRE(spec.heads % tp == 0 && spec.num_kv_heads() % tp == 0,
-                "--tp {} must divide the heads ({}) and the KV heads ({})", tp, spec.heads, spec.num_kv_heads());
+  if (auto why = tp_split_problem(spec, tp)) throw InputError(*why);
   GemmBenchConfig g;
   // Attention runs inside the CPU kernels on this rank's heads (all the sequence's rows, with
   // sequence parallelism too: the region gathers them first); its row is heads/tp heads wide.
@@ -197,27 +228,7 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
     Block a = pool.alloc(DType::f32, a_rows * p.lda, Category::workspace, "gemm bench A");
     Block b = pool.alloc(DType::f32, b_rows * p.ldb, Category::workspace, "gemm bench B");
     Block c = pool.alloc(DType::f32, p.m * p.ldc, Category::workspace, "gemm bench C");
-    be.fill(a.flat(DType::f32), 0.5f);
-    be.fill(b.flat(DType::f32), 0.25f);
-    be.fill(c.flat(DType::f32), 0.f);
-    std::vector<double> secs;
-    for (size_t i = 0; i < names.size(); ++i) {
-      std::function<void()> call;
-      if (cpu) {
-        const cpu::GemmLib lib = libs[i];
-        const float *A = static_cast<const float*>(a.data()), *B = static_cast<const float*>(b.data());
-        float* Cp = static_cast<float*>(c.data());
-        call = [&p, lib, A, B, Cp] {
-          cpu::sgemm_with(lib, p.ta, p.tb, p.m, p.n, p.k, 1.f, A, p.lda, B, p.ldb, p.beta, Cp, p.ldc);
-        };
-      } else {
-        GemmDesc d;
-        d.trans_a = p.ta, d.trans_b = p.tb;
-        d.m = p.m, d.n = p.n, d.k = p.k, d.lda = p.lda, d.ldb = p.ldb, d.ldc = p.ldc, d.beta = p.beta;
-        call = [&, d] { be.gemm(d, a.data(), b.data(), c.data()); };
-      }
-      secs.push_back(time_call(call, be, cfg.seconds));
-    }
+    const std::vector<double> secs = time_candidates(p, be, libs, a, b, c, cfg.seconds);
     const size_t picked =
         cpu ? static_cast<size_t>(std::find(libs.begin(), libs.end(),
                                             cpu::gemm_pick(cpu::GemmShape{p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb})) -
@@ -245,6 +256,36 @@ GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::
   else std::fprintf(out, "# lowest share of the best: %.1f%% (%s)\n", 100.0 * r.worst_ratio, r.worst.c_str());
   std::fflush(out);
   return r;
+}
+
+// Under a second at the 80-100 GFLOP/s of this machine type.
+constexpr double kCeilingBudgetFlops = 60e9;
+
+void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm) {
+  const int world = comm.world_size();
+  // This rank's products: its part of the model under --tp, its data-parallel share of the batch.
+  const int64_t micro = std::max<int64_t>(1, cfg.batch / cfg.layout.dims.resolved(world).dp() / cfg.accum);
+  GemmBenchConfig g = step_gemm_config(cfg, world, micro);
+  g.seconds = 0.001;  // per product and library: the step's products are timed in ~0.1 s (tiny, small)
+  const double cost = 10 * gemm_benchmark_pass_flops(g);
+  if (cost > kCeilingBudgetFlops) {
+    cfg.sgemm_ceiling_note = fmt::format("not measured (timing this step's products takes about {:.0f} GFLOP; "
+                                         "--sgemm-ceiling GFLOPS takes bench-train's)", cost / 1e9);
+    return;
+  }
+  Pool scratch(be);  // not the run's pool: its ledger and budget see only the run
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  comm.all_gather_strings("");  // the ranks start together
+  const auto t0 = std::chrono::steady_clock::now();
+  const double mine = run_gemm_benchmark(scratch, g, sink ? sink : stdout).ceiling;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (sink) std::fclose(sink);
+  double sum = 0;
+  for (const std::string& v : comm.all_gather_strings(fmt::format("{}", mine))) sum += std::stod(v);
+  cfg.sgemm_ceiling = sum * 1e9;
+  cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s{} on this step's products, best library each (measured in "
+                                       "{:.2f} s; --sgemm-ceiling off skips it)", sum / world,
+                                       world > 1 ? " per rank" : "", secs);
 }
 
 }  // namespace shardlab

@@ -1,4 +1,4 @@
-#include "benchmarks/adamw_bench.hpp"
+#include "src/plan/adamw_rate.hpp"
 #include "src/backend/ops/optimizer.hpp"
 
 #include <omp.h>

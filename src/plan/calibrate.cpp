@@ -1,9 +1,9 @@
-#include "benchmarks/calibrate.hpp"
+#include "src/plan/calibrate.hpp"
 
 #include <algorithm>
 #include <chrono>
 
-#include "benchmarks/adamw_bench.hpp"
+#include "src/plan/adamw_rate.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/core/stats.hpp"
 #include "src/model/family.hpp"
