@@ -101,7 +101,7 @@ struct ModelOptions {
   // its config.json gives, which fixes the shape: --model is refused, --dim, --heads, --vocab,
   // --kv-heads and --ffn-dim must equal the config's, --layers may be fewer (the first blocks load) and --seq shorter where
   // no tensor changes with it (README, "Models from Hugging Face directories").
-  ModelSpec spec(const std::string& init = "") const;
+  ModelSpec spec(const std::string& init = "") const;  // resolve_model (src/model/resolve.hpp) of these flags
   bool given() const;  // whether any of these flags was given (with a value other than the default)
 };
 
