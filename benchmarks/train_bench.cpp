@@ -148,6 +148,89 @@ std::vector<double> print_bubbles(Communicator& world, const Trainer& trainer, c
   return bubble;
 }
 
+// The sgemm ceiling on this step's products: this rank's part under --tp, its rows per micro-step.
+void measure_ceiling(Pool& pool, const TrainBenchConfig& cfg, int ranks, const ParallelDims& dims,
+                     TrainBenchResult& r) {
+  const ModelSpec& s = cfg.spec;
+  const bool tp = dims.tp > 1;
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  GemmBenchConfig g;
+  if (tp) {  // this rank's part: linears 1/tp as wide, heads/tp heads, its data-parallel group's rows
+    StepConfig step;
+    step.spec = s;
+    step.layout.dims = dims;
+    step.layout.sequence_parallel = cfg.layout.sequence_parallel;
+    g = step_gemm_config(step, ranks, std::max<int64_t>(1, cfg.batch / dims.dp()));
+  } else {
+    // One rank's rows per micro-step (the whole model's products, also under --pp).
+    g = step_gemm_config(s, std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum));
+  }
+  g.seconds = 0.1;
+  const GemmBenchResult gr = run_gemm_benchmark(pool, g, sink);
+  r.sgemm_gflops = gr.ceiling;
+  r.sgemm_picked_gflops = gr.chosen;
+  std::fclose(sink);
+}
+
+// The run each configuration trains: a constant small LR, the transport one rank would use, the
+// stages aligned at each step (the bubble measured is the schedule's, step_config.hpp).
+TrainConfig bench_train_config(Pool& pool, const TrainBenchConfig& cfg) {
+  TrainConfig tc;
+  tc.spec = cfg.spec;
+  tc.batch = cfg.batch;
+  tc.steps = cfg.warmup + cfg.steps;
+  tc.schedule.kind = ScheduleKind::constant;
+  tc.schedule.lr = 1e-4f;
+  tc.strategy = cfg.strategy;
+  // The sim stands in for the transport one rank would use: mpi on the cpu, nccl on a GPU.
+  tc.comm = pool.backend().device() == Device::cuda ? CommKind::nccl : CommKind::mpi;
+  tc.checkpointing = cfg.checkpointing;
+  tc.accum = cfg.accum;
+  tc.layout = cfg.layout;
+  tc.layout.pipeline.align_steps = true;  // the bubble measured is the schedule's (step_config.hpp)
+  return tc;
+}
+
+void print_bench_header(Pool& pool, const TrainBenchConfig& cfg, int ranks, const ParallelDims& dims,
+                        const TrainBenchResult& r, double flops_per_token, std::FILE* out) {
+  const ModelSpec& s = cfg.spec;
+  const bool tp = dims.tp > 1;
+  std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens%s, %s\n", s.describe().c_str(),
+               static_cast<long long>(cfg.batch), static_cast<long long>(s.seq),
+               ranks > 1 ? fmt::format(" over {} ranks (GFLOP/s and %sgemm per rank)", ranks).c_str() : "",
+               pool.backend().describe().c_str());
+  std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g (recomputation not counted); sgemm ceiling on this step's "
+               "products (the best library for each, FLOP-weighted): %.1f GFLOP/s; as picked: %.1f\n", flops_per_token,
+               r.sgemm_gflops, r.sgemm_picked_gflops);
+  if (ranks > 1)
+    std::fprintf(out, "# mesh %s%s; the sgemm ceiling is measured on %s, %lld sequences per micro-step\n",
+                 dims.describe().c_str(),
+                 tp ? (cfg.layout.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism") : "",
+                 tp ? fmt::format("the products of rank 0's part (linears 1/{} as wide, {} of {} heads)", dims.tp,
+                                  s.heads / dims.tp, s.heads).c_str()
+                    : "the whole model's products",
+                 static_cast<long long>(std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum)));
+}
+
+// MFU where the device's peak is known, and one line for scripts (benchmarks/compare_pytorch.sh):
+// the first configuration's figures.
+void print_result(const TrainBenchConfig& cfg, int ranks, const ParallelDims& dims, const std::string& label,
+                  TrainBenchResult& r, std::FILE* out) {
+  if (cfg.peak_tflops > 0) {
+    r.mfu = r.gflops / (cfg.peak_tflops * 1e3);
+    std::fprintf(out, "# MFU %.1f%% of %.0f TFLOP/s (%s: %.1f TFLOP/s achieved, 6N + 6LCT per token)\n", 100.0 * r.mfu,
+                 cfg.peak_tflops, label.c_str(), r.gflops / 1e3);
+  }
+  // One line for scripts (benchmarks/compare_pytorch.sh): the first configuration's figures.
+  // Fields are only ever added at the end: a script may read them by position.
+  std::fprintf(out, "# result ms_per_step=%.1f tokens_per_s=%.0f gflops_per_rank=%.1f ceiling=%.1f ranks=%d tp=%d "
+               "sp=%d tp_bytes=%.0f dp_bytes=%.0f tp_est_ms=%.2f dp_est_ms=%.2f pp=%d micro=%lld bubble_theory=%.4f "
+               "bubble=%s\n",
+               r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks, dims.tp, cfg.layout.sequence_parallel ? 1 : 0,
+               r.comm.tp_bytes, r.comm.dp_bytes, r.comm.tp_est_ms, r.comm.dp_est_ms, dims.pp,
+               static_cast<long long>(cfg.accum), r.bubble_theory, bubble_list(r.bubble).c_str());
+}
+
 }  // namespace
 
 TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, std::FILE* out, Communicator* world) {
@@ -158,41 +241,9 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   const ModelSpec& s = cfg.spec;
   const int64_t tokens = cfg.batch * s.seq;
   const ParallelDims dims = cfg.layout.dims.resolved(ranks);
-  const bool tp = dims.tp > 1;
   TrainBenchResult r;
-  {
-    std::FILE* sink = std::fopen("/dev/null", "w");
-    GemmBenchConfig g;
-    if (tp) {  // this rank's part: linears 1/tp as wide, heads/tp heads, its data-parallel group's rows
-      StepConfig step;
-      step.spec = s;
-      step.layout.dims = dims;
-      step.layout.sequence_parallel = cfg.layout.sequence_parallel;
-      g = step_gemm_config(step, ranks, std::max<int64_t>(1, cfg.batch / dims.dp()));
-    } else {
-      // One rank's rows per micro-step (the whole model's products, also under --pp).
-      g = step_gemm_config(s, std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum));
-    }
-    g.seconds = 0.1;
-    const GemmBenchResult gr = run_gemm_benchmark(pool, g, sink);
-    r.sgemm_gflops = gr.ceiling;
-    r.sgemm_picked_gflops = gr.chosen;
-    std::fclose(sink);
-  }
-  TrainConfig tc;
-  tc.spec = s;
-  tc.batch = cfg.batch;
-  tc.steps = cfg.warmup + cfg.steps;
-  tc.schedule.kind = ScheduleKind::constant;
-  tc.schedule.lr = 1e-4f;
-  tc.strategy = cfg.strategy;
-  // The sim stands in for the transport one rank would use: mpi on the cpu, nccl on a GPU.
-  tc.comm = pool.backend().device() == Device::cuda ? CommKind::nccl : CommKind::mpi;
-  tc.checkpointing = cfg.checkpointing;
-  tc.layout.sequence_parallel = cfg.layout.sequence_parallel;
-  tc.accum = cfg.accum;
-  tc.layout.pipeline = cfg.layout.pipeline;
-  tc.layout.pipeline.align_steps = true;  // the bubble measured is the schedule's (step_config.hpp)
+  measure_ceiling(pool, cfg, ranks, dims, r);
+  const TrainConfig tc = bench_train_config(pool, cfg);
   const bool piped = dims.pp > 1;
   // One trainer per configuration, each with its own pools (so each ledger is its own) and
   // communicator; steps alternate between them so that both see the same machine state.
@@ -224,21 +275,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     add(base, fmt::format("{}, no levers", strategy_name(tc.strategy.kind)));
   }
   const double flops_per_token = family_of(s).flops_per_token(s);
-  std::fprintf(out, "# shardlab train-step benchmark: %s, batch %lld x %lld tokens%s, %s\n", s.describe().c_str(),
-               static_cast<long long>(cfg.batch), static_cast<long long>(s.seq),
-               ranks > 1 ? fmt::format(" over {} ranks (GFLOP/s and %sgemm per rank)", ranks).c_str() : "",
-               pool.backend().describe().c_str());
-  std::fprintf(out, "# FLOPs per token 6N + 6LCT = %.3g (recomputation not counted); sgemm ceiling on this step's "
-               "products (the best library for each, FLOP-weighted): %.1f GFLOP/s; as picked: %.1f\n", flops_per_token,
-               r.sgemm_gflops, r.sgemm_picked_gflops);
-  if (ranks > 1)
-    std::fprintf(out, "# mesh %s%s; the sgemm ceiling is measured on %s, %lld sequences per micro-step\n",
-                 dims.describe().c_str(),
-                 tp ? (cfg.layout.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism") : "",
-                 tp ? fmt::format("the products of rank 0's part (linears 1/{} as wide, {} of {} heads)", dims.tp,
-                                  s.heads / dims.tp, s.heads).c_str()
-                    : "the whole model's products",
-                 static_cast<long long>(std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum)));
+  print_bench_header(pool, cfg, ranks, dims, r, flops_per_token, out);
   StageTimes stage;  // under --pp, the first (only) configuration's
   for (int t = 0; t < cfg.warmup + cfg.steps; ++t)
     for (Run& run : runs) {
@@ -267,20 +304,8 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
   if (world) r.comm = comm_share(*runs[0].trainer, *runs[0].pool, r.ms_per_step, out);
   r.tokens_per_s = static_cast<double>(tokens) / (r.ms_per_step / 1e3);
   r.gflops = r.tokens_per_s * flops_per_token / 1e9 / ranks;
-  if (cfg.peak_tflops > 0) {
-    r.mfu = r.gflops / (cfg.peak_tflops * 1e3);
-    std::fprintf(out, "# MFU %.1f%% of %.0f TFLOP/s (%s: %.1f TFLOP/s achieved, 6N + 6LCT per token)\n", 100.0 * r.mfu,
-                 cfg.peak_tflops, runs[0].label.c_str(), r.gflops / 1e3);
-  }
   if (cfg.levers()) r.baseline_ms_per_step = base_ms;
-  // One line for scripts (benchmarks/compare_pytorch.sh): the first configuration's figures.
-  // Fields are only ever added at the end: a script may read them by position.
-  std::fprintf(out, "# result ms_per_step=%.1f tokens_per_s=%.0f gflops_per_rank=%.1f ceiling=%.1f ranks=%d tp=%d "
-               "sp=%d tp_bytes=%.0f dp_bytes=%.0f tp_est_ms=%.2f dp_est_ms=%.2f pp=%d micro=%lld bubble_theory=%.4f "
-               "bubble=%s\n",
-               r.ms_per_step, r.tokens_per_s, r.gflops, r.sgemm_gflops, ranks, dims.tp, cfg.layout.sequence_parallel ? 1 : 0,
-               r.comm.tp_bytes, r.comm.dp_bytes, r.comm.tp_est_ms, r.comm.dp_est_ms, dims.pp,
-               static_cast<long long>(cfg.accum), r.bubble_theory, bubble_list(r.bubble).c_str());
+  print_result(cfg, ranks, dims, runs[0].label, r, out);
   std::fflush(out);
   return r;
 }
