@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/units.hpp"
+#include "src/model/family.hpp"
 
 namespace shardlab {
 
@@ -28,7 +29,7 @@ const std::vector<PublishedRun>& narayanan2021_table1() {
 ModelSpec published_model(const PublishedRun& row) {
   ModelSpec m;
   m.name = row.name;
-  m.family = FamilyId::gpt2;
+  m.family = model_family("gpt2").id();  // Megatron's GPT: GPT-2's anatomy
   m.layers = row.layers, m.dim = row.hidden, m.heads = row.heads, m.seq = 2048, m.vocab = 51200;
   return m;
 }

@@ -3,8 +3,8 @@
 //
 // A family is a folder under src/model/ (gpt2/, llama/) with the same few parts: presets and the
 // spec from a Hugging Face config.json, the unit layout (for a tensor-parallel degree and rank),
-// the units, the state-dict adapter to HF tensor names, FLOPs per token and the tokenizer it
-// uses. Everything else (runner, strategies, trainer, checkpoints, predictions) asks
+// the units, the state-dict adapter to HF tensor names, FLOPs per token, the layer's costs for
+// plan's time model and the tokenizer it uses. Everything else (runner, strategies, trainer, checkpoints, predictions) asks
 // family_of(spec) and never names a model, as torchtitan's trainer never names models/llama3/.
 #pragma once
 #include <cstdint>
@@ -31,6 +31,20 @@ enum class TokenizerKind : uint8_t {
   hf_byte_bpe,  // a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, SmolLM)
 };
 const char* tokenizer_name(TokenizerKind t);  // "gpt2-bpe", "hf-byte-bpe"
+
+// What plan's time model (src/plan/plan_time.hpp) needs of a family's layer beyond the spec's
+// sizes: its products' shapes follow from the spec, these from what the layer computes. Accesses
+// are element reads and writes of one forward (the model charges the backward twice, scores apart).
+struct LayerCosts {
+  int mlp_in_products = 1;       // products that read the MLP's input: 1 (GeLU), 2 (SwiGLU's gate and up)
+  double hidden_accesses = 0;    // per token x hidden element: norms, residual adds, biases and dropout
+  double mlp_accesses = 0;       // per token x MLP element: the activation
+  double rope_accesses = 0;      // per query and key element: the rotary embedding (0 without)
+  double score_accesses = 0;     // per attention score, forward (softmax, dropout)
+  double score_accesses_bwd = 0; // per attention score, backward
+  double embed_accesses = 0;     // per token x hidden element of the first stage's embedding lookup
+  bool learned_positions = false;  // a (seq, hidden) position table beside the token embedding
+};
 
 class ModelFamily {
  public:
@@ -68,6 +82,7 @@ class ModelFamily {
   // Training FLOPs per token (forward and backward, no recomputation): what MFU divides by.
   virtual double flops_per_token(const ModelSpec& spec) const = 0;
   virtual TokenizerKind tokenizer() const = 0;
+  virtual LayerCosts layer_costs() const = 0;
 
  protected:
   // layout() and make_units() check the tensor-parallel arguments, then call these.

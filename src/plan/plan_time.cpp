@@ -106,7 +106,7 @@ struct LayerGemms {
 LayerGemms layer_gemms(const ModelSpec& m, double b, double t) {
   const double s = double(m.seq), h = double(m.dim), a = double(m.heads), g = double(m.num_kv_heads());
   const double d = h / a, f = double(m.ffn_hidden()), n = b * s;
-  const double up = m.family == FamilyId::llama ? 2 : 1;  // SwiGLU's gate and up in one product
+  const double up = family_of(m).layer_costs().mlp_in_products;  // SwiGLU's gate and up in one product
   LayerGemms l;
   l.dense = {{n, (a + 2 * g) * d / t, h}, {n, h, h / t}, {n, up * f / t, h}, {n, h, f / t}};
   l.core = {{s, s, d, b * a / t}, {s, d, s, b * a / t}};
@@ -142,26 +142,26 @@ struct LayerTime {
 LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
   const double b = double(l.micro_batch), t = double(l.tp), s = double(m.seq), h = double(m.dim);
   const double heads = double(m.heads), g = double(m.num_kv_heads()), f = double(m.ffn_hidden()), n = b * s;
-  const bool llama = m.family == FamilyId::llama;
+  const LayerCosts c = family_of(m).layer_costs();
   const double mem = memory_rate(r, a), act = l.act_bytes;
   const LayerGemms gs = layer_gemms(m, b, t);
   LayerTime lt;
   // Element accesses (plan_time.hpp): per token x hidden, per token x MLP, RoPE, per score.
   const double rows = l.sequence_parallel ? n / t : n;
-  double elem = rows * h * (llama ? 10 : 11) + n * f / t * (llama ? 3 : 2);
-  if (llama) elem += 2 * n * (heads + g) * (h / heads) / t;
+  double elem = rows * h * c.hidden_accesses + n * f / t * c.mlp_accesses;
+  if (c.rope_accesses > 0) elem += c.rope_accesses * n * (heads + g) * (h / heads) / t;
   lt.fwd = forward_seconds(gs.dense, l.act_bytes, r, a) + elem * act / mem;
   lt.bwd = backward_seconds(gs.dense, l.act_bytes, r, a) + 2 * elem * act / mem;
   if (l.flash_attention) {
     double flops = 0, eff = 0;
-    for (const Gemm& c : gs.core) flops += c.flops();
+    for (const Gemm& core : gs.core) flops += core.flops();
     eff = a.whole_step ? 1 : a.gemm * (s / (s + a.knee)) * (s / (s + a.knee)) * ((h / heads) / (h / heads + a.knee));
     lt.core_fwd = flops / (r.flops.value * eff);
     lt.core_bwd = 2.5 * lt.core_fwd;
   } else {
     const double scores = b * heads / t * s * s;
-    lt.core_fwd = forward_seconds(gs.core, l.act_bytes, r, a) + scores * (llama ? 2 : 4.5) * act / mem;
-    lt.core_bwd = backward_seconds(gs.core, l.act_bytes, r, a) + scores * (llama ? 3 : 5.5) * act / mem;
+    lt.core_fwd = forward_seconds(gs.core, l.act_bytes, r, a) + scores * c.score_accesses * act / mem;
+    lt.core_bwd = backward_seconds(gs.core, l.act_bytes, r, a) + scores * c.score_accesses_bwd * act / mem;
   }
   if (l.tp > 1) {
     const double link = l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
@@ -185,20 +185,20 @@ StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   const double layers = per_chunk * l.virtual_stages, t = double(l.tp);
   const double n = double(l.micro_batch * m.seq), h = double(m.dim), V = double(m.vocab);
   const double heads = double(m.heads), d = h / heads, g = double(m.num_kv_heads()), f = double(m.ffn_hidden());
-  const bool llama = m.family == FamilyId::llama;
+  const LayerCosts c = family_of(m).layer_costs();
   StageTime st;
   st.compute = layers * (lt.fwd + lt.bwd + lt.core_fwd + lt.core_bwd);
   if (l.recompute == Checkpointing::blocks) st.recompute = layers * (lt.fwd + lt.core_fwd);
   if (l.recompute == Checkpointing::attention) st.recompute = layers * lt.core_fwd;
   st.tp = layers * lt.tp_collective * (l.recompute == Checkpointing::blocks ? 6 : 4);
   st.backward = (lt.bwd + lt.core_bwd) * layers + st.recompute;
-  const double layer_params = h * (heads + 2 * g) * d + h * h + (llama ? 3 : 2) * h * f;
+  const double layer_params = h * (heads + 2 * g) * d + h * h + (c.mlp_in_products + 1) * h * f;
   st.params = layers * layer_params / t;
   const double mem = memory_rate(r, a);
-  if (first) {  // the embedding lookup (and GPT-2's positions) and its vocab-parallel all-reduce
-    st.compute += n * h * (llama ? 2 : 3) * l.act_bytes / mem;
+  if (first) {  // the embedding lookup (and a position table) and its vocab-parallel all-reduce
+    st.compute += n * h * c.embed_accesses * l.act_bytes / mem;
     st.tp += lt.tp_collective;
-    st.params += V * h / t + (llama ? 0 : double(m.seq) * h);
+    st.params += V * h / t + (c.learned_positions ? double(m.seq) * h : 0);
   }
   if (last) {  // the head and the cross-entropy (20 bytes per logit: fp32 softmax and its gradient)
     const double head_bwd = backward_seconds({{n, V / t, h}}, l.act_bytes, r, a) + n * V / t * 8 / mem;

@@ -12,16 +12,16 @@
 // Products of a layer (forward; backward is each one's two products, the input's gradient
 // (m, k, n) and the weight's (k, n, m), the same FLOPs):
 //   QKV (n, h, (a + 2g) d / t)   scores b a/t x (s, s, d)   context b a/t x (s, d, s)
-//   out (n, h / t, h)            up (n, h, f / t; llama x2 gate and up)   down (n, f / t, h)
+//   out (n, h / t, h)            up (n, h, f / t; x2 for a gated MLP)     down (n, f / t, h)
 //   flash attention instead: scores and context at GEMM efficiency with no s x s traffic;
 //   backward 2.5x forward (it recomputes the scores).
-// Element-wise work at memory bandwidth (hbm x memory), act bytes per element access, forward:
-//   per token and hidden element (n / t of them under sequence parallelism, else n):
-//     gpt2 11 accesses (2 layer norms read + write, 2 bias-dropout-residual: 2 reads, a write,
-//     a 1-byte mask); llama 10 (2 RMS norms, 2 residual adds)
-//   per token and MLP element (f / t): gpt2 2 (GeLU), llama 3 (SwiGLU); llama RoPE 2 per q/k element
-//   per attention score (b a / t x s x s, not under flash): gpt2 4.5 (softmax read + write,
-//   dropout read + write + mask), llama 2; backward gpt2 5.5, llama 3
+// Element-wise work at memory bandwidth (hbm x memory), act bytes per element access, forward; the
+// counts are the family's LayerCosts (src/model/family.hpp; gpt2 / llama):
+//   per token and hidden element (n / t of them under sequence parallelism, else n): 11 / 10
+//     (layer norms and bias-dropout-residuals / RMS norms and residual adds)
+//   per token and MLP element (f / t): 2 (GeLU) / 3 (SwiGLU); RoPE 0 / 2 per q/k element
+//   per attention score (b a / t x s x s, not under flash): 4.5 / 2 (softmax, dropout);
+//   backward 5.5 / 3
 //   backward of the rest: 2x forward. Head: (n, h, V / t), cross-entropy 20 bytes per logit.
 // Recomputation: blocks (full) runs each layer's forward again (its TP collectives too);
 //   attention (selective) the scores, softmax, dropout and context only.

@@ -36,6 +36,13 @@ class Gpt2Family final : public ModelFamily {
   }
   double flops_per_token(const ModelSpec& s) const override { return gpt2_flops_per_token(s); }
   TokenizerKind tokenizer() const override { return TokenizerKind::gpt2_bpe; }
+  // Two layer norms (read + write) and two bias-dropout-residuals (two reads, a write, a 1-byte
+  // mask): 11 per hidden element; GeLU 2; softmax and dropout 4.5 per score (5.5 backward); the
+  // lookup of the token and position embeddings and their sum 3.
+  LayerCosts layer_costs() const override {
+    return {.mlp_in_products = 1, .hidden_accesses = 11, .mlp_accesses = 2, .rope_accesses = 0,
+            .score_accesses = 4.5, .score_accesses_bwd = 5.5, .embed_accesses = 3, .learned_positions = true};
+  }
 
  protected:
   std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp) const override {

@@ -41,6 +41,12 @@ class LlamaFamily final : public ModelFamily {
   // Llama 3 and SmolLM ship an HF tokenizer.json with a byte-level BPE; Llama 2's and TinyLlama's
   // SentencePiece model is not one (the tokenizer refuses it by name).
   TokenizerKind tokenizer() const override { return TokenizerKind::hf_byte_bpe; }
+  // Two RMS norms and two residual adds: 10 per hidden element; SwiGLU 3; RoPE 2 per query and key
+  // element; softmax 2 per score (3 backward); the token embedding's lookup 2.
+  LayerCosts layer_costs() const override {
+    return {.mlp_in_products = 2, .hidden_accesses = 10, .mlp_accesses = 3, .rope_accesses = 2,
+            .score_accesses = 2, .score_accesses_bwd = 3, .embed_accesses = 2, .learned_positions = false};
+  }
 
  protected:
   std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp) const override {
