@@ -83,7 +83,7 @@ class Strategy : public UnitHooks {
   Strategy(const StrategyConfig& cfg, StrategyEnv env);
   StrategyKind kind() const { return cfg_.kind; }
   std::string name() const { return strategy_name(cfg_.kind); }
-  void init_params(uint64_t seed);                        // GPT-2 initialisation; every rank keeps its part
+  void init_params(uint64_t seed);                        // each tensor's declared init; every rank keeps its part
   void load_params(const std::string& path);  // --init (a file or HF directory): every rank keeps its part
   virtual void begin_step() = 0;
   virtual void begin_micro(int64_t k, bool last) {

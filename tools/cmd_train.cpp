@@ -1,6 +1,5 @@
 // `shardlab train`: one training run under any strategy on any number of ranks.
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <utility>
 
@@ -60,22 +59,6 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
     for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
     write_text(reports.trace, chrome_trace_document(joined), "--trace");
   }
-}
-
-// --sgemm-ceiling: auto (measured: measure_sgemm_ceiling), off, or a figure from bench-train per rank.
-void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, Communicator& comm) {
-  if (flag == "off") return;
-  const bool cpu = be.device() == Device::cpu;
-  SHARD_REQUIRE(cpu || flag == "auto", "--sgemm-ceiling {}: the sgemm ceiling is the CPU's (on a GPU the progress "
-                "line shows MFU)", flag);
-  if (!cpu) return;
-  if (flag == "auto") return measure_sgemm_ceiling(cfg, be, comm);
-  double gflops = 0;
-  const auto [p, ec] = std::from_chars(flag.data(), flag.data() + flag.size(), gflops);
-  SHARD_REQUIRE(ec == std::errc() && p == flag.data() + flag.size() && gflops > 0,
-                "--sgemm-ceiling '{}': expected auto, off or a rank's GFLOP/s (bench-train's \"ceiling\")", flag);
-  cfg.sgemm_ceiling = gflops * 1e9 * comm.world_size();
-  cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s per rank (--sgemm-ceiling)", gflops);
 }
 
 }  // namespace

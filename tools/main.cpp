@@ -36,7 +36,7 @@ struct CommandEntry {
 };
 
 constexpr CommandEntry kCommands[] = {
-    {"train", cmd_train, "train GPT-2 under a strategy (dp, ddp, zero1-3) on any number of ranks"},
+    {"train", cmd_train, "train a model (GPT-2, Llama) under any strategy and mesh (dp, ddp, zero1-3, hsdp; tp, pp) on any number of ranks"},
     {"compare", cmd_compare, "train the same model under each strategy; loss agreement, memory, time, traffic"},
     {"profile", cmd_profile, "predicted (and measured) memory per rank, per category, per strategy, any world size"},
     {"plan", cmd_plan,
@@ -47,7 +47,7 @@ constexpr CommandEntry kCommands[] = {
     {"info", cmd_info, "runtime facts of every rank: build, backend, threads, ranks per node"},
     {"bench-collectives", cmd_bench_collectives,
      "collective benchmark, nccl-tests style: size sweep, time, algbw, busbw, #wrong"},
-    {"bench-gemm", cmd_bench_gemm, "sgemm GFLOP/s of each CPU library on a GPT-2 step's products, and the one picked"},
+    {"bench-gemm", cmd_bench_gemm, "sgemm GFLOP/s of each CPU library on a training step's products, and the one picked"},
     {"bench-train", cmd_bench_train,
      "training-step tokens/s and GFLOP/s beside the sgemm ceiling; a memory lever against none"},
     {"bench-adamw", cmd_bench_adamw, "the host optimizer (--offload) against STREAM's triad bandwidth, same threads"},

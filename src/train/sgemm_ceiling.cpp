@@ -1,6 +1,7 @@
 #include "src/train/sgemm_ceiling.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <fmt/format.h>
 #include <functional>
@@ -286,6 +287,21 @@ void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm) {
   cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s{} on this step's products, best library each (measured in "
                                        "{:.2f} s; --sgemm-ceiling off skips it)", sum / world,
                                        world > 1 ? " per rank" : "", secs);
+}
+
+void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, Communicator& comm) {
+  if (flag == "off") return;
+  const bool cpu = be.device() == Device::cpu;
+  SHARD_REQUIRE(cpu || flag == "auto", "--sgemm-ceiling {}: the sgemm ceiling is the CPU's (on a GPU the progress "
+                "line shows MFU)", flag);
+  if (!cpu) return;
+  if (flag == "auto") return measure_sgemm_ceiling(cfg, be, comm);
+  double gflops = 0;
+  const auto [p, ec] = std::from_chars(flag.data(), flag.data() + flag.size(), gflops);
+  SHARD_REQUIRE(ec == std::errc() && p == flag.data() + flag.size() && gflops > 0,
+                "--sgemm-ceiling '{}': expected auto, off or a rank's GFLOP/s (bench-train's \"ceiling\")", flag);
+  cfg.sgemm_ceiling = gflops * 1e9 * comm.world_size();
+  cfg.sgemm_ceiling_note = fmt::format("{:.1f} GFLOP/s per rank (--sgemm-ceiling)", gflops);
 }
 
 }  // namespace shardlab

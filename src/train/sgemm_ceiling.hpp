@@ -58,5 +58,8 @@ class Communicator;
 // step whose products would take long to time (a larger model: about 10 passes over them, both
 // libraries) is not measured; the note says so. Collective over comm.
 void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm);
+// train's --sgemm-ceiling FLAG: auto (measure_sgemm_ceiling), off, or a rank's GFLOP/s from
+// bench-train ("ceiling"). InputError for anything else, and for a figure on a GPU.
+void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, Communicator& comm);
 
 }  // namespace shardlab
