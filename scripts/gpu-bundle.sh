@@ -17,7 +17,7 @@
 # Not included (the GPU machine has them): glibc, libstdc++, libgcc_s, libgomp, libatomic, zlib,
 # the compiler, CMake, Ninja, CUDA, NCCL. A few system-ish libraries (libudev, libOpenCL) go into
 # fallback-lib/, which env.sh puts on LD_LIBRARY_PATH only where the system lacks them.
-# Use there: scripts/gpu-check.sh unpacks the archive and sources env.sh (see README, "GPU check").
+# Use there: scripts/gpu-check.sh unpacks the archive and sources env.sh (see docs/gpus.md, "GPU check").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)

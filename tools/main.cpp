@@ -3,7 +3,7 @@
 //
 // Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
 // MPI appears here only (and in src/comm): the commands get a ProcessGroup and open communicators
-// through it. Exit codes: src/core/exit_code.hpp (README, "Exit codes").
+// through it. Exit codes: src/core/exit_code.hpp (docs/long-runs-and-faults.md, "Exit codes").
 #include <unistd.h>
 
 #include <csignal>
@@ -99,7 +99,7 @@ ExitCode run_command(const std::string& command, const Args& rest, const Context
 
 // OpenMP threads that wait at a barrier by spinning (libgomp's default) hold their cores while a
 // thread they wait for is descheduled: on a machine where other work runs, a step with all cores
-// took 20x as long as with one thread (README, "Threads"); passive waiting sleeps instead.
+// took 20x as long as with one thread (docs/strategies-and-mesh.md, "Threads"); passive waiting sleeps instead.
 // libgomp reads OMP_WAIT_POLICY when it is loaded,
 // before main, so the setting takes effect by executing this binary again with it (once: the
 // variable is then set). A policy or spin count the user gives is kept.

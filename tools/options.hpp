@@ -8,7 +8,7 @@
 //   * a word that is not an option is an error naming it (it used to be dropped silently, so
 //     `--shuffle false` shuffled);
 //   * a switch is `--flag`, `--flag true|false|1|0` or `--flag=VALUE`, whichever the flag.
-// Flags renamed so that a name means one thing (README, "Renamed options") are in options.cpp's
+// Flags renamed so that a name means one thing (docs/commands.md, "Renamed options") are in options.cpp's
 // table: an old spelling still works where it meant one thing, and is refused naming the new one
 // where another command gives it another meaning.
 #pragma once
@@ -52,7 +52,7 @@ using OptionSources = std::vector<OptionSource>;
 std::string describe(const OptionSources& sources);
 
 // Parses `args` into the variables bound in `desc`, and every command's --config FILE: options as
-// `name = value` lines (boost's config-file format, README "Options from a file"), which the
+// `name = value` lines (boost's config-file format, docs/commands.md "Options from a file"), which the
 // command line overrides. Returns false (after printing the help on rank 0) when --help was given.
 // Throws InputError for an unknown, malformed or stray argument, in either place. `sources`, when
 // given, receives where each option not at its default came from, in command-line order first;
@@ -100,7 +100,7 @@ struct ModelOptions {
   // The preset with the overrides; or, when `init` (--init) is an HF model directory, the model
   // its config.json gives, which fixes the shape: --model is refused, --dim, --heads, --vocab,
   // --kv-heads and --ffn-dim must equal the config's, --layers may be fewer (the first blocks load) and --seq shorter where
-  // no tensor changes with it (README, "Models from Hugging Face directories").
+  // no tensor changes with it (docs/checkpoints-and-models.md, "Models from Hugging Face directories").
   ModelSpec spec(const std::string& init = "") const;  // resolve_model (src/model/resolve.hpp) of these flags
   bool given() const;  // whether any of these flags was given (with a value other than the default)
 };
@@ -156,7 +156,7 @@ struct TrainOptions {
   std::optional<ModelSpec> resume_spec(TrainConfig& cfg) const;
 };
 
-// Flags the user gave (never defaults) that the run does not use (README, "Commands"): a strategy's
+// Flags the user gave (never defaults) that the run does not use (docs/commands.md): a strategy's
 // own flags (--bucket-mb: ddp; --reshard-after-forward, --prefetch, --max-gathered: zero3) and the
 // optimizer's and schedule's. `kinds` are the strategies the command runs: one (train) refuses such
 // a flag, naming it and what it applies to; several (compare, profile) refuse a flag none of them

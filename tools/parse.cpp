@@ -24,7 +24,7 @@ namespace shardlab::cli {
 
 namespace {
 
-// Flags renamed so that one name means one thing (README, "Renamed options"). `accepted`: the old
+// Flags renamed so that one name means one thing (docs/commands.md, "Renamed options"). `accepted`: the old
 // spelling meant one thing, so it still works (with a note); otherwise it now means something else
 // in another command and is refused, naming the new spelling.
 struct Rename {

@@ -1,4 +1,5 @@
-// exit_code.hpp — the exit codes of every shardlab program: the one table (README, "Exit codes").
+// exit_code.hpp — the exit codes of every shardlab program: the one table (docs/long-runs-and-faults.md,
+// "Exit codes").
 //
 // Under mpirun (or --nproc) the job's code is the failing rank's, so each code means one thing
 // whichever rank reports it. Scripts branch on them (tests/faults, scripts/gpu-check.sh): a code's

@@ -75,9 +75,9 @@ bool companion_file(const std::string& name) {
   return names.count(name) != 0;
 }
 
-// An export's directory, checked before anything is written (README, "Models from Hugging Face
-// directories"): created if absent; refused when it holds what an export neither writes nor keeps.
-// Returns the earlier export's files.
+// An export's directory, checked before anything is written (docs/checkpoints-and-models.md,
+// "Models from Hugging Face directories"): created if absent; refused when it holds what an export
+// neither writes nor keeps. Returns the earlier export's files.
 std::vector<fs::path> prepare_export_dir(const fs::path& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec)) {

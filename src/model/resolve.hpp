@@ -19,7 +19,8 @@ struct ModelRequest {
 // The preset with the overrides; or, when r.init is an HF model directory, the model its
 // config.json gives: a preset is refused, dim, heads, vocab, kv_heads and ffn_dim must equal the
 // config's, layers may be fewer (the first blocks load) and seq shorter where no tensor changes with
-// it (README, "Models from Hugging Face directories"). InputError naming the flag and both values.
+// it (docs/checkpoints-and-models.md, "Models from Hugging Face directories"). InputError naming
+// the flag and both values.
 ModelSpec resolve_model(const ModelRequest& r);
 
 }  // namespace shardlab

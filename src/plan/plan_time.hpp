@@ -1,6 +1,6 @@
 // plan_time.hpp — the time model of `plan` at scale (issue 26): one training step of a TP x PP x DP
 // layout on a GPU cluster, predicted from the model's shape and the device's rates. It is a model,
-// checked against published runs by `shardlab bench-plan-validation` (README: "Planning").
+// checked against published runs by `shardlab bench-plan-validation` (docs/planning.md).
 //
 // Notation: b micro-batch, s sequence, h hidden, a heads (g of K/V), d = h/a, f MLP width, V vocab,
 // L layers; t tp, p pp, v virtual stages, dp replicas, M = B / (b dp) micro-batches; n = b s tokens.
@@ -98,7 +98,7 @@ struct DeviceRates {
 DeviceRates device_rates(const DevicePeaks& d);
 
 // The model's constants: what share of a peak real kernels and collectives reach. Calibrated once
-// against Narayanan et al. 2021's Table 1 on A100 (README: "Planning"), never per run.
+// against Narayanan et al. 2021's Table 1 on A100 (docs/planning.md), never per run.
 struct Achievable {
   double gemm = 0.70;   // of the dense peak, by a large GEMM
   double knee = 48;     // sat(x) = x / (x + knee): a GEMM dimension of 48 halves it

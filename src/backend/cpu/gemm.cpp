@@ -51,7 +51,7 @@ bool aliasing_rows(int64_t ld, int64_t k) {
 }  // namespace
 
 // Measured with `shardlab bench-gemm` and a sweep of attention's products over C = 256-1600 and
-// T = 128-1024 (README, "CPU GEMM"), one thread:
+// T = 128-1024 (docs/performance.md, "CPU GEMM"), one thread:
 // - AVX2 (AMD EPYC), products with both output sides >= 256 (the linear layers): with k <= 256
 //   oneDNN is the faster (92-98 GFLOP/s against OpenBLAS's 90-91). With k >= 512 oneDNN falls to
 //   40-72 GFLOP/s on A-transposed products (the weight gradients, k = B*T) and to 85-88 where an

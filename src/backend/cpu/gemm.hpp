@@ -4,7 +4,7 @@
 // The rule is fixed, not measured per process: a per-process measurement could pick differently in
 // two runs of the same job, and a resumed run must repeat the bits of an uninterrupted one.
 // `shardlab bench-gemm` times every candidate on a model's shapes and prints what the rule picks,
-// so the rule can be checked on any host (README, "CPU GEMM").
+// so the rule can be checked on any host (docs/performance.md, "CPU GEMM").
 #pragma once
 #include <cstdint>
 #include <string>
