@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package shardlab builds, tests and benchmarks with (clang and its runtime
-# only for the libFuzzer targets in tests/fuzz; python3 and procps for the fault tests in tests/faults).
+# only for the libFuzzer targets in tests/fuzz; python3 and procps for the fault tests in tests/faults;
+# pip for scripts/fetch-gpt2-tokenizer.sh, which downloads one small sdist from PyPI).
 # Idempotent: packages already present are skipped, and apt is not touched when nothing is missing.
 # CUDA (nvcc, cuBLAS, NCCL, Thrust) is not a Debian package here: CMake looks for it in /usr/local/cuda.
 set -euo pipefail
@@ -14,7 +15,7 @@ packages=(
   nlohmann-json3-dev
   libfmt-dev libspdlog-dev
   clang libclang-rt-14-dev
-  python3 procps
+  python3 python3-pip procps
 )
 
 missing=()

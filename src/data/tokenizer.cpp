@@ -49,7 +49,6 @@ std::string to_bytes(const std::string& utf8, const std::string& where) {
   return out;
 }
 
-uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
 
 json read_json(const fs::path& p) {
   std::ifstream f(p);
@@ -83,10 +82,13 @@ constexpr const char* kImplemented =
 Tokenizer::Tokenizer(const std::string& dir) {
   std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
   const fs::path hf = fs::path(dir) / "tokenizer.json";
+  std::string ranks;
   if (fs::is_regular_file(hf))
     read_hf_json(hf.string());
-  else
+  else if (fs::is_regular_file(fs::path(dir) / "encoder.json") || !find_tiktoken(dir, &ranks))
     read_gpt2_files(dir);
+  else
+    read_tiktoken(ranks);
   for (int b = 0; b < 256; ++b) {
     auto it = vocab_.find(std::string(1, static_cast<char>(b)));
     if (it != vocab_.end()) byte_ids_[b] = it->second;
@@ -115,7 +117,8 @@ void Tokenizer::read_gpt2_files(const std::string& dir) {
   const fs::path enc = fs::path(dir) / "encoder.json", merges = fs::path(dir) / "vocab.bpe";
   for (const fs::path& p : {enc, merges})
     SHARD_REQUIRE(fs::is_regular_file(p), "--tokenizer '{}': '{}' is missing (a directory holds a Hugging Face "
-                  "tokenizer.json, or GPT-2's encoder.json and vocab.bpe, which scripts/fetch-gpt2-tokenizer.sh "
+                  "tokenizer.json, GPT-2's encoder.json and vocab.bpe, or a tiktoken gpt2.tiktoken or tokenizer.model; "
+                  "scripts/fetch-gpt2-tokenizer.sh "
                   "fetches)", dir, p.string());
   kind_ = TokenizerKind::gpt2_bpe;
   source_ = enc.string();

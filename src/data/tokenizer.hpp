@@ -15,6 +15,10 @@
 //    normalizers, other regexes, added tokens with lstrip/rstrip/single_word) is refused by name.
 //  * DIR/encoder.json and DIR/vocab.bpe: GPT-2's files as OpenAI published them (used when there
 //    is no tokenizer.json). GPT-2's split pattern; no added tokens (<|endoftext|> in text is text).
+//  * DIR/gpt2.tiktoken or DIR/tokenizer.model: tiktoken's BPE ranks ("base64(bytes) rank" lines;
+//    tiktoken.cpp), used when neither of the above is there: GPT-2's (as the openai-whisper sdist
+//    ships it: GPT-2's pattern, <|endoftext|> as above) or Llama 3's original tokenizer.model
+//    (Llama 3's pattern, its 256 special tokens added after the ranks).
 //
 // Tokens are byte strings: byte-level BPE writes each byte as a printable code point (the "bytes to
 // unicode" table), which the reader maps back once, so encoding and decoding work on raw bytes and
@@ -33,9 +37,15 @@
 
 namespace shardlab {
 
+// A merge table's key: the pair of token ids (left << 32 | right).
+inline uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
 class Tokenizer {
  public:
-  // DIR/tokenizer.json when it exists, else DIR/encoder.json with DIR/vocab.bpe. InputError names a
+  // DIR/tokenizer.json when it exists, else DIR/encoder.json with DIR/vocab.bpe, else a tiktoken
+  // file (gpt2.tiktoken, tokenizer.model), else the two-file form's message. InputError names a
   // missing or malformed file, and the component of a tokenizer.json shardlab does not implement.
   explicit Tokenizer(const std::string& dir);
   TokenizerKind kind() const { return kind_; }
@@ -57,6 +67,8 @@ class Tokenizer {
   enum class PreTokenizer : uint8_t { gpt2, llama3, digits, digits_individual };
 
   void read_gpt2_files(const std::string& dir);
+  static bool find_tiktoken(const std::string& dir, std::string* path);  // gpt2.tiktoken or tokenizer.model
+  void read_tiktoken(const std::string& path);
   void read_hf_json(const std::string& path);
   void read_hf_model(const nlohmann::json& model);
   void read_hf_pre_tokenizer(const nlohmann::json& pre);
