@@ -34,6 +34,8 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
   opts.finish(cc.train, ctx, ctx.mpi.world());
   cc.strategies = cli::strategies_for(strategies, given, cc.train.layout.dims, "compare", ctx.mpi.rank());
   cli::check_applicable(given, cc.train, cc.strategies, true, "compare", ctx.mpi.rank());
+  if (ctx.mpi.rank() == 0)
+    std::printf("shardlab compare mesh: %s\n", cc.train.layout.dims.resolved(ctx.mpi.world()).describe().c_str());
   for (StrategyKind k : cc.strategies) {  // each strategy's step must fit this host (none is skipped for it)
     TrainConfig one = cc.train;
     one.use_strategy(k);

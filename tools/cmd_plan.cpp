@@ -7,6 +7,7 @@
 
 #include "src/plan/calibrate.hpp"
 #include "src/core/device_peaks.hpp"
+#include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/plan/measure.hpp"
 #include "src/plan/plan.hpp"
@@ -62,6 +63,14 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   print_plan(pc, plan, static_cast<size_t>(std::max(f.show, f.measure_top)), stdout);
   if (!f.reports.json.empty()) write_text(f.reports.json, plan_json(pc, plan) + "\n", "--json");
   if (!f.reports.html.empty()) write_text(f.reports.html, plan_html(pc, plan), "--html");
+  // Nothing that fits is an answer a script must not take for a plan: the out-of-memory status, and
+  // the fastest layout that does not fit with why (the table above lists the next ones).
+  if (std::none_of(plan.entries.begin(), plan.entries.end(), [](const PlanEntry& e) { return e.fits; })) {
+    std::fprintf(stderr, "shardlab plan: nothing fits %s per rank%s\n", format_bytes(double(pc.device_memory)).c_str(),
+                 plan.entries.empty() ? "" : fmt::format(" (the fastest layout, {}: {})", plan.entries[0].label(),
+                                                          plan.entries[0].why).c_str());
+    return ExitCode::out_of_memory;
+  }
   return ExitCode::ok;
 }
 

@@ -271,6 +271,7 @@ void Trainer::print_header(std::FILE* out) const {
   std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s, %s communicator\n", cfg_.spec.describe().c_str(),
                cfg_.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
                be_.describe().c_str(), comm_.name().c_str());
+  std::fprintf(out, "  mesh: %s\n", mesh_.dims().describe().c_str());
   if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());
   if (!cfg_.model_origin.empty()) std::fprintf(out, "  model: %s\n", cfg_.model_origin.c_str());
   if (!cfg_.sgemm_ceiling_note.empty()) std::fprintf(out, "  sgemm ceiling: %s\n", cfg_.sgemm_ceiling_note.c_str());
