@@ -5,7 +5,7 @@
 //   shardlab profile             the memory profile: every strategy x category per rank, predicted and measured
 //   shardlab plan                the fastest configuration that fits N ranks, predicted (and measured)
 //   shardlab sample              text from a model file or a checkpoint, on one rank
-//   shardlab export              a checkpoint as one HF-named safetensors file
+//   shardlab export              a checkpoint as an HF model directory or one safetensors file
 //   shardlab report              the run report (curves, throughput, communication, memory) of a --log file
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi, nccl, staged or sim

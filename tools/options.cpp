@@ -37,10 +37,10 @@ void add_switch(Desc& d, const char* name, bool& value, const char* help) {
 void RunOptions::add(Desc& d, bool with_device, bool with_comm, const char* comm_note) {
   Desc g("run");
   g.add_options()("threads", po::value(&threads)->default_value(threads),
-                  "CPU threads per rank; 0 = this node's idle cores / its ranks (at least 1; README, \"Threads\")")(
+                  "CPU threads per rank; 0 = this node's idle cores / its ranks (at least 1; docs/strategies-and-mesh.md, \"Threads\")")(
       "cpu-gemm", po::value(&cpu_gemm)->default_value(cpu_gemm),
       "sgemm library of the cpu backend: auto (picked per product by the host's ISA and the product's shape; "
-      "README, \"CPU GEMM\"), onednn or openblas (that one for every product)")(
+      "docs/performance.md, \"CPU GEMM\"), onednn or openblas (that one for every product)")(
       "collective-timeout", po::value(&collective_timeout)->default_value(collective_timeout),
       "seconds a rank may wait in one collective before the job ends (exit 5), naming the rank(s) that "
       "never reached it; 0 = off. Progress records live in $SHARDLAB_WATCHDOG_DIR (default /dev/shm): "
@@ -313,7 +313,8 @@ void TrainOptions::add(Desc& d, TrainConfig& cfg) {
   mesh.add(d);
   Desc g("training");
   g.add_options()("data", po::value(&cfg.data)->default_value(cfg.data),
-                  "token source: synthetic (embedded), an llm.c .bin shard, or any file as bytes");
+                  "token source: synthetic (embedded), an llm.c .bin shard, or a text file (tokenized by --tokenizer, else its "
+                  "bytes are the tokens)");
   add_steps(g, cfg.steps, "optimizer steps");
   add_batch(g, cfg.batch, "global batch in sequences (ranks x micro-batch x accum)");
   g.add_options()("accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(

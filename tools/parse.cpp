@@ -58,7 +58,7 @@ void apply_renames(std::vector<std::string>& args, const char* command, int rank
     const std::string name = long_name(a);
     for (const Rename& r : kRenames) {
       if (name != r.from || std::string(command) != r.command) continue;
-      SHARD_REQUIRE(r.accepted, "{} --{} is now --{} (README, \"Renamed options\")", command, r.from, r.to);
+      SHARD_REQUIRE(r.accepted, "{} --{} is now --{} (docs/commands.md, \"Renamed options\")", command, r.from, r.to);
       if (rank == 0) std::fprintf(stderr, "shardlab %s: --%s is now --%s\n", command, r.from, r.to);
       a = "--" + std::string(r.to) + a.substr(2 + name.size());
     }

@@ -435,7 +435,7 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
   }
   if (fitting == 0) std::fprintf(out, "nothing fits: more ranks, more device memory, or a smaller model\n");
   std::fprintf(out, "TFLOP/s: model FLOPs per device (Megatron's count, no recomputation); MFU against the %.1f "
-               "TFLOP/s peak. Memory is the estimator's (exact); time is the model of README \"Planning\".\n",
+               "TFLOP/s peak. Memory is the estimator's (exact); time is the model of docs/planning.md.\n",
                c.rates.device.flops.value / 1e12);
   std::fflush(out);
 }

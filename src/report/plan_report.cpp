@@ -146,7 +146,7 @@ std::string plan_html(const PlanConfig& c, const PlanResult& res) {
                      e.measured_peak ? format_bytes(double(*e.measured_peak)) : "", e.fits ? "yes" : esc(e.why));
   }
   return h + "</table>\n<p style='color:#666;font-size:11px'>Written by shardlab plan. The memory is the "
-             "estimator's (exact); the time is a model (README, Planning).</p>\n</body></html>\n";
+             "estimator's (exact); the time is a model (docs/planning.md).</p>\n</body></html>\n";
 }
 
 }  // namespace shardlab
