@@ -38,6 +38,14 @@ TEST_CASE("GPT-2 BPE: the reference encoder's ids, and decoding back", "[tokeniz
     CHECK(tok.decode(ids) == text);
   }
   CHECK_THROWS_WITH(tok.decode(std::vector<int32_t>{50257}), Catch::Contains("token id 50257 is outside"));
+  // Its HF form (what an export carries) reads back to the same ids.
+  const nlohmann::json hf = tok.to_hf_json();
+  const auto dir = std::filesystem::temp_directory_path() / "shardlab-gpt2-hf-form";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << hf.dump();
+  const Tokenizer back(dir.string());
+  CHECK(back.size() == 50257);
+  for (const auto& [text, ids] : cases) CHECK(back.encode(text) == ids);
   // As prompts: text in, text out, for a 50257-token model.
   CHECK(encode_prompt("Hello world", 50257, &tok) == std::vector<int32_t>{15496, 995});
   CHECK(decode_tokens(std::vector<int32_t>{15496, 995}, 50257, &tok) == "Hello world");
@@ -80,6 +88,13 @@ std::string edited_fixture(const std::string& name, const std::function<void(nlo
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "tokenizer.json") << j.dump();
   return dir.string();
+}
+// `json` as DIR/tokenizer.json in a directory of its own, read back.
+Tokenizer reread(const nlohmann::json& json, const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardlab-tokenizer-reread-" + name);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << json.dump();
+  return Tokenizer(dir.string());
 }
 }  // namespace
 
@@ -249,4 +264,44 @@ TEST_CASE("tiktoken ranks: a line that is not base64 and a rank is refused with 
   CHECK_THROWS_WITH(Tokenizer(dir.string()), Catch::Contains("line 2: 'not-base64! 1' is not \"base64 rank\""));
   std::ofstream(dir / "tokenizer.model") << "IQ== 0\nIQ== 1\n";
   CHECK_THROWS_WITH(Tokenizer(dir.string()), Catch::Contains("line 2: a token repeats"));
+}
+
+// ---- The HF form a checkpoint and an export carry --------------------------------------------------
+
+TEST_CASE("to_hf_json: read back, every fixture gives HF tokenizers' ids", "[hf-tokenizer]") {
+  for (const char* name : {"gpt2-style", "llama3-style", "digits-style"}) {
+    INFO(name);
+    const Tokenizer tok = reread(Tokenizer(kFixtures + name).to_hf_json(), name);
+    const nlohmann::json expected = read_json(kFixtures + name + "/expected.json");
+    CHECK(tok.size() == expected["vocab_size"].get<size_t>());
+    for (const auto& c : expected["cases"]) {
+      const std::string text = c["text"].get<std::string>();
+      INFO("text: " << text.substr(0, 80));
+      CHECK(tok.encode(text) == c["ids"].get<std::vector<int32_t>>());
+      CHECK(tok.decode(c["ids"].get<std::vector<int32_t>>()) == text);
+    }
+  }
+}
+
+TEST_CASE("to_hf_json of tiktoken ranks and of bytes as tokens", "[tiktoken]") {
+  const Tokenizer ranks(write_ranks("gpt2.tiktoken", {"he", "ll", "hell", "lo", " w", "wor"}).string());
+  const Tokenizer back = reread(ranks.to_hf_json(), "tiktoken");
+  for (const char* text : {"hello", "hello world", "wor", "<|endoftext|>", "hell lo\n\n  w"}) {
+    INFO(text);
+    CHECK(back.encode(text) == ranks.encode(text));
+  }
+  CHECK(back.size() == ranks.size());
+  CHECK(ranks.find_token({"<|end_of_text|>", "<|endoftext|>"}) == 262);
+  const Tokenizer llama(write_ranks("tokenizer.model", {"he", "ll"}).string());
+  const Tokenizer llama_back = reread(llama.to_hf_json(), "tiktoken-llama");
+  CHECK(llama_back.encode("<|begin_of_text|>hell<|eot_id|>") == llama.encode("<|begin_of_text|>hell<|eot_id|>"));
+  CHECK(llama.find_token({"<|begin_of_text|>"}) == 258);
+  // Bytes as tokens: id = byte, for every byte.
+  const Tokenizer bytes = reread(byte_tokenizer_json(), "bytes");
+  std::string all;
+  std::vector<int32_t> ids;
+  for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b)), ids.push_back(b);
+  CHECK(bytes.encode("hello world") == std::vector<int32_t>{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'});
+  CHECK(bytes.encode(all) == ids);
+  CHECK(bytes.decode(ids) == all);
 }

@@ -3,6 +3,7 @@
 // each token printed as soon as it is drawn.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "src/comm/sim_comm.hpp"
 #include "src/checkpoint/checkpoint.hpp"
@@ -40,7 +41,8 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
                   "run the prompt once and then one new position per token against a KV cache; false: the whole "
                   "context through the model for every token (the same tokens, slower; for comparison)");
   cli::add_seed(desc, seed, "sampling seed: the same seed gives the same sample");
-  cli::add_tokenizer(desc, tokenizer_dir, "the prompt and the sample");
+  cli::add_tokenizer(desc, tokenizer_dir, "the prompt and the sample (default: a checkpoint's, or the --init "
+                    "directory's tokenizer.json)");
   run.add(desc);
   memory.add(desc);
   model.add(desc);
@@ -51,6 +53,8 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
   sc.seed = static_cast<uint64_t>(seed);
   if (!cfg.resume.empty()) {  // the checkpoint says what it holds
     const Manifest m = read_manifest(cfg.resume);
+    // The tokenizer the run trained with, unless --tokenizer names another (checked against the manifest).
+    if (tokenizer_dir.empty() && !read_checkpoint_tokenizer(cfg.resume, m).empty()) tokenizer_dir = cfg.resume;
     cfg.spec = m.model;
     cfg.optim.kind = parse_optimizer(m.optimizer.kind);
     cfg.shuffle = m.shuffle;
@@ -58,6 +62,9 @@ ExitCode cmd_sample(const Args& args, const Context& ctx) {
     cfg.steps = std::max<int64_t>(m.step, 1);
   } else {
     cfg.spec = model.spec(cfg.init);
+    // An HF directory's own tokenizer (an export carries the run's), unless --tokenizer names another.
+    if (tokenizer_dir.empty() && std::filesystem::is_regular_file(std::filesystem::path(cfg.init) / "tokenizer.json"))
+      tokenizer_dir = cfg.init;
   }
   sc.validate(cfg.spec.vocab);
   if (!tokenizer_dir.empty()) cfg.tokenizer = std::make_shared<const Tokenizer>(tokenizer_dir);

@@ -434,8 +434,9 @@ void add_resume(Desc& d, std::string& path, const char* help) {
 void add_tokenizer(Desc& d, std::string& dir, const char* purpose) {
   d.add_options()("tokenizer", po::value(&dir)->default_value(""),
                   fmt::format("a directory with a Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama 3, "
-                              "SmolLM) or GPT-2's encoder.json and vocab.bpe (scripts/fetch-gpt2-tokenizer.sh DIR "
-                              "fetches them): {} as text", purpose).c_str());
+                              "SmolLM), GPT-2's encoder.json and vocab.bpe, or tiktoken ranks (gpt2.tiktoken, which "
+                              "scripts/fetch-gpt2-tokenizer.sh DIR fetches, or Llama 3's tokenizer.model): {} as "
+                              "text", purpose).c_str());
 }
 void add_dtype(Desc& d, std::string& dtype, const char* help) {
   d.add_options()("dtype", po::value(&dtype)->default_value(dtype), help);

@@ -212,6 +212,11 @@ void merge_manifest(const fs::path& tmp, const CheckpointState& state, const Run
   // pieces are whole-tensor regions.
   for (const UnitLayout& unit : family_of(state.step.spec).layout(state.step.spec))
     for (const TensorDecl& t : unit.tensors) m["tensors"][t.name]["shape"] = t.full_shape;
+  if (const CarriedTokenizer* t = state.tokenizer) {
+    write_small_file(tmp / "tokenizer.json", t->json);
+    m["tokenizer"] = {{"file", "tokenizer.json"}, {"source", t->source}, {"bytes", t->json.size()},
+                      {"checksum", fmt::format("fnv1a64:{:016x}", fnv1a64(t->json))}};
+  }
   write_small_file(tmp / "manifest.json", m.dump(1) + "\n");
 }
 

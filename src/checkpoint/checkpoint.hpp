@@ -5,7 +5,8 @@
 // master copy under mixed precision — then each optimizer state, for the element range it owns) and
 // `manifest.json` (schema shardlab.checkpoint/1): model spec, strategy, world, dtypes, optimizer,
 // step, data position, seed, every file with its size and FNV-1a-64 checksum, and for every tensor
-// and state which element ranges lie in which file at which byte offset.
+// and state which element ranges lie in which file at which byte offset. A run that read text also
+// leaves `tokenizer.json` (CarriedTokenizer), which export and sample take.
 //
 // Writing is atomic: everything goes to `.tmp.step_XXXXXXXX`, every file is fsynced, and rank 0
 // renames the directory once all ranks have finished, so a run killed at any moment leaves the
@@ -24,6 +25,14 @@
 
 namespace shardlab {
 
+// What a run's text was tokenized with, as its checkpoints carry it (tokenizer.json): the run's
+// --tokenizer in Hugging Face form (Tokenizer::to_hf_json), or a text file's bytes as tokens
+// (byte_tokenizer_json; source "bytes"). The Trainer makes it once.
+struct CarriedTokenizer {
+  std::string json;    // the tokenizer.json text
+  std::string source;  // the --tokenizer file it came from, or "bytes"
+};
+
 // What save and load work on: the ranks' strategy (whose owned state is written and read), the
 // model's units (the tensors' names and offsets), and the run's configuration for the manifest's
 // description and load's compatibility checks. The Trainer makes one (Trainer::checkpoint_state).
@@ -35,6 +44,7 @@ struct CheckpointState {
   const StepConfig& step;  // model, strategy, dtypes, optimizer, seed
   bool shuffle = false;    // batches from per-epoch permutations of (seed, epoch): with the step, the data order
   const DataRecord* data = nullptr;  // the run's data, batch and validation split (null: not recorded or checked)
+  const CarriedTokenizer* tokenizer = nullptr;  // null: no text (synthetic or llm.c tokens), nothing carried
 };
 
 // Where a run stands when it saves, and where a loaded checkpoint resumes.

@@ -114,6 +114,15 @@ struct DataRecord {
   double val_fraction = 0;             // --val-fraction (0 = none): the training stream is cut before it
 };
 
+// The tokenizer the run read its text with, as the checkpoint carries it: a Hugging Face
+// tokenizer.json beside the rank files (manifest key "tokenizer"), which export and sample use.
+struct ManifestTokenizer {
+  std::string file;      // "tokenizer.json"
+  std::string source;    // what the run read: its --tokenizer file, or "bytes" (a text file's bytes as tokens)
+  uint64_t bytes = 0;
+  std::string checksum;  // "fnv1a64:<16 hex digits>"
+};
+
 struct Manifest {
   int version = 2;       // of the format it was written in: 1 (flat pieces only) or 2
   ModelSpec model;       // validated (ModelSpec::validate)
@@ -128,6 +137,7 @@ struct Manifest {
   bool shuffle = false;       // batches drawn from per-epoch permutations of (seed, epoch); false when absent
   std::optional<double> val_loss;  // the validation loss computed at this step, when there was one
   std::optional<DataRecord> data;  // absent in manifests written before it was recorded
+  std::optional<ManifestTokenizer> tokenizer;  // absent: the run read no text (or predates it)
   std::vector<ManifestFile> files;
   std::map<std::string, ManifestTensor> tensors;  // by HF name; every piece's rank is in `files`
 
@@ -179,6 +189,10 @@ void append_unit_state(const UnitLayout& unit, int64_t a, int64_t b, std::span<c
 // InputError naming the tensor when its pieces are missing, of another shape, or leave a gap.
 void read_unit_state(const Manifest& m, CheckpointFiles& files, const UnitLayout& unit, int64_t a, int64_t b,
                      const std::string& state, std::span<float> dst, const std::string& path);
+
+// The checkpoint's tokenizer.json, checked against the manifest's size and checksum; "" when the
+// manifest records none. InputError naming the file when it is missing or differs.
+std::string read_checkpoint_tokenizer(const std::filesystem::path& dir, const Manifest& m);
 
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);

@@ -257,6 +257,14 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     out.val_loss = m["val_loss"].get<double>();
   }
   if (m.contains("data")) out.data = p.data(m);
+  if (m.contains("tokenizer")) {
+    const json& t = m["tokenizer"];
+    const bool ok = t.is_object() && t.contains("file") && t["file"] == "tokenizer.json" && t.contains("source") &&
+                    t["source"].is_string() && t.contains("checksum") && t["checksum"].is_string();
+    if (!ok) throw p.bad("\"tokenizer\" must be {\"file\": \"tokenizer.json\", \"source\", \"bytes\", \"checksum\"}");
+    out.tokenizer = ManifestTokenizer{"tokenizer.json", t["source"].get<std::string>(),
+                                      static_cast<uint64_t>(p.integer(t, "bytes", 0)), t["checksum"].get<std::string>()};
+  }
   out.files = p.files(m);
   out.tensors = p.tensors(m, out.files, out.version);
   return out;

@@ -155,13 +155,16 @@ DataSource describe_source(const std::string& what) {
   return {what, size, fmt::format("fnv1a64:{:016x}", h)};
 }
 
+bool is_text_source(const std::string& what) {
+  return what != "synthetic" && !(what.size() >= 4 && what.compare(what.size() - 4, 4, ".bin") == 0);
+}
+
 TokenStream load_tokens(const std::string& what, int64_t vocab, const Tokenizer* tokenizer) {
   TokenStream s;
   if (what == "synthetic") {
     s = synthetic_stream(vocab);
   } else {
-    bool bin = what.size() >= 4 && what.compare(what.size() - 4, 4, ".bin") == 0;
-    s = bin ? load_llmc_bin(what) : tokenizer ? load_text_tokens(what, *tokenizer) : load_text_bytes(what);
+    s = !is_text_source(what) ? load_llmc_bin(what) : tokenizer ? load_text_tokens(what, *tokenizer) : load_text_bytes(what);
   }
   auto bad = std::find_if(s.tokens.begin(), s.tokens.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
   SHARD_REQUIRE(bad == s.tokens.end(), "'{}': token {} at position {} does not fit the model's vocabulary of {}",

@@ -40,6 +40,7 @@ class Tokenizer;
 // when there is one, else its bytes. Checks that every token fits the vocabulary; throws InputError
 // naming the file and the offending value.
 TokenStream load_tokens(const std::string& what, int64_t vocab, const Tokenizer* tokenizer = nullptr);
+bool is_text_source(const std::string& what);  // neither "synthetic" nor an llm.c .bin: text
 TokenStream load_llmc_bin(const std::string& path);
 TokenStream load_text_bytes(const std::string& path);
 TokenStream load_text_tokens(const std::string& path, const Tokenizer& tokenizer);

@@ -1,6 +1,7 @@
 #include "src/data/tokenizer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -49,6 +50,22 @@ std::string to_bytes(const std::string& utf8, const std::string& where) {
   return out;
 }
 
+}  // namespace
+
+std::string byte_level_text(std::string_view bytes) {
+  static const std::array<std::string, 256> text = [] {
+    std::array<std::string, 256> t;
+    for (const auto& [cp, b] : code_point_bytes())  // cp < 0x800: one or two UTF-8 bytes
+      t[b] = cp < 0x80 ? std::string(1, static_cast<char>(cp))
+                       : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    return t;
+  }();
+  std::string out;
+  for (const char c : bytes) out += text[static_cast<unsigned char>(c)];
+  return out;
+}
+
+namespace {
 
 json read_json(const fs::path& p) {
   std::ifstream f(p);

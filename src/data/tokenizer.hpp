@@ -25,6 +25,7 @@
 // decoding is exact for any ids (an added token decodes to its text).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
@@ -42,6 +43,13 @@ inline uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
+// Bytes as byte-level BPE writes them: each byte as its printable code point, in UTF-8.
+std::string byte_level_text(std::string_view bytes);
+
+// The tokenizer.json of "bytes as tokens" (a text --data without --tokenizer): ids 0-255 are the
+// bytes, no merges, no regex; what an export of such a run carries (tokenizer_export.cpp).
+nlohmann::json byte_tokenizer_json();
+
 class Tokenizer {
  public:
   // DIR/tokenizer.json when it exists, else DIR/encoder.json with DIR/vocab.bpe, else a tiktoken
@@ -53,6 +61,13 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
   std::string decode(std::span<const int32_t> ids) const;  // InputError for an id outside the vocabulary
   size_t size() const { return tokens_.size(); }           // the largest id + 1
+  // This tokenizer as a Hugging Face tokenizer.json (tokenizer_export.cpp), whatever form it was
+  // read from: byte-level BPE with its vocabulary, its merges in rank order, ignore_merges, its
+  // added tokens and its pre-tokenizers, which transformers' AutoTokenizer and this class read back
+  // to the same ids (tiktoken ranks: every split of a token, as its merges here).
+  nlohmann::json to_hf_json() const;
+  // The id of the first of `texts` that is a token (added or in the vocabulary), or -1.
+  int32_t find_token(std::initializer_list<std::string_view> texts) const;
 
  private:
   struct Merge {

@@ -28,11 +28,11 @@ json read_json_file(const fs::path& p, const char* what) {
 }
 
 // Through a temporary and a rename, as the safetensors writer does: never half a file.
-void write_json_file(const fs::path& p, const json& j) {
+void write_text_file(const fs::path& p, const std::string& text) {
   const fs::path tmp = p.string() + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
-    f << j.dump(2) << "\n";
+    f << text;
     f.flush();
     SHARD_REQUIRE(f.good(), "writing '{}' failed (disk full?)", tmp.string());
   }
@@ -40,6 +40,8 @@ void write_json_file(const fs::path& p, const json& j) {
   fs::rename(tmp, p, ec);
   SHARD_REQUIRE(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), p.string(), ec.message());
 }
+
+void write_json_file(const fs::path& p, const json& j) { write_text_file(p, j.dump(2) + "\n"); }
 
 // The directory's own name ("gpt2" for ~/models/gpt2/), which names the spec.
 std::string dir_name(const std::string& dir) {
@@ -320,8 +322,13 @@ void HfModelWriter::finish() {
     index["metadata"] = {{"total_size", bytes}, {"total_parameters", params}};
     write_json_file(dir / kHfIndexFile, index);
   }
+  for (const auto& [name, text] : opts_.companions) {
+    SHARD_CHECK(companion_file(name), "HfModelWriter: '{}' is not a companion file", name);
+    write_text_file(dir / name, text);
+  }
   json config = family_of(spec_).hf_config(spec_);
   config[config.contains("dtype") ? "dtype" : "torch_dtype"] = hf_dtype_name(opts_.dtype);
+  for (const auto& [key, id] : opts_.config_ids) config[key] = id;
   write_json_file(dir / kHfConfigFile, config);  // last: the directory is complete
 }
 

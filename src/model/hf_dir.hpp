@@ -69,6 +69,11 @@ struct HfWriteOptions {
   DType dtype = DType::f32;                   // every tensor's stored dtype
   uint64_t max_shard_size = kHfMaxShardSize;  // a directory: bytes of tensors per shard file
   std::map<std::string, std::string> metadata;  // each file's __metadata__ ("format": "pt" added)
+  // A directory only: companion files written whole before config.json (tokenizer.json,
+  // tokenizer_config.json, generation_config.json), and integer fields added to config.json
+  // (bos_token_id, eos_token_id).
+  std::map<std::string, std::string> companions;
+  std::map<std::string, int64_t> config_ids;
 };
 
 struct HfTensorDecl {

@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "src/core/units.hpp"
 #include "src/model/decode.hpp"
@@ -85,6 +86,15 @@ TrainConfig checked(TrainConfig cfg, int world) {
   cfg.schedule.total_steps = cfg.steps;
   return cfg;
 }
+
+// What checkpoints carry of the tokenizer: the run's --tokenizer, or bytes as tokens for a text
+// file read without one; nothing for synthetic or llm.c tokens (no text).
+std::shared_ptr<const CarriedTokenizer> carried_tokenizer(const TrainConfig& cfg) {
+  if (cfg.tokenizer)
+    return std::make_shared<CarriedTokenizer>(cfg.tokenizer->to_hf_json().dump() + "\n", cfg.tokenizer->source());
+  if (is_text_source(cfg.data)) return std::make_shared<CarriedTokenizer>(byte_tokenizer_json().dump() + "\n", "bytes");
+  return nullptr;
+}
 }  // namespace
 
 Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
@@ -125,6 +135,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     if (!cfg_.val_data.empty()) d->val_data = describe_source(cfg_.val_data);
     d->val_fraction = cfg_.val_fraction;
     data_record_ = std::move(d);
+    if (comm_.rank() == 0) carried_tokenizer_ = carried_tokenizer(cfg_);  // rank 0 writes the manifest
   }
   if (!from.empty()) {
     const RunPosition at = load_checkpoint(from, checkpoint_state());
@@ -337,7 +348,8 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
 }
 
 CheckpointState Trainer::checkpoint_state() {
-  return CheckpointState{be_, comm_, *strategy_, model_.units(), cfg_, cfg_.shuffle, data_record_.get()};
+  return CheckpointState{be_,   comm_,        *strategy_,         model_.units(),
+                         cfg_,  cfg_.shuffle, data_record_.get(), carried_tokenizer_.get()};
 }
 
 void Trainer::save(const std::string& path) { model_.save(path); }

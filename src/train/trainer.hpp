@@ -23,6 +23,7 @@ namespace shardlab {
 
 struct CheckpointState;  // checkpoint.hpp
 struct DataRecord;       // checkpoint_format.hpp
+struct CarriedTokenizer;  // checkpoint.hpp
 
 // SIGTERM and SIGUSR1 ask a run to save and stop after the current step (run.cpp); so does a first
 // SIGINT (Ctrl-C) when `sigint_saves` (there is a --save-dir); otherwise, or at a second SIGINT, the
@@ -174,6 +175,7 @@ class Trainer {
   bool interrupted_ = false;
   std::string resumed_from_;
   std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
+  std::shared_ptr<const CarriedTokenizer> carried_tokenizer_;  // rank 0, with a --save-dir: tokenizer.json
   std::vector<StepStats> history_;  // run()'s steps
   Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };
