@@ -48,6 +48,7 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
     z.validate_strategy();
   }
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
+  if (ctx.mpi.rank() == 0) reports.check("before the first strategy runs");
   auto backend = opts.backend(ctx);
   const PoolConfig pools = opts.memory.pools(backend.get());
   cc.budget = pools.budget;
@@ -69,7 +70,7 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
       if (!sources.empty()) run.facts.push_back("options: " + cli::describe(sources));
       for (const auto& one : r.runs)
         if (one.oom) run.facts.push_back(one.name + " did not fit: " + one.error.substr(0, one.error.find('\n')));
-        else run.runs.push_back({one.name, one.steps});
+        else run.runs.push_back({one.name, one.steps, "", {}});
       run.memory = report;
       write_text(reports.html, run_report_html(run), "--html");
     }

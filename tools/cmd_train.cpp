@@ -50,7 +50,7 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
     run.title = fmt::format("shardlab train: {}, {} on {} rank{}, global batch {} x {} tokens", cfg.spec.describe(),
                             cfg.label(), mpi.world(), mpi.world() == 1 ? "" : "s", cfg.batch, cfg.spec.seq);
     if (!cfg.options_origin.empty()) run.facts.push_back("options: " + cfg.options_origin);
-    run.runs.push_back({name, trainer.history()});
+    run.runs.push_back({name, trainer.history(), "", {}});
     run.memory = report;
     write_text(reports.html, run_report_html(run), "--html");
   }
@@ -122,6 +122,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                   cfg.tokenizer->size());
   }
   cfg.record_step = reports.any();
+  if (ctx.mpi.rank() == 0) reports.check("before the first step");
   require_step_fits_host(cfg, opts, ctx);
   start_watchdog(ctx, opts.run.collective_timeout);
   auto backend = opts.backend(ctx);

@@ -6,7 +6,7 @@
 //   shardlab plan                the fastest configuration that fits N ranks, predicted (and measured)
 //   shardlab sample              text from a model file or a checkpoint, on one rank
 //   shardlab export              a checkpoint as an HF model directory or one safetensors file
-//   shardlab report              the run report (curves, throughput, communication, memory) of a --log file
+//   shardlab report              a --log file: a text summary, and the run report (--html)
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi, nccl, staged or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of each CPU library on GPT-2 products, and the pick

@@ -13,6 +13,7 @@
 #include <map>
 #include <tuple>
 
+#include "src/core/outputs.hpp"
 #include "src/core/suggest.hpp"
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
@@ -398,6 +399,11 @@ std::unique_ptr<Backend> TrainOptions::backend(const Context& ctx) const {
 }
 
 // ---- report -------------------------------------------------------------------------------------
+
+void ReportOptions::check(const char* when) const {
+  for (const auto& [path, flag] : {std::pair{&json, "--json"}, std::pair{&html, "--html"}, std::pair{&trace, "--trace"}})
+    if (!path->empty()) probe_output_file(*path, flag, when);
+}
 
 void ReportOptions::add(Desc& d, const char* json_what, const char* html_what, const char* trace_what) {
   Desc g("report");

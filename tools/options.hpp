@@ -184,6 +184,8 @@ struct ReportOptions {
   // Each non-null text says what that file holds in this command; a null one leaves the flag out.
   void add(Desc& d, const char* json_what, const char* html_what, const char* trace_what);
   bool any() const { return !json.empty() || !html.empty() || !trace.empty(); }
+  // Each given file can be written (probe_output_file), checked `when` ("before the first step").
+  void check(const char* when) const;
 };
 
 // ---- single flags that several commands share -------------------------------------------------

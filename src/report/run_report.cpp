@@ -150,36 +150,4 @@ std::string run_report_html(const RunReport& r) {
   return h + "</body></html>\n";
 }
 
-RunSeries read_step_log(const std::string& path, const std::string& label) {
-  std::ifstream in(path);
-  SHARD_REQUIRE(in.good(), "cannot read the log '{}'", path);
-  RunSeries series{label, {}};
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("event")) continue;  // a resume marker ({"event":"resume",...})
-    SHARD_REQUIRE(j.is_object() && j.contains("step") && j.contains("loss"),
-                  "{}:{}: expected one step's JSON object with \"step\" and \"loss\" (a train --log file), got '{}'",
-                  path, n, line.substr(0, 80));
-    StepStats s;
-    s.step = j["step"].get<int64_t>();
-    s.loss = j["loss"].get<float>();
-    s.lr = j.value("lr", 0.f);
-    s.grad_norm = j.value("grad_norm", 0.f);
-    s.ms = j.value("ms", 0.0);
-    s.tokens_per_s = j.value("tokens_per_s", 0.0);
-    s.peak_bytes = j.value("peak_bytes", uint64_t{0});
-    s.host_peak_bytes = j.value("host_peak_bytes", uint64_t{0});
-    s.comm_bytes = j.value("comm_bytes", 0.0);
-    s.rss_bytes = j.value("rss_bytes", uint64_t{0});
-    s.flops_per_s = j.value("flops_per_s", 0.0);
-    s.elapsed_s = j.value("elapsed_s", 0.0);
-    if (j.contains("val_loss") && j["val_loss"].is_number()) s.val_loss = j["val_loss"].get<float>();
-    series.steps.push_back(s);
-  }
-  SHARD_REQUIRE(!series.steps.empty(), "the log '{}' holds no steps", path);
-  return series;
-}
-
 }  // namespace shardlab

@@ -15,6 +15,8 @@ namespace shardlab {
 struct RunSeries {
   std::string label;             // the strategy ("zero3"), or the log's name
   std::vector<StepStats> steps;  // in step order; val_loss on the steps that validated
+  std::string what_ran;          // from a log's start record: model, strategy, mesh, batch, data ("" without one)
+  std::vector<std::string> notes;  // what reading the log left out, and why
 };
 
 struct RunReport {
@@ -26,8 +28,13 @@ struct RunReport {
 
 std::string run_report_html(const RunReport& r);
 
-// A --log file (JSON lines, one object per step, as Trainer::run writes them) as a series named
-// `label`. Throws InputError naming the file and line of anything that is not such an object.
+// A --log file (JSON lines, one object per step, as Trainer::run writes them; run_log.cpp) as a
+// series named `label`. A start record gives what_ran; a step whose loss is null (not finite,
+// --skip-nonfinite) and a last line cut short by a killed run are left out with a note. Throws
+// InputError naming the file and line of anything else that is not such an object.
 RunSeries read_step_log(const std::string& path, const std::string& label);
+// `report LOG` without --html: per run, what ran, the steps, the loss (first, last, lowest, last
+// validation), the median step time and tokens/s, the peak memory and the notes.
+std::string run_summary_text(const RunSeries& s);
 
 }  // namespace shardlab

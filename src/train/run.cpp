@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "src/core/device_peaks.hpp"
+#include "src/core/outputs.hpp"
 #include "src/core/units.hpp"
 #include "src/model/hf_dir.hpp"
 #include "src/checkpoint/checkpoint.hpp"
@@ -304,16 +305,6 @@ void Trainer::print_header(std::FILE* out) const {
 
 namespace {
 
-// --save FILE: it can be created or written (a file made only to find out is removed again).
-void probe_file(const std::string& path, const char* flag) {
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0644);
-  SHARD_REQUIRE(fd >= 0, "{} '{}': cannot write it: {} (checked before the first step)", flag, path, std::strerror(errno));
-  ::close(fd);
-  if (!existed) std::filesystem::remove(path, ec);
-}
-
 // --save-dir DIR: it exists (made here) and a file can be created in it.
 void probe_dir(const std::string& dir) {
   std::error_code ec;
@@ -340,7 +331,7 @@ void Trainer::open_outputs(std::ofstream& log) {
       if (!cfg_.save_dir.empty()) probe_dir(cfg_.save_dir);
       if (!cfg_.save_path.empty()) {
         if (is_safetensors_path(cfg_.save_path)) {
-          probe_file(cfg_.save_path, "--save");
+          probe_output_file(cfg_.save_path, "--save", "before the first step");
         } else {  // an HF model directory
           try {
             check_hf_export_dir(cfg_.save_path);
@@ -354,10 +345,8 @@ void Trainer::open_outputs(std::ofstream& log) {
         log.open(cfg_.log_path, resumed ? std::ios::app : std::ios::trunc);
         SHARD_REQUIRE(log.good(), "--log '{}': cannot write it: {} (checked before the first step)", cfg_.log_path,
                       std::strerror(errno));
-        if (resumed) {
-          log << nlohmann::json{{"event", "resume"}, {"step", start_step_}, {"from", resumed_from_}}.dump() << '\n';
-          log.flush();
-        }
+        log << log_header() << '\n';  // what ran, so a report can say it (a resume appends another)
+        log.flush();
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -365,6 +354,28 @@ void Trainer::open_outputs(std::ofstream& log) {
   }
   for (const std::string& e : comm_.all_gather_strings(error))
     if (!e.empty()) throw InputError(e);
+}
+
+// {"event": "start"} (or "resume", with the step and the checkpoint) and the run's configuration:
+// model, mesh, strategy, ranks, batch, steps, data, tokenizer, seed, learning rate and options.
+std::string Trainer::log_header() const {
+  nlohmann::json j = {{"event", resumed_from_.empty() ? "start" : "resume"},
+                      {"step", start_step_},
+                      {"model", cfg_.spec.describe()},
+                      {"mesh", mesh_.dims().describe()},
+                      {"strategy", cfg_.label()},
+                      {"ranks", comm_.world_size()},
+                      {"batch", cfg_.batch},
+                      {"seq", cfg_.spec.seq},
+                      {"steps", cfg_.steps},
+                      {"data", data_.train->source},
+                      {"tokenizer", cfg_.tokenizer ? cfg_.tokenizer->source() : is_text_source(cfg_.data) ? "bytes" : "none"},
+                      {"seed", cfg_.seed},
+                      {"lr", cfg_.schedule.lr},
+                      {"options", cfg_.options_origin},
+                      {"backend", be_.describe()}};
+  if (!resumed_from_.empty()) j["from"] = resumed_from_;
+  return j.dump();
 }
 
 StepStats Trainer::run(std::FILE* out) {

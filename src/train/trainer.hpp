@@ -141,6 +141,7 @@ class Trainer {
   class EvalScope;
   CheckpointState checkpoint_state();  // what save_checkpoint and load_checkpoint work on
   void print_header(std::FILE* out) const;
+  std::string log_header() const;  // the --log's first record of this run (start, or resume)
   void open_outputs(std::ofstream& log);
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
   bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);

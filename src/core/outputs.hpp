@@ -1,0 +1,14 @@
+// outputs.hpp — an output path is checked before the work that fills it: a run that cannot write its
+// result fails in its first second, not after hours (train's --log, --save; reports' --json, --html,
+// --trace).
+#pragma once
+#include <string>
+
+namespace shardlab {
+
+// PATH can be created or written: opened for writing (created if absent, then removed again, so a
+// check leaves nothing behind; an existing file is not truncated). InputError otherwise:
+// "FLAG 'PATH': cannot write it: <the system's reason> (checked WHEN)".
+void probe_output_file(const std::string& path, const char* flag, const char* when);
+
+}  // namespace shardlab
