@@ -70,20 +70,24 @@ std::unique_ptr<Trainer> admit(Backend& be, Pool& pool, Communicator& comm, cons
   }
 }
 
-// Rank 0 learns every rank's peak per category, its total and its host tier's total: its own, and
-// the largest of the others.
-using Peaks = std::array<uint64_t, kNumCategories + 2>;
+// Rank 0 learns every rank's peak per category, its total, its host tier's total and the
+// composition at its total's peak: its own, and the largest of the others (the composition: that of
+// the other rank whose total is the largest).
+constexpr int kTotal = kNumCategories, kHost = kNumCategories + 1, kAtPeak = kNumCategories + 2;
+using Peaks = std::array<uint64_t, 2 * kNumCategories + 2>;
 void collect_peaks(Communicator& comm, const Peaks& peak, StrategyResult& r) {
   std::vector<uint64_t> all = comm.gather_u64(peak);
   if (all.empty()) return;  // not rank 0
-  for (int c = 0; c < kNumCategories; ++c) r.peak0[c] = all[c];
-  r.total0 = all[kNumCategories];
-  r.host0 = all[kNumCategories + 1];
+  for (int c = 0; c < kNumCategories; ++c) r.peak0[c] = all[c], r.at_peak0[c] = all[kAtPeak + c];
+  r.total0 = all[kTotal];
+  r.host0 = all[kHost];
   for (int q = 1; q < comm.world_size(); ++q) {
     const uint64_t* p = all.data() + static_cast<size_t>(q) * peak.size();
     for (int c = 0; c < kNumCategories; ++c) r.peak_other[c] = std::max(r.peak_other[c], p[c]);
-    r.total_other = std::max(r.total_other, p[kNumCategories]);
-    r.host_other = std::max(r.host_other, p[kNumCategories + 1]);
+    if (p[kTotal] > r.total_other || q == 1)
+      for (int c = 0; c < kNumCategories; ++c) r.at_peak_other[c] = p[kAtPeak + c];
+    r.total_other = std::max(r.total_other, p[kTotal]);
+    r.host_other = std::max(r.host_other, p[kHost]);
   }
 }
 
@@ -113,8 +117,10 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     r.comm_bytes = s.comm_bytes;
     const auto& cat = pool.ledger().peak_by_category();
     for (int c = 0; c < kNumCategories; ++c) peak[c] = std::max(peak[c], cat[c]);
-    peak[kNumCategories] = std::max<uint64_t>(peak[kNumCategories], pool.ledger().peak_total());
-    peak[kNumCategories + 1] = std::max<uint64_t>(peak[kNumCategories + 1], s.host_peak_bytes);
+    if (pool.ledger().peak_total() > peak[kTotal] || t == 0)
+      for (int c = 0; c < kNumCategories; ++c) peak[kAtPeak + c] = pool.ledger().composition_at_peak()[c];
+    peak[kTotal] = std::max<uint64_t>(peak[kTotal], pool.ledger().peak_total());
+    peak[kHost] = std::max<uint64_t>(peak[kHost], s.host_peak_bytes);
 
     if (trainer->has_validation() && tc.validates_after(t)) {
       r.val_steps.push_back(t + 1);
@@ -207,9 +213,12 @@ void print_axis_tables(const CompareResult& res, std::FILE* out) {
   }
 }
 
-// Memory: rank 0 (and, for dp, the other ranks), peak of each category over the run, MiB.
+// Memory: rank 0 (and, for dp, the other ranks) at the peak of the run, MiB: each category's bytes at
+// that moment, so a row adds up to its peak (the HTML's bars show the same composition).
 void print_memory_peaks(const CompareResult& res, int world, std::FILE* out) {
-  std::fprintf(out, "\npeak memory per rank (MiB; host peak: the host tier, --offload)\n%-19s", "strategy");
+  std::fprintf(out, "\npeak memory per rank (MiB): each category's bytes at the moment of the peak, so a row adds up "
+               "to its peak (the JSON's by-category fields: each category's own maximum over the run); host peak: the "
+               "host tier (--offload)\n%-19s", "strategy");
   for (int k = 0; k < kNumCategories; ++k) std::fprintf(out, " %*s", static_cast<int>(std::max<size_t>(9, kCategoryNames[k].size())), std::string(kCategoryNames[k]).c_str());
   std::fprintf(out, " %9s %8s %8s %9s\n", "peak", "vs ddp", "vs dp", "host peak");
   uint64_t ddp_total = 0, dp_total = 0;
@@ -231,10 +240,11 @@ void print_memory_peaks(const CompareResult& res, int world, std::FILE* out) {
   for (const auto& r : res.runs) {
     if (r.oom) continue;
     if (r.kind == StrategyKind::dp && world > 1) {
-      row("dp rank 0", r.peak0, r.total0, r.host0);
-      row("dp others", r.peak_other, r.total_other, r.host_other);
-    } else {
-      row(r.name, r.peak0, std::max(r.total0, r.total_other), std::max(r.host0, r.host_other));
+      row("dp rank 0", r.at_peak0, r.total0, r.host0);
+      row("dp others", r.at_peak_other, r.total_other, r.host_other);
+    } else {  // the row of the rank with the larger peak (the ranks are alike but for rounding of shards)
+      const bool other = r.total_other > r.total0;
+      row(r.name, other ? r.at_peak_other : r.at_peak0, std::max(r.total0, r.total_other), std::max(r.host0, r.host_other));
     }
   }
 }
@@ -370,6 +380,7 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
       if (s.tp > 1) o["tp"] = {{"degree", s.tp}, {"bytes", s.comm_tp}, {"theory_bytes", s.theory_tp}};
       if (s.pp > 1) o["pp"] = {{"degree", s.pp}, {"bytes", s.comm_pp}, {"theory_bytes", s.theory_pp}};
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
+      o["peak_bytes_rank0"]["at_peak"] = cats(s.at_peak0, s.total0);
       o["host_peak_bytes_rank0"] = s.host0;
       if (world > 1) o["peak_bytes_other_ranks_max"] = cats(s.peak_other, s.total_other);
       if (world > 1) o["host_peak_bytes_other_ranks_max"] = s.host_other;

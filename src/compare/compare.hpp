@@ -45,8 +45,11 @@ struct StrategyResult {
   // norm) and the theory's; 0 otherwise.
   int pp = 1;
   double comm_pp = 0, theory_pp = 0;
-  // Peak over the run of each category and of the total, for rank 0 and for the largest other rank.
+  // Peak over the run of each category and of the total, for rank 0 and for the largest other rank;
+  // and each category's bytes at the moment of the total's peak (they add up to it): rank 0's, and
+  // that of the other rank whose total peak is the largest.
   std::array<uint64_t, kNumCategories> peak0{}, peak_other{};
+  std::array<uint64_t, kNumCategories> at_peak0{}, at_peak_other{};
   uint64_t total0 = 0, total_other = 0;
   uint64_t host0 = 0, host_other = 0;  // the host tier's peak (--offload)
   MemoryRow memory;                  // rank 0: predicted and measured, the last step recorded
