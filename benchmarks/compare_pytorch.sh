@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# shardlab against PyTorch (Debian's python3-torch, CPU) on the same GPT-2 step, one thread per
+# shardlab against PyTorch (2.x from PyPI, CPU) on the same GPT-2 step, one thread per
 # rank on each side, in one run: a single rank, then DDP on 2 ranks (shardlab over MPI, PyTorch's
 # DistributedDataParallel over gloo, each at twice the batch), then shardlab's ZeRO-3 on 2 ranks
 # against its own DDP. Prints every benchmark's output and one table at the end.
@@ -16,13 +16,13 @@
 #     --single     one rank only (no DDP and ZeRO-3 rows)
 #     --tp         tensor parallelism on 2 ranks, Llama shape as --llama (B default 8, the batch of
 #                  the group): shardlab tp 1 x dp 2 (ddp), tp 2, tp 2 --sequence-parallel against
-#                  PyTorch DDP and DTensor tensor parallelism (benchmarks/pytorch_tp.py). DTensor
-#                  needs PyTorch >= 2.3: $PYTHON when set, else build/venv-torch, created on first
-#                  use with the CPU wheel (pip install torch --index-url
-#                  https://download.pytorch.org/whl/cpu: a few hundred MB to download)
+#                  PyTorch DDP and DTensor tensor parallelism (benchmarks/pytorch_tp.py).
 #     --avx2       cap both sides to AVX2 on an AVX-512 host: ONEDNN_MAX_CPU_ISA=AVX2,
 #                  OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2
 #   STEPS (10) and WARMUP (2) in the environment set the timed and untimed steps.
+#   PyTorch: $PYTHON when set, else the venv $SHARDLAB_VENV (default ~/.cache/shardlab/venv-torch),
+#   created on first use from PyPI with benchmarks/requirements.txt (about 6 GB with PyTorch's CUDA
+#   wheels; outside the repository).
 # Ratios: "vs torch" is shardlab's tokens/s over PyTorch's in the same configuration; the ZeRO-3
 # row's is its step time over shardlab DDP's. "%ceiling" is shardlab's GFLOP/s per rank (6N + 6LCT
 # per token) over the best sgemm of the host on that step's products (bench-gemm's ceiling).
@@ -71,25 +71,20 @@ else
 fi
 
 [ -x build/shardlab ] || bash scripts/setup.sh
-if [ $tp -eq 1 ]; then
-  # DTensor's tensor parallelism needs PyTorch >= 2.3; Debian's python3-torch is 1.13.
-  if [ -z "${PYTHON:-}" ]; then
-    PYTHON=build/venv-torch/bin/python
-    if [ ! -x "$PYTHON" ]; then
-      echo "creating build/venv-torch with PyTorch's CPU wheel (a few hundred MB to download)"
-      python3 -m venv build/venv-torch
-      build/venv-torch/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-    fi
+if [ -z "${PYTHON:-}" ]; then
+  venv=${SHARDLAB_VENV:-$HOME/.cache/shardlab/venv-torch}
+  PYTHON=$venv/bin/python
+  if [ ! -x "$PYTHON" ]; then
+    echo "creating $venv from PyPI with benchmarks/requirements.txt (about 6 GB with PyTorch's CUDA wheels)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q -r benchmarks/requirements.txt
   fi
-  "$PYTHON" -c "import torch.distributed.tensor.parallel" 2>/dev/null || {
-    echo "compare_pytorch.sh --tp: $PYTHON has no torch.distributed.tensor.parallel (PyTorch >= 2.3 needed)" >&2
-    exit 2
-  }
-elif ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  echo "installing python3-torch (Debian) for the comparison"
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get install -y -qq python3-torch > /dev/null
 fi
+# DTensor's tensor parallelism and the peers' attention need PyTorch >= 2.3.
+"$PYTHON" -c "import torch.distributed.tensor.parallel" 2>/dev/null || {
+  echo "compare_pytorch.sh: $PYTHON has no torch.distributed.tensor.parallel (PyTorch >= 2.3 needed; pip install -r benchmarks/requirements.txt)" >&2
+  exit 2
+}
 
 # "key=value" out of bench-train's "# result" line.
 field() { sed -n "s/^# result .*$1=\([0-9.]*\).*/\1/p" <<< "$2"; }
@@ -108,10 +103,10 @@ ours() {  # ours RANKS STRATEGY L C H T V B (KV F in the Llama run's globals)
 theirs() {  # theirs RANKS L C H T V B (KV F in the Llama run's globals)
   local ranks=$1 L=$2 C=$3 H=$4 T=$5 V=$6 B=$7
   if [ $llama -eq 1 ]; then
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_llama.py "$L" "$C" "$H" "$KV" "$F" "$T" \
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PYTHON" benchmarks/pytorch_llama.py "$L" "$C" "$H" "$KV" "$F" "$T" \
       "$V" "$B" "$STEPS" "$WARMUP" "$ranks"
   else
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 benchmarks/pytorch_gpt2.py "$L" "$C" "$H" "$T" "$V" "$B" \
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PYTHON" benchmarks/pytorch_gpt2.py "$L" "$C" "$H" "$T" "$V" "$B" \
       "$STEPS" "$WARMUP" "$ranks"
   fi
 }
@@ -199,7 +194,7 @@ for s in "${shapes[@]}"; do
 done
 
 printf '\n# %s; shardlab: %s; pytorch: %s, BLAS %s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" \
-  "$isa_ours" "$isa_theirs" "$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
+  "$isa_ours" "$isa_theirs" "$("$PYTHON" -c 'import torch; c = torch.__config__.show(); print("MKL" if "USE_MKL=ON" in c or "MKL" in c.split("BLAS_INFO=")[-1][:20] else c.split("BLAS_INFO=")[-1].split(",")[0] if "BLAS_INFO=" in c else "?")' 2>/dev/null || echo '?')"
 printf '# one thread per rank on each side, median of %s steps after %s%s\n' "$STEPS" "$WARMUP" \
   "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
 printf '%-58s %9s %9s %9s %9s %8s %9s\n' "config" "ms/step" "tokens/s" "torch ms" "torch t/s" "vs torch" "%ceiling"
