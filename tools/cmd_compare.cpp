@@ -5,6 +5,7 @@
 #include "memory/report.hpp"
 #include "src/model/family.hpp"
 #include "src/compare/compare.hpp"
+#include "src/core/outputs.hpp"
 #include "src/report/run_report.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
@@ -48,6 +49,9 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
     z.validate_strategy();
   }
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
+  check_outputs_distinct({{"--data", cc.train.data == "synthetic" ? "" : cc.train.data}, {"--val-data", cc.train.val_data},
+                          {"--init", cc.train.init}},
+                         {{"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   if (ctx.mpi.rank() == 0) reports.check("before the first strategy runs");
   auto backend = opts.backend(ctx);
   const PoolConfig pools = opts.memory.pools(backend.get());

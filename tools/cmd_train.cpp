@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "src/core/outputs.hpp"
 #include "src/report/memory_report.hpp"
 #include "memory/report.hpp"
 #include "src/comm/watchdog.hpp"
@@ -98,6 +99,8 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,
                   "skip the update of a step whose loss or gradient norm is not finite (default: stop with the step "
                   "number)");
+  desc.add_options()("max-skipped-steps", cli::po::value(&cfg.max_skipped_steps)->default_value(cfg.max_skipped_steps),
+                     "with --skip-nonfinite: stop (exit 1, naming the steps) after this many skipped steps in a row");
   cli::add_resume(desc, cfg.resume,
                   "resume from a checkpoint directory, or 'auto' for the newest complete one under --save-dir; any "
                   "world size and strategy can resume any checkpoint");
@@ -122,6 +125,11 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                   cfg.tokenizer->size());
   }
   cfg.record_step = reports.any();
+  check_outputs_distinct({{"--data", cfg.data == "synthetic" ? "" : cfg.data}, {"--val-data", cfg.val_data},
+                          {"--init", cfg.init}, {"--resume", cfg.resume == "auto" ? "" : cfg.resume},
+                          {"--tokenizer", tokenizer_dir}},
+                         {{"--log", cfg.log_path}, {"--save", cfg.save_path}, {"--save-dir", cfg.save_dir},
+                          {"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   if (ctx.mpi.rank() == 0) reports.check("before the first step");
   require_step_fits_host(cfg, opts, ctx);
   start_watchdog(ctx, opts.run.collective_timeout);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "src/core/suggest.hpp"
 #include "src/core/units.hpp"
@@ -93,13 +94,19 @@ void join_switch_values(std::vector<std::string>& args, const Desc& desc) {
 
 // --threads past the cores this process may run on: OpenMP's threads then take turns on them, and a
 // step can be many times slower (64 threads on 2 cores: 8.7 s a step against 70 ms).
-void warn_threads(const po::variables_map& vm, int rank) {
-  if (rank != 0 || !vm.count("threads") || vm["threads"].defaulted()) return;
+// The most threads a rank may ask for: OpenMP's runtime fails past a few tens of thousands (a crash,
+// not a message), and far fewer already only take turns on the cores.
+constexpr int kMaxThreads = 1024;
+
+void check_threads(const po::variables_map& vm, int rank) {
+  if (!vm.count("threads") || vm["threads"].defaulted()) return;
   const int threads = vm["threads"].as<int>();
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-  if (cores > 0 && threads > cores)
+  SHARD_REQUIRE(threads <= kMaxThreads, "--threads {}: at most {} (this process may use {} core{}; 0 picks for you)",
+                threads, kMaxThreads, cores, cores == 1 ? "" : "s");
+  if (rank == 0 && cores > 0 && threads > cores)
     std::fprintf(stderr, "shardlab: warning: --threads %d is more than the %d core%s this process may use: the threads "
                  "will take turns on them and every step slows down\n", threads, cores, cores == 1 ? "" : "s");
 }
@@ -114,6 +121,13 @@ Desc command_options(const char* command) {
 
 namespace {
 
+// Options that name a file or a directory.
+bool names_a_path(const std::string& name) {
+  static const std::set<std::string> paths = {"save-dir", "save", "log", "data", "val-data", "init", "resume",
+                                              "tokenizer", "json", "html", "trace", "out", "config", "checkpoint"};
+  return paths.count(name) != 0;
+}
+
 // What each option given in `parsed` was set to, and where; options already listed keep their
 // first source (the command line is read before the config file and wins).
 void note_sources(const po::parsed_options& parsed, const std::string& origin, OptionSources& out) {
@@ -122,9 +136,12 @@ void note_sources(const po::parsed_options& parsed, const std::string& origin, O
     bool seen = false;
     for (const OptionSource& s : out) seen |= s.name == o.string_key;
     if (seen) continue;
+    SHARD_REQUIRE(!(o.value.size() == 1 && o.value[0].empty() && names_a_path(o.string_key)),
+                  "--{} '' ({}): expected a path; an empty one would silently write or read nothing (leave the option "
+                  "out for its default)", o.string_key, origin);
     std::string value;
     for (const std::string& v : o.value) value += (value.empty() ? "" : " ") + v;
-    out.push_back({o.string_key, value.empty() ? "true" : value, origin});
+    out.push_back({o.string_key, o.value.empty() ? "true" : value.empty() ? "''" : value, origin});
   }
 }
 
@@ -194,7 +211,7 @@ bool parse(std::vector<std::string> args, const Desc& desc, int rank, const Usag
   } catch (const po::error& e) {
     throw InputError(fmt::format("{} (see `shardlab {} --help`)", e.what(), usage.command));
   }
-  warn_threads(vm, rank);
+  check_threads(vm, rank);
   if (given) *given = vm;
   if (sources) *sources = std::move(found);
   if (!vm.count("help")) return true;

@@ -23,4 +23,24 @@ void probe_output_file(const std::string& path, const char* flag, const char* wh
   if (!existed) std::filesystem::remove(path, ec);
 }
 
+void check_outputs_distinct(const NamedPaths& inputs, const NamedPaths& outputs) {
+  auto resolved = [](const std::string& p) {
+    std::error_code ec;
+    const std::filesystem::path r = std::filesystem::weakly_canonical(p, ec);
+    return ec ? std::filesystem::absolute(p).lexically_normal() : r;
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [out_flag, out] = outputs[i];
+    if (out.empty()) continue;
+    const std::filesystem::path o = resolved(out);
+    for (const auto& [in_flag, in] : inputs)
+      SHARD_REQUIRE(in.empty() || resolved(in) != o, "{} '{}' is also {} '{}': the output would overwrite an input; "
+                    "write it elsewhere", out_flag, out, in_flag, in);
+    for (size_t j = 0; j < i; ++j)
+      SHARD_REQUIRE(outputs[j].second.empty() || resolved(outputs[j].second) != o,
+                    "{} '{}' and {} '{}' are the same file: one output would overwrite the other", outputs[j].first,
+                    outputs[j].second, out_flag, out);
+  }
+}
+
 }  // namespace shardlab

@@ -3,6 +3,8 @@
 // --trace).
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace shardlab {
 
@@ -10,5 +12,12 @@ namespace shardlab {
 // check leaves nothing behind; an existing file is not truncated). InputError otherwise:
 // "FLAG 'PATH': cannot write it: <the system's reason> (checked WHEN)".
 void probe_output_file(const std::string& path, const char* flag, const char* when);
+
+// (flag, path) pairs; empty paths are skipped.
+using NamedPaths = std::vector<std::pair<std::string, std::string>>;
+// No output is an input or another output (paths compared after resolving `.`, `..` and the
+// symlinks of what exists): `--data corpus.txt --log corpus.txt` would overwrite the corpus.
+// InputError naming both flags and the path.
+void check_outputs_distinct(const NamedPaths& inputs, const NamedPaths& outputs);
 
 }  // namespace shardlab

@@ -44,6 +44,7 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(resume != "auto" || !save_dir.empty(), "--resume auto needs --save-dir (where to look)");
   SHARD_REQUIRE(val_fraction == 0 || (val_fraction > 0 && val_fraction < 1),
                 "--val-fraction {}: expected a fraction between 0 and 1 (exclusive)", val_fraction);
+  SHARD_REQUIRE(max_skipped_steps >= 1, "--max-skipped-steps {}: expected at least 1", max_skipped_steps);
   SHARD_REQUIRE(val_data.empty() || val_fraction == 0, "--val-data '{}' and --val-fraction {} both given: choose one "
                 "validation source", val_data, val_fraction);
   SHARD_REQUIRE(val_every >= 0, "--val-every {}: expected 0 (at the end) or a positive number of steps", val_every);
@@ -114,6 +115,11 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     const int64_t sequences = n >= T + 1 ? (n - 1) / T : 0;
     SHARD_REQUIRE(sequences >= cfg_.batch, "the validation set '{}' holds {} tokens: {} sequences of {} (+1 target), "
                   "fewer than one global batch of {} (--batch)", data_.val->source, n, sequences, T, cfg_.batch);
+    // The split's other side too: fewer sequences than a batch would train on repeats of them.
+    SHARD_REQUIRE(tokens || cfg_.val_fraction == 0 || loader_.num_sequences() >= cfg_.batch,
+                  "--val-fraction {} leaves '{}' {} tokens for training: {} sequences of {} (+1 target), fewer than "
+                  "one global batch of {} (--batch); lower --val-fraction", cfg_.val_fraction, data_.train->source,
+                  data_.train->tokens.size(), loader_.num_sequences(), T, cfg_.batch);
     val_loader_ = std::make_unique<BatchLoader>(*data_.val, T, cfg_.batch);
     val_batches_ = std::min(cfg_.val_batches, sequences / cfg_.batch);
   }
@@ -206,8 +212,14 @@ StepStats Trainer::step(int64_t t) {
   if (finite) {
     Backend::Range range(be_, "optimizer step");
     strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+    skipped_in_a_row_ = 0;
+  } else {
+    ++skipped_steps_;
+    SHARD_REQUIRE(++skipped_in_a_row_ <= cfg_.max_skipped_steps,
+                  "steps {} to {}: {} steps in a row with a non-finite loss or gradient norm (the last: loss {}, norm "
+                  "{}); --skip-nonfinite skips at most --max-skipped-steps {} in a row: stopping (lower --lr)",
+                  t + 2 - skipped_in_a_row_, t + 1, skipped_in_a_row_, loss, norm, cfg_.max_skipped_steps);
   }
-  else ++skipped_steps_;
   pool_.ledger().set_phase({});
   be_.synchronize();
   comm_.stats().end_step();

@@ -48,6 +48,7 @@ struct TrainConfig : StepConfig {
   int64_t save_keep = 0;     // keep the newest K complete checkpoints (0 = all)
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
+  int64_t max_skipped_steps = 10;   // ... at most this many steps in a row, then the run stops (non-zero)
   bool check_collectives = false;  // compare every collective's fingerprint across ranks first
   bool shuffle = false;            // permute each epoch's sequences from (seed, epoch) (data.hpp)
   // Validation: a separate source, or the last val_fraction of the token stream (never trained on).
@@ -173,6 +174,7 @@ class Trainer {
   CategoryBytes states_{}, host_states_{};  // ledger after set-up, per tier
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;
+  int64_t skipped_in_a_row_ = 0;  // the current run of skipped steps (--max-skipped-steps bounds it)
   bool interrupted_ = false;
   std::string resumed_from_;
   std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
