@@ -374,6 +374,7 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
   cfg.seed = static_cast<uint64_t>(seed);
   cfg.spec = resume_spec(cfg).value_or(model.spec(cfg.init));
+  if (const std::string unapplied = hf_config_unapplied(cfg.init); !unapplied.empty()) cfg.model_origin = unapplied;
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
   cfg.layout.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);

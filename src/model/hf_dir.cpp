@@ -154,6 +154,18 @@ ModelSpec read_hf_config(const std::string& dir) {
   return s;
 }
 
+std::string hf_config_unapplied(const std::string& dir) {
+  if (!is_hf_model_dir(dir)) return "";
+  const json j = read_json_file(fs::path(dir) / kHfConfigFile, "");
+  std::string set;
+  for (const char* key : {"attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_first_dropout", "attention_dropout",
+                          "hidden_dropout", "mlp_dropout"})
+    if (j.contains(key) && j[key].is_number() && j[key].get<double>() != 0)
+      set += fmt::format("{}{} {}", set.empty() ? "" : ", ", key, j[key].dump());
+  return set.empty() ? "" : fmt::format("'{}' sets {}: shardlab trains without dropout, so these are not applied",
+                                        (fs::path(dir) / kHfConfigFile).string(), set);
+}
+
 // ---- reading ------------------------------------------------------------------------------------
 
 HfWeights::HfWeights(const std::string& path) {

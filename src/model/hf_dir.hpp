@@ -42,6 +42,10 @@ bool is_hf_model_dir(const std::string& path);
 // ones), whose spec_from_hf_config reads the rest. The spec is named after the directory.
 // InputError naming the file for one that is missing or not JSON, and for every bad field.
 ModelSpec read_hf_config(const std::string& dir);
+// What DIR/config.json sets that changes what a model computes in training but that shardlab does not
+// apply (dropout: GPT-2's attn_pdrop 0.1, as transformers writes it), for the run's header; "" when
+// nothing, or when DIR is not a directory.
+std::string hf_config_unapplied(const std::string& dir);
 
 // The weights of an --init source, a .safetensors file or an HF model directory, read by name.
 class HfWeights {
