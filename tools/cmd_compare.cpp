@@ -52,7 +52,7 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
   check_outputs_distinct({{"--data", cc.train.data == "synthetic" ? "" : cc.train.data}, {"--val-data", cc.train.val_data},
                           {"--init", cc.train.init}},
                          {{"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
-  if (ctx.mpi.rank() == 0) reports.check("before the first strategy runs");
+  reports.check("before the first strategy runs");  // every rank: each stops with the same message
   auto backend = opts.backend(ctx);
   const PoolConfig pools = opts.memory.pools(backend.get());
   cc.budget = pools.budget;

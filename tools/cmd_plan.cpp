@@ -47,7 +47,7 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
                 "--measure-top runs the configurations on real ranks: start --nproc {} (the --world), not {}",
                 pc.world, ctx.mpi.world());
   pc.validate();
-  if (ctx.mpi.rank() == 0) f.reports.check("before the search");
+  f.reports.check("before the search");  // every rank: each stops with the same message
   auto backend = make_cpu(f.run, ctx);
   if (f.calibrate) {
     Pool pool(*backend);

@@ -130,7 +130,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                           {"--tokenizer", tokenizer_dir}},
                          {{"--log", cfg.log_path}, {"--save", cfg.save_path}, {"--save-dir", cfg.save_dir},
                           {"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
-  if (ctx.mpi.rank() == 0) reports.check("before the first step");
+  reports.check("before the first step");  // every rank: each stops with the same message
   require_step_fits_host(cfg, opts, ctx);
   start_watchdog(ctx, opts.run.collective_timeout);
   auto backend = opts.backend(ctx);

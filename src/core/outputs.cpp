@@ -14,13 +14,21 @@ namespace shardlab {
 void probe_output_file(const std::string& path, const char* flag, const char* when) {
   SHARD_REQUIRE(!path.empty(), "{} '': expected a file name", flag);
   std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
   SHARD_REQUIRE(!std::filesystem::is_directory(path, ec), "{} '{}': it is a directory; give a file name (checked {})",
                 flag, path, when);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0644);
-  SHARD_REQUIRE(fd >= 0, "{} '{}': cannot write it: {} (checked {})", flag, path, std::strerror(errno), when);
-  ::close(fd);
-  if (!existed) std::filesystem::remove(path, ec);
+  // Nothing is created, so every rank may check the same path at once: an existing file is opened for
+  // writing (not truncated), a new one needs a directory it can be created in.
+  if (std::filesystem::exists(path, ec)) {
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    SHARD_REQUIRE(fd >= 0, "{} '{}': cannot write it: {} (checked {})", flag, path, std::strerror(errno), when);
+    ::close(fd);
+    return;
+  }
+  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
+  SHARD_REQUIRE(std::filesystem::is_directory(parent, ec), "{} '{}': cannot write it: {} (checked {})", flag, path,
+                std::filesystem::exists(parent, ec) ? std::strerror(ENOTDIR) : std::strerror(ENOENT), when);
+  SHARD_REQUIRE(::access(parent.c_str(), W_OK | X_OK) == 0, "{} '{}': cannot write it: {} (checked {})", flag, path,
+                std::strerror(errno), when);
 }
 
 void check_outputs_distinct(const NamedPaths& inputs, const NamedPaths& outputs) {

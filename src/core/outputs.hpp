@@ -8,8 +8,9 @@
 
 namespace shardlab {
 
-// PATH can be created or written: opened for writing (created if absent, then removed again, so a
-// check leaves nothing behind; an existing file is not truncated). InputError otherwise:
+// PATH can be created or written: an existing file opens for writing (not truncated), a new one's
+// directory exists and is writable; nothing is created, so every rank may check at once.
+// InputError otherwise:
 // "FLAG 'PATH': cannot write it: <the system's reason> (checked WHEN)".
 void probe_output_file(const std::string& path, const char* flag, const char* when);
 
