@@ -201,7 +201,7 @@ import json, sys
 # buffering a lagging rank's messages, a lazily touched library page) and never again. So the run
 # after warm-up is cut into four stretches of 4000 steps: the quietest must stay within 4 pages
 # (4 bytes per step or more fails every stretch), and the whole run within 64 pages.
-rss = [json.loads(l)["rss_bytes"] for l in open(sys.argv[1])]
+rss = [j["rss_bytes"] for j in map(json.loads, open(sys.argv[1])) if "event" not in j]  # steps only
 marks = [4000, 8000, 12000, 16000, len(rss) - 1]
 growth = [rss[b] - rss[a] for a, b in zip(marks, marks[1:])]
 total = rss[-1] - rss[4000]
