@@ -53,7 +53,7 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
                           {"--init", cc.train.init}},
                          {{"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   reports.check("before the first strategy runs");  // every rank: each stops with the same message
-  auto backend = opts.backend(ctx);
+  auto backend = opts.backend(ctx, cc.train);
   const PoolConfig pools = opts.memory.pools(backend.get());
   cc.budget = pools.budget;
   cc.host_budget = pools.host_budget;

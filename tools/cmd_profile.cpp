@@ -38,7 +38,7 @@ ExitCode cmd_profile(const Args& args, const Context& ctx) {
   SHARD_REQUIRE(pc.measure_steps >= 1, "--measure-steps {}: expected at least one step", pc.measure_steps);
   SHARD_REQUIRE(reports.trace.empty() || pc.measure, "--trace needs --measure: a trace shows a step that ran");
   reports.check("before the profile runs");  // every rank: each stops with the same message
-  auto backend = opts.backend(ctx);
+  auto backend = opts.backend(ctx, pc.train);
   pc.pools = opts.memory.pools(backend.get());
   // The prediction is held to the budgets given (on a GPU the pools' default is the device's free
   // memory, which says nothing about the --world profiled); the host's only beside the device's.

@@ -133,7 +133,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   reports.check("before the first step");  // every rank: each stops with the same message
   require_step_fits_host(cfg, opts, ctx);
   start_watchdog(ctx, opts.run.collective_timeout);
-  auto backend = opts.backend(ctx);
+  auto backend = opts.backend(ctx, cfg);
   Pool pool(*backend, opts.memory.pools(backend.get()));
   auto comm = ctx.world(cfg.comm).connect(pool);
   set_sgemm_ceiling(cfg, sgemm_ceiling, *backend, *comm);

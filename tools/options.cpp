@@ -20,6 +20,7 @@
 #include "src/model/hf_dir.hpp"
 #include "src/model/resolve.hpp"
 #include "src/checkpoint/checkpoint_format.hpp"
+#include "src/train/sgemm_ceiling.hpp"
 #include "tools/runtime.hpp"
 
 namespace shardlab::cli {
@@ -395,8 +396,11 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.comm = comm_for(run.comm, parse_device(run.device), ctx);
 }
 
-std::unique_ptr<Backend> TrainOptions::backend(const Context& ctx) const {
-  return make_device_backend(parse_device(run.device), run, ctx);
+std::unique_ptr<Backend> TrainOptions::backend(const Context& ctx, const TrainConfig& cfg) const {
+  RunOptions r = run;
+  if (r.threads == 0 && parse_device(r.device) == Device::cpu && step_too_small_for_threads(cfg, ctx.mpi.world()))
+    r.threads = 1;
+  return make_device_backend(parse_device(r.device), r, ctx);
 }
 
 // ---- report -------------------------------------------------------------------------------------

@@ -150,7 +150,9 @@ struct TrainOptions {
   // the mesh resolved against `world`: the ranks running, or profile's --world). With --resume and
   // no model flag, the model is the checkpoint's (its manifest's spec; cfg.model_origin says so).
   void finish(TrainConfig& cfg, const Context& ctx, int world) const;
-  std::unique_ptr<Backend> backend(const Context& ctx) const;
+  // The run's backend; --threads 0 on the cpu picks 1 thread for a step whose products are too small
+  // for more to pay (step_too_small_for_threads), else the node's idle cores shared by its ranks.
+  std::unique_ptr<Backend> backend(const Context& ctx, const TrainConfig& cfg) const;
 
  private:
   std::optional<ModelSpec> resume_spec(TrainConfig& cfg) const;

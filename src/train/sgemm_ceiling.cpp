@@ -289,6 +289,13 @@ void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm) {
                                        world > 1 ? " per rank" : "", secs);
 }
 
+bool step_too_small_for_threads(const TrainConfig& cfg, int world) {
+  const ParallelDims dims = cfg.layout.dims.resolved(world);
+  const double tokens = double(std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum) * cfg.spec.seq);
+  const double widest = double(std::max(cfg.spec.ffn_hidden(), cfg.spec.vocab)) / dims.tp;
+  return 2 * tokens * widest * double(cfg.spec.dim) < kThreadedProductFlops;
+}
+
 void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, Communicator& comm) {
   if (flag == "off") return;
   const bool cpu = be.device() == Device::cpu;

@@ -62,4 +62,12 @@ void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm);
 // bench-train ("ceiling"). InputError for anything else, and for a figure on a GPU.
 void set_sgemm_ceiling(TrainConfig& cfg, const std::string& flag, Backend& be, Communicator& comm);
 
+// Whether the step's products are too small for a second CPU thread to pay: its largest product on
+// one rank (a micro-step's tokens x the MLP's width or the vocabulary x the model's width, 1/tp of
+// it) is under kThreadedProductFlops. On 2 cores of this machine type (AVX-512), the `small` preset
+// (C 128, T 128, B 8; 134 MFLOP) steps in 65 ms on one thread and 83 ms on two; C 256 (537 MFLOP)
+// in 226 ms on one and 131 ms on two (docs/strategies-and-mesh.md, "Threads").
+inline constexpr double kThreadedProductFlops = 256e6;
+bool step_too_small_for_threads(const TrainConfig& cfg, int world);
+
 }  // namespace shardlab
