@@ -34,7 +34,13 @@ TEST_CASE("training the tiny model on the embedded data lowers the loss", "[trai
   std::ifstream log(cfg.log_path);
   std::vector<nlohmann::json> lines;
   for (std::string line; std::getline(log, line);) lines.push_back(nlohmann::json::parse(line));
-  REQUIRE(lines.size() == 60);
+  // The start record (what ran), then one line per step.
+  REQUIRE(lines.size() == 61);
+  CHECK(lines[0]["event"] == "start");
+  CHECK(lines[0]["steps"] == 60);
+  CHECK(lines[0]["batch"] == 16);
+  CHECK(lines[0]["model"].get<std::string>().rfind("tiny", 0) == 0);
+  lines.erase(lines.begin());
   for (const char* key : {"step", "loss", "lr", "ms", "tokens_per_s", "grad_norm", "peak_bytes"})
     CHECK(lines[0].contains(key));
   float first = lines[0]["loss"];
