@@ -105,7 +105,8 @@ sigint_saves | sigint_no_save_dir)
       fail "resume failed"
     grep '^done' "$work/b.out"
     [ "$(losses "$work/a.log" | wc -w)" -eq $((n + 5)) ] || fail "the log does not hold steps 1-$((n + 5))"
-    grep -q "\"event\":\"resume\",\"from\":\".*step_$(printf %08d "$n")\",\"step\":$n" "$work/a.log" ||
+    python3 -c "import json,sys; n=int(sys.argv[2]); r=[j for j in map(json.loads, open(sys.argv[1])) if j.get('event') == 'resume']; \
+sys.exit(0 if any(j['step'] == n and j['from'].endswith('step_%08d' % n) for j in r) else 1)" "$work/a.log" "$n" ||
       fail "no resume marker in the log"
     "${train[@]}" --steps $((n + 5)) --log "$work/full.log" >/dev/null 2>&1 || fail "uninterrupted run failed"
     [ "$(losses "$work/a.log")" = "$(losses "$work/full.log")" ] || fail "the saved and resumed losses differ"
