@@ -99,6 +99,66 @@ TEST_CASE("plan: the pruned search ranks the same top configurations as the exha
   CHECK((hybrid && pipelined && tp));
 }
 
+TEST_CASE("plan: a step within budgets is the whole step's estimate, or nothing past a budget by one byte", "[plan]") {
+  // zero3 with the optimizer offloaded on tp 2 x pp 2: both tiers hold bytes.
+  PlanConfig pc = plan_for("small", 16, uint64_t{80} << 30);
+  pc.global_batch = 64;
+  PlanPins& p = pc.pins;
+  p.tp = 2, p.pp = 2, p.pp_virtual = 1, p.schedule = parse_pp_schedule("1f1b"), p.dp_shard = 4;
+  p.sequence_parallel = true, p.strategy = StrategyKind::zero3, p.checkpointing = Checkpointing::none;
+  p.offload = Offload::optimizer, p.micro_batch = 2;
+  const PlanEntry e = make_plan(pc).entries.at(0);
+  const TrainConfig t = e.config(pc);
+  const ParallelDims d = t.layout.dims.resolved(pc.world);
+  for (int stage : {0, 1}) {
+    MeshCoord at;
+    at.pp = stage;
+    const int rank = mesh_rank(d, at);
+    const Estimate whole = predict_step(t, pc.world, rank, e.micro_batch, false);
+    REQUIRE(whole.host.peak > 0);
+    const std::optional<Estimate> within =
+        predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{whole.peak, whole.host.peak});
+    REQUIRE(within.has_value());
+    CHECK(within->peak == whole.peak);
+    CHECK(within->at_peak == whole.at_peak);
+    CHECK(within->peak_by_category == whole.peak_by_category);
+    CHECK(within->model_states == whole.model_states);
+    CHECK(within->host == whole.host);
+    CHECK(predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{0, 0}).has_value());  // no limits
+    CHECK(!predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{whole.peak - 1, 0}));
+    CHECK(!predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{0, whole.host.peak - 1}));
+    // A budget under the model states stops it before the step.
+    CHECK(!predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{whole.model_state_total() - 1, 0}));
+  }
+}
+
+TEST_CASE("plan: steps stopped at the budget settle the same configurations as whole ones", "[plan]") {
+  // The setting of the pruned-search test; keeping no configuration that does not fit lets every
+  // step stop at the budget, which must not change what fits, in what order, with which peaks.
+  PlanConfig pc = plan_for("small", 16, uint64_t{8} << 20);
+  pc.global_batch = 64;
+  pc.keep = 5;
+  pc.keep_not_fitting = size_t{1} << 20;  // every one that does not fit listed, with its peak
+  const PlanResult whole = make_plan(pc);
+  pc.keep_not_fitting = 0;
+  const PlanResult stopped = make_plan(pc);
+  CHECK(whole.stopped_at_budget == 0);
+  CHECK(stopped.stopped_at_budget > 0);
+  CHECK(stopped.predictions <= whole.predictions);
+  CHECK(stopped.walked == whole.walked);
+  CHECK(stopped.ruled_by_micro_batch == whole.ruled_by_micro_batch);
+  CHECK(stopped.ruled_by_states == whole.ruled_by_states);
+  REQUIRE(stopped.entries.size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    const PlanEntry &a = whole.entries.at(i), &b = stopped.entries[i];
+    REQUIRE((a.fits && b.fits));
+    CHECK(key(a) == key(b));
+    CHECK(a.peak == b.peak);
+    CHECK(a.peak_stage == b.peak_stage);
+    CHECK(a.host_peak == b.host_peak);
+  }
+}
+
 TEST_CASE("plan: each pipeline layout's peak is the largest of every stage's", "[plan]") {
   PlanConfig pc = plan_for("small", 8, uint64_t{1} << 30);
   pc.global_batch = 32;
