@@ -11,6 +11,7 @@
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/model/model.hpp"
+#include "src/plan/plan_progress.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
@@ -144,24 +145,26 @@ class Searcher {
     });
     std::vector<PlanEntry> fit, no;
     std::map<std::string, int64_t> failed_mb;  // layout (all but the micro-batch) -> smallest that did not fit
-    double last = now_s();
+    WalkProgress report(progress, terminal_columns(progress));
+    WalkState w;
+    w.candidates = cands.size(), w.keep = c_.keep, w.exhaustive = c_.exhaustive;
     for (PlanEntry& e : cands) {
       if (!c_.exhaustive && fit.size() >= c_.keep) break;
-      ++res.walked;
-      if (progress && now_s() - last > 2) {
-        last = now_s();
-        std::fprintf(progress, "plan: %zu of %zu layouts walked, %zu memory predictions, %zu fit (%.0f s)\n",
-                     res.walked, cands.size(), res.predictions, fit.size(), last - t0);
-        std::fflush(progress);
-      }
+      w.walked = ++res.walked, w.predictions = res.predictions, w.elapsed_s = now_s() - t0;
+      report.update(w);
       // Past the fastest that do not fit that the result keeps, no report shows the peak of one that
       // does not: its steps may stop at their first allocation past the budget.
       switch (settle(e, res, failed_mb, !c_.exhaustive && no.size() >= c_.keep_not_fitting)) {
-        case Settled::fits: fit.push_back(std::move(e)); break;
+        case Settled::fits:
+          fit.push_back(std::move(e));
+          w.fit = fit.size();
+          if (w.fit == 1) w.first_fit_walked = w.walked, w.first_fit_s = now_s() - t0;
+          break;
         case Settled::does_not_fit: no.push_back(std::move(e)); break;
         case Settled::not_runnable: break;
       }
     }
+    report.finish();
     res.entries = std::move(fit);
     for (size_t i = 0; i < no.size() && i < c_.keep_not_fitting; ++i) res.entries.push_back(std::move(no[i]));
     res.seconds = now_s() - t0;
