@@ -89,7 +89,7 @@ PlanConfig published_plan(const PublishedRun& row, const DeviceRates& rates, con
   pc.train.strategy.precision.param_dtype = pc.train.strategy.precision.reduce_dtype = DType::bf16;
   pc.world = row.gpus;
   pc.ranks_per_node = rates.ranks_per_node;
-  pc.device_memory = static_cast<uint64_t>(kA100_80GB.memory_gb * 1e9);
+  pc.device_memory = kA100_80GB.memory_bytes();
   pc.global_batch = row.global_batch;
   pc.rates.device = rates;
   pc.rates.achievable = achievable;
@@ -103,7 +103,7 @@ PlanConfig published_plan(const PublishedRun& row, const DeviceRates& rates, con
 std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievable& achievable, std::FILE* out) {
   std::vector<SearchRow> rows;
   if (out)
-    std::fprintf(out, "\nfree search: plan over each row's model, GPUs and global batch (80 GB each, bf16, no flash "
+    std::fprintf(out, "\nfree search: plan over each row's model, GPUs and global batch (80 GiB each, bf16, no flash "
                  "attention, DP not overlapped), against the published layout pinned\n"
                  "%-5s %5s | %-36s %8s %14s | %-46s %-9s %7s %8s %15s | %7s | %6s %6s %6s\n"
                  "      split of each step, seconds: compute / recompute / exposed TP / exposed DP / bubble / PP sends / "

@@ -41,8 +41,8 @@ struct ValidationResult {
 ValidationResult run_plan_validation(const DeviceRates& rates, const Achievable& achievable, std::FILE* out);
 std::string plan_validation_json(const DeviceRates& rates, const Achievable& achievable, const ValidationResult& r);
 
-// The free search (`--search`): for each row's model, GPU count and global batch, `plan` on 80 GB
-// devices with the row's assumptions (no flash attention, the data-parallel traffic not overlapped,
+// The free search (`--search`): for each row's model, GPU count and global batch, `plan` on 80 GiB
+// devices (a100-80gb's memory) with the row's assumptions (no flash attention, the data-parallel traffic not overlapped,
 // bf16), once with the published layout pinned (its time and whether it fits this runtime's memory)
 // and once free; the rows with their top configuration, the speed-up and the search's cost.
 struct SearchRow {

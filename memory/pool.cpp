@@ -69,6 +69,14 @@ Pool::~Pool() {
   }
 }
 
+void Pool::set_budgets(PoolConfig cfg) {
+  SHARD_CHECK(tier_ == Tier::device, "set_budgets: called on the host tier; call it on the device tier's pool");
+  std::lock_guard lock(mutex_);
+  budget_ = cfg.budget;
+  std::lock_guard host_lock(host_->mutex_);
+  host_->budget_ = cfg.host_budget;
+}
+
 uint64_t Pool::in_use() const {
   std::lock_guard lock(mutex_);
   return ledger_->current_total(tier_);

@@ -112,6 +112,9 @@ class Pool {
   Ledger& ledger() { return *ledger_; }
   const Ledger& ledger() const { return *ledger_; }
   uint64_t budget() const { return budget_; }
+  // Both tiers' budgets from now on (0 = no limit): how a prediction stops at the first allocation
+  // past a budget once its model states are set up (src/train/predict.hpp, predict_step_within).
+  void set_budgets(PoolConfig cfg);
   uint64_t in_use() const;  // this tier
   std::vector<LiveBlock> live_blocks() const;  // largest first
   // "param_full 1.00 GiB in 3 blocks, ...; largest: 'wte' (param_full) 512.00 MiB, ..."

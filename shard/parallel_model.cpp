@@ -38,9 +38,11 @@ ParallelModel::ParallelModel(ParallelModelConfig cfg, Mesh& mesh, Backend& be, P
       tp_{cfg_.layout.tp(mesh.rank(CommAxis::tp)), cfg_.layout.dims.tp > 1 ? &mesh.comm(CommAxis::tp) : nullptr},
       units_(family_of(cfg_.spec).make_units(cfg_.spec, tp_.config)) {
   if (cfg_.layout.pipelined()) take_stage_units();
-  const int64_t ranks = pipelined() ? cfg_.micro_batches : mesh_.dp_size();
-  inputs_.resize(static_cast<size_t>(micro() * cfg_.spec.seq * ranks));
-  targets_.resize(inputs_.size());
+  // Under --pp every micro-batch of this rank's; without, micro_step sizes them for its strategy.
+  if (pipelined()) {
+    inputs_.resize(static_cast<size_t>(micro() * cfg_.spec.seq * cfg_.micro_batches));
+    targets_.resize(inputs_.size());
+  }
 }
 
 void ParallelModel::take_stage_units() {
@@ -109,11 +111,19 @@ std::vector<Batch> ParallelModel::stage_batches(const BatchFill& fill) {
 }
 
 Batch ParallelModel::micro_step(const BatchFill& fill, int64_t k) {
-  // Every rank's slice of micro-step k, in rank order: this rank computes with its own, and a
-  // strategy that takes the whole batch's loss on one rank (dp) reads all of them.
+  // This rank computes with its own slice of micro-step k; a strategy that takes the whole batch's
+  // loss on one rank (dp) reads every rank's, in rank order. The others get their own alone: W
+  // slices on each of W ranks would cost O(W) per rank and micro-step (plan predicts 256-rank steps).
   const int64_t T = cfg_.spec.seq, W = mesh_.dp_size(), local = cfg_.batch / W, n = micro();
-  for (int64_t q = 0; q < W; ++q) fill(q * local + k * n, n, inputs_.data() + q * n * T, targets_.data() + q * n * T);
+  const bool every_rank = strategy_->kind() == StrategyKind::dp;
+  const size_t size = static_cast<size_t>(n * T * (every_rank ? W : 1));
+  if (inputs_.size() != size) inputs_.resize(size), targets_.resize(size);
   const int64_t r = mesh_.dp_rank();
+  if (!every_rank) {
+    fill(r * local + k * n, n, inputs_.data(), targets_.data());
+    return Batch{inputs_.data(), targets_.data(), n, T};
+  }
+  for (int64_t q = 0; q < W; ++q) fill(q * local + k * n, n, inputs_.data() + q * n * T, targets_.data() + q * n * T);
   return Batch{inputs_.data() + r * n * T, targets_.data() + r * n * T, n, T, targets_.data(), static_cast<int>(W)};
 }
 

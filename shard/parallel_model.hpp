@@ -90,7 +90,8 @@ class ParallelModel {
   std::vector<std::unique_ptr<Unit>> model_units_;
   std::vector<std::pair<size_t, const TensorDecl*>> tied_;
   double tied_copy_sq_ = 0;  // this rank's tied copies' squared gradient, counted at their owner
-  // Token ids: one micro-step of every data-parallel rank; under --pp every micro-batch of this rank's.
+  // Token ids: one micro-step of this rank's (of every data-parallel rank's under dp); under --pp every
+  // micro-batch of this rank's.
   std::vector<int32_t> inputs_, targets_;
 };
 

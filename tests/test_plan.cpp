@@ -2,11 +2,14 @@
 // its time against the time model of the layout, the pruned search against the exhaustive one,
 // pins, and the JSON schema shardlab.plan/2.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "src/comm/mesh.hpp"
 #include "src/core/check.hpp"
 #include "src/plan/plan.hpp"
+#include "src/plan/plan_progress.hpp"
 #include "src/report/plan_report.hpp"
 #include "src/train/predict.hpp"
 
@@ -97,6 +100,66 @@ TEST_CASE("plan: the pruned search ranks the same top configurations as the exha
     tp |= e.layout.dims.tp > 1;
   }
   CHECK((hybrid && pipelined && tp));
+}
+
+TEST_CASE("plan: a step within budgets is the whole step's estimate, or nothing past a budget by one byte", "[plan]") {
+  // zero3 with the optimizer offloaded on tp 2 x pp 2: both tiers hold bytes.
+  PlanConfig pc = plan_for("small", 16, uint64_t{80} << 30);
+  pc.global_batch = 64;
+  PlanPins& p = pc.pins;
+  p.tp = 2, p.pp = 2, p.pp_virtual = 1, p.schedule = parse_pp_schedule("1f1b"), p.dp_shard = 4;
+  p.sequence_parallel = true, p.strategy = StrategyKind::zero3, p.checkpointing = Checkpointing::none;
+  p.offload = Offload::optimizer, p.micro_batch = 2;
+  const PlanEntry e = make_plan(pc).entries.at(0);
+  const TrainConfig t = e.config(pc);
+  const ParallelDims d = t.layout.dims.resolved(pc.world);
+  for (int stage : {0, 1}) {
+    MeshCoord at;
+    at.pp = stage;
+    const int rank = mesh_rank(d, at);
+    const Estimate whole = predict_step(t, pc.world, rank, e.micro_batch, false);
+    REQUIRE(whole.host.peak > 0);
+    const std::optional<Estimate> within =
+        predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{whole.peak, whole.host.peak});
+    REQUIRE(within.has_value());
+    CHECK(within->peak == whole.peak);
+    CHECK(within->at_peak == whole.at_peak);
+    CHECK(within->peak_by_category == whole.peak_by_category);
+    CHECK(within->model_states == whole.model_states);
+    CHECK(within->host == whole.host);
+    CHECK(predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{0, 0}).has_value());  // no limits
+    CHECK(!predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{whole.peak - 1, 0}));
+    CHECK(!predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{0, whole.host.peak - 1}));
+    // A budget under the model states stops it before the step.
+    CHECK(!predict_step_within(t, pc.world, rank, e.micro_batch, PoolConfig{whole.model_state_total() - 1, 0}));
+  }
+}
+
+TEST_CASE("plan: steps stopped at the budget settle the same configurations as whole ones", "[plan]") {
+  // The setting of the pruned-search test; keeping no configuration that does not fit lets every
+  // step stop at the budget, which must not change what fits, in what order, with which peaks.
+  PlanConfig pc = plan_for("small", 16, uint64_t{8} << 20);
+  pc.global_batch = 64;
+  pc.keep = 5;
+  pc.keep_not_fitting = size_t{1} << 20;  // every one that does not fit listed, with its peak
+  const PlanResult whole = make_plan(pc);
+  pc.keep_not_fitting = 0;
+  const PlanResult stopped = make_plan(pc);
+  CHECK(whole.stopped_at_budget == 0);
+  CHECK(stopped.stopped_at_budget > 0);
+  CHECK(stopped.predictions <= whole.predictions);
+  CHECK(stopped.walked == whole.walked);
+  CHECK(stopped.ruled_by_micro_batch == whole.ruled_by_micro_batch);
+  CHECK(stopped.ruled_by_states == whole.ruled_by_states);
+  REQUIRE(stopped.entries.size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    const PlanEntry &a = whole.entries.at(i), &b = stopped.entries[i];
+    REQUIRE((a.fits && b.fits));
+    CHECK(key(a) == key(b));
+    CHECK(a.peak == b.peak);
+    CHECK(a.peak_stage == b.peak_stage);
+    CHECK(a.host_peak == b.host_peak);
+  }
 }
 
 TEST_CASE("plan: each pipeline layout's peak is the largest of every stage's", "[plan]") {
@@ -228,4 +291,88 @@ TEST_CASE("plan: the answer for a fixed small case, by the model's arithmetic", 
   REQUIRE(all.entries.at(0).fits);
   CHECK(all.entries[0].layout.dims.tp * all.entries[0].layout.dims.pp > 1);
   CHECK(all.entries[0].peak <= pc.device_memory);
+}
+
+TEST_CASE("plan: the progress line's estimate of the time left", "[plan]") {
+  WalkState w;
+  w.candidates = 11000, w.keep = 15, w.walked = 1000, w.elapsed_s = 10;
+  // Nothing fits yet: the rest of the list (10,000 layouts) at 10 ms a layout, said to be the list's.
+  WalkEstimate e = estimate_walk_left(w);
+  CHECK(e.whole_list);
+  CHECK(e.seconds_left == Approx(100));
+  CHECK_THAT(progress_text(w), Catch::Contains("1000 of 11000 layouts walked (9%)") &&
+                                   Catch::Contains("nothing fits yet: the rest of the list would take about 100 s at "
+                                                   "this pace (an estimate; the walk ends once 15 fit)"));
+  // The first fit at layout 1000 (10 s) gives no rate of fits yet: still the list's pace.
+  w.first_fit_walked = 1000, w.first_fit_s = 10, w.fit = 1;
+  CHECK(estimate_walk_left(w).whole_list);
+  // At layout 1100 (12 s) 5 fit: 4 more in 100 layouts since the first, so 250 for the other 10, at
+  // 20 ms a layout since the first.
+  w.walked = 1100, w.elapsed_s = 12, w.fit = 5;
+  e = estimate_walk_left(w);
+  CHECK(!e.whole_list);
+  CHECK(e.seconds_left == Approx(250 * 0.02));
+  CHECK_THAT(progress_text(w), Catch::Contains("5 of 15 fit, 12 s; about 5 s left (an estimate: 10 more to fit, at "
+                                               "the rate fits came since the first)"));
+  // Never more than the rest of the list (50 layouts) at that pace.
+  w.candidates = 1150;
+  CHECK(estimate_walk_left(w).seconds_left == Approx(50 * 0.02));
+  // An exhaustive walk goes to the end of the list: its rest at the pace so far.
+  w.candidates = 11000, w.exhaustive = true;
+  CHECK(estimate_walk_left(w).seconds_left == Approx(9900 * 12.0 / 1100));
+  CHECK_THAT(progress_text(w), Catch::Contains("left (an estimate: the rest of the list at this pace)"));
+  CHECK(progress_brief(w) == "plan: 1100/11000 walked, 5/15 fit, 12 s; ~108 s left (estimate)");
+  // Nothing walked yet, or the list walked: nothing to estimate from, or nothing left.
+  w.walked = 0;
+  CHECK(estimate_walk_left(w).seconds_left == 0);
+  w.walked = w.candidates;
+  CHECK(estimate_walk_left(w).seconds_left == 0);
+}
+
+namespace {
+std::string written(std::FILE* f) {
+  std::rewind(f);
+  std::string s;
+  for (int c; (c = std::fgetc(f)) != EOF;) s += static_cast<char>(c);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("plan: the progress line comes every 10 s in a log, in place every second on a terminal", "[plan]") {
+  // 100 s of a walk, the line asked for every 10 ms (exact binary fractions of the clock: i / 100).
+  auto drive = [](WalkProgress& p) {
+    WalkState w;
+    w.candidates = 1'000'000, w.keep = 15;
+    for (int i = 1; i <= 10000; ++i) {
+      w.walked = static_cast<size_t>(i), w.elapsed_s = i / 100.0;
+      p.update(w);
+    }
+    p.finish();
+  };
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log);
+  WalkProgress in_log(log, 0);
+  drive(in_log);
+  const std::string a = written(log);
+  std::fclose(log);
+  CHECK(std::count(a.begin(), a.end(), '\n') == 10);  // at 10, 20, ..., 100 s
+  CHECK(a.find('\r') == std::string::npos);
+  CHECK(a.find("walked (0%), 0 memory predictions, 0 of 15 fit, 10 s; nothing fits yet") != std::string::npos);
+  size_t estimates = 0;
+  for (size_t at = 0; (at = a.find("(an estimate;", at)) != std::string::npos; ++at) ++estimates;
+  CHECK(estimates == 10);
+  std::FILE* tty = std::tmpfile();
+  REQUIRE(tty);
+  WalkProgress on_terminal(tty, 50);  // 50 columns: each line cut to 49
+  drive(on_terminal);
+  const std::string b = written(tty);
+  std::fclose(tty);
+  CHECK(std::count(b.begin(), b.end(), '\r') == 100 + 1);  // every second, then cleared
+  CHECK(b.find('\n') == std::string::npos);
+  CHECK(b.substr(b.size() - 4) == "\r\033[K");
+  CHECK(b.substr(0, 50) == "\rplan: 100/1000000 walked, 0/15 fit, 1 s; rest of ");
+  for (size_t at = b.find('\r'); at + 4 < b.size(); at = b.find('\r', at + 1))
+    CHECK(b.find("\033[K", at) - at - 1 <= 49);
+  WalkProgress quiet(nullptr, 80);  // no stream: nothing to do, nothing to fail
+  drive(quiet);
 }

@@ -177,7 +177,10 @@ TEST_CASE("plan time: device presets carry their datasheet figures", "[plan]") {
   const DevicePeaks& h200 = device_preset("h200");
   CHECK(h200.dense_bf16_tflops == 989.4);
   CHECK(h200.hbm_gbs == 4800);
-  CHECK(h200.memory_gb == 141);
+  // Memory: the totals nvidia-smi lists (MiB), not the datasheets' decimal GB.
+  CHECK(a100.memory_bytes() == uint64_t{81920} << 20);
+  CHECK(h100.memory_bytes() == uint64_t{81559} << 20);
+  CHECK(h200.memory_bytes() == uint64_t{143771} << 20);
   // 8 x 200 Gb/s for 8 GPUs: 25 GB/s each.
   CHECK(device_rates(a100).inter.value == 25e9);
   CHECK(device_rates(h100).flops.value == 989.4e12);

@@ -15,7 +15,7 @@ ExitCode cmd_bench_plan_validation(const Args& args, const Context& ctx) {
   cli::Desc desc = cli::command_options("bench-plan-validation");
   device.add(desc, kA100_80GB.name);
   cli::add_switch(desc, "search", search,
-                  "also run plan's free search for each row's model, GPUs and global batch (80 GB devices) beside the "
+                  "also run plan's free search for each row's model, GPUs and global batch (80 GiB devices, the a100-80gb preset's) beside the "
                   "published layout pinned: does it find that layout, or a faster one that fits?");
   reports.add(desc, "write the rows, the rates and the errors as JSON (schema shardlab.plan-validation/1)", nullptr,
               nullptr);

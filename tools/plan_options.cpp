@@ -89,7 +89,7 @@ void set_device(PlanConfig& pc, const PlanFlags& f, const po::variables_map& vm)
   }
   pc.device_memory = budgets.budget > 0 ? budgets.budget
                      : f.calibrate      ? 0
-                                        : static_cast<uint64_t>(preset.memory_gb * 1e9);
+                                        : preset.memory_bytes();
   pc.host_memory = budgets.host_budget;
 }
 

@@ -15,20 +15,23 @@ struct DevicePeaks {
   double intra_node_gbs;     // bus bandwidth between GPUs of one node (NVLink), GB/s achieved by all-reduce
   double inter_node_gbs;     // bus bandwidth per GPU between nodes, GB/s achieved
   double host_link_gbs;      // device <-> host copies, GB/s achieved
+  // Device memory: the total nvidia-smi lists for the part, MiB (its datasheet's "80GB" is a
+  // marketing figure; 80 x 10^9 bytes under-counted an H100 by 5 GiB). plan's default budget.
+  uint64_t memory_mib = 0;
   // The datasheet figures the time model starts from (it applies its own achievable fractions):
-  double memory_gb = 0;      // HBM capacity, GB (10^9 bytes)
   double hbm_gbs = 0;        // HBM bandwidth, GB/s
   double nvlink_gbs = 0;     // NVLink per GPU and direction, GB/s (half the datasheet's bidirectional total)
   double nic_gbits = 0;      // InfiniBand per NIC, Gb/s
   int nics_per_node = 0;     // compute NICs per node (one per GPU on DGX/HGX)
   int gpus_per_node = 8;
   const char* source = "";   // where the figures come from
+  uint64_t memory_bytes() const { return memory_mib << 20; }
 };
 
 // H100 SXM in an 8-GPU node: 989 TFLOP/s dense bf16, NVLink 4 (360 GB/s of bus bandwidth achieved
 // by all-reduce), one 400 Gb/s InfiniBand NIC per GPU (45 GB/s achieved), PCIe 5 x16 (25 GB/s).
 // bench-train's MFU uses it (989, rounded: kept so its output does not move); plan uses the presets.
-inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 80, 3350, 450, 400, 8, 8,
+inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 81559, 3350, 450, 400, 8, 8,
                                    "NVIDIA H100 Tensor Core GPU datasheet (SXM5), DGX H100 user guide"};
 
 // The presets of `--gpu` (SXM parts, 8 per node, one compute NIC per GPU):
@@ -42,11 +45,17 @@ inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 80, 3350, 450, 400,
 //              900 GB/s; HGX H200 with 8x NDR 400 Gb/s.
 // The achieved bus bandwidths (intra/inter) are plan/1's figures, kept for reference (plan/2 applies
 // its achievable shares to the datasheet ones); host_link_gbs is PCIe achieved, plan/2's host link.
-inline constexpr DevicePeaks kA100_80GB{"a100-80gb", 312, 240, 22.5, 20, 80, 2039, 300, 200, 8, 8,
+// Memory is the total nvidia-smi lists on an idle GPU (memory.total), as public nvidia-smi output
+// shows it: A100-SXM4-80GB 81,920 MiB (80.00 GiB), H100 80GB HBM3 (SXM5) 81,559 MiB (79.65 GiB),
+// H200 (SXM) 143,771 MiB (140.40 GiB). Not modelled: what the driver reserves of it (nvidia-smi -q's
+// "Reserved", about 0.5 GiB; cudaMemGetInfo's total leaves it out) and what a process's CUDA
+// context, cuBLAS workspaces and NCCL buffers take (hundreds of MiB, by driver and library version).
+// plan's peaks are this runtime's pool; --device-memory leaves room for those where it matters.
+inline constexpr DevicePeaks kA100_80GB{"a100-80gb", 312, 240, 22.5, 20, 81920, 2039, 300, 200, 8, 8,
                                         "NVIDIA A100 datasheet (80GB SXM), DGX A100 (8x HDR 200 Gb/s)"};
-inline constexpr DevicePeaks kH100_80GB{"h100-80gb", 989.4, 360, 45, 25, 80, 3350, 450, 400, 8, 8,
+inline constexpr DevicePeaks kH100_80GB{"h100-80gb", 989.4, 360, 45, 25, 81559, 3350, 450, 400, 8, 8,
                                         "NVIDIA H100 datasheet (SXM5), DGX H100 (8x NDR 400 Gb/s)"};
-inline constexpr DevicePeaks kH200{"h200", 989.4, 360, 45, 25, 141, 4800, 450, 400, 8, 8,
+inline constexpr DevicePeaks kH200{"h200", 989.4, 360, 45, 25, 143771, 4800, 450, 400, 8, 8,
                                    "NVIDIA H200 datasheet (SXM), HGX H200 (8x NDR 400 Gb/s)"};
 
 // The preset of that name (a100-80gb, h100-80gb, h200); InputError listing them otherwise.

@@ -11,6 +11,7 @@
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/model/model.hpp"
+#include "src/plan/plan_progress.hpp"
 #include "src/train/predict.hpp"
 
 namespace shardlab {
@@ -144,55 +145,28 @@ class Searcher {
     });
     std::vector<PlanEntry> fit, no;
     std::map<std::string, int64_t> failed_mb;  // layout (all but the micro-batch) -> smallest that did not fit
-    double last = now_s();
+    WalkProgress report(progress, terminal_columns(progress));
+    WalkState w;
+    w.candidates = cands.size(), w.keep = c_.keep, w.exhaustive = c_.exhaustive;
     for (PlanEntry& e : cands) {
       if (!c_.exhaustive && fit.size() >= c_.keep) break;
-      ++res.walked;
-      if (progress && now_s() - last > 2) {
-        last = now_s();
-        std::fprintf(progress, "plan: %zu of %zu layouts walked, %zu memory predictions, %zu fit (%.0f s)\n",
-                     res.walked, cands.size(), res.predictions, fit.size(), last - t0);
-        std::fflush(progress);
-      }
-      const std::string key = group_key(e);
-      const uint64_t lb = states_bound(e);
-      if (!c_.exhaustive) {
-        auto it = failed_mb.find(key);
-        if (it != failed_mb.end() && e.micro_batch >= it->second) {
-          e.why = fmt::format("micro-batch {} of this layout does not fit already", it->second);
-          ++res.ruled_by_micro_batch;
-          no.push_back(std::move(e));
-          continue;
-        }
-        if (lb > c_.device_memory) {
-          e.why = fmt::format("model states alone at least {} > {}", format_bytes(double(lb)),
-                              format_bytes(double(c_.device_memory)));
-          ++res.ruled_by_states;
-          no.push_back(std::move(e));
-          continue;
-        }
-      }
-      const TrainConfig t = e.config(c_);
-      try {
-        t.validate(c_.world);
-      } catch (const InputError&) {
-        ++res.not_runnable;
-        continue;
-      }
-      predict_memory(t, e, res);
-      SHARD_CHECK(e.peak >= lb, "plan: the model-state bound {} exceeds the predicted peak {} of {}", lb, e.peak,
-                  e.label());
-      if (e.fits) {
-        fit.push_back(std::move(e));
-      } else {
-        auto [it, fresh] = failed_mb.emplace(key, e.micro_batch);
-        if (!fresh) it->second = std::min(it->second, e.micro_batch);
-        no.push_back(std::move(e));
+      w.walked = ++res.walked, w.predictions = res.predictions, w.elapsed_s = now_s() - t0;
+      report.update(w);
+      // Past the fastest that do not fit that the result keeps, no report shows the peak of one that
+      // does not: its steps may stop at their first allocation past the budget.
+      switch (settle(e, res, failed_mb, !c_.exhaustive && no.size() >= c_.keep_not_fitting)) {
+        case Settled::fits:
+          fit.push_back(std::move(e));
+          w.fit = fit.size();
+          if (w.fit == 1) w.first_fit_walked = w.walked, w.first_fit_s = now_s() - t0;
+          break;
+        case Settled::does_not_fit: no.push_back(std::move(e)); break;
+        case Settled::not_runnable: break;
       }
     }
+    report.finish();
     res.entries = std::move(fit);
-    constexpr size_t kKeepNo = 200;  // the fastest that do not fit, enough for any report
-    for (size_t i = 0; i < no.size() && i < kKeepNo; ++i) res.entries.push_back(std::move(no[i]));
+    for (size_t i = 0; i < no.size() && i < c_.keep_not_fitting; ++i) res.entries.push_back(std::move(no[i]));
     res.seconds = now_s() - t0;
     return res;
   }
@@ -200,6 +174,43 @@ class Searcher {
  private:
   const PlanConfig& c_;
   std::map<std::tuple<int, int, int>, StageFacts> stages_;
+
+  enum class Settled { fits, does_not_fit, not_runnable };
+
+  // Whether e fits: ruled out by a bound (a smaller micro-batch of its layout that did not fit, its
+  // model states over the budget), else predicted.
+  Settled settle(PlanEntry& e, PlanResult& res, std::map<std::string, int64_t>& failed_mb, bool stop_at_budget) {
+    const std::string key = group_key(e);
+    const uint64_t lb = states_bound(e);
+    if (!c_.exhaustive) {
+      auto it = failed_mb.find(key);
+      if (it != failed_mb.end() && e.micro_batch >= it->second) {
+        e.why = fmt::format("micro-batch {} of this layout does not fit already", it->second);
+        ++res.ruled_by_micro_batch;
+        return Settled::does_not_fit;
+      }
+      if (lb > c_.device_memory) {
+        e.why = fmt::format("model states alone at least {} > {}", format_bytes(double(lb)),
+                            format_bytes(double(c_.device_memory)));
+        ++res.ruled_by_states;
+        return Settled::does_not_fit;
+      }
+    }
+    const TrainConfig t = e.config(c_);
+    try {
+      t.validate(c_.world);
+    } catch (const InputError&) {
+      ++res.not_runnable;
+      return Settled::not_runnable;
+    }
+    predict_memory(t, e, res, stop_at_budget);
+    SHARD_CHECK(!e.predicted || e.peak >= lb, "plan: the model-state bound {} exceeds the predicted peak {} of {}", lb,
+                e.peak, e.label());
+    if (e.fits) return Settled::fits;
+    auto [it, fresh] = failed_mb.emplace(key, e.micro_batch);
+    if (!fresh) it->second = std::min(it->second, e.micro_batch);
+    return Settled::does_not_fit;
+  }
 
   // The (schedule, virtual stages) pairs of a pipeline of pp stages, in the planner's order of the
   // registry (ties in time go to the earlier); without a pipeline, the default schedule.
@@ -370,15 +381,27 @@ class Searcher {
     return static_cast<uint64_t>(params * per * 0.999);
   }
 
-  void predict_memory(const TrainConfig& t, PlanEntry& e, PlanResult& res) {
+  // Every distinct stage's step on the meta backend; the peak is the largest of theirs. With
+  // stop_at_budget each step ends at its first allocation past a budget (it cannot fit then: the
+  // budget is checked against the step's live bytes, which is what the peak is the largest of), and
+  // the layout is settled at the first such stage, its peak unknown.
+  void predict_memory(const TrainConfig& t, PlanEntry& e, PlanResult& res, bool stop_at_budget) {
     const ParallelDims dims = t.layout.dims.resolved(c_.world);
+    const PoolConfig budgets{c_.device_memory, c_.host_memory};
     for (int k : stage_facts(e).distinct) {
       MeshCoord at;
       at.pp = k;
-      const Estimate est = predict_step(t, c_.world, mesh_rank(dims, at), e.micro_batch, false);
+      const int rank = mesh_rank(dims, at);
       ++res.predictions;
-      if (est.peak > e.peak) e.peak = est.peak, e.peak_stage = k;
-      e.host_peak = std::max(e.host_peak, est.host.peak);
+      const std::optional<Estimate> est = stop_at_budget ? predict_step_within(t, c_.world, rank, e.micro_batch, budgets)
+                                                         : predict_step(t, c_.world, rank, e.micro_batch, false);
+      if (!est) {
+        ++res.stopped_at_budget;
+        e.why = fmt::format("stage {} passes the budget (its step stopped there)", k);
+        return;  // not predicted: the peak is not known
+      }
+      if (est->peak > e.peak) e.peak = est->peak, e.peak_stage = k;
+      e.host_peak = std::max(e.host_peak, est->host.peak);
     }
     e.predicted = true;
     e.fits = e.peak <= c_.device_memory && (c_.host_memory == 0 || e.host_peak <= c_.host_memory);
@@ -407,10 +430,10 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
   std::fprintf(out, "%s", c.rates.describe().c_str());
   size_t fitting = 0;
   for (const auto& e : res.entries) fitting += e.fits;
-  std::fprintf(out, "search: %zu layouts timed, %zu walked fastest first, %zu memory predictions (%zu ruled out by "
-               "their model states, %zu by a smaller micro-batch that did not fit, %zu not runnable), %.2f s; %zu fit\n",
-               res.candidates, res.walked, res.predictions, res.ruled_by_states, res.ruled_by_micro_batch,
-               res.not_runnable, res.seconds, fitting);
+  std::fprintf(out, "search: %zu layouts timed, %zu walked fastest first, %zu memory predictions, %zu of them stopped "
+               "at the budget (%zu ruled out by their model states, %zu by a smaller micro-batch that did not fit, %zu "
+               "not runnable), %.2f s; %zu fit\n", res.candidates, res.walked, res.predictions, res.stopped_at_budget,
+               res.ruled_by_states, res.ruled_by_micro_batch, res.not_runnable, res.seconds, fitting);
   std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s\n", "#", "layout", "ckpt",
                "mb x acc", "peak (stage)", "host peak", "step ms", "tokens/s", "TFLOP/s", "MFU",
                "compute/recomp/tp/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");

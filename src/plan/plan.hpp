@@ -18,6 +18,8 @@
 //      (the largest stage's parameters / tp times the bytes per parameter the strategy keeps on the
 //      device) over the budget rules it out without a prediction, as does a smaller micro-batch of
 //      the same layout that did not fit; the rest are predicted. The walk ends when `keep` fit.
+//      Once `keep_not_fitting` layouts did not fit, no report shows another's peak: a step then
+//      stops at its first allocation past the budget, and a layout at its first stage past it.
 // So the top `keep` are exactly those an exhaustive search would rank first (the test holds the
 // search to the exhaustive one), and a 405B search over 16,384 GPUs predicts a few hundred steps.
 #pragma once
@@ -62,6 +64,7 @@ struct PlanConfig {
   PlanPins pins;
   PlanRates rates;
   size_t keep = 15;            // configurations that fit to find (the walk's end)
+  size_t keep_not_fitting = 200;  // the fastest that do not fit to list, with their peaks (enough for any report)
   bool exhaustive = false;     // predict every candidate's memory (no pruning): the test's oracle
   void validate() const;
   int64_t batch() const { return global_batch > 0 ? global_batch : 8 * int64_t{world}; }
@@ -92,6 +95,7 @@ struct PlanResult {
   size_t candidates = 0;           // layouts enumerated (time predicted)
   size_t walked = 0;               // reached by the walk
   size_t predictions = 0;          // memory predictions (steps on the meta backend, one per stage)
+  size_t stopped_at_budget = 0;    // of them, steps stopped at their first allocation past a budget
   size_t ruled_by_states = 0, ruled_by_micro_batch = 0, not_runnable = 0;
   double seconds = 0;
 };

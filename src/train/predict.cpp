@@ -27,16 +27,40 @@ std::shared_ptr<TokenStream> stand_in(int64_t tokens) {
   return std::make_shared<TokenStream>(zero_stream(tokens, "(prediction: no data)"));
 }
 
+// The step; with budgets, nullopt at its first allocation past one (predict.hpp).
+std::optional<Estimate> run_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline,
+                                 const PoolConfig* budgets) {
+  TrainConfig c = step_config(step, world, rank, micro_batch, timeline);
+  auto be = make_meta_backend();
+  Pool pool(*be);  // no budget while the model states are set up: the step's peak starts after
+  auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
+  Trainer t(*be, pool, *comm, c, stand_in(c.spec.seq + 1));
+  if (budgets) {
+    // The step's peak starts from what is live now; over a budget already, it cannot fit.
+    auto over = [](uint64_t live, uint64_t budget) { return budget > 0 && live > budget; };
+    if (over(pool.ledger().current_total(), budgets->budget) ||
+        over(pool.ledger().current_total(Tier::host), budgets->host_budget))
+      return std::nullopt;
+    pool.set_budgets(*budgets);
+  }
+  try {
+    t.step(0);
+  } catch (const OutOfMemory&) {
+    if (!budgets) throw;
+    return std::nullopt;
+  }
+  return t.measured_step();
+}
+
 }  // namespace
 
 Estimate predict_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline) {
-  TrainConfig c = step_config(step, world, rank, micro_batch, timeline);
-  auto be = make_meta_backend();
-  Pool pool(*be);  // no budget: the prediction says how much; callers compare it with theirs
-  auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
-  Trainer t(*be, pool, *comm, c, stand_in(c.spec.seq + 1));
-  t.step(0);
-  return t.measured_step();
+  return *run_step(step, world, rank, micro_batch, timeline, nullptr);
+}
+
+std::optional<Estimate> predict_step_within(const StepConfig& step, int world, int rank, int64_t micro_batch,
+                                            PoolConfig budgets) {
+  return run_step(step, world, rank, micro_batch, false, &budgets);
 }
 
 std::vector<GemmDesc> step_gemms(const StepConfig& step, int world, int rank, int64_t micro_batch) {

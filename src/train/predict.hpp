@@ -9,9 +9,11 @@
 // Independent oracles live in the tests: ZeRO's model-state formulas, Korthikanti et al.'s
 // activation memory, and measured = predicted against real runs over MPI.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "memory/estimate.hpp"
+#include "memory/pool.hpp"
 #include "src/backend/backend.hpp"
 #include "src/train/step_config.hpp"
 
@@ -21,6 +23,11 @@ namespace shardlab {
 // TrainConfig passes as its StepConfig: its batch, data and the rest are not part of a step).
 // With `timeline`, the step's allocations are kept in the result.
 Estimate predict_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline = true);
+// The same step within budgets (each tier's; 0 = no limit): nullopt as soon as an allocation of the
+// step takes a tier past its budget, so a step that does not fit costs only up to that point. The
+// budgets apply from the step's start, as its peak does (construction may pass them transiently).
+std::optional<Estimate> predict_step_within(const StepConfig& step, int world, int rank, int64_t micro_batch,
+                                            PoolConfig budgets);
 // The same for an evaluation pass (validation: forward only, units gathered and freed as in a
 // training forward): its peak and composition; model_states as for the step.
 Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro_batch);
