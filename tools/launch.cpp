@@ -76,11 +76,14 @@ namespace {
 //   too soon for a checkpoint) and refuses to forward it (ess_base_forward_signals). So mpirun runs
 //   in a process group of its own, a terminal's Ctrl-C reaches the launcher only, and the launcher
 //   passes SIGINT on as SIGUSR2, which mpirun forwards to every rank and a rank takes as its Ctrl-C
-//   (run.cpp: the first saves when there is a --save-dir, a second stops at once). SIGTERM, SIGHUP,
+//   (run.cpp: the first saves when there is a --save-dir, a second stops at once).
+// - SIGTERM (timeout, systemd, Kubernetes): mpirun answers it as it answers SIGINT, and the job
+//   exited 1 even when the ranks saved in time. The launcher passes it on as SIGUSR1, which mpirun
+//   forwards and a rank takes as its SIGTERM (save after the step in progress, exit 0). SIGHUP,
 //   SIGUSR1 and SIGUSR2 go to mpirun as they are, as when the launcher was mpirun.
 volatile std::sig_atomic_t g_mpirun = 0;
 
-int forwarded(int sig) { return sig == SIGINT ? SIGUSR2 : sig; }
+int forwarded(int sig) { return sig == SIGINT ? SIGUSR2 : sig == SIGTERM ? SIGUSR1 : sig; }
 
 extern "C" void pass_on(int sig) {
   if (g_mpirun > 0) ::kill(static_cast<pid_t>(g_mpirun), forwarded(sig));

@@ -3,7 +3,7 @@
 # with PASS (CTest matches it) or FAIL and a non-zero exit.
 # usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
 #                                          sigint_saves | sigint_no_save_dir | sigint_launcher |
-#                                          sigint_twice_launcher | save_ulimit | sigkill_midstep |
+#                                          sigint_twice_launcher | sigterm_launcher | save_ulimit | sigkill_midstep |
 #                                          save_keep | soak
 set -u
 bin=$1 case=$2
@@ -150,6 +150,22 @@ sigint_launcher | sigint_twice_launcher)
       fail "resume failed"
     check_resume_identical "$work/b.log" $((n + 5))
   fi
+  ;;
+sigterm_launcher)
+  # SIGTERM at the --nproc launcher (what timeout, systemd and Kubernetes send): every rank saves after
+  # the step in progress and the job exits 0 (it exited 1: mpirun answered SIGTERM by ending the ranks).
+  "${train[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  wait_for_steps "$work/a.log" 20
+  kill -TERM "$job"
+  wait_job 120; rc=$?
+  grep -v '^step' "$work/out"
+  [ $rc -eq 0 ] || fail "expected exit 0 after SIGTERM at the launcher, got $rc"
+  n=$(sed -n 's/^saved step \([0-9]*\) on SIG[A-Z0-9]*$/\1/p' "$work/out")
+  [ -n "$n" ] && [ -d "$work/ck/step_$(printf %08d "$n")" ] || fail "no checkpoint of the step in progress"
+  "${train[@]}" --nproc 2 --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
+    fail "resume failed"
+  check_resume_identical "$work/b.log" $((n + 5))
   ;;
 save_ulimit)
   # A first checkpoint at step 4; then, with a file-size limit (ulimit -f 8192: 8 MiB; Open MPI's
