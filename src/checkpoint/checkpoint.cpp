@@ -155,7 +155,7 @@ bool write_rank_file(const fs::path& tmp, const CheckpointState& state) {
   }
   const uint64_t bytes = w.offset(), hash = w.close();
   nlohmann::json side = {{"file", rank_file(rank)}, {"bytes", bytes},
-                         {"checksum", fmt::format("fnv1a64:{:016x}", hash)}, {"pieces", pieces}};
+                         {"checksum", fnv1a64_text(hash)}, {"pieces", pieces}};
   if (units[0]->layout().tp_degree > 1) side["tp_rank"] = units[0]->layout().tp_rank;
   write_small_file(tmp / (rank_file(rank) + ".json"), side.dump());
   return true;
@@ -215,7 +215,7 @@ void merge_manifest(const fs::path& tmp, const CheckpointState& state, const Run
   if (const CarriedTokenizer* t = state.tokenizer) {
     write_small_file(tmp / "tokenizer.json", t->json);
     m["tokenizer"] = {{"file", "tokenizer.json"}, {"source", t->source}, {"bytes", t->json.size()},
-                      {"checksum", fmt::format("fnv1a64:{:016x}", fnv1a64(t->json))}};
+                      {"checksum", fnv1a64_text(fnv1a64(t->json))}};
   }
   write_small_file(tmp / "manifest.json", m.dump(1) + "\n");
 }

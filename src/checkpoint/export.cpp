@@ -58,16 +58,20 @@ std::vector<float> read_param(const Manifest& m, CheckpointFiles& files, const T
   return v;
 }
 
-// The id of the first of `names` the tokenizer.json holds (an added token, else a vocabulary entry:
-// these names are ASCII, which byte-level BPE writes as is), or -1.
-int64_t special_id(const json& tok, std::initializer_list<const char*> names) {
+// The first of `names` the tokenizer.json holds (an added token, else a vocabulary entry: these
+// names are ASCII, which byte-level BPE writes as is) and its id; id -1 when none.
+struct SpecialToken {
+  std::string name;
+  int64_t id = -1;
+};
+SpecialToken special_token(const json& tok, std::initializer_list<const char*> names) {
   for (const char* n : names) {
     for (const json& a : tok.value("added_tokens", json::array()))
-      if (a.value("content", "") == n) return a.value("id", int64_t(-1));
+      if (a.value("content", "") == n) return {n, a.value("id", int64_t(-1))};
     const json& vocab = tok["model"]["vocab"];
-    if (vocab.contains(n)) return vocab[n].get<int64_t>();
+    if (vocab.contains(n)) return {n, vocab[n].get<int64_t>()};
   }
-  return -1;
+  return {};
 }
 
 // What an export carries beside the weights when the checkpoint has a tokenizer: tokenizer.json,
@@ -76,23 +80,16 @@ int64_t special_id(const json& tok, std::initializer_list<const char*> names) {
 // <|begin_of_text|> and <|end_of_text|>; bytes as tokens have none).
 void add_tokenizer(const std::string& text, const ModelSpec& spec, HfWriteOptions& opts) {
   const json tok = json::parse(text);
-  const int64_t bos = special_id(tok, {"<|begin_of_text|>", "<|endoftext|>", "<s>"});
-  const int64_t eos = special_id(tok, {"<|end_of_text|>", "<|endoftext|>", "</s>"});
+  const SpecialToken bos = special_token(tok, {"<|begin_of_text|>", "<|endoftext|>", "<s>"});
+  const SpecialToken eos = special_token(tok, {"<|end_of_text|>", "<|endoftext|>", "</s>"});
   json config = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", spec.seq},
                  {"clean_up_tokenization_spaces", false}};
   json generation = json::object();
-  auto name_of = [&](int64_t id) {
-    for (const json& a : tok.value("added_tokens", json::array()))
-      if (a.value("id", int64_t(-1)) == id) return a["content"].get<std::string>();
-    for (const auto& [k, v] : tok["model"]["vocab"].items())
-      if (v.get<int64_t>() == id) return k;
-    return std::string();
-  };
-  for (const auto& [key, id] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
-    if (id < 0 || id >= spec.vocab) continue;
-    config[fmt::format("{}_token", key)] = name_of(id);
-    generation[fmt::format("{}_token_id", key)] = id;
-    opts.config_ids[fmt::format("{}_token_id", key)] = id;
+  for (const auto& [key, t] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
+    if (t.id < 0 || t.id >= spec.vocab) continue;
+    config[fmt::format("{}_token", key)] = t.name;
+    generation[fmt::format("{}_token_id", key)] = t.id;
+    opts.config_ids[fmt::format("{}_token_id", key)] = t.id;
   }
   opts.companions["tokenizer.json"] = text;
   opts.companions["tokenizer_config.json"] = config.dump(2) + "\n";
@@ -107,7 +104,7 @@ std::string read_checkpoint_tokenizer(const fs::path& dir, const Manifest& m) {
   std::ifstream f(p, std::ios::binary);
   SHARD_REQUIRE(f.good(), "checkpoint '{}' records a tokenizer, but '{}' cannot be read", dir.string(), p.string());
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const std::string sum = fmt::format("fnv1a64:{:016x}", fnv1a64(text));
+  const std::string sum = fnv1a64_text(fnv1a64(text));
   SHARD_REQUIRE(text.size() == m.tokenizer->bytes && sum == m.tokenizer->checksum,
                 "'{}' is not the file the checkpoint wrote: {} bytes, {}; the manifest says {} bytes, {}", p.string(),
                 text.size(), sum, m.tokenizer->bytes, m.tokenizer->checksum);

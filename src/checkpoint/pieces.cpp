@@ -261,7 +261,7 @@ void CheckpointFiles::verify(const ManifestFile& e, const fs::path& p) {
     f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     h = fnv1a64(std::string_view(buf.data(), static_cast<size_t>(f.gcount())), h);
   }
-  std::string got = fmt::format("fnv1a64:{:016x}", h);
+  std::string got = fnv1a64_text(h);
   SHARD_REQUIRE(got == e.checksum, "'{}' is corrupt: checksum {} but the manifest says {}", p.string(), got, e.checksum);
   verified_.insert({e.rank, true});
 }

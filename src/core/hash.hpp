@@ -4,7 +4,10 @@
 // checkpoint files (the manifest's "fnv1a64:<hex>"), so its outputs are part of the initial weights
 // and of the on-disk format: never change them.
 #pragma once
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <string_view>
 
 namespace shardlab {
@@ -19,6 +22,13 @@ constexpr uint64_t fnv1a64(std::string_view bytes, uint64_t h = kFnv1a64Basis) {
     h *= 0x100000001b3ull;  // the 64-bit FNV prime
   }
   return h;
+}
+
+// A hash as manifests write it: "fnv1a64:" and 16 lower-case hex digits.
+inline std::string fnv1a64_text(uint64_t h) {
+  char buf[8 + 16 + 1];
+  std::snprintf(buf, sizeof buf, "fnv1a64:%016" PRIx64, h);
+  return buf;
 }
 
 }  // namespace shardlab

@@ -152,7 +152,7 @@ DataSource describe_source(const std::string& what) {
   SHARD_REQUIRE(f.good(), "reading data file '{}' failed", what);
   const std::string size_text = std::to_string(size);
   const uint64_t h = fnv1a64(tail, fnv1a64(head, fnv1a64(size_text)));
-  return {what, size, fmt::format("fnv1a64:{:016x}", h)};
+  return {what, size, fnv1a64_text(h)};
 }
 
 bool is_text_source(const std::string& what) {
