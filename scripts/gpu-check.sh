@@ -284,7 +284,14 @@ if [ -z "$nccl_inc" ] || [ -z "$nccl_lib" ]; then
   finish 3
 fi
 cmake_args+=(-DNCCL_INCLUDE_DIR="$nccl_inc" -DNCCL_LIBRARY="$nccl_lib")
-export LD_LIBRARY_PATH=$(dirname "$nccl_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# NCCL's directory goes last, and not at all when the loader searches it anyway: on the lent machine it
+# is /usr/lib/x86_64-linux-gnu, which also holds the system's Open MPI, and put first it made the
+# bundle's mpirun and orted load the system's libopen-rte and libpmix (orted crashed in MPI_Init).
+nccl_libdir=$(dirname "$nccl_lib")
+case ":/lib:/usr/lib:/lib64:/usr/lib64:/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:" in
+  *":$nccl_libdir:"*) ;;
+  *) export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_libdir ;;
+esac
 # shellcheck disable=SC2206
 [ -n "${SHARDLAB_BUNDLE_CMAKE_ARGS:-}" ] && cmake_args+=($SHARDLAB_BUNDLE_CMAKE_ARGS)
 # shellcheck disable=SC2206
@@ -298,19 +305,25 @@ run_step configure 300 cmake -S . -B "$build" "${cmake_args[@]}" || finish 3
 # kept where Ninja knows the path as a target.
 mapfile -t targets < <(python3 - "$build" <<'PY'
 import os, re, sys
-build = os.path.realpath(sys.argv[1])
-seen = ["shardlab"]
+# CMake writes the build directory as it was given; a link on the way (/work -> /mnt/work) makes
+# realpath differ from it, so both spellings are looked for.
+builds = list(dict.fromkeys([os.path.abspath(sys.argv[1]), os.path.realpath(sys.argv[1])]))
+build = builds[0]
+# The executables the cuda* tests are known to run, should the parse below miss them (ninja drops
+# the ones that do not exist).
+seen = ["shardlab", "tests/cuda_tests", "tests/strategy_tests", "tests/tp_tests", "tests/tp_strategy_tests"]
 for d, _, files in os.walk(build):
     if "CTestTestfile.cmake" not in files:
         continue
     for ln in open(os.path.join(d, "CTestTestfile.cmake"), errors="replace"):
-        m = re.match(r"add_test\(\[=\[(.*?)\]=\] (.*)\)\s*$", ln)
+        m = re.match(r"\s*add_test\((?:\[=\[)?([^\]\s\"]+)(?:\]=\])?\s+(.*)$", ln)
         if not m or not m.group(1).startswith("cuda"):
             continue
-        for p in re.findall(re.escape(build) + r"/[^\s\"';]+", m.group(2)):
-            rel = os.path.relpath(p, build)
-            if rel not in seen:
-                seen.append(rel)
+        for b in builds:
+            for p in re.findall(re.escape(b) + r"/[^\s\"';]+", m.group(2)):
+                rel = os.path.relpath(p, b)
+                if rel not in seen:
+                    seen.append(rel)
 print("\n".join(seen))
 PY
 )

@@ -82,6 +82,10 @@ class SimCommunicator final : public Communicator {
 
  private:
   Backend& be() { return pool_.backend(); }
+  // Host buffers (a loss, a gradient norm) are reduced on the host even when the ranks compute on a
+  // GPU: a kernel given one would read host memory (an illegal address on CUDA).
+  bool on_device(const Tensor& t) { return t.device() == be().device() || t.data() == nullptr; }
+  Backend& on(const Tensor& t) { return on_device(t) ? be() : be().host(); }
   Pool& staging_pool() { return private_ ? *private_ : pool_; }
 
   // How MPI receives a widened reduction: into the widened send buffer (all_reduce), into an f32
@@ -95,10 +99,13 @@ class SimCommunicator final : public Communicator {
     if (mine.dtype() == DType::f32) {
       if (receives != Receives::nothing) {
         if (recv.data() != mine.data()) be().copy(recv, mine);
-        if (factor != 1.f) be().scale(recv, factor);
+        if (factor != 1.f) on(recv).scale(recv, factor);
       }
       return Work();
     }
+    SHARD_CHECK(be().device() != Device::cuda || (on_device(send) && on_device(recv)),
+                "sim {}: a {} reduction of host buffers (only f32 ones are reduced on the host)", what,
+                dtype_name(send.dtype()));
     std::vector<Block> staging;
     staging.push_back(staging_pool().alloc(DType::f32, send.numel(), Category::comm_buffer, fmt::format("sim {} send (f32)", what)));
     Tensor wide_send = staging.back().flat(DType::f32).slice(0, send.numel());

@@ -3,6 +3,7 @@
 // (src/plan/plan_time.hpp, `--gpu`). One table, so a figure is corrected in one place;
 // a run that can measure (plan --calibrate) never uses it.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
