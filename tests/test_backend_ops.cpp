@@ -17,6 +17,7 @@
 #include "src/backend/ops/activation.hpp"
 #include "src/backend/ops/attention.hpp"
 #include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
 #include "src/backend/ops/norm.hpp"
@@ -143,6 +144,20 @@ std::function<void(Run&)> attention_case(int64_t H, int64_t KV) {
   };
 }
 
+// The fused kernels, forward then backward: T spans more than one tile of each kind and ends in a
+// partial one, so tails, the diagonal and (causal) skipped tiles all run.
+std::function<void(Run&)> flash_case(int64_t H, int64_t KV, int64_t T, int64_t hd, bool causal) {
+  return [=](Run& r) {
+    const int64_t B = 2, R = (H + 2 * KV) * hd;
+    Tensor qkv = r.in("qkv", {B, T, R}), out = r.out("out", {B, T, H * hd}), lse = r.out("lse", {B, H, T});
+    Tensor fwd = r.work("forward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, false)});
+    ops::flash_attention_forward(r.be, out, lse, qkv, H, KV, causal, fwd);
+    Tensor bwd = r.work("backward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, true)});
+    ops::flash_attention_backward(r.be, r.out("dqkv", {B, T, R}), r.in("dout", {B, T, H * hd}), qkv, out, lse, H, KV,
+                                  causal, bwd);
+  };
+}
+
 // Three positions written at once, then one more: attention over the cache as it grows.
 void kv_cache_case(Run& r) {
   const int64_t B = 2, S = 6, H = 4, KV = 2, hd = 4, R = (H + 2 * KV) * hd;
@@ -187,6 +202,9 @@ std::vector<OpCase> op_cases() {
       {"activation", 1e-5, activation_case},
       {"attention (multi-head)", 1e-4, attention_case(2, 2)},
       {"attention (grouped-query)", 1e-4, attention_case(4, 2)},
+      {"flash attention (multi-head, causal)", 1e-4, flash_case(2, 2, 150, 8, true)},
+      {"flash attention (grouped-query, causal)", 1e-4, flash_case(4, 2, 137, 16, true)},
+      {"flash attention (multi-query, not causal)", 1e-4, flash_case(4, 1, 70, 8, false)},
       {"kv_cache", 1e-4, kv_cache_case},
       {"loss", 1e-5, loss_case},
       {"optimizer", 1e-5, optimizer_case},

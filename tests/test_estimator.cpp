@@ -70,17 +70,25 @@ TEST_CASE("predicted model states of gpt2-xl on 64 ranks are ZeRO's formulas, to
 }
 
 TEST_CASE("predicted activations of gpt2-xl follow Korthikanti et al. 2022", "[estimator]") {
-  // Per transformer layer, f32 activations and no dropout: 64 s b h + 4 a s^2 b bytes (the paper's
-  // 34 sbh + 5 as^2 b counts 16-bit tensors and dropout masks). Plus the logits, 4 s b V bytes.
+  // Per transformer layer, f32 activations and no dropout: 64 s b h + 4 a s^2 b bytes with the naive
+  // attention (the paper's 34 sbh + 5 as^2 b counts 16-bit tensors and dropout masks); the fused
+  // kernel keeps a log-sum-exp per head and position instead of the probabilities: 64 s b h + 4 a s b.
+  // Plus the logits, 4 s b V bytes.
   ModelSpec spec = model_preset("gpt2-xl");
   const double s = 1024, b = 4, h = double(spec.dim), a = double(spec.heads), L = double(spec.layers);
-  const double layers = L * (64 * s * b * h + 4 * a * s * s * b), logits = 4 * s * b * double(spec.vocab);
+  const double logits = 4 * s * b * double(spec.vocab);
+  for (AttentionKernel k : {AttentionKernel::naive, AttentionKernel::flash}) {
+    const double layers = L * (64 * s * b * h + 4 * a * s * b * (k == AttentionKernel::naive ? s : 1));
+    auto cfg = config("gpt2-xl", StrategyKind::zero3, DType::bf16);
+    cfg.spec.attention = k;
+    const double act = double(category(predict_step(cfg, 64, 0, 4, false).peak_by_category, Category::activations));
+    std::printf("gpt2-xl x 4 x 1024 activations, %s attention: predicted %.3f GiB, formula + logits %.3f GiB (%+.2f%%)\n",
+                attention_kernel_name(k), act / (1 << 30), (layers + logits) / (1 << 30),
+                100 * (act - layers - logits) / (layers + logits));
+    CHECK(act == Approx(layers + logits).epsilon(0.005));
+  }
   Estimate ddp = predict_step(config("gpt2-xl", StrategyKind::ddp, DType::bf16), 64, 0, 4, false);
   Estimate z3 = predict_step(config("gpt2-xl", StrategyKind::zero3, DType::bf16), 64, 0, 4, false);
-  const double act = double(category(z3.peak_by_category, Category::activations));
-  std::printf("gpt2-xl x 4 x 1024 activations: predicted %.3f GiB, Korthikanti + logits %.3f GiB (%+.2f%%)\n",
-              act / (1 << 30), (layers + logits) / (1 << 30), 100 * (act - layers - logits) / (layers + logits));
-  CHECK(act == Approx(layers + logits).epsilon(0.005));
   // Activations do not shard: the same under DDP and ZeRO-3; model states shrink about 64 times.
   CHECK(category(ddp.peak_by_category, Category::activations) == category(z3.peak_by_category, Category::activations));
   CHECK(double(ddp.model_state_total()) / double(z3.model_state_total()) == Approx(64.0).epsilon(0.001));
@@ -100,6 +108,7 @@ TEST_CASE("predicted activations under tensor parallelism follow Korthikanti et 
   const double Vp = std::ceil(double(spec.vocab) / t) * t;
   for (bool sp : {false, true}) {
     TrainConfig c = config("gpt2-large", StrategyKind::zero3, DType::bf16);
+    c.spec.attention = AttentionKernel::naive;  // the paper's accounting keeps the probabilities
     c.layout.dims.tp = 4;
     c.layout.sequence_parallel = sp;
     const double layer = sp ? (64 * s * b * h + 4 * a * s * s * b) / t
@@ -168,6 +177,7 @@ TEST_CASE("activation checkpointing removes what Korthikanti et al. say it remov
   ModelSpec spec = model_preset("gpt2-xl");
   const double s = 1024, b = 4, h = double(spec.dim), a = double(spec.heads), L = double(spec.layers);
   TrainConfig c = config("gpt2-xl", StrategyKind::zero3, DType::bf16);
+  c.spec.attention = AttentionKernel::naive;  // the fused kernel keeps no probabilities to drop
   auto act = [&](Checkpointing k) {
     c.checkpointing = k;
     return double(category(predict_step(c, 64, 0, 4, false).peak_by_category, Category::activations));

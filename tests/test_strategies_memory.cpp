@@ -234,7 +234,11 @@ TEST_CASE("activation checkpointing: the same losses and parameters, bit for bit
       CHECK(m.peak_by_category == e.peak_by_category);
       CHECK(m.at_peak == e.at_peak);
       const int act = static_cast<int>(Category::activations);
-      CHECK(e.peak_by_category[act] < none.peak_by_category[act]);
+      // The fused attention keeps no probabilities: `attention` has nothing to drop, `blocks` does.
+      if (c == Checkpointing::blocks || ck.spec.attention == AttentionKernel::naive)
+        CHECK(e.peak_by_category[act] < none.peak_by_category[act]);
+      else
+        CHECK(e.peak_by_category[act] == none.peak_by_category[act]);
     }
   }
 }

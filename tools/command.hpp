@@ -11,6 +11,7 @@
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi, nccl, staged or sim
 //   shardlab bench-gemm          sgemm GFLOP/s of each CPU library on GPT-2 products, and the pick
 //   shardlab bench-train         training-step throughput beside the sgemm ceiling (a lever against none)
+//   shardlab bench-attention     attention forward + backward alone, fused against naive
 //   shardlab bench-adamw         the host optimizer of --offload against STREAM's triad
 //   shardlab bench-plan-validation  plan's time model against Narayanan et al. 2021, Table 1
 //
@@ -49,6 +50,7 @@ ExitCode cmd_bench_collectives(const Args& args, const Context& ctx);
 ExitCode cmd_bench_gemm(const Args& args, const Context& ctx);
 ExitCode cmd_bench_train(const Args& args, const Context& ctx);
 ExitCode cmd_bench_adamw(const Args& args, const Context& ctx);
+ExitCode cmd_bench_attention(const Args& args, const Context& ctx);
 ExitCode cmd_bench_plan_validation(const Args& args, const Context& ctx);
 
 }  // namespace shardlab

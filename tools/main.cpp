@@ -50,6 +50,7 @@ constexpr CommandEntry kCommands[] = {
     {"bench-gemm", cmd_bench_gemm, "sgemm GFLOP/s of each CPU library on a training step's products, and the one picked"},
     {"bench-train", cmd_bench_train,
      "training-step tokens/s and GFLOP/s beside the sgemm ceiling; a memory lever against none"},
+    {"bench-attention", cmd_bench_attention, "attention forward + backward alone: the fused kernel against the naive one"},
     {"bench-adamw", cmd_bench_adamw, "the host optimizer (--offload) against STREAM's triad bandwidth, same threads"},
     {"bench-plan-validation", cmd_bench_plan_validation,
      "plan's time model against published runs (Narayanan et al. 2021, Table 1): predicted vs published TFLOP/s"},

@@ -126,7 +126,10 @@ void ModelOptions::add(Desc& d) {
   add_dims(g, *this, shown, preset_s);
   g.add_options()("kv-heads", po::value(&kv_heads)->default_value(0),
                   "K/V heads of grouped-query attention, dividing --heads (0 = the preset's; GPT-2: as many as heads)")(
-      "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)");
+      "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)")(
+      "attention", po::value(&attention)->default_value(attention),
+      "attention kernel: flash (fused, online softmax: O(T) memory) or naive (keeps the (B, H, T, T) probabilities; "
+      "the reference). Decoding's KV-cached attention is naive either way");
   d.add(g);
 }
 
@@ -137,7 +140,9 @@ void ModelOptions::add_shape(Desc& d, const char* const (&shown)[5], const char*
 }
 
 ModelSpec ModelOptions::spec(const std::string& init) const {
-  return resolve_model(ModelRequest{preset, layers, dim, heads, seq, vocab, kv_heads, ffn_dim, init});
+  ModelSpec s = resolve_model(ModelRequest{preset, layers, dim, heads, seq, vocab, kv_heads, ffn_dim, init});
+  s.attention = parse_attention_kernel(attention);
+  return s;
 }
 
 bool ModelOptions::given() const {
@@ -375,6 +380,7 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
   cfg.seed = static_cast<uint64_t>(seed);
   cfg.spec = resume_spec(cfg).value_or(model.spec(cfg.init));
+  cfg.spec.attention = parse_attention_kernel(model.attention);  // how it computes: never from the checkpoint
   if (const std::string unapplied = hf_config_unapplied(cfg.init); !unapplied.empty()) cfg.model_origin = unapplied;
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});

@@ -92,7 +92,8 @@ struct ModelOptions {
   std::string preset;  // empty: not given (small, or an --init directory's model)
   int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
   int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
-  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim
+  std::string attention = "flash";                               // --attention: flash | naive
+  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention
   // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults
   // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
   // default of 0 stands for, where it stands for something.

@@ -80,6 +80,15 @@ RopeScaling rope_scaling_from_json(const nlohmann::json& r) {
 }
 }  // namespace
 
+AttentionKernel parse_attention_kernel(const std::string& s) {
+  if (s == "flash") return AttentionKernel::flash;
+  if (s == "naive") return AttentionKernel::naive;
+  throw InputError(fmt::format("--attention '{}': expected flash (the fused kernel, O(T) memory) or naive (the "
+                               "(B, H, T, T) probabilities kept; the reference)", s));
+}
+
+const char* attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::flash ? "flash" : "naive"; }
+
 nlohmann::json spec_to_json(const ModelSpec& s) {
   nlohmann::json j = {{"family", family_of(s).name()}, {"name", s.name}, {"layers", s.layers}, {"dim", s.dim},
                       {"heads", s.heads},  {"seq", s.seq},   {"vocab", s.vocab}};

@@ -28,6 +28,12 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// How attention is computed (--attention): the fused kernel (ops/flash_attention.hpp; O(T) memory,
+// the default) or the naive one that materialises the (B, H, T, T) probabilities (the reference).
+enum class AttentionKernel : uint8_t { flash, naive };
+AttentionKernel parse_attention_kernel(const std::string& s);  // InputError naming the choices otherwise
+const char* attention_kernel_name(AttentionKernel k);
+
 struct ModelSpec {
   std::string name = "custom";
   int64_t layers = 0;  // L
@@ -44,6 +50,9 @@ struct ModelSpec {
   double rope_theta = 0;   // rotary position embedding base; 0: none (learned positions, wpe)
   bool tied_head = true;   // the LM head is the token embedding's transpose
   RopeScaling rope_scaling;  // none unless set (rope_theta > 0 then)
+  // How the model computes, not what it is: not part of its JSON form (a checkpoint resumes under
+  // either kernel, with the same parameters).
+  AttentionKernel attention = AttentionKernel::flash;
   int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t ffn_hidden() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
 

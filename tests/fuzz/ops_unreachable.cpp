@@ -6,6 +6,7 @@
 #include "src/backend/ops/activation.hpp"
 #include "src/backend/ops/attention.hpp"
 #include "src/backend/ops/embedding.hpp"
+#include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
 #include "src/backend/ops/norm.hpp"
@@ -34,6 +35,10 @@ void swiglu_forward(Backend&, Tensor, Tensor) { unreachable(); }
 void swiglu_backward(Backend&, Tensor, Tensor, Tensor) { unreachable(); }
 void attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t) { unreachable(); }
 void attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) { unreachable(); }
+void flash_attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, bool, Tensor) { unreachable(); }
+void flash_attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, bool, Tensor) {
+  unreachable();
+}
 void kv_cache_write(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void cross_entropy(Backend&, Tensor, Tensor, Tensor, const int32_t*, float) { unreachable(); }
@@ -45,3 +50,7 @@ void vocab_ce_finish(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, 
 }
 
 }  // namespace shardlab::ops
+
+namespace shardlab {
+FlashShape flash_shape_of_qkv(int64_t, int64_t, int64_t, int64_t, int64_t, bool) { ops::unreachable(); }
+}  // namespace shardlab

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "src/backend/ops/flash_shape.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/rope.hpp"
 
@@ -49,6 +50,13 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
                        int64_t KV);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t H, int64_t KV);
+// Fused (flash) attention: shapes, strides and workspace in ops/flash_shape.hpp. lse (B, H, Tq).
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const FlashShape& s,
+                             float* workspace);
+// dq, dk, dv (strides of q, k, v) are overwritten.
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                              const float* v, const float* out, const float* lse, const FlashShape& s,
+                              float* workspace);
 // k_cache, v_cache (B, S, KV hd); qkv (B, T, (H + 2 KV) hd); rows [pos0, pos0 + T) of the caches.
 void kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S, int64_t H,
                     int64_t KV, int64_t hd, int64_t pos0);

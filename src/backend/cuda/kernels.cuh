@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "src/backend/ops/flash_shape.hpp"
 #include "src/core/dtype.hpp"
 
 namespace shardlab::cuda {
@@ -91,6 +92,14 @@ cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const 
 
 // In place over `rows` rows of T scores, row r being time step r % T of its (T, T) matrix: the
 // causal softmax over s <= t, zeros above the diagonal.
+// The fused attention (flash_attention.cu): head dimensions up to kMaxHeadDim.
+inline constexpr int64_t kMaxHeadDim = 256;
+cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                                 const FlashShape& s, cudaStream_t st);
+// D (B, H, Tq) is device scratch for rowsum(dO * O).
+cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const float* dout, const float* q,
+                                  const float* k, const float* v, const float* out, const float* lse,
+                                  const FlashShape& s, cudaStream_t st);
 cudaError_t launch_causal_softmax(float* att, int64_t rows, int64_t T, cudaStream_t s);
 // In place: datt <- att * (datt - <att, datt>) * scale over s <= t, zeros above the diagonal.
 cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t rows, int64_t T, float scale,

@@ -3,6 +3,7 @@
 // includes it without the CUDA toolkit, and calls these only for a CUDA backend (be is one). The
 // families checked the tensors and pass the sizes they derived.
 #pragma once
+#include "src/backend/ops/flash_shape.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/rope.hpp"
 
@@ -38,6 +39,10 @@ void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t 
                        int64_t C);
 void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                         Tensor scratch, int64_t B, int64_t T, int64_t C);
+// ---- flash_attention.cpp ----
+void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, const FlashShape& s);
+void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                              Tensor workspace, const FlashShape& s);
 // ---- kv_cache.cpp ----
 void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0,
                     int64_t B, int64_t T, int64_t C, int64_t S);

@@ -1,11 +1,23 @@
 // attention.cpp — the attention core shared by the families (attention.hpp).
 #include "src/model/blocks/attention.hpp"
 #include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 
 namespace shardlab::blocks {
 
+namespace {
+bool flash(const UnitContext& c) { return c.spec.attention == AttentionKernel::flash; }
+}  // namespace
+
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
+  if (flash(c)) {
+    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+    Block tiles = c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false),
+                               Category::workspace, "attention tiles");
+    ops::flash_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, true, tiles.flat(DType::f32));
+    return atty;  // nothing to drop for --activation-checkpointing attention: no probabilities kept
+  }
   Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), att = s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
   ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV);
   if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
@@ -13,12 +25,19 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
 }
 
 Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::string& prefix) {
+  if (flash(c))
+    return c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, true),
+                        Category::workspace, prefix + "attention tiles");
   return c.pool.alloc(DType::f32, attention_scratch_elems(a.T, a.H), Category::workspace,
                       prefix + "attention scratch");
 }
 
 void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch, const AttentionShape& a,
                         const std::string& prefix) {
+  if (flash(c)) {
+    ops::flash_attention_backward(c.be, dqkv, datty, s("qkv"), s("atty"), s("lse"), a.H, a.KV, true, scratch);
+    return;
+  }
   Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
   if (!s.has("att")) {
     att_again = c.pool.alloc(DType::f32, a.B * a.H * a.T * a.T, Category::activations, prefix + "att (recomputed)");

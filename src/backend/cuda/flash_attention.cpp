@@ -1,0 +1,29 @@
+// flash_attention.cpp — the CUDA fused attention (ops/flash_attention.hpp): launchers of
+// flash_attention.cu on the compute stream. Backward keeps D = rowsum(dO * O) in the workspace's
+// tail, where the CPU kernels keep it.
+#include "src/backend/cuda/cuda_backend.hpp"
+#include "src/backend/cuda/ops.hpp"
+
+namespace shardlab::cuda {
+
+void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, const FlashShape& s) {
+  SHARD_REQUIRE(s.hd <= kMaxHeadDim, "--attention flash on CUDA: head dimension {} above the kernels' {}", s.hd,
+                kMaxHeadDim);
+  const float* q = qkv.ptr<float>();
+  CUDA_CHECK(launch_flash_forward(out.ptr<float>(), lse.ptr<float>(), q, q + s.H * s.hd, q + (s.H + s.KV) * s.hd, s,
+                                  CudaBackend::of(be).compute_stream()));
+}
+
+void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                              Tensor workspace, const FlashShape& s) {
+  SHARD_REQUIRE(s.hd <= kMaxHeadDim, "--attention flash on CUDA: head dimension {} above the kernels' {}", s.hd,
+                kMaxHeadDim);
+  const float* q = qkv.ptr<float>();
+  float* dq = dqkv.ptr<float>();
+  float* D = workspace.ptr<float>() + flash_backward_slots(s) * flash_backward_slot_elems(s);
+  CUDA_CHECK(launch_flash_backward(dq, dq + s.H * s.hd, dq + (s.H + s.KV) * s.hd, D, dout.ptr<float>(), q,
+                                   q + s.H * s.hd, q + (s.H + s.KV) * s.hd, out.ptr<float>(), lse.ptr<float>(), s,
+                                   CudaBackend::of(be).compute_stream()));
+}
+
+}  // namespace shardlab::cuda

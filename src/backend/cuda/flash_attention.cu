@@ -1,0 +1,181 @@
+// flash_attention.cu — the fused attention kernels (ops/flash_attention.hpp; host side in
+// flash_attention.cpp): the online softmax, O(T) memory, no atomics.
+//
+// One warp per row, lanes splitting the head's channels (channel c on lane c % 32, at most
+// kMaxHeadDim / 32 per lane, held in registers): a score is a warp-wide sum, so every lane holds
+// the same bits of it and of the running max and sum. Forward: a warp per query row, over the keys
+// it sees. Backward: D = rowsum(dO * O) per query row; dq per query row (recomputing each
+// probability from lse); dk and dv per key row, over the query rows of its K/V head's group that
+// see it, heads in order. Each output row has exactly one writer, so results do not depend on
+// scheduling. These kernels run on the CUDA cores (no tensor cores, no shared-memory tiles): they
+// are the correct, memory-lean baseline, not the fast one.
+#include "src/backend/cuda/kernel_util.cuh"
+
+namespace shardlab::cuda {
+namespace {
+
+constexpr int kPerLane = kMaxHeadDim / kWarp;
+
+struct Row {
+  float v[kPerLane];
+};
+
+__device__ inline Row load_row(const float* p, int64_t hd) {
+  Row r;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t c = threadIdx.x % kWarp + i * kWarp;
+    r.v[i] = c < hd ? p[c] : 0.f;
+  }
+  return r;
+}
+
+__device__ inline void store_row(float* p, const Row& r, int64_t hd, float mul) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t c = threadIdx.x % kWarp + i * kWarp;
+    if (c < hd) p[c] = r.v[i] * mul;
+  }
+}
+
+// The warp's dot product of a (held per lane) and the row at p; every lane returns it.
+__device__ inline float dot_row(const Row& a, const float* p, int64_t hd) {
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t c = threadIdx.x % kWarp + i * kWarp;
+    if (c < hd) acc += a.v[i] * p[c];
+  }
+  return warp_allreduce(acc, SumOp{});
+}
+
+__device__ inline void axpy_row(Row& y, float a, const float* p, int64_t hd) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t c = threadIdx.x % kWarp + i * kWarp;
+    if (c < hd) y.v[i] += a * p[c];
+  }
+}
+
+// Keys [0, end) query row t sees.
+__device__ inline int64_t keys_seen(const FlashShape& s, int64_t t) {
+  if (!s.causal) return s.Tk;
+  const int64_t end = t + s.offset + 1;
+  return end < 0 ? 0 : (end < s.Tk ? end : s.Tk);
+}
+
+__device__ inline int64_t warp_row() { return blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp; }
+
+// Row = (b, h, t) over B H Tq rows.
+__global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
+                                     FlashShape s) {
+  const int64_t row = warp_row();
+  if (row >= s.B * s.H * s.Tq) return;
+  const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H, g = h / (s.H / s.KV);
+  const Row qr = load_row(q + b * s.q_b + t * s.q_ld + h * s.hd, s.hd);
+  const float* K = k + b * s.k_b + g * s.hd;
+  const float* V = v + b * s.v_b + g * s.hd;
+  Row acc{};
+  float m = -INFINITY, l = 0.f;
+  const int64_t end = keys_seen(s, t);
+  for (int64_t j = 0; j < end; ++j) {
+    const float score = dot_row(qr, K + j * s.k_ld, s.hd) * s.scale;
+    const float m_new = fmaxf(m, score);
+    const float alpha = expf(m - m_new), p = expf(score - m_new);  // expf(-inf) = 0 on the first key
+    l = l * alpha + p;
+    m = m_new;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) acc.v[i] *= alpha;
+    axpy_row(acc, p, V + j * s.v_ld, s.hd);
+  }
+  store_row(out + b * s.o_b + t * s.o_ld + h * s.hd, acc, s.hd, l > 0.f ? 1.f / l : 0.f);
+  if (threadIdx.x % kWarp == 0) lse[bh * s.Tq + t] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+// D (B, H, Tq) = rowsum(dO * O).
+__global__ void flash_d_kernel(float* D, const float* dout, const float* out, FlashShape s) {
+  const int64_t row = warp_row();
+  if (row >= s.B * s.H * s.Tq) return;
+  const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H;
+  const int64_t at = b * s.o_b + t * s.o_ld + h * s.hd;
+  const float d = dot_row(load_row(dout + at, s.hd), out + at, s.hd);
+  if (threadIdx.x % kWarp == 0) D[row] = d;
+}
+
+// dq row (b, h, t) = scale sum_j p_tj (dO_t . v_j - D_t) k_j.
+__global__ void flash_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
+                                const float* lse, const float* D, FlashShape s) {
+  const int64_t row = warp_row();
+  if (row >= s.B * s.H * s.Tq) return;
+  const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H, g = h / (s.H / s.KV);
+  const Row qr = load_row(q + b * s.q_b + t * s.q_ld + h * s.hd, s.hd);
+  const Row dor = load_row(dout + b * s.o_b + t * s.o_ld + h * s.hd, s.hd);
+  const float* K = k + b * s.k_b + g * s.hd;
+  const float* V = v + b * s.v_b + g * s.hd;
+  const float L = lse[row], Dt = D[row];
+  Row acc{};
+  const int64_t end = keys_seen(s, t);
+  for (int64_t j = 0; j < end; ++j) {
+    const float p = expf(dot_row(qr, K + j * s.k_ld, s.hd) * s.scale - L);
+    const float ds = p * (dot_row(dor, V + j * s.v_ld, s.hd) - Dt);
+    axpy_row(acc, ds, K + j * s.k_ld, s.hd);
+  }
+  store_row(dq + b * s.q_b + t * s.q_ld + h * s.hd, acc, s.hd, s.scale);
+}
+
+// dk and dv rows (b, g, j): over the group's query heads in order, and the query rows that see key j.
+__global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                 const float* v, const float* lse, const float* D, FlashShape s) {
+  const int64_t row = warp_row();
+  if (row >= s.B * s.KV * s.Tk) return;
+  const int64_t j = row % s.Tk, bg = row / s.Tk, b = bg / s.KV, g = bg % s.KV, group = s.H / s.KV;
+  const Row kr = load_row(k + b * s.k_b + j * s.k_ld + g * s.hd, s.hd);
+  const Row vr = load_row(v + b * s.v_b + j * s.v_ld + g * s.hd, s.hd);
+  const int64_t first = s.causal ? (j - s.offset > 0 ? j - s.offset : 0) : 0;
+  Row dkr{}, dvr{};
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    const float* Q = q + b * s.q_b + h * s.hd;
+    const float* dO = dout + b * s.o_b + h * s.hd;
+    const float* L = lse + (b * s.H + h) * s.Tq;
+    const float* Dh = D + (b * s.H + h) * s.Tq;
+    for (int64_t t = first; t < s.Tq; ++t) {
+      const float p = expf(dot_row(kr, Q + t * s.q_ld, s.hd) * s.scale - L[t]);
+      axpy_row(dvr, p, dO + t * s.o_ld, s.hd);
+      const float ds = p * (dot_row(vr, dO + t * s.o_ld, s.hd) - Dh[t]);
+      axpy_row(dkr, ds * s.scale, Q + t * s.q_ld, s.hd);
+    }
+  }
+  store_row(dk + b * s.k_b + j * s.k_ld + g * s.hd, dkr, s.hd, 1.f);
+  store_row(dv + b * s.v_b + j * s.v_ld + g * s.hd, dvr, s.hd, 1.f);
+}
+
+inline int warp_row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+}  // namespace
+
+cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                                 const FlashShape& s, cudaStream_t st) {
+  const int64_t rows = s.B * s.H * s.Tq;
+  if (rows == 0) return cudaSuccess;
+  if (s.hd > kMaxHeadDim || rows > int64_t{kRowsPerBlock} * 2147483647) return cudaErrorInvalidValue;
+  flash_forward_kernel<<<warp_row_blocks(rows), kThreads, 0, st>>>(out, lse, q, k, v, s);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const float* dout, const float* q,
+                                  const float* k, const float* v, const float* out, const float* lse,
+                                  const FlashShape& s, cudaStream_t st) {
+  const int64_t qrows = s.B * s.H * s.Tq, krows = s.B * s.KV * s.Tk;
+  if (qrows == 0) return cudaSuccess;
+  if (s.hd > kMaxHeadDim || qrows > int64_t{kRowsPerBlock} * 2147483647 || krows > int64_t{kRowsPerBlock} * 2147483647)
+    return cudaErrorInvalidValue;
+  flash_d_kernel<<<warp_row_blocks(qrows), kThreads, 0, st>>>(D, dout, out, s);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  flash_dq_kernel<<<warp_row_blocks(qrows), kThreads, 0, st>>>(dq, dout, q, k, v, lse, D, s);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (krows == 0) return cudaSuccess;
+  flash_dkv_kernel<<<warp_row_blocks(krows), kThreads, 0, st>>>(dk, dv, dout, q, k, v, lse, D, s);
+  return cudaGetLastError();
+}
+
+}  // namespace shardlab::cuda
