@@ -1,12 +1,14 @@
-// attention.hpp — the causal self-attention core every family's layer calls: the probabilities
-// and output from a [q | k | v] buffer, their backward with Korthikanti et al.'s selective
-// recomputation (--activation-checkpointing attention drops the (B, H, T, T) probabilities in
-// forward and recomputes them from q and k in backward), and the KV-cached path of decoding.
+// attention.hpp — the causal self-attention core every family's layer calls, from a [q | k | v]
+// buffer, by the kernel ModelSpec::attention names (--attention): the fused one (flash: saves the
+// output and a log-sum-exp per head and position, "lse"; its backward recomputes the probabilities
+// tile by tile) or the naive one (saves the (B, H, T, T) probabilities, "att"; with Korthikanti et
+// al.'s selective recomputation, --activation-checkpointing attention drops them in forward and
+// recomputes them from q and k in backward); and the KV-cached path of decoding (naive).
 //
 // What differs between families stays with them: the projections around the core, RoPE (Llama
 // rotates q and k before the core and the gradient back after it) and the number of K/V heads
 // (KV == H is GPT-2's multi-head attention). Saved names are the core's: "qkv" (saved by the
-// caller, as rotated when it rotates), "atty" and "att".
+// caller, as rotated when it rotates), "atty", and "lse" (flash) or "att" (naive).
 #pragma once
 #include <string>
 
