@@ -21,8 +21,9 @@ struct Worst {
 };
 
 // The whole model and this rank's part, initialised from one seed, one micro-batch through both.
-Worst tp_against_whole(const ModelSpec& spec, Communicator& comm, bool sp, Checkpointing ck) {
-  auto be = test::test_backend();
+// The models compute on the communicator's backend: a second CUDA backend would compute on a stream
+// of its own, which the staged transport (it synchronises its backend's stream) does not wait for.
+Worst tp_against_whole(const ModelSpec& spec, Backend* be, Communicator& comm, bool sp, Checkpointing ck) {
   Pool pool(*be);
   const int T = comm.world_size(), r = comm.rank();
   Model whole(spec, *be, pool);
@@ -79,7 +80,7 @@ void check_family(const std::vector<ModelSpec>& specs) {
       for (Checkpointing ck : {Checkpointing::none, Checkpointing::attention, Checkpointing::blocks}) {
         INFO(spec.describe() << " tp " << comm->world_size() << (sp ? " sequence-parallel" : "") << " checkpointing "
                              << checkpointing_name(ck));
-        const Worst w = tp_against_whole(spec, *comm, sp, ck);
+        const Worst w = tp_against_whole(spec, be.get(), *comm, sp, ck);
         CHECK(w.loss < 1e-6);
         CHECK(w.logits < 1e-5);
         CHECK(w.grads < 1e-5);  // each tensor's worst error against its largest |gradient|
