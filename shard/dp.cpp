@@ -83,6 +83,22 @@ class Dp final : public Strategy {
     return rank_ == 0 ? UnitHooks::forward_loss(be, pool, all_t, global_batch(batch)) : 0.0;
   }
 
+  // The chunked loss head: each rank holds its own positions' losses; rank 0 takes the whole batch's
+  // sum (the others contribute 0), and every rank's positions weigh dloss_scale.
+  double loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch& batch, float dloss_scale,
+                   bool backward) override {
+    Block hold;
+    Tensor all;
+    if (rank_ == 0) {
+      hold = pool.alloc(DType::f32, losses.numel() * world_, Category::activations, "dp gathered losses");
+      all = hold.flat(DType::f32);
+    }
+    env_.comm.gather(losses, all, 0).wait();
+    const double sum = rank_ == 0 ? UnitHooks::loss_rows(be, pool, all, batch, 0.f, false) : 0.0;
+    if (backward) be.fill(losses, dloss_scale);
+    return sum;
+  }
+
   void after_backward(size_t u) override {
     release_unit_params(u);
     flush_grads(u, grads_[u].flat(reduce_dtype()));

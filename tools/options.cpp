@@ -129,7 +129,10 @@ void ModelOptions::add(Desc& d) {
       "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)")(
       "attention", po::value(&attention)->default_value(attention),
       "attention kernel: flash (fused, online softmax: O(T) memory) or naive (keeps the (B, H, T, T) probabilities; "
-      "the reference). Decoding's KV-cached attention is naive either way");
+      "the reference). Decoding's KV-cached attention is naive either way")(
+      "loss-chunk", po::value(&loss_chunk)->default_value(loss_chunk),
+      "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
+      "the product run again in backward, so no (B*T, V) logits are held (0 = whole; not with --tp)");
   d.add(g);
 }
 
@@ -143,6 +146,12 @@ ModelSpec ModelOptions::spec(const std::string& init) const {
   ModelSpec s = resolve_model(ModelRequest{preset, layers, dim, heads, seq, vocab, kv_heads, ffn_dim, init});
   s.attention = parse_attention_kernel(attention);
   return s;
+}
+
+int64_t ModelOptions::checked_loss_chunk() const {
+  SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (int64_t{1} << 30), "--loss-chunk {}: expected 0 (whole) or a number "
+                "of positions", loss_chunk);
+  return loss_chunk;
 }
 
 bool ModelOptions::given() const {
@@ -381,12 +390,17 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.seed = static_cast<uint64_t>(seed);
   cfg.spec = resume_spec(cfg).value_or(model.spec(cfg.init));
   cfg.spec.attention = parse_attention_kernel(model.attention);  // how it computes: never from the checkpoint
+  cfg.spec.loss_chunk = model.checked_loss_chunk();
   if (const std::string unapplied = hf_config_unapplied(cfg.init); !unapplied.empty()) cfg.model_origin = unapplied;
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});
   cfg.layout.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
   cfg.layout.sequence_parallel = mesh.sequence_parallel;
   cfg.layout.pipeline = mesh.pipeline();
+  SHARD_REQUIRE(cfg.spec.loss_chunk == 0 || cfg.layout.dims.tp == 1,
+                "--loss-chunk {} with --tp {}: the vocabulary-parallel loss already holds V / {} columns per rank; "
+                "chunking it is not written yet (give --loss-chunk 0)", cfg.spec.loss_chunk, cfg.layout.dims.tp,
+                cfg.layout.dims.tp);
   SHARD_REQUIRE(micro_batches >= 0, "--micro-batches {}: expected a positive count (0 = --accum)", micro_batches);
   if (micro_batches > 0) {
     SHARD_REQUIRE(cfg.accum == 1 || cfg.accum == micro_batches,

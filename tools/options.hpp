@@ -93,7 +93,8 @@ struct ModelOptions {
   int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
   int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
   std::string attention = "flash";                               // --attention: flash | naive
-  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention
+  int64_t loss_chunk = 0;                                        // --loss-chunk (train, compare, profile, bench-train)
+  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk
   // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults
   // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
   // default of 0 stands for, where it stands for something.
@@ -104,6 +105,7 @@ struct ModelOptions {
   // no tensor changes with it (docs/checkpoints-and-models.md, "Models from Hugging Face directories").
   ModelSpec spec(const std::string& init = "") const;  // resolve_model (src/model/resolve.hpp) of these flags
   bool given() const;  // whether any of these flags was given (with a value other than the default)
+  int64_t checked_loss_chunk() const;  // --loss-chunk, InputError when negative
 };
 
 // ---- strategy: how the model's state is split and stored --------------------------------------

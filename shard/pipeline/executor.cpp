@@ -63,15 +63,12 @@ class Executor {
       pool_.ledger().set_phase({PhaseKind::loss});
       const int64_t N = b.B * b.T;
       const Tensor logits = last.view(DType::f32, {N, static_cast<int64_t>(last.bytes() / sizeof(float)) / N});
-      if (logits_out_) {
+      if (logits_out_ && (spec_.loss_chunk == 0 || tp_.active())) {  // the chunked head gives no logits
         logits_out_->resize(static_cast<size_t>(logits.numel()));
         be_.copy(Tensor::of(std::span<float>(*logits_out_)), logits);
       }
-      if (tp_.active())
-        loss_sum_ += vocab_parallel_loss(be_, pool_, *tp_.comm, spec_, logits, b, train ? logits : Tensor(),
-                                         train ? dlogit_scale_ : 0.f);
-      else
-        loss_sum_ += train ? hooks_.loss(be_, pool_, logits, b, dlogit_scale_) : hooks_.forward_loss(be_, pool_, logits, b);
+      loss_sum_ += head_loss(hooks_, be_, pool_, tp_.active() ? tp_.comm : nullptr, spec_, logits, b, dlogit_scale_,
+                             train);
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
     } else {

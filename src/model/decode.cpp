@@ -10,6 +10,7 @@ bool Decoder::supported(const std::vector<std::unique_ptr<Unit>>& units) {
 
 Decoder::Decoder(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool)
     : units_(units), spec_(spec), be_(be), pool_(pool), caches_(units.size()) {
+  spec_.loss_chunk = 0;  // decoding wants the logits, not a loss
   SHARD_CHECK(supported(units), "a Decoder over units that do not all decode with a cache");
 }
 

@@ -30,7 +30,7 @@ class Decoder {
 
  private:
   const std::vector<std::unique_ptr<Unit>>& units_;
-  const ModelSpec& spec_;
+  ModelSpec spec_;  // a copy: decoding computes the logits whatever --loss-chunk says
   Backend& be_;
   Pool& pool_;
   std::vector<Saved> caches_;  // one per unit

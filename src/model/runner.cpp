@@ -65,6 +65,25 @@ double UnitHooks::forward_loss(Backend& be, Pool& pool, Tensor logits, const Bat
   return cross_entropy_sum(be, pool, logits, batch, Tensor(), 0.f);
 }
 
+double UnitHooks::loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch&, float dloss_scale, bool backward) {
+  Block sum_block = pool.alloc(DType::f32, 1, Category::activations, "loss sum");
+  be.sum(losses, sum_block.flat(DType::f32), false);
+  float sum = 0.f;
+  be.copy(Tensor::flat(&sum, DType::f32, 1), sum_block.flat(DType::f32));
+  if (backward) be.fill(losses, dloss_scale);
+  return sum;
+}
+
+double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, Communicator* tp, const ModelSpec& spec, Tensor out,
+                 const Batch& batch, float dlogit_scale, bool backward) {
+  const int64_t N = batch.B * batch.T;
+  if (tp != nullptr && tp->world_size() > 1)
+    return vocab_parallel_loss(be, pool, *tp, spec, out, batch, backward ? out : Tensor(), backward ? dlogit_scale : 0.f);
+  const std::vector<int64_t> rows{N};
+  if (spec.loss_chunk > 0) return hooks.loss_rows(be, pool, out.reshape(rows), batch, dlogit_scale, backward);
+  return backward ? hooks.loss(be, pool, out, batch, dlogit_scale) : hooks.forward_loss(be, pool, out, batch);
+}
+
 Block forward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Saved& saved,
                    bool train, Block* release) {
   ctx.pool.ledger().set_phase(Phase::forward(u));
@@ -125,12 +144,11 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
   std::vector<Block> outs(units.size());
   std::vector<Saved> saved(units.size());
   forward_units(units, ctx, hooks, outs, saved, false);
-  Tensor out = final_logits(be, outs.back(), N, logits);
+  Tensor out = final_logits(be, outs.back(), N, spec.loss_chunk > 0 && !tp.active() ? nullptr : logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
-  r.loss_sum = tp.active() ? vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, Tensor(), 0.f)
-                           : hooks.forward_loss(be, pool, out, batch);
+  r.loss_sum = head_loss(hooks, be, pool, tp.active() ? tp.comm : nullptr, spec, out, batch, 0.f, false);
   pool.ledger().set_phase({});
   return r;
 }
@@ -145,12 +163,11 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
   forward_units(units, ctx, hooks, outs, saved, true);
-  Tensor out = final_logits(be, outs.back(), N, logits);
+  Tensor out = final_logits(be, outs.back(), N, spec.loss_chunk > 0 && !tp.active() ? nullptr : logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
-  r.loss_sum = tp.active() ? vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, out, dlogit_scale)
-                           : hooks.loss(be, pool, out, batch, dlogit_scale);
+  r.loss_sum = head_loss(hooks, be, pool, tp.active() ? tp.comm : nullptr, spec, out, batch, dlogit_scale, true);
   Block dnext;  // gradient flowing into unit u's output (the last unit's is in the logits)
   Tensor dout = out;
   for (size_t u = U; u-- > 0;) {

@@ -26,6 +26,11 @@ class UnitHooks {
   // Forward-only (evaluation): the sum of this rank's share of the N losses; logits are left as
   // they are and no gradient is computed. DP overrides it (rank 0 takes the whole batch's sum).
   virtual double forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch);
+  // The chunked loss head (--loss-chunk, blocks/loss_head.hpp) gives the N per-position losses
+  // instead of logits: returns their sum and, when `backward`, overwrites them with d(sum)/d(loss) =
+  // dloss_scale, what the head's backward reads. DP overrides it (the sum lives on rank 0).
+  virtual double loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch& batch, float dloss_scale,
+                           bool backward);
 };
 
 struct RunResult {
@@ -37,6 +42,9 @@ struct RunResult {
 // the pool (category activations) and are freed as backward passes each unit. When logits is
 // given, it receives this rank's logits before the loss overwrites them (under tensor
 // parallelism: its vocabulary columns, (N, padded V / T)).
+//
+// With the chunked loss head (spec.loss_chunk > 0, no tensor parallelism) the last unit gives
+// the losses themselves (hooks.loss_rows), and `logits` is left empty.
 //
 // Under tensor parallelism (tp active, units made for tp.config) the loss is the
 // vocabulary-parallel cross-entropy over the tp group (vocab_parallel_loss below) instead of
@@ -52,6 +60,13 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
 RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool,
                       const Batch& batch, UnitHooks& hooks, std::vector<float>* logits = nullptr,
                       const TpContext& tp = {});
+
+// The loss of the last unit's output `out` (N rows): the vocabulary-parallel loss over `tp` when it
+// has several ranks, the chunked head's losses summed (spec.loss_chunk > 0), else the cross-entropy
+// of the logits; with `backward`, out is left holding its gradient (logits: d(loss)/d(logits) times
+// dlogit_scale; chunked: dlogit_scale per position). The loop's and the pipeline executor's.
+double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, Communicator* tp, const ModelSpec& spec, Tensor out,
+                 const Batch& batch, float dlogit_scale, bool backward);
 
 // One unit's forward step, the loop's and the pipeline executor's (so both run the same
 // operations in the same order): its output allocated, the unit run on the hooks' forward

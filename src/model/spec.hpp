@@ -53,6 +53,7 @@ struct ModelSpec {
   // How the model computes, not what it is: not part of its JSON form (a checkpoint resumes under
   // either kernel, with the same parameters).
   AttentionKernel attention = AttentionKernel::flash;
+  int64_t loss_chunk = 0;  // --loss-chunk: the head's loss this many positions at a time (0: the (N, V) logits whole)
   int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t ffn_hidden() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
 

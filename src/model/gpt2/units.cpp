@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "src/model/blocks/attention.hpp"
+#include "src/model/blocks/loss_head.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/tp.hpp"
 #include "src/backend/ops/activation.hpp"
@@ -244,8 +245,11 @@ class HeadUnit final : public Unit {
  public:
   HeadUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
   std::vector<std::string> borrowed() const override { return {"wte.weight"}; }
-  // This rank's vocabulary columns (padded) of the logits; every column at tp 1.
-  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return B * T * vocab_rows(s); }
+  // This rank's vocabulary columns (padded) of the logits; every column at tp 1. The chunked loss
+  // head (--loss-chunk) gives each position's loss instead.
+  int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
+    return blocks::chunked_loss(s, tp_) ? B * T : B * T * vocab_rows(s);
+  }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t N = c.batch.B * c.batch.T, n = stream_rows(tp_, c.batch.B, c.batch.T), C = c.spec.dim,
@@ -256,6 +260,7 @@ class HeadUnit final : public Unit {
     Block rows = region_rows(c, "head region rows");
     const Tensor x = tp_region_input(c, lnf, rows_of(rows, N, C));
     const Tensor wte = p.gemm("wte.weight");
+    if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, x, wte);
     GemmDesc d = gemm_with(wte);  // logits (N, V) = lnf (N, C) @ wte^T
     d.trans_b = Trans::T;
     d.m = N, d.n = V, d.k = C;
@@ -271,17 +276,21 @@ class HeadUnit final : public Unit {
     Block rows = region_rows(c, "head backward region rows");  // lnf gathered again, then dlnf's rows
     TpPartialGrads norm(c, g, {"ln_f.weight", "ln_f.bias"}, "ln_f");
     const Tensor wte = p.gemm("wte.weight");
-    GemmDesc dx = gemm_with(wte);  // dlnf (N, C) = dlogits (N, V) @ wte (V, C)
-    dx.m = N, dx.n = C, dx.k = V;
-    dx.lda = V, dx.ldb = C, dx.ldc = C;
-    c.be.gemm(dx, dout.data(), wte.data(), dlnf_block.data());
-    GemmDesc dw;  // dwte (V, C) += dlogits^T (V, N) @ lnf (N, C)
-    dw.round_inputs_to = wte.dtype();
-    dw.trans_a = Trans::T;
-    dw.m = V, dw.n = C, dw.k = N;
-    dw.lda = V, dw.ldb = C, dw.ldc = C;
-    dw.beta = 1.f;
-    c.be.gemm(dw, dout.data(), tp_region_input(c, s("lnf"), rows_of(rows, N, C)).data(), g("wte.weight").data());
+    if (blocks::chunked_loss(c.spec, tp_)) {
+      blocks::chunked_loss_backward(c, dlnf_block.flat(DType::f32), g("wte.weight"), dout, s("lnf"), wte);
+    } else {
+      GemmDesc dx = gemm_with(wte);  // dlnf (N, C) = dlogits (N, V) @ wte (V, C)
+      dx.m = N, dx.n = C, dx.k = V;
+      dx.lda = V, dx.ldb = C, dx.ldc = C;
+      c.be.gemm(dx, dout.data(), wte.data(), dlnf_block.data());
+      GemmDesc dw;  // dwte (V, C) += dlogits^T (V, N) @ lnf (N, C)
+      dw.round_inputs_to = wte.dtype();
+      dw.trans_a = Trans::T;
+      dw.m = V, dw.n = C, dw.k = N;
+      dw.lda = V, dw.ldb = C, dw.ldc = C;
+      dw.beta = 1.f;
+      c.be.gemm(dw, dout.data(), tp_region_input(c, s("lnf"), rows_of(rows, N, C)).data(), g("wte.weight").data());
+    }
     const Tensor dlnf = dlnf_block.view(DType::f32, {N, C}), dlnf_rows = rows_of(rows, n, C, dlnf);
     tp_region_input_backward(c, dlnf, dlnf_rows);
     c.be.fill(din, 0.f);

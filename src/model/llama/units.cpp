@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "src/model/blocks/attention.hpp"
+#include "src/model/blocks/loss_head.hpp"
 #include "src/model/llama/llama.hpp"
 #include "src/model/tp.hpp"
 #include "src/backend/ops/activation.hpp"
@@ -303,6 +304,7 @@ class HeadUnit final : public Unit {
   }
   // The rank's vocabulary columns (all V at degree 1); the runner's loss reduces over the group.
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
+    if (blocks::chunked_loss(s, tp_)) return B * T;  // each position's loss (--loss-chunk)
     return B * T * vocab_shard(s.vocab, tp_.degree, tp_.rank).rows;
   }
 
@@ -311,6 +313,7 @@ class HeadUnit final : public Unit {
     const int64_t N = c.batch.B * c.batch.T, Nl = local_rows(c, tp_), C = c.spec.dim;
     Tensor lnf = s.add(c.pool, "lnf", {Nl, C}), rstd = s.add(c.pool, "lnf_rstd", {Nl});
     ops::rmsnorm_forward(c.be, lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
+    if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, lnf, p.gemm(weight_));
     Block whole = whole_rows(c, "head lnf gathered");
     linear_forward(c.be, out, tp_region_input(c, lnf, whole_or(whole, c, lnf)), p.gemm(weight_), N);  // logits
   }
@@ -322,8 +325,11 @@ class HeadUnit final : public Unit {
     // Sequence parallelism: lnf gathered again for the weight's gradient, then the rank's rows of
     // d(lnf) in the same block (lnf is consumed by then).
     Block whole = whole_rows(c, "head backward lnf gathered");
-    linear_backward(c.be, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
-                    tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_), N);
+    if (blocks::chunked_loss(c.spec, tp_))
+      blocks::chunked_loss_backward(c, dlnf.flat(DType::f32), g(weight_), dout, s("lnf"), p.gemm(weight_));
+    else
+      linear_backward(c.be, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
+                      tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_), N);
     Tensor dlnf_rows = whole ? whole.view(DType::f32, {Nl, C}) : dlnf.view(DType::f32, {N, C});
     tp_region_input_backward(c, dlnf.view(DType::f32, {N, C}), dlnf_rows);
     c.be.fill(din, 0.f);
