@@ -149,8 +149,7 @@ ModelSpec ModelOptions::spec(const std::string& init) const {
 }
 
 int64_t ModelOptions::checked_loss_chunk() const {
-  SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (int64_t{1} << 30), "--loss-chunk {}: expected 0 (whole) or a number "
-                "of positions", loss_chunk);
+  SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (1 << 30), "--loss-chunk {}: expected 0 (whole) or positions", loss_chunk);
   return loss_chunk;
 }
 
@@ -397,10 +396,6 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.layout.dims = mesh.resolve(world, hsdp ? ranks_per_node(ctx) : 0);
   cfg.layout.sequence_parallel = mesh.sequence_parallel;
   cfg.layout.pipeline = mesh.pipeline();
-  SHARD_REQUIRE(cfg.spec.loss_chunk == 0 || cfg.layout.dims.tp == 1,
-                "--loss-chunk {} with --tp {}: the vocabulary-parallel loss already holds V / {} columns per rank; "
-                "chunking it is not written yet (give --loss-chunk 0)", cfg.spec.loss_chunk, cfg.layout.dims.tp,
-                cfg.layout.dims.tp);
   SHARD_REQUIRE(micro_batches >= 0, "--micro-batches {}: expected a positive count (0 = --accum)", micro_batches);
   if (micro_batches > 0) {
     SHARD_REQUIRE(cfg.accum == 1 || cfg.accum == micro_batches,
