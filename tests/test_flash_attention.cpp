@@ -6,10 +6,12 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "src/backend/ops/attention.hpp"
 #include "src/backend/ops/flash_attention.hpp"
+#include "src/backend/ops/kv_cache.hpp"
 #include "src/model/safetensors.hpp"
 #include "tests/test_util.hpp"
 
@@ -185,5 +187,27 @@ TEST_CASE("flash attention matches PyTorch's scaled_dot_product_attention", "[fl
     CHECK(rel_err(got.out, out) <= 1e-5);
     CHECK(rel_err(got.lse, read(c + ".lse")) <= 1e-5);
     CHECK(rel_err(got.dqkv, dqkv) <= 1e-4);
+  }
+}
+
+TEST_CASE("decoding through the flash kernel matches the naive cached attention", "[flash][ops][decode]") {
+  auto be = make_cpu_backend(BackendConfig{});
+  const int64_t B = 2, S = 300, H = 4, KV = 2, hd = 16, R = (H + 2 * KV) * hd;
+  std::vector<float> k(static_cast<size_t>(B * S * KV * hd)), v(k.size());
+  Tensor tk = Tensor::of(std::span<float>(k)).reshape(std::vector<int64_t>{B, S, KV * hd});
+  Tensor tv = Tensor::of(std::span<float>(v)).reshape(std::vector<int64_t>{B, S, KV * hd});
+  int64_t pos = 0;
+  for (int64_t T : {int64_t{137}, int64_t{1}, int64_t{5}, int64_t{150}}) {  // a prompt, then steps, then a block
+    INFO("positions " << pos << " + " << T);
+    auto qkv = test::random_vector("flash cached qkv " + std::to_string(pos), static_cast<size_t>(B * T * R), -2.f, 2.f);
+    Tensor tq = Tensor::of(std::span<float>(qkv)).reshape(std::vector<int64_t>{B, T, R});
+    ops::kv_cache_write(*be, tk, tv, tq, H, KV, pos);
+    std::vector<float> want(static_cast<size_t>(B * T * H * hd)), got(want.size());
+    ops::attention_cached(*be, Tensor::of(std::span<float>(want)), tq, tk, tv, H, KV, pos);
+    std::vector<float> ws(static_cast<size_t>(flash_cached_workspace_elems(B, T, S, H, KV, hd, pos)));
+    ops::flash_attention_cached(*be, Tensor::of(std::span<float>(got)), tq, tk, tv, H, KV, pos,
+                                Tensor::of(std::span<float>(ws)));
+    CHECK(rel_err(got, want) <= 1e-5);
+    pos += T;
   }
 }

@@ -129,7 +129,7 @@ void ModelOptions::add(Desc& d) {
       "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)")(
       "attention", po::value(&attention)->default_value(attention),
       "attention kernel: flash (fused, online softmax: O(T) memory) or naive (keeps the (B, H, T, T) probabilities; "
-      "the reference). Decoding's KV-cached attention is naive either way")(
+      "the reference); KV-cached decoding (sample) goes through the same kernel")(
       "loss-chunk", po::value(&loss_chunk)->default_value(loss_chunk),
       "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
       "the product run again in backward, so no (B*T, V) logits are held (0 = whole; not with --tp)");

@@ -39,6 +39,9 @@ void flash_attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t,
 void flash_attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, bool, Tensor) {
   unreachable();
 }
+void flash_attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t, Tensor) {
+  unreachable();
+}
 void kv_cache_write(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void cross_entropy(Backend&, Tensor, Tensor, Tensor, const int32_t*, float) { unreachable(); }
@@ -53,4 +56,5 @@ void vocab_ce_finish(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, 
 
 namespace shardlab {
 FlashShape flash_shape_of_qkv(int64_t, int64_t, int64_t, int64_t, int64_t, bool) { ops::unreachable(); }
+FlashShape flash_shape_of_cache(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { ops::unreachable(); }
 }  // namespace shardlab

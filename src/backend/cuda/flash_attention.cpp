@@ -6,12 +6,11 @@
 
 namespace shardlab::cuda {
 
-void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, const FlashShape& s) {
+void flash_attention_forward(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v,
+                             const FlashShape& s) {
   SHARD_REQUIRE(s.hd <= kMaxHeadDim, "--attention flash on CUDA: head dimension {} above the kernels' {}", s.hd,
                 kMaxHeadDim);
-  const float* q = qkv.ptr<float>();
-  CUDA_CHECK(launch_flash_forward(out.ptr<float>(), lse.ptr<float>(), q, q + s.H * s.hd, q + (s.H + s.KV) * s.hd, s,
-                                  CudaBackend::of(be).compute_stream()));
+  CUDA_CHECK(launch_flash_forward(out, lse, q, k, v, s, CudaBackend::of(be).compute_stream()));
 }
 
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,

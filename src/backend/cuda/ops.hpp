@@ -40,7 +40,8 @@ void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t 
 void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                         Tensor scratch, int64_t B, int64_t T, int64_t C);
 // ---- flash_attention.cpp ----
-void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, const FlashShape& s);
+void flash_attention_forward(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v,
+                             const FlashShape& s);
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
                               Tensor workspace, const FlashShape& s);
 // ---- kv_cache.cpp ----

@@ -26,22 +26,46 @@ FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse
   return s;
 }
 
+// Forward on the backend's device; lse (B, H, Tq) and the tiles in device memory.
+void forward_on(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v, const FlashShape& s,
+                float* tiles) {
+  switch (be.device()) {
+    case Device::cpu: return cpu::flash_attention_forward(out, lse, q, k, v, s, tiles);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::flash_attention_forward(be, out, lse, q, k, v, s);
+      return;
+    case Device::meta: return;
+  }
+}
+
 }  // namespace
 
 void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV, bool causal,
                              Tensor workspace) {
   const FlashShape s = flash_checked(qkv, out, lse, H, KV, causal, workspace, false, "flash_attention_forward");
-  switch (be.device()) {
-    case Device::cpu: {
-      const float* q = qkv.ptr<float>();
-      return cpu::flash_attention_forward(out.ptr<float>(), lse.ptr<float>(), q, q + H * s.hd, q + (H + KV) * s.hd, s,
-                                          workspace.ptr<float>());
-    }
-    case Device::cuda:
-      if constexpr (kWithCuda) cuda::flash_attention_forward(be, out, lse, qkv, s);
-      return;
-    case Device::meta: return;
-  }
+  const float* q = qkv.ptr<float>();
+  forward_on(be, out.ptr<float>(), lse.ptr<float>(), q, q + H * s.hd, q + (H + KV) * s.hd, s, workspace.ptr<float>());
+}
+
+void flash_attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                            int64_t pos0, Tensor workspace) {
+  const char* op = "flash_attention_cached";
+  SHARD_CHECK(H > 0 && KV > 0 && H % KV == 0, "{}: {} query heads do not share {} K/V heads evenly", op, H, KV);
+  SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (H + 2 * KV) == 0 && k_cache.ndim() == 3 && k_cache.dim(0) == qkv.dim(0),
+              "{}: qkv {} must be (B, T, (H + 2 KV) hd) and the caches (B, S, KV hd), H={} KV={}", op, qkv.shape_str(),
+              H, KV);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (H + 2 * KV), S = k_cache.dim(1);
+  SHARD_CHECK(k_cache.dim(2) == KV * hd && v_cache.numel() == k_cache.numel() && out.numel() == B * T * H * hd &&
+                  pos0 >= 0 && pos0 + T <= S,
+              "{}: qkv {} out {} k {} v {} at position {}", op, qkv.shape_str(), out.shape_str(), k_cache.shape_str(),
+              v_cache.shape_str(), pos0);
+  const FlashShape s = flash_shape_of_cache(B, T, S, H, KV, hd, pos0);
+  SHARD_CHECK(workspace.numel() >= flash_cached_workspace_elems(B, T, S, H, KV, hd, pos0),
+              "{}: workspace of {} < {} floats", op, workspace.numel(), flash_cached_workspace_elems(B, T, S, H, KV, hd, pos0));
+  float* tiles = workspace.ptr<float>();
+  const float* q = qkv.ptr<float>();
+  forward_on(be, out.ptr<float>(), tiles + flash_forward_workspace_elems(s), q, k_cache.ptr<float>(),
+             v_cache.ptr<float>(), s, tiles);
 }
 
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
@@ -76,6 +100,14 @@ FlashShape flash_shape_of_qkv(int64_t B, int64_t T, int64_t H, int64_t KV, int64
   s.o_ld = H * hd, s.o_b = T * H * hd;
   s.causal = causal;
   s.scale = 1.f / std::sqrt(static_cast<float>(hd));
+  return s;
+}
+
+FlashShape flash_shape_of_cache(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t hd, int64_t pos0) {
+  FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, true);
+  s.Tk = pos0 + T, s.offset = pos0;  // the new queries see the cache up to their own positions
+  s.k_ld = s.v_ld = KV * hd;
+  s.k_b = s.v_b = S * KV * hd;
   return s;
 }
 

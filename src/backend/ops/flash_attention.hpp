@@ -18,6 +18,12 @@ void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, in
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
                               int64_t KV, bool causal, Tensor workspace);
 
+// Decoding through the same kernel: the queries of qkv (B, T, (H + 2 KV) hd), at positions pos0 + t,
+// over rows [0, pos0 + t] of k_cache and v_cache (B, S, KV hd), as ops::attention_cached
+// (kv_cache.hpp) computes them. The workspace holds flash_cached_workspace_elems(...) floats.
+void flash_attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
+                            int64_t pos0, Tensor workspace);
+
 }  // namespace shardlab::ops
 
 namespace shardlab {
@@ -27,5 +33,12 @@ FlashShape flash_shape_of_qkv(int64_t B, int64_t T, int64_t H, int64_t KV, int64
 inline int64_t flash_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool backward) {
   const FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, true);
   return backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s);
+}
+// The cached call's shape: T new queries over pos0 + T cached rows of a (B, S, KV hd) cache.
+FlashShape flash_shape_of_cache(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t hd, int64_t pos0);
+// Its workspace: the forward tiles, then the lse (B, H, T), which decoding does not keep.
+inline int64_t flash_cached_workspace_elems(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t hd,
+                                            int64_t pos0) {
+  return flash_forward_workspace_elems(flash_shape_of_cache(B, T, S, H, KV, hd, pos0)) + B * H * T;
 }
 }  // namespace shardlab

@@ -65,7 +65,14 @@ Tensor attention_cached(UnitContext& c, Saved& cache, Saved& s, Tensor qkv, cons
   const Tensor k = cache(k_name(prefix)), v = cache(v_name(prefix));
   ops::kv_cache_write(c.be, k, v, qkv, a.H, a.KV, pos0);
   Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd});
-  ops::attention_cached(c.be, atty, qkv, k, v, a.H, a.KV, pos0);
+  if (flash(c)) {
+    Block tiles = c.pool.alloc(DType::f32,
+                               flash_cached_workspace_elems(a.B, a.T, c.spec.seq, a.H, a.KV, a.hd, pos0),
+                               Category::workspace, prefix + "attention tiles");
+    ops::flash_attention_cached(c.be, atty, qkv, k, v, a.H, a.KV, pos0, tiles.flat(DType::f32));
+  } else {
+    ops::attention_cached(c.be, atty, qkv, k, v, a.H, a.KV, pos0);
+  }
   return atty;
 }
 

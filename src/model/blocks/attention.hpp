@@ -3,7 +3,7 @@
 // output and a log-sum-exp per head and position, "lse"; its backward recomputes the probabilities
 // tile by tile) or the naive one (saves the (B, H, T, T) probabilities, "att"; with Korthikanti et
 // al.'s selective recomputation, --activation-checkpointing attention drops them in forward and
-// recomputes them from q and k in backward); and the KV-cached path of decoding (naive).
+// recomputes them from q and k in backward); and the KV-cached path of decoding (by the same choice).
 //
 // What differs between families stays with them: the projections around the core, RoPE (Llama
 // rotates q and k before the core and the gradient back after it) and the number of K/V heads
