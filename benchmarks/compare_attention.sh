@@ -34,12 +34,15 @@ py=${PYTHON:-${SHARDLAB_VENV:-$HOME/.cache/shardlab/venv-torch}/bin/python}
 [ -x "$py" ] || { echo "compare_attention.sh: no Python with torch at '$py' (set PYTHON, or run benchmarks/compare_pytorch.sh once to make the venv)" >&2; exit 1; }
 rows=()
 for th in $threads; do for T in $seqs; do for H in $heads; do for d in $dims; do
-  s=$("$exe" bench-attention --threads "$th" --seqs "$T" --heads "$H" --head-dims "$d" --kernels flash,naive \
+  # The fused kernel alone in its process (its peak resident growth is its own), then the naive one.
+  s=$("$exe" bench-attention --threads "$th" --seqs "$T" --heads "$H" --head-dims "$d" --kernels flash \
+      --repeats "$REPEATS" --warmup "$WARMUP")
+  n=$("$exe" bench-attention --threads "$th" --seqs "$T" --heads "$H" --head-dims "$d" --kernels naive \
       --repeats "$REPEATS" --warmup "$WARMUP")
   p=$(OMP_NUM_THREADS=$th "$py" benchmarks/pytorch_sdpa.py --threads "$th" --seqs "$T" --heads "$H" --head-dims "$d" \
       --repeats "$REPEATS" --warmup "$WARMUP")
-  echo "$s"; echo "$p"
-  flash=$(awk '$4 == "flash" {print $7}' <<<"$s"); naive=$(awk '$4 == "naive" {print $7}' <<<"$s")
+  echo "$s"; echo "$n"; echo "$p"
+  flash=$(awk '$4 == "flash" {print $7}' <<<"$s"); naive=$(awk '$4 == "naive" {print $7}' <<<"$n")
   torch=$(awk '$4 == "sdpa" {print $7}' <<<"$p")
   sm=$(sed -n 's/.*peak_rss_growth_bytes=\([0-9]*\).*/\1/p' <<<"$s"); pm=$(sed -n 's/.*peak_rss_growth_bytes=\([0-9]*\).*/\1/p' <<<"$p")
   rows+=("$(awk -v th="$th" -v T="$T" -v H="$H" -v d="$d" -v f="$flash" -v n="${naive:--}" -v t="$torch" -v sm="$sm" -v pm="$pm" \
