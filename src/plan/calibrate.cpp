@@ -103,7 +103,8 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   rates.achievable.whole_step = true;
   rates.achievable.intra = rates.achievable.inter = 1;
   rates.dp_overlap = 0;           // MPI's collectives progress only inside MPI calls on the CPU backend
-  rates.flash_attention = false;  // the CPU kernels keep the scores
+  // The attention as this runtime runs it: the fused kernel keeps no s x s scores, the naive one does.
+  rates.flash_attention = cfg.train.spec.attention == AttentionKernel::flash;
   rates.source = fmt::format("calibrated on this machine by {} rank{}, {}", comm.world_size(),
                              comm.world_size() == 1 ? "" : "s", be.describe());
   if (log)
