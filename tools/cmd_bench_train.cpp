@@ -37,7 +37,6 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   mesh.add(desc);
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"bench-train"})) return ExitCode::ok;
   cfg.spec = model.spec();
-  cfg.spec.loss_chunk = model.checked_loss_chunk();
   cfg.strategy.kind = parse_strategy(strategy.kind);
   cfg.layout.dims = mesh.resolve(ctx.mpi.world(), 0);
   cfg.layout.sequence_parallel = mesh.sequence_parallel;

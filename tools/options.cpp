@@ -143,14 +143,14 @@ void ModelOptions::add_shape(Desc& d, const char* const (&shown)[5], const char*
 }
 
 ModelSpec ModelOptions::spec(const std::string& init) const {
-  ModelSpec s = resolve_model(ModelRequest{preset, layers, dim, heads, seq, vocab, kv_heads, ffn_dim, init});
-  s.attention = parse_attention_kernel(attention);
-  return s;
+  return computing(resolve_model(ModelRequest{preset, layers, dim, heads, seq, vocab, kv_heads, ffn_dim, init}));
 }
 
-int64_t ModelOptions::checked_loss_chunk() const {
+ModelSpec ModelOptions::computing(ModelSpec s) const {
   SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (1 << 30), "--loss-chunk {}: expected 0 (whole) or positions", loss_chunk);
-  return loss_chunk;
+  s.attention = parse_attention_kernel(attention);
+  s.loss_chunk = loss_chunk;
+  return s;
 }
 
 bool ModelOptions::given() const {
@@ -387,9 +387,8 @@ std::optional<ModelSpec> TrainOptions::resume_spec(TrainConfig& cfg) const {
 void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const {
   SHARD_REQUIRE(seed >= 0, "--seed {}: expected a non-negative integer", seed);
   cfg.seed = static_cast<uint64_t>(seed);
-  cfg.spec = resume_spec(cfg).value_or(model.spec(cfg.init));
-  cfg.spec.attention = parse_attention_kernel(model.attention);  // how it computes: never from the checkpoint
-  cfg.spec.loss_chunk = model.checked_loss_chunk();
+  // How it computes comes from the flags, never from a checkpoint.
+  cfg.spec = model.computing(resume_spec(cfg).value_or(model.spec(cfg.init)));
   if (const std::string unapplied = hf_config_unapplied(cfg.init); !unapplied.empty()) cfg.model_origin = unapplied;
   const bool hsdp = strategy.kind == "hsdp";  // FSDP's HYBRID_SHARD: zero3 sharded within each node
   cfg.strategy.kind = hsdp ? StrategyKind::zero3 : parse_strategy(strategy.kind, {"hsdp"});

@@ -93,7 +93,7 @@ struct ModelOptions {
   int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
   int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
   std::string attention = "flash";                               // --attention: flash | naive
-  int64_t loss_chunk = 0;                                        // --loss-chunk (train, compare, profile, bench-train)
+  int64_t loss_chunk = 0;                                        // --loss-chunk (training and evaluation)
   void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk
   // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults
   // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
@@ -103,9 +103,12 @@ struct ModelOptions {
   // its config.json gives, which fixes the shape: --model is refused, --dim, --heads, --vocab,
   // --kv-heads and --ffn-dim must equal the config's, --layers may be fewer (the first blocks load) and --seq shorter where
   // no tensor changes with it (docs/checkpoints-and-models.md, "Models from Hugging Face directories").
-  ModelSpec spec(const std::string& init = "") const;  // resolve_model (src/model/resolve.hpp) of these flags
+  // resolve_model (src/model/resolve.hpp) of these flags, with computing()'s fields.
+  ModelSpec spec(const std::string& init = "") const;
+  // s with how it is computed set from --attention and --loss-chunk (InputError for a bad value):
+  // for a model from the flags or from a checkpoint alike.
+  ModelSpec computing(ModelSpec s) const;
   bool given() const;  // whether any of these flags was given (with a value other than the default)
-  int64_t checked_loss_chunk() const;  // --loss-chunk, InputError when negative
 };
 
 // ---- strategy: how the model's state is split and stored --------------------------------------
