@@ -88,12 +88,7 @@ class Dp final : public Strategy {
   double loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch& batch, float dloss_scale,
                    bool backward) override {
     Block hold;
-    Tensor all;
-    if (rank_ == 0) {
-      hold = pool.alloc(DType::f32, losses.numel() * world_, Category::activations, "dp gathered losses");
-      all = hold.flat(DType::f32);
-    }
-    env_.comm.gather(losses, all, 0).wait();
+    const Tensor all = gather_rows(pool, losses, losses.numel(), 1, hold, "dp gathered losses");
     const double sum = rank_ == 0 ? UnitHooks::loss_rows(be, pool, all, batch, 0.f, false) : 0.0;
     if (backward) be.fill(losses, dloss_scale);
     return sum;
@@ -159,15 +154,18 @@ class Dp final : public Strategy {
 
   // Every rank's logits on rank 0, in `hold` (an empty tensor elsewhere).
   Tensor gather_logits(Pool& pool, Tensor logits, const Batch& batch, Block& hold) {
-    const int64_t n = batch.B * batch.T, V = env_.spec.vocab;
     SHARD_CHECK(batch.global_targets && batch.world == world_, "dp: the batch carries targets of {} ranks, not {}",
                 batch.global_targets ? batch.world : 0, world_);
+    return gather_rows(pool, logits, batch.B * batch.T, env_.spec.vocab, hold, "dp gathered logits");
+  }
+  // Every rank's (rows, cols) local on rank 0 as (world rows, cols), in `hold` (an empty tensor elsewhere).
+  Tensor gather_rows(Pool& pool, Tensor local, int64_t rows, int64_t cols, Block& hold, const char* name) {
     Tensor all;
     if (rank_ == 0) {
-      hold = pool.alloc(DType::f32, n * world_ * V, Category::activations, "dp gathered logits");
-      all = hold.view(DType::f32, {n * world_, V});
+      hold = pool.alloc(DType::f32, rows * world_ * cols, Category::activations, name);
+      all = hold.view(DType::f32, {rows * world_, cols});
     }
-    env_.comm.gather(logits, all, 0).wait();
+    env_.comm.gather(local, all, 0).wait();
     return all;
   }
   // The whole batch, every rank's targets in rank order (what rank 0 takes the loss of).

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "src/comm/communicator.hpp"
+#include "src/model/blocks/loss_head.hpp"
 
 namespace shardlab {
 namespace {
@@ -63,12 +64,11 @@ class Executor {
       pool_.ledger().set_phase({PhaseKind::loss});
       const int64_t N = b.B * b.T;
       const Tensor logits = last.view(DType::f32, {N, static_cast<int64_t>(last.bytes() / sizeof(float)) / N});
-      if (logits_out_ && (spec_.loss_chunk == 0 || tp_.active())) {  // the chunked head gives no logits
+      if (logits_out_ && !blocks::chunked_loss(spec_, tp_.config)) {  // the chunked head gives no logits
         logits_out_->resize(static_cast<size_t>(logits.numel()));
         be_.copy(Tensor::of(std::span<float>(*logits_out_)), logits);
       }
-      loss_sum_ += head_loss(hooks_, be_, pool_, tp_.active() ? tp_.comm : nullptr, spec_, logits, b, dlogit_scale_,
-                             train);
+      loss_sum_ += head_loss(hooks_, be_, pool_, tp_, spec_, logits, b, dlogit_scale_, train);
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
     } else {

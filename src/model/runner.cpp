@@ -2,6 +2,7 @@
 
 #include "src/comm/communicator.hpp"
 #include "src/backend/ops/loss.hpp"
+#include "src/model/blocks/loss_head.hpp"
 
 namespace shardlab {
 
@@ -10,16 +11,21 @@ void add_unit_views(ParamSet& set, const UnitLayout& unit, Tensor flat) {
 }
 
 namespace {
+// The sum of x, reduced into `slot` (one f32 on the device) and read back.
+float sum_to_host(Backend& be, Tensor x, Tensor slot) {
+  be.sum(x, slot, false);
+  float sum = 0.f;
+  be.copy(Tensor::flat(&sum, DType::f32, 1), slot);
+  return sum;
+}
+
 // The sum of the batch's cross-entropy losses; with dlogits, also their gradient (times scale).
 double cross_entropy_sum(Backend& be, Pool& pool, Tensor logits, const Batch& batch, Tensor dlogits, float scale) {
   const int64_t N = batch.B * batch.T;
   Block losses = pool.alloc(DType::f32, N + 1, Category::activations, "losses");
   Tensor l = losses.flat(DType::f32);
   ops::cross_entropy(be, l.slice(0, N), dlogits, logits, batch.targets, scale);
-  be.sum(l.slice(0, N), l.slice(N, 1), false);
-  float sum = 0.f;
-  be.copy(Tensor::flat(&sum, DType::f32, 1), l.slice(N, 1));
-  return sum;
+  return sum_to_host(be, l.slice(0, N), l.slice(N, 1));
 }
 
 // The last unit's output as (N, V) logits (this rank's vocabulary columns under tensor
@@ -51,10 +57,7 @@ double vocab_parallel_loss(Backend& be, Pool& pool, Communicator& tp, const Mode
   tp.all_reduce(sums).wait();
   ops::vocab_ce_finish(be, losses, dlogits, logits, batch.targets, v.begin, v.valid, mx, sums.slice(0, N),
                        sums.slice(N, N), scale);
-  be.sum(losses, all.slice(4 * N, 1), false);
-  float sum = 0.f;
-  be.copy(Tensor::flat(&sum, DType::f32, 1), all.slice(4 * N, 1));
-  return sum;
+  return sum_to_host(be, losses, all.slice(4 * N, 1));
 }
 
 double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) {
@@ -67,20 +70,20 @@ double UnitHooks::forward_loss(Backend& be, Pool& pool, Tensor logits, const Bat
 
 double UnitHooks::loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch&, float dloss_scale, bool backward) {
   Block sum_block = pool.alloc(DType::f32, 1, Category::activations, "loss sum");
-  be.sum(losses, sum_block.flat(DType::f32), false);
-  float sum = 0.f;
-  be.copy(Tensor::flat(&sum, DType::f32, 1), sum_block.flat(DType::f32));
+  const float sum = sum_to_host(be, losses, sum_block.flat(DType::f32));
   if (backward) be.fill(losses, dloss_scale);
   return sum;
 }
 
-double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, Communicator* tp, const ModelSpec& spec, Tensor out,
+double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor out,
                  const Batch& batch, float dlogit_scale, bool backward) {
-  const int64_t N = batch.B * batch.T;
-  if (tp != nullptr && tp->world_size() > 1)
-    return vocab_parallel_loss(be, pool, *tp, spec, out, batch, backward ? out : Tensor(), backward ? dlogit_scale : 0.f);
-  const std::vector<int64_t> rows{N};
-  if (spec.loss_chunk > 0) return hooks.loss_rows(be, pool, out.reshape(rows), batch, dlogit_scale, backward);
+  if (tp.active())
+    return vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, backward ? out : Tensor(),
+                               backward ? dlogit_scale : 0.f);
+  if (blocks::chunked_loss(spec, tp.config)) {  // the head gave its N losses (as it decided by the same test)
+    const std::vector<int64_t> rows{batch.B * batch.T};
+    return hooks.loss_rows(be, pool, out.reshape(rows), batch, dlogit_scale, backward);
+  }
   return backward ? hooks.loss(be, pool, out, batch, dlogit_scale) : hooks.forward_loss(be, pool, out, batch);
 }
 
@@ -144,11 +147,11 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
   std::vector<Block> outs(units.size());
   std::vector<Saved> saved(units.size());
   forward_units(units, ctx, hooks, outs, saved, false);
-  Tensor out = final_logits(be, outs.back(), N, spec.loss_chunk > 0 && !tp.active() ? nullptr : logits);
+  Tensor out = final_logits(be, outs.back(), N, blocks::chunked_loss(spec, tp.config) ? nullptr : logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
-  r.loss_sum = head_loss(hooks, be, pool, tp.active() ? tp.comm : nullptr, spec, out, batch, 0.f, false);
+  r.loss_sum = head_loss(hooks, be, pool, tp, spec, out, batch, 0.f, false);
   pool.ledger().set_phase({});
   return r;
 }
@@ -163,11 +166,11 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
   forward_units(units, ctx, hooks, outs, saved, true);
-  Tensor out = final_logits(be, outs.back(), N, spec.loss_chunk > 0 && !tp.active() ? nullptr : logits);
+  Tensor out = final_logits(be, outs.back(), N, blocks::chunked_loss(spec, tp.config) ? nullptr : logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
-  r.loss_sum = head_loss(hooks, be, pool, tp.active() ? tp.comm : nullptr, spec, out, batch, dlogit_scale, true);
+  r.loss_sum = head_loss(hooks, be, pool, tp, spec, out, batch, dlogit_scale, true);
   Block dnext;  // gradient flowing into unit u's output (the last unit's is in the logits)
   Tensor dout = out;
   for (size_t u = U; u-- > 0;) {

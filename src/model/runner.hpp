@@ -62,10 +62,10 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
                       const TpContext& tp = {});
 
 // The loss of the last unit's output `out` (N rows): the vocabulary-parallel loss over `tp` when it
-// has several ranks, the chunked head's losses summed (spec.loss_chunk > 0), else the cross-entropy
+// is active, the chunked head's losses summed (blocks::chunked_loss), else the cross-entropy
 // of the logits; with `backward`, out is left holding its gradient (logits: d(loss)/d(logits) times
 // dlogit_scale; chunked: dlogit_scale per position). The loop's and the pipeline executor's.
-double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, Communicator* tp, const ModelSpec& spec, Tensor out,
+double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor out,
                  const Batch& batch, float dlogit_scale, bool backward);
 
 // One unit's forward step, the loop's and the pipeline executor's (so both run the same

@@ -127,7 +127,7 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
 void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                               const float* v, const float* out, const float* lse, const FlashShape& s,
                               float* workspace) {
-  const FlashTiles tl = flash_bwd_tiles(s);
+  const FlashTiles tl = flash_tiles(s);
   const int64_t br = tl.br, bc = tl.bc, hd = s.hd, group = s.H / s.KV;
   const int64_t slot = flash_backward_slot_elems(s), slots = flash_backward_slots(s);
   float* D = workspace + slots * slot;  // (B, H, Tq)

@@ -5,18 +5,22 @@
 #include "src/backend/cuda/ops.hpp"
 
 namespace shardlab::cuda {
+namespace {
+void require_head_dim(const FlashShape& s) {
+  SHARD_REQUIRE(s.hd <= kMaxHeadDim, "--attention flash on CUDA: head dimension {} above the kernels' {}", s.hd,
+                kMaxHeadDim);
+}
+}  // namespace
 
 void flash_attention_forward(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v,
                              const FlashShape& s) {
-  SHARD_REQUIRE(s.hd <= kMaxHeadDim, "--attention flash on CUDA: head dimension {} above the kernels' {}", s.hd,
-                kMaxHeadDim);
+  require_head_dim(s);
   CUDA_CHECK(launch_flash_forward(out, lse, q, k, v, s, CudaBackend::of(be).compute_stream()));
 }
 
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
                               Tensor workspace, const FlashShape& s) {
-  SHARD_REQUIRE(s.hd <= kMaxHeadDim, "--attention flash on CUDA: head dimension {} above the kernels' {}", s.hd,
-                kMaxHeadDim);
+  require_head_dim(s);
   const float* q = qkv.ptr<float>();
   float* dq = dqkv.ptr<float>();
   float* D = workspace.ptr<float>() + flash_backward_slots(s) * flash_backward_slot_elems(s);

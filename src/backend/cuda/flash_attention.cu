@@ -149,8 +149,6 @@ __global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const 
   store_row(dv + b * s.v_b + j * s.v_ld + g * s.hd, dvr, s.hd, 1.f);
 }
 
-inline int warp_row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
-
 }  // namespace
 
 cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -158,7 +156,7 @@ cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const f
   const int64_t rows = s.B * s.H * s.Tq;
   if (rows == 0) return cudaSuccess;
   if (s.hd > kMaxHeadDim || rows > int64_t{kRowsPerBlock} * 2147483647) return cudaErrorInvalidValue;
-  flash_forward_kernel<<<warp_row_blocks(rows), kThreads, 0, st>>>(out, lse, q, k, v, s);
+  flash_forward_kernel<<<row_blocks(rows), kThreads, 0, st>>>(out, lse, q, k, v, s);
   return cudaGetLastError();
 }
 
@@ -169,12 +167,12 @@ cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, con
   if (qrows == 0) return cudaSuccess;
   if (s.hd > kMaxHeadDim || qrows > int64_t{kRowsPerBlock} * 2147483647 || krows > int64_t{kRowsPerBlock} * 2147483647)
     return cudaErrorInvalidValue;
-  flash_d_kernel<<<warp_row_blocks(qrows), kThreads, 0, st>>>(D, dout, out, s);
+  flash_d_kernel<<<row_blocks(qrows), kThreads, 0, st>>>(D, dout, out, s);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  flash_dq_kernel<<<warp_row_blocks(qrows), kThreads, 0, st>>>(dq, dout, q, k, v, lse, D, s);
+  flash_dq_kernel<<<row_blocks(qrows), kThreads, 0, st>>>(dq, dout, q, k, v, lse, D, s);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (krows == 0) return cudaSuccess;
-  flash_dkv_kernel<<<warp_row_blocks(krows), kThreads, 0, st>>>(dk, dv, dout, q, k, v, lse, D, s);
+  flash_dkv_kernel<<<row_blocks(krows), kThreads, 0, st>>>(dk, dv, dout, q, k, v, lse, D, s);
   return cudaGetLastError();
 }
 

@@ -5,6 +5,7 @@
 
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cuda/ops.hpp"
+#include "src/backend/ops/kv_cache.hpp"
 
 namespace shardlab::ops {
 namespace {
@@ -50,18 +51,10 @@ void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, in
 void flash_attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
                             int64_t pos0, Tensor workspace) {
   const char* op = "flash_attention_cached";
-  SHARD_CHECK(H > 0 && KV > 0 && H % KV == 0, "{}: {} query heads do not share {} K/V heads evenly", op, H, KV);
-  SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (H + 2 * KV) == 0 && k_cache.ndim() == 3 && k_cache.dim(0) == qkv.dim(0),
-              "{}: qkv {} must be (B, T, (H + 2 KV) hd) and the caches (B, S, KV hd), H={} KV={}", op, qkv.shape_str(),
-              H, KV);
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (H + 2 * KV), S = k_cache.dim(1);
-  SHARD_CHECK(k_cache.dim(2) == KV * hd && v_cache.numel() == k_cache.numel() && out.numel() == B * T * H * hd &&
-                  pos0 >= 0 && pos0 + T <= S,
-              "{}: qkv {} out {} k {} v {} at position {}", op, qkv.shape_str(), out.shape_str(), k_cache.shape_str(),
-              v_cache.shape_str(), pos0);
+  const auto [B, T, C, S] = kv_cached_shape(out, qkv, k_cache, v_cache, H, KV, pos0, op);
+  const int64_t hd = C / H, need = flash_cached_workspace_elems(B, T, S, H, KV, hd, pos0);
+  SHARD_CHECK(workspace.numel() >= need, "{}: workspace of {} < {} floats", op, workspace.numel(), need);
   const FlashShape s = flash_shape_of_cache(B, T, S, H, KV, hd, pos0);
-  SHARD_CHECK(workspace.numel() >= flash_cached_workspace_elems(B, T, S, H, KV, hd, pos0),
-              "{}: workspace of {} < {} floats", op, workspace.numel(), flash_cached_workspace_elems(B, T, S, H, KV, hd, pos0));
   float* tiles = workspace.ptr<float>();
   const float* q = qkv.ptr<float>();
   forward_on(be, out.ptr<float>(), tiles + flash_forward_workspace_elems(s), q, k_cache.ptr<float>(),

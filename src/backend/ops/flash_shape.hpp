@@ -24,10 +24,7 @@ struct FlashShape {
 // keep one set of tiles per thread in the workspace, for at most kFlashMaxSlots threads; the
 // workspace depends on the shape alone, so a prediction on the meta backend allocates the same
 // bytes as any device and thread count (the CUDA kernels use its D part, and on-chip tiles).
-// Backward's tiles are its own (kFlashBwdRows by kFlashBwdCols): its five products per tile pair favour
-// another shape than forward's two.
-inline constexpr int64_t kFlashRows = 64, kFlashCols = 256, kFlashBwdRows = 64, kFlashBwdCols = 256,
-                         kFlashMaxSlots = 64;
+inline constexpr int64_t kFlashRows = 64, kFlashCols = 256, kFlashMaxSlots = 64;
 
 struct FlashTiles {
   int64_t br = 0, bc = 0;
@@ -35,9 +32,6 @@ struct FlashTiles {
 inline int64_t flash_min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline FlashTiles flash_tiles(const FlashShape& s) {
   return {flash_min(s.Tq, kFlashRows), flash_min(s.Tk, kFlashCols)};
-}
-inline FlashTiles flash_bwd_tiles(const FlashShape& s) {
-  return {flash_min(s.Tq, kFlashBwdRows), flash_min(s.Tk, kFlashBwdCols)};
 }
 
 // Forward: tasks (batch, head, query tile); a thread's tiles are S (br, bc), O (br, hd), m and l (br).
@@ -57,7 +51,7 @@ inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
 // query heads' dq; a thread's tiles are P and dP (br, bc). Then D = rowsum(dO * O), (B, H, Tq).
 inline int64_t flash_backward_slots(const FlashShape& s) { return flash_min(kFlashMaxSlots, s.B * s.KV); }
 inline int64_t flash_backward_slot_elems(const FlashShape& s) {
-  const FlashTiles t = flash_bwd_tiles(s);
+  const FlashTiles t = flash_tiles(s);
   return 2 * t.br * t.bc;
 }
 inline int64_t flash_backward_workspace_elems(const FlashShape& s) {

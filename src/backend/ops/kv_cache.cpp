@@ -7,12 +7,9 @@
 #include "src/backend/cuda/ops.hpp"
 
 namespace shardlab::ops {
-namespace {
 
-// Validates the tensors (kv_cache_write: out empty) and returns {B, T, C, S}: C = H hd, the
-// output's channels; S the cache's rows, at least pos0 + T.
-std::array<int64_t, 4> cached_shape(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
-                                    int64_t H, int64_t KV, int64_t pos0, const char* op) {
+std::array<int64_t, 4> kv_cached_shape(const Tensor& out, const Tensor& qkv, const Tensor& k_cache,
+                                       const Tensor& v_cache, int64_t H, int64_t KV, int64_t pos0, const char* op) {
   SHARD_CHECK(H > 0 && KV > 0 && H % KV == 0, "{}: {} query heads do not share {} K/V heads evenly", op, H, KV);
   SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (H + 2 * KV) == 0, "{}: qkv {} must be (B, T, (H + 2 KV) hd), H={} KV={}",
               op, qkv.shape_str(), H, KV);
@@ -28,10 +25,8 @@ std::array<int64_t, 4> cached_shape(const Tensor& out, const Tensor& qkv, const 
   return {B, T, C, k_cache.dim(1)};
 }
 
-}  // namespace
-
 void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0) {
-  const auto [B, T, C, S] = cached_shape(Tensor(), qkv, k_cache, v_cache, H, KV, pos0, "kv_cache_write");
+  const auto [B, T, C, S] = kv_cached_shape(Tensor(), qkv, k_cache, v_cache, H, KV, pos0, "kv_cache_write");
   switch (be.device()) {
     case Device::cpu:
       return cpu::kv_cache_write(k_cache.ptr<float>(), v_cache.ptr<float>(), qkv.ptr<float>(), B, T, S, H, KV, C / H,
@@ -45,7 +40,7 @@ void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int
 
 void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
                       int64_t pos0) {
-  const auto [B, T, C, S] = cached_shape(out, qkv, k_cache, v_cache, H, KV, pos0, "attention_cached");
+  const auto [B, T, C, S] = kv_cached_shape(out, qkv, k_cache, v_cache, H, KV, pos0, "attention_cached");
   switch (be.device()) {
     case Device::cpu:
       return cpu::attention_cached(out.ptr<float>(), qkv.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), B,

@@ -2,6 +2,8 @@
 // values kept in k_cache and v_cache, (B, S, KV hd) each, row p holding position p's K/V heads, so
 // each new position computes only its own row of attention_forward's. Conventions: ops/dispatch.hpp.
 #pragma once
+#include <array>
+
 #include "src/backend/ops/dispatch.hpp"
 
 namespace shardlab::ops {
@@ -14,5 +16,10 @@ void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int
 // over a whole sequence. No probabilities are kept: there is no backward.
 void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
                       int64_t pos0);
+// The checks of both (and of the fused kernel's cached call, flash_attention.hpp): out may be empty
+// (kv_cache_write). Returns {B, T, C, S}: C = H hd, the output's channels; S the cache's rows, at
+// least pos0 + T. InternalError naming op and the shapes otherwise.
+std::array<int64_t, 4> kv_cached_shape(const Tensor& out, const Tensor& qkv, const Tensor& k_cache,
+                                       const Tensor& v_cache, int64_t H, int64_t KV, int64_t pos0, const char* op);
 
 }  // namespace shardlab::ops
