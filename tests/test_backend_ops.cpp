@@ -167,8 +167,8 @@ void kv_cache_case(Run& r) {
   ops::attention_cached(r.be, r.out("out 0", {B, 3, H * hd}), first, k, v, H, KV, 0);
   ops::kv_cache_write(r.be, k, v, next, H, KV, 3);
   ops::attention_cached(r.be, r.out("out 3", {B, 1, H * hd}), next, k, v, H, KV, 3);
-  // The fused kernel over the same cache: the three positions, then the fourth.
-  Tensor tiles = r.work("flash tiles", {flash_cached_workspace_elems(B, 3, S, H, KV, hd, 0)});
+  // The fused kernel over the same cache: the fourth position.
+  Tensor tiles = r.work("flash tiles", {flash_cached_workspace_elems(B, 1, S, H, KV, hd, 3)});
   ops::flash_attention_cached(r.be, r.out("flash out 3", {B, 1, H * hd}), next, k, v, H, KV, 3, tiles);
 }
 

@@ -18,6 +18,7 @@
 #include "src/backend/block_cache.hpp"
 #include "src/backend/cpu/gemm.hpp"
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/tile_product.hpp"
 
 namespace shardlab {
 
@@ -59,7 +60,8 @@ class CpuBackend final : public Backend {
     const char* gemm = policy_ == cpu::GemmPolicy::automatic ? "oneDNN/OpenBLAS sgemm by shape"
                        : policy_ == cpu::GemmPolicy::onednn  ? "oneDNN sgemm"
                                                              : "OpenBLAS sgemm";
-    return fmt::format("cpu ({}, {}, {} threads)", gemm, cpu::gemm_isa_describe(), threads_);
+    return fmt::format("cpu ({}, {}, attention tiles {}, {} threads)", gemm, cpu::gemm_isa_describe(),
+                       cpu::tile_product_isa(), threads_);
   }
   int threads() const override { return threads_; }
 

@@ -11,8 +11,10 @@
 // for each key tile and each query tile that sees it, P = exp(S - lse), dV += Pᵀ dO, dP = dO Vᵀ,
 // dS = P (dP - D), dQ += scale dS K, dK += scale dSᵀ Q.
 //
-// Each task's products are small sgemm calls made inside the OpenMP region (the libraries run them
-// on the calling thread); a thread's tiles are its slot of the workspace.
+// Each task's products are tile products (tile_product.hpp) on the calling thread: their B operands
+// are copied into contiguous tiles first (the key tile transposed, the value tile, and in backward
+// the query and output-gradient tiles), so no product reads rows whose stride aliases in the L1
+// cache. A thread's tiles are its slot of the workspace.
 #include <omp.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include "src/backend/cpu/gemm.hpp"
 #include "src/backend/cpu/kernel_util.hpp"
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/cpu/tile_product.hpp"
 
 namespace shardlab::cpu {
 namespace {
@@ -31,6 +34,12 @@ namespace {
 inline int64_t visible(const FlashShape& s, int64_t t, int64_t s0, int64_t cols) {
   if (!s.causal) return cols;
   return std::clamp<int64_t>(t + s.offset - s0 + 1, 0, cols);
+}
+
+// The first of the query rows [t0, t0 + rows) that sees key row j (all of them unless causal).
+inline int64_t first_seeing(const FlashShape& s, int64_t j, int64_t t0, int64_t rows) {
+  if (!s.causal) return 0;
+  return std::clamp<int64_t>(j - s.offset - t0, 0, rows);
 }
 
 // row[j] = exp(row[j] - shift) for j < n, returning their sum; row[n, cols) = 0.
@@ -45,13 +54,18 @@ inline float exp_row(float* row, int64_t n, int64_t cols, float shift) {
   return sum;
 }
 
-// The tiles' products go to oneDNN unless --cpu-gemm names OpenBLAS: on these small shapes it was the
-// faster library on both ISAs measured (bench-attention, T 2048, 8 heads of 64, one thread: AVX2
-// 385 ms against 459 for OpenBLAS and 481 for the shape rule's mix; AVX-512 194 against 296 and 253).
-void tile_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
-               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const GemmLib lib = gemm_policy() == GemmPolicy::openblas ? GemmLib::openblas : GemmLib::onednn;
-  sgemm_with(lib, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+static_assert(kFlashPad % kTileVec == 0, "key tiles are padded to whole vectors of the tile product");
+
+// Kt (hd, ld) = the key tile's rows [0, rows) transposed, columns [rows, pad) zero.
+void pack_transposed(float* Kt, int64_t ld, const float* K, int64_t k_ld, int64_t rows, int64_t pad, int64_t hd) {
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t c = 0; c < hd; ++c) Kt[c * ld + j] = K[j * k_ld + c];
+  for (int64_t c = 0; c < hd; ++c) std::fill(Kt + c * ld + rows, Kt + c * ld + pad, 0.f);
+}
+
+// dst (rows, hd) contiguous = the rows of src (row stride ld).
+void pack_rows(float* dst, const float* src, int64_t ld, int64_t rows, int64_t hd) {
+  for (int64_t j = 0; j < rows; ++j) std::memcpy(dst + j * hd, src + j * ld, hd * sizeof(float));
 }
 
 int threads_for(int64_t slots) {
@@ -63,52 +77,72 @@ int threads_for(int64_t slots) {
 void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const FlashShape& s,
                              float* workspace) {
   const FlashTiles tl = flash_tiles(s);
-  const int64_t br = tl.br, bc = tl.bc, hd = s.hd, group = s.H / s.KV;
+  const int64_t br = tl.br, brp = tl.brp, bc = tl.bc, hd = s.hd, group = s.H / s.KV;
   const int64_t qtiles = (s.Tq + br - 1) / br, tasks = s.B * s.H * qtiles;
   const int64_t slot = flash_forward_slot_elems(s);
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
   const int threads = threads_for(flash_forward_slots(s));
 #pragma omp parallel num_threads(threads) if (threads > 1 && s.B * s.H * s.Tq * s.Tk * hd > kParallelMin)
   {
-    float* S = workspace + omp_get_thread_num() * slot;
-    float* O = S + br * bc;
+    float* St = workspace + omp_get_thread_num() * slot;
+    float* O = St + bc * brp;
     float* m = O + br * hd;
-    float* l = m + br;
+    float* l = m + brp;
+    float* mt = l + brp;
+    float* Qt = mt + brp;
+    float* Vp = Qt + hd * brp;
     // Later query tiles see more keys: the costly tasks first, handed out one at a time.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t i = qtiles - 1 - task % qtiles, bh = task / qtiles, b = bh / s.H, h = bh % s.H;
       const int64_t t0 = i * br, rows = std::min(br, s.Tq - t0);
-      const float* Q = q + b * s.q_b + t0 * s.q_ld + h * hd;
       const float* K = k + b * s.k_b + (h / group) * hd;
       const float* V = v + b * s.v_b + (h / group) * hd;
-      std::fill_n(m, rows, -std::numeric_limits<float>::infinity());
+      pack_transposed(Qt, brp, q + b * s.q_b + t0 * s.q_ld + h * hd, s.q_ld, rows, brp, hd);
+      std::fill_n(m, rows, kNone);
       std::fill_n(l, rows, 0.f);
       std::fill_n(O, rows * hd, 0.f);
       const int64_t kv_end = s.causal ? std::min(s.Tk, t0 + rows + s.offset) : s.Tk;
       for (int64_t s0 = 0; s0 < kv_end; s0 += bc) {
         const int64_t cols = std::min(bc, kv_end - s0);
-        tile_gemm(Trans::N, Trans::T, rows, cols, hd, s.scale, Q, s.q_ld, K + s0 * s.k_ld, s.k_ld, 0.f, S, cols);
+        pack_rows(Vp, V + s0 * s.v_ld, s.v_ld, cols, hd);
+        // The scores transposed, St (cols, brp) = scale K Qᵀ: row j holds key s0 + j's score for
+        // every query of the tile, so the softmax below runs along rows, in vectors of queries. Fewer
+        // queries than a vector (decoding) go to sgemm rather than be padded to one.
+        tile_product(cols, rows < kTileVec ? rows : brp, hd, s.scale, K + s0 * s.k_ld, s.k_ld, 1, Qt, brp, false, St,
+                     brp);
+        std::fill_n(mt, rows, kNone);
+        for (int64_t j = 0; j < cols; ++j) {
+          const float* row = St + j * brp;
+#pragma omp simd
+          for (int64_t r = first_seeing(s, s0 + j, t0, rows); r < rows; ++r) mt[r] = std::max(mt[r], row[r]);
+        }
+        // The running max and sum, and the accumulator rescaled by exp(m_old - m_new); mt becomes
+        // the shift (0 for a query that has seen no key yet: its scores are all masked).
         for (int64_t r = 0; r < rows; ++r) {
-          float* row = S + r * cols;
-          const int64_t n = visible(s, t0 + r, s0, cols);
-          if (n == 0) {
-            std::fill_n(row, cols, 0.f);
-            continue;
-          }
-          float mx = row[0];
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 1; j < n; ++j) mx = std::max(mx, row[j]);
-          const float m_new = std::max(m[r], mx);
-          const float alpha = m[r] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m[r] - m_new);
-          l[r] = l[r] * alpha + exp_row(row, n, cols, m_new);
+          const float m_new = std::max(m[r], mt[r]);
+          const float alpha = m[r] == kNone || m_new == kNone ? 0.f : std::exp(m[r] - m_new);
           m[r] = m_new;
+          mt[r] = m_new == kNone ? 0.f : m_new;
+          l[r] *= alpha;
           if (alpha != 1.f) {
             float* o = O + r * hd;
 #pragma omp simd
             for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
           }
         }
-        tile_gemm(Trans::N, Trans::N, rows, hd, cols, 1.f, S, cols, V + s0 * s.v_ld, s.v_ld, 1.f, O, hd);
+        for (int64_t j = 0; j < cols; ++j) {
+          float* row = St + j * brp;
+          const int64_t r0 = first_seeing(s, s0 + j, t0, rows);
+          std::fill_n(row, r0, 0.f);
+#pragma omp simd
+          for (int64_t r = r0; r < rows; ++r) {
+            row[r] = fast_exp(row[r] - mt[r]);
+            l[r] += row[r];
+          }
+        }
+        // O += P V, P = Stᵀ.
+        tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hd, true, O, hd);
       }
       float* lse_row = lse + bh * s.Tq + t0;
       for (int64_t r = 0; r < rows; ++r) {
@@ -118,7 +152,7 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
         const float* o = O + r * hd;
 #pragma omp simd
         for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
-        lse_row[r] = l[r] > 0.f ? m[r] + std::log(l[r]) : -std::numeric_limits<float>::infinity();
+        lse_row[r] = l[r] > 0.f ? m[r] + std::log(l[r]) : kNone;
       }
     }
   }
@@ -128,14 +162,19 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
                               const float* v, const float* out, const float* lse, const FlashShape& s,
                               float* workspace) {
   const FlashTiles tl = flash_tiles(s);
-  const int64_t br = tl.br, bc = tl.bc, hd = s.hd, group = s.H / s.KV;
+  const int64_t br = tl.br, bc = tl.bc, bcp = tl.bcp, hd = s.hd, group = s.H / s.KV;
   const int64_t slot = flash_backward_slot_elems(s), slots = flash_backward_slots(s);
   float* D = workspace + slots * slot;  // (B, H, Tq)
   const int threads = threads_for(slots);
 #pragma omp parallel num_threads(threads) if (threads > 1 && s.B * s.H * s.Tq * s.Tk * hd > kParallelMin)
   {
     float* P = workspace + omp_get_thread_num() * slot;
-    float* dP = P + br * bc;
+    float* dP = P + br * bcp;
+    float* Kt = dP + br * bcp;
+    float* Vt = Kt + hd * bcp;
+    float* Kp = Vt + hd * bcp;
+    float* Qp = Kp + bc * hd;
+    float* dOp = Qp + br * hd;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.KV; ++task) {
       const int64_t b = task / s.KV, g = task % s.KV;
@@ -165,28 +204,30 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
         }
         for (int64_t s0 = 0; s0 < s.Tk; s0 += bc) {
           const int64_t cols = std::min(bc, s.Tk - s0);
+          pack_transposed(Kt, bcp, K + s0 * s.k_ld, s.k_ld, cols, bcp, hd);
+          pack_transposed(Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, hd);
+          pack_rows(Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
           // The first query row that sees key s0, rounded down to its tile.
           const int64_t first = s.causal ? std::max<int64_t>(0, s0 - s.offset) : 0;
           for (int64_t t0 = first / br * br; t0 < s.Tq; t0 += br) {
             const int64_t rows = std::min(br, s.Tq - t0);
-            const float* Qt = Q + t0 * s.q_ld;
-            const float* dOt = dO + t0 * s.o_ld;
-            tile_gemm(Trans::N, Trans::T, rows, cols, hd, s.scale, Qt, s.q_ld, K + s0 * s.k_ld, s.k_ld, 0.f, P, cols);
-            for (int64_t r = 0; r < rows; ++r) exp_row(P + r * cols, visible(s, t0 + r, s0, cols), cols, L[t0 + r]);
+            pack_rows(Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
+            pack_rows(dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
+            tile_product(rows, bcp, hd, s.scale, Qp, hd, 1, Kt, bcp, false, P, bcp);
+            for (int64_t r = 0; r < rows; ++r) exp_row(P + r * bcp, visible(s, t0 + r, s0, cols), cols, L[t0 + r]);
             // dV += Pᵀ dO; dP = dO Vᵀ
-            tile_gemm(Trans::T, Trans::N, cols, hd, rows, 1.f, P, cols, dOt, s.o_ld, 1.f, dV + s0 * s.v_ld, s.v_ld);
-            tile_gemm(Trans::N, Trans::T, rows, cols, hd, 1.f, dOt, s.o_ld, V + s0 * s.v_ld, s.v_ld, 0.f, dP, cols);
+            tile_product(cols, hd, rows, 1.f, P, 1, bcp, dOp, hd, true, dV + s0 * s.v_ld, s.v_ld);
+            tile_product(rows, bcp, hd, 1.f, dOp, hd, 1, Vt, bcp, false, dP, bcp);
             for (int64_t r = 0; r < rows; ++r) {
-              const float* p = P + r * cols;
-              float* dp = dP + r * cols;
+              const float* p = P + r * bcp;
+              float* dp = dP + r * bcp;
               const float Dt = Dh[t0 + r];
 #pragma omp simd
               for (int64_t j = 0; j < cols; ++j) dp[j] = p[j] * (dp[j] - Dt);
             }
             // dQ += scale dS K; dK += scale dSᵀ Q
-            tile_gemm(Trans::N, Trans::N, rows, hd, cols, s.scale, dP, cols, K + s0 * s.k_ld, s.k_ld, 1.f,
-                  dQ + t0 * s.q_ld, s.q_ld);
-            tile_gemm(Trans::T, Trans::N, cols, hd, rows, s.scale, dP, cols, Qt, s.q_ld, 1.f, dK + s0 * s.k_ld, s.k_ld);
+            tile_product(rows, hd, cols, s.scale, dP, bcp, 1, Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld);
+            tile_product(cols, hd, rows, s.scale, dP, 1, bcp, Qp, hd, true, dK + s0 * s.k_ld, s.k_ld);
           }
         }
       }

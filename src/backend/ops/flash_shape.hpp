@@ -24,35 +24,42 @@ struct FlashShape {
 // keep one set of tiles per thread in the workspace, for at most kFlashMaxSlots threads; the
 // workspace depends on the shape alone, so a prediction on the meta backend allocates the same
 // bytes as any device and thread count (the CUDA kernels use its D part, and on-chip tiles).
-inline constexpr int64_t kFlashRows = 64, kFlashCols = 256, kFlashMaxSlots = 64;
+// Tiles laid out with a row per query or per key are padded to kFlashPad columns (brp, bcp): whole
+// vectors for the CPU's tile product (cpu/tile_product.hpp).
+inline constexpr int64_t kFlashRows = 64, kFlashCols = 256, kFlashMaxSlots = 64, kFlashPad = 16;
 
 struct FlashTiles {
-  int64_t br = 0, bc = 0;
+  int64_t br = 0, brp = 0, bc = 0, bcp = 0;
 };
 inline int64_t flash_min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline FlashTiles flash_tiles(const FlashShape& s) {
-  return {flash_min(s.Tq, kFlashRows), flash_min(s.Tk, kFlashCols)};
+  const int64_t br = flash_min(s.Tq, kFlashRows), bc = flash_min(s.Tk, kFlashCols);
+  return {br, (br + kFlashPad - 1) / kFlashPad * kFlashPad, bc, (bc + kFlashPad - 1) / kFlashPad * kFlashPad};
 }
 
-// Forward: tasks (batch, head, query tile); a thread's tiles are S (br, bc), O (br, hd), m and l (br).
+// Forward: tasks (batch, head, query tile); a thread's tiles are the scores transposed (bc, brp),
+// O (br, hd), the running max and sum and the tile's max (brp each), the query tile transposed
+// (hd, brp) and the value tile (bc, hd).
 inline int64_t flash_forward_slots(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
   return flash_min(kFlashMaxSlots, s.B * s.H * ((s.Tq + t.br - 1) / t.br));
 }
 inline int64_t flash_forward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return t.br * t.bc + t.br * s.hd + 2 * t.br;
+  return t.bc * t.brp + t.br * s.hd + 3 * t.brp + s.hd * t.brp + t.bc * s.hd;
 }
 inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
   return flash_forward_slots(s) * flash_forward_slot_elems(s);
 }
 
 // Backward: tasks (batch, K/V head), each the only writer of its K/V head's gradients and of its
-// query heads' dq; a thread's tiles are P and dP (br, bc). Then D = rowsum(dO * O), (B, H, Tq).
+// query heads' dq; a thread's tiles are P and dP (br, bcp), the key and value tiles transposed
+// (hd, bcp), the key tile (bc, hd), the query and output-gradient tiles (br, hd). Then
+// D = rowsum(dO * O), (B, H, Tq).
 inline int64_t flash_backward_slots(const FlashShape& s) { return flash_min(kFlashMaxSlots, s.B * s.KV); }
 inline int64_t flash_backward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return 2 * t.br * t.bc;
+  return 2 * t.br * t.bcp + 2 * s.hd * t.bcp + t.bc * s.hd + 2 * t.br * s.hd;
 }
 inline int64_t flash_backward_workspace_elems(const FlashShape& s) {
   return flash_backward_slots(s) * flash_backward_slot_elems(s) + s.B * s.H * s.Tq;
