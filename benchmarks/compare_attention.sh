@@ -6,7 +6,8 @@
 #   bash benchmarks/compare_attention.sh [--avx2] [--threads "1 2"] [--seqs "512 2048 8192 16384"]
 #                                        [--heads "8 32"] [--head-dims "64 128"]
 #     --avx2   cap both sides to AVX2 on an AVX-512 host (ONEDNN_MAX_CPU_ISA=AVX2,
-#              OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2)
+#              OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2, and MKL_ENABLE_INSTRUCTIONS=AVX2:
+#              PyTorch's wheels do their products in MKL, which ATen's cap does not reach)
 #   REPEATS (3) and WARMUP (1) in the environment; batch 1, multi-head, f32, causal.
 #   PyTorch: $PYTHON when set, else the venv $SHARDLAB_VENV (default ~/.cache/shardlab/venv-torch),
 #   as benchmarks/compare_pytorch.sh makes it.
@@ -18,7 +19,7 @@ REPEATS=${REPEATS:-3} WARMUP=${WARMUP:-1}
 threads="1 2" seqs="512 2048 8192 16384" heads="8 32" dims="64 128"
 while [ $# -gt 0 ]; do
   case $1 in
-    --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 ;;
+    --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
     --threads) threads=$2; shift ;;
     --seqs) seqs=$2; shift ;;
     --heads) heads=$2; shift ;;

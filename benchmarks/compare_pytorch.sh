@@ -18,7 +18,8 @@
 #                  the group): shardlab tp 1 x dp 2 (ddp), tp 2, tp 2 --sequence-parallel against
 #                  PyTorch DDP and DTensor tensor parallelism (benchmarks/pytorch_tp.py).
 #     --avx2       cap both sides to AVX2 on an AVX-512 host: ONEDNN_MAX_CPU_ISA=AVX2,
-#                  OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2
+#                  OPENBLAS_CORETYPE=Haswell, ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2
+#                  (PyTorch's PyPI wheels do their products in MKL, which ATen's cap does not reach)
 #   STEPS (10) and WARMUP (2) in the environment set the timed and untimed steps.
 #   PyTorch: $PYTHON when set, else the venv $SHARDLAB_VENV (default ~/.cache/shardlab/venv-torch),
 #   created on first use from PyPI with benchmarks/requirements.txt (about 6 GB with PyTorch's CUDA
@@ -32,7 +33,7 @@ STEPS=${STEPS:-10} WARMUP=${WARMUP:-2}
 sweep=0 single=0 llama=0 tp=0 shape=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 ;;
+    --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
     --sweep) sweep=1 ;;
     --single) single=1 ;;
     --llama) llama=1 ;;
@@ -147,7 +148,7 @@ if [ $tp -eq 1 ]; then
     "$isa_ours" "$isa_theirs"
   printf '# %s, 2 ranks of one thread each (gloo on the PyTorch side), median of %s steps after %s%s\n' "$label" \
     "$STEPS" "$WARMUP" \
-    "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
+    "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS)}"
   printf '# comm: shardlab bus bytes per step and rank (tp and data-parallel axes), and their time estimated from an\n'
   printf '# isolated all-reduce of the mean call size (bench-train: the communicators keep no clock)\n'
   printf '%-44s %9s %9s %9s %9s %8s %9s %10s %8s\n' "config" "ms/step" "tokens/s" "torch ms" "torch t/s" "vs torch" \
@@ -196,6 +197,6 @@ done
 printf '\n# %s; shardlab: %s; pytorch: %s, BLAS %s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" \
   "$isa_ours" "$isa_theirs" "$("$PYTHON" -c 'import torch; c = torch.__config__.show(); print("MKL" if "USE_MKL=ON" in c or "MKL" in c.split("BLAS_INFO=")[-1][:20] else c.split("BLAS_INFO=")[-1].split(",")[0] if "BLAS_INFO=" in c else "?")' 2>/dev/null || echo '?')"
 printf '# one thread per rank on each side, median of %s steps after %s%s\n' "$STEPS" "$WARMUP" \
-  "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
+  "${ONEDNN_MAX_CPU_ISA:+, capped to AVX2 (ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS)}"
 printf '%-58s %9s %9s %9s %9s %8s %9s\n' "config" "ms/step" "tokens/s" "torch ms" "torch t/s" "vs torch" "%ceiling"
 printf '%s\n' "${rows[@]}"

@@ -68,6 +68,57 @@ void pack_rows(float* dst, const float* src, int64_t ld, int64_t rows, int64_t h
   for (int64_t j = 0; j < rows; ++j) std::memcpy(dst + j * hd, src + j * ld, hd * sizeof(float));
 }
 
+// One key tile's step of the online softmax over St (cols, brp), the scores transposed: the running
+// max m and sum l of each of the tile's query rows, the accumulator O (rows, hd) rescaled by
+// exp(m_old - m_new), and St made the probabilities exp(S - m_new), zero where masked. mt (brp) is
+// scratch. The passes over St go a vector of queries at a time down the keys, so the vector's max
+// and sum stay in registers (brp is whole vectors; its padding rows compute and are never read).
+void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, const FlashShape& s, int64_t s0, int64_t t0,
+                    float* m, float* l, float* mt, float* O, int64_t hd) {
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  constexpr int64_t kVec = kTileVec;
+  if (s.causal)
+    for (int64_t j = 0; j < cols; ++j) std::fill_n(St + j * brp, first_seeing(s, s0 + j, t0, rows), kNone);
+  for (int64_t r0 = 0; r0 < brp; r0 += kVec) {
+    float mx[kVec];
+    std::fill_n(mx, kVec, kNone);
+    for (int64_t j = 0; j < cols; ++j) {
+      const float* row = St + j * brp + r0;
+#pragma omp simd
+      for (int64_t i = 0; i < kVec; ++i) mx[i] = std::max(mx[i], row[i]);
+    }
+    std::copy_n(mx, kVec, mt + r0);
+  }
+  // mt becomes the shift: the new max, or 0 for a query that has seen no key yet (all masked).
+  for (int64_t r = 0; r < rows; ++r) {
+    const float m_new = std::max(m[r], mt[r]);
+    const float alpha = m[r] == kNone || m_new == kNone ? 0.f : std::exp(m[r] - m_new);
+    m[r] = m_new;
+    mt[r] = m_new == kNone ? 0.f : m_new;
+    l[r] *= alpha;
+    if (alpha != 1.f) {
+      float* o = O + r * hd;
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
+    }
+  }
+  for (int64_t r0 = 0; r0 < brp; r0 += kVec) {
+    float sum[kVec], shift[kVec];
+    std::copy_n(l + r0, kVec, sum);
+    std::copy_n(mt + r0, kVec, shift);
+    for (int64_t j = 0; j < cols; ++j) {
+      float* row = St + j * brp + r0;
+#pragma omp simd
+      for (int64_t i = 0; i < kVec; ++i) {
+        const float e = row[i] == kNone ? 0.f : fast_exp(row[i] - shift[i]);
+        row[i] = e;
+        sum[i] += e;
+      }
+    }
+    std::copy_n(sum, kVec, l + r0);
+  }
+}
+
 int threads_for(int64_t slots) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(slots, omp_get_max_threads())));
 }
@@ -99,8 +150,8 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
       const float* K = k + b * s.k_b + (h / group) * hd;
       const float* V = v + b * s.v_b + (h / group) * hd;
       pack_transposed(Qt, brp, q + b * s.q_b + t0 * s.q_ld + h * hd, s.q_ld, rows, brp, hd);
-      std::fill_n(m, rows, kNone);
-      std::fill_n(l, rows, 0.f);
+      std::fill_n(m, brp, kNone);
+      std::fill_n(l, brp, 0.f);
       std::fill_n(O, rows * hd, 0.f);
       const int64_t kv_end = s.causal ? std::min(s.Tk, t0 + rows + s.offset) : s.Tk;
       for (int64_t s0 = 0; s0 < kv_end; s0 += bc) {
@@ -111,36 +162,7 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
         // queries than a vector (decoding) go to sgemm rather than be padded to one.
         tile_product(cols, rows < kTileVec ? rows : brp, hd, s.scale, K + s0 * s.k_ld, s.k_ld, 1, Qt, brp, false, St,
                      brp);
-        std::fill_n(mt, rows, kNone);
-        for (int64_t j = 0; j < cols; ++j) {
-          const float* row = St + j * brp;
-#pragma omp simd
-          for (int64_t r = first_seeing(s, s0 + j, t0, rows); r < rows; ++r) mt[r] = std::max(mt[r], row[r]);
-        }
-        // The running max and sum, and the accumulator rescaled by exp(m_old - m_new); mt becomes
-        // the shift (0 for a query that has seen no key yet: its scores are all masked).
-        for (int64_t r = 0; r < rows; ++r) {
-          const float m_new = std::max(m[r], mt[r]);
-          const float alpha = m[r] == kNone || m_new == kNone ? 0.f : std::exp(m[r] - m_new);
-          m[r] = m_new;
-          mt[r] = m_new == kNone ? 0.f : m_new;
-          l[r] *= alpha;
-          if (alpha != 1.f) {
-            float* o = O + r * hd;
-#pragma omp simd
-            for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
-          }
-        }
-        for (int64_t j = 0; j < cols; ++j) {
-          float* row = St + j * brp;
-          const int64_t r0 = first_seeing(s, s0 + j, t0, rows);
-          std::fill_n(row, r0, 0.f);
-#pragma omp simd
-          for (int64_t r = r0; r < rows; ++r) {
-            row[r] = fast_exp(row[r] - mt[r]);
-            l[r] += row[r];
-          }
-        }
+        online_softmax(St, brp, cols, rows, s, s0, t0, m, l, mt, O, hd);
         // O += P V, P = Stᵀ.
         tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hd, true, O, hd);
       }

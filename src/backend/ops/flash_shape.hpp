@@ -26,7 +26,7 @@ struct FlashShape {
 // bytes as any device and thread count (the CUDA kernels use its D part, and on-chip tiles).
 // Tiles laid out with a row per query or per key are padded to kFlashPad columns (brp, bcp): whole
 // vectors for the CPU's tile product (cpu/tile_product.hpp).
-inline constexpr int64_t kFlashRows = 64, kFlashCols = 256, kFlashMaxSlots = 64, kFlashPad = 16;
+inline constexpr int64_t kFlashRows = 128, kFlashCols = 256, kFlashMaxSlots = 64, kFlashPad = 16;
 
 struct FlashTiles {
   int64_t br = 0, brp = 0, bc = 0, bcp = 0;
