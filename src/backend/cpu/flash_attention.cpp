@@ -233,23 +233,26 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
           const int64_t first = s.causal ? std::max<int64_t>(0, s0 - s.offset) : 0;
           for (int64_t t0 = first / br * br; t0 < s.Tq; t0 += br) {
             const int64_t rows = std::min(br, s.Tq - t0);
+            // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
+            const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
+            const int64_t np = tile_round_up(seen);
             pack_rows(Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
             pack_rows(dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
-            tile_product(rows, bcp, hd, s.scale, Qp, hd, 1, Kt, bcp, false, P, bcp);
-            for (int64_t r = 0; r < rows; ++r) exp_row(P + r * bcp, visible(s, t0 + r, s0, cols), cols, L[t0 + r]);
+            tile_product(rows, np, hd, s.scale, Qp, hd, 1, Kt, bcp, false, P, bcp);
+            for (int64_t r = 0; r < rows; ++r) exp_row(P + r * bcp, visible(s, t0 + r, s0, seen), seen, L[t0 + r]);
             // dV += Pᵀ dO; dP = dO Vᵀ
-            tile_product(cols, hd, rows, 1.f, P, 1, bcp, dOp, hd, true, dV + s0 * s.v_ld, s.v_ld);
-            tile_product(rows, bcp, hd, 1.f, dOp, hd, 1, Vt, bcp, false, dP, bcp);
+            tile_product(seen, hd, rows, 1.f, P, 1, bcp, dOp, hd, true, dV + s0 * s.v_ld, s.v_ld);
+            tile_product(rows, np, hd, 1.f, dOp, hd, 1, Vt, bcp, false, dP, bcp);
             for (int64_t r = 0; r < rows; ++r) {
               const float* p = P + r * bcp;
               float* dp = dP + r * bcp;
               const float Dt = Dh[t0 + r];
 #pragma omp simd
-              for (int64_t j = 0; j < cols; ++j) dp[j] = p[j] * (dp[j] - Dt);
+              for (int64_t j = 0; j < seen; ++j) dp[j] = p[j] * (dp[j] - Dt);
             }
             // dQ += scale dS K; dK += scale dSᵀ Q
-            tile_product(rows, hd, cols, s.scale, dP, bcp, 1, Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld);
-            tile_product(cols, hd, rows, s.scale, dP, 1, bcp, Qp, hd, true, dK + s0 * s.k_ld, s.k_ld);
+            tile_product(rows, hd, seen, s.scale, dP, bcp, 1, Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld);
+            tile_product(seen, hd, rows, s.scale, dP, 1, bcp, Qp, hd, true, dK + s0 * s.k_ld, s.k_ld);
           }
         }
       }
