@@ -119,6 +119,39 @@ void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, const Fl
   }
 }
 
+// The thread's tiles in backward, and the padded key-tile width.
+struct BackwardTiles {
+  float *P, *dP, *Kt, *Vt, *Kp, *Qp, *dOp;
+  int64_t bcp;
+};
+
+// Backward over one query tile [t0, t0 + rows) and one key tile [s0, s0 + cols) whose Kt, Vt and Kp
+// are packed: dV, dK (the key tile's rows) and dQ (the query tile's) accumulate.
+void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int64_t cols, int64_t t0, int64_t rows,
+                   const float* Q, const float* dO, const float* L, const float* Dh, float* dQ, float* dK, float* dV) {
+  const int64_t hd = s.hd, bcp = w.bcp;
+  // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
+  const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
+  const int64_t np = tile_round_up(seen);
+  pack_rows(w.Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
+  pack_rows(w.dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
+  tile_product(rows, np, hd, s.scale, w.Qp, hd, 1, w.Kt, bcp, false, w.P, bcp);
+  for (int64_t r = 0; r < rows; ++r) exp_row(w.P + r * bcp, visible(s, t0 + r, s0, seen), seen, L[t0 + r]);
+  // dV += Pᵀ dO; dP = dO Vᵀ
+  tile_product(seen, hd, rows, 1.f, w.P, 1, bcp, w.dOp, hd, true, dV + s0 * s.v_ld, s.v_ld);
+  tile_product(rows, np, hd, 1.f, w.dOp, hd, 1, w.Vt, bcp, false, w.dP, bcp);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = w.P + r * bcp;
+    float* dp = w.dP + r * bcp;
+    const float Dt = Dh[t0 + r];
+#pragma omp simd
+    for (int64_t j = 0; j < seen; ++j) dp[j] = p[j] * (dp[j] - Dt);
+  }
+  // dQ += scale dS K; dK += scale dSᵀ Q
+  tile_product(rows, hd, seen, s.scale, w.dP, bcp, 1, w.Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld);
+  tile_product(seen, hd, rows, s.scale, w.dP, 1, bcp, w.Qp, hd, true, dK + s0 * s.k_ld, s.k_ld);
+}
+
 int threads_for(int64_t slots) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(slots, omp_get_max_threads())));
 }
@@ -190,13 +223,15 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
   const int threads = threads_for(slots);
 #pragma omp parallel num_threads(threads) if (threads > 1 && s.B * s.H * s.Tq * s.Tk * hd > kParallelMin)
   {
-    float* P = workspace + omp_get_thread_num() * slot;
-    float* dP = P + br * bcp;
-    float* Kt = dP + br * bcp;
-    float* Vt = Kt + hd * bcp;
-    float* Kp = Vt + hd * bcp;
-    float* Qp = Kp + bc * hd;
-    float* dOp = Qp + br * hd;
+    BackwardTiles w;
+    w.P = workspace + omp_get_thread_num() * slot;
+    w.dP = w.P + br * bcp;
+    w.Kt = w.dP + br * bcp;
+    w.Vt = w.Kt + hd * bcp;
+    w.Kp = w.Vt + hd * bcp;
+    w.Qp = w.Kp + bc * hd;
+    w.dOp = w.Qp + br * hd;
+    w.bcp = bcp;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.KV; ++task) {
       const int64_t b = task / s.KV, g = task % s.KV;
@@ -226,33 +261,13 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
         }
         for (int64_t s0 = 0; s0 < s.Tk; s0 += bc) {
           const int64_t cols = std::min(bc, s.Tk - s0);
-          pack_transposed(Kt, bcp, K + s0 * s.k_ld, s.k_ld, cols, bcp, hd);
-          pack_transposed(Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, hd);
-          pack_rows(Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
+          pack_transposed(w.Kt, bcp, K + s0 * s.k_ld, s.k_ld, cols, bcp, hd);
+          pack_transposed(w.Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, hd);
+          pack_rows(w.Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
           // The first query row that sees key s0, rounded down to its tile.
           const int64_t first = s.causal ? std::max<int64_t>(0, s0 - s.offset) : 0;
           for (int64_t t0 = first / br * br; t0 < s.Tq; t0 += br) {
-            const int64_t rows = std::min(br, s.Tq - t0);
-            // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
-            const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
-            const int64_t np = tile_round_up(seen);
-            pack_rows(Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
-            pack_rows(dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
-            tile_product(rows, np, hd, s.scale, Qp, hd, 1, Kt, bcp, false, P, bcp);
-            for (int64_t r = 0; r < rows; ++r) exp_row(P + r * bcp, visible(s, t0 + r, s0, seen), seen, L[t0 + r]);
-            // dV += Pᵀ dO; dP = dO Vᵀ
-            tile_product(seen, hd, rows, 1.f, P, 1, bcp, dOp, hd, true, dV + s0 * s.v_ld, s.v_ld);
-            tile_product(rows, np, hd, 1.f, dOp, hd, 1, Vt, bcp, false, dP, bcp);
-            for (int64_t r = 0; r < rows; ++r) {
-              const float* p = P + r * bcp;
-              float* dp = dP + r * bcp;
-              const float Dt = Dh[t0 + r];
-#pragma omp simd
-              for (int64_t j = 0; j < seen; ++j) dp[j] = p[j] * (dp[j] - Dt);
-            }
-            // dQ += scale dS K; dK += scale dSᵀ Q
-            tile_product(rows, hd, seen, s.scale, dP, bcp, 1, Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld);
-            tile_product(seen, hd, rows, s.scale, dP, 1, bcp, Qp, hd, true, dK + s0 * s.k_ld, s.k_ld);
+            backward_tile(s, w, s0, cols, t0, std::min(br, s.Tq - t0), Q, dO, L, Dh, dQ, dK, dV);
           }
         }
       }
