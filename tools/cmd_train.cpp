@@ -82,8 +82,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all; "
       "the --save-best checkpoint is always kept)")(
       "sample-every", cli::po::value(&cfg.sample_every)->default_value(0),
-      "print a sample from rank 0 every K steps and at the end (0 = never); the parameters are gathered as in a "
-      "forward")(
+      "print a sample from rank 0 every K steps and at the end (0 = never; parameters gathered as in a forward)")(
       "sample-prompt", cli::po::value(&cfg.sample_prompt)->default_value(""), "the samples' prompt (as sample --prompt)")(
       "sample-tokens", cli::po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
       "sample-temperature", cli::po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
@@ -97,13 +96,14 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   cli::add_switch(desc, "save-best", cfg.save_best,
                   "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
   cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,
-                  "skip the update of a step whose loss or gradient norm is not finite (default: stop with the step "
-                  "number)");
+                  "skip the update of a step whose loss or gradient norm is not finite (default: stop, naming it)");
   desc.add_options()("max-skipped-steps", cli::po::value(&cfg.max_skipped_steps)->default_value(cfg.max_skipped_steps),
                      "with --skip-nonfinite: stop (exit 1, naming the steps) after this many skipped steps in a row");
   cli::add_resume(desc, cfg.resume,
                   "resume from a checkpoint directory, or 'auto' for the newest complete one under --save-dir; any "
                   "world size and strategy can resume any checkpoint");
+  cli::add_switch(desc, "allow-schedule-change", cfg.allow_schedule_change, "let a resume change the learning-rate "
+                  "schedule, --grad-clip or the optimizer's hyper-parameters (noted; refused otherwise)");
   opts.add(desc, cfg);
   reports.add(desc, "write rank 0's memory report as JSON (schema shardlab.profile/2)",
               "write the run report (rank 0): a self-contained HTML page with SVG charts of the loss and validation "

@@ -334,19 +334,8 @@ void TrainOptions::add(Desc& d, TrainConfig& cfg) {
   add_batch(g, cfg.batch, "global batch in sequences (ranks x micro-batch x accum)");
   g.add_options()("accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
       "micro-batches", po::value(&micro_batches)->default_value(0),
-      "--accum's other name: under --pp the accumulation micro-steps are the pipeline's micro-batches (0 = --accum)")(
-      "lr", po::value(&cfg.schedule.lr)->default_value(1e-3f, "1e-3"), "peak learning rate")(
-      "schedule", po::value(&schedule)->default_value(schedule), "constant or cosine")(
-      "warmup-steps", po::value(&cfg.schedule.warmup_steps)->default_value(10), "linear warmup steps")(
-      "min-lr-frac", po::value(&cfg.schedule.min_lr_frac)->default_value(0.1f, "0.1"), "cosine ends at lr * this")(
-      "optimizer", po::value(&optimizer)->default_value(optimizer), "adamw or sgd")(
-      "weight-decay", po::value(&cfg.optim.weight_decay)->default_value(0.1f, "0.1"),
-      "decoupled weight decay, on tensors with >= 2 dims only")(
-      "beta1", po::value(&cfg.optim.beta1)->default_value(0.9f, "0.9"), "AdamW beta1")(
-      "beta2", po::value(&cfg.optim.beta2)->default_value(0.95f, "0.95"), "AdamW beta2")(
-      "eps", po::value(&cfg.optim.eps)->default_value(1e-8f, "1e-8"), "AdamW epsilon")(
-      "momentum", po::value(&cfg.optim.momentum)->default_value(0.9f, "0.9"), "SGD momentum")(
-      "grad-clip", po::value(&cfg.grad_clip)->default_value(1.f, "1.0"), "global gradient-norm clip (0 = off)");
+      "--accum's other name: under --pp the accumulation micro-steps are the pipeline's micro-batches (0 = --accum)");
+  add_optimizer(g, cfg, schedule, optimizer);
   add_seed(g, seed, "initialisation seed");
   add_init(g, cfg.init,
            "start from Hugging Face weights: an HF model directory (its config.json gives the model, so no --model "

@@ -164,6 +164,10 @@ struct TrainOptions {
   std::optional<ModelSpec> resume_spec(TrainConfig& cfg) const;
 };
 
+// The optimizer's and the schedule's flags (optim_options.cpp): --lr, --schedule, --warmup-steps,
+// --min-lr-frac, --lr-decay-steps, --optimizer and its hyper-parameters, --grad-clip.
+void add_optimizer(Desc& g, TrainConfig& cfg, std::string& schedule, std::string& optimizer);
+
 // Flags the user gave (never defaults) that the run does not use (docs/commands.md): a strategy's
 // own flags (--bucket-mb: ddp; --reshard-after-forward, --prefetch, --max-gathered: zero3) and the
 // optimizer's and schedule's. `kinds` are the strategies the command runs: one (train) refuses such

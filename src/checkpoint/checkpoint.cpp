@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -180,6 +181,10 @@ nlohmann::json manifest_head(const CheckpointState& state, int world, const RunP
   m["data_position"] = at.data_position;
   m["seed"] = c.seed;
   m["shuffle"] = state.shuffle;  // with the seed and the step, the batch order
+  const LrSchedule& sc = c.schedule;
+  m["schedule"] = {{"kind", schedule_name(sc.kind)},     {"lr", sc.lr},
+                   {"warmup_steps", sc.warmup_steps},   {"decay_steps", sc.total_steps},
+                   {"min_lr_frac", sc.min_lr_frac},     {"grad_clip", c.grad_clip}};
   if (state.data) m["data"] = data_record_to_json(*state.data);
   m["files"] = nlohmann::json::array();
   m["tensors"] = nlohmann::json::object();
@@ -402,6 +407,57 @@ std::string check_data(const Manifest& m, const CheckpointState& state, const st
   return "";
 }
 
+// The schedule, gradient clip and optimizer hyper-parameters: another value changes the learning
+// rate or the update from the next step on. Schedule fields that differ but give the same learning
+// rate at every step left to run (a horizon moved while still in the warmup) pass; anything else is
+// refused unless state.allow_schedule_change, and then noted. A manifest without the record: a note.
+std::string check_schedule(const Manifest& m, const CheckpointState& state, const std::string& path) {
+  if (state.steps <= m.step) return "";  // no step left to run (sample loads a checkpoint this way)
+  if (!m.schedule)
+    return fmt::format("checkpoint '{}' records no learning-rate schedule (written before shardlab recorded it): "
+                       "resuming without checking --lr and the schedule", path);
+  const ManifestSchedule& was = *m.schedule;
+  const StepConfig& c = state.step;
+  const LrSchedule& now = c.schedule;
+  std::vector<std::string> changed;
+  bool update_changed = false;  // a setting other than the schedule's
+  auto compare = [&changed](const char* flag, double a, float b) {
+    if (static_cast<float>(a) == b) return false;
+    changed.push_back(fmt::format("{} {} -> {}", flag, static_cast<float>(a), b));
+    return true;
+  };
+  if (was.kind != schedule_name(now.kind)) changed.push_back(fmt::format("--schedule {} -> {}", was.kind, schedule_name(now.kind)));
+  compare("--lr", was.lr, now.lr);
+  if (was.warmup_steps != now.warmup_steps)
+    changed.push_back(fmt::format("--warmup-steps {} -> {}", was.warmup_steps, now.warmup_steps));
+  if (was.decay_steps != now.total_steps)
+    changed.push_back(fmt::format("the cosine's last step (--lr-decay-steps, else --steps) {} -> {}", was.decay_steps,
+                                  now.total_steps));
+  compare("--min-lr-frac", was.min_lr_frac, now.min_lr_frac);
+  const ManifestOptimizer& o = m.optimizer;
+  for (const bool d : {compare("--grad-clip", was.grad_clip, c.grad_clip), compare("--beta1", o.beta1, c.optim.beta1),
+                       compare("--beta2", o.beta2, c.optim.beta2), compare("--eps", o.eps, c.optim.eps),
+                       compare("--weight-decay", o.weight_decay, c.optim.weight_decay),
+                       compare("--momentum", o.momentum, c.optim.momentum)})
+    update_changed = update_changed || d;
+  if (changed.empty()) return "";
+  LrSchedule old;
+  old.kind = parse_schedule(was.kind);
+  old.lr = static_cast<float>(was.lr), old.min_lr_frac = static_cast<float>(was.min_lr_frac);
+  old.warmup_steps = was.warmup_steps, old.total_steps = was.decay_steps;
+  int64_t first = m.step;  // the first step left whose learning rate differs
+  while (first < state.steps && now.at(first) == old.at(first)) ++first;
+  if (first == state.steps && !update_changed) return "";
+  const std::string what =
+      first == state.steps ? fmt::format("{}", fmt::join(changed, ", "))
+                           : fmt::format("{}; at step {} the learning rate is {:.4g} where the checkpoint's schedule "
+                                         "gives {:.4g}", fmt::join(changed, ", "), first + 1, now.at(first), old.at(first));
+  SHARD_REQUIRE(state.allow_schedule_change, "checkpoint '{}' was trained with other optimizer settings: {}. Pass the "
+                "checkpoint's values (a run extended to more steps keeps its cosine with --lr-decay-steps {}), or "
+                "--allow-schedule-change to go on with the new ones", path, what, was.decay_steps);
+  return fmt::format("resuming '{}' with changed optimizer settings (--allow-schedule-change): {}", path, what);
+}
+
 }  // namespace
 
 RunPosition load_checkpoint(const std::string& path, const CheckpointState& state) {
@@ -410,7 +466,8 @@ RunPosition load_checkpoint(const std::string& path, const CheckpointState& stat
   Strategy& st = state.strategy;
   const auto names = st.owned_state_names();
   check_compatible(m, state, path);
-  const std::string note = check_data(m, state, path);
+  std::string note = check_data(m, state, path);
+  if (const std::string n = check_schedule(m, state, path); !n.empty()) note += (note.empty() ? "" : "\n") + n;
   CheckpointFiles files(dir, m.files);
   const auto& units = state.units;
   for (size_t u = 0; u < units.size(); ++u) {

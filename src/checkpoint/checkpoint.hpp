@@ -45,6 +45,8 @@ struct CheckpointState {
   bool shuffle = false;    // batches from per-epoch permutations of (seed, epoch): with the step, the data order
   const DataRecord* data = nullptr;  // the run's data, batch and validation split (null: not recorded or checked)
   const CarriedTokenizer* tokenizer = nullptr;  // null: no text (synthetic or llm.c tokens), nothing carried
+  int64_t steps = 0;                   // load: the run's steps (the learning rates left to compare)
+  bool allow_schedule_change = false;  // load: a changed schedule or optimizer setting is noted, not refused
 };
 
 // Where a run stands when it saves, and where a loaded checkpoint resumes.
@@ -52,7 +54,7 @@ struct RunPosition {
   int64_t step = 0;           // steps done
   int64_t data_position = 0;  // the step whose batch comes next (batches are a function of the step index)
   std::optional<float> val_loss;  // the validation loss computed at this step, when there was one
-  std::string note;  // load: what could not be checked (a manifest without a data record), for the log
+  std::string note;  // load: what could not be checked, or what changed (one line each), for the log
 };
 
 // Collective over state.comm's ranks. Saves at `at` (at.step steps done). Returns the directory.

@@ -93,6 +93,15 @@ struct ManifestOptimizer {
   std::vector<std::string> states;  // state names, "param" first; empty when absent
 };
 
+// The learning-rate schedule and gradient clip of the run that wrote it (manifest key "schedule"):
+// a resume under other values would change the learning rate from the next step on, so load
+// compares them with the optimizer's hyper-parameters.
+struct ManifestSchedule {
+  std::string kind;  // constant | cosine
+  double lr = 0, min_lr_frac = 0, grad_clip = 0;  // f32 values widened to double
+  int64_t warmup_steps = 0, decay_steps = 0;      // decay_steps: the cosine's horizon (total_steps)
+};
+
 // A token source as a checkpoint records it: enough to tell, cheaply, whether a resumed run reads
 // the same tokens (data.hpp's describe_source makes one).
 struct DataSource {
@@ -137,6 +146,7 @@ struct Manifest {
   bool shuffle = false;       // batches drawn from per-epoch permutations of (seed, epoch); false when absent
   std::optional<double> val_loss;  // the validation loss computed at this step, when there was one
   std::optional<DataRecord> data;  // absent in manifests written before it was recorded
+  std::optional<ManifestSchedule> schedule;  // absent in manifests written before it was recorded
   std::optional<ManifestTokenizer> tokenizer;  // absent: the run read no text (or predates it)
   std::vector<ManifestFile> files;
   std::map<std::string, ManifestTensor> tensors;  // by HF name; every piece's rank is in `files`

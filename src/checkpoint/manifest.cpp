@@ -257,6 +257,14 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     out.val_loss = m["val_loss"].get<double>();
   }
   if (m.contains("data")) out.data = p.data(m);
+  if (m.contains("schedule")) {
+    const json& sc = m["schedule"];
+    if (!sc.is_object() || !sc.contains("kind") || !sc["kind"].is_string())
+      throw p.bad("\"schedule\" must be an object naming its kind");
+    out.schedule = ManifestSchedule{sc["kind"].get<std::string>(), p.number(sc, "lr", 0), p.number(sc, "min_lr_frac", 0),
+                                    p.number(sc, "grad_clip", 0), p.integer(sc, "warmup_steps", 0),
+                                    p.integer(sc, "decay_steps", 1)};
+  }
   if (m.contains("tokenizer")) {
     const json& t = m["tokenizer"];
     const bool ok = t.is_object() && t.contains("file") && t["file"] == "tokenizer.json" && t.contains("source") &&

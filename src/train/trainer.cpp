@@ -29,6 +29,7 @@ void TrainConfig::validate(int world) const {
   spec.validate();
   validate_strategy();
   SHARD_REQUIRE(steps >= 1, "--steps {}: expected at least one step", steps);
+  SHARD_REQUIRE(lr_decay_steps >= 0, "--lr-decay-steps {}: expected a step count (0 = --steps)", lr_decay_steps);
   SHARD_REQUIRE(checkpointing == Checkpointing::none || spec.layers >= 2,
                 "--activation-checkpointing {} with a one-block model (--layers 1): there is nothing to trade; use none",
                 checkpointing_name(checkpointing));
@@ -87,7 +88,7 @@ namespace {
 TrainConfig checked(TrainConfig cfg, int world) {
   cfg.validate(world);
   cfg.layout.dims = cfg.layout.dims.resolved(world);
-  cfg.schedule.total_steps = cfg.steps;
+  cfg.schedule.total_steps = cfg.lr_decay_steps > 0 ? cfg.lr_decay_steps : cfg.steps;
   return cfg;
 }
 
@@ -149,7 +150,12 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   if (!from.empty()) {
     const RunPosition at = load_checkpoint(from, checkpoint_state());
     start_step_ = at.step;
-    if (!at.note.empty() && comm_.rank() == 0) std::fprintf(stderr, "shardlab train: note: %s\n", at.note.c_str());
+    if (comm_.rank() == 0)  // one line a note
+      for (size_t a = 0; a < at.note.size();) {
+        const size_t b = std::min(at.note.find('\n', a), at.note.size());
+        std::fprintf(stderr, "shardlab train: note: %.*s\n", static_cast<int>(b - a), at.note.data() + a);
+        a = b + 1;
+      }
     SHARD_REQUIRE(start_step_ <= cfg_.steps, "checkpoint '{}' is at step {}, past --steps {}", from, start_step_,
                   cfg_.steps);
     resumed_from_ = from;
@@ -363,8 +369,9 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
 }
 
 CheckpointState Trainer::checkpoint_state() {
-  return CheckpointState{be_,   comm_,        *strategy_,         model_.units(),
-                         cfg_,  cfg_.shuffle, data_record_.get(), carried_tokenizer_.get()};
+  return CheckpointState{be_,   comm_,        *strategy_,         model_.units(),           cfg_,
+                         cfg_.shuffle, data_record_.get(), carried_tokenizer_.get(), cfg_.steps,
+                         cfg_.allow_schedule_change};
 }
 
 void Trainer::save(const std::string& path) { model_.save(path); }

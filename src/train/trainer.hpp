@@ -47,6 +47,8 @@ struct TrainConfig : StepConfig {
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   int64_t save_keep = 0;     // keep the newest K complete checkpoints (0 = all)
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
+  int64_t lr_decay_steps = 0;        // the cosine's horizon (schedule.total_steps); 0 = steps
+  bool allow_schedule_change = false;  // a resume may change the schedule or optimizer settings (noted)
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
   int64_t max_skipped_steps = 10;   // ... at most this many steps in a row, then the run stops (non-zero)
   bool check_collectives = false;  // compare every collective's fingerprint across ranks first

@@ -1,6 +1,6 @@
 // tile_product.hpp — the register-blocked product the fused attention's tiles are made of.
 //
-// A tile product is small (64 x 256 x 128 at most) and there are millions of them in a long
+// A tile product is small (256 x 256 x 128 at most) and there are millions of them in a long
 // sequence: a library call packs its operands on every call and was half the fused kernel's time.
 // This one packs nothing: the caller lays B out once per tile, row-major and contiguous, and the
 // product reads A through two strides, so one kernel serves A and Aᵀ (Q Kᵀ, P V, Pᵀ dO, dS K,
