@@ -273,8 +273,9 @@ void check_applicable(const po::variables_map& vm, const TrainConfig& cfg, const
   for (const char* f : {"beta1", "beta2", "eps"})
     SHARD_REQUIRE(!sgd || !given_flag(vm, f), "--{} applies to --optimizer adamw, not sgd: leave it out", f);
   SHARD_REQUIRE(sgd || !given_flag(vm, "momentum"), "--momentum applies to --optimizer sgd, not adamw: leave it out");
-  SHARD_REQUIRE(cfg.schedule.kind != ScheduleKind::constant || !given_flag(vm, "min-lr-frac"),
-                "--min-lr-frac applies to --schedule cosine, not constant: leave it out");
+  for (const char* flag : {"min-lr-frac", "lr-decay-steps"})
+    SHARD_REQUIRE(cfg.schedule.kind != ScheduleKind::constant || !given_flag(vm, flag),
+                  "--{} applies to --schedule cosine, not constant: leave it out", flag);
   if (rank == 0 && cfg.schedule.warmup_steps > cfg.steps)
     std::fprintf(stderr, "shardlab %s: warning: --warmup-steps %lld%s is longer than the run (--steps %lld): the "
                  "learning rate never reaches --lr\n", command, static_cast<long long>(cfg.schedule.warmup_steps),
