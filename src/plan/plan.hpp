@@ -38,7 +38,7 @@ struct PlanRates {
   DeviceRates device = device_rates(kH100_80GB);
   Achievable achievable;
   double dp_overlap = 0.9;      // share of overlappable data-parallel traffic hidden
-  bool flash_attention = true;  // GPU presets: flash attention; calibrated (CPU): the attention as this runtime runs it
+  bool flash_attention = true;  // the attention as this runtime runs it (--attention; flash by default)
   std::string source = "h100-80gb preset";
   std::string describe() const;  // every rate and share, one per line
 };
