@@ -72,22 +72,23 @@ void pack_rows(float* dst, const float* src, int64_t ld, int64_t rows, int64_t h
 // max m and sum l of each of the tile's query rows, the accumulator O (rows, hd) rescaled by
 // exp(m_old - m_new), and St made the probabilities exp(S - m_new), zero where masked. mt (brp) is
 // scratch. The passes over St go a vector of queries at a time down the keys, so the vector's max
-// and sum stay in registers (brp is whole vectors; its padding rows compute and are never read).
+// and sum stay in registers; columns past `rows` (the padding) are neither read nor written.
 void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, const FlashShape& s, int64_t s0, int64_t t0,
                     float* m, float* l, float* mt, float* O, int64_t hd) {
   constexpr float kNone = -std::numeric_limits<float>::infinity();
   constexpr int64_t kVec = kTileVec;
   if (s.causal)
     for (int64_t j = 0; j < cols; ++j) std::fill_n(St + j * brp, first_seeing(s, s0 + j, t0, rows), kNone);
-  for (int64_t r0 = 0; r0 < brp; r0 += kVec) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kVec) {
+    const int64_t n = std::min(kVec, rows - r0);
     float mx[kVec];
     std::fill_n(mx, kVec, kNone);
     for (int64_t j = 0; j < cols; ++j) {
       const float* row = St + j * brp + r0;
 #pragma omp simd
-      for (int64_t i = 0; i < kVec; ++i) mx[i] = std::max(mx[i], row[i]);
+      for (int64_t i = 0; i < n; ++i) mx[i] = std::max(mx[i], row[i]);
     }
-    std::copy_n(mx, kVec, mt + r0);
+    std::copy_n(mx, n, mt + r0);
   }
   // mt becomes the shift: the new max, or 0 for a query that has seen no key yet (all masked).
   for (int64_t r = 0; r < rows; ++r) {
@@ -102,20 +103,21 @@ void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, const Fl
       for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
     }
   }
-  for (int64_t r0 = 0; r0 < brp; r0 += kVec) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kVec) {
+    const int64_t n = std::min(kVec, rows - r0);
     float sum[kVec], shift[kVec];
-    std::copy_n(l + r0, kVec, sum);
-    std::copy_n(mt + r0, kVec, shift);
+    std::copy_n(l + r0, n, sum);
+    std::copy_n(mt + r0, n, shift);
     for (int64_t j = 0; j < cols; ++j) {
       float* row = St + j * brp + r0;
 #pragma omp simd
-      for (int64_t i = 0; i < kVec; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         const float e = row[i] == kNone ? 0.f : fast_exp(row[i] - shift[i]);
         row[i] = e;
         sum[i] += e;
       }
     }
-    std::copy_n(sum, kVec, l + r0);
+    std::copy_n(sum, n, l + r0);
   }
 }
 
@@ -132,6 +134,7 @@ void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int6
   const int64_t hd = s.hd, bcp = w.bcp;
   // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
   const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
+  if (seen <= 0) return;  // no query of the tile sees the key tile
   const int64_t np = tile_round_up(seen);
   pack_rows(w.Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
   pack_rows(w.dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
@@ -183,8 +186,8 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
       const float* K = k + b * s.k_b + (h / group) * hd;
       const float* V = v + b * s.v_b + (h / group) * hd;
       pack_transposed(Qt, brp, q + b * s.q_b + t0 * s.q_ld + h * hd, s.q_ld, rows, brp, hd);
-      std::fill_n(m, brp, kNone);
-      std::fill_n(l, brp, 0.f);
+      std::fill_n(m, rows, kNone);
+      std::fill_n(l, rows, 0.f);
       std::fill_n(O, rows * hd, 0.f);
       const int64_t kv_end = s.causal ? std::min(s.Tk, t0 + rows + s.offset) : s.Tk;
       for (int64_t s0 = 0; s0 < kv_end; s0 += bc) {
