@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "src/comm/mpi_runtime.hpp"
 #include "src/core/check.hpp"
 #include "src/core/exit_code.hpp"
 
@@ -181,6 +182,8 @@ std::vector<std::string> launch_or_continue(int argc, char** argv) {
                   size ? size : "?");
     return args;
   }
+  const std::string problem = file_size_limit_problem();
+  SHARD_REQUIRE(problem.empty(), "{}", problem);
   std::error_code ec;
   std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) exe = argv[0];

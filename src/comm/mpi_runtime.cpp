@@ -2,6 +2,8 @@
 
 #include "src/comm/watchdog.hpp"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,7 +28,20 @@ std::string mpi_error_string(int code) {
   return fmt::format("MPI error {}: {}", code, std::string(buf, len));
 }
 
+std::string file_size_limit_problem() {
+  rlimit rl{};
+  constexpr rlim_t kNeed = rlim_t{8} << 20;
+  if (getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= kNeed) return "";
+  return fmt::format("error: the file-size limit (ulimit -f) is {} KiB; starting MPI writes shared-memory files of "
+                     "several MiB, even for one process: raise it to at least {} KiB (ulimit -f {}) or to unlimited",
+                     rl.rlim_cur >> 10, kNeed >> 10, kNeed >> 10);
+}
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  if (const std::string problem = file_size_limit_problem(); !problem.empty()) {
+    std::fprintf(stderr, "shardlab: %s\n", problem.c_str());
+    std::exit(exit_status(ExitCode::bad_input));
+  }
   int initialized = 0;
   MPI_Initialized(&initialized);
   SHARD_CHECK(!initialized, "MPI initialised twice");

@@ -19,6 +19,12 @@ namespace shardlab {
 
 std::string mpi_error_string(int code);
 
+// Open MPI's start-up writes shared-memory files of a few MiB even for one process (about 4 MiB for
+// one, up to 8 for four local ranks): under a smaller file-size limit it died of SIGXFSZ or hung in
+// PMIx errors without a word of the cause. This names the limit ("" when it is at least 8 MiB or
+// unlimited); MpiRuntime (before MPI_Init) and the --nproc launcher (before mpirun) check it.
+std::string file_size_limit_problem();
+
 class MpiRuntime {
  public:
   // Initialises MPI (thread level FUNNELED: only the main thread calls MPI), makes MPI errors
