@@ -1,10 +1,11 @@
 // flash_attention.cpp — the CPU fused attention kernels (ops/attention.hpp, shape in
 // ops/flash_shape.hpp): the online softmax over key tiles, no (T, T) buffer.
 //
-// Forward, per (batch, head, query tile): for each key tile S = scale Q Kᵀ (sgemm), the running
-// row max m and sum l updated, P = exp(S - m) with the accumulator O rescaled by exp(m_old - m),
-// then O += P V (sgemm); at the end out = O / l and lse = m + log l. Causal: key tiles wholly
-// after a tile's last query are never visited, and only the tiles crossing the diagonal are masked.
+// Forward, per (batch, head, query tile): for each key tile the scores transposed, St = scale K Qᵀ
+// (keys by queries), the running max m and sum l of each query updated, P = exp(S - m) with the
+// accumulator O rescaled by exp(m_old - m), then O += P V; at the end out = O / l and
+// lse = m + log l. Causal: key tiles wholly after a tile's last query are never visited, and only
+// the tiles crossing the diagonal are masked.
 //
 // Backward, per (batch, K/V head), which is then the only writer of that head's dk and dv and of
 // its query heads' dq (no races, and the same bits whatever the thread count): D = rowsum(dO * O);
@@ -12,9 +13,10 @@
 // dS = P (dP - D), dQ += scale dS K, dK += scale dSᵀ Q.
 //
 // Each task's products are tile products (tile_product.hpp) on the calling thread: their B operands
-// are copied into contiguous tiles first (the key tile transposed, the value tile, and in backward
-// the query and output-gradient tiles), so no product reads rows whose stride aliases in the L1
-// cache. A thread's tiles are its slot of the workspace.
+// are copied into contiguous tiles first (forward: the query tile transposed and the value tile;
+// backward: the key and value tiles transposed, the key tile, the query and output-gradient tiles),
+// so no product reads rows whose stride aliases in the L1 cache. A thread's tiles are its slot of
+// the workspace.
 #include <omp.h>
 
 #include <algorithm>
