@@ -29,6 +29,7 @@ done
 [ ${#shape[@]} -eq 7 ] || { echo "compare_llama_long.sh: the shape is L C H KV F V B (7 numbers), got ${#shape[@]}" >&2; exit 1; }
 read -r L C H KV F V B <<< "${shape[*]}"
 exe=build/shardlab
+[ -x /usr/bin/time ] || { echo "compare_llama_long.sh: /usr/bin/time measures our peak resident size: apt-get install time" >&2; exit 1; }
 [ -x "$exe" ] || { echo "compare_llama_long.sh: $exe is missing: run scripts/setup.sh first" >&2; exit 1; }
 py=${PYTHON:-${SHARDLAB_VENV:-$HOME/.cache/shardlab/venv-torch}/bin/python}
 "$py" -c "import torch, transformers" 2>/dev/null ||
