@@ -420,11 +420,8 @@ std::string check_schedule(const Manifest& m, const CheckpointState& state, cons
   const StepConfig& c = state.step;
   const LrSchedule& now = c.schedule;
   std::vector<std::string> changed;
-  bool update_changed = false;  // a setting other than the schedule's
   auto compare = [&changed](const char* flag, double a, float b) {
-    if (static_cast<float>(a) == b) return false;
-    changed.push_back(fmt::format("{} {} -> {}", flag, static_cast<float>(a), b));
-    return true;
+    if (static_cast<float>(a) != b) changed.push_back(fmt::format("{} {} -> {}", flag, static_cast<float>(a), b));
   };
   if (was.kind != schedule_name(now.kind)) changed.push_back(fmt::format("--schedule {} -> {}", was.kind, schedule_name(now.kind)));
   compare("--lr", was.lr, now.lr);
@@ -434,13 +431,16 @@ std::string check_schedule(const Manifest& m, const CheckpointState& state, cons
     changed.push_back(fmt::format("the cosine's last step (--lr-decay-steps, else --steps) {} -> {}", was.decay_steps,
                                   now.total_steps));
   compare("--min-lr-frac", was.min_lr_frac, now.min_lr_frac);
+  const size_t schedule_changes = changed.size();  // the rest change the update itself
   const ManifestOptimizer& o = m.optimizer;
-  for (const bool d : {compare("--grad-clip", was.grad_clip, c.grad_clip), compare("--beta1", o.beta1, c.optim.beta1),
-                       compare("--beta2", o.beta2, c.optim.beta2), compare("--eps", o.eps, c.optim.eps),
-                       compare("--weight-decay", o.weight_decay, c.optim.weight_decay),
-                       compare("--momentum", o.momentum, c.optim.momentum)})
-    update_changed = update_changed || d;
+  compare("--grad-clip", was.grad_clip, c.grad_clip);
+  compare("--beta1", o.beta1, c.optim.beta1);
+  compare("--beta2", o.beta2, c.optim.beta2);
+  compare("--eps", o.eps, c.optim.eps);
+  compare("--weight-decay", o.weight_decay, c.optim.weight_decay);
+  compare("--momentum", o.momentum, c.optim.momentum);
   if (changed.empty()) return "";
+  const bool update_changed = changed.size() > schedule_changes;
   LrSchedule old;
   old.kind = parse_schedule(was.kind);
   old.lr = static_cast<float>(was.lr), old.min_lr_frac = static_cast<float>(was.min_lr_frac);

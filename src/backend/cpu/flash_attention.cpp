@@ -58,6 +58,8 @@ inline float exp_row(float* row, int64_t n, int64_t cols, float shift) {
 
 static_assert(kFlashPad % kTileVec == 0, "key tiles are padded to whole vectors of the tile product");
 
+constexpr float kNone = -std::numeric_limits<float>::infinity();  // a masked score; a max over no key
+
 // Kt (hd, ld) = the key tile's rows [0, rows) transposed, columns [rows, pad) zero.
 void pack_transposed(float* Kt, int64_t ld, const float* K, int64_t k_ld, int64_t rows, int64_t pad, int64_t hd) {
   for (int64_t j = 0; j < rows; ++j)
@@ -77,7 +79,6 @@ void pack_rows(float* dst, const float* src, int64_t ld, int64_t rows, int64_t h
 // and sum stay in registers; columns past `rows` (the padding) are neither read nor written.
 void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, const FlashShape& s, int64_t s0, int64_t t0,
                     float* m, float* l, float* mt, float* O, int64_t hd) {
-  constexpr float kNone = -std::numeric_limits<float>::infinity();
   constexpr int64_t kVec = kTileVec;
   if (s.causal)
     for (int64_t j = 0; j < cols; ++j) std::fill_n(St + j * brp, first_seeing(s, s0 + j, t0, rows), kNone);
@@ -137,7 +138,7 @@ void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int6
   // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
   const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
   if (seen <= 0) return;  // no query of the tile sees the key tile
-  const int64_t np = tile_round_up(seen);
+  const int64_t np = flash_pad(seen);
   pack_rows(w.Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
   pack_rows(w.dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
   tile_product(rows, np, hd, s.scale, w.Qp, hd, 1, w.Kt, bcp, false, w.P, bcp);
@@ -169,7 +170,6 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
   const int64_t br = tl.br, brp = tl.brp, bc = tl.bc, hd = s.hd, group = s.H / s.KV;
   const int64_t qtiles = (s.Tq + br - 1) / br, tasks = s.B * s.H * qtiles;
   const int64_t slot = flash_forward_slot_elems(s);
-  constexpr float kNone = -std::numeric_limits<float>::infinity();
   const int threads = threads_for(flash_forward_slots(s));
 #pragma omp parallel num_threads(threads) if (threads > 1 && s.B * s.H * s.Tq * s.Tk * hd > kParallelMin)
   {

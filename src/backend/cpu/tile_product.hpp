@@ -20,8 +20,6 @@ namespace shardlab::cpu {
 // vectorised kernel (attention pads its key tiles to it).
 inline constexpr int64_t kTileVec = 16;
 
-inline int64_t tile_round_up(int64_t n) { return (n + kTileVec - 1) / kTileVec * kTileVec; }
-
 // C (m, n) = alpha A' B (+ C when accumulate), where A'(i, p) = A[i ai + p ak] (ak = 1: A row-major
 // with row stride ai; ai = 1: Aᵀ of a row-major A with row stride ak), B (k, n) row-major with row
 // stride ldb, C row-major with row stride ldc.

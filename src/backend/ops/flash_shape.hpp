@@ -32,9 +32,10 @@ struct FlashTiles {
   int64_t br = 0, brp = 0, bc = 0, bcp = 0;
 };
 inline int64_t flash_min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t flash_pad(int64_t n) { return (n + kFlashPad - 1) / kFlashPad * kFlashPad; }
 inline FlashTiles flash_tiles(const FlashShape& s) {
   const int64_t br = flash_min(s.Tq, kFlashRows), bc = flash_min(s.Tk, kFlashCols);
-  return {br, (br + kFlashPad - 1) / kFlashPad * kFlashPad, bc, (bc + kFlashPad - 1) / kFlashPad * kFlashPad};
+  return {br, flash_pad(br), bc, flash_pad(bc)};
 }
 
 // Forward: tasks (batch, head, query tile); a thread's tiles are the scores transposed (bc, brp),
