@@ -30,6 +30,8 @@ void TrainConfig::validate(int world) const {
   validate_strategy();
   SHARD_REQUIRE(steps >= 1, "--steps {}: expected at least one step", steps);
   SHARD_REQUIRE(lr_decay_steps >= 0, "--lr-decay-steps {}: expected a step count (0 = --steps)", lr_decay_steps);
+  SHARD_REQUIRE(!allow_schedule_change || !resume.empty(),
+                "--allow-schedule-change applies to a resume (--resume): without one there is nothing to change");
   SHARD_REQUIRE(checkpointing == Checkpointing::none || spec.layers >= 2,
                 "--activation-checkpointing {} with a one-block model (--layers 1): there is nothing to trade; use none",
                 checkpointing_name(checkpointing));
