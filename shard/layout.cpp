@@ -51,6 +51,10 @@ void ParallelLayout::check_strategy(const StrategyConfig& s) const {
                 "--pp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
                 "zero1-3 with pipeline parallelism",
                 dims.pp);
+  SHARD_REQUIRE(s.kind != StrategyKind::dp || dims.cp == 1,
+                "--cp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
+                "zero1-3 with context parallelism",
+                dims.cp);
   SHARD_REQUIRE(s.kind != StrategyKind::dp || dims.tp == 1,
                 "--tp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
                 "zero1-3 with tensor parallelism",
@@ -72,14 +76,21 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                 batch, dp, micro_batches);
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
+  if (d.cp > 1) {
+    check_cp_seq(spec.seq, d.cp, cp.balance);
+    SHARD_REQUIRE(spec.attention == AttentionKernel::flash,
+                  "--cp {} with --attention {}: context parallelism merges the pieces' attention through the fused "
+                  "kernel's log-sum-exp; use --attention flash",
+                  d.cp, attention_kernel_name(spec.attention));
+  }
   if (sequence_parallel) {
-    const int64_t rows = batch / dp / micro_batches * spec.seq;
+    const int64_t rows = batch / dp / micro_batches * (spec.seq / d.cp);
     SHARD_REQUIRE(rows % d.tp == 0,
                   "--sequence-parallel: a micro-batch's {} token rows ({} sequences of {}) do not split over --tp {}",
                   rows, batch / dp / micro_batches, spec.seq, d.tp);
   }
   if (d.pp > 1) {
-    ParallelLayout{d, pipeline, sequence_parallel}.validate_pipeline(spec, micro_batches);
+    ParallelLayout{d, pipeline, sequence_parallel, cp}.validate_pipeline(spec, micro_batches);
   } else {
     SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),
                   "--pp-virtual {} / --pp-split: pipeline options need --pp 2 or more", pipeline.virtual_stages);

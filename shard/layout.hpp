@@ -9,6 +9,7 @@
 #include "shard/pipeline/schedule.hpp"
 #include "shard/strategy.hpp"
 #include "src/comm/mesh.hpp"
+#include "src/model/parallel/cp.hpp"
 #include "src/model/spec.hpp"
 
 namespace shardlab {
@@ -31,6 +32,9 @@ struct ParallelLayout {
   // --sequence-parallel: with tensor parallelism (dims.tp > 1), the activations between its
   // regions split along the token rows too (src/model/tp.hpp).
   bool sequence_parallel = false;
+  // Context parallelism beyond its degree (dims.cp): how keys and values reach the queries and how
+  // each sequence is cut (src/model/parallel/cp.hpp).
+  CpConfig cp;
 
   // Every cross-axis rule, each message naming the values: the degrees against the world, the
   // global batch (sequences) against the data-parallel ranks and the micro-batches, sequence

@@ -37,10 +37,18 @@ ParallelModel::ParallelModel(ParallelModelConfig cfg, Mesh& mesh, Backend& be, P
       pool_(pool),
       tp_{cfg_.layout.tp(mesh.rank(CommAxis::tp)), cfg_.layout.dims.tp > 1 ? &mesh.comm(CommAxis::tp) : nullptr},
       units_(family_of(cfg_.spec).make_units(cfg_.spec, tp_.config)) {
+  if (const int C = cfg_.layout.dims.cp; C > 1) {
+    cp_.degree = C;
+    cp_.rank = mesh.rank(CommAxis::cp);
+    cp_.config = cfg_.layout.cp;
+    cp_.comm = &mesh.comm(CommAxis::cp);
+    cp_.seq = cfg_.spec.seq;
+    cp_.pieces = cp_pieces(cp_.seq, C, cp_.rank, cp_.config.balance);
+  }
   if (cfg_.layout.pipelined()) take_stage_units();
   // Under --pp every micro-batch of this rank's; without, micro_step sizes them for its strategy.
   if (pipelined()) {
-    inputs_.resize(static_cast<size_t>(micro() * cfg_.spec.seq * cfg_.micro_batches));
+    inputs_.resize(static_cast<size_t>(micro() * local_seq() * cfg_.micro_batches));
     targets_.resize(inputs_.size());
   }
 }
@@ -89,7 +97,7 @@ void ParallelModel::take_stage_units() {
 PipelineRun ParallelModel::pipeline_run(int64_t B, int64_t T) {
   PipelineRun run{*split_, *schedule_, mesh_.rank(CommAxis::pp), mesh_.comm(CommAxis::pp), {}, {}, nullptr};
   if (B == 0) B = micro();
-  if (T == 0) T = cfg_.spec.seq;
+  if (T == 0) T = local_seq();
   for (int c = 0; c < split_->chunks(); ++c)
     run.input_elems.push_back(
         c == 0 ? 0 : model_units_[static_cast<size_t>(split_->begin(c) - 1)]->out_elems(cfg_.spec, B, T));
@@ -97,15 +105,38 @@ PipelineRun ParallelModel::pipeline_run(int64_t B, int64_t T) {
   return run;
 }
 
+void ParallelModel::fill_local(const BatchFill& fill, int64_t first, int64_t count, int32_t* inputs,
+                               int32_t* targets) {
+  if (!cp_.active()) return fill(first, count, inputs, targets);
+  const int64_t T = cp_.seq, Tl = cp_.local();
+  whole_inputs_.resize(static_cast<size_t>(count * T));
+  whole_targets_.resize(whole_inputs_.size());
+  fill(first, count, whole_inputs_.data(), whole_targets_.data());
+  for (int64_t b = 0; b < count; ++b)
+    for (const CpPiece& p : cp_.pieces) {
+      const int64_t from = b * T + p.pos0, to = b * Tl + p.row0;
+      std::copy_n(whole_inputs_.data() + from, p.len, inputs + to);
+      std::copy_n(whole_targets_.data() + from, p.len, targets + to);
+    }
+}
+
+Batch ParallelModel::batch_of(int32_t* inputs, int32_t* targets, int64_t n) {
+  Batch b{inputs, targets, n, local_seq()};
+  if (cp_.active()) b.cp = &cp_;
+  return b;
+}
+
 std::vector<Batch> ParallelModel::stage_batches(const BatchFill& fill) {
-  const int64_t T = cfg_.spec.seq, local = cfg_.batch / mesh_.dp_size(), n = micro();
+  const int64_t T = local_seq(), local = cfg_.batch / mesh_.dp_size(), n = micro();
   const int64_t first = mesh_.dp_rank() * local;
   std::vector<Batch> batches;
   for (int64_t k = 0; k < cfg_.micro_batches; ++k) {
     int32_t* in = inputs_.data() + k * n * T;
     int32_t* tg = targets_.data() + k * n * T;
-    fill(first + k * n, n, in, tg);
-    batches.push_back(Batch{in, tg, n, T, tg, 1});
+    fill_local(fill, first + k * n, n, in, tg);
+    Batch b = batch_of(in, tg, n);
+    b.global_targets = tg;
+    batches.push_back(b);
   }
   return batches;
 }
@@ -114,14 +145,14 @@ Batch ParallelModel::micro_step(const BatchFill& fill, int64_t k) {
   // This rank computes with its own slice of micro-step k; a strategy that takes the whole batch's
   // loss on one rank (dp) reads every rank's, in rank order. The others get their own alone: W
   // slices on each of W ranks would cost O(W) per rank and micro-step (plan predicts 256-rank steps).
-  const int64_t T = cfg_.spec.seq, W = mesh_.dp_size(), local = cfg_.batch / W, n = micro();
-  const bool every_rank = strategy_->kind() == StrategyKind::dp;
+  const int64_t T = local_seq(), W = mesh_.dp_size(), local = cfg_.batch / W, n = micro();
+  const bool every_rank = strategy_->kind() == StrategyKind::dp;  // never under --cp (layout.cpp)
   const size_t size = static_cast<size_t>(n * T * (every_rank ? W : 1));
   if (inputs_.size() != size) inputs_.resize(size), targets_.resize(size);
   const int64_t r = mesh_.dp_rank();
   if (!every_rank) {
-    fill(r * local + k * n, n, inputs_.data(), targets_.data());
-    return Batch{inputs_.data(), targets_.data(), n, T};
+    fill_local(fill, r * local + k * n, n, inputs_.data(), targets_.data());
+    return batch_of(inputs_.data(), targets_.data(), n);
   }
   for (int64_t q = 0; q < W; ++q) fill(q * local + k * n, n, inputs_.data() + q * n * T, targets_.data() + q * n * T);
   return Batch{inputs_.data() + r * n * T, targets_.data() + r * n * T, n, T, targets_.data(), static_cast<int>(W)};
@@ -149,7 +180,7 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
 
 float ParallelModel::reduce_loss(double loss_sum) {
   float loss = static_cast<float>(loss_sum);
-  mesh_.dp().all_reduce(std::span<float>(&loss, 1)).wait();
+  mesh_.dp_cp().all_reduce(std::span<float>(&loss, 1)).wait();
   if (pipelined()) mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&loss, 1)).wait();  // the last stage's
   return loss;
 }

@@ -74,6 +74,10 @@ class ParallelModel {
   std::vector<Batch> stage_batches(const BatchFill& fill);  // every micro-batch of this rank
   Batch micro_step(const BatchFill& fill, int64_t k);       // micro-step k of every rank, this rank's Batch
   int64_t micro() const { return cfg_.batch / mesh_.dp_size() / cfg_.micro_batches; }
+  int64_t local_seq() const { return cp_.active() ? cp_.local() : cfg_.spec.seq; }  // positions per sequence here
+  // Fills count sequences, as `fill` does, with this rank's pieces of them under --cp (else fill itself).
+  void fill_local(const BatchFill& fill, int64_t first, int64_t count, int32_t* inputs, int32_t* targets);
+  Batch batch_of(int32_t* inputs, int32_t* targets, int64_t n);  // n sequences of local_seq(), cp attached
   std::vector<std::vector<float>> stage_units_whole(std::vector<std::vector<float>> host);
 
   ParallelModelConfig cfg_;
@@ -82,6 +86,8 @@ class ParallelModel {
   Pool& pool_;
   Strategy* strategy_ = nullptr;
   TpContext tp_;  // this rank's tensor-parallel group (inactive at --tp 1)
+  CpContext cp_;  // this rank's context-parallel group and pieces (inactive at --cp 1)
+  std::vector<int32_t> whole_inputs_, whole_targets_;  // --cp: whole sequences, before their pieces are taken
   std::vector<std::unique_ptr<Unit>> units_;
   // Pipeline parallelism (--pp > 1): the split, the step's schedule, every unit of the model (for
   // the sizes of the stages' inputs), and the tied tensors whose twin is on the other end stage.

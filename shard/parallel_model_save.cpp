@@ -48,9 +48,9 @@ void ParallelModel::save(const std::string& path) {
     if (world.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host);
     return;
   }
-  // Every stage's first rank (data-parallel and tensor-parallel rank 0) sends its whole units to
+  // Every stage's first rank (data-parallel, context-parallel and tensor-parallel rank 0) sends its whole units to
   // world rank 0, the first stage's, over their pipeline group; world rank 0 writes the model.
-  if (mesh_.dp_rank() != 0 || mesh_.rank(CommAxis::tp) != 0) return;
+  if (mesh_.rank(CommAxis::dp_cp) != 0 || mesh_.rank(CommAxis::tp) != 0) return;
   Communicator& pp = mesh_.comm(CommAxis::pp);
   if (mesh_.rank(CommAxis::pp) != 0) {
     for (std::vector<float>& v : host) pp.send(Tensor::of(std::span<const float>(v)), 0).wait();

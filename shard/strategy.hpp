@@ -71,7 +71,7 @@ struct StrategyConfig {
 struct StrategyEnv {
   Backend& be;
   Pool& pool;
-  Communicator& comm;  // the data-parallel group (mesh.dp())
+  Communicator& comm;  // the ranks whose gradients add up: the data-parallel group x cp (mesh.dp_cp())
   Mesh& mesh;
   const ModelSpec& spec;
   const std::vector<std::unique_ptr<Unit>>& units;

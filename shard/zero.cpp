@@ -379,10 +379,11 @@ class Zero final : public Strategy {
     return gathered_[u].buf.flat(pd_);
   }
 
-  // The shard group's communicator (the whole data-parallel group's without hybrid sharding).
+  // The shard group's communicator (the whole data-parallel group's without hybrid sharding; with
+  // context parallelism its ranks too: they hold other tokens of the same sequences).
   Communicator& sc() { return *shard_comm_; }
   void open_groups() {
-    shard_comm_ = &env_.mesh.comm(CommAxis::dp_shard);
+    shard_comm_ = &env_.mesh.comm(CommAxis::dp_shard_cp);  // dp_shard itself at cp 1
     S_ = shard_comm_->world_size();
     srank_ = shard_comm_->rank();
     if (env_.mesh.size(CommAxis::dp_replicate) > 1) rc_ = &env_.mesh.comm(CommAxis::dp_replicate);

@@ -127,4 +127,77 @@ inline void check_measured_is_predicted(const TrainConfig& base, const std::stri
 }
 
 
+// This rank's run under any layout: losses, and its units' parameters (gathered over the
+// data-parallel group) with their layouts (the stage's units, the tensor-parallel part, tied copies).
+struct PartsRun {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> params;
+  std::vector<UnitLayout> layouts;
+  int tp = 1, tp_rank = 0;
+  bool last_stage = false;
+};
+
+inline PartsRun train_parts(const TrainConfig& cfg) {
+  auto be = test::test_backend();
+  Pool pool(*be);
+  auto comm = test::test_communicator(pool);
+  TrainConfig c = cfg;
+  c.comm = test::test_comm();
+  Trainer t(*be, pool, *comm, c);
+  PartsRun out;
+  for (int64_t s = 0; s < c.steps; ++s) out.losses.push_back(t.step(s).loss);
+  for (size_t u = 0; u < t.units().size(); ++u) {
+    out.params.push_back(t.strategy().gather_unit_params(u));
+    out.layouts.push_back(t.units()[u]->layout());
+  }
+  out.tp = t.mesh().size(CommAxis::tp);
+  out.tp_rank = t.mesh().rank(CommAxis::tp);
+  out.last_stage = t.mesh().rank(CommAxis::pp) == t.mesh().size(CommAxis::pp) - 1;
+  return out;
+}
+
+struct PartsWorst {
+  double loss = 0, param = 0;
+  size_t compared = 0, tied = 0;  // parameters compared, of them in tied copies
+};
+
+// Every element this rank holds against the whole model's: units matched by name, a tied copy
+// against its owner's tensor (wherever that unit is), tensor-parallel parts through tp_runs.
+inline PartsWorst compare_parts(const PartsRun& got, const RunOut& want, const ModelSpec& spec) {
+  const std::vector<UnitLayout> whole = family_of(spec).layout(spec);
+  auto find_unit = [&](const std::string& name) {
+    for (size_t w = 0; w < whole.size(); ++w)
+      if (whole[w].name == name) return w;
+    FAIL("unit " << name << " is not in the model");
+    return size_t{0};
+  };
+  auto find_owner = [&](const std::string& tensor) -> std::pair<size_t, const TensorDecl*> {
+    for (size_t w = 0; w < whole.size(); ++w)
+      for (const TensorDecl& t : whole[w].tensors)
+        if (t.name == tensor) return {w, &t};
+    FAIL("tied tensor " << tensor << " has no owner in the model");
+    return {0, nullptr};
+  };
+  PartsWorst worst;
+  for (size_t i = 0; i < got.losses.size() && i < want.losses.size(); ++i)
+    worst.loss = std::max(worst.loss, std::fabs(double(got.losses[i]) - want.losses[i]) / std::fabs(want.losses[i]));
+  for (size_t u = 0; u < got.layouts.size(); ++u) {
+    const size_t w = find_unit(got.layouts[u].name);
+    for (const TensorDecl& t : got.layouts[u].tensors) {
+      const auto [owner, full] = t.tied_copy ? find_owner(t.name) : std::pair{w, &whole[w].find(t.name)};
+      for (const TpRun& run : tp_runs(t, got.tp, got.tp_rank)) {
+        if (run.full < 0) continue;  // vocabulary padding
+        for (int64_t i = 0; i < run.len; ++i) {
+          const double v = got.params[u][static_cast<size_t>(t.offset + run.local + i)];
+          const double r = want.params[owner][static_cast<size_t>(full->offset + run.full + i)];
+          worst.param = std::max(worst.param, std::fabs(v - r));
+        }
+        worst.compared += static_cast<size_t>(run.len);
+        if (t.tied_copy) worst.tied += static_cast<size_t>(run.len);
+      }
+    }
+  }
+  return worst;
+}
+
 }  // namespace shardlab::strategy_test

@@ -38,9 +38,7 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"bench-train"})) return ExitCode::ok;
   cfg.spec = model.spec();
   cfg.strategy.kind = parse_strategy(strategy.kind);
-  cfg.layout.dims = mesh.resolve(ctx.mpi.world(), 0);
-  cfg.layout.sequence_parallel = mesh.sequence_parallel;
-  cfg.layout.pipeline = mesh.pipeline();
+  cfg.layout = mesh.layout(ctx.mpi.world(), 0);
   cfg.strategy.offload = parse_offload(memory.offload);
   cfg.strategy.validate();
   cfg.checkpointing = parse_checkpointing(memory.checkpointing);

@@ -127,14 +127,18 @@ struct StrategyOptions {
 
 // ---- mesh: how the world's ranks are laid out (src/comm/mesh.hpp) -----------------------------
 struct MeshOptions {
-  ParallelDims dims;    // --dp-shard --dp-replicate --tp --pp
+  ParallelDims dims;    // --dp-shard --dp-replicate --cp --tp --pp
   int shard_group = 0;  // --shard-group, the old name of --dp-shard
   bool sequence_parallel = false;  // --sequence-parallel
   std::string pp_schedule = default_pp_schedule().name();  // --pp-schedule
   int pp_virtual = 1;                // --pp-virtual
   std::string pp_split;              // --pp-split
+  std::string cp_method = "allgather";  // --cp-method
+  std::string cp_balance = "head-tail";  // --cp-balance
   void add(Desc& d);
   PipelineConfig pipeline() const;  // the pipeline flags, parsed
+  // Every mesh flag: the degrees resolved (below), sequence parallelism, the pipeline's and cp's.
+  ParallelLayout layout(int world, int hsdp_ranks) const;
   // The degrees resolved against `world`, aliases applied: --shard-group S is --dp-shard S, and
   // hsdp (`hsdp_ranks`: the ranks per node, 0 otherwise) is --dp-shard = the ranks per node where
   // no data-parallel degree is given. --pp > 1 is refused until the pipeline exists.

@@ -57,6 +57,9 @@ Desc plan_options(PlanFlags& f, PlanConfig& pc) {
 
 void set_pins(PlanPins& pins, const PlanFlags& f, const po::variables_map& vm) {
   SHARD_REQUIRE(!given_flag(vm, "pp-split"), "plan --pp-split: the planner splits the stages by cost; leave it out");
+  SHARD_REQUIRE(!given_flag(vm, "cp") && !given_flag(vm, "cp-method") && !given_flag(vm, "cp-balance"),
+                "plan --cp: the planner does not search context parallelism yet; leave --cp out (profile --cp "
+                "predicts one context-parallel layout's memory, compare --cp runs it)");
   SHARD_REQUIRE(!given_flag(vm, "dp-replicate") || given_flag(vm, "dp-shard"),
                 "plan --dp-replicate without --dp-shard: pin the shard group with --dp-shard (the replicas follow)");
   const MeshOptions& mesh = f.mesh;

@@ -9,17 +9,21 @@
 namespace shardlab {
 
 // The grid: world rank = mixed radix over these axes, the first outermost (the pipeline crosses
-// nodes) and the last innermost (consecutive ranks: tensor parallelism stays inside a node).
-enum class GridAxis : uint8_t { pp, dp_replicate, dp_shard, tp };
-inline constexpr int kNumGridAxes = 4;
+// nodes) and the last innermost (consecutive ranks: tensor parallelism stays inside a node, and
+// context parallelism's K/V exchange next to it).
+enum class GridAxis : uint8_t { pp, dp_replicate, dp_shard, cp, tp };
+inline constexpr int kNumGridAxes = 5;
 
 // Which ranks a communicator spans: the whole world, or one axis (or group of axes) of the device
 // mesh (src/comm/mesh.hpp): pipeline stages, data-parallel replicas, data-parallel shards, the whole
 // data-parallel group (replicas x shards), tensor-parallel ranks. A sub-communicator counts its
 // traffic in its own stats and in its parent's under its axis, so reports can say which link the
-// bytes crossed (tp stays inside a node, pp crosses nodes).
-enum class CommAxis : uint8_t { world, pp, dp_replicate, dp_shard, dp, tp };
-inline constexpr int kNumCommAxes = 6;
+// bytes crossed (tp stays inside a node, pp crosses nodes). Context parallelism (cp) splits each
+// sequence over its ranks, so they hold different tokens of the same sequences: their gradients
+// add up like data-parallel ranks', and ZeRO/FSDP shard over dp_shard x cp (dp_shard_cp), DDP
+// replicates over dp x cp (dp_cp). At cp 1 those are the dp_shard and dp groups themselves.
+enum class CommAxis : uint8_t { world, pp, dp_replicate, dp_shard, dp, tp, cp, dp_shard_cp, dp_cp };
+inline constexpr int kNumCommAxes = 9;
 
 struct CommAxisRow {
   CommAxis axis;
@@ -28,12 +32,16 @@ struct CommAxisRow {
 };
 constexpr uint8_t grid_bit(GridAxis g) { return static_cast<uint8_t>(1u << static_cast<int>(g)); }
 inline constexpr std::array<CommAxisRow, kNumCommAxes> kCommAxes = {{
-    {CommAxis::world, "world", 0xf},
+    {CommAxis::world, "world", 0x1f},
     {CommAxis::pp, "pp", grid_bit(GridAxis::pp)},
     {CommAxis::dp_replicate, "dp_replicate", grid_bit(GridAxis::dp_replicate)},
     {CommAxis::dp_shard, "dp_shard", grid_bit(GridAxis::dp_shard)},
     {CommAxis::dp, "dp", static_cast<uint8_t>(grid_bit(GridAxis::dp_replicate) | grid_bit(GridAxis::dp_shard))},
     {CommAxis::tp, "tp", grid_bit(GridAxis::tp)},
+    {CommAxis::cp, "cp", grid_bit(GridAxis::cp)},
+    {CommAxis::dp_shard_cp, "dp_shard_cp", static_cast<uint8_t>(grid_bit(GridAxis::dp_shard) | grid_bit(GridAxis::cp))},
+    {CommAxis::dp_cp, "dp_cp",
+     static_cast<uint8_t>(grid_bit(GridAxis::dp_replicate) | grid_bit(GridAxis::dp_shard) | grid_bit(GridAxis::cp))},
 }};
 constexpr const CommAxisRow& comm_axis_row(CommAxis a) { return kCommAxes[static_cast<size_t>(a)]; }
 constexpr bool spans(CommAxis a, GridAxis g) { return (comm_axis_row(a).grid & grid_bit(g)) != 0; }

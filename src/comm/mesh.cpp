@@ -6,23 +6,23 @@ namespace shardlab {
 
 ParallelDims ParallelDims::resolved(int world) const {
   SHARD_REQUIRE(world >= 1, "the world must hold at least one rank, got {}", world);
-  SHARD_REQUIRE(pp >= 1 && tp >= 1 && dp_replicate >= 0 && dp_shard >= 0,
-                "parallel degrees must be positive: --pp {} --dp-replicate {} --dp-shard {} --tp {}", pp, dp_replicate,
-                dp_shard, tp);
+  SHARD_REQUIRE(pp >= 1 && tp >= 1 && cp >= 1 && dp_replicate >= 0 && dp_shard >= 0,
+                "parallel degrees must be positive: --pp {} --dp-replicate {} --dp-shard {} --cp {} --tp {}", pp,
+                dp_replicate, dp_shard, cp, tp);
   ParallelDims d = *this;
   if (d.dp_replicate == 0 && d.dp_shard == 0) d.dp_replicate = 1;
   const bool shard_left = d.dp_shard == 0, replicate_left = d.dp_replicate == 0;
   if (shard_left || replicate_left) {
-    const int fixed = pp * tp * (shard_left ? d.dp_replicate : d.dp_shard);
+    const int fixed = pp * tp * cp * (shard_left ? d.dp_replicate : d.dp_shard);
     SHARD_REQUIRE(world % fixed == 0,
-                  "--pp {} x --tp {} x --{} {} = {} does not divide the world of {} ranks (--{} takes what they leave)",
-                  pp, tp, shard_left ? "dp-replicate" : "dp-shard", shard_left ? d.dp_replicate : d.dp_shard, fixed,
-                  world, shard_left ? "dp-shard" : "dp-replicate");
+                  "--pp {} x --tp {}{} x --{} {} = {} does not divide the world of {} ranks (--{} takes what they leave)",
+                  pp, tp, cp > 1 ? fmt::format(" x --cp {}", cp) : "", shard_left ? "dp-replicate" : "dp-shard",
+                  shard_left ? d.dp_replicate : d.dp_shard, fixed, world, shard_left ? "dp-shard" : "dp-replicate");
     (shard_left ? d.dp_shard : d.dp_replicate) = world / fixed;
   }
   SHARD_REQUIRE(d.world() == world,
-                "--pp {} x --dp-replicate {} x --dp-shard {} x --tp {} = {} ranks, but the world has {}", pp,
-                d.dp_replicate, d.dp_shard, tp, d.world(), world);
+                "--pp {} x --dp-replicate {} x --dp-shard {}{} x --tp {} = {} ranks, but the world has {}", pp,
+                d.dp_replicate, d.dp_shard, cp > 1 ? fmt::format(" x --cp {}", cp) : "", tp, d.world(), world);
   return d;
 }
 
@@ -34,7 +34,8 @@ int ParallelDims::size(CommAxis a) const {
 }
 
 std::string ParallelDims::describe() const {
-  return fmt::format("pp {} x dp_replicate {} x dp_shard {} x tp {}", pp, dp_replicate, dp_shard, tp);
+  return fmt::format("pp {} x dp_replicate {} x dp_shard {}{} x tp {}", pp, dp_replicate, dp_shard,
+                     cp > 1 ? fmt::format(" x cp {}", cp) : "", tp);
 }
 
 // Ranks are mixed-radix numbers over the grid axes a group spans, the first outermost; the world's
@@ -76,10 +77,17 @@ Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) 
   comms_[static_cast<size_t>(CommAxis::world)] = &world_;
   // Every axis gets a communicator of its own, so its traffic is counted under it; the data-parallel
   // group is the world's when it spans the world (the loss, DDP's buckets: the world's own traffic).
-  // The same order on every rank: the splits are collective over the world.
-  for (CommAxis a : {CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::tp, CommAxis::pp}) {
+  // The same order on every rank: the splits are collective over the world. At cp 1 the groups
+  // with cp are those without it (the same communicators: their traffic counts as before).
+  const bool cp = dims_.cp > 1;
+  for (CommAxis a : {CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::tp, CommAxis::pp,
+                     CommAxis::cp, CommAxis::dp_shard_cp, CommAxis::dp_cp}) {
+    if (!cp && (a == CommAxis::cp || a == CommAxis::dp_shard_cp || a == CommAxis::dp_cp)) {
+      if (a != CommAxis::cp) comms_[static_cast<size_t>(a)] = &comm(a == CommAxis::dp_cp ? CommAxis::dp : CommAxis::dp_shard);
+      continue;
+    }
     const int n = dims_.size(a);
-    if (world.world_size() == 1 || (a == CommAxis::dp && n == world.world_size())) {
+    if (world.world_size() == 1 || ((a == CommAxis::dp || a == CommAxis::dp_cp) && n == world.world_size())) {
       comms_[static_cast<size_t>(a)] = &world_;
       continue;
     }
@@ -88,10 +96,11 @@ Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) 
   }
   if (dims_.pp > 1) {  // after the axes, in the same order everywhere; the middle stages split alone
     const bool end = me_.pp == 0 || me_.pp + 1 == dims_.pp;
-    MeshCoord first{0, 0, 0, me_.tp};
-    const int dp = dims_.dp(), color = end ? mesh_rank(dims_, first) : world.rank();
-    auto c = world_.split(color, world.rank(), end ? 2 * dp : 1, end ? (me_.pp == 0 ? 0 : dp) + dp_rank() : 0,
-                          CommAxis::pp);
+    MeshCoord first;
+    first.tp = me_.tp;
+    const int dp = dims_.dp() * dims_.cp, color = end ? mesh_rank(dims_, first) : world.rank();
+    auto c = world_.split(color, world.rank(), end ? 2 * dp : 1,
+                          end ? (me_.pp == 0 ? 0 : dp) + rank(CommAxis::dp_cp) : 0, CommAxis::pp);
     if (end) tied_ = c.get();
     owned_.push_back(std::move(c));
   }

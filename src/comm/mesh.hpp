@@ -1,9 +1,12 @@
 // mesh.hpp — ParallelDims and Mesh: one layout of the ranks for every parallel axis.
 //
-// The world is a 4-D grid, pp x dp_replicate x dp_shard x tp (the rows of src/comm/axes.hpp), with tp innermost (consecutive
-// ranks: tensor parallelism stays inside a node) and pp outermost (the pipeline crosses nodes):
+// The world is a 5-D grid, pp x dp_replicate x dp_shard x cp x tp (the rows of src/comm/axes.hpp),
+// with tp innermost (consecutive ranks: tensor parallelism stays inside a node) and pp outermost
+// (the pipeline crosses nodes):
 //
-//   world rank = ((pp_i * dp_replicate + replicate_i) * dp_shard + shard_i) * tp + tp_i
+//   world rank = (((pp_i * dp_replicate + replicate_i) * dp_shard + shard_i) * cp + cp_i) * tp + tp_i
+//
+// A cp group varies cp_i: the ranks that split each of their sequences (context parallelism).
 //
 // Every group is a line or a plane of that grid: a tp group varies tp_i, a dp_shard group shard_i,
 // a dp_replicate group replicate_i, the data-parallel group (dp) both replicate_i and shard_i, a pp
@@ -29,6 +32,7 @@ struct ParallelDims {
   int dp_replicate = 0;
   int dp_shard = 0;
   int tp = 1;
+  int cp = 1;  // last, so {pp, dp_replicate, dp_shard, tp} still reads as it always did
 
   // Both data-parallel degrees filled in and the product checked against `world`: InputError
   // naming every degree and the world otherwise. Resolving resolved dims again only checks them.
@@ -37,29 +41,29 @@ struct ParallelDims {
   int dp() const { return dp_replicate * dp_shard; }
   // Hybrid sharding: the state replicated over more than one shard group.
   bool hybrid() const { return dp_replicate > 1 || (dp_shard > 0 && dp_replicate == 0); }  // data-parallel ranks (replicas x shards)
-  int world() const { return pp * dp() * tp; }
+  int world() const { return pp * dp() * cp * tp; }
   int size(CommAxis a) const;  // ranks of one group along a (world: all of them)
   // The degree along grid axis g (src/comm/axes.hpp): the one place a grid axis meets its field.
   int degree(GridAxis g) const {
-    static constexpr int ParallelDims::*field[kNumGridAxes] = {&ParallelDims::pp, &ParallelDims::dp_replicate,
-                                                               &ParallelDims::dp_shard, &ParallelDims::tp};
+    static constexpr int ParallelDims::*field[kNumGridAxes] = {
+        &ParallelDims::pp, &ParallelDims::dp_replicate, &ParallelDims::dp_shard, &ParallelDims::cp, &ParallelDims::tp};
     return this->*field[static_cast<int>(g)];
   }
   bool operator==(const ParallelDims&) const = default;
-  std::string describe() const;  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1"
+  std::string describe() const;  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1" (" x cp C" before tp when cp > 1)
 
 };
 
 // A rank's place in the grid.
 struct MeshCoord {
-  int pp = 0, dp_replicate = 0, dp_shard = 0, tp = 0;
+  int pp = 0, dp_replicate = 0, dp_shard = 0, tp = 0, cp = 0;
   int rank_in(CommAxis a, const ParallelDims& d) const;  // its rank within its group along a
   // The coordinate along grid axis g (src/comm/axes.hpp).
   int& at(GridAxis g) { return this->*field(g); }
   int at(GridAxis g) const { return this->*field(g); }
   static int MeshCoord::*field(GridAxis g) {
     static constexpr int MeshCoord::*fields[kNumGridAxes] = {&MeshCoord::pp, &MeshCoord::dp_replicate,
-                                                             &MeshCoord::dp_shard, &MeshCoord::tp};
+                                                             &MeshCoord::dp_shard, &MeshCoord::cp, &MeshCoord::tp};
     return fields[static_cast<int>(g)];
   }
 };
@@ -78,8 +82,15 @@ class Mesh {
   const ParallelDims& dims() const { return dims_; }
   const MeshCoord& coord() const { return me_; }
   Communicator& world() { return world_; }
-  Communicator& comm(CommAxis a) { return *comms_[static_cast<size_t>(a)]; }
+  // The group along a; at cp 1 the cp group has no communicator (nothing asks for one).
+  Communicator& comm(CommAxis a) {
+    SHARD_CHECK(comms_[static_cast<size_t>(a)], "no {} communicator on a mesh {}", comm_axis_name(a), dims_.describe());
+    return *comms_[static_cast<size_t>(a)];
+  }
   Communicator& dp() { return comm(CommAxis::dp); }
+  // The ranks whose gradients add up: the data-parallel ranks and, under context parallelism, the
+  // ranks holding other pieces of their sequences (dp at cp 1).
+  Communicator& dp_cp() { return comm(CommAxis::dp_cp); }
   int rank(CommAxis a) const { return me_.rank_in(a, dims_); }
   int size(CommAxis a) const { return dims_.size(a); }
   int dp_rank() const { return rank(CommAxis::dp); }
@@ -88,7 +99,7 @@ class Mesh {
   int pp_prev() const { return me_.pp > 0 ? me_.pp - 1 : -1; }
   int pp_next() const { return me_.pp + 1 < dims_.pp ? me_.pp + 1 : -1; }
   // Pipeline parallelism: the ranks of the first and the last stage with this rank's tensor-parallel
-  // coordinate (2 x dp ranks; Megatron's embedding group), over which a tied token embedding's
+  // coordinate (2 x dp x cp ranks; Megatron's embedding group), over which a tied token embedding's
   // gradient is summed; null at pp 1 and on the stages between. Counted on the pp axis.
   Communicator* tied() { return tied_; }
   // Bus bytes of the last finished step that crossed each axis, as the world communicator counted

@@ -8,6 +8,7 @@
 #include "shard/strategy_formulas.hpp"
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
+#include "src/model/parallel/cp_attention.hpp"
 #include "src/model/tp.hpp"
 #include "src/train/predict.hpp"
 
@@ -16,7 +17,8 @@ namespace {
 
 // The textbook traffic of the strategy's pattern (shard/strategy_formulas.hpp) for this run.
 StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig& c) {
-  return step_traffic(s, TrafficInputs{params, world, c.layout.dims.hybrid() ? c.layout.dims.dp_shard : 0, c.strategy.precision.param_dtype,
+  const int shard = c.layout.dims.dp_shard * c.layout.dims.cp;  // the shard group: dp_shard x cp
+  return step_traffic(s, TrafficInputs{params, world, c.layout.dims.hybrid() ? shard : 0, c.strategy.precision.param_dtype,
                                        c.strategy.precision.reduce_dtype, c.batch, c.spec.seq, c.spec.vocab});
 }
 
@@ -24,16 +26,16 @@ StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig&
 // chunks send their activations (B x T x C floats) forward and receive their gradients back, once
 // per micro-batch at each chunk boundary they touch (both ends count a message: send and recv, S
 // each); the tied token embedding's gradient (its vocabulary rows on this tensor-parallel rank)
-// is all-reduced over the first and the last stage's ranks (2 x dp of them); the loss and the
+// is all-reduced over the first and the last stage's ranks (2 x dp x cp of them); the loss and the
 // norm's stage sums are one float all-reduced over the pipeline each.
-double pp_theory(const TrainConfig& c, int dp, int tp) {
+double pp_theory(const TrainConfig& c, int dp, int tp, int cp) {
   const int P = c.layout.dims.pp, V = c.layout.pipeline.virtual_stages, chunks = P * V;
-  const double B = static_cast<double>(c.batch / dp / c.accum), T = static_cast<double>(c.spec.seq);
+  const double B = static_cast<double>(c.batch / dp / c.accum), T = static_cast<double>(c.spec.seq / cp);
   int boundaries = 0;
   for (int chunk = 0; chunk < chunks; chunk += P) boundaries += (chunk > 0) + (chunk < chunks - 1);
   double bytes = 2.0 * boundaries * static_cast<double>(c.accum) * B * T * static_cast<double>(c.spec.dim) * sizeof(float);
   if (c.spec.tied_head) {
-    const double n = 2.0 * dp;
+    const double n = 2.0 * dp * cp;  // the tied group: the end stages' data- and context-parallel ranks
     bytes += 2.0 * (n - 1) / n * static_cast<double>(c.spec.vocab) / tp * static_cast<double>(c.spec.dim) * sizeof(float);
   }
   return bytes + 2 * 2.0 * (P - 1) / P * sizeof(float);
@@ -91,6 +93,54 @@ void collect_peaks(Communicator& comm, const Peaks& peak, StrategyResult& r) {
   }
 }
 
+// The last step's bus bytes on each axis the run used, and the theory's for each (StrategyResult).
+void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, StrategyKind kind) {
+  // The data-parallel axes move this rank's part of the model among its data-parallel group.
+  double part = 0;
+  for (const auto& u : trainer.units()) part += static_cast<double>(u->layout().numel);
+  // Under --cp the strategy's group holds the cp ranks too (dp x cp), and its shard group dp_shard x cp.
+  const int cp = tc.layout.dims.cp;
+  StepTraffic theory = traffic(kind, part, trainer.mesh().size(CommAxis::dp_cp), tc);
+  // Under --pp ZeRO-3 keeps a stage's units gathered over the step: one gather of the parameters,
+  // not one for the forward and one for the backward.
+  if (tc.layout.dims.pp > 1 && kind == StrategyKind::zero3) theory.group_overlapped -= theory.p;
+  r.comm_theory = theory.total_bus();
+  if (tc.layout.dims.hybrid()) {
+    r.dp_shard = tc.layout.dims.dp_shard * cp;
+    const auto& axis = trainer.mesh().last_step_bytes();
+    r.comm_intra = axis[static_cast<int>(cp > 1 ? CommAxis::dp_shard_cp : CommAxis::dp_shard)];
+    r.comm_inter = axis[static_cast<int>(CommAxis::dp_replicate)];
+    r.theory_intra = theory.intra_bus();
+    r.theory_inter = theory.across_bus();
+  }
+  if (tc.layout.dims.tp > 1) {
+    const TpConfig tp{tc.layout.dims.tp, trainer.mesh().rank(CommAxis::tp), tc.layout.sequence_parallel};
+    const int64_t micro = tc.batch / trainer.mesh().dp_size() / tc.accum;
+    r.tp = tp.degree;
+    r.comm_tp = trainer.mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
+    r.theory_tp = static_cast<double>(tc.accum) * tp_micro_step_bus_bytes(family_of(tc.spec).layout(tc.spec, tp), tc.spec,
+                                                                          tp, micro, tc.spec.seq / cp, tc.checkpointing) +
+                  2.0 * (tp.degree - 1) / tp.degree * sizeof(float);
+    r.comm_theory += r.theory_tp;  // the whole step's: the data-parallel axes' and the tp axis's
+  }
+  if (tc.layout.dims.pp > 1) {
+    r.pp = tc.layout.dims.pp;
+    r.comm_pp = trainer.mesh().last_step_bytes()[static_cast<int>(CommAxis::pp)];
+    r.theory_pp = pp_theory(tc, trainer.mesh().dp_size(), tc.layout.dims.tp, cp);
+    r.comm_theory += r.theory_pp;
+  }
+  if (cp > 1) {
+    int layers = 0;  // this rank's (its stage's under --pp)
+    for (const auto& u : trainer.units()) layers += u->recomputable() ? 1 : 0;
+    r.cp = cp;
+    r.comm_cp = trainer.mesh().last_step_bytes()[static_cast<int>(CommAxis::cp)];
+    r.theory_cp = static_cast<double>(tc.accum) *
+                  cp::micro_step_bus_bytes(tc.spec, layers, tc.layout.dims.tp, cp,
+                                           tc.batch / trainer.mesh().dp_size() / tc.accum, tc.checkpointing);
+    r.comm_theory += r.theory_cp;
+  }
+}
+
 StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, StrategyKind kind) {
   StrategyResult r;
   r.kind = kind;
@@ -132,38 +182,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
   r.memory = trainer->memory_row(r.name);
   r.ms_per_step = median(ms);
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
-  // The data-parallel axes move this rank's part of the model among its data-parallel group.
-  double part = 0;
-  for (const auto& u : trainer->units()) part += static_cast<double>(u->layout().numel);
-  StepTraffic theory = traffic(kind, part, trainer->mesh().dp_size(), tc);
-  // Under --pp ZeRO-3 keeps a stage's units gathered over the step: one gather of the parameters,
-  // not one for the forward and one for the backward.
-  if (tc.layout.dims.pp > 1 && kind == StrategyKind::zero3) theory.group_overlapped -= theory.p;
-  r.comm_theory = theory.total_bus();
-  if (tc.layout.dims.hybrid()) {
-    r.dp_shard = tc.layout.dims.dp_shard;
-    const auto& axis = trainer->mesh().last_step_bytes();
-    r.comm_intra = axis[static_cast<int>(CommAxis::dp_shard)];
-    r.comm_inter = axis[static_cast<int>(CommAxis::dp_replicate)];
-    r.theory_intra = theory.intra_bus();
-    r.theory_inter = theory.across_bus();
-  }
-  if (tc.layout.dims.tp > 1) {
-    const TpConfig tp{tc.layout.dims.tp, trainer->mesh().rank(CommAxis::tp), tc.layout.sequence_parallel};
-    const int64_t micro = tc.batch / trainer->mesh().dp_size() / tc.accum;
-    r.tp = tp.degree;
-    r.comm_tp = trainer->mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
-    r.theory_tp = static_cast<double>(tc.accum) * tp_micro_step_bus_bytes(family_of(tc.spec).layout(tc.spec, tp), tc.spec,
-                                                                          tp, micro, tc.spec.seq, tc.checkpointing) +
-                  2.0 * (tp.degree - 1) / tp.degree * sizeof(float);
-    r.comm_theory += r.theory_tp;  // the whole step's: the data-parallel axes' and the tp axis's
-  }
-  if (tc.layout.dims.pp > 1) {
-    r.pp = tc.layout.dims.pp;
-    r.comm_pp = trainer->mesh().last_step_bytes()[static_cast<int>(CommAxis::pp)];
-    r.theory_pp = pp_theory(tc, trainer->mesh().dp_size(), tc.layout.dims.tp);
-    r.comm_theory += r.theory_pp;
-  }
+  count_axes(r, *trainer, tc, kind);
   collect_peaks(*comm, peak, r);
   return r;
 }
@@ -197,6 +216,19 @@ void print_axis_tables(const CompareResult& res, std::FILE* out) {
     std::fprintf(out, "(per layer and micro-step 2 all-reduces of B*T*C forward and 2 backward, or with --sequence-"
                  "parallel the same as all-gathers and reduce-scatters plus the backward re-gathers; the embedding, "
                  "the head, the vocabulary-parallel loss's 3 B*T floats and the gradient norm: src/model/tp.hpp)\n");
+  }
+  bool cp = false;
+  for (const auto& r : res.runs) cp |= !r.oom && r.cp > 1;
+  if (cp) {
+    std::fprintf(out, "\ncontext parallelism: bus bytes per rank in the last step over the cp group\n");
+    std::fprintf(out, "%-19s %14s %14s\n", "strategy", "cp axis", "theory");
+    for (const auto& r : res.runs)
+      if (!r.oom && r.cp > 1)
+        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_cp).c_str(),
+                     format_bytes(r.theory_cp).c_str());
+    std::fprintf(out, "(per layer and micro-step, --cp-method allgather: the group's K/V rows all-gathered in forward "
+                 "and again in backward, their gradients reduce-scattered, (C-1)/C x B*T*2*KV*hd floats each; one "
+                 "more gather under --activation-checkpointing blocks: src/model/parallel/cp_attention.hpp)\n");
   }
   bool pp = false;
   for (const auto& r : res.runs) pp |= !r.oom && r.pp > 1;
@@ -379,6 +411,7 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
                        {"inter_theory_bytes", s.theory_inter}};
       if (s.tp > 1) o["tp"] = {{"degree", s.tp}, {"bytes", s.comm_tp}, {"theory_bytes", s.theory_tp}};
       if (s.pp > 1) o["pp"] = {{"degree", s.pp}, {"bytes", s.comm_pp}, {"theory_bytes", s.theory_pp}};
+      if (s.cp > 1) o["cp"] = {{"degree", s.cp}, {"bytes", s.comm_cp}, {"theory_bytes", s.theory_cp}};
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
       o["peak_bytes_rank0"]["at_peak"] = cats(s.at_peak0, s.total0);
       o["host_peak_bytes_rank0"] = s.host0;

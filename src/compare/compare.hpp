@@ -45,6 +45,10 @@ struct StrategyResult {
   // norm) and the theory's; 0 otherwise.
   int pp = 1;
   double comm_pp = 0, theory_pp = 0;
+  // Context parallelism (--cp C > 1): rank 0's bus bytes in the last step on the cp axis and the
+  // theory's (cp::micro_step_bus_bytes per micro-step); 0 otherwise.
+  int cp = 1;
+  double comm_cp = 0, theory_cp = 0;
   // Peak over the run of each category and of the total, for rank 0 and for the largest other rank;
   // and each category's bytes at the moment of the total's peak (they add up to it): rank 0's, and
   // that of the other rank whose total peak is the largest.

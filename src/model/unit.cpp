@@ -1,6 +1,10 @@
 #include "src/model/unit.hpp"
 
+#include "src/model/parallel/cp.hpp"
+
 namespace shardlab {
+
+bool Batch::context_parallel() const { return cp != nullptr && cp->active(); }
 
 Tensor ParamSet::operator()(const std::string& name) const {
   auto it = map_.find(name);

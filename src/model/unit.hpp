@@ -18,6 +18,7 @@
 namespace shardlab {
 
 class Communicator;  // src/comm/communicator.hpp (only a pointer here: the fuzzers build the model alone)
+struct CpContext;   // src/model/parallel/cp.hpp
 
 // Token ids for one micro-batch, on the backend's device: inputs and targets, (B, T) each.
 struct Batch {
@@ -28,6 +29,10 @@ struct Batch {
   // computes the whole batch's loss on one rank (dp); null when the caller has none.
   const int32_t* global_targets = nullptr;
   int world = 1;
+  // Context parallelism (--cp): the B x T tokens are this rank's pieces of longer sequences
+  // (src/model/parallel/cp.hpp); null when they are whole sequences.
+  CpContext* cp = nullptr;
+  bool context_parallel() const;
 };
 
 // Activation checkpointing (--activation-checkpointing): what a transformer block keeps from its

@@ -130,7 +130,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     val_batches_ = std::min(cfg_.val_batches, sequences / cfg_.batch);
   }
   comm_.set_check(cfg_.check_collectives);
-  strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp(), mesh_, cfg_.spec, model_.units(), cfg_.optim});
+  strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp_cp(), mesh_, cfg_.spec, model_.units(), cfg_.optim});
   model_.attach(*strategy_);
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
   // On the meta backend (predictions) values are never read: computing them would only cost time.
@@ -320,7 +320,7 @@ float Trainer::evaluate() {
   EvalScope scope(*this);
   for (int64_t i = 0; i < val_batches_; ++i)
     sums[static_cast<size_t>(i)] = static_cast<float>(model_.evaluate(batch_fill(*val_loader_, i)));
-  mesh_.dp().all_reduce(std::span<float>(sums)).wait();
+  mesh_.dp_cp().all_reduce(std::span<float>(sums)).wait();
   double total = 0;
   for (float v : sums) total += v;
   return static_cast<float>(total / static_cast<double>(val_batches_ * cfg_.batch * cfg_.spec.seq));

@@ -244,7 +244,7 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
       const float* V = v + b * s.v_b + g * hd;
       float* dK = dk + b * s.k_b + g * hd;
       float* dV = dv + b * s.v_b + g * hd;
-      for (int64_t j = 0; j < s.Tk; ++j) {
+      for (int64_t j = 0; j < s.Tk && !s.accumulate; ++j) {
         std::fill_n(dK + j * s.k_ld, hd, 0.f);
         std::fill_n(dV + j * s.v_ld, hd, 0.f);
       }
@@ -262,7 +262,7 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 #pragma omp simd reduction(+ : acc)
           for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
           Dh[t] = acc;
-          std::fill_n(dQ + t * s.q_ld, hd, 0.f);
+          if (!s.accumulate) std::fill_n(dQ + t * s.q_ld, hd, 0.f);
         }
         for (int64_t s0 = 0; s0 < s.Tk; s0 += bc) {
           const int64_t cols = std::min(bc, s.Tk - s0);

@@ -58,6 +58,7 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
                               const float* v, const float* out, const float* lse, const FlashShape& s,
                               float* workspace);
 // k_cache, v_cache (B, S, KV hd); qkv (B, T, (H + 2 KV) hd); rows [pos0, pos0 + T) of the caches.
+void copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t width);
 void kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S, int64_t H,
                     int64_t KV, int64_t hd, int64_t pos0);
 // out (B, T, C = H hd): query t of qkv over cache rows [0, pos0 + t].

@@ -11,6 +11,10 @@
 
 namespace shardlab::cpu {
 
+void copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_ld, width, dst + r * dst_ld);
+}
+
 void kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S, int64_t H,
                     int64_t KV, int64_t hd, int64_t pos0) {
   const int64_t W = (H + 2 * KV) * hd, KVd = KV * hd;

@@ -18,15 +18,12 @@ void flash_attention_forward(Backend& be, float* out, float* lse, const float* q
   CUDA_CHECK(launch_flash_forward(out, lse, q, k, v, s, CudaBackend::of(be).compute_stream()));
 }
 
-void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                              Tensor workspace, const FlashShape& s) {
+void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse, float* workspace,
+                              const FlashShape& s) {
   require_head_dim(s);
-  const float* q = qkv.ptr<float>();
-  float* dq = dqkv.ptr<float>();
-  float* D = workspace.ptr<float>() + flash_backward_slots(s) * flash_backward_slot_elems(s);
-  CUDA_CHECK(launch_flash_backward(dq, dq + s.H * s.hd, dq + (s.H + s.KV) * s.hd, D, dout.ptr<float>(), q,
-                                   q + s.H * s.hd, q + (s.H + s.KV) * s.hd, out.ptr<float>(), lse.ptr<float>(), s,
-                                   CudaBackend::of(be).compute_stream()));
+  float* D = workspace + flash_backward_slots(s) * flash_backward_slot_elems(s);
+  CUDA_CHECK(launch_flash_backward(dq, dk, dv, D, dout, q, k, v, out, lse, s, CudaBackend::of(be).compute_stream()));
 }
 
 }  // namespace shardlab::cuda

@@ -30,11 +30,11 @@ __device__ inline Row load_row(const float* p, int64_t hd) {
   return r;
 }
 
-__device__ inline void store_row(float* p, const Row& r, int64_t hd, float mul) {
+__device__ inline void store_row(float* p, const Row& r, int64_t hd, float mul, bool add = false) {
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t c = threadIdx.x % kWarp + i * kWarp;
-    if (c < hd) p[c] = r.v[i] * mul;
+    if (c < hd) p[c] = add ? p[c] + r.v[i] * mul : r.v[i] * mul;
   }
 }
 
@@ -120,7 +120,7 @@ __global__ void flash_dq_kernel(float* dq, const float* dout, const float* q, co
     const float ds = p * (dot_row(dor, V + j * s.v_ld, s.hd) - Dt);
     axpy_row(acc, ds, K + j * s.k_ld, s.hd);
   }
-  store_row(dq + b * s.q_b + t * s.q_ld + h * s.hd, acc, s.hd, s.scale);
+  store_row(dq + b * s.q_b + t * s.q_ld + h * s.hd, acc, s.hd, s.scale, s.accumulate);
 }
 
 // dk and dv rows (b, g, j): over the group's query heads in order, and the query rows that see key j.
@@ -145,8 +145,8 @@ __global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const 
       axpy_row(dkr, ds * s.scale, Q + t * s.q_ld, s.hd);
     }
   }
-  store_row(dk + b * s.k_b + j * s.k_ld + g * s.hd, dkr, s.hd, 1.f);
-  store_row(dv + b * s.v_b + j * s.v_ld + g * s.hd, dvr, s.hd, 1.f);
+  store_row(dk + b * s.k_b + j * s.k_ld + g * s.hd, dkr, s.hd, 1.f, s.accumulate);
+  store_row(dv + b * s.v_b + j * s.v_ld + g * s.hd, dvr, s.hd, 1.f, s.accumulate);
 }
 
 }  // namespace

@@ -7,6 +7,14 @@
 
 namespace shardlab::cuda {
 
+void copy_rows(Backend& be, float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+               int64_t width) {
+  const size_t f = sizeof(float);
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_ld) * f, src, static_cast<size_t>(src_ld) * f,
+                               static_cast<size_t>(width) * f, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                               CudaBackend::of(be).compute_stream()));
+}
+
 void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0,
                     int64_t B, int64_t T, int64_t C, int64_t S) {
   CUDA_CHECK(launch_kv_cache_write(k_cache.ptr<float>(), v_cache.ptr<float>(), qkv.ptr<float>(), B, T, S, H, KV, C / H,

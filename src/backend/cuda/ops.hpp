@@ -42,9 +42,12 @@ void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tenso
 // ---- flash_attention.cpp ----
 void flash_attention_forward(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v,
                              const FlashShape& s);
-void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                              Tensor workspace, const FlashShape& s);
+void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse, float* workspace,
+                              const FlashShape& s);
 // ---- kv_cache.cpp ----
+void copy_rows(Backend& be, float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+               int64_t width);
 void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int64_t H, int64_t KV, int64_t pos0,
                     int64_t B, int64_t T, int64_t C, int64_t S);
 void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,

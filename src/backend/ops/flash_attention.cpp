@@ -39,6 +39,45 @@ void forward_on(Backend& be, float* out, float* lse, const float* q, const float
   }
 }
 
+// Backward on the backend's device; D in the workspace's tail.
+void backward_on(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                 const float* v, const float* out, const float* lse, const FlashShape& s, float* workspace) {
+  switch (be.device()) {
+    case Device::cpu: return cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::flash_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, workspace, s);
+      return;
+    case Device::meta: return;
+  }
+}
+
+// Elements a strided (B, rows, width) operand spans from its first: the last row's end.
+int64_t span_of(int64_t B, int64_t b_stride, int64_t rows, int64_t ld, int64_t width) {
+  return B == 0 || rows == 0 ? 0 : (B - 1) * b_stride + (rows - 1) * ld + width;
+}
+
+// The shape-level calls' operands against the shape: f32, each holding what its strides reach.
+void check_operands(const FlashShape& s, const FlashOperands& x, const Tensor& workspace, bool backward,
+                    const char* op) {
+  SHARD_CHECK(s.H > 0 && s.KV > 0 && s.H % s.KV == 0 && s.hd > 0, "{}: H={} KV={} hd={}", op, s.H, s.KV, s.hd);
+  const struct {
+    const Tensor* t;
+    const char* name;
+    int64_t need;
+  } rows[] = {{&x.q, "q", span_of(s.B, s.q_b, s.Tq, s.q_ld, s.H * s.hd)},
+              {&x.k, "k", span_of(s.B, s.k_b, s.Tk, s.k_ld, s.KV * s.hd)},
+              {&x.v, "v", span_of(s.B, s.v_b, s.Tk, s.v_ld, s.KV * s.hd)},
+              {&x.out, "out", span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * s.hd)},
+              {&x.lse, "lse", s.B * s.H * s.Tq},
+              {&workspace, "workspace",
+               backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s)}};
+  for (const auto& r : rows) {
+    SHARD_CHECK(r.t->dtype() == DType::f32, "{}: {} must be f32, got {}", op, r.name, dtype_name(r.t->dtype()));
+    SHARD_CHECK(r.t->numel() >= r.need, "{}: {} holds {} elements, the shape reaches {} (B={} Tq={} Tk={} H={} KV={} "
+                "hd={})", op, r.name, r.t->numel(), r.need, s.B, s.Tq, s.Tk, s.H, s.KV, s.hd);
+  }
+}
+
 }  // namespace
 
 void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV, bool causal,
@@ -66,19 +105,25 @@ void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv,
   const FlashShape s = flash_checked(qkv, out, lse, H, KV, causal, workspace, true, "flash_attention_backward");
   check_same_numel(dqkv, qkv, "flash_attention_backward");
   check_same_numel(dout, out, "flash_attention_backward");
-  switch (be.device()) {
-    case Device::cpu: {
-      const float* q = qkv.ptr<float>();
-      float* dq = dqkv.ptr<float>();
-      return cpu::flash_attention_backward(dq, dq + H * s.hd, dq + (H + KV) * s.hd, dout.ptr<float>(), q, q + H * s.hd,
-                                           q + (H + KV) * s.hd, out.ptr<float>(), lse.ptr<float>(), s,
-                                           workspace.ptr<float>());
-    }
-    case Device::cuda:
-      if constexpr (kWithCuda) cuda::flash_attention_backward(be, dqkv, dout, qkv, out, lse, workspace, s);
-      return;
-    case Device::meta: return;
-  }
+  const float* q = qkv.ptr<float>();
+  float* dq = dqkv.ptr<float>();
+  backward_on(be, dq, dq + H * s.hd, dq + (H + KV) * s.hd, dout.ptr<float>(), q, q + H * s.hd, q + (H + KV) * s.hd,
+              out.ptr<float>(), lse.ptr<float>(), s, workspace.ptr<float>());
+}
+
+void flash_attention_forward(Backend& be, const FlashShape& s, const FlashOperands& x, Tensor workspace) {
+  check_operands(s, x, workspace, false, "flash_attention_forward (shape)");
+  forward_on(be, x.out.ptr<float>(), x.lse.ptr<float>(), x.q.ptr<float>(), x.k.ptr<float>(), x.v.ptr<float>(), s,
+             workspace.ptr<float>());
+}
+
+void flash_attention_backward(Backend& be, const FlashShape& s, const FlashOperands& x, const FlashGrads& d,
+                              Tensor workspace) {
+  const char* op = "flash_attention_backward (shape)";
+  check_operands(s, x, workspace, true, op);
+  check_operands(s, {d.dq, d.dk, d.dv, d.dout, x.lse}, workspace, true, op);
+  backward_on(be, d.dq.ptr<float>(), d.dk.ptr<float>(), d.dv.ptr<float>(), d.dout.ptr<float>(), x.q.ptr<float>(),
+              x.k.ptr<float>(), x.v.ptr<float>(), x.out.ptr<float>(), x.lse.ptr<float>(), s, workspace.ptr<float>());
 }
 
 }  // namespace shardlab::ops

@@ -18,6 +18,20 @@ void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, in
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
                               int64_t KV, bool causal, Tensor workspace);
 
+// The kernels over operands placed by a shape's strides (context parallelism: a piece of a
+// sequence's queries at a causal offset into its gathered keys and values, each in a buffer of its
+// own). Each tensor starts at its operand's first element and reaches as far as the strides say;
+// lse is (B, H, Tq). With s.accumulate backward adds into dq, dk and dv.
+struct FlashOperands {
+  Tensor q, k, v, out, lse;
+};
+struct FlashGrads {
+  Tensor dq, dk, dv, dout;
+};
+void flash_attention_forward(Backend& be, const FlashShape& s, const FlashOperands& x, Tensor workspace);
+void flash_attention_backward(Backend& be, const FlashShape& s, const FlashOperands& x, const FlashGrads& d,
+                              Tensor workspace);
+
 // Decoding through the same kernel: the queries of qkv (B, T, (H + 2 KV) hd), at positions pos0 + t,
 // over rows [0, pos0 + t] of k_cache and v_cache (B, S, KV hd), as ops::attention_cached
 // (kv_cache.hpp) computes them. The workspace holds flash_cached_workspace_elems(...) floats.

@@ -18,6 +18,9 @@ struct FlashShape {
   bool causal = true;
   int64_t offset = 0;  // causal: query row t sees key rows s <= t + offset (decoding: the cached length)
   float scale = 1.f;   // on the scores: 1/sqrt(hd)
+  // Backward adds into dq, dk and dv instead of overwriting them: context parallelism's pieces of
+  // one sequence write the same gathered keys' gradients (src/model/parallel/cp.hpp).
+  bool accumulate = false;
 };
 
 // Tiles: kFlashRows query rows by kFlashCols key rows (smaller when the sequence is). The CPU kernels

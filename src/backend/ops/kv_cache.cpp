@@ -52,4 +52,22 @@ void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tenso
   }
 }
 
+void copy_rows(Backend& be, Tensor dst, int64_t dst_ld, Tensor src, int64_t src_ld, int64_t rows, int64_t width) {
+  SHARD_CHECK(dst.dtype() == DType::f32 && src.dtype() == DType::f32, "copy_rows: f32 tensors expected, got {} and {}",
+              dtype_name(dst.dtype()), dtype_name(src.dtype()));
+  SHARD_CHECK(rows >= 0 && width >= 0 && width <= dst_ld && width <= src_ld, "copy_rows: {} rows of {} with strides {} "
+              "and {}", rows, width, dst_ld, src_ld);
+  if (rows == 0 || width == 0) return;
+  SHARD_CHECK(dst.numel() >= (rows - 1) * dst_ld + width && src.numel() >= (rows - 1) * src_ld + width,
+              "copy_rows: {} rows of {} (strides {}, {}) reach past dst {} or src {}", rows, width, dst_ld, src_ld,
+              dst.numel(), src.numel());
+  switch (be.device()) {
+    case Device::cpu: return cpu::copy_rows(dst.ptr<float>(), dst_ld, src.ptr<float>(), src_ld, rows, width);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::copy_rows(be, dst.ptr<float>(), dst_ld, src.ptr<float>(), src_ld, rows, width);
+      return;
+    case Device::meta: return;
+  }
+}
+
 }  // namespace shardlab::ops

@@ -16,6 +16,10 @@ void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int
 // over a whole sequence. No probabilities are kept: there is no backward.
 void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
                       int64_t pos0);
+// K/V rows moved between buffers of different widths (context parallelism's gathers and their
+// gradients, src/model/parallel/cp.hpp): row r of dst (width floats at dst + r dst_ld) = row r
+// of src (at src + r src_ld), for rows rows. dst and src start at their first row's first element.
+void copy_rows(Backend& be, Tensor dst, int64_t dst_ld, Tensor src, int64_t src_ld, int64_t rows, int64_t width);
 // The checks of both (and of the fused kernel's cached call, flash_attention.hpp): out may be empty
 // (kv_cache_write). Returns {B, T, C, S}: C = H hd, the output's channels; S the cache's rows, at
 // least pos0 + T. InternalError naming op and the shapes otherwise.

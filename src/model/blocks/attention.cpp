@@ -3,6 +3,7 @@
 #include "src/backend/ops/attention.hpp"
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
+#include "src/model/parallel/cp_attention.hpp"
 
 namespace shardlab::blocks {
 
@@ -11,6 +12,7 @@ bool flash(const UnitContext& c) { return c.spec.attention == AttentionKernel::f
 }  // namespace
 
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
+  if (c.batch.context_parallel()) return cp::attention_forward(c, s, qkv, a);  // fused, over the cp group
   if (flash(c)) {
     Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
     Block tiles = c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false),
@@ -25,6 +27,8 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
 }
 
 Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::string& prefix) {
+  if (c.batch.context_parallel())
+    return c.pool.alloc(DType::f32, cp::attention_scratch_elems(c, a), Category::workspace, prefix + "attention tiles");
   if (flash(c))
     return c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, true),
                         Category::workspace, prefix + "attention tiles");
@@ -34,6 +38,7 @@ Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::stri
 
 void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch, const AttentionShape& a,
                         const std::string& prefix) {
+  if (c.batch.context_parallel()) return cp::attention_backward(c, s, dqkv, datty, scratch, a);
   if (flash(c)) {
     ops::flash_attention_backward(c.be, dqkv, datty, s("qkv"), s("atty"), s("lse"), a.H, a.KV, true, scratch);
     return;

@@ -15,6 +15,7 @@
 #include "src/model/blocks/attention.hpp"
 #include "src/model/blocks/loss_head.hpp"
 #include "src/model/gpt2/gpt2.hpp"
+#include "src/model/parallel/cp.hpp"
 #include "src/model/tp.hpp"
 #include "src/backend/ops/activation.hpp"
 #include "src/backend/ops/embedding.hpp"
@@ -74,41 +75,67 @@ Tensor rows_of(const Block& b, int64_t rows, int64_t C, Tensor otherwise = {}) {
   return b ? b.view(DType::f32, {rows, C}) : otherwise;
 }
 
+// wpe from row pos0 on (empty stays empty): positions pos0, pos0 + 1, ... read rows 0, 1, ...
+Tensor from_position(const Tensor& wpe, int64_t pos0) {
+  if (wpe.data() == nullptr || pos0 == 0) return wpe;
+  const int64_t C = wpe.dim(1);
+  return Tensor(wpe.ptr<float>() + pos0 * C, DType::f32, {wpe.dim(0) - pos0, C}, wpe.device());
+}
+
+// f(rows x of the batch, their tokens, B, T, wpe from their first position): once over the whole
+// batch, or under --cp piece by piece (each piece's positions start at its own).
+template <class F>
+void by_position(const UnitContext& c, Tensor x, const Tensor& wpe, F f) {
+  if (!c.batch.context_parallel()) return f(x, c.batch.tokens, c.batch.B, c.batch.T, wpe);
+  const int64_t C = c.spec.dim;
+  for (const CpRows& r : c.batch.cp->rows(c.batch.B)) {
+    const int64_t shape[] = {r.rows, C};
+    f(x.slice(r.row * C, r.rows * C).reshape(shape), c.batch.tokens + r.row, 1, r.rows, from_position(wpe, r.pos0));
+  }
+}
+
 class EmbeddingUnit final : public Unit {
  public:
   EmbeddingUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return stream_rows(tp_, B, T) * s.dim; }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {
+    const Tensor wte = p("wte.weight");
     if (!c.tp.active()) {
-      ops::embedding_forward(c.be, out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), p("wpe.weight"));
+      by_position(c, out, p("wpe.weight"), [&](Tensor x, const int32_t* tokens, int64_t B, int64_t T, Tensor wpe) {
+        ops::embedding_forward(c.be, x, tokens, B, T, wte, wpe);
+      });
       return;
     }
     // Each rank's lookup is zero for other ranks' tokens: the group's sum is the embedding.
     Block rows = region_rows(c, "embedding partial sums");
     Tensor partial = rows_of(rows, c.batch.B * c.batch.T, c.spec.dim, out);
-    ops::embedding_forward_shard(c.be, partial, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"),
-                                 c.tp.config.rank == 0 ? p("wpe.weight") : Tensor(), v0(c));
+    by_position(c, partial, c.tp.config.rank == 0 ? p("wpe.weight") : Tensor(),
+                [&](Tensor x, const int32_t* tokens, int64_t B, int64_t T, Tensor wpe) {
+                  ops::embedding_forward_shard(c.be, x, tokens, B, T, wte, wpe, v0(c));
+                });
     tp_region_output(c, partial, out);
   }
   void backward(UnitContext& c, const ParamSet&, const ParamSet& g, Saved&, Tensor, Tensor dout, Tensor) override {
+    const Tensor dwte = g("wte.weight");
     if (!c.tp.active()) {
-      ops::embedding_backward(c.be, g("wte.weight"), g("wpe.weight"), dout, c.batch.tokens, c.batch.B, c.batch.T);
+      by_position(c, dout, g("wpe.weight"), [&](Tensor x, const int32_t* tokens, int64_t B, int64_t T, Tensor dwpe) {
+        ops::embedding_backward(c.be, dwte, dwpe, x, tokens, B, T);
+      });
       return;
     }
     // Every rank gets wpe's whole gradient (it is replicated) and its vocabulary rows' part of wte's.
     Block rows = region_rows(c, "embedding backward gathered rows");
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, c.batch.B * c.batch.T, c.spec.dim));
-    ops::embedding_backward_shard(c.be, g("wte.weight"), g("wpe.weight"), dy, c.batch.tokens, c.batch.B, c.batch.T,
-                                  v0(c));
+    by_position(c, dy, g("wpe.weight"), [&](Tensor x, const int32_t* tokens, int64_t B, int64_t T, Tensor dwpe) {
+      ops::embedding_backward_shard(c.be, dwte, dwpe, x, tokens, B, T, v0(c));
+    });
   }
   bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
   // Positions pos0 on: wpe from its row pos0.
   void forward_cached(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&, int64_t pos0) override {
-    const Tensor wpe = p("wpe.weight");
-    const int64_t C = wpe.dim(1);
-    const Tensor from(wpe.ptr<float>() + pos0 * C, DType::f32, {wpe.dim(0) - pos0, C}, wpe.device());
-    ops::embedding_forward(c.be, out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"), from);
+    ops::embedding_forward(c.be, out, c.batch.tokens, c.batch.B, c.batch.T, p("wte.weight"),
+                           from_position(p("wpe.weight"), pos0));
   }
 
  private:

@@ -27,6 +27,7 @@
 #include "src/backend/ops/embedding.hpp"
 #include "src/backend/ops/norm.hpp"
 #include "src/backend/ops/rope.hpp"
+#include "src/model/parallel/cp.hpp"
 
 namespace shardlab {
 namespace {
@@ -161,7 +162,7 @@ class DecoderLayerUnit final : public Unit {
     Block whole = whole_rows(c, prefix_ + "region rows");
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, tp_region_input(c, ln1, whole_or(whole, c, ln1)), qkv_weight(p), d.N);
-    ops::rope(be, qkv, d.H + d.KV, d.hd, freqs_, 0, false);  // q and k: the first H + KV heads of each row
+    rope(c, qkv, d, false);  // q and k: the first H + KV heads of each row
     Tensor atty = blocks::attention_forward(c, s, qkv, d.attention());
     Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
     Tensor attn_out = whole_or(whole, c, x2);
@@ -218,7 +219,7 @@ class DecoderLayerUnit final : public Unit {
                     d.N);
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), d.attention(), prefix_);
-    ops::rope(be, dqkv, d.H + d.KV, d.hd, freqs_, 0, true);  // a rotation's gradient rotates back
+    rope(c, dqkv, d, true);  // a rotation's gradient rotates back
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     linear_backward(be, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
                     qkv_weight(p), d.N);
@@ -272,6 +273,14 @@ class DecoderLayerUnit final : public Unit {
           F(c.spec.ffn_hidden() / tp.degree) {}
     blocks::AttentionShape attention() const { return {B, T, H, KV, hd}; }
   };
+  // RoPE of q and k in x (B, T, W) at the rows' positions: 0 on, or under --cp each piece's own.
+  void rope(const UnitContext& c, Tensor x, const Dims& d, bool inverse) const {
+    if (!c.batch.context_parallel()) return ops::rope(c.be, x, d.H + d.KV, d.hd, freqs_, 0, inverse);
+    for (const CpRows& r : c.batch.cp->rows(d.B)) {
+      const int64_t shape[] = {1, r.rows, d.W};
+      ops::rope(c.be, x.slice(r.row * d.W, r.rows * d.W).reshape(shape), d.H + d.KV, d.hd, freqs_, r.pos0, inverse);
+    }
+  }
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
   // The stacked matrices: ((H + 2 KV) hd, C), rows of q, then k, then v; and (2F, C), gate then

@@ -1,0 +1,158 @@
+// cp_attention.cpp — attention over the cp group's pieces (cp_attention.hpp, cp.hpp).
+//
+// Buffers, per layer: this rank's K/V rows (B Tl, 2 KV hd: keys then values, a row per position),
+// the group's all-gathered (C, B, Tl, 2 KV hd: rank after rank) and the same rows in sequence
+// order (B, T, 2 KV hd), which the fused kernel reads for every piece: piece (row0, pos0, len)
+// is len queries at causal offset pos0 over keys [0, pos0 + len). Backward accumulates dK/dV of
+// both pieces over the sequence-ordered rows, lays them out rank after rank again and
+// reduce-scatters them, so each rank receives the sum of the group's gradients for its own rows.
+#include "src/model/parallel/cp_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/backend/ops/flash_attention.hpp"
+#include "src/backend/ops/kv_cache.hpp"
+#include "src/comm/communicator.hpp"
+#include "src/model/parallel/cp.hpp"
+
+namespace shardlab::cp {
+namespace {
+
+using blocks::AttentionShape;
+
+CpContext& context(const UnitContext& c, const AttentionShape& a) {
+  SHARD_CHECK(c.batch.cp != nullptr && c.batch.cp->active() && c.batch.cp->comm != nullptr,
+              "context-parallel attention on a batch without a cp group");
+  SHARD_CHECK(a.T == c.batch.cp->local(), "context-parallel attention over {} rows; the pieces hold {} of {}", a.T,
+              c.batch.cp->local(), c.batch.cp->seq);
+  return *c.batch.cp;
+}
+
+// Row widths: qkv's (H + 2 KV) hd, the K/V buffers' 2 KV hd, atty's H hd.
+struct Widths {
+  int64_t qkv, kv, o;
+};
+Widths widths(const AttentionShape& a) { return {(a.H + 2 * a.KV) * a.hd, 2 * a.KV * a.hd, a.H * a.hd}; }
+
+// t's elements from `offset` on.
+Tensor from(const Tensor& t, int64_t offset) { return t.slice(offset, t.numel() - offset); }
+
+// Piece p's queries (rows of qkv) over the sequence-ordered K/V rows up to its last position.
+FlashShape piece_shape(const AttentionShape& a, const CpContext& cp, const CpPiece& p) {
+  const Widths w = widths(a);
+  FlashShape s;
+  s.B = a.B, s.Tq = p.len, s.Tk = p.pos0 + p.len, s.H = a.H, s.KV = a.KV, s.hd = a.hd;
+  s.q_ld = w.qkv, s.q_b = a.T * w.qkv;
+  s.k_ld = s.v_ld = w.kv, s.k_b = s.v_b = cp.seq * w.kv;
+  s.o_ld = w.o, s.o_b = a.T * w.o;
+  s.causal = true, s.offset = p.pos0;
+  s.scale = 1.f / std::sqrt(static_cast<float>(a.hd));  // as the whole-sequence call's
+  return s;
+}
+
+ops::FlashOperands operands(const AttentionShape& a, const CpPiece& p, size_t index, Tensor qkv, Tensor kv,
+                            Tensor atty, Tensor lse) {
+  const Widths w = widths(a);
+  const int64_t lse_piece = a.B * a.H * p.len;
+  return {from(qkv, p.row0 * w.qkv), kv, from(kv, a.KV * a.hd), from(atty, p.row0 * w.o),
+          lse.slice(static_cast<int64_t>(index) * lse_piece, lse_piece)};
+}
+
+// The (query, key) pairs a causal call computes: query t sees keys [0, t + offset].
+int64_t causal_pairs(const FlashShape& s) {
+  int64_t n = 0;
+  for (int64_t t = 0; t < s.Tq; ++t) n += std::clamp<int64_t>(t + s.offset + 1, 0, s.Tk);
+  return n;
+}
+
+// Between the group's rank-major rows (C, B, Tl, W) and sequence order (B, T, W): every rank's
+// pieces move as blocks of consecutive rows.
+void reorder(Backend& be, const CpContext& cp, const AttentionShape& a, Tensor ranked, Tensor seq, bool to_seq) {
+  const int64_t W = widths(a).kv;
+  for (int q = 0; q < cp.degree; ++q)
+    for (const CpPiece& p : cp_pieces(cp.seq, cp.degree, q, cp.config.balance))
+      for (int64_t b = 0; b < a.B; ++b) {
+        Tensor r = ranked.slice(((q * a.B + b) * a.T + p.row0) * W, p.len * W);
+        Tensor s = seq.slice((b * cp.seq + p.pos0) * W, p.len * W);
+        if (to_seq)
+          be.copy(s, r);
+        else
+          be.copy(r, s);
+      }
+}
+
+// The group's K/V rows in sequence order, into kv (B, T, 2 KV hd).
+void gather_kv(UnitContext& c, const CpContext& cp, Tensor qkv, const AttentionShape& a, Tensor kv) {
+  const Widths w = widths(a);
+  const int64_t rows = a.B * a.T;
+  Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp K/V rows");
+  Block all = c.pool.alloc(DType::f32, cp.degree * rows * w.kv, Category::comm_buffer, "cp gathered K/V rows");
+  ops::copy_rows(c.be, mine.flat(DType::f32), w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
+  cp.comm->all_gather(mine.flat(DType::f32), all.flat(DType::f32)).wait();
+  reorder(c.be, cp, a, all.flat(DType::f32), kv, true);
+}
+
+}  // namespace
+
+Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
+  CpContext& cp = context(c, a);
+  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+  Block kv = c.pool.alloc(DType::f32, a.B * cp.seq * widths(a).kv, Category::workspace, "cp K/V in sequence order");
+  gather_kv(c, cp, qkv, a, kv.flat(DType::f32));
+  int64_t tiles = 0;
+  for (const CpPiece& p : cp.pieces) tiles = std::max(tiles, flash_forward_workspace_elems(piece_shape(a, cp, p)));
+  Block ws = c.pool.alloc(DType::f32, tiles, Category::workspace, "attention tiles");
+  for (size_t i = 0; i < cp.pieces.size(); ++i) {
+    const FlashShape sh = piece_shape(a, cp, cp.pieces[i]);
+    ops::flash_attention_forward(c.be, sh, operands(a, cp.pieces[i], i, qkv, kv.flat(DType::f32), atty, lse),
+                                 ws.flat(DType::f32));
+    cp.pairs += causal_pairs(sh);
+  }
+  return atty;
+}
+
+int64_t attention_scratch_elems(const UnitContext& c, const AttentionShape& a) {
+  const CpContext& cp = context(c, a);
+  int64_t n = 0;
+  for (const CpPiece& p : cp.pieces) n = std::max(n, flash_backward_workspace_elems(piece_shape(a, cp, p)));
+  return n;
+}
+
+void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch,
+                        const AttentionShape& a) {
+  CpContext& cp = context(c, a);
+  const Widths w = widths(a);
+  const int64_t rows = a.B * a.T, seq_elems = a.B * cp.seq * w.kv;
+  Block kv = c.pool.alloc(DType::f32, seq_elems, Category::workspace, "cp K/V in sequence order");
+  gather_kv(c, cp, s("qkv"), a, kv.flat(DType::f32));
+  Block dkv = c.pool.alloc(DType::f32, seq_elems, Category::workspace, "cp dK/dV in sequence order");
+  c.be.fill(dkv.flat(DType::f32), 0.f);
+  c.be.fill(dqkv, 0.f);  // the pieces' dq add into their rows; dK/dV are written at the end
+  for (size_t i = 0; i < cp.pieces.size(); ++i) {
+    const CpPiece& p = cp.pieces[i];
+    FlashShape sh = piece_shape(a, cp, p);
+    sh.accumulate = true;
+    const Tensor dk = dkv.flat(DType::f32);
+    ops::flash_attention_backward(c.be, sh, operands(a, p, i, s("qkv"), kv.flat(DType::f32), s("atty"), s("lse")),
+                                  {from(dqkv, p.row0 * w.qkv), dk, from(dk, a.KV * a.hd), from(datty, p.row0 * w.o)},
+                                  scratch);
+  }
+  kv.reset();
+  Block ranked = c.pool.alloc(DType::f32, cp.degree * rows * w.kv, Category::comm_buffer, "cp dK/dV by rank");
+  reorder(c.be, cp, a, ranked.flat(DType::f32), dkv.flat(DType::f32), false);
+  dkv.reset();
+  Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp dK/dV rows");
+  cp.comm->reduce_scatter(ranked.flat(DType::f32), mine.flat(DType::f32)).wait();
+  ops::copy_rows(c.be, from(dqkv, a.H * a.hd), w.qkv, mine.flat(DType::f32), w.kv, rows, w.kv);
+}
+
+double micro_step_bus_bytes(const ModelSpec& spec, int layers, int tp, int cp, int64_t B, Checkpointing ck) {
+  const double C = cp, hd = static_cast<double>(spec.dim / spec.heads);
+  const double kv = static_cast<double>(spec.num_kv_heads()) / tp;
+  const double gathered = static_cast<double>(B) * static_cast<double>(spec.seq) * 2 * kv * hd * sizeof(float);
+  const int calls = 3 + (ck == Checkpointing::blocks ? 1 : 0);
+  return layers * calls * (C - 1) / C * gathered;
+}
+
+}  // namespace shardlab::cp
