@@ -4,6 +4,7 @@
 #include "shard/parallel_model.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "src/model/family.hpp"
 
@@ -245,6 +246,11 @@ double ParallelModel::grad_norm_sq() {
 }
 
 bool ParallelModel::decodes() const { return !pipelined(); }
+
+std::optional<double> ParallelModel::take_cp_wait_s() {
+  if (!cp_.active()) return std::nullopt;
+  return std::exchange(cp_.wait_s, 0.0);
+}
 
 bool ParallelModel::last_logits(std::span<const int32_t> context, std::vector<float>& logits, bool decoded) {
   const int64_t n = static_cast<int64_t>(context.size()), W = mesh_.dp_size(), V = cfg_.spec.vocab;

@@ -65,6 +65,8 @@ class ParallelModel {
   void save(const std::string& path);
 
   bool pipelined() const { return schedule_.has_value(); }
+  // Under --cp: seconds spent in the cp group's collectives since the last call (then reset).
+  std::optional<double> take_cp_wait_s();
   // The train header's pipeline lines (none without --pp).
   void print_pipeline(std::FILE* out) const;
 

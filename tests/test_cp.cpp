@@ -1,8 +1,8 @@
-// Context parallelism (--cp) on real ranks (mpirun -np 2 and 4): the attention of every rank's
-// pieces against the whole sequence's, computed by the naive kernel (forward, and backward with the
-// K/V gradients summed over the group); the causal pairs each rank computes; and training parity
-// with single-rank training over 10 steps for GPT-2 and Llama, alone and with ZeRO-3 data
-// parallelism, tensor and pipeline parallelism.
+// Context parallelism (--cp) on real ranks (mpirun -np 2 and 4), both methods (allgather, ring):
+// the attention of every rank's pieces against the whole sequence's, computed by the naive kernel
+// (forward, and backward with the K/V gradients summed over the group); the causal pairs each rank
+// computes; training parity with single-rank training over 10 steps for GPT-2 and Llama, alone and
+// with ZeRO-3 data parallelism, tensor and pipeline parallelism; memory measured = predicted; bf16.
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -62,37 +62,39 @@ TEST_CASE("context-parallel attention matches the whole sequence's, forward and 
                           Tensor::of(std::span<float>(att)), H, KV, Tensor::of(std::span<float>(scratch)));
   ModelSpec spec = model_preset("llama-tiny");
   spec.seq = T;
-  for (CpBalance balance : {CpBalance::head_tail, CpBalance::contiguous}) {
-    CpContext cp;
-    cp.degree = C, cp.rank = comm->rank(), cp.config.balance = balance, cp.comm = comm.get(), cp.seq = T;
-    cp.pieces = cp_pieces(T, C, cp.rank, balance);
-    std::vector<float> mine = local_rows(qkv, cp, B, W);
-    const std::vector<float> my_dy = local_rows(dy, cp, B, H * hd);
-    Batch batch;
-    batch.B = B, batch.T = cp.local(), batch.cp = &cp;
-    UnitContext c{*be, pool, spec, batch, Checkpointing::none, TpContext{}};
-    const blocks::AttentionShape a{B, cp.local(), H, KV, hd};
-    Saved s;
-    Tensor q = s.add(pool, "qkv", {B, cp.local(), W});
-    be->copy(q, Tensor::of(std::span<const float>(mine)));
-    Tensor out = cp::attention_forward(c, s, q, a);
-    std::vector<float> got(static_cast<size_t>(out.numel())), dgot(mine.size());
-    be->copy(Tensor::of(std::span<float>(got)), out);
-    Block ws = pool.alloc(DType::f32, cp::attention_scratch_elems(c, a), Category::workspace, "tiles");
-    cp::attention_backward(c, s, Tensor(dgot.data(), DType::f32, {B, cp.local(), W}),
-                           Tensor::of(std::span<const float>(my_dy)), ws.flat(DType::f32), a);
-    const double fwd = max_abs_diff(got, local_rows(y, cp, B, H * hd));
-    const double bwd = max_abs_diff(dgot, local_rows(dqkv, cp, B, W));
-    INFO(cp_balance_name(balance) << " rank " << cp.rank << " of " << C << ": forward " << fwd << ", backward " << bwd);
-    CHECK(fwd <= 2e-5);
-    CHECK(bwd <= 1e-4);
-    // Pairs: those of the pieces, per sequence and head (what the kernel calls were given).
-    CHECK(cp.pairs == cp_causal_pairs(cp.pieces));
-    if (C == 4) {
-      const int64_t contiguous[] = {131328, 393472, 655616, 917760};
-      CHECK(cp.pairs == (balance == CpBalance::head_tail ? 524544 : contiguous[cp.rank]));
+  for (CpMethod method : {CpMethod::allgather, CpMethod::ring})
+    for (CpBalance balance : {CpBalance::head_tail, CpBalance::contiguous}) {
+      CpContext cp;
+      cp.degree = C, cp.rank = comm->rank(), cp.config = {method, balance}, cp.comm = comm.get(), cp.seq = T;
+      cp.pieces = cp_pieces(T, C, cp.rank, balance);
+      std::vector<float> mine = local_rows(qkv, cp, B, W);
+      const std::vector<float> my_dy = local_rows(dy, cp, B, H * hd);
+      Batch batch;
+      batch.B = B, batch.T = cp.local(), batch.cp = &cp;
+      UnitContext c{*be, pool, spec, batch, Checkpointing::none, TpContext{}};
+      const blocks::AttentionShape a{B, cp.local(), H, KV, hd};
+      Saved s;
+      Tensor q = s.add(pool, "qkv", {B, cp.local(), W});
+      be->copy(q, Tensor::of(std::span<const float>(mine)));
+      Tensor out = cp::attention_forward(c, s, q, a);
+      std::vector<float> got(static_cast<size_t>(out.numel())), dgot(mine.size());
+      be->copy(Tensor::of(std::span<float>(got)), out);
+      Block ws = pool.alloc(DType::f32, cp::attention_scratch_elems(c, a), Category::workspace, "tiles");
+      cp::attention_backward(c, s, Tensor(dgot.data(), DType::f32, {B, cp.local(), W}),
+                             Tensor::of(std::span<const float>(my_dy)), ws.flat(DType::f32), a);
+      const double fwd = max_abs_diff(got, local_rows(y, cp, B, H * hd));
+      const double bwd = max_abs_diff(dgot, local_rows(dqkv, cp, B, W));
+      INFO(cp_method_name(method) << " " << cp_balance_name(balance) << " rank " << cp.rank << " of " << C
+                                  << ": forward " << fwd << ", backward " << bwd);
+      CHECK(fwd <= 2e-5);
+      CHECK(bwd <= 1e-4);
+      // Pairs: those of the pieces, per sequence and head (what the kernel calls were given).
+      CHECK(cp.pairs == cp_causal_pairs(cp.pieces));
+      if (C == 4) {
+        const int64_t contiguous[] = {131328, 393472, 655616, 917760};
+        CHECK(cp.pairs == (balance == CpBalance::head_tail ? 524544 : contiguous[cp.rank]));
+      }
     }
-  }
 }
 
 TEST_CASE("head-tail pieces balance causal work exactly; bad sequence lengths are refused", "[cp][cp-pieces]") {
@@ -106,8 +108,10 @@ TEST_CASE("head-tail pieces balance causal work exactly; bad sequence lengths ar
 
 namespace {
 
-TrainConfig cp_config(const std::string& preset, StrategyKind kind, int cp, int tp = 1, int pp = 1) {
+TrainConfig cp_config(const std::string& preset, StrategyKind kind, int cp, int tp = 1, int pp = 1,
+                      CpMethod method = CpMethod::allgather) {
   TrainConfig cfg = parity_config(kind, g_mpi->world());
+  cfg.layout.cp.method = method;
   cfg.spec = model_preset(preset);
   cfg.spec.seq = 256;
   cfg.batch = 4;
@@ -126,9 +130,9 @@ TrainConfig one_rank(TrainConfig c) {
 // Losses and every parameter this rank holds (its stage's units, its tensor-parallel part) against
 // single-rank training's.
 void check_cp(const TrainConfig& cfg) {
-  const std::string what = fmt::format("{} {} cp {}{}{}", cfg.spec.name, strategy_name(cfg.strategy.kind),
-                                       cfg.layout.dims.cp, cfg.layout.dims.tp > 1 ? " tp 2" : "",
-                                       cfg.layout.dims.pp > 1 ? " pp 2" : "");
+  const std::string what = fmt::format("{} {} cp {} {}{}{}", cfg.spec.name, strategy_name(cfg.strategy.kind),
+                                       cfg.layout.dims.cp, cp_method_name(cfg.layout.cp.method),
+                                       cfg.layout.dims.tp > 1 ? " tp 2" : "", cfg.layout.dims.pp > 1 ? " pp 2" : "");
   const PartsRun got = train_parts(cfg);
   const PartsWorst w = compare_parts(got, reference(one_rank(cfg)), cfg.spec);
   if (g_mpi->rank() == 0)
@@ -146,22 +150,78 @@ void check_cp(const TrainConfig& cfg) {
 TEST_CASE("context parallelism matches single-rank training", "[cp][cp-train]") {
   const int N = g_mpi->world();
   if (N < 2) return;
-  for (const char* preset : {"tiny", "llama-tiny"}) {
-    check_cp(cp_config(preset, StrategyKind::zero3, N));
-    if (N == 2) check_cp(cp_config(preset, StrategyKind::ddp, 2));
-    if (N == 4) {
-      check_cp(cp_config(preset, StrategyKind::zero3, 2));  // dp 2 x cp 2
-      check_cp(cp_config(preset, StrategyKind::zero3, 2, 2));  // cp 2 x tp 2
-      check_cp(cp_config(preset, StrategyKind::zero3, 2, 1, 2));  // pp 2 x cp 2
+  for (CpMethod m : {CpMethod::allgather, CpMethod::ring})
+    for (const char* preset : {"tiny", "llama-tiny"}) {
+      check_cp(cp_config(preset, StrategyKind::zero3, N, 1, 1, m));
+      if (N == 2) check_cp(cp_config(preset, StrategyKind::ddp, 2, 1, 1, m));
+      if (N == 4) {
+        check_cp(cp_config(preset, StrategyKind::zero3, 2, 1, 1, m));  // dp 2 x cp 2
+        check_cp(cp_config(preset, StrategyKind::zero3, 2, 2, 1, m));  // cp 2 x tp 2
+        check_cp(cp_config(preset, StrategyKind::zero3, 2, 1, 2, m));  // pp 2 x cp 2
+      }
     }
-  }
 }
 
 TEST_CASE("context parallelism: memory measured = predicted on every rank", "[cp][cp-memory]") {
   const int N = g_mpi->world();
   if (N < 2) return;
+  for (CpMethod m : {CpMethod::allgather, CpMethod::ring})
+    for (const char* preset : {"tiny", "llama-tiny"}) {
+      const std::string what = std::string(preset) + " " + cp_method_name(m);
+      check_measured_is_predicted(cp_config(preset, StrategyKind::zero3, N, 1, 1, m), what + " zero3 cp");
+      if (N == 4) check_measured_is_predicted(cp_config(preset, StrategyKind::ddp, 2, 1, 1, m), what + " ddp dp 2 x cp 2");
+    }
+}
+
+// bf16 parameters and gradients: against single-rank training in bf16 (the same roundings of sums
+// taken in another order: the cp ranks' gradients are reduced in bf16 across them), and within
+// 1e-3 of f32 training; with --activation-checkpointing blocks (forward's gather runs again).
+TEST_CASE("context parallelism: bf16 parameters and gradients train as on one rank", "[cp][cp-bf16]") {
+  const int N = g_mpi->world();
+  if (N < 2) return;
   for (const char* preset : {"tiny", "llama-tiny"}) {
-    check_measured_is_predicted(cp_config(preset, StrategyKind::zero3, N), std::string(preset) + " zero3 cp");
-    if (N == 4) check_measured_is_predicted(cp_config(preset, StrategyKind::ddp, 2), std::string(preset) + " ddp dp 2 x cp 2");
+    TrainConfig cfg = cp_config(preset, StrategyKind::zero3, N, 1, 1, N == 4 ? CpMethod::ring : CpMethod::allgather);
+    cfg.checkpointing = Checkpointing::blocks;
+    const RunOut f32 = reference(one_rank(cfg));
+    cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = DType::bf16;
+    const RunOut got = train_mpi(cfg), ref = reference(one_rank(cfg));
+    double worst = 0, worst_f32 = 0;
+    for (size_t k = 0; k < got.losses.size() && k < ref.losses.size(); ++k) {
+      worst = std::max(worst, std::fabs(double(got.losses[k]) - ref.losses[k]) / ref.losses[k]);
+      worst_f32 = std::max(worst_f32, std::fabs(double(got.losses[k]) - f32.losses[k]) / f32.losses[k]);
+    }
+    if (g_mpi->rank() == 0)
+      std::printf("bf16 %-24s cp %d: losses within %.2e of bf16 on one rank, %.2e of f32\n", preset, N, worst,
+                  worst_f32);
+    INFO(preset << " cp " << N << ": losses within " << worst << " of one rank's bf16, " << worst_f32 << " of f32");
+    CHECK(got.losses.size() == ref.losses.size());
+    CHECK(worst <= 3e-5);
+    CHECK(worst_f32 < 1e-3);
   }
+}
+
+// The cp axis's bus bytes against cp::micro_step_bus_bytes (compare's theory), to the byte, for both
+// methods, with and without forward run again (--activation-checkpointing blocks), over 2 micro-steps.
+TEST_CASE("context parallelism: the cp axis carries what its formula says", "[cp][cp-bytes]") {
+  const int N = g_mpi->world();
+  if (N < 2) return;
+  for (CpMethod m : {CpMethod::allgather, CpMethod::ring})
+    for (Checkpointing ck : {Checkpointing::none, Checkpointing::blocks}) {
+      CompareConfig cc;
+      cc.train = cp_config("llama-tiny", StrategyKind::zero3, N, 1, 1, m);
+      cc.train.steps = 1;
+      cc.train.accum = 2;
+      cc.train.checkpointing = ck;
+      cc.strategies = {StrategyKind::zero3};
+      std::FILE* sink = std::fopen("/dev/null", "w");
+      auto be = test::test_backend();
+      const CompareResult r = run_compare(*be, world_group(), cc, sink);
+      std::fclose(sink);
+      REQUIRE(r.runs.size() == 1);
+      INFO(cp_method_name(m) << " " << checkpointing_name(ck) << ": cp axis " << r.runs[0].comm_cp << " theory "
+                             << r.runs[0].theory_cp);
+      CHECK(r.runs[0].cp == N);
+      CHECK(r.runs[0].comm_cp > 0);
+      CHECK(r.runs[0].comm_cp == r.runs[0].theory_cp);
+    }
 }

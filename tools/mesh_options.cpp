@@ -53,7 +53,8 @@ void MeshOptions::add(Desc& d) {
                   "gradients add up like data-parallel ranks' and ZeRO/FSDP shard over dp-shard x cp")(
       "cp-method", po::value(&cp_method)->default_value(cp_method),
       "with --cp: allgather (each layer all-gathers the group's keys and values, again in backward, and "
-      "reduce-scatters their gradients)")(
+      "reduce-scatters their gradients) or ring (the keys and values passed from rank to rank while the tiles "
+      "run, partial results merged by their log-sum-exp; dK/dV travel the ring in backward)")(
       "cp-balance", po::value(&cp_balance)->default_value(cp_balance),
       "with --cp: head-tail (2 x cp pieces, rank r holding pieces r and 2 cp - 1 - r: equal causal work) or "
       "contiguous (piece r of cp); --seq must split into the pieces");

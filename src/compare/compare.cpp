@@ -135,7 +135,7 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
     r.cp = cp;
     r.comm_cp = trainer.mesh().last_step_bytes()[static_cast<int>(CommAxis::cp)];
     r.theory_cp = static_cast<double>(tc.accum) *
-                  cp::micro_step_bus_bytes(tc.spec, layers, tc.layout.dims.tp, cp,
+                  cp::micro_step_bus_bytes(tc.spec, tc.layout.cp.method, layers, tc.layout.dims.tp, cp,
                                            tc.batch / trainer.mesh().dp_size() / tc.accum, tc.checkpointing);
     r.comm_theory += r.theory_cp;
   }
@@ -226,9 +226,10 @@ void print_axis_tables(const CompareResult& res, std::FILE* out) {
       if (!r.oom && r.cp > 1)
         std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_cp).c_str(),
                      format_bytes(r.theory_cp).c_str());
-    std::fprintf(out, "(per layer and micro-step, --cp-method allgather: the group's K/V rows all-gathered in forward "
-                 "and again in backward, their gradients reduce-scattered, (C-1)/C x B*T*2*KV*hd floats each; one "
-                 "more gather under --activation-checkpointing blocks: src/model/parallel/cp_attention.hpp)\n");
+    std::fprintf(out, "(per layer and micro-step, G = B*T*2*KV*hd floats: allgather, an all-gather of the group's K/V "
+                 "rows in forward and again in backward and a reduce-scatter of their gradients, (C-1)/C x G each; "
+                 "ring, a send and a receive of G/C per hop, C-1 hops of K/V forward and backward and C of dK/dV; "
+                 "forward twice under --activation-checkpointing blocks: src/model/parallel/cp_attention.hpp)\n");
   }
   bool pp = false;
   for (const auto& r : res.runs) pp |= !r.oom && r.pp > 1;

@@ -98,15 +98,16 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
   // The host tier's peak appears once anything lives there (--offload).
   const std::string host =
       s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
+  const std::string cp = s.cp_wait_ms ? fmt::format(" (cp wait {:.1f} ms)", *s.cp_wait_ms) : std::string();
   const double elapsed = p.elapsed_s();
   const double eta = elapsed / static_cast<double>(p.steps_done) * static_cast<double>(steps - start_step - p.steps_done);
   std::fprintf(out,
                "step %5lld/%lld | loss %.4f (avg %.4f) | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %s | peak %s%s "
-               "| comm %s | %s, ETA %s\n",
+               "| comm %s%s | %s, ETA %s\n",
                static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, p.loss_sum / double(p.losses), s.lr,
                s.grad_norm, s.ms, s.tokens_per_s, share.format(s.flops_per_s).c_str(),
                format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(), format_bytes(s.comm_bytes).c_str(),
-               format_duration(elapsed).c_str(), format_duration(eta).c_str());
+               cp.c_str(), format_duration(elapsed).c_str(), format_duration(eta).c_str());
   std::fflush(out);
   p.loss_sum = 0, p.losses = 0;
 }
@@ -124,6 +125,7 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
                       {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes},
                       {"flops_per_s", s.flops_per_s}, {"elapsed_s", s.elapsed_s}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
+  if (s.cp_wait_ms) j["cp_wait_ms"] = *s.cp_wait_ms;
   if (const auto pct = share.percent(s.flops_per_s)) j[share.log_key()] = *pct;
   log << j.dump() << '\n';
   log.flush();  // a killed run keeps every finished step

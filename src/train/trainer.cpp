@@ -209,6 +209,7 @@ StepStats Trainer::step(int64_t t) {
   const double comm_before = comm_.stats().total_bytes();
   pool_.ledger().set_phase({PhaseKind::begin_step});
   strategy_->begin_step();
+  model_.take_cp_wait_s();  // what evaluation or sampling spent is not this step's
   float loss = model_.reduce_loss(model_.train(batch_fill(loader_, t), dlogit_scale, &pipe_timing_));
   loss /= static_cast<float>(cfg_.batch * T);
   pool_.ledger().set_phase({PhaseKind::optimizer});
@@ -246,6 +247,7 @@ StepStats Trainer::step(int64_t t) {
   s.host_peak_bytes = pool_.ledger().peak_total(Tier::host);
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   s.rss_bytes = resident_bytes();
+  if (const auto w = model_.take_cp_wait_s()) s.cp_wait_ms = *w * 1e3;
   return s;
 }
 

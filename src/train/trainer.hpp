@@ -87,6 +87,8 @@ struct StepStats {
   std::optional<float> val_loss;  // on the steps that validate (Trainer::run)
   double flops_per_s = 0;    // the whole job's model FLOP/s: 6N + 6LCT per token (flops_per_token)
   double elapsed_s = 0;      // since this process's first step began (Trainer::run)
+  // Under --cp: this rank's time in the cp group's collectives (the K/V exchanges), this step.
+  std::optional<double> cp_wait_ms;
 };
 
 class Trainer {

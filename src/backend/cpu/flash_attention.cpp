@@ -218,6 +218,24 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
   }
 }
 
+void flash_attention_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s) {
+  for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
+    const int64_t b = bh / s.H, h = bh % s.H;
+    for (int64_t t = 0; t < s.Tq; ++t) {
+      const float lp = part_lse[bh * s.Tq + t];
+      float& l = lse[bh * s.Tq + t];
+      if (lp == kNone) continue;  // the part saw no key of this row
+      const float m = std::max(l, lp), w_old = std::exp(l - m), w_part = std::exp(lp - m), sum = w_old + w_part;
+      float* o = out + b * s.o_b + t * s.o_ld + h * s.hd;
+      const float* p = part + b * s.o_b + t * s.o_ld + h * s.hd;
+      const float a = w_old / sum, c = w_part / sum;
+#pragma omp simd
+      for (int64_t k = 0; k < s.hd; ++k) o[k] = o[k] * a + p[k] * c;
+      l = m + std::log(sum);
+    }
+  }
+}
+
 void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                               const float* v, const float* out, const float* lse, const FlashShape& s,
                               float* workspace) {

@@ -54,6 +54,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const FlashShape& s,
                              float* workspace);
 // dq, dk, dv (strides of q, k, v) are overwritten.
+void flash_attention_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s);
 void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                               const float* v, const float* out, const float* lse, const FlashShape& s,
                               float* workspace);

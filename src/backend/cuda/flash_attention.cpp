@@ -18,6 +18,11 @@ void flash_attention_forward(Backend& be, float* out, float* lse, const float* q
   CUDA_CHECK(launch_flash_forward(out, lse, q, k, v, s, CudaBackend::of(be).compute_stream()));
 }
 
+void flash_attention_merge(Backend& be, float* out, float* lse, const float* part, const float* part_lse,
+                           const FlashShape& s) {
+  CUDA_CHECK(launch_flash_merge(out, lse, part, part_lse, s, CudaBackend::of(be).compute_stream()));
+}
+
 void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q,
                               const float* k, const float* v, const float* out, const float* lse, float* workspace,
                               const FlashShape& s) {

@@ -149,7 +149,33 @@ __global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const 
   store_row(dv + b * s.v_b + j * s.v_ld + g * s.hd, dvr, s.hd, 1.f, s.accumulate);
 }
 
+// Context parallelism's merge (ops/flash_attention.hpp): a thread per query row, its channels in turn.
+__global__ void flash_merge_kernel(float* out, float* lse, const float* part, const float* part_lse, FlashShape s) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (row >= s.B * s.H * s.Tq) return;
+  const float lp = part_lse[row];
+  if (lp == -INFINITY) return;
+  const float l = lse[row], m = fmaxf(l, lp), w_old = expf(l - m), w_part = expf(lp - m), sum = w_old + w_part;
+  const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H;
+  float* o = out + b * s.o_b + t * s.o_ld + h * s.hd;
+  const float* p = part + b * s.o_b + t * s.o_ld + h * s.hd;
+  const float a = w_old / sum, c = w_part / sum;
+  for (int64_t k = 0; k < s.hd; ++k) o[k] = o[k] * a + p[k] * c;
+  lse[row] = m + logf(sum);
+}
+
 }  // namespace
+
+cudaError_t launch_flash_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s,
+                               cudaStream_t st) {
+  const int64_t rows = s.B * s.H * s.Tq;
+  if (rows == 0) return cudaSuccess;
+  constexpr int kMergeThreads = 256;
+  const int64_t blocks = (rows + kMergeThreads - 1) / kMergeThreads;
+  if (blocks > 2147483647) return cudaErrorInvalidValue;
+  flash_merge_kernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, st>>>(out, lse, part, part_lse, s);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                                  const FlashShape& s, cudaStream_t st) {

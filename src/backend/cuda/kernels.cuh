@@ -94,6 +94,8 @@ cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const 
 // causal softmax over s <= t, zeros above the diagonal.
 // The fused attention (flash_attention.cu): head dimensions up to kMaxHeadDim.
 inline constexpr int64_t kMaxHeadDim = 256;
+cudaError_t launch_flash_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s,
+                               cudaStream_t st);
 cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                                  const FlashShape& s, cudaStream_t st);
 // D (B, H, Tq) is device scratch for rowsum(dO * O).

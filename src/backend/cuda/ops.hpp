@@ -42,6 +42,8 @@ void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tenso
 // ---- flash_attention.cpp ----
 void flash_attention_forward(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v,
                              const FlashShape& s);
+void flash_attention_merge(Backend& be, float* out, float* lse, const float* part, const float* part_lse,
+                           const FlashShape& s);
 void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q,
                               const float* k, const float* v, const float* out, const float* lse, float* workspace,
                               const FlashShape& s);

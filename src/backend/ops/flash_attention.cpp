@@ -117,6 +117,25 @@ void flash_attention_forward(Backend& be, const FlashShape& s, const FlashOperan
              workspace.ptr<float>());
 }
 
+void flash_attention_merge(Backend& be, const FlashShape& s, Tensor out, Tensor lse, Tensor part, Tensor part_lse) {
+  const char* op = "flash_attention_merge";
+  const int64_t rows = span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * s.hd), lses = s.B * s.H * s.Tq;
+  for (const Tensor* t : {&out, &lse, &part, &part_lse})
+    SHARD_CHECK(t->dtype() == DType::f32, "{}: f32 tensors expected, got {}", op, dtype_name(t->dtype()));
+  SHARD_CHECK(out.numel() >= rows && part.numel() >= rows && lse.numel() >= lses && part_lse.numel() >= lses,
+              "{}: out {} part {} (need {}), lse {} part_lse {} (need {})", op, out.numel(), part.numel(), rows,
+              lse.numel(), part_lse.numel(), lses);
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::flash_attention_merge(out.ptr<float>(), lse.ptr<float>(), part.ptr<float>(), part_lse.ptr<float>(), s);
+    case Device::cuda:
+      if constexpr (kWithCuda)
+        cuda::flash_attention_merge(be, out.ptr<float>(), lse.ptr<float>(), part.ptr<float>(), part_lse.ptr<float>(), s);
+      return;
+    case Device::meta: return;
+  }
+}
+
 void flash_attention_backward(Backend& be, const FlashShape& s, const FlashOperands& x, const FlashGrads& d,
                               Tensor workspace) {
   const char* op = "flash_attention_backward (shape)";

@@ -31,6 +31,12 @@ struct FlashGrads {
 void flash_attention_forward(Backend& be, const FlashShape& s, const FlashOperands& x, Tensor workspace);
 void flash_attention_backward(Backend& be, const FlashShape& s, const FlashOperands& x, const FlashGrads& d,
                               Tensor workspace);
+// A partial result over other keys merged into (out, lse) through the log-sum-exp (context
+// parallelism's ring): per query row, out = (out e^lse + part e^part_lse) / (e^lse + e^part_lse)
+// and lse = log(e^lse + e^part_lse), in f32; a row whose part saw no key (part_lse = -inf) stays as
+// it was, and one that had none takes the part. out and part laid out by s's o_ld and o_b; lse and
+// part_lse (B, H, Tq).
+void flash_attention_merge(Backend& be, const FlashShape& s, Tensor out, Tensor lse, Tensor part, Tensor part_lse);
 
 // Decoding through the same kernel: the queries of qkv (B, T, (H + 2 KV) hd), at positions pos0 + t,
 // over rows [0, pos0 + t] of k_cache and v_cache (B, S, KV hd), as ops::attention_cached

@@ -9,9 +9,10 @@ namespace shardlab {
 
 CpMethod parse_cp_method(const std::string& s) {
   if (s == "allgather") return CpMethod::allgather;
-  throw InputError(fmt::format("--cp-method '{}': expected allgather", s));
+  if (s == "ring") return CpMethod::ring;
+  throw InputError(fmt::format("--cp-method '{}': expected allgather or ring", s));
 }
-const char* cp_method_name(CpMethod) { return "allgather"; }
+const char* cp_method_name(CpMethod m) { return m == CpMethod::ring ? "ring" : "allgather"; }
 
 CpBalance parse_cp_balance(const std::string& s) {
   if (s == "head-tail") return CpBalance::head_tail;

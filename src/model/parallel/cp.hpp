@@ -9,6 +9,10 @@
 //              piece, its queries at their causal offset; backward gathers them again (nothing of
 //              size T is kept between forward and backward), computes dK/dV over the whole
 //              sequence and reduce-scatters them back to the ranks that own those rows.
+//   ring       a ring of point-to-point exchanges (Ring Attention, Megatron's p2p): each step the
+//              rank computes its pieces against the K/V rows it holds while they move on to the
+//              next rank, merging partial results through the log-sum-exp; dK/dV travel the ring
+//              beside them in backward. Holds two ranks' rows instead of the whole sequence's.
 //
 // Balance (--cp-balance): causal attention's work grows with the position, so head-tail cuts each
 // sequence into 2C pieces and gives rank r pieces r and 2C-1-r (every rank the same number of
@@ -25,7 +29,7 @@ namespace shardlab {
 
 class Communicator;
 
-enum class CpMethod : uint8_t { allgather };
+enum class CpMethod : uint8_t { allgather, ring };
 enum class CpBalance : uint8_t { head_tail, contiguous };
 CpMethod parse_cp_method(const std::string& s);  // InputError naming the choices otherwise
 const char* cp_method_name(CpMethod m);
@@ -70,8 +74,11 @@ struct CpContext {
   int64_t local() const;         // rows per sequence held here: seq / degree
   bool active() const { return degree > 1; }
   std::vector<CpRows> rows(int64_t B) const;  // every sequence's pieces, sequence after sequence
-  // (query, key) pairs this rank's attention forward computed since it was built (a test reads it).
+  // (query, key) pairs per sequence and head this rank's attention forward calls computed since it
+  // was built (a test reads it); seconds this rank spent in the cp group's collectives, calls and
+  // waits (the trainer reads and resets it each step: the time the group waited on its exchanges).
   int64_t pairs = 0;
+  double wait_s = 0;
 };
 
 }  // namespace shardlab

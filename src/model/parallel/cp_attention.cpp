@@ -6,10 +6,20 @@
 // is len queries at causal offset pos0 over keys [0, pos0 + len). Backward accumulates dK/dV of
 // both pieces over the sequence-ordered rows, lays them out rank after rank again and
 // reduce-scatters them, so each rank receives the sum of the group's gradients for its own rows.
+//
+// Ring (--cp-method ring): only this rank's K/V rows and one other rank's are held. At step i of C
+// the rank holds rank (r - i)'s rows, computes its pieces against those pieces it sees (a partial
+// result at the pair's causal offset, merged into out and lse through the log-sum-exp), while the
+// rows move on to rank r + 1 (sent before the tiles run, waited for after). Backward walks the same
+// ring with dK/dV travelling beside K/V: each rank adds its queries' part into the gradient of the
+// rows it holds and passes both on; after C steps every gradient is back at the rank holding its rows.
 #include "src/model/parallel/cp_attention.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
@@ -82,14 +92,137 @@ void reorder(Backend& be, const CpContext& cp, const AttentionShape& a, Tensor r
       }
 }
 
+// A collective of the cp group (or the wait of one issued before), its time added to cp.wait_s.
+template <class F>
+void timed(CpContext& cp, F collective) {
+  const auto t0 = std::chrono::steady_clock::now();
+  collective().wait();
+  cp.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- ring ----
+
+// This rank's piece p (rows of qkv) against piece k of the rows it holds (B, Tl, 2 KV hd), at their
+// causal offset; out and lse as the caller lays them (atty's strides).
+FlashShape pair_shape(const AttentionShape& a, const CpPiece& p, const CpPiece& k) {
+  const Widths w = widths(a);
+  FlashShape s;
+  s.B = a.B, s.Tq = p.len, s.Tk = k.len, s.H = a.H, s.KV = a.KV, s.hd = a.hd;
+  s.q_ld = w.qkv, s.q_b = a.T * w.qkv;
+  s.k_ld = s.v_ld = w.kv, s.k_b = s.v_b = a.T * w.kv;
+  s.o_ld = w.o, s.o_b = a.T * w.o;
+  s.causal = true, s.offset = p.pos0 - k.pos0;
+  s.scale = 1.f / std::sqrt(static_cast<float>(a.hd));
+  return s;
+}
+bool sees(const CpPiece& p, const CpPiece& k) { return k.pos0 <= p.pos0 + p.len - 1; }
+
+// Every (my piece, held piece) pair of the ring's steps that sees keys: f(step, p, index of p, k).
+template <class F>
+void for_each_pair(const CpContext& cp, int step, F f) {
+  const int src = (cp.rank - step + cp.degree) % cp.degree;
+  for (const CpPiece& k : cp_pieces(cp.seq, cp.degree, src, cp.config.balance))
+    for (size_t i = 0; i < cp.pieces.size(); ++i)
+      if (sees(cp.pieces[i], k)) f(cp.pieces[i], i, k);
+}
+
+// The ring's next hop: `send` to rank r + 1, `recv` from rank r - 1 (issued now, waited for by the caller).
+std::pair<Work, Work> pass_on(CpContext& cp, Tensor send, Tensor recv) {
+  const int next = (cp.rank + 1) % cp.degree, prev = (cp.rank - 1 + cp.degree) % cp.degree;
+  Work s = cp.comm->send(send, next);
+  Work r = cp.comm->recv(recv, prev);
+  return {std::move(s), std::move(r)};
+}
+void wait_both(CpContext& cp, std::pair<Work, Work>& w) {
+  timed(cp, [&] { return std::move(w.first); });
+  timed(cp, [&] { return std::move(w.second); });
+}
+
+int64_t ring_tiles(const CpContext& cp, const AttentionShape& a, bool backward) {
+  int64_t n = 0;
+  for (int step = 0; step < cp.degree; ++step)
+    for_each_pair(cp, step, [&](const CpPiece& p, size_t, const CpPiece& k) {
+      const FlashShape sh = pair_shape(a, p, k);
+      n = std::max(n, backward ? flash_backward_workspace_elems(sh) : flash_forward_workspace_elems(sh));
+    });
+  return n;
+}
+
+void ring_forward(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShape& a, Tensor atty, Tensor lse) {
+  const Widths w = widths(a);
+  const int64_t rows = a.B * a.T;
+  Block kv = c.pool.alloc(DType::f32, 2 * rows * w.kv, Category::comm_buffer, "cp ring K/V rows");
+  Block part = c.pool.alloc(DType::f32, rows * w.o + a.B * a.H * a.T, Category::workspace, "cp ring partial");
+  Block ws = c.pool.alloc(DType::f32, ring_tiles(cp, a, false), Category::workspace, "attention tiles");
+  Tensor held[2] = {kv.flat(DType::f32).slice(0, rows * w.kv), kv.flat(DType::f32).slice(rows * w.kv, rows * w.kv)};
+  Tensor part_out = part.flat(DType::f32).slice(0, rows * w.o), part_lse = part.flat(DType::f32).slice(rows * w.o, a.B * a.H * a.T);
+  ops::copy_rows(c.be, held[0], w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
+  c.be.fill(atty, 0.f);
+  c.be.fill(lse, -std::numeric_limits<float>::infinity());  // no key seen yet
+  for (int step = 0; step < cp.degree; ++step) {
+    Tensor cur = held[step % 2];
+    std::pair<Work, Work> hop;
+    if (step + 1 < cp.degree) hop = pass_on(cp, cur, held[(step + 1) % 2]);
+    for_each_pair(cp, step, [&](const CpPiece& p, size_t i, const CpPiece& k) {
+      const FlashShape sh = pair_shape(a, p, k);
+      const int64_t lse_piece = a.B * a.H * p.len;
+      const Tensor lp = part_lse.slice(static_cast<int64_t>(i) * lse_piece, lse_piece);
+      ops::flash_attention_forward(c.be, sh, {from(qkv, p.row0 * w.qkv), from(cur, k.row0 * w.kv),
+                                              from(cur, k.row0 * w.kv + a.KV * a.hd), from(part_out, p.row0 * w.o), lp},
+                                   ws.flat(DType::f32));
+      ops::flash_attention_merge(c.be, sh, from(atty, p.row0 * w.o),
+                                 lse.slice(static_cast<int64_t>(i) * lse_piece, lse_piece), from(part_out, p.row0 * w.o),
+                                 lp);
+      cp.pairs += causal_pairs(sh);
+    });
+    if (step + 1 < cp.degree) wait_both(cp, hop);
+  }
+}
+
+void ring_backward(UnitContext& c, CpContext& cp, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch,
+                   const AttentionShape& a) {
+  const Widths w = widths(a);
+  const int64_t rows = a.B * a.T, n = rows * w.kv;
+  Block kv = c.pool.alloc(DType::f32, 2 * n, Category::comm_buffer, "cp ring K/V rows");
+  Block dkv = c.pool.alloc(DType::f32, 2 * n, Category::comm_buffer, "cp ring dK/dV rows");
+  Tensor held[2] = {kv.flat(DType::f32).slice(0, n), kv.flat(DType::f32).slice(n, n)};
+  Tensor grad[2] = {dkv.flat(DType::f32).slice(0, n), dkv.flat(DType::f32).slice(n, n)};
+  ops::copy_rows(c.be, held[0], w.kv, from(s("qkv"), a.H * a.hd), w.qkv, rows, w.kv);
+  c.be.fill(grad[0], 0.f);
+  c.be.fill(dqkv, 0.f);  // the steps' dq add into it; dK/dV are written at the end
+  for (int step = 0; step < cp.degree; ++step) {
+    Tensor cur = held[step % 2], dcur = grad[step % 2];
+    std::pair<Work, Work> hop;
+    if (step + 1 < cp.degree) hop = pass_on(cp, cur, held[(step + 1) % 2]);
+    for_each_pair(cp, step, [&](const CpPiece& p, size_t i, const CpPiece& k) {
+      FlashShape sh = pair_shape(a, p, k);
+      sh.accumulate = true;
+      const int64_t lse_piece = a.B * a.H * p.len;
+      ops::flash_attention_backward(
+          c.be, sh,
+          {from(s("qkv"), p.row0 * w.qkv), from(cur, k.row0 * w.kv), from(cur, k.row0 * w.kv + a.KV * a.hd),
+           from(s("atty"), p.row0 * w.o), s("lse").slice(static_cast<int64_t>(i) * lse_piece, lse_piece)},
+          {from(dqkv, p.row0 * w.qkv), from(dcur, k.row0 * w.kv), from(dcur, k.row0 * w.kv + a.KV * a.hd),
+           from(datty, p.row0 * w.o)},
+          scratch);
+    });
+    if (step + 1 < cp.degree) wait_both(cp, hop);
+    // The gradient of the rows held moves on once this rank's part is in; after the last step it
+    // reaches the rank holding those rows, and this rank receives its own.
+    std::pair<Work, Work> back = pass_on(cp, dcur, grad[(step + 1) % 2]);
+    wait_both(cp, back);
+  }
+  ops::copy_rows(c.be, from(dqkv, a.H * a.hd), w.qkv, grad[cp.degree % 2], w.kv, rows, w.kv);
+}
+
 // The group's K/V rows in sequence order, into kv (B, T, 2 KV hd).
-void gather_kv(UnitContext& c, const CpContext& cp, Tensor qkv, const AttentionShape& a, Tensor kv) {
+void gather_kv(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShape& a, Tensor kv) {
   const Widths w = widths(a);
   const int64_t rows = a.B * a.T;
   Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp K/V rows");
   Block all = c.pool.alloc(DType::f32, cp.degree * rows * w.kv, Category::comm_buffer, "cp gathered K/V rows");
   ops::copy_rows(c.be, mine.flat(DType::f32), w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
-  cp.comm->all_gather(mine.flat(DType::f32), all.flat(DType::f32)).wait();
+  timed(cp, [&] { return cp.comm->all_gather(mine.flat(DType::f32), all.flat(DType::f32)); });
   reorder(c.be, cp, a, all.flat(DType::f32), kv, true);
 }
 
@@ -98,6 +231,10 @@ void gather_kv(UnitContext& c, const CpContext& cp, Tensor qkv, const AttentionS
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
   CpContext& cp = context(c, a);
   Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+  if (cp.config.method == CpMethod::ring) {
+    ring_forward(c, cp, qkv, a, atty, lse);
+    return atty;
+  }
   Block kv = c.pool.alloc(DType::f32, a.B * cp.seq * widths(a).kv, Category::workspace, "cp K/V in sequence order");
   gather_kv(c, cp, qkv, a, kv.flat(DType::f32));
   int64_t tiles = 0;
@@ -114,6 +251,7 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
 
 int64_t attention_scratch_elems(const UnitContext& c, const AttentionShape& a) {
   const CpContext& cp = context(c, a);
+  if (cp.config.method == CpMethod::ring) return ring_tiles(cp, a, true);
   int64_t n = 0;
   for (const CpPiece& p : cp.pieces) n = std::max(n, flash_backward_workspace_elems(piece_shape(a, cp, p)));
   return n;
@@ -122,6 +260,7 @@ int64_t attention_scratch_elems(const UnitContext& c, const AttentionShape& a) {
 void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch,
                         const AttentionShape& a) {
   CpContext& cp = context(c, a);
+  if (cp.config.method == CpMethod::ring) return ring_backward(c, cp, s, dqkv, datty, scratch, a);
   const Widths w = widths(a);
   const int64_t rows = a.B * a.T, seq_elems = a.B * cp.seq * w.kv;
   Block kv = c.pool.alloc(DType::f32, seq_elems, Category::workspace, "cp K/V in sequence order");
@@ -143,16 +282,19 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
   reorder(c.be, cp, a, ranked.flat(DType::f32), dkv.flat(DType::f32), false);
   dkv.reset();
   Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp dK/dV rows");
-  cp.comm->reduce_scatter(ranked.flat(DType::f32), mine.flat(DType::f32)).wait();
+  timed(cp, [&] { return cp.comm->reduce_scatter(ranked.flat(DType::f32), mine.flat(DType::f32)); });
   ops::copy_rows(c.be, from(dqkv, a.H * a.hd), w.qkv, mine.flat(DType::f32), w.kv, rows, w.kv);
 }
 
-double micro_step_bus_bytes(const ModelSpec& spec, int layers, int tp, int cp, int64_t B, Checkpointing ck) {
+double micro_step_bus_bytes(const ModelSpec& spec, CpMethod method, int layers, int tp, int cp, int64_t B,
+                            Checkpointing ck) {
   const double C = cp, hd = static_cast<double>(spec.dim / spec.heads);
   const double kv = static_cast<double>(spec.num_kv_heads()) / tp;
   const double gathered = static_cast<double>(B) * static_cast<double>(spec.seq) * 2 * kv * hd * sizeof(float);
-  const int calls = 3 + (ck == Checkpointing::blocks ? 1 : 0);
-  return layers * calls * (C - 1) / C * gathered;
+  const int forwards = 1 + (ck == Checkpointing::blocks ? 1 : 0);
+  if (method == CpMethod::ring)  // a send and a receive of the rank's rows (gathered / C) per hop
+    return layers * 2 * gathered / C * (forwards * (C - 1) + (C - 1) + C);
+  return layers * (forwards + 2) * (C - 1) / C * gathered;
 }
 
 }  // namespace shardlab::cp

@@ -4,6 +4,7 @@
 // by the caller, "atty", "lse").
 #pragma once
 #include "src/model/blocks/attention.hpp"
+#include "src/model/parallel/cp.hpp"
 
 namespace shardlab::cp {
 
@@ -18,10 +19,12 @@ int64_t attention_scratch_elems(const UnitContext& c, const blocks::AttentionSha
 void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch,
                         const blocks::AttentionShape& a);
 
-// Bus bytes one rank moves on the cp axis in one micro-step of B sequences (allgather): per layer
-// it holds, an all-gather of the group's K/V rows in forward, the same again in backward and a
-// reduce-scatter of their gradients, each (C - 1) / C x B T 2 KV hd floats (KV: this rank's K/V
-// heads, / tp), plus one more gather where --activation-checkpointing blocks runs forward again.
-double micro_step_bus_bytes(const ModelSpec& spec, int layers, int tp, int cp, int64_t B, Checkpointing ck);
+// Bus bytes one rank moves on the cp axis in one micro-step of B sequences, per layer it holds
+// (KV: this rank's K/V heads, / tp; G = B T 2 KV hd floats, the group's K/V rows). allgather: an
+// all-gather in forward, another in backward and a reduce-scatter of the gradients, (C - 1) / C G
+// each. ring: per hop a send and a receive of the rank's rows, G / C each: C - 1 hops of K/V in
+// forward, C - 1 in backward and C of dK/dV. --activation-checkpointing blocks runs forward again.
+double micro_step_bus_bytes(const ModelSpec& spec, CpMethod method, int layers, int tp, int cp, int64_t B,
+                            Checkpointing ck);
 
 }  // namespace shardlab::cp
