@@ -234,6 +234,7 @@ TEST_CASE("plan: tensor parallelism follows the trainer's rule, the MLP width as
 TEST_CASE("plan: a budget nothing meets says why for every configuration walked", "[plan]") {
   PlanConfig pc = plan_for("gpt2-xl", 8, uint64_t{1} << 30, DType::f32);
   pc.pins.tp = 1, pc.pins.pp = 1;
+  pc.pins.cp = 1;  // with cp 2 or 4 and parameters offloaded a rank's share fits (plan: context parallelism)
   const PlanResult plan = make_plan(pc);
   REQUIRE(!plan.entries.empty());
   CHECK(plan.walked == plan.candidates);
@@ -376,4 +377,61 @@ TEST_CASE("plan: the progress line comes every 10 s in a log, in place every sec
     CHECK(b.find("\033[K", at) - at - 1 <= 49);
   WalkProgress quiet(nullptr, 80);  // no stream: nothing to do, nothing to fail
   drive(quiet);
+}
+
+TEST_CASE("plan: context parallelism is searched, and at a long sequence it is what fits", "[plan][cp]") {
+  PlanConfig pc = plan_for("llama-small", 8, uint64_t{80} << 30, DType::f32);
+  pc.train.spec.seq = 8192;
+  pc.global_batch = 8;
+  PlanPins& p = pc.pins;
+  p.strategy = StrategyKind::zero3, p.offload = Offload::none, p.checkpointing = Checkpointing::blocks;
+  p.micro_batch = 1, p.sequence_parallel = false, p.pp = 1;
+  pc.exhaustive = true;
+  const PlanResult all = make_plan(pc);
+  uint64_t best_whole = UINT64_MAX, best_cp = UINT64_MAX;
+  std::vector<int> cps;
+  for (const PlanEntry& e : all.entries) {
+    REQUIRE(e.predicted);
+    (e.layout.dims.cp == 1 ? best_whole : best_cp) = std::min(e.layout.dims.cp == 1 ? best_whole : best_cp, e.peak);
+    if (std::find(cps.begin(), cps.end(), e.layout.dims.cp) == cps.end()) cps.push_back(e.layout.dims.cp);
+    // Its peak is the trainer's prediction of that run (the cp ranks hold equal pieces: rank 0 stands for them).
+    if (e.layout.dims.cp > 1 && e.layout.dims.tp == 1)
+      CHECK(e.peak == predict_step(e.config(pc), pc.world, 0, e.micro_batch).peak);
+  }
+  std::sort(cps.begin(), cps.end());
+  CHECK(cps == std::vector<int>{1, 2, 4, 8});
+  REQUIRE(best_cp < best_whole);  // a rank holds 1 / cp of each sequence's activations
+  pc.device_memory = best_cp;
+  pc.exhaustive = false;
+  const PlanResult tight = make_plan(pc);
+  REQUIRE(!tight.entries.empty());
+  REQUIRE(tight.entries.front().fits);
+  for (const PlanEntry& e : tight.entries)
+    if (e.fits) CHECK(e.layout.dims.cp > 1);
+  CHECK(tight.entries.front().label().find(" cp ") != std::string::npos);
+}
+
+TEST_CASE("plan: the time model of context parallelism", "[plan][cp]") {
+  ModelSpec m = model_preset("llama3-8b");
+  m.seq = 65536;
+  const PlanConfig pc = plan_for("llama3-8b", 64, uint64_t{80} << 30);
+  TimeLayout whole, cp;
+  whole.tp = cp.tp = 8, whole.global_batch = cp.global_batch = 8, whole.recompute = cp.recompute = Checkpointing::blocks;
+  whole.dp_strategy = cp.dp_strategy = StrategyKind::zero3;
+  whole.dp = 8, cp.dp = 1, cp.cp = 8;
+  const TimePrediction a = predict_step_time(m, whole, pc.rates.device, pc.rates.achievable);
+  const TimePrediction b = predict_step_time(m, cp, pc.rates.device, pc.rates.achievable);
+  // The same tokens over the same devices: the work per step is the same but for the GEMMs'
+  // shapes (s / cp query rows per rank), and the K/V exchanges are exposed.
+  CHECK(b.split.compute == Approx(a.split.compute).epsilon(0.05));
+  CHECK(a.split.exposed_cp == 0);
+  CHECK(b.split.exposed_cp > 0);
+  CHECK(b.hardware_flops == a.hardware_flops);
+  // The ring hides its K/V hops behind the attention tiles: less exposed than the all-gathers.
+  cp.cp_method = CpMethod::ring;
+  const TimePrediction r = predict_step_time(m, cp, pc.rates.device, pc.rates.achievable);
+  CHECK(r.split.exposed_cp < b.split.exposed_cp);
+  // cp needs its pieces whole, and the fused attention.
+  cp.cp = 3;
+  CHECK_THROWS_WITH(predict_step_time(m, cp, pc.rates.device, pc.rates.achievable), Catch::Contains("equal pieces"));
 }

@@ -57,13 +57,14 @@ Desc plan_options(PlanFlags& f, PlanConfig& pc) {
 
 void set_pins(PlanPins& pins, const PlanFlags& f, const po::variables_map& vm) {
   SHARD_REQUIRE(!given_flag(vm, "pp-split"), "plan --pp-split: the planner splits the stages by cost; leave it out");
-  SHARD_REQUIRE(!given_flag(vm, "cp") && !given_flag(vm, "cp-method") && !given_flag(vm, "cp-balance"),
-                "plan --cp: the planner does not search context parallelism yet; leave --cp out (profile --cp "
-                "predicts one context-parallel layout's memory, compare --cp runs it)");
+  SHARD_REQUIRE(!given_flag(vm, "cp-balance") || f.mesh.cp_balance == "head-tail",
+                "plan --cp-balance {}: the planner times head-tail pieces (equal causal work per rank); leave it out",
+                f.mesh.cp_balance);
   SHARD_REQUIRE(!given_flag(vm, "dp-replicate") || given_flag(vm, "dp-shard"),
                 "plan --dp-replicate without --dp-shard: pin the shard group with --dp-shard (the replicas follow)");
   const MeshOptions& mesh = f.mesh;
   if (given_flag(vm, "tp")) pins.tp = mesh.dims.tp;
+  if (given_flag(vm, "cp")) pins.cp = mesh.dims.cp;
   if (given_flag(vm, "pp")) pins.pp = mesh.dims.pp;
   if (given_flag(vm, "pp-virtual")) pins.pp_virtual = mesh.pp_virtual;
   if (given_flag(vm, "pp-schedule")) pins.schedule = parse_pp_schedule(mesh.pp_schedule);

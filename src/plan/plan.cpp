@@ -66,6 +66,8 @@ TimeLayout PlanEntry::time_layout(const PlanConfig& p) const {
   l.virtual_stages = layout.pipeline.virtual_stages;
   l.dp = layout.dims.dp();
   l.dp_shard = layout.dims.dp_shard;
+  l.cp = layout.dims.cp;
+  l.cp_method = layout.cp.method;
   l.schedule = layout.pipeline.schedule;
   l.micro_batch = micro_batch;
   l.global_batch = p.batch();
@@ -91,6 +93,7 @@ std::string PlanEntry::label() const {
   const ParallelDims& d = layout.dims;
   std::string s = fmt::format("tp {}{} pp {}", d.tp, layout.sequence_parallel ? "+sp" : "", d.pp);
   if (d.pp > 1) s += fmt::format(" {}", layout.pipeline.schedule->label(layout.pipeline.virtual_stages));
+  if (d.cp > 1) s += fmt::format(" cp {}{}", d.cp, layout.cp.method == CpMethod::ring ? " ring" : "");
   s += fmt::format(" dp {} {}", d.dp(), strategy_name(strategy.kind));
   if (d.dp_replicate > 1) s += fmt::format(" S={}", d.dp_shard);
   if (strategy.offload != Offload::none) s += fmt::format(" off:{}", offload_name(strategy.offload));
@@ -245,60 +248,78 @@ class Searcher {
         if ((N / t) % *p.pp != 0) continue;  // another tp may leave room for it
         pps = {*p.pp};
       }
-      for (int pp : pps) {
-        if (pp == 1 && (p.schedule || p.pp_virtual.value_or(1) > 1) && !p.pp) continue;  // they ask for a pipeline
-        const int dp = N / (t * pp);
-        if (B % dp != 0) {
-          ++res.not_runnable;
-          continue;
+      for (int pp : pps)
+        for (int cp : cp_choices(N / (t * pp))) {
+          if (pp == 1 && (p.schedule || p.pp_virtual.value_or(1) > 1) && !p.pp) continue;  // they ask for a pipeline
+          const int dp = N / (t * pp * cp);
+          if (B % dp != 0) {
+            ++res.not_runnable;
+            continue;
+          }
+          const std::vector<std::pair<PpSchedule, int>> scheds = schedules(pp, units);
+          std::vector<int> groups = {dp};
+          const int local = K / (t * cp);  // a node's share of the data-parallel ranks
+          if (local > 1 && local < dp && dp % local == 0) groups.push_back(local);
+          if (p.dp_shard) {
+            SHARD_REQUIRE(dp % *p.dp_shard == 0, "--dp-shard {} does not divide the data-parallel degree {} (world {} / "
+                          "tp {} / pp {} / cp {})", *p.dp_shard, dp, N, t, pp, cp);
+            groups = {*p.dp_shard};
+          }
+          std::vector<int64_t> mbs;
+          for (int64_t mb = 1; mb <= B / dp; mb *= 2)
+            if ((B / dp) % mb == 0) mbs.push_back(mb);
+          if (p.micro_batch) {
+            SHARD_REQUIRE((B / dp) % *p.micro_batch == 0,
+                          "--micro-batch {} does not divide the {} sequences per data-parallel rank (--global-batch {} / "
+                          "dp {})", *p.micro_batch, B / dp, B, dp);
+            mbs = {*p.micro_batch};
+          }
+          for (auto [sched, v] : scheds)
+            for (int S : groups)
+              for (bool sp : pinned_or<bool>(p.sequence_parallel, {false, true})) {
+                if (sp && t == 1) continue;
+                for (StrategyKind k : pinned_or<StrategyKind>(
+                         p.strategy, {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3}))
+                  for (Offload off : pinned_or<Offload>(p.offload, {Offload::none, Offload::optimizer, Offload::params}))
+                    for (Checkpointing ck : pinned_or<Checkpointing>(p.checkpointing, checkpointing_choices(s)))
+                      for (int64_t mb : mbs) {
+                        if ((S < dp && zero_stage(k) == 0) || offload_for(k, off) != off) continue;
+                        const int64_t accum = B / (dp * mb);
+                        if (!pp_schedule_allows(sched, pp, v, accum)) continue;
+                        PlanEntry e;
+                        e.strategy = c_.train.strategy.under(k);
+                        e.layout.dims = ParallelDims{pp, dp / S, S, t, cp};
+                        e.layout.cp.method = c_.train.layout.cp.method;
+                        e.strategy.offload = off;
+                        e.checkpointing = ck;
+                        e.layout.sequence_parallel = sp;
+                        e.layout.pipeline.schedule = sched;
+                        e.layout.pipeline.virtual_stages = v;
+                        e.micro_batch = mb;
+                        e.accum = accum;
+                        e.time = predict_step_time(s, e.time_layout(c_), c_.rates.device, c_.rates.achievable);
+                        out.push_back(std::move(e));
+                      }
+              }
         }
-        const std::vector<std::pair<PpSchedule, int>> scheds = schedules(pp, units);
-        std::vector<int> groups = {dp};
-        const int local = K / t;
-        if (local > 1 && local < dp && dp % local == 0) groups.push_back(local);
-        if (p.dp_shard) {
-          SHARD_REQUIRE(dp % *p.dp_shard == 0, "--dp-shard {} does not divide the data-parallel degree {} (world {} / "
-                        "tp {} / pp {})", *p.dp_shard, dp, N, t, pp);
-          groups = {*p.dp_shard};
-        }
-        std::vector<int64_t> mbs;
-        for (int64_t mb = 1; mb <= B / dp; mb *= 2)
-          if ((B / dp) % mb == 0) mbs.push_back(mb);
-        if (p.micro_batch) {
-          SHARD_REQUIRE((B / dp) % *p.micro_batch == 0,
-                        "--micro-batch {} does not divide the {} sequences per data-parallel rank (--global-batch {} / "
-                        "dp {})", *p.micro_batch, B / dp, B, dp);
-          mbs = {*p.micro_batch};
-        }
-        for (auto [sched, v] : scheds)
-          for (int S : groups)
-            for (bool sp : pinned_or<bool>(p.sequence_parallel, {false, true})) {
-              if (sp && t == 1) continue;
-              for (StrategyKind k : pinned_or<StrategyKind>(
-                       p.strategy, {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3}))
-                for (Offload off : pinned_or<Offload>(p.offload, {Offload::none, Offload::optimizer, Offload::params}))
-                  for (Checkpointing ck : pinned_or<Checkpointing>(p.checkpointing, checkpointing_choices(s)))
-                    for (int64_t mb : mbs) {
-                      if ((S < dp && zero_stage(k) == 0) || offload_for(k, off) != off) continue;
-                      const int64_t accum = B / (dp * mb);
-                      if (!pp_schedule_allows(sched, pp, v, accum)) continue;
-                      PlanEntry e;
-                      e.strategy = c_.train.strategy.under(k);
-                      e.layout.dims = ParallelDims{pp, dp / S, S, t};
-                      e.strategy.offload = off;
-                      e.checkpointing = ck;
-                      e.layout.sequence_parallel = sp;
-                      e.layout.pipeline.schedule = sched;
-                      e.layout.pipeline.virtual_stages = v;
-                      e.micro_batch = mb;
-                      e.accum = accum;
-                      e.time = predict_step_time(s, e.time_layout(c_), c_.rates.device, c_.rates.achievable);
-                      out.push_back(std::move(e));
-                    }
-            }
-      }
     }
     return out;
+  }
+
+  // The context-parallel degrees dividing n ranks: 1, and with the fused attention those up to 32
+  // whose head-tail pieces hold at least 128 positions; or the one pinned (none when it does not
+  // divide n: another tp or pp may leave room for it).
+  std::vector<int> cp_choices(int n) const {
+    const ModelSpec& s = c_.train.spec;
+    if (const std::optional<int>& cp = c_.pins.cp) {
+      if (*cp > 1) check_cp_seq(s.seq, *cp, CpBalance::head_tail);
+      return n % *cp == 0 ? std::vector<int>{*cp} : std::vector<int>{};
+    }
+    std::vector<int> cps;
+    for (int c : divisors(n))
+      if (c == 1 || (c <= 32 && s.attention == AttentionKernel::flash && s.seq % (2 * c) == 0 && s.seq / (2 * c) >= 128))
+        cps.push_back(c);
+    return cps;
   }
 
   // The tensor-parallel degrees: those within a node that divide the world and that the model can
@@ -322,7 +343,7 @@ class Searcher {
   // Everything but the micro-batch (and the accumulation that follows from it).
   static std::string group_key(const PlanEntry& e) {
     const ParallelDims& d = e.layout.dims;
-    return fmt::format("{} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.dp_shard, d.dp_replicate,
+    return fmt::format("{} {} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.cp, d.dp_shard, d.dp_replicate,
                        e.layout.pipeline.schedule.name(), e.layout.pipeline.virtual_stages,
                        int(e.layout.sequence_parallel), int(e.strategy.kind), int(e.strategy.offload),
                        int(e.checkpointing));
@@ -365,7 +386,8 @@ class Searcher {
   // keeps of each on the device, sharded over S at best.
   uint64_t states_bound(const PlanEntry& e) {
     const MixedPrecisionPolicy& pr = c_.train.strategy.precision;
-    const double params = stage_facts(e).max_params, S = double(e.layout.dims.dp_shard);
+    const ParallelDims& d = e.layout.dims;
+    const double params = stage_facts(e).max_params, S = double(d.dp_shard) * d.cp;  // ZeRO shards over S x cp
     const double p = double(dtype_size(pr.param_dtype));
     const double g = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
     const double opt = (pr.param_dtype == DType::f32 ? 0 : 4) +
@@ -436,12 +458,12 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
                res.ruled_by_states, res.ruled_by_micro_batch, res.not_runnable, res.seconds, fitting);
   std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s\n", "#", "layout", "ckpt",
                "mb x acc", "peak (stage)", "host peak", "step ms", "tokens/s", "TFLOP/s", "MFU",
-               "compute/recomp/tp/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");
+               "compute/recomp/tp+cp/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");
   auto line = [&](size_t i, const PlanEntry& e) {
     const TimeSplit& s = e.time.split;
     auto pct = [&](double x) { return s.total > 0 ? 100 * x / s.total : 0.0; };
     const std::string split = fmt::format("{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}", pct(s.compute),
-                                          pct(s.recompute), pct(s.exposed_tp), pct(s.exposed_dp), pct(s.bubble),
+                                          pct(s.recompute), pct(s.exposed_tp + s.exposed_cp), pct(s.exposed_dp), pct(s.bubble),
                                           pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
     std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.3g %4.0f%%  %-38s %9s %10s%s\n", i + 1,
                  e.label().c_str(), checkpointing_name(e.checkpointing), mb_text(e).c_str(), e.peak_text().c_str(),

@@ -12,7 +12,9 @@
 //      KV heads and the MLP width), pp dividing world / tp with at least pp x v units, v in
 //      {2, 3, 4, 6, 8} for interleaved-1f1b, the data-parallel degree dp = world / (tp pp)
 //      sharded over the whole of it or over a node's share (hybrid), ddp/zero1-3, offload where the
-//      strategy has it, none/attention/blocks, power-of-two micro-batches dividing B / dp;
+//      strategy has it, none/attention/blocks, power-of-two micro-batches dividing B / dp; context
+//      parallelism cp dividing world / (tp pp) up to 32 with pieces of at least 128 positions (the
+//      fused attention only; dp = world / (tp pp cp); --cp-method as given, allgather by default);
 //   2. predict each one's time (microseconds each) and sort;
 //   3. walk them fastest first and settle whether each fits: a lower bound of its model states
 //      (the largest stage's parameters / tp times the bytes per parameter the strategy keeps on the
@@ -45,7 +47,7 @@ struct PlanRates {
 
 // The dimensions a flag pins; unset = searched.
 struct PlanPins {
-  std::optional<int> tp, pp, pp_virtual, dp_shard;
+  std::optional<int> tp, pp, pp_virtual, dp_shard, cp;
   std::optional<PpSchedule> schedule;
   std::optional<bool> sequence_parallel;
   std::optional<StrategyKind> strategy;
@@ -55,7 +57,7 @@ struct PlanPins {
 };
 
 struct PlanConfig {
-  TrainConfig train;         // model, dtypes, optimizer (the layout and the batch are searched)
+  TrainConfig train;         // model, dtypes, optimizer, cp's method (the layout and the batch are searched)
   int world = 8;
   int ranks_per_node = 8;
   uint64_t device_memory = 0;  // per rank; required

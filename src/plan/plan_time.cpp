@@ -65,6 +65,8 @@ void TimeLayout::validate(const ModelSpec& m) const {
   if (auto why = tp_split_problem(m, tp)) throw InputError(*why);  // the trainer's rule
   SHARD_REQUIRE(m.layers >= int64_t{pp} * virtual_stages, "{} layers cannot fill pp {} x {} virtual stages",
                 m.layers, pp, virtual_stages);
+  SHARD_REQUIRE(cp >= 1 && (cp == 1 || flash_attention), "cp {} needs the fused attention (--attention flash)", cp);
+  if (cp > 1) check_cp_seq(m.seq, cp, CpBalance::head_tail);
   SHARD_REQUIRE(micro_batch >= 1 && global_batch % (micro_batch * dp) == 0,
                 "global batch {} is not a multiple of micro-batch {} x dp {}", global_batch, micro_batch, dp);
   require_pp_schedule(schedule, pp, virtual_stages, micro_batches());
@@ -103,13 +105,13 @@ struct LayerGemms {
   std::vector<Gemm> dense, core;
 };
 
-LayerGemms layer_gemms(const ModelSpec& m, double b, double t) {
+LayerGemms layer_gemms(const ModelSpec& m, double b, double t, double cp = 1) {
   const double s = double(m.seq), h = double(m.dim), a = double(m.heads), g = double(m.num_kv_heads());
-  const double d = h / a, f = double(m.ffn_hidden()), n = b * s;
+  const double d = h / a, f = double(m.ffn_hidden()), n = b * s / cp, q = s / cp;  // cp: the rank's rows
   const double up = family_of(m).layer_costs().mlp_in_products;  // SwiGLU's gate and up in one product
   LayerGemms l;
   l.dense = {{n, (a + 2 * g) * d / t, h}, {n, h, h / t}, {n, up * f / t, h}, {n, h, f / t}};
-  l.core = {{s, s, d, b * a / t}, {s, d, s, b * a / t}};
+  l.core = {{q, s, d, b * a / t}, {q, d, s, b * a / t}};
   return l;
 }
 
@@ -137,14 +139,15 @@ struct LayerTime {
   double fwd = 0, bwd = 0;     // everything but the attention core
   double core_fwd = 0, core_bwd = 0;
   double tp_collective = 0;    // one all-reduce (or reduce-scatter + all-gather) of n h
+  double cp_fwd = 0, cp_bwd = 0;  // the cp group's exposed exchanges (plan_time.hpp)
 };
 
 LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
-  const double b = double(l.micro_batch), t = double(l.tp), s = double(m.seq), h = double(m.dim);
-  const double heads = double(m.heads), g = double(m.num_kv_heads()), f = double(m.ffn_hidden()), n = b * s;
+  const double b = double(l.micro_batch), t = double(l.tp), s = double(m.seq), h = double(m.dim), C = l.cp;
+  const double heads = double(m.heads), g = double(m.num_kv_heads()), f = double(m.ffn_hidden()), n = b * s / C;
   const LayerCosts c = family_of(m).layer_costs();
   const double mem = memory_rate(r, a), act = l.act_bytes;
-  const LayerGemms gs = layer_gemms(m, b, t);
+  const LayerGemms gs = layer_gemms(m, b, t, C);
   LayerTime lt;
   // Element accesses (plan_time.hpp): per token x hidden, per token x MLP, RoPE, per score.
   const double rows = l.sequence_parallel ? n / t : n;
@@ -155,7 +158,8 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   if (l.flash_attention) {
     double flops = 0, eff = 0;
     for (const Gemm& core : gs.core) flops += core.flops();
-    eff = a.whole_step ? 1 : a.gemm * (s / (s + a.knee)) * (s / (s + a.knee)) * ((h / heads) / (h / heads + a.knee));
+    const double q = s / C;  // query rows here
+    eff = a.whole_step ? 1 : a.gemm * (q / (q + a.knee)) * (s / (s + a.knee)) * ((h / heads) / (h / heads + a.knee));
     lt.core_fwd = flops / (r.flops.value * eff);
     lt.core_bwd = 2.5 * lt.core_fwd;
   } else {
@@ -167,15 +171,27 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
     const double link = l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
     lt.tp_collective = 2 * (t - 1) / t * n * h * act / link;
   }
+  if (l.cp > 1) {
+    const double link = int64_t{l.cp} * l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    const double G = b * s * 2 * (g / t) * (h / heads) * act;  // the group's K/V rows
+    if (l.cp_method == CpMethod::ring) {
+      const double hop = G / C / link;
+      lt.cp_fwd = std::max(0.0, (C - 1) * hop - lt.core_fwd);
+      lt.cp_bwd = std::max(0.0, (C - 1) * hop - lt.core_bwd) + C * hop;
+    } else {
+      lt.cp_fwd = (C - 1) / C * G / link;
+      lt.cp_bwd = 2 * lt.cp_fwd;
+    }
+  }
   return lt;
 }
 
 // One stage's parts for one micro-batch.
 struct StageTime {
-  double compute = 0, recompute = 0, tp = 0;
+  double compute = 0, recompute = 0, tp = 0, cp = 0;
   double backward = 0;  // its backward (and recomputation): the window DP reductions hide in
   double params = 0;    // parameters on one rank of the stage
-  double total() const { return compute + recompute + tp; }
+  double total() const { return compute + recompute + tp + cp; }
 };
 
 StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a,
@@ -183,7 +199,7 @@ StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   const LayerTime lt = layer_time(m, l, r, a);
   const double per_chunk = std::ceil(double(m.layers) / (l.pp * l.virtual_stages));
   const double layers = per_chunk * l.virtual_stages, t = double(l.tp);
-  const double n = double(l.micro_batch * m.seq), h = double(m.dim), V = double(m.vocab);
+  const double n = double(l.micro_batch * m.seq) / l.cp, h = double(m.dim), V = double(m.vocab);
   const double heads = double(m.heads), d = h / heads, g = double(m.num_kv_heads()), f = double(m.ffn_hidden());
   const LayerCosts c = family_of(m).layer_costs();
   StageTime st;
@@ -191,6 +207,7 @@ StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   if (l.recompute == Checkpointing::blocks) st.recompute = layers * (lt.fwd + lt.core_fwd);
   if (l.recompute == Checkpointing::attention) st.recompute = layers * lt.core_fwd;
   st.tp = layers * lt.tp_collective * (l.recompute == Checkpointing::blocks ? 6 : 4);
+  st.cp = layers * (lt.cp_fwd * (l.recompute == Checkpointing::blocks ? 2 : 1) + lt.cp_bwd);
   st.backward = (lt.bwd + lt.core_bwd) * layers + st.recompute;
   const double layer_params = h * (heads + 2 * g) * d + h * h + (c.mlp_in_products + 1) * h * f;
   st.params = layers * layer_params / t;
@@ -236,27 +253,29 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   sp.compute = M * st.compute;
   sp.recompute = M * st.recompute;
   sp.exposed_tp = M * st.tp;
+  sp.exposed_cp = M * st.cp;
   out.stage_s = st.total();
   sp.bubble = l.schedule->bubble_stages(p, v) * out.stage_s;
   if (l.pp > 1) {
-    const bool one_node = int64_t{l.tp} * l.dp * l.pp <= r.ranks_per_node;
+    const bool one_node = int64_t{l.tp} * l.cp * l.dp * l.pp <= r.ranks_per_node;
     const double link = one_node ? r.intra.value * a.intra : r.inter.value * a.inter;
     const double bytes = double(l.micro_batch * m.seq * m.dim) * l.act_bytes /
-                         (l.sequence_parallel || l.pp_scatter_gather ? l.tp : 1);
+                         (l.sequence_parallel || l.pp_scatter_gather ? l.tp : 1) / l.cp;
     sp.pp_p2p = M * v * 2 * bytes / link;
   }
   // Data parallelism: step_traffic's volumes of the largest stage's parameters on one rank.
-  const int S = l.dp_shard > 0 ? l.dp_shard : l.dp;
+  // Under cp the gradients reduce over dp x cp ranks and ZeRO shards over S x cp.
+  const int S = (l.dp_shard > 0 ? l.dp_shard : l.dp) * l.cp, D = l.dp * l.cp;
   const StepTraffic tr = step_traffic(
-      l.dp_strategy, TrafficInputs{st.params, l.dp, S, l.param_bytes == 2 ? DType::bf16 : DType::f32,
+      l.dp_strategy, TrafficInputs{st.params, D, S, l.param_bytes == 2 ? DType::bf16 : DType::f32,
                                    l.grad_bytes == 2 ? DType::bf16 : DType::f32});
   const double repeats = tr.per_micro && l.pp == 1 ? M : 1;
-  if (l.dp > 1) {
-    // dp ranks are tp apart (tp innermost): a group of S spans S x tp ranks, the whole dp x tp.
+  if (D > 1) {
+    // dp ranks are tp apart (tp innermost; cp x tp under cp): a group of S spans S x tp ranks, the whole D x tp.
     auto link = [&](int64_t span) {
       return span <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
     };
-    const double bw_s = link(int64_t{S} * l.tp), bw_all = link(int64_t{l.dp} * l.tp);
+    const double bw_s = link(int64_t{S} * l.tp), bw_all = link(int64_t{D} * l.tp);
     double group = tr.group_overlapped_bus();
     if (l.dp_strategy == StrategyKind::zero3 && l.pp == 1 && l.recompute == Checkpointing::blocks)
       group += tr.fs() * tr.p;  // the recomputed forward gathers again
@@ -273,9 +292,9 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
     sp.optimizer = r.adamw.value > 0 ? updated / r.adamw.value
                                      : updated * l.optimizer_bytes / (r.hbm.value * a.memory);
   }
-  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.bubble + sp.pp_p2p + sp.exposed_dp + sp.offload +
-             sp.optimizer;
-  const double devices = double(l.tp) * l.pp * l.dp;
+  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.exposed_cp + sp.bubble + sp.pp_p2p + sp.exposed_dp +
+             sp.offload + sp.optimizer;
+  const double devices = double(l.tp) * l.pp * l.dp * l.cp;
   out.tokens_per_s = double(l.global_batch * m.seq) / sp.total;
   out.hardware_flops = megatron_flops(m, l.global_batch, l.recompute);
   out.model_flops = megatron_flops(m, l.global_batch, Checkpointing::none);

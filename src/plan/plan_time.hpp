@@ -57,7 +57,15 @@
 // Calibrated rates (`plan --calibrate`, Achievable::whole_step): the FLOP rate is a whole measured
 //   step's, so every GEMM runs at it (no shape efficiency, no memory term) and element-wise work
 //   costs nothing apart (it is inside that rate).
-// total = compute + recompute + exposed_tp + bubble + pp_p2p + exposed_dp + offload + optimizer.
+// Context parallelism (cp C, between dp and tp in rank order): every size above with n = b s / C
+//   tokens per rank and the attention core's products on s / C query rows (causal work balanced
+//   head-tail); per layer G = b s 2 (g / t) d act bytes of K/V (cp::micro_step_bus_bytes) over the
+//   intra-node link when C x t ranks fit a node: allgather exposes its all-gathers ((C - 1) / C G,
+//   forward and backward) and the reduce-scatter (the same); ring hides its C - 1 K/V hops of G / C
+//   behind the attention core (forward and backward) and exposes the C hops of dK/dV. Gradients
+//   reduce over dp x C ranks, ZeRO shards over S x C; pipeline messages carry b s h / C.
+// total = compute + recompute + exposed_tp + exposed_cp + bubble + pp_p2p + exposed_dp + offload +
+//   optimizer.
 //
 // FLOPs as Megatron counts them (Narayanan et al. 2021, eq. 3, GPT): every GEMM's 2 m n k, the
 // attention's full s x s, the layers 4 passes under full recomputation (forward, recompute,
@@ -71,6 +79,7 @@
 
 #include "shard/strategy.hpp"
 #include "src/core/device_peaks.hpp"
+#include "src/model/parallel/cp.hpp"
 #include "src/model/spec.hpp"
 #include "src/model/unit.hpp"
 #include "shard/pipeline/schedule.hpp"
@@ -112,6 +121,8 @@ struct Achievable {
 
 struct TimeLayout {
   int tp = 1, pp = 1, virtual_stages = 1, dp = 1;
+  int cp = 1;  // context-parallel ranks (each sequence split over them); dp counts sequences' ranks only
+  CpMethod cp_method = CpMethod::allgather;
   PpSchedule schedule;  // the default unless given
   int64_t micro_batch = 1;   // b
   int64_t global_batch = 1;  // B sequences per step: M = B / (b dp)
@@ -133,6 +144,7 @@ struct TimeLayout {
 struct TimeSplit {
   double compute = 0, recompute = 0, exposed_tp = 0, exposed_dp = 0, bubble = 0, pp_p2p = 0, offload = 0,
          optimizer = 0, total = 0;
+  double exposed_cp = 0;
 };
 
 struct TimePrediction {

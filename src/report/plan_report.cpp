@@ -12,7 +12,7 @@ namespace {
 nlohmann::json split_json(const TimeSplit& s) {
   return {{"compute_ms", s.compute * 1e3},   {"recompute_ms", s.recompute * 1e3}, {"exposed_tp_ms", s.exposed_tp * 1e3},
           {"exposed_dp_ms", s.exposed_dp * 1e3}, {"bubble_ms", s.bubble * 1e3},   {"pp_p2p_ms", s.pp_p2p * 1e3},
-          {"offload_ms", s.offload * 1e3},   {"optimizer_ms", s.optimizer * 1e3}};
+          {"offload_ms", s.offload * 1e3},   {"optimizer_ms", s.optimizer * 1e3}, {"exposed_cp_ms", s.exposed_cp * 1e3}};
 }
 
 nlohmann::json rate_json(const Rate& r) { return {{"value", r.value}, {"from", r.from}}; }
@@ -101,7 +101,8 @@ std::string plan_html(const PlanConfig& c, const PlanResult& res) {
     double TimeSplit::*field;
   };
   static const Part parts[] = {{"compute", "#4e79a7", &TimeSplit::compute},   {"recompute", "#a0cbe8", &TimeSplit::recompute},
-                               {"exposed TP", "#f28e2b", &TimeSplit::exposed_tp}, {"exposed DP", "#e15759", &TimeSplit::exposed_dp},
+                               {"exposed TP", "#f28e2b", &TimeSplit::exposed_tp}, {"exposed CP", "#ff9da7", &TimeSplit::exposed_cp},
+                               {"exposed DP", "#e15759", &TimeSplit::exposed_dp},
                                {"bubble", "#bab0ac", &TimeSplit::bubble},     {"PP sends", "#59a14f", &TimeSplit::pp_p2p},
                                {"offload", "#b07aa1", &TimeSplit::offload},   {"optimizer", "#edc948", &TimeSplit::optimizer}};
   std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>shardlab plan</title><style>"
