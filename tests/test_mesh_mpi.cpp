@@ -24,7 +24,9 @@ std::vector<ParallelDims> layouts(int world) {
   for (int pp = 1; pp <= world; ++pp)
     for (int rep = 1; rep <= world; ++rep)
       for (int tp = 1; tp <= world; ++tp)
-        if (world % (pp * rep * tp) == 0) out.push_back(ParallelDims{pp, rep, world / (pp * rep * tp), tp});
+        for (int cp = 1; cp <= world; ++cp)
+          if (world % (pp * rep * tp * cp) == 0)
+            out.push_back(ParallelDims{pp, rep, world / (pp * rep * tp * cp), tp, cp});
   return out;
 }
 }  // namespace
@@ -33,7 +35,9 @@ TEST_CASE("every axis communicator of the mesh spans the ranks of its grid line"
   World w;
   for (const ParallelDims& d : layouts(w.world)) {
     Mesh mesh(*w.comm, d);
-    for (CommAxis a : {CommAxis::tp, CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::pp}) {
+    for (CommAxis a : {CommAxis::tp, CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::pp,
+                       CommAxis::cp, CommAxis::dp_shard_cp, CommAxis::dp_cp}) {
+      if (a == CommAxis::cp && d.cp == 1) continue;  // no cp group at cp 1
       Communicator& c = mesh.comm(a);
       INFO(d.describe() << " axis " << comm_axis_name(a));
       REQUIRE(c.world_size() == d.size(a));
@@ -43,10 +47,10 @@ TEST_CASE("every axis communicator of the mesh spans the ranks of its grid line"
       c.all_reduce<float>(v).wait();
       double expect = 0;
       for (int r = 0; r < w.world; ++r) {
-        MeshCoord m = mesh_coord(d, r), me = mesh.coord();
-        bool same = (a == CommAxis::tp || m.tp == me.tp) && (a == CommAxis::pp || m.pp == me.pp) &&
-                    (a == CommAxis::dp_shard || a == CommAxis::dp || m.dp_shard == me.dp_shard) &&
-                    (a == CommAxis::dp_replicate || a == CommAxis::dp || m.dp_replicate == me.dp_replicate);
+        const MeshCoord m = mesh_coord(d, r), me = mesh.coord();
+        bool same = true;  // every coordinate the group does not vary along is this rank's
+        for (int g = 0; g < kNumGridAxes; ++g)
+          if (const auto axis = static_cast<GridAxis>(g); !spans(a, axis)) same &= m.at(axis) == me.at(axis);
         if (same) expect += r;
       }
       CHECK(v[0] == expect);

@@ -83,7 +83,8 @@ Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) 
   for (CommAxis a : {CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::tp, CommAxis::pp,
                      CommAxis::cp, CommAxis::dp_shard_cp, CommAxis::dp_cp}) {
     if (!cp && (a == CommAxis::cp || a == CommAxis::dp_shard_cp || a == CommAxis::dp_cp)) {
-      if (a != CommAxis::cp) comms_[static_cast<size_t>(a)] = &comm(a == CommAxis::dp_cp ? CommAxis::dp : CommAxis::dp_shard);
+      const CommAxis same = a == CommAxis::dp_cp ? CommAxis::dp : CommAxis::dp_shard;
+      if (a != CommAxis::cp) comms_[static_cast<size_t>(a)] = &comm(same);
       continue;
     }
     const int n = dims_.size(a);

@@ -189,7 +189,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
 
 std::string mib(double bytes) { return fmt::format("{:.2f}", bytes / (1 << 20)); }
 
-// The per-axis traffic tables: hybrid sharding's groups, the tp axis and the pp axis, where a run used them.
+// The per-axis traffic tables: hybrid sharding's groups, the tp, cp and pp axes, where a run used them.
 void print_axis_tables(const CompareResult& res, std::FILE* out) {
   bool hybrid = false;
   for (const auto& r : res.runs) hybrid |= !r.oom && r.dp_shard > 0;
@@ -204,46 +204,36 @@ void print_axis_tables(const CompareResult& res, std::FILE* out) {
     std::fprintf(out, "(intra: the group's reduce-scatter and all-gathers, (S-1)/S each, plus the gradient norm; inter: "
                  "an all-reduce of each rank's shard, 2(G-1)/G x Psi/S; the world's loss all-reduce is in neither)\n");
   }
-  bool tp = false;
-  for (const auto& r : res.runs) tp |= !r.oom && r.tp > 1;
-  if (tp) {
-    std::fprintf(out, "\ntensor parallelism: bus bytes per rank in the last step over the tp group\n");
-    std::fprintf(out, "%-19s %14s %14s\n", "strategy", "tp axis", "theory");
+  // One axis's table: the runs that used it (degree > 1), measured and theory, then what the theory counts.
+  auto axis_table = [&](int StrategyResult::*degree, double StrategyResult::*bytes, double StrategyResult::*theory,
+                        const char* title, const char* column, const char* note) {
+    bool used = false;
+    for (const auto& r : res.runs) used |= !r.oom && r.*degree > 1;
+    if (!used) return;
+    std::fprintf(out, "\n%s\n%-19s %14s %14s\n", title, "strategy", column, "theory");
     for (const auto& r : res.runs)
-      if (!r.oom && r.tp > 1)
-        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_tp).c_str(),
-                     format_bytes(r.theory_tp).c_str());
-    std::fprintf(out, "(per layer and micro-step 2 all-reduces of B*T*C forward and 2 backward, or with --sequence-"
-                 "parallel the same as all-gathers and reduce-scatters plus the backward re-gathers; the embedding, "
-                 "the head, the vocabulary-parallel loss's 3 B*T floats and the gradient norm: src/model/tp.hpp)\n");
-  }
-  bool cp = false;
-  for (const auto& r : res.runs) cp |= !r.oom && r.cp > 1;
-  if (cp) {
-    std::fprintf(out, "\ncontext parallelism: bus bytes per rank in the last step over the cp group\n");
-    std::fprintf(out, "%-19s %14s %14s\n", "strategy", "cp axis", "theory");
-    for (const auto& r : res.runs)
-      if (!r.oom && r.cp > 1)
-        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_cp).c_str(),
-                     format_bytes(r.theory_cp).c_str());
-    std::fprintf(out, "(per layer and micro-step, G = B*T*2*KV*hd floats: allgather, an all-gather of the group's K/V "
-                 "rows in forward and again in backward and a reduce-scatter of their gradients, (C-1)/C x G each; "
-                 "ring, a send and a receive of G/C per hop, C-1 hops of K/V forward and backward and C of dK/dV; "
-                 "forward twice under --activation-checkpointing blocks: src/model/parallel/cp_attention.hpp)\n");
-  }
-  bool pp = false;
-  for (const auto& r : res.runs) pp |= !r.oom && r.pp > 1;
-  if (pp) {
-    std::fprintf(out, "\npipeline parallelism: bus bytes of rank 0 (the first stage) in the last step over the pp axis\n");
-    std::fprintf(out, "%-19s %14s %14s\n", "strategy", "pp axis", "theory");
-    for (const auto& r : res.runs)
-      if (!r.oom && r.pp > 1)
-        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.comm_pp).c_str(),
-                     format_bytes(r.theory_pp).c_str());
-    std::fprintf(out, "(per micro-batch and chunk boundary an activation of B*T*C floats forward and its gradient back; "
-                 "the tied embedding's gradient all-reduced over the first and last stages; the loss and the norm: one "
-                 "float each). Under --pp the theory's Psi is rank 0's stage, and zero3's 2Psi(N-1)/N: a stage stays gathered over the step\n");
-  }
+      if (!r.oom && r.*degree > 1)
+        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.*bytes).c_str(),
+                     format_bytes(r.*theory).c_str());
+    std::fprintf(out, "%s\n", note);
+  };
+  axis_table(&StrategyResult::tp, &StrategyResult::comm_tp, &StrategyResult::theory_tp,
+             "tensor parallelism: bus bytes per rank in the last step over the tp group", "tp axis",
+             "(per layer and micro-step 2 all-reduces of B*T*C forward and 2 backward, or with --sequence-parallel the "
+             "same as all-gathers and reduce-scatters plus the backward re-gathers; the embedding, the head, the "
+             "vocabulary-parallel loss's 3 B*T floats and the gradient norm: src/model/tp.hpp)");
+  axis_table(&StrategyResult::cp, &StrategyResult::comm_cp, &StrategyResult::theory_cp,
+             "context parallelism: bus bytes per rank in the last step over the cp group", "cp axis",
+             "(per layer and micro-step, G = B*T*2*KV*hd floats: allgather, an all-gather of the group's K/V rows in "
+             "forward and again in backward and a reduce-scatter of their gradients, (C-1)/C x G each; ring, a send "
+             "and a receive of G/C per hop, C-1 hops of K/V forward and backward and C of dK/dV; forward twice under "
+             "--activation-checkpointing blocks: src/model/parallel/cp_attention.hpp)");
+  axis_table(&StrategyResult::pp, &StrategyResult::comm_pp, &StrategyResult::theory_pp,
+             "pipeline parallelism: bus bytes of rank 0 (the first stage) in the last step over the pp axis", "pp axis",
+             "(per micro-batch and chunk boundary an activation of B*T*C floats forward and its gradient back; the tied "
+             "embedding's gradient all-reduced over the first and last stages; the loss and the norm: one float each). "
+             "Under --pp the theory's Psi is rank 0's stage, and zero3's 2Psi(N-1)/N: a stage stays gathered over the "
+             "step");
 }
 
 // Memory: rank 0 (and, for dp, the other ranks) at the peak of the run, MiB: each category's bytes at

@@ -292,7 +292,7 @@ void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm) {
 bool step_too_small_for_threads(const TrainConfig& cfg, int world) {
   // profile's dims are resolved against its --world (a simulated one), the others' against this job's.
   const ParallelDims dims = cfg.layout.dims.is_resolved() ? cfg.layout.dims : cfg.layout.dims.resolved(world);
-  const double tokens = double(std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum) * cfg.spec.seq);
+  const double tokens = double(std::max<int64_t>(1, cfg.batch / dims.dp() / cfg.accum) * (cfg.spec.seq / dims.cp));
   const double widest = double(std::max(cfg.spec.ffn_hidden(), cfg.spec.vocab)) / dims.tp;
   return 2 * tokens * widest * double(cfg.spec.dim) < kThreadedProductFlops;
 }

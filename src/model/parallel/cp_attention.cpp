@@ -48,17 +48,23 @@ Widths widths(const AttentionShape& a) { return {(a.H + 2 * a.KV) * a.hd, 2 * a.
 // t's elements from `offset` on.
 Tensor from(const Tensor& t, int64_t offset) { return t.slice(offset, t.numel() - offset); }
 
-// Piece p's queries (rows of qkv) over the sequence-ordered K/V rows up to its last position.
-FlashShape piece_shape(const AttentionShape& a, const CpContext& cp, const CpPiece& p) {
+// Piece p's queries (rows of qkv) over Tk K/V rows of a buffer holding `rows` of them per sequence,
+// causal at `offset` (key row j is seen by query t when j <= t + offset); out and lse as atty's.
+FlashShape shape_over(const AttentionShape& a, const CpPiece& p, int64_t Tk, int64_t rows, int64_t offset) {
   const Widths w = widths(a);
   FlashShape s;
-  s.B = a.B, s.Tq = p.len, s.Tk = p.pos0 + p.len, s.H = a.H, s.KV = a.KV, s.hd = a.hd;
+  s.B = a.B, s.Tq = p.len, s.Tk = Tk, s.H = a.H, s.KV = a.KV, s.hd = a.hd;
   s.q_ld = w.qkv, s.q_b = a.T * w.qkv;
-  s.k_ld = s.v_ld = w.kv, s.k_b = s.v_b = cp.seq * w.kv;
+  s.k_ld = s.v_ld = w.kv, s.k_b = s.v_b = rows * w.kv;
   s.o_ld = w.o, s.o_b = a.T * w.o;
-  s.causal = true, s.offset = p.pos0;
+  s.causal = true, s.offset = offset;
   s.scale = 1.f / std::sqrt(static_cast<float>(a.hd));  // as the whole-sequence call's
   return s;
+}
+
+// allgather: piece p over the sequence-ordered rows up to its last position.
+FlashShape piece_shape(const AttentionShape& a, const CpContext& cp, const CpPiece& p) {
+  return shape_over(a, p, p.pos0 + p.len, cp.seq, p.pos0);
 }
 
 ops::FlashOperands operands(const AttentionShape& a, const CpPiece& p, size_t index, Tensor qkv, Tensor kv,
@@ -100,24 +106,26 @@ void timed(CpContext& cp, F collective) {
   cp.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The group's K/V rows in sequence order, into kv (B, T, 2 KV hd).
+void gather_kv(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShape& a, Tensor kv) {
+  const Widths w = widths(a);
+  const int64_t rows = a.B * a.T;
+  Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp K/V rows");
+  Block all = c.pool.alloc(DType::f32, cp.degree * rows * w.kv, Category::comm_buffer, "cp gathered K/V rows");
+  ops::copy_rows(c.be, mine.flat(DType::f32), w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
+  timed(cp, [&] { return cp.comm->all_gather(mine.flat(DType::f32), all.flat(DType::f32)); });
+  reorder(c.be, cp, a, all.flat(DType::f32), kv, true);
+}
+
 // ---- ring ----
 
-// This rank's piece p (rows of qkv) against piece k of the rows it holds (B, Tl, 2 KV hd), at their
-// causal offset; out and lse as the caller lays them (atty's strides).
+// This rank's piece p against piece k of the rows it holds (B, Tl, 2 KV hd), at their causal offset.
 FlashShape pair_shape(const AttentionShape& a, const CpPiece& p, const CpPiece& k) {
-  const Widths w = widths(a);
-  FlashShape s;
-  s.B = a.B, s.Tq = p.len, s.Tk = k.len, s.H = a.H, s.KV = a.KV, s.hd = a.hd;
-  s.q_ld = w.qkv, s.q_b = a.T * w.qkv;
-  s.k_ld = s.v_ld = w.kv, s.k_b = s.v_b = a.T * w.kv;
-  s.o_ld = w.o, s.o_b = a.T * w.o;
-  s.causal = true, s.offset = p.pos0 - k.pos0;
-  s.scale = 1.f / std::sqrt(static_cast<float>(a.hd));
-  return s;
+  return shape_over(a, p, k.len, a.T, p.pos0 - k.pos0);
 }
 bool sees(const CpPiece& p, const CpPiece& k) { return k.pos0 <= p.pos0 + p.len - 1; }
 
-// Every (my piece, held piece) pair of the ring's steps that sees keys: f(step, p, index of p, k).
+// Every (my piece, held piece) pair of ring step `step` that sees keys: f(p, index of p, k).
 template <class F>
 void for_each_pair(const CpContext& cp, int step, F f) {
   const int src = (cp.rank - step + cp.degree) % cp.degree;
@@ -155,7 +163,8 @@ void ring_forward(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShap
   Block part = c.pool.alloc(DType::f32, rows * w.o + a.B * a.H * a.T, Category::workspace, "cp ring partial");
   Block ws = c.pool.alloc(DType::f32, ring_tiles(cp, a, false), Category::workspace, "attention tiles");
   Tensor held[2] = {kv.flat(DType::f32).slice(0, rows * w.kv), kv.flat(DType::f32).slice(rows * w.kv, rows * w.kv)};
-  Tensor part_out = part.flat(DType::f32).slice(0, rows * w.o), part_lse = part.flat(DType::f32).slice(rows * w.o, a.B * a.H * a.T);
+  const Tensor part_out = part.flat(DType::f32).slice(0, rows * w.o);
+  const Tensor part_lse = part.flat(DType::f32).slice(rows * w.o, a.B * a.H * a.T);
   ops::copy_rows(c.be, held[0], w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
   c.be.fill(atty, 0.f);
   c.be.fill(lse, -std::numeric_limits<float>::infinity());  // no key seen yet
@@ -213,17 +222,6 @@ void ring_backward(UnitContext& c, CpContext& cp, Saved& s, Tensor dqkv, Tensor 
     wait_both(cp, back);
   }
   ops::copy_rows(c.be, from(dqkv, a.H * a.hd), w.qkv, grad[cp.degree % 2], w.kv, rows, w.kv);
-}
-
-// The group's K/V rows in sequence order, into kv (B, T, 2 KV hd).
-void gather_kv(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShape& a, Tensor kv) {
-  const Widths w = widths(a);
-  const int64_t rows = a.B * a.T;
-  Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp K/V rows");
-  Block all = c.pool.alloc(DType::f32, cp.degree * rows * w.kv, Category::comm_buffer, "cp gathered K/V rows");
-  ops::copy_rows(c.be, mine.flat(DType::f32), w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
-  timed(cp, [&] { return cp.comm->all_gather(mine.flat(DType::f32), all.flat(DType::f32)); });
-  reorder(c.be, cp, a, all.flat(DType::f32), kv, true);
 }
 
 }  // namespace
