@@ -158,6 +158,40 @@ std::function<void(Run&)> flash_case(int64_t H, int64_t KV, int64_t T, int64_t h
   };
 }
 
+// Context parallelism's pieces (src/model/parallel/cp_attention.cpp): a qkv's K/V columns copied
+// into their own rows (copy_rows), the fused kernel on a piece of queries (positions 64-95) over
+// two parts of the keys, positions 0-63 (all seen: offset 64) and 64-95 (the diagonal), merged
+// through the log-sum-exp; then backward over the first part adding into gradients that already
+// hold values (accumulate).
+void flash_pieces_case(Run& r) {
+  const int64_t B = 2, T = 96, H = 4, KV = 2, hd = 8, R = (H + 2 * KV) * hd, W = 2 * KV * hd, len = 32, pos0 = 64;
+  Tensor qkv = r.in("qkv", {B, T, R}), kv = r.out("kv rows", {B, T, W});
+  auto from = [](const Tensor& t, int64_t offset) { return t.slice(offset, t.numel() - offset); };
+  ops::copy_rows(r.be, kv, W, from(qkv, H * hd), R, B * T, W);
+  auto part = [&](int64_t k0, int64_t Tk) {
+    FlashShape s;
+    s.B = B, s.Tq = len, s.Tk = Tk, s.H = H, s.KV = KV, s.hd = hd;
+    s.q_ld = R, s.q_b = T * R, s.k_ld = s.v_ld = W, s.k_b = s.v_b = T * W, s.o_ld = H * hd, s.o_b = len * H * hd;
+    s.offset = pos0 - k0, s.scale = 1.f / std::sqrt(static_cast<float>(hd));
+    return s;
+  };
+  const FlashShape early = part(0, pos0), diagonal = part(pos0, len);
+  Tensor out = r.out("merged out", {B, len, H * hd}), lse = r.out("merged lse", {B, H, len});
+  Tensor part_out = r.work("part out", {B, len, H * hd}), part_lse = r.work("part lse", {B, H, len});
+  const Tensor q = from(qkv, pos0 * R);
+  ops::flash_attention_forward(r.be, early, {q, kv, from(kv, KV * hd), out, lse},
+                               r.work("tiles early", {flash_forward_workspace_elems(early)}));
+  ops::flash_attention_forward(r.be, diagonal, {q, from(kv, pos0 * W), from(kv, pos0 * W + KV * hd), part_out, part_lse},
+                               r.work("tiles diagonal", {flash_forward_workspace_elems(diagonal)}));
+  ops::flash_attention_merge(r.be, diagonal, out, lse, part_out, part_lse);
+  FlashShape back = early;
+  back.accumulate = true;
+  Tensor dqkv = r.out("dqkv (accumulated)", {B, T, R}, true), dkv = r.out("dkv (accumulated)", {B, T, W}, true);
+  ops::flash_attention_backward(r.be, back, {q, kv, from(kv, KV * hd), out, lse},
+                                {from(dqkv, pos0 * R), dkv, from(dkv, KV * hd), r.in("dout", {B, len, H * hd})},
+                                r.work("tiles backward", {flash_backward_workspace_elems(back)}));
+}
+
 // Three positions written at once, then one more: attention over the cache as it grows.
 void kv_cache_case(Run& r) {
   const int64_t B = 2, S = 6, H = 4, KV = 2, hd = 4, R = (H + 2 * KV) * hd;
@@ -208,6 +242,7 @@ std::vector<OpCase> op_cases() {
       {"flash attention (multi-head, causal)", 1e-4, flash_case(2, 2, 150, 8, true)},
       {"flash attention (grouped-query, causal)", 1e-4, flash_case(4, 2, 137, 16, true)},
       {"flash attention (multi-query, not causal)", 1e-4, flash_case(4, 1, 70, 8, false)},
+      {"flash attention pieces (context parallelism)", 1e-4, flash_pieces_case},
       {"kv_cache", 1e-4, kv_cache_case},
       {"loss", 1e-5, loss_case},
       {"optimizer", 1e-5, optimizer_case},
