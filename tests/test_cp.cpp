@@ -130,14 +130,16 @@ TrainConfig one_rank(TrainConfig c) {
 // Losses and every parameter this rank holds (its stage's units, its tensor-parallel part) against
 // single-rank training's.
 void check_cp(const TrainConfig& cfg) {
-  const std::string what = fmt::format("{} {} cp {} {}{}{}", cfg.spec.name, strategy_name(cfg.strategy.kind),
-                                       cfg.layout.dims.cp, cp_method_name(cfg.layout.cp.method),
-                                       cfg.layout.dims.tp > 1 ? " tp 2" : "", cfg.layout.dims.pp > 1 ? " pp 2" : "");
+  const std::string what =
+      fmt::format("{} {} {} ({}){}{}", cfg.spec.name, strategy_name(cfg.strategy.kind),
+                  cfg.layout.dims.resolved(g_mpi->world()).describe(), cp_method_name(cfg.layout.cp.method),
+                  cfg.layout.sequence_parallel ? " sp" : "",
+                  cfg.strategy.offload != Offload::none ? std::string(" off:") + offload_name(cfg.strategy.offload) : "");
   const PartsRun got = train_parts(cfg);
   const PartsWorst w = compare_parts(got, reference(one_rank(cfg)), cfg.spec);
   if (g_mpi->rank() == 0)
-    std::printf("parity %-32s world %d: max loss rel diff %.2e, max param abs diff %.2e (%zu params)\n",
-                what.c_str(), g_mpi->world(), w.loss, w.param, w.compared);
+    std::printf("parity %-72s: max loss rel diff %.2e, max param abs diff %.2e (%zu params)\n",
+                what.c_str(), w.loss, w.param, w.compared);
   INFO(what << " world " << g_mpi->world() << " rank " << g_mpi->rank());
   CHECK(got.losses.size() == size_t(cfg.steps));
   CHECK(w.compared > 0);
