@@ -392,7 +392,8 @@ TEST_CASE("plan: context parallelism is searched, and at a long sequence it is w
   std::vector<int> cps;
   for (const PlanEntry& e : all.entries) {
     REQUIRE(e.predicted);
-    (e.layout.dims.cp == 1 ? best_whole : best_cp) = std::min(e.layout.dims.cp == 1 ? best_whole : best_cp, e.peak);
+    uint64_t& best = e.layout.dims.cp == 1 ? best_whole : best_cp;
+    best = std::min(best, e.peak);
     if (std::find(cps.begin(), cps.end(), e.layout.dims.cp) == cps.end()) cps.push_back(e.layout.dims.cp);
     // Its peak is the trainer's prediction of that run (the cp ranks hold equal pieces: rank 0 stands for them).
     if (e.layout.dims.cp > 1 && e.layout.dims.tp == 1)

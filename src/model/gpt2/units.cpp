@@ -88,9 +88,9 @@ template <class F>
 void by_position(const UnitContext& c, Tensor x, const Tensor& wpe, F f) {
   if (!c.batch.context_parallel()) return f(x, c.batch.tokens, c.batch.B, c.batch.T, wpe);
   const int64_t C = c.spec.dim;
-  for (const CpRows& r : c.batch.cp->rows(c.batch.B)) {
-    const int64_t shape[] = {r.rows, C};
-    f(x.slice(r.row * C, r.rows * C).reshape(shape), c.batch.tokens + r.row, 1, r.rows, from_position(wpe, r.pos0));
+  for (const CpPiece& p : c.batch.cp->batch_pieces(c.batch.B)) {
+    const int64_t shape[] = {p.len, C};
+    f(x.slice(p.row0 * C, p.len * C).reshape(shape), c.batch.tokens + p.row0, 1, p.len, from_position(wpe, p.pos0));
   }
 }
 

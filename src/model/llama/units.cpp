@@ -276,9 +276,9 @@ class DecoderLayerUnit final : public Unit {
   // RoPE of q and k in x (B, T, W) at the rows' positions: 0 on, or under --cp each piece's own.
   void rope(const UnitContext& c, Tensor x, const Dims& d, bool inverse) const {
     if (!c.batch.context_parallel()) return ops::rope(c.be, x, d.H + d.KV, d.hd, freqs_, 0, inverse);
-    for (const CpRows& r : c.batch.cp->rows(d.B)) {
-      const int64_t shape[] = {1, r.rows, d.W};
-      ops::rope(c.be, x.slice(r.row * d.W, r.rows * d.W).reshape(shape), d.H + d.KV, d.hd, freqs_, r.pos0, inverse);
+    for (const CpPiece& p : c.batch.cp->batch_pieces(d.B)) {
+      const int64_t shape[] = {1, p.len, d.W};
+      ops::rope(c.be, x.slice(p.row0 * d.W, p.len * d.W).reshape(shape), d.H + d.KV, d.hd, freqs_, p.pos0, inverse);
     }
   }
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }

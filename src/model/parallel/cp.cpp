@@ -51,10 +51,10 @@ int64_t cp_causal_pairs(const std::vector<CpPiece>& pieces) {
 
 int64_t CpContext::local() const { return seq / degree; }
 
-std::vector<CpRows> CpContext::rows(int64_t B) const {
-  std::vector<CpRows> out;
+std::vector<CpPiece> CpContext::batch_pieces(int64_t B) const {
+  std::vector<CpPiece> out;
   for (int64_t b = 0; b < B; ++b)
-    for (const CpPiece& p : pieces) out.push_back({b * local() + p.row0, p.len, p.pos0});
+    for (const CpPiece& p : pieces) out.push_back({b * local() + p.row0, p.pos0, p.len});
   return out;
 }
 

@@ -57,13 +57,6 @@ int64_t cp_causal_pairs(const std::vector<CpPiece>& pieces);
 // T against the degree: InputError naming both unless the pieces are whole (2C of them head-tail).
 void check_cp_seq(int64_t T, int C, CpBalance b);
 
-// The rows of a (B, Tl) batch one piece covers: rows [row, row + rows) of the B Tl local rows,
-// the sequence's positions [pos0, pos0 + rows). Per-position operations that depend on the position
-// (RoPE, learned positions) run piece by piece over them.
-struct CpRows {
-  int64_t row = 0, rows = 0, pos0 = 0;
-};
-
 // What a rank's units need to compute on their pieces (the Batch points at it; none at cp 1).
 struct CpContext {
   int degree = 1, rank = 0;
@@ -73,7 +66,10 @@ struct CpContext {
   std::vector<CpPiece> pieces;   // this rank's
   int64_t local() const;         // rows per sequence held here: seq / degree
   bool active() const { return degree > 1; }
-  std::vector<CpRows> rows(int64_t B) const;  // every sequence's pieces, sequence after sequence
+  // Every sequence's pieces in a (B, Tl) batch, sequence after sequence, row0 counted over all B Tl
+  // rows: per-position operations that depend on the position (RoPE, learned positions) run piece
+  // by piece over them.
+  std::vector<CpPiece> batch_pieces(int64_t B) const;
   // (query, key) pairs per sequence and head this rank's attention forward calls computed since it
   // was built (a test reads it); seconds this rank spent in the cp group's collectives, calls and
   // waits (the trainer reads and resets it each step: the time the group waited on its exchanges).

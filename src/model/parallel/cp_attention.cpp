@@ -67,12 +67,34 @@ FlashShape piece_shape(const AttentionShape& a, const CpContext& cp, const CpPie
   return shape_over(a, p, p.pos0 + p.len, cp.seq, p.pos0);
 }
 
+// Piece `index`'s log-sum-exps in lse (B, H, Tl): the pieces' (B, H, len) blocks one after another.
+Tensor piece_lse(const AttentionShape& a, const CpPiece& p, size_t index, Tensor lse) {
+  const int64_t n = a.B * a.H * p.len;
+  return lse.slice(static_cast<int64_t>(index) * n, n);
+}
+
+// Piece p's operands: its query rows of qkv, the K/V rows (keys, then values) from the shape's key
+// row 0 on, its rows of the output and its block of lse.
 ops::FlashOperands operands(const AttentionShape& a, const CpPiece& p, size_t index, Tensor qkv, Tensor kv,
                             Tensor atty, Tensor lse) {
   const Widths w = widths(a);
-  const int64_t lse_piece = a.B * a.H * p.len;
-  return {from(qkv, p.row0 * w.qkv), kv, from(kv, a.KV * a.hd), from(atty, p.row0 * w.o),
-          lse.slice(static_cast<int64_t>(index) * lse_piece, lse_piece)};
+  return {from(qkv, p.row0 * w.qkv), kv, from(kv, a.KV * a.hd), from(atty, p.row0 * w.o), piece_lse(a, p, index, lse)};
+}
+// Its gradients, laid out as the operands are.
+ops::FlashGrads grads(const AttentionShape& a, const CpPiece& p, Tensor dqkv, Tensor dkv, Tensor datty) {
+  const Widths w = widths(a);
+  return {from(dqkv, p.row0 * w.qkv), dkv, from(dkv, a.KV * a.hd), from(datty, p.row0 * w.o)};
+}
+
+// This rank's K/V rows (B Tl, 2 KV hd) from the K and V columns of qkv, and their gradients back
+// into dqkv's K and V columns.
+void take_kv(Backend& be, const AttentionShape& a, Tensor qkv, Tensor rows) {
+  const Widths w = widths(a);
+  ops::copy_rows(be, rows, w.kv, from(qkv, a.H * a.hd), w.qkv, a.B * a.T, w.kv);
+}
+void give_dkv(Backend& be, const AttentionShape& a, Tensor rows, Tensor dqkv) {
+  const Widths w = widths(a);
+  ops::copy_rows(be, from(dqkv, a.H * a.hd), w.qkv, rows, w.kv, a.B * a.T, w.kv);
 }
 
 // The (query, key) pairs a causal call computes: query t sees keys [0, t + offset].
@@ -112,7 +134,7 @@ void gather_kv(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShape& 
   const int64_t rows = a.B * a.T;
   Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp K/V rows");
   Block all = c.pool.alloc(DType::f32, cp.degree * rows * w.kv, Category::comm_buffer, "cp gathered K/V rows");
-  ops::copy_rows(c.be, mine.flat(DType::f32), w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
+  take_kv(c.be, a, qkv, mine.flat(DType::f32));
   timed(cp, [&] { return cp.comm->all_gather(mine.flat(DType::f32), all.flat(DType::f32)); });
   reorder(c.be, cp, a, all.flat(DType::f32), kv, true);
 }
@@ -160,12 +182,12 @@ void ring_forward(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShap
   const Widths w = widths(a);
   const int64_t rows = a.B * a.T;
   Block kv = c.pool.alloc(DType::f32, 2 * rows * w.kv, Category::comm_buffer, "cp ring K/V rows");
-  Block part = c.pool.alloc(DType::f32, rows * w.o + a.B * a.H * a.T, Category::workspace, "cp ring partial");
+  Block partial = c.pool.alloc(DType::f32, rows * w.o + a.B * a.H * a.T, Category::workspace, "cp ring partial");
   Block ws = c.pool.alloc(DType::f32, ring_tiles(cp, a, false), Category::workspace, "attention tiles");
   Tensor held[2] = {kv.flat(DType::f32).slice(0, rows * w.kv), kv.flat(DType::f32).slice(rows * w.kv, rows * w.kv)};
-  const Tensor part_out = part.flat(DType::f32).slice(0, rows * w.o);
-  const Tensor part_lse = part.flat(DType::f32).slice(rows * w.o, a.B * a.H * a.T);
-  ops::copy_rows(c.be, held[0], w.kv, from(qkv, a.H * a.hd), w.qkv, rows, w.kv);
+  const Tensor part_out = partial.flat(DType::f32).slice(0, rows * w.o);
+  const Tensor part_lse = partial.flat(DType::f32).slice(rows * w.o, a.B * a.H * a.T);
+  take_kv(c.be, a, qkv, held[0]);
   c.be.fill(atty, 0.f);
   c.be.fill(lse, -std::numeric_limits<float>::infinity());  // no key seen yet
   for (int step = 0; step < cp.degree; ++step) {
@@ -174,14 +196,9 @@ void ring_forward(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShap
     if (step + 1 < cp.degree) hop = pass_on(cp, cur, held[(step + 1) % 2]);
     for_each_pair(cp, step, [&](const CpPiece& p, size_t i, const CpPiece& k) {
       const FlashShape sh = pair_shape(a, p, k);
-      const int64_t lse_piece = a.B * a.H * p.len;
-      const Tensor lp = part_lse.slice(static_cast<int64_t>(i) * lse_piece, lse_piece);
-      ops::flash_attention_forward(c.be, sh, {from(qkv, p.row0 * w.qkv), from(cur, k.row0 * w.kv),
-                                              from(cur, k.row0 * w.kv + a.KV * a.hd), from(part_out, p.row0 * w.o), lp},
-                                   ws.flat(DType::f32));
-      ops::flash_attention_merge(c.be, sh, from(atty, p.row0 * w.o),
-                                 lse.slice(static_cast<int64_t>(i) * lse_piece, lse_piece), from(part_out, p.row0 * w.o),
-                                 lp);
+      const ops::FlashOperands part = operands(a, p, i, qkv, from(cur, k.row0 * w.kv), part_out, part_lse);
+      ops::flash_attention_forward(c.be, sh, part, ws.flat(DType::f32));
+      ops::flash_attention_merge(c.be, sh, from(atty, p.row0 * w.o), piece_lse(a, p, i, lse), part.out, part.lse);
       cp.pairs += causal_pairs(sh);
     });
     if (step + 1 < cp.degree) wait_both(cp, hop);
@@ -196,7 +213,7 @@ void ring_backward(UnitContext& c, CpContext& cp, Saved& s, Tensor dqkv, Tensor 
   Block dkv = c.pool.alloc(DType::f32, 2 * n, Category::comm_buffer, "cp ring dK/dV rows");
   Tensor held[2] = {kv.flat(DType::f32).slice(0, n), kv.flat(DType::f32).slice(n, n)};
   Tensor grad[2] = {dkv.flat(DType::f32).slice(0, n), dkv.flat(DType::f32).slice(n, n)};
-  ops::copy_rows(c.be, held[0], w.kv, from(s("qkv"), a.H * a.hd), w.qkv, rows, w.kv);
+  take_kv(c.be, a, s("qkv"), held[0]);
   c.be.fill(grad[0], 0.f);
   c.be.fill(dqkv, 0.f);  // the steps' dq add into it; dK/dV are written at the end
   for (int step = 0; step < cp.degree; ++step) {
@@ -206,14 +223,8 @@ void ring_backward(UnitContext& c, CpContext& cp, Saved& s, Tensor dqkv, Tensor 
     for_each_pair(cp, step, [&](const CpPiece& p, size_t i, const CpPiece& k) {
       FlashShape sh = pair_shape(a, p, k);
       sh.accumulate = true;
-      const int64_t lse_piece = a.B * a.H * p.len;
-      ops::flash_attention_backward(
-          c.be, sh,
-          {from(s("qkv"), p.row0 * w.qkv), from(cur, k.row0 * w.kv), from(cur, k.row0 * w.kv + a.KV * a.hd),
-           from(s("atty"), p.row0 * w.o), s("lse").slice(static_cast<int64_t>(i) * lse_piece, lse_piece)},
-          {from(dqkv, p.row0 * w.qkv), from(dcur, k.row0 * w.kv), from(dcur, k.row0 * w.kv + a.KV * a.hd),
-           from(datty, p.row0 * w.o)},
-          scratch);
+      ops::flash_attention_backward(c.be, sh, operands(a, p, i, s("qkv"), from(cur, k.row0 * w.kv), s("atty"), s("lse")),
+                                    grads(a, p, dqkv, from(dcur, k.row0 * w.kv), datty), scratch);
     });
     if (step + 1 < cp.degree) wait_both(cp, hop);
     // The gradient of the rows held moves on once this rank's part is in; after the last step it
@@ -221,7 +232,7 @@ void ring_backward(UnitContext& c, CpContext& cp, Saved& s, Tensor dqkv, Tensor 
     std::pair<Work, Work> back = pass_on(cp, dcur, grad[(step + 1) % 2]);
     wait_both(cp, back);
   }
-  ops::copy_rows(c.be, from(dqkv, a.H * a.hd), w.qkv, grad[cp.degree % 2], w.kv, rows, w.kv);
+  give_dkv(c.be, a, grad[cp.degree % 2], dqkv);
 }
 
 }  // namespace
@@ -270,10 +281,8 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
     const CpPiece& p = cp.pieces[i];
     FlashShape sh = piece_shape(a, cp, p);
     sh.accumulate = true;
-    const Tensor dk = dkv.flat(DType::f32);
     ops::flash_attention_backward(c.be, sh, operands(a, p, i, s("qkv"), kv.flat(DType::f32), s("atty"), s("lse")),
-                                  {from(dqkv, p.row0 * w.qkv), dk, from(dk, a.KV * a.hd), from(datty, p.row0 * w.o)},
-                                  scratch);
+                                  grads(a, p, dqkv, dkv.flat(DType::f32), datty), scratch);
   }
   kv.reset();
   Block ranked = c.pool.alloc(DType::f32, cp.degree * rows * w.kv, Category::comm_buffer, "cp dK/dV by rank");
@@ -281,7 +290,7 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
   dkv.reset();
   Block mine = c.pool.alloc(DType::f32, rows * w.kv, Category::comm_buffer, "cp dK/dV rows");
   timed(cp, [&] { return cp.comm->reduce_scatter(ranked.flat(DType::f32), mine.flat(DType::f32)); });
-  ops::copy_rows(c.be, from(dqkv, a.H * a.hd), w.qkv, mine.flat(DType::f32), w.kv, rows, w.kv);
+  give_dkv(c.be, a, mine.flat(DType::f32), dqkv);
 }
 
 double micro_step_bus_bytes(const ModelSpec& spec, CpMethod method, int layers, int tp, int cp, int64_t B,
