@@ -398,18 +398,23 @@ void add_strategies(Desc& d, std::string& list, const char* help) {
 std::vector<StrategyKind> strategies_for(const std::string& list, const po::variables_map& given,
                                          const ParallelDims& dims, const char* command, int rank) {
   std::vector<StrategyKind> kinds = parse_strategy_list(list);
-  if ((dims.tp == 1 && dims.pp == 1) || std::find(kinds.begin(), kinds.end(), StrategyKind::dp) == kinds.end())
-    return kinds;
-  // dp, the single-master baseline, keeps the whole model on rank 0: it takes neither axis.
-  const std::string axis = dims.pp > 1 ? fmt::format("--pp {}", dims.pp) : fmt::format("--tp {}", dims.tp);
-  const char* what = dims.pp > 1 ? "pipeline" : "tensor parallelism";
+  // dp, the single-master baseline, keeps the whole model on rank 0: it takes no other axis.
+  const struct {
+    int degree;
+    const char* flag;
+    const char* what;
+  } axes[] = {{dims.pp, "pp", "pipeline"}, {dims.cp, "cp", "context parallelism"}, {dims.tp, "tp", "tensor parallelism"}};
+  const auto used = std::find_if(std::begin(axes), std::end(axes), [](const auto& a) { return a.degree > 1; });
+  if (used == std::end(axes) || std::find(kinds.begin(), kinds.end(), StrategyKind::dp) == kinds.end()) return kinds;
+  const std::string axis = fmt::format("--{} {}", used->flag, used->degree);
   SHARD_REQUIRE(!given.count("strategies") || given["strategies"].defaulted(),
                 "--strategies {} with {}: dp, the single-master baseline, keeps the whole model on rank 0 and "
                 "takes no {}; leave it out",
-                list, axis, what);
+                list, axis, used->what);
   std::erase(kinds, StrategyKind::dp);
   if (rank == 0)
-    std::printf("shardlab %s: %s: leaving out dp (the single-master baseline takes no %s)\n", command, axis.c_str(), what);
+    std::printf("shardlab %s: %s: leaving out dp (the single-master baseline takes no %s)\n", command, axis.c_str(),
+                used->what);
   return kinds;
 }
 
