@@ -61,6 +61,7 @@ Work issue(Communicator& comm, CommOp op, Buffers& b) {
     case CommOp::reduce: return comm.reduce(b.send_t, b.recv_t, 0);
     case CommOp::gather: return comm.gather(b.send_t, b.recv_t, 0);
     case CommOp::scatter: return comm.scatter(b.send_t, b.recv_t, 0);
+    case CommOp::all_to_all: return comm.all_to_all(b.send_t, b.recv_t);
     case CommOp::barrier: return comm.barrier();
     case CommOp::send:
     case CommOp::recv: {  // a ring: every rank sends to the next and receives from the previous
@@ -118,6 +119,12 @@ uint64_t checked_call(Backend& be, Communicator& comm, CommOp op, Buffers& b) {
     case CommOp::recv:
       if (n > 1) expect_eq(to_f32(b.recv_t), [&](int64_t i) { return input_value((r + n - 1) % n, i); });
       break;
+    case CommOp::all_to_all: {  // chunk j comes from rank j: its chunk r
+      const int64_t chunk = recv_n / n;
+      expect_eq(to_f32(b.recv_t),
+                [&](int64_t i) { return input_value(static_cast<int>(i / chunk), r * chunk + i % chunk); });
+      break;
+    }
     case CommOp::barrier: break;
   }
   return wrong;
@@ -138,7 +145,7 @@ std::vector<CommOp> parse_comm_ops(const std::string& list) {
       }
     }
     SHARD_REQUIRE(found, "unknown collective '{}': expected all_reduce, reduce_scatter, all_gather, broadcast, "
-                  "reduce, gather, scatter or barrier", name);
+                  "reduce, gather, scatter, all_to_all, send, recv or barrier", name);
   }
   SHARD_REQUIRE(!ops.empty(), "no collective given in '{}'", list);
   return ops;

@@ -16,12 +16,13 @@ enum class Category : uint8_t {
   activations,     // tensors saved in forward for backward
   comm_buffer,     // staging buffers of collectives
   workspace,       // scratch that lives for one kernel or one unit
+  secondary_shard, // ZeRO++ hpZ: a unit's parameters sharded within the node, from forward to backward
 };
-inline constexpr int kNumCategories = 9;
+inline constexpr int kNumCategories = 10;
 
 inline constexpr std::array<std::string_view, kNumCategories> kCategoryNames = {
     "param_shard", "param_full", "grad_shard", "grad_full", "master_weights",
-    "optim_state", "activations", "comm_buffer", "workspace"};
+    "optim_state", "activations", "comm_buffer", "workspace", "secondary_shard"};
 
 inline std::string_view category_name(Category c) { return kCategoryNames[static_cast<int>(c)]; }
 

@@ -63,6 +63,11 @@ void ParallelLayout::check_strategy(const StrategyConfig& s) const {
                 "--dp-shard {} (--shard-group) with --strategy {}: only zero1, zero2 and zero3 shard state; {} "
                 "replicates it over every data-parallel rank",
                 dims.dp_shard, strategy_name(s.kind), strategy_name(s.kind));
+  SHARD_REQUIRE(ranks_per_node >= 0 && ranks_per_node <= (1 << 20),
+                "--ranks-per-node {}: expected 0 (one node) or a count of ranks", ranks_per_node);
+  SHARD_REQUIRE(!s.zeropp.hierarchical() || ranks_per_node > 0,
+                "ZeRO++'s {} works node by node: give --ranks-per-node (how many consecutive ranks share a node)",
+                s.zeropp.label());
 }
 
 void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strategy, int64_t batch,
@@ -70,6 +75,8 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
   check_strategy(strategy);
   const ParallelDims d = dims.resolved(world);
   const int dp = d.dp();
+  SHARD_REQUIRE(ranks_per_node == 0 || world % ranks_per_node == 0,
+                "--ranks-per-node {} does not divide the world of {} ranks into nodes", ranks_per_node, world);
   SHARD_REQUIRE(batch % (static_cast<int64_t>(dp) * micro_batches) == 0,
                 "--batch {} is not divisible by {} data-parallel ranks x --accum {}: every rank needs whole "
                 "micro-batches",
@@ -90,7 +97,7 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                   rows, batch / dp / micro_batches, spec.seq, d.tp);
   }
   if (d.pp > 1) {
-    ParallelLayout{d, pipeline, sequence_parallel, cp}.validate_pipeline(spec, micro_batches);
+    ParallelLayout{d, pipeline, sequence_parallel, cp, ranks_per_node}.validate_pipeline(spec, micro_batches);
   } else {
     SHARD_REQUIRE(pipeline.virtual_stages == 1 && pipeline.split.empty(),
                   "--pp-virtual {} / --pp-split: pipeline options need --pp 2 or more", pipeline.virtual_stages);

@@ -35,6 +35,10 @@ struct ParallelLayout {
   // Context parallelism beyond its degree (dims.cp): how keys and values reach the queries and how
   // each sequence is cut (src/model/parallel/cp.hpp).
   CpConfig cp;
+  // --ranks-per-node R: consecutive ranks R to a node (0: one node holds every rank). ZeRO++'s
+  // hierarchical levers cut the shard group by it, and reports split bytes into intra- and
+  // inter-node by it (Mesh::crosses_nodes).
+  int ranks_per_node = 0;
 
   // Every cross-axis rule, each message naming the values: the degrees against the world, the
   // global batch (sequences) against the data-parallel ranks and the micro-batches, sequence

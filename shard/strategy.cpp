@@ -79,20 +79,35 @@ StrategyConfig StrategyConfig::under(StrategyKind k) const {
   StrategyConfig c = *this;
   c.kind = k;
   c.offload = offload_for(k, offload);
+  if (k != StrategyKind::zero3) c.zeropp = ZeroPP{};
   return c;
+}
+
+std::string ZeroPP::label() const {
+  std::string s;
+  auto add = [&s](const std::string& w) {
+    if (!s.empty()) s += ' ';
+    s += w;
+  };
+  if (weight_bits) add("qwZ");
+  if (secondary) add("hpZ");
+  if (grad_bits) add(fmt::format("qgZ{}", grad_bits));
+  return s;
 }
 
 std::string StrategyConfig::label(const ParallelDims& dims) const {
   std::string s = strategy_name(kind);
   if (dims.hybrid()) s += fmt::format(" S={}", dims.dp_shard);
   if (offload != Offload::none) s += fmt::format(" off:{}", offload_name(offload));
+  if (zeropp.any()) s += fmt::format(" {}", zeropp.label());
   return s;
 }
 
 void StrategyConfig::validate() const {
   SHARD_REQUIRE(bucket_mb > 0 && bucket_mb <= (1 << 20), "--bucket-mb {}: expected a size in (0, 1048576] MiB",
                 bucket_mb);
-  SHARD_REQUIRE(prefetch >= 0 && prefetch <= 1024, "--prefetch {}: expected 0 to 1024 units", prefetch);
+  SHARD_REQUIRE(prefetch == kPrefetchAuto || (prefetch >= 0 && prefetch <= 1024),
+                "--prefetch {}: expected auto or 0 to 1024 units", prefetch);
   precision.validate();
   SHARD_REQUIRE(max_gathered <= (1 << 20), "--max-gathered {}: too large", max_gathered);
   SHARD_REQUIRE(max_gathered == 0 || max_gathered >= 2,
@@ -101,6 +116,15 @@ void StrategyConfig::validate() const {
   SHARD_REQUIRE(offload != Offload::params || kind == StrategyKind::zero3,
                 "--offload params with --strategy {}: only zero3 shards the parameters, so only zero3 can keep them on "
                 "the host; use --strategy zero3, or --offload optimizer", strategy_name(kind));
+  SHARD_REQUIRE(!zeropp.any() || kind == StrategyKind::zero3,
+                "ZeRO++ ({}) with --strategy {}: its levers work on zero3's parameter all-gathers and gradient "
+                "reduce-scatter; use --strategy zero3 (or hsdp)", zeropp.label(), strategy_name(kind));
+  SHARD_REQUIRE(zeropp.weight_bits == 0 || zeropp.weight_bits == 8, "--quantize-weights: {} bits; int8 only",
+                zeropp.weight_bits);
+  SHARD_REQUIRE(zeropp.grad_bits == 0 || zeropp.grad_bits == 4 || zeropp.grad_bits == 8,
+                "--quantize-grads: {} bits; int4 or int8", zeropp.grad_bits);
+  SHARD_REQUIRE(zeropp.block > 0 && zeropp.block % 8 == 0 && zeropp.block <= (1 << 20),
+                "--quantize-block {}: expected a positive multiple of 8 elements, at most 1048576", zeropp.block);
   SHARD_REQUIRE(offload != Offload::optimizer || zero_stage(kind) > 0,
                 "--offload optimizer with --strategy {}: offload moves a rank's shard of the optimizer state to the "
                 "host; use zero1, zero2 or zero3", strategy_name(kind));

@@ -51,17 +51,45 @@ const char* offload_name(Offload o);
 // The strongest offload `kind` allows, up to `asked` (params needs zero3, optimizer a ZeRO stage).
 Offload offload_for(StrategyKind kind, Offload asked);
 
+// ZeRO++ (Wang et al. 2023), zero3's levers on its three collectives (shard/zero.cpp):
+//   qwZ  weight_bits 8: each rank's parameter shard is block-quantized (ops/quantize.hpp) before the
+//        all-gather and dequantized after; the shard itself, which the optimizer updates, stays exact.
+//   hpZ  secondary: after a unit's forward, each rank keeps the slice of its gathered parameters that
+//        is its place in its node (Category::secondary_shard, M / ranks on the node), and backward
+//        all-gathers from those within the node (dp_shard_node).
+//   qgZ  grad_bits 4 or 8: the gradient reduce-scatter becomes two all-to-alls of block-quantized
+//        gradients, within the node (dequantized and summed there, in f32) then across nodes
+//        (dp_shard_cross). No error feedback: the quantization error is not carried to the next step.
+// hpZ and qgZ need the layout's ranks per node (--ranks-per-node).
+struct ZeroPP {
+  int weight_bits = 0;  // --quantize-weights int8: 8; 0 off
+  int grad_bits = 0;    // --quantize-grads int4 | int8: 4 or 8; 0 off
+  bool secondary = false;  // --secondary-shard node
+  int64_t block = 256;     // --quantize-block: elements per f32 scale
+  bool any() const { return weight_bits > 0 || grad_bits > 0 || secondary; }
+  bool hierarchical() const { return grad_bits > 0 || secondary; }
+  std::string label() const;  // "qwZ hpZ qgZ4", "" when off
+  bool operator==(const ZeroPP&) const = default;
+};
+
+// --prefetch auto (the default): as deep as the device budget allows, never past kPrefetchDepth,
+// decided from the predicted step before the run (src/train/predict.hpp, auto_prefetch); the
+// Trainer resolves it before the strategy is built, so a Strategy never sees kPrefetchAuto.
+inline constexpr int kPrefetchAuto = -1;
+inline constexpr int kPrefetchDepth = 1;
+
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::ddp;
   double bucket_mb = 25;             // ddp: gradient bucket size
   bool reshard_after_forward = true; // zero3: free a gathered unit after its forward
-  int prefetch = 1;                  // zero3: units gathered ahead of use
+  int prefetch = kPrefetchAuto;      // zero3: units gathered ahead of use (kPrefetchAuto: the budget's)
   int max_gathered = 0;              // zero3: cap on gathered units at once; 0 = prefetch + 2
   MixedPrecisionPolicy precision;
   Offload offload = Offload::none;
+  ZeroPP zeropp;  // zero3 only
   // The options alone; the rules between the strategy and the mesh are ParallelLayout::validate's.
   void validate() const;
-  // This configuration under `k`, with --offload applied as far as k allows (hybrid sharding:
+  // This configuration under `k`, with --offload applied as far as k allows and ZeRO++ for zero3 only (hybrid sharding:
   // ParallelLayout::dims_under).
   StrategyConfig under(StrategyKind k) const;
   // "zero3", "zero3 off:params", "zero2 S=2" (hybrid over shard groups of dims.dp_shard): a report row's label.

@@ -21,12 +21,17 @@
 // reduce-scattered in the group, its shard is all-reduced over the dp_replicate group (the ranks
 // holding the same shard), so every replica updates the same shard identically. dp_shard = the
 // data-parallel group (the default) is plain ZeRO, with no replica group.
+// ZeRO++ (--quantize-weights, --secondary-shard, --quantize-grads; shard/zeropp.hpp): stage 3's
+// gathers take quantized records (qwZ) or, once a unit's forward has left this rank its slice of
+// the node's copy, the node's secondary shards (hpZ, kept until the unit's backward); the gradient
+// reduce-scatter becomes the two quantized all-to-alls (qgZ), done at once in after_backward.
 // A gathered unit is a buffer plus the Work that fills it, in one struct, with an explicit state
 // (sharded -> gathering -> gathered -> sharded): the buffer cannot be freed while its collective
 // runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
 #include <deque>
 
 #include "shard/strategy.hpp"
+#include "shard/zeropp.hpp"
 
 namespace shardlab {
 namespace {
@@ -43,13 +48,16 @@ class Zero final : public Strategy {
         hp_(env_.pool.host()),
         hmp_(cfg.precision, hp_, env_.units.size()) {
     open_groups();
+    if (cfg.zeropp.any()) zpp_ = std::make_unique<ZeroPPComms>(cfg.zeropp, env_.mesh, env_.pool, sc());
     optim_ = std::make_unique<Optimizer>(opt_pool(), env_.optim);
     const size_t U = num_units();
     for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
       SHARD_REQUIRE(layout(u).numel >= S_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
                     layout(u).name, layout(u).numel, S_);
+    SHARD_CHECK(cfg.prefetch >= 0, "zero3 built with an unresolved --prefetch auto");
     max_gathered_ = cfg.max_gathered > 0 ? cfg.max_gathered : cfg.prefetch + 2;
     gathered_.resize(U);
+    secondary_.resize(U);
     for (size_t u = 0; u < U; ++u) {
       flat_.push_back(make_flat_param(layout(u), S_, srank_));
       const FlatParam& f = flat_[u];
@@ -76,6 +84,7 @@ class Zero final : public Strategy {
   }
 
   void begin_step() override {
+    for (Block& b : secondary_) b.reset();  // from before the update: stale
     for (size_t u = 0; u < num_units(); ++u) {
       if (stage_ == 1) env_.be.fill(grads_full_[u].flat(rd_), 0.f);
       else opt_pool().backend().fill(grad_shard_[u].flat(rd_), 0.f);
@@ -96,7 +105,7 @@ class Zero final : public Strategy {
     // The last unit runs backward right after its forward: keep it (and what it borrows) gathered.
     // A forward-only pass (evaluation) has no backward to keep anything for.
     bool keep = !eval_ && (!cfg_.reshard_after_forward || pipelined() || u + 1 == num_units());
-    release(u, keep);
+    release(u, keep, /*forward=*/true);
   }
 
   ParamSet backward_params(size_t u) override {
@@ -120,6 +129,7 @@ class Zero final : public Strategy {
   void after_backward(size_t u) override {
     release_unit_params(u);
     if (stage_ == 3) release(u, pipelined() && !last_micro_);
+    if (stage_ == 3) secondary_[u].reset();  // whoever borrows it ran its backward before
     flush_grads(u, grads_full_[u].flat(rd_));
     // Pipelined: the full gradient accumulates until the unit's last micro-batch (stage 1's way).
     if (pipelined() && !last_micro_) return;
@@ -130,6 +140,14 @@ class Zero final : public Strategy {
       return;
     }
     Block tmp = env_.pool.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
+    if (zpp_ && zpp_->cfg().grad_bits) {  // qgZ: done on return; the full gradient is not needed any more
+      zpp_->reduce_scatter_quantized(grads_full_[u].flat(rd_).slice(0, flat_[u].padded),
+                                     tmp.flat(rd_).slice(0, flat_[u].shard), layout(u).name);
+      grads_full_[u].reset();
+      inflight_.push_back({u, std::move(tmp), Block(), Work()});
+      while (inflight_.size() > 2) finish_oldest();
+      return;
+    }
     Work w = sc().reduce_scatter(grads_full_[u].flat(rd_), tmp.flat(rd_));
     // The full gradient now belongs to its reduction: the next micro-step starts a fresh one.
     inflight_.push_back({u, std::move(tmp), std::move(grads_full_[u]), std::move(w)});
@@ -259,6 +277,7 @@ class Zero final : public Strategy {
     GatherState state = GatherState::sharded;
     Block buf;     // the full unit, in the param dtype, while not sharded
     Block upload;  // --offload params: the shard on the device while its all-gather runs
+    ZeroPPComms::QuantizedGather quantized;  // qwZ: the records in flight (buf is filled on acquire)
     Work work;     // after the buffers: destroyed (and waited on) first
     int users = 0;  // hooks between acquire and release
   };
@@ -333,14 +352,22 @@ class Zero final : public Strategy {
     Gathered& g = gathered_[u];
     if (g.state != GatherState::sharded) return;
     g.buf = env_.pool.alloc(pd_, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
+    g.state = GatherState::gathering;
+    if (secondary_[u]) {  // hpZ: inside the node, from the secondary shards this forward left
+      g.work = zpp_->gather_secondary(secondary_[u].flat(pd_), g.buf.flat(pd_).slice(0, flat_[u].padded));
+      return;
+    }
     Tensor shard = param_shard_[u].flat(pd_);
     if (off_params_) {
       g.upload = env_.pool.alloc(pd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " shard upload");
       env_.be.copy(g.upload.flat(pd_), shard);
       shard = g.upload.flat(pd_);
     }
+    if (zpp_ && zpp_->cfg().weight_bits) {
+      g.quantized = zpp_->gather_quantized(shard.slice(0, flat_[u].shard), layout(u).name);
+      return;
+    }
     g.work = sc().all_gather(shard, g.buf.flat(pd_));
-    g.state = GatherState::gathering;
   }
   void prefetch(size_t u) {
     if (gathered_[u].state == GatherState::sharded && live_gathers() < static_cast<size_t>(max_gathered_))
@@ -351,6 +378,7 @@ class Zero final : public Strategy {
     Gathered& g = gathered_[u];
     issue_gather(u);
     g.work.wait();
+    if (g.quantized) zpp_->finish_gather(g.quantized, g.buf.flat(pd_), flat_[u].shard);
     g.upload.reset();
     g.state = GatherState::gathered;
     g.users += 1;
@@ -360,19 +388,22 @@ class Zero final : public Strategy {
     for (const BorrowedTensor& b : borrowed_[u]) acquire_one(b.owner);
   }
   // One user fewer; the last one frees the buffer (gathered -> sharded) unless the unit is kept.
-  void release_one(size_t u, bool keep) {
+  // hpZ: a unit freed after its forward leaves this rank its slice of the node's copy first.
+  void release_one(size_t u, bool keep, bool forward) {
     Gathered& g = gathered_[u];
     SHARD_CHECK(g.state == GatherState::gathered && g.users > 0, "releasing unit {} ({}) in state {} with {} users",
                 u, layout(u).name, static_cast<int>(g.state), g.users);
     g.users -= 1;
     if (g.users == 0 && !keep) {
+      if (forward && !eval_ && zpp_ && zpp_->cfg().secondary && !secondary_[u])
+        secondary_[u] = zpp_->keep_secondary(g.buf.flat(pd_).slice(0, flat_[u].padded), layout(u).name);
       g.buf.reset();
       g.state = GatherState::sharded;
     }
   }
-  void release(size_t u, bool keep) {
-    release_one(u, keep);
-    for (const BorrowedTensor& b : borrowed_[u]) release_one(b.owner, keep);
+  void release(size_t u, bool keep, bool forward = false) {
+    release_one(u, keep, forward);
+    for (const BorrowedTensor& b : borrowed_[u]) release_one(b.owner, keep, forward);
   }
   Tensor gathered_tensor(size_t u) const {
     SHARD_CHECK(gathered_[u].state == GatherState::gathered, "unit {} used while not gathered", layout(u).name);
@@ -401,6 +432,8 @@ class Zero final : public Strategy {
   std::vector<FlatParam> flat_;
   std::vector<Block> params_, param_shard_, master_, grads_full_, grad_shard_, host_grad_;
   std::vector<Gathered> gathered_;
+  std::vector<Block> secondary_;  // hpZ: per unit, from its forward to its backward
+  std::unique_ptr<ZeroPPComms> zpp_;  // ZeRO++'s collectives, when a lever is on
   std::deque<Reduction> inflight_;
 };
 

@@ -22,6 +22,7 @@
 #include "src/backend/ops/loss.hpp"
 #include "src/backend/ops/norm.hpp"
 #include "src/backend/ops/optimizer.hpp"
+#include "src/backend/ops/quantize.hpp"
 #include "src/backend/ops/rope.hpp"
 #include "tests/test_util.hpp"
 
@@ -231,6 +232,20 @@ void optimizer_case(Run& r) {
   ops::sgd_update(r.be, r.out("sgd p", {n}, true), r.in("g", {n}), r.out("sgd b", {n}, true), s);
 }
 
+// ZeRO++'s block quantization: int8 rows read at a stride, with a short last block, dequantized;
+// int4 dequantized into an accumulating f32 buffer. The codes themselves are compared through what
+// they dequantize to (the words are bit patterns, not numbers).
+void quantize_case(Run& r) {
+  const int64_t rows = 3, n = 300, stride = 310;
+  const QuantSpec q8{8, 64}, q4{4, 32};
+  Tensor x = r.in("x", {rows * stride}, -2.f, 2.f);
+  Tensor w8 = r.work("q8", {rows * q8.words(n)}), w4 = r.work("q4", {rows * q4.words(n)});
+  ops::quantize_blocks(r.be, w8, x, stride, rows, n, q8);
+  ops::dequantize_blocks(r.be, r.out("int8", {rows * n}), w8, rows, n, q8, false);
+  ops::quantize_blocks(r.be, w4, x, stride, rows, n, q4);
+  ops::dequantize_blocks(r.be, r.out("int4 accumulated", {rows * n}, true), w4, rows, n, q4, true);
+}
+
 std::vector<OpCase> op_cases() {
   return {
       {"embedding", 1e-6, embedding_case},
@@ -246,6 +261,7 @@ std::vector<OpCase> op_cases() {
       {"kv_cache", 1e-4, kv_cache_case},
       {"loss", 1e-5, loss_case},
       {"optimizer", 1e-5, optimizer_case},
+      {"quantize", 1e-6, quantize_case},
   };
 }
 
@@ -293,4 +309,53 @@ TEST_CASE("every operation family on the cuda backend matches the cpu", "[cuda][
       CHECK(err <= c.tol * scale);
     }
   }
+}
+
+// The quantization family against its definition (ops/quantize.hpp), worked out here element by
+// element: scale amax / qmax per block, codes rounded to nearest even and clamped, int4 packed low
+// nibble first; zeros, a short last block, NaN and bf16 input.
+TEST_CASE("block quantization against its definition", "[ops][quantize]") {
+  auto be = make_cpu_backend(BackendConfig{});
+  for (int bits : {8, 4}) {
+    const QuantSpec q{bits, 16};
+    const int64_t n = 40;  // blocks of 16, 16 and 8
+    std::vector<float> x = test::random_vector("quantize def", static_cast<size_t>(n), -3.f, 3.f);
+    for (int i = 16; i < 32; ++i) x[static_cast<size_t>(i)] = 0.f;  // a block of zeros
+    x[5] = -3.5f;                                                    // block 0's amax, negative
+    std::vector<float> words(static_cast<size_t>(q.words(n)), -1.f), back(static_cast<size_t>(n), 0.f);
+    ops::quantize_blocks(*be, Tensor::of(std::span<float>(words)), Tensor::of(std::span<float>(x)), n, 1, n, q);
+    ops::dequantize_blocks(*be, Tensor::of(std::span<float>(back)), Tensor::of(std::span<float>(words)), 1, n, q, false);
+    const int qmax = bits == 8 ? 127 : 7;
+    for (int64_t b = 0; b < q.blocks(n); ++b) {
+      const int64_t i0 = b * q.block, len = std::min<int64_t>(q.block, n - i0);
+      float amax = 0.f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i0 + i)]));
+      const float scale = amax / static_cast<float>(qmax);
+      const float* rec = words.data() + b * q.record_words();
+      INFO(bits << "-bit block " << b);
+      CHECK(rec[0] == scale);
+      const auto* codes = reinterpret_cast<const uint8_t*>(rec + 1);
+      for (int64_t i = 0; i < q.block; ++i) {
+        int want = 0;
+        if (i < len && scale > 0.f)
+          want = static_cast<int>(std::clamp(std::nearbyint(x[static_cast<size_t>(i0 + i)] / scale), float(-qmax), float(qmax)));
+        int got = bits == 8 ? static_cast<int8_t>(codes[i]) : ((codes[i / 2] >> (4 * (i % 2))) & 0xF);
+        if (bits == 4 && got >= 8) got -= 16;
+        CHECK(got == want);
+        if (i < len) CHECK(back[static_cast<size_t>(i0 + i)] == static_cast<float>(want) * scale);
+      }
+    }
+  }
+  // A NaN poisons its block only; bf16 input quantizes as its f32 value.
+  std::vector<float> x(24, 1.f), words(static_cast<size_t>(QuantSpec{8, 8}.words(24))), back(24);
+  x[9] = NAN;
+  const QuantSpec q{8, 8};
+  ops::quantize_blocks(*be, Tensor::of(std::span<float>(words)), Tensor::of(std::span<float>(x)), 24, 1, 24, q);
+  ops::dequantize_blocks(*be, Tensor::of(std::span<float>(back)), Tensor::of(std::span<float>(words)), 1, 24, q, false);
+  for (int i = 0; i < 24; ++i) CHECK((i >= 8 && i < 16) == std::isnan(back[static_cast<size_t>(i)]));
+  std::vector<bf16> xb(24, bf16(0.75f));
+  std::vector<float> wb(words.size());
+  ops::quantize_blocks(*be, Tensor::of(std::span<float>(wb)), Tensor::of(std::span<bf16>(xb)), 24, 1, 24, q);
+  ops::dequantize_blocks(*be, Tensor::of(std::span<float>(back)), Tensor::of(std::span<float>(wb)), 1, 24, q, false);
+  for (float v : back) CHECK(std::fabs(v - 0.75f) <= 1e-6f);  // code 127 times the scale 0.75 / 127
 }

@@ -80,6 +80,7 @@ class LateRank final : public Communicator {
   Work do_reduce(Tensor s, Tensor r, int root, ReduceOp op) override { return late(), inner_->reduce(s, r, root, op); }
   Work do_gather(Tensor s, Tensor r, int root) override { return late(), inner_->gather(s, r, root); }
   Work do_scatter(Tensor s, Tensor r, int root) override { return late(), inner_->scatter(s, r, root); }
+  Work do_all_to_all(Tensor s, Tensor r) override { return late(), inner_->all_to_all(s, r); }
   Work do_barrier() override { return late(), inner_->barrier(); }
   Work do_send(Tensor b, int peer) override { return late(), inner_->send(b, peer); }
   Work do_recv(Tensor b, int peer) override { return late(), inner_->recv(b, peer); }

@@ -368,7 +368,8 @@ TEST_CASE("one rank, 64 MiB: DDP runs out of memory, ZeRO-3 with offload and che
 
   cfg.strategy.kind = StrategyKind::zero3;
   cfg.strategy.offload = Offload::params;
-  cfg.strategy.prefetch = 0;  // one gathered unit at a time: the budget has no room for a second
+  // --prefetch auto (the default) finds no room for a second gathered block beside the activations
+  // and keeps one at a time, as --prefetch 0 does.
   cfg.checkpointing = Checkpointing::blocks;
   RunOut tight = train_mpi(cfg, budget);
   TrainConfig roomy = cfg;
@@ -377,10 +378,42 @@ TEST_CASE("one rank, 64 MiB: DDP runs out of memory, ZeRO-3 with offload and che
   roomy.checkpointing = Checkpointing::none;
   RunOut want = train_mpi(roomy, 0);
   CHECK(tight.losses == want.losses);
-  const Estimate e = predict_step(cfg, 1, 0, 4, false);
+  // Predicted on the run's budget, as the run resolves --prefetch auto (to 0 here: depth 1 would not fit).
+  CHECK(auto_prefetch(cfg, 1, 0, 4, PoolConfig{budget}) == 0);
+  const std::optional<Estimate> fits = predict_step_within(cfg, 1, 0, 4, PoolConfig{budget});
+  REQUIRE(fits);
+  const Estimate& e = *fits;
   std::printf("zero3 + offload params + blocks: device peak %.2f MiB, host peak %.2f MiB, losses %.4f %.4f %.4f\n",
               e.peak / 1048576.0, e.host.peak / 1048576.0, tight.losses[0], tight.losses[1], tight.losses[2]);
   CHECK(e.peak <= budget);
+}
+
+TEST_CASE("--prefetch auto never exceeds a device budget that --prefetch 0 fits", "[strategies][prefetch]") {
+  const int N = g_mpi->world();
+  TrainConfig cfg = parity_config(StrategyKind::zero3, N);
+  cfg.steps = 2;
+  const int64_t micro = cfg.batch / N / cfg.accum;
+  // Every rank's predicted peak with each fixed depth; a budget must hold the largest.
+  auto peak = [&](int depth) {
+    TrainConfig c = cfg;
+    c.strategy.prefetch = depth;
+    uint64_t p = 0;
+    for (int r = 0; r < N; ++r) p = std::max(p, predict_step(c, N, r, micro, false).peak);
+    return p;
+  };
+  const uint64_t p0 = peak(0), p1 = peak(kPrefetchDepth);
+  REQUIRE(p1 > p0);  // prefetching holds a second gathered unit
+  TrainConfig fixed = cfg;
+  fixed.strategy.prefetch = 0;
+  const RunOut want = train_mpi(fixed, 0);
+  for (uint64_t budget : {p0, (p0 + p1) / 2, p1 - 1, p1}) {
+    INFO("world " << N << ", budget " << budget << " (prefetch 0 needs " << p0 << ", 1 needs " << p1 << ")");
+    const int depth = auto_prefetch(cfg, N, g_mpi->rank(), micro, PoolConfig{budget, 0});
+    CHECK(depth == (budget >= p1 ? kPrefetchDepth : 0));
+    RunOut got;
+    REQUIRE_NOTHROW(got = train_mpi(cfg, budget));  // cfg's prefetch is auto
+    CHECK(got.losses == want.losses);
+  }
 }
 
 // ---- Hybrid sharding (--shard-group S): ZeRO within groups of S ranks, replicas across them ----

@@ -1,5 +1,7 @@
 #include "tools/options.hpp"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -185,10 +187,58 @@ void StrategyOptions::add(Desc& d, StrategyConfig& s) {
   g.add_options()("bucket-mb", po::value(&s.bucket_mb)->default_value(s.bucket_mb), "ddp: gradient bucket size in MiB");
   add_switch(g, "reshard-after-forward", s.reshard_after_forward,
              "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward");
-  g.add_options()("prefetch", po::value(&s.prefetch)->default_value(s.prefetch), "zero3: units gathered ahead of use")(
+  g.add_options()("prefetch", po::value(&prefetch)->default_value(prefetch),
+                  "zero3: units gathered ahead of use, or auto: as many as the device budget (--device-memory) leaves "
+                  "room for in the predicted step, at most 1 (a run that fits with 0 fits with auto)")(
       "max-gathered", po::value(&s.max_gathered)->default_value(s.max_gathered),
       "zero3: most units gathered at once (0 = prefetch + 2)");
   d.add(g);
+  Desc z("ZeRO++ (zero3; docs/strategies-and-mesh.md, \"ZeRO++\")");
+  add_switch(z, "zeropp", zeropp,
+             "all three levers: --quantize-weights int8 --secondary-shard node --quantize-grads int4 (each may "
+             "still be given otherwise)");
+  z.add_options()("quantize-weights", po::value(&quantize_weights)->default_value(""),
+                  "qwZ: none or int8: each rank's parameter shard block-quantized before the all-gather, dequantized "
+                  "after (the shard the optimizer updates stays exact)")(
+      "secondary-shard", po::value(&secondary_shard)->default_value(""),
+      "hpZ: none or node: after a unit's forward each rank keeps its node's slice of the parameters (memory + "
+      "unit / ranks on the node), so backward's all-gather stays inside the node")(
+      "quantize-grads", po::value(&quantize_grads)->default_value(""),
+      "qgZ: none, int4 or int8: the gradient reduce-scatter becomes an all-to-all of block-quantized gradients "
+      "inside the node, summed there in f32, then one across the nodes (no error feedback)")(
+      "quantize-block", po::value(&s.zeropp.block)->default_value(s.zeropp.block),
+      "elements per f32 scale of the quantized blocks (a multiple of 8)")(
+      "ranks-per-node", po::value(&ranks_per_node)->default_value(0),
+      "consecutive ranks that share a node (0 = one node holds every rank): hpZ and qgZ work node by node, and "
+      "compare splits each row's bytes into intra- and inter-node by it")(
+      "inter-node-gbs", po::value(&inter_node_gbs)->default_value(0),
+      "emulate a network of this many GB/s between the nodes of --ranks-per-node on one machine: a collective over "
+      "ranks on several nodes completes no sooner than its bus bytes at this rate after the rank's emulated link "
+      "is free (0 = off; for benchmarks)");
+  d.add(z);
+}
+
+void StrategyOptions::apply_prefetch(StrategyConfig& s) const {
+  if (prefetch == "auto") {
+    s.prefetch = kPrefetchAuto;
+    return;
+  }
+  char* end = nullptr;
+  const long v = std::strtol(prefetch.c_str(), &end, 10);
+  SHARD_REQUIRE(!prefetch.empty() && end && *end == '\0' && v >= 0 && v <= 1024,
+                "--prefetch '{}': expected auto or 0 to 1024 units", prefetch);
+  s.prefetch = static_cast<int>(v);
+}
+
+void StrategyOptions::apply_zeropp(StrategyConfig& s) const {
+  auto pick = [this](const std::string& given, const char* all) { return !given.empty() ? given : zeropp ? all : "none"; };
+  const std::string w = pick(quantize_weights, "int8"), h = pick(secondary_shard, "node"), g = pick(quantize_grads, "int4");
+  SHARD_REQUIRE(w == "none" || w == "int8", "--quantize-weights '{}': expected none or int8", w);
+  SHARD_REQUIRE(h == "none" || h == "node", "--secondary-shard '{}': expected none or node", h);
+  SHARD_REQUIRE(g == "none" || g == "int4" || g == "int8", "--quantize-grads '{}': expected none, int4 or int8", g);
+  s.zeropp.weight_bits = w == "int8" ? 8 : 0;
+  s.zeropp.secondary = h == "node";
+  s.zeropp.grad_bits = g == "none" ? 0 : g == "int4" ? 4 : 8;
 }
 
 void StrategyOptions::add_kind_and_dtype(Desc& d, const char* kind_note, const char* dtype_note) {
@@ -327,6 +377,12 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   }
   cfg.strategy.offload = parse_offload(memory.offload);
   strategy.apply_dtypes(cfg.strategy);
+  strategy.apply_zeropp(cfg.strategy);
+  strategy.apply_prefetch(cfg.strategy);
+  cfg.layout.ranks_per_node = strategy.ranks_per_node;
+  SHARD_REQUIRE(strategy.inter_node_gbs >= 0 && strategy.inter_node_gbs <= 1e6,
+                "--inter-node-gbs {}: expected 0 (off) or a rate in GB/s", strategy.inter_node_gbs);
+  cfg.inter_node_gbs = strategy.inter_node_gbs;
   cfg.optim.kind = parse_optimizer(optimizer);
   cfg.schedule.kind = parse_schedule(schedule);
   cfg.checkpointing = parse_checkpointing(memory.checkpointing);

@@ -123,6 +123,14 @@ struct StrategyOptions {
   void add_dtypes(Desc& d, const char* dtype_note);
   // The dtypes into s.precision (reduce defaults to the param dtype).
   void apply_dtypes(StrategyConfig& s) const;
+  // ZeRO++'s flags (added by add(d, s)): the levers into s.zeropp; --ranks-per-node is the layout's.
+  bool zeropp = false;                                 // --zeropp: all three levers
+  std::string quantize_weights, quantize_grads, secondary_shard;  // "" = not given
+  int ranks_per_node = 0;                              // --ranks-per-node
+  double inter_node_gbs = 0;                           // --inter-node-gbs
+  void apply_zeropp(StrategyConfig& s) const;
+  std::string prefetch = "auto";  // --prefetch
+  void apply_prefetch(StrategyConfig& s) const;
 };
 
 // ---- mesh: how the world's ranks are laid out (src/comm/mesh.hpp) -----------------------------

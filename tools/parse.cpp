@@ -238,6 +238,11 @@ const std::vector<StrategyFlag>& strategy_flags() {
       {"reshard-after-forward", {StrategyKind::zero3}, "zero3 and hsdp (gathered parameters)"},
       {"prefetch", {StrategyKind::zero3}, "zero3 and hsdp (gathered parameters)"},
       {"max-gathered", {StrategyKind::zero3}, "zero3 and hsdp (gathered parameters)"},
+      {"zeropp", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
+      {"quantize-weights", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
+      {"secondary-shard", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
+      {"quantize-grads", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
+      {"quantize-block", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
   };
   return flags;
 }

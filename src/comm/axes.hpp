@@ -22,8 +22,13 @@ inline constexpr int kNumGridAxes = 5;
 // sequence over its ranks, so they hold different tokens of the same sequences: their gradients
 // add up like data-parallel ranks', and ZeRO/FSDP shard over dp_shard x cp (dp_shard_cp), DDP
 // replicates over dp x cp (dp_cp). At cp 1 those are the dp_shard and dp groups themselves.
-enum class CommAxis : uint8_t { world, pp, dp_replicate, dp_shard, dp, tp, cp, dp_shard_cp, dp_cp };
-inline constexpr int kNumCommAxes = 9;
+// ZeRO++ (--ranks-per-node R) cuts the shard group (dp_shard_cp) by node, world rank / R: the
+// group's ranks on this rank's node (dp_shard_node) and those with this rank's place in their
+// node, one per node (dp_shard_cross). They are no lines of the grid (grid bits 0): the Mesh
+// derives them from the node size.
+enum class CommAxis : uint8_t { world, pp, dp_replicate, dp_shard, dp, tp, cp, dp_shard_cp, dp_cp, dp_shard_node,
+                                dp_shard_cross };
+inline constexpr int kNumCommAxes = 11;
 
 struct CommAxisRow {
   CommAxis axis;
@@ -42,6 +47,8 @@ inline constexpr std::array<CommAxisRow, kNumCommAxes> kCommAxes = {{
     {CommAxis::dp_shard_cp, "dp_shard_cp", static_cast<uint8_t>(grid_bit(GridAxis::dp_shard) | grid_bit(GridAxis::cp))},
     {CommAxis::dp_cp, "dp_cp",
      static_cast<uint8_t>(grid_bit(GridAxis::dp_replicate) | grid_bit(GridAxis::dp_shard) | grid_bit(GridAxis::cp))},
+    {CommAxis::dp_shard_node, "dp_shard_node", 0},
+    {CommAxis::dp_shard_cross, "dp_shard_cross", 0},
 }};
 constexpr const CommAxisRow& comm_axis_row(CommAxis a) { return kCommAxes[static_cast<size_t>(a)]; }
 constexpr bool spans(CommAxis a, GridAxis g) { return (comm_axis_row(a).grid & grid_bit(g)) != 0; }

@@ -11,8 +11,9 @@
 
 namespace shardlab {
 
-enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier, send, recv };
-inline constexpr int kNumCommOps = 10;
+enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier, send, recv,
+                              all_to_all };
+inline constexpr int kNumCommOps = 11;
 const char* comm_op_name(CommOp op);
 
 struct OpCounter {

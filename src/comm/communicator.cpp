@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "src/comm/watchdog.hpp"
 
@@ -21,6 +22,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::barrier: return "barrier";
     case CommOp::send: return "send";
     case CommOp::recv: return "recv";
+    case CommOp::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -68,6 +70,7 @@ double bus_factor(CommOp op, int world) {
     case CommOp::all_reduce: return 2.0 * (n - 1) / n;
     case CommOp::reduce_scatter:
     case CommOp::all_gather:
+    case CommOp::all_to_all:
     case CommOp::gather:
     case CommOp::scatter: return (n - 1) / n;
     case CommOp::broadcast:
@@ -201,7 +204,31 @@ class WatchedWork final : public WorkImpl {
 };
 }  // namespace
 
+namespace {
+// A call on the emulated link: done when the call is and its time on the link has passed.
+class PacedWork final : public WorkImpl {
+ public:
+  PacedWork(Work inner, std::chrono::steady_clock::time_point until) : inner_(std::move(inner)), until_(until) {}
+  bool test() override { return inner_.done() && std::chrono::steady_clock::now() >= until_; }
+  void wait() override {
+    inner_.wait();
+    std::this_thread::sleep_until(until_);
+  }
+
+ private:
+  Work inner_;
+  std::chrono::steady_clock::time_point until_;
+};
+std::chrono::steady_clock::time_point g_link_free;  // when this process's emulated link is next idle
+}  // namespace
+
 Work Communicator::watched(uint64_t seq, Work w) {
+  if (pace_ > 0 && last_bytes_ > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    g_link_free = std::max(now, g_link_free) +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(last_bytes_ / pace_));
+    w = Work(std::make_unique<PacedWork>(std::move(w), g_link_free));
+  }
   if (seq == 0) return w;
   return Work(std::make_unique<WatchedWork>(std::move(w), seq));
 }
@@ -273,6 +300,7 @@ int64_t Communicator::all_max(int64_t v) {
 
 void Communicator::count(CommOp op, DType dtype, double full_bytes) {
   double b = bus_bytes(op, full_bytes, world_size());
+  last_bytes_ = b;
   stats_.record(op, b, b * wire_factor(op, dtype), axis_);
   if (parent_) parent_->stats_.record(op, b, b * wire_factor(op, dtype), axis_);
 }
@@ -320,6 +348,16 @@ Work Communicator::all_gather(Tensor send, Tensor recv, Site site) {
               send.numel(), send.numel() * world_size());
   count(CommOp::all_gather, send.dtype(), static_cast<double>(recv.bytes()));
   return watched(seq, do_all_gather(send, recv));
+}
+
+Work Communicator::all_to_all(Tensor send, Tensor recv, Site site) {
+  const uint64_t seq = enter(CommOp::all_to_all, send, -1, ReduceOp::sum, site);
+  SHARD_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel() && send.numel() % world_size() == 0,
+              "all_to_all: send {} {} and recv {} {} must match and split into {} chunks", send.numel(),
+              dtype_name(send.dtype()), recv.numel(), dtype_name(recv.dtype()), world_size());
+  SHARD_CHECK(send.data() != recv.data() || send.numel() == 0, "all_to_all: send and recv are the same buffer");
+  count(CommOp::all_to_all, send.dtype(), static_cast<double>(send.bytes()));
+  return watched(seq, do_all_to_all(send, recv));
 }
 
 Work Communicator::broadcast(Tensor buf, int root, Site site) {

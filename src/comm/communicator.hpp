@@ -16,6 +16,7 @@
 //   reduce_scatter     (N-1)/N * S     (S = N * recv count * element size)
 //   all_gather         (N-1)/N * S     (S = N * send count * element size)
 //   gather, scatter    (N-1)/N * S     (S = N * chunk; the root receives or sends N-1 chunks)
+//   all_to_all         (N-1)/N * S     (S = N * chunk: this rank's send buffer; it keeps one chunk)
 //   broadcast, reduce            S     (0 when N = 1)
 //   send, recv                   S     (point to point: what this rank sends or receives)
 //   barrier                      0
@@ -88,6 +89,9 @@ class Communicator {
   // recv holds N * send.numel() elements; chunk r comes from rank r. In place when send is chunk
   // `rank` of recv.
   Work all_gather(Tensor send, Tensor recv, Site site = Site::current());
+  // send and recv hold N chunks of the same size: chunk j of send goes to rank j, chunk j of recv
+  // comes from rank j (its chunk `rank`). Not in place.
+  Work all_to_all(Tensor send, Tensor recv, Site site = Site::current());
   // root's recv (N * send.numel()) gets chunk r from rank r; recv is ignored elsewhere.
   Work gather(Tensor send, Tensor recv, int root, Site site = Site::current());
   // rank r's recv gets chunk r of root's send (N * recv.numel()); send is ignored elsewhere.
@@ -149,6 +153,10 @@ class Communicator {
   // count, dtype, root, call site) is compared across ranks on a separate channel; a mismatch
   // throws InternalError naming the first diverging rank and both call sites instead of hanging.
   void set_check(bool on) { check_ = on; }
+  // An emulated link (--inter-node-gbs): each call completes no sooner than its bus bytes /
+  // bytes_per_s after the emulated link of this process is free (one link per process, shared by
+  // every paced communicator, so calls in flight together queue on it). 0 = off.
+  void pace(double bytes_per_s) { pace_ = bytes_per_s; }
 
   // Collective over this communicator: a communicator over the ranks that pass the same `color`,
   // ordered by `key`, in which this rank is `rank` of `size` (the caller knows the layout; the
@@ -176,6 +184,7 @@ class Communicator {
   virtual Work do_broadcast(Tensor buf, int root) = 0;
   virtual Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) = 0;
   virtual Work do_gather(Tensor send, Tensor recv, int root) = 0;
+  virtual Work do_all_to_all(Tensor send, Tensor recv) = 0;
   virtual Work do_scatter(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_barrier() = 0;
   virtual Work do_send(Tensor buf, int peer) = 0;
@@ -207,6 +216,7 @@ class Communicator {
   Communicator* parent_ = nullptr;  // a sub-communicator's (split): its traffic counts there too
   CommAxis axis_ = CommAxis::world;
   bool check_ = false;
+  double pace_ = 0, last_bytes_ = 0;  // the emulated link's rate; the last call's bus bytes
   uint64_t seq_ = 0;
   std::vector<uint64_t> sent_, received_;  // point-to-point sequence numbers per peer (--check-collectives)
 };

@@ -70,7 +70,70 @@ int group_color(const ParallelDims& d, MeshCoord c, CommAxis a) {
 }
 }  // namespace
 
-Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) {
+// The world ranks of this rank's group along a grid axis group, in group rank order.
+static std::vector<int> group_members(const ParallelDims& d, const MeshCoord& me, CommAxis a) {
+  std::vector<int> out;
+  const int n = d.size(a);
+  for (int i = 0; i < n; ++i) {
+    MeshCoord c = me;
+    int rest = i;
+    for (int g = kNumGridAxes - 1; g >= 0; --g)
+      if (spans(a, static_cast<GridAxis>(g))) {
+        const int deg = d.degree(static_cast<GridAxis>(g));
+        c.at(static_cast<GridAxis>(g)) = rest % deg;
+        rest /= deg;
+      }
+    out.push_back(mesh_rank(d, c));
+  }
+  return out;
+}
+
+bool Mesh::crosses_nodes(CommAxis a) const {
+  if (ranks_per_node_ <= 0) return false;
+  if (a == CommAxis::dp_shard_node) return false;
+  if (a == CommAxis::dp_shard_cross) return has(a) && comms_[static_cast<size_t>(a)]->world_size() > 1;
+  // Ranks grow with a group's coordinates: its first and last members bound its nodes.
+  const std::vector<int> m = group_members(dims_, me_, a);
+  return m.front() / ranks_per_node_ != m.back() / ranks_per_node_;
+}
+
+void Mesh::pace_inter_node(double bytes_per_s) {
+  for (int a = 0; a < kNumCommAxes; ++a)
+    if (comms_[static_cast<size_t>(a)] && crosses_nodes(static_cast<CommAxis>(a)))
+      comms_[static_cast<size_t>(a)]->pace(bytes_per_s);
+}
+
+void Mesh::split_nodes() {
+  const int R = ranks_per_node_, W = world_.world_size();
+  SHARD_REQUIRE(W % R == 0, "--ranks-per-node {} does not divide the world of {} ranks into nodes", R, W);
+  const std::vector<int> m = group_members(dims_, me_, CommAxis::dp_shard_cp);
+  const int my_node = world_.rank() / R;
+  // Members on one node are consecutive in group order (ranks grow with it): count them per node.
+  std::vector<int> firsts;  // the group rank of each node's first member
+  for (size_t i = 0; i < m.size(); ++i)
+    if (i == 0 || m[i] / R != m[i - 1] / R) firsts.push_back(static_cast<int>(i));
+  const int N = static_cast<int>(firsts.size()), L = static_cast<int>(m.size()) / N;
+  for (int k = 0; k < N; ++k) {
+    const int count = (k + 1 < N ? firsts[k + 1] : static_cast<int>(m.size())) - firsts[k];
+    SHARD_REQUIRE(count == L,
+                  "--ranks-per-node {} puts {} of the {} ranks of a shard group ({}) on node {} and {} on node {}: "
+                  "ZeRO++ needs as many on every node",
+                  R, count, m.size(), dims_.describe(), m[firsts[k]] / R, L, m[0] / R);
+  }
+  const int me = rank(CommAxis::dp_shard_cp);
+  const int n = me / L, l = me % L;
+  SHARD_CHECK(m[me] == world_.rank() && m[n * L] / R == my_node, "node split: rank {} at group place {}",
+              world_.rank(), me);
+  auto node = world_.split(m[n * L], world_.rank(), L, l, CommAxis::dp_shard_node);
+  auto cross = world_.split(W + m[l], world_.rank(), N, n, CommAxis::dp_shard_cross);
+  comms_[static_cast<size_t>(CommAxis::dp_shard_node)] = node.get();
+  comms_[static_cast<size_t>(CommAxis::dp_shard_cross)] = cross.get();
+  owned_.push_back(std::move(node));
+  owned_.push_back(std::move(cross));
+}
+
+Mesh::Mesh(Communicator& world, ParallelDims dims, int ranks_per_node, bool node_groups)
+    : world_(world), dims_(dims), ranks_per_node_(ranks_per_node) {
   SHARD_CHECK(dims_.is_resolved() && dims_.world() == world.world_size(), "mesh {} over a world of {}",
               dims_.describe(), world.world_size());
   me_ = mesh_coord(dims_, world.rank());
@@ -105,6 +168,9 @@ Mesh::Mesh(Communicator& world, ParallelDims dims) : world_(world), dims_(dims) 
     if (end) tied_ = c.get();
     owned_.push_back(std::move(c));
   }
+  SHARD_REQUIRE(ranks_per_node >= 0, "--ranks-per-node {}: expected a positive count (0: one node)", ranks_per_node);
+  SHARD_REQUIRE(!node_groups || ranks_per_node > 0, "node groups without --ranks-per-node");
+  if (node_groups) split_nodes();
 }
 
 }  // namespace shardlab

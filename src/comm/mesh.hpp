@@ -74,8 +74,11 @@ class Mesh {
  public:
   // Collective over `world`: one communicator per axis group this rank belongs to, split in a fixed
   // order, so each axis counts its own traffic; the data-parallel group is `world` itself when it
-  // spans the world. `dims` must be resolved against world.world_size().
-  Mesh(Communicator& world, ParallelDims dims);
+  // spans the world. `dims` must be resolved against world.world_size(). ranks_per_node > 0
+  // (--ranks-per-node) tells which groups cross a node boundary; with node_groups (ZeRO++'s hpZ and
+  // qgZ) the shard group is also split by node (dp_shard_node, dp_shard_cross): InputError when
+  // the world or the shard group does not divide into equal nodes.
+  Mesh(Communicator& world, ParallelDims dims, int ranks_per_node = 0, bool node_groups = false);
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
 
@@ -91,8 +94,18 @@ class Mesh {
   // The ranks whose gradients add up: the data-parallel ranks and, under context parallelism, the
   // ranks holding other pieces of their sequences (dp at cp 1).
   Communicator& dp_cp() { return comm(CommAxis::dp_cp); }
-  int rank(CommAxis a) const { return me_.rank_in(a, dims_); }
-  int size(CommAxis a) const { return dims_.size(a); }
+  int rank(CommAxis a) const { return node_axis(a) ? comms_[static_cast<size_t>(a)]->rank() : me_.rank_in(a, dims_); }
+  int size(CommAxis a) const {
+    return node_axis(a) ? comms_[static_cast<size_t>(a)]->world_size() : dims_.size(a);
+  }
+  // Ranks per node (0: the whole world is one node), and whether this rank's group along a spans
+  // more than one node (its bytes cross the slower link).
+  int ranks_per_node() const { return ranks_per_node_; }
+  bool crosses_nodes(CommAxis a) const;
+  // Every communicator of this rank whose group spans nodes paces its calls to bytes_per_s
+  // (Communicator::pace): an emulated network between nodes, for benchmarks on one machine.
+  void pace_inter_node(double bytes_per_s);
+  bool has(CommAxis a) const { return comms_[static_cast<size_t>(a)] != nullptr; }
   int dp_rank() const { return rank(CommAxis::dp); }
   int dp_size() const { return size(CommAxis::dp); }
   // Pipeline neighbours as ranks of comm(CommAxis::pp); -1 at the first (prev) or last (next) stage.
@@ -107,8 +120,16 @@ class Mesh {
   const std::array<double, kNumCommAxes>& last_step_bytes() const { return world_.stats().last_step_axis; }
 
  private:
+  bool node_axis(CommAxis a) const {
+    const bool n = a == CommAxis::dp_shard_node || a == CommAxis::dp_shard_cross;
+    SHARD_CHECK(!n || comms_[static_cast<size_t>(a)], "no {} communicator: the mesh was built without --ranks-per-node",
+                comm_axis_name(a));
+    return n;
+  }
+  void split_nodes();
   Communicator& world_;
   ParallelDims dims_;
+  int ranks_per_node_ = 0;
   MeshCoord me_;
   std::array<Communicator*, kNumCommAxes> comms_{};
   Communicator* tied_ = nullptr;

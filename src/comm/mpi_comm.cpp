@@ -199,6 +199,16 @@ class MpiCommunicator final : public Communicator {
     return make_work(req, {}, nullptr);
   }
 
+  Work do_all_to_all(Tensor send, Tensor recv) override {
+    check_host(send, "all_to_all");
+    check_host(recv, "all_to_all");
+    int n = mpi_count(send.numel() / world_size(), "all_to_all");
+    MPI_Datatype t = mpi_type(send.dtype());
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoall(send.data(), n, t, recv.data(), n, t, comm_, &req));
+    return make_work(req, {}, nullptr);
+  }
+
   Work do_gather(Tensor send, Tensor recv, int root) override {
     check_host(send, "gather");
     int n = mpi_count(send.numel(), "gather");

@@ -203,6 +203,20 @@ class NcclCommunicator final : public MpiBackedCommunicator {
     if (on_host(recv, is_root ? send : recv)) return mpi_->scatter(send, recv, root);
     return issue("scatter", [&] { return root_exchange(false, send, recv, root); });
   }
+  Work do_all_to_all(Tensor send, Tensor recv) override {
+    if (on_host(send, recv)) return mpi_->all_to_all(send, recv);
+    return issue("all_to_all", [&] {
+      const size_t n = count(send) / static_cast<size_t>(world_size()), bytes = send.bytes() / world_size();
+      const ncclDataType_t t = nccl_type(send.dtype());
+      ncclResult_t st = ncclGroupStart();
+      for (int r = 0; r < world_size() && st == ncclSuccess; ++r) {
+        st = ncclSend(static_cast<const char*>(send.data()) + r * bytes, n, t, r, nccl_, stream_);
+        if (st == ncclSuccess) st = ncclRecv(static_cast<char*>(recv.data()) + r * bytes, n, t, r, nccl_, stream_);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return st != ncclSuccess ? st : end;
+    });
+  }
   Work do_barrier() override { return mpi_->barrier(); }
   // NCCL matches a peer's sends and receives in issue order, as Communicator::send promises. Both
   // are held until one of them is waited for, or another call comes (design notes).

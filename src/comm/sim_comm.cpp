@@ -58,6 +58,12 @@ class SimCommunicator final : public Communicator {
     for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * send.numel(), send.numel()), send);
     return Work();
   }
+  // Every peer sends this rank what it would send itself: its own chunk, in every slot.
+  Work do_all_to_all(Tensor send, Tensor recv) override {
+    const int64_t c = send.numel() / world_, at = rank_ * c;
+    for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * c, c), send.slice(at, c));
+    return Work();
+  }
   Work do_gather(Tensor send, Tensor recv, int root) override {
     if (rank_ == root)
       for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * send.numel(), send.numel()), send);

@@ -95,6 +95,11 @@ class StagedCommunicator final : public MpiBackedCommunicator {
     Tensor hs = c.in(send), hr = c.out(recv);
     return c.done(mpi_->all_gather(hs, hr), {{recv, hr}});
   }
+  Work do_all_to_all(Tensor send, Tensor recv) override {
+    Call c(*this);
+    Tensor hs = c.in(send), hr = c.out(recv);
+    return c.done(mpi_->all_to_all(hs, hr), {{recv, hr}});
+  }
   Work do_broadcast(Tensor buf, int root) override {
     Call c(*this);
     Tensor h = rank() == root ? c.in(buf) : c.out(buf);

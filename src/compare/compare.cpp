@@ -6,6 +6,7 @@
 
 #include "src/core/stats.hpp"
 #include "shard/strategy_formulas.hpp"
+#include "shard/zeropp.hpp"
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/model/parallel/cp_attention.hpp"
@@ -105,6 +106,14 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
   // not one for the forward and one for the backward.
   if (tc.layout.dims.pp > 1 && kind == StrategyKind::zero3) theory.group_overlapped -= theory.p;
   r.comm_theory = theory.total_bus();
+  if (kind == StrategyKind::zero3 && tc.strategy.zeropp.any()) {  // ZeRO++'s collectives instead of zero3's three
+    const int S = trainer.mesh().size(CommAxis::dp_shard_cp);
+    const int L = tc.strategy.zeropp.hierarchical() ? trainer.mesh().size(CommAxis::dp_shard_node) : S;
+    const auto& pr = tc.strategy.precision;
+    r.comm_theory += zeropp_step_bytes(tc.strategy.zeropp, part, S, L, double(dtype_size(pr.param_dtype)),
+                                       double(dtype_size(pr.reduce_dtype))).total() -
+                     theory.fs() * theory.group_overlapped;
+  }
   if (tc.layout.dims.hybrid()) {
     r.dp_shard = tc.layout.dims.dp_shard * cp;
     const auto& axis = trainer.mesh().last_step_bytes();
@@ -129,6 +138,10 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
     r.theory_pp = pp_theory(tc, trainer.mesh().dp_size(), tc.layout.dims.tp, cp);
     r.comm_theory += r.theory_pp;
   }
+  r.ranks_per_node = tc.layout.ranks_per_node;
+  r.axis_bytes = trainer.mesh().last_step_bytes();
+  for (int a = 0; a < kNumCommAxes; ++a)
+    (trainer.mesh().crosses_nodes(static_cast<CommAxis>(a)) ? r.node_inter : r.node_intra) += r.axis_bytes[a];
   if (cp > 1) {
     int layers = 0;  // this rank's (its stage's under --pp)
     for (const auto& u : trainer.units()) layers += u->recomputable() ? 1 : 0;
@@ -141,11 +154,15 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
   }
 }
 
-StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, StrategyKind kind) {
+// levers: with ZeRO++'s levers (zero3 only); without, plain.
+StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConfig& cfg, StrategyKind kind,
+                       bool levers) {
   StrategyResult r;
   r.kind = kind;
   TrainConfig tc = cfg.train;
   tc.use_strategy(kind);  // --offload and hybrid sharding as far as the strategy allows
+  if (!levers) tc.strategy.zeropp = ZeroPP{};
+  r.quantized = tc.strategy.zeropp.weight_bits > 0 || tc.strategy.zeropp.grad_bits > 0;
   r.name = tc.label();
   Pool pool(be, PoolConfig{cfg.budget, cfg.host_budget});
   auto comm = group.connect(pool);
@@ -203,6 +220,21 @@ void print_axis_tables(const CompareResult& res, std::FILE* out) {
                      format_bytes(r.theory_inter).c_str());
     std::fprintf(out, "(intra: the group's reduce-scatter and all-gathers, (S-1)/S each, plus the gradient norm; inter: "
                  "an all-reduce of each rank's shard, 2(G-1)/G x Psi/S; the world's loss all-reduce is in neither)\n");
+  }
+  // By link: what stays inside a node and what crosses one (--ranks-per-node), against plain zero3's.
+  const StrategyResult* zero3 = nullptr;
+  for (const auto& r : res.runs)
+    if (!r.oom && r.kind == StrategyKind::zero3 && !zero3) zero3 = &r;
+  if (!res.runs.empty() && res.runs.front().ranks_per_node > 0) {
+    std::fprintf(out, "\nbus bytes per rank in the last step by link, %d ranks per node (--ranks-per-node)\n"
+                 "%-19s %14s %14s %12s\n",
+                 res.runs.front().ranks_per_node, "strategy", "intra-node", "inter-node", "inter/zero3");
+    for (const auto& r : res.runs)
+      if (!r.oom)
+        std::fprintf(out, "%-19s %14s %14s %12s\n", r.name.c_str(), format_bytes(r.node_intra).c_str(),
+                     format_bytes(r.node_inter).c_str(),
+                     zero3 && zero3->node_inter > 0 ? fmt::format("{:.3f}", r.node_inter / zero3->node_inter).c_str() : "-");
+    std::fprintf(out, "(a group's bytes are inter-node when its ranks span nodes; ZeRO++'s formulas: shard/zeropp.hpp)\n");
   }
   // One axis's table: the runs that used it (degree > 1), measured and theory, then what the theory counts.
   auto axis_table = [&](int StrategyResult::*degree, double StrategyResult::*bytes, double StrategyResult::*theory,
@@ -303,8 +335,12 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                "3Psi(N-1)/N for zero3 (measured is higher: the tied embedding is gathered once more\nfor the lm head), "
                "dp: broadcast + reduce of the parameters and gather + scatter of the logits. vs ddp / vs dp: change "
                "of the peak per rank\n(dp: its largest rank).\n");
-  std::fprintf(out, "%s\n", res.agree ? fmt::format("losses agree: every strategy within {:.0e} of {} at every step",
-                                                       cfg.tolerance, res.runs.front().name).c_str()
+  const bool quantized = std::any_of(res.runs.begin(), res.runs.end(), [](const auto& r) { return r.quantized; });
+  std::fprintf(out, "%s\n", res.agree ? fmt::format("losses agree: every strategy within {:.0e} of {} at every step{}",
+                                                       cfg.tolerance, res.runs.front().name,
+                                                       quantized ? fmt::format(" (ZeRO++'s quantized rows within {:.0e})",
+                                                                               std::max(cfg.tolerance, kQuantizedTolerance))
+                                                                 : "").c_str()
                                         : ("LOSSES DISAGREE: " + res.disagreement).c_str());
   std::fflush(out);
 }
@@ -323,7 +359,8 @@ void check_agreement(CompareResult& res, double tolerance) {
     for (size_t t = 0; t < r.losses.size() && t < first->losses.size(); ++t) {
       double dev = std::fabs(r.losses[t] - first->losses[t]) / std::max(1e-12, double(std::fabs(first->losses[t])));
       if (!(dev <= r.max_rel_dev)) r.max_rel_dev = dev;  // NaN counts as the largest deviation
-      if (!(dev <= tolerance) && res.agree) {
+      const double tol = r.quantized ? std::max(tolerance, kQuantizedTolerance) : tolerance;
+      if (!(dev <= tol) && res.agree) {
         res.agree = false;
         res.disagreement = fmt::format("{} step {}: loss {:.7f}, {} has {:.7f} (relative difference {:.2e} > {:.0e})",
                                        r.name, t + 1, r.losses[t], first->name, first->losses[t], dev, tolerance);
@@ -351,7 +388,16 @@ CompareResult run_compare(Backend& be, const ProcessGroup& group, const CompareC
       std::fprintf(out, "running %s (%lld steps)...\n", strategy_name(s), static_cast<long long>(cfg.train.steps));
       std::fflush(out);
     }
-    res.runs.push_back(run_one(be, group, cfg, s));
+    res.runs.push_back(run_one(be, group, cfg, s, false));
+    // ZeRO++: zero3 with its levers beside plain zero3, the row it is measured against.
+    if (s == StrategyKind::zero3 && cfg.train.strategy.zeropp.any()) {
+      if (group.rank == 0) {
+        std::fprintf(out, "running zero3 %s (%lld steps)...\n", cfg.train.strategy.zeropp.label().c_str(),
+                     static_cast<long long>(cfg.train.steps));
+        std::fflush(out);
+      }
+      res.runs.push_back(run_one(be, group, cfg, s, true));
+    }
   }
   check_agreement(res, cfg.tolerance);
   if (group.rank == 0) print_tables(cfg, res, group.size, out);
@@ -403,6 +449,11 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
       if (s.tp > 1) o["tp"] = {{"degree", s.tp}, {"bytes", s.comm_tp}, {"theory_bytes", s.theory_tp}};
       if (s.pp > 1) o["pp"] = {{"degree", s.pp}, {"bytes", s.comm_pp}, {"theory_bytes", s.theory_pp}};
       if (s.cp > 1) o["cp"] = {{"degree", s.cp}, {"bytes", s.comm_cp}, {"theory_bytes", s.theory_cp}};
+      nlohmann::json axes = nlohmann::json::object();
+      for (int a = 0; a < kNumCommAxes; ++a)
+        if (s.axis_bytes[a] > 0) axes[comm_axis_name(static_cast<CommAxis>(a))] = s.axis_bytes[a];
+      o["links"] = {{"ranks_per_node", s.ranks_per_node}, {"intra_node_bytes", s.node_intra},
+                    {"inter_node_bytes", s.node_inter}, {"axes", axes}};
       o["peak_bytes_rank0"] = cats(s.peak0, s.total0);
       o["peak_bytes_rank0"]["at_peak"] = cats(s.at_peak0, s.total0);
       o["host_peak_bytes_rank0"] = s.host0;

@@ -226,7 +226,7 @@ std::string config_json(const ProfileConfig& cfg) {
                       {"param_dtype", dtype_name(t.strategy.precision.param_dtype)},
                       {"reduce_dtype", dtype_name(t.strategy.precision.reduce_dtype)},
                       {"optimizer", optimizer_name(t.optim.kind)},
-                      {"prefetch", t.strategy.prefetch},
+                      {"prefetch", t.strategy.prefetch == kPrefetchAuto ? nlohmann::json("auto") : nlohmann::json(t.strategy.prefetch)},
                       {"bucket_mb", t.strategy.bucket_mb},
                       {"activation_checkpointing", checkpointing_name(t.checkpointing)},
                       {"offload", offload_name(t.strategy.offload)},

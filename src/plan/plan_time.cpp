@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shard/strategy_formulas.hpp"
+#include "shard/zeropp.hpp"
 #include "src/core/check.hpp"
 #include "src/model/family.hpp"
 
@@ -239,6 +240,22 @@ double megatron_flops(const ModelSpec& m, int64_t global_batch, Checkpointing re
   return double(m.layers) * (passes * dense + core_passes * core) + 3 * head;
 }
 
+namespace {
+// ZeRO++'s zero3 traffic of one micro-step (shard/zeropp.hpp), each collective on its link: the
+// forward all-gather (int8 records under qwZ) on the shard group's, the backward one inside the
+// node from the secondary shards (hpZ), the gradients as quantized all-to-alls inside the node and
+// across the N nodes (qgZ). L: the shard group's ranks on a node (its ranks are tp apart).
+double zeropp_seconds(const TimeLayout& l, double params, int S, const DeviceRates& r,
+                      const Achievable& a, double bw_s) {
+  const int L = static_cast<int>(std::clamp<int64_t>(r.ranks_per_node / l.tp, 1, S));
+  const ZeroPPBytes b = zeropp_step_bytes(l.zeropp, params, S, L, l.param_bytes, l.grad_bytes);
+  const double bw_node = r.intra.value * a.intra, bw_cross = r.inter.value * a.inter;
+  const bool regather = l.pp == 1 && l.recompute == Checkpointing::blocks;  // the recomputed forward gathers again
+  return ((regather ? 2 : 1) * b.gather + b.back_shard + b.grads_shard) / bw_s + (b.back_node + b.grads_node) / bw_node +
+         b.grads_cross / bw_cross;
+}
+}  // namespace
+
 TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
   l.validate(m);
   const double M = double(l.micro_batches()), p = l.pp, v = l.virtual_stages;
@@ -279,7 +296,10 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
     double group = tr.group_overlapped_bus();
     if (l.dp_strategy == StrategyKind::zero3 && l.pp == 1 && l.recompute == Checkpointing::blocks)
       group += tr.fs() * tr.p;  // the recomputed forward gathers again
-    const double overlappable = repeats * (group / bw_s + tr.across_bus() / bw_all) + tr.world_bus() / bw_all;
+    const double group_s = l.dp_strategy == StrategyKind::zero3 && l.zeropp.any()
+                               ? zeropp_seconds(l, st.params, S, r, a, link(int64_t{S} * l.tp))
+                               : group / bw_s;
+    const double overlappable = repeats * (group_s + tr.across_bus() / bw_all) + tr.world_bus() / bw_all;
     const double exposed = tr.group_exposed_bus() / bw_s;
     const double window = l.dp_strategy == StrategyKind::zero3 ? M * st.compute : st.backward;
     sp.exposed_dp = overlappable - std::min(l.dp_overlap * overlappable, window) + exposed;

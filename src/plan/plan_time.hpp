@@ -133,6 +133,10 @@ struct TimeLayout {
   StrategyKind dp_strategy = StrategyKind::ddp;  // dp (plain) is ddp's traffic without buckets
   int dp_shard = 0;               // ZeRO's shard group S (0 = dp); replicas dp / S
   Offload offload = Offload::none;
+  // zero3's ZeRO++ levers (shard/zeropp.hpp): the forward gather in int8 records (qwZ), the
+  // backward gather inside the node (hpZ), the gradients as quantized all-to-alls in and across
+  // nodes (qgZ), the node being the device's ranks_per_node.
+  ZeroPP zeropp;
   double dp_overlap = 0.9;        // share of overlappable DP traffic hidden (0: after the flush)
   int act_bytes = 2, grad_bytes = 2, param_bytes = 2;  // bf16 activations, gradients, parameters
   double optimizer_bytes = 36;    // per parameter the optimizer step touches

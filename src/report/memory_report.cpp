@@ -12,9 +12,9 @@ namespace shardlab {
 namespace {
 
 constexpr const char* kShort[kNumCategories] = {"p_shard", "p_full", "g_shard", "g_full", "master",
-                                                "optim",   "activ",  "comm",    "work"};
+                                                "optim",   "activ",  "comm",    "work",   "p_second"};
 constexpr const char* kColor[kNumCategories] = {"#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#9467bd",
-                                                "#c5b0d5", "#2ca02c", "#d62728", "#7f7f7f"};
+                                                "#c5b0d5", "#2ca02c", "#d62728", "#7f7f7f", "#17becf"};
 
 uint64_t total(const CategoryBytes& c) {
   uint64_t s = 0;

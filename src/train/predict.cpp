@@ -31,6 +31,7 @@ std::shared_ptr<TokenStream> stand_in(int64_t tokens) {
 std::optional<Estimate> run_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline,
                                  const PoolConfig* budgets) {
   TrainConfig c = step_config(step, world, rank, micro_batch, timeline);
+  if (budgets) c.strategy.prefetch = auto_prefetch(step, world, rank, micro_batch, *budgets);
   auto be = make_meta_backend();
   Pool pool(*be);  // no budget while the model states are set up: the step's peak starts after
   auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
@@ -53,6 +54,17 @@ std::optional<Estimate> run_step(const StepConfig& step, int world, int rank, in
 }
 
 }  // namespace
+
+int auto_prefetch(const StepConfig& step, int world, int rank, int64_t micro_batch, PoolConfig budgets) {
+  if (step.strategy.prefetch != kPrefetchAuto) return step.strategy.prefetch;
+  if (step.strategy.kind != StrategyKind::zero3 || budgets.budget == 0) return kPrefetchDepth;  // nothing to decide
+  StepConfig s = step;
+  for (int d = kPrefetchDepth; d > 0; --d) {
+    s.strategy.prefetch = d;
+    if (run_step(s, world, rank, micro_batch, false, &budgets)) return d;
+  }
+  return 0;
+}
 
 Estimate predict_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline) {
   return *run_step(step, world, rank, micro_batch, timeline, nullptr);

@@ -126,6 +126,7 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
                       {"flops_per_s", s.flops_per_s}, {"elapsed_s", s.elapsed_s}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   if (s.cp_wait_ms) j["cp_wait_ms"] = *s.cp_wait_ms;
+  if (s.inter_node_bytes) j["intra_node_bytes"] = *s.intra_node_bytes, j["inter_node_bytes"] = *s.inter_node_bytes;
   if (const auto pct = share.percent(s.flops_per_s)) j[share.log_key()] = *pct;
   log << j.dump() << '\n';
   log.flush();  // a killed run keeps every finished step
@@ -299,6 +300,13 @@ void Trainer::print_header(std::FILE* out) const {
                  checkpointing_name(cfg_.checkpointing), offload_name(cfg_.strategy.offload),
                  dev ? format_bytes(static_cast<double>(dev)).c_str() : "none",
                  host ? format_bytes(static_cast<double>(host)).c_str() : "none");
+  }
+  if (cfg_.strategy.kind == StrategyKind::zero3) {
+    const ZeroPP& z = cfg_.strategy.zeropp;
+    std::fprintf(out, "  zero3: prefetch %d unit%s%s\n", cfg_.strategy.prefetch, cfg_.strategy.prefetch == 1 ? "" : "s",
+                 z.any() ? fmt::format("; ZeRO++ {} (block {}, {} ranks per node)", z.label(), z.block,
+                                       cfg_.layout.ranks_per_node).c_str()
+                         : "");
   }
   if (!resumed_from_.empty())
     std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));

@@ -94,6 +94,15 @@ TrainConfig checked(TrainConfig cfg, int world) {
   return cfg;
 }
 
+// --prefetch auto resolved against the pool's budgets (predict.hpp), the same depth on every rank.
+TrainConfig with_prefetch(TrainConfig cfg, Pool& pool, Communicator& comm) {
+  if (cfg.strategy.prefetch != kPrefetchAuto) return cfg;
+  const int64_t micro = cfg.batch / cfg.layout.dims.dp() / cfg.accum;
+  const int d = auto_prefetch(cfg, comm.world_size(), comm.rank(), micro, PoolConfig{pool.budget(), pool.host().budget()});
+  cfg.strategy.prefetch = static_cast<int>(-comm.all_max(-static_cast<int64_t>(d)));
+  return cfg;
+}
+
 // What checkpoints carry of the tokenizer: the run's --tokenizer, or bytes as tokens for a text
 // file read without one; nothing for synthetic or llm.c tokens (no text).
 std::shared_ptr<const CarriedTokenizer> carried_tokenizer(const TrainConfig& cfg) {
@@ -109,11 +118,14 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     : be_(be),
       pool_(pool),
       comm_(comm),
-      cfg_(checked(std::move(cfg), comm.world_size())),
-      mesh_(comm, cfg_.layout.dims),
+      cfg_(with_prefetch(checked(std::move(cfg), comm.world_size()), pool, comm)),
+      mesh_(comm, cfg_.layout.dims, cfg_.layout.ranks_per_node, cfg_.strategy.zeropp.hierarchical()),
       data_(load_streams(cfg_, tokens)),  // tokens kept: the body asks whether a stand-in was given
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),
       model_(ParallelModelConfig{cfg_.spec, cfg_.layout, cfg_.batch, cfg_.accum, cfg_.checkpointing}, mesh_, be, pool) {
+  SHARD_REQUIRE(cfg_.inter_node_gbs >= 0 && (cfg_.inter_node_gbs == 0 || cfg_.layout.ranks_per_node > 0),
+                "--inter-node-gbs {} emulates the link between nodes: it needs --ranks-per-node", cfg_.inter_node_gbs);
+  if (cfg_.inter_node_gbs > 0) mesh_.pace_inter_node(cfg_.inter_node_gbs * 1e9);
   num_params_ = shardlab::num_params(family_of(cfg_.spec).layout(cfg_.spec));  // the whole model's, whatever this rank holds
   flops_per_token_ = family_of(cfg_.spec).flops_per_token(cfg_.spec);  // once: it builds the layout
   if (data_.val) {
@@ -248,6 +260,12 @@ StepStats Trainer::step(int64_t t) {
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   s.rss_bytes = resident_bytes();
   if (const auto w = model_.take_cp_wait_s()) s.cp_wait_ms = *w * 1e3;
+  if (cfg_.layout.ranks_per_node > 0) {
+    s.intra_node_bytes = s.inter_node_bytes = 0.0;
+    for (int a = 0; a < kNumCommAxes; ++a)
+      *(mesh_.crosses_nodes(static_cast<CommAxis>(a)) ? s.inter_node_bytes : s.intra_node_bytes) +=
+          mesh_.last_step_bytes()[a];
+  }
   return s;
 }
 

@@ -43,6 +43,9 @@ struct TrainConfig : StepConfig {
   std::string save_path;     // safetensors written at the end (rank 0)
   int64_t print_every = 1;   // progress line every k steps (and the first and last)
   bool record_step = false;  // keep the last step's allocation timeline and collectives (reports)
+  // --inter-node-gbs: an emulated link between nodes (--ranks-per-node): every collective on a group
+  // that spans nodes takes at least its bus bytes / this rate (Mesh::pace_inter_node); 0 = off.
+  double inter_node_gbs = 0;
   std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   int64_t save_keep = 0;     // keep the newest K complete checkpoints (0 = all)
@@ -89,6 +92,9 @@ struct StepStats {
   double elapsed_s = 0;      // since this process's first step began (Trainer::run)
   // Under --cp: this rank's time in the cp group's collectives (the K/V exchanges), this step.
   std::optional<double> cp_wait_ms;
+  // --ranks-per-node: this rank's bus bytes of the step on groups inside a node and on groups that
+  // span nodes (Mesh::crosses_nodes).
+  std::optional<double> intra_node_bytes, inter_node_bytes;
 };
 
 class Trainer {

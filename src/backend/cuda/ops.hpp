@@ -5,6 +5,7 @@
 #pragma once
 #include "src/backend/ops/flash_shape.hpp"
 #include "src/backend/ops/optimizer.hpp"
+#include "src/backend/ops/quantize.hpp"
 #include "src/backend/ops/rope.hpp"
 
 namespace shardlab::cuda {
@@ -47,6 +48,11 @@ void flash_attention_merge(Backend& be, float* out, float* lse, const float* par
 void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q,
                               const float* k, const float* v, const float* out, const float* lse, float* workspace,
                               const FlashShape& s);
+// ---- quantize.cpp ----
+void quantize_blocks(Backend& be, float* q, const void* x, DType t, int64_t x_stride, int64_t rows, int64_t n,
+                     const QuantSpec& s);
+void dequantize_blocks(Backend& be, void* x, DType t, const float* q, int64_t rows, int64_t n, const QuantSpec& s,
+                       bool accumulate);
 // ---- kv_cache.cpp ----
 void copy_rows(Backend& be, float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
                int64_t width);

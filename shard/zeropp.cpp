@@ -1,0 +1,108 @@
+// zeropp.cpp — ZeRO++'s collectives (zeropp.hpp).
+#include "shard/zeropp.hpp"
+
+namespace shardlab {
+
+ZeroPPBytes zeropp_step_bytes(const ZeroPP& z, double params, int S, int L, double param_bytes, double grad_bytes) {
+  auto per_element = [&](int bits) {
+    const QuantSpec q{bits, z.block};
+    return double(q.record_words()) * 4 / double(q.block);
+  };
+  const double fs = (S - 1.0) / S, fl = (L - 1.0) / L, N = double(S) / L;
+  ZeroPPBytes b;
+  b.gather = fs * params * (z.weight_bits ? per_element(z.weight_bits) : param_bytes);
+  (z.secondary ? b.back_node : b.back_shard) = z.secondary ? fl * params * param_bytes : b.gather;
+  if (!z.grad_bits) {
+    b.grads_shard = fs * params * grad_bytes;
+  } else {
+    b.grads_node = fl * params * per_element(z.grad_bits);
+    b.grads_cross = (N - 1) / N * params / L * per_element(z.grad_bits);
+  }
+  return b;
+}
+
+ZeroPPComms::ZeroPPComms(const ZeroPP& cfg, Mesh& mesh, Pool& pool, Communicator& shard)
+    : cfg_(cfg), pool_(pool), shard_(shard) {
+  if (cfg_.weight_bits) check_quant_spec(spec(cfg_.weight_bits), "--quantize-weights");
+  if (cfg_.grad_bits) check_quant_spec(spec(cfg_.grad_bits), "--quantize-grads");
+  if (!cfg_.hierarchical()) return;
+  node_ = &mesh.comm(CommAxis::dp_shard_node);
+  cross_ = &mesh.comm(CommAxis::dp_shard_cross);
+  SHARD_CHECK(node_->world_size() * cross_->world_size() == shard_.world_size() &&
+                  shard_.rank() == cross_->rank() * node_->world_size() + node_->rank(),
+              "ZeRO++ node groups: rank {} of a shard group of {} is rank {} of {} on its node and {} of {} nodes",
+              shard_.rank(), shard_.world_size(), node_->rank(), node_->world_size(), cross_->rank(),
+              cross_->world_size());
+}
+
+ZeroPPComms::QuantizedGather ZeroPPComms::gather_quantized(Tensor shard, const std::string& name) {
+  const QuantSpec q = spec(cfg_.weight_bits);
+  const int64_t words = q.words(shard.numel());
+  QuantizedGather g;
+  g.mine = pool_.alloc(DType::f32, words, Category::comm_buffer, name + " int8 shard");
+  g.all = pool_.alloc(DType::f32, words * shard_.world_size(), Category::comm_buffer, name + " int8 gathered");
+  Tensor mine = g.mine.flat(DType::f32).slice(0, words), all = g.all.flat(DType::f32).slice(0, words * shard_.world_size());
+  ops::quantize_blocks(pool_.backend(), mine, shard, shard.numel(), 1, shard.numel(), q);
+  g.work = shard_.all_gather(mine, all);
+  return g;
+}
+
+void ZeroPPComms::finish_gather(QuantizedGather& g, Tensor full, int64_t shard) {
+  const QuantSpec q = spec(cfg_.weight_bits);
+  const int64_t S = shard_.world_size();
+  g.work.wait();
+  ops::dequantize_blocks(pool_.backend(), full.slice(0, S * shard), g.all.flat(DType::f32).slice(0, S * q.words(shard)),
+                         S, shard, q, false);
+  g.mine.reset();
+  g.all.reset();
+}
+
+Block ZeroPPComms::keep_secondary(Tensor full, const std::string& name) {
+  const int64_t n = secondary_numel(full.numel());
+  Block b = pool_.alloc(full.dtype(), n, Category::secondary_shard, name + " secondary shard");
+  pool_.backend().copy(b.flat(full.dtype()).slice(0, n), full.slice(node_->rank() * n, n));
+  return b;
+}
+
+Work ZeroPPComms::gather_secondary(Tensor secondary, Tensor full) {
+  return node_->all_gather(secondary.slice(0, secondary_numel(full.numel())), full);
+}
+
+// Chunk j of the S chunks of `full` belongs to shard rank j = n L + l (node n, place l). Step 1:
+// within the node, place l' receives from every peer the chunks n L + l' of every node n,
+// quantized, and sums them (f32). Step 2: across the nodes at one place, node n receives the node
+// sums of its chunk n L + l from every node, quantized, and sums them: the group's sum of chunk j.
+void ZeroPPComms::reduce_scatter_quantized(Tensor full, Tensor out, const std::string& name) {
+  Backend& be = pool_.backend();
+  const QuantSpec q = spec(cfg_.grad_bits);
+  const int64_t c = out.numel(), L = node_->world_size(), N = cross_->world_size(), rw = q.words(c);
+  SHARD_CHECK(full.numel() == c * N * L, "qgZ: {} gradient values for {} x {} chunks of {}", full.numel(), N, L, c);
+  auto f32 = [&](int64_t n, const char* what) {
+    return pool_.alloc(DType::f32, n, Category::comm_buffer, fmt::format("{} qgZ {}", name, what));
+  };
+  auto view = [](const Block& b, int64_t n) { return b.flat(DType::f32).slice(0, n); };
+  Block sum = f32(N * c, "node sums");  // the node's sums of chunks n L + l, n = 0 .. N-1
+  be.fill(view(sum, N * c), 0.f);
+  {
+    Block send = f32(L * N * rw, "send"), recv = f32(L * N * rw, "recv");
+    for (int64_t p = 0; p < L; ++p)  // to place p: rows n L + p, n = 0 .. N-1
+      ops::quantize_blocks(be, view(send, L * N * rw).slice(p * N * rw, N * rw), full.slice(p * c, full.numel() - p * c),
+                           L * c, N, c, q);
+    node_->all_to_all(view(send, L * N * rw), view(recv, L * N * rw)).wait();
+    for (int64_t p = 0; p < L; ++p)
+      ops::dequantize_blocks(be, view(sum, N * c), view(recv, L * N * rw).slice(p * N * rw, N * rw), N, c, q, true);
+  }
+  if (N == 1) {  // one node: nothing crosses, nothing more to quantize
+    be.cast(out, view(sum, c));
+    return;
+  }
+  Block send = f32(N * rw, "cross send"), recv = f32(N * rw, "cross recv"), mine = f32(c, "sum");
+  ops::quantize_blocks(be, view(send, N * rw), view(sum, N * c), c, N, c, q);
+  sum.reset();
+  cross_->all_to_all(view(send, N * rw), view(recv, N * rw)).wait();
+  be.fill(view(mine, c), 0.f);
+  for (int64_t n = 0; n < N; ++n) ops::dequantize_blocks(be, view(mine, c), view(recv, N * rw).slice(n * rw, rw), 1, c, q, true);
+  be.cast(out, view(mine, c));
+}
+
+}  // namespace shardlab

@@ -1,0 +1,108 @@
+// quantize.cu — ZeRO++'s block-wise quantization kernels (ops/quantize.hpp has the format; host
+// side in quantize.cpp). One block of threads per record: the block's max |x| by a block
+// reduction (a max: the same bits in any order), then each thread writes whole bytes of codes.
+// x / scale is an IEEE division rounded to nearest even, as on the CPU, so both give the same codes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "src/backend/cuda/kernel_util.cuh"
+
+namespace shardlab::cuda {
+namespace {
+
+__device__ inline float load_any(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+  return 0.f;
+}
+
+__device__ inline void store_any(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; break;
+    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+  }
+}
+
+__device__ inline int code_of(float x, float scale, int qmax) {
+  if (!(scale > 0.f)) return 0;  // a zero block, or a NaN scale
+  const float r = rintf(__fdiv_rn(x, scale));
+  return static_cast<int>(fmaxf(-static_cast<float>(qmax), fminf(static_cast<float>(qmax), r)));
+}
+
+__global__ void quantize_kernel(float* q, const void* x, DType t, int64_t x_stride, int64_t n, int64_t nb, int bits,
+                                int64_t block) {
+  const int64_t rb = blockIdx.x, r = rb / nb, b = rb % nb, i0 = r * x_stride + b * block;
+  const int64_t len = min(block, n - b * block);
+  const int qmax = bits == 8 ? 127 : 7;
+  float amax = 0.f, bad = 0.f;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    const float v = load_any(x, t, i0 + i);
+    amax = fmaxf(amax, fabsf(v));
+    if (!isfinite(v)) bad = 1.f;
+  }
+  amax = block_allreduce(amax, 0.f, MaxOp{});
+  bad = block_allreduce(bad, 0.f, MaxOp{});
+  const float scale = bad > 0.f ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, static_cast<float>(qmax));
+  float* rec = q + rb * (1 + block * bits / 32);
+  if (threadIdx.x == 0) rec[0] = scale;
+  auto* codes = reinterpret_cast<uint8_t*>(rec + 1);
+  const int64_t bytes = block * bits / 8;
+  for (int64_t j = threadIdx.x; j < bytes; j += blockDim.x) {
+    if (bits == 8) {
+      codes[j] = j < len ? static_cast<uint8_t>(static_cast<int8_t>(code_of(load_any(x, t, i0 + j), scale, qmax))) : 0;
+    } else {
+      const int lo = 2 * j < len ? code_of(load_any(x, t, i0 + 2 * j), scale, qmax) : 0;
+      const int hi = 2 * j + 1 < len ? code_of(load_any(x, t, i0 + 2 * j + 1), scale, qmax) : 0;
+      codes[j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+    }
+  }
+}
+
+__global__ void dequantize_kernel(void* x, DType t, const float* q, int64_t n, int64_t nb, int bits, int64_t block,
+                                  bool accumulate) {
+  const int64_t rb = blockIdx.x, r = rb / nb, b = rb % nb, i0 = r * n + b * block;
+  const int64_t len = min(block, n - b * block);
+  const float* rec = q + rb * (1 + block * bits / 32);
+  const float scale = rec[0];
+  const auto* codes = reinterpret_cast<const uint8_t*>(rec + 1);
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    int c;
+    if (bits == 8) {
+      c = static_cast<int8_t>(codes[i]);
+    } else {
+      const int nib = (codes[i / 2] >> (4 * (i % 2))) & 0xF;
+      c = nib >= 8 ? nib - 16 : nib;
+    }
+    const float v = static_cast<float>(c) * scale;
+    store_any(x, t, i0 + i, accumulate ? load_any(x, t, i0 + i) + v : v);
+  }
+}
+
+// Records in one launch: the grid's x dimension reaches 2^31 - 1.
+constexpr int64_t kMaxRecords = 0x7fffffff;
+
+}  // namespace
+
+cudaError_t launch_quantize_blocks(float* q, const void* x, DType t, int64_t x_stride, int64_t rows, int64_t n,
+                                   int bits, int64_t block, cudaStream_t s) {
+  const int64_t nb = (n + block - 1) / block;
+  if (rows * nb == 0) return cudaSuccess;
+  if (rows * nb > kMaxRecords) return cudaErrorInvalidValue;
+  quantize_kernel<<<static_cast<unsigned>(rows * nb), kThreads, 0, s>>>(q, x, t, x_stride, n, nb, bits, block);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_dequantize_blocks(void* x, DType t, const float* q, int64_t rows, int64_t n, int bits,
+                                     int64_t block, bool accumulate, cudaStream_t s) {
+  const int64_t nb = (n + block - 1) / block;
+  if (rows * nb == 0) return cudaSuccess;
+  if (rows * nb > kMaxRecords) return cudaErrorInvalidValue;
+  dequantize_kernel<<<static_cast<unsigned>(rows * nb), kThreads, 0, s>>>(x, t, q, n, nb, bits, block, accumulate);
+  return cudaGetLastError();
+}
+
+}  // namespace shardlab::cuda
