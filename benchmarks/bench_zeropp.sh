@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# ZeRO++ on this machine: zero3 on 4 ranks as 2 nodes x 2 (--ranks-per-node 2) with the link
+# ZeRO++ on this machine: zero3 on 4 ranks as 2 nodes x 2 (--ranks-per-node 2; --ranks, --per-node) with the link
 # between the nodes emulated at a few GB/s (--inter-node-gbs: every collective over ranks on both
 # nodes completes no sooner than its bus bytes at that rate), without ZeRO++ and with each lever and
 # all three: ms/step, tokens/s, the bytes per rank per step inside and across nodes (the train log),
 # and the final loss.
 #
-#   bash benchmarks/bench_zeropp.sh [--avx2] [--gbs "0.05 0.2"] [--block 256] [model flags ...]
+#   bash benchmarks/bench_zeropp.sh [--avx2] [--gbs "0.05 0.2"] [--block 256] [--ranks 4 --per-node 2]
+#                                   [model flags ...]
 #     default model: GPT-2 L4 C256 H4 T128 V512 (--model small --layers 4 --dim 256 --heads 4 --seq 128
 #     --vocab 512), batch 8, one thread per rank; STEPS (6) in the environment, the first step excluded
-#     from the medians. Four ranks share this machine's cores: compare rows with each other.
+#     from the medians. More ranks than cores share them: compare rows with each other. 0 GB/s: no emulated link.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-6}
-gbs="0.05 0.2" block=256 model=()
+gbs="0.05 0.2" block=256 ranks=4 per_node=2 model=()
 while [ $# -gt 0 ]; do
   case $1 in
     --avx2) export ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell ;;
     --gbs) gbs=$2; shift ;;
     --block) block=$2; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --ranks) ranks=$2; shift ;;
+    --per-node) per_node=$2; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) model+=("$1") ;;
   esac
   shift
@@ -33,7 +36,7 @@ for g in $gbs; do
   for levers in "none" "--quantize-weights int8" "--secondary-shard node" "--quantize-grads int4" "--zeropp"; do
     flags=()
     [ "$levers" != none ] && read -r -a flags <<< "$levers"
-    "$exe" train --nproc 4 --strategy zero3 --ranks-per-node 2 --inter-node-gbs "$g" --quantize-block "$block" \
+    "$exe" train --nproc "$ranks" --strategy zero3 --ranks-per-node "$per_node" --inter-node-gbs "$g" --quantize-block "$block" \
       "${flags[@]}" "${model[@]}" --threads 1 --steps "$STEPS" --warmup-steps 1 --sgemm-ceiling off \
       --log "$log" > /dev/null
     rows+=("$(python3 - "$log" "$g" "$levers" <<'PY'
@@ -50,7 +53,7 @@ PY
   done
 done
 echo
-echo "# zero3, 4 ranks as 2 nodes x 2, ${model[*]}, --quantize-block $block, one thread per rank on $(nproc) cores,"
+echo "# zero3, $ranks ranks as $((ranks / per_node)) nodes x $per_node, ${model[*]}, --quantize-block $block, one thread per rank on $(nproc) cores,"
 echo "# ${ONEDNN_MAX_CPU_ISA:-native ISA}; medians of $STEPS steps after the first; bytes: rank 0's last step (bus bytes)"
 printf "%8s %-26s %10s %10s %11s %11s %10s\n" "GB/s" levers "ms/step" "tok/s" "intra MiB" "inter MiB" "loss"
 printf '%s\n' "${rows[@]}"

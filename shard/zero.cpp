@@ -24,7 +24,9 @@
 // ZeRO++ (--quantize-weights, --secondary-shard, --quantize-grads; shard/zeropp.hpp): stage 3's
 // gathers take quantized records (qwZ) or, once a unit's forward has left this rank its slice of
 // the node's copy, the node's secondary shards (hpZ, kept until the unit's backward); the gradient
-// reduce-scatter becomes the two quantized all-to-alls (qgZ), done at once in after_backward.
+// reduce-scatter becomes the two quantized all-to-alls (qgZ): the node's issued in the unit's
+// after_backward, the one across nodes when the next unit's backward ends, completed as a plain
+// reduction is (at most two in flight).
 // A gathered unit is a buffer plus the Work that fills it, in one struct, with an explicit state
 // (sharded -> gathering -> gathered -> sharded): the buffer cannot be freed while its collective
 // runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
@@ -136,21 +138,23 @@ class Zero final : public Strategy {
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
       if (last_micro_)
-        inflight_.push_back({u, {}, {}, sc().reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u))});
+        inflight_.push_back({u, {}, {}, {}, sc().reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u))});
       return;
     }
     Block tmp = env_.pool.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
-    if (zpp_ && zpp_->cfg().grad_bits) {  // qgZ: done on return; the full gradient is not needed any more
-      zpp_->reduce_scatter_quantized(grads_full_[u].flat(rd_).slice(0, flat_[u].padded),
-                                     tmp.flat(rd_).slice(0, flat_[u].shard), layout(u).name);
+    if (zpp_ && zpp_->cfg().grad_bits) {  // qgZ: the full gradient is quantized (and free) once started
+      Reduction r{u, std::move(tmp), Block(), {}, Work()};
+      r.qg = zpp_->start_reduction(grads_full_[u].flat(rd_).slice(0, flat_[u].padded), flat_[u].shard, layout(u).name);
       grads_full_[u].reset();
-      inflight_.push_back({u, std::move(tmp), Block(), Work()});
+      for (Reduction& older : inflight_)
+        if (older.qg.stage == 1) zpp_->advance(older.qg, layout(older.unit).name);
+      inflight_.push_back(std::move(r));
       while (inflight_.size() > 2) finish_oldest();
       return;
     }
     Work w = sc().reduce_scatter(grads_full_[u].flat(rd_), tmp.flat(rd_));
     // The full gradient now belongs to its reduction: the next micro-step starts a fresh one.
-    inflight_.push_back({u, std::move(tmp), std::move(grads_full_[u]), std::move(w)});
+    inflight_.push_back({u, std::move(tmp), std::move(grads_full_[u]), {}, std::move(w)});
     while (inflight_.size() > 2) finish_oldest();
   }
 
@@ -285,6 +289,7 @@ class Zero final : public Strategy {
     size_t unit;
     Block shard;  // stage 2/3: the reduced shard, added to the accumulated gradient on completion
     Block full;   // stage 2/3: the full gradient being reduced, freed with the reduction
+    ZeroPPComms::QuantizedReduction qg;  // qgZ: its all-to-alls instead of `work` (stage 0: none)
     Work work;    // declared last: destroyed (and so waited on) before the buffers it uses
   };
 
@@ -323,6 +328,7 @@ class Zero final : public Strategy {
     inflight_.pop_front();
     r.work.wait();
     const size_t u = r.unit;
+    if (r.qg.stage > 0) zpp_->finish_reduction(r.qg, r.shard.flat(rd_).slice(0, flat_[u].shard), layout(u).name);
     // Hybrid sharding: the group's reduced shard, summed over the replica groups.
     if (rc_) rc_->all_reduce(stage_ == 1 ? owned_grads(u) : r.shard.flat(rd_)).wait();
     if (!off_) {

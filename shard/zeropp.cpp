@@ -72,37 +72,69 @@ Work ZeroPPComms::gather_secondary(Tensor secondary, Tensor full) {
 // within the node, place l' receives from every peer the chunks n L + l' of every node n,
 // quantized, and sums them (f32). Step 2: across the nodes at one place, node n receives the node
 // sums of its chunk n L + l from every node, quantized, and sums them: the group's sum of chunk j.
-void ZeroPPComms::reduce_scatter_quantized(Tensor full, Tensor out, const std::string& name) {
+ZeroPPComms::QuantizedReduction ZeroPPComms::start_reduction(Tensor full, int64_t c, const std::string& name) {
   Backend& be = pool_.backend();
   const QuantSpec q = spec(cfg_.grad_bits);
-  const int64_t c = out.numel(), L = node_->world_size(), N = cross_->world_size(), rw = q.words(c);
+  const int64_t L = node_->world_size(), N = cross_->world_size(), rw = q.words(c), n = L * N * rw;
   SHARD_CHECK(full.numel() == c * N * L, "qgZ: {} gradient values for {} x {} chunks of {}", full.numel(), N, L, c);
-  auto f32 = [&](int64_t n, const char* what) {
-    return pool_.alloc(DType::f32, n, Category::comm_buffer, fmt::format("{} qgZ {}", name, what));
-  };
-  auto view = [](const Block& b, int64_t n) { return b.flat(DType::f32).slice(0, n); };
-  Block sum = f32(N * c, "node sums");  // the node's sums of chunks n L + l, n = 0 .. N-1
-  be.fill(view(sum, N * c), 0.f);
-  {
-    Block send = f32(L * N * rw, "send"), recv = f32(L * N * rw, "recv");
-    for (int64_t p = 0; p < L; ++p)  // to place p: rows n L + p, n = 0 .. N-1
-      ops::quantize_blocks(be, view(send, L * N * rw).slice(p * N * rw, N * rw), full.slice(p * c, full.numel() - p * c),
-                           L * c, N, c, q);
-    node_->all_to_all(view(send, L * N * rw), view(recv, L * N * rw)).wait();
-    for (int64_t p = 0; p < L; ++p)
-      ops::dequantize_blocks(be, view(sum, N * c), view(recv, L * N * rw).slice(p * N * rw, N * rw), N, c, q, true);
+  QuantizedReduction r;
+  r.chunk = c;
+  r.send = pool_.alloc(DType::f32, n, Category::comm_buffer, name + " qgZ node send");
+  r.recv = pool_.alloc(DType::f32, n, Category::comm_buffer, name + " qgZ node recv");
+  Tensor send = r.send.flat(DType::f32).slice(0, n);
+  for (int64_t p = 0; p < L; ++p)  // to place p: rows n L + p, n = 0 .. N-1
+    ops::quantize_blocks(be, send.slice(p * N * rw, N * rw), full.slice(p * c, full.numel() - p * c), L * c, N, c, q);
+  r.work = node_->all_to_all(send, r.recv.flat(DType::f32).slice(0, n));
+  r.stage = 1;
+  return r;
+}
+
+void ZeroPPComms::advance(QuantizedReduction& r, const std::string& name) {
+  SHARD_CHECK(r.stage == 1, "qgZ: advancing a reduction at stage {}", r.stage);
+  Backend& be = pool_.backend();
+  const QuantSpec q = spec(cfg_.grad_bits);
+  const int64_t c = r.chunk, L = node_->world_size(), N = cross_->world_size(), rw = q.words(c);
+  r.work.wait();
+  r.sum = pool_.alloc(DType::f32, N * c, Category::comm_buffer, name + " qgZ node sums");
+  Tensor sum = r.sum.flat(DType::f32).slice(0, N * c), recv = r.recv.flat(DType::f32).slice(0, L * N * rw);
+  be.fill(sum, 0.f);
+  for (int64_t p = 0; p < L; ++p) ops::dequantize_blocks(be, sum, recv.slice(p * N * rw, N * rw), N, c, q, true);
+  r.send.reset();
+  r.recv.reset();
+  r.stage = N == 1 ? 3 : 2;  // one node: nothing crosses, nothing more to quantize
+  if (N == 1) return;
+  r.send = pool_.alloc(DType::f32, N * rw, Category::comm_buffer, name + " qgZ cross send");
+  r.recv = pool_.alloc(DType::f32, N * rw, Category::comm_buffer, name + " qgZ cross recv");
+  ops::quantize_blocks(be, r.send.flat(DType::f32).slice(0, N * rw), sum, c, N, c, q);
+  r.sum.reset();
+  r.work = cross_->all_to_all(r.send.flat(DType::f32).slice(0, N * rw), r.recv.flat(DType::f32).slice(0, N * rw));
+}
+
+void ZeroPPComms::finish_reduction(QuantizedReduction& r, Tensor out, const std::string& name) {
+  if (r.stage == 1) advance(r, name);
+  Backend& be = pool_.backend();
+  const int64_t c = r.chunk;
+  SHARD_CHECK(out.numel() == c, "qgZ: a chunk of {} into {} values", c, out.numel());
+  if (r.stage == 2) {
+    const QuantSpec q = spec(cfg_.grad_bits);
+    const int64_t N = cross_->world_size(), rw = q.words(c);
+    r.work.wait();
+    r.sum = pool_.alloc(DType::f32, c, Category::comm_buffer, name + " qgZ sum");
+    be.fill(r.sum.flat(DType::f32).slice(0, c), 0.f);
+    for (int64_t n = 0; n < N; ++n)
+      ops::dequantize_blocks(be, r.sum.flat(DType::f32).slice(0, c), r.recv.flat(DType::f32).slice(n * rw, rw), 1, c, q,
+                             true);
+    r.send.reset();
+    r.recv.reset();
+    r.stage = 3;
   }
-  if (N == 1) {  // one node: nothing crosses, nothing more to quantize
-    be.cast(out, view(sum, c));
-    return;
-  }
-  Block send = f32(N * rw, "cross send"), recv = f32(N * rw, "cross recv"), mine = f32(c, "sum");
-  ops::quantize_blocks(be, view(send, N * rw), view(sum, N * c), c, N, c, q);
-  sum.reset();
-  cross_->all_to_all(view(send, N * rw), view(recv, N * rw)).wait();
-  be.fill(view(mine, c), 0.f);
-  for (int64_t n = 0; n < N; ++n) ops::dequantize_blocks(be, view(mine, c), view(recv, N * rw).slice(n * rw, rw), 1, c, q, true);
-  be.cast(out, view(mine, c));
+  be.cast(out, r.sum.flat(DType::f32).slice(0, c));
+  r.sum.reset();
+}
+
+void ZeroPPComms::reduce_scatter_quantized(Tensor full, Tensor out, const std::string& name) {
+  QuantizedReduction r = start_reduction(full, out.numel(), name);
+  finish_reduction(r, out, name);
 }
 
 }  // namespace shardlab

@@ -59,8 +59,21 @@ class ZeroPPComms {
   // The all-gather inside the node that rebuilds the unit from the secondary shards.
   Work gather_secondary(Tensor secondary, Tensor full);
 
-  // qgZ: full (the reduce dtype, S x out.numel()) summed over the shard group into out, this
-  // rank's chunk, through the two all-to-alls. Synchronous: out holds the sum on return.
+  // qgZ, in three calls so the all-to-alls overlap compute: start quantizes full (the reduce dtype,
+  // S chunks of `chunk`) and issues the all-to-all inside the node; advance waits for it, sums the
+  // node's chunks in f32 and issues the one across nodes; finish waits for that and writes this
+  // rank's chunk, summed over the shard group, into out. The caller may free full after start.
+  struct QuantizedReduction {
+    int stage = 0;  // 1: the node's all-to-all in flight; 2: the nodes' in flight; 3: summed
+    int64_t chunk = 0;
+    Block send, recv;  // the records of the all-to-all in flight
+    Block sum;         // f32: the node's sums (stage 2: of this rank's chunk of every node; 3: the total)
+    Work work;         // declared last: waited on before the buffers go
+  };
+  QuantizedReduction start_reduction(Tensor full, int64_t chunk, const std::string& name);
+  void advance(QuantizedReduction& r, const std::string& name);
+  void finish_reduction(QuantizedReduction& r, Tensor out, const std::string& name);
+  // The three at once (out holds the sum on return).
   void reduce_scatter_quantized(Tensor full, Tensor out, const std::string& name);
 
  private:

@@ -35,3 +35,25 @@ TEST_CASE("compare fails loudly when a strategy's losses drift", "[compare]") {
   CHECK(j["strategies"][0]["fits"] == false);
   CHECK(j["strategies"][1]["losses"].size() == 3);
 }
+
+TEST_CASE("compare holds ZeRO++'s quantized rows to 1% on their last loss", "[compare]") {
+  CompareResult r;
+  r.runs.resize(2);
+  r.runs[0].name = "zero3";
+  r.runs[0].losses = {5.0f, 4.0f, 3.0f};
+  r.runs[1].name = "zero3 qwZ hpZ qgZ4";
+  r.runs[1].quantized = true;
+  r.runs[1].losses = {5.0f, 4.06f, 3.015f};  // 1.5% off at step 2, 0.5% at the end
+  check_agreement(r, 1e-4);
+  CHECK(r.agree);
+  CHECK(r.runs[1].max_rel_dev == Approx(0.015).epsilon(0.01));
+  r.runs[1].losses = {5.0f, 4.0f, 3.06f};  // 2% at the end
+  check_agreement(r, 1e-4);
+  CHECK_FALSE(r.agree);
+  CHECK_THAT(r.disagreement, Catch::Contains("step 3: loss 3.05999") &&
+                                 Catch::Contains("> 1e-02"));
+  r.runs[1].quantized = false;  // hpZ alone is exact: every step within the tolerance
+  r.runs[1].losses = {5.0f, 4.06f, 3.0f};
+  check_agreement(r, 1e-4);
+  CHECK_FALSE(r.agree);
+}

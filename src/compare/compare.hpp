@@ -72,8 +72,9 @@ struct CompareResult {
   std::string disagreement;  // which strategy, step and losses, when !agree
 };
 
-// ZeRO++'s quantized rows change the arithmetic by design: their losses agree when within 1% (the
-// issue's bar for qwZ and qgZ), or the given tolerance if looser.
+// ZeRO++'s quantized rows change the arithmetic by design: they agree when their last loss (and
+// last validation loss) is within 1% of the first row's (ZeRO++'s bar for qwZ and qgZ), or the
+// given tolerance if looser; every step's deviation still shows in max_rel_dev.
 inline constexpr double kQuantizedTolerance = 1e-2;
 // Fills max_rel_dev of every run and agree/disagreement against the first run that fit.
 void check_agreement(CompareResult& r, double tolerance);

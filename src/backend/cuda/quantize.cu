@@ -77,8 +77,9 @@ __global__ void dequantize_kernel(void* x, DType t, const float* q, int64_t n, i
       const int nib = (codes[i / 2] >> (4 * (i % 2))) & 0xF;
       c = nib >= 8 ? nib - 16 : nib;
     }
-    const float v = static_cast<float>(c) * scale;
-    store_any(x, t, i0 + i, accumulate ? load_any(x, t, i0 + i) + v : v);
+    // Accumulating: one rounding (a fused multiply-add), as on the CPU.
+    store_any(x, t, i0 + i, accumulate ? fmaf(static_cast<float>(c), scale, load_any(x, t, i0 + i))
+                                       : __fmul_rn(static_cast<float>(c), scale));
   }
 }
 
