@@ -93,8 +93,13 @@ bool Mesh::crosses_nodes(CommAxis a) const {
   if (a == CommAxis::dp_shard_node) return false;
   if (a == CommAxis::dp_shard_cross) return has(a) && comms_[static_cast<size_t>(a)]->world_size() > 1;
   // Ranks grow with a group's coordinates: its first and last members bound its nodes.
-  const std::vector<int> m = group_members(dims_, me_, a);
-  return m.front() / ranks_per_node_ != m.back() / ranks_per_node_;
+  MeshCoord first = me_, last = me_;
+  for (int g = 0; g < kNumGridAxes; ++g)
+    if (spans(a, static_cast<GridAxis>(g))) {
+      first.at(static_cast<GridAxis>(g)) = 0;
+      last.at(static_cast<GridAxis>(g)) = dims_.degree(static_cast<GridAxis>(g)) - 1;
+    }
+  return mesh_rank(dims_, first) / ranks_per_node_ != mesh_rank(dims_, last) / ranks_per_node_;
 }
 
 void Mesh::pace_inter_node(double bytes_per_s) {

@@ -8,23 +8,6 @@
 namespace shardlab::cuda {
 namespace {
 
-__device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-  }
-  return 0.f;
-}
-
-__device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = v; break;
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-  }
-}
-
 __global__ void fill_kernel(void* x, DType t, int64_t n, float v) {
   GRID_STRIDE_LOOP(i, n) store_from_f32(x, t, i, v);
 }

@@ -8,6 +8,9 @@
 // across the row. Element-wise kernels move float4 packs when every pointer is 16-byte aligned and
 // the length divides by 4, else single floats.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +20,23 @@
 namespace shardlab::cuda {
 
 constexpr int kThreads = 256;
+
+// Element i of a buffer of any stored dtype, as f32; and back, rounded to nearest even.
+__device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+  return 0.f;
+}
+__device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; break;
+    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+  }
+}
 
 inline int grid_for(int64_t n) {
   int64_t blocks = (n + kThreads - 1) / kThreads;

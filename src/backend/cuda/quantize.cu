@@ -2,30 +2,10 @@
 // side in quantize.cpp). One block of threads per record: the block's max |x| by a block
 // reduction (a max: the same bits in any order), then each thread writes whole bytes of codes.
 // x / scale is an IEEE division rounded to nearest even, as on the CPU, so both give the same codes.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
 namespace {
-
-__device__ inline float load_any(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-  }
-  return 0.f;
-}
-
-__device__ inline void store_any(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = v; break;
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-  }
-}
 
 __device__ inline int code_of(float x, float scale, int qmax) {
   if (!(scale > 0.f)) return 0;  // a zero block, or a NaN scale
@@ -40,7 +20,7 @@ __global__ void quantize_kernel(float* q, const void* x, DType t, int64_t x_stri
   const int qmax = bits == 8 ? 127 : 7;
   float amax = 0.f, bad = 0.f;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
-    const float v = load_any(x, t, i0 + i);
+    const float v = load_as_f32(x, t, i0 + i);
     amax = fmaxf(amax, fabsf(v));
     if (!isfinite(v)) bad = 1.f;
   }
@@ -53,10 +33,11 @@ __global__ void quantize_kernel(float* q, const void* x, DType t, int64_t x_stri
   const int64_t bytes = block * bits / 8;
   for (int64_t j = threadIdx.x; j < bytes; j += blockDim.x) {
     if (bits == 8) {
-      codes[j] = j < len ? static_cast<uint8_t>(static_cast<int8_t>(code_of(load_any(x, t, i0 + j), scale, qmax))) : 0;
+      const int c = j < len ? code_of(load_as_f32(x, t, i0 + j), scale, qmax) : 0;
+      codes[j] = static_cast<uint8_t>(static_cast<int8_t>(c));
     } else {
-      const int lo = 2 * j < len ? code_of(load_any(x, t, i0 + 2 * j), scale, qmax) : 0;
-      const int hi = 2 * j + 1 < len ? code_of(load_any(x, t, i0 + 2 * j + 1), scale, qmax) : 0;
+      const int lo = 2 * j < len ? code_of(load_as_f32(x, t, i0 + 2 * j), scale, qmax) : 0;
+      const int hi = 2 * j + 1 < len ? code_of(load_as_f32(x, t, i0 + 2 * j + 1), scale, qmax) : 0;
       codes[j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
     }
   }
@@ -78,7 +59,7 @@ __global__ void dequantize_kernel(void* x, DType t, const float* q, int64_t n, i
       c = nib >= 8 ? nib - 16 : nib;
     }
     // Accumulating: one rounding (a fused multiply-add), as on the CPU.
-    store_any(x, t, i0 + i, accumulate ? fmaf(static_cast<float>(c), scale, load_any(x, t, i0 + i))
+    store_from_f32(x, t, i0 + i, accumulate ? fmaf(static_cast<float>(c), scale, load_as_f32(x, t, i0 + i))
                                        : __fmul_rn(static_cast<float>(c), scale));
   }
 }
