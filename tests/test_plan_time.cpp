@@ -229,6 +229,29 @@ TEST_CASE("plan time: hybrid sharding reduces in the node and across nodes; offl
   CHECK_THROWS_WITH(predict_step_time(m, l, r, halves(0)), Catch::Contains("offload optimizer needs a ZeRO strategy"));
 }
 
+TEST_CASE("plan time: ZeRO++ prices each of zero3's collectives on its own link", "[plan]") {
+  // The model above (13225984 parameters, bf16: p = g = 26451968 bytes), zero3 over 8 ranks in 2
+  // nodes of 4 (L = 4, N = 2): NVLink 5e8 B/s at half, network 1e8; M = 2 micro-batches, no overlap.
+  const ModelSpec m = gpt(4, 512, 8, 256, 1000);
+  const DeviceRates r = rates(1e12, 1e20, 1e9, 2e8, 4);
+  TimeLayout l;
+  l.dp = 8, l.micro_batch = 1, l.global_batch = 16;
+  l.dp_strategy = StrategyKind::zero3;
+  l.dp_overlap = 0;
+  // Plain: 7/8 (g + 2p) = 69436416 B per micro-batch over the network: 2 x 0.69436416 s.
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(1.38872832).epsilon(1e-9));
+  // All three, blocks of 256 (q8 = 65 x 4 / 256 = 1.015625 B, q4 = 33 x 4 / 256 = 0.515625 B per element):
+  //   forward gather 7/8 x 13225984 x 1.015625 = 11753560 B / 1e8        = 0.1175356 s
+  //   backward gather in the node 3/4 x p = 19838976 B / 5e8              = 0.039677952 s
+  //   gradients in the node 3/4 x 13225984 x 0.515625 = 5114736 B / 5e8   = 0.010229472 s
+  //   and across 1/2 x 13225984 / 4 x 0.515625 = 852456 B / 1e8          = 0.00852456 s
+  l.zeropp = ZeroPP{8, 4, true, 256};
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(2 * 0.175967584).epsilon(1e-9));
+  // hpZ alone: the backward gather moves to NVLink, 2 x (2 x 0.23145472 + 0.039677952).
+  l.zeropp = ZeroPP{0, 0, true, 256};
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(2 * (2 * 0.23145472 + 0.039677952)).epsilon(1e-9));
+}
+
 TEST_CASE("plan time: calibrated rates run every GEMM at the whole step's rate and nothing apart", "[plan]") {
   // GPT L=1 h=4 a=1 s=4 V=4 f=16, one rank: forward FLOPs per layer 2 n (12 h^2... as products):
   //   QKV 2x4x12x4 = 384, out 128, up 512, down 512, scores 128, context 128: 1792; x3 passes = 5376

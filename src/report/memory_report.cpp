@@ -120,7 +120,7 @@ void print_memory_table(const MemoryReport& r, std::FILE* out) {
   std::fprintf(out,
                "columns: p_shard/p_full parameters (sharded / gathered or replicated), g_shard/g_full gradients, "
                "master fp32 master weights,\noptim optimizer state, activ activations, comm communication buffers, "
-               "work workspaces. states: parameters, gradients,\nmaster weights and optimizer state held between "
+               "work workspaces, p_second ZeRO++'s secondary shard (hpZ). states: parameters, gradients,\nmaster weights and optimizer state held between "
                "steps. val peak: a validation pass (forward only). vs ddp / vs dp: peak against DDP's and DP's rank 0 "
                "(predicted).\nhost pk / host st: the host tier's peak and model states (--offload); the other "
                "columns are the device tier.%s\n",
