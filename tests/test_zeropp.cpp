@@ -4,6 +4,7 @@
 // bytes of all three against plain zero3's (at most 0.3x), hpZ's secondary shard to the byte, and
 // measured = predicted for each lever. Nodes: 2 ranks each (1 at world 2, so every world has 2+ nodes).
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 
 #include "shard/zeropp.hpp"
@@ -185,4 +186,23 @@ TEST_CASE("ZeRO++ trains as zero3 does, moves the bytes its formulas say, and is
     if (z == all) CHECK(r.inter <= 0.3 * plain.inter);
     check_measured_is_predicted(cfg, name);
   }
+}
+
+TEST_CASE("an emulated inter-node link paces the groups that span nodes, and only those", "[zeropp]") {
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  const int W = comm->world_size();
+  if (W < 2) return;
+  Mesh mesh(*comm, ParallelDims{}.resolved(W), node_ranks(), true);
+  const double rate = 2e6;  // bytes per second
+  mesh.pace_inter_node(rate);
+  std::vector<float> buf(25000, 1.f);  // 100 kB: an all-reduce's bus bytes 2 (S-1)/S x 100 kB
+  const double bus = 2.0 * (W - 1) / W * 1e5;
+  const auto t0 = std::chrono::steady_clock::now();
+  mesh.comm(CommAxis::dp_shard).all_reduce(std::span<float>(buf)).wait();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("world " << W << ": " << bus << " bus bytes at " << rate << " B/s took " << took << " s");
+  CHECK(took >= bus / rate);  // a lower bound: a busy machine only makes it slower
+  CHECK_FALSE(mesh.crosses_nodes(CommAxis::dp_shard_node));  // the node's group is not paced
 }
