@@ -91,7 +91,7 @@ std::string ZeroPP::label() const {
   };
   if (weight_bits) add("qwZ");
   if (secondary) add("hpZ");
-  if (grad_bits) add(fmt::format("qgZ{}", grad_bits));
+  if (grad_bits) add(fmt::format("qgZ{}{}", grad_bits, error_feedback ? "+ef" : ""));
   return s;
 }
 
@@ -123,6 +123,10 @@ void StrategyConfig::validate() const {
                 zeropp.weight_bits);
   SHARD_REQUIRE(zeropp.grad_bits == 0 || zeropp.grad_bits == 4 || zeropp.grad_bits == 8,
                 "--quantize-grads: {} bits; int4 or int8", zeropp.grad_bits);
+  SHARD_REQUIRE(!zeropp.error_feedback || (zeropp.grad_bits > 0 && precision.reduce_dtype == DType::f32),
+                "--error-feedback carries qgZ's quantization error in f32 gradients: it needs --quantize-grads int4|int8 "
+                "and --reduce-dtype f32 (got --quantize-grads {}, --reduce-dtype {})",
+                zeropp.grad_bits ? fmt::format("int{}", zeropp.grad_bits) : "none", dtype_name(precision.reduce_dtype));
   SHARD_REQUIRE(zeropp.block > 0 && zeropp.block % 8 == 0 && zeropp.block <= (1 << 20),
                 "--quantize-block {}: expected a positive multiple of 8 elements, at most 1048576", zeropp.block);
   SHARD_REQUIRE(offload != Offload::optimizer || zero_stage(kind) > 0,

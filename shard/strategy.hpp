@@ -59,13 +59,15 @@ Offload offload_for(StrategyKind kind, Offload asked);
 //        all-gathers from those within the node (dp_shard_node).
 //   qgZ  grad_bits 4 or 8: the gradient reduce-scatter becomes two all-to-alls of block-quantized
 //        gradients, within the node (dequantized and summed there, in f32) then across nodes
-//        (dp_shard_cross). No error feedback: the quantization error is not carried to the next step.
+//        (dp_shard_cross). error_feedback (off by default) carries each rank's quantization error of
+//        its own gradient into its next reduction: a full f32 gradient per unit more per rank.
 // hpZ and qgZ need the layout's ranks per node (--ranks-per-node).
 struct ZeroPP {
   int weight_bits = 0;  // --quantize-weights int8: 8; 0 off
   int grad_bits = 0;    // --quantize-grads int4 | int8: 4 or 8; 0 off
   bool secondary = false;  // --secondary-shard node
   int64_t block = 256;     // --quantize-block: elements per f32 scale
+  bool error_feedback = false;  // --error-feedback (qgZ, f32 gradients)
   bool any() const { return weight_bits > 0 || grad_bits > 0 || secondary; }
   bool hierarchical() const { return grad_bits > 0 || secondary; }
   std::string label() const;  // "qwZ hpZ qgZ4", "" when off

@@ -82,6 +82,10 @@ class Zero final : public Strategy {
         grad_shard_.push_back(opt_pool().alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
       }
       optim_->add(updated(u), reduced_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
+      if (cfg.zeropp.error_feedback) {
+        feedback_.push_back(env_.pool.alloc(DType::f32, f.padded, Category::grad_full, n + " error feedback"));
+        env_.be.fill(feedback_.back().flat(DType::f32), 0.f);
+      }
     }
   }
 
@@ -144,7 +148,8 @@ class Zero final : public Strategy {
     Block tmp = env_.pool.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
     if (zpp_ && zpp_->cfg().grad_bits) {  // qgZ: the full gradient is quantized (and free) once started
       Reduction r{u, std::move(tmp), Block(), {}, Work()};
-      r.qg = zpp_->start_reduction(grads_full_[u].flat(rd_).slice(0, flat_[u].padded), flat_[u].shard, layout(u).name);
+      r.qg = zpp_->start_reduction(grads_full_[u].flat(rd_).slice(0, flat_[u].padded), flat_[u].shard, layout(u).name,
+                                   feedback(u));
       grads_full_[u].reset();
       for (Reduction& older : inflight_)
         if (older.qg.stage == 1) zpp_->advance(older.qg, layout(older.unit).name);
@@ -411,6 +416,11 @@ class Zero final : public Strategy {
     release_one(u, keep, forward);
     for (const BorrowedTensor& b : borrowed_[u]) release_one(b.owner, keep, forward);
   }
+  // qgZ's error feedback: unit u's (zeros at first, held across steps like the model states), or none.
+  Tensor feedback(size_t u) {
+    if (feedback_.empty()) return Tensor();
+    return feedback_[u].flat(DType::f32).slice(0, flat_[u].padded);
+  }
   Tensor gathered_tensor(size_t u) const {
     SHARD_CHECK(gathered_[u].state == GatherState::gathered, "unit {} used while not gathered", layout(u).name);
     return gathered_[u].buf.flat(pd_);
@@ -439,6 +449,7 @@ class Zero final : public Strategy {
   std::vector<Block> params_, param_shard_, master_, grads_full_, grad_shard_, host_grad_;
   std::vector<Gathered> gathered_;
   std::vector<Block> secondary_;  // hpZ: per unit, from its forward to its backward
+  std::vector<Block> feedback_;   // qgZ --error-feedback: per unit, from its first reduction on
   std::unique_ptr<ZeroPPComms> zpp_;  // ZeRO++'s collectives, when a lever is on
   std::deque<Reduction> inflight_;
 };

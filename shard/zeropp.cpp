@@ -72,7 +72,8 @@ Work ZeroPPComms::gather_secondary(Tensor secondary, Tensor full) {
 // within the node, place l' receives from every peer the chunks n L + l' of every node n,
 // quantized, and sums them (f32). Step 2: across the nodes at one place, node n receives the node
 // sums of its chunk n L + l from every node, quantized, and sums them: the group's sum of chunk j.
-ZeroPPComms::QuantizedReduction ZeroPPComms::start_reduction(Tensor full, int64_t c, const std::string& name) {
+ZeroPPComms::QuantizedReduction ZeroPPComms::start_reduction(Tensor full, int64_t c, const std::string& name,
+                                                              Tensor feedback) {
   Backend& be = pool_.backend();
   const QuantSpec q = spec(cfg_.grad_bits);
   const int64_t L = node_->world_size(), N = cross_->world_size(), rw = q.words(c), n = L * N * rw;
@@ -82,8 +83,20 @@ ZeroPPComms::QuantizedReduction ZeroPPComms::start_reduction(Tensor full, int64_
   r.send = pool_.alloc(DType::f32, n, Category::comm_buffer, name + " qgZ node send");
   r.recv = pool_.alloc(DType::f32, n, Category::comm_buffer, name + " qgZ node recv");
   Tensor send = r.send.flat(DType::f32).slice(0, n);
+  const bool ef = feedback.data() != nullptr;
+  SHARD_CHECK(!ef || (full.dtype() == DType::f32 && feedback.numel() >= full.numel()),
+              "qgZ error feedback: {} {} gradient values, {} of feedback", full.numel(), dtype_name(full.dtype()),
+              feedback.numel());
+  Tensor e = ef ? feedback.slice(0, full.numel()) : Tensor();
+  if (ef) be.axpy(-1.f, e, full);  // the gradient plus what the last quantization lost
   for (int64_t p = 0; p < L; ++p)  // to place p: rows n L + p, n = 0 .. N-1
     ops::quantize_blocks(be, send.slice(p * N * rw, N * rw), full.slice(p * c, full.numel() - p * c), L * c, N, c, q);
+  if (ef) {  // e = dequantized - sent: minus this quantization's error
+    be.copy(e, full);
+    be.scale(e, -1.f);
+    for (int64_t p = 0; p < L; ++p)
+      ops::dequantize_blocks(be, e.slice(p * c, full.numel() - p * c), send.slice(p * N * rw, N * rw), N, c, q, true, L * c);
+  }
   r.work = node_->all_to_all(send, r.recv.flat(DType::f32).slice(0, n));
   r.stage = 1;
   return r;

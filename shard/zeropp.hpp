@@ -70,7 +70,9 @@ class ZeroPPComms {
     Block sum;         // f32: the node's sums (stage 2: of this rank's chunk of every node; 3: the total)
     Work work;         // declared last: waited on before the buffers go
   };
-  QuantizedReduction start_reduction(Tensor full, int64_t chunk, const std::string& name);
+  // feedback (error feedback; f32 full only): what this rank's last quantization of its gradient got
+  // wrong, negated; subtracted from full first, then replaced by this one's. Empty: none.
+  QuantizedReduction start_reduction(Tensor full, int64_t chunk, const std::string& name, Tensor feedback = {});
   void advance(QuantizedReduction& r, const std::string& name);
   void finish_reduction(QuantizedReduction& r, Tensor out, const std::string& name);
   // The three at once (out holds the sum on return).

@@ -243,7 +243,7 @@ void quantize_case(Run& r) {
   ops::quantize_blocks(r.be, w8, x, stride, rows, n, q8);
   ops::dequantize_blocks(r.be, r.out("int8", {rows * n}), w8, rows, n, q8, false);
   ops::quantize_blocks(r.be, w4, x, stride, rows, n, q4);
-  ops::dequantize_blocks(r.be, r.out("int4 accumulated", {rows * n}, true), w4, rows, n, q4, true);
+  ops::dequantize_blocks(r.be, r.out("int4 accumulated", {rows * stride}, true), w4, rows, n, q4, true, stride);
 }
 
 std::vector<OpCase> op_cases() {

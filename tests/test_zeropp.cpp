@@ -126,19 +126,64 @@ TEST_CASE("qgZ's two quantized all-to-alls sum the gradients within the quantiza
   }
 }
 
+TEST_CASE("qgZ's error feedback carries what quantizing lost into the next reduction", "[zeropp]") {
+  // One node (no second quantization across nodes): with feedback the errors of K reductions of the
+  // same gradients telescope, so their sum is K exact sums within one reduction's error; without,
+  // the same rounding repeats K times.
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, pool);
+  const int W = comm->world_size();
+  Mesh mesh(*comm, ParallelDims{}.resolved(W), W, true);
+  const int64_t c = 64, P = c * W, K = 20;
+  std::vector<float> g(static_cast<size_t>(P));
+  for (int64_t i = 0; i < P; ++i) g[size_t(i)] = std::sin(0.71f * float(i) + 0.9f * float(comm->rank()));
+  std::vector<float> exact(static_cast<size_t>(c));
+  comm->reduce_scatter(Tensor::of(std::span<const float>(g)), Tensor::of(std::span<float>(exact))).wait();
+  double worst[2] = {0, 0};
+  for (bool ef : {false, true}) {
+    ZeroPP z;
+    z.grad_bits = 4;
+    z.block = 32;
+    z.error_feedback = ef;
+    ZeroPPComms zc(z, mesh, pool, mesh.comm(CommAxis::dp_shard_cp));
+    std::vector<float> feedback(static_cast<size_t>(P), 0.f), sum(static_cast<size_t>(c), 0.f), out(sum.size());
+    for (int k = 0; k < K; ++k) {
+      std::vector<float> full = g;  // a fresh gradient each step, as backward writes it
+      auto r = zc.start_reduction(Tensor::of(std::span<float>(full)), c, "test",
+                                  ef ? Tensor::of(std::span<float>(feedback)) : Tensor());
+      zc.finish_reduction(r, Tensor::of(std::span<float>(out)), "test");
+      for (int64_t i = 0; i < c; ++i) sum[size_t(i)] += out[size_t(i)];
+    }
+    for (int64_t i = 0; i < c; ++i) worst[ef] = std::max(worst[ef], std::fabs(double(sum[size_t(i)]) - K * exact[size_t(i)]));
+  }
+  // One reduction's bound: W contributions, each within scale / 2 <= amax / 7 / 2, amax <= 1 + the carried error.
+  const double one = W * 1.1 / 7.0 / 2;
+  INFO("world " << W << ": |sum of " << K << " reductions - " << K << " x exact| without feedback " << worst[0]
+                << ", with " << worst[1] << " (one reduction's bound " << one << ")");
+  if (comm->rank() == 0)
+    std::printf("qgZ int4 error feedback, world %d: |sum of %lld reductions - exact| %.3g without, %.3g with\n", W,
+                static_cast<long long>(K), worst[0], worst[1]);
+  CHECK(worst[1] <= one + 1e-4);
+  if (W > 1) CHECK(worst[0] > 2 * worst[1]);
+}
+
 TEST_CASE("ZeRO++ trains as zero3 does, moves the bytes its formulas say, and is predicted to the byte",
           "[zeropp][zeropp-train]") {
   const int W = g_mpi->world();
   if (W < 2) return;
   const int steps = 6;
   const LeverRun plain = run_lever(zeropp_config(ZeroPP{}), steps);
-  ZeroPP qw, hp, qg, all;
+  ZeroPP qw, hp, qg, all, ef;
   qw.weight_bits = 8;
   hp.secondary = true;
   qg.grad_bits = 4;
   all = ZeroPP{8, 4, true};
+  ef = qg;
+  ef.error_feedback = true;
   const QuantSpec q8{8, 64}, q4{4, 64};
-  for (const auto& [name, z] : {std::pair{"qwZ", qw}, {"hpZ", hp}, {"qgZ4", qg}, {"qwZ hpZ qgZ4", all}}) {
+  for (const auto& [name, z] :
+       {std::pair{"qwZ", qw}, {"hpZ", hp}, {"qgZ4", qg}, {"qgZ4+ef", ef}, {"qwZ hpZ qgZ4", all}}) {
     INFO(name << " world " << W);
     const TrainConfig cfg = zeropp_config(z);
     const LeverRun r = run_lever(cfg, steps);

@@ -205,9 +205,13 @@ void StrategyOptions::add(Desc& d, StrategyConfig& s) {
       "unit / ranks on the node), so backward's all-gather stays inside the node")(
       "quantize-grads", po::value(&quantize_grads)->default_value(""),
       "qgZ: none, int4 or int8: the gradient reduce-scatter becomes an all-to-all of block-quantized gradients "
-      "inside the node, summed there in f32, then one across the nodes (no error feedback)")(
+      "inside the node, summed there in f32, then one across the nodes (error feedback: --error-feedback)")(
       "quantize-block", po::value(&s.zeropp.block)->default_value(s.zeropp.block),
-      "elements per f32 scale of the quantized blocks (a multiple of 8)")(
+      "elements per f32 scale of the quantized blocks (a multiple of 8)");
+  add_switch(z, "error-feedback", error_feedback,
+             "qgZ: carry each rank's quantization error of its gradient into its next reduction (off by default: it "
+             "holds a full f32 gradient per unit more per rank; needs --reduce-dtype f32; not kept in checkpoints)");
+  z.add_options()(
       "ranks-per-node", po::value(&ranks_per_node)->default_value(0),
       "consecutive ranks that share a node (0 = one node holds every rank): hpZ and qgZ work node by node, and "
       "compare splits each row's bytes into intra- and inter-node by it")(
@@ -239,6 +243,7 @@ void StrategyOptions::apply_zeropp(StrategyConfig& s) const {
   s.zeropp.weight_bits = w == "int8" ? 8 : 0;
   s.zeropp.secondary = h == "node";
   s.zeropp.grad_bits = g == "none" ? 0 : g == "int4" ? 4 : 8;
+  s.zeropp.error_feedback = error_feedback;
 }
 
 void StrategyOptions::add_kind_and_dtype(Desc& d, const char* kind_note, const char* dtype_note) {

@@ -125,6 +125,7 @@ struct StrategyOptions {
   void apply_dtypes(StrategyConfig& s) const;
   // ZeRO++'s flags (added by add(d, s)): the levers into s.zeropp; --ranks-per-node is the layout's.
   bool zeropp = false;                                 // --zeropp: all three levers
+  bool error_feedback = false;                         // --error-feedback
   std::string quantize_weights, quantize_grads, secondary_shard;  // "" = not given
   int ranks_per_node = 0;                              // --ranks-per-node
   double inter_node_gbs = 0;                           // --inter-node-gbs

@@ -243,6 +243,7 @@ const std::vector<StrategyFlag>& strategy_flags() {
       {"secondary-shard", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
       {"quantize-grads", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
       {"quantize-block", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
+      {"error-feedback", {StrategyKind::zero3}, "zero3 and hsdp (ZeRO++)"},
   };
   return flags;
 }

@@ -31,8 +31,9 @@ std::optional<Estimate> predict_step_within(const StepConfig& step, int world, i
 // --prefetch auto for zero3: the deepest prefetch, at most kPrefetchDepth, whose step this rank's
 // prediction fits within `budgets` (0 when none does: a run that fits with --prefetch 0 fits with
 // auto); kPrefetchDepth without a device budget, and for the other strategies (which gather
-// nothing ahead). A fixed --prefetch stays. The Trainer calls it with its pool's budgets (a prediction within budgets does too), and
-// over the ranks takes the smallest, so every rank issues its gathers in the same order.
+// nothing ahead). A fixed --prefetch stays. The Trainer calls it with its pool's budgets and takes
+// the smallest over the ranks, so every rank issues its gathers in the same order; a prediction
+// within budgets resolves it with those.
 int auto_prefetch(const StepConfig& step, int world, int rank, int64_t micro_batch, PoolConfig budgets);
 // The same for an evaluation pass (validation: forward only, units gathered and freed as in a
 // training forward): its peak and composition; model_states as for the step.

@@ -63,8 +63,8 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 // ops/quantize.hpp's records: q holds rows * ceil(n / block) records of 1 + block * bits / 32 words.
 void quantize_blocks(float* q, const void* x, DType t, int64_t x_stride, int64_t rows, int64_t n, int bits,
                      int64_t block);
-void dequantize_blocks(void* x, DType t, const float* q, int64_t rows, int64_t n, int bits, int64_t block,
-                       bool accumulate);
+void dequantize_blocks(void* x, DType t, const float* q, int64_t x_stride, int64_t rows, int64_t n, int bits,
+                       int64_t block, bool accumulate);
 void copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t width);
 void kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S, int64_t H,
                     int64_t KV, int64_t hd, int64_t pos0);

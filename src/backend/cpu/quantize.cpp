@@ -87,12 +87,12 @@ void quantize_rows(float* q, const void* x, int64_t x_stride, int64_t rows, int6
 }
 
 template <DType D, int Bits, bool Accumulate>
-void dequantize_rows(void* x, const float* q, int64_t rows, int64_t n, int64_t block) {
+void dequantize_rows(void* x, const float* q, int64_t x_stride, int64_t rows, int64_t n, int64_t block) {
   const int64_t nb = (n + block - 1) / block, rw = 1 + block * Bits / 32;
 #pragma omp parallel for schedule(static) if (rows * n >= kParallelMin)
   for (int64_t rb = 0; rb < rows * nb; ++rb) {
     const int64_t r = rb / nb, b = rb % nb;
-    dequantize_block<D, Bits, Accumulate>(x, q + rb * rw, r * n + b * block, std::min(block, n - b * block));
+    dequantize_block<D, Bits, Accumulate>(x, q + rb * rw, r * x_stride + b * block, std::min(block, n - b * block));
   }
 }
 
@@ -103,13 +103,13 @@ void quantize_any(float* q, const void* x, int64_t x_stride, int64_t rows, int64
 }
 
 template <DType D>
-void dequantize_any(void* x, const float* q, int64_t rows, int64_t n, int bits, int64_t block, bool accumulate) {
+void dequantize_any(void* x, const float* q, int64_t ld, int64_t rows, int64_t n, int bits, int64_t block, bool acc) {
   if (bits == 8) {
-    if (accumulate) dequantize_rows<D, 8, true>(x, q, rows, n, block);
-    else dequantize_rows<D, 8, false>(x, q, rows, n, block);
+    if (acc) dequantize_rows<D, 8, true>(x, q, ld, rows, n, block);
+    else dequantize_rows<D, 8, false>(x, q, ld, rows, n, block);
   } else {
-    if (accumulate) dequantize_rows<D, 4, true>(x, q, rows, n, block);
-    else dequantize_rows<D, 4, false>(x, q, rows, n, block);
+    if (acc) dequantize_rows<D, 4, true>(x, q, ld, rows, n, block);
+    else dequantize_rows<D, 4, false>(x, q, ld, rows, n, block);
   }
 }
 
@@ -124,12 +124,12 @@ void quantize_blocks(float* q, const void* x, DType t, int64_t x_stride, int64_t
   }
 }
 
-void dequantize_blocks(void* x, DType t, const float* q, int64_t rows, int64_t n, int bits, int64_t block,
-                       bool accumulate) {
+void dequantize_blocks(void* x, DType t, const float* q, int64_t x_stride, int64_t rows, int64_t n, int bits,
+                       int64_t block, bool accumulate) {
   switch (t) {
-    case DType::f32: return dequantize_any<DType::f32>(x, q, rows, n, bits, block, accumulate);
-    case DType::bf16: return dequantize_any<DType::bf16>(x, q, rows, n, bits, block, accumulate);
-    case DType::f16: return dequantize_any<DType::f16>(x, q, rows, n, bits, block, accumulate);
+    case DType::f32: return dequantize_any<DType::f32>(x, q, x_stride, rows, n, bits, block, accumulate);
+    case DType::bf16: return dequantize_any<DType::bf16>(x, q, x_stride, rows, n, bits, block, accumulate);
+    case DType::f16: return dequantize_any<DType::f16>(x, q, x_stride, rows, n, bits, block, accumulate);
   }
 }
 

@@ -111,8 +111,8 @@ cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_
 // ops/quantize.hpp's records: one block of threads per record.
 cudaError_t launch_quantize_blocks(float* q, const void* x, DType t, int64_t x_stride, int64_t rows, int64_t n,
                                    int bits, int64_t block, cudaStream_t s);
-cudaError_t launch_dequantize_blocks(void* x, DType t, const float* q, int64_t rows, int64_t n, int bits,
-                                     int64_t block, bool accumulate, cudaStream_t s);
+cudaError_t launch_dequantize_blocks(void* x, DType t, const float* q, int64_t x_stride, int64_t rows, int64_t n,
+                                     int bits, int64_t block, bool accumulate, cudaStream_t s);
 // kv_cache_write copies qkv's k and v heads into cache rows [pos0, pos0 + T); attention_cached
 // writes out (B, T, H hd), query t over cache rows [0, pos0 + t], with scores a workspace of
 // B H T (pos0 + T) floats.

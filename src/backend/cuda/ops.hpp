@@ -51,8 +51,8 @@ void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, cons
 // ---- quantize.cpp ----
 void quantize_blocks(Backend& be, float* q, const void* x, DType t, int64_t x_stride, int64_t rows, int64_t n,
                      const QuantSpec& s);
-void dequantize_blocks(Backend& be, void* x, DType t, const float* q, int64_t rows, int64_t n, const QuantSpec& s,
-                       bool accumulate);
+void dequantize_blocks(Backend& be, void* x, DType t, const float* q, int64_t x_stride, int64_t rows, int64_t n,
+                       const QuantSpec& s, bool accumulate);
 // ---- kv_cache.cpp ----
 void copy_rows(Backend& be, float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
                int64_t width);

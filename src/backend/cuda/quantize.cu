@@ -43,9 +43,9 @@ __global__ void quantize_kernel(float* q, const void* x, DType t, int64_t x_stri
   }
 }
 
-__global__ void dequantize_kernel(void* x, DType t, const float* q, int64_t n, int64_t nb, int bits, int64_t block,
-                                  bool accumulate) {
-  const int64_t rb = blockIdx.x, r = rb / nb, b = rb % nb, i0 = r * n + b * block;
+__global__ void dequantize_kernel(void* x, DType t, const float* q, int64_t x_stride, int64_t n, int64_t nb, int bits,
+                                  int64_t block, bool accumulate) {
+  const int64_t rb = blockIdx.x, r = rb / nb, b = rb % nb, i0 = r * x_stride + b * block;
   const int64_t len = min(block, n - b * block);
   const float* rec = q + rb * (1 + block * bits / 32);
   const float scale = rec[0];
@@ -78,12 +78,13 @@ cudaError_t launch_quantize_blocks(float* q, const void* x, DType t, int64_t x_s
   return cudaGetLastError();
 }
 
-cudaError_t launch_dequantize_blocks(void* x, DType t, const float* q, int64_t rows, int64_t n, int bits,
-                                     int64_t block, bool accumulate, cudaStream_t s) {
+cudaError_t launch_dequantize_blocks(void* x, DType t, const float* q, int64_t x_stride, int64_t rows, int64_t n,
+                                     int bits, int64_t block, bool accumulate, cudaStream_t s) {
   const int64_t nb = (n + block - 1) / block;
   if (rows * nb == 0) return cudaSuccess;
   if (rows * nb > kMaxRecords) return cudaErrorInvalidValue;
-  dequantize_kernel<<<static_cast<unsigned>(rows * nb), kThreads, 0, s>>>(x, t, q, n, nb, bits, block, accumulate);
+  dequantize_kernel<<<static_cast<unsigned>(rows * nb), kThreads, 0, s>>>(x, t, q, x_stride, n, nb, bits, block,
+                                                                           accumulate);
   return cudaGetLastError();
 }
 

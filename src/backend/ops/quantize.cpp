@@ -39,16 +39,21 @@ void quantize_blocks(Backend& be, Tensor q, Tensor x, int64_t x_stride, int64_t 
   }
 }
 
-void dequantize_blocks(Backend& be, Tensor x, Tensor q, int64_t rows, int64_t n, const QuantSpec& s, bool accumulate) {
-  check(q, x, rows * n, rows, n, s, "dequantize_blocks");
+void dequantize_blocks(Backend& be, Tensor x, Tensor q, int64_t rows, int64_t n, const QuantSpec& s, bool accumulate,
+                       int64_t x_stride) {
+  if (x_stride == 0) x_stride = n;
+  SHARD_CHECK(x_stride >= n, "dequantize_blocks: row stride {} below the row's {} values", x_stride, n);
+  check(q, x, rows > 0 ? (rows - 1) * x_stride + n : 0, rows, n, s, "dequantize_blocks");
   SHARD_CHECK(!accumulate || x.dtype() == DType::f32, "dequantize_blocks: accumulating into {} (f32 only)",
               dtype_name(x.dtype()));
   if (rows == 0 || n == 0) return;
   switch (be.device()) {
     case Device::cpu:
-      return cpu::dequantize_blocks(x.data(), x.dtype(), q.ptr<float>(), rows, n, s.bits, s.block, accumulate);
+      return cpu::dequantize_blocks(x.data(), x.dtype(), q.ptr<float>(), x_stride, rows, n, s.bits, s.block,
+                                    accumulate);
     case Device::cuda:
-      if constexpr (kWithCuda) cuda::dequantize_blocks(be, x.data(), x.dtype(), q.ptr<float>(), rows, n, s, accumulate);
+      if constexpr (kWithCuda)
+        cuda::dequantize_blocks(be, x.data(), x.dtype(), q.ptr<float>(), x_stride, rows, n, s, accumulate);
       return;
     case Device::meta: return;
   }

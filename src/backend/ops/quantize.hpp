@@ -31,9 +31,11 @@ namespace ops {
 // q (rows * s.words(n) f32 words) <- rows of n values of x (any float dtype), row r starting at
 // element r * x_stride (x_stride >= n).
 void quantize_blocks(Backend& be, Tensor q, Tensor x, int64_t x_stride, int64_t rows, int64_t n, const QuantSpec& s);
-// x (rows * n contiguous values, any float dtype) <- the dequantized rows of q, code x scale;
-// accumulate adds them to x instead (f32 x only), with one rounding: fma(code, scale, x).
-void dequantize_blocks(Backend& be, Tensor x, Tensor q, int64_t rows, int64_t n, const QuantSpec& s, bool accumulate);
+// x (rows of n values, any float dtype, row r at element r * x_stride; 0: n, contiguous) <- the
+// dequantized rows of q, code x scale; accumulate adds them to x instead (f32 x only), with one
+// rounding: fma(code, scale, x).
+void dequantize_blocks(Backend& be, Tensor x, Tensor q, int64_t rows, int64_t n, const QuantSpec& s, bool accumulate,
+                       int64_t x_stride = 0);
 
 }  // namespace ops
 }  // namespace shardlab
