@@ -108,3 +108,27 @@ TEST_CASE("sim send and recv: counted as what a real pair moves, fingerprints mi
   CHECK(std::string(comm_op_name(CommOp::send)) == "send");
   CHECK(bus_factor(CommOp::recv, 4) == 1.0);
 }
+
+TEST_CASE("ZeRO++'s node split: every rank refuses a layout where any shard group spans nodes unevenly",
+          "[comm][mesh][sim]") {
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  // 12 ranks, 4 replicas of shard groups of 3, 4 ranks per node: {0,1,2} and {9,10,11} sit in one
+  // node each, {3,4,5} and {6,7,8} straddle two unevenly. Every rank stops before splitting.
+  ParallelDims d;
+  d.dp_replicate = 4, d.dp_shard = 3;
+  for (int r : {0, 4, 11}) {
+    auto world = make_sim_communicator(r, 12, pool);
+    CHECK_THROWS_WITH(Mesh(*world, d.resolved(12), 4, true), Catch::Contains("equal share on every node"));
+  }
+  // Groups of 4 over nodes of 2: 2 per node; rank 5 is place 1 on its group's second node.
+  d.dp_shard = 4, d.dp_replicate = 3;
+  auto world = make_sim_communicator(5, 12, pool);
+  Mesh mesh(*world, d.resolved(12), 2, true);
+  CHECK(mesh.size(CommAxis::dp_shard_node) == 2);
+  CHECK(mesh.rank(CommAxis::dp_shard_node) == 1);
+  CHECK(mesh.size(CommAxis::dp_shard_cross) == 2);
+  CHECK(mesh.rank(CommAxis::dp_shard_cross) == 0);
+  CHECK(mesh.crosses_nodes(CommAxis::dp_shard));
+  CHECK_FALSE(mesh.crosses_nodes(CommAxis::dp_shard_node));
+}

@@ -108,23 +108,36 @@ void Mesh::pace_inter_node(double bytes_per_s) {
       comms_[static_cast<size_t>(a)]->pace(bytes_per_s);
 }
 
-void Mesh::split_nodes() {
-  const int R = ranks_per_node_, W = world_.world_size();
-  SHARD_REQUIRE(W % R == 0, "--ranks-per-node {} does not divide the world of {} ranks into nodes", R, W);
-  const std::vector<int> m = group_members(dims_, me_, CommAxis::dp_shard_cp);
-  const int my_node = world_.rank() / R;
-  // Members on one node are consecutive in group order (ranks grow with it): count them per node.
+namespace {
+// The group's members (world ranks, in group order) on each of its nodes: consecutive, as ranks
+// grow with the group's coordinates. InputError unless every node holds as many of them.
+int members_per_node(const std::vector<int>& m, int R, const ParallelDims& d) {
   std::vector<int> firsts;  // the group rank of each node's first member
   for (size_t i = 0; i < m.size(); ++i)
     if (i == 0 || m[i] / R != m[i - 1] / R) firsts.push_back(static_cast<int>(i));
-  const int N = static_cast<int>(firsts.size()), L = static_cast<int>(m.size()) / N;
+  const int N = static_cast<int>(firsts.size());
   for (int k = 0; k < N; ++k) {
     const int count = (k + 1 < N ? firsts[k + 1] : static_cast<int>(m.size())) - firsts[k];
-    SHARD_REQUIRE(count == L,
-                  "--ranks-per-node {} puts {} of the {} ranks of a shard group ({}) on node {} and {} on node {}: "
-                  "ZeRO++ needs as many on every node",
-                  R, count, m.size(), dims_.describe(), m[firsts[k]] / R, L, m[0] / R);
+    SHARD_REQUIRE(count * N == static_cast<int>(m.size()),
+                  "--ranks-per-node {} puts {} of the {} ranks of the shard group of rank {} ({}) on node {}, so its "
+                  "{} nodes cannot hold as many each: ZeRO++ needs an equal share on every node",
+                  R, count, m.size(), m[0], d.describe(), m[firsts[k]] / R, N);
   }
+  return static_cast<int>(m.size()) / N;
+}
+}  // namespace
+
+void Mesh::split_nodes() {
+  const int R = ranks_per_node_, W = world_.world_size();
+  SHARD_REQUIRE(W % R == 0, "--ranks-per-node {} does not divide the world of {} ranks into nodes", R, W);
+  // Every shard group checked on every rank (each group's first member is a rank with no shard
+  // coordinate), so all of them refuse a layout together, before any split.
+  for (int r = 0; r < W; ++r) {
+    const MeshCoord c = mesh_coord(dims_, r);
+    if (c.dp_shard == 0 && c.cp == 0) members_per_node(group_members(dims_, c, CommAxis::dp_shard_cp), R, dims_);
+  }
+  const std::vector<int> m = group_members(dims_, me_, CommAxis::dp_shard_cp);
+  const int my_node = world_.rank() / R, L = members_per_node(m, R, dims_), N = static_cast<int>(m.size()) / L;
   const int me = rank(CommAxis::dp_shard_cp);
   const int n = me / L, l = me % L;
   SHARD_CHECK(m[me] == world_.rank() && m[n * L] / R == my_node, "node split: rank {} at group place {}",

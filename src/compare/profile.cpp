@@ -43,6 +43,8 @@ std::string unit_ranges(const StageSplit& split, int stage) {
 TrainConfig config_for(const ProfileConfig& cfg, StrategyKind kind) {
   TrainConfig t = cfg.train;
   t.use_strategy(kind);
+  if (cfg.budget && t.strategy.prefetch == kPrefetchAuto)  // as train resolves it on this budget (rank 0's)
+    t.strategy.prefetch = auto_prefetch(t, cfg.world, 0, cfg.micro_batch, PoolConfig{cfg.budget, cfg.host_budget});
   return t;
 }
 

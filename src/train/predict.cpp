@@ -30,8 +30,17 @@ std::shared_ptr<TokenStream> stand_in(int64_t tokens) {
 // The step; with budgets, nullopt at its first allocation past one (predict.hpp).
 std::optional<Estimate> run_step(const StepConfig& step, int world, int rank, int64_t micro_batch, bool timeline,
                                  const PoolConfig* budgets) {
+  if (budgets && step.strategy.prefetch == kPrefetchAuto && step.strategy.kind == StrategyKind::zero3 &&
+      budgets->budget > 0) {  // --prefetch auto: the deepest step that fits is the prediction itself
+    StepConfig s = step;
+    for (int d = kPrefetchDepth;; --d) {
+      s.strategy.prefetch = d;
+      std::optional<Estimate> e = run_step(s, world, rank, micro_batch, timeline, budgets);
+      if (e || d == 0) return e;
+    }
+  }
   TrainConfig c = step_config(step, world, rank, micro_batch, timeline);
-  if (budgets) c.strategy.prefetch = auto_prefetch(step, world, rank, micro_batch, *budgets);
+  if (budgets) c.strategy.prefetch = auto_prefetch(step, world, rank, micro_batch, *budgets);  // no prediction left
   auto be = make_meta_backend();
   Pool pool(*be);  // no budget while the model states are set up: the step's peak starts after
   auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
