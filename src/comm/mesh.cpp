@@ -102,6 +102,13 @@ bool Mesh::crosses_nodes(CommAxis a) const {
   return mesh_rank(dims_, first) / ranks_per_node_ != mesh_rank(dims_, last) / ranks_per_node_;
 }
 
+Mesh::LinkBytes Mesh::last_step_bytes_by_link() const {
+  LinkBytes b;
+  for (int a = 0; a < kNumCommAxes; ++a)
+    (crosses_nodes(static_cast<CommAxis>(a)) ? b.inter : b.intra) += last_step_bytes()[a];
+  return b;
+}
+
 void Mesh::pace_inter_node(double bytes_per_s) {
   for (int a = 0; a < kNumCommAxes; ++a)
     if (comms_[static_cast<size_t>(a)] && crosses_nodes(static_cast<CommAxis>(a)))

@@ -118,6 +118,12 @@ class Mesh {
   // Bus bytes of the last finished step that crossed each axis, as the world communicator counted
   // them (its own traffic under world).
   const std::array<double, kNumCommAxes>& last_step_bytes() const { return world_.stats().last_step_axis; }
+  // The same summed over the axes whose groups stay inside a node and over those that cross one
+  // (crosses_nodes; everything is intra-node without --ranks-per-node).
+  struct LinkBytes {
+    double intra = 0, inter = 0;
+  };
+  LinkBytes last_step_bytes_by_link() const;
 
  private:
   bool node_axis(CommAxis a) const {

@@ -140,8 +140,8 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
   }
   r.ranks_per_node = tc.layout.ranks_per_node;
   r.axis_bytes = trainer.mesh().last_step_bytes();
-  for (int a = 0; a < kNumCommAxes; ++a)
-    (trainer.mesh().crosses_nodes(static_cast<CommAxis>(a)) ? r.node_inter : r.node_intra) += r.axis_bytes[a];
+  const Mesh::LinkBytes link = trainer.mesh().last_step_bytes_by_link();
+  r.node_intra = link.intra, r.node_inter = link.inter;
   if (cp > 1) {
     int layers = 0;  // this rank's (its stage's under --pp)
     for (const auto& u : trainer.units()) layers += u->recomputable() ? 1 : 0;

@@ -261,10 +261,8 @@ StepStats Trainer::step(int64_t t) {
   s.rss_bytes = resident_bytes();
   if (const auto w = model_.take_cp_wait_s()) s.cp_wait_ms = *w * 1e3;
   if (cfg_.layout.ranks_per_node > 0) {
-    s.intra_node_bytes = s.inter_node_bytes = 0.0;
-    for (int a = 0; a < kNumCommAxes; ++a)
-      *(mesh_.crosses_nodes(static_cast<CommAxis>(a)) ? s.inter_node_bytes : s.intra_node_bytes) +=
-          mesh_.last_step_bytes()[a];
+    const Mesh::LinkBytes link = mesh_.last_step_bytes_by_link();
+    s.intra_node_bytes = link.intra, s.inter_node_bytes = link.inter;
   }
   return s;
 }
