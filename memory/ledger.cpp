@@ -82,6 +82,7 @@ std::string phase_label(const Phase& p, const std::vector<std::string>& unit_nam
     case PhaseKind::loss: return "loss";
     case PhaseKind::backward: return "backward " + unit();
     case PhaseKind::optimizer: return "optimizer step";
+    case PhaseKind::weight: return "weight grads " + unit();
   }
   return "";
 }

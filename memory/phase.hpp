@@ -8,7 +8,8 @@
 
 namespace shardlab {
 
-enum class PhaseKind : uint8_t { idle, begin_step, forward, loss, backward, optimizer };
+// weight: a zero-bubble pipeline schedule's W pass of a unit (its held weight-gradient GEMMs).
+enum class PhaseKind : uint8_t { idle, begin_step, forward, loss, backward, optimizer, weight };
 
 struct Phase {
   PhaseKind kind = PhaseKind::idle;
@@ -16,9 +17,10 @@ struct Phase {
   bool operator==(const Phase&) const = default;
   static Phase forward(size_t u) { return {PhaseKind::forward, static_cast<int>(u)}; }
   static Phase backward(size_t u) { return {PhaseKind::backward, static_cast<int>(u)}; }
+  static Phase weight(size_t u) { return {PhaseKind::weight, static_cast<int>(u)}; }
 };
 
-// "forward h.3", "loss", "backward head", "optimizer step", "begin step", or "" when idle.
+// "forward h.3", "loss", "backward head", "weight grads h.3", "optimizer step", "begin step", or "" when idle.
 std::string phase_label(const Phase& p, const std::vector<std::string>& unit_names);
 
 }  // namespace shardlab

@@ -17,7 +17,7 @@ namespace {
 
 // The schedules these tests run, by the names --pp-schedule takes.
 const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
-                 interleaved = parse_pp_schedule("interleaved-1f1b");
+                 interleaved = parse_pp_schedule("interleaved-1f1b"), zb_h1 = parse_pp_schedule("zb-h1");
 
 // An exception whose message contains `part` (Catch2 v2's Contains matches strings only).
 struct Says : Catch::MatcherBase<std::exception> {
@@ -27,14 +27,14 @@ struct Says : Catch::MatcherBase<std::exception> {
   std::string part;
 };
 
-// "F0 F1 B0" -> actions on `chunk`; "F0c2 B1c0" names the chunk.
+// "F0 F1 B0 W0" -> actions on `chunk`; "F0c2 B1c0" names the chunk.
 std::vector<PipeAction> actions(const std::string& text, int chunk = -1) {
   std::vector<PipeAction> out;
   std::istringstream in(text);
   for (std::string w; in >> w;) {
     const size_t c = w.find('c');
     const int micro = std::stoi(w.substr(1, c == std::string::npos ? std::string::npos : c - 1));
-    out.push_back({w[0] == 'F' ? PipeAction::forward : PipeAction::backward,
+    out.push_back({w[0] == 'F' ? PipeAction::forward : w[0] == 'B' ? PipeAction::backward : PipeAction::weight,
                    c == std::string::npos ? chunk : std::stoi(w.substr(c + 1)), micro});
   }
   return out;
@@ -63,7 +63,7 @@ TEST_CASE("schedule names parse, and a wrong one names the choices and the close
   for (PpSchedule k : {gpipe, one_f_one_b, interleaved})
     CHECK(parse_pp_schedule(k.name()) == k);
   CHECK_THROWS_MATCHES(parse_pp_schedule("1fb1"), InputError,
-                       Catch::Message("unknown pipeline schedule '1fb1': expected gpipe, 1f1b or interleaved-1f1b "
+                       Catch::Message("unknown pipeline schedule '1fb1': expected gpipe, 1f1b, interleaved-1f1b or zb-h1 "
                                       "(did you mean 1f1b?)"));
   CHECK_THROWS_WITH(parse_pp_schedule("interleaved-1fb1"), Catch::Contains("did you mean interleaved-1f1b?"));
   CHECK_THROWS_WITH(parse_pp_schedule("zero3"), !Catch::Contains("did you mean"));
@@ -327,8 +327,9 @@ TEST_CASE("registry: defaults, planner labels, --help and the rules' messages", 
   CHECK(interleaved->label(8) == "interleaved v8");
   CHECK(pp_schedule_help() ==
         "gpipe (every forward, then every backward: all micro-batches' activations held), 1f1b (one forward, one "
-        "backward: at most pp - stage micro-batches held) or interleaved-1f1b (--pp-virtual chunks per rank: a "
-        "smaller bubble, more sends; micro-batches a multiple of --pp)");
+        "backward: at most pp - stage micro-batches held), interleaved-1f1b (--pp-virtual chunks per rank: a "
+        "smaller bubble, more sends; micro-batches a multiple of --pp) or zb-h1 (1f1b with the weights' gradients "
+        "split off and run where 1f1b idles: its memory, a third of its bubble)");
   CHECK_THROWS_MATCHES(require_pp_schedule(interleaved, 2, 1, 0), InputError,
                        Says("--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (got 1); with one chunk per "
                             "rank use 1f1b"));
@@ -341,4 +342,53 @@ TEST_CASE("registry: defaults, planner labels, --help and the rules' messages", 
   CHECK(one_f_one_b->warning(2, 1, 2).empty());
   CHECK(one_f_one_b->warning(2, 1, 1) == "1 micro-batches for 2 stages: 1f1b holds as many activations as gpipe here "
                                          "and the bubble is 50%; give --micro-batches 2 or more");
+}
+
+// Zero-bubble ZB-H1 (Qi et al. 2024, section 3.1): the issue's unit-cost makespans, 1F1B's
+// activations on every stage, the order worked out by hand, and the check's rules for W.
+TEST_CASE("zb-h1: makespans at unit costs, 1f1b's activations, the order by hand", "[pipeline][zb]") {
+  // F = B = W = 1 at P 4, M 8: 1f1b runs B + W as one backward of 2 and takes (M + P - 1) x 3 = 33;
+  // zb-h1 takes 3M + (P - 1)(F + B - W) = 27 (the paper's bubble).
+  const PassTimes unit{1, 1, 1};
+  CHECK(simulated_makespan(build_schedule(one_f_one_b, 4, 1, 8), unit) == 33);
+  CHECK(simulated_makespan(build_schedule(zb_h1, 4, 1, 8), unit) == 27);
+  // W costs nothing: no bubble to fill, both take 1f1b's (M + P - 1)(F + B).
+  CHECK(simulated_makespan(build_schedule(zb_h1, 4, 1, 8), {1, 2, 0}) == 33);
+  // Rank r: 1f1b's P - r - 1 warm-up forwards and F/B alternation; its first r weight passes held
+  // back to the end, every other W right after a B (rank 0 none held, rank 3 three).
+  const PipeSchedule s = build_schedule(zb_h1, 4, 1, 8);
+  CHECK(s.ranks[0] == actions("F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7", 0));
+  CHECK(s.ranks[3] == actions("F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7", 3));
+  for (int P = 1; P <= 8; ++P)
+    for (int M = 1; M <= 16; ++M) {
+      const PipeSchedule z = build_schedule(zb_h1, P, 1, M), f = build_schedule(one_f_one_b, P, 1, M);
+      for (int r = 0; r < P; ++r) {
+        INFO("P " << P << " M " << M << " rank " << r);
+        CHECK(z.in_flight(r) == f.in_flight(r));  // forwards whose B has not run: 1f1b's min(M, P - r)
+        CHECK(z.weights_owed(r) == std::min(M, r + 1));
+        CHECK(f.weights_owed(r) == 0);
+      }
+      // Its theory is the simulation's at unit costs, M < P included.
+      CHECK(simulated_bubble(z, unit) == Approx(bubble_fraction(zb_h1, P, 1, M)).margin(1e-12));
+      if (M >= P) CHECK(bubble_fraction(zb_h1, P, 1, M) == Approx(double(P - 1) / (3 * M + P - 1)));
+      if (P > 1 && M >= P) CHECK(simulated_bubble(z, unit) < simulated_bubble(f, unit));
+    }
+  CHECK(zb_h1->warning(4, 1, 4).empty());
+  CHECK(zb_h1->warning(4, 1, 2) == "2 micro-batches for 4 stages: zb-h1 cannot fill its ramp and the bubble is "
+                                   "45%; give --micro-batches 4 or more");
+}
+
+TEST_CASE("the check's rules for weight actions", "[pipeline][zb]") {
+  const auto P2 = [](PpSchedule k, const std::string& r0, const std::string& r1) {
+    return by_hand(k, 2, 1, 2, {r0, r1});
+  };
+  CHECK_NOTHROW(check_schedule(P2(zb_h1, "F0 F1 B0 W0 B1 W1", "F0 B0 F1 B1 W0 W1")));
+  CHECK_THROWS_MATCHES(check_schedule(P2(zb_h1, "F0 F1 B0 W0 B1 W1", "F0 W0 B0 F1 B1 W1")), InternalError,
+                       Says("rank 1 runs W0c1 before its backward"));
+  CHECK_THROWS_MATCHES(check_schedule(P2(zb_h1, "F0 F1 B0 W0 B1 W1", "F0 B0 F1 B1 W1 W0")), InternalError,
+                       Says("rank 1 runs W1c1 before W0c1: weight actions follow the order of the backwards"));
+  CHECK_THROWS_MATCHES(check_schedule(P2(zb_h1, "F0 F1 B0 W0 B1", "F0 B0 F1 B1 W0 W1")), InternalError,
+                       Says("no rank runs W1c0 (rank 0 should)"));
+  CHECK_THROWS_MATCHES(check_schedule(P2(one_f_one_b, "F0 F1 B0 W0 B1", "F0 B0 F1 B1")), InternalError,
+                       Says("rank 0 runs W0c0, but 1f1b does not split backwards"));
 }

@@ -2,7 +2,8 @@
 // trains a tied copy of the token embedding) and Llama (untied): parity with single-rank training
 // of the same configuration in this process over 10 steps (losses within 1e-5 relative, every
 // element of every unit this rank holds, tied copies included, within 2e-5 of the whole model's),
-// for each schedule and with DDP, ZeRO and TP on the other axes; gradients reduced once per step,
+// for each schedule (zb-h1's weight gradients computed in W passes apart from their backwards)
+// and with DDP, ZeRO and TP on the other axes; gradients reduced once per step,
 // not once per micro-batch; and the bad inputs, by their messages. Each case runs at the world
 // its layout needs and returns at the others.
 #include <catch2/catch.hpp>
@@ -19,7 +20,7 @@ namespace {
 
 // The schedules these tests run, by the names --pp-schedule takes.
 const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
-                 interleaved = parse_pp_schedule("interleaved-1f1b");
+                 interleaved = parse_pp_schedule("interleaved-1f1b"), zb_h1 = parse_pp_schedule("zb-h1");
 
 struct Layout {
   int pp;
@@ -79,12 +80,14 @@ void check_pp_parity(const TrainConfig& cfg) {
   CHECK(w.param <= 2e-5);
 }
 
-// The layouts of the list that fit this world.
+// The layouts of the issues' lists that fit this world (zb-h1: pp 2 and 4, alone, x zero3 dp 2, x tp 2).
 std::vector<Layout> layouts(int world) {
-  if (world == 2) return {{2, gpipe, 2}, {2, one_f_one_b, 2}};
+  if (world == 2) return {{2, gpipe, 2}, {2, one_f_one_b, 2}, {2, zb_h1, 4}};
   if (world == 4) return {{2, one_f_one_b, 2, StrategyKind::ddp}, {2, one_f_one_b, 2, StrategyKind::zero3},
-                          {2, gpipe, 2, StrategyKind::ddp, 2}};
-  if (world == 8) return {{2, one_f_one_b, 2, StrategyKind::zero1, 2}};
+                          {2, gpipe, 2, StrategyKind::ddp, 2}, {4, zb_h1, 8}, {2, zb_h1, 4, StrategyKind::zero3},
+                          {2, zb_h1, 2, StrategyKind::ddp, 2}};
+  if (world == 8) return {{2, one_f_one_b, 2, StrategyKind::zero1, 2}, {4, zb_h1, 4, StrategyKind::zero3},
+                          {4, zb_h1, 4, StrategyKind::ddp, 2}};
   return {};
 }
 

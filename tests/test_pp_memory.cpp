@@ -1,7 +1,8 @@
 // Memory under pipeline parallelism: every stage's measured step equals its prediction (meta
 // backend, sim) to the byte under each schedule (interleaved at pp 2 x V 2), at pp 2 and pp 4 and composed with data
 // parallelism; and the activations a stage holds follow the schedule (gpipe every micro-batch,
-// 1f1b min(M, P - stage)), read off the ledger's activation peaks at several micro-batch counts.
+// 1f1b min(M, P - stage), zb-h1 1f1b's and the weight passes it owes), read off the ledger's
+// activation peaks at several micro-batch counts.
 #include <catch2/catch.hpp>
 
 #include "tests/strategy_test_util.hpp"
@@ -13,7 +14,7 @@ namespace {
 
 // The schedules these tests run, by the names --pp-schedule takes.
 const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
-                 interleaved = parse_pp_schedule("interleaved-1f1b");
+                 interleaved = parse_pp_schedule("interleaved-1f1b"), zb_h1 = parse_pp_schedule("zb-h1");
 
 // tiny (GPT-2, tied head) at pp P: M micro-batches of 2 sequences per data-parallel rank.
 TrainConfig pp_config(StrategyKind s, int world, int P, PpSchedule schedule, int64_t M) {
@@ -25,7 +26,7 @@ TrainConfig pp_config(StrategyKind s, int world, int P, PpSchedule schedule, int
   return cfg;
 }
 
-std::vector<PpSchedule> schedules() { return {gpipe, one_f_one_b}; }
+std::vector<PpSchedule> schedules() { return {gpipe, one_f_one_b, zb_h1}; }
 
 // Stage k's activation peak (the ledger's, through a prediction: equal to a run's, as the test
 // below checks) with M micro-batches, as rank k of a pipeline of P over P ranks.
@@ -87,6 +88,12 @@ TEST_CASE("pipeline: the stages differ, and their activations follow the schedul
       CHECK(f(bound + 3) == f(bound));
       CHECK(f(8) < g(8));
       if (P - k >= 3) CHECK(f(P - k) - f(P - k - 1) == per_micro);  // still in the warm-up
+      // zb-h1 holds 1f1b's forwards, plus the weight passes stage k owes (at most k + 1, each the
+      // copies of its GEMMs' operands): bounded too, past P + 1 micro-batches.
+      const auto z = [&](int64_t M) { return activation_peak(zb_h1, P, k, M); };
+      CHECK(z(P + 2) == z(P + 1));
+      CHECK(z(P + 4) == z(P + 1));
+      CHECK(z(8) < g(8));
     }
   // tiny has 4 units (embedding, h.0, h.1, head): one per stage at pp 4. Each stage's model states
   // are its own parameters at 16 bytes each under DDP with AdamW in f32 (parameter, gradient, two

@@ -8,6 +8,7 @@
 
 #include "src/comm/communicator.hpp"
 #include "src/model/blocks/loss_head.hpp"
+#include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab {
 namespace {
@@ -78,12 +79,17 @@ class Executor {
     pool_.ledger().set_phase({});
   }
 
-  void backward(const PipeAction& a, UnitContext& ctx) {
+  // A whole backward, or under a schedule that splits it the input's gradient only (B): each unit's
+  // weight-gradient GEMMs are held, with the operands they read, until the weight action (W).
+  void backward(const PipeAction& a, UnitContext& ctx, bool split) {
     auto it = flights_.find({a.chunk, a.micro});
     SHARD_CHECK(it != flights_.end(), "pipeline rank {}: backward of {} before its forward", run_.rank, describe(a));
     Flight f = std::move(it->second);
     flights_.erase(it);
     const int first = local_begin_.at(a.chunk), n = split_.count(a.chunk);
+    std::vector<DeferredWeightGrads> held;
+    if (split)
+      for (int k = 0; k < n; ++k) held.emplace_back(units_[static_cast<size_t>(first + k)]->name());
     Block dnext;
     Tensor dout;
     if (a.chunk == last_chunk_) {
@@ -98,11 +104,28 @@ class Executor {
       const Block* input = k > 0 ? &f.outs[ks - 1] : a.chunk > 0 ? &f.input : nullptr;
       const Tensor in = input ? input->flat(DType::f32) : Tensor();
       const int64_t din_elems = input ? static_cast<int64_t>(input->bytes() / sizeof(float)) : 0;
-      backward_unit(*units_[i], i, ctx, hooks_, in, f.outs[ks], f.saved[ks], dout, din_elems, dnext);
+      backward_unit(*units_[i], i, ctx, hooks_, in, f.outs[ks], f.saved[ks], dout, din_elems, dnext,
+                    split ? &held[ks] : nullptr);
       dout = dnext ? dnext.flat(DType::f32) : Tensor();
     }
     f.input.reset();
     if (a.chunk > 0) send(std::move(dnext), split_.rank_of(a.chunk - 1));
+    if (split) owed_[{a.chunk, a.micro}] = std::move(held);
+    pool_.ledger().set_phase({});
+  }
+
+  // The weight action: the held GEMMs of the chunk's units, in backward's order, each unit's
+  // after_backward following its own.
+  void weight(const PipeAction& a, UnitContext& ctx) {
+    auto it = owed_.find({a.chunk, a.micro});
+    SHARD_CHECK(it != owed_.end(), "pipeline rank {}: {} before its backward", run_.rank, describe(a));
+    std::vector<DeferredWeightGrads> held = std::move(it->second);
+    owed_.erase(it);
+    const int first = local_begin_.at(a.chunk);
+    for (size_t k = held.size(); k-- > 0;) {
+      const size_t i = static_cast<size_t>(first) + k;
+      weight_unit(*units_[i], i, ctx, hooks_, held[k]);
+    }
     pool_.ledger().set_phase({});
   }
 
@@ -111,6 +134,8 @@ class Executor {
     wait_sends();
     SHARD_CHECK(flights_.empty(), "pipeline rank {}: {} micro-batches left without a backward", run_.rank,
                 flights_.size());
+    SHARD_CHECK(owed_.empty(), "pipeline rank {}: {} micro-batches left without a weight action", run_.rank,
+                owed_.size());
   }
 
   void set_scale(float s) { dlogit_scale_ = s; }
@@ -160,6 +185,7 @@ class Executor {
   }
 
   bool needs_message(const PipeAction& a) const {
+    if (a.kind == PipeAction::weight) return false;
     return a.kind == PipeAction::forward ? a.chunk > 0 : a.chunk < last_chunk_;
   }
   int sender(const PipeAction& a) const {
@@ -175,6 +201,7 @@ class Executor {
     if (needs_message(list[i])) post_until(list[i]);
     bool forward = false, backward = false;
     for (size_t j = i + 1; j < list.size() && !(forward && backward); ++j) {
+      if (list[j].kind == PipeAction::weight) continue;
       bool& done = list[j].kind == PipeAction::forward ? forward : backward;
       if (!done && needs_message(list[j])) {
         done = true;
@@ -253,6 +280,7 @@ class Executor {
   int64_t positions_ = 0;
   std::map<int, int> local_begin_;  // chunk -> its first unit among this rank's
   std::map<std::pair<int, int>, Flight> flights_;
+  std::map<std::pair<int, int>, std::vector<DeferredWeightGrads>> owed_;  // (chunk, micro) -> its units' held W
   std::map<int, Inbox> inbox_;
   std::map<Key, Block> stash_;
   std::vector<Sent> sends_;
@@ -267,19 +295,12 @@ void check_batches(const ModelSpec& spec, std::span<const Batch> micro) {
 
 }  // namespace
 
-double PipelineTiming::busy_ms() const { return forward_ms() + backward_ms(); }
+double PipelineTiming::busy_ms() const { return forward_ms() + backward_ms() + weight_ms(); }
 
-double PipelineTiming::forward_ms() const {
+double PipelineTiming::compute_ms(PipeAction::Kind kind) const {
   double ms = 0;
   for (const Span& s : actions)
-    if (s.action.kind == PipeAction::forward) ms += s.end_ms - s.start_ms - s.wait_ms;
-  return ms;
-}
-
-double PipelineTiming::backward_ms() const {
-  double ms = 0;
-  for (const Span& s : actions)
-    if (s.action.kind == PipeAction::backward) ms += s.end_ms - s.start_ms - s.wait_ms;
+    if (s.action.kind == kind) ms += s.end_ms - s.start_ms - s.wait_ms;
   return ms;
 }
 
@@ -306,7 +327,8 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
     if (run.begin_micro) run.begin_micro(a.micro, a.micro + 1 == M);
     UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], checkpointing, tp};
     if (a.kind == PipeAction::forward) ex.forward(a, true, ctx);
-    else ex.backward(a, ctx);
+    else if (a.kind == PipeAction::backward) ex.backward(a, ctx, run.schedule.kind->splits_backward);
+    else ex.weight(a, ctx);
     const auto [wait_start, wait] = ex.take_wait();
     if (timing) timing->actions.push_back({a, start, ex.now_ms(), wait_start, wait});
   }

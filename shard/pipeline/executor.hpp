@@ -40,8 +40,10 @@ struct PipelineTiming {
   double wall_ms() const { return end_ms - start_ms; }
   // The idle share of the rank's pipelined part: 1 - busy / wall (0 when nothing ran).
   double bubble() const { return wall_ms() > 0 ? 1 - busy_ms() / wall_ms() : 0; }
-  double forward_ms() const;   // compute in forwards (their waits excluded)
-  double backward_ms() const;  // compute in backwards
+  double compute_ms(PipeAction::Kind kind) const;  // compute in actions of a kind (their waits excluded)
+  double forward_ms() const { return compute_ms(PipeAction::forward); }
+  double backward_ms() const { return compute_ms(PipeAction::backward); }  // B only, under a split
+  double weight_ms() const { return compute_ms(PipeAction::weight); }      // W (0 without a split)
 };
 
 struct PipelineRun {

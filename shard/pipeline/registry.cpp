@@ -12,12 +12,13 @@ namespace shardlab {
 const PpScheduleDef& gpipe_schedule();
 const PpScheduleDef& one_f_one_b_schedule();
 const PpScheduleDef& interleaved_1f1b_schedule();
+const PpScheduleDef& zb_h1_schedule();
 
 // The one list naming them all, in the order --help and messages give them. Explicit rather than
 // self-registering: a static library leaves out an object file nothing refers to.
 std::span<const PpScheduleDef* const> pp_schedules() {
   static const PpScheduleDef* const all[] = {&gpipe_schedule(), &one_f_one_b_schedule(),
-                                             &interleaved_1f1b_schedule()};
+                                             &interleaved_1f1b_schedule(), &zb_h1_schedule()};
   return all;
 }
 

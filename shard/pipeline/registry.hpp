@@ -13,13 +13,16 @@
 
 namespace shardlab {
 
+// A backward is the whole backward of a chunk's micro-batch, or, in a schedule that splits it
+// (PpScheduleDef::splits_backward), only the gradient of its input (B: what the previous stage waits
+// for); a weight action (W) then computes the same micro-batch's weight gradients later.
 struct PipeAction {
-  enum Kind : uint8_t { forward, backward } kind;
+  enum Kind : uint8_t { forward, backward, weight } kind;
   int chunk;  // the global chunk (0 .. P x V - 1)
   int micro;  // 0 .. M - 1
   bool operator==(const PipeAction&) const = default;
 };
-std::string describe(const PipeAction& a);  // "F3c1" (forward of micro-batch 3, chunk 1)
+std::string describe(const PipeAction& a);  // "F3c1" (forward of micro-batch 3, chunk 1), "B3c1", "W3c1"
 
 // One schedule. P pipeline ranks, V chunks (virtual stages) per rank, M micro-batches.
 struct PpScheduleDef {
@@ -29,6 +32,9 @@ struct PpScheduleDef {
   // and why (an error's reason).
   bool virtual_stages = false;
   bool micro_batches_multiple_of_pp = false;
+  // Zero-bubble schedules: backwards compute the input's gradient only, and each (chunk, micro)
+  // has a weight action, after its backward, in the order of the backwards on its rank.
+  bool splits_backward = false;
   const char* why_multiple = "";
   // The schedule used when none is named, among those that run a layout's V (1f1b for one chunk).
   bool default_choice = false;
@@ -39,8 +45,8 @@ struct PpScheduleDef {
   const char* short_name = nullptr;
   // Rank r's actions of one step, in the order it runs them (build_schedule checks them).
   std::vector<PipeAction> (*actions)(int r, int P, int V, int M) = nullptr;
-  // Theory, equal stage times and backward = 2 x forward: the bubble's share of a step, and its
-  // formula as text ("(P-1)/(M+P-1)").
+  // Theory, equal stage times and backward = 2 x forward (split evenly into B and W where the
+  // schedule splits it): the bubble's share of a step, and its formula as text ("(P-1)/(M+P-1)").
   double (*bubble_fraction)(int P, int V, int M) = nullptr;
   const char* bubble_formula = "";
   // The time model's bubble in stage times (one micro-batch's forward and backward on the slowest

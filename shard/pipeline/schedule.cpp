@@ -174,17 +174,31 @@ std::vector<int> parse_pp_split(const std::string& s) {
 // Schedules
 
 std::string describe(const PipeAction& a) {
-  return fmt::format("{}{}c{}", a.kind == PipeAction::forward ? 'F' : 'B', a.micro, a.chunk);
+  const char kind = a.kind == PipeAction::forward ? 'F' : a.kind == PipeAction::backward ? 'B' : 'W';
+  return fmt::format("{}{}c{}", kind, a.micro, a.chunk);
 }
 
-int PipeSchedule::in_flight(int rank) const {
+namespace {
+// The most of `rank`'s micro-batches between an action of kind `opens` and one of kind `closes`.
+int most_open(const std::vector<std::vector<PipeAction>>& ranks, int rank, PipeAction::Kind opens,
+              PipeAction::Kind closes) {
   SHARD_CHECK(rank >= 0 && rank < static_cast<int>(ranks.size()), "pipeline rank {} of {}", rank, ranks.size());
   int now = 0, most = 0;
   for (const PipeAction& a : ranks[static_cast<size_t>(rank)]) {
-    now += a.kind == PipeAction::forward ? 1 : -1;
+    now += a.kind == opens ? 1 : a.kind == closes ? -1 : 0;
     most = std::max(most, now);
   }
   return most;
+}
+}  // namespace
+
+int PipeSchedule::in_flight(int rank) const {
+  return most_open(ranks, rank, PipeAction::forward, PipeAction::backward);
+}
+
+int PipeSchedule::weights_owed(int rank) const {
+  if (!kind->splits_backward) return 0;
+  return most_open(ranks, rank, PipeAction::backward, PipeAction::weight);
 }
 
 std::string PipeSchedule::describe() const {
@@ -215,8 +229,8 @@ namespace {
 
 class Simulation {
  public:
-  Simulation(const PipeSchedule& s, double forward_time, double backward_time)
-      : s_(s), chunks_(s.pp * s.virtual_stages), fwd_time_(forward_time), bwd_time_(backward_time),
+  Simulation(const PipeSchedule& s, PassTimes t)
+      : s_(s), chunks_(s.pp * s.virtual_stages), t_(t),
         sent_at_(2 * static_cast<size_t>(chunks_ * s.micro_batches), -1),
         posted_at_(sent_at_.size(), -1), ranks_(static_cast<size_t>(s.pp)) {}
 
@@ -270,12 +284,15 @@ class Simulation {
   int key(PipeAction::Kind kind, int chunk, int micro) const {
     return (static_cast<int>(kind) * chunks_ + chunk) * s_.micro_batches + micro;
   }
+  // Weight actions neither need nor send a message.
   int needs(const PipeAction& a) const {
     if (a.kind == PipeAction::forward) return a.chunk > 0 ? key(a.kind, a.chunk, a.micro) : -1;
+    if (a.kind == PipeAction::weight) return -1;
     return a.chunk < chunks_ - 1 ? key(a.kind, a.chunk, a.micro) : -1;
   }
   int sends(const PipeAction& a) const {
     if (a.kind == PipeAction::forward) return a.chunk < chunks_ - 1 ? key(a.kind, a.chunk + 1, a.micro) : -1;
+    if (a.kind == PipeAction::weight) return -1;
     return a.chunk > 0 ? key(a.kind, a.chunk - 1, a.micro) : -1;
   }
   PipeAction consumer(int k) const {
@@ -318,6 +335,7 @@ class Simulation {
       post(in, k.free);
       bool forward = false, backward = false;
       for (size_t j = k.pc + 1; j < list.size() && !(forward && backward); ++j) {
+        if (list[j].kind == PipeAction::weight) continue;
         bool& done = list[j].kind == PipeAction::forward ? forward : backward;
         if (const int m = needs(list[j]); m >= 0 && !done) done = true, post(m, k.free);
       }
@@ -326,7 +344,10 @@ class Simulation {
       if (!sends_received(k) || sent_at_[static_cast<size_t>(in)] < 0) return moved;
       start = std::max({start, k.sends_done, sent_at_[static_cast<size_t>(in)]});
     }
-    const double took = a.kind == PipeAction::forward ? fwd_time_ : bwd_time_;
+    const double took = a.kind == PipeAction::forward ? t_.forward
+                        : a.kind == PipeAction::weight ? t_.weight
+                        : s_.kind->splits_backward    ? t_.input
+                                                      : t_.input + t_.weight;
     k.free = start + took, k.busy += took;
     if (const int out = sends(a); out >= 0) {
       sent_at_[static_cast<size_t>(out)] = k.free;
@@ -342,32 +363,54 @@ class Simulation {
 
   const PipeSchedule& s_;
   const int chunks_;
-  const double fwd_time_, bwd_time_;
+  const PassTimes t_;
   std::vector<double> sent_at_, posted_at_;  // per message; -1 until it happens
   std::vector<Rank> ranks_;
 };
 
-// Each action once, on its chunk's rank, each backward after its own forward.
+// Each action once, on its chunk's rank, each backward after its own forward; where the schedule
+// splits backwards, each weight action after its own backward, in the order of the rank's backwards.
 void check_actions(const PipeSchedule& s) {
   const int P = s.pp, C = s.pp * s.virtual_stages, M = s.micro_batches;
   SHARD_CHECK(P >= 1 && s.virtual_stages >= 1 && M >= 1, "schedule of pp {} x {} virtual over {} micro-batches", P,
               s.virtual_stages, M);
   SHARD_CHECK(static_cast<int>(s.ranks.size()) == P, "schedule has {} rank lists for pp {}", s.ranks.size(), P);
-  std::vector<int> seen(2 * static_cast<size_t>(C * M), -1);  // the rank that ran it
-  for (int r = 0; r < P; ++r)
+  const bool split = s.kind->splits_backward;
+  const size_t per_kind = static_cast<size_t>(C * M);
+  std::vector<int> seen(3 * per_kind, -1);  // the rank that ran it
+  const auto index = [&](PipeAction::Kind k, int chunk, int micro) {
+    return static_cast<size_t>(k) * per_kind + static_cast<size_t>(chunk * M + micro);
+  };
+  for (int r = 0; r < P; ++r) {
+    std::vector<PipeAction> owed;  // backwards whose weight action has not run, in order
+    size_t paid = 0;
     for (const PipeAction& a : s.ranks[static_cast<size_t>(r)]) {
       SHARD_CHECK(a.chunk >= 0 && a.chunk < C && a.micro >= 0 && a.micro < M,
                   "rank {} runs {}, outside {} chunks and {} micro-batches", r, describe(a), C, M);
       SHARD_CHECK(a.chunk % P == r, "rank {} runs {}, whose chunk lives on rank {}", r, describe(a), a.chunk % P);
-      const size_t i = static_cast<size_t>((static_cast<int>(a.kind) * C + a.chunk) * M + a.micro);
+      SHARD_CHECK(split || a.kind != PipeAction::weight, "rank {} runs {}, but {} does not split backwards", r,
+                  describe(a), s.kind.name());
+      const size_t i = index(a.kind, a.chunk, a.micro);
       SHARD_CHECK(seen[i] < 0, "rank {} runs {} twice", r, describe(a));
       seen[i] = r;
-      if (a.kind == PipeAction::backward)
-        SHARD_CHECK(seen[i - static_cast<size_t>(C * M)] >= 0, "rank {} runs {} before its forward", r, describe(a));
+      if (a.kind == PipeAction::backward) {
+        SHARD_CHECK(seen[index(PipeAction::forward, a.chunk, a.micro)] >= 0, "rank {} runs {} before its forward", r,
+                    describe(a));
+        owed.push_back(a);
+      }
+      if (a.kind == PipeAction::weight) {
+        SHARD_CHECK(seen[index(PipeAction::backward, a.chunk, a.micro)] >= 0, "rank {} runs {} before its backward",
+                    r, describe(a));
+        const PipeAction& due = owed[paid++];
+        SHARD_CHECK(due.chunk == a.chunk && due.micro == a.micro,
+                    "rank {} runs {} before W{}c{}: weight actions follow the order of the backwards", r, describe(a),
+                    due.micro, due.chunk);
+      }
     }
-  for (size_t i = 0; i < seen.size(); ++i) {
-    const PipeAction a{i < seen.size() / 2 ? PipeAction::forward : PipeAction::backward,
-                       static_cast<int>(i / static_cast<size_t>(M)) % C, static_cast<int>(i % static_cast<size_t>(M))};
+  }
+  for (size_t i = 0; i < (split ? 3 : 2) * per_kind; ++i) {
+    const PipeAction a{static_cast<PipeAction::Kind>(i / per_kind), static_cast<int>(i % per_kind) / M,
+                       static_cast<int>(i % per_kind) % M};
     SHARD_CHECK(seen[i] >= 0, "no rank runs {} (rank {} should)", describe(a), a.chunk % P);
   }
 }
@@ -376,7 +419,7 @@ void check_actions(const PipeSchedule& s) {
 
 void check_schedule(const PipeSchedule& s) {
   check_actions(s);
-  Simulation sim(s, 1, 2);
+  Simulation sim(s, PassTimes{});
   const bool finished = sim.run();
   SHARD_CHECK(finished, "{} schedule (pp {}, {} virtual, {} micro-batches) deadlocks{}", s.kind.name(),
               s.pp, s.virtual_stages, s.micro_batches, sim.stuck());
@@ -386,15 +429,33 @@ double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_ba
   return kind->bubble_fraction(pp, virtual_stages, micro_batches);
 }
 
-double simulated_bubble(const PipeSchedule& s, double forward_time, double backward_time) {
+namespace {
+// The timed simulation of a checked schedule, run to its end.
+template <class Use>
+auto simulated(const PipeSchedule& s, PassTimes t, Use use) {
   check_schedule(s);
-  Simulation sim(s, forward_time, backward_time);
+  Simulation sim(s, t);
   SHARD_CHECK(sim.run(), "the checked schedule deadlocks in the timed simulation{}", sim.stuck());
-  const double span = sim.makespan();
-  if (span <= 0) return 0;
-  double idle = 0;
-  for (int r = 0; r < s.pp; ++r) idle += (span - sim.busy(r)) / span;
-  return idle / s.pp;
+  return use(sim);
+}
+}  // namespace
+
+double simulated_makespan(const PipeSchedule& s, PassTimes t) {
+  return simulated(s, t, [](const Simulation& sim) { return sim.makespan(); });
+}
+
+double simulated_bubble(const PipeSchedule& s, PassTimes t) {
+  return simulated(s, t, [&](const Simulation& sim) {
+    const double span = sim.makespan();
+    if (span <= 0) return 0.0;
+    double idle = 0;
+    for (int r = 0; r < s.pp; ++r) idle += (span - sim.busy(r)) / span;
+    return idle / s.pp;
+  });
+}
+
+double simulated_bubble(const PipeSchedule& s, double forward_time, double backward_time) {
+  return simulated_bubble(s, PassTimes{forward_time, backward_time / 2, backward_time / 2});
 }
 
 }  // namespace shardlab

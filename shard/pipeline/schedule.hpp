@@ -52,6 +52,9 @@ struct PipeSchedule {
   // The most micro-batches whose forward has run and whose backward has not, at once, per rank
   // and chunk: what the schedule makes a stage hold (every micro-batch for gpipe, ...).
   int in_flight(int rank) const;
+  // Split backwards: the most micro-batches whose backward (B) has run and whose weight action (W)
+  // has not, at once: what the stage keeps for its deferred weight gradients (0 without a split).
+  int weights_owed(int rank) const;
   std::string describe() const;  // one line per rank: "rank 0: F0c0 F1c0 B0c0 ..."
 };
 
@@ -60,7 +63,9 @@ struct PipeSchedule {
 // (1f1b with M < P) runs: printing the entry's warning is the caller's.
 PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
 // InternalError naming the first violation: each (chunk, micro) forward and backward exactly once,
-// on the chunk's rank; a chunk's backward of m after its own forward of m; and the schedule runs
+// on the chunk's rank; a chunk's backward of m after its own forward of m; where the schedule
+// splits backwards, each weight action once, after its backward, in the order of the rank's
+// backwards (and none where it does not); and the schedule runs
 // to completion under the runner's point-to-point semantics, simulated:
 //   - a forward of chunk c > 0 needs the activation of (c - 1, m) from rank_of(c - 1); a backward
 //     of chunk c < last needs the gradient of (c + 1, m) from rank_of(c + 1); the first chunk's
@@ -72,6 +77,7 @@ PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int mic
 //     next receives so; its interleaved order deadlocks without it); at an action that needs a message
 //     it then waits until every send it has posted is received (a send completes once its receiver
 //     has posted the receive for it: the runner frees the sent buffer there), then for its message;
+//   - a weight action needs and sends nothing;
 //   - at the end of its list it waits for its posted sends.
 // Messages are told apart by (kind, chunk, micro), not by their order. A state where no rank can
 // advance is a deadlock: the error names each rank's position and what it waits for.
@@ -79,10 +85,18 @@ void check_schedule(const PipeSchedule& s);
 
 // The schedule's theory (its entry's): the bubble's share of a step (0 for pp 1).
 double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
-// The schedule run under check_schedule's semantics with every forward taking `forward_time` and
-// every backward `backward_time` (per chunk) and messages taking no time: each rank's idle share
-// of the step (1 - its compute / the makespan), averaged over the ranks. InternalError for a
-// schedule that does not pass check_schedule.
+
+// The time of each pass (per chunk) in the simulation: a forward, a backward's input gradient (B)
+// and its weight gradients (W). A schedule that does not split backwards runs B + W as one action.
+struct PassTimes {
+  double forward = 1, input = 1, weight = 1;
+};
+// The schedule run under check_schedule's semantics with these times and messages taking no time:
+// the step's makespan, and each rank's idle share of it (1 - its compute / the makespan) averaged
+// over the ranks. InternalError for a schedule that does not pass check_schedule.
+double simulated_makespan(const PipeSchedule& s, PassTimes t);
+double simulated_bubble(const PipeSchedule& s, PassTimes t);
+// The theory's convention: a backward of `backward_time`, split evenly into B and W where split.
 double simulated_bubble(const PipeSchedule& s, double forward_time, double backward_time);
 
 }  // namespace shardlab

@@ -3,6 +3,7 @@
 #include "src/comm/communicator.hpp"
 #include "src/backend/ops/loss.hpp"
 #include "src/model/blocks/loss_head.hpp"
+#include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab {
 
@@ -101,12 +102,20 @@ Block forward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
 }
 
 void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Block& out,
-                   Saved& saved, Tensor dout, int64_t din_elems, Block& grad) {
+                   Saved& saved, Tensor dout, int64_t din_elems, Block& grad, DeferredWeightGrads* deferred) {
   ctx.pool.ledger().set_phase(Phase::backward(u));
   Backend::Range range(ctx.be, ("backward " + unit.name()).c_str());
   Block din;
   if (din_elems > 0) din = ctx.pool.alloc(DType::f32, din_elems, Category::activations, unit.name() + " dinput");
   const Tensor dinput = din ? din.flat(DType::f32) : Tensor();
+  // The backward itself; a split one holds its weight-gradient GEMMs in `deferred`.
+  const auto backward = [&](const ParamSet& p, const ParamSet& g) {
+    if (deferred) deferred->set_grads(&g);
+    ctx.deferred = deferred;
+    unit.backward(ctx, p, g, saved, in, dout, dinput);
+    ctx.deferred = nullptr;
+    if (deferred) deferred->set_grads(nullptr);
+  };
   if (saved.empty() && ctx.checkpointing == Checkpointing::blocks && unit.recomputable()) {
     // The block's forward again, with the parameters its backward uses (under ZeRO-3 gathered for
     // backward already: no extra communication); a kept output is rewritten unchanged.
@@ -116,13 +125,20 @@ void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
       scratch = ctx.pool.alloc(DType::f32, unit.out_elems(ctx.spec, ctx.batch.B, ctx.batch.T), Category::activations,
                                unit.name() + " recomputed output");
     unit.forward(ctx, p, in, out ? out.flat(DType::f32) : scratch.flat(DType::f32), saved);
-    unit.backward(ctx, p, hooks.grads(u), saved, in, dout, dinput);
+    backward(p, hooks.grads(u));
   } else {
-    unit.backward(ctx, hooks.backward_params(u), hooks.grads(u), saved, in, dout, dinput);
+    backward(hooks.backward_params(u), hooks.grads(u));
   }
   saved.clear();
   out.reset();
   grad = std::move(din);
+  if (!deferred) hooks.after_backward(u);
+}
+
+void weight_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, DeferredWeightGrads& held) {
+  ctx.pool.ledger().set_phase(Phase::weight(u));
+  Backend::Range range(ctx.be, ("weight grads " + unit.name()).c_str());
+  held.run(ctx.be, hooks.grads(u));
   hooks.after_backward(u);
 }
 

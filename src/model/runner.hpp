@@ -79,8 +79,14 @@ Block forward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
 // recomputed first (into `out`, or a scratch buffer when `out` is gone: a pipeline chunk's last
 // output was sent away); the backward from `dout`; `saved` and `out` freed; `grad`, which held
 // d(output), replaced by d(input) (empty for none); after_backward(u). The ledger phase names u.
+// With `deferred` (a zero-bubble schedule's B pass) the weight-gradient GEMMs are held there
+// (blocks/weight_grad.hpp) and after_backward(u) is left to weight_unit.
 void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Block& out,
-                   Saved& saved, Tensor dout, int64_t din_elems, Block& grad);
+                   Saved& saved, Tensor dout, int64_t din_elems, Block& grad,
+                   DeferredWeightGrads* deferred = nullptr);
+// The W pass of unit u: the GEMMs its split backward held, into hooks.grads(u), then
+// after_backward(u). The ledger phase names u.
+void weight_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, DeferredWeightGrads& held);
 
 // Megatron's vocabulary-parallel cross-entropy: logits (N, rows) are this rank's vocabulary rows
 // of the head (vocab_shard). The row maxima are all-reduced (max) over the tp group, then each

@@ -12,6 +12,12 @@ Tensor ParamSet::operator()(const std::string& name) const {
   return it->second;
 }
 
+std::string ParamSet::name_at(const void* data) const {
+  for (const auto& [name, t] : map_)
+    if (t.data() == data) return name;
+  return "";
+}
+
 Tensor ParamSet::gemm(const std::string& name) const { return low_ ? (*low_)(name) : (*this)(name); }
 
 Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {

@@ -19,6 +19,7 @@ namespace shardlab {
 
 class Communicator;  // src/comm/communicator.hpp (only a pointer here: the fuzzers build the model alone)
 struct CpContext;   // src/model/parallel/cp.hpp
+class DeferredWeightGrads;  // src/model/blocks/weight_grad.hpp
 
 // Token ids for one micro-batch, on the backend's device: inputs and targets, (B, T) each.
 struct Batch {
@@ -53,6 +54,8 @@ class ParamSet {
   void set(const std::string& name, Tensor t) { map_[name] = t; }
   Tensor operator()(const std::string& name) const;
   bool has(const std::string& name) const { return map_.count(name) != 0; }
+  // The name of the tensor that starts at `data` ("" for none).
+  std::string name_at(const void* data) const;
   // A weight as a GEMM takes it: its low-precision storage (the gathered bf16 parameters) when the
   // strategy set one (on a backend with fast low-precision GEMMs), else the f32 view above.
   Tensor gemm(const std::string& name) const;
@@ -107,6 +110,9 @@ struct UnitContext {
   Batch batch;
   Checkpointing checkpointing = Checkpointing::none;
   TpContext tp;
+  // Set while a split backward (a zero-bubble schedule's B) runs: weight-gradient GEMMs are held
+  // there for the W pass instead of computed (blocks/weight_grad.hpp).
+  DeferredWeightGrads* deferred = nullptr;
 };
 
 class Unit {

@@ -270,6 +270,7 @@ std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<
       case PhaseKind::forward: return 0;
       case PhaseKind::loss: return 1;
       case PhaseKind::backward: return 2;
+      case PhaseKind::weight: return 2;  // a split backward's W pass
       case PhaseKind::optimizer: return 3;
       default: return 4;  // begin step (DP's broadcast copies) and idle
     }

@@ -14,6 +14,7 @@
 
 #include "src/model/blocks/attention.hpp"
 #include "src/model/blocks/loss_head.hpp"
+#include "src/model/blocks/weight_grad.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/parallel/cp.hpp"
 #include "src/model/tp.hpp"
@@ -38,9 +39,11 @@ void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, 
   be.add_bias(out, bias);
 }
 
-// dinp (N, IC) = dout @ W^T (overwritten); dW += inp^T @ dout; dbias += column sums of dout.
-void matmul_backward(Backend& be, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int64_t N,
-                     int64_t IC, int64_t OC) {
+// dinp (N, IC) = dout @ W^T (overwritten); dW += inp^T @ dout (held for the W pass under a split
+// backward: blocks/weight_grad.hpp); dbias += column sums of dout.
+void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                     int64_t N, int64_t IC, int64_t OC) {
+  Backend& be = c.be;
   GemmDesc dx = gemm_with(w);
   dx.trans_b = Trans::T;
   dx.m = N, dx.n = IC, dx.k = OC;
@@ -52,7 +55,7 @@ void matmul_backward(Backend& be, Tensor dinp, Tensor dw, Tensor dbias, Tensor d
   dW.m = IC, dW.n = OC, dW.k = N;
   dW.lda = IC, dW.ldb = OC, dW.ldc = OC;
   dW.beta = 1.f;
-  be.gemm(dW, inp.data(), dout.data(), dw.data());
+  weight_gemm(c, dW, inp, dout, dw);
   be.sum_rows(Tensor(dout.data(), DType::f32, {N, OC}), dbias, true);
 }
 
@@ -205,10 +208,10 @@ class BlockUnit final : public Unit {
     // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2)))). The bias's gradient sums every row's: those of
     // dy, which under sequence parallelism holds every rank's rows.
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, N, C));
-    matmul_backward(be, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
+    matmul_backward(c, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
                     wg(p, "mlp.c_proj.weight"), N, F, C);
     ops::gelu_backward(be, dfch, s("fch"), dfch);
-    matmul_backward(be, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch,
+    matmul_backward(c, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch,
                     tp_region_input(c, s("ln2"), rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"), N, C, F);
     Tensor dln2 = rows_of(rows, n, C, dsmall);
     tp_region_input_backward(c, dsmall, dln2);
@@ -217,13 +220,13 @@ class BlockUnit final : public Unit {
                             w(p, "ln_2.weight"), s("ln2_mean"), s("ln2_rstd"));
     // Attention: x2 = x + c_proj(attn(c_attn(ln_1(x))))
     Tensor datty = flat_view(small, {N, A});
-    matmul_backward(be, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
+    matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
                     tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
                     N, A, C);
     Tensor dqkv = big.view(DType::f32, {B, T, 3 * A});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), shape, prefix_);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
-    matmul_backward(be, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv,
+    matmul_backward(c, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv,
                     tp_region_input(c, s("ln1"), rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"), N, C, 3 * A);
     Tensor dln1_rows = rows_of(rows, n, C, dln1);
     tp_region_input_backward(c, dln1, dln1_rows);
@@ -316,7 +319,7 @@ class HeadUnit final : public Unit {
       dw.m = V, dw.n = C, dw.k = N;
       dw.lda = V, dw.ldb = C, dw.ldc = C;
       dw.beta = 1.f;
-      c.be.gemm(dw, dout.data(), tp_region_input(c, s("lnf"), rows_of(rows, N, C)).data(), g("wte.weight").data());
+      weight_gemm(c, dw, dout, tp_region_input(c, s("lnf"), rows_of(rows, N, C)), g("wte.weight"));
     }
     const Tensor dlnf = dlnf_block.view(DType::f32, {N, C}), dlnf_rows = rows_of(rows, n, C, dlnf);
     tp_region_input_backward(c, dlnf, dlnf_rows);

@@ -27,6 +27,7 @@
 #include "src/backend/ops/embedding.hpp"
 #include "src/backend/ops/norm.hpp"
 #include "src/backend/ops/rope.hpp"
+#include "src/model/blocks/weight_grad.hpp"
 #include "src/model/parallel/cp.hpp"
 
 namespace shardlab {
@@ -42,20 +43,21 @@ void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
   be.gemm(d, inp.data(), w.data(), out.data());
 }
 
-// dinp (N, IC) = dout (N, OC) @ W (overwritten); dW (OC, IC) += dout^T @ inp.
-void linear_backward(Backend& be, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N) {
+// dinp (N, IC) = dout (N, OC) @ W (overwritten); dW (OC, IC) += dout^T @ inp (held for the W pass
+// under a split backward: blocks/weight_grad.hpp).
+void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N) {
   const int64_t OC = w.dim(0), IC = w.dim(1);
   GemmDesc dx = gemm_with(w);
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
-  be.gemm(dx, dout.data(), w.data(), dinp.data());
+  c.be.gemm(dx, dout.data(), w.data(), dinp.data());
   GemmDesc dW;  // both operands f32 activations, rounded as the weight is
   dW.round_inputs_to = w.dtype();
   dW.trans_a = Trans::T;
   dW.m = OC, dW.n = IC, dW.k = N;
   dW.lda = OC, dW.ldb = IC, dW.ldc = IC;
   dW.beta = 1.f;
-  be.gemm(dW, dout.data(), inp.data(), dw.data());
+  weight_gemm(c, dW, dout, inp, dw);
 }
 
 // Tensors that follow one another in memory, each (rows_i, cols), as one (sum rows_i, cols) matrix.
@@ -204,9 +206,9 @@ class DecoderLayerUnit final : public Unit {
                               prefix_ + "norms");
     // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
     const Tensor dmlp_out = tp_region_output_backward(c, dout, whole_or(whole, c, dout));  // all N rows
-    linear_backward(be, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"), d.N);
+    linear_backward(c, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"), d.N);
     ops::swiglu_backward(be, dgate_up, s("gate_up"), dact);
-    linear_backward(be, dsmall, gate_up_weight(g, false), dgate_up,
+    linear_backward(c, dsmall, gate_up_weight(g, false), dgate_up,
                     tp_region_input(c, s("ln2"), whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
     tp_region_input_backward(c, dsmall, dln);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
@@ -215,13 +217,13 @@ class DecoderLayerUnit final : public Unit {
     // Attention: x2 = in + o_proj(attn(rope(qkv(ln1)))), ln1 = rmsnorm(in)
     Tensor datty = small.view(DType::f32, {d.N, d.H * d.hd});
     const Tensor dattn_out = tp_region_output_backward(c, din, whole_or(whole, c, din));  // all N rows
-    linear_backward(be, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
+    linear_backward(c, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
                     d.N);
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), d.attention(), prefix_);
     rope(c, dqkv, d, true);  // a rotation's gradient rotates back
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
-    linear_backward(be, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
+    linear_backward(c, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
                     qkv_weight(p), d.N);
     tp_region_input_backward(c, dln1, dln);
     ops::rmsnorm_backward(be, din, norm_grads(prefix_ + "input_layernorm.weight"), dln, in,
@@ -337,7 +339,7 @@ class HeadUnit final : public Unit {
     if (blocks::chunked_loss(c.spec, tp_))
       blocks::chunked_loss_backward(c, dlnf.flat(DType::f32), g(weight_), dout, s("lnf"), p.gemm(weight_));
     else
-      linear_backward(c.be, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
+      linear_backward(c, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
                       tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_), N);
     Tensor dlnf_rows = whole ? whole.view(DType::f32, {Nl, C}) : dlnf.view(DType::f32, {N, C});
     tp_region_input_backward(c, dlnf.view(DType::f32, {N, C}), dlnf_rows);
