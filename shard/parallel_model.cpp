@@ -10,8 +10,9 @@
 
 namespace shardlab {
 
-StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
-                       const ParallelLayout& layout) {
+namespace {
+StageSplit split_of(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
+                    const ParallelLayout& layout) {
   const PipelineConfig& pc = layout.pipeline;
   const int U = static_cast<int>(units.size());
   if (!pc.split.empty()) return explicit_split(pc.split, layout.dims.pp, pc.virtual_stages, U);
@@ -25,6 +26,15 @@ StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const Mo
     cost.push_back(w);
   }
   return balanced_split(cost, layout.dims.pp, pc.virtual_stages);
+}
+}  // namespace
+
+// The chunks in model order, placed on the ranks as the schedule places them.
+StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
+                       const ParallelLayout& layout) {
+  StageSplit s = split_of(units, spec, layout);
+  s.v_shape = layout.pipeline.schedule->v_shape;
+  return s;
 }
 
 StageSplit stage_split(const ModelSpec& spec, const ParallelLayout& layout) {

@@ -134,7 +134,7 @@ struct PartsRun {
   std::vector<std::vector<float>> params;
   std::vector<UnitLayout> layouts;
   int tp = 1, tp_rank = 0;
-  bool last_stage = false;
+  bool head_apart = false;  // the rank holds the head but not the embedding (a tied head's copy)
 };
 
 inline PartsRun train_parts(const TrainConfig& cfg) {
@@ -152,7 +152,11 @@ inline PartsRun train_parts(const TrainConfig& cfg) {
   }
   out.tp = t.mesh().size(CommAxis::tp);
   out.tp_rank = t.mesh().rank(CommAxis::tp);
-  out.last_stage = t.mesh().rank(CommAxis::pp) == t.mesh().size(CommAxis::pp) - 1;
+  const std::vector<UnitLayout> whole = family_of(c.spec).layout(c.spec);
+  const auto holds = [&](const std::string& name) {
+    return std::any_of(out.layouts.begin(), out.layouts.end(), [&](const UnitLayout& l) { return l.name == name; });
+  };
+  out.head_apart = holds(whole.back().name) && !holds(whole.front().name);
   return out;
 }
 

@@ -20,7 +20,8 @@ namespace {
 
 // The schedules these tests run, by the names --pp-schedule takes.
 const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
-                 interleaved = parse_pp_schedule("interleaved-1f1b"), zb_h1 = parse_pp_schedule("zb-h1");
+                 interleaved = parse_pp_schedule("interleaved-1f1b"), zb_h1 = parse_pp_schedule("zb-h1"),
+                 zb_v = parse_pp_schedule("zb-v");
 
 struct Layout {
   int pp;
@@ -74,18 +75,21 @@ void check_pp_parity(const TrainConfig& cfg) {
                    << w.param);
   CHECK(got.losses.size() == want.losses.size());
   CHECK(w.compared > 0);
-  // A tied head on the last stage trains a copy of the token embedding: compared with the owner's.
-  CHECK((w.tied > 0) == (cfg.spec.tied_head && got.last_stage));
+  // A tied head on another stage than the embedding trains a copy of the token embedding: compared
+  // with the owner's (zb-v's V keeps both on rank 0: no copy).
+  CHECK((w.tied > 0) == (cfg.spec.tied_head && got.head_apart));
   CHECK(w.loss <= 1e-5);
   CHECK(w.param <= 2e-5);
 }
 
-// The layouts of the issues' lists that fit this world (zb-h1: pp 2 and 4, alone, x zero3 dp 2, x tp 2).
+// The layouts of the issues' lists that fit this world (zb-h1 and zb-v: pp 2 and 4, alone, x zero3
+// dp 2, x tp 2; zb-v at pp 4 below, with more units).
 std::vector<Layout> layouts(int world) {
-  if (world == 2) return {{2, gpipe, 2}, {2, one_f_one_b, 2}, {2, zb_h1, 4}};
+  if (world == 2) return {{2, gpipe, 2}, {2, one_f_one_b, 2}, {2, zb_h1, 4}, {2, zb_v, 4, StrategyKind::ddp, 1, 2}};
   if (world == 4) return {{2, one_f_one_b, 2, StrategyKind::ddp}, {2, one_f_one_b, 2, StrategyKind::zero3},
                           {2, gpipe, 2, StrategyKind::ddp, 2}, {4, zb_h1, 8}, {2, zb_h1, 4, StrategyKind::zero3},
-                          {2, zb_h1, 2, StrategyKind::ddp, 2}};
+                          {2, zb_h1, 2, StrategyKind::ddp, 2}, {2, zb_v, 4, StrategyKind::zero3, 1, 2},
+                          {2, zb_v, 2, StrategyKind::ddp, 2, 2}};
   if (world == 8) return {{2, one_f_one_b, 2, StrategyKind::zero1, 2}, {4, zb_h1, 4, StrategyKind::zero3},
                           {4, zb_h1, 4, StrategyKind::ddp, 2}};
   return {};
@@ -118,6 +122,18 @@ TEST_CASE("pipeline parallelism: interleaved 1f1b at pp 4 x V 2 matches single-r
   for (ModelSpec spec : {gpt2_spec(), llama_spec()}) {
     spec.layers = 6;
     check_pp_parity(pp_config(spec, {4, interleaved, 4, StrategyKind::ddp, 1, 2}));
+  }
+}
+
+// ZB-V at pp 4: 8 chunks in a V (6 blocks), the embedding and the tied head both on rank 0 (no tied
+// copy), alone at world 4, x zero3 dp 2 and x tp 2 at world 8.
+TEST_CASE("pipeline parallelism: zb-v at pp 4 matches single-rank training", "[pp][zb]") {
+  std::vector<Layout> ls;
+  if (g_mpi->world() == 4) ls = {{4, zb_v, 8, StrategyKind::ddp, 1, 2}};
+  if (g_mpi->world() == 8) ls = {{4, zb_v, 4, StrategyKind::zero3, 1, 2}, {4, zb_v, 4, StrategyKind::ddp, 2, 2}};
+  for (ModelSpec spec : {gpt2_spec(), llama_spec()}) {
+    spec.layers = 6;
+    for (const Layout& l : ls) check_pp_parity(pp_config(spec, l));
   }
 }
 
@@ -216,7 +232,7 @@ TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values"
   throws_with(cfg, "--pp-split 4,0: every chunk needs at least one unit");
   for (PpSchedule s : {gpipe, one_f_one_b}) {
     cfg = pp_config(gpt2_spec(), {2, s, 2, StrategyKind::ddp, 1, 2});
-    throws_with(cfg, fmt::format("--pp-virtual 2 with --pp-schedule {}: only interleaved-1f1b runs virtual stages",
+    throws_with(cfg, fmt::format("--pp-virtual 2 with --pp-schedule {}: only interleaved-1f1b or zb-v runs virtual stages",
                                  s.name()));
   }
   cfg = pp_config(gpt2_spec(), {2, interleaved, 2});

@@ -1,5 +1,5 @@
 // Memory under pipeline parallelism: every stage's measured step equals its prediction (meta
-// backend, sim) to the byte under each schedule (interleaved at pp 2 x V 2), at pp 2 and pp 4 and composed with data
+// backend, sim) to the byte under each schedule (interleaved and zb-v at pp 2 x V 2), at pp 2 and pp 4 and composed with data
 // parallelism; and the activations a stage holds follow the schedule (gpipe every micro-batch,
 // 1f1b min(M, P - stage), zb-h1 1f1b's and the weight passes it owes), read off the ledger's
 // activation peaks at several micro-batch counts.
@@ -14,7 +14,8 @@ namespace {
 
 // The schedules these tests run, by the names --pp-schedule takes.
 const PpSchedule gpipe = parse_pp_schedule("gpipe"), one_f_one_b = parse_pp_schedule("1f1b"),
-                 interleaved = parse_pp_schedule("interleaved-1f1b"), zb_h1 = parse_pp_schedule("zb-h1");
+                 interleaved = parse_pp_schedule("interleaved-1f1b"), zb_h1 = parse_pp_schedule("zb-h1"),
+                 zb_v = parse_pp_schedule("zb-v");
 
 // tiny (GPT-2, tied head) at pp P: M micro-batches of 2 sequences per data-parallel rank.
 TrainConfig pp_config(StrategyKind s, int world, int P, PpSchedule schedule, int64_t M) {
@@ -56,14 +57,16 @@ TEST_CASE("pipeline: every stage's step memory is predicted to the byte, each sc
         check_measured_is_predicted(cfg, fmt::format("pp {} x dp {} {} {} {}", l.pp, N / l.pp, strategy_name(l.kind),
                                                      s.name(), dtype_name(dt)));
       }
-  // Interleaved 1F1B: tiny's 4 units as 2 chunks on each of 2 stages (V 2; M a multiple of P).
+  // Interleaved 1F1B and ZB-V: tiny's 4 units as 2 chunks on each of 2 stages (V 2; interleaved:
+  // M a multiple of P; zb-v: in a V, the embedding and the head on rank 0).
   for (StrategyKind k : N == 4 ? std::vector<StrategyKind>{StrategyKind::ddp, StrategyKind::zero3}
-                               : std::vector<StrategyKind>{StrategyKind::ddp}) {
-    TrainConfig cfg = pp_config(k, N, 2, interleaved, 4);
-    cfg.layout.pipeline.virtual_stages = 2;
-    cfg.steps = 2;
-    check_measured_is_predicted(cfg, fmt::format("pp 2 V 2 x dp {} {} interleaved-1f1b", N / 2, strategy_name(k)));
-  }
+                               : std::vector<StrategyKind>{StrategyKind::ddp})
+    for (PpSchedule s : {interleaved, zb_v}) {
+      TrainConfig cfg = pp_config(k, N, 2, s, 4);
+      cfg.layout.pipeline.virtual_stages = 2;
+      cfg.steps = 2;
+      check_measured_is_predicted(cfg, fmt::format("pp 2 V 2 x dp {} {} {}", N / 2, strategy_name(k), s.name()));
+    }
 }
 
 TEST_CASE("pipeline: the stages differ, and their activations follow the schedule's micro-batches in flight",

@@ -35,6 +35,7 @@ class Executor {
     // What each neighbour will send this rank, in the order it sends: its own list says.
     for (int q = 0; q < static_cast<int>(lists.size()); ++q)
       for (const PipeAction& a : lists[static_cast<size_t>(q)]) {
+        if (q == run.rank) continue;  // between this rank's own chunks: handed over, not sent
         if (a.kind == PipeAction::forward && a.chunk < last_chunk_ && split_.rank_of(a.chunk + 1) == run.rank)
           inbox_[q].expected.push_back({PipeAction::forward, a.chunk + 1, a.micro});
         if (a.kind == PipeAction::backward && a.chunk > 0 && split_.rank_of(a.chunk - 1) == run.rank)
@@ -73,7 +74,7 @@ class Executor {
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
     } else {
-      send(std::move(last), split_.rank_of(a.chunk + 1));
+      pass_on({PipeAction::forward, a.chunk + 1, a.micro}, std::move(last));
       if (!train) flights_.erase({a.chunk, a.micro});
     }
     pool_.ledger().set_phase({});
@@ -109,7 +110,7 @@ class Executor {
       dout = dnext ? dnext.flat(DType::f32) : Tensor();
     }
     f.input.reset();
-    if (a.chunk > 0) send(std::move(dnext), split_.rank_of(a.chunk - 1));
+    if (a.chunk > 0) pass_on({PipeAction::backward, a.chunk - 1, a.micro}, std::move(dnext));
     if (split) owed_[{a.chunk, a.micro}] = std::move(held);
     pool_.ledger().set_phase({});
   }
@@ -184,32 +185,24 @@ class Executor {
     return run_.input_elems.at(static_cast<size_t>(c));
   }
 
+  // Whether action a takes a message from another rank (one from this rank's own chunk is handed
+  // over through the stash: pass_on).
   bool needs_message(const PipeAction& a) const {
     if (a.kind == PipeAction::weight) return false;
-    return a.kind == PipeAction::forward ? a.chunk > 0 : a.chunk < last_chunk_;
+    const bool takes = a.kind == PipeAction::forward ? a.chunk > 0 : a.chunk < last_chunk_;
+    return takes && sender(a) != run_.rank;
   }
   int sender(const PipeAction& a) const {
     return a.kind == PipeAction::forward ? split_.rank_of(a.chunk - 1) : split_.rank_of(a.chunk + 1);
   }
 
-
  public:
-  // Before action i of `list` runs: the receive of its message and those of the next forward and
-  // the next backward after it that need one (check_schedule's rules: without these, Megatron's
-  // interleaved order deadlocks).
+  // Before action i of `list` runs: the receive of its message and those posted ahead of it
+  // (check_schedule's rules: without these, Megatron's interleaved order deadlocks).
   void post_receives(const std::vector<PipeAction>& list, size_t i) {
-    if (needs_message(list[i])) post_until(list[i]);
-    bool forward = false, backward = false;
-    for (size_t j = i + 1; j < list.size() && !(forward && backward); ++j) {
-      if (list[j].kind == PipeAction::weight) continue;
-      bool& done = list[j].kind == PipeAction::forward ? forward : backward;
-      if (!done && needs_message(list[j])) {
-        done = true;
-        post_until(list[j]);
-      }
-    }
+    const auto remote = [&](const PipeAction& a) { return needs_message(a); };
+    for (size_t j : receives_to_post(run_.schedule.kind, list, i, remote)) post_until(list[j]);
   }
-
 
  private:
   // The message action a consumes, with every receive from its sender up to it posted (in the
@@ -244,6 +237,8 @@ class Executor {
       stash_.erase(s);
       return b;
     }
+    SHARD_CHECK(sender(a) != run_.rank, "pipeline rank {}: {} takes a message from its own rank that is not here",
+                run_.rank, describe(a));
     post_until(a);
     Inbox& box = inbox_[sender(a)];
     wait_sends();
@@ -254,6 +249,17 @@ class Executor {
       if (p.key == k) return std::move(p.buf);
       stash_[p.key] = std::move(p.buf);
     }
+  }
+
+  // The output of an action, for the action `to` that consumes it: sent to its rank, or kept here
+  // when that is this rank (a V's turn), as a received message would be.
+  void pass_on(const PipeAction& to, Block buf) {
+    const int peer = split_.rank_of(to.chunk);
+    if (peer == run_.rank) {
+      stash_[key_of(to)] = std::move(buf);
+      return;
+    }
+    send(std::move(buf), peer);
   }
 
   void send(Block buf, int peer) {

@@ -13,12 +13,14 @@ const PpScheduleDef& gpipe_schedule();
 const PpScheduleDef& one_f_one_b_schedule();
 const PpScheduleDef& interleaved_1f1b_schedule();
 const PpScheduleDef& zb_h1_schedule();
+const PpScheduleDef& zb_v_schedule();
 
 // The one list naming them all, in the order --help and messages give them. Explicit rather than
 // self-registering: a static library leaves out an object file nothing refers to.
 std::span<const PpScheduleDef* const> pp_schedules() {
   static const PpScheduleDef* const all[] = {&gpipe_schedule(), &one_f_one_b_schedule(),
-                                             &interleaved_1f1b_schedule(), &zb_h1_schedule()};
+                                             &interleaved_1f1b_schedule(), &zb_h1_schedule(),
+                                             &zb_v_schedule()};
   return all;
 }
 
@@ -37,6 +39,7 @@ std::string names_of(Keep keep) {
 }
 
 bool runs_virtual(const PpScheduleDef& d, int virtual_stages) {
+  if (d.v_shape) return virtual_stages == 2;
   return d.virtual_stages ? virtual_stages >= 2 : virtual_stages == 1;
 }
 
@@ -74,6 +77,9 @@ std::string pp_schedule_help() {
 
 void require_pp_schedule(PpSchedule s, int pp, int virtual_stages, int64_t micro_batches) {
   const PpScheduleDef& d = *s;
+  SHARD_REQUIRE(!d.v_shape || virtual_stages == 2,
+                "--pp-schedule {} runs two chunks per rank, placed in a V: give --pp-virtual 2 (got {})", d.name,
+                virtual_stages);
   SHARD_REQUIRE(!d.virtual_stages || virtual_stages >= 2,
                 "--pp-schedule {} needs --pp-virtual 2 or more (got {}); with one chunk per rank use {}", d.name,
                 virtual_stages, names_of([](const PpScheduleDef& e) { return e.default_choice && !e.virtual_stages; }));

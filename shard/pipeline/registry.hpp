@@ -35,6 +35,11 @@ struct PpScheduleDef {
   // Zero-bubble schedules: backwards compute the input's gradient only, and each (chunk, micro)
   // has a weight action, after its backward, in the order of the backwards on its rank.
   bool splits_backward = false;
+  // Chunks placed in a V (schedule.hpp): exactly two per rank (--pp-virtual 2).
+  bool v_shape = false;
+  // Receives posted ahead (check_schedule): 0, the next forward's and next backward's of the rank's
+  // list; n > 0, for each of the rank's chunks its next n forwards' and n backwards'.
+  int post_per_chunk = 0;
   const char* why_multiple = "";
   // The schedule used when none is named, among those that run a layout's V (1f1b for one chunk).
   bool default_choice = false;
@@ -49,6 +54,9 @@ struct PpScheduleDef {
   // schedule splits it): the bubble's share of a step, and its formula as text ("(P-1)/(M+P-1)").
   double (*bubble_fraction)(int P, int V, int M) = nullptr;
   const char* bubble_formula = "";
+  // The theory is a lower bound the order approaches rather than its exact bubble (zb-v's list
+  // scheduling; the others' are exact).
+  bool bubble_is_bound = false;
   // The time model's bubble in stage times (one micro-batch's forward and backward on the slowest
   // stage), p stages and v chunks each (plan_time.hpp).
   double (*bubble_stages)(double p, double v) = nullptr;

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "src/core/check.hpp"
 
@@ -39,7 +40,8 @@ int StageSplit::chunk_of_unit(int unit) const {
 std::vector<int> StageSplit::chunks_of(int r) const {
   SHARD_CHECK(r >= 0 && r < pp, "pipeline rank {} of {}", r, pp);
   std::vector<int> out;
-  for (int c = r; c < chunks(); c += pp) out.push_back(c);
+  for (int c = 0; c < chunks(); ++c)
+    if (rank_of(c) == r) out.push_back(c);
   return out;
 }
 
@@ -210,6 +212,31 @@ std::string PipeSchedule::describe() const {
   return out;
 }
 
+std::vector<size_t> receives_to_post(PpSchedule kind, const std::vector<PipeAction>& list, size_t i,
+                                     const std::function<bool(const PipeAction&)>& remote) {
+  std::vector<size_t> out;
+  if (const int depth = kind->post_per_chunk; depth > 0) {  // each chunk's first forwards and backwards from i on
+    std::map<std::pair<int, int>, int> seen;  // (chunk, kind) -> how many posted
+    for (size_t j = i; j < list.size(); ++j) {
+      const PipeAction& a = list[j];
+      if (a.kind == PipeAction::weight || !remote(a)) continue;
+      if (int& n = seen[{a.chunk, a.kind}]; n < depth) ++n, out.push_back(j);
+    }
+    return out;
+  }
+  if (i < list.size() && remote(list[i])) out.push_back(i);
+  bool forward = false, backward = false;
+  for (size_t j = i + 1; j < list.size() && !(forward && backward); ++j) {
+    if (list[j].kind == PipeAction::weight) continue;
+    bool& done = list[j].kind == PipeAction::forward ? forward : backward;
+    if (!done && remote(list[j])) {
+      done = true;
+      out.push_back(j);
+    }
+  }
+  return out;
+}
+
 PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches) {
   require_degrees(pp, virtual_stages);
   SHARD_REQUIRE(micro_batches >= 1, "--micro-batches {}: a step needs at least one micro-batch", micro_batches);
@@ -299,10 +326,16 @@ class Simulation {
     const int micro = k % s_.micro_batches, chunk = (k / s_.micro_batches) % chunks_;
     return {k / (s_.micro_batches * chunks_) == 0 ? PipeAction::forward : PipeAction::backward, chunk, micro};
   }
-  int receiver(int k) const { return consumer(k).chunk % s_.pp; }
+  int receiver(int k) const { return s_.rank_of(consumer(k).chunk); }
+  int sender(int k) const {
+    const PipeAction a = consumer(k);
+    return s_.rank_of(a.kind == PipeAction::forward ? a.chunk - 1 : a.chunk + 1);
+  }
+  // A message between two chunks of one rank (a V's turn) stays there: no send, no receive.
+  bool local(int k) const { return k >= 0 && sender(k) == receiver(k); }
   std::string message_name(int k) const {
     const PipeAction a = consumer(k);
-    const int from = (a.kind == PipeAction::forward ? a.chunk - 1 : a.chunk + 1) % s_.pp;
+    const int from = sender(k);
     return fmt::format("the {} for {} from rank {}", a.kind == PipeAction::forward ? "activation" : "gradient",
                        describe(a), from);
   }
@@ -330,17 +363,15 @@ class Simulation {
     const int in = needs(a);
     bool moved = false;
     double start = k.free;
-    if (!k.posted) {  // this action's receive, and the next one of each kind after it
+    if (!k.posted) {  // this action's receive, and those posted ahead of it
       k.posted = moved = true;
-      post(in, k.free);
-      bool forward = false, backward = false;
-      for (size_t j = k.pc + 1; j < list.size() && !(forward && backward); ++j) {
-        if (list[j].kind == PipeAction::weight) continue;
-        bool& done = list[j].kind == PipeAction::forward ? forward : backward;
-        if (const int m = needs(list[j]); m >= 0 && !done) done = true, post(m, k.free);
-      }
+      const auto remote = [&](const PipeAction& x) { return needs(x) >= 0 && !local(needs(x)); };
+      for (size_t j : receives_to_post(s_.kind, list, k.pc, remote)) post(needs(list[j]), k.free);
     }
-    if (in >= 0) {
+    if (local(in)) {  // the runner takes it from its stash: no wait for sends
+      if (sent_at_[static_cast<size_t>(in)] < 0) return moved;
+      start = std::max(start, sent_at_[static_cast<size_t>(in)]);
+    } else if (in >= 0) {
       if (!sends_received(k) || sent_at_[static_cast<size_t>(in)] < 0) return moved;
       start = std::max({start, k.sends_done, sent_at_[static_cast<size_t>(in)]});
     }
@@ -351,7 +382,8 @@ class Simulation {
     k.free = start + took, k.busy += took;
     if (const int out = sends(a); out >= 0) {
       sent_at_[static_cast<size_t>(out)] = k.free;
-      k.sends.push_back(out);
+      if (local(out)) posted_at_[static_cast<size_t>(out)] = k.free;
+      else k.sends.push_back(out);
     }
     ++k.pc, k.posted = false;
     return true;
@@ -387,7 +419,8 @@ void check_actions(const PipeSchedule& s) {
     for (const PipeAction& a : s.ranks[static_cast<size_t>(r)]) {
       SHARD_CHECK(a.chunk >= 0 && a.chunk < C && a.micro >= 0 && a.micro < M,
                   "rank {} runs {}, outside {} chunks and {} micro-batches", r, describe(a), C, M);
-      SHARD_CHECK(a.chunk % P == r, "rank {} runs {}, whose chunk lives on rank {}", r, describe(a), a.chunk % P);
+      SHARD_CHECK(s.rank_of(a.chunk) == r, "rank {} runs {}, whose chunk lives on rank {}", r, describe(a),
+                  s.rank_of(a.chunk));
       SHARD_CHECK(split || a.kind != PipeAction::weight, "rank {} runs {}, but {} does not split backwards", r,
                   describe(a), s.kind.name());
       const size_t i = index(a.kind, a.chunk, a.micro);
@@ -411,7 +444,7 @@ void check_actions(const PipeSchedule& s) {
   for (size_t i = 0; i < (split ? 3 : 2) * per_kind; ++i) {
     const PipeAction a{static_cast<PipeAction::Kind>(i / per_kind), static_cast<int>(i % per_kind) / M,
                        static_cast<int>(i % per_kind) % M};
-    SHARD_CHECK(seen[i] >= 0, "no rank runs {} (rank {} should)", describe(a), a.chunk % P);
+    SHARD_CHECK(seen[i] >= 0, "no rank runs {} (rank {} should)", describe(a), s.rank_of(a.chunk));
   }
 }
 

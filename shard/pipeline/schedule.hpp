@@ -5,11 +5,15 @@
 // Chunks: the U units split into P x V contiguous chunks in model order (V = --pp-virtual, 1
 // without virtual stages). Chunk c lives on pipeline rank c % P as that rank's virtual stage c / P
 // (Megatron's interleaving: rank r holds chunks r, r + P, r + 2P, ...), so activations always flow
-// from rank r to rank (r + 1) % P, and gradients back.
+// from rank r to rank (r + 1) % P, and gradients back. A schedule placed in a V (zb-v: V = 2,
+// PpScheduleDef::v_shape) puts chunk c on rank c for c < P and on rank 2P - 1 - c after: rank r
+// holds chunks r and 2P - 1 - r, activations flow down the ranks and back up, and the turn (chunk
+// P - 1 to chunk P) and the loss stay on rank P - 1 and rank 0: those messages never leave the rank.
 //
 // The schedules themselves (their orders over M micro-batches, requirements and bubbles) are
 // registry entries, one file each under shard/pipeline/schedules/ (registry.hpp).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,12 +21,18 @@
 
 namespace shardlab {
 
+// The pipeline rank of `chunk` of P x V: interleaved (c % P) or in a V (c, then 2P - 1 - c).
+inline int chunk_rank(int chunk, int pp, bool v_shape) {
+  return v_shape && chunk >= pp ? 2 * pp - 1 - chunk : chunk % pp;
+}
+
 // The units of each chunk, in model order: chunk c holds units [begin(c), begin(c) + count(c)).
 struct StageSplit {
   int pp = 1, virtual_stages = 1;
   std::vector<int> counts;  // P x V entries, each >= 1, summing to the number of units
+  bool v_shape = false;     // chunks placed in a V (two per rank), not interleaved
   int chunks() const { return pp * virtual_stages; }
-  int rank_of(int chunk) const { return chunk % pp; }
+  int rank_of(int chunk) const { return chunk_rank(chunk, pp, v_shape); }
   int begin(int chunk) const;                 // its first unit
   int count(int chunk) const { return counts[static_cast<size_t>(chunk)]; }
   int chunk_of_unit(int unit) const;
@@ -49,6 +59,7 @@ struct PipeSchedule {
   PpSchedule kind;
   int pp = 1, virtual_stages = 1, micro_batches = 1;
   std::vector<std::vector<PipeAction>> ranks;  // pp lists
+  int rank_of(int chunk) const { return chunk_rank(chunk, pp, kind->v_shape); }
   // The most micro-batches whose forward has run and whose backward has not, at once, per rank
   // and chunk: what the schedule makes a stage hold (every micro-batch for gpipe, ...).
   int in_flight(int rank) const;
@@ -74,7 +85,10 @@ PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int mic
 //     c > 0 its gradient to rank_of(c - 1): the send is posted and the rank moves on;
 //   - at each action the rank posts the receive of its message (if it needs one) and those of the
 //     next forward and the next backward after it that need one (Megatron pairs each send with the
-//     next receives so; its interleaved order deadlocks without it); at an action that needs a message
+//     next receives so; its interleaved order deadlocks without it), or under a schedule that posts
+//     per chunk (zb-v) those of the next forward and backward of each of its chunks from that action
+//     on (receives_to_post); a message between two chunks of one rank is handed over, never
+//     received, and is not waited for beyond its arrival; at an action that needs a message
 //     it then waits until every send it has posted is received (a send completes once its receiver
 //     has posted the receive for it: the runner frees the sent buffer there), then for its message;
 //   - a weight action needs and sends nothing;
@@ -82,6 +96,12 @@ PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int mic
 // Messages are told apart by (kind, chunk, micro), not by their order. A state where no rank can
 // advance is a deadlock: the error names each rank's position and what it waits for.
 void check_schedule(const PipeSchedule& s);
+
+// The receives a rank posts on reaching action i of its `list` (check_schedule's rule for `kind`):
+// the indices of the actions whose messages they are, in the order posted. `remote(a)`: whether
+// action a takes a message from another rank.
+std::vector<size_t> receives_to_post(PpSchedule kind, const std::vector<PipeAction>& list, size_t i,
+                                     const std::function<bool(const PipeAction&)>& remote);
 
 // The schedule's theory (its entry's): the bubble's share of a step (0 for pp 1).
 double bubble_fraction(PpSchedule kind, int pp, int virtual_stages, int micro_batches);

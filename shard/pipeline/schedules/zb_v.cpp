@@ -1,0 +1,180 @@
+// zb_v.cpp — ZB-V (Qi et al. 2024, section 6; DeepSeek-V3's DualPipe-V is its relative): two chunks
+// per rank placed in a V (rank r holds chunks r and 2P - 1 - r: schedule.hpp), each backward split
+// into B and W as in zb-h1. The first rank holds the embedding and the head, so the loss never
+// waits for a message and every rank does the same work.
+//
+// The order is built by list scheduling at unit pass times (F = B = W = 1 per chunk), in the spirit
+// of the paper's automatic scheduler: whenever a rank is free it runs, in this order of preference,
+// a forward whose input is there (the rank's later chunk first: it finishes a micro-batch's
+// forward), unless the rank already holds 2P chunk-micro-batches whose W has not run (1F1B's first
+// stage's P micro-batches of a whole stage: the memory cap); else a B whose gradient is there (the
+// earlier chunk first: its gradient is the one the previous rank waits for); else the oldest W it
+// owes. Every rank computes 6M pass times; no order can beat 6M + P - 1 (the last rank's first
+// input needs P - 1 forwards before it), and this one reaches that bound for most (P, M) with M >= P
+// and stays within a few pass times of it elsewhere (tests/test_pipeline_schedule.cpp).
+#include <fmt/format.h>
+
+#include <deque>
+#include <optional>
+
+#include "src/core/check.hpp"
+#include "shard/pipeline/registry.hpp"
+
+namespace shardlab {
+namespace {
+
+// List scheduling at unit pass times under the runner's rules (check_schedule; this schedule posts
+// its receives per chunk): a rank may take a message from another rank only once every send it
+// has posted is received, and a send is received once its receiver has posted that receive, which
+// it has for each of its chunks' next forward and next backward from the start. Orders built so
+// run under the check (which build_schedule runs on them).
+// Receives each rank keeps posted per chunk and direction: with one, a sender may run only a message
+// ahead of its receiver, and the steady state idles; with two the order reaches the bound almost
+// everywhere (152 of the 164 (P <= 8, P <= M <= 24) at unit costs), for one more posted buffer
+// per chunk and direction.
+constexpr int kPostAhead = 2;
+
+class Greedy {
+ public:
+  Greedy(int P, int M)
+      : P_(P), M_(M), C_(2 * P), done_(3 * static_cast<size_t>(C_ * M), -1), ranks_(static_cast<size_t>(P)) {}
+
+  std::vector<std::vector<PipeAction>> run() {
+    const int64_t total = 3LL * C_ * M_;
+    int64_t count = 0;
+    for (int64_t t = 0; count < total; ++t) {
+      SHARD_CHECK(t <= 2 * total + C_, "zb-v: list scheduling of pp {} over {} micro-batches makes no progress", P_, M_);
+      for (int r = 0; r < P_; ++r)
+        if (ranks_[static_cast<size_t>(r)].free <= t && pick(r, t)) ++count;
+    }
+    std::vector<std::vector<PipeAction>> lists;
+    for (Rank& k : ranks_) lists.push_back(std::move(k.list));
+    return lists;
+  }
+
+ private:
+  struct Rank {
+    int64_t free = 0;
+    int next_f[2] = {0, 0}, next_b[2] = {0, 0};  // per local chunk (0: r, 1: 2P - 1 - r)
+    int held = 0;                                // forwards whose W has not run
+    std::deque<PipeAction> owed;                 // B's awaiting their W, in order
+    std::vector<PipeAction> sent;                // messages sent to other ranks, not known received
+    std::vector<PipeAction> list;
+  };
+
+  int rank_of(int c) const { return c < P_ ? c : C_ - 1 - c; }
+  int local(int c) const { return c < P_ ? 0 : 1; }  // the chunk's place on its rank
+  size_t index(PipeAction::Kind k, int chunk, int micro) const {
+    return static_cast<size_t>(k) * static_cast<size_t>(C_ * M_) + static_cast<size_t>(chunk * M_ + micro);
+  }
+  bool ready(PipeAction::Kind k, int chunk, int micro, int64_t t) const {
+    const int64_t at = done_[index(k, chunk, micro)];
+    return at >= 0 && at <= t;
+  }
+  // The receive of the message `x` consumes (named by x), posted by its rank: x is its chunk's next
+  // forward or backward there, or an earlier one.
+  bool posted(const PipeAction& x) const {
+    const Rank& q = ranks_[static_cast<size_t>(rank_of(x.chunk))];
+    const int li = local(x.chunk);
+    return x.micro < (x.kind == PipeAction::forward ? q.next_f[li] : q.next_b[li]) + kPostAhead;
+  }
+  // An action whose output goes to another rank runs only once that rank has posted its receive
+  // (so no send ever waits, and no order of sends can close a cycle of waits).
+  bool may_send(int r, const PipeAction& a) const {
+    if (a.kind == PipeAction::forward && a.chunk < C_ - 1 && rank_of(a.chunk + 1) != r)
+      return posted({PipeAction::forward, a.chunk + 1, a.micro});
+    if (a.kind == PipeAction::backward && a.chunk > 0 && rank_of(a.chunk - 1) != r)
+      return posted({PipeAction::backward, a.chunk - 1, a.micro});
+    return true;
+  }
+  bool sends_received(Rank& k) {
+    std::erase_if(k.sent, [&](const PipeAction& x) { return posted(x); });
+    return k.sent.empty();
+  }
+  // Whether rank r may run `a` at t: its message has arrived, and where it comes from another rank,
+  // every send of r is received.
+  bool message_there(int r, const PipeAction& a, int64_t t) {
+    Rank& k = ranks_[static_cast<size_t>(r)];
+    if (a.kind == PipeAction::forward) {
+      if (a.chunk == 0) return true;
+      return ready(PipeAction::forward, a.chunk - 1, a.micro, t) && (rank_of(a.chunk - 1) == r || sends_received(k));
+    }
+    if (a.chunk == C_ - 1) return true;  // the loss: its own forward's
+    return ready(PipeAction::backward, a.chunk + 1, a.micro, t) && (rank_of(a.chunk + 1) == r || sends_received(k));
+  }
+
+  // The action rank r runs at time t, if any, recorded with its end time.
+  bool pick(int r, int64_t t) {
+    Rank& k = ranks_[static_cast<size_t>(r)];
+    const int chunks[2] = {r, C_ - 1 - r};
+    std::optional<PipeAction> a;
+    for (int li : {1, 0}) {  // forward: the later chunk first
+      const PipeAction f{PipeAction::forward, chunks[li], k.next_f[li]};
+      if (!a && f.micro < M_ && k.held < 2 * P_ && message_there(r, f, t) && may_send(r, f))
+        a = f, ++k.next_f[li], ++k.held;
+    }
+    for (int li : {0, 1}) {  // B: the earlier chunk first
+      const PipeAction b{PipeAction::backward, chunks[li], k.next_b[li]};
+      if (!a && b.micro < k.next_f[li] && message_there(r, b, t) && may_send(r, b))
+        a = b, ++k.next_b[li], k.owed.push_back(b);
+    }
+    if (!a && !k.owed.empty()) {
+      a = PipeAction{PipeAction::weight, k.owed.front().chunk, k.owed.front().micro};
+      k.owed.pop_front();
+      --k.held;
+    }
+    if (!a) return false;
+    k.free = t + 1;
+    done_[index(a->kind, a->chunk, a->micro)] = t + 1;
+    k.list.push_back(*a);
+    // What it sends to another rank: an activation on, a gradient back.
+    if (a->kind == PipeAction::forward && a->chunk < C_ - 1 && rank_of(a->chunk + 1) != r)
+      k.sent.push_back({PipeAction::forward, a->chunk + 1, a->micro});
+    if (a->kind == PipeAction::backward && a->chunk > 0 && rank_of(a->chunk - 1) != r)
+      k.sent.push_back({PipeAction::backward, a->chunk - 1, a->micro});
+    return true;
+  }
+
+  const int P_, M_, C_;
+  std::vector<int64_t> done_;  // per action: when it ends, -1 before it runs
+  std::vector<Rank> ranks_;
+};
+
+std::vector<PipeAction> actions(int r, int P, int /*V*/, int M) {
+  return Greedy(P, M).run().at(static_cast<size_t>(r));
+}
+
+// The bound: each rank computes 6M chunk passes, and the last rank's first input arrives after P - 1.
+double bubble_fraction(int P, int /*V*/, int M) { return double(P - 1) / (6.0 * M + P - 1); }
+
+std::string warning(int P, int /*V*/, int M) {
+  if (M >= P) return "";
+  return fmt::format("{} micro-batches for {} stages: zb-v cannot fill its ramp; give --micro-batches {} or more", M, P,
+                     P);
+}
+
+}  // namespace
+
+const PpScheduleDef& zb_v_schedule() {
+  static const PpScheduleDef def{
+      .name = "zb-v",
+      .help = "--pp-virtual 2 chunks per rank in a V, backwards split as zb-h1: close to no bubble at 1f1b's "
+              "memory",
+      .virtual_stages = true,
+      .splits_backward = true,
+      .v_shape = true,
+      .post_per_chunk = kPostAhead,
+      .plan_virtual = {2},
+      .plan_order = 4,
+      .actions = actions,
+      .bubble_fraction = bubble_fraction,
+      .bubble_formula = ">= (P-1)/(6M+P-1)",
+      .bubble_is_bound = true,
+      // In stage times (a stage's F + B + W, two chunks'): the ramp of P - 1 chunk forwards.
+      .bubble_stages = [](double p, double) { return (p - 1) / 6; },
+      .warning = warning,
+  };
+  return def;
+}
+
+}  // namespace shardlab
