@@ -100,37 +100,50 @@ std::string bubble_list(const std::vector<double>& b) {
 
 // One rank's pipelined steps, medians over the timed ones (ms).
 struct StageTimes {
-  std::vector<double> step, wall, busy, forward, backward, bubble;
+  std::vector<double> step, wall, busy, forward, backward, weight, bubble;
   void add(const StepStats& s, const PipelineTiming& p) {
     step.push_back(s.ms);
     wall.push_back(p.wall_ms());
     busy.push_back(p.busy_ms());
     forward.push_back(p.forward_ms());
     backward.push_back(p.backward_ms());
+    weight.push_back(p.weight_ms());
     bubble.push_back(p.bubble());
   }
 };
 
 // Under --pp: every rank's stage times, gathered (collective over world), printed as one row per
-// rank beside the theory; returns each stage's bubble (its first data-parallel rank's).
+// rank beside the theory and beside the schedule simulated with the measured pass times (the
+// stages' mean forward, backward and weight time per chunk and micro-batch: the theory's equal
+// passes replaced by this machine's); returns each stage's bubble (its first data-parallel rank's).
 std::vector<double> print_bubbles(Communicator& world, const Trainer& trainer, const StageTimes& mine,
                                   const TrainBenchConfig& cfg, double theory, std::FILE* out) {
-  constexpr int kFields = 7;
+  constexpr int kFields = 8;
   const int n = world.world_size(), me = world.rank();
   std::vector<float> all(static_cast<size_t>(n * kFields), 0.f);
   const double row[kFields] = {static_cast<double>(trainer.pipeline_rank()), median(mine.step), median(mine.wall),
-                               median(mine.busy), median(mine.forward), median(mine.backward), median(mine.bubble)};
+                               median(mine.busy), median(mine.forward), median(mine.backward), median(mine.weight),
+                               median(mine.bubble)};
   for (int k = 0; k < kFields; ++k) all[static_cast<size_t>(me * kFields + k)] = static_cast<float>(row[k]);
   world.all_reduce(std::span<float>(all)).wait();
   const ParallelDims dims = cfg.layout.dims.resolved(n);
+  const PpSchedule kind = cfg.layout.pipeline.schedule;
+  const int V = cfg.layout.pipeline.virtual_stages, M = static_cast<int>(cfg.accum);
+  PassTimes pass{0, 0, 0};  // per chunk and micro-batch, the ranks' mean
+  for (int r = 0; r < n; ++r) {
+    const float* f = &all[static_cast<size_t>(r * kFields)];
+    pass.forward += f[4] / (n * M * V), pass.input += f[5] / (n * M * V), pass.weight += f[6] / (n * M * V);
+  }
+  const double modelled = simulated_bubble(build_schedule(kind, dims.pp, V, M), pass);
   std::fprintf(out, "# pipeline: pp %d, %s%s, %lld micro-batches of %lld sequences; bubble = 1 - a stage's compute / the "
                "pipelined part (the stages enter it together: a barrier; to the last stage's last send), medians over the timed steps; theory %s = %.1f%%\n",
-               dims.pp, cfg.layout.pipeline.schedule.name(),
-               cfg.layout.pipeline.virtual_stages > 1 ? fmt::format(" V {}", cfg.layout.pipeline.virtual_stages).c_str() : "",
-               static_cast<long long>(cfg.accum), static_cast<long long>(cfg.batch / dims.dp() / cfg.accum),
-               cfg.layout.pipeline.schedule->bubble_formula, 100 * theory);
-  std::fprintf(out, "#%-5s %5s %9s %9s %9s %9s %9s %8s %8s %8s\n", "rank", "stage", "step ms", "pipe ms", "busy ms",
-               "fwd ms", "bwd ms", "bubble", "theory", "diff");
+               dims.pp, kind.name(), V > 1 ? fmt::format(" V {}", V).c_str() : "", static_cast<long long>(cfg.accum),
+               static_cast<long long>(cfg.batch / dims.dp() / cfg.accum), kind->bubble_formula, 100 * theory);
+  std::fprintf(out, "# measured passes per chunk and micro-batch: F %.3f ms, B %.3f ms, W %.3f ms%s; the schedule "
+               "simulated with them (no message time): bubble %.1f%% (model)\n", pass.forward, pass.input, pass.weight,
+               kind->splits_backward ? "" : " (B is the whole backward)", 100 * modelled);
+  std::fprintf(out, "#%-5s %5s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n", "rank", "stage", "step ms", "pipe ms",
+               "busy ms", "fwd ms", "bwd ms", "W ms", "bubble", "theory", "diff", "model");
   // The theory's span is the whole pipeline's (the first stage's first forward to its last
   // backward): a later stage that finishes early is idle to that end too. The stages start together
   // (the barrier), so the longest stage's span is the pipeline's.
@@ -142,8 +155,8 @@ std::vector<double> print_bubbles(Communicator& world, const Trainer& trainer, c
     const int stage = static_cast<int>(f[0]);
     const double b = span > 0 ? 1 - f[3] / span : 0;
     if (bubble[static_cast<size_t>(stage)] < 0) bubble[static_cast<size_t>(stage)] = b;
-    std::fprintf(out, " %-5d %5d %9.2f %9.2f %9.2f %9.2f %9.2f %7.1f%% %7.1f%% %+7.1f\n", r, stage, f[1], f[2], f[3],
-                 f[4], f[5], 100.0 * b, 100 * theory, 100.0 * (b - theory));
+    std::fprintf(out, " %-5d %5d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.1f%% %7.1f%% %+7.1f %7.1f%%\n", r, stage, f[1],
+                 f[2], f[3], f[4], f[5], f[6], 100.0 * b, 100 * theory, 100.0 * (b - theory), 100 * modelled);
   }
   return bubble;
 }

@@ -60,6 +60,7 @@ class Executor {
       Block* release = train ? nullptr : k > 0 ? &f.outs[ks - 1] : &f.input;
       f.outs[ks] = forward_unit(*units_[i], i, ctx, hooks_, in, f.saved[ks], train, release);
       in = f.outs[ks].flat(DType::f32);
+      poke();
     }
     Block& last = f.outs.back();
     if (a.chunk == last_chunk_) {
@@ -108,6 +109,7 @@ class Executor {
       backward_unit(*units_[i], i, ctx, hooks_, in, f.outs[ks], f.saved[ks], dout, din_elems, dnext,
                     split ? &held[ks] : nullptr);
       dout = dnext ? dnext.flat(DType::f32) : Tensor();
+      poke();
     }
     f.input.reset();
     if (a.chunk > 0) pass_on({PipeAction::backward, a.chunk - 1, a.micro}, std::move(dnext));
@@ -126,8 +128,18 @@ class Executor {
     for (size_t k = held.size(); k-- > 0;) {
       const size_t i = static_cast<size_t>(first) + k;
       weight_unit(*units_[i], i, ctx, hooks_, held[k]);
+      poke();
     }
     pool_.ledger().set_phase({});
+  }
+
+  // Lets the transport move this rank's posted messages along (an MPI send or receive progresses
+  // only inside an MPI call): tested between units, so a neighbour waiting on a message does not
+  // wait for this rank's whole action. Nothing is freed here: buffers go where the schedule says.
+  void poke() {
+    for (Sent& x : sends_) x.work.done();
+    for (auto& [peer, box] : inbox_)
+      for (Posted& p : box.pending) p.work.done();
   }
 
   // The end of the list: every posted send completes.

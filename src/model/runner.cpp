@@ -108,13 +108,26 @@ void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
   Block din;
   if (din_elems > 0) din = ctx.pool.alloc(DType::f32, din_elems, Category::activations, unit.name() + " dinput");
   const Tensor dinput = din ? din.flat(DType::f32) : Tensor();
-  // The backward itself; a split one holds its weight-gradient GEMMs in `deferred`.
+  // The backward itself; a split one holds its weight-gradient GEMMs in `deferred`, keeping as
+  // they are the operands that are blocks freed below (saved activations, the output, the
+  // incoming gradient) and handed over here.
   const auto backward = [&](const ParamSet& p, const ParamSet& g) {
-    if (deferred) deferred->set_grads(&g);
+    if (deferred) {
+      deferred->set_grads(&g);
+      deferred->set_sources(saved.block_starts());
+      for (const Block* b : {&out, &grad})
+        if (*b) deferred->add_source(b->data());
+    }
     ctx.deferred = deferred;
     unit.backward(ctx, p, g, saved, in, dout, dinput);
     ctx.deferred = nullptr;
-    if (deferred) deferred->set_grads(nullptr);
+    if (!deferred) return;
+    deferred->set_grads(nullptr);
+    for (const void* data : deferred->wanted()) {
+      if (Block b = saved.take(data)) deferred->adopt(std::move(b));
+      else if (out && out.data() == data) deferred->adopt(std::move(out));
+      else if (grad && grad.data() == data) deferred->adopt(std::move(grad));
+    }
   };
   if (saved.empty() && ctx.checkpointing == Checkpointing::blocks && unit.recomputable()) {
     // The block's forward again, with the parameters its backward uses (under ZeRO-3 gathered for

@@ -37,6 +37,23 @@ void Saved::drop(const std::string& name) {
   std::erase_if(blocks_, [&](const Block& b) { return b.data() == data; });
 }
 
+Block Saved::take(const void* data) {
+  for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+    if (it->data() == data) {
+      Block b = std::move(*it);
+      blocks_.erase(it);
+      std::erase_if(tensors_, [&](const auto& kv) { return kv.second.data() == data; });
+      return b;
+    }
+  return Block();
+}
+
+std::vector<const void*> Saved::block_starts() const {
+  std::vector<const void*> out;
+  for (const Block& b : blocks_) out.push_back(b.data());
+  return out;
+}
+
 Tensor Saved::operator()(const std::string& name) const {
   auto it = tensors_.find(name);
   SHARD_CHECK(it != tensors_.end(), "no saved activation '{}'", name);

@@ -83,6 +83,10 @@ class Saved {
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   bool empty() const { return tensors_.empty(); }
   void drop(const std::string& name);  // frees one saved tensor now
+  // The block of the saved tensor that starts at `data`, moved out (empty when none does): a split
+  // backward keeps it for its weight pass (blocks/weight_grad.hpp).
+  Block take(const void* data);
+  std::vector<const void*> block_starts() const;  // each saved block's data
   void clear() {
     tensors_.clear();
     blocks_.clear();

@@ -1,6 +1,8 @@
 // weight_grad.cpp — weight-gradient GEMMs now or later (weight_grad.hpp).
 #include "src/model/blocks/weight_grad.hpp"
 
+#include <algorithm>
+
 namespace shardlab {
 namespace {
 
@@ -11,35 +13,38 @@ void require_weight_gemm(const GemmDesc& d) {
               d.m, d.n, d.k, d.lda, d.ldb, d.beta);
 }
 
-// The first `n` elements of t (f32), copied into a new block of the pool.
-Block copy_of(Backend& be, Pool& pool, Tensor t, int64_t n, const std::string& name) {
-  SHARD_CHECK(t.dtype() == DType::f32 && t.numel() >= n, "W operand {}: {} {} for {} elements", name,
-              dtype_name(t.dtype()), t.shape_str(), n);
-  Block b = pool.alloc(DType::f32, n, Category::activations, name);
-  be.copy(b.flat(DType::f32), t.slice(0, n));
-  return b;
-}
-
 }  // namespace
+
+const void* DeferredWeightGrads::hold(Backend& be, Pool& pool, Tensor t, int64_t elems) {
+  SHARD_CHECK(t.dtype() == DType::f32 && t.numel() >= elems, "{}: a W operand {} {} for {} elements", unit_,
+              dtype_name(t.dtype()), t.shape_str(), elems);
+  const void* data = t.data();
+  if (std::find(sources_.begin(), sources_.end(), data) != sources_.end()) {
+    if (std::find(wanted_.begin(), wanted_.end(), data) == wanted_.end()) wanted_.push_back(data);
+    return data;
+  }
+  Block copy = pool.alloc(DType::f32, elems, Category::activations, unit_ + " W operand");
+  be.copy(copy.flat(DType::f32), t.slice(0, elems));
+  kept_.push_back(std::move(copy));
+  return kept_.back().data();
+}
 
 void DeferredWeightGrads::add(Backend& be, Pool& pool, const GemmDesc& d, Tensor a, Tensor b, Tensor dst) {
   require_weight_gemm(d);
   SHARD_CHECK(g_, "{}: a weight gradient held outside a recording backward", unit_);
   const std::string target = g_->name_at(dst.data());
   SHARD_CHECK(!target.empty(), "{}: a weight gradient at {} is none of the unit's gradient tensors", unit_, dst.data());
-  Gemm g{d, copy_of(be, pool, a, (d.k - 1) * d.lda + d.m, unit_ + " W operand"),
-         copy_of(be, pool, b, (d.k - 1) * d.ldb + d.n, unit_ + " W operand"), target};
-  gemms_.push_back(std::move(g));
+  const void* ka = hold(be, pool, a, (d.k - 1) * d.lda + d.m);
+  const void* kb = hold(be, pool, b, (d.k - 1) * d.ldb + d.n);
+  gemms_.push_back({d, ka, kb, target});
 }
 
 void DeferredWeightGrads::run(Backend& be, const ParamSet& g) {
-  for (Gemm& x : gemms_) {
-    const Tensor dst = g(x.target);
-    be.gemm(x.desc, x.a.data(), x.b.data(), dst.data());
-    x.a.reset();
-    x.b.reset();
-  }
+  for (const Gemm& x : gemms_) be.gemm(x.desc, x.a, x.b, g(x.target).data());
   gemms_.clear();
+  kept_.clear();
+  sources_.clear();
+  wanted_.clear();
 }
 
 void weight_gemm(UnitContext& c, const GemmDesc& d, Tensor a, Tensor b, Tensor dst) {

@@ -3,9 +3,11 @@
 //
 // A unit's backward computes every dW += A^T B through weight_gemm. Without a recorder in the
 // context it runs there; with one (UnitContext::deferred) the backward computes only the gradient
-// of its input and what is cheap beside it (norms, biases, embeddings), and each weight GEMM's two
-// operands are copied into the pool (category activations, "<unit> W operand"): the backward's
-// buffers are reused before it ends, and the unit's saved tensors are freed with it. run() later
+// of its input and what is cheap beside it (norms, biases, embeddings), and holds each weight
+// GEMM's two operands: an operand that is a whole block the backward would free at its end (a
+// saved activation, its output, the incoming gradient: set_sources) is kept as it is, with no copy
+// (backward_unit hands the blocks over: wanted(), adopt()); any other (a workspace the backward
+// reuses) is copied into the pool (category activations, "<unit> W operand"). run() later
 // computes the held GEMMs, in the order they were recorded, into the gradient tensors of the same
 // names in a fresh gradient ParamSet (the strategy's views may have moved: mixed precision hands
 // out a new f32 buffer after each flush), and frees the copies. A GEMM computed later is the same
@@ -25,8 +27,15 @@ class DeferredWeightGrads {
   // The gradient views of the backward that records (its targets' names are resolved there), or
   // none between backwards.
   void set_grads(const ParamSet* g) { g_ = g; }
-  // Holds dst += A^T B (`d`: trans_a T, trans_b N, beta 1) with copies of A and B.
+  // The blocks the recording backward may hand over rather than have copied (their data pointers).
+  void set_sources(std::vector<const void*> sources) { sources_ = std::move(sources); }
+  void add_source(const void* data) { sources_.push_back(data); }
+  // Holds dst += A^T B (`d`: trans_a T, trans_b N, beta 1): A and B kept or copied.
   void add(Backend& be, Pool& pool, const GemmDesc& d, Tensor a, Tensor b, Tensor dst);
+  // The sources an operand is kept from, each once, in the order first held; adopt() takes those
+  // blocks (the backward's owner moves them in before it frees the rest).
+  std::vector<const void*> wanted() const { return wanted_; }
+  void adopt(Block b) { kept_.push_back(std::move(b)); }
   // Computes every held GEMM into `g`'s tensors of the recorded names, then frees the copies.
   void run(Backend& be, const ParamSet& g);
   bool empty() const { return gemms_.empty(); }
@@ -34,12 +43,17 @@ class DeferredWeightGrads {
  private:
   struct Gemm {
     GemmDesc desc;
-    Block a, b;
+    const void* a;
+    const void* b;
     std::string target;  // the gradient tensor dst starts at
   };
+  // An operand: kept (its source block, when it starts one) or a copy's data, the copy owned here.
+  const void* hold(Backend& be, Pool& pool, Tensor t, int64_t elems);
   const ParamSet* g_ = nullptr;  // the recording backward's gradient views
   std::string unit_;
   std::vector<Gemm> gemms_;
+  std::vector<const void*> sources_, wanted_;
+  std::vector<Block> kept_;  // copies and adopted sources, freed after run()
 };
 
 // dst (m, n) += A^T B, the weight-gradient GEMM `d` of a backward (trans_a T, trans_b N, beta 1,
