@@ -300,10 +300,10 @@ void ParallelModel::print_pipeline(std::FILE* out) const {
   const int P = split_->pp, M = static_cast<int>(cfg_.micro_batches);
   std::vector<std::string> names;
   for (const auto& u : model_units_) names.push_back(u->name());
-  std::fprintf(out, "  pipeline: %s over %d stages%s, %d micro-batches, bubble %.1f%% in theory; %s\n",
+  std::fprintf(out, "  pipeline: %s over %d stages%s, %d micro-batches, bubble %s%.1f%% in theory; %s\n",
                schedule_->kind.name(), P,
                split_->virtual_stages > 1 ? fmt::format(" x {} virtual", split_->virtual_stages).c_str() : "", M,
-               100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), split_->describe(names).c_str());
+               schedule_->kind->bubble_is_bound ? "at least " : "", 100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), split_->describe(names).c_str());
   if (const std::string w = schedule_->kind->warning ? schedule_->kind->warning(P, split_->virtual_stages, M) : "";
       !w.empty())
     std::fprintf(out, "  warning: %s\n", w.c_str());

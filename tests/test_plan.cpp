@@ -436,3 +436,29 @@ TEST_CASE("plan: the time model of context parallelism", "[plan][cp]") {
   cp.cp = 3;
   CHECK_THROWS_WITH(predict_step_time(m, cp, pc.rates.device, pc.rates.achievable), Catch::Contains("equal pieces"));
 }
+
+// Zero-bubble schedules are searched with the others: where the time model puts them first (a deep
+// pipeline of few layers a stage, little room for interleaving) plan picks one, with its smaller
+// bubble in the split; its memory (the weight passes' held operands) is the prediction's.
+TEST_CASE("plan: a zero-bubble schedule where the time model says it wins, its bubble in the split", "[plan][zb]") {
+  PlanConfig pc = plan_for("llama3-8b", 64, uint64_t{80} << 30);
+  pc.global_batch = 256;
+  pc.pins.pp = 16;
+  const PlanResult plan = make_plan(pc);
+  REQUIRE(!plan.entries.empty());
+  const PlanEntry& top = plan.entries.front();
+  REQUIRE(top.fits);
+  INFO(top.label());
+  CHECK(top.layout.pipeline.schedule->splits_backward);
+  CHECK(top.peak == every_stage_peak(pc, top));
+  // The same layout under each other schedule: slower by the model, the difference its bubble's.
+  for (const PpScheduleDef* d : pp_schedules()) {
+    TimeLayout l = top.time_layout(pc);
+    if (PpSchedule(*d) == l.schedule || d->virtual_stages) continue;  // one chunk a rank, as the top's
+    l.schedule = PpSchedule(*d);
+    const TimePrediction other = predict_step_time(pc.train.spec, l, pc.rates.device, pc.rates.achievable);
+    INFO(d->name);
+    CHECK(other.split.bubble > top.time.split.bubble);
+    CHECK(other.split.total - top.time.split.total == Approx(other.split.bubble - top.time.split.bubble).epsilon(1e-9));
+  }
+}

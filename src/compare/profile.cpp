@@ -284,11 +284,13 @@ std::vector<std::string> stage_notes(const ProfileConfig& cfg, const std::vector
     for (int c : split.chunks_of(k))
       held += fmt::format("{}{} .. {}", held.empty() ? "" : ", ", names[static_cast<size_t>(split.begin(c))],
                           names[static_cast<size_t>(split.begin(c) + split.count(c) - 1)]);
-    const std::string flight =
+    std::string flight =
         split.virtual_stages == 1
             ? fmt::format("up to {} of {} micro-batches in flight", sched.in_flight(k), t.accum)
             : fmt::format("up to {} of {} (micro-batch, chunk) activations in flight", sched.in_flight(k),
                           t.accum * split.virtual_stages);
+    if (sched.kind->splits_backward)  // zero-bubble: B done, W not yet
+      flight += fmt::format(", up to {} owing their weight gradients", sched.weights_owed(k));
     notes.push_back(fmt::format("stage {} (ranks with pp coordinate {}, e.g. rank {}): units {} ({}); {}", k, k,
                                 stage_rank(cfg, k), unit_ranges(split, k), held, flight));
   }
