@@ -132,6 +132,11 @@ class Zero final : public Strategy {
     return grad_views(u, [&](size_t x) { return grads_full_[x].flat(rd_); });
   }
 
+  void after_input_grad(size_t u) override {  // a split backward's B: its part of the gradient flushed
+    release_unit_params(u);
+    flush_grads(u, grads_full_[u].flat(rd_));
+  }
+
   void after_backward(size_t u) override {
     release_unit_params(u);
     if (stage_ == 3) release(u, pipelined() && !last_micro_);

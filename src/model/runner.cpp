@@ -145,7 +145,8 @@ void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
   saved.clear();
   out.reset();
   grad = std::move(din);
-  if (!deferred) hooks.after_backward(u);
+  if (deferred) hooks.after_input_grad(u);
+  else hooks.after_backward(u);
 }
 
 void weight_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, DeferredWeightGrads& held) {

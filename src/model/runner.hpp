@@ -20,6 +20,10 @@ class UnitHooks {
   // Where unit u's backward accumulates its parameter gradients (borrowed tensors included).
   virtual ParamSet grads(size_t u) = 0;
   virtual void after_backward(size_t u) {}
+  // A split backward's first part (a zero-bubble schedule's B) is done: its parameters are no
+  // longer needed, and what it wrote to the gradients may be flushed; grads(u) is asked again for
+  // the W pass, and after_backward(u) follows it.
+  virtual void after_input_grad(size_t u) {}
   // Cross-entropy of this rank's logits (N, V): returns the sum of the N losses and overwrites
   // logits with d(loss)/d(logits) times dlogit_scale. DP overrides it (the loss lives on rank 0).
   virtual double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale);

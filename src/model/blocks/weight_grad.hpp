@@ -56,6 +56,22 @@ class DeferredWeightGrads {
   std::vector<Block> kept_;  // copies and adopted sources, freed after run()
 };
 
+// Within its scope the context's weight-gradient GEMMs run at once, held or not: the head's, whose
+// operand d(logits) is N x V (Llama 3's vocabulary: 1.96 GiB per micro-batch of 4096 tokens, four
+// times a layer's held operands), so that the last stage, which owes a zero-bubble schedule's
+// most W passes, does not hold one per micro-batch owed; its B computes that GEMM instead.
+class WeightGradsNow {
+ public:
+  explicit WeightGradsNow(UnitContext& c) : c_(c), held_(c.deferred) { c.deferred = nullptr; }
+  ~WeightGradsNow() { c_.deferred = held_; }
+  WeightGradsNow(const WeightGradsNow&) = delete;
+  WeightGradsNow& operator=(const WeightGradsNow&) = delete;
+
+ private:
+  UnitContext& c_;
+  DeferredWeightGrads* held_;
+};
+
 // dst (m, n) += A^T B, the weight-gradient GEMM `d` of a backward (trans_a T, trans_b N, beta 1,
 // A (k, m) with lda, B (k, n) with ldb): computed now, or held in c.deferred when it is set.
 void weight_gemm(UnitContext& c, const GemmDesc& d, Tensor a, Tensor b, Tensor dst);

@@ -319,6 +319,7 @@ class HeadUnit final : public Unit {
       dw.m = V, dw.n = C, dw.k = N;
       dw.lda = V, dw.ldb = C, dw.ldc = C;
       dw.beta = 1.f;
+      const WeightGradsNow now(c);  // d(logits) is too large to hold for a W pass
       weight_gemm(c, dw, dout, tp_region_input(c, s("lnf"), rows_of(rows, N, C)), g("wte.weight"));
     }
     const Tensor dlnf = dlnf_block.view(DType::f32, {N, C}), dlnf_rows = rows_of(rows, n, C, dlnf);

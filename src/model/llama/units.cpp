@@ -336,11 +336,13 @@ class HeadUnit final : public Unit {
     // Sequence parallelism: lnf gathered again for the weight's gradient, then the rank's rows of
     // d(lnf) in the same block (lnf is consumed by then).
     Block whole = whole_rows(c, "head backward lnf gathered");
-    if (blocks::chunked_loss(c.spec, tp_))
+    if (blocks::chunked_loss(c.spec, tp_)) {
       blocks::chunked_loss_backward(c, dlnf.flat(DType::f32), g(weight_), dout, s("lnf"), p.gemm(weight_));
-    else
+    } else {
+      const WeightGradsNow now(c);  // d(logits) is too large to hold for a W pass
       linear_backward(c, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
                       tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_), N);
+    }
     Tensor dlnf_rows = whole ? whole.view(DType::f32, {Nl, C}) : dlnf.view(DType::f32, {N, C});
     tp_region_input_backward(c, dlnf.view(DType::f32, {N, C}), dlnf_rows);
     c.be.fill(din, 0.f);
