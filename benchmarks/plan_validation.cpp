@@ -115,6 +115,7 @@ std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievabl
     PlanConfig pinned = published_plan(row, rates, achievable);
     PlanPins& p = pinned.pins;
     p.tp = row.tp, p.pp = row.pp, p.pp_virtual = row.virtual_stages, p.dp_shard = row.gpus / (row.tp * row.pp);
+    p.cp = 1;  // the published runs split no sequence (the search came before --cp: it refused to start since)
     p.schedule = default_pp_schedule(row.virtual_stages);
     p.sequence_parallel = false, p.strategy = StrategyKind::ddp, p.checkpointing = Checkpointing::blocks;
     p.offload = Offload::none, p.micro_batch = row.micro_batch;

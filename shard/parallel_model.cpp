@@ -192,7 +192,7 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
 float ParallelModel::reduce_loss(double loss_sum) {
   float loss = static_cast<float>(loss_sum);
   mesh_.dp_cp().all_reduce(std::span<float>(&loss, 1)).wait();
-  if (pipelined()) mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&loss, 1)).wait();  // the last stage's
+  if (pipelined()) mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&loss, 1)).wait();  // the last chunk's stage's
   return loss;
 }
 
@@ -201,7 +201,7 @@ double ParallelModel::evaluate(const BatchFill& fill) {
     const std::vector<Batch> batches = stage_batches(fill);
     float s = static_cast<float>(
         run_pipeline_forward(pipeline_run(), units_, cfg_.spec, be_, pool_, batches, *strategy_, tp_).loss_sum);
-    mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&s, 1)).wait();  // the last stage's
+    mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&s, 1)).wait();  // the last chunk's stage's
     return s;
   }
   double sum = 0;
@@ -267,7 +267,7 @@ bool ParallelModel::last_logits(std::span<const int32_t> context, std::vector<fl
   if (!decoded) {
     std::vector<int32_t> targets(static_cast<size_t>(n * W), 0);  // the loss is computed and ignored
     Batch b{context.data(), targets.data(), 1, n, targets.data(), static_cast<int>(W)};
-    if (pipelined()) {  // the last stage's logits; the other stages' stay empty
+    if (pipelined()) {  // the last chunk's stage's logits (zb-v: the first stage); the others' stay empty
       logits.clear();
       run_pipeline_forward(pipeline_run(1, n), units_, cfg_.spec, be_, pool_, std::span<const Batch>(&b, 1),
                            *strategy_, tp_, &logits);
@@ -275,7 +275,7 @@ bool ParallelModel::last_logits(std::span<const int32_t> context, std::vector<fl
       run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
     }
   }
-  if (pipelined() && logits.empty()) return false;  // not the last stage: its token comes from there
+  if (pipelined() && logits.empty()) return false;  // not the head's stage: its token comes from there
   if (tp_.active()) {  // every rank's vocabulary columns of the last position, in rank order (padded)
     const int64_t cols = static_cast<int64_t>(logits.size()) / n;
     std::vector<float> whole(static_cast<size_t>(cols * tp_.config.degree));

@@ -331,8 +331,9 @@ TEST_CASE("registry: defaults, planner labels, --help and the rules' messages", 
         "gpipe (every forward, then every backward: all micro-batches' activations held), 1f1b (one forward, one "
         "backward: at most pp - stage micro-batches held), interleaved-1f1b (--pp-virtual chunks per rank: a "
         "smaller bubble, more sends; micro-batches a multiple of --pp), zb-h1 (1f1b with the weights' gradients "
-        "split off and run where 1f1b idles: its memory, a third of its bubble) or zb-v (--pp-virtual 2 chunks per "
-        "rank in a V, backwards split as zb-h1: close to no bubble at 1f1b's memory)");
+        "split off and run where 1f1b idles: its activations in flight plus the weight passes owed, a third of its "
+        "bubble) or zb-v (--pp-virtual 2 chunks per rank in a V, backwards split as zb-h1: the smallest bubble, "
+        "1f1b's first stage's micro-batches held on every stage)");
   CHECK_THROWS_MATCHES(require_pp_schedule(interleaved, 2, 1, 0), InputError,
                        Says("--pp-schedule interleaved-1f1b needs --pp-virtual 2 or more (got 1); with one chunk per "
                             "rank use 1f1b"));

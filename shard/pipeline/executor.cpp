@@ -135,11 +135,13 @@ class Executor {
 
   // Lets the transport move this rank's posted messages along (an MPI send or receive progresses
   // only inside an MPI call): tested between units, so a neighbour waiting on a message does not
-  // wait for this rank's whole action. Nothing is freed here: buffers go where the schedule says.
+  // wait for this rank's whole action. Only what is issued is tested (Work::progress: NCCL's held
+  // sends and receives must go out as one group, at take()), and nothing is freed here: buffers go
+  // where the schedule says.
   void poke() {
-    for (Sent& x : sends_) x.work.done();
+    for (Sent& x : sends_) x.work.progress();
     for (auto& [peer, box] : inbox_)
-      for (Posted& p : box.pending) p.work.done();
+      for (Posted& p : box.pending) p.work.progress();
   }
 
   // The end of the list: every posted send completes.

@@ -58,8 +58,8 @@ struct PpScheduleDef {
   // scheduling; the others' are exact).
   bool bubble_is_bound = false;
   // The time model's bubble in stage times (one micro-batch's forward and backward on the slowest
-  // stage), p stages and v chunks each (plan_time.hpp).
-  double (*bubble_stages)(double p, double v) = nullptr;
+  // stage), p stages, v chunks each and m micro-batches (plan_time.hpp).
+  double (*bubble_stages)(double p, double v, double m) = nullptr;
   // What to warn about in a runnable but poor combination ("" for nothing): the train header's.
   std::string (*warning)(int P, int V, int M) = nullptr;
   std::string label(int v) const;  // the planner's: "1f1b", "interleaved v8"

@@ -155,6 +155,11 @@ bool Work::done() {
   return !impl_;
 }
 
+bool Work::progress() {
+  if (impl_ && impl_->progress()) impl_.reset();
+  return !impl_;
+}
+
 namespace {
 // "shard/zero.cpp:108": the last two path components keep call sites short and readable.
 std::string short_site(const Site& s) {
@@ -193,6 +198,7 @@ class WatchedWork final : public WorkImpl {
  public:
   WatchedWork(Work inner, uint64_t seq) : inner_(std::move(inner)), seq_(seq) {}
   bool test() override { return inner_.done(); }
+  bool progress() override { return inner_.progress(); }
   void wait() override {
     WatchdogWait w(seq_);
     inner_.wait();
@@ -210,6 +216,7 @@ class PacedWork final : public WorkImpl {
  public:
   PacedWork(Work inner, std::chrono::steady_clock::time_point until) : inner_(std::move(inner)), until_(until) {}
   bool test() override { return inner_.done() && std::chrono::steady_clock::now() >= until_; }
+  bool progress() override { return inner_.progress() && std::chrono::steady_clock::now() >= until_; }
   void wait() override {
     inner_.wait();
     std::this_thread::sleep_until(until_);

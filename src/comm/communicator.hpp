@@ -55,6 +55,9 @@ class WorkImpl {
   virtual ~WorkImpl() = default;
   virtual bool test() = 0;  // true once complete (finishes the work if so)
   virtual void wait() = 0;
+  // test() without starting anything the communicator holds back (NCCL's grouped sends and
+  // receives go out only together): lets issued work progress, e.g. MPI requests between kernels.
+  virtual bool progress() { return test(); }
 };
 
 class Work {
@@ -69,6 +72,7 @@ class Work {
 
   void wait();
   bool done();
+  bool progress();  // done() that issues nothing held back (WorkImpl::progress)
 
  private:
   std::unique_ptr<WorkImpl> impl_;

@@ -120,6 +120,7 @@ class HeldWork final : public WorkImpl {
  public:
   explicit HeldWork(std::shared_ptr<HeldSlot> slot) : slot_(std::move(slot)) {}
   bool test() override { return issued().test(); }
+  bool progress() override { return slot_->issued && slot_->issued->test(); }  // never issues the group
   void wait() override { issued().wait(); }
 
  private:

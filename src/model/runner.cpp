@@ -127,6 +127,7 @@ void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
       if (Block b = saved.take(data)) deferred->adopt(std::move(b));
       else if (out && out.data() == data) deferred->adopt(std::move(out));
       else if (grad && grad.data() == data) deferred->adopt(std::move(grad));
+      else SHARD_CHECK(false, "{}: a held weight-gradient operand at {} was freed during its backward", unit.name(), data);
     }
   };
   if (saved.empty() && ctx.checkpointing == Checkpointing::blocks && unit.recomputable()) {
@@ -152,7 +153,9 @@ void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
 void weight_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, DeferredWeightGrads& held) {
   ctx.pool.ledger().set_phase(Phase::weight(u));
   Backend::Range range(ctx.be, ("weight grads " + unit.name()).c_str());
-  held.run(ctx.be, hooks.grads(u));
+  // Nothing held (an embedding, a head whose GEMM ran in B): no gradient views to ask for, which
+  // under mixed precision would be an f32 copy of the unit's gradient, zeroed and flushed.
+  if (!held.empty()) held.run(ctx.be, hooks.grads(u));
   hooks.after_backward(u);
 }
 

@@ -35,9 +35,10 @@ std::vector<T> pinned_or(const std::optional<T>& pin, std::vector<T> all) {
   return all;
 }
 
-// What a stage of a (tp, pp, v) layout holds: its largest stage's parameters on one rank, and the
-// stages whose memory must be predicted (one per distinct set of units: a stage with the same units
-// as an earlier one keeps no more micro-batches in flight, so never more memory).
+// What a stage of a (tp, pp, v, schedule) layout holds: its largest stage's parameters on one rank,
+// and the stages whose memory must be predicted (one per distinct set of units: a stage with the
+// same units as an earlier one keeps no more micro-batches in flight, so never more memory; but
+// under a split backward, which makes later stages owe more weight passes, every stage).
 struct StageFacts {
   double max_params = 0;
   std::vector<int> distinct;
@@ -92,7 +93,7 @@ class Searcher {
 
  private:
   const PlanConfig& c_;
-  std::map<std::tuple<int, int, int>, StageFacts> stages_;
+  std::map<std::tuple<int, int, int, std::string>, StageFacts> stages_;
 
   enum class Settled { fits, does_not_fit, not_runnable };
 
@@ -279,7 +280,8 @@ class Searcher {
 
   const StageFacts& stage_facts(const PlanEntry& e) {
     const ParallelDims& d = e.layout.dims;
-    auto key = std::tuple{d.tp, d.pp, e.layout.pipeline.virtual_stages};
+    // The schedule places the chunks (zb-v in a V) and decides what a stage holds.
+    auto key = std::tuple{d.tp, d.pp, e.layout.pipeline.virtual_stages, std::string(e.layout.pipeline.schedule.name())};
     auto it = stages_.find(key);
     if (it != stages_.end()) return it->second;
     StageFacts f;
@@ -300,6 +302,8 @@ class Searcher {
         for (int ch : split.chunks_of(k)) what.push_back(split.count(ch));
         what.push_back(k == 0);
         what.push_back(k == split.rank_of(split.chunks() - 1));
+        // A split backward's later stages owe more weight passes: each stage is its own.
+        if (t.layout.pipeline.schedule->splits_backward) what.push_back(k);
         if (std::find(seen.begin(), seen.end(), what) == seen.end()) {
           seen.push_back(what);
           f.distinct.push_back(k);

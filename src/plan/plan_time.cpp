@@ -272,7 +272,7 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   sp.exposed_tp = M * st.tp;
   sp.exposed_cp = M * st.cp;
   out.stage_s = st.total();
-  sp.bubble = l.schedule->bubble_stages(p, v) * out.stage_s;
+  sp.bubble = l.schedule->bubble_stages(p, v, M) * out.stage_s;
   if (l.pp > 1) {
     const bool one_node = int64_t{l.tp} * l.cp * l.dp * l.pp <= r.ranks_per_node;
     const double link = one_node ? r.intra.value * a.intra : r.inter.value * a.inter;

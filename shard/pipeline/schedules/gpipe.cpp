@@ -28,7 +28,7 @@ const PpScheduleDef& gpipe_schedule() {
       .actions = actions,
       .bubble_fraction = bubble_fraction,
       .bubble_formula = "(P-1)/(M+P-1)",
-      .bubble_stages = [](double p, double v) { return (p - 1) / v; },
+      .bubble_stages = [](double p, double v, double) { return (p - 1) / v; },
   };
   return def;
 }

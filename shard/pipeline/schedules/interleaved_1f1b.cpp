@@ -42,7 +42,7 @@ const PpScheduleDef& interleaved_1f1b_schedule() {
       .actions = actions,
       .bubble_fraction = bubble_fraction,
       .bubble_formula = "(P-1)/(VM+P-1)",
-      .bubble_stages = [](double p, double v) { return (p - 1) / v; },
+      .bubble_stages = [](double p, double v, double) { return (p - 1) / v; },
   };
   return def;
 }

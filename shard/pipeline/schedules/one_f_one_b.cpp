@@ -37,7 +37,7 @@ const PpScheduleDef& one_f_one_b_schedule() {
       .actions = actions,
       .bubble_fraction = bubble_fraction,
       .bubble_formula = "(P-1)/(M+P-1)",
-      .bubble_stages = [](double p, double v) { return (p - 1) / v; },
+      .bubble_stages = [](double p, double v, double) { return (p - 1) / v; },
       .warning = warning,
   };
   return def;

@@ -11,6 +11,8 @@
 // the bubble shrinks from (P - 1)(F + B + W) to (P - 1)(F + B - W).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "shard/pipeline/registry.hpp"
 
 namespace shardlab {
@@ -52,15 +54,16 @@ std::string warning(int P, int V, int M) {
 const PpScheduleDef& zb_h1_schedule() {
   static const PpScheduleDef def{
       .name = "zb-h1",
-      .help = "1f1b with the weights' gradients split off and run where 1f1b idles: its memory, a third of its "
-              "bubble",
+      .help = "1f1b with the weights' gradients split off and run where 1f1b idles: its activations in flight "
+              "plus the weight passes owed, a third of its bubble",
       .splits_backward = true,
       .plan_order = 3,
       .actions = actions,
       .bubble_fraction = bubble_fraction,
       .bubble_formula = "(P-1)/(3M+P-1)",
-      // In stage times (F + B + W): the ramp of (P - 1)(F + B - W), a third of 1f1b's with B = W = F.
-      .bubble_stages = [](double p, double) { return (p - 1) / 3; },
+      // In stage times (F + B + W): the ramp of (P - 1)(F + B - W), a third of 1f1b's with B = W = F;
+      // for M < P the span's 2(M + P) - 1 passes less the 3M computed.
+      .bubble_stages = [](double p, double, double m) { return std::max(p - 1, 2 * p - 1 - m) / 3; },
       .warning = warning,
   };
   return def;

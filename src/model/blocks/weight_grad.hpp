@@ -57,9 +57,9 @@ class DeferredWeightGrads {
 };
 
 // Within its scope the context's weight-gradient GEMMs run at once, held or not: the head's, whose
-// operand d(logits) is N x V (Llama 3's vocabulary: 1.96 GiB per micro-batch of 4096 tokens, four
-// times a layer's held operands), so that the last stage, which owes a zero-bubble schedule's
-// most W passes, does not hold one per micro-batch owed; its B computes that GEMM instead.
+// operand d(logits) is N x V (Llama 3's vocabulary: 1.96 GiB per micro-batch of 4096 tokens, about
+// twice what a Llama 3 8B layer holds for its W), so that the last stage, which owes a zero-bubble
+// schedule's most W passes, does not hold one per micro-batch owed; its B computes that GEMM instead.
 class WeightGradsNow {
  public:
   explicit WeightGradsNow(UnitContext& c) : c_(c), held_(c.deferred) { c.deferred = nullptr; }
