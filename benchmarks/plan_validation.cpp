@@ -115,13 +115,16 @@ std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievabl
     PlanConfig pinned = published_plan(row, rates, achievable);
     PlanPins& p = pinned.pins;
     p.tp = row.tp, p.pp = row.pp, p.pp_virtual = row.virtual_stages, p.dp_shard = row.gpus / (row.tp * row.pp);
-    p.cp = 1;  // the published runs split no sequence (the search came before --cp: it refused to start since)
+    p.cp = 1;  // the rows' attention is not the fused one, which --cp needs (the search, older than
+               // --cp, refused to start since)
     p.schedule = default_pp_schedule(row.virtual_stages);
     p.sequence_parallel = false, p.strategy = StrategyKind::ddp, p.checkpointing = Checkpointing::blocks;
     p.offload = Offload::none, p.micro_batch = row.micro_batch;
     if (row.pp == 1) p.schedule.reset(), p.pp_virtual.reset();
     r.published = make_plan(pinned);
-    r.found = make_plan(published_plan(row, rates, achievable));
+    PlanConfig free = published_plan(row, rates, achievable);
+    free.pins.cp = 1;
+    r.found = make_plan(free);
     if (out) {
       const PlanEntry& a = r.published.entries.at(0);
       const PlanEntry* b = nullptr;

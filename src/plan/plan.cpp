@@ -119,11 +119,13 @@ class Searcher {
     const TrainConfig t = e.config(c_);
     try {
       t.validate(c_.world);
+      // Some rules hold only once the mesh is built (ZeRO++'s equal share of a shard group on
+      // every node): the prediction builds it.
+      predict_memory(t, e, res, stop_at_budget);
     } catch (const InputError&) {
       ++res.not_runnable;
       return Settled::not_runnable;
     }
-    predict_memory(t, e, res, stop_at_budget);
     SHARD_CHECK(!e.predicted || e.peak >= lb, "plan: the model-state bound {} exceeds the predicted peak {} of {}", lb,
                 e.peak, e.label());
     if (e.fits) return Settled::fits;
