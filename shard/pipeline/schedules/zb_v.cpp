@@ -26,14 +26,14 @@
 namespace shardlab {
 namespace {
 
-// List scheduling at unit pass times under the runner's rules (check_schedule; this schedule posts
-// its receives per chunk): a rank may take a message from another rank only once every send it
-// has posted is received, and a send is received once its receiver has posted that receive, which
-// it has for each of its chunks' next forward and next backward from the start. Orders built so
-// run under the check (which build_schedule runs on them).
-// Receives each rank keeps posted per chunk and direction: with one, a sender may run only a message
-// ahead of its receiver, and the steady state idles. Two cost more posted buffers (a receive posted
-// brings the earlier ones from the same sender with it; the prediction counts them).
+// List scheduling under the runner's rules (check_schedule; this schedule posts its receives per
+// chunk): on reaching an action a rank posts the receives of each of its chunks' next kPostAhead
+// forwards and backwards; an action whose output goes to another rank runs only once that rank has
+// posted its receive (may_send), so no send waits and no cycle of waits can close; a rank takes a
+// message from another rank once its own sends are received. build_schedule checks the result.
+// With one receive ahead a sender may run only a message ahead of its receiver, and the steady
+// state idles; two cost more posted buffers (a receive posted brings the earlier ones from the same
+// sender with it; the prediction counts them).
 constexpr int kPostAhead = 2;
 
 class Greedy {
