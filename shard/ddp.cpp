@@ -50,13 +50,13 @@ class Ddp final : public Strategy {
   ParamSet backward_params(size_t u) override { return forward_params(u); }
   ParamSet grads(size_t u) override { return grad_views(u, [&](size_t x) { return grad(x); }); }
 
-  void after_input_grad(size_t u) override {  // a split backward's B: its part of the gradient flushed
+  // A split backward's B (its part of the gradient flushed), and how every after_backward begins.
+  void after_input_grad(size_t u) override {
     release_unit_params(u);
     flush_grads(u, grad(u));
   }
   void after_backward(size_t u) override {
-    release_unit_params(u);
-    flush_grads(u, grad(u));
+    after_input_grad(u);
     if (!last_micro_ || world_ == 1) return;
     Bucket& b = buckets_[bucket_of_[u]];
     if (++b.ready == b.units)

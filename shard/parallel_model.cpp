@@ -303,7 +303,8 @@ void ParallelModel::print_pipeline(std::FILE* out) const {
   std::fprintf(out, "  pipeline: %s over %d stages%s, %d micro-batches, bubble %s%.1f%% in theory; %s\n",
                schedule_->kind.name(), P,
                split_->virtual_stages > 1 ? fmt::format(" x {} virtual", split_->virtual_stages).c_str() : "", M,
-               schedule_->kind->bubble_is_bound ? "at least " : "", 100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), split_->describe(names).c_str());
+               schedule_->kind->bubble_is_bound ? "at least " : "",
+               100 * bubble_fraction(schedule_->kind, P, split_->virtual_stages, M), split_->describe(names).c_str());
   if (const std::string w = schedule_->kind->warning ? schedule_->kind->warning(P, split_->virtual_stages, M) : "";
       !w.empty())
     std::fprintf(out, "  warning: %s\n", w.c_str());

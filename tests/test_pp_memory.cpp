@@ -1,8 +1,8 @@
 // Memory under pipeline parallelism: every stage's measured step equals its prediction (meta
-// backend, sim) to the byte under each schedule (interleaved and zb-v at pp 2 x V 2), at pp 2 and pp 4 and composed with data
-// parallelism; and the activations a stage holds follow the schedule (gpipe every micro-batch,
-// 1f1b min(M, P - stage), zb-h1 1f1b's and the weight passes it owes), read off the ledger's
-// activation peaks at several micro-batch counts.
+// backend, sim) to the byte under each schedule (interleaved and zb-v at pp 2 x V 2), at pp 2 and
+// pp 4 and composed with data parallelism; and the activations a stage holds follow the schedule
+// (gpipe every micro-batch, 1f1b min(M, P - stage), zb-h1 1f1b's and the weight passes it owes),
+// read off the ledger's activation peaks at several micro-batch counts.
 #include <catch2/catch.hpp>
 
 #include "tests/strategy_test_util.hpp"

@@ -38,7 +38,8 @@ void MeshOptions::add(Desc& d) {
       "pp-schedule", po::value(&pp_schedule)->default_value(pp_schedule),
       ("with --pp: " + pp_schedule_help()).c_str())(
       "pp-virtual", po::value(&pp_virtual)->default_value(pp_virtual),
-      "with --pp-schedule interleaved-1f1b or zb-v (2): model chunks per rank (virtual stages); chunk c runs on stage c % pp (zb-v: in a V, c and 2 pp - 1 - c on stage c)")(
+      "with --pp-schedule interleaved-1f1b or zb-v (2): model chunks per rank (virtual stages); chunk c runs "
+      "on stage c % pp (zb-v: in a V, c and 2 pp - 1 - c on stage c)")(
       "pp-split", po::value(&pp_split)->default_value(""),
       "with --pp: units per chunk in model order, e.g. 3,3,2 (pp x pp-virtual counts summing to the units: "
       "the embedding, the blocks and the head); default: balanced by each unit's parameters and attention work")(

@@ -26,7 +26,8 @@ StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig&
 // Rank 0's traffic on the pp axis in one step (it is the first stage: pipeline rank 0): its
 // chunks send their activations (B x T x C floats) forward and receive their gradients back, once
 // per micro-batch at each chunk boundary they touch with another rank (both ends count a message:
-// send and recv, S each); unless the head is on rank 0 too (a V), the tied token embedding's gradient (its vocabulary rows on this tensor-parallel rank)
+// send and recv, S each); unless the head is on rank 0 too (a V), the tied token embedding's gradient
+// (its vocabulary rows on this tensor-parallel rank)
 // is all-reduced over the first and the last stage's ranks (2 x dp x cp of them); the loss and the
 // norm's stage sums are one float all-reduced over the pipeline each.
 double pp_theory(const TrainConfig& c, int dp, int tp, int cp) {
@@ -34,9 +35,9 @@ double pp_theory(const TrainConfig& c, int dp, int tp, int cp) {
   const bool v = c.layout.pipeline.schedule->v_shape;  // a V's turn and its loss stay on one rank
   const double B = static_cast<double>(c.batch / dp / c.accum), T = static_cast<double>(c.spec.seq / cp);
   int boundaries = 0;
+  const auto remote = [&](int chunk) { return chunk >= 0 && chunk < chunks && chunk_rank(chunk, P, v) != 0; };
   for (int chunk = 0; chunk < chunks; ++chunk)
-    if (chunk_rank(chunk, P, v) == 0)
-      boundaries += (chunk > 0 && chunk_rank(chunk - 1, P, v) != 0) + (chunk < chunks - 1 && chunk_rank(chunk + 1, P, v) != 0);
+    if (chunk_rank(chunk, P, v) == 0) boundaries += remote(chunk - 1) + remote(chunk + 1);
   double bytes = 2.0 * boundaries * static_cast<double>(c.accum) * B * T * static_cast<double>(c.spec.dim) * sizeof(float);
   if (c.spec.tied_head && chunk_rank(chunks - 1, P, v) != 0) {
     const double n = 2.0 * dp * cp;  // the tied group: the end stages' data- and context-parallel ranks

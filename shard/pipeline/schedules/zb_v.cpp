@@ -18,10 +18,11 @@
 
 #include <deque>
 #include <limits>
+#include <mutex>
 #include <optional>
 
 #include "src/core/check.hpp"
-#include "shard/pipeline/registry.hpp"
+#include "shard/pipeline/schedule.hpp"
 
 namespace shardlab {
 namespace {
@@ -29,8 +30,8 @@ namespace {
 // List scheduling under the runner's rules (check_schedule; this schedule posts its receives per
 // chunk): on reaching an action a rank posts the receives of each of its chunks' next kPostAhead
 // forwards and backwards; an action whose output goes to another rank runs only once that rank has
-// posted its receive (may_send), so no send waits and no cycle of waits can close; a rank takes a
-// message from another rank once its own sends are received. build_schedule checks the result.
+// posted its receive (may_send), so every send is received as it is made and no cycle of waits can
+// close. build_schedule checks the result.
 // With one receive ahead a sender may run only a message ahead of its receiver, and the steady
 // state idles; two cost more posted buffers (a receive posted brings the earlier ones from the same
 // sender with it; the prediction counts them).
@@ -72,11 +73,10 @@ class Greedy {
     int post_f[2] = {0, 0}, post_b[2] = {0, 0};
     int held = 0;                                // forwards whose W has not run
     std::deque<PipeAction> owed;                 // B's awaiting their W, in order
-    std::vector<PipeAction> sent;                // messages sent to other ranks, not known received
     std::vector<PipeAction> list;
   };
 
-  int rank_of(int c) const { return c < P_ ? c : C_ - 1 - c; }
+  int rank_of(int c) const { return chunk_rank(c, P_, true); }
   int local(int c) const { return c < P_ ? 0 : 1; }  // the chunk's place on its rank
   size_t index(PipeAction::Kind k, int chunk, int micro) const {
     return static_cast<size_t>(k) * static_cast<size_t>(C_ * M_) + static_cast<size_t>(chunk * M_ + micro);
@@ -93,7 +93,8 @@ class Greedy {
     return x.micro < (x.kind == PipeAction::forward ? q.post_f[li] : q.post_b[li]);
   }
   // An action whose output goes to another rank runs only once that rank has posted its receive
-  // (so no send ever waits, and no order of sends can close a cycle of waits).
+  // (so no send ever waits, and no order of sends can close a cycle of waits: posted receives stay
+  // posted, so the runner's wait for this rank's own sends never holds it).
   bool may_send(int r, const PipeAction& a) const {
     if (a.kind == PipeAction::forward && a.chunk < C_ - 1 && rank_of(a.chunk + 1) != r)
       return posted({PipeAction::forward, a.chunk + 1, a.micro});
@@ -101,20 +102,11 @@ class Greedy {
       return posted({PipeAction::backward, a.chunk - 1, a.micro});
     return true;
   }
-  bool sends_received(Rank& k) {
-    std::erase_if(k.sent, [&](const PipeAction& x) { return posted(x); });
-    return k.sent.empty();
-  }
-  // Whether rank r may run `a` at t: its message has arrived, and where it comes from another rank,
-  // every send of r is received.
-  bool message_there(int r, const PipeAction& a, double t) {
-    Rank& k = ranks_[static_cast<size_t>(r)];
-    if (a.kind == PipeAction::forward) {
-      if (a.chunk == 0) return true;
-      return ready(PipeAction::forward, a.chunk - 1, a.micro, t) && (rank_of(a.chunk - 1) == r || sends_received(k));
-    }
-    if (a.chunk == C_ - 1) return true;  // the loss: its own forward's
-    return ready(PipeAction::backward, a.chunk + 1, a.micro, t) && (rank_of(a.chunk + 1) == r || sends_received(k));
+  // Whether the message `a` takes has arrived by t (the first chunk's forward and the loss's
+  // backward take none).
+  bool message_there(const PipeAction& a, double t) const {
+    if (a.kind == PipeAction::forward) return a.chunk == 0 || ready(PipeAction::forward, a.chunk - 1, a.micro, t);
+    return a.chunk == C_ - 1 || ready(PipeAction::backward, a.chunk + 1, a.micro, t);
   }
 
   // The action rank r runs at time t, if any, recorded with its end time.
@@ -124,12 +116,12 @@ class Greedy {
     std::optional<PipeAction> a;
     for (int li : {1, 0}) {  // forward: the later chunk first
       const PipeAction f{PipeAction::forward, chunks[li], k.next_f[li]};
-      if (!a && f.micro < M_ && k.held < 2 * P_ && message_there(r, f, t) && may_send(r, f))
+      if (!a && f.micro < M_ && k.held < 2 * P_ && message_there(f, t) && may_send(r, f))
         a = f, ++k.next_f[li], ++k.held;
     }
     for (int li : {0, 1}) {  // B: the earlier chunk first
       const PipeAction b{PipeAction::backward, chunks[li], k.next_b[li]};
-      if (!a && b.micro < k.next_f[li] && message_there(r, b, t) && may_send(r, b))
+      if (!a && b.micro < k.next_f[li] && message_there(b, t) && may_send(r, b))
         a = b, ++k.next_b[li], k.owed.push_back(b);
     }
     if (!a && !k.owed.empty()) {
@@ -141,11 +133,6 @@ class Greedy {
     k.free = t + cost_[a->kind];
     done_[index(a->kind, a->chunk, a->micro)] = k.free;
     k.list.push_back(*a);
-    // What it sends to another rank: an activation on, a gradient back.
-    if (a->kind == PipeAction::forward && a->chunk < C_ - 1 && rank_of(a->chunk + 1) != r)
-      k.sent.push_back({PipeAction::forward, a->chunk + 1, a->micro});
-    if (a->kind == PipeAction::backward && a->chunk > 0 && rank_of(a->chunk - 1) != r)
-      k.sent.push_back({PipeAction::backward, a->chunk - 1, a->micro});
     return true;
   }
 
@@ -161,8 +148,18 @@ class Greedy {
 // P 2, M 8 or 16 when B = 1.5 F, W = 0.75 F; built so, 2.8% and 1.4% (2.0% and 1.0% at equal passes).
 constexpr double kBuiltFor[3] = {1, 1.5, 0.75};
 
+// Rank r's list. The registry asks rank by rank, and one scheduling run gives every rank's: the last
+// (P, M)'s lists are kept, so building a schedule schedules once, not P times.
 std::vector<PipeAction> actions(int r, int P, int /*V*/, int M) {
-  return Greedy(P, M, kBuiltFor[0], kBuiltFor[1], kBuiltFor[2]).run().at(static_cast<size_t>(r));
+  static std::mutex mu;
+  static std::pair<int, int> key{0, 0};
+  static std::vector<std::vector<PipeAction>> lists;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (key != std::pair{P, M}) {
+    lists = Greedy(P, M, kBuiltFor[0], kBuiltFor[1], kBuiltFor[2]).run();
+    key = {P, M};
+  }
+  return lists.at(static_cast<size_t>(r));
 }
 
 // The bound: each rank computes 6M chunk passes, and the last rank's first input arrives after P - 1.
