@@ -182,11 +182,23 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
   for (int64_t k = 0; k < cfg_.micro_batches; ++k) {
     const Batch b = micro_step(fill, k);
     strategy_->begin_micro(k, k + 1 == cfg_.micro_batches);
-    loss_sum +=
-        run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing, tp_)
-            .loss_sum;
+    const RunResult r =
+        run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing, tp_);
+    loss_sum += r.loss_sum;
+    moe_.aux_sum += r.aux_sum, moe_.dropped += r.dropped;
+    if (moe_.counts.size() < r.expert_counts.size()) moe_.counts.resize(r.expert_counts.size(), 0.0);
+    for (size_t e = 0; e < r.expert_counts.size(); ++e) moe_.counts[e] += r.expert_counts[e];
   }
   return loss_sum;
+}
+
+ParallelModel::MoeStep ParallelModel::take_moe() {
+  MoeStep m = std::move(moe_);
+  moe_ = {};
+  float aux = static_cast<float>(m.aux_sum);
+  mesh_.dp_cp().all_reduce(std::span<float>(&aux, 1)).wait();
+  m.aux_sum = aux;
+  return m;
 }
 
 float ParallelModel::reduce_loss(double loss_sum) {

@@ -49,6 +49,15 @@ class ParallelModel {
   // The step's mean-loss numerator from each rank's train(): summed over the data-parallel ranks
   // and the stages (the last one holds it).
   float reduce_loss(double loss_sum);
+  // A mixture-of-experts model, after train(): the step's auxiliary loss times the batch's
+  // positions (summed over the data-parallel ranks, as reduce_loss sums), and its routing: slots
+  // dropped past capacity and top-k choices per expert over every layer and micro-step, every
+  // rank's. Collective; then reset.
+  struct MoeStep {
+    double aux_sum = 0, dropped = 0;
+    std::vector<double> counts;
+  };
+  MoeStep take_moe();
   // Forward only, one global batch: this rank's share of its loss sum (over the stages already).
   double evaluate(const BatchFill& fill);
   // After backward: the tied tensors' gradients summed over their stages; then the squared global
@@ -98,6 +107,7 @@ class ParallelModel {
   std::vector<std::unique_ptr<Unit>> model_units_;
   std::vector<std::pair<size_t, const TensorDecl*>> tied_;
   double tied_copy_sq_ = 0;  // this rank's tied copies' squared gradient, counted at their owner
+  MoeStep moe_;              // this rank's, since the last take_moe()
   // Token ids: one micro-step of this rank's (of every data-parallel rank's under dp); under --pp every
   // micro-batch of this rank's.
   std::vector<int32_t> inputs_, targets_;

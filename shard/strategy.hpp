@@ -115,6 +115,8 @@ class Strategy : public UnitHooks {
   std::string name() const { return strategy_name(cfg_.kind); }
   void init_params(uint64_t seed);                        // each tensor's declared init; every rank keeps its part
   void load_params(const std::string& path);  // --init (a file or HF directory): every rank keeps its part
+  // The auxiliary loss's statistics add up over the ranks whose gradients do.
+  void reduce_moe(std::span<float> stats) override { env_.comm.all_reduce(stats).wait(); }
   virtual void begin_step() = 0;
   virtual void begin_micro(int64_t k, bool last) {
     micro_ = k;

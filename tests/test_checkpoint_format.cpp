@@ -69,7 +69,7 @@ TEST_CASE("spec_to_json and spec_from_json round-trip and reject bad specs", "[c
   CHECK(spec_from_json(old).describe() == tiny.describe());
   k = j;
   k["family"] = "gpt3";
-  CHECK_THROWS_WITH(spec_from_json(k), "unknown model family 'gpt3': expected one of gpt2, llama");
+  CHECK_THROWS_WITH(spec_from_json(k), "unknown model family 'gpt3': expected one of gpt2, llama, mixtral, qwen3_moe");
   // Fields off their defaults are written, read back, and checked by the family.
   ModelSpec wide = tiny;
   wide.ffn_dim = 48;
@@ -86,6 +86,21 @@ TEST_CASE("spec_to_json and spec_from_json round-trip and reject bad specs", "[c
   k = j;
   k["tied_head"] = false;
   CHECK_THROWS_WITH(spec_from_json(k), Catch::Contains("tied_head must be true"));
+  // A mixture of experts: its head size, q/k norms and experts written and read back.
+  const ModelSpec q = model_preset("qwen3-30b-a3b");
+  const json qj = spec_to_json(q);
+  CHECK(qj["family"] == "qwen3_moe");
+  CHECK(qj["head_dim"] == 128);
+  CHECK(qj["moe"]["experts"] == 128);
+  const ModelSpec qback = spec_from_json(qj);
+  CHECK(qback.moe == q.moe);
+  CHECK((qback.head_dim == q.head_dim && qback.qk_norm && qback.describe() == q.describe()));
+  k = qj;
+  k["moe"]["top_k"] = 129;
+  CHECK_THROWS_WITH(spec_from_json(k), Catch::Contains("need 1 <= top_k <= experts"));
+  k = j;
+  k["moe"] = qj["moe"];
+  CHECK_THROWS_WITH(spec_from_json(k), Catch::Contains("GPT-2 has a dense MLP"));
 }
 
 TEST_CASE("parse_manifest returns every field typed", "[ckpt]") {

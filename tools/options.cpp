@@ -134,7 +134,11 @@ void ModelOptions::add(Desc& d) {
       "the reference); KV-cached decoding (sample) goes through the same kernel")(
       "loss-chunk", po::value(&loss_chunk)->default_value(loss_chunk),
       "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
-      "the product run again in backward, so no (B*T, V) logits are held (0 = whole; not with --tp)");
+      "the product run again in backward, so no (B*T, V) logits are held (0 = whole; not with --tp)")(
+      "moe-capacity-factor", po::value(&moe_capacity_factor)->default_value(moe_capacity_factor),
+      "mixture-of-experts models (mixtral, qwen3_moe): each expert takes at most ceil(F x tokens x k / experts) of a "
+      "micro-batch's tokens per layer, the rest dropped (their slot adds nothing; counted in the progress line and "
+      "the log) (0 = dropless)");
   d.add(g);
 }
 
@@ -152,6 +156,8 @@ ModelSpec ModelOptions::computing(ModelSpec s) const {
   SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (1 << 30), "--loss-chunk {}: expected 0 (whole) or positions", loss_chunk);
   s.attention = parse_attention_kernel(attention);
   s.loss_chunk = loss_chunk;
+  s.moe_capacity_factor = moe_capacity_factor;
+  s.validate();  // --moe-capacity-factor against the model
   return s;
 }
 

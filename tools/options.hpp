@@ -94,7 +94,10 @@ struct ModelOptions {
   int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
   std::string attention = "flash";                               // --attention: flash | naive
   int64_t loss_chunk = 0;                                        // --loss-chunk (training and evaluation)
-  void add(Desc& d);  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk
+  double moe_capacity_factor = 0;                                // --moe-capacity-factor (0 = dropless)
+  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk
+  // --moe-capacity-factor
+  void add(Desc& d);
   // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults
   // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
   // default of 0 stands for, where it stands for something.
@@ -105,7 +108,8 @@ struct ModelOptions {
   // no tensor changes with it (docs/checkpoints-and-models.md, "Models from Hugging Face directories").
   // resolve_model (src/model/resolve.hpp) of these flags, with computing()'s fields.
   ModelSpec spec(const std::string& init = "") const;
-  // s with how it is computed set from --attention and --loss-chunk (InputError for a bad value):
+  // s with how it is computed set from --attention, --loss-chunk and --moe-capacity-factor
+  // (InputError for a bad value):
   // for a model from the flags or from a checkpoint alike.
   ModelSpec computing(ModelSpec s) const;
   bool given() const;  // whether any of these flags was given (with a value other than the default)

@@ -160,7 +160,11 @@ class Executor {
   }
   // The last action's message wait: when it began, how long it took (0 without one); reset per action.
   std::pair<double, double> take_wait() { return std::exchange(wait_, {0.0, 0.0}); }
-  RunResult result() const { return {loss_sum_, positions_}; }
+  RunResult result() const {
+    RunResult r;
+    r.loss_sum = loss_sum_, r.positions = positions_;
+    return r;
+  }
 
  private:
   struct Flight {

@@ -8,13 +8,15 @@
 #include "src/core/suggest.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/llama/llama.hpp"
+#include "src/model/moe/moe.hpp"
 
 namespace shardlab {
 namespace {
 
 // Indexed by FamilyId.
-const std::array<const ModelFamily*, 2>& registry() {
-  static const std::array<const ModelFamily*, 2> families = {&gpt2_family(), &llama_family()};
+const std::array<const ModelFamily*, 4>& registry() {
+  static const std::array<const ModelFamily*, 4> families = {&gpt2_family(), &llama_family(), &mixtral_family(),
+                                                             &qwen3_moe_family()};
   return families;
 }
 

@@ -1,8 +1,11 @@
 #include "src/model/runner.hpp"
 
+#include <optional>
+
 #include "src/comm/communicator.hpp"
 #include "src/backend/ops/loss.hpp"
 #include "src/model/blocks/loss_head.hpp"
+#include "src/model/blocks/moe.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab {
@@ -138,7 +141,9 @@ void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
     if (!out)
       scratch = ctx.pool.alloc(DType::f32, unit.out_elems(ctx.spec, ctx.batch.B, ctx.batch.T), Category::activations,
                                unit.name() + " recomputed output");
+    ctx.recomputing = true;  // a MoE layer's statistics were counted by the first forward
     unit.forward(ctx, p, in, out ? out.flat(DType::f32) : scratch.flat(DType::f32), saved);
+    ctx.recomputing = false;
     backward(p, hooks.grads(u));
   } else {
     backward(hooks.backward_params(u), hooks.grads(u));
@@ -189,6 +194,23 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
   return r;
 }
 
+namespace {
+// The micro-step's statistics summed over the group, the auxiliary loss and its gradient's factor.
+void finish_moe_balance(UnitHooks& hooks, MoeBalance& balance, const ModelSpec& spec, float dlogit_scale,
+                        int64_t positions, RunResult& r) {
+  std::vector<float> packed = balance.pack();
+  hooks.reduce_moe(packed);
+  balance.unpack(packed);
+  // Every layer routes every token: the micro-step's tokens (all ranks') are rows / layers, and its
+  // share of the objective is theirs over the batch's (dlogit_scale = 1 / the batch's positions).
+  const double tokens = balance.rows / static_cast<double>(spec.layers);
+  balance.finish(spec.moe.aux_coef, static_cast<double>(dlogit_scale) * tokens);
+  r.aux_sum = balance.aux * static_cast<double>(positions);
+  r.dropped = balance.dropped;
+  r.expert_counts = balance.counts;
+}
+}  // namespace
+
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
                                std::vector<float>* logits, Checkpointing checkpointing, const TpContext& tp) {
@@ -198,11 +220,14 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
+  std::optional<MoeBalance> balance;
+  if (spec.moe.enabled()) ctx.moe = &balance.emplace(spec.moe.experts);
   forward_units(units, ctx, hooks, outs, saved, true);
   Tensor out = final_logits(be, outs.back(), N, blocks::chunked_loss(spec, tp.config) ? nullptr : logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
+  if (balance) finish_moe_balance(hooks, *balance, spec, dlogit_scale, N, r);
   r.loss_sum = head_loss(hooks, be, pool, tp, spec, out, batch, dlogit_scale, true);
   Block dnext;  // gradient flowing into unit u's output (the last unit's is in the logits)
   Tensor dout = out;

@@ -4,6 +4,7 @@
 // frees in between. The loop itself never knows which.
 #pragma once
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "src/model/unit.hpp"
@@ -35,11 +36,22 @@ class UnitHooks {
   // dloss_scale, what the head's backward reads. DP overrides it (the sum lives on rank 0).
   virtual double loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch& batch, float dloss_scale,
                            bool backward);
+  // A mixture-of-experts model's balancing statistics (MoeBalance::pack) of this micro-step,
+  // summed in place over the ranks whose tokens share the auxiliary loss (the data-parallel and
+  // context-parallel group). A single replica has nothing to add.
+  virtual void reduce_moe(std::span<float> stats) {}
 };
 
 struct RunResult {
   double loss_sum = 0;  // over this rank's B*T positions
   int64_t positions = 0;
+  // A mixture-of-experts model: the auxiliary (load-balancing) loss of the micro-step times this
+  // rank's B*T positions (summed over the data-parallel ranks and divided by the batch's positions,
+  // the mean over micro-steps, as loss_sum gives the cross-entropy's), and the slots dropped past
+  // capacity and the top-k choices per expert, over all layers (the micro-step's, every rank's).
+  double aux_sum = 0;
+  double dropped = 0;
+  std::vector<double> expert_counts;
 };
 
 // Forward through every unit, loss, backward through every unit in reverse. Activations come from

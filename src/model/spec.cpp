@@ -14,7 +14,8 @@ namespace shardlab {
 void ModelSpec::validate() const {
   SHARD_REQUIRE(layers >= 1, "--layers {}: a model needs at least one layer", layers);
   SHARD_REQUIRE(dim >= 1 && heads >= 1, "--dim {} --heads {}: both must be positive", dim, heads);
-  SHARD_REQUIRE(dim % heads == 0, "--dim {} is not divisible by --heads {}", dim, heads);
+  SHARD_REQUIRE(head_dim != 0 || dim % heads == 0, "--dim {} is not divisible by --heads {}", dim, heads);
+  SHARD_REQUIRE(head_dim >= 0 && head_dim <= 1024, "head_dim {}: must be in [0, 1024] (0: dim / heads)", head_dim);
   SHARD_REQUIRE(seq >= 1, "--seq {}: must be positive", seq);
   SHARD_REQUIRE(vocab >= 2, "--vocab {}: must be at least 2", vocab);
   // Bounds that keep every element count (V*C, 12*C^2, B*H*T*T) far inside 64 bits.
@@ -38,6 +39,18 @@ void ModelSpec::validate() const {
                   "need factor > 0, 0 < low_freq_factor < high_freq_factor and original positions >= 1",
                   r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_positions);
   }
+  if (moe.enabled()) {
+    SHARD_REQUIRE(moe.experts <= 4096 && moe.top_k >= 1 && moe.top_k <= moe.experts,
+                  "experts {} top_k {}: need 1 <= top_k <= experts <= 4096", moe.experts, moe.top_k);
+    SHARD_REQUIRE(moe.ffn_dim >= 1 && moe.ffn_dim <= (1 << 20), "expert ffn_dim {}: must be in [1, 1048576]",
+                  moe.ffn_dim);
+    SHARD_REQUIRE(std::isfinite(moe.aux_coef) && moe.aux_coef >= 0, "router_aux_loss_coef {}: must be 0 or positive",
+                  moe.aux_coef);
+  }
+  SHARD_REQUIRE(std::isfinite(moe_capacity_factor) && moe_capacity_factor >= 0,
+                "--moe-capacity-factor {}: must be 0 (dropless) or positive", moe_capacity_factor);
+  SHARD_REQUIRE(moe_capacity_factor == 0 || moe.enabled(),
+                "--moe-capacity-factor {}: {} has no experts", moe_capacity_factor, name);
   family_of(*this).check(*this);
 }
 
@@ -53,6 +66,8 @@ std::string ModelSpec::describe() const {
     rope += fmt::format(" scaled llama3 x{} ({}, {}, {})", rope_scaling.factor, rope_scaling.low_freq_factor,
                         rope_scaling.high_freq_factor, rope_scaling.original_max_positions);
   if (tied_head != d.tied_head) rope += tied_head ? ", tied head" : ", untied head";
+  if (head_dim != d.head_dim) extra += fmt::format(" hd={}", head_dim);
+  if (moe.enabled()) extra += fmt::format(" E={} k={} Fe={}", moe.experts, moe.top_k, moe.ffn_dim);
   return fmt::format("{} (L={} C={} H={}{} T={} V={}{}, {:.2f}M params)", name, layers, dim, heads, extra, seq, vocab,
                      rope, p / 1e6);
 }
@@ -76,6 +91,27 @@ RopeScaling rope_scaling_from_json(const nlohmann::json& r) {
                 "\"rope_scaling\": \"original_max_position_embeddings\" must be an integer");
   s.original_max_positions = r["original_max_position_embeddings"].get<int64_t>();
   SHARD_REQUIRE(s.enabled(), "\"rope_scaling\": factor 0 (leave rope_scaling out for none)");
+  return s;
+}
+MoeSpec moe_from_json(const nlohmann::json& m) {
+  SHARD_REQUIRE(m.is_object(), "\"moe\" must be an object, got {}", m.dump());
+  for (auto it = m.begin(); it != m.end(); ++it)
+    SHARD_REQUIRE(it.key() == "experts" || it.key() == "top_k" || it.key() == "ffn_dim" || it.key() == "norm_topk" ||
+                      it.key() == "aux_coef",
+                  "\"moe\": unknown field \"{}\"", it.key());
+  auto integer = [&](const char* key) {
+    SHARD_REQUIRE(m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() >= 1,
+                  "\"moe\": \"{}\" must be a positive integer", key);
+    return m[key].get<int64_t>();
+  };
+  MoeSpec s;
+  s.experts = integer("experts");
+  s.top_k = integer("top_k");
+  s.ffn_dim = integer("ffn_dim");
+  SHARD_REQUIRE(m.contains("norm_topk") && m["norm_topk"].is_boolean(), "\"moe\": \"norm_topk\" must be a bool");
+  s.norm_topk = m["norm_topk"].get<bool>();
+  SHARD_REQUIRE(m.contains("aux_coef") && m["aux_coef"].is_number(), "\"moe\": \"aux_coef\" must be a number");
+  s.aux_coef = m["aux_coef"].get<double>();
   return s;
 }
 }  // namespace
@@ -103,6 +139,11 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
                          {"low_freq_factor", s.rope_scaling.low_freq_factor},
                          {"high_freq_factor", s.rope_scaling.high_freq_factor},
                          {"original_max_position_embeddings", s.rope_scaling.original_max_positions}};
+  if (s.head_dim != d.head_dim) j["head_dim"] = s.head_dim;
+  if (s.qk_norm) j["qk_norm"] = true;
+  if (s.moe.enabled())
+    j["moe"] = {{"experts", s.moe.experts}, {"top_k", s.moe.top_k}, {"ffn_dim", s.moe.ffn_dim},
+                {"norm_topk", s.moe.norm_topk}, {"aux_coef", s.moe.aux_coef}};
   return j;
 }
 
@@ -142,6 +183,12 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
     s.tied_head = j["tied_head"].get<bool>();
   }
   if (j.contains("rope_scaling")) s.rope_scaling = rope_scaling_from_json(j["rope_scaling"]);
+  if (j.contains("head_dim")) s.head_dim = size("head_dim", 0);
+  if (j.contains("qk_norm")) {
+    SHARD_REQUIRE(j["qk_norm"].is_boolean(), "\"qk_norm\" must be true or false");
+    s.qk_norm = j["qk_norm"].get<bool>();
+  }
+  if (j.contains("moe")) s.moe = moe_from_json(j["moe"]);
   s.validate();
   return s;
 }

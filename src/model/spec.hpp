@@ -13,7 +13,7 @@
 namespace shardlab {
 
 // The model families shardlab implements; family.hpp finds each one's ModelFamily.
-enum class FamilyId : uint8_t { gpt2, llama };
+enum class FamilyId : uint8_t { gpt2, llama, mixtral, qwen3_moe };
 
 // Llama 3.1's RoPE frequency scaling (Hugging Face's rope_scaling of type "llama3"): wavelengths
 // longer than original_max_positions / low_freq_factor are stretched by `factor`, those shorter
@@ -26,6 +26,20 @@ struct RopeScaling {
   int64_t original_max_positions = 0;  // HF's original_max_position_embeddings
   bool enabled() const { return factor != 0; }
   bool operator==(const RopeScaling&) const = default;
+};
+
+// A mixture-of-experts MLP (Mixtral, Qwen3-MoE; blocks/moe.hpp) in every decoder layer: a router
+// (linear, softmax over the experts, top-k, renormalised when norm_topk) and `experts` SwiGLU MLPs
+// of width ffn_dim. experts 0: a dense MLP. aux_coef: the load-balancing loss's weight in the
+// objective (HF's router_aux_loss_coef).
+struct MoeSpec {
+  int64_t experts = 0;  // E
+  int64_t top_k = 0;    // k, experts per token
+  int64_t ffn_dim = 0;  // each expert's MLP width
+  bool norm_topk = false;
+  double aux_coef = 0;
+  bool enabled() const { return experts > 0; }
+  bool operator==(const MoeSpec&) const = default;
 };
 
 // How attention is computed (--attention): the fused kernel (ops/flash_attention.hpp; O(T) memory,
@@ -50,12 +64,19 @@ struct ModelSpec {
   double rope_theta = 0;   // rotary position embedding base; 0: none (learned positions, wpe)
   bool tied_head = true;   // the LM head is the token embedding's transpose
   RopeScaling rope_scaling;  // none unless set (rope_theta > 0 then)
+  int64_t head_dim = 0;      // each attention head's size; 0: dim / heads
+  bool qk_norm = false;      // RMSNorm of every query and key head before RoPE (Qwen3)
+  MoeSpec moe;               // experts in place of the dense MLP (none unless set)
   // How the model computes, not what it is: not part of its JSON form (a checkpoint resumes under
   // either kernel, with the same parameters).
   AttentionKernel attention = AttentionKernel::flash;
   int64_t loss_chunk = 0;  // --loss-chunk: the head's loss this many positions at a time (0: the (N, V) logits whole)
+  // --moe-capacity-factor: each expert takes at most ceil(F * N * k / E) of a micro-batch's N
+  // tokens per layer, the rest dropped (their slot adds nothing); 0: dropless.
+  double moe_capacity_factor = 0;
   int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t ffn_hidden() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
 
   void validate() const;  // throws InputError naming the bad value (the family's checks included)
   std::string describe() const;  // "gpt2 (L=12 C=768 H=12 T=1024 V=50257, 124.44M params)"
@@ -71,7 +92,8 @@ std::vector<std::string> model_preset_names();
 // {"family", "name", "layers", "dim", "heads", "seq", "vocab"}, and those of kv_heads, ffn_dim,
 // norm_eps, rope_theta and tied_head that differ from their defaults, and "rope_scaling"
 // ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) when
-// set: the form checkpoints and reports store.
+// set, and "head_dim", "qk_norm" and "moe" ({"experts", "top_k", "ffn_dim", "norm_topk",
+// "aux_coef"}) when set: the form checkpoints and reports store.
 nlohmann::json spec_to_json(const ModelSpec& spec);
 // The inverse, validated: each size must be an integer (at least 1; vocab at least 2), a present
 // "name" a string (absent: "custom"), a present "family" a known family's name (absent: gpt2, as

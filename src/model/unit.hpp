@@ -20,6 +20,7 @@ namespace shardlab {
 class Communicator;  // src/comm/communicator.hpp (only a pointer here: the fuzzers build the model alone)
 struct CpContext;   // src/model/parallel/cp.hpp
 class DeferredWeightGrads;  // src/model/blocks/weight_grad.hpp
+struct MoeBalance;  // src/model/blocks/moe.hpp
 
 // Token ids for one micro-batch, on the backend's device: inputs and targets, (B, T) each.
 struct Batch {
@@ -117,6 +118,12 @@ struct UnitContext {
   // Set while a split backward (a zero-bubble schedule's B) runs: weight-gradient GEMMs are held
   // there for the W pass instead of computed (blocks/weight_grad.hpp).
   DeferredWeightGrads* deferred = nullptr;
+  // A mixture-of-experts model's load-balancing statistics of this micro-batch (blocks/moe.hpp),
+  // added to by each MoE layer's forward and read by its backward; null: none kept (evaluation,
+  // decoding).
+  MoeBalance* moe = nullptr;
+  // Set while checkpointing runs a unit's forward again before its backward.
+  bool recomputing = false;
 };
 
 class Unit {

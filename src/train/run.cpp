@@ -99,12 +99,19 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
   const std::string host =
       s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
   const std::string cp = s.cp_wait_ms ? fmt::format(" (cp wait {:.1f} ms)", *s.cp_wait_ms) : std::string();
+  // A mixture of experts: the auxiliary loss, the experts' load (max / mean), drops past capacity.
+  std::string moe;
+  if (s.aux_loss) {
+    moe = fmt::format(" | aux {:.4f} | load {:.2f}", *s.aux_loss, s.expert_imbalance.value_or(1.0));
+    if (s.dropped_slots.value_or(0) > 0) moe += fmt::format(" dropped {:.0f}", *s.dropped_slots);
+  }
   const double elapsed = p.elapsed_s();
   const double eta = elapsed / static_cast<double>(p.steps_done) * static_cast<double>(steps - start_step - p.steps_done);
   std::fprintf(out,
-               "step %5lld/%lld | loss %.4f (avg %.4f) | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %s | peak %s%s "
+               "step %5lld/%lld | loss %.4f (avg %.4f)%s | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %s | peak %s%s "
                "| comm %s%s | %s, ETA %s\n",
-               static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, p.loss_sum / double(p.losses), s.lr,
+               static_cast<long long>(s.step), static_cast<long long>(steps), s.loss, p.loss_sum / double(p.losses),
+               moe.c_str(), s.lr,
                s.grad_norm, s.ms, s.tokens_per_s, share.format(s.flops_per_s).c_str(),
                format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(), format_bytes(s.comm_bytes).c_str(),
                cp.c_str(), format_duration(elapsed).c_str(), format_duration(eta).c_str());
@@ -126,6 +133,9 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
                       {"flops_per_s", s.flops_per_s}, {"elapsed_s", s.elapsed_s}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   if (s.cp_wait_ms) j["cp_wait_ms"] = *s.cp_wait_ms;
+  if (s.aux_loss)
+    j["aux_loss"] = *s.aux_loss, j["expert_imbalance"] = s.expert_imbalance.value_or(1.0),
+    j["dropped_slots"] = s.dropped_slots.value_or(0.0);
   if (s.inter_node_bytes) j["intra_node_bytes"] = *s.intra_node_bytes, j["inter_node_bytes"] = *s.inter_node_bytes;
   if (const auto pct = share.percent(s.flops_per_s)) j[share.log_key()] = *pct;
   log << j.dump() << '\n';

@@ -224,12 +224,22 @@ StepStats Trainer::step(int64_t t) {
   model_.take_cp_wait_s();  // what evaluation or sampling spent is not this step's
   float loss = model_.reduce_loss(model_.train(batch_fill(loader_, t), dlogit_scale, &pipe_timing_));
   loss /= static_cast<float>(cfg_.batch * T);
+  std::optional<float> aux;
+  std::optional<double> imbalance, dropped;
+  if (cfg_.spec.moe.enabled()) {
+    const ParallelModel::MoeStep m = model_.take_moe();
+    aux = static_cast<float>(m.aux_sum / static_cast<double>(cfg_.batch * T));
+    double mx = 0, sum = 0;
+    for (double c : m.counts) mx = std::max(mx, c), sum += c;
+    if (sum > 0) imbalance = mx / (sum / static_cast<double>(m.counts.size()));
+    dropped = m.dropped;
+  }
   pool_.ledger().set_phase({PhaseKind::optimizer});
   model_.sync_tied_grads();
   const float norm = static_cast<float>(std::sqrt(model_.grad_norm_sq()));
   const float lr = cfg_.schedule.at(t);
   // Every rank sees the same loss and norm, so every rank takes the same branch here.
-  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+  const bool finite = std::isfinite(loss) && std::isfinite(norm) && std::isfinite(aux.value_or(0.f));
   if (!finite && !cfg_.skip_nonfinite)
     throw InputError(fmt::format("step {}: the loss is {} and the gradient norm {}: stopping (lower --lr, or pass "
                                  "--skip-nonfinite to skip such steps)", t + 1, loss, norm));
@@ -252,6 +262,7 @@ StepStats Trainer::step(int64_t t) {
   s.loss = loss;
   s.lr = lr;
   s.grad_norm = norm;
+  s.aux_loss = aux, s.expert_imbalance = imbalance, s.dropped_slots = dropped;
   s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);
   s.flops_per_s = flops_per_token_ * s.tokens_per_s;

@@ -95,6 +95,12 @@ struct StepStats {
   // --ranks-per-node: this rank's bus bytes of the step on groups inside a node and on groups that
   // span nodes (Mesh::crosses_nodes).
   std::optional<double> intra_node_bytes, inter_node_bytes;
+  // A mixture-of-experts model: the auxiliary (load-balancing) loss, the mean over micro-steps
+  // (`loss` is the cross-entropy alone; the objective is loss + router_aux_loss_coef x aux_loss);
+  // the expert load's imbalance, max / mean top-k choices per expert over all layers; the slots
+  // dropped past capacity (--moe-capacity-factor), every rank's.
+  std::optional<float> aux_loss;
+  std::optional<double> expert_imbalance, dropped_slots;
 };
 
 class Trainer {

@@ -35,6 +35,13 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int64_t N, int64_t C);
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps);
+// RMSNorm of heads of hd at columns [col0, col0 + heads hd) of each row of x (N, W), in place;
+// the inputs copied to pre (N, heads hd), rstd (N heads). Backward: dx's same columns in place,
+// dw accumulates (rows in order).
+void head_rmsnorm_forward(float* x, float* pre, float* rstd, const float* w, int64_t N, int64_t W, int64_t col0,
+                          int64_t heads, int64_t hd, float eps);
+void head_rmsnorm_backward(float* dx, float* dw, const float* pre, const float* w, const float* rstd, int64_t N,
+                           int64_t W, int64_t col0, int64_t heads, int64_t hd);
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
                       int64_t N, int64_t C);
 // x (B*T rows of W); the first `heads` heads of head_dim channels rotate, positions pos0 + t.
@@ -81,6 +88,12 @@ void vocab_ce_finish(float* losses, float* dlogits, const float* logits, const i
                      int64_t Vl, int64_t v0, int64_t valid, const float* mx, const float* sumexp, const float* tlogit,
                      float dloss_scale);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a);
+// moe.cpp (ops/moe.hpp); index arrays as there.
+void moe_gather(float* dst, const float* src, const int32_t* token_of, int64_t rows, int64_t N, int64_t C);
+void moe_combine(float* out, const float* y, const int32_t* pos, const float* w, int64_t N, int64_t k, int64_t C,
+                 int64_t rows, bool accumulate);
+void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const int32_t* pos, const float* w,
+                          int64_t N, int64_t k, int64_t C, int64_t rows);
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a);
 
 }  // namespace shardlab::cpu

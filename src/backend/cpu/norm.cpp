@@ -126,4 +126,46 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
   }
 }
 
+// Per head as rmsnorm_forward per row: (x r) w, r = 1 / sqrt(mean(x^2) + eps).
+void head_rmsnorm_forward(float* x, float* pre, float* rstd, const float* w, int64_t N, int64_t W, int64_t col0,
+                          int64_t heads, int64_t hd, float eps) {
+#pragma omp parallel for schedule(static) if (N * heads * hd > kParallelMin)
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + i * W + col0 + h * hd;
+      float* p = pre + (i * heads + h) * hd;
+      float ss = 0.f;
+      for (int64_t c = 0; c < hd; ++c) {
+        p[c] = v[c];
+        ss += v[c] * v[c];
+      }
+      const float r = 1.f / std::sqrt(ss / hd + eps);
+      for (int64_t c = 0; c < hd; ++c) v[c] = (p[c] * r) * w[c];
+      rstd[i * heads + h] = r;
+    }
+}
+
+// As rmsnorm_backward per head; dw summed over (row, head) in order on one thread (hd wide: small).
+void head_rmsnorm_backward(float* dx, float* dw, const float* pre, const float* w, const float* rstd, int64_t N,
+                           int64_t W, int64_t col0, int64_t heads, int64_t hd) {
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* d = dx + i * W + col0 + h * hd;
+      const float* p = pre + (i * heads + h) * hd;
+      const float r = rstd[i * heads + h];
+      for (int64_t c = 0; c < hd; ++c) dw[c] += d[c] * (p[c] * r);
+    }
+#pragma omp parallel for schedule(static) if (N * heads * hd > kParallelMin)
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* d = dx + i * W + col0 + h * hd;
+      const float* p = pre + (i * heads + h) * hd;
+      const float r = rstd[i * heads + h];
+      float dot = 0.f;
+      for (int64_t c = 0; c < hd; ++c) dot += w[c] * d[c] * (p[c] * r);
+      dot /= static_cast<float>(hd);
+      for (int64_t c = 0; c < hd; ++c) d[c] = (w[c] * d[c] - (p[c] * r) * dot) * r;
+    }
+}
+
 }  // namespace shardlab::cpu

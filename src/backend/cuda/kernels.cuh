@@ -68,6 +68,22 @@ int64_t rmsnorm_backward_workspace(int64_t N, int64_t C);
 cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                                     const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s);
 
+// Per-head RMSNorm (ops::head_rmsnorm_forward) at columns [col0, col0 + heads hd) of x (N, W), in
+// place, inputs to pre (N, heads hd), rstd (N heads). Backward: dx's columns in place, dw accumulates
+// over (row, head) in order.
+cudaError_t launch_head_rmsnorm_forward(float* x, float* pre, float* rstd, const float* w, int64_t N, int64_t W,
+                                        int64_t col0, int64_t heads, int64_t hd, float eps, cudaStream_t s);
+cudaError_t launch_head_rmsnorm_backward(float* dx, float* dw, const float* pre, const float* w, const float* rstd,
+                                         int64_t N, int64_t W, int64_t col0, int64_t heads, int64_t hd,
+                                         cudaStream_t s);
+// The mixture-of-experts row moves (ops/moe.hpp), index arrays in device memory.
+cudaError_t launch_moe_gather(float* dst, const float* src, const int32_t* token_of, int64_t rows, int64_t C,
+                              cudaStream_t s);
+cudaError_t launch_moe_combine(float* out, const float* y, const int32_t* pos, const float* w, int64_t N, int64_t k,
+                               int64_t C, bool accumulate, cudaStream_t s);
+cudaError_t launch_moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const int32_t* pos,
+                                        const float* w, int64_t N, int64_t k, int64_t C, cudaStream_t s);
+
 // Rotary embedding's frequencies as a kernel parameter (RopeFreqs without std::array, which device
 // code cannot index): passed by value, so no device copy and no upload to order on the stream.
 inline constexpr int kRopeMaxHalf = 256;  // RopeFreqs::kMaxHalf (static_assert in rope.cpp)

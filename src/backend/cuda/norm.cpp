@@ -34,4 +34,17 @@ void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Ten
                                      weight.ptr<float>(), rstd.ptr<float>(), workspace, N, C, cb.compute_stream()));
 }
 
+void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor weight, int64_t N, int64_t W,
+                          int64_t col0, int64_t heads, int64_t hd, float eps) {
+  CUDA_CHECK(launch_head_rmsnorm_forward(x.ptr<float>(), pre.ptr<float>(), rstd.ptr<float>(), weight.ptr<float>(), N, W,
+                                         col0, heads, hd, eps, CudaBackend::of(be).compute_stream()));
+}
+
+void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, Tensor weight, Tensor rstd, int64_t N,
+                           int64_t W, int64_t col0, int64_t heads, int64_t hd) {
+  CUDA_CHECK(launch_head_rmsnorm_backward(dx.ptr<float>(), dweight.ptr<float>(), pre.ptr<float>(), weight.ptr<float>(),
+                                          rstd.ptr<float>(), N, W, col0, heads, hd,
+                                          CudaBackend::of(be).compute_stream()));
+}
+
 }  // namespace shardlab::cuda

@@ -197,4 +197,72 @@ cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, c
   return cudaGetLastError();
 }
 
+namespace {
+
+// One thread per (row, head): hd is a head's size (at most a few hundred), serial as the CPU's.
+__global__ void head_rmsnorm_forward_kernel(float* x, float* pre, float* rstd, const float* w, int64_t N, int64_t W,
+                                            int64_t col0, int64_t heads, int64_t hd, float eps) {
+  GRID_STRIDE_LOOP(i, N * heads) {
+    const int64_t n = i / heads, h = i % heads;
+    float* v = x + n * W + col0 + h * hd;
+    float* p = pre + i * hd;
+    float ss = 0.f;
+    for (int64_t c = 0; c < hd; ++c) {
+      p[c] = v[c];
+      ss += v[c] * v[c];
+    }
+    const float r = 1.f / sqrtf(ss / hd + eps);
+    for (int64_t c = 0; c < hd; ++c) v[c] = (p[c] * r) * w[c];
+    rstd[i] = r;
+  }
+}
+
+// One thread per weight element, over every (row, head) in order: the CPU's sum.
+__global__ void head_rmsnorm_dw_kernel(float* dw, const float* dx, const float* pre, const float* rstd, int64_t N,
+                                       int64_t W, int64_t col0, int64_t heads, int64_t hd) {
+  GRID_STRIDE_LOOP(c, hd) {
+    float acc = dw[c];
+    for (int64_t i = 0; i < N * heads; ++i) {
+      const int64_t n = i / heads, h = i % heads;
+      acc += dx[n * W + col0 + h * hd + c] * (pre[i * hd + c] * rstd[i]);
+    }
+    dw[c] = acc;
+  }
+}
+
+__global__ void head_rmsnorm_dx_kernel(float* dx, const float* pre, const float* w, const float* rstd, int64_t N,
+                                       int64_t W, int64_t col0, int64_t heads, int64_t hd) {
+  GRID_STRIDE_LOOP(i, N * heads) {
+    const int64_t n = i / heads, h = i % heads;
+    float* d = dx + n * W + col0 + h * hd;
+    const float* p = pre + i * hd;
+    const float r = rstd[i];
+    float dot = 0.f;
+    for (int64_t c = 0; c < hd; ++c) dot += w[c] * d[c] * (p[c] * r);
+    dot /= static_cast<float>(hd);
+    for (int64_t c = 0; c < hd; ++c) d[c] = (w[c] * d[c] - (p[c] * r) * dot) * r;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_head_rmsnorm_forward(float* x, float* pre, float* rstd, const float* w, int64_t N, int64_t W,
+                                        int64_t col0, int64_t heads, int64_t hd, float eps, cudaStream_t s) {
+  if (N * heads == 0) return cudaSuccess;
+  head_rmsnorm_forward_kernel<<<grid_for(N * heads), kThreads, 0, s>>>(x, pre, rstd, w, N, W, col0, heads, hd, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_head_rmsnorm_backward(float* dx, float* dw, const float* pre, const float* w, const float* rstd,
+                                         int64_t N, int64_t W, int64_t col0, int64_t heads, int64_t hd,
+                                         cudaStream_t s) {
+  if (N * heads == 0) return cudaSuccess;
+  // dw first: it reads d(normalised), which the dx kernel then overwrites.
+  head_rmsnorm_dw_kernel<<<grid_for(hd), kThreads, 0, s>>>(dw, dx, pre, rstd, N, W, col0, heads, hd);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  head_rmsnorm_dx_kernel<<<grid_for(N * heads), kThreads, 0, s>>>(dx, pre, w, rstd, N, W, col0, heads, hd);
+  return cudaGetLastError();
+}
+
 }  // namespace shardlab::cuda

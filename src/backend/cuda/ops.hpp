@@ -27,6 +27,10 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
 void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C);
 void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
                       int64_t N, int64_t C);
+void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor weight, int64_t N, int64_t W,
+                          int64_t col0, int64_t heads, int64_t hd, float eps);
+void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, Tensor weight, Tensor rstd, int64_t N,
+                           int64_t W, int64_t col0, int64_t heads, int64_t hd);
 // ---- rope.cpp ----
 void rope(Backend& be, Tensor x, int64_t heads, const RopeFreqs& freqs, int64_t pos0, bool inverse, int64_t B,
           int64_t T, int64_t W);
@@ -71,5 +75,12 @@ void vocab_ce_finish(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, 
 // ---- optimizer.cpp ----
 void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a);
 void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a);
+
+// ---- moe.cpp ---- (index arrays: device memory)
+void moe_gather(Backend& be, Tensor dst, Tensor src, const int32_t* token_of, int64_t rows, int64_t C);
+void moe_combine(Backend& be, Tensor out, Tensor y, const int32_t* pos, Tensor w, int64_t N, int64_t k, int64_t C,
+                 bool accumulate);
+void moe_combine_backward(Backend& be, Tensor dy, Tensor dw, Tensor dout, Tensor y, const int32_t* pos, Tensor w,
+                          int64_t N, int64_t k, int64_t C);
 
 }  // namespace shardlab::cuda

@@ -91,4 +91,49 @@ void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Ten
   }
 }
 
+namespace {
+struct HeadNormShape {
+  int64_t N, W, heads, hd;
+};
+HeadNormShape head_norm_shape(const Tensor& x, const Tensor& pre, const Tensor& rstd, const Tensor& weight,
+                              int64_t col0, const char* op) {
+  const int64_t hd = weight.numel();
+  const int64_t N = x.ndim() >= 2 ? x.numel() / x.dim(x.ndim() - 1) : 0, W = N > 0 ? x.numel() / N : 0;
+  const int64_t heads = N > 0 && hd > 0 ? pre.numel() / (N * hd) : 0;
+  SHARD_CHECK(hd > 0 && N > 0 && heads > 0 && pre.numel() == N * heads * hd && rstd.numel() == N * heads &&
+                  col0 >= 0 && col0 + heads * hd <= W,
+              "{}: x {} pre {} rstd {} weight {} col0={}", op, x.shape_str(), pre.shape_str(), rstd.shape_str(),
+              weight.shape_str(), col0);
+  return {N, W, heads, hd};
+}
+}  // namespace
+
+void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor weight, int64_t col0, float eps) {
+  const HeadNormShape s = head_norm_shape(x, pre, rstd, weight, col0, "head_rmsnorm_forward");
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::head_rmsnorm_forward(x.ptr<float>(), pre.ptr<float>(), rstd.ptr<float>(), weight.ptr<float>(), s.N,
+                                       s.W, col0, s.heads, s.hd, eps);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::head_rmsnorm_forward(be, x, pre, rstd, weight, s.N, s.W, col0, s.heads, s.hd, eps);
+      return;
+    case Device::meta: return;
+  }
+}
+
+void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, Tensor weight, Tensor rstd,
+                           int64_t col0) {
+  const HeadNormShape s = head_norm_shape(dx, pre, rstd, weight, col0, "head_rmsnorm_backward");
+  SHARD_CHECK(dweight.numel() == s.hd, "head_rmsnorm_backward: dweight {} for head size {}", dweight.shape_str(), s.hd);
+  switch (be.device()) {
+    case Device::cpu:
+      return cpu::head_rmsnorm_backward(dx.ptr<float>(), dweight.ptr<float>(), pre.ptr<float>(), weight.ptr<float>(),
+                                        rstd.ptr<float>(), s.N, s.W, col0, s.heads, s.hd);
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::head_rmsnorm_backward(be, dx, dweight, pre, weight, rstd, s.N, s.W, col0, s.heads, s.hd);
+      return;
+    case Device::meta: return;
+  }
+}
+
 }  // namespace shardlab::ops

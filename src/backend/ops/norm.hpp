@@ -18,4 +18,12 @@ void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor we
 // dinp and dweight accumulate
 void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
 
+// RMSNorm of each head (Qwen3's q_norm and k_norm): the `heads` heads of weight.numel() = hd
+// elements at columns [col0, col0 + heads hd) of every row of x (N, W), normalised in place; their
+// inputs copied to pre (N, heads hd) and rstd (N, heads) saved for backward.
+void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor weight, int64_t col0, float eps);
+// The same columns of dx, in place: d(normalised) in, d(input) out; dweight accumulates.
+void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, Tensor weight, Tensor rstd,
+                           int64_t col0);
+
 }  // namespace shardlab::ops

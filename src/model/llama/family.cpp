@@ -26,12 +26,10 @@ class LlamaFamily final : public ModelFamily {
   nlohmann::json hf_config(const ModelSpec& spec) const override { return llama_hf_config(spec); }
 
   void check(const ModelSpec& s) const override {
-    SHARD_REQUIRE(s.rope_theta > 0, "rope_theta {}: Llama rotates its queries and keys (RoPE), the base must be positive",
-                  s.rope_theta);
-    const int64_t hd = s.dim / s.heads;
-    SHARD_REQUIRE(hd % 2 == 0 && hd / 2 <= RopeFreqs::kMaxHalf,
-                  "head size {} (--dim {} / --heads {}): RoPE needs an even head size of at most {}", hd, s.dim, s.heads,
-                  2 * RopeFreqs::kMaxHalf);
+    llama_check_rope(s);
+    SHARD_REQUIRE(!s.moe.enabled() && !s.qk_norm && s.head_dim == 0,
+                  "{}: a llama model has a dense MLP, no query/key norms and heads of dim / heads (the mixtral and "
+                  "qwen3_moe families have experts)", s.name);
   }
 
   // The layout's names are HF's LlamaForCausalLM state-dict names.
@@ -69,9 +67,9 @@ const std::set<std::string> kKnownFields = {
     "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
     "rope_parameters", "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias", "head_dim", "pretraining_tp"};
 
-// The rope parameters, from transformers 5's "rope_parameters" or the classic "rope_theta" and
-// "rope_scaling" (null or absent: none), into s.rope_theta and s.rope_scaling.
-void read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
+}  // namespace
+
+void llama_read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
   const bool has_params = c.has("rope_parameters"), has_scaling = c.has("rope_scaling");
   SHARD_REQUIRE(!(has_params && has_scaling),
                 "config.json: both \"rope_parameters\" and \"rope_scaling\" are given; expected one of them");
@@ -128,7 +126,14 @@ void read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
                 where, type, join_names(unknown));
 }
 
-}  // namespace
+void llama_check_rope(const ModelSpec& s) {
+  SHARD_REQUIRE(s.rope_theta > 0, "rope_theta {}: Llama rotates its queries and keys (RoPE), the base must be positive",
+                s.rope_theta);
+  const int64_t hd = s.head_size();
+  SHARD_REQUIRE(hd % 2 == 0 && hd / 2 <= RopeFreqs::kMaxHalf,
+                "head size {} (--dim {} / --heads {}): RoPE needs an even head size of at most {}", hd, s.dim, s.heads,
+                2 * RopeFreqs::kMaxHalf);
+}
 
 const ModelFamily& llama_family() {
   static const LlamaFamily family;
@@ -198,7 +203,7 @@ ModelSpec llama_spec_from_hf_config(const nlohmann::json& j) {
     throw InputError(fmt::format("config.json: \"head_dim\" is {}; shardlab's Llama needs hidden_size / "
                                  "num_attention_heads = {}",
                                  j["head_dim"].dump(), s.dim / s.heads));
-  read_rope(j, c, s);
+  llama_read_rope(j, c, s);
   s.validate();
   return s;
 }
@@ -244,7 +249,7 @@ double llama_flops_per_token(const ModelSpec& s) {
 }
 
 RopeFreqs llama_rope_freqs(const ModelSpec& s) {
-  const int64_t hd = s.dim / s.heads;
+  const int64_t hd = s.head_size();
   SHARD_CHECK(hd % 2 == 0 && hd / 2 <= RopeFreqs::kMaxHalf, "head size {} for RoPE", hd);
   RopeFreqs f;
   f.half = hd / 2;

@@ -2,6 +2,10 @@
 // (nn.Linear weights (out, in)), with HF's initialisation (_init_weights: every matrix normal(0,
 // initializer_range 0.02), RMSNorm weights ones; no residual scaling, unlike GPT-2).
 //
+// Mixtral and Qwen3-MoE are this layout with a mixture of experts in place of the MLP (blocks/moe.hpp:
+// the router, then each expert's gate, up and down; router and experts normal(0, 0.02) as HF's
+// _init_weights), and for Qwen3 an RMSNorm of each query and key head (q_norm, k_norm: ones).
+//
 // Within a layer, q_proj, k_proj and v_proj follow one another in the unit's flat buffer, as do
 // gate_proj and up_proj: stacked, they are the ((H + 2 KV) hd, C) and (2F, C) matrices one GEMM
 // each multiplies by (units.cpp).
@@ -15,7 +19,7 @@
 namespace shardlab {
 
 std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
-  const int64_t C = s.dim, F = s.ffn_hidden(), hd = s.dim / s.heads;
+  const int64_t C = s.dim, F = s.ffn_hidden(), hd = s.head_size();
   const int64_t q_rows = s.heads * hd, kv_rows = s.num_kv_heads() * hd;
   const float std = 0.02f;
   const TpSplit vocab{0, 1, true}, rows{0}, cols{1};
@@ -31,10 +35,24 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
     add_tensor(b, p + "self_attn.k_proj.weight", {kv_rows, C}, Init::normal, std, rows);
     add_tensor(b, p + "self_attn.v_proj.weight", {kv_rows, C}, Init::normal, std, rows);
     add_tensor(b, p + "self_attn.o_proj.weight", {C, q_rows}, Init::normal, std, cols);
+    if (s.qk_norm) {
+      add_tensor(b, p + "self_attn.q_norm.weight", {hd}, Init::ones);
+      add_tensor(b, p + "self_attn.k_norm.weight", {hd}, Init::ones);
+    }
     add_tensor(b, p + "post_attention_layernorm.weight", {C}, Init::ones);
-    add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std, rows);
-    add_tensor(b, p + "mlp.up_proj.weight", {F, C}, Init::normal, std, rows);
-    add_tensor(b, p + "mlp.down_proj.weight", {C, F}, Init::normal, std, cols);
+    if (s.moe.enabled()) {
+      add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std);
+      const int64_t Fe = s.moe.ffn_dim;
+      for (int64_t e = 0; e < s.moe.experts; ++e) {  // gate and up adjacent: one stacked product
+        add_tensor(b, moe_tensor(s, p, MoePart::gate, e), {Fe, C}, Init::normal, std);
+        add_tensor(b, moe_tensor(s, p, MoePart::up, e), {Fe, C}, Init::normal, std);
+        add_tensor(b, moe_tensor(s, p, MoePart::down, e), {C, Fe}, Init::normal, std);
+      }
+    } else {
+      add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std, rows);
+      add_tensor(b, p + "mlp.up_proj.weight", {F, C}, Init::normal, std, rows);
+      add_tensor(b, p + "mlp.down_proj.weight", {C, F}, Init::normal, std, cols);
+    }
     units.push_back(std::move(b));
   }
   UnitLayout head{"head", {}, 0, tp.degree, tp.rank};
@@ -42,6 +60,16 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
   if (!s.tied_head) add_tensor(head, "lm_head.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(head));
   return units;
+}
+
+std::string moe_tensor(const ModelSpec& s, const std::string& prefix, MoePart part, int64_t e) {
+  const bool mixtral = s.family == FamilyId::mixtral;
+  const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+  if (part == MoePart::router) return block + "gate.weight";
+  static const char* const kMixtral[] = {"", "w1", "w3", "w2"};
+  static const char* const kQwen[] = {"", "gate_proj", "up_proj", "down_proj"};
+  const auto i = static_cast<size_t>(part);
+  return block + "experts." + std::to_string(e) + "." + (mixtral ? kMixtral[i] : kQwen[i]) + ".weight";
 }
 
 }  // namespace shardlab

@@ -11,12 +11,15 @@
 #pragma once
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <vector>
 
 #include "src/backend/ops/rope.hpp"
 #include "src/model/family.hpp"
 
 namespace shardlab {
+
+class HfConfigReader;  // src/model/hf_config_reader.hpp
 
 const ModelFamily& llama_family();
 
@@ -31,6 +34,12 @@ std::vector<ModelPreset> llama_presets();
 // use_cache) ignored; unknown fields and values the units do not compute refused by name.
 ModelSpec llama_spec_from_hf_config(const nlohmann::json& config);
 nlohmann::json llama_hf_config(const ModelSpec& spec);
+// The rope parameters of a Llama-shaped config (llama, mixtral, qwen3_moe), from transformers 5's
+// "rope_parameters" or the classic "rope_theta" and "rope_scaling" (null or absent: none), into
+// s.rope_theta and s.rope_scaling (s.seq read already); InputError for what the units do not compute.
+void llama_read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s);
+// InputError unless RoPE can rotate the spec's heads (a positive base, an even head size).
+void llama_check_rope(const ModelSpec& spec);
 // 6N + 6LCT as GPT-2's (llm.c's) count, with N the parameters outside the token embedding (an
 // untied LM head counts: it is a product per token; a lookup is not).
 double llama_flops_per_token(const ModelSpec& spec);
@@ -42,6 +51,12 @@ RopeFreqs llama_rope_freqs(const ModelSpec& spec);
 // layout.cpp: units in execution order: embedding, layers.0 .. layers.{L-1}, head (model.norm
 // and lm_head; a tied head borrows model.embed_tokens.weight).
 std::vector<UnitLayout> llama_layout(const ModelSpec& spec, const TpConfig& tp = {});
+
+// The MoE families' tensor names of layer `prefix` ("model.layers.3."): the router, and expert e's
+// gate, up and down projections (Mixtral: block_sparse_moe.gate, experts.e.w1 / w3 / w2; Qwen3-MoE:
+// mlp.gate, mlp.experts.e.gate_proj / up_proj / down_proj).
+enum class MoePart : uint8_t { router, gate, up, down };
+std::string moe_tensor(const ModelSpec& spec, const std::string& prefix, MoePart part, int64_t expert = 0);
 
 // units.cpp
 std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp = {});

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "src/model/blocks/attention.hpp"
+#include "src/model/blocks/linear.hpp"
+#include "src/model/blocks/moe.hpp"
 #include "src/model/blocks/loss_head.hpp"
 #include "src/model/llama/llama.hpp"
 #include "src/model/tp.hpp"
@@ -33,48 +35,9 @@
 namespace shardlab {
 namespace {
 
-// out (N, OC) = inp (N, IC) @ W^T, with W (OC, IC) as nn.Linear stores it.
-void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
-  const int64_t OC = w.dim(0), IC = w.dim(1);
-  GemmDesc d = gemm_with(w);
-  d.trans_b = Trans::T;
-  d.m = N, d.n = OC, d.k = IC;
-  d.lda = IC, d.ldb = IC, d.ldc = OC;
-  be.gemm(d, inp.data(), w.data(), out.data());
-}
-
-// dinp (N, IC) = dout (N, OC) @ W (overwritten); dW (OC, IC) += dout^T @ inp (held for the W pass
-// under a split backward: blocks/weight_grad.hpp).
-void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N) {
-  const int64_t OC = w.dim(0), IC = w.dim(1);
-  GemmDesc dx = gemm_with(w);
-  dx.m = N, dx.n = IC, dx.k = OC;
-  dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
-  c.be.gemm(dx, dout.data(), w.data(), dinp.data());
-  GemmDesc dW;  // both operands f32 activations, rounded as the weight is
-  dW.round_inputs_to = w.dtype();
-  dW.trans_a = Trans::T;
-  dW.m = OC, dW.n = IC, dW.k = N;
-  dW.lda = OC, dW.ldb = IC, dW.ldc = IC;
-  dW.beta = 1.f;
-  weight_gemm(c, dW, dout, inp, dw);
-}
-
-// Tensors that follow one another in memory, each (rows_i, cols), as one (sum rows_i, cols) matrix.
-Tensor stacked(const std::vector<Tensor>& parts) {
-  const Tensor& first = parts.front();
-  const int64_t cols = first.dim(1);
-  const char* next = static_cast<const char*>(first.data());
-  int64_t rows = 0;
-  for (const Tensor& t : parts) {
-    SHARD_CHECK(t.data() == next && t.dtype() == first.dtype() && t.ndim() == 2 && t.dim(1) == cols,
-                "stacked weights: a {} {} tensor at {} does not follow the previous one (expected at {})",
-                dtype_name(t.dtype()), t.shape_str(), t.data(), static_cast<const void*>(next));
-    next += t.bytes();
-    rows += t.dim(0);
-  }
-  return Tensor(first.data(), first.dtype(), {rows, cols}, first.device());
-}
+using blocks::linear_backward;
+using blocks::linear_forward;
+using blocks::stacked;
 
 float eps(const ModelSpec& s) { return static_cast<float>(s.norm_eps); }
 
@@ -150,6 +113,7 @@ class DecoderLayerUnit final : public Unit {
       : Unit(std::move(layout)),
         prefix_("model.layers." + std::to_string(index) + "."),
         freqs_(llama_rope_freqs(spec)),
+        spec_(spec),
         tp_(tp) {}
   bool recomputable() const override { return true; }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
@@ -164,6 +128,7 @@ class DecoderLayerUnit final : public Unit {
     Block whole = whole_rows(c, prefix_ + "region rows");
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, tp_region_input(c, ln1, whole_or(whole, c, ln1)), qkv_weight(p), d.N);
+    qk_norm(c, p, s, qkv, d);
     rope(c, qkv, d, false);  // q and k: the first H + KV heads of each row
     Tensor atty = blocks::attention_forward(c, s, qkv, d.attention());
     Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
@@ -173,12 +138,8 @@ class DecoderLayerUnit final : public Unit {
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
-    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
-    linear_forward(be, gate_up, tp_region_input(c, ln2, whole_or(whole, c, ln2)), gate_up_weight(p), d.N);
-    ops::swiglu_forward(be, act, gate_up);
-    Tensor mlp_out = whole_or(whole, c, out);
-    linear_forward(be, mlp_out, act, wg(p, "mlp.down_proj.weight"), d.N);
-    tp_region_output(c, mlp_out, out);
+    mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), whole_or(whole, c, out), d);
+    tp_region_output(c, whole_or(whole, c, out), out);
     be.add(out, x2, out);  // residual
   }
 
@@ -187,10 +148,12 @@ class DecoderLayerUnit final : public Unit {
     const Dims d(c, tp_);
     Backend& be = c.be;
     // big holds d(gate_up), then d(qkv); mid d(swiglu); small d(ln2), d(atty), then d(ln1).
-    Block big = c.pool.alloc(DType::f32, d.N * std::max(2 * d.F, d.W), Category::workspace,
+    const int64_t F = c.spec.moe.enabled() ? 0 : d.F;  // the dense MLP's width (MoE: blocks/moe.cpp's buffers)
+    Block big = c.pool.alloc(DType::f32, d.N * std::max(2 * F, d.W), Category::workspace,
                              prefix_ + "backward dgate_up");
-    Block mid = c.pool.alloc(DType::f32, d.N * d.F, Category::workspace, prefix_ + "backward dswiglu");
-    Block small = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "backward dln");
+    Block mid = F > 0 ? c.pool.alloc(DType::f32, d.N * F, Category::workspace, prefix_ + "backward dswiglu") : Block();
+    Block small = c.pool.alloc(DType::f32, d.N * std::max(d.C, d.H * d.hd), Category::workspace,
+                               prefix_ + "backward dln");
     Block scratch = blocks::attention_scratch(c, d.attention(), prefix_);
     // Sequence parallelism: whole holds what a GEMM needs of all N rows, gathered: d(out), ln2,
     // d(x2), ln1 in turn (forward kept only the rank's rows of ln1 and ln2, Megatron's activations
@@ -199,17 +162,22 @@ class DecoderLayerUnit final : public Unit {
     Block local = c.tp.sequence_parallel() ? c.pool.alloc(DType::f32, d.Nl * d.C, Category::workspace,
                                                           prefix_ + "backward dln rows")
                                            : Block();
-    Tensor dgate_up = big.view(DType::f32, {d.N, 2 * d.F}), dact = mid.view(DType::f32, {d.N, d.F});
+    Tensor dgate_up = big.view(DType::f32, {d.N, 2 * F}), dact = mid ? mid.view(DType::f32, {d.N, F}) : Tensor();
     Tensor dsmall = small.view(DType::f32, {d.N, d.C});
     Tensor dln = local ? local.view(DType::f32, {d.Nl, d.C}) : dsmall;
     TpPartialGrads norm_grads(c, g, {prefix_ + "input_layernorm.weight", prefix_ + "post_attention_layernorm.weight"},
                               prefix_ + "norms");
     // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
     const Tensor dmlp_out = tp_region_output_backward(c, dout, whole_or(whole, c, dout));  // all N rows
-    linear_backward(c, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"), d.N);
-    ops::swiglu_backward(be, dgate_up, s("gate_up"), dact);
-    linear_backward(c, dsmall, gate_up_weight(g, false), dgate_up,
-                    tp_region_input(c, s("ln2"), whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
+    if (c.spec.moe.enabled()) {
+      blocks::moe_backward(c, s, dsmall, dmlp_out, s("ln2"), moe_weights(p, true), moe_weights(g, false));
+    } else {
+      linear_backward(c, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"),
+                      d.N);
+      ops::swiglu_backward(be, dgate_up, s("gate_up"), dact);
+      linear_backward(c, dsmall, gate_up_weight(g, false), dgate_up,
+                      tp_region_input(c, s("ln2"), whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
+    }
     tp_region_input_backward(c, dsmall, dln);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
     ops::rmsnorm_backward(be, din, norm_grads(prefix_ + "post_attention_layernorm.weight"), dln, s("x2"),
@@ -222,6 +190,7 @@ class DecoderLayerUnit final : public Unit {
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), d.attention(), prefix_);
     rope(c, dqkv, d, true);  // a rotation's gradient rotates back
+    qk_norm_backward(c, p, g, s, dqkv, d);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     linear_backward(c, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
                     qkv_weight(p), d.N);
@@ -243,6 +212,7 @@ class DecoderLayerUnit final : public Unit {
     ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
+    qk_norm(c, p, s, qkv, d);
     ops::rope(be, qkv, d.H + d.KV, d.hd, freqs_, pos0, false);
     Tensor atty = blocks::attention_cached(c, cache, s, qkv, d.attention(), prefix_, pos0);
     Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
@@ -250,10 +220,7 @@ class DecoderLayerUnit final : public Unit {
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.N});
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
-    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
-    linear_forward(be, gate_up, ln2, gate_up_weight(p), d.N);
-    ops::swiglu_forward(be, act, gate_up);
-    linear_forward(be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
+    mlp_forward(c, p, s, ln2, out, d);
     be.add(out, x2, out);  // residual
   }
 
@@ -268,7 +235,7 @@ class DecoderLayerUnit final : public Unit {
           N(B * T),
           Nl(local_rows(c, tp)),
           C(c.spec.dim),
-          hd(C / c.spec.heads),
+          hd(c.spec.head_size()),
           H(c.spec.heads / tp.degree),
           KV(c.spec.num_kv_heads() / tp.degree),
           W((H + 2 * KV) * hd),
@@ -282,6 +249,45 @@ class DecoderLayerUnit final : public Unit {
       const int64_t shape[] = {1, p.len, d.W};
       ops::rope(c.be, x.slice(p.row0 * d.W, p.len * d.W).reshape(shape), d.H + d.KV, d.hd, freqs_, p.pos0, inverse);
     }
+  }
+  // The MLP of ln2's rows (N, C) into out (N, C): dense SwiGLU, or the experts (blocks/moe.hpp).
+  void mlp_forward(UnitContext& c, const ParamSet& p, Saved& s, Tensor ln2, Tensor out, const Dims& d) const {
+    if (c.spec.moe.enabled()) {
+      const int64_t shape[] = {d.N, d.C};
+      return blocks::moe_forward(c, s, ln2.reshape(shape), out.reshape(shape), moe_weights(p, true));
+    }
+    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
+    linear_forward(c.be, gate_up, ln2, gate_up_weight(p), d.N);
+    ops::swiglu_forward(c.be, act, gate_up);
+    linear_forward(c.be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
+  }
+  blocks::MoeWeights moe_weights(const ParamSet& p, bool gemm) const {
+    blocks::MoeWeights m;
+    const auto get = [&](const std::string& name) { return gemm ? p.gemm(name) : p(name); };
+    m.router = get(moe_tensor(spec_, prefix_, MoePart::router));
+    for (int64_t e = 0; e < spec_.moe.experts; ++e) {
+      m.gate_up.push_back(stacked({get(moe_tensor(spec_, prefix_, MoePart::gate, e)),
+                                   get(moe_tensor(spec_, prefix_, MoePart::up, e))}));
+      m.down.push_back(get(moe_tensor(spec_, prefix_, MoePart::down, e)));
+    }
+    return m;
+  }
+  // Qwen3's RMSNorm of each query and key head of qkv (B, T, W), in place, before RoPE.
+  void qk_norm(UnitContext& c, const ParamSet& p, Saved& s, Tensor qkv, const Dims& d) const {
+    if (!c.spec.qk_norm) return;
+    const float e = eps(c.spec);
+    ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "q_pre", {d.N, d.H * d.hd}), s.add(c.pool, "q_rstd", {d.N * d.H}),
+                              w(p, "self_attn.q_norm.weight"), 0, e);
+    ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "k_pre", {d.N, d.KV * d.hd}),
+                              s.add(c.pool, "k_rstd", {d.N * d.KV}), w(p, "self_attn.k_norm.weight"), d.H * d.hd, e);
+  }
+  void qk_norm_backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor dqkv,
+                        const Dims& d) const {
+    if (!c.spec.qk_norm) return;
+    ops::head_rmsnorm_backward(c.be, dqkv, w(g, "self_attn.q_norm.weight"), s("q_pre"), w(p, "self_attn.q_norm.weight"),
+                               s("q_rstd"), 0);
+    ops::head_rmsnorm_backward(c.be, dqkv, w(g, "self_attn.k_norm.weight"), s("k_pre"), w(p, "self_attn.k_norm.weight"),
+                               s("k_rstd"), d.H * d.hd);
   }
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
@@ -300,6 +306,7 @@ class DecoderLayerUnit final : public Unit {
   }
   std::string prefix_;
   RopeFreqs freqs_;
+  ModelSpec spec_;  // for the MoE tensors' names
   TpConfig tp_;
 };
 

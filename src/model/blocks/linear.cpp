@@ -1,0 +1,46 @@
+#include "src/model/blocks/linear.hpp"
+
+#include "src/model/blocks/weight_grad.hpp"
+
+namespace shardlab::blocks {
+
+void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
+  const int64_t OC = w.dim(0), IC = w.dim(1);
+  GemmDesc d = gemm_with(w);
+  d.trans_b = Trans::T;
+  d.m = N, d.n = OC, d.k = IC;
+  d.lda = IC, d.ldb = IC, d.ldc = OC;
+  be.gemm(d, inp.data(), w.data(), out.data());
+}
+
+void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N) {
+  const int64_t OC = w.dim(0), IC = w.dim(1);
+  GemmDesc dx = gemm_with(w);
+  dx.m = N, dx.n = IC, dx.k = OC;
+  dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
+  c.be.gemm(dx, dout.data(), w.data(), dinp.data());
+  GemmDesc dW;  // both operands f32 activations, rounded as the weight is
+  dW.round_inputs_to = w.dtype();
+  dW.trans_a = Trans::T;
+  dW.m = OC, dW.n = IC, dW.k = N;
+  dW.lda = OC, dW.ldb = IC, dW.ldc = IC;
+  dW.beta = 1.f;
+  weight_gemm(c, dW, dout, inp, dw);
+}
+
+Tensor stacked(const std::vector<Tensor>& parts) {
+  const Tensor& first = parts.front();
+  const int64_t cols = first.dim(1);
+  const char* next = static_cast<const char*>(first.data());
+  int64_t rows = 0;
+  for (const Tensor& t : parts) {
+    SHARD_CHECK(t.data() == next && t.dtype() == first.dtype() && t.ndim() == 2 && t.dim(1) == cols,
+                "stacked weights: a {} {} tensor at {} does not follow the previous one (expected at {})",
+                dtype_name(t.dtype()), t.shape_str(), t.data(), static_cast<const void*>(next));
+    next += t.bytes();
+    rows += t.dim(0);
+  }
+  return Tensor(first.data(), first.dtype(), {rows, cols}, first.device());
+}
+
+}  // namespace shardlab::blocks

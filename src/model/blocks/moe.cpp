@@ -1,0 +1,256 @@
+// moe.cpp — the MoE MLP (moe.hpp): routing on the host, the experts as one GEMM pair each over
+// their sorted rows, and the balancing statistics.
+#include "src/model/blocks/moe.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/moe.hpp"
+#include "src/model/blocks/linear.hpp"
+
+namespace shardlab {
+
+MoeBalance::MoeBalance(int64_t experts)
+    : counts(static_cast<size_t>(experts), 0.0), prob_sums(static_cast<size_t>(experts), 0.0) {}
+
+std::vector<float> MoeBalance::pack() const {
+  std::vector<float> p(counts.begin(), counts.end());
+  p.insert(p.end(), prob_sums.begin(), prob_sums.end());
+  p.push_back(static_cast<float>(rows));
+  p.push_back(static_cast<float>(dropped));
+  return p;
+}
+
+void MoeBalance::unpack(std::span<const float> p) {
+  const size_t E = counts.size();
+  SHARD_CHECK(p.size() == 2 * E + 2, "MoE statistics: {} values for {} experts", p.size(), E);
+  for (size_t e = 0; e < E; ++e) counts[e] = p[e], prob_sums[e] = p[E + e];
+  rows = p[2 * E], dropped = p[2 * E + 1];
+}
+
+void MoeBalance::finish(double aux_coef, double weight) {
+  if (rows <= 0) return;  // no MoE layer ran (a pipeline stage without one)
+  const double E = static_cast<double>(counts.size());
+  double dot = 0;
+  for (size_t e = 0; e < counts.size(); ++e) dot += counts[e] * prob_sums[e];
+  aux = E * dot / (rows * rows);
+  prob_grad = static_cast<float>(aux_coef * weight * E / (rows * rows));
+}
+
+namespace blocks {
+namespace {
+
+// The routing of one layer's N tokens, on the host.
+struct Routing {
+  int64_t N = 0, k = 0, E = 0, kept = 0;
+  std::vector<int32_t> choice;      // (N k): the expert of slot n k + j, j-th most probable first
+  std::vector<float> weight;        // (N k): its weight in the combination
+  std::vector<int32_t> pos;         // (N k): its row among the experts' sorted rows, -1 when dropped
+  std::vector<int32_t> token_of;    // (N k): row r's token (the first `kept` rows are used)
+  std::vector<int32_t> per_expert;  // (E): rows of each expert, in expert order
+  // The int32 block: [pos | token_of | choice | per_expert].
+  int64_t ints() const { return 3 * N * k + E; }
+};
+
+// Softmax of each row of logits (N, E), in place, in f32 as torch computes it.
+void softmax_rows(std::vector<float>& x, int64_t N, int64_t E) {
+  for (int64_t n = 0; n < N; ++n) {
+    float* r = x.data() + n * E;
+    const float mx = *std::max_element(r, r + E);
+    float sum = 0.f;
+    for (int64_t e = 0; e < E; ++e) sum += (r[e] = std::exp(r[e] - mx));
+    for (int64_t e = 0; e < E; ++e) r[e] /= sum;
+  }
+}
+
+Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) {
+  const MoeSpec& m = c.spec.moe;
+  Routing r;
+  r.N = N, r.k = m.top_k, r.E = m.experts;
+  const int64_t k = r.k, E = r.E;
+  r.choice.resize(static_cast<size_t>(N * k));
+  r.weight.resize(static_cast<size_t>(N * k));
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = probs.data() + n * E;
+    if (c.be.device() == Device::meta) {  // no values: balanced round robin
+      for (int64_t j = 0; j < k; ++j) r.choice[n * k + j] = static_cast<int32_t>((n * k + j) % E);
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      std::copy_n(order.begin(), k, r.choice.begin() + n * k);
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < k; ++j) sum += p[r.choice[n * k + j]];
+    for (int64_t j = 0; j < k; ++j) {
+      const float v = p[r.choice[n * k + j]];
+      r.weight[n * k + j] = m.norm_topk ? v / sum : v;
+    }
+  }
+  // Sorted by expert, tokens in order within one; past capacity dropped.
+  const int64_t cap = c.spec.moe_capacity_factor > 0 ? moe_capacity(c.spec.moe_capacity_factor, N, k, E) : N * k;
+  r.per_expert.assign(static_cast<size_t>(E), 0);
+  r.pos.assign(static_cast<size_t>(N * k), -1);
+  r.token_of.assign(static_cast<size_t>(N * k), 0);
+  std::vector<int32_t> taken(static_cast<size_t>(E), 0);
+  for (int64_t s = 0; s < N * k; ++s)
+    if (taken[r.choice[s]] < cap) ++taken[r.choice[s]];
+  std::vector<int64_t> next(static_cast<size_t>(E), 0);
+  for (int64_t e = 0, row = 0; e < E; ++e) next[e] = row, row += taken[e];
+  std::fill(taken.begin(), taken.end(), 0);
+  for (int64_t s = 0; s < N * k; ++s) {
+    const int32_t e = r.choice[s];
+    if (taken[e] >= cap) continue;
+    ++taken[e];
+    r.pos[s] = static_cast<int32_t>(next[e]);
+    r.token_of[next[e]++] = static_cast<int32_t>(s / k);
+    ++r.kept;
+  }
+  r.per_expert = taken;
+  return r;
+}
+
+// rows [r0, r0 + n) of a (rows, cols) tensor
+Tensor rows(Tensor t, int64_t r0, int64_t n) {
+  const int64_t cols = t.dim(1), shape[] = {n, cols};
+  return t.slice(r0 * cols, n * cols).reshape(shape);
+}
+
+const int32_t* as_ints(Tensor t) { return static_cast<const int32_t*>(t.data()); }
+
+// The router's (N, E) probabilities on the host.
+std::vector<float> to_host(Backend& be, Tensor t) {
+  std::vector<float> h(static_cast<size_t>(t.numel()), 0.f);
+  be.copy(Tensor::flat(h.data(), DType::f32, t.numel()), t);
+  return h;
+}
+
+}  // namespace
+
+int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts) {
+  return static_cast<int64_t>(std::ceil(factor * static_cast<double>(tokens * k) / static_cast<double>(experts)));
+}
+
+void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeights& w) {
+  const MoeSpec& m = c.spec.moe;
+  const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = m.ffn_dim, P = N * k;
+  SHARD_CHECK(P < (int64_t{1} << 31), "MoE: {} slots overflow the int32 routing", P);
+  Tensor probs = s.add(c.pool, "moe_probs", {N, E});
+  linear_forward(c.be, probs, x, w.router, N);  // the logits, then their softmax
+  std::vector<float> hp = to_host(c.be, probs);
+  softmax_rows(hp, N, E);
+  const Routing r = route(c, hp, N);
+  c.be.copy(probs, Tensor::flat(hp.data(), DType::f32, N * E));
+  if (c.moe && !c.recomputing) {
+    MoeBalance& b = *c.moe;
+    for (int32_t e : r.choice) b.counts[e] += 1;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t e = 0; e < E; ++e) b.prob_sums[e] += hp[n * E + e];
+    b.rows += static_cast<double>(N);
+    b.dropped += static_cast<double>(P - r.kept);
+  }
+  // The routing in the backend's memory: int32 in an f32-sized block.
+  Tensor route_t = s.add(c.pool, "moe_route", {r.ints()});
+  std::vector<int32_t> packed;
+  packed.reserve(static_cast<size_t>(r.ints()));
+  for (const auto* v : {&r.pos, &r.token_of, &r.choice, &r.per_expert}) packed.insert(packed.end(), v->begin(), v->end());
+  c.be.copy(route_t, Tensor::flat(packed.data(), DType::f32, r.ints()));
+  Tensor weights = s.add(c.pool, "moe_w", {P});
+  c.be.copy(weights, Tensor::flat(const_cast<float*>(r.weight.data()), DType::f32, P));
+
+  Tensor gate_up = s.add(c.pool, "moe_gate_up", {P, 2 * F}), act = s.add(c.pool, "moe_act", {P, F});
+  Tensor y = s.add(c.pool, "moe_y", {P, C});
+  Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
+  Tensor xs = xs_block.view(DType::f32, {P, C});
+  ops::moe_gather(c.be, rows(xs, 0, r.kept), x, as_ints(route_t) + P);
+  for (int64_t e = 0, r0 = 0; e < E; r0 += r.per_expert[e], ++e) {
+    const int64_t n = r.per_expert[e];
+    if (n == 0) continue;
+    linear_forward(c.be, rows(gate_up, r0, n), rows(xs, r0, n), w.gate_up[e], n);
+  }
+  if (r.kept > 0) ops::swiglu_forward(c.be, rows(act, 0, r.kept), rows(gate_up, 0, r.kept));
+  for (int64_t e = 0, r0 = 0; e < E; r0 += r.per_expert[e], ++e) {
+    const int64_t n = r.per_expert[e];
+    if (n == 0) continue;
+    linear_forward(c.be, rows(y, r0, n), rows(act, r0, n), w.down[e], n);
+  }
+  ops::moe_combine(c.be, out, rows(y, 0, r.kept), as_ints(route_t), weights, k, false);
+}
+
+void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, const MoeWeights& w,
+                  const MoeWeights& g) {
+  const MoeSpec& m = c.spec.moe;
+  const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = m.ffn_dim, P = N * k;
+  const int64_t shape[] = {N, C};
+  dx = dx.reshape(shape), dout = dout.reshape(shape);
+  Tensor route_t = s("moe_route");
+  std::vector<int32_t> ints(static_cast<size_t>(3 * P + E), 0);
+  c.be.copy(Tensor::flat(ints.data(), DType::f32, 3 * P + E), route_t);
+  const int32_t* per_expert = ints.data() + 3 * P;
+  int64_t kept = 0;
+  for (int64_t e = 0; e < E; ++e) kept += per_expert[e];
+  if (c.be.device() == Device::meta) kept = P;  // no values came back: the shapes of a dropless routing
+  const std::vector<int32_t> counts(per_expert, per_expert + E);
+  const auto expert_rows = [&](int64_t e) { return c.be.device() == Device::meta ? (P / E + (e < P % E)) : counts[e]; };
+
+  // The combination's backward: d(y) of every kept row, d(weight) of every slot.
+  Block dy_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dy");
+  Block dw_block = c.pool.alloc(DType::f32, P, Category::workspace, "moe backward dweights");
+  Tensor dy = dy_block.view(DType::f32, {P, C}), dw = dw_block.flat(DType::f32);
+  ops::moe_combine_backward(c.be, rows(dy, 0, kept), dw, dout, rows(s("moe_y"), 0, kept), as_ints(route_t),
+                            s("moe_w"), k);
+  // Down, then SwiGLU, then gate/up, expert by expert.
+  Block dact_block = c.pool.alloc(DType::f32, P * F, Category::workspace, "moe backward dact");
+  Tensor dact = dact_block.view(DType::f32, {P, F}), act = s("moe_act"), gate_up = s("moe_gate_up");
+  for (int64_t e = 0, r0 = 0; e < E; r0 += expert_rows(e), ++e) {
+    const int64_t n = expert_rows(e);
+    if (n == 0) continue;
+    linear_backward(c, rows(dact, r0, n), g.down[e], rows(dy, r0, n), rows(act, r0, n), w.down[e], n);
+  }
+  dy_block.reset();
+  Block dgu_block = c.pool.alloc(DType::f32, P * 2 * F, Category::workspace, "moe backward dgate_up");
+  Tensor dgate_up = dgu_block.view(DType::f32, {P, 2 * F});
+  if (kept > 0) ops::swiglu_backward(c.be, rows(dgate_up, 0, kept), rows(gate_up, 0, kept), rows(dact, 0, kept));
+  dact_block.reset();
+  Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward tokens by expert");
+  Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");
+  Tensor xs = xs_block.view(DType::f32, {P, C}), dxs = dxs_block.view(DType::f32, {P, C});
+  ops::moe_gather(c.be, rows(xs, 0, kept), x, as_ints(route_t) + P);
+  for (int64_t e = 0, r0 = 0; e < E; r0 += expert_rows(e), ++e) {
+    const int64_t n = expert_rows(e);
+    if (n == 0) continue;
+    linear_backward(c, rows(dxs, r0, n), g.gate_up[e], rows(dgate_up, r0, n), rows(xs, r0, n), w.gate_up[e], n);
+  }
+
+  // The router: d(weights) through the top-k normalisation and the softmax, plus the auxiliary
+  // loss's d/d(prob[n, e]) = prob_grad x counts_e; on the host (N x E), then its two products.
+  const std::vector<float> probs = to_host(c.be, s("moe_probs")), dweight = to_host(c.be, dw);
+  const std::vector<float> hw = to_host(c.be, s("moe_w"));
+  const int32_t* choice = ints.data() + 2 * P;
+  std::vector<float> dlogits(static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = probs.data() + n * E;
+    for (int64_t e = 0; e < E; ++e) dprob[e] = c.moe ? c.moe->prob_grad * static_cast<float>(c.moe->counts[e]) : 0.f;
+    float sum = 0.f, inner = 0.f;  // sum of the chosen probabilities; sum_j dweight_j weight_j
+    for (int64_t j = 0; j < k; ++j) sum += p[choice[n * k + j]], inner += dweight[n * k + j] * hw[n * k + j];
+    for (int64_t j = 0; j < k; ++j) {
+      const float dwj = dweight[n * k + j];
+      dprob[choice[n * k + j]] += m.norm_topk ? (dwj - inner) / sum : dwj;
+    }
+    float dot = 0.f;
+    for (int64_t e = 0; e < E; ++e) dot += p[e] * dprob[e];
+    for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] = p[e] * (dprob[e] - dot);
+  }
+  Block dl_block = c.pool.alloc(DType::f32, N * E, Category::workspace, "moe backward dlogits");
+  Tensor dl = dl_block.view(DType::f32, {N, E});
+  c.be.copy(dl, Tensor::flat(dlogits.data(), DType::f32, N * E));
+  linear_backward(c, dx, g.router, dl, x, w.router, N);  // dx = d(logits) Wr: overwritten
+  ops::moe_combine(c.be, dx, rows(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);
+}
+
+}  // namespace blocks
+}  // namespace shardlab

@@ -1,0 +1,67 @@
+// moe.hpp — the mixture-of-experts MLP of Mixtral and Qwen3-MoE (transformers'
+// MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock), forward and backward, and the load-balancing
+// statistics behind the auxiliary loss.
+//
+// Router: logits (N, E) = x Wr^T; probabilities softmax(logits) in f32; each token's k most probable
+// experts (ties: the lower index), their probabilities as weights, divided by their sum when
+// spec.moe.norm_topk (Mixtral always does). Experts: SwiGLU MLPs, out = sum over the k choices of
+// weight x down(silu(gate(x)) * up(x)). Dropless unless --moe-capacity-factor F: then expert e takes
+// at most ceil(F N k / E) of the N tokens' slots, in token order, and a dropped slot adds nothing.
+//
+// The routing is decided on the host (the logits are copied there; on the meta backend, which has
+// no values, slot (n, j) goes to expert (n k + j) mod E: balanced, as plan and profile assume), and
+// the kept slots are sorted by expert into one buffer of N k rows (ops/moe.hpp), so every expert's
+// tokens are one contiguous run and its two products are one GEMM each. Every buffer is sized for
+// N k rows whatever the routing, so memory does not depend on the data.
+//
+// The auxiliary loss is transformers' load_balancing_loss_func: over all layers' router rows R
+// together, aux = E sum_e f_e P_e with f_e = (top-k choices of e) / R and P_e = (probabilities of e
+// summed) / R; uniform routing gives exactly k. The objective is cross-entropy + aux_coef x aux.
+// The statistics are summed over the data-parallel (and context-parallel) ranks before the product,
+// so the loss is the global batch's and every layout trains the same model.
+#pragma once
+#include <span>
+#include <vector>
+
+#include "src/model/unit.hpp"
+
+namespace shardlab {
+
+// One micro-step's balancing statistics over every MoE layer of the model (UnitContext::moe): the
+// layers add during forward (not when checkpointing recomputes one), the runner sums them over the
+// data-parallel group (pack/unpack around one all-reduce) and calls finish() before any backward.
+struct MoeBalance {
+  explicit MoeBalance(int64_t experts);
+  std::vector<double> counts;     // per expert: top-k choices before any capacity drop
+  std::vector<double> prob_sums;  // per expert: router probabilities summed over rows
+  double rows = 0;                // router rows (tokens x MoE layers)
+  double dropped = 0;             // slots dropped past an expert's capacity
+  double aux = 0;                 // finish(): E sum_e counts_e prob_sums_e / rows^2
+  float prob_grad = 0;            // finish(): d(objective) / d(prob[r, e]) = prob_grad x counts_e
+  std::vector<float> pack() const;
+  void unpack(std::span<const float> packed);
+  // `weight`: this micro-step's share of the objective (1 / micro-steps).
+  void finish(double aux_coef, double weight);
+};
+
+namespace blocks {
+
+// ceil(factor x tokens x k / experts): the slots an expert takes under --moe-capacity-factor.
+int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts);
+
+// The layer's parameters (or gradients): the router (E, C) and, per expert, the stacked (gate; up)
+// (2F, C) and down (C, F), as ParamSet::gemm hands them for parameters.
+struct MoeWeights {
+  Tensor router;
+  std::vector<Tensor> gate_up, down;
+};
+
+// out (N, C) = the MoE MLP of x (N, C); what backward needs saved in s (prefix-free names "moe_*").
+void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeights& w);
+// dx (N, C) = d(out)/d(x) dout (overwritten), the router's and experts' gradients accumulated into g,
+// the auxiliary loss's gradient included (c.moe's prob_grad).
+void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, const MoeWeights& w,
+                  const MoeWeights& g);
+
+}  // namespace blocks
+}  // namespace shardlab

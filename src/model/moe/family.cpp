@@ -1,0 +1,226 @@
+// family.cpp — Mixtral and Qwen3-MoE as ModelFamilies (moe.hpp): presets, config.json both ways,
+// checks, FLOPs; layout and units are Llama's (llama/), which compute spec.moe and spec.qk_norm.
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "src/core/check.hpp"
+#include "src/model/hf_config_reader.hpp"
+#include "src/model/llama/llama.hpp"
+#include "src/model/moe/moe.hpp"
+
+namespace shardlab {
+namespace {
+
+// Fields that change nothing shardlab computes. output_router_logits only decides whether
+// transformers adds the auxiliary loss to its returned loss; shardlab's objective always has it
+// (router_aux_loss_coef 0 leaves it out).
+const std::set<std::string> kIgnored = {
+    "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
+    "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range", "output_router_logits",
+    "max_window_layers", "layer_types"};
+const std::set<std::string> kCommon = {
+    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+    "rope_parameters", "tie_word_embeddings", "hidden_act", "head_dim", "num_experts", "num_local_experts",
+    "num_experts_per_tok", "router_aux_loss_coef", "sliding_window"};
+
+// What both configs share: sizes, experts, rope; `expert_width` names the field of each expert's
+// MLP width (Mixtral's intermediate_size, Qwen3's moe_intermediate_size).
+ModelSpec read_common(const nlohmann::json& j, HfConfigReader& c, FamilyId family, const char* expert_width) {
+  ModelSpec s;
+  s.family = family;
+  s.name = "hf-config";
+  s.dim = c.integer("hidden_size", 1);
+  s.layers = c.integer("num_hidden_layers", 1);
+  s.heads = c.integer("num_attention_heads", 1);
+  s.vocab = c.integer("vocab_size", 2);
+  s.seq = c.integer("max_position_embeddings", 1);
+  s.moe.ffn_dim = c.integer(expert_width, 1);
+  s.moe.top_k = c.integer("num_experts_per_tok", 1);
+  const bool both = c.has("num_experts") && c.has("num_local_experts");
+  SHARD_REQUIRE(!both || j["num_experts"] == j["num_local_experts"],
+                "config.json: \"num_experts\" {} and \"num_local_experts\" {} differ", j["num_experts"].dump(),
+                j["num_local_experts"].dump());
+  s.moe.experts = c.integer(c.has("num_experts") ? "num_experts" : "num_local_experts", 1);
+  c.check_missing();
+  s.kv_heads = c.has("num_key_value_heads") ? c.integer("num_key_value_heads", 1) : s.heads;
+  s.norm_eps = c.number_or("rms_norm_eps", 1e-6);
+  s.moe.aux_coef = c.number_or("router_aux_loss_coef", 0.001);
+  s.tied_head = false;
+  if (c.has("tie_word_embeddings")) {
+    SHARD_REQUIRE(j["tie_word_embeddings"].is_boolean(), "config.json: \"tie_word_embeddings\" is {}, expected a bool",
+                  j["tie_word_embeddings"].dump());
+    s.tied_head = j["tie_word_embeddings"].get<bool>();
+  }
+  if (c.has("head_dim")) {
+    SHARD_REQUIRE(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() >= 1,
+                  "config.json: \"head_dim\" is {}, expected a positive integer", j["head_dim"].dump());
+    const int64_t hd = j["head_dim"].get<int64_t>();
+    if (hd * s.heads != s.dim) s.head_dim = hd;  // else the default, dim / heads
+  }
+  c.expect("hidden_act", "silu", "SwiGLU's gate is SiLU");
+  llama_read_rope(j, c, s);
+  return s;
+}
+
+class MoeFamily final : public ModelFamily {
+ public:
+  explicit MoeFamily(FamilyId id) : id_(id) {}
+  FamilyId id() const override { return id_; }
+  const char* name() const override { return id_ == FamilyId::mixtral ? "mixtral" : "qwen3_moe"; }
+  std::vector<ModelPreset> presets() const override {
+    return id_ == FamilyId::mixtral ? mixtral_presets() : qwen3_moe_presets();
+  }
+  const char* sized_preset() const override { return id_ == FamilyId::mixtral ? "mixtral-tiny" : "qwen3-moe-small"; }
+  ModelSpec spec_from_hf_config(const nlohmann::json& config) const override {
+    return id_ == FamilyId::mixtral ? mixtral_spec_from_hf_config(config) : qwen3_moe_spec_from_hf_config(config);
+  }
+  nlohmann::json hf_config(const ModelSpec& spec) const override { return moe_hf_config(spec); }
+  void check(const ModelSpec& s) const override {
+    llama_check_rope(s);
+    SHARD_REQUIRE(s.moe.enabled(), "{}: a {} model needs experts (moe.experts >= 1)", s.name, name());
+    SHARD_REQUIRE(s.qk_norm == (id_ == FamilyId::qwen3_moe), "{}: {} normalises query and key heads {}", s.name, name(),
+                  id_ == FamilyId::qwen3_moe ? "always" : "never");
+    SHARD_REQUIRE(id_ != FamilyId::mixtral || s.moe.norm_topk, "{}: Mixtral always renormalises its top-k weights",
+                  s.name);
+  }
+  std::string hf_name(const TensorDecl& t) const override { return t.name; }
+  std::vector<std::string> hf_load_names(const TensorDecl& t) const override { return {t.name}; }
+  double flops_per_token(const ModelSpec& s) const override { return moe_flops_per_token(s); }
+  TokenizerKind tokenizer() const override { return TokenizerKind::hf_byte_bpe; }
+  // Llama's layer; plan's time model does not price experts yet (plan refuses MoE models).
+  LayerCosts layer_costs() const override { return llama_family().layer_costs(); }
+
+ protected:
+  std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp) const override { return llama_layout(s, tp); }
+  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, const TpConfig& tp) const override {
+    return make_llama_units(s, tp);
+  }
+
+ private:
+  FamilyId id_;
+};
+
+ModelSpec with(FamilyId f, const char* name, int64_t L, int64_t C, int64_t H, int64_t KV, int64_t hd, int64_t T,
+               int64_t V, int64_t E, int64_t k, int64_t Fe, int64_t F, double theta, double eps) {
+  ModelSpec s;
+  s.family = f;
+  s.name = name, s.layers = L, s.dim = C, s.heads = H, s.kv_heads = KV, s.seq = T, s.vocab = V;
+  s.head_dim = hd * H == C ? 0 : hd;
+  s.ffn_dim = F, s.rope_theta = theta, s.norm_eps = eps, s.tied_head = false;
+  s.qk_norm = f == FamilyId::qwen3_moe;
+  s.moe = {E, k, Fe, true, 0.001};
+  return s;
+}
+
+}  // namespace
+
+const ModelFamily& mixtral_family() {
+  static const MoeFamily family(FamilyId::mixtral);
+  return family;
+}
+const ModelFamily& qwen3_moe_family() {
+  static const MoeFamily family(FamilyId::qwen3_moe);
+  return family;
+}
+
+std::vector<ModelPreset> mixtral_presets() {
+  const FamilyId m = FamilyId::mixtral;
+  return {{with(m, "mixtral-tiny", 2, 32, 4, 2, 8, 32, 256, 4, 2, 24, 24, 1e6, 1e-5),
+           "Mixtral shape, 2 layers of 32 channels, 4 experts of width 24, 2 per token, bytes as tokens: the tests'"},
+          {with(m, "mixtral-8x7b", 32, 4096, 32, 8, 128, 32768, 32000, 8, 2, 14336, 14336, 1e6, 1e-5),
+           "Mixtral 8x7B (46.70B, 12.88B active per token)"}};
+}
+
+std::vector<ModelPreset> qwen3_moe_presets() {
+  const FamilyId q = FamilyId::qwen3_moe;
+  return {{with(q, "qwen3-moe-tiny", 2, 32, 4, 2, 16, 32, 256, 4, 2, 24, 64, 1e6, 1e-6),
+           "Qwen3-MoE shape, 2 layers of 32 channels, heads of 16, 4 experts of width 24, 2 per token: the tests'"},
+          {with(q, "qwen3-moe-small", 4, 256, 8, 2, 32, 256, 256, 16, 4, 128, 768, 1e6, 1e-6),
+           "Qwen3-MoE shape, 4 layers of 256 channels, 16 experts of width 128, 4 per token, bytes as tokens: a "
+           "laptop's demo"},
+          {with(q, "qwen3-30b-a3b", 48, 2048, 32, 4, 128, 40960, 151936, 128, 8, 768, 6144, 1e6, 1e-6),
+           "Qwen3-30B-A3B (30.53B, 3.34B active per token)"}};
+}
+
+ModelSpec mixtral_spec_from_hf_config(const nlohmann::json& j) {
+  std::set<std::string> known = kCommon;
+  known.insert("router_jitter_noise");
+  HfConfigReader c(j, "Mixtral", known, kIgnored);
+  c.expect("model_type", "mixtral", "this is the mixtral family");
+  ModelSpec s = read_common(j, c, FamilyId::mixtral, "intermediate_size");
+  s.ffn_dim = s.moe.ffn_dim;  // Mixtral's one MLP width is its experts'
+  s.moe.norm_topk = true;
+  if (c.has("router_jitter_noise"))
+    SHARD_REQUIRE(j["router_jitter_noise"] == 0 || j["router_jitter_noise"] == 0.0,
+                  "config.json: \"router_jitter_noise\" is {}; shardlab's Mixtral routes without noise (0)",
+                  j["router_jitter_noise"].dump());
+  SHARD_REQUIRE(!c.has("sliding_window"), "config.json: \"sliding_window\" is {}; shardlab attends causally over "
+                "the whole sequence (null)", j.value("sliding_window", nlohmann::json()).dump());
+  s.validate();
+  return s;
+}
+
+ModelSpec qwen3_moe_spec_from_hf_config(const nlohmann::json& j) {
+  std::set<std::string> known = kCommon;
+  known.insert({"moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                "use_sliding_window", "attention_bias"});
+  HfConfigReader c(j, "Qwen3-MoE", known, kIgnored);
+  c.expect("model_type", "qwen3_moe", "this is the qwen3_moe family");
+  ModelSpec s = read_common(j, c, FamilyId::qwen3_moe, "moe_intermediate_size");
+  s.ffn_dim = c.has("intermediate_size") ? c.integer("intermediate_size", 1) : 0;  // unused: every layer is sparse
+  s.qk_norm = true;
+  if (c.has("norm_topk_prob")) {
+    SHARD_REQUIRE(j["norm_topk_prob"].is_boolean(), "config.json: \"norm_topk_prob\" is {}, expected a bool",
+                  j["norm_topk_prob"].dump());
+    s.moe.norm_topk = j["norm_topk_prob"].get<bool>();
+  }
+  c.expect("attention_bias", false, "no biases in the attention's projections");
+  c.expect("decoder_sparse_step", 1, "every layer is a mixture of experts");
+  c.expect("use_sliding_window", false, "attention is causal over the whole sequence");
+  if (c.has("mlp_only_layers"))
+    SHARD_REQUIRE(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty(),
+                  "config.json: \"mlp_only_layers\" is {}; shardlab's Qwen3-MoE has experts in every layer ([])",
+                  j["mlp_only_layers"].dump());
+  s.validate();
+  return s;
+}
+
+nlohmann::json moe_hf_config(const ModelSpec& s) {
+  nlohmann::json j = llama_hf_config(s);  // the sizes, rope and head fields Llama's writer names
+  for (const char* key : {"mlp_bias", "pretraining_tp", "attention_bias", "intermediate_size"}) j.erase(key);
+  j["head_dim"] = s.head_size();
+  j["num_experts_per_tok"] = s.moe.top_k;
+  j["router_aux_loss_coef"] = s.moe.aux_coef;
+  j["output_router_logits"] = true;  // transformers' loss then has the auxiliary term, as shardlab's
+  j["sliding_window"] = nullptr;
+  if (s.family == FamilyId::mixtral) {
+    j["model_type"] = "mixtral";
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["intermediate_size"] = s.moe.ffn_dim;
+    j["num_local_experts"] = s.moe.experts;
+    j["router_jitter_noise"] = 0.0;
+  } else {
+    j["model_type"] = "qwen3_moe";
+    j["architectures"] = {"Qwen3MoeForCausalLM"};
+    j["intermediate_size"] = s.ffn_hidden();
+    j["moe_intermediate_size"] = s.moe.ffn_dim;
+    j["num_experts"] = s.moe.experts;  // transformers 5 maps it to num_local_experts; 4.x reads it
+    j["norm_topk_prob"] = s.moe.norm_topk;
+    j["attention_bias"] = false;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = nlohmann::json::array();
+    j["use_sliding_window"] = false;
+  }
+  return j;
+}
+
+double moe_flops_per_token(const ModelSpec& s) {
+  const double embedding = s.tied_head ? 0.0 : double(s.vocab) * double(s.dim);
+  const double expert = 3.0 * double(s.moe.ffn_dim) * double(s.dim);
+  const double idle = double(s.layers) * double(s.moe.experts - s.moe.top_k) * expert;
+  const double n = static_cast<double>(num_params(llama_layout(s))) - embedding - idle;
+  return 6.0 * n + 6.0 * double(s.layers) * double(s.heads * s.head_size()) * double(s.seq);
+}
+
+}  // namespace shardlab
