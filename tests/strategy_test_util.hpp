@@ -27,6 +27,7 @@ struct RunOut {
   std::vector<float> losses;
   std::vector<std::vector<float>> params;  // per unit, gathered
   std::vector<double> comm_bytes;          // per step, this rank
+  std::vector<float> aux;                  // per step: a mixture of experts' auxiliary loss
 };
 
 inline TrainConfig parity_config(StrategyKind strategy, int world) {
@@ -52,6 +53,7 @@ inline RunOut train(Communicator& comm, Pool& pool, const TrainConfig& cfg) {
     StepStats st = t.step(s);
     out.losses.push_back(st.loss);
     out.comm_bytes.push_back(st.comm_bytes);
+    if (st.aux_loss) out.aux.push_back(*st.aux_loss);
   }
   for (size_t u = 0; u < t.units().size(); ++u) out.params.push_back(t.strategy().gather_unit_params(u));
   return out;
@@ -87,6 +89,9 @@ inline void check_parity(const RunOut& got, const RunOut& want, const std::strin
   double worst_loss = 0, worst_param = 0;
   for (size_t i = 0; i < got.losses.size() && i < want.losses.size(); ++i)
     worst_loss = std::max(worst_loss, double(std::fabs(got.losses[i] - want.losses[i]) / std::fabs(want.losses[i])));
+  CHECK(got.aux.size() == want.aux.size());
+  for (size_t i = 0; i < got.aux.size() && i < want.aux.size(); ++i)
+    worst_loss = std::max(worst_loss, double(std::fabs(got.aux[i] - want.aux[i]) / std::fabs(want.aux[i])));
   for (size_t u = 0; u < got.params.size() && u < want.params.size(); ++u)
     for (size_t i = 0; i < got.params[u].size() && i < want.params[u].size(); ++i)
       worst_param = std::max(worst_param, double(std::fabs(got.params[u][i] - want.params[u][i])));
