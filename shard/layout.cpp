@@ -84,8 +84,8 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
   // Experts replicated over the tensor-parallel group, pipeline stages passing the balancing
   // statistics on, and pieces of sequences routed apart are not written yet (expert parallelism is).
   SHARD_REQUIRE(!spec.moe.enabled() || (d.tp == 1 && d.pp == 1 && d.cp == 1),
-                "{} is a mixture of experts: --tp {} --pp {} --cp {} with experts are not written yet (give 1 for each; "
-                "data parallelism with any strategy composes)", spec.name, d.tp, d.pp, d.cp);
+                "{} is a mixture of experts: --tp {} --pp {} --cp {} with experts are not written yet (give 1 for "
+                "each; data parallelism with any strategy composes)", spec.name, d.tp, d.pp, d.cp);
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
   if (d.cp > 1) {

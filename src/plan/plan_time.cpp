@@ -62,7 +62,7 @@ void TimeLayout::validate(const ModelSpec& m) const {
   SHARD_REQUIRE(m.layers >= 1 && m.dim >= 1 && m.heads >= 1 && m.seq >= 1 && m.vocab >= 1,
                 "model L={} h={} heads={} s={} V={}: expected positive sizes", m.layers, m.dim, m.heads, m.seq,
                 m.vocab);
-  SHARD_REQUIRE(m.dim % m.heads == 0, "hidden {} is not divisible by heads {}", m.dim, m.heads);
+  SHARD_REQUIRE(m.head_dim > 0 || m.dim % m.heads == 0, "hidden {} is not divisible by heads {}", m.dim, m.heads);
   if (auto why = tp_split_problem(m, tp)) throw InputError(*why);  // the trainer's rule
   SHARD_REQUIRE(m.layers >= int64_t{pp} * virtual_stages, "{} layers cannot fill pp {} x {} virtual stages",
                 m.layers, pp, virtual_stages);
@@ -108,10 +108,17 @@ struct LayerGemms {
 
 LayerGemms layer_gemms(const ModelSpec& m, double b, double t, double cp = 1) {
   const double s = double(m.seq), h = double(m.dim), a = double(m.heads), g = double(m.num_kv_heads());
-  const double d = h / a, f = double(m.ffn_hidden()), n = b * s / cp, q = s / cp;  // cp: the rank's rows
+  const double d = double(m.head_size()), f = double(m.ffn_hidden());
+  const double n = b * s / cp, q = s / cp;  // cp: the rank's rows
   const double up = family_of(m).layer_costs().mlp_in_products;  // SwiGLU's gate and up in one product
   LayerGemms l;
-  l.dense = {{n, (a + 2 * g) * d / t, h}, {n, h, h / t}, {n, up * f / t, h}, {n, h, f / t}};
+  l.dense = {{n, (a + 2 * g) * d / t, h}, {n, h, a * d / t}};
+  if (m.moe.enabled()) {  // the router, then each expert's pair over its share of the n k slots (balanced)
+    const double E = double(m.moe.experts), rows = n * double(m.moe.top_k) / E, fe = double(m.moe.ffn_dim);
+    l.dense.insert(l.dense.end(), {{n, E, h}, {rows, up * fe, h, E}, {rows, h, fe, E}});
+  } else {
+    l.dense.insert(l.dense.end(), {{n, up * f / t, h}, {n, h, f / t}});
+  }
   l.core = {{q, s, d, b * a / t}, {q, d, s, b * a / t}};
   return l;
 }
@@ -145,7 +152,10 @@ struct LayerTime {
 
 LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
   const double b = double(l.micro_batch), t = double(l.tp), s = double(m.seq), h = double(m.dim), C = l.cp;
-  const double heads = double(m.heads), g = double(m.num_kv_heads()), f = double(m.ffn_hidden()), n = b * s / C;
+  const double heads = double(m.heads), g = double(m.num_kv_heads()), n = b * s / C;
+  // MLP elements per token: k experts' under a mixture of experts
+  const double f = m.moe.enabled() ? double(m.moe.top_k * m.moe.ffn_dim) : double(m.ffn_hidden());
+  const double hd = double(m.head_size());
   const LayerCosts c = family_of(m).layer_costs();
   const double mem = memory_rate(r, a), act = l.act_bytes;
   const LayerGemms gs = layer_gemms(m, b, t, C);
@@ -153,14 +163,14 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   // Element accesses (plan_time.hpp): per token x hidden, per token x MLP, RoPE, per score.
   const double rows = l.sequence_parallel ? n / t : n;
   double elem = rows * h * c.hidden_accesses + n * f / t * c.mlp_accesses;
-  if (c.rope_accesses > 0) elem += c.rope_accesses * n * (heads + g) * (h / heads) / t;
+  if (c.rope_accesses > 0) elem += c.rope_accesses * n * (heads + g) * hd / t;
   lt.fwd = forward_seconds(gs.dense, l.act_bytes, r, a) + elem * act / mem;
   lt.bwd = backward_seconds(gs.dense, l.act_bytes, r, a) + 2 * elem * act / mem;
   if (l.flash_attention) {
     double flops = 0, eff = 0;
     for (const Gemm& core : gs.core) flops += core.flops();
     const double q = s / C;  // query rows here
-    eff = a.whole_step ? 1 : a.gemm * (q / (q + a.knee)) * (s / (s + a.knee)) * ((h / heads) / (h / heads + a.knee));
+    eff = a.whole_step ? 1 : a.gemm * (q / (q + a.knee)) * (s / (s + a.knee)) * (hd / (hd + a.knee));
     lt.core_fwd = flops / (r.flops.value * eff);
     lt.core_bwd = 2.5 * lt.core_fwd;
   } else {
@@ -174,7 +184,7 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   }
   if (l.cp > 1) {
     const double link = int64_t{l.cp} * l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
-    const double G = b * s * 2 * (g / t) * (h / heads) * act;  // the group's K/V rows
+    const double G = b * s * 2 * (g / t) * hd * act;  // the group's K/V rows
     if (l.cp_method == CpMethod::ring) {
       const double hop = G / C / link;
       lt.cp_fwd = std::max(0.0, (C - 1) * hop - lt.core_fwd);
@@ -201,7 +211,8 @@ StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   const double per_chunk = std::ceil(double(m.layers) / (l.pp * l.virtual_stages));
   const double layers = per_chunk * l.virtual_stages, t = double(l.tp);
   const double n = double(l.micro_batch * m.seq) / l.cp, h = double(m.dim), V = double(m.vocab);
-  const double heads = double(m.heads), d = h / heads, g = double(m.num_kv_heads()), f = double(m.ffn_hidden());
+  const double heads = double(m.heads), d = double(m.head_size()), g = double(m.num_kv_heads());
+  const double f = double(m.ffn_hidden());
   const LayerCosts c = family_of(m).layer_costs();
   StageTime st;
   st.compute = layers * (lt.fwd + lt.bwd + lt.core_fwd + lt.core_bwd);
@@ -210,7 +221,10 @@ StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   st.tp = layers * lt.tp_collective * (l.recompute == Checkpointing::blocks ? 6 : 4);
   st.cp = layers * (lt.cp_fwd * (l.recompute == Checkpointing::blocks ? 2 : 1) + lt.cp_bwd);
   st.backward = (lt.bwd + lt.core_bwd) * layers + st.recompute;
-  const double layer_params = h * (heads + 2 * g) * d + h * h + (c.mlp_in_products + 1) * h * f;
+  const double mlp_params = m.moe.enabled()
+                                ? double(m.moe.experts) * (h + (c.mlp_in_products + 1) * h * double(m.moe.ffn_dim))
+                                : (c.mlp_in_products + 1) * h * f;
+  const double layer_params = h * (heads + 2 * g) * d + h * heads * d + mlp_params;
   st.params = layers * layer_params / t;
   const double mem = memory_rate(r, a);
   if (first) {  // the embedding lookup (and a position table) and its vocab-parallel all-reduce

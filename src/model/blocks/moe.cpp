@@ -157,7 +157,8 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   Tensor route_t = s.add(c.pool, "moe_route", {r.ints()});
   std::vector<int32_t> packed;
   packed.reserve(static_cast<size_t>(r.ints()));
-  for (const auto* v : {&r.pos, &r.token_of, &r.choice, &r.per_expert}) packed.insert(packed.end(), v->begin(), v->end());
+  for (const auto* v : {&r.pos, &r.token_of, &r.choice, &r.per_expert})
+    packed.insert(packed.end(), v->begin(), v->end());
   c.be.copy(route_t, Tensor::flat(packed.data(), DType::f32, r.ints()));
   Tensor weights = s.add(c.pool, "moe_w", {P});
   c.be.copy(weights, Tensor::flat(const_cast<float*>(r.weight.data()), DType::f32, P));
@@ -195,7 +196,9 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   for (int64_t e = 0; e < E; ++e) kept += per_expert[e];
   if (c.be.device() == Device::meta) kept = P;  // no values came back: the shapes of a dropless routing
   const std::vector<int32_t> counts(per_expert, per_expert + E);
-  const auto expert_rows = [&](int64_t e) { return c.be.device() == Device::meta ? (P / E + (e < P % E)) : counts[e]; };
+  const auto expert_rows = [&](int64_t e) {
+    return c.be.device() == Device::meta ? P / E + (e < P % E) : int64_t{counts[e]};
+  };
 
   // The combination's backward: d(y) of every kept row, d(weight) of every slot.
   Block dy_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dy");
