@@ -20,6 +20,7 @@
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/moe.hpp"
 #include "src/backend/ops/norm.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/quantize.hpp"
@@ -111,6 +112,30 @@ void norm_case(Run& r) {
   Tensor rms = r.out("rms rstd", {N});
   ops::rmsnorm_forward(r.be, r.out("rms", {N, C}), rms, x, w, 1e-6f);
   ops::rmsnorm_backward(r.be, r.out("rms dx", {N, C}, true), r.out("rms dw", {C}, true), dout, x, w, rms);
+  // Per head (Qwen3's q/k norms): heads 1 and 2 of 8 in rows of 4 heads, in place.
+  const int64_t hd = 8, W = 4 * hd;
+  Tensor hw = r.in("head w", {hd}), pre = r.out("head pre", {N, 2 * hd}), hr = r.out("head rstd", {N * 2});
+  ops::head_rmsnorm_forward(r.be, r.out("head x", {N, W}, true, -2.f, 2.f), pre, hr, hw, hd, 1e-6f);
+  ops::head_rmsnorm_backward(r.be, r.out("head dx", {N, W}, true), r.out("head dw", {hd}, true), pre, hw, hr, hd);
+}
+
+// The mixture-of-experts row moves: 5 tokens, 2 slots each, 7 kept rows sorted by expert, token
+// 1's second slot and both of token 4's dropped.
+void moe_case(Run& r) {
+  const int64_t N = 5, k = 2, rows = 7, C = 8;
+  const std::vector<int32_t> pos = {0, 3, 1, -1, 2, 4, 5, 6, -1, -1}, token_of = {0, 1, 2, 0, 2, 3, 3};
+  const auto ints = [&](const char* name, const std::vector<int32_t>& v) {
+    Tensor t = r.work(name, {static_cast<int64_t>(v.size())});
+    r.be.copy(t, Tensor::flat(const_cast<int32_t*>(v.data()), DType::f32, t.numel()));  // int32 bits
+    return static_cast<const int32_t*>(t.data());
+  };
+  const int32_t* p = ints("pos", pos);
+  const int32_t* tok = ints("token_of", token_of);
+  Tensor x = r.in("x", {N, C}), y = r.in("y", {rows, C}), w = r.in("w", {N * k}), dout = r.in("dout", {N, C});
+  ops::moe_gather(r.be, r.out("gathered", {rows, C}), x, tok);
+  ops::moe_combine(r.be, r.out("combined", {N, C}), y, p, w, k, false);
+  ops::moe_combine(r.be, r.out("scattered", {N, C}, true), y, p, Tensor(), k, true);
+  ops::moe_combine_backward(r.be, r.out("dy", {rows, C}), r.out("dw", {N * k}, true), dout, y, p, w, k);
 }
 
 void rope_case(Run& r) {
@@ -262,6 +287,7 @@ std::vector<OpCase> op_cases() {
       {"loss", 1e-5, loss_case},
       {"optimizer", 1e-5, optimizer_case},
       {"quantize", 1e-6, quantize_case},
+      {"moe", 1e-6, moe_case},
   };
 }
 

@@ -55,6 +55,23 @@ TEST_CASE("GPT-2: 10 AdamW steps on CUDA give the CPU's losses (f32 1e-4, bf16 p
   }
 }
 
+// The mixture of experts on the device: routing decided on the host from the device's logits, the
+// row moves and the per-head norms (Qwen3) as CUDA kernels, the experts' GEMMs through cuBLAS.
+TEST_CASE("MoE: 10 AdamW steps of Qwen3-MoE and Mixtral on CUDA give the CPU's losses", "[cuda][moe]") {
+  auto gpu = make_cuda_backend(BackendConfig{});
+  auto cpu = make_cpu_backend(BackendConfig{1});
+  for (const char* preset : {"qwen3-moe-tiny", "mixtral-tiny"}) {
+    TrainConfig cfg = small_config(DType::f32);
+    cfg.spec = model_preset(preset);
+    const std::vector<float> want = losses_on(*cpu, cfg), got = losses_on(*gpu, cfg);
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - want[i]) / want[i]));
+    INFO(preset << ": worst relative difference " << worst);
+    CHECK(worst <= 1e-4);
+  }
+}
+
 TEST_CASE("the CUDA pool's ledger equals the prediction, every category, to the byte", "[cuda]") {
   auto gpu = make_cuda_backend(BackendConfig{});
   for (StrategyKind s : {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3})
