@@ -147,3 +147,36 @@ TEST_CASE("the load-balancing loss is k under uniform routing; capacity is ceil(
   CHECK(blocks::moe_capacity(1.25, 4096, 2, 8) == 1280);
   CHECK(blocks::moe_capacity(1.0, 10, 1, 4) == 3);  // rounded up
 }
+
+TEST_CASE("MoE presets have the published parameter counts; configs refuse what is not computed", "[moe][family]") {
+  // transformers' MixtralForCausalLM and Qwen3MoeForCausalLM built on the meta device from each
+  // model's config.json on the hub.
+  CHECK(num_params(family_of(model_preset("mixtral-8x7b")).layout(model_preset("mixtral-8x7b"))) == 46702792704);
+  CHECK(num_params(family_of(model_preset("qwen3-30b-a3b")).layout(model_preset("qwen3-30b-a3b"))) == 30532122624);
+  // Active parameters per token (the FLOPs' N): 12.88B and 3.34B as the model cards say (within
+  // rounding), the embedding's lookup aside.
+  const ModelSpec mx = model_preset("mixtral-8x7b"), q = model_preset("qwen3-30b-a3b");
+  const auto active = [](const ModelSpec& s) {
+    return (family_of(s).flops_per_token(s) - 6.0 * double(s.layers) * double(s.heads * s.head_size()) * double(s.seq)) / 6;
+  };
+  CHECK(active(mx) + 32000.0 * 4096 == Approx(12.88e9).epsilon(0.01));
+  CHECK(active(q) + 151936.0 * 2048 == Approx(3.34e9).epsilon(0.02));
+  // A config's choice shardlab does not compute is refused by name.
+  Reference ref("hf_qwen3_moe_tiny");
+  nlohmann::json c = nlohmann::json::parse(ref.file.metadata().at("hf_config"));
+  const ModelFamily& f = model_family("qwen3_moe");
+  CHECK(f.spec_from_hf_config(c).moe.experts == 4);
+  nlohmann::json bad = c;
+  bad["mlp_only_layers"] = {1};
+  CHECK_THROWS_WITH(f.spec_from_hf_config(bad), Catch::Contains("mlp_only_layers"));
+  bad = c;
+  bad["use_sliding_window"] = true;
+  CHECK_THROWS_WITH(f.spec_from_hf_config(bad), Catch::Contains("use_sliding_window"));
+  bad = c;
+  bad["num_experts"] = 8;  // beside num_local_experts 4
+  CHECK_THROWS_WITH(f.spec_from_hf_config(bad), Catch::Contains("differ"));
+  Reference mref("hf_mixtral_tiny");
+  nlohmann::json mc = nlohmann::json::parse(mref.file.metadata().at("hf_config"));
+  mc["router_jitter_noise"] = 0.1;
+  CHECK_THROWS_WITH(model_family("mixtral").spec_from_hf_config(mc), Catch::Contains("router_jitter_noise"));
+}
