@@ -59,6 +59,9 @@ struct Progress {
   }
 };
 
+// Steps predicted to take longer than this are announced before step 1 (the header's step time).
+constexpr double kAnnouncedStepS = 5.0;
+
 // "1:02:03", "2:03" or "45s".
 std::string format_duration(double s) {
   const auto t = static_cast<long long>(s + 0.5);
@@ -289,6 +292,12 @@ void Trainer::print_header(std::FILE* out) const {
   if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());
   if (!cfg_.model_origin.empty()) std::fprintf(out, "  model: %s\n", cfg_.model_origin.c_str());
   if (!cfg_.sgemm_ceiling_note.empty()) std::fprintf(out, "  sgemm ceiling: %s\n", cfg_.sgemm_ceiling_note.c_str());
+  // A step long enough to look like a hang is announced: the model's FLOPs at the ceiling, a floor.
+  const double step_flops = flops_per_token_ * static_cast<double>(cfg_.batch * cfg_.spec.seq);
+  if (cfg_.sgemm_ceiling > 0 && step_flops / cfg_.sgemm_ceiling > kAnnouncedStepS)
+    std::fprintf(out, "  step time: at least %s per step (%.3g TFLOP of model products at the sgemm ceiling); the "
+                 "first progress line comes after step 1\n", format_duration(step_flops / cfg_.sgemm_ceiling).c_str(),
+                 step_flops / 1e12);
   if (const Backend::DeviceMemory m = be_.device_memory(); m.total)
     std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
                  format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),
