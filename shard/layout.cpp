@@ -81,11 +81,12 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                 "--batch {} is not divisible by {} data-parallel ranks x --accum {}: every rank needs whole "
                 "micro-batches",
                 batch, dp, micro_batches);
-  // Experts replicated over the tensor-parallel group, pipeline stages passing the balancing
-  // statistics on, and pieces of sequences routed apart are not written yet (expert parallelism is).
-  SHARD_REQUIRE(!spec.moe.enabled() || (d.tp == 1 && d.pp == 1 && d.cp == 1),
-                "{} is a mixture of experts: --tp {} --pp {} --cp {} with experts are not written yet (give 1 for "
-                "each; data parallelism with any strategy composes)", spec.name, d.tp, d.pp, d.cp);
+  // Experts over a tensor-parallel group and pipeline stages passing the balancing statistics on
+  // are not written yet (nor is expert parallelism). Context parallelism composes: routing is per
+  // token, and the statistics add up over the dp x cp group as the gradients do.
+  SHARD_REQUIRE(!spec.moe.enabled() || (d.tp == 1 && d.pp == 1),
+                "{} is a mixture of experts: --tp {} --pp {} with experts are not written yet (give 1 for each; "
+                "data and context parallelism compose)", spec.name, d.tp, d.pp);
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
   if (d.cp > 1) {

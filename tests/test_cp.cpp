@@ -173,6 +173,9 @@ TEST_CASE("context parallelism matches single-rank training", "[cp][cp-train]") 
         check_cp(off);
       }
     }
+  // A mixture of experts: routing is per token, its balancing statistics add up over dp x cp.
+  check_cp(cp_config("qwen3-moe-tiny", StrategyKind::zero3, N));
+  if (N == 4) check_cp(cp_config("mixtral-tiny", StrategyKind::ddp, 2));  // dp 2 x cp 2
 }
 
 TEST_CASE("context parallelism: memory measured = predicted on every rank", "[cp][cp-memory]") {
