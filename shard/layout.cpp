@@ -82,7 +82,9 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                 "micro-batches",
                 batch, dp, micro_batches);
   // Experts over a tensor-parallel group and pipeline stages passing the balancing statistics on
-  // are not written yet (nor is expert parallelism). Context parallelism composes: routing is per
+  // are not written yet (nor is expert parallelism). With pipelines, mind the zero-bubble split
+  // backward: its W pass holds operands by their blocks, and blocks/moe.cpp's expert slices start
+  // where the routing puts them (the meta backend's balanced routing would predict other copies). Context parallelism composes: routing is per
   // token, and the statistics add up over the dp x cp group as the gradients do.
   SHARD_REQUIRE(!spec.moe.enabled() || (d.tp == 1 && d.pp == 1),
                 "{} is a mixture of experts: --tp {} --pp {} with experts are not written yet (give 1 for each; "

@@ -287,7 +287,7 @@ std::vector<OpCase> op_cases() {
       {"loss", 1e-5, loss_case},
       {"optimizer", 1e-5, optimizer_case},
       {"quantize", 1e-6, quantize_case},
-      {"moe", 1e-6, moe_case},
+      {"moe", 1e-5, moe_case},  // d(weight): a warp's butterfly on CUDA, column order on the CPU
   };
 }
 

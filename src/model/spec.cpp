@@ -41,7 +41,8 @@ void ModelSpec::validate() const {
   }
   if (moe.enabled()) {
     SHARD_REQUIRE(moe.experts <= 4096 && moe.top_k >= 1 && moe.top_k <= moe.experts,
-                  "experts {} top_k {}: need 1 <= top_k <= experts <= 4096", moe.experts, moe.top_k);
+                  "experts {} (num_experts) top_k {} (num_experts_per_tok): need 1 <= top_k <= experts <= 4096",
+                  moe.experts, moe.top_k);
     SHARD_REQUIRE(moe.ffn_dim >= 1 && moe.ffn_dim <= (1 << 20), "expert ffn_dim {}: must be in [1, 1048576]",
                   moe.ffn_dim);
     SHARD_REQUIRE(std::isfinite(moe.aux_coef) && moe.aux_coef >= 0, "router_aux_loss_coef {}: must be 0 or positive",

@@ -89,12 +89,13 @@ std::vector<Product> step_products(const GemmBenchConfig& cfg) {
       out.push_back(product(w + " dW", Trans::T, Trans::N, l.ic, l.oc, N, l.ic, l.oc, l.oc, 1.f, L));
     }
   if (cfg.heads > 0 && cfg.seq > 0) {
-    const int64_t T = cfg.seq, H = cfg.heads, hs = C / H, calls = L * (N / T) * H;
+    const int64_t T = cfg.seq, H = cfg.heads, hs = cfg.head_dim > 0 ? cfg.head_dim : C / H, calls = L * (N / T) * H;
     const int64_t C3 = (H + 2 * (cfg.kv_heads > 0 ? cfg.kv_heads : H)) * hs;  // a qkv row
+    const int64_t A = H * hs;  // an attention output row (C unless the head size is its own)
     out.push_back(product("att q k^T", Trans::N, Trans::T, T, T, hs, C3, C3, T, 0.f, calls));
-    out.push_back(product("att a v", Trans::N, Trans::N, T, hs, T, T, C3, C, 0.f, calls));
-    out.push_back(product("att d(a)", Trans::N, Trans::T, T, T, hs, C, C3, T, 0.f, calls));
-    out.push_back(product("att dv", Trans::T, Trans::N, T, hs, T, T, C, C3, 0.f, calls));
+    out.push_back(product("att a v", Trans::N, Trans::N, T, hs, T, T, C3, A, 0.f, calls));
+    out.push_back(product("att d(a)", Trans::N, Trans::T, T, T, hs, A, C3, T, 0.f, calls));
+    out.push_back(product("att dv", Trans::T, Trans::N, T, hs, T, T, A, C3, 0.f, calls));
     out.push_back(product("att dq", Trans::N, Trans::N, T, hs, T, T, C3, C3, 0.f, calls));
     out.push_back(product("att dk", Trans::T, Trans::N, T, hs, T, T, C3, C3, 0.f, calls));
   }
@@ -176,6 +177,7 @@ GemmBenchConfig step_gemm_config(const StepConfig& step, int world, int64_t micr
   g.tokens = micro_batch * spec.seq;
   g.heads = spec.heads / tp, g.seq = spec.seq, g.vocab = spec.vocab, g.layers = spec.layers;
   g.kv_heads = spec.num_kv_heads() / tp;
+  g.head_dim = spec.head_dim;
   g.recorded = step_gemms(step, world, 0, micro_batch);
   g.grid = false;
   return g;
@@ -192,7 +194,8 @@ double gemm_benchmark_pass_flops(const GemmBenchConfig& cfg) {
 GemmBenchResult run_gemm_benchmark(Pool& pool, const GemmBenchConfig& cfg, std::FILE* out) {
   SHARD_REQUIRE(cfg.dim > 0 && cfg.tokens > 0 && cfg.layers > 0, "gemm benchmark: --dim {} --tokens {}: expected "
                 "positive sizes", cfg.dim, cfg.tokens);
-  SHARD_REQUIRE(cfg.heads <= 0 || cfg.seq <= 0 || (cfg.dim % cfg.heads == 0 && cfg.tokens % cfg.seq == 0),
+  SHARD_REQUIRE(cfg.heads <= 0 || cfg.seq <= 0 ||
+                    ((cfg.head_dim > 0 || cfg.dim % cfg.heads == 0) && cfg.tokens % cfg.seq == 0),
                 "gemm benchmark: --heads {} must divide --dim {} and --seq {} must divide --tokens {}", cfg.heads,
                 cfg.dim, cfg.seq, cfg.tokens);
   Backend& be = pool.backend();

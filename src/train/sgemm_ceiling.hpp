@@ -20,6 +20,7 @@ struct GemmBenchConfig {
   // (0 = leave those products out); each is weighted by how often a step runs it.
   int64_t heads = 12, seq = 1024, vocab = 0, layers = 1;
   int64_t kv_heads = 0;  // K/V heads of grouped-query attention (0: as many as heads)
+  int64_t head_dim = 0;  // each head's size (0: dim / heads)
   // The step's other products as the model issues them (step_gemms: a step on the meta backend),
   // for any family; empty: GPT-2's linears and LM head, from dim, layers and vocab.
   std::vector<GemmDesc> recorded;

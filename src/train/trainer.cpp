@@ -241,8 +241,9 @@ StepStats Trainer::step(int64_t t) {
   // Every rank sees the same loss and norm, so every rank takes the same branch here.
   const bool finite = std::isfinite(loss) && std::isfinite(norm) && std::isfinite(aux.value_or(0.f));
   if (!finite && !cfg_.skip_nonfinite)
-    throw InputError(fmt::format("step {}: the loss is {} and the gradient norm {}: stopping (lower --lr, or pass "
-                                 "--skip-nonfinite to skip such steps)", t + 1, loss, norm));
+    throw InputError(fmt::format("step {}: the loss is {}{} and the gradient norm {}: stopping (lower --lr, or pass "
+                                 "--skip-nonfinite to skip such steps)", t + 1, loss,
+                                 aux ? fmt::format(" (auxiliary loss {})", *aux) : std::string(), norm));
   if (finite) {
     Backend::Range range(be_, "optimizer step");
     strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));

@@ -70,12 +70,14 @@ cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, c
 
 // Per-head RMSNorm (ops::head_rmsnorm_forward) at columns [col0, col0 + heads hd) of x (N, W), in
 // place, inputs to pre (N, heads hd), rstd (N heads). Backward: dx's columns in place, dw accumulates
-// over (row, head) in order.
+// over chunks of (row, head) pairs folded in order (rmsnorm's reproducibility).
 cudaError_t launch_head_rmsnorm_forward(float* x, float* pre, float* rstd, const float* w, int64_t N, int64_t W,
                                         int64_t col0, int64_t heads, int64_t hd, float eps, cudaStream_t s);
+// Floats of workspace launch_head_rmsnorm_backward needs: per-chunk partials of dw.
+int64_t head_rmsnorm_backward_workspace(int64_t N, int64_t heads, int64_t hd);
 cudaError_t launch_head_rmsnorm_backward(float* dx, float* dw, const float* pre, const float* w, const float* rstd,
-                                         int64_t N, int64_t W, int64_t col0, int64_t heads, int64_t hd,
-                                         cudaStream_t s);
+                                         float* workspace, int64_t N, int64_t W, int64_t col0, int64_t heads,
+                                         int64_t hd, cudaStream_t s);
 // The mixture-of-experts row moves (ops/moe.hpp), index arrays in device memory.
 cudaError_t launch_moe_gather(float* dst, const float* src, const int32_t* token_of, int64_t rows, int64_t C,
                               cudaStream_t s);

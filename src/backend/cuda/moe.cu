@@ -1,5 +1,6 @@
 // moe.cu — the mixture-of-experts kernels (ops/moe.hpp; host side in moe.cpp). Mirrors
-// src/backend/cpu/moe.cpp: every output element is one thread's, a token's slots add in j order.
+// src/backend/cpu/moe.cpp: every output element is one thread's (one warp's for a weight's
+// gradient), a token's slots add in j order.
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -27,25 +28,32 @@ __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* po
   }
 }
 
-// One thread per slot: its dot product over C in column order, as the CPU.
-__global__ void moe_combine_backward_kernel(float* dy, float* dw, const float* dout, const float* y,
-                                            const int32_t* pos, const float* w, int64_t N, int64_t k, int64_t C) {
-  GRID_STRIDE_LOOP(s, N * k) {
+// d(y): one thread per (slot, column), coalesced over columns; dropped slots write nothing.
+__global__ void moe_combine_dy_kernel(float* dy, const float* dout, const int32_t* pos, const float* w, int64_t N,
+                                      int64_t k, int64_t C) {
+  GRID_STRIDE_LOOP(i, N * k * C) {
+    const int64_t s = i / C, c = i % C;
     const int32_t r = pos[s];
-    if (r < 0) {
-      dw[s] = 0.f;
-      continue;
-    }
+    if (r >= 0) dy[static_cast<int64_t>(r) * C + c] = w[s] * dout[(s / k) * C + c];
+  }
+}
+
+// d(weight): one warp per slot, lanes striding over the columns, folded by the warp's butterfly
+// (a fixed order, not the CPU's column order: the two agree within rounding).
+__global__ void moe_combine_dw_kernel(float* dw, const float* dout, const float* y, const int32_t* pos, int64_t N,
+                                      int64_t k, int64_t C) {
+  const int64_t s = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (s >= N * k) return;  // the whole warp leaves together
+  const int32_t r = pos[s];
+  float acc = 0.f;
+  if (r >= 0) {
     const float* d = dout + (s / k) * C;
     const float* yr = y + static_cast<int64_t>(r) * C;
-    float* dyr = dy + static_cast<int64_t>(r) * C;
-    float dot = 0.f;
-    for (int64_t c = 0; c < C; ++c) {
-      dot += d[c] * yr[c];
-      dyr[c] = w[s] * d[c];
-    }
-    dw[s] = dot;
+    for (int64_t c = lane; c < C; c += kWarp) acc += d[c] * yr[c];
   }
+  acc = warp_allreduce(acc, SumOp{});
+  if (lane == 0) dw[s] = acc;
 }
 
 }  // namespace
@@ -67,7 +75,10 @@ cudaError_t launch_moe_combine(float* out, const float* y, const int32_t* pos, c
 cudaError_t launch_moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const int32_t* pos,
                                         const float* w, int64_t N, int64_t k, int64_t C, cudaStream_t s) {
   if (N * k == 0) return cudaSuccess;
-  moe_combine_backward_kernel<<<grid_for(N * k), kThreads, 0, s>>>(dy, dw, dout, y, pos, w, N, k, C);
+  moe_combine_dy_kernel<<<grid_for(N * k * C), kThreads, 0, s>>>(dy, dout, pos, w, N, k, C);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  moe_combine_dw_kernel<<<row_blocks(N * k), kThreads, 0, s>>>(dw, dout, y, pos, N, k, C);
   return cudaGetLastError();
 }
 

@@ -42,9 +42,10 @@ void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor
 
 void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, Tensor weight, Tensor rstd, int64_t N,
                            int64_t W, int64_t col0, int64_t heads, int64_t hd) {
+  CudaBackend& cb = CudaBackend::of(be);
+  auto* workspace = static_cast<float*>(cb.device_scratch(head_rmsnorm_backward_workspace(N, heads, hd) * sizeof(float)));
   CUDA_CHECK(launch_head_rmsnorm_backward(dx.ptr<float>(), dweight.ptr<float>(), pre.ptr<float>(), weight.ptr<float>(),
-                                          rstd.ptr<float>(), N, W, col0, heads, hd,
-                                          CudaBackend::of(be).compute_stream()));
+                                          rstd.ptr<float>(), workspace, N, W, col0, heads, hd, cb.compute_stream()));
 }
 
 }  // namespace shardlab::cuda

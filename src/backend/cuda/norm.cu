@@ -217,15 +217,27 @@ __global__ void head_rmsnorm_forward_kernel(float* x, float* pre, float* rstd, c
   }
 }
 
-// One thread per weight element, over every (row, head) in order: the CPU's sum.
-__global__ void head_rmsnorm_dw_kernel(float* dw, const float* dx, const float* pre, const float* rstd, int64_t N,
-                                       int64_t W, int64_t col0, int64_t heads, int64_t hd) {
+// dw in two stages with a fixed order (as rmsnorm's): blockIdx.y takes a chunk of the N heads
+// (row, head) pairs, each thread a weight element, into the workspace; then the chunks are folded
+// in order onto dw. Read before the dx kernel overwrites d(normalised).
+__global__ void head_rmsnorm_dw_partial_kernel(float* partial, const float* dx, const float* pre, const float* rstd,
+                                               int64_t pairs, int64_t W, int64_t col0, int64_t heads, int64_t hd,
+                                               int64_t per_chunk) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= hd) return;
+  const int64_t begin = blockIdx.y * per_chunk, end = begin + per_chunk < pairs ? begin + per_chunk : pairs;
+  float acc = 0.f;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t n = i / heads, h = i % heads;
+    acc += dx[n * W + col0 + h * hd + c] * (pre[i * hd + c] * rstd[i]);
+  }
+  partial[blockIdx.y * hd + c] = acc;
+}
+
+__global__ void head_rmsnorm_dw_fold_kernel(float* dw, const float* partial, int64_t chunks, int64_t hd) {
   GRID_STRIDE_LOOP(c, hd) {
     float acc = dw[c];
-    for (int64_t i = 0; i < N * heads; ++i) {
-      const int64_t n = i / heads, h = i % heads;
-      acc += dx[n * W + col0 + h * hd + c] * (pre[i * hd + c] * rstd[i]);
-    }
+    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * hd + c];
     dw[c] = acc;
   }
 }
@@ -253,13 +265,23 @@ cudaError_t launch_head_rmsnorm_forward(float* x, float* pre, float* rstd, const
   return cudaGetLastError();
 }
 
+int64_t head_rmsnorm_backward_workspace(int64_t N, int64_t heads, int64_t hd) {
+  return hd * layernorm_chunks(N * heads);
+}
+
 cudaError_t launch_head_rmsnorm_backward(float* dx, float* dw, const float* pre, const float* w, const float* rstd,
-                                         int64_t N, int64_t W, int64_t col0, int64_t heads, int64_t hd,
-                                         cudaStream_t s) {
+                                         float* workspace, int64_t N, int64_t W, int64_t col0, int64_t heads,
+                                         int64_t hd, cudaStream_t s) {
   if (N * heads == 0) return cudaSuccess;
   // dw first: it reads d(normalised), which the dx kernel then overwrites.
-  head_rmsnorm_dw_kernel<<<grid_for(hd), kThreads, 0, s>>>(dw, dx, pre, rstd, N, W, col0, heads, hd);
+  const int64_t pairs = N * heads, chunks = layernorm_chunks(pairs), per_chunk = (pairs + chunks - 1) / chunks;
+  const unsigned col_blocks = static_cast<unsigned>((hd + kThreads - 1) / kThreads);
+  head_rmsnorm_dw_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
+      workspace, dx, pre, rstd, pairs, W, col0, heads, hd, per_chunk);
   cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  head_rmsnorm_dw_fold_kernel<<<grid_for(hd), kThreads, 0, s>>>(dw, workspace, chunks, hd);
+  err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   head_rmsnorm_dx_kernel<<<grid_for(N * heads), kThreads, 0, s>>>(dx, pre, w, rstd, N, W, col0, heads, hd);
   return cudaGetLastError();

@@ -16,6 +16,8 @@ namespace shardlab {
 MoeBalance::MoeBalance(int64_t experts)
     : counts(static_cast<size_t>(experts), 0.0), prob_sums(static_cast<size_t>(experts), 0.0) {}
 
+// f32, as the communicator reduces: counts past 2^24 (rows = tokens x layers x ranks) round to
+// float's 24 bits, about 1e-7 of the auxiliary loss.
 std::vector<float> MoeBalance::pack() const {
   std::vector<float> p(counts.begin(), counts.end());
   p.insert(p.end(), prob_sums.begin(), prob_sums.end());
@@ -91,8 +93,10 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) 
       r.weight[n * k + j] = m.norm_topk ? v / sum : v;
     }
   }
-  // Sorted by expert, tokens in order within one; past capacity dropped.
-  const int64_t cap = c.spec.moe_capacity_factor > 0 ? moe_capacity(c.spec.moe_capacity_factor, N, k, E) : N * k;
+  // Sorted by expert, tokens in order within one; past capacity dropped, in training only (c.moe
+  // set): evaluation and decoding route dropless, so their results do not depend on the batch.
+  const bool capped = c.spec.moe_capacity_factor > 0 && c.moe != nullptr;
+  const int64_t cap = capped ? moe_capacity(c.spec.moe_capacity_factor, N, k, E) : N * k;
   r.per_expert.assign(static_cast<size_t>(E), 0);
   r.pos.assign(static_cast<size_t>(N * k), -1);
   r.token_of.assign(static_cast<size_t>(N * k), 0);

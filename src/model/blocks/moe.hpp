@@ -5,8 +5,13 @@
 // Router: logits (N, E) = x Wr^T; probabilities softmax(logits) in f32; each token's k most probable
 // experts (ties: the lower index), their probabilities as weights, divided by their sum when
 // spec.moe.norm_topk (Mixtral always does). Experts: SwiGLU MLPs, out = sum over the k choices of
-// weight x down(silu(gate(x)) * up(x)). Dropless unless --moe-capacity-factor F: then expert e takes
-// at most ceil(F N k / E) of the N tokens' slots, in token order, and a dropped slot adds nothing.
+// weight x down(silu(gate(x)) * up(x)). Dropless unless --moe-capacity-factor F: then, in training,
+// expert e takes at most ceil(F N k / E) of the N tokens' slots, in token order, and a dropped slot
+// adds nothing (evaluation and decoding stay dropless).
+//
+// The routing runs on the host whatever the backend: on CUDA the logits, the routing and the
+// router's gradient cross the bus each layer (N x E floats and N k indices, each copy a stream
+// synchronisation), a known cost until a device top-k is written.
 //
 // The routing is decided on the host (the logits are copied there; on the meta backend, which has
 // no values, slot (n, j) goes to expert (n k + j) mod E: balanced, as plan and profile assume), and

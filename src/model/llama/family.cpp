@@ -131,7 +131,8 @@ void llama_check_rope(const ModelSpec& s) {
                 s.rope_theta);
   const int64_t hd = s.head_size();
   SHARD_REQUIRE(hd % 2 == 0 && hd / 2 <= RopeFreqs::kMaxHalf,
-                "head size {} (--dim {} / --heads {}): RoPE needs an even head size of at most {}", hd, s.dim, s.heads,
+                "head size {} ({}): RoPE needs an even head size of at most {}", hd,
+                s.head_dim > 0 ? "head_dim" : fmt::format("--dim {} / --heads {}", s.dim, s.heads),
                 2 * RopeFreqs::kMaxHalf);
 }
 

@@ -88,7 +88,7 @@ class MoeFamily final : public ModelFamily {
   std::vector<std::string> hf_load_names(const TensorDecl& t) const override { return {t.name}; }
   double flops_per_token(const ModelSpec& s) const override { return moe_flops_per_token(s); }
   TokenizerKind tokenizer() const override { return TokenizerKind::hf_byte_bpe; }
-  // Llama's layer; plan's time model does not price experts yet (plan refuses MoE models).
+  // Llama's layer (plan's time model prices the experts' products from spec.moe).
   LayerCosts layer_costs() const override { return llama_family().layer_costs(); }
 
  protected:

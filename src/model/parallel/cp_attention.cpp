@@ -295,7 +295,7 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
 
 double micro_step_bus_bytes(const ModelSpec& spec, CpMethod method, int layers, int tp, int cp, int64_t B,
                             Checkpointing ck) {
-  const double C = cp, hd = static_cast<double>(spec.dim / spec.heads);
+  const double C = cp, hd = static_cast<double>(spec.head_size());
   const double kv = static_cast<double>(spec.num_kv_heads()) / tp;
   const double gathered = static_cast<double>(B) * static_cast<double>(spec.seq) * 2 * kv * hd * sizeof(float);
   const int forwards = 1 + (ck == Checkpointing::blocks ? 1 : 0);
