@@ -81,14 +81,15 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                 "--batch {} is not divisible by {} data-parallel ranks x --accum {}: every rank needs whole "
                 "micro-batches",
                 batch, dp, micro_batches);
-  // Experts over a tensor-parallel group and pipeline stages passing the balancing statistics on
-  // are not written yet (nor is expert parallelism). With pipelines, mind the zero-bubble split
-  // backward: its W pass holds operands by their blocks, and blocks/moe.cpp's expert slices start
-  // where the routing puts them (the meta backend's balanced routing would predict other copies). Context parallelism composes: routing is per
-  // token, and the statistics add up over the dp x cp group as the gradients do.
-  SHARD_REQUIRE(!spec.moe.enabled() || (d.tp == 1 && d.pp == 1),
-                "{} is a mixture of experts: --tp {} --pp {} with experts are not written yet (give 1 for each; "
-                "data and context parallelism compose)", spec.name, d.tp, d.pp);
+  // A mixture of experts: pipeline stages passing the balancing statistics on are not written yet
+  // (nor is expert parallelism). Tensor parallelism replicates the experts in its group; context
+  // parallelism composes as it is (routing is per token; the statistics add up over dp x cp as the
+  // gradients do). With pipelines, mind the zero-bubble split backward: its W pass holds operands by
+  // their blocks, and blocks/moe.cpp's expert slices start where the routing puts them (the meta
+  // backend's balanced routing would predict other copies).
+  SHARD_REQUIRE(!spec.moe.enabled() || d.pp == 1,
+                "{} is a mixture of experts: --pp {} with experts is not written yet (give --pp 1; data, tensor "
+                "and context parallelism compose)", spec.name, d.pp);
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
   if (d.cp > 1) {

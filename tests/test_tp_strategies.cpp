@@ -68,7 +68,7 @@ std::string label(const TrainConfig& c) {
 
 // Losses as check_parity has them; the parameters of this rank's part against the whole model's
 // at the places tp_runs gives (padding: zero).
-void check_tp_parity(const RunOut& got, const RunOut& want, const TrainConfig& cfg) {
+void check_tp_parity(const RunOut& got, const RunOut& want, const TrainConfig& cfg, double param_tol = 2e-5) {
   const int T = cfg.layout.dims.tp, r = g_mpi->rank() % T;  // tp innermost
   const std::vector<UnitLayout> part = family_of(cfg.spec).layout(cfg.spec, TpConfig{T, r});
   const std::vector<UnitLayout> whole = family_of(cfg.spec).layout(cfg.spec);
@@ -94,7 +94,7 @@ void check_tp_parity(const RunOut& got, const RunOut& want, const TrainConfig& c
                 g_mpi->world(), worst_loss, worst_param);
   INFO(label(cfg));
   CHECK(worst_loss <= 1e-5);
-  CHECK(worst_param <= 2e-5);
+  CHECK(worst_param <= param_tol);
   CHECK(padding == 0);
 }
 
@@ -114,6 +114,27 @@ TEST_CASE("GPT-2: tensor parallelism with every data-parallel layout matches sin
 
 TEST_CASE("Llama: tensor parallelism with every data-parallel layout matches single-rank training", "[tp][llama]") {
   check_family(llama_spec());
+}
+
+// A mixture of experts under --tp: attention split as Llama's, the experts replicated in the group
+// (every rank routes and computes all rows, with SP gathered first, and keeps its own). Top-k
+// routing is discontinuous: the tensor-parallel sums round differently from one rank's, which
+// flips a near tie of HF's 0.02-scale routers; the transformers-written models (routers N(0, 1),
+// tests/reference/make_hf_moe_dirs.py) keep every choice clear.
+TEST_CASE("MoE: tensor parallelism on attention matches single-rank training", "[tp][moe]") {
+  const std::string ref = std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/";
+  for (const char* dir : {"hf_qwen3_moe_tiny", "hf_mixtral_tiny"})
+    for (const Layout& l : layouts(g_mpi->world())) {
+      if (l.tp != 2) continue;  // their 2 K/V heads
+      for (bool sp : {false, true}) {
+        TrainConfig cfg = tp_config(read_hf_config(ref + dir), l, sp);
+        cfg.init = ref + dir;
+        // Qwen3's layer 1 expert 3 ends 4.8e-5 off in 8 elements of its gate_proj (the losses within
+        // 7e-8): the experts' inputs differ in the last bits (the group's attention sums), which the
+        // discrete routing and Adam's normalisation amplify; 1e-4 still tells a wrong gradient.
+        check_tp_parity(train_mpi(cfg), reference(whole_model(cfg)), cfg, 1e-4);
+      }
+    }
 }
 
 TEST_CASE("tensor parallelism with offload and recomputation matches single-rank training", "[tp][offload]") {
@@ -193,7 +214,9 @@ TEST_CASE("tensor parallelism: bad layouts are input errors naming the values", 
 // parallelism, with and without recomputation.
 TEST_CASE("tensor parallelism: bus bytes on the tp axis equal the theory", "[tp][comm]") {
   const int N = g_mpi->world();
-  for (const ModelSpec& spec : {gpt2_spec(), llama_spec()})
+  ModelSpec moe = model_preset("qwen3-moe-tiny");  // q/k norms, experts computed whole in the group
+  moe.kv_heads = 4;
+  for (const ModelSpec& spec : {gpt2_spec(), llama_spec(), moe})
     for (const Layout& l : layouts(N))
       for (bool sp : {false, true})
         for (Checkpointing ck : {Checkpointing::none, Checkpointing::blocks}) {

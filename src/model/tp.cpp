@@ -57,10 +57,20 @@ Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull) {
   return dfull;
 }
 
+void tp_own_rows(UnitContext& c, Tensor full, Tensor local) {
+  if (!c.tp.sequence_parallel()) {
+    if (local.data() != full.data()) c.be.copy(local, full);
+    return;
+  }
+  SHARD_CHECK(full.numel() == local.numel() * c.tp.config.degree, "own rows: local {} full {} at tp {}",
+              local.shape_str(), full.shape_str(), c.tp.config.degree);
+  c.be.copy(local, full.slice(local.numel() * c.tp.config.rank, local.numel()));  // all-gather's rank order
+}
+
 TpPartialGrads::TpPartialGrads(UnitContext& c, const ParamSet& g, std::vector<std::string> names,
-                               const std::string& what)
+                               const std::string& what, bool by_heads)
     : c_(c), g_(g), names_(std::move(names)) {
-  if (!c.tp.sequence_parallel()) return;
+  if (!(by_heads ? c.tp.active() : c.tp.sequence_parallel())) return;
   int64_t n = 0;
   for (const std::string& name : names_) n += g(name).numel();
   block_ = c.pool.alloc(DType::f32, n, Category::workspace, what + " partial gradients");
@@ -92,11 +102,12 @@ double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const Mode
   const double f = (tp.degree - 1.0) / tp.degree, N = static_cast<double>(B * T);
   const double A = N * static_cast<double>(spec.dim) * sizeof(float);
   // The replicated tensors whose gradients come from the rank's own rows (norms): a row-parallel
-  // layer's bias (replicated, its weight split) sums the gathered output gradient instead.
-  auto replicated = [](const UnitLayout& u) {
+  // layer's bias (replicated, its weight split) sums the gathered output gradient instead, and a
+  // mixture of experts (replicated, computed whole on every rank) sums nothing.
+  auto replicated = [&](const UnitLayout& u) {
     double n = 0;
     for (const TensorDecl& t : u.tensors) {
-      if (t.tp.split()) continue;
+      if (t.tp.split() || t.tp.whole) continue;
       const std::string weight = t.name.ends_with(".bias") ? t.name.substr(0, t.name.size() - 5) + ".weight" : "";
       const auto w = std::find_if(u.tensors.begin(), u.tensors.end(), [&](const TensorDecl& x) { return x.name == weight; });
       if (w == u.tensors.end() || !w->tp.split()) n += static_cast<double>(t.numel);
@@ -106,14 +117,22 @@ double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const Mode
   const double layers = static_cast<double>(layout.size() - 2);
   const double recompute = checkpointing == Checkpointing::blocks ? 1 : 0;
   double bytes = 2 * f * 3 * N * sizeof(float);  // the loss
+  // A mixture of experts' layer has no MLP region (computed whole on every rank: no collective).
+  const double regions = spec.moe.enabled() ? 1 : 2;
   if (!tp.sequence_parallel) {
     bytes += 2 * f * A;                                   // embedding
-    bytes += layers * (2 + 2 + 2 * recompute) * 2 * f * A;  // layers (all-reduces)
+    bytes += layers * regions * (1 + 1 + recompute) * 2 * f * A;  // layers (all-reduces)
+    // Qwen3's q/k norm weights: gradients summed over the heads the group splits.
+    if (spec.qk_norm) bytes += layers * 2 * f * 2 * static_cast<double>(spec.head_size()) * sizeof(float);
     bytes += 2 * f * A;                                   // head, backward
     return bytes;
   }
   bytes += 2 * f * A;  // embedding
-  for (size_t u = 1; u + 1 < layout.size(); ++u) bytes += (4 + 6 + 4 * recompute) * f * A + 2 * f * replicated(layout[u]);
+  // Per layer and region: forward an all-gather and a reduce-scatter, backward two all-gathers and a
+  // reduce-scatter, each forward again under recomputation; a mixture of experts' region only
+  // gathers (its input forward, its output's gradient and its input again backward).
+  const double per_layer = spec.moe.enabled() ? (2 + 3 + 2 * recompute) + (1 + 2 + recompute) : 4 + 6 + 4 * recompute;
+  for (size_t u = 1; u + 1 < layout.size(); ++u) bytes += per_layer * f * A + 2 * f * replicated(layout[u]);
   bytes += 3 * f * A + 2 * f * replicated(layout.back());  // head
   return bytes;
 }

@@ -45,15 +45,24 @@ void tp_region_output(UnitContext& c, Tensor partial, Tensor local);
 // Its backward: the output's gradient for every row: dlocal itself without SP; with SP every rank's
 // rows all-gathered into dfull (N, C), which is returned.
 Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull);
+// A region every rank of the group computes whole (a mixture of experts, replicated over the
+// group): `full` (N, C) is complete on every rank, and `local` receives this rank's rows of it, with
+// no communication: a copy of its N / degree rows with SP, nothing (or a copy) without. The same
+// call takes a replicated region's input gradient to this rank's rows.
+void tp_own_rows(UnitContext& c, Tensor full, Tensor local);
 
 // Gradients of replicated tensors (norm weights and biases, row-parallel biases) that a rank
 // computes from its own token rows only (with SP) are partial sums: backward accumulates them
 // into zeroed scratch instead (operator()), and reduce() all-reduces the scratch over the group
 // and adds it to the gradients in one collective. Without SP every rank computes them from all
 // rows alike: operator() is the gradient itself and reduce() does nothing.
+//
+// by_heads: tensors whose gradient sums over the heads, which the group splits (Qwen3's q/k norm
+// weights): partial whenever the group has more than one rank, SP or not.
 class TpPartialGrads {
  public:
-  TpPartialGrads(UnitContext& c, const ParamSet& g, std::vector<std::string> names, const std::string& what);
+  TpPartialGrads(UnitContext& c, const ParamSet& g, std::vector<std::string> names, const std::string& what,
+                 bool by_heads = false);
   Tensor operator()(const std::string& name) const;
   void reduce();
 

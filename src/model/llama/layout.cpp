@@ -40,13 +40,14 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
       add_tensor(b, p + "self_attn.k_norm.weight", {hd}, Init::ones);
     }
     add_tensor(b, p + "post_attention_layernorm.weight", {C}, Init::ones);
-    if (s.moe.enabled()) {
-      add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std);
+    if (s.moe.enabled()) {  // replicated over a tensor-parallel group, computed whole on each rank
+      const TpSplit whole{-1, 1, false, true};
+      add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std, whole);
       const int64_t Fe = s.moe.ffn_dim;
       for (int64_t e = 0; e < s.moe.experts; ++e) {  // gate and up adjacent: one stacked product
-        add_tensor(b, moe_tensor(s, p, MoePart::gate, e), {Fe, C}, Init::normal, std);
-        add_tensor(b, moe_tensor(s, p, MoePart::up, e), {Fe, C}, Init::normal, std);
-        add_tensor(b, moe_tensor(s, p, MoePart::down, e), {C, Fe}, Init::normal, std);
+        add_tensor(b, moe_tensor(s, p, MoePart::gate, e), {Fe, C}, Init::normal, std, whole);
+        add_tensor(b, moe_tensor(s, p, MoePart::up, e), {Fe, C}, Init::normal, std, whole);
+        add_tensor(b, moe_tensor(s, p, MoePart::down, e), {C, Fe}, Init::normal, std, whole);
       }
     } else {
       add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std, rows);

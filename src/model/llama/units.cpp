@@ -138,8 +138,19 @@ class DecoderLayerUnit final : public Unit {
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
-    mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), whole_or(whole, c, out), d);
-    tp_region_output(c, whole_or(whole, c, out), out);
+    if (c.spec.moe.enabled()) {
+      // Experts replicated over the tensor-parallel group: every rank routes all N rows (gathered
+      // under SP) and computes them whole; it keeps its own rows, no partial sums to add.
+      Block rows = c.tp.sequence_parallel()
+                       ? c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "moe output rows")
+                       : Block();
+      Tensor all = rows ? rows.view(DType::f32, {d.N, d.C}) : out;
+      mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), all, d);
+      tp_own_rows(c, all, out);
+    } else {
+      mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), whole_or(whole, c, out), d);
+      tp_region_output(c, whole_or(whole, c, out), out);
+    }
     be.add(out, x2, out);  // residual
   }
 
@@ -169,16 +180,21 @@ class DecoderLayerUnit final : public Unit {
                               prefix_ + "norms");
     // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
     const Tensor dmlp_out = tp_region_output_backward(c, dout, whole_or(whole, c, dout));  // all N rows
-    if (c.spec.moe.enabled()) {
-      blocks::moe_backward(c, s, dsmall, dmlp_out, s("ln2"), moe_weights(p, true), moe_weights(g, false));
+    if (c.spec.moe.enabled()) {  // replicated over the group: every rank's d(ln2) is whole, its own rows kept
+      Block ln2_rows = c.tp.sequence_parallel()
+                           ? c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "moe backward ln2 rows")
+                           : Block();
+      const Tensor ln2 = tp_region_input(c, s("ln2"), ln2_rows ? ln2_rows.view(DType::f32, {d.N, d.C}) : s("ln2"));
+      blocks::moe_backward(c, s, dsmall, dmlp_out, ln2, moe_weights(p, true), moe_weights(g, false));
+      tp_own_rows(c, dsmall, dln);
     } else {
       linear_backward(c, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"),
                       d.N);
       ops::swiglu_backward(be, dgate_up, s("gate_up"), dact);
       linear_backward(c, dsmall, gate_up_weight(g, false), dgate_up,
                       tp_region_input(c, s("ln2"), whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
+      tp_region_input_backward(c, dsmall, dln);
     }
-    tp_region_input_backward(c, dsmall, dln);
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
     ops::rmsnorm_backward(be, din, norm_grads(prefix_ + "post_attention_layernorm.weight"), dln, s("x2"),
                           w(p, "post_attention_layernorm.weight"), s("ln2_rstd"));
@@ -281,13 +297,16 @@ class DecoderLayerUnit final : public Unit {
     ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "k_pre", {d.N, d.KV * d.hd}),
                               s.add(c.pool, "k_rstd", {d.N * d.KV}), w(p, "self_attn.k_norm.weight"), d.H * d.hd, e);
   }
+  // The norms' weights are replicated and their gradients sum over heads, which --tp splits:
+  // partial sums on each rank, added up over the group.
   void qk_norm_backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor dqkv,
                         const Dims& d) const {
     if (!c.spec.qk_norm) return;
-    ops::head_rmsnorm_backward(c.be, dqkv, w(g, "self_attn.q_norm.weight"), s("q_pre"), w(p, "self_attn.q_norm.weight"),
-                               s("q_rstd"), 0);
-    ops::head_rmsnorm_backward(c.be, dqkv, w(g, "self_attn.k_norm.weight"), s("k_pre"), w(p, "self_attn.k_norm.weight"),
-                               s("k_rstd"), d.H * d.hd);
+    const std::string q = prefix_ + "self_attn.q_norm.weight", k = prefix_ + "self_attn.k_norm.weight";
+    TpPartialGrads grads(c, g, {q, k}, prefix_ + "q/k norms", true);
+    ops::head_rmsnorm_backward(c.be, dqkv, grads(q), s("q_pre"), p(q), s("q_rstd"), 0);
+    ops::head_rmsnorm_backward(c.be, dqkv, grads(k), s("k_pre"), p(k), s("k_rstd"), d.H * d.hd);
+    grads.reduce();
   }
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
