@@ -357,7 +357,10 @@ void Trainer::open_outputs(std::ofstream& log) {
   std::string error;
   if (comm_.rank() == 0) {
     try {
-      if (!cfg_.save_dir.empty()) probe_dir(cfg_.save_dir);
+      if (!cfg_.save_dir.empty()) {
+        probe_dir(cfg_.save_dir);
+        save_lock_ = std::make_unique<SaveDirLock>(cfg_.save_dir, "--save-dir");  // one run per directory
+      }
       if (!cfg_.save_path.empty()) {
         if (is_safetensors_path(cfg_.save_path)) {
           probe_output_file(cfg_.save_path, "--save", "before the first step");

@@ -13,6 +13,7 @@
 #include "memory/report.hpp"
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
+#include "src/checkpoint/dir_lock.hpp"
 #include "src/data/data.hpp"
 #include "shard/parallel_model.hpp"
 #include "src/train/step_config.hpp"
@@ -185,6 +186,7 @@ class Trainer {
   ParallelModel model_;  // this rank's part of the model under every axis, and their cross-axis work
   PipelineTiming pipe_timing_;  // the last training step's under --pp (the executor fills it)
   std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<SaveDirLock> save_lock_;  // rank 0, from the checks before step 1 to the end (dir_lock.hpp)
   int64_t num_params_ = 0;
   double flops_per_token_ = 0;  // the family's model FLOPs per token (the progress line's rate)
   CategoryBytes states_{}, host_states_{};  // ledger after set-up, per tier

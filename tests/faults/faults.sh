@@ -4,7 +4,7 @@
 # usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
 #                                          sigint_saves | sigint_no_save_dir | sigint_launcher |
 #                                          sigint_twice_launcher | sigterm_launcher | save_ulimit | sigkill_midstep |
-#                                          save_keep | soak
+#                                          save_keep | save_dir_locked | soak
 set -u
 bin=$1 case=$2
 work=$(mktemp -d)
@@ -193,6 +193,26 @@ save_keep)
   left=$(ls "$work/ck" | tr '\n' ' ')
   echo "left: $left"
   [ "$left" = "step_00000008 step_00000010 " ] || fail "expected the last two checkpoints"
+  ;;
+save_dir_locked)
+  # Two runs on one --save-dir: the second is refused before its first step, naming the first, which
+  # goes on untouched; once the first is gone (killed: the kernel drops its lock) the directory is free.
+  "${train[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  wait_for_steps "$work/a.log" 5
+  "${train[@]}" --steps 3 --save-dir "$work/ck" >"$work/b.out" 2>&1
+  rc=$?
+  cat "$work/b.out"
+  [ $rc -eq 1 ] || fail "the second run exited $rc, expected 1"
+  grep -q "is in use by another run (pid [0-9]* on host .* --save-dir $work/ck" "$work/b.out" || fail "no holder named"
+  kill -0 "$job" 2>/dev/null || fail "the first run died"
+  n=$(wc -l <"$work/a.log")
+  wait_for_steps "$work/a.log" $((n + 5))  # still training
+  for p in $(pgrep -P "$job"); do pkill -KILL -P "$p"; done
+  kill -KILL "$job" 2>/dev/null
+  wait "$job" 2>/dev/null
+  "${train[@]}" --steps 3 --save-dir "$work/ck" >"$work/d.out" 2>&1 || { cat "$work/d.out"; fail "the freed directory was refused"; }
+  echo "second run refused while the first held the directory; the directory free once it was gone"
   ;;
 soak)
   # Tens of thousands of steps with checkpoints: resident memory after warm-up stays flat.
