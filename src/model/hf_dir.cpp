@@ -1,5 +1,8 @@
 #include "src/model/hf_dir.hpp"
 
+#include <cerrno>
+#include <cstring>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -31,10 +34,17 @@ json read_json_file(const fs::path& p, const char* what) {
 void write_text_file(const fs::path& p, const std::string& text) {
   const fs::path tmp = p.string() + ".tmp";
   {
+    errno = 0;
     std::ofstream f(tmp, std::ios::trunc);
     f << text;
     f.flush();
-    SHARD_REQUIRE(f.good(), "writing '{}' failed (disk full?)", tmp.string());
+    if (!f.good()) {
+      const int err = errno;
+      f.close();
+      std::error_code ec;
+      fs::remove(tmp, ec);  // no temporary left behind
+      throw InputError(fmt::format("writing '{}' failed: {}", tmp.string(), err ? std::strerror(err) : "an I/O error"));
+    }
   }
   std::error_code ec;
   fs::rename(tmp, p, ec);

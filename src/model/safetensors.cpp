@@ -1,5 +1,8 @@
 #include "src/model/safetensors.hpp"
 
+#include <cerrno>
+#include <cstring>
+
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -163,13 +166,30 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path, std::v
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
+  errno = 0;
   out_.open(tmp_, std::ios::binary | std::ios::trunc);
-  SHARD_REQUIRE(out_.good(), "cannot write '{}'", tmp_);
+  SHARD_REQUIRE(out_.good(), "cannot write '{}': {}", tmp_, errno ? std::strerror(errno) : "unknown reason");
   uint64_t len = h.size();
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
   out_.write(reinterpret_cast<const char*>(len_bytes), 8);
   out_.write(h.data(), static_cast<std::streamsize>(h.size()));
+  check_written();
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (done_) return;
+  out_.close();
+  std::error_code ec;
+  std::filesystem::remove(tmp_, ec);
+}
+
+// The stream's failure with the system's reason: write(2)'s errno survives in the stream's buffer
+// flush (ENOSPC, EFBIG past ulimit -f with SIGXFSZ ignored, EIO).
+void SafetensorsStreamWriter::check_written() {
+  if (out_.good()) return;
+  const int err = errno;
+  throw InputError(fmt::format("writing '{}' failed: {}", tmp_, err ? std::strerror(err) : "an I/O error"));
 }
 
 void SafetensorsStreamWriter::write_next(std::span<const float> values) {
@@ -181,17 +201,22 @@ void SafetensorsStreamWriter::write_next(std::span<const float> values) {
               values.size(), n);
   std::vector<char> buf(values.size() * dtype_size(e.dtype));
   convert(values.data(), DType::f32, buf.data(), e.dtype, values.size());
+  errno = 0;
   out_.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+  check_written();
 }
 
 void SafetensorsStreamWriter::finish() {
   SHARD_CHECK(next_ == entries_.size(), "safetensors writer: {} of {} tensors written", next_, entries_.size());
+  errno = 0;
   out_.flush();
-  SHARD_REQUIRE(out_.good(), "writing '{}' failed (disk full?)", tmp_);
+  check_written();
   out_.close();
+  check_written();
   std::error_code ec;
   std::filesystem::rename(tmp_, path_, ec);
   SHARD_REQUIRE(!ec, "cannot rename '{}' to '{}': {}", tmp_, path_, ec.message());
+  done_ = true;
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,

@@ -65,13 +65,21 @@ class SafetensorsStreamWriter {
   };
   SafetensorsStreamWriter(const std::string& path, std::vector<Entry> entries,
                           const std::map<std::string, std::string>& metadata = {});
-  void write_next(std::span<const float> values);  // the next entry's values, converted to its dtype
+  // A writer destroyed before finish() (a failure, here or in the caller) removes its temporary.
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+  // The next entry's values, converted to its dtype. A failed write is an InputError naming the
+  // file and the system's reason (no space left, file too large, ...).
+  void write_next(std::span<const float> values);
   void finish();
 
  private:
+  void check_written();
   std::string path_, tmp_;
   std::vector<Entry> entries_;
   size_t next_ = 0;
+  bool done_ = false;
   std::ofstream out_;
 };
 

@@ -332,6 +332,46 @@ void Trainer::print_header(std::FILE* out) const {
   std::fflush(out);
 }
 
+// --save PATH at the end. A failure (no space, a file-size limit, a directory gone) keeps the
+// trained weights: the end's checkpoint in --save-dir, or a checkpoint written for the purpose
+// under the temporary directory; the message names it, with the export that writes PATH again.
+void Trainer::save_final(std::FILE* out) {
+  std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
+  std::string error;
+  try {
+    save(cfg_.save_path);
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  for (const std::string& e : comm_.all_gather_strings(error))
+    if (!e.empty()) error = e;
+  if (error.empty()) {
+    if (comm_.rank() == 0) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
+    return;
+  }
+  const int64_t step = cfg_.steps;
+  std::string kept;
+  if (!cfg_.save_dir.empty()) {
+    kept = (std::filesystem::path(cfg_.save_dir) / fmt::format("step_{:08d}", step)).string();  // the end's
+  } else {
+    // Rank 0's temporary directory, the same path on every rank.
+    std::string mine = comm_.rank() == 0 ? (std::filesystem::temp_directory_path() /
+                                            fmt::format("shardlab-rescue-{}", ::getpid())).string()
+                                         : std::string();
+    for (const std::string& d : comm_.all_gather_strings(mine))
+      if (!d.empty()) mine = d;
+    try {
+      kept = save_checkpoint(mine, checkpoint_state(), {step, step, checkpoint_val_loss_, {}}, 0);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("--save '{}' failed: {}; and the checkpoint that was to keep the trained weights "
+                                   "failed too: {}: nothing of this run is saved", cfg_.save_path, error, e.what()));
+    }
+  }
+  throw InputError(fmt::format("--save '{}' failed: {}; the trained weights are in the checkpoint '{}' (shardlab "
+                               "export {} --out {} writes them again)", cfg_.save_path, error, kept, kept,
+                               cfg_.save_path));
+}
+
 namespace {
 
 // --save-dir DIR: it exists (made here) and a file can be created in it.
@@ -452,10 +492,7 @@ StepStats Trainer::run(std::FILE* out) {
   if (root && skipped_steps_ > 0)
     std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm (--skip-nonfinite)\n",
                  static_cast<long long>(skipped_steps_));
-  if (!cfg_.save_path.empty()) {
-    save(cfg_.save_path);
-    if (root) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
-  }
+  if (!cfg_.save_path.empty()) save_final(out);
   StepStats last = sum.last;
   last.val_loss = sum.last_val;  // the validation after the last step (it comes after sum.add)
   return last;

@@ -161,6 +161,7 @@ class Trainer {
   void print_header(std::FILE* out) const;
   std::string log_header() const;  // the --log's first record of this run (start, or resume)
   void open_outputs(std::ofstream& log);
+  void save_final(std::FILE* out);  // --save at the end, the weights kept in a checkpoint if it fails
   bool stop_requested(int64_t done, bool saved, std::FILE* out);
   bool maybe_validate(int64_t t, StepStats& s, std::FILE* out);
   // One global batch (index t of `loader`) as the parallel model reads it.

@@ -4,7 +4,7 @@
 # usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
 #                                          sigint_saves | sigint_no_save_dir | sigint_launcher |
 #                                          sigint_twice_launcher | sigterm_launcher | save_ulimit | sigkill_midstep |
-#                                          save_keep | save_dir_locked | soak
+#                                          save_keep | save_dir_locked | save_fails | soak
 set -u
 bin=$1 case=$2
 work=$(mktemp -d)
@@ -41,6 +41,19 @@ wait_for_steps() {  # until the JSONL log has $2 lines
     sleep 0.1
   done
   fail "the run did not reach step $2"
+}
+# Whether two safetensors files hold the same tensors, bit for bit (their metadata aside).
+same_tensors() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    data = b[8 + n:]
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items()}
+sys.exit(0 if tensors(sys.argv[1]) == tensors(sys.argv[2]) else 1)
+PY
 }
 # The losses of steps first..last of an uninterrupted run equal those of the resumed run's log.
 check_resume_identical() {  # log_of_resumed_part total_steps
@@ -213,6 +226,38 @@ save_dir_locked)
   wait "$job" 2>/dev/null
   "${train[@]}" --steps 3 --save-dir "$work/ck" >"$work/d.out" 2>&1 || { cat "$work/d.out"; fail "the freed directory was refused"; }
   echo "second run refused while the first held the directory; the directory free once it was gone"
+  ;;
+save_fails)
+  # The --save target's directory removed mid-run: the final save fails with the system's reason,
+  # the trained weights go to a checkpoint (--save-dir's end one, or one under $TMPDIR), which
+  # exports to the file an undisturbed run saves, bit for bit; no temporary is left.
+  mkdir -p "$work/tmp" "$work/out"
+  "${train[@]}" --steps 3000 --save "$work/ref.safetensors" >/dev/null 2>&1 || fail "the reference run failed"
+  for with_dir in no yes; do
+    mkdir -p "$work/out"
+    rm -f "$work/s.log"
+    extra=()
+    [ $with_dir = yes ] && extra=(--save-dir "$work/ck")
+    TMPDIR="$work/tmp" "${train[@]}" --steps 3000 --save "$work/out/m.safetensors" --log "$work/s.log" "${extra[@]}" \
+      >"$work/s.out" 2>&1 &
+    job=$!
+    wait_for_steps "$work/s.log" 5
+    rm -rf "$work/out"
+    wait_job 300
+    rc=$?
+    tail -1 "$work/s.out"
+    [ $rc -eq 1 ] || fail "the run exited $rc, expected 1"
+    kept=$(grep -o "the trained weights are in the checkpoint '[^']*'" "$work/s.out" | cut -d"'" -f2)
+    [ -n "$kept" ] || fail "no checkpoint named"
+    grep -q "failed: cannot write '$work/out/m.safetensors.tmp': No such file or directory" "$work/s.out" ||
+      fail "not the system's reason"
+    if [ $with_dir = yes ]; then [ "$kept" = "$work/ck/step_00003000" ] || fail "kept $kept"; fi
+    if [ $with_dir = no ]; then case $kept in "$work/tmp/shardlab-rescue-"*) ;; *) fail "kept $kept" ;; esac; fi
+    "$bin" export "$kept" --out "$work/again.safetensors" >/dev/null 2>&1 || fail "export of $kept failed"
+    same_tensors "$work/again.safetensors" "$work/ref.safetensors" || fail "the kept weights differ from the undisturbed run's"
+    rm -f "$work/again.safetensors"
+    echo "--save-dir $with_dir: kept in $kept, exported bit for bit"
+  done
   ;;
 soak)
   # Tens of thousands of steps with checkpoints: resident memory after warm-up stays flat.
