@@ -12,6 +12,7 @@
 #include "src/model/model.hpp"
 #include "src/train/predict.hpp"
 #include "src/train/trainer.hpp"
+#include "tests/grad_check.hpp"
 
 using namespace shardlab;
 
@@ -74,34 +75,12 @@ TEST_CASE("Llama forward and backward match transformers' LlamaForCausalLM", "[m
   CHECK(max_logit_err <= 2e-5);
   CHECK(std::fabs(loss - ref_loss) <= 1e-6);
 
-  double worst = 0, worst_abs = 0;
-  std::string worst_name;
-  int failures = 0, compared = 0;
-  for (size_t u = 0; u < model.num_units(); ++u)
-    for (const TensorDecl& t : model.unit(u).layout().tensors) {
-      const std::vector<float> want = read_all(ref, "ref.grad." + t.name);
-      const auto got = model.grad(t.name).span<float>();
-      REQUIRE(got.size() == want.size());
-      double max_err = 0, max_ref = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        max_err = std::max(max_err, std::fabs(double(got[i]) - want[i]));
-        max_ref = std::max(max_ref, std::fabs(double(want[i])));
-      }
-      const double tol = 1e-5 + 1e-4 * max_ref;
-      ++compared;
-      worst_abs = std::max(worst_abs, max_err);
-      if (max_err / tol > worst) worst = max_err / tol, worst_name = t.name;
-      if (max_err > tol) {
-        ++failures;
-        std::printf("  MISMATCH %-44s max abs error %.3g (largest |grad| %.3g, tolerance %.3g)\n", t.name.c_str(),
-                    max_err, max_ref, tol);
-      }
-    }
+  const test::GradCheck g = test::check_grads(model, ref, 1e-5, 1e-4);
   std::printf("llama reference %-6s: %d gradients, largest abs error %.3g, worst error/tolerance %.3f (%s)\n",
-              name.c_str(), compared, worst_abs, worst, worst_name.c_str());
+              name.c_str(), g.compared, g.worst_abs, g.worst, g.worst_name.c_str());
   // Every parameter of HF's model has its gradient here: 9 per layer, the embedding, the final norm, lm_head unless tied.
-  CHECK(compared == 9 * spec.layers + 2 + (spec.tied_head ? 0 : 1));
-  CHECK(failures == 0);
+  CHECK(g.compared == 9 * spec.layers + 2 + (spec.tied_head ? 0 : 1));
+  CHECK(g.failures == 0);
 }
 
 namespace {

@@ -12,18 +12,13 @@
 #include "src/model/blocks/moe.hpp"
 #include "src/model/model.hpp"
 #include "src/train/trainer.hpp"
+#include "tests/grad_check.hpp"
 
 using namespace shardlab;
 
 namespace {
 
 const std::string kRef = std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/";
-
-std::vector<float> read_all(SafetensorsReader& r, const std::string& name) {
-  std::vector<float> v(static_cast<size_t>(r.entry(name).numel()));
-  r.read_f32(name, v);
-  return v;
-}
 
 struct Reference {
   explicit Reference(const std::string& name) : dir(kRef + name), file(kRef + name + ".safetensors") {
@@ -71,34 +66,14 @@ TEST_CASE("MoE forward and backward match transformers' Mixtral and Qwen3-MoE", 
   std::printf("moe reference %-18s: cross-entropy %.7f vs transformers %.7f\n", name.c_str(), loss, ref_ce);
   CHECK(std::fabs(loss - ref_ce) <= 2e-6 * ref_ce);
 
-  double worst = 0;
-  std::string worst_name;
-  int failures = 0, compared = 0;
-  for (size_t u = 0; u < model.num_units(); ++u)
-    for (const TensorDecl& t : model.unit(u).layout().tensors) {
-      const std::vector<float> want = read_all(ref.file, "ref.grad." + t.name);
-      const auto got = model.grad(t.name).span<float>();
-      REQUIRE(got.size() == want.size());
-      double max_err = 0, max_ref = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        max_err = std::max(max_err, std::fabs(double(got[i]) - want[i]));
-        max_ref = std::max(max_ref, std::fabs(double(want[i])));
-      }
-      const double tol = 1e-6 + 1e-4 * max_ref;
-      ++compared;
-      if (max_err / tol > worst) worst = max_err / tol, worst_name = t.name;
-      if (max_err > tol) {
-        ++failures;
-        std::printf("  MISMATCH %-48s max abs error %.3g (largest |grad| %.3g)\n", t.name.c_str(), max_err, max_ref);
-      }
-    }
-  std::printf("moe reference %-18s: %d gradients, worst error/tolerance %.3f (%s)\n", name.c_str(), compared, worst,
-              worst_name.c_str());
+  const test::GradCheck g = test::check_grads(model, ref.file, 1e-6, 1e-4);
+  std::printf("moe reference %-18s: %d gradients, worst error/tolerance %.3f (%s)\n", name.c_str(), g.compared,
+              g.worst, g.worst_name.c_str());
   // Per layer: 2 norms, q k v o, a router, 3 per expert, and Qwen3's q_norm and k_norm; the
   // embedding, the final norm, lm_head.
   const int per_layer = 7 + 3 * 4 + (ref.spec.qk_norm ? 2 : 0);
-  CHECK(compared == per_layer * 2 + 3);
-  CHECK(failures == 0);
+  CHECK(g.compared == per_layer * 2 + 3);
+  CHECK(g.failures == 0);
 }
 
 TEST_CASE("MoE models train as transformers does: ten AdamW steps' cross-entropy and auxiliary loss",
