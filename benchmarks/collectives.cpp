@@ -62,6 +62,10 @@ Work issue(Communicator& comm, CommOp op, Buffers& b) {
     case CommOp::gather: return comm.gather(b.send_t, b.recv_t, 0);
     case CommOp::scatter: return comm.scatter(b.send_t, b.recv_t, 0);
     case CommOp::all_to_all: return comm.all_to_all(b.send_t, b.recv_t);
+    case CommOp::all_to_all_v: {  // equal chunks through the variable-count call: all_to_all's traffic
+      const std::vector<int64_t> counts(static_cast<size_t>(comm.world_size()), b.send_t.numel() / comm.world_size());
+      return comm.all_to_all_v(b.send_t, counts, b.recv_t, counts);
+    }
     case CommOp::barrier: return comm.barrier();
     case CommOp::send:
     case CommOp::recv: {  // a ring: every rank sends to the next and receives from the previous
@@ -119,7 +123,8 @@ uint64_t checked_call(Backend& be, Communicator& comm, CommOp op, Buffers& b) {
     case CommOp::recv:
       if (n > 1) expect_eq(to_f32(b.recv_t), [&](int64_t i) { return input_value((r + n - 1) % n, i); });
       break;
-    case CommOp::all_to_all: {  // chunk j comes from rank j: its chunk r
+    case CommOp::all_to_all:
+    case CommOp::all_to_all_v: {  // chunk j comes from rank j: its chunk r
       const int64_t chunk = recv_n / n;
       expect_eq(to_f32(b.recv_t),
                 [&](int64_t i) { return input_value(static_cast<int>(i / chunk), r * chunk + i % chunk); });
@@ -145,7 +150,7 @@ std::vector<CommOp> parse_comm_ops(const std::string& list) {
       }
     }
     SHARD_REQUIRE(found, "unknown collective '{}': expected all_reduce, reduce_scatter, all_gather, broadcast, "
-                  "reduce, gather, scatter, all_to_all, send, recv or barrier", name);
+                  "reduce, gather, scatter, all_to_all, all_to_all_v, send, recv or barrier", name);
   }
   SHARD_REQUIRE(!ops.empty(), "no collective given in '{}'", list);
   return ops;
@@ -166,8 +171,10 @@ uint64_t run_collective_benchmark(Communicator& comm, Communicator& processes, P
     std::fprintf(out, "# shardlab collective benchmark: %s communicator, %d ranks, %s, warmup %d, iters %d\n",
                  comm.name().c_str(), world, dtype_name(cfg.dtype), cfg.warmup, cfg.iters);
   for (CommOp op : cfg.ops) {
+    // all_to_all_v runs here with equal chunks: all_to_all's traffic, and its factor.
+    const double factor = bus_factor(op == CommOp::all_to_all_v ? CommOp::all_to_all : op, world);
     if (root) {
-      std::fprintf(out, "#\n# %s (busbw factor %.3f)\n", comm_op_name(op), bus_factor(op, world));
+      std::fprintf(out, "#\n# %s (busbw factor %.3f)\n", comm_op_name(op), factor);
       std::fprintf(out, "#%12s %12s %6s %6s %5s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "root",
                    "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
@@ -200,7 +207,7 @@ uint64_t run_collective_benchmark(Communicator& comm, Communicator& processes, P
         bool rooted = op == CommOp::broadcast || op == CommOp::reduce || op == CommOp::gather || op == CommOp::scatter;
         std::fprintf(out, " %12.0f %12lld %6s %6s %5s %12.1f %12.3f %12.3f %8llu\n", bytes,
                      static_cast<long long>(count), dtype_name(cfg.dtype), reduces ? "sum" : "none",
-                     rooted ? "0" : "-1", slowest * 1e6, algbw, algbw * bus_factor(op, world),
+                     rooted ? "0" : "-1", slowest * 1e6, algbw, algbw * factor,
                      static_cast<unsigned long long>(all_wrong));
         std::fflush(out);
       }

@@ -259,3 +259,51 @@ TEST_CASE("--check-collectives names the diverging rank and both call sites inst
   CHECK_THAT(msg, Catch::Contains("rank 0 issues all_reduce of 64 f32 at tests/test_mpi_comm.cpp:"));
   CHECK_THAT(msg, Catch::Contains(fmt::format("rank {} issues barrier at tests/test_mpi_comm.cpp:", s.world - 1)));
 }
+
+// Rank s sends rank d (s + 2d) % 5 elements (none for some pairs), element i of that chunk being
+// input(s, 1000 d + i): every rank knows what each peer sends it.
+TEST_CASE("all_to_all_v moves chunks of every size bit for bit, counts what leaves the rank, and checks the counts",
+          "[mpi]") {
+  Setup s;
+  const int N = s.world, me = s.rank;
+  const auto n = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 5); };
+  for (DType dt : kTypes) {
+    std::vector<int64_t> sc(N), rc(N);
+    int64_t total_s = 0, total_r = 0;
+    for (int j = 0; j < N; ++j) sc[j] = n(me, j), rc[j] = n(j, me), total_s += sc[j], total_r += rc[j];
+    Buf send(dt, total_s), recv(dt, total_r);
+    std::vector<float> v;
+    for (int j = 0; j < N; ++j)
+      for (int64_t i = 0; i < sc[j]; ++i) v.push_back(input(me, 1000 * j + i, dt));
+    convert(v.data(), DType::f32, send.t.data(), dt, v.size());
+    const double before = s.comm->stats().total[static_cast<int>(CommOp::all_to_all_v)].bytes;
+    s.comm->all_to_all_v(send.t, sc, recv.t, rc).wait();
+    const std::vector<float> got = recv.get();
+    size_t at = 0;
+    bool same = true;
+    for (int j = 0; j < N; ++j)
+      for (int64_t i = 0; i < rc[j]; ++i) same = same && got[at++] == input(j, 1000 * me + i, dt);
+    INFO(dtype_name(dt) << " rank " << me);
+    CHECK(same);
+    const double leaves = static_cast<double>(total_s - sc[me]) * dtype_size(dt);
+    CHECK(s.comm->stats().total[static_cast<int>(CommOp::all_to_all_v)].bytes - before == (N > 1 ? leaves : 0.0));
+  }
+  // What a rank knows alone is checked at once; counts that disagree across ranks under
+  // --check-collectives, naming both sides.
+  Buf a(DType::f32, 4), b(DType::f32, 4);
+  std::vector<int64_t> bad(N, 0);
+  bad[me] = 3;
+  CHECK_THROWS_WITH(s.comm->all_to_all_v(a.t, bad, b.t, bad), Catch::Contains("send counts sum to 3 for a send buffer of 4"));
+  if (N < 2) return;
+  s.comm->set_check(true);
+  std::vector<int64_t> sc(N, 0), rc(N, 0);
+  sc[(me + 1) % N] = 4, rc[(me + N - 1) % N] = me == 0 ? 3 : 4;  // rank 0 expects 3 of rank N-1's 4
+  Buf c(DType::f32, 4), d(DType::f32, rc[(me + N - 1) % N]);
+  std::string msg;
+  try {
+    s.comm->all_to_all_v(c.t, sc, d.t, rc).wait();
+  } catch (const InternalError& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Catch::Contains(fmt::format("rank {} sends rank 0 4 elements, which expects 3", N - 1)));  // every rank
+}

@@ -12,8 +12,8 @@
 namespace shardlab {
 
 enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier, send, recv,
-                              all_to_all };
-inline constexpr int kNumCommOps = 11;
+                              all_to_all, all_to_all_v };
+inline constexpr int kNumCommOps = 12;
 const char* comm_op_name(CommOp op);
 
 struct OpCounter {

@@ -23,6 +23,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::send: return "send";
     case CommOp::recv: return "recv";
     case CommOp::all_to_all: return "all_to_all";
+    case CommOp::all_to_all_v: return "all_to_all_v";
   }
   return "?";
 }
@@ -76,7 +77,8 @@ double bus_factor(CommOp op, int world) {
     case CommOp::broadcast:
     case CommOp::reduce:
     case CommOp::send:
-    case CommOp::recv: return 1.0;
+    case CommOp::recv:
+    case CommOp::all_to_all_v: return 1.0;  // counted as the bytes that leave the rank
     case CommOp::barrier: return 0.0;
   }
   return 0.0;

@@ -16,7 +16,8 @@
 //   reduce_scatter     (N-1)/N * S     (S = N * recv count * element size)
 //   all_gather         (N-1)/N * S     (S = N * send count * element size)
 //   gather, scatter    (N-1)/N * S     (S = N * chunk; the root receives or sends N-1 chunks)
-//   all_to_all         (N-1)/N * S     (S = N * chunk: this rank's send buffer; it keeps one chunk)
+//   all_to_all         (N-1)/N * S     (S = N * chunk: this rank's send buffer; it keeps one chunk;
+//                                      all_to_all_v: what it sends the others, its buffer less its own)
 //   broadcast, reduce            S     (0 when N = 1)
 //   send, recv                   S     (point to point: what this rank sends or receives)
 //   barrier                      0
@@ -96,6 +97,9 @@ class Communicator {
   // send and recv hold N chunks of the same size: chunk j of send goes to rank j, chunk j of recv
   // comes from rank j (its chunk `rank`). Not in place.
   Work all_to_all(Tensor send, Tensor recv, Site site = Site::current());
+  // Variable counts: send_counts[j] to rank j, recv_counts[j] from it, in rank order. Not in place.
+  Work all_to_all_v(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
+                    std::span<const int64_t> recv_counts, Site site = Site::current());
   // root's recv (N * send.numel()) gets chunk r from rank r; recv is ignored elsewhere.
   Work gather(Tensor send, Tensor recv, int root, Site site = Site::current());
   // rank r's recv gets chunk r of root's send (N * recv.numel()); send is ignored elsewhere.
@@ -148,18 +152,17 @@ class Communicator {
   // Every rank's values, concatenated in rank order, on `root` (each rank gives the same count).
   std::vector<uint64_t> gather_u64(std::span<const uint64_t> mine, int root = 0);
   int64_t all_max(int64_t v);  // the largest v of any rank, on every rank
-  // Bytes to rank `peer` without waiting for it, and the next bytes rank `peer` posted to this rank
-  // (blocking). In order between one pair; not counted as traffic.
+  // Bytes to rank `peer` without waiting, and the next bytes `peer` posted to this rank (blocking),
+  // in order between one pair; not counted as traffic.
   void post_control(int peer, const std::string& bytes);
   std::string take_control(int peer);
 
   // --check-collectives: before each collective, every rank's fingerprint (sequence number, op,
-  // count, dtype, root, call site) is compared across ranks on a separate channel; a mismatch
-  // throws InternalError naming the first diverging rank and both call sites instead of hanging.
+  // count, dtype, root, call site; all_to_all_v's counts both ways) is compared across ranks on a
+  // separate channel; a mismatch throws InternalError naming the ranks and call sites, not hanging.
   void set_check(bool on) { check_ = on; }
-  // An emulated link (--inter-node-gbs): each call completes no sooner than its bus bytes /
-  // bytes_per_s after the emulated link of this process is free (one link per process, shared by
-  // every paced communicator, so calls in flight together queue on it). 0 = off.
+  // An emulated link (--inter-node-gbs): each call completes no sooner than its bus bytes / bytes_per_s
+  // after this process's one emulated link is free (calls in flight together queue on it). 0 = off.
   void pace(double bytes_per_s) { pace_ = bytes_per_s; }
 
   // Collective over this communicator: a communicator over the ranks that pass the same `color`,
@@ -170,8 +173,7 @@ class Communicator {
 
   CommStats& stats() { return stats_; }
 
-  // What --check-collectives compares. Plain bytes: it travels as such.
-  struct Fingerprint {
+  struct Fingerprint {  // what --check-collectives compares; plain bytes: it travels as such
     uint64_t seq;
     int64_t count;
     int32_t root;
@@ -189,12 +191,12 @@ class Communicator {
   virtual Work do_reduce(Tensor send, Tensor recv, int root, ReduceOp op) = 0;
   virtual Work do_gather(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_all_to_all(Tensor send, Tensor recv) = 0;
+  virtual Work do_all_to_all_v(Tensor send, std::span<const int64_t> sc, Tensor recv, std::span<const int64_t> rc);
   virtual Work do_scatter(Tensor send, Tensor recv, int root) = 0;
   virtual Work do_barrier() = 0;
   virtual Work do_send(Tensor buf, int peer) = 0;
   virtual Work do_recv(Tensor buf, int peer) = 0;
-  // Whether a collective can block this process (and so is watched by --collective-timeout).
-  virtual bool blocks() const { return false; }
+  virtual bool blocks() const { return false; }  // a call can block this process (--collective-timeout)
   // Bytes the transport moves per logical byte (2 where it widens a reduction to f32).
   virtual double wire_factor(CommOp op, DType dtype) const { return 1.0; }
   // The control channel: every rank's bytes in rank order, on every rank (blocking; separate from

@@ -6,6 +6,7 @@
 // is then as accurate as one rounding allows, where a 2-byte custom op would round N-1 times.
 #include "src/comm/mpi_comm.hpp"
 
+#include <array>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -207,6 +208,25 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     MPI_CHECK(MPI_Ialltoall(send.data(), n, t, recv.data(), n, t, comm_, &req));
     return make_work(req, {}, nullptr);
+  }
+
+  Work do_all_to_all_v(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
+                       std::span<const int64_t> recv_counts) override {
+    check_host(send, "all_to_all_v");
+    check_host(recv, "all_to_all_v");
+    // Counts and displacements in elements, kept alive until the request completes.
+    auto arrays = std::make_shared<std::array<std::vector<int>, 4>>();
+    auto& [sc, sd, rc, rd] = *arrays;
+    int64_t s_at = 0, r_at = 0;
+    for (int j = 0; j < world_size(); ++j) {
+      sc.push_back(mpi_count(send_counts[j], "all_to_all_v")), sd.push_back(mpi_count(s_at, "all_to_all_v"));
+      rc.push_back(mpi_count(recv_counts[j], "all_to_all_v")), rd.push_back(mpi_count(r_at, "all_to_all_v"));
+      s_at += send_counts[j], r_at += recv_counts[j];
+    }
+    MPI_Datatype t = mpi_type(send.dtype());
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoallv(send.data(), sc.data(), sd.data(), t, recv.data(), rc.data(), rd.data(), t, comm_, &req));
+    return make_work(req, {}, [arrays] {});
   }
 
   Work do_gather(Tensor send, Tensor recv, int root) override {

@@ -218,6 +218,25 @@ class NcclCommunicator final : public MpiBackedCommunicator {
       return st != ncclSuccess ? st : end;
     });
   }
+  Work do_all_to_all_v(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
+                       std::span<const int64_t> recv_counts) override {
+    if (on_host(send, recv)) return mpi_->all_to_all_v(send, send_counts, recv, recv_counts);
+    return issue("all_to_all_v", [&] {
+      const size_t elem = dtype_size(send.dtype());
+      const ncclDataType_t t = nccl_type(send.dtype());
+      size_t s_at = 0, r_at = 0;
+      ncclResult_t st = ncclGroupStart();
+      for (int r = 0; r < world_size() && st == ncclSuccess; ++r) {
+        const auto sn = static_cast<size_t>(send_counts[r]), rn = static_cast<size_t>(recv_counts[r]);
+        if (sn > 0) st = ncclSend(static_cast<const char*>(send.data()) + s_at * elem, sn, t, r, nccl_, stream_);
+        if (st == ncclSuccess && rn > 0)
+          st = ncclRecv(static_cast<char*>(recv.data()) + r_at * elem, rn, t, r, nccl_, stream_);
+        s_at += sn, r_at += rn;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return st != ncclSuccess ? st : end;
+    });
+  }
   Work do_barrier() override { return mpi_->barrier(); }
   // NCCL matches a peer's sends and receives in issue order, as Communicator::send promises. Both
   // are held until one of them is waited for, or another call comes (design notes).

@@ -64,6 +64,15 @@ class SimCommunicator final : public Communicator {
     for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * c, c), send.slice(at, c));
     return Work();
   }
+  // The peers' chunks are unknown here: zeros, and this rank's own chunk where it keeps it.
+  Work do_all_to_all_v(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
+                       std::span<const int64_t> recv_counts) override {
+    be().fill(recv, 0.f);
+    int64_t s_at = 0, r_at = 0;
+    for (int j = 0; j < rank_; ++j) s_at += send_counts[j], r_at += recv_counts[j];
+    be().copy(recv.slice(r_at, recv_counts[rank_]), send.slice(s_at, send_counts[rank_]));
+    return Work();
+  }
   Work do_gather(Tensor send, Tensor recv, int root) override {
     if (rank_ == root)
       for (int r = 0; r < world_; ++r) be().copy(recv.slice(r * send.numel(), send.numel()), send);

@@ -100,6 +100,12 @@ class StagedCommunicator final : public MpiBackedCommunicator {
     Tensor hs = c.in(send), hr = c.out(recv);
     return c.done(mpi_->all_to_all(hs, hr), {{recv, hr}});
   }
+  Work do_all_to_all_v(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
+                       std::span<const int64_t> recv_counts) override {
+    Call c(*this);
+    Tensor hs = c.in(send), hr = c.out(recv);
+    return c.done(mpi_->all_to_all_v(hs, send_counts, hr, recv_counts), {{recv, hr}});
+  }
   Work do_broadcast(Tensor buf, int root) override {
     Call c(*this);
     Tensor h = rank() == root ? c.in(buf) : c.out(buf);

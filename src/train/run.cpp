@@ -59,8 +59,7 @@ struct Progress {
   }
 };
 
-// Steps predicted to take longer than this are announced before step 1 (the header's step time).
-constexpr double kAnnouncedStepS = 5.0;
+constexpr double kAnnouncedStepS = 5.0;  // a step predicted longer is announced before step 1
 
 // "1:02:03", "2:03" or "45s".
 std::string format_duration(double s) {
@@ -102,8 +101,7 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
   const std::string host =
       s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
   const std::string cp = s.cp_wait_ms ? fmt::format(" (cp wait {:.1f} ms)", *s.cp_wait_ms) : std::string();
-  // A mixture of experts: the auxiliary loss, the experts' load (max / mean), drops past capacity.
-  std::string moe;
+  std::string moe;  // a mixture of experts: the auxiliary loss, the load (max / mean), drops past capacity
   if (s.aux_loss) {
     moe = fmt::format(" | aux {:.4f} | load {:.2f}", *s.aux_loss, s.expert_imbalance.value_or(1.0));
     if (s.dropped_slots.value_or(0) > 0) moe += fmt::format(" dropped {:.0f}", *s.dropped_slots);

@@ -9,6 +9,7 @@
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/moe.hpp"
 #include "src/backend/ops/norm.hpp"
 #include "src/backend/ops/rope.hpp"
 
@@ -28,6 +29,11 @@ void layernorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
 void layernorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) { unreachable(); }
 void rmsnorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, float) { unreachable(); }
 void rmsnorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) { unreachable(); }
+void head_rmsnorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, float) { unreachable(); }
+void head_rmsnorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t) { unreachable(); }
+void moe_gather(Backend&, Tensor, Tensor, const int32_t*) { unreachable(); }
+void moe_combine(Backend&, Tensor, Tensor, const int32_t*, Tensor, int64_t, bool) { unreachable(); }
+void moe_combine_backward(Backend&, Tensor, Tensor, Tensor, Tensor, const int32_t*, Tensor, int64_t) { unreachable(); }
 void rope(Backend&, Tensor, int64_t, int64_t, const RopeFreqs&, int64_t, bool) { unreachable(); }
 void gelu_forward(Backend&, Tensor, Tensor) { unreachable(); }
 void gelu_backward(Backend&, Tensor, Tensor, Tensor) { unreachable(); }
