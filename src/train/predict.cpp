@@ -97,8 +97,8 @@ std::vector<GemmDesc> step_gemms(const StepConfig& step, int world, int rank, in
 
 Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro_batch) {
   TrainConfig c = step_config(step, world, rank, micro_batch, false);
-  // A stand-in stream whose second half holds exactly one global batch of validation sequences.
-  const int64_t half = c.batch * c.spec.seq + 1;
+  // A stand-in stream whose second half is one validation sequence, repeated to fill the batch.
+  const int64_t half = c.spec.seq + 1;
   c.val_fraction = 0.5;
   c.val_batches = 1;
   auto be = make_meta_backend();

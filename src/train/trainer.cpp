@@ -131,15 +131,18 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   if (data_.val) {
     const int64_t T = cfg_.spec.seq, n = static_cast<int64_t>(data_.val->tokens.size());
     const int64_t sequences = n >= T + 1 ? (n - 1) / T : 0;
-    SHARD_REQUIRE(sequences >= cfg_.batch, "the validation set '{}' holds {} tokens: {} sequences of {} (+1 target), "
-                  "fewer than one global batch of {} (--batch)", data_.val->source, n, sequences, T, cfg_.batch);
+    // A stand-in (predictions: values never read) holds one sequence, which the loader repeats:
+    // the memory of an evaluation does not depend on the tokens, and a world-sized batch of them
+    // took gigabytes at 2^18 simulated ranks.
+    SHARD_REQUIRE(tokens || sequences >= cfg_.batch, "the validation set '{}' holds {} tokens: {} sequences of {} (+1 "
+                  "target), fewer than one global batch of {} (--batch)", data_.val->source, n, sequences, T, cfg_.batch);
     // The split's other side too: fewer sequences than a batch would train on repeats of them.
     SHARD_REQUIRE(tokens || cfg_.val_fraction == 0 || loader_.num_sequences() >= cfg_.batch,
                   "--val-fraction {} leaves '{}' {} tokens for training: {} sequences of {} (+1 target), fewer than "
                   "one global batch of {} (--batch); lower --val-fraction", cfg_.val_fraction, data_.train->source,
                   data_.train->tokens.size(), loader_.num_sequences(), T, cfg_.batch);
     val_loader_ = std::make_unique<BatchLoader>(*data_.val, T, cfg_.batch);
-    val_batches_ = std::min(cfg_.val_batches, sequences / cfg_.batch);
+    val_batches_ = tokens ? cfg_.val_batches : std::min(cfg_.val_batches, sequences / cfg_.batch);
   }
   comm_.set_check(cfg_.check_collectives);
   strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp_cp(), mesh_, cfg_.spec, model_.units(), cfg_.optim});
