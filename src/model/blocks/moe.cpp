@@ -199,9 +199,8 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   int64_t kept = 0;
   for (int64_t e = 0; e < E; ++e) kept += per_expert[e];
   if (c.be.device() == Device::meta) kept = P;  // no values came back: the shapes of a dropless routing
-  const std::vector<int32_t> counts(per_expert, per_expert + E);
   const auto expert_rows = [&](int64_t e) {
-    return c.be.device() == Device::meta ? P / E + (e < P % E) : int64_t{counts[e]};
+    return c.be.device() == Device::meta ? P / E + (e < P % E) : int64_t{per_expert[e]};
   };
 
   // The combination's backward: d(y) of every kept row, d(weight) of every slot.
@@ -236,14 +235,14 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   // The router: d(weights) through the top-k normalisation and the softmax, plus the auxiliary
   // loss's d/d(prob[n, e]) = prob_grad x counts_e; on the host (N x E), then its two products.
   const std::vector<float> probs = to_host(c.be, s("moe_probs")), dweight = to_host(c.be, dw);
-  const std::vector<float> hw = to_host(c.be, s("moe_w"));
   const int32_t* choice = ints.data() + 2 * P;
   std::vector<float> dlogits(static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs.data() + n * E;
     for (int64_t e = 0; e < E; ++e) dprob[e] = c.moe ? c.moe->prob_grad * static_cast<float>(c.moe->counts[e]) : 0.f;
     float sum = 0.f, inner = 0.f;  // sum of the chosen probabilities; sum_j dweight_j weight_j
-    for (int64_t j = 0; j < k; ++j) sum += p[choice[n * k + j]], inner += dweight[n * k + j] * hw[n * k + j];
+    for (int64_t j = 0; j < k; ++j) sum += p[choice[n * k + j]];
+    for (int64_t j = 0; j < k; ++j) inner += dweight[n * k + j] * (p[choice[n * k + j]] / sum);  // route()'s weight
     for (int64_t j = 0; j < k; ++j) {
       const float dwj = dweight[n * k + j];
       dprob[choice[n * k + j]] += m.norm_topk ? (dwj - inner) / sum : dwj;

@@ -126,6 +126,28 @@ void llama_read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec
                 where, type, join_names(unknown));
 }
 
+void llama_read_sizes(HfConfigReader& c, ModelSpec& s, const char* width, int64_t& width_out) {
+  s.dim = c.integer("hidden_size", 1);
+  width_out = c.integer(width, 1);
+  s.layers = c.integer("num_hidden_layers", 1);
+  s.heads = c.integer("num_attention_heads", 1);
+  s.vocab = c.integer("vocab_size", 2);
+  s.seq = c.integer("max_position_embeddings", 1);
+}
+
+void llama_read_shared(const nlohmann::json& j, HfConfigReader& c, ModelSpec& s) {
+  // Older configs (Llama 1 and 2) have no num_key_value_heads: HF then gives every head its own.
+  s.kv_heads = c.has("num_key_value_heads") ? c.integer("num_key_value_heads", 1) : s.heads;
+  s.norm_eps = c.number_or("rms_norm_eps", 1e-6);  // HF's defaults
+  s.tied_head = false;
+  if (c.has("tie_word_embeddings")) {
+    SHARD_REQUIRE(j["tie_word_embeddings"].is_boolean(), "config.json: \"tie_word_embeddings\" is {}, expected a bool",
+                  j["tie_word_embeddings"].dump());
+    s.tied_head = j["tie_word_embeddings"].get<bool>();
+  }
+  c.expect("hidden_act", "silu", "SwiGLU's gate is SiLU");
+}
+
 void llama_check_rope(const ModelSpec& s) {
   SHARD_REQUIRE(s.rope_theta > 0, "rope_theta {}: Llama rotates its queries and keys (RoPE), the base must be positive",
                 s.rope_theta);
@@ -180,23 +202,9 @@ ModelSpec llama_spec_from_hf_config(const nlohmann::json& j) {
   ModelSpec s;
   s.family = FamilyId::llama;
   s.name = "hf-config";
-  s.dim = c.integer("hidden_size", 1);
-  s.ffn_dim = c.integer("intermediate_size", 1);
-  s.layers = c.integer("num_hidden_layers", 1);
-  s.heads = c.integer("num_attention_heads", 1);
-  s.vocab = c.integer("vocab_size", 2);
-  s.seq = c.integer("max_position_embeddings", 1);
+  llama_read_sizes(c, s, "intermediate_size", s.ffn_dim);
   c.check_missing();
-  // Older configs (Llama 1 and 2) have no num_key_value_heads: HF then gives every head its own.
-  s.kv_heads = c.has("num_key_value_heads") ? c.integer("num_key_value_heads", 1) : s.heads;
-  s.norm_eps = c.number_or("rms_norm_eps", 1e-6);  // HF's defaults
-  s.tied_head = false;
-  if (c.has("tie_word_embeddings")) {
-    SHARD_REQUIRE(j["tie_word_embeddings"].is_boolean(), "config.json: \"tie_word_embeddings\" is {}, expected a bool",
-                  j["tie_word_embeddings"].dump());
-    s.tied_head = j["tie_word_embeddings"].get<bool>();
-  }
-  c.expect("hidden_act", "silu", "SwiGLU's gate is SiLU");
+  llama_read_shared(j, c, s);
   c.expect("attention_bias", false, "no biases in the attention's projections");
   c.expect("mlp_bias", false, "no biases in the MLP");
   c.expect("pretraining_tp", 1, "HF's slicing of the projections for tensor-parallel pretraining changes rounding");

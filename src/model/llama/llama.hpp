@@ -38,6 +38,13 @@ nlohmann::json llama_hf_config(const ModelSpec& spec);
 // "rope_parameters" or the classic "rope_theta" and "rope_scaling" (null or absent: none), into
 // s.rope_theta and s.rope_scaling (s.seq read already); InputError for what the units do not compute.
 void llama_read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s);
+// What every Llama-shaped config.json (llama, mixtral, qwen3_moe) holds. The sizes: hidden_size,
+// `width` (the MLP's or each expert's intermediate size) into width_out, num_hidden_layers,
+// num_attention_heads, vocab_size, max_position_embeddings, each missing one remembered for
+// c.check_missing(). Then, after it: num_key_value_heads (absent: as many as heads), rms_norm_eps
+// (1e-6), tie_word_embeddings (false), and hidden_act, which must be silu.
+void llama_read_sizes(HfConfigReader& c, ModelSpec& s, const char* width, int64_t& width_out);
+void llama_read_shared(const nlohmann::json& j, HfConfigReader& c, ModelSpec& s);
 // InputError unless RoPE can rotate the spec's heads (a positive base, an even head size).
 void llama_check_rope(const ModelSpec& spec);
 // 6N + 6LCT as GPT-2's (llm.c's) count, with N the parameters outside the token embedding (an

@@ -113,7 +113,6 @@ class DecoderLayerUnit final : public Unit {
       : Unit(std::move(layout)),
         prefix_("model.layers." + std::to_string(index) + "."),
         freqs_(llama_rope_freqs(spec)),
-        spec_(spec),
         tp_(tp) {}
   bool recomputable() const override { return true; }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
@@ -185,7 +184,7 @@ class DecoderLayerUnit final : public Unit {
                            ? c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "moe backward ln2 rows")
                            : Block();
       const Tensor ln2 = tp_region_input(c, s("ln2"), ln2_rows ? ln2_rows.view(DType::f32, {d.N, d.C}) : s("ln2"));
-      blocks::moe_backward(c, s, dsmall, dmlp_out, ln2, moe_weights(p, true), moe_weights(g, false));
+      blocks::moe_backward(c, s, dsmall, dmlp_out, ln2, moe_weights(c.spec, p, true), moe_weights(c.spec, g, false));
       tp_own_rows(c, dsmall, dln);
     } else {
       linear_backward(c, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"),
@@ -270,21 +269,21 @@ class DecoderLayerUnit final : public Unit {
   void mlp_forward(UnitContext& c, const ParamSet& p, Saved& s, Tensor ln2, Tensor out, const Dims& d) const {
     if (c.spec.moe.enabled()) {
       const int64_t shape[] = {d.N, d.C};
-      return blocks::moe_forward(c, s, ln2.reshape(shape), out.reshape(shape), moe_weights(p, true));
+      return blocks::moe_forward(c, s, ln2.reshape(shape), out.reshape(shape), moe_weights(c.spec, p, true));
     }
     Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
     linear_forward(c.be, gate_up, ln2, gate_up_weight(p), d.N);
     ops::swiglu_forward(c.be, act, gate_up);
     linear_forward(c.be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
   }
-  blocks::MoeWeights moe_weights(const ParamSet& p, bool gemm) const {
+  blocks::MoeWeights moe_weights(const ModelSpec& spec, const ParamSet& p, bool gemm) const {
     blocks::MoeWeights m;
     const auto get = [&](const std::string& name) { return gemm ? p.gemm(name) : p(name); };
-    m.router = get(moe_tensor(spec_, prefix_, MoePart::router));
-    for (int64_t e = 0; e < spec_.moe.experts; ++e) {
-      m.gate_up.push_back(stacked({get(moe_tensor(spec_, prefix_, MoePart::gate, e)),
-                                   get(moe_tensor(spec_, prefix_, MoePart::up, e))}));
-      m.down.push_back(get(moe_tensor(spec_, prefix_, MoePart::down, e)));
+    m.router = get(moe_tensor(spec, prefix_, MoePart::router));
+    for (int64_t e = 0; e < spec.moe.experts; ++e) {
+      m.gate_up.push_back(stacked({get(moe_tensor(spec, prefix_, MoePart::gate, e)),
+                                   get(moe_tensor(spec, prefix_, MoePart::up, e))}));
+      m.down.push_back(get(moe_tensor(spec, prefix_, MoePart::down, e)));
     }
     return m;
   }
@@ -325,7 +324,6 @@ class DecoderLayerUnit final : public Unit {
   }
   std::string prefix_;
   RopeFreqs freqs_;
-  ModelSpec spec_;  // for the MoE tensors' names
   TpConfig tp_;
 };
 

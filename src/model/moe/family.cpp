@@ -30,12 +30,7 @@ ModelSpec read_common(const nlohmann::json& j, HfConfigReader& c, FamilyId famil
   ModelSpec s;
   s.family = family;
   s.name = "hf-config";
-  s.dim = c.integer("hidden_size", 1);
-  s.layers = c.integer("num_hidden_layers", 1);
-  s.heads = c.integer("num_attention_heads", 1);
-  s.vocab = c.integer("vocab_size", 2);
-  s.seq = c.integer("max_position_embeddings", 1);
-  s.moe.ffn_dim = c.integer(expert_width, 1);
+  llama_read_sizes(c, s, expert_width, s.moe.ffn_dim);
   s.moe.top_k = c.integer("num_experts_per_tok", 1);
   const bool both = c.has("num_experts") && c.has("num_local_experts");
   SHARD_REQUIRE(!both || j["num_experts"] == j["num_local_experts"],
@@ -43,22 +38,14 @@ ModelSpec read_common(const nlohmann::json& j, HfConfigReader& c, FamilyId famil
                 j["num_local_experts"].dump());
   s.moe.experts = c.integer(c.has("num_experts") ? "num_experts" : "num_local_experts", 1);
   c.check_missing();
-  s.kv_heads = c.has("num_key_value_heads") ? c.integer("num_key_value_heads", 1) : s.heads;
-  s.norm_eps = c.number_or("rms_norm_eps", 1e-6);
+  llama_read_shared(j, c, s);
   s.moe.aux_coef = c.number_or("router_aux_loss_coef", 0.001);
-  s.tied_head = false;
-  if (c.has("tie_word_embeddings")) {
-    SHARD_REQUIRE(j["tie_word_embeddings"].is_boolean(), "config.json: \"tie_word_embeddings\" is {}, expected a bool",
-                  j["tie_word_embeddings"].dump());
-    s.tied_head = j["tie_word_embeddings"].get<bool>();
-  }
   if (c.has("head_dim")) {
     SHARD_REQUIRE(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() >= 1,
                   "config.json: \"head_dim\" is {}, expected a positive integer", j["head_dim"].dump());
     const int64_t hd = j["head_dim"].get<int64_t>();
     if (hd * s.heads != s.dim) s.head_dim = hd;  // else the default, dim / heads
   }
-  c.expect("hidden_act", "silu", "SwiGLU's gate is SiLU");
   llama_read_rope(j, c, s);
   return s;
 }
