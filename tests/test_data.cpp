@@ -6,6 +6,7 @@
 #include <map>
 
 #include "src/core/check.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
 #include "src/data/data.hpp"
 #include "src/data/tokenizer.hpp"
 
@@ -22,6 +23,12 @@ void write_bin(const std::string& path, int32_t magic, int32_t version, int32_t 
   f.write(reinterpret_cast<const char*>(header.data()), 1024);
   f.write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(2 * toks.size()));
 }
+
+std::vector<int32_t> counting(int n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
 }  // namespace
 
 TEST_CASE("llm.c token files load, and bad ones are named", "[data]") {
@@ -29,7 +36,8 @@ TEST_CASE("llm.c token files load, and bad ones are named", "[data]") {
   std::string ok = tmp_path("ok.bin");
   write_bin(ok, 20240520, 1, 6, toks);
   TokenStream s = load_llmc_bin(ok);
-  CHECK(s.tokens == std::vector<int32_t>{5, 50256, 7, 1, 2, 3});
+  CHECK(s.to_vector() == std::vector<int32_t>{5, 50256, 7, 1, 2, 3});
+  CHECK(s.mapped_parts() == 1);
   CHECK_THROWS_WITH(load_tokens(ok, 50000), Catch::Contains("token 50256 at position 1 does not fit the model's vocabulary of 50000"));
   std::string magic = tmp_path("magic.bin");
   write_bin(magic, 1234, 1, 6, toks);
@@ -48,29 +56,27 @@ TEST_CASE("any file reads as bytes", "[data]") {
   std::string path = tmp_path("text.txt");
   { std::ofstream(path, std::ios::binary) << "hi\xff"; }
   TokenStream s = load_tokens(path, 256);
-  CHECK(s.tokens == std::vector<int32_t>{'h', 'i', 255});
+  CHECK(s.to_vector() == std::vector<int32_t>{'h', 'i', 255});
   CHECK_THROWS_WITH(load_tokens(path, 128), Catch::Contains("token 255 at position 2"));
   fs::remove(path);
 }
 
 TEST_CASE("the synthetic stream is fixed, in vocabulary, and predictable", "[data]") {
-  TokenStream a = synthetic_stream(64, 10000), b = synthetic_stream(64, 10000);
-  CHECK(a.tokens == b.tokens);
+  const std::vector<int32_t> a = synthetic_stream(64, 10000).to_vector(), b = synthetic_stream(64, 10000).to_vector();
+  CHECK(a == b);
   // Each token is followed by at most four distinct successors: a bigram model can learn it.
   std::map<int32_t, std::map<int32_t, int>> next;
-  for (size_t i = 0; i + 1 < a.tokens.size(); ++i) {
-    REQUIRE(a.tokens[i] >= 0);
-    REQUIRE(a.tokens[i] < 64);
-    next[a.tokens[i]][a.tokens[i + 1]]++;
+  for (size_t i = 0; i + 1 < a.size(); ++i) {
+    REQUIRE(a[i] >= 0);
+    REQUIRE(a[i] < 64);
+    next[a[i]][a[i + 1]]++;
   }
   for (auto& [tok, succ] : next) CHECK(succ.size() <= 4);
   CHECK(next.size() > 16);  // and it visits much of the vocabulary
 }
 
 TEST_CASE("batches follow the documented rule", "[data]") {
-  TokenStream s;
-  s.source = "test";
-  for (int i = 0; i < 41; ++i) s.tokens.push_back(i);  // 41 tokens, T = 4: (41 - 1) / 4 = 10 sequences
+  TokenStream s(counting(41), "test");  // 41 tokens, T = 4: (41 - 1) / 4 = 10 sequences
   BatchLoader loader(s, 4, 3);
   CHECK(loader.num_sequences() == 10);
   std::vector<int32_t> in(3 * 4), tgt(3 * 4);
@@ -84,9 +90,7 @@ TEST_CASE("batches follow the documented rule", "[data]") {
   loader.fill(3, 0, 1, one.data(), onet.data());
   CHECK(one == std::vector<int32_t>{36, 37, 38, 39});
   CHECK(onet == std::vector<int32_t>{37, 38, 39, 40});
-  TokenStream small;
-  small.source = "short.txt";
-  small.tokens = {1, 2, 3};
+  TokenStream small({1, 2, 3}, "short.txt");
   CHECK_THROWS_WITH(BatchLoader(small, 4, 1), Catch::Contains("'short.txt' holds 3 tokens, too few for one sequence of 4"));
 }
 
@@ -101,9 +105,7 @@ TEST_CASE("shuffled epochs are permutations of (seed, epoch), and batches run on
     std::sort(sorted.begin(), sorted.end());
     for (int64_t i = 0; i < n; ++i) CHECK(sorted[static_cast<size_t>(i)] == i);
   }
-  TokenStream s;
-  s.source = "test";
-  for (int i = 0; i < 41; ++i) s.tokens.push_back(i);  // 10 sequences of T = 4
+  TokenStream s(counting(41), "test");  // 10 sequences of T = 4
   BatchLoader loader(s, 4, 3, ShuffleConfig{true, 7});
   // Positions 0..29 (10 steps of 3) are epochs 0, 1 and 2 back to back; step 3 straddles epochs 0 and 1.
   for (int64_t p = 0; p < 30; ++p)
@@ -122,14 +124,12 @@ TEST_CASE("shuffled epochs are permutations of (seed, epoch), and batches run on
 }
 
 TEST_CASE("--val-fraction cuts the tail off the training stream", "[data][validation]") {
-  TokenStream s;
-  s.source = "t";
-  for (int i = 0; i < 100; ++i) s.tokens.push_back(i);
+  TokenStream s(counting(100), "t");
   TokenStream v = split_tail(s, 0.1);
-  CHECK(s.tokens.size() == 90);
-  CHECK(v.tokens.size() == 10);
-  CHECK(v.tokens.front() == 90);
-  CHECK(s.tokens.back() == 89);  // no training sequence reaches a validation token
+  CHECK(s.size() == 90);
+  CHECK(v.size() == 10);
+  CHECK(v.to_vector().front() == 90);
+  CHECK(s.to_vector().back() == 89);  // no training sequence reaches a validation token
   TokenStream s2 = s;
   CHECK_THROWS_WITH(split_tail(s2, 0.0), Catch::Contains("--val-fraction 0: expected a fraction between 0 and 1"));
   CHECK_THROWS_WITH(split_tail(s2, 1.0), Catch::Contains("--val-fraction 1: expected a fraction between 0 and 1"));
@@ -148,8 +148,8 @@ TEST_CASE("llm.c's uint32 token files (magic 20240801, version 7) carry ids past
     f.write(reinterpret_cast<const char*>(wide.data()), static_cast<std::streamsize>(4 * wide.size()));
   };
   write(20240801, 7, 5);
-  CHECK(load_llmc_bin(path).tokens == std::vector<int32_t>{0, 65535, 65536, 128255, 7});
-  CHECK(load_tokens(path, 128256).tokens.size() == 5);
+  CHECK(load_llmc_bin(path).to_vector() == std::vector<int32_t>{0, 65535, 65536, 128255, 7});
+  CHECK(load_tokens(path, 128256).size() == 5);
   CHECK_THROWS_WITH(load_tokens(path, 128000), Catch::Contains("token 128255 at position 3 does not fit the model's "
                                                                "vocabulary of 128000"));
   write(20240801, 1, 5);
@@ -172,14 +172,14 @@ TEST_CASE("token files are written in the narrow form while the vocabulary allow
   const std::vector<int32_t> narrow = {0, 1, 65535, 42};
   write_llmc_bin(path, narrow, 65536);
   CHECK(header() == std::tuple{20240520, 1, 4, uintmax_t{1024 + 2 * 4}});
-  CHECK(load_llmc_bin(path).tokens == narrow);
+  CHECK(load_llmc_bin(path).to_vector() == narrow);
   const std::vector<int32_t> wide = {0, 65536, 128255, 100000, 3};
   write_llmc_bin(path, wide, 128256);
   CHECK(header() == std::tuple{20240801, 7, 5, uintmax_t{1024 + 4 * 5}});
-  CHECK(load_llmc_bin(path).tokens == wide);
+  CHECK(load_llmc_bin(path).to_vector() == wide);
   write_llmc_bin(path, narrow, 128256);  // a large vocabulary takes the wide form whatever the ids
   CHECK(std::get<0>(header()) == 20240801);
-  CHECK(load_llmc_bin(path).tokens == narrow);
+  CHECK(load_llmc_bin(path).to_vector() == narrow);
   CHECK_THROWS_WITH(write_llmc_bin(path, wide, 65536), Catch::Contains("token 65536 at position 1 does not fit the "
                                                                        "vocabulary of 65536"));
   fs::remove(path);
@@ -192,8 +192,61 @@ TEST_CASE("a text file with a tokenizer is its tokens", "[data][hf-tokenizer]") 
   { std::ofstream(path, std::ios::binary) << text; }
   const TokenStream s = load_tokens(path, 808, &tok);
   // HF tokenizers 0.23.3: Tokenizer.from_file(<that dir>/tokenizer.json).encode(text, add_special_tokens=False).ids
-  CHECK(s.tokens == std::vector<int32_t>{745, 67, 452, 268, 616, 324, 11, 220, 752, 417, 220, 17, 13, 15, 198});
-  CHECK(tok.decode(s.tokens) == text);
-  CHECK(load_tokens(path, 808).tokens.size() == text.size());  // without one, its bytes
+  CHECK(s.to_vector() == std::vector<int32_t>{745, 67, 452, 268, 616, 324, 11, 220, 752, 417, 220, 17, 13, 15, 198});
+  CHECK(tok.decode(s.to_vector()) == text);
+  CHECK(load_tokens(path, 808).size() == static_cast<int64_t>(text.size()));  // without one, its bytes
   fs::remove(path);
+}
+
+TEST_CASE("shards in a list or a pattern are one stream, read in place across their boundaries", "[data][shards]") {
+  const fs::path dir = fs::temp_directory_path() / "shardlab_test_shards";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<int32_t> all(1000);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>((i * 7919) % 50000);
+  const std::string whole = (dir / "all.bin").string(), a = (dir / "shard_0.bin").string(),
+                    b = (dir / "shard_1.bin").string(), c = (dir / "shard_2.bin").string();
+  write_llmc_bin(whole, all, 50257);
+  write_llmc_bin(a, {all.begin(), all.begin() + 333}, 50257);
+  write_llmc_bin(b, {all.begin() + 333, all.begin() + 334}, 50257);  // a shard of one token
+  write_llmc_bin(c, {all.begin() + 334, all.end()}, 128256);          // another width: uint32
+  for (const std::string& what : {a + "," + b + "," + c, (dir / "shard_*.bin").string(),
+                                  (dir / "shard_[0-1].bin").string() + "," + c}) {
+    const TokenStream s = load_tokens(what, 50257);
+    CHECK(s.source == what);
+    CHECK(s.mapped_parts() == 3);
+    CHECK(s.to_vector() == all);
+    // Sequences of 10 straddle the shards' boundaries (at 333 and 334): the loader reads across them.
+    const TokenStream concatenated = load_tokens(whole, 50257);
+    BatchLoader whole_loader(concatenated, 10, 4), shards(s, 10, 4);
+    for (int64_t step = 0; step < 30; ++step) {
+      std::vector<int32_t> x(40), y(40), u(40), v(40);
+      whole_loader.fill(step, 0, 4, x.data(), y.data());
+      shards.fill(step, 0, 4, u.data(), v.data());
+      REQUIRE(x == u);
+      REQUIRE(y == v);
+    }
+    // A validation tail cut off a list is a slice of it.
+    TokenStream train = s;
+    const TokenStream val = split_tail(train, 0.67);
+    CHECK(val.to_vector() == std::vector<int32_t>(all.begin() + 330, all.end()));
+    CHECK(train.to_vector() == std::vector<int32_t>(all.begin(), all.begin() + 330));
+  }
+  CHECK(describe_source(a + "," + b).bytes == fs::file_size(a) + fs::file_size(b));
+  CHECK(describe_source(a + "," + b).hash != describe_source(b + "," + a).hash);  // the order is the stream's
+  CHECK(describe_source(whole).hash == describe_source(whole).hash);
+  CHECK_THROWS_WITH(load_tokens((dir / "none_*.bin").string(), 50257), Catch::Contains("matches no file"));
+  CHECK_THROWS_WITH(load_tokens(a + ",", 50257), Catch::Contains("an empty item in the list"));
+  const std::string text = (dir / "notes.txt").string();
+  { std::ofstream(text) << "hello"; }
+  CHECK_THROWS_WITH(load_tokens(a + "," + text, 50257), Catch::Contains("mixes llm.c .bin shards and text files"));
+  CHECK_THROWS_WITH(load_tokens(a + "," + c, 40000), Catch::Contains("does not fit the model's vocabulary of 40000"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("data that is not a regular file is refused by name", "[data]") {
+  CHECK_THROWS_WITH(load_tokens("/dev/zero", 256), Catch::Contains("data file '/dev/zero' is a character device"));
+  CHECK_THROWS_WITH(load_tokens("/dev/null.bin", 256), Catch::Contains("cannot open token file '/dev/null.bin'"));
+  CHECK_THROWS_WITH(load_tokens(fs::temp_directory_path().string(), 256), Catch::Contains("is a directory"));
+  CHECK_THROWS_WITH(describe_source("/dev/zero"), Catch::Contains("is a character device"));
 }

@@ -93,7 +93,7 @@ TEST_CASE("MoE models train as transformers does: ten AdamW steps' cross-entropy
   auto be = make_cpu_backend(BackendConfig{1});
   Pool pool(*be);
   auto comm = make_sim_communicator(0, 1, pool);
-  auto stream = std::make_shared<TokenStream>(TokenStream{ref.tokens, "reference"});
+  auto stream = std::make_shared<TokenStream>(TokenStream(ref.tokens, "reference"));
   Trainer t(*be, pool, *comm, cfg, stream);
   double worst_ce = 0, worst_aux = 0;
   for (int64_t s = 0; s < ref.steps; ++s) {

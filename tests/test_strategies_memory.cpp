@@ -110,14 +110,14 @@ double reference_val_loss(const TrainConfig& cfg, int64_t batches) {
   Model model(cfg.spec, *be, pool);
   model.init(cfg.seed);
   TokenStream train = synthetic_stream(cfg.spec.vocab);
-  TokenStream val = split_tail(train, cfg.val_fraction);
+  const std::vector<int32_t> val = split_tail(train, cfg.val_fraction).to_vector();
   const int64_t T = cfg.spec.seq, B = cfg.batch;
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
     std::vector<int32_t> in, tgt;
     for (int64_t j = i * B; j < (i + 1) * B; ++j) {  // sequence j is val[j*T : j*T + T + 1]
-      in.insert(in.end(), val.tokens.begin() + j * T, val.tokens.begin() + j * T + T);
-      tgt.insert(tgt.end(), val.tokens.begin() + j * T + 1, val.tokens.begin() + j * T + T + 1);
+      in.insert(in.end(), val.begin() + j * T, val.begin() + j * T + T);
+      tgt.insert(tgt.end(), val.begin() + j * T + 1, val.begin() + j * T + T + 1);
     }
     sum += model.forward_backward(Batch{in.data(), tgt.data(), B, T}, 1.f);
   }

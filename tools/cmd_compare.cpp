@@ -6,6 +6,7 @@
 #include "src/model/family.hpp"
 #include "src/compare/compare.hpp"
 #include "src/core/outputs.hpp"
+#include "src/data/data.hpp"
 #include "src/report/run_report.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
@@ -49,8 +50,9 @@ ExitCode cmd_compare(const Args& args, const Context& ctx) {
     z.validate_strategy();
   }
   SHARD_REQUIRE(cc.tolerance > 0, "--tolerance {}: expected a positive number", cc.tolerance);
-  check_outputs_distinct({{"--data", cc.train.data == "synthetic" ? "" : cc.train.data}, {"--val-data", cc.train.val_data},
-                          {"--init", cc.train.init}},
+  NamedPaths inputs = data_inputs(cc.train.data, cc.train.val_data);
+  inputs.emplace_back("--init", cc.train.init);
+  check_outputs_distinct(inputs,
                          {{"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   reports.check("before the first strategy runs");  // every rank: each stops with the same message
   auto backend = opts.backend(ctx, cc.train);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "src/core/outputs.hpp"
+#include "src/data/data.hpp"
 #include "src/report/memory_report.hpp"
 #include "memory/report.hpp"
 #include "src/comm/watchdog.hpp"
@@ -125,9 +126,9 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                   cfg.tokenizer->size());
   }
   cfg.record_step = reports.any();
-  check_outputs_distinct({{"--data", cfg.data == "synthetic" ? "" : cfg.data}, {"--val-data", cfg.val_data},
-                          {"--init", cfg.init}, {"--resume", cfg.resume == "auto" ? "" : cfg.resume},
-                          {"--tokenizer", tokenizer_dir}},
+  NamedPaths in = data_inputs(cfg.data, cfg.val_data);
+  in.insert(in.end(), {{"--init", cfg.init}, {"--resume", cfg.resume == "auto" ? "" : cfg.resume}, {"--tokenizer", tokenizer_dir}});
+  check_outputs_distinct(in,
                          {{"--log", cfg.log_path}, {"--save", cfg.save_path}, {"--save-dir", cfg.save_dir},
                           {"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   reports.check("before the first step");  // every rank: each stops with the same message

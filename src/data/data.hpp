@@ -1,8 +1,9 @@
 // data.hpp — token streams and the batching rule every strategy and world size shares.
 //
-// Sources: llm.c `.bin` shards, any other file as text (its bytes, vocab 256, or with --tokenizer
-// its tokens), or "synthetic": an embedded deterministic stream a small model visibly learns, so the
-// main job needs no download.
+// Sources: llm.c `.bin` shards (memory-mapped: read in place in their own width, one copy per node
+// in the page cache), any other file as text (its bytes, vocab 256, or with --tokenizer its tokens),
+// several files as one stream (a comma-separated list or glob patterns), or "synthetic": an embedded
+// deterministic stream a small model visibly learns, so the main job needs no download.
 //
 // An llm.c token file is a 256 x int32 header (magic, version, token count; the rest zero), then the
 // tokens, in one of the two forms llm.c's dev/data/data_common.py writes:
@@ -24,24 +25,64 @@
 // cut from the training stream, so no training sequence reaches into them.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace shardlab {
 
-struct TokenStream {
-  std::vector<int32_t> tokens;
-  std::string source;  // for messages: the path, or "synthetic"
+// Part of a token stream: one file's tokens, held in memory (text, synthetic) or mapped from an
+// llm.c file (read in place, in its own width: the page cache keeps one copy per node however many
+// ranks read it).
+struct TokenPart {
+  std::shared_ptr<const void> keep;  // owns `data`: a vector or a mapping
+  const void* data = nullptr;
+  int width = 4;  // bytes per token: 2 (uint16) or 4 (uint32 / int32)
+  int64_t count = 0;
+  bool mapped = false;  // read in place from a file
+};
+
+// Tokens [begin, end) of the concatenation of its parts. Copies share the parts.
+class TokenStream {
+ public:
+  TokenStream() = default;
+  TokenStream(std::vector<int32_t> tokens, std::string source);  // held in memory
+  void append(TokenPart part);
+  void append_stream(const TokenStream& other);  // other's tokens after this stream's
+  int64_t size() const { return end_ - begin_; }
+  // out[0, count) <- tokens [pos, pos + count) of the stream, across parts.
+  void read(int64_t pos, int64_t count, int32_t* out) const;
+  std::vector<int32_t> to_vector() const;
+  // The position of the first token outside [0, vocab) and its value, or -1 when every token fits.
+  int64_t first_outside(int64_t vocab, uint32_t* value) const;
+  // Tokens [begin, end) of this stream, named `source`.
+  TokenStream slice(int64_t begin, int64_t end, std::string source) const;
+  int mapped_parts() const;  // parts read in place from a file
+
+  std::string source;  // for messages: the path, the list or pattern, or "synthetic"
+
+ private:
+  std::vector<TokenPart> parts_;
+  std::vector<int64_t> starts_;  // where each part begins in the concatenation
+  int64_t total_ = 0, begin_ = 0, end_ = 0;
 };
 
 class Tokenizer;
 
-// "synthetic", a path ending in .bin (llm.c shard), or any other path: text, encoded by `tokenizer`
-// when there is one, else its bytes. Checks that every token fits the vocabulary; throws InputError
-// naming the file and the offending value.
+// "synthetic", or one stream of files in order: a path, a comma-separated list, or glob patterns
+// (each pattern's matches sorted by name). Files ending in .bin are llm.c shards, mapped; any other
+// file is text, encoded by `tokenizer` when there is one, else its bytes; one list is all of one
+// kind. Checks that every token fits the vocabulary; throws InputError naming the file and the
+// offending value, a pattern that matches nothing, or a path that is not a regular file.
 TokenStream load_tokens(const std::string& what, int64_t vocab, const Tokenizer* tokenizer = nullptr);
-bool is_text_source(const std::string& what);  // neither "synthetic" nor an llm.c .bin: text
-TokenStream load_llmc_bin(const std::string& path);
+bool is_text_source(const std::string& what);  // neither "synthetic" nor llm.c .bin shards: text
+// The files `what` names, in stream order (patterns expanded); empty for "synthetic".
+std::vector<std::string> data_paths(const std::string& what);
+// ("--data", file) and ("--val-data", file) for every file the two sources name: inputs that no
+// output may overwrite (outputs.hpp).
+std::vector<std::pair<std::string, std::string>> data_inputs(const std::string& data, const std::string& val_data);
+TokenStream load_llmc_bin(const std::string& path);  // mapped
 TokenStream load_text_bytes(const std::string& path);
 TokenStream load_text_tokens(const std::string& path, const Tokenizer& tokenizer);
 // Writes an llm.c token file: the uint16 form when vocab <= 65,536 and every id fits, else uint32.
@@ -54,7 +95,8 @@ TokenStream synthetic_stream(int64_t vocab, int64_t length = 1 << 20);
 TokenStream zero_stream(int64_t length, std::string source);
 
 // `what` (as load_tokens takes it) as a checkpoint records it: a file's size and the FNV-1a-64 hash
-// of its size, first MiB and last MiB (two reads, however large the file); "synthetic" as such.
+// of its size, first MiB and last MiB (two reads, however large the file); for several files, the
+// sizes summed and the hashes chained in order; "synthetic" as such.
 struct DataSource;  // checkpoint_format.hpp
 DataSource describe_source(const std::string& what);
 

@@ -300,17 +300,17 @@ void Trainer::print_header(std::FILE* out) const {
     std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
                  format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),
                  format_bytes(double(m.outside_pool())).c_str(), format_bytes(double(pool_.budget())).c_str());
-  std::fprintf(out, "  data %s (%zu tokens, %lld sequences of %lld%s), global batch %lld, %lld steps, %s lr %.2e\n",
-               data_.train->source.c_str(), data_.train->tokens.size(), static_cast<long long>(loader_.num_sequences()),
-               static_cast<long long>(cfg_.spec.seq), cfg_.shuffle ? ", shuffled per epoch" : "",
-               static_cast<long long>(cfg_.batch), static_cast<long long>(cfg_.steps), optimizer_name(cfg_.optim.kind),
-               cfg_.schedule.lr);
+  const int mapped = data_.train->mapped_parts();
+  fmt::print(out, "  data {} ({} tokens{}, {} sequences of {}{}), global batch {}, {} steps, {} lr {:.2e}\n",
+             data_.train->source, data_.train->size(),
+             mapped == 0 ? "" : fmt::format(" mapped from {} file{}", mapped, mapped == 1 ? "" : "s"),
+             loader_.num_sequences(), cfg_.spec.seq, cfg_.shuffle ? ", shuffled per epoch" : "", cfg_.batch,
+             cfg_.steps, optimizer_name(cfg_.optim.kind), cfg_.schedule.lr);
   model_.print_pipeline(out);
   if (val_loader_)
-    std::fprintf(out, "  validation %s: %lld batches of %lld sequences (%lld requested), every %s\n",
-                 data_.val->source.c_str(), static_cast<long long>(val_batches_), static_cast<long long>(cfg_.batch),
-                 static_cast<long long>(cfg_.val_batches),
-                 cfg_.val_every > 0 ? fmt::format("{} steps and at the end", cfg_.val_every).c_str() : "run's end");
+    fmt::print(out, "  validation {}: {} batches of {} sequences ({} requested), every {}\n", data_.val->source,
+               val_batches_, cfg_.batch, cfg_.val_batches,
+               cfg_.val_every > 0 ? fmt::format("{} steps and at the end", cfg_.val_every) : "run's end");
   if (cfg_.checkpointing != Checkpointing::none || cfg_.strategy.offload != Offload::none) {
     const uint64_t dev = pool_.budget(), host = pool_.host().budget();
     std::fprintf(out, "  memory levers: activation checkpointing %s, offload %s; budgets: device %s, host %s\n",

@@ -129,7 +129,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
   num_params_ = shardlab::num_params(family_of(cfg_.spec).layout(cfg_.spec));  // the whole model's, whatever this rank holds
   flops_per_token_ = family_of(cfg_.spec).flops_per_token(cfg_.spec);  // once: it builds the layout
   if (data_.val) {
-    const int64_t T = cfg_.spec.seq, n = static_cast<int64_t>(data_.val->tokens.size());
+    const int64_t T = cfg_.spec.seq, n = data_.val->size();
     const int64_t sequences = n >= T + 1 ? (n - 1) / T : 0;
     // A stand-in (predictions: values never read) holds one sequence, which the loader repeats:
     // the memory of an evaluation does not depend on the tokens, and a world-sized batch of them
@@ -140,7 +140,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     SHARD_REQUIRE(tokens || cfg_.val_fraction == 0 || loader_.num_sequences() >= cfg_.batch,
                   "--val-fraction {} leaves '{}' {} tokens for training: {} sequences of {} (+1 target), fewer than "
                   "one global batch of {} (--batch); lower --val-fraction", cfg_.val_fraction, data_.train->source,
-                  data_.train->tokens.size(), loader_.num_sequences(), T, cfg_.batch);
+                  data_.train->size(), loader_.num_sequences(), T, cfg_.batch);
     val_loader_ = std::make_unique<BatchLoader>(*data_.val, T, cfg_.batch);
     val_batches_ = tokens ? cfg_.val_batches : std::min(cfg_.val_batches, sequences / cfg_.batch);
   }
