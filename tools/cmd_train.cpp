@@ -69,7 +69,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   cli::TrainOptions opts;
   cli::ReportOptions reports;
   TrainConfig cfg;
-  std::string tokenizer_dir;
+  std::string tokenizer_dir, sgemm_ceiling = "auto";
   cli::Desc desc = cli::command_options("train");
   desc.add_options()("save", cli::po::value(&cfg.save_path)->default_value(""),
                      "write the final weights: to FILE.safetensors, or as an HF model directory (config.json and "
@@ -87,22 +87,23 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "sample-prompt", cli::po::value(&cfg.sample_prompt)->default_value(""), "the samples' prompt (as sample --prompt)")(
       "sample-tokens", cli::po::value(&cfg.sample.tokens)->default_value(cfg.sample.tokens), "tokens per sample")(
       "sample-temperature", cli::po::value(&cfg.sample.temperature)->default_value(cfg.sample.temperature, "1.0"),
-      "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step");
-  std::string sgemm_ceiling = "auto";
-  desc.add_options()("sgemm-ceiling", cli::po::value(&sgemm_ceiling)->default_value(sgemm_ceiling),
-                     "the CPU's sgemm GFLOP/s per rank that the progress line's model FLOP/s is a share of: auto (this "
-                     "step's products timed before the first step, a fraction of a second; skipped for large models), "
-                     "off, or a figure (bench-train's ceiling)");
+      "the samples' temperature (0 = greedy); their seed is --seed, drawn afresh each step")(
+      "sgemm-ceiling", cli::po::value(&sgemm_ceiling)->default_value(sgemm_ceiling),
+      "the CPU's sgemm GFLOP/s per rank that the progress line's model FLOP/s is a share of: auto (this step's "
+      "products timed before the first step, a fraction of a second; skipped for large models), off, or a figure "
+      "(bench-train's ceiling)");
   cli::add_tokenizer(desc, tokenizer_dir, "a text --data or --val-data, prompts and samples");
   cli::add_switch(desc, "save-best", cfg.save_best,
                   "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
   cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,
                   "skip the update of a step whose loss or gradient norm is not finite (default: stop, naming it)");
-  desc.add_options()("max-skipped-steps", cli::po::value(&cfg.max_skipped_steps)->default_value(cfg.max_skipped_steps),
-                     "with --skip-nonfinite: stop (exit 1, naming the steps) after this many skipped steps in a row");
   cli::add_resume(desc, cfg.resume,
                   "resume from a checkpoint directory, or 'auto' for the newest complete one under --save-dir; any "
                   "world size and strategy can resume any checkpoint");
+  desc.add_options()("max-skipped-steps", cli::po::value(&cfg.max_skipped_steps)->default_value(cfg.max_skipped_steps),
+                     "with --skip-nonfinite: stop (exit 1, naming the steps) after this many skipped steps in a row")(
+      "run-id", cli::po::value(&cfg.run_id), "the run's name, recorded in its checkpoints and log (default: a resumed "
+      "checkpoint's, or a new one from the time); a resume from another run's checkpoint is refused");
   cli::add_switch(desc, "allow-schedule-change", cfg.allow_schedule_change, "let a resume change the learning-rate "
                   "schedule, --grad-clip or the optimizer's hyper-parameters (noted; refused otherwise)");
   opts.add(desc, cfg);
@@ -116,9 +117,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   opts.finish(cfg, ctx, ctx.mpi.world());
   cfg.options_origin = cli::describe(sources);
   cli::check_applicable(given, cfg, {cfg.strategy.kind}, false, "train", ctx.mpi.rank());
-  if (!tokenizer_dir.empty()) {
-    // --tokenizer shapes prompts and samples, and tokenizes a text --data / --val-data (an llm.c .bin
-    // is tokens already).
+  if (!tokenizer_dir.empty()) {  // prompts, samples and a text --data / --val-data (a .bin is tokens already)
     cfg.tokenizer = std::make_shared<const Tokenizer>(tokenizer_dir);
     SHARD_REQUIRE(static_cast<int64_t>(cfg.tokenizer->size()) <= cfg.spec.vocab,
                   "--tokenizer '{}' has {} tokens, more than the model's vocabulary of {}: pass --vocab {} or a model "

@@ -181,6 +181,7 @@ nlohmann::json manifest_head(const CheckpointState& state, int world, const RunP
   m["step"] = at.step;
   m["data_position"] = at.data_position;
   m["seed"] = c.seed;
+  if (!state.run_id.empty()) m["run_id"] = state.run_id;
   m["shuffle"] = state.shuffle;  // with the seed and the step, the batch order
   const LrSchedule& sc = c.schedule;
   m["schedule"] = {{"kind", schedule_name(sc.kind)},     {"lr", sc.lr},
@@ -369,6 +370,9 @@ void check_compatible(const Manifest& m, const CheckpointState& state, const std
                 "would change (pass the same setting)", path, m.shuffle ? "with" : "without", state.shuffle ? "with" : "without");
   SHARD_REQUIRE(!state.shuffle || m.seed == c.seed, "checkpoint '{}' shuffled its batches with --seed {}, this run has --seed "
                 "{}: the order would change (pass --seed {})", path, m.seed, c.seed, m.seed);
+  SHARD_REQUIRE(state.run_id.empty() || m.run_id.empty() || m.run_id == state.run_id, "checkpoint '{}' belongs to run "
+                "'{}'; this run is --run-id '{}': another run's checkpoint (pass --run-id {} to continue that run, or "
+                "another --save-dir)", path, m.run_id, state.run_id, m.run_id);
   SHARD_REQUIRE(m.optimizer.kind == optimizer_name(c.optim.kind),
                 "checkpoint '{}' holds {} state; this run uses --optimizer {}", path, m.optimizer.kind,
                 optimizer_name(c.optim.kind));
@@ -482,7 +486,7 @@ RunPosition load_checkpoint(const std::string& path, const CheckpointState& stat
     }
   }
   st.sync_after_load();
-  RunPosition at{m.step, m.data_position, std::nullopt, note};
+  RunPosition at{m.step, m.data_position, std::nullopt, note, m.run_id};
   if (m.val_loss) at.val_loss = static_cast<float>(*m.val_loss);
   return at;
 }

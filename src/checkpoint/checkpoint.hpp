@@ -47,6 +47,7 @@ struct CheckpointState {
   const CarriedTokenizer* tokenizer = nullptr;  // null: no text (synthetic or llm.c tokens), nothing carried
   int64_t steps = 0;                   // load: the run's steps (the learning rates left to compare)
   bool allow_schedule_change = false;  // load: a changed schedule or optimizer setting is noted, not refused
+  std::string run_id;  // save: the run's id, recorded; load: the id the checkpoint must carry ("" = any)
 };
 
 // Where a run stands when it saves, and where a loaded checkpoint resumes.
@@ -55,6 +56,7 @@ struct RunPosition {
   int64_t data_position = 0;  // the step whose batch comes next (batches are a function of the step index)
   std::optional<float> val_loss;  // the validation loss computed at this step, when there was one
   std::string note;  // load: what could not be checked, or what changed (one line each), for the log
+  std::string run_id;  // load: the run the checkpoint belongs to ("" when it predates run ids)
 };
 
 // Collective over state.comm's ranks. Saves at `at` (at.step steps done). Returns the directory.

@@ -143,6 +143,7 @@ struct Manifest {
   int64_t step = 0;           // steps done
   int64_t data_position = 0;  // the step whose batch comes next; = step when absent
   uint64_t seed = 0;          // 0 when absent
+  std::string run_id;         // the run that wrote it (its checkpoints share it); "" when absent
   bool shuffle = false;       // batches drawn from per-epoch permutations of (seed, epoch); false when absent
   std::optional<double> val_loss;  // the validation loss computed at this step, when there was one
   std::optional<DataRecord> data;  // absent in manifests written before it was recorded

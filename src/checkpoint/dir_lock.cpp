@@ -4,13 +4,18 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <ctime>
+#include <random>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "src/checkpoint/checkpoint_format.hpp"
 #include "src/core/check.hpp"
 
 namespace shardlab {
@@ -41,6 +46,39 @@ std::string now_utc() {
 }
 
 }  // namespace
+
+std::string new_run_id() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", &tm);
+  return fmt::format("{}-{:06x}", buf, std::random_device{}() & 0xffffff);
+}
+
+void validate_run_id(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+  SHARD_REQUIRE(ok, "--run-id '{}': expected 1 to 64 letters, digits, '.', '_' or '-'", id);
+}
+
+void require_own_save_dir(const std::string& dir, const std::string& run_id, const std::string& resumed_from) {
+  const std::string newest = latest_checkpoint(dir);
+  if (newest.empty()) return;
+  std::error_code ec;
+  if (!resumed_from.empty() && std::filesystem::equivalent(newest, resumed_from, ec)) return;
+  const std::string owner = read_manifest(newest).run_id;
+  if (!resumed_from.empty() && owner == run_id) return;
+  const std::string whose = owner.empty() ? "a run that recorded no id" : fmt::format("run '{}'", owner);
+  SHARD_REQUIRE(!resumed_from.empty(), "--save-dir '{}' holds checkpoints of {} (the newest: '{}'), and this is a fresh "
+                "run ('{}'): its checkpoints would sit beside those, and --resume auto would take the newest of either "
+                "run. Continue that run with --resume auto, or give this one another --save-dir (checked before the "
+                "first step)", dir, whose, newest, run_id);
+  throw InputError(fmt::format("--save-dir '{}' holds checkpoints of {} (the newest: '{}'); this run is '{}', resumed "
+                               "from '{}': give it another --save-dir, or resume the newest there (--resume auto) "
+                               "(checked before the first step)", dir, whose, newest, run_id, resumed_from));
+}
 
 SaveDirLock::SaveDirLock(const std::string& dir, const char* flag) {
   const std::string path = (std::filesystem::path(dir) / ".lock").string();

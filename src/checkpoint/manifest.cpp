@@ -248,6 +248,7 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   out.reduce_dtype = p.dtype(m, "reduce_dtype");
   out.data_position = m.contains("data_position") ? p.integer(m, "data_position", 0) : out.step;
   out.seed = p.seed(m);
+  if (m.contains("run_id")) out.run_id = p.string(m, "run_id");
   if (m.contains("shuffle")) {
     if (!m["shuffle"].is_boolean()) throw p.bad("\"shuffle\" must be true or false");
     out.shuffle = m["shuffle"].get<bool>();

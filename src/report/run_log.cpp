@@ -34,9 +34,9 @@ StepStats step_of(const nlohmann::json& j) {
 
 std::string what_ran(const nlohmann::json& j) {
   auto str = [&](const char* k) { return j.contains(k) ? j[k].is_string() ? j[k].get<std::string>() : j[k].dump() : "?"; };
-  return fmt::format("{}, {} on {} ranks (mesh {}), global batch {} x {} tokens, {} steps, data {}, tokenizer {}",
+  return fmt::format("{}, {} on {} ranks (mesh {}), global batch {} x {} tokens, {} steps, data {}, tokenizer {}{}",
                      str("model"), str("strategy"), str("ranks"), str("mesh"), str("batch"), str("seq"), str("steps"),
-                     str("data"), str("tokenizer"));
+                     str("data"), str("tokenizer"), j.contains("run_id") ? ", run " + str("run_id") : "");
 }
 
 }  // namespace

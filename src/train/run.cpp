@@ -230,7 +230,7 @@ bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
   SHARD_REQUIRE(!cfg_.save_dir.empty(),
                 "received {} after step {}, but there is no --save-dir to save to: stopping without a checkpoint "
                 "(pass --save-dir to make a preempted run resumable)", name, done);
-  if (!saved) save_checkpoint(cfg_.save_dir, checkpoint_state(), {done, done, checkpoint_val_loss_, {}}, cfg_.save_keep);
+  if (!saved) save_checkpoint(cfg_.save_dir, checkpoint_state(), {done, done, checkpoint_val_loss_, {}, {}}, cfg_.save_keep);
   if (comm_.rank() == 0) {
     std::fprintf(out, "saved step %lld on %s\n", static_cast<long long>(done), name);
     std::fflush(out);
@@ -273,7 +273,7 @@ bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
   const bool due = !cfg_.save_dir.empty() &&
                    ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
   if (!due) return false;
-  std::string where = save_checkpoint(cfg_.save_dir, checkpoint_state(), {t + 1, t + 1, checkpoint_val_loss_, {}}, cfg_.save_keep);
+  std::string where = save_checkpoint(cfg_.save_dir, checkpoint_state(), {t + 1, t + 1, checkpoint_val_loss_, {}, {}}, cfg_.save_keep);
   if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
   if (new_best && root) {
     mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
@@ -325,8 +325,9 @@ void Trainer::print_header(std::FILE* out) const {
                                        cfg_.layout.ranks_per_node).c_str()
                          : "");
   }
-  if (!resumed_from_.empty())
-    std::fprintf(out, "  resumed from %s at step %lld\n", resumed_from_.c_str(), static_cast<long long>(start_step_));
+  if (!run_id_.empty() || !resumed_from_.empty())  // no id: a prediction
+    fmt::print(out, "  run {}{}\n", run_id_, resumed_from_.empty() ? " (new)" : fmt::format(": resumed from {} at step {}",
+                                                                                           resumed_from_, start_step_));
   std::fflush(out);
 }
 
@@ -359,7 +360,7 @@ void Trainer::save_final(std::FILE* out) {
     for (const std::string& d : comm_.all_gather_strings(mine))
       if (!d.empty()) mine = d;
     try {
-      kept = save_checkpoint(mine, checkpoint_state(), {step, step, checkpoint_val_loss_, {}}, 0);
+      kept = save_checkpoint(mine, checkpoint_state(), {step, step, checkpoint_val_loss_, {}, {}}, 0);
     } catch (const InputError& e) {
       throw InputError(fmt::format("--save '{}' failed: {}; and the checkpoint that was to keep the trained weights "
                                    "failed too: {}: nothing of this run is saved", cfg_.save_path, error, e.what()));
@@ -398,6 +399,7 @@ void Trainer::open_outputs(std::ofstream& log) {
       if (!cfg_.save_dir.empty()) {
         probe_dir(cfg_.save_dir);
         save_lock_ = std::make_unique<SaveDirLock>(cfg_.save_dir, "--save-dir");  // one run per directory
+        require_own_save_dir(cfg_.save_dir, run_id_, resumed_from_);  // and its checkpoints this run's
       }
       if (!cfg_.save_path.empty()) {
         if (is_safetensors_path(cfg_.save_path)) {
@@ -424,28 +426,6 @@ void Trainer::open_outputs(std::ofstream& log) {
   }
   for (const std::string& e : comm_.all_gather_strings(error))
     if (!e.empty()) throw InputError(e);
-}
-
-// {"event": "start"} (or "resume", with the step and the checkpoint) and the run's configuration:
-// model, mesh, strategy, ranks, batch, steps, data, tokenizer, seed, learning rate and options.
-std::string Trainer::log_header() const {
-  nlohmann::json j = {{"event", resumed_from_.empty() ? "start" : "resume"},
-                      {"step", start_step_},
-                      {"model", cfg_.spec.describe()},
-                      {"mesh", mesh_.dims().describe()},
-                      {"strategy", cfg_.label()},
-                      {"ranks", comm_.world_size()},
-                      {"batch", cfg_.batch},
-                      {"seq", cfg_.spec.seq},
-                      {"steps", cfg_.steps},
-                      {"data", data_.train->source},
-                      {"tokenizer", cfg_.tokenizer ? cfg_.tokenizer->source() : is_text_source(cfg_.data) ? "bytes" : "none"},
-                      {"seed", cfg_.seed},
-                      {"lr", cfg_.schedule.lr},
-                      {"options", cfg_.options_origin},
-                      {"backend", be_.describe()}};
-  if (!resumed_from_.empty()) j["from"] = resumed_from_;
-  return j.dump();
 }
 
 StepStats Trainer::run(std::FILE* out) {
@@ -495,6 +475,5 @@ StepStats Trainer::run(std::FILE* out) {
   last.val_loss = sum.last_val;  // the validation after the last step (it comes after sum.add)
   return last;
 }
-
 
 }  // namespace shardlab

@@ -20,6 +20,7 @@
 #include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
 #include "src/checkpoint/checkpoint.hpp"
+#include "src/checkpoint/dir_lock.hpp"
 #include "shard/pipeline/executor.hpp"
 #include "src/train/predict.hpp"
 
@@ -48,6 +49,7 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(save_keep >= 0, "--save-keep {}: expected 0 (keep all) or a positive count", save_keep);
   SHARD_REQUIRE(save_keep == 0 || !save_dir.empty(), "--save-keep {} needs --save-dir", save_keep);
   SHARD_REQUIRE(resume != "auto" || !save_dir.empty(), "--resume auto needs --save-dir (where to look)");
+  if (!run_id.empty()) validate_run_id(run_id);
   SHARD_REQUIRE(val_fraction == 0 || (val_fraction > 0 && val_fraction < 1),
                 "--val-fraction {}: expected a fraction between 0 and 1 (exclusive)", val_fraction);
   SHARD_REQUIRE(max_skipped_steps >= 1, "--max-skipped-steps {}: expected at least 1", max_skipped_steps);
@@ -154,6 +156,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     else strategy_->load_params(cfg_.init);
   }
   std::string from = cfg_.resume == "auto" ? latest_checkpoint(cfg_.save_dir) : cfg_.resume;
+  run_id_ = cfg_.run_id;  // a checkpoint loaded below must carry it, when given
   if (!tokens && (!cfg_.save_dir.empty() || !from.empty())) {
     auto d = std::make_shared<DataRecord>();
     d->train = describe_source(cfg_.data);
@@ -176,8 +179,10 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     SHARD_REQUIRE(start_step_ <= cfg_.steps, "checkpoint '{}' is at step {}, past --steps {}", from, start_step_,
                   cfg_.steps);
     resumed_from_ = from;
+    if (run_id_.empty()) run_id_ = at.run_id;  // the run continues under its id
     if (cfg_.save_best) best_val_loss_ = best_checkpoint_val_loss(cfg_.save_dir);
   }
+  if (run_id_.empty() && !tokens) run_id_ = comm_.all_gather_strings(comm_.rank() == 0 ? new_run_id() : "")[0];
   states_ = pool_.ledger().current_by_category();
   host_states_ = pool_.ledger().current_by_category(Tier::host);
   // The allocation timeline serves reports of the last step only: keep none otherwise.
@@ -403,10 +408,33 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
   return row;
 }
 
+// {"event": "start"} (or "resume", with the step and the checkpoint) and the run's configuration:
+// model, mesh, strategy, ranks, batch, steps, data, tokenizer, seed, learning rate and options.
+std::string Trainer::log_header() const {
+  nlohmann::json j = {{"event", resumed_from_.empty() ? "start" : "resume"},
+                      {"step", start_step_},
+                      {"model", cfg_.spec.describe()},
+                      {"mesh", mesh_.dims().describe()},
+                      {"strategy", cfg_.label()},
+                      {"ranks", comm_.world_size()},
+                      {"batch", cfg_.batch},
+                      {"seq", cfg_.spec.seq},
+                      {"steps", cfg_.steps},
+                      {"data", data_.train->source},
+                      {"tokenizer", cfg_.tokenizer ? cfg_.tokenizer->source() : is_text_source(cfg_.data) ? "bytes" : "none"},
+                      {"seed", cfg_.seed},
+                      {"run_id", run_id_},
+                      {"lr", cfg_.schedule.lr},
+                      {"options", cfg_.options_origin},
+                      {"backend", be_.describe()}};
+  if (!resumed_from_.empty()) j["from"] = resumed_from_;
+  return j.dump();
+}
+
 CheckpointState Trainer::checkpoint_state() {
   return CheckpointState{be_,   comm_,        *strategy_,         model_.units(),           cfg_,
                          cfg_.shuffle, data_record_.get(), carried_tokenizer_.get(), cfg_.steps,
-                         cfg_.allow_schedule_change};
+                         cfg_.allow_schedule_change, run_id_};
 }
 
 void Trainer::save(const std::string& path) { model_.save(path); }

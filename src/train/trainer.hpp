@@ -51,6 +51,7 @@ struct TrainConfig : StepConfig {
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   int64_t save_keep = 0;     // keep the newest K complete checkpoints (0 = all)
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
+  std::string run_id;        // --run-id: the run's name ("" = the resumed checkpoint's, or a new one)
   int64_t lr_decay_steps = 0;        // the cosine's horizon (schedule.total_steps); 0 = steps
   bool allow_schedule_change = false;  // a resume may change the schedule or optimizer settings (noted)
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
@@ -196,6 +197,7 @@ class Trainer {
   int64_t skipped_in_a_row_ = 0;  // the current run of skipped steps (--max-skipped-steps bounds it)
   bool interrupted_ = false;
   std::string resumed_from_;
+  std::string run_id_;  // recorded in checkpoints and the log; "" in predictions
   std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
   std::shared_ptr<const CarriedTokenizer> carried_tokenizer_;  // rank 0, with a --save-dir: tokenizer.json
   std::vector<StepStats> history_;  // run()'s steps

@@ -4,7 +4,7 @@
 # usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
 #                                          sigint_saves | sigint_no_save_dir | sigint_launcher |
 #                                          sigint_twice_launcher | sigterm_launcher | save_ulimit | sigkill_midstep |
-#                                          save_keep | save_dir_locked | save_fails | soak
+#                                          save_keep | save_dir_locked | save_dir_foreign | save_fails | soak
 set -u
 bin=$1 case=$2
 work=$(mktemp -d)
@@ -227,6 +227,30 @@ save_dir_locked)
   wait "$job" 2>/dev/null
   "${train[@]}" --steps 3 --save-dir "$work/ck" >"$work/d.out" 2>&1 || { cat "$work/d.out"; fail "the freed directory was refused"; }
   echo "second run refused while the first held the directory; the directory free once it was gone"
+  ;;
+save_dir_foreign)
+  # A --save-dir belongs to one run: a fresh run into a directory holding another run's checkpoints is
+  # refused (its step_00000002 would sit beside the other's step_00000004, and --resume auto would take
+  # the newest of either), as is a resume of another run into it and a --run-id that is not the
+  # checkpoint's; --resume auto continues the run under its id, recorded in manifest and log.
+  run_id() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$1"; }
+  "${train[@]}" --steps 4 --save-dir "$work/ck" --save-every 2 --log "$work/a.log" >/dev/null 2>&1 || fail "run A failed"
+  a=$(run_id "$work/ck/step_00000004/manifest.json")
+  echo "run A: $a"
+  "${train[@]}" --steps 2 --save-dir "$work/ck" >"$work/b.out" 2>&1 && fail "a fresh run into A's directory ran"
+  cat "$work/b.out"
+  grep -q "holds checkpoints of run '$a' (the newest: '$work/ck/step_00000004'), and this is a fresh run" "$work/b.out" ||
+    fail "the fresh run's refusal does not name run A"
+  [ "$(ls "$work/ck" | tr '\n' ' ')" = "step_00000002 step_00000004 " ] || fail "A's directory changed: $(ls "$work/ck")"
+  "${train[@]}" --steps 6 --save-dir "$work/ck" --resume auto --run-id other >"$work/c.out" 2>&1 && fail "--run-id other resumed A"
+  grep -q "belongs to run '$a'; this run is --run-id 'other'" "$work/c.out" || { cat "$work/c.out"; fail "both ids not named"; }
+  "${train[@]}" --steps 2 --save-dir "$work/ck2" --run-id c >/dev/null 2>&1 || fail "run C failed"
+  "${train[@]}" --steps 4 --save-dir "$work/ck" --resume "$work/ck2/step_00000002" >"$work/d.out" 2>&1 && fail "C resumed into A's"
+  grep -q "holds checkpoints of run '$a' .*this run is 'c', resumed from" "$work/d.out" || { cat "$work/d.out"; fail "C's refusal"; }
+  "${train[@]}" --steps 6 --save-dir "$work/ck" --resume auto --log "$work/a.log" >/dev/null 2>&1 || fail "A's resume failed"
+  [ "$(run_id "$work/ck/step_00000006/manifest.json")" = "$a" ] || fail "the resumed run's checkpoint has another id"
+  [ "$(grep -c "\"run_id\":\"$a\"" "$work/a.log")" = 2 ] || fail "the log's start and resume records do not carry $a"
+  echo "fresh, foreign and misnamed runs refused, naming run A; A resumed under its id"
   ;;
 save_fails)
   # The --save target's directory removed mid-run: the final save fails with the system's reason,
