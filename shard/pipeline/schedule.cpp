@@ -12,8 +12,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <mutex>
-#include <tuple>
 
 #include "src/core/check.hpp"
 
@@ -239,28 +237,16 @@ std::vector<size_t> receives_to_post(PpSchedule kind, const std::vector<PipeActi
   return out;
 }
 
-PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches) {
+PipeSchedule build_schedule_uncached(PpSchedule kind, int pp, int virtual_stages, int micro_batches) {
   require_degrees(pp, virtual_stages);
   SHARD_REQUIRE(micro_batches >= 1, "--micro-batches {}: a step needs at least one micro-batch", micro_batches);
   require_pp_schedule(kind, pp, virtual_stages, micro_batches);
-  // Built and checked (a simulation) once per shape: plan and profile build a model, and so this
-  // schedule, for every layout they predict.
-  static std::mutex mutex;
-  static std::map<std::tuple<std::string, int, int, int>, PipeSchedule> built;
-  static size_t held = 0;  // actions in `built`: bounded to a few tens of MB
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(std::string(kind.name()), pp, virtual_stages, micro_batches);
-  if (auto it = built.find(key); it != built.end()) return it->second;
   PipeSchedule s;
   s.kind = kind;
   s.pp = pp, s.virtual_stages = virtual_stages, s.micro_batches = micro_batches;
   for (int r = 0; r < pp; ++r) s.ranks.push_back(kind->actions(r, pp, virtual_stages, micro_batches));
   check_schedule(s);
-  size_t actions = 0;
-  for (const auto& r : s.ranks) actions += r.size();
-  if (held + actions > (size_t{4} << 20)) built.clear(), held = 0;
-  held += actions;
-  return built.emplace(key, std::move(s)).first->second;
+  return s;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -73,6 +73,8 @@ struct PipeSchedule {
 // (M < 1, or one its entry's requirements refuse: require_pp_schedule). A runnable but poor one
 // (1f1b with M < P) runs: printing the entry's warning is the caller's.
 PipeSchedule build_schedule(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
+// The same, built and checked anew (build_schedule keeps what it built: schedule_cache.cpp).
+PipeSchedule build_schedule_uncached(PpSchedule kind, int pp, int virtual_stages, int micro_batches);
 // InternalError naming the first violation: each (chunk, micro) forward and backward exactly once,
 // on the chunk's rank; a chunk's backward of m after its own forward of m; where the schedule
 // splits backwards, each weight action once, after its backward, in the order of the rank's
