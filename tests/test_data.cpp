@@ -231,6 +231,8 @@ TEST_CASE("shards in a list or a pattern are one stream, read in place across th
     const TokenStream val = split_tail(train, 0.67);
     CHECK(val.to_vector() == std::vector<int32_t>(all.begin() + 330, all.end()));
     CHECK(train.to_vector() == std::vector<int32_t>(all.begin(), all.begin() + 330));
+    CHECK(train.mapped_parts() == 1);  // the first shard only
+    CHECK(val.mapped_parts() == 3);
   }
   CHECK(describe_source(a + "," + b).bytes == fs::file_size(a) + fs::file_size(b));
   CHECK(describe_source(a + "," + b).hash != describe_source(b + "," + a).hash);  // the order is the stream's

@@ -36,25 +36,19 @@ std::string host_name() {
   return ::gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("?");
 }
 
-std::string now_utc() {
+// The time now in UTC, as strftime's `format` writes it.
+std::string now_utc(const char* format = "%Y-%m-%d %H:%M:%S UTC") {
   const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm tm{};
   ::gmtime_r(&t, &tm);
   char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  std::strftime(buf, sizeof(buf), format, &tm);
   return buf;
 }
 
 }  // namespace
 
-std::string new_run_id() {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", &tm);
-  return fmt::format("{}-{:06x}", buf, std::random_device{}() & 0xffffff);
-}
+std::string new_run_id() { return fmt::format("{}-{:06x}", now_utc("%Y%m%d-%H%M%S"), std::random_device{}() & 0xffffff); }
 
 void validate_run_id(const std::string& id) {
   const bool ok = !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {

@@ -58,7 +58,7 @@ class TokenStream {
   int64_t first_outside(int64_t vocab, uint32_t* value) const;
   // Tokens [begin, end) of this stream, named `source`.
   TokenStream slice(int64_t begin, int64_t end, std::string source) const;
-  int mapped_parts() const;  // parts read in place from a file
+  int mapped_parts() const;  // parts of this slice read in place from a file
 
   std::string source;  // for messages: the path, the list or pattern, or "synthetic"
 

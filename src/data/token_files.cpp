@@ -94,7 +94,10 @@ TokenStream TokenStream::slice(int64_t begin, int64_t end, std::string source_na
 }
 
 int TokenStream::mapped_parts() const {
-  return static_cast<int>(std::count_if(parts_.begin(), parts_.end(), [](const TokenPart& p) { return p.mapped; }));
+  int n = 0;
+  for (size_t i = 0; i < parts_.size(); ++i)
+    n += parts_[i].mapped && starts_[i] < end_ && starts_[i] + parts_[i].count > begin_;  // in this slice
+  return n;
 }
 
 // ---- Files ---------------------------------------------------------------------------------------

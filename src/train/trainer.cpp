@@ -409,7 +409,7 @@ MemoryRow Trainer::memory_row(const std::string& label) const {
 }
 
 // {"event": "start"} (or "resume", with the step and the checkpoint) and the run's configuration:
-// model, mesh, strategy, ranks, batch, steps, data, tokenizer, seed, learning rate and options.
+// model, mesh, strategy, ranks, batch, steps, data, tokenizer, seed, run id, learning rate and options.
 std::string Trainer::log_header() const {
   nlohmann::json j = {{"event", resumed_from_.empty() ? "start" : "resume"},
                       {"step", start_step_},
