@@ -19,13 +19,7 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
   c.be.gemm(dx, dout.data(), w.data(), dinp.data());
-  GemmDesc dW;  // both operands f32 activations, rounded as the weight is
-  dW.round_inputs_to = w.dtype();
-  dW.trans_a = Trans::T;
-  dW.m = OC, dW.n = IC, dW.k = N;
-  dW.lda = OC, dW.ldb = IC, dW.ldc = IC;
-  dW.beta = 1.f;
-  weight_gemm(c, dW, dout, inp, dw);
+  weight_gemm(c, weight_grad_desc(w.dtype(), OC, IC, N), dout, inp, dw);
 }
 
 Tensor stacked(const std::vector<Tensor>& parts) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "src/backend/ops/loss.hpp"
+#include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab::blocks {
 namespace {
@@ -53,12 +54,8 @@ void chunked_loss_backward(UnitContext& c, Tensor dx, Tensor dw, Tensor dlosses,
     ddx.m = rows, ddx.n = C, ddx.k = V;
     ddx.lda = V, ddx.ldb = C, ddx.ldc = C;
     c.be.gemm(ddx, logits.data(), w.data(), dx.slice(r0 * C, rows * C).data());
-    GemmDesc ddw;  // dw (V, C) += dlogits^T (V, rows) @ x rows (rows, C)
-    ddw.round_inputs_to = w.dtype();
-    ddw.trans_a = Trans::T;
-    ddw.m = V, ddw.n = C, ddw.k = rows;
-    ddw.lda = V, ddw.ldb = C, ddw.ldc = C;
-    ddw.beta = 1.f;
+    // dw (V, C) += dlogits^T (V, rows) @ x rows (rows, C)
+    const GemmDesc ddw = weight_grad_desc(w.dtype(), V, C, rows);
     c.be.gemm(ddw, logits.data(), x.slice(r0 * C, rows * C).data(), dw.data());
   }
 }

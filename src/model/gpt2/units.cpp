@@ -49,13 +49,7 @@ void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tenso
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = OC, dx.ldc = IC;
   be.gemm(dx, dout.data(), w.data(), dinp.data());
-  GemmDesc dW;  // both operands f32 activations, rounded as the weight is
-  dW.round_inputs_to = w.dtype();
-  dW.trans_a = Trans::T;
-  dW.m = IC, dW.n = OC, dW.k = N;
-  dW.lda = IC, dW.ldb = OC, dW.ldc = OC;
-  dW.beta = 1.f;
-  weight_gemm(c, dW, inp, dout, dw);
+  weight_gemm(c, weight_grad_desc(w.dtype(), IC, OC, N), inp, dout, dw);
   be.sum_rows(Tensor(dout.data(), DType::f32, {N, OC}), dbias, true);
 }
 
@@ -313,12 +307,8 @@ class HeadUnit final : public Unit {
       dx.m = N, dx.n = C, dx.k = V;
       dx.lda = V, dx.ldb = C, dx.ldc = C;
       c.be.gemm(dx, dout.data(), wte.data(), dlnf_block.data());
-      GemmDesc dw;  // dwte (V, C) += dlogits^T (V, N) @ lnf (N, C)
-      dw.round_inputs_to = wte.dtype();
-      dw.trans_a = Trans::T;
-      dw.m = V, dw.n = C, dw.k = N;
-      dw.lda = V, dw.ldb = C, dw.ldc = C;
-      dw.beta = 1.f;
+      // dwte (V, C) += dlogits^T (V, N) @ lnf (N, C)
+      const GemmDesc dw = weight_grad_desc(wte.dtype(), V, C, N);
       const WeightGradsNow now(c);  // d(logits) is too large to hold for a W pass
       weight_gemm(c, dw, dout, tp_region_input(c, s("lnf"), rows_of(rows, N, C)), g("wte.weight"));
     }
