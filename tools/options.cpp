@@ -325,8 +325,9 @@ void TrainOptions::add(Desc& d, TrainConfig& cfg) {
   mesh.add(d);
   Desc g("training");
   g.add_options()("data", po::value(&cfg.data)->default_value(cfg.data),
-                  "token source: synthetic (embedded), an llm.c .bin shard, or a text file (tokenized by --tokenizer, else its "
-                  "bytes are the tokens)");
+                  "token source: synthetic (embedded), an llm.c .bin shard (memory-mapped), or a text file (tokenized "
+                  "by --tokenizer, else its bytes are the tokens); several files as one stream: a.bin,b.bin or "
+                  "'dir/*.bin'");
   add_steps(g, cfg.steps, "optimizer steps");
   add_batch(g, cfg.batch, "global batch in sequences (ranks x micro-batch x accum)");
   g.add_options()("accum", po::value(&cfg.accum)->default_value(cfg.accum), "gradient-accumulation micro-steps per step")(
