@@ -1,4 +1,6 @@
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -251,4 +253,10 @@ TEST_CASE("data that is not a regular file is refused by name", "[data]") {
   CHECK_THROWS_WITH(load_tokens("/dev/null.bin", 256), Catch::Contains("cannot open token file '/dev/null.bin'"));
   CHECK_THROWS_WITH(load_tokens(fs::temp_directory_path().string(), 256), Catch::Contains("is a directory"));
   CHECK_THROWS_WITH(describe_source("/dev/zero"), Catch::Contains("is a character device"));
+  // A pipe named like a shard is refused, not opened to wait for a writer.
+  const std::string pipe = tmp_path("pipe.bin");
+  fs::remove(pipe);
+  REQUIRE(::mkfifo(pipe.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(load_tokens(pipe, 256), Catch::Contains("data file '" + pipe + "' is a pipe"));
+  fs::remove(pipe);
 }

@@ -63,6 +63,7 @@ class TokenStream {
   std::string source;  // for messages: the path, the list or pattern, or "synthetic"
 
  private:
+  std::pair<int64_t, int64_t> in_slice(size_t i) const;  // part i's tokens [lo, hi) inside [begin_, end_)
   std::vector<TokenPart> parts_;
   std::vector<int64_t> starts_;  // where each part begins in the concatenation
   int64_t total_ = 0, begin_ = 0, end_ = 0;

@@ -36,11 +36,14 @@ void TokenStream::append(TokenPart part) {
   parts_.push_back(std::move(part));
 }
 
+std::pair<int64_t, int64_t> TokenStream::in_slice(size_t i) const {
+  return {std::max<int64_t>(begin_ - starts_[i], 0), std::min(parts_[i].count, end_ - starts_[i])};
+}
+
 void TokenStream::append_stream(const TokenStream& other) {
   for (size_t i = 0; i < other.parts_.size(); ++i) {
     const TokenPart& p = other.parts_[i];
-    const int64_t lo = std::max<int64_t>(other.begin_ - other.starts_[i], 0);
-    const int64_t hi = std::min(p.count, other.end_ - other.starts_[i]);
+    const auto [lo, hi] = other.in_slice(i);
     if (lo >= hi) continue;
     append({p.keep, static_cast<const char*>(p.data) + lo * p.width, p.width, hi - lo, p.mapped});
   }
@@ -74,7 +77,7 @@ int64_t TokenStream::first_outside(int64_t vocab, uint32_t* value) const {
   const uint64_t limit = static_cast<uint64_t>(std::max<int64_t>(vocab, 0));
   for (size_t i = 0; i < parts_.size(); ++i) {
     const TokenPart& p = parts_[i];
-    const int64_t lo = std::max<int64_t>(begin_ - starts_[i], 0), hi = std::min(p.count, end_ - starts_[i]);
+    const auto [lo, hi] = in_slice(i);
     for (int64_t k = lo; k < hi; ++k) {
       // A held int32 token below zero reads as a uint32 past any vocabulary.
       const uint32_t t = p.width == 2 ? static_cast<const uint16_t*>(p.data)[k] : static_cast<const uint32_t*>(p.data)[k];
@@ -95,8 +98,7 @@ TokenStream TokenStream::slice(int64_t begin, int64_t end, std::string source_na
 
 int TokenStream::mapped_parts() const {
   int n = 0;
-  for (size_t i = 0; i < parts_.size(); ++i)
-    n += parts_[i].mapped && starts_[i] < end_ && starts_[i] + parts_[i].count > begin_;  // in this slice
+  for (size_t i = 0; i < parts_.size(); ++i) n += parts_[i].mapped && in_slice(i).first < in_slice(i).second;
   return n;
 }
 
@@ -145,19 +147,26 @@ bool ends_with_bin(const std::string& p) { return p.size() >= 4 && p.compare(p.s
 
 }  // namespace
 
-void require_regular_file(const std::string& path) {
-  struct stat st {};
-  SHARD_REQUIRE(stat(path.c_str(), &st) == 0, "cannot open data file '{}': {}", path, std::strerror(errno));
+namespace {
+void require_regular(const std::string& path, const struct stat& st) {
   SHARD_REQUIRE(S_ISREG(st.st_mode), "data file '{}' is {}: --data and --val-data take regular files (llm.c .bin "
                 "shards or text)", path, file_kind(st.st_mode));
 }
+}  // namespace
+
+void require_regular_file(const std::string& path) {
+  struct stat st {};
+  SHARD_REQUIRE(stat(path.c_str(), &st) == 0, "cannot open data file '{}': {}", path, std::strerror(errno));
+  require_regular(path, st);
+}
 
 TokenStream load_llmc_bin(const std::string& path) {
-  Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: opening a pipe to read would wait for a writer; the fstat below refuses it instead.
+  Fd f{open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
   SHARD_REQUIRE(f.fd >= 0, "cannot open token file '{}': {}", path, std::strerror(errno));
-  require_regular_file(path);
   struct stat st {};
   SHARD_REQUIRE(fstat(f.fd, &st) == 0, "cannot read token file '{}': {}", path, std::strerror(errno));
+  require_regular(path, st);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   SHARD_REQUIRE(size >= 1024, "'{}' is too short for an llm.c token file header (1024 bytes)", path);
   auto map = std::make_shared<Mapping>();
