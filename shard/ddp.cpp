@@ -67,11 +67,11 @@ class Ddp final : public Strategy {
     wait_all();
     return sum_squares({grads_.flat(reduce_dtype())});
   }
-  double replicated_grad_norm_sq() override {
+  double grad_norm_sq_of(TensorPick pick) override {
     wait_all();
     std::vector<Tensor> parts;
     for (size_t u = 0; u < num_units(); ++u)
-      for (const Tensor& t : replicated_part(u, grad(u), 0)) parts.push_back(t);
+      for (const Tensor& t : part_of(u, grad(u), 0, pick)) parts.push_back(t);
     return parts.empty() ? 0.0 : sum_squares(parts);
   }
 

@@ -118,6 +118,10 @@ class Dp final : public Strategy {
     env_.comm.broadcast(std::span<float>(&v, 1), 0).wait();
     return v;
   }
+  // Parts of the norm matter under --tp and --ep, which dp never runs under (ParallelLayout).
+  double grad_norm_sq_of(TensorPick) override {
+    throw InternalError("dp: a part of the gradient norm asked for, but dp runs under neither --tp nor --ep");
+  }
 
   std::vector<float> gather_unit_params(size_t u) override { return from_root(u, [&] { return updated(u); }); }
   std::vector<float> gather_unit_grads(size_t u) override {

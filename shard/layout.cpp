@@ -36,7 +36,7 @@ void ParallelLayout::validate_pipeline(const ModelSpec& spec, int64_t micro_batc
 ParallelDims ParallelLayout::dims_under(StrategyKind k) const {
   ParallelDims d = dims;
   if (zero_stage(k) == 0) {  // one replica group: the whole data-parallel group
-    d.dp_shard = dims.is_resolved() ? dims.dp() : 0;
+    d.dp_shard = dims.is_resolved() ? dims.dp_replicate * dims.dp_shard : 0;  // ep stays its own axis
     d.dp_replicate = dims.is_resolved() ? 1 : 0;
   }
   return d;
@@ -59,6 +59,10 @@ void ParallelLayout::check_strategy(const StrategyConfig& s) const {
                 "--tp {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
                 "zero1-3 with tensor parallelism",
                 dims.tp);
+  SHARD_REQUIRE(s.kind != StrategyKind::dp || dims.ep == 1,
+                "--ep {} with --strategy dp: the single-master baseline keeps the whole model on rank 0; use ddp or "
+                "zero1-3 with expert parallelism",
+                dims.ep);
   SHARD_REQUIRE(!dims.hybrid() || zero_stage(s.kind) > 0,
                 "--dp-shard {} (--shard-group) with --strategy {}: only zero1, zero2 and zero3 shard state; {} "
                 "replicates it over every data-parallel rank",
@@ -81,8 +85,9 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                 "--batch {} is not divisible by {} data-parallel ranks x --accum {}: every rank needs whole "
                 "micro-batches",
                 batch, dp, micro_batches);
-  // A mixture of experts: pipeline stages passing the balancing statistics on are not written yet
-  // (nor is expert parallelism). Tensor parallelism replicates the experts in its group; context
+  // A mixture of experts: pipeline stages passing the balancing statistics on are not written yet.
+  // Expert parallelism splits the experts over data-parallel ranks (parallel/ep.hpp); tensor
+  // parallelism replicates them in its group; context
   // parallelism composes as it is (routing is per token; the statistics add up over dp x cp as the
   // gradients do). With pipelines, mind the zero-bubble split backward: its W pass holds operands by
   // their blocks, and blocks/moe.cpp's expert slices start where the routing puts them (the meta
@@ -90,6 +95,7 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
   SHARD_REQUIRE(!spec.moe.enabled() || d.pp == 1,
                 "{} is a mixture of experts: --pp {} with experts is not written yet (give --pp 1; data, tensor "
                 "and context parallelism compose)", spec.name, d.pp);
+  if (d.ep > 1) family_of(spec).layout(spec, tp(0));  // the experts against --ep (the family's checks)
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
   if (d.cp > 1) {

@@ -46,8 +46,10 @@ ParallelModel::ParallelModel(ParallelModelConfig cfg, Mesh& mesh, Backend& be, P
       mesh_(mesh),
       be_(be),
       pool_(pool),
-      tp_{cfg_.layout.tp(mesh.rank(CommAxis::tp)), cfg_.layout.dims.tp > 1 ? &mesh.comm(CommAxis::tp) : nullptr},
+      tp_{cfg_.layout.tp(mesh.rank(CommAxis::tp), mesh.coord().ep), cfg_.layout.dims.tp > 1 ? &mesh.comm(CommAxis::tp) : nullptr,
+          cfg_.layout.dims.ep > 1 ? &mesh.comm(CommAxis::ep) : nullptr},
       units_(family_of(cfg_.spec).make_units(cfg_.spec, tp_.config)) {
+  tp_.ep_wait_s = &ep_wait_s_;
   if (const int C = cfg_.layout.dims.cp; C > 1) {
     cp_.degree = C;
     cp_.rank = mesh.rank(CommAxis::cp);
@@ -222,7 +224,39 @@ double ParallelModel::evaluate(const BatchFill& fill) {
   return sum;
 }
 
+void ParallelModel::sum_dense_grads_over_ep() {
+  if (!tp_.expert_parallel()) return;
+  // The tensors an ep group holds whole (all but the experts) lie at the same offsets of each unit
+  // on each of its ranks, whose owned ranges are alike: their reduced gradients, summed over the
+  // group in one all-reduce, become every token's.
+  struct Piece {
+    Tensor g;
+    int64_t at;
+  };
+  std::vector<Piece> pieces;
+  int64_t total = 0;
+  DType dtype = DType::f32;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto [begin, end] = strategy_->owned_range(u);
+    if (end <= begin) continue;
+    Tensor g = strategy_->reduced_grad(u);
+    dtype = g.dtype();
+    for (const TensorDecl& t : units_[u]->layout().tensors) {
+      const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+      if (t.expert || lo >= hi) continue;
+      pieces.push_back({g.slice(lo - begin, hi - lo), total});
+      total += hi - lo;
+    }
+  }
+  Block buf = pool_.alloc(dtype, std::max<int64_t>(total, 1), Category::comm_buffer, "dense gradients over ep");
+  Tensor all = buf.flat(dtype).slice(0, total);
+  for (const Piece& p : pieces) be_.copy(all.slice(p.at, p.g.numel()), p.g);
+  tp_.ep_comm->all_reduce(all).wait();
+  for (const Piece& p : pieces) be_.copy(p.g, all.slice(p.at, p.g.numel()));
+}
+
 void ParallelModel::sync_tied_grads() {
+  sum_dense_grads_over_ep();
   tied_copy_sq_ = 0;
   for (const auto& [u, decl] : tied_) {
     const auto [begin, end] = strategy_->owned_range(u);
@@ -251,10 +285,19 @@ void ParallelModel::sync_tied_grads() {
 
 double ParallelModel::grad_norm_sq() {
   double all = strategy_->grad_norm_sq() - tied_copy_sq_;  // a tied copy counts at its owner only
+  double ep_extra = 0;  // the other ranks' experts (--ep)
+  if (tp_.expert_parallel()) {
+    // This rank's experts' squares add up over the ep group; the rest is the same on each of its ranks.
+    const double mine = strategy_->expert_grad_norm_sq();
+    float group = static_cast<float>(mine);
+    tp_.ep_comm->all_reduce(std::span<float>(&group, 1)).wait();
+    ep_extra = group - mine;
+    all += ep_extra;
+  }
   if (tp_.active()) {
     // This rank's part: the split tensors' squares add up over the tensor-parallel group; the
-    // replicated ones are the same on every rank of it and count once.
-    const double replicated = strategy_->replicated_grad_norm_sq();
+    // replicated ones (the experts among them) are the same on every rank of it and count once.
+    const double replicated = strategy_->replicated_grad_norm_sq() + ep_extra;
     float split = static_cast<float>(all - replicated);
     tp_.comm->all_reduce(std::span<float>(&split, 1)).wait();
     all = split + replicated;
@@ -267,7 +310,12 @@ double ParallelModel::grad_norm_sq() {
   return all;
 }
 
-bool ParallelModel::decodes() const { return !pipelined(); }
+bool ParallelModel::decodes() const { return !pipelined() && !tp_.expert_parallel(); }  // the decoder holds no ep group
+
+std::optional<double> ParallelModel::take_ep_wait_s() {
+  if (!tp_.expert_parallel()) return std::nullopt;
+  return std::exchange(ep_wait_s_, 0.0);
+}
 
 std::optional<double> ParallelModel::take_cp_wait_s() {
   if (!cp_.active()) return std::nullopt;

@@ -60,8 +60,9 @@ class ParallelModel {
   MoeStep take_moe();
   // Forward only, one global batch: this rank's share of its loss sum (over the stages already).
   double evaluate(const BatchFill& fill);
-  // After backward: the tied tensors' gradients summed over their stages; then the squared global
-  // gradient norm of the whole model, the same on every rank.
+  // After backward: the tied tensors' gradients summed over their stages (and under --ep the
+  // tensors other than the experts' over the ep group); then the squared global gradient norm of the
+  // whole model, the same on every rank.
   void sync_tied_grads();
   double grad_norm_sq();
   // Sampling: the logits of the context's last position (vocab columns, whole) from a forward of
@@ -76,11 +77,13 @@ class ParallelModel {
   bool pipelined() const { return schedule_.has_value(); }
   // Under --cp: seconds spent in the cp group's collectives since the last call (then reset).
   std::optional<double> take_cp_wait_s();
+  std::optional<double> take_ep_wait_s();  // the same for the ep group's all-to-alls under --ep
   // The train header's pipeline lines (none without --pp).
   void print_pipeline(std::FILE* out) const;
 
  private:
   void take_stage_units();
+  void sum_dense_grads_over_ep();
   PipelineRun pipeline_run(int64_t B = 0, int64_t T = 0);
   std::vector<Batch> stage_batches(const BatchFill& fill);  // every micro-batch of this rank
   Batch micro_step(const BatchFill& fill, int64_t k);       // micro-step k of every rank, this rank's Batch
@@ -90,6 +93,8 @@ class ParallelModel {
   void fill_local(const BatchFill& fill, int64_t first, int64_t count, int32_t* inputs, int32_t* targets);
   Batch batch_of(int32_t* inputs, int32_t* targets, int64_t n);  // n sequences of local_seq(), cp attached
   std::vector<std::vector<float>> stage_units_whole(std::vector<std::vector<float>> host);
+  std::vector<std::vector<float>> ep_units_whole(std::vector<std::vector<float>> host);
+  TpConfig whole_experts() const;  // this rank's part of the model with every expert
 
   ParallelModelConfig cfg_;
   Mesh& mesh_;
@@ -98,6 +103,7 @@ class ParallelModel {
   Strategy* strategy_ = nullptr;
   TpContext tp_;  // this rank's tensor-parallel group (inactive at --tp 1)
   CpContext cp_;  // this rank's context-parallel group and pieces (inactive at --cp 1)
+  double ep_wait_s_ = 0;  // tp_.ep_wait_s points here
   std::vector<int32_t> whole_inputs_, whole_targets_;  // --cp: whole sequences, before their pieces are taken
   std::vector<std::unique_ptr<Unit>> units_;
   // Pipeline parallelism (--pp > 1): the split, the step's schedule, every unit of the model (for

@@ -20,8 +20,10 @@ std::vector<std::vector<float>> ParallelModel::stage_units_whole(std::vector<std
     return whole.front();
   };
   std::vector<UnitLayout> local, wanted;
+  const std::vector<UnitLayout> ep_whole = family_of(cfg_.spec).layout(cfg_.spec, whole_experts());
   for (size_t u = 0; u < units_.size(); ++u) {
-    UnitLayout l = units_[u]->layout();
+    // Under --ep host holds every expert already (ep_units_whole; no --pp then: u is the model's unit).
+    UnitLayout l = tp_.expert_parallel() ? ep_whole[u] : units_[u]->layout();
     while (!l.tensors.empty() && l.tensors.back().tied_copy) {  // tied copies are appended last
       l.numel = l.tensors.back().offset;
       l.tensors.pop_back();
@@ -34,11 +36,46 @@ std::vector<std::vector<float>> ParallelModel::stage_units_whole(std::vector<std
   return host;
 }
 
+TpConfig ParallelModel::whole_experts() const {
+  TpConfig c = tp_.config;
+  c.ep_degree = 1, c.ep_rank = 0;
+  return c;
+}
+
+// Every rank of the ep group gets its units with every expert: the group's parts all-gathered, each
+// rank's experts put in place by name (the other tensors lie at the same offsets on each rank).
+std::vector<std::vector<float>> ParallelModel::ep_units_whole(std::vector<std::vector<float>> host) {
+  Communicator& ep = *tp_.ep_comm;
+  const int D = ep.world_size();
+  const ModelFamily& family = family_of(cfg_.spec);
+  const std::vector<UnitLayout> whole = family.layout(cfg_.spec, whole_experts());
+  std::vector<std::vector<UnitLayout>> parts;
+  for (int q = 0; q < D; ++q) {
+    TpConfig c = tp_.config;
+    c.ep_rank = q;
+    parts.push_back(family.layout(cfg_.spec, c));
+  }
+  std::vector<std::vector<float>> out(host.size());
+  for (size_t u = 0; u < host.size(); ++u) {
+    const size_t n = host[u].size();
+    std::vector<float> all(n * static_cast<size_t>(D));
+    ep.all_gather(std::span<const float>(host[u]), std::span<float>(all)).wait();
+    out[u].assign(static_cast<size_t>(whole[u].numel), 0.f);
+    for (int q = 0; q < D; ++q)
+      for (const TensorDecl& t : parts[static_cast<size_t>(q)][u].tensors) {
+        const TensorDecl& to = whole[u].find(t.name);
+        std::copy_n(all.begin() + static_cast<int64_t>(q * n) + t.offset, t.numel, out[u].begin() + to.offset);
+      }
+  }
+  return out;
+}
+
 void ParallelModel::save(const std::string& path) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
   Communicator& world = mesh_.world();
-  if (!tp_.active() && !pipelined()) {
+  if (tp_.expert_parallel()) host = ep_units_whole(std::move(host));  // never under --pp (ParallelLayout)
+  if (!tp_.active() && !pipelined() && !tp_.expert_parallel()) {
     if (world.rank() == 0) write_units(path, cfg_.spec, units_, host);
     return;
   }

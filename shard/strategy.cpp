@@ -194,12 +194,11 @@ std::vector<float> Strategy::to_host(Tensor t) const {
   return v;
 }
 
-std::vector<Tensor> Strategy::replicated_part(size_t u, Tensor owned, int64_t begin) const {
+std::vector<Tensor> Strategy::part_of(size_t u, Tensor owned, int64_t begin, TensorPick pick) const {
   std::vector<Tensor> parts;
-  if (layout(u).tp_degree == 1) return parts;
   const int64_t end = begin + owned.numel();
   for (const TensorDecl& t : layout(u).tensors) {
-    if (t.tp.split()) continue;
+    if (!pick(t)) continue;
     const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
     if (lo < hi) parts.push_back(owned.slice(lo - begin, hi - lo));
   }

@@ -101,7 +101,9 @@ struct StrategyConfig {
 struct StrategyEnv {
   Backend& be;
   Pool& pool;
-  Communicator& comm;  // the ranks whose gradients add up: the data-parallel group x cp (mesh.dp_cp())
+  // The ranks that hold the same tensors and add up their gradients: the data-parallel group x cp,
+  // without expert parallelism's ranks (mesh.edp_cp(); dp_cp at --ep 1).
+  Communicator& comm;
   Mesh& mesh;
   const ModelSpec& spec;
   const std::vector<std::unique_ptr<Unit>>& units;
@@ -115,8 +117,8 @@ class Strategy : public UnitHooks {
   std::string name() const { return strategy_name(cfg_.kind); }
   void init_params(uint64_t seed);                        // each tensor's declared init; every rank keeps its part
   void load_params(const std::string& path);  // --init (a file or HF directory): every rank keeps its part
-  // The auxiliary loss's statistics add up over the ranks whose gradients do.
-  void reduce_moe(std::span<float> stats) override { env_.comm.all_reduce(stats).wait(); }
+  // The auxiliary loss's statistics add up over every rank with other tokens (ep's included).
+  void reduce_moe(std::span<float> stats) override { env_.mesh.dp_cp().all_reduce(stats).wait(); }
   virtual void begin_step() = 0;
   virtual void begin_micro(int64_t k, bool last) {
     micro_ = k;
@@ -133,7 +135,18 @@ class Strategy : public UnitHooks {
   // Under tensor parallelism: the share of grad_norm_sq() of the tensors every rank of the
   // tensor-parallel group holds whole (norms, row-parallel biases, wpe), the same on each of them,
   // so the trainer counts it once. 0 without tensor parallelism.
-  virtual double replicated_grad_norm_sq() { return 0; }
+  double replicated_grad_norm_sq() {
+    if (env_.units.empty() || layout(0).tp_degree == 1) return 0;
+    return grad_norm_sq_of([](const TensorDecl& t) { return !t.tp.split(); });
+  }
+  // Under expert parallelism: the share of grad_norm_sq() of this rank's experts (which the other
+  // ranks of its ep group do not hold).
+  double expert_grad_norm_sq() {
+    return grad_norm_sq_of([](const TensorDecl& t) { return t.expert; });
+  }
+  // The share of grad_norm_sq() of the tensors `pick` selects, summed as grad_norm_sq() sums.
+  using TensorPick = bool (*)(const TensorDecl&);
+  virtual double grad_norm_sq_of(TensorPick pick) = 0;
   // The update of what this rank owns, then whatever brings every copy of the parameters up to date.
   void optimizer_step(int64_t step, float lr, float grad_scale);
   // Collective: unit u's full parameters (or reduced gradient, before the step) on every rank.
@@ -207,7 +220,7 @@ class Strategy : public UnitHooks {
   bool pipelined() const { return env_.mesh.dims().pp > 1; }
   // Views of the elements of tensors replicated over the tensor-parallel group inside `owned`,
   // which holds unit u's flat elements from `begin` on (none at tensor-parallel degree 1).
-  std::vector<Tensor> replicated_part(size_t u, Tensor owned, int64_t begin) const;
+  std::vector<Tensor> part_of(size_t u, Tensor owned, int64_t begin, TensorPick pick) const;
   size_t num_units() const { return env_.units.size(); }
   bool mixed() const { return mp_.mixed(); }
   DType param_dtype() const { return cfg_.precision.param_dtype; }

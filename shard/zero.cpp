@@ -176,14 +176,13 @@ class Zero final : public Strategy {
     sc().all_reduce(std::span<float>(&local, 1)).wait();  // replicas hold the same shards: one group's sum
     return local;
   }
-  double replicated_grad_norm_sq() override {
-    if (env_.units.empty() || layout(0).tp_degree == 1) return 0;
+  double grad_norm_sq_of(TensorPick pick) override {
     drain();
     std::vector<Tensor> parts;
     for (size_t u = 0; u < num_units(); ++u) {
       const auto [begin, end] = owned_range(u);
       if (end > begin)
-        for (const Tensor& t : replicated_part(u, reduced_grads(u).slice(0, end - begin), begin)) parts.push_back(t);
+        for (const Tensor& t : part_of(u, reduced_grads(u).slice(0, end - begin), begin, pick)) parts.push_back(t);
     }
     float local = parts.empty() ? 0.f : static_cast<float>(sum_squares(parts, &opt_pool()));
     sc().all_reduce(std::span<float>(&local, 1)).wait();

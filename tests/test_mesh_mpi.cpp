@@ -25,8 +25,9 @@ std::vector<ParallelDims> layouts(int world) {
     for (int rep = 1; rep <= world; ++rep)
       for (int tp = 1; tp <= world; ++tp)
         for (int cp = 1; cp <= world; ++cp)
-          if (world % (pp * rep * tp * cp) == 0)
-            out.push_back(ParallelDims{pp, rep, world / (pp * rep * tp * cp), tp, cp});
+          for (int ep = 1; ep <= world; ++ep)
+            if (world % (pp * rep * tp * cp * ep) == 0)
+              out.push_back(ParallelDims{pp, rep, world / (pp * rep * tp * cp * ep), tp, cp, ep});
   return out;
 }
 }  // namespace
@@ -36,8 +37,9 @@ TEST_CASE("every axis communicator of the mesh spans the ranks of its grid line"
   for (const ParallelDims& d : layouts(w.world)) {
     Mesh mesh(*w.comm, d);
     for (CommAxis a : {CommAxis::tp, CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::pp,
-                       CommAxis::cp, CommAxis::dp_shard_cp, CommAxis::dp_cp}) {
+                       CommAxis::cp, CommAxis::dp_shard_cp, CommAxis::dp_cp, CommAxis::ep, CommAxis::edp_cp}) {
       if (a == CommAxis::cp && d.cp == 1) continue;  // no cp group at cp 1
+      if (a == CommAxis::ep && d.ep == 1) continue;  // nor an ep group at ep 1
       Communicator& c = mesh.comm(a);
       INFO(d.describe() << " axis " << comm_axis_name(a));
       REQUIRE(c.world_size() == d.size(a));

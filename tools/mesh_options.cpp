@@ -1,5 +1,5 @@
-// mesh_options.cpp — the mesh's flags: every axis's degree (--dp-shard, --dp-replicate, --cp, --tp,
-// --pp) and what each axis needs beyond it (one group of options.hpp, in a file of its own).
+// mesh_options.cpp — the mesh's flags: every axis's degree (--dp-shard, --dp-replicate, --ep, --cp,
+// --tp, --pp) and what each axis needs beyond it (one group of options.hpp, in a file of its own).
 #include <fmt/format.h>
 
 #include "tools/options.hpp"
@@ -52,6 +52,11 @@ void MeshOptions::add(Desc& d) {
                   "context-parallel ranks, between --dp-shard and --tp: each sequence cut into pieces over them "
                   "(activations / cp), keys and values exchanged in attention (fused attention only); their "
                   "gradients add up like data-parallel ranks' and ZeRO/FSDP shard over dp-shard x cp")(
+      "ep", po::value(&dims.ep)->default_value(1),
+      "expert-parallel ranks (mixtral, qwen3_moe), drawn from the data-parallel ones, between --dp-shard and "
+      "--cp: each holds E / ep of every layer's experts and the tokens routed to them arrive by all-to-all; the "
+      "other tensors are whole on each, sharded by the strategy over the data-parallel ranks that hold the same "
+      "experts (dp / ep) and their gradients summed over the ep group; must divide the experts")(
       "cp-method", po::value(&cp_method)->default_value(cp_method),
       "with --cp: allgather (each layer all-gathers the group's keys and values, again in backward, and "
       "reduce-scatters their gradients) or ring (the keys and values passed from rank to rank while the tiles "

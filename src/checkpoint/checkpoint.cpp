@@ -174,6 +174,7 @@ nlohmann::json manifest_head(const CheckpointState& state, int world, const RunP
   const ParallelDims& d = c.layout.dims;  // the layout that wrote it (informational: any layout loads it)
   m["mesh"] = {{"pp", d.pp}, {"dp_replicate", d.dp_replicate}, {"dp_shard", d.dp_shard}, {"tp", d.tp}};
   if (d.cp > 1) m["mesh"]["cp"] = d.cp;
+  if (d.ep > 1) m["mesh"]["ep"] = d.ep;
   m["param_dtype"] = dtype_name(c.strategy.precision.param_dtype);
   m["reduce_dtype"] = dtype_name(c.strategy.precision.reduce_dtype);
   m["optimizer"] = {{"kind", optimizer_name(c.optim.kind)}, {"beta1", c.optim.beta1}, {"beta2", c.optim.beta2}, {"eps", c.optim.eps},

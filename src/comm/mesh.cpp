@@ -6,23 +6,25 @@ namespace shardlab {
 
 ParallelDims ParallelDims::resolved(int world) const {
   SHARD_REQUIRE(world >= 1, "the world must hold at least one rank, got {}", world);
-  SHARD_REQUIRE(pp >= 1 && tp >= 1 && cp >= 1 && dp_replicate >= 0 && dp_shard >= 0,
-                "parallel degrees must be positive: --pp {} --dp-replicate {} --dp-shard {} --cp {} --tp {}", pp,
-                dp_replicate, dp_shard, cp, tp);
+  SHARD_REQUIRE(pp >= 1 && tp >= 1 && cp >= 1 && ep >= 1 && dp_replicate >= 0 && dp_shard >= 0,
+                "parallel degrees must be positive: --pp {} --dp-replicate {} --dp-shard {} --ep {} --cp {} --tp {}", pp,
+                dp_replicate, dp_shard, ep, cp, tp);
   ParallelDims d = *this;
   if (d.dp_replicate == 0 && d.dp_shard == 0) d.dp_replicate = 1;
   const bool shard_left = d.dp_shard == 0, replicate_left = d.dp_replicate == 0;
   if (shard_left || replicate_left) {
-    const int fixed = pp * tp * cp * (shard_left ? d.dp_replicate : d.dp_shard);
+    const int fixed = pp * tp * cp * ep * (shard_left ? d.dp_replicate : d.dp_shard);
     SHARD_REQUIRE(world % fixed == 0,
-                  "--pp {} x --tp {}{} x --{} {} = {} does not divide the world of {} ranks (--{} takes what they leave)",
-                  pp, tp, cp > 1 ? fmt::format(" x --cp {}", cp) : "", shard_left ? "dp-replicate" : "dp-shard",
+                  "--pp {} x --tp {}{}{} x --{} {} = {} does not divide the world of {} ranks (--{} takes what they leave)",
+                  pp, tp, cp > 1 ? fmt::format(" x --cp {}", cp) : "", ep > 1 ? fmt::format(" x --ep {}", ep) : "",
+                  shard_left ? "dp-replicate" : "dp-shard",
                   shard_left ? d.dp_replicate : d.dp_shard, fixed, world, shard_left ? "dp-shard" : "dp-replicate");
     (shard_left ? d.dp_shard : d.dp_replicate) = world / fixed;
   }
   SHARD_REQUIRE(d.world() == world,
-                "--pp {} x --dp-replicate {} x --dp-shard {}{} x --tp {} = {} ranks, but the world has {}", pp,
-                d.dp_replicate, d.dp_shard, cp > 1 ? fmt::format(" x --cp {}", cp) : "", tp, d.world(), world);
+                "--pp {} x --dp-replicate {} x --dp-shard {}{}{} x --tp {} = {} ranks, but the world has {}", pp,
+                d.dp_replicate, d.dp_shard, ep > 1 ? fmt::format(" x --ep {}", ep) : "",
+                cp > 1 ? fmt::format(" x --cp {}", cp) : "", tp, d.world(), world);
   return d;
 }
 
@@ -34,8 +36,8 @@ int ParallelDims::size(CommAxis a) const {
 }
 
 std::string ParallelDims::describe() const {
-  return fmt::format("pp {} x dp_replicate {} x dp_shard {}{} x tp {}", pp, dp_replicate, dp_shard,
-                     cp > 1 ? fmt::format(" x cp {}", cp) : "", tp);
+  return fmt::format("pp {} x dp_replicate {} x dp_shard {}{}{} x tp {}", pp, dp_replicate, dp_shard,
+                     ep > 1 ? fmt::format(" x ep {}", ep) : "", cp > 1 ? fmt::format(" x cp {}", cp) : "", tp);
 }
 
 // Ranks are mixed-radix numbers over the grid axes a group spans, the first outermost; the world's
@@ -167,16 +169,22 @@ Mesh::Mesh(Communicator& world, ParallelDims dims, int ranks_per_node, bool node
   // group is the world's when it spans the world (the loss, DDP's buckets: the world's own traffic).
   // The same order on every rank: the splits are collective over the world. At cp 1 the groups
   // with cp are those without it (the same communicators: their traffic counts as before).
-  const bool cp = dims_.cp > 1;
+  // Likewise at ep 1: no ep group, and edp_cp is dp_cp.
+  const bool cp = dims_.cp > 1, ep = dims_.ep > 1;
   for (CommAxis a : {CommAxis::dp_shard, CommAxis::dp_replicate, CommAxis::dp, CommAxis::tp, CommAxis::pp,
-                     CommAxis::cp, CommAxis::dp_shard_cp, CommAxis::dp_cp}) {
+                     CommAxis::cp, CommAxis::dp_shard_cp, CommAxis::dp_cp, CommAxis::ep, CommAxis::edp_cp}) {
     if (!cp && (a == CommAxis::cp || a == CommAxis::dp_shard_cp || a == CommAxis::dp_cp)) {
       const CommAxis same = a == CommAxis::dp_cp ? CommAxis::dp : CommAxis::dp_shard;
       if (a != CommAxis::cp) comms_[static_cast<size_t>(a)] = &comm(same);
       continue;
     }
+    if (!ep && (a == CommAxis::ep || a == CommAxis::edp_cp)) {
+      if (a == CommAxis::edp_cp) comms_[static_cast<size_t>(a)] = &comm(CommAxis::dp_cp);
+      continue;
+    }
     const int n = dims_.size(a);
-    if (world.world_size() == 1 || ((a == CommAxis::dp || a == CommAxis::dp_cp) && n == world.world_size())) {
+    if (world.world_size() == 1 ||
+        ((a == CommAxis::dp || a == CommAxis::dp_cp || a == CommAxis::edp_cp) && n == world.world_size())) {
       comms_[static_cast<size_t>(a)] = &world_;
       continue;
     }

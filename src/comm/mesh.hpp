@@ -1,10 +1,13 @@
 // mesh.hpp — ParallelDims and Mesh: one layout of the ranks for every parallel axis.
 //
-// The world is a 5-D grid, pp x dp_replicate x dp_shard x cp x tp (the rows of src/comm/axes.hpp),
-// with tp innermost (consecutive ranks: tensor parallelism stays inside a node) and pp outermost
-// (the pipeline crosses nodes):
+// The world is a 6-D grid, pp x dp_replicate x dp_shard x ep x cp x tp (the rows of
+// src/comm/axes.hpp), with tp innermost (consecutive ranks: tensor parallelism stays inside a node)
+// and pp outermost (the pipeline crosses nodes):
 //
-//   world rank = (((pp_i * dp_replicate + replicate_i) * dp_shard + shard_i) * cp + cp_i) * tp + tp_i
+//   world rank = ((((pp_i * dp_replicate + replicate_i) * dp_shard + shard_i) * ep + ep_i) * cp + cp_i) * tp + tp_i
+//
+// An ep group varies ep_i: data-parallel ranks that hold different experts of a mixture of experts
+// (expert parallelism); the data-parallel group dp spans replicate_i, shard_i and ep_i.
 //
 // A cp group varies cp_i: the ranks that split each of their sequences (context parallelism).
 //
@@ -33,12 +36,15 @@ struct ParallelDims {
   int dp_shard = 0;
   int tp = 1;
   int cp = 1;  // last, so {pp, dp_replicate, dp_shard, tp} still reads as it always did
+  // Expert parallelism: data-parallel ranks that split a mixture of experts' experts between them
+  // (the data-parallel degree dp() is dp_replicate x dp_shard x ep).
+  int ep = 1;
 
   // Both data-parallel degrees filled in and the product checked against `world`: InputError
   // naming every degree and the world otherwise. Resolving resolved dims again only checks them.
   ParallelDims resolved(int world) const;
   bool is_resolved() const { return dp_replicate > 0 && dp_shard > 0; }
-  int dp() const { return dp_replicate * dp_shard; }
+  int dp() const { return dp_replicate * dp_shard * ep; }  // the ranks that hold different tokens (x cp)
   // Hybrid sharding: the state replicated over more than one shard group.
   bool hybrid() const { return dp_replicate > 1 || (dp_shard > 0 && dp_replicate == 0); }  // data-parallel ranks (replicas x shards)
   int world() const { return pp * dp() * cp * tp; }
@@ -46,24 +52,26 @@ struct ParallelDims {
   // The degree along grid axis g (src/comm/axes.hpp): the one place a grid axis meets its field.
   int degree(GridAxis g) const {
     static constexpr int ParallelDims::*field[kNumGridAxes] = {
-        &ParallelDims::pp, &ParallelDims::dp_replicate, &ParallelDims::dp_shard, &ParallelDims::cp, &ParallelDims::tp};
+        &ParallelDims::pp, &ParallelDims::dp_replicate, &ParallelDims::dp_shard, &ParallelDims::ep, &ParallelDims::cp,
+        &ParallelDims::tp};
     return this->*field[static_cast<int>(g)];
   }
   bool operator==(const ParallelDims&) const = default;
-  std::string describe() const;  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1" (" x cp C" before tp when cp > 1)
+  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1" (" x ep E" and " x cp C" before tp when above 1)
+  std::string describe() const;
 
 };
 
 // A rank's place in the grid.
 struct MeshCoord {
-  int pp = 0, dp_replicate = 0, dp_shard = 0, tp = 0, cp = 0;
+  int pp = 0, dp_replicate = 0, dp_shard = 0, tp = 0, cp = 0, ep = 0;
   int rank_in(CommAxis a, const ParallelDims& d) const;  // its rank within its group along a
   // The coordinate along grid axis g (src/comm/axes.hpp).
   int& at(GridAxis g) { return this->*field(g); }
   int at(GridAxis g) const { return this->*field(g); }
   static int MeshCoord::*field(GridAxis g) {
-    static constexpr int MeshCoord::*fields[kNumGridAxes] = {&MeshCoord::pp, &MeshCoord::dp_replicate,
-                                                             &MeshCoord::dp_shard, &MeshCoord::cp, &MeshCoord::tp};
+    static constexpr int MeshCoord::*fields[kNumGridAxes] = {
+        &MeshCoord::pp, &MeshCoord::dp_replicate, &MeshCoord::dp_shard, &MeshCoord::ep, &MeshCoord::cp, &MeshCoord::tp};
     return fields[static_cast<int>(g)];
   }
 };
@@ -94,6 +102,9 @@ class Mesh {
   // The ranks whose gradients add up: the data-parallel ranks and, under context parallelism, the
   // ranks holding other pieces of their sequences (dp at cp 1).
   Communicator& dp_cp() { return comm(CommAxis::dp_cp); }
+  // The ranks that hold the same tensors and add up their gradients: dp_cp without ep (dp_cp itself
+  // at ep 1), what a strategy shards and reduces over.
+  Communicator& edp_cp() { return comm(CommAxis::edp_cp); }
   int rank(CommAxis a) const { return node_axis(a) ? comms_[static_cast<size_t>(a)]->rank() : me_.rank_in(a, dims_); }
   int size(CommAxis a) const {
     return node_axis(a) ? comms_[static_cast<size_t>(a)]->world_size() : dims_.size(a);

@@ -24,6 +24,14 @@ void check_tp(const ModelSpec& spec, const TpConfig& tp) {
   SHARD_REQUIRE(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree,
                 "tensor-parallel rank {} of {}: need 0 <= rank < degree", tp.rank, tp.degree);
   if (auto why = tp_split_problem(spec, tp.degree)) throw InputError(*why);
+  SHARD_REQUIRE(tp.ep_degree >= 1 && tp.ep_rank >= 0 && tp.ep_rank < tp.ep_degree,
+                "expert-parallel rank {} of {}: need 0 <= rank < degree", tp.ep_rank, tp.ep_degree);
+  if (tp.ep_degree > 1) {
+    SHARD_REQUIRE(spec.moe.enabled(), "--ep {}: {} has no experts to split (expert parallelism needs a mixture of "
+                  "experts: the mixtral and qwen3_moe families)", tp.ep_degree, spec.name);
+    SHARD_REQUIRE(spec.moe.experts % tp.ep_degree == 0, "--ep {} must divide the {} experts of {}", tp.ep_degree,
+                  spec.moe.experts, spec.name);
+  }
 }
 
 }  // namespace
@@ -40,8 +48,10 @@ std::vector<UnitLayout> ModelFamily::layout(const ModelSpec& spec, const TpConfi
   check_tp(spec, tp);
   std::vector<UnitLayout> units = do_layout(spec, tp);
   for (const UnitLayout& u : units)
-    SHARD_CHECK(u.tp_degree == tp.degree && u.tp_rank == tp.rank, "unit {} laid out for tp rank {} of {}, asked {} of {}",
-                u.name, u.tp_rank, u.tp_degree, tp.rank, tp.degree);
+    SHARD_CHECK(u.tp_degree == tp.degree && u.tp_rank == tp.rank && u.ep_degree == tp.ep_degree &&
+                    u.ep_rank == tp.ep_rank,
+                "unit {} laid out for tp rank {} of {} (ep {} of {}), asked {} of {} (ep {} of {})", u.name, u.tp_rank,
+                u.tp_degree, u.ep_rank, u.ep_degree, tp.rank, tp.degree, tp.ep_rank, tp.ep_degree);
   return units;
 }
 

@@ -101,11 +101,17 @@ class Saved {
 // The tensor-parallel group a rank's units compute in (--tp): its degree and rank, whether
 // sequence parallelism splits the activations between the regions, and the group's communicator
 // (null at degree 1). src/model/tp.hpp has the regions' communication.
+//
+// Expert parallelism (--ep) rides along (TpConfig): ep_comm is the expert-parallel group a mixture
+// of experts' layers dispatch their tokens over (null at degree 1).
 struct TpContext {
   TpConfig config;
   Communicator* comm = nullptr;
+  Communicator* ep_comm = nullptr;
+  double* ep_wait_s = nullptr;  // where the ep all-to-alls' seconds add up (null: not timed)
   bool active() const { return config.degree > 1; }
   bool sequence_parallel() const { return active() && config.sequence_parallel; }
+  bool expert_parallel() const { return config.ep_degree > 1; }
 };
 
 struct UnitContext {

@@ -100,7 +100,8 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
   // The host tier's peak appears once anything lives there (--offload).
   const std::string host =
       s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
-  const std::string cp = s.cp_wait_ms ? fmt::format(" (cp wait {:.1f} ms)", *s.cp_wait_ms) : std::string();
+  std::string cp = s.cp_wait_ms ? fmt::format(" (cp wait {:.1f} ms)", *s.cp_wait_ms) : std::string();
+  if (s.ep_wait_ms) cp += fmt::format(" (ep all-to-all {:.1f} ms)", *s.ep_wait_ms);
   std::string moe;  // a mixture of experts: the auxiliary loss, the load (max / mean), drops past capacity
   if (s.aux_loss) {
     moe = fmt::format(" | aux {:.4f} | load {:.2f}", *s.aux_loss, s.expert_imbalance.value_or(1.0));
@@ -134,6 +135,7 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
                       {"flops_per_s", s.flops_per_s}, {"elapsed_s", s.elapsed_s}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   if (s.cp_wait_ms) j["cp_wait_ms"] = *s.cp_wait_ms;
+  if (s.ep_wait_ms) j["ep_wait_ms"] = *s.ep_wait_ms;
   if (s.aux_loss)
     j["aux_loss"] = *s.aux_loss, j["expert_imbalance"] = s.expert_imbalance.value_or(1.0),
     j["dropped_slots"] = s.dropped_slots.value_or(0.0);

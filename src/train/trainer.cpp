@@ -147,7 +147,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     val_batches_ = tokens ? cfg_.val_batches : std::min(cfg_.val_batches, sequences / cfg_.batch);
   }
   comm_.set_check(cfg_.check_collectives);
-  strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.dp_cp(), mesh_, cfg_.spec, model_.units(), cfg_.optim});
+  strategy_ = make_strategy(cfg_.strategy, StrategyEnv{be_, pool_, mesh_.edp_cp(), mesh_, cfg_.spec, model_.units(), cfg_.optim});
   model_.attach(*strategy_);
   SHARD_REQUIRE(cfg_.init.empty() || cfg_.resume.empty(), "--init and --resume both given: choose one start");
   // On the meta backend (predictions) values are never read: computing them would only cost time.
@@ -230,6 +230,7 @@ StepStats Trainer::step(int64_t t) {
   pool_.ledger().set_phase({PhaseKind::begin_step});
   strategy_->begin_step();
   model_.take_cp_wait_s();  // what evaluation or sampling spent is not this step's
+  model_.take_ep_wait_s();
   float loss = model_.reduce_loss(model_.train(batch_fill(loader_, t), dlogit_scale, &pipe_timing_));
   loss /= static_cast<float>(cfg_.batch * T);
   std::optional<float> aux;
@@ -280,6 +281,7 @@ StepStats Trainer::step(int64_t t) {
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   s.rss_bytes = resident_bytes();
   if (const auto w = model_.take_cp_wait_s()) s.cp_wait_ms = *w * 1e3;
+  if (const auto w = model_.take_ep_wait_s()) s.ep_wait_ms = *w * 1e3;
   if (cfg_.layout.ranks_per_node > 0) {
     const Mesh::LinkBytes link = mesh_.last_step_bytes_by_link();
     s.intra_node_bytes = link.intra, s.inter_node_bytes = link.inter;

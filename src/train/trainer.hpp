@@ -94,6 +94,8 @@ struct StepStats {
   double elapsed_s = 0;      // since this process's first step began (Trainer::run)
   // Under --cp: this rank's time in the cp group's collectives (the K/V exchanges), this step.
   std::optional<double> cp_wait_ms;
+  // Under --ep: this rank's time in the ep group's all-to-alls (dispatch, combine, counts), this step.
+  std::optional<double> ep_wait_ms;
   // --ranks-per-node: this rank's bus bytes of the step on groups inside a node and on groups that
   // span nodes (Mesh::crosses_nodes).
   std::optional<double> intra_node_bytes, inter_node_bytes;

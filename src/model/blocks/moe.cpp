@@ -10,6 +10,7 @@
 #include "src/backend/ops/activation.hpp"
 #include "src/backend/ops/moe.hpp"
 #include "src/model/blocks/linear.hpp"
+#include "src/model/parallel/ep.hpp"
 
 namespace shardlab {
 
@@ -133,6 +134,36 @@ std::vector<float> to_host(Backend& be, Tensor t) {
   return h;
 }
 
+// The router: d(weights) through the top-k normalisation and the softmax, plus the auxiliary
+// loss's d/d(prob[n, e]) = prob_grad x counts_e; on the host (N x E), then its two products:
+// dx = d(logits) Wr, overwritten.
+void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWeights& w, const MoeWeights& g, Tensor dw,
+                     const std::vector<int32_t>& ints, int64_t k) {
+  const MoeSpec& m = c.spec.moe;
+  const int64_t N = x.dim(0), E = m.experts, P = N * k;
+  const std::vector<float> probs = to_host(c.be, s("moe_probs")), dweight = to_host(c.be, dw);
+  const int32_t* choice = ints.data() + 2 * P;
+  std::vector<float> dlogits(static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = probs.data() + n * E;
+    for (int64_t e = 0; e < E; ++e) dprob[e] = c.moe ? c.moe->prob_grad * static_cast<float>(c.moe->counts[e]) : 0.f;
+    float sum = 0.f, inner = 0.f;  // sum of the chosen probabilities; sum_j dweight_j weight_j
+    for (int64_t j = 0; j < k; ++j) sum += p[choice[n * k + j]];
+    for (int64_t j = 0; j < k; ++j) inner += dweight[n * k + j] * (p[choice[n * k + j]] / sum);  // route()'s weight
+    for (int64_t j = 0; j < k; ++j) {
+      const float dwj = dweight[n * k + j];
+      dprob[choice[n * k + j]] += m.norm_topk ? (dwj - inner) / sum : dwj;
+    }
+    float dot = 0.f;
+    for (int64_t e = 0; e < E; ++e) dot += p[e] * dprob[e];
+    for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] = p[e] * (dprob[e] - dot);
+  }
+  Block dl_block = c.pool.alloc(DType::f32, N * E, Category::workspace, "moe backward dlogits");
+  Tensor dl = dl_block.view(DType::f32, {N, E});
+  c.be.copy(dl, Tensor::flat(dlogits.data(), DType::f32, N * E));
+  linear_backward(c, dx, g.router, dl, x, w.router, N);  // dx = d(logits) Wr: overwritten
+}
+
 }  // namespace
 
 int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts) {
@@ -166,6 +197,15 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   c.be.copy(route_t, Tensor::flat(packed.data(), DType::f32, r.ints()));
   Tensor weights = s.add(c.pool, "moe_w", {P});
   c.be.copy(weights, Tensor::flat(const_cast<float*>(r.weight.data()), DType::f32, P));
+  if (c.tp.expert_parallel()) {  // the experts are on the ep group's ranks (parallel/ep.hpp)
+    Tensor y = s.add(c.pool, "moe_y", {P, C});
+    Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
+    Tensor xs = xs_block.view(DType::f32, {P, C});
+    ops::moe_gather(c.be, rows(xs, 0, r.kept), x, as_ints(route_t) + P);
+    ep_experts_forward(c, s, rows(xs, 0, r.kept), rows(y, 0, r.kept), r.per_expert, w);
+    ops::moe_combine(c.be, out, rows(y, 0, r.kept), as_ints(route_t), weights, k, false);
+    return;
+  }
 
   Tensor gate_up = s.add(c.pool, "moe_gate_up", {P, 2 * F}), act = s.add(c.pool, "moe_act", {P, F});
   Tensor y = s.add(c.pool, "moe_y", {P, C});
@@ -209,6 +249,17 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   Tensor dy = dy_block.view(DType::f32, {P, C}), dw = dw_block.flat(DType::f32);
   ops::moe_combine_backward(c.be, rows(dy, 0, kept), dw, dout, rows(s("moe_y"), 0, kept), as_ints(route_t),
                             s("moe_w"), k);
+  if (c.tp.expert_parallel()) {
+    std::vector<int32_t> counts(per_expert, per_expert + E);
+    for (int64_t e = 0; e < E; ++e) counts[e] = static_cast<int32_t>(expert_rows(e));
+    Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");
+    Tensor dxs = dxs_block.view(DType::f32, {P, C});
+    ep_experts_backward(c, s, rows(dy, 0, kept), rows(dxs, 0, kept), counts, w, g);
+    dy_block.reset();
+    router_backward(c, s, dx, x, w, g, dw, ints, k);
+    ops::moe_combine(c.be, dx, rows(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);
+    return;
+  }
   // Down, then SwiGLU, then gate/up, expert by expert.
   Block dact_block = c.pool.alloc(DType::f32, P * F, Category::workspace, "moe backward dact");
   Tensor dact = dact_block.view(DType::f32, {P, F}), act = s("moe_act"), gate_up = s("moe_gate_up");
@@ -232,29 +283,7 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
     linear_backward(c, rows(dxs, r0, n), g.gate_up[e], rows(dgate_up, r0, n), rows(xs, r0, n), w.gate_up[e], n);
   }
 
-  // The router: d(weights) through the top-k normalisation and the softmax, plus the auxiliary
-  // loss's d/d(prob[n, e]) = prob_grad x counts_e; on the host (N x E), then its two products.
-  const std::vector<float> probs = to_host(c.be, s("moe_probs")), dweight = to_host(c.be, dw);
-  const int32_t* choice = ints.data() + 2 * P;
-  std::vector<float> dlogits(static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
-  for (int64_t n = 0; n < N; ++n) {
-    const float* p = probs.data() + n * E;
-    for (int64_t e = 0; e < E; ++e) dprob[e] = c.moe ? c.moe->prob_grad * static_cast<float>(c.moe->counts[e]) : 0.f;
-    float sum = 0.f, inner = 0.f;  // sum of the chosen probabilities; sum_j dweight_j weight_j
-    for (int64_t j = 0; j < k; ++j) sum += p[choice[n * k + j]];
-    for (int64_t j = 0; j < k; ++j) inner += dweight[n * k + j] * (p[choice[n * k + j]] / sum);  // route()'s weight
-    for (int64_t j = 0; j < k; ++j) {
-      const float dwj = dweight[n * k + j];
-      dprob[choice[n * k + j]] += m.norm_topk ? (dwj - inner) / sum : dwj;
-    }
-    float dot = 0.f;
-    for (int64_t e = 0; e < E; ++e) dot += p[e] * dprob[e];
-    for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] = p[e] * (dprob[e] - dot);
-  }
-  Block dl_block = c.pool.alloc(DType::f32, N * E, Category::workspace, "moe backward dlogits");
-  Tensor dl = dl_block.view(DType::f32, {N, E});
-  c.be.copy(dl, Tensor::flat(dlogits.data(), DType::f32, N * E));
-  linear_backward(c, dx, g.router, dl, x, w.router, N);  // dx = d(logits) Wr: overwritten
+  router_backward(c, s, dx, x, w, g, dw, ints, k);
   ops::moe_combine(c.be, dx, rows(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);
 }
 

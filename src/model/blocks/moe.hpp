@@ -56,9 +56,11 @@ int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts);
 
 // The layer's parameters (or gradients): the router (E, C) and, per expert, the stacked (gate; up)
 // (2F, C) and down (C, F), as ParamSet::gemm hands them for parameters.
+// Under expert parallelism the experts are this rank's block, from expert `first` on.
 struct MoeWeights {
   Tensor router;
   std::vector<Tensor> gate_up, down;
+  int64_t first = 0;
 };
 
 // out (N, C) = the MoE MLP of x (N, C); what backward needs saved in s (prefix-free names "moe_*").

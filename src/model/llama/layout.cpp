@@ -14,6 +14,7 @@
 // output rows (column-parallel: each rank holds its heads, its KV heads, its slice of the MLP
 // width, still adjacent and stacked), o_proj and down_proj by input columns (row-parallel),
 // embed_tokens and lm_head by vocabulary rows (padded). The RMSNorm weights are replicated.
+// Expert parallelism: a rank's units hold its block of experts (TpConfig), the rest whole.
 #include "src/model/llama/llama.hpp"
 
 namespace shardlab {
@@ -24,12 +25,12 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
   const float std = 0.02f;
   const TpSplit vocab{0, 1, true}, rows{0}, cols{1};
   std::vector<UnitLayout> units;
-  UnitLayout emb{"embedding", {}, 0, tp.degree, tp.rank};
+  UnitLayout emb{"embedding", {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
   add_tensor(emb, "model.embed_tokens.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(emb));
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    UnitLayout b{"layers." + std::to_string(l), {}, 0, tp.degree, tp.rank};
+    UnitLayout b{"layers." + std::to_string(l), {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
     add_tensor(b, p + "input_layernorm.weight", {C}, Init::ones);
     add_tensor(b, p + "self_attn.q_proj.weight", {q_rows, C}, Init::normal, std, rows);
     add_tensor(b, p + "self_attn.k_proj.weight", {kv_rows, C}, Init::normal, std, rows);
@@ -43,11 +44,15 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
     if (s.moe.enabled()) {  // replicated over a tensor-parallel group, computed whole on each rank
       const TpSplit whole{-1, 1, false, true};
       add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std, whole);
-      const int64_t Fe = s.moe.ffn_dim;
-      for (int64_t e = 0; e < s.moe.experts; ++e) {  // gate and up adjacent: one stacked product
-        add_tensor(b, moe_tensor(s, p, MoePart::gate, e), {Fe, C}, Init::normal, std, whole);
-        add_tensor(b, moe_tensor(s, p, MoePart::up, e), {Fe, C}, Init::normal, std, whole);
-        add_tensor(b, moe_tensor(s, p, MoePart::down, e), {C, Fe}, Init::normal, std, whole);
+      const int64_t Fe = s.moe.ffn_dim, local = s.moe.experts / tp.ep_degree;
+      // This expert-parallel rank's experts, after every tensor the ep group holds whole: the dense
+      // tensors lie at the same offsets on each of its ranks.
+      for (int64_t e = tp.ep_rank * local; e < (tp.ep_rank + 1) * local; ++e) {  // gate and up adjacent: one stacked product
+        for (auto [part, shape] : {std::pair{MoePart::gate, std::vector<int64_t>{Fe, C}}, {MoePart::up, {Fe, C}},
+                                   {MoePart::down, {C, Fe}}}) {
+          add_tensor(b, moe_tensor(s, p, part, e), shape, Init::normal, std, whole);
+          b.tensors.back().expert = true;
+        }
       }
     } else {
       add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std, rows);
@@ -56,7 +61,7 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
     }
     units.push_back(std::move(b));
   }
-  UnitLayout head{"head", {}, 0, tp.degree, tp.rank};
+  UnitLayout head{"head", {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
   add_tensor(head, "model.norm.weight", {C}, Init::ones);
   if (!s.tied_head) add_tensor(head, "lm_head.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(head));

@@ -1,0 +1,174 @@
+// ep.cpp — expert parallelism's dispatch and combine around the local experts (ep.hpp).
+#include "src/model/parallel/ep.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "src/backend/ops/activation.hpp"
+#include "src/backend/ops/moe.hpp"
+#include "src/comm/communicator.hpp"
+#include "src/model/blocks/linear.hpp"
+
+namespace shardlab::blocks {
+namespace {
+
+// One layer's exchange over the ep group of D ranks, E / D = El experts each.
+struct Exchange {
+  int D = 1, me = 0;
+  int64_t El = 0, C = 0, R = 0;      // R: rows this rank's experts receive
+  std::vector<int32_t> from;         // (D El): rows peer s sends local expert l, at s El + l
+  std::vector<int64_t> send, recv;   // elements to and from each peer
+  std::vector<int64_t> expert_rows;  // (El): each local expert's rows, every peer's
+  std::vector<int32_t> by_expert;    // (R): expert-major row i is received (peer-major) row by_expert[i]
+  std::vector<int32_t> by_peer;      // (R): received row j is expert-major row by_peer[j]
+};
+
+// The counts both ways from `from` (known) and this rank's per_expert (E), and the reorderings.
+Exchange exchange_of(int D, int me, int64_t C, std::span<const int32_t> per_expert, std::vector<int32_t> from) {
+  Exchange x;
+  x.D = D, x.me = me, x.C = C, x.El = static_cast<int64_t>(per_expert.size()) / D, x.from = std::move(from);
+  const int64_t El = x.El;
+  x.send.assign(static_cast<size_t>(D), 0), x.recv.assign(static_cast<size_t>(D), 0);
+  x.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int s = 0; s < D; ++s)
+    for (int64_t l = 0; l < El; ++l) {
+      x.send[s] += per_expert[static_cast<size_t>(s * El + l)] * C;
+      x.recv[s] += x.from[static_cast<size_t>(s * El + l)] * C;
+      x.expert_rows[l] += x.from[static_cast<size_t>(s * El + l)];
+    }
+  for (int64_t n : x.expert_rows) x.R += n;
+  // Received row of (peer s, expert l, i): s's block, then s's rows of the experts before l.
+  std::vector<int64_t> at(static_cast<size_t>(D * El), 0);
+  for (int64_t s = 0, row = 0; s < D; ++s)
+    for (int64_t l = 0; l < El; ++l) at[s * El + l] = row, row += x.from[s * El + l];
+  x.by_expert.reserve(static_cast<size_t>(x.R));
+  for (int64_t l = 0; l < El; ++l)
+    for (int64_t s = 0; s < D; ++s)
+      for (int64_t i = 0; i < x.from[s * El + l]; ++i) x.by_expert.push_back(static_cast<int32_t>(at[s * El + l] + i));
+  x.by_peer.assign(static_cast<size_t>(x.R), 0);
+  for (int64_t i = 0; i < x.R; ++i) x.by_peer[x.by_expert[i]] = static_cast<int32_t>(i);
+  return x;
+}
+
+// Runs one of the ep group's collectives, its seconds added to *c.tp.ep_wait_s.
+template <class F>
+void timed(UnitContext& c, F f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  if (c.tp.ep_wait_s) *c.tp.ep_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Forward: the counts all-to-all (every peer's rows for each of this rank's experts). On the meta
+// backend, which has no values, every peer is taken to send what this rank sends itself.
+Exchange plan(UnitContext& c, std::span<const int32_t> per_expert, int64_t C) {
+  Communicator& comm = *c.tp.ep_comm;
+  const int D = comm.world_size(), me = comm.rank();
+  const int64_t E = static_cast<int64_t>(per_expert.size()), El = E / D;
+  Block b = c.pool.alloc(DType::f32, 2 * E, Category::comm_buffer, "moe ep counts");
+  Tensor mine = b.flat(DType::f32).slice(0, E), theirs = b.flat(DType::f32).slice(E, E);
+  std::vector<float> h(per_expert.begin(), per_expert.end());  // counts below 2^24: exact in f32
+  c.be.copy(mine, Tensor::flat(h.data(), DType::f32, E));
+  timed(c, [&] { comm.all_to_all(mine, theirs).wait(); });
+  c.be.copy(Tensor::flat(h.data(), DType::f32, E), theirs);
+  std::vector<int32_t> from(static_cast<size_t>(E));
+  for (int64_t i = 0; i < E; ++i)
+    from[i] = c.be.device() == Device::meta ? per_expert[static_cast<size_t>(me * El + i % El)]
+                                            : static_cast<int32_t>(h[i]);
+  return exchange_of(D, me, C, per_expert, std::move(from));
+}
+
+// rows [r0, r0 + n) of a (rows, cols) tensor
+Tensor rows(Tensor t, int64_t r0, int64_t n) {
+  const int64_t cols = t.dim(1), shape[] = {n, cols};
+  return t.slice(r0 * cols, n * cols).reshape(shape);
+}
+
+const int32_t* ints(Tensor t, int64_t at) { return static_cast<const int32_t*>(t.data()) + at; }
+
+// Rows moved by one all-to-all over the ep group: sent in `send`'s counts, received in `recv`'s.
+void exchange_rows(UnitContext& c, Tensor from, const std::vector<int64_t>& send, Tensor to,
+                   const std::vector<int64_t>& recv) {
+  timed(c, [&] { c.tp.ep_comm->all_to_all_v(from, send, to, recv).wait(); });
+}
+
+}  // namespace
+
+void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span<const int32_t> per_expert,
+                        const MoeWeights& w) {
+  const int64_t C = xs.dim(1), F = c.spec.moe.ffn_dim;
+  const Exchange x = plan(c, per_expert, C);
+  const int64_t R = x.R, Rs = std::max<int64_t>(R, 1), head = x.D * x.El;
+  // What backward needs of the exchange: the counts from each peer, and both reorderings.
+  Tensor ep_t = s.add(c.pool, "moe_ep", {head + 2 * R});
+  std::vector<int32_t> packed(x.from);
+  packed.insert(packed.end(), x.by_expert.begin(), x.by_expert.end());
+  packed.insert(packed.end(), x.by_peer.begin(), x.by_peer.end());
+  c.be.copy(ep_t, Tensor::flat(packed.data(), DType::f32, head + 2 * R));
+
+  Tensor xl = s.add(c.pool, "moe_xl", {Rs, C});
+  {
+    Block recv = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep tokens received");
+    exchange_rows(c, xs, x.send, rows(recv.view(DType::f32, {Rs, C}), 0, R), x.recv);
+    if (R > 0) ops::moe_gather(c.be, rows(xl, 0, R), recv.view(DType::f32, {Rs, C}), ints(ep_t, head));
+  }
+  Tensor gate_up = s.add(c.pool, "moe_gate_up", {Rs, 2 * F}), act = s.add(c.pool, "moe_act", {Rs, F});
+  Block yl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep expert outputs");
+  Tensor yl = yl_block.view(DType::f32, {Rs, C});
+  for (int64_t l = 0, r0 = 0; l < x.El; r0 += x.expert_rows[l], ++l)
+    if (const int64_t n = x.expert_rows[l]; n > 0)
+      linear_forward(c.be, rows(gate_up, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+  if (R > 0) ops::swiglu_forward(c.be, rows(act, 0, R), rows(gate_up, 0, R));
+  for (int64_t l = 0, r0 = 0; l < x.El; r0 += x.expert_rows[l], ++l)
+    if (const int64_t n = x.expert_rows[l]; n > 0) linear_forward(c.be, rows(yl, r0, n), rows(act, r0, n), w.down[l], n);
+  Block back = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep outputs returned");
+  Tensor yr = back.view(DType::f32, {Rs, C});
+  if (R > 0) ops::moe_gather(c.be, rows(yr, 0, R), yl, ints(ep_t, head + R));
+  yl_block.reset();
+  exchange_rows(c, rows(yr, 0, R), x.recv, y, x.send);
+}
+
+void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::span<const int32_t> per_expert,
+                         const MoeWeights& w, const MoeWeights& g) {
+  const int64_t C = dy.dim(1), F = c.spec.moe.ffn_dim, D = c.tp.ep_comm->world_size();
+  const int64_t El = static_cast<int64_t>(per_expert.size()) / D;
+  // The counts from each peer as forward received them (on meta, which kept no values: as forward assumed).
+  Tensor ep_t = s("moe_ep");
+  std::vector<int32_t> from(static_cast<size_t>(D * El), 0);
+  c.be.copy(Tensor::flat(from.data(), DType::f32, D * El), ep_t.slice(0, D * El));
+  if (c.be.device() == Device::meta)
+    for (int64_t i = 0; i < D * El; ++i) from[i] = per_expert[static_cast<size_t>(c.tp.ep_comm->rank() * El + i % El)];
+  const Exchange x = exchange_of(static_cast<int>(D), c.tp.ep_comm->rank(), C, per_expert, std::move(from));
+  const int64_t R = x.R, Rs = std::max<int64_t>(R, 1), head = D * El;
+  Tensor act = s("moe_act"), gate_up = s("moe_gate_up"), xl = s("moe_xl");
+
+  Block dyl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep backward dy");
+  Tensor dyl = dyl_block.view(DType::f32, {Rs, C});
+  {
+    Block recv = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep dy received");
+    exchange_rows(c, dy, x.send, rows(recv.view(DType::f32, {Rs, C}), 0, R), x.recv);
+    if (R > 0) ops::moe_gather(c.be, rows(dyl, 0, R), recv.view(DType::f32, {Rs, C}), ints(ep_t, head));
+  }
+  Block dact_block = c.pool.alloc(DType::f32, Rs * F, Category::workspace, "moe ep backward dact");
+  Tensor dact = dact_block.view(DType::f32, {Rs, F});
+  for (int64_t l = 0, r0 = 0; l < El; r0 += x.expert_rows[l], ++l)
+    if (const int64_t n = x.expert_rows[l]; n > 0)
+      linear_backward(c, rows(dact, r0, n), g.down[l], rows(dyl, r0, n), rows(act, r0, n), w.down[l], n);
+  dyl_block.reset();
+  Block dgu_block = c.pool.alloc(DType::f32, Rs * 2 * F, Category::workspace, "moe ep backward dgate_up");
+  Tensor dgu = dgu_block.view(DType::f32, {Rs, 2 * F});
+  if (R > 0) ops::swiglu_backward(c.be, rows(dgu, 0, R), rows(gate_up, 0, R), rows(dact, 0, R));
+  dact_block.reset();
+  Block dxl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep backward dx");
+  Tensor dxl = dxl_block.view(DType::f32, {Rs, C});
+  for (int64_t l = 0, r0 = 0; l < El; r0 += x.expert_rows[l], ++l)
+    if (const int64_t n = x.expert_rows[l]; n > 0)
+      linear_backward(c, rows(dxl, r0, n), g.gate_up[l], rows(dgu, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+  dgu_block.reset();
+  Block back = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep dx returned");
+  Tensor dxr = back.view(DType::f32, {Rs, C});
+  if (R > 0) ops::moe_gather(c.be, rows(dxr, 0, R), dxl, ints(ep_t, head + R));
+  dxl_block.reset();
+  exchange_rows(c, rows(dxr, 0, R), x.recv, dxs, x.send);
+}
+
+}  // namespace shardlab::blocks
