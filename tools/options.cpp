@@ -471,7 +471,10 @@ std::vector<StrategyKind> strategies_for(const std::string& list, const po::vari
     int degree;
     const char* flag;
     const char* what;
-  } axes[] = {{dims.pp, "pp", "pipeline"}, {dims.cp, "cp", "context parallelism"}, {dims.tp, "tp", "tensor parallelism"}};
+  } axes[] = {{dims.pp, "pp", "pipeline"},
+              {dims.cp, "cp", "context parallelism"},
+              {dims.ep, "ep", "expert parallelism"},
+              {dims.tp, "tp", "tensor parallelism"}};
   const auto used = std::find_if(std::begin(axes), std::end(axes), [](const auto& a) { return a.degree > 1; });
   if (used == std::end(axes) || std::find(kinds.begin(), kinds.end(), StrategyKind::dp) == kinds.end()) return kinds;
   const std::string axis = fmt::format("--{} {}", used->flag, used->degree);

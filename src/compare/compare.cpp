@@ -103,9 +103,10 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
   // The data-parallel axes move this rank's part of the model among its data-parallel group.
   double part = 0;
   for (const auto& u : trainer.units()) part += static_cast<double>(u->layout().numel);
-  // Under --cp the strategy's group holds the cp ranks too (dp x cp), and its shard group dp_shard x cp.
+  // Under --cp the strategy's group holds the cp ranks too (dp x cp), and its shard group dp_shard x cp;
+  // under --ep it leaves the ep ranks out (edp_cp: those holding the same experts).
   const int cp = tc.layout.dims.cp;
-  StepTraffic theory = traffic(kind, part, trainer.mesh().size(CommAxis::dp_cp), tc);
+  StepTraffic theory = traffic(kind, part, trainer.mesh().size(CommAxis::edp_cp), tc);
   // Under --pp ZeRO-3 keeps a stage's units gathered over the step: one gather of the parameters,
   // not one for the forward and one for the backward.
   if (tc.layout.dims.pp > 1 && kind == StrategyKind::zero3) theory.group_overlapped -= theory.p;
@@ -339,6 +340,10 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                "3Psi(N-1)/N for zero3 (measured is higher: the tied embedding is gathered once more\nfor the lm head), "
                "dp: broadcast + reduce of the parameters and gather + scatter of the logits. vs ddp / vs dp: change "
                "of the peak per rank\n(dp: its largest rank).\n");
+  if (const int ep = cfg.train.layout.dims.ep; ep > 1)
+    std::fprintf(out, "--ep %d: the theory is the strategy's traffic over the ranks holding the same experts; the "
+                 "measured bytes add the ep group's all-to-alls (they follow the routing) and the dense gradients' "
+                 "all-reduce over it.\n", ep);
   const bool quantized = std::any_of(res.runs.begin(), res.runs.end(), [](const auto& r) { return r.quantized; });
   std::fprintf(out, "%s\n", res.agree ? fmt::format("losses agree: every strategy within {:.0e} of {} at every step{}",
                                                        cfg.tolerance, res.runs.front().name,
