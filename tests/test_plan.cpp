@@ -462,3 +462,35 @@ TEST_CASE("plan: a zero-bubble schedule where the time model says it wins, its b
     CHECK(other.split.total - top.time.split.total == Approx(other.split.bubble - top.time.split.bubble).epsilon(1e-9));
   }
 }
+
+TEST_CASE("plan: expert parallelism is searched for a mixture of experts, its peak the trainer's prediction",
+          "[plan][ep]") {
+  PlanConfig pc = plan_for("qwen3-moe-small", 8, uint64_t{80} << 30, DType::f32);
+  pc.global_batch = 8;
+  PlanPins& p = pc.pins;
+  p.strategy = StrategyKind::zero3, p.offload = Offload::none, p.checkpointing = Checkpointing::none;
+  p.micro_batch = 1, p.sequence_parallel = false, p.pp = 1, p.tp = 1, p.cp = 1;
+  pc.exhaustive = true;
+  const PlanResult all = make_plan(pc);
+  std::vector<int> eps;
+  for (const PlanEntry& e : all.entries) {
+    REQUIRE(e.predicted);
+    const int ep = e.layout.dims.ep;
+    if (std::find(eps.begin(), eps.end(), ep) == eps.end()) eps.push_back(ep);
+    CHECK(e.peak == predict_step(e.config(pc), pc.world, 0, e.micro_batch).peak);
+    if (ep > 1) CHECK(e.label().find(fmt::format(" ep {}", ep)) != std::string::npos);
+  }
+  std::sort(eps.begin(), eps.end());
+  CHECK(eps == std::vector<int>{1, 2, 4, 8});  // the 16 experts over any part of the 8 ranks
+  // Pinned: that ep alone, and one the experts do not divide refused by name.
+  p.ep = 4;
+  for (const PlanEntry& e : make_plan(pc).entries) CHECK(e.layout.dims.ep == 4);
+  PlanConfig mixtral = plan_for("mixtral-tiny", 8, uint64_t{80} << 30, DType::f32);
+  mixtral.pins.ep = 3;
+  CHECK_THROWS_WITH(make_plan(mixtral), Catch::Contains("--ep 3"));
+  // A dense model has no experts to split: never searched.
+  PlanConfig dense = plan_for("llama-small", 8, uint64_t{80} << 30, DType::f32);
+  dense.pins = p;
+  dense.pins.ep.reset();
+  for (const PlanEntry& e : make_plan(dense).entries) CHECK(e.layout.dims.ep == 1);
+}

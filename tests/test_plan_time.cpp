@@ -269,3 +269,36 @@ TEST_CASE("plan time: calibrated rates run every GEMM at the whole step's rate a
   CHECK(p.split.optimizer == Approx(7).epsilon(1e-12));
   CHECK(p.split.total == Approx(12.76).epsilon(1e-12));
 }
+
+TEST_CASE("plan time: expert parallelism's all-to-alls and dense all-reduce, by hand", "[plan][ep]") {
+  // Mixtral shape, small: L=2 h=64 a=4 (g 2, d 16) s=32 V=100, 8 experts of width 32, top 2; b 1,
+  // B 8 over dp 8 (M 1); 1e12 FLOP/s, HBM 1e20, NVLink 1e9 and network 2e8 at half: 5e8 and 1e8 B/s;
+  // 8 ranks per node, so the ep group (E x cp x tp <= 8) is on NVLink.
+  ModelSpec m = model_preset("mixtral-tiny");
+  m.layers = 2, m.dim = 64, m.heads = 4, m.kv_heads = 2, m.seq = 32, m.vocab = 100, m.tied_head = false;
+  m.moe.experts = 8, m.moe.top_k = 2, m.moe.ffn_dim = 32;
+  const DeviceRates r = rates(1e12, 1e20, 1e9, 2e8, 8);
+  TimeLayout one, ep;
+  one.dp = ep.dp = 8, one.global_batch = ep.global_batch = 8;
+  one.dp_strategy = ep.dp_strategy = StrategyKind::zero3;
+  ep.ep = 4, ep.dp_shard = 2;  // ep 4 of the 8, zero3 over the other 2
+  const TimePrediction a = predict_step_time(m, one, r, halves(0));
+  const TimePrediction b = predict_step_time(m, ep, r, halves(0));
+  // Per layer four all-to-alls of (E-1)/E n k h x 2 bytes: 3/4 x 32 x 2 x 64 x 2 = 6144 B / 5e8 s.
+  // Dense parameters per rank: 2 layers x (64 x (4 + 4) x 16 + 64 x 64 + 8 x 64 router) + 2 x 100 x
+  // 64 (embedding, head) = 25600 + 12800 = 38400, sharded over S = 2 under zero3: all-reduced once,
+  // 2 (E-1)/E x 19200 x 2 bytes = 57600 B / 5e8 s.
+  const double dense = 2 * (64.0 * 8 * 16 + 64 * 64 + 8 * 64) + 2 * 100 * 64;
+  const double expect = 2 * 4 * 6144 / 5e8 + 2 * 0.75 * dense / 2 * 2 / 5e8;
+  CHECK(b.split.exposed_ep == Approx(expect).epsilon(1e-12));
+  CHECK(a.split.exposed_ep == 0);
+  // The same FLOPs in fewer, larger expert GEMMs (at a knee of 0 the same seconds).
+  CHECK(b.split.compute == Approx(a.split.compute).epsilon(1e-12));
+  CHECK(b.hardware_flops == a.hardware_flops);
+  // A rank updates its 2 of the 8 experts and the dense part, each over its shard group of 2:
+  // expert parameters 2 layers x 8 x 3 x 64 x 32 / 4 = 24576; (dense + experts) / 2 at the AdamW
+  // rate (36 bytes per parameter at half HBM).
+  CHECK(b.split.optimizer == Approx((dense + 24576) / 2 * 36 / 5e19).epsilon(1e-12));
+  ep.ep = 3;
+  CHECK_THROWS_WITH(predict_step_time(m, ep, r, halves(0)), Catch::Contains("ep 3"));
+}

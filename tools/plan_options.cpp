@@ -62,11 +62,10 @@ void set_pins(PlanPins& pins, const PlanFlags& f, const po::variables_map& vm) {
                 f.mesh.cp_balance);
   SHARD_REQUIRE(!given_flag(vm, "dp-replicate") || given_flag(vm, "dp-shard"),
                 "plan --dp-replicate without --dp-shard: pin the shard group with --dp-shard (the replicas follow)");
-  SHARD_REQUIRE(!given_flag(vm, "ep"), "plan --ep: the planner does not search expert parallelism yet (its time "
-                "model has no all-to-all); profile prices a layout with --ep");
   const MeshOptions& mesh = f.mesh;
   if (given_flag(vm, "tp")) pins.tp = mesh.dims.tp;
   if (given_flag(vm, "cp")) pins.cp = mesh.dims.cp;
+  if (given_flag(vm, "ep")) pins.ep = mesh.dims.ep;
   if (given_flag(vm, "pp")) pins.pp = mesh.dims.pp;
   if (given_flag(vm, "pp-virtual")) pins.pp_virtual = mesh.pp_virtual;
   if (given_flag(vm, "pp-schedule")) pins.schedule = parse_pp_schedule(mesh.pp_schedule);

@@ -93,7 +93,7 @@ class Searcher {
 
  private:
   const PlanConfig& c_;
-  std::map<std::tuple<int, int, int, std::string>, StageFacts> stages_;
+  std::map<std::tuple<int, int, int, int, std::string>, StageFacts> stages_;
 
   enum class Settled { fits, does_not_fit, not_runnable };
 
@@ -192,10 +192,12 @@ class Searcher {
           std::vector<int> groups = {dp};
           const int local = K / (t * cp);  // a node's share of the data-parallel ranks
           if (local > 1 && local < dp && dp % local == 0) groups.push_back(local);
-          if (p.dp_shard) {
-            SHARD_REQUIRE(dp % *p.dp_shard == 0, "--dp-shard {} does not divide the data-parallel degree {} (world {} / "
-                          "tp {} / pp {} / cp {})", *p.dp_shard, dp, N, t, pp, cp);
-            groups = {*p.dp_shard};
+          if (p.dp_shard) {  // train's --dp-shard: the shard group without ep's ranks
+            const int S = *p.dp_shard * p.ep.value_or(1);
+            SHARD_REQUIRE(dp % S == 0, "--dp-shard {}{} does not divide the data-parallel degree {} (world {} / "
+                          "tp {} / pp {} / cp {})", *p.dp_shard, p.ep ? fmt::format(" x --ep {}", *p.ep) : "", dp, N,
+                          t, pp, cp);
+            groups = {S};
           }
           std::vector<int64_t> mbs;
           for (int64_t mb = 1; mb <= B / dp; mb *= 2)
@@ -208,6 +210,7 @@ class Searcher {
           }
           for (auto [sched, v] : scheds)
             for (int S : groups)
+              for (int ep : ep_choices(S))
               for (bool sp : pinned_or<bool>(p.sequence_parallel, {false, true})) {
                 if (sp && t == 1) continue;
                 for (StrategyKind k : pinned_or<StrategyKind>(
@@ -220,7 +223,7 @@ class Searcher {
                         if (!pp_schedule_allows(sched, pp, v, accum)) continue;
                         PlanEntry e;
                         e.strategy = c_.train.strategy.under(k);
-                        e.layout.dims = ParallelDims{pp, dp / S, S, t, cp};
+                        e.layout.dims = ParallelDims{pp, dp / S, S / ep, t, cp, ep};
                         e.layout.cp.method = c_.train.layout.cp.method;
                         e.strategy.offload = off;
                         e.checkpointing = ck;
@@ -229,12 +232,30 @@ class Searcher {
                         e.layout.pipeline.virtual_stages = v;
                         e.micro_batch = mb;
                         e.accum = accum;
-                        add_entry(out, std::move(e), int64_t{S} * cp * t);
+                        // ZeRO++'s node groups are not tried with experts split over ranks.
+                        add_entry(out, std::move(e), ep > 1 ? 0 : int64_t{S} * cp * t);
                       }
               }
         }
     }
     return out;
+  }
+
+  // The expert-parallel degrees drawn from a shard group of S ranks: 1, and for a mixture of experts
+  // those dividing S and the experts; or the one pinned (none when it does not divide S).
+  std::vector<int> ep_choices(int S) const {
+    const ModelSpec& s = c_.train.spec;
+    if (const std::optional<int>& ep = c_.pins.ep) {
+      SHARD_REQUIRE(*ep == 1 || (s.moe.enabled() && s.moe.experts % *ep == 0),
+                    "--ep {}: {} has {} experts (expert parallelism needs a mixture of experts whose experts it "
+                    "divides)", *ep, s.name, s.moe.experts);
+      return S % *ep == 0 ? std::vector<int>{*ep} : std::vector<int>{};
+    }
+    std::vector<int> eps;
+    if (c_.pins.dp_shard) return {1};  // a pinned shard group is train's: ep given with it, or none
+    for (int e : divisors(S))
+      if (e == 1 || (s.moe.enabled() && s.moe.experts % e == 0)) eps.push_back(e);
+    return eps;
   }
 
   // The context-parallel degrees dividing n ranks: 1, and with the fused attention those up to 32
@@ -274,7 +295,7 @@ class Searcher {
   // Everything but the micro-batch (and the accumulation that follows from it).
   static std::string group_key(const PlanEntry& e) {
     const ParallelDims& d = e.layout.dims;
-    return fmt::format("{} {} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.cp, d.dp_shard, d.dp_replicate,
+    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {}", d.tp, d.pp, d.cp, d.ep, d.dp_shard, d.dp_replicate,
                        e.layout.pipeline.schedule.name(), e.layout.pipeline.virtual_stages,
                        int(e.layout.sequence_parallel), int(e.strategy.kind), int(e.strategy.offload),
                        int(e.checkpointing));
@@ -283,12 +304,13 @@ class Searcher {
   const StageFacts& stage_facts(const PlanEntry& e) {
     const ParallelDims& d = e.layout.dims;
     // The schedule places the chunks (zb-v in a V) and decides what a stage holds.
-    auto key = std::tuple{d.tp, d.pp, e.layout.pipeline.virtual_stages, std::string(e.layout.pipeline.schedule.name())};
+    auto key = std::tuple{d.tp, d.pp, d.ep, e.layout.pipeline.virtual_stages,
+                          std::string(e.layout.pipeline.schedule.name())};
     auto it = stages_.find(key);
     if (it != stages_.end()) return it->second;
     StageFacts f;
     const ModelSpec& s = c_.train.spec;
-    const std::vector<UnitLayout> units = family_of(s).layout(s, TpConfig{d.tp, 0, false});
+    const std::vector<UnitLayout> units = family_of(s).layout(s, TpConfig{d.tp, 0, false, d.ep, 0});
     if (d.pp == 1) {
       f.distinct = {0};
       f.max_params = double(num_params(units));
@@ -392,12 +414,12 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
                res.ruled_by_states, res.ruled_by_micro_batch, res.not_runnable, res.seconds, fitting);
   std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s\n", "#", "layout", "ckpt",
                "mb x acc", "peak (stage)", "host peak", "step ms", "tokens/s", "TFLOP/s", "MFU",
-               "compute/recomp/tp+cp/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");
+               "compute/recomp/tp+cp+ep/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");
   auto line = [&](size_t i, const PlanEntry& e) {
     const TimeSplit& s = e.time.split;
     auto pct = [&](double x) { return s.total > 0 ? 100 * x / s.total : 0.0; };
     const std::string split = fmt::format("{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}", pct(s.compute),
-                                          pct(s.recompute), pct(s.exposed_tp + s.exposed_cp), pct(s.exposed_dp), pct(s.bubble),
+                                          pct(s.recompute), pct(s.exposed_tp + s.exposed_cp + s.exposed_ep), pct(s.exposed_dp), pct(s.bubble),
                                           pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
     std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.3g %4.0f%%  %-38s %9s %10s%s\n", i + 1,
                  e.label().c_str(), checkpointing_name(e.checkpointing), mb_text(e).c_str(), e.peak_text().c_str(),

@@ -47,7 +47,7 @@ struct PlanRates {
 
 // The dimensions a flag pins; unset = searched.
 struct PlanPins {
-  std::optional<int> tp, pp, pp_virtual, dp_shard, cp;
+  std::optional<int> tp, pp, pp_virtual, dp_shard, cp, ep;
   std::optional<PpSchedule> schedule;
   std::optional<bool> sequence_parallel;
   std::optional<StrategyKind> strategy;

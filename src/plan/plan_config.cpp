@@ -61,6 +61,7 @@ TimeLayout PlanEntry::time_layout(const PlanConfig& p) const {
   l.dp = layout.dims.dp();
   l.dp_shard = layout.dims.dp_shard;
   l.cp = layout.dims.cp;
+  l.ep = layout.dims.ep;
   l.cp_method = layout.cp.method;
   l.schedule = layout.pipeline.schedule;
   l.micro_batch = micro_batch;
@@ -89,6 +90,7 @@ std::string PlanEntry::label() const {
   std::string s = fmt::format("tp {}{} pp {}", d.tp, layout.sequence_parallel ? "+sp" : "", d.pp);
   if (d.pp > 1) s += fmt::format(" {}", layout.pipeline.schedule->label(layout.pipeline.virtual_stages));
   if (d.cp > 1) s += fmt::format(" cp {}{}", d.cp, layout.cp.method == CpMethod::ring ? " ring" : "");
+  if (d.ep > 1) s += fmt::format(" ep {}", d.ep);
   s += fmt::format(" dp {} {}", d.dp(), strategy_name(strategy.kind));
   if (d.dp_replicate > 1) s += fmt::format(" S={}", d.dp_shard);
   if (strategy.offload != Offload::none) s += fmt::format(" off:{}", offload_name(strategy.offload));

@@ -74,6 +74,10 @@ void TimeLayout::validate(const ModelSpec& m) const {
   SHARD_REQUIRE(dp_strategy != StrategyKind::dp, "the time model covers ddp and zero1-3, not dp (rank 0's copy)");
   SHARD_REQUIRE(dp_shard >= 0 && (dp_shard == 0 || dp % dp_shard == 0), "dp shard group {} does not divide dp {}",
                 dp_shard, dp);
+  SHARD_REQUIRE(ep >= 1 && dp % ep == 0 && (dp_shard == 0 || (dp / ep) % dp_shard == 0),
+                "ep {} with dp {} and shard group {}: ep must divide dp, and the shard group dp / ep", ep, dp, dp_shard);
+  SHARD_REQUIRE(ep == 1 || (m.moe.enabled() && m.moe.experts % ep == 0), "ep {} must divide the experts ({}) of {}",
+                ep, m.moe.experts, m.name);
   SHARD_REQUIRE(offload == Offload::none || zero_stage(dp_strategy) > 0, "offload {} needs a ZeRO strategy, not {}",
                 offload_name(offload), strategy_name(dp_strategy));
   SHARD_REQUIRE(dp_overlap >= 0 && dp_overlap <= 1, "dp overlap {}: expected 0 to 1", dp_overlap);
@@ -106,7 +110,7 @@ struct LayerGemms {
   std::vector<Gemm> dense, core;
 };
 
-LayerGemms layer_gemms(const ModelSpec& m, double b, double t, double cp = 1) {
+LayerGemms layer_gemms(const ModelSpec& m, double b, double t, double cp = 1, double ep = 1) {
   const double s = double(m.seq), h = double(m.dim), a = double(m.heads), g = double(m.num_kv_heads());
   const double d = double(m.head_size()), f = double(m.ffn_hidden());
   const double n = b * s / cp, q = s / cp;  // cp: the rank's rows
@@ -114,8 +118,9 @@ LayerGemms layer_gemms(const ModelSpec& m, double b, double t, double cp = 1) {
   LayerGemms l;
   l.dense = {{n, (a + 2 * g) * d / t, h}, {n, h, a * d / t}};
   if (m.moe.enabled()) {  // the router, then each expert's pair over its share of the n k slots (balanced)
-    const double E = double(m.moe.experts), rows = n * double(m.moe.top_k) / E, fe = double(m.moe.ffn_dim);
-    l.dense.insert(l.dense.end(), {{n, E, h}, {rows, up * fe, h, E}, {rows, h, fe, E}});
+    // Under ep the rank's X / ep experts take every ep rank's share: ep times the rows each.
+    const double E = double(m.moe.experts), rows = n * double(m.moe.top_k) / E * ep, fe = double(m.moe.ffn_dim);
+    l.dense.insert(l.dense.end(), {{n, E, h}, {rows, up * fe, h, E / ep}, {rows, h, fe, E / ep}});
   } else {
     l.dense.insert(l.dense.end(), {{n, up * f / t, h}, {n, h, f / t}});
   }
@@ -142,12 +147,18 @@ double memory_rate(const DeviceRates& r, const Achievable& a) {
   return a.whole_step ? std::numeric_limits<double>::infinity() : r.hbm.value * a.memory;
 }
 
+// The ep group's link: its ranks are cp x tp apart (ep x cp x tp consecutive ranks).
+double ep_link(const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
+  return int64_t{l.ep} * l.cp * l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+}
+
 // One layer on one TP rank for one micro-batch, in seconds.
 struct LayerTime {
   double fwd = 0, bwd = 0;     // everything but the attention core
   double core_fwd = 0, core_bwd = 0;
   double tp_collective = 0;    // one all-reduce (or reduce-scatter + all-gather) of n h
   double cp_fwd = 0, cp_bwd = 0;  // the cp group's exposed exchanges (plan_time.hpp)
+  double ep_exchange = 0;         // one of the ep group's row all-to-alls (plan_time.hpp)
 };
 
 LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
@@ -158,7 +169,7 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   const double hd = double(m.head_size());
   const LayerCosts c = family_of(m).layer_costs();
   const double mem = memory_rate(r, a), act = l.act_bytes;
-  const LayerGemms gs = layer_gemms(m, b, t, C);
+  const LayerGemms gs = layer_gemms(m, b, t, C, l.ep);
   LayerTime lt;
   // Element accesses (plan_time.hpp): per token x hidden, per token x MLP, RoPE, per score.
   const double rows = l.sequence_parallel ? n / t : n;
@@ -182,6 +193,10 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
     const double link = l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
     lt.tp_collective = 2 * (t - 1) / t * n * h * act / link;
   }
+  if (l.ep > 1) {
+    const double link = ep_link(l, r, a), E = l.ep;
+    lt.ep_exchange = (E - 1) / E * n * double(m.moe.top_k) * h * act / link;
+  }
   if (l.cp > 1) {
     const double link = int64_t{l.cp} * l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
     const double G = b * s * 2 * (g / t) * hd * act;  // the group's K/V rows
@@ -199,10 +214,11 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
 
 // One stage's parts for one micro-batch.
 struct StageTime {
-  double compute = 0, recompute = 0, tp = 0, cp = 0;
+  double compute = 0, recompute = 0, tp = 0, cp = 0, ep = 0;
   double backward = 0;  // its backward (and recomputation): the window DP reductions hide in
   double params = 0;    // parameters on one rank of the stage
-  double total() const { return compute + recompute + tp + cp; }
+  double expert_params = 0;  // of them, its experts'
+  double total() const { return compute + recompute + tp + cp + ep; }
 };
 
 StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a,
@@ -220,12 +236,14 @@ StageTime stage_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
   if (l.recompute == Checkpointing::attention) st.recompute = layers * lt.core_fwd;
   st.tp = layers * lt.tp_collective * (l.recompute == Checkpointing::blocks ? 6 : 4);
   st.cp = layers * (lt.cp_fwd * (l.recompute == Checkpointing::blocks ? 2 : 1) + lt.cp_bwd);
+  st.ep = layers * lt.ep_exchange * (l.recompute == Checkpointing::blocks ? 6 : 4);
   st.backward = (lt.bwd + lt.core_bwd) * layers + st.recompute;
-  const double mlp_params = m.moe.enabled()
-                                ? double(m.moe.experts) * (h + (c.mlp_in_products + 1) * h * double(m.moe.ffn_dim))
-                                : (c.mlp_in_products + 1) * h * f;
+  // A mixture of experts: the router and the rank's experts (X / ep of them).
+  const double expert = (c.mlp_in_products + 1) * h * double(m.moe.ffn_dim) * double(m.moe.experts) / l.ep;
+  const double mlp_params = m.moe.enabled() ? double(m.moe.experts) * h + expert : (c.mlp_in_products + 1) * h * f;
   const double layer_params = h * (heads + 2 * g) * d + h * heads * d + mlp_params;
   st.params = layers * layer_params / t;
+  st.expert_params = m.moe.enabled() ? layers * expert / t : 0;
   const double mem = memory_rate(r, a);
   if (first) {  // the embedding lookup (and a position table) and its vocab-parallel all-reduce
     st.compute += n * h * c.embed_accesses * l.act_bytes / mem;
@@ -285,6 +303,7 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   sp.recompute = M * st.recompute;
   sp.exposed_tp = M * st.tp;
   sp.exposed_cp = M * st.cp;
+  sp.exposed_ep = M * st.ep;
   out.stage_s = st.total();
   sp.bubble = l.schedule->bubble_stages(p, v, M) * out.stage_s;
   if (l.pp > 1) {
@@ -295,8 +314,13 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
     sp.pp_p2p = M * v * 2 * bytes / link;
   }
   // Data parallelism: step_traffic's volumes of the largest stage's parameters on one rank.
-  // Under cp the gradients reduce over dp x cp ranks and ZeRO shards over S x cp.
-  const int S = (l.dp_shard > 0 ? l.dp_shard : l.dp) * l.cp, D = l.dp * l.cp;
+  // Under cp the gradients reduce over dp x cp ranks and ZeRO shards over S x cp; under ep the
+  // strategy's group leaves the ep ranks out.
+  const int S = (l.dp_shard > 0 ? l.dp_shard : l.dp / l.ep) * l.cp, D = l.dp / l.ep * l.cp;
+  if (l.ep > 1) {  // the dense gradients' all-reduce over the ep group, once per step
+    const double dense = (st.params - st.expert_params) / (zero_stage(l.dp_strategy) > 0 ? S : 1);
+    sp.exposed_ep += 2.0 * (l.ep - 1) / l.ep * dense * l.grad_bytes / ep_link(l, r, a);
+  }
   const StepTraffic tr = step_traffic(
       l.dp_strategy, TrafficInputs{st.params, D, S, l.param_bytes == 2 ? DType::bf16 : DType::f32,
                                    l.grad_bytes == 2 ? DType::bf16 : DType::f32});
@@ -326,8 +350,8 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
     sp.optimizer = r.adamw.value > 0 ? updated / r.adamw.value
                                      : updated * l.optimizer_bytes / (r.hbm.value * a.memory);
   }
-  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.exposed_cp + sp.bubble + sp.pp_p2p + sp.exposed_dp +
-             sp.offload + sp.optimizer;
+  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.exposed_cp + sp.exposed_ep + sp.bubble + sp.pp_p2p +
+             sp.exposed_dp + sp.offload + sp.optimizer;
   const double devices = double(l.tp) * l.pp * l.dp * l.cp;
   out.tokens_per_s = double(l.global_batch * m.seq) / sp.total;
   out.hardware_flops = megatron_flops(m, l.global_batch, l.recompute);

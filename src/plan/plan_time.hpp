@@ -64,8 +64,15 @@
 //   forward and backward) and the reduce-scatter (the same); ring hides its C - 1 K/V hops of G / C
 //   behind the attention core (forward and backward) and exposes the C hops of dK/dV. Gradients
 //   reduce over dp x C ranks, ZeRO shards over S x C; pipeline messages carry b s h / C.
-// total = compute + recompute + exposed_tp + exposed_cp + bubble + pp_p2p + exposed_dp + offload +
-//   optimizer.
+// Expert parallelism (ep E, part of dp, between dp_shard and cp in rank order; a mixture of experts):
+//   each rank holds X / E of the X experts, each over E x (its share of the n k slots) rows (balanced
+//   routing); per layer and micro-batch four all-to-alls of (E - 1) / E x n k h act bytes (dispatch
+//   and combine, forward and backward; two more under full recomputation), exposed, over the
+//   intra-node link when E x cp x t ranks fit a node. The strategy reduces over dp / E x cp ranks and
+//   ZeRO shards over S x cp (S the shard group without ep); the dense gradients are all-reduced over
+//   the ep group once per step (2 (E - 1) / E of the rank's dense share), exposed.
+// total = compute + recompute + exposed_tp + exposed_cp + exposed_ep + bubble + pp_p2p + exposed_dp +
+//   offload + optimizer.
 //
 // FLOPs as Megatron counts them (Narayanan et al. 2021, eq. 3, GPT): every GEMM's 2 m n k, the
 // attention's full s x s, the layers 4 passes under full recomputation (forward, recompute,
@@ -122,6 +129,7 @@ struct Achievable {
 struct TimeLayout {
   int tp = 1, pp = 1, virtual_stages = 1, dp = 1;
   int cp = 1;  // context-parallel ranks (each sequence split over them); dp counts sequences' ranks only
+  int ep = 1;  // expert-parallel ranks, part of dp (a mixture of experts' experts split over them)
   CpMethod cp_method = CpMethod::allgather;
   PpSchedule schedule;  // the default unless given
   int64_t micro_batch = 1;   // b
@@ -149,6 +157,7 @@ struct TimeSplit {
   double compute = 0, recompute = 0, exposed_tp = 0, exposed_dp = 0, bubble = 0, pp_p2p = 0, offload = 0,
          optimizer = 0, total = 0;
   double exposed_cp = 0;
+  double exposed_ep = 0;  // the ep group's all-to-alls and its all-reduce of the dense gradients
 };
 
 struct TimePrediction {

@@ -10,9 +10,13 @@ namespace shardlab {
 namespace {
 
 nlohmann::json split_json(const TimeSplit& s) {
-  return {{"compute_ms", s.compute * 1e3},   {"recompute_ms", s.recompute * 1e3}, {"exposed_tp_ms", s.exposed_tp * 1e3},
-          {"exposed_dp_ms", s.exposed_dp * 1e3}, {"bubble_ms", s.bubble * 1e3},   {"pp_p2p_ms", s.pp_p2p * 1e3},
-          {"offload_ms", s.offload * 1e3},   {"optimizer_ms", s.optimizer * 1e3}, {"exposed_cp_ms", s.exposed_cp * 1e3}};
+  nlohmann::json j = {{"compute_ms", s.compute * 1e3},   {"recompute_ms", s.recompute * 1e3},
+                      {"exposed_tp_ms", s.exposed_tp * 1e3}, {"exposed_dp_ms", s.exposed_dp * 1e3},
+                      {"bubble_ms", s.bubble * 1e3},     {"pp_p2p_ms", s.pp_p2p * 1e3},
+                      {"offload_ms", s.offload * 1e3},   {"optimizer_ms", s.optimizer * 1e3},
+                      {"exposed_cp_ms", s.exposed_cp * 1e3}};
+  if (s.exposed_ep > 0) j["exposed_ep_ms"] = s.exposed_ep * 1e3;  // --ep's all-to-alls (a mixture of experts)
+  return j;
 }
 
 nlohmann::json rate_json(const Rate& r) { return {{"value", r.value}, {"from", r.from}}; }
@@ -102,6 +106,7 @@ std::string plan_html(const PlanConfig& c, const PlanResult& res) {
   };
   static const Part parts[] = {{"compute", "#4e79a7", &TimeSplit::compute},   {"recompute", "#a0cbe8", &TimeSplit::recompute},
                                {"exposed TP", "#f28e2b", &TimeSplit::exposed_tp}, {"exposed CP", "#ff9da7", &TimeSplit::exposed_cp},
+                               {"exposed EP", "#9c755f", &TimeSplit::exposed_ep},
                                {"exposed DP", "#e15759", &TimeSplit::exposed_dp},
                                {"bubble", "#bab0ac", &TimeSplit::bubble},     {"PP sends", "#59a14f", &TimeSplit::pp_p2p},
                                {"offload", "#b07aa1", &TimeSplit::offload},   {"optimizer", "#edc948", &TimeSplit::optimizer}};
