@@ -85,16 +85,19 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
                 "--batch {} is not divisible by {} data-parallel ranks x --accum {}: every rank needs whole "
                 "micro-batches",
                 batch, dp, micro_batches);
-  // A mixture of experts: pipeline stages passing the balancing statistics on are not written yet.
-  // Expert parallelism splits the experts over data-parallel ranks (parallel/ep.hpp); tensor
-  // parallelism replicates them in its group; context
-  // parallelism composes as it is (routing is per token; the statistics add up over dp x cp as the
-  // gradients do). With pipelines, mind the zero-bubble split backward: its W pass holds operands by
-  // their blocks, and blocks/moe.cpp's expert slices start where the routing puts them (the meta
-  // backend's balanced routing would predict other copies).
-  SHARD_REQUIRE(!spec.moe.enabled() || d.pp == 1,
-                "{} is a mixture of experts: --pp {} with experts is not written yet (give --pp 1; data, tensor "
-                "and context parallelism compose)", spec.name, d.pp);
+  // A mixture of experts: expert parallelism splits the experts over data-parallel ranks
+  // (parallel/ep.hpp); tensor parallelism replicates them in its group; context parallelism
+  // composes as it is (routing is per token; the statistics add up over dp x cp as the gradients
+  // do); pipeline stages pass the balancing statistics on behind their messages (executor.cpp).
+  // Not yet: expert parallelism under a pipeline (the tied group and the ep group's dense
+  // gradients would both sum the embedding's), and the zero-bubble split backward, whose W pass
+  // holds operands by their blocks while blocks/moe.cpp's expert slices start where the routing
+  // puts them (the meta backend's balanced routing would predict other copies).
+  SHARD_REQUIRE(!spec.moe.enabled() || d.pp == 1 || (d.ep == 1 && !pipeline.schedule->splits_backward),
+                "{} is a mixture of experts: --pp {}{} is not written yet (experts run pipelined under gpipe, 1f1b "
+                "and interleaved-1f1b, without --ep)", spec.name, d.pp,
+                d.ep > 1 ? fmt::format(" with --ep {}", d.ep)
+                         : fmt::format(" with --pp-schedule {}", pipeline.schedule.name()));
   if (d.ep > 1) family_of(spec).layout(spec, tp(0));  // the experts against --ep (the family's checks)
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");

@@ -177,8 +177,10 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
     if (cfg_.layout.pipeline.align_steps) mesh_.comm(CommAxis::pp).barrier().wait();
     PipelineRun run = pipeline_run();
     run.timing = timing;
-    return run_pipeline(run, units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale, cfg_.checkpointing, tp_)
-        .loss_sum;
+    const RunResult r =
+        run_pipeline(run, units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale, cfg_.checkpointing, tp_);
+    add_moe(r);  // the last chunk's rank's (every micro-batch's)
+    return r.loss_sum;
   }
   double loss_sum = 0;
   for (int64_t k = 0; k < cfg_.micro_batches; ++k) {
@@ -187,11 +189,15 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
     const RunResult r =
         run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing, tp_);
     loss_sum += r.loss_sum;
-    moe_.aux_sum += r.aux_sum, moe_.dropped += r.dropped;
-    if (moe_.counts.size() < r.expert_counts.size()) moe_.counts.resize(r.expert_counts.size(), 0.0);
-    for (size_t e = 0; e < r.expert_counts.size(); ++e) moe_.counts[e] += r.expert_counts[e];
+    add_moe(r);
   }
   return loss_sum;
+}
+
+void ParallelModel::add_moe(const RunResult& r) {
+  moe_.aux_sum += r.aux_sum, moe_.dropped += r.dropped;
+  if (moe_.counts.size() < r.expert_counts.size()) moe_.counts.resize(r.expert_counts.size(), 0.0);
+  for (size_t e = 0; e < r.expert_counts.size(); ++e) moe_.counts[e] += r.expert_counts[e];
 }
 
 ParallelModel::MoeStep ParallelModel::take_moe() {
@@ -200,6 +206,14 @@ ParallelModel::MoeStep ParallelModel::take_moe() {
   float aux = static_cast<float>(m.aux_sum);
   mesh_.dp_cp().all_reduce(std::span<float>(&aux, 1)).wait();
   m.aux_sum = aux;
+  if (pipelined()) {  // the last chunk's stage has them: every stage gets them (zeros elsewhere)
+    std::vector<float> v = {static_cast<float>(m.aux_sum), static_cast<float>(m.dropped)};
+    m.counts.resize(static_cast<size_t>(cfg_.spec.moe.experts), 0.0);
+    v.insert(v.end(), m.counts.begin(), m.counts.end());
+    mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(v)).wait();
+    m.aux_sum = v[0], m.dropped = v[1];
+    for (size_t e = 0; e < m.counts.size(); ++e) m.counts[e] = v[e + 2];
+  }
   return m;
 }
 

@@ -84,6 +84,7 @@ class ParallelModel {
  private:
   void take_stage_units();
   void sum_dense_grads_over_ep();
+  void add_moe(const RunResult& r);  // a micro-step's (or a pipelined step's) MoE statistics into moe_
   PipelineRun pipeline_run(int64_t B = 0, int64_t T = 0);
   std::vector<Batch> stage_batches(const BatchFill& fill);  // every micro-batch of this rank
   Batch micro_step(const BatchFill& fill, int64_t k);       // micro-step k of every rank, this rank's Batch

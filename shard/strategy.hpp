@@ -218,8 +218,8 @@ class Strategy : public UnitHooks {
   // forward to its last backward of the step: one all-gather per unit and step (torchtitan's
   // reshard_after_forward=False under PP).
   bool pipelined() const { return env_.mesh.dims().pp > 1; }
-  // Views of the elements of tensors replicated over the tensor-parallel group inside `owned`,
-  // which holds unit u's flat elements from `begin` on (none at tensor-parallel degree 1).
+  // Views of the elements of the tensors `pick` selects inside `owned`, which holds unit u's flat
+  // elements from `begin` on.
   std::vector<Tensor> part_of(size_t u, Tensor owned, int64_t begin, TensorPick pick) const;
   size_t num_units() const { return env_.units.size(); }
   bool mixed() const { return mp_.mixed(); }

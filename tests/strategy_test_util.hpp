@@ -136,6 +136,7 @@ inline void check_measured_is_predicted(const TrainConfig& base, const std::stri
 // data-parallel group) with their layouts (the stage's units, the tensor-parallel part, tied copies).
 struct PartsRun {
   std::vector<float> losses;
+  std::vector<float> aux;  // a mixture of experts' auxiliary loss, each step
   std::vector<std::vector<float>> params;
   std::vector<UnitLayout> layouts;
   int tp = 1, tp_rank = 0;
@@ -150,7 +151,11 @@ inline PartsRun train_parts(const TrainConfig& cfg) {
   c.comm = test::test_comm();
   Trainer t(*be, pool, *comm, c);
   PartsRun out;
-  for (int64_t s = 0; s < c.steps; ++s) out.losses.push_back(t.step(s).loss);
+  for (int64_t s = 0; s < c.steps; ++s) {
+    const StepStats st = t.step(s);
+    out.losses.push_back(st.loss);
+    if (st.aux_loss) out.aux.push_back(*st.aux_loss);
+  }
   for (size_t u = 0; u < t.units().size(); ++u) {
     out.params.push_back(t.strategy().gather_unit_params(u));
     out.layouts.push_back(t.units()[u]->layout());

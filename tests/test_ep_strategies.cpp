@@ -202,25 +202,8 @@ TEST_CASE("EP: models trained at ep 2 and ep 4 equal single-rank training", "[ep
     cfg.layout.dims.dp_replicate = l.dp_replicate;
     const std::string what = fmt::format("{} {} ep {} tp {}{}", l.preset, strategy_name(l.kind), l.ep, l.tp,
                                          l.dp_replicate > 1 ? " hybrid" : "");
-    // This rank's run: losses, auxiliary losses, and its units' parameters with their layouts.
-    auto be = test::test_backend();
-    Pool pool(*be);
-    auto comm = test::test_communicator(pool);
-    TrainConfig c = cfg;
-    c.comm = test::test_comm();
-    Trainer t(*be, pool, *comm, c);
-    PartsRun got;
-    std::vector<float> aux;
-    for (int64_t s = 0; s < c.steps; ++s) {
-      const StepStats st = t.step(s);
-      got.losses.push_back(st.loss);
-      aux.push_back(st.aux_loss.value_or(-1.f));
-    }
-    for (size_t u = 0; u < t.units().size(); ++u) {
-      got.params.push_back(t.strategy().gather_unit_params(u));
-      got.layouts.push_back(t.units()[u]->layout());
-    }
-    got.tp = t.mesh().size(CommAxis::tp), got.tp_rank = t.mesh().rank(CommAxis::tp);
+    const PartsRun got = train_parts(cfg);  // this rank's losses, auxiliary losses and parameters
+    const std::vector<float>& aux = got.aux;
     TrainConfig whole = cfg;  // one rank holding every expert
     whole.layout.dims = ParallelDims{};
     const RunOut want = reference(whole);
@@ -243,8 +226,10 @@ TEST_CASE("EP: models trained at ep 2 and ep 4 equal single-rank training", "[ep
     TrainConfig p = cfg;
     p.record_step = true;
     p.comm = test::test_comm();
-    Pool own(*be);  // the run above still holds its states in `pool`
-    Trainer m(*be, own, *comm, p);
+    auto be = test::test_backend();
+    Pool pool(*be);
+    auto comm = test::test_communicator(pool);
+    Trainer m(*be, pool, *comm, p);
     m.step(0);
     const Estimate e = predict_step(p, N, g_mpi->rank(), p.batch / p.layout.dims.resolved(N).dp() / p.accum);
     CHECK(m.measured_step().model_states == e.model_states);

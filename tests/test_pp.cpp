@@ -105,6 +105,37 @@ TEST_CASE("Llama: pipeline parallelism matches single-rank training", "[pp][llam
   for (const Layout& l : layouts(g_mpi->world())) check_pp_parity(pp_config(llama_spec(), l));
 }
 
+// A mixture of experts pipelined: the balancing statistics travel behind the activations to the last
+// chunk and back behind the gradients, so the auxiliary loss is the whole model's and every stage's
+// routers get its gradient. Qwen3-MoE's and Mixtral's 4 units over 2 and 4 stages, interleaved,
+// and with tp 2: cross-entropy and auxiliary loss against one rank's (the same micro-batches).
+TEST_CASE("Mixture of experts: pipeline parallelism matches single-rank training, auxiliary loss included",
+          "[pp][moe]") {
+  struct MoeLayout {
+    const char* preset;
+    Layout l;
+  };
+  std::vector<MoeLayout> runs;
+  if (g_mpi->world() == 2)
+    runs = {{"qwen3-moe-tiny", {2, one_f_one_b, 2}}, {"mixtral-tiny", {2, gpipe, 4}},
+            {"qwen3-moe-tiny", {2, interleaved, 2, StrategyKind::zero3, 1, 2}}};
+  if (g_mpi->world() == 4)
+    runs = {{"qwen3-moe-tiny", {4, one_f_one_b, 4}}, {"mixtral-tiny", {2, one_f_one_b, 2, StrategyKind::ddp, 2}}};
+  for (const MoeLayout& r : runs) {
+    ModelSpec spec = model_preset(r.preset);
+    spec.moe.aux_coef = 0.05;  // large enough to move the routers within the run
+    const TrainConfig cfg = pp_config(spec, r.l);
+    check_pp_parity(cfg);
+    const PartsRun got = train_parts(cfg);
+    const RunOut want = reference(whole_model(cfg));
+    REQUIRE(got.aux.size() == want.aux.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.aux.size(); ++i) worst = std::max(worst, double(std::fabs(got.aux[i] - want.aux[i]) / want.aux[i]));
+    INFO(label(cfg) << ": auxiliary loss within " << worst);
+    CHECK(worst <= 1e-5);
+  }
+}
+
 // Four micro-batches per step (gradients accumulated over them on every stage) and 1f1b with fewer
 // micro-batches than stages (it runs, warned about in the train header: gpipe's memory).
 TEST_CASE("pipeline parallelism: accumulation over 4 micro-batches, and 1f1b with M < P", "[pp][accum]") {

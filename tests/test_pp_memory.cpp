@@ -57,6 +57,11 @@ TEST_CASE("pipeline: every stage's step memory is predicted to the byte, each sc
         check_measured_is_predicted(cfg, fmt::format("pp {} x dp {} {} {} {}", l.pp, N / l.pp, strategy_name(l.kind),
                                                      s.name(), dtype_name(dt)));
       }
+  // A mixture of experts: the messages carry the balancing statistics behind them.
+  TrainConfig moe = pp_config(StrategyKind::ddp, N, 2, one_f_one_b, 4);
+  moe.spec = model_preset("qwen3-moe-tiny");
+  moe.steps = 2;
+  check_measured_is_predicted(moe, fmt::format("qwen3-moe pp 2 x dp {} 1f1b", N / 2));
   // Interleaved 1F1B and ZB-V: tiny's 4 units as 2 chunks on each of 2 stages (V 2; interleaved:
   // M a multiple of P; zb-v: in a V, the embedding and the head on rank 0).
   for (StrategyKind k : N == 4 ? std::vector<StrategyKind>{StrategyKind::ddp, StrategyKind::zero3}

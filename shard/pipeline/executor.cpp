@@ -4,10 +4,12 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "src/comm/communicator.hpp"
 #include "src/model/blocks/loss_head.hpp"
+#include "src/model/blocks/moe.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab {
@@ -22,9 +24,10 @@ class Executor {
  public:
   Executor(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
            Backend& be, Pool& pool, UnitHooks& hooks, const TpContext& tp,
-           const std::vector<std::vector<PipeAction>>& lists)
+           const std::vector<std::vector<PipeAction>>& lists, bool train)
       : run_(run), split_(run.split), units_(units), spec_(spec), be_(be), pool_(pool), hooks_(hooks),
-        tp_(tp), last_chunk_(run.split.chunks() - 1) {
+        tp_(tp), last_chunk_(run.split.chunks() - 1),
+        moe_extra_(train && spec.moe.enabled() ? 2 * spec.moe.experts + 2 : 0) {
     int local = 0;
     for (int c : split_.chunks_of(run.rank)) {
       local_begin_[c] = local;
@@ -49,9 +52,14 @@ class Executor {
     f.outs.resize(static_cast<size_t>(n));
     f.saved.resize(static_cast<size_t>(n));
     Tensor in;
+    // A mixture of experts in training: the balancing statistics of the chunks before this one
+    // arrive with its input (every layer's forward adds to them; the last chunk has the whole model's).
+    std::optional<MoeBalance> moe;
+    if (moe_extra_) ctx.moe = &moe.emplace(spec_.moe.experts);
     if (a.chunk > 0) {
       f.input = take(a);
-      in = f.input.flat(DType::f32);
+      in = f.input.flat(DType::f32).slice(0, run_.input_elems.at(static_cast<size_t>(a.chunk)));
+      if (moe) read_moe(f.input, in.numel(), *moe);
     }
     const Batch& b = ctx.batch;
     for (int k = 0; k < n; ++k) {
@@ -71,11 +79,12 @@ class Executor {
         logits_out_->resize(static_cast<size_t>(logits.numel()));
         be_.copy(Tensor::of(std::span<float>(*logits_out_)), logits);
       }
+      if (moe) finish_moe(*moe, N, f);
       loss_sum_ += head_loss(hooks_, be_, pool_, tp_, spec_, logits, b, dlogit_scale_, train);
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
     } else {
-      pass_on({PipeAction::forward, a.chunk + 1, a.micro}, std::move(last));
+      pass_on({PipeAction::forward, a.chunk + 1, a.micro}, moe ? with_moe(std::move(last), *moe) : std::move(last));
       if (!train) flights_.erase({a.chunk, a.micro});
     }
     pool_.ledger().set_phase({});
@@ -94,25 +103,37 @@ class Executor {
       for (int k = 0; k < n; ++k) held.emplace_back(units_[static_cast<size_t>(first + k)]->name());
     Block dnext;
     Tensor dout;
+    // A mixture of experts: the whole model's balancing statistics of this micro-batch, finished
+    // by the last chunk and passed back with the gradients.
+    std::optional<MoeBalance> moe = std::move(f.moe);
     if (a.chunk == last_chunk_) {
       dout = f.outs.back().flat(DType::f32);  // the loss left d(loss)/d(logits) there
     } else {
       dnext = take(a);
-      dout = dnext.flat(DType::f32);
+      dout = dnext.flat(DType::f32).slice(0, run_.input_elems.at(static_cast<size_t>(a.chunk) + 1));
+      if (moe_extra_) {
+        read_moe(dnext, dout.numel(), moe.emplace(spec_.moe.experts));
+        moe->finish(spec_.moe.aux_coef, moe_weight(*moe));
+      }
     }
+    if (moe) ctx.moe = &*moe;
     for (int k = n; k-- > 0;) {
       const size_t i = static_cast<size_t>(first + k), ks = static_cast<size_t>(k);
-      // The unit's input: the previous unit's output, or the chunk's received activation.
+      // The unit's input: the previous unit's output, or the chunk's received activation (without
+      // the statistics riding behind it).
       const Block* input = k > 0 ? &f.outs[ks - 1] : a.chunk > 0 ? &f.input : nullptr;
-      const Tensor in = input ? input->flat(DType::f32) : Tensor();
-      const int64_t din_elems = input ? static_cast<int64_t>(input->bytes() / sizeof(float)) : 0;
+      const int64_t din_elems = !input ? 0
+                                : k > 0 ? static_cast<int64_t>(input->bytes() / sizeof(float))
+                                        : run_.input_elems.at(static_cast<size_t>(a.chunk));
+      const Tensor in = input ? input->flat(DType::f32).slice(0, din_elems) : Tensor();
       backward_unit(*units_[i], i, ctx, hooks_, in, f.outs[ks], f.saved[ks], dout, din_elems, dnext,
                     split ? &held[ks] : nullptr);
       dout = dnext ? dnext.flat(DType::f32) : Tensor();
       poke();
     }
     f.input.reset();
-    if (a.chunk > 0) pass_on({PipeAction::backward, a.chunk - 1, a.micro}, std::move(dnext));
+    if (a.chunk > 0)
+      pass_on({PipeAction::backward, a.chunk - 1, a.micro}, moe ? with_moe(std::move(dnext), *moe) : std::move(dnext));
     if (split) owed_[{a.chunk, a.micro}] = std::move(held);
     pool_.ledger().set_phase({});
   }
@@ -161,7 +182,7 @@ class Executor {
   // The last action's message wait: when it began, how long it took (0 without one); reset per action.
   std::pair<double, double> take_wait() { return std::exchange(wait_, {0.0, 0.0}); }
   RunResult result() const {
-    RunResult r;
+    RunResult r = moe_result_;
     r.loss_sum = loss_sum_, r.positions = positions_;
     return r;
   }
@@ -171,7 +192,43 @@ class Executor {
     Block input;                 // the received activation (chunks after the first)
     std::vector<Block> outs;     // each unit's output
     std::vector<Saved> saved;    // what each unit's backward needs
+    std::optional<MoeBalance> moe;  // the last chunk's: the micro-batch's finished statistics
   };
+
+  // ---- a mixture of experts' balancing statistics (MoeBalance::pack), behind the messages ----
+  // The statistics `b` appended to the message `data` (freed): one block to send.
+  Block with_moe(Block data, const MoeBalance& b) {
+    const int64_t n = static_cast<int64_t>(data.bytes() / sizeof(float));
+    Block msg = pool_.alloc(DType::f32, n + moe_extra_, Category::activations, "message with MoE statistics");
+    be_.copy(msg.flat(DType::f32).slice(0, n), data.flat(DType::f32));
+    data.reset();
+    std::vector<float> p = b.pack();
+    be_.copy(msg.flat(DType::f32).slice(n, moe_extra_), Tensor::flat(p.data(), DType::f32, moe_extra_));
+    return msg;
+  }
+  // The statistics behind the first n elements of a received message.
+  void read_moe(const Block& msg, int64_t n, MoeBalance& b) {
+    std::vector<float> p(static_cast<size_t>(moe_extra_), 0.f);
+    be_.copy(Tensor::flat(p.data(), DType::f32, moe_extra_), msg.flat(DType::f32).slice(n, moe_extra_));
+    b.unpack(p);
+  }
+  // The micro-step's share of the objective (the runner's): its tokens (all ranks') over the batch's.
+  double moe_weight(const MoeBalance& b) const {
+    return static_cast<double>(dlogit_scale_) * b.rows / static_cast<double>(spec_.layers);
+  }
+  // The last chunk: the whole model's statistics summed over the data-parallel group, finished
+  // (the auxiliary loss and its gradient's factor), kept for the backward, and counted.
+  void finish_moe(MoeBalance& b, int64_t positions, Flight& f) {
+    std::vector<float> packed = b.pack();
+    hooks_.reduce_moe(packed);
+    b.unpack(packed);
+    b.finish(spec_.moe.aux_coef, moe_weight(b));
+    moe_result_.aux_sum += b.aux * static_cast<double>(positions);
+    moe_result_.dropped += b.dropped;
+    moe_result_.expert_counts.resize(b.counts.size(), 0.0);
+    for (size_t e = 0; e < b.counts.size(); ++e) moe_result_.expert_counts[e] += b.counts[e];
+    f.moe = std::move(b);
+  }
   struct Posted {
     Key key;
     Block buf;
@@ -200,7 +257,7 @@ class Executor {
     // An activation for chunk c's forward is its input; a gradient for chunk c's backward has
     // the size of its output, which is chunk c + 1's input.
     const int c = a.kind == PipeAction::forward ? a.chunk : a.chunk + 1;
-    return run_.input_elems.at(static_cast<size_t>(c));
+    return run_.input_elems.at(static_cast<size_t>(c)) + moe_extra_;
   }
 
   // Whether action a takes a message from another rank (one from this rank's own chunk is handed
@@ -298,6 +355,8 @@ class Executor {
   UnitHooks& hooks_;
   const TpContext& tp_;
   const int last_chunk_;
+  const int64_t moe_extra_;  // floats of MoE statistics behind each message (0: none carried)
+  RunResult moe_result_;     // the last chunk's: auxiliary loss, drops, choices per expert
   float dlogit_scale_ = 0.f;
   std::vector<float>* logits_out_ = nullptr;
   double loss_sum_ = 0;
@@ -334,7 +393,7 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
   check_batches(spec, micro);
   SHARD_CHECK(static_cast<int64_t>(micro.size()) == run.schedule.micro_batches,
               "{} micro-batches for a schedule of {}", micro.size(), run.schedule.micro_batches);
-  Executor ex(run, units, spec, be, pool, hooks, tp, run.schedule.ranks);
+  Executor ex(run, units, spec, be, pool, hooks, tp, run.schedule.ranks, true);
   ex.set_scale(dlogit_scale);
   const int64_t M = run.schedule.micro_batches;
   const std::vector<PipeAction>& list = run.schedule.ranks.at(static_cast<size_t>(run.rank));
@@ -371,7 +430,7 @@ RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::un
   for (int r = 0; r < run.split.pp; ++r)
     for (int m = 0; m < static_cast<int>(micro.size()); ++m)
       for (int c : run.split.chunks_of(r)) lists[static_cast<size_t>(r)].push_back({PipeAction::forward, c, m});
-  Executor ex(run, units, spec, be, pool, hooks, tp, lists);
+  Executor ex(run, units, spec, be, pool, hooks, tp, lists, false);
   ex.set_logits(logits);
   const std::vector<PipeAction>& list = lists.at(static_cast<size_t>(run.rank));
   for (size_t i = 0; i < list.size(); ++i) {

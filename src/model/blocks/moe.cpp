@@ -250,7 +250,7 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   ops::moe_combine_backward(c.be, rows(dy, 0, kept), dw, dout, rows(s("moe_y"), 0, kept), as_ints(route_t),
                             s("moe_w"), k);
   if (c.tp.expert_parallel()) {
-    std::vector<int32_t> counts(per_expert, per_expert + E);
+    std::vector<int32_t> counts(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) counts[e] = static_cast<int32_t>(expert_rows(e));
     Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");
     Tensor dxs = dxs_block.view(DType::f32, {P, C});

@@ -17,7 +17,9 @@
 // no values, slot (n, j) goes to expert (n k + j) mod E: balanced, as plan and profile assume), and
 // the kept slots are sorted by expert into one buffer of N k rows (ops/moe.hpp), so every expert's
 // tokens are one contiguous run and its two products are one GEMM each. Every buffer is sized for
-// N k rows whatever the routing, so memory does not depend on the data.
+// N k rows whatever the routing, so memory does not depend on the data. Under expert parallelism
+// (--ep, src/model/parallel/ep.hpp) those rows travel to the ranks holding their experts and back,
+// and the expert rows a rank computes follow the group's routing.
 //
 // The auxiliary loss is transformers' load_balancing_loss_func: over all layers' router rows R
 // together, aux = E sum_e f_e P_e with f_e = (top-k choices of e) / R and P_e = (probabilities of e
