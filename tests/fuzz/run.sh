@@ -13,11 +13,13 @@ COMMON="src/core/dtype.cpp src/core/check.cpp src/core/rng.cpp src/core/units.cp
 clang++ $FLAGS tests/fuzz/fuzz_safetensors.cpp $COMMON -o "$OUT/fuzz_safetensors"
 # The manifest names its model's family: the registry, every family's folder (src/model/<family>/),
 # the HF-directory writer export uses, and the pool the units use; the units' tensor-parallel
-# collectives, context parallelism's attention and the operation families as traps
-# (tests/fuzz/tp_unreachable.cpp, cp_unreachable.cpp, ops_unreachable.cpp: no unit runs here).
+# collectives, context parallelism's attention, expert parallelism's dispatch and the operation
+# families as traps (tests/fuzz/tp_unreachable.cpp, cp_unreachable.cpp, ep_unreachable.cpp,
+# ops_unreachable.cpp: no unit runs here).
 MODEL="src/model/spec.cpp src/model/family.cpp src/model/unit.cpp src/model/hf_dir.cpp
-$(ls src/model/*/*.cpp | grep -v src/model/parallel/cp_attention.cpp) memory/pool.cpp memory/ledger.cpp
-tests/fuzz/tp_unreachable.cpp tests/fuzz/cp_unreachable.cpp tests/fuzz/ops_unreachable.cpp"
+$(ls src/model/*/*.cpp | grep -v -e src/model/parallel/cp_attention.cpp -e src/model/parallel/ep.cpp)
+memory/pool.cpp memory/ledger.cpp
+tests/fuzz/tp_unreachable.cpp tests/fuzz/cp_unreachable.cpp tests/fuzz/ep_unreachable.cpp tests/fuzz/ops_unreachable.cpp"
 clang++ $FLAGS tests/fuzz/fuzz_manifest.cpp src/checkpoint/manifest.cpp src/checkpoint/pieces.cpp src/checkpoint/export.cpp $MODEL $COMMON -o "$OUT/fuzz_manifest"
 for t in safetensors manifest; do
   mkdir -p "$OUT/corpus_$t"
