@@ -77,6 +77,8 @@ std::optional<std::string> tp_split_problem(const ModelSpec& spec, int degree) {
                        spec.num_kv_heads(), spec.name);
   if (spec.ffn_hidden() % T != 0)
     return fmt::format("--tp {} must divide the MLP width ({}) of {}", T, spec.ffn_hidden(), spec.name);
+  if (spec.moe.enabled() && spec.moe.ffn_dim % T != 0)
+    return fmt::format("--tp {} must divide each expert's MLP width ({}) of {}", T, spec.moe.ffn_dim, spec.name);
   return std::nullopt;
 }
 

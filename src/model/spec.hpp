@@ -128,8 +128,8 @@ struct TpSplit {
   int dim = -1;
   int parts = 1;
   bool pad = false;
-  // Replicated and computed whole on every rank of the group (a mixture of experts' router and
-  // experts): its gradient is complete on each rank, never a partial sum to reduce.
+  // Replicated and computed whole on every rank of the group (a mixture of experts' router): its
+  // gradient is complete on each rank, never a partial sum to reduce.
   bool whole = false;
   bool split() const { return dim >= 0; }
 };

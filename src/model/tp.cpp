@@ -51,20 +51,14 @@ void tp_region_output(UnitContext& c, Tensor partial, Tensor local) {
   if (local.data() != partial.data()) c.be.copy(local, partial);
 }
 
+void tp_sum(UnitContext& c, Tensor t) {
+  if (c.tp.active()) group(c).all_reduce(t).wait();
+}
+
 Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull) {
   if (!c.tp.sequence_parallel()) return dlocal;
   group(c).all_gather(dlocal, dfull).wait();
   return dfull;
-}
-
-void tp_own_rows(UnitContext& c, Tensor full, Tensor local) {
-  if (!c.tp.sequence_parallel()) {
-    if (local.data() != full.data()) c.be.copy(local, full);
-    return;
-  }
-  SHARD_CHECK(full.numel() == local.numel() * c.tp.config.degree, "own rows: local {} full {} at tp {}",
-              local.shape_str(), full.shape_str(), c.tp.config.degree);
-  c.be.copy(local, full.slice(local.numel() * c.tp.config.rank, local.numel()));  // all-gather's rank order
 }
 
 TpPartialGrads::TpPartialGrads(UnitContext& c, const ParamSet& g, std::vector<std::string> names,
@@ -103,7 +97,7 @@ double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const Mode
   const double A = N * static_cast<double>(spec.dim) * sizeof(float);
   // The replicated tensors whose gradients come from the rank's own rows (norms): a row-parallel
   // layer's bias (replicated, its weight split) sums the gathered output gradient instead, and a
-  // mixture of experts (replicated, computed whole on every rank) sums nothing.
+  // mixture of experts' router (replicated, computed whole on every rank) sums nothing.
   auto replicated = [&](const UnitLayout& u) {
     double n = 0;
     for (const TensorDecl& t : u.tensors) {
@@ -117,22 +111,27 @@ double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const Mode
   const double layers = static_cast<double>(layout.size() - 2);
   const double recompute = checkpointing == Checkpointing::blocks ? 1 : 0;
   double bytes = 2 * f * 3 * N * sizeof(float);  // the loss
-  // A mixture of experts' layer has no MLP region (computed whole on every rank: no collective).
-  const double regions = spec.moe.enabled() ? 1 : 2;
+  // A mixture of experts: backward sums the N k routing weights' gradients over the group (each
+  // rank's experts give a partial one), all N rows whatever SP.
+  const double moe_weights =
+      spec.moe.enabled() ? 2 * f * N * static_cast<double>(spec.moe.top_k) * sizeof(float) : 0.0;
+  // Two regions per layer, attention and the MLP (a mixture of experts' too: its experts split as
+  // the dense MLP, their partial sums reduced the same way).
   if (!tp.sequence_parallel) {
     bytes += 2 * f * A;                                   // embedding
-    bytes += layers * regions * (1 + 1 + recompute) * 2 * f * A;  // layers (all-reduces)
+    bytes += layers * 2 * (1 + 1 + recompute) * 2 * f * A;  // layers (all-reduces)
     // Qwen3's q/k norm weights: gradients summed over the heads the group splits.
     if (spec.qk_norm) bytes += layers * 2 * f * 2 * static_cast<double>(spec.head_size()) * sizeof(float);
+    bytes += layers * moe_weights;
     bytes += 2 * f * A;                                   // head, backward
     return bytes;
   }
   bytes += 2 * f * A;  // embedding
   // Per layer and region: forward an all-gather and a reduce-scatter, backward two all-gathers and a
-  // reduce-scatter, each forward again under recomputation; a mixture of experts' region only
-  // gathers (its input forward, its output's gradient and its input again backward).
-  const double per_layer = spec.moe.enabled() ? (2 + 3 + 2 * recompute) + (1 + 2 + recompute) : 4 + 6 + 4 * recompute;
-  for (size_t u = 1; u + 1 < layout.size(); ++u) bytes += per_layer * f * A + 2 * f * replicated(layout[u]);
+  // reduce-scatter, each forward again under recomputation.
+  const double per_layer = 4 + 6 + 4 * recompute;
+  for (size_t u = 1; u + 1 < layout.size(); ++u)
+    bytes += per_layer * f * A + 2 * f * replicated(layout[u]) + moe_weights;
   bytes += 3 * f * A + 2 * f * replicated(layout.back());  // head
   return bytes;
 }

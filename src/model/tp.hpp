@@ -45,11 +45,9 @@ void tp_region_output(UnitContext& c, Tensor partial, Tensor local);
 // Its backward: the output's gradient for every row: dlocal itself without SP; with SP every rank's
 // rows all-gathered into dfull (N, C), which is returned.
 Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull);
-// A region every rank of the group computes whole (a mixture of experts, replicated over the
-// group): `full` (N, C) is complete on every rank, and `local` receives this rank's rows of it, with
-// no communication: a copy of its N / degree rows with SP, nothing (or a copy) without. The same
-// call takes a replicated region's input gradient to this rank's rows.
-void tp_own_rows(UnitContext& c, Tensor full, Tensor local);
+// t summed over the group in place (nothing at degree 1): partial sums every rank needs whole (a
+// mixture of experts' routing-weight gradients, from the rank's slices of the experts).
+void tp_sum(UnitContext& c, Tensor t);
 
 // Gradients of replicated tensors (norm weights and biases, row-parallel biases) that a rank
 // computes from its own token rows only (with SP) are partial sums: backward accumulates them

@@ -118,8 +118,9 @@ LayerGemms layer_gemms(const ModelSpec& m, double b, double t, double cp = 1, do
   LayerGemms l;
   l.dense = {{n, (a + 2 * g) * d / t, h}, {n, h, a * d / t}};
   if (m.moe.enabled()) {  // the router, then each expert's pair over its share of the n k slots (balanced)
-    // Under ep the rank's X / ep experts take every ep rank's share: ep times the rows each.
-    const double E = double(m.moe.experts), rows = n * double(m.moe.top_k) / E * ep, fe = double(m.moe.ffn_dim);
+    // Under ep the rank's X / ep experts take every ep rank's share: ep times the rows each; under
+    // tp each expert is split as the dense MLP.
+    const double E = double(m.moe.experts), rows = n * double(m.moe.top_k) / E * ep, fe = double(m.moe.ffn_dim) / t;
     l.dense.insert(l.dense.end(), {{n, E, h}, {rows, up * fe, h, E / ep}, {rows, h, fe, E / ep}});
   } else {
     l.dense.insert(l.dense.end(), {{n, up * f / t, h}, {n, h, f / t}});

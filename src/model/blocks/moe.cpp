@@ -11,6 +11,7 @@
 #include "src/backend/ops/moe.hpp"
 #include "src/model/blocks/linear.hpp"
 #include "src/model/parallel/ep.hpp"
+#include "src/model/tp.hpp"
 
 namespace shardlab {
 
@@ -162,6 +163,7 @@ void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWei
   Tensor dl = dl_block.view(DType::f32, {N, E});
   c.be.copy(dl, Tensor::flat(dlogits.data(), DType::f32, N * E));
   linear_backward(c, dx, g.router, dl, x, w.router, N);  // dx = d(logits) Wr: overwritten
+  if (c.tp.active() && c.tp.config.rank != 0) c.be.fill(dx, 0.f);  // the group's rank 0 adds it (moe.hpp)
 }
 
 }  // namespace
@@ -172,7 +174,7 @@ int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts) 
 
 void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeights& w) {
   const MoeSpec& m = c.spec.moe;
-  const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = m.ffn_dim, P = N * k;
+  const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = moe_local_width(c), P = N * k;
   SHARD_CHECK(P < (int64_t{1} << 31), "MoE: {} slots overflow the int32 routing", P);
   Tensor probs = s.add(c.pool, "moe_probs", {N, E});
   linear_forward(c.be, probs, x, w.router, N);  // the logits, then their softmax
@@ -229,7 +231,7 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
 void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, const MoeWeights& w,
                   const MoeWeights& g) {
   const MoeSpec& m = c.spec.moe;
-  const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = m.ffn_dim, P = N * k;
+  const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = moe_local_width(c), P = N * k;
   const int64_t shape[] = {N, C};
   dx = dx.reshape(shape), dout = dout.reshape(shape);
   Tensor route_t = s("moe_route");
@@ -249,6 +251,7 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   Tensor dy = dy_block.view(DType::f32, {P, C}), dw = dw_block.flat(DType::f32);
   ops::moe_combine_backward(c.be, rows(dy, 0, kept), dw, dout, rows(s("moe_y"), 0, kept), as_ints(route_t),
                             s("moe_w"), k);
+  tp_sum(c, dw);  // under --tp y, and so d(weights), are this rank's experts' slices' part
   if (c.tp.expert_parallel()) {
     std::vector<int32_t> counts(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) counts[e] = static_cast<int32_t>(expert_rows(e));

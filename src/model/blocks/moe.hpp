@@ -53,6 +53,10 @@ struct MoeBalance {
 
 namespace blocks {
 
+// Each expert's MLP width on this rank: the whole width, or under tensor parallelism (--tp) the
+// rank's slice of it (gate and up split by rows, down by columns, as the dense MLP).
+inline int64_t moe_local_width(const UnitContext& c) { return c.spec.moe.ffn_dim / c.tp.config.degree; }
+
 // ceil(factor x tokens x k / experts): the slots an expert takes under --moe-capacity-factor.
 int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts);
 
@@ -66,9 +70,14 @@ struct MoeWeights {
 };
 
 // out (N, C) = the MoE MLP of x (N, C); what backward needs saved in s (prefix-free names "moe_*").
+// Under tensor parallelism every rank routes the same N rows (the router is whole on each) and its
+// experts' slices give a partial sum of out, which the caller reduces over the group as the dense
+// MLP's.
 void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeights& w);
 // dx (N, C) = d(out)/d(x) dout (overwritten), the router's and experts' gradients accumulated into g,
-// the auxiliary loss's gradient included (c.moe's prob_grad).
+// the auxiliary loss's gradient included (c.moe's prob_grad). Under tensor parallelism dx is this
+// rank's partial sum, the router's part on the group's rank 0 only (every rank computes it whole
+// and its weight's gradient), so the group's reduction counts it once.
 void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, const MoeWeights& w,
                   const MoeWeights& g);
 

@@ -41,7 +41,10 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
       add_tensor(b, p + "self_attn.k_norm.weight", {hd}, Init::ones);
     }
     add_tensor(b, p + "post_attention_layernorm.weight", {C}, Init::ones);
-    if (s.moe.enabled()) {  // replicated over a tensor-parallel group, computed whole on each rank
+    if (s.moe.enabled()) {
+      // The router replicated over a tensor-parallel group, computed whole on each rank; each expert
+      // split as the dense MLP is (Megatron's expert tensor parallelism): gate and up by rows, down
+      // by columns.
       const TpSplit whole{-1, 1, false, true};
       add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std, whole);
       const int64_t Fe = s.moe.ffn_dim, local = s.moe.experts / tp.ep_degree;
@@ -50,7 +53,7 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
       for (int64_t e = tp.ep_rank * local; e < (tp.ep_rank + 1) * local; ++e) {  // gate and up adjacent: one stacked product
         for (auto [part, shape] : {std::pair{MoePart::gate, std::vector<int64_t>{Fe, C}}, {MoePart::up, {Fe, C}},
                                    {MoePart::down, {C, Fe}}}) {
-          add_tensor(b, moe_tensor(s, p, part, e), shape, Init::normal, std, whole);
+          add_tensor(b, moe_tensor(s, p, part, e), shape, Init::normal, std, part == MoePart::down ? cols : rows);
           b.tensors.back().expert = true;
         }
       }

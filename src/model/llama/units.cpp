@@ -137,19 +137,10 @@ class DecoderLayerUnit final : public Unit {
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
-    if (c.spec.moe.enabled()) {
-      // Experts replicated over the tensor-parallel group: every rank routes all N rows (gathered
-      // under SP) and computes them whole; it keeps its own rows, no partial sums to add.
-      Block rows = c.tp.sequence_parallel()
-                       ? c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "moe output rows")
-                       : Block();
-      Tensor all = rows ? rows.view(DType::f32, {d.N, d.C}) : out;
-      mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), all, d);
-      tp_own_rows(c, all, out);
-    } else {
-      mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), whole_or(whole, c, out), d);
-      tp_region_output(c, whole_or(whole, c, out), out);
-    }
+    // The MLP region (a mixture of experts too: every rank routes all N rows, gathered under SP,
+    // through its slices of the experts, and the partial sums are reduced as the dense MLP's).
+    mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), whole_or(whole, c, out), d);
+    tp_region_output(c, whole_or(whole, c, out), out);
     be.add(out, x2, out);  // residual
   }
 
@@ -179,13 +170,15 @@ class DecoderLayerUnit final : public Unit {
                               prefix_ + "norms");
     // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
     const Tensor dmlp_out = tp_region_output_backward(c, dout, whole_or(whole, c, dout));  // all N rows
-    if (c.spec.moe.enabled()) {  // replicated over the group: every rank's d(ln2) is whole, its own rows kept
+    if (c.spec.moe.enabled()) {
+      // d(ln2): this rank's partial sum (moe.hpp), reduced as the dense MLP's. The experts read
+      // d(out) and ln2 together: under SP ln2's gathered rows need a buffer of their own.
       Block ln2_rows = c.tp.sequence_parallel()
                            ? c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "moe backward ln2 rows")
                            : Block();
       const Tensor ln2 = tp_region_input(c, s("ln2"), ln2_rows ? ln2_rows.view(DType::f32, {d.N, d.C}) : s("ln2"));
       blocks::moe_backward(c, s, dsmall, dmlp_out, ln2, moe_weights(c.spec, p, true), moe_weights(c.spec, g, false));
-      tp_own_rows(c, dsmall, dln);
+      tp_region_input_backward(c, dsmall, dln);
     } else {
       linear_backward(c, dact, w(g, "mlp.down_proj.weight"), dmlp_out, s("swiglu"), wg(p, "mlp.down_proj.weight"),
                       d.N);

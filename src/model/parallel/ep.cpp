@@ -95,7 +95,7 @@ void exchange_rows(UnitContext& c, Tensor from, const std::vector<int64_t>& send
 
 void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span<const int32_t> per_expert,
                         const MoeWeights& w) {
-  const int64_t C = xs.dim(1), F = c.spec.moe.ffn_dim;
+  const int64_t C = xs.dim(1), F = moe_local_width(c);
   const Exchange x = plan(c, per_expert, C);
   const int64_t R = x.R, Rs = std::max<int64_t>(R, 1), head = x.D * x.El;
   // What backward needs of the exchange: the counts from each peer, and both reorderings.
@@ -129,7 +129,7 @@ void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span
 
 void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::span<const int32_t> per_expert,
                          const MoeWeights& w, const MoeWeights& g) {
-  const int64_t C = dy.dim(1), F = c.spec.moe.ffn_dim, D = c.tp.ep_comm->world_size();
+  const int64_t C = dy.dim(1), F = moe_local_width(c), D = c.tp.ep_comm->world_size();
   const int64_t El = static_cast<int64_t>(per_expert.size()) / D;
   // The counts from each peer as forward received them (on meta, which kept no values: as forward assumed).
   Tensor ep_t = s("moe_ep");
