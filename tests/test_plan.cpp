@@ -137,9 +137,7 @@ TEST_CASE("plan: a step within budgets is the whole step's estimate, or nothing 
 
 TEST_CASE("plan: steps stopped at the budget settle the same configurations as whole ones", "[plan]") {
   // The setting of the pruned-search test; keeping no configuration that does not fit lets every
-  // step stop at the budget, and each layout's smallest micro-batch go first (when it does not fit,
-  // its larger ones are ruled out without a prediction), which must not change what fits, in what
-  // order, with which peaks.
+  // step stop at the budget, which must not change what fits, in what order, with which peaks.
   PlanConfig pc = plan_for("small", 16, uint64_t{8} << 20);
   pc.global_batch = 64;
   pc.keep = 5;
@@ -149,9 +147,9 @@ TEST_CASE("plan: steps stopped at the budget settle the same configurations as w
   const PlanResult stopped = make_plan(pc);
   CHECK(whole.stopped_at_budget == 0);
   CHECK(stopped.stopped_at_budget > 0);
-  CHECK(stopped.predictions < whole.predictions);
+  CHECK(stopped.predictions <= whole.predictions);
   CHECK(stopped.walked == whole.walked);
-  CHECK(stopped.ruled_by_micro_batch > whole.ruled_by_micro_batch);
+  CHECK(stopped.ruled_by_micro_batch == whole.ruled_by_micro_batch);
   CHECK(stopped.ruled_by_states == whole.ruled_by_states);
   REQUIRE(stopped.entries.size() == 5);
   for (size_t i = 0; i < 5; ++i) {

@@ -65,32 +65,16 @@ class Searcher {
     });
     std::vector<PlanEntry> fit, no;
     std::map<std::string, int64_t> failed_mb;  // layout (all but the micro-batch) -> smallest that did not fit
-    // Each layout's smallest micro-batch, settled ahead of its larger ones (a lower bound of the
-    // layout's memory: with fewer sequences per micro-batch no schedule holds more; the bound
-    // failed_mb applies), and what it gave.
-    std::map<std::string, size_t> smallest;
-    for (size_t i = 0; i < cands.size(); ++i) {
-      auto [it, fresh] = smallest.emplace(group_key(cands[i]), i);
-      if (!fresh && cands[i].micro_batch < cands[it->second].micro_batch) it->second = i;
-    }
-    std::map<size_t, Settled> ahead;
     WalkProgress report(progress, terminal_columns(progress));
     WalkState w;
     w.candidates = cands.size(), w.keep = c_.keep, w.exhaustive = c_.exhaustive;
-    for (size_t i = 0; i < cands.size(); ++i) {
-      PlanEntry& e = cands[i];
+    for (PlanEntry& e : cands) {
       if (!c_.exhaustive && fit.size() >= c_.keep) break;
       w.walked = ++res.walked, w.predictions = res.predictions, w.elapsed_s = now_s() - t0;
       report.update(w);
       // Past the fastest that do not fit that the result keeps, no report shows the peak of one that
       // does not: its steps may stop at their first allocation past the budget.
-      const bool stop = !c_.exhaustive && no.size() >= c_.keep_not_fitting;
-      // Once no peak of a layout that does not fit is shown any more, a layout's smallest micro-batch
-      // goes first: when it does not fit, neither does any other (one prediction per layout).
-      if (const size_t j = smallest.at(group_key(e)); stop && j != i && !ahead.count(j))
-        ahead[j] = settle(cands[j], res, failed_mb, stop);
-      const auto a = ahead.find(i);
-      switch (a != ahead.end() ? a->second : settle(e, res, failed_mb, stop)) {
+      switch (settle(e, res, failed_mb, !c_.exhaustive && no.size() >= c_.keep_not_fitting)) {
         case Settled::fits:
           fit.push_back(std::move(e));
           w.fit = fit.size();
