@@ -214,17 +214,14 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
   Tensor xs = xs_block.view(DType::f32, {P, C});
   ops::moe_gather(c.be, rows(xs, 0, r.kept), x, as_ints(route_t) + P);
-  for (int64_t e = 0, r0 = 0; e < E; r0 += r.per_expert[e], ++e) {
-    const int64_t n = r.per_expert[e];
-    if (n == 0) continue;
+  const auto routed = [&](int64_t e) { return int64_t{r.per_expert[e]}; };
+  for_each_expert(E, routed, [&](int64_t e, int64_t r0, int64_t n) {
     linear_forward(c.be, rows(gate_up, r0, n), rows(xs, r0, n), w.gate_up[e], n);
-  }
+  });
   if (r.kept > 0) ops::swiglu_forward(c.be, rows(act, 0, r.kept), rows(gate_up, 0, r.kept));
-  for (int64_t e = 0, r0 = 0; e < E; r0 += r.per_expert[e], ++e) {
-    const int64_t n = r.per_expert[e];
-    if (n == 0) continue;
+  for_each_expert(E, routed, [&](int64_t e, int64_t r0, int64_t n) {
     linear_forward(c.be, rows(y, r0, n), rows(act, r0, n), w.down[e], n);
-  }
+  });
   ops::moe_combine(c.be, out, rows(y, 0, r.kept), as_ints(route_t), weights, k, false);
 }
 
@@ -266,11 +263,9 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   // Down, then SwiGLU, then gate/up, expert by expert.
   Block dact_block = c.pool.alloc(DType::f32, P * F, Category::workspace, "moe backward dact");
   Tensor dact = dact_block.view(DType::f32, {P, F}), act = s("moe_act"), gate_up = s("moe_gate_up");
-  for (int64_t e = 0, r0 = 0; e < E; r0 += expert_rows(e), ++e) {
-    const int64_t n = expert_rows(e);
-    if (n == 0) continue;
+  for_each_expert(E, expert_rows, [&](int64_t e, int64_t r0, int64_t n) {
     linear_backward(c, rows(dact, r0, n), g.down[e], rows(dy, r0, n), rows(act, r0, n), w.down[e], n);
-  }
+  });
   dy_block.reset();
   Block dgu_block = c.pool.alloc(DType::f32, P * 2 * F, Category::workspace, "moe backward dgate_up");
   Tensor dgate_up = dgu_block.view(DType::f32, {P, 2 * F});
@@ -280,11 +275,9 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");
   Tensor xs = xs_block.view(DType::f32, {P, C}), dxs = dxs_block.view(DType::f32, {P, C});
   ops::moe_gather(c.be, rows(xs, 0, kept), x, as_ints(route_t) + P);
-  for (int64_t e = 0, r0 = 0; e < E; r0 += expert_rows(e), ++e) {
-    const int64_t n = expert_rows(e);
-    if (n == 0) continue;
+  for_each_expert(E, expert_rows, [&](int64_t e, int64_t r0, int64_t n) {
     linear_backward(c, rows(dxs, r0, n), g.gate_up[e], rows(dgate_up, r0, n), rows(xs, r0, n), w.gate_up[e], n);
-  }
+  });
 
   router_backward(c, s, dx, x, w, g, dw, ints, k);
   ops::moe_combine(c.be, dx, rows(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);

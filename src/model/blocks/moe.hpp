@@ -57,6 +57,14 @@ namespace blocks {
 // rank's slice of it (gate and up split by rows, down by columns, as the dense MLP).
 inline int64_t moe_local_width(const UnitContext& c) { return c.spec.moe.ffn_dim / c.tp.config.degree; }
 
+// f(i, r0, n) for each expert i (of `experts`) with n = count(i) > 0 rows, r0 its first row in the
+// buffers sorted by expert (one GEMM per expert over them).
+template <class Count, class F>
+void for_each_expert(int64_t experts, Count count, F f) {
+  for (int64_t i = 0, r0 = 0; i < experts; r0 += count(i), ++i)
+    if (const int64_t n = count(i); n > 0) f(i, r0, n);
+}
+
 // ceil(factor x tokens x k / experts): the slots an expert takes under --moe-capacity-factor.
 int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts);
 

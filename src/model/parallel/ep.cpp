@@ -114,12 +114,14 @@ void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span
   Tensor gate_up = s.add(c.pool, "moe_gate_up", {Rs, 2 * F}), act = s.add(c.pool, "moe_act", {Rs, F});
   Block yl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep expert outputs");
   Tensor yl = yl_block.view(DType::f32, {Rs, C});
-  for (int64_t l = 0, r0 = 0; l < x.El; r0 += x.expert_rows[l], ++l)
-    if (const int64_t n = x.expert_rows[l]; n > 0)
-      linear_forward(c.be, rows(gate_up, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+  const auto arrived = [&](int64_t l) { return x.expert_rows[l]; };
+  for_each_expert(x.El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
+    linear_forward(c.be, rows(gate_up, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+  });
   if (R > 0) ops::swiglu_forward(c.be, rows(act, 0, R), rows(gate_up, 0, R));
-  for (int64_t l = 0, r0 = 0; l < x.El; r0 += x.expert_rows[l], ++l)
-    if (const int64_t n = x.expert_rows[l]; n > 0) linear_forward(c.be, rows(yl, r0, n), rows(act, r0, n), w.down[l], n);
+  for_each_expert(x.El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
+    linear_forward(c.be, rows(yl, r0, n), rows(act, r0, n), w.down[l], n);
+  });
   Block back = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep outputs returned");
   Tensor yr = back.view(DType::f32, {Rs, C});
   if (R > 0) ops::moe_gather(c.be, rows(yr, 0, R), yl, ints(ep_t, head + R));
@@ -150,9 +152,10 @@ void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::s
   }
   Block dact_block = c.pool.alloc(DType::f32, Rs * F, Category::workspace, "moe ep backward dact");
   Tensor dact = dact_block.view(DType::f32, {Rs, F});
-  for (int64_t l = 0, r0 = 0; l < El; r0 += x.expert_rows[l], ++l)
-    if (const int64_t n = x.expert_rows[l]; n > 0)
-      linear_backward(c, rows(dact, r0, n), g.down[l], rows(dyl, r0, n), rows(act, r0, n), w.down[l], n);
+  const auto arrived = [&](int64_t l) { return x.expert_rows[l]; };
+  for_each_expert(El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
+    linear_backward(c, rows(dact, r0, n), g.down[l], rows(dyl, r0, n), rows(act, r0, n), w.down[l], n);
+  });
   dyl_block.reset();
   Block dgu_block = c.pool.alloc(DType::f32, Rs * 2 * F, Category::workspace, "moe ep backward dgate_up");
   Tensor dgu = dgu_block.view(DType::f32, {Rs, 2 * F});
@@ -160,9 +163,9 @@ void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::s
   dact_block.reset();
   Block dxl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep backward dx");
   Tensor dxl = dxl_block.view(DType::f32, {Rs, C});
-  for (int64_t l = 0, r0 = 0; l < El; r0 += x.expert_rows[l], ++l)
-    if (const int64_t n = x.expert_rows[l]; n > 0)
-      linear_backward(c, rows(dxl, r0, n), g.gate_up[l], rows(dgu, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+  for_each_expert(El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
+    linear_backward(c, rows(dxl, r0, n), g.gate_up[l], rows(dgu, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+  });
   dgu_block.reset();
   Block back = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep dx returned");
   Tensor dxr = back.view(DType::f32, {Rs, C});
