@@ -1,7 +1,7 @@
 // Expert parallelism (--ep) on real ranks (mpirun -np 2 and 4): one MoE layer's dispatch and combine
 // against the same layer on one rank holding every expert (outputs, input and weight gradients) with
 // the all-to-all bytes against the routing histogram the test computes itself; and whole models
-// trained at ep 2 and ep 4, alone and with zero3 over the rest, with tensor parallelism on attention,
+// trained at ep 2 and ep 4, alone and with zero3 over the rest, with tensor parallelism (experts split in its group),
 // and with hybrid sharding, against single-rank training (cross-entropy, auxiliary loss, every
 // parameter each rank holds), their model states measured = predicted.
 #include <algorithm>
