@@ -89,15 +89,12 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
   // (parallel/ep.hpp); tensor parallelism replicates them in its group; context parallelism
   // composes as it is (routing is per token; the statistics add up over dp x cp as the gradients
   // do); pipeline stages pass the balancing statistics on behind their messages (executor.cpp).
-  // Not yet: expert parallelism under a pipeline (the tied group and the ep group's dense
-  // gradients would both sum the embedding's), and the zero-bubble split backward, whose W pass
-  // holds operands by their blocks while blocks/moe.cpp's expert slices start where the routing
-  // puts them (the meta backend's balanced routing would predict other copies).
-  SHARD_REQUIRE(!spec.moe.enabled() || d.pp == 1 || (d.ep == 1 && !pipeline.schedule->splits_backward),
-                "{} is a mixture of experts: --pp {}{} is not written yet (experts run pipelined under gpipe, 1f1b "
-                "and interleaved-1f1b, without --ep)", spec.name, d.pp,
-                d.ep > 1 ? fmt::format(" with --ep {}", d.ep)
-                         : fmt::format(" with --pp-schedule {}", pipeline.schedule.name()));
+  // Not yet: the zero-bubble split backward, whose W pass holds operands by their blocks while
+  // blocks/moe.cpp's expert slices start where the routing puts them (the meta backend's balanced
+  // routing would predict other copies).
+  SHARD_REQUIRE(!spec.moe.enabled() || d.pp == 1 || !pipeline.schedule->splits_backward,
+                "{} is a mixture of experts: --pp {} with --pp-schedule {} is not written yet (experts run "
+                "pipelined under gpipe, 1f1b and interleaved-1f1b)", spec.name, d.pp, pipeline.schedule.name());
   if (d.ep > 1) family_of(spec).layout(spec, tp(0));  // the experts against --ep (the family's checks)
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");

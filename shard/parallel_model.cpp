@@ -280,8 +280,9 @@ void ParallelModel::sync_tied_grads() {
     Tensor whole = buf.flat(DType::f32).slice(0, decl->numel);
     be_.fill(whole, 0.f);
     const int64_t t0 = decl->offset, t1 = t0 + decl->numel;
-    // Each element once per stage: the ranks that save it (replicas hold the same value) put it in.
-    if (int64_t lo = std::max(sbegin, t0), hi = std::min(send, t1); lo < hi)
+    // Each element once per stage: the ranks that save it (replicas hold the same value) put it in;
+    // under --ep those of ep rank 0 (the group's dense gradients are summed already).
+    if (int64_t lo = std::max(sbegin, t0), hi = std::min(send, t1); lo < hi && mesh_.coord().ep == 0)
       be_.cast(whole.slice(lo - t0, hi - lo), g.slice(lo - begin, hi - lo));
     mesh_.tied()->all_reduce(whole).wait();
     if (int64_t lo = std::max(begin, t0), hi = std::min(end, t1); lo < hi)

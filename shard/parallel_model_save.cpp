@@ -9,27 +9,30 @@
 
 namespace shardlab {
 
+namespace {
+const UnitLayout& unit_named(const std::vector<UnitLayout>& layout, const std::string& name) {
+  for (const UnitLayout& l : layout)
+    if (l.name == name) return l;
+  SHARD_CHECK(false, "unit {} is not the model's", name);
+  return layout.front();
+}
+}  // namespace
+
 // This rank's units without their tied copies (the owner's stage saves the tensor), assembled into
 // whole units on tensor-parallel rank 0 (the others return their trimmed parts).
 std::vector<std::vector<float>> ParallelModel::stage_units_whole(std::vector<std::vector<float>> host) {
   const std::vector<UnitLayout> whole = family_of(cfg_.spec).layout(cfg_.spec);
-  auto whole_of = [&](const std::string& name) -> const UnitLayout& {
-    for (const UnitLayout& l : whole)
-      if (l.name == name) return l;
-    SHARD_CHECK(false, "unit {} is not the model's", name);
-    return whole.front();
-  };
   std::vector<UnitLayout> local, wanted;
   const std::vector<UnitLayout> ep_whole = family_of(cfg_.spec).layout(cfg_.spec, whole_experts());
   for (size_t u = 0; u < units_.size(); ++u) {
-    // Under --ep host holds every expert already (ep_units_whole; no --pp then: u is the model's unit).
-    UnitLayout l = tp_.expert_parallel() ? ep_whole[u] : units_[u]->layout();
+    // Under --ep host holds every expert already (ep_units_whole).
+    UnitLayout l = tp_.expert_parallel() ? unit_named(ep_whole, units_[u]->name()) : units_[u]->layout();
     while (!l.tensors.empty() && l.tensors.back().tied_copy) {  // tied copies are appended last
       l.numel = l.tensors.back().offset;
       l.tensors.pop_back();
     }
     host[u].resize(static_cast<size_t>(l.numel));
-    wanted.push_back(whole_of(l.name));
+    wanted.push_back(unit_named(whole, l.name));
     local.push_back(std::move(l));
   }
   if (tp_.active()) host = gather_tp_units(*tp_.comm, local, wanted, host);
@@ -42,8 +45,9 @@ TpConfig ParallelModel::whole_experts() const {
   return c;
 }
 
-// Every rank of the ep group gets its units with every expert: the group's parts all-gathered, each
-// rank's experts put in place by name (the other tensors lie at the same offsets on each rank).
+// Every rank of the ep group gets its units (this stage's) with every expert: the group's parts
+// all-gathered, each rank's experts put in place by name (the other tensors lie at the same offsets
+// on each rank).
 std::vector<std::vector<float>> ParallelModel::ep_units_whole(std::vector<std::vector<float>> host) {
   Communicator& ep = *tp_.ep_comm;
   const int D = ep.world_size();
@@ -60,10 +64,12 @@ std::vector<std::vector<float>> ParallelModel::ep_units_whole(std::vector<std::v
     const size_t n = host[u].size();
     std::vector<float> all(n * static_cast<size_t>(D));
     ep.all_gather(std::span<const float>(host[u]), std::span<float>(all)).wait();
-    out[u].assign(static_cast<size_t>(whole[u].numel), 0.f);
+    const UnitLayout& w = unit_named(whole, units_[u]->name());
+    out[u].assign(static_cast<size_t>(w.numel), 0.f);
     for (int q = 0; q < D; ++q)
-      for (const TensorDecl& t : parts[static_cast<size_t>(q)][u].tensors) {
-        const TensorDecl& to = whole[u].find(t.name);
+      for (const TensorDecl& t : unit_named(parts[static_cast<size_t>(q)], units_[u]->name()).tensors) {
+        if (t.tied_copy) continue;  // appended last: the owner's stage saves it
+        const TensorDecl& to = w.find(t.name);
         std::copy_n(all.begin() + static_cast<int64_t>(q * n) + t.offset, t.numel, out[u].begin() + to.offset);
       }
   }
@@ -74,7 +80,7 @@ void ParallelModel::save(const std::string& path) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
   Communicator& world = mesh_.world();
-  if (tp_.expert_parallel()) host = ep_units_whole(std::move(host));  // never under --pp (ParallelLayout)
+  if (tp_.expert_parallel()) host = ep_units_whole(std::move(host));
   if (!tp_.active() && !pipelined() && !tp_.expert_parallel()) {
     if (world.rank() == 0) write_units(path, cfg_.spec, units_, host);
     return;

@@ -172,11 +172,14 @@ namespace {
 struct EpLayout {
   const char* preset;
   StrategyKind kind;
-  int ep, tp = 1, dp_replicate = 0;
+  int ep, tp = 1, dp_replicate = 0, pp = 1;
+  bool tied = false;  // the head tied to the embedding: under --pp the last stage trains a copy
 };
 
 // The layouts that fit the world: ep = world alone and under zero3, and at 4 ranks ep 2 with zero3
-// sharding over the other 2 (and replicating: hybrid), ep 2 x tp 2, and Mixtral under zero1.
+// sharding over the other 2 (and replicating: hybrid), ep 2 x tp 2, ep 2 x pp 2 (1f1b, one
+// micro-batch: the single rank's grouping of the balancing statistics; a tied head too), and
+// Mixtral under zero1.
 std::vector<EpLayout> ep_layouts(int world) {
   if (world == 2)
     return {{"qwen3-moe-tiny", StrategyKind::ddp, 2}, {"qwen3-moe-tiny", StrategyKind::zero3, 2},
@@ -184,7 +187,8 @@ std::vector<EpLayout> ep_layouts(int world) {
   if (world == 4)
     return {{"qwen3-moe-tiny", StrategyKind::zero3, 4},    {"qwen3-moe-tiny", StrategyKind::zero3, 2},
             {"mixtral-tiny", StrategyKind::zero2, 2, 1, 2}, {"qwen3-moe-tiny", StrategyKind::ddp, 2, 2},
-            {"mixtral-tiny", StrategyKind::zero3, 2, 2}};
+            {"mixtral-tiny", StrategyKind::zero3, 2, 2},    {"qwen3-moe-tiny", StrategyKind::zero3, 2, 1, 0, 2},
+            {"mixtral-tiny", StrategyKind::ddp, 2, 1, 0, 2, true}};
   return {};
 }
 
@@ -200,8 +204,11 @@ TEST_CASE("EP: models trained at ep 2 and ep 4 equal single-rank training", "[ep
     cfg.layout.dims.ep = l.ep;
     cfg.layout.dims.tp = l.tp;
     cfg.layout.dims.dp_replicate = l.dp_replicate;
-    const std::string what = fmt::format("{} {} ep {} tp {}{}", l.preset, strategy_name(l.kind), l.ep, l.tp,
-                                         l.dp_replicate > 1 ? " hybrid" : "");
+    cfg.layout.dims.pp = l.pp;
+    cfg.spec.tied_head = cfg.spec.tied_head || l.tied;
+    const std::string what = fmt::format("{} {} ep {} tp {}{}{}{}", l.preset, strategy_name(l.kind), l.ep, l.tp,
+                                         l.dp_replicate > 1 ? " hybrid" : "", l.pp > 1 ? " pp 2" : "",
+                                         l.tied ? " tied" : "");
     const PartsRun got = train_parts(cfg);  // this rank's losses, auxiliary losses and parameters
     const std::vector<float>& aux = got.aux;
     TrainConfig whole = cfg;  // one rank holding every expert
@@ -211,7 +218,8 @@ TEST_CASE("EP: models trained at ep 2 and ep 4 equal single-rank training", "[ep
     double worst_aux = 0;
     for (size_t i = 0; i < aux.size() && i < want.aux.size(); ++i)
       worst_aux = std::max(worst_aux, double(std::fabs(aux[i] - want.aux[i]) / std::fabs(want.aux[i])));
-    const size_t experts = std::count_if(got.layouts[1].tensors.begin(), got.layouts[1].tensors.end(),
+    const UnitLayout& layer = got.layouts[got.layouts[0].name == "embedding" ? 1 : 0];  // a stage's first layer
+    const size_t experts = std::count_if(layer.tensors.begin(), layer.tensors.end(),
                                          [](const TensorDecl& d) { return d.expert; });
     if (g_mpi->rank() == 0)
       std::printf("parity %-40s world %d: max loss rel diff %.2e, aux %.2e, param abs diff %.2e (%zu compared)\n",
