@@ -243,3 +243,19 @@ TEST_CASE("EP: models trained at ep 2 and ep 4 equal single-rank training", "[ep
     CHECK(m.measured_step().model_states == e.model_states);
   }
 }
+
+// Dropless, an expert rank's buffers hold what arrives (the routing decides); under
+// --moe-capacity-factor they hold every peer's full share, so the step's memory does not depend on
+// the data and the prediction (meta backend, balanced routing) equals the run allocation by allocation.
+TEST_CASE("EP: under a capacity factor memory is predicted to the byte", "[ep][estimator]") {
+  const int N = g_mpi->world();
+  for (StrategyKind k : {StrategyKind::zero3, StrategyKind::ddp}) {
+    TrainConfig cfg = parity_config(k, N);
+    cfg.spec = model_preset("qwen3-moe-tiny");
+    cfg.spec.moe_capacity_factor = 1.25;
+    cfg.batch = 2 * N;
+    cfg.steps = 2;
+    cfg.layout.dims.ep = N;
+    check_measured_is_predicted(cfg, fmt::format("qwen3-moe ep {} {} F 1.25", N, strategy_name(k)));
+  }
+}

@@ -9,11 +9,11 @@ namespace shardlab::blocks {
 
 [[noreturn]] static void unreachable() { std::abort(); }
 
-void ep_experts_forward(UnitContext&, Saved&, Tensor, Tensor, std::span<const int32_t>, const MoeWeights&) {
+void ep_experts_forward(UnitContext&, Saved&, Tensor, Tensor, std::span<const int32_t>, const MoeWeights&, int64_t) {
   unreachable();
 }
 void ep_experts_backward(UnitContext&, Saved&, Tensor, Tensor, std::span<const int32_t>, const MoeWeights&,
-                         const MoeWeights&) {
+                         const MoeWeights&, int64_t) {
   unreachable();
 }
 

@@ -70,6 +70,13 @@ void softmax_rows(std::vector<float>& x, int64_t N, int64_t E) {
   }
 }
 
+// The slots an expert takes of N tokens' under --moe-capacity-factor, in training only (c.moe set):
+// evaluation and decoding route dropless, so their results do not depend on the batch; 0: dropless.
+int64_t capacity_of(const UnitContext& c, int64_t N) {
+  const MoeSpec& m = c.spec.moe;
+  return c.spec.moe_capacity_factor > 0 && c.moe ? moe_capacity(c.spec.moe_capacity_factor, N, m.top_k, m.experts) : 0;
+}
+
 Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) {
   const MoeSpec& m = c.spec.moe;
   Routing r;
@@ -97,8 +104,7 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) 
   }
   // Sorted by expert, tokens in order within one; past capacity dropped, in training only (c.moe
   // set): evaluation and decoding route dropless, so their results do not depend on the batch.
-  const bool capped = c.spec.moe_capacity_factor > 0 && c.moe != nullptr;
-  const int64_t cap = capped ? moe_capacity(c.spec.moe_capacity_factor, N, k, E) : N * k;
+  const int64_t cap = capacity_of(c, N) > 0 ? capacity_of(c, N) : N * k;  // dropless: every slot fits
   r.per_expert.assign(static_cast<size_t>(E), 0);
   r.pos.assign(static_cast<size_t>(N * k), -1);
   r.token_of.assign(static_cast<size_t>(N * k), 0);
@@ -204,7 +210,7 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
     Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
     Tensor xs = xs_block.view(DType::f32, {P, C});
     ops::moe_gather(c.be, rows(xs, 0, r.kept), x, as_ints(route_t) + P);
-    ep_experts_forward(c, s, rows(xs, 0, r.kept), rows(y, 0, r.kept), r.per_expert, w);
+    ep_experts_forward(c, s, rows(xs, 0, r.kept), rows(y, 0, r.kept), r.per_expert, w, capacity_of(c, N));
     ops::moe_combine(c.be, out, rows(y, 0, r.kept), as_ints(route_t), weights, k, false);
     return;
   }
@@ -254,7 +260,7 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
     for (int64_t e = 0; e < E; ++e) counts[e] = static_cast<int32_t>(expert_rows(e));
     Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");
     Tensor dxs = dxs_block.view(DType::f32, {P, C});
-    ep_experts_backward(c, s, rows(dy, 0, kept), rows(dxs, 0, kept), counts, w, g);
+    ep_experts_backward(c, s, rows(dy, 0, kept), rows(dxs, 0, kept), counts, w, g, capacity_of(c, N));
     dy_block.reset();
     router_backward(c, s, dx, x, w, g, dw, ints, k);
     ops::moe_combine(c.be, dx, rows(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);

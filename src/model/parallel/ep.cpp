@@ -85,6 +85,13 @@ Tensor rows(Tensor t, int64_t r0, int64_t n) {
 
 const int32_t* ints(Tensor t, int64_t at) { return static_cast<const int32_t*>(t.data()) + at; }
 
+// Rows of the buffers for what arrives: under --moe-capacity-factor (training) every peer sends at
+// most `capacity` rows of each local expert, so D El capacity rows whatever the routing (memory
+// independent of the data, as without --ep); dropless, what arrives (at least one row).
+int64_t buffer_rows(const Exchange& x, int64_t capacity) {
+  return std::max<int64_t>(capacity > 0 ? x.D * x.El * capacity : x.R, 1);
+}
+
 // Rows moved by one all-to-all over the ep group: sent in `send`'s counts, received in `recv`'s.
 void exchange_rows(UnitContext& c, Tensor from, const std::vector<int64_t>& send, Tensor to,
                    const std::vector<int64_t>& recv) {
@@ -94,16 +101,16 @@ void exchange_rows(UnitContext& c, Tensor from, const std::vector<int64_t>& send
 }  // namespace
 
 void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span<const int32_t> per_expert,
-                        const MoeWeights& w) {
+                        const MoeWeights& w, int64_t capacity) {
   const int64_t C = xs.dim(1), F = moe_local_width(c);
   const Exchange x = plan(c, per_expert, C);
-  const int64_t R = x.R, Rs = std::max<int64_t>(R, 1), head = x.D * x.El;
+  const int64_t R = x.R, Rs = buffer_rows(x, capacity), head = x.D * x.El;
   // What backward needs of the exchange: the counts from each peer, and both reorderings.
-  Tensor ep_t = s.add(c.pool, "moe_ep", {head + 2 * R});
+  Tensor ep_t = s.add(c.pool, "moe_ep", {head + 2 * Rs});
   std::vector<int32_t> packed(x.from);
   packed.insert(packed.end(), x.by_expert.begin(), x.by_expert.end());
   packed.insert(packed.end(), x.by_peer.begin(), x.by_peer.end());
-  c.be.copy(ep_t, Tensor::flat(packed.data(), DType::f32, head + 2 * R));
+  c.be.copy(ep_t.slice(0, head + 2 * R), Tensor::flat(packed.data(), DType::f32, head + 2 * R));
 
   Tensor xl = s.add(c.pool, "moe_xl", {Rs, C});
   {
@@ -130,7 +137,7 @@ void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span
 }
 
 void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::span<const int32_t> per_expert,
-                         const MoeWeights& w, const MoeWeights& g) {
+                         const MoeWeights& w, const MoeWeights& g, int64_t capacity) {
   const int64_t C = dy.dim(1), F = moe_local_width(c), D = c.tp.ep_comm->world_size();
   const int64_t El = static_cast<int64_t>(per_expert.size()) / D;
   // The counts from each peer as forward received them (on meta, which kept no values: as forward assumed).
@@ -140,7 +147,7 @@ void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::s
   if (c.be.device() == Device::meta)
     for (int64_t i = 0; i < D * El; ++i) from[i] = per_expert[static_cast<size_t>(c.tp.ep_comm->rank() * El + i % El)];
   const Exchange x = exchange_of(static_cast<int>(D), c.tp.ep_comm->rank(), C, per_expert, std::move(from));
-  const int64_t R = x.R, Rs = std::max<int64_t>(R, 1), head = D * El;
+  const int64_t R = x.R, Rs = buffer_rows(x, capacity), head = D * El;
   Tensor act = s("moe_act"), gate_up = s("moe_gate_up"), xl = s("moe_xl");
 
   Block dyl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep backward dy");

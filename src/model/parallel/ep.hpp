@@ -14,9 +14,10 @@
 //             slots' outputs in the order it sent them, and combines them as without --ep.
 //
 // Backward sends d(y) the dispatch's way and returns d(x) the combine's way. A rank's expert rows
-// depend on the routing of the whole group: the buffers are sized to what arrives (dropless), so
-// measured memory follows the routing; the meta backend (plan, profile) assumes every rank routes as
-// evenly as its round robin does, and receives as many rows as it sends.
+// depend on the routing of the whole group: dropless, the buffers are sized to what arrives, so
+// measured memory follows the routing, and the meta backend (plan, profile) assumes every rank
+// routes as evenly as its round robin does; under --moe-capacity-factor they are sized for the
+// capacity (every peer's full share), and measured = predicted.
 #pragma once
 #include <span>
 
@@ -26,11 +27,13 @@ namespace shardlab::blocks {
 
 // xs (kept, C): this rank's kept slots' tokens sorted by expert (per_expert: E counts); y (kept, C)
 // receives their experts' outputs in the same order. What backward needs is saved in s ("moe_*").
+// capacity: the rows an expert takes from each rank under --moe-capacity-factor (0: dropless); with
+// one, the buffers are sized for every peer's full share, so memory does not follow the routing.
 void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span<const int32_t> per_expert,
-                        const MoeWeights& w);
+                        const MoeWeights& w, int64_t capacity);
 // dy (kept, C): d(y) in xs's order; dxs (kept, C) receives d(xs); the local experts' gradients
 // accumulate into g.
 void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::span<const int32_t> per_expert,
-                         const MoeWeights& w, const MoeWeights& g);
+                         const MoeWeights& w, const MoeWeights& g, int64_t capacity);
 
 }  // namespace shardlab::blocks
