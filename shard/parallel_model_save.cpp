@@ -23,7 +23,8 @@ const UnitLayout& unit_named(const std::vector<UnitLayout>& layout, const std::s
 std::vector<std::vector<float>> ParallelModel::stage_units_whole(std::vector<std::vector<float>> host) {
   const std::vector<UnitLayout> whole = family_of(cfg_.spec).layout(cfg_.spec);
   std::vector<UnitLayout> local, wanted;
-  const std::vector<UnitLayout> ep_whole = family_of(cfg_.spec).layout(cfg_.spec, whole_experts());
+  const std::vector<UnitLayout> ep_whole =
+      tp_.expert_parallel() ? family_of(cfg_.spec).layout(cfg_.spec, whole_experts()) : std::vector<UnitLayout>{};
   for (size_t u = 0; u < units_.size(); ++u) {
     // Under --ep host holds every expert already (ep_units_whole).
     UnitLayout l = tp_.expert_parallel() ? unit_named(ep_whole, units_[u]->name()) : units_[u]->layout();
@@ -68,8 +69,7 @@ std::vector<std::vector<float>> ParallelModel::ep_units_whole(std::vector<std::v
     out[u].assign(static_cast<size_t>(w.numel), 0.f);
     for (int q = 0; q < D; ++q)
       for (const TensorDecl& t : unit_named(parts[static_cast<size_t>(q)], units_[u]->name()).tensors) {
-        if (t.tied_copy) continue;  // appended last: the owner's stage saves it
-        const TensorDecl& to = w.find(t.name);
+        const TensorDecl& to = w.find(t.name);  // (a unit's tied copy comes last, after every part's tensor)
         std::copy_n(all.begin() + static_cast<int64_t>(q * n) + t.offset, t.numel, out[u].begin() + to.offset);
       }
   }

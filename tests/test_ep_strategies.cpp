@@ -60,7 +60,6 @@ LayerRun run_layer(const ModelSpec& spec, Communicator* ep, int64_t first, int64
   blocks::MoeWeights w, g;
   w.router = t.make(random_values(static_cast<size_t>(E * C), 7, 0.5f), E, C);
   g.router = t.make(std::vector<float>(static_cast<size_t>(E * C), 0.f), E, C);
-  w.first = g.first = first;
   for (int64_t e = first; e < first + count; ++e) {
     w.gate_up.push_back(t.make(random_values(static_cast<size_t>(2 * F * C), 100 + e, 0.2f), 2 * F, C));
     w.down.push_back(t.make(random_values(static_cast<size_t>(C * F), 200 + e, 0.2f), C, F));

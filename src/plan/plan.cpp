@@ -251,8 +251,8 @@ class Searcher {
                     "divides)", *ep, s.name, s.moe.experts);
       return S % *ep == 0 ? std::vector<int>{*ep} : std::vector<int>{};
     }
-    std::vector<int> eps;
     if (c_.pins.dp_shard) return {1};  // a pinned shard group is train's: ep given with it, or none
+    std::vector<int> eps;
     for (int e : divisors(S))
       if (e == 1 || (s.moe.enabled() && s.moe.experts % e == 0)) eps.push_back(e);
     return eps;

@@ -148,9 +148,15 @@ double memory_rate(const DeviceRates& r, const Achievable& a) {
   return a.whole_step ? std::numeric_limits<double>::infinity() : r.hbm.value * a.memory;
 }
 
-// The ep group's link: its ranks are cp x tp apart (ep x cp x tp consecutive ranks).
+// Bytes per second of a group whose members lie within `span` consecutive ranks: the intra-node
+// link when those fit a node, else the network.
+double link_rate(int64_t span, const DeviceRates& r, const Achievable& a) {
+  return span <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+}
+
+// The ep group's: its ranks are cp x tp apart (ep x cp x tp consecutive ranks).
 double ep_link(const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
-  return int64_t{l.ep} * l.cp * l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+  return link_rate(int64_t{l.ep} * l.cp * l.tp, r, a);
 }
 
 // One layer on one TP rank for one micro-batch, in seconds.
@@ -191,7 +197,7 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
     lt.core_bwd = backward_seconds(gs.core, l.act_bytes, r, a) + scores * c.score_accesses_bwd * act / mem;
   }
   if (l.tp > 1) {
-    const double link = l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    const double link = link_rate(l.tp, r, a);
     lt.tp_collective = 2 * (t - 1) / t * n * h * act / link;
   }
   if (l.ep > 1) {
@@ -199,7 +205,7 @@ LayerTime layer_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates&
     lt.ep_exchange = (E - 1) / E * n * double(m.moe.top_k) * h * act / link;
   }
   if (l.cp > 1) {
-    const double link = int64_t{l.cp} * l.tp <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    const double link = link_rate(int64_t{l.cp} * l.tp, r, a);
     const double G = b * s * 2 * (g / t) * hd * act;  // the group's K/V rows
     if (l.cp_method == CpMethod::ring) {
       const double hop = G / C / link;
@@ -308,8 +314,7 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   out.stage_s = st.total();
   sp.bubble = l.schedule->bubble_stages(p, v, M) * out.stage_s;
   if (l.pp > 1) {
-    const bool one_node = int64_t{l.tp} * l.cp * l.dp * l.pp <= r.ranks_per_node;
-    const double link = one_node ? r.intra.value * a.intra : r.inter.value * a.inter;
+    const double link = link_rate(int64_t{l.tp} * l.cp * l.dp * l.pp, r, a);  // intra when the whole layout is one node
     const double bytes = double(l.micro_batch * m.seq * m.dim) * l.act_bytes /
                          (l.sequence_parallel || l.pp_scatter_gather ? l.tp : 1) / l.cp;
     sp.pp_p2p = M * v * 2 * bytes / link;
@@ -328,15 +333,12 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   const double repeats = tr.per_micro && l.pp == 1 ? M : 1;
   if (D > 1) {
     // dp ranks are tp apart (tp innermost; cp x tp under cp): a group of S spans S x tp ranks, the whole D x tp.
-    auto link = [&](int64_t span) {
-      return span <= r.ranks_per_node ? r.intra.value * a.intra : r.inter.value * a.inter;
-    };
-    const double bw_s = link(int64_t{S} * l.tp), bw_all = link(int64_t{D} * l.tp);
+    const double bw_s = link_rate(int64_t{S} * l.tp, r, a), bw_all = link_rate(int64_t{D} * l.tp, r, a);
     double group = tr.group_overlapped_bus();
     if (l.dp_strategy == StrategyKind::zero3 && l.pp == 1 && l.recompute == Checkpointing::blocks)
       group += tr.fs() * tr.p;  // the recomputed forward gathers again
     const double group_s = l.dp_strategy == StrategyKind::zero3 && l.zeropp.any()
-                               ? zeropp_seconds(l, st.params, S, r, a, link(int64_t{S} * l.tp))
+                               ? zeropp_seconds(l, st.params, S, r, a, bw_s)
                                : group / bw_s;
     const double overlappable = repeats * (group_s + tr.across_bus() / bw_all) + tr.world_bus() / bw_all;
     const double exposed = tr.group_exposed_bus() / bw_s;

@@ -104,7 +104,7 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) 
   }
   // Sorted by expert, tokens in order within one; past capacity dropped, in training only (c.moe
   // set): evaluation and decoding route dropless, so their results do not depend on the batch.
-  const int64_t cap = capacity_of(c, N) > 0 ? capacity_of(c, N) : N * k;  // dropless: every slot fits
+  const int64_t capped = capacity_of(c, N), cap = capped > 0 ? capped : N * k;  // dropless: every slot fits
   r.per_expert.assign(static_cast<size_t>(E), 0);
   r.pos.assign(static_cast<size_t>(N * k), -1);
   r.token_of.assign(static_cast<size_t>(N * k), 0);
@@ -126,11 +126,6 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) 
   return r;
 }
 
-// rows [r0, r0 + n) of a (rows, cols) tensor
-Tensor rows(Tensor t, int64_t r0, int64_t n) {
-  const int64_t cols = t.dim(1), shape[] = {n, cols};
-  return t.slice(r0 * cols, n * cols).reshape(shape);
-}
 
 const int32_t* as_ints(Tensor t) { return static_cast<const int32_t*>(t.data()); }
 
@@ -209,9 +204,9 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
     Tensor y = s.add(c.pool, "moe_y", {P, C});
     Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
     Tensor xs = xs_block.view(DType::f32, {P, C});
-    ops::moe_gather(c.be, rows(xs, 0, r.kept), x, as_ints(route_t) + P);
-    ep_experts_forward(c, s, rows(xs, 0, r.kept), rows(y, 0, r.kept), r.per_expert, w, capacity_of(c, N));
-    ops::moe_combine(c.be, out, rows(y, 0, r.kept), as_ints(route_t), weights, k, false);
+    ops::moe_gather(c.be, row_range(xs, 0, r.kept), x, as_ints(route_t) + P);
+    ep_experts_forward(c, s, row_range(xs, 0, r.kept), row_range(y, 0, r.kept), r.per_expert, w, capacity_of(c, N));
+    ops::moe_combine(c.be, out, row_range(y, 0, r.kept), as_ints(route_t), weights, k, false);
     return;
   }
 
@@ -219,16 +214,16 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   Tensor y = s.add(c.pool, "moe_y", {P, C});
   Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
   Tensor xs = xs_block.view(DType::f32, {P, C});
-  ops::moe_gather(c.be, rows(xs, 0, r.kept), x, as_ints(route_t) + P);
+  ops::moe_gather(c.be, row_range(xs, 0, r.kept), x, as_ints(route_t) + P);
   const auto routed = [&](int64_t e) { return int64_t{r.per_expert[e]}; };
   for_each_expert(E, routed, [&](int64_t e, int64_t r0, int64_t n) {
-    linear_forward(c.be, rows(gate_up, r0, n), rows(xs, r0, n), w.gate_up[e], n);
+    linear_forward(c.be, row_range(gate_up, r0, n), row_range(xs, r0, n), w.gate_up[e], n);
   });
-  if (r.kept > 0) ops::swiglu_forward(c.be, rows(act, 0, r.kept), rows(gate_up, 0, r.kept));
+  if (r.kept > 0) ops::swiglu_forward(c.be, row_range(act, 0, r.kept), row_range(gate_up, 0, r.kept));
   for_each_expert(E, routed, [&](int64_t e, int64_t r0, int64_t n) {
-    linear_forward(c.be, rows(y, r0, n), rows(act, r0, n), w.down[e], n);
+    linear_forward(c.be, row_range(y, r0, n), row_range(act, r0, n), w.down[e], n);
   });
-  ops::moe_combine(c.be, out, rows(y, 0, r.kept), as_ints(route_t), weights, k, false);
+  ops::moe_combine(c.be, out, row_range(y, 0, r.kept), as_ints(route_t), weights, k, false);
 }
 
 void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, const MoeWeights& w,
@@ -252,7 +247,7 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   Block dy_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dy");
   Block dw_block = c.pool.alloc(DType::f32, P, Category::workspace, "moe backward dweights");
   Tensor dy = dy_block.view(DType::f32, {P, C}), dw = dw_block.flat(DType::f32);
-  ops::moe_combine_backward(c.be, rows(dy, 0, kept), dw, dout, rows(s("moe_y"), 0, kept), as_ints(route_t),
+  ops::moe_combine_backward(c.be, row_range(dy, 0, kept), dw, dout, row_range(s("moe_y"), 0, kept), as_ints(route_t),
                             s("moe_w"), k);
   tp_sum(c, dw);  // under --tp y, and so d(weights), are this rank's experts' slices' part
   if (c.tp.expert_parallel()) {
@@ -260,33 +255,35 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
     for (int64_t e = 0; e < E; ++e) counts[e] = static_cast<int32_t>(expert_rows(e));
     Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");
     Tensor dxs = dxs_block.view(DType::f32, {P, C});
-    ep_experts_backward(c, s, rows(dy, 0, kept), rows(dxs, 0, kept), counts, w, g, capacity_of(c, N));
+    ep_experts_backward(c, s, row_range(dy, 0, kept), row_range(dxs, 0, kept), counts, w, g, capacity_of(c, N));
     dy_block.reset();
     router_backward(c, s, dx, x, w, g, dw, ints, k);
-    ops::moe_combine(c.be, dx, rows(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);
+    ops::moe_combine(c.be, dx, row_range(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);
     return;
   }
   // Down, then SwiGLU, then gate/up, expert by expert.
   Block dact_block = c.pool.alloc(DType::f32, P * F, Category::workspace, "moe backward dact");
   Tensor dact = dact_block.view(DType::f32, {P, F}), act = s("moe_act"), gate_up = s("moe_gate_up");
   for_each_expert(E, expert_rows, [&](int64_t e, int64_t r0, int64_t n) {
-    linear_backward(c, rows(dact, r0, n), g.down[e], rows(dy, r0, n), rows(act, r0, n), w.down[e], n);
+    linear_backward(c, row_range(dact, r0, n), g.down[e], row_range(dy, r0, n), row_range(act, r0, n), w.down[e], n);
   });
   dy_block.reset();
   Block dgu_block = c.pool.alloc(DType::f32, P * 2 * F, Category::workspace, "moe backward dgate_up");
   Tensor dgate_up = dgu_block.view(DType::f32, {P, 2 * F});
-  if (kept > 0) ops::swiglu_backward(c.be, rows(dgate_up, 0, kept), rows(gate_up, 0, kept), rows(dact, 0, kept));
+  if (kept > 0)
+    ops::swiglu_backward(c.be, row_range(dgate_up, 0, kept), row_range(gate_up, 0, kept), row_range(dact, 0, kept));
   dact_block.reset();
   Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward tokens by expert");
   Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");
   Tensor xs = xs_block.view(DType::f32, {P, C}), dxs = dxs_block.view(DType::f32, {P, C});
-  ops::moe_gather(c.be, rows(xs, 0, kept), x, as_ints(route_t) + P);
+  ops::moe_gather(c.be, row_range(xs, 0, kept), x, as_ints(route_t) + P);
   for_each_expert(E, expert_rows, [&](int64_t e, int64_t r0, int64_t n) {
-    linear_backward(c, rows(dxs, r0, n), g.gate_up[e], rows(dgate_up, r0, n), rows(xs, r0, n), w.gate_up[e], n);
+    linear_backward(c, row_range(dxs, r0, n), g.gate_up[e], row_range(dgate_up, r0, n), row_range(xs, r0, n),
+                    w.gate_up[e], n);
   });
 
   router_backward(c, s, dx, x, w, g, dw, ints, k);
-  ops::moe_combine(c.be, dx, rows(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);
+  ops::moe_combine(c.be, dx, row_range(dxs, 0, kept), as_ints(route_t), Tensor(), k, true);
 }
 
 }  // namespace blocks

@@ -57,6 +57,12 @@ namespace blocks {
 // rank's slice of it (gate and up split by rows, down by columns, as the dense MLP).
 inline int64_t moe_local_width(const UnitContext& c) { return c.spec.moe.ffn_dim / c.tp.config.degree; }
 
+// Rows [r0, r0 + n) of a (rows, cols) tensor: one expert's run of the buffers sorted by expert.
+inline Tensor row_range(Tensor t, int64_t r0, int64_t n) {
+  const int64_t cols = t.dim(1), shape[] = {n, cols};
+  return t.slice(r0 * cols, n * cols).reshape(shape);
+}
+
 // f(i, r0, n) for each expert i (of `experts`) with n = count(i) > 0 rows, r0 its first row in the
 // buffers sorted by expert (one GEMM per expert over them).
 template <class Count, class F>
@@ -70,11 +76,10 @@ int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts);
 
 // The layer's parameters (or gradients): the router (E, C) and, per expert, the stacked (gate; up)
 // (2F, C) and down (C, F), as ParamSet::gemm hands them for parameters.
-// Under expert parallelism the experts are this rank's block, from expert `first` on.
+// Under expert parallelism the experts are this rank's block (TpConfig).
 struct MoeWeights {
   Tensor router;
   std::vector<Tensor> gate_up, down;
-  int64_t first = 0;
 };
 
 // out (N, C) = the MoE MLP of x (N, C); what backward needs saved in s (prefix-free names "moe_*").

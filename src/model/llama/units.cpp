@@ -273,9 +273,8 @@ class DecoderLayerUnit final : public Unit {
     blocks::MoeWeights m;
     const auto get = [&](const std::string& name) { return gemm ? p.gemm(name) : p(name); };
     m.router = get(moe_tensor(spec, prefix_, MoePart::router));
-    const int64_t local = spec.moe.experts / layout().ep_degree;  // this expert-parallel rank's experts
-    m.first = layout().ep_rank * local;
-    for (int64_t e = m.first; e < m.first + local; ++e) {
+    const int64_t local = spec.moe.experts / layout().ep_degree, first = layout().ep_rank * local;  // this rank's
+    for (int64_t e = first; e < first + local; ++e) {
       m.gate_up.push_back(stacked({get(moe_tensor(spec, prefix_, MoePart::gate, e)),
                                    get(moe_tensor(spec, prefix_, MoePart::up, e))}));
       m.down.push_back(get(moe_tensor(spec, prefix_, MoePart::down, e)));

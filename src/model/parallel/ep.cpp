@@ -14,8 +14,8 @@ namespace {
 
 // One layer's exchange over the ep group of D ranks, E / D = El experts each.
 struct Exchange {
-  int D = 1, me = 0;
-  int64_t El = 0, C = 0, R = 0;      // R: rows this rank's experts receive
+  int D = 1;
+  int64_t El = 0, R = 0;             // R: rows this rank's experts receive
   std::vector<int32_t> from;         // (D El): rows peer s sends local expert l, at s El + l
   std::vector<int64_t> send, recv;   // elements to and from each peer
   std::vector<int64_t> expert_rows;  // (El): each local expert's rows, every peer's
@@ -23,10 +23,11 @@ struct Exchange {
   std::vector<int32_t> by_peer;      // (R): received row j is expert-major row by_peer[j]
 };
 
-// The counts both ways from `from` (known) and this rank's per_expert (E), and the reorderings.
-Exchange exchange_of(int D, int me, int64_t C, std::span<const int32_t> per_expert, std::vector<int32_t> from) {
+// The counts both ways (elements of C columns) from `from` (known) and this rank's per_expert (E),
+// and the reorderings.
+Exchange exchange_of(int D, int64_t C, std::span<const int32_t> per_expert, std::vector<int32_t> from) {
   Exchange x;
-  x.D = D, x.me = me, x.C = C, x.El = static_cast<int64_t>(per_expert.size()) / D, x.from = std::move(from);
+  x.D = D, x.El = static_cast<int64_t>(per_expert.size()) / D, x.from = std::move(from);
   const int64_t El = x.El;
   x.send.assign(static_cast<size_t>(D), 0), x.recv.assign(static_cast<size_t>(D), 0);
   x.expert_rows.assign(static_cast<size_t>(El), 0);
@@ -58,30 +59,30 @@ void timed(UnitContext& c, F f) {
   if (c.tp.ep_wait_s) *c.tp.ep_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Forward: the counts all-to-all (every peer's rows for each of this rank's experts). On the meta
-// backend, which has no values, every peer is taken to send what this rank sends itself.
+// On the meta backend, which has no values, the counts from each peer: what this rank sends its
+// own experts (every rank routes as evenly as its round robin).
+void assume_balanced(const UnitContext& c, std::span<const int32_t> per_expert, std::vector<int32_t>& from) {
+  if (c.be.device() != Device::meta) return;
+  const int64_t El = static_cast<int64_t>(per_expert.size()) / c.tp.ep_comm->world_size();
+  for (size_t i = 0; i < from.size(); ++i)
+    from[i] = per_expert[static_cast<size_t>(c.tp.ep_comm->rank() * El) + i % static_cast<size_t>(El)];
+}
+
+// Forward: the counts all-to-all (every peer's rows for each of this rank's experts).
 Exchange plan(UnitContext& c, std::span<const int32_t> per_expert, int64_t C) {
   Communicator& comm = *c.tp.ep_comm;
-  const int D = comm.world_size(), me = comm.rank();
-  const int64_t E = static_cast<int64_t>(per_expert.size()), El = E / D;
+  const int64_t E = static_cast<int64_t>(per_expert.size());
   Block b = c.pool.alloc(DType::f32, 2 * E, Category::comm_buffer, "moe ep counts");
   Tensor mine = b.flat(DType::f32).slice(0, E), theirs = b.flat(DType::f32).slice(E, E);
   std::vector<float> h(per_expert.begin(), per_expert.end());  // counts below 2^24: exact in f32
   c.be.copy(mine, Tensor::flat(h.data(), DType::f32, E));
   timed(c, [&] { comm.all_to_all(mine, theirs).wait(); });
   c.be.copy(Tensor::flat(h.data(), DType::f32, E), theirs);
-  std::vector<int32_t> from(static_cast<size_t>(E));
-  for (int64_t i = 0; i < E; ++i)
-    from[i] = c.be.device() == Device::meta ? per_expert[static_cast<size_t>(me * El + i % El)]
-                                            : static_cast<int32_t>(h[i]);
-  return exchange_of(D, me, C, per_expert, std::move(from));
+  std::vector<int32_t> from(h.begin(), h.end());
+  assume_balanced(c, per_expert, from);
+  return exchange_of(comm.world_size(), C, per_expert, std::move(from));
 }
 
-// rows [r0, r0 + n) of a (rows, cols) tensor
-Tensor rows(Tensor t, int64_t r0, int64_t n) {
-  const int64_t cols = t.dim(1), shape[] = {n, cols};
-  return t.slice(r0 * cols, n * cols).reshape(shape);
-}
 
 const int32_t* ints(Tensor t, int64_t at) { return static_cast<const int32_t*>(t.data()) + at; }
 
@@ -96,6 +97,27 @@ int64_t buffer_rows(const Exchange& x, int64_t capacity) {
 void exchange_rows(UnitContext& c, Tensor from, const std::vector<int64_t>& send, Tensor to,
                    const std::vector<int64_t>& recv) {
   timed(c, [&] { c.tp.ep_comm->all_to_all_v(from, send, to, recv).wait(); });
+}
+
+// This rank's rows `src` to their experts' ranks, laid out expert by expert into dst (Rs rows: the
+// first R used); ep_t holds the reorderings (after the D El counts).
+void dispatch(UnitContext& c, const Exchange& x, Tensor src, Tensor dst, Tensor ep_t, const char* what) {
+  const int64_t Rs = dst.dim(0), C = dst.dim(1);
+  Block recv = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, what);
+  exchange_rows(c, src, x.send, row_range(recv.view(DType::f32, {Rs, C}), 0, x.R), x.recv);
+  if (x.R > 0) ops::moe_gather(c.be, row_range(dst, 0, x.R), recv.view(DType::f32, {Rs, C}), ints(ep_t, x.D * x.El));
+}
+
+// The reverse: the expert-major rows of `src` (Rs, C; freed once reordered) back to the ranks they
+// came from, into dst in the order those ranks sent them.
+void give_back(UnitContext& c, const Exchange& x, Block src, Tensor dst, Tensor ep_t, int64_t Rs, const char* what) {
+  const int64_t C = dst.dim(1);
+  Block back = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, what);
+  Tensor peer_major = back.view(DType::f32, {Rs, C});
+  if (x.R > 0)
+    ops::moe_gather(c.be, row_range(peer_major, 0, x.R), src.view(DType::f32, {Rs, C}), ints(ep_t, x.D * x.El + x.R));
+  src.reset();
+  exchange_rows(c, row_range(peer_major, 0, x.R), x.recv, dst, x.send);
 }
 
 }  // namespace
@@ -113,27 +135,19 @@ void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span
   c.be.copy(ep_t.slice(0, head + 2 * R), Tensor::flat(packed.data(), DType::f32, head + 2 * R));
 
   Tensor xl = s.add(c.pool, "moe_xl", {Rs, C});
-  {
-    Block recv = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep tokens received");
-    exchange_rows(c, xs, x.send, rows(recv.view(DType::f32, {Rs, C}), 0, R), x.recv);
-    if (R > 0) ops::moe_gather(c.be, rows(xl, 0, R), recv.view(DType::f32, {Rs, C}), ints(ep_t, head));
-  }
+  dispatch(c, x, xs, xl, ep_t, "moe ep tokens received");
   Tensor gate_up = s.add(c.pool, "moe_gate_up", {Rs, 2 * F}), act = s.add(c.pool, "moe_act", {Rs, F});
   Block yl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep expert outputs");
   Tensor yl = yl_block.view(DType::f32, {Rs, C});
   const auto arrived = [&](int64_t l) { return x.expert_rows[l]; };
   for_each_expert(x.El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
-    linear_forward(c.be, rows(gate_up, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+    linear_forward(c.be, row_range(gate_up, r0, n), row_range(xl, r0, n), w.gate_up[l], n);
   });
-  if (R > 0) ops::swiglu_forward(c.be, rows(act, 0, R), rows(gate_up, 0, R));
+  if (R > 0) ops::swiglu_forward(c.be, row_range(act, 0, R), row_range(gate_up, 0, R));
   for_each_expert(x.El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
-    linear_forward(c.be, rows(yl, r0, n), rows(act, r0, n), w.down[l], n);
+    linear_forward(c.be, row_range(yl, r0, n), row_range(act, r0, n), w.down[l], n);
   });
-  Block back = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep outputs returned");
-  Tensor yr = back.view(DType::f32, {Rs, C});
-  if (R > 0) ops::moe_gather(c.be, rows(yr, 0, R), yl, ints(ep_t, head + R));
-  yl_block.reset();
-  exchange_rows(c, rows(yr, 0, R), x.recv, y, x.send);
+  give_back(c, x, std::move(yl_block), y, ep_t, Rs, "moe ep outputs returned");
 }
 
 void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::span<const int32_t> per_expert,
@@ -144,41 +158,33 @@ void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::s
   Tensor ep_t = s("moe_ep");
   std::vector<int32_t> from(static_cast<size_t>(D * El), 0);
   c.be.copy(Tensor::flat(from.data(), DType::f32, D * El), ep_t.slice(0, D * El));
-  if (c.be.device() == Device::meta)
-    for (int64_t i = 0; i < D * El; ++i) from[i] = per_expert[static_cast<size_t>(c.tp.ep_comm->rank() * El + i % El)];
-  const Exchange x = exchange_of(static_cast<int>(D), c.tp.ep_comm->rank(), C, per_expert, std::move(from));
-  const int64_t R = x.R, Rs = buffer_rows(x, capacity), head = D * El;
+  assume_balanced(c, per_expert, from);
+  const Exchange x = exchange_of(static_cast<int>(D), C, per_expert, std::move(from));
+  const int64_t R = x.R, Rs = buffer_rows(x, capacity);
   Tensor act = s("moe_act"), gate_up = s("moe_gate_up"), xl = s("moe_xl");
 
   Block dyl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep backward dy");
   Tensor dyl = dyl_block.view(DType::f32, {Rs, C});
-  {
-    Block recv = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep dy received");
-    exchange_rows(c, dy, x.send, rows(recv.view(DType::f32, {Rs, C}), 0, R), x.recv);
-    if (R > 0) ops::moe_gather(c.be, rows(dyl, 0, R), recv.view(DType::f32, {Rs, C}), ints(ep_t, head));
-  }
+  dispatch(c, x, dy, dyl, ep_t, "moe ep dy received");
   Block dact_block = c.pool.alloc(DType::f32, Rs * F, Category::workspace, "moe ep backward dact");
   Tensor dact = dact_block.view(DType::f32, {Rs, F});
   const auto arrived = [&](int64_t l) { return x.expert_rows[l]; };
   for_each_expert(El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
-    linear_backward(c, rows(dact, r0, n), g.down[l], rows(dyl, r0, n), rows(act, r0, n), w.down[l], n);
+    linear_backward(c, row_range(dact, r0, n), g.down[l], row_range(dyl, r0, n), row_range(act, r0, n), w.down[l], n);
   });
   dyl_block.reset();
   Block dgu_block = c.pool.alloc(DType::f32, Rs * 2 * F, Category::workspace, "moe ep backward dgate_up");
   Tensor dgu = dgu_block.view(DType::f32, {Rs, 2 * F});
-  if (R > 0) ops::swiglu_backward(c.be, rows(dgu, 0, R), rows(gate_up, 0, R), rows(dact, 0, R));
+  if (R > 0) ops::swiglu_backward(c.be, row_range(dgu, 0, R), row_range(gate_up, 0, R), row_range(dact, 0, R));
   dact_block.reset();
   Block dxl_block = c.pool.alloc(DType::f32, Rs * C, Category::workspace, "moe ep backward dx");
   Tensor dxl = dxl_block.view(DType::f32, {Rs, C});
   for_each_expert(El, arrived, [&](int64_t l, int64_t r0, int64_t n) {
-    linear_backward(c, rows(dxl, r0, n), g.gate_up[l], rows(dgu, r0, n), rows(xl, r0, n), w.gate_up[l], n);
+    linear_backward(c, row_range(dxl, r0, n), g.gate_up[l], row_range(dgu, r0, n), row_range(xl, r0, n), w.gate_up[l],
+                    n);
   });
   dgu_block.reset();
-  Block back = c.pool.alloc(DType::f32, Rs * C, Category::comm_buffer, "moe ep dx returned");
-  Tensor dxr = back.view(DType::f32, {Rs, C});
-  if (R > 0) ops::moe_gather(c.be, rows(dxr, 0, R), dxl, ints(ep_t, head + R));
-  dxl_block.reset();
-  exchange_rows(c, rows(dxr, 0, R), x.recv, dxs, x.send);
+  give_back(c, x, std::move(dxl_block), dxs, ep_t, Rs, "moe ep dx returned");
 }
 
 }  // namespace shardlab::blocks
