@@ -21,8 +21,9 @@ ExitCode cmd_info(const Args& args, const Context& ctx) {
   Pool pool(*backend);
   auto comm = ctx.world(CommKind::mpi).connect(pool);
   // Every rank's line, gathered to rank 0 so the output is ordered.
-  auto lines = comm->gather_strings(fmt::format("rank {}/{} (local {}/{}): {}", mpi.rank(), mpi.world(),
-                                                mpi.local_rank(), mpi.local_size(), backend->describe()));
+  auto lines = comm->gather_strings(fmt::format("rank {}/{} (local {}/{} on {}): {}", mpi.rank(), mpi.world(),
+                                                mpi.local_rank(), mpi.local_size(), mpi.host_of(mpi.rank()),
+                                                backend->describe()));
   if (mpi.rank() == 0) {
     const char* wait = std::getenv("OMP_WAIT_POLICY");  // main.cpp sets passive unless given
     std::printf("shardlab %s — CUDA backend %s, %d CUDA device(s) visible, OpenMP waits %s\n", "0.1.0",

@@ -7,11 +7,13 @@
 
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "src/comm/mpi_runtime.hpp"
 #include "src/core/check.hpp"
@@ -83,6 +85,7 @@ namespace {
 //   forwards and a rank takes as its SIGTERM (save after the step in progress, exit 0). SIGHUP,
 //   SIGUSR1 and SIGUSR2 go to mpirun as they are, as when the launcher was mpirun.
 volatile std::sig_atomic_t g_mpirun = 0;
+constexpr int kExitTimeoutStatus = exit_status(ExitCode::collective_timeout);
 
 int forwarded(int sig) { return sig == SIGINT ? SIGUSR2 : sig == SIGTERM ? SIGUSR1 : sig; }
 
@@ -119,6 +122,44 @@ int job_status(int wait_status, const std::string& status_file) {
   std::ifstream in(status_file);
   int rank_status = 0;
   return in >> rank_status ? rank_status : 0;
+}
+
+// A rank's last status in the launcher's file (0: none yet).
+int reported_status(const std::string& status_file) {
+  std::ifstream in(status_file);
+  int s = 0, last = 0;
+  while (in >> s) last = s;
+  return last;
+}
+
+// Waits for mpirun. A rank ended by --collective-timeout (status 5 in the file) has ended the job,
+// but mpirun waits for the daemons of every host, and one whose link is down never answers (Open
+// MPI waits out TCP's retransmissions, a quarter of an hour): kKillAfterS after the report the
+// launcher ends mpirun itself. The ranks on such a host end on their own watchdog.
+struct MpirunEnd {
+  int wait_status = 0;
+  bool ended_by_launcher = false;
+};
+
+MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
+  constexpr double kKillAfterS = 5;
+  int wait_status = 0;
+  auto reported = std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    const pid_t got = ::waitpid(child, &wait_status, WNOHANG);
+    if (got == child || (got < 0 && errno != EINTR)) return {wait_status, false};
+    const auto now = std::chrono::steady_clock::now();
+    if (reported == std::chrono::steady_clock::time_point::max()) {
+      if (reported_status(status_file) == kExitTimeoutStatus) reported = now;
+    } else if (now - reported > std::chrono::duration<double>(kKillAfterS)) {
+      std::fprintf(stderr, "shardlab: mpirun did not end %.0f s after a rank's --collective-timeout report (a host "
+                   "unreachable?); ending it. Ranks on hosts it cannot reach end on their own timeout.\n", kKillAfterS);
+      ::kill(-child, SIGKILL);
+      while (::waitpid(child, &wait_status, 0) < 0 && errno == EINTR) {}
+      return {wait_status, true};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 [[noreturn]] void run_mpirun(std::vector<std::string> cmd, int nproc) {
@@ -159,9 +200,10 @@ int job_status(int wait_status, const std::string& status_file) {
   do got = ::read(report[0], &exec_errno, sizeof exec_errno);
   while (got < 0 && errno == EINTR);
   ::close(report[0]);
-  int wait_status = 0;
-  while (::waitpid(child, &wait_status, 0) < 0 && errno == EINTR) {}
-  const int status = got > 0 ? -1 : job_status(wait_status, status_file);
+  const MpirunEnd end = wait_mpirun(child, status_file);
+  const int status = got > 0                 ? -1
+                     : end.ended_by_launcher ? kExitTimeoutStatus
+                                             : job_status(end.wait_status, status_file);
   std::filesystem::remove(status_file);
   if (status < 0)
     throw InputError(fmt::format("--nproc {}: could not start '{}': {} (is Open MPI installed? "

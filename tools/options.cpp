@@ -391,7 +391,7 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   strategy.apply_dtypes(cfg.strategy);
   strategy.apply_zeropp(cfg.strategy);
   strategy.apply_prefetch(cfg.strategy);
-  cfg.layout.ranks_per_node = strategy.ranks_per_node;
+  cfg.layout.ranks_per_node = node_ranks_for_links(ctx, world, strategy.ranks_per_node);
   SHARD_REQUIRE(strategy.inter_node_gbs >= 0 && strategy.inter_node_gbs <= 1e6,
                 "--inter-node-gbs {}: expected 0 (off) or a rate in GB/s", strategy.inter_node_gbs);
   cfg.inter_node_gbs = strategy.inter_node_gbs;

@@ -143,7 +143,9 @@ void start_watchdog(const Context& ctx, double timeout_s) {
   dir = comm->all_gather_strings(dir)[0];
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);  // ranks on other nodes
-  Watchdog::start(dir, ctx.mpi.rank(), ctx.mpi.world(), timeout_s);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < ctx.mpi.world(); ++r) hosts.push_back(ctx.mpi.host_of(r));
+  Watchdog::start(dir, ctx.mpi.rank(), ctx.mpi.world(), timeout_s, std::move(hosts));
 }
 
 int ranks_per_node(const Context& ctx) {
@@ -154,6 +156,25 @@ int ranks_per_node(const Context& ctx) {
   SHARD_REQUIRE(end && *end == '\0' && k >= 1 && k <= (1 << 20), "SHARDLAB_RANKS_PER_NODE='{}': expected a positive "
                 "number of ranks", v);
   return static_cast<int>(k);
+}
+
+int node_ranks_for_links(const Context& ctx, int world, int given) {
+  const MpiRuntime& m = ctx.mpi;
+  if (world != m.world() || m.nodes() <= 1) return given;
+  const int placed = m.consecutive_ranks_per_node();
+  if (given > 0) {
+    if (given != placed && m.rank() == 0)
+      std::fprintf(stderr, "shardlab: warning: --ranks-per-node %d, but MPI placed the %d ranks on %d nodes (%s): "
+                   "the per-link byte counts and ZeRO++'s node groups follow --ranks-per-node\n", given, world,
+                   m.nodes(), placed > 0 ? fmt::format("{} consecutive ranks each", placed).c_str() : "not in equal "
+                   "consecutive blocks");
+    return given;
+  }
+  if (placed == 0 && m.rank() == 0)
+    std::fprintf(stderr, "shardlab: warning: MPI placed the %d ranks on %d nodes, not in equal consecutive blocks "
+                 "(e.g. --map-by node): bytes are not split by link; place them by slot (--map-by slot) or give "
+                 "--ranks-per-node\n", world, m.nodes());
+  return placed;
 }
 
 void write_text(const std::string& path, const std::string& text, const char* option) {

@@ -21,6 +21,10 @@ void start_watchdog(const Context& ctx, double timeout_s);
 // Ranks per node: MPI's shared-memory split, or $SHARDLAB_RANKS_PER_NODE, which lets one machine
 // pretend to be several nodes (tests, rehearsals).
 int ranks_per_node(const Context& ctx);
+// --ranks-per-node for the per-link counts: `given` where given (a warning on rank 0 where MPI's
+// real placement spans nodes otherwise), else, when the job spans nodes, MPI's placement where it
+// is consecutive blocks of equal size (0, warned, where it is not; 0 on one node).
+int node_ranks_for_links(const Context& ctx, int world, int given);
 // On the cpu with no --device-memory nothing bounds a step but the host: a step that cannot fit
 // this node's memory (shared by its ranks) is an input error naming the sizes, found before any
 // allocation by predicting the step (src/train/predict.hpp; it allocates nothing).

@@ -4,6 +4,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,33 @@ std::string file_size_limit_problem() {
                      rl.rlim_cur >> 10, kNeed >> 10, kNeed >> 10);
 }
 
+void MpiRuntime::find_placement(int leader) {
+  std::vector<int> leaders(static_cast<size_t>(world_));
+  MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  std::vector<int> first_rank;  // of each node, in order
+  for (int r = 0; r < world_; ++r) {
+    auto it = std::find(first_rank.begin(), first_rank.end(), leaders[static_cast<size_t>(r)]);
+    if (it == first_rank.end()) it = first_rank.insert(first_rank.end(), leaders[static_cast<size_t>(r)]);
+    node_of_.push_back(static_cast<int>(it - first_rank.begin()));
+  }
+  nodes_ = static_cast<int>(first_rank.size());
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &len));
+  std::vector<char> all(static_cast<size_t>(world_) * MPI_MAX_PROCESSOR_NAME);
+  MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                          MPI_COMM_WORLD));
+  for (int r = 0; r < world_; ++r) host_of_.emplace_back(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+}
+
+int MpiRuntime::consecutive_ranks_per_node() const {
+  if (nodes_ <= 1 || world_ % nodes_ != 0) return 0;
+  const int R = world_ / nodes_;
+  for (int r = 0; r < world_; ++r)
+    if (node_of(r) != r / R) return 0;
+  return R;
+}
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   if (const std::string problem = file_size_limit_problem(); !problem.empty()) {
     std::fprintf(stderr, "shardlab: %s\n", problem.c_str());
@@ -54,7 +82,10 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
   MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
   MPI_CHECK(MPI_Comm_size(local, &local_size_));
+  int leader = rank_;  // the node's lowest world rank names it
+  MPI_CHECK(MPI_Bcast(&leader, 1, MPI_INT, 0, local));
   MPI_CHECK(MPI_Comm_free(&local));
+  find_placement(leader);
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_error_comm));
   set_process_identity(rank_, world_, "cpu");
 }

@@ -39,9 +39,20 @@ class MpiRuntime {
   int world() const { return world_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
+  // Where the ranks run, from MPI's own placement: every rank's node (numbered in order of their
+  // lowest rank) and host name.
+  int nodes() const { return nodes_; }
+  int node_of(int rank) const { return node_of_.at(static_cast<size_t>(rank)); }
+  const std::string& host_of(int rank) const { return host_of_.at(static_cast<size_t>(rank)); }
+  // R when the nodes hold consecutive blocks of R ranks each (what --ranks-per-node describes),
+  // else 0 (one node, or an irregular placement such as --map-by node).
+  int consecutive_ranks_per_node() const;
 
  private:
-  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
+  void find_placement(int leader);
+  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1, nodes_ = 1;
+  std::vector<int> node_of_;
+  std::vector<std::string> host_of_;
 };
 
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace shardlab {
 namespace {
@@ -55,8 +56,10 @@ Record* map_record(const std::string& path, bool create) {
 
 class State {
  public:
-  State(std::string dir, int rank, int world, double timeout_s)
-      : dir_(std::move(dir)), rank_(rank), world_(world), timeout_ns_(static_cast<int64_t>(timeout_s * 1e9)) {
+  State(std::string dir, int rank, int world, double timeout_s, std::vector<std::string> hosts)
+      : dir_(std::move(dir)), rank_(rank), world_(world), timeout_ns_(static_cast<int64_t>(timeout_s * 1e9)),
+        hosts_(std::move(hosts)) {
+    if (static_cast<int>(hosts_.size()) != world_) hosts_.assign(static_cast<size_t>(world_), "");
     mine_ = map_record(record_path(dir_, rank_), true);
     if (!mine_) {
       std::fprintf(stderr, "shardlab [rank %d]: --collective-timeout: cannot publish progress under %s: %s\n", rank_,
@@ -71,7 +74,8 @@ class State {
     if (thread_.joinable()) thread_.join();
     if (mine_) ::munmap(mine_, sizeof(Record));
     ::unlink(record_path(dir_, rank_).c_str());
-    if (rank_ == 0) {  // the job is done: the directory goes (the others' mappings outlive it)
+    // The job is done: the node's lowest rank removes the directory (the others' mappings outlive it).
+    if (std::find(hosts_.begin(), hosts_.end(), hosts_[static_cast<size_t>(rank_)]) - hosts_.begin() == rank_) {
       std::error_code ec;
       std::filesystem::remove_all(dir_, ec);
     }
@@ -139,12 +143,13 @@ class State {
   void diagnose(uint64_t k) {
     const int64_t t = now_ns();
     std::vector<std::string> frozen, behind;
+    std::vector<int> unseen;  // ranks with no record here: on other hosts, or gone
     bool lower_waiting = false;
     for (int r = 0; r < world_ && !already_reported(); ++r) {
       if (r == rank_) continue;
       Record* other = map_record(record_path(dir_, r), false);
       if (!other) {
-        behind.push_back(fmt::format("rank {} (no progress record here: on another node, or gone)", r));
+        unseen.push_back(r);
         continue;
       }
       if (t - other->beat_ns.load() > kFrozenNs)
@@ -159,9 +164,10 @@ class State {
     if (lower_waiting) std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (mine_->waiting.load() != k) return;  // it completed after all
     int fd = already_reported() ? -1 : ::open((dir_ + "/reported").c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
-    if (fd < 0) std::_Exit(kExitTimeout);  // another rank reports
+    if (fd < 0) end_process();  // another rank reports
     ::close(fd);
     std::string who;
+    append_unseen(unseen, behind);
     for (const auto* list : {&frozen, &behind})
       for (const std::string& m : *list) who += (who.empty() ? "" : "; ") + m;
     if (who.empty()) who = "every rank entered it and is alive: the transport did not complete it";
@@ -174,12 +180,41 @@ class State {
     std::fflush(stderr);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);  // the job ends here: nothing of it stays behind
+    end_process();
+  }
+
+  // Ranks without a record here, host by host: a host none of whose ranks can be seen from this
+  // one is named with its ranks (its link down, its ranks stopped or gone: from here one cannot
+  // tell which).
+  void append_unseen(const std::vector<int>& unseen, std::vector<std::string>& out) const {
+    const std::string& here = hosts_[static_cast<size_t>(rank_)];
+    std::vector<std::string> hosts;
+    for (int r : unseen)
+      if (std::find(hosts.begin(), hosts.end(), hosts_[static_cast<size_t>(r)]) == hosts.end())
+        hosts.push_back(hosts_[static_cast<size_t>(r)]);
+    for (const std::string& h : hosts) {
+      std::vector<int> ranks;
+      for (int r : unseen)
+        if (hosts_[static_cast<size_t>(r)] == h) ranks.push_back(r);
+      if (h.empty() || h == here) {
+        for (int r : ranks) out.push_back(fmt::format("rank {} (no progress record here: gone)", r));
+        continue;
+      }
+      out.push_back(fmt::format("host {} (rank{} {}): no progress record visible from {} (that host unreachable, "
+                                "or its ranks stopped or gone)", h, ranks.size() > 1 ? "s" : "",
+                                fmt::join(ranks, ", "), here));
+    }
+  }
+
+  [[noreturn]] static void end_process() {
+    tell_launcher(kExitTimeout);
     std::_Exit(kExitTimeout);
   }
 
   std::string dir_;
   int rank_, world_;
   int64_t timeout_ns_;
+  std::vector<std::string> hosts_;  // of every rank ("" where unknown)
   Record* mine_ = nullptr;
   uint64_t seq_ = 0;
   std::atomic<bool> stop_{false};
@@ -191,9 +226,9 @@ State* g_state = nullptr;
 
 }  // namespace
 
-void Watchdog::start(const std::string& dir, int rank, int world, double timeout_s) {
+void Watchdog::start(const std::string& dir, int rank, int world, double timeout_s, std::vector<std::string> hosts) {
   if (timeout_s <= 0 || g_state) return;
-  g_state = new State(dir, rank, world, timeout_s);
+  g_state = new State(dir, rank, world, timeout_s, std::move(hosts));
   if (!g_state->ok()) stop();
 }
 

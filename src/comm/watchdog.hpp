@@ -18,6 +18,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/core/exit_code.hpp"
 
@@ -28,8 +29,10 @@ inline constexpr int kExitTimeout = exit_status(ExitCode::collective_timeout);
 class Watchdog {
  public:
   // Starts this process's watchdog (rank `rank` of `world`) publishing under `dir`, which the
-  // caller has created for the job; timeout_s <= 0 starts nothing.
-  static void start(const std::string& dir, int rank, int world, double timeout_s);
+  // caller has created for the job on every node; timeout_s <= 0 starts nothing. `hosts`: every
+  // rank's host name, to name the hosts whose ranks cannot be seen from here (empty: unknown).
+  static void start(const std::string& dir, int rank, int world, double timeout_s,
+                    std::vector<std::string> hosts = {});
   static void stop();      // on a normal exit: stop the thread, remove this rank's record
   static bool active();
   // A collective entered (its description: "all_reduce of 64 f32 at shard/ddp.cpp:72"): its number.

@@ -8,15 +8,22 @@
 
 namespace shardlab {
 
-int status_for_launcher(int status) {
+namespace {
+// Appends the status to the launcher's file; false where there is none (no launcher, another node).
+bool write_status(int status) {
   const char* path = std::getenv(kLauncherStatusVar);
-  if (status == 0 || path == nullptr || *path == '\0') return status;
+  if (status == 0 || path == nullptr || *path == '\0') return false;
   const int fd = ::open(path, O_WRONLY | O_APPEND);
-  if (fd < 0) return status;  // no file to tell: mpirun's note it is
+  if (fd < 0) return false;
   const std::string line = std::to_string(status) + "\n";
   const bool told = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
   ::close(fd);
-  return told ? 0 : status;
+  return told;
 }
+}  // namespace
+
+int status_for_launcher(int status) { return write_status(status) ? 0 : status; }  // else: mpirun's note it is
+
+void tell_launcher(int status) { write_status(status); }
 
 }  // namespace shardlab

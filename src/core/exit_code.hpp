@@ -29,4 +29,8 @@ inline constexpr const char* kLauncherStatusVar = "SHARDLAB_LAUNCHER_STATUS";
 // the status. Elsewhere (no launcher, or a plain mpirun) it is `status` itself.
 int status_for_launcher(int status);
 
+// A rank that ends the job abnormally (the watchdog's exit 5) tells the launcher too, keeping its
+// status: mpirun, which may hang on an unreachable host, is then ended by the launcher.
+void tell_launcher(int status);
+
 }  // namespace shardlab

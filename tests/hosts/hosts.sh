@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs across hosts of our own (scripts/hosts.sh: network namespaces, veth, Open MPI over TCP).
+# Each case prints what it measured and ends with PASS, or FAIL and a non-zero exit; 77 (skipped)
+# where this machine cannot make namespaces (not root, no CAP_SYS_ADMIN).
+# usage: hosts.sh SHARDLAB CASE     CASE: hybrid | link_down
+set -u
+bin=$(realpath "$1") case=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
+hosts="$root/scripts/hosts.sh"
+export SHARDLAB_HOSTS_TAG=t$(($$ % 100000))
+work=$(mktemp -d)
+trap '"$hosts" down; rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+fail() { echo "FAIL: $*"; exit 1; }
+if ! out=$("$hosts" up 2 2 2>&1); then
+  echo "SKIPPED: cannot make namespace hosts here: $out"
+  exit 77
+fi
+echo "$out"
+# hybrid zero3: sharded inside a host (2 ranks), replicated across the two.
+train=("$bin" train --model tiny --batch 8 --threads 1 --print-every 100000 --schedule constant --strategy zero3
+       --dp-shard 2 --nproc 4)
+losses() { python3 -c "import json,sys; print(' '.join(repr(j['loss']) for j in map(json.loads, open(sys.argv[1])) if 'loss' in j))" "$1"; }
+sum_field() { python3 -c "import json,sys; print(int(sum(j.get(sys.argv[2], 0) for j in map(json.loads, open(sys.argv[1])))))" "$1" "$2"; }
+on_hosts() { "$hosts" run "$@"; }
+
+case $case in
+hybrid)
+  # The same run on one host (shared memory) and on two (TCP between them): the same losses.
+  "${train[@]}" --steps 12 --log "$work/one.log" >"$work/one.out" 2>&1 || { cat "$work/one.out"; fail "1 host x 4 ranks failed"; }
+  read -r rx0 tx0 < <("$hosts" bytes 0)
+  on_hosts "${train[@]}" --steps 2 --log "$work/short.log" >"$work/short.out" 2>&1 || { cat "$work/short.out"; fail "2-step run failed"; }
+  read -r rx1 tx1 < <("$hosts" bytes 0)
+  on_hosts "${train[@]}" --steps 12 --log "$work/two.log" >"$work/two.out" 2>&1 || { cat "$work/two.out"; fail "2 hosts x 2 ranks failed"; }
+  read -r rx2 tx2 < <("$hosts" bytes 0)
+  [ "$(losses "$work/one.log")" = "$(losses "$work/two.log")" ] ||
+    fail "losses differ: 1 host [$(losses "$work/one.log")] vs 2 hosts [$(losses "$work/two.log")]"
+  echo "losses of 12 steps identical on 1 host x 4 ranks and 2 hosts x 2 ranks"
+  # Bytes: the 10 steps the long run has more than the short one (start-up, wire-up and the first
+  # steps cancel). The replicas' all-reduce is the only traffic between the hosts: each of host 0's
+  # 2 ranks sends and receives its inter-node bytes (rank 0's, logged; the ranks are symmetric) over
+  # the link. TCP/IP adds its headers (66 B per segment of up to 64 KiB on a veth) and ACKs, Open
+  # MPI its fragment headers: the test allows 10% over what shardlab counts and nothing under it.
+  counted=$(( 2 * ($(sum_field "$work/two.log" inter_node_bytes) - $(sum_field "$work/short.log" inter_node_bytes)) ))
+  [ "$counted" -gt 0 ] || fail "no inter-node bytes counted (is --ranks-per-node taken from the placement?)"
+  sent=$((tx2 - tx1 - (tx1 - tx0))) got=$((rx2 - rx1 - (rx1 - rx0)))
+  python3 - "$counted" "$sent" "$got" <<'PY' || fail "veth bytes outside [1.00, 1.10] x counted"
+import sys
+c, s, g = map(int, sys.argv[1:])
+print(f"10 steps: shardlab counted {c} B each way over host 0's link; its veth sent {s} B ({s / c:.4f}x), "
+      f"received {g} B ({g / c:.4f}x)")
+sys.exit(0 if all(1.0 <= v / c <= 1.10 for v in (s, g)) else 1)
+PY
+  ;;
+link_down)
+  # Host 1's link goes down mid-run: the job ends within --collective-timeout (5 s) and the
+  # launcher's 5 s for an mpirun that waits on a host it cannot reach, naming the host and its
+  # ranks; after the link returns, --resume auto continues with the uninterrupted run's losses.
+  run=("${train[@]}" --save-dir "$work/ck" --save-every 5 --collective-timeout 5)
+  on_hosts "${run[@]}" --steps 100000 --log "$work/a.log" >"$work/a.out" 2>&1 &
+  job=$!
+  for _ in $(seq 1 600); do [ -f "$work/a.log" ] && [ "$(wc -l <"$work/a.log")" -ge 13 ] && break; sleep 0.1; done
+  [ "$(wc -l <"$work/a.log")" -ge 13 ] || { kill $job; fail "the run did not reach step 12"; }
+  "$hosts" link 1 down
+  t0=$(date +%s%N)
+  for _ in $(seq 1 1200); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+  kill -0 $job 2>/dev/null && { kill -KILL $job; fail "the job did not end within 120 s of the link going down"; }
+  wait $job; rc=$?
+  echo "link down: the job ended $(( ($(date +%s%N) - t0) / 1000000 )) ms later, exit $rc"
+  grep "collective #" "$work/a.out"
+  [ $rc = 5 ] || { cat "$work/a.out"; fail "exit $rc, expected 5 (collective timeout)"; }
+  grep -q "host $SHARDLAB_HOSTS_TAG-h1 (ranks 2, 3)" "$work/a.out" || { cat "$work/a.out"; fail "host 1 and its ranks not named"; }
+  "$hosts" link 1 up
+  on_hosts "${run[@]}" --steps 30 --resume auto --log "$work/b.log" >"$work/b.out" 2>&1 || { cat "$work/b.out"; fail "resume failed"; }
+  "${train[@]}" --steps 30 --log "$work/full.log" >/dev/null 2>&1 || fail "uninterrupted run failed"
+  got=$(losses "$work/b.log")
+  want=$(losses "$work/full.log" | tr ' ' '\n' | tail -n "$(echo "$got" | wc -w)" | tr '\n' ' ' | sed 's/ $//')
+  [ -n "$got" ] && [ "$got" = "$want" ] || fail "resumed losses differ: [$got] vs [$want]"
+  echo "resumed from $(grep -o '"step":[0-9]*' "$work/b.log" | head -1): losses of $(echo "$got" | wc -w) steps bit-identical to the uninterrupted run's"
+  ;;
+*) fail "unknown case '$case'" ;;
+esac
+echo PASS
