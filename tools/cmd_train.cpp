@@ -93,6 +93,9 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "products timed before the first step, a fraction of a second; skipped for large models), off, or a figure "
       "(bench-train's ceiling)");
   cli::add_tokenizer(desc, tokenizer_dir, "a text --data or --val-data, prompts and samples");
+  cli::add_switch(desc, "save-async", cfg.save_async,
+                  "write --save-dir's checkpoints in the background: the step waits only while each rank copies its "
+                  "state into host buffers (one checkpoint's worth); a stop or the end waits for the save in flight");
   cli::add_switch(desc, "save-best", cfg.save_best,
                   "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
   cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,

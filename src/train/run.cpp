@@ -232,6 +232,7 @@ bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
   SHARD_REQUIRE(!cfg_.save_dir.empty(),
                 "received {} after step {}, but there is no --save-dir to save to: stopping without a checkpoint "
                 "(pass --save-dir to make a preempted run resumable)", name, done);
+  finish_pending_save(out);  // a save in flight completes first (the step's own, when it started one)
   if (!saved) save_checkpoint(cfg_.save_dir, checkpoint_state(), {done, done, checkpoint_val_loss_, {}, {}}, cfg_.save_keep);
   if (comm_.rank() == 0) {
     std::fprintf(out, "saved step %lld on %s\n", static_cast<long long>(done), name);
@@ -275,13 +276,39 @@ bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
   const bool due = !cfg_.save_dir.empty() &&
                    ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
   if (!due) return false;
-  std::string where = save_checkpoint(cfg_.save_dir, checkpoint_state(), {t + 1, t + 1, checkpoint_val_loss_, {}, {}}, cfg_.save_keep);
-  if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
+  const RunPosition at{t + 1, t + 1, checkpoint_val_loss_, {}, {}};
+  std::string where;
+  if (cfg_.save_async) {
+    finish_pending_save(out);  // one in flight at a time: host buffers for one checkpoint at most
+    std::function<void()> mark_best;
+    if (new_best) mark_best = [dir = cfg_.save_dir, step = t + 1, keep = cfg_.save_keep] { mark_best_checkpoint(dir, step, keep); };
+    pending_save_ = std::make_unique<AsyncCheckpoint>(cfg_.save_dir, checkpoint_state(), at, cfg_.save_keep, mark_best);
+    where = (std::filesystem::path(cfg_.save_dir) / fmt::format("step_{:08d}", t + 1)).string();
+    if (root) std::fprintf(out, "checkpoint %s in the background (the step waited %.1f ms to copy %s)\n", where.c_str(),
+                           pending_save_->blocking_ms(), format_bytes(static_cast<double>(pending_save_->buffer_bytes())).c_str());
+  } else {
+    where = save_checkpoint(cfg_.save_dir, checkpoint_state(), at, cfg_.save_keep);
+    if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
+  }
   if (new_best && root) {
+    if (cfg_.save_async) {  // marked by the save's thread once it is complete
+      std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
+      return true;
+    }
     mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
     std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
   }
   return true;
+}
+
+void Trainer::finish_pending_save(std::FILE* out) {
+  if (!pending_save_) return;
+  std::unique_ptr<AsyncCheckpoint> save = std::move(pending_save_);
+  const std::string where = save->finish();
+  if (comm_.rank() == 0) {
+    std::fprintf(out, "checkpoint %s complete (written in %.2f s beside the steps)\n", where.c_str(), save->background_s());
+    std::fflush(out);
+  }
 }
 
 void Trainer::print_header(std::FILE* out) const {
@@ -460,6 +487,7 @@ StepStats Trainer::run(std::FILE* out) {
     const bool save_now = maybe_checkpoint(t, new_best, out);
     if (stop_requested(t + 1, save_now, out)) return s;
   }
+  finish_pending_save(out);
   // A resumed run says how many steps it ran itself and where the whole run stands.
   const std::string resumed = start_step_ > 0 ? fmt::format(" in this process ({} in total, resumed after step {})",
                                                             cfg_.steps, start_step_) : "";

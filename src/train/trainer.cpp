@@ -66,6 +66,8 @@ void TrainConfig::validate(int world) const {
                   "--sample-prompt is longer than the model's {} positions", spec.seq);
   }
   SHARD_REQUIRE(!save_best || !save_dir.empty(), "--save-best needs --save-dir (where the checkpoints go)");
+  SHARD_REQUIRE(!save_async || !save_dir.empty(), "--save-async writes --save-dir's checkpoints in the background: it "
+                "needs --save-dir");
   SHARD_REQUIRE(!save_best || has_validation(),
                 "--save-best needs a validation source (--val-data SRC or --val-fraction F) to rank checkpoints by");
   optim.validate();

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "memory/report.hpp"
+#include "src/checkpoint/async_save.hpp"
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/checkpoint/dir_lock.hpp"
@@ -50,6 +51,7 @@ struct TrainConfig : StepConfig {
   std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   int64_t save_keep = 0;     // keep the newest K complete checkpoints (0 = all)
+  bool save_async = false;   // write checkpoints in the background (AsyncCheckpoint): the step waits for one copy
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   std::string run_id;        // --run-id: the run's name ("" = the resumed checkpoint's, or a new one)
   int64_t lr_decay_steps = 0;        // the cosine's horizon (schedule.total_steps); 0 = steps
@@ -171,6 +173,7 @@ class Trainer {
   static BatchFill batch_fill(BatchLoader& loader, int64_t t);
   void maybe_sample(int64_t t, std::FILE* out);
   bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
+  void finish_pending_save(std::FILE* out);  // --save-async: the save in flight, completed (collective)
 
   Backend& be_;
   Pool& pool_;
@@ -191,6 +194,7 @@ class Trainer {
   PipelineTiming pipe_timing_;  // the last training step's under --pp (the executor fills it)
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<SaveDirLock> save_lock_;  // rank 0, from the checks before step 1 to the end (dir_lock.hpp)
+  std::unique_ptr<AsyncCheckpoint> pending_save_;  // --save-async: the checkpoint being written, if any
   int64_t num_params_ = 0;
   double flops_per_token_ = 0;  // the family's model FLOPs per token (the progress line's rate)
   CategoryBytes states_{}, host_states_{};  // ledger after set-up, per tier

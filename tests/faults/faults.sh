@@ -4,7 +4,8 @@
 # usage: faults.sh SHARDLAB CASE     CASE: sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_no_save_dir |
 #                                          sigint_saves | sigint_no_save_dir | sigint_launcher |
 #                                          sigint_twice_launcher | sigterm_launcher | save_ulimit | sigkill_midstep |
-#                                          save_keep | save_dir_locked | save_dir_foreign | save_fails | soak
+#                                          save_keep | save_dir_locked | save_dir_foreign | save_fails | soak |
+#                                          save_async | save_async_killed
 set -u
 bin=$1 case=$2
 work=$(mktemp -d)
@@ -201,6 +202,43 @@ sigkill_midstep)
   "${train[@]}" --nproc 2 --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
     fail "resume failed"
   check_resume_identical "$work/b.log" $((n + 5))
+  ;;
+save_async)
+  # Checkpoints written in the background are those a synchronous save writes, byte for byte; SIGTERM
+  # at the launcher waits for the save in flight, saves the step in progress and exits 0.
+  "${train[@]}" --nproc 2 --steps 14 --save-every 7 --run-id same --save-dir "$work/sync" >/dev/null 2>&1 || fail "sync run failed"
+  "${train[@]}" --nproc 2 --steps 14 --save-every 7 --run-id same --save-dir "$work/async" --save-async >"$work/out" 2>&1 ||
+    fail "async run failed"
+  grep '^checkpoint' "$work/out"
+  diff -r -x .lock "$work/sync" "$work/async" || fail "the background save's checkpoints differ from the synchronous ones"
+  echo "checkpoints of steps 7 and 14 identical written in the background and synchronously"
+  "${train[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --save-every 3 --save-async --log "$work/a.log" >"$work/out" 2>&1 &
+  job=$!
+  wait_for_steps "$work/a.log" 50
+  kill -TERM "$job"
+  wait_job 60; rc=$?
+  grep -v '^step' "$work/out" | tail -4
+  [ $rc -eq 0 ] || fail "expected exit 0"
+  n=$(sed -n 's/^saved step \([0-9]*\) on SIG[A-Z0-9]*$/\1/p' "$work/out")
+  [ -n "$n" ] && [ -f "$work/ck/step_$(printf %08d "$n")/manifest.json" ] || fail "no checkpoint of the step in progress"
+  [ -z "$(ls -A "$work/ck" | grep '^\.tmp')" ] || fail "a save was left half-written"
+  "${train[@]}" --nproc 2 --steps $((n + 5)) --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
+    fail "resume failed"
+  check_resume_identical "$work/b.log" $((n + 5))
+  ;;
+save_async_killed)
+  # A rank killed while its background save writes: the previous checkpoint stays the newest
+  # complete one and resumes with the uninterrupted run's losses.
+  "${train[@]}" --nproc 2 --steps 10 --save-dir "$work/ck" >/dev/null 2>&1 || fail "first run failed"
+  SHARDLAB_FAULT_KILL_IN_SAVE=1 "${train[@]}" --nproc 2 --strategy zero3 --steps 30 --save-every 5 --save-async --save-dir "$work/ck" \
+    --resume auto >"$work/out" 2>&1
+  rc=$?
+  echo "exit $rc; left: $(ls "$work/ck" | tr '\n' ' ')"
+  [ $rc -ne 0 ] || fail "expected the killed rank to end the job"
+  [ "$(latest=$(ls "$work/ck" | grep '^step_' | tail -1); echo "$latest")" = step_00000010 ] || fail "expected step 10 newest"
+  "${train[@]}" --nproc 2 --steps 15 --save-dir "$work/ck" --resume auto --log "$work/b.log" >/dev/null 2>&1 ||
+    fail "resume failed"
+  check_resume_identical "$work/b.log" 15
   ;;
 save_keep)
   "${train[@]}" --nproc 2 --steps 10 --save-dir "$work/ck" --save-every 2 --save-keep 2 >"$work/out" 2>&1 || fail "run failed"
