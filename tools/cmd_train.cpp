@@ -1,13 +1,10 @@
 // `shardlab train`: one training run under any strategy on any number of ranks.
-#include <algorithm>
 #include <cstdio>
-#include <utility>
 
 #include "src/core/outputs.hpp"
 #include "src/data/data.hpp"
 #include "src/report/memory_report.hpp"
 #include "memory/report.hpp"
-#include "src/comm/watchdog.hpp"
 #include "src/report/run_report.hpp"
 #include "src/data/tokenizer.hpp"
 #include "src/train/sgemm_ceiling.hpp"
@@ -63,14 +60,8 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
   }
 }
 
-}  // namespace
-
-ExitCode cmd_train(const Args& args, const Context& ctx) {
-  cli::TrainOptions opts;
-  cli::ReportOptions reports;
-  TrainConfig cfg;
-  std::string tokenizer_dir, sgemm_ceiling = "auto";
-  cli::Desc desc = cli::command_options("train");
+// train's own options: outputs, checkpoints, samples, resume.
+void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_dir, std::string& sgemm_ceiling) {
   desc.add_options()("save", cli::po::value(&cfg.save_path)->default_value(""),
                      "write the final weights: to FILE.safetensors, or as an HF model directory (config.json and "
                      "safetensors, sharded past 5GB) for any other path")(
@@ -93,9 +84,8 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "products timed before the first step, a fraction of a second; skipped for large models), off, or a figure "
       "(bench-train's ceiling)");
   cli::add_tokenizer(desc, tokenizer_dir, "a text --data or --val-data, prompts and samples");
-  cli::add_switch(desc, "save-async", cfg.save_async,
-                  "write --save-dir's checkpoints in the background: the step waits only while each rank copies its "
-                  "state into host buffers (one checkpoint's worth); a stop or the end waits for the save in flight");
+  cli::add_switch(desc, "save-async", cfg.save_async, "write --save-dir's checkpoints in the background (the step "
+                  "waits for one copy into host buffers; the next save, a stop or the end wait for the one in flight)");
   cli::add_switch(desc, "save-best", cfg.save_best,
                   "also checkpoint each step whose validation loss is the lowest so far, and point DIR/best at it");
   cli::add_switch(desc, "skip-nonfinite", cfg.skip_nonfinite,
@@ -109,6 +99,17 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
       "checkpoint's, or a new one from the time); a resume from another run's checkpoint is refused");
   cli::add_switch(desc, "allow-schedule-change", cfg.allow_schedule_change, "let a resume change the learning-rate "
                   "schedule, --grad-clip or the optimizer's hyper-parameters (noted; refused otherwise)");
+}
+
+}  // namespace
+
+ExitCode cmd_train(const Args& args, const Context& ctx) {
+  cli::TrainOptions opts;
+  cli::ReportOptions reports;
+  TrainConfig cfg;
+  std::string tokenizer_dir, sgemm_ceiling = "auto";
+  cli::Desc desc = cli::command_options("train");
+  add_run_options(desc, cfg, tokenizer_dir, sgemm_ceiling);
   opts.add(desc, cfg);
   reports.add(desc, "write rank 0's memory report as JSON (schema shardlab.profile/2)",
               "write the run report (rank 0): a self-contained HTML page with SVG charts of the loss and validation "
@@ -135,7 +136,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                           {"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   reports.check("before the first step");  // every rank: each stops with the same message
   require_step_fits_host(cfg, opts, ctx);
-  start_watchdog(ctx, opts.run.collective_timeout);
+  start_watchdog(ctx, opts.run.collective_timeout, &cfg.links_note);
   auto backend = opts.backend(ctx, cfg);
   Pool pool(*backend, opts.memory.pools(backend.get()));
   auto comm = ctx.world(cfg.comm).connect(pool);

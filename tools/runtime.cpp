@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "memory/pool.hpp"
+#include "src/comm/link_probe.hpp"
 #include "src/comm/watchdog.hpp"
 #include "src/core/units.hpp"
 #include "src/train/predict.hpp"
@@ -122,9 +123,11 @@ void remove_dead_watchdog_dirs(const std::string& base) {
 
 }  // namespace
 
-void start_watchdog(const Context& ctx, double timeout_s) {
+void start_watchdog(const Context& ctx, double timeout_s, std::string* links) {
   SHARD_REQUIRE(timeout_s >= 0 && timeout_s <= 1e7, "--collective-timeout {}: expected 0 (off) or a number of seconds",
                 timeout_s);
+  if (links)
+    if (const LinkReport r = probe_links(ctx.mpi); !r.empty()) *links = r.describe();
   if (timeout_s == 0) return;
   auto meta = make_meta_backend();
   Pool pool(*meta);

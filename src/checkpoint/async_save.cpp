@@ -24,7 +24,7 @@ struct AsyncCheckpoint::Impl {
 };
 
 AsyncCheckpoint::AsyncCheckpoint(const std::string& dir, const CheckpointState& state, const RunPosition& at,
-                                 int64_t keep, std::function<void()> after_commit)
+                                 int64_t keep, std::function<void()> after_commit, std::vector<float> buffer)
     : comm_(state.comm), step_(at.step), impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& s = *impl_;
@@ -35,14 +35,22 @@ AsyncCheckpoint::AsyncCheckpoint(const std::string& dir, const CheckpointState& 
   std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
   WatchdogPause pause;
   agree(comm_, s.rank == 0, [&] { make_tmp_dir(s.paths); }, step_, s.paths.root);
+  s.buffer = BufferSink(std::move(buffer));
+  s.buffer.floats.reserve(owned_state_bytes(state) / sizeof(float));  // one allocation: growing it copies it all
   s.owns = collect_rank_state(state, s.buffer, s.pieces);
-  buffer_bytes_ = s.buffer.bytes.size();
+  buffer_bytes_ = s.buffer.offset();
   s.tp_rank = description_tp_rank(state);
   const uint64_t wrote = s.owns ? 1 : 0;
   s.writers = comm_.gather_u64(std::span<const uint64_t>(&wrote, 1));
   if (s.rank == 0) s.manifest = manifest_base(state, at);
   thread_ = std::thread([this] { write(); });
   blocking_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<float> AsyncCheckpoint::make_buffer(const CheckpointState& state) {
+  std::vector<float> buffer(owned_state_bytes(state) / sizeof(float));  // value-initialised: every page written
+  buffer.clear();
+  return buffer;
 }
 
 AsyncCheckpoint::~AsyncCheckpoint() {
@@ -55,13 +63,12 @@ void AsyncCheckpoint::write() {
   Impl& s = *impl_;
   try {
     if (s.owns) {
-      const uint64_t hash = write_rank_bytes(s.paths.tmp, s.rank, s.buffer.bytes);
-      write_rank_description(s.paths.tmp, s.rank, s.buffer.bytes.size(), hash, s.pieces, s.tp_rank);
+      const uint64_t hash = write_rank_bytes(s.paths.tmp, s.rank, s.buffer.floats);
+      write_rank_description(s.paths.tmp, s.rank, s.buffer.offset(), hash, s.pieces, s.tp_rank);
     }
   } catch (const std::exception& e) {
     write_error_ = e.what();
   }
-  std::vector<char>().swap(s.buffer.bytes);  // the host buffers go as soon as they are written
   {
     std::lock_guard<std::mutex> lock(mutex_);
     written_ = true;
@@ -107,6 +114,11 @@ std::string AsyncCheckpoint::finish() {
   if (thread_.joinable()) thread_.join();
   agree(comm_, impl_->rank == 0, [&] { SHARD_REQUIRE(commit_error_.empty(), "{}", commit_error_); }, step_, root);
   return impl_->paths.final_dir.string();
+}
+
+std::vector<float> AsyncCheckpoint::take_buffer() {
+  if (thread_.joinable()) thread_.join();
+  return std::move(impl_->buffer.floats);
 }
 
 }  // namespace shardlab

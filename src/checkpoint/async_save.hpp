@@ -25,9 +25,10 @@ class AsyncCheckpoint {
  public:
   // Collective over state.comm. Errors of the blocking part (the temporary directory) are
   // InputErrors on every rank, as save_checkpoint's. `after_commit` runs on rank 0's thread once
-  // the checkpoint is complete (--save-best's link).
+  // the checkpoint is complete (--save-best's link). `buffer`: the host buffer of an earlier save
+  // (take_buffer), reused: allocating a fresh one faults in every page again.
   AsyncCheckpoint(const std::string& dir, const CheckpointState& state, const RunPosition& at, int64_t keep,
-                  std::function<void()> after_commit = {});
+                  std::function<void()> after_commit = {}, std::vector<float> buffer = {});
   // A save not finished is abandoned: its temporary directory is never renamed into place.
   ~AsyncCheckpoint();
   AsyncCheckpoint(const AsyncCheckpoint&) = delete;
@@ -37,6 +38,12 @@ class AsyncCheckpoint {
   // for the commit. A failure anywhere is an InputError on every rank, as save_checkpoint's.
   // Returns the checkpoint's directory.
   std::string finish();
+
+  // A host buffer the size of this rank's checkpoint, every page touched: made before the first
+  // step, so that no save pays for faulting it in.
+  static std::vector<float> make_buffer(const CheckpointState& state);
+  // The host buffer, for the next save (after finish, or to end it: waits for the thread).
+  std::vector<float> take_buffer();
 
   int64_t step() const { return step_; }
   double blocking_ms() const { return blocking_ms_; }   // the step's wait: the copy, the descriptions

@@ -123,6 +123,15 @@ void make_tmp_dir(const SavePaths& paths) {
   SHARD_REQUIRE(!ec, "cannot create '{}': {}", paths.tmp.string(), ec.message());
 }
 
+uint64_t owned_state_bytes(const CheckpointState& state) {
+  uint64_t n = 0;
+  for (size_t u = 0; u < state.units.size(); ++u) {
+    const auto [a, b] = state.strategy.saved_range(u);
+    if (b > a) n += static_cast<uint64_t>(b - a) * state.strategy.owned_state(u).size() * sizeof(float);
+  }
+  return n;
+}
+
 bool owns_state(const CheckpointState& state) {
   bool owns = false;
   for (size_t u = 0; u < state.units.size(); ++u)
@@ -137,17 +146,28 @@ bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::
   if (!owns_state(state)) return false;
   const auto names = st.owned_state_names();
   pieces = nlohmann::json::object();
-  const bool kill = kill_in_save(rank) && dynamic_cast<BufferSink*>(&sink) == nullptr;  // a file being written
-  std::vector<float> staged;
+  const bool kill = kill_in_save(rank);  // a file being written (a buffer's is killed in write_rank_bytes)
+  // Buffers reused across units: a fresh one per tensor cost a page fault per 4 KiB each time.
+  std::vector<float> staged, host;
   for (size_t u = 0; u < units.size(); ++u) {
     auto [a, b] = st.saved_range(u);
     if (b <= a) continue;
     auto tensors = st.owned_state(u);
     for (size_t i = 0; i < tensors.size(); ++i) {
-      std::vector<float> host(static_cast<size_t>(b - a));
-      state.backend.copy(Tensor::of(std::span<float>(host)), tensors[i].slice(0, b - a));
+      // f32 in host memory is read where it is; anything else is copied to the host first.
+      const Tensor t = tensors[i].slice(0, b - a);
+      std::span<const float> values(static_cast<const float*>(t.data()), static_cast<size_t>(b - a));
+      if (t.device() != Device::cpu || t.dtype() != DType::f32) {
+        host.resize(static_cast<size_t>(b - a));
+        state.backend.copy(Tensor::of(std::span<float>(host)), t);
+        values = host;
+      }
+      if (auto* buffer = dynamic_cast<BufferSink*>(&sink)) {  // straight into it: its offsets are the file's
+        append_unit_state(units[u]->layout(), a, b, values, rank, names[i], 0, buffer->floats, pieces);
+        continue;
+      }
       staged.clear();
-      append_unit_state(units[u]->layout(), a, b, host, rank, names[i], sink.offset(), staged, pieces);
+      append_unit_state(units[u]->layout(), a, b, values, rank, names[i], sink.offset(), staged, pieces);
       if (kill && u == units.size() / 2) {
         sink.write(staged.data(), staged.size() * sizeof(float) / 2);
         std::raise(SIGKILL);
@@ -158,13 +178,13 @@ bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::
   return true;
 }
 
-uint64_t write_rank_bytes(const fs::path& tmp, int rank, const std::vector<char>& bytes) {
+uint64_t write_rank_bytes(const fs::path& tmp, int rank, const std::vector<float>& values) {
   CheckedWriter w(tmp / rank_file(rank));
   if (kill_in_save(rank)) {
-    w.write(bytes.data(), bytes.size() / 2);
+    w.write(values.data(), values.size() / 2 * sizeof(float));
     std::raise(SIGKILL);
   }
-  w.write(bytes.data(), bytes.size());
+  w.write(values.data(), values.size() * sizeof(float));
   return w.close();
 }
 

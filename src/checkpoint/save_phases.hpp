@@ -40,22 +40,26 @@ class ByteSink {
 
 class BufferSink final : public ByteSink {
  public:
-  uint64_t offset() const override { return bytes.size(); }
+  explicit BufferSink(std::vector<float> storage = {}) : floats(std::move(storage)) { floats.clear(); }
+  uint64_t offset() const override { return floats.size() * sizeof(float); }
   void write(const void* data, size_t n) override {
-    bytes.insert(bytes.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
+    const float* p = static_cast<const float*>(data);
+    floats.insert(floats.end(), p, p + n / sizeof(float));
   }
-  std::vector<char> bytes;
+  std::vector<float> floats;  // collect_rank_state appends to it directly
 };
 
 // Phase 1 (rank 0).
 void make_tmp_dir(const SavePaths& paths);
-// Whether this rank owns state to save (a file of its own).
+// Whether this rank owns state to save (a file of its own), and at most how many bytes its file
+// holds (tensor-parallel replicas and tied copies are written once, so it may hold fewer).
 bool owns_state(const CheckpointState& state);
+uint64_t owned_state_bytes(const CheckpointState& state);
 // Phase 2, collecting: per unit, per state, the owned range as f32 (under tensor parallelism as its
 // whole-tensor pieces) into `sink`, and the pieces describing it. False when this rank owns nothing.
 bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::json& pieces);
-// Phase 2, writing: `bytes` as tmp/rank_XXXXX.bin, fsynced; returns its checksum.
-uint64_t write_rank_bytes(const fs::path& tmp, int rank, const std::vector<char>& bytes);
+// Phase 2, writing: `values` as tmp/rank_XXXXX.bin, fsynced; returns its checksum.
+uint64_t write_rank_bytes(const fs::path& tmp, int rank, const std::vector<float>& values);
 // Phase 2, describing: the side file, written beside and renamed into place, so that a reader that
 // sees it sees it whole. tp_rank: the tensor-parallel rank that wrote it (-1 without tp).
 int description_tp_rank(const CheckpointState& state);

@@ -1,6 +1,6 @@
 // run.cpp — Trainer::run: the loop around the steps and what it prints and writes (progress lines,
-// the JSONL log, validation, samples, checkpoints, the final summary), and the stop signals that
-// end it with a checkpoint. The step itself, evaluation and sampling are in trainer.cpp.
+// the JSONL log, validation, samples, the final summary), and the stop signals that end it with a
+// checkpoint. The step itself, evaluation and sampling are in trainer.cpp, checkpoints in saves.cpp.
 #include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -270,47 +270,6 @@ void Trainer::maybe_sample(int64_t t, std::FILE* out) {
   std::fflush(out);
 }
 
-// After step t: a checkpoint when due (periodic, the last step, a new best); returns whether saved.
-bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
-  const bool root = comm_.rank() == 0;
-  const bool due = !cfg_.save_dir.empty() &&
-                   ((cfg_.save_every > 0 && (t + 1) % cfg_.save_every == 0) || t + 1 == cfg_.steps || new_best);
-  if (!due) return false;
-  const RunPosition at{t + 1, t + 1, checkpoint_val_loss_, {}, {}};
-  std::string where;
-  if (cfg_.save_async) {
-    finish_pending_save(out);  // one in flight at a time: host buffers for one checkpoint at most
-    std::function<void()> mark_best;
-    if (new_best) mark_best = [dir = cfg_.save_dir, step = t + 1, keep = cfg_.save_keep] { mark_best_checkpoint(dir, step, keep); };
-    pending_save_ = std::make_unique<AsyncCheckpoint>(cfg_.save_dir, checkpoint_state(), at, cfg_.save_keep, mark_best);
-    where = (std::filesystem::path(cfg_.save_dir) / fmt::format("step_{:08d}", t + 1)).string();
-    if (root) std::fprintf(out, "checkpoint %s in the background (the step waited %.1f ms to copy %s)\n", where.c_str(),
-                           pending_save_->blocking_ms(), format_bytes(static_cast<double>(pending_save_->buffer_bytes())).c_str());
-  } else {
-    where = save_checkpoint(cfg_.save_dir, checkpoint_state(), at, cfg_.save_keep);
-    if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
-  }
-  if (new_best && root) {
-    if (cfg_.save_async) {  // marked by the save's thread once it is complete
-      std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
-      return true;
-    }
-    mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
-    std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
-  }
-  return true;
-}
-
-void Trainer::finish_pending_save(std::FILE* out) {
-  if (!pending_save_) return;
-  std::unique_ptr<AsyncCheckpoint> save = std::move(pending_save_);
-  const std::string where = save->finish();
-  if (comm_.rank() == 0) {
-    std::fprintf(out, "checkpoint %s complete (written in %.2f s beside the steps)\n", where.c_str(), save->background_s());
-    std::fflush(out);
-  }
-}
-
 void Trainer::print_header(std::FILE* out) const {
   std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s, %s communicator\n", cfg_.spec.describe().c_str(),
                cfg_.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
@@ -319,6 +278,7 @@ void Trainer::print_header(std::FILE* out) const {
   if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());
   if (!cfg_.model_origin.empty()) std::fprintf(out, "  model: %s\n", cfg_.model_origin.c_str());
   if (!cfg_.sgemm_ceiling_note.empty()) std::fprintf(out, "  sgemm ceiling: %s\n", cfg_.sgemm_ceiling_note.c_str());
+  if (!cfg_.links_note.empty()) std::fprintf(out, "  links: %s\n", cfg_.links_note.c_str());
   // A step long enough to look like a hang is announced: the model's FLOPs at the ceiling, a floor.
   const double step_flops = flops_per_token_ * static_cast<double>(cfg_.batch * cfg_.spec.seq);
   if (cfg_.sgemm_ceiling > 0 && step_flops / cfg_.sgemm_ceiling > kAnnouncedStepS)
@@ -358,46 +318,6 @@ void Trainer::print_header(std::FILE* out) const {
     fmt::print(out, "  run {}{}\n", run_id_, resumed_from_.empty() ? " (new)" : fmt::format(": resumed from {} at step {}",
                                                                                            resumed_from_, start_step_));
   std::fflush(out);
-}
-
-// --save PATH at the end. A failure (no space, a file-size limit, a directory gone) keeps the
-// trained weights: the end's checkpoint in --save-dir, or a checkpoint written for the purpose
-// under the temporary directory; the message names it, with the export that writes PATH again.
-void Trainer::save_final(std::FILE* out) {
-  std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
-  std::string error;
-  try {
-    save(cfg_.save_path);
-  } catch (const InputError& e) {
-    error = e.what();
-  }
-  for (const std::string& e : comm_.all_gather_strings(error))
-    if (!e.empty()) error = e;
-  if (error.empty()) {
-    if (comm_.rank() == 0) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
-    return;
-  }
-  const int64_t step = cfg_.steps;
-  std::string kept;
-  if (!cfg_.save_dir.empty()) {
-    kept = (std::filesystem::path(cfg_.save_dir) / fmt::format("step_{:08d}", step)).string();  // the end's
-  } else {
-    // Rank 0's temporary directory, the same path on every rank.
-    std::string mine = comm_.rank() == 0 ? (std::filesystem::temp_directory_path() /
-                                            fmt::format("shardlab-rescue-{}", ::getpid())).string()
-                                         : std::string();
-    for (const std::string& d : comm_.all_gather_strings(mine))
-      if (!d.empty()) mine = d;
-    try {
-      kept = save_checkpoint(mine, checkpoint_state(), {step, step, checkpoint_val_loss_, {}, {}}, 0);
-    } catch (const InputError& e) {
-      throw InputError(fmt::format("--save '{}' failed: {}; and the checkpoint that was to keep the trained weights "
-                                   "failed too: {}: nothing of this run is saved", cfg_.save_path, error, e.what()));
-    }
-  }
-  throw InputError(fmt::format("--save '{}' failed: {}; the trained weights are in the checkpoint '{}' (shardlab "
-                               "export {} --out {} writes them again)", cfg_.save_path, error, kept, kept,
-                               cfg_.save_path));
 }
 
 namespace {
@@ -468,6 +388,14 @@ StepStats Trainer::run(std::FILE* out) {
   open_outputs(log);
   if (root) print_header(out);
   install_stop_signals(!cfg_.save_dir.empty());
+  if (cfg_.save_async) {
+    const auto t0 = std::chrono::steady_clock::now();
+    save_buffer_ = AsyncCheckpoint::make_buffer(checkpoint_state());
+    if (root)
+      std::fprintf(out, "  save-async: a host buffer of %s for rank 0's checkpoints, made in %.2f s\n",
+                   format_bytes(static_cast<double>(save_buffer_.capacity() * sizeof(float))).c_str(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   RunSummary sum;
   Progress progress;
   const FlopsShare share{be_.device(), comm_.world_size(), cfg_.sgemm_ceiling};

@@ -432,6 +432,7 @@ std::string Trainer::log_header() const {
                       {"options", cfg_.options_origin},
                       {"backend", be_.describe()}};
   if (!resumed_from_.empty()) j["from"] = resumed_from_;
+  if (!cfg_.links_note.empty()) j["links"] = cfg_.links_note;
   return j.dump();
 }
 

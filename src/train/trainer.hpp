@@ -75,6 +75,7 @@ struct TrainConfig : StepConfig {
   // GFLOP/s only). The header's line says where it came from (cmd_train: --sgemm-ceiling).
   double sgemm_ceiling = 0;
   std::string sgemm_ceiling_note;
+  std::string links_note;  // the links between the job's hosts, timed at start (link_probe.hpp); "" on one host
   std::string model_origin;    // the header's "model:" line when the model is not the flags' ("" = it is)
   std::string options_origin;  // the header's "options:" line, where each non-default came from ("" = none)
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
@@ -195,6 +196,7 @@ class Trainer {
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<SaveDirLock> save_lock_;  // rank 0, from the checks before step 1 to the end (dir_lock.hpp)
   std::unique_ptr<AsyncCheckpoint> pending_save_;  // --save-async: the checkpoint being written, if any
+  std::vector<float> save_buffer_;  // --save-async: its host buffer between saves (one checkpoint's worth)
   int64_t num_params_ = 0;
   double flops_per_token_ = 0;  // the family's model FLOPs per token (the progress line's rate)
   CategoryBytes states_{}, host_states_{};  // ledger after set-up, per tier

@@ -2,7 +2,7 @@
 # Runs across hosts of our own (scripts/hosts.sh: network namespaces, veth, Open MPI over TCP).
 # Each case prints what it measured and ends with PASS, or FAIL and a non-zero exit; 77 (skipped)
 # where this machine cannot make namespaces (not root, no CAP_SYS_ADMIN).
-# usage: hosts.sh SHARDLAB CASE     CASE: hybrid | link_down
+# usage: hosts.sh SHARDLAB CASE     CASE: hybrid | link_down | straggler
 set -u
 bin=$(realpath "$1") case=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -13,7 +13,9 @@ trap '"$hosts" down; rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 fail() { echo "FAIL: $*"; exit 1; }
-if ! out=$("$hosts" up 2 2 2>&1); then
+layout=(2 2)
+[ "$case" = straggler ] && layout=(3 1)
+if ! out=$("$hosts" up "${layout[@]}" 2>&1); then
   echo "SKIPPED: cannot make namespace hosts here: $out"
   exit 77
 fi
@@ -78,6 +80,17 @@ link_down)
   want=$(losses "$work/full.log" | tr ' ' '\n' | tail -n "$(echo "$got" | wc -w)" | tr '\n' ' ' | sed 's/ $//')
   [ -n "$got" ] && [ "$got" = "$want" ] || fail "resumed losses differ: [$got] vs [$want]"
   echo "resumed from $(grep -o '"step":[0-9]*' "$work/b.log" | head -1): losses of $(echo "$got" | wc -w) steps bit-identical to the uninterrupted run's"
+  ;;
+straggler)
+  # Three hosts of one rank, host 2's link capped at 100 Mbit/s both ways (tbf) while the others run
+  # at the veth's speed: the run's header names host 2 as the straggler, from the links it timed.
+  "$hosts" cap 2 100mbit
+  on_hosts "$bin" train --model tiny --steps 2 --batch 6 --threads 1 --nproc 3 --log "$work/a.log" >"$work/a.out" 2>&1 ||
+    { cat "$work/a.out"; fail "the run failed"; }
+  grep '^  links:' "$work/a.out" || { cat "$work/a.out"; fail "no links line"; }
+  grep -q "^  links:.*straggler: host $SHARDLAB_HOSTS_TAG-h2 " "$work/a.out" || fail "host 2 not named the straggler"
+  [ "$(grep -c 'straggler: host' "$work/a.out")" = 1 ] || fail "another host named too"
+  grep -q '"links":"from' "$work/a.log" || fail "the log's start record has no links"
   ;;
 *) fail "unknown case '$case'" ;;
 esac
