@@ -81,8 +81,11 @@ run() {
   [ -f "$state/hostfile" ] || die "no hosts under tag '$tag' (run: scripts/hosts.sh up N)"
   [ $# -ge 1 ] || die "run: expected a command (build/shardlab ... --nproc K, or mpirun -np K ...)"
   # Open MPI reads these from the environment: mpirun, and shardlab's --nproc launcher with it,
-  # places the ranks by the hostfile, slot by slot (consecutive ranks share a host).
-  export OMPI_MCA_orte_default_hostfile="$state/hostfile" OMPI_MCA_plm_rsh_agent="$state/agent" \
+  # places the ranks by the hostfile, slot by slot (consecutive ranks share a host). The hosts share
+  # this machine's cores, which no host's slot count says: a rank waiting in MPI yields its core
+  # instead of polling on it (as Open MPI does by itself when it knows a host is oversubscribed).
+  export OMPI_MCA_mpi_yield_when_idle=1 \
+    OMPI_MCA_orte_default_hostfile="$state/hostfile" OMPI_MCA_plm_rsh_agent="$state/agent" \
     OMPI_MCA_plm_rsh_no_tree_spawn=1 OMPI_MCA_btl=tcp,vader,self OMPI_MCA_btl_tcp_if_include="$net.0/24" \
     OMPI_MCA_oob_tcp_if_include="$net.0/24" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   "$state/agent" "$net.1" "$(printf '%q ' "$@")"

@@ -3,62 +3,16 @@
 
 #include "src/core/outputs.hpp"
 #include "src/data/data.hpp"
-#include "src/report/memory_report.hpp"
-#include "memory/report.hpp"
-#include "src/report/run_report.hpp"
 #include "src/data/tokenizer.hpp"
 #include "src/train/sgemm_ceiling.hpp"
 #include "src/train/trainer.hpp"
 #include "tools/command.hpp"
 #include "tools/options.hpp"
 #include "tools/runtime.hpp"
+#include "tools/train_reports.hpp"
 
 namespace shardlab {
 namespace {
-
-// --json / --html / --trace of a finished run: rank 0's memory, and every rank's last step on the trace.
-void write_train_reports(Trainer& trainer, Communicator& comm, const cli::ReportOptions& reports, const StepStats& last,
-                         const MpiRuntime& mpi) {
-  const TrainConfig& cfg = trainer.config();
-  const std::string name = strategy_name(cfg.strategy.kind);
-  MemoryRow row = trainer.memory_row(name);
-  // Under --pp, each action of the last step ("F3c1") with its message wait inside: the schedule
-  // as it ran, one track per rank.
-  std::vector<TraceSpan> spans;
-  for (const PipelineTiming::Span& a : trainer.pipeline_timing().actions) {
-    spans.push_back({a.start_ms, a.end_ms - a.start_ms, describe(a.action)});
-    if (a.wait_ms > 0) spans.push_back({a.wait_start_ms, a.wait_ms, "wait"});
-  }
-  const bool piped = !spans.empty();
-  std::string events;  // one trace process per rank
-  append_trace_events(events, mpi.rank(),
-                      piped ? fmt::format("rank {} ({}, stage {})", mpi.rank(), name, trainer.pipeline_rank())
-                            : fmt::format("rank {} ({})", mpi.rank(), name),
-                      row.measured_timeline, {row.measured_states, row.measured_host.model_states}, row.measured_comm,
-                      trainer.unit_names(), last.val_loss ? std::optional<double>(*last.val_loss) : std::nullopt, spans);
-  auto all = comm.gather_strings(events);
-  if (mpi.rank() != 0) return;
-  MemoryReport report;
-  report.title = fmt::format("shardlab train: {}, {} on {} ranks, global batch {}, rank 0, last step",
-                             cfg.spec.describe(), name, mpi.world(), cfg.batch);
-  report.unit_names = trainer.unit_names();
-  report.rows.push_back(row);
-  if (!reports.json.empty()) write_text(reports.json, memory_report_json(report) + "\n", "--json");
-  if (!reports.html.empty()) {
-    RunReport run;
-    run.title = fmt::format("shardlab train: {}, {} on {} rank{}, global batch {} x {} tokens", cfg.spec.describe(),
-                            cfg.label(), mpi.world(), mpi.world() == 1 ? "" : "s", cfg.batch, cfg.spec.seq);
-    if (!cfg.options_origin.empty()) run.facts.push_back("options: " + cfg.options_origin);
-    run.runs.push_back({name, trainer.history(), "", {}});
-    run.memory = report;
-    write_text(reports.html, run_report_html(run), "--html");
-  }
-  if (!reports.trace.empty()) {
-    std::string joined;
-    for (const auto& e : all) joined += (joined.empty() || e.empty() ? "" : ",\n") + e;
-    write_text(reports.trace, chrome_trace_document(joined), "--trace");
-  }
-}
 
 // train's own options: outputs, checkpoints, samples, resume.
 void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_dir, std::string& sgemm_ceiling) {
@@ -70,6 +24,8 @@ void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_d
       "save-dir", cli::po::value(&cfg.save_dir)->default_value(""),
       "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
       "save-every", cli::po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
+      "check-links-every", cli::po::value(&cfg.check_links_every)->default_value(0), "with ranks on several hosts: "
+      "time the links between them again every K steps, naming a straggler (0 = only at the start)")(
       "save-keep", cli::po::value(&cfg.save_keep)->default_value(0),
       "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all; "
       "the --save-best checkpoint is always kept)")(
@@ -136,7 +92,8 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                           {"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   reports.check("before the first step");  // every rank: each stops with the same message
   require_step_fits_host(cfg, opts, ctx);
-  start_watchdog(ctx, opts.run.collective_timeout, &cfg.links_note);
+  start_watchdog(ctx, opts.run.collective_timeout);
+  if ((cfg.check_links = link_checker(ctx))) cfg.links_note = cfg.check_links();
   auto backend = opts.backend(ctx, cfg);
   Pool pool(*backend, opts.memory.pools(backend.get()));
   auto comm = ctx.world(cfg.comm).connect(pool);

@@ -9,11 +9,13 @@
 #include <charconv>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "src/comm/mpi_runtime.hpp"
 #include "src/core/check.hpp"
@@ -132,17 +134,38 @@ int reported_status(const std::string& status_file) {
   return last;
 }
 
+// mpirun's children (the ranks on this host, each in a process group of its own), by their parent
+// in /proc.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t close = text.rfind(')');  // "pid (comm) state ppid ...": comm may hold anything
+    long ppid = 0;
+    char state = 0;
+    if (close == std::string::npos || std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) continue;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::atol(name.c_str())));
+  }
+  return out;
+}
+
 // Waits for mpirun. A rank ended by --collective-timeout (status 5 in the file) has ended the job,
 // but mpirun waits for the daemons of every host, and one whose link is down never answers (Open
 // MPI waits out TCP's retransmissions, a quarter of an hour): kKillAfterS after the report the
-// launcher ends mpirun itself. The ranks on such a host end on their own watchdog.
+// launcher ends mpirun and the ranks it started here itself. The ranks on a host it cannot reach
+// end on their own watchdog.
 struct MpirunEnd {
   int wait_status = 0;
   bool ended_by_launcher = false;
 };
 
 MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
-  constexpr double kKillAfterS = 5;
+  constexpr double kKillAfterS = 2;
   int wait_status = 0;
   auto reported = std::chrono::steady_clock::time_point::max();
   for (;;) {
@@ -154,7 +177,9 @@ MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
     } else if (now - reported > std::chrono::duration<double>(kKillAfterS)) {
       std::fprintf(stderr, "shardlab: mpirun did not end %.0f s after a rank's --collective-timeout report (a host "
                    "unreachable?); ending it. Ranks on hosts it cannot reach end on their own timeout.\n", kKillAfterS);
+      const std::vector<pid_t> ranks = children_of(child);  // before mpirun goes and they are reparented
       ::kill(-child, SIGKILL);
+      for (pid_t r : ranks) ::kill(r, SIGKILL);
       while (::waitpid(child, &wait_status, 0) < 0 && errno == EINTR) {}
       return {wait_status, true};
     }

@@ -123,11 +123,17 @@ void remove_dead_watchdog_dirs(const std::string& base) {
 
 }  // namespace
 
-void start_watchdog(const Context& ctx, double timeout_s, std::string* links) {
+std::function<std::string()> link_checker(const Context& ctx) {
+  if (ctx.mpi.nodes() <= 1) return {};
+  return [&mpi = ctx.mpi] {
+    const LinkReport r = probe_links(mpi);
+    return r.empty() ? std::string() : r.describe();
+  };
+}
+
+void start_watchdog(const Context& ctx, double timeout_s) {
   SHARD_REQUIRE(timeout_s >= 0 && timeout_s <= 1e7, "--collective-timeout {}: expected 0 (off) or a number of seconds",
                 timeout_s);
-  if (links)
-    if (const LinkReport r = probe_links(ctx.mpi); !r.empty()) *links = r.describe();
   if (timeout_s == 0) return;
   auto meta = make_meta_backend();
   Pool pool(*meta);

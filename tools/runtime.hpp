@@ -1,5 +1,6 @@
 // runtime.hpp — what commands do with the run options: backends, transports, the watchdog, files.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,10 +17,11 @@ std::unique_ptr<Backend> make_device_backend(Device device, const cli::RunOption
 // --comm for a backend on `device`: the transport this rank uses.
 CommKind comm_for(const std::string& comm, Device device, const Context& ctx);
 // --collective-timeout: rank 0 names a fresh job directory for the progress records (every rank
-// creates it on its own node), then each rank starts its watchdog. 0 = off. With `links`, a job
-// that spans hosts first times the links between them (link_probe.hpp): rank 0 gets the line
-// that names a straggler.
-void start_watchdog(const Context& ctx, double timeout_s, std::string* links = nullptr);
+// creates it on its own node), then each rank starts its watchdog. 0 = off.
+void start_watchdog(const Context& ctx, double timeout_s);
+// For a job that spans hosts, a collective that times the links between them (link_probe.hpp; rank
+// 0 gets the line that names a straggler); an empty function on one host.
+std::function<std::string()> link_checker(const Context& ctx);
 // Ranks per node: MPI's shared-memory split, or $SHARDLAB_RANKS_PER_NODE, which lets one machine
 // pretend to be several nodes (tests, rehearsals).
 int ranks_per_node(const Context& ctx);

@@ -3,8 +3,8 @@
 //
 // The lowest rank of each host (its leader) exchanges a message with rank 0 (host 0's leader), one
 // host at a time: a 1-byte ping first (Open MPI's TCP transport connects on first use), then 64 KiB
-// each way, then, where that took under 50 ms, 4 MiB each way; the rate is the bytes both ways over
-// the round trip. With three hosts or more, a host whose rate is under a quarter of the others'
+// each way, then, where that took under 50 ms, 4 MiB each way (the best of up to three round trips
+// while each takes under 0.1 s); the rate is the bytes both ways over the round trip. With three hosts or more, a host whose rate is under a quarter of the others'
 // median is a straggler: its link (or its host) is what the others would wait for, while from
 // inside a collective every rank waits alike. With two hosts there is one pair: its rate is
 // reported, nobody is named.

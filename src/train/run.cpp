@@ -412,6 +412,12 @@ StepStats Trainer::run(std::FILE* out) {
     if (log.is_open()) log_step(log, s, share);
     if (cfg_.record_step) history_.push_back(s);  // only for the reports: a long run's memory stays flat
     maybe_sample(t, out);
+    if (cfg_.check_links && cfg_.check_links_every > 0 && (t + 1) % cfg_.check_links_every == 0) {
+      const std::string links = cfg_.check_links();  // rank 0's
+      if (root) std::fprintf(out, "step %5lld/%lld | links: %s\n", static_cast<long long>(t + 1),
+                             static_cast<long long>(cfg_.steps), links.c_str());
+      if (log.is_open()) log << nlohmann::json{{"event", "links"}, {"step", t + 1}, {"links", links}}.dump() << '\n';
+    }
     const bool save_now = maybe_checkpoint(t, new_best, out);
     if (stop_requested(t + 1, save_now, out)) return s;
   }

@@ -23,23 +23,21 @@ bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
   std::string where;
   if (cfg_.save_async) {
     finish_pending_save(out);  // one in flight at a time: host buffers for one checkpoint at most
-    std::function<void()> mark_best;
-    if (new_best) mark_best = [dir = cfg_.save_dir, step = t + 1, keep = cfg_.save_keep] { mark_best_checkpoint(dir, step, keep); };
+    std::function<void()> mark_best;  // run by the save's thread once the checkpoint is complete
+    if (new_best)
+      mark_best = [dir = cfg_.save_dir, step = t + 1, keep = cfg_.save_keep] { mark_best_checkpoint(dir, step, keep); };
     pending_save_ = std::make_unique<AsyncCheckpoint>(cfg_.save_dir, checkpoint_state(), at, cfg_.save_keep, mark_best,
                                                       std::move(save_buffer_));
     where = (std::filesystem::path(cfg_.save_dir) / fmt::format("step_{:08d}", t + 1)).string();
-    if (root) std::fprintf(out, "checkpoint %s in the background (the step waited %.1f ms to copy %s)\n", where.c_str(),
-                           pending_save_->blocking_ms(), format_bytes(static_cast<double>(pending_save_->buffer_bytes())).c_str());
+    if (root)
+      std::fprintf(out, "checkpoint %s in the background (the step waited %.1f ms to copy %s)\n", where.c_str(),
+                   pending_save_->blocking_ms(), format_bytes(static_cast<double>(pending_save_->buffer_bytes())).c_str());
   } else {
     where = save_checkpoint(cfg_.save_dir, checkpoint_state(), at, cfg_.save_keep);
     if (root) std::fprintf(out, "checkpoint %s\n", where.c_str());
   }
   if (new_best && root) {
-    if (cfg_.save_async) {  // marked by the save's thread once it is complete
-      std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
-      return true;
-    }
-    mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
+    if (!cfg_.save_async) mark_best_checkpoint(cfg_.save_dir, t + 1, cfg_.save_keep);
     std::fprintf(out, "best %s (val loss %.4f)\n", where.c_str(), best_val_loss_);
   }
   return true;

@@ -75,7 +75,11 @@ struct TrainConfig : StepConfig {
   // GFLOP/s only). The header's line says where it came from (cmd_train: --sgemm-ceiling).
   double sgemm_ceiling = 0;
   std::string sgemm_ceiling_note;
-  std::string links_note;  // the links between the job's hosts, timed at start (link_probe.hpp); "" on one host
+  // The links between the job's hosts (link_probe.hpp): timed at start ("" on one host), and again
+  // every check_links_every steps (0 = never) through check_links (empty on one host; collective).
+  std::string links_note;
+  int64_t check_links_every = 0;
+  std::function<std::string()> check_links;
   std::string model_origin;    // the header's "model:" line when the model is not the flags' ("" = it is)
   std::string options_origin;  // the header's "options:" line, where each non-default came from ("" = none)
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
