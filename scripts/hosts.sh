@@ -19,6 +19,7 @@
 # end of host i's veth); the state (hostfile, agent) lives in /run/shardlab-hosts/<tag>. No
 # address is given to the machine itself: mpirun runs inside host 0, so sets never conflict.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) ends the script too
 tag=${SHARDLAB_HOSTS_TAG:-sl}
 [[ $tag =~ ^[a-z0-9]{1,6}$ ]] || { echo "hosts.sh: SHARDLAB_HOSTS_TAG='$tag': expected 1-6 lowercase letters or digits" >&2; exit 2; }
 state=/run/shardlab-hosts/$tag
@@ -26,7 +27,7 @@ net=10.77.0
 die() { echo "hosts.sh: $*" >&2; exit 2; }
 count() { [ -f "$state/count" ] || die "no hosts under tag '$tag' (run: scripts/hosts.sh up N)"; cat "$state/count"; }
 host_index() {  # validates I against the hosts that exist
-  local n; n=$(count)
+  local n; n=$(count) || exit 2
   [[ $1 =~ ^[0-9]+$ ]] && [ "$1" -lt "$n" ] || die "host '$1': expected 0..$((n - 1))"
   echo "$1"
 }

@@ -25,7 +25,8 @@ void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_d
       "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
       "save-every", cli::po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
       "check-links-every", cli::po::value(&cfg.check_links_every)->default_value(0), "with ranks on several hosts: "
-      "time the links between them again every K steps, naming a straggler (0 = only at the start)")(
+      "time the links between them at the start and every K steps, naming a straggler (0 = only at the start, -1 = "
+      "never)")(
       "save-keep", cli::po::value(&cfg.save_keep)->default_value(0),
       "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all; "
       "the --save-best checkpoint is always kept)")(
@@ -93,7 +94,8 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   reports.check("before the first step");  // every rank: each stops with the same message
   require_step_fits_host(cfg, opts, ctx);
   start_watchdog(ctx, opts.run.collective_timeout);
-  if ((cfg.check_links = link_checker(ctx))) cfg.links_note = cfg.check_links();
+  SHARD_REQUIRE(cfg.check_links_every >= -1, "--check-links-every {}: expected K steps, 0 or -1", cfg.check_links_every);
+  if (cfg.check_links_every >= 0 && (cfg.check_links = link_checker(ctx))) cfg.links_note = cfg.check_links();
   auto backend = opts.backend(ctx, cfg);
   Pool pool(*backend, opts.memory.pools(backend.get()));
   auto comm = ctx.world(cfg.comm).connect(pool);
