@@ -116,6 +116,27 @@ TEST_CASE("plan time: every piece of a TP 2 x PP 2 x DP 2 step, compute-bound, b
   }
 }
 
+TEST_CASE("plan time: a calibrated whole-step rate is the layout's micro-batch's", "[plan]") {
+  DeviceRates r = rates(1e12, 1e20, 1e9, 2e8, 4);
+  r.flops_by_micro_batch = {{2, 10e9}, {4, 20e9}, {8, 40e9}};
+  CHECK(r.flops_at(1) == 10e9);  // below every measured one: the smallest's
+  CHECK(r.flops_at(2) == 10e9);
+  CHECK(r.flops_at(6) == 20e9);  // the largest measured not above it
+  CHECK(r.flops_at(64) == 40e9);
+  // Whole-step compute at micro-batch 4 runs at 20 GFLOP/s: as with that one rate and no table.
+  const ModelSpec m = gpt(4, 512, 8, 256, 1000);
+  TimeLayout l;
+  l.dp = 1, l.micro_batch = 4, l.global_batch = 8;
+  Achievable a;
+  a.whole_step = true;
+  const TimePrediction by_mb = predict_step_time(m, l, r, a);
+  const TimePrediction plain = predict_step_time(m, l, rates(20e9, 1e20, 1e9, 2e8, 4), a);
+  CHECK(by_mb.split.compute == Approx(plain.split.compute).epsilon(1e-12));
+  CHECK(by_mb.split.compute > 0);
+  l.micro_batch = 2;  // twice the micro-batches at half the rate: twice the compute time
+  CHECK(predict_step_time(m, l, r, a).split.compute == Approx(2 * plain.split.compute).epsilon(1e-12));
+}
+
 TEST_CASE("plan time: memory-bound work in bytes, on a model small enough to count by hand", "[plan]") {
   // GPT L=1 h=4 a=1 (d 4) s=4 V=4 f=16, one rank, b = B = 1; FLOP/s 1e30 (nothing is compute-bound);
   // HBM 2 B/s at half: 1 byte per second, so seconds are bytes.

@@ -75,8 +75,13 @@ double host_link(Backend& be) {
 }  // namespace
 
 PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg, int64_t micro_batch, std::FILE* log) {
-  std::vector<float> r(5);
-  r[0] = static_cast<float>(step_flops(be, cfg, micro_batch));
+  // The whole-step rate at every power of two up to the planned micro-batch, and at it.
+  std::vector<int64_t> mbs;
+  for (int64_t b = 1; b < micro_batch; b *= 2) mbs.push_back(b);
+  mbs.push_back(micro_batch);
+  std::vector<float> r(5 + mbs.size());
+  for (size_t i = 0; i < mbs.size(); ++i) r[5 + i] = static_cast<float>(step_flops(be, cfg, mbs[i]));
+  r[0] = r[5 + mbs.size() - 1];
   r[1] = static_cast<float>(allreduce_busbw(be, comm, cfg));
   r[2] = static_cast<float>(host_link(be));
   {
@@ -94,7 +99,9 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   PlanRates rates;
   const std::string from = fmt::format("measured here by {} rank{}", comm.world_size(), comm.world_size() == 1 ? "" : "s");
   DeviceRates& d = rates.device;
-  d.flops = {r[0] / n, from + ": model FLOP/s of whole training steps"};
+  d.flops = {r[0] / n, from + fmt::format(": model FLOP/s of whole training steps at micro-batch {} (and {} smaller)",
+                                          micro_batch, mbs.size() - 1)};
+  for (size_t i = 0; i < mbs.size(); ++i) d.flops_by_micro_batch.emplace_back(mbs[i], r[5 + i] / n);
   d.hbm = {1e12, "unused: element-wise work is inside the whole-step rate"};
   d.intra = d.inter = {r[1] / n, from + ": an all-reduce's bus bandwidth"};
   d.host = {r[2] / n, from + ": host-tier copies"};
@@ -107,10 +114,13 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   rates.flash_attention = cfg.train.spec.attention == AttentionKernel::flash;
   rates.source = fmt::format("calibrated on this machine by {} rank{}, {}", comm.world_size(),
                              comm.world_size() == 1 ? "" : "s", be.describe());
-  if (log)
-    std::fprintf(log, "calibrated: %.2f GFLOP/s per rank (a whole step), all-reduce %.2f GB/s, host link %.2f GB/s, "
-                 "AdamW %.3g elements/s\n", d.flops.value / 1e9, d.intra.value / 1e9, d.host.value / 1e9,
+  if (log) {
+    std::string by;
+    for (auto [b, f] : d.flops_by_micro_batch) by += fmt::format("{}{:.1f} at {}", by.empty() ? "" : ", ", f / 1e9, b);
+    std::fprintf(log, "calibrated: GFLOP/s per rank (whole steps) %s by micro-batch; all-reduce %.2f GB/s, host link "
+                 "%.2f GB/s, AdamW %.3g elements/s\n", by.c_str(), d.intra.value / 1e9, d.host.value / 1e9,
                  d.adamw.value);
+  }
   return rates;
 }
 

@@ -26,7 +26,15 @@ std::string DeviceRates::describe() const {
                      peak, flops.from, hbm.value / 1e9, hbm.from, intra.value / 1e9, intra.from,
                      inter.value / 1e9, inter.from, host.value / 1e9, host.from,
                      adamw.value > 0 ? fmt::format("{:.3g}", adamw.value) : std::string("HBM"), adamw.from,
-                     host_adamw.value, host_adamw.from, ranks_per_node);
+                     host_adamw.value, host_adamw.from, ranks_per_node) +
+         (flops_by_micro_batch.size() > 1 ? by_micro_batch_line() : std::string());
+}
+
+std::string DeviceRates::by_micro_batch_line() const {
+  std::string s = "  whole steps by micro-batch:";
+  for (auto [b, f] : flops_by_micro_batch) s += fmt::format(" {} at {:.2f} GFLOP/s;", b, f / 1e9);
+  s.back() = '\n';
+  return s;
 }
 
 DeviceRates device_rates(const DevicePeaks& d) {
@@ -295,8 +303,17 @@ double zeropp_seconds(const TimeLayout& l, double params, int S, const DeviceRat
 }
 }  // namespace
 
-TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& r, const Achievable& a) {
+double DeviceRates::flops_at(int64_t micro_batch) const {
+  double rate = flops.value;
+  for (size_t i = 0; i < flops_by_micro_batch.size(); ++i)
+    if (i == 0 || flops_by_micro_batch[i].first <= micro_batch) rate = flops_by_micro_batch[i].second;
+  return rate;
+}
+
+TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const DeviceRates& rates, const Achievable& a) {
   l.validate(m);
+  DeviceRates r = rates;
+  r.flops.value = rates.flops_at(l.micro_batch);
   const double M = double(l.micro_batches()), p = l.pp, v = l.virtual_stages;
   // The slowest stage: with one stage it holds both ends; else the first or the last.
   StageTime st = stage_time(m, l, r, a, true, l.pp == 1);

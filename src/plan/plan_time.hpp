@@ -83,6 +83,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "shard/strategy.hpp"
 #include "src/core/device_peaks.hpp"
@@ -108,8 +110,14 @@ struct DeviceRates {
   Rate host;   // device <-> host bytes/s (PCIe, achieved): --offload's copies
   Rate adamw;       // device AdamW elements/s; 0 = hbm x memory / optimizer_bytes
   Rate host_adamw;  // host AdamW elements/s (--offload)
+  // Calibrated whole-step rates by micro-batch (ascending; empty: `flops` at every micro-batch). A
+  // layout takes the rate of the largest measured micro-batch not above its own (the smallest
+  // measured one below them all): a CPU's kernels run slower on smaller products.
+  std::vector<std::pair<int64_t, double>> flops_by_micro_batch;
+  double flops_at(int64_t micro_batch) const;
   int ranks_per_node = 8;
   std::string describe() const;  // one line per rate with its source
+  std::string by_micro_batch_line() const;
 };
 DeviceRates device_rates(const DevicePeaks& d);
 
