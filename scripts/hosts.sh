@@ -13,6 +13,7 @@
 #        scripts/hosts.sh link I up|down  set host I's link up or down
 #        scripts/hosts.sh cap I RATE|off  cap host I's link both ways at RATE (tc tbf: 1gbit, 10gbit)
 #        scripts/hosts.sh bytes I         "rx tx" bytes host I's link has carried, seen from the host
+#        scripts/hosts.sh clean I         end every process on host I (what a resource manager does after a fault)
 #        scripts/hosts.sh down            remove the hosts, their processes and the state
 # Several sets of hosts coexist under different SHARDLAB_HOSTS_TAG values (default "sl"; at most 6
 # letters and digits): names are <tag>-h<i> (namespaces), <tag>br (bridge), <tag>v<i> (the bridge's
@@ -85,7 +86,9 @@ run() {
   # places the ranks by the hostfile, slot by slot (consecutive ranks share a host). The hosts share
   # this machine's cores, which no host's slot count says: a rank waiting in MPI yields its core
   # instead of polling on it (as Open MPI does by itself when it knows a host is oversubscribed).
-  export OMPI_MCA_mpi_yield_when_idle=1 \
+  # Open MPI's session directories go to each host's own /dev/shm: under the shared /tmp, a daemon
+  # left from a job that lost its host removed a new daemon's files as it went.
+  export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_orte_tmpdir_base=/dev/shm \
     OMPI_MCA_orte_default_hostfile="$state/hostfile" OMPI_MCA_plm_rsh_agent="$state/agent" \
     OMPI_MCA_plm_rsh_no_tree_spawn=1 OMPI_MCA_btl=tcp,vader,self OMPI_MCA_btl_tcp_if_include="$net.0/24" \
     OMPI_MCA_oob_tcp_if_include="$net.0/24" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -130,10 +133,14 @@ cap)
     [ "$rate" = off ] || tc "${ns[@]}" qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency 50ms
   done
   ;;
+clean)
+  i=$(host_index "${2:-x}")
+  ip netns pids "$tag-h$i" | xargs -r kill -KILL 2>/dev/null || true
+  ;;
 bytes)
   i=$(host_index "${2:-x}")
   ip -n "$tag-h$i" -s -j link show eth0 | python3 -c \
     'import json,sys; s=json.load(sys.stdin)[0]["stats64"]; print(s["rx"]["bytes"], s["tx"]["bytes"])'
   ;;
-*) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; [ -z "${1:-}" ] || exit 2 ;;
+*) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; [ -z "${1:-}" ] || exit 2 ;;
 esac
