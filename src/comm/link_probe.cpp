@@ -73,11 +73,11 @@ LinkReport probe_links(const MpiRuntime& mpi) {
       };
       exchange(1);
       const double t_small = exchange(kSmall);
-      LinkRate l{mpi.host_of(peer), 2.0 * kSmall / t_small, kSmall};
+      LinkRate l{mpi.host_of(peer), 2.0 * kSmall / t_small};
       if (t_small < kSmallEnoughS) {  // the best of up to three large round trips: one may be descheduled
         double best = exchange(kLarge);
         for (int k = 1; k < 3 && best < kRepeatBelowS; ++k) best = std::min(best, exchange(kLarge));
-        l = {l.host, 2.0 * kLarge / best, kLarge};
+        l.bytes_per_s = 2.0 * kLarge / best;
       }
       const int done = 0;
       MPI_CHECK(MPI_Send(&done, 1, MPI_INT, peer, kTag, comm));

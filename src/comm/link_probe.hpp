@@ -19,7 +19,6 @@ namespace shardlab {
 struct LinkRate {
   std::string host;
   double bytes_per_s = 0;
-  double probe_bytes = 0;  // each way
 };
 
 struct LinkReport {
