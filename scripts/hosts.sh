@@ -10,7 +10,7 @@
 #                                         its ranks on the hosts, R consecutive ranks to a host
 #        scripts/hosts.sh with N R CMD...  up, CMD (SHARDLAB_HOSTS_TAG exported), down, whatever CMD does
 #        scripts/hosts.sh exec I CMD...   CMD on host I (its namespaces)
-#        scripts/hosts.sh link I up|down  set host I's link up or down
+#        scripts/hosts.sh link I up|down  set host I's link up or down (up: usable when it returns)
 #        scripts/hosts.sh cap I RATE|off  cap host I's link both ways at RATE (tc tbf: 1gbit, 10gbit)
 #        scripts/hosts.sh bytes I         "rx tx" bytes host I's link has carried, seen from the host
 #        scripts/hosts.sh clean I         end every process on host I (what a resource manager does after a fault)
@@ -116,6 +116,16 @@ link)
   i=$(host_index "${2:-x}")
   [[ ${3:-} =~ ^(up|down)$ ]] || die "link $i ${3:-}: expected up or down"
   ip link set "${tag}v$i" "$3"
+  if [ "$3" = up ]; then
+    # Address resolutions begun while the link was down would still fail (an INCOMPLETE entry whose
+    # last probe went out before the link returned fails what waits on it: a connect then gets
+    # EHOSTUNREACH). Forget them on both ends so the next packet resolves over the working link.
+    ip -n "$tag-h$i" neigh flush dev eth0
+    n=$(count) || exit 2
+    for ((j = 0; j < n; ++j)); do
+      [ "$j" = "$i" ] || ip -n "$tag-h$j" neigh flush dev eth0 to "$net.$((i + 1))"
+    done
+  fi
   ;;
 cap)
   i=$(host_index "${2:-x}")

@@ -15,7 +15,8 @@ namespace shardlab {
 namespace {
 
 // train's own options: outputs, checkpoints, samples, resume.
-void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_dir, std::string& sgemm_ceiling) {
+void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_dir, std::string& sgemm_ceiling,
+                     double& save_timeout) {
   desc.add_options()("save", cli::po::value(&cfg.save_path)->default_value(""),
                      "write the final weights: to FILE.safetensors, or as an HF model directory (config.json and "
                      "safetensors, sharded past 5GB) for any other path")(
@@ -24,6 +25,10 @@ void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_d
       "save-dir", cli::po::value(&cfg.save_dir)->default_value(""),
       "write checkpoints under this directory (step_XXXXXXXX, atomically), at least at the end")(
       "save-every", cli::po::value(&cfg.save_every)->default_value(0), "also checkpoint every K steps")(
+      "save-timeout", cli::po::value(&save_timeout)->default_value(save_timeout),
+      "seconds a rank may wait in one collective inside a checkpoint save (where rank 0 writing or committing "
+      "keeps the others waiting) before the job ends (exit 5), as --collective-timeout does elsewhere; 0 = "
+      "unwatched. Off with --collective-timeout 0")(
       "check-links-every", cli::po::value(&cfg.check_links_every)->default_value(0), "with ranks on several hosts: "
       "time the links between them at the start and every K steps, naming a straggler (0 = only at the start, -1 = "
       "never)")(
@@ -65,8 +70,9 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
   cli::ReportOptions reports;
   TrainConfig cfg;
   std::string tokenizer_dir, sgemm_ceiling = "auto";
+  double save_timeout = 1800;
   cli::Desc desc = cli::command_options("train");
-  add_run_options(desc, cfg, tokenizer_dir, sgemm_ceiling);
+  add_run_options(desc, cfg, tokenizer_dir, sgemm_ceiling, save_timeout);
   opts.add(desc, cfg);
   reports.add(desc, "write rank 0's memory report as JSON (schema shardlab.profile/2)",
               "write the run report (rank 0): a self-contained HTML page with SVG charts of the loss and validation "
@@ -93,7 +99,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                           {"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}});
   reports.check("before the first step");  // every rank: each stops with the same message
   require_step_fits_host(cfg, opts, ctx);
-  start_watchdog(ctx, opts.run.collective_timeout);
+  start_watchdog(ctx, opts.run.collective_timeout, save_timeout);
   SHARD_REQUIRE(cfg.check_links_every >= -1, "--check-links-every {}: expected K steps, 0 or -1", cfg.check_links_every);
   if (cfg.check_links_every >= 0 && (cfg.check_links = link_checker(ctx))) cfg.links_note = cfg.check_links();
   auto backend = opts.backend(ctx, cfg);

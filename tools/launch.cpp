@@ -193,6 +193,8 @@ MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
   SHARD_REQUIRE(fd >= 0, "--nproc {}: cannot create the launcher's status file in /tmp: {}", nproc, std::strerror(errno));
   ::close(fd);
   ::setenv(kLauncherStatusVar, status_file, 1);
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) == 0) ::setenv(kLauncherHostVar, host, 1);
   int report[2];
   SHARD_REQUIRE(::pipe2(report, O_CLOEXEC) == 0, "--nproc {}: pipe: {}", nproc, std::strerror(errno));
   // The signals wait (blocked) until the child's pid is known to the handler.

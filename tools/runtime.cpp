@@ -131,9 +131,11 @@ std::function<std::string()> link_checker(const Context& ctx) {
   };
 }
 
-void start_watchdog(const Context& ctx, double timeout_s) {
+void start_watchdog(const Context& ctx, double timeout_s, double save_timeout_s) {
   SHARD_REQUIRE(timeout_s >= 0 && timeout_s <= 1e7, "--collective-timeout {}: expected 0 (off) or a number of seconds",
                 timeout_s);
+  SHARD_REQUIRE(save_timeout_s >= 0 && save_timeout_s <= 1e7, "--save-timeout {}: expected 0 (off) or a number of "
+                "seconds", save_timeout_s);
   if (timeout_s == 0) return;
   auto meta = make_meta_backend();
   Pool pool(*meta);
@@ -154,7 +156,7 @@ void start_watchdog(const Context& ctx, double timeout_s) {
   std::filesystem::create_directories(dir, ec);  // ranks on other nodes
   std::vector<std::string> hosts;
   for (int r = 0; r < ctx.mpi.world(); ++r) hosts.push_back(ctx.mpi.host_of(r));
-  Watchdog::start(dir, ctx.mpi.rank(), ctx.mpi.world(), timeout_s, std::move(hosts));
+  Watchdog::start(dir, ctx.mpi.rank(), ctx.mpi.world(), timeout_s, std::move(hosts), save_timeout_s);
 }
 
 int ranks_per_node(const Context& ctx) {

@@ -17,8 +17,9 @@ std::unique_ptr<Backend> make_device_backend(Device device, const cli::RunOption
 // --comm for a backend on `device`: the transport this rank uses.
 CommKind comm_for(const std::string& comm, Device device, const Context& ctx);
 // --collective-timeout: rank 0 names a fresh job directory for the progress records (every rank
-// creates it on its own node), then each rank starts its watchdog. 0 = off.
-void start_watchdog(const Context& ctx, double timeout_s);
+// creates it on its own node), then each rank starts its watchdog. 0 = off. save_timeout_s
+// (train's --save-timeout): the limit of waits inside a checkpoint save; 0 = those not watched.
+void start_watchdog(const Context& ctx, double timeout_s, double save_timeout_s = 0);
 // For a job that spans hosts, a collective that times the links between them (link_probe.hpp; rank
 // 0 gets the line that names a straggler); an empty function on one host.
 std::function<std::string()> link_checker(const Context& ctx);

@@ -33,7 +33,7 @@ AsyncCheckpoint::AsyncCheckpoint(const std::string& dir, const CheckpointState& 
   s.rank = comm_.rank();
   s.after_commit = std::move(after_commit);
   std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
-  WatchdogPause pause;
+  WatchdogInSave in_save;
   agree(comm_, s.rank == 0, [&] { make_tmp_dir(s.paths); }, step_, s.paths.root);
   s.buffer = BufferSink(std::move(buffer));
   s.buffer.floats.reserve(owned_state_bytes(state) / sizeof(float));  // one allocation: growing it copies it all
@@ -97,7 +97,7 @@ void AsyncCheckpoint::write() {
 }
 
 std::string AsyncCheckpoint::finish() {
-  WatchdogPause pause;  // rank 0 may keep the others waiting while it commits: not a hang
+  WatchdogInSave in_save;  // rank 0 may keep the others waiting while it commits: --save-timeout bounds it
   {
     std::unique_lock<std::mutex> lock(mutex_);
     written_cv_.wait(lock, [this] { return written_; });

@@ -98,9 +98,10 @@ void write_small_file(const fs::path& p, const std::string& text) {
 
 }  // namespace
 
-bool kill_in_save(int rank) {
-  const char* v = std::getenv("SHARDLAB_FAULT_KILL_IN_SAVE");
-  return v && std::atoi(v) == rank;
+int fault_in_save(int rank) {
+  const char* kill = std::getenv("SHARDLAB_FAULT_KILL_IN_SAVE");
+  const char* stop = std::getenv("SHARDLAB_FAULT_STOP_IN_SAVE");
+  return kill && std::atoi(kill) == rank ? SIGKILL : stop && std::atoi(stop) == rank ? SIGSTOP : 0;
 }
 
 // Rank 0: a fresh, empty temporary directory; temporary directories a failed or killed save left
@@ -146,7 +147,7 @@ bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::
   if (!owns_state(state)) return false;
   const auto names = st.owned_state_names();
   pieces = nlohmann::json::object();
-  const bool kill = kill_in_save(rank);  // a file being written (a buffer's is killed in write_rank_bytes)
+  const int fault = fault_in_save(rank);  // a file being written (a buffer's faults in write_rank_bytes)
   // Buffers reused across units: a fresh one per tensor cost a page fault per 4 KiB each time.
   std::vector<float> staged, host;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -168,9 +169,9 @@ bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::
       }
       staged.clear();
       append_unit_state(units[u]->layout(), a, b, values, rank, names[i], sink.offset(), staged, pieces);
-      if (kill && u == units.size() / 2) {
+      if (fault && u == units.size() / 2) {
         sink.write(staged.data(), staged.size() * sizeof(float) / 2);
-        std::raise(SIGKILL);
+        std::raise(fault);
       }
       sink.write(staged.data(), staged.size() * sizeof(float));
     }
@@ -180,9 +181,9 @@ bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::
 
 uint64_t write_rank_bytes(const fs::path& tmp, int rank, const std::vector<float>& values) {
   CheckedWriter w(tmp / rank_file(rank));
-  if (kill_in_save(rank)) {
+  if (const int fault = fault_in_save(rank)) {
     w.write(values.data(), values.size() / 2 * sizeof(float));
-    std::raise(SIGKILL);
+    std::raise(fault);
   }
   w.write(values.data(), values.size() * sizeof(float));
   return w.close();
@@ -348,7 +349,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   const SavePaths paths = SavePaths::of(dir, step);
   const fs::path& root = paths.root;
   std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
-  WatchdogPause pause;  // rank 0 alone may keep the others waiting for long: that is not a hang
+  WatchdogInSave in_save;  // rank 0 alone may keep the others waiting for long: --save-timeout bounds it
   const bool root_rank = comm.rank() == 0;
   agree(comm, root_rank, [&] { make_tmp_dir(paths); }, step, root);
   try {

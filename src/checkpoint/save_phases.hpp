@@ -85,8 +85,9 @@ void agree(Communicator& comm, bool who, const std::function<void()>& phase, int
 // The same message for an error found without running a phase (the background save's).
 [[noreturn]] void throw_save_failed(const std::string& error, int64_t step, const fs::path& root);
 
-// Test hook (fault injection): SHARDLAB_FAULT_KILL_IN_SAVE=r makes rank r kill itself with SIGKILL
-// half-way through writing its checkpoint file.
-bool kill_in_save(int rank);
+// Test hooks (fault injection): SHARDLAB_FAULT_KILL_IN_SAVE=r makes rank r kill itself with SIGKILL
+// half-way through writing its checkpoint file, SHARDLAB_FAULT_STOP_IN_SAVE=r freeze itself there
+// with SIGSTOP. The signal rank `rank` raises there, 0 for none.
+int fault_in_save(int rank);
 
 }  // namespace shardlab::save_detail

@@ -56,9 +56,9 @@ Record* map_record(const std::string& path, bool create) {
 
 class State {
  public:
-  State(std::string dir, int rank, int world, double timeout_s, std::vector<std::string> hosts)
+  State(std::string dir, int rank, int world, double timeout_s, std::vector<std::string> hosts, double save_timeout_s)
       : dir_(std::move(dir)), rank_(rank), world_(world), timeout_ns_(static_cast<int64_t>(timeout_s * 1e9)),
-        hosts_(std::move(hosts)) {
+        save_timeout_ns_(static_cast<int64_t>(save_timeout_s * 1e9)), hosts_(std::move(hosts)) {
     if (static_cast<int>(hosts_.size()) != world_) hosts_.assign(static_cast<size_t>(world_), "");
     mine_ = map_record(record_path(dir_, rank_), true);
     if (!mine_) {
@@ -94,12 +94,12 @@ class State {
     mine_->waiting.store(seq);
   }
   void end_wait() { mine_->waiting.store(0); }
-  void pause(bool on) { paused_ += on ? 1 : -1; }
+  void in_save(bool on) { saving_ += on ? 1 : -1; }
 
  private:
   // The time waited is counted in the ticks this thread actually ran, each at most two periods:
   // a job suspended as a whole (SIGSTOP of every rank, a scheduler's suspend, a paused VM) does not
-  // time out when it resumes, and time spent paused (a checkpoint being written) does not count.
+  // time out when it resumes. A wait inside a checkpoint save counts against the save limit.
   void watch() {
     uint64_t tracked = 0;
     int64_t counted = 0, last = now_ns();
@@ -109,7 +109,9 @@ class State {
       const int64_t t = now_ns(), gap = std::min<int64_t>(t - last, 2 * kBeatNs);
       last = t;
       const uint64_t k = mine_->waiting.load();
-      if (k == 0 || paused_.load() > 0) {
+      const bool saving = saving_.load() > 0;
+      const int64_t limit = saving ? save_timeout_ns_ : timeout_ns_;
+      if (k == 0 || limit <= 0) {
         tracked = 0;
         continue;
       }
@@ -119,7 +121,7 @@ class State {
         continue;
       }
       counted += gap;
-      if (counted >= timeout_ns_) diagnose(k);
+      if (counted >= limit) diagnose(k, limit, saving ? "--save-timeout, inside a checkpoint save" : "--collective-timeout");
     }
   }
 
@@ -140,7 +142,7 @@ class State {
   // This rank has waited on collective #k past the timeout: name who is frozen or never arrived,
   // and end the process. One rank reports: the first to create dir/reported. Returns (and the
   // run goes on) only when the collective completed meanwhile.
-  void diagnose(uint64_t k) {
+  void diagnose(uint64_t k, int64_t limit_ns, const char* limit_name) {
     const int64_t t = now_ns();
     std::vector<std::string> frozen, behind;
     std::vector<int> unseen;  // ranks with no record here: on other hosts, or gone
@@ -173,10 +175,10 @@ class State {
     if (who.empty()) who = "every rank entered it and is alive: the transport did not complete it";
     std::fprintf(stderr,
                  "shardlab [rank %d/%d]: collective #%llu (%s) did not complete within %.0f s "
-                 "(--collective-timeout): %s. Ending the job.\n",
+                 "(%s): %s. Ending the job.\n",
                  rank_, world_, static_cast<unsigned long long>(k),
-                 std::string(mine_->what, strnlen(mine_->what, sizeof(mine_->what))).c_str(), timeout_ns_ / 1e9,
-                 who.c_str());
+                 std::string(mine_->what, strnlen(mine_->what, sizeof(mine_->what))).c_str(), limit_ns / 1e9,
+                 limit_name, who.c_str());
     std::fflush(stderr);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);  // the job ends here: nothing of it stays behind
@@ -213,12 +215,12 @@ class State {
 
   std::string dir_;
   int rank_, world_;
-  int64_t timeout_ns_;
+  int64_t timeout_ns_, save_timeout_ns_;
   std::vector<std::string> hosts_;  // of every rank ("" where unknown)
   Record* mine_ = nullptr;
   uint64_t seq_ = 0;
   std::atomic<bool> stop_{false};
-  std::atomic<int> paused_{0};
+  std::atomic<int> saving_{0};  // nesting depth of WatchdogInSave
   std::thread thread_;
 };
 
@@ -226,9 +228,10 @@ State* g_state = nullptr;
 
 }  // namespace
 
-void Watchdog::start(const std::string& dir, int rank, int world, double timeout_s, std::vector<std::string> hosts) {
+void Watchdog::start(const std::string& dir, int rank, int world, double timeout_s, std::vector<std::string> hosts,
+                     double save_timeout_s) {
   if (timeout_s <= 0 || g_state) return;
-  g_state = new State(dir, rank, world, timeout_s, std::move(hosts));
+  g_state = new State(dir, rank, world, timeout_s, std::move(hosts), save_timeout_s);
   if (!g_state->ok()) stop();
 }
 
@@ -245,8 +248,8 @@ void Watchdog::begin_wait(uint64_t seq) {
 void Watchdog::end_wait() {
   if (g_state) g_state->end_wait();
 }
-void Watchdog::pause(bool on) {
-  if (g_state) g_state->pause(on);
+void Watchdog::in_save(bool on) {
+  if (g_state) g_state->in_save(on);
 }
 
 }  // namespace shardlab

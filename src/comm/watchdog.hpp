@@ -11,7 +11,9 @@
 // time out on resuming), it reads every rank's record and names the ranks that never entered #k
 // (or, if all did, says the transport did not complete it). The lowest such waiting rank prints the
 // one message; every detecting rank then ends its process with exit code 5, and mpirun ends the
-// rest, frozen ones included.
+// rest, frozen ones included. Inside a checkpoint save the limit is --save-timeout instead: there
+// one rank (the writer, rank 0 committing) may legitimately keep the others waiting for long, but a
+// host lost mid-save must still end the job rather than hang it.
 //
 // Collectives are numbered per process across every watched communicator, so the numbers agree
 // between ranks exactly when the ranks issue the same collectives, which they must anyway.
@@ -31,8 +33,9 @@ class Watchdog {
   // Starts this process's watchdog (rank `rank` of `world`) publishing under `dir`, which the
   // caller has created for the job on every node; timeout_s <= 0 starts nothing. `hosts`: every
   // rank's host name, to name the hosts whose ranks cannot be seen from here (empty: unknown).
+  // save_timeout_s: the limit of waits inside a checkpoint save (WatchdogInSave); 0 = not watched.
   static void start(const std::string& dir, int rank, int world, double timeout_s,
-                    std::vector<std::string> hosts = {});
+                    std::vector<std::string> hosts = {}, double save_timeout_s = 0);
   static void stop();      // on a normal exit: stop the thread, remove this rank's record
   static bool active();
   // A collective entered (its description: "all_reduce of 64 f32 at shard/ddp.cpp:72"): its number.
@@ -40,17 +43,17 @@ class Watchdog {
   // This rank blocks on collective `seq` until end_wait().
   static void begin_wait(uint64_t seq);
   static void end_wait();
-  // While paused (nestable), waiting does not count: phases where one rank legitimately keeps the
-  // others waiting for long (writing a checkpoint) are not hangs.
-  static void pause(bool on);
+  // While in a save (nestable), waits count against the save limit, not the collective timeout:
+  // one rank writing a checkpoint may keep the others waiting for long without being hung.
+  static void in_save(bool on);
 };
 
-class WatchdogPause {
+class WatchdogInSave {
  public:
-  WatchdogPause() { Watchdog::pause(true); }
-  ~WatchdogPause() { Watchdog::pause(false); }
-  WatchdogPause(const WatchdogPause&) = delete;
-  WatchdogPause& operator=(const WatchdogPause&) = delete;
+  WatchdogInSave() { Watchdog::in_save(true); }
+  ~WatchdogInSave() { Watchdog::in_save(false); }
+  WatchdogInSave(const WatchdogInSave&) = delete;
+  WatchdogInSave& operator=(const WatchdogInSave&) = delete;
 };
 
 // Blocks on collective `seq` for its lifetime (no-op when the watchdog is off).

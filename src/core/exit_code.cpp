@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace shardlab {
@@ -24,6 +25,11 @@ bool write_status(int status) {
 
 int status_for_launcher(int status) { return write_status(status) ? 0 : status; }  // else: mpirun's note it is
 
-void tell_launcher(int status) { write_status(status); }
+void tell_launcher(int status) {
+  const char* host = std::getenv(kLauncherHostVar);
+  char here[256] = {};
+  if (host && *host && (::gethostname(here, sizeof(here) - 1) != 0 || std::strcmp(here, host) != 0)) return;
+  write_status(status);
+}
 
 }  // namespace shardlab

@@ -20,8 +20,10 @@ enum class ExitCode : int {
 
 constexpr int exit_status(ExitCode c) { return static_cast<int>(c); }
 
-// The --nproc launcher (tools/launch.cpp) names a file in this variable for its ranks' statuses.
+// The --nproc launcher (tools/launch.cpp) names a file in this variable for its ranks' statuses,
+// and its host (gethostname) in the next.
 inline constexpr const char* kLauncherStatusVar = "SHARDLAB_LAUNCHER_STATUS";
+inline constexpr const char* kLauncherHostVar = "SHARDLAB_LAUNCHER_HOST";
 
 // What a rank that ends normally (every rank together, after MPI_Finalize) exits with. Under the
 // --nproc launcher a non-zero status is written to the launcher's file and the rank exits 0, so
@@ -30,7 +32,10 @@ inline constexpr const char* kLauncherStatusVar = "SHARDLAB_LAUNCHER_STATUS";
 int status_for_launcher(int status);
 
 // A rank that ends the job abnormally (the watchdog's exit 5) tells the launcher too, keeping its
-// status: mpirun, which may hang on an unreachable host, is then ended by the launcher.
+// status: mpirun, which may hang on an unreachable host, is then ended by the launcher. Only a rank
+// on the launcher's host tells it: its report reached mpirun through a local pipe, while another
+// host's may be cut off with its link (hosts sharing /tmp, as namespace hosts do, would otherwise
+// have the launcher end mpirun before the reachable ranks' report).
 void tell_launcher(int status);
 
 }  // namespace shardlab

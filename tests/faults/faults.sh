@@ -240,6 +240,19 @@ save_async_killed)
     fail "resume failed"
   check_resume_identical "$work/b.log" 15
   ;;
+save_frozen)
+  # A rank frozen half-way through writing a checkpoint: the others, waiting for it inside the save,
+  # end the job by --save-timeout (exit 5, naming it) instead of waiting forever. 120 s bounds a hang,
+  # not the timing.
+  SHARDLAB_FAULT_STOP_IN_SAVE=1 timeout -s KILL 120 "${train[@]}" --nproc 2 --strategy zero3 --steps 20 --save-every 5 \
+    --save-dir "$work/ck" --collective-timeout 3 --save-timeout 4 >"$work/out" 2>&1
+  rc=$?
+  grep -v '^step' "$work/out"
+  [ $rc -ne 137 ] || fail "the job hung (killed after 120 s)"
+  [ $rc -eq 5 ] || fail "exit $rc, expected 5"
+  grep -q "within 4 s (--save-timeout, inside a checkpoint save): rank 1 shows no sign of life" "$work/out" ||
+    fail "the frozen rank and the save's limit not named"
+  ;;
 save_keep)
   "${train[@]}" --nproc 2 --steps 10 --save-dir "$work/ck" --save-every 2 --save-keep 2 >"$work/out" 2>&1 || fail "run failed"
   left=$(ls "$work/ck" | tr '\n' ' ')

@@ -63,10 +63,11 @@ sys.exit(0 if ok else 1)
 PY
   ;;
 link_down)
-  # Host 1's link goes down mid-run: the job ends within --collective-timeout (5 s) and the
-  # launcher's 2 s for an mpirun that waits on a host it cannot reach, naming the host and its
-  # ranks; after the link returns, --resume auto continues with the uninterrupted run's losses.
-  run=("${train[@]}" --save-dir "$work/ck" --save-every 5 --collective-timeout 5)
+  # Host 1's link goes down mid-run: the job ends within --collective-timeout (5 s; --save-timeout,
+  # 10 s, when host 0's ranks were inside a save) and the launcher's 2 s for an mpirun that waits on
+  # a host it cannot reach, naming the host and its ranks; after the link returns, --resume auto
+  # continues with the uninterrupted run's losses.
+  run=("${train[@]}" --save-dir "$work/ck" --save-every 5 --collective-timeout 5 --save-timeout 10)
   on_hosts "${run[@]}" --steps 100000 --log "$work/a.log" >"$work/a.out" 2>&1 &
   job=$!
   for _ in $(seq 1 600); do [ -f "$work/a.log" ] && [ "$(wc -l <"$work/a.log")" -ge 13 ] && break; sleep 0.1; done
