@@ -16,8 +16,10 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Model FLOPs per second of single-rank steps (ddp on a world of one) of the planned model.
-double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
+// Model FLOPs per second of single-rank steps (ddp on a world of one) of the planned model, the
+// optimizer's update (every parameter at `adamw_per_s` elements/s) taken out: the time model adds
+// each layout's own update apart (its shard of the parameters).
+double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch, double adamw_per_s) {
   Pool pool(be);
   auto one = make_sim_communicator(0, 1, pool);
   TrainConfig t = cfg.train;
@@ -25,7 +27,7 @@ double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
   t.use_strategy(StrategyKind::ddp);
   t.batch = micro_batch;
   t.accum = 1;
-  t.steps = 6;
+  t.steps = 11;  // the first warms up; the median of 10
   t.schedule.kind = ScheduleKind::constant;
   Trainer trainer(be, pool, *one, t);
   std::vector<double> ms;
@@ -34,7 +36,12 @@ double step_flops(Backend& be, const PlanConfig& cfg, int64_t micro_batch) {
     if (s > 0) ms.push_back(st.ms);
   }
   // FLOPs as the time model counts them (plan_time.hpp), so the model gives back the measured time.
-  return megatron_flops(t.spec, micro_batch, Checkpointing::none) / (median(ms) / 1e3);
+  const double update_s = double(num_params(family_of(t.spec).layout(t.spec))) / adamw_per_s;
+  const double step_s = median(ms) / 1e3;
+  SHARD_REQUIRE(update_s < step_s, "--calibrate: the optimizer's update alone ({:.3f} s at {:.3g} elements/s) took "
+                "longer than a whole step ({:.3f} s): the measurements disagree (a machine busy in one of them?); run "
+                "it again", update_s, adamw_per_s, step_s);
+  return megatron_flops(t.spec, micro_batch, Checkpointing::none) / (step_s - update_s);
 }
 
 double allreduce_busbw(Backend& be, Communicator& comm, const PlanConfig& cfg) {
@@ -80,10 +87,6 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   for (int64_t b = 1; b < micro_batch; b *= 2) mbs.push_back(b);
   mbs.push_back(micro_batch);
   std::vector<float> r(5 + mbs.size());
-  for (size_t i = 0; i < mbs.size(); ++i) r[5 + i] = static_cast<float>(step_flops(be, cfg, mbs[i]));
-  r[0] = r[5 + mbs.size() - 1];
-  r[1] = static_cast<float>(allreduce_busbw(be, comm, cfg));
-  r[2] = static_cast<float>(host_link(be));
   {
     Pool pool(be);
     std::FILE* sink = std::fopen("/dev/null", "w");
@@ -93,13 +96,24 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
     r[3] = static_cast<float>(run_adamw_benchmark(pool, a, sink).adamw_elements_per_s);
     std::fclose(sink);
   }
+  for (size_t i = 0; i < mbs.size(); ++i) r[5 + i] = static_cast<float>(step_flops(be, cfg, mbs[i], r[3]));
+  r[1] = static_cast<float>(allreduce_busbw(be, comm, cfg));
+  r[2] = static_cast<float>(host_link(be));
   r[4] = 0;
-  comm.all_reduce(std::span<float>(r)).wait();  // the ranks' mean
+  // A step goes at its slowest rank's pace (and --measure-top takes the slowest rank's time): the
+  // whole-step rates are the slowest rank's, the rest the ranks' mean.
+  std::vector<float> step_s(mbs.size());
+  for (size_t i = 0; i < mbs.size(); ++i) step_s[i] = 1.f / r[5 + i];
+  comm.all_reduce(std::span<float>(step_s), ReduceOp::max).wait();
+  comm.all_reduce(std::span<float>(r)).wait();
   const double n = comm.world_size();
+  for (size_t i = 0; i < mbs.size(); ++i) r[5 + i] = static_cast<float>(n / step_s[i]);  // / n below
+  r[0] = r[5 + mbs.size() - 1];
   PlanRates rates;
   const std::string from = fmt::format("measured here by {} rank{}", comm.world_size(), comm.world_size() == 1 ? "" : "s");
   DeviceRates& d = rates.device;
-  d.flops = {r[0] / n, from + fmt::format(": model FLOP/s of whole training steps at micro-batch {} (and {} smaller)",
+  d.flops = {r[0] / n, from + fmt::format(": model FLOP/s of whole training steps, the slowest rank's, less the "
+                                          "update, at micro-batch {} (and {} smaller)",
                                           micro_batch, mbs.size() - 1)};
   for (size_t i = 0; i < mbs.size(); ++i) d.flops_by_micro_batch.emplace_back(mbs[i], r[5 + i] / n);
   d.hbm = {1e12, "unused: element-wise work is inside the whole-step rate"};
