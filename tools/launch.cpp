@@ -20,6 +20,7 @@
 #include "src/comm/mpi_runtime.hpp"
 #include "src/core/check.hpp"
 #include "src/core/exit_code.hpp"
+#include "src/core/host_name.hpp"
 
 namespace shardlab {
 
@@ -193,8 +194,7 @@ MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
   SHARD_REQUIRE(fd >= 0, "--nproc {}: cannot create the launcher's status file in /tmp: {}", nproc, std::strerror(errno));
   ::close(fd);
   ::setenv(kLauncherStatusVar, status_file, 1);
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) == 0) ::setenv(kLauncherHostVar, host, 1);
+  ::setenv(kLauncherHostVar, host_name().c_str(), 1);
   int report[2];
   SHARD_REQUIRE(::pipe2(report, O_CLOEXEC) == 0, "--nproc {}: pipe: {}", nproc, std::strerror(errno));
   // The signals wait (blocked) until the child's pid is known to the handler.

@@ -17,6 +17,7 @@
 
 #include "src/checkpoint/checkpoint_format.hpp"
 #include "src/core/check.hpp"
+#include "src/core/host_name.hpp"
 
 namespace shardlab {
 namespace {
@@ -29,11 +30,6 @@ std::string command_line() {
     if (c == '\0') c = ' ';
   while (!all.empty() && all.back() == ' ') all.pop_back();
   return all;
-}
-
-std::string host_name() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("?");
 }
 
 // The time now in UTC, as strftime's `format` writes it.

@@ -4,8 +4,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
+
+#include "src/core/host_name.hpp"
 
 namespace shardlab {
 
@@ -27,8 +28,7 @@ int status_for_launcher(int status) { return write_status(status) ? 0 : status; 
 
 void tell_launcher(int status) {
   const char* host = std::getenv(kLauncherHostVar);
-  char here[256] = {};
-  if (host && *host && (::gethostname(here, sizeof(here) - 1) != 0 || std::strcmp(here, host) != 0)) return;
+  if (host && *host && host_name() != host) return;
   write_status(status);
 }
 
