@@ -85,46 +85,45 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   std::vector<int64_t> mbs;
   for (int64_t b = 1; b < micro_batch; b *= 2) mbs.push_back(b);
   mbs.push_back(micro_batch);
-  std::vector<float> r(5 + mbs.size());
+  // The ranks' means: [0] all-reduce bus bytes/s, [1] host link bytes/s, [2] AdamW elements/s; [3]
+  // counts the (rank, micro-batch) pairs whose update measured longer than the step.
+  std::vector<float> r(4);
   {
     Pool pool(be);
     std::FILE* sink = std::fopen("/dev/null", "w");
     AdamwBenchConfig a;
     a.elements = int64_t{1} << 22;
     a.repeats = 5;
-    r[3] = static_cast<float>(run_adamw_benchmark(pool, a, sink).adamw_elements_per_s);
+    r[2] = static_cast<float>(run_adamw_benchmark(pool, a, sink).adamw_elements_per_s);
     std::fclose(sink);
   }
-  for (size_t i = 0; i < mbs.size(); ++i) r[5 + i] = static_cast<float>(step_flops(be, cfg, mbs[i], r[3]));
-  r[1] = static_cast<float>(allreduce_busbw(be, comm, cfg));
-  r[2] = static_cast<float>(host_link(be));
-  r[4] = 0;
   // A step goes at its slowest rank's pace (and --measure-top takes the slowest rank's time): the
-  // whole-step rates are the slowest rank's, the rest the ranks' mean.
-  std::vector<float> step_s(mbs.size());
+  // whole-step rates are the slowest rank's, as seconds per FLOP (the largest over the ranks).
+  std::vector<float> s_per_flop(mbs.size());
   for (size_t i = 0; i < mbs.size(); ++i) {
-    r[4] += r[5 + i] <= 0;  // ranks x micro-batches whose update took longer than the step
-    step_s[i] = r[5 + i] > 0 ? 1.f / r[5 + i] : 0.f;
+    const double f = step_flops(be, cfg, mbs[i], r[2]);
+    r[3] += f <= 0;
+    s_per_flop[i] = f > 0 ? static_cast<float>(1 / f) : 0.f;
   }
-  comm.all_reduce(std::span<float>(step_s), ReduceOp::max).wait();
+  r[0] = static_cast<float>(allreduce_busbw(be, comm, cfg));
+  r[1] = static_cast<float>(host_link(be));
+  comm.all_reduce(std::span<float>(s_per_flop), ReduceOp::max).wait();
   comm.all_reduce(std::span<float>(r)).wait();
-  SHARD_REQUIRE(r[4] == 0, "--calibrate: on {:g} rank(s) x micro-batch(es) the optimizer's update alone (bench-adamw's "
+  SHARD_REQUIRE(r[3] == 0, "--calibrate: on {:g} rank(s) x micro-batch(es) the optimizer's update alone (bench-adamw's "
                 "rate) took longer than a whole training step: the measurements disagree (a machine busy during one "
-                "of them?); run it again", r[4]);
+                "of them?); run it again", r[3]);
   const double n = comm.world_size();
-  for (size_t i = 0; i < mbs.size(); ++i) r[5 + i] = static_cast<float>(n / step_s[i]);  // / n below
-  r[0] = r[5 + mbs.size() - 1];
   PlanRates rates;
   const std::string from = fmt::format("measured here by {} rank{}", comm.world_size(), comm.world_size() == 1 ? "" : "s");
   DeviceRates& d = rates.device;
-  d.flops = {r[0] / n, from + fmt::format(": model FLOP/s of whole training steps, the slowest rank's, less the "
-                                          "update, at micro-batch {} (and {} smaller)",
-                                          micro_batch, mbs.size() - 1)};
-  for (size_t i = 0; i < mbs.size(); ++i) d.flops_by_micro_batch.emplace_back(mbs[i], r[5 + i] / n);
+  for (size_t i = 0; i < mbs.size(); ++i) d.flops_by_micro_batch.emplace_back(mbs[i], 1 / double(s_per_flop[i]));
+  d.flops = {d.flops_by_micro_batch.back().second,
+             from + fmt::format(": model FLOP/s of whole training steps, the slowest rank's, less the update, at "
+                                "micro-batch {} (and {} smaller)", micro_batch, mbs.size() - 1)};
   d.hbm = {1e12, "unused: element-wise work is inside the whole-step rate"};
-  d.intra = d.inter = {r[1] / n, from + ": an all-reduce's bus bandwidth"};
-  d.host = {r[2] / n, from + ": host-tier copies"};
-  d.adamw = d.host_adamw = {r[3] / n, from + ": bench-adamw's kernel"};
+  d.intra = d.inter = {r[0] / n, from + ": an all-reduce's bus bandwidth"};
+  d.host = {r[1] / n, from + ": host-tier copies"};
+  d.adamw = d.host_adamw = {r[2] / n, from + ": bench-adamw's kernel"};
   d.ranks_per_node = cfg.ranks_per_node;
   rates.achievable.whole_step = true;
   rates.achievable.intra = rates.achievable.inter = 1;

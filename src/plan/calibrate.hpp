@@ -1,9 +1,11 @@
 // calibrate.hpp — `plan --calibrate`: the rates of plan's time model, measured on this machine by
-// every rank at once (so they see the contention a run sees), averaged over the ranks:
-//   flops       model FLOPs per second of a few single-rank training steps of the model at the
-//               planned micro-batch and every power of two below it (every kernel, not only the
-//               GEMMs; a layout takes its own micro-batch's, DeviceRates::flops_at), FLOPs counted
-//               as the time model counts them (megatron_flops: every GEMM, the attention s x s whole)
+// every rank at once (so they see the contention a run sees), averaged over the ranks but flops:
+//   flops       model FLOPs per second of single-rank training steps of the model (the median of
+//               10) at the planned micro-batch and every power of two below it, the slowest rank's
+//               (a step goes at its pace), the optimizer's update taken out (the model adds each
+//               layout's own); every other kernel inside, not only the GEMMs; a layout takes its own
+//               micro-batch's (DeviceRates::flops_at), FLOPs counted as the time model counts them
+//               (megatron_flops: every GEMM, the attention s x s whole)
 //   links       bus bandwidth of an f32 all-reduce of one unit's size over the ranks (the same
 //               figure within and between nodes: one machine has one link)
 //   host link   Backend::copy between the host tier and the device tier, 64 MiB
