@@ -150,7 +150,7 @@ TEST_CASE("plan: steps stopped at the budget settle the same configurations as w
   CHECK(stopped.predictions <= whole.predictions);
   CHECK(stopped.walked == whole.walked);
   CHECK(stopped.ruled_by_micro_batch == whole.ruled_by_micro_batch);
-  CHECK(stopped.ruled_by_states == whole.ruled_by_states);
+  CHECK(stopped.ruled_by_bound == whole.ruled_by_bound);
   REQUIRE(stopped.entries.size() == 5);
   for (size_t i = 0; i < 5; ++i) {
     const PlanEntry &a = whole.entries.at(i), &b = stopped.entries[i];
@@ -239,7 +239,7 @@ TEST_CASE("plan: a budget nothing meets says why for every configuration walked"
   REQUIRE(!plan.entries.empty());
   CHECK(plan.walked == plan.candidates);
   for (const PlanEntry& e : plan.entries) CHECK((!e.fits && !e.why.empty()));
-  CHECK(plan.ruled_by_states > 0);
+  CHECK(plan.ruled_by_bound > 0);
 }
 
 TEST_CASE("plan: JSON schema shardlab.plan/2", "[plan]") {
@@ -493,4 +493,31 @@ TEST_CASE("plan: expert parallelism is searched for a mixture of experts, its pe
   dense.pins = p;
   dense.pins.ep.reset();
   for (const PlanEntry& e : make_plan(dense).entries) CHECK(e.layout.dims.ep == 1);
+}
+
+TEST_CASE("plan: the bound that rules layouts out is under every stage's predicted peak", "[plan]") {
+  // Exhaustive walks predict every layout and check each stage's peak against its bound (model
+  // states, the activations of the micro-batches in flight, a gathered block): an InternalError
+  // if a bound were over. Both families, the scores kept (no fused kernel), experts, pipelines,
+  // context parallelism, f32 and bf16.
+  struct Case {
+    const char* preset;
+    int world;
+    int64_t seq;
+    AttentionKernel attention;
+    DType dt;
+  };
+  for (const Case& c : {Case{"tiny", 8, 0, AttentionKernel::flash, DType::bf16},
+                        Case{"tiny", 4, 0, AttentionKernel::naive, DType::f32},
+                        Case{"llama-tiny", 8, 512, AttentionKernel::flash, DType::bf16},
+                        Case{"qwen3-moe-tiny", 4, 0, AttentionKernel::flash, DType::bf16}}) {
+    CAPTURE(c.preset, c.world);
+    PlanConfig pc = plan_for(c.preset, c.world, uint64_t{1} << 40, c.dt);
+    if (c.seq) pc.train.spec.seq = c.seq;
+    pc.train.spec.attention = c.attention;
+    pc.exhaustive = true;
+    const PlanResult plan = make_plan(pc);
+    CHECK(plan.predictions > 100);
+    CHECK(plan.walked == plan.candidates);
+  }
 }

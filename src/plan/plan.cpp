@@ -13,6 +13,7 @@
 #include "src/model/model.hpp"
 #include "src/plan/plan_progress.hpp"
 #include "src/train/predict.hpp"
+#include "shard/pipeline/registry.hpp"
 
 namespace shardlab {
 
@@ -35,13 +36,17 @@ std::vector<T> pinned_or(const std::optional<T>& pin, std::vector<T> all) {
   return all;
 }
 
-// What a stage of a (tp, pp, v, schedule) layout holds: its largest stage's parameters on one rank,
-// and the stages whose memory must be predicted (one per distinct set of units: a stage with the
-// same units as an earlier one keeps no more micro-batches in flight, so never more memory; but
-// under a split backward, which makes later stages owe more weight passes, every stage).
+// What a stage of a (tp, pp, v, schedule) layout holds: each stage's parameters on one rank and its
+// chunks (first unit, count; model order), and the stages whose memory must be predicted (one per
+// distinct set of units: a stage with the same units as an earlier one keeps no more micro-batches
+// in flight, so never more memory; but under a split backward, which makes later stages owe more
+// weight passes, every stage).
 struct StageFacts {
-  double max_params = 0;
+  std::vector<double> params;
+  std::vector<std::vector<std::pair<int, int>>> chunks;
+  std::vector<std::vector<int>> chunk_ids;  // each stage's chunks' global indices
   std::vector<int> distinct;
+  std::vector<double> unit_params;  // each unit's on one rank
 };
 
 class Searcher {
@@ -94,14 +99,16 @@ class Searcher {
  private:
   const PlanConfig& c_;
   std::map<std::tuple<int, int, int, int, std::string>, StageFacts> stages_;
+  std::map<std::tuple<int, bool, int>, std::vector<std::unique_ptr<Unit>>> units_;
+  std::map<std::tuple<const char*, int, int, int, int>, std::vector<int>> flights_;  // by the registry's names
 
   enum class Settled { fits, does_not_fit, not_runnable };
 
-  // Whether e fits: ruled out by a bound (a smaller micro-batch of its layout that did not fit, its
-  // model states over the budget), else predicted.
+  // Whether e fits: ruled out by a bound (a smaller micro-batch of its layout that did not fit, a
+  // stage's model states and activations in flight at its first backward over the budget: see
+  // stage_bound), else predicted.
   Settled settle(PlanEntry& e, PlanResult& res, std::map<std::string, int64_t>& failed_mb, bool stop_at_budget) {
     const std::string key = group_key(e);
-    const uint64_t lb = states_bound(e);
     if (!c_.exhaustive) {
       auto it = failed_mb.find(key);
       if (it != failed_mb.end() && e.micro_batch >= it->second) {
@@ -109,10 +116,13 @@ class Searcher {
         ++res.ruled_by_micro_batch;
         return Settled::does_not_fit;
       }
-      if (lb > c_.device_memory) {
-        e.why = fmt::format("model states alone at least {} > {}", format_bytes(double(lb)),
-                            format_bytes(double(c_.device_memory)));
-        ++res.ruled_by_states;
+      const Bound b = layout_bound(e);
+      if (b.total() > c_.device_memory) {
+        e.why = fmt::format("at least {} > {}: model states {}, activations in flight {}{}",
+                            format_bytes(double(b.total())), format_bytes(double(c_.device_memory)),
+                            format_bytes(b.states), format_bytes(b.activations),
+                            b.gathered > 0 ? ", a gathered block " + format_bytes(b.gathered) : "");
+        ++res.ruled_by_bound;
         return Settled::does_not_fit;
       }
     }
@@ -126,8 +136,6 @@ class Searcher {
       ++res.not_runnable;
       return Settled::not_runnable;
     }
-    SHARD_CHECK(!e.predicted || e.peak >= lb, "plan: the model-state bound {} exceeds the predicted peak {} of {}", lb,
-                e.peak, e.label());
     if (e.fits) return Settled::fits;
     auto [it, fresh] = failed_mb.emplace(key, e.micro_batch);
     if (!fresh) it->second = std::min(it->second, e.micro_batch);
@@ -311,19 +319,27 @@ class Searcher {
     StageFacts f;
     const ModelSpec& s = c_.train.spec;
     const std::vector<UnitLayout> units = family_of(s).layout(s, TpConfig{d.tp, 0, false, d.ep, 0});
+    for (const UnitLayout& u : units) f.unit_params.push_back(double(u.numel));
     if (d.pp == 1) {
       f.distinct = {0};
-      f.max_params = double(num_params(units));
+      f.params = {double(num_params(units))};
+      f.chunks = {{{0, static_cast<int>(units.size())}}};
+      f.chunk_ids = {{0}};
     } else {
       TrainConfig t = e.config(c_);
       const StageSplit split = stage_split(t.spec, t.layout);
       std::vector<std::vector<int>> seen;
       for (int k = 0; k < d.pp; ++k) {
         double params = 0;
-        for (int u : split.units_of(k)) params += double(units.at(static_cast<size_t>(u)).numel);
-        f.max_params = std::max(f.max_params, params);
+        for (int u : split.units_of(k)) params += f.unit_params.at(static_cast<size_t>(u));
+        f.params.push_back(params);
         std::vector<int> what;  // its chunks' sizes, and whether it holds the first or the last unit
-        for (int ch : split.chunks_of(k)) what.push_back(split.count(ch));
+        f.chunks.emplace_back();
+        f.chunk_ids.push_back(split.chunks_of(k));
+        for (int ch : split.chunks_of(k)) {
+          what.push_back(split.count(ch));
+          f.chunks.back().push_back({split.begin(ch), split.count(ch)});
+        }
         what.push_back(k == 0);
         what.push_back(k == split.rank_of(split.chunks() - 1));
         // A split backward's later stages owe more weight passes: each stage is its own.
@@ -337,26 +353,112 @@ class Searcher {
     return stages_.emplace(key, std::move(f)).first->second;
   }
 
-  // A lower bound of the device bytes the model states of the largest stage's rank take between
-  // steps: its parameters (the exact count for its tensor-parallel rank) times what the strategy
-  // keeps of each on the device, sharded over S at best.
-  uint64_t states_bound(const PlanEntry& e) {
+  // The device bytes per parameter the strategy keeps between steps (its model states: all of them
+  // set up before the step and live through it), sharded over S at best.
+  double state_bytes(const PlanEntry& e) const {
     const MixedPrecisionPolicy& pr = c_.train.strategy.precision;
-    const ParallelDims& d = e.layout.dims;
-    const double params = stage_facts(e).max_params, S = double(d.dp_shard) * d.cp;  // ZeRO shards over S x cp
+    const double S = double(e.layout.dims.dp_shard) * e.layout.dims.cp;  // ZeRO shards over S x cp
     const double p = double(dtype_size(pr.param_dtype));
     const double g = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
     const double opt = (pr.param_dtype == DType::f32 ? 0 : 4) +
                        (c_.train.optim.kind == OptimizerKind::adamw ? 8 : 0);
-    double per = 0;
     const Offload off = e.strategy.offload;
     switch (zero_stage(e.strategy.kind)) {
-      case 0: per = p + g + opt; break;
-      case 1: per = p + g + (off == Offload::none ? opt / S : 0); break;
-      case 2: per = p + (off == Offload::none ? (g + opt) / S : 0); break;
-      default: per = off == Offload::params ? 0 : off == Offload::optimizer ? p / S : (p + g + opt) / S;
+      case 0: return p + g + opt;
+      case 1: return p + g + (off == Offload::none ? opt / S : 0);
+      case 2: return p + (off == Offload::none ? (g + opt) / S : 0);
+      default: return off == Offload::params ? 0 : off == Offload::optimizer ? p / S : (p + g + opt) / S;
     }
-    return static_cast<uint64_t>(params * per * 0.999);
+  }
+
+  // The units of a (tp, sequence parallel, ep) rank, for their output sizes.
+  const std::vector<std::unique_ptr<Unit>>& rank_units(const ParallelDims& d, bool sp) {
+    auto key = std::tuple{d.tp, sp, d.ep};
+    auto it = units_.find(key);
+    if (it != units_.end()) return it->second;
+    const ModelSpec& s = c_.train.spec;
+    return units_.emplace(key, family_of(s).make_units(s, TpConfig{d.tp, 0, sp, d.ep, 0})).first->second;
+  }
+
+  // A lower bound of stage k's device peak, in parts. The moment: the end of the last forward the
+  // stage runs before its first backward (the schedule's order; one micro-batch without a
+  // pipeline). Live then, beside the model states: each micro-batch in flight's activations (f32)
+  // on the stage, that is every unit's output (a chunk's last one only for the chunk just run: the
+  // others were sent on), what the units saved for their backward (Unit::saved_elems_at_least)
+  // and each chunk's received input; and under ZeRO-3 the parameters of the unit just run when it
+  // is a block, gathered whole for its compute (a head's may be tied).
+  struct Bound {
+    double states = 0, activations = 0, gathered = 0;
+    uint64_t total() const { return static_cast<uint64_t>((states + activations + gathered) * 0.999); }
+  };
+  Bound stage_bound(const PlanEntry& e, int k) {
+    const ParallelDims& d = e.layout.dims;
+    const StageFacts& f = stage_facts(e);
+    const std::vector<std::unique_ptr<Unit>>& units = rank_units(d, e.layout.sequence_parallel);
+    const ModelSpec& s = c_.train.spec;
+    const int64_t B = e.micro_batch, T = s.seq / d.cp;
+    const size_t ks = static_cast<size_t>(k);
+    const std::vector<int>& flights = in_flight(e, k);
+    // Each of the stage's chunks: its received input and the outputs and saved tensors of its
+    // units (all f32 elements), and its last unit's output.
+    const std::vector<std::pair<int, int>>& chunks = f.chunks.at(ks);
+    std::vector<double> whole(chunks.size()), last_out(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const auto [first, count] = chunks[i];
+      for (int u = first > 0 ? first - 1 : first; u < first + count; ++u)
+        whole[i] += double(units.at(static_cast<size_t>(u))->out_elems(s, B, T));
+      for (int u = first; u < first + count; ++u)
+        whole[i] += double(units.at(static_cast<size_t>(u))->saved_elems_at_least(s, B, T, e.checkpointing, d.cp > 1));
+      last_out[i] = double(units.at(static_cast<size_t>(first + count - 1))->out_elems(s, B, T));
+    }
+    const std::vector<int>& ids = f.chunk_ids.at(ks);
+    auto index = [&](int chunk) { return static_cast<size_t>(std::find(ids.begin(), ids.end(), chunk) - ids.begin()); };
+    const int last_chunk = d.pp * e.layout.pipeline.virtual_stages - 1;
+    Bound b;
+    b.states = f.params.at(ks) * state_bytes(e);
+    for (size_t j = 0; j < flights.size(); ++j) {
+      const size_t i = index(flights[j]);
+      b.activations += whole.at(i) - (j + 1 < flights.size() && flights[j] < last_chunk ? last_out[i] : 0);
+    }
+    b.activations *= sizeof(float);
+    const auto [first, count] = chunks.at(index(flights.back()));
+    const Unit& last = *units.at(static_cast<size_t>(first + count - 1));
+    if (zero_stage(e.strategy.kind) == 3 && d.dp_shard * d.cp > 1 && last.recomputable())
+      b.gathered = f.unit_params.at(static_cast<size_t>(first + count - 1)) *
+                   double(dtype_size(c_.train.strategy.precision.param_dtype));
+    return b;
+  }
+
+  // The chunks of the micro-batches stage k has in flight at its first backward (the forwards its
+  // schedule runs before it), in the order run; one without a pipeline.
+  const std::vector<int>& in_flight(const PlanEntry& e, int k) {
+    const PipelineConfig& p = e.layout.pipeline;
+    const int P = e.layout.dims.pp, V = p.virtual_stages, M = static_cast<int>(e.accum);
+    auto key = std::tuple{p.schedule.name(), P, V, M, k};
+    auto it = flights_.find(key);
+    if (it != flights_.end()) return it->second;
+    std::vector<int> chunks;
+    if (P == 1) {
+      chunks = {0};
+    } else {
+      for (const PipeAction& a : p.schedule->actions(k, P, V, M)) {
+        if (a.kind != PipeAction::forward) break;
+        chunks.push_back(a.chunk);
+      }
+    }
+    SHARD_CHECK(!chunks.empty(), "plan: stage {} of {} {} (v {}, {} micro-batches) begins with no forward", k, P,
+                p.schedule.name(), V, M);
+    return flights_.emplace(key, std::move(chunks)).first->second;
+  }
+
+  // The largest stage bound: what rules a layout out without a prediction.
+  Bound layout_bound(const PlanEntry& e) {
+    Bound best;
+    for (int k = 0; k < e.layout.dims.pp; ++k) {
+      const Bound b = stage_bound(e, k);
+      if (b.total() > best.total()) best = b;
+    }
+    return best;
   }
 
   // Every distinct stage's step on the meta backend; the peak is the largest of theirs. With
@@ -378,6 +480,9 @@ class Searcher {
         e.why = fmt::format("stage {} passes the budget (its step stopped there)", k);
         return;  // not predicted: the peak is not known
       }
+      const uint64_t lb = stage_bound(e, k).total();
+      SHARD_CHECK(est->peak >= lb, "plan: the bound {} exceeds the predicted peak {} of stage {} of {}", lb, est->peak,
+                  k, e.label());
       if (est->peak > e.peak) e.peak = est->peak, e.peak_stage = k;
       e.host_peak = std::max(e.host_peak, est->host.peak);
     }
@@ -409,9 +514,9 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
   size_t fitting = 0;
   for (const auto& e : res.entries) fitting += e.fits;
   std::fprintf(out, "search: %zu layouts timed, %zu walked fastest first, %zu memory predictions, %zu of them stopped "
-               "at the budget (%zu ruled out by their model states, %zu by a smaller micro-batch that did not fit, %zu "
+               "at the budget (%zu ruled out by a bound, %zu by a smaller micro-batch that did not fit, %zu "
                "not runnable), %.2f s; %zu fit\n", res.candidates, res.walked, res.predictions, res.stopped_at_budget,
-               res.ruled_by_states, res.ruled_by_micro_batch, res.not_runnable, res.seconds, fitting);
+               res.ruled_by_bound, res.ruled_by_micro_batch, res.not_runnable, res.seconds, fitting);
   std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s\n", "#", "layout", "ckpt",
                "mb x acc", "peak (stage)", "host peak", "step ms", "tokens/s", "TFLOP/s", "MFU",
                "compute/recomp/tp+cp+ep/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");

@@ -16,10 +16,11 @@
 //      parallelism cp dividing world / (tp pp) up to 32 with pieces of at least 128 positions (the
 //      fused attention only; dp = world / (tp pp cp); --cp-method as given, allgather by default);
 //   2. predict each one's time (microseconds each) and sort;
-//   3. walk them fastest first and settle whether each fits: a lower bound of its model states
-//      (the largest stage's parameters / tp times the bytes per parameter the strategy keeps on the
-//      device) over the budget rules it out without a prediction, as does a smaller micro-batch of
-//      the same layout that did not fit; the rest are predicted. The walk ends when `keep` fit.
+//   3. walk them fastest first and settle whether each fits: a lower bound of a stage's peak over
+//      the budget rules it out without a prediction (its model states, the activations of the
+//      micro-batches in flight at its first backward, a gathered block: plan.cpp's stage_bound),
+//      as does a smaller micro-batch of the same layout that did not fit; the rest are predicted,
+//      each stage's peak checked against its bound. The walk ends when `keep` fit.
 //      Once `keep_not_fitting` layouts did not fit, no report shows another's peak: a step then
 //      stops at its first allocation past the budget, and a layout at its first stage past it.
 // So the top `keep` are exactly those an exhaustive search would rank first (the test holds the
@@ -98,7 +99,7 @@ struct PlanResult {
   size_t walked = 0;               // reached by the walk
   size_t predictions = 0;          // memory predictions (steps on the meta backend, one per stage)
   size_t stopped_at_budget = 0;    // of them, steps stopped at their first allocation past a budget
-  size_t ruled_by_states = 0, ruled_by_micro_batch = 0, not_runnable = 0;
+  size_t ruled_by_bound = 0, ruled_by_micro_batch = 0, not_runnable = 0;
   double seconds = 0;
 };
 

@@ -54,7 +54,7 @@ std::string plan_json(const PlanConfig& c, const PlanResult& res) {
                 {"dp_overlap", r.dp_overlap},
                 {"flash_attention", r.flash_attention}};
   j["search"] = {{"candidates", res.candidates},           {"walked", res.walked},
-                 {"memory_predictions", res.predictions},  {"ruled_by_states", res.ruled_by_states},
+                 {"memory_predictions", res.predictions},  {"ruled_by_bound", res.ruled_by_bound},
                  {"ruled_by_micro_batch", res.ruled_by_micro_batch}, {"not_runnable", res.not_runnable},
                  {"seconds", res.seconds}};
   j["configs"] = nlohmann::json::array();

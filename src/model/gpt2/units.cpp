@@ -148,6 +148,15 @@ class BlockUnit final : public Unit {
       : Unit(std::move(layout)), prefix_("h." + std::to_string(index) + "."), tp_(tp) {}
   bool recomputable() const override { return true; }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return stream_rows(tp_, B, T) * s.dim; }
+  // forward's ln1, x2, ln2, qkv, atty, fch and fch_gelu; the scores without the fused kernel
+  // (unless checkpointed); not the norms' statistics.
+  int64_t saved_elems_at_least(const ModelSpec& s, int64_t B, int64_t T, Checkpointing ck, bool cp) const override {
+    if (ck == Checkpointing::blocks) return 0;
+    const int64_t N = B * T, n = stream_rows(tp_, B, T), A = s.dim / tp_.degree, F = s.ffn_hidden() / tp_.degree;
+    int64_t e = 3 * n * s.dim + N * 4 * A + N * 2 * F;
+    if (s.attention != AttentionKernel::flash && !cp && ck == Checkpointing::none) e += B * (s.heads / tp_.degree) * T * T;
+    return e;
+  }
 
   // n: the residual stream's rows (tp.hpp); H, A = H * head size and F: this rank's heads, attention
   // width and MLP hidden columns (all of them at tp 1).

@@ -116,6 +116,17 @@ class DecoderLayerUnit final : public Unit {
         tp_(tp) {}
   bool recomputable() const override { return true; }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
+  // forward's ln1, x2, ln2, qkv, atty and the dense MLP's gate_up and swiglu; the scores without
+  // the fused kernel (unless checkpointed); not the norms' statistics, q/k norms or experts.
+  int64_t saved_elems_at_least(const ModelSpec& s, int64_t B, int64_t T, Checkpointing ck, bool cp) const override {
+    if (ck == Checkpointing::blocks) return 0;
+    const int64_t N = B * T, rows_c = local_elems(s, tp_, B, T), hd = s.head_size();  // rows_c: Nl x C
+    const int64_t H = s.heads / tp_.degree, KV = s.num_kv_heads() / tp_.degree, F = s.ffn_hidden() / tp_.degree;
+    int64_t n = 3 * rows_c + N * (H + 2 * KV) * hd + N * H * hd;
+    if (!s.moe.enabled()) n += N * 3 * F;
+    if (s.attention != AttentionKernel::flash && !cp && ck == Checkpointing::none) n += B * H * T * T;
+    return n;
+  }
 
   // Under tensor parallelism in, out, ln1, x2 and ln2 hold the rank's rows (Nl); the rest all N.
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
