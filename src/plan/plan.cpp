@@ -11,9 +11,9 @@
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
 #include "src/model/model.hpp"
+#include "src/plan/plan_bound.hpp"
 #include "src/plan/plan_progress.hpp"
 #include "src/train/predict.hpp"
-#include "shard/pipeline/registry.hpp"
 
 namespace shardlab {
 
@@ -35,19 +35,6 @@ std::vector<T> pinned_or(const std::optional<T>& pin, std::vector<T> all) {
   if (pin) return {*pin};
   return all;
 }
-
-// What a stage of a (tp, pp, v, schedule) layout holds: each stage's parameters on one rank and its
-// chunks (first unit, count; model order), and the stages whose memory must be predicted (one per
-// distinct set of units: a stage with the same units as an earlier one keeps no more micro-batches
-// in flight, so never more memory; but under a split backward, which makes later stages owe more
-// weight passes, every stage).
-struct StageFacts {
-  std::vector<double> params;
-  std::vector<std::vector<std::pair<int, int>>> chunks;
-  std::vector<std::vector<int>> chunk_ids;  // each stage's chunks' global indices
-  std::vector<int> distinct;
-  std::vector<double> unit_params;  // each unit's on one rank
-};
 
 class Searcher {
  public:
@@ -98,15 +85,13 @@ class Searcher {
 
  private:
   const PlanConfig& c_;
-  std::map<std::tuple<int, int, int, int, std::string>, StageFacts> stages_;
-  std::map<std::tuple<int, bool, int>, std::vector<std::unique_ptr<Unit>>> units_;
-  std::map<std::tuple<const char*, int, int, int, int>, std::vector<int>> flights_;  // by the registry's names
+  PlanBounds bounds_{c_};
 
   enum class Settled { fits, does_not_fit, not_runnable };
 
   // Whether e fits: ruled out by a bound (a smaller micro-batch of its layout that did not fit, a
   // stage's model states and activations in flight at its first backward over the budget: see
-  // stage_bound), else predicted.
+  // plan_bound.hpp), else predicted.
   Settled settle(PlanEntry& e, PlanResult& res, std::map<std::string, int64_t>& failed_mb, bool stop_at_budget) {
     const std::string key = group_key(e);
     if (!c_.exhaustive) {
@@ -116,7 +101,7 @@ class Searcher {
         ++res.ruled_by_micro_batch;
         return Settled::does_not_fit;
       }
-      const Bound b = layout_bound(e);
+      const PlanBounds::Bound b = bounds_.layout(e);
       if (b.total() > c_.device_memory) {
         e.why = fmt::format("at least {} > {}: model states {}, activations in flight {}{}",
                             format_bytes(double(b.total())), format_bytes(double(c_.device_memory)),
@@ -309,158 +294,6 @@ class Searcher {
                        int(e.checkpointing));
   }
 
-  const StageFacts& stage_facts(const PlanEntry& e) {
-    const ParallelDims& d = e.layout.dims;
-    // The schedule places the chunks (zb-v in a V) and decides what a stage holds.
-    auto key = std::tuple{d.tp, d.pp, d.ep, e.layout.pipeline.virtual_stages,
-                          std::string(e.layout.pipeline.schedule.name())};
-    auto it = stages_.find(key);
-    if (it != stages_.end()) return it->second;
-    StageFacts f;
-    const ModelSpec& s = c_.train.spec;
-    const std::vector<UnitLayout> units = family_of(s).layout(s, TpConfig{d.tp, 0, false, d.ep, 0});
-    for (const UnitLayout& u : units) f.unit_params.push_back(double(u.numel));
-    if (d.pp == 1) {
-      f.distinct = {0};
-      f.params = {double(num_params(units))};
-      f.chunks = {{{0, static_cast<int>(units.size())}}};
-      f.chunk_ids = {{0}};
-    } else {
-      TrainConfig t = e.config(c_);
-      const StageSplit split = stage_split(t.spec, t.layout);
-      std::vector<std::vector<int>> seen;
-      for (int k = 0; k < d.pp; ++k) {
-        double params = 0;
-        for (int u : split.units_of(k)) params += f.unit_params.at(static_cast<size_t>(u));
-        f.params.push_back(params);
-        std::vector<int> what;  // its chunks' sizes, and whether it holds the first or the last unit
-        f.chunks.emplace_back();
-        f.chunk_ids.push_back(split.chunks_of(k));
-        for (int ch : split.chunks_of(k)) {
-          what.push_back(split.count(ch));
-          f.chunks.back().push_back({split.begin(ch), split.count(ch)});
-        }
-        what.push_back(k == 0);
-        what.push_back(k == split.rank_of(split.chunks() - 1));
-        // A split backward's later stages owe more weight passes: each stage is its own.
-        if (t.layout.pipeline.schedule->splits_backward) what.push_back(k);
-        if (std::find(seen.begin(), seen.end(), what) == seen.end()) {
-          seen.push_back(what);
-          f.distinct.push_back(k);
-        }
-      }
-    }
-    return stages_.emplace(key, std::move(f)).first->second;
-  }
-
-  // The device bytes per parameter the strategy keeps between steps (its model states: all of them
-  // set up before the step and live through it), sharded over S at best.
-  double state_bytes(const PlanEntry& e) const {
-    const MixedPrecisionPolicy& pr = c_.train.strategy.precision;
-    const double S = double(e.layout.dims.dp_shard) * e.layout.dims.cp;  // ZeRO shards over S x cp
-    const double p = double(dtype_size(pr.param_dtype));
-    const double g = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
-    const double opt = (pr.param_dtype == DType::f32 ? 0 : 4) +
-                       (c_.train.optim.kind == OptimizerKind::adamw ? 8 : 0);
-    const Offload off = e.strategy.offload;
-    switch (zero_stage(e.strategy.kind)) {
-      case 0: return p + g + opt;
-      case 1: return p + g + (off == Offload::none ? opt / S : 0);
-      case 2: return p + (off == Offload::none ? (g + opt) / S : 0);
-      default: return off == Offload::params ? 0 : off == Offload::optimizer ? p / S : (p + g + opt) / S;
-    }
-  }
-
-  // The units of a (tp, sequence parallel, ep) rank, for their output sizes.
-  const std::vector<std::unique_ptr<Unit>>& rank_units(const ParallelDims& d, bool sp) {
-    auto key = std::tuple{d.tp, sp, d.ep};
-    auto it = units_.find(key);
-    if (it != units_.end()) return it->second;
-    const ModelSpec& s = c_.train.spec;
-    return units_.emplace(key, family_of(s).make_units(s, TpConfig{d.tp, 0, sp, d.ep, 0})).first->second;
-  }
-
-  // A lower bound of stage k's device peak, in parts. The moment: the end of the last forward the
-  // stage runs before its first backward (the schedule's order; one micro-batch without a
-  // pipeline). Live then, beside the model states: each micro-batch in flight's activations (f32)
-  // on the stage, that is every unit's output (a chunk's last one only for the chunk just run: the
-  // others were sent on), what the units saved for their backward (Unit::saved_elems_at_least)
-  // and each chunk's received input; and under ZeRO-3 the parameters of the unit just run when it
-  // is a block, gathered whole for its compute (a head's may be tied).
-  struct Bound {
-    double states = 0, activations = 0, gathered = 0;
-    uint64_t total() const { return static_cast<uint64_t>((states + activations + gathered) * 0.999); }
-  };
-  Bound stage_bound(const PlanEntry& e, int k) {
-    const ParallelDims& d = e.layout.dims;
-    const StageFacts& f = stage_facts(e);
-    const std::vector<std::unique_ptr<Unit>>& units = rank_units(d, e.layout.sequence_parallel);
-    const ModelSpec& s = c_.train.spec;
-    const int64_t B = e.micro_batch, T = s.seq / d.cp;
-    const size_t ks = static_cast<size_t>(k);
-    const std::vector<int>& flights = in_flight(e, k);
-    // Each of the stage's chunks: its received input and the outputs and saved tensors of its
-    // units (all f32 elements), and its last unit's output.
-    const std::vector<std::pair<int, int>>& chunks = f.chunks.at(ks);
-    std::vector<double> whole(chunks.size()), last_out(chunks.size());
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const auto [first, count] = chunks[i];
-      for (int u = first > 0 ? first - 1 : first; u < first + count; ++u)
-        whole[i] += double(units.at(static_cast<size_t>(u))->out_elems(s, B, T));
-      for (int u = first; u < first + count; ++u)
-        whole[i] += double(units.at(static_cast<size_t>(u))->saved_elems_at_least(s, B, T, e.checkpointing, d.cp > 1));
-      last_out[i] = double(units.at(static_cast<size_t>(first + count - 1))->out_elems(s, B, T));
-    }
-    const std::vector<int>& ids = f.chunk_ids.at(ks);
-    auto index = [&](int chunk) { return static_cast<size_t>(std::find(ids.begin(), ids.end(), chunk) - ids.begin()); };
-    const int last_chunk = d.pp * e.layout.pipeline.virtual_stages - 1;
-    Bound b;
-    b.states = f.params.at(ks) * state_bytes(e);
-    for (size_t j = 0; j < flights.size(); ++j) {
-      const size_t i = index(flights[j]);
-      b.activations += whole.at(i) - (j + 1 < flights.size() && flights[j] < last_chunk ? last_out[i] : 0);
-    }
-    b.activations *= sizeof(float);
-    const auto [first, count] = chunks.at(index(flights.back()));
-    const Unit& last = *units.at(static_cast<size_t>(first + count - 1));
-    if (zero_stage(e.strategy.kind) == 3 && d.dp_shard * d.cp > 1 && last.recomputable())
-      b.gathered = f.unit_params.at(static_cast<size_t>(first + count - 1)) *
-                   double(dtype_size(c_.train.strategy.precision.param_dtype));
-    return b;
-  }
-
-  // The chunks of the micro-batches stage k has in flight at its first backward (the forwards its
-  // schedule runs before it), in the order run; one without a pipeline.
-  const std::vector<int>& in_flight(const PlanEntry& e, int k) {
-    const PipelineConfig& p = e.layout.pipeline;
-    const int P = e.layout.dims.pp, V = p.virtual_stages, M = static_cast<int>(e.accum);
-    auto key = std::tuple{p.schedule.name(), P, V, M, k};
-    auto it = flights_.find(key);
-    if (it != flights_.end()) return it->second;
-    std::vector<int> chunks;
-    if (P == 1) {
-      chunks = {0};
-    } else {
-      for (const PipeAction& a : p.schedule->actions(k, P, V, M)) {
-        if (a.kind != PipeAction::forward) break;
-        chunks.push_back(a.chunk);
-      }
-    }
-    SHARD_CHECK(!chunks.empty(), "plan: stage {} of {} {} (v {}, {} micro-batches) begins with no forward", k, P,
-                p.schedule.name(), V, M);
-    return flights_.emplace(key, std::move(chunks)).first->second;
-  }
-
-  // The largest stage bound: what rules a layout out without a prediction.
-  Bound layout_bound(const PlanEntry& e) {
-    Bound best;
-    for (int k = 0; k < e.layout.dims.pp; ++k) {
-      const Bound b = stage_bound(e, k);
-      if (b.total() > best.total()) best = b;
-    }
-    return best;
-  }
-
   // Every distinct stage's step on the meta backend; the peak is the largest of theirs. With
   // stop_at_budget each step ends at its first allocation past a budget (it cannot fit then: the
   // budget is checked against the step's live bytes, which is what the peak is the largest of), and
@@ -468,7 +301,7 @@ class Searcher {
   void predict_memory(const TrainConfig& t, PlanEntry& e, PlanResult& res, bool stop_at_budget) {
     const ParallelDims dims = t.layout.dims.resolved(c_.world);
     const PoolConfig budgets{c_.device_memory, c_.host_memory};
-    for (int k : stage_facts(e).distinct) {
+    for (int k : bounds_.stage_facts(e).distinct) {
       MeshCoord at;
       at.pp = k;
       const int rank = mesh_rank(dims, at);
@@ -480,7 +313,7 @@ class Searcher {
         e.why = fmt::format("stage {} passes the budget (its step stopped there)", k);
         return;  // not predicted: the peak is not known
       }
-      const uint64_t lb = stage_bound(e, k).total();
+      const uint64_t lb = bounds_.stage(e, k).total();
       SHARD_CHECK(est->peak >= lb, "plan: the bound {} exceeds the predicted peak {} of stage {} of {}", lb, est->peak,
                   k, e.label());
       if (est->peak > e.peak) e.peak = est->peak, e.peak_stage = k;

@@ -1,0 +1,65 @@
+// plan_bound.hpp — what plan knows of a layout's stages without predicting them: which units each
+// holds, which must be predicted, and a lower bound of each one's device peak that rules a layout
+// out when it passes the budget (plan.hpp, step 3). Each prediction is checked against its bound.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "src/model/unit.hpp"
+#include "src/plan/plan.hpp"
+
+namespace shardlab {
+
+// What a stage of a (tp, pp, v, schedule) layout holds: each stage's parameters on one rank and its
+// chunks (first unit, count; model order), and the stages whose memory must be predicted (one per
+// distinct set of units: a stage with the same units as an earlier one keeps no more micro-batches
+// in flight, so never more memory; but under a split backward, which makes later stages owe more
+// weight passes, every stage).
+struct StageFacts {
+  std::vector<double> params;
+  std::vector<std::vector<std::pair<int, int>>> chunks;
+  std::vector<std::vector<int>> chunk_ids;  // each stage's chunks' global indices
+  std::vector<int> distinct;
+  std::vector<double> unit_params;  // each unit's on one rank
+};
+
+
+class PlanBounds {
+ public:
+  explicit PlanBounds(const PlanConfig& c) : c_(c) {}
+
+  // A lower bound of a stage's device peak, in parts (stage()).
+  struct Bound {
+    double states = 0, activations = 0, gathered = 0;
+    uint64_t total() const { return static_cast<uint64_t>((states + activations + gathered) * 0.999); }
+  };
+
+  const StageFacts& stage_facts(const PlanEntry& e);
+  // Stage k's bound. The moment: the end of the last forward the stage runs before its first
+  // backward (the schedule's order; one micro-batch without a pipeline). Live then, beside the
+  // model states (all set up before the step and live through it): each micro-batch in flight's
+  // activations (f32) on the stage, that is every unit's output (a chunk's last one only for the
+  // chunk just run: the others were sent on), what the units saved for their backward
+  // (Unit::saved_elems_at_least) and each chunk's received input; and under ZeRO-3 the parameters
+  // of the unit just run when it is a block, gathered whole for its compute (a head's may be tied).
+  Bound stage(const PlanEntry& e, int k);
+  // The largest stage's: what rules a layout out without a prediction.
+  Bound layout(const PlanEntry& e);
+
+ private:
+  double state_bytes(const PlanEntry& e) const;
+  const std::vector<std::unique_ptr<Unit>>& rank_units(const ParallelDims& d, bool sp);
+  const std::vector<int>& in_flight(const PlanEntry& e, int k);
+
+  const PlanConfig& c_;
+  std::map<std::tuple<int, int, int, int, std::string>, StageFacts> stages_;
+  std::map<std::tuple<int, bool, int>, std::vector<std::unique_ptr<Unit>>> units_;
+  std::map<std::tuple<const char*, int, int, int, int>, std::vector<int>> flights_;  // by the registry's names
+};
+
+}  // namespace shardlab
