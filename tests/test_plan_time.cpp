@@ -291,6 +291,34 @@ TEST_CASE("plan time: calibrated rates run every GEMM at the whole step's rate a
   CHECK(p.split.total == Approx(12.76).epsilon(1e-12));
 }
 
+TEST_CASE("plan time: a calibrated wait per data-parallel collective inside the passes, by hand", "[plan]") {
+  // GPT L=3 on dp 2, 1 s per wait: the units are 3 blocks, the embedding and the head (5). zero2
+  // waits for each one's reduce-scatter in every micro-step's backward (M = 2: 10 s); zero3 also
+  // for its gathers in the forward and the backward (15 per micro-step: 30 s), and once more in a
+  // recomputed forward (20: 40 s); ddp and zero1 wait after the backward (nothing added). Under
+  // pp 3 the slowest stage holds one block and an end (2 units), and the gradients reduce once.
+  const ModelSpec m = gpt(3, 4, 1, 4, 4);
+  DeviceRates r = rates(1e3, 1e3, 1e3, 1e3, 8);
+  TimeLayout l;
+  l.dp = 2, l.micro_batch = 1, l.global_batch = 4;
+  auto dp_s = [&](StrategyKind k, double sync, Checkpointing ck = Checkpointing::none, int pp = 1) {
+    r.sync = {sync, "test"};
+    TimeLayout x = l;
+    x.dp_strategy = k, x.recompute = ck, x.pp = pp;
+    return predict_step_time(m, x, r).split.exposed_dp;
+  };
+  for (StrategyKind k : {StrategyKind::ddp, StrategyKind::zero1}) CHECK(dp_s(k, 1) == dp_s(k, 0));
+  CHECK(dp_s(StrategyKind::zero2, 1) - dp_s(StrategyKind::zero2, 0) == Approx(10).epsilon(1e-9));
+  CHECK(dp_s(StrategyKind::zero3, 1) - dp_s(StrategyKind::zero3, 0) == Approx(30).epsilon(1e-9));
+  CHECK(dp_s(StrategyKind::zero3, 1, Checkpointing::blocks) - dp_s(StrategyKind::zero3, 0, Checkpointing::blocks) ==
+        Approx(40).epsilon(1e-9));
+  l.dp = 2, l.global_batch = 4;
+  CHECK(dp_s(StrategyKind::zero2, 1, Checkpointing::none, 3) - dp_s(StrategyKind::zero2, 0, Checkpointing::none, 3) ==
+        Approx(2).epsilon(1e-9));
+  CHECK(dp_s(StrategyKind::zero3, 1, Checkpointing::none, 3) - dp_s(StrategyKind::zero3, 0, Checkpointing::none, 3) ==
+        Approx(6).epsilon(1e-9));
+}
+
 TEST_CASE("plan time: expert parallelism's all-to-alls and dense all-reduce, by hand", "[plan][ep]") {
   // Mixtral shape, small: L=2 h=64 a=4 (g 2, d 16) s=32 V=100, 8 experts of width 32, top 2; b 1,
   // B 8 over dp 8 (M 1); 1e12 FLOP/s, HBM 1e20, NVLink 1e9 and network 2e8 at half: 5e8 and 1e8 B/s;

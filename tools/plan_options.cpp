@@ -42,8 +42,10 @@ Desc plan_options(PlanFlags& f, PlanConfig& pc) {
       "configurations that fit to find and list (the search ends when it has them)");
   add_switch(desc, "calibrate", f.calibrate,
                   "measure the rates on this machine instead of --gpu (a few training steps, an all-reduce, copies, "
-                  "AdamW); needs --device-memory");
-  add_measure_steps(desc, f.measure_steps, "steps per measured configuration");
+                  "AdamW, the wait at a collective between ranks); needs --device-memory");
+  add_measure_steps(desc, f.measure_steps,
+                    "steps per measured configuration (the first a warm-up; 11 or more go in rounds over the "
+                    "configurations in turn, up to 4, each round's first step a warm-up too)");
   f.run.add(desc);
   f.memory.add(desc);
   f.model.add(desc);

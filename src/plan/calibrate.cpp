@@ -60,6 +60,49 @@ double allreduce_busbw(Backend& be, Communicator& comm, const PlanConfig& cfg) {
   return bus_bytes(CommOp::all_reduce, 4.0 * double(n), comm.world_size()) / median(s);
 }
 
+// Seconds a rank loses at a collective it waits for between two pieces of compute (dp_waits in
+// plan_time.cpp): rounds of `chunk_s` of GEMMs (the MLP's first product at the planned
+// micro-batch, about a unit's forward) each ended by a barrier, against the same rounds without
+// one; this rank's excess per round. Blocks of each kind alternate, so a change of the machine's
+// load falls on both.
+double sync_seconds(Backend& be, Communicator& comm, const PlanConfig& cfg, int64_t micro_batch, double chunk_s) {
+  if (comm.world_size() == 1) return 0;
+  const ModelSpec& s = cfg.train.spec;
+  GemmDesc d;
+  d.m = micro_batch * s.seq, d.n = s.ffn_hidden(), d.k = s.dim;
+  d.lda = d.k, d.ldb = d.n, d.ldc = d.n;
+  Pool pool(be);
+  Block a = pool.alloc(DType::f32, d.m * d.k, Category::workspace, "calibrate sync A");
+  Block b = pool.alloc(DType::f32, d.k * d.n, Category::workspace, "calibrate sync B");
+  Block c = pool.alloc(DType::f32, d.m * d.n, Category::workspace, "calibrate sync C");
+  be.fill(a.flat(DType::f32), 0.5f);
+  be.fill(b.flat(DType::f32), 0.5f);
+  auto gemm = [&] { be.gemm(d, a.data(), b.data(), c.data()); };
+  gemm();  // warm
+  be.synchronize();
+  double t0 = now_s();
+  for (int i = 0; i < 3; ++i) gemm();
+  be.synchronize();
+  const double one = (now_s() - t0) / 3;
+  // Every rank runs as many as rank 0 (the ranks must agree on the rounds).
+  std::vector<float> reps{static_cast<float>(std::clamp(std::round(chunk_s / std::max(one, 1e-6)), 1.0, 64.0))};
+  comm.broadcast(std::span<float>(reps), 0).wait();
+  const int n = static_cast<int>(reps[0]), rounds = 8, blocks = 3;
+  double with = 0, without = 0;
+  for (int k = 0; k < blocks; ++k)
+    for (bool wait : {true, false}) {
+      comm.barrier().wait();
+      t0 = now_s();
+      for (int i = 0; i < rounds; ++i) {
+        for (int j = 0; j < n; ++j) gemm();
+        be.synchronize();
+        if (wait) comm.barrier().wait();
+      }
+      (wait ? with : without) += now_s() - t0;
+    }
+  return (with - without) / (blocks * rounds);
+}
+
 double host_link(Backend& be) {
   Pool pool(be);
   const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
@@ -86,8 +129,9 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   for (int64_t b = 1; b < micro_batch; b *= 2) mbs.push_back(b);
   mbs.push_back(micro_batch);
   // The ranks' means: [0] all-reduce bus bytes/s, [1] host link bytes/s, [2] AdamW elements/s; [3]
-  // counts the (rank, micro-batch) pairs whose update measured longer than the step.
-  std::vector<float> r(4);
+  // counts the (rank, micro-batch) pairs whose update measured longer than the step; [4] seconds
+  // lost per wait (sync_seconds).
+  std::vector<float> r(5);
   {
     Pool pool(be);
     std::FILE* sink = std::fopen("/dev/null", "w");
@@ -105,6 +149,11 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
     r[3] += f <= 0;
     s_per_flop[i] = f > 0 ? static_cast<float>(1 / f) : 0.f;
   }
+  // The sync probe's compute between waits: about one unit's forward at the planned micro-batch.
+  const ModelSpec& spec = cfg.train.spec;
+  const double unit_s = s_per_flop.back() * megatron_flops(spec, micro_batch, Checkpointing::none) / 3 /
+                        double(spec.layers + 2);
+  r[4] = static_cast<float>(sync_seconds(be, comm, cfg, micro_batch, unit_s));
   r[0] = static_cast<float>(allreduce_busbw(be, comm, cfg));
   r[1] = static_cast<float>(host_link(be));
   comm.all_reduce(std::span<float>(s_per_flop), ReduceOp::max).wait();
@@ -124,6 +173,7 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
   d.intra = d.inter = {r[0] / n, from + ": an all-reduce's bus bandwidth"};
   d.host = {r[1] / n, from + ": host-tier copies"};
   d.adamw = d.host_adamw = {r[2] / n, from + ": bench-adamw's kernel"};
+  d.sync = {std::max(0.0, double(r[4]) / n), from + ": GEMM rounds with a barrier after each, less without"};
   d.ranks_per_node = cfg.ranks_per_node;
   rates.achievable.whole_step = true;
   rates.achievable.intra = rates.achievable.inter = 1;
@@ -136,8 +186,8 @@ PlanRates calibrate_rates(Backend& be, Communicator& comm, const PlanConfig& cfg
     std::string by;
     for (auto [b, f] : d.flops_by_micro_batch) by += fmt::format("{}{:.1f} at {}", by.empty() ? "" : ", ", f / 1e9, b);
     std::fprintf(log, "calibrated: GFLOP/s per rank (whole steps) %s by micro-batch; all-reduce %.2f GB/s, host link "
-                 "%.2f GB/s, AdamW %.3g elements/s\n", by.c_str(), d.intra.value / 1e9, d.host.value / 1e9,
-                 d.adamw.value);
+                 "%.2f GB/s, AdamW %.3g elements/s, %.2f ms per data-parallel wait\n", by.c_str(), d.intra.value / 1e9,
+                 d.host.value / 1e9, d.adamw.value, d.sync.value * 1e3);
   }
   return rates;
 }

@@ -10,6 +10,9 @@
 //               figure within and between nodes: one machine has one link)
 //   host link   Backend::copy between the host tier and the device tier, 64 MiB
 //   AdamW       bench-adamw's host kernel (on the CPU backend the device's is the same kernel)
+//   sync        seconds a rank loses at a data-parallel collective it waits for inside a pass: rounds
+//               of GEMMs (about a unit's forward) each ended by a barrier, less the same without,
+//               per round, the ranks' mean (the model charges zero2's and zero3's waits per unit)
 //   overlap     0: MPI's collectives progress only inside MPI calls on the CPU backend
 // The time model then runs every GEMM at the whole-step rate (Achievable::whole_step).
 #pragma once

@@ -14,8 +14,10 @@ namespace shardlab {
 using ConnectWorld = std::function<std::unique_ptr<Communicator>(Pool&)>;
 
 // Runs the top `k` fitting entries of the plan for `steps` steps each and fills their measured step
-// time (median after the first step, the slowest rank's) and the largest peak of any rank (under
-// --pp the stages differ); rank 0 prints a line per configuration. Collective over the world.
+// time (the median of all but warm-ups, the slowest rank's) and the largest peak of any rank (under
+// --pp the stages differ); rank 0 prints a line per configuration. The steps - 1 timed steps go in
+// up to 4 rounds of at least 5 over the configurations in turn, each round's first step a warm-up.
+// Collective over the world.
 void measure_plan(Backend& be, const ConnectWorld& connect, const PlanConfig& pc, const PoolConfig& pools,
                   std::vector<PlanEntry>& plan, int k, int64_t steps);
 

@@ -27,7 +27,10 @@ std::string DeviceRates::describe() const {
                      inter.value / 1e9, inter.from, host.value / 1e9, host.from,
                      adamw.value > 0 ? fmt::format("{:.3g}", adamw.value) : std::string("HBM"), adamw.from,
                      host_adamw.value, host_adamw.from, ranks_per_node) +
-         (flops_by_micro_batch.size() > 1 ? by_micro_batch_line() : std::string());
+         (flops_by_micro_batch.size() > 1 ? by_micro_batch_line() : std::string()) +
+         (sync.value > 0 ? fmt::format("  sync     {:8.2f} ms per data-parallel wait inside a pass ({})\n",
+                                       sync.value * 1e3, sync.from)
+                         : std::string());
 }
 
 std::string DeviceRates::by_micro_batch_line() const {
@@ -301,6 +304,17 @@ double zeropp_seconds(const TimeLayout& l, double params, int S, const DeviceRat
   return ((regather ? 2 : 1) * b.gather + b.back_shard + b.grads_shard) / bw_s + (b.back_node + b.grads_node) / bw_node +
          b.grads_cross / bw_cross;
 }
+
+// The data-parallel collectives a rank of the slowest stage waits for inside one micro-step's
+// passes, one per unit (its blocks, and the embedding and the head where it holds them): zero2's
+// reduce-scatters in the backward; zero3's as well, and its gathers for the forward, the backward
+// and a recomputed forward. ddp and zero1 wait once, after the backward.
+double dp_waits(const ModelSpec& m, const TimeLayout& l) {
+  const double units = std::ceil(double(m.layers) / (l.pp * l.virtual_stages)) * l.virtual_stages + (l.pp == 1 ? 2 : 1);
+  if (l.dp_strategy == StrategyKind::zero2) return units;
+  if (l.dp_strategy != StrategyKind::zero3) return 0;
+  return units * (l.pp == 1 && l.recompute == Checkpointing::blocks ? 4 : 3);  // as zeropp_seconds' regather
+}
 }  // namespace
 
 double DeviceRates::flops_at(int64_t micro_batch) const {
@@ -361,6 +375,7 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
     const double exposed = tr.group_exposed_bus() / bw_s;
     const double window = l.dp_strategy == StrategyKind::zero3 ? M * st.compute : st.backward;
     sp.exposed_dp = overlappable - std::min(l.dp_overlap * overlappable, window) + exposed;
+    sp.exposed_dp += repeats * dp_waits(m, l) * r.sync.value;
   }
   const double updated = zero_stage(l.dp_strategy) > 0 ? st.params / S : st.params;
   if (l.offload != Offload::none) {

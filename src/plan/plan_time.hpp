@@ -115,6 +115,10 @@ struct DeviceRates {
   // measured one below them all): a CPU's kernels run slower on smaller products.
   std::vector<std::pair<int64_t, double>> flops_by_micro_batch;
   double flops_at(int64_t micro_batch) const;
+  // Seconds a rank loses at each data-parallel collective it waits for inside the backward or
+  // forward (zero2's reduce-scatters, zero3's gathers and reduce-scatters, one per unit): the
+  // ranks arrive apart, the earlier waits. 0 unless calibrated (GPUs' streams absorb it).
+  Rate sync;
   int ranks_per_node = 8;
   std::string describe() const;  // one line per rate with its source
   std::string by_micro_batch_line() const;
