@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 
 #include "src/core/stats.hpp"
 #include "src/core/units.hpp"
@@ -37,7 +36,12 @@ void measure_plan(Backend& be, const ConnectWorld& connect, const PlanConfig& pc
           peak[i] = std::max(peak[i], st.peak_bytes);
         }
       }
-      if (r + 1 < rounds) continue;
+      if (r + 1 < rounds) {  // progress: the results come with the last round
+        if (i + 1 == top.size() && comm->rank() == 0)
+          std::fprintf(stderr, "measure: round %lld of %lld done\n", static_cast<long long>(r + 1),
+                       static_cast<long long>(rounds));
+        continue;
+      }
       // Rank 0 takes the slowest rank's time (in ns) and the largest peak.
       PlanEntry& e = *top[i];
       const std::vector<uint64_t> mine = {static_cast<uint64_t>(median(ms[i]) * 1e6), peak[i]};
