@@ -1,8 +1,8 @@
 // Tensor parallelism composed with the data-parallel strategies, on real ranks (mpirun -np 2 and
 // 4), for GPT-2 and Llama: parity with single-rank training over 10 steps (losses within 1e-5
 // relative; every element of every rank's part of the parameters against the whole model's), with
-// and without sequence parallelism, and bf16 parameters and gradients against f32; memory measured
-// = predicted at tp 2 x dp 2; and the bad inputs.
+// and without sequence parallelism, the chunked loss head, and bf16 parameters and gradients against
+// f32; memory measured = predicted at tp 2 x dp 2; and the bad inputs.
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -61,9 +61,10 @@ TrainConfig whole_model(TrainConfig c) {
 }
 
 std::string label(const TrainConfig& c) {
-  return fmt::format("{} tp {} {}{} {}{}", c.spec.name, c.layout.dims.tp, strategy_name(c.strategy.kind),
+  return fmt::format("{} tp {} {}{} {}{}{}", c.spec.name, c.layout.dims.tp, strategy_name(c.strategy.kind),
                      c.layout.sequence_parallel ? " sp" : "", dtype_name(c.strategy.precision.param_dtype),
-                     c.strategy.offload != Offload::none ? std::string(" off:") + offload_name(c.strategy.offload) : "");
+                     c.strategy.offload != Offload::none ? std::string(" off:") + offload_name(c.strategy.offload) : "",
+                     c.spec.loss_chunk ? fmt::format(" chunk {}", c.spec.loss_chunk) : "");
 }
 
 // Losses as check_parity has them; the parameters of this rank's part against the whole model's
@@ -181,6 +182,21 @@ TEST_CASE("tensor parallelism: bf16 parameters and gradients train as on one ran
     }
 }
 
+// The chunked loss head (--loss-chunk) under tensor parallelism: each chunk's vocabulary-parallel
+// cross-entropy (the rank's vocabulary rows, maxima and sums reduced over the group), against
+// single-rank training with the whole logits; 5 positions a chunk divides none of the batches.
+TEST_CASE("tensor parallelism with the chunked loss head matches single-rank training", "[tp][loss]") {
+  for (const ModelSpec& base : {gpt2_spec(), llama_spec()})
+    for (bool sp : {false, true}) {
+      ModelSpec spec = base;
+      spec.loss_chunk = 5;
+      TrainConfig cfg = tp_config(spec, Layout{2, StrategyKind::zero3}, sp);
+      TrainConfig whole = whole_model(cfg);
+      whole.spec.loss_chunk = 0;
+      check_tp_parity(train_mpi(cfg), reference(whole), cfg);
+    }
+}
+
 TEST_CASE("tensor parallelism: memory measured equals predicted at tp 2 x dp 2", "[tp][estimator]") {
   if (g_mpi->world() != 4) return;
   ModelSpec moe = model_preset("qwen3-moe-tiny");  // the experts split as the dense MLP
@@ -193,6 +209,13 @@ TEST_CASE("tensor parallelism: memory measured equals predicted at tp 2 x dp 2",
         cfg.accum = 2;
         check_measured_is_predicted(cfg, label(cfg));
       }
+  for (bool sp : {false, true}) {  // the chunked loss head's chunk and its reduced statistics
+    ModelSpec spec = llama_spec();
+    spec.loss_chunk = 5;
+    TrainConfig cfg = tp_config(spec, Layout{2, StrategyKind::zero3}, sp);
+    cfg.steps = 2;
+    check_measured_is_predicted(cfg, label(cfg));
+  }
 }
 
 TEST_CASE("tensor parallelism: bad layouts are input errors naming the values", "[tp][errors]") {

@@ -134,7 +134,8 @@ void ModelOptions::add(Desc& d) {
       "the reference); KV-cached decoding (sample) goes through the same kernel")(
       "loss-chunk", po::value(&loss_chunk)->default_value(loss_chunk),
       "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
-      "the product run again in backward, so no (B*T, V) logits are held (0 = whole; not with --tp)")(
+      "the product run again in backward, so no (B*T, V) logits are held (0 = whole; under --tp each chunk's "
+      "vocabulary-parallel loss)")(
       "moe-capacity-factor", po::value(&moe_capacity_factor)->default_value(moe_capacity_factor),
       "mixture-of-experts models (mixtral, qwen3_moe): each expert takes at most ceil(F x tokens x k / experts) of a "
       "micro-batch's tokens per layer, the rest dropped (their slot adds nothing; counted in the progress line and "

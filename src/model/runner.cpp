@@ -81,13 +81,13 @@ double UnitHooks::loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch&
 
 double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor out,
                  const Batch& batch, float dlogit_scale, bool backward) {
-  if (tp.active())
-    return vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, backward ? out : Tensor(),
-                               backward ? dlogit_scale : 0.f);
   if (blocks::chunked_loss(spec, tp.config)) {  // the head gave its N losses (as it decided by the same test)
     const std::vector<int64_t> rows{batch.B * batch.T};
     return hooks.loss_rows(be, pool, out.reshape(rows), batch, dlogit_scale, backward);
   }
+  if (tp.active())
+    return vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, backward ? out : Tensor(),
+                               backward ? dlogit_scale : 0.f);
   return backward ? hooks.loss(be, pool, out, batch, dlogit_scale) : hooks.forward_loss(be, pool, out, batch);
 }
 

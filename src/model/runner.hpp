@@ -59,10 +59,11 @@ struct RunResult {
 // given, it receives this rank's logits before the loss overwrites them (under tensor
 // parallelism: its vocabulary columns, (N, padded V / T)).
 //
-// With the chunked loss head (spec.loss_chunk > 0, no tensor parallelism) the last unit gives
-// the losses themselves (hooks.loss_rows), and `logits` is left empty.
+// With the chunked loss head (spec.loss_chunk > 0) the last unit gives the losses themselves
+// (hooks.loss_rows; under tensor parallelism each chunk's vocabulary-parallel loss, the same on
+// every rank of the group), and `logits` is left empty.
 //
-// Under tensor parallelism (tp active, units made for tp.config) the loss is the
+// Otherwise, under tensor parallelism (tp active, units made for tp.config) the loss is the
 // vocabulary-parallel cross-entropy over the tp group (vocab_parallel_loss below) instead of
 // hooks.loss / hooks.forward_loss; every rank of the group gets the same loss.
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
@@ -77,9 +78,9 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
                       const Batch& batch, UnitHooks& hooks, std::vector<float>* logits = nullptr,
                       const TpContext& tp = {});
 
-// The loss of the last unit's output `out` (N rows): the vocabulary-parallel loss over `tp` when it
-// is active, the chunked head's losses summed (blocks::chunked_loss), else the cross-entropy
-// of the logits; with `backward`, out is left holding its gradient (logits: d(loss)/d(logits) times
+// The loss of the last unit's output `out` (N rows): the chunked head's losses summed
+// (blocks::chunked_loss), else the vocabulary-parallel loss over `tp` when it is active, else the
+// cross-entropy of the logits; with `backward`, out is left holding its gradient (logits: d(loss)/d(logits) times
 // dlogit_scale; chunked: dlogit_scale per position). The loop's and the pipeline executor's.
 double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor out,
                  const Batch& batch, float dlogit_scale, bool backward);

@@ -39,9 +39,6 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(batch >= 1, "--batch {}: expected at least one sequence", batch);
   SHARD_REQUIRE(accum >= 1, "--accum {}: expected at least one micro-step", accum);
   layout.validate(spec, strategy, batch, accum, world);
-  SHARD_REQUIRE(spec.loss_chunk == 0 || layout.dims.tp == 1,
-                "--loss-chunk {} with --tp {}: the vocabulary-parallel loss already holds V / {} columns per rank; "
-                "chunking it is not written yet (give --loss-chunk 0)", spec.loss_chunk, layout.dims.tp, layout.dims.tp);
   SHARD_REQUIRE(grad_clip >= 0.f, "--grad-clip {}: expected 0 (off) or a positive norm", grad_clip);
   SHARD_REQUIRE(print_every >= 1, "--print-every {}: expected a positive count", print_every);
   SHARD_REQUIRE(save_every >= 0, "--save-every {}: expected 0 or a positive number of steps", save_every);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "src/backend/ops/loss.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab::blocks {
@@ -19,22 +20,43 @@ void chunk_logits(Backend& be, Tensor logits, Tensor x, Tensor w, int64_t r0, in
   be.gemm(d, x.slice(r0 * C, rows * C).data(), w.data(), logits.data());
 }
 
+// The cross-entropy of a chunk's logits (rows, w's rows) against targets: losses (rows), and with
+// dlogits their gradient times scale (it may alias logits). Under tensor parallelism the logits
+// are the rank's vocabulary columns, and the row maxima, then the sums and target logits, are
+// reduced over the group (the vocabulary-parallel loss, one chunk at a time); `stats` holds 3 x
+// rows floats for them.
+void chunk_cross_entropy(UnitContext& c, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                         Tensor stats, float scale) {
+  if (!c.tp.active()) return ops::cross_entropy(c.be, losses, dlogits, logits, targets, scale);
+  const int64_t rows = logits.dim(0);
+  const VocabShard v = vocab_shard(c.spec.vocab, c.tp.config.degree, c.tp.config.rank);
+  Tensor mx = stats.slice(0, rows), sums = stats.slice(rows, 2 * rows);
+  ops::vocab_ce_max(c.be, mx, logits, v.valid);
+  c.tp.comm->all_reduce(mx, ReduceOp::max).wait();
+  ops::vocab_ce_sums(c.be, sums.slice(0, rows), sums.slice(rows, rows), logits, targets, v.begin, v.valid, mx);
+  c.tp.comm->all_reduce(sums).wait();
+  ops::vocab_ce_finish(c.be, losses, dlogits, logits, targets, v.begin, v.valid, mx, sums.slice(0, rows),
+                       sums.slice(rows, rows), scale);
+}
+
 }  // namespace
 
-bool chunked_loss(const ModelSpec& spec, const TpConfig& tp) { return spec.loss_chunk > 0 && tp.degree == 1; }
+bool chunked_loss(const ModelSpec& spec, const TpConfig&) { return spec.loss_chunk > 0; }
 
 void chunked_loss_forward(UnitContext& c, Tensor losses, Tensor x, Tensor w) {
   const int64_t N = losses.numel(), V = w.dim(0), K = std::min(N, c.spec.loss_chunk);
   SHARD_CHECK(c.batch.targets != nullptr, "the chunked loss head needs the batch's targets");
   SHARD_CHECK(x.numel() == N * w.dim(1), "chunked loss: x {} for {} positions of {} channels", x.shape_str(), N,
               w.dim(1));
-  Block chunk = c.pool.alloc(DType::f32, K * V, Category::workspace, "loss chunk logits");
+  const int64_t stats = c.tp.active() ? 3 * K : 0;
+  Block chunk = c.pool.alloc(DType::f32, K * V + stats, Category::workspace, "loss chunk logits");
   for (int64_t r0 = 0; r0 < N; r0 += K) {
     const int64_t rows = std::min(K, N - r0);
     const std::vector<int64_t> shape{rows, V};
     Tensor logits = chunk.flat(DType::f32).slice(0, rows * V).reshape(shape);
     chunk_logits(c.be, logits, x, w, r0, rows);
-    ops::cross_entropy(c.be, losses.slice(r0, rows), Tensor(), logits, c.batch.targets + r0, 0.f);
+    chunk_cross_entropy(c, losses.slice(r0, rows), Tensor(), logits, c.batch.targets + r0,
+                        chunk.flat(DType::f32).slice(K * V, stats), 0.f);
   }
 }
 
@@ -42,14 +64,16 @@ void chunked_loss_backward(UnitContext& c, Tensor dx, Tensor dw, Tensor dlosses,
   const int64_t N = dlosses.numel(), V = w.dim(0), C = w.dim(1), K = std::min(N, c.spec.loss_chunk);
   float scale = 0.f;
   c.be.copy(Tensor::flat(&scale, DType::f32, 1), dlosses.slice(0, 1));
-  Block chunk = c.pool.alloc(DType::f32, K * V + K, Category::workspace, "loss chunk logits");
+  const int64_t stats = c.tp.active() ? 3 * K : 0;
+  Block chunk = c.pool.alloc(DType::f32, K * V + K + stats, Category::workspace, "loss chunk logits");
   for (int64_t r0 = 0; r0 < N; r0 += K) {
     const int64_t rows = std::min(K, N - r0);
     const std::vector<int64_t> shape{rows, V};
     Tensor logits = chunk.flat(DType::f32).slice(0, rows * V).reshape(shape);
     chunk_logits(c.be, logits, x, w, r0, rows);
     // The logits become their gradient in place; the losses, computed again, are not needed.
-    ops::cross_entropy(c.be, chunk.flat(DType::f32).slice(K * V, rows), logits, logits, c.batch.targets + r0, scale);
+    chunk_cross_entropy(c, chunk.flat(DType::f32).slice(K * V, rows), logits, logits, c.batch.targets + r0,
+                        chunk.flat(DType::f32).slice(K * V + K, stats), scale);
     GemmDesc ddx = gemm_with(w);  // dx rows (rows, C) = dlogits (rows, V) @ w (V, C)
     ddx.m = rows, ddx.n = C, ddx.k = V;
     ddx.lda = V, ddx.ldb = C, ddx.ldc = C;

@@ -7,13 +7,16 @@
 //
 // With it, the head unit outputs the N per-position losses instead of the logits, and its backward
 // takes d(summed loss)/d(each loss), which the runner sets to the loss scale (UnitHooks::loss_rows).
-// At tensor-parallel degree 1 only: the vocabulary-parallel loss already holds V / tp columns.
+// Under tensor parallelism w holds the rank's vocabulary rows and each chunk's loss is the
+// vocabulary-parallel one (its row maxima, sums and target logits reduced over the group, per
+// chunk); x is then every position's (gathered under sequence parallelism), and d(x) the rank's
+// partial sum, which the head reduces over the group as it does the whole logits' path.
 #pragma once
 #include "src/model/unit.hpp"
 
 namespace shardlab::blocks {
 
-// Whether the head computes its loss in chunks: --loss-chunk K > 0 and no tensor parallelism.
+// Whether the head computes its loss in chunks: --loss-chunk K > 0 (at any tensor-parallel degree).
 bool chunked_loss(const ModelSpec& spec, const TpConfig& tp);
 
 // losses (N) = cross-entropy of the logits x (N, C) @ w^T (w (V, C), as nn.Linear stores it) against

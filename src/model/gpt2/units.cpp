@@ -310,7 +310,8 @@ class HeadUnit final : public Unit {
     TpPartialGrads norm(c, g, {"ln_f.weight", "ln_f.bias"}, "ln_f");
     const Tensor wte = p.gemm("wte.weight");
     if (blocks::chunked_loss(c.spec, tp_)) {
-      blocks::chunked_loss_backward(c, dlnf_block.flat(DType::f32), g("wte.weight"), dout, s("lnf"), wte);
+      blocks::chunked_loss_backward(c, dlnf_block.flat(DType::f32), g("wte.weight"), dout,
+                                    tp_region_input(c, s("lnf"), rows_of(rows, N, C)), wte);
     } else {
       GemmDesc dx = gemm_with(wte);  // dlnf (N, C) = dlogits (N, V) @ wte (V, C)
       dx.m = N, dx.n = C, dx.k = V;

@@ -353,9 +353,10 @@ class HeadUnit final : public Unit {
     const int64_t N = c.batch.B * c.batch.T, Nl = local_rows(c, tp_), C = c.spec.dim;
     Tensor lnf = s.add(c.pool, "lnf", {Nl, C}), rstd = s.add(c.pool, "lnf_rstd", {Nl});
     ops::rmsnorm_forward(c.be, lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
-    if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, lnf, p.gemm(weight_));
     Block whole = whole_rows(c, "head lnf gathered");
-    linear_forward(c.be, out, tp_region_input(c, lnf, whole_or(whole, c, lnf)), p.gemm(weight_), N);  // logits
+    const Tensor x = tp_region_input(c, lnf, whole_or(whole, c, lnf));  // every position's rows
+    if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, x, p.gemm(weight_));
+    linear_forward(c.be, out, x, p.gemm(weight_), N);  // logits
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
@@ -366,7 +367,8 @@ class HeadUnit final : public Unit {
     // d(lnf) in the same block (lnf is consumed by then).
     Block whole = whole_rows(c, "head backward lnf gathered");
     if (blocks::chunked_loss(c.spec, tp_)) {
-      blocks::chunked_loss_backward(c, dlnf.flat(DType::f32), g(weight_), dout, s("lnf"), p.gemm(weight_));
+      blocks::chunked_loss_backward(c, dlnf.flat(DType::f32), g(weight_), dout,
+                                    tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_));
     } else {
       const WeightGradsNow now(c);  // d(logits) is too large to hold for a W pass
       linear_backward(c, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
