@@ -28,7 +28,6 @@ struct StageFacts {
   std::vector<double> unit_params;  // each unit's on one rank
 };
 
-
 class PlanBounds {
  public:
   explicit PlanBounds(const PlanConfig& c) : c_(c) {}

@@ -52,6 +52,7 @@ DeviceRates device_rates(const DevicePeaks& d) {
   r.host = {d.host_link_gbs * 1e9, fmt::format("{}: PCIe achieved", d.name)};
   r.adamw = {0, "36 bytes per parameter at the HBM share"};
   r.host_adamw = {1.5e9, "assumed: a host AdamW over one socket's share"};
+  r.sync = {0, "not modelled for a preset (only --calibrate measures it)"};
   r.ranks_per_node = d.gpus_per_node;
   return r;
 }

@@ -44,6 +44,7 @@ std::string plan_json(const PlanConfig& c, const PlanResult& res) {
                 {"host_link_bytes_per_s", rate_json(r.device.host)},
                 {"device_adamw_elements_per_s", rate_json(r.device.adamw)},
                 {"host_adamw_elements_per_s", rate_json(r.device.host_adamw)},
+                {"sync_wait_s", rate_json(r.device.sync)},
                 {"ranks_per_node", r.device.ranks_per_node},
                 {"gemm_fraction", a.gemm},
                 {"gemm_knee", a.knee},
