@@ -55,6 +55,10 @@ void tp_sum(UnitContext& c, Tensor t) {
   if (c.tp.active()) group(c).all_reduce(t).wait();
 }
 
+void tp_max(UnitContext& c, Tensor t) {
+  if (c.tp.active()) group(c).all_reduce(t, ReduceOp::max).wait();
+}
+
 Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull) {
   if (!c.tp.sequence_parallel()) return dlocal;
   group(c).all_gather(dlocal, dfull).wait();

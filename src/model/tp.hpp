@@ -48,6 +48,9 @@ Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull);
 // t summed over the group in place (nothing at degree 1): partial sums every rank needs whole (a
 // mixture of experts' routing-weight gradients, from the rank's slices of the experts).
 void tp_sum(UnitContext& c, Tensor t);
+// t's elementwise maximum over the group in place (nothing at degree 1): the vocabulary-parallel
+// loss's row maxima (blocks/loss_head.hpp).
+void tp_max(UnitContext& c, Tensor t);
 
 // Gradients of replicated tensors (norm weights and biases, row-parallel biases) that a rank
 // computes from its own token rows only (with SP) are partial sums: backward accumulates them

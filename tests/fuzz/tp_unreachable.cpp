@@ -15,6 +15,7 @@ void tp_region_input_backward(UnitContext&, Tensor, Tensor) { unreachable(); }
 void tp_region_output(UnitContext&, Tensor, Tensor) { unreachable(); }
 Tensor tp_region_output_backward(UnitContext&, Tensor, Tensor) { unreachable(); }
 void tp_sum(UnitContext&, Tensor) { unreachable(); }
+void tp_max(UnitContext&, Tensor) { unreachable(); }
 TpPartialGrads::TpPartialGrads(UnitContext& c, const ParamSet&, std::vector<std::string>, const std::string&, bool)
     : c_(c) {
   unreachable();

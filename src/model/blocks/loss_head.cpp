@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "src/backend/ops/loss.hpp"
-#include "src/comm/communicator.hpp"
 #include "src/model/blocks/weight_grad.hpp"
+#include "src/model/tp.hpp"
 
 namespace shardlab::blocks {
 namespace {
@@ -32,9 +32,9 @@ void chunk_cross_entropy(UnitContext& c, Tensor losses, Tensor dlogits, Tensor l
   const VocabShard v = vocab_shard(c.spec.vocab, c.tp.config.degree, c.tp.config.rank);
   Tensor mx = stats.slice(0, rows), sums = stats.slice(rows, 2 * rows);
   ops::vocab_ce_max(c.be, mx, logits, v.valid);
-  c.tp.comm->all_reduce(mx, ReduceOp::max).wait();
+  tp_max(c, mx);
   ops::vocab_ce_sums(c.be, sums.slice(0, rows), sums.slice(rows, rows), logits, targets, v.begin, v.valid, mx);
-  c.tp.comm->all_reduce(sums).wait();
+  tp_sum(c, sums);
   ops::vocab_ce_finish(c.be, losses, dlogits, logits, targets, v.begin, v.valid, mx, sums.slice(0, rows),
                        sums.slice(rows, rows), scale);
 }
