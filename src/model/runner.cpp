@@ -45,22 +45,17 @@ Tensor final_logits(Backend& be, const Block& out, int64_t N, std::vector<float>
 }
 }  // namespace
 
-double vocab_parallel_loss(Backend& be, Pool& pool, Communicator& tp, const ModelSpec& spec, Tensor logits,
+double vocab_parallel_loss(Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor logits,
                            const Batch& batch, Tensor dlogits, float scale) {
   const int64_t N = batch.B * batch.T;
-  const VocabShard v = vocab_shard(spec.vocab, tp.world_size(), tp.rank());
+  const VocabShard v = vocab_shard(spec.vocab, tp.config.degree, tp.config.rank);
   SHARD_CHECK(logits.numel() == N * v.rows, "vocabulary-parallel loss: logits {} for {} rows of {} vocabulary rows",
               logits.shape_str(), N, v.rows);
   // mx, then [sumexp | tlogit] (reduced together), losses, and their sum.
   Block stats = pool.alloc(DType::f32, 4 * N + 1, Category::activations, "vocab-parallel loss");
-  Tensor all = stats.flat(DType::f32);
-  Tensor mx = all.slice(0, N), sums = all.slice(N, 2 * N), losses = all.slice(3 * N, N);
-  ops::vocab_ce_max(be, mx, logits, v.valid);
-  tp.all_reduce(mx, ReduceOp::max).wait();
-  ops::vocab_ce_sums(be, sums.slice(0, N), sums.slice(N, N), logits, batch.targets, v.begin, v.valid, mx);
-  tp.all_reduce(sums).wait();
-  ops::vocab_ce_finish(be, losses, dlogits, logits, batch.targets, v.begin, v.valid, mx, sums.slice(0, N),
-                       sums.slice(N, N), scale);
+  Tensor all = stats.flat(DType::f32), losses = all.slice(3 * N, N);
+  UnitContext c{be, pool, spec, batch, Checkpointing::none, tp};
+  blocks::cross_entropy_rows(c, losses, dlogits, logits, batch.targets, all.slice(0, 3 * N), scale);
   return sum_to_host(be, losses, all.slice(4 * N, 1));
 }
 
@@ -86,7 +81,7 @@ double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp,
     return hooks.loss_rows(be, pool, out.reshape(rows), batch, dlogit_scale, backward);
   }
   if (tp.active())
-    return vocab_parallel_loss(be, pool, *tp.comm, spec, out, batch, backward ? out : Tensor(),
+    return vocab_parallel_loss(be, pool, tp, spec, out, batch, backward ? out : Tensor(),
                                backward ? dlogit_scale : 0.f);
   return backward ? hooks.loss(be, pool, out, batch, dlogit_scale) : hooks.forward_loss(be, pool, out, batch);
 }

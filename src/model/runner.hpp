@@ -108,9 +108,10 @@ void weight_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Defer
 // Megatron's vocabulary-parallel cross-entropy: logits (N, rows) are this rank's vocabulary rows
 // of the head (vocab_shard). The row maxima are all-reduced (max) over the tp group, then each
 // row's sum of exponentials and its target's logit (sum, one collective of 2N): 3N floats in all,
-// and the (N, V) logits are never gathered. Returns the sum of the N losses, the same on every
-// rank; with dlogits (may alias logits) also their gradient times scale, zero in padding columns.
-double vocab_parallel_loss(Backend& be, Pool& pool, Communicator& tp, const ModelSpec& spec, Tensor logits,
+// and the (N, V) logits are never gathered (blocks::cross_entropy_rows over the N rows). Returns the
+// sum of the N losses, the same on every rank; with dlogits (may alias logits) also their gradient
+// times scale, zero in padding columns.
+double vocab_parallel_loss(Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor logits,
                            const Batch& batch, Tensor dlogits, float scale);
 
 // Views of every tensor of `unit` inside a flat f32 buffer laid out as the unit's layout says.

@@ -20,13 +20,12 @@ void chunk_logits(Backend& be, Tensor logits, Tensor x, Tensor w, int64_t r0, in
   be.gemm(d, x.slice(r0 * C, rows * C).data(), w.data(), logits.data());
 }
 
-// The cross-entropy of a chunk's logits (rows, w's rows) against targets: losses (rows), and with
-// dlogits their gradient times scale (it may alias logits). Under tensor parallelism the logits
-// are the rank's vocabulary columns, and the row maxima, then the sums and target logits, are
-// reduced over the group (the vocabulary-parallel loss, one chunk at a time); `stats` holds 3 x
-// rows floats for them.
-void chunk_cross_entropy(UnitContext& c, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
-                         Tensor stats, float scale) {
+}  // namespace
+
+bool chunked_loss(const ModelSpec& spec, const TpConfig&) { return spec.loss_chunk > 0; }
+
+void cross_entropy_rows(UnitContext& c, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                        Tensor stats, float scale) {
   if (!c.tp.active()) return ops::cross_entropy(c.be, losses, dlogits, logits, targets, scale);
   const int64_t rows = logits.dim(0);
   const VocabShard v = vocab_shard(c.spec.vocab, c.tp.config.degree, c.tp.config.rank);
@@ -38,10 +37,6 @@ void chunk_cross_entropy(UnitContext& c, Tensor losses, Tensor dlogits, Tensor l
   ops::vocab_ce_finish(c.be, losses, dlogits, logits, targets, v.begin, v.valid, mx, sums.slice(0, rows),
                        sums.slice(rows, rows), scale);
 }
-
-}  // namespace
-
-bool chunked_loss(const ModelSpec& spec, const TpConfig&) { return spec.loss_chunk > 0; }
 
 void chunked_loss_forward(UnitContext& c, Tensor losses, Tensor x, Tensor w) {
   const int64_t N = losses.numel(), V = w.dim(0), K = std::min(N, c.spec.loss_chunk);
@@ -55,7 +50,7 @@ void chunked_loss_forward(UnitContext& c, Tensor losses, Tensor x, Tensor w) {
     const std::vector<int64_t> shape{rows, V};
     Tensor logits = chunk.flat(DType::f32).slice(0, rows * V).reshape(shape);
     chunk_logits(c.be, logits, x, w, r0, rows);
-    chunk_cross_entropy(c, losses.slice(r0, rows), Tensor(), logits, c.batch.targets + r0,
+    cross_entropy_rows(c, losses.slice(r0, rows), Tensor(), logits, c.batch.targets + r0,
                         chunk.flat(DType::f32).slice(K * V, stats), 0.f);
   }
 }
@@ -72,7 +67,7 @@ void chunked_loss_backward(UnitContext& c, Tensor dx, Tensor dw, Tensor dlosses,
     Tensor logits = chunk.flat(DType::f32).slice(0, rows * V).reshape(shape);
     chunk_logits(c.be, logits, x, w, r0, rows);
     // The logits become their gradient in place; the losses, computed again, are not needed.
-    chunk_cross_entropy(c, chunk.flat(DType::f32).slice(K * V, rows), logits, logits, c.batch.targets + r0,
+    cross_entropy_rows(c, chunk.flat(DType::f32).slice(K * V, rows), logits, logits, c.batch.targets + r0,
                         chunk.flat(DType::f32).slice(K * V + K, stats), scale);
     GemmDesc ddx = gemm_with(w);  // dx rows (rows, C) = dlogits (rows, V) @ w (V, C)
     ddx.m = rows, ddx.n = C, ddx.k = V;

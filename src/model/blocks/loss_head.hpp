@@ -19,6 +19,15 @@ namespace shardlab::blocks {
 // Whether the head computes its loss in chunks: --loss-chunk K > 0 (at any tensor-parallel degree).
 bool chunked_loss(const ModelSpec& spec, const TpConfig& tp);
 
+// The cross-entropy of logits (rows, the head's rows on this rank) against targets: losses (rows),
+// and with dlogits their gradient times scale (it may alias logits). Under tensor parallelism the
+// logits are the rank's vocabulary columns (vocab_shard) and this is Megatron's vocabulary-parallel
+// loss: the row maxima reduced (max) over the group, then each row's sum of exponentials and its
+// target's logit (sum, one collective of 2 x rows), in `stats` (3 x rows floats; unused at degree
+// 1); zero in the padding columns of dlogits. The chunked head's, per chunk, and the whole logits'.
+void cross_entropy_rows(UnitContext& c, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
+                        Tensor stats, float scale);
+
 // losses (N) = cross-entropy of the logits x (N, C) @ w^T (w (V, C), as nn.Linear stores it) against
 // c.batch.targets, spec.loss_chunk positions at a time.
 void chunked_loss_forward(UnitContext& c, Tensor losses, Tensor x, Tensor w);
