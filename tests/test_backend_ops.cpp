@@ -55,6 +55,12 @@ class Run {
   }
   // Workspace whose contents are the implementation's own (not compared).
   Tensor work(const std::string& name, std::initializer_list<int64_t> shape) { return alloc(name, shape); }
+  // x rounded to bf16 on the backend (cast), 1-D: inputs of kernels that read bf16.
+  Tensor bf16_of(const std::string& name, const Tensor& x) {
+    Tensor t = alloc(name, {x.numel()}, DType::bf16);
+    be.cast(t, x);
+    return t;
+  }
   std::map<std::string, std::vector<float>> results() {
     std::map<std::string, std::vector<float>> r;
     for (const auto& [name, t] : outs_) {
@@ -68,12 +74,12 @@ class Run {
   uint64_t bytes_allocated() const { return bytes_; }
 
  private:
-  Tensor alloc(const std::string& name, std::initializer_list<int64_t> shape) {
+  Tensor alloc(const std::string& name, std::initializer_list<int64_t> shape, DType dtype = DType::f32) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    blocks_.push_back(pool_.alloc(DType::f32, n, Category::workspace, name));
+    blocks_.push_back(pool_.alloc(dtype, n, Category::workspace, name));
     bytes_ += blocks_.back().bytes();
-    return blocks_.back().view(DType::f32, shape);
+    return blocks_.back().view(dtype, shape);
   }
   Pool pool_;
   std::vector<Block> blocks_;
@@ -184,6 +190,24 @@ std::function<void(Run&)> flash_case(int64_t H, int64_t KV, int64_t T, int64_t h
   };
 }
 
+// The same over bf16 inputs (qkv and dout rounded on the backend): out, bf16, is cast back to f32
+// to be compared; lse and dqkv are f32.
+std::function<void(Run&)> flash_bf16_case(int64_t H, int64_t KV, int64_t T, int64_t hd, bool causal) {
+  return [=](Run& r) {
+    const int64_t B = 2, R = (H + 2 * KV) * hd;
+    const std::vector<int64_t> qkv_shape{B, T, R}, out_shape{B, T, H * hd};
+    Tensor qkv = r.bf16_of("qkv bf16", r.in("qkv", {B, T, R})).reshape(qkv_shape);
+    Tensor out = r.bf16_of("out bf16", r.in("out init", {B, T, H * hd})).reshape(out_shape);
+    Tensor lse = r.out("lse", {B, H, T});
+    Tensor fwd = r.work("forward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, false, true)});
+    ops::flash_attention_forward(r.be, out, lse, qkv, H, KV, causal, fwd);
+    r.be.cast(r.out("out", {B, T, H * hd}), out);
+    Tensor dout = r.bf16_of("dout bf16", r.in("dout", {B, T, H * hd})).reshape(out_shape);
+    Tensor bwd = r.work("backward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, true, true)});
+    ops::flash_attention_backward(r.be, r.out("dqkv", {B, T, R}), dout, qkv, out, lse, H, KV, causal, bwd);
+  };
+}
+
 // Context parallelism's pieces (src/model/parallel/cp_attention.cpp): a qkv's K/V columns copied
 // into their own rows (copy_rows), the fused kernel on a piece of queries (positions 64-95) over
 // two parts of the keys, positions 0-63 (all seen: offset 64) and 64-95 (the diagonal), merged
@@ -282,6 +306,8 @@ std::vector<OpCase> op_cases() {
       {"flash attention (multi-head, causal)", 1e-4, flash_case(2, 2, 150, 8, true)},
       {"flash attention (grouped-query, causal)", 1e-4, flash_case(4, 2, 137, 16, true)},
       {"flash attention (multi-query, not causal)", 1e-4, flash_case(4, 1, 70, 8, false)},
+      // out is bf16: a rounding apart where the f32 sums differ in their last bits (2^-8 relative)
+      {"flash attention (bf16 inputs, grouped-query, causal)", 1e-2, flash_bf16_case(4, 2, 137, 64, true)},
       {"flash attention pieces (context parallelism)", 1e-4, flash_pieces_case},
       {"kv_cache", 1e-4, kv_cache_case},
       {"loss", 1e-5, loss_case},

@@ -2,7 +2,9 @@
 // precision (causal and not, grouped-query, tails, T = 1), the naive kernels that keep the
 // probabilities (causal), and PyTorch's scaled_dot_product_attention (a committed file,
 // tests/reference/make_sdpa_reference.py). Forward within 1e-5 and gradients within 1e-4 of the
-// largest reference value; the log-sum-exp within 1e-5.
+// largest reference value; the log-sum-exp within 1e-5. bf16 inputs: against the reference over the
+// same (widened) values, the output within 1e-5 plus its own rounding, and bit for bit against the
+// f32 kernels over those values.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -29,8 +31,13 @@ struct Result {
   std::vector<float> out, lse, dqkv;
 };
 
-// Attention in double over the fused (B, T, (H + 2 KV) hd) buffer, forward and backward.
-Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout) {
+float round_bf16(float x) { return static_cast<float>(bf16(x)); }
+
+// Attention in double over the fused (B, T, (H + 2 KV) hd) buffer, forward and backward. Backward's
+// D = rowsum(dO * O) reads O from `given_out` when there is one (a bf16 caller's output, as the
+// kernel rounded it), else its own.
+Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout,
+                 const std::vector<float>* given_out = nullptr) {
   const int64_t R = d.R(), C = d.H * d.hd, G = d.H / d.KV;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   Result r;
@@ -65,7 +72,8 @@ Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector
         double D = 0;
         for (int64_t c = 0; c < d.hd; ++c) {
           r.out[static_cast<size_t>((b * d.T + t) * C + h * d.hd + c)] = static_cast<float>(o[static_cast<size_t>(c)]);
-          D += go[c] * o[static_cast<size_t>(c)];
+          D += go[c] * (given_out ? (*given_out)[static_cast<size_t>((b * d.T + t) * C + h * d.hd + c)]
+                                  : o[static_cast<size_t>(c)]);
         }
         for (int64_t s = 0; s < n; ++s) {
           const double ps = p[static_cast<size_t>(s)], ds = ps * (dp[static_cast<size_t>(s)] - D);
@@ -81,8 +89,10 @@ Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector
   return r;
 }
 
-// The flash kernels on the CPU backend (or the naive ones: lse left empty).
-Result run(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout, bool naive = false) {
+// The flash kernels on the CPU backend (or the naive ones: lse left empty); with round_out,
+// backward is given forward's output rounded to bf16.
+Result run(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout, bool naive = false,
+           bool round_out = false) {
   auto be = make_cpu_backend(BackendConfig{});
   const int64_t R = d.R(), C = d.H * d.hd;
   std::vector<float> in = qkv, go = dout;
@@ -106,7 +116,32 @@ Result run(const Dims& d, const std::vector<float>& qkv, const std::vector<float
                flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, true))));
   Tensor tl = Tensor::of(std::span<float>(r.lse)), tw = Tensor::of(std::span<float>(ws));
   ops::flash_attention_forward(*be, to, tl, tq, d.H, d.KV, d.causal, tw);
+  if (round_out)
+    for (float& x : r.out) x = round_bf16(x);
   ops::flash_attention_backward(*be, tdq, tgo, tq, to, tl, d.H, d.KV, d.causal, tw);
+  return r;
+}
+
+// The flash kernels over bf16 inputs (the values of qkv and dout, which must be bf16's): out
+// widened back to f32 for comparison; lse and dqkv are f32.
+Result run_bf16(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout) {
+  auto be = make_cpu_backend(BackendConfig{});
+  std::vector<bf16> in(qkv.size()), go(dout.size()), out(static_cast<size_t>(d.B * d.T * d.H * d.hd));
+  for (size_t i = 0; i < qkv.size(); ++i) in[i] = bf16(qkv[i]);
+  for (size_t i = 0; i < dout.size(); ++i) go[i] = bf16(dout[i]);
+  Result r;
+  r.lse.assign(static_cast<size_t>(d.B * d.H * d.T), 0.f);
+  r.dqkv.assign(qkv.size(), 0.f);
+  std::vector<float> ws(static_cast<size_t>(
+      std::max(flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, false, true),
+               flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, true, true))));
+  Tensor tq = Tensor::of(std::span<bf16>(in)).reshape(std::vector<int64_t>{d.B, d.T, d.R()});
+  Tensor to = Tensor::of(std::span<bf16>(out)), tl = Tensor::of(std::span<float>(r.lse));
+  Tensor tw = Tensor::of(std::span<float>(ws));
+  ops::flash_attention_forward(*be, to, tl, tq, d.H, d.KV, d.causal, tw);
+  ops::flash_attention_backward(*be, Tensor::of(std::span<float>(r.dqkv)), Tensor::of(std::span<bf16>(go)), tq, to, tl,
+                                d.H, d.KV, d.causal, tw);
+  for (const bf16& x : out) r.out.push_back(static_cast<float>(x));
   return r;
 }
 
@@ -138,6 +173,39 @@ TEST_CASE("flash attention matches attention in double precision", "[flash][ops]
     CHECK(rel_err(got.out, want.out) <= 1e-5);
     CHECK(rel_err(got.lse, want.lse) <= 1e-5);
     CHECK(rel_err(got.dqkv, want.dqkv) <= 1e-4);
+  }
+}
+
+TEST_CASE("flash attention reads bf16 inputs with f32 sums", "[flash][ops][bf16]") {
+  const std::vector<Dims> cases = {
+      {2, 1, 4, 2, 8, true}, {1, 129, 4, 2, 64, true}, {1, 300, 4, 1, 32, true}, {2, 200, 2, 2, 128, true},
+      {2, 130, 4, 2, 16, false}, {1, 257, 2, 2, 64, false},
+  };
+  for (const Dims& d : cases) {
+    INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd << (d.causal ? " causal" : " not causal"));
+    auto qkv = test::random_vector("flash qkv", static_cast<size_t>(d.B * d.T * d.R()), -2.f, 2.f);
+    auto dout = test::random_vector("flash dout", static_cast<size_t>(d.B * d.T * d.H * d.hd));
+    for (float& x : qkv) x = round_bf16(x);
+    for (float& x : dout) x = round_bf16(x);
+    const Result got = run_bf16(d, qkv, dout), want = reference(d, qkv, dout, &got.out);
+    // The output: within 1e-5 of the largest value before its one rounding to bf16 (half a unit in
+    // the last place of the value it rounds to).
+    double scale = 1e-6;
+    for (float w : want.out) scale = std::max(scale, std::fabs(double(w)));
+    size_t over = 0;
+    for (size_t i = 0; i < want.out.size(); ++i) {
+      const double half_ulp = want.out[i] == 0.f ? 0.0 : std::ldexp(1.0, std::ilogb(want.out[i]) - 8);
+      over += std::fabs(double(got.out[i]) - want.out[i]) > half_ulp + 1e-5 * scale;
+    }
+    CHECK(over == 0);
+    CHECK(rel_err(got.lse, want.lse) <= 1e-5);
+    CHECK(rel_err(got.dqkv, want.dqkv) <= 1e-4);
+    // The f32 kernels over the same values (backward given the output as bf16 rounded it) compute
+    // the same sums in the same order: bit for bit.
+    const Result f32 = run(d, qkv, dout, false, /*round_out=*/true);
+    CHECK(got.out == f32.out);
+    CHECK(got.lse == f32.lse);
+    CHECK(got.dqkv == f32.dqkv);
   }
 }
 

@@ -17,20 +17,31 @@
 // backward: the key and value tiles transposed, the key tile, the query and output-gradient tiles),
 // so no product reads rows whose stride aliases in the L1 cache. A thread's tiles are its slot of
 // the workspace.
+//
+// bf16 inputs (FlashShape::bf16) are widened as they are packed (forward packs the key tile too,
+// which f32 reads in place), so the products, sums and accumulators are the f32 kernels' own.
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "src/backend/cpu/gemm.hpp"
 #include "src/backend/cpu/kernel_util.hpp"
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cpu/tile_product.hpp"
+#include "src/core/dtype.hpp"
 
 namespace shardlab::cpu {
 namespace {
+
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
+inline void narrow(float* p, float x) { *p = x; }
+inline void narrow(bf16* p, float x) { *p = bf16(x); }
 
 // Key rows [0, n) of a key tile starting at s0 that query row t sees.
 inline int64_t visible(const FlashShape& s, int64_t t, int64_t s0, int64_t cols) {
@@ -61,15 +72,23 @@ static_assert(kFlashPad % kTileVec == 0, "key tiles are padded to whole vectors 
 constexpr float kNone = -std::numeric_limits<float>::infinity();  // a masked score; a max over no key
 
 // Kt (hd, ld) = the key tile's rows [0, rows) transposed, columns [rows, pad) zero.
-void pack_transposed(float* Kt, int64_t ld, const float* K, int64_t k_ld, int64_t rows, int64_t pad, int64_t hd) {
+template <class In>
+void pack_transposed(float* Kt, int64_t ld, const In* K, int64_t k_ld, int64_t rows, int64_t pad, int64_t hd) {
   for (int64_t j = 0; j < rows; ++j)
-    for (int64_t c = 0; c < hd; ++c) Kt[c * ld + j] = K[j * k_ld + c];
+    for (int64_t c = 0; c < hd; ++c) Kt[c * ld + j] = widen(K[j * k_ld + c]);
   for (int64_t c = 0; c < hd; ++c) std::fill(Kt + c * ld + rows, Kt + c * ld + pad, 0.f);
 }
 
 // dst (rows, hd) contiguous = the rows of src (row stride ld).
-void pack_rows(float* dst, const float* src, int64_t ld, int64_t rows, int64_t hd) {
-  for (int64_t j = 0; j < rows; ++j) std::memcpy(dst + j * hd, src + j * ld, hd * sizeof(float));
+template <class In>
+void pack_rows(float* dst, const In* src, int64_t ld, int64_t rows, int64_t hd) {
+  for (int64_t j = 0; j < rows; ++j) {
+    if constexpr (std::is_same_v<In, float>) {
+      std::memcpy(dst + j * hd, src + j * ld, hd * sizeof(float));
+    } else {
+      for (int64_t c = 0; c < hd; ++c) dst[j * hd + c] = widen(src[j * ld + c]);
+    }
+  }
 }
 
 // One key tile's step of the online softmax over St (cols, brp), the scores transposed: the running
@@ -132,8 +151,9 @@ struct BackwardTiles {
 
 // Backward over one query tile [t0, t0 + rows) and one key tile [s0, s0 + cols) whose Kt, Vt and Kp
 // are packed: dV, dK (the key tile's rows) and dQ (the query tile's) accumulate.
+template <class In>
 void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int64_t cols, int64_t t0, int64_t rows,
-                   const float* Q, const float* dO, const float* L, const float* Dh, float* dQ, float* dK, float* dV) {
+                   const In* Q, const In* dO, const float* L, const float* Dh, float* dQ, float* dK, float* dV) {
   const int64_t hd = s.hd, bcp = w.bcp;
   // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
   const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
@@ -162,10 +182,8 @@ int threads_for(int64_t slots) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(slots, omp_get_max_threads())));
 }
 
-}  // namespace
-
-void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const FlashShape& s,
-                             float* workspace) {
+template <class In>
+void forward(In* out, float* lse, const In* q, const In* k, const In* v, const FlashShape& s, float* workspace) {
   const FlashTiles tl = flash_tiles(s);
   const int64_t br = tl.br, brp = tl.brp, bc = tl.bc, hd = s.hd, group = s.H / s.KV;
   const int64_t qtiles = (s.Tq + br - 1) / br, tasks = s.B * s.H * qtiles;
@@ -180,13 +198,14 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
     float* mt = l + brp;
     float* Qt = mt + brp;
     float* Vp = Qt + hd * brp;
+    float* Kp = Vp + bc * hd;  // bf16 inputs only: f32 reads its key rows in place
     // Later query tiles see more keys: the costly tasks first, handed out one at a time.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t i = qtiles - 1 - task % qtiles, bh = task / qtiles, b = bh / s.H, h = bh % s.H;
       const int64_t t0 = i * br, rows = std::min(br, s.Tq - t0);
-      const float* K = k + b * s.k_b + (h / group) * hd;
-      const float* V = v + b * s.v_b + (h / group) * hd;
+      const In* K = k + b * s.k_b + (h / group) * hd;
+      const In* V = v + b * s.v_b + (h / group) * hd;
       pack_transposed(Qt, brp, q + b * s.q_b + t0 * s.q_ld + h * hd, s.q_ld, rows, brp, hd);
       std::fill_n(m, rows, kNone);
       std::fill_n(l, rows, 0.f);
@@ -195,11 +214,18 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
       for (int64_t s0 = 0; s0 < kv_end; s0 += bc) {
         const int64_t cols = std::min(bc, kv_end - s0);
         pack_rows(Vp, V + s0 * s.v_ld, s.v_ld, cols, hd);
+        const float* Ks = nullptr;
+        int64_t ks_ld = hd;
+        if constexpr (std::is_same_v<In, float>) {
+          Ks = K + s0 * s.k_ld, ks_ld = s.k_ld;
+        } else {
+          pack_rows(Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
+          Ks = Kp;
+        }
         // The scores transposed, St (cols, brp) = scale K Qᵀ: row j holds key s0 + j's score for
         // every query of the tile, so the softmax below runs along rows, in vectors of queries. Fewer
         // queries than a vector (decoding) go to sgemm rather than be padded to one.
-        tile_product(cols, rows < kTileVec ? rows : brp, hd, s.scale, K + s0 * s.k_ld, s.k_ld, 1, Qt, brp, false, St,
-                     brp);
+        tile_product(cols, rows < kTileVec ? rows : brp, hd, s.scale, Ks, ks_ld, 1, Qt, brp, false, St, brp);
         online_softmax(St, brp, cols, rows, s, s0, t0, m, l, mt, O, hd);
         // O += P V, P = Stᵀ.
         tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hd, true, O, hd);
@@ -208,15 +234,21 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
       for (int64_t r = 0; r < rows; ++r) {
         // l > 0 whenever a key is visible; a row that sees none (a causal offset below zero) is 0.
         const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        float* dst = out + b * s.o_b + (t0 + r) * s.o_ld + h * hd;
+        In* dst = out + b * s.o_b + (t0 + r) * s.o_ld + h * hd;
         const float* o = O + r * hd;
+        if constexpr (std::is_same_v<In, float>) {
 #pragma omp simd
-        for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
+          for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
+        } else {
+          for (int64_t c = 0; c < hd; ++c) narrow(dst + c, o[c] * inv);
+        }
         lse_row[r] = l[r] > 0.f ? m[r] + std::log(l[r]) : kNone;
       }
     }
   }
 }
+
+}  // namespace
 
 void flash_attention_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s) {
   for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
@@ -236,9 +268,11 @@ void flash_attention_merge(float* out, float* lse, const float* part, const floa
   }
 }
 
-void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                              const float* v, const float* out, const float* lse, const FlashShape& s,
-                              float* workspace) {
+namespace {
+
+template <class In>
+void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, const In* k, const In* v, const In* out,
+              const float* lse, const FlashShape& s, float* workspace) {
   const FlashTiles tl = flash_tiles(s);
   const int64_t br = tl.br, bc = tl.bc, bcp = tl.bcp, hd = s.hd, group = s.H / s.KV;
   const int64_t slot = flash_backward_slot_elems(s), slots = flash_backward_slots(s);
@@ -258,8 +292,8 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.KV; ++task) {
       const int64_t b = task / s.KV, g = task % s.KV;
-      const float* K = k + b * s.k_b + g * hd;
-      const float* V = v + b * s.v_b + g * hd;
+      const In* K = k + b * s.k_b + g * hd;
+      const In* V = v + b * s.v_b + g * hd;
       float* dK = dk + b * s.k_b + g * hd;
       float* dV = dv + b * s.v_b + g * hd;
       for (int64_t j = 0; j < s.Tk && !s.accumulate; ++j) {
@@ -267,15 +301,21 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
         std::fill_n(dV + j * s.v_ld, hd, 0.f);
       }
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* Q = q + b * s.q_b + h * hd;
-        const float* O = out + b * s.o_b + h * hd;
-        const float* dO = dout + b * s.o_b + h * hd;
+        const In* Q = q + b * s.q_b + h * hd;
+        const In* O = out + b * s.o_b + h * hd;
+        const In* dO = dout + b * s.o_b + h * hd;
         const float* L = lse + (b * s.H + h) * s.Tq;
         float* dQ = dq + b * s.q_b + h * hd;
         float* Dh = D + (b * s.H + h) * s.Tq;
         for (int64_t t = 0; t < s.Tq; ++t) {
-          const float* o = O + t * s.o_ld;
-          const float* d = dO + t * s.o_ld;
+          const float *o = nullptr, *d = nullptr;
+          if constexpr (std::is_same_v<In, float>) {
+            o = O + t * s.o_ld, d = dO + t * s.o_ld;
+          } else {  // widened first, so the sum below runs as the f32 kernel's does
+            pack_rows(w.Qp, O + t * s.o_ld, s.o_ld, 1, hd);
+            pack_rows(w.dOp, dO + t * s.o_ld, s.o_ld, 1, hd);
+            o = w.Qp, d = w.dOp;
+          }
           float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
           for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
@@ -296,6 +336,28 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
       }
     }
   }
+}
+
+}  // namespace
+
+void flash_attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, const FlashShape& s,
+                             float* workspace) {
+  if (s.bf16)
+    return forward(static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                   static_cast<const bf16*>(v), s, workspace);
+  forward(static_cast<float*>(out), lse, static_cast<const float*>(q), static_cast<const float*>(k),
+          static_cast<const float*>(v), s, workspace);
+}
+
+void flash_attention_backward(float* dq, float* dk, float* dv, const void* dout, const void* q, const void* k,
+                              const void* v, const void* out, const float* lse, const FlashShape& s,
+                              float* workspace) {
+  if (s.bf16)
+    return backward(dq, dk, dv, static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
+                    static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<const bf16*>(out), lse, s,
+                    workspace);
+  backward(dq, dk, dv, static_cast<const float*>(dout), static_cast<const float*>(q), static_cast<const float*>(k),
+           static_cast<const float*>(v), static_cast<const float*>(out), lse, s, workspace);
 }
 
 }  // namespace shardlab::cpu

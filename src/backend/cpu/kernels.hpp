@@ -59,12 +59,13 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t H, int64_t KV);
 // Fused (flash) attention: shapes, strides and workspace in ops/flash_shape.hpp. lse (B, H, Tq).
-void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const FlashShape& s,
+// out, q, k, v and dout are f32, or bf16 when s.bf16; lse, dq, dk and dv are f32.
+void flash_attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, const FlashShape& s,
                              float* workspace);
-// dq, dk, dv (strides of q, k, v) are overwritten.
 void flash_attention_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s);
-void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                              const float* v, const float* out, const float* lse, const FlashShape& s,
+// dq, dk, dv (strides of q, k, v) are overwritten (added to with s.accumulate).
+void flash_attention_backward(float* dq, float* dk, float* dv, const void* dout, const void* q, const void* k,
+                              const void* v, const void* out, const float* lse, const FlashShape& s,
                               float* workspace);
 // k_cache, v_cache (B, S, KV hd); qkv (B, T, (H + 2 KV) hd); rows [pos0, pos0 + T) of the caches.
 // ops/quantize.hpp's records: q holds rows * ceil(n / block) records of 1 + block * bits / 32 words.

@@ -12,7 +12,7 @@ void require_head_dim(const FlashShape& s) {
 }
 }  // namespace
 
-void flash_attention_forward(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v,
+void flash_attention_forward(Backend& be, void* out, float* lse, const void* q, const void* k, const void* v,
                              const FlashShape& s) {
   require_head_dim(s);
   CUDA_CHECK(launch_flash_forward(out, lse, q, k, v, s, CudaBackend::of(be).compute_stream()));
@@ -23,8 +23,8 @@ void flash_attention_merge(Backend& be, float* out, float* lse, const float* par
   CUDA_CHECK(launch_flash_merge(out, lse, part, part_lse, s, CudaBackend::of(be).compute_stream()));
 }
 
-void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                              const float* k, const float* v, const float* out, const float* lse, float* workspace,
+void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const void* dout, const void* q,
+                              const void* k, const void* v, const void* out, const float* lse, float* workspace,
                               const FlashShape& s) {
   require_head_dim(s);
   float* D = workspace + flash_backward_slots(s) * flash_backward_slot_elems(s);

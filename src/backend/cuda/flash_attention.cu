@@ -8,7 +8,8 @@
 // probability from lse); dk and dv per key row, over the query rows of its K/V head's group that
 // see it, heads in order. Each output row has exactly one writer, so results do not depend on
 // scheduling. These kernels run on the CUDA cores (no tensor cores, no shared-memory tiles): they
-// are the correct, memory-lean baseline, not the fast one.
+// are the correct, memory-lean baseline, not the fast one. The inputs (q, k, v, out, dout) are f32
+// or bf16 (In), widened as they are read; every sum, lse, dq, dk and dv are f32.
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -20,40 +21,49 @@ struct Row {
   float v[kPerLane];
 };
 
-__device__ inline Row load_row(const float* p, int64_t hd) {
+__device__ inline float widen(float x) { return x; }
+__device__ inline float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline void narrow(float* p, float x) { *p = x; }
+__device__ inline void narrow(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+
+template <class In>
+__device__ inline Row load_row(const In* p, int64_t hd) {
   Row r;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t c = threadIdx.x % kWarp + i * kWarp;
-    r.v[i] = c < hd ? p[c] : 0.f;
+    r.v[i] = c < hd ? widen(p[c]) : 0.f;
   }
   return r;
 }
 
-__device__ inline void store_row(float* p, const Row& r, int64_t hd, float mul, bool add = false) {
+template <class Out>
+__device__ inline void store_row(Out* p, const Row& r, int64_t hd, float mul, bool add = false) {
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t c = threadIdx.x % kWarp + i * kWarp;
-    if (c < hd) p[c] = add ? p[c] + r.v[i] * mul : r.v[i] * mul;
+    if (c < hd) narrow(p + c, add ? widen(p[c]) + r.v[i] * mul : r.v[i] * mul);
   }
 }
 
 // The warp's dot product of a (held per lane) and the row at p; every lane returns it.
-__device__ inline float dot_row(const Row& a, const float* p, int64_t hd) {
+template <class In>
+__device__ inline float dot_row(const Row& a, const In* p, int64_t hd) {
   float acc = 0.f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t c = threadIdx.x % kWarp + i * kWarp;
-    if (c < hd) acc += a.v[i] * p[c];
+    if (c < hd) acc += a.v[i] * widen(p[c]);
   }
   return warp_allreduce(acc, SumOp{});
 }
 
-__device__ inline void axpy_row(Row& y, float a, const float* p, int64_t hd) {
+template <class In>
+__device__ inline void axpy_row(Row& y, float a, const In* p, int64_t hd) {
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t c = threadIdx.x % kWarp + i * kWarp;
-    if (c < hd) y.v[i] += a * p[c];
+    if (c < hd) y.v[i] += a * widen(p[c]);
   }
 }
 
@@ -67,14 +77,14 @@ __device__ inline int64_t keys_seen(const FlashShape& s, int64_t t) {
 __device__ inline int64_t warp_row() { return blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp; }
 
 // Row = (b, h, t) over B H Tq rows.
-__global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
-                                     FlashShape s) {
+template <class In>
+__global__ void flash_forward_kernel(In* out, float* lse, const In* q, const In* k, const In* v, FlashShape s) {
   const int64_t row = warp_row();
   if (row >= s.B * s.H * s.Tq) return;
   const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H, g = h / (s.H / s.KV);
   const Row qr = load_row(q + b * s.q_b + t * s.q_ld + h * s.hd, s.hd);
-  const float* K = k + b * s.k_b + g * s.hd;
-  const float* V = v + b * s.v_b + g * s.hd;
+  const In* K = k + b * s.k_b + g * s.hd;
+  const In* V = v + b * s.v_b + g * s.hd;
   Row acc{};
   float m = -INFINITY, l = 0.f;
   const int64_t end = keys_seen(s, t);
@@ -93,7 +103,8 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
 }
 
 // D (B, H, Tq) = rowsum(dO * O).
-__global__ void flash_d_kernel(float* D, const float* dout, const float* out, FlashShape s) {
+template <class In>
+__global__ void flash_d_kernel(float* D, const In* dout, const In* out, FlashShape s) {
   const int64_t row = warp_row();
   if (row >= s.B * s.H * s.Tq) return;
   const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H;
@@ -103,15 +114,16 @@ __global__ void flash_d_kernel(float* D, const float* dout, const float* out, Fl
 }
 
 // dq row (b, h, t) = scale sum_j p_tj (dO_t . v_j - D_t) k_j.
-__global__ void flash_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
-                                const float* lse, const float* D, FlashShape s) {
+template <class In>
+__global__ void flash_dq_kernel(float* dq, const In* dout, const In* q, const In* k, const In* v, const float* lse,
+                                const float* D, FlashShape s) {
   const int64_t row = warp_row();
   if (row >= s.B * s.H * s.Tq) return;
   const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H, g = h / (s.H / s.KV);
   const Row qr = load_row(q + b * s.q_b + t * s.q_ld + h * s.hd, s.hd);
   const Row dor = load_row(dout + b * s.o_b + t * s.o_ld + h * s.hd, s.hd);
-  const float* K = k + b * s.k_b + g * s.hd;
-  const float* V = v + b * s.v_b + g * s.hd;
+  const In* K = k + b * s.k_b + g * s.hd;
+  const In* V = v + b * s.v_b + g * s.hd;
   const float L = lse[row], Dt = D[row];
   Row acc{};
   const int64_t end = keys_seen(s, t);
@@ -124,8 +136,9 @@ __global__ void flash_dq_kernel(float* dq, const float* dout, const float* q, co
 }
 
 // dk and dv rows (b, g, j): over the group's query heads in order, and the query rows that see key j.
-__global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
-                                 const float* v, const float* lse, const float* D, FlashShape s) {
+template <class In>
+__global__ void flash_dkv_kernel(float* dk, float* dv, const In* dout, const In* q, const In* k, const In* v,
+                                 const float* lse, const float* D, FlashShape s) {
   const int64_t row = warp_row();
   if (row >= s.B * s.KV * s.Tk) return;
   const int64_t j = row % s.Tk, bg = row / s.Tk, b = bg / s.KV, g = bg % s.KV, group = s.H / s.KV;
@@ -134,8 +147,8 @@ __global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const 
   const int64_t first = s.causal ? (j - s.offset > 0 ? j - s.offset : 0) : 0;
   Row dkr{}, dvr{};
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    const float* Q = q + b * s.q_b + h * s.hd;
-    const float* dO = dout + b * s.o_b + h * s.hd;
+    const In* Q = q + b * s.q_b + h * s.hd;
+    const In* dO = dout + b * s.o_b + h * s.hd;
     const float* L = lse + (b * s.H + h) * s.Tq;
     const float* Dh = D + (b * s.H + h) * s.Tq;
     for (int64_t t = first; t < s.Tq; ++t) {
@@ -177,29 +190,50 @@ cudaError_t launch_flash_merge(float* out, float* lse, const float* part, const 
   return cudaGetLastError();
 }
 
-cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+namespace {
+
+template <class In>
+cudaError_t forward(void* out, float* lse, const void* q, const void* k, const void* v, const FlashShape& s,
+                    cudaStream_t st) {
+  flash_forward_kernel<In><<<row_blocks(s.B * s.H * s.Tq), kThreads, 0, st>>>(
+      static_cast<In*>(out), lse, static_cast<const In*>(q), static_cast<const In*>(k), static_cast<const In*>(v), s);
+  return cudaGetLastError();
+}
+
+template <class In>
+cudaError_t backward(float* dq, float* dk, float* dv, float* D, const void* dout_, const void* q_, const void* k_,
+                     const void* v_, const void* out_, const float* lse, const FlashShape& s, cudaStream_t st) {
+  const In *dout = static_cast<const In*>(dout_), *q = static_cast<const In*>(q_), *k = static_cast<const In*>(k_);
+  const In *v = static_cast<const In*>(v_), *out = static_cast<const In*>(out_);
+  const int64_t qrows = s.B * s.H * s.Tq, krows = s.B * s.KV * s.Tk;
+  flash_d_kernel<In><<<row_blocks(qrows), kThreads, 0, st>>>(D, dout, out, s);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  flash_dq_kernel<In><<<row_blocks(qrows), kThreads, 0, st>>>(dq, dout, q, k, v, lse, D, s);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (krows == 0) return cudaSuccess;
+  flash_dkv_kernel<In><<<row_blocks(krows), kThreads, 0, st>>>(dk, dv, dout, q, k, v, lse, D, s);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_flash_forward(void* out, float* lse, const void* q, const void* k, const void* v,
                                  const FlashShape& s, cudaStream_t st) {
   const int64_t rows = s.B * s.H * s.Tq;
   if (rows == 0) return cudaSuccess;
   if (s.hd > kMaxHeadDim || rows > int64_t{kRowsPerBlock} * 2147483647) return cudaErrorInvalidValue;
-  flash_forward_kernel<<<row_blocks(rows), kThreads, 0, st>>>(out, lse, q, k, v, s);
-  return cudaGetLastError();
+  return s.bf16 ? forward<__nv_bfloat16>(out, lse, q, k, v, s, st) : forward<float>(out, lse, q, k, v, s, st);
 }
 
-cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const float* dout, const float* q,
-                                  const float* k, const float* v, const float* out, const float* lse,
+cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const void* dout, const void* q,
+                                  const void* k, const void* v, const void* out, const float* lse,
                                   const FlashShape& s, cudaStream_t st) {
   const int64_t qrows = s.B * s.H * s.Tq, krows = s.B * s.KV * s.Tk;
   if (qrows == 0) return cudaSuccess;
   if (s.hd > kMaxHeadDim || qrows > int64_t{kRowsPerBlock} * 2147483647 || krows > int64_t{kRowsPerBlock} * 2147483647)
     return cudaErrorInvalidValue;
-  flash_d_kernel<<<row_blocks(qrows), kThreads, 0, st>>>(D, dout, out, s);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  flash_dq_kernel<<<row_blocks(qrows), kThreads, 0, st>>>(dq, dout, q, k, v, lse, D, s);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (krows == 0) return cudaSuccess;
-  flash_dkv_kernel<<<row_blocks(krows), kThreads, 0, st>>>(dk, dv, dout, q, k, v, lse, D, s);
-  return cudaGetLastError();
+  return s.bf16 ? backward<__nv_bfloat16>(dq, dk, dv, D, dout, q, k, v, out, lse, s, st)
+                : backward<float>(dq, dk, dv, D, dout, q, k, v, out, lse, s, st);
 }
 
 }  // namespace shardlab::cuda

@@ -114,11 +114,12 @@ cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const 
 inline constexpr int64_t kMaxHeadDim = 256;
 cudaError_t launch_flash_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s,
                                cudaStream_t st);
-cudaError_t launch_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+// out, q, k, v and dout f32, or bf16 when s.bf16 (f32 sums); lse, dq, dk, dv and D f32.
+cudaError_t launch_flash_forward(void* out, float* lse, const void* q, const void* k, const void* v,
                                  const FlashShape& s, cudaStream_t st);
 // D (B, H, Tq) is device scratch for rowsum(dO * O).
-cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const float* dout, const float* q,
-                                  const float* k, const float* v, const float* out, const float* lse,
+cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const void* dout, const void* q,
+                                  const void* k, const void* v, const void* out, const float* lse,
                                   const FlashShape& s, cudaStream_t st);
 cudaError_t launch_causal_softmax(float* att, int64_t rows, int64_t T, cudaStream_t s);
 // In place: datt <- att * (datt - <att, datt>) * scale over s <= t, zeros above the diagonal.

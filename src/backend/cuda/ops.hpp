@@ -45,12 +45,13 @@ void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t 
 void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                         Tensor scratch, int64_t B, int64_t T, int64_t C);
 // ---- flash_attention.cpp ----
-void flash_attention_forward(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v,
+// out, q, k, v and dout are f32, or bf16 when s.bf16; lse, dq, dk and dv f32.
+void flash_attention_forward(Backend& be, void* out, float* lse, const void* q, const void* k, const void* v,
                              const FlashShape& s);
 void flash_attention_merge(Backend& be, float* out, float* lse, const float* part, const float* part_lse,
                            const FlashShape& s);
-void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                              const float* k, const float* v, const float* out, const float* lse, float* workspace,
+void flash_attention_backward(Backend& be, float* dq, float* dk, float* dv, const void* dout, const void* q,
+                              const void* k, const void* v, const void* out, const float* lse, float* workspace,
                               const FlashShape& s);
 // ---- quantize.cpp ----
 void quantize_blocks(Backend& be, float* q, const void* x, DType t, int64_t x_stride, int64_t rows, int64_t n,

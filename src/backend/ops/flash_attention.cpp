@@ -10,7 +10,20 @@
 namespace shardlab::ops {
 namespace {
 
-// The calls' shape, checked: qkv (B, T, (H + 2 KV) hd), out (B, T, H hd), lse (B, H, T), all f32.
+// The inputs' dtype: f32, or bf16 (FlashShape::bf16).
+bool bf16_inputs(const Tensor& t, const char* op, const char* name) {
+  SHARD_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "{}: {} must be f32 or bf16, got {}", op, name,
+              dtype_name(t.dtype()));
+  return t.dtype() == DType::bf16;
+}
+
+// Element `i` of t's buffer (of t's dtype), untyped: the kernels read f32 or bf16 by the shape.
+const void* at(const Tensor& t, int64_t i) {
+  return static_cast<const char*>(t.data()) + i * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+// The calls' shape, checked: qkv (B, T, (H + 2 KV) hd) and out (B, T, H hd) both f32 or both bf16,
+// lse (B, H, T) and the workspace f32.
 FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KV, bool causal,
                          const Tensor& workspace, bool backward, const char* op) {
   SHARD_CHECK(H > 0 && KV > 0 && H % KV == 0, "{}: {} query heads do not share {} K/V heads evenly", op, H, KV);
@@ -19,16 +32,21 @@ FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse
   const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (H + 2 * KV);
   SHARD_CHECK(hd > 0 && out.numel() == B * T * H * hd && lse.numel() == B * H * T, "{}: qkv {} out {} lse {} H={} KV={}",
               op, qkv.shape_str(), out.shape_str(), lse.shape_str(), H, KV);
-  for (const Tensor* t : {&qkv, &out, &lse, &workspace})
-    SHARD_CHECK(t->dtype() == DType::f32, "{}: f32 tensors expected, got {}", op, dtype_name(t->dtype()));
-  const FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, causal);
+  const bool bf16 = bf16_inputs(qkv, op, "qkv");
+  SHARD_CHECK(out.dtype() == qkv.dtype(), "{}: out is {} and qkv {}: the same dtype expected", op,
+              dtype_name(out.dtype()), dtype_name(qkv.dtype()));
+  for (const Tensor* t : {&lse, &workspace})
+    SHARD_CHECK(t->dtype() == DType::f32, "{}: lse and the workspace must be f32, got {}", op, dtype_name(t->dtype()));
+  FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, causal);
+  s.bf16 = bf16;
   const int64_t need = backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s);
   SHARD_CHECK(workspace.numel() >= need, "{}: workspace of {} < {} floats", op, workspace.numel(), need);
   return s;
 }
 
-// Forward on the backend's device; lse (B, H, Tq) and the tiles in device memory.
-void forward_on(Backend& be, float* out, float* lse, const float* q, const float* k, const float* v, const FlashShape& s,
+// Forward on the backend's device; lse (B, H, Tq) and the tiles in device memory; out, q, k and v
+// of the shape's input dtype.
+void forward_on(Backend& be, void* out, float* lse, const void* q, const void* k, const void* v, const FlashShape& s,
                 float* tiles) {
   switch (be.device()) {
     case Device::cpu: return cpu::flash_attention_forward(out, lse, q, k, v, s, tiles);
@@ -40,8 +58,8 @@ void forward_on(Backend& be, float* out, float* lse, const float* q, const float
 }
 
 // Backward on the backend's device; D in the workspace's tail.
-void backward_on(Backend& be, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                 const float* v, const float* out, const float* lse, const FlashShape& s, float* workspace) {
+void backward_on(Backend& be, float* dq, float* dk, float* dv, const void* dout, const void* q, const void* k,
+                 const void* v, const void* out, const float* lse, const FlashShape& s, float* workspace) {
   switch (be.device()) {
     case Device::cpu: return cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
     case Device::cuda:
@@ -56,23 +74,28 @@ int64_t span_of(int64_t B, int64_t b_stride, int64_t rows, int64_t ld, int64_t w
   return B == 0 || rows == 0 ? 0 : (B - 1) * b_stride + (rows - 1) * ld + width;
 }
 
-// The shape-level calls' operands against the shape: f32, each holding what its strides reach.
-void check_operands(const FlashShape& s, const FlashOperands& x, const Tensor& workspace, bool backward,
+// The shape-level calls' operands against the shape, each holding what its strides reach: q, k, v
+// and out of the shape's input dtype (`grads`: dq, dk and dv f32, dout of the input dtype), lse and
+// the workspace f32.
+void check_operands(const FlashShape& s, const FlashOperands& x, const Tensor& workspace, bool backward, bool grads,
                     const char* op) {
   SHARD_CHECK(s.H > 0 && s.KV > 0 && s.H % s.KV == 0 && s.hd > 0, "{}: H={} KV={} hd={}", op, s.H, s.KV, s.hd);
+  const DType in = s.bf16 ? DType::bf16 : DType::f32, qkv = grads ? DType::f32 : in;
   const struct {
     const Tensor* t;
     const char* name;
     int64_t need;
-  } rows[] = {{&x.q, "q", span_of(s.B, s.q_b, s.Tq, s.q_ld, s.H * s.hd)},
-              {&x.k, "k", span_of(s.B, s.k_b, s.Tk, s.k_ld, s.KV * s.hd)},
-              {&x.v, "v", span_of(s.B, s.v_b, s.Tk, s.v_ld, s.KV * s.hd)},
-              {&x.out, "out", span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * s.hd)},
-              {&x.lse, "lse", s.B * s.H * s.Tq},
+    DType dtype;
+  } rows[] = {{&x.q, grads ? "dq" : "q", span_of(s.B, s.q_b, s.Tq, s.q_ld, s.H * s.hd), qkv},
+              {&x.k, grads ? "dk" : "k", span_of(s.B, s.k_b, s.Tk, s.k_ld, s.KV * s.hd), qkv},
+              {&x.v, grads ? "dv" : "v", span_of(s.B, s.v_b, s.Tk, s.v_ld, s.KV * s.hd), qkv},
+              {&x.out, grads ? "dout" : "out", span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * s.hd), in},
+              {&x.lse, "lse", s.B * s.H * s.Tq, DType::f32},
               {&workspace, "workspace",
-               backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s)}};
+               backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s), DType::f32}};
   for (const auto& r : rows) {
-    SHARD_CHECK(r.t->dtype() == DType::f32, "{}: {} must be f32, got {}", op, r.name, dtype_name(r.t->dtype()));
+    SHARD_CHECK(r.t->dtype() == r.dtype, "{}: {} must be {}, got {}", op, r.name, dtype_name(r.dtype),
+                dtype_name(r.t->dtype()));
     SHARD_CHECK(r.t->numel() >= r.need, "{}: {} holds {} elements, the shape reaches {} (B={} Tq={} Tk={} H={} KV={} "
                 "hd={})", op, r.name, r.t->numel(), r.need, s.B, s.Tq, s.Tk, s.H, s.KV, s.hd);
   }
@@ -83,8 +106,8 @@ void check_operands(const FlashShape& s, const FlashOperands& x, const Tensor& w
 void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV, bool causal,
                              Tensor workspace) {
   const FlashShape s = flash_checked(qkv, out, lse, H, KV, causal, workspace, false, "flash_attention_forward");
-  const float* q = qkv.ptr<float>();
-  forward_on(be, out.ptr<float>(), lse.ptr<float>(), q, q + H * s.hd, q + (H + KV) * s.hd, s, workspace.ptr<float>());
+  forward_on(be, out.data(), lse.ptr<float>(), at(qkv, 0), at(qkv, H * s.hd), at(qkv, (H + KV) * s.hd), s,
+             workspace.ptr<float>());
 }
 
 void flash_attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tensor v_cache, int64_t H, int64_t KV,
@@ -95,26 +118,27 @@ void flash_attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache,
   SHARD_CHECK(workspace.numel() >= need, "{}: workspace of {} < {} floats", op, workspace.numel(), need);
   const FlashShape s = flash_shape_of_cache(B, T, S, H, KV, hd, pos0);
   float* tiles = workspace.ptr<float>();
-  const float* q = qkv.ptr<float>();
-  forward_on(be, out.ptr<float>(), tiles + flash_forward_workspace_elems(s), q, k_cache.ptr<float>(),
+  forward_on(be, out.ptr<float>(), tiles + flash_forward_workspace_elems(s), qkv.ptr<float>(), k_cache.ptr<float>(),
              v_cache.ptr<float>(), s, tiles);
 }
 
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
                               int64_t KV, bool causal, Tensor workspace) {
-  const FlashShape s = flash_checked(qkv, out, lse, H, KV, causal, workspace, true, "flash_attention_backward");
-  check_same_numel(dqkv, qkv, "flash_attention_backward");
-  check_same_numel(dout, out, "flash_attention_backward");
-  const float* q = qkv.ptr<float>();
+  const char* op = "flash_attention_backward";
+  const FlashShape s = flash_checked(qkv, out, lse, H, KV, causal, workspace, true, op);
+  check_same_numel(dqkv, qkv, op);
+  check_same_numel(dout, out, op);
+  SHARD_CHECK(dqkv.dtype() == DType::f32 && dout.dtype() == qkv.dtype(),
+              "{}: dqkv must be f32 and dout of qkv's dtype ({}), got {} and {}", op, dtype_name(qkv.dtype()),
+              dtype_name(dqkv.dtype()), dtype_name(dout.dtype()));
   float* dq = dqkv.ptr<float>();
-  backward_on(be, dq, dq + H * s.hd, dq + (H + KV) * s.hd, dout.ptr<float>(), q, q + H * s.hd, q + (H + KV) * s.hd,
-              out.ptr<float>(), lse.ptr<float>(), s, workspace.ptr<float>());
+  backward_on(be, dq, dq + H * s.hd, dq + (H + KV) * s.hd, dout.data(), at(qkv, 0), at(qkv, H * s.hd),
+              at(qkv, (H + KV) * s.hd), out.data(), lse.ptr<float>(), s, workspace.ptr<float>());
 }
 
 void flash_attention_forward(Backend& be, const FlashShape& s, const FlashOperands& x, Tensor workspace) {
-  check_operands(s, x, workspace, false, "flash_attention_forward (shape)");
-  forward_on(be, x.out.ptr<float>(), x.lse.ptr<float>(), x.q.ptr<float>(), x.k.ptr<float>(), x.v.ptr<float>(), s,
-             workspace.ptr<float>());
+  check_operands(s, x, workspace, false, false, "flash_attention_forward (shape)");
+  forward_on(be, x.out.data(), x.lse.ptr<float>(), x.q.data(), x.k.data(), x.v.data(), s, workspace.ptr<float>());
 }
 
 void flash_attention_merge(Backend& be, const FlashShape& s, Tensor out, Tensor lse, Tensor part, Tensor part_lse) {
@@ -139,10 +163,10 @@ void flash_attention_merge(Backend& be, const FlashShape& s, Tensor out, Tensor 
 void flash_attention_backward(Backend& be, const FlashShape& s, const FlashOperands& x, const FlashGrads& d,
                               Tensor workspace) {
   const char* op = "flash_attention_backward (shape)";
-  check_operands(s, x, workspace, true, op);
-  check_operands(s, {d.dq, d.dk, d.dv, d.dout, x.lse}, workspace, true, op);
-  backward_on(be, d.dq.ptr<float>(), d.dk.ptr<float>(), d.dv.ptr<float>(), d.dout.ptr<float>(), x.q.ptr<float>(),
-              x.k.ptr<float>(), x.v.ptr<float>(), x.out.ptr<float>(), x.lse.ptr<float>(), s, workspace.ptr<float>());
+  check_operands(s, x, workspace, true, false, op);
+  check_operands(s, {d.dq, d.dk, d.dv, d.dout, x.lse}, workspace, true, true, op);
+  backward_on(be, d.dq.ptr<float>(), d.dk.ptr<float>(), d.dv.ptr<float>(), d.dout.data(), x.q.data(), x.k.data(),
+              x.v.data(), x.out.data(), x.lse.ptr<float>(), s, workspace.ptr<float>());
 }
 
 }  // namespace shardlab::ops

@@ -10,18 +10,20 @@ namespace shardlab::ops {
 
 // qkv (B, T, (H + 2 KV) hd) = [q | k | v] per row; out (B, T, H hd); lse (B, H, T) f32, each query
 // row's log-sum-exp of its scores scaled by 1/sqrt(hd) (saved for backward; partial results merge
-// with it). The workspace holds flash_attention_workspace_elems(..., false) floats.
+// with it). The workspace holds flash_attention_workspace_elems(..., false, bf16) floats. qkv and
+// out are f32, or both bf16 (read into f32 tiles, f32 products and sums, out rounded once).
 void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV, bool causal,
                              Tensor workspace);
-// dqkv (like qkv) is overwritten from dout and forward's qkv, out and lse; the workspace holds
-// flash_attention_workspace_elems(..., true) floats.
+// dqkv (like qkv, f32 whatever qkv holds) is overwritten from dout (of qkv's dtype) and forward's
+// qkv, out and lse; the workspace holds flash_attention_workspace_elems(..., true, bf16) floats.
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
                               int64_t KV, bool causal, Tensor workspace);
 
 // The kernels over operands placed by a shape's strides (context parallelism: a piece of a
 // sequence's queries at a causal offset into its gathered keys and values, each in a buffer of its
 // own). Each tensor starts at its operand's first element and reaches as far as the strides say;
-// lse is (B, H, Tq). With s.accumulate backward adds into dq, dk and dv.
+// lse is (B, H, Tq). With s.accumulate backward adds into dq, dk and dv. q, k, v, out and dout are
+// bf16 when s.bf16 (else f32); lse, dq, dk, dv and the workspace f32.
 struct FlashOperands {
   Tensor q, k, v, out, lse;
 };
@@ -50,8 +52,10 @@ namespace shardlab {
 // The kernels' shape over a (B, T, (H + 2 KV) hd) [q | k | v] buffer and its (B, T, H hd) output.
 FlashShape flash_shape_of_qkv(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal);
 // Floats of workspace forward (backward = false) or backward needs: the shape's alone, on every device.
-inline int64_t flash_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool backward) {
-  const FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, true);
+inline int64_t flash_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool backward,
+                                               bool bf16 = false) {
+  FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, true);
+  s.bf16 = bf16;
   return backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s);
 }
 // The cached call's shape: T new queries over pos0 + T cached rows of a (B, S, KV hd) cache.

@@ -21,6 +21,9 @@ struct FlashShape {
   // Backward adds into dq, dk and dv instead of overwriting them: context parallelism's pieces of
   // one sequence write the same gathered keys' gradients (src/model/parallel/cp.hpp).
   bool accumulate = false;
+  // q, k, v, out and dout hold bf16 rather than f32: read into f32 tiles, every product and sum in
+  // f32, out rounded once at the end; lse, the workspace and backward's dq, dk and dv stay f32.
+  bool bf16 = false;
 };
 
 // Tiles: kFlashRows query rows by kFlashCols key rows (smaller when the sequence is). The CPU kernels
@@ -43,14 +46,14 @@ inline FlashTiles flash_tiles(const FlashShape& s) {
 
 // Forward: tasks (batch, head, query tile); a thread's tiles are the scores transposed (bc, brp),
 // O (br, hd), the running max and sum and the tile's max (brp each), the query tile transposed
-// (hd, brp) and the value tile (bc, hd).
+// (hd, brp) and the value tile (bc, hd); with bf16 inputs the key tile (bc, hd) too.
 inline int64_t flash_forward_slots(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
   return flash_min(kFlashMaxSlots, s.B * s.H * ((s.Tq + t.br - 1) / t.br));
 }
 inline int64_t flash_forward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return t.bc * t.brp + t.br * s.hd + 3 * t.brp + s.hd * t.brp + t.bc * s.hd;
+  return t.bc * t.brp + t.br * s.hd + 3 * t.brp + s.hd * t.brp + (s.bf16 ? 2 : 1) * t.bc * s.hd;
 }
 inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
   return flash_forward_slots(s) * flash_forward_slot_elems(s);
