@@ -64,6 +64,8 @@ struct RunPosition {
 // naming the file and the reason; the previous checkpoint stays the newest complete one. With
 // keep > 0, only the newest `keep` complete checkpoints remain afterwards.
 std::string save_checkpoint(const std::string& dir, const CheckpointState& state, const RunPosition& at, int64_t keep = 0);
+// Where the checkpoint of `step` steps lives under dir: DIR/step_XXXXXXXX (what save_checkpoint returns).
+std::string checkpoint_path(const std::string& dir, int64_t step);
 // --save-best: DIR/best becomes a symlink to step_XXXXXXXX (made beside it, then renamed over the
 // old one: atomic), then prunes to the newest `keep` (0 = all) and the best. Rank 0 only.
 // --save-keep never deletes the checkpoint `best` points to.

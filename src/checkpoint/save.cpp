@@ -343,6 +343,10 @@ void agree(Communicator& comm, bool who, const std::function<void()>& phase, int
 
 using namespace save_detail;
 
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  return SavePaths::of(dir, step).final_dir.string();
+}
+
 std::string save_checkpoint(const std::string& dir, const CheckpointState& state, const RunPosition& at, int64_t keep) {
   Communicator& comm = state.comm;
   const int64_t step = at.step;

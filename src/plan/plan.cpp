@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <tuple>
 
 #include "src/comm/mesh.hpp"
 #include "src/core/units.hpp"

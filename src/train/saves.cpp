@@ -28,7 +28,7 @@ bool Trainer::maybe_checkpoint(int64_t t, bool new_best, std::FILE* out) {
       mark_best = [dir = cfg_.save_dir, step = t + 1, keep = cfg_.save_keep] { mark_best_checkpoint(dir, step, keep); };
     pending_save_ = std::make_unique<AsyncCheckpoint>(cfg_.save_dir, checkpoint_state(), at, cfg_.save_keep, mark_best,
                                                       std::move(save_buffer_));
-    where = (std::filesystem::path(cfg_.save_dir) / fmt::format("step_{:08d}", t + 1)).string();
+    where = checkpoint_path(cfg_.save_dir, t + 1);
     if (root)
       std::fprintf(out, "checkpoint %s in the background (the step waited %.1f ms to copy %s)\n", where.c_str(),
                    pending_save_->blocking_ms(), format_bytes(static_cast<double>(pending_save_->buffer_bytes())).c_str());
@@ -74,7 +74,7 @@ void Trainer::save_final(std::FILE* out) {
   const int64_t step = cfg_.steps;
   std::string kept;
   if (!cfg_.save_dir.empty()) {
-    kept = (std::filesystem::path(cfg_.save_dir) / fmt::format("step_{:08d}", step)).string();  // the end's
+    kept = checkpoint_path(cfg_.save_dir, step);  // the end's
   } else {
     // Rank 0's temporary directory, the same path on every rank.
     std::string mine = comm_.rank() == 0 ? (std::filesystem::temp_directory_path() /

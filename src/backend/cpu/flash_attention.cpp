@@ -40,8 +40,6 @@ namespace {
 
 inline float widen(float x) { return x; }
 inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
-inline void narrow(float* p, float x) { *p = x; }
-inline void narrow(bf16* p, float x) { *p = bf16(x); }
 
 // Key rows [0, n) of a key tile starting at s0 that query row t sees.
 inline int64_t visible(const FlashShape& s, int64_t t, int64_t s0, int64_t cols) {
@@ -240,7 +238,7 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
 #pragma omp simd
           for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
         } else {
-          for (int64_t c = 0; c < hd; ++c) narrow(dst + c, o[c] * inv);
+          for (int64_t c = 0; c < hd; ++c) dst[c] = bf16(o[c] * inv);
         }
         lse_row[r] = l[r] > 0.f ? m[r] + std::log(l[r]) : kNone;
       }
