@@ -42,8 +42,6 @@ uint16_t f32_to_bf16_bits(float x) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-float bf16_bits_to_f32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
 uint16_t f32_to_f16_bits(float x) {
   uint32_t u = std::bit_cast<uint32_t>(x);
   uint32_t sign = (u >> 16) & 0x8000u;

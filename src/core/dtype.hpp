@@ -2,6 +2,7 @@
 // them. Narrowing conversions round to nearest, ties to even, as CUDA's __float2bfloat16_rn and
 // __float2half_rn do, so a CPU run and a GPU run round the same way.
 #pragma once
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -17,7 +18,8 @@ DType parse_dtype(std::string_view s);
 
 // Bit-level conversions. NaN stays NaN (quiet), overflow goes to infinity, f16 keeps subnormals.
 uint16_t f32_to_bf16_bits(float x);
-float bf16_bits_to_f32(uint16_t b);
+// Widening is exact and a hot loop's work (kernels reading bf16): inline.
+inline float bf16_bits_to_f32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 uint16_t f32_to_f16_bits(float x);
 float f16_bits_to_f32(uint16_t h);
 

@@ -23,7 +23,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -39,7 +38,7 @@ namespace shardlab::cpu {
 namespace {
 
 inline float widen(float x) { return x; }
-inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
+inline float widen(bf16 x) { return bf16_bits_to_f32(x.bits); }
 
 // Key rows [0, n) of a key tile starting at s0 that query row t sees.
 inline int64_t visible(const FlashShape& s, int64_t t, int64_t s0, int64_t cols) {
