@@ -2,14 +2,16 @@
 // ops/flash_shape.hpp): the online softmax over key tiles, no (T, T) buffer.
 //
 // Forward, per (batch, head, query tile): for each key tile the scores transposed, St = scale K Qᵀ
-// (keys by queries), the running max m and sum l of each query updated, P = exp(S - m) with the
+// (keys by queries) with each query's max taken as they are stored, the running max m and sum l of
+// each query updated, P = exp(S - m) with the
 // accumulator O rescaled by exp(m_old - m), then O += P V; at the end out = O / l and
-// lse = m + log l. Causal: key tiles wholly after a tile's last query are never visited, and only
-// the tiles crossing the diagonal are masked.
+// lse = m + log l. Causal: key tiles wholly after a tile's last query are never visited, only the
+// tiles crossing the diagonal are masked, and in those the products skip the register blocks the
+// mask leaves nothing of (tile_product's TileMask: same bits, fewer zero terms).
 //
 // Backward, per (batch, K/V head), which is then the only writer of that head's dk and dv and of
 // its query heads' dq (no races, and the same bits whatever the thread count): D = rowsum(dO * O);
-// for each key tile and each query tile that sees it, P = exp(S - lse), dV += Pᵀ dO, dP = dO Vᵀ,
+// for each key tile, each of the head's query heads and each query tile that sees it, P = exp(S - lse), dV += Pᵀ dO, dP = dO Vᵀ,
 // dS = P (dP - D), dQ += scale dS K, dK += scale dSᵀ Q.
 //
 // Each task's products are tile products (tile_product.hpp) on the calling thread: their B operands
@@ -44,12 +46,6 @@ inline float widen(bf16 x) { return bf16_bits_to_f32(x.bits); }
 inline int64_t visible(const FlashShape& s, int64_t t, int64_t s0, int64_t cols) {
   if (!s.causal) return cols;
   return std::clamp<int64_t>(t + s.offset - s0 + 1, 0, cols);
-}
-
-// The first of the query rows [t0, t0 + rows) that sees key row j (all of them unless causal).
-inline int64_t first_seeing(const FlashShape& s, int64_t j, int64_t t0, int64_t rows) {
-  if (!s.causal) return 0;
-  return std::clamp<int64_t>(j - s.offset - t0, 0, rows);
 }
 
 // row[j] = exp(row[j] - shift) for j < n, returning their sum; row[n, cols) = 0.
@@ -88,27 +84,15 @@ void pack_rows(float* dst, const In* src, int64_t ld, int64_t rows, int64_t hd) 
   }
 }
 
-// One key tile's step of the online softmax over St (cols, brp), the scores transposed: the running
-// max m and sum l of each of the tile's query rows, the accumulator O (rows, hd) rescaled by
-// exp(m_old - m_new), and St made the probabilities exp(S - m_new), zero where masked. mt (brp) is
-// scratch. The passes over St go a vector of queries at a time down the keys, so the vector's max
-// and sum stay in registers; columns past `rows` (the padding) are neither read nor written.
-void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, const FlashShape& s, int64_t s0, int64_t t0,
-                    float* m, float* l, float* mt, float* O, int64_t hd) {
+// One key tile's step of the online softmax over St (cols, brp), the scores transposed with the
+// masked ones -inf, whose column maxima (each query's max over the tile) arrive in mt (brp): the
+// running max m and sum l of each of the tile's query rows, the accumulator O (rows, hd) rescaled by
+// exp(m_old - m_new), and St made the probabilities exp(S - m_new), zero where masked (`masked`: the
+// tile has masked scores). The pass over St goes a vector of queries at a time down the keys, so the
+// vector's sum stays in registers; columns past `rows` (the padding) are neither read nor written.
+void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, bool masked, float* m, float* l, float* mt,
+                    float* O, int64_t hd) {
   constexpr int64_t kVec = kTileVec;
-  if (s.causal)
-    for (int64_t j = 0; j < cols; ++j) std::fill_n(St + j * brp, first_seeing(s, s0 + j, t0, rows), kNone);
-  for (int64_t r0 = 0; r0 < rows; r0 += kVec) {
-    const int64_t n = std::min(kVec, rows - r0);
-    float mx[kVec];
-    std::fill_n(mx, kVec, kNone);
-    for (int64_t j = 0; j < cols; ++j) {
-      const float* row = St + j * brp + r0;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) mx[i] = std::max(mx[i], row[i]);
-    }
-    std::copy_n(mx, n, mt + r0);
-  }
   // mt becomes the shift: the new max, or 0 for a query that has seen no key yet (all masked).
   for (int64_t r = 0; r < rows; ++r) {
     const float m_new = std::max(m[r], mt[r]);
@@ -129,15 +113,34 @@ void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, const Fl
     std::copy_n(mt + r0, n, shift);
     for (int64_t j = 0; j < cols; ++j) {
       float* row = St + j * brp + r0;
+      if (masked) {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) {
-        const float e = row[i] == kNone ? 0.f : fast_exp(row[i] - shift[i]);
-        row[i] = e;
-        sum[i] += e;
+        for (int64_t i = 0; i < n; ++i) {
+          const float e = row[i] == kNone ? 0.f : fast_exp(row[i] - shift[i]);
+          row[i] = e;
+          sum[i] += e;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) {
+          const float e = fast_exp(row[i] - shift[i]);
+          row[i] = e;
+          sum[i] += e;
+        }
       }
     }
     std::copy_n(sum, n, l + r0);
   }
+}
+
+// The causal mask of the tile pair (query rows from t0, key rows from s0) in the tile's own indices:
+// query row r sees key row j when j < r + d (every key when not causal).
+inline int64_t diagonal(const FlashShape& s, int64_t t0, int64_t s0) {
+  return s.causal ? t0 + s.offset - s0 + 1 : std::numeric_limits<int64_t>::max() / 4;
+}
+
+inline TileMask mask_of(const FlashShape& s, TileMask::Kind kind, int64_t d) {
+  return s.causal ? TileMask{kind, d} : TileMask{};
 }
 
 // The thread's tiles in backward, and the padded key-tile width.
@@ -155,24 +158,31 @@ void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int6
   // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
   const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
   if (seen <= 0) return;  // no query of the tile sees the key tile
-  const int64_t np = flash_pad(seen);
+  const int64_t np = flash_pad(seen), d = diagonal(s, t0, s0);
+  // The masked scores' products are skipped a register block at a time: the elements of P and dP
+  // past a row's visible keys are left as they are (then zeroed below), and the terms that would
+  // add their zeros are left out.
+  const TileMask wanted = mask_of(s, TileMask::cols_before, d), by_key = mask_of(s, TileMask::terms_before, d),
+                 by_query = mask_of(s, TileMask::terms_after, d);
   pack_rows(w.Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
   pack_rows(w.dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
-  tile_product(rows, np, hd, s.scale, w.Qp, hd, 1, w.Kt, bcp, false, w.P, bcp);
+  tile_product(rows, np, hd, s.scale, w.Qp, hd, 1, w.Kt, bcp, false, w.P, bcp, wanted);
   for (int64_t r = 0; r < rows; ++r) exp_row(w.P + r * bcp, visible(s, t0 + r, s0, seen), seen, L[t0 + r]);
   // dV += Pᵀ dO; dP = dO Vᵀ
-  tile_product(seen, hd, rows, 1.f, w.P, 1, bcp, w.dOp, hd, true, dV + s0 * s.v_ld, s.v_ld);
-  tile_product(rows, np, hd, 1.f, w.dOp, hd, 1, w.Vt, bcp, false, w.dP, bcp);
+  tile_product(seen, hd, rows, 1.f, w.P, 1, bcp, w.dOp, hd, true, dV + s0 * s.v_ld, s.v_ld, by_query);
+  tile_product(rows, np, hd, 1.f, w.dOp, hd, 1, w.Vt, bcp, false, w.dP, bcp, wanted);
   for (int64_t r = 0; r < rows; ++r) {
     const float* p = w.P + r * bcp;
     float* dp = w.dP + r * bcp;
     const float Dt = Dh[t0 + r];
+    const int64_t n = visible(s, t0 + r, s0, seen);
 #pragma omp simd
-    for (int64_t j = 0; j < seen; ++j) dp[j] = p[j] * (dp[j] - Dt);
+    for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - Dt);
+    std::fill(dp + n, dp + seen, 0.f);
   }
   // dQ += scale dS K; dK += scale dSᵀ Q
-  tile_product(rows, hd, seen, s.scale, w.dP, bcp, 1, w.Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld);
-  tile_product(seen, hd, rows, s.scale, w.dP, 1, bcp, w.Qp, hd, true, dK + s0 * s.k_ld, s.k_ld);
+  tile_product(rows, hd, seen, s.scale, w.dP, bcp, 1, w.Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld, by_key);
+  tile_product(seen, hd, rows, s.scale, w.dP, 1, bcp, w.Qp, hd, true, dK + s0 * s.k_ld, s.k_ld, by_query);
 }
 
 int threads_for(int64_t slots) {
@@ -219,13 +229,16 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
           pack_rows(Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
           Ks = Kp;
         }
-        // The scores transposed, St (cols, brp) = scale K Qᵀ: row j holds key s0 + j's score for
-        // every query of the tile, so the softmax below runs along rows, in vectors of queries. Fewer
-        // queries than a vector (decoding) go to sgemm rather than be padded to one.
-        tile_product(cols, rows < kTileVec ? rows : brp, hd, s.scale, Ks, ks_ld, 1, Qt, brp, false, St, brp);
-        online_softmax(St, brp, cols, rows, s, s0, t0, m, l, mt, O, hd);
-        // O += P V, P = Stᵀ.
-        tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hd, true, O, hd);
+        // The scores transposed, St (cols, brp) = scale K Qᵀ, -inf where masked: row j holds key
+        // s0 + j's score for every query of the tile, so the softmax below runs along rows, in
+        // vectors of queries; each query's max over the tile comes out of the product. Fewer queries
+        // than a vector (decoding) go to sgemm rather than be padded to one.
+        const int64_t d = diagonal(s, t0, s0), nq = rows < kTileVec ? rows : brp;
+        std::fill_n(mt, nq, kNone);
+        tile_product_scores(cols, nq, hd, s.scale, Ks, ks_ld, 1, Qt, brp, St, brp, d, mt);
+        online_softmax(St, brp, cols, rows, s.causal && d < cols, m, l, mt, O, hd);
+        // O += P V, P = Stᵀ (the masked keys' zero terms left out).
+        tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hd, true, O, hd, mask_of(s, TileMask::terms_before, d));
       }
       float* lse_row = lse + bh * s.Tq + t0;
       for (int64_t r = 0; r < rows; ++r) {
@@ -298,10 +311,8 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
         std::fill_n(dV + j * s.v_ld, hd, 0.f);
       }
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const In* Q = q + b * s.q_b + h * hd;
         const In* O = out + b * s.o_b + h * hd;
         const In* dO = dout + b * s.o_b + h * hd;
-        const float* L = lse + (b * s.H + h) * s.Tq;
         float* dQ = dq + b * s.q_b + h * hd;
         float* Dh = D + (b * s.H + h) * s.Tq;
         for (int64_t t = 0; t < s.Tq; ++t) {
@@ -319,16 +330,25 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
           Dh[t] = acc;
           if (!s.accumulate) std::fill_n(dQ + t * s.q_ld, hd, 0.f);
         }
-        for (int64_t s0 = 0; s0 < s.Tk; s0 += bc) {
-          const int64_t cols = std::min(bc, s.Tk - s0);
-          pack_transposed(w.Kt, bcp, K + s0 * s.k_ld, s.k_ld, cols, bcp, hd);
-          pack_transposed(w.Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, hd);
-          pack_rows(w.Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
-          // The first query row that sees key s0, rounded down to its tile.
-          const int64_t first = s.causal ? std::max<int64_t>(0, s0 - s.offset) : 0;
-          for (int64_t t0 = first / br * br; t0 < s.Tq; t0 += br) {
+      }
+      // Key tiles outer, the group's query heads inner: each key tile packed once for all of them.
+      // Every gradient element sums its terms in the same order as heads-outer would (a key tile's
+      // rows over heads then query tiles, a query head's rows over key tiles).
+      for (int64_t s0 = 0; s0 < s.Tk; s0 += bc) {
+        const int64_t cols = std::min(bc, s.Tk - s0);
+        pack_transposed(w.Kt, bcp, K + s0 * s.k_ld, s.k_ld, cols, bcp, hd);
+        pack_transposed(w.Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, hd);
+        pack_rows(w.Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
+        // The first query row that sees key s0, rounded down to its tile.
+        const int64_t first = s.causal ? std::max<int64_t>(0, s0 - s.offset) : 0;
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          const In* Q = q + b * s.q_b + h * hd;
+          const In* dO = dout + b * s.o_b + h * hd;
+          const float* L = lse + (b * s.H + h) * s.Tq;
+          float* dQ = dq + b * s.q_b + h * hd;
+          const float* Dh = D + (b * s.H + h) * s.Tq;
+          for (int64_t t0 = first / br * br; t0 < s.Tq; t0 += br)
             backward_tile(s, w, s0, cols, t0, std::min(br, s.Tq - t0), Q, dO, L, Dh, dQ, dK, dV);
-          }
         }
       }
     }

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "src/backend/cpu/gemm.hpp"
 
@@ -17,10 +18,13 @@ namespace {
 namespace avx512 {
 #define TP(op) _mm512_##op##_ps
 #define TP_V __m512
+// _mm512_max_ps starts from an undefined vector that GCC 12 warns of: the masked form starts from a.
+#define TP_MAX(a, b) _mm512_mask_max_ps(a, static_cast<__mmask16>(0xffff), a, b)
 constexpr int kBlockVecs = 4;
 #include "src/backend/cpu/tile_product_isa.inl"
 #undef TP
 #undef TP_V
+#undef TP_MAX
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -29,10 +33,12 @@ constexpr int kBlockVecs = 4;
 namespace avx2 {
 #define TP(op) _mm256_##op##_ps
 #define TP_V __m256
+#define TP_MAX(a, b) _mm256_max_ps(a, b)
 constexpr int kBlockVecs = 2;
 #include "src/backend/cpu/tile_product_isa.inl"
 #undef TP
 #undef TP_V
+#undef TP_MAX
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -58,11 +64,11 @@ const char* tile_product_isa() {
 }
 
 void tile_product(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak, const float* B,
-                  int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+                  int64_t ldb, bool accumulate, float* C, int64_t ldc, TileMask mask) {
   if (m <= 0 || n <= 0) return;
   const Isa use = n % kTileVec == 0 ? isa() : Isa::none;
-  if (use == Isa::avx512) return avx512::product(m, n, k, alpha, A, ai, ak, B, ldb, accumulate, C, ldc);
-  if (use == Isa::avx2) return avx2::product(m, n, k, alpha, A, ai, ak, B, ldb, accumulate, C, ldc);
+  if (use == Isa::avx512) return avx512::product(m, n, k, alpha, A, ai, ak, B, ldb, accumulate, C, ldc, mask);
+  if (use == Isa::avx2) return avx2::product(m, n, k, alpha, A, ai, ak, B, ldb, accumulate, C, ldc, mask);
   if (k == 0) {  // no terms (the libraries refuse k = 0)
     if (!accumulate)
       for (int64_t i = 0; i < m; ++i) std::fill_n(C + i * ldc, n, 0.f);
@@ -73,6 +79,21 @@ void tile_product(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
   const GemmLib lib = gemm_policy() == GemmPolicy::openblas ? GemmLib::openblas : GemmLib::onednn;
   sgemm_with(lib, a_rows ? Trans::N : Trans::T, Trans::N, m, n, k, alpha, A, a_rows ? ai : ak, B, ldb,
              accumulate ? 1.f : 0.f, C, ldc);
+}
+
+void tile_product_scores(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak,
+                         const float* B, int64_t ldb, float* C, int64_t ldc, int64_t d, float* colmax) {
+  if (m <= 0 || n <= 0) return;
+  const Isa use = n % kTileVec == 0 ? isa() : Isa::none;
+  if (use == Isa::avx512) return avx512::scores(m, n, k, alpha, A, ai, ak, B, ldb, C, ldc, d, colmax);
+  if (use == Isa::avx2) return avx2::scores(m, n, k, alpha, A, ai, ak, B, ldb, C, ldc, d, colmax);
+  tile_product(m, n, k, alpha, A, ai, ak, B, ldb, false, C, ldc);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < n; ++c) {
+      float& x = C[i * ldc + c];
+      if (i - c >= d) x = -std::numeric_limits<float>::infinity();
+      colmax[c] = std::max(colmax[c], x);
+    }
 }
 
 }  // namespace shardlab::cpu

@@ -20,11 +20,31 @@ namespace shardlab::cpu {
 // vectorised kernel (attention pads its key tiles to it).
 inline constexpr int64_t kTileVec = 16;
 
+// What a causal mask leaves of a product, so the kernel skips the rest a register block at a time
+// (on the sgemm path the mask is ignored: the skipped terms are zero, the skipped elements
+// unwanted). d places the diagonal in the tile's own row, column and term indices.
+struct TileMask {
+  enum Kind : uint8_t {
+    none,
+    cols_before,   // only the elements C(i, c) with c < i + d are wanted: the others may stay unwritten
+    terms_before,  // only the terms p < i + d of row i are nonzero
+    terms_after,   // only the terms p > i - d of row i are nonzero
+  } kind = none;
+  int64_t d = 0;
+};
+
 // C (m, n) = alpha A' B (+ C when accumulate), where A'(i, p) = A[i ai + p ak] (ak = 1: A row-major
 // with row stride ai; ai = 1: Aᵀ of a row-major A with row stride ak), B (k, n) row-major with row
-// stride ldb, C row-major with row stride ldc.
+// stride ldb, C row-major with row stride ldc. Skipping zero terms leaves every sum's bits as they
+// are (the terms that remain are added in the same order).
 void tile_product(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak, const float* B,
-                  int64_t ldb, bool accumulate, float* C, int64_t ldc);
+                  int64_t ldb, bool accumulate, float* C, int64_t ldc, TileMask mask = {});
+
+// The forward attention's scores: C = alpha A' B where i < c + d and -inf where i >= c + d (the
+// masked keys; every element of C written, none of the masked ones computed), and the running
+// column maxima colmax[c] = max(colmax[c], C(i, c)) taken as C is stored.
+void tile_product_scores(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak,
+                         const float* B, int64_t ldb, float* C, int64_t ldc, int64_t d, float* colmax);
 
 // Which code runs tile_product: "avx512", "avx2" or "sgemm".
 const char* tile_product_isa();
