@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "memory/pool.hpp"
 #include "src/backend/ops/attention.hpp"
@@ -35,14 +38,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Timing time_point(Backend& be, const AttentionBenchConfig& cfg, AttentionKernel kernel, int64_t T, int64_t H,
                   int64_t hd) {
   Pool pool(be);
-  const int64_t R = 3 * H * hd, C = H * hd;
+  const int64_t KV = H / cfg.group, R = (H + 2 * KV) * hd, C = H * hd;
   auto alloc = [&](int64_t n, const char* name) { return pool.alloc(DType::f32, n, Category::activations, name); };
   Block qkv = alloc(T * R, "qkv"), dqkv = alloc(T * R, "dqkv"), out = alloc(T * C, "out"), dout = alloc(T * C, "dout");
   Block lse, fwd_ws, bwd_ws, att, scratch;
   if (kernel == AttentionKernel::flash) {
     lse = alloc(H * T, "lse");
-    fwd_ws = alloc(flash_attention_workspace_elems(1, T, H, H, hd, false), "forward tiles");
-    bwd_ws = alloc(flash_attention_workspace_elems(1, T, H, H, hd, true), "backward tiles");
+    fwd_ws = alloc(flash_attention_workspace_elems(1, T, H, KV, hd, false), "forward tiles");
+    bwd_ws = alloc(flash_attention_workspace_elems(1, T, H, KV, hd, true), "backward tiles");
   } else {
     att = alloc(H * T * T, "att");
     scratch = alloc(attention_scratch_elems(T, H), "scratch");
@@ -65,17 +68,17 @@ Timing time_point(Backend& be, const AttentionBenchConfig& cfg, AttentionKernel 
   for (int rep = 0; rep < cfg.warmup + cfg.repeats; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
     if (kernel == AttentionKernel::flash)
-      ops::flash_attention_forward(be, to, lse.flat(DType::f32), tq, H, H, cfg.causal, fwd_ws.flat(DType::f32));
+      ops::flash_attention_forward(be, to, lse.flat(DType::f32), tq, H, KV, cfg.causal, fwd_ws.flat(DType::f32));
     else
-      ops::attention_forward(be, to, att.flat(DType::f32).reshape(att_shape), tq, H, H);
+      ops::attention_forward(be, to, att.flat(DType::f32).reshape(att_shape), tq, H, KV);
     be.synchronize();
     const double f = seconds_since(t0) * 1e3;
     t0 = std::chrono::steady_clock::now();
     if (kernel == AttentionKernel::flash)
-      ops::flash_attention_backward(be, tdq, tdo, tq, to, lse.flat(DType::f32), H, H, cfg.causal,
+      ops::flash_attention_backward(be, tdq, tdo, tq, to, lse.flat(DType::f32), H, KV, cfg.causal,
                                     bwd_ws.flat(DType::f32));
     else
-      ops::attention_backward(be, tdq, tdo, tq, att.flat(DType::f32).reshape(att_shape), H, H, scratch.flat(DType::f32));
+      ops::attention_backward(be, tdq, tdo, tq, att.flat(DType::f32).reshape(att_shape), H, KV, scratch.flat(DType::f32));
     be.synchronize();
     const double b = seconds_since(t0) * 1e3;
     if (rep >= cfg.warmup) best.fwd_ms = std::min(best.fwd_ms, f), best.bwd_ms = std::min(best.bwd_ms, b);
@@ -87,9 +90,10 @@ Timing time_point(Backend& be, const AttentionBenchConfig& cfg, AttentionKernel 
 
 void run_attention_benchmark(Backend& be, const AttentionBenchConfig& cfg, std::FILE* out) {
   const uint64_t rss0 = peak_rss();
-  std::fprintf(out, "# attention forward + backward, batch 1, multi-head, f32, %s, %s, %d thread(s); best of %d after %d "
-                    "warm-up\n", cfg.causal ? "causal" : "not causal", be.describe().c_str(), be.threads(), cfg.repeats,
-               cfg.warmup);
+  const std::string heads = cfg.group == 1 ? "multi-head" : fmt::format("{} query heads per K/V head", cfg.group);
+  std::fprintf(out, "# attention forward + backward, batch 1, %s, f32, %s, %s, %d thread(s); best of %d after %d "
+                    "warm-up\n", heads.c_str(), cfg.causal ? "causal" : "not causal", be.describe().c_str(), be.threads(),
+               cfg.repeats, cfg.warmup);
   std::fprintf(out, "#%7s %6s %5s %-6s %10s %10s %10s %9s %12s\n", "T", "heads", "hd", "kernel", "fwd ms", "bwd ms",
                "total ms", "GFLOP/s", "holds");
   for (int64_t T : cfg.seqs)

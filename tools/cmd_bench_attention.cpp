@@ -44,6 +44,8 @@ ExitCode cmd_bench_attention(const Args& args, const Context& ctx) {
   desc.add_options()("seqs", po::value(&seqs)->default_value(seqs), "sequence lengths T, comma-separated")(
       "heads", po::value(&heads)->default_value(heads), "head counts H, comma-separated")(
       "head-dims", po::value(&dims)->default_value(dims), "head dimensions hd, comma-separated")(
+      "kv-group", po::value(&cfg.group)->default_value(cfg.group),
+      "query heads per K/V head: grouped-query attention (1 = multi-head; every --heads a multiple of it)")(
       "kernels", po::value(&kernels)->default_value(kernels), "flash, naive or both (comma-separated)")(
       "not-causal", po::bool_switch(&full), "every key for every query (default causal)")(
       "repeats", po::value(&cfg.repeats)->default_value(cfg.repeats), "timed runs of each point (the best is printed)")(
@@ -58,6 +60,9 @@ ExitCode cmd_bench_attention(const Args& args, const Context& ctx) {
   SHARD_REQUIRE(naive_max_gib > 0, "--naive-max {}: expected a positive number of GiB", naive_max_gib);
   cfg.seqs = int_list(seqs, "seqs");
   cfg.heads = int_list(heads, "heads");
+  SHARD_REQUIRE(cfg.group >= 1, "--kv-group {}: expected at least 1 query head per K/V head", cfg.group);
+  for (int64_t h : cfg.heads)
+    SHARD_REQUIRE(h % cfg.group == 0, "--heads {} --kv-group {}: the heads must be a multiple of the group", h, cfg.group);
   cfg.head_dims = int_list(dims, "head-dims");
   cfg.causal = !full;
   cfg.naive_max_bytes = static_cast<int64_t>(naive_max_gib * double(int64_t{1} << 30));
