@@ -122,7 +122,10 @@ TEST_CASE("score tiles are the product, -inf past the diagonal, with their colum
             }
             REQUIRE(colmax[static_cast<size_t>(c)] == mx);
           }
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t c = n; c < ldc; ++c) REQUIRE(C[static_cast<size_t>(i * ldc + c)] == plain[static_cast<size_t>(i * ldc + c)]);
+          for (int64_t i = 0; i < m; ++i)  // past n: untouched
+            for (int64_t c = n; c < ldc; ++c) {
+              const size_t at = static_cast<size_t>(i * ldc + c);
+              REQUIRE(C[at] == plain[at]);
+            }
         }
 }

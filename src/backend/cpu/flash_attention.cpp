@@ -2,17 +2,17 @@
 // ops/flash_shape.hpp): the online softmax over key tiles, no (T, T) buffer.
 //
 // Forward, per (batch, head, query tile): for each key tile the scores transposed, St = scale K Qᵀ
-// (keys by queries) with each query's max taken as they are stored, the running max m and sum l of
-// each query updated, P = exp(S - m) with the
-// accumulator O rescaled by exp(m_old - m), then O += P V; at the end out = O / l and
-// lse = m + log l. Causal: key tiles wholly after a tile's last query are never visited, only the
-// tiles crossing the diagonal are masked, and in those the products skip the register blocks the
-// mask leaves nothing of (tile_product's TileMask: same bits, fewer zero terms).
+// (keys by queries), each query's max over the tile taken as they are stored, the running max m
+// and sum l of each query updated, P = exp(S - m) with the accumulator O rescaled by
+// exp(m_old - m), then O += P V; at the end out = O / l and lse = m + log l. Causal: key tiles
+// wholly after a tile's last query are never visited, only the tiles crossing the diagonal are
+// masked, and in those the products skip the register blocks the mask leaves nothing of
+// (tile_product's TileMask: the same bits, without the zero terms).
 //
 // Backward, per (batch, K/V head), which is then the only writer of that head's dk and dv and of
 // its query heads' dq (no races, and the same bits whatever the thread count): D = rowsum(dO * O);
-// for each key tile, each of the head's query heads and each query tile that sees it, P = exp(S - lse), dV += Pᵀ dO, dP = dO Vᵀ,
-// dS = P (dP - D), dQ += scale dS K, dK += scale dSᵀ Q.
+// for each key tile, each query head reading it and each query tile that sees it,
+// P = exp(S - lse), dV += Pᵀ dO, dP = dO Vᵀ, dS = P (dP - D), dQ += scale dS K, dK += scale dSᵀ Q.
 //
 // Each task's products are tile products (tile_product.hpp) on the calling thread: their B operands
 // are copied into contiguous tiles first (forward: the query tile transposed and the value tile;

@@ -98,7 +98,9 @@ void product(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64
       int64_t lo = 0, hi = k;
       switch (mask.kind) {
         case TileMask::none: break;
-        case TileMask::cols_before: nb = static_cast<int>(clamp_to(last + mask.d - v0 * kW + kW - 1, nv * kW) / kW); break;
+        case TileMask::cols_before:  // the vectors holding the columns c < last + d
+          nb = static_cast<int>(clamp_to(last + mask.d - v0 * kW + kW - 1, nv * kW) / kW);
+          break;
         case TileMask::terms_before: hi = clamp_to(last + mask.d, k); break;
         case TileMask::terms_after: lo = clamp_to(i0 - mask.d + 1, k); break;
       }
