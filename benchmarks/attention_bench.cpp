@@ -78,7 +78,8 @@ Timing time_point(Backend& be, const AttentionBenchConfig& cfg, AttentionKernel 
       ops::flash_attention_backward(be, tdq, tdo, tq, to, lse.flat(DType::f32), H, KV, cfg.causal,
                                     bwd_ws.flat(DType::f32));
     else
-      ops::attention_backward(be, tdq, tdo, tq, att.flat(DType::f32).reshape(att_shape), H, KV, scratch.flat(DType::f32));
+      ops::attention_backward(be, tdq, tdo, tq, att.flat(DType::f32).reshape(att_shape), H, KV,
+                              scratch.flat(DType::f32));
     be.synchronize();
     const double b = seconds_since(t0) * 1e3;
     if (rep >= cfg.warmup) best.fwd_ms = std::min(best.fwd_ms, f), best.bwd_ms = std::min(best.bwd_ms, b);
@@ -92,8 +93,8 @@ void run_attention_benchmark(Backend& be, const AttentionBenchConfig& cfg, std::
   const uint64_t rss0 = peak_rss();
   const std::string heads = cfg.group == 1 ? "multi-head" : fmt::format("{} query heads per K/V head", cfg.group);
   std::fprintf(out, "# attention forward + backward, batch 1, %s, f32, %s, %s, %d thread(s); best of %d after %d "
-                    "warm-up\n", heads.c_str(), cfg.causal ? "causal" : "not causal", be.describe().c_str(), be.threads(),
-               cfg.repeats, cfg.warmup);
+                    "warm-up\n", heads.c_str(), cfg.causal ? "causal" : "not causal", be.describe().c_str(),
+               be.threads(), cfg.repeats, cfg.warmup);
   std::fprintf(out, "#%7s %6s %5s %-6s %10s %10s %10s %9s %12s\n", "T", "heads", "hd", "kernel", "fwd ms", "bwd ms",
                "total ms", "GFLOP/s", "holds");
   for (int64_t T : cfg.seqs)

@@ -1,10 +1,11 @@
 // attention_bench.hpp — attention forward + backward alone (`shardlab bench-attention`): the fused
 // kernels (and, where the (H, T, T) buffers fit, the naive ones) at each (T, heads, head dim),
-// batch 1, multi-head or grouped-query, f32, on one backend with its threads. Per point: the best of `repeats`
-// timings of forward and of backward, the GFLOP/s that gives (causal: half of 4 T² hd per head
-// forward, 2.5 times that backward), the bytes the pass holds (inputs, outputs, saved, workspace)
-// and the growth of the process's peak resident memory (run one point per process for that one:
-// benchmarks/compare_attention.sh does, against PyTorch's scaled_dot_product_attention).
+// batch 1, multi-head or grouped-query, f32, on one backend with its threads. Per point: the best
+// of `repeats` timings of forward and of backward, the GFLOP/s that gives (causal: half of
+// 4 T² hd per head forward, 2.5 times that backward), the bytes the pass holds (inputs, outputs,
+// saved, workspace) and the growth of the process's peak resident memory (run one point per
+// process for that one: benchmarks/compare_attention.sh does, against PyTorch's
+// scaled_dot_product_attention).
 #pragma once
 #include <cstdio>
 #include <vector>

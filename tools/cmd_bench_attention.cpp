@@ -62,7 +62,8 @@ ExitCode cmd_bench_attention(const Args& args, const Context& ctx) {
   cfg.heads = int_list(heads, "heads");
   SHARD_REQUIRE(cfg.group >= 1, "--kv-group {}: expected at least 1 query head per K/V head", cfg.group);
   for (int64_t h : cfg.heads)
-    SHARD_REQUIRE(h % cfg.group == 0, "--heads {} --kv-group {}: the heads must be a multiple of the group", h, cfg.group);
+    SHARD_REQUIRE(h % cfg.group == 0, "--heads {} --kv-group {}: the heads must be a multiple of the group", h,
+                  cfg.group);
   cfg.head_dims = int_list(dims, "head-dims");
   cfg.causal = !full;
   cfg.naive_max_bytes = static_cast<int64_t>(naive_max_gib * double(int64_t{1} << 30));

@@ -85,9 +85,11 @@ BlockFn pick(int r, int n) {
 inline int64_t clamp_to(int64_t x, int64_t hi) { return x < 0 ? 0 : x > hi ? hi : x; }
 
 // Blocks of kBlockVecs vectors of columns outer (B's panel stays in L1 while the rows go by), rows
-// inner; a mask narrows each block's terms or vectors to what it leaves.
-void product(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak, const float* B,
-             int64_t ldb, bool accumulate, float* C, int64_t ldc, TileMask mask) {
+// inner. A product (S false): a mask narrows each block's terms or vectors to what it leaves. The
+// scores (S true): every block run whole, masked past d (mask.d) and its maxima into colmax.
+template <bool S>
+void blocks(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak, const float* B,
+            int64_t ldb, bool accumulate, float* C, int64_t ldc, TileMask mask, float* colmax) {
   const int64_t vecs = n / kW;
   for (int64_t v0 = 0; v0 < vecs; v0 += kBlockVecs) {
     const int nv = static_cast<int>(vecs - v0 < kBlockVecs ? vecs - v0 : kBlockVecs);
@@ -96,30 +98,30 @@ void product(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64
       const int64_t last = i0 + r - 1;  // the block's last row
       int nb = nv;
       int64_t lo = 0, hi = k;
-      switch (mask.kind) {
-        case TileMask::none: break;
-        case TileMask::cols_before:  // the vectors holding the columns c < last + d
-          nb = static_cast<int>(clamp_to(last + mask.d - v0 * kW + kW - 1, nv * kW) / kW);
-          break;
-        case TileMask::terms_before: hi = clamp_to(last + mask.d, k); break;
-        case TileMask::terms_after: lo = clamp_to(i0 - mask.d + 1, k); break;
+      if constexpr (!S) {
+        switch (mask.kind) {
+          case TileMask::none: break;
+          case TileMask::cols_before:  // the vectors holding the columns c < last + d
+            nb = static_cast<int>(clamp_to(last + mask.d - v0 * kW + kW - 1, nv * kW) / kW);
+            break;
+          case TileMask::terms_before: hi = clamp_to(last + mask.d, k); break;
+          case TileMask::terms_after: lo = clamp_to(i0 - mask.d + 1, k); break;
+        }
+        if (nb == 0) continue;
       }
-      if (nb == 0) continue;
-      pick<kBlockRows, false>(r, nb)(hi - lo, alpha, A + i0 * ai + lo * ak, ai, ak, B + lo * ldb + v0 * kW, ldb,
-                                     accumulate, C + i0 * ldc + v0 * kW, ldc, nullptr, 0);
+      pick<kBlockRows, S>(r, nb)(hi - lo, alpha, A + i0 * ai + lo * ak, ai, ak, B + lo * ldb + v0 * kW, ldb,
+                                 accumulate, C + i0 * ldc + v0 * kW, ldc, S ? colmax + v0 * kW : nullptr,
+                                 S ? mask.d - i0 + v0 * kW : 0);
     }
   }
 }
 
+void product(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak, const float* B,
+             int64_t ldb, bool accumulate, float* C, int64_t ldc, TileMask mask) {
+  blocks<false>(m, n, k, alpha, A, ai, ak, B, ldb, accumulate, C, ldc, mask, nullptr);
+}
+
 void scores(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t ai, int64_t ak, const float* B,
             int64_t ldb, float* C, int64_t ldc, int64_t d, float* colmax) {
-  const int64_t vecs = n / kW;
-  for (int64_t v0 = 0; v0 < vecs; v0 += kBlockVecs) {
-    const int nv = static_cast<int>(vecs - v0 < kBlockVecs ? vecs - v0 : kBlockVecs);
-    for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
-      const int r = static_cast<int>(m - i0 < kBlockRows ? m - i0 : kBlockRows);
-      pick<kBlockRows, true>(r, nv)(k, alpha, A + i0 * ai, ai, ak, B + v0 * kW, ldb, false, C + i0 * ldc + v0 * kW,
-                                    ldc, colmax + v0 * kW, d - i0 + v0 * kW);
-    }
-  }
+  blocks<true>(m, n, k, alpha, A, ai, ak, B, ldb, false, C, ldc, TileMask{TileMask::none, d}, colmax);
 }
