@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -163,7 +164,7 @@ TEST_CASE("flash attention matches attention in double precision", "[flash][ops]
   const std::vector<Dims> cases = {
       {2, 1, 4, 2, 8, true},     {1, 5, 2, 2, 8, true},     {2, 64, 4, 4, 16, true},  {1, 129, 4, 2, 64, true},
       {1, 300, 4, 1, 32, true},  {2, 200, 2, 2, 128, true}, {1, 1, 2, 1, 8, false},   {2, 130, 4, 2, 16, false},
-      {1, 257, 2, 2, 64, false},
+      {1, 257, 2, 2, 64, false}, {2, 520, 8, 2, 64, true},  {4, 260, 4, 2, 16, false},
   };
   for (const Dims& d : cases) {
     INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd << (d.causal ? " causal" : " not causal"));
@@ -206,6 +207,30 @@ TEST_CASE("flash attention reads bf16 inputs with f32 sums", "[flash][ops][bf16]
     CHECK(got.out == f32.out);
     CHECK(got.lse == f32.lse);
     CHECK(got.dqkv == f32.dqkv);
+  }
+}
+
+TEST_CASE("flash attention gives a head the same bits whichever heads share its forward task", "[flash][ops]") {
+  // Forward runs the query heads of a K/V head in one task (up to 4) while that leaves 16 tasks:
+  // 4 at B = 2 below, 2 at B = 1, 1 for a single query tile.
+  const Dims two{2, 520, 8, 2, 64, true}, one{1, 520, 8, 2, 64, true};
+  CHECK(flash_heads_per_task(flash_shape_of_qkv(2, 520, 8, 2, 64, true)) == 4);
+  CHECK(flash_heads_per_task(flash_shape_of_qkv(1, 520, 8, 2, 64, true)) == 2);
+  CHECK(flash_heads_per_task(flash_shape_of_qkv(1, 100, 8, 2, 64, true)) == 1);
+  CHECK(flash_heads_per_task(flash_shape_of_qkv(1, 8192, 6, 2, 64, true)) == 3);
+  const auto qkv = test::random_vector("flash qkv", static_cast<size_t>(two.B * two.T * two.R()), -2.f, 2.f);
+  const auto dout = test::random_vector("flash dout", static_cast<size_t>(two.B * two.T * two.H * two.hd));
+  const Result both = run(two, qkv, dout);
+  const size_t in_rows = static_cast<size_t>(one.T * one.R()), out_rows = static_cast<size_t>(one.T * one.H * one.hd);
+  const size_t lse_rows = static_cast<size_t>(one.H * one.T);
+  for (size_t b = 0; b < 2; ++b) {
+    INFO("batch element " << b);
+    const std::vector<float> q(qkv.begin() + b * in_rows, qkv.begin() + (b + 1) * in_rows);
+    const std::vector<float> g(dout.begin() + b * out_rows, dout.begin() + (b + 1) * out_rows);
+    const Result alone = run(one, q, g);
+    CHECK(std::memcmp(alone.out.data(), both.out.data() + b * out_rows, out_rows * sizeof(float)) == 0);
+    CHECK(std::memcmp(alone.lse.data(), both.lse.data() + b * lse_rows, lse_rows * sizeof(float)) == 0);
+    CHECK(std::memcmp(alone.dqkv.data(), both.dqkv.data() + b * in_rows, in_rows * sizeof(float)) == 0);
   }
 }
 

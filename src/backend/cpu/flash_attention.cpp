@@ -1,7 +1,8 @@
 // flash_attention.cpp — the CPU fused attention kernels (ops/attention.hpp, shape in
 // ops/flash_shape.hpp): the online softmax over key tiles, no (T, T) buffer.
 //
-// Forward, per (batch, head, query tile): for each key tile the scores transposed, St = scale K Qᵀ
+// Forward, per (batch, query tile, run of query heads reading one K/V head: flash_heads_per_task):
+// for each key tile, packed once for the run, and each head, the scores transposed, St = scale K Qᵀ
 // (keys by queries), each query's max over the tile taken as they are stored, the running max m
 // and sum l of each query updated, P = exp(S - m) with the accumulator O rescaled by
 // exp(m_old - m), then O += P V; at the end out = O / l and lse = m + log l. Causal: key tiles
@@ -14,14 +15,16 @@
 // for each key tile, each query head reading it and each query tile that sees it,
 // P = exp(S - lse), dV += Pᵀ dO, dP = dO Vᵀ, dS = P (dP - D), dQ += scale dS K, dK += scale dSᵀ Q.
 //
-// Each task's products are tile products (tile_product.hpp) on the calling thread: their B operands
-// are copied into contiguous tiles first (forward: the query tile transposed and the value tile;
-// backward: the key and value tiles transposed, the key tile, the query and output-gradient tiles),
-// so no product reads rows whose stride aliases in the L1 cache. A thread's tiles are its slot of
-// the workspace.
+// Each task's products are tile products (tile_product.hpp) on the calling thread: their operands
+// are copied into tiles first (forward: the key and value tiles, each query tile transposed;
+// backward: the key and value tiles transposed, the key tile, the query and output-gradient tiles)
+// whose row strides (FlashTiles) are not multiples of 256 bytes, so no product reads rows that
+// alias in the L1 cache, nor rows a page apart in the fused [q | k | v] buffer. A thread's tiles
+// are its slot of the workspace. Where and how a value is copied never changes a result's bits.
 //
-// bf16 inputs (FlashShape::bf16) are widened as they are packed (forward packs the key tile too,
-// which f32 reads in place), so the products, sums and accumulators are the f32 kernels' own.
+// bf16 inputs (FlashShape::bf16) are widened as they are packed, so the products, sums and
+// accumulators are the f32 kernels' own. (Decoding, fewer queries than a vector, reads f32 keys in
+// place: its scores go to sgemm.)
 #include <omp.h>
 
 #include <algorithm>
@@ -72,26 +75,27 @@ void pack_transposed(float* Kt, int64_t ld, const In* K, int64_t k_ld, int64_t r
   for (int64_t c = 0; c < hd; ++c) std::fill(Kt + c * ld + rows, Kt + c * ld + pad, 0.f);
 }
 
-// dst (rows, hd) contiguous = the rows of src (row stride ld).
+// dst (rows, hd), row stride dst_ld = the rows of src (row stride ld).
 template <class In>
-void pack_rows(float* dst, const In* src, int64_t ld, int64_t rows, int64_t hd) {
+void pack_rows(float* dst, int64_t dst_ld, const In* src, int64_t ld, int64_t rows, int64_t hd) {
   for (int64_t j = 0; j < rows; ++j) {
     if constexpr (std::is_same_v<In, float>) {
-      std::memcpy(dst + j * hd, src + j * ld, hd * sizeof(float));
+      std::memcpy(dst + j * dst_ld, src + j * ld, hd * sizeof(float));
     } else {
-      for (int64_t c = 0; c < hd; ++c) dst[j * hd + c] = widen(src[j * ld + c]);
+      for (int64_t c = 0; c < hd; ++c) dst[j * dst_ld + c] = widen(src[j * ld + c]);
     }
   }
 }
 
 // One key tile's step of the online softmax over St (cols, brp), the scores transposed with the
 // masked ones -inf, whose column maxima (each query's max over the tile) arrive in mt (brp): the
-// running max m and sum l of each of the tile's query rows, the accumulator O (rows, hd) rescaled by
-// exp(m_old - m_new), and St made the probabilities exp(S - m_new), zero where masked (`masked`: the
-// tile has masked scores). The pass over St goes a vector of queries at a time down the keys, so the
-// vector's sum stays in registers; columns past `rows` (the padding) are neither read nor written.
+// running max m and sum l of each of the tile's query rows, the accumulator O (rows, hd; row stride
+// ldo) rescaled by exp(m_old - m_new), and St made the probabilities exp(S - m_new), zero where
+// masked (`masked`: the tile has masked scores). The pass over St goes a vector of queries at a time
+// down the keys, each query's sum adding its terms in key order; columns past `rows` (the padding)
+// are neither read nor written.
 void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, bool masked, float* m, float* l, float* mt,
-                    float* O, int64_t hd) {
+                    float* O, int64_t ldo, int64_t hd) {
   constexpr int64_t kVec = kTileVec;
   // mt becomes the shift: the new max, or 0 for a query that has seen no key yet (all masked).
   for (int64_t r = 0; r < rows; ++r) {
@@ -101,7 +105,7 @@ void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, bool mas
     mt[r] = m_new == kNone ? 0.f : m_new;
     l[r] *= alpha;
     if (alpha != 1.f) {
-      float* o = O + r * hd;
+      float* o = O + r * ldo;
 #pragma omp simd
       for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
     }
@@ -146,7 +150,7 @@ inline TileMask mask_of(const FlashShape& s, TileMask::Kind kind, int64_t d) {
 // The thread's tiles in backward, and the padded key-tile width.
 struct BackwardTiles {
   float *P, *dP, *Kt, *Vt, *Kp, *Qp, *dOp;
-  int64_t bcp;
+  int64_t bcp, hdp;
 };
 
 // Backward over one query tile [t0, t0 + rows) and one key tile [s0, s0 + cols) whose Kt, Vt and Kp
@@ -154,7 +158,7 @@ struct BackwardTiles {
 template <class In>
 void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int64_t cols, int64_t t0, int64_t rows,
                    const In* Q, const In* dO, const float* L, const float* Dh, float* dQ, float* dK, float* dV) {
-  const int64_t hd = s.hd, bcp = w.bcp;
+  const int64_t hd = s.hd, bcp = w.bcp, hdp = w.hdp;
   // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
   const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
   if (seen <= 0) return;  // no query of the tile sees the key tile
@@ -164,13 +168,13 @@ void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int6
   // add their zeros are left out.
   const TileMask wanted = mask_of(s, TileMask::cols_before, d), by_key = mask_of(s, TileMask::terms_before, d),
                  by_query = mask_of(s, TileMask::terms_after, d);
-  pack_rows(w.Qp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
-  pack_rows(w.dOp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
-  tile_product(rows, np, hd, s.scale, w.Qp, hd, 1, w.Kt, bcp, false, w.P, bcp, wanted);
+  pack_rows(w.Qp, hdp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
+  pack_rows(w.dOp, hdp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
+  tile_product(rows, np, hd, s.scale, w.Qp, hdp, 1, w.Kt, bcp, false, w.P, bcp, wanted);
   for (int64_t r = 0; r < rows; ++r) exp_row(w.P + r * bcp, visible(s, t0 + r, s0, seen), seen, L[t0 + r]);
   // dV += Pᵀ dO; dP = dO Vᵀ
-  tile_product(seen, hd, rows, 1.f, w.P, 1, bcp, w.dOp, hd, true, dV + s0 * s.v_ld, s.v_ld, by_query);
-  tile_product(rows, np, hd, 1.f, w.dOp, hd, 1, w.Vt, bcp, false, w.dP, bcp, wanted);
+  tile_product(seen, hd, rows, 1.f, w.P, 1, bcp, w.dOp, hdp, true, dV + s0 * s.v_ld, s.v_ld, by_query);
+  tile_product(rows, np, hd, 1.f, w.dOp, hdp, 1, w.Vt, bcp, false, w.dP, bcp, wanted);
   for (int64_t r = 0; r < rows; ++r) {
     const float* p = w.P + r * bcp;
     float* dp = w.dP + r * bcp;
@@ -181,78 +185,98 @@ void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int6
     std::fill(dp + n, dp + seen, 0.f);
   }
   // dQ += scale dS K; dK += scale dSᵀ Q
-  tile_product(rows, hd, seen, s.scale, w.dP, bcp, 1, w.Kp, hd, true, dQ + t0 * s.q_ld, s.q_ld, by_key);
-  tile_product(seen, hd, rows, s.scale, w.dP, 1, bcp, w.Qp, hd, true, dK + s0 * s.k_ld, s.k_ld, by_query);
+  tile_product(rows, hd, seen, s.scale, w.dP, bcp, 1, w.Kp, hdp, true, dQ + t0 * s.q_ld, s.q_ld, by_key);
+  tile_product(seen, hd, rows, s.scale, w.dP, 1, bcp, w.Qp, hdp, true, dK + s0 * s.k_ld, s.k_ld, by_query);
 }
 
 int threads_for(int64_t slots) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(slots, omp_get_max_threads())));
 }
 
+// One query head's state in a forward task: its accumulator, running max and sum, the tile's maxima
+// and its query tile transposed.
+struct HeadTiles {
+  float *O, *m, *l, *mt, *Qt;
+};
+
 template <class In>
 void forward(In* out, float* lse, const In* q, const In* k, const In* v, const FlashShape& s, float* workspace) {
   const FlashTiles tl = flash_tiles(s);
-  const int64_t br = tl.br, brp = tl.brp, bc = tl.bc, hd = s.hd, group = s.H / s.KV;
-  const int64_t qtiles = (s.Tq + br - 1) / br, tasks = s.B * s.H * qtiles;
+  const int64_t br = tl.br, brp = tl.brp, bc = tl.bc, hd = s.hd, hdp = tl.hdp, group = s.H / s.KV;
+  const int64_t hp = flash_heads_per_task(s), runs = s.H / hp;
+  const int64_t qtiles = (s.Tq + br - 1) / br, tasks = flash_forward_tasks(s);
   const int64_t slot = flash_forward_slot_elems(s);
   const int threads = threads_for(flash_forward_slots(s));
 #pragma omp parallel num_threads(threads) if (threads > 1 && s.B * s.H * s.Tq * s.Tk * hd > kParallelMin)
   {
     float* St = workspace + omp_get_thread_num() * slot;
-    float* O = St + bc * brp;
-    float* m = O + br * hd;
-    float* l = m + brp;
-    float* mt = l + brp;
-    float* Qt = mt + brp;
-    float* Vp = Qt + hd * brp;
-    float* Kp = Vp + bc * hd;  // bf16 inputs only: f32 reads its key rows in place
+    float* Kp = St + bc * brp;
+    float* Vp = Kp + bc * hdp;
+    HeadTiles head[kFlashHeadsPerTask];
+    for (int64_t j = 0; j < hp; ++j) {
+      float* O = Vp + bc * hdp + j * (br * hdp + 3 * brp + hd * brp);
+      head[j] = {O, O + br * hdp, O + br * hdp + brp, O + br * hdp + 2 * brp, O + br * hdp + 3 * brp};
+    }
     // Later query tiles see more keys: the costly tasks first, handed out one at a time.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t i = qtiles - 1 - task % qtiles, bh = task / qtiles, b = bh / s.H, h = bh % s.H;
+      const int64_t i = qtiles - 1 - task % qtiles, run = task / qtiles, b = run / runs, h0 = run % runs * hp;
       const int64_t t0 = i * br, rows = std::min(br, s.Tq - t0);
-      const In* K = k + b * s.k_b + (h / group) * hd;
-      const In* V = v + b * s.v_b + (h / group) * hd;
-      pack_transposed(Qt, brp, q + b * s.q_b + t0 * s.q_ld + h * hd, s.q_ld, rows, brp, hd);
-      std::fill_n(m, rows, kNone);
-      std::fill_n(l, rows, 0.f);
-      std::fill_n(O, rows * hd, 0.f);
+      const In* K = k + b * s.k_b + (h0 / group) * hd;
+      const In* V = v + b * s.v_b + (h0 / group) * hd;
+      for (int64_t j = 0; j < hp; ++j) {
+        const HeadTiles& e = head[j];
+        pack_transposed(e.Qt, brp, q + b * s.q_b + t0 * s.q_ld + (h0 + j) * hd, s.q_ld, rows, flash_pad(rows), hd);
+        std::fill_n(e.m, rows, kNone);
+        std::fill_n(e.l, rows, 0.f);
+        for (int64_t r = 0; r < rows; ++r) std::fill_n(e.O + r * hdp, hd, 0.f);
+      }
+      // Fewer queries than a vector (decoding) go to sgemm rather than be padded to one, and read
+      // f32 keys in place.
+      const int64_t nq = rows < kTileVec ? rows : flash_pad(rows);
+      const bool pack_keys = !std::is_same_v<In, float> || rows >= kTileVec;
       const int64_t kv_end = s.causal ? std::min(s.Tk, t0 + rows + s.offset) : s.Tk;
       for (int64_t s0 = 0; s0 < kv_end; s0 += bc) {
         const int64_t cols = std::min(bc, kv_end - s0);
-        pack_rows(Vp, V + s0 * s.v_ld, s.v_ld, cols, hd);
-        const float* Ks = nullptr;
-        int64_t ks_ld = hd;
-        if constexpr (std::is_same_v<In, float>) {
+        pack_rows(Vp, hdp, V + s0 * s.v_ld, s.v_ld, cols, hd);
+        const float* Ks = Kp;
+        int64_t ks_ld = hdp;
+        if (pack_keys) {
+          pack_rows(Kp, hdp, K + s0 * s.k_ld, s.k_ld, cols, hd);
+        } else if constexpr (std::is_same_v<In, float>) {
           Ks = K + s0 * s.k_ld, ks_ld = s.k_ld;
-        } else {
-          pack_rows(Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
-          Ks = Kp;
         }
-        // The scores transposed, St (cols, brp) = scale K Qᵀ, -inf where masked: row j holds key
-        // s0 + j's score for every query of the tile, so the softmax below runs along rows, in
-        // vectors of queries; each query's max over the tile comes out of the product. Fewer queries
-        // than a vector (decoding) go to sgemm rather than be padded to one.
-        const int64_t d = diagonal(s, t0, s0), nq = rows < kTileVec ? rows : brp;
-        std::fill_n(mt, nq, kNone);
-        tile_product_scores(cols, nq, hd, s.scale, Ks, ks_ld, 1, Qt, brp, St, brp, d, mt);
-        online_softmax(St, brp, cols, rows, s.causal && d < cols, m, l, mt, O, hd);
-        // O += P V, P = Stᵀ (the masked keys' zero terms left out).
-        tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hd, true, O, hd, mask_of(s, TileMask::terms_before, d));
+        const int64_t d = diagonal(s, t0, s0);
+        for (int64_t j = 0; j < hp; ++j) {
+          const HeadTiles& e = head[j];
+          // The scores transposed, St (cols, brp) = scale K Qᵀ, -inf where masked: row j holds key
+          // s0 + j's score for every query of the tile, so the softmax below runs along rows, in
+          // vectors of queries; each query's max over the tile comes out of the product.
+          std::fill_n(e.mt, nq, kNone);
+          tile_product_scores(cols, nq, hd, s.scale, Ks, ks_ld, 1, e.Qt, brp, St, brp, d, e.mt);
+          online_softmax(St, brp, cols, rows, s.causal && d < cols, e.m, e.l, e.mt, e.O, hdp, hd);
+          // O += P V, P = Stᵀ (the masked keys' zero terms left out).
+          tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hdp, true, e.O, hdp,
+                       mask_of(s, TileMask::terms_before, d));
+        }
       }
-      float* lse_row = lse + bh * s.Tq + t0;
-      for (int64_t r = 0; r < rows; ++r) {
-        // l > 0 whenever a key is visible; a row that sees none (a causal offset below zero) is 0.
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        In* dst = out + b * s.o_b + (t0 + r) * s.o_ld + h * hd;
-        const float* o = O + r * hd;
-        if constexpr (std::is_same_v<In, float>) {
+      for (int64_t j = 0; j < hp; ++j) {
+        const HeadTiles& e = head[j];
+        const int64_t h = h0 + j;
+        float* lse_row = lse + (b * s.H + h) * s.Tq + t0;
+        for (int64_t r = 0; r < rows; ++r) {
+          // l > 0 whenever a key is visible; a row that sees none (a causal offset below zero) is 0.
+          const float inv = e.l[r] > 0.f ? 1.f / e.l[r] : 0.f;
+          In* dst = out + b * s.o_b + (t0 + r) * s.o_ld + h * hd;
+          const float* o = e.O + r * hdp;
+          if constexpr (std::is_same_v<In, float>) {
 #pragma omp simd
-          for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
-        } else {
-          for (int64_t c = 0; c < hd; ++c) dst[c] = bf16(o[c] * inv);
+            for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
+          } else {
+            for (int64_t c = 0; c < hd; ++c) dst[c] = bf16(o[c] * inv);
+          }
+          lse_row[r] = e.l[r] > 0.f ? e.m[r] + std::log(e.l[r]) : kNone;
         }
-        lse_row[r] = l[r] > 0.f ? m[r] + std::log(l[r]) : kNone;
       }
     }
   }
@@ -284,7 +308,7 @@ template <class In>
 void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, const In* k, const In* v, const In* out,
               const float* lse, const FlashShape& s, float* workspace) {
   const FlashTiles tl = flash_tiles(s);
-  const int64_t br = tl.br, bc = tl.bc, bcp = tl.bcp, hd = s.hd, group = s.H / s.KV;
+  const int64_t br = tl.br, bc = tl.bc, bcp = tl.bcp, hd = s.hd, hdp = tl.hdp, group = s.H / s.KV;
   const int64_t slot = flash_backward_slot_elems(s), slots = flash_backward_slots(s);
   float* D = workspace + slots * slot;  // (B, H, Tq)
   const int threads = threads_for(slots);
@@ -296,9 +320,10 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
     w.Kt = w.dP + br * bcp;
     w.Vt = w.Kt + hd * bcp;
     w.Kp = w.Vt + hd * bcp;
-    w.Qp = w.Kp + bc * hd;
-    w.dOp = w.Qp + br * hd;
+    w.Qp = w.Kp + bc * hdp;
+    w.dOp = w.Qp + br * hdp;
     w.bcp = bcp;
+    w.hdp = hdp;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.KV; ++task) {
       const int64_t b = task / s.KV, g = task % s.KV;
@@ -320,8 +345,8 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
           if constexpr (std::is_same_v<In, float>) {
             o = O + t * s.o_ld, d = dO + t * s.o_ld;
           } else {  // widened first, so the sum below runs as the f32 kernel's does
-            pack_rows(w.Qp, O + t * s.o_ld, s.o_ld, 1, hd);
-            pack_rows(w.dOp, dO + t * s.o_ld, s.o_ld, 1, hd);
+            pack_rows(w.Qp, hdp, O + t * s.o_ld, s.o_ld, 1, hd);
+            pack_rows(w.dOp, hdp, dO + t * s.o_ld, s.o_ld, 1, hd);
             o = w.Qp, d = w.dOp;
           }
           float acc = 0.f;
@@ -338,7 +363,7 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
         const int64_t cols = std::min(bc, s.Tk - s0);
         pack_transposed(w.Kt, bcp, K + s0 * s.k_ld, s.k_ld, cols, bcp, hd);
         pack_transposed(w.Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, hd);
-        pack_rows(w.Kp, K + s0 * s.k_ld, s.k_ld, cols, hd);
+        pack_rows(w.Kp, hdp, K + s0 * s.k_ld, s.k_ld, cols, hd);
         // The first query row that sees key s0, rounded down to its tile.
         const int64_t first = s.causal ? std::max<int64_t>(0, s0 - s.offset) : 0;
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {

@@ -30,30 +30,47 @@ struct FlashShape {
 // keep one set of tiles per thread in the workspace, for at most kFlashMaxSlots threads; the
 // workspace depends on the shape alone, so a prediction on the meta backend allocates the same
 // bytes as any device and thread count (the CUDA kernels use its D part, and on-chip tiles).
-// Tiles laid out with a row per query or per key are padded to kFlashPad columns (brp, bcp): whole
-// vectors for the CPU's tile product (cpu/tile_product.hpp).
+// A tile's row stride is whole vectors for the CPU's tile product (cpu/tile_product.hpp): its
+// width padded to kFlashPad columns, and kFlashPad more where that would be a multiple of 256 bytes,
+// whose rows share a few of the L1 cache's sets (a product reading down a column of such a tile
+// evicts its own lines). brp: a row per query's width; bcp: per key's; hdp: per head dimension.
 inline constexpr int64_t kFlashRows = 128, kFlashCols = 256, kFlashMaxSlots = 64, kFlashPad = 16;
 
 struct FlashTiles {
-  int64_t br = 0, brp = 0, bc = 0, bcp = 0;
+  int64_t br = 0, brp = 0, bc = 0, bcp = 0, hdp = 0;
 };
 inline int64_t flash_min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t flash_pad(int64_t n) { return (n + kFlashPad - 1) / kFlashPad * kFlashPad; }
+inline int64_t flash_stride(int64_t n) {
+  const int64_t p = flash_pad(n);
+  return p % (4 * kFlashPad) == 0 ? p + kFlashPad : p;
+}
 inline FlashTiles flash_tiles(const FlashShape& s) {
   const int64_t br = flash_min(s.Tq, kFlashRows), bc = flash_min(s.Tk, kFlashCols);
-  return {br, flash_pad(br), bc, flash_pad(bc)};
+  return {br, flash_stride(br), bc, flash_stride(bc), flash_stride(s.hd)};
 }
 
-// Forward: tasks (batch, head, query tile); a thread's tiles are the scores transposed (bc, brp),
-// O (br, hd), the running max and sum and the tile's max (brp each), the query tile transposed
-// (hd, brp) and the value tile (bc, hd); with bf16 inputs the key tile (bc, hd) too.
-inline int64_t flash_forward_slots(const FlashShape& s) {
-  const FlashTiles t = flash_tiles(s);
-  return flash_min(kFlashMaxSlots, s.B * s.H * ((s.Tq + t.br - 1) / t.br));
+// Forward: tasks (batch, query tile, a run of flash_heads_per_task query heads reading one K/V head),
+// so each key and value tile is packed once for the run's heads; a thread's tiles are the scores
+// transposed (bc, brp), the key and value tiles (bc, hdp each), and per head of the run O (br, hdp),
+// the running max and sum and the tile's max (brp each) and the query tile transposed (hd, brp).
+// At most kFlashHeadsPerTask heads a task, a divisor of H / KV, and fewer (down to one) where more
+// would leave under kFlashMinTasks tasks to share among the threads (decoding, short sequences).
+inline constexpr int64_t kFlashHeadsPerTask = 4, kFlashMinTasks = 16;
+inline int64_t flash_heads_per_task(const FlashShape& s) {
+  const int64_t group = s.KV > 0 ? s.H / s.KV : 1, qtiles = (s.Tq + kFlashRows - 1) / kFlashRows;
+  for (int64_t n = flash_min(group, kFlashHeadsPerTask); n > 1; --n)
+    if (group % n == 0 && s.B * (s.H / n) * qtiles >= kFlashMinTasks) return n;
+  return 1;
 }
+inline int64_t flash_forward_tasks(const FlashShape& s) {
+  const FlashTiles t = flash_tiles(s);
+  return s.B * (s.H / flash_heads_per_task(s)) * ((s.Tq + t.br - 1) / t.br);
+}
+inline int64_t flash_forward_slots(const FlashShape& s) { return flash_min(kFlashMaxSlots, flash_forward_tasks(s)); }
 inline int64_t flash_forward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return t.bc * t.brp + t.br * s.hd + 3 * t.brp + s.hd * t.brp + (s.bf16 ? 2 : 1) * t.bc * s.hd;
+  return t.bc * t.brp + 2 * t.bc * t.hdp + flash_heads_per_task(s) * (t.br * t.hdp + 3 * t.brp + s.hd * t.brp);
 }
 inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
   return flash_forward_slots(s) * flash_forward_slot_elems(s);
@@ -61,12 +78,12 @@ inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
 
 // Backward: tasks (batch, K/V head), each the only writer of its K/V head's gradients and of its
 // query heads' dq; a thread's tiles are P and dP (br, bcp), the key and value tiles transposed
-// (hd, bcp), the key tile (bc, hd), the query and output-gradient tiles (br, hd). Then
+// (hd, bcp), the key tile (bc, hdp), the query and output-gradient tiles (br, hdp). Then
 // D = rowsum(dO * O), (B, H, Tq).
 inline int64_t flash_backward_slots(const FlashShape& s) { return flash_min(kFlashMaxSlots, s.B * s.KV); }
 inline int64_t flash_backward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return 2 * t.br * t.bcp + 2 * s.hd * t.bcp + t.bc * s.hd + 2 * t.br * s.hd;
+  return 2 * t.br * t.bcp + 2 * s.hd * t.bcp + t.bc * t.hdp + 2 * t.br * t.hdp;
 }
 inline int64_t flash_backward_workspace_elems(const FlashShape& s) {
   return flash_backward_slots(s) * flash_backward_slot_elems(s) + s.B * s.H * s.Tq;
