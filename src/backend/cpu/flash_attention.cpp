@@ -199,12 +199,30 @@ struct HeadTiles {
   float *O, *m, *l, *mt, *Qt;
 };
 
+// A forward task's end for one head: its rows of out = O / l and lse = m + log l.
+template <class In>
+void finish_head(const HeadTiles& e, int64_t hdp, int64_t rows, int64_t hd, In* out, int64_t o_ld, float* lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    // l > 0 whenever a key is visible; a row that sees none (a causal offset below zero) is 0.
+    const float inv = e.l[r] > 0.f ? 1.f / e.l[r] : 0.f;
+    In* dst = out + r * o_ld;
+    const float* o = e.O + r * hdp;
+    if constexpr (std::is_same_v<In, float>) {
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
+    } else {
+      for (int64_t c = 0; c < hd; ++c) dst[c] = bf16(o[c] * inv);
+    }
+    lse[r] = e.l[r] > 0.f ? e.m[r] + std::log(e.l[r]) : kNone;
+  }
+}
+
 template <class In>
 void forward(In* out, float* lse, const In* q, const In* k, const In* v, const FlashShape& s, float* workspace) {
   const FlashTiles tl = flash_tiles(s);
   const int64_t br = tl.br, brp = tl.brp, bc = tl.bc, hd = s.hd, hdp = tl.hdp, group = s.H / s.KV;
   const int64_t hp = flash_heads_per_task(s), runs = s.H / hp;
-  const int64_t qtiles = (s.Tq + br - 1) / br, tasks = flash_forward_tasks(s);
+  const int64_t qtiles = flash_query_tiles(s), tasks = flash_forward_tasks(s);
   const int64_t slot = flash_forward_slot_elems(s);
   const int threads = threads_for(flash_forward_slots(s));
 #pragma omp parallel num_threads(threads) if (threads > 1 && s.B * s.H * s.Tq * s.Tk * hd > kParallelMin)
@@ -214,7 +232,7 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
     float* Vp = Kp + bc * hdp;
     HeadTiles head[kFlashHeadsPerTask];
     for (int64_t j = 0; j < hp; ++j) {
-      float* O = Vp + bc * hdp + j * (br * hdp + 3 * brp + hd * brp);
+      float* O = Vp + bc * hdp + j * flash_forward_head_elems(tl, hd);
       head[j] = {O, O + br * hdp, O + br * hdp + brp, O + br * hdp + 2 * brp, O + br * hdp + 3 * brp};
     }
     // Later query tiles see more keys: the costly tasks first, handed out one at a time.
@@ -260,24 +278,9 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
                        mask_of(s, TileMask::terms_before, d));
         }
       }
-      for (int64_t j = 0; j < hp; ++j) {
-        const HeadTiles& e = head[j];
-        const int64_t h = h0 + j;
-        float* lse_row = lse + (b * s.H + h) * s.Tq + t0;
-        for (int64_t r = 0; r < rows; ++r) {
-          // l > 0 whenever a key is visible; a row that sees none (a causal offset below zero) is 0.
-          const float inv = e.l[r] > 0.f ? 1.f / e.l[r] : 0.f;
-          In* dst = out + b * s.o_b + (t0 + r) * s.o_ld + h * hd;
-          const float* o = e.O + r * hdp;
-          if constexpr (std::is_same_v<In, float>) {
-#pragma omp simd
-            for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
-          } else {
-            for (int64_t c = 0; c < hd; ++c) dst[c] = bf16(o[c] * inv);
-          }
-          lse_row[r] = e.l[r] > 0.f ? e.m[r] + std::log(e.l[r]) : kNone;
-        }
-      }
+      for (int64_t j = 0; j < hp; ++j)
+        finish_head(head[j], hdp, rows, hd, out + b * s.o_b + t0 * s.o_ld + (h0 + j) * hd, s.o_ld,
+                    lse + (b * s.H + h0 + j) * s.Tq + t0);
     }
   }
 }

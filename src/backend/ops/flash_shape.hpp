@@ -49,6 +49,7 @@ inline FlashTiles flash_tiles(const FlashShape& s) {
   const int64_t br = flash_min(s.Tq, kFlashRows), bc = flash_min(s.Tk, kFlashCols);
   return {br, flash_stride(br), bc, flash_stride(bc), flash_stride(s.hd)};
 }
+inline int64_t flash_query_tiles(const FlashShape& s) { return (s.Tq + kFlashRows - 1) / kFlashRows; }
 
 // Forward: tasks (batch, query tile, a run of flash_heads_per_task query heads reading one K/V head),
 // so each key and value tile is packed once for the run's heads; a thread's tiles are the scores
@@ -58,19 +59,21 @@ inline FlashTiles flash_tiles(const FlashShape& s) {
 // would leave under kFlashMinTasks tasks to share among the threads (decoding, short sequences).
 inline constexpr int64_t kFlashHeadsPerTask = 4, kFlashMinTasks = 16;
 inline int64_t flash_heads_per_task(const FlashShape& s) {
-  const int64_t group = s.KV > 0 ? s.H / s.KV : 1, qtiles = (s.Tq + kFlashRows - 1) / kFlashRows;
+  const int64_t group = s.KV > 0 ? s.H / s.KV : 1, qtiles = flash_query_tiles(s);
   for (int64_t n = flash_min(group, kFlashHeadsPerTask); n > 1; --n)
     if (group % n == 0 && s.B * (s.H / n) * qtiles >= kFlashMinTasks) return n;
   return 1;
 }
 inline int64_t flash_forward_tasks(const FlashShape& s) {
-  const FlashTiles t = flash_tiles(s);
-  return s.B * (s.H / flash_heads_per_task(s)) * ((s.Tq + t.br - 1) / t.br);
+  return s.B * (s.H / flash_heads_per_task(s)) * flash_query_tiles(s);
 }
 inline int64_t flash_forward_slots(const FlashShape& s) { return flash_min(kFlashMaxSlots, flash_forward_tasks(s)); }
+inline int64_t flash_forward_head_elems(const FlashTiles& t, int64_t hd) {  // one head's tiles in a slot
+  return t.br * t.hdp + 3 * t.brp + hd * t.brp;
+}
 inline int64_t flash_forward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return t.bc * t.brp + 2 * t.bc * t.hdp + flash_heads_per_task(s) * (t.br * t.hdp + 3 * t.brp + s.hd * t.brp);
+  return t.bc * t.brp + 2 * t.bc * t.hdp + flash_heads_per_task(s) * flash_forward_head_elems(t, s.hd);
 }
 inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
   return flash_forward_slots(s) * flash_forward_slot_elems(s);
