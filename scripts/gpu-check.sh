@@ -8,7 +8,8 @@
 #    executables of the tests named cuda*, on all cores.
 # 3. Runs, each logged in OUTDIR/gpu-check.log with a PASS/FAIL/SKIP line and its output in
 #    OUTDIR/<step>.out: nvidia-smi -L; ctest -R '^cuda'; compare on 4 ranks sharing the GPU;
-#    bench-train gpt2 bf16; bench-collectives (nccl, world 1; staged, 4 ranks); profile --measure.
+#    bench-train gpt2 bf16 (fused and naive attention) beside profile --time's prediction of it;
+#    bench-collectives (nccl, world 1; staged, 4 ranks); profile --measure.
 #    OUTDIR/summary.json: each step's name, status, seconds and key figures (tokens/s, busbw, peaks).
 # Exit: 0 all passed (or skipped), 1 a check failed, 2 no CUDA device, 3 setup (bundle, configure,
 # build) failed. Environment: SHARDLAB_GPU_JOBS (build jobs, default nproc), SHARDLAB_GPU_BUILD_DIR
@@ -373,6 +374,17 @@ for strategy in ddp zero3; do
   name=bench-train; [ $strategy = ddp ] || name=bench-train-$strategy
   run_step $name 180 "$exe" bench-train --device cuda --model gpt2 --seq 1024 --batch 8 --steps 5 --warmup 2 \
     --param-dtype bf16 --strategy $strategy || failed=1
+done
+
+# d2. the step's time predicted (profile --time: the meta step's cost ledger priced as an H200, no
+#     GPU needed) beside what bench-train measures, with the fused attention (measured in d) and the
+#     naive one (docs/performance.md, "Predicted step time"). The ledger's launches against CUPTI's
+#     count of a real step are a [cuda] test (cuda-tests, above).
+run_step bench-train-naive 180 "$exe" bench-train --device cuda --model gpt2 --seq 1024 --batch 8 --steps 5 \
+  --warmup 2 --param-dtype bf16 --attention naive || failed=1
+for attention in flash naive; do
+  run_step profile-time-$attention 60 "$exe" profile --time --device cuda --gpu h200 --model gpt2 --micro-batch 8 \
+    --seq 1024 --param-dtype bf16 --strategies ddp --world 1 --attention $attention --top 0 || failed=1
 done
 
 # e. collectives: NCCL on one rank, the staged communicator on 4 ranks sharing the GPU.

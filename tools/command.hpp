@@ -1,8 +1,9 @@
 // command.hpp — shardlab's commands and what each gets from the entry point.
 //
-//   shardlab train               train GPT-2 under any strategy on any number of ranks
+//   shardlab train               train any family under any strategy and mesh on any number of ranks
 //   shardlab compare             every strategy on the same model, data and seed, side by side
-//   shardlab profile             the memory profile: every strategy x category per rank, predicted and measured
+//   shardlab profile             the memory profile: every strategy x category per rank, predicted and
+//                                measured; --time: the step's time, predicted from its cost ledger
 //   shardlab plan                the fastest configuration that fits N ranks, predicted (and measured)
 //   shardlab sample              text from a model file or a checkpoint, on one rank
 //   shardlab export              a checkpoint as an HF model directory or one safetensors file

@@ -154,7 +154,7 @@ struct MeshOptions {
   ParallelLayout layout(int world, int hsdp_ranks) const;
   // The degrees resolved against `world`, aliases applied: --shard-group S is --dp-shard S, and
   // hsdp (`hsdp_ranks`: the ranks per node, 0 otherwise) is --dp-shard = the ranks per node where
-  // no data-parallel degree is given. --pp > 1 is refused until the pipeline exists.
+  // no data-parallel degree is given.
   ParallelDims resolve(int world, int hsdp_ranks) const;
 };
 

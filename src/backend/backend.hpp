@@ -23,6 +23,7 @@
 namespace shardlab {
 
 enum class Trans : uint8_t { N, T };
+class CostLedger;  // src/backend/cost.hpp
 
 // C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b], for b in [0, batch), row-major.
 // op(A) is (m, k), op(B) is (k, n), C is (m, n). Leading dimensions are row strides in elements.
@@ -87,6 +88,9 @@ class Backend {
   // Whether GEMMs with bf16 operands (and round_inputs_to) run much faster here than f32 ones: the
   // model then hands the gathered bf16 parameters to them (ParamSet::gemm) instead of f32 copies.
   virtual bool low_precision_gemm() const { return false; }
+  // Where a step's costs are written instead of computed (the meta backend's, when a prediction
+  // prices the step: src/backend/cost.hpp); nullptr elsewhere.
+  virtual CostLedger* cost_ledger() { return nullptr; }
   virtual int device_index() const { return -1; }
   // The device's memory as the driver reports it, and what this backend's allocator has reserved
   // from it (the Pool's blocks live there). Their difference is what lives outside the pool: the
@@ -145,7 +149,9 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg);
 // on_gemm, when set, sees every product the meta backend is asked for: a step's GEMMs as the
 // model issues them (step_gemms in src/train/predict.hpp), for benchmarks' sgemm ceilings.
 using GemmObserver = std::function<void(const GemmDesc&)>;
-std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm = {});
+// With `ledger`, every operation the step issues is written to it as it would run on the ledger's
+// target device (cost.hpp), and GEMMs take low-precision operands where that device would.
+std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm = {}, CostLedger* ledger = nullptr);
 // Throws InputError when shardlab was built without CUDA or no device is visible.
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& cfg);
 bool cuda_compiled();

@@ -50,8 +50,8 @@ Work Communicator::all_to_all_v(Tensor send, std::span<const int64_t> send_count
                                           "which expects {}", seq, j, p, at(j, p), at(p, N + j)));
   }
   const double elem = static_cast<double>(dtype_size(send.dtype()));
-  count(CommOp::all_to_all_v, send.dtype(), static_cast<double>(sent - send_counts[me]) * elem);
-  return watched(seq, do_all_to_all_v(send, send_counts, recv, recv_counts));
+  return issue(seq, CommOp::all_to_all_v, send.dtype(), static_cast<double>(sent - send_counts[me]) * elem,
+               [&] { return do_all_to_all_v(send, send_counts, recv, recv_counts); });
 }
 
 Work Communicator::do_all_to_all_v(Tensor, std::span<const int64_t>, Tensor, std::span<const int64_t>) {

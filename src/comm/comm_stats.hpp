@@ -1,6 +1,6 @@
 // comm_stats.hpp — what a communicator counts: each call's operation, its bus bytes (the table in
 // communicator.hpp) in the logical dtype and as the transport carried them, per step and per axis,
-// and, for traces, each call as issued.
+// and, for traces, each call as issued; for a prediction's time, each call into its cost ledger.
 #pragma once
 #include <array>
 #include <chrono>
@@ -10,6 +10,8 @@
 #include "src/comm/axes.hpp"
 
 namespace shardlab {
+
+class CostLedger;  // src/backend/cost.hpp
 
 enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter, barrier, send, recv,
                               all_to_all, all_to_all_v };
@@ -33,6 +35,9 @@ struct CommEvent {
 struct CommStats {
   bool record_events = false;     // keep a CommEvent per call (off by default: it grows)
   std::vector<CommEvent> events;
+  // A prediction's cost ledger: each call is written there with its axis and bus bytes, on the comm
+  // stream (src/backend/cost.hpp). Communicators split after it is set inherit it.
+  CostLedger* cost = nullptr;
   std::array<OpCounter, kNumCommOps> total{};
   std::array<OpCounter, kNumCommOps> step{};  // since the last end_step()
   int64_t steps = 0;                          // finished steps

@@ -307,13 +307,6 @@ int64_t Communicator::all_max(int64_t v) {
   return best;
 }
 
-void Communicator::count(CommOp op, DType dtype, double full_bytes) {
-  double b = bus_bytes(op, full_bytes, world_size());
-  last_bytes_ = b;
-  stats_.record(op, b, b * wire_factor(op, dtype), axis_);
-  if (parent_) parent_->stats_.record(op, b, b * wire_factor(op, dtype), axis_);
-}
-
 std::unique_ptr<Communicator> Communicator::split(int color, int key, int size, int rank, CommAxis axis) {
   SHARD_CHECK(size >= 1 && size <= world_size() && rank >= 0 && rank < size,
               "split of a world of {}: rank {} of {}", world_size(), rank, size);
@@ -324,6 +317,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, int size, 
   c->parent_ = this;
   c->axis_ = axis;
   c->check_ = check_;
+  c->stats_.cost = stats_.cost;
   return c;
 }
 
@@ -333,8 +327,8 @@ void Communicator::check_root(int root, const char* op) const {
 
 Work Communicator::all_reduce(Tensor buf, ReduceOp op, Site site) {
   const uint64_t seq = enter(CommOp::all_reduce, buf, -1, op, site);
-  count(CommOp::all_reduce, buf.dtype(), static_cast<double>(buf.bytes()));
-  return watched(seq, do_all_reduce(buf, op));
+  return issue(seq, CommOp::all_reduce, buf.dtype(), static_cast<double>(buf.bytes()),
+               [&] { return do_all_reduce(buf, op); });
 }
 
 Work Communicator::reduce_scatter(Tensor send, Tensor recv, ReduceOp op, Site site) {
@@ -344,8 +338,8 @@ Work Communicator::reduce_scatter(Tensor send, Tensor recv, ReduceOp op, Site si
   SHARD_CHECK(send.numel() == recv.numel() * world_size(),
               "reduce_scatter: send has {} elements, expected world {} x recv {} = {}", send.numel(), world_size(),
               recv.numel(), recv.numel() * world_size());
-  count(CommOp::reduce_scatter, send.dtype(), static_cast<double>(send.bytes()));
-  return watched(seq, do_reduce_scatter(send, recv, op));
+  return issue(seq, CommOp::reduce_scatter, send.dtype(), static_cast<double>(send.bytes()),
+               [&] { return do_reduce_scatter(send, recv, op); });
 }
 
 Work Communicator::all_gather(Tensor send, Tensor recv, Site site) {
@@ -355,8 +349,8 @@ Work Communicator::all_gather(Tensor send, Tensor recv, Site site) {
   SHARD_CHECK(recv.numel() == send.numel() * world_size(),
               "all_gather: recv has {} elements, expected world {} x send {} = {}", recv.numel(), world_size(),
               send.numel(), send.numel() * world_size());
-  count(CommOp::all_gather, send.dtype(), static_cast<double>(recv.bytes()));
-  return watched(seq, do_all_gather(send, recv));
+  return issue(seq, CommOp::all_gather, send.dtype(), static_cast<double>(recv.bytes()),
+               [&] { return do_all_gather(send, recv); });
 }
 
 Work Communicator::all_to_all(Tensor send, Tensor recv, Site site) {
@@ -365,15 +359,15 @@ Work Communicator::all_to_all(Tensor send, Tensor recv, Site site) {
               "all_to_all: send {} {} and recv {} {} must match and split into {} chunks", send.numel(),
               dtype_name(send.dtype()), recv.numel(), dtype_name(recv.dtype()), world_size());
   SHARD_CHECK(send.data() != recv.data() || send.numel() == 0, "all_to_all: send and recv are the same buffer");
-  count(CommOp::all_to_all, send.dtype(), static_cast<double>(send.bytes()));
-  return watched(seq, do_all_to_all(send, recv));
+  return issue(seq, CommOp::all_to_all, send.dtype(), static_cast<double>(send.bytes()),
+               [&] { return do_all_to_all(send, recv); });
 }
 
 Work Communicator::broadcast(Tensor buf, int root, Site site) {
   const uint64_t seq = enter(CommOp::broadcast, buf, root, ReduceOp::sum, site);
   check_root(root, "broadcast");
-  count(CommOp::broadcast, buf.dtype(), static_cast<double>(buf.bytes()));
-  return watched(seq, do_broadcast(buf, root));
+  return issue(seq, CommOp::broadcast, buf.dtype(), static_cast<double>(buf.bytes()),
+               [&] { return do_broadcast(buf, root); });
 }
 
 Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op, Site site) {
@@ -384,8 +378,8 @@ Work Communicator::reduce(Tensor send, Tensor recv, int root, ReduceOp op, Site 
                 "reduce: root's recv {} {} does not match send {} {}", dtype_name(recv.dtype()), recv.numel(),
                 dtype_name(send.dtype()), send.numel());
   }
-  count(CommOp::reduce, send.dtype(), static_cast<double>(send.bytes()));
-  return watched(seq, do_reduce(send, recv, root, op));
+  return issue(seq, CommOp::reduce, send.dtype(), static_cast<double>(send.bytes()),
+               [&] { return do_reduce(send, recv, root, op); });
 }
 
 Work Communicator::gather(Tensor send, Tensor recv, int root, Site site) {
@@ -395,8 +389,8 @@ Work Communicator::gather(Tensor send, Tensor recv, int root, Site site) {
     SHARD_CHECK(send.dtype() == recv.dtype() && recv.numel() == send.numel() * world_size(),
                 "gather: root's recv has {} {} elements, expected world {} x send {} {}", recv.numel(),
                 dtype_name(recv.dtype()), world_size(), send.numel(), dtype_name(send.dtype()));
-  count(CommOp::gather, send.dtype(), static_cast<double>(send.bytes()) * world_size());
-  return watched(seq, do_gather(send, recv, root));
+  return issue(seq, CommOp::gather, send.dtype(), static_cast<double>(send.bytes()) * world_size(),
+               [&] { return do_gather(send, recv, root); });
 }
 
 Work Communicator::scatter(Tensor send, Tensor recv, int root, Site site) {
@@ -406,8 +400,8 @@ Work Communicator::scatter(Tensor send, Tensor recv, int root, Site site) {
     SHARD_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel() * world_size(),
                 "scatter: root's send has {} {} elements, expected world {} x recv {} {}", send.numel(),
                 dtype_name(send.dtype()), world_size(), recv.numel(), dtype_name(recv.dtype()));
-  count(CommOp::scatter, recv.dtype(), static_cast<double>(recv.bytes()) * world_size());
-  return watched(seq, do_scatter(send, recv, root));
+  return issue(seq, CommOp::scatter, recv.dtype(), static_cast<double>(recv.bytes()) * world_size(),
+               [&] { return do_scatter(send, recv, root); });
 }
 
 void Communicator::check_peer(int peer, const char* op) const {
@@ -456,20 +450,17 @@ uint64_t Communicator::enter_p2p(CommOp op, const Tensor& t, int peer, const Sit
 
 Work Communicator::send(Tensor buf, int peer, Site site) {
   const uint64_t seq = enter_p2p(CommOp::send, buf, peer, site);
-  count(CommOp::send, buf.dtype(), static_cast<double>(buf.bytes()));
-  return watched(seq, do_send(buf, peer));
+  return issue(seq, CommOp::send, buf.dtype(), static_cast<double>(buf.bytes()), [&] { return do_send(buf, peer); });
 }
 
 Work Communicator::recv(Tensor buf, int peer, Site site) {
   const uint64_t seq = enter_p2p(CommOp::recv, buf, peer, site);
-  count(CommOp::recv, buf.dtype(), static_cast<double>(buf.bytes()));
-  return watched(seq, do_recv(buf, peer));
+  return issue(seq, CommOp::recv, buf.dtype(), static_cast<double>(buf.bytes()), [&] { return do_recv(buf, peer); });
 }
 
 Work Communicator::barrier(Site site) {
   const uint64_t seq = enter(CommOp::barrier, Tensor(), -1, ReduceOp::sum, site);
-  count(CommOp::barrier, DType::f32, 0.0);
-  return watched(seq, do_barrier());
+  return issue(seq, CommOp::barrier, DType::f32, 0.0, [&] { return do_barrier(); });
 }
 
 }  // namespace shardlab

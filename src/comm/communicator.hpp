@@ -209,7 +209,7 @@ class Communicator {
   virtual std::unique_ptr<Communicator> do_split(int color, int key, int size, int rank) = 0;
 
  private:
-  void count(CommOp op, DType dtype, double full_bytes);
+  Work issue(uint64_t seq, CommOp op, DType dtype, double full_bytes, const std::function<Work()>& run);
   void check_root(int root, const char* op) const;
   // Numbers the collective for the watchdog, then (--check-collectives) compares fingerprints.
   uint64_t enter(CommOp op, const Tensor& t, int root, ReduceOp rop, const Site& site);

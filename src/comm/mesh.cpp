@@ -90,18 +90,22 @@ static std::vector<int> group_members(const ParallelDims& d, const MeshCoord& me
   return out;
 }
 
-bool Mesh::crosses_nodes(CommAxis a) const {
-  if (ranks_per_node_ <= 0) return false;
-  if (a == CommAxis::dp_shard_node) return false;
-  if (a == CommAxis::dp_shard_cross) return has(a) && comms_[static_cast<size_t>(a)]->world_size() > 1;
+bool group_crosses_nodes(const ParallelDims& d, const MeshCoord& me, CommAxis a, int ranks_per_node) {
+  if (ranks_per_node <= 0 || a == CommAxis::dp_shard_node) return false;
   // Ranks grow with a group's coordinates: its first and last members bound its nodes.
-  MeshCoord first = me_, last = me_;
+  MeshCoord first = me, last = me;
   for (int g = 0; g < kNumGridAxes; ++g)
     if (spans(a, static_cast<GridAxis>(g))) {
       first.at(static_cast<GridAxis>(g)) = 0;
-      last.at(static_cast<GridAxis>(g)) = dims_.degree(static_cast<GridAxis>(g)) - 1;
+      last.at(static_cast<GridAxis>(g)) = d.degree(static_cast<GridAxis>(g)) - 1;
     }
-  return mesh_rank(dims_, first) / ranks_per_node_ != mesh_rank(dims_, last) / ranks_per_node_;
+  return mesh_rank(d, first) / ranks_per_node != mesh_rank(d, last) / ranks_per_node;
+}
+
+bool Mesh::crosses_nodes(CommAxis a) const {
+  if (ranks_per_node_ <= 0) return false;
+  if (a == CommAxis::dp_shard_cross) return has(a) && comms_[static_cast<size_t>(a)]->world_size() > 1;
+  return group_crosses_nodes(dims_, me_, a, ranks_per_node_);
 }
 
 Mesh::LinkBytes Mesh::last_step_bytes_by_link() const {

@@ -77,6 +77,9 @@ struct MeshCoord {
 };
 MeshCoord mesh_coord(const ParallelDims& d, int world_rank);
 int mesh_rank(const ParallelDims& d, const MeshCoord& c);
+// Whether the group along `a` that holds `me` spans more than one node of `ranks_per_node` ranks
+// (never without a node size; the node-cut groups of ZeRO++ are the Mesh's to answer).
+bool group_crosses_nodes(const ParallelDims& d, const MeshCoord& me, CommAxis a, int ranks_per_node);
 
 class Mesh {
  public:

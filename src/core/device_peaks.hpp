@@ -26,6 +26,9 @@ struct DevicePeaks {
   int nics_per_node = 0;     // compute NICs per node (one per GPU on DGX/HGX)
   int gpus_per_node = 8;
   const char* source = "";   // where the figures come from
+  // For the device model that prices a step's cost ledger (src/backend/price.hpp):
+  double vector_f32_tflops = 0;  // f32 on the CUDA cores (no tensor cores), TFLOP/s
+  int sms = 0;                   // streaming multiprocessors: a kernel with fewer blocks leaves some idle
   uint64_t memory_bytes() const { return memory_mib << 20; }
 };
 
@@ -33,17 +36,18 @@ struct DevicePeaks {
 // by all-reduce), one 400 Gb/s InfiniBand NIC per GPU (45 GB/s achieved), PCIe 5 x16 (25 GB/s).
 // bench-train's MFU uses it (989, rounded: kept so its output does not move); plan uses the presets.
 inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 81559, 3350, 450, 400, 8, 8,
-                                   "NVIDIA H100 Tensor Core GPU datasheet (SXM5), DGX H100 user guide"};
+                                   "NVIDIA H100 Tensor Core GPU datasheet (SXM5), DGX H100 user guide", 67, 132};
 
 // The presets of `--gpu` (SXM parts, 8 per node, one compute NIC per GPU):
 //   a100-80gb  NVIDIA A100 datasheet (2021), 80GB SXM: BF16 tensor core 312 TFLOP/s dense (624 with
-//              sparsity), HBM2e 2,039 GB/s, NVLink 3 600 GB/s bidirectional (12 links x 50 GB/s);
-//              DGX A100: 8x ConnectX-6 HDR InfiniBand 200 Gb/s for compute. Selene (Narayanan et
-//              al. 2021) is DGX A100 80GB nodes.
-//   h100-80gb  NVIDIA H100 datasheet, SXM5: BF16 1,979 TFLOP/s with sparsity = 989.4 dense, HBM3
-//              3.35 TB/s, NVLink 4 900 GB/s bidirectional; DGX H100: 8x ConnectX-7 NDR 400 Gb/s.
-//   h200       NVIDIA H200 datasheet, SXM: BF16 989.4 dense, 141 GB HBM3e at 4.8 TB/s, NVLink 4
-//              900 GB/s; HGX H200 with 8x NDR 400 Gb/s.
+//              sparsity), FP32 19.5 TFLOP/s on 108 SMs (A100 whitepaper), HBM2e 2,039 GB/s, NVLink 3
+//              600 GB/s bidirectional (12 links x 50 GB/s); DGX A100: 8x ConnectX-6 HDR InfiniBand
+//              200 Gb/s for compute. Selene (Narayanan et al. 2021) is DGX A100 80GB nodes.
+//   h100-80gb  NVIDIA H100 datasheet, SXM5: BF16 1,979 TFLOP/s with sparsity = 989.4 dense, FP32 67
+//              TFLOP/s on 132 SMs (H100 whitepaper: 132 SMs in the SXM5 part), HBM3 3.35 TB/s,
+//              NVLink 4 900 GB/s bidirectional; DGX H100: 8x ConnectX-7 NDR 400 Gb/s.
+//   h200       NVIDIA H200 datasheet, SXM: BF16 989.4 dense, FP32 67 TFLOP/s (the H100's GH100 die,
+//              132 SMs), 141 GB HBM3e at 4.8 TB/s, NVLink 4 900 GB/s; HGX H200 with 8x NDR 400 Gb/s.
 // The achieved bus bandwidths (intra/inter) are plan/1's figures, kept for reference (plan/2 applies
 // its achievable shares to the datasheet ones); host_link_gbs is PCIe achieved, plan/2's host link.
 // Memory is the total nvidia-smi lists on an idle GPU (memory.total), as public nvidia-smi output
@@ -53,11 +57,11 @@ inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 81559, 3350, 450, 4
 // context, cuBLAS workspaces and NCCL buffers take (hundreds of MiB, by driver and library version).
 // plan's peaks are this runtime's pool; --device-memory leaves room for those where it matters.
 inline constexpr DevicePeaks kA100_80GB{"a100-80gb", 312, 240, 22.5, 20, 81920, 2039, 300, 200, 8, 8,
-                                        "NVIDIA A100 datasheet (80GB SXM), DGX A100 (8x HDR 200 Gb/s)"};
+                                        "NVIDIA A100 datasheet (80GB SXM), DGX A100 (8x HDR 200 Gb/s)", 19.5, 108};
 inline constexpr DevicePeaks kH100_80GB{"h100-80gb", 989.4, 360, 45, 25, 81559, 3350, 450, 400, 8, 8,
-                                        "NVIDIA H100 datasheet (SXM5), DGX H100 (8x NDR 400 Gb/s)"};
+                                        "NVIDIA H100 datasheet (SXM5), DGX H100 (8x NDR 400 Gb/s)", 67, 132};
 inline constexpr DevicePeaks kH200{"h200", 989.4, 360, 45, 25, 143771, 4800, 450, 400, 8, 8,
-                                   "NVIDIA H200 datasheet (SXM), HGX H200 (8x NDR 400 Gb/s)"};
+                                   "NVIDIA H200 datasheet (SXM), HGX H200 (8x NDR 400 Gb/s)", 67, 132};
 
 // The preset of that name (a100-80gb, h100-80gb, h200); InputError listing them otherwise.
 const DevicePeaks& device_preset(std::string_view name);

@@ -95,6 +95,22 @@ std::vector<GemmDesc> step_gemms(const StepConfig& step, int world, int rank, in
   return gemms;
 }
 
+CostLedger step_costs(const StepConfig& step, int world, int rank, int64_t micro_batch, Device target) {
+  SHARD_REQUIRE(target == Device::cpu || target == Device::cuda, "step costs: a step runs on cpu or cuda, not {}",
+                device_name(target));
+  TrainConfig c = step_config(step, world, rank, micro_batch, false);
+  CostLedger ledger(target);
+  auto be = make_meta_backend({}, &ledger);
+  Pool pool(*be);
+  auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
+  comm->stats().cost = &ledger;  // its collectives, and its sub-communicators'
+  Trainer t(*be, pool, *comm, c, stand_in(c.spec.seq + 1));
+  ledger.clear();  // set-up (initialisation, the first gathers' buffers) is not the step
+  t.step(0);
+  CostLedger step_only = ledger;  // what the Trainer's teardown would add is not the step either
+  return step_only;
+}
+
 Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro_batch) {
   TrainConfig c = step_config(step, world, rank, micro_batch, false);
   // A stand-in stream whose second half is one validation sequence, repeated to fill the batch.

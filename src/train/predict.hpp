@@ -15,6 +15,7 @@
 #include "memory/estimate.hpp"
 #include "memory/pool.hpp"
 #include "src/backend/backend.hpp"
+#include "src/backend/cost.hpp"
 #include "src/train/step_config.hpp"
 
 namespace shardlab {
@@ -41,5 +42,10 @@ Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro
 // Every GEMM the model issues in that step, in order (the meta backend's record of them; the
 // products a CPU backend runs inside its own kernels, attention's, are not among them).
 std::vector<GemmDesc> step_gemms(const StepConfig& step, int world, int rank, int64_t micro_batch);
+// What that step costs on `target` (cpu or cuda): every operation, collective, event and host wait
+// it issues after set-up, in order (src/backend/cost.hpp), for the device model to price
+// (src/backend/price.hpp). The same step as predict_step: on a cuda target its GEMMs take the bf16
+// parameters a GPU hands them, which allocates nothing more.
+CostLedger step_costs(const StepConfig& step, int world, int rank, int64_t micro_batch, Device target);
 
 }  // namespace shardlab

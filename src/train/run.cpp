@@ -77,7 +77,8 @@ struct FlopsShare {
   Device device;
   int world;
   double sgemm_ceiling;  // FLOP/s, the job's
-  // The percentage, or nothing (the CPU without a ceiling).
+  // The percentage, or nothing (the CPU without a ceiling). On CUDA: of the H100's dense bf16 peak,
+  // which the H200 shares (989 TFLOP/s); other GPUs' MFU would need their own (device_peaks.hpp).
   std::optional<double> percent(double flops_per_s) const {
     if (device == Device::cuda) return 100.0 * flops_per_s / world / (kH100.dense_bf16_tflops * 1e12);
     if (sgemm_ceiling > 0) return 100.0 * flops_per_s / sgemm_ceiling;

@@ -1,6 +1,7 @@
-// trainer.hpp — data-parallel training under any strategy: data -> units (through the strategy's
-// hooks) -> loss -> backward -> global-norm clip -> optimizer, with a progress line per step, a
-// final summary and an optional JSONL log. One rank is world size 1 of the same code.
+// trainer.hpp — training under any strategy and mesh (data, tensor, pipeline, context and expert
+// parallelism, through the ParallelModel): data -> units (through the strategy's hooks) -> loss ->
+// backward -> global-norm clip -> optimizer, with a progress line per step, a final summary and an
+// optional JSONL log. One rank is world size 1 of the same code.
 #pragma once
 #include <cmath>
 #include <cstdio>

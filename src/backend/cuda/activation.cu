@@ -1,5 +1,5 @@
 // activation.cu — the GELU and SwiGLU kernels (ops/activation.hpp; host side in
-// activation.cpp), formula for formula as src/backend/cpu/activation.cpp.
+// activation.cpp; grids in launches.hpp), formula for formula as src/backend/cpu/activation.cpp.
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -65,35 +65,39 @@ __global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, co
 }  // namespace
 
 cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  if (packable(n, out, inp))
-    gelu_forward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(out, inp, n / 4);
+  const bool aligned = aligned16(out, inp);
+  const Launches L = gelu_forward_launches(n, aligned);
+  if (L.count == 0) return cudaSuccess;
+  if (packable(n, aligned))
+    gelu_forward_kernel<4><<<L[0].x, kThreads, 0, s>>>(out, inp, n / 4);
   else
-    gelu_forward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(out, inp, n);
+    gelu_forward_kernel<1><<<L[0].x, kThreads, 0, s>>>(out, inp, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  if (packable(n, dinp, inp, dout))
-    gelu_backward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(dinp, inp, dout, n / 4);
+  const bool aligned = aligned16(dinp, inp, dout);
+  const Launches L = gelu_backward_launches(n, aligned);
+  if (L.count == 0) return cudaSuccess;
+  if (packable(n, aligned))
+    gelu_backward_kernel<4><<<L[0].x, kThreads, 0, s>>>(dinp, inp, dout, n / 4);
   else
-    gelu_backward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
+    gelu_backward_kernel<1><<<L[0].x, kThreads, 0, s>>>(dinp, inp, dout, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
-  const int64_t n = N * F;
-  if (n == 0) return cudaSuccess;
-  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(out, gate_up, F, n);
+  const Launches L = swiglu_forward_launches(N, F);
+  if (L.count == 0) return cudaSuccess;
+  swiglu_forward_kernel<<<L[0].x, kThreads, 0, s>>>(out, gate_up, F, N * F);
   return cudaGetLastError();
 }
 
 cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
                                    cudaStream_t s) {
-  const int64_t n = N * F;
-  if (n == 0) return cudaSuccess;
-  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(dgate_up, gate_up, dout, F, n);
+  const Launches L = swiglu_backward_launches(N, F);
+  if (L.count == 0) return cudaSuccess;
+  swiglu_backward_kernel<<<L[0].x, kThreads, 0, s>>>(dgate_up, gate_up, dout, F, N * F);
   return cudaGetLastError();
 }
 

@@ -12,7 +12,8 @@
 // heads. The shared K/V heads are read in place, never gathered into copies of H heads. MHA is
 // G = 1: one GEMM batched over the H heads per product, the same calls as before grouped heads.
 // dK and dV sum over a group's query heads: the first member overwrites, the others add (beta = 1)
-// in g order, so the result is deterministic.
+// in g order, so the result is deterministic. The products go through CudaBackend::gemm, whose
+// launches are gemm_launches'; attention_*_launches (launches.hpp) list the softmax kernels only.
 #include <cmath>
 
 #include "src/backend/cuda/cuda_backend.hpp"
@@ -45,7 +46,7 @@ void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t 
                            .batch = KV, .stride_a = G * hd, .stride_b = hd, .stride_c = G * TT},
                           G, q, hd, q + C, 0, att.ptr<float>() + b * H * TT, TT, false);
   }
-  CUDA_CHECK(launch_causal_softmax(att.ptr<float>(), B * H * T, T, cb.compute_stream()));
+  CUDA_CHECK(launch_causal_softmax(att.ptr<float>(), H, KV, B, T, C, cb.compute_stream()));
   for (int64_t b = 0; b < B; ++b) {  // out_h = att_h v
     const float* v = qkv.ptr<float>() + b * T * R + C + KV * hd;
     for_each_group_member(be,
@@ -74,7 +75,7 @@ void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tenso
                           {.trans_a = Trans::T, .m = T, .n = hd, .k = T, .lda = T, .ldb = C, .ldc = R, .batch = KV,
                            .stride_a = G * TT, .stride_b = G * hd, .stride_c = hd},
                           G, a, TT, dh, hd, dq + C + KVd, 0, true);  // dv = sum over the group of att^T dh
-    CUDA_CHECK(launch_causal_softmax_backward(datt, a, H * T, T, scale, cb.compute_stream()));
+    CUDA_CHECK(launch_causal_softmax_backward(datt, a, H, KV, B, T, C, scale, cb.compute_stream()));
     for_each_group_member(be,
                           {.m = T, .n = hd, .k = T, .lda = T, .ldb = R, .ldc = R, .batch = KV, .stride_a = G * TT,
                            .stride_b = hd, .stride_c = G * hd},

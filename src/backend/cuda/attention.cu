@@ -1,5 +1,5 @@
 // attention.cu — the causal softmax kernels around attention's cuBLAS products
-// (ops/attention.hpp; host side in attention.cpp).
+// (ops/attention.hpp; host side in attention.cpp; grids in launches.hpp).
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -37,16 +37,19 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, in
 
 }  // namespace
 
-cudaError_t launch_causal_softmax(float* att, int64_t rows, int64_t T, cudaStream_t s) {
-  if (rows == 0) return cudaSuccess;
-  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, s>>>(att, rows, T);
+cudaError_t launch_causal_softmax(float* att, int64_t H, int64_t KV, int64_t B, int64_t T, int64_t C,
+                                  cudaStream_t s) {
+  const Launches L = attention_forward_launches(H, KV, B, T, C);
+  if (L.count == 0) return cudaSuccess;
+  causal_softmax_kernel<<<L[0].x, kThreads, 0, s>>>(att, B * H * T, T);
   return cudaGetLastError();
 }
 
-cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t rows, int64_t T, float scale,
-                                           cudaStream_t s) {
-  if (rows == 0) return cudaSuccess;
-  causal_softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, s>>>(datt, att, rows, T, scale);
+cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t H, int64_t KV, int64_t B,
+                                           int64_t T, int64_t C, float scale, cudaStream_t s) {
+  const Launches L = attention_backward_launches(H, KV, B, T, C);  // one batch entry's
+  if (L.count == 0) return cudaSuccess;
+  causal_softmax_backward_kernel<<<L[0].x, kThreads, 0, s>>>(datt, att, H * T, T, scale);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 // cuda_backend.cpp — the CUDA Backend's device, memory, streams and events, copies and matrix
-// products (cuBLAS), and the factory (cuda_backend.hpp has the design notes).
+// products (cuBLAS), and the factory (cuda_backend.hpp has the design notes). What copy and gemm
+// put on the stream: copy_launches and gemm_launches (launches.hpp).
 #include "src/backend/cuda/cuda_backend.hpp"
 
 #include <nvtx3/nvToolsExt.h>
@@ -18,11 +19,6 @@ cudaDataType_t cuda_type(DType t) {
     case DType::f16: return CUDA_R_16F;
   }
   return CUDA_R_32F;
-}
-
-// Elements an operand spans: `rows` rows of `ld` in each of `batch` entries `stride` apart.
-int64_t operand_elems(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
-  return (batch - 1) * stride + rows * ld;
 }
 
 class CudaEvent final : public Event {
@@ -152,18 +148,21 @@ void CudaBackend::synchronize() {
 void CudaBackend::gemm(const GemmDesc& d, const void* a, const void* b, void* c) {
   check_gemm(d);
   DType at = d.a_type, bt = d.b_type;
-  if (d.round_inputs_to != DType::f32 && (at == DType::f32 || bt == DType::f32)) {
+  // The casts and the product of gemm_launches(d): the casts' grids are cast_launches', which
+  // launch_cast reads, and which operands they round is gemm_rounds'.
+  const bool round_a = gemm_rounds(d, at), round_b = gemm_rounds(d, bt);
+  if (round_a || round_b) {
     // f32 operands rounded to round_inputs_to in the GEMM scratch, so both run on the tensor cores.
-    const int64_t na = operand_elems(d.batch, d.stride_a, d.trans_a == Trans::N ? d.m : d.k, d.lda);
-    const int64_t nb = operand_elems(d.batch, d.stride_b, d.trans_b == Trans::N ? d.k : d.n, d.ldb);
+    const int64_t na = gemm_operand_elems(d.batch, d.stride_a, d.trans_a == Trans::N ? d.m : d.k, d.lda);
+    const int64_t nb = gemm_operand_elems(d.batch, d.stride_b, d.trans_b == Trans::N ? d.k : d.n, d.ldb);
     const size_t half = dtype_size(d.round_inputs_to);
-    const size_t a_bytes = at == DType::f32 ? (static_cast<size_t>(na) * half + 255) / 256 * 256 : 0;
-    char* scratch = static_cast<char*>(gemm_scratch_.get(a_bytes + (bt == DType::f32 ? nb * half : 0), compute_));
-    if (at == DType::f32) {
+    const size_t a_bytes = round_a ? (static_cast<size_t>(na) * half + 255) / 256 * 256 : 0;
+    char* scratch = static_cast<char*>(gemm_scratch_.get(a_bytes + (round_b ? nb * half : 0), compute_));
+    if (round_a) {
       CUDA_CHECK(launch_cast(a, DType::f32, scratch, d.round_inputs_to, na, compute_));
       a = scratch, at = d.round_inputs_to;
     }
-    if (bt == DType::f32) {
+    if (round_b) {
       CUDA_CHECK(launch_cast(b, DType::f32, scratch + a_bytes, d.round_inputs_to, nb, compute_));
       b = scratch + a_bytes, bt = d.round_inputs_to;
     }

@@ -11,8 +11,10 @@
 // with its kernels in cuda/<family>.cu; they reach this class through CudaBackend::of.
 //
 // Design notes.
-//  * Launchers (kernels.cuh) own the grid math; the host files check launches (the operation
-//    families validated the tensors).
+//  * What each operation puts on the stream (kernels and their grids, cuBLAS calls, copies) is
+//    declared once in launches.hpp, in plain C++: the launchers (kernels.cuh) read their grids
+//    from it and the meta backend counts the same lists. The host files check launches (the
+//    operation families validated the tensors).
 //  * Memory is stream-ordered (cudaMallocFromPoolAsync on the compute stream, from a memory pool
 //    of this backend's own that keeps what it frees), so freeing a block never synchronises the
 //    device, and the pool's reserved bytes tell the Pool's memory from everything else on the GPU.

@@ -1,5 +1,5 @@
 // cuda_elementwise.cpp — the CUDA Backend's element-wise operations and reductions: tensors
-// validated here, grids in the launchers (kernels.cuh).
+// validated here, grids in launches.hpp (read by the launchers, kernels.cuh).
 #include <cmath>
 
 #include "src/backend/cuda/cuda_backend.hpp"

@@ -1,5 +1,5 @@
 // elementwise.cu — the CUDA backend's element-wise kernels and reductions (cuda_elementwise.cpp
-// launches them).
+// launches them; their grids: launches.hpp).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -93,58 +93,59 @@ __global__ void add_bias_kernel(float* x, const float* bias, int64_t OC, int64_t
 }  // namespace
 
 cudaError_t launch_fill(void* x, DType t, int64_t n, float value, cudaStream_t s) {
-  fill_kernel<<<grid_for(n), kThreads, 0, s>>>(x, t, n, value);
+  fill_kernel<<<fill_launches(n)[0].x, kThreads, 0, s>>>(x, t, n, value);
   return cudaGetLastError();
 }
 
 cudaError_t launch_cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t s) {
-  cast_kernel<<<grid_for(n), kThreads, 0, s>>>(src, src_type, dst, dst_type, n);
+  cast_kernel<<<cast_launches(n)[0].x, kThreads, 0, s>>>(src, src_type, dst, dst_type, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t s) {
-  axpy_kernel<<<grid_for(n), kThreads, 0, s>>>(alpha, x, y, n);
+  axpy_kernel<<<axpy_launches(n)[0].x, kThreads, 0, s>>>(alpha, x, y, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_scale(float* x, float alpha, int64_t n, cudaStream_t s) {
-  scale_kernel<<<grid_for(n), kThreads, 0, s>>>(x, alpha, n);
+  scale_kernel<<<scale_launches(n)[0].x, kThreads, 0, s>>>(x, alpha, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
-  add_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, out, n);
+  add_kernel<<<add_launches(n)[0].x, kThreads, 0, s>>>(a, b, out, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_mul(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
-  mul_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, out, n);
+  mul_kernel<<<mul_launches(n)[0].x, kThreads, 0, s>>>(a, b, out, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* partial, float* out, bool accumulate,
                           cudaStream_t s) {
-  int blocks = static_cast<int>(std::min<int64_t>(kReduceBlocks, std::max<int64_t>(1, (n + kThreads - 1) / kThreads)));
-  reduce_partial_kernel<<<blocks, kThreads, 0, s>>>(x, n, k, partial);
+  const Launches L = reduce_launches(n);
+  reduce_partial_kernel<<<L[0].x, kThreads, 0, s>>>(x, n, k, partial);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  reduce_final_kernel<<<1, kThreads, 0, s>>>(partial, blocks, k, out, accumulate);
+  reduce_final_kernel<<<L[1].x, kThreads, 0, s>>>(partial, static_cast<int>(L[0].x), k, out, accumulate);
   return cudaGetLastError();
 }
 
 cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s) {
-  int blocks = static_cast<int>(std::max<int64_t>(1, (cols + kThreads - 1) / kThreads));
-  sum_rows_kernel<<<blocks, kThreads, 0, s>>>(x, rows, cols, out, accumulate);
+  sum_rows_kernel<<<sum_rows_launches(rows, cols)[0].x, kThreads, 0, s>>>(x, rows, cols, out, accumulate);
   return cudaGetLastError();
 }
 
 cudaError_t launch_add_bias(float* x, const float* bias, int64_t N, int64_t OC, cudaStream_t s) {
   const int64_t n = N * OC;
-  if (n == 0) return cudaSuccess;
-  if (packable(OC, x, bias))
-    add_bias_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(x, bias, OC, n / 4);
+  const bool aligned = aligned16(x, bias);
+  const Launches L = add_bias_launches(N, OC, aligned);
+  if (L.count == 0) return cudaSuccess;
+  if (packable(OC, aligned))
+    add_bias_kernel<4><<<L[0].x, kThreads, 0, s>>>(x, bias, OC, n / 4);
   else
-    add_bias_kernel<1><<<grid_for(n), kThreads, 0, s>>>(x, bias, OC, n);
+    add_bias_kernel<1><<<L[0].x, kThreads, 0, s>>>(x, bias, OC, n);
   return cudaGetLastError();
 }
 

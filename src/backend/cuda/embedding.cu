@@ -1,4 +1,5 @@
-// embedding.cu — the embedding kernels (ops/embedding.hpp; host side in embedding.cpp).
+// embedding.cu — the embedding kernels (ops/embedding.hpp; host side in embedding.cpp; grids in
+// launches.hpp).
 // Mirrors src/backend/cpu/embedding.cpp formula for formula; the cross-row sums of the gradients
 // run in an order fixed by the shapes alone.
 #include "src/backend/cuda/kernel_util.cuh"
@@ -53,31 +54,37 @@ __global__ void embedding_backward_dwte_kernel(float* dwte, const float* dout, c
 
 }  // namespace
 
+// The shard's forward issues the same list (embedding_forward_shard_launches).
 cudaError_t launch_embedding_forward(float* out, const int32_t* rows, const float* wte, const float* wpe, int64_t B,
                                      int64_t T, int64_t C, cudaStream_t s) {
   const int64_t n = B * T * C;
-  if (n == 0) return cudaSuccess;
-  if (packable(C, out, wte, wpe))
-    embedding_forward_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(out, rows, wte, wpe, T, C, n / 4);
+  const bool aligned = aligned16(out, wte, wpe);
+  const Launches L = embedding_forward_launches(B, T, C, aligned);  // [ids' upload (embedding.cpp), kernel]
+  if (L.count < 2) return cudaSuccess;
+  if (packable(C, aligned))
+    embedding_forward_kernel<4><<<L[1].x, kThreads, 0, s>>>(out, rows, wte, wpe, T, C, n / 4);
   else
-    embedding_forward_kernel<1><<<grid_for(n), kThreads, 0, s>>>(out, rows, wte, wpe, T, C, n);
+    embedding_forward_kernel<1><<<L[1].x, kThreads, 0, s>>>(out, rows, wte, wpe, T, C, n);
   return cudaGetLastError();
 }
 
+// embedding_backward_launches: [dwpe kernel], the grouped positions' upload (embedding.cpp), [dwte kernel].
 cudaError_t launch_embedding_backward_dwpe(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C,
-                                           cudaStream_t s) {
-  if (T * C == 0) return cudaSuccess;
-  embedding_backward_dwpe_kernel<<<grid_for(T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+                                           int64_t buckets, cudaStream_t s) {
+  const Launches L = embedding_backward_launches(B, T, C, true, buckets);
+  if (L[0].kind != LaunchKind::kernel) return cudaSuccess;
+  embedding_backward_dwpe_kernel<<<L[0].x, kThreads, 0, s>>>(dwpe, dout, B, T, C);
   return cudaGetLastError();
 }
 
 cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const int32_t* bucket_token,
-                                           const int32_t* offsets, const int32_t* positions, int64_t buckets,
-                                           int64_t C, cudaStream_t s) {
-  if (buckets == 0 || C == 0) return cudaSuccess;
+                                           const int32_t* offsets, const int32_t* positions, int64_t B, int64_t T,
+                                           int64_t C, bool dwpe, int64_t buckets, cudaStream_t s) {
+  const Launches L = embedding_backward_launches(B, T, C, dwpe, buckets);
+  const Launch& last = L[L.count - 1];
+  if (last.kind != LaunchKind::kernel) return cudaSuccess;
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, (C + kWarp - 1) / kWarp * kWarp));
-  embedding_backward_dwte_kernel<<<static_cast<unsigned>(buckets), threads, 0, s>>>(dwte, dout, bucket_token, offsets,
-                                                                                     positions, C);
+  embedding_backward_dwte_kernel<<<last.x, threads, 0, s>>>(dwte, dout, bucket_token, offsets, positions, C);
   return cudaGetLastError();
 }
 

@@ -9,7 +9,7 @@
 // see it, heads in order. Each output row has exactly one writer, so results do not depend on
 // scheduling. These kernels run on the CUDA cores (no tensor cores, no shared-memory tiles): they
 // are the correct, memory-lean baseline, not the fast one. The inputs (q, k, v, out, dout) are f32
-// or bf16 (In), widened as they are read; every sum, lse, dq, dk and dv are f32.
+// or bf16 (In), widened as they are read; every sum, lse, dq, dk and dv are f32. Grids: launches.hpp.
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -181,12 +181,11 @@ __global__ void flash_merge_kernel(float* out, float* lse, const float* part, co
 
 cudaError_t launch_flash_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s,
                                cudaStream_t st) {
+  const Launches L = flash_attention_merge_launches(s);
+  if (L.count == 0) return cudaSuccess;
   const int64_t rows = s.B * s.H * s.Tq;
-  if (rows == 0) return cudaSuccess;
-  constexpr int kMergeThreads = 256;
-  const int64_t blocks = (rows + kMergeThreads - 1) / kMergeThreads;
-  if (blocks > 2147483647) return cudaErrorInvalidValue;
-  flash_merge_kernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, st>>>(out, lse, part, part_lse, s);
+  if ((rows + kFlashMergeThreads - 1) / kFlashMergeThreads > 2147483647) return cudaErrorInvalidValue;
+  flash_merge_kernel<<<L[0].x, kFlashMergeThreads, 0, st>>>(out, lse, part, part_lse, s);
   return cudaGetLastError();
 }
 
@@ -194,24 +193,24 @@ namespace {
 
 template <class In>
 cudaError_t forward(void* out, float* lse, const void* q, const void* k, const void* v, const FlashShape& s,
-                    cudaStream_t st) {
-  flash_forward_kernel<In><<<row_blocks(s.B * s.H * s.Tq), kThreads, 0, st>>>(
-      static_cast<In*>(out), lse, static_cast<const In*>(q), static_cast<const In*>(k), static_cast<const In*>(v), s);
+                    const Launches& L, cudaStream_t st) {
+  flash_forward_kernel<In><<<L[0].x, kThreads, 0, st>>>(static_cast<In*>(out), lse, static_cast<const In*>(q),
+                                                          static_cast<const In*>(k), static_cast<const In*>(v), s);
   return cudaGetLastError();
 }
 
 template <class In>
 cudaError_t backward(float* dq, float* dk, float* dv, float* D, const void* dout_, const void* q_, const void* k_,
-                     const void* v_, const void* out_, const float* lse, const FlashShape& s, cudaStream_t st) {
+                     const void* v_, const void* out_, const float* lse, const FlashShape& s, const Launches& L,
+                     cudaStream_t st) {
   const In *dout = static_cast<const In*>(dout_), *q = static_cast<const In*>(q_), *k = static_cast<const In*>(k_);
   const In *v = static_cast<const In*>(v_), *out = static_cast<const In*>(out_);
-  const int64_t qrows = s.B * s.H * s.Tq, krows = s.B * s.KV * s.Tk;
-  flash_d_kernel<In><<<row_blocks(qrows), kThreads, 0, st>>>(D, dout, out, s);
+  flash_d_kernel<In><<<L[0].x, kThreads, 0, st>>>(D, dout, out, s);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  flash_dq_kernel<In><<<row_blocks(qrows), kThreads, 0, st>>>(dq, dout, q, k, v, lse, D, s);
+  flash_dq_kernel<In><<<L[1].x, kThreads, 0, st>>>(dq, dout, q, k, v, lse, D, s);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (krows == 0) return cudaSuccess;
-  flash_dkv_kernel<In><<<row_blocks(krows), kThreads, 0, st>>>(dk, dv, dout, q, k, v, lse, D, s);
+  if (L.count < 3) return cudaSuccess;  // no key rows
+  flash_dkv_kernel<In><<<L[2].x, kThreads, 0, st>>>(dk, dv, dout, q, k, v, lse, D, s);
   return cudaGetLastError();
 }
 
@@ -219,21 +218,23 @@ cudaError_t backward(float* dq, float* dk, float* dv, float* D, const void* dout
 
 cudaError_t launch_flash_forward(void* out, float* lse, const void* q, const void* k, const void* v,
                                  const FlashShape& s, cudaStream_t st) {
+  const Launches L = flash_attention_forward_launches(s);
+  if (L.count == 0) return cudaSuccess;
   const int64_t rows = s.B * s.H * s.Tq;
-  if (rows == 0) return cudaSuccess;
   if (s.hd > kMaxHeadDim || rows > int64_t{kRowsPerBlock} * 2147483647) return cudaErrorInvalidValue;
-  return s.bf16 ? forward<__nv_bfloat16>(out, lse, q, k, v, s, st) : forward<float>(out, lse, q, k, v, s, st);
+  return s.bf16 ? forward<__nv_bfloat16>(out, lse, q, k, v, s, L, st) : forward<float>(out, lse, q, k, v, s, L, st);
 }
 
 cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const void* dout, const void* q,
                                   const void* k, const void* v, const void* out, const float* lse,
                                   const FlashShape& s, cudaStream_t st) {
+  const Launches L = flash_attention_backward_launches(s);
+  if (L.count == 0) return cudaSuccess;
   const int64_t qrows = s.B * s.H * s.Tq, krows = s.B * s.KV * s.Tk;
-  if (qrows == 0) return cudaSuccess;
   if (s.hd > kMaxHeadDim || qrows > int64_t{kRowsPerBlock} * 2147483647 || krows > int64_t{kRowsPerBlock} * 2147483647)
     return cudaErrorInvalidValue;
-  return s.bf16 ? backward<__nv_bfloat16>(dq, dk, dv, D, dout, q, k, v, out, lse, s, st)
-                : backward<float>(dq, dk, dv, D, dout, q, k, v, out, lse, s, st);
+  return s.bf16 ? backward<__nv_bfloat16>(dq, dk, dv, D, dout, q, k, v, out, lse, s, L, st)
+                : backward<float>(dq, dk, dv, D, dout, q, k, v, out, lse, s, L, st);
 }
 
 }  // namespace shardlab::cuda

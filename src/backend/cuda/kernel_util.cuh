@@ -1,5 +1,6 @@
-// kernel_util.cuh — what the CUDA kernel files (*.cu) share: grid sizes, the grid-stride loop,
-// float4 packs, and warp and block reductions whose every lane ends with the same bits.
+// kernel_util.cuh — what the CUDA kernel files (*.cu) share: the grid-stride loop, float4 packs,
+// and warp and block reductions whose every lane ends with the same bits. Grid sizes and the lists
+// of launches each launcher issues are plain C++, in launches.hpp.
 //
 // Reductions are deterministic: a fixed grid writes per-block partial sums and one block folds
 // them in order. No atomics, so two runs of the same step give the same bits. Row reductions use
@@ -16,10 +17,9 @@
 #include <cstdint>
 
 #include "src/backend/cuda/kernels.cuh"
+#include "src/backend/cuda/launches.hpp"
 
 namespace shardlab::cuda {
-
-constexpr int kThreads = 256;
 
 // Element i of a buffer of any stored dtype, as f32; and back, rounded to nearest even.
 __device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
@@ -38,28 +38,17 @@ __device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
   }
 }
 
-inline int grid_for(int64_t n) {
-  int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65535 * 8));
-}
-
 #define GRID_STRIDE_LOOP(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kWarp = 32;
-constexpr int kRowsPerBlock = kThreads / kWarp;  // warp-per-row kernels
 
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// float4 packs need n % 4 == 0 and every pointer 16-byte aligned; otherwise the scalar kernel runs.
+// Every pointer 16-byte aligned (null is: an absent operand), the `aligned` of launches.hpp's
+// packable(n, aligned), which also needs n % 4 == 0; otherwise the scalar kernel runs.
 template <class... P>
-bool packable(int64_t n, const P*... ptrs) {
-  return n % 4 == 0 && (aligned16(ptrs) && ...);
+bool aligned16(const P*... ptrs) {
+  return ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
 }
-
-// Blocks for `rows` rows at one warp each.
-inline int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 template <int W>
 struct Pack {

@@ -1,21 +1,20 @@
 // kernels.cuh — launchers of the CUDA backend's kernels. Plain signatures, no fmt and no Tensor:
 // this header is shared by nvcc (the .cu files, one per operation family and elementwise.cu) and
-// the host compiler (cuda_backend.cpp, cuda/<family>.cpp). Each
-// launcher does its own grid math and returns the launch status for the caller's CUDA_CHECK.
+// the host compiler (cuda_backend.cpp, cuda/<family>.cpp). Each launcher takes its grids from the
+// list of launches.hpp of the entry point that calls it, and returns the launch status for the
+// caller's CUDA_CHECK.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "src/backend/cuda/launches.hpp"
 #include "src/backend/ops/flash_shape.hpp"
 #include "src/core/dtype.hpp"
 
 namespace shardlab::cuda {
 
 enum class ReduceKind : int { sum, sum_squares, max_abs };
-
-// Blocks of per-block partial results a reduction needs in its workspace (doubles).
-inline constexpr int kReduceBlocks = 512;
 
 cudaError_t launch_fill(void* x, DType t, int64_t n, float value, cudaStream_t s);
 cudaError_t launch_cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t s);
@@ -39,15 +38,18 @@ cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* o
 // The whole embedding's rows are its token ids.
 cudaError_t launch_embedding_forward(float* out, const int32_t* rows, const float* wte, const float* wpe, int64_t B,
                                      int64_t T, int64_t C, cudaStream_t s);
+// The backward's two kernels, each reading its grid from embedding_backward_launches(B, T, C, dwpe,
+// buckets), which also holds the upload the caller issues between them.
 // dwpe[t] += sum over b of dout[b, t], b in order.
 cudaError_t launch_embedding_backward_dwpe(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C,
-                                           cudaStream_t s);
+                                           int64_t buckets, cudaStream_t s);
 // For each of the `buckets` distinct tokens u: dwte[bucket_token[u]] += dout[p] for p in
 // positions[offsets[u] .. offsets[u+1]), one add after another in that (ascending) order, which is
-// the CPU's order: the result is bit-identical to it and independent of scheduling.
+// the CPU's order: the result is bit-identical to it and independent of scheduling. dwpe: the dwpe
+// kernel ran before.
 cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const int32_t* bucket_token,
-                                           const int32_t* offsets, const int32_t* positions, int64_t buckets,
-                                           int64_t C, cudaStream_t s);
+                                           const int32_t* offsets, const int32_t* positions, int64_t B, int64_t T,
+                                           int64_t C, bool dwpe, int64_t buckets, cudaStream_t s);
 
 // out (N, C), mean, rstd (N); rstd = 1 / sqrt(variance + eps).
 cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
@@ -92,10 +94,10 @@ inline constexpr int kRopeMaxHalf = 256;  // RopeFreqs::kMaxHalf (static_assert 
 struct RopeTable {
   float inv_freq[kRopeMaxHalf];
 };
-// In place on x (rows = B*T rows of W floats, row r at time step r % T): in each of the first
-// `heads` heads of 2*half channels, pairs (i, i + half) rotate by (pos0 + t) * inv_freq[i]
-// (minus that when inverse), HF's rotate_half convention.
-cudaError_t launch_rope(float* x, int64_t rows, int64_t T, int64_t W, int64_t heads, int64_t half,
+// In place on x (B, T, W): in each row (time step t) and each of the first `heads` heads of
+// 2*half channels, pairs (i, i + half) rotate by (pos0 + t) * inv_freq[i] (minus that when
+// inverse), HF's rotate_half convention.
+cudaError_t launch_rope(float* x, int64_t B, int64_t T, int64_t W, int64_t heads, int64_t half,
                         const RopeTable& freqs, int64_t pos0, bool inverse, cudaStream_t s);
 
 // x (N, OC) += bias (OC) on every row
@@ -108,8 +110,6 @@ cudaError_t launch_swiglu_forward(float* out, const float* gate_up, int64_t N, i
 cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
                                    cudaStream_t s);
 
-// In place over `rows` rows of T scores, row r being time step r % T of its (T, T) matrix: the
-// causal softmax over s <= t, zeros above the diagonal.
 // The fused attention (flash_attention.cu): head dimensions up to kMaxHeadDim.
 inline constexpr int64_t kMaxHeadDim = 256;
 cudaError_t launch_flash_merge(float* out, float* lse, const float* part, const float* part_lse, const FlashShape& s,
@@ -121,10 +121,14 @@ cudaError_t launch_flash_forward(void* out, float* lse, const void* q, const voi
 cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, const void* dout, const void* q,
                                   const void* k, const void* v, const void* out, const float* lse,
                                   const FlashShape& s, cudaStream_t st);
-cudaError_t launch_causal_softmax(float* att, int64_t rows, int64_t T, cudaStream_t s);
-// In place: datt <- att * (datt - <att, datt>) * scale over s <= t, zeros above the diagonal.
-cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t rows, int64_t T, float scale,
-                                           cudaStream_t s);
+// The naive attention's softmax, its sizes the entry point's (attention_forward_launches): in place
+// over the B H rows of (T, T) scores, row t the causal softmax over s <= t, zeros above the diagonal.
+cudaError_t launch_causal_softmax(float* att, int64_t H, int64_t KV, int64_t B, int64_t T, int64_t C,
+                                  cudaStream_t s);
+// One batch entry's (H, T, T) (attention_backward_launches): in place, datt <- att * (datt -
+// <att, datt>) * scale over s <= t, zeros above the diagonal.
+cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t H, int64_t KV, int64_t B,
+                                           int64_t T, int64_t C, float scale, cudaStream_t s);
 
 // Attention over a KV cache: k_cache, v_cache (B, S, KV hd), qkv (B, T, (H + 2 KV) hd).
 // ops/quantize.hpp's records: one block of threads per record.

@@ -1,4 +1,5 @@
-// kv_cache.cu — the KV cache kernels of decoding (ops/kv_cache.hpp; host side in kv_cache.cpp).
+// kv_cache.cu — the KV cache kernels of decoding (ops/kv_cache.hpp; host side in kv_cache.cpp;
+// grids in launches.hpp, whose C is H hd).
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -50,21 +51,21 @@ __global__ void attention_cached_kernel(float* out, const float* qkv, const floa
 
 cudaError_t launch_kv_cache_write(float* k_cache, float* v_cache, const float* qkv, int64_t B, int64_t T, int64_t S,
                                   int64_t H, int64_t KV, int64_t hd, int64_t pos0, cudaStream_t s) {
-  const int64_t n = B * T * KV * hd;
-  if (n == 0) return cudaSuccess;
-  kv_cache_write_kernel<<<grid_for(n), kThreads, 0, s>>>(k_cache, v_cache, qkv, T, S, (H + 2 * KV) * hd, H * hd,
-                                                          KV * hd, pos0, n);
+  const Launches L = kv_cache_write_launches(H, KV, pos0, B, T, H * hd, S);
+  if (L.count == 0) return cudaSuccess;
+  kv_cache_write_kernel<<<L[0].x, kThreads, 0, s>>>(k_cache, v_cache, qkv, T, S, (H + 2 * KV) * hd, H * hd, KV * hd,
+                                                     pos0, B * T * KV * hd);
   return cudaGetLastError();
 }
 
 cudaError_t launch_attention_cached(float* out, const float* qkv, const float* k_cache, const float* v_cache,
                                     float* scores, int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t hd,
                                     int64_t pos0, cudaStream_t s) {
-  const int64_t rows = B * H * T;
-  if (rows == 0) return cudaSuccess;
+  const Launches L = attention_cached_launches(H, KV, pos0, B, T, H * hd, S);
+  if (L.count == 0) return cudaSuccess;
   const float scale = 1.f / sqrtf(static_cast<float>(hd));
-  attention_cached_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(out, qkv, k_cache, v_cache, scores, T, S,
-                                                                          H, KV, hd, pos0, scale);
+  attention_cached_kernel<<<L[0].x, kThreads, 0, s>>>(out, qkv, k_cache, v_cache, scores, T, S, H, KV, hd, pos0,
+                                                       scale);
   return cudaGetLastError();
 }
 

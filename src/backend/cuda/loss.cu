@@ -1,5 +1,5 @@
 // loss.cu — the softmax cross-entropy kernels, whole and vocabulary-parallel (ops/loss.hpp;
-// host side in loss.cpp): one block per row of logits.
+// host side in loss.cpp; grids in launches.hpp): one block per row of logits.
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -84,37 +84,41 @@ __global__ void vocab_ce_finish_kernel(float* losses, float* dlogits, const floa
 
 }  // namespace
 
+// cross_entropy_launches, vocab_ce_sums_launches and vocab_ce_finish_launches start with the
+// targets' upload (loss.cpp): their kernel is L[1].
 cudaError_t launch_cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                  int64_t N, int64_t V, float dloss_scale, cudaStream_t s) {
-  if (N == 0) return cudaSuccess;
-  cross_entropy_kernel<<<static_cast<unsigned>(N), kCrossEntropyThreads, 0, s>>>(losses, dlogits, logits, targets, V,
-                                                                                 dloss_scale);
+  const Launches L = cross_entropy_launches(N, V);
+  if (L.count == 0) return cudaSuccess;
+  cross_entropy_kernel<<<L[1].x, kCrossEntropyThreads, 0, s>>>(losses, dlogits, logits, targets, V, dloss_scale);
   return cudaGetLastError();
 }
 
 cudaError_t launch_vocab_ce_max(float* mx, const float* logits, int64_t N, int64_t Vl, int64_t valid, cudaStream_t s) {
-  if (N == 0) return cudaSuccess;
+  const Launches L = vocab_ce_max_launches(N, Vl);
+  if (L.count == 0) return cudaSuccess;
   if (N > kMaxRowBlocks) return cudaErrorInvalidConfiguration;
-  vocab_ce_max_kernel<<<static_cast<unsigned>(N), kCrossEntropyThreads, 0, s>>>(mx, logits, Vl, valid);
+  vocab_ce_max_kernel<<<L[0].x, kCrossEntropyThreads, 0, s>>>(mx, logits, Vl, valid);
   return cudaGetLastError();
 }
 
 cudaError_t launch_vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const int32_t* cols,
                                  const float* mx, int64_t N, int64_t Vl, int64_t valid, cudaStream_t s) {
-  if (N == 0) return cudaSuccess;
+  const Launches L = vocab_ce_sums_launches(N, Vl);
+  if (L.count == 0) return cudaSuccess;
   if (N > kMaxRowBlocks) return cudaErrorInvalidConfiguration;
-  vocab_ce_sums_kernel<<<static_cast<unsigned>(N), kCrossEntropyThreads, 0, s>>>(sumexp, tlogit, logits, cols, mx, Vl,
-                                                                                 valid);
+  vocab_ce_sums_kernel<<<L[1].x, kCrossEntropyThreads, 0, s>>>(sumexp, tlogit, logits, cols, mx, Vl, valid);
   return cudaGetLastError();
 }
 
 cudaError_t launch_vocab_ce_finish(float* losses, float* dlogits, const float* logits, const int32_t* cols,
                                    const float* mx, const float* sumexp, const float* tlogit, int64_t N, int64_t Vl,
                                    int64_t valid, float dloss_scale, cudaStream_t s) {
-  if (N == 0) return cudaSuccess;
+  const Launches L = vocab_ce_finish_launches(N, Vl);
+  if (L.count == 0) return cudaSuccess;
   if (N > kMaxRowBlocks) return cudaErrorInvalidConfiguration;
-  vocab_ce_finish_kernel<<<static_cast<unsigned>(N), kCrossEntropyThreads, 0, s>>>(
-      losses, dlogits, logits, cols, mx, sumexp, tlogit, Vl, valid, dloss_scale);
+  vocab_ce_finish_kernel<<<L[1].x, kCrossEntropyThreads, 0, s>>>(losses, dlogits, logits, cols, mx, sumexp, tlogit,
+                                                                   Vl, valid, dloss_scale);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,6 @@
 // moe.cu — the mixture-of-experts kernels (ops/moe.hpp; host side in moe.cpp). Mirrors
 // src/backend/cpu/moe.cpp: every output element is one thread's (one warp's for a weight's
-// gradient), a token's slots add in j order.
+// gradient), a token's slots add in j order. Grids in launches.hpp.
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -60,25 +60,28 @@ __global__ void moe_combine_dw_kernel(float* dw, const float* dout, const float*
 
 cudaError_t launch_moe_gather(float* dst, const float* src, const int32_t* token_of, int64_t rows, int64_t C,
                               cudaStream_t s) {
-  if (rows * C == 0) return cudaSuccess;
-  moe_gather_kernel<<<grid_for(rows * C), kThreads, 0, s>>>(dst, src, token_of, rows, C);
+  const Launches L = moe_gather_launches(rows, C);
+  if (L.count == 0) return cudaSuccess;
+  moe_gather_kernel<<<L[0].x, kThreads, 0, s>>>(dst, src, token_of, rows, C);
   return cudaGetLastError();
 }
 
 cudaError_t launch_moe_combine(float* out, const float* y, const int32_t* pos, const float* w, int64_t N, int64_t k,
                                int64_t C, bool accumulate, cudaStream_t s) {
-  if (N * C == 0) return cudaSuccess;
-  moe_combine_kernel<<<grid_for(N * C), kThreads, 0, s>>>(out, y, pos, w, N, k, C, accumulate);
+  const Launches L = moe_combine_launches(N, k, C, accumulate);
+  if (L.count == 0) return cudaSuccess;
+  moe_combine_kernel<<<L[0].x, kThreads, 0, s>>>(out, y, pos, w, N, k, C, accumulate);
   return cudaGetLastError();
 }
 
 cudaError_t launch_moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const int32_t* pos,
                                         const float* w, int64_t N, int64_t k, int64_t C, cudaStream_t s) {
-  if (N * k == 0) return cudaSuccess;
-  moe_combine_dy_kernel<<<grid_for(N * k * C), kThreads, 0, s>>>(dy, dout, pos, w, N, k, C);
+  const Launches L = moe_combine_backward_launches(N, k, C);
+  if (L.count == 0) return cudaSuccess;
+  moe_combine_dy_kernel<<<L[0].x, kThreads, 0, s>>>(dy, dout, pos, w, N, k, C);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  moe_combine_dw_kernel<<<row_blocks(N * k), kThreads, 0, s>>>(dw, dout, y, pos, N, k, C);
+  moe_combine_dw_kernel<<<L[1].x, kThreads, 0, s>>>(dw, dout, y, pos, N, k, C);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // norm.cu — the LayerNorm and RMSNorm kernels (ops/norm.hpp; host side in norm.cpp).
 // Mirrors src/backend/cpu/norm.cpp formula for formula; the parameter gradients fold per-chunk
-// partials in an order fixed by the shapes alone.
+// partials in an order fixed by the shapes alone (layernorm_chunks, launches.hpp, which also has
+// the grids).
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -138,17 +139,13 @@ __global__ void rmsnorm_backward_fold_kernel(float* dw, const float* partial, in
   dw[c] += sw;
 }
 
-
-// LayerNorm backward's chunking of N rows: at most 256 chunks of at least 32 rows (fewer when N is
-// small). A function of N only, which is what makes dw/db reproducible.
-int64_t layernorm_chunks(int64_t N) { return std::clamp<int64_t>((N + 31) / 32, 1, 256); }
-
 }  // namespace
 
 cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                                      const float* b, int64_t N, int64_t C, float eps, cudaStream_t s) {
-  if (N == 0) return cudaSuccess;
-  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C, eps);
+  const Launches L = layernorm_forward_launches(N, C);
+  if (L.count == 0) return cudaSuccess;
+  layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C, eps);
   return cudaGetLastError();
 }
 
@@ -157,24 +154,25 @@ int64_t layernorm_backward_workspace(int64_t N, int64_t C) { return 2 * C * laye
 cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                                       const float* w, const float* mean, const float* rstd, float* workspace,
                                       int64_t N, int64_t C, cudaStream_t s) {
-  if (N == 0 || C == 0) return cudaSuccess;
-  layernorm_backward_dinp_kernel<<<row_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  const Launches L = layernorm_backward_launches(N, C);
+  if (L.count == 0) return cudaSuccess;
+  layernorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const int64_t chunks = layernorm_chunks(N), rows_per_chunk = (N + chunks - 1) / chunks;
-  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
-  layernorm_backward_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
-      workspace, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  const int64_t chunks = L[1].y, rows_per_chunk = (N + chunks - 1) / chunks;  // layernorm_chunks(N)
+  layernorm_backward_partial_kernel<<<dim3(L[1].x, L[1].y), kThreads, 0, s>>>(workspace, dout, inp, mean, rstd, N, C,
+                                                                               rows_per_chunk);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  layernorm_backward_fold_kernel<<<col_blocks, kThreads, 0, s>>>(dw, db, workspace, chunks, C);
+  layernorm_backward_fold_kernel<<<L[2].x, kThreads, 0, s>>>(dw, db, workspace, chunks, C);
   return cudaGetLastError();
 }
 
 cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
                                    float eps, cudaStream_t s) {
-  if (N == 0) return cudaSuccess;
-  rmsnorm_forward_kernel<<<row_blocks(N), kThreads, 0, s>>>(out, rstd, inp, w, N, C, eps);
+  const Launches L = rmsnorm_forward_launches(N, C);
+  if (L.count == 0) return cudaSuccess;
+  rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(out, rstd, inp, w, N, C, eps);
   return cudaGetLastError();
 }
 
@@ -182,18 +180,17 @@ int64_t rmsnorm_backward_workspace(int64_t N, int64_t C) { return C * layernorm_
 
 cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                                     const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s) {
-  if (N == 0 || C == 0) return cudaSuccess;
-  rmsnorm_backward_dinp_kernel<<<row_blocks(N), kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
+  const Launches L = rmsnorm_backward_launches(N, C);  // LayerNorm's chunking, for the same reproducibility
+  if (L.count == 0) return cudaSuccess;
+  rmsnorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  // The chunking of LayerNorm's dw/db, for the same reproducibility.
-  const int64_t chunks = layernorm_chunks(N), rows_per_chunk = (N + chunks - 1) / chunks;
-  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
-  rmsnorm_backward_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
-      workspace, dout, inp, rstd, N, C, rows_per_chunk);
+  const int64_t chunks = L[1].y, rows_per_chunk = (N + chunks - 1) / chunks;  // layernorm_chunks(N)
+  rmsnorm_backward_partial_kernel<<<dim3(L[1].x, L[1].y), kThreads, 0, s>>>(workspace, dout, inp, rstd, N, C,
+                                                                             rows_per_chunk);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  rmsnorm_backward_fold_kernel<<<col_blocks, kThreads, 0, s>>>(dw, workspace, chunks, C);
+  rmsnorm_backward_fold_kernel<<<L[2].x, kThreads, 0, s>>>(dw, workspace, chunks, C);
   return cudaGetLastError();
 }
 
@@ -260,8 +257,9 @@ __global__ void head_rmsnorm_dx_kernel(float* dx, const float* pre, const float*
 
 cudaError_t launch_head_rmsnorm_forward(float* x, float* pre, float* rstd, const float* w, int64_t N, int64_t W,
                                         int64_t col0, int64_t heads, int64_t hd, float eps, cudaStream_t s) {
-  if (N * heads == 0) return cudaSuccess;
-  head_rmsnorm_forward_kernel<<<grid_for(N * heads), kThreads, 0, s>>>(x, pre, rstd, w, N, W, col0, heads, hd, eps);
+  const Launches L = head_rmsnorm_forward_launches(N, W, col0, heads, hd);
+  if (L.count == 0) return cudaSuccess;
+  head_rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(x, pre, rstd, w, N, W, col0, heads, hd, eps);
   return cudaGetLastError();
 }
 
@@ -272,18 +270,18 @@ int64_t head_rmsnorm_backward_workspace(int64_t N, int64_t heads, int64_t hd) {
 cudaError_t launch_head_rmsnorm_backward(float* dx, float* dw, const float* pre, const float* w, const float* rstd,
                                          float* workspace, int64_t N, int64_t W, int64_t col0, int64_t heads,
                                          int64_t hd, cudaStream_t s) {
-  if (N * heads == 0) return cudaSuccess;
+  const Launches L = head_rmsnorm_backward_launches(N, W, col0, heads, hd);
+  if (L.count == 0) return cudaSuccess;
   // dw first: it reads d(normalised), which the dx kernel then overwrites.
-  const int64_t pairs = N * heads, chunks = layernorm_chunks(pairs), per_chunk = (pairs + chunks - 1) / chunks;
-  const unsigned col_blocks = static_cast<unsigned>((hd + kThreads - 1) / kThreads);
-  head_rmsnorm_dw_partial_kernel<<<dim3(col_blocks, static_cast<unsigned>(chunks)), kThreads, 0, s>>>(
-      workspace, dx, pre, rstd, pairs, W, col0, heads, hd, per_chunk);
+  const int64_t pairs = N * heads, chunks = L[0].y, per_chunk = (pairs + chunks - 1) / chunks;
+  head_rmsnorm_dw_partial_kernel<<<dim3(L[0].x, L[0].y), kThreads, 0, s>>>(workspace, dx, pre, rstd, pairs, W, col0,
+                                                                            heads, hd, per_chunk);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  head_rmsnorm_dw_fold_kernel<<<grid_for(hd), kThreads, 0, s>>>(dw, workspace, chunks, hd);
+  head_rmsnorm_dw_fold_kernel<<<L[1].x, kThreads, 0, s>>>(dw, workspace, chunks, hd);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  head_rmsnorm_dx_kernel<<<grid_for(N * heads), kThreads, 0, s>>>(dx, pre, w, rstd, N, W, col0, heads, hd);
+  head_rmsnorm_dx_kernel<<<L[2].x, kThreads, 0, s>>>(dx, pre, w, rstd, N, W, col0, heads, hd);
   return cudaGetLastError();
 }
 

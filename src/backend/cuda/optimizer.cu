@@ -1,4 +1,5 @@
-// optimizer.cu — the AdamW and SGD kernels (ops/optimizer.hpp; host side in optimizer.cpp).
+// optimizer.cu — the AdamW and SGD kernels (ops/optimizer.hpp; host side in optimizer.cpp; grids in
+// launches.hpp).
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -44,21 +45,25 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t packs, 
 }  // namespace
 
 cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& a, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  if (packable(n, p, g, m, v))
-    adamw_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(p, g, m, v, n / 4, a);
+  const bool aligned = aligned16(p, g, m, v);
+  const Launches L = adamw_update_launches(n, aligned);
+  if (L.count == 0) return cudaSuccess;
+  if (packable(n, aligned))
+    adamw_kernel<4><<<L[0].x, kThreads, 0, s>>>(p, g, m, v, n / 4, a);
   else
-    adamw_kernel<1><<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, n, a);
+    adamw_kernel<1><<<L[0].x, kThreads, 0, s>>>(p, g, m, v, n, a);
   return cudaGetLastError();
 }
 
 cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
                        float grad_scale, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  if (packable(n, p, g, buf))
-    sgd_kernel<4><<<grid_for(n / 4), kThreads, 0, s>>>(p, g, buf, n / 4, lr, momentum, weight_decay, grad_scale);
+  const bool aligned = aligned16(p, g, buf);
+  const Launches L = sgd_update_launches(n, aligned);
+  if (L.count == 0) return cudaSuccess;
+  if (packable(n, aligned))
+    sgd_kernel<4><<<L[0].x, kThreads, 0, s>>>(p, g, buf, n / 4, lr, momentum, weight_decay, grad_scale);
   else
-    sgd_kernel<1><<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
+    sgd_kernel<1><<<L[0].x, kThreads, 0, s>>>(p, g, buf, n, lr, momentum, weight_decay, grad_scale);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,8 @@
 // quantize.cu — ZeRO++'s block-wise quantization kernels (ops/quantize.hpp has the format; host
-// side in quantize.cpp). One block of threads per record: the block's max |x| by a block
-// reduction (a max: the same bits in any order), then each thread writes whole bytes of codes.
-// x / scale is an IEEE division rounded to nearest even, as on the CPU, so both give the same codes.
+// side in quantize.cpp; grids in launches.hpp). One block of threads per record: the block's max
+// |x| by a block reduction (a max: the same bits in any order), then each thread writes whole
+// bytes of codes. x / scale is an IEEE division rounded to nearest even, as on the CPU, so both
+// give the same codes.
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -71,20 +72,21 @@ constexpr int64_t kMaxRecords = 0x7fffffff;
 
 cudaError_t launch_quantize_blocks(float* q, const void* x, DType t, int64_t x_stride, int64_t rows, int64_t n,
                                    int bits, int64_t block, cudaStream_t s) {
+  const Launches L = quantize_blocks_launches(t, x_stride, rows, n, bits, block);
+  if (L.count == 0) return cudaSuccess;
   const int64_t nb = (n + block - 1) / block;
-  if (rows * nb == 0) return cudaSuccess;
   if (rows * nb > kMaxRecords) return cudaErrorInvalidValue;
-  quantize_kernel<<<static_cast<unsigned>(rows * nb), kThreads, 0, s>>>(q, x, t, x_stride, n, nb, bits, block);
+  quantize_kernel<<<L[0].x, kThreads, 0, s>>>(q, x, t, x_stride, n, nb, bits, block);
   return cudaGetLastError();
 }
 
 cudaError_t launch_dequantize_blocks(void* x, DType t, const float* q, int64_t x_stride, int64_t rows, int64_t n,
                                      int bits, int64_t block, bool accumulate, cudaStream_t s) {
+  const Launches L = dequantize_blocks_launches(t, x_stride, rows, n, bits, block, accumulate);
+  if (L.count == 0) return cudaSuccess;
   const int64_t nb = (n + block - 1) / block;
-  if (rows * nb == 0) return cudaSuccess;
   if (rows * nb > kMaxRecords) return cudaErrorInvalidValue;
-  dequantize_kernel<<<static_cast<unsigned>(rows * nb), kThreads, 0, s>>>(x, t, q, x_stride, n, nb, bits, block,
-                                                                           accumulate);
+  dequantize_kernel<<<L[0].x, kThreads, 0, s>>>(x, t, q, x_stride, n, nb, bits, block, accumulate);
   return cudaGetLastError();
 }
 

@@ -1,4 +1,5 @@
-// rope.cu — the rotary position embedding kernel (ops/rope.hpp; host side in rope.cpp).
+// rope.cu — the rotary position embedding kernel (ops/rope.hpp; host side in rope.cpp; grid in
+// launches.hpp).
 #include "src/backend/cuda/kernel_util.cuh"
 
 namespace shardlab::cuda {
@@ -22,11 +23,11 @@ __global__ void rope_kernel(float* x, int64_t T, int64_t W, int64_t heads, int64
 
 }  // namespace
 
-cudaError_t launch_rope(float* x, int64_t rows, int64_t T, int64_t W, int64_t heads, int64_t half,
+cudaError_t launch_rope(float* x, int64_t B, int64_t T, int64_t W, int64_t heads, int64_t half,
                         const RopeTable& freqs, int64_t pos0, bool inverse, cudaStream_t s) {
-  const int64_t n = rows * heads * half;
-  if (n == 0) return cudaSuccess;
-  rope_kernel<<<grid_for(n), kThreads, 0, s>>>(x, T, W, heads, half, freqs, pos0, inverse, n);
+  const Launches L = rope_launches(heads, half, pos0, inverse, B, T, W);
+  if (L.count == 0) return cudaSuccess;
+  rope_kernel<<<L[0].x, kThreads, 0, s>>>(x, T, W, heads, half, freqs, pos0, inverse, B * T * heads * half);
   return cudaGetLastError();
 }
 

@@ -18,7 +18,8 @@ void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* what) {
 
 // host_ids_ -> device scratch on the compute stream, through a pinned slot: from pageable
 // memory cudaMemcpyAsync would first wait for the stream (a host sync per upload). The slot is
-// reused kIdSlots uploads later, once the copy that read it has run (its event).
+// reused id_slots_.size() uploads later, once the copy that read it has run (its event). Nothing
+// to upload, no copy: the lists of launches.hpp (embedding, losses) count this copy by that rule.
 const int32_t* CudaBackend::upload_host_ids() {
   const size_t bytes = host_ids_.size() * sizeof(int32_t);
   if (bytes == 0) return nullptr;

@@ -9,9 +9,14 @@
 // Every kernel, copy and cast returns without touching memory (the operation families, ops/, check
 // their tensors and then do nothing for this device); reductions leave `out` unwritten,
 // so a loss or norm read back through copy() keeps whatever the host buffer held (callers zero it).
+// With a cost ledger (cost.hpp) each primitive writes what it would cost on the ledger's target
+// instead: the same bytes and FLOPs as the families' meta cases, and on a CUDA target the commands
+// the CUDA backend issues for it (cuda/launches.hpp).
 #include <atomic>
 
 #include "src/backend/backend.hpp"
+#include "src/backend/cost.hpp"
+#include "src/backend/ops/dispatch.hpp"
 
 namespace shardlab {
 namespace {
@@ -22,12 +27,21 @@ class MetaEvent final : public Event {
   void synchronize() override {}
 };
 
+// A GEMM operand's elements, as the CUDA backend rounds them (cuda/launches.hpp).
+int64_t operand_elems(const GemmDesc& d, bool a) {
+  return a ? cuda::gemm_operand_elems(d.batch, d.stride_a, d.trans_a == Trans::N ? d.m : d.k, d.lda)
+           : cuda::gemm_operand_elems(d.batch, d.stride_b, d.trans_b == Trans::N ? d.k : d.n, d.ldb);
+}
+
 class MetaBackend final : public Backend {
  public:
-  explicit MetaBackend(GemmObserver on_gemm) : on_gemm_(std::move(on_gemm)) {}
+  MetaBackend(GemmObserver on_gemm, CostLedger* ledger) : on_gemm_(std::move(on_gemm)), ledger_(ledger) {}
   Device device() const override { return Device::meta; }
   std::string describe() const override { return "meta (accounts for memory, computes nothing)"; }
   int threads() const override { return 1; }
+  CostLedger* cost_ledger() override { return ledger_; }
+  // As the device the ledger stands for: a GPU hands bf16 parameters to its GEMMs.
+  bool low_precision_gemm() const override { return ledger_ != nullptr && ledger_->target() == Device::cuda; }
 
   void* raw_alloc(size_t bytes) override {
     // 256-byte aligned, with a gap between blocks.
@@ -35,42 +49,110 @@ class MetaBackend final : public Backend {
     return reinterpret_cast<void*>(p);
   }
   void raw_free(void*, size_t) override {}
-  void copy(Tensor dst, Tensor src) override { check_same_numel(src, dst, "copy"); }
+  // A copy to or from host memory (a loss read back, a shard offloaded) waits for the device on
+  // CUDA (CudaBackend::copy synchronises the compute stream first).
+  void copy(Tensor dst, Tensor src) override {
+    check_same_numel(src, dst, "copy");
+    if (ledger_ == nullptr) return;
+    const bool host = dst.device() == Device::cpu || src.device() == Device::cpu;
+    OpCost c{.name = host ? "copy (host)" : "copy", .bytes = 2.0 * static_cast<double>(src.bytes())};
+    if (host && ops::charges_cuda(*this)) c.host_syncs = 1;
+    ops::charge(*this, std::move(c), [&] { return cuda::copy_launches(host); });
+  }
 
-  std::unique_ptr<Event> record(StreamKind) override { return std::make_unique<MetaEvent>(); }
+  std::unique_ptr<Event> record(StreamKind s) override {
+    if (ledger_) ledger_->record(s);
+    return std::make_unique<MetaEvent>();
+  }
   void wait(StreamKind, const Event&) override {}
-  void synchronize() override {}
+  void synchronize() override {
+    if (ledger_) ledger_->host_sync();
+  }
 
   // ---- matrix products ----
   void gemm(const GemmDesc& d, const void*, const void*, void*) override {
     check_gemm(d);
     if (on_gemm_) on_gemm_(d);
+    if (ledger_ == nullptr || ledger_->paused()) return;
+    const bool gpu = ledger_->target() == Device::cuda;
+    // The CUDA backend rounds f32 operands to round_inputs_to in kernels of their own first.
+    DType at = d.a_type, bt = d.b_type;
+    if (gpu && cuda::gemm_rounds(d, at))
+      charge_cast(operand_elems(d, true), at, d.round_inputs_to), at = d.round_inputs_to;
+    if (gpu && cuda::gemm_rounds(d, bt))
+      charge_cast(operand_elems(d, false), bt, d.round_inputs_to), bt = d.round_inputs_to;
+    const double flops = 2.0 * static_cast<double>(d.m) * static_cast<double>(d.n) * static_cast<double>(d.k) *
+                         static_cast<double>(d.batch);
+    const bool tensor = gpu && at != DType::f32 && bt != DType::f32;
+    const double b = static_cast<double>(d.batch);
+    const double bytes =
+        b * (static_cast<double>(d.m * d.k) * dtype_size(at) + static_cast<double>(d.k * d.n) * dtype_size(bt) +
+             static_cast<double>(d.m * d.n) * dtype_size(d.c_type) * (d.beta != 0.f ? 2 : 1));
+    OpCost c{.name = "gemm", .flops = tensor ? 0 : flops, .tensor_flops = tensor ? flops : 0, .bytes = bytes};
+    c.m = d.m, c.n = d.n, c.k = d.k, c.batch = d.batch;
+    if (gpu) c.launches = 1;  // one cuBLAS call (its own grid); the casts were charged above
+    ledger_->add(std::move(c));
   }
   // ---- element-wise ----
-  void fill(Tensor, float) override {}
-  void cast(Tensor dst, Tensor src) override { check_same_numel(src, dst, "cast"); }
-  void axpy(float, Tensor, Tensor) override {}
-  void scale(Tensor, float) override {}
-  void add(Tensor, Tensor, Tensor) override {}
-  void mul(Tensor, Tensor, Tensor) override {}
-  void add_bias(Tensor, Tensor) override {}
+  void fill(Tensor x, float) override {
+    charge("fill", 0, pass_bytes(x.numel(), 0, 1, dtype_size(x.dtype())),
+           [&] { return cuda::fill_launches(x.numel()); });
+  }
+  void cast(Tensor dst, Tensor src) override {
+    check_same_numel(src, dst, "cast");
+    charge_cast(src.numel(), src.dtype(), dst.dtype());  // a kernel on CUDA, whatever the dtypes
+  }
+  void axpy(float, Tensor x, Tensor) override {
+    charge("axpy", 2.0 * x.numel(), pass_bytes(x.numel(), 2, 1), [&] { return cuda::axpy_launches(x.numel()); });
+  }
+  void scale(Tensor x, float) override {
+    charge("scale", x.numel(), pass_bytes(x.numel(), 1, 1), [&] { return cuda::scale_launches(x.numel()); });
+  }
+  void add(Tensor a, Tensor, Tensor) override {
+    charge("add", a.numel(), pass_bytes(a.numel(), 2, 1), [&] { return cuda::add_launches(a.numel()); });
+  }
+  void mul(Tensor a, Tensor, Tensor) override {
+    charge("mul", a.numel(), pass_bytes(a.numel(), 2, 1), [&] { return cuda::mul_launches(a.numel()); });
+  }
+  void add_bias(Tensor x, Tensor bias) override {
+    const int64_t N = bias_rows(x, bias), OC = bias.numel();
+    charge("add_bias", x.numel(), pass_bytes(x.numel(), 1, 1) + pass_bytes(OC, 1, 0),
+           [&] { return cuda::add_bias_launches(N, OC, true); });
+  }
   // ---- reductions ----
-  void sum(Tensor, Tensor, bool) override {}
-  void sum_squares(Tensor, Tensor, bool) override {}
-  void max_abs(Tensor, Tensor, bool) override {}
-  void sum_rows(Tensor, Tensor, bool) override {}
+  void sum(Tensor x, Tensor, bool) override { reduce("sum", x); }
+  void sum_squares(Tensor x, Tensor, bool) override { reduce("sum_squares", x); }
+  void max_abs(Tensor x, Tensor, bool) override { reduce("max_abs", x); }
+  void sum_rows(Tensor x, Tensor out, bool) override {
+    const int64_t cols = out.numel(), rows = cols > 0 ? x.numel() / cols : 0;
+    charge("sum_rows", x.numel(), pass_bytes(x.numel(), 1, 0) + pass_bytes(cols, 1, 1),
+           [&] { return cuda::sum_rows_launches(rows, cols); });
+  }
 
  private:
+  template <class LaunchesOf>
+  void charge(const char* name, double flops, double bytes, LaunchesOf&& launches) {
+    ops::charge(*this, OpCost{.name = name, .flops = flops, .bytes = bytes}, std::forward<LaunchesOf>(launches));
+  }
+  void charge_cast(int64_t n, DType from, DType to) {
+    charge("cast", 0, static_cast<double>(n) * static_cast<double>(dtype_size(from) + dtype_size(to)),
+           [&] { return cuda::cast_launches(n); });
+  }
+  void reduce(const char* name, const Tensor& x) {
+    charge(name, x.numel(), pass_bytes(x.numel(), 1, 0), [&] { return cuda::reduce_launches(x.numel()); });
+  }
+
   // Non-canonical on x86-64 (bits 48-63 differ from bit 47): any dereference faults at once, and
   // no real mapping can ever lie there, however many terabytes a prediction hands out.
   std::atomic<uintptr_t> next_{uintptr_t{0xdead} << 48};
   GemmObserver on_gemm_;
+  CostLedger* ledger_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm) {
-  return std::make_unique<MetaBackend>(std::move(on_gemm));
+std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm, CostLedger* ledger) {
+  return std::make_unique<MetaBackend>(std::move(on_gemm), ledger);
 }
 
 }  // namespace shardlab

@@ -26,7 +26,9 @@ void gelu_forward(Backend& be, Tensor out, Tensor inp) {
     case Device::cuda:
       if constexpr (kWithCuda) cuda::gelu_forward(be, out, inp);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "gelu_forward", .flops = 8.0 * inp.numel(), .bytes = pass_bytes(inp.numel(), 1, 1)},
+                    [&] { return cuda::gelu_forward_launches(inp.numel()); });
   }
 }
 
@@ -38,7 +40,9 @@ void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout) {
     case Device::cuda:
       if constexpr (kWithCuda) cuda::gelu_backward(be, dinp, inp, dout);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "gelu_backward", .flops = 12.0 * inp.numel(), .bytes = pass_bytes(inp.numel(), 2, 1)},
+                    [&] { return cuda::gelu_backward_launches(inp.numel()); });
   }
 }
 
@@ -49,7 +53,9 @@ void swiglu_forward(Backend& be, Tensor out, Tensor gate_up) {
     case Device::cuda:
       if constexpr (kWithCuda) cuda::swiglu_forward(be, out, gate_up, N, F);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "swiglu_forward", .flops = 6.0 * N * F, .bytes = pass_bytes(N * F, 2, 1)},
+                    [&] { return cuda::swiglu_forward_launches(N, F); });
   }
 }
 
@@ -62,7 +68,9 @@ void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout) 
     case Device::cuda:
       if constexpr (kWithCuda) cuda::swiglu_backward(be, dgate_up, gate_up, dout, N, F);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "swiglu_backward", .flops = 10.0 * N * F, .bytes = pass_bytes(N * F, 3, 2)},
+                    [&] { return cuda::swiglu_backward_launches(N, F); });
   }
 }
 

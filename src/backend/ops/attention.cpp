@@ -21,6 +21,21 @@ std::array<int64_t, 3> attention_shape(const Tensor& qkv, const Tensor& out, con
   return {B, T, C};
 }
 
+// The naive attention's cost: its products on full T x T scores in f32 (the CUDA backend's GEMMs
+// here take f32 operands: no tensor cores), priced as products of (T x hd) . (hd x T) (the other,
+// (T x T) . (T x hd), has the same shape's efficiency), and the scores written by one product,
+// read and written by the softmax and read by the next (forward; backward `passes` 2: twice the
+// products and the scores' traffic).
+OpCost naive_cost(const char* name, int64_t B, int64_t T, int64_t C, int64_t H, const Tensor& qkv, const Tensor& out,
+                  const Tensor& att, int passes) {
+  const double scores = static_cast<double>(B) * H * T * T;
+  OpCost c{.name = name,
+           .flops = passes * (4.0 * scores * static_cast<double>(C / H) + 5.0 * scores),
+           .bytes = passes * (static_cast<double>(qkv.bytes() + out.bytes()) + 4.0 * static_cast<double>(att.bytes()))};
+  c.m = T, c.n = T, c.k = C / H, c.batch = B * H;
+  return c;
+}
+
 }  // namespace
 
 void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV) {
@@ -31,7 +46,11 @@ void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t 
     case Device::cuda:
       if constexpr (kWithCuda) cuda::attention_forward(be, out, att, qkv, H, KV, B, T, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(
+          be, naive_cost("attention_forward", B, T, C, H, qkv, out, att, 1),
+          [&] { return cuda::attention_forward_launches(H, KV, B, T, C); },
+          2 * B * (H / KV));  // B G score products, B G output products (cuBLAS)
   }
 }
 
@@ -48,7 +67,11 @@ void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tenso
     case Device::cuda:
       if constexpr (kWithCuda) cuda::attention_backward(be, dqkv, dout, qkv, att, H, KV, scratch, B, T, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      // Per batch entry: its softmax backward, and 4 G products (cuBLAS).
+      return charge(
+          be, naive_cost("attention_backward", B, T, C, H, qkv, dout, att, 2),
+          [&] { return cuda::attention_backward_launches(H, KV, B, T, C); }, 4 * B * (H / KV), B);
   }
 }
 

@@ -12,7 +12,11 @@
 // device itself; the caller may reuse them once the call returns). "accumulate" gradients add to
 // what the buffer holds.
 #pragma once
+#include <utility>
+
 #include "src/backend/backend.hpp"
+#include "src/backend/cost.hpp"
+#include "src/backend/cuda/launches.hpp"
 
 #ifndef SHARDLAB_WITH_CUDA
 #define SHARDLAB_WITH_CUDA 0
@@ -31,5 +35,29 @@ inline float* f32_or_null(const Tensor& t) { return t.data() != nullptr ? t.ptr<
 // Ids of the whole vocabulary seen by one shard of it: only their sign can be checked there (the
 // upper bound is the whole vocabulary's, which a shard's operation is not told).
 void check_shard_ids(const int32_t* ids, int64_t n, const char* what);
+
+// The meta case of an operation: its cost written to the backend's ledger (src/backend/cost.hpp)
+// when one is attached. `launches` is called only when the ledger stands for a CUDA device: it
+// returns the commands the CUDA implementation issues, from the same declarations its launcher
+// reads (cuda/launches.hpp), so the ledger counts what the GPU runs. On the CPU an operation is a
+// function call: no launches.
+// `library`: cuBLAS calls the operation makes through the Backend beside the list (the naive
+// attention's products); `times`: how often the operation issues the list (once per batch entry).
+void add_launches(OpCost& c, const cuda::Launches& l, int64_t times = 1);
+template <class LaunchesOf>
+void charge(Backend& be, OpCost c, LaunchesOf&& launches, int64_t library = 0, int64_t times = 1) {
+  CostLedger* l = be.cost_ledger();
+  if (l == nullptr || l->paused()) return;
+  if (l->target() == Device::cuda) {
+    add_launches(c, std::forward<LaunchesOf>(launches)(), times);
+    c.launches += static_cast<int>(library);
+  }
+  l->add(std::move(c));
+}
+// Whether the ledger stands for a GPU (tensor cores; bf16 operands where the CUDA backend rounds).
+inline bool charges_cuda(Backend& be) {
+  CostLedger* l = be.cost_ledger();
+  return l != nullptr && l->target() == Device::cuda;
+}
 
 }  // namespace shardlab::ops

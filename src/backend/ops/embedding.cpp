@@ -1,6 +1,8 @@
 // embedding.cpp — the embedding family's checks and dispatch (embedding.hpp).
 #include "src/backend/ops/embedding.hpp"
 
+#include <algorithm>
+
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cuda/ops.hpp"
 
@@ -23,6 +25,19 @@ int64_t backward_shape(const Tensor& dwte, const Tensor& dwpe, const Tensor& dou
   return C;
 }
 
+// B T rows of C gathered from wte (and wpe's T rows added); backward adds them back into the
+// table's rows (read and written) and wpe's.
+OpCost forward_cost(int64_t B, int64_t T, int64_t C, const Tensor& wpe) {
+  return {.name = "embedding_forward", .bytes = pass_bytes(B * T * C, 1, 1) + pass_bytes(T * C, wpe.data() ? 1 : 0, 0)};
+}
+OpCost backward_cost(int64_t B, int64_t T, int64_t C, const Tensor& dwpe) {
+  const int pos = dwpe.data() ? 1 : 0;
+  return {.name = "embedding_backward",
+          .flops = 2.0 * B * T * C,
+          .bytes = pass_bytes(B * T * C, 2, 1) + pass_bytes(T * C, pos, pos)};
+}
+// What the CUDA backward grids by: the distinct rows among the ids, at most one per id and per row.
+int64_t bucket_bound(int64_t B, int64_t T, const Tensor& dwte) { return std::min(B * T, dwte.dim(0)); }
 }  // namespace
 
 void check_shard_ids(const int32_t* ids, int64_t n, const char* what) {
@@ -37,7 +52,8 @@ void embedding_forward(Backend& be, Tensor out, const int32_t* tokens, int64_t B
     case Device::cuda:
       if constexpr (kWithCuda) cuda::embedding_forward(be, out, tokens, B, T, wte, wpe, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, forward_cost(B, T, C, wpe), [&] { return cuda::embedding_forward_launches(B, T, C); });
   }
 }
 
@@ -50,7 +66,10 @@ void embedding_backward(Backend& be, Tensor dwte, Tensor dwpe, Tensor dout, cons
     case Device::cuda:
       if constexpr (kWithCuda) cuda::embedding_backward(be, dwte, dwpe, dout, tokens, B, T, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, backward_cost(B, T, C, dwpe), [&] {
+        return cuda::embedding_backward_launches(B, T, C, dwpe.data() != nullptr, bucket_bound(B, T, dwte));
+      });
   }
 }
 
@@ -66,7 +85,9 @@ void embedding_forward_shard(Backend& be, Tensor out, const int32_t* tokens, int
     case Device::cuda:
       if constexpr (kWithCuda) cuda::embedding_forward_shard(be, out, tokens, B, T, wte, wpe, v0, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, forward_cost(B, T, C, wpe),
+                    [&] { return cuda::embedding_forward_shard_launches(B, T, v0, C); });
   }
 }
 
@@ -82,7 +103,10 @@ void embedding_backward_shard(Backend& be, Tensor dwte, Tensor dwpe, Tensor dout
     case Device::cuda:
       if constexpr (kWithCuda) cuda::embedding_backward_shard(be, dwte, dwpe, dout, tokens, B, T, v0, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, backward_cost(B, T, C, dwpe), [&] {
+        return cuda::embedding_backward_shard_launches(B, T, v0, C, dwpe.data() != nullptr, bucket_bound(B, T, dwte));
+      });
   }
 }
 

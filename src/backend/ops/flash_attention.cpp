@@ -44,6 +44,21 @@ FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse
   return s;
 }
 
+// The fused attention's cost: its products over the scores the mask leaves (about half under a
+// causal mask) on vector units (the kernels compute in f32), backward 2.5x forward (it recomputes
+// the scores: five products for two); q, k, v, out read or written once each, and lse.
+OpCost flash_cost(const FlashShape& s, bool backward) {
+  const double elem = s.bf16 ? 2 : 4, seen = s.causal ? 0.5 : 1.0;
+  const double scores = static_cast<double>(s.B) * s.H * s.Tq * s.Tk * seen;
+  const double q = static_cast<double>(s.B) * s.Tq * s.H * s.hd, kv = 2.0 * s.B * s.Tk * s.KV * s.hd;
+  const double lse = 4.0 * s.B * s.H * s.Tq;
+  OpCost c{.name = backward ? "flash_attention_backward" : "flash_attention_forward",
+           .flops = (backward ? 2.5 : 1.0) * (4.0 * scores * s.hd + 5.0 * scores)};
+  // forward: q, k, v in, out and lse out; backward: q, k, v, out, dout and lse in, dq, dk, dv (f32) out.
+  c.bytes = backward ? (2 * q + kv) * elem + lse + (q + kv) * 4 : (2 * q + kv) * elem + lse;
+  return c;
+}
+
 // Forward on the backend's device; lse (B, H, Tq) and the tiles in device memory; out, q, k and v
 // of the shape's input dtype.
 void forward_on(Backend& be, void* out, float* lse, const void* q, const void* k, const void* v, const FlashShape& s,
@@ -53,7 +68,8 @@ void forward_on(Backend& be, void* out, float* lse, const void* q, const void* k
     case Device::cuda:
       if constexpr (kWithCuda) cuda::flash_attention_forward(be, out, lse, q, k, v, s);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, flash_cost(s, false), [&] { return cuda::flash_attention_forward_launches(s); });
   }
 }
 
@@ -65,7 +81,8 @@ void backward_on(Backend& be, float* dq, float* dk, float* dv, const void* dout,
     case Device::cuda:
       if constexpr (kWithCuda) cuda::flash_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, workspace, s);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, flash_cost(s, true), [&] { return cuda::flash_attention_backward_launches(s); });
   }
 }
 
@@ -156,7 +173,12 @@ void flash_attention_merge(Backend& be, const FlashShape& s, Tensor out, Tensor 
       if constexpr (kWithCuda)
         cuda::flash_attention_merge(be, out.ptr<float>(), lse.ptr<float>(), part.ptr<float>(), part_lse.ptr<float>(), s);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "flash_attention_merge",
+                     .flops = 6.0 * rows,
+                     .bytes = pass_bytes(rows, 2, 1) + pass_bytes(lses, 2, 1)},
+                    [&] { return cuda::flash_attention_merge_launches(s); });
   }
 }
 

@@ -34,7 +34,9 @@ void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor qkv, int
     case Device::cuda:
       if constexpr (kWithCuda) cuda::kv_cache_write(be, k_cache, v_cache, qkv, H, KV, pos0, B, T, C, S);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "kv_cache_write", .bytes = pass_bytes(2 * B * T * (C / H) * KV, 1, 1)},
+                    [&] { return cuda::kv_cache_write_launches(H, KV, pos0, B, T, C, S); });
   }
 }
 
@@ -48,7 +50,12 @@ void attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache, Tenso
     case Device::cuda:
       if constexpr (kWithCuda) cuda::attention_cached(be, out, qkv, k_cache, v_cache, H, KV, pos0, B, T, C, S);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "attention_cached",
+                     .flops = 4.0 * B * T * (pos0 + T) * C,
+                     .bytes = pass_bytes(2 * B * (pos0 + T) * (C / H) * KV, 1, 0) + pass_bytes(B * T * C, 2, 1)},
+                    [&] { return cuda::attention_cached_launches(H, KV, pos0, B, T, C, S); });
   }
 }
 
@@ -66,7 +73,9 @@ void copy_rows(Backend& be, Tensor dst, int64_t dst_ld, Tensor src, int64_t src_
     case Device::cuda:
       if constexpr (kWithCuda) cuda::copy_rows(be, dst.ptr<float>(), dst_ld, src.ptr<float>(), src_ld, rows, width);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "copy_rows", .bytes = pass_bytes(rows * width, 1, 1)},
+                    [&] { return cuda::copy_rows_launches(dst_ld, src_ld, rows, width); });
   }
 }
 

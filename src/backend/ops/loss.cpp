@@ -37,7 +37,10 @@ void cross_entropy(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, co
     case Device::cuda:
       if constexpr (kWithCuda) cuda::cross_entropy(be, losses, dlogits, logits, targets, dloss_scale, N, V);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(
+          be, {.name = "cross_entropy", .flops = 6.0 * N * V, .bytes = pass_bytes(N * V, 1, dlogits.data() ? 1 : 0)},
+          [&] { return cuda::cross_entropy_launches(N, V); });
   }
 }
 
@@ -48,7 +51,9 @@ void vocab_ce_max(Backend& be, Tensor mx, Tensor logits, int64_t valid) {
     case Device::cuda:
       if constexpr (kWithCuda) cuda::vocab_ce_max(be, mx, logits, valid, N, Vl);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "vocab_ce_max", .flops = 1.0 * N * Vl, .bytes = pass_bytes(N * Vl, 1, 0)},
+                    [&] { return cuda::vocab_ce_max_launches(N, Vl); });
   }
 }
 
@@ -64,7 +69,9 @@ void vocab_ce_sums(Backend& be, Tensor sumexp, Tensor tlogit, Tensor logits, con
     case Device::cuda:
       if constexpr (kWithCuda) cuda::vocab_ce_sums(be, sumexp, tlogit, logits, targets, v0, valid, mx, N, Vl);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "vocab_ce_sums", .flops = 4.0 * N * Vl, .bytes = pass_bytes(N * Vl, 1, 0)},
+                    [&] { return cuda::vocab_ce_sums_launches(N, Vl); });
   }
 }
 
@@ -82,7 +89,11 @@ void vocab_ce_finish(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, 
       if constexpr (kWithCuda)
         cuda::vocab_ce_finish(be, losses, dlogits, logits, targets, v0, valid, mx, sumexp, tlogit, dloss_scale, N, Vl);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(
+          be,
+          {.name = "vocab_ce_finish", .flops = 4.0 * N * Vl, .bytes = pass_bytes(N * Vl, 1, dlogits.data() ? 1 : 0)},
+          [&] { return cuda::vocab_ce_finish_launches(N, Vl); });
   }
 }
 

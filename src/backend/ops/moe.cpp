@@ -29,7 +29,9 @@ void moe_gather(Backend& be, Tensor dst, Tensor src, const int32_t* token_of) {
     case Device::cuda:
       if constexpr (kWithCuda) cuda::moe_gather(be, dst, src, token_of, rows, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "moe_gather", .bytes = pass_bytes(rows * C, 1, 1)},
+                    [&] { return cuda::moe_gather_launches(rows, C); });
   }
 }
 
@@ -41,7 +43,12 @@ void moe_combine(Backend& be, Tensor out, Tensor y, const int32_t* pos, Tensor w
     case Device::cuda:
       if constexpr (kWithCuda) cuda::moe_combine(be, out, y, pos, w, s.N, k, s.C, accumulate);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "moe_combine",
+                     .flops = 2.0 * s.N * k * s.C,
+                     .bytes = pass_bytes(s.N * k * s.C, 1, 0) + pass_bytes(s.N * s.C, accumulate ? 1 : 0, 1)},
+                    [&] { return cuda::moe_combine_launches(s.N, k, s.C, accumulate); });
   }
 }
 
@@ -59,7 +66,12 @@ void moe_combine_backward(Backend& be, Tensor dy, Tensor dw, Tensor dout, Tensor
     case Device::cuda:
       if constexpr (kWithCuda) cuda::moe_combine_backward(be, dy, dw, dout, y, pos, w, s.N, k, s.C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "moe_combine_backward",
+                     .flops = 4.0 * s.N * k * s.C,
+                     .bytes = pass_bytes(s.N * k * s.C, 1, 1) + pass_bytes(s.N * s.C, 1, 0)},
+                    [&] { return cuda::moe_combine_backward_launches(s.N, k, s.C); });
   }
 }
 

@@ -41,7 +41,11 @@ void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor
     case Device::cuda:
       if constexpr (kWithCuda) cuda::layernorm_forward(be, out, mean, rstd, inp, weight, bias, eps, N, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(
+          be,
+          {.name = "layernorm_forward", .flops = 8.0 * N * C, .bytes = pass_bytes(N * C, 1, 1) + pass_bytes(N, 0, 2)},
+          [&] { return cuda::layernorm_forward_launches(N, C); });
   }
 }
 
@@ -59,7 +63,12 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
     case Device::cuda:
       if constexpr (kWithCuda) cuda::layernorm_backward(be, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "layernorm_backward",
+                     .flops = 14.0 * N * C,
+                     .bytes = pass_bytes(N * C, 3, 1) + pass_bytes(N, 2, 0) + pass_bytes(C, 2, 2)},
+                    [&] { return cuda::layernorm_backward_launches(N, C); });
   }
 }
 
@@ -72,7 +81,10 @@ void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor we
     case Device::cuda:
       if constexpr (kWithCuda) cuda::rmsnorm_forward(be, out, rstd, inp, weight, eps, N, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(
+          be, {.name = "rmsnorm_forward", .flops = 5.0 * N * C, .bytes = pass_bytes(N * C, 1, 1) + pass_bytes(N, 0, 1)},
+          [&] { return cuda::rmsnorm_forward_launches(N, C); });
   }
 }
 
@@ -87,7 +99,12 @@ void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Ten
     case Device::cuda:
       if constexpr (kWithCuda) cuda::rmsnorm_backward(be, dinp, dweight, dout, inp, weight, rstd, N, C);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "rmsnorm_backward",
+                     .flops = 10.0 * N * C,
+                     .bytes = pass_bytes(N * C, 3, 1) + pass_bytes(N, 1, 0) + pass_bytes(C, 1, 1)},
+                    [&] { return cuda::rmsnorm_backward_launches(N, C); });
   }
 }
 
@@ -117,7 +134,12 @@ void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor
     case Device::cuda:
       if constexpr (kWithCuda) cuda::head_rmsnorm_forward(be, x, pre, rstd, weight, s.N, s.W, col0, s.heads, s.hd, eps);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "head_rmsnorm_forward",
+                     .flops = 5.0 * s.N * s.heads * s.hd,
+                     .bytes = pass_bytes(s.N * s.heads * s.hd, 1, 2) + pass_bytes(s.N * s.heads, 0, 1)},
+                    [&] { return cuda::head_rmsnorm_forward_launches(s.N, s.W, col0, s.heads, s.hd); });
   }
 }
 
@@ -132,7 +154,12 @@ void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, T
     case Device::cuda:
       if constexpr (kWithCuda) cuda::head_rmsnorm_backward(be, dx, dweight, pre, weight, rstd, s.N, s.W, col0, s.heads, s.hd);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "head_rmsnorm_backward",
+                     .flops = 10.0 * s.N * s.heads * s.hd,
+                     .bytes = pass_bytes(s.N * s.heads * s.hd, 2, 1) + pass_bytes(s.N * s.heads, 1, 0)},
+                    [&] { return cuda::head_rmsnorm_backward_launches(s.N, s.W, col0, s.heads, s.hd); });
   }
 }
 

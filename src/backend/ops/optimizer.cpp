@@ -17,7 +17,10 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
     case Device::cuda:
       if constexpr (kWithCuda) cuda::adamw_update(be, param, grad, m, v, a);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "adamw_update", .flops = 16.0 * param.numel(), .bytes = pass_bytes(param.numel(), 4, 3)},
+                    [&] { return cuda::adamw_update_launches(param.numel()); });
   }
 }
 
@@ -30,7 +33,9 @@ void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const S
     case Device::cuda:
       if constexpr (kWithCuda) cuda::sgd_update(be, param, grad, momentum, a);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be, {.name = "sgd_update", .flops = 4.0 * param.numel(), .bytes = pass_bytes(param.numel(), 3, 2)},
+                    [&] { return cuda::sgd_update_launches(param.numel()); });
   }
 }
 

@@ -35,7 +35,12 @@ void quantize_blocks(Backend& be, Tensor q, Tensor x, int64_t x_stride, int64_t 
     case Device::cuda:
       if constexpr (kWithCuda) cuda::quantize_blocks(be, q.ptr<float>(), x.data(), x.dtype(), x_stride, rows, n, s);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "quantize_blocks",
+                     .flops = 3.0 * rows * n,
+                     .bytes = static_cast<double>(rows * n) * (dtype_size(x.dtype()) + 4)},
+                    [&] { return cuda::quantize_blocks_launches(x.dtype(), x_stride, rows, n, s.bits, s.block); });
   }
 }
 
@@ -55,7 +60,13 @@ void dequantize_blocks(Backend& be, Tensor x, Tensor q, int64_t rows, int64_t n,
       if constexpr (kWithCuda)
         cuda::dequantize_blocks(be, x.data(), x.dtype(), q.ptr<float>(), x_stride, rows, n, s, accumulate);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(
+          be,
+          {.name = "dequantize_blocks",
+           .flops = 2.0 * rows * n,
+           .bytes = static_cast<double>(rows * n) * (dtype_size(x.dtype()) * (accumulate ? 2 : 1) + 4)},
+          [&] { return cuda::dequantize_blocks_launches(x.dtype(), x_stride, rows, n, s.bits, s.block, accumulate); });
   }
 }
 

@@ -17,7 +17,12 @@ void rope(Backend& be, Tensor x, int64_t heads, int64_t head_dim, const RopeFreq
     case Device::cuda:
       if constexpr (kWithCuda) cuda::rope(be, x, heads, freqs, pos0, inverse, B, T, W);
       return;
-    case Device::meta: return;
+    case Device::meta:
+      return charge(be,
+                    {.name = "rope",
+                     .flops = 6.0 * B * T * heads * head_dim,
+                     .bytes = pass_bytes(B * T * heads * head_dim, 1, 1)},
+                    [&] { return cuda::rope_launches(heads, freqs.half, pos0, inverse, B, T, W); });
   }
 }
 

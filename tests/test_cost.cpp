@@ -1,0 +1,181 @@
+// The cost ledger (src/backend/cost.hpp) and the device model that prices it (src/backend/price.hpp)
+// against references that share no code with them: GPT-2 124M's published parameter count (its
+// GEMMs' FLOPs are 6 N per token), DDP's all-reduce volume 2 (n - 1) / n of the gradients, and
+// timelines worked out by hand for the stream replay.
+#include <catch2/catch.hpp>
+
+#include <string_view>
+
+#include "src/backend/cost.hpp"
+#include "src/backend/price.hpp"
+#include "src/core/device_peaks.hpp"
+#include "src/train/predict.hpp"
+#include "src/train/trainer.hpp"
+
+using namespace shardlab;
+
+namespace {
+
+TrainConfig gpt2_config(DType dt) {
+  TrainConfig c;
+  c.spec = model_preset("gpt2");
+  c.strategy.kind = StrategyKind::ddp;
+  c.strategy.precision.param_dtype = c.strategy.precision.reduce_dtype = dt;
+  return c;
+}
+
+double gemm_flops(const CostLedger& l) {
+  double f = 0;
+  for (const OpCost& c : l.ops())
+    if (std::string_view(c.name) == "gemm") f += c.flops + c.tensor_flops;
+  return f;
+}
+
+// A device whose every op takes flops / 1e9 seconds and whose links move 1e9 bytes/s.
+DeviceModel unit_device(double launch_s = 0) {
+  DeviceModel d;
+  d.name = "unit";
+  d.vector_flops = {1e9, "test"};
+  d.gemm = 1, d.knee = 0, d.memory = 1;
+  d.launch_s = launch_s;
+  d.link = {1e9, "test"};
+  return d;
+}
+
+OpCost work(double ms, int launches = 1) { return {.name = "work", .flops = ms * 1e6, .launches = launches}; }
+OpCost transfer(double ms) { return {.name = "all_reduce", .axis = "dp", .group = 2, .bus_bytes = ms * 1e6}; }
+
+}  // namespace
+
+TEST_CASE("a GPT-2 124M step's GEMMs are 6 N FLOPs per token", "[cost]") {
+  // 124,439,808 parameters (Radford et al. 2019's 124M, as transformers counts GPT2LMHeadModel at
+  // V 50,257); the ones outside GEMMs (positions, norms, biases) are 0.73% of them.
+  const double N = 124439808, tokens = 4.0 * 1024;
+  for (Device target : {Device::cpu, Device::cuda}) {
+    CostLedger l = step_costs(gpt2_config(DType::bf16), 1, 0, 4, target);
+    INFO(device_name(target));
+    CHECK(gemm_flops(l) == Approx(6 * N * tokens).epsilon(0.01));
+  }
+}
+
+TEST_CASE("bf16 GEMMs run on tensor cores only where the ledger stands for a GPU", "[cost]") {
+  const CostLedger gpu = step_costs(gpt2_config(DType::bf16), 1, 0, 1, Device::cuda);
+  const CostLedger cpu = step_costs(gpt2_config(DType::bf16), 1, 0, 1, Device::cpu);
+  double gpu_tensor = 0, cpu_tensor = 0;
+  int gpu_launches = 0, cpu_launches = 0;
+  for (const OpCost& c : gpu.ops()) gpu_tensor += c.tensor_flops, gpu_launches += c.launches;
+  for (const OpCost& c : cpu.ops()) cpu_tensor += c.tensor_flops, cpu_launches += c.launches;
+  CHECK(gpu_tensor == Approx(gemm_flops(gpu)));  // every product: bf16 operands on the tensor cores
+  CHECK(cpu_tensor == 0);
+  CHECK(gpu_launches > 100);  // kernels, cuBLAS calls and copies, as the CUDA backend issues them
+  CHECK(cpu_launches == 0);   // on the CPU an operation is a function call
+}
+
+TEST_CASE("the ledger's collectives carry DDP's all-reduce volume", "[cost]") {
+  // DDP all-reduces every f32 gradient once a step: 2 (n - 1) / n x 4 N bus bytes per rank.
+  const int world = 8;
+  const CostLedger l = step_costs(gpt2_config(DType::f32), world, 0, 1, Device::cuda);
+  double bus = 0;  // the gradients' buckets, and the loss's and the norm's few bytes
+  int on_comm_stream = 0;
+  for (const OpCost& c : l.ops()) bus += c.bus_bytes;
+  for (const CostCommand& c : l.commands())
+    on_comm_stream += c.kind == CostCommand::Kind::op && c.stream == StreamKind::comm;
+  CHECK(bus == Approx(2.0 * (world - 1) / world * 4 * 124439808).epsilon(0.001));
+  CHECK(on_comm_stream > 0);
+}
+
+TEST_CASE("a copy to the host is a host wait on a GPU, not on the CPU", "[cost]") {
+  for (Device target : {Device::cpu, Device::cuda}) {
+    CostLedger l(target);
+    auto be = make_meta_backend({}, &l);
+    float host = 0;
+    void* dev = be->raw_alloc(4);
+    be->copy(Tensor::flat(&host, DType::f32, 1), Tensor::flat(dev, DType::f32, 1, Device::meta));
+    int syncs = 0;
+    for (const CostCommand& c : l.commands()) syncs += c.kind == CostCommand::Kind::host_sync;
+    CHECK(syncs == (target == Device::cuda ? 1 : 0));
+  }
+}
+
+TEST_CASE("an under-filled launch is flagged and priced at the bandwidth of the SMs it fills", "[cost]") {
+  // sum_rows (a bias gradient) runs a block per 256 columns: 3 blocks for 768 columns, of an
+  // H200's 132 SMs. An axpy over the same rows fills the device.
+  CostLedger l(Device::cuda);
+  auto be = make_meta_backend({}, &l);
+  const int64_t rows = 8192, cols = 768;
+  void* x = be->raw_alloc(rows * cols * 4);
+  void* y = be->raw_alloc(rows * cols * 4);
+  void* out = be->raw_alloc(cols * 4);
+  be->sum_rows(Tensor(x, DType::f32, {rows, cols}, Device::meta), Tensor::flat(out, DType::f32, cols, Device::meta),
+               false);
+  be->axpy(1.f, Tensor::flat(x, DType::f32, rows * cols, Device::meta),
+           Tensor::flat(y, DType::f32, rows * cols, Device::meta));
+  const StepPrice p = price_step(l, gpu_device_model(kH200));
+  const PricedOp* sum_rows = nullptr;
+  const PricedOp* axpy = nullptr;
+  for (const PricedOp& op : p.ops) {
+    if (op.name == "sum_rows") sum_rows = &op;
+    if (op.name == "axpy") axpy = &op;
+  }
+  REQUIRE(sum_rows != nullptr);
+  REQUIRE(axpy != nullptr);
+  CHECK(sum_rows->blocks == 3);
+  CHECK(sum_rows->underfilled == 1);
+  CHECK(axpy->underfilled == 0);
+  // One read of the rows each (axpy: two reads and a write), at 3/132 of the bandwidth.
+  CHECK(sum_rows->seconds > 10 * axpy->seconds);
+}
+
+TEST_CASE("the replay overlaps a collective with the compute it does not hold up", "[cost]") {
+  // A (1 ms), then a collective on the comm stream, B (1 ms) beside it, then D waits for it.
+  for (double comm_ms : {0.5, 2.0}) {
+    CostLedger l(Device::cuda);
+    l.add(work(1));
+    const int done = l.collective(transfer(comm_ms));
+    l.add(work(1));
+    l.wait(StreamKind::compute, done);
+    l.add(work(1));
+    const StepPrice p = price_step(l, unit_device());
+    INFO("collective of " << comm_ms << " ms");
+    CHECK(p.compute == Approx(3e-3));
+    CHECK(p.exposed_comm == Approx(std::max(0.0, 1e-3 + comm_ms * 1e-3 - 2e-3)).margin(1e-12));
+    CHECK(p.total == Approx(p.compute + p.exposed_comm));
+    CHECK(p.comm_busy == Approx(comm_ms * 1e-3));
+  }
+}
+
+TEST_CASE("the replay charges launch gaps and a mid-step host wait", "[cost]") {
+  // The host takes 0.1 ms a launch: the first kernel starts at 0.1 ms; a host synchronisation after
+  // it leaves the device idle while the host issues the next (0.1 ms more).
+  CostLedger l(Device::cuda);
+  l.add(work(1));
+  l.host_sync();
+  l.add(work(1));
+  const StepPrice p = price_step(l, unit_device(1e-4));
+  CHECK(p.launch_gaps == Approx(1e-4));
+  CHECK(p.host_waits == Approx(1e-4));
+  CHECK(p.host_syncs == 1);
+  CHECK(p.host_syncs_mid_step == 1);
+  CHECK(p.total == Approx(2.2e-3));
+  // Many short kernels: the host is the bottleneck (launch-bound).
+  CostLedger many(Device::cuda);
+  for (int i = 0; i < 100; ++i) many.add(work(0.01));
+  const StepPrice q = price_step(many, unit_device(1e-4));
+  CHECK(q.total == Approx(100 * 1e-4 + 1e-5));
+  CHECK(q.launch_gaps == Approx(q.total - q.compute));
+}
+
+TEST_CASE("work done for bookkeeping is not the step's", "[cost]") {
+  CostLedger l(Device::cuda);
+  {
+    CostLedger::Pause paused(&l);
+    l.add(work(1));
+    CHECK(l.record(StreamKind::compute) == -1);
+  }
+  l.add(work(1));
+  CHECK(l.ops().size() == 1);
+  const int before = l.record(StreamKind::compute);
+  l.clear();
+  l.wait(StreamKind::compute, before);  // an event from before the clear: ignored
+  CHECK(l.commands().empty());
+}
