@@ -127,22 +127,21 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
     r.theory_intra = theory.intra_bus();
     r.theory_inter = theory.across_bus();
   }
+  // The whole step's theory: the data-parallel axes' and each model-parallel axis's.
+  auto add_axis = [&](CommAxis a, int degree, double theory_bytes) {
+    r.axes.push_back({a, degree, trainer.mesh().last_step_bytes()[static_cast<int>(a)], theory_bytes});
+    r.comm_theory += theory_bytes;
+  };
   if (tc.layout.dims.tp > 1) {
     const TpConfig tp{tc.layout.dims.tp, trainer.mesh().rank(CommAxis::tp), tc.layout.sequence_parallel};
     const int64_t micro = tc.batch / trainer.mesh().dp_size() / tc.accum;
-    r.tp = tp.degree;
-    r.comm_tp = trainer.mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
-    r.theory_tp = static_cast<double>(tc.accum) * tp_micro_step_bus_bytes(family_of(tc.spec).layout(tc.spec, tp), tc.spec,
-                                                                          tp, micro, tc.spec.seq / cp, tc.checkpointing) +
-                  2.0 * (tp.degree - 1) / tp.degree * sizeof(float);
-    r.comm_theory += r.theory_tp;  // the whole step's: the data-parallel axes' and the tp axis's
+    add_axis(CommAxis::tp, tp.degree,
+             static_cast<double>(tc.accum) * tp_micro_step_bus_bytes(family_of(tc.spec).layout(tc.spec, tp), tc.spec,
+                                                                     tp, micro, tc.spec.seq / cp, tc.checkpointing) +
+                 2.0 * (tp.degree - 1) / tp.degree * sizeof(float));
   }
-  if (tc.layout.dims.pp > 1) {
-    r.pp = tc.layout.dims.pp;
-    r.comm_pp = trainer.mesh().last_step_bytes()[static_cast<int>(CommAxis::pp)];
-    r.theory_pp = pp_theory(tc, trainer.mesh().dp_size(), tc.layout.dims.tp, cp);
-    r.comm_theory += r.theory_pp;
-  }
+  if (tc.layout.dims.pp > 1)
+    add_axis(CommAxis::pp, tc.layout.dims.pp, pp_theory(tc, trainer.mesh().dp_size(), tc.layout.dims.tp, cp));
   r.ranks_per_node = tc.layout.ranks_per_node;
   r.axis_bytes = trainer.mesh().last_step_bytes();
   const Mesh::LinkBytes link = trainer.mesh().last_step_bytes_by_link();
@@ -150,12 +149,11 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
   if (cp > 1) {
     int layers = 0;  // this rank's (its stage's under --pp)
     for (const auto& u : trainer.units()) layers += u->recomputable() ? 1 : 0;
-    r.cp = cp;
-    r.comm_cp = trainer.mesh().last_step_bytes()[static_cast<int>(CommAxis::cp)];
-    r.theory_cp = static_cast<double>(tc.accum) *
-                  cp::micro_step_bus_bytes(tc.spec, tc.layout.cp.method, layers, tc.layout.dims.tp, cp,
-                                           tc.batch / trainer.mesh().dp_size() / tc.accum, tc.checkpointing);
-    r.comm_theory += r.theory_cp;
+    add_axis(CommAxis::cp, cp,
+             static_cast<double>(tc.accum) * cp::micro_step_bus_bytes(tc.spec, tc.layout.cp.method, layers,
+                                                                      tc.layout.dims.tp, cp,
+                                                                      tc.batch / trainer.mesh().dp_size() / tc.accum,
+                                                                      tc.checkpointing));
   }
 }
 
@@ -212,6 +210,31 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
 std::string mib(double bytes) { return fmt::format("{:.2f}", bytes / (1 << 20)); }
 
 // The per-axis traffic tables: hybrid sharding's groups, the tp, cp and pp axes, where a run used them.
+// compare's table for each model-parallel axis, in the order printed: title, column, what the theory counts.
+struct AxisTable {
+  CommAxis axis;
+  const char* title;
+  const char* column;
+  const char* note;
+};
+constexpr AxisTable kAxisTables[] = {
+    {CommAxis::tp, "tensor parallelism: bus bytes per rank in the last step over the tp group", "tp axis",
+     "(per layer and micro-step 2 all-reduces of B*T*C forward and 2 backward, or with --sequence-parallel the "
+     "same as all-gathers and reduce-scatters plus the backward re-gathers; the embedding, the head, the "
+     "vocabulary-parallel loss's 3 B*T floats and the gradient norm: src/model/tp.hpp)"},
+    {CommAxis::cp, "context parallelism: bus bytes per rank in the last step over the cp group", "cp axis",
+     "(per layer and micro-step, G = B*T*2*KV*hd floats: allgather, an all-gather of the group's K/V rows in "
+     "forward and again in backward and a reduce-scatter of their gradients, (C-1)/C x G each; ring, a send "
+     "and a receive of G/C per hop, C-1 hops of K/V forward and backward and C of dK/dV; forward twice under "
+     "--activation-checkpointing blocks: src/model/parallel/cp_attention.hpp)"},
+    {CommAxis::pp, "pipeline parallelism: bus bytes of rank 0 (the first stage) in the last step over the pp axis",
+     "pp axis",
+     "(per micro-batch and chunk boundary an activation of B*T*C floats forward and its gradient back; the tied "
+     "embedding's gradient all-reduced over the first and last stages; the loss and the norm: one float each). "
+     "Under --pp the theory's Psi is rank 0's stage, and zero3's 2Psi(N-1)/N: a stage stays gathered over the "
+     "step"},
+};
+
 void print_axis_tables(const CompareResult& res, std::FILE* out) {
   bool hybrid = false;
   for (const auto& r : res.runs) hybrid |= !r.oom && r.dp_shard > 0;
@@ -241,36 +264,18 @@ void print_axis_tables(const CompareResult& res, std::FILE* out) {
                      zero3 && zero3->node_inter > 0 ? fmt::format("{:.3f}", r.node_inter / zero3->node_inter).c_str() : "-");
     std::fprintf(out, "(a group's bytes are inter-node when its ranks span nodes; ZeRO++'s formulas: shard/zeropp.hpp)\n");
   }
-  // One axis's table: the runs that used it (degree > 1), measured and theory, then what the theory counts.
-  auto axis_table = [&](int StrategyResult::*degree, double StrategyResult::*bytes, double StrategyResult::*theory,
-                        const char* title, const char* column, const char* note) {
+  // One table per model-parallel axis a run used: measured and theory, then what the theory counts.
+  for (const AxisTable& t : kAxisTables) {
     bool used = false;
-    for (const auto& r : res.runs) used |= !r.oom && r.*degree > 1;
-    if (!used) return;
-    std::fprintf(out, "\n%s\n%-19s %14s %14s\n", title, "strategy", column, "theory");
+    for (const auto& r : res.runs) used |= !r.oom && r.traffic_on(t.axis);
+    if (!used) continue;
+    std::fprintf(out, "\n%s\n%-19s %14s %14s\n", t.title, "strategy", t.column, "theory");
     for (const auto& r : res.runs)
-      if (!r.oom && r.*degree > 1)
-        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(r.*bytes).c_str(),
-                     format_bytes(r.*theory).c_str());
-    std::fprintf(out, "%s\n", note);
-  };
-  axis_table(&StrategyResult::tp, &StrategyResult::comm_tp, &StrategyResult::theory_tp,
-             "tensor parallelism: bus bytes per rank in the last step over the tp group", "tp axis",
-             "(per layer and micro-step 2 all-reduces of B*T*C forward and 2 backward, or with --sequence-parallel the "
-             "same as all-gathers and reduce-scatters plus the backward re-gathers; the embedding, the head, the "
-             "vocabulary-parallel loss's 3 B*T floats and the gradient norm: src/model/tp.hpp)");
-  axis_table(&StrategyResult::cp, &StrategyResult::comm_cp, &StrategyResult::theory_cp,
-             "context parallelism: bus bytes per rank in the last step over the cp group", "cp axis",
-             "(per layer and micro-step, G = B*T*2*KV*hd floats: allgather, an all-gather of the group's K/V rows in "
-             "forward and again in backward and a reduce-scatter of their gradients, (C-1)/C x G each; ring, a send "
-             "and a receive of G/C per hop, C-1 hops of K/V forward and backward and C of dK/dV; forward twice under "
-             "--activation-checkpointing blocks: src/model/parallel/cp_attention.hpp)");
-  axis_table(&StrategyResult::pp, &StrategyResult::comm_pp, &StrategyResult::theory_pp,
-             "pipeline parallelism: bus bytes of rank 0 (the first stage) in the last step over the pp axis", "pp axis",
-             "(per micro-batch and chunk boundary an activation of B*T*C floats forward and its gradient back; the tied "
-             "embedding's gradient all-reduced over the first and last stages; the loss and the norm: one float each). "
-             "Under --pp the theory's Psi is rank 0's stage, and zero3's 2Psi(N-1)/N: a stage stays gathered over the "
-             "step");
+      if (const AxisTraffic* a = r.oom ? nullptr : r.traffic_on(t.axis))
+        std::fprintf(out, "%-19s %14s %14s\n", r.name.c_str(), format_bytes(a->bytes).c_str(),
+                     format_bytes(a->theory).c_str());
+    std::fprintf(out, "%s\n", t.note);
+  }
 }
 
 // Memory: rank 0 (and, for dp, the other ranks) at the peak of the run, MiB: each category's bytes at
@@ -355,6 +360,12 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
 }
 
 }  // namespace
+
+const AxisTraffic* StrategyResult::traffic_on(CommAxis a) const {
+  for (const AxisTraffic& t : axes)
+    if (t.axis == a) return &t;
+  return nullptr;
+}
 
 void check_agreement(CompareResult& res, double tolerance) {
   const StrategyResult* first = nullptr;
@@ -451,9 +462,8 @@ std::string compare_json(const CompareConfig& cfg, const CompareResult& r, int w
         o["hybrid"] = {{"dp_shard", s.dp_shard},           {"intra_bytes", s.comm_intra},
                        {"intra_theory_bytes", s.theory_intra}, {"inter_bytes", s.comm_inter},
                        {"inter_theory_bytes", s.theory_inter}};
-      if (s.tp > 1) o["tp"] = {{"degree", s.tp}, {"bytes", s.comm_tp}, {"theory_bytes", s.theory_tp}};
-      if (s.pp > 1) o["pp"] = {{"degree", s.pp}, {"bytes", s.comm_pp}, {"theory_bytes", s.theory_pp}};
-      if (s.cp > 1) o["cp"] = {{"degree", s.cp}, {"bytes", s.comm_cp}, {"theory_bytes", s.theory_cp}};
+      for (const AxisTraffic& a : s.axes)
+        o[comm_axis_name(a.axis)] = {{"degree", a.degree}, {"bytes", a.bytes}, {"theory_bytes", a.theory}};
       nlohmann::json axes = nlohmann::json::object();
       for (int a = 0; a < kNumCommAxes; ++a)
         if (s.axis_bytes[a] > 0) axes[comm_axis_name(static_cast<CommAxis>(a))] = s.axis_bytes[a];

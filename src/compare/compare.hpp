@@ -19,6 +19,17 @@ struct CompareConfig {
   double tolerance = 1e-4;           // max relative loss deviation from the first strategy
 };
 
+// One axis's traffic in a run's last step, rank 0's (under --pp the first stage's), and what the
+// theory says it is: tp, tp_micro_step_bus_bytes per micro-step plus the gradient norm's float; pp,
+// the activations and their gradients, the tied embedding's gradient, the loss and the norm; cp,
+// cp::micro_step_bus_bytes per micro-step. A new axis is a row of count_axes and of the table's
+// notes, not fields here.
+struct AxisTraffic {
+  CommAxis axis = CommAxis::tp;
+  int degree = 1;
+  double bytes = 0, theory = 0;
+};
+
 struct StrategyResult {
   StrategyKind kind = StrategyKind::ddp;
   std::string name;                  // strategy_label(kind, offload): "zero3", "zero3 off:params"
@@ -37,19 +48,10 @@ struct StrategyResult {
   // groups), and the theory's for each (0 without hybrid sharding).
   int dp_shard = 0;
   double comm_intra = 0, comm_inter = 0, theory_intra = 0, theory_inter = 0;
-  // Tensor parallelism (--tp T > 1): the last step's bus bytes on the tp axis and the theory's
-  // (tp_micro_step_bus_bytes per micro-step, plus the gradient norm's float); 0 otherwise.
-  int tp = 1;
-  double comm_tp = 0, theory_tp = 0;
-  // Pipeline parallelism (--pp P > 1): rank 0's (the first stage's) bus bytes in the last step on
-  // the pp axis (activations and their gradients, the tied embedding's gradient, the loss and the
-  // norm) and the theory's; 0 otherwise.
-  int pp = 1;
-  double comm_pp = 0, theory_pp = 0;
-  // Context parallelism (--cp C > 1): rank 0's bus bytes in the last step on the cp axis and the
-  // theory's (cp::micro_step_bus_bytes per micro-step); 0 otherwise.
-  int cp = 1;
-  double comm_cp = 0, theory_cp = 0;
+  // The model-parallel axes the run used (degree > 1), in the order their theories were added: rank
+  // 0's bus bytes on each in the last step beside the theory's (compare.cpp's count_axes).
+  std::vector<AxisTraffic> axes;
+  const AxisTraffic* traffic_on(CommAxis a) const;  // nullptr: the run did not use that axis
   // By link (--ranks-per-node R; 0: one node): rank 0's bus bytes in the last step on each axis,
   // and their sum over the axes whose groups stay inside a node and over those that cross one.
   int ranks_per_node = 0;
