@@ -43,43 +43,45 @@ class Zero final : public Strategy {
   Zero(const StrategyConfig& cfg, StrategyEnv env)
       : Strategy(cfg, std::move(env)),
         stage_(zero_stage(cfg.kind)),
-        pd_(param_dtype()),
-        rd_(reduce_dtype()),
-        off_(cfg.offload != Offload::none),
-        off_params_(cfg.offload == Offload::params),
-        hp_(env_.pool.host()),
-        hmp_(cfg.precision, hp_, env_.units.size()) {
+        param_type_(param_dtype()),
+        reduce_type_(reduce_dtype()),
+        offload_(cfg.offload != Offload::none),
+        offload_params_(cfg.offload == Offload::params),
+        host_pool_(env_.pool.host()),
+        host_mp_(cfg.precision, host_pool_, env_.units.size()) {
     open_groups();
-    if (cfg.zeropp.any()) zpp_ = std::make_unique<ZeroPPComms>(cfg.zeropp, env_.mesh, env_.pool, sc());
+    if (cfg.zeropp.any()) zeropp_ = std::make_unique<ZeroPPComms>(cfg.zeropp, env_.mesh, env_.pool, shard_comm());
     optim_ = std::make_unique<Optimizer>(opt_pool(), env_.optim);
     const size_t U = num_units();
     for (size_t u = 0; u < U; ++u)  // ZeRO shards every unit: each rank must own real elements
-      SHARD_REQUIRE(layout(u).numel >= S_, "unit {} has {} parameters, fewer than the {} ranks that would shard it",
-                    layout(u).name, layout(u).numel, S_);
+      SHARD_REQUIRE(layout(u).numel >= shard_size_,
+                    "unit {} has {} parameters, fewer than the {} ranks that would shard it", layout(u).name,
+                    layout(u).numel, shard_size_);
     SHARD_CHECK(cfg.prefetch >= 0, "zero3 built with an unresolved --prefetch auto");
     max_gathered_ = cfg.max_gathered > 0 ? cfg.max_gathered : cfg.prefetch + 2;
     gathered_.resize(U);
     secondary_.resize(U);
     for (size_t u = 0; u < U; ++u) {
-      flat_.push_back(make_flat_param(layout(u), S_, srank_));
+      flat_.push_back(make_flat_param(layout(u), shard_size_, shard_rank_));
       const FlatParam& f = flat_[u];
       const std::string& n = layout(u).name;
       if (stage_ == 3) {
-        param_shard_.push_back(
-            (off_params_ ? hp_ : env_.pool).alloc(pd_, f.shard, Category::param_shard, n + " param shard"));
+        param_shard_.push_back((offload_params_ ? host_pool_ : env_.pool)
+                                   .alloc(param_type_, f.shard, Category::param_shard, n + " param shard"));
       } else {
-        params_.push_back(env_.pool.alloc(pd_, f.padded, Category::param_full, n + " params"));
-        env_.be.fill(params_.back().flat(pd_), 0.f);  // padding stays zero
+        params_.push_back(env_.pool.alloc(param_type_, f.padded, Category::param_full, n + " params"));
+        env_.be.fill(params_.back().flat(param_type_), 0.f);  // padding stays zero
       }
       master_.push_back(has_master() ? opt_pool().alloc(DType::f32, f.shard, Category::master_weights, n + " master shard")
                                      : Block());
       if (stage_ == 1) {
-        grads_full_.push_back(env_.pool.alloc(rd_, f.padded, Category::grad_full, n + " grads"));
+        grads_full_.push_back(env_.pool.alloc(reduce_type_, f.padded, Category::grad_full, n + " grads"));
         // Offload: the reduced shard is copied out of the full buffer to the host.
-        host_grad_.push_back(off_ ? hp_.alloc(rd_, f.shard, Category::grad_shard, n + " grad shard") : Block());
+        host_grad_.push_back(offload_ ? host_pool_.alloc(reduce_type_, f.shard, Category::grad_shard, n + " grad shard")
+                                      : Block());
       } else {
         grads_full_.emplace_back();  // allocated during backward
-        grad_shard_.push_back(opt_pool().alloc(rd_, f.shard, Category::grad_shard, n + " grad shard"));
+        grad_shard_.push_back(opt_pool().alloc(reduce_type_, f.shard, Category::grad_shard, n + " grad shard"));
       }
       optim_->add(updated(u), reduced_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n);
       if (cfg.zeropp.error_feedback) {
@@ -92,14 +94,14 @@ class Zero final : public Strategy {
   void begin_step() override {
     for (Block& b : secondary_) b.reset();  // from before the update: stale
     for (size_t u = 0; u < num_units(); ++u) {
-      if (stage_ == 1) env_.be.fill(grads_full_[u].flat(rd_), 0.f);
-      else opt_pool().backend().fill(grad_shard_[u].flat(rd_), 0.f);
+      if (stage_ == 1) env_.be.fill(grads_full_[u].flat(reduce_type_), 0.f);
+      else opt_pool().backend().fill(grad_shard_[u].flat(reduce_type_), 0.f);
     }
   }
 
   // ---- hooks ----
   ParamSet forward_params(size_t u) override {
-    if (stage_ != 3) return compute_views(u, [&](size_t x) { return params_[x].flat(pd_); });
+    if (stage_ != 3) return compute_views(u, [&](size_t x) { return params_[x].flat(param_type_); });
     acquire(u);
     for (int k = 1; k <= cfg_.prefetch && u + k < num_units(); ++k) prefetch(u + k);
     return compute_views(u, [&](size_t x) { return gathered_tensor(x); });
@@ -124,45 +126,46 @@ class Zero final : public Strategy {
   ParamSet grads(size_t u) override {
     // Offload trades speed for memory: the previous unit's reduction (which overlapped this unit's
     // gather and recomputation) completes and leaves for the host before this gradient exists.
-    if (off_) drain();
+    if (offload_) drain();
     if (stage_ != 1) {
       ensure_grad_full(u);
       for (const BorrowedTensor& b : borrowed_[u]) ensure_grad_full(b.owner);
     }
-    return grad_views(u, [&](size_t x) { return grads_full_[x].flat(rd_); });
+    return grad_views(u, [&](size_t x) { return grads_full_[x].flat(reduce_type_); });
   }
 
   void after_input_grad(size_t u) override {  // a split backward's B: its part of the gradient flushed
     release_unit_params(u);
-    flush_grads(u, grads_full_[u].flat(rd_));
+    flush_grads(u, grads_full_[u].flat(reduce_type_));
   }
 
   void after_backward(size_t u) override {
     release_unit_params(u);
     if (stage_ == 3) release(u, pipelined() && !last_micro_);
     if (stage_ == 3) secondary_[u].reset();  // whoever borrows it ran its backward before
-    flush_grads(u, grads_full_[u].flat(rd_));
+    flush_grads(u, grads_full_[u].flat(reduce_type_));
     // Pipelined: the full gradient accumulates until the unit's last micro-batch (stage 1's way).
     if (pipelined() && !last_micro_) return;
     // A unit's gradient is complete after its own backward: whoever borrows from it runs earlier.
     if (stage_ == 1) {
       if (last_micro_)
-        inflight_.push_back({u, {}, {}, {}, sc().reduce_scatter(grads_full_[u].flat(rd_), owned_grads(u))});
+        inflight_.push_back(
+            {u, {}, {}, {}, shard_comm().reduce_scatter(grads_full_[u].flat(reduce_type_), owned_grads(u))});
       return;
     }
-    Block tmp = env_.pool.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
-    if (zpp_ && zpp_->cfg().grad_bits) {  // qgZ: the full gradient is quantized (and free) once started
+    Block tmp = env_.pool.alloc(reduce_type_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard");
+    if (zeropp_ && zeropp_->cfg().grad_bits) {  // qgZ: the full gradient is quantized (and free) once started
       Reduction r{u, std::move(tmp), Block(), {}, Work()};
-      r.qg = zpp_->start_reduction(grads_full_[u].flat(rd_).slice(0, flat_[u].padded), flat_[u].shard, layout(u).name,
-                                   feedback(u));
+      r.qg = zeropp_->start_reduction(grads_full_[u].flat(reduce_type_).slice(0, flat_[u].padded), flat_[u].shard,
+                                      layout(u).name, feedback(u));
       grads_full_[u].reset();
       for (Reduction& older : inflight_)
-        if (older.qg.stage == 1) zpp_->advance(older.qg, layout(older.unit).name);
+        if (older.qg.stage == 1) zeropp_->advance(older.qg, layout(older.unit).name);
       inflight_.push_back(std::move(r));
       while (inflight_.size() > 2) finish_oldest();
       return;
     }
-    Work w = sc().reduce_scatter(grads_full_[u].flat(rd_), tmp.flat(rd_));
+    Work w = shard_comm().reduce_scatter(grads_full_[u].flat(reduce_type_), tmp.flat(reduce_type_));
     // The full gradient now belongs to its reduction: the next micro-step starts a fresh one.
     inflight_.push_back({u, std::move(tmp), std::move(grads_full_[u]), {}, std::move(w)});
     while (inflight_.size() > 2) finish_oldest();
@@ -173,7 +176,7 @@ class Zero final : public Strategy {
     std::vector<Tensor> shards;
     for (size_t u = 0; u < num_units(); ++u) shards.push_back(reduced_grads(u));
     float local = static_cast<float>(sum_squares(shards, &opt_pool()));
-    sc().all_reduce(std::span<float>(&local, 1)).wait();  // replicas hold the same shards: one group's sum
+    shard_comm().all_reduce(std::span<float>(&local, 1)).wait();  // replicas hold the same shards: one group's sum
     return local;
   }
   double grad_norm_sq_of(TensorPick pick) override {
@@ -185,7 +188,7 @@ class Zero final : public Strategy {
         for (const Tensor& t : part_of(u, reduced_grads(u).slice(0, end - begin), begin, pick)) parts.push_back(t);
     }
     float local = parts.empty() ? 0.f : static_cast<float>(sum_squares(parts, &opt_pool()));
-    sc().all_reduce(std::span<float>(&local, 1)).wait();
+    shard_comm().all_reduce(std::span<float>(&local, 1)).wait();
     return local;
   }
 
@@ -194,7 +197,7 @@ class Zero final : public Strategy {
     if (stage_ == 3 || has_master()) {  // from the shards of what the optimizer updates (f32)
       Block b = env_.pool.alloc(DType::f32, flat_[u].padded, Category::workspace, "gather params");
       Block staged;
-      sc().all_gather(on_device(updated(u), staged), b.flat(DType::f32)).wait();
+      shard_comm().all_gather(on_device(updated(u), staged), b.flat(DType::f32)).wait();
       v = to_host(b.flat(DType::f32));
     } else {
       v = to_host(params_[u].flat(DType::f32));
@@ -223,10 +226,10 @@ class Zero final : public Strategy {
 
   std::vector<float> gather_unit_grads(size_t u) override {
     drain();
-    Block b = env_.pool.alloc(rd_, flat_[u].padded, Category::workspace, "gather grads");
+    Block b = env_.pool.alloc(reduce_type_, flat_[u].padded, Category::workspace, "gather grads");
     Block staged;
-    sc().all_gather(on_device(reduced_grads(u), staged), b.flat(rd_)).wait();
-    std::vector<float> v = to_host(b.flat(rd_));
+    shard_comm().all_gather(on_device(reduced_grads(u), staged), b.flat(reduce_type_)).wait();
+    std::vector<float> v = to_host(b.flat(reduce_type_));
     v.resize(static_cast<size_t>(flat_[u].numel));
     return v;
   }
@@ -237,30 +240,31 @@ class Zero final : public Strategy {
     if (stage_ == 3) return;
     std::vector<Work> works;
     for (size_t u = 0; u < num_units(); ++u)
-      works.push_back(sc().all_gather(owned_params(u), params_[u].flat(pd_)));
+      works.push_back(shard_comm().all_gather(owned_params(u), params_[u].flat(param_type_)));
     for (Work& w : works) w.wait();
   }
   Tensor owned_params(size_t u) const override {
-    return stage_ == 3 ? param_shard_[u].flat(pd_) : own(params_[u], pd_, u);
+    return stage_ == 3 ? param_shard_[u].flat(param_type_) : own(params_[u], param_type_, u);
   }
   // What the optimizer updates: the f32 master shard under mixed precision or when the optimizer
   // runs on the host away from the parameters, else the parameter shard.
   Tensor updated(size_t u) const override { return has_master() ? master_[u].flat(DType::f32) : owned_params(u); }
 
   void params_from_master(size_t u) override {
-    if (!off_ || off_params_) {  // both in one tier
-      (off_params_ ? hmp_ : mp_).params_from_master(owned_params(u), updated(u));
+    if (!offload_ || offload_params_) {  // both in one tier
+      (offload_params_ ? host_mp_ : mp_).params_from_master(owned_params(u), updated(u));
       return;
     }
     Tensor p = owned_params(u), m = updated(u);
-    if (pd_ == DType::f32) {
+    if (param_type_ == DType::f32) {
       env_.be.copy(p, m);  // upload
       return;
     }
     // Rounded on the host, so what crosses to the device is already in the parameter dtype.
-    Block staged = hp_.alloc(pd_, p.numel(), Category::comm_buffer, layout(u).name + " updated params (host)");
-    Tensor t = staged.flat(pd_).slice(0, p.numel());
-    hp_.backend().cast(t, m);
+    Block staged =
+        host_pool_.alloc(param_type_, p.numel(), Category::comm_buffer, layout(u).name + " updated params (host)");
+    Tensor t = staged.flat(param_type_).slice(0, p.numel());
+    host_pool_.backend().cast(t, m);
     env_.be.copy(p, t);
   }
 
@@ -277,9 +281,9 @@ class Zero final : public Strategy {
     auto shard = padded.subspan(static_cast<size_t>(f.shard_begin()), static_cast<size_t>(f.shard));
     Tensor master = has_master() ? master_[u].flat(DType::f32) : Tensor();
     if (stage_ == 3) {
-      (off_params_ ? hmp_ : mp_).write_values(param_shard_[u].flat(pd_), master, shard);
+      (offload_params_ ? host_mp_ : mp_).write_values(param_shard_[u].flat(param_type_), master, shard);
     } else {
-      mp_.write_values(params_[u].flat(pd_), Tensor(), padded);
+      mp_.write_values(params_[u].flat(param_type_), Tensor(), padded);
       if (has_master()) env_.be.copy(master, Tensor::of(shard));
     }
   }
@@ -306,17 +310,21 @@ class Zero final : public Strategy {
   Tensor own(const Block& full, DType t, size_t u) const {
     return full.flat(t).slice(flat_[u].shard_begin(), flat_[u].shard);
   }
-  Tensor owned_grads(size_t u) const { return stage_ == 1 ? own(grads_full_[u], rd_, u) : grad_shard_[u].flat(rd_); }
+  Tensor owned_grads(size_t u) const {
+    return stage_ == 1 ? own(grads_full_[u], reduce_type_, u) : grad_shard_[u].flat(reduce_type_);
+  }
   // The reduced gradient shard the optimizer and the norm read (on the host under offload).
-  Tensor reduced_grads(size_t u) const { return stage_ == 1 && off_ ? host_grad_[u].flat(rd_) : owned_grads(u); }
-  bool has_master() const { return mixed() || (off_ && !off_params_); }
+  Tensor reduced_grads(size_t u) const {
+    return stage_ == 1 && offload_ ? host_grad_[u].flat(reduce_type_) : owned_grads(u);
+  }
+  bool has_master() const { return mixed() || (offload_ && !offload_params_); }
   // Where the optimizer state, the master shard and the reduced gradient shards live: the host
   // tier under offload.
-  Pool& opt_pool() { return off_ ? hp_ : env_.pool; }
+  Pool& opt_pool() { return offload_ ? host_pool_ : env_.pool; }
   // A host-tier tensor's copy on the device (for a collective), kept alive by `hold`; device
   // tensors pass through.
   Tensor on_device(Tensor t, Block& hold) const {
-    if (!off_) return t;
+    if (!offload_) return t;
     hold = env_.pool.alloc(t.dtype(), t.numel(), Category::comm_buffer, "host shard on the device");
     Tensor d = hold.flat(t.dtype()).slice(0, t.numel());
     env_.be.copy(d, t);
@@ -325,8 +333,8 @@ class Zero final : public Strategy {
 
   void ensure_grad_full(size_t u) {
     if (grads_full_[u]) return;
-    grads_full_[u] = env_.pool.alloc(rd_, flat_[u].padded, Category::grad_full, layout(u).name + " grads");
-    env_.be.fill(grads_full_[u].flat(rd_), 0.f);
+    grads_full_[u] = env_.pool.alloc(reduce_type_, flat_[u].padded, Category::grad_full, layout(u).name + " grads");
+    env_.be.fill(grads_full_[u].flat(reduce_type_), 0.f);
   }
 
   void drain() {
@@ -337,23 +345,25 @@ class Zero final : public Strategy {
     inflight_.pop_front();
     r.work.wait();
     const size_t u = r.unit;
-    if (r.qg.stage > 0) zpp_->finish_reduction(r.qg, r.shard.flat(rd_).slice(0, flat_[u].shard), layout(u).name);
+    if (r.qg.stage > 0)
+      zeropp_->finish_reduction(r.qg, r.shard.flat(reduce_type_).slice(0, flat_[u].shard), layout(u).name);
     // Hybrid sharding: the group's reduced shard, summed over the replica groups.
-    if (rc_) rc_->all_reduce(stage_ == 1 ? owned_grads(u) : r.shard.flat(rd_)).wait();
-    if (!off_) {
-      if (stage_ != 1) mp_.accumulate(grad_shard_[u].flat(rd_), r.shard.flat(rd_));
+    if (replica_comm_) replica_comm_->all_reduce(stage_ == 1 ? owned_grads(u) : r.shard.flat(reduce_type_)).wait();
+    if (!offload_) {
+      if (stage_ != 1) mp_.accumulate(grad_shard_[u].flat(reduce_type_), r.shard.flat(reduce_type_));
       return;
     }
     if (stage_ == 1) {  // the reduced shard, out of the full buffer, to the host
-      env_.be.copy(host_grad_[u].flat(rd_), owned_grads(u));
+      env_.be.copy(host_grad_[u].flat(reduce_type_), owned_grads(u));
       return;
     }
     // Stages 2 and 3: to the host as soon as the reduction is done, accumulated there.
-    Block host = hp_.alloc(rd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard (host)");
-    env_.be.copy(host.flat(rd_), r.shard.flat(rd_));
+    Block host =
+        host_pool_.alloc(reduce_type_, flat_[u].shard, Category::comm_buffer, layout(u).name + " reduced shard (host)");
+    env_.be.copy(host.flat(reduce_type_), r.shard.flat(reduce_type_));
     r.shard.reset();
     r.full.reset();
-    hmp_.accumulate(grad_shard_[u].flat(rd_), host.flat(rd_));
+    host_mp_.accumulate(grad_shard_[u].flat(reduce_type_), host.flat(reduce_type_));
   }
 
   // ---- stage 3: gathered units ----
@@ -366,23 +376,24 @@ class Zero final : public Strategy {
   void issue_gather(size_t u) {
     Gathered& g = gathered_[u];
     if (g.state != GatherState::sharded) return;
-    g.buf = env_.pool.alloc(pd_, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
+    g.buf = env_.pool.alloc(param_type_, flat_[u].padded, Category::param_full, layout(u).name + " gathered");
     g.state = GatherState::gathering;
     if (secondary_[u]) {  // hpZ: inside the node, from the secondary shards this forward left
-      g.work = zpp_->gather_secondary(secondary_[u].flat(pd_), g.buf.flat(pd_).slice(0, flat_[u].padded));
+      g.work =
+          zeropp_->gather_secondary(secondary_[u].flat(param_type_), g.buf.flat(param_type_).slice(0, flat_[u].padded));
       return;
     }
-    Tensor shard = param_shard_[u].flat(pd_);
-    if (off_params_) {
-      g.upload = env_.pool.alloc(pd_, flat_[u].shard, Category::comm_buffer, layout(u).name + " shard upload");
-      env_.be.copy(g.upload.flat(pd_), shard);
-      shard = g.upload.flat(pd_);
+    Tensor shard = param_shard_[u].flat(param_type_);
+    if (offload_params_) {
+      g.upload = env_.pool.alloc(param_type_, flat_[u].shard, Category::comm_buffer, layout(u).name + " shard upload");
+      env_.be.copy(g.upload.flat(param_type_), shard);
+      shard = g.upload.flat(param_type_);
     }
-    if (zpp_ && zpp_->cfg().weight_bits) {
-      g.quantized = zpp_->gather_quantized(shard.slice(0, flat_[u].shard), layout(u).name);
+    if (zeropp_ && zeropp_->cfg().weight_bits) {
+      g.quantized = zeropp_->gather_quantized(shard.slice(0, flat_[u].shard), layout(u).name);
       return;
     }
-    g.work = sc().all_gather(shard, g.buf.flat(pd_));
+    g.work = shard_comm().all_gather(shard, g.buf.flat(param_type_));
   }
   void prefetch(size_t u) {
     if (gathered_[u].state == GatherState::sharded && live_gathers() < static_cast<size_t>(max_gathered_))
@@ -393,7 +404,7 @@ class Zero final : public Strategy {
     Gathered& g = gathered_[u];
     issue_gather(u);
     g.work.wait();
-    if (g.quantized) zpp_->finish_gather(g.quantized, g.buf.flat(pd_), flat_[u].shard);
+    if (g.quantized) zeropp_->finish_gather(g.quantized, g.buf.flat(param_type_), flat_[u].shard);
     g.upload.reset();
     g.state = GatherState::gathered;
     g.users += 1;
@@ -410,8 +421,8 @@ class Zero final : public Strategy {
                 u, layout(u).name, static_cast<int>(g.state), g.users);
     g.users -= 1;
     if (g.users == 0 && !keep) {
-      if (forward && !eval_ && zpp_ && zpp_->cfg().secondary && !secondary_[u])
-        secondary_[u] = zpp_->keep_secondary(g.buf.flat(pd_).slice(0, flat_[u].padded), layout(u).name);
+      if (forward && !eval_ && zeropp_ && zeropp_->cfg().secondary && !secondary_[u])
+        secondary_[u] = zeropp_->keep_secondary(g.buf.flat(param_type_).slice(0, flat_[u].padded), layout(u).name);
       g.buf.reset();
       g.state = GatherState::sharded;
     }
@@ -427,34 +438,34 @@ class Zero final : public Strategy {
   }
   Tensor gathered_tensor(size_t u) const {
     SHARD_CHECK(gathered_[u].state == GatherState::gathered, "unit {} used while not gathered", layout(u).name);
-    return gathered_[u].buf.flat(pd_);
+    return gathered_[u].buf.flat(param_type_);
   }
 
   // The shard group's communicator (the whole data-parallel group's without hybrid sharding; with
   // context parallelism its ranks too: they hold other tokens of the same sequences).
-  Communicator& sc() { return *shard_comm_; }
+  Communicator& shard_comm() { return *shard_comm_; }
   void open_groups() {
     shard_comm_ = &env_.mesh.comm(CommAxis::dp_shard_cp);  // dp_shard itself at cp 1
-    S_ = shard_comm_->world_size();
-    srank_ = shard_comm_->rank();
-    if (env_.mesh.size(CommAxis::dp_replicate) > 1) rc_ = &env_.mesh.comm(CommAxis::dp_replicate);
+    shard_size_ = shard_comm_->world_size();
+    shard_rank_ = shard_comm_->rank();
+    if (env_.mesh.size(CommAxis::dp_replicate) > 1) replica_comm_ = &env_.mesh.comm(CommAxis::dp_replicate);
   }
 
   int stage_;
-  int S_ = 1, srank_ = 0;  // shard group size and this rank's place in it
-  Communicator* shard_comm_ = nullptr;  // the mesh's dp_shard group
-  Communicator* rc_ = nullptr;          // hybrid sharding only: the mesh's dp_replicate group
-  DType pd_, rd_;
-  bool off_, off_params_;  // --offload optimizer (or params), --offload params
-  Pool& hp_;               // the host tier
-  MixedPrecision hmp_;     // casts and accumulations on the host tier
+  int shard_size_ = 1, shard_rank_ = 0;     // the shard group's size and this rank's place in it
+  Communicator* shard_comm_ = nullptr;      // the mesh's dp_shard group
+  Communicator* replica_comm_ = nullptr;    // hybrid sharding only: the mesh's dp_replicate group
+  DType param_type_, reduce_type_;          // the parameters' and the gradients' dtypes as stored
+  bool offload_, offload_params_;           // --offload optimizer (or params), --offload params
+  Pool& host_pool_;                         // the host tier
+  MixedPrecision host_mp_;                  // casts and accumulations on the host tier
   int max_gathered_ = 3;
   std::vector<FlatParam> flat_;
   std::vector<Block> params_, param_shard_, master_, grads_full_, grad_shard_, host_grad_;
   std::vector<Gathered> gathered_;
-  std::vector<Block> secondary_;  // hpZ: per unit, from its forward to its backward
-  std::vector<Block> feedback_;   // qgZ --error-feedback: per unit, from its first reduction on
-  std::unique_ptr<ZeroPPComms> zpp_;  // ZeRO++'s collectives, when a lever is on
+  std::vector<Block> secondary_;            // hpZ: per unit, from its forward to its backward
+  std::vector<Block> feedback_;             // qgZ --error-feedback: per unit, from its first reduction on
+  std::unique_ptr<ZeroPPComms> zeropp_;     // ZeRO++'s collectives, when a lever is on
   std::deque<Reduction> inflight_;
 };
 
