@@ -10,6 +10,7 @@
 #include "src/backend/price.hpp"
 #include "src/core/device_peaks.hpp"
 #include "src/train/predict.hpp"
+#include "src/train/price_layout.hpp"
 #include "src/train/trainer.hpp"
 
 using namespace shardlab;
@@ -178,4 +179,21 @@ TEST_CASE("work done for bookkeeping is not the step's", "[cost]") {
   l.clear();
   l.wait(StreamKind::compute, before);  // an event from before the clear: ignored
   CHECK(l.commands().empty());
+}
+
+TEST_CASE("a pipelined layout's step adds the schedule's bubble, (p - 1) / (M + p - 1) under 1F1B", "[cost]") {
+  // Narayanan et al. 2021, eq. 1: 1F1B over p stages and M micro-batches idles (p - 1) / (M + p - 1)
+  // of a step; every stage is priced (the sim's sends and receives never wait).
+  TrainConfig c;
+  c.spec = model_preset("tiny");
+  c.strategy.kind = StrategyKind::ddp;
+  c.layout.dims.pp = 2;
+  c.layout.pipeline.schedule = default_pp_schedule(1);
+  c.accum = 4;
+  const LayoutPrice p = price_layout(c, 2, 1, Device::cuda, gpu_device_model(kH100_80GB));
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[1].rank == 1);
+  CHECK(p.bubble_share == Approx(1.0 / 5));
+  for (const StagePrice& s : p.stages) CHECK(p.step_s(s) == Approx(s.price.total / (1 - 1.0 / 5)));
+  CHECK(p.step_s() == Approx(std::max(p.step_s(p.stages[0]), p.step_s(p.stages[1]))));
 }

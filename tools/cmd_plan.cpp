@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "src/plan/calibrate.hpp"
+#include "src/plan/ledger_price.hpp"
 #include "src/core/device_peaks.hpp"
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
@@ -41,7 +42,9 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   cli::set_pins(pc.pins, f, vm);
   pc.train.layout.cp.method = parse_cp_method(f.mesh.cp_method);  // a setting, not searched
   cli::set_device(pc, f, vm);
-  pc.keep = static_cast<size_t>(std::max({f.show, f.measure_top, 1}));
+  pc.keep = static_cast<size_t>(std::max({f.show, f.measure_top, f.ledger_top, 1}));
+  SHARD_REQUIRE(f.ledger_top >= 0 && (f.ledger_top == 0 || !f.calibrate),
+                "--ledger-top {}: expected K >= 0, priced on the --gpu preset (not with --calibrate)", f.ledger_top);
   SHARD_REQUIRE(f.measure_top >= 0 && f.measure_steps >= 2, "--measure-top {} --measure-steps {}: expected K >= 0 and "
                 "at least 2 steps", f.measure_top, f.measure_steps);
   SHARD_REQUIRE(f.measure_top == 0 || ctx.mpi.world() == pc.world,
@@ -61,8 +64,11 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   auto connect = [&](Pool& pool) { return ctx.world(CommKind::mpi).connect(pool); };
   if (f.measure_top > 0)
     measure_plan(*backend, connect, pc, f.memory.pools(), plan.entries, f.measure_top, f.measure_steps);
+  if (f.ledger_top > 0 && ctx.mpi.rank() == 0)
+    price_from_ledgers(pc, plan.entries, static_cast<size_t>(f.ledger_top),
+                       gpu_device_model(device_preset(f.device.gpu)));
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
-  print_plan(pc, plan, static_cast<size_t>(std::max(f.show, f.measure_top)), stdout);
+  print_plan(pc, plan, static_cast<size_t>(std::max({f.show, f.measure_top, f.ledger_top})), stdout);
   if (!f.reports.json.empty()) write_text(f.reports.json, plan_json(pc, plan) + "\n", "--json");
   if (!f.reports.html.empty()) write_text(f.reports.html, plan_html(pc, plan), "--html");
   // Nothing that fits is an answer a script must not take for a plan: the out-of-memory status, and

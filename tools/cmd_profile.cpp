@@ -29,19 +29,14 @@ ExitCode profile_time(const ProfileConfig& pc, const cli::TrainOptions& opts, co
                 "--gpu {} prices a GPU: add --device cuda (with --device cpu the step is priced on this machine)", gpu);
   reports.check("before the profile runs");
   DeviceModel d;
-  int ranks_per_node = 0;
-  double inter = 0;
   if (target == Device::cuda) {
-    const DevicePeaks& peaks = device_preset(gpu);
-    d = gpu_device_model(peaks);
-    ranks_per_node = peaks.gpus_per_node;
-    inter = peaks.nic_gbits / 8 * 1e9 * 0.90;  // one NIC per GPU at plan's inter-node share
+    d = gpu_device_model(device_preset(gpu));
   } else {
     auto be = opts.backend(ctx, pc.train);
     d = measure_cpu_model(*be);
   }
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
-  TimeReport r = run_time_profile(pc, target, std::move(d), ranks_per_node, inter);
+  TimeReport r = run_time_profile(pc, target, std::move(d));
   print_time_report(r, stdout, top);
   if (!reports.json.empty()) write_text(reports.json, time_report_json(r) + "\n", "--json");
   return ExitCode::ok;

@@ -38,6 +38,9 @@ Desc plan_options(PlanFlags& f, PlanConfig& pc) {
       "measure-top", po::value(&f.measure_top)->default_value(0),
       "run the top K configurations that fit for --measure-steps steps each (needs --nproc = --world) and print "
       "measured beside predicted")(
+      "ledger-top", po::value(&f.ledger_top)->default_value(0),
+      "price the top K configurations that fit from their own steps as well (profile --time's cost ledger on the "
+      "--gpu preset, every pipeline stage, the schedule's bubble) and print it beside the model's time")(
       "show", po::value(&f.show)->default_value(f.show),
       "configurations that fit to find and list (the search ends when it has them)");
   add_switch(desc, "calibrate", f.calibrate,

@@ -19,7 +19,7 @@ struct PlanFlags {
   DeviceRateOptions device;
   std::string family, kind, ckpt, offload;
   bool calibrate = false;
-  int measure_top = 0, measure_steps = 6, show = 15;
+  int measure_top = 0, measure_steps = 6, show = 15, ledger_top = 0;
   int64_t micro_batch = 0;
 };
 

@@ -19,6 +19,7 @@ std::string DeviceModel::describe() const {
   line("vector", vector_flops, true);
   line("memory", bandwidth, false);
   line("links", link, false);
+  if (ranks_per_node > 0) line(fmt::format("across nodes of {}", ranks_per_node).c_str(), inter, false);
   for (const auto& [op, share] : op_share)
     s += fmt::format("  {:<26} {:>5.1f}% of the peaks  ({})\n", op, 100 * share.value, share.from);
   s += fmt::format(
@@ -45,6 +46,8 @@ DeviceModel gpu_device_model(const DevicePeaks& d) {
   m.launch_s = 4e-6;
   m.kernel_floor_s = 2e-6;
   m.link = {d.nvlink_gbs * 1e9 * 0.80, fmt::format("{}: NVLink per direction x 0.80 (plan's intra share)", d.source)};
+  m.inter = {d.nic_gbits / 8 * 1e9 * 0.90, fmt::format("{}: one NIC per GPU x 0.90 (plan's inter share)", d.source)};
+  m.ranks_per_node = d.gpus_per_node;
   m.link_latency_s = 10e-6;
   // The CUDA fused attention (a warp per row on the CUDA cores, no shared-memory tiles) measured on
   // the lent H200: bench-attention --device cuda, 12 heads of 64, T 4,096, batch 1, forward and

@@ -42,8 +42,11 @@ struct DeviceModel {
   double launch_s = 0;       // host seconds to issue one command
   double kernel_floor_s = 0; // a kernel's least time on the device
   // Links by the mesh's axis name ("dp", "tp", ...): bus bytes/s; `link` for any axis not named.
+  // A node holds `ranks_per_node` ranks (0: one node for all): an axis whose group crosses nodes
+  // runs at `inter` (src/train/price_layout.hpp sets `links` so).
   std::map<std::string, double> links;
-  SourcedRate link;
+  SourcedRate link, inter;
+  int ranks_per_node = 0;
   double link_latency_s = 0;
   // Operations whose kernels reach only a share of the peaks (compute and memory alike), by name:
   // fitted from measurements on the device where one was lent, with the measurement as the source.

@@ -5,31 +5,10 @@
 #include <chrono>
 
 #include "memory/pool.hpp"
-#include "src/comm/mesh.hpp"
 #include "src/model/family.hpp"
-#include "src/train/predict.hpp"
+#include "src/train/price_layout.hpp"
 
 namespace shardlab {
-namespace {
-
-// The world rank of pipeline stage k's first rank.
-int first_rank_of_stage(const ParallelDims& dims, int k) {
-  MeshCoord c;
-  c.pp = k;
-  return mesh_rank(dims, c);
-}
-
-// Each axis's link as seen from `rank`: across nodes at `inter`, else the device's own link.
-void set_links(DeviceModel& d, const ParallelDims& dims, int rank, int ranks_per_node, double inter) {
-  d.links.clear();
-  const MeshCoord me = mesh_coord(dims, rank);
-  for (const CommAxisRow& row : kCommAxes) {
-    const bool across = row.axis == CommAxis::dp_shard_cross || group_crosses_nodes(dims, me, row.axis, ranks_per_node);
-    d.links[row.name] = across ? inter : d.link.value;
-  }
-}
-
-}  // namespace
 
 DeviceModel measure_cpu_model(Backend& be) {
   Pool pool(be);
@@ -63,9 +42,9 @@ DeviceModel measure_cpu_model(Backend& be) {
       fmt::format("measured here on {} thread(s): a {}^3 sgemm, an axpy over 64 MiB", be.threads(), n));
 }
 
-double TimeRow::mfu() const { return price.total > 0 && peak > 0 ? model_flops / (price.total * peak) : 0; }
+double TimeRow::mfu() const { return step_s() > 0 && peak > 0 ? model_flops / (step_s() * peak) : 0; }
 
-TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel d, int ranks_per_node, double inter) {
+TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel d) {
   TimeReport r;
   r.model = cfg.train.spec.name;
   r.world = cfg.world;
@@ -81,14 +60,14 @@ TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel
   for (StrategyKind kind : cfg.strategies) {
     TrainConfig t = cfg.train;
     t.use_strategy(kind);
-    for (int k = 0; k < dims.pp; ++k) {
-      const int rank = first_rank_of_stage(dims, k);
-      set_links(d, dims, rank, ranks_per_node, inter);
+    const LayoutPrice layout = price_layout(t, cfg.world, cfg.micro_batch, target, d);
+    for (const StagePrice& stage : layout.stages) {
       TimeRow row;
-      row.label = dims.pp > 1 ? fmt::format("{} stage {}", t.label(), k) : t.label();
+      row.label = dims.pp > 1 ? fmt::format("{} stage {}", t.label(), stage.stage) : t.label();
       row.kind = kind;
-      row.rank = rank;
-      row.price = price_step(step_costs(t, cfg.world, rank, cfg.micro_batch, target), d);
+      row.rank = stage.rank;
+      row.price = stage.price;
+      row.bubble_s = layout.bubble_s(stage);
       row.tokens = tokens;
       // The job's model FLOPs over its ranks: each rank's share of the step's work.
       row.model_flops = tokens * per_token / cfg.world;
@@ -96,7 +75,6 @@ TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel
       r.rows.push_back(std::move(row));
     }
   }
-  d.links.clear();
   r.device = std::move(d);
   return r;
 }

@@ -18,6 +18,8 @@ struct TimeRow {
   StrategyKind kind = StrategyKind::ddp;
   int rank = 0;
   StepPrice price;
+  double bubble_s = 0;     // under --pp: what the schedule's bubble adds to this stage's step
+  double step_s() const { return price.total + bubble_s; }
   double tokens = 0;       // tokens this rank computes in the step
   double model_flops = 0;  // the family's model FLOPs for them (6N + attention per token)
   double mfu() const;      // model FLOP/s over the device's tensor peak (its vector peak without one)
@@ -38,9 +40,8 @@ struct TimeReport {
 // best of a few 1,024^3 sgemms (FLOP/s) and of a few axpy passes over 64 MiB (bytes/s).
 DeviceModel measure_cpu_model(Backend& be);
 
-// Every strategy of cfg at rank 0 (every stage's first rank under --pp), on `target`, priced by `d`.
-// Links: each axis that crosses nodes (d's node of `ranks_per_node` ranks) at `inter` bytes/s; the
-// others at d.link.
-TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel d, int ranks_per_node, double inter);
+// Every strategy of cfg at rank 0 (every stage's first rank under --pp), on `target`, priced by `d`
+// (src/train/price_layout.hpp: links across nodes of d.ranks_per_node ranks at d.inter).
+TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel d);
 
 }  // namespace shardlab

@@ -349,21 +349,26 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
                "at the budget (%zu ruled out by a bound, %zu by a smaller micro-batch that did not fit, %zu "
                "not runnable), %.2f s; %zu fit\n", res.candidates, res.walked, res.predictions, res.stopped_at_budget,
                res.ruled_by_bound, res.ruled_by_micro_batch, res.not_runnable, res.seconds, fitting);
-  std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s\n", "#", "layout", "ckpt",
+  bool ledger = false;
+  for (const auto& e : res.entries) ledger |= e.ledger_step_ms.has_value();
+  std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s%s\n", "#", "layout", "ckpt",
                "mb x acc", "peak (stage)", "host peak", "step ms", "tokens/s", "TFLOP/s", "MFU",
-               "compute/recomp/tp+cp+ep/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak");
+               "compute/recomp/tp+cp+ep/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak",
+               ledger ? fmt::format(" {:>10}  {}", "ledger ms", "its top operation").c_str() : "");
   auto line = [&](size_t i, const PlanEntry& e) {
     const TimeSplit& s = e.time.split;
     auto pct = [&](double x) { return s.total > 0 ? 100 * x / s.total : 0.0; };
     const std::string split = fmt::format("{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}", pct(s.compute),
                                           pct(s.recompute), pct(s.exposed_tp + s.exposed_cp + s.exposed_ep), pct(s.exposed_dp), pct(s.bubble),
                                           pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
-    std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.3g %4.0f%%  %-38s %9s %10s%s\n", i + 1,
+    const std::string by_ledger =
+        e.ledger_step_ms ? fmt::format(" {:>10.1f}  {}", *e.ledger_step_ms, e.ledger_top_op) : std::string();
+    std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.3g %4.0f%%  %-38s %9s %10s%s%s\n", i + 1,
                  e.label().c_str(), checkpointing_name(e.checkpointing), mb_text(e).c_str(), e.peak_text().c_str(),
                  e.predicted ? format_bytes(double(e.host_peak)).c_str() : "-", e.step_ms(), e.time.tokens_per_s,
                  e.time.model_tflops_per_device, 100 * e.time.mfu, split.c_str(),
                  e.measured_step_ms ? fmt::format("{:.1f}", *e.measured_step_ms).c_str() : "",
-                 e.measured_peak ? format_bytes(double(*e.measured_peak)).c_str() : "",
+                 e.measured_peak ? format_bytes(double(*e.measured_peak)).c_str() : "", by_ledger.c_str(),
                  e.fits ? "" : ("  does not fit: " + e.why).c_str());
   };
   for (size_t i = 0; i < res.entries.size() && i < show && res.entries[i].fits; ++i) line(i, res.entries[i]);

@@ -41,18 +41,24 @@ void print_time_report(const TimeReport& r, std::FILE* out, int top) {
              r.model, r.world, r.world == 1 ? "" : "s", r.micro_batch, r.seq, r.accum, r.accum == 1 ? "" : "s",
              device_name(r.target));
   fmt::print(out, "{}", r.device.describe());
-  fmt::print(out, "\n{:<22} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6}\n", "strategy", "step ms",
-             "compute", "exp.comm", "launchgap", "hostwait", "launches", "syncs mid", "GB nonGEMM", "MFU");
+  bool pipelined = false;
+  for (const TimeRow& row : r.rows) pipelined |= row.bubble_s > 0;
+  fmt::print(out, "\n{:<22} {:>10} {:>9} {:>9} {:>9} {:>9}{} {:>9} {:>10} {:>9} {:>6}\n", "strategy", "step ms",
+             "compute", "exp.comm", "launchgap", "hostwait", pipelined ? fmt::format(" {:>9}", "bubble") : "",
+             "launches", "syncs mid", "GB nonGEMM", "MFU");
   for (const TimeRow& row : r.rows) {
     const StepPrice& p = row.price;
-    fmt::print(out, "{:<22} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9.2f} {:>6}\n", row.label, ms(p.total),
-               ms(p.compute), ms(p.exposed_comm), ms(p.launch_gaps), ms(p.host_waits), p.launches,
+    fmt::print(out, "{:<22} {:>10} {:>9} {:>9} {:>9} {:>9}{} {:>9} {:>10} {:>9.2f} {:>6}\n", row.label,
+               ms(row.step_s()), ms(p.compute), ms(p.exposed_comm), ms(p.launch_gaps), ms(p.host_waits),
+               pipelined ? fmt::format(" {:>9}", ms(row.bubble_s)) : "", p.launches,
                fmt::format("{}/{}", p.host_syncs_mid_step, p.host_syncs), (p.bytes - p.gemm_bytes) / 1e9,
                fmt::format("{:.1f}%", 100 * row.mfu()));
   }
   fmt::print(out,
              "(ms per step of one rank: compute is the compute stream's busy time; the rest is where it sat idle, "
-             "held by a collective, by the host issuing launches, or by the host waiting on the device; syncs mid: "
+             "held by a collective, by the host issuing launches, or by the host waiting on the device; under --pp "
+             "the bubble is what the schedule's simulation adds to the stage's step (the step is the slowest "
+             "stage's); syncs mid: "
              "host waits before the step's last kernel / all of them. MFU: the family's model FLOPs over the {} "
              "peak.)\n",
              r.device.tensor_flops.value > 0 ? "tensor-core" : "vector");
@@ -99,11 +105,12 @@ std::string time_report_json(const TimeReport& r) {
     rows.push_back({{"label", row.label},
                     {"strategy", strategy_name(row.kind)},
                     {"rank", row.rank},
-                    {"step_s", p.total},
+                    {"step_s", row.step_s()},
                     {"split", {{"compute_s", p.compute},
                                {"exposed_comm_s", p.exposed_comm},
                                {"launch_gaps_s", p.launch_gaps},
-                               {"host_waits_s", p.host_waits}}},
+                               {"host_waits_s", p.host_waits},
+                               {"bubble_s", row.bubble_s}}},
                     {"comm_busy_s", p.comm_busy},
                     {"launches", p.launches},
                     {"host_syncs", p.host_syncs},

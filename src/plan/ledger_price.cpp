@@ -1,0 +1,22 @@
+#include "src/plan/ledger_price.hpp"
+
+#include "src/train/price_layout.hpp"
+
+namespace shardlab {
+
+void price_from_ledgers(const PlanConfig& pc, std::vector<PlanEntry>& entries, size_t top, DeviceModel device) {
+  device.ranks_per_node = pc.ranks_per_node;
+  size_t priced = 0;
+  for (PlanEntry& e : entries) {
+    if (priced == top || !e.fits) break;  // the fitting entries come first
+    const LayoutPrice p = price_layout(e.config(pc), pc.world, e.micro_batch, Device::cuda, device);
+    e.ledger_step_ms = p.step_s() * 1e3;
+    const StagePrice* slowest = &p.stages.front();
+    for (const StagePrice& s : p.stages)
+      if (p.step_s(s) > p.step_s(*slowest)) slowest = &s;
+    if (!slowest->price.ops.empty()) e.ledger_top_op = slowest->price.ops.front().name;
+    ++priced;
+  }
+}
+
+}  // namespace shardlab

@@ -1,0 +1,52 @@
+#include "src/train/price_layout.hpp"
+
+#include <algorithm>
+
+#include "shard/pipeline/schedule.hpp"
+#include "src/comm/mesh.hpp"
+#include "src/train/predict.hpp"
+
+namespace shardlab {
+namespace {
+
+void set_links(DeviceModel& d, const ParallelDims& dims, int rank) {
+  d.links.clear();
+  const MeshCoord me = mesh_coord(dims, rank);
+  for (const CommAxisRow& row : kCommAxes) {
+    const bool across = d.ranks_per_node > 0 && (row.axis == CommAxis::dp_shard_cross ||
+                                                 group_crosses_nodes(dims, me, row.axis, d.ranks_per_node));
+    d.links[row.name] = across ? d.inter.value : d.link.value;
+  }
+}
+
+}  // namespace
+
+double LayoutPrice::bubble_s(const StagePrice& s) const {
+  return bubble_share > 0 && bubble_share < 1 ? s.price.total * bubble_share / (1 - bubble_share) : 0;
+}
+
+double LayoutPrice::step_s() const {
+  double slowest = 0;
+  for (const StagePrice& s : stages) slowest = std::max(slowest, step_s(s));
+  return slowest;
+}
+
+LayoutPrice price_layout(const StepConfig& step, int world, int64_t micro_batch, Device target, DeviceModel d) {
+  LayoutPrice p;
+  const ParallelDims dims = step.layout.dims.resolved(world);
+  for (int k = 0; k < dims.pp; ++k) {
+    MeshCoord first;
+    first.pp = k;
+    const int rank = mesh_rank(dims, first);
+    set_links(d, dims, rank);
+    p.stages.push_back({k, rank, price_step(step_costs(step, world, rank, micro_batch, target), d)});
+  }
+  if (dims.pp > 1) {
+    const PipelineConfig& pc = step.layout.pipeline;
+    const PipeSchedule s = build_schedule(pc.schedule, dims.pp, pc.virtual_stages, static_cast<int>(step.accum));
+    p.bubble_share = simulated_bubble(s, 1.0, 2.0);
+  }
+  return p;
+}
+
+}  // namespace shardlab
