@@ -31,6 +31,7 @@ ExitCode profile_time(const ProfileConfig& pc, const cli::TrainOptions& opts, co
   DeviceModel d;
   if (target == Device::cuda) {
     d = gpu_device_model(device_preset(gpu));
+    if (pc.train.layout.ranks_per_node > 0) d.ranks_per_node = pc.train.layout.ranks_per_node;  // as given
   } else {
     auto be = opts.backend(ctx, pc.train);
     d = measure_cpu_model(*be);

@@ -28,9 +28,9 @@ void CostLedger::wait(StreamKind stream, int event) {
   commands_.push_back({CostCommand::Kind::wait, stream, event - cleared_, -1});
 }
 
-void CostLedger::host_sync() {
+void CostLedger::host_sync(bool all_streams) {
   if (paused()) return;
-  commands_.push_back({CostCommand::Kind::host_sync, StreamKind::compute, -1, -1});
+  commands_.push_back({CostCommand::Kind::host_sync, StreamKind::compute, -1, -1, all_streams});
 }
 
 int CostLedger::collective(OpCost c) {

@@ -50,9 +50,12 @@ struct OpCost {
 // A command of the ledger, in the order the host issued it.
 struct CostCommand {
   enum class Kind : uint8_t { op, record, wait, host_sync } kind;
+  // op, record, wait: its stream; host_sync: the stream the host waits for (a copy to or from host
+  // memory waits for the compute stream, as CudaBackend::copy does), or every stream when all_streams.
   StreamKind stream = StreamKind::compute;
   int event = -1;  // record: the event it creates; wait: the event the stream waits on
   int op = -1;     // op: index into ops()
+  bool all_streams = false;
 };
 
 class CostLedger {
@@ -63,10 +66,11 @@ class CostLedger {
 
   // The operation on `stream`, after what that stream already holds. Ignored while paused.
   void add(OpCost c, StreamKind stream = StreamKind::compute);
-  // An event at the end of `stream` so far; a stream made to wait on it; the host waiting for both.
+  // An event at the end of `stream` so far; a stream made to wait on it; the host waiting for the
+  // compute stream (an operation's host_syncs), or for every stream (Backend::synchronize).
   int record(StreamKind stream);
   void wait(StreamKind stream, int event);
-  void host_sync();
+  void host_sync(bool all_streams = false);
 
   // A collective on the comm stream, ordered after the compute stream's work so far (as the NCCL
   // communicator orders it); returns the event the compute stream waits on when the Work is waited.

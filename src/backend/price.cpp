@@ -167,7 +167,8 @@ StepPrice price_step(const CostLedger& ledger, const DeviceModel& d) {
         r.waiting[s] = std::max(r.waiting[s], r.events[static_cast<size_t>(cmd.event)]);
         break;
       case CostCommand::Kind::host_sync: {
-        const double done = std::max({r.free[0], r.free[1], r.waiting[0], r.waiting[1]});
+        double done = std::max(r.free[0], r.waiting[0]);
+        if (cmd.all_streams) done = std::max({done, r.free[1], r.waiting[1]});
         if (done > r.host) r.synced = true;
         r.host = std::max(r.host, done);
         ++p.host_syncs;
@@ -177,12 +178,15 @@ StepPrice price_step(const CostLedger& ledger, const DeviceModel& d) {
       case CostCommand::Kind::op: {
         const OpCost& c = ledger.ops()[static_cast<size_t>(cmd.op)];
         const OpTime t = price_op(c, d);
+        // Its first command can start once issued; the host issues the rest meanwhile, and the
+        // operation ends no sooner than the last of them is issued.
+        const double first = r.host + (c.launches > 0 ? d.launch_s : 0);
         r.host += c.launches * d.launch_s;
-        const double start = std::max({r.host, r.free[s], r.waiting[s]});
+        const double start = std::max({first, r.free[s], r.waiting[s]});
         if (s == 0) {
           const double idle = start - r.free[0];
           if (idle > 0) {
-            if (r.waiting[0] >= start && r.waiting[0] > r.host)
+            if (r.waiting[0] >= start && r.waiting[0] > first)
               p.exposed_comm += idle;
             else if (r.synced)
               p.host_waits += idle;
@@ -190,11 +194,12 @@ StepPrice price_step(const CostLedger& ledger, const DeviceModel& d) {
               p.launch_gaps += idle;
           }
           p.compute += t.seconds;
+          p.launch_gaps += std::max(0.0, r.host - (start + t.seconds));  // its commands issued slower than run
           r.synced = false;
         } else {
           p.comm_busy += t.seconds;
         }
-        r.free[s] = start + t.seconds;
+        r.free[s] = std::max(start + t.seconds, r.host);
         PricedOp& row = row_for(p.ops, row_at, c);
         tally(p, row, c, t);
         bound_seconds[&row - p.ops.data()][t.bound] += t.seconds;

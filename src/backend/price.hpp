@@ -4,13 +4,16 @@
 // Each operation takes the longest of its bounds, plus nothing else:
 //   tensor  tensor_flops / (tensor peak x gemm x sat(m) sat(n) sat(k)),  sat(x) = x / (x + knee)
 //   vector  flops / vector peak (a GEMM on f32 operands: x gemm x sat too)
-//   memory  bytes / (bandwidth x memory x fill),  fill = min(1, smallest grid / SMs): a kernel with
-//           fewer blocks than the device has SMs leaves the rest idle, and its bandwidth with them
-//   floor   a kernel's least time on the device, per launch
+//   memory  bytes / (bandwidth x memory x fill),  fill = min(1, blocks / SMs) for the operation's
+//           largest kernel (OpCost::blocks): a kernel with fewer blocks than the device has SMs
+//           leaves the rest idle, and its bandwidth with them
+//   floor   a command's least time on the device (a kernel, a library call, a copy), per command
 //   link    a collective's bus bytes / its axis's link + the link's latency
 // Replay, in the order the host issued the commands: the host spends `launch` seconds issuing each
-// command; a command starts when the host has issued it, its stream is free and the events its
-// stream waits on have passed; a host synchronisation waits for both streams. The step ends when
+// command; an operation starts when the host has issued its first command, its stream is free and
+// the events its stream waits on have passed, and ends no sooner than its last command is issued;
+// a host synchronisation waits for the compute stream (a copy to or from the host) or for both
+// (Backend::synchronize). The step ends when
 // the host and both streams are done. Where the compute stream sits idle is split by what held it:
 // a collective's event (exposed communication), the host issuing after it synchronised (host
 // waits), or the host issuing too slowly for the kernels (launch gaps).

@@ -9,13 +9,18 @@ void price_from_ledgers(const PlanConfig& pc, std::vector<PlanEntry>& entries, s
   size_t priced = 0;
   for (PlanEntry& e : entries) {
     if (priced == top || !e.fits) break;  // the fitting entries come first
-    const LayoutPrice p = price_layout(e.config(pc), pc.world, e.micro_batch, Device::cuda, device);
+    ++priced;
+    const TrainConfig config = e.config(pc);
+    if (offload_unpriced(config)) {
+      e.ledger_top_op = "not priced: --offload's host work is not in the ledger yet";
+      continue;
+    }
+    const LayoutPrice p = price_layout(config, pc.world, e.micro_batch, Device::cuda, device);
     e.ledger_step_ms = p.step_s() * 1e3;
     const StagePrice* slowest = &p.stages.front();
     for (const StagePrice& s : p.stages)
       if (p.step_s(s) > p.step_s(*slowest)) slowest = &s;
     if (!slowest->price.ops.empty()) e.ledger_top_op = slowest->price.ops.front().name;
-    ++priced;
   }
 }
 

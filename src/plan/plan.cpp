@@ -350,7 +350,7 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
                "not runnable), %.2f s; %zu fit\n", res.candidates, res.walked, res.predictions, res.stopped_at_budget,
                res.ruled_by_bound, res.ruled_by_micro_batch, res.not_runnable, res.seconds, fitting);
   bool ledger = false;
-  for (const auto& e : res.entries) ledger |= e.ledger_step_ms.has_value();
+  for (const auto& e : res.entries) ledger |= !e.ledger_top_op.empty();
   std::fprintf(out, "%3s %-52s %-9s %9s %15s %10s %10s %10s %7s %5s  %-38s %9s %10s%s\n", "#", "layout", "ckpt",
                "mb x acc", "peak (stage)", "host peak", "step ms", "tokens/s", "TFLOP/s", "MFU",
                "compute/recomp/tp+cp+ep/dp/bubble/p2p/offl/opt %", "meas ms", "meas peak",
@@ -361,8 +361,9 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
     const std::string split = fmt::format("{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}", pct(s.compute),
                                           pct(s.recompute), pct(s.exposed_tp + s.exposed_cp + s.exposed_ep), pct(s.exposed_dp), pct(s.bubble),
                                           pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
+    const std::string ledger_ms = e.ledger_step_ms ? fmt::format("{:.1f}", *e.ledger_step_ms) : "-";
     const std::string by_ledger =
-        e.ledger_step_ms ? fmt::format(" {:>10.1f}  {}", *e.ledger_step_ms, e.ledger_top_op) : std::string();
+        e.ledger_top_op.empty() ? std::string() : fmt::format(" {:>10}  {}", ledger_ms, e.ledger_top_op);
     std::fprintf(out, "%3zu %-52s %-9s %9s %15s %10s %10.1f %10.0f %7.3g %4.0f%%  %-38s %9s %10s%s%s\n", i + 1,
                  e.label().c_str(), checkpointing_name(e.checkpointing), mb_text(e).c_str(), e.peak_text().c_str(),
                  e.predicted ? format_bytes(double(e.host_peak)).c_str() : "-", e.step_ms(), e.time.tokens_per_s,

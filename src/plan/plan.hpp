@@ -87,7 +87,7 @@ struct PlanEntry {
   double step_ms() const { return time.split.total * 1e3; }
   std::optional<double> measured_step_ms;
   std::optional<double> ledger_step_ms;  // --ledger-top: the step priced from its cost ledger
-  std::string ledger_top_op;             // and the operation that takes most of it
+  std::string ledger_top_op;             // and the operation that takes most of it (or why not priced)
   std::optional<uint64_t> measured_peak;
   TrainConfig config(const PlanConfig& p) const;  // the run this entry describes
   TimeLayout time_layout(const PlanConfig& p) const;  // what the time model sees

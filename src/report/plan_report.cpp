@@ -87,10 +87,8 @@ std::string plan_json(const PlanConfig& c, const PlanResult& res) {
                         {"measured_step_ms", nullptr},
                         {"measured_peak_bytes", nullptr}};
     if (e.measured_step_ms) o["measured_step_ms"] = *e.measured_step_ms;
-    if (e.ledger_step_ms) {
-      o["ledger_step_ms"] = *e.ledger_step_ms;
-      o["ledger_top_op"] = e.ledger_top_op;
-    }
+    if (e.ledger_step_ms) o["ledger_step_ms"] = *e.ledger_step_ms;
+    if (!e.ledger_top_op.empty()) o["ledger_top_op"] = e.ledger_top_op;
     if (e.measured_peak) o["measured_peak_bytes"] = *e.measured_peak;
     if (!e.fits) o["why"] = e.why;
     j["configs"].push_back(o);

@@ -83,7 +83,13 @@ std::string time_report_json(const TimeReport& r) {
               {"kernel_floor_s", d.kernel_floor_s},
               {"link", d.link.value},
               {"link_from", d.link.from},
+              {"inter_node_link", d.inter.value},
+              {"inter_node_link_from", d.inter.from},
+              {"ranks_per_node", d.ranks_per_node},
               {"link_latency_s", d.link_latency_s}};
+  json shares = json::object();
+  for (const auto& [op, share] : d.op_share) shares[op] = {{"share", share.value}, {"from", share.from}};
+  dev["op_shares"] = std::move(shares);
   json rows = json::array();
   for (const TimeRow& row : r.rows) {
     const StepPrice& p = row.price;

@@ -21,6 +21,8 @@ void set_links(DeviceModel& d, const ParallelDims& dims, int rank) {
 
 }  // namespace
 
+bool offload_unpriced(const StepConfig& step) { return step.strategy.offload != Offload::none; }
+
 double LayoutPrice::bubble_s(const StagePrice& s) const {
   return bubble_share > 0 && bubble_share < 1 ? s.price.total * bubble_share / (1 - bubble_share) : 0;
 }
@@ -32,6 +34,9 @@ double LayoutPrice::step_s() const {
 }
 
 LayoutPrice price_layout(const StepConfig& step, int world, int64_t micro_batch, Device target, DeviceModel d) {
+  SHARD_REQUIRE(!offload_unpriced(step), "--offload {}: the host's part of the step (its optimizer, the copies over "
+                "the host link) is not priced yet; the step time is predicted without --offload",
+                offload_name(step.strategy.offload));
   LayoutPrice p;
   const ParallelDims dims = step.layout.dims.resolved(world);
   for (int k = 0; k < dims.pp; ++k) {

@@ -27,6 +27,10 @@ struct LayoutPrice {
   double step_s() const;  // the slowest stage's
 };
 
+// Offload's host tier (its optimizer on the CPU, the copies over the host link) is not in the
+// ledger yet: price_layout refuses such a step (InputError) rather than price it as device work.
+bool offload_unpriced(const StepConfig& step);
+
 // `d`'s links set per axis as seen from each stage's rank: an axis whose group crosses a node of
 // d.ranks_per_node ranks at d.inter, the others at d.link.
 LayoutPrice price_layout(const StepConfig& step, int world, int64_t micro_batch, Device target, DeviceModel d);

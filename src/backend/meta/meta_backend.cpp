@@ -66,7 +66,7 @@ class MetaBackend final : public Backend {
   }
   void wait(StreamKind, const Event&) override {}
   void synchronize() override {
-    if (ledger_) ledger_->host_sync();
+    if (ledger_) ledger_->host_sync(true);
   }
 
   // ---- matrix products ----

@@ -46,7 +46,8 @@ FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse
 
 // The fused attention's cost: its products over the scores the mask leaves (about half under a
 // causal mask) on vector units (the kernels compute in f32), backward 2.5x forward (it recomputes
-// the scores: five products for two); q, k, v, out read or written once each, and lse.
+// the scores: five products for two); q, k, v, out (and dout) read or written once each, lse, and
+// backward's D (a float per query row and head, written and read).
 OpCost flash_cost(const FlashShape& s, bool backward) {
   const double elem = s.bf16 ? 2 : 4, seen = s.causal ? 0.5 : 1.0;
   const double scores = static_cast<double>(s.B) * s.H * s.Tq * s.Tk * seen;
@@ -54,8 +55,8 @@ OpCost flash_cost(const FlashShape& s, bool backward) {
   const double lse = 4.0 * s.B * s.H * s.Tq;
   OpCost c{.name = backward ? "flash_attention_backward" : "flash_attention_forward",
            .flops = (backward ? 2.5 : 1.0) * (4.0 * scores * s.hd + 5.0 * scores)};
-  // forward: q, k, v in, out and lse out; backward: q, k, v, out, dout and lse in, dq, dk, dv (f32) out.
-  c.bytes = backward ? (2 * q + kv) * elem + lse + (q + kv) * 4 : (2 * q + kv) * elem + lse;
+  // forward: q, k, v in, out and lse out; backward: q, k, v, out, dout and lse in, D, dq, dk, dv (f32) out.
+  c.bytes = backward ? (3 * q + kv) * elem + 3 * lse + (q + kv) * 4 : (2 * q + kv) * elem + lse;
   return c;
 }
 

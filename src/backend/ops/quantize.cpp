@@ -39,7 +39,7 @@ void quantize_blocks(Backend& be, Tensor q, Tensor x, int64_t x_stride, int64_t 
       return charge(be,
                     {.name = "quantize_blocks",
                      .flops = 3.0 * rows * n,
-                     .bytes = static_cast<double>(rows * n) * (dtype_size(x.dtype()) + 4)},
+                     .bytes = static_cast<double>(rows * n) * dtype_size(x.dtype()) + 4.0 * rows * s.words(n)},
                     [&] { return cuda::quantize_blocks_launches(x.dtype(), x_stride, rows, n, s.bits, s.block); });
   }
 }
@@ -65,7 +65,8 @@ void dequantize_blocks(Backend& be, Tensor x, Tensor q, int64_t rows, int64_t n,
           be,
           {.name = "dequantize_blocks",
            .flops = 2.0 * rows * n,
-           .bytes = static_cast<double>(rows * n) * (dtype_size(x.dtype()) * (accumulate ? 2 : 1) + 4)},
+           .bytes = static_cast<double>(rows * n) * dtype_size(x.dtype()) * (accumulate ? 2 : 1) +
+                    4.0 * rows * s.words(n)},
           [&] { return cuda::dequantize_blocks_launches(x.dtype(), x_stride, rows, n, s.bits, s.block, accumulate); });
   }
 }
