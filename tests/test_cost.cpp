@@ -8,6 +8,7 @@
 
 #include "src/backend/cost.hpp"
 #include "src/backend/price.hpp"
+#include "src/comm/sim_comm.hpp"
 #include "src/core/device_peaks.hpp"
 #include "src/train/predict.hpp"
 #include "src/train/price_layout.hpp"
@@ -196,4 +197,26 @@ TEST_CASE("a pipelined layout's step adds the schedule's bubble, (p - 1) / (M + 
   CHECK(p.bubble_share == Approx(1.0 / 5));
   for (const StagePrice& s : p.stages) CHECK(p.step_s(s) == Approx(s.price.total / (1 - 1.0 / 5)));
   CHECK(p.step_s() == Approx(std::max(p.step_s(p.stages[0]), p.step_s(p.stages[1]))));
+}
+
+TEST_CASE("a collective orders the compute stream where it is waited for, not where it is polled", "[cost]") {
+  CostLedger l(Device::cuda);
+  auto be = make_meta_backend({}, &l);
+  Pool pool(*be);
+  auto comm = make_sim_communicator(0, 4, pool, SimTransport::gpu);
+  comm->stats().cost = &l;
+  Block buf = pool.alloc(DType::f32, 1024, Category::comm_buffer, "buf");
+  Work w = comm->all_reduce(buf.flat(DType::f32));
+  auto waits = [&] {
+    int n = 0;
+    for (const CostCommand& c : l.commands()) n += c.kind == CostCommand::Kind::wait && c.stream == StreamKind::compute;
+    return n;
+  };
+  CHECK_FALSE(w.progress());  // the sim's call is done at once; a GPU's would not be
+  CHECK(waits() == 0);
+  w.wait();
+  CHECK(waits() == 1);
+  REQUIRE(l.ops().size() == 1);
+  CHECK(l.ops()[0].bus_bytes == Approx(2.0 * 3 / 4 * 4096));
+  CHECK(std::string_view(l.ops()[0].name) == "all_reduce");
 }
