@@ -42,7 +42,13 @@ DeviceModel measure_cpu_model(Backend& be) {
       fmt::format("measured here on {} thread(s): a {}^3 sgemm, an axpy over 64 MiB", be.threads(), n));
 }
 
-double TimeRow::mfu() const { return step_s() > 0 && peak > 0 ? model_flops / (step_s() * peak) : 0; }
+double TimeReport::peak() const {
+  return device.tensor_flops.value > 0 ? device.tensor_flops.value : device.vector_flops.value;
+}
+
+double TimeReport::mfu(const TimeRow& row) const {
+  return row.step_s() > 0 && peak() > 0 ? model_flops / (row.step_s() * peak()) : 0;
+}
 
 TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel d) {
   TimeReport r;
@@ -53,10 +59,10 @@ TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel
   r.accum = static_cast<int>(cfg.train.accum);
   r.target = target;
   const ParallelDims dims = cfg.train.layout.dims.resolved(cfg.world);
-  const double tokens = static_cast<double>(cfg.micro_batch) * static_cast<double>(cfg.train.accum) *
-                        static_cast<double>(cfg.train.spec.seq) * dims.dp();
-  const double per_token = family_of(cfg.train.spec).flops_per_token(cfg.train.spec);
-  const double peak = d.tensor_flops.value > 0 ? d.tensor_flops.value : d.vector_flops.value;
+  r.tokens = static_cast<double>(cfg.micro_batch) * static_cast<double>(cfg.train.accum) *
+             static_cast<double>(cfg.train.spec.seq) * dims.dp();
+  // The job's model FLOPs over its ranks: each rank's share of the step's work.
+  r.model_flops = r.tokens * family_of(cfg.train.spec).flops_per_token(cfg.train.spec) / cfg.world;
   for (StrategyKind kind : cfg.strategies) {
     TrainConfig t = cfg.train;
     t.use_strategy(kind);
@@ -68,10 +74,6 @@ TimeReport run_time_profile(const ProfileConfig& cfg, Device target, DeviceModel
       row.rank = stage.rank;
       row.price = stage.price;
       row.bubble_s = layout.bubble_s(stage);
-      row.tokens = tokens;
-      // The job's model FLOPs over its ranks: each rank's share of the step's work.
-      row.model_flops = tokens * per_token / cfg.world;
-      row.peak = peak;
       r.rows.push_back(std::move(row));
     }
   }

@@ -20,10 +20,6 @@ struct TimeRow {
   StepPrice price;
   double bubble_s = 0;     // under --pp: what the schedule's bubble adds to this stage's step
   double step_s() const { return price.total + bubble_s; }
-  double tokens = 0;       // tokens this rank computes in the step
-  double model_flops = 0;  // the family's model FLOPs for them (6N + attention per token)
-  double mfu() const;      // model FLOP/s over the device's tensor peak (its vector peak without one)
-  double peak = 0;         // that peak, FLOP/s
 };
 
 struct TimeReport {
@@ -34,6 +30,10 @@ struct TimeReport {
   Device target = Device::cpu;
   DeviceModel device;
   std::vector<TimeRow> rows;
+  double tokens = 0;       // the job's tokens per step
+  double model_flops = 0;  // the family's model FLOPs for them (6N + attention per token), per rank
+  double peak() const;     // the device's tensor peak (its vector peak without one), FLOP/s
+  double mfu(const TimeRow& row) const;  // a rank's model FLOP/s over that peak, at the row's step
 };
 
 // This CPU's rates for the device model, measured on `be` (a CPU backend) in about a second: the

@@ -52,7 +52,7 @@ void print_time_report(const TimeReport& r, std::FILE* out, int top) {
                ms(row.step_s()), ms(p.compute), ms(p.exposed_comm), ms(p.launch_gaps), ms(p.host_waits),
                pipelined ? fmt::format(" {:>9}", ms(row.bubble_s)) : "", p.launches,
                fmt::format("{}/{}", p.host_syncs_mid_step, p.host_syncs), (p.bytes - p.gemm_bytes) / 1e9,
-               fmt::format("{:.1f}%", 100 * row.mfu()));
+               fmt::format("{:.1f}%", 100 * r.mfu(row)));
   }
   fmt::print(out,
              "(ms per step of one rank: compute is the compute stream's busy time; the rest is where it sat idle, "
@@ -126,9 +126,9 @@ std::string time_report_json(const TimeReport& r) {
                     {"bytes", p.bytes},
                     {"non_gemm_bytes", p.bytes - p.gemm_bytes},
                     {"bus_bytes", p.bus_bytes},
-                    {"tokens", row.tokens},
-                    {"model_flops", row.model_flops},
-                    {"mfu", row.mfu()},
+                    {"tokens", r.tokens},
+                    {"model_flops", r.model_flops},
+                    {"mfu", r.mfu(row)},
                     {"ops", std::move(ops)}});
   }
   json doc = {{"schema", "shardlab.profile_time/1"},

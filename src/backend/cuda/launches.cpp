@@ -34,6 +34,13 @@ Launches grid_stride(const char* name, int64_t n) {
   return L;
 }
 
+// A warp-per-row kernel over N rows that returns early on none.
+Launches per_row(const char* name, int64_t N) {
+  Launches L;
+  if (N > 0) L.add(kernel(name, row_blocks(N)));
+  return L;
+}
+
 // A kernel of float4 packs when they fit (`packed`), else of single floats.
 Launches packed_or_not(const char* packs, const char* singles, int64_t n, bool packed) {
   Launches L;
@@ -141,22 +148,14 @@ Launches embedding_backward_shard_launches(int64_t B, int64_t T, int64_t, int64_
 
 // ---- norms --------------------------------------------------------------------------------------
 
-Launches layernorm_forward_launches(int64_t N, int64_t) {
-  Launches L;
-  if (N > 0) L.add(kernel("layernorm_forward_kernel", row_blocks(N)));
-  return L;
-}
+Launches layernorm_forward_launches(int64_t N, int64_t) { return per_row("layernorm_forward_kernel", N); }
 
 Launches layernorm_backward_launches(int64_t N, int64_t C) {
   return norm_backward("layernorm_backward_dinp_kernel", "layernorm_backward_partial_kernel",
                        "layernorm_backward_fold_kernel", N, C);
 }
 
-Launches rmsnorm_forward_launches(int64_t N, int64_t) {
-  Launches L;
-  if (N > 0) L.add(kernel("rmsnorm_forward_kernel", row_blocks(N)));
-  return L;
-}
+Launches rmsnorm_forward_launches(int64_t N, int64_t) { return per_row("rmsnorm_forward_kernel", N); }
 
 Launches rmsnorm_backward_launches(int64_t N, int64_t C) {
   return norm_backward("rmsnorm_backward_dinp_kernel", "rmsnorm_backward_partial_kernel",
@@ -196,24 +195,17 @@ Launches swiglu_forward_launches(int64_t N, int64_t F) { return grid_stride("swi
 Launches swiglu_backward_launches(int64_t N, int64_t F) { return grid_stride("swiglu_backward_kernel", N * F); }
 
 Launches attention_forward_launches(int64_t H, int64_t, int64_t B, int64_t T, int64_t) {
-  Launches L;
-  if (B * H * T > 0) L.add(kernel("causal_softmax_kernel", row_blocks(B * H * T)));
-  return L;
+  return per_row("causal_softmax_kernel", B * H * T);
 }
 
 Launches attention_backward_launches(int64_t H, int64_t, int64_t, int64_t T, int64_t) {
-  Launches L;
-  if (H * T > 0) L.add(kernel("causal_softmax_backward_kernel", row_blocks(H * T)));
-  return L;
+  return per_row("causal_softmax_backward_kernel", H * T);
 }
 
 // ---- fused attention ----------------------------------------------------------------------------
 
 Launches flash_attention_forward_launches(const FlashShape& s) {
-  Launches L;
-  const int64_t rows = s.B * s.H * s.Tq;
-  if (rows > 0) L.add(kernel("flash_forward_kernel", row_blocks(rows)));
-  return L;
+  return per_row("flash_forward_kernel", s.B * s.H * s.Tq);
 }
 
 Launches flash_attention_merge_launches(const FlashShape& s) {

@@ -56,7 +56,7 @@ class MetaBackend final : public Backend {
     if (ledger_ == nullptr) return;
     const bool host = dst.device() == Device::cpu || src.device() == Device::cpu;
     OpCost c{.name = host ? "copy (host)" : "copy", .bytes = 2.0 * static_cast<double>(src.bytes())};
-    if (host && ops::charges_cuda(*this)) c.host_syncs = 1;
+    if (host && ledger_->target() == Device::cuda) c.host_syncs = 1;
     ops::charge(*this, std::move(c), [&] { return cuda::copy_launches(host); });
   }
 

@@ -54,10 +54,5 @@ void charge(Backend& be, OpCost c, LaunchesOf&& launches, int64_t library = 0, i
   }
   l->add(std::move(c));
 }
-// Whether the ledger stands for a GPU (tensor cores; bf16 operands where the CUDA backend rounds).
-inline bool charges_cuda(Backend& be) {
-  CostLedger* l = be.cost_ledger();
-  return l != nullptr && l->target() == Device::cuda;
-}
 
 }  // namespace shardlab::ops
