@@ -53,8 +53,10 @@ struct ParallelLayout {
   // --pp > 1: the split and the schedule against the model's units, before any unit is built.
   void validate_pipeline(const ModelSpec& spec, int64_t micro_batches) const;
   bool pipelined() const { return dims.pp > 1; }
-  // The part of the model ranks (tp_rank, ep_rank) build (TpConfig: tensor and expert parallelism).
-  TpConfig tp(int tp_rank, int ep_rank = 0) const { return {dims.tp, tp_rank, sequence_parallel, dims.ep, ep_rank}; }
+  // The part of the model rank tp_rank of a tensor-parallel group builds, and the experts rank
+  // ep_rank of an expert-parallel group holds.
+  TpConfig tp(int tp_rank) const { return {dims.tp, tp_rank, sequence_parallel}; }
+  EpConfig ep(int ep_rank) const { return {dims.ep, ep_rank}; }
 };
 
 }  // namespace shardlab

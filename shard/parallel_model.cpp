@@ -38,7 +38,7 @@ StageSplit stage_split(const std::vector<std::unique_ptr<Unit>>& units, const Mo
 }
 
 StageSplit stage_split(const ModelSpec& spec, const ParallelLayout& layout) {
-  return stage_split(family_of(spec).make_units(spec, layout.tp(0)), spec, layout);
+  return stage_split(family_of(spec).make_units(spec, layout.tp(0), layout.ep(0)), spec, layout);
 }
 
 ParallelModel::ParallelModel(ParallelModelConfig cfg, Mesh& mesh, Backend& be, Pool& pool)
@@ -46,10 +46,9 @@ ParallelModel::ParallelModel(ParallelModelConfig cfg, Mesh& mesh, Backend& be, P
       mesh_(mesh),
       be_(be),
       pool_(pool),
-      tp_{cfg_.layout.tp(mesh.rank(CommAxis::tp), mesh.coord().ep), cfg_.layout.dims.tp > 1 ? &mesh.comm(CommAxis::tp) : nullptr,
-          cfg_.layout.dims.ep > 1 ? &mesh.comm(CommAxis::ep) : nullptr},
-      units_(family_of(cfg_.spec).make_units(cfg_.spec, tp_.config)) {
-  tp_.ep_wait_s = &ep_wait_s_;
+      tp_{cfg_.layout.tp(mesh.rank(CommAxis::tp)), cfg_.layout.dims.tp > 1 ? &mesh.comm(CommAxis::tp) : nullptr},
+      ep_{cfg_.layout.ep(mesh.coord().ep), cfg_.layout.dims.ep > 1 ? &mesh.comm(CommAxis::ep) : nullptr},
+      units_(family_of(cfg_.spec).make_units(cfg_.spec, tp_.config, ep_.config)) {
   if (const int C = cfg_.layout.dims.cp; C > 1) {
     cp_.degree = C;
     cp_.rank = mesh.rank(CommAxis::cp);
@@ -83,7 +82,7 @@ void ParallelModel::take_stage_units() {
                   "first and the last stage share tensors", units_[v]->name(), b.decl->name, ro, rv);
       cross.push_back({b.owner, v});
     }
-  model_units_ = family_of(spec).make_units(spec, tp_.config);
+  model_units_ = family_of(spec).make_units(spec, tp_.config, ep_.config);
   std::vector<std::unique_ptr<Unit>> mine;
   std::vector<int> local(units_.size(), -1);
   for (int u : split_->units_of(mesh_.rank(CommAxis::pp))) {
@@ -178,7 +177,7 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
     PipelineRun run = pipeline_run();
     run.timing = timing;
     const RunResult r =
-        run_pipeline(run, units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale, cfg_.checkpointing, tp_);
+        run_pipeline(run, units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale, cfg_.checkpointing, tp_, &ep_);
     add_moe(r);  // the last chunk's rank's (every micro-batch's)
     return r.loss_sum;
   }
@@ -187,7 +186,8 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
     const Batch b = micro_step(fill, k);
     strategy_->begin_micro(k, k + 1 == cfg_.micro_batches);
     const RunResult r =
-        run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing, tp_);
+        run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing, tp_,
+                             &ep_);
     loss_sum += r.loss_sum;
     add_moe(r);
   }
@@ -228,18 +228,18 @@ double ParallelModel::evaluate(const BatchFill& fill) {
   if (pipelined()) {
     const std::vector<Batch> batches = stage_batches(fill);
     float s = static_cast<float>(
-        run_pipeline_forward(pipeline_run(), units_, cfg_.spec, be_, pool_, batches, *strategy_, tp_).loss_sum);
+        run_pipeline_forward(pipeline_run(), units_, cfg_.spec, be_, pool_, batches, *strategy_, tp_, &ep_).loss_sum);
     mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(&s, 1)).wait();  // the last chunk's stage's
     return s;
   }
   double sum = 0;
   for (int64_t k = 0; k < cfg_.micro_batches; ++k)  // micro-batches of the training size bound the memory
-    sum += run_forward(units_, cfg_.spec, be_, pool_, micro_step(fill, k), *strategy_, nullptr, tp_).loss_sum;
+    sum += run_forward(units_, cfg_.spec, be_, pool_, micro_step(fill, k), *strategy_, nullptr, tp_, &ep_).loss_sum;
   return sum;
 }
 
 void ParallelModel::sum_dense_grads_over_ep() {
-  if (!tp_.expert_parallel()) return;
+  if (!ep_.active()) return;
   // The tensors an ep group holds whole (all but the experts) lie at the same offsets of each unit
   // on each of its ranks, whose owned ranges are alike: their reduced gradients, summed over the
   // group in one all-reduce, become every token's.
@@ -265,7 +265,7 @@ void ParallelModel::sum_dense_grads_over_ep() {
   Block buf = pool_.alloc(dtype, std::max<int64_t>(total, 1), Category::comm_buffer, "dense gradients over ep");
   Tensor all = buf.flat(dtype).slice(0, total);
   for (const Piece& p : pieces) be_.copy(all.slice(p.at, p.g.numel()), p.g);
-  tp_.ep_comm->all_reduce(all).wait();
+  ep_.comm->all_reduce(all).wait();
   for (const Piece& p : pieces) be_.copy(p.g, all.slice(p.at, p.g.numel()));
 }
 
@@ -301,11 +301,11 @@ void ParallelModel::sync_tied_grads() {
 double ParallelModel::grad_norm_sq() {
   double all = strategy_->grad_norm_sq() - tied_copy_sq_;  // a tied copy counts at its owner only
   double ep_extra = 0;  // the other ranks' experts (--ep)
-  if (tp_.expert_parallel()) {
+  if (ep_.active()) {
     // This rank's experts' squares add up over the ep group; the rest is the same on each of its ranks.
     const double mine = strategy_->expert_grad_norm_sq();
     float group = static_cast<float>(mine);
-    tp_.ep_comm->all_reduce(std::span<float>(&group, 1)).wait();
+    ep_.comm->all_reduce(std::span<float>(&group, 1)).wait();
     ep_extra = group - mine;
     all += ep_extra;
   }
@@ -325,11 +325,11 @@ double ParallelModel::grad_norm_sq() {
   return all;
 }
 
-bool ParallelModel::decodes() const { return !pipelined() && !tp_.expert_parallel(); }  // the decoder holds no ep group
+bool ParallelModel::decodes() const { return !pipelined() && !ep_.active(); }  // the decoder holds no ep group
 
 std::optional<double> ParallelModel::take_ep_wait_s() {
-  if (!tp_.expert_parallel()) return std::nullopt;
-  return std::exchange(ep_wait_s_, 0.0);
+  if (!ep_.active()) return std::nullopt;
+  return std::exchange(ep_.wait_s, 0.0);
 }
 
 std::optional<double> ParallelModel::take_cp_wait_s() {
@@ -345,9 +345,9 @@ bool ParallelModel::last_logits(std::span<const int32_t> context, std::vector<fl
     if (pipelined()) {  // the last chunk's stage's logits (zb-v: the first stage); the others' stay empty
       logits.clear();
       run_pipeline_forward(pipeline_run(1, n), units_, cfg_.spec, be_, pool_, std::span<const Batch>(&b, 1),
-                           *strategy_, tp_, &logits);
+                           *strategy_, tp_, &ep_, &logits);
     } else {
-      run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_);
+      run_forward(units_, cfg_.spec, be_, pool_, b, *strategy_, &logits, tp_, &ep_);
     }
   }
   if (pipelined() && logits.empty()) return false;  // not the head's stage: its token comes from there

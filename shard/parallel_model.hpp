@@ -16,6 +16,7 @@
 #include "shard/layout.hpp"
 #include "shard/pipeline/executor.hpp"
 #include "shard/strategy.hpp"
+#include "src/model/parallel/ep.hpp"
 
 namespace shardlab {
 
@@ -95,7 +96,6 @@ class ParallelModel {
   Batch batch_of(int32_t* inputs, int32_t* targets, int64_t n);  // n sequences of local_seq(), cp attached
   std::vector<std::vector<float>> stage_units_whole(std::vector<std::vector<float>> host);
   std::vector<std::vector<float>> ep_units_whole(std::vector<std::vector<float>> host);
-  TpConfig whole_experts() const;  // this rank's part of the model with every expert
 
   ParallelModelConfig cfg_;
   Mesh& mesh_;
@@ -104,7 +104,7 @@ class ParallelModel {
   Strategy* strategy_ = nullptr;
   TpContext tp_;  // this rank's tensor-parallel group (inactive at --tp 1)
   CpContext cp_;  // this rank's context-parallel group and pieces (inactive at --cp 1)
-  double ep_wait_s_ = 0;  // tp_.ep_wait_s points here
+  EpContext ep_;  // this rank's expert-parallel group (inactive at --ep 1)
   std::vector<int32_t> whole_inputs_, whole_targets_;  // --cp: whole sequences, before their pieces are taken
   std::vector<std::unique_ptr<Unit>> units_;
   // Pipeline parallelism (--pp > 1): the split, the step's schedule, every unit of the model (for

@@ -24,10 +24,10 @@ std::vector<std::vector<float>> ParallelModel::stage_units_whole(std::vector<std
   const std::vector<UnitLayout> whole = family_of(cfg_.spec).layout(cfg_.spec);
   std::vector<UnitLayout> local, wanted;
   const std::vector<UnitLayout> ep_whole =
-      tp_.expert_parallel() ? family_of(cfg_.spec).layout(cfg_.spec, whole_experts()) : std::vector<UnitLayout>{};
+      ep_.active() ? family_of(cfg_.spec).layout(cfg_.spec, tp_.config) : std::vector<UnitLayout>{};
   for (size_t u = 0; u < units_.size(); ++u) {
     // Under --ep host holds every expert already (ep_units_whole).
-    UnitLayout l = tp_.expert_parallel() ? unit_named(ep_whole, units_[u]->name()) : units_[u]->layout();
+    UnitLayout l = ep_.active() ? unit_named(ep_whole, units_[u]->name()) : units_[u]->layout();
     while (!l.tensors.empty() && l.tensors.back().tied_copy) {  // tied copies are appended last
       l.numel = l.tensors.back().offset;
       l.tensors.pop_back();
@@ -40,25 +40,17 @@ std::vector<std::vector<float>> ParallelModel::stage_units_whole(std::vector<std
   return host;
 }
 
-TpConfig ParallelModel::whole_experts() const {
-  TpConfig c = tp_.config;
-  c.ep_degree = 1, c.ep_rank = 0;
-  return c;
-}
-
 // Every rank of the ep group gets its units (this stage's) with every expert: the group's parts
 // all-gathered, each rank's experts put in place by name (the other tensors lie at the same offsets
 // on each rank).
 std::vector<std::vector<float>> ParallelModel::ep_units_whole(std::vector<std::vector<float>> host) {
-  Communicator& ep = *tp_.ep_comm;
+  Communicator& ep = *ep_.comm;
   const int D = ep.world_size();
   const ModelFamily& family = family_of(cfg_.spec);
-  const std::vector<UnitLayout> whole = family.layout(cfg_.spec, whole_experts());
+  const std::vector<UnitLayout> whole = family.layout(cfg_.spec, tp_.config);  // every expert
   std::vector<std::vector<UnitLayout>> parts;
   for (int q = 0; q < D; ++q) {
-    TpConfig c = tp_.config;
-    c.ep_rank = q;
-    parts.push_back(family.layout(cfg_.spec, c));
+    parts.push_back(family.layout(cfg_.spec, tp_.config, EpConfig{D, q}));
   }
   std::vector<std::vector<float>> out(host.size());
   for (size_t u = 0; u < host.size(); ++u) {
@@ -80,8 +72,8 @@ void ParallelModel::save(const std::string& path) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
   Communicator& world = mesh_.world();
-  if (tp_.expert_parallel()) host = ep_units_whole(std::move(host));
-  if (!tp_.active() && !pipelined() && !tp_.expert_parallel()) {
+  if (ep_.active()) host = ep_units_whole(std::move(host));
+  if (!tp_.active() && !pipelined() && !ep_.active()) {
     if (world.rank() == 0) write_units(path, cfg_.spec, units_, host);
     return;
   }

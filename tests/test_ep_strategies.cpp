@@ -68,9 +68,9 @@ LayerRun run_layer(const ModelSpec& spec, Communicator* ep, int64_t first, int64
   }
   Tensor xt = t.make(x, N, C), dt = t.make(dout, N, C);
   Tensor out = t.make(std::vector<float>(x.size(), 0.f), N, C), dx = t.make(std::vector<float>(x.size(), 0.f), N, C);
-  TpContext tp;
-  if (ep) tp.config.ep_degree = ep->world_size(), tp.config.ep_rank = ep->rank(), tp.ep_comm = ep;
-  UnitContext c{*be, pool, spec, Batch{}, Checkpointing::none, tp};
+  EpContext group;
+  if (ep) group = EpContext{{ep->world_size(), ep->rank()}, ep};
+  UnitContext c{*be, pool, spec, Batch{}, Checkpointing::none, TpContext{}, ep ? &group : nullptr};
   const auto a2a = [&] {
     if (!ep) return 0.0;
     const auto& total = ep->stats().total;

@@ -389,7 +389,7 @@ double PipelineTiming::compute_ms(PipeAction::Kind kind) const {
 
 RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
                        Backend& be, Pool& pool, std::span<const Batch> micro, UnitHooks& hooks, float dlogit_scale,
-                       Checkpointing checkpointing, const TpContext& tp) {
+                       Checkpointing checkpointing, const TpContext& tp, EpContext* ep) {
   check_batches(spec, micro);
   SHARD_CHECK(static_cast<int64_t>(micro.size()) == run.schedule.micro_batches,
               "{} micro-batches for a schedule of {}", micro.size(), run.schedule.micro_batches);
@@ -408,7 +408,7 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
     const double start = timing ? ex.now_ms() : 0;
     ex.post_receives(list, i);
     if (run.begin_micro) run.begin_micro(a.micro, a.micro + 1 == M);
-    UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], checkpointing, tp};
+    UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], checkpointing, tp, ep};
     if (a.kind == PipeAction::forward) ex.forward(a, true, ctx);
     else if (a.kind == PipeAction::backward) ex.backward(a, ctx, run.schedule.kind->splits_backward);
     else ex.weight(a, ctx);
@@ -422,7 +422,7 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
 
 RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
                                const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
-                               UnitHooks& hooks, const TpContext& tp, std::vector<float>* logits) {
+                               UnitHooks& hooks, const TpContext& tp, EpContext* ep, std::vector<float>* logits) {
   check_batches(spec, micro);
   SHARD_CHECK(!logits || micro.size() == 1, "logits of {} micro-batches", micro.size());
   // Every rank: each micro-batch through its chunks in model order.
@@ -436,7 +436,7 @@ RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::un
   for (size_t i = 0; i < list.size(); ++i) {
     const PipeAction& a = list[i];
     ex.post_receives(list, i);
-    UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], Checkpointing::none, tp};
+    UnitContext ctx{be, pool, spec, micro[static_cast<size_t>(a.micro)], Checkpointing::none, tp, ep};
     ex.forward(a, false, ctx);
   }
   ex.finish();

@@ -64,7 +64,7 @@ struct PipelineRun {
 // Ledger phases name local unit indices, as Trainer::unit_names() lists them.
 RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec,
                        Backend& be, Pool& pool, std::span<const Batch> micro, UnitHooks& hooks, float dlogit_scale,
-                       Checkpointing checkpointing, const TpContext& tp);
+                       Checkpointing checkpointing, const TpContext& tp, EpContext* ep = nullptr);
 
 // Forward only (evaluation): every micro-batch through this rank's chunks in order, the loss on the
 // last chunk's rank (hooks.forward_loss, or the vocabulary-parallel loss under TP); 0 elsewhere.
@@ -72,6 +72,7 @@ RunResult run_pipeline(const PipelineRun& run, const std::vector<std::unique_ptr
 // as run_forward does.
 RunResult run_pipeline_forward(const PipelineRun& run, const std::vector<std::unique_ptr<Unit>>& units,
                                const ModelSpec& spec, Backend& be, Pool& pool, std::span<const Batch> micro,
-                               UnitHooks& hooks, const TpContext& tp, std::vector<float>* logits = nullptr);
+                               UnitHooks& hooks, const TpContext& tp, EpContext* ep = nullptr,
+                               std::vector<float>* logits = nullptr);
 
 }  // namespace shardlab

@@ -178,7 +178,7 @@ void append_unit_state(const UnitLayout& unit, int64_t a, int64_t b, std::span<c
     // A tied copy (pipeline parallelism) is its owner's tensor: the owner's stage writes it.
     // A tensor the tensor-parallel (or expert-parallel) group holds whole: its rank 0 writes it.
     if (lo >= hi || t.tied_copy || (unit.tp_degree > 1 && !t.tp.split() && unit.tp_rank != 0) ||
-        (unit.ep_degree > 1 && !t.expert && unit.ep_rank != 0))
+        (unit.ep.degree > 1 && !t.expert && unit.ep.rank != 0))
       continue;
     for (const LocalRegion& r : local_regions(t, unit.tp_degree, unit.tp_rank, lo - t.offset, hi - t.offset)) {
       const ManifestPiece piece{file_rank, base + out.size() * sizeof(float), r.region.begin, r.region.end, r.region.box};

@@ -20,16 +20,16 @@ const std::array<const ModelFamily*, 4>& registry() {
   return families;
 }
 
-void check_tp(const ModelSpec& spec, const TpConfig& tp) {
+void check_part(const ModelSpec& spec, const TpConfig& tp, const EpConfig& ep) {
   SHARD_REQUIRE(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree,
                 "tensor-parallel rank {} of {}: need 0 <= rank < degree", tp.rank, tp.degree);
   if (auto why = tp_split_problem(spec, tp.degree)) throw InputError(*why);
-  SHARD_REQUIRE(tp.ep_degree >= 1 && tp.ep_rank >= 0 && tp.ep_rank < tp.ep_degree,
-                "expert-parallel rank {} of {}: need 0 <= rank < degree", tp.ep_rank, tp.ep_degree);
-  if (tp.ep_degree > 1) {
+  SHARD_REQUIRE(ep.degree >= 1 && ep.rank >= 0 && ep.rank < ep.degree,
+                "expert-parallel rank {} of {}: need 0 <= rank < degree", ep.rank, ep.degree);
+  if (ep.degree > 1) {
     SHARD_REQUIRE(spec.moe.enabled(), "--ep {}: {} has no experts to split (expert parallelism needs a mixture of "
-                  "experts: the mixtral and qwen3_moe families)", tp.ep_degree, spec.name);
-    SHARD_REQUIRE(spec.moe.experts % tp.ep_degree == 0, "--ep {} must divide the {} experts of {}", tp.ep_degree,
+                  "experts: the mixtral and qwen3_moe families)", ep.degree, spec.name);
+    SHARD_REQUIRE(spec.moe.experts % ep.degree == 0, "--ep {} must divide the {} experts of {}", ep.degree,
                   spec.moe.experts, spec.name);
   }
 }
@@ -44,20 +44,20 @@ const char* tokenizer_name(TokenizerKind t) {
   return "?";
 }
 
-std::vector<UnitLayout> ModelFamily::layout(const ModelSpec& spec, const TpConfig& tp) const {
-  check_tp(spec, tp);
-  std::vector<UnitLayout> units = do_layout(spec, tp);
+std::vector<UnitLayout> ModelFamily::layout(const ModelSpec& spec, const TpConfig& tp, const EpConfig& ep) const {
+  check_part(spec, tp, ep);
+  std::vector<UnitLayout> units = do_layout(spec, tp, ep);
   for (const UnitLayout& u : units)
-    SHARD_CHECK(u.tp_degree == tp.degree && u.tp_rank == tp.rank && u.ep_degree == tp.ep_degree &&
-                    u.ep_rank == tp.ep_rank,
+    SHARD_CHECK(u.tp_degree == tp.degree && u.tp_rank == tp.rank && u.ep == ep,
                 "unit {} laid out for tp rank {} of {} (ep {} of {}), asked {} of {} (ep {} of {})", u.name, u.tp_rank,
-                u.tp_degree, u.ep_rank, u.ep_degree, tp.rank, tp.degree, tp.ep_rank, tp.ep_degree);
+                u.tp_degree, u.ep.rank, u.ep.degree, tp.rank, tp.degree, ep.rank, ep.degree);
   return units;
 }
 
-std::vector<std::unique_ptr<Unit>> ModelFamily::make_units(const ModelSpec& spec, const TpConfig& tp) const {
-  check_tp(spec, tp);
-  return do_make_units(spec, tp);
+std::vector<std::unique_ptr<Unit>> ModelFamily::make_units(const ModelSpec& spec, const TpConfig& tp,
+                                                           const EpConfig& ep) const {
+  check_part(spec, tp, ep);
+  return do_make_units(spec, tp, ep);
 }
 
 std::vector<std::string> ModelFamily::unit_names(const ModelSpec& spec) const {

@@ -70,9 +70,11 @@ class ModelFamily {
   // (Megatron's layout: attention column-parallel by heads, its output projection row-parallel,
   // the MLP's first linears column-parallel and its second row-parallel, the vocabulary split
   // over the embedding and the head). InputError when the degree does not divide the heads, the
-  // KV heads or the MLP width, naming them.
-  std::vector<UnitLayout> layout(const ModelSpec& spec, const TpConfig& tp = {}) const;
-  std::vector<std::unique_ptr<Unit>> make_units(const ModelSpec& spec, const TpConfig& tp = {}) const;
+  // KV heads or the MLP width, naming them. A mixture of experts' units hold expert-parallel rank
+  // ep.rank's block of experts (EpConfig; every expert by default).
+  std::vector<UnitLayout> layout(const ModelSpec& spec, const TpConfig& tp = {}, const EpConfig& ep = {}) const;
+  std::vector<std::unique_ptr<Unit>> make_units(const ModelSpec& spec, const TpConfig& tp = {},
+                                                const EpConfig& ep = {}) const;
   std::vector<std::string> unit_names(const ModelSpec& spec) const;  // as layout(spec) names them
 
   // The state-dict adapter (safetensors save, load, export): the name a layout tensor has in an
@@ -85,9 +87,10 @@ class ModelFamily {
   virtual LayerCosts layer_costs() const = 0;
 
  protected:
-  // layout() and make_units() check the tensor-parallel arguments, then call these.
-  virtual std::vector<UnitLayout> do_layout(const ModelSpec& spec, const TpConfig& tp) const = 0;
-  virtual std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& spec, const TpConfig& tp) const = 0;
+  // layout() and make_units() check the tensor- and expert-parallel arguments, then call these.
+  virtual std::vector<UnitLayout> do_layout(const ModelSpec& spec, const TpConfig& tp, const EpConfig& ep) const = 0;
+  virtual std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& spec, const TpConfig& tp,
+                                                           const EpConfig& ep) const = 0;
 };
 
 // Why the model cannot be split over `degree` tensor-parallel ranks (the InputError message

@@ -173,9 +173,10 @@ void forward_units(const std::vector<std::unique_ptr<Unit>>& units, UnitContext&
 }  // namespace
 
 RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool,
-                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits, const TpContext& tp) {
+                      const Batch& batch, UnitHooks& hooks, std::vector<float>* logits, const TpContext& tp,
+                      EpContext* ep) {
   SHARD_REQUIRE(batch.T <= spec.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec.seq);
-  UnitContext ctx{be, pool, spec, batch, Checkpointing::none, tp};
+  UnitContext ctx{be, pool, spec, batch, Checkpointing::none, tp, ep};
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(units.size());
   std::vector<Saved> saved(units.size());
@@ -208,9 +209,10 @@ void finish_moe_balance(UnitHooks& hooks, MoeBalance& balance, const ModelSpec& 
 
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
-                               std::vector<float>* logits, Checkpointing checkpointing, const TpContext& tp) {
+                               std::vector<float>* logits, Checkpointing checkpointing, const TpContext& tp,
+                               EpContext* ep) {
   SHARD_REQUIRE(batch.T <= spec.seq, "sequence length {} exceeds the model's {} positions", batch.T, spec.seq);
-  UnitContext ctx{be, pool, spec, batch, checkpointing, tp};
+  UnitContext ctx{be, pool, spec, batch, checkpointing, tp, ep};
   const size_t U = units.size();
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(U);

@@ -69,14 +69,14 @@ struct RunResult {
 RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be,
                                Pool& pool, const Batch& batch, UnitHooks& hooks, float dlogit_scale,
                                std::vector<float>* logits = nullptr, Checkpointing checkpointing = Checkpointing::none,
-                               const TpContext& tp = {});
+                               const TpContext& tp = {}, EpContext* ep = nullptr);
 
 // Forward through every unit and the loss, no backward (evaluation): returns this rank's loss sum.
 // after_forward(u) follows each unit's forward as in training; hooks that keep a unit for a
 // backward must know from their own state that none follows (Strategy::begin_eval).
 RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const ModelSpec& spec, Backend& be, Pool& pool,
                       const Batch& batch, UnitHooks& hooks, std::vector<float>* logits = nullptr,
-                      const TpContext& tp = {});
+                      const TpContext& tp = {}, EpContext* ep = nullptr);
 
 // The loss of the last unit's output `out` (N rows): the chunked head's losses summed
 // (blocks::chunked_loss), else the vocabulary-parallel loss over `tp` when it is active, else the

@@ -106,16 +106,21 @@ enum class Init : uint8_t { normal, zeros, ones };
 // tensor-parallel group of `degree` ranks computes. Units are built for one (degree, rank); with
 // sequence_parallel the activations between the tensor-parallel regions (norms, residuals, the
 // units' inputs and outputs) are split along the B*T token rows too.
-//
-// Expert parallelism (--ep) rides along: a mixture of experts' experts are split over ep_degree
-// ranks in contiguous blocks, rank ep_rank holding experts [ep_rank E / ep_degree, (ep_rank + 1) E /
-// ep_degree) (TensorDecl::expert); every other tensor is whole on each of them.
 struct TpConfig {
   int degree = 1;
   int rank = 0;
   bool sequence_parallel = false;
-  int ep_degree = 1, ep_rank = 0;
   bool operator==(const TpConfig&) const = default;
+};
+
+// Expert parallelism (--ep): which experts one rank of an expert-parallel group of `degree` ranks
+// holds. A mixture of experts' E experts are split in contiguous blocks, rank r holding experts
+// [r E / degree, (r + 1) E / degree) (TensorDecl::expert); every other tensor is whole on each of
+// them. The group's communication is src/model/parallel/ep.hpp's.
+struct EpConfig {
+  int degree = 1;
+  int rank = 0;
+  bool operator==(const EpConfig&) const = default;
 };
 
 // How one tensor is split over the tensor-parallel group. dim -1: replicated (every rank holds it
@@ -148,7 +153,7 @@ struct TensorDecl {
   // embedding on a stage without the embedding; Unit::adopt_tied_copy). Initialised and loaded
   // as the owner's, its gradient summed with the owner's every step, never saved.
   bool tied_copy = false;
-  // One expert's tensor of a mixture of experts: held by one expert-parallel rank only (TpConfig).
+  // One expert's tensor of a mixture of experts: held by one expert-parallel rank only (EpConfig).
   bool expert = false;
   std::string shape_str() const;
 };
@@ -158,7 +163,7 @@ struct UnitLayout {
   std::vector<TensorDecl> tensors;
   int64_t numel = 0;
   int tp_degree = 1, tp_rank = 0;  // the tensor-parallel rank whose part of the tensors this is
-  int ep_degree = 1, ep_rank = 0;  // the expert-parallel rank whose experts it holds (TpConfig)
+  EpConfig ep;                     // the expert-parallel rank whose experts it holds
   const TensorDecl& find(std::string_view tensor) const;  // InternalError if absent
 };
 

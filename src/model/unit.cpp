@@ -1,10 +1,12 @@
 #include "src/model/unit.hpp"
 
 #include "src/model/parallel/cp.hpp"
+#include "src/model/parallel/ep.hpp"
 
 namespace shardlab {
 
 bool Batch::context_parallel() const { return cp != nullptr && cp->active(); }
+bool UnitContext::expert_parallel() const { return ep != nullptr && ep->active(); }
 
 Tensor ParamSet::operator()(const std::string& name) const {
   auto it = map_.find(name);

@@ -19,6 +19,7 @@ namespace shardlab {
 
 class Communicator;  // src/comm/communicator.hpp (only a pointer here: the fuzzers build the model alone)
 struct CpContext;   // src/model/parallel/cp.hpp
+struct EpContext;   // src/model/parallel/ep.hpp
 class DeferredWeightGrads;  // src/model/blocks/weight_grad.hpp
 struct MoeBalance;  // src/model/blocks/moe.hpp
 
@@ -101,17 +102,11 @@ class Saved {
 // The tensor-parallel group a rank's units compute in (--tp): its degree and rank, whether
 // sequence parallelism splits the activations between the regions, and the group's communicator
 // (null at degree 1). src/model/tp.hpp has the regions' communication.
-//
-// Expert parallelism (--ep) rides along (TpConfig): ep_comm is the expert-parallel group a mixture
-// of experts' layers dispatch their tokens over (null at degree 1).
 struct TpContext {
   TpConfig config;
   Communicator* comm = nullptr;
-  Communicator* ep_comm = nullptr;
-  double* ep_wait_s = nullptr;  // where the ep all-to-alls' seconds add up (null: not timed)
   bool active() const { return config.degree > 1; }
   bool sequence_parallel() const { return active() && config.sequence_parallel; }
-  bool expert_parallel() const { return config.ep_degree > 1; }
 };
 
 struct UnitContext {
@@ -121,6 +116,10 @@ struct UnitContext {
   Batch batch;
   Checkpointing checkpointing = Checkpointing::none;
   TpContext tp;
+  // Expert parallelism (--ep): the group a mixture of experts' layers send their tokens over
+  // (src/model/parallel/ep.hpp); null when the experts are all on this rank.
+  EpContext* ep = nullptr;
+  bool expert_parallel() const;
   // Set while a split backward (a zero-bubble schedule's B) runs: weight-gradient GEMMs are held
   // there for the W pass instead of computed (blocks/weight_grad.hpp).
   DeferredWeightGrads* deferred = nullptr;

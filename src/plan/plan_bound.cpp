@@ -17,7 +17,7 @@ const StageFacts& PlanBounds::stage_facts(const PlanEntry& e) {
   if (it != stages_.end()) return it->second;
   StageFacts f;
   const ModelSpec& s = c_.train.spec;
-  const std::vector<UnitLayout> units = family_of(s).layout(s, TpConfig{d.tp, 0, false, d.ep, 0});
+  const std::vector<UnitLayout> units = family_of(s).layout(s, TpConfig{d.tp, 0, false}, EpConfig{d.ep, 0});
   for (const UnitLayout& u : units) f.unit_params.push_back(double(u.numel));
   if (d.pp == 1) {
     f.distinct = {0};
@@ -76,7 +76,7 @@ const std::vector<std::unique_ptr<Unit>>& PlanBounds::rank_units(const ParallelD
   auto it = units_.find(key);
   if (it != units_.end()) return it->second;
   const ModelSpec& s = c_.train.spec;
-  return units_.emplace(key, family_of(s).make_units(s, TpConfig{d.tp, 0, sp, d.ep, 0})).first->second;
+  return units_.emplace(key, family_of(s).make_units(s, TpConfig{d.tp, 0, sp}, EpConfig{d.ep, 0})).first->second;
 }
 
 PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {

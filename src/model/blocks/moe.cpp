@@ -200,7 +200,7 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   c.be.copy(route_t, Tensor::flat(packed.data(), DType::f32, r.ints()));
   Tensor weights = s.add(c.pool, "moe_w", {P});
   c.be.copy(weights, Tensor::flat(const_cast<float*>(r.weight.data()), DType::f32, P));
-  if (c.tp.expert_parallel()) {  // the experts are on the ep group's ranks (parallel/ep.hpp)
+  if (c.expert_parallel()) {  // the experts are on the ep group's ranks (parallel/ep.hpp)
     Tensor y = s.add(c.pool, "moe_y", {P, C});
     Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
     Tensor xs = xs_block.view(DType::f32, {P, C});
@@ -250,7 +250,7 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   ops::moe_combine_backward(c.be, row_range(dy, 0, kept), dw, dout, row_range(s("moe_y"), 0, kept), as_ints(route_t),
                             s("moe_w"), k);
   tp_sum(c, dw);  // under --tp y, and so d(weights), are this rank's experts' slices' part
-  if (c.tp.expert_parallel()) {
+  if (c.expert_parallel()) {
     std::vector<int32_t> counts(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) counts[e] = static_cast<int32_t>(expert_rows(e));
     Block dxs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dtokens by expert");

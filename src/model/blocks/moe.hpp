@@ -76,7 +76,7 @@ int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts);
 
 // The layer's parameters (or gradients): the router (E, C) and, per expert, the stacked (gate; up)
 // (2F, C) and down (C, F), as ParamSet::gemm hands them for parameters.
-// Under expert parallelism the experts are this rank's block (TpConfig).
+// Under expert parallelism the experts are this rank's block (EpConfig).
 struct MoeWeights {
   Tensor router;
   std::vector<Tensor> gate_up, down;

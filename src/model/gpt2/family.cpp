@@ -47,10 +47,11 @@ class Gpt2Family final : public ModelFamily {
   }
 
  protected:
-  std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp) const override {
-    return gpt2_layout(s, tp);
+  std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp, const EpConfig&) const override {
+    return gpt2_layout(s, tp);  // no experts: check_part refuses --ep
   }
-  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, const TpConfig& tp) const override {
+  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, const TpConfig& tp,
+                                                   const EpConfig&) const override {
     return make_gpt2_units(s, tp);
   }
 };

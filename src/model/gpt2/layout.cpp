@@ -18,13 +18,13 @@ std::vector<UnitLayout> gpt2_layout(const ModelSpec& s, const TpConfig& tp) {
   const TpSplit vocab{0, 1, true}, rows{0}, cols{1}, qkv_cols{1, 3}, qkv_bias{0, 3};
   const float proj_std = 0.02f / std::sqrt(2.f * static_cast<float>(s.layers));  // GPT-2's residual scaling
   std::vector<UnitLayout> units;
-  UnitLayout emb{"embedding", {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
+  UnitLayout emb{"embedding", {}, 0, tp.degree, tp.rank, {}};
   add_tensor(emb, "wte.weight", {s.vocab, C}, Init::normal, std, vocab);
   add_tensor(emb, "wpe.weight", {s.seq, C}, Init::normal, std);
   units.push_back(std::move(emb));
   for (int64_t l = 0; l < s.layers; ++l) {
     std::string p = "h." + std::to_string(l) + ".";
-    UnitLayout b{"h." + std::to_string(l), {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
+    UnitLayout b{"h." + std::to_string(l), {}, 0, tp.degree, tp.rank, {}};
     add_tensor(b, p + "ln_1.weight", {C}, Init::ones);
     add_tensor(b, p + "ln_1.bias", {C}, Init::zeros);
     add_tensor(b, p + "attn.c_attn.weight", {C, 3 * C}, Init::normal, std, qkv_cols);
@@ -39,7 +39,7 @@ std::vector<UnitLayout> gpt2_layout(const ModelSpec& s, const TpConfig& tp) {
     add_tensor(b, p + "mlp.c_proj.bias", {C}, Init::zeros);
     units.push_back(std::move(b));
   }
-  UnitLayout head{"head", {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
+  UnitLayout head{"head", {}, 0, tp.degree, tp.rank, {}};
   add_tensor(head, "ln_f.weight", {C}, Init::ones);
   add_tensor(head, "ln_f.bias", {C}, Init::zeros);
   units.push_back(std::move(head));

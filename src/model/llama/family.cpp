@@ -47,11 +47,12 @@ class LlamaFamily final : public ModelFamily {
   }
 
  protected:
-  std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp) const override {
-    return llama_layout(s, tp);
+  std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp, const EpConfig& ep) const override {
+    return llama_layout(s, tp, ep);
   }
-  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, const TpConfig& tp) const override {
-    return make_llama_units(s, tp);
+  std::vector<std::unique_ptr<Unit>> do_make_units(const ModelSpec& s, const TpConfig& tp,
+                                                   const EpConfig& ep) const override {
+    return make_llama_units(s, tp, ep);
   }
 };
 

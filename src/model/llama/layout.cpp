@@ -14,23 +14,23 @@
 // output rows (column-parallel: each rank holds its heads, its KV heads, its slice of the MLP
 // width, still adjacent and stacked), o_proj and down_proj by input columns (row-parallel),
 // embed_tokens and lm_head by vocabulary rows (padded). The RMSNorm weights are replicated.
-// Expert parallelism: a rank's units hold its block of experts (TpConfig), the rest whole.
+// Expert parallelism: a rank's units hold its block of experts (EpConfig), the rest whole.
 #include "src/model/llama/llama.hpp"
 
 namespace shardlab {
 
-std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
+std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp, const EpConfig& ep) {
   const int64_t C = s.dim, F = s.ffn_hidden(), hd = s.head_size();
   const int64_t q_rows = s.heads * hd, kv_rows = s.num_kv_heads() * hd;
   const float std = 0.02f;
   const TpSplit vocab{0, 1, true}, rows{0}, cols{1};
   std::vector<UnitLayout> units;
-  UnitLayout emb{"embedding", {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
+  UnitLayout emb{"embedding", {}, 0, tp.degree, tp.rank, ep};
   add_tensor(emb, "model.embed_tokens.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(emb));
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    UnitLayout b{"layers." + std::to_string(l), {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
+    UnitLayout b{"layers." + std::to_string(l), {}, 0, tp.degree, tp.rank, ep};
     add_tensor(b, p + "input_layernorm.weight", {C}, Init::ones);
     add_tensor(b, p + "self_attn.q_proj.weight", {q_rows, C}, Init::normal, std, rows);
     add_tensor(b, p + "self_attn.k_proj.weight", {kv_rows, C}, Init::normal, std, rows);
@@ -47,10 +47,10 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
       // by columns.
       const TpSplit whole{-1, 1, false, true};
       add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std, whole);
-      const int64_t Fe = s.moe.ffn_dim, local = s.moe.experts / tp.ep_degree;
+      const int64_t Fe = s.moe.ffn_dim, local = s.moe.experts / ep.degree;
       // This expert-parallel rank's experts, after every tensor the ep group holds whole: the dense
       // tensors lie at the same offsets on each of its ranks.
-      for (int64_t e = tp.ep_rank * local; e < (tp.ep_rank + 1) * local; ++e) {  // gate and up adjacent: one stacked product
+      for (int64_t e = ep.rank * local; e < (ep.rank + 1) * local; ++e) {  // gate and up adjacent: one stacked product
         for (auto [part, shape] : {std::pair{MoePart::gate, std::vector<int64_t>{Fe, C}}, {MoePart::up, {Fe, C}},
                                    {MoePart::down, {C, Fe}}}) {
           add_tensor(b, moe_tensor(s, p, part, e), shape, Init::normal, std, part == MoePart::down ? cols : rows);
@@ -64,7 +64,7 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp) {
     }
     units.push_back(std::move(b));
   }
-  UnitLayout head{"head", {}, 0, tp.degree, tp.rank, tp.ep_degree, tp.ep_rank};
+  UnitLayout head{"head", {}, 0, tp.degree, tp.rank, ep};
   add_tensor(head, "model.norm.weight", {C}, Init::ones);
   if (!s.tied_head) add_tensor(head, "lm_head.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(head));

@@ -57,7 +57,7 @@ RopeFreqs llama_rope_freqs(const ModelSpec& spec);
 
 // layout.cpp: units in execution order: embedding, layers.0 .. layers.{L-1}, head (model.norm
 // and lm_head; a tied head borrows model.embed_tokens.weight).
-std::vector<UnitLayout> llama_layout(const ModelSpec& spec, const TpConfig& tp = {});
+std::vector<UnitLayout> llama_layout(const ModelSpec& spec, const TpConfig& tp = {}, const EpConfig& ep = {});
 
 // The MoE families' tensor names of layer `prefix` ("model.layers.3."): the router, and expert e's
 // gate, up and down projections (Mixtral: block_sparse_moe.gate, experts.e.w1 / w3 / w2; Qwen3-MoE:
@@ -66,6 +66,7 @@ enum class MoePart : uint8_t { router, gate, up, down };
 std::string moe_tensor(const ModelSpec& spec, const std::string& prefix, MoePart part, int64_t expert = 0);
 
 // units.cpp
-std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp = {});
+std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp = {},
+                                                    const EpConfig& ep = {});
 
 }  // namespace shardlab

@@ -284,7 +284,7 @@ class DecoderLayerUnit final : public Unit {
     blocks::MoeWeights m;
     const auto get = [&](const std::string& name) { return gemm ? p.gemm(name) : p(name); };
     m.router = get(moe_tensor(spec, prefix_, MoePart::router));
-    const int64_t local = spec.moe.experts / layout().ep_degree, first = layout().ep_rank * local;  // this rank's
+    const int64_t local = spec.moe.experts / layout().ep.degree, first = layout().ep.rank * local;  // this rank's
     for (int64_t e = first; e < first + local; ++e) {
       m.gate_up.push_back(stacked({get(moe_tensor(spec, prefix_, MoePart::gate, e)),
                                    get(moe_tensor(spec, prefix_, MoePart::up, e))}));
@@ -396,8 +396,8 @@ class HeadUnit final : public Unit {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp) {
-  std::vector<UnitLayout> layout = llama_layout(spec, tp);
+std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp, const EpConfig& ep) {
+  std::vector<UnitLayout> layout = llama_layout(spec, tp, ep);
   std::vector<std::unique_ptr<Unit>> units;
   units.push_back(std::make_unique<EmbeddingUnit>(std::move(layout[0]), tp));
   for (int64_t l = 0; l < spec.layers; ++l)

@@ -51,26 +51,26 @@ Exchange exchange_of(int D, int64_t C, std::span<const int32_t> per_expert, std:
   return x;
 }
 
-// Runs one of the ep group's collectives, its seconds added to *c.tp.ep_wait_s.
+// Runs one of the ep group's collectives, its seconds added to the group's wait_s.
 template <class F>
 void timed(UnitContext& c, F f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
-  if (c.tp.ep_wait_s) *c.tp.ep_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.ep->wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // On the meta backend, which has no values, the counts from each peer: what this rank sends its
 // own experts (every rank routes as evenly as its round robin).
 void assume_balanced(const UnitContext& c, std::span<const int32_t> per_expert, std::vector<int32_t>& from) {
   if (c.be.device() != Device::meta) return;
-  const int64_t El = static_cast<int64_t>(per_expert.size()) / c.tp.ep_comm->world_size();
+  const int64_t El = static_cast<int64_t>(per_expert.size()) / c.ep->comm->world_size();
   for (size_t i = 0; i < from.size(); ++i)
-    from[i] = per_expert[static_cast<size_t>(c.tp.ep_comm->rank() * El) + i % static_cast<size_t>(El)];
+    from[i] = per_expert[static_cast<size_t>(c.ep->comm->rank() * El) + i % static_cast<size_t>(El)];
 }
 
 // Forward: the counts all-to-all (every peer's rows for each of this rank's experts).
 Exchange plan(UnitContext& c, std::span<const int32_t> per_expert, int64_t C) {
-  Communicator& comm = *c.tp.ep_comm;
+  Communicator& comm = *c.ep->comm;
   const int64_t E = static_cast<int64_t>(per_expert.size());
   Block b = c.pool.alloc(DType::f32, 2 * E, Category::comm_buffer, "moe ep counts");
   Tensor mine = b.flat(DType::f32).slice(0, E), theirs = b.flat(DType::f32).slice(E, E);
@@ -96,7 +96,7 @@ int64_t buffer_rows(const Exchange& x, int64_t capacity) {
 // Rows moved by one all-to-all over the ep group: sent in `send`'s counts, received in `recv`'s.
 void exchange_rows(UnitContext& c, Tensor from, const std::vector<int64_t>& send, Tensor to,
                    const std::vector<int64_t>& recv) {
-  timed(c, [&] { c.tp.ep_comm->all_to_all_v(from, send, to, recv).wait(); });
+  timed(c, [&] { c.ep->comm->all_to_all_v(from, send, to, recv).wait(); });
 }
 
 // This rank's rows `src` to their experts' ranks, laid out expert by expert into dst (Rs rows: the
@@ -152,7 +152,7 @@ void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span
 
 void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::span<const int32_t> per_expert,
                          const MoeWeights& w, const MoeWeights& g, int64_t capacity) {
-  const int64_t C = dy.dim(1), F = moe_local_width(c), D = c.tp.ep_comm->world_size();
+  const int64_t C = dy.dim(1), F = moe_local_width(c), D = c.ep->comm->world_size();
   const int64_t El = static_cast<int64_t>(per_expert.size()) / D;
   // The counts from each peer as forward received them (on meta, which kept no values: as forward assumed).
   Tensor ep_t = s("moe_ep");

@@ -1,5 +1,5 @@
 // ep.hpp — expert parallelism (--ep D): a mixture of experts' E experts split over the D ranks of an
-// ep group in contiguous blocks of E / D (TpConfig), the tokens sent to their experts and the results
+// ep group in contiguous blocks of E / D (EpConfig), the tokens sent to their experts and the results
 // brought back by all-to-all (GShard; Megatron's and torchtitan's token dispatcher).
 //
 // Every rank routes its own tokens over all E experts (the router is whole on each rank) and sorts
@@ -22,6 +22,20 @@
 #include <span>
 
 #include "src/model/blocks/moe.hpp"
+
+namespace shardlab {
+
+// What a rank's MoE layers need to reach the experts of its ep group (UnitContext::ep points at it;
+// none at --ep 1): which block of experts it holds, the group's communicator, and the seconds spent
+// in the group's collectives, calls and waits (the trainer reads and resets it each step).
+struct EpContext {
+  EpConfig config;
+  Communicator* comm = nullptr;
+  double wait_s = 0;
+  bool active() const { return config.degree > 1; }
+};
+
+}  // namespace shardlab
 
 namespace shardlab::blocks {
 
