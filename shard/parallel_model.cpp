@@ -178,7 +178,7 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
     run.timing = timing;
     const RunResult r =
         run_pipeline(run, units_, cfg_.spec, be_, pool_, batches, *strategy_, dlogit_scale, cfg_.checkpointing, tp_, &ep_);
-    add_moe(r);  // the last chunk's rank's (every micro-batch's)
+    add_aux(r);  // the last chunk's rank's (every micro-batch's)
     return r.loss_sum;
   }
   double loss_sum = 0;
@@ -189,30 +189,31 @@ double ParallelModel::train(const BatchFill& fill, float dlogit_scale, PipelineT
         run_forward_backward(units_, cfg_.spec, be_, pool_, b, *strategy_, dlogit_scale, nullptr, cfg_.checkpointing, tp_,
                              &ep_);
     loss_sum += r.loss_sum;
-    add_moe(r);
+    add_aux(r);
   }
   return loss_sum;
 }
 
-void ParallelModel::add_moe(const RunResult& r) {
-  moe_.aux_sum += r.aux_sum, moe_.dropped += r.dropped;
-  if (moe_.counts.size() < r.expert_counts.size()) moe_.counts.resize(r.expert_counts.size(), 0.0);
-  for (size_t e = 0; e < r.expert_counts.size(); ++e) moe_.counts[e] += r.expert_counts[e];
+void ParallelModel::add_aux(const RunResult& r) {
+  aux_.aux_sum += r.aux_sum;
+  if (aux_.stats.size() < r.aux_stats.size()) aux_.stats.resize(r.aux_stats.size(), 0.0);
+  for (size_t i = 0; i < r.aux_stats.size(); ++i) aux_.stats[i] += r.aux_stats[i];
 }
 
-ParallelModel::MoeStep ParallelModel::take_moe() {
-  MoeStep m = std::move(moe_);
-  moe_ = {};
+ParallelModel::AuxStep ParallelModel::take_aux() {
+  AuxStep m = std::move(aux_);
+  aux_ = {};
   float aux = static_cast<float>(m.aux_sum);
   mesh_.dp_cp().all_reduce(std::span<float>(&aux, 1)).wait();
   m.aux_sum = aux;
   if (pipelined()) {  // the last chunk's stage has them: every stage gets them (zeros elsewhere)
-    std::vector<float> v = {static_cast<float>(m.aux_sum), static_cast<float>(m.dropped)};
-    m.counts.resize(static_cast<size_t>(cfg_.spec.moe.experts), 0.0);
-    v.insert(v.end(), m.counts.begin(), m.counts.end());
+    const std::unique_ptr<AuxChannel> channel = family_of(cfg_.spec).aux_channel(cfg_.spec);
+    m.stats.resize(channel ? static_cast<size_t>(channel->stats_size()) : 0, 0.0);
+    std::vector<float> v = {static_cast<float>(m.aux_sum)};
+    v.insert(v.end(), m.stats.begin(), m.stats.end());
     mesh_.comm(CommAxis::pp).all_reduce(std::span<float>(v)).wait();
-    m.aux_sum = v[0], m.dropped = v[1];
-    for (size_t e = 0; e < m.counts.size(); ++e) m.counts[e] = v[e + 2];
+    m.aux_sum = v[0];
+    for (size_t i = 0; i < m.stats.size(); ++i) m.stats[i] = v[i + 1];
   }
   return m;
 }

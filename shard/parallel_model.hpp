@@ -50,15 +50,15 @@ class ParallelModel {
   // The step's mean-loss numerator from each rank's train(): summed over the data-parallel ranks
   // and the stages (the last one holds it).
   float reduce_loss(double loss_sum);
-  // A mixture-of-experts model, after train(): the step's auxiliary loss times the batch's
-  // positions (summed over the data-parallel ranks, as reduce_loss sums), and its routing: slots
-  // dropped past capacity and top-k choices per expert over every layer and micro-step, every
-  // rank's. Collective; then reset.
-  struct MoeStep {
-    double aux_sum = 0, dropped = 0;
-    std::vector<double> counts;
+  // A model with an auxiliary channel (src/model/aux.hpp), after train(): the step's auxiliary loss
+  // times the batch's positions (summed over the data-parallel ranks, as reduce_loss sums), and the
+  // channel's statistics over every micro-step, every rank's (a mixture of experts: blocks/moe.hpp's
+  // MoeRouting reads them). Collective; then reset.
+  struct AuxStep {
+    double aux_sum = 0;
+    std::vector<double> stats;
   };
-  MoeStep take_moe();
+  AuxStep take_aux();
   // Forward only, one global batch: this rank's share of its loss sum (over the stages already).
   double evaluate(const BatchFill& fill);
   // After backward: the tied tensors' gradients summed over their stages (and under --ep the
@@ -85,7 +85,7 @@ class ParallelModel {
  private:
   void take_stage_units();
   void sum_dense_grads_over_ep();
-  void add_moe(const RunResult& r);  // a micro-step's (or a pipelined step's) MoE statistics into moe_
+  void add_aux(const RunResult& r);  // a micro-step's (or a pipelined step's) auxiliary channel into aux_
   PipelineRun pipeline_run(int64_t B = 0, int64_t T = 0);
   std::vector<Batch> stage_batches(const BatchFill& fill);  // every micro-batch of this rank
   Batch micro_step(const BatchFill& fill, int64_t k);       // micro-step k of every rank, this rank's Batch
@@ -114,7 +114,7 @@ class ParallelModel {
   std::vector<std::unique_ptr<Unit>> model_units_;
   std::vector<std::pair<size_t, const TensorDecl*>> tied_;
   double tied_copy_sq_ = 0;  // this rank's tied copies' squared gradient, counted at their owner
-  MoeStep moe_;              // this rank's, since the last take_moe()
+  AuxStep aux_;              // this rank's, since the last take_aux()
   // Token ids: one micro-step of this rank's (of every data-parallel rank's under dp); under --pp every
   // micro-batch of this rank's.
   std::vector<int32_t> inputs_, targets_;

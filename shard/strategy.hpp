@@ -118,7 +118,7 @@ class Strategy : public UnitHooks {
   void init_params(uint64_t seed);                        // each tensor's declared init; every rank keeps its part
   void load_params(const std::string& path);  // --init (a file or HF directory): every rank keeps its part
   // The auxiliary loss's statistics add up over every rank with other tokens (ep's included).
-  void reduce_moe(std::span<float> stats) override { env_.mesh.dp_cp().all_reduce(stats).wait(); }
+  void reduce_aux(std::span<float> packed) override { env_.mesh.dp_cp().all_reduce(packed).wait(); }
   virtual void begin_step() = 0;
   virtual void begin_micro(int64_t k, bool last) {
     micro_ = k;

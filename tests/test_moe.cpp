@@ -113,10 +113,12 @@ TEST_CASE("MoE models train as transformers does: ten AdamW steps' cross-entropy
 TEST_CASE("the load-balancing loss is k under uniform routing; capacity is ceil(F T k / E)", "[moe]") {
   // transformers' normalisation: E sum_e f_e P_e with f_e summing to k over the experts.
   for (const auto& [E, k] : {std::pair<int64_t, int64_t>{8, 2}, {4, 1}, {128, 8}}) {
-    MoeBalance b(E);
+    ModelSpec spec = model_preset("qwen3-moe-tiny");
+    spec.moe.experts = E, spec.moe.top_k = k;
+    MoeBalance b(spec);
     b.rows = 1024;
     for (int64_t e = 0; e < E; ++e) b.counts[e] = 1024.0 * k / E, b.prob_sums[e] = 1024.0 / E;
-    b.finish(0.01, 1.0);
+    b.finish(1.f / 1024);
     CHECK(b.aux == Approx(static_cast<double>(k)).epsilon(1e-12));
   }
   CHECK(blocks::moe_capacity(1.25, 4096, 2, 8) == 1280);

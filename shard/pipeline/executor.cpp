@@ -9,7 +9,7 @@
 
 #include "src/comm/communicator.hpp"
 #include "src/model/blocks/loss_head.hpp"
-#include "src/model/blocks/moe.hpp"
+#include "src/model/family.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab {
@@ -27,7 +27,7 @@ class Executor {
            const std::vector<std::vector<PipeAction>>& lists, bool train)
       : run_(run), split_(run.split), units_(units), spec_(spec), be_(be), pool_(pool), hooks_(hooks),
         tp_(tp), last_chunk_(run.split.chunks() - 1),
-        moe_extra_(train && spec.moe.enabled() ? 2 * spec.moe.experts + 2 : 0) {
+        aux_extra_(train ? aux_floats(spec) : 0) {
     int local = 0;
     for (int c : split_.chunks_of(run.rank)) {
       local_begin_[c] = local;
@@ -52,14 +52,14 @@ class Executor {
     f.outs.resize(static_cast<size_t>(n));
     f.saved.resize(static_cast<size_t>(n));
     Tensor in;
-    // A mixture of experts in training: the balancing statistics of the chunks before this one
-    // arrive with its input (every layer's forward adds to them; the last chunk has the whole model's).
-    std::optional<MoeBalance> moe;
-    if (moe_extra_) ctx.moe = &moe.emplace(spec_.moe.experts);
+    // In training, the auxiliary channel of the chunks before this one arrives with its input (the
+    // units' forwards add to it; the last chunk has the whole model's).
+    std::unique_ptr<AuxChannel> aux = aux_extra_ ? family_of(spec_).aux_channel(spec_) : nullptr;
+    ctx.aux = aux.get();
     if (a.chunk > 0) {
       f.input = take(a);
       in = f.input.flat(DType::f32).slice(0, run_.input_elems.at(static_cast<size_t>(a.chunk)));
-      if (moe) read_moe(f.input, in.numel(), *moe);
+      if (aux) read_aux(f.input, in.numel(), *aux);
     }
     const Batch& b = ctx.batch;
     for (int k = 0; k < n; ++k) {
@@ -79,12 +79,12 @@ class Executor {
         logits_out_->resize(static_cast<size_t>(logits.numel()));
         be_.copy(Tensor::of(std::span<float>(*logits_out_)), logits);
       }
-      if (moe) finish_moe(*moe, N, f);
+      if (aux) finish_aux(std::move(aux), N, f);
       loss_sum_ += head_loss(hooks_, be_, pool_, tp_, spec_, logits, b, dlogit_scale_, train);
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
     } else {
-      pass_on({PipeAction::forward, a.chunk + 1, a.micro}, moe ? with_moe(std::move(last), *moe) : std::move(last));
+      pass_on({PipeAction::forward, a.chunk + 1, a.micro}, aux ? with_aux(std::move(last), *aux) : std::move(last));
       if (!train) flights_.erase({a.chunk, a.micro});
     }
     pool_.ledger().set_phase({});
@@ -103,20 +103,21 @@ class Executor {
       for (int k = 0; k < n; ++k) held.emplace_back(units_[static_cast<size_t>(first + k)]->name());
     Block dnext;
     Tensor dout;
-    // A mixture of experts: the whole model's balancing statistics of this micro-batch, finished
-    // by the last chunk and passed back with the gradients.
-    std::optional<MoeBalance> moe = std::move(f.moe);
+    // The whole model's auxiliary channel of this micro-batch, finished by the last chunk and passed
+    // back with the gradients.
+    std::unique_ptr<AuxChannel> aux = std::move(f.aux);
     if (a.chunk == last_chunk_) {
       dout = f.outs.back().flat(DType::f32);  // the loss left d(loss)/d(logits) there
     } else {
       dnext = take(a);
       dout = dnext.flat(DType::f32).slice(0, run_.input_elems.at(static_cast<size_t>(a.chunk) + 1));
-      if (moe_extra_) {
-        read_moe(dnext, dout.numel(), moe.emplace(spec_.moe.experts));
-        moe->finish(spec_.moe.aux_coef, moe_weight(*moe));
+      if (aux_extra_) {
+        aux = family_of(spec_).aux_channel(spec_);
+        read_aux(dnext, dout.numel(), *aux);
+        aux->finish(dlogit_scale_);
       }
     }
-    if (moe) ctx.moe = &*moe;
+    ctx.aux = aux.get();
     for (int k = n; k-- > 0;) {
       const size_t i = static_cast<size_t>(first + k), ks = static_cast<size_t>(k);
       // The unit's input: the previous unit's output, or the chunk's received activation (without
@@ -133,7 +134,7 @@ class Executor {
     }
     f.input.reset();
     if (a.chunk > 0)
-      pass_on({PipeAction::backward, a.chunk - 1, a.micro}, moe ? with_moe(std::move(dnext), *moe) : std::move(dnext));
+      pass_on({PipeAction::backward, a.chunk - 1, a.micro}, aux ? with_aux(std::move(dnext), *aux) : std::move(dnext));
     if (split) owed_[{a.chunk, a.micro}] = std::move(held);
     pool_.ledger().set_phase({});
   }
@@ -182,7 +183,7 @@ class Executor {
   // The last action's message wait: when it began, how long it took (0 without one); reset per action.
   std::pair<double, double> take_wait() { return std::exchange(wait_, {0.0, 0.0}); }
   RunResult result() const {
-    RunResult r = moe_result_;
+    RunResult r = aux_result_;
     r.loss_sum = loss_sum_, r.positions = positions_;
     return r;
   }
@@ -192,42 +193,40 @@ class Executor {
     Block input;                 // the received activation (chunks after the first)
     std::vector<Block> outs;     // each unit's output
     std::vector<Saved> saved;    // what each unit's backward needs
-    std::optional<MoeBalance> moe;  // the last chunk's: the micro-batch's finished statistics
+    std::unique_ptr<AuxChannel> aux;  // the last chunk's: the micro-batch's finished auxiliary channel
   };
 
-  // ---- a mixture of experts' balancing statistics (MoeBalance::pack), behind the messages ----
-  // The statistics `b` appended to the message `data` (freed): one block to send.
-  Block with_moe(Block data, const MoeBalance& b) {
+  // ---- the auxiliary channel (src/model/aux.hpp), behind the messages ----
+  static int64_t aux_floats(const ModelSpec& spec) {
+    const std::unique_ptr<AuxChannel> aux = family_of(spec).aux_channel(spec);
+    return aux ? aux->packed_size() : 0;
+  }
+  // The channel `aux` appended to the message `data` (freed): one block to send.
+  Block with_aux(Block data, const AuxChannel& aux) {
     const int64_t n = static_cast<int64_t>(data.bytes() / sizeof(float));
-    Block msg = pool_.alloc(DType::f32, n + moe_extra_, Category::activations, "message with MoE statistics");
+    Block msg = pool_.alloc(DType::f32, n + aux_extra_, Category::activations, "message with auxiliary statistics");
     be_.copy(msg.flat(DType::f32).slice(0, n), data.flat(DType::f32));
     data.reset();
-    std::vector<float> p = b.pack();
-    be_.copy(msg.flat(DType::f32).slice(n, moe_extra_), Tensor::flat(p.data(), DType::f32, moe_extra_));
+    std::vector<float> p = aux.pack();
+    be_.copy(msg.flat(DType::f32).slice(n, aux_extra_), Tensor::flat(p.data(), DType::f32, aux_extra_));
     return msg;
   }
-  // The statistics behind the first n elements of a received message.
-  void read_moe(const Block& msg, int64_t n, MoeBalance& b) {
-    std::vector<float> p(static_cast<size_t>(moe_extra_), 0.f);
-    be_.copy(Tensor::flat(p.data(), DType::f32, moe_extra_), msg.flat(DType::f32).slice(n, moe_extra_));
-    b.unpack(p);
+  // The channel behind the first n elements of a received message.
+  void read_aux(const Block& msg, int64_t n, AuxChannel& aux) {
+    std::vector<float> p(static_cast<size_t>(aux_extra_), 0.f);
+    be_.copy(Tensor::flat(p.data(), DType::f32, aux_extra_), msg.flat(DType::f32).slice(n, aux_extra_));
+    aux.unpack(p);
   }
-  // The micro-step's share of the objective (the runner's): its tokens (all ranks') over the batch's.
-  double moe_weight(const MoeBalance& b) const {
-    return static_cast<double>(dlogit_scale_) * b.rows / static_cast<double>(spec_.layers);
-  }
-  // The last chunk: the whole model's statistics summed over the data-parallel group, finished
-  // (the auxiliary loss and its gradient's factor), kept for the backward, and counted.
-  void finish_moe(MoeBalance& b, int64_t positions, Flight& f) {
-    std::vector<float> packed = b.pack();
-    hooks_.reduce_moe(packed);
-    b.unpack(packed);
-    b.finish(spec_.moe.aux_coef, moe_weight(b));
-    moe_result_.aux_sum += b.aux * static_cast<double>(positions);
-    moe_result_.dropped += b.dropped;
-    moe_result_.expert_counts.resize(b.counts.size(), 0.0);
-    for (size_t e = 0; e < b.counts.size(); ++e) moe_result_.expert_counts[e] += b.counts[e];
-    f.moe = std::move(b);
+  // The last chunk: the whole model's channel summed over the data-parallel group, finished (the
+  // auxiliary loss and what the backward reads), kept for the backward, and counted.
+  void finish_aux(std::unique_ptr<AuxChannel> aux, int64_t positions, Flight& f) {
+    std::vector<float> packed = aux->pack();
+    hooks_.reduce_aux(packed);
+    aux->unpack(packed);
+    aux->finish(dlogit_scale_);
+    aux_result_.aux_sum += aux->loss() * static_cast<double>(positions);
+    aux->add_stats(aux_result_.aux_stats);
+    f.aux = std::move(aux);
   }
   struct Posted {
     Key key;
@@ -257,7 +256,7 @@ class Executor {
     // An activation for chunk c's forward is its input; a gradient for chunk c's backward has
     // the size of its output, which is chunk c + 1's input.
     const int c = a.kind == PipeAction::forward ? a.chunk : a.chunk + 1;
-    return run_.input_elems.at(static_cast<size_t>(c)) + moe_extra_;
+    return run_.input_elems.at(static_cast<size_t>(c)) + aux_extra_;
   }
 
   // Whether action a takes a message from another rank (one from this rank's own chunk is handed
@@ -355,8 +354,8 @@ class Executor {
   UnitHooks& hooks_;
   const TpContext& tp_;
   const int last_chunk_;
-  const int64_t moe_extra_;  // floats of MoE statistics behind each message (0: none carried)
-  RunResult moe_result_;     // the last chunk's: auxiliary loss, drops, choices per expert
+  const int64_t aux_extra_;  // floats of the auxiliary channel behind each message (0: none carried)
+  RunResult aux_result_;     // the last chunk's: the auxiliary loss and statistics
   float dlogit_scale_ = 0.f;
   std::vector<float>* logits_out_ = nullptr;
   double loss_sum_ = 0;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/model/aux.hpp"
 #include "src/model/spec.hpp"
 #include "src/model/unit.hpp"
 
@@ -85,6 +86,8 @@ class ModelFamily {
   virtual double flops_per_token(const ModelSpec& spec) const = 0;
   virtual TokenizerKind tokenizer() const = 0;
   virtual LayerCosts layer_costs() const = 0;
+  // A training micro-step's auxiliary channel (src/model/aux.hpp), or none.
+  virtual std::unique_ptr<AuxChannel> aux_channel(const ModelSpec&) const { return nullptr; }
 
  protected:
   // layout() and make_units() check the tensor- and expert-parallel arguments, then call these.

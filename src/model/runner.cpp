@@ -5,7 +5,7 @@
 #include "src/comm/communicator.hpp"
 #include "src/backend/ops/loss.hpp"
 #include "src/model/blocks/loss_head.hpp"
-#include "src/model/blocks/moe.hpp"
+#include "src/model/family.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab {
@@ -191,19 +191,15 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
 }
 
 namespace {
-// The micro-step's statistics summed over the group, the auxiliary loss and its gradient's factor.
-void finish_moe_balance(UnitHooks& hooks, MoeBalance& balance, const ModelSpec& spec, float dlogit_scale,
-                        int64_t positions, RunResult& r) {
-  std::vector<float> packed = balance.pack();
-  hooks.reduce_moe(packed);
-  balance.unpack(packed);
-  // Every layer routes every token: the micro-step's tokens (all ranks') are rows / layers, and its
-  // share of the objective is theirs over the batch's (dlogit_scale = 1 / the batch's positions).
-  const double tokens = balance.rows / static_cast<double>(spec.layers);
-  balance.finish(spec.moe.aux_coef, static_cast<double>(dlogit_scale) * tokens);
-  r.aux_sum = balance.aux * static_cast<double>(positions);
-  r.dropped = balance.dropped;
-  r.expert_counts = balance.counts;
+// The micro-step's auxiliary channel summed over the group and finished (its loss, and what the
+// backward reads).
+void finish_aux(UnitHooks& hooks, AuxChannel& aux, float dlogit_scale, int64_t positions, RunResult& r) {
+  std::vector<float> packed = aux.pack();
+  hooks.reduce_aux(packed);
+  aux.unpack(packed);
+  aux.finish(dlogit_scale);
+  r.aux_sum = aux.loss() * static_cast<double>(positions);
+  aux.add_stats(r.aux_stats);
 }
 }  // namespace
 
@@ -217,14 +213,14 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   const int64_t N = batch.B * batch.T;
   std::vector<Block> outs(U);
   std::vector<Saved> saved(U);
-  std::optional<MoeBalance> balance;
-  if (spec.moe.enabled()) ctx.moe = &balance.emplace(spec.moe.experts);
+  const std::unique_ptr<AuxChannel> aux = family_of(spec).aux_channel(spec);
+  ctx.aux = aux.get();
   forward_units(units, ctx, hooks, outs, saved, true);
   Tensor out = final_logits(be, outs.back(), N, blocks::chunked_loss(spec, tp.config) ? nullptr : logits);
   pool.ledger().set_phase({PhaseKind::loss});
   RunResult r;
   r.positions = N;
-  if (balance) finish_moe_balance(hooks, *balance, spec, dlogit_scale, N, r);
+  if (aux) finish_aux(hooks, *aux, dlogit_scale, N, r);
   r.loss_sum = head_loss(hooks, be, pool, tp, spec, out, batch, dlogit_scale, true);
   Block dnext;  // gradient flowing into unit u's output (the last unit's is in the logits)
   Tensor dout = out;

@@ -36,22 +36,21 @@ class UnitHooks {
   // dloss_scale, what the head's backward reads. DP overrides it (the sum lives on rank 0).
   virtual double loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch& batch, float dloss_scale,
                            bool backward);
-  // A mixture-of-experts model's balancing statistics (MoeBalance::pack) of this micro-step,
-  // summed in place over the ranks whose tokens share the auxiliary loss (the data-parallel and
-  // context-parallel group). A single replica has nothing to add.
-  virtual void reduce_moe(std::span<float> stats) {}
+  // The model's auxiliary channel of this micro-step (AuxChannel::pack: a mixture of experts'
+  // balancing statistics), summed in place over the ranks whose tokens share the auxiliary loss
+  // (the data-parallel and context-parallel group). A single replica has nothing to add.
+  virtual void reduce_aux(std::span<float> packed) {}
 };
 
 struct RunResult {
   double loss_sum = 0;  // over this rank's B*T positions
   int64_t positions = 0;
-  // A mixture-of-experts model: the auxiliary (load-balancing) loss of the micro-step times this
+  // A model with an auxiliary channel (src/model/aux.hpp): its loss of the micro-step times this
   // rank's B*T positions (summed over the data-parallel ranks and divided by the batch's positions,
-  // the mean over micro-steps, as loss_sum gives the cross-entropy's), and the slots dropped past
-  // capacity and the top-k choices per expert, over all layers (the micro-step's, every rank's).
+  // the mean over micro-steps, as loss_sum gives the cross-entropy's), and its statistics
+  // (AuxChannel::add_stats: a mixture of experts' drops and choices per expert, every rank's).
   double aux_sum = 0;
-  double dropped = 0;
-  std::vector<double> expert_counts;
+  std::vector<double> aux_stats;
 };
 
 // Forward through every unit, loss, backward through every unit in reverse. Activations come from

@@ -21,7 +21,7 @@ class Communicator;  // src/comm/communicator.hpp (only a pointer here: the fuzz
 struct CpContext;   // src/model/parallel/cp.hpp
 struct EpContext;   // src/model/parallel/ep.hpp
 class DeferredWeightGrads;  // src/model/blocks/weight_grad.hpp
-struct MoeBalance;  // src/model/blocks/moe.hpp
+class AuxChannel;  // src/model/aux.hpp
 
 // Token ids for one micro-batch, on the backend's device: inputs and targets, (B, T) each.
 struct Batch {
@@ -123,10 +123,10 @@ struct UnitContext {
   // Set while a split backward (a zero-bubble schedule's B) runs: weight-gradient GEMMs are held
   // there for the W pass instead of computed (blocks/weight_grad.hpp).
   DeferredWeightGrads* deferred = nullptr;
-  // A mixture-of-experts model's load-balancing statistics of this micro-batch (blocks/moe.hpp),
-  // added to by each MoE layer's forward and read by its backward; null: none kept (evaluation,
-  // decoding).
-  MoeBalance* moe = nullptr;
+  // The model's auxiliary channel for this micro-batch (src/model/aux.hpp: a mixture of experts'
+  // balancing statistics), added to by the units' forwards and read by their backwards; null: none
+  // kept (evaluation, decoding, a model without one).
+  AuxChannel* aux = nullptr;
   // Set while checkpointing runs a unit's forward again before its backward.
   bool recomputing = false;
 };

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/units.hpp"
+#include "src/model/blocks/moe.hpp"
 #include "src/model/decode.hpp"
 #include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
@@ -235,12 +236,11 @@ StepStats Trainer::step(int64_t t) {
   std::optional<float> aux;
   std::optional<double> imbalance, dropped;
   if (cfg_.spec.moe.enabled()) {
-    const ParallelModel::MoeStep m = model_.take_moe();
+    const ParallelModel::AuxStep m = model_.take_aux();
     aux = static_cast<float>(m.aux_sum / static_cast<double>(cfg_.batch * T));
-    double mx = 0, sum = 0;
-    for (double c : m.counts) mx = std::max(mx, c), sum += c;
-    if (sum > 0) imbalance = mx / (sum / static_cast<double>(m.counts.size()));
-    dropped = m.dropped;
+    const MoeRouting routing(m.stats);
+    imbalance = routing.imbalance();
+    dropped = routing.dropped;
   }
   pool_.ledger().set_phase({PhaseKind::optimizer});
   model_.sync_tied_grads();

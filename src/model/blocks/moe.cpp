@@ -15,8 +15,11 @@
 
 namespace shardlab {
 
-MoeBalance::MoeBalance(int64_t experts)
-    : counts(static_cast<size_t>(experts), 0.0), prob_sums(static_cast<size_t>(experts), 0.0) {}
+MoeBalance::MoeBalance(const ModelSpec& spec)
+    : counts(static_cast<size_t>(spec.moe.experts), 0.0),
+      prob_sums(static_cast<size_t>(spec.moe.experts), 0.0),
+      aux_coef_(spec.moe.aux_coef),
+      layers_(static_cast<double>(spec.layers)) {}
 
 // f32, as the communicator reduces: counts past 2^24 (rows = tokens x layers x ranks) round to
 // float's 24 bits, about 1e-7 of the auxiliary loss.
@@ -35,17 +38,46 @@ void MoeBalance::unpack(std::span<const float> p) {
   rows = p[2 * E], dropped = p[2 * E + 1];
 }
 
-void MoeBalance::finish(double aux_coef, double weight) {
+void MoeBalance::finish(float dlogit_scale) {
   if (rows <= 0) return;  // no MoE layer ran (a pipeline stage without one)
+  // Every layer routes every token: the micro-step's tokens (all ranks') are rows / layers.
+  const double weight = static_cast<double>(dlogit_scale) * (rows / layers_);
   const double E = static_cast<double>(counts.size());
   double dot = 0;
   for (size_t e = 0; e < counts.size(); ++e) dot += counts[e] * prob_sums[e];
   aux = E * dot / (rows * rows);
-  prob_grad = static_cast<float>(aux_coef * weight * E / (rows * rows));
+  prob_grad = static_cast<float>(aux_coef_ * weight * E / (rows * rows));
+}
+
+void MoeBalance::add_stats(std::vector<double>& totals) const {
+  totals.resize(static_cast<size_t>(stats_size()), 0.0);
+  totals[0] += dropped;
+  for (size_t e = 0; e < counts.size(); ++e) totals[e + 1] += counts[e];
+}
+
+MoeRouting::MoeRouting(std::span<const double> stats) {
+  if (stats.empty()) return;
+  dropped = stats[0];
+  counts.assign(stats.begin() + 1, stats.end());
+}
+
+std::optional<double> MoeRouting::imbalance() const {
+  double mx = 0, sum = 0;
+  for (double c : counts) mx = std::max(mx, c), sum += c;
+  if (sum <= 0) return std::nullopt;
+  return mx / (sum / static_cast<double>(counts.size()));
 }
 
 namespace blocks {
 namespace {
+
+// The micro-step's balancing statistics, in training (null in evaluation and decoding).
+MoeBalance* balance(const UnitContext& c) {
+  if (!c.aux) return nullptr;
+  auto* b = dynamic_cast<MoeBalance*>(c.aux);
+  SHARD_CHECK(b != nullptr, "a MoE layer's auxiliary channel is not the MoE balance");
+  return b;
+}
 
 // The routing of one layer's N tokens, on the host.
 struct Routing {
@@ -74,7 +106,7 @@ void softmax_rows(std::vector<float>& x, int64_t N, int64_t E) {
 // evaluation and decoding route dropless, so their results do not depend on the batch; 0: dropless.
 int64_t capacity_of(const UnitContext& c, int64_t N) {
   const MoeSpec& m = c.spec.moe;
-  return c.spec.moe_capacity_factor > 0 && c.moe ? moe_capacity(c.spec.moe_capacity_factor, N, m.top_k, m.experts) : 0;
+  return c.spec.moe_capacity_factor > 0 && c.aux ? moe_capacity(c.spec.moe_capacity_factor, N, m.top_k, m.experts) : 0;
 }
 
 Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) {
@@ -148,7 +180,8 @@ void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWei
   std::vector<float> dlogits(static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs.data() + n * E;
-    for (int64_t e = 0; e < E; ++e) dprob[e] = c.moe ? c.moe->prob_grad * static_cast<float>(c.moe->counts[e]) : 0.f;
+    const MoeBalance* b = balance(c);
+    for (int64_t e = 0; e < E; ++e) dprob[e] = b ? b->prob_grad * static_cast<float>(b->counts[e]) : 0.f;
     float sum = 0.f, inner = 0.f;  // sum of the chosen probabilities; sum_j dweight_j weight_j
     for (int64_t j = 0; j < k; ++j) sum += p[choice[n * k + j]];
     for (int64_t j = 0; j < k; ++j) inner += dweight[n * k + j] * (p[choice[n * k + j]] / sum);  // route()'s weight
@@ -183,8 +216,8 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   softmax_rows(hp, N, E);
   const Routing r = route(c, hp, N);
   c.be.copy(probs, Tensor::flat(hp.data(), DType::f32, N * E));
-  if (c.moe && !c.recomputing) {
-    MoeBalance& b = *c.moe;
+  if (MoeBalance* bp = balance(c); bp && !c.recomputing) {
+    MoeBalance& b = *bp;
     for (int32_t e : r.choice) b.counts[e] += 1;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t e = 0; e < E; ++e) b.prob_sums[e] += hp[n * E + e];

@@ -27,28 +27,48 @@
 // The statistics are summed over the data-parallel (and context-parallel) ranks before the product,
 // so the loss is the global batch's and every layout trains the same model.
 #pragma once
+#include <optional>
 #include <span>
 #include <vector>
 
+#include "src/model/aux.hpp"
 #include "src/model/unit.hpp"
 
 namespace shardlab {
 
-// One micro-step's balancing statistics over every MoE layer of the model (UnitContext::moe): the
-// layers add during forward (not when checkpointing recomputes one), the runner sums them over the
-// data-parallel group (pack/unpack around one all-reduce) and calls finish() before any backward.
-struct MoeBalance {
-  explicit MoeBalance(int64_t experts);
+// One micro-step's balancing statistics over every MoE layer of the model, the model's auxiliary
+// channel (src/model/aux.hpp; UnitContext::aux): the layers add during forward, the runner sums
+// them over the data-parallel group and calls finish() before any backward.
+struct MoeBalance final : AuxChannel {
+  explicit MoeBalance(const ModelSpec& spec);
   std::vector<double> counts;     // per expert: top-k choices before any capacity drop
   std::vector<double> prob_sums;  // per expert: router probabilities summed over rows
   double rows = 0;                // router rows (tokens x MoE layers)
   double dropped = 0;             // slots dropped past an expert's capacity
   double aux = 0;                 // finish(): E sum_e counts_e prob_sums_e / rows^2
   float prob_grad = 0;            // finish(): d(objective) / d(prob[r, e]) = prob_grad x counts_e
-  std::vector<float> pack() const;
-  void unpack(std::span<const float> packed);
-  // `weight`: this micro-step's share of the objective (1 / micro-steps).
-  void finish(double aux_coef, double weight);
+
+  int64_t packed_size() const override { return 2 * static_cast<int64_t>(counts.size()) + 2; }
+  std::vector<float> pack() const override;
+  void unpack(std::span<const float> packed) override;
+  // This micro-step's share of the objective is its tokens (every rank's: rows / layers) over the
+  // batch's positions.
+  void finish(float dlogit_scale) override;
+  double loss() const override { return aux; }
+  // [dropped, counts per expert]: MoeRouting reads them.
+  int64_t stats_size() const override { return 1 + static_cast<int64_t>(counts.size()); }
+  void add_stats(std::vector<double>& totals) const override;
+
+ private:
+  double aux_coef_ = 0, layers_ = 1;
+};
+
+// A step's routing as the channel's statistics (AuxChannel::add_stats, summed) say it.
+struct MoeRouting {
+  double dropped = 0;           // slots dropped past capacity, every layer, micro-step and rank
+  std::vector<double> counts;   // top-k choices per expert, the same
+  explicit MoeRouting(std::span<const double> stats);
+  std::optional<double> imbalance() const;  // max / mean choices per expert (none when no choice was made)
 };
 
 namespace blocks {

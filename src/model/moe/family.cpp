@@ -4,6 +4,7 @@
 #include <set>
 
 #include "src/core/check.hpp"
+#include "src/model/blocks/moe.hpp"
 #include "src/model/hf_config_reader.hpp"
 #include "src/model/llama/llama.hpp"
 #include "src/model/moe/moe.hpp"
@@ -77,6 +78,8 @@ class MoeFamily final : public ModelFamily {
   TokenizerKind tokenizer() const override { return TokenizerKind::hf_byte_bpe; }
   // Llama's layer (plan's time model prices the experts' products from spec.moe).
   LayerCosts layer_costs() const override { return llama_family().layer_costs(); }
+  // The routing statistics behind the balancing loss (blocks/moe.hpp).
+  std::unique_ptr<AuxChannel> aux_channel(const ModelSpec& s) const override { return std::make_unique<MoeBalance>(s); }
 
  protected:
   std::vector<UnitLayout> do_layout(const ModelSpec& s, const TpConfig& tp, const EpConfig& ep) const override {
