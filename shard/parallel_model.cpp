@@ -328,14 +328,11 @@ double ParallelModel::grad_norm_sq() {
 
 bool ParallelModel::decodes() const { return !pipelined() && !ep_.active(); }  // the decoder holds no ep group
 
-std::optional<double> ParallelModel::take_ep_wait_s() {
-  if (!ep_.active()) return std::nullopt;
-  return std::exchange(ep_.wait_s, 0.0);
-}
-
-std::optional<double> ParallelModel::take_cp_wait_s() {
-  if (!cp_.active()) return std::nullopt;
-  return std::exchange(cp_.wait_s, 0.0);
+std::vector<std::pair<CommAxis, double>> ParallelModel::take_axis_waits_s() {
+  std::vector<std::pair<CommAxis, double>> waits;
+  if (cp_.active()) waits.emplace_back(CommAxis::cp, std::exchange(cp_.wait_s, 0.0));
+  if (ep_.active()) waits.emplace_back(CommAxis::ep, std::exchange(ep_.wait_s, 0.0));
+  return waits;
 }
 
 bool ParallelModel::last_logits(std::span<const int32_t> context, std::vector<float>& logits, bool decoded) {

@@ -76,9 +76,9 @@ class ParallelModel {
   void save(const std::string& path);
 
   bool pipelined() const { return schedule_.has_value(); }
-  // Under --cp: seconds spent in the cp group's collectives since the last call (then reset).
-  std::optional<double> take_cp_wait_s();
-  std::optional<double> take_ep_wait_s();  // the same for the ep group's all-to-alls under --ep
+  // Seconds spent in the collectives of each group the units communicate over (--cp, --ep) since
+  // the last call (then reset): an entry per active group.
+  std::vector<std::pair<CommAxis, double>> take_axis_waits_s();
   // The train header's pipeline lines (none without --pp).
   void print_pipeline(std::FILE* out) const;
 

@@ -101,8 +101,8 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
   // The host tier's peak appears once anything lives there (--offload).
   const std::string host =
       s.host_peak_bytes ? " (host " + format_bytes(static_cast<double>(s.host_peak_bytes)) + ")" : std::string();
-  std::string cp = s.cp_wait_ms ? fmt::format(" (cp wait {:.1f} ms)", *s.cp_wait_ms) : std::string();
-  if (s.ep_wait_ms) cp += fmt::format(" (ep all-to-all {:.1f} ms)", *s.ep_wait_ms);
+  std::string waits;
+  for (const StepStats::AxisWait& w : s.axis_waits) waits += fmt::format(" ({} wait {:.1f} ms)", comm_axis_name(w.axis), w.ms);
   std::string moe;  // a mixture of experts: the auxiliary loss, the load (max / mean), drops past capacity
   if (s.aux_loss) {
     moe = fmt::format(" | aux {:.4f} | load {:.2f}", *s.aux_loss, s.expert_imbalance.value_or(1.0));
@@ -117,7 +117,7 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
                moe.c_str(), s.lr,
                s.grad_norm, s.ms, s.tokens_per_s, share.format(s.flops_per_s).c_str(),
                format_bytes(static_cast<double>(s.peak_bytes)).c_str(), host.c_str(), format_bytes(s.comm_bytes).c_str(),
-               cp.c_str(), format_duration(elapsed).c_str(), format_duration(eta).c_str());
+               waits.c_str(), format_duration(elapsed).c_str(), format_duration(eta).c_str());
   std::fflush(out);
   p.loss_sum = 0, p.losses = 0;
 }
@@ -135,8 +135,7 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
                       {"comm_bytes", s.comm_bytes}, {"rss_bytes", s.rss_bytes},
                       {"flops_per_s", s.flops_per_s}, {"elapsed_s", s.elapsed_s}};
   if (s.val_loss) j["val_loss"] = *s.val_loss;
-  if (s.cp_wait_ms) j["cp_wait_ms"] = *s.cp_wait_ms;
-  if (s.ep_wait_ms) j["ep_wait_ms"] = *s.ep_wait_ms;
+  for (const StepStats::AxisWait& w : s.axis_waits) j[fmt::format("{}_wait_ms", comm_axis_name(w.axis))] = w.ms;
   if (s.aux_loss)
     j["aux_loss"] = *s.aux_loss, j["expert_imbalance"] = s.expert_imbalance.value_or(1.0),
     j["dropped_slots"] = s.dropped_slots.value_or(0.0);

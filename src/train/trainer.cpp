@@ -229,8 +229,7 @@ StepStats Trainer::step(int64_t t) {
   const double comm_before = comm_.stats().total_bytes();
   pool_.ledger().set_phase({PhaseKind::begin_step});
   strategy_->begin_step();
-  model_.take_cp_wait_s();  // what evaluation or sampling spent is not this step's
-  model_.take_ep_wait_s();
+  model_.take_axis_waits_s();  // what evaluation or sampling spent is not this step's
   float loss = model_.reduce_loss(model_.train(batch_fill(loader_, t), dlogit_scale, &pipe_timing_));
   loss /= static_cast<float>(cfg_.batch * T);
   std::optional<float> aux;
@@ -279,8 +278,7 @@ StepStats Trainer::step(int64_t t) {
   s.host_peak_bytes = pool_.ledger().peak_total(Tier::host);
   s.comm_bytes = comm_.stats().total_bytes() - comm_before;
   s.rss_bytes = resident_bytes();
-  if (const auto w = model_.take_cp_wait_s()) s.cp_wait_ms = *w * 1e3;
-  if (const auto w = model_.take_ep_wait_s()) s.ep_wait_ms = *w * 1e3;
+  for (const auto& [axis, w] : model_.take_axis_waits_s()) s.axis_waits.push_back({axis, w * 1e3});
   if (cfg_.layout.ranks_per_node > 0) {
     const Mesh::LinkBytes link = mesh_.last_step_bytes_by_link();
     s.intra_node_bytes = link.intra, s.inter_node_bytes = link.inter;

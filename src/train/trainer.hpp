@@ -100,10 +100,14 @@ struct StepStats {
   std::optional<float> val_loss;  // on the steps that validate (Trainer::run)
   double flops_per_s = 0;    // the whole job's model FLOP/s: 6N + 6LCT per token (flops_per_token)
   double elapsed_s = 0;      // since this process's first step began (Trainer::run)
-  // Under --cp: this rank's time in the cp group's collectives (the K/V exchanges), this step.
-  std::optional<double> cp_wait_ms;
-  // Under --ep: this rank's time in the ep group's all-to-alls (dispatch, combine, counts), this step.
-  std::optional<double> ep_wait_ms;
+  // Under --cp and --ep: this rank's time in each of those groups' collectives this step (the K/V
+  // exchanges; the experts' all-to-alls: dispatch, combine, counts), waits for slower peers
+  // included, an entry per active group (ParallelModel::take_axis_waits_s).
+  struct AxisWait {
+    CommAxis axis;
+    double ms = 0;
+  };
+  std::vector<AxisWait> axis_waits;
   // --ranks-per-node: this rank's bus bytes of the step on groups inside a node and on groups that
   // span nodes (Mesh::crosses_nodes).
   std::optional<double> intra_node_bytes, inter_node_bytes;
