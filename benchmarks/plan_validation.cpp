@@ -72,7 +72,7 @@ ValidationResult run_plan_validation(const DeviceRates& rates, const Achievable&
                  static_cast<long long>(v.run.global_batch), static_cast<long long>(v.run.micro_batch),
                  static_cast<long long>(published_layout(v.run).micro_batches()),
                  v.predicted.hardware_tflops_per_device, v.run.published_tflops, 100 * v.error, s.total,
-                 pct(s.compute), pct(s.recompute), pct(s.exposed_tp), pct(s.exposed_dp), pct(s.bubble), pct(s.pp_p2p),
+                 pct(s.compute), pct(s.recompute), pct(s.exposed_on(CommAxis::tp)), pct(s.exposed_on(CommAxis::dp)), pct(s.bubble), pct(s.pp_p2p),
                  pct(s.optimizer), 100 * v.predicted.mfu);
   }
   if (rates.flops.from.rfind("a100-80gb", 0) != 0)
@@ -136,7 +136,8 @@ std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievabl
       auto split = [](const PlanEntry& e) {
         const TimeSplit& t = e.time.split;
         return fmt::format("{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}/{:.2f}", t.compute, t.recompute,
-                           t.exposed_tp, t.exposed_dp, t.bubble, t.pp_p2p, t.offload, t.optimizer);
+                           t.exposed_on(CommAxis::tp), t.exposed_on(CommAxis::dp), t.bubble, t.pp_p2p, t.offload,
+                           t.optimizer);
       };
       std::fprintf(out, "%-5s %5d | %-36s %8.2f %14s | %-46s %-9s %7s %8s %15s | %7s | %6zu %6zu %6.1f\n      %s -> %s\n", row.name,
                    row.gpus, (a.label() + (a.fits ? "" : " (no fit)")).c_str(), a.step_ms() / 1e3, a.peak_text().c_str(),
@@ -173,7 +174,7 @@ std::string plan_validation_json(const DeviceRates& r, const Achievable& a, cons
                          {"predicted_mfu", v.predicted.mfu}, {"error", v.error},
                          {"predicted_step_s", s.total},
                          {"time_split_s", {{"compute", s.compute}, {"recompute", s.recompute},
-                                           {"exposed_tp", s.exposed_tp}, {"exposed_dp", s.exposed_dp},
+                                           {"exposed_tp", s.exposed_on(CommAxis::tp)}, {"exposed_dp", s.exposed_on(CommAxis::dp)},
                                            {"bubble", s.bubble}, {"pp_p2p", s.pp_p2p}, {"optimizer", s.optimizer}}}});
   }
   j["mean_abs_error"] = res.mean_abs_error;

@@ -425,13 +425,13 @@ TEST_CASE("plan: the time model of context parallelism", "[plan][cp]") {
   // The same tokens over the same devices: the work per step is the same but for the GEMMs'
   // shapes (s / cp query rows per rank), and the K/V exchanges are exposed.
   CHECK(b.split.compute == Approx(a.split.compute).epsilon(0.05));
-  CHECK(a.split.exposed_cp == 0);
-  CHECK(b.split.exposed_cp > 0);
+  CHECK(a.split.exposed_on(CommAxis::cp) == 0);
+  CHECK(b.split.exposed_on(CommAxis::cp) > 0);
   CHECK(b.hardware_flops == a.hardware_flops);
   // The ring hides its K/V hops behind the attention tiles: less exposed than the all-gathers.
   cp.cp_method = CpMethod::ring;
   const TimePrediction r = predict_step_time(m, cp, pc.rates.device, pc.rates.achievable);
-  CHECK(r.split.exposed_cp < b.split.exposed_cp);
+  CHECK(r.split.exposed_on(CommAxis::cp) < b.split.exposed_on(CommAxis::cp));
   // cp needs its pieces whole, and the fused attention.
   cp.cp = 3;
   CHECK_THROWS_WITH(predict_step_time(m, cp, pc.rates.device, pc.rates.achievable), Catch::Contains("equal pieces"));

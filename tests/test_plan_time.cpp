@@ -74,7 +74,7 @@ TEST_CASE("plan time: every piece of a TP 2 x PP 2 x DP 2 step, compute-bound, b
   CHECK(p.stage_s == Approx(0.042073063424).epsilon(1e-9));
   CHECK(p.split.compute == Approx(4 * 0.022510829568).epsilon(1e-9));
   CHECK(p.split.recompute == Approx(4 * 0.006979321856).epsilon(1e-9));
-  CHECK(p.split.exposed_tp == Approx(4 * 0.012582912).epsilon(1e-9));
+  CHECK(p.split.exposed_on(CommAxis::tp) == Approx(4 * 0.012582912).epsilon(1e-9));
   // Bubble (p-1)/v x stage = 0.042073063424 s. p2p: b s h x 2 bytes = 524288 B / 1e8 = 5.24288e-3 s,
   // M x v x 2 = 8 messages: 0.04194304 s.
   CHECK(p.split.bubble == Approx(0.042073063424).epsilon(1e-9));
@@ -83,7 +83,7 @@ TEST_CASE("plan time: every piece of a TP 2 x PP 2 x DP 2 step, compute-bound, b
   // 3401728, gradients 6803456 bytes; all-reduce bus bytes 2 (dp-1)/dp x that = 6803456 / 5e8 =
   // 0.013606912 s; half of it (0.006803456) hides in the last backward (window: backward
   // 0.013958643712 + recompute 0.006979321856 + the head's 0.001048576 s, more than enough).
-  CHECK(p.split.exposed_dp == Approx(0.006803456).epsilon(1e-9));
+  CHECK(p.split.exposed_on(CommAxis::dp) == Approx(0.006803456).epsilon(1e-9));
   CHECK(p.split.optimizer < 1e-9);  // 3401728 x 36 bytes at 5e19 B/s
   const double total = 4 * (0.022510829568 + 0.006979321856 + 0.012582912) + 0.042073063424 + 0.04194304 + 0.006803456;
   CHECK(p.split.total == Approx(total).epsilon(1e-9));
@@ -92,14 +92,14 @@ TEST_CASE("plan time: every piece of a TP 2 x PP 2 x DP 2 step, compute-bound, b
   SECTION("ZeRO-1: the gradients' reduce-scatter hides by half, the parameters' all-gather does not") {
     l.dp_strategy = StrategyKind::zero1;
     // reduce-scatter (dp-1)/dp x 6803456 / 5e8 = 0.006803456, half hidden; all-gather the same, exposed.
-    CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(0.010205184).epsilon(1e-9));
+    CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_on(CommAxis::dp) == Approx(0.010205184).epsilon(1e-9));
   }
   SECTION("selective recomputation: the attention core only, and no extra all-reduces") {
     l.recompute = Checkpointing::attention;
     const TimePrediction q = predict_step_time(m, l, r, halves(0));
     // 2 layers x 134217728 FLOPs / 5e11 = 5.36870912e-4 s per micro-batch; 4 all-reduces per layer.
     CHECK(q.split.recompute == Approx(4 * 5.36870912e-4).epsilon(1e-9));
-    CHECK(q.split.exposed_tp == Approx(4 * 8 * 1.048576e-3).epsilon(1e-9));
+    CHECK(q.split.exposed_on(CommAxis::tp) == Approx(4 * 8 * 1.048576e-3).epsilon(1e-9));
   }
   SECTION("flash attention: its backward is 2.5x its forward (the scores again), not 2x") {
     l.flash_attention = true;
@@ -235,7 +235,7 @@ TEST_CASE("plan time: hybrid sharding reduces in the node and across nodes; offl
   //   reduce-scatter 3/4 g = 19838976 B / 5e8 = 0.039677952 s
   //   all-reduce of the 1/4 shard across 2 groups: 1/2 x 2 g / 4 = 6612992 B / 1e8 = 0.06612992 s
   //   all-gather of the parameters after the update: 3/4 p / 5e8 = 0.039677952 s (exposed)
-  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(0.145485824).epsilon(1e-9));
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_on(CommAxis::dp) == Approx(0.145485824).epsilon(1e-9));
   // zero2 with the optimizer offloaded, the whole 8 sharding (S = 8): each micro-batch's gradient
   // shard down (2 x g / 8) and the updated parameter shard up (p / 8): 9919488 B / 1e9 B/s; AdamW on
   // the host over 13225984 / 8 = 1653248 parameters at 1e6 per second.
@@ -260,17 +260,17 @@ TEST_CASE("plan time: ZeRO++ prices each of zero3's collectives on its own link"
   l.dp_strategy = StrategyKind::zero3;
   l.dp_overlap = 0;
   // Plain: 7/8 (g + 2p) = 69436416 B per micro-batch over the network: 2 x 0.69436416 s.
-  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(1.38872832).epsilon(1e-9));
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_on(CommAxis::dp) == Approx(1.38872832).epsilon(1e-9));
   // All three, blocks of 256 (q8 = 65 x 4 / 256 = 1.015625 B, q4 = 33 x 4 / 256 = 0.515625 B per element):
   //   forward gather 7/8 x 13225984 x 1.015625 = 11753560 B / 1e8        = 0.1175356 s
   //   backward gather in the node 3/4 x p = 19838976 B / 5e8              = 0.039677952 s
   //   gradients in the node 3/4 x 13225984 x 0.515625 = 5114736 B / 5e8   = 0.010229472 s
   //   and across 1/2 x 13225984 / 4 x 0.515625 = 852456 B / 1e8          = 0.00852456 s
   l.zeropp = ZeroPP{8, 4, true, 256};
-  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(2 * 0.175967584).epsilon(1e-9));
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_on(CommAxis::dp) == Approx(2 * 0.175967584).epsilon(1e-9));
   // hpZ alone: the backward gather moves to NVLink, 2 x (2 x 0.23145472 + 0.039677952).
   l.zeropp = ZeroPP{0, 0, true, 256};
-  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_dp == Approx(2 * (2 * 0.23145472 + 0.039677952)).epsilon(1e-9));
+  CHECK(predict_step_time(m, l, r, halves(0)).split.exposed_on(CommAxis::dp) == Approx(2 * (2 * 0.23145472 + 0.039677952)).epsilon(1e-9));
 }
 
 TEST_CASE("plan time: calibrated rates run every GEMM at the whole step's rate and nothing apart", "[plan]") {
@@ -305,7 +305,7 @@ TEST_CASE("plan time: a calibrated wait per data-parallel collective inside the 
     r.sync = {sync, "test"};
     TimeLayout x = l;
     x.dp_strategy = k, x.recompute = ck, x.pp = pp;
-    return predict_step_time(m, x, r).split.exposed_dp;
+    return predict_step_time(m, x, r).split.exposed_on(CommAxis::dp);
   };
   for (StrategyKind k : {StrategyKind::ddp, StrategyKind::zero1}) CHECK(dp_s(k, 1) == dp_s(k, 0));
   CHECK(dp_s(StrategyKind::zero2, 1) - dp_s(StrategyKind::zero2, 0) == Approx(10).epsilon(1e-9));
@@ -339,8 +339,8 @@ TEST_CASE("plan time: expert parallelism's all-to-alls and dense all-reduce, by 
   // 2 (E-1)/E x 19200 x 2 bytes = 57600 B / 5e8 s.
   const double dense = 2 * (64.0 * 8 * 16 + 64 * 64 + 8 * 64) + 2 * 100 * 64;
   const double expect = 2 * 4 * 6144 / 5e8 + 2 * 0.75 * dense / 2 * 2 / 5e8;
-  CHECK(b.split.exposed_ep == Approx(expect).epsilon(1e-12));
-  CHECK(a.split.exposed_ep == 0);
+  CHECK(b.split.exposed_on(CommAxis::ep) == Approx(expect).epsilon(1e-12));
+  CHECK(a.split.exposed_on(CommAxis::ep) == 0);
   // The same FLOPs in fewer, larger expert GEMMs (at a knee of 0 the same seconds).
   CHECK(b.split.compute == Approx(a.split.compute).epsilon(1e-12));
   CHECK(b.hardware_flops == a.hardware_flops);

@@ -336,6 +336,16 @@ PlanResult make_plan(const PlanConfig& c, std::FILE* progress) {
   return Searcher(c).run(progress);
 }
 
+namespace {
+// The exposed communication of the groups inside a replica (every axis but data parallelism's).
+double comm_time(const TimeSplit& s) {
+  double sum = 0;
+  for (const auto& [axis, sec] : s.exposed)
+    if (axis != CommAxis::dp) sum += sec;
+  return sum;
+}
+}  // namespace
+
 void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FILE* out) {
   std::fprintf(out, "shardlab plan: %s, %d ranks (%d per node), global batch %lld x %lld tokens, params %s, "
                "device %s per rank, host %s\n", c.train.spec.describe().c_str(), c.world, c.ranks_per_node,
@@ -359,7 +369,7 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
     const TimeSplit& s = e.time.split;
     auto pct = [&](double x) { return s.total > 0 ? 100 * x / s.total : 0.0; };
     const std::string split = fmt::format("{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}/{:.0f}", pct(s.compute),
-                                          pct(s.recompute), pct(s.exposed_tp + s.exposed_cp + s.exposed_ep), pct(s.exposed_dp), pct(s.bubble),
+                                          pct(s.recompute), pct(comm_time(s)), pct(s.exposed_on(CommAxis::dp)), pct(s.bubble),
                                           pct(s.pp_p2p), pct(s.offload), pct(s.optimizer));
     const std::string ledger_ms = e.ledger_step_ms ? fmt::format("{:.1f}", *e.ledger_step_ms) : "-";
     const std::string by_ledger =

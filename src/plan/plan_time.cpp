@@ -318,6 +318,11 @@ double dp_waits(const ModelSpec& m, const TimeLayout& l) {
 }
 }  // namespace
 
+double TimeSplit::exposed_on(CommAxis a) const {
+  auto it = exposed.find(a);
+  return it == exposed.end() ? 0.0 : it->second;
+}
+
 double DeviceRates::flops_at(int64_t micro_batch) const {
   double rate = flops.value;
   for (size_t i = 0; i < flops_by_micro_batch.size(); ++i)
@@ -340,9 +345,10 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   TimeSplit& sp = out.split;
   sp.compute = M * st.compute;
   sp.recompute = M * st.recompute;
-  sp.exposed_tp = M * st.tp;
-  sp.exposed_cp = M * st.cp;
-  sp.exposed_ep = M * st.ep;
+  sp.exposed[CommAxis::tp] = M * st.tp;
+  sp.exposed[CommAxis::cp] = M * st.cp;
+  sp.exposed[CommAxis::dp] = 0;
+  if (l.ep > 1) sp.exposed[CommAxis::ep] = M * st.ep;
   out.stage_s = st.total();
   sp.bubble = l.schedule->bubble_stages(p, v, M) * out.stage_s;
   if (l.pp > 1) {
@@ -357,7 +363,7 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
   const int S = (l.dp_shard > 0 ? l.dp_shard : l.dp / l.ep) * l.cp, D = l.dp / l.ep * l.cp;
   if (l.ep > 1) {  // the dense gradients' all-reduce over the ep group, once per step
     const double dense = (st.params - st.expert_params) / (zero_stage(l.dp_strategy) > 0 ? S : 1);
-    sp.exposed_ep += 2.0 * (l.ep - 1) / l.ep * dense * l.grad_bytes / ep_link(l, r, a);
+    sp.exposed[CommAxis::ep] += 2.0 * (l.ep - 1) / l.ep * dense * l.grad_bytes / ep_link(l, r, a);
   }
   const StepTraffic tr = step_traffic(
       l.dp_strategy, TrafficInputs{st.params, D, S, l.param_bytes == 2 ? DType::bf16 : DType::f32,
@@ -375,8 +381,9 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
     const double overlappable = repeats * (group_s + tr.across_bus() / bw_all) + tr.world_bus() / bw_all;
     const double exposed = tr.group_exposed_bus() / bw_s;
     const double window = l.dp_strategy == StrategyKind::zero3 ? M * st.compute : st.backward;
-    sp.exposed_dp = overlappable - std::min(l.dp_overlap * overlappable, window) + exposed;
-    sp.exposed_dp += repeats * dp_waits(m, l) * r.sync.value;
+    double& dp = sp.exposed[CommAxis::dp];
+    dp = overlappable - std::min(l.dp_overlap * overlappable, window) + exposed;
+    dp += repeats * dp_waits(m, l) * r.sync.value;
   }
   const double updated = zero_stage(l.dp_strategy) > 0 ? st.params / S : st.params;
   if (l.offload != Offload::none) {
@@ -386,8 +393,9 @@ TimePrediction predict_step_time(const ModelSpec& m, const TimeLayout& l, const 
     sp.optimizer = r.adamw.value > 0 ? updated / r.adamw.value
                                      : updated * l.optimizer_bytes / (r.hbm.value * a.memory);
   }
-  sp.total = sp.compute + sp.recompute + sp.exposed_tp + sp.exposed_cp + sp.exposed_ep + sp.bubble + sp.pp_p2p +
-             sp.exposed_dp + sp.offload + sp.optimizer;
+  sp.total = sp.compute + sp.recompute + sp.exposed_on(CommAxis::tp) + sp.exposed_on(CommAxis::cp) +
+             sp.exposed_on(CommAxis::ep) + sp.bubble + sp.pp_p2p + sp.exposed_on(CommAxis::dp) + sp.offload +
+             sp.optimizer;
   const double devices = double(l.tp) * l.pp * l.dp * l.cp;
   out.tokens_per_s = double(l.global_batch * m.seq) / sp.total;
   out.hardware_flops = megatron_flops(m, l.global_batch, l.recompute);

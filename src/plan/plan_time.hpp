@@ -71,8 +71,8 @@
 //   intra-node link when E x cp x t ranks fit a node. The strategy reduces over dp / E x cp ranks and
 //   ZeRO shards over S x cp (S the shard group without ep); the dense gradients are all-reduced over
 //   the ep group once per step (2 (E - 1) / E of the rank's dense share), exposed.
-// total = compute + recompute + exposed_tp + exposed_cp + exposed_ep + bubble + pp_p2p + exposed_dp +
-//   offload + optimizer.
+// total = compute + recompute + exposed tp + cp + ep + bubble + pp_p2p + exposed dp + offload +
+//   optimizer (TimeSplit keys the exposed parts by axis).
 //
 // FLOPs as Megatron counts them (Narayanan et al. 2021, eq. 3, GPT): every GEMM's 2 m n k, the
 // attention's full s x s, the layers 4 passes under full recomputation (forward, recompute,
@@ -82,11 +82,13 @@
 // against the dense peak. Llama counts its own GEMMs the same way.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "shard/strategy.hpp"
+#include "src/comm/axes.hpp"
 #include "src/core/device_peaks.hpp"
 #include "src/model/parallel/cp.hpp"
 #include "src/model/spec.hpp"
@@ -164,12 +166,13 @@ struct TimeLayout {
   void validate(const ModelSpec& m) const;  // InputError naming the values
 };
 
-// Seconds per step on the critical path.
+// Seconds per step on the critical path. Each parallel group's exposed communication is keyed by
+// its axis (src/comm/axes.hpp): tp, cp, dp always, ep under --ep (its all-to-alls and its
+// all-reduce of the dense gradients); a new axis adds an entry, not a field.
 struct TimeSplit {
-  double compute = 0, recompute = 0, exposed_tp = 0, exposed_dp = 0, bubble = 0, pp_p2p = 0, offload = 0,
-         optimizer = 0, total = 0;
-  double exposed_cp = 0;
-  double exposed_ep = 0;  // the ep group's all-to-alls and its all-reduce of the dense gradients
+  double compute = 0, recompute = 0, bubble = 0, pp_p2p = 0, offload = 0, optimizer = 0, total = 0;
+  std::map<CommAxis, double> exposed;
+  double exposed_on(CommAxis a) const;  // 0 when the axis has no entry
 };
 
 struct TimePrediction {

@@ -11,12 +11,20 @@ namespace {
 
 nlohmann::json split_json(const TimeSplit& s) {
   nlohmann::json j = {{"compute_ms", s.compute * 1e3},   {"recompute_ms", s.recompute * 1e3},
-                      {"exposed_tp_ms", s.exposed_tp * 1e3}, {"exposed_dp_ms", s.exposed_dp * 1e3},
                       {"bubble_ms", s.bubble * 1e3},     {"pp_p2p_ms", s.pp_p2p * 1e3},
-                      {"offload_ms", s.offload * 1e3},   {"optimizer_ms", s.optimizer * 1e3},
-                      {"exposed_cp_ms", s.exposed_cp * 1e3}};
-  if (s.exposed_ep > 0) j["exposed_ep_ms"] = s.exposed_ep * 1e3;  // --ep's all-to-alls (a mixture of experts)
+                      {"offload_ms", s.offload * 1e3},   {"optimizer_ms", s.optimizer * 1e3}};
+  for (const auto& [axis, sec] : s.exposed) j[fmt::format("exposed_{}_ms", comm_axis_name(axis))] = sec * 1e3;
   return j;
+}
+
+// A part of the split, in seconds: a field, or an axis's exposed communication (the chart's bars).
+template <double TimeSplit::*F>
+double part(const TimeSplit& s) {
+  return s.*F;
+}
+template <CommAxis A>
+double exposed(const TimeSplit& s) {
+  return s.exposed_on(A);
 }
 
 nlohmann::json rate_json(const Rate& r) { return {{"value", r.value}, {"from", r.from}}; }
@@ -105,14 +113,18 @@ std::string plan_html(const PlanConfig& c, const PlanResult& res) {
   struct Part {
     const char* name;
     const char* color;
-    double TimeSplit::*field;
+    double (*seconds)(const TimeSplit&);
   };
-  static const Part parts[] = {{"compute", "#4e79a7", &TimeSplit::compute},   {"recompute", "#a0cbe8", &TimeSplit::recompute},
-                               {"exposed TP", "#f28e2b", &TimeSplit::exposed_tp}, {"exposed CP", "#ff9da7", &TimeSplit::exposed_cp},
-                               {"exposed EP", "#9c755f", &TimeSplit::exposed_ep},
-                               {"exposed DP", "#e15759", &TimeSplit::exposed_dp},
-                               {"bubble", "#bab0ac", &TimeSplit::bubble},     {"PP sends", "#59a14f", &TimeSplit::pp_p2p},
-                               {"offload", "#b07aa1", &TimeSplit::offload},   {"optimizer", "#edc948", &TimeSplit::optimizer}};
+  static const Part parts[] = {{"compute", "#4e79a7", part<&TimeSplit::compute>},
+                               {"recompute", "#a0cbe8", part<&TimeSplit::recompute>},
+                               {"exposed TP", "#f28e2b", exposed<CommAxis::tp>},
+                               {"exposed CP", "#ff9da7", exposed<CommAxis::cp>},
+                               {"exposed EP", "#9c755f", exposed<CommAxis::ep>},
+                               {"exposed DP", "#e15759", exposed<CommAxis::dp>},
+                               {"bubble", "#bab0ac", part<&TimeSplit::bubble>},
+                               {"PP sends", "#59a14f", part<&TimeSplit::pp_p2p>},
+                               {"offload", "#b07aa1", part<&TimeSplit::offload>},
+                               {"optimizer", "#edc948", part<&TimeSplit::optimizer>}};
   std::string h = "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>shardlab plan</title><style>"
                   "body{font-family:sans-serif;margin:24px}table{border-collapse:collapse;font-size:12px}"
                   "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
@@ -139,7 +151,7 @@ std::string plan_html(const PlanConfig& c, const PlanResult& res) {
     if (!e.fits && ++shown_no > 10) break;
     std::string bar = "<div class='bar'>";
     for (const Part& p : parts) {
-      const double ms = e.time.split.*p.field * 1e3;
+      const double ms = p.seconds(e.time.split) * 1e3;
       if (ms > 0 && longest > 0)
         bar += fmt::format("<div title='{} {:.1f} ms' style='width:{:.2f}%;background:{}'></div>", p.name, ms,
                            100 * ms / longest, p.color);
