@@ -13,7 +13,7 @@
 #include "shard/strategy.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/model/unit.hpp"
-#include "src/train/step_config.hpp"
+#include "shard/step_config.hpp"
 
 namespace shardlab {
 

@@ -1,6 +1,7 @@
 // train_reports.cpp — train's --json, --html and --trace, written when the run ends.
 #include "tools/train_reports.hpp"
 
+#include "src/compare/memory_row.hpp"
 #include "src/report/memory_report.hpp"
 #include "memory/report.hpp"
 #include "src/report/run_report.hpp"
@@ -13,7 +14,7 @@ void write_train_reports(Trainer& trainer, Communicator& comm, const cli::Report
                          const MpiRuntime& mpi) {
   const TrainConfig& cfg = trainer.config();
   const std::string name = strategy_name(cfg.strategy.kind);
-  MemoryRow row = trainer.memory_row(name);
+  MemoryRow row = memory_row(trainer, name);
   // Under --pp, each action of the last step ("F3c1") with its message wait inside: the schedule
   // as it ran, one track per rank.
   std::vector<TraceSpan> spans;

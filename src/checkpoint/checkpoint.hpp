@@ -21,7 +21,7 @@
 
 #include "shard/strategy.hpp"
 #include "src/checkpoint/checkpoint_format.hpp"
-#include "src/train/step_config.hpp"
+#include "shard/step_config.hpp"
 
 namespace shardlab {
 

@@ -37,6 +37,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/dtype.hpp"
+#include "src/data/source.hpp"
 #include "src/model/hf_dir.hpp"
 #include "src/model/spec.hpp"
 
@@ -100,17 +101,6 @@ struct ManifestSchedule {
   std::string kind;  // constant | cosine
   double lr = 0, min_lr_frac = 0, grad_clip = 0;  // f32 values widened to double
   int64_t warmup_steps = 0, decay_steps = 0;      // decay_steps: the cosine's horizon (total_steps)
-};
-
-// A token source as a checkpoint records it: enough to tell, cheaply, whether a resumed run reads
-// the same tokens (data.hpp's describe_source makes one).
-struct DataSource {
-  std::string path;   // "synthetic", or the path as given
-  uint64_t bytes = 0;  // the file's size (0 for synthetic)
-  std::string hash;   // "fnv1a64:<hex>" of the size and the first and last MiB; "" for synthetic
-  bool same_tokens(const DataSource& o) const {
-    return path == "synthetic" ? o.path == "synthetic" : o.path != "synthetic" && bytes == o.bytes && hash == o.hash;
-  }
 };
 
 // What a run's batches are made of: with the step, the sequences each step takes. Resuming with

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "src/compare/memory_row.hpp"
 #include "src/core/stats.hpp"
 #include "shard/strategy_formulas.hpp"
 #include "shard/zeropp.hpp"
@@ -199,7 +200,7 @@ StrategyResult run_one(Backend& be, const ProcessGroup& group, const CompareConf
     }
     r.steps.push_back(s);
   }
-  r.memory = trainer->memory_row(r.name);
+  r.memory = memory_row(*trainer, r.name);
   r.ms_per_step = median(ms);
   r.tokens_per_s = static_cast<double>(tc.batch * tc.spec.seq) / (r.ms_per_step / 1e3);
   count_axes(r, *trainer, tc, kind);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "memory/category.hpp"
+#include "memory/report.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/comm/mesh.hpp"
+#include "src/compare/memory_row.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/model/family.hpp"
 #include "src/train/predict.hpp"
@@ -173,7 +174,7 @@ MemoryRow measure_on(Backend& be, Pool& pool, Communicator& comm, const ProfileC
   tc.record_step = true;
   Trainer t(be, pool, comm, tc);
   for (int64_t k = 0; k < tc.steps; ++k) t.step(k);
-  return t.memory_row("");
+  return memory_row(t, "");
 }
 
 // Fills the measured fields of the rows of one strategy. One process: it plays each row's rank

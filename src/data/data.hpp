@@ -30,6 +30,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/data/source.hpp"
+
 namespace shardlab {
 
 // Part of a token stream: one file's tokens, held in memory (text, synthetic) or mapped from an
@@ -98,7 +100,6 @@ TokenStream zero_stream(int64_t length, std::string source);
 // `what` (as load_tokens takes it) as a checkpoint records it: a file's size and the FNV-1a-64 hash
 // of its size, first MiB and last MiB (two reads, however large the file); for several files, the
 // sizes summed and the hashes chained in order; "synthetic" as such.
-struct DataSource;  // checkpoint_format.hpp
 DataSource describe_source(const std::string& what);
 
 // Removes the last round(fraction * n) tokens of `s` and returns them as a stream of their own;

@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "src/checkpoint/checkpoint_format.hpp"
+#include "src/data/source.hpp"
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
 #include "src/data/data.hpp"

@@ -16,7 +16,7 @@
 #include "memory/pool.hpp"
 #include "src/backend/backend.hpp"
 #include "src/backend/cost.hpp"
-#include "src/train/step_config.hpp"
+#include "shard/step_config.hpp"
 
 namespace shardlab {
 

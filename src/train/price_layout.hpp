@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "src/backend/price.hpp"
-#include "src/train/step_config.hpp"
+#include "shard/step_config.hpp"
 
 namespace shardlab {
 

@@ -9,7 +9,7 @@
 
 #include "memory/pool.hpp"
 #include "src/model/spec.hpp"
-#include "src/train/step_config.hpp"
+#include "shard/step_config.hpp"
 
 namespace shardlab {
 

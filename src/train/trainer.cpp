@@ -384,29 +384,6 @@ Estimate Trainer::measured_eval() const {
   return e;
 }
 
-MemoryRow Trainer::memory_row(const std::string& label) const {
-  const int64_t micro = cfg_.batch / mesh_.dp_size() / cfg_.accum;
-  MemoryRow row;
-  row.label = label;
-  row.predicted = predict_step(cfg_, comm_.world_size(), comm_.rank(), micro);
-  const Ledger& L = pool_.ledger();
-  row.measured = true;
-  row.measured_states = states_;
-  row.measured_peak = L.peak_total();
-  row.measured_at_peak = L.composition_at_peak();
-  row.measured_peak_by_category = L.peak_by_category();
-  row.measured_phase = L.phase_at_peak();
-  row.measured_host = host_estimate(L, host_states_);
-  if (cfg_.record_step) {
-    row.measured_timeline = L.timeline();  // cleared at the start of each step
-    for (const CommEvent& e : comm_.stats().events)
-      row.measured_comm.push_back(
-          {std::chrono::duration<double, std::milli>(e.issued - L.start()).count(), comm_op_name(e.op), e.bytes});
-  }
-  if (comm_.stats().steps > 0) row.comm_bytes = comm_.stats().last_step_bytes;
-  return row;
-}
-
 // {"event": "start"} (or "resume", with the step and the checkpoint) and the run's configuration:
 // model, mesh, strategy, ranks, batch, steps, data, tokenizer, seed, run id, learning rate and options.
 std::string Trainer::log_header() const {

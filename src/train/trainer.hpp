@@ -11,14 +11,14 @@
 #include <optional>
 #include <string>
 
-#include "memory/report.hpp"
+#include "memory/estimate.hpp"
 #include "src/checkpoint/async_save.hpp"
 #include "optim/optimizer.hpp"
 #include "shard/strategy.hpp"
 #include "src/checkpoint/dir_lock.hpp"
 #include "src/data/data.hpp"
 #include "shard/parallel_model.hpp"
-#include "src/train/step_config.hpp"
+#include "shard/step_config.hpp"
 #include "src/data/tokenizer.hpp"
 #include "src/train/sample.hpp"
 
@@ -157,15 +157,13 @@ class Trainer {
   Backend& backend() { return be_; }
   // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
   void save(const std::string& path);
-  // This rank's memory: predicted for the run's configuration (src/train/predict), and measured by
-  // the ledger (model states after set-up; the last step's peak, composition, timeline and
-  // collectives when record_step is on).
-  MemoryRow memory_row(const std::string& label) const;
-  // This rank's last step as the ledger recorded it (the measured counterpart of a prediction).
+  // This rank's last step as the ledger recorded it (the measured counterpart of a prediction;
+  // src/compare/memory_row.hpp puts the two side by side).
   Estimate measured_step() const;
   // The last evaluation or sample (forward only) as the ledger recorded it: its peak and composition.
   Estimate measured_eval() const;
   std::vector<std::string> unit_names() const;
+  const Ledger& ledger() const { return pool_.ledger(); }  // this rank's pool's (timeline: the last step's)
   // Under --pp: this rank's last training step, action by action (its measured bubble).
   const PipelineTiming& pipeline_timing() const { return pipe_timing_; }
   int pipeline_rank() const { return mesh_.rank(CommAxis::pp); }

@@ -1,7 +1,8 @@
 // step_config.hpp — what one training step needs: the model, the strategy, the optimizer and its
 // schedule, accumulation, recomputation and the transport. TrainConfig extends it (trainer.hpp)
 // with the run around the steps (data, validation, checkpoints, logs), so the list exists once:
-// a prediction (src/train/predict) takes a StepConfig and cannot see, or validate, the rest.
+// a prediction (src/train/predict) takes a StepConfig and cannot see, or validate, the rest. It
+// lives below the checkpoint room (src/checkpoint records a step's configuration in its manifest).
 #pragma once
 #include <cstdint>
 
