@@ -164,15 +164,21 @@ TEST_CASE("cuda element-wise ops, casts and reductions match the cpu backend", "
     for (size_t i = 0; i < n; ++i) REQUIRE(back[i] == test::round_to(x[i], t));
   }
 
-  const int64_t rows = 300, cols = 1000;
-  auto m = random_vector("cm", rows * cols);
-  Block gm = e.upload(m, DType::f32, "m");
-  Block gs = e.pool.alloc(DType::f32, cols, Category::workspace, "colsum");
-  std::vector<float> cs(cols);
-  e.gpu->sum_rows(Tensor(gm.data(), DType::f32, {rows, cols}, Device::cuda), gs.flat(DType::f32), false);
-  e.cpu->sum_rows(Tensor(m.data(), DType::f32, {rows, cols}), host(cs), false);
-  got = e.download(gs, DType::f32, cols);
-  for (int64_t c = 0; c < cols; ++c) REQUIRE(got[c] == Approx(cs[c]).epsilon(1e-6).margin(1e-6));
+  // Column sums in two stages (a chunk of rows per block, then the chunks folded): one row, a chunk
+  // shorter than a block's rows, ragged tiles and chunks, a bias gradient's shape; with accumulate.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 7}, {33, 5}, {300, 1000}, {4100, 768}}) {
+    INFO("sum_rows " << rows << " x " << cols);
+    auto m = random_vector("cm", rows * cols);
+    Block gm = e.upload(m, DType::f32, "m");
+    for (bool acc : {false, true}) {
+      std::vector<float> cs = random_vector("cs", cols);
+      Block gs = e.upload(cs, DType::f32, "colsum");
+      e.gpu->sum_rows(Tensor(gm.data(), DType::f32, {rows, cols}, Device::cuda), gs.flat(DType::f32), acc);
+      e.cpu->sum_rows(Tensor(m.data(), DType::f32, {rows, cols}), host(cs), acc);
+      got = e.download(gs, DType::f32, cols);
+      for (int64_t c = 0; c < cols; ++c) REQUIRE(got[c] == Approx(cs[c]).epsilon(1e-6).margin(1e-5));
+    }
+  }
 
   // fill, in every dtype.
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {

@@ -71,12 +71,31 @@ __global__ void reduce_final_kernel(const double* partial, int count, ReduceKind
   if (threadIdx.x == 0) out[0] = static_cast<float>(accumulate ? reduce_combine(k, out[0], r) : r);
 }
 
-__global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate) {
-  int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+// Block (tile, chunk) of kWarp x kRowsPerBlock threads: thread (tx, ty) sums column tile kWarp + tx
+// over rows ty, ty + kRowsPerBlock, ... of the chunk (a warp reads kWarp adjacent floats), then the
+// block's rows of partial sums are added in order.
+__global__ void sum_rows_partial_kernel(const float* x, int64_t rows, int64_t cols, int64_t chunk_rows,
+                                        double* partial) {
+  __shared__ double part[kRowsPerBlock][kWarp + 1];
+  const int64_t c = blockIdx.x * (int64_t)kWarp + threadIdx.x;
+  const int64_t r0 = blockIdx.y * chunk_rows, r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
   double acc = 0.0;
-  for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
-  out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc);
+  if (c < cols)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) acc += x[r * cols + c];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  double sum = 0.0;
+  for (int k = 0; k < kRowsPerBlock; ++k) sum += part[k][threadIdx.x];
+  partial[blockIdx.y * cols + c] = sum;
+}
+
+__global__ void sum_rows_fold_kernel(const double* partial, int64_t chunks, int64_t cols, float* out, bool accumulate) {
+  GRID_STRIDE_LOOP(c, cols) {
+    double acc = 0.0;
+    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+    out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc);
+  }
 }
 
 template <int W>
@@ -132,8 +151,14 @@ cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* parti
   return cudaGetLastError();
 }
 
-cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s) {
-  sum_rows_kernel<<<sum_rows_launches(rows, cols)[0].x, kThreads, 0, s>>>(x, rows, cols, out, accumulate);
+cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, double* partial, float* out, bool accumulate,
+                            cudaStream_t s) {
+  const Launches L = sum_rows_launches(rows, cols);
+  sum_rows_partial_kernel<<<dim3(L[0].x, L[0].y), dim3(kWarp, kRowsPerBlock), 0, s>>>(
+      x, rows, cols, sum_rows_chunk_rows(rows, cols), partial);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  sum_rows_fold_kernel<<<L[1].x, kThreads, 0, s>>>(partial, L[0].y, cols, out, accumulate);
   return cudaGetLastError();
 }
 

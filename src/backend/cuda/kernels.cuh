@@ -25,8 +25,9 @@ cudaError_t launch_mul(const float* a, const float* b, float* out, int64_t n, cu
 // out[0] (+)= reduction of x; partial is a device workspace of kReduceBlocks doubles.
 cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* partial, float* out, bool accumulate,
                           cudaStream_t s);
-// out[c] (+)= sum_r x[r, c]
-cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, cudaStream_t s);
+// out[c] (+)= sum_r x[r, c]; partial is a device workspace of sum_rows_chunks(rows, cols) x cols doubles.
+cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, double* partial, float* out, bool accumulate,
+                            cudaStream_t s);
 
 // ---- the operation families' kernels (f32), in ops/'s families. Every pointer is device memory,
 // token ids included: the backend uploads the host ids before calling these. Semantics mirror

@@ -101,8 +101,10 @@ Launches reduce_launches(int64_t n) {
   return Launches{}.add(kernel("reduce_partial_kernel", blocks)).add(kernel("reduce_final_kernel", 1));
 }
 
-Launches sum_rows_launches(int64_t, int64_t cols) {
-  return Launches{}.add(kernel("sum_rows_kernel", std::max<int64_t>(1, (cols + kThreads - 1) / kThreads)));
+Launches sum_rows_launches(int64_t rows, int64_t cols) {
+  return Launches{}
+      .add(kernel("sum_rows_partial_kernel", sum_rows_tiles(cols), sum_rows_chunks(rows, cols)))
+      .add(kernel("sum_rows_fold_kernel", grid_for(cols)));
 }
 
 Launches copy_launches(bool host) {

@@ -48,6 +48,23 @@ inline int grid_for(int64_t n) {
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65535 * 8));
 }
 
+// A column sum (sum_rows, a bias gradient) in two deterministic stages: blocks of kWarp columns x
+// a chunk of rows each write their columns' partial sums (doubles) over the chunk, then a thread
+// per column folds the chunks in order. The chunks are a function of the shape only (enough
+// blocks to fill a device, at least kSumRowsMinRows rows each).
+inline constexpr int64_t kSumRowsBlocks = 528;   // 4 per SM of an H100 / H200
+inline constexpr int64_t kSumRowsMinRows = 32;
+inline int64_t sum_rows_tiles(int64_t cols) { return std::max<int64_t>(1, (cols + kWarp - 1) / kWarp); }
+inline int64_t sum_rows_chunks(int64_t rows, int64_t cols) {
+  const int64_t want = (kSumRowsBlocks + sum_rows_tiles(cols) - 1) / sum_rows_tiles(cols);
+  const int64_t most = std::max<int64_t>(1, (rows + kSumRowsMinRows - 1) / kSumRowsMinRows);
+  return std::min(want, most);
+}
+inline int64_t sum_rows_chunk_rows(int64_t rows, int64_t cols) {
+  const int64_t chunks = sum_rows_chunks(rows, cols);
+  return std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+}
+
 // Blocks for `rows` rows at one warp each.
 inline int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
