@@ -102,7 +102,7 @@ void softmax_rows(std::vector<float>& x, int64_t N, int64_t E) {
   }
 }
 
-// The slots an expert takes of N tokens' under --moe-capacity-factor, in training only (c.moe set):
+// The slots an expert takes of N tokens' under --moe-capacity-factor, in training only (c.aux set):
 // evaluation and decoding route dropless, so their results do not depend on the batch; 0: dropless.
 int64_t capacity_of(const UnitContext& c, int64_t N) {
   const MoeSpec& m = c.spec.moe;
@@ -134,7 +134,7 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) 
       r.weight[n * k + j] = m.norm_topk ? v / sum : v;
     }
   }
-  // Sorted by expert, tokens in order within one; past capacity dropped, in training only (c.moe
+  // Sorted by expert, tokens in order within one; past capacity dropped, in training only (c.aux
   // set): evaluation and decoding route dropless, so their results do not depend on the batch.
   const int64_t capped = capacity_of(c, N), cap = capped > 0 ? capped : N * k;  // dropless: every slot fits
   r.per_expert.assign(static_cast<size_t>(E), 0);
@@ -269,12 +269,14 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   std::vector<int32_t> ints(static_cast<size_t>(3 * P + E), 0);
   c.be.copy(Tensor::flat(ints.data(), DType::f32, 3 * P + E), route_t);
   const int32_t* per_expert = ints.data() + 3 * P;
-  int64_t kept = 0;
-  for (int64_t e = 0; e < E; ++e) kept += per_expert[e];
-  if (c.be.device() == Device::meta) kept = P;  // no values came back: the shapes of a dropless routing
+  // On meta no values came back: the rows of forward's round robin (route), each expert's at most
+  // its capacity under --moe-capacity-factor.
+  const int64_t capped = capacity_of(c, N), cap = capped > 0 ? capped : P;
   const auto expert_rows = [&](int64_t e) {
-    return c.be.device() == Device::meta ? P / E + (e < P % E) : int64_t{per_expert[e]};
+    return c.be.device() == Device::meta ? std::min(P / E + (e < P % E), cap) : int64_t{per_expert[e]};
   };
+  int64_t kept = 0;
+  for (int64_t e = 0; e < E; ++e) kept += expert_rows(e);
 
   // The combination's backward: d(y) of every kept row, d(weight) of every slot.
   Block dy_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe backward dy");
