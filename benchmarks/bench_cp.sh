@@ -37,7 +37,9 @@ trap 'rm -f "$log"' EXIT
 rows=()
 for T in $seqs; do
   for cp in $cps; do
-    "$exe" train --nproc "$cp" --cp "$cp" --cp-method "$method" --cp-balance "$balance" --strategy zero3 \
+    cp_flags=(--cp "$cp")  # the method and balance apply from 2 ranks (one rank holds whole sequences)
+    [ "$cp" -gt 1 ] && cp_flags+=(--cp-method "$method" --cp-balance "$balance")
+    "$exe" train --nproc "$cp" "${cp_flags[@]}" --strategy zero3 \
       --model llama-small --layers "$L" --dim "$C" --heads "$H" --kv-heads "$KV" --ffn-dim "$F" --vocab "$V" \
       --seq "$T" --batch 1 --threads "$threads" --steps "$STEPS" --warmup-steps 1 --sgemm-ceiling off \
       --log "$log" > /dev/null

@@ -38,8 +38,8 @@ void MeshOptions::add(Desc& d) {
       "pp-schedule", po::value(&pp_schedule)->default_value(pp_schedule),
       ("with --pp: " + pp_schedule_help()).c_str())(
       "pp-virtual", po::value(&pp_virtual)->default_value(pp_virtual),
-      "with --pp-schedule interleaved-1f1b or zb-v (2): model chunks per rank (virtual stages); chunk c runs "
-      "on stage c % pp (zb-v: in a V, c and 2 pp - 1 - c on stage c)")(
+      "with --pp-schedule interleaved-1f1b or zb-v: model chunks per rank (virtual stages); chunk c runs "
+      "on stage c % pp (zb-v: in a V, c and 2 pp - 1 - c on stage c). 0: the schedule's own (zb-v 2, others 1)")(
       "pp-split", po::value(&pp_split)->default_value(""),
       "with --pp: units per chunk in model order, e.g. 3,3,2 (pp x pp-virtual counts summing to the units: "
       "the embedding, the blocks and the head); default: balanced by each unit's parameters and attention work")(
@@ -70,8 +70,11 @@ void MeshOptions::add(Desc& d) {
 PipelineConfig MeshOptions::pipeline() const {
   PipelineConfig p;
   p.schedule = parse_pp_schedule(pp_schedule);
-  SHARD_REQUIRE(pp_virtual >= 1 && pp_virtual <= 1024, "--pp-virtual {}: expected 1 to 1024 chunks per rank", pp_virtual);
-  p.virtual_stages = pp_virtual;
+  SHARD_REQUIRE(pp_virtual >= 0 && pp_virtual <= 1024,
+                "--pp-virtual {}: expected 1 to 1024 chunks per rank (0: the schedule's own)", pp_virtual);
+  // Unless given: the one count a schedule runs (zb-v's V of two chunks), else one chunk per rank.
+  const std::vector<int>& own = p.schedule->plan_virtual;
+  p.virtual_stages = pp_virtual > 0 ? pp_virtual : own.size() == 1 ? own.front() : 1;
   if (!pp_split.empty()) p.split = parse_pp_split(pp_split);
   return p;
 }

@@ -144,7 +144,7 @@ struct MeshOptions {
   int shard_group = 0;  // --shard-group, the old name of --dp-shard
   bool sequence_parallel = false;  // --sequence-parallel
   std::string pp_schedule = default_pp_schedule().name();  // --pp-schedule
-  int pp_virtual = 1;                // --pp-virtual
+  int pp_virtual = 0;                // --pp-virtual (0: the schedule's own)
   std::string pp_split;              // --pp-split
   std::string cp_method = "allgather";  // --cp-method
   std::string cp_balance = "head-tail";  // --cp-balance

@@ -248,6 +248,37 @@ const std::vector<StrategyFlag>& strategy_flags() {
   return flags;
 }
 
+// Flags that mean something only beside another setting (an axis, a feature): given without it they
+// would be ignored, so the run is refused naming what each needs. One table for every such flag.
+struct DependentFlag {
+  const char* flag;
+  const char* needs;
+  bool (*present)(const TrainConfig&);
+};
+const std::vector<DependentFlag>& dependent_flags() {
+  static const auto cp = [](const TrainConfig& c) { return c.layout.dims.cp > 1; };
+  static const auto pp = [](const TrainConfig& c) { return c.layout.dims.pp > 1; };
+  static const auto save_dir = [](const TrainConfig& c) { return !c.save_dir.empty(); };
+  static const auto sampling = [](const TrainConfig& c) { return c.sample_every > 0; };
+  static const std::vector<DependentFlag> flags = {
+      {"cp-method", "--cp 2 or more (context parallelism)", cp},
+      {"cp-balance", "--cp 2 or more (context parallelism)", cp},
+      {"pp-schedule", "--pp 2 or more (pipeline parallelism)", pp},
+      {"pp-virtual", "--pp 2 or more (pipeline parallelism)", pp},
+      {"pp-split", "--pp 2 or more (pipeline parallelism)", pp},
+      {"save-every", "--save-dir (checkpoints)", save_dir},
+      {"save-timeout", "--save-dir (checkpoints)", save_dir},
+      {"save-keep", "--save-dir (checkpoints)", save_dir},
+      {"save-async", "--save-dir (checkpoints)", save_dir},
+      {"save-best", "--save-dir (checkpoints)", save_dir},
+      {"max-skipped-steps", "--skip-nonfinite", [](const TrainConfig& c) { return c.skip_nonfinite; }},
+      {"sample-prompt", "--sample-every K (samples during training)", sampling},
+      {"sample-tokens", "--sample-every K (samples during training)", sampling},
+      {"sample-temperature", "--sample-every K (samples during training)", sampling},
+  };
+  return flags;
+}
+
 std::string names(const std::vector<StrategyKind>& kinds) {
   std::string s;
   for (StrategyKind k : kinds) {
@@ -275,6 +306,9 @@ void check_applicable(const po::variables_map& vm, const TrainConfig& cfg, const
       std::fprintf(stderr, "shardlab %s: note: --%s applies to %s only; of --strategies %s, %s use%s it\n", command,
                    f.flag, f.applies_to, names(kinds).c_str(), names(using_it).c_str(), using_it.size() == 1 ? "s" : "");
   }
+  for (const DependentFlag& f : dependent_flags())
+    SHARD_REQUIRE(!given_flag(vm, f.flag) || f.present(cfg), "--{} applies with {} only, which this {} does not "
+                  "have: leave it out, or add that", f.flag, f.needs, command);
   const bool sgd = cfg.optim.kind == OptimizerKind::sgd;
   for (const char* f : {"beta1", "beta2", "eps"})
     SHARD_REQUIRE(!sgd || !given_flag(vm, f), "--{} applies to --optimizer adamw, not sgd: leave it out", f);

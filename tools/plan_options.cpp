@@ -72,7 +72,7 @@ void set_pins(PlanPins& pins, const PlanFlags& f, const po::variables_map& vm) {
   if (given_flag(vm, "cp")) pins.cp = mesh.dims.cp;
   if (given_flag(vm, "ep")) pins.ep = mesh.dims.ep;
   if (given_flag(vm, "pp")) pins.pp = mesh.dims.pp;
-  if (given_flag(vm, "pp-virtual")) pins.pp_virtual = mesh.pp_virtual;
+  if (given_flag(vm, "pp-virtual") && mesh.pp_virtual > 0) pins.pp_virtual = mesh.pp_virtual;
   if (given_flag(vm, "pp-schedule")) pins.schedule = parse_pp_schedule(mesh.pp_schedule);
   if (given_flag(vm, "dp-shard")) pins.dp_shard = mesh.dims.dp_shard;
   if (given_flag(vm, "shard-group")) pins.dp_shard = mesh.shard_group;
