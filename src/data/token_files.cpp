@@ -16,6 +16,7 @@
 #include "src/core/check.hpp"
 #include "src/core/hash.hpp"
 #include "src/data/data.hpp"
+#include "src/data/mapped_files.hpp"
 
 namespace shardlab {
 
@@ -116,7 +117,9 @@ struct Mapping {
   void* base = MAP_FAILED;
   size_t length = 0;
   ~Mapping() {
-    if (base != MAP_FAILED) munmap(base, length);
+    if (base == MAP_FAILED) return;
+    unwatch_mapping(base);
+    munmap(base, length);
   }
 };
 
@@ -173,6 +176,7 @@ TokenStream load_llmc_bin(const std::string& path) {
   map->length = static_cast<size_t>(size);
   map->base = mmap(nullptr, map->length, PROT_READ, MAP_SHARED, f.fd, 0);
   SHARD_REQUIRE(map->base != MAP_FAILED, "cannot map token file '{}' ({} bytes): {}", path, size, std::strerror(errno));
+  watch_mapping(path, map->base, map->length);
   int32_t header[256];
   std::memcpy(header, map->base, sizeof(header));
   const int32_t magic = header[0], version = header[1];
@@ -186,6 +190,12 @@ TokenStream load_llmc_bin(const std::string& path) {
   const uint64_t width = wide ? 4 : 2;
   SHARD_REQUIRE(count >= 0 && 1024 + width * static_cast<uint64_t>(count) <= size,
                 "'{}' is truncated: header promises {} tokens, the file holds {}", path, count, (size - 1024) / width);
+  // A file longer than its header says is not what was written (llm.c's loader refuses it too).
+  SHARD_REQUIRE(1024 + width * static_cast<uint64_t>(count) == size,
+                "'{}' holds {} bytes past the {} tokens its header promises ({} bytes of {}-byte tokens after the "
+                "1024-byte header, the file {} bytes): a token file whose size disagrees with its header is refused "
+                "(rewrite the header's count, or the file)", path, size - 1024 - width * static_cast<uint64_t>(count),
+                count, width * static_cast<uint64_t>(count), width, size);
   TokenStream s;
   s.source = path;
   s.append({map, static_cast<const char*>(map->base) + 1024, static_cast<int>(width), count, true});
