@@ -1,6 +1,8 @@
 #include "src/model/safetensors.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include <cstdio>
@@ -149,6 +151,15 @@ void SafetensorsReader::read_f32(const std::string& name, std::span<float> out,
   file_.read(raw.data(), static_cast<std::streamsize>(raw.size()));
   SHARD_REQUIRE(file_.good(), "'{}': cannot read tensor '{}' ({} bytes)", path_, name, raw.size());
   convert(raw.data(), e.dtype, out.data(), DType::f32, out.size());
+  // Weights that are NaN or infinite would train to NaN (blamed on the learning rate) or sample
+  // nonsense: refused here, naming the tensor.
+  const auto bad = std::find_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
+  if (bad != out.end()) {
+    const auto count = std::count_if(bad, out.end(), [](float v) { return !std::isfinite(v); });
+    throw InputError(fmt::format("'{}': tensor '{}' holds {} non-finite value{} (the first, {}, at element {} of {}): "
+                                 "a model with NaN or infinite weights cannot be trained or sampled", path_, name,
+                                 count, count == 1 ? "" : "s", *bad, bad - out.begin(), out.size()));
+  }
 }
 
 SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path, std::vector<Entry> entries,
