@@ -236,6 +236,10 @@ bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
   if (!saved) save_checkpoint(cfg_.save_dir, checkpoint_state(), {done, done, checkpoint_val_loss_, {}, {}}, cfg_.save_keep);
   if (comm_.rank() == 0) {
     std::fprintf(out, "saved step %lld on %s\n", static_cast<long long>(done), name);
+    if (!cfg_.save_path.empty())
+      std::fprintf(out, "--save %s not written: the run stopped after step %lld of %lld (resume from the checkpoint "
+                   "to finish it and write it)\n", cfg_.save_path.c_str(), static_cast<long long>(done),
+                   static_cast<long long>(cfg_.steps));
     std::fflush(out);
   }
   return true;
@@ -419,6 +423,13 @@ StepStats Trainer::run(std::FILE* out) {
       if (log.is_open()) log << nlohmann::json{{"event", "links"}, {"step", t + 1}, {"links", links}}.dump() << '\n';
     }
     const bool save_now = maybe_checkpoint(t, new_best, out);
+    // A stop asked during the last step: the run is complete, so it ends as one does (its final
+    // checkpoint and --save written), not as a preempted run.
+    if (t + 1 == cfg_.steps) {
+      if (comm_.all_max(static_cast<int64_t>(g_stop_signal)) != 0 && root)
+        std::fprintf(out, "a stop was asked during the last step: finishing the run (its checkpoint and --save)\n");
+      break;
+    }
     if (stop_requested(t + 1, save_now, out)) return s;
   }
   finish_pending_save(out);

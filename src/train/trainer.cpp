@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <csignal>
 #include <cstdlib>
 #include <cmath>
 #include <numeric>
@@ -212,6 +213,14 @@ void maybe_inject_throw(int rank, int64_t step) {
   long long s = -1;
   if (v && std::sscanf(v, "%d:%lld", &r, &s) == 2 && r == rank && s == step)
     throw InternalError(fmt::format("fault injection: rank {} throws at step {}", rank, step));
+  // SHARDLAB_FAULT_SIGNAL_AT_STEP=R:S: rank R's process is sent SIGTERM as step S starts (a
+  // preemption that lands inside a given step), and the step goes on once the signal's thread has
+  // recorded it (run.cpp's install_stop_signals; 10 s at most).
+  v = std::getenv("SHARDLAB_FAULT_SIGNAL_AT_STEP");
+  if (v && std::sscanf(v, "%d:%lld", &r, &s) == 2 && r == rank && s == step) {
+    kill(getpid(), SIGTERM);
+    for (int i = 0; i < 1000 && stop_signal() == 0; ++i) usleep(10000);
+  }
 }
 }  // namespace
 
