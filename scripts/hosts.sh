@@ -110,6 +110,7 @@ with)
   ;;
 exec)
   i=$(host_index "${2:-x}"); shift 2
+  [ $# -gt 0 ] || die "exec $i: give the command to run on host $i (scripts/hosts.sh exec $i CMD [ARGS...])"
   "$state/agent" "$net.$((i + 1))" "$(printf '%q ' "$@")"
   ;;
 link)

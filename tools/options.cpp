@@ -225,7 +225,7 @@ void StrategyOptions::add(Desc& d, StrategyConfig& s) {
       "inter-node-gbs", po::value(&inter_node_gbs)->default_value(0),
       "emulate a network of this many GB/s between the nodes of --ranks-per-node on one machine: a collective over "
       "ranks on several nodes completes no sooner than its bus bytes at this rate after the rank's emulated link "
-      "is free (0 = off; for benchmarks)");
+      "is free (0 = off; 0.01 to 1e6; for benchmarks)");
   d.add(z);
 }
 
@@ -393,8 +393,12 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   strategy.apply_zeropp(cfg.strategy);
   strategy.apply_prefetch(cfg.strategy);
   cfg.layout.ranks_per_node = node_ranks_for_links(ctx, world, strategy.ranks_per_node);
-  SHARD_REQUIRE(strategy.inter_node_gbs >= 0 && strategy.inter_node_gbs <= 1e6,
-                "--inter-node-gbs {}: expected 0 (off) or a rate in GB/s", strategy.inter_node_gbs);
+  // Below 0.01 GB/s (10 MB/s, slower than any cluster's network) a step of a few MB across nodes
+  // would be paced for hours: refused rather than a first step that never ends.
+  SHARD_REQUIRE(strategy.inter_node_gbs == 0 || (strategy.inter_node_gbs >= 0.01 && strategy.inter_node_gbs <= 1e6),
+                "--inter-node-gbs {}: expected 0 (off) or a rate from 0.01 to 1e6 GB/s (at {} GB/s one MB across "
+                "nodes takes {:.3g} s)", strategy.inter_node_gbs, strategy.inter_node_gbs,
+                strategy.inter_node_gbs > 0 ? 1e-3 / strategy.inter_node_gbs : 0.0);
   cfg.inter_node_gbs = strategy.inter_node_gbs;
   cfg.optim.kind = parse_optimizer(optimizer);
   cfg.schedule.kind = parse_schedule(schedule);

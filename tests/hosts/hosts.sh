@@ -29,6 +29,10 @@ on_hosts() { "$hosts" run "$@"; }
 
 case $case in
 hybrid)
+  # A misuse is a clean line (issue 62: `exec N` with no command ran an empty one).
+  msg=$("$hosts" exec 0 2>&1); rc=$?
+  [ "$rc" = 2 ] && [[ $msg == *"give the command to run on host 0"* ]] || fail "exec without a command: rc $rc: $msg"
+  echo "exec without a command: $msg"
   # The same run on one host (shared memory) and on two (TCP between them): the same losses.
   "${train[@]}" --steps 12 --log "$work/one.log" >"$work/one.out" 2>&1 || { cat "$work/one.out"; fail "1 host x 4 ranks failed"; }
   on_hosts "${train[@]}" --steps 12 --log "$work/two.log" >"$work/two.out" 2>&1 || { cat "$work/two.out"; fail "2 hosts x 2 ranks failed"; }
