@@ -274,9 +274,21 @@ void Trainer::maybe_sample(int64_t t, std::FILE* out) {
   std::fflush(out);
 }
 
+// The group the strategy works over where it is not the whole world (pipeline stages, tensor or
+// expert parallelism take the rest): " (sharded over 2)", " (data-parallel over 1)", or "".
+std::string Trainer::strategy_group() const {
+  const int world = comm_.world_size();
+  if (zero_stage(cfg_.strategy.kind) == 0) {
+    const int n = mesh_.size(CommAxis::dp_cp);
+    return n == world ? "" : fmt::format(" (data-parallel over {})", n);
+  }
+  const int s = mesh_.size(CommAxis::dp_shard_cp), r = mesh_.size(CommAxis::dp_replicate);
+  return s * r == world ? "" : fmt::format(" (sharded over {}{})", s, r > 1 ? fmt::format(", {} replicas", r) : "");
+}
+
 void Trainer::print_header(std::FILE* out) const {
-  std::fprintf(out, "shardlab train: %s, %s on %d rank%s, %s, %s communicator\n", cfg_.spec.describe().c_str(),
-               cfg_.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s",
+  std::fprintf(out, "shardlab train: %s, %s on %d rank%s%s, %s, %s communicator\n", cfg_.spec.describe().c_str(),
+               cfg_.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s", strategy_group().c_str(),
                be_.describe().c_str(), comm_.name().c_str());
   std::fprintf(out, "  mesh: %s\n", mesh_.dims().describe().c_str());
   if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());

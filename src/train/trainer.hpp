@@ -172,6 +172,7 @@ class Trainer {
   class EvalScope;
   CheckpointState checkpoint_state();  // what save_checkpoint and load_checkpoint work on
   void print_header(std::FILE* out) const;
+  std::string strategy_group() const;  // the header's group the strategy works over, when not the world
   std::string log_header() const;  // the --log's first record of this run (start, or resume)
   void open_outputs(std::ofstream& log);
   void save_final(std::FILE* out);  // --save at the end, the weights kept in a checkpoint if it fails
