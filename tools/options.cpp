@@ -139,7 +139,11 @@ void ModelOptions::add(Desc& d) {
       "moe-capacity-factor", po::value(&moe_capacity_factor)->default_value(moe_capacity_factor),
       "mixture-of-experts models (mixtral, qwen3_moe): each expert takes at most ceil(F x tokens x k / experts) of a "
       "micro-batch's tokens per layer, the rest dropped (their slot adds nothing; counted in the progress line and "
-      "the log) (0 = dropless)");
+      "the log) (0 = dropless)")(
+      "moe-aux-loss", po::value(&moe_aux_loss)->default_value(moe_aux_loss),
+      "mixture-of-experts models: whether the objective adds router_aux_loss_coef x the load-balancing loss: model "
+      "(as the model says: a config.json's output_router_logits, false when absent, as transformers; presets and "
+      "shardlab's checkpoints on), on, or off. The loss is computed and logged either way");
   d.add(g);
 }
 
@@ -158,6 +162,11 @@ ModelSpec ModelOptions::computing(ModelSpec s) const {
   s.attention = parse_attention_kernel(attention);
   s.loss_chunk = loss_chunk;
   s.moe_capacity_factor = moe_capacity_factor;
+  SHARD_REQUIRE(moe_aux_loss == "model" || moe_aux_loss == "on" || moe_aux_loss == "off",
+                "--moe-aux-loss '{}': expected model, on or off", moe_aux_loss);
+  SHARD_REQUIRE(moe_aux_loss == "model" || s.moe.enabled(), "--moe-aux-loss {}: {} has no experts (a mixture of "
+                "experts' balancing loss: the mixtral and qwen3_moe families)", moe_aux_loss, s.name);
+  if (moe_aux_loss != "model") s.moe.aux_loss = moe_aux_loss == "on";
   s.validate();  // --moe-capacity-factor against the model
   return s;
 }

@@ -95,6 +95,7 @@ struct ModelOptions {
   std::string attention = "flash";                               // --attention: flash | naive
   int64_t loss_chunk = 0;                                        // --loss-chunk (training and evaluation)
   double moe_capacity_factor = 0;                                // --moe-capacity-factor (0 = dropless)
+  std::string moe_aux_loss = "model";                            // --moe-aux-loss model|on|off
   // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk
   // --moe-capacity-factor
   void add(Desc& d);

@@ -55,6 +55,12 @@ class HfConfigReader {
     SHARD_REQUIRE(j_[key].is_number(), "config.json: \"{}\" is {}, expected a number", key, j_[key].dump());
     return j_[key].get<double>();
   }
+  // A bool HF gives a default when absent: that default.
+  bool flag_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    SHARD_REQUIRE(j_[key].is_boolean(), "config.json: \"{}\" is {}, expected true or false", key, j_[key].dump());
+    return j_[key].get<bool>();
+  }
   void add_missing(std::string what) { missing_.push_back(std::move(what)); }
   // Throws InputError naming every required field found missing so far.
   void check_missing() const {

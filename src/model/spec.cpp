@@ -98,7 +98,7 @@ MoeSpec moe_from_json(const nlohmann::json& m) {
   SHARD_REQUIRE(m.is_object(), "\"moe\" must be an object, got {}", m.dump());
   for (auto it = m.begin(); it != m.end(); ++it)
     SHARD_REQUIRE(it.key() == "experts" || it.key() == "top_k" || it.key() == "ffn_dim" || it.key() == "norm_topk" ||
-                      it.key() == "aux_coef",
+                      it.key() == "aux_coef" || it.key() == "aux_loss",
                   "\"moe\": unknown field \"{}\"", it.key());
   auto integer = [&](const char* key) {
     SHARD_REQUIRE(m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() >= 1,
@@ -113,6 +113,10 @@ MoeSpec moe_from_json(const nlohmann::json& m) {
   s.norm_topk = m["norm_topk"].get<bool>();
   SHARD_REQUIRE(m.contains("aux_coef") && m["aux_coef"].is_number(), "\"moe\": \"aux_coef\" must be a number");
   s.aux_coef = m["aux_coef"].get<double>();
+  if (m.contains("aux_loss")) {  // written when false (specs before it always had the term)
+    SHARD_REQUIRE(m["aux_loss"].is_boolean(), "\"moe\": \"aux_loss\" must be a bool");
+    s.aux_loss = m["aux_loss"].get<bool>();
+  }
   return s;
 }
 }  // namespace
@@ -145,6 +149,7 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
   if (s.moe.enabled())
     j["moe"] = {{"experts", s.moe.experts}, {"top_k", s.moe.top_k}, {"ffn_dim", s.moe.ffn_dim},
                 {"norm_topk", s.moe.norm_topk}, {"aux_coef", s.moe.aux_coef}};
+  if (s.moe.enabled() && !s.moe.aux_loss) j["moe"]["aux_loss"] = false;
   return j;
 }
 

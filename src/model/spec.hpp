@@ -38,6 +38,10 @@ struct MoeSpec {
   int64_t ffn_dim = 0;  // each expert's MLP width
   bool norm_topk = false;
   double aux_coef = 0;
+  // Whether the objective adds aux_coef x the balancing loss (HF's output_router_logits: transformers
+  // adds it only then, and a config without the field has it false). It is computed and reported
+  // either way.
+  bool aux_loss = true;
   bool enabled() const { return experts > 0; }
   bool operator==(const MoeSpec&) const = default;
 };

@@ -18,7 +18,7 @@ namespace shardlab {
 MoeBalance::MoeBalance(const ModelSpec& spec)
     : counts(static_cast<size_t>(spec.moe.experts), 0.0),
       prob_sums(static_cast<size_t>(spec.moe.experts), 0.0),
-      aux_coef_(spec.moe.aux_coef),
+      aux_coef_(spec.moe.aux_loss ? spec.moe.aux_coef : 0.0),  // reported either way; in the objective if asked
       layers_(static_cast<double>(spec.layers)) {}
 
 // f32, as the communicator reduces: counts past 2^24 (rows = tokens x layers x ranks) round to

@@ -12,18 +12,16 @@
 namespace shardlab {
 namespace {
 
-// Fields that change nothing shardlab computes. output_router_logits only decides whether
-// transformers adds the auxiliary loss to its returned loss; shardlab's objective always has it
-// (router_aux_loss_coef 0 leaves it out).
+// Fields that change nothing shardlab computes.
 const std::set<std::string> kIgnored = {
     "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
-    "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range", "output_router_logits",
-    "max_window_layers", "layer_types"};
+    "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range", "max_window_layers",
+    "layer_types"};
 const std::set<std::string> kCommon = {
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
     "rope_parameters", "tie_word_embeddings", "hidden_act", "head_dim", "num_experts", "num_local_experts",
-    "num_experts_per_tok", "router_aux_loss_coef", "sliding_window"};
+    "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits", "sliding_window"};
 
 // What both configs share: sizes, experts, rope; `expert_width` names the field of each expert's
 // MLP width (Mixtral's intermediate_size, Qwen3's moe_intermediate_size).
@@ -41,6 +39,9 @@ ModelSpec read_common(const nlohmann::json& j, HfConfigReader& c, FamilyId famil
   c.check_missing();
   llama_read_shared(j, c, s);
   s.moe.aux_coef = c.number_or("router_aux_loss_coef", 0.001);
+  // transformers adds router_aux_loss_coef x the balancing loss to its loss only with
+  // output_router_logits (false when absent): the objective follows the config as written.
+  s.moe.aux_loss = c.flag_or("output_router_logits", false);
   if (c.has("head_dim")) {
     SHARD_REQUIRE(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() >= 1,
                   "config.json: \"head_dim\" is {}, expected a positive integer", j["head_dim"].dump());
@@ -185,7 +186,7 @@ nlohmann::json moe_hf_config(const ModelSpec& s) {
   j["head_dim"] = s.head_size();
   j["num_experts_per_tok"] = s.moe.top_k;
   j["router_aux_loss_coef"] = s.moe.aux_coef;
-  j["output_router_logits"] = true;  // transformers' loss then has the auxiliary term, as shardlab's
+  j["output_router_logits"] = s.moe.aux_loss;  // transformers' loss has the auxiliary term as the run's had
   j["sliding_window"] = nullptr;
   if (s.family == FamilyId::mixtral) {
     j["model_type"] = "mixtral";
