@@ -13,6 +13,7 @@ namespace shardlab {
 
 ExitCode cmd_export(const Args& args, const Context& ctx) {
   std::string ckpt, out, dtype = "f32", max_shard = "5GB";
+  bool overwrite = false;
   cli::Desc desc = cli::command_options("export");
   desc.add_options()("checkpoint", cli::po::value(&ckpt), "checkpoint directory (step_XXXXXXXX); also the operand")(
       "out", cli::po::value(&out)->default_value(""),
@@ -23,6 +24,9 @@ ExitCode cmd_export(const Args& args, const Context& ctx) {
       "a directory's largest shard file (transformers' save_pretrained convention: 5GB = 5e9 bytes; also MB, KB, "
       "GiB, plain bytes); a larger model is split into model-0000i-of-0000N.safetensors with an index");
   cli::add_dtype(desc, dtype, "stored dtype: f32, bf16 or f16");
+  cli::add_switch(desc, "overwrite", overwrite, "replace the weights and config.json of a directory holding a model "
+                  "shardlab did not export there (a Hugging Face download, the directory a run was initialised "
+                  "from), which is refused otherwise");
   cli::po::variables_map given;
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"export", "CHECKPOINT --out DIR|FILE.safetensors", "checkpoint"},
                   nullptr, &given))
@@ -36,7 +40,7 @@ ExitCode cmd_export(const Args& args, const Context& ctx) {
   SHARD_REQUIRE(max_shard_size > 0, "--max-shard-size {}: expected a positive size", max_shard);
   const DType stored = parse_dtype(dtype);
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
-  export_checkpoint(ckpt, out, stored, max_shard_size);
+  export_checkpoint(ckpt, out, stored, max_shard_size, overwrite);
   std::printf("wrote %s\n", out.c_str());
   return ExitCode::ok;
 }

@@ -198,9 +198,10 @@ std::string read_checkpoint_tokenizer(const std::filesystem::path& dir, const Ma
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);
 // Writes the consolidated parameters, one tensor in memory at a time: to OUT.safetensors, or as an
-// HF model directory OUT (config.json, shards past max_shard_size bytes; hf_dir.hpp).
+// HF model directory OUT (config.json, shards past max_shard_size bytes; hf_dir.hpp). A directory
+// holding a model no export wrote is refused unless `overwrite`.
 void export_checkpoint(const std::string& path, const std::string& out, DType dtype = DType::f32,
-                       uint64_t max_shard_size = kHfMaxShardSize);
+                       uint64_t max_shard_size = kHfMaxShardSize, bool overwrite = false);
 
 namespace fs = std::filesystem;
 

@@ -111,7 +111,8 @@ std::string read_checkpoint_tokenizer(const fs::path& dir, const Manifest& m) {
   return text;
 }
 
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype, uint64_t max_shard_size) {
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype, uint64_t max_shard_size,
+                       bool overwrite) {
   const fs::path dir(path);
   const Manifest m = read_manifest(dir);
   CheckpointFiles files(dir, m.files);
@@ -127,6 +128,7 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
   HfWriteOptions opts;
   opts.dtype = dtype;
   opts.max_shard_size = max_shard_size;
+  opts.overwrite = overwrite;
   opts.metadata = {{"model", m.model.describe()}, {"step", std::to_string(m.step)}};
   if (const std::string tok = read_checkpoint_tokenizer(dir, m); !tok.empty()) add_tokenizer(tok, m.model, opts);
   HfModelWriter w(out, m.model, std::move(tensors), std::move(opts));

@@ -90,7 +90,31 @@ bool companion_file(const std::string& name) {
 // An export's directory, checked before anything is written (docs/checkpoints-and-models.md,
 // "Models from Hugging Face directories"): created if absent; refused when it holds what an export
 // neither writes nor keeps. Returns the earlier export's files.
-std::vector<fs::path> prepare_export_dir(const fs::path& dir) {
+// Whether the weights in `dir` (model.safetensors, or the index's first shard) carry an export's
+// mark (metadata "exported_by": "shardlab"); false for weights written by anything else.
+bool exported_here(const fs::path& dir) {
+  fs::path weights = dir / kHfWeightsFile;
+  std::error_code ec;
+  if (!fs::exists(weights, ec)) {
+    try {
+      const json index = read_json_file(dir / kHfIndexFile, "");
+      const auto& map = index.at("weight_map");
+      if (map.empty()) return false;
+      weights = dir / map.begin().value().get<std::string>();
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  try {
+    const auto& meta = SafetensorsReader(weights.string()).metadata();
+    auto it = meta.find(kExportedBy);
+    return it != meta.end() && it->second == "shardlab";
+  } catch (const InputError&) {
+    return false;  // unreadable weights: not an export's (a failed one removes its own)
+  }
+}
+
+std::vector<fs::path> prepare_export_dir(const fs::path& dir, bool overwrite) {
   std::error_code ec;
   if (fs::exists(dir, ec)) {
     SHARD_REQUIRE(fs::is_directory(dir, ec),
@@ -112,6 +136,15 @@ std::vector<fs::path> prepare_export_dir(const fs::path& dir) {
     earlier.push_back(e.path());
   }
   SHARD_REQUIRE(!ec, "cannot list the directory '{}': {}", dir.string(), ec.message());
+  // A model that no export wrote there (a Hugging Face download, the directory a run was initialised
+  // from) is not replaced unless asked.
+  const bool weights = std::any_of(earlier.begin(), earlier.end(), [](const fs::path& p) {
+    return p.extension() == ".safetensors" || p.filename() == kHfIndexFile;
+  });
+  SHARD_REQUIRE(overwrite || !weights || exported_here(dir),
+                "'{}' holds a model that shardlab did not export (its weights carry no exported_by: shardlab mark: a "
+                "Hugging Face download, the directory a run was initialised from, or an export before 2026-11-28): "
+                "give a new directory (export's --overwrite replaces its weights and config.json)", dir.string());
   return earlier;
 }
 
@@ -119,8 +152,8 @@ std::vector<fs::path> prepare_export_dir(const fs::path& dir) {
 
 bool is_safetensors_path(std::string_view path) { return path.ends_with(".safetensors"); }
 
-void check_hf_export_dir(const std::string& dir) {
-  prepare_export_dir(dir);
+void check_hf_export_dir(const std::string& dir, bool overwrite) {
+  prepare_export_dir(dir, overwrite);
   const fs::path probe = fs::path(dir) / kHfConfigFile;
   const bool existed = fs::exists(probe);
   std::ofstream f(probe, std::ios::app);
@@ -267,13 +300,14 @@ HfModelWriter::HfModelWriter(const std::string& out, const ModelSpec& spec, std:
   SHARD_CHECK(!tensors_.empty(), "HfModelWriter '{}': no tensors", out);
   SHARD_REQUIRE(opts_.max_shard_size > 0, "--max-shard-size 0: expected a positive size");
   opts_.metadata.emplace("format", "pt");  // transformers refuses a safetensors file without it
+  opts_.metadata.emplace(kExportedBy, "shardlab");  // what a later export into the directory may replace
   if (!dir_) {
     shards_.push_back({out_, 0, tensors_.size()});
     return;
   }
   // The earlier export's files stay until this one is complete, all but its config.json: without
   // it the directory is not a model, so a failed export is never read as the earlier one.
-  for (const fs::path& p : prepare_export_dir(out_))
+  for (const fs::path& p : prepare_export_dir(out_, opts_.overwrite))
     if (p.filename() == kHfConfigFile) fs::remove(p);
   uint64_t size = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {

@@ -33,8 +33,11 @@ inline constexpr uint64_t kHfMaxShardSize = 5'000'000'000;  // save_pretrained's
 // A path names one weights file when it ends in ".safetensors"; otherwise an HF model directory.
 bool is_safetensors_path(std::string_view path);
 // What HfModelWriter checks of a directory before it writes, for a caller that checks before a
-// long run (train --save DIR): InputError naming the directory or what it should not hold.
-void check_hf_export_dir(const std::string& dir);
+// long run (train --save DIR): InputError naming the directory or what it should not hold, or
+// (unless `overwrite`) a model that no shardlab export wrote there (its weights lack the
+// kExportedBy mark).
+void check_hf_export_dir(const std::string& dir, bool overwrite = false);
+inline constexpr const char* kExportedBy = "exported_by";  // safetensors metadata: "shardlab" on an export's
 // An existing directory: --init reads it as an HF model directory.
 bool is_hf_model_dir(const std::string& path);
 
@@ -78,6 +81,7 @@ struct HfWriteOptions {
   // (bos_token_id, eos_token_id).
   std::map<std::string, std::string> companions;
   std::map<std::string, int64_t> config_ids;
+  bool overwrite = false;  // replace a model no export wrote there (check_hf_export_dir)
 };
 
 struct HfTensorDecl {
