@@ -92,6 +92,7 @@ ExitCode cmd_train(const Args& args, const Context& ctx) {
                   cfg.tokenizer->size());
   }
   cfg.record_step = reports.any();
+  cfg.report_outputs = {{"--json", reports.json}, {"--html", reports.html}, {"--trace", reports.trace}};
   NamedPaths in = data_inputs(cfg.data, cfg.val_data);
   in.insert(in.end(), {{"--init", cfg.init}, {"--resume", cfg.resume == "auto" ? "" : cfg.resume}, {"--tokenizer", tokenizer_dir}});
   check_outputs_distinct(in,

@@ -70,8 +70,7 @@ void require_own_save_dir(const std::string& dir, const std::string& run_id, con
                                "(checked before the first step)", dir, whose, newest, run_id, resumed_from));
 }
 
-SaveDirLock::SaveDirLock(const std::string& dir, const char* flag) {
-  const std::string path = (std::filesystem::path(dir) / ".lock").string();
+RunLock::RunLock(const std::string& path, const char* flag, const std::string& dir, const char* why) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   SHARD_REQUIRE(fd_ >= 0, "{} '{}': cannot open its lock file '{}': {} (checked before the first step)", flag, dir,
                 path, std::strerror(errno));
@@ -84,9 +83,9 @@ SaveDirLock::SaveDirLock(const std::string& dir, const char* flag) {
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     ::close(fd_);
     fd_ = -1;
-    SHARD_REQUIRE(err != EWOULDBLOCK, "{} '{}' is in use by another run ({}): two runs writing one directory delete "
-                  "each other's checkpoints; give this run another {}, or wait for that one to end (checked before "
-                  "the first step)", flag, dir, holder.empty() ? "its lock file names no holder" : holder, flag);
+    SHARD_REQUIRE(err != EWOULDBLOCK, "{} '{}' is in use by another run ({}): {}; give this run another {}, or wait "
+                  "for that one to end (checked before the first step)", flag, dir,
+                  holder.empty() ? "its lock file names no holder" : holder, why, flag);
     throw InputError(fmt::format("{} '{}': cannot lock '{}': {} (checked before the first step)", flag, dir, path,
                                  std::strerror(err)));
   }
@@ -98,8 +97,22 @@ SaveDirLock::SaveDirLock(const std::string& dir, const char* flag) {
                                  dir, path, std::strerror(errno)));
 }
 
-SaveDirLock::~SaveDirLock() {
+RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the lock; the file stays (the next run reuses it)
 }
+
+SaveDirLock::SaveDirLock(const std::string& dir, const char* flag)
+    : RunLock((std::filesystem::path(dir) / ".lock").string(), flag, dir,
+              "two runs writing one directory delete each other's checkpoints") {}
+
+namespace {
+std::string output_lock_file(const std::string& path) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / fmt::format(".{}.lock", p.filename().string())).string();
+}
+}  // namespace
+
+OutputLock::OutputLock(const std::string& path, const char* flag)
+    : RunLock(output_lock_file(path), flag, path, "two runs writing one file corrupt it") {}
 
 }  // namespace shardlab

@@ -18,17 +18,31 @@ void validate_run_id(const std::string& run_id);
 // the newest to be the one it resumed or one with its run id. InputError naming both runs otherwise.
 void require_own_save_dir(const std::string& dir, const std::string& run_id, const std::string& resumed_from);
 
-class SaveDirLock {
+// An exclusive lock on `lock_file` (created if absent) for the holder's lifetime, the file naming
+// the holder. InputError when another process holds it: "FLAG 'PATH' is in use by another run
+// (<holder>): <why>; give this run another FLAG, or wait for that one to end".
+class RunLock {
  public:
-  // Takes the lock on dir/.lock (created if absent). InputError when another process holds it,
-  // naming the holder and what to do; `flag` names the option in messages ("--save-dir").
-  SaveDirLock(const std::string& dir, const char* flag);
-  ~SaveDirLock();
-  SaveDirLock(const SaveDirLock&) = delete;
-  SaveDirLock& operator=(const SaveDirLock&) = delete;
+  RunLock(const std::string& lock_file, const char* flag, const std::string& path, const char* why);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
 
  private:
   int fd_ = -1;
+};
+
+// --save-dir's: dir/.lock.
+class SaveDirLock : public RunLock {
+ public:
+  SaveDirLock(const std::string& dir, const char* flag);
+};
+
+// An output file's (--log, --json, --html, --trace): the hidden DIR/.NAME.lock beside it, so two live
+// runs never write one file (a log truncated under another writer fills with NUL bytes).
+class OutputLock : public RunLock {
+ public:
+  OutputLock(const std::string& path, const char* flag);
 };
 
 }  // namespace shardlab

@@ -360,7 +360,7 @@ void probe_dir(const std::string& dir) {
 // checkpoints can be written, so a mistake costs no training; every rank stops with its message.
 // A resumed run's log keeps the earlier steps: it is appended to, after a line marking the resume.
 void Trainer::open_outputs(std::ofstream& log) {
-  if (cfg_.log_path.empty() && cfg_.save_path.empty() && cfg_.save_dir.empty()) return;
+  if (cfg_.log_path.empty() && cfg_.save_path.empty() && cfg_.save_dir.empty() && cfg_.report_outputs.empty()) return;
   std::string error;
   if (comm_.rank() == 0) {
     try {
@@ -380,7 +380,11 @@ void Trainer::open_outputs(std::ofstream& log) {
           }
         }
       }
+      // One live writer per output file, taken before anything is truncated.
+      for (const auto& [flag, path] : cfg_.report_outputs)
+        if (!path.empty()) output_locks_.push_back(std::make_unique<OutputLock>(path, flag.c_str()));
       if (!cfg_.log_path.empty()) {
+        output_locks_.push_back(std::make_unique<OutputLock>(cfg_.log_path, "--log"));
         const bool resumed = !resumed_from_.empty();
         log.open(cfg_.log_path, resumed ? std::ios::app : std::ios::trunc);
         SHARD_REQUIRE(log.good(), "--log '{}': cannot write it: {} (checked before the first step)", cfg_.log_path,

@@ -46,6 +46,9 @@ struct TrainConfig : StepConfig {
   std::string save_path;     // safetensors written at the end (rank 0)
   int64_t print_every = 1;   // progress line every k steps (and the first and last)
   bool record_step = false;  // keep the last step's allocation timeline and collectives (reports)
+  // The reports written at the end ((flag, path): --json, --html, --trace): locked from before the
+  // first step as --log is, so a second live run cannot write them too (dir_lock.hpp's OutputLock).
+  std::vector<std::pair<std::string, std::string>> report_outputs;
   // --inter-node-gbs: an emulated link between nodes (--ranks-per-node): every collective on a group
   // that spans nodes takes at least its bus bytes / this rate (Mesh::pace_inter_node); 0 = off.
   double inter_node_gbs = 0;
@@ -202,6 +205,7 @@ class Trainer {
   ParallelModel model_;  // this rank's part of the model under every axis, and their cross-axis work
   PipelineTiming pipe_timing_;  // the last training step's under --pp (the executor fills it)
   std::unique_ptr<Strategy> strategy_;
+  std::vector<std::unique_ptr<RunLock>> output_locks_;  // rank 0: --log's and the reports' (OutputLock)
   std::unique_ptr<SaveDirLock> save_lock_;  // rank 0, from the checks before step 1 to the end (dir_lock.hpp)
   std::unique_ptr<AsyncCheckpoint> pending_save_;  // --save-async: the checkpoint being written, if any
   std::vector<float> save_buffer_;  // --save-async: its host buffer between saves (one checkpoint's worth)
