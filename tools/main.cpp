@@ -6,6 +6,7 @@
 // through it. Exit codes: src/core/exit_code.hpp (docs/long-runs-and-faults.md, "Exit codes").
 #include <unistd.h>
 
+#include <bit>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +16,11 @@
 #include "memory/pool.hpp"
 #include "shardlab_version_info.hpp"
 #include "src/backend/cpu/gemm.hpp"
+#include <fmt/ranges.h>
+
+#include "src/comm/axes.hpp"
 #include "src/comm/mpi_comm.hpp"
+#include "src/model/family.hpp"
 #include "src/comm/mpi_runtime.hpp"
 #include "src/comm/nccl_comm.hpp"
 #include "src/comm/staged_comm.hpp"
@@ -36,7 +41,7 @@ struct CommandEntry {
 };
 
 constexpr CommandEntry kCommands[] = {
-    {"train", cmd_train, "train a model (GPT-2, Llama) under any strategy and mesh (dp, ddp, zero1-3, hsdp; tp, pp) on any number of ranks"},
+    {"train", cmd_train, "train a model under any strategy and mesh (below) on any number of ranks"},
     {"compare", cmd_compare, "train the same model under each strategy; loss agreement, memory, time, traffic"},
     {"profile", cmd_profile, "predicted (and measured) memory per rank, per category, per strategy, any world size"},
     {"plan", cmd_plan,
@@ -68,6 +73,14 @@ std::string usage() {
   std::string u = "usage: shardlab <command> [options] [--nproc N]\n\ncommands:\n";
   for (const CommandEntry& c : kCommands) u += fmt::format("  {:<19} {}\n", c.name, c.summary);
   u += fmt::format("  {:<19} {}\n", "version", "version, git commit, build type, CUDA on/off and BLAS libraries");
+  // What a run can be made of, from the registries (a new family or axis shows up here by existing).
+  std::vector<std::string> axes;
+  for (const CommAxisRow& row : kCommAxes)
+    if (std::popcount(row.grid) == 1) axes.push_back(row.name);
+  u += fmt::format("\nmodel families   {} (--model PRESET, or --init an HF directory of one)\n",
+                   fmt::join(model_family_names(), ", "));
+  u += fmt::format("strategies       dp, ddp, zero1, zero2, zero3 (hsdp: zero3 sharded in a node, replicated across)\n");
+  u += fmt::format("parallel axes    {} (--pp, --dp-replicate, --dp-shard, --tp, --cp, --ep)\n", fmt::join(axes, ", "));
   return u + "\nevery command accepts:\n"
              "  --nproc N           start N ranks through mpirun (same as `mpirun -np N shardlab ...`)\n"
              "  --help              the command's options\n";

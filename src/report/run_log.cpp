@@ -29,6 +29,12 @@ StepStats step_of(const nlohmann::json& j) {
   s.flops_per_s = j.value("flops_per_s", 0.0);
   s.elapsed_s = j.value("elapsed_s", 0.0);
   if (j.contains("val_loss") && j["val_loss"].is_number()) s.val_loss = j["val_loss"].get<float>();
+  // A mixture of experts' balancing statistics (train's log writes the three together).
+  if (j.contains("aux_loss") && j["aux_loss"].is_number()) {
+    s.aux_loss = j["aux_loss"].get<float>();
+    s.expert_imbalance = j.value("expert_imbalance", 1.0);
+    s.dropped_slots = j.value("dropped_slots", 0.0);
+  }
   return s;
 }
 
@@ -101,6 +107,17 @@ std::string run_summary_text(const RunSeries& s) {
     std::nth_element(tps.begin(), tps.begin() + tps.size() / 2, tps.end());
     out += fmt::format("\n  median step {:.1f} ms, {:.0f} tokens/s; peak memory {} (rank 0)", ms[ms.size() / 2],
                        tps[tps.size() / 2], format_bytes(double(peak)));
+  }
+  if (first.aux_loss && last.aux_loss) {  // a mixture of experts: its balance over the run
+    const auto worst = std::max_element(s.steps.begin(), s.steps.end(), [](const StepStats& a, const StepStats& b) {
+      return a.expert_imbalance.value_or(1.0) < b.expert_imbalance.value_or(1.0);
+    });
+    double dropped = 0;
+    for (const StepStats& x : s.steps) dropped += x.dropped_slots.value_or(0.0);
+    out += fmt::format("\n  experts: auxiliary loss {:.4f} -> {:.4f}, load (max / mean) {:.2f} -> {:.2f} (highest "
+                       "{:.2f} at step {}), {:.0f} slots dropped past capacity", *first.aux_loss, *last.aux_loss,
+                       first.expert_imbalance.value_or(1.0), last.expert_imbalance.value_or(1.0),
+                       worst->expert_imbalance.value_or(1.0), worst->step, dropped);
   }
   out += "\n";
   for (const std::string& n : s.notes) out += fmt::format("  note: {}\n", n);
