@@ -95,7 +95,7 @@ void ParallelLayout::validate(const ModelSpec& spec, const StrategyConfig& strat
   SHARD_REQUIRE(!spec.moe.enabled() || d.pp == 1 || !pipeline.schedule->splits_backward,
                 "{} is a mixture of experts: --pp {} with --pp-schedule {} is not written yet (experts run "
                 "pipelined under gpipe, 1f1b and interleaved-1f1b)", spec.name, d.pp, pipeline.schedule.name());
-  if (d.ep > 1) family_of(spec).layout(spec, tp(0));  // the experts against --ep (the family's checks)
+  if (d.ep > 1) family_of(spec).layout(spec, tp(0), ep(0));  // the experts against --ep (the family's checks)
   SHARD_REQUIRE(!sequence_parallel || d.tp > 1,
                 "--sequence-parallel splits activations over the tensor-parallel group: it needs --tp 2 or more");
   if (d.cp > 1) {

@@ -248,33 +248,50 @@ const std::vector<StrategyFlag>& strategy_flags() {
   return flags;
 }
 
-// Flags that mean something only beside another setting (an axis, a feature): given without it they
-// would be ignored, so the run is refused naming what each needs. One table for every such flag.
+// Flags that mean something only beside another setting (an axis, a feature): given with a value
+// that asks for something (`used`) without it (`present`), they would be ignored, so the run is
+// refused naming what each needs. A value that asks for nothing (--save-every 0, --cp-method
+// allgather, the default spelled out by a wrapper or a --config file) passes. One table for every
+// such flag.
 struct DependentFlag {
   const char* flag;
   const char* needs;
   bool (*present)(const TrainConfig&);
+  bool (*used)(const TrainConfig&);
 };
 const std::vector<DependentFlag>& dependent_flags() {
   static const auto cp = [](const TrainConfig& c) { return c.layout.dims.cp > 1; };
   static const auto pp = [](const TrainConfig& c) { return c.layout.dims.pp > 1; };
   static const auto save_dir = [](const TrainConfig& c) { return !c.save_dir.empty(); };
   static const auto sampling = [](const TrainConfig& c) { return c.sample_every > 0; };
+  static const TrainConfig d;  // the defaults
   static const std::vector<DependentFlag> flags = {
-      {"cp-method", "--cp 2 or more (context parallelism)", cp},
-      {"cp-balance", "--cp 2 or more (context parallelism)", cp},
-      {"pp-schedule", "--pp 2 or more (pipeline parallelism)", pp},
-      {"pp-virtual", "--pp 2 or more (pipeline parallelism)", pp},
-      {"pp-split", "--pp 2 or more (pipeline parallelism)", pp},
-      {"save-every", "--save-dir (checkpoints)", save_dir},
-      {"save-timeout", "--save-dir (checkpoints)", save_dir},
-      {"save-keep", "--save-dir (checkpoints)", save_dir},
-      {"save-async", "--save-dir (checkpoints)", save_dir},
-      {"save-best", "--save-dir (checkpoints)", save_dir},
-      {"max-skipped-steps", "--skip-nonfinite", [](const TrainConfig& c) { return c.skip_nonfinite; }},
-      {"sample-prompt", "--sample-every K (samples during training)", sampling},
-      {"sample-tokens", "--sample-every K (samples during training)", sampling},
-      {"sample-temperature", "--sample-every K (samples during training)", sampling},
+      {"cp-method", "--cp 2 or more (context parallelism)", cp,
+       [](const TrainConfig& c) { return c.layout.cp.method != d.layout.cp.method; }},
+      {"cp-balance", "--cp 2 or more (context parallelism)", cp,
+       [](const TrainConfig& c) { return c.layout.cp.balance != d.layout.cp.balance; }},
+      {"pp-schedule", "--pp 2 or more (pipeline parallelism)", pp,
+       [](const TrainConfig& c) { return c.layout.pipeline.schedule != d.layout.pipeline.schedule; }},
+      {"pp-virtual", "--pp 2 or more (pipeline parallelism)", pp,
+       [](const TrainConfig& c) { return c.layout.pipeline.virtual_stages > 1; }},
+      {"pp-split", "--pp 2 or more (pipeline parallelism)", pp,
+       [](const TrainConfig& c) { return !c.layout.pipeline.split.empty(); }},
+      {"save-every", "--save-dir (checkpoints)", save_dir, [](const TrainConfig& c) { return c.save_every != 0; }},
+      // A failed --save's rescue checkpoint is watched by it too.
+      {"save-timeout", "--save-dir or --save (checkpoints and the final weights)",
+       [](const TrainConfig& c) { return !c.save_dir.empty() || !c.save_path.empty(); },
+       [](const TrainConfig&) { return true; }},
+      {"save-keep", "--save-dir (checkpoints)", save_dir, [](const TrainConfig& c) { return c.save_keep != 0; }},
+      {"save-async", "--save-dir (checkpoints)", save_dir, [](const TrainConfig& c) { return c.save_async; }},
+      {"save-best", "--save-dir (checkpoints)", save_dir, [](const TrainConfig& c) { return c.save_best; }},
+      {"max-skipped-steps", "--skip-nonfinite", [](const TrainConfig& c) { return c.skip_nonfinite; },
+       [](const TrainConfig& c) { return c.max_skipped_steps != d.max_skipped_steps; }},
+      {"sample-prompt", "--sample-every K (samples during training)", sampling,
+       [](const TrainConfig& c) { return !c.sample_prompt.empty(); }},
+      {"sample-tokens", "--sample-every K (samples during training)", sampling,
+       [](const TrainConfig& c) { return c.sample.tokens != d.sample.tokens; }},
+      {"sample-temperature", "--sample-every K (samples during training)", sampling,
+       [](const TrainConfig& c) { return c.sample.temperature != d.sample.temperature; }},
   };
   return flags;
 }
@@ -307,8 +324,8 @@ void check_applicable(const po::variables_map& vm, const TrainConfig& cfg, const
                    f.flag, f.applies_to, names(kinds).c_str(), names(using_it).c_str(), using_it.size() == 1 ? "s" : "");
   }
   for (const DependentFlag& f : dependent_flags())
-    SHARD_REQUIRE(!given_flag(vm, f.flag) || f.present(cfg), "--{} applies with {} only, which this {} does not "
-                  "have: leave it out, or add that", f.flag, f.needs, command);
+    SHARD_REQUIRE(!given_flag(vm, f.flag) || f.present(cfg) || !f.used(cfg), "--{} applies with {} only, which this {} "
+                  "does not have: leave it out, or add that", f.flag, f.needs, command);
   const bool sgd = cfg.optim.kind == OptimizerKind::sgd;
   for (const char* f : {"beta1", "beta2", "eps"})
     SHARD_REQUIRE(!sgd || !given_flag(vm, f), "--{} applies to --optimizer adamw, not sgd: leave it out", f);

@@ -92,9 +92,13 @@ RunLock::RunLock(const std::string& path, const char* flag, const std::string& d
   std::ostringstream who;
   who << "pid " << ::getpid() << " on host " << host_name() << " since " << now_utc() << ": " << command_line();
   const std::string text = who.str() + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    const int err = errno;
+    ::close(fd_);  // the lock goes with it
+    fd_ = -1;
     throw InputError(fmt::format("{} '{}': cannot write its lock file '{}': {} (checked before the first step)", flag,
-                                 dir, path, std::strerror(errno)));
+                                 dir, path, std::strerror(err)));
+  }
 }
 
 RunLock::~RunLock() {

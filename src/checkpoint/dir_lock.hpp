@@ -24,7 +24,7 @@ void require_own_save_dir(const std::string& dir, const std::string& run_id, con
 class RunLock {
  public:
   RunLock(const std::string& lock_file, const char* flag, const std::string& path, const char* why);
-  ~RunLock();
+  virtual ~RunLock();
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
 

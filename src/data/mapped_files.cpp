@@ -20,6 +20,7 @@ struct Watched {
 };
 std::array<Watched, 1024> g_watched;
 std::mutex g_mutex;  // registration only (the handler reads)
+struct sigaction g_previous {};  // the handler before ours: a SIGBUS outside the token files goes to it
 
 void put(const char* s) {
   const size_t n = std::strlen(s);
@@ -56,7 +57,14 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
         "from the last checkpoint\n");
     _exit(1);
   }
-  signal(sig, SIG_DFL);  // not a token file's: the default (a crash with its core)
+  // Not a token file's: the handler that was there before (Open MPI's backtrace, a sanitizer's), else
+  // the default (a crash with its core).
+  if (g_previous.sa_flags & SA_SIGINFO) {
+    if (g_previous.sa_sigaction != nullptr) return g_previous.sa_sigaction(sig, info, nullptr);
+  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN && g_previous.sa_handler != nullptr) {
+    return g_previous.sa_handler(sig);
+  }
+  signal(sig, SIG_DFL);
   raise(sig);
 }
 
@@ -66,7 +74,7 @@ void install_once() {
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, nullptr);
+    sigaction(SIGBUS, &sa, &g_previous);
     return true;
   }();
   (void)installed;

@@ -299,11 +299,16 @@ void Trainer::print_header(std::FILE* out) const {
   if (!cfg_.sgemm_ceiling_note.empty()) std::fprintf(out, "  sgemm ceiling: %s\n", cfg_.sgemm_ceiling_note.c_str());
   if (!cfg_.links_note.empty()) std::fprintf(out, "  links: %s\n", cfg_.links_note.c_str());
   // A step long enough to look like a hang is announced: the model's FLOPs at the ceiling, a floor.
+  // Without one (the step's products too costly to time), a small probe's rate.
   const double step_flops = flops_per_token_ * static_cast<double>(cfg_.batch * cfg_.spec.seq);
-  if (cfg_.sgemm_ceiling > 0 && step_flops / cfg_.sgemm_ceiling > kAnnouncedStepS)
-    std::fprintf(out, "  step time: at least %s per step (%.3g TFLOP of model products at the sgemm ceiling); the "
-                 "first progress line comes after step 1\n", format_duration(step_flops / cfg_.sgemm_ceiling).c_str(),
-                 step_flops / 1e12);
+  const double rate = cfg_.sgemm_ceiling > 0 ? cfg_.sgemm_ceiling : cfg_.sgemm_probe;
+  if (rate > 0 && step_flops / rate > kAnnouncedStepS)
+    std::fprintf(out, "  step time: %s %s per step (%.3g TFLOP of model products at %s); the first progress line "
+                 "comes after step 1\n", cfg_.sgemm_ceiling > 0 ? "at least" : "about",
+                 format_duration(step_flops / rate).c_str(), step_flops / 1e12,
+                 cfg_.sgemm_ceiling > 0 ? "the sgemm ceiling"
+                                        : fmt::format("{:.1f} GFLOP/s, a small sgemm probe's rate: this step's own "
+                                                      "products run faster or slower", rate / 1e9).c_str());
   if (const Backend::DeviceMemory m = be_.device_memory(); m.total)
     std::fprintf(out, "  device memory: %s total, %s free, %s outside the pool (CUDA context, cuBLAS, NCCL), budget %s\n",
                  format_bytes(double(m.total)).c_str(), format_bytes(double(m.free)).c_str(),
@@ -381,10 +386,16 @@ void Trainer::open_outputs(std::ofstream& log) {
         }
       }
       // One live writer per output file, taken before anything is truncated.
+      // Regular files only: /dev/null or a pipe has no writer to protect, nor a directory to lock in.
+      const auto lockable = [](const std::string& path) {
+        std::error_code ec;
+        const auto st = std::filesystem::status(path, ec);
+        return !path.empty() && (!std::filesystem::exists(st) || std::filesystem::is_regular_file(st));
+      };
       for (const auto& [flag, path] : cfg_.report_outputs)
-        if (!path.empty()) output_locks_.push_back(std::make_unique<OutputLock>(path, flag.c_str()));
+        if (lockable(path)) output_locks_.push_back(std::make_unique<OutputLock>(path, flag.c_str()));
       if (!cfg_.log_path.empty()) {
-        output_locks_.push_back(std::make_unique<OutputLock>(cfg_.log_path, "--log"));
+        if (lockable(cfg_.log_path)) output_locks_.push_back(std::make_unique<OutputLock>(cfg_.log_path, "--log"));
         const bool resumed = !resumed_from_.empty();
         log.open(cfg_.log_path, resumed ? std::ios::app : std::ios::trunc);
         SHARD_REQUIRE(log.good(), "--log '{}': cannot write it: {} (checked before the first step)", cfg_.log_path,

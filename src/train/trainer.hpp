@@ -79,6 +79,9 @@ struct TrainConfig : StepConfig {
   // GFLOP/s only). The header's line says where it came from (cmd_train: --sgemm-ceiling).
   double sgemm_ceiling = 0;
   std::string sgemm_ceiling_note;
+  // When the step's products are too costly to time (sgemm_ceiling 0): the job's sgemm FLOP/s on a
+  // small probe's products, for the header's lower bound on a long step's time (0: none).
+  double sgemm_probe = 0;
   // The links between the job's hosts (link_probe.hpp): timed at start ("" on one host), and again
   // every check_links_every steps (0 = never) through check_links (empty on one host; collective).
   std::string links_note;

@@ -125,7 +125,11 @@ class MetaBackend final : public Backend {
   void max_abs(Tensor x, Tensor, bool) override { reduce("max_abs", x); }
   void sum_rows(Tensor x, Tensor out, bool) override {
     const int64_t cols = out.numel(), rows = cols > 0 ? x.numel() / cols : 0;
-    charge("sum_rows", x.numel(), pass_bytes(x.numel(), 1, 0) + pass_bytes(cols, 1, 1),
+    // On a GPU the chunks' partial sums (doubles) are written and read back (launches.hpp).
+    const double partials = ledger_ != nullptr && ledger_->target() == Device::cuda
+                                ? 2.0 * 8 * double(cuda::sum_rows_chunks(rows, cols) * cols)
+                                : 0.0;
+    charge("sum_rows", x.numel(), pass_bytes(x.numel(), 1, 0) + pass_bytes(cols, 1, 1) + partials,
            [&] { return cuda::sum_rows_launches(rows, cols); });
   }
 

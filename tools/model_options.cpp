@@ -1,0 +1,89 @@
+// model_options.cpp — the model group of the command lines (options.hpp's ModelOptions): the preset
+// or shape, the attention kernel, the loss head's chunks and the mixture-of-experts flags.
+#include <fmt/format.h>
+
+#include "src/core/suggest.hpp"
+#include "src/model/family.hpp"
+#include "src/model/resolve.hpp"
+#include "tools/options.hpp"
+
+namespace shardlab::cli {
+
+// ---- model --------------------------------------------------------------------------------------
+
+namespace {
+
+// The five dimensions of a shape, each flag declared here only; 0 means meaning0[i] where given.
+void add_dims(Desc& g, ModelOptions& m, const char* const (&shown)[5], const char* const (&meaning0)[5]) {
+  constexpr const char* kFlags[5] = {"layers", "dim", "heads", "seq", "vocab"};
+  constexpr const char* kMeaning[5] = {"transformer blocks L", "channels C", "attention heads H",
+                                       "sequence length T, also the model's positions", "vocabulary V"};
+  int64_t* fields[5] = {&m.layers, &m.dim, &m.heads, &m.seq, &m.vocab};
+  for (int i = 0; i < 5; ++i) {
+    auto* v = po::value(fields[i]);
+    if (shown[i]) v->default_value(*fields[i], shown[i]);
+    else v->default_value(*fields[i]);
+    const std::string help = meaning0[i] ? fmt::format("{} (0 = {})", kMeaning[i], meaning0[i]) : kMeaning[i];
+    g.add_options()(kFlags[i], v, help.c_str());
+  }
+}
+
+}  // namespace
+
+void ModelOptions::add(Desc& d) {
+  Desc g("model");
+  g.add_options()("model", po::value(&preset)->default_value(preset, "small"),
+                  ("preset: " + join_names(model_preset_names()) + " (not with --init DIR, whose config.json gives the model)").c_str());
+  const char* const shown[5] = {};
+  const char* const preset_s[5] = {"the preset's", "the preset's", "the preset's", "the preset's", "the preset's"};
+  add_dims(g, *this, shown, preset_s);
+  g.add_options()("kv-heads", po::value(&kv_heads)->default_value(0),
+                  "K/V heads of grouped-query attention, dividing --heads (0 = the preset's; GPT-2: as many as heads)")(
+      "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)")(
+      "attention", po::value(&attention)->default_value(attention),
+      "attention kernel: flash (fused, online softmax: O(T) memory) or naive (keeps the (B, H, T, T) probabilities; "
+      "the reference); KV-cached decoding (sample) goes through the same kernel")(
+      "loss-chunk", po::value(&loss_chunk)->default_value(loss_chunk),
+      "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
+      "the product run again in backward, so no (B*T, V) logits are held (0 = whole; under --tp each chunk's "
+      "vocabulary-parallel loss)")(
+      "moe-capacity-factor", po::value(&moe_capacity_factor)->default_value(moe_capacity_factor),
+      "mixture-of-experts models (mixtral, qwen3_moe): each expert takes at most ceil(F x tokens x k / experts) of a "
+      "micro-batch's tokens per layer, the rest dropped (their slot adds nothing; counted in the progress line and "
+      "the log) (0 = dropless)")(
+      "moe-aux-loss", po::value(&moe_aux_loss)->default_value(moe_aux_loss),
+      "mixture-of-experts models: whether the objective adds router_aux_loss_coef x the load-balancing loss: model "
+      "(as the model says: a config.json's output_router_logits, false when absent, as transformers; presets and "
+      "shardlab's checkpoints on), on, or off. The loss is computed and logged either way");
+  d.add(g);
+}
+
+void ModelOptions::add_shape(Desc& d, const char* const (&shown)[5], const char* const (&meaning0)[5]) {
+  Desc g("model shape");
+  add_dims(g, *this, shown, meaning0);
+  d.add(g);
+}
+
+ModelSpec ModelOptions::spec(const std::string& init) const {
+  return computing(resolve_model(ModelRequest{preset, layers, dim, heads, seq, vocab, kv_heads, ffn_dim, init}));
+}
+
+ModelSpec ModelOptions::computing(ModelSpec s) const {
+  SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (1 << 30), "--loss-chunk {}: expected 0 (whole) or positions", loss_chunk);
+  s.attention = parse_attention_kernel(attention);
+  s.loss_chunk = loss_chunk;
+  s.moe_capacity_factor = moe_capacity_factor;
+  SHARD_REQUIRE(moe_aux_loss == "model" || moe_aux_loss == "on" || moe_aux_loss == "off",
+                "--moe-aux-loss '{}': expected model, on or off", moe_aux_loss);
+  SHARD_REQUIRE(moe_aux_loss == "model" || s.moe.enabled(), "--moe-aux-loss {}: {} has no experts (a mixture of "
+                "experts' balancing loss: the mixtral and qwen3_moe families)", moe_aux_loss, s.name);
+  if (moe_aux_loss != "model") s.moe.aux_loss = moe_aux_loss == "on";
+  s.validate();  // --moe-capacity-factor against the model
+  return s;
+}
+
+bool ModelOptions::given() const {
+  return !preset.empty() || layers || dim || heads || seq || vocab || kv_heads || ffn_dim;
+}
+
+}  // namespace shardlab::cli
