@@ -277,7 +277,8 @@ void measure_sgemm_ceiling(TrainConfig& cfg, Backend& be, Communicator& comm) {
     cfg.sgemm_ceiling_note = fmt::format("not measured (timing this step's products takes about {:.0f} GFLOP; "
                                          "--sgemm-ceiling GFLOPS takes bench-train's)", cost / 1e9);
     // A small probe instead (GPT-2's four linears at width 384 over 1,024 rows, ~11 GFLOP a pass):
-    // what bounds a long step's time from below, announced before step 1.
+    // its rate estimates a long step's time, announced before step 1 (an estimate, not a bound:
+    // the step's own products may run faster or slower).
     g = GemmBenchConfig{};
     g.dim = 384, g.tokens = 1024, g.heads = 0, g.seq = 0, g.grid = false, g.seconds = 0.001;
   }
