@@ -1,4 +1,5 @@
 #include "optim/optimizer.hpp"
+#include "src/backend/ops/muon.hpp"
 #include "src/backend/ops/optimizer.hpp"
 
 #include <cmath>
@@ -8,10 +9,18 @@ namespace shardlab {
 OptimizerKind parse_optimizer(const std::string& s) {
   if (s == "adamw") return OptimizerKind::adamw;
   if (s == "sgd") return OptimizerKind::sgd;
-  throw InputError(fmt::format("--optimizer '{}': expected adamw or sgd", s));
+  if (s == "muon") return OptimizerKind::muon;
+  throw InputError(fmt::format("--optimizer '{}': expected adamw, sgd or muon", s));
 }
 
-const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::adamw ? "adamw" : "sgd"; }
+const char* optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::muon: return "muon";
+  }
+  return "?";
+}
 
 ScheduleKind parse_schedule(const std::string& s) {
   if (s == "constant") return ScheduleKind::constant;
@@ -27,19 +36,55 @@ void OptimConfig::validate() const {
   SHARD_REQUIRE(eps > 0.f, "--eps {}: expected a positive value", eps);
   SHARD_REQUIRE(weight_decay >= 0.f, "--weight-decay {}: expected a non-negative value", weight_decay);
   SHARD_REQUIRE(momentum >= 0.f && momentum < 1.f, "--momentum {}: expected 0 <= momentum < 1", momentum);
+  if (kind == OptimizerKind::muon) muon.validate();
 }
 
-void Optimizer::add(Tensor param, Tensor grad, std::vector<ParamSegment> segments, const std::string& tag) {
+void Optimizer::add(Tensor param, Tensor grad, std::vector<ParamSegment> segments, const std::string& tag,
+                    GroupPlace place) {
   SHARD_CHECK(param.numel() == grad.numel(), "optimizer buffer {}: {} params, {} grads", tag, param.numel(),
               grad.numel());
-  Group g{param, grad, std::move(segments), {}, {}};
-  g.m = pool_.alloc(DType::f32, param.numel(), Category::optim_state, tag + (cfg_.kind == OptimizerKind::sgd ? " momentum" : " adam m"));
-  pool_.backend().fill(g.m.flat(DType::f32).slice(0, param.numel()), 0.f);
-  if (cfg_.kind == OptimizerKind::adamw) {
-    g.v = pool_.alloc(DType::f32, param.numel(), Category::optim_state, tag + " adam v");
-    pool_.backend().fill(g.v.flat(DType::f32).slice(0, param.numel()), 0.f);
+  const int64_t n = param.numel();
+  Group g{param, grad, std::move(segments), {}, {}, std::move(place), {}, {}, 0};
+  Backend& be = pool_.backend();
+  const char* m_name = cfg_.kind == OptimizerKind::adamw ? " adam m" : " momentum";
+  g.m = pool_.alloc(DType::f32, n, Category::optim_state, tag + m_name);
+  be.fill(g.m.flat(DType::f32).slice(0, n), 0.f);
+  int64_t v_numel = cfg_.kind == OptimizerKind::adamw ? n : 0;
+  if (cfg_.kind == OptimizerKind::muon) {
+    // Each segment lies in one tensor: a matrix's part, or an AdamW tensor's.
+    for (const ParamSegment& s : g.segments) {
+      const int64_t at = g.place.first + s.offset;
+      int which = -1;
+      for (size_t i = 0; i < g.place.matrices.size(); ++i) {
+        const MuonMatrix& mx = g.place.matrices[i];
+        if (at >= mx.offset && at < mx.offset + mx.numel()) which = static_cast<int>(i);
+      }
+      SHARD_CHECK(which < 0 || at + s.numel <= g.place.matrices[which].offset + g.place.matrices[which].numel(),
+                  "optimizer buffer {}: a segment at {} crosses the end of a matrix", tag, at);
+      g.matrix_of.push_back(which);
+      g.v_at.push_back(which < 0 ? v_numel : -1);
+      if (which < 0) v_numel += s.numel;
+    }
+    SHARD_CHECK(g.place.exchange != nullptr || g.place.matrices.empty() || (g.place.first == 0 && g.place.whole == n),
+                "optimizer buffer {}: a slice of its unit ({} of {} from {}) without an exchange", tag, n,
+                g.place.whole, g.place.first);
+  }
+  g.v_numel = v_numel;
+  if (v_numel > 0) {
+    g.v = pool_.alloc(DType::f32, v_numel, Category::optim_state, tag + " adam v");
+    be.fill(g.v.flat(DType::f32).slice(0, v_numel), 0.f);
   }
   groups_.push_back(std::move(g));
+}
+
+void Optimizer::assign_matrix_owners() {
+  std::vector<std::vector<MuonMatrix>*> all;
+  int ranks = 1;
+  for (Group& g : groups_) {
+    all.push_back(&g.place.matrices);
+    if (g.place.exchange) ranks = std::max(ranks, g.place.exchange->ranks());
+  }
+  assign_owners(all, ranks, cfg_.muon.ns_steps);
 }
 
 void Optimizer::step(int64_t step, float lr, float grad_scale) {
@@ -49,6 +94,10 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
     // Gradients kept in bf16/f16 (mixed precision) are widened for the update, one buffer at a time.
     Block wide;
     Tensor grad = g.grad.dtype() == DType::f32 ? g.grad : pool_.widen(g.grad, wide, "optimizer f32 gradient");
+    if (cfg_.kind == OptimizerKind::muon) {
+      step_muon(g, grad, step, lr, grad_scale);
+      continue;
+    }
     for (const ParamSegment& s : g.segments) {
       float wd = s.decay ? cfg_.weight_decay : 0.f;
       Tensor p = g.param.slice(s.offset, s.numel), gr = grad.slice(s.offset, s.numel);
@@ -63,8 +112,63 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
   }
 }
 
+// AdamW on the group's other tensors; the momentum pass on its matrices' parts into an update
+// buffer; the unit brought whole where the group is a slice of it; each matrix this rank owns
+// orthogonalized in place (the others zeroed); the results back to the slice; the update.
+void Optimizer::step_muon(Group& g, Tensor grad, int64_t step, float lr, float grad_scale) {
+  Backend& be = pool_.backend();
+  const int64_t n = g.param.numel();
+  Tensor m = g.m.flat(DType::f32), v = g.v ? g.v.flat(DType::f32) : Tensor();
+  bool any_matrix = false;
+  for (size_t i = 0; i < g.segments.size(); ++i) {
+    const ParamSegment& s = g.segments[i];
+    if (g.matrix_of[i] >= 0) {
+      any_matrix = true;
+      continue;
+    }
+    AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, s.decay ? cfg_.weight_decay : 0.f, step, grad_scale};
+    ops::adamw_update(be, g.param.slice(s.offset, s.numel), grad.slice(s.offset, s.numel), m.slice(s.offset, s.numel),
+                      v.slice(g.v_at[i], s.numel), a);
+  }
+  // A rank whose slice holds no matrix still takes part in its group's collectives.
+  if (!any_matrix && (g.place.exchange == nullptr || g.place.matrices.empty())) return;
+  Block ub = pool_.alloc(DType::f32, n, Category::workspace, "muon update slice");
+  Tensor U = ub.flat(DType::f32).slice(0, n);
+  be.fill(U, 0.f);
+  const MuonMomentumArgs ma{cfg_.momentum, cfg_.muon.nesterov, grad_scale};
+  for (size_t i = 0; i < g.segments.size(); ++i) {
+    const ParamSegment& s = g.segments[i];
+    if (g.matrix_of[i] >= 0)
+      ops::muon_momentum(be, grad.slice(s.offset, s.numel), m.slice(s.offset, s.numel), U.slice(s.offset, s.numel), ma);
+  }
+  MatrixExchange* ex = g.place.exchange;
+  Block wb;
+  Tensor W = U;
+  if (ex) {
+    wb = pool_.alloc(DType::f32, g.place.whole, Category::workspace, "muon update (whole unit)");
+    W = wb.flat(DType::f32).slice(0, g.place.whole);
+    ex->gather(U, W);
+  }
+  const int rank = ex ? ex->rank() : 0;
+  for (const MuonMatrix& mx : g.place.matrices) {
+    Tensor part = W.slice(mx.offset, mx.numel());
+    if (!ex || mx.owner == rank) newton_schulz(pool_, part, part, mx.rows, mx.cols, cfg_.muon);
+    else be.fill(part, 0.f);
+  }
+  if (ex) ex->scatter(W, U);
+  for (size_t i = 0; i < g.segments.size(); ++i) {
+    const ParamSegment& s = g.segments[i];
+    if (g.matrix_of[i] < 0) continue;
+    const MuonMatrix& mx = g.place.matrices[g.matrix_of[i]];
+    const float keep = 1.f - lr * (s.decay ? cfg_.weight_decay : 0.f);
+    const float step_lr = static_cast<float>(lr * mx.lr_ratio);
+    ops::muon_apply(be, g.param.slice(s.offset, s.numel), U.slice(s.offset, s.numel), keep, step_lr);
+  }
+}
+
 std::vector<std::string> Optimizer::state_names(OptimizerKind kind) {
   if (kind == OptimizerKind::sgd) return {"momentum"};
+  if (kind == OptimizerKind::muon) return {"momentum", "adam_v"};
   return {"adam_m", "adam_v"};
 }
 
@@ -72,7 +176,33 @@ Tensor Optimizer::state(size_t group, size_t i) const {
   SHARD_CHECK(group < groups_.size() && i < state_names().size(), "optimizer state {} of group {} ({} groups)", i,
               group, groups_.size());
   const Group& g = groups_[group];
-  return (i == 0 ? g.m : g.v).flat(DType::f32).slice(0, g.param.numel());
+  const int64_t n = g.param.numel();
+  if (i == 0 || cfg_.kind != OptimizerKind::muon) return (i == 0 ? g.m : g.v).flat(DType::f32).slice(0, n);
+  // Muon's v at the group's size, zero on the matrices, while a checkpoint reads or writes it.
+  for (auto& [at, block] : staged_)
+    if (at == group) return block.flat(DType::f32).slice(0, n);
+  Backend& be = pool_.backend();
+  Block b = pool_.alloc(DType::f32, n, Category::workspace, "adam v staged for a checkpoint");
+  Tensor full = b.flat(DType::f32).slice(0, n);
+  be.fill(full, 0.f);
+  for (size_t k = 0; k < g.segments.size(); ++k)
+    if (g.matrix_of[k] < 0)
+      be.copy(full.slice(g.segments[k].offset, g.segments[k].numel),
+              g.v.flat(DType::f32).slice(g.v_at[k], g.segments[k].numel));
+  staged_.emplace_back(group, std::move(b));
+  return full;
+}
+
+void Optimizer::state_written() {
+  Backend& be = pool_.backend();
+  for (auto& [at, block] : staged_) {
+    const Group& g = groups_[at];
+    for (size_t k = 0; k < g.segments.size(); ++k)
+      if (g.matrix_of[k] < 0)
+        be.copy(g.v.flat(DType::f32).slice(g.v_at[k], g.segments[k].numel),
+                block.flat(DType::f32).slice(g.segments[k].offset, g.segments[k].numel));
+  }
+  staged_.clear();
 }
 
 void LrSchedule::validate() const {

@@ -35,7 +35,8 @@ class Ddp final : public Strategy {
     grads_ = env_.pool.alloc(reduce_dtype(), total, Category::grad_full, "gradients (all buckets)");
     optim_ = std::make_unique<Optimizer>(env_.pool, env_.optim);
     for (size_t u = 0; u < U; ++u)
-      optim_->add(updated(u), grad(u), unit_segments(layout(u), 0, layout(u).numel), layout(u).name);
+      optim_->add(updated(u), grad(u), unit_segments(layout(u), 0, layout(u).numel), layout(u).name,
+                  optimizer_place(u, 0, layout(u).numel, nullptr));
   }
 
   void begin_step() override {

@@ -28,7 +28,8 @@ class Dp final : public Strategy {
       params_[u] = env_.pool.alloc(param_dtype(), layout(u).numel, Category::param_full, n + " params");
       grads_[u] = env_.pool.alloc(reduce_dtype(), layout(u).numel, Category::grad_full, n + " grads");
       if (mixed()) master_[u] = env_.pool.alloc(DType::f32, layout(u).numel, Category::master_weights, n + " master");
-      optim_->add(updated(u), grads_[u].flat(reduce_dtype()), unit_segments(layout(u), 0, layout(u).numel), n);
+      optim_->add(updated(u), grads_[u].flat(reduce_dtype()), unit_segments(layout(u), 0, layout(u).numel), n,
+                  optimizer_place(u, 0, layout(u).numel, nullptr));
     }
   }
 

@@ -166,8 +166,18 @@ void Strategy::optimizer_step(int64_t step, float lr, float grad_scale) {
 
 void Strategy::sync_after_load() {
   if (!optim_) return;
+  optim_->state_written();  // Muon's staged state back to its compact buffers
   for (size_t u = 0; u < num_units(); ++u) params_from_master(u);
   after_update();
+}
+
+void Strategy::release_state_views() const {
+  if (optim_) optim_->release_staging();
+}
+
+GroupPlace Strategy::optimizer_place(size_t u, int64_t first, int64_t whole, MatrixExchange* ex) const {
+  if (env_.optim.kind != OptimizerKind::muon) return {};
+  return {first, whole, muon_matrices(layout(u), env_.optim.muon.adjust_lr), ex};
 }
 
 std::vector<Tensor> Strategy::owned_state(size_t u) const {

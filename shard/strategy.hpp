@@ -36,7 +36,6 @@ const char* strategy_name(StrategyKind k);
 int zero_stage(StrategyKind k);  // 1, 2, 3 for zero1-3; 0 for dp and ddp
 const std::vector<StrategyKind>& all_strategies();  // dp, ddp, zero1, zero2, zero3
 std::vector<StrategyKind> parse_strategy_list(const std::string& comma_separated);
-
 // The strategies' model-state and traffic formulas: shard/strategy_formulas.hpp.
 
 // --offload (ZeRO-Offload / ZeRO-Infinity): what lives on the host tier of the rank's memory.
@@ -167,10 +166,10 @@ class Strategy : public UnitHooks {
   // updates (the master copy under mixed precision), then each optimizer state; none for a rank
   // without an optimizer (DP's replicas).
   std::vector<Tensor> owned_state(size_t u) const;
-  // "param", then the optimizer's state names.
-  std::vector<std::string> owned_state_names() const;
+  std::vector<std::string> owned_state_names() const;  // "param", then the optimizer's state names
   // After owned_state buffers were overwritten (a load): bring every copy of the parameters up to date.
   void sync_after_load();
+  void release_state_views() const;  // after a save read owned_state: frees what was staged for it
 
  protected:
   virtual void set_unit_values(size_t u, std::span<const float> full) = 0;
@@ -218,6 +217,8 @@ class Strategy : public UnitHooks {
   // forward to its last backward of the step: one all-gather per unit and step (torchtitan's
   // reshard_after_forward=False under PP).
   bool pipelined() const { return env_.mesh.dims().pp > 1; }
+  // Muon's GroupPlace for unit u's elements [first, ...) of a buffer of `whole`; empty for the others.
+  GroupPlace optimizer_place(size_t u, int64_t first, int64_t whole, MatrixExchange* ex) const;
   // Views of the elements of the tensors `pick` selects inside `owned`, which holds unit u's flat
   // elements from `begin` on.
   std::vector<Tensor> part_of(size_t u, Tensor owned, int64_t begin, TensorPick pick) const;

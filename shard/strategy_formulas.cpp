@@ -48,4 +48,13 @@ double StepTraffic::host_link(Offload off, double accum) const {
   return (kind == StrategyKind::zero1 ? 1 : accum) * gs + ps + (off == Offload::params ? 2 * accum * ps : 0);
 }
 
+double muon_exchange_bytes(StrategyKind k, const std::vector<UnitLayout>& units, int S) {
+  if (zero_stage(k) == 0 || S <= 1) return 0;
+  double bytes = 0;
+  for (const UnitLayout& u : units)
+    if (!muon_matrices(u, MuonAdjustLr::original).empty())
+      bytes += 2.0 * (S - 1.0) / S * 4.0 * double(make_flat_param(u, S, 0).padded);
+  return bytes;
+}
+
 }  // namespace shardlab

@@ -63,4 +63,10 @@ struct StepTraffic {
 
 StepTraffic step_traffic(StrategyKind k, const TrafficInputs& in);
 
+// Muon under ZeRO (optim/muon.hpp): every unit holding matrices has its momentum-updated gradient
+// all-gathered and the owners' results reduce-scattered, f32, over the shard group of S ranks:
+// 2 (S-1)/S x 4 padded_u bus bytes per rank and step (padded_u: the unit rounded up to S). DDP and
+// DP hold every matrix whole: 0.
+double muon_exchange_bytes(StrategyKind k, const std::vector<UnitLayout>& units, int S);
+
 }  // namespace shardlab

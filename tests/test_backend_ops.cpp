@@ -20,7 +20,9 @@
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
+#include "optim/muon.hpp"
 #include "src/backend/ops/moe.hpp"
+#include "src/backend/ops/muon.hpp"
 #include "src/backend/ops/norm.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/quantize.hpp"
@@ -72,6 +74,7 @@ class Run {
     return r;
   }
   uint64_t bytes_allocated() const { return bytes_; }
+  Pool& pool() { return pool_; }  // for what allocates its own workspace (Muon's iteration)
 
  private:
   Tensor alloc(const std::string& name, std::initializer_list<int64_t> shape, DType dtype = DType::f32) {
@@ -281,6 +284,29 @@ void optimizer_case(Run& r) {
   ops::sgd_update(r.be, r.out("sgd p", {n}, true), r.in("g", {n}), r.out("sgd b", {n}, true), s);
 }
 
+// Muon: the momentum pass (Nesterov and not), the update, the normalisation in f32, and the whole
+// Newton-Schulz iteration (GEMMs through the backend) on a wide and a tall matrix in `ns` arithmetic.
+void muon_case(Run& r, DType ns) {
+  const int64_t n = 37;
+  if (ns == DType::f32) {
+    MuonMomentumArgs a;
+    a.grad_scale = 0.5f;
+    ops::muon_momentum(r.be, r.in("g", {n}), r.out("muon buf", {n}, true), r.out("muon update", {n}), a);
+    a.nesterov = false, a.momentum = 0.3f;
+    ops::muon_momentum(r.be, r.in("g", {n}), r.out("muon buf 2", {n}, true), r.out("muon update 2", {n}), a);
+    ops::muon_apply(r.be, r.out("muon p", {n}, true), r.in("u", {n}), 0.999f, 0.02f);
+    Tensor x = r.out("muon normalized", {n}, true);
+    ops::muon_normalize(r.be, x, 1e-7f, false);
+  }
+  MuonConfig cfg;
+  cfg.ns_dtype = ns;
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{12, 20}, {20, 12}}) {
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
+    Tensor out = r.out("muon orthogonalized " + shape, {rows * cols});
+    newton_schulz(r.pool(), r.in("muon g " + shape, {rows * cols}), out, rows, cols, cfg);
+  }
+}
+
 // ZeRO++'s block quantization: int8 rows read at a stride, with a short last block, dequantized;
 // int4 dequantized into an accumulating f32 buffer. The codes themselves are compared through what
 // they dequantize to (the words are bit patterns, not numbers).
@@ -312,6 +338,9 @@ std::vector<OpCase> op_cases() {
       {"kv_cache", 1e-4, kv_cache_case},
       {"loss", 1e-5, loss_case},
       {"optimizer", 1e-5, optimizer_case},
+      {"muon (f32 iteration)", 1e-4, [](Run& r) { muon_case(r, DType::f32); }},
+      // bf16 storage on a GPU against f32 storage rounded to bf16 on the CPU: roundings apart
+      {"muon (bf16 iteration)", 2e-2, [](Run& r) { muon_case(r, DType::bf16); }},
       {"quantize", 1e-6, quantize_case},
       {"moe", 1e-5, moe_case},  // d(weight): a warp's butterfly on CUDA, column order on the CPU
   };

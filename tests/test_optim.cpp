@@ -1,6 +1,10 @@
-// Optimizers against the textbook formulas (PyTorch's AdamW and SGD), computed in double here.
+// Optimizers against the textbook formulas (PyTorch's AdamW and SGD), computed in double here, and
+// Muon's iteration against torch's.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "optim/optimizer.hpp"
 #include "shard/flat_param.hpp"
@@ -100,4 +104,47 @@ TEST_CASE("learning-rate schedules and clipping", "[optim]") {
   CHECK(clip_factor(100.0, 0.f) == 1.f);
   CHECK_THROWS_WITH(parse_optimizer("lion"), Catch::Contains("--optimizer 'lion'"));
   CHECK(parse_optimizer("sgd") == OptimizerKind::sgd);
+}
+
+// Muon's iteration against torch's own _zeropower_via_newtonschulz (tests/reference/
+// make_muon_reference.py): the f32 form to f32 precision; the bf16 one (the default), computed here
+// in f32 storage rounded to bf16 after every operation, equal to torch's bf16 values for nearly
+// every element and a few bf16 roundings apart at most (the f32 sums inside a product differ in
+// order, and a sum on a rounding boundary goes the other way).
+TEST_CASE("Muon's Newton-Schulz iteration equals torch's, in f32 and in bf16", "[optim][muon]") {
+  std::ifstream f(std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/muon_reference.json");
+  const auto ref = nlohmann::json::parse(f);
+  auto be = make_cpu_backend(BackendConfig{1});
+  Pool pool(*be);
+  for (const auto& c : ref["iteration"]) {
+    const int64_t rows = c["rows"], cols = c["cols"];
+    for (const DType ns : {DType::f32, DType::bf16}) {
+      MuonConfig cfg;
+      cfg.ns_dtype = ns;
+      std::vector<float> x = c["input"].get<std::vector<float>>(), out(x.size());
+      newton_schulz(pool, Tensor::of(std::span<float>(x)), Tensor::of(std::span<float>(out)), rows, cols, cfg);
+      const auto want = c[dtype_name(ns)].get<std::vector<float>>();
+      double worst = 0;
+      size_t equal = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        worst = std::max(worst, std::fabs(double(out[i]) - want[i]));
+        equal += out[i] == want[i];
+      }
+      std::printf("muon iteration %lld x %lld %s: max |error| %.3g, %zu of %zu elements equal to torch's\n",
+                  static_cast<long long>(rows), static_cast<long long>(cols), dtype_name(ns), worst, equal,
+                  out.size());
+      INFO(rows << " x " << cols << " " << dtype_name(ns));
+      if (ns == DType::f32) {
+        CHECK(worst <= 1e-5);
+      } else {
+        CHECK(equal >= out.size() * 9 / 10);
+        CHECK(worst <= 1.6e-2);  // a few roundings of values below 1 (2^-8 apart near 1)
+      }
+    }
+  }
+  CHECK(muon_lr_ratio(MuonAdjustLr::original, 3072, 768) == Approx(2.0));  // torch's sqrt(max(1, A / B))
+  CHECK(muon_lr_ratio(MuonAdjustLr::original, 768, 3072) == 1.0);
+  CHECK(muon_lr_ratio(MuonAdjustLr::match_rms_adamw, 768, 3072) == Approx(0.2 * std::sqrt(3072.0)));
+  CHECK(newton_schulz_flops(768, 3072, 5) == Approx(5 * (4.0 * 768 * 768 * 3072 + 2.0 * 768 * 768 * 768)));
+  CHECK_THROWS_WITH(parse_muon_adjust_lr("spectral"), Catch::Contains("--muon-adjust-lr 'spectral'"));
 }

@@ -191,8 +191,9 @@ void add_optimizer(Desc& g, TrainConfig& cfg, std::string& schedule, std::string
 // optimizer's and schedule's. `kinds` are the strategies the command runs: one (train) refuses such
 // a flag, naming it and what it applies to; several (compare, profile) refuse a flag none of them
 // uses and warn once (rank 0) about one that only some use. `several` also refuses --strategy.
-// Warns (rank 0) when the warmup is longer than the run.
-void check_applicable(const po::variables_map& given, const TrainConfig& cfg, const std::vector<StrategyKind>& kinds,
+// Warns (rank 0) when the warmup is longer than the run. Sets what a default depends on another flag
+// for: Muon's --momentum (0.95 unless given).
+void check_applicable(const po::variables_map& given, TrainConfig& cfg, const std::vector<StrategyKind>& kinds,
                       bool several, const char* command, int rank);
 
 // ---- device rates: plan's time model (plan, bench-plan-validation) --------------------------------

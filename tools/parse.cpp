@@ -307,7 +307,7 @@ std::string names(const std::vector<StrategyKind>& kinds) {
 
 }  // namespace
 
-void check_applicable(const po::variables_map& vm, const TrainConfig& cfg, const std::vector<StrategyKind>& kinds,
+void check_applicable(const po::variables_map& vm, TrainConfig& cfg, const std::vector<StrategyKind>& kinds,
                       bool several, const char* command, int rank) {
   SHARD_REQUIRE(!several || !given_flag(vm, "strategy"),
                 "{} --strategy {}: {} runs each of --strategies ({}); --strategy applies to train", command,
@@ -326,10 +326,16 @@ void check_applicable(const po::variables_map& vm, const TrainConfig& cfg, const
   for (const DependentFlag& f : dependent_flags())
     SHARD_REQUIRE(!given_flag(vm, f.flag) || f.present(cfg) || !f.used(cfg), "--{} applies with {} only, which this {} "
                   "does not have: leave it out, or add that", f.flag, f.needs, command);
-  const bool sgd = cfg.optim.kind == OptimizerKind::sgd;
+  const OptimizerKind opt = cfg.optim.kind;
   for (const char* f : {"beta1", "beta2", "eps"})
-    SHARD_REQUIRE(!sgd || !given_flag(vm, f), "--{} applies to --optimizer adamw, not sgd: leave it out", f);
-  SHARD_REQUIRE(sgd || !given_flag(vm, "momentum"), "--momentum applies to --optimizer sgd, not adamw: leave it out");
+    SHARD_REQUIRE(opt != OptimizerKind::sgd || !given_flag(vm, f),
+                  "--{} applies to --optimizer adamw (and muon's other tensors), not sgd: leave it out", f);
+  SHARD_REQUIRE(opt != OptimizerKind::adamw || !given_flag(vm, "momentum"),
+                "--momentum applies to --optimizer sgd or muon, not adamw: leave it out");
+  for (const char* f : {"muon-ns-steps", "muon-ns-dtype", "muon-adjust-lr"})
+    SHARD_REQUIRE(opt == OptimizerKind::muon || !given_flag(vm, f), "--{} applies to --optimizer muon, not {}: leave "
+                  "it out", f, optimizer_name(opt));
+  if (opt == OptimizerKind::muon && !given_flag(vm, "momentum")) cfg.optim.momentum = 0.95f;  // torch's default
   for (const char* flag : {"min-lr-frac", "lr-decay-steps"})
     SHARD_REQUIRE(cfg.schedule.kind != ScheduleKind::constant || !given_flag(vm, flag),
                   "--{} applies to --schedule cosine, not constant: leave it out", flag);

@@ -128,7 +128,7 @@ uint64_t owned_state_bytes(const CheckpointState& state) {
   uint64_t n = 0;
   for (size_t u = 0; u < state.units.size(); ++u) {
     const auto [a, b] = state.strategy.saved_range(u);
-    if (b > a) n += static_cast<uint64_t>(b - a) * state.strategy.owned_state(u).size() * sizeof(float);
+    if (b > a) n += static_cast<uint64_t>(b - a) * state.strategy.owned_state_names().size() * sizeof(float);
   }
   return n;
 }
@@ -176,6 +176,7 @@ bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::
       sink.write(staged.data(), staged.size() * sizeof(float));
     }
   }
+  st.release_state_views();
   return true;
 }
 

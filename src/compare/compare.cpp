@@ -120,12 +120,19 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
                                        double(dtype_size(pr.reduce_dtype))).total() -
                      theory.fs() * theory.group_overlapped;
   }
+  double muon = 0;  // Muon's exchanges within the shard group (ZeRO)
+  if (tc.optim.kind == OptimizerKind::muon) {
+    std::vector<UnitLayout> layouts;
+    for (const auto& u : trainer.units()) layouts.push_back(u->layout());
+    muon = muon_exchange_bytes(kind, layouts, trainer.mesh().size(CommAxis::dp_shard_cp));
+    r.comm_theory += muon;
+  }
   if (tc.layout.dims.hybrid()) {
     r.dp_shard = tc.layout.dims.dp_shard * cp;
     const auto& axis = trainer.mesh().last_step_bytes();
     r.comm_intra = axis[static_cast<int>(cp > 1 ? CommAxis::dp_shard_cp : CommAxis::dp_shard)];
     r.comm_inter = axis[static_cast<int>(CommAxis::dp_replicate)];
-    r.theory_intra = theory.intra_bus();
+    r.theory_intra = theory.intra_bus() + muon;
     r.theory_inter = theory.across_bus();
   }
   // The whole step's theory: the data-parallel axes' and each model-parallel axis's.

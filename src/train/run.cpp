@@ -108,6 +108,7 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
     moe = fmt::format(" | aux {:.4f} | load {:.2f}", *s.aux_loss, s.expert_imbalance.value_or(1.0));
     if (s.dropped_slots.value_or(0) > 0) moe += fmt::format(" dropped {:.0f}", *s.dropped_slots);
   }
+  if (s.optimizer_ms) waits += fmt::format(" | muon {:.1f} ms", *s.optimizer_ms);
   const double elapsed = p.elapsed_s();
   const double eta = elapsed / static_cast<double>(p.steps_done) * static_cast<double>(steps - start_step - p.steps_done);
   std::fprintf(out,
@@ -139,6 +140,7 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
   if (s.aux_loss)
     j["aux_loss"] = *s.aux_loss, j["expert_imbalance"] = s.expert_imbalance.value_or(1.0),
     j["dropped_slots"] = s.dropped_slots.value_or(0.0);
+  if (s.optimizer_ms) j["optimizer_ms"] = *s.optimizer_ms;
   if (s.inter_node_bytes) j["intra_node_bytes"] = *s.intra_node_bytes, j["inter_node_bytes"] = *s.inter_node_bytes;
   if (const auto pct = share.percent(s.flops_per_s)) j[share.log_key()] = *pct;
   log << j.dump() << '\n';

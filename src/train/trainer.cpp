@@ -70,6 +70,15 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(!save_best || has_validation(),
                 "--save-best needs a validation source (--val-data SRC or --val-fraction F) to rank checkpoints by");
   optim.validate();
+  if (optim.kind == OptimizerKind::muon) {
+    // Muon orthogonalizes whole matrices. Tensor parallelism would hand it column or row blocks,
+    // and offload's host update has no collectives to bring a matrix whole: refused, not run as
+    // another optimizer.
+    SHARD_REQUIRE(layout.dims.tp == 1, "--optimizer muon with --tp {}: not supported yet (a matrix split by tensor "
+                  "parallelism must be orthogonalized whole); use --tp 1", layout.dims.tp);
+    SHARD_REQUIRE(strategy.offload == Offload::none, "--optimizer muon with --offload {}: not supported yet (the "
+                  "host update cannot bring a matrix whole); leave --offload out", offload_name(strategy.offload));
+  }
   schedule.validate();
 }
 
@@ -251,6 +260,7 @@ StepStats Trainer::step(int64_t t) {
     dropped = routing.dropped;
   }
   pool_.ledger().set_phase({PhaseKind::optimizer});
+  std::optional<double> optimizer_ms;
   model_.sync_tied_grads();
   const float norm = static_cast<float>(std::sqrt(model_.grad_norm_sq()));
   const float lr = cfg_.schedule.at(t);
@@ -262,7 +272,12 @@ StepStats Trainer::step(int64_t t) {
                                  aux ? fmt::format(" (auxiliary loss {})", *aux) : std::string(), norm));
   if (finite) {
     Backend::Range range(be_, "optimizer step");
+    const auto update0 = std::chrono::steady_clock::now();
     strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+    if (cfg_.optim.kind == OptimizerKind::muon) {  // the norm's read-back above already waited for the device
+      be_.synchronize();
+      optimizer_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - update0).count();
+    }
     skipped_in_a_row_ = 0;
   } else {
     ++skipped_steps_;
@@ -280,6 +295,7 @@ StepStats Trainer::step(int64_t t) {
   s.lr = lr;
   s.grad_norm = norm;
   s.aux_loss = aux, s.expert_imbalance = imbalance, s.dropped_slots = dropped;
+  s.optimizer_ms = optimizer_ms;
   s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);
   s.flops_per_s = flops_per_token_ * s.tokens_per_s;

@@ -123,6 +123,8 @@ struct StepStats {
   // dropped past capacity (--moe-capacity-factor), every rank's.
   std::optional<float> aux_loss;
   std::optional<double> expert_imbalance, dropped_slots;
+  // --optimizer muon: this rank's update (the momentum, the exchanges, the iterations it owns), ms.
+  std::optional<double> optimizer_ms;
 };
 
 class Trainer {

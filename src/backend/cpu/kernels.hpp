@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "src/backend/ops/flash_shape.hpp"
+#include "src/backend/ops/muon.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/rope.hpp"
 #include "src/core/dtype.hpp"
@@ -96,5 +97,10 @@ void moe_combine(float* out, const float* y, const int32_t* pos, const float* w,
 void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const int32_t* pos, const float* w,
                           int64_t N, int64_t k, int64_t C, int64_t rows);
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a);
+// muon.cpp (ops/muon.hpp).
+void muon_momentum(const float* g, float* buf, float* update, int64_t n, const MuonMomentumArgs& a);
+void muon_normalize(float* x, int64_t n, float eps, bool bf16_math);
+void round_to_bf16(float* x, int64_t n);
+void muon_apply(float* p, const float* update, int64_t n, float keep, float lr);
 
 }  // namespace shardlab::cpu

@@ -283,6 +283,16 @@ Launches sgd_update_launches(int64_t n, bool aligned) {
   return packed_or_not("sgd_kernel<4>", "sgd_kernel<1>", n, packable(n, aligned));
 }
 
+Launches muon_momentum_launches(int64_t n) { return grid_stride("muon_momentum_kernel", n); }
+
+Launches muon_normalize_launches(int64_t n) {
+  Launches L;
+  if (n > 0) L.add(kernel("muon_sumsq_kernel", kReduceBlocks)).add(kernel("muon_divide_kernel", grid_for(n)));
+  return L;
+}
+
+Launches muon_apply_launches(int64_t n) { return grid_stride("muon_apply_kernel", n); }
+
 Launches moe_gather_launches(int64_t rows, int64_t C) { return grid_stride("moe_gather_kernel", rows * C); }
 
 Launches moe_combine_launches(int64_t N, int64_t, int64_t C, bool) {

@@ -4,6 +4,7 @@
 // families checked the tensors and pass the sizes they derived.
 #pragma once
 #include "src/backend/ops/flash_shape.hpp"
+#include "src/backend/ops/muon.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/quantize.hpp"
 #include "src/backend/ops/rope.hpp"
@@ -76,6 +77,10 @@ void vocab_ce_finish(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, 
 // ---- optimizer.cpp ----
 void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a);
 void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a);
+// ---- muon.cpp ----
+void muon_momentum(Backend& be, Tensor grad, Tensor buf, Tensor update, const MuonMomentumArgs& a);
+void muon_normalize(Backend& be, Tensor x, float eps);  // x f32 or bf16 (bf16 rounds as torch's bf16 does)
+void muon_apply(Backend& be, Tensor param, Tensor update, float keep, float lr);
 
 // ---- moe.cpp ---- (index arrays: device memory)
 void moe_gather(Backend& be, Tensor dst, Tensor src, const int32_t* token_of, int64_t rows, int64_t C);

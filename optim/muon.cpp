@@ -1,0 +1,109 @@
+#include "optim/muon.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "src/backend/ops/muon.hpp"
+
+namespace shardlab {
+
+MuonAdjustLr parse_muon_adjust_lr(const std::string& s) {
+  if (s == "original") return MuonAdjustLr::original;
+  if (s == "match_rms_adamw") return MuonAdjustLr::match_rms_adamw;
+  throw InputError(fmt::format("--muon-adjust-lr '{}': expected original or match_rms_adamw", s));
+}
+
+const char* muon_adjust_lr_name(MuonAdjustLr a) {
+  return a == MuonAdjustLr::original ? "original" : "match_rms_adamw";
+}
+
+void MuonConfig::validate() const {
+  SHARD_REQUIRE(ns_steps >= 1 && ns_steps < 100, "--muon-ns-steps {}: expected 1 to 99 (torch refuses 100 and more)",
+                ns_steps);
+  SHARD_REQUIRE(ns_dtype == DType::bf16 || ns_dtype == DType::f32, "--muon-ns-dtype {}: expected bf16 or f32",
+                dtype_name(ns_dtype));
+}
+
+double muon_lr_ratio(MuonAdjustLr how, int64_t A, int64_t B) {
+  if (how == MuonAdjustLr::original) return std::sqrt(std::max(1.0, static_cast<double>(A) / static_cast<double>(B)));
+  return 0.2 * std::sqrt(static_cast<double>(std::max(A, B)));
+}
+
+double newton_schulz_flops(int64_t rows, int64_t cols, int steps) {
+  const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  return steps * (4 * m * m * n + 2 * m * m * m);
+}
+
+namespace {
+
+GemmDesc product(DType t, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, float alpha,
+                 float beta) {
+  GemmDesc d;
+  d.trans_a = ta, d.trans_b = tb;
+  d.m = m, d.n = n, d.k = k;
+  d.lda = lda, d.ldb = ldb, d.ldc = n;
+  d.alpha = alpha, d.beta = beta;
+  d.a_type = d.b_type = d.c_type = t;
+  return d;
+}
+
+}  // namespace
+
+void newton_schulz(Pool& pool, Tensor g, Tensor out, int64_t rows, int64_t cols, const MuonConfig& cfg) {
+  Backend& be = pool.backend();
+  const int64_t n = rows * cols;
+  SHARD_CHECK(g.numel() == n && out.numel() == n && g.dtype() == DType::f32 && out.dtype() == DType::f32,
+              "newton_schulz: {} x {} expects f32 g and out of {} elements, got {} and {}", rows, cols, n, g.numel(),
+              out.numel());
+  const bool bf16 = cfg.ns_dtype == DType::bf16;
+  const DType S = bf16 && be.low_precision_gemm() ? DType::bf16 : DType::f32;
+  const bool round = bf16 && S == DType::f32;  // bf16 arithmetic on f32 storage
+  const bool wide = rows <= cols;
+  const int64_t m = wide ? rows : cols;  // the Gram matrix's side
+  Block xb = pool.alloc(S, n, Category::workspace, "muon iteration X");
+  Block yb = pool.alloc(S, n, Category::workspace, "muon iteration X'");
+  Block ab = pool.alloc(S, m * m, Category::workspace, "muon iteration gram");
+  Block bb = pool.alloc(S, m * m, Category::workspace, "muon iteration gram update");
+  Tensor X = xb.flat(S).slice(0, n), Y = yb.flat(S).slice(0, n);
+  const Tensor A = ab.flat(S).slice(0, m * m), B = bb.flat(S).slice(0, m * m);
+  const auto rounded = [&](Tensor t) {
+    if (round) ops::round_to_bf16(be, t);
+  };
+  be.cast(X, g);
+  rounded(X);
+  ops::muon_normalize(be, X, cfg.eps, round);
+  for (int s = 0; s < cfg.ns_steps; ++s) {
+    // A = W W^T of the wide orientation W (X, or X^T when X is tall).
+    if (wide) be.gemm(product(S, Trans::N, Trans::T, m, m, cols, cols, cols, 1.f, 0.f), X.data(), X.data(), A.data());
+    else be.gemm(product(S, Trans::T, Trans::N, m, m, rows, cols, cols, 1.f, 0.f), X.data(), X.data(), A.data());
+    rounded(A);
+    be.copy(B, A);  // B = b A + c A A (torch.addmm(A, A, A, beta=b, alpha=c))
+    be.gemm(product(S, Trans::N, Trans::N, m, m, m, m, m, cfg.c, cfg.b), A.data(), A.data(), B.data());
+    rounded(B);
+    be.copy(Y, X);  // W' = a W + B W; for a tall X: X' = a X + X B^T
+    if (wide) be.gemm(product(S, Trans::N, Trans::N, rows, cols, rows, m, cols, 1.f, cfg.a), B.data(), X.data(), Y.data());
+    else be.gemm(product(S, Trans::N, Trans::T, rows, cols, cols, cols, m, 1.f, cfg.a), X.data(), B.data(), Y.data());
+    rounded(Y);
+    std::swap(X, Y);
+  }
+  be.cast(out, X);
+}
+
+void assign_owners(std::vector<std::vector<MuonMatrix>*>& groups, int ranks, int steps) {
+  std::vector<double> load(static_cast<size_t>(std::max(ranks, 1)), 0.0);
+  for (std::vector<MuonMatrix>* g : groups) {
+    std::vector<size_t> order(g->size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
+      return newton_schulz_flops((*g)[i].rows, (*g)[i].cols, steps) > newton_schulz_flops((*g)[j].rows, (*g)[j].cols, steps);
+    });
+    for (size_t i : order) {
+      const auto least = std::min_element(load.begin(), load.end());
+      (*g)[i].owner = static_cast<int>(least - load.begin());
+      *least += newton_schulz_flops((*g)[i].rows, (*g)[i].cols, steps);
+    }
+  }
+}
+
+}  // namespace shardlab
