@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/muon.hpp"
 
 namespace shardlab {
@@ -88,6 +89,29 @@ void newton_schulz(Pool& pool, Tensor g, Tensor out, int64_t rows, int64_t cols,
     std::swap(X, Y);
   }
   be.cast(out, X);
+}
+
+void tp_pieces(Backend& be, Tensor parts, Tensor whole, const MuonMatrix& m, int T, int t, bool to_whole) {
+  const int64_t R = m.tp_dim == 0 ? m.rows * T : m.rows, C = m.tp_dim == 1 ? m.cols * T : m.cols;
+  SHARD_CHECK(m.tp_dim == 0 || m.tp_dim == 1, "tp_pieces: a matrix split along {}", m.tp_dim);
+  SHARD_CHECK(whole.numel() == R * C && parts.numel() >= m.numel() * (to_whole ? T : 1),
+              "tp_pieces: {} x {} in {} parts of {}: whole {}, parts {}", R, C, T, m.numel(), whole.numel(),
+              parts.numel());
+  // Block b of rank r's part is block b * T + r of the whole along the split dimension.
+  const int64_t per = (m.tp_dim == 0 ? m.rows : m.cols) / m.tp_parts;  // a block's rows or columns in a part
+  for (int r = to_whole ? 0 : t; r < (to_whole ? T : t + 1); ++r) {
+    Tensor part = parts.slice(to_whole ? r * m.numel() : 0, m.numel());
+    for (int b = 0; b < m.tp_parts; ++b) {
+      const int64_t at = (static_cast<int64_t>(b) * T + r) * per;
+      // dim 0: per rows of C, contiguous; dim 1: R rows of per columns, strided.
+      const int64_t rows = m.tp_dim == 0 ? per : R, width = m.tp_dim == 0 ? C : per;
+      const int64_t part_at = m.tp_dim == 0 ? b * per * C : b * per, whole_at = m.tp_dim == 0 ? at * C : at;
+      const int64_t part_ld = m.tp_dim == 0 ? C : m.cols;
+      Tensor w = whole.slice(whole_at, whole.numel() - whole_at), p = part.slice(part_at, part.numel() - part_at);
+      if (to_whole) ops::copy_rows(be, w, C, p, part_ld, rows, width);
+      else ops::copy_rows(be, p, part_ld, w, C, rows, width);
+    }
+  }
 }
 
 void assign_owners(std::vector<std::vector<MuonMatrix>*>& groups, int ranks, int steps) {

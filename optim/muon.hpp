@@ -43,22 +43,31 @@ double newton_schulz_flops(int64_t rows, int64_t cols, int steps);
 // are workspace from `pool`.
 void newton_schulz(Pool& pool, Tensor g, Tensor out, int64_t rows, int64_t cols, const MuonConfig& cfg);
 
-// A matrix Muon updates: where it lies in its unit's flat buffer, the shape it is iterated in (the
-// stored one), and its learning-rate ratio (from Hugging Face's shape of the whole tensor).
+// A matrix Muon updates: where it lies in its unit's flat buffer, its stored shape (this rank's
+// part under tensor parallelism), its learning-rate ratio (from Hugging Face's shape of the whole
+// tensor), and how tensor parallelism split it: along tp_dim (-1: not split), each of tp_parts
+// blocks of that dimension cut into the group's ranks' pieces (TpSplit's layout).
 struct MuonMatrix {
   int64_t offset = 0, rows = 0, cols = 0;
   double lr_ratio = 1;
   int owner = 0;  // the rank of the group that iterates it (assign_owners)
+  int tp_dim = -1, tp_parts = 1;
   int64_t numel() const { return rows * cols; }
 };
+
+// The tensor-parallel group's parts of a split matrix and the whole: `parts` holds the T ranks'
+// parts (rows x cols each) in rank order; to_whole writes them into `whole` (the whole matrix,
+// row-major), else rank t's part is taken back out of it into `parts`' first part.
+void tp_pieces(Backend& be, Tensor parts, Tensor whole, const MuonMatrix& m, int T, int t, bool to_whole);
 
 // Owners for every matrix of every group, in order, over `ranks` ranks: largest iteration first to
 // the least loaded rank (the lowest on a tie), loads carried across groups; the same on every rank.
 void assign_owners(std::vector<std::vector<MuonMatrix>*>& groups, int ranks, int steps);
 
-// The collectives a group whose elements are a slice of its unit needs (shard/: the strategy's
-// sharding group). gather: whole <- every rank's part, in rank order; scatter: part <- the sum over
-// ranks of whole's slice at this rank.
+// The collectives Muon needs (shard/matrix_exchange.hpp: over a ZeRO shard group, where a group's
+// elements are a slice of its unit, or the tensor-parallel group, whose ranks hold parts of a
+// matrix). gather: whole <- every rank's part, in rank order; scatter: part <- the sum over ranks of
+// whole's slice at this rank.
 class MatrixExchange {
  public:
   virtual ~MatrixExchange() = default;

@@ -152,7 +152,7 @@ void Optimizer::step_muon(Group& g, Tensor grad, int64_t step, float lr, float g
   const int rank = ex ? ex->rank() : 0;
   for (const MuonMatrix& mx : g.place.matrices) {
     Tensor part = W.slice(mx.offset, mx.numel());
-    if (!ex || mx.owner == rank) newton_schulz(pool_, part, part, mx.rows, mx.cols, cfg_.muon);
+    if (!ex || mx.owner == rank) orthogonalize(g.place, mx, part);
     else be.fill(part, 0.f);
   }
   if (ex) ex->scatter(W, U);
@@ -164,6 +164,23 @@ void Optimizer::step_muon(Group& g, Tensor grad, int64_t step, float lr, float g
     const float step_lr = static_cast<float>(lr * mx.lr_ratio);
     ops::muon_apply(be, g.param.slice(s.offset, s.numel), U.slice(s.offset, s.numel), keep, step_lr);
   }
+}
+
+// One matrix, in place: under tensor parallelism its parts are gathered from the group, the whole is
+// iterated (the same on every rank of the group), and this rank's part is taken back.
+void Optimizer::orthogonalize(const GroupPlace& place, const MuonMatrix& m, Tensor part) {
+  if (m.tp_dim < 0 || place.tp == nullptr) return newton_schulz(pool_, part, part, m.rows, m.cols, cfg_.muon);
+  const int T = place.tp->ranks();
+  Block pb = pool_.alloc(DType::f32, m.numel() * T, Category::workspace, "muon tp parts");
+  Block wb = pool_.alloc(DType::f32, m.numel() * T, Category::workspace, "muon tp whole");
+  const Tensor parts = pb.flat(DType::f32).slice(0, m.numel() * T), whole = wb.flat(DType::f32).slice(0, m.numel() * T);
+  place.tp->gather(part, parts);
+  Backend& be = pool_.backend();
+  tp_pieces(be, parts, whole, m, T, place.tp->rank(), true);
+  newton_schulz(pool_, whole, whole, m.tp_dim == 0 ? m.rows * T : m.rows, m.tp_dim == 1 ? m.cols * T : m.cols,
+                cfg_.muon);
+  tp_pieces(be, parts, whole, m, T, place.tp->rank(), false);
+  be.copy(part, parts.slice(0, m.numel()));
 }
 
 std::vector<std::string> Optimizer::state_names(OptimizerKind kind) {

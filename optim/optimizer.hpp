@@ -39,11 +39,12 @@ struct ParamSegment {
 // A group's place in its unit, for Muon: the group holds elements [first, first + numel) of a unit's
 // flat buffer of `whole` elements (padding included); `matrices` are the unit's (offsets in it);
 // `exchange` brings the unit whole from the ranks holding its other slices (null: the group is the
-// whole unit).
+// whole unit); `tp`, under tensor parallelism, a split matrix whole from its parts.
 struct GroupPlace {
   int64_t first = 0, whole = 0;
   std::vector<MuonMatrix> matrices;
   MatrixExchange* exchange = nullptr;
+  MatrixExchange* tp = nullptr;
 };
 
 class Optimizer {
@@ -81,6 +82,7 @@ class Optimizer {
     int64_t v_numel = 0;
   };
   void step_muon(Group& g, Tensor grad, int64_t step, float lr, float grad_scale);
+  void orthogonalize(const GroupPlace& place, const MuonMatrix& m, Tensor part);
   Pool& pool_;
   OptimConfig cfg_;
   std::vector<Group> groups_;

@@ -51,14 +51,16 @@ inline std::vector<ParamSegment> unit_segments(const UnitLayout& unit, int64_t f
 // The matrices Muon updates in a unit (torch.optim.Muon users' choice): every 2-D weight but the
 // embeddings and the LM head (the units "embedding" and "head", where a tied copy lives too): the
 // attention and MLP projections, each expert's matrices, the routers. The learning-rate ratio
-// comes from Hugging Face's shape of the whole tensor.
+// comes from Hugging Face's shape of the whole tensor; a tensor-parallel split is recorded.
 inline std::vector<MuonMatrix> muon_matrices(const UnitLayout& unit, MuonAdjustLr how) {
   std::vector<MuonMatrix> out;
   if (unit.name == "embedding" || unit.name == "head") return out;
   for (const TensorDecl& t : unit.tensors) {
     if (t.shape.size() != 2 || t.tied_copy) continue;
     const std::vector<int64_t>& hf = t.full_shape.empty() ? t.shape : t.full_shape;
-    out.push_back({t.offset, t.shape[0], t.shape[1], muon_lr_ratio(how, hf[0], hf[1]), 0});
+    MuonMatrix m{t.offset, t.shape[0], t.shape[1], muon_lr_ratio(how, hf[0], hf[1]), 0, -1, 1};
+    if (t.tp.split() && unit.tp_degree > 1) m.tp_dim = t.tp.dim, m.tp_parts = t.tp.parts;
+    out.push_back(m);
   }
   return out;
 }

@@ -1,5 +1,7 @@
 #include "shard/strategy.hpp"
 
+#include "shard/matrix_exchange.hpp"
+
 #include <sstream>
 
 #include "src/core/suggest.hpp"
@@ -138,7 +140,10 @@ Strategy::Strategy(const StrategyConfig& cfg, StrategyEnv env)
     : cfg_(cfg), env_(std::move(env)), rank_(env_.comm.rank()), world_(env_.comm.world_size()),
       mp_(cfg.precision, env_.pool, env_.units.size()) {
   for (size_t u = 0; u < env_.units.size(); ++u) borrowed_.push_back(borrowed_tensors(env_.units, u));
+  if (env_.optim.kind == OptimizerKind::muon && env_.mesh.size(CommAxis::tp) > 1)
+    tp_exchange_ = std::make_unique<CommExchange>(env_.mesh.comm(CommAxis::tp));
 }
+
 
 void Strategy::init_params(uint64_t seed) {
   for (size_t u = 0; u < num_units(); ++u) {
@@ -177,7 +182,7 @@ void Strategy::release_state_views() const {
 
 GroupPlace Strategy::optimizer_place(size_t u, int64_t first, int64_t whole, MatrixExchange* ex) const {
   if (env_.optim.kind != OptimizerKind::muon) return {};
-  return {first, whole, muon_matrices(layout(u), env_.optim.muon.adjust_lr), ex};
+  return {first, whole, muon_matrices(layout(u), env_.optim.muon.adjust_lr), ex, tp_exchange_.get()};
 }
 
 std::vector<Tensor> Strategy::owned_state(size_t u) const {

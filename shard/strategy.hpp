@@ -155,7 +155,6 @@ class Strategy : public UnitHooks {
   // it (the host tier under offload), after outstanding reductions complete; writable: pipeline
   // parallelism sums a tied copy's gradient into it before the norm.
   virtual Tensor reduced_grad(size_t u) = 0;
-
   // ---- checkpoints: what this rank owns and updates ----
   // Elements [begin, end) of unit u's real parameters this rank updates (empty for DP replicas).
   virtual std::pair<int64_t, int64_t> owned_range(size_t u) const = 0;
@@ -240,6 +239,7 @@ class Strategy : public UnitHooks {
   MixedPrecision mp_;
   // One group per unit, over updated(u) and its gradient; null where nothing is updated (DP's replicas).
   std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<MatrixExchange> tp_exchange_;  // Muon under tensor parallelism: a matrix's parts made whole
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, StrategyEnv env);

@@ -32,6 +32,7 @@
 // runs, users wait on the Work, not on a global sync, and a wrong transition is a CHECK failure.
 #include <deque>
 
+#include "shard/matrix_exchange.hpp"
 #include "shard/strategy.hpp"
 #include "shard/zeropp.hpp"
 
@@ -59,7 +60,7 @@ class Zero final : public Strategy {
                     layout(u).numel, shard_size_);
     SHARD_CHECK(cfg.prefetch >= 0, "zero3 built with an unresolved --prefetch auto");
     max_gathered_ = cfg.max_gathered > 0 ? cfg.max_gathered : cfg.prefetch + 2;
-    exchange_.comm = shard_comm_;
+    exchange_ = std::make_unique<CommExchange>(shard_comm());
     gathered_.resize(U);
     secondary_.resize(U);
     for (size_t u = 0; u < U; ++u) {
@@ -85,7 +86,7 @@ class Zero final : public Strategy {
         grad_shard_.push_back(opt_pool().alloc(reduce_type_, f.shard, Category::grad_shard, n + " grad shard"));
       }
       optim_->add(updated(u), reduced_grads(u), unit_segments(layout(u), f.shard_begin(), f.shard), n,
-                  optimizer_place(u, f.shard_begin(), f.padded, &exchange_));
+                  optimizer_place(u, f.shard_begin(), f.padded, exchange_.get()));
       if (cfg.zeropp.error_feedback) {
         feedback_.push_back(env_.pool.alloc(DType::f32, f.padded, Category::grad_full, n + " error feedback"));
         env_.be.fill(feedback_.back().flat(DType::f32), 0.f);
@@ -449,14 +450,7 @@ class Zero final : public Strategy {
   Communicator& shard_comm() { return *shard_comm_; }
   // Muon's whole matrices (optim/muon.hpp): the unit's momentum-updated gradient all-gathered over
   // the shard group, the owners' results reduce-scattered back (f32, the optimizer's buffers).
-  struct Exchange final : MatrixExchange {
-    Communicator* comm = nullptr;
-    int rank() const override { return comm->rank(); }
-    int ranks() const override { return comm->world_size(); }
-    void gather(Tensor part, Tensor whole) override { comm->all_gather(part, whole).wait(); }
-    void scatter(Tensor whole, Tensor part) override { comm->reduce_scatter(whole, part).wait(); }
-  };
-  Exchange exchange_;
+  std::unique_ptr<CommExchange> exchange_;
   void open_groups() {
     shard_comm_ = &env_.mesh.comm(CommAxis::dp_shard_cp);  // dp_shard itself at cp 1
     shard_size_ = shard_comm_->world_size();

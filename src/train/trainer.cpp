@@ -70,15 +70,11 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(!save_best || has_validation(),
                 "--save-best needs a validation source (--val-data SRC or --val-fraction F) to rank checkpoints by");
   optim.validate();
-  if (optim.kind == OptimizerKind::muon) {
-    // Muon orthogonalizes whole matrices. Tensor parallelism would hand it column or row blocks,
-    // and offload's host update has no collectives to bring a matrix whole: refused, not run as
-    // another optimizer.
-    SHARD_REQUIRE(layout.dims.tp == 1, "--optimizer muon with --tp {}: not supported yet (a matrix split by tensor "
-                  "parallelism must be orthogonalized whole); use --tp 1", layout.dims.tp);
-    SHARD_REQUIRE(strategy.offload == Offload::none, "--optimizer muon with --offload {}: not supported yet (the "
-                  "host update cannot bring a matrix whole); leave --offload out", offload_name(strategy.offload));
-  }
+  // Muon's update runs where the state is: offload's host update has no collectives to bring a
+  // matrix whole. Refused, not run as another optimizer.
+  SHARD_REQUIRE(optim.kind != OptimizerKind::muon || strategy.offload == Offload::none, "--optimizer muon with "
+                "--offload {}: not supported yet (the host update cannot bring a matrix whole); leave --offload out",
+                offload_name(strategy.offload));
   schedule.validate();
 }
 

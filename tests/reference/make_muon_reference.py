@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes muon_reference.json: ten steps of torch.optim.Muon (on the hidden matrices) with
-torch.optim.AdamW (on everything else), training transformers' own GPT2LMHeadModel and
-LlamaForCausalLM from the committed directories hf_gpt2_tiny/ and hf_llama_tiny/.
+torch.optim.AdamW (on everything else), training transformers' own GPT2LMHeadModel,
+LlamaForCausalLM and Qwen3MoeForCausalLM from the committed directories hf_gpt2_tiny/,
+hf_llama_tiny/ and hf_qwen3_moe_tiny/.
 
 Run by hand (not in CI), with torch >= 2.9 and transformers installed:
     /work/venv/bin/python tests/reference/make_muon_reference.py
@@ -12,6 +13,12 @@ parameter but the token and position embeddings and the LM head; AdamW (betas 0.
 1e-8, weight decay 0.1 on the other 2-D tensors, 0 on 1-D ones, lr 5e-3) for the rest. No clipping,
 a constant learning rate, the model in float64 and in eval mode (no dropout), the loss the mean
 cross-entropy of each position predicting the next token.
+
+Qwen3-MoE: transformers holds each layer's experts as two 3-D tensors (gate_up_proj (E, 2F, C), gate
+rows first; down_proj (E, C, F)), which torch.optim.Muon refuses; each expert's gate, up and down
+matrices (the hub's per-expert tensors) get torch's own Muon step (_single_tensor_muon) as views,
+with a momentum buffer each. Its objective is transformers' with output_router_logits: cross-entropy
++ router_aux_loss_coef x the load-balancing loss; "losses" holds the cross-entropy.
 
 Two cases per model:
   bf16  torch.optim.Muon exactly as shipped (its iteration runs in bfloat16);
@@ -57,37 +64,70 @@ def zeropower_f32(grad, ns_coefficients, ns_steps, eps):
     return x
 
 
+def expert_views(model):
+    """(name, [(param view, grad view)]) of every expert matrix: the hub's per-expert tensors."""
+    out = []
+    for n, p in model.named_parameters():
+        if n.endswith("mlp.experts.gate_up_proj"):
+            F = p.shape[1] // 2
+            for e in range(p.shape[0]):
+                out.append((f"{n}.{e}.gate", lambda p=p, e=e, F=F: (p[e, :F], p.grad[e, :F])))
+                out.append((f"{n}.{e}.up", lambda p=p, e=e, F=F: (p[e, F:], p.grad[e, F:])))
+        elif n.endswith("mlp.experts.down_proj"):
+            for e in range(p.shape[0]):
+                out.append((f"{n}.{e}", lambda p=p, e=e: (p[e], p.grad[e])))
+    return out
+
+
 def train(dirname, tokens, case):
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(here, dirname), dtype=torch.float64).eval()
+    kwargs = {"experts_implementation": "eager"} if "moe" in dirname else {}  # grouped_mm is f32-only
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(here, dirname), dtype=torch.float64, **kwargs).eval()
     muon, adam_decay, adam_plain = [], [], []
     for name, p in model.named_parameters():
+        if p.dim() == 3:
+            continue  # experts: expert_views
         if p.dim() == 2 and not name.endswith(EMBEDDINGS):
             muon.append((name, p))
         elif p.dim() >= 2:
             adam_decay.append(p)
         else:
             adam_plain.append(p)
+    experts = expert_views(model)
+    expert_bufs = {}
     opt_muon = torch.optim.Muon([p for _, p in muon], lr=LR)
     opt_adam = torch.optim.AdamW([{"params": adam_decay, "weight_decay": 0.1},
                                   {"params": adam_plain, "weight_decay": 0.0}], lr=LR, betas=(0.9, 0.95), eps=1e-8)
     original = torch_muon._zeropower_via_newtonschulz
     if case == "f32":
         torch_muon._zeropower_via_newtonschulz = zeropower_f32
+    aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) if experts else 0.0
     losses = []
     try:
         for t in range(STEPS):
             seqs = torch.stack([tokens[j * T: j * T + T + 1] for j in range(t * B, t * B + B)])
-            logits = model(seqs[:, :T]).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), seqs[:, 1:].reshape(-1))
+            out = model(seqs[:, :T], output_router_logits=True) if experts else model(seqs[:, :T])
+            loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, V), seqs[:, 1:].reshape(-1))
             opt_muon.zero_grad()
             opt_adam.zero_grad()
-            loss.backward()
+            for p in model.parameters():
+                p.grad = None
+            (loss + aux_coef * out.aux_loss if experts else loss).backward()
             losses.append(loss.item())
             opt_muon.step()
             opt_adam.step()
+            with torch.no_grad():
+                for name, view in experts:
+                    param, grad = view()
+                    buf = expert_bufs.setdefault(name, torch.zeros_like(grad))
+                    group = opt_muon.param_groups[0]
+                    torch_muon._single_tensor_muon(
+                        [param], [grad], [buf], lr=group["lr"], weight_decay=group["weight_decay"],
+                        momentum=group["momentum"], nesterov=group["nesterov"],
+                        ns_coefficients=group["ns_coefficients"], ns_steps=group["ns_steps"], eps=group["eps"],
+                        adjust_lr_fn=group["adjust_lr_fn"], has_complex=False)
     finally:
         torch_muon._zeropower_via_newtonschulz = original
-    return losses, [n for n, _ in muon]
+    return losses, [n for n, _ in muon] + [n for n, _ in experts]
 
 
 def main():
@@ -97,7 +137,7 @@ def main():
            "generator": f"tests/reference/make_muon_reference.py, torch {torch.__version__}, "
                         f"transformers {transformers.__version__}, float64 model",
            "losses": {}, "muon_params": {}}
-    for model, dirname in (("gpt2", "hf_gpt2_tiny"), ("llama", "hf_llama_tiny")):
+    for model, dirname in (("gpt2", "hf_gpt2_tiny"), ("llama", "hf_llama_tiny"), ("qwen3_moe", "hf_qwen3_moe_tiny")):
         out["losses"][model] = {}
         for case in ("bf16", "f32"):
             losses, names = train(dirname, tokens, case)
