@@ -195,6 +195,7 @@ TrainConfig bench_train_config(Pool& pool, const TrainBenchConfig& cfg) {
   tc.schedule.kind = ScheduleKind::constant;
   tc.schedule.lr = 1e-4f;
   tc.strategy = cfg.strategy;
+  tc.optim = cfg.optim;
   // The sim stands in for the transport one rank would use: mpi on the cpu, nccl on a GPU.
   tc.comm = pool.backend().device() == Device::cuda ? CommKind::nccl : CommKind::mpi;
   tc.checkpointing = cfg.checkpointing;
@@ -265,13 +266,13 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
     std::unique_ptr<Pool> pool;
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Trainer> trainer;
-    std::vector<double> ms;
+    std::vector<double> ms, update_ms;
     StepStats last;
   };
   std::vector<Run> runs;
   auto add = [&](TrainConfig c, std::string label) {
     Run run{std::move(label), std::make_unique<Pool>(pool.backend(), PoolConfig{pool.budget(), pool.host().budget()}),
-            nullptr, nullptr, {}, {}};
+            nullptr, nullptr, {}, {}, {}};
     if (!world) run.comm = make_sim_communicator(0, 1, *run.pool, sim_transport(c.comm));
     run.trainer = std::make_unique<Trainer>(pool.backend(), *run.pool, world ? *world : *run.comm, c);
     runs.push_back(std::move(run));
@@ -295,6 +296,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
       run.last = run.trainer->step(t);
       if (t < cfg.warmup) continue;
       run.ms.push_back(run.last.ms);
+      if (run.last.optimizer_ms) run.update_ms.push_back(*run.last.optimizer_ms);
       if (piped && &run == &runs[0]) stage.add(run.last, run.trainer->pipeline_timing());
     }
   std::fprintf(out, "#%-44s %6s %10s %10s %9s %7s %8s %11s %11s\n", "configuration", "steps", "ms/step", "tokens/s",
@@ -309,6 +311,9 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                  format_bytes(static_cast<double>(run.last.host_peak_bytes)).c_str());
   }
   r.ms_per_step = median(runs[0].ms);
+  if (!runs[0].update_ms.empty())  // Muon: its update (momentum, exchanges, the iterations this rank owns)
+    std::fprintf(out, "# %s update: %.1f ms per step (median, rank 0), %.1f%% of the step\n",
+                 optimizer_name(tc.optim.kind), median(runs[0].update_ms), 100.0 * median(runs[0].update_ms) / r.ms_per_step);
   if (piped) {
     r.bubble_theory = bubble_fraction(cfg.layout.pipeline.schedule, dims.pp, cfg.layout.pipeline.virtual_stages,
                                       static_cast<int>(cfg.accum));

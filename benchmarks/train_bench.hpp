@@ -27,6 +27,7 @@ struct TrainBenchConfig {
   int64_t accum = 1;               // micro-steps per step: the pipeline's micro-batches under --pp
   ParallelLayout layout;           // the mesh's degrees, sequence parallelism, the pipeline
   double peak_tflops = 0;  // the device's dense peak, for MFU (0 = not printed)
+  OptimConfig optim;       // --optimizer (Muon's update time is printed beside the step)
   bool levers() const { return checkpointing != Checkpointing::none || strategy.offload != Offload::none; }
 };
 

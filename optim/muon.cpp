@@ -62,10 +62,12 @@ void newton_schulz(Pool& pool, Tensor g, Tensor out, int64_t rows, int64_t cols,
   const bool round = bf16 && S == DType::f32;  // bf16 arithmetic on f32 storage
   const bool wide = rows <= cols;
   const int64_t m = wide ? rows : cols;  // the Gram matrix's side
-  Block xb = pool.alloc(S, n, Category::workspace, "muon iteration X");
-  Block yb = pool.alloc(S, n, Category::workspace, "muon iteration X'");
-  Block ab = pool.alloc(S, m * m, Category::workspace, "muon iteration gram");
-  Block bb = pool.alloc(S, m * m, Category::workspace, "muon iteration gram update");
+  // Sized for f32 on every backend: the memory prediction (the meta backend, which does not know
+  // the device it stands for) then holds where the storage is bf16.
+  Block xb = pool.alloc(DType::f32, n, Category::workspace, "muon iteration X");
+  Block yb = pool.alloc(DType::f32, n, Category::workspace, "muon iteration X'");
+  Block ab = pool.alloc(DType::f32, m * m, Category::workspace, "muon iteration gram");
+  Block bb = pool.alloc(DType::f32, m * m, Category::workspace, "muon iteration gram update");
   Tensor X = xb.flat(S).slice(0, n), Y = yb.flat(S).slice(0, n);
   const Tensor A = ab.flat(S).slice(0, m * m), B = bb.flat(S).slice(0, m * m);
   const auto rounded = [&](Tensor t) {

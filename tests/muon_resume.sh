@@ -3,7 +3,7 @@
 # four ranks) resumes under ddp x 2 and at one rank: the resumed steps' losses equal an
 # uninterrupted single-rank run's (1e-5 relative: the iteration in f32, as a bf16 one turns the
 # summation order of four ranks' gradients into roundings 2^-8 apart; a lost momentum or second
-# moment moves the loss by 1e-3 and more).
+# moment moves the loss by 1e-3 and more). A resume with another iteration is refused.
 set -e
 B="$1"; D="$2"
 rm -rf "$D"; mkdir -p "$D"
@@ -15,6 +15,11 @@ for layout in "--nproc 2 --strategy ddp" "--nproc 1"; do
   i=$((i+1))
   "$B" train $layout $common --steps 6 --resume "$D/ck/step_00000003" --log "$D/r$i.jsonl" >/dev/null
 done
+# Another iteration from the next step on is refused, named (the checkpoint records it).
+if "$B" train --nproc 1 $common --steps 6 --muon-ns-steps 3 --resume "$D/ck/step_00000003" >"$D/changed.txt" 2>&1; then
+  echo "a resume with another --muon-ns-steps ran"; exit 1
+fi
+grep -q -- "--muon-ns-steps 5 -> 3" "$D/changed.txt" || { cat "$D/changed.txt"; exit 1; }
 python3 - "$D" <<'PY'
 import json, sys
 d = sys.argv[1]

@@ -1,9 +1,10 @@
 // Muon (--optimizer muon) against torch.optim.Muon (tests/reference/make_muon_reference.py: ten
-// steps of transformers' own GPT-2 and Llama, Muon on the hidden matrices and AdamW on the rest) at
-// every world this binary runs at, under each data-parallel strategy that world allows, hybrid
-// sharding, pipeline stages and tensor parallelism (a split matrix orthogonalized whole); measured =
-// predicted memory; the added bus bytes. (A checkpoint resharded across
-// strategies: tests/muon_resume.sh.)
+// steps of transformers' own GPT-2, Llama and Qwen3-MoE, Muon on the hidden matrices and AdamW on
+// the rest) at every world this binary runs at: each data-parallel strategy that world allows,
+// hybrid sharding, pipeline stages, context parallelism (the shard group holds the cp ranks),
+// tensor parallelism (a split matrix orthogonalized whole) and expert parallelism. Also measured =
+// predicted memory and the added bus bytes. (A checkpoint resharded across strategies:
+// tests/muon_resume.sh.)
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +90,7 @@ struct Layout {
   StrategyKind kind;
   int dp_shard = 0, pp = 1, tp = 1, ep = 1;
   bool moe = false;  // Qwen3-MoE too (each expert's matrices its own; under ep its rank's experts)
+  int cp = 1;
 };
 
 }  // namespace
@@ -102,7 +104,8 @@ TEST_CASE("Muon trains as torch.optim.Muon does under every strategy", "[muon]")
       {"ep 2", 2, StrategyKind::ddp, 0, 1, 1, 2, true}, {"zero3 x ep 2", 4, StrategyKind::zero3, 0, 1, 1, 2, true},
       {"zero2 x 3", 3, StrategyKind::zero2}, {"zero3 x 4", 4, StrategyKind::zero3},
       {"hybrid zero3 2 x 2", 4, StrategyKind::zero3, 2}, {"zero1 x 2 x pp 2", 4, StrategyKind::zero1, 0, 2},
-      {"tp 2", 2, StrategyKind::ddp, 0, 1, 2}, {"zero3 x 2 x tp 2", 4, StrategyKind::zero3, 0, 1, 2}};
+      {"tp 2", 2, StrategyKind::ddp, 0, 1, 2}, {"zero3 x 2 x tp 2", 4, StrategyKind::zero3, 0, 1, 2},
+      {"zero2 x cp 2", 2, StrategyKind::zero2, 0, 1, 1, 1, false, 2}};
   for (const Layout& l : layouts) {
     if (l.world != N) continue;
     for (const std::string model : {"gpt2", "llama", "qwen3_moe"}) {
@@ -114,6 +117,7 @@ TEST_CASE("Muon trains as torch.optim.Muon does under every strategy", "[muon]")
         cfg.layout.dims.pp = l.pp;
         cfg.layout.dims.tp = l.tp;
         cfg.layout.dims.ep = l.ep;
+        cfg.layout.dims.cp = l.cp;
         const std::string nsname = dtype_name(ns);
         const auto want = ref().losses[model][nsname].get<std::vector<double>>();
         const std::vector<float> got = train_losses(cfg);
@@ -148,6 +152,39 @@ TEST_CASE("Muon's memory is predicted to the byte", "[muon]") {
       cfg.layout.dims.tp = 2;
       check_measured_is_predicted(cfg, std::string("muon tp 2 ") + strategy_name(k));
     }
+  }
+}
+
+// Optimizer state per rank: 4 bytes per element of the rank's slice of each unit (the momentum, and
+// AdamW's m) and 4 per element of it that is no matrix's (AdamW's v, padding included), against
+// AdamW's 8 per element.
+TEST_CASE("Muon's optimizer state is its formula: one buffer, and AdamW's v only where AdamW applies", "[muon]") {
+  const int N = g_mpi->world();
+  for (const StrategyKind k : {StrategyKind::ddp, StrategyKind::zero3}) {
+    if (N == 1 && k != StrategyKind::ddp) continue;
+    TrainConfig cfg = muon_config("gpt2", DType::bf16);
+    cfg.init.clear();
+    cfg.use_strategy(k);
+    cfg.record_step = true;
+    cfg.comm = test::test_comm();
+    auto be = test::test_backend();
+    Pool pool(*be);
+    auto comm = test::test_communicator(pool);
+    Trainer t(*be, pool, *comm, cfg);
+    t.step(0);
+    const uint64_t measured = t.measured_step().model_states[static_cast<size_t>(Category::optim_state)];
+    const int S = k == StrategyKind::zero3 ? N : 1, r = k == StrategyKind::zero3 ? g_mpi->rank() : 0;
+    uint64_t want = 0;
+    for (const UnitLayout& u : family_of(cfg.spec).layout(cfg.spec)) {
+      const FlatParam f = make_flat_param(u, S, r);
+      int64_t adamw = f.shard;  // the slice's elements outside every matrix
+      for (const MuonMatrix& m : muon_matrices(u, MuonAdjustLr::original))
+        adamw -= std::max<int64_t>(0, std::min(m.offset + m.numel(), f.shard_begin() + f.shard) -
+                                          std::max(m.offset, f.shard_begin()));
+      want += 4 * static_cast<uint64_t>(f.shard + adamw);
+    }
+    INFO(strategy_name(k) << " world " << N << " rank " << g_mpi->rank());
+    CHECK(measured == want);
   }
 }
 

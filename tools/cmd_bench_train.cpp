@@ -20,6 +20,7 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   cli::StrategyOptions strategy;
   cli::MeshOptions mesh;
   TrainBenchConfig cfg;
+  std::string optimizer = "adamw";
   cli::Desc desc = cli::command_options("bench-train");
   cli::add_batch(desc, cfg.batch, "sequences per step");
   cli::add_steps(desc, cfg.steps, "timed steps (the median is reported)");
@@ -28,7 +29,9 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
                      "accumulation micro-steps per step: under --pp the pipeline's micro-batches")("peak-tflops", po::value(&cfg.peak_tflops)
                                         ->default_value(-1, fmt::format("{:g} on cuda ({} dense bf16), none on cpu",
                                                                         kH100.dense_bf16_tflops, kH100.name)),
-                     "the device's peak for the MFU line; 0 = no MFU line");
+                     "the device's peak for the MFU line; 0 = no MFU line")(
+                     "optimizer", po::value(&optimizer)->default_value(optimizer),
+                     "adamw, sgd or muon (its defaults; the update's time is printed)");
   run.add(desc, true);
   memory.add(desc, true, "bench-train: with a lever, the run without it is timed too (steps interleaved) and the "
                          "ratio printed");
@@ -38,6 +41,8 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"bench-train"})) return ExitCode::ok;
   cfg.spec = model.spec();
   cfg.strategy.kind = parse_strategy(strategy.kind);
+  cfg.optim.kind = parse_optimizer(optimizer);
+  if (cfg.optim.kind == OptimizerKind::muon) cfg.optim.momentum = 0.95f;  // torch's default, as train's
   cfg.layout = mesh.layout(ctx.mpi.world(), 0);
   cfg.strategy.offload = parse_offload(memory.offload);
   cfg.strategy.validate();

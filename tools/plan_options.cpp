@@ -31,6 +31,8 @@ Desc plan_options(PlanFlags& f, PlanConfig& pc) {
       "strategy", po::value(&f.kind)->default_value(""), "pin the data-parallel strategy: ddp, zero1, zero2, zero3")(
       "activation-checkpointing", po::value(&f.ckpt)->default_value(""), "pin it: none, attention, blocks")(
       "offload", po::value(&f.offload)->default_value(""), "pin it: none, optimizer, params")(
+      "optimizer", po::value(&f.optimizer)->default_value(f.optimizer),
+      "adamw or muon (its state in each layout's memory; muon pins --offload none: docs/muon.md)")(
       "micro-batch", po::value(&f.micro_batch)->default_value(0),
       "pin the sequences per micro-batch (accumulation makes up --global-batch)")(
       "overlap", po::value(&pc.rates.dp_overlap)->default_value(pc.rates.dp_overlap, "0.9"),
@@ -81,6 +83,11 @@ void set_pins(PlanPins& pins, const PlanFlags& f, const po::variables_map& vm) {
   if (!f.ckpt.empty()) pins.checkpointing = parse_checkpointing(f.ckpt);
   if (!f.offload.empty()) pins.offload = parse_offload(f.offload);
   if (f.micro_batch != 0) pins.micro_batch = f.micro_batch;
+  if (f.optimizer == "muon") {  // the host update cannot bring a matrix whole (docs/muon.md)
+    SHARD_REQUIRE(!pins.offload || *pins.offload == Offload::none, "plan --optimizer muon --offload {}: Muon runs "
+                  "without offload; leave --offload out", f.offload);
+    pins.offload = Offload::none;
+  }
 }
 
 void set_device(PlanConfig& pc, const PlanFlags& f, const po::variables_map& vm) {

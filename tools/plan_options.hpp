@@ -17,7 +17,7 @@ struct PlanFlags {
   MeshOptions mesh;
   ReportOptions reports;
   DeviceRateOptions device;
-  std::string family, kind, ckpt, offload;
+  std::string family, kind, ckpt, offload, optimizer = "adamw";
   bool calibrate = false;
   int measure_top = 0, measure_steps = 6, show = 15, ledger_top = 0;
   int64_t micro_batch = 0;

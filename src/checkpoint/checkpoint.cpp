@@ -121,6 +121,15 @@ std::string check_schedule(const Manifest& m, const CheckpointState& state, cons
   compare("--eps", o.eps, c.optim.eps);
   compare("--weight-decay", o.weight_decay, c.optim.weight_decay);
   compare("--momentum", o.momentum, c.optim.momentum);
+  if (o.muon_ns_steps > 0) {  // Muon's iteration
+    const MuonConfig& mu = c.optim.muon;
+    if (o.muon_ns_steps != mu.ns_steps)
+      changed.push_back(fmt::format("--muon-ns-steps {} -> {}", o.muon_ns_steps, mu.ns_steps));
+    if (o.muon_ns_dtype != dtype_name(mu.ns_dtype))
+      changed.push_back(fmt::format("--muon-ns-dtype {} -> {}", o.muon_ns_dtype, dtype_name(mu.ns_dtype)));
+    if (o.muon_adjust_lr != muon_adjust_lr_name(mu.adjust_lr))
+      changed.push_back(fmt::format("--muon-adjust-lr {} -> {}", o.muon_adjust_lr, muon_adjust_lr_name(mu.adjust_lr)));
+  }
   if (changed.empty()) return "";
   const bool update_changed = changed.size() > schedule_changes;
   LrSchedule old;

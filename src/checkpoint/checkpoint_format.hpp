@@ -88,10 +88,13 @@ struct ManifestTensor {
 };
 
 struct ManifestOptimizer {
-  std::string kind;  // adamw | sgd (not checked against the known kinds: load compares it with the run's)
+  std::string kind;  // adamw | sgd | muon (not checked against the known kinds: load compares it with the run's)
   // The hyperparameters of the run that wrote it (f32 values widened to double); 0 when absent.
   double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, momentum = 0;
   std::vector<std::string> states;  // state names, "param" first; empty when absent
+  // Muon's iteration ("muon": {"ns_steps", "ns_dtype", "adjust_lr"}); 0 and "" when absent.
+  int64_t muon_ns_steps = 0;
+  std::string muon_ns_dtype, muon_adjust_lr;
 };
 
 // The learning-rate schedule and gradient clip of the run that wrote it (manifest key "schedule"):

@@ -106,6 +106,15 @@ ManifestOptimizer ManifestParser::optimizer(const json& m) const {
   opt.eps = number(o, "eps", 0);
   opt.weight_decay = number(o, "weight_decay", 0);
   opt.momentum = number(o, "momentum", 0);
+  if (o.contains("muon")) {
+    const json& mu = o["muon"];
+    if (!mu.is_object() || !mu.contains("ns_dtype") || !mu["ns_dtype"].is_string() || !mu.contains("adjust_lr") ||
+        !mu["adjust_lr"].is_string())
+      throw bad("the optimizer's \"muon\" must give ns_steps, ns_dtype and adjust_lr");
+    opt.muon_ns_steps = static_cast<int64_t>(number(mu, "ns_steps", 0));
+    opt.muon_ns_dtype = mu["ns_dtype"].get<std::string>();
+    opt.muon_adjust_lr = mu["adjust_lr"].get<std::string>();
+  }
   if (o.contains("states")) {
     if (!o["states"].is_array()) throw bad("the optimizer's \"states\" must be a list of names");
     for (const auto& s : o["states"]) {

@@ -225,6 +225,9 @@ nlohmann::json manifest_head(const CheckpointState& state, int world, const RunP
   m["reduce_dtype"] = dtype_name(c.strategy.precision.reduce_dtype);
   m["optimizer"] = {{"kind", optimizer_name(c.optim.kind)}, {"beta1", c.optim.beta1}, {"beta2", c.optim.beta2}, {"eps", c.optim.eps},
                     {"weight_decay", c.optim.weight_decay}, {"momentum", c.optim.momentum}, {"states", states}};
+  if (c.optim.kind == OptimizerKind::muon)
+    m["optimizer"]["muon"] = {{"ns_steps", c.optim.muon.ns_steps}, {"ns_dtype", dtype_name(c.optim.muon.ns_dtype)},
+                              {"adjust_lr", muon_adjust_lr_name(c.optim.muon.adjust_lr)}};
   m["step"] = at.step;
   m["data_position"] = at.data_position;
   m["seed"] = c.seed;

@@ -353,6 +353,9 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                "3Psi(N-1)/N for zero3 (measured is higher: the tied embedding is gathered once more\nfor the lm head), "
                "dp: broadcast + reduce of the parameters and gather + scatter of the logits. vs ddp / vs dp: change "
                "of the peak per rank\n(dp: its largest rank).\n");
+  if (cfg.train.optim.kind == OptimizerKind::muon)
+    std::fprintf(out, "--optimizer muon: zero1-3's theory adds Muon's exchange, an all-gather and a reduce-scatter of "
+                 "each unit with matrices in f32 over the shard group (docs/muon.md).\n");
   if (const int ep = cfg.train.layout.dims.ep; ep > 1)
     std::fprintf(out, "--ep %d: the theory is the strategy's traffic over the ranks holding the same experts; the "
                  "measured bytes add the ep group's all-to-alls (they follow the routing) and the dense gradients' "
