@@ -230,6 +230,9 @@ void print_bench_header(Pool& pool, const TrainBenchConfig& cfg, int ranks, cons
 // the first configuration's figures.
 void print_result(const TrainBenchConfig& cfg, int ranks, const ParallelDims& dims, const std::string& label,
                   TrainBenchResult& r, std::FILE* out) {
+  if (r.update_ms > 0)  // Muon: its update (momentum, exchanges, the iterations this rank owns)
+    std::fprintf(out, "# %s update: %.1f ms per step (median, rank 0), %.1f%% of the step\n",
+                 optimizer_name(cfg.optim.kind), r.update_ms, 100.0 * r.update_ms / r.ms_per_step);
   if (cfg.peak_tflops > 0) {
     r.mfu = r.gflops / (cfg.peak_tflops * 1e3);
     std::fprintf(out, "# MFU %.1f%% of %.0f TFLOP/s (%s: %.1f TFLOP/s achieved, 6N + 6LCT per token)\n", 100.0 * r.mfu,
@@ -311,9 +314,7 @@ TrainBenchResult run_train_benchmark(Pool& pool, const TrainBenchConfig& cfg, st
                  format_bytes(static_cast<double>(run.last.host_peak_bytes)).c_str());
   }
   r.ms_per_step = median(runs[0].ms);
-  if (!runs[0].update_ms.empty())  // Muon: its update (momentum, exchanges, the iterations this rank owns)
-    std::fprintf(out, "# %s update: %.1f ms per step (median, rank 0), %.1f%% of the step\n",
-                 optimizer_name(tc.optim.kind), median(runs[0].update_ms), 100.0 * median(runs[0].update_ms) / r.ms_per_step);
+  if (!runs[0].update_ms.empty()) r.update_ms = median(runs[0].update_ms);
   if (piped) {
     r.bubble_theory = bubble_fraction(cfg.layout.pipeline.schedule, dims.pp, cfg.layout.pipeline.virtual_stages,
                                       static_cast<int>(cfg.accum));

@@ -35,6 +35,7 @@ struct TrainBenchResult {
   double ms_per_step = 0, tokens_per_s = 0, gflops = 0, sgemm_gflops = 0, sgemm_picked_gflops = 0;
   double mfu = 0;  // gflops / peak (0 without a peak)
   double baseline_ms_per_step = 0;  // without the levers (0 when none was asked for)
+  double update_ms = 0;             // --optimizer muon: rank 0's update per step (median)
   // Several ranks: the last step's bus bytes on the tensor-parallel axis and on the data-parallel
   // ones (world included), and their time as estimated from an isolated all-reduce (not measured).
   struct Comm {
