@@ -57,4 +57,21 @@ double muon_exchange_bytes(StrategyKind k, const std::vector<UnitLayout>& units,
   return bytes;
 }
 
+double muon_tp_bytes(StrategyKind k, const std::vector<UnitLayout>& units, int S, int rank, int T) {
+  if (T <= 1) return 0;
+  std::vector<std::vector<MuonMatrix>> matrices;
+  for (const UnitLayout& u : units) matrices.push_back(muon_matrices(u, MuonAdjustLr::original));
+  const bool owners = zero_stage(k) > 0 && S > 1;
+  if (owners) {
+    std::vector<std::vector<MuonMatrix>*> groups;
+    for (auto& m : matrices) groups.push_back(&m);
+    assign_owners(groups, S, 5);  // the order of the iteration's costs: any step count gives it
+  }
+  double bytes = 0;
+  for (const auto& unit : matrices)
+    for (const MuonMatrix& m : unit)
+      if (m.tp_dim >= 0 && (!owners || m.owner == rank)) bytes += (T - 1.0) / T * 4.0 * double(m.numel()) * T;
+  return bytes;
+}
+
 }  // namespace shardlab

@@ -69,4 +69,10 @@ StepTraffic step_traffic(StrategyKind k, const TrafficInputs& in);
 // DP hold every matrix whole: 0.
 double muon_exchange_bytes(StrategyKind k, const std::vector<UnitLayout>& units, int S);
 
+// Muon under tensor parallelism of degree T: each split matrix a rank iterates (all of them under
+// ddp and dp; under ZeRO those it owns in its shard group of S, as the optimizer assigns owners) has
+// its T parts all-gathered in f32: (T-1)/T x 4 x the whole matrix per matrix. `units` are this
+// rank's tensor-parallel parts; `rank` its place in the shard group.
+double muon_tp_bytes(StrategyKind k, const std::vector<UnitLayout>& units, int S, int rank, int T);
+
 }  // namespace shardlab

@@ -207,4 +207,31 @@ TEST_CASE("Muon's exchanges add the bus bytes of their formula under ZeRO, none 
       std::printf("muon %-5s world %d: %.0f bus bytes per step more than AdamW, formula %.0f\n", strategy_name(k), N,
                   muon.comm_bytes.back() - plain.comm_bytes.back(), want);
   }
+  // Under tensor parallelism: the tp axis adds the gathers of the split matrices each rank iterates.
+  for (const StrategyKind k : {StrategyKind::ddp, StrategyKind::zero3}) {
+    if (N % 2 != 0 || (k == StrategyKind::zero3 && N < 4)) continue;
+    double tp_bytes[2] = {0, 0};
+    double want = 0;
+    for (const OptimizerKind o : {OptimizerKind::adamw, OptimizerKind::muon}) {
+      TrainConfig cfg = muon_config("llama", DType::bf16);
+      cfg.init.clear();
+      cfg.steps = 1;
+      cfg.use_strategy(k);
+      cfg.layout.dims.tp = 2;
+      cfg.optim.kind = o;
+      cfg.comm = test::test_comm();
+      auto be = test::test_backend();
+      Pool pool(*be);
+      auto comm = test::test_communicator(pool);
+      Trainer t(*be, pool, *comm, cfg);
+      t.step(0);
+      tp_bytes[o == OptimizerKind::muon] = t.mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
+      std::vector<UnitLayout> layouts;
+      for (const auto& u : t.units()) layouts.push_back(u->layout());
+      want = muon_tp_bytes(k, layouts, t.mesh().size(CommAxis::dp_shard_cp), t.mesh().rank(CommAxis::dp_shard_cp), 2);
+    }
+    INFO(strategy_name(k) << " x tp 2, world " << N << ", rank " << g_mpi->rank());
+    CHECK(want > 0);
+    CHECK(tp_bytes[1] - tp_bytes[0] == Approx(want).epsilon(1e-12));
+  }
 }

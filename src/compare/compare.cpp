@@ -120,13 +120,13 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
                                        double(dtype_size(pr.reduce_dtype))).total() -
                      theory.fs() * theory.group_overlapped;
   }
-  double muon = 0;  // Muon's exchanges within the shard group (ZeRO)
-  if (tc.optim.kind == OptimizerKind::muon) {
-    std::vector<UnitLayout> layouts;
-    for (const auto& u : trainer.units()) layouts.push_back(u->layout());
-    muon = muon_exchange_bytes(kind, layouts, trainer.mesh().size(CommAxis::dp_shard_cp));
-    r.comm_theory += muon;
-  }
+  // Muon: its exchanges within the shard group (ZeRO) and its tp gathers (docs/muon.md).
+  const bool muon_on = tc.optim.kind == OptimizerKind::muon;
+  std::vector<UnitLayout> layouts;
+  for (const auto& u : trainer.units())
+    if (muon_on) layouts.push_back(u->layout());
+  const double muon = muon_exchange_bytes(kind, layouts, trainer.mesh().size(CommAxis::dp_shard_cp));
+  r.comm_theory += muon;
   if (tc.layout.dims.hybrid()) {
     r.dp_shard = tc.layout.dims.dp_shard * cp;
     const auto& axis = trainer.mesh().last_step_bytes();
@@ -141,12 +141,14 @@ void count_axes(StrategyResult& r, Trainer& trainer, const TrainConfig& tc, Stra
     r.comm_theory += theory_bytes;
   };
   if (tc.layout.dims.tp > 1) {
+    const double muon_tp = muon_tp_bytes(kind, layouts, trainer.mesh().size(CommAxis::dp_shard_cp),
+                                         trainer.mesh().rank(CommAxis::dp_shard_cp), tc.layout.dims.tp);
     const TpConfig tp{tc.layout.dims.tp, trainer.mesh().rank(CommAxis::tp), tc.layout.sequence_parallel};
     const int64_t micro = tc.batch / trainer.mesh().dp_size() / tc.accum;
     add_axis(CommAxis::tp, tp.degree,
              static_cast<double>(tc.accum) * tp_micro_step_bus_bytes(family_of(tc.spec).layout(tc.spec, tp), tc.spec,
                                                                      tp, micro, tc.spec.seq / cp, tc.checkpointing) +
-                 2.0 * (tp.degree - 1) / tp.degree * sizeof(float));
+                 2.0 * (tp.degree - 1) / tp.degree * sizeof(float) + muon_tp);
   }
   if (tc.layout.dims.pp > 1)
     add_axis(CommAxis::pp, tc.layout.dims.pp, pp_theory(tc, trainer.mesh().dp_size(), tc.layout.dims.tp, cp));
@@ -355,7 +357,8 @@ void print_tables(const CompareConfig& cfg, const CompareResult& res, int world,
                "of the peak per rank\n(dp: its largest rank).\n");
   if (cfg.train.optim.kind == OptimizerKind::muon)
     std::fprintf(out, "--optimizer muon: zero1-3's theory adds Muon's exchange, an all-gather and a reduce-scatter of "
-                 "each unit with matrices in f32 over the shard group (docs/muon.md).\n");
+                 "each unit with matrices in f32 over the shard group, and the tp axis's the gathers of the split "
+                 "matrices a rank iterates (docs/muon.md).\n");
   if (const int ep = cfg.train.layout.dims.ep; ep > 1)
     std::fprintf(out, "--ep %d: the theory is the strategy's traffic over the ranks holding the same experts; the "
                  "measured bytes add the ep group's all-to-alls (they follow the routing) and the dense gradients' "
