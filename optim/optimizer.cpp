@@ -195,18 +195,22 @@ Tensor Optimizer::state(size_t group, size_t i) const {
   const Group& g = groups_[group];
   const int64_t n = g.param.numel();
   if (i == 0 || cfg_.kind != OptimizerKind::muon) return (i == 0 ? g.m : g.v).flat(DType::f32).slice(0, n);
-  // Muon's v at the group's size, zero on the matrices, while a checkpoint reads or writes it.
-  for (auto& [at, block] : staged_)
-    if (at == group) return block.flat(DType::f32).slice(0, n);
+  // Muon's v at the group's size, zero on the matrices, while a checkpoint reads or writes it;
+  // filled from the compact buffer at every call (a save that failed leaves nothing stale).
   Backend& be = pool_.backend();
-  Block b = pool_.alloc(DType::f32, n, Category::workspace, "adam v staged for a checkpoint");
-  Tensor full = b.flat(DType::f32).slice(0, n);
+  Block* held = nullptr;
+  for (auto& [at, block] : staged_)
+    if (at == group) held = &block;
+  if (held == nullptr) {
+    staged_.emplace_back(group, pool_.alloc(DType::f32, n, Category::workspace, "adam v staged for a checkpoint"));
+    held = &staged_.back().second;
+  }
+  Tensor full = held->flat(DType::f32).slice(0, n);
   be.fill(full, 0.f);
   for (size_t k = 0; k < g.segments.size(); ++k)
     if (g.matrix_of[k] < 0)
       be.copy(full.slice(g.segments[k].offset, g.segments[k].numel),
               g.v.flat(DType::f32).slice(g.v_at[k], g.segments[k].numel));
-  staged_.emplace_back(group, std::move(b));
   return full;
 }
 

@@ -62,8 +62,8 @@ class Optimizer {
   // Names of the state buffers each group keeps ("adam_m", "adam_v", "momentum"; Muon's
   // "momentum" holds its matrices' momentum and the AdamW tensors' m), and group g's buffer number
   // i (f32, the size of the group's parameters), for checkpoints. Muon's "adam_v" is staged at that
-  // size (zero on its matrices) while a checkpoint reads or writes it: state_written() takes back
-  // what a load wrote, release_staging() frees it.
+  // size (zero on its matrices) while a checkpoint reads or writes it, a unit at a time:
+  // state_written() takes back what a load wrote, release_staging() frees it.
   std::vector<std::string> state_names() const { return state_names(cfg_.kind); }
   static std::vector<std::string> state_names(OptimizerKind kind);
   Tensor state(size_t group, size_t i) const;

@@ -180,6 +180,10 @@ void Strategy::release_state_views() const {
   if (optim_) optim_->release_staging();
 }
 
+void Strategy::state_views_written() {
+  if (optim_) optim_->state_written();
+}
+
 GroupPlace Strategy::optimizer_place(size_t u, int64_t first, int64_t whole, MatrixExchange* ex) const {
   if (env_.optim.kind != OptimizerKind::muon) return {};
   return {first, whole, muon_matrices(layout(u), env_.optim.muon.adjust_lr), ex, tp_exchange_.get()};

@@ -166,9 +166,9 @@ class Strategy : public UnitHooks {
   // without an optimizer (DP's replicas).
   std::vector<Tensor> owned_state(size_t u) const;
   std::vector<std::string> owned_state_names() const;  // "param", then the optimizer's state names
-  // After owned_state buffers were overwritten (a load): bring every copy of the parameters up to date.
-  void sync_after_load();
-  void release_state_views() const;  // after a save read owned_state: frees what was staged for it
+  void sync_after_load();  // after owned_state was overwritten (a load): every copy of the parameters updated
+  void release_state_views() const;  // after a save read owned_state(u): frees what was staged for it
+  void state_views_written();        // after a load wrote owned_state(u): takes it back, frees the staging
 
  protected:
   virtual void set_unit_values(size_t u, std::span<const float> full) = 0;

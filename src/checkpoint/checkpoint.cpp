@@ -170,6 +170,7 @@ RunPosition load_checkpoint(const std::string& path, const CheckpointState& stat
       read_unit_state(m, files, units[u]->layout(), a, b, names[i], host, path);
       state.backend.copy(tensors[i].slice(0, b - a), Tensor::of(std::span<float>(host)));
     }
+    st.state_views_written();  // what was staged for this unit (Muon's v) back where it lives
   }
   st.sync_after_load();
   RunPosition at{m.step, m.data_position, std::nullopt, note, m.run_id};

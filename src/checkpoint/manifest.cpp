@@ -112,6 +112,7 @@ ManifestOptimizer ManifestParser::optimizer(const json& m) const {
         !mu["adjust_lr"].is_string())
       throw bad("the optimizer's \"muon\" must give ns_steps, ns_dtype and adjust_lr");
     opt.muon_ns_steps = static_cast<int64_t>(number(mu, "ns_steps", 0));
+    if (opt.muon_ns_steps < 1) throw bad("the optimizer's \"muon\" must give ns_steps, a number of at least 1");
     opt.muon_ns_dtype = mu["ns_dtype"].get<std::string>();
     opt.muon_adjust_lr = mu["adjust_lr"].get<std::string>();
   }

@@ -175,8 +175,8 @@ bool collect_rank_state(const CheckpointState& state, ByteSink& sink, nlohmann::
       }
       sink.write(staged.data(), staged.size() * sizeof(float));
     }
+    st.release_state_views();  // what was staged for this unit (Muon's v at full size)
   }
-  st.release_state_views();
   return true;
 }
 

@@ -60,7 +60,7 @@ double PlanBounds::state_bytes(const PlanEntry& e) const {
   const double p = double(dtype_size(pr.param_dtype));
   const double g = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
   const double opt = (pr.param_dtype == DType::f32 ? 0 : 4) +
-                     (c_.train.optim.kind == OptimizerKind::adamw ? 8 : c_.train.optim.kind == OptimizerKind::muon ? 4 : 0);
+                     (c_.train.optim.kind == OptimizerKind::adamw ? 8 : 0);
   const Offload off = e.strategy.offload;
   switch (zero_stage(e.strategy.kind)) {
     case 0: return p + g + opt;

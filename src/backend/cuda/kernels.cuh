@@ -170,8 +170,9 @@ cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n
 cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
                        float grad_scale, cudaStream_t s);
 
-// Muon (muon.cu): the momentum pass; x /= max(||x||, eps) in two launches (per-block sums of
-// squares into partial, kReduceBlocks doubles, then the divide); p = p * keep - lr * update.
+// Muon (muon.cu): the momentum pass; x /= max(||x||, eps) in three launches (per-block sums of
+// squares into partial, kReduceBlocks + 1 doubles; one block folds them into the norm; the divide);
+// p = p * keep - lr * update.
 cudaError_t launch_muon_momentum(const float* g, float* buf, float* update, int64_t n, float momentum, bool nesterov,
                                  float grad_scale, cudaStream_t s);
 cudaError_t launch_muon_normalize(void* x, DType t, int64_t n, float eps, double* partial, cudaStream_t s);

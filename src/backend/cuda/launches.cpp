@@ -287,7 +287,10 @@ Launches muon_momentum_launches(int64_t n) { return grid_stride("muon_momentum_k
 
 Launches muon_normalize_launches(int64_t n) {
   Launches L;
-  if (n > 0) L.add(kernel("muon_sumsq_kernel", kReduceBlocks)).add(kernel("muon_divide_kernel", grid_for(n)));
+  if (n > 0)
+    L.add(kernel("muon_sumsq_kernel", kReduceBlocks))
+        .add(kernel("muon_norm_kernel", 1))
+        .add(kernel("muon_divide_kernel", grid_for(n)));
   return L;
 }
 

@@ -163,7 +163,7 @@ Launches vocab_ce_finish_launches(int64_t N, int64_t Vl);
 Launches adamw_update_launches(int64_t n, bool aligned = true);
 Launches sgd_update_launches(int64_t n, bool aligned = true);
 Launches muon_momentum_launches(int64_t n);
-Launches muon_normalize_launches(int64_t n);  // the sums of squares, then the divide
+Launches muon_normalize_launches(int64_t n);  // the sums of squares, the norm, the divide
 Launches muon_apply_launches(int64_t n);
 Launches moe_gather_launches(int64_t rows, int64_t C);
 Launches moe_combine_launches(int64_t N, int64_t k, int64_t C, bool accumulate);

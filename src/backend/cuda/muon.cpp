@@ -11,7 +11,7 @@ void muon_momentum(Backend& be, Tensor grad, Tensor buf, Tensor update, const Mu
 
 void muon_normalize(Backend& be, Tensor x, float eps) {
   CudaBackend& cb = CudaBackend::of(be);
-  auto* partial = static_cast<double*>(cb.device_scratch(sizeof(double) * kReduceBlocks));
+  auto* partial = static_cast<double*>(cb.device_scratch(sizeof(double) * (kReduceBlocks + 1)));
   CUDA_CHECK(launch_muon_normalize(x.data(), x.dtype(), x.numel(), eps, partial, cb.compute_stream()));
 }
 

@@ -44,13 +44,13 @@ __global__ void muon_sumsq_kernel(const void* x, DType t, int64_t n, double* par
   if (threadIdx.x == 0) partial[blockIdx.x] = r;
 }
 
-// Every block folds the partial sums in the same order, then divides its share by the norm:
-// bf16 storage rounds the norm, eps and the quotient to bf16 as torch's bf16 tensors do.
-__global__ void muon_divide_kernel(void* x, DType t, int64_t n, const double* partial, int parts, float eps) {
-  __shared__ float norm;
+// One block folds the per-block sums in a fixed order into the norm, partial[parts]: bf16 storage
+// rounds it and eps to bf16 as torch's bf16 tensors do.
+__global__ void muon_norm_kernel(double* partial, int parts, DType t, float eps) {
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) acc += partial[i];
+  const double s = block_sum(acc);
   if (threadIdx.x == 0) {
-    double s = 0.0;
-    for (int i = 0; i < parts; ++i) s += partial[i];
     float nrm = static_cast<float>(sqrt(s));
     if (t == DType::bf16) {
       nrm = fmaxf(__bfloat162float(__float2bfloat16_rn(nrm)), __bfloat162float(__float2bfloat16_rn(eps)));
@@ -58,10 +58,14 @@ __global__ void muon_divide_kernel(void* x, DType t, int64_t n, const double* pa
     } else {
       nrm = fmaxf(nrm, eps);
     }
-    norm = nrm;
+    partial[parts] = nrm;
   }
-  __syncthreads();
-  GRID_STRIDE_LOOP(i, n) store_from_f32(x, t, i, load_as_f32(x, t, i) / norm);
+}
+
+// x /= the norm, each quotient stored in x's dtype (rounded to bf16 there).
+__global__ void muon_divide_kernel(void* x, DType t, int64_t n, const double* norm) {
+  const float nrm = static_cast<float>(*norm);
+  GRID_STRIDE_LOOP(i, n) store_from_f32(x, t, i, load_as_f32(x, t, i) / nrm);
 }
 
 __global__ void muon_apply_kernel(float* p, const float* update, int64_t n, float keep, float lr) {
@@ -84,7 +88,10 @@ cudaError_t launch_muon_normalize(void* x, DType t, int64_t n, float eps, double
   muon_sumsq_kernel<<<L[0].x, kThreads, 0, s>>>(x, t, n, partial);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  muon_divide_kernel<<<L[1].x, kThreads, 0, s>>>(x, t, n, partial, static_cast<int>(L[0].x), eps);
+  muon_norm_kernel<<<L[1].x, kThreads, 0, s>>>(partial, static_cast<int>(L[0].x), t, eps);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  muon_divide_kernel<<<L[2].x, kThreads, 0, s>>>(x, t, n, partial + L[0].x);
   return cudaGetLastError();
 }
 

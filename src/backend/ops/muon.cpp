@@ -18,7 +18,7 @@ void muon_momentum(Backend& be, Tensor grad, Tensor buf, Tensor update, const Mu
       if constexpr (kWithCuda) cuda::muon_momentum(be, grad, buf, update, a);
       return;
     case Device::meta:
-      return charge(be, {.name = "muon_momentum", .flops = 6.0 * grad.numel(), .bytes = pass_bytes(grad.numel(), 4, 3)},
+      return charge(be, {.name = "muon_momentum", .flops = 6.0 * grad.numel(), .bytes = pass_bytes(grad.numel(), 2, 2)},
                     [&] { return cuda::muon_momentum_launches(grad.numel()); });
   }
 }
@@ -66,7 +66,7 @@ void muon_apply(Backend& be, Tensor param, Tensor update, float keep, float lr) 
       if constexpr (kWithCuda) cuda::muon_apply(be, param, update, keep, lr);
       return;
     case Device::meta:
-      return charge(be, {.name = "muon_apply", .flops = 3.0 * param.numel(), .bytes = pass_bytes(param.numel(), 4, 2)},
+      return charge(be, {.name = "muon_apply", .flops = 3.0 * param.numel(), .bytes = pass_bytes(param.numel(), 2, 1)},
                     [&] { return cuda::muon_apply_launches(param.numel()); });
   }
 }
