@@ -9,14 +9,15 @@
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/llama/llama.hpp"
 #include "src/model/moe/moe.hpp"
+#include "src/model/qwen3/qwen3.hpp"
 
 namespace shardlab {
 namespace {
 
 // Indexed by FamilyId.
-const std::array<const ModelFamily*, 4>& registry() {
-  static const std::array<const ModelFamily*, 4> families = {&gpt2_family(), &llama_family(), &mixtral_family(),
-                                                             &qwen3_moe_family()};
+const std::array<const ModelFamily*, 5>& registry() {
+  static const std::array<const ModelFamily*, 5> families = {&gpt2_family(), &llama_family(), &mixtral_family(),
+                                                             &qwen3_moe_family(), &qwen3_family()};
   return families;
 }
 

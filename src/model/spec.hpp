@@ -13,7 +13,7 @@
 namespace shardlab {
 
 // The model families shardlab implements; family.hpp finds each one's ModelFamily.
-enum class FamilyId : uint8_t { gpt2, llama, mixtral, qwen3_moe };
+enum class FamilyId : uint8_t { gpt2, llama, mixtral, qwen3_moe, qwen3 };
 
 // Llama 3.1's RoPE frequency scaling (Hugging Face's rope_scaling of type "llama3"): wavelengths
 // longer than original_max_positions / low_freq_factor are stretched by `factor`, those shorter

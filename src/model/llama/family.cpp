@@ -218,6 +218,15 @@ ModelSpec llama_spec_from_hf_config(const nlohmann::json& j) {
   return s;
 }
 
+void llama_read_head_dim(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s) {
+  if (c.has("head_dim")) {
+    SHARD_REQUIRE(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() >= 1,
+                  "config.json: \"head_dim\" is {}, expected a positive integer", j["head_dim"].dump());
+    const int64_t hd = j["head_dim"].get<int64_t>();
+    if (hd * s.heads != s.dim) s.head_dim = hd;  // else the default, dim / heads
+  }
+}
+
 nlohmann::json llama_hf_config(const ModelSpec& s) {
   // The classic form ("rope_theta" and "rope_scaling"): transformers 5 reads it as well as 4 does.
   nlohmann::json j = {{"model_type", "llama"},

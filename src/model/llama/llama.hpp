@@ -45,6 +45,8 @@ void llama_read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec
 // (1e-6), tie_word_embeddings (false), and hidden_act, which must be silu.
 void llama_read_sizes(HfConfigReader& c, ModelSpec& s, const char* width, int64_t& width_out);
 void llama_read_shared(const nlohmann::json& j, HfConfigReader& c, ModelSpec& s);
+// "head_dim" (qwen3, qwen3_moe): a positive integer; s.head_dim set where it is not dim / heads.
+void llama_read_head_dim(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s);
 // InputError unless RoPE can rotate the spec's heads (a positive base, an even head size).
 void llama_check_rope(const ModelSpec& spec);
 // 6N + 6LCT as GPT-2's (llm.c's) count, with N the parameters outside the token embedding (an

@@ -42,12 +42,7 @@ ModelSpec read_common(const nlohmann::json& j, HfConfigReader& c, FamilyId famil
   // transformers adds router_aux_loss_coef x the balancing loss to its loss only with
   // output_router_logits (false when absent): the objective follows the config as written.
   s.moe.aux_loss = c.flag_or("output_router_logits", false);
-  if (c.has("head_dim")) {
-    SHARD_REQUIRE(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() >= 1,
-                  "config.json: \"head_dim\" is {}, expected a positive integer", j["head_dim"].dump());
-    const int64_t hd = j["head_dim"].get<int64_t>();
-    if (hd * s.heads != s.dim) s.head_dim = hd;  // else the default, dim / heads
-  }
+  llama_read_head_dim(j, c, s);
   llama_read_rope(j, c, s);
   return s;
 }
