@@ -124,6 +124,27 @@ int64_t largest_fitting(const ProfileConfig& cfg, const RowSpec& r) {
   return lo;
 }
 
+// --optimizer muon: each row's optimizer state and model states beside AdamW's in the same layout
+// (one note per row: Muon keeps one buffer per matrix element, AdamW two).
+std::vector<std::string> muon_savings(const ProfileConfig& cfg, const std::vector<RowSpec>& specs,
+                                      const std::vector<MemoryRow>& rows) {
+  std::vector<std::string> notes;
+  const auto mib = [](uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    TrainConfig adamw = config_for(cfg, specs[i].kind);
+    adamw.optim.kind = OptimizerKind::adamw;
+    const Estimate a = predict_step(adamw, cfg.world, specs[i].rank, cfg.micro_batch, false);
+    const Estimate& m = rows[i].predicted;
+    const uint64_t ms = m.model_states[static_cast<size_t>(Category::optim_state)],
+                   as = a.model_states[static_cast<size_t>(Category::optim_state)];
+    notes.push_back(fmt::format("{}: muon's optimizer state {:.2f} MiB against AdamW's {:.2f} ({:+.1f}%); model "
+                                "states {:.2f} against {:.2f} MiB; peak {:.2f} against {:.2f} MiB", specs[i].label,
+                                mib(ms), mib(as), as ? 100.0 * (double(ms) - double(as)) / double(as) : 0.0,
+                                mib(m.model_state_total()), mib(a.model_state_total()), mib(m.peak), mib(a.peak)));
+  }
+  return notes;
+}
+
 MemoryRow predicted_row(const ProfileConfig& cfg, const RowSpec& r) {
   MemoryRow row;
   row.label = r.label;
@@ -326,6 +347,8 @@ MemoryReport run_profile(Backend& be, const ProcessGroup& group, const ProfileCo
   if (pp_of(cfg) > 1) r.notes = stage_notes(cfg, r.unit_names);
   const std::vector<RowSpec> specs = row_specs(cfg);
   for (const RowSpec& s : specs) r.rows.push_back(predicted_row(cfg, s));
+  if (cfg.train.optim.kind == OptimizerKind::muon)
+    for (std::string& n : muon_savings(cfg, specs, r.rows)) r.notes.push_back(std::move(n));
   r.host_budget = cfg.host_budget;
   if (cfg.budget) {
     r.levers_searched = true;
