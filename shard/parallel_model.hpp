@@ -73,7 +73,7 @@ class ParallelModel {
   int32_t share_token(int32_t token);  // the last stage's token on every rank (itself without --pp)
   bool decodes() const;                // a KV-cache decoder can run this rank's units
   // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
-  void save(const std::string& path);
+  void save(const std::string& path, bool overwrite = false);
 
   bool pipelined() const { return schedule_.has_value(); }
   // Seconds spent in the collectives of each group the units communicate over (--cp, --ep) since

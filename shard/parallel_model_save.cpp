@@ -68,19 +68,19 @@ std::vector<std::vector<float>> ParallelModel::ep_units_whole(std::vector<std::v
   return out;
 }
 
-void ParallelModel::save(const std::string& path) {
+void ParallelModel::save(const std::string& path, bool overwrite) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
   Communicator& world = mesh_.world();
   if (ep_.active()) host = ep_units_whole(std::move(host));
   if (!tp_.active() && !pipelined() && !ep_.active()) {
-    if (world.rank() == 0) write_units(path, cfg_.spec, units_, host);
+    if (world.rank() == 0) write_units(path, cfg_.spec, units_, host, DType::f32, overwrite);
     return;
   }
   const ModelFamily& family = family_of(cfg_.spec);
   host = stage_units_whole(std::move(host));
   if (!pipelined()) {
-    if (world.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host);
+    if (world.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host, DType::f32, overwrite);
     return;
   }
   // Every stage's first rank (data-parallel, context-parallel and tensor-parallel rank 0) sends its whole units to
@@ -105,7 +105,7 @@ void ParallelModel::save(const std::string& path) {
       pp.recv(Tensor::of(std::span<float>(v)), s).wait();
     }
   }
-  write_units(path, cfg_.spec, family.make_units(cfg_.spec), all);
+  write_units(path, cfg_.spec, family.make_units(cfg_.spec), all, DType::f32, overwrite);
 }
 
 }  // namespace shardlab

@@ -20,6 +20,7 @@ void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_d
   desc.add_options()("save", cli::po::value(&cfg.save_path)->default_value(""),
                      "write the final weights: to FILE.safetensors, or as an HF model directory (config.json and "
                      "safetensors, sharded past 5GB) for any other path")(
+
       "log", cli::po::value(&cfg.log_path)->default_value(""), "write one JSON object per step to this file")(
       "print-every", cli::po::value(&cfg.print_every)->default_value(1), "progress line every k steps")(
       "save-dir", cli::po::value(&cfg.save_dir)->default_value(""),
@@ -46,6 +47,9 @@ void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_d
       "products timed before the first step, a fraction of a second; skipped for large models), off, or a figure "
       "(bench-train's ceiling)");
   cli::add_tokenizer(desc, tokenizer_dir, "a text --data or --val-data, prompts and samples");
+  cli::add_switch(desc, "save-overwrite", cfg.save_overwrite,
+                  "let --save replace weights no shardlab export wrote (a Hugging Face download, an --init directory, "
+                  "a .safetensors file from elsewhere); refused without it");
   cli::add_switch(desc, "save-async", cfg.save_async, "write --save-dir's checkpoints in the background (the step "
                   "waits for one copy into host buffers; the next save, a stop or the end wait for the one in flight)");
   cli::add_switch(desc, "save-best", cfg.save_best,

@@ -282,6 +282,8 @@ const std::vector<DependentFlag>& dependent_flags() {
        [](const TrainConfig& c) { return !c.save_dir.empty() || !c.save_path.empty(); },
        [](const TrainConfig&) { return true; }},
       {"save-keep", "--save-dir (checkpoints)", save_dir, [](const TrainConfig& c) { return c.save_keep != 0; }},
+      {"save-overwrite", "--save (the final weights)", [](const TrainConfig& c) { return !c.save_path.empty(); },
+       [](const TrainConfig& c) { return c.save_overwrite; }},
       {"save-async", "--save-dir (checkpoints)", save_dir, [](const TrainConfig& c) { return c.save_async; }},
       {"save-best", "--save-dir (checkpoints)", save_dir, [](const TrainConfig& c) { return c.save_best; }},
       {"max-skipped-steps", "--skip-nonfinite", [](const TrainConfig& c) { return c.skip_nonfinite; },

@@ -33,8 +33,12 @@ void check_compatible(const Manifest& m, const CheckpointState& state, const std
   const StepConfig& c = state.step;
   // Every field of the spec but its name: family, sizes, and what the family's units compute.
   nlohmann::json there = spec_to_json(m.model), here = spec_to_json(c.spec);
-  there.erase("name");
-  here.erase("name");
+  for (auto* j : {&there, &here}) {
+    j->erase("name");
+    // Whether the balancing loss is in the objective is how the model trains, not what it is:
+    // check_schedule compares it with the optimizer's settings.
+    if (j->contains("moe")) (*j)["moe"].erase("aux_loss");
+  }
   for (const auto* j : {&there, &here})
     for (auto it = j->begin(); it != j->end(); ++it) {
       const char* k = it.key().c_str();
@@ -121,6 +125,10 @@ std::string check_schedule(const Manifest& m, const CheckpointState& state, cons
   compare("--eps", o.eps, c.optim.eps);
   compare("--weight-decay", o.weight_decay, c.optim.weight_decay);
   compare("--momentum", o.momentum, c.optim.momentum);
+  if (m.model.moe.enabled() && m.model.moe.aux_loss != c.spec.moe.aux_loss)
+    changed.push_back(fmt::format("--moe-aux-loss {} -> {} (the load-balancing loss {} the objective)",
+                                  m.model.moe.aux_loss ? "on" : "off", c.spec.moe.aux_loss ? "on" : "off",
+                                  c.spec.moe.aux_loss ? "enters" : "leaves"));
   if (o.muon_ns_steps > 0) {  // Muon's iteration
     const MuonConfig& mu = c.optim.muon;
     if (o.muon_ns_steps != mu.ns_steps)

@@ -92,6 +92,17 @@ bool companion_file(const std::string& name) {
 // neither writes nor keeps. Returns the earlier export's files.
 // Whether the weights in `dir` (model.safetensors, or the index's first shard) carry an export's
 // mark (metadata "exported_by": "shardlab"); false for weights written by anything else.
+bool marked_export(const fs::path& weights) {
+  try {
+    const SafetensorsReader reader(weights.string());  // alive while its metadata is read
+    const auto& meta = reader.metadata();
+    auto it = meta.find(kExportedBy);
+    return it != meta.end() && it->second == "shardlab";
+  } catch (const InputError&) {
+    return false;  // unreadable weights: not an export's (a failed one removes its own)
+  }
+}
+
 bool exported_here(const fs::path& dir) {
   fs::path weights = dir / kHfWeightsFile;
   std::error_code ec;
@@ -105,13 +116,7 @@ bool exported_here(const fs::path& dir) {
       return false;
     }
   }
-  try {
-    const auto& meta = SafetensorsReader(weights.string()).metadata();
-    auto it = meta.find(kExportedBy);
-    return it != meta.end() && it->second == "shardlab";
-  } catch (const InputError&) {
-    return false;  // unreadable weights: not an export's (a failed one removes its own)
-  }
+  return marked_export(weights);
 }
 
 std::vector<fs::path> prepare_export_dir(const fs::path& dir, bool overwrite) {
@@ -144,13 +149,22 @@ std::vector<fs::path> prepare_export_dir(const fs::path& dir, bool overwrite) {
   SHARD_REQUIRE(overwrite || !weights || exported_here(dir),
                 "'{}' holds a model that shardlab did not export (its weights carry no exported_by: shardlab mark: a "
                 "Hugging Face download, the directory a run was initialised from, or an export before 2026-11-28): "
-                "give a new directory (export's --overwrite replaces its weights and config.json)", dir.string());
+                "give a new directory, or replace its weights and config.json with export's --overwrite (train: "
+                "--save-overwrite)", dir.string());
   return earlier;
 }
 
 }  // namespace
 
 bool is_safetensors_path(std::string_view path) { return path.ends_with(".safetensors"); }
+
+void check_safetensors_out(const std::string& file, bool overwrite) {
+  std::error_code ec;
+  if (overwrite || !fs::exists(file, ec) || fs::file_size(file, ec) == 0) return;  // an empty file: a probe's
+  SHARD_REQUIRE(marked_export(file), "'{}' holds weights that shardlab did not write (no exported_by: shardlab mark: "
+                "a Hugging Face download's, another tool's, or an export before 2026-11-28): give another path, or "
+                "replace it with export's --overwrite (train: --save-overwrite)", file);
+}
 
 void check_hf_export_dir(const std::string& dir, bool overwrite) {
   prepare_export_dir(dir, overwrite);
@@ -302,6 +316,7 @@ HfModelWriter::HfModelWriter(const std::string& out, const ModelSpec& spec, std:
   opts_.metadata.emplace("format", "pt");  // transformers refuses a safetensors file without it
   opts_.metadata.emplace(kExportedBy, "shardlab");  // what a later export into the directory may replace
   if (!dir_) {
+    check_safetensors_out(out_, opts_.overwrite);
     shards_.push_back({out_, 0, tensors_.size()});
     return;
   }

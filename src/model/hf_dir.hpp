@@ -37,6 +37,9 @@ bool is_safetensors_path(std::string_view path);
 // (unless `overwrite`) a model that no shardlab export wrote there (its weights lack the
 // kExportedBy mark).
 void check_hf_export_dir(const std::string& dir, bool overwrite = false);
+// InputError (unless `overwrite`) when `file` exists and holds weights no shardlab export wrote (no
+// kExportedBy mark): a .safetensors output never replaces a model from elsewhere unasked.
+void check_safetensors_out(const std::string& file, bool overwrite = false);
 inline constexpr const char* kExportedBy = "exported_by";  // safetensors metadata: "shardlab" on an export's
 // An existing directory: --init reads it as an HF model directory.
 bool is_hf_model_dir(const std::string& path);

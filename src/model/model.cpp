@@ -79,7 +79,7 @@ void Model::load(const std::string& path) {
 }
 
 void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
-                 const std::vector<std::vector<float>>& values, DType dtype) {
+                 const std::vector<std::vector<float>>& values, DType dtype, bool overwrite) {
   SHARD_CHECK(units.empty() || units[0]->layout().tp_degree == 1,
               "write_units takes whole tensors (tensor-parallel degree 1), not degree {}", units[0]->layout().tp_degree);
   std::vector<HfTensorDecl> tensors;
@@ -88,6 +88,7 @@ void write_units(const std::string& path, const ModelSpec& spec, const std::vect
   HfWriteOptions opts;
   opts.dtype = dtype;
   opts.metadata = {{"model", spec.describe()}};
+  opts.overwrite = overwrite;
   HfModelWriter w(path, spec, std::move(tensors), std::move(opts));
   for (size_t u = 0; u < units.size(); ++u)
     for (const TensorDecl& t : units[u]->layout().tensors)

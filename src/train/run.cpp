@@ -379,9 +379,10 @@ void Trainer::open_outputs(std::ofstream& log) {
       if (!cfg_.save_path.empty()) {
         if (is_safetensors_path(cfg_.save_path)) {
           probe_output_file(cfg_.save_path, "--save", "before the first step");
+          check_safetensors_out(cfg_.save_path, cfg_.save_overwrite);
         } else {  // an HF model directory
           try {
-            check_hf_export_dir(cfg_.save_path);
+            check_hf_export_dir(cfg_.save_path, cfg_.save_overwrite);
           } catch (const InputError& e) {
             throw InputError(fmt::format("--save '{}': {} (checked before the first step)", cfg_.save_path, e.what()));
           }

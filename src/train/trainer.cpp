@@ -435,6 +435,6 @@ CheckpointState Trainer::checkpoint_state() {
                          cfg_.allow_schedule_change, run_id_};
 }
 
-void Trainer::save(const std::string& path) { model_.save(path); }
+void Trainer::save(const std::string& path) { model_.save(path, cfg_.save_overwrite); }
 
 }  // namespace shardlab

@@ -44,6 +44,7 @@ struct TrainConfig : StepConfig {
   std::string init;          // safetensors to start from
   std::string log_path;      // JSONL, one object per step (rank 0)
   std::string save_path;     // safetensors written at the end (rank 0)
+  bool save_overwrite = false;  // --save-overwrite: replace weights at save_path no shardlab export wrote
   int64_t print_every = 1;   // progress line every k steps (and the first and last)
   bool record_step = false;  // keep the last step's allocation timeline and collectives (reports)
   // The reports written at the end ((flag, path): --json, --html, --trace): locked from before the
