@@ -20,6 +20,9 @@ enum class MuonAdjustLr : uint8_t { original, match_rms_adamw };
 MuonAdjustLr parse_muon_adjust_lr(const std::string& s);  // InputError naming the choices otherwise
 const char* muon_adjust_lr_name(MuonAdjustLr a);
 
+// torch.optim.Muon's momentum, Muon's default wherever --momentum is not given (sgd's is 0.9).
+inline constexpr float kMuonMomentum = 0.95f;
+
 struct MuonConfig {
   int ns_steps = 5;
   DType ns_dtype = DType::bf16;  // the iteration's arithmetic (torch's is bf16)

@@ -44,7 +44,7 @@ void Optimizer::add(Tensor param, Tensor grad, std::vector<ParamSegment> segment
   SHARD_CHECK(param.numel() == grad.numel(), "optimizer buffer {}: {} params, {} grads", tag, param.numel(),
               grad.numel());
   const int64_t n = param.numel();
-  Group g{param, grad, std::move(segments), {}, {}, std::move(place), {}, {}, 0};
+  Group g{param, grad, std::move(segments), {}, {}, std::move(place), {}, {}};
   Backend& be = pool_.backend();
   const char* m_name = cfg_.kind == OptimizerKind::adamw ? " adam m" : " momentum";
   g.m = pool_.alloc(DType::f32, n, Category::optim_state, tag + m_name);
@@ -69,7 +69,6 @@ void Optimizer::add(Tensor param, Tensor grad, std::vector<ParamSegment> segment
                 "optimizer buffer {}: a slice of its unit ({} of {} from {}) without an exchange", tag, n,
                 g.place.whole, g.place.first);
   }
-  g.v_numel = v_numel;
   if (v_numel > 0) {
     g.v = pool_.alloc(DType::f32, v_numel, Category::optim_state, tag + " adam v");
     be.fill(g.v.flat(DType::f32).slice(0, v_numel), 0.f);

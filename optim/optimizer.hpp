@@ -79,7 +79,6 @@ class Optimizer {
     GroupPlace place;
     std::vector<int> matrix_of;     // muon: per segment, its matrix in place.matrices, or -1 (AdamW's)
     std::vector<int64_t> v_at;      // muon: per AdamW segment, its offset in v
-    int64_t v_numel = 0;
   };
   void step_muon(Group& g, Tensor grad, int64_t step, float lr, float grad_scale);
   void orthogonalize(const GroupPlace& place, const MuonMatrix& m, Tensor part);

@@ -171,7 +171,6 @@ void Strategy::optimizer_step(int64_t step, float lr, float grad_scale) {
 
 void Strategy::sync_after_load() {
   if (!optim_) return;
-  optim_->state_written();  // Muon's staged state back to its compact buffers
   for (size_t u = 0; u < num_units(); ++u) params_from_master(u);
   after_update();
 }

@@ -168,7 +168,7 @@ class Strategy : public UnitHooks {
   std::vector<std::string> owned_state_names() const;  // "param", then the optimizer's state names
   void sync_after_load();  // after owned_state was overwritten (a load): every copy of the parameters updated
   void release_state_views() const;  // after a save read owned_state(u): frees what was staged for it
-  void state_views_written();        // after a load wrote owned_state(u): takes it back, frees the staging
+  void state_views_written();        // after a load wrote owned_state(u), before the next unit's: takes it back
 
  protected:
   virtual void set_unit_values(size_t u, std::span<const float> full) = 0;

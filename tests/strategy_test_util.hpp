@@ -59,6 +59,22 @@ inline RunOut train(Communicator& comm, Pool& pool, const TrainConfig& cfg) {
   return out;
 }
 
+// A Trainer on this rank over the test's device and transport (cfg.comm set to it), with its
+// backend, pool and communicator kept alive beside it.
+struct RankTrainer {
+  explicit RankTrainer(TrainConfig cfg, std::shared_ptr<const TokenStream> tokens = nullptr)
+      : be(test::test_backend()), pool(*be), comm(test::test_communicator(pool)),
+        trainer(*be, pool, *comm, on_test_comm(std::move(cfg)), std::move(tokens)) {}
+  static TrainConfig on_test_comm(TrainConfig c) {
+    c.comm = test::test_comm();
+    return c;
+  }
+  std::unique_ptr<Backend> be;
+  Pool pool;
+  std::unique_ptr<Communicator> comm;
+  Trainer trainer;
+};
+
 // Single-rank training on this process (every rank computes the same reference), on the test's
 // device.
 inline RunOut reference(const TrainConfig& cfg) {

@@ -59,21 +59,15 @@ TrainConfig muon_config(const std::string& model, DType ns) {
   cfg.schedule.warmup_steps = 0;
   cfg.grad_clip = 0;
   cfg.optim.kind = OptimizerKind::muon;
-  cfg.optim.momentum = 0.95f;  // torch's default (the command line's too)
+  cfg.optim.momentum = kMuonMomentum;  // torch's default (the command line's too)
   cfg.optim.muon.ns_dtype = ns;
   return cfg;
 }
 
 std::vector<float> train_losses(const TrainConfig& cfg) {
-  auto be = test::test_backend();
-  Pool pool(*be);
-  auto comm = test::test_communicator(pool);
-  TrainConfig c = cfg;
-  c.comm = test::test_comm();
-  auto stream = std::make_shared<TokenStream>(TokenStream(ref().tokens, "muon reference"));
-  Trainer t(*be, pool, *comm, c, stream);
+  RankTrainer r(cfg, std::make_shared<TokenStream>(TokenStream(ref().tokens, "muon reference")));
   std::vector<float> losses;
-  for (int64_t s = 0; s < c.steps; ++s) losses.push_back(t.step(s).loss);
+  for (int64_t s = 0; s < cfg.steps; ++s) losses.push_back(r.trainer.step(s).loss);
   return losses;
 }
 
@@ -166,13 +160,9 @@ TEST_CASE("Muon's optimizer state is its formula: one buffer, and AdamW's v only
     cfg.init.clear();
     cfg.use_strategy(k);
     cfg.record_step = true;
-    cfg.comm = test::test_comm();
-    auto be = test::test_backend();
-    Pool pool(*be);
-    auto comm = test::test_communicator(pool);
-    Trainer t(*be, pool, *comm, cfg);
-    t.step(0);
-    const uint64_t measured = t.measured_step().model_states[static_cast<size_t>(Category::optim_state)];
+    RankTrainer run(cfg);
+    run.trainer.step(0);
+    const uint64_t measured = run.trainer.measured_step().model_states[static_cast<size_t>(Category::optim_state)];
     const int S = k == StrategyKind::zero3 ? N : 1, r = k == StrategyKind::zero3 ? g_mpi->rank() : 0;
     uint64_t want = 0;
     for (const UnitLayout& u : family_of(cfg.spec).layout(cfg.spec)) {
@@ -219,11 +209,8 @@ TEST_CASE("Muon's exchanges add the bus bytes of their formula under ZeRO, none 
       cfg.use_strategy(k);
       cfg.layout.dims.tp = 2;
       cfg.optim.kind = o;
-      cfg.comm = test::test_comm();
-      auto be = test::test_backend();
-      Pool pool(*be);
-      auto comm = test::test_communicator(pool);
-      Trainer t(*be, pool, *comm, cfg);
+      RankTrainer r(cfg);
+      Trainer& t = r.trainer;
       t.step(0);
       tp_bytes[o == OptimizerKind::muon] = t.mesh().last_step_bytes()[static_cast<int>(CommAxis::tp)];
       std::vector<UnitLayout> layouts;

@@ -42,7 +42,7 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   cfg.spec = model.spec();
   cfg.strategy.kind = parse_strategy(strategy.kind);
   cfg.optim.kind = parse_optimizer(optimizer);
-  if (cfg.optim.kind == OptimizerKind::muon) cfg.optim.momentum = 0.95f;  // torch's default, as train's
+  if (cfg.optim.kind == OptimizerKind::muon) cfg.optim.momentum = kMuonMomentum;
   cfg.layout = mesh.layout(ctx.mpi.world(), 0);
   cfg.strategy.offload = parse_offload(memory.offload);
   cfg.strategy.validate();

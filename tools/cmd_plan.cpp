@@ -39,7 +39,7 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   pc.train.spec = f.model.spec();
   pc.train.optim.kind = parse_optimizer(f.optimizer);
   SHARD_REQUIRE(pc.train.optim.kind != OptimizerKind::sgd, "plan --optimizer sgd: plan prices adamw or muon");
-  if (pc.train.optim.kind == OptimizerKind::muon) pc.train.optim.momentum = 0.95f;  // torch's default, as train's
+  if (pc.train.optim.kind == OptimizerKind::muon) pc.train.optim.momentum = kMuonMomentum;
   f.strategy.apply_dtypes(pc.train.strategy);
   pc.train.strategy.precision.validate();
   cli::set_pins(pc.pins, f, vm);

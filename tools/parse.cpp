@@ -337,7 +337,7 @@ void check_applicable(const po::variables_map& vm, TrainConfig& cfg, const std::
   for (const char* f : {"muon-ns-steps", "muon-ns-dtype", "muon-adjust-lr"})
     SHARD_REQUIRE(opt == OptimizerKind::muon || !given_flag(vm, f), "--{} applies to --optimizer muon, not {}: leave "
                   "it out", f, optimizer_name(opt));
-  if (opt == OptimizerKind::muon && !given_flag(vm, "momentum")) cfg.optim.momentum = 0.95f;  // torch's default
+  if (opt == OptimizerKind::muon && !given_flag(vm, "momentum")) cfg.optim.momentum = kMuonMomentum;
   for (const char* flag : {"min-lr-frac", "lr-decay-steps"})
     SHARD_REQUIRE(cfg.schedule.kind != ScheduleKind::constant || !given_flag(vm, flag),
                   "--{} applies to --schedule cosine, not constant: leave it out", flag);

@@ -7,7 +7,7 @@
 namespace shardlab {
 
 struct MuonMomentumArgs {
-  float momentum = 0.95f;
+  float momentum = 0.95f;  // kMuonMomentum (optim/muon.hpp)
   bool nesterov = true;
   float grad_scale = 1.f;  // gradients are multiplied by this first (clipping, averaging)
 };

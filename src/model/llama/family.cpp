@@ -62,6 +62,19 @@ class LlamaFamily final : public ModelFamily {
 const std::set<std::string> kIgnoredFields = {
     "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
     "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range"};
+}  // namespace
+
+const std::set<std::string>& llama_derived_ignored_fields() {
+  static const std::set<std::string> fields = [] {
+    std::set<std::string> f = kIgnoredFields;
+    f.insert({"max_window_layers", "layer_types"});
+    return f;
+  }();
+  return fields;
+}
+
+namespace {
+
 // Fields read or checked below.
 const std::set<std::string> kKnownFields = {
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -264,7 +277,7 @@ double llama_flops_per_token(const ModelSpec& s) {
   // product) not at all.
   const double embedding = s.tied_head ? 0.0 : double(s.vocab) * double(s.dim);
   const double n = static_cast<double>(num_params(llama_layout(s))) - embedding;
-  return 6.0 * n + 6.0 * double(s.layers) * double(s.dim) * double(s.seq);
+  return 6.0 * n + 6.0 * double(s.layers) * double(s.heads * s.head_size()) * double(s.seq);
 }
 
 RopeFreqs llama_rope_freqs(const ModelSpec& s) {

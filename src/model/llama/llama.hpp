@@ -11,6 +11,7 @@
 #pragma once
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,12 +46,17 @@ void llama_read_rope(const nlohmann::json& j, const HfConfigReader& c, ModelSpec
 // (1e-6), tie_word_embeddings (false), and hidden_act, which must be silu.
 void llama_read_sizes(HfConfigReader& c, ModelSpec& s, const char* width, int64_t& width_out);
 void llama_read_shared(const nlohmann::json& j, HfConfigReader& c, ModelSpec& s);
+// The fields of the configs built on Llama's (mixtral, qwen3_moe, qwen3) that change nothing
+// shardlab computes: Llama's own, plus max_window_layers and layer_types (a sliding window's,
+// which each family refuses where it is asked for).
+const std::set<std::string>& llama_derived_ignored_fields();
 // "head_dim" (qwen3, qwen3_moe): a positive integer; s.head_dim set where it is not dim / heads.
 void llama_read_head_dim(const nlohmann::json& j, const HfConfigReader& c, ModelSpec& s);
 // InputError unless RoPE can rotate the spec's heads (a positive base, an even head size).
 void llama_check_rope(const ModelSpec& spec);
-// 6N + 6LCT as GPT-2's (llm.c's) count, with N the parameters outside the token embedding (an
-// untied LM head counts: it is a product per token; a lookup is not).
+// 6N + 6L(H hd)T as GPT-2's (llm.c's) count (H hd = C unless a family sets head_dim), with N the
+// parameters outside the token embedding (an untied LM head counts: it is a product per token; a
+// lookup is not).
 double llama_flops_per_token(const ModelSpec& spec);
 
 // HF's inv_freq for the spec's head size, in f32 arithmetic as transformers computes it:

@@ -12,11 +12,6 @@
 namespace shardlab {
 namespace {
 
-// Fields that change nothing shardlab computes.
-const std::set<std::string> kIgnored = {
-    "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
-    "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range", "max_window_layers",
-    "layer_types"};
 const std::set<std::string> kCommon = {
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
@@ -135,7 +130,7 @@ std::vector<ModelPreset> qwen3_moe_presets() {
 ModelSpec mixtral_spec_from_hf_config(const nlohmann::json& j) {
   std::set<std::string> known = kCommon;
   known.insert("router_jitter_noise");
-  HfConfigReader c(j, "Mixtral", known, kIgnored);
+  HfConfigReader c(j, "Mixtral", known, llama_derived_ignored_fields());
   c.expect("model_type", "mixtral", "this is the mixtral family");
   ModelSpec s = read_common(j, c, FamilyId::mixtral, "intermediate_size");
   s.ffn_dim = s.moe.ffn_dim;  // Mixtral's one MLP width is its experts'
@@ -154,7 +149,7 @@ ModelSpec qwen3_moe_spec_from_hf_config(const nlohmann::json& j) {
   std::set<std::string> known = kCommon;
   known.insert({"moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
                 "use_sliding_window", "attention_bias"});
-  HfConfigReader c(j, "Qwen3-MoE", known, kIgnored);
+  HfConfigReader c(j, "Qwen3-MoE", known, llama_derived_ignored_fields());
   c.expect("model_type", "qwen3_moe", "this is the qwen3_moe family");
   ModelSpec s = read_common(j, c, FamilyId::qwen3_moe, "moe_intermediate_size");
   s.ffn_dim = c.has("intermediate_size") ? c.integer("intermediate_size", 1) : 0;  // unused: every layer is sparse
@@ -205,11 +200,10 @@ nlohmann::json moe_hf_config(const ModelSpec& s) {
 }
 
 double moe_flops_per_token(const ModelSpec& s) {
-  const double embedding = s.tied_head ? 0.0 : double(s.vocab) * double(s.dim);
+  // Llama's count less the experts a token does not meet (integers below 2^53: exact either way).
   const double expert = 3.0 * double(s.moe.ffn_dim) * double(s.dim);
   const double idle = double(s.layers) * double(s.moe.experts - s.moe.top_k) * expert;
-  const double n = static_cast<double>(num_params(llama_layout(s))) - embedding - idle;
-  return 6.0 * n + 6.0 * double(s.layers) * double(s.heads * s.head_size()) * double(s.seq);
+  return llama_flops_per_token(s) - 6.0 * idle;
 }
 
 }  // namespace shardlab

@@ -11,12 +11,7 @@
 namespace shardlab {
 namespace {
 
-// Fields that change nothing shardlab computes (layer_types: every layer full attention, which
-// use_sliding_window false says; max_window_layers only matters with a sliding window).
-const std::set<std::string> kIgnored = {
-    "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
-    "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range", "max_window_layers",
-    "layer_types"};
+// Fields read or checked below.
 const std::set<std::string> kKnown = {
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
@@ -40,12 +35,7 @@ class Qwen3Family final : public ModelFamily {
   }
   std::string hf_name(const TensorDecl& t) const override { return t.name; }
   std::vector<std::string> hf_load_names(const TensorDecl& t) const override { return {t.name}; }
-  // 6N + 6 L (H hd) T: N the parameters outside the token embedding (an untied head counts).
-  double flops_per_token(const ModelSpec& s) const override {
-    const double embedding = s.tied_head ? 0.0 : double(s.vocab) * double(s.dim);
-    return 6.0 * (double(num_params(llama_layout(s))) - embedding) +
-           6.0 * double(s.layers) * double(s.heads * s.head_size()) * double(s.seq);
-  }
+  double flops_per_token(const ModelSpec& s) const override { return llama_flops_per_token(s); }
   TokenizerKind tokenizer() const override { return TokenizerKind::hf_byte_bpe; }
   LayerCosts layer_costs() const override { return llama_family().layer_costs(); }
 
@@ -84,7 +74,7 @@ std::vector<ModelPreset> qwen3_presets() {
 }
 
 ModelSpec qwen3_spec_from_hf_config(const nlohmann::json& j) {
-  HfConfigReader c(j, "Qwen3", kKnown, kIgnored);
+  HfConfigReader c(j, "Qwen3", kKnown, llama_derived_ignored_fields());
   c.expect("model_type", "qwen3", "this is the qwen3 family");
   ModelSpec s;
   s.family = FamilyId::qwen3;
