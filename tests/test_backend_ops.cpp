@@ -168,28 +168,30 @@ void activation_case(Run& r) {
   ops::swiglu_backward(r.be, r.out("swiglu dgate_up", {N, 2 * F}), gate_up, r.in("dout", {N, F}));
 }
 
-// Forward then backward with H query heads sharing KV K/V heads (KV == H: multi-head).
-std::function<void(Run&)> attention_case(int64_t H, int64_t KV) {
-  return [H, KV](Run& r) {
-    const int64_t B = 2, T = 7, hd = 4, R = (H + 2 * KV) * hd;
+// Forward then backward with H query heads sharing KV K/V heads (KV == H: multi-head); values of
+// vd channels a head (0: as many as the queries' and keys' 4).
+std::function<void(Run&)> attention_case(int64_t H, int64_t KV, int64_t vd = 0) {
+  return [H, KV, vd](Run& r) {
+    const int64_t B = 2, T = 7, hd = 4, v = vd > 0 ? vd : hd, R = (H + KV) * hd + KV * v;
     Tensor qkv = r.in("qkv", {B, T, R}), att = r.out("att", {B, H, T, T});
-    ops::attention_forward(r.be, r.out("out", {B, T, H * hd}), att, qkv, H, KV);
+    ops::attention_forward(r.be, r.out("out", {B, T, H * v}), att, qkv, H, KV, vd);
     Tensor scratch = r.work("scratch", {attention_scratch_elems(T, H)});
-    ops::attention_backward(r.be, r.out("dqkv", {B, T, R}), r.in("dout", {B, T, H * hd}), qkv, att, H, KV, scratch);
+    ops::attention_backward(r.be, r.out("dqkv", {B, T, R}), r.in("dout", {B, T, H * v}), qkv, att, H, KV, scratch,
+                            vd);
   };
 }
 
 // The fused kernels, forward then backward: T spans more than one tile of each kind and ends in a
 // partial one, so tails, the diagonal and (causal) skipped tiles all run.
-std::function<void(Run&)> flash_case(int64_t H, int64_t KV, int64_t T, int64_t hd, bool causal) {
+std::function<void(Run&)> flash_case(int64_t H, int64_t KV, int64_t T, int64_t hd, bool causal, int64_t vd = 0) {
   return [=](Run& r) {
-    const int64_t B = 2, R = (H + 2 * KV) * hd;
-    Tensor qkv = r.in("qkv", {B, T, R}), out = r.out("out", {B, T, H * hd}), lse = r.out("lse", {B, H, T});
-    Tensor fwd = r.work("forward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, false)});
-    ops::flash_attention_forward(r.be, out, lse, qkv, H, KV, causal, fwd);
-    Tensor bwd = r.work("backward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, true)});
-    ops::flash_attention_backward(r.be, r.out("dqkv", {B, T, R}), r.in("dout", {B, T, H * hd}), qkv, out, lse, H, KV,
-                                  causal, bwd);
+    const int64_t B = 2, v = vd > 0 ? vd : hd, R = (H + KV) * hd + KV * v;
+    Tensor qkv = r.in("qkv", {B, T, R}), out = r.out("out", {B, T, H * v}), lse = r.out("lse", {B, H, T});
+    Tensor fwd = r.work("forward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, false, false, vd)});
+    ops::flash_attention_forward(r.be, out, lse, qkv, H, KV, causal, fwd, vd);
+    Tensor bwd = r.work("backward tiles", {flash_attention_workspace_elems(B, T, H, KV, hd, true, false, vd)});
+    ops::flash_attention_backward(r.be, r.out("dqkv", {B, T, R}), r.in("dout", {B, T, H * v}), qkv, out, lse, H, KV,
+                                  causal, bwd, vd);
   };
 }
 
@@ -329,9 +331,13 @@ std::vector<OpCase> op_cases() {
       {"activation", 1e-5, activation_case},
       {"attention (multi-head)", 1e-4, attention_case(2, 2)},
       {"attention (grouped-query)", 1e-4, attention_case(4, 2)},
+      {"attention (values of their own head dimension)", 1e-4, attention_case(4, 4, 6)},
+      {"attention (grouped-query, wider values)", 1e-4, attention_case(4, 2, 10)},
       {"flash attention (multi-head, causal)", 1e-4, flash_case(2, 2, 150, 8, true)},
       {"flash attention (grouped-query, causal)", 1e-4, flash_case(4, 2, 137, 16, true)},
       {"flash attention (multi-query, not causal)", 1e-4, flash_case(4, 1, 70, 8, false)},
+      {"flash attention (values of their own head dimension, causal)", 1e-4, flash_case(4, 4, 137, 24, true, 16)},
+      {"flash attention (grouped-query, wider values, not causal)", 1e-4, flash_case(4, 2, 70, 8, false, 20)},
       // out is bf16: a rounding apart where the f32 sums differ in their last bits (2^-8 relative)
       {"flash attention (bf16 inputs, grouped-query, causal)", 1e-2, flash_bf16_case(4, 2, 137, 64, true)},
       {"flash attention pieces (context parallelism)", 1e-4, flash_pieces_case},

@@ -69,7 +69,7 @@ TEST_CASE("spec_to_json and spec_from_json round-trip and reject bad specs", "[c
   CHECK(spec_from_json(old).describe() == tiny.describe());
   k = j;
   k["family"] = "gpt3";
-  CHECK_THROWS_WITH(spec_from_json(k), "unknown model family 'gpt3': expected one of gpt2, llama, mixtral, qwen3_moe, qwen3");
+  CHECK_THROWS_WITH(spec_from_json(k), "unknown model family 'gpt3': expected one of gpt2, llama, mixtral, qwen3_moe, qwen3, deepseek_v3");
   // Fields off their defaults are written, read back, and checked by the family.
   ModelSpec wide = tiny;
   wide.ffn_dim = 48;

@@ -610,23 +610,24 @@ TEST_CASE("cuda swiglu forward and backward match the cpu backend", "[cuda]") {
 
 TEST_CASE("cuda grouped-query attention forward and backward match the cpu backend", "[cuda]") {
   Env e;
-  struct Heads { int64_t H, KV; };
+  struct Heads { int64_t H, KV, vd; };
   const int64_t B = 2, T = 9, hd = 6;
   // Groups of 2 (H=4 KV=2), of 2 with an odd KV (6, 3), one K/V head for all (4, 1), and MHA on
-  // the same odd shape (3, 3).
-  for (Heads h : {Heads{4, 2}, Heads{6, 3}, Heads{4, 1}, Heads{3, 3}}) {
-    const int64_t H = h.H, KV = h.KV, C = H * hd, R = (H + 2 * KV) * hd;
-    INFO("B=" << B << " T=" << T << " hd=" << hd << " H=" << H << " KV=" << KV);
+  // the same odd shape (3, 3); values of a head dimension of their own, narrower and wider
+  // (DeepSeek's latent attention).
+  for (Heads h : {Heads{4, 2, 6}, Heads{6, 3, 6}, Heads{4, 1, 6}, Heads{3, 3, 6}, Heads{4, 4, 4}, Heads{4, 2, 10}}) {
+    const int64_t H = h.H, KV = h.KV, vd = h.vd, C = H * vd, R = (H + KV) * hd + KV * vd;
+    INFO("B=" << B << " T=" << T << " hd=" << hd << " vd=" << vd << " H=" << H << " KV=" << KV);
     auto qkv = random_vector("gqkv", B * T * R);
     std::vector<float> out(B * T * C), att(B * H * T * T);
     Tensor hqkv(qkv.data(), DType::f32, {B, T, R});
     ops::attention_forward(*e.cpu, Tensor(out.data(), DType::f32, {B, T, C}),
-                           Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, KV);
+                           Tensor(att.data(), DType::f32, {B, H, T, T}), hqkv, H, KV, vd);
     Block gqkv = up(e, qkv, "qkv");
     Block gout = e.pool.alloc(DType::f32, B * T * C, Category::workspace, "out");
     Block gatt = e.pool.alloc(DType::f32, B * H * T * T, Category::workspace, "att");
     ops::attention_forward(*e.gpu, gout.view(DType::f32, {B, T, C}), gatt.view(DType::f32, {B, H, T, T}),
-                           gqkv.view(DType::f32, {B, T, R}), H, KV);
+                           gqkv.view(DType::f32, {B, T, R}), H, KV, vd);
     // cuBLAS sums in another order (f32, no TF32): 1e-4 relative, 1e-5 absolute, as for MHA.
     expect_close(down(e, gatt, att.size()), att, 1e-4, 1e-5, "gqa att");
     expect_close(down(e, gout, out.size()), out, 1e-4, 1e-5, "gqa out");
@@ -641,14 +642,14 @@ TEST_CASE("cuda grouped-query attention forward and backward match the cpu backe
       Block gdqkv = up(e, dqkv, "dqkv");
       ops::attention_backward(*e.gpu, gdqkv.view(DType::f32, {B, T, R}), gdout.view(DType::f32, {B, T, C}),
                               gqkv.view(DType::f32, {B, T, R}), gatt_ref.view(DType::f32, {B, H, T, T}), H, KV,
-                              gscratch.flat(DType::f32));
+                              gscratch.flat(DType::f32), vd);
       return down(e, gdqkv, dqkv.size());
     };
     auto got = run_gpu();
     auto again = run_gpu();
     ops::attention_backward(*e.cpu, Tensor(dqkv.data(), DType::f32, {B, T, R}),
                             Tensor(dout.data(), DType::f32, {B, T, C}),
-                            hqkv, Tensor(att.data(), DType::f32, {B, H, T, T}), H, KV, host(scratch));
+                            hqkv, Tensor(att.data(), DType::f32, {B, H, T, T}), H, KV, host(scratch), vd);
     // As for MHA (1e-4 relative, 2e-5 absolute): dK and dV add at most 4 group members' products
     // of |values| < 1 over T = 9, each rounding ~1e-7 in either order.
     expect_close(got, dqkv, 1e-4, 2e-5, "gqa dqkv");

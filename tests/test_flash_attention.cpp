@@ -22,10 +22,14 @@ using namespace shardlab;
 
 namespace {
 
+// vd: the value head dimension (0: hd; DeepSeek's latent attention has one of its own).
 struct Dims {
   int64_t B, T, H, KV, hd;
   bool causal;
-  int64_t R() const { return (H + 2 * KV) * hd; }
+  int64_t vd = 0;
+  int64_t v() const { return vd > 0 ? vd : hd; }
+  int64_t R() const { return (H + KV) * hd + KV * v(); }
+  int64_t O() const { return H * v(); }  // the output's row
 };
 
 struct Result {
@@ -34,21 +38,21 @@ struct Result {
 
 float round_bf16(float x) { return static_cast<float>(bf16(x)); }
 
-// Attention in double over the fused (B, T, (H + 2 KV) hd) buffer, forward and backward. Backward's
+// Attention in double over the fused (B, T, (H + KV) hd + KV vd) buffer, forward and backward. Backward's
 // D = rowsum(dO * O) reads O from `given_out` when there is one (a bf16 caller's output, as the
 // kernel rounded it), else its own.
 Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout,
                  const std::vector<float>* given_out = nullptr) {
-  const int64_t R = d.R(), C = d.H * d.hd, G = d.H / d.KV;
+  const int64_t R = d.R(), C = d.H * d.hd, O = d.O(), V = d.v(), G = d.H / d.KV;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   Result r;
-  r.out.assign(static_cast<size_t>(d.B * d.T * C), 0.f);
+  r.out.assign(static_cast<size_t>(d.B * d.T * O), 0.f);
   r.lse.assign(static_cast<size_t>(d.B * d.H * d.T), 0.f);
   std::vector<double> dq(static_cast<size_t>(d.B * d.T * R), 0.0);
   auto at = [&](int64_t b, int64_t t, int64_t col) { return static_cast<double>(qkv[static_cast<size_t>((b * d.T + t) * R + col)]); };
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
-      const int64_t kc = C + (h / G) * d.hd, vc = C + d.KV * d.hd + (h / G) * d.hd;
+      const int64_t kc = C + (h / G) * d.hd, vc = C + d.KV * d.hd + (h / G) * V;
       for (int64_t t = 0; t < d.T; ++t) {
         const int64_t n = d.causal ? t + 1 : d.T;
         std::vector<double> p(static_cast<size_t>(n));
@@ -63,17 +67,17 @@ Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector
         for (double& x : p) sum += (x = std::exp(x - mx));
         for (double& x : p) x /= sum;
         r.lse[static_cast<size_t>((b * d.H + h) * d.T + t)] = static_cast<float>(mx + std::log(sum));
-        const float* go = dout.data() + (b * d.T + t) * C + h * d.hd;
-        std::vector<double> o(static_cast<size_t>(d.hd), 0.0), dp(static_cast<size_t>(n), 0.0);
+        const float* go = dout.data() + (b * d.T + t) * O + h * V;
+        std::vector<double> o(static_cast<size_t>(V), 0.0), dp(static_cast<size_t>(n), 0.0);
         for (int64_t s = 0; s < n; ++s)
-          for (int64_t c = 0; c < d.hd; ++c) {
+          for (int64_t c = 0; c < V; ++c) {
             o[static_cast<size_t>(c)] += p[static_cast<size_t>(s)] * at(b, s, vc + c);
             dp[static_cast<size_t>(s)] += go[c] * at(b, s, vc + c);
           }
         double D = 0;
-        for (int64_t c = 0; c < d.hd; ++c) {
-          r.out[static_cast<size_t>((b * d.T + t) * C + h * d.hd + c)] = static_cast<float>(o[static_cast<size_t>(c)]);
-          D += go[c] * (given_out ? (*given_out)[static_cast<size_t>((b * d.T + t) * C + h * d.hd + c)]
+        for (int64_t c = 0; c < V; ++c) {
+          r.out[static_cast<size_t>((b * d.T + t) * O + h * V + c)] = static_cast<float>(o[static_cast<size_t>(c)]);
+          D += go[c] * (given_out ? (*given_out)[static_cast<size_t>((b * d.T + t) * O + h * V + c)]
                                   : o[static_cast<size_t>(c)]);
         }
         for (int64_t s = 0; s < n; ++s) {
@@ -81,8 +85,8 @@ Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector
           for (int64_t c = 0; c < d.hd; ++c) {
             dq[static_cast<size_t>((b * d.T + t) * R + h * d.hd + c)] += scale * ds * at(b, s, kc + c);
             dq[static_cast<size_t>((b * d.T + s) * R + kc + c)] += scale * ds * at(b, t, h * d.hd + c);
-            dq[static_cast<size_t>((b * d.T + s) * R + vc + c)] += ps * go[c];
           }
+          for (int64_t c = 0; c < V; ++c) dq[static_cast<size_t>((b * d.T + s) * R + vc + c)] += ps * go[c];
         }
       }
     }
@@ -95,10 +99,10 @@ Result reference(const Dims& d, const std::vector<float>& qkv, const std::vector
 Result run(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout, bool naive = false,
            bool round_out = false) {
   auto be = make_cpu_backend(BackendConfig{});
-  const int64_t R = d.R(), C = d.H * d.hd;
+  const int64_t R = d.R();
   std::vector<float> in = qkv, go = dout;
   Result r;
-  r.out.assign(static_cast<size_t>(d.B * d.T * C), 0.f);
+  r.out.assign(static_cast<size_t>(d.B * d.T * d.O()), 0.f);
   r.dqkv.assign(in.size(), 0.f);
   const std::vector<int64_t> qkv_shape{d.B, d.T, R};
   Tensor tq = Tensor::of(std::span<float>(in)).reshape(qkv_shape), to = Tensor::of(std::span<float>(r.out));
@@ -107,19 +111,19 @@ Result run(const Dims& d, const std::vector<float>& qkv, const std::vector<float
     std::vector<float> att(static_cast<size_t>(d.B * d.H * d.T * d.T)), scratch(static_cast<size_t>(attention_scratch_elems(d.T, d.H)));
     const std::vector<int64_t> att_shape{d.B, d.H, d.T, d.T};
     Tensor ta = Tensor::of(std::span<float>(att)).reshape(att_shape);
-    ops::attention_forward(*be, to, ta, tq, d.H, d.KV);
-    ops::attention_backward(*be, tdq, tgo, tq, ta, d.H, d.KV, Tensor::of(std::span<float>(scratch)));
+    ops::attention_forward(*be, to, ta, tq, d.H, d.KV, d.vd);
+    ops::attention_backward(*be, tdq, tgo, tq, ta, d.H, d.KV, Tensor::of(std::span<float>(scratch)), d.vd);
     return r;
   }
   r.lse.assign(static_cast<size_t>(d.B * d.H * d.T), 0.f);
   std::vector<float> ws(static_cast<size_t>(
-      std::max(flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, false),
-               flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, true))));
+      std::max(flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, false, false, d.vd),
+               flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, true, false, d.vd))));
   Tensor tl = Tensor::of(std::span<float>(r.lse)), tw = Tensor::of(std::span<float>(ws));
-  ops::flash_attention_forward(*be, to, tl, tq, d.H, d.KV, d.causal, tw);
+  ops::flash_attention_forward(*be, to, tl, tq, d.H, d.KV, d.causal, tw, d.vd);
   if (round_out)
     for (float& x : r.out) x = round_bf16(x);
-  ops::flash_attention_backward(*be, tdq, tgo, tq, to, tl, d.H, d.KV, d.causal, tw);
+  ops::flash_attention_backward(*be, tdq, tgo, tq, to, tl, d.H, d.KV, d.causal, tw, d.vd);
   return r;
 }
 
@@ -127,21 +131,21 @@ Result run(const Dims& d, const std::vector<float>& qkv, const std::vector<float
 // widened back to f32 for comparison; lse and dqkv are f32.
 Result run_bf16(const Dims& d, const std::vector<float>& qkv, const std::vector<float>& dout) {
   auto be = make_cpu_backend(BackendConfig{});
-  std::vector<bf16> in(qkv.size()), go(dout.size()), out(static_cast<size_t>(d.B * d.T * d.H * d.hd));
+  std::vector<bf16> in(qkv.size()), go(dout.size()), out(static_cast<size_t>(d.B * d.T * d.O()));
   for (size_t i = 0; i < qkv.size(); ++i) in[i] = bf16(qkv[i]);
   for (size_t i = 0; i < dout.size(); ++i) go[i] = bf16(dout[i]);
   Result r;
   r.lse.assign(static_cast<size_t>(d.B * d.H * d.T), 0.f);
   r.dqkv.assign(qkv.size(), 0.f);
   std::vector<float> ws(static_cast<size_t>(
-      std::max(flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, false, true),
-               flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, true, true))));
+      std::max(flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, false, true, d.vd),
+               flash_attention_workspace_elems(d.B, d.T, d.H, d.KV, d.hd, true, true, d.vd))));
   Tensor tq = Tensor::of(std::span<bf16>(in)).reshape(std::vector<int64_t>{d.B, d.T, d.R()});
   Tensor to = Tensor::of(std::span<bf16>(out)), tl = Tensor::of(std::span<float>(r.lse));
   Tensor tw = Tensor::of(std::span<float>(ws));
-  ops::flash_attention_forward(*be, to, tl, tq, d.H, d.KV, d.causal, tw);
+  ops::flash_attention_forward(*be, to, tl, tq, d.H, d.KV, d.causal, tw, d.vd);
   ops::flash_attention_backward(*be, Tensor::of(std::span<float>(r.dqkv)), Tensor::of(std::span<bf16>(go)), tq, to, tl,
-                                d.H, d.KV, d.causal, tw);
+                                d.H, d.KV, d.causal, tw, d.vd);
   for (const bf16& x : out) r.out.push_back(static_cast<float>(x));
   return r;
 }
@@ -165,11 +169,14 @@ TEST_CASE("flash attention matches attention in double precision", "[flash][ops]
       {2, 1, 4, 2, 8, true},     {1, 5, 2, 2, 8, true},     {2, 64, 4, 4, 16, true},  {1, 129, 4, 2, 64, true},
       {1, 300, 4, 1, 32, true},  {2, 200, 2, 2, 128, true}, {1, 1, 2, 1, 8, false},   {2, 130, 4, 2, 16, false},
       {1, 257, 2, 2, 64, false}, {2, 520, 8, 2, 64, true},  {4, 260, 4, 2, 16, false},
+      // Values of a head dimension of their own (DeepSeek's 192 / 128 in small): narrower, wider, tails.
+      {2, 33, 4, 4, 12, true, 6}, {1, 300, 2, 2, 48, true, 32}, {1, 129, 4, 2, 16, false, 40}, {2, 1, 2, 2, 24, true, 8},
   };
   for (const Dims& d : cases) {
-    INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd << (d.causal ? " causal" : " not causal"));
+    INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd << " vd " << d.v()
+              << (d.causal ? " causal" : " not causal"));
     const auto qkv = test::random_vector("flash qkv", static_cast<size_t>(d.B * d.T * d.R()), -2.f, 2.f);
-    const auto dout = test::random_vector("flash dout", static_cast<size_t>(d.B * d.T * d.H * d.hd));
+    const auto dout = test::random_vector("flash dout", static_cast<size_t>(d.B * d.T * d.O()));
     const Result want = reference(d, qkv, dout), got = run(d, qkv, dout);
     CHECK(rel_err(got.out, want.out) <= 1e-5);
     CHECK(rel_err(got.lse, want.lse) <= 1e-5);
@@ -180,12 +187,13 @@ TEST_CASE("flash attention matches attention in double precision", "[flash][ops]
 TEST_CASE("flash attention reads bf16 inputs with f32 sums", "[flash][ops][bf16]") {
   const std::vector<Dims> cases = {
       {2, 1, 4, 2, 8, true}, {1, 129, 4, 2, 64, true}, {1, 300, 4, 1, 32, true}, {2, 200, 2, 2, 128, true},
-      {2, 130, 4, 2, 16, false}, {1, 257, 2, 2, 64, false},
+      {2, 130, 4, 2, 16, false}, {1, 257, 2, 2, 64, false}, {1, 150, 4, 4, 24, true, 16},
   };
   for (const Dims& d : cases) {
-    INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd << (d.causal ? " causal" : " not causal"));
+    INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd << " vd " << d.v()
+              << (d.causal ? " causal" : " not causal"));
     auto qkv = test::random_vector("flash qkv", static_cast<size_t>(d.B * d.T * d.R()), -2.f, 2.f);
-    auto dout = test::random_vector("flash dout", static_cast<size_t>(d.B * d.T * d.H * d.hd));
+    auto dout = test::random_vector("flash dout", static_cast<size_t>(d.B * d.T * d.O()));
     for (float& x : qkv) x = round_bf16(x);
     for (float& x : dout) x = round_bf16(x);
     const Result got = run_bf16(d, qkv, dout), want = reference(d, qkv, dout, &got.out);
@@ -235,10 +243,14 @@ TEST_CASE("flash attention gives a head the same bits whichever heads share its 
 }
 
 TEST_CASE("flash attention matches the naive kernels", "[flash][ops]") {
-  for (const Dims& d : std::vector<Dims>{{2, 150, 4, 2, 16, true}, {1, 33, 3, 3, 8, true}, {1, 1, 2, 2, 4, true}}) {
-    INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd);
+  for (const Dims& d : std::vector<Dims>{{2, 150, 4, 2, 16, true},
+                                         {1, 33, 3, 3, 8, true},
+                                         {1, 1, 2, 2, 4, true},
+                                         {2, 40, 4, 4, 12, true, 6},
+                                         {1, 70, 4, 2, 8, true, 20}}) {
+    INFO("B " << d.B << " T " << d.T << " H " << d.H << " KV " << d.KV << " hd " << d.hd << " vd " << d.v());
     const auto qkv = test::random_vector("flash qkv", static_cast<size_t>(d.B * d.T * d.R()), -2.f, 2.f);
-    const auto dout = test::random_vector("flash dout", static_cast<size_t>(d.B * d.T * d.H * d.hd));
+    const auto dout = test::random_vector("flash dout", static_cast<size_t>(d.B * d.T * d.O()));
     const Result want = run(d, qkv, dout, true), got = run(d, qkv, dout);
     CHECK(rel_err(got.out, want.out) <= 1e-5);
     CHECK(rel_err(got.dqkv, want.dqkv) <= 1e-4);

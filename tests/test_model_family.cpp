@@ -45,8 +45,8 @@ TEST_CASE("the registry finds GPT-2 by name and from a spec, and lists its prese
   const ModelFamily& gpt2 = model_family("gpt2");
   CHECK(&gpt2 == &gpt2_family());
   CHECK(std::string(gpt2.name()) == "gpt2");
-  CHECK(model_family_names() == std::vector<std::string>{"gpt2", "llama", "mixtral", "qwen3_moe", "qwen3"});
-  CHECK_THROWS_WITH(model_family("mamba"), "unknown model family 'mamba': expected one of gpt2, llama, mixtral, qwen3_moe, qwen3");
+  CHECK(model_family_names() == std::vector<std::string>{"gpt2", "llama", "mixtral", "qwen3_moe", "qwen3", "deepseek_v3"});
+  CHECK_THROWS_WITH(model_family("mamba"), "unknown model family 'mamba': expected one of gpt2, llama, mixtral, qwen3_moe, qwen3, deepseek_v3");
   CHECK(&family_of(model_preset("gpt2-xl")) == &gpt2);
   std::vector<std::string> names;
   for (const ModelPreset& p : gpt2.presets()) {

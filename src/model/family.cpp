@@ -6,6 +6,7 @@
 
 #include "src/core/check.hpp"
 #include "src/core/suggest.hpp"
+#include "src/model/deepseek/deepseek.hpp"
 #include "src/model/gpt2/gpt2.hpp"
 #include "src/model/llama/llama.hpp"
 #include "src/model/moe/moe.hpp"
@@ -15,9 +16,9 @@ namespace shardlab {
 namespace {
 
 // Indexed by FamilyId.
-const std::array<const ModelFamily*, 5>& registry() {
-  static const std::array<const ModelFamily*, 5> families = {&gpt2_family(), &llama_family(), &mixtral_family(),
-                                                             &qwen3_moe_family(), &qwen3_family()};
+const std::array<const ModelFamily*, 6>& registry() {
+  static const std::array<const ModelFamily*, 6> families = {&gpt2_family(),       &llama_family(), &mixtral_family(),
+                                                             &qwen3_moe_family(), &qwen3_family(), &deepseek_v3_family()};
   return families;
 }
 
@@ -29,7 +30,7 @@ void check_part(const ModelSpec& spec, const TpConfig& tp, const EpConfig& ep) {
                 "expert-parallel rank {} of {}: need 0 <= rank < degree", ep.rank, ep.degree);
   if (ep.degree > 1) {
     SHARD_REQUIRE(spec.moe.enabled(), "--ep {}: {} has no experts to split (expert parallelism needs a mixture of "
-                  "experts: the mixtral and qwen3_moe families)", ep.degree, spec.name);
+                  "experts: the mixtral, qwen3_moe and deepseek_v3 families)", ep.degree, spec.name);
     SHARD_REQUIRE(spec.moe.experts % ep.degree == 0, "--ep {} must divide the {} experts of {}", ep.degree,
                   spec.moe.experts, spec.name);
   }

@@ -47,6 +47,29 @@ void ModelSpec::validate() const {
                   moe.ffn_dim);
     SHARD_REQUIRE(std::isfinite(moe.aux_coef) && moe.aux_coef >= 0, "router_aux_loss_coef {}: must be 0 or positive",
                   moe.aux_coef);
+    SHARD_REQUIRE(moe.groups >= 1 && moe.experts % moe.groups == 0 && moe.topk_groups >= 1 &&
+                      moe.topk_groups <= moe.groups && moe.top_k <= moe.topk_groups * (moe.experts / moe.groups),
+                  "n_group {} topk_group {}: need groups dividing the {} experts, 1 <= topk_group <= n_group, and "
+                  "the chosen groups holding at least top_k {} experts", moe.groups, moe.topk_groups, moe.experts,
+                  moe.top_k);
+    SHARD_REQUIRE(moe.groups == 1 || moe.sigmoid, "n_group {}: group-limited routing is the sigmoid router's",
+                  moe.groups);
+    SHARD_REQUIRE(moe.groups == 1 || moe.experts / moe.groups >= 2,
+                  "n_group {}: a group scores its two best experts, so it needs at least 2 of the {} experts",
+                  moe.groups, moe.experts);
+    SHARD_REQUIRE(std::isfinite(moe.routed_scale) && moe.routed_scale > 0, "routed_scaling_factor {}: must be positive",
+                  moe.routed_scale);
+    SHARD_REQUIRE(moe.shared_ffn >= 0 && moe.shared_ffn <= (1 << 20),
+                  "shared experts' width {}: must be in [0, 1048576]", moe.shared_ffn);
+    SHARD_REQUIRE(moe.dense_layers >= 0 && moe.dense_layers <= layers,
+                  "first_k_dense_replace {}: must be in [0, {}] (the layers)", moe.dense_layers, layers);
+  }
+  if (mla.enabled()) {
+    SHARD_REQUIRE(mla.q_rank >= 0 && mla.kv_rank <= (1 << 16) && mla.q_rank <= (1 << 16) && mla.nope >= 1 &&
+                      mla.rope >= 2 && mla.rope % 2 == 0 && mla.v >= 1 && mla.qk() <= 1024 && mla.v <= 1024,
+                  "latent attention q_lora_rank {} kv_lora_rank {} qk_nope_head_dim {} qk_rope_head_dim {} v_head_dim "
+                  "{}: need ranks in [0, 65536] (kv at least 1), a nope part of at least 1, an even rope part of at "
+                  "least 2, head sizes up to 1024", mla.q_rank, mla.kv_rank, mla.nope, mla.rope, mla.v);
   }
   SHARD_REQUIRE(std::isfinite(moe_capacity_factor) && moe_capacity_factor >= 0,
                 "--moe-capacity-factor {}: must be 0 (dropless) or positive", moe_capacity_factor);
@@ -69,6 +92,7 @@ std::string ModelSpec::describe() const {
   if (tied_head != d.tied_head) rope += tied_head ? ", tied head" : ", untied head";
   if (head_dim != d.head_dim) extra += fmt::format(" hd={}", head_dim);
   if (moe.enabled()) extra += fmt::format(" E={} k={} Fe={}", moe.experts, moe.top_k, moe.ffn_dim);
+  if (mla.enabled()) extra += fmt::format(" MLA q{} kv{} {}+{}/{}", mla.q_rank, mla.kv_rank, mla.nope, mla.rope, mla.v);
   return fmt::format("{} (L={} C={} H={}{} T={} V={}{}, {:.2f}M params)", name, layers, dim, heads, extra, seq, vocab,
                      rope, p / 1e6);
 }
@@ -98,7 +122,9 @@ MoeSpec moe_from_json(const nlohmann::json& m) {
   SHARD_REQUIRE(m.is_object(), "\"moe\" must be an object, got {}", m.dump());
   for (auto it = m.begin(); it != m.end(); ++it)
     SHARD_REQUIRE(it.key() == "experts" || it.key() == "top_k" || it.key() == "ffn_dim" || it.key() == "norm_topk" ||
-                      it.key() == "aux_coef" || it.key() == "aux_loss",
+                      it.key() == "aux_coef" || it.key() == "aux_loss" || it.key() == "sigmoid" ||
+                      it.key() == "groups" || it.key() == "topk_groups" || it.key() == "routed_scale" ||
+                      it.key() == "shared_ffn" || it.key() == "dense_layers",
                   "\"moe\": unknown field \"{}\"", it.key());
   auto integer = [&](const char* key) {
     SHARD_REQUIRE(m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() >= 1,
@@ -117,6 +143,42 @@ MoeSpec moe_from_json(const nlohmann::json& m) {
     SHARD_REQUIRE(m["aux_loss"].is_boolean(), "\"moe\": \"aux_loss\" must be a bool");
     s.aux_loss = m["aux_loss"].get<bool>();
   }
+  // DeepSeek's router: each written when it differs from the softmax router's value.
+  auto count = [&](const char* key, int64_t fallback) {
+    if (!m.contains(key)) return fallback;
+    SHARD_REQUIRE(m[key].is_number_integer() && m[key].get<int64_t>() >= 0, "\"moe\": \"{}\" must be an integer >= 0",
+                  key);
+    return m[key].get<int64_t>();
+  };
+  if (m.contains("sigmoid")) {
+    SHARD_REQUIRE(m["sigmoid"].is_boolean(), "\"moe\": \"sigmoid\" must be a bool");
+    s.sigmoid = m["sigmoid"].get<bool>();
+  }
+  s.groups = count("groups", 1), s.topk_groups = count("topk_groups", 1);
+  s.shared_ffn = count("shared_ffn", 0), s.dense_layers = count("dense_layers", 0);
+  if (m.contains("routed_scale")) {
+    SHARD_REQUIRE(m["routed_scale"].is_number(), "\"moe\": \"routed_scale\" must be a number");
+    s.routed_scale = m["routed_scale"].get<double>();
+  }
+  return s;
+}
+MlaSpec mla_from_json(const nlohmann::json& m) {
+  SHARD_REQUIRE(m.is_object(), "\"mla\" must be an object, got {}", m.dump());
+  for (auto it = m.begin(); it != m.end(); ++it)
+    SHARD_REQUIRE(it.key() == "q_rank" || it.key() == "kv_rank" || it.key() == "nope" || it.key() == "rope" ||
+                      it.key() == "v" || it.key() == "interleave",
+                  "\"mla\": unknown field \"{}\"", it.key());
+  auto integer = [&](const char* key) {
+    SHARD_REQUIRE(m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() >= 0,
+                  "\"mla\": \"{}\" must be an integer >= 0", key);
+    return m[key].get<int64_t>();
+  };
+  MlaSpec s;
+  s.q_rank = integer("q_rank"), s.kv_rank = integer("kv_rank"), s.nope = integer("nope"), s.rope = integer("rope");
+  s.v = integer("v");
+  SHARD_REQUIRE(m.contains("interleave") && m["interleave"].is_boolean(), "\"mla\": \"interleave\" must be a bool");
+  s.interleave = m["interleave"].get<bool>();
+  SHARD_REQUIRE(s.enabled(), "\"mla\": kv_rank 0 (leave \"mla\" out for none)");
   return s;
 }
 }  // namespace
@@ -150,6 +212,19 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
     j["moe"] = {{"experts", s.moe.experts}, {"top_k", s.moe.top_k}, {"ffn_dim", s.moe.ffn_dim},
                 {"norm_topk", s.moe.norm_topk}, {"aux_coef", s.moe.aux_coef}};
   if (s.moe.enabled() && !s.moe.aux_loss) j["moe"]["aux_loss"] = false;
+  if (s.moe.enabled()) {
+    const MoeSpec m;
+    nlohmann::json& o = j["moe"];
+    if (s.moe.sigmoid) o["sigmoid"] = true;
+    if (s.moe.groups != m.groups) o["groups"] = s.moe.groups;
+    if (s.moe.topk_groups != m.topk_groups) o["topk_groups"] = s.moe.topk_groups;
+    if (s.moe.routed_scale != m.routed_scale) o["routed_scale"] = s.moe.routed_scale;
+    if (s.moe.shared_ffn != m.shared_ffn) o["shared_ffn"] = s.moe.shared_ffn;
+    if (s.moe.dense_layers != m.dense_layers) o["dense_layers"] = s.moe.dense_layers;
+  }
+  if (s.mla.enabled())
+    j["mla"] = {{"q_rank", s.mla.q_rank}, {"kv_rank", s.mla.kv_rank}, {"nope", s.mla.nope},
+                {"rope", s.mla.rope},     {"v", s.mla.v},             {"interleave", s.mla.interleave}};
   return j;
 }
 
@@ -195,6 +270,7 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
     s.qk_norm = j["qk_norm"].get<bool>();
   }
   if (j.contains("moe")) s.moe = moe_from_json(j["moe"]);
+  if (j.contains("mla")) s.mla = mla_from_json(j["mla"]);
   s.validate();
   return s;
 }

@@ -13,7 +13,7 @@
 namespace shardlab {
 
 // The model families shardlab implements; family.hpp finds each one's ModelFamily.
-enum class FamilyId : uint8_t { gpt2, llama, mixtral, qwen3_moe, qwen3 };
+enum class FamilyId : uint8_t { gpt2, llama, mixtral, qwen3_moe, qwen3, deepseek_v3 };
 
 // Llama 3.1's RoPE frequency scaling (Hugging Face's rope_scaling of type "llama3"): wavelengths
 // longer than original_max_positions / low_freq_factor are stretched by `factor`, those shorter
@@ -42,8 +42,32 @@ struct MoeSpec {
   // adds it only then, and a config without the field has it false). It is computed and reported
   // either way.
   bool aux_loss = true;
+  // DeepSeek-V3's router (sigmoid): scores sigmoid(logits); a token's k experts are those with the
+  // largest score + the layer's correction bias (e_score_correction_bias) among the topk_groups of
+  // `groups` contiguous groups whose two best biased scores sum highest; their weights the unbiased
+  // scores (over their sum + 1e-20 when norm_topk), times routed_scale. Softmax routers: groups 1,
+  // routed_scale 1.
+  bool sigmoid = false;
+  int64_t groups = 1, topk_groups = 1;
+  double routed_scale = 1.0;
+  int64_t shared_ffn = 0;    // the shared experts' width (their count x ffn_dim), beside the routed ones; 0: none
+  int64_t dense_layers = 0;  // the first layers have a dense MLP of the spec's ffn_dim (first_k_dense_replace)
   bool enabled() const { return experts > 0; }
+  bool sparse(int64_t layer) const { return enabled() && layer >= dense_layers; }
   bool operator==(const MoeSpec&) const = default;
+};
+
+// DeepSeek's multi-head latent attention (deepseek/): queries through a low-rank path (q_rank > 0:
+// q_a_proj, RMSNorm, q_b_proj) or one projection (0: q_proj); keys and values from a latent of
+// kv_rank channels (kv_a_proj_with_mqa, RMSNorm, kv_b_proj) and one rotary key part of `rope`
+// channels every head shares. A head's query and key are [nope | rope] channels, its value `v`.
+// kv_rank 0: none (every other family's attention).
+struct MlaSpec {
+  int64_t q_rank = 0, kv_rank = 0, nope = 0, rope = 0, v = 0;
+  bool interleave = true;  // RoPE rotates channel pairs (2i, 2i + 1) (HF's rope_interleave), else (i, i + rope/2)
+  bool enabled() const { return kv_rank > 0; }
+  int64_t qk() const { return nope + rope; }
+  bool operator==(const MlaSpec&) const = default;
 };
 
 // How attention is computed (--attention): the fused kernel (ops/flash_attention.hpp; O(T) memory,
@@ -71,6 +95,7 @@ struct ModelSpec {
   int64_t head_dim = 0;      // each attention head's size; 0: dim / heads
   bool qk_norm = false;      // RMSNorm of every query and key head before RoPE (Qwen3)
   MoeSpec moe;               // experts in place of the dense MLP (none unless set)
+  MlaSpec mla;               // multi-head latent attention (none unless set)
   // How the model computes, not what it is: not part of its JSON form (a checkpoint resumes under
   // either kernel, with the same parameters).
   AttentionKernel attention = AttentionKernel::flash;

@@ -25,6 +25,23 @@ Communicator& group(UnitContext& c) {
 }
 }  // namespace
 
+int64_t tp_unit_rows(const UnitContext& c, const TpConfig& built) {
+  SHARD_CHECK(c.tp.config == built,
+              "a unit built for tp rank {} of {} (sequence parallel: {}) runs as rank {} of {} ({})", built.rank,
+              built.degree, built.sequence_parallel, c.tp.config.rank, c.tp.config.degree,
+              c.tp.config.sequence_parallel);
+  return tp_local_rows(c.tp, c.batch.B * c.batch.T);
+}
+
+Block tp_whole_rows(UnitContext& c, const std::string& what) {
+  if (!c.tp.sequence_parallel()) return {};
+  return c.pool.alloc(DType::f32, c.batch.B * c.batch.T * c.spec.dim, Category::workspace, what);
+}
+
+Tensor tp_whole_or(const Block& whole, const UnitContext& c, Tensor rows) {
+  return whole ? whole.view(DType::f32, {c.batch.B * c.batch.T, c.spec.dim}) : rows;
+}
+
 Tensor tp_region_input(UnitContext& c, Tensor local, Tensor full) {
   if (!c.tp.sequence_parallel()) return local;
   SHARD_CHECK(full.numel() == local.numel() * c.tp.config.degree, "region input: local {} full {} at tp {}",

@@ -32,6 +32,15 @@ namespace shardlab {
 // InputError when sequence parallelism is on and the degree does not divide N.
 int64_t tp_local_rows(const TpContext& tp, int64_t N);
 
+// A unit's token rows between regions (tp_local_rows of the context's group), checking that the
+// unit, built for the group `built`, runs in it.
+int64_t tp_unit_rows(const UnitContext& c, const TpConfig& built);
+// Under sequence parallelism, a workspace for a region's whole (N, C) rows: what an all-gather
+// fills, or the partial sums a reduce-scatter reads. Without it nothing: the rows are whole.
+Block tp_whole_rows(UnitContext& c, const std::string& what);
+// That workspace as (N, C), or `rows` (the rank's rows, whole without sequence parallelism).
+Tensor tp_whole_or(const Block& whole, const UnitContext& c, Tensor rows);
+
 // A region's input for its column-parallel GEMMs: `local` itself without SP; with SP its rows from
 // every rank all-gathered into `full` (N, C), which is returned.
 Tensor tp_region_input(UnitContext& c, Tensor local, Tensor full);

@@ -293,7 +293,11 @@ void Trainer::print_header(std::FILE* out) const {
                cfg_.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s", strategy_group().c_str(),
                be_.describe().c_str(), comm_.name().c_str());
   std::fprintf(out, "  mesh: %s\n", mesh_.dims().describe().c_str());
-  if (cfg_.spec.moe.enabled() && !cfg_.spec.moe.aux_loss)
+  if (cfg_.spec.moe.sigmoid)
+    std::fprintf(out, "  moe: DeepSeek-V3's router balances with its correction bias, here as loaded (no auxiliary "
+                 "loss, as transformers; aux is the batch's balance statistic, k when uniform); multi-token "
+                 "prediction is not trained\n");
+  else if (cfg_.spec.moe.enabled() && !cfg_.spec.moe.aux_loss)
     std::fprintf(out, "  moe: the load-balancing loss is logged, not in the objective (output_router_logits false, "
                  "as transformers trains this config; --moe-aux-loss on adds %g x it)\n", cfg_.spec.moe.aux_coef);
   if (!cfg_.options_origin.empty()) std::fprintf(out, "  options: %s\n", cfg_.options_origin.c_str());

@@ -9,6 +9,7 @@
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/mla.hpp"
 #include "src/backend/ops/moe.hpp"
 #include "src/backend/ops/norm.hpp"
 #include "src/backend/ops/rope.hpp"
@@ -35,14 +36,23 @@ void moe_gather(Backend&, Tensor, Tensor, const int32_t*) { unreachable(); }
 void moe_combine(Backend&, Tensor, Tensor, const int32_t*, Tensor, int64_t, bool) { unreachable(); }
 void moe_combine_backward(Backend&, Tensor, Tensor, Tensor, Tensor, const int32_t*, Tensor, int64_t) { unreachable(); }
 void rope(Backend&, Tensor, int64_t, int64_t, const RopeFreqs&, int64_t, bool) { unreachable(); }
+void mla_qkv_forward(Backend&, Tensor, Tensor, Tensor, Tensor, const MlaHeads&, const RopeFreqs&, int64_t) {
+  unreachable();
+}
+void mla_qkv_backward(Backend&, Tensor, Tensor, Tensor, Tensor, const MlaHeads&, const RopeFreqs&, int64_t) {
+  unreachable();
+}
 void gelu_forward(Backend&, Tensor, Tensor) { unreachable(); }
 void gelu_backward(Backend&, Tensor, Tensor, Tensor) { unreachable(); }
 void swiglu_forward(Backend&, Tensor, Tensor) { unreachable(); }
 void swiglu_backward(Backend&, Tensor, Tensor, Tensor) { unreachable(); }
-void attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t) { unreachable(); }
-void attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) { unreachable(); }
-void flash_attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, bool, Tensor) { unreachable(); }
-void flash_attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, bool, Tensor) {
+void attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
+void attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor, int64_t) { unreachable(); }
+void flash_attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, bool, Tensor, int64_t) {
+  unreachable();
+}
+void flash_attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, bool, Tensor,
+                              int64_t) {
   unreachable();
 }
 void flash_attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t, Tensor) {
@@ -61,6 +71,6 @@ void vocab_ce_finish(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, 
 }  // namespace shardlab::ops
 
 namespace shardlab {
-FlashShape flash_shape_of_qkv(int64_t, int64_t, int64_t, int64_t, int64_t, bool) { ops::unreachable(); }
+FlashShape flash_shape_of_qkv(int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t) { ops::unreachable(); }
 FlashShape flash_shape_of_cache(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { ops::unreachable(); }
 }  // namespace shardlab

@@ -10,6 +10,9 @@ namespace shardlab {
 [[noreturn]] static void unreachable() { std::abort(); }
 
 int64_t tp_local_rows(const TpContext& tp, int64_t N) { return tp.sequence_parallel() ? (unreachable(), 0) : N; }
+int64_t tp_unit_rows(const UnitContext&, const TpConfig&) { unreachable(); }
+Block tp_whole_rows(UnitContext&, const std::string&) { unreachable(); }
+Tensor tp_whole_or(const Block&, const UnitContext&, Tensor) { unreachable(); }
 Tensor tp_region_input(UnitContext&, Tensor, Tensor) { unreachable(); }
 void tp_region_input_backward(UnitContext&, Tensor, Tensor) { unreachable(); }
 void tp_region_output(UnitContext&, Tensor, Tensor) { unreachable(); }

@@ -89,13 +89,13 @@ void pack_rows(float* dst, int64_t dst_ld, const In* src, int64_t ld, int64_t ro
 
 // One key tile's step of the online softmax over St (cols, brp), the scores transposed with the
 // masked ones -inf, whose column maxima (each query's max over the tile) arrive in mt (brp): the
-// running max m and sum l of each of the tile's query rows, the accumulator O (rows, hd; row stride
+// running max m and sum l of each of the tile's query rows, the accumulator O (rows, vd; row stride
 // ldo) rescaled by exp(m_old - m_new), and St made the probabilities exp(S - m_new), zero where
 // masked (`masked`: the tile has masked scores). The pass over St goes a vector of queries at a time
 // down the keys, each query's sum adding its terms in key order; columns past `rows` (the padding)
 // are neither read nor written.
 void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, bool masked, float* m, float* l, float* mt,
-                    float* O, int64_t ldo, int64_t hd) {
+                    float* O, int64_t ldo, int64_t vd) {
   constexpr int64_t kVec = kTileVec;
   // mt becomes the shift: the new max, or 0 for a query that has seen no key yet (all masked).
   for (int64_t r = 0; r < rows; ++r) {
@@ -107,7 +107,7 @@ void online_softmax(float* St, int64_t brp, int64_t cols, int64_t rows, bool mas
     if (alpha != 1.f) {
       float* o = O + r * ldo;
 #pragma omp simd
-      for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
+      for (int64_t c = 0; c < vd; ++c) o[c] *= alpha;
     }
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kVec) {
@@ -150,7 +150,7 @@ inline TileMask mask_of(const FlashShape& s, TileMask::Kind kind, int64_t d) {
 // The thread's tiles in backward, and the padded key-tile width.
 struct BackwardTiles {
   float *P, *dP, *Kt, *Vt, *Kp, *Qp, *dOp;
-  int64_t bcp, hdp;
+  int64_t bcp, hdp, vdp;
 };
 
 // Backward over one query tile [t0, t0 + rows) and one key tile [s0, s0 + cols) whose Kt, Vt and Kp
@@ -158,7 +158,7 @@ struct BackwardTiles {
 template <class In>
 void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int64_t cols, int64_t t0, int64_t rows,
                    const In* Q, const In* dO, const float* L, const float* Dh, float* dQ, float* dK, float* dV) {
-  const int64_t hd = s.hd, bcp = w.bcp, hdp = w.hdp;
+  const int64_t hd = s.hd, vd = flash_vd(s), bcp = w.bcp, hdp = w.hdp, vdp = w.vdp;
   // Keys past the tile's last query are masked for all of its rows: skipped (the diagonal).
   const int64_t seen = s.causal ? std::min(cols, t0 + rows + s.offset - s0) : cols;
   if (seen <= 0) return;  // no query of the tile sees the key tile
@@ -169,12 +169,12 @@ void backward_tile(const FlashShape& s, const BackwardTiles& w, int64_t s0, int6
   const TileMask wanted = mask_of(s, TileMask::cols_before, d), by_key = mask_of(s, TileMask::terms_before, d),
                  by_query = mask_of(s, TileMask::terms_after, d);
   pack_rows(w.Qp, hdp, Q + t0 * s.q_ld, s.q_ld, rows, hd);
-  pack_rows(w.dOp, hdp, dO + t0 * s.o_ld, s.o_ld, rows, hd);
+  pack_rows(w.dOp, vdp, dO + t0 * s.o_ld, s.o_ld, rows, vd);
   tile_product(rows, np, hd, s.scale, w.Qp, hdp, 1, w.Kt, bcp, false, w.P, bcp, wanted);
   for (int64_t r = 0; r < rows; ++r) exp_row(w.P + r * bcp, visible(s, t0 + r, s0, seen), seen, L[t0 + r]);
   // dV += Pᵀ dO; dP = dO Vᵀ
-  tile_product(seen, hd, rows, 1.f, w.P, 1, bcp, w.dOp, hdp, true, dV + s0 * s.v_ld, s.v_ld, by_query);
-  tile_product(rows, np, hd, 1.f, w.dOp, hdp, 1, w.Vt, bcp, false, w.dP, bcp, wanted);
+  tile_product(seen, vd, rows, 1.f, w.P, 1, bcp, w.dOp, vdp, true, dV + s0 * s.v_ld, s.v_ld, by_query);
+  tile_product(rows, np, vd, 1.f, w.dOp, vdp, 1, w.Vt, bcp, false, w.dP, bcp, wanted);
   for (int64_t r = 0; r < rows; ++r) {
     const float* p = w.P + r * bcp;
     float* dp = w.dP + r * bcp;
@@ -201,17 +201,17 @@ struct HeadTiles {
 
 // A forward task's end for one head: its rows of out = O / l and lse = m + log l.
 template <class In>
-void finish_head(const HeadTiles& e, int64_t hdp, int64_t rows, int64_t hd, In* out, int64_t o_ld, float* lse) {
+void finish_head(const HeadTiles& e, int64_t vdp, int64_t rows, int64_t vd, In* out, int64_t o_ld, float* lse) {
   for (int64_t r = 0; r < rows; ++r) {
     // l > 0 whenever a key is visible; a row that sees none (a causal offset below zero) is 0.
     const float inv = e.l[r] > 0.f ? 1.f / e.l[r] : 0.f;
     In* dst = out + r * o_ld;
-    const float* o = e.O + r * hdp;
+    const float* o = e.O + r * vdp;
     if constexpr (std::is_same_v<In, float>) {
 #pragma omp simd
-      for (int64_t c = 0; c < hd; ++c) dst[c] = o[c] * inv;
+      for (int64_t c = 0; c < vd; ++c) dst[c] = o[c] * inv;
     } else {
-      for (int64_t c = 0; c < hd; ++c) dst[c] = bf16(o[c] * inv);
+      for (int64_t c = 0; c < vd; ++c) dst[c] = bf16(o[c] * inv);
     }
     lse[r] = e.l[r] > 0.f ? e.m[r] + std::log(e.l[r]) : kNone;
   }
@@ -221,6 +221,7 @@ template <class In>
 void forward(In* out, float* lse, const In* q, const In* k, const In* v, const FlashShape& s, float* workspace) {
   const FlashTiles tl = flash_tiles(s);
   const int64_t br = tl.br, brp = tl.brp, bc = tl.bc, hd = s.hd, hdp = tl.hdp, group = s.H / s.KV;
+  const int64_t vd = flash_vd(s), vdp = tl.vdp;
   const int64_t hp = flash_heads_per_task(s), runs = s.H / hp;
   const int64_t qtiles = flash_query_tiles(s), tasks = flash_forward_tasks(s);
   const int64_t slot = flash_forward_slot_elems(s);
@@ -232,8 +233,8 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
     float* Vp = Kp + bc * hdp;
     HeadTiles head[kFlashHeadsPerTask];
     for (int64_t j = 0; j < hp; ++j) {
-      float* O = Vp + bc * hdp + j * flash_forward_head_elems(tl, hd);
-      head[j] = {O, O + br * hdp, O + br * hdp + brp, O + br * hdp + 2 * brp, O + br * hdp + 3 * brp};
+      float* O = Vp + bc * vdp + j * flash_forward_head_elems(tl, hd);
+      head[j] = {O, O + br * vdp, O + br * vdp + brp, O + br * vdp + 2 * brp, O + br * vdp + 3 * brp};
     }
     // Later query tiles see more keys: the costly tasks first, handed out one at a time.
 #pragma omp for schedule(dynamic, 1)
@@ -241,13 +242,13 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
       const int64_t i = qtiles - 1 - task % qtiles, run = task / qtiles, b = run / runs, h0 = run % runs * hp;
       const int64_t t0 = i * br, rows = std::min(br, s.Tq - t0);
       const In* K = k + b * s.k_b + (h0 / group) * hd;
-      const In* V = v + b * s.v_b + (h0 / group) * hd;
+      const In* V = v + b * s.v_b + (h0 / group) * vd;
       for (int64_t j = 0; j < hp; ++j) {
         const HeadTiles& e = head[j];
         pack_transposed(e.Qt, brp, q + b * s.q_b + t0 * s.q_ld + (h0 + j) * hd, s.q_ld, rows, flash_pad(rows), hd);
         std::fill_n(e.m, rows, kNone);
         std::fill_n(e.l, rows, 0.f);
-        for (int64_t r = 0; r < rows; ++r) std::fill_n(e.O + r * hdp, hd, 0.f);
+        for (int64_t r = 0; r < rows; ++r) std::fill_n(e.O + r * vdp, vd, 0.f);
       }
       // Fewer queries than a vector (decoding) go to sgemm rather than be padded to one, and read
       // f32 keys in place.
@@ -256,7 +257,7 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
       const int64_t kv_end = s.causal ? std::min(s.Tk, t0 + rows + s.offset) : s.Tk;
       for (int64_t s0 = 0; s0 < kv_end; s0 += bc) {
         const int64_t cols = std::min(bc, kv_end - s0);
-        pack_rows(Vp, hdp, V + s0 * s.v_ld, s.v_ld, cols, hd);
+        pack_rows(Vp, vdp, V + s0 * s.v_ld, s.v_ld, cols, vd);
         const float* Ks = Kp;
         int64_t ks_ld = hdp;
         if (pack_keys) {
@@ -272,14 +273,14 @@ void forward(In* out, float* lse, const In* q, const In* k, const In* v, const F
           // vectors of queries; each query's max over the tile comes out of the product.
           std::fill_n(e.mt, nq, kNone);
           tile_product_scores(cols, nq, hd, s.scale, Ks, ks_ld, 1, e.Qt, brp, St, brp, d, e.mt);
-          online_softmax(St, brp, cols, rows, s.causal && d < cols, e.m, e.l, e.mt, e.O, hdp, hd);
+          online_softmax(St, brp, cols, rows, s.causal && d < cols, e.m, e.l, e.mt, e.O, vdp, vd);
           // O += P V, P = Stᵀ (the masked keys' zero terms left out).
-          tile_product(rows, hd, cols, 1.f, St, 1, brp, Vp, hdp, true, e.O, hdp,
+          tile_product(rows, vd, cols, 1.f, St, 1, brp, Vp, vdp, true, e.O, vdp,
                        mask_of(s, TileMask::terms_before, d));
         }
       }
       for (int64_t j = 0; j < hp; ++j)
-        finish_head(head[j], hdp, rows, hd, out + b * s.o_b + t0 * s.o_ld + (h0 + j) * hd, s.o_ld,
+        finish_head(head[j], vdp, rows, vd, out + b * s.o_b + t0 * s.o_ld + (h0 + j) * vd, s.o_ld,
                     lse + (b * s.H + h0 + j) * s.Tq + t0);
     }
   }
@@ -295,11 +296,12 @@ void flash_attention_merge(float* out, float* lse, const float* part, const floa
       float& l = lse[bh * s.Tq + t];
       if (lp == kNone) continue;  // the part saw no key of this row
       const float m = std::max(l, lp), w_old = std::exp(l - m), w_part = std::exp(lp - m), sum = w_old + w_part;
-      float* o = out + b * s.o_b + t * s.o_ld + h * s.hd;
-      const float* p = part + b * s.o_b + t * s.o_ld + h * s.hd;
+      const int64_t vd = flash_vd(s);
+      float* o = out + b * s.o_b + t * s.o_ld + h * vd;
+      const float* p = part + b * s.o_b + t * s.o_ld + h * vd;
       const float a = w_old / sum, c = w_part / sum;
 #pragma omp simd
-      for (int64_t k = 0; k < s.hd; ++k) o[k] = o[k] * a + p[k] * c;
+      for (int64_t k = 0; k < vd; ++k) o[k] = o[k] * a + p[k] * c;
       l = m + std::log(sum);
     }
   }
@@ -312,6 +314,7 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
               const float* lse, const FlashShape& s, float* workspace) {
   const FlashTiles tl = flash_tiles(s);
   const int64_t br = tl.br, bc = tl.bc, bcp = tl.bcp, hd = s.hd, hdp = tl.hdp, group = s.H / s.KV;
+  const int64_t vd = flash_vd(s), vdp = tl.vdp;
   const int64_t slot = flash_backward_slot_elems(s), slots = flash_backward_slots(s);
   float* D = workspace + slots * slot;  // (B, H, Tq)
   const int threads = threads_for(slots);
@@ -322,25 +325,26 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
     w.dP = w.P + br * bcp;
     w.Kt = w.dP + br * bcp;
     w.Vt = w.Kt + hd * bcp;
-    w.Kp = w.Vt + hd * bcp;
+    w.Kp = w.Vt + vd * bcp;
     w.Qp = w.Kp + bc * hdp;
-    w.dOp = w.Qp + br * hdp;
+    w.dOp = w.Qp + br * std::max(hdp, vdp);
     w.bcp = bcp;
     w.hdp = hdp;
+    w.vdp = vdp;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < s.B * s.KV; ++task) {
       const int64_t b = task / s.KV, g = task % s.KV;
       const In* K = k + b * s.k_b + g * hd;
-      const In* V = v + b * s.v_b + g * hd;
+      const In* V = v + b * s.v_b + g * vd;
       float* dK = dk + b * s.k_b + g * hd;
-      float* dV = dv + b * s.v_b + g * hd;
+      float* dV = dv + b * s.v_b + g * vd;
       for (int64_t j = 0; j < s.Tk && !s.accumulate; ++j) {
         std::fill_n(dK + j * s.k_ld, hd, 0.f);
-        std::fill_n(dV + j * s.v_ld, hd, 0.f);
+        std::fill_n(dV + j * s.v_ld, vd, 0.f);
       }
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const In* O = out + b * s.o_b + h * hd;
-        const In* dO = dout + b * s.o_b + h * hd;
+        const In* O = out + b * s.o_b + h * vd;
+        const In* dO = dout + b * s.o_b + h * vd;
         float* dQ = dq + b * s.q_b + h * hd;
         float* Dh = D + (b * s.H + h) * s.Tq;
         for (int64_t t = 0; t < s.Tq; ++t) {
@@ -348,13 +352,13 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
           if constexpr (std::is_same_v<In, float>) {
             o = O + t * s.o_ld, d = dO + t * s.o_ld;
           } else {  // widened first, so the sum below runs as the f32 kernel's does
-            pack_rows(w.Qp, hdp, O + t * s.o_ld, s.o_ld, 1, hd);
-            pack_rows(w.dOp, hdp, dO + t * s.o_ld, s.o_ld, 1, hd);
+            pack_rows(w.Qp, vdp, O + t * s.o_ld, s.o_ld, 1, vd);
+            pack_rows(w.dOp, vdp, dO + t * s.o_ld, s.o_ld, 1, vd);
             o = w.Qp, d = w.dOp;
           }
           float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-          for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
+          for (int64_t c = 0; c < vd; ++c) acc += o[c] * d[c];
           Dh[t] = acc;
           if (!s.accumulate) std::fill_n(dQ + t * s.q_ld, hd, 0.f);
         }
@@ -365,13 +369,13 @@ void backward(float* dq, float* dk, float* dv, const In* dout, const In* q, cons
       for (int64_t s0 = 0; s0 < s.Tk; s0 += bc) {
         const int64_t cols = std::min(bc, s.Tk - s0);
         pack_transposed(w.Kt, bcp, K + s0 * s.k_ld, s.k_ld, cols, bcp, hd);
-        pack_transposed(w.Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, hd);
+        pack_transposed(w.Vt, bcp, V + s0 * s.v_ld, s.v_ld, cols, bcp, vd);
         pack_rows(w.Kp, hdp, K + s0 * s.k_ld, s.k_ld, cols, hd);
         // The first query row that sees key s0, rounded down to its tile.
         const int64_t first = s.causal ? std::max<int64_t>(0, s0 - s.offset) : 0;
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           const In* Q = q + b * s.q_b + h * hd;
-          const In* dO = dout + b * s.o_b + h * hd;
+          const In* dO = dout + b * s.o_b + h * vd;
           const float* L = lse + (b * s.H + h) * s.Tq;
           float* dQ = dq + b * s.q_b + h * hd;
           const float* Dh = D + (b * s.H + h) * s.Tq;

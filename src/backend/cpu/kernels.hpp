@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "src/backend/ops/flash_shape.hpp"
+#include "src/backend/ops/mla_heads.hpp"
 #include "src/backend/ops/muon.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/rope.hpp"
@@ -48,17 +49,22 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
 // x (B*T rows of W); the first `heads` heads of head_dim channels rotate, positions pos0 + t.
 void rope(float* x, int64_t B, int64_t T, int64_t W, int64_t heads, int64_t head_dim, const RopeFreqs& freqs,
           int64_t pos0, bool inverse);
+// Latent attention (ops/mla.hpp): the packed [q | k | v] rows from q, kv and kva, and back.
+void mla_qkv_forward(float* qkv, const float* q, const float* kv, const float* kva, int64_t B, int64_t T,
+                     const MlaHeads& m, const RopeFreqs& freqs, int64_t pos0);
+void mla_qkv_backward(float* dq, float* dkv, float* dkva, const float* dqkv, int64_t B, int64_t T, const MlaHeads& m,
+                      const RopeFreqs& freqs, int64_t pos0);
 void add_bias(float* x, const float* bias, int64_t N, int64_t OC);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 // gate_up (N, 2F) = [gate | up] per row; out, dout (N, F).
 void swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F);
 void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F);
-// qkv (B, T, (H + 2 KV) hd) = [q | k | v]; out (B, T, C = H hd); KV divides H.
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
-                       int64_t KV);
+// qkv (B, T, (H + KV) hd + KV vd) = [q | k | v]; out (B, T, H vd); KV divides H.
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t hd, int64_t vd);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int64_t B,
-                        int64_t T, int64_t C, int64_t H, int64_t KV);
+                        int64_t T, int64_t H, int64_t KV, int64_t hd, int64_t vd);
 // Fused (flash) attention: shapes, strides and workspace in ops/flash_shape.hpp. lse (B, H, Tq).
 // out, q, k, v and dout are f32, or bf16 when s.bf16; lse, dq, dk and dv are f32.
 void flash_attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, const FlashShape& s,

@@ -7,8 +7,9 @@
 namespace shardlab::cuda {
 namespace {
 void require_head_dim(const FlashShape& s) {
-  SHARD_REQUIRE(s.hd <= kMaxHeadDim, "--attention flash on CUDA: head dimension {} above the kernels' {}", s.hd,
-                kMaxHeadDim);
+  SHARD_REQUIRE(s.hd <= kMaxHeadDim && flash_vd(s) <= kMaxHeadDim,
+                "--attention flash on CUDA: head dimensions {} (queries, keys) and {} (values) above the kernels' {}",
+                s.hd, flash_vd(s), kMaxHeadDim);
 }
 }  // namespace
 

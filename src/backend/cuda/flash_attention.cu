@@ -2,8 +2,8 @@
 // flash_attention.cpp): the online softmax, O(T) memory, no atomics.
 //
 // One warp per row, lanes splitting the head's channels (channel c on lane c % 32, at most
-// kMaxHeadDim / 32 per lane, held in registers): a score is a warp-wide sum, so every lane holds
-// the same bits of it and of the running max and sum. Forward: a warp per query row, over the keys
+// kMaxHeadDim / 32 per lane, held in registers; values and outputs have vd channels, flash_vd): a
+// score is a warp-wide sum, so every lane holds the same bits of it and of the running max and sum. Forward: a warp per query row, over the keys
 // it sees. Backward: D = rowsum(dO * O) per query row; dq per query row (recomputing each
 // probability from lse); dk and dv per key row, over the query rows of its K/V head's group that
 // see it, heads in order. Each output row has exactly one writer, so results do not depend on
@@ -67,6 +67,9 @@ __device__ inline void axpy_row(Row& y, float a, const In* p, int64_t hd) {
   }
 }
 
+// flash_vd on the device: the value (and output) head dimension.
+__device__ inline int64_t value_dim(const FlashShape& s) { return s.vd > 0 ? s.vd : s.hd; }
+
 // Keys [0, end) query row t sees.
 __device__ inline int64_t keys_seen(const FlashShape& s, int64_t t) {
   if (!s.causal) return s.Tk;
@@ -82,9 +85,10 @@ __global__ void flash_forward_kernel(In* out, float* lse, const In* q, const In*
   const int64_t row = warp_row();
   if (row >= s.B * s.H * s.Tq) return;
   const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H, g = h / (s.H / s.KV);
+  const int64_t vd = value_dim(s);
   const Row qr = load_row(q + b * s.q_b + t * s.q_ld + h * s.hd, s.hd);
   const In* K = k + b * s.k_b + g * s.hd;
-  const In* V = v + b * s.v_b + g * s.hd;
+  const In* V = v + b * s.v_b + g * vd;
   Row acc{};
   float m = -INFINITY, l = 0.f;
   const int64_t end = keys_seen(s, t);
@@ -96,9 +100,9 @@ __global__ void flash_forward_kernel(In* out, float* lse, const In* q, const In*
     m = m_new;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) acc.v[i] *= alpha;
-    axpy_row(acc, p, V + j * s.v_ld, s.hd);
+    axpy_row(acc, p, V + j * s.v_ld, vd);
   }
-  store_row(out + b * s.o_b + t * s.o_ld + h * s.hd, acc, s.hd, l > 0.f ? 1.f / l : 0.f);
+  store_row(out + b * s.o_b + t * s.o_ld + h * vd, acc, vd, l > 0.f ? 1.f / l : 0.f);
   if (threadIdx.x % kWarp == 0) lse[bh * s.Tq + t] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
@@ -108,8 +112,8 @@ __global__ void flash_d_kernel(float* D, const In* dout, const In* out, FlashSha
   const int64_t row = warp_row();
   if (row >= s.B * s.H * s.Tq) return;
   const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H;
-  const int64_t at = b * s.o_b + t * s.o_ld + h * s.hd;
-  const float d = dot_row(load_row(dout + at, s.hd), out + at, s.hd);
+  const int64_t vd = value_dim(s), at = b * s.o_b + t * s.o_ld + h * vd;
+  const float d = dot_row(load_row(dout + at, vd), out + at, vd);
   if (threadIdx.x % kWarp == 0) D[row] = d;
 }
 
@@ -120,16 +124,17 @@ __global__ void flash_dq_kernel(float* dq, const In* dout, const In* q, const In
   const int64_t row = warp_row();
   if (row >= s.B * s.H * s.Tq) return;
   const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H, g = h / (s.H / s.KV);
+  const int64_t vd = value_dim(s);
   const Row qr = load_row(q + b * s.q_b + t * s.q_ld + h * s.hd, s.hd);
-  const Row dor = load_row(dout + b * s.o_b + t * s.o_ld + h * s.hd, s.hd);
+  const Row dor = load_row(dout + b * s.o_b + t * s.o_ld + h * vd, vd);
   const In* K = k + b * s.k_b + g * s.hd;
-  const In* V = v + b * s.v_b + g * s.hd;
+  const In* V = v + b * s.v_b + g * vd;
   const float L = lse[row], Dt = D[row];
   Row acc{};
   const int64_t end = keys_seen(s, t);
   for (int64_t j = 0; j < end; ++j) {
     const float p = expf(dot_row(qr, K + j * s.k_ld, s.hd) * s.scale - L);
-    const float ds = p * (dot_row(dor, V + j * s.v_ld, s.hd) - Dt);
+    const float ds = p * (dot_row(dor, V + j * s.v_ld, vd) - Dt);
     axpy_row(acc, ds, K + j * s.k_ld, s.hd);
   }
   store_row(dq + b * s.q_b + t * s.q_ld + h * s.hd, acc, s.hd, s.scale, s.accumulate);
@@ -142,24 +147,25 @@ __global__ void flash_dkv_kernel(float* dk, float* dv, const In* dout, const In*
   const int64_t row = warp_row();
   if (row >= s.B * s.KV * s.Tk) return;
   const int64_t j = row % s.Tk, bg = row / s.Tk, b = bg / s.KV, g = bg % s.KV, group = s.H / s.KV;
+  const int64_t vd = value_dim(s);
   const Row kr = load_row(k + b * s.k_b + j * s.k_ld + g * s.hd, s.hd);
-  const Row vr = load_row(v + b * s.v_b + j * s.v_ld + g * s.hd, s.hd);
+  const Row vr = load_row(v + b * s.v_b + j * s.v_ld + g * vd, vd);
   const int64_t first = s.causal ? (j - s.offset > 0 ? j - s.offset : 0) : 0;
   Row dkr{}, dvr{};
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     const In* Q = q + b * s.q_b + h * s.hd;
-    const In* dO = dout + b * s.o_b + h * s.hd;
+    const In* dO = dout + b * s.o_b + h * vd;
     const float* L = lse + (b * s.H + h) * s.Tq;
     const float* Dh = D + (b * s.H + h) * s.Tq;
     for (int64_t t = first; t < s.Tq; ++t) {
       const float p = expf(dot_row(kr, Q + t * s.q_ld, s.hd) * s.scale - L[t]);
-      axpy_row(dvr, p, dO + t * s.o_ld, s.hd);
-      const float ds = p * (dot_row(vr, dO + t * s.o_ld, s.hd) - Dh[t]);
+      axpy_row(dvr, p, dO + t * s.o_ld, vd);
+      const float ds = p * (dot_row(vr, dO + t * s.o_ld, vd) - Dh[t]);
       axpy_row(dkr, ds * s.scale, Q + t * s.q_ld, s.hd);
     }
   }
   store_row(dk + b * s.k_b + j * s.k_ld + g * s.hd, dkr, s.hd, 1.f, s.accumulate);
-  store_row(dv + b * s.v_b + j * s.v_ld + g * s.hd, dvr, s.hd, 1.f, s.accumulate);
+  store_row(dv + b * s.v_b + j * s.v_ld + g * vd, dvr, vd, 1.f, s.accumulate);
 }
 
 // Context parallelism's merge (ops/flash_attention.hpp): a thread per query row, its channels in turn.
@@ -170,10 +176,11 @@ __global__ void flash_merge_kernel(float* out, float* lse, const float* part, co
   if (lp == -INFINITY) return;
   const float l = lse[row], m = fmaxf(l, lp), w_old = expf(l - m), w_part = expf(lp - m), sum = w_old + w_part;
   const int64_t t = row % s.Tq, bh = row / s.Tq, b = bh / s.H, h = bh % s.H;
-  float* o = out + b * s.o_b + t * s.o_ld + h * s.hd;
-  const float* p = part + b * s.o_b + t * s.o_ld + h * s.hd;
+  const int64_t vd = value_dim(s);
+  float* o = out + b * s.o_b + t * s.o_ld + h * vd;
+  const float* p = part + b * s.o_b + t * s.o_ld + h * vd;
   const float a = w_old / sum, c = w_part / sum;
-  for (int64_t k = 0; k < s.hd; ++k) o[k] = o[k] * a + p[k] * c;
+  for (int64_t k = 0; k < vd; ++k) o[k] = o[k] * a + p[k] * c;
   lse[row] = m + logf(sum);
 }
 
@@ -221,7 +228,8 @@ cudaError_t launch_flash_forward(void* out, float* lse, const void* q, const voi
   const Launches L = flash_attention_forward_launches(s);
   if (L.count == 0) return cudaSuccess;
   const int64_t rows = s.B * s.H * s.Tq;
-  if (s.hd > kMaxHeadDim || rows > int64_t{kRowsPerBlock} * 2147483647) return cudaErrorInvalidValue;
+  if (s.hd > kMaxHeadDim || flash_vd(s) > kMaxHeadDim || rows > int64_t{kRowsPerBlock} * 2147483647)
+    return cudaErrorInvalidValue;
   return s.bf16 ? forward<__nv_bfloat16>(out, lse, q, k, v, s, L, st) : forward<float>(out, lse, q, k, v, s, L, st);
 }
 
@@ -231,7 +239,8 @@ cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, con
   const Launches L = flash_attention_backward_launches(s);
   if (L.count == 0) return cudaSuccess;
   const int64_t qrows = s.B * s.H * s.Tq, krows = s.B * s.KV * s.Tk;
-  if (s.hd > kMaxHeadDim || qrows > int64_t{kRowsPerBlock} * 2147483647 || krows > int64_t{kRowsPerBlock} * 2147483647)
+  if (s.hd > kMaxHeadDim || flash_vd(s) > kMaxHeadDim || qrows > int64_t{kRowsPerBlock} * 2147483647 ||
+      krows > int64_t{kRowsPerBlock} * 2147483647)
     return cudaErrorInvalidValue;
   return s.bf16 ? backward<__nv_bfloat16>(dq, dk, dv, D, dout, q, k, v, out, lse, s, L, st)
                 : backward<float>(dq, dk, dv, D, dout, q, k, v, out, lse, s, L, st);

@@ -101,6 +101,12 @@ struct RopeTable {
 cudaError_t launch_rope(float* x, int64_t B, int64_t T, int64_t W, int64_t heads, int64_t half,
                         const RopeTable& freqs, int64_t pos0, bool inverse, cudaStream_t s);
 
+// The latent attention's packing and its backward (ops/mla.hpp), rows of T positions from pos0.
+cudaError_t launch_mla_qkv_forward(float* qkv, const float* q, const float* kv, const float* kva, const MlaHeads& m,
+                                   const RopeTable& freqs, int64_t pos0, int64_t B, int64_t T, cudaStream_t s);
+cudaError_t launch_mla_qkv_backward(float* dq, float* dkv, float* dkva, const float* dqkv, const MlaHeads& m,
+                                    const RopeTable& freqs, int64_t pos0, int64_t B, int64_t T, cudaStream_t s);
+
 // x (N, OC) += bias (OC) on every row
 cudaError_t launch_add_bias(float* x, const float* bias, int64_t N, int64_t OC, cudaStream_t s);
 cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t s);

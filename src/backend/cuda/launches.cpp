@@ -185,6 +185,16 @@ Launches rope_launches(int64_t heads, int64_t half, int64_t, bool, int64_t B, in
   return grid_stride("rope_kernel", B * T * heads * half);
 }
 
+Launches mla_qkv_forward_launches(const MlaHeads& m, int64_t B, int64_t T) {
+  return grid_stride("mla_qkv_forward_kernel", B * T * m.width());
+}
+
+Launches mla_qkv_backward_launches(const MlaHeads& m, int64_t B, int64_t T) {
+  Launches L = grid_stride("mla_qkv_backward_kernel", B * T * m.heads * (m.qk() + m.nope + m.v));
+  for (const Launch& l : grid_stride("mla_k_rope_backward_kernel", B * T * (m.rope / 2))) L.add(l);
+  return L;
+}
+
 Launches gelu_forward_launches(int64_t n, bool aligned) {
   return packed_or_not("gelu_forward_kernel<4>", "gelu_forward_kernel<1>", n, packable(n, aligned));
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "src/backend/ops/flash_shape.hpp"
+#include "src/backend/ops/mla_heads.hpp"
 #include "src/core/dtype.hpp"
 
 namespace shardlab {
@@ -134,6 +135,10 @@ Launches head_rmsnorm_forward_launches(int64_t N, int64_t W, int64_t col0, int64
 Launches head_rmsnorm_backward_launches(int64_t N, int64_t W, int64_t col0, int64_t heads, int64_t hd);
 // half: RopeFreqs::half (head_dim / 2).
 Launches rope_launches(int64_t heads, int64_t half, int64_t pos0, bool inverse, int64_t B, int64_t T, int64_t W);
+// The latent attention's packing (one kernel over qkv's elements) and its backward (dq and dkv
+// element-wise, then the shared rotary key's pairs, heads summed in order).
+Launches mla_qkv_forward_launches(const MlaHeads& m, int64_t B, int64_t T);
+Launches mla_qkv_backward_launches(const MlaHeads& m, int64_t B, int64_t T);
 Launches gelu_forward_launches(int64_t n, bool aligned = true);
 Launches gelu_backward_launches(int64_t n, bool aligned = true);
 Launches swiglu_forward_launches(int64_t N, int64_t F);

@@ -4,6 +4,7 @@
 // families checked the tensors and pass the sizes they derived.
 #pragma once
 #include "src/backend/ops/flash_shape.hpp"
+#include "src/backend/ops/mla_heads.hpp"
 #include "src/backend/ops/muon.hpp"
 #include "src/backend/ops/optimizer.hpp"
 #include "src/backend/ops/quantize.hpp"
@@ -35,16 +36,22 @@ void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, T
 // ---- rope.cpp ----
 void rope(Backend& be, Tensor x, int64_t heads, const RopeFreqs& freqs, int64_t pos0, bool inverse, int64_t B,
           int64_t T, int64_t W);
+// ---- mla.cpp ----
+void mla_qkv_forward(Backend& be, Tensor qkv, Tensor q, Tensor kv, Tensor kva, const MlaHeads& m,
+                     const RopeFreqs& freqs, int64_t pos0, int64_t B, int64_t T);
+void mla_qkv_backward(Backend& be, Tensor dq, Tensor dkv, Tensor dkva, Tensor dqkv, const MlaHeads& m,
+                      const RopeFreqs& freqs, int64_t pos0, int64_t B, int64_t T);
 // ---- activation.cpp ----
 void gelu_forward(Backend& be, Tensor out, Tensor inp);
 void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout);
 void swiglu_forward(Backend& be, Tensor out, Tensor gate_up, int64_t N, int64_t F);
 void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout, int64_t N, int64_t F);
 // ---- attention.cpp ----
+// qkv (B, T, (H + KV) hd + KV vd); out (B, T, H vd).
 void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV, int64_t B, int64_t T,
-                       int64_t C);
+                       int64_t hd, int64_t vd);
 void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
-                        Tensor scratch, int64_t B, int64_t T, int64_t C);
+                        Tensor scratch, int64_t B, int64_t T, int64_t hd, int64_t vd);
 // ---- flash_attention.cpp ----
 // out, q, k, v and dout are f32, or bf16 when s.bf16; lse, dq, dk and dv f32.
 void flash_attention_forward(Backend& be, void* out, float* lse, const void* q, const void* k, const void* v,

@@ -5,14 +5,23 @@
 
 namespace shardlab::ops {
 
-// Scores scaled by 1/sqrt(hd): qkv (B, T, (H + 2 KV) hd) is laid out [q (H heads) | k (KV heads) |
-// v (KV heads)] in each row, and query head h reads K/V head h / (H / KV). KV == H is multi-head
-// attention over GPT-2's [q | k | v] of 3C. out (B, T, H hd); att (B, H, T, T) softmax
-// probabilities (zero above the diagonal), saved for backward.
-void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV);
+// The head dimensions of a packed [q | k | v] buffer (B, T, (H + KV) hd + KV vd): queries and keys
+// of hd channels a head, values of vd (given, > 0; or 0: as many as hd, the row (H + 2 KV) hd).
+// Checked against the row's width.
+struct PackedHeads {
+  int64_t hd = 0, vd = 0;
+};
+PackedHeads packed_head_dims(const Tensor& qkv, int64_t H, int64_t KV, int64_t vd, const char* op);
+
+// Scores scaled by 1/sqrt(hd): qkv (B, T, (H + KV) hd + KV vd) is laid out [q (H heads) | k (KV
+// heads) | v (KV heads)] in each row, and query head h reads K/V head h / (H / KV). KV == H is
+// multi-head attention over GPT-2's [q | k | v] of 3C. vd: the value head dimension (0: hd; DeepSeek's
+// latent attention has its own). out (B, T, H vd); att (B, H, T, T) softmax probabilities (zero above
+// the diagonal), saved for backward.
+void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV, int64_t vd = 0);
 // dqkv (like qkv) is overwritten; scratch holds attention_scratch_elems(T, H) floats.
 void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
-                        Tensor scratch);
+                        Tensor scratch, int64_t vd = 0);
 
 }  // namespace shardlab::ops
 

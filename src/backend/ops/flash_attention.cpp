@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "src/backend/cpu/kernels.hpp"
+#include "src/backend/ops/attention.hpp"
 #include "src/backend/cuda/ops.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 
@@ -22,22 +23,20 @@ const void* at(const Tensor& t, int64_t i) {
   return static_cast<const char*>(t.data()) + i * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 
-// The calls' shape, checked: qkv (B, T, (H + 2 KV) hd) and out (B, T, H hd) both f32 or both bf16,
-// lse (B, H, T) and the workspace f32.
-FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KV, bool causal,
-                         const Tensor& workspace, bool backward, const char* op) {
-  SHARD_CHECK(H > 0 && KV > 0 && H % KV == 0, "{}: {} query heads do not share {} K/V heads evenly", op, H, KV);
-  SHARD_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (H + 2 * KV) == 0, "{}: qkv {} must be (B, T, (H + 2 KV) hd), H={} KV={}",
-              op, qkv.shape_str(), H, KV);
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (H + 2 * KV);
-  SHARD_CHECK(hd > 0 && out.numel() == B * T * H * hd && lse.numel() == B * H * T, "{}: qkv {} out {} lse {} H={} KV={}",
-              op, qkv.shape_str(), out.shape_str(), lse.shape_str(), H, KV);
+// The calls' shape, checked: qkv (B, T, (H + KV) hd + KV vd) and out (B, T, H vd) both f32 or both
+// bf16, lse (B, H, T) and the workspace f32.
+FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KV, int64_t v,
+                         bool causal, const Tensor& workspace, bool backward, const char* op) {
+  const auto [hd, vd] = packed_head_dims(qkv, H, KV, v, op);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  SHARD_CHECK(out.numel() == B * T * H * vd && lse.numel() == B * H * T, "{}: qkv {} out {} lse {} H={} KV={} vd={}",
+              op, qkv.shape_str(), out.shape_str(), lse.shape_str(), H, KV, vd);
   const bool bf16 = bf16_inputs(qkv, op, "qkv");
   SHARD_CHECK(out.dtype() == qkv.dtype(), "{}: out is {} and qkv {}: the same dtype expected", op,
               dtype_name(out.dtype()), dtype_name(qkv.dtype()));
   for (const Tensor* t : {&lse, &workspace})
     SHARD_CHECK(t->dtype() == DType::f32, "{}: lse and the workspace must be f32, got {}", op, dtype_name(t->dtype()));
-  FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, causal);
+  FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, causal, vd);
   s.bf16 = bf16;
   const int64_t need = backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s);
   SHARD_CHECK(workspace.numel() >= need, "{}: workspace of {} < {} floats", op, workspace.numel(), need);
@@ -51,12 +50,14 @@ FlashShape flash_checked(const Tensor& qkv, const Tensor& out, const Tensor& lse
 OpCost flash_cost(const FlashShape& s, bool backward) {
   const double elem = s.bf16 ? 2 : 4, seen = s.causal ? 0.5 : 1.0;
   const double scores = static_cast<double>(s.B) * s.H * s.Tq * s.Tk * seen;
-  const double q = static_cast<double>(s.B) * s.Tq * s.H * s.hd, kv = 2.0 * s.B * s.Tk * s.KV * s.hd;
+  const double vd = static_cast<double>(flash_vd(s)), hd = static_cast<double>(s.hd);
+  const double q = static_cast<double>(s.B) * s.Tq * s.H * hd, o = static_cast<double>(s.B) * s.Tq * s.H * vd;
+  const double kv = static_cast<double>(s.B) * s.Tk * s.KV * (hd + vd);
   const double lse = 4.0 * s.B * s.H * s.Tq;
   OpCost c{.name = backward ? "flash_attention_backward" : "flash_attention_forward",
-           .flops = (backward ? 2.5 : 1.0) * (4.0 * scores * s.hd + 5.0 * scores)};
+           .flops = (backward ? 2.5 : 1.0) * (2.0 * scores * (hd + vd) + 5.0 * scores)};
   // forward: q, k, v in, out and lse out; backward: q, k, v, out, dout and lse in, D, dq, dk, dv (f32) out.
-  c.bytes = backward ? (3 * q + kv) * elem + 3 * lse + (q + kv) * 4 : (2 * q + kv) * elem + lse;
+  c.bytes = backward ? (q + 2 * o + kv) * elem + 3 * lse + (q + kv) * 4 : (q + o + kv) * elem + lse;
   return c;
 }
 
@@ -97,7 +98,9 @@ int64_t span_of(int64_t B, int64_t b_stride, int64_t rows, int64_t ld, int64_t w
 // the workspace f32.
 void check_operands(const FlashShape& s, const FlashOperands& x, const Tensor& workspace, bool backward, bool grads,
                     const char* op) {
-  SHARD_CHECK(s.H > 0 && s.KV > 0 && s.H % s.KV == 0 && s.hd > 0, "{}: H={} KV={} hd={}", op, s.H, s.KV, s.hd);
+  SHARD_CHECK(s.H > 0 && s.KV > 0 && s.H % s.KV == 0 && s.hd > 0 && s.vd >= 0, "{}: H={} KV={} hd={} vd={}", op, s.H,
+              s.KV, s.hd, s.vd);
+  const int64_t vd = flash_vd(s);
   const DType in = s.bf16 ? DType::bf16 : DType::f32, qkv = grads ? DType::f32 : in;
   const struct {
     const Tensor* t;
@@ -106,8 +109,8 @@ void check_operands(const FlashShape& s, const FlashOperands& x, const Tensor& w
     DType dtype;
   } rows[] = {{&x.q, grads ? "dq" : "q", span_of(s.B, s.q_b, s.Tq, s.q_ld, s.H * s.hd), qkv},
               {&x.k, grads ? "dk" : "k", span_of(s.B, s.k_b, s.Tk, s.k_ld, s.KV * s.hd), qkv},
-              {&x.v, grads ? "dv" : "v", span_of(s.B, s.v_b, s.Tk, s.v_ld, s.KV * s.hd), qkv},
-              {&x.out, grads ? "dout" : "out", span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * s.hd), in},
+              {&x.v, grads ? "dv" : "v", span_of(s.B, s.v_b, s.Tk, s.v_ld, s.KV * vd), qkv},
+              {&x.out, grads ? "dout" : "out", span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * vd), in},
               {&x.lse, "lse", s.B * s.H * s.Tq, DType::f32},
               {&workspace, "workspace",
                backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s), DType::f32}};
@@ -122,8 +125,8 @@ void check_operands(const FlashShape& s, const FlashOperands& x, const Tensor& w
 }  // namespace
 
 void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV, bool causal,
-                             Tensor workspace) {
-  const FlashShape s = flash_checked(qkv, out, lse, H, KV, causal, workspace, false, "flash_attention_forward");
+                             Tensor workspace, int64_t vd) {
+  const FlashShape s = flash_checked(qkv, out, lse, H, KV, vd, causal, workspace, false, "flash_attention_forward");
   forward_on(be, out.data(), lse.ptr<float>(), at(qkv, 0), at(qkv, H * s.hd), at(qkv, (H + KV) * s.hd), s,
              workspace.ptr<float>());
 }
@@ -141,9 +144,9 @@ void flash_attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache,
 }
 
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
-                              int64_t KV, bool causal, Tensor workspace) {
+                              int64_t KV, bool causal, Tensor workspace, int64_t vd) {
   const char* op = "flash_attention_backward";
-  const FlashShape s = flash_checked(qkv, out, lse, H, KV, causal, workspace, true, op);
+  const FlashShape s = flash_checked(qkv, out, lse, H, KV, vd, causal, workspace, true, op);
   check_same_numel(dqkv, qkv, op);
   check_same_numel(dout, out, op);
   SHARD_CHECK(dqkv.dtype() == DType::f32 && dout.dtype() == qkv.dtype(),
@@ -161,7 +164,7 @@ void flash_attention_forward(Backend& be, const FlashShape& s, const FlashOperan
 
 void flash_attention_merge(Backend& be, const FlashShape& s, Tensor out, Tensor lse, Tensor part, Tensor part_lse) {
   const char* op = "flash_attention_merge";
-  const int64_t rows = span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * s.hd), lses = s.B * s.H * s.Tq;
+  const int64_t rows = span_of(s.B, s.o_b, s.Tq, s.o_ld, s.H * flash_vd(s)), lses = s.B * s.H * s.Tq;
   for (const Tensor* t : {&out, &lse, &part, &part_lse})
     SHARD_CHECK(t->dtype() == DType::f32, "{}: f32 tensors expected, got {}", op, dtype_name(t->dtype()));
   SHARD_CHECK(out.numel() >= rows && part.numel() >= rows && lse.numel() >= lses && part_lse.numel() >= lses,
@@ -196,12 +199,13 @@ void flash_attention_backward(Backend& be, const FlashShape& s, const FlashOpera
 
 namespace shardlab {
 
-FlashShape flash_shape_of_qkv(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal) {
+FlashShape flash_shape_of_qkv(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal, int64_t vd) {
   FlashShape s;
-  s.B = B, s.Tq = T, s.Tk = T, s.H = H, s.KV = KV, s.hd = hd;
-  s.q_ld = s.k_ld = s.v_ld = (H + 2 * KV) * hd;
+  s.B = B, s.Tq = T, s.Tk = T, s.H = H, s.KV = KV, s.hd = hd, s.vd = vd == hd ? 0 : vd;
+  const int64_t v = flash_vd(s);
+  s.q_ld = s.k_ld = s.v_ld = (H + KV) * hd + KV * v;
   s.q_b = s.k_b = s.v_b = T * s.q_ld;
-  s.o_ld = H * hd, s.o_b = T * H * hd;
+  s.o_ld = H * v, s.o_b = T * H * v;
   s.causal = causal;
   s.scale = 1.f / std::sqrt(static_cast<float>(hd));
   return s;

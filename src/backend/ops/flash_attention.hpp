@@ -8,16 +8,17 @@
 
 namespace shardlab::ops {
 
-// qkv (B, T, (H + 2 KV) hd) = [q | k | v] per row; out (B, T, H hd); lse (B, H, T) f32, each query
-// row's log-sum-exp of its scores scaled by 1/sqrt(hd) (saved for backward; partial results merge
-// with it). The workspace holds flash_attention_workspace_elems(..., false, bf16) floats. qkv and
+// qkv (B, T, (H + KV) hd + KV vd) = [q | k | v] per row (vd: the value head dimension, 0: hd; see
+// attention.hpp's packed_head_dims); out (B, T, H vd); lse (B, H, T) f32, each query row's
+// log-sum-exp of its scores scaled by 1/sqrt(hd) (saved for backward; partial results merge with
+// it). The workspace holds flash_attention_workspace_elems(..., false, bf16, vd) floats. qkv and
 // out are f32, or both bf16 (read into f32 tiles, f32 products and sums, out rounded once).
 void flash_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV, bool causal,
-                             Tensor workspace);
+                             Tensor workspace, int64_t vd = 0);
 // dqkv (like qkv, f32 whatever qkv holds) is overwritten from dout (of qkv's dtype) and forward's
-// qkv, out and lse; the workspace holds flash_attention_workspace_elems(..., true, bf16) floats.
+// qkv, out and lse; the workspace holds flash_attention_workspace_elems(..., true, bf16, vd) floats.
 void flash_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
-                              int64_t KV, bool causal, Tensor workspace);
+                              int64_t KV, bool causal, Tensor workspace, int64_t vd = 0);
 
 // The kernels over operands placed by a shape's strides (context parallelism: a piece of a
 // sequence's queries at a causal offset into its gathered keys and values, each in a buffer of its
@@ -49,12 +50,13 @@ void flash_attention_cached(Backend& be, Tensor out, Tensor qkv, Tensor k_cache,
 }  // namespace shardlab::ops
 
 namespace shardlab {
-// The kernels' shape over a (B, T, (H + 2 KV) hd) [q | k | v] buffer and its (B, T, H hd) output.
-FlashShape flash_shape_of_qkv(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal);
+// The kernels' shape over a (B, T, (H + KV) hd + KV vd) [q | k | v] buffer and its (B, T, H vd)
+// output (vd 0: hd).
+FlashShape flash_shape_of_qkv(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal, int64_t vd = 0);
 // Floats of workspace forward (backward = false) or backward needs: the shape's alone, on every device.
 inline int64_t flash_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool backward,
-                                               bool bf16 = false) {
-  FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, true);
+                                               bool bf16 = false, int64_t vd = 0) {
+  FlashShape s = flash_shape_of_qkv(B, T, H, KV, hd, true, vd);
   s.bf16 = bf16;
   return backward ? flash_backward_workspace_elems(s) : flash_forward_workspace_elems(s);
 }

@@ -3,7 +3,9 @@
 //
 // Query head h reads K/V head h / (H / KV). q, k, v, out and the gradients are row-major with the
 // row and batch strides below (the fused [q | k | v] buffer of the layers, or a KV cache), head h
-// at column h hd of q and out, K/V head g at column g hd of k and v. lse (B, H, Tq) is each query
+// at column h hd of q and h vd of out, K/V head g at column g hd of k and g vd of v. Queries and
+// keys have hd channels a head, values and the output vd (flash_vd: hd unless set; DeepSeek's
+// multi-head latent attention has 192 and 128). lse (B, H, Tq) is each query
 // row's log-sum-exp of its scaled scores: forward saves it, backward recomputes the probabilities
 // from it, and partial results over disjoint key ranges merge with it.
 #pragma once
@@ -13,6 +15,7 @@ namespace shardlab {
 
 struct FlashShape {
   int64_t B = 0, Tq = 0, Tk = 0, H = 0, KV = 0, hd = 0;
+  int64_t vd = 0;  // the value (and output) head dimension; 0: hd
   int64_t q_ld = 0, k_ld = 0, v_ld = 0, o_ld = 0;  // row strides (elements)
   int64_t q_b = 0, k_b = 0, v_b = 0, o_b = 0;      // batch strides (elements)
   bool causal = true;
@@ -37,9 +40,11 @@ struct FlashShape {
 inline constexpr int64_t kFlashRows = 128, kFlashCols = 256, kFlashMaxSlots = 64, kFlashPad = 16;
 
 struct FlashTiles {
-  int64_t br = 0, brp = 0, bc = 0, bcp = 0, hdp = 0;
+  int64_t br = 0, brp = 0, bc = 0, bcp = 0, hdp = 0, vdp = 0;
 };
 inline int64_t flash_min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t flash_max(int64_t a, int64_t b) { return a > b ? a : b; }
+inline int64_t flash_vd(const FlashShape& s) { return s.vd > 0 ? s.vd : s.hd; }
 inline int64_t flash_pad(int64_t n) { return (n + kFlashPad - 1) / kFlashPad * kFlashPad; }
 inline int64_t flash_stride(int64_t n) {
   const int64_t p = flash_pad(n);
@@ -47,14 +52,15 @@ inline int64_t flash_stride(int64_t n) {
 }
 inline FlashTiles flash_tiles(const FlashShape& s) {
   const int64_t br = flash_min(s.Tq, kFlashRows), bc = flash_min(s.Tk, kFlashCols);
-  return {br, flash_stride(br), bc, flash_stride(bc), flash_stride(s.hd)};
+  return {br, flash_stride(br), bc, flash_stride(bc), flash_stride(s.hd), flash_stride(flash_vd(s))};
 }
 inline int64_t flash_query_tiles(const FlashShape& s) { return (s.Tq + kFlashRows - 1) / kFlashRows; }
 
 // Forward: tasks (batch, query tile, a run of flash_heads_per_task query heads reading one K/V head),
 // so each key and value tile is packed once for the run's heads; a thread's tiles are the scores
-// transposed (bc, brp), the key and value tiles (bc, hdp each), and per head of the run O (br, hdp),
-// the running max and sum and the tile's max (brp each) and the query tile transposed (hd, brp).
+// transposed (bc, brp), the key tile (bc, hdp) and the value tile (bc, vdp), and per head of the run
+// O (br, vdp), the running max and sum and the tile's max (brp each) and the query tile transposed
+// (hd, brp).
 // At most kFlashHeadsPerTask heads a task, a divisor of H / KV, and fewer (down to one) where more
 // would leave under kFlashMinTasks tasks to share among the threads (decoding, short sequences).
 inline constexpr int64_t kFlashHeadsPerTask = 4, kFlashMinTasks = 16;
@@ -69,11 +75,11 @@ inline int64_t flash_forward_tasks(const FlashShape& s) {
 }
 inline int64_t flash_forward_slots(const FlashShape& s) { return flash_min(kFlashMaxSlots, flash_forward_tasks(s)); }
 inline int64_t flash_forward_head_elems(const FlashTiles& t, int64_t hd) {  // one head's tiles in a slot
-  return t.br * t.hdp + 3 * t.brp + hd * t.brp;
+  return t.br * t.vdp + 3 * t.brp + hd * t.brp;
 }
 inline int64_t flash_forward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return t.bc * t.brp + 2 * t.bc * t.hdp + flash_heads_per_task(s) * flash_forward_head_elems(t, s.hd);
+  return t.bc * t.brp + t.bc * (t.hdp + t.vdp) + flash_heads_per_task(s) * flash_forward_head_elems(t, s.hd);
 }
 inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
   return flash_forward_slots(s) * flash_forward_slot_elems(s);
@@ -81,12 +87,14 @@ inline int64_t flash_forward_workspace_elems(const FlashShape& s) {
 
 // Backward: tasks (batch, K/V head), each the only writer of its K/V head's gradients and of its
 // query heads' dq; a thread's tiles are P and dP (br, bcp), the key and value tiles transposed
-// (hd, bcp), the key tile (bc, hdp), the query and output-gradient tiles (br, hdp). Then
-// D = rowsum(dO * O), (B, H, Tq).
+// (hd and vd, bcp), the key tile (bc, hdp), the query tile (br, the wider of hdp and vdp: it also
+// holds a widened output row) and the output-gradient tile (br, vdp). Then D = rowsum(dO * O),
+// (B, H, Tq).
 inline int64_t flash_backward_slots(const FlashShape& s) { return flash_min(kFlashMaxSlots, s.B * s.KV); }
 inline int64_t flash_backward_slot_elems(const FlashShape& s) {
   const FlashTiles t = flash_tiles(s);
-  return 2 * t.br * t.bcp + 2 * s.hd * t.bcp + t.bc * t.hdp + 2 * t.br * t.hdp;
+  return 2 * t.br * t.bcp + (s.hd + flash_vd(s)) * t.bcp + t.bc * t.hdp + t.br * flash_max(t.hdp, t.vdp) +
+         t.br * t.vdp;
 }
 inline int64_t flash_backward_workspace_elems(const FlashShape& s) {
   return flash_backward_slots(s) * flash_backward_slot_elems(s) + s.B * s.H * s.Tq;

@@ -14,14 +14,14 @@ bool flash(const UnitContext& c) { return c.spec.attention == AttentionKernel::f
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
   if (c.batch.context_parallel()) return cp::attention_forward(c, s, qkv, a);  // fused, over the cp group
   if (flash(c)) {
-    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
-    Block tiles = c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false),
+    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+    Block tiles = c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false, false, a.vd),
                                Category::workspace, "attention tiles");
-    ops::flash_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, true, tiles.flat(DType::f32));
+    ops::flash_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, true, tiles.flat(DType::f32), a.vd);
     return atty;  // nothing to drop for --activation-checkpointing attention: no probabilities kept
   }
-  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), att = s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
-  ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV);
+  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), att = s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
+  ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV, a.vd);
   if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
   return atty;
 }
@@ -30,7 +30,7 @@ Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::stri
   if (c.batch.context_parallel())
     return c.pool.alloc(DType::f32, cp::attention_scratch_elems(c, a), Category::workspace, prefix + "attention tiles");
   if (flash(c))
-    return c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, true),
+    return c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, true, false, a.vd),
                         Category::workspace, prefix + "attention tiles");
   return c.pool.alloc(DType::f32, attention_scratch_elems(a.T, a.H), Category::workspace,
                       prefix + "attention scratch");
@@ -40,17 +40,18 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
                         const std::string& prefix) {
   if (c.batch.context_parallel()) return cp::attention_backward(c, s, dqkv, datty, scratch, a);
   if (flash(c)) {
-    ops::flash_attention_backward(c.be, dqkv, datty, s("qkv"), s("atty"), s("lse"), a.H, a.KV, true, scratch);
+    ops::flash_attention_backward(c.be, dqkv, datty, s("qkv"), s("atty"), s("lse"), a.H, a.KV, true, scratch, a.vd);
     return;
   }
   Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
   if (!s.has("att")) {
     att_again = c.pool.alloc(DType::f32, a.B * a.H * a.T * a.T, Category::activations, prefix + "att (recomputed)");
     // atty is overwritten with the values forward wrote: the kernels are deterministic.
-    ops::attention_forward(c.be, s("atty"), att_again.view(DType::f32, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV);
+    ops::attention_forward(c.be, s("atty"), att_again.view(DType::f32, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV,
+                           a.vd);
   }
   Tensor att = att_again ? att_again.view(DType::f32, {a.B, a.H, a.T, a.T}) : s("att");
-  ops::attention_backward(c.be, dqkv, datty, s("qkv"), att, a.H, a.KV, scratch);
+  ops::attention_backward(c.be, dqkv, datty, s("qkv"), att, a.H, a.KV, scratch, a.vd);
 }
 
 namespace {
@@ -59,6 +60,8 @@ std::string v_name(const std::string& prefix) { return prefix + "v cache"; }
 }  // namespace
 
 void kv_cache_open(UnitContext& c, Saved& cache, const AttentionShape& a, const std::string& prefix, int64_t pos0) {
+  SHARD_CHECK(a.v() == a.hd, "{}: the KV cache holds values of the keys' head dimension ({}), not {}", prefix, a.hd,
+              a.v());
   if (pos0 != 0) return;
   cache.clear();
   cache.add(c.pool, k_name(prefix), {a.B, c.spec.seq, a.KV * a.hd});

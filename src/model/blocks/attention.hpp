@@ -16,12 +16,15 @@
 
 namespace shardlab::blocks {
 
-// One rank's attention: B sequences of T positions, H query heads and KV K/V heads of hd channels.
+// One rank's attention: B sequences of T positions, H query heads and KV K/V heads of hd channels,
+// values of vd (0: hd; DeepSeek's latent attention has its own). The [q | k | v] rows are (H + KV)
+// hd + KV v() wide, the output H v().
 struct AttentionShape {
-  int64_t B = 0, T = 0, H = 0, KV = 0, hd = 0;
+  int64_t B = 0, T = 0, H = 0, KV = 0, hd = 0, vd = 0;
+  int64_t v() const { return vd > 0 ? vd : hd; }
 };
 
-// atty (B*T, H hd) = attention over qkv (B, T, (H + 2 KV) hd), saved as "atty"; the probabilities
+// atty (B*T, H v) = attention over qkv (B, T, (H + KV) hd + KV v), saved as "atty"; the probabilities
 // are saved as "att" unless c.checkpointing drops them for backward to recompute.
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a);
 
@@ -29,7 +32,7 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
 // other workspace (so the peak holds the same blocks as before the core was shared).
 Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::string& prefix);
 
-// dqkv (like s("qkv")) = attention's gradient from datty (B*T, H hd); the probabilities come from
+// dqkv (like s("qkv")) = attention's gradient from datty (B*T, H v); the probabilities come from
 // s("att"), or are recomputed from s("qkv") (as "<prefix>att (recomputed)") when forward dropped
 // them. Kernels are deterministic, so both give the same bits.
 void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch, const AttentionShape& a,

@@ -19,7 +19,7 @@ MoeBalance::MoeBalance(const ModelSpec& spec)
     : counts(static_cast<size_t>(spec.moe.experts), 0.0),
       prob_sums(static_cast<size_t>(spec.moe.experts), 0.0),
       aux_coef_(spec.moe.aux_loss ? spec.moe.aux_coef : 0.0),  // reported either way; in the objective if asked
-      layers_(static_cast<double>(spec.layers)) {}
+      layers_(static_cast<double>(spec.layers - spec.moe.dense_layers)) {}  // the sparse layers
 
 // f32, as the communicator reduces: counts past 2^24 (rows = tokens x layers x ranks) round to
 // float's 24 bits, about 1e-7 of the auxiliary loss.
@@ -109,7 +109,42 @@ int64_t capacity_of(const UnitContext& c, int64_t N) {
   return c.spec.moe_capacity_factor > 0 && c.aux ? moe_capacity(c.spec.moe_capacity_factor, N, m.top_k, m.experts) : 0;
 }
 
-Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) {
+// The k largest of s (E) into out, largest first (ties: the lower index); with groups > 1 only
+// among the topk_groups groups whose two largest sum highest (ties: the lower group), as
+// transformers' DeepSeek-V3 router chooses.
+void top_k(const MoeSpec& m, const float* s, int32_t* out, std::vector<int32_t>& order, std::vector<float>& masked) {
+  const int64_t E = m.experts, k = m.top_k;
+  const auto larger = [](const float* v) {
+    return [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+  };
+  const float* from = s;
+  if (m.groups > 1) {
+    const int64_t size = E / m.groups;
+    std::vector<float> group(static_cast<size_t>(m.groups));
+    for (int64_t g = 0; g < m.groups; ++g) {
+      float best = -INFINITY, second = -INFINITY;
+      for (int64_t e = g * size; e < (g + 1) * size; ++e) {
+        if (s[e] > best) second = best, best = s[e];
+        else if (s[e] > second) second = s[e];
+      }
+      group[g] = best + second;
+    }
+    std::vector<int32_t> gorder(static_cast<size_t>(m.groups));
+    std::iota(gorder.begin(), gorder.end(), 0);
+    std::partial_sort(gorder.begin(), gorder.begin() + m.topk_groups, gorder.end(), larger(group.data()));
+    masked.assign(static_cast<size_t>(E), -INFINITY);
+    for (int64_t j = 0; j < m.topk_groups; ++j)
+      std::copy_n(s + gorder[j] * size, size, masked.begin() + gorder[j] * size);
+    from = masked.data();
+  }
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), larger(from));
+  std::copy_n(order.begin(), k, out);
+}
+
+// probs: the router's softmax probabilities, or the sigmoid router's scores; bias its correction
+// bias (E) or empty.
+Routing route(const UnitContext& c, const std::vector<float>& probs, const std::vector<float>& bias, int64_t N) {
   const MoeSpec& m = c.spec.moe;
   Routing r;
   r.N = N, r.k = m.top_k, r.E = m.experts;
@@ -117,21 +152,21 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, int64_t N) 
   r.choice.resize(static_cast<size_t>(N * k));
   r.weight.resize(static_cast<size_t>(N * k));
   std::vector<int32_t> order(static_cast<size_t>(E));
+  std::vector<float> biased(bias.empty() ? 0 : static_cast<size_t>(E)), masked;
+  const float scale = static_cast<float>(m.routed_scale), eps = m.sigmoid ? 1e-20f : 0.f;
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs.data() + n * E;
     if (c.be.device() == Device::meta) {  // no values: balanced round robin
       for (int64_t j = 0; j < k; ++j) r.choice[n * k + j] = static_cast<int32_t>((n * k + j) % E);
     } else {
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-      std::copy_n(order.begin(), k, r.choice.begin() + n * k);
+      for (size_t e = 0; e < biased.size(); ++e) biased[e] = p[e] + bias[e];
+      top_k(m, biased.empty() ? p : biased.data(), r.choice.data() + n * k, order, masked);
     }
     float sum = 0.f;
     for (int64_t j = 0; j < k; ++j) sum += p[r.choice[n * k + j]];
     for (int64_t j = 0; j < k; ++j) {
       const float v = p[r.choice[n * k + j]];
-      r.weight[n * k + j] = m.norm_topk ? v / sum : v;
+      r.weight[n * k + j] = (m.norm_topk ? v / (sum + eps) : v) * scale;
     }
   }
   // Sorted by expert, tokens in order within one; past capacity dropped, in training only (c.aux
@@ -168,9 +203,9 @@ std::vector<float> to_host(Backend& be, Tensor t) {
   return h;
 }
 
-// The router: d(weights) through the top-k normalisation and the softmax, plus the auxiliary
-// loss's d/d(prob[n, e]) = prob_grad x counts_e; on the host (N x E), then its two products:
-// dx = d(logits) Wr, overwritten.
+// The router: d(weights) through the scale, the top-k normalisation and the softmax (or the
+// sigmoid), plus the auxiliary loss's d/d(prob[n, e]) = prob_grad x counts_e; on the host (N x E),
+// then its two products: dx = d(logits) Wr, overwritten.
 void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWeights& w, const MoeWeights& g, Tensor dw,
                      const std::vector<int32_t>& ints, int64_t k) {
   const MoeSpec& m = c.spec.moe;
@@ -178,16 +213,22 @@ void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWei
   const std::vector<float> probs = to_host(c.be, s("moe_probs")), dweight = to_host(c.be, dw);
   const int32_t* choice = ints.data() + 2 * P;
   std::vector<float> dlogits(static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
+  const float scale = static_cast<float>(m.routed_scale), eps = m.sigmoid ? 1e-20f : 0.f;
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs.data() + n * E;
     const MoeBalance* b = balance(c);
     for (int64_t e = 0; e < E; ++e) dprob[e] = b ? b->prob_grad * static_cast<float>(b->counts[e]) : 0.f;
     float sum = 0.f, inner = 0.f;  // sum of the chosen probabilities; sum_j dweight_j weight_j
     for (int64_t j = 0; j < k; ++j) sum += p[choice[n * k + j]];
+    sum += eps;
     for (int64_t j = 0; j < k; ++j) inner += dweight[n * k + j] * (p[choice[n * k + j]] / sum);  // route()'s weight
     for (int64_t j = 0; j < k; ++j) {
       const float dwj = dweight[n * k + j];
-      dprob[choice[n * k + j]] += m.norm_topk ? (dwj - inner) / sum : dwj;
+      dprob[choice[n * k + j]] += (m.norm_topk ? (dwj - inner) / sum : dwj) * scale;
+    }
+    if (m.sigmoid) {  // each score its own logit's: d(logit) = d(score) s (1 - s)
+      for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] = dprob[e] * p[e] * (1.f - p[e]);
+      continue;
     }
     float dot = 0.f;
     for (int64_t e = 0; e < E; ++e) dot += p[e] * dprob[e];
@@ -211,16 +252,25 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = moe_local_width(c), P = N * k;
   SHARD_CHECK(P < (int64_t{1} << 31), "MoE: {} slots overflow the int32 routing", P);
   Tensor probs = s.add(c.pool, "moe_probs", {N, E});
-  linear_forward(c.be, probs, x, w.router, N);  // the logits, then their softmax
+  linear_forward(c.be, probs, x, w.router, N);  // the logits, then their softmax (or sigmoid)
   std::vector<float> hp = to_host(c.be, probs);
-  softmax_rows(hp, N, E);
-  const Routing r = route(c, hp, N);
+  if (m.sigmoid) {
+    for (float& v : hp) v = 1.f / (1.f + std::exp(-v));
+  } else {
+    softmax_rows(hp, N, E);
+  }
+  const Routing r = route(c, hp, w.bias.ndim() > 0 ? to_host(c.be, w.bias) : std::vector<float>(), N);
   c.be.copy(probs, Tensor::flat(hp.data(), DType::f32, N * E));
   if (MoeBalance* bp = balance(c); bp && !c.recomputing) {
     MoeBalance& b = *bp;
     for (int32_t e : r.choice) b.counts[e] += 1;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t e = 0; e < E; ++e) b.prob_sums[e] += hp[n * E + e];
+    for (int64_t n = 0; n < N; ++n) {
+      // A sigmoid router's scores as shares of their sum (DeepSeek-V3's balance statistic): the
+      // same k when the routing is uniform.
+      float share = 1.f;
+      if (m.sigmoid) share = 1.f / std::accumulate(hp.begin() + n * E, hp.begin() + (n + 1) * E, 0.f);
+      for (int64_t e = 0; e < E; ++e) b.prob_sums[e] += hp[n * E + e] * share;
+    }
     b.rows += static_cast<double>(N);
     b.dropped += static_cast<double>(P - r.kept);
   }

@@ -4,7 +4,9 @@
 //
 // Router: logits (N, E) = x Wr^T; probabilities softmax(logits) in f32; each token's k most probable
 // experts (ties: the lower index), their probabilities as weights, divided by their sum when
-// spec.moe.norm_topk (Mixtral always does). Experts: SwiGLU MLPs, out = sum over the k choices of
+// spec.moe.norm_topk (Mixtral always does). DeepSeek-V3's router (spec.moe.sigmoid): scores
+// sigmoid(logits), the choice by score + correction bias within the best groups (MoeSpec), the
+// weights the scores over their sum + 1e-20 (norm_topk) times routed_scale; no auxiliary loss. Experts: SwiGLU MLPs, out = sum over the k choices of
 // weight x down(silu(gate(x)) * up(x)). Dropless unless --moe-capacity-factor F: then, in training,
 // expert e takes at most ceil(F N k / E) of the N tokens' slots, in token order, and a dropped slot
 // adds nothing (evaluation and decoding stay dropless).
@@ -100,6 +102,7 @@ int64_t moe_capacity(double factor, int64_t tokens, int64_t k, int64_t experts);
 struct MoeWeights {
   Tensor router;
   std::vector<Tensor> gate_up, down;
+  Tensor bias;  // the sigmoid router's correction bias (E): it moves the choice, not the weights; else empty
 };
 
 // out (N, C) = the MoE MLP of x (N, C); what backward needs saved in s (prefix-free names "moe_*").

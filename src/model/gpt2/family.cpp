@@ -27,7 +27,7 @@ class Gpt2Family final : public ModelFamily {
     SHARD_REQUIRE(s.rope_theta == 0, "rope_theta {}: GPT-2 learns its positions (wpe), it has no rotary embedding",
                   s.rope_theta);
     SHARD_REQUIRE(s.tied_head, "GPT-2's LM head is its token embedding (wte): tied_head must be true");
-    SHARD_REQUIRE(!s.moe.enabled() && !s.qk_norm && s.head_dim == 0,
+    SHARD_REQUIRE(!s.moe.enabled() && !s.qk_norm && s.head_dim == 0 && !s.mla.enabled(),
                   "{}: GPT-2 has a dense MLP, no query/key norms and heads of dim / heads", s.name);
   }
 

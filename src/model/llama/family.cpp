@@ -27,7 +27,7 @@ class LlamaFamily final : public ModelFamily {
 
   void check(const ModelSpec& s) const override {
     llama_check_rope(s);
-    SHARD_REQUIRE(!s.moe.enabled() && !s.qk_norm && s.head_dim == 0,
+    SHARD_REQUIRE(!s.moe.enabled() && !s.qk_norm && s.head_dim == 0 && !s.mla.enabled(),
                   "{}: a llama model has a dense MLP, no query/key norms and heads of dim / heads (the mixtral and "
                   "qwen3_moe families have experts)", s.name);
   }

@@ -73,7 +73,9 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& spec, const TpConfig& tp =
 enum class MoePart : uint8_t { router, gate, up, down };
 std::string moe_tensor(const ModelSpec& spec, const std::string& prefix, MoePart part, int64_t expert = 0);
 
-// units.cpp
+// units.cpp. The embedding and the head alone: the families built around Llama's (deepseek/).
+std::unique_ptr<Unit> make_llama_embedding(UnitLayout layout, const TpConfig& tp);
+std::unique_ptr<Unit> make_llama_head(UnitLayout layout, bool tied, const TpConfig& tp);
 std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp = {},
                                                     const EpConfig& ep = {});
 

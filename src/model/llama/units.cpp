@@ -41,28 +41,8 @@ using blocks::stacked;
 
 float eps(const ModelSpec& s) { return static_cast<float>(s.norm_eps); }
 
-// Rows of the (N, C) activations between the tensor-parallel regions this rank holds (N / degree
-// under sequence parallelism), for units built for `built` and run in context c.
-int64_t local_rows(const UnitContext& c, const TpConfig& built) {
-  SHARD_CHECK(c.tp.config == built,
-              "a unit built for tp rank {} of {} (sequence parallel: {}) runs as rank {} of {} ({})", built.rank,
-              built.degree, built.sequence_parallel, c.tp.config.rank, c.tp.config.degree,
-              c.tp.config.sequence_parallel);
-  return tp_local_rows(c.tp, c.batch.B * c.batch.T);
-}
 int64_t local_elems(const ModelSpec& s, const TpConfig& tp, int64_t B, int64_t T) {
   return tp_local_rows(TpContext{tp, nullptr}, B * T) * s.dim;
-}
-
-// Under sequence parallelism, a workspace for a region's whole (N, C) rows: what an all-gather
-// fills, or the partial sums a reduce-scatter reads. Without it nothing: the rows are whole.
-Block whole_rows(UnitContext& c, const std::string& what) {
-  if (!c.tp.sequence_parallel()) return {};
-  return c.pool.alloc(DType::f32, c.batch.B * c.batch.T * c.spec.dim, Category::workspace, what);
-}
-// That workspace as (N, C), or `rows` (the rank's rows, whole without sequence parallelism).
-Tensor whole_or(const Block& whole, const UnitContext& c, Tensor rows) {
-  return whole ? whole.view(DType::f32, {c.batch.B * c.batch.T, c.spec.dim}) : rows;
 }
 
 class EmbeddingUnit final : public Unit {
@@ -71,7 +51,7 @@ class EmbeddingUnit final : public Unit {
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {
-    local_rows(c, tp_);  // checks c.tp is the group the unit was built for
+    tp_unit_rows(c, tp_);  // checks c.tp is the group the unit was built for
     // No learned positions: RoPE places tokens inside attention.
     if (!c.tp.active()) {
       ops::embedding_forward(c.be, out, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"), Tensor());
@@ -79,8 +59,8 @@ class EmbeddingUnit final : public Unit {
     }
     // Vocabulary-parallel: each rank looks up the tokens in its rows (zeros for the others'), and
     // the region output sums the ranks' lookups.
-    Block whole = whole_rows(c, "embedding partial");
-    Tensor partial = whole_or(whole, c, out);
+    Block whole = tp_whole_rows(c, "embedding partial");
+    Tensor partial = tp_whole_or(whole, c, out);
     ops::embedding_forward_shard(c.be, partial, c.batch.tokens, c.batch.B, c.batch.T, p("model.embed_tokens.weight"),
                                  Tensor(), vocab_begin(c));
     tp_region_output(c, partial, out);
@@ -91,9 +71,9 @@ class EmbeddingUnit final : public Unit {
                               c.batch.T);
       return;
     }
-    Block whole = whole_rows(c, "embedding backward dout");
+    Block whole = tp_whole_rows(c, "embedding backward dout");
     ops::embedding_backward_shard(c.be, g("model.embed_tokens.weight"), Tensor(),
-                                  tp_region_output_backward(c, dout, whole_or(whole, c, dout)), c.batch.tokens,
+                                  tp_region_output_backward(c, dout, tp_whole_or(whole, c, dout)), c.batch.tokens,
                                   c.batch.B, c.batch.T, vocab_begin(c));
   }
   bool decodes() const override { return tp_.degree == 1; }  // tensor-parallel parts: the whole forward
@@ -135,14 +115,14 @@ class DecoderLayerUnit final : public Unit {
     Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
     // Sequence parallelism: ln1 gathered, o_proj's partial sums, ln2 gathered, down_proj's, in turn.
-    Block whole = whole_rows(c, prefix_ + "region rows");
+    Block whole = tp_whole_rows(c, prefix_ + "region rows");
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
-    linear_forward(be, qkv, tp_region_input(c, ln1, whole_or(whole, c, ln1)), qkv_weight(p), d.N);
+    linear_forward(be, qkv, tp_region_input(c, ln1, tp_whole_or(whole, c, ln1)), qkv_weight(p), d.N);
     qk_norm(c, p, s, qkv, d);
     rope(c, qkv, d, false);  // q and k: the first H + KV heads of each row
     Tensor atty = blocks::attention_forward(c, s, qkv, d.attention());
     Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
-    Tensor attn_out = whole_or(whole, c, x2);
+    Tensor attn_out = tp_whole_or(whole, c, x2);
     linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     tp_region_output(c, attn_out, x2);
     be.add(x2, in, x2);  // residual
@@ -150,8 +130,8 @@ class DecoderLayerUnit final : public Unit {
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
     // The MLP region (a mixture of experts too: every rank routes all N rows, gathered under SP,
     // through its slices of the experts, and the partial sums are reduced as the dense MLP's).
-    mlp_forward(c, p, s, tp_region_input(c, ln2, whole_or(whole, c, ln2)), whole_or(whole, c, out), d);
-    tp_region_output(c, whole_or(whole, c, out), out);
+    mlp_forward(c, p, s, tp_region_input(c, ln2, tp_whole_or(whole, c, ln2)), tp_whole_or(whole, c, out), d);
+    tp_region_output(c, tp_whole_or(whole, c, out), out);
     be.add(out, x2, out);  // residual
   }
 
@@ -170,7 +150,7 @@ class DecoderLayerUnit final : public Unit {
     // Sequence parallelism: whole holds what a GEMM needs of all N rows, gathered: d(out), ln2,
     // d(x2), ln1 in turn (forward kept only the rank's rows of ln1 and ln2, Megatron's activations
     // / T, so they are gathered again); local the rank's rows of d(ln2), then d(ln1).
-    Block whole = whole_rows(c, prefix_ + "backward region rows");
+    Block whole = tp_whole_rows(c, prefix_ + "backward region rows");
     Block local = c.tp.sequence_parallel() ? c.pool.alloc(DType::f32, d.Nl * d.C, Category::workspace,
                                                           prefix_ + "backward dln rows")
                                            : Block();
@@ -180,7 +160,7 @@ class DecoderLayerUnit final : public Unit {
     TpPartialGrads norm_grads(c, g, {prefix_ + "input_layernorm.weight", prefix_ + "post_attention_layernorm.weight"},
                               prefix_ + "norms");
     // MLP: out = x2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(x2)
-    const Tensor dmlp_out = tp_region_output_backward(c, dout, whole_or(whole, c, dout));  // all N rows
+    const Tensor dmlp_out = tp_region_output_backward(c, dout, tp_whole_or(whole, c, dout));  // all N rows
     if (c.spec.moe.enabled()) {
       // d(ln2): this rank's partial sum (moe.hpp), reduced as the dense MLP's. The experts read
       // d(out) and ln2 together: under SP ln2's gathered rows need a buffer of their own.
@@ -195,7 +175,7 @@ class DecoderLayerUnit final : public Unit {
                       d.N);
       ops::swiglu_backward(be, dgate_up, s("gate_up"), dact);
       linear_backward(c, dsmall, gate_up_weight(g, false), dgate_up,
-                      tp_region_input(c, s("ln2"), whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
+                      tp_region_input(c, s("ln2"), tp_whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
       tp_region_input_backward(c, dsmall, dln);
     }
     be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
@@ -203,7 +183,7 @@ class DecoderLayerUnit final : public Unit {
                           w(p, "post_attention_layernorm.weight"), s("ln2_rstd"));
     // Attention: x2 = in + o_proj(attn(rope(qkv(ln1)))), ln1 = rmsnorm(in)
     Tensor datty = small.view(DType::f32, {d.N, d.H * d.hd});
-    const Tensor dattn_out = tp_region_output_backward(c, din, whole_or(whole, c, din));  // all N rows
+    const Tensor dattn_out = tp_region_output_backward(c, din, tp_whole_or(whole, c, din));  // all N rows
     linear_backward(c, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
                     d.N);
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
@@ -211,7 +191,7 @@ class DecoderLayerUnit final : public Unit {
     rope(c, dqkv, d, true);  // a rotation's gradient rotates back
     qk_norm_backward(c, p, g, s, dqkv, d);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
-    linear_backward(c, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), whole_or(whole, c, s("ln1"))),
+    linear_backward(c, dln1, qkv_weight(g, false), dqkv, tp_region_input(c, s("ln1"), tp_whole_or(whole, c, s("ln1"))),
                     qkv_weight(p), d.N);
     tp_region_input_backward(c, dln1, dln);
     ops::rmsnorm_backward(be, din, norm_grads(prefix_ + "input_layernorm.weight"), dln, in,
@@ -252,7 +232,7 @@ class DecoderLayerUnit final : public Unit {
         : B(c.batch.B),
           T(c.batch.T),
           N(B * T),
-          Nl(local_rows(c, tp)),
+          Nl(tp_unit_rows(c, tp)),
           C(c.spec.dim),
           hd(c.spec.head_size()),
           H(c.spec.heads / tp.degree),
@@ -350,29 +330,29 @@ class HeadUnit final : public Unit {
 
   // lnf and in hold the rank's rows under sequence parallelism.
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
-    const int64_t N = c.batch.B * c.batch.T, Nl = local_rows(c, tp_), C = c.spec.dim;
+    const int64_t N = c.batch.B * c.batch.T, Nl = tp_unit_rows(c, tp_), C = c.spec.dim;
     Tensor lnf = s.add(c.pool, "lnf", {Nl, C}), rstd = s.add(c.pool, "lnf_rstd", {Nl});
     ops::rmsnorm_forward(c.be, lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
-    Block whole = whole_rows(c, "head lnf gathered");
-    const Tensor x = tp_region_input(c, lnf, whole_or(whole, c, lnf));  // every position's rows
+    Block whole = tp_whole_rows(c, "head lnf gathered");
+    const Tensor x = tp_region_input(c, lnf, tp_whole_or(whole, c, lnf));  // every position's rows
     if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, x, p.gemm(weight_));
     linear_forward(c.be, out, x, p.gemm(weight_), N);  // logits
   }
 
   void backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, Tensor in, Tensor dout,
                 Tensor din) override {
-    const int64_t N = c.batch.B * c.batch.T, Nl = local_rows(c, tp_), C = c.spec.dim;
+    const int64_t N = c.batch.B * c.batch.T, Nl = tp_unit_rows(c, tp_), C = c.spec.dim;
     Block dlnf = c.pool.alloc(DType::f32, N * C, Category::workspace, "head backward dlnf");
     // Sequence parallelism: lnf gathered again for the weight's gradient, then the rank's rows of
     // d(lnf) in the same block (lnf is consumed by then).
-    Block whole = whole_rows(c, "head backward lnf gathered");
+    Block whole = tp_whole_rows(c, "head backward lnf gathered");
     if (blocks::chunked_loss(c.spec, tp_)) {
       blocks::chunked_loss_backward(c, dlnf.flat(DType::f32), g(weight_), dout,
-                                    tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_));
+                                    tp_region_input(c, s("lnf"), tp_whole_or(whole, c, s("lnf"))), p.gemm(weight_));
     } else {
       const WeightGradsNow now(c);  // d(logits) is too large to hold for a W pass
       linear_backward(c, dlnf.view(DType::f32, {N, C}), g(weight_), dout,
-                      tp_region_input(c, s("lnf"), whole_or(whole, c, s("lnf"))), p.gemm(weight_), N);
+                      tp_region_input(c, s("lnf"), tp_whole_or(whole, c, s("lnf"))), p.gemm(weight_), N);
     }
     Tensor dlnf_rows = whole ? whole.view(DType::f32, {Nl, C}) : dlnf.view(DType::f32, {N, C});
     tp_region_input_backward(c, dlnf.view(DType::f32, {N, C}), dlnf_rows);
@@ -395,6 +375,13 @@ class HeadUnit final : public Unit {
 };
 
 }  // namespace
+
+std::unique_ptr<Unit> make_llama_embedding(UnitLayout layout, const TpConfig& tp) {
+  return std::make_unique<EmbeddingUnit>(std::move(layout), tp);
+}
+std::unique_ptr<Unit> make_llama_head(UnitLayout layout, bool tied, const TpConfig& tp) {
+  return std::make_unique<HeadUnit>(std::move(layout), tied, tp);
+}
 
 std::vector<std::unique_ptr<Unit>> make_llama_units(const ModelSpec& spec, const TpConfig& tp, const EpConfig& ep) {
   std::vector<UnitLayout> layout = llama_layout(spec, tp, ep);

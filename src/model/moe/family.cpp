@@ -62,6 +62,10 @@ class MoeFamily final : public ModelFamily {
                   id_ == FamilyId::qwen3_moe ? "always" : "never");
     SHARD_REQUIRE(id_ != FamilyId::mixtral || s.moe.norm_topk, "{}: Mixtral always renormalises its top-k weights",
                   s.name);
+    SHARD_REQUIRE(!s.mla.enabled() && !s.moe.sigmoid && s.moe.groups == 1 && s.moe.routed_scale == 1.0 &&
+                      s.moe.shared_ffn == 0 && s.moe.dense_layers == 0,
+                  "{}: {} routes every layer by a softmax over its experts, with no shared experts and plain "
+                  "attention (the deepseek_v3 family has latent attention and a sigmoid router)", s.name, name());
   }
   std::string hf_name(const TensorDecl& t) const override { return t.name; }
   std::vector<std::string> hf_load_names(const TensorDecl& t) const override { return {t.name}; }

@@ -39,11 +39,14 @@ CpContext& context(const UnitContext& c, const AttentionShape& a) {
   return *c.batch.cp;
 }
 
-// Row widths: qkv's (H + 2 KV) hd, the K/V buffers' 2 KV hd, atty's H hd.
+// Row widths: qkv's (H + KV) hd + KV v, the K/V buffers' KV (hd + v), atty's H v (v: the value
+// head dimension, AttentionShape::v()).
 struct Widths {
   int64_t qkv, kv, o;
 };
-Widths widths(const AttentionShape& a) { return {(a.H + 2 * a.KV) * a.hd, 2 * a.KV * a.hd, a.H * a.hd}; }
+Widths widths(const AttentionShape& a) {
+  return {(a.H + a.KV) * a.hd + a.KV * a.v(), a.KV * (a.hd + a.v()), a.H * a.v()};
+}
 
 // t's elements from `offset` on.
 Tensor from(const Tensor& t, int64_t offset) { return t.slice(offset, t.numel() - offset); }
@@ -53,7 +56,7 @@ Tensor from(const Tensor& t, int64_t offset) { return t.slice(offset, t.numel() 
 FlashShape shape_over(const AttentionShape& a, const CpPiece& p, int64_t Tk, int64_t rows, int64_t offset) {
   const Widths w = widths(a);
   FlashShape s;
-  s.B = a.B, s.Tq = p.len, s.Tk = Tk, s.H = a.H, s.KV = a.KV, s.hd = a.hd;
+  s.B = a.B, s.Tq = p.len, s.Tk = Tk, s.H = a.H, s.KV = a.KV, s.hd = a.hd, s.vd = a.vd;
   s.q_ld = w.qkv, s.q_b = a.T * w.qkv;
   s.k_ld = s.v_ld = w.kv, s.k_b = s.v_b = rows * w.kv;
   s.o_ld = w.o, s.o_b = a.T * w.o;
@@ -239,7 +242,7 @@ void ring_backward(UnitContext& c, CpContext& cp, Saved& s, Tensor dqkv, Tensor 
 
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
   CpContext& cp = context(c, a);
-  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
   if (cp.config.method == CpMethod::ring) {
     ring_forward(c, cp, qkv, a, atty, lse);
     return atty;
