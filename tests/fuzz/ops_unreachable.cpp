@@ -59,6 +59,7 @@ void flash_attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, i
   unreachable();
 }
 void kv_cache_write(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
+void copy_rows(Backend&, Tensor, int64_t, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void cross_entropy(Backend&, Tensor, Tensor, Tensor, const int32_t*, float) { unreachable(); }
 void vocab_ce_max(Backend&, Tensor, Tensor, int64_t) { unreachable(); }
