@@ -11,31 +11,13 @@
 
 #include "src/model/deepseek/deepseek.hpp"
 #include "tests/grad_check.hpp"
+#include "tests/hf_reference.hpp"
 #include "tests/strategy_test_util.hpp"
 
 using namespace shardlab;
 using namespace shardlab::strategy_test;
 
 namespace {
-
-const std::string kRef = std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/";
-
-struct DeepseekReference {
-  explicit DeepseekReference(const std::string& name) : dir(kRef + name), file(kRef + name + ".safetensors") {
-    spec = deepseek_spec_from_hf_config(nlohmann::json::parse(file.metadata().at("hf_config")));
-    const auto b = nlohmann::json::parse(file.metadata().at("batch"));
-    B = b["B"], T = b["T"], steps = b["steps"], lr = b["lr"];
-    tokens = nlohmann::json::parse(file.metadata().at("tokens")).get<std::vector<int32_t>>();
-    ce = nlohmann::json::parse(file.metadata().at("ce")).get<std::vector<double>>();
-  }
-  std::string dir;
-  SafetensorsReader file;
-  ModelSpec spec;
-  int64_t B = 0, T = 0, steps = 0;
-  double lr = 0;
-  std::vector<int32_t> tokens;
-  std::vector<double> ce;
-};
 
 const char* const kModels[] = {"hf_deepseek_v3_tiny", "hf_deepseek_v3_tiny_nolora"};
 
@@ -56,7 +38,7 @@ TEST_CASE("DeepSeek-V3 forward and backward match transformers' DeepseekV3ForCau
   if (g_mpi->world() != 1) return;
   for (const char* name : kModels) {
     INFO(name);
-    DeepseekReference ref(name);
+    test::HfReference ref(name, deepseek_spec_from_hf_config);
     CHECK(ref.spec.family == FamilyId::deepseek_v3);
     CHECK(ref.spec.mla.v != ref.spec.mla.qk());  // values of their own head dimension
     auto be = make_cpu_backend(BackendConfig{1});
@@ -64,9 +46,7 @@ TEST_CASE("DeepSeek-V3 forward and backward match transformers' DeepseekV3ForCau
     Model model(ref.spec, *be, pool);
     model.load(ref.dir);
     std::vector<int32_t> inputs, targets;
-    for (int64_t j = 0; j < ref.B; ++j)
-      for (int64_t t = 0; t < ref.T; ++t)
-        inputs.push_back(ref.tokens[j * ref.T + t]), targets.push_back(ref.tokens[j * ref.T + t + 1]);
+    ref.first_batch(inputs, targets);
     const float loss = model.forward_backward(Batch{inputs.data(), targets.data(), ref.B, ref.T}, 1.f);
     const double want = std::stod(ref.file.metadata().at("loss_ce"));
     std::printf("%s: cross-entropy %.7f vs transformers %.7f\n", name, loss, want);
@@ -89,16 +69,8 @@ TEST_CASE("DeepSeek-V3 trains as transformers does on every axis: ten AdamW step
   for (const char* name : kModels)
     for (const Axes& a : layouts) {
       if (a.world != N) continue;
-      DeepseekReference ref(name);
-      TrainConfig cfg;
-      cfg.spec = ref.spec;
-      cfg.init = ref.dir;
-      cfg.steps = ref.steps;
-      cfg.batch = ref.B;
-      cfg.schedule.kind = ScheduleKind::constant;
-      cfg.schedule.lr = static_cast<float>(ref.lr);
-      cfg.schedule.warmup_steps = 0;
-      cfg.grad_clip = 0;
+      const test::HfReference ref(name, deepseek_spec_from_hf_config);
+      TrainConfig cfg = ref.training();
       cfg.use_strategy(a.kind);
       cfg.layout.dims.tp = a.tp, cfg.layout.dims.ep = a.ep, cfg.layout.dims.pp = a.pp, cfg.layout.dims.cp = a.cp;
       if (a.pp > 1) cfg.accum = 2;

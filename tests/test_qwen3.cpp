@@ -9,37 +9,19 @@
 
 #include "src/model/qwen3/qwen3.hpp"
 #include "tests/grad_check.hpp"
+#include "tests/hf_reference.hpp"
 #include "tests/strategy_test_util.hpp"
 
 using namespace shardlab;
 using namespace shardlab::strategy_test;
 
 namespace {
-
-const std::string kRef = std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/";
-
-struct Qwen3Reference {
-  Qwen3Reference() : dir(kRef + "hf_qwen3_tiny"), file(kRef + "hf_qwen3_tiny.safetensors") {
-    spec = qwen3_spec_from_hf_config(nlohmann::json::parse(file.metadata().at("hf_config")));
-    const auto b = nlohmann::json::parse(file.metadata().at("batch"));
-    B = b["B"], T = b["T"], steps = b["steps"], lr = b["lr"];
-    tokens = nlohmann::json::parse(file.metadata().at("tokens")).get<std::vector<int32_t>>();
-    ce = nlohmann::json::parse(file.metadata().at("ce")).get<std::vector<double>>();
-  }
-  std::string dir;
-  SafetensorsReader file;
-  ModelSpec spec;
-  int64_t B = 0, T = 0, steps = 0;
-  double lr = 0;
-  std::vector<int32_t> tokens;
-  std::vector<double> ce;
-};
-
+test::HfReference qwen3_reference() { return test::HfReference("hf_qwen3_tiny", qwen3_spec_from_hf_config); }
 }  // namespace
 
 TEST_CASE("Qwen3 forward and backward match transformers' Qwen3ForCausalLM", "[qwen3]") {
   if (g_mpi->world() != 1) return;
-  Qwen3Reference ref;
+  test::HfReference ref = qwen3_reference();
   CHECK(ref.spec.family == FamilyId::qwen3);
   CHECK(ref.spec.qk_norm);
   CHECK(ref.spec.head_size() == 16);  // not hidden / heads = 8
@@ -49,9 +31,7 @@ TEST_CASE("Qwen3 forward and backward match transformers' Qwen3ForCausalLM", "[q
   Model model(ref.spec, *be, pool);
   model.load(ref.dir);
   std::vector<int32_t> inputs, targets;
-  for (int64_t j = 0; j < ref.B; ++j)
-    for (int64_t t = 0; t < ref.T; ++t)
-      inputs.push_back(ref.tokens[j * ref.T + t]), targets.push_back(ref.tokens[j * ref.T + t + 1]);
+  ref.first_batch(inputs, targets);
   const float loss = model.forward_backward(Batch{inputs.data(), targets.data(), ref.B, ref.T}, 1.f);
   const double want = std::stod(ref.file.metadata().at("loss_ce"));
   std::printf("qwen3 reference: cross-entropy %.7f vs transformers %.7f\n", loss, want);
@@ -66,16 +46,8 @@ TEST_CASE("Qwen3 forward and backward match transformers' Qwen3ForCausalLM", "[q
 TEST_CASE("Qwen3 trains as transformers does: ten AdamW steps, at one rank and under tp 2", "[qwen3]") {
   const int N = g_mpi->world();
   if (N > 2) return;
-  Qwen3Reference ref;
-  TrainConfig cfg;
-  cfg.spec = ref.spec;
-  cfg.init = ref.dir;
-  cfg.steps = ref.steps;
-  cfg.batch = ref.B;
-  cfg.schedule.kind = ScheduleKind::constant;
-  cfg.schedule.lr = static_cast<float>(ref.lr);
-  cfg.schedule.warmup_steps = 0;
-  cfg.grad_clip = 0;
+  const test::HfReference ref = qwen3_reference();
+  TrainConfig cfg = ref.training();
   cfg.layout.dims.tp = N;
   RankTrainer r(cfg, std::make_shared<TokenStream>(TokenStream(ref.tokens, "qwen3 reference")));
   double worst = 0;

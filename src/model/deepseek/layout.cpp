@@ -36,20 +36,13 @@ std::vector<UnitLayout> deepseek_layout(const ModelSpec& s, const TpConfig& tp, 
       // whole (the shared experts), then this ep rank's experts (at the same offsets on each rank).
       add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std, whole);
       add_tensor(b, p + "mlp.gate.e_score_correction_bias", {s.moe.experts}, Init::zeros, 0.f, whole);
-      const int64_t Fs = s.moe.shared_ffn, Fe = s.moe.ffn_dim, local = s.moe.experts / ep.degree;
+      const int64_t Fs = s.moe.shared_ffn;
       if (Fs > 0) {
         add_tensor(b, p + "mlp.shared_experts.gate_proj.weight", {Fs, C}, Init::normal, std, rows);
         add_tensor(b, p + "mlp.shared_experts.up_proj.weight", {Fs, C}, Init::normal, std, rows);
         add_tensor(b, p + "mlp.shared_experts.down_proj.weight", {C, Fs}, Init::normal, std, cols);
       }
-      for (int64_t e = ep.rank * local; e < (ep.rank + 1) * local; ++e) {
-        for (auto [part, shape] : {std::pair{MoePart::gate, std::vector<int64_t>{Fe, C}},
-                                   {MoePart::up, {Fe, C}},
-                                   {MoePart::down, {C, Fe}}}) {
-          add_tensor(b, moe_tensor(s, p, part, e), shape, Init::normal, std, part == MoePart::down ? cols : rows);
-          b.tensors.back().expert = true;
-        }
-      }
+      add_moe_experts(b, s, p, ep);
     } else {
       const int64_t F = s.ffn_hidden();
       add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std, rows);

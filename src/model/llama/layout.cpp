@@ -47,16 +47,7 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp, con
       // by columns.
       const TpSplit whole{-1, 1, false, true};
       add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std, whole);
-      const int64_t Fe = s.moe.ffn_dim, local = s.moe.experts / ep.degree;
-      // This expert-parallel rank's experts, after every tensor the ep group holds whole: the dense
-      // tensors lie at the same offsets on each of its ranks.
-      for (int64_t e = ep.rank * local; e < (ep.rank + 1) * local; ++e) {  // gate and up adjacent: one stacked product
-        for (auto [part, shape] : {std::pair{MoePart::gate, std::vector<int64_t>{Fe, C}}, {MoePart::up, {Fe, C}},
-                                   {MoePart::down, {C, Fe}}}) {
-          add_tensor(b, moe_tensor(s, p, part, e), shape, Init::normal, std, part == MoePart::down ? cols : rows);
-          b.tensors.back().expert = true;
-        }
-      }
+      add_moe_experts(b, s, p, ep);
     } else {
       add_tensor(b, p + "mlp.gate_proj.weight", {F, C}, Init::normal, std, rows);
       add_tensor(b, p + "mlp.up_proj.weight", {F, C}, Init::normal, std, rows);
@@ -69,6 +60,18 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& s, const TpConfig& tp, con
   if (!s.tied_head) add_tensor(head, "lm_head.weight", {s.vocab, C}, Init::normal, std, vocab);
   units.push_back(std::move(head));
   return units;
+}
+
+void add_moe_experts(UnitLayout& b, const ModelSpec& s, const std::string& p, const EpConfig& ep) {
+  const int64_t C = s.dim, Fe = s.moe.ffn_dim, local = s.moe.experts / ep.degree;
+  const TpSplit rows{0}, cols{1};
+  for (int64_t e = ep.rank * local; e < (ep.rank + 1) * local; ++e) {  // gate and up adjacent: one stacked product
+    for (auto [part, shape] : {std::pair{MoePart::gate, std::vector<int64_t>{Fe, C}}, {MoePart::up, {Fe, C}},
+                               {MoePart::down, {C, Fe}}}) {
+      add_tensor(b, moe_tensor(s, p, part, e), shape, Init::normal, 0.02f, part == MoePart::down ? cols : rows);
+      b.tensors.back().expert = true;
+    }
+  }
 }
 
 std::string moe_tensor(const ModelSpec& s, const std::string& prefix, MoePart part, int64_t e) {

@@ -72,6 +72,10 @@ std::vector<UnitLayout> llama_layout(const ModelSpec& spec, const TpConfig& tp =
 // mlp.gate, mlp.experts.e.gate_proj / up_proj / down_proj).
 enum class MoePart : uint8_t { router, gate, up, down };
 std::string moe_tensor(const ModelSpec& spec, const std::string& prefix, MoePart part, int64_t expert = 0);
+// Expert-parallel rank ep.rank's experts of layer `prefix` (gate, up, down each; HF's init), appended
+// to the unit after every tensor the ep group holds whole, so those lie at the same offsets on each
+// of its ranks.
+void add_moe_experts(UnitLayout& unit, const ModelSpec& spec, const std::string& prefix, const EpConfig& ep);
 
 // units.cpp. The embedding and the head alone: the families built around Llama's (deepseek/).
 std::unique_ptr<Unit> make_llama_embedding(UnitLayout layout, const TpConfig& tp);
