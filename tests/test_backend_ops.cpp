@@ -20,6 +20,7 @@
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
+#include "src/backend/ops/mla.hpp"
 #include "optim/muon.hpp"
 #include "src/backend/ops/moe.hpp"
 #include "src/backend/ops/muon.hpp"
@@ -157,6 +158,25 @@ void rope_case(Run& r) {
   ops::rope(r.be, x, heads, hd, f, 3, false);
   Tensor dx = r.out("dx", {B, T, (heads + 1) * hd}, true);
   ops::rope(r.be, dx, heads, hd, f, 0, true);
+}
+
+// The latent attention's packing and its backward (DeepSeek-V3): odd head parts, both RoPE pairings,
+// positions from 3; dkva starts random (its latent columns are left as they are).
+void mla_case(Run& r) {
+  for (bool interleave : {true, false}) {
+    const MlaHeads m{3, 5, 6, 7, 4, interleave};
+    const int64_t B = 2, T = 5, N = B * T, H = m.heads, qk = m.qk(), kvw = m.nope + m.v, kva = m.kv_rank + m.rope;
+    RopeFreqs f;
+    f.half = m.rope / 2;
+    for (int64_t i = 0; i < f.half; ++i)
+      f.inv_freq[static_cast<size_t>(i)] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / 6));
+    const std::string tag = interleave ? " (interleaved)" : " (rotate_half)";
+    ops::mla_qkv_forward(r.be, r.out("mla qkv" + tag, {B, T, m.width()}), r.in("mla q" + tag, {N, H * qk}),
+                         r.in("mla kv" + tag, {N, H * kvw}), r.in("mla kva" + tag, {N, kva}), m, f, 3);
+    ops::mla_qkv_backward(r.be, r.out("mla dq" + tag, {N, H * qk}), r.out("mla dkv" + tag, {N, H * kvw}),
+                          r.out("mla dkva" + tag, {N, kva}, true), r.in("mla dqkv" + tag, {B, T, m.width()}), m, f,
+                          3);
+  }
 }
 
 void activation_case(Run& r) {
@@ -328,6 +348,7 @@ std::vector<OpCase> op_cases() {
       {"embedding", 1e-6, embedding_case},
       {"norm", 1e-4, norm_case},
       {"rope", 1e-5, rope_case},
+      {"mla", 1e-5, mla_case},
       {"activation", 1e-5, activation_case},
       {"attention (multi-head)", 1e-4, attention_case(2, 2)},
       {"attention (grouped-query)", 1e-4, attention_case(4, 2)},

@@ -2,8 +2,8 @@
 // make_hf_deepseek_v3_dir.py, float64): two tiny models (3 layers, the first dense; latent attention
 // with and without a query low rank; 8 experts in 2 groups, 2 per token, a shared expert; a non-zero
 // correction bias). At one rank, the first step's loss and every gradient; on every axis (ep 2 and
-// 4, zero3 over 2, ep 2 x zero3 over 4, tp 2, pp 2, cp 2) ten AdamW steps' losses within 1e-4 of
-// transformers'; the presets' sizes; config.json both ways.
+// 4, zero3 over 2, ep 2 x zero3 over 4, tp 2 with and without sequence parallelism, pp 2, cp 2) ten
+// AdamW steps' losses within 1e-4 of transformers'; the presets' sizes; config.json both ways.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +30,7 @@ struct Axes {
   int world;
   StrategyKind kind;
   int tp = 1, ep = 1, pp = 1, cp = 1;
+  bool sp = false;
 };
 
 }  // namespace
@@ -62,6 +63,7 @@ TEST_CASE("DeepSeek-V3 trains as transformers does on every axis: ten AdamW step
   const int N = g_mpi->world();
   const Axes layouts[] = {
       {"one rank", 1, StrategyKind::ddp},      {"tp 2", 2, StrategyKind::ddp, 2},
+      {"tp 2 with sequence parallelism", 2, StrategyKind::ddp, 2, 1, 1, 1, true},
       {"ep 2", 2, StrategyKind::ddp, 1, 2},    {"zero3 x 2", 2, StrategyKind::zero3},
       {"pp 2", 2, StrategyKind::ddp, 1, 1, 2}, {"cp 2", 2, StrategyKind::ddp, 1, 1, 1, 2},
       {"ep 4", 4, StrategyKind::ddp, 1, 4},    {"ep 2 x zero3", 4, StrategyKind::zero3, 1, 2},
@@ -73,6 +75,7 @@ TEST_CASE("DeepSeek-V3 trains as transformers does on every axis: ten AdamW step
       TrainConfig cfg = ref.training();
       cfg.use_strategy(a.kind);
       cfg.layout.dims.tp = a.tp, cfg.layout.dims.ep = a.ep, cfg.layout.dims.pp = a.pp, cfg.layout.dims.cp = a.cp;
+      cfg.layout.sequence_parallel = a.sp;
       if (a.pp > 1) cfg.accum = 2;
       RankTrainer r(cfg, std::make_shared<TokenStream>(TokenStream(ref.tokens, "deepseek reference")));
       double worst = 0;

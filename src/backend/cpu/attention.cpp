@@ -3,8 +3,8 @@
 // Attention reads q, k, v straight out of the fused (B, T, (H + KV) hs + KV vs) buffer through its
 // leading dimension and writes head h's output into columns [h*vs, (h+1)*vs) of (B, T, H vs): no
 // permutation copies. Values may have a head dimension vs of their own (DeepSeek's latent attention);
-// vs == hs is every other family's. With KV == H these are GPT-2's (B, T, 3C) and the very same GEMM calls as before grouped
-// heads existed, so multi-head results did not change by a bit.
+// vs == hs is every other family's. With KV == H these are GPT-2's (B, T, 3C) and the very same
+// GEMM calls as before grouped heads existed, so multi-head results did not change by a bit.
 #include <omp.h>
 
 #include <algorithm>

@@ -3,8 +3,8 @@
 //
 // One warp per row, lanes splitting the head's channels (channel c on lane c % 32, at most
 // kMaxHeadDim / 32 per lane, held in registers; values and outputs have vd channels, flash_vd): a
-// score is a warp-wide sum, so every lane holds the same bits of it and of the running max and sum. Forward: a warp per query row, over the keys
-// it sees. Backward: D = rowsum(dO * O) per query row; dq per query row (recomputing each
+// score is a warp-wide sum, so every lane holds the same bits of it and of the running max and sum.
+// Forward: a warp per query row, over the keys it sees. Backward: D = rowsum(dO * O) per query row; dq per query row (recomputing each
 // probability from lse); dk and dv per key row, over the query rows of its K/V head's group that
 // see it, heads in order. Each output row has exactly one writer, so results do not depend on
 // scheduling. These kernels run on the CUDA cores (no tensor cores, no shared-memory tiles): they

@@ -15,8 +15,9 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
   if (c.batch.context_parallel()) return cp::attention_forward(c, s, qkv, a);  // fused, over the cp group
   if (flash(c)) {
     Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
-    Block tiles = c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false, false, a.vd),
-                               Category::workspace, "attention tiles");
+    Block tiles =
+        c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false, false, a.vd),
+                     Category::workspace, "attention tiles");
     ops::flash_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, true, tiles.flat(DType::f32), a.vd);
     return atty;  // nothing to drop for --activation-checkpointing attention: no probabilities kept
   }

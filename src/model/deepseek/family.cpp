@@ -183,7 +183,8 @@ ModelSpec deepseek_spec_from_hf_config(const nlohmann::json& j) {
                   field(j, "qk_head_dim").dump(), a.qk());
   if (c.has("head_dim"))  // transformers writes the rotary part's size there
     SHARD_REQUIRE(field(j, "head_dim") == a.rope || field(j, "head_dim") == a.qk(),
-                  "config.json: \"head_dim\" is {}, expected qk_rope_head_dim {}", field(j, "head_dim").dump(), a.rope);
+                  "config.json: \"head_dim\" is {}, expected qk_rope_head_dim {} (as transformers writes it) or "
+                  "qk_nope_head_dim + qk_rope_head_dim {}", field(j, "head_dim").dump(), a.rope, a.qk());
   m.sigmoid = true, m.norm_topk = c.flag_or("norm_topk_prob", true), m.aux_loss = false;
   m.groups = c.has("n_group") ? c.integer("n_group", 1) : 1;
   m.topk_groups = c.has("topk_group") ? c.integer("topk_group", 1) : 1;

@@ -247,11 +247,15 @@ class DeepseekLayerUnit final : public Unit {
   void mlp_forward(UnitContext& c, const ParamSet& p, Saved& s, Tensor ln2, Tensor out, const Dims& d) const {
     const int64_t shape[] = {d.N, d.C};
     if (!sparse_) return swiglu_forward(c, p, s, "mlp.", "", ln2, out.reshape(shape), d.F, d);
+    // The shared experts first: under sequence parallelism ln2 and out are one buffer (the region's
+    // gathered rows), which the experts' combination overwrites.
+    Block shared;
+    if (d.Fs > 0) {
+      shared = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "shared experts out");
+      swiglu_forward(c, p, s, "mlp.shared_experts.", "shared_", ln2, shared.view(DType::f32, {d.N, d.C}), d.Fs, d);
+    }
     blocks::moe_forward(c, s, ln2.reshape(shape), out.reshape(shape), moe_weights(c.spec, p, true));
-    if (d.Fs == 0) return;
-    Block shared = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "shared experts out");
-    swiglu_forward(c, p, s, "mlp.shared_experts.", "shared_", ln2, shared.view(DType::f32, {d.N, d.C}), d.Fs, d);
-    c.be.add(out, shared.view(DType::f32, {d.N, d.C}), out);
+    if (shared) c.be.add(out, shared.view(DType::f32, {d.N, d.C}), out);
   }
   // down(silu(gate(x)) up(x)) of the MLP `mlp` (width F), its activations saved as <tag>gate_up, <tag>swiglu.
   void swiglu_forward(UnitContext& c, const ParamSet& p, Saved& s, const std::string& mlp, const std::string& tag,

@@ -1,8 +1,8 @@
 // cp_attention.cpp — attention over the cp group's pieces (cp_attention.hpp, cp.hpp).
 //
-// Buffers, per layer: this rank's K/V rows (B Tl, 2 KV hd: keys then values, a row per position),
-// the group's all-gathered (C, B, Tl, 2 KV hd: rank after rank) and the same rows in sequence
-// order (B, T, 2 KV hd), which the fused kernel reads for every piece: piece (row0, pos0, len)
+// Buffers, per layer: this rank's K/V rows (B Tl, KV (hd + v): keys then values, a row per position),
+// the group's all-gathered (C, B, Tl, KV (hd + v): rank after rank) and the same rows in sequence
+// order (B, T, KV (hd + v)), which the fused kernel reads for every piece: piece (row0, pos0, len)
 // is len queries at causal offset pos0 over keys [0, pos0 + len). Backward accumulates dK/dV of
 // both pieces over the sequence-ordered rows, lays them out rank after rank again and
 // reduce-scatters them, so each rank receives the sum of the group's gradients for its own rows.
@@ -89,7 +89,7 @@ ops::FlashGrads grads(const AttentionShape& a, const CpPiece& p, Tensor dqkv, Te
   return {from(dqkv, p.row0 * w.qkv), dkv, from(dkv, a.KV * a.hd), from(datty, p.row0 * w.o)};
 }
 
-// This rank's K/V rows (B Tl, 2 KV hd) from the K and V columns of qkv, and their gradients back
+// This rank's K/V rows (B Tl, KV (hd + v)) from the K and V columns of qkv, and their gradients back
 // into dqkv's K and V columns.
 void take_kv(Backend& be, const AttentionShape& a, Tensor qkv, Tensor rows) {
   const Widths w = widths(a);
@@ -131,7 +131,7 @@ void timed(CpContext& cp, F collective) {
   cp.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The group's K/V rows in sequence order, into kv (B, T, 2 KV hd).
+// The group's K/V rows in sequence order, into kv (B, T, KV (hd + v)).
 void gather_kv(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShape& a, Tensor kv) {
   const Widths w = widths(a);
   const int64_t rows = a.B * a.T;
@@ -144,7 +144,7 @@ void gather_kv(UnitContext& c, CpContext& cp, Tensor qkv, const AttentionShape& 
 
 // ---- ring ----
 
-// This rank's piece p against piece k of the rows it holds (B, Tl, 2 KV hd), at their causal offset.
+// This rank's piece p against piece k of the rows it holds (B, Tl, KV (hd + v)), at their causal offset.
 FlashShape pair_shape(const AttentionShape& a, const CpPiece& p, const CpPiece& k) {
   return shape_over(a, p, k.len, a.T, p.pos0 - k.pos0);
 }
@@ -299,8 +299,9 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
 double micro_step_bus_bytes(const ModelSpec& spec, CpMethod method, int layers, int tp, int cp, int64_t B,
                             Checkpointing ck) {
   const double C = cp, hd = static_cast<double>(spec.head_size());
+  const double vd = spec.mla.enabled() ? static_cast<double>(spec.mla.v) : hd;  // latent attention's values
   const double kv = static_cast<double>(spec.num_kv_heads()) / tp;
-  const double gathered = static_cast<double>(B) * static_cast<double>(spec.seq) * 2 * kv * hd * sizeof(float);
+  const double gathered = static_cast<double>(B) * static_cast<double>(spec.seq) * kv * (hd + vd) * sizeof(float);
   const int forwards = 1 + (ck == Checkpointing::blocks ? 1 : 0);
   if (method == CpMethod::ring)  // a send and a receive of the rank's rows (gathered / C) per hop
     return layers * 2 * gathered / C * (forwards * (C - 1) + (C - 1) + C);

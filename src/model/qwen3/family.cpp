@@ -30,8 +30,9 @@ class Qwen3Family final : public ModelFamily {
   nlohmann::json hf_config(const ModelSpec& spec) const override { return qwen3_hf_config(spec); }
   void check(const ModelSpec& s) const override {
     llama_check_rope(s);
-    SHARD_REQUIRE(!s.moe.enabled() && s.qk_norm && !s.mla.enabled(), "{}: a qwen3 model has a dense MLP and normalises its query and "
-                  "key heads (the qwen3_moe family has experts)", s.name);
+    SHARD_REQUIRE(!s.moe.enabled() && s.qk_norm && !s.mla.enabled(),
+                  "{}: a qwen3 model has a dense MLP and normalises its query and key heads (the qwen3_moe family "
+                  "has experts)", s.name);
   }
   std::string hf_name(const TensorDecl& t) const override { return t.name; }
   std::vector<std::string> hf_load_names(const TensorDecl& t) const override { return {t.name}; }
