@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
 #include "src/train/trainer.hpp"
 
@@ -23,11 +24,21 @@ struct HfReference {
     ce = nlohmann::json::parse(file.metadata().at("ce")).get<std::vector<double>>();
   }
   static std::string root() { return std::string(SHARDLAB_SOURCE_DIR) + "/tests/reference/"; }
-  // The first batch as shardlab's loader cuts it: sequence j is tokens[j T, j T + T + 1).
-  void first_batch(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const {
+  // The directory loaded into `model`, then its forward and backward on the first batch as
+  // shardlab's loader cuts it (sequence j is tokens[j T, j T + T + 1)): shardlab's loss and
+  // transformers' ("loss_ce"); the gradients stay in the model.
+  struct FirstStep {
+    float loss = 0;
+    double want = 0;
+  };
+  FirstStep first_step(Model& model) const {
+    model.load(dir);
+    std::vector<int32_t> inputs, targets;
     for (int64_t j = 0; j < B; ++j)
       for (int64_t t = 0; t < T; ++t)
         inputs.push_back(tokens[j * T + t]), targets.push_back(tokens[j * T + t + 1]);
+    return {model.forward_backward(Batch{inputs.data(), targets.data(), B, T}, 1.f),
+            std::stod(file.metadata().at("loss_ce"))};
   }
   // Training from the directory as the reference trained: constant lr, no warmup, no clipping.
   TrainConfig training() const {

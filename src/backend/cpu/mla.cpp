@@ -75,7 +75,7 @@ void mla_qkv_backward(float* dq, float* dkv, float* dkva, const float* dqkv, int
     const float* row = dqkv + n * W;
     float* qr = dq + n * H * qk;
     float* kvr = dkv + n * H * kvw;
-    std::vector<float> sum(static_cast<size_t>(m.rope), 0.f);  // the shared key's gradient, heads in order
+    float sum[2 * RopeFreqs::kMaxHalf] = {};  // the shared key's gradient, heads in order
     for (int64_t h = 0; h < H; ++h) {
       const float* qh = row + h * qk;
       const float* kh = row + H * qk + h * qk;
@@ -83,9 +83,9 @@ void mla_qkv_backward(float* dq, float* dkv, float* dkva, const float* dqkv, int
       rotate(qr + h * qk + m.nope, qh + m.nope, c, s, half, m.interleave);
       std::memcpy(kvr + h * kvw, kh, static_cast<size_t>(m.nope) * sizeof(float));
       std::memcpy(kvr + h * kvw + m.nope, row + 2 * H * qk + h * m.v, static_cast<size_t>(m.v) * sizeof(float));
-      for (int64_t i = 0; i < m.rope; ++i) sum[static_cast<size_t>(i)] += kh[m.nope + i];
+      for (int64_t i = 0; i < m.rope; ++i) sum[i] += kh[m.nope + i];
     }
-    rotate(dkva + n * (m.kv_rank + m.rope) + m.kv_rank, sum.data(), c, s, half, m.interleave);
+    rotate(dkva + n * (m.kv_rank + m.rope) + m.kv_rank, sum, c, s, half, m.interleave);
   }
 }
 

@@ -112,15 +112,25 @@ int64_t capacity_of(const UnitContext& c, int64_t N) {
 // The k largest of s (E) into out, largest first (ties: the lower index); with groups > 1 only
 // among the topk_groups groups whose two largest sum highest (ties: the lower group), as
 // transformers' DeepSeek-V3 router chooses.
-void top_k(const MoeSpec& m, const float* s, int32_t* out, std::vector<int32_t>& order, std::vector<float>& masked) {
+// Its buffers, reused token after token: experts' order, the masked scores, groups' scores and order.
+struct TopKScratch {
+  std::vector<int32_t> order, group_order;
+  std::vector<float> masked, group;
+  explicit TopKScratch(const MoeSpec& m)
+      : order(static_cast<size_t>(m.experts)), group_order(static_cast<size_t>(m.groups)),
+        group(static_cast<size_t>(m.groups)) {}
+};
+void top_k(const MoeSpec& m, const float* s, int32_t* out, TopKScratch& w) {
   const int64_t E = m.experts, k = m.top_k;
   const auto larger = [](const float* v) {
     return [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
   };
   const float* from = s;
+  std::vector<int32_t>& order = w.order;
   if (m.groups > 1) {
     const int64_t size = E / m.groups;
-    std::vector<float> group(static_cast<size_t>(m.groups));
+    std::vector<float>& group = w.group;
+    std::vector<float>& masked = w.masked;
     for (int64_t g = 0; g < m.groups; ++g) {
       float best = -INFINITY, second = -INFINITY;
       for (int64_t e = g * size; e < (g + 1) * size; ++e) {
@@ -129,7 +139,7 @@ void top_k(const MoeSpec& m, const float* s, int32_t* out, std::vector<int32_t>&
       }
       group[g] = best + second;
     }
-    std::vector<int32_t> gorder(static_cast<size_t>(m.groups));
+    std::vector<int32_t>& gorder = w.group_order;
     std::iota(gorder.begin(), gorder.end(), 0);
     std::partial_sort(gorder.begin(), gorder.begin() + m.topk_groups, gorder.end(), larger(group.data()));
     masked.assign(static_cast<size_t>(E), -INFINITY);
@@ -151,8 +161,8 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, const std::
   const int64_t k = r.k, E = r.E;
   r.choice.resize(static_cast<size_t>(N * k));
   r.weight.resize(static_cast<size_t>(N * k));
-  std::vector<int32_t> order(static_cast<size_t>(E));
-  std::vector<float> biased(bias.empty() ? 0 : static_cast<size_t>(E)), masked;
+  TopKScratch scratch(m);
+  std::vector<float> biased(bias.empty() ? 0 : static_cast<size_t>(E));
   const float scale = static_cast<float>(m.routed_scale), eps = m.sigmoid ? 1e-20f : 0.f;
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs.data() + n * E;
@@ -160,7 +170,7 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, const std::
       for (int64_t j = 0; j < k; ++j) r.choice[n * k + j] = static_cast<int32_t>((n * k + j) % E);
     } else {
       for (size_t e = 0; e < biased.size(); ++e) biased[e] = p[e] + bias[e];
-      top_k(m, biased.empty() ? p : biased.data(), r.choice.data() + n * k, order, masked);
+      top_k(m, biased.empty() ? p : biased.data(), r.choice.data() + n * k, scratch);
     }
     float sum = 0.f;
     for (int64_t j = 0; j < k; ++j) sum += p[r.choice[n * k + j]];

@@ -210,18 +210,11 @@ class DeepseekLayerUnit final : public Unit {
     TpPartialGrads grads(c, g, replicated, prefix_ + "latent projections", true);
     std::optional<WeightGradsNow> now;  // partial sums are reduced below: no W pass may hold them
     if (c.tp.active()) now.emplace(c);
-    Backend& be = c.be;
     // Keys and values: kv = kv_b(norm(latent)), latent = kva's first kv_rank columns.
-    Block lat =
-        c.pool.alloc(DType::f32, 2 * d.N * std::max(d.r, d.rq), Category::workspace, prefix_ + "backward mla latent");
-    Tensor dlat_n = lat.flat(DType::f32).slice(0, d.N * d.r).reshape(std::vector<int64_t>{d.N, d.r});
-    Tensor dlat =
-        lat.flat(DType::f32).slice(d.N * std::max(d.r, d.rq), d.N * d.r).reshape(std::vector<int64_t>{d.N, d.r});
-    linear_backward(c, dlat_n, w(g, "self_attn.kv_b_proj.weight"), dkv, s("mla_latent_norm"),
-                    wg(p, "self_attn.kv_b_proj.weight"), d.N);
-    be.fill(dlat, 0.f);
-    ops::rmsnorm_backward(be, dlat, grads(kv_norm), dlat_n, s("mla_latent"), p(kv_norm), s("mla_latent_rstd"));
-    ops::copy_rows(be, dkva, d.kva, dlat, d.r, d.N, d.r);  // beside the shared key's gradient
+    Block work = c.pool.alloc(DType::f32, 2 * d.N * std::max(d.r, d.rq), Category::workspace,
+                              prefix_ + "backward mla latent");
+    const Tensor dlat = norm_up_backward(c, p, g, s, grads, work, "kv_b_proj", kv_norm, "mla_latent", dkv, d.r, d);
+    ops::copy_rows(c.be, dkva, d.kva, dlat, d.r, d.N, d.r);  // beside the shared key's gradient
     linear_backward(c, dx, grads(kv_a), dkva, x, p.gemm(kv_a), d.N);
     // Queries: their own product, or the low-rank path; added to dx.
     Block dxq = c.pool.alloc(DType::f32, d.N * d.C, Category::workspace, prefix_ + "backward mla dx (queries)");
@@ -229,17 +222,28 @@ class DeepseekLayerUnit final : public Unit {
     if (d.rq == 0) {
       linear_backward(c, dq_x, w(g, "self_attn.q_proj.weight"), dq, x, wg(p, "self_attn.q_proj.weight"), d.N);
     } else {
-      Tensor dqa_n = lat.flat(DType::f32).slice(0, d.N * d.rq).reshape(std::vector<int64_t>{d.N, d.rq});
-      Tensor dqa =
-          lat.flat(DType::f32).slice(d.N * std::max(d.r, d.rq), d.N * d.rq).reshape(std::vector<int64_t>{d.N, d.rq});
-      linear_backward(c, dqa_n, w(g, "self_attn.q_b_proj.weight"), dq, s("mla_qa_norm"),
-                      wg(p, "self_attn.q_b_proj.weight"), d.N);
-      be.fill(dqa, 0.f);
-      ops::rmsnorm_backward(be, dqa, grads(q_norm), dqa_n, s("mla_qa"), p(q_norm), s("mla_qa_rstd"));
+      const Tensor dqa = norm_up_backward(c, p, g, s, grads, work, "q_b_proj", q_norm, "mla_qa", dq, d.rq, d);
       linear_backward(c, dq_x, grads(q_a), dqa, x, p.gemm(q_a), d.N);
     }
-    be.add(dx, dq_x, dx);
+    c.be.add(dx, dq_x, dx);
     grads.reduce();
+  }
+
+  // A low-rank path's backward from its up-projection's output gradient dout: self_attn.<up>'s
+  // backward into d(norm(pre)), then the RMSNorm's (its weight `norm`; pre, its output and rstd saved
+  // as <saved>, <saved>_norm, <saved>_rstd) into d(pre) (N, width), returned. Both in `work`'s halves.
+  Tensor norm_up_backward(UnitContext& c, const ParamSet& p, const ParamSet& g, Saved& s, const TpPartialGrads& grads,
+                          const Block& work, const char* up, const std::string& norm, const std::string& saved,
+                          Tensor dout, int64_t width, const Dims& d) const {
+    const int64_t half = d.N * std::max(d.r, d.rq);
+    const std::vector<int64_t> shape{d.N, width};
+    const Tensor dnormed = work.flat(DType::f32).slice(0, d.N * width).reshape(shape);
+    const Tensor dpre = work.flat(DType::f32).slice(half, d.N * width).reshape(shape);
+    const std::string weight = prefix_ + "self_attn." + up + ".weight";
+    linear_backward(c, dnormed, g(weight), dout, s(saved + "_norm"), p.gemm(weight), d.N);
+    c.be.fill(dpre, 0.f);
+    ops::rmsnorm_backward(c.be, dpre, grads(norm), dnormed, s(saved), p(norm), s(saved + "_rstd"));
+    return dpre;
   }
 
   // The MLP of ln2's rows (N, C) into out (N, C): the dense SwiGLU, or the experts and the shared
