@@ -162,9 +162,23 @@ void Strategy::load_params(const std::string& path) {
   }
 }
 
-void Strategy::optimizer_step(int64_t step, float lr, float grad_scale) {
+void Strategy::optimizer_step(int64_t step, float lr, float grad_scale, const ParamEdit& edit) {
   if (!optim_) return;
   optim_->step(step, lr, grad_scale);
+  if (edit.fn && env_.be.device() != Device::meta) {  // no values to edit in a prediction
+    for (size_t u = 0; u < num_units(); ++u) {
+      const Tensor owned = updated(u);
+      const int64_t begin = owned_range(u).first, end = owned_range(u).second;
+      for (const TensorDecl& t : layout(u).tensors) {
+        const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+        if (!edit.pick(t) || lo >= hi) continue;
+        const Tensor part = owned.slice(lo - begin, hi - lo);
+        std::vector<float> values = to_host(part);
+        edit.fn(layout(u), t, lo - t.offset, values);
+        env_.be.copy(part, Tensor::of(std::span<const float>(values)));
+      }
+    }
+  }
   for (size_t u = 0; u < num_units(); ++u) params_from_master(u);
   after_update();
 }

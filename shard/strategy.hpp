@@ -1,8 +1,8 @@
 // strategy.hpp — how a data-parallel run holds and moves the model: dp, ddp, zero1, zero2, zero3.
 //
-// A Strategy answers the runner's UnitHooks (which parameters a unit computes with, where its
-// gradients go, what happens after each unit) and owns the rest of a step: zeroing gradients,
-// the global gradient norm, and the optimizer update of whatever this rank holds.
+// A Strategy answers the runner's UnitHooks (which parameters a unit computes with, where its gradients
+// go, what happens after each unit) and owns the rest of a step: zeroing gradients, the global gradient
+// norm, and the optimizer update of whatever this rank holds (with a ParamEdit's change, param_edit.hpp).
 //
 //   dp     rank 0 holds the model and the optimizer; each step it broadcasts the parameters,
 //          gathers the logits, computes the loss, scatters the loss gradient, and receives the
@@ -11,9 +11,8 @@
 //   zero1  optimizer state sharded; gradients reduce-scattered; parameters all-gathered after the step.
 //   zero2  as zero1, but each unit's full gradient is reduce-scattered and freed during backward.
 //   zero3  parameters sharded too (FSDP full shard): all-gather a unit before use, free after.
-//
-// Mixed precision is a policy object (shard/mixed_precision.hpp). Every strategy runs unchanged on
-// every Backend: on the meta backend the same code is the memory prediction (src/train/predict).
+// Mixed precision is a policy (shard/mixed_precision.hpp). Every strategy runs unchanged on every Backend:
+// on the meta backend the same code is the memory prediction (src/train/predict).
 #pragma once
 #include <memory>
 #include <string>
@@ -22,6 +21,7 @@
 #include "optim/optimizer.hpp"
 #include "shard/flat_param.hpp"
 #include "shard/mixed_precision.hpp"
+#include "shard/param_edit.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/comm/mesh.hpp"
 #include "src/model/runner.hpp"
@@ -146,8 +146,8 @@ class Strategy : public UnitHooks {
   // The share of grad_norm_sq() of the tensors `pick` selects, summed as grad_norm_sq() sums.
   using TensorPick = bool (*)(const TensorDecl&);
   virtual double grad_norm_sq_of(TensorPick pick) = 0;
-  // The update of what this rank owns, then whatever brings every copy of the parameters up to date.
-  void optimizer_step(int64_t step, float lr, float grad_scale);
+  // The update of what this rank owns (and `edit`), then whatever brings every copy up to date.
+  void optimizer_step(int64_t step, float lr, float grad_scale, const ParamEdit& edit = {});
   // Collective: unit u's full parameters (or reduced gradient, before the step) on every rank.
   virtual std::vector<float> gather_unit_params(size_t u) = 0;
   virtual std::vector<float> gather_unit_grads(size_t u) = 0;

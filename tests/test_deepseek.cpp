@@ -3,12 +3,21 @@
 // with and without a query low rank; 8 experts in 2 groups, 2 per token, a shared expert; a non-zero
 // correction bias). At one rank, the first step's loss and every gradient; on every axis (ep 2 and
 // 4, zero3 over 2, ep 2 x zero3 over 4, tp 2 with and without sequence parallelism, pp 2, cp 2) ten
-// AdamW steps' losses within 1e-4 of transformers'; the presets' sizes; config.json both ways.
+// AdamW steps' losses within 1e-4 of transformers' (--moe-bias-update-rate 0, as transformers
+// trains); the presets' sizes; config.json both ways. Auxiliary-loss-free balancing (γ > 0): over
+// 300 steps the worst layer's load falls further than at γ = 0; the biases bit-identical on every
+// rank and expert-parallel degree to one rank's; a resumed run's equal to an uninterrupted one's.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
+#include "src/model/blocks/moe.hpp"
 #include "src/model/deepseek/deepseek.hpp"
 #include "tests/grad_check.hpp"
 #include "tests/hf_reference.hpp"
@@ -32,6 +41,44 @@ struct Axes {
   int tp = 1, ep = 1, pp = 1, cp = 1;
   bool sp = false;
 };
+
+// n pseudo-random tokens below `vocab` (a fixed linear congruential sequence: every rank's alike).
+std::shared_ptr<const TokenStream> random_tokens(int64_t n, int64_t vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t x = 12345;
+  for (int32_t& v : t) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return std::make_shared<const TokenStream>(std::move(t), "random tokens");
+}
+
+// The correction bias of every MoE layer this rank holds (all but under --pp), in layer order
+// (collective: the units are gathered); `layers` (when given) gets their layer numbers.
+std::vector<float> correction_biases(Trainer& t, std::vector<int64_t>* layers = nullptr) {
+  std::vector<float> out;
+  for (size_t u = 0; u < t.units().size(); ++u) {
+    const std::vector<float> full = t.strategy().gather_unit_params(u);
+    for (const TensorDecl& d : t.units()[u]->layout().tensors)
+      if (d.name.ends_with(kCorrectionBias)) {
+        out.insert(out.end(), full.begin() + d.offset, full.begin() + d.offset + d.numel);
+        if (layers) layers->push_back(correction_bias_layer(d));
+      }
+  }
+  return out;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The reference model trained on random tokens with correction-bias rate `rate`.
+TrainConfig balancing(const test::HfReference& ref, double rate, int64_t steps) {
+  TrainConfig cfg = ref.training();
+  cfg.spec.moe.bias_rate = rate;
+  cfg.steps = steps;
+  return cfg;
+}
 
 }  // namespace
 
@@ -69,6 +116,7 @@ TEST_CASE("DeepSeek-V3 trains as transformers does on every axis: ten AdamW step
       if (a.world != N) continue;
       const test::HfReference ref(name, deepseek_spec_from_hf_config);
       TrainConfig cfg = ref.training();
+      cfg.spec.moe.bias_rate = 0;  // the bias as loaded: transformers' training
       cfg.use_strategy(a.kind);
       cfg.layout.dims.tp = a.tp, cfg.layout.dims.ep = a.ep, cfg.layout.dims.pp = a.pp, cfg.layout.dims.cp = a.cp;
       cfg.layout.sequence_parallel = a.sp;
@@ -100,4 +148,121 @@ TEST_CASE("the deepseek presets have the published sizes; config.json goes both 
   nlohmann::json aux = deepseek_hf_config(v3);
   aux["scoring_func"] = "softmax";
   CHECK_THROWS_WITH(deepseek_spec_from_hf_config(aux), Catch::Contains("scoring_func"));
+}
+
+TEST_CASE("auxiliary-loss-free balancing: the correction bias evens the experts' loads", "[deepseek]") {
+  if (g_mpi->world() != 1) return;
+  // The reference model's non-zero correction bias loads some experts more from the start.
+  const test::HfReference ref("hf_deepseek_v3_tiny", deepseek_spec_from_hf_config);
+  const int64_t steps = 300;
+  const auto tokens = random_tokens(ref.B * ref.T * 64 + 1, ref.spec.vocab);
+  // The worst layer's max / mean load at each step.
+  auto run = [&](double rate) {
+    auto be = make_cpu_backend(BackendConfig{1});
+    Pool pool(*be);
+    auto comm = make_sim_communicator(0, 1, pool);
+    Trainer t(*be, pool, *comm, balancing(ref, rate, steps), tokens);
+    std::vector<double> worst;
+    for (int64_t s = 0; s < steps; ++s) worst.push_back(t.step(s).worst_layer_imbalance.value_or(0.0));
+    return worst;
+  };
+  auto mean = [](const std::vector<double>& v, size_t from, size_t to) {
+    return std::accumulate(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(to),
+                           0.0) / static_cast<double>(to - from);
+  };
+  const std::vector<double> still = run(0.0), moved = run(0.001);
+  const double still0 = mean(still, 0, 20), still1 = mean(still, 200, 300);
+  const double moved0 = mean(moved, 0, 20), moved1 = mean(moved, 200, 300);
+  std::printf("worst layer's max/mean load, steps 1-20 -> 201-300: gamma 0 %.3f -> %.3f, gamma 0.001 %.3f -> %.3f\n",
+              still0, still1, moved0, moved1);
+  CHECK(still.front() == moved.front());  // the first step's routing precedes any move
+  CHECK(moved1 < still1);
+  CHECK(moved0 - moved1 > still0 - still1);
+  CHECK(moved1 < moved0);
+}
+
+TEST_CASE("auxiliary-loss-free balancing: every rank and ep degree moves the bias bit for bit as one rank",
+          "[deepseek]") {
+  const int N = g_mpi->world();
+  if (N == 1) return;
+  const test::HfReference ref("hf_deepseek_v3_tiny", deepseek_spec_from_hf_config);
+  const int64_t steps = 20;
+  const auto tokens = random_tokens(ref.B * ref.T * steps + 1, ref.spec.vocab);
+  const double rate = 0.01;  // larger than the paper's, so the moved bias changes the routing within 20 steps
+  std::vector<float> want;
+  {
+    auto be = make_cpu_backend(BackendConfig{1});
+    Pool pool(*be);
+    auto comm = make_sim_communicator(0, 1, pool);
+    Trainer t(*be, pool, *comm, balancing(ref, rate, steps), tokens);
+    for (int64_t s = 0; s < steps; ++s) t.step(s);
+    want = correction_biases(t);
+  }
+  const Axes layouts[] = {
+      {"ddp x 2 (ep 1)", 2, StrategyKind::ddp},        {"ep 2", 2, StrategyKind::ddp, 1, 2},
+      {"ep 2, zero2", 2, StrategyKind::zero2, 1, 2},    {"pp 2", 2, StrategyKind::ddp, 1, 1, 2},
+      {"ep 4", 4, StrategyKind::ddp, 1, 4},             {"ep 2 x zero3", 4, StrategyKind::zero3, 1, 2},
+      {"zero1 x 4", 4, StrategyKind::zero1},            {"pp 2 x ep 2", 4, StrategyKind::ddp, 1, 2, 2}};
+  const size_t E = static_cast<size_t>(ref.spec.moe.experts);
+  for (const Axes& a : layouts) {
+    if (a.world != N) continue;
+    TrainConfig cfg = balancing(ref, rate, steps);
+    cfg.use_strategy(a.kind);
+    cfg.layout.dims.ep = a.ep, cfg.layout.dims.pp = a.pp;
+    if (a.pp > 1) cfg.accum = 2;  // two micro-batches: their loads add up before the move
+    RankTrainer r(cfg, tokens);
+    for (int64_t s = 0; s < steps; ++s) r.trainer.step(s);
+    std::vector<int64_t> layers;
+    const std::vector<float> got = correction_biases(r.trainer, &layers);
+    INFO(a.what << ", rank " << g_mpi->rank());
+    CHECK(got.size() == layers.size() * E);
+    if (a.pp == 1) CHECK(layers.size() == 2);  // both MoE layers (1 and 2)
+    std::vector<float> same;  // one rank's biases of this rank's layers
+    for (int64_t l : layers) same.insert(same.end(), want.begin() + (l - 1) * E, want.begin() + l * E);
+    CHECK(bitwise_equal(got, same));
+  }
+  // Moved: not the loaded bias (the reference's non-zero values) any more.
+  RankTrainer loaded(balancing(ref, 0.0, 1), tokens);
+  CHECK(!bitwise_equal(correction_biases(loaded.trainer), want));
+}
+
+TEST_CASE("auxiliary-loss-free balancing: a resumed run moves the bias as an uninterrupted one", "[deepseek]") {
+  if (g_mpi->world() != 1) return;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("shardlab_test_deepseek_bias_{}", ::getpid());
+  fs::remove_all(dir);
+  const test::HfReference ref("hf_deepseek_v3_tiny", deepseek_spec_from_hf_config);
+  const auto tokens = random_tokens(ref.B * ref.T * 12 + 1, ref.spec.vocab);
+  struct Out {
+    std::vector<float> losses, biases;
+  };
+  // The steps from where the run starts (a checkpoint's step on resume) to `steps`; with a
+  // save_dir, run() and a checkpoint at the end.
+  auto train = [&](int64_t steps, const std::string& save_dir, const std::string& resume) {
+    auto be = make_cpu_backend(BackendConfig{1});
+    Pool pool(*be);
+    auto comm = make_sim_communicator(0, 1, pool);
+    TrainConfig cfg = balancing(ref, 0.01, steps);
+    cfg.save_dir = save_dir, cfg.resume = resume;
+    if (!resume.empty()) cfg.init.clear();  // the checkpoint holds the model
+    Trainer t(*be, pool, *comm, cfg, tokens);
+    Out out;
+    if (!save_dir.empty()) {
+      std::FILE* sink = std::fopen("/dev/null", "w");
+      t.run(sink);
+      std::fclose(sink);
+    } else {
+      for (int64_t s = t.start_step(); s < steps; ++s) out.losses.push_back(t.step(s).loss);
+    }
+    out.biases = correction_biases(t);
+    return out;
+  };
+  const Out whole = train(12, "", "");
+  const Out first = train(6, dir.string(), "");
+  const Out rest = train(12, "", (dir / "step_00000006").string());
+  REQUIRE(rest.losses.size() == 6);
+  CHECK(!bitwise_equal(first.biases, whole.biases));  // still moving after step 6
+  for (size_t i = 0; i < 6; ++i) CHECK(rest.losses[i] == whole.losses[6 + i]);
+  CHECK(bitwise_equal(rest.biases, whole.biases));
+  fs::remove_all(dir);
 }

@@ -2,6 +2,10 @@
 // or shape, the attention kernel, the loss head's chunks and the mixture-of-experts flags.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
 #include "src/core/suggest.hpp"
 #include "src/model/family.hpp"
 #include "src/model/resolve.hpp"
@@ -54,7 +58,12 @@ void ModelOptions::add(Desc& d) {
       "moe-aux-loss", po::value(&moe_aux_loss)->default_value(moe_aux_loss),
       "mixture-of-experts models: whether the objective adds router_aux_loss_coef x the load-balancing loss: model "
       "(as the model says: a config.json's output_router_logits, false when absent, as transformers; presets and "
-      "shardlab's checkpoints on), on, or off. The loss is computed and logged either way");
+      "shardlab's checkpoints on), on, or off. The loss is computed and logged either way")(
+      "moe-bias-update-rate", po::value(&moe_bias_rate)->default_value(moe_bias_rate),
+      "deepseek_v3 models: auxiliary-loss-free balancing; after each step every MoE layer's correction bias moves by "
+      "this rate x sign(mean load - the expert's load), the loads counted over the global batch: model (as the model "
+      "says: 0.001, the paper's, for presets and config.json imports; a checkpoint's own), 0 (the bias stays as "
+      "loaded, as transformers trains), or a rate in (0, 1]");
   d.add(g);
 }
 
@@ -78,6 +87,20 @@ ModelSpec ModelOptions::computing(ModelSpec s) const {
   SHARD_REQUIRE(moe_aux_loss == "model" || s.moe.enabled(), "--moe-aux-loss {}: {} has no experts (a mixture of "
                 "experts' balancing loss: the mixtral and qwen3_moe families)", moe_aux_loss, s.name);
   if (moe_aux_loss != "model") s.moe.aux_loss = moe_aux_loss == "on";
+  if (moe_bias_rate != "model") {
+    double rate = -1;
+    try {
+      size_t used = 0;
+      rate = std::stod(moe_bias_rate, &used);
+      if (used != moe_bias_rate.size()) rate = -1;
+    } catch (const std::exception&) {
+    }
+    SHARD_REQUIRE(std::isfinite(rate) && rate >= 0 && rate <= 1,
+                  "--moe-bias-update-rate '{}': expected model or a rate in [0, 1]", moe_bias_rate);
+    SHARD_REQUIRE(s.moe.sigmoid, "--moe-bias-update-rate {}: {} has no correction bias to move (DeepSeek-V3's "
+                  "sigmoid router: the deepseek_v3 family)", moe_bias_rate, s.name);
+    s.moe.bias_rate = rate;
+  }
   s.validate();  // --moe-capacity-factor against the model
   return s;
 }

@@ -96,6 +96,7 @@ struct ModelOptions {
   int64_t loss_chunk = 0;                                        // --loss-chunk (training and evaluation)
   double moe_capacity_factor = 0;                                // --moe-capacity-factor (0 = dropless)
   std::string moe_aux_loss = "model";                            // --moe-aux-loss model|on|off
+  std::string moe_bias_rate = "model";                           // --moe-bias-update-rate model|γ
   // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk
   // --moe-capacity-factor
   void add(Desc& d);
@@ -109,8 +110,8 @@ struct ModelOptions {
   // no tensor changes with it (docs/checkpoints-and-models.md, "Models from Hugging Face directories").
   // resolve_model (src/model/resolve.hpp) of these flags, with computing()'s fields.
   ModelSpec spec(const std::string& init = "") const;
-  // s with how it is computed set from --attention, --loss-chunk and --moe-capacity-factor
-  // (InputError for a bad value):
+  // s with how it is computed set from --attention, --loss-chunk, --moe-capacity-factor,
+  // --moe-aux-loss and --moe-bias-update-rate (InputError for a bad value):
   // for a model from the flags or from a checkpoint alike.
   ModelSpec computing(ModelSpec s) const;
   bool given() const;  // whether any of these flags was given (with a value other than the default)

@@ -129,6 +129,7 @@ std::string check_schedule(const Manifest& m, const CheckpointState& state, cons
     changed.push_back(fmt::format("--moe-aux-loss {} -> {} (the load-balancing loss {} the objective)",
                                   m.model.moe.aux_loss ? "on" : "off", c.spec.moe.aux_loss ? "on" : "off",
                                   c.spec.moe.aux_loss ? "enters" : "leaves"));
+  compare("--moe-bias-update-rate", m.model.moe.bias_rate, c.spec.moe.bias_rate);
   if (o.muon_ns_steps > 0) {  // Muon's iteration
     const MuonConfig& mu = c.optim.muon;
     if (o.muon_ns_steps != mu.ns_steps)

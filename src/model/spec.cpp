@@ -57,6 +57,11 @@ void ModelSpec::validate() const {
     SHARD_REQUIRE(moe.groups == 1 || moe.experts / moe.groups >= 2,
                   "n_group {}: a group scores its two best experts, so it needs at least 2 of the {} experts",
                   moe.groups, moe.experts);
+    SHARD_REQUIRE(std::isfinite(moe.bias_rate) && moe.bias_rate >= 0 && moe.bias_rate <= 1,
+                  "--moe-bias-update-rate {}: must be in [0, 1]", moe.bias_rate);
+    SHARD_REQUIRE(moe.bias_rate == 0 || moe.sigmoid,
+                  "--moe-bias-update-rate {}: the correction bias is the sigmoid router's (deepseek_v3), not {}'s",
+                  moe.bias_rate, name);
     SHARD_REQUIRE(std::isfinite(moe.routed_scale) && moe.routed_scale > 0, "routed_scaling_factor {}: must be positive",
                   moe.routed_scale);
     SHARD_REQUIRE(moe.shared_ffn >= 0 && moe.shared_ffn <= (1 << 20),
@@ -124,7 +129,7 @@ MoeSpec moe_from_json(const nlohmann::json& m) {
     SHARD_REQUIRE(it.key() == "experts" || it.key() == "top_k" || it.key() == "ffn_dim" || it.key() == "norm_topk" ||
                       it.key() == "aux_coef" || it.key() == "aux_loss" || it.key() == "sigmoid" ||
                       it.key() == "groups" || it.key() == "topk_groups" || it.key() == "routed_scale" ||
-                      it.key() == "shared_ffn" || it.key() == "dense_layers",
+                      it.key() == "shared_ffn" || it.key() == "dense_layers" || it.key() == "bias_rate",
                   "\"moe\": unknown field \"{}\"", it.key());
   auto integer = [&](const char* key) {
     SHARD_REQUIRE(m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() >= 1,
@@ -160,13 +165,17 @@ MoeSpec moe_from_json(const nlohmann::json& m) {
     SHARD_REQUIRE(m["routed_scale"].is_number(), "\"moe\": \"routed_scale\" must be a number");
     s.routed_scale = m["routed_scale"].get<double>();
   }
+  if (m.contains("bias_rate")) {
+    SHARD_REQUIRE(m["bias_rate"].is_number(), "\"moe\": \"bias_rate\" must be a number");
+    s.bias_rate = m["bias_rate"].get<double>();
+  }
   return s;
 }
 MlaSpec mla_from_json(const nlohmann::json& m) {
   SHARD_REQUIRE(m.is_object(), "\"mla\" must be an object, got {}", m.dump());
   for (auto it = m.begin(); it != m.end(); ++it)
     SHARD_REQUIRE(it.key() == "q_rank" || it.key() == "kv_rank" || it.key() == "nope" || it.key() == "rope" ||
-                      it.key() == "v" || it.key() == "interleave",
+                      it.key() == "v" || it.key() == "interleave" || it.key() == "nextn",
                   "\"mla\": unknown field \"{}\"", it.key());
   auto integer = [&](const char* key) {
     SHARD_REQUIRE(m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() >= 0,
@@ -178,6 +187,7 @@ MlaSpec mla_from_json(const nlohmann::json& m) {
   s.v = integer("v");
   SHARD_REQUIRE(m.contains("interleave") && m["interleave"].is_boolean(), "\"mla\": \"interleave\" must be a bool");
   s.interleave = m["interleave"].get<bool>();
+  if (m.contains("nextn")) s.nextn = integer("nextn");
   SHARD_REQUIRE(s.enabled(), "\"mla\": kv_rank 0 (leave \"mla\" out for none)");
   return s;
 }
@@ -221,10 +231,12 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
     if (s.moe.routed_scale != m.routed_scale) o["routed_scale"] = s.moe.routed_scale;
     if (s.moe.shared_ffn != m.shared_ffn) o["shared_ffn"] = s.moe.shared_ffn;
     if (s.moe.dense_layers != m.dense_layers) o["dense_layers"] = s.moe.dense_layers;
+    if (s.moe.bias_rate != m.bias_rate) o["bias_rate"] = s.moe.bias_rate;
   }
   if (s.mla.enabled())
     j["mla"] = {{"q_rank", s.mla.q_rank}, {"kv_rank", s.mla.kv_rank}, {"nope", s.mla.nope},
                 {"rope", s.mla.rope},     {"v", s.mla.v},             {"interleave", s.mla.interleave}};
+  if (s.mla.nextn > 0) j["mla"]["nextn"] = s.mla.nextn;
   return j;
 }
 

@@ -52,6 +52,11 @@ struct MoeSpec {
   double routed_scale = 1.0;
   int64_t shared_ffn = 0;    // the shared experts' width (their count x ffn_dim), beside the routed ones; 0: none
   int64_t dense_layers = 0;  // the first layers have a dense MLP of the spec's ffn_dim (first_k_dense_replace)
+  // The sigmoid router's auxiliary-loss-free balancing (--moe-bias-update-rate, DeepSeek-V3's γ):
+  // after each step every layer's correction bias moves by bias_rate x sign(mean load - load) per
+  // expert, the loads counted over the global batch (blocks/moe.hpp). 0: the bias stays as loaded
+  // (transformers' training); the family's presets and config.json imports: 0.001, the paper's.
+  double bias_rate = 0;
   bool enabled() const { return experts > 0; }
   bool sparse(int64_t layer) const { return enabled() && layer >= dense_layers; }
   bool operator==(const MoeSpec&) const = default;
@@ -65,6 +70,9 @@ struct MoeSpec {
 struct MlaSpec {
   int64_t q_rank = 0, kv_rank = 0, nope = 0, rope = 0, v = 0;
   bool interleave = true;  // RoPE rotates channel pairs (2i, 2i + 1) (HF's rope_interleave), else (i, i + rope/2)
+  // num_nextn_predict_layers: DeepSeek-V3's multi-token prediction modules, read and written back,
+  // never built or trained (as transformers).
+  int64_t nextn = 0;
   bool enabled() const { return kv_rank > 0; }
   int64_t qk() const { return nope + rope; }
   bool operator==(const MlaSpec&) const = default;

@@ -106,6 +106,7 @@ void print_step(std::FILE* out, const StepStats& s, int64_t steps, int64_t start
   std::string moe;  // a mixture of experts: the auxiliary loss, the load (max / mean), drops past capacity
   if (s.aux_loss) {
     moe = fmt::format(" | aux {:.4f} | load {:.2f}", *s.aux_loss, s.expert_imbalance.value_or(1.0));
+    if (s.worst_layer_imbalance) moe += fmt::format(" (worst layer {:.2f})", *s.worst_layer_imbalance);
     if (s.dropped_slots.value_or(0) > 0) moe += fmt::format(" dropped {:.0f}", *s.dropped_slots);
   }
   if (s.optimizer_ms) waits += fmt::format(" | muon {:.1f} ms", *s.optimizer_ms);
@@ -140,6 +141,7 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
   if (s.aux_loss)
     j["aux_loss"] = *s.aux_loss, j["expert_imbalance"] = s.expert_imbalance.value_or(1.0),
     j["dropped_slots"] = s.dropped_slots.value_or(0.0);
+  if (s.worst_layer_imbalance) j["worst_layer_imbalance"] = *s.worst_layer_imbalance;
   if (s.optimizer_ms) j["optimizer_ms"] = *s.optimizer_ms;
   if (s.inter_node_bytes) j["intra_node_bytes"] = *s.intra_node_bytes, j["inter_node_bytes"] = *s.inter_node_bytes;
   if (const auto pct = share.percent(s.flops_per_s)) j[share.log_key()] = *pct;
@@ -293,10 +295,13 @@ void Trainer::print_header(std::FILE* out) const {
                cfg_.label().c_str(), comm_.world_size(), comm_.world_size() == 1 ? "" : "s", strategy_group().c_str(),
                be_.describe().c_str(), comm_.name().c_str());
   std::fprintf(out, "  mesh: %s\n", mesh_.dims().describe().c_str());
-  if (cfg_.spec.moe.sigmoid)
-    std::fprintf(out, "  moe: DeepSeek-V3's router balances with its correction bias, here as loaded (no auxiliary "
-                 "loss, as transformers; aux is the batch's balance statistic, k when uniform); multi-token "
-                 "prediction is not trained\n");
+  if (const MoeSpec& m = cfg_.spec.moe; m.sigmoid)
+    fmt::print(out, "  moe: DeepSeek-V3's router balances with its correction bias, {}; no auxiliary loss (aux is the "
+               "batch's balance statistic, k when uniform){}\n", m.bias_rate > 0 ? fmt::format("moved by {:g} x "
+               "sign(mean load - load) after each step, the loads over the global batch (auxiliary-loss-free "
+               "balancing, --moe-bias-update-rate)", m.bias_rate) : "here as loaded (--moe-bias-update-rate 0, as "
+               "transformers trains)", cfg_.spec.mla.nextn > 0 ? fmt::format("; its {} multi-token prediction "
+               "layer(s) (num_nextn_predict_layers) not built or trained, as transformers", cfg_.spec.mla.nextn) : "");
   else if (cfg_.spec.moe.enabled() && !cfg_.spec.moe.aux_loss)
     std::fprintf(out, "  moe: the load-balancing loss is logged, not in the objective (output_router_logits false, "
                  "as transformers trains this config; --moe-aux-loss on adds %g x it)\n", cfg_.spec.moe.aux_coef);

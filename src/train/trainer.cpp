@@ -229,6 +229,36 @@ void maybe_inject_throw(int rank, int64_t step) {
 }
 }  // namespace
 
+std::vector<float> Trainer::take_routing(StepStats& s) {
+  if (!cfg_.spec.moe.enabled()) return {};
+  const ParallelModel::AuxStep m = model_.take_aux();
+  s.aux_loss = static_cast<float>(m.aux_sum / static_cast<double>(cfg_.batch * cfg_.spec.seq));
+  const MoeRouting routing(m.stats, cfg_.spec.moe.experts);
+  s.expert_imbalance = routing.imbalance();
+  s.dropped_slots = routing.dropped;
+  s.worst_layer_imbalance = routing.worst_layer_imbalance();
+  if (cfg_.spec.moe.bias_rate <= 0) return {};
+  return routing.bias_steps(cfg_.spec.moe.bias_rate);
+}
+
+// The correction biases' move (DeepSeek-V3's auxiliary-loss-free balancing) as an edit of the
+// parameters: steps holds γ sign(mean - load) per (MoE layer, expert) (MoeRouting::bias_steps); none
+// when empty.
+ParamEdit Trainer::bias_edit(const std::vector<float>& steps) const {
+  if (steps.empty()) return {};
+  ParamEdit e;
+  e.pick = [](const TensorDecl& t) { return t.name.ends_with(kCorrectionBias); };
+  const int64_t E = cfg_.spec.moe.experts, dense = cfg_.spec.moe.dense_layers;
+  e.fn = [&steps, E, dense](const UnitLayout& unit, const TensorDecl& t, int64_t first, std::span<float> values) {
+    const int64_t layer = correction_bias_layer(t) - dense;
+    SHARD_CHECK(layer >= 0 && (layer + 1) * E <= static_cast<int64_t>(steps.size()) && first + std::ssize(values) <= E,
+                "correction bias {} of unit {}: no loads for it ({} values for {} experts)", t.name, unit.name,
+                steps.size(), E);
+    for (size_t i = 0; i < values.size(); ++i) values[i] += steps[static_cast<size_t>(layer * E + first) + i];
+  };
+  return e;
+}
+
 StepStats Trainer::step(int64_t t) {
   maybe_inject_throw(comm_.rank(), t + 1);
   auto t0 = std::chrono::steady_clock::now();
@@ -246,15 +276,9 @@ StepStats Trainer::step(int64_t t) {
   model_.take_axis_waits_s();  // what evaluation or sampling spent is not this step's
   float loss = model_.reduce_loss(model_.train(batch_fill(loader_, t), dlogit_scale, &pipe_timing_));
   loss /= static_cast<float>(cfg_.batch * T);
-  std::optional<float> aux;
-  std::optional<double> imbalance, dropped;
-  if (cfg_.spec.moe.enabled()) {
-    const ParallelModel::AuxStep m = model_.take_aux();
-    aux = static_cast<float>(m.aux_sum / static_cast<double>(cfg_.batch * T));
-    const MoeRouting routing(m.stats);
-    imbalance = routing.imbalance();
-    dropped = routing.dropped;
-  }
+  StepStats s;
+  const std::vector<float> bias_steps = take_routing(s);
+  const std::optional<float> aux = s.aux_loss;
   pool_.ledger().set_phase({PhaseKind::optimizer});
   std::optional<double> optimizer_ms;
   model_.sync_tied_grads();
@@ -269,7 +293,7 @@ StepStats Trainer::step(int64_t t) {
   if (finite) {
     Backend::Range range(be_, "optimizer step");
     const auto update0 = std::chrono::steady_clock::now();
-    strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip));
+    strategy_->optimizer_step(t + 1, lr, clip_factor(norm, cfg_.grad_clip), bias_edit(bias_steps));
     if (cfg_.optim.kind == OptimizerKind::muon) {  // the norm's read-back above already waited for the device
       be_.synchronize();
       optimizer_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - update0).count();
@@ -285,12 +309,10 @@ StepStats Trainer::step(int64_t t) {
   pool_.ledger().set_phase({});
   be_.synchronize();
   comm_.stats().end_step();
-  StepStats s;
   s.step = t + 1;
   s.loss = loss;
   s.lr = lr;
   s.grad_norm = norm;
-  s.aux_loss = aux, s.expert_imbalance = imbalance, s.dropped_slots = dropped;
   s.optimizer_ms = optimizer_ms;
   s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(cfg_.batch * T) / (s.ms / 1e3);

@@ -124,6 +124,8 @@ struct StepStats {
   // dropped past capacity (--moe-capacity-factor), every rank's.
   std::optional<float> aux_loss;
   std::optional<double> expert_imbalance, dropped_slots;
+  // DeepSeek-V3's sigmoid router: the largest max / mean load of any one MoE layer.
+  std::optional<double> worst_layer_imbalance;
   // --optimizer muon: this rank's update (the momentum, the exchanges, the iterations it owns), ms.
   std::optional<double> optimizer_ms;
 };
@@ -192,6 +194,12 @@ class Trainer {
   void maybe_sample(int64_t t, std::FILE* out);
   bool maybe_checkpoint(int64_t t, bool new_best, std::FILE* out);
   void finish_pending_save(std::FILE* out);  // --save-async: the save in flight, completed (collective)
+  // A mixture of experts' step (collective): the auxiliary loss and the routing's statistics into s,
+  // and what each correction bias moves by (MoeRouting::bias_steps; empty without a move).
+  std::vector<float> take_routing(StepStats& s);
+  // DeepSeek-V3's balancing: each MoE layer's correction bias moved by `steps` (MoeRouting::bias_steps,
+  // referenced, not copied) with the optimizer's update; no edit when empty.
+  ParamEdit bias_edit(const std::vector<float>& steps) const;
 
   Backend& be_;
   Pool& pool_;

@@ -19,7 +19,10 @@ MoeBalance::MoeBalance(const ModelSpec& spec)
     : counts(static_cast<size_t>(spec.moe.experts), 0.0),
       prob_sums(static_cast<size_t>(spec.moe.experts), 0.0),
       aux_coef_(spec.moe.aux_loss ? spec.moe.aux_coef : 0.0),  // reported either way; in the objective if asked
-      layers_(static_cast<double>(spec.layers - spec.moe.dense_layers)) {}  // the sparse layers
+      layers_(static_cast<double>(spec.layers - spec.moe.dense_layers)) {  // the sparse layers
+  if (spec.moe.sigmoid)  // the loads the correction bias follows (and the log reports)
+    layer_counts.assign(static_cast<size_t>((spec.layers - spec.moe.dense_layers) * spec.moe.experts), 0.0);
+}
 
 // f32, as the communicator reduces: counts past 2^24 (rows = tokens x layers x ranks) round to
 // float's 24 bits, about 1e-7 of the auxiliary loss.
@@ -28,14 +31,16 @@ std::vector<float> MoeBalance::pack() const {
   p.insert(p.end(), prob_sums.begin(), prob_sums.end());
   p.push_back(static_cast<float>(rows));
   p.push_back(static_cast<float>(dropped));
+  p.insert(p.end(), layer_counts.begin(), layer_counts.end());
   return p;
 }
 
 void MoeBalance::unpack(std::span<const float> p) {
   const size_t E = counts.size();
-  SHARD_CHECK(p.size() == 2 * E + 2, "MoE statistics: {} values for {} experts", p.size(), E);
+  SHARD_CHECK(p.size() == 2 * E + 2 + layer_counts.size(), "MoE statistics: {} values for {} experts", p.size(), E);
   for (size_t e = 0; e < E; ++e) counts[e] = p[e], prob_sums[e] = p[E + e];
   rows = p[2 * E], dropped = p[2 * E + 1];
+  for (size_t i = 0; i < layer_counts.size(); ++i) layer_counts[i] = p[2 * E + 2 + i];
 }
 
 void MoeBalance::finish(float dlogit_scale) {
@@ -53,19 +58,69 @@ void MoeBalance::add_stats(std::vector<double>& totals) const {
   totals.resize(static_cast<size_t>(stats_size()), 0.0);
   totals[0] += dropped;
   for (size_t e = 0; e < counts.size(); ++e) totals[e + 1] += counts[e];
+  for (size_t i = 0; i < layer_counts.size(); ++i) totals[1 + counts.size() + i] += layer_counts[i];
 }
 
-MoeRouting::MoeRouting(std::span<const double> stats) {
+int64_t correction_bias_layer(const TensorDecl& t) {
+  constexpr std::string_view head = "model.layers.";
+  const std::string_view n = t.name;
+  int64_t layer = -1;
+  if (n.starts_with(head) && n.ends_with(kCorrectionBias)) {
+    const std::string_view digits = n.substr(head.size(), n.size() - head.size() - kCorrectionBias.size() - 1);
+    const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+    if (!digits.empty() && digits.size() < 8 && std::all_of(digits.begin(), digits.end(), digit))
+      layer = std::stoll(std::string(digits));
+  }
+  SHARD_CHECK(layer >= 0, "{} is not a layer's correction bias", t.name);
+  return layer;
+}
+
+MoeRouting::MoeRouting(std::span<const double> stats, int64_t experts) {
   if (stats.empty()) return;
+  const size_t E = static_cast<size_t>(experts);
+  SHARD_CHECK(stats.size() >= 1 + E && (stats.size() - 1 - E) % E == 0, "MoE statistics: {} values for {} experts",
+              stats.size(), experts);
   dropped = stats[0];
-  counts.assign(stats.begin() + 1, stats.end());
+  counts.assign(stats.begin() + 1, stats.begin() + 1 + static_cast<std::ptrdiff_t>(E));
+  layer_counts.assign(stats.begin() + 1 + static_cast<std::ptrdiff_t>(E), stats.end());
 }
 
-std::optional<double> MoeRouting::imbalance() const {
+namespace {
+// max / mean of n loads (none when they sum to 0).
+std::optional<double> max_over_mean(const double* c, size_t n) {
   double mx = 0, sum = 0;
-  for (double c : counts) mx = std::max(mx, c), sum += c;
+  for (size_t e = 0; e < n; ++e) mx = std::max(mx, c[e]), sum += c[e];
   if (sum <= 0) return std::nullopt;
-  return mx / (sum / static_cast<double>(counts.size()));
+  return mx / (sum / static_cast<double>(n));
+}
+}  // namespace
+
+std::optional<double> MoeRouting::imbalance() const { return max_over_mean(counts.data(), counts.size()); }
+
+std::optional<double> MoeRouting::worst_layer_imbalance() const {
+  std::optional<double> worst;
+  const size_t E = counts.size();
+  for (size_t l = 0; E > 0 && l < layer_counts.size() / E; ++l)
+    if (const auto r = max_over_mean(layer_counts.data() + l * E, E)) worst = std::max(worst.value_or(0.0), *r);
+  return worst;
+}
+
+std::vector<float> MoeRouting::bias_steps(double rate) const {
+  const size_t E = counts.size();
+  std::vector<float> steps(layer_counts.size(), 0.f);
+  const float up = static_cast<float>(rate);
+  for (size_t l = 0; E > 0 && l < layer_counts.size() / E; ++l) {
+    const double* c = layer_counts.data() + l * E;
+    double sum = 0;
+    for (size_t e = 0; e < E; ++e) sum += c[e];
+    if (sum <= 0) continue;
+    // load < mean <=> E load < sum: whole numbers compared exactly, no division's rounding.
+    for (size_t e = 0; e < E; ++e) {
+      const double scaled = c[e] * static_cast<double>(E);
+      steps[l * E + e] = scaled < sum ? up : scaled > sum ? -up : 0.f;
+    }
+  }
+  return steps;
 }
 
 namespace blocks {
@@ -274,6 +329,8 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   if (MoeBalance* bp = balance(c); bp && !c.recomputing) {
     MoeBalance& b = *bp;
     for (int32_t e : r.choice) b.counts[e] += 1;
+    if (!b.layer_counts.empty() && w.sparse_layer >= 0)
+      for (int32_t e : r.choice) b.layer_counts[static_cast<size_t>(w.sparse_layer * E + e)] += 1;
     for (int64_t n = 0; n < N; ++n) {
       // A sigmoid router's scores as shares of their sum (DeepSeek-V3's balance statistic): the
       // same k when the routing is uniform.

@@ -23,6 +23,14 @@
 // (--ep, src/model/parallel/ep.hpp) those rows travel to the ranks holding their experts and back,
 // and the expert rows a rank computes follow the group's routing.
 //
+// Auxiliary-loss-free balancing (DeepSeek-V3, spec.moe.bias_rate γ > 0): for a sigmoid router the
+// channel also counts each MoE layer's top-k choices per expert (the loads), summed over the data-parallel and
+// context-parallel ranks as the rest, so every rank holds the global batch's; after the optimizer's
+// update, layer l's correction bias moves by γ sign(mean_e load - load_e) per expert (bias_steps,
+// applied by the Trainer through Strategy::optimizer_step where each rank holds the bias). The loads
+// are whole numbers, exact in the f32 sum up to 2^24 per layer and expert, so every rank and every
+// layout moves the bias alike; the bias is a parameter, so checkpoints and exports carry it.
+//
 // The auxiliary loss is transformers' load_balancing_loss_func: over all layers' router rows R
 // together, aux = E sum_e f_e P_e with f_e = (top-k choices of e) / R and P_e = (probabilities of e
 // summed) / R; uniform routing gives exactly k. The objective is cross-entropy + aux_coef x aux.
@@ -31,6 +39,7 @@
 #pragma once
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "src/model/aux.hpp"
@@ -47,30 +56,48 @@ struct MoeBalance final : AuxChannel {
   std::vector<double> prob_sums;  // per expert: router probabilities summed over rows
   double rows = 0;                // router rows (tokens x MoE layers)
   double dropped = 0;             // slots dropped past an expert's capacity
+  // A sigmoid router's: the top-k choices per (MoE layer, expert), the layers numbered from the
+  // first sparse one; else empty.
+  std::vector<double> layer_counts;
   double aux = 0;                 // finish(): E sum_e counts_e prob_sums_e / rows^2
   float prob_grad = 0;            // finish(): d(objective) / d(prob[r, e]) = prob_grad x counts_e
 
-  int64_t packed_size() const override { return 2 * static_cast<int64_t>(counts.size()) + 2; }
+  int64_t packed_size() const override {
+    return 2 * static_cast<int64_t>(counts.size()) + 2 + static_cast<int64_t>(layer_counts.size());
+  }
   std::vector<float> pack() const override;
   void unpack(std::span<const float> packed) override;
   // This micro-step's share of the objective is its tokens (every rank's: rows / layers) over the
   // batch's positions.
   void finish(float dlogit_scale) override;
   double loss() const override { return aux; }
-  // [dropped, counts per expert]: MoeRouting reads them.
-  int64_t stats_size() const override { return 1 + static_cast<int64_t>(counts.size()); }
+  // [dropped, counts per expert, layer_counts]: MoeRouting reads them.
+  int64_t stats_size() const override {
+    return 1 + static_cast<int64_t>(counts.size() + layer_counts.size());
+  }
   void add_stats(std::vector<double>& totals) const override;
 
  private:
   double aux_coef_ = 0, layers_ = 1;
 };
 
+// The sigmoid router's correction bias among a layer's tensors (HF's name ends so:
+// "model.layers.L.mlp.gate.e_score_correction_bias"), and the layer L of such a tensor.
+inline constexpr std::string_view kCorrectionBias = "mlp.gate.e_score_correction_bias";
+int64_t correction_bias_layer(const TensorDecl& t);
+
 // A step's routing as the channel's statistics (AuxChannel::add_stats, summed) say it.
 struct MoeRouting {
   double dropped = 0;           // slots dropped past capacity, every layer, micro-step and rank
   std::vector<double> counts;   // top-k choices per expert, the same
-  explicit MoeRouting(std::span<const double> stats);
+  std::vector<double> layer_counts;  // per (MoE layer, expert) for a sigmoid router, else empty
+  MoeRouting(std::span<const double> stats, int64_t experts);
   std::optional<double> imbalance() const;  // max / mean choices per expert (none when no choice was made)
+  // A sigmoid router's: the largest max / mean load of any MoE layer (none otherwise).
+  std::optional<double> worst_layer_imbalance() const;
+  // γ sign(mean load - load) per (MoE layer, expert), as f32 (what each bias element adds); zeros
+  // for a layer that routed nothing.
+  std::vector<float> bias_steps(double rate) const;
 };
 
 namespace blocks {
@@ -103,6 +130,7 @@ struct MoeWeights {
   Tensor router;
   std::vector<Tensor> gate_up, down;
   Tensor bias;  // the sigmoid router's correction bias (E): it moves the choice, not the weights; else empty
+  int64_t sparse_layer = -1;  // with a bias: the layer's place among the MoE layers (its loads' row)
 };
 
 // out (N, C) = the MoE MLP of x (N, C); what backward needs saved in s (prefix-free names "moe_*").

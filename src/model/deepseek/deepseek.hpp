@@ -10,7 +10,8 @@
 // o_proj, post_attention_layernorm, then the MLP (gate_proj, up_proj, down_proj adjacent: one
 // stacked product) or the router (mlp.gate.weight), its correction bias
 // (mlp.gate.e_score_correction_bias: a parameter whose gradient is always zero, so the optimizer
-// leaves it as loaded), the shared experts and this expert-parallel rank's routed experts.
+// leaves it; the Trainer moves it after each step by the layer's loads under --moe-bias-update-rate,
+// blocks/moe.hpp), the shared experts and this expert-parallel rank's routed experts.
 //
 // Tensor parallelism splits the latent attention by heads: q_b_proj (q_proj) and kv_b_proj by rows,
 // o_proj by columns; the low-rank down-projections and their norms are replicated, their gradients

@@ -124,6 +124,7 @@ ModelSpec with(const Shape& p) {
   s.moe = {p.E, p.k, p.Fe, true, 0.0, false};
   s.moe.sigmoid = true, s.moe.groups = p.groups, s.moe.topk_groups = p.topk_groups, s.moe.routed_scale = 2.5;
   s.moe.shared_ffn = p.shared * p.Fe, s.moe.dense_layers = p.dense;
+  s.moe.bias_rate = 0.001;  // the paper's γ
   return s;
 }
 
@@ -140,13 +141,16 @@ std::vector<ModelPreset> deepseek_presets() {
   ModelSpec lite =
       with({"deepseek-v2-lite", 27, 2048, 16, 0, 512, 128, 64, 128, 10944, 1408, 64, 2, 6, 1, 1, 1, 102400, 4096});
   lite.moe.routed_scale = 1.0;
+  ModelSpec v3 =
+      with({"deepseek-v3", 61, 7168, 128, 1536, 512, 128, 64, 128, 18432, 2048, 256, 1, 8, 8, 4, 3, 129280, 4096});
+  v3.mla.nextn = 1;  // its multi-token prediction module: not built (nor counted in its 671B)
   return {{with({"deepseek-v3-tiny", 3, 32, 4, 16, 16, 8, 4, 6, 64, 24, 8, 1, 2, 2, 1, 1, 256, 32}),
            "DeepSeek-V3 shape: 3 layers of 32 channels (the first dense), latent attention with a query low rank, "
            "8 experts of width 24 in 2 groups, 2 per token, a shared expert: the tests'"},
           {lite,
            "DeepSeek-V2-Lite's shape (15.7B, torchtitan's deepseek_v3 16B): 27 layers, no query low rank, 64 "
            "experts + 2 shared, 6 per token, sigmoid-routed as V3"},
-          {with({"deepseek-v3", 61, 7168, 128, 1536, 512, 128, 64, 128, 18432, 2048, 256, 1, 8, 8, 4, 3, 129280, 4096}),
+          {v3,
            "DeepSeek-V3 (671B, 37B active per token), at its 4,096-token pretraining length, default RoPE"}};
 }
 
@@ -191,6 +195,8 @@ ModelSpec deepseek_spec_from_hf_config(const nlohmann::json& j) {
   m.routed_scale = c.number_or("routed_scaling_factor", 1.0);
   m.shared_ffn = (c.has("n_shared_experts") ? c.integer("n_shared_experts", 0) : 0) * m.ffn_dim;
   m.dense_layers = c.has("first_k_dense_replace") ? c.integer("first_k_dense_replace", 0) : 0;
+  m.bias_rate = 0.001;  // not a config.json field: the paper's γ (--moe-bias-update-rate)
+  a.nextn = c.has("num_nextn_predict_layers") ? c.integer("num_nextn_predict_layers", 0) : 0;
   c.check_missing();
   c.expect("attention_bias", false, "no biases in the attention's projections");
   c.expect("moe_layer_freq", 1, "every layer after the dense ones has experts");
@@ -230,7 +236,7 @@ nlohmann::json deepseek_hf_config(const ModelSpec& s) {
   j["norm_topk_prob"] = m.norm_topk;
   j["routed_scaling_factor"] = m.routed_scale;
   j["first_k_dense_replace"] = m.dense_layers;
-  j["num_nextn_predict_layers"] = 0;
+  j["num_nextn_predict_layers"] = a.nextn;  // none built: the directory has no weights for them
   return j;
 }
 

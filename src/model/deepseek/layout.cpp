@@ -2,6 +2,7 @@
 // and shapes, with HF's initialisation (matrices normal(0, 0.02), norm weights ones, the correction
 // bias zeros). The embedding and the head are Llama's (llama/layout.cpp).
 #include "src/model/deepseek/deepseek.hpp"
+#include "src/model/blocks/moe.hpp"
 #include "src/model/llama/llama.hpp"
 
 namespace shardlab {
@@ -35,7 +36,7 @@ std::vector<UnitLayout> deepseek_layout(const ModelSpec& s, const TpConfig& tp, 
       // The router whole on every rank (as Qwen3-MoE's), its bias too; then what the ep group holds
       // whole (the shared experts), then this ep rank's experts (at the same offsets on each rank).
       add_tensor(b, moe_tensor(s, p, MoePart::router), {s.moe.experts, C}, Init::normal, std, whole);
-      add_tensor(b, p + "mlp.gate.e_score_correction_bias", {s.moe.experts}, Init::zeros, 0.f, whole);
+      add_tensor(b, p + std::string(kCorrectionBias), {s.moe.experts}, Init::zeros, 0.f, whole);
       const int64_t Fs = s.moe.shared_ffn;
       if (Fs > 0) {
         add_tensor(b, p + "mlp.shared_experts.gate_proj.weight", {Fs, C}, Init::normal, std, rows);

@@ -46,6 +46,7 @@ class DeepseekLayerUnit final : public Unit {
   DeepseekLayerUnit(UnitLayout layout, int64_t index, const ModelSpec& spec, const TpConfig& tp)
       : Unit(std::move(layout)),
         prefix_("model.layers." + std::to_string(index) + "."),
+        index_(index),
         sparse_(spec.moe.sparse(index)),
         freqs_(deepseek_rope_freqs(spec)),
         tp_(tp) {}
@@ -300,7 +301,8 @@ class DeepseekLayerUnit final : public Unit {
     blocks::MoeWeights m;
     const auto get = [&](const std::string& name) { return gemm ? p.gemm(name) : p(name); };
     m.router = get(moe_tensor(spec, prefix_, MoePart::router));
-    m.bias = p(prefix_ + "mlp.gate.e_score_correction_bias");
+    m.bias = p(prefix_ + std::string(kCorrectionBias));
+    m.sparse_layer = index_ - spec.moe.dense_layers;
     const int64_t local = spec.moe.experts / layout().ep.degree, first = layout().ep.rank * local;
     for (int64_t e = first; e < first + local; ++e) {
       m.gate_up.push_back(
@@ -317,6 +319,7 @@ class DeepseekLayerUnit final : public Unit {
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
 
   std::string prefix_;
+  int64_t index_;
   bool sparse_;
   RopeFreqs freqs_;
   TpConfig tp_;
