@@ -1,6 +1,6 @@
 // DeepSeek-V3 against transformers' own DeepseekV3ForCausalLM (tests/reference/
-// make_hf_deepseek_v3_dir.py, float64): two tiny models (3 layers, the first dense; latent attention
-// with and without a query low rank; 8 experts in 2 groups, 2 per token, a shared expert; a non-zero
+// make_hf_deepseek_v3_dir.py, float64): three tiny models (3 layers, the first dense; latent attention
+// with and without a query low rank, and with one and YaRN's RoPE; 8 experts in 2 groups, 2 per token, a shared expert; a non-zero
 // correction bias). At one rank, the first step's loss and every gradient; on every axis (ep 2 and
 // 4, zero3 over 2, ep 2 x zero3 over 4, tp 2 with and without sequence parallelism, pp 2, cp 2) ten
 // AdamW steps' losses within 1e-4 of transformers' (--moe-bias-update-rate 0, as transformers
@@ -28,7 +28,9 @@ using namespace shardlab::strategy_test;
 
 namespace {
 
-const char* const kModels[] = {"hf_deepseek_v3_tiny", "hf_deepseek_v3_tiny_nolora"};
+// The third: RoPE of type yarn (its frequencies, its softmax scale), checked at one rank, tp 2 and cp 2.
+const char* const kModels[] = {"hf_deepseek_v3_tiny", "hf_deepseek_v3_tiny_nolora", "hf_deepseek_v3_tiny_yarn"};
+bool is_yarn(const char* name) { return std::string(name).ends_with("_yarn"); }
 
 // transformers' buffers: no gradient in the reference (and none here: the routing is not differentiable).
 bool is_bias(const std::string& name) { return name.ends_with("e_score_correction_bias"); }
@@ -89,6 +91,7 @@ TEST_CASE("DeepSeek-V3 forward and backward match transformers' DeepseekV3ForCau
     test::HfReference ref(name, deepseek_spec_from_hf_config);
     CHECK(ref.spec.family == FamilyId::deepseek_v3);
     CHECK(ref.spec.mla.v != ref.spec.mla.qk());  // values of their own head dimension
+    CHECK(ref.spec.mla.yarn.enabled() == is_yarn(name));
     auto be = make_cpu_backend(BackendConfig{1});
     Pool pool(*be);
     Model model(ref.spec, *be, pool);
@@ -114,6 +117,7 @@ TEST_CASE("DeepSeek-V3 trains as transformers does on every axis: ten AdamW step
   for (const char* name : kModels)
     for (const Axes& a : layouts) {
       if (a.world != N) continue;
+      if (is_yarn(name) && a.tp == 1 && a.cp == 1 && a.world > 1) continue;  // positions matter under tp and cp
       const test::HfReference ref(name, deepseek_spec_from_hf_config);
       TrainConfig cfg = ref.training();
       cfg.spec.moe.bias_rate = 0;  // the bias as loaded: transformers' training
@@ -148,6 +152,15 @@ TEST_CASE("the deepseek presets have the published sizes; config.json goes both 
   nlohmann::json aux = deepseek_hf_config(v3);
   aux["scoring_func"] = "softmax";
   CHECK_THROWS_WITH(deepseek_spec_from_hf_config(aux), Catch::Contains("scoring_func"));
+  // YaRN both ways, and in shardlab's own spec JSON; scaled cos and sin (mscale != mscale_all_dim) refused.
+  const test::HfReference yarn("hf_deepseek_v3_tiny_yarn", deepseek_spec_from_hf_config);
+  CHECK(yarn.spec.mla.yarn.factor == 4.0);
+  CHECK(yarn.spec.mla.yarn.original_max_positions == 8);
+  CHECK(deepseek_spec_from_hf_config(deepseek_hf_config(yarn.spec)).mla == yarn.spec.mla);
+  CHECK(spec_from_json(spec_to_json(yarn.spec)).mla == yarn.spec.mla);
+  nlohmann::json scaled = deepseek_hf_config(yarn.spec);
+  scaled["rope_parameters"]["mscale"] = 1.0;
+  CHECK_THROWS_WITH(deepseek_spec_from_hf_config(scaled), Catch::Contains("attention_factor"));
 }
 
 TEST_CASE("auxiliary-loss-free balancing: the correction bias evens the experts' loads", "[deepseek]") {

@@ -102,6 +102,38 @@ TEST_CASE("plan: the pruned search ranks the same top configurations as the exha
   CHECK((hybrid && pipelined && tp));
 }
 
+TEST_CASE("plan: a mixture of experts' stage bounds hold and prune as the exhaustive search ranks", "[plan]") {
+  // deepseek-v3-tiny (latent attention, 8 experts, bf16) on 8 devices: tp, pp, ep, cp and every
+  // strategy. The exhaustive walk predicts every layout whole, and every predicted stage's peak must
+  // be at least its bound (plan.cpp checks each: an internal error otherwise); then, under a budget
+  // that leaves the fastest layout out, the pruned search ranks the same top five.
+  PlanConfig pc = plan_for("deepseek-v3-tiny", 8, uint64_t{1} << 40);
+  pc.global_batch = 16;
+  pc.keep = 5;
+  pc.exhaustive = true;
+  const PlanResult whole = make_plan(pc);
+  REQUIRE(!whole.entries.empty());
+  REQUIRE(whole.entries.front().fits);
+  pc.device_memory = whole.entries.front().peak - 1;
+  const PlanResult all = make_plan(pc);
+  pc.exhaustive = false;
+  const PlanResult pruned = make_plan(pc);
+  std::printf("deepseek-v3-tiny on 8: %zu layouts, %zu predictions exhaustive, %zu pruned\n", all.candidates,
+              all.predictions, pruned.predictions);
+  CHECK(pruned.predictions < all.predictions);
+  std::vector<std::string> a, b;
+  for (size_t i = 0; i < 5; ++i) {
+    REQUIRE(pruned.entries.at(i).fits);
+    a.push_back(key(pruned.entries[i]));
+    b.push_back(key(all.entries.at(i)));
+    CHECK(pruned.entries[i].peak == all.entries[i].peak);
+  }
+  CHECK(a == b);
+  bool ep = false, pipelined = false;
+  for (const PlanEntry& e : all.entries) ep |= e.layout.dims.ep > 1, pipelined |= e.layout.dims.pp > 1;
+  CHECK((ep && pipelined));
+}
+
 TEST_CASE("plan: a step within budgets is the whole step's estimate, or nothing past a budget by one byte", "[plan]") {
   // zero3 with the optimizer offloaded on tp 2 x pp 2: both tiers hold bytes.
   PlanConfig pc = plan_for("small", 16, uint64_t{80} << 30);

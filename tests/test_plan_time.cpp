@@ -208,6 +208,8 @@ TEST_CASE("plan time: device presets carry their datasheet figures", "[plan]") {
   // bench-train's MFU stays on the rounded figure.
   CHECK(kH100.dense_bf16_tflops == 989);
   CHECK_THROWS_WITH(device_preset("v100"), Catch::Contains("expected one of a100-80gb, h100-80gb, h200"));
+  CHECK(&device_preset("h100") == &h100);  // the short names: the 80 GB parts
+  CHECK(&device_preset("a100") == &a100);
 }
 
 TEST_CASE("plan time: a layout the model cannot run is refused with its values", "[plan]") {

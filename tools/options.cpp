@@ -211,7 +211,8 @@ void DeviceRateOptions::add(Desc& d, const std::string& default_gpu) {
   Achievable& a = achievable;
   Desc g("device rates (the time model)");
   g.add_options()("gpu", po::value(&gpu)->default_value(gpu),
-                  fmt::format("device preset: {}", fmt::join(device_preset_names(), ", ")).c_str())(
+                  fmt::format("device preset: {} (h100, a100: the 80 GB parts)", fmt::join(device_preset_names(), ", "))
+                      .c_str())(
       "peak-tflops", po::value(&peak)->default_value(0), "dense bf16 TFLOP/s per device (0 = the preset's)")(
       "hbm-gbs", po::value(&hbm)->default_value(0), "HBM GB/s (0 = the preset's)")(
       "nvlink-gbs", po::value(&nvlink)->default_value(0), "NVLink GB/s per device and direction (0 = the preset's)")(

@@ -21,8 +21,10 @@ std::vector<std::string> device_preset_names() {
 const DevicePeaks& device_preset(std::string_view name) {
   for (const DevicePeaks* p : kPresets)
     if (name == p->name) return *p;
-  throw InputError(fmt::format("--gpu '{}': unknown device; expected one of {}", name,
-                               fmt::join(device_preset_names(), ", ")));
+  if (name == "h100") return kH100_80GB;  // the short names people write: the 80 GB parts
+  if (name == "a100") return kA100_80GB;
+  throw InputError(fmt::format("--gpu '{}': unknown device; expected one of {} (h100 and a100: their 80 GB parts)",
+                               name, fmt::join(device_preset_names(), ", ")));
 }
 
 }  // namespace shardlab

@@ -76,6 +76,13 @@ void ModelSpec::validate() const {
                   "{}: need ranks in [0, 65536] (kv at least 1), a nope part of at least 1, an even rope part of at "
                   "least 2, head sizes up to 1024", mla.q_rank, mla.kv_rank, mla.nope, mla.rope, mla.v);
   }
+  if (const YarnSpec& y = mla.yarn; y.enabled())
+    SHARD_REQUIRE(std::isfinite(y.factor) && y.factor >= 1 && std::isfinite(y.mscale) && std::isfinite(y.mscale_all_dim) &&
+                      std::isfinite(y.beta_fast) && std::isfinite(y.beta_slow) && y.beta_fast > 0 && y.beta_slow > 0 &&
+                      y.original_max_positions >= 1,
+                  "yarn factor {} mscale {} mscale_all_dim {} beta_fast {} beta_slow {} "
+                  "original_max_position_embeddings {}: need a factor of at least 1, positive betas and original "
+                  "positions", y.factor, y.mscale, y.mscale_all_dim, y.beta_fast, y.beta_slow, y.original_max_positions);
   SHARD_REQUIRE(std::isfinite(moe_capacity_factor) && moe_capacity_factor >= 0,
                 "--moe-capacity-factor {}: must be 0 (dropless) or positive", moe_capacity_factor);
   SHARD_REQUIRE(moe_capacity_factor == 0 || moe.enabled(),
@@ -175,7 +182,7 @@ MlaSpec mla_from_json(const nlohmann::json& m) {
   SHARD_REQUIRE(m.is_object(), "\"mla\" must be an object, got {}", m.dump());
   for (auto it = m.begin(); it != m.end(); ++it)
     SHARD_REQUIRE(it.key() == "q_rank" || it.key() == "kv_rank" || it.key() == "nope" || it.key() == "rope" ||
-                      it.key() == "v" || it.key() == "interleave" || it.key() == "nextn",
+                      it.key() == "v" || it.key() == "interleave" || it.key() == "nextn" || it.key() == "yarn",
                   "\"mla\": unknown field \"{}\"", it.key());
   auto integer = [&](const char* key) {
     SHARD_REQUIRE(m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() >= 0,
@@ -188,6 +195,26 @@ MlaSpec mla_from_json(const nlohmann::json& m) {
   SHARD_REQUIRE(m.contains("interleave") && m["interleave"].is_boolean(), "\"mla\": \"interleave\" must be a bool");
   s.interleave = m["interleave"].get<bool>();
   if (m.contains("nextn")) s.nextn = integer("nextn");
+  if (m.contains("yarn")) {
+    const nlohmann::json& y = m["yarn"];
+    SHARD_REQUIRE(y.is_object(), "\"mla\": \"yarn\" must be an object, got {}", y.dump());
+    for (auto it = y.begin(); it != y.end(); ++it)
+      SHARD_REQUIRE(it.key() == "factor" || it.key() == "mscale" || it.key() == "mscale_all_dim" ||
+                        it.key() == "beta_fast" || it.key() == "beta_slow" || it.key() == "original_max_positions" ||
+                        it.key() == "truncate",
+                    "\"mla\": \"yarn\": unknown field \"{}\"", it.key());
+    auto number = [&](const char* key) {
+      SHARD_REQUIRE(y.contains(key) && y[key].is_number(), "\"mla\": \"yarn\": \"{}\" must be a number", key);
+      return y[key].get<double>();
+    };
+    s.yarn.factor = number("factor"), s.yarn.mscale = number("mscale"), s.yarn.mscale_all_dim = number("mscale_all_dim");
+    s.yarn.beta_fast = number("beta_fast"), s.yarn.beta_slow = number("beta_slow");
+    SHARD_REQUIRE(y.contains("original_max_positions") && y["original_max_positions"].is_number_integer(),
+                  "\"mla\": \"yarn\": \"original_max_positions\" must be an integer");
+    s.yarn.original_max_positions = y["original_max_positions"].get<int64_t>();
+    SHARD_REQUIRE(y.contains("truncate") && y["truncate"].is_boolean(), "\"mla\": \"yarn\": \"truncate\" must be a bool");
+    s.yarn.truncate = y["truncate"].get<bool>();
+  }
   SHARD_REQUIRE(s.enabled(), "\"mla\": kv_rank 0 (leave \"mla\" out for none)");
   return s;
 }
@@ -237,6 +264,11 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
     j["mla"] = {{"q_rank", s.mla.q_rank}, {"kv_rank", s.mla.kv_rank}, {"nope", s.mla.nope},
                 {"rope", s.mla.rope},     {"v", s.mla.v},             {"interleave", s.mla.interleave}};
   if (s.mla.nextn > 0) j["mla"]["nextn"] = s.mla.nextn;
+  if (const YarnSpec& y = s.mla.yarn; y.enabled())
+    j["mla"]["yarn"] = {{"factor", y.factor},       {"mscale", y.mscale},
+                        {"mscale_all_dim", y.mscale_all_dim}, {"beta_fast", y.beta_fast},
+                        {"beta_slow", y.beta_slow}, {"original_max_positions", y.original_max_positions},
+                        {"truncate", y.truncate}};
   return j;
 }
 
@@ -285,6 +317,12 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
   if (j.contains("mla")) s.mla = mla_from_json(j["mla"]);
   s.validate();
   return s;
+}
+
+double YarnSpec::softmax_scale() const {
+  if (!enabled() || mscale_all_dim == 0 || factor <= 1) return 1.0;
+  const double m = 0.1 * mscale_all_dim * std::log(factor) + 1.0;  // transformers' yarn_get_mscale
+  return m * m;
 }
 
 std::string TensorDecl::shape_str() const { return shardlab::shape_str(shape); }

@@ -62,6 +62,19 @@ struct MoeSpec {
   bool operator==(const MoeSpec&) const = default;
 };
 
+// YaRN (a DeepSeek config's rope_parameters of type yarn, transformers' _compute_yarn_parameters):
+// the rope channels' frequencies divided by `factor` below the band of beta_fast to beta_slow
+// rotations over original_max_positions, kept above it, blended in it; and the softmax scale times
+// mscale^2, mscale = 0.1 mscale_all_dim ln(factor) + 1 (1 when mscale_all_dim is 0). factor 0: none.
+struct YarnSpec {
+  double factor = 0, mscale = 0, mscale_all_dim = 0, beta_fast = 32, beta_slow = 1;
+  int64_t original_max_positions = 0;
+  bool truncate = true;  // the band's ends rounded out to whole channels
+  bool enabled() const { return factor != 0; }
+  double softmax_scale() const;  // mscale^2 (1 without YaRN)
+  bool operator==(const YarnSpec&) const = default;
+};
+
 // DeepSeek's multi-head latent attention (deepseek/): queries through a low-rank path (q_rank > 0:
 // q_a_proj, RMSNorm, q_b_proj) or one projection (0: q_proj); keys and values from a latent of
 // kv_rank channels (kv_a_proj_with_mqa, RMSNorm, kv_b_proj) and one rotary key part of `rope`
@@ -73,6 +86,7 @@ struct MlaSpec {
   // num_nextn_predict_layers: DeepSeek-V3's multi-token prediction modules, read and written back,
   // never built or trained (as transformers).
   int64_t nextn = 0;
+  YarnSpec yarn;  // RoPE's YaRN scaling of the rope channels, none unless set
   bool enabled() const { return kv_rank > 0; }
   int64_t qk() const { return nope + rope; }
   bool operator==(const MlaSpec&) const = default;

@@ -114,6 +114,18 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
   if (zero_stage(e.strategy.kind) == 3 && d.dp_shard * d.cp > 1 && last.recomputable())
     b.gathered = f.unit_params.at(static_cast<size_t>(first + count - 1)) *
                  double(dtype_size(c_.train.strategy.precision.param_dtype));
+  const MixedPrecisionPolicy& pr = c_.train.strategy.precision;
+  if (pr.param_dtype != DType::f32)
+    b.compute_copy = sizeof(float) * f.unit_params.at(static_cast<size_t>(first + count - 1));
+  const double S = double(d.dp_shard) * d.cp;
+  if (zero_stage(e.strategy.kind) == 1 && S > 1 && e.strategy.offload == Offload::none &&
+      c_.train.comm == CommKind::mpi && pr.reduce_dtype != DType::f32)
+    b.staged = sizeof(float) * (1 + 1 / S) * f.params.at(ks);
+  const int zs = zero_stage(e.strategy.kind);
+  if (d.pp > 1 && e.accum >= 2 && zs >= 2 && !e.layout.pipeline.schedule->splits_backward) {
+    const double grad = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
+    b.accumulated = f.params.at(ks) * (grad + (zs == 3 ? double(dtype_size(pr.param_dtype)) : 0.0));
+  }
   return b;
 }
 

@@ -2,6 +2,7 @@
 // holds, which must be predicted, and a lower bound of each one's device peak that rules a layout
 // out when it passes the budget (plan.hpp, step 3). Each prediction is checked against its bound.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -34,8 +35,13 @@ class PlanBounds {
 
   // A lower bound of a stage's device peak, in parts (stage()).
   struct Bound {
-    double states = 0, activations = 0, gathered = 0;
-    uint64_t total() const { return static_cast<uint64_t>((states + activations + gathered) * 0.999); }
+    double states = 0, activations = 0, gathered = 0, compute_copy = 0;
+    double staged = 0;     // a second moment's: ZeRO-1's reductions in flight beside the states (stage())
+    double accumulated = 0;  // a third's: pipelined ZeRO-2/3's full gradients (and ZeRO-3's gathered units)
+    uint64_t total() const {
+      return static_cast<uint64_t>(
+          (states + std::max({activations + gathered + compute_copy, staged, accumulated})) * 0.999);
+    }
   };
 
   const StageFacts& stage_facts(const PlanEntry& e);
@@ -45,7 +51,17 @@ class PlanBounds {
   // activations (f32) on the stage, that is every unit's output (a chunk's last one only for the
   // chunk just run: the others were sent on), what the units saved for their backward
   // (Unit::saved_elems_at_least) and each chunk's received input; and under ZeRO-3 the parameters
-  // of the unit just run when it is a block, gathered whole for its compute (a head's may be tied).
+  // of the unit just run when it is a block, gathered whole for its compute (a head's may be tied);
+  // with parameters below f32, that unit's f32 compute copy (shard/mixed_precision.hpp: made for its
+  // forward, released after it). A second moment, under ZeRO-1 over MPI with gradients reduced below f32 and no offload: the
+  // stage's last backward, when every unit's gradient reduce-scatter has been issued and none is
+  // waited for before the optimizer step (shard/zero.cpp), each staged in f32 by the transport
+  // (src/comm/mpi_comm.cpp): 4 bytes a parameter sent and 4 / S received (S the shard group), beside
+  // the model states; the activations are not counted there. A third, under a pipeline of two
+  // micro-batches or more without a split backward, ZeRO-2 or 3: just before the stage's first
+  // backward of the last micro-batch every unit of the stage holds its full gradient (accumulated
+  // over the step, reduce-scattered after the unit's last micro-batch) and under ZeRO-3 its gathered
+  // parameters (kept from the first forward to the last backward; strategy.hpp, pipelined()).
   Bound stage(const PlanEntry& e, int k);
   // The largest stage's: what rules a layout out without a prediction.
   Bound layout(const PlanEntry& e);

@@ -3,8 +3,8 @@
 transformers' own save_pretrained writes them) and, for each, <name>.safetensors: transformers' own
 step on the first batch (the loss and every gradient, float64) and ten AdamW steps' losses.
 
-Run by hand (not in CI), with transformers installed:
-    /work/venv/bin/python tests/reference/make_hf_deepseek_v3_dir.py
+Run by hand (not in CI), with transformers installed (names: only those models):
+    /work/venv/bin/python tests/reference/make_hf_deepseek_v3_dir.py [NAME ...]
 
 The models: DeepseekV3ForCausalLM, 3 layers of 32 channels (layer 0 a dense MLP of 64,
 first_k_dense_replace 1; layers 1 and 2 MoE: 8 routed experts of width 24 in 2 groups, topk_group 1,
@@ -13,7 +13,9 @@ multi-head latent attention with 4 heads (kv_lora_rank 16, qk_nope_head_dim 8, q
 v_head_dim 6, not the q/k head's 12), interleaved RoPE (rope_theta 1e4, no yarn), a byte vocabulary
 (256), 32 positions, untied, no MTP layer. hf_deepseek_v3_tiny has the low-rank query (q_lora_rank
 16: q_a_proj, q_a_layernorm, q_b_proj); hf_deepseek_v3_tiny_nolora the same with q_lora_rank null
-(one q_proj). Parameters random and non-trivial (norm weights 1 + 0.2 N(0, 1), matrices and routers
+(one q_proj); hf_deepseek_v3_tiny_yarn the first with RoPE of type yarn (factor 4 over 8 original
+positions, mscale = mscale_all_dim = 0.8: RoPE's cos and sin unscaled, the softmax scale times
+(0.1 x 0.8 ln 4 + 1)^2). Parameters random and non-trivial (norm weights 1 + 0.2 N(0, 1), matrices and routers
 0.3 N(0, 1)), stored in f32; each MoE layer's e_score_correction_bias (a buffer, saved with the
 weights) 0.1 N(0, 1), so that the experts chosen differ from those of the unbiased scores. The bias
 is no parameter: the optimizer never sees it and it has no gradient (fixed for the ten steps). The
@@ -113,10 +115,24 @@ def make(name, config, seed):
     print(name, "ce", ces[0], "->", ces[-1], sorted(os.listdir(out)))
 
 
-def main():
-    make("hf_deepseek_v3_tiny", DeepseekV3Config(**COMMON, q_lora_rank=16), 20261130)
-    make("hf_deepseek_v3_tiny_nolora", DeepseekV3Config(**COMMON, q_lora_rank=None), 20261138)
+YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 8,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.8, "mscale_all_dim": 0.8}
+
+
+def main(names):
+    models = {
+        "hf_deepseek_v3_tiny": (DeepseekV3Config(**COMMON, q_lora_rank=16), 20261130),
+        "hf_deepseek_v3_tiny_nolora": (DeepseekV3Config(**COMMON, q_lora_rank=None), 20261138),
+        # YaRN: frequencies interpolated past 8 original positions (factor 4; of the two rope
+        # frequencies one kept, one divided), softmax scale x (0.1 x 0.8 ln 4 + 1)^2.
+        "hf_deepseek_v3_tiny_yarn": (DeepseekV3Config(**{**COMMON, "rope_parameters": YARN}, q_lora_rank=16),
+                                     20261131),
+    }
+    for name in names or models:
+        config, seed = models[name]
+        make(name, config, seed)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main(sys.argv[1:])

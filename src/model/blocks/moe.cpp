@@ -207,13 +207,25 @@ void top_k(const MoeSpec& m, const float* s, int32_t* out, TopKScratch& w) {
   std::copy_n(order.begin(), k, out);
 }
 
+// Expert e's share of P slots under the meta backend's round robin (slot s to expert s mod E:
+// balanced, as plan and profile assume).
+int64_t round_robin_choices(int64_t P, int64_t E, int64_t e) { return P / E + (e < P % E); }
+
 // probs: the router's softmax probabilities, or the sigmoid router's scores; bias its correction
-// bias (E) or empty.
+// bias (E) or empty. On the meta backend (no values; probs empty) the round robin, of which only
+// the counts are written (per_expert, kept): the rest would be copied to a device that keeps nothing.
 Routing route(const UnitContext& c, const std::vector<float>& probs, const std::vector<float>& bias, int64_t N) {
   const MoeSpec& m = c.spec.moe;
   Routing r;
   r.N = N, r.k = m.top_k, r.E = m.experts;
   const int64_t k = r.k, E = r.E;
+  const int64_t capped = capacity_of(c, N), cap = capped > 0 ? capped : N * k;  // dropless: every slot fits
+  if (c.be.device() == Device::meta) {
+    r.per_expert.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      r.kept += (r.per_expert[e] = static_cast<int32_t>(std::min(round_robin_choices(N * k, E, e), cap)));
+    return r;
+  }
   r.choice.resize(static_cast<size_t>(N * k));
   r.weight.resize(static_cast<size_t>(N * k));
   TopKScratch scratch(m);
@@ -221,12 +233,8 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, const std::
   const float scale = static_cast<float>(m.routed_scale), eps = m.sigmoid ? 1e-20f : 0.f;
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs.data() + n * E;
-    if (c.be.device() == Device::meta) {  // no values: balanced round robin
-      for (int64_t j = 0; j < k; ++j) r.choice[n * k + j] = static_cast<int32_t>((n * k + j) % E);
-    } else {
-      for (size_t e = 0; e < biased.size(); ++e) biased[e] = p[e] + bias[e];
-      top_k(m, biased.empty() ? p : biased.data(), r.choice.data() + n * k, scratch);
-    }
+    for (size_t e = 0; e < biased.size(); ++e) biased[e] = p[e] + bias[e];
+    top_k(m, biased.empty() ? p : biased.data(), r.choice.data() + n * k, scratch);
     float sum = 0.f;
     for (int64_t j = 0; j < k; ++j) sum += p[r.choice[n * k + j]];
     for (int64_t j = 0; j < k; ++j) {
@@ -236,7 +244,6 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, const std::
   }
   // Sorted by expert, tokens in order within one; past capacity dropped, in training only (c.aux
   // set): evaluation and decoding route dropless, so their results do not depend on the batch.
-  const int64_t capped = capacity_of(c, N), cap = capped > 0 ? capped : N * k;  // dropless: every slot fits
   r.per_expert.assign(static_cast<size_t>(E), 0);
   r.pos.assign(static_cast<size_t>(N * k), -1);
   r.token_of.assign(static_cast<size_t>(N * k), 0);
@@ -258,28 +265,35 @@ Routing route(const UnitContext& c, const std::vector<float>& probs, const std::
   return r;
 }
 
-
 const int32_t* as_ints(Tensor t) { return static_cast<const int32_t*>(t.data()); }
 
-// The router's (N, E) probabilities on the host.
+// t's values on the host (the router's probabilities, their gradients). On the meta backend, which
+// has none, the copy is only charged (a prediction's cost ledger counts the transfer and its
+// synchronisation) and the vector is empty: a prediction routes without values (route()).
 std::vector<float> to_host(Backend& be, Tensor t) {
+  if (be.device() == Device::meta) {
+    be.copy(Tensor::flat(nullptr, DType::f32, t.numel()), t);
+    return {};
+  }
   std::vector<float> h(static_cast<size_t>(t.numel()), 0.f);
   be.copy(Tensor::flat(h.data(), DType::f32, t.numel()), t);
   return h;
 }
 
-// The router: d(weights) through the scale, the top-k normalisation and the softmax (or the
-// sigmoid), plus the auxiliary loss's d/d(prob[n, e]) = prob_grad x counts_e; on the host (N x E),
-// then its two products: dx = d(logits) Wr, overwritten.
-void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWeights& w, const MoeWeights& g, Tensor dw,
-                     const std::vector<int32_t>& ints, int64_t k) {
+// dst <- h (to_host's counterpart: on meta only charged).
+void from_host(Backend& be, Tensor dst, const std::vector<float>& h) {
+  be.copy(dst, Tensor::flat(const_cast<float*>(h.data()), DType::f32, dst.numel()));
+}
+
+// router_backward's d(logits) (N, E) from the probabilities (N, E), d(weights) (N k) and the choice.
+void router_dlogits(UnitContext& c, Tensor dl, Tensor probs_t, Tensor dw, const int32_t* choice, int64_t k) {
   const MoeSpec& m = c.spec.moe;
-  const int64_t N = x.dim(0), E = m.experts, P = N * k;
-  const std::vector<float> probs = to_host(c.be, s("moe_probs")), dweight = to_host(c.be, dw);
-  const int32_t* choice = ints.data() + 2 * P;
-  std::vector<float> dlogits(static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
+  const int64_t N = probs_t.dim(0), E = m.experts;
+  const std::vector<float> probs = to_host(c.be, probs_t), dweight = to_host(c.be, dw);
+  const bool meta = c.be.device() == Device::meta;  // no values: nothing to compute
+  std::vector<float> dlogits(meta ? 0 : static_cast<size_t>(N * E), 0.f), dprob(static_cast<size_t>(E));
   const float scale = static_cast<float>(m.routed_scale), eps = m.sigmoid ? 1e-20f : 0.f;
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = 0; n < N && !meta; ++n) {
     const float* p = probs.data() + n * E;
     const MoeBalance* b = balance(c);
     for (int64_t e = 0; e < E; ++e) dprob[e] = b ? b->prob_grad * static_cast<float>(b->counts[e]) : 0.f;
@@ -299,9 +313,18 @@ void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWei
     for (int64_t e = 0; e < E; ++e) dot += p[e] * dprob[e];
     for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] = p[e] * (dprob[e] - dot);
   }
+  from_host(c.be, dl, dlogits);
+}
+
+// The router: d(weights) through the scale, the top-k normalisation and the softmax (or the
+// sigmoid), plus the auxiliary loss's d/d(prob[n, e]) = prob_grad x counts_e, on the host (N x E:
+// router_dlogits); then its two products: dx = d(logits) Wr, overwritten.
+void router_backward(UnitContext& c, Saved& s, Tensor dx, Tensor x, const MoeWeights& w, const MoeWeights& g, Tensor dw,
+                     const std::vector<int32_t>& ints, int64_t k) {
+  const int64_t N = x.dim(0), E = c.spec.moe.experts, P = N * k;
   Block dl_block = c.pool.alloc(DType::f32, N * E, Category::workspace, "moe backward dlogits");
   Tensor dl = dl_block.view(DType::f32, {N, E});
-  c.be.copy(dl, Tensor::flat(dlogits.data(), DType::f32, N * E));
+  router_dlogits(c, dl, s("moe_probs"), dw, ints.empty() ? nullptr : ints.data() + 2 * P, k);  // none on meta
   linear_backward(c, dx, g.router, dl, x, w.router, N);  // dx = d(logits) Wr: overwritten
   if (c.tp.active() && c.tp.config.rank != 0) c.be.fill(dx, 0.f);  // the group's rank 0 adds it (moe.hpp)
 }
@@ -318,20 +341,24 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   SHARD_CHECK(P < (int64_t{1} << 31), "MoE: {} slots overflow the int32 routing", P);
   Tensor probs = s.add(c.pool, "moe_probs", {N, E});
   linear_forward(c.be, probs, x, w.router, N);  // the logits, then their softmax (or sigmoid)
+  const bool meta = c.be.device() == Device::meta;  // no values: the routing a round robin, nothing to score
   std::vector<float> hp = to_host(c.be, probs);
   if (m.sigmoid) {
     for (float& v : hp) v = 1.f / (1.f + std::exp(-v));
-  } else {
+  } else if (!meta) {
     softmax_rows(hp, N, E);
   }
   const Routing r = route(c, hp, w.bias.ndim() > 0 ? to_host(c.be, w.bias) : std::vector<float>(), N);
-  c.be.copy(probs, Tensor::flat(hp.data(), DType::f32, N * E));
+  from_host(c.be, probs, hp);
   if (MoeBalance* bp = balance(c); bp && !c.recomputing) {
     MoeBalance& b = *bp;
-    for (int32_t e : r.choice) b.counts[e] += 1;
+    std::vector<double> chose(static_cast<size_t>(E), 0.0);  // each expert's top-k choices
+    for (int32_t e : r.choice) chose[e] += 1;
+    for (int64_t e = 0; e < E && meta; ++e) chose[e] = static_cast<double>(round_robin_choices(P, E, e));
+    for (int64_t e = 0; e < E; ++e) b.counts[e] += chose[e];
     if (!b.layer_counts.empty() && w.sparse_layer >= 0)
-      for (int32_t e : r.choice) b.layer_counts[static_cast<size_t>(w.sparse_layer * E + e)] += 1;
-    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t e = 0; e < E; ++e) b.layer_counts[static_cast<size_t>(w.sparse_layer * E + e)] += chose[e];
+    for (int64_t n = 0; n < N && !meta; ++n) {
       // A sigmoid router's scores as shares of their sum (DeepSeek-V3's balance statistic): the
       // same k when the routing is uniform.
       float share = 1.f;
@@ -343,13 +370,12 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   }
   // The routing in the backend's memory: int32 in an f32-sized block.
   Tensor route_t = s.add(c.pool, "moe_route", {r.ints()});
-  std::vector<int32_t> packed;
-  packed.reserve(static_cast<size_t>(r.ints()));
+  std::vector<int32_t> packed;  // (on meta none: only the copy's cost counts)
   for (const auto* v : {&r.pos, &r.token_of, &r.choice, &r.per_expert})
-    packed.insert(packed.end(), v->begin(), v->end());
-  c.be.copy(route_t, Tensor::flat(packed.data(), DType::f32, r.ints()));
+    if (!meta) packed.insert(packed.end(), v->begin(), v->end());
+  c.be.copy(route_t, Tensor::flat(meta ? nullptr : packed.data(), DType::f32, r.ints()));
   Tensor weights = s.add(c.pool, "moe_w", {P});
-  c.be.copy(weights, Tensor::flat(const_cast<float*>(r.weight.data()), DType::f32, P));
+  c.be.copy(weights, Tensor::flat(meta ? nullptr : const_cast<float*>(r.weight.data()), DType::f32, P));
   if (c.expert_parallel()) {  // the experts are on the ep group's ranks (parallel/ep.hpp)
     Tensor y = s.add(c.pool, "moe_y", {P, C});
     Block xs_block = c.pool.alloc(DType::f32, P * C, Category::workspace, "moe tokens by expert");
@@ -383,14 +409,14 @@ void moe_backward(UnitContext& c, Saved& s, Tensor dx, Tensor dout, Tensor x, co
   const int64_t shape[] = {N, C};
   dx = dx.reshape(shape), dout = dout.reshape(shape);
   Tensor route_t = s("moe_route");
-  std::vector<int32_t> ints(static_cast<size_t>(3 * P + E), 0);
-  c.be.copy(Tensor::flat(ints.data(), DType::f32, 3 * P + E), route_t);
-  const int32_t* per_expert = ints.data() + 3 * P;
+  const bool meta = c.be.device() == Device::meta;
+  std::vector<int32_t> ints(meta ? 0 : static_cast<size_t>(3 * P + E), 0);  // on meta only the copy's cost
+  c.be.copy(Tensor::flat(meta ? nullptr : ints.data(), DType::f32, 3 * P + E), route_t);
   // On meta no values came back: the rows of forward's round robin (route), each expert's at most
   // its capacity under --moe-capacity-factor.
   const int64_t capped = capacity_of(c, N), cap = capped > 0 ? capped : P;
   const auto expert_rows = [&](int64_t e) {
-    return c.be.device() == Device::meta ? std::min(P / E + (e < P % E), cap) : int64_t{per_expert[e]};
+    return meta ? std::min(round_robin_choices(P, E, e), cap) : int64_t{ints[static_cast<size_t>(3 * P + e)]};
   };
   int64_t kept = 0;
   for (int64_t e = 0; e < E; ++e) kept += expert_rows(e);

@@ -1,8 +1,12 @@
 // family.cpp — DeepSeek-V3 as a ModelFamily (deepseek.hpp): presets, config.json both ways, checks,
 // FLOPs, RoPE's frequencies.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "src/core/check.hpp"
 #include "src/model/blocks/moe.hpp"
@@ -120,12 +124,68 @@ ModelSpec with(const Shape& p) {
   s.name = p.name, s.layers = p.L, s.dim = p.C, s.heads = p.H, s.seq = p.T, s.vocab = p.V;
   s.head_dim = p.nope + p.rope;
   s.ffn_dim = p.F, s.rope_theta = 10000, s.norm_eps = 1e-6, s.tied_head = false;
-  s.mla = {p.q_rank, p.kv_rank, p.nope, p.rope, p.v, true};
+  s.mla = {p.q_rank, p.kv_rank, p.nope, p.rope, p.v, true, 0, {}};
   s.moe = {p.E, p.k, p.Fe, true, 0.0, false};
   s.moe.sigmoid = true, s.moe.groups = p.groups, s.moe.topk_groups = p.topk_groups, s.moe.routed_scale = 2.5;
   s.moe.shared_ffn = p.shared * p.Fe, s.moe.dense_layers = p.dense;
   s.moe.bias_rate = 0.001;  // the paper's γ
   return s;
+}
+
+// YaRN's fields from a rope_parameters (or rope_scaling) object of type yarn, which becomes a
+// default one holding only rope_theta for Llama's reader; none for another type.
+YarnSpec take_yarn(nlohmann::json& j) {
+  YarnSpec y;
+  const char* where = j.contains("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (!j.contains(where) || !j[where].is_object()) return y;
+  nlohmann::json& r = j[where];
+  const std::string type = r.value("rope_type", r.value("type", std::string("default")));
+  if (type != "yarn") return y;
+  auto number = [&](const char* key, double fallback) {
+    if (!r.contains(key) || r[key].is_null()) return fallback;
+    SHARD_REQUIRE(r[key].is_number(), "config.json: \"{}\".\"{}\" is {}, expected a number", where, key,
+                  r[key].dump());
+    return r[key].get<double>();
+  };
+  SHARD_REQUIRE(r.contains("original_max_position_embeddings") && r["original_max_position_embeddings"].is_number_integer(),
+                "config.json: \"{}\" of type yarn needs an integer \"original_max_position_embeddings\"", where);
+  y.original_max_positions = r["original_max_position_embeddings"].get<int64_t>();
+  // transformers: no factor means max_position_embeddings over the original length.
+  const double positions = j.value("max_position_embeddings", 0.0);
+  y.factor = number("factor", positions / static_cast<double>(y.original_max_positions));
+  y.mscale = number("mscale", 0), y.mscale_all_dim = number("mscale_all_dim", 0);
+  y.beta_fast = number("beta_fast", 32), y.beta_slow = number("beta_slow", 1);
+  if (y.beta_fast == 0) y.beta_fast = 32;  // transformers: `or 32`, `or 1`
+  if (y.beta_slow == 0) y.beta_slow = 1;
+  if (r.contains("truncate")) {
+    SHARD_REQUIRE(r["truncate"].is_boolean(), "config.json: \"{}\".\"truncate\" is {}, expected a bool", where,
+                  r["truncate"].dump());
+    y.truncate = r["truncate"].get<bool>();
+  }
+  // The cos and sin are scaled by attention_factor in transformers; shardlab's RoPE does not scale
+  // them, so only the configs where it is 1 (DeepSeek's: mscale equal to mscale_all_dim) load.
+  const auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  const double attention_factor = number("attention_factor", y.mscale != 0 && y.mscale_all_dim != 0
+                                                                 ? get_mscale(y.factor, y.mscale) /
+                                                                       get_mscale(y.factor, y.mscale_all_dim)
+                                                                 : get_mscale(y.factor, 1.0));
+  SHARD_REQUIRE(attention_factor == 1.0,
+                "config.json: \"{}\" of type yarn scales RoPE's cos and sin by attention_factor {} (factor {}, mscale "
+                "{}, mscale_all_dim {}); shardlab computes YaRN where that factor is 1 (mscale equal to "
+                "mscale_all_dim, as DeepSeek-V3's and V2's configs)", where, attention_factor, y.factor, y.mscale,
+                y.mscale_all_dim);
+  std::vector<std::string> unknown;
+  for (auto it = r.begin(); it != r.end(); ++it)
+    if (!std::set<std::string>{"rope_type", "type", "rope_theta", "factor", "mscale", "mscale_all_dim", "beta_fast",
+                               "beta_slow", "original_max_position_embeddings", "truncate", "attention_factor"}
+             .count(it.key()))
+      unknown.push_back(it.key());
+  SHARD_REQUIRE(unknown.empty(), "config.json: \"{}\" of type yarn: fields {} are not computed by shardlab", where,
+                join_names(unknown));
+  nlohmann::json plain = {{"rope_type", "default"}};
+  if (r.contains("rope_theta")) plain["rope_theta"] = r["rope_theta"];
+  r = plain;
+  return y;
 }
 
 const nlohmann::json& field(const nlohmann::json& j, const char* key) { return j[key]; }
@@ -154,7 +214,9 @@ std::vector<ModelPreset> deepseek_presets() {
            "DeepSeek-V3 (671B, 37B active per token), at its 4,096-token pretraining length, default RoPE"}};
 }
 
-ModelSpec deepseek_spec_from_hf_config(const nlohmann::json& j) {
+ModelSpec deepseek_spec_from_hf_config(const nlohmann::json& config) {
+  nlohmann::json j = config;
+  const YarnSpec yarn = take_yarn(j);
   HfConfigReader c(j, "DeepSeek-V3", kKnown, ignored_fields());
   c.expect("model_type", "deepseek_v3", "this is the deepseek_v3 family");
   ModelSpec s;
@@ -175,6 +237,7 @@ ModelSpec deepseek_spec_from_hf_config(const nlohmann::json& j) {
   llama_read_shared(j, c, s);
   llama_read_rope(j, c, s);
   a.interleave = c.flag_or("rope_interleave", true);
+  a.yarn = yarn;
   s.head_dim = a.qk();
   SHARD_REQUIRE(s.kv_heads == s.heads,
                 "config.json: \"num_key_value_heads\" is {}; latent attention gives each of "
@@ -237,6 +300,18 @@ nlohmann::json deepseek_hf_config(const ModelSpec& s) {
   j["routed_scaling_factor"] = m.routed_scale;
   j["first_k_dense_replace"] = m.dense_layers;
   j["num_nextn_predict_layers"] = a.nextn;  // none built: the directory has no weights for them
+  if (const YarnSpec& y = a.yarn; y.enabled()) {
+    j["rope_parameters"] = {{"rope_type", "yarn"},
+                            {"rope_theta", s.rope_theta},
+                            {"factor", y.factor},
+                            {"mscale", y.mscale},
+                            {"mscale_all_dim", y.mscale_all_dim},
+                            {"beta_fast", y.beta_fast},
+                            {"beta_slow", y.beta_slow},
+                            {"original_max_position_embeddings", y.original_max_positions},
+                            {"truncate", y.truncate}};
+    j.erase("rope_theta"), j.erase("rope_scaling");
+  }
   return j;
 }
 
@@ -256,7 +331,31 @@ RopeFreqs deepseek_rope_freqs(const ModelSpec& s) {
   ModelSpec r = s;  // Llama's frequencies over the rotary channels only
   r.head_dim = s.mla.rope;
   r.rope_scaling = {};
-  return llama_rope_freqs(r);
+  RopeFreqs f = llama_rope_freqs(r);
+  const YarnSpec& y = s.mla.yarn;
+  if (!y.enabled()) return f;
+  // transformers' _compute_yarn_parameters, each tensor step in f32 as torch computes it (Python
+  // scalars meet f32 tensors as f32); the band's ends in double, as Python's math.
+  const int64_t dim = s.mla.rope;
+  const double base = s.rope_theta;
+  const auto correction = [&](double rotations) {
+    return double(dim) * std::log(double(y.original_max_positions) / (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(base));
+  };
+  double low = correction(y.beta_fast), high = correction(y.beta_slow);
+  if (y.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, double(dim - 1));
+  if (low == high) high += 0.001;  // transformers: no singularity
+  const auto factor = static_cast<float>(y.factor), lo = static_cast<float>(low), span = static_cast<float>(high - low);
+  for (int64_t i = 0; i < f.half; ++i) {
+    const float pos = std::pow(static_cast<float>(base), static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float extrapolation = 1.f / pos, interpolation = 1.f / (factor * pos);
+    const float ramp = std::clamp((static_cast<float>(i) - lo) / span, 0.f, 1.f);
+    const float kept = 1.f - ramp;  // transformers' inv_freq_extrapolation_factor
+    // This file is compiled with -ffp-contract=off (CMakeLists.txt): torch rounds each product.
+    f.inv_freq[i] = interpolation * (1.f - kept) + extrapolation * kept;
+  }
+  return f;
 }
 
 }  // namespace shardlab

@@ -13,6 +13,9 @@
 // The MLP: a dense SwiGLU in the first layers, else the experts (blocks/moe.hpp) plus the shared
 // experts' SwiGLU on the same rows, added.
 //
+// YaRN (MlaSpec::yarn): its frequencies in freqs_ (deepseek_rope_freqs), its softmax scale on the
+// queries (q_scale_).
+//
 // Tensor parallelism (tp.hpp) as Llama's: the rank's heads and MLP columns; the low-rank
 // projections run whole on each rank, their weights' gradients are partial sums over the heads
 // (TpPartialGrads by heads, computed at once rather than held for a zero-bubble W pass).
@@ -49,10 +52,31 @@ class DeepseekLayerUnit final : public Unit {
         index_(index),
         sparse_(spec.moe.sparse(index)),
         freqs_(deepseek_rope_freqs(spec)),
+        q_scale_(static_cast<float>(spec.mla.yarn.softmax_scale())),
         tp_(tp) {}
   bool recomputable() const override { return true; }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
     return tp_local_rows(TpContext{tp_, nullptr}, B * T) * s.dim;
+  }
+  // forward's ln1, qkv, the low-rank paths' activations, atty, x2, ln2 and the MLP's: the dense
+  // SwiGLU's gate_up and swiglu, or the router's scores, the routing, the slots' weights and outputs,
+  // the experts' gate_up and swiglu rows (without expert parallelism: with it they are the rows a
+  // rank receives) and the shared experts' SwiGLU; the scores without the fused kernel (unless
+  // checkpointed); not the norms' statistics.
+  int64_t saved_elems_at_least(const ModelSpec& s, int64_t B, int64_t T, Checkpointing ck, bool cp) const override {
+    if (ck == Checkpointing::blocks) return 0;
+    const MlaSpec& a = s.mla;
+    const int64_t N = B * T, rows_c = out_elems(s, B, T), H = s.heads / tp_.degree;  // rows_c: Nl x C
+    int64_t n = 3 * rows_c + N * H * (2 * a.qk() + a.v) + 2 * N * (a.kv_rank + a.q_rank) + N * H * a.v;
+    if (!sparse_) {
+      n += N * 3 * (s.ffn_hidden() / tp_.degree);
+    } else {
+      const int64_t P = N * s.moe.top_k, E = s.moe.experts;
+      n += N * E + (3 * P + E) + P + P * s.dim + N * 3 * (s.moe.shared_ffn / tp_.degree);
+      if (layout().ep.degree == 1) n += P * 3 * (s.moe.ffn_dim / tp_.degree);
+    }
+    if (s.attention != AttentionKernel::flash && !cp && ck == Checkpointing::none) n += B * H * T * T;
+    return n;
   }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
@@ -68,6 +92,7 @@ class DeepseekLayerUnit final : public Unit {
       Block kv = c.pool.alloc(DType::f32, d.N * d.H * d.kvw, Category::workspace, prefix_ + "mla kv");
       Block kva = c.pool.alloc(DType::f32, d.N * d.kva, Category::workspace, prefix_ + "mla kva");
       queries(c, p, s, x, q.view(DType::f32, {d.N, d.H * d.qk}), d);
+      if (q_scale_ != 1.f) be.scale(q.flat(DType::f32), q_scale_);  // YaRN's softmax scale (q_scale_)
       linear_forward(be, kva.view(DType::f32, {d.N, d.kva}), x, wg(p, "self_attn.kv_a_proj_with_mqa.weight"), d.N);
       Tensor lat = s.add(c.pool, "mla_latent", {d.N, d.r}), lat_n = s.add(c.pool, "mla_latent_norm", {d.N, d.r});
       ops::copy_rows(be, lat, d.r, kva.flat(DType::f32), d.kva, d.N, d.r);
@@ -125,6 +150,7 @@ class DeepseekLayerUnit final : public Unit {
     Block dkva = c.pool.alloc(DType::f32, d.N * d.kva, Category::workspace, prefix_ + "backward mla dkva");
     unpack(c, dq.flat(DType::f32), dkv.flat(DType::f32), dkva.flat(DType::f32), dqkv.flat(DType::f32), d);
     dqkv.reset();
+    if (q_scale_ != 1.f) c.be.scale(dq.flat(DType::f32), q_scale_);
     low_rank_backward(c, p, g, s, dsmall, dq.view(DType::f32, {d.N, d.H * d.qk}),
                       dkv.view(DType::f32, {d.N, d.H * d.kvw}), dkva.view(DType::f32, {d.N, d.kva}),
                       tp_region_input(c, s("ln1"), tp_whole_or(whole, c, s("ln1"))), d);
@@ -322,6 +348,10 @@ class DeepseekLayerUnit final : public Unit {
   int64_t index_;
   bool sparse_;
   RopeFreqs freqs_;
+  // YaRN's mscale^2 (1 without it): transformers multiplies the scores by it beside 1/sqrt(qk); here
+  // the queries are, before the attention core (the same product, one pass over q instead of a
+  // scale in every attention kernel), and their gradient likewise.
+  float q_scale_;
   TpConfig tp_;
 };
 

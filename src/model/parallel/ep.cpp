@@ -24,8 +24,9 @@ struct Exchange {
 };
 
 // The counts both ways (elements of C columns) from `from` (known) and this rank's per_expert (E),
-// and the reorderings.
-Exchange exchange_of(int D, int64_t C, std::span<const int32_t> per_expert, std::vector<int32_t> from) {
+// and the reorderings (not on the meta backend, `meta`: they would go to a device that keeps no
+// values, and a prediction makes many).
+Exchange exchange_of(int D, int64_t C, std::span<const int32_t> per_expert, std::vector<int32_t> from, bool meta) {
   Exchange x;
   x.D = D, x.El = static_cast<int64_t>(per_expert.size()) / D, x.from = std::move(from);
   const int64_t El = x.El;
@@ -38,6 +39,7 @@ Exchange exchange_of(int D, int64_t C, std::span<const int32_t> per_expert, std:
       x.expert_rows[l] += x.from[static_cast<size_t>(s * El + l)];
     }
   for (int64_t n : x.expert_rows) x.R += n;
+  if (meta) return x;
   // Received row of (peer s, expert l, i): s's block, then s's rows of the experts before l.
   std::vector<int64_t> at(static_cast<size_t>(D * El), 0);
   for (int64_t s = 0, row = 0; s < D; ++s)
@@ -80,7 +82,7 @@ Exchange plan(UnitContext& c, std::span<const int32_t> per_expert, int64_t C) {
   c.be.copy(Tensor::flat(h.data(), DType::f32, E), theirs);
   std::vector<int32_t> from(h.begin(), h.end());
   assume_balanced(c, per_expert, from);
-  return exchange_of(comm.world_size(), C, per_expert, std::move(from));
+  return exchange_of(comm.world_size(), C, per_expert, std::move(from), c.be.device() == Device::meta);
 }
 
 
@@ -132,7 +134,8 @@ void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span
   std::vector<int32_t> packed(x.from);
   packed.insert(packed.end(), x.by_expert.begin(), x.by_expert.end());
   packed.insert(packed.end(), x.by_peer.begin(), x.by_peer.end());
-  c.be.copy(ep_t.slice(0, head + 2 * R), Tensor::flat(packed.data(), DType::f32, head + 2 * R));
+  const bool values = c.be.device() != Device::meta;  // on meta no reorderings (exchange_of): only the copy's cost
+  c.be.copy(ep_t.slice(0, head + 2 * R), Tensor::flat(values ? packed.data() : nullptr, DType::f32, head + 2 * R));
 
   Tensor xl = s.add(c.pool, "moe_xl", {Rs, C});
   dispatch(c, x, xs, xl, ep_t, "moe ep tokens received");
@@ -159,7 +162,7 @@ void ep_experts_backward(UnitContext& c, Saved& s, Tensor dy, Tensor dxs, std::s
   std::vector<int32_t> from(static_cast<size_t>(D * El), 0);
   c.be.copy(Tensor::flat(from.data(), DType::f32, D * El), ep_t.slice(0, D * El));
   assume_balanced(c, per_expert, from);
-  const Exchange x = exchange_of(static_cast<int>(D), C, per_expert, std::move(from));
+  const Exchange x = exchange_of(static_cast<int>(D), C, per_expert, std::move(from), c.be.device() == Device::meta);
   const int64_t R = x.R, Rs = buffer_rows(x, capacity);
   Tensor act = s("moe_act"), gate_up = s("moe_gate_up"), xl = s("moe_xl");
 
