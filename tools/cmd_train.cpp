@@ -33,6 +33,10 @@ void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_d
       "check-links-every", cli::po::value(&cfg.check_links_every)->default_value(0), "with ranks on several hosts: "
       "time the links between them at the start and every K steps, naming a straggler (0 = only at the start, -1 = "
       "never)")(
+      "term-grace", cli::po::value(&cfg.term_grace_s)->default_value(cfg.term_grace_s, "30"),
+      "seconds a stop (SIGTERM, SIGUSR1, Ctrl-C with a --save-dir) may wait for the step to end: past them the "
+      "process exits at once (143), the newest complete checkpoint intact, as a scheduler's SIGKILL after its "
+      "grace would end it anyway (0 = wait for the step however long)")(
       "save-keep", cli::po::value(&cfg.save_keep)->default_value(0),
       "keep only the newest K complete checkpoints, deleting older ones after a newer one is complete (0 = all; "
       "the --save-best checkpoint is always kept)")(

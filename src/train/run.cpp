@@ -23,6 +23,7 @@
 #include "src/model/hf_dir.hpp"
 #include "src/checkpoint/checkpoint.hpp"
 #include "src/train/trainer.hpp"
+#include "src/train/term_grace.hpp"
 
 namespace shardlab {
 
@@ -170,6 +171,7 @@ void take_signal(int sig) {
     if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
   }
   g_stop_signal = sig;
+  term_grace_signalled(sig);
 }
 extern "C" void on_stop_signal(int sig) { take_signal(sig); }
 
@@ -434,6 +436,7 @@ StepStats Trainer::run(std::FILE* out) {
   open_outputs(log);
   if (root) print_header(out);
   install_stop_signals(!cfg_.save_dir.empty());
+  arm_term_grace(cfg_.term_grace_s, cfg_.save_dir, cfg_.steps);
   if (cfg_.save_async) {
     const auto t0 = std::chrono::steady_clock::now();
     save_buffer_ = AsyncCheckpoint::make_buffer(checkpoint_state());
@@ -474,6 +477,7 @@ StepStats Trainer::run(std::FILE* out) {
     }
     if (stop_requested(t + 1, save_now, out)) return s;
   }
+  term_grace_honoured();  // the run is ending as one does, whatever its last saves take
   finish_pending_save(out);
   // A resumed run says how many steps it ran itself and where the whole run stands.
   const std::string resumed = start_step_ > 0 ? fmt::format(" in this process ({} in total, resumed after step {})",

@@ -25,6 +25,7 @@
 #include "src/checkpoint/dir_lock.hpp"
 #include "shard/pipeline/executor.hpp"
 #include "src/train/predict.hpp"
+#include "src/train/term_grace.hpp"
 
 namespace shardlab {
 
@@ -47,6 +48,8 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(save_every == 0 || !save_dir.empty(), "--save-every {} needs --save-dir", save_every);
   SHARD_REQUIRE(save_keep >= 0, "--save-keep {}: expected 0 (keep all) or a positive count", save_keep);
   SHARD_REQUIRE(save_keep == 0 || !save_dir.empty(), "--save-keep {} needs --save-dir", save_keep);
+  SHARD_REQUIRE(std::isfinite(term_grace_s) && term_grace_s >= 0 && term_grace_s <= 86400,
+                "--term-grace {}: expected seconds from 0 (wait for the step) to 86400", term_grace_s);
   SHARD_REQUIRE(resume != "auto" || !save_dir.empty(), "--resume auto needs --save-dir (where to look)");
   if (!run_id.empty()) validate_run_id(run_id);
   SHARD_REQUIRE(val_fraction == 0 || (val_fraction > 0 && val_fraction < 1),
@@ -226,6 +229,11 @@ void maybe_inject_throw(int rank, int64_t step) {
     kill(getpid(), SIGTERM);
     for (int i = 0; i < 1000 && stop_signal() == 0; ++i) usleep(10000);
   }
+  // SHARDLAB_FAULT_SLOW_STEP=R:S:SECONDS: rank R's step S takes that many seconds more (a step too
+  // long for a stop to wait for: --term-grace).
+  int seconds = 0;
+  v = std::getenv("SHARDLAB_FAULT_SLOW_STEP");
+  if (v && std::sscanf(v, "%d:%lld:%d", &r, &s, &seconds) == 3 && r == rank && s == step) sleep(seconds);
 }
 }  // namespace
 
@@ -260,6 +268,7 @@ ParamEdit Trainer::bias_edit(const std::vector<float>& steps) const {
 }
 
 StepStats Trainer::step(int64_t t) {
+  term_grace_step(t + 1);
   maybe_inject_throw(comm_.rank(), t + 1);
   auto t0 = std::chrono::steady_clock::now();
   const int64_t T = cfg_.spec.seq;
@@ -309,6 +318,7 @@ StepStats Trainer::step(int64_t t) {
   pool_.ledger().set_phase({});
   be_.synchronize();
   comm_.stats().end_step();
+  if (stop_signal() != 0) term_grace_honoured();  // at the step's end: the save that follows takes what it takes
   s.step = t + 1;
   s.loss = loss;
   s.lr = lr;

@@ -56,6 +56,7 @@ struct TrainConfig : StepConfig {
   std::string save_dir;      // checkpoints go to save_dir/step_XXXXXXXX
   int64_t save_every = 0;    // steps between checkpoints (0 = only with --save-dir, at the end)
   int64_t save_keep = 0;     // keep the newest K complete checkpoints (0 = all)
+  double term_grace_s = 30;  // --term-grace: a stop not reached at a step boundary within it exits 143 (term_grace.hpp)
   bool save_async = false;   // write checkpoints in the background (AsyncCheckpoint): the step waits for one copy
   std::string resume;        // "" = start fresh, "auto" = the newest in save_dir, or a checkpoint path
   std::string run_id;        // --run-id: the run's name ("" = the resumed checkpoint's, or a new one)
