@@ -131,6 +131,14 @@ extern "C" void interrupted_before_the_run(int) {
   _exit(exit_status(ExitCode::interrupted));
 }
 
+// And SIGUSR1 is a SIGTERM passed on: until a run installs its own handling (train: a checkpoint
+// after the step), it ends the rank with the table's code for it, not SIGUSR1's default death (138).
+extern "C" void terminated_before_the_run(int) {
+  static const char msg[] = "shardlab: terminated (SIGTERM at the launcher) before the run started: nothing to save\n";
+  if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
+  _exit(exit_status(ExitCode::terminated));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,8 +158,17 @@ int main(int argc, char** argv) {
     std::fputs(version_text().c_str(), stdout);
     return exit_status(ExitCode::ok);
   }
-  if (const char* launcher = std::getenv(kLauncherStatusVar); launcher && *launcher)
+  if (const char* launcher = std::getenv(kLauncherStatusVar); launcher && *launcher) {
     std::signal(SIGUSR2, interrupted_before_the_run);
+    std::signal(SIGUSR1, terminated_before_the_run);
+  }
+  // Test hook (fault injection): SHARDLAB_FAULT_SLOW_START=S: every rank starts S seconds late, its
+  // handlers above in place (a stop that lands before the run).
+  if (const char* late = std::getenv("SHARDLAB_FAULT_SLOW_START"); late && std::atoi(late) > 0) {
+    std::fprintf(stderr, "shardlab: fault injection: starting %d s late\n", std::atoi(late));
+    std::fflush(stderr);
+    sleep(static_cast<unsigned>(std::atoi(late)));
+  }
   MpiRuntime mpi(&argc, &argv);
   const Context ctx{mpi, [&mpi](CommKind kind) { return world_group(mpi, kind); }};
   try {

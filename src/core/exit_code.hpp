@@ -16,7 +16,8 @@ enum class ExitCode : int {
   out_of_memory = 4,       // past a rank's --device-memory or --host-memory budget, with what was live
   collective_timeout = 5,  // a collective did not complete within --collective-timeout (ranks named)
   interrupted = 130,       // Ctrl-C (SIGINT; 128 + 2, the shell's code): train saved first when it had a --save-dir
-  terminated = 143,        // a stop not reached at a step boundary within --term-grace (128 + SIGTERM; term_grace.hpp)
+  terminated = 143,        // 128 + SIGTERM: a stop not reached at a step boundary within --term-grace
+                           // (term_grace.hpp), or one at the --nproc launcher before the run started
 };
 
 constexpr int exit_status(ExitCode c) { return static_cast<int>(c); }

@@ -87,6 +87,25 @@ sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_launcher)
     fail "resume failed"
   check_resume_identical "$work/b.log" $((n + 5))
   ;;
+sigterm_launcher_at_start)
+  # SIGTERM at the launcher while the ranks are still starting (here held 60 s in main by the test
+  # hook, their early handlers in place): every rank ends with 143 and says why (it was SIGUSR1's
+  # death, 138, with Open MPI's banner alone).
+  SHARDLAB_FAULT_SLOW_START=60 "${train[@]}" --nproc 2 --steps 5 --save-dir "$work/ck" >"$work/out" 2>&1 &
+  job=$!
+  for _ in $(seq 1 600); do
+    [ "$(grep -c 'starting 60 s late' "$work/out")" -ge 2 ] && break
+    sleep 0.1
+  done
+  [ "$(grep -c 'starting 60 s late' "$work/out")" -ge 2 ] || fail "the ranks did not start"
+  kill -TERM "$job"
+  wait_job 30; rc=$?
+  cat "$work/out"
+  [ $rc -eq 143 ] || fail "expected exit 143, got $rc"
+  [ "$(grep -c 'terminated (SIGTERM at the launcher) before the run started' "$work/out")" -eq 2 ] ||
+    fail "not every rank said why"
+  [ ! -e "$work/ck" ] || [ -z "$(ls "$work/ck")" ] || fail "a checkpoint appeared"
+  ;;
 sigterm_no_save_dir)
   "${train[@]}" --nproc 2 --steps 1000000 --log "$work/a.log" >"$work/out" 2>&1 &
   job=$!
