@@ -134,7 +134,7 @@ extern "C" void interrupted_before_the_run(int) {
 // And SIGUSR1 is a SIGTERM passed on: until a run installs its own handling (train: a checkpoint
 // after the step), it ends the rank with the table's code for it, not SIGUSR1's default death (138).
 extern "C" void terminated_before_the_run(int) {
-  static const char msg[] = "shardlab: terminated (SIGTERM at the launcher) before the run started: nothing to save\n";
+  static const char msg[] = "shardlab: terminated (SIGTERM at the launcher): ending now, nothing saved\n";
   if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
   _exit(exit_status(ExitCode::terminated));
 }

@@ -122,7 +122,11 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
       c_.train.comm == CommKind::mpi && pr.reduce_dtype != DType::f32)
     b.staged = sizeof(float) * (1 + 1 / S) * f.params.at(ks);
   const int zs = zero_stage(e.strategy.kind);
-  if (d.pp > 1 && e.accum >= 2 && zs >= 2 && !e.layout.pipeline.schedule->splits_backward) {
+  // Every unit of the stage ran a backward before the last micro-batch's first: with one chunk a
+  // stage, any earlier micro-batch's; interleaved, the first round of pp micro-batches through every
+  // chunk (its backwards go a chunk at a time, pp micro-batches each).
+  const bool all_backed = e.layout.pipeline.virtual_stages == 1 ? e.accum >= 2 : e.accum >= 2 * int64_t{d.pp};
+  if (d.pp > 1 && all_backed && zs >= 2 && !e.layout.pipeline.schedule->splits_backward) {
     const double grad = double(std::min(dtype_size(pr.param_dtype), dtype_size(pr.reduce_dtype)));
     b.accumulated = f.params.at(ks) * (grad + (zs == 3 ? double(dtype_size(pr.param_dtype)) : 0.0));
   }

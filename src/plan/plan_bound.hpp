@@ -57,8 +57,9 @@ class PlanBounds {
   // stage's last backward, when every unit's gradient reduce-scatter has been issued and none is
   // waited for before the optimizer step (shard/zero.cpp), each staged in f32 by the transport
   // (src/comm/mpi_comm.cpp): 4 bytes a parameter sent and 4 / S received (S the shard group), beside
-  // the model states; the activations are not counted there. A third, under a pipeline of two
-  // micro-batches or more without a split backward, ZeRO-2 or 3: just before the stage's first
+  // the model states; the activations are not counted there. A third, under a pipeline without a
+  // split backward whose every unit ran a backward before the last micro-batch (two micro-batches
+  // or more; interleaved, twice pp), ZeRO-2 or 3: just before the stage's first
   // backward of the last micro-batch every unit of the stage holds its full gradient (accumulated
   // over the step, reduce-scattered after the unit's last micro-batch) and under ZeRO-3 its gathered
   // parameters (kept from the first forward to the last backward; strategy.hpp, pipelined()).

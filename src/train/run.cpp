@@ -150,89 +150,14 @@ void log_step(std::ofstream& log, const StepStats& s, const FlopsShare& share) {
   log.flush();  // a killed run keeps every finished step
 }
 
-// Preemption: the handler only records the signal; the run loop acts on it between steps.
-volatile std::sig_atomic_t g_stop_signal = 0;
-// Ctrl-C: the first SIGINT saves and stops like SIGTERM when there is somewhere to save; without a
-// --save-dir, or at the second one, the process ends at once with 130 (128 + SIGINT, the shell's
-// code for an interrupted program), as an untrained user expects of Ctrl-C.
-volatile std::sig_atomic_t g_sigint_saves = 0;
-volatile std::sig_atomic_t g_sigints = 0;
-
-void take_signal(int sig) {
-  if (sig == SIGUSR2) sig = SIGINT;  // Ctrl-C at the --nproc launcher, passed on (tools/launch.cpp)
-  if (sig == SIGINT) {
-    g_sigints = g_sigints + 1;
-    if (!g_sigint_saves || g_sigints > 1) {
-      static const char msg[] = "shardlab: interrupted (SIGINT): stopping now, without a checkpoint\n";
-      if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
-      _exit(130);
-    }
-    static const char msg[] = "shardlab: SIGINT: saving a checkpoint after this step (Ctrl-C again stops at once)\n";
-    if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {}
-  }
-  g_stop_signal = sig;
-  term_grace_signalled(sig);
-}
-extern "C" void on_stop_signal(int sig) { take_signal(sig); }
-
 }  // namespace
-
-// Installs the handlers when a run starts and keeps them for the rest of the process: a second
-// signal during the save, the reports or the shutdown is recorded and changes nothing. SA_RESTART:
-// a system call the signal interrupts (a checkpoint write) resumes instead of failing. SIGXFSZ is
-// ignored, so a write past `ulimit -f` (log, checkpoint) is an error naming the file.
-//
-// No thread that computes ever runs the handler: oneDNN's JIT sgemm keeps data below the stack
-// pointer, past the 128 bytes a signal frame leaves alone, and a handler run on top of it corrupted
-// the heap (one SIGTERM in a few dozen, in the fault tests; every time in a loop of sgemm calls
-// signalled every 5 ms). So the two signals are blocked in this thread, in the threads it starts
-// from now on and in the OpenMP workers, and one thread of their own waits for them. Threads that
-// existed before (MPI's) may still take one; they run no GEMM, and the handler only sets a flag.
-void install_stop_signals(bool sigint_saves) {
-  g_stop_signal = 0;
-  g_sigints = 0;
-  g_sigint_saves = sigint_saves;
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
-  sigaction(SIGUSR2, &sa, nullptr);
-  // A process started with SIGINT ignored (a background job of a script, nohup-like wrappers) was
-  // meant not to stop on Ctrl-C: it keeps ignoring it.
-  static const bool sigint_ignored = [] {
-    struct sigaction old {};
-    return sigaction(SIGINT, nullptr, &old) == 0 && old.sa_handler == SIG_IGN;
-  }();
-  if (!sigint_ignored) sigaction(SIGINT, &sa, nullptr);
-  std::signal(SIGXFSZ, SIG_IGN);
-  static std::once_flag waiter;
-  std::call_once(waiter, [] {
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGUSR1);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGUSR2);
-    on_every_cpu_thread([&stop] { pthread_sigmask(SIG_BLOCK, &stop, nullptr); });
-    pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // this thread, had it no part in the pool
-    std::thread([stop] {
-      for (;;) {
-        int sig = 0;
-        if (sigwait(&stop, &sig) == 0) take_signal(sig);
-      }
-    }).detach();
-  });
-}
-
-int stop_signal() { return g_stop_signal; }
 
 // After step `done`: if any rank was signalled, every rank saves (all agree on the step) and the
 // run ends. Returns true when the run must stop.
 bool Trainer::stop_requested(int64_t done, bool saved, std::FILE* out) {
-  const int64_t sig = comm_.all_max(static_cast<int64_t>(g_stop_signal));
+  const int64_t sig = comm_.all_max(static_cast<int64_t>(stop_signal()));
   if (sig == 0) return false;
+  term_grace_honoured();  // at the boundary: the save that honours it takes what it takes
   const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "a signal";
   if (sig == SIGINT) interrupted_ = true;
   SHARD_REQUIRE(!cfg_.save_dir.empty(),
@@ -435,8 +360,8 @@ StepStats Trainer::run(std::FILE* out) {
   }
   open_outputs(log);
   if (root) print_header(out);
+  arm_term_grace(cfg_.term_grace_s, cfg_.save_dir, cfg_.steps);  // before the handlers: none unarmed
   install_stop_signals(!cfg_.save_dir.empty());
-  arm_term_grace(cfg_.term_grace_s, cfg_.save_dir, cfg_.steps);
   if (cfg_.save_async) {
     const auto t0 = std::chrono::steady_clock::now();
     save_buffer_ = AsyncCheckpoint::make_buffer(checkpoint_state());
@@ -471,7 +396,8 @@ StepStats Trainer::run(std::FILE* out) {
     // A stop asked during the last step: the run is complete, so it ends as one does (its final
     // checkpoint and --save written), not as a preempted run.
     if (t + 1 == cfg_.steps) {
-      if (comm_.all_max(static_cast<int64_t>(g_stop_signal)) != 0 && root)
+      term_grace_honoured();  // the run ends as one does, whatever its saves take
+      if (comm_.all_max(static_cast<int64_t>(stop_signal())) != 0 && root)
         std::fprintf(out, "a stop was asked during the last step: finishing the run (its checkpoint and --save)\n");
       break;
     }

@@ -102,7 +102,7 @@ sigterm_launcher_at_start)
   wait_job 30; rc=$?
   cat "$work/out"
   [ $rc -eq 143 ] || fail "expected exit 143, got $rc"
-  [ "$(grep -c 'terminated (SIGTERM at the launcher) before the run started' "$work/out")" -eq 2 ] ||
+  [ "$(grep -c 'terminated (SIGTERM at the launcher): ending now, nothing saved' "$work/out")" -eq 2 ] ||
     fail "not every rank said why"
   [ ! -e "$work/ck" ] || [ -z "$(ls "$work/ck")" ] || fail "a checkpoint appeared"
   ;;

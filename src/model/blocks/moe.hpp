@@ -28,8 +28,8 @@
 // context-parallel ranks as the rest, so every rank holds the global batch's; after the optimizer's
 // update, layer l's correction bias moves by γ sign(mean_e load - load_e) per expert (bias_steps,
 // applied by the Trainer through Strategy::optimizer_step where each rank holds the bias). The loads
-// are whole numbers, exact in the f32 sum up to 2^24 per layer and expert, so every rank and every
-// layout moves the bias alike; the bias is a parameter, so checkpoints and exports carry it.
+// are whole numbers, exact in the f32 sums up to 2^24 per layer and expert over the step (past it,
+// rounded alike on every rank), so every rank and every layout moves the bias alike; the bias is a parameter, so checkpoints and exports carry it.
 //
 // The auxiliary loss is transformers' load_balancing_loss_func: over all layers' router rows R
 // together, aux = E sum_e f_e P_e with f_e = (top-k choices of e) / R and P_e = (probabilities of e

@@ -153,6 +153,9 @@ YarnSpec take_yarn(nlohmann::json& j) {
   // transformers: no factor means max_position_embeddings over the original length.
   const double positions = j.value("max_position_embeddings", 0.0);
   y.factor = number("factor", positions / static_cast<double>(y.original_max_positions));
+  SHARD_REQUIRE(y.factor >= 1, "config.json: \"{}\" of type yarn has factor {} (or none, and "
+                "max_position_embeddings over original_max_position_embeddings {} gives it): expected 1 or more",
+                where, y.factor, y.original_max_positions);
   y.mscale = number("mscale", 0), y.mscale_all_dim = number("mscale_all_dim", 0);
   y.beta_fast = number("beta_fast", 32), y.beta_slow = number("beta_slow", 1);
   if (y.beta_fast == 0) y.beta_fast = 32;  // transformers: `or 32`, `or 1`
