@@ -114,6 +114,19 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
   if (zero_stage(e.strategy.kind) == 3 && d.dp_shard * d.cp > 1 && last.recomputable())
     b.gathered = f.unit_params.at(static_cast<size_t>(first + count - 1)) *
                  double(dtype_size(c_.train.strategy.precision.param_dtype));
+  // Pipelined ZeRO-3 keeps every unit gathered from its first forward to its last backward: every
+  // unit of the chunks in flight is gathered then.
+  if (zero_stage(e.strategy.kind) == 3 && d.pp > 1 && d.dp_shard * d.cp > 1) {
+    double in_flight = 0;
+    std::vector<int> seen;
+    for (int chunk : flights) {
+      if (std::find(seen.begin(), seen.end(), chunk) != seen.end()) continue;
+      seen.push_back(chunk);
+      const auto [c0, n] = chunks.at(index(chunk));
+      for (int u = c0; u < c0 + n; ++u) in_flight += f.unit_params.at(static_cast<size_t>(u));
+    }
+    b.gathered = std::max(b.gathered, in_flight * double(dtype_size(c_.train.strategy.precision.param_dtype)));
+  }
   const MixedPrecisionPolicy& pr = c_.train.strategy.precision;
   if (pr.param_dtype != DType::f32)
     b.compute_copy = sizeof(float) * f.unit_params.at(static_cast<size_t>(first + count - 1));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A rank frozen with SIGSTOP mid-run: the job must end within --collective-timeout plus a few
+# A rank frozen with SIGSTOP mid-run: the job must end within --collective-timeout plus some
 # seconds, with exit code 5 and one message naming that rank.
 # usage: frozen_rank.sh SHARDLAB NP RANK [train options...]
 set -u
@@ -12,7 +12,7 @@ out=$(mktemp)
 job=$!
 # Wait until every rank has started stepping, then find the victim by its MPI rank.
 pid=""
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do  # up to 60 s: a busy machine starts the ranks late
   sleep 0.1
   for p in $(pgrep -P "$(pgrep -P "$job")"); do  # the ranks: children of mpirun, the --nproc launcher's child
     if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then pid=$p; fi
@@ -30,5 +30,7 @@ cat "$out"
 rm -f "$out"
 echo "exit code $rc, job ended ${elapsed_ms} ms after SIGSTOP"
 [ "$rc" -eq 5 ] || { echo "FAIL: expected exit code 5"; exit 1; }
-[ "$elapsed_ms" -le $(( (timeout_s + 5) * 1000 )) ] || { echo "FAIL: took too long"; exit 1; }
+# Bounded, not timed: the watchdog's 3 s, the launcher's 2 s after the report, the teardown, with room
+# for a machine busy with other tests (8.3 s seen under the fuzz test's load; a hang is minutes).
+[ "$elapsed_ms" -le $(( (timeout_s + 12) * 1000 )) ] || { echo "FAIL: took too long"; exit 1; }
 echo "PASS"
