@@ -330,27 +330,35 @@ TEST_CASE("plan: the answer for a fixed small case, by the model's arithmetic", 
 TEST_CASE("plan: the progress line's estimate of the time left", "[plan]") {
   WalkState w;
   w.candidates = 11000, w.keep = 15, w.walked = 1000, w.elapsed_s = 10;
-  // Nothing fits yet: the rest of the list (10,000 layouts) at 10 ms a layout, said to be the list's.
+  // Nothing fits yet: no estimate, only where the walk ends at the latest (the rest of the list,
+  // 10,000 layouts at 10 ms a layout).
   WalkEstimate e = estimate_walk_left(w);
   CHECK(e.whole_list);
   CHECK(e.seconds_left == Approx(100));
   CHECK_THAT(progress_text(w), Catch::Contains("1000 of 11000 layouts walked (9%)") &&
-                                   Catch::Contains("nothing fits yet: the rest of the list would take about 100 s at "
-                                                   "this pace (an estimate; the walk ends once 15 fit)"));
-  // The first fit at layout 1000 (10 s) gives no rate of fits yet: still the list's pace.
-  w.first_fit_walked = 1000, w.first_fit_s = 10, w.fit = 1;
-  CHECK(estimate_walk_left(w).whole_list);
-  // At layout 1100 (12 s) 5 fit: 4 more in 100 layouts since the first, so 250 for the other 10, at
-  // 20 ms a layout since the first.
-  w.walked = 1100, w.elapsed_s = 12, w.fit = 5;
+                                   Catch::Contains("nothing fits yet, so no estimate of the time left: the walk ends "
+                                                   "once 15 fit (at the latest, the rest of the list: about 100 s at "
+                                                   "this pace)"));
+  CHECK(progress_brief(w) == "plan: 1000/11000 walked, 0/15 fit, 10 s; no estimate before a fit (list <= ~100 s)");
+  // The first fit at layout 1000 (8 s; its settling took 0.5 s); at 10 s: 2.5 s per fit, 14 to come.
+  w.first_fit_walked = 1000, w.first_fit_s = 8, w.first_fit_cost_s = 0.5, w.fit_cost_max_s = 0.5, w.fit = 1;
   e = estimate_walk_left(w);
   CHECK(!e.whole_list);
-  CHECK(e.seconds_left == Approx(250 * 0.02));
-  CHECK_THAT(progress_text(w), Catch::Contains("5 of 15 fit, 12 s; about 5 s left (an estimate: 10 more to fit, at "
-                                               "the rate fits came since the first)"));
-  // Never more than the rest of the list (50 layouts) at that pace.
-  w.candidates = 1150;
-  CHECK(estimate_walk_left(w).seconds_left == Approx(50 * 0.02));
+  CHECK(e.seconds_left == Approx(14 * 2.5));
+  // At layout 1100 (12 s) 5 fit: 4 more in 100 layouts since the first, so 250 for the other 10, at
+  // 40 ms a layout since the first (10 s); or 1.3 x the longest fit's settling (2 s) for each of the
+  // 10: the lesser.
+  w.walked = 1100, w.elapsed_s = 12, w.fit = 5, w.fit_cost_max_s = 2;
+  e = estimate_walk_left(w);
+  CHECK(!e.whole_list);
+  CHECK(e.seconds_left == Approx(250 * 0.04));
+  CHECK_THAT(progress_text(w), Catch::Contains("5 of 15 fit, 12 s; about 10 s left (an estimate: 10 more to fit, "
+                                               "each a whole step predicted, at the pace since the first fit)"));
+  w.fit_cost_max_s = 0.5;
+  CHECK(estimate_walk_left(w).seconds_left == Approx(10 * 1.3 * 0.5));
+  // The rate's: never more than the rest of the list (50 layouts) at the pace since the first fit.
+  w.candidates = 1150, w.fit_cost_max_s = 2;
+  CHECK(estimate_walk_left(w).seconds_left == Approx(50 * 0.04));
   // An exhaustive walk goes to the end of the list: its rest at the pace so far.
   w.candidates = 11000, w.exhaustive = true;
   CHECK(estimate_walk_left(w).seconds_left == Approx(9900 * 12.0 / 1100));
@@ -393,7 +401,7 @@ TEST_CASE("plan: the progress line comes every 10 s in a log, in place every sec
   CHECK(a.find('\r') == std::string::npos);
   CHECK(a.find("walked (0%), 0 memory predictions, 0 of 15 fit, 10 s; nothing fits yet") != std::string::npos);
   size_t estimates = 0;
-  for (size_t at = 0; (at = a.find("(an estimate;", at)) != std::string::npos; ++at) ++estimates;
+  for (size_t at = 0; (at = a.find("(at the latest, the rest", at)) != std::string::npos; ++at) ++estimates;
   CHECK(estimates == 10);
   std::FILE* tty = std::tmpfile();
   REQUIRE(tty);
@@ -404,7 +412,7 @@ TEST_CASE("plan: the progress line comes every 10 s in a log, in place every sec
   CHECK(std::count(b.begin(), b.end(), '\r') == 100 + 1);  // every second, then cleared
   CHECK(b.find('\n') == std::string::npos);
   CHECK(b.substr(b.size() - 4) == "\r\033[K");
-  CHECK(b.substr(0, 50) == "\rplan: 100/1000000 walked, 0/15 fit, 1 s; rest of ");
+  CHECK(b.substr(0, 50) == "\rplan: 100/1000000 walked, 0/15 fit, 1 s; no estim");
   for (size_t at = b.find('\r'); at + 4 < b.size(); at = b.find('\r', at + 1))
     CHECK(b.find("\033[K", at) - at - 1 <= 49);
   WalkProgress quiet(nullptr, 80);  // no stream: nothing to do, nothing to fail

@@ -43,6 +43,7 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   f.strategy.apply_dtypes(pc.train.strategy);
   pc.train.strategy.precision.validate();
   cli::set_pins(pc.pins, f, vm);
+  cli::set_zeropp(pc, f);
   pc.train.layout.cp.method = parse_cp_method(f.mesh.cp_method);  // a setting, not searched
   cli::set_device(pc, f, vm);
   pc.keep = static_cast<size_t>(std::max({f.show, f.measure_top, f.ledger_top, 1}));

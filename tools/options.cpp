@@ -133,23 +133,7 @@ void StrategyOptions::add(Desc& d, StrategyConfig& s) {
       "zero3: most units gathered at once (0 = prefetch + 2)");
   d.add(g);
   Desc z("ZeRO++ (zero3; docs/strategies-and-mesh.md, \"ZeRO++\")");
-  add_switch(z, "zeropp", zeropp,
-             "all three levers: --quantize-weights int8 --secondary-shard node --quantize-grads int4 (each may "
-             "still be given otherwise)");
-  z.add_options()("quantize-weights", po::value(&quantize_weights)->default_value(""),
-                  "qwZ: none or int8: each rank's parameter shard block-quantized before the all-gather, dequantized "
-                  "after (the shard the optimizer updates stays exact)")(
-      "secondary-shard", po::value(&secondary_shard)->default_value(""),
-      "hpZ: none or node: after a unit's forward each rank keeps its node's slice of the parameters (memory + "
-      "unit / ranks on the node), so backward's all-gather stays inside the node")(
-      "quantize-grads", po::value(&quantize_grads)->default_value(""),
-      "qgZ: none, int4 or int8: the gradient reduce-scatter becomes an all-to-all of block-quantized gradients "
-      "inside the node, summed there in f32, then one across the nodes (error feedback: --error-feedback)")(
-      "quantize-block", po::value(&s.zeropp.block)->default_value(s.zeropp.block),
-      "elements per f32 scale of the quantized blocks (a multiple of 8)");
-  add_switch(z, "error-feedback", error_feedback,
-             "qgZ: carry each rank's quantization error of its gradient into its next reduction (off by default: it "
-             "holds a full f32 gradient per unit more per rank; needs --reduce-dtype f32; not kept in checkpoints)");
+  add_zeropp_levers(z, s.zeropp);
   z.add_options()(
       "ranks-per-node", po::value(&ranks_per_node)->default_value(0),
       "consecutive ranks that share a node (0 = one node holds every rank): hpZ and qgZ work node by node, and "
@@ -159,6 +143,26 @@ void StrategyOptions::add(Desc& d, StrategyConfig& s) {
       "ranks on several nodes completes no sooner than its bus bytes at this rate after the rank's emulated link "
       "is free (0 = off; 0.01 to 1e6; for benchmarks)");
   d.add(z);
+}
+
+void StrategyOptions::add_zeropp_levers(Desc& d, ZeroPP& z) {
+  add_switch(d, "zeropp", zeropp,
+             "all three levers: --quantize-weights int8 --secondary-shard node --quantize-grads int4 (each may "
+             "still be given otherwise)");
+  d.add_options()("quantize-weights", po::value(&quantize_weights)->default_value(""),
+                  "qwZ: none or int8: each rank's parameter shard block-quantized before the all-gather, dequantized "
+                  "after (the shard the optimizer updates stays exact)")(
+      "secondary-shard", po::value(&secondary_shard)->default_value(""),
+      "hpZ: none or node: after a unit's forward each rank keeps its node's slice of the parameters (memory + "
+      "unit / ranks on the node), so backward's all-gather stays inside the node")(
+      "quantize-grads", po::value(&quantize_grads)->default_value(""),
+      "qgZ: none, int4 or int8: the gradient reduce-scatter becomes an all-to-all of block-quantized gradients "
+      "inside the node, summed there in f32, then one across the nodes (error feedback: --error-feedback)")(
+      "quantize-block", po::value(&z.block)->default_value(z.block),
+      "elements per f32 scale of the quantized blocks (a multiple of 8)");
+  add_switch(d, "error-feedback", error_feedback,
+             "qgZ: carry each rank's quantization error of its gradient into its next reduction (off by default: it "
+             "holds a full f32 gradient per unit more per rank; needs --reduce-dtype f32; not kept in checkpoints)");
 }
 
 void StrategyOptions::apply_prefetch(StrategyConfig& s) const {

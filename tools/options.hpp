@@ -136,6 +136,9 @@ struct StrategyOptions {
   int ranks_per_node = 0;                              // --ranks-per-node
   double inter_node_gbs = 0;                           // --inter-node-gbs
   void apply_zeropp(StrategyConfig& s) const;
+  // The levers alone (--zeropp --quantize-weights --secondary-shard --quantize-grads --quantize-block
+  // --error-feedback), the block into z: add() and plan's group.
+  void add_zeropp_levers(Desc& d, ZeroPP& z);
   std::string prefetch = "auto";  // --prefetch
   void apply_prefetch(StrategyConfig& s) const;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "src/core/device_peaks.hpp"
+#include "src/core/units.hpp"
 #include "src/model/family.hpp"
 
 namespace shardlab::cli {
@@ -51,6 +52,10 @@ Desc plan_options(PlanFlags& f, PlanConfig& pc) {
   add_measure_steps(desc, f.measure_steps,
                     "steps per measured configuration (the first a warm-up; 11 or more go in rounds over the "
                     "configurations in turn, up to 4, each round's first step a warm-up too)");
+  Desc z("ZeRO++ (zero3 whose shard group spans nodes is tried plain and with these levers: hpZ by default, the "
+         "lossy qwZ and qgZ only when given)");
+  f.strategy.add_zeropp_levers(z, pc.zeropp);
+  desc.add(z);
   f.run.add(desc);
   f.memory.add(desc);
   f.model.add(desc);
@@ -90,6 +95,19 @@ void set_pins(PlanPins& pins, const PlanFlags& f, const po::variables_map& vm) {
   }
 }
 
+void set_zeropp(PlanConfig& pc, const PlanFlags& f) {
+  StrategyConfig s = pc.train.strategy.under(StrategyKind::zero3);
+  s.zeropp.block = pc.zeropp.block;
+  f.strategy.apply_zeropp(s);                             // the lossy levers as given, none otherwise
+  if (f.strategy.secondary_shard.empty()) s.zeropp.secondary = true;  // hpZ changes no number: tried unless refused
+  s.validate();
+  const bool lossy = s.zeropp.weight_bits > 0 || s.zeropp.grad_bits > 0;
+  SHARD_REQUIRE(!lossy || !pc.pins.strategy || *pc.pins.strategy == StrategyKind::zero3,
+                "plan {} with --strategy {}: the ZeRO++ levers are zero3's; pin zero3 or leave --strategy out",
+                s.zeropp.label(), strategy_name(*pc.pins.strategy));
+  pc.zeropp = s.zeropp;
+}
+
 void set_device(PlanConfig& pc, const PlanFlags& f, const po::variables_map& vm) {
   const PoolConfig budgets = f.memory.pools();
   SHARD_REQUIRE(!f.calibrate || !given_flag(vm, "gpu"), "--calibrate measures this machine: leave --gpu {} out",
@@ -107,7 +125,11 @@ void set_device(PlanConfig& pc, const PlanFlags& f, const po::variables_map& vm)
   }
   pc.device_memory = budgets.budget > 0 ? budgets.budget
                      : f.calibrate      ? 0
-                                        : preset.memory_bytes();
+                                        : preset.budget_bytes();
+  if (budgets.budget == 0 && !f.calibrate)
+    pc.budget_note = fmt::format(" ({} {} less {} for the CUDA context, cuBLAS/cuDNN workspaces and NCCL's buffers; "
+                                 "--device-memory sets it)", preset.name, format_bytes(double(preset.memory_bytes())),
+                                 format_bytes(double(kDeviceHeadroomMib << 20)));
   pc.host_memory = budgets.host_budget;
 }
 

@@ -29,6 +29,8 @@ Desc plan_options(PlanFlags& f, PlanConfig& pc);
 std::string family_names(const char* sep, bool with_preset = false);
 // Pins: every mesh flag given, and the levers.
 void set_pins(PlanPins& pins, const PlanFlags& f, const po::variables_map& vm);
+// The ZeRO++ levers tried beside plain zero3 across nodes (PlanConfig::zeropp), checked as train would.
+void set_zeropp(PlanConfig& pc, const PlanFlags& f);
 // The device: a preset's rates (overridden by the rate flags) and memory, or --calibrate's budget.
 void set_device(PlanConfig& pc, const PlanFlags& f, const po::variables_map& vm);
 

@@ -12,6 +12,8 @@ namespace {
 constexpr const DevicePeaks* kPresets[] = {&kA100_80GB, &kH100_80GB, &kH200};
 }
 
+uint64_t DevicePeaks::budget_bytes() const { return memory_bytes() - (kDeviceHeadroomMib << 20); }
+
 std::vector<std::string> device_preset_names() {
   std::vector<std::string> names;
   for (const DevicePeaks* p : kPresets) names.emplace_back(p->name);

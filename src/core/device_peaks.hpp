@@ -30,7 +30,17 @@ struct DevicePeaks {
   double vector_f32_tflops = 0;  // f32 on the CUDA cores (no tensor cores), TFLOP/s
   int sms = 0;                   // streaming multiprocessors: a kernel with fewer blocks leaves some idle
   uint64_t memory_bytes() const { return memory_mib << 20; }
+  // plan's default budget: the memory less kDeviceHeadroomMib.
+  uint64_t budget_bytes() const;
 };
+
+// What a training process holds on a GPU outside the runtime's pool, which plan's default budget
+// leaves free (--device-memory replaces the budget whole): the driver's reserve (nvidia-smi -q's
+// "Reserved", about 0.5 GiB, within the total), the CUDA context and cuBLAS's workspace (628.9 MiB
+// measured outside the pool on the lent H200, one process, staged transport: docs/gpus.md), and
+// room for cuDNN's workspace and NCCL's buffers (4 MiB per channel and peer by default; not yet
+// measured across 8 GPUs). 2 GiB in all.
+inline constexpr uint64_t kDeviceHeadroomMib = 2048;
 
 // H100 SXM in an 8-GPU node: 989 TFLOP/s dense bf16, NVLink 4 (360 GB/s of bus bandwidth achieved
 // by all-reduce), one 400 Gb/s InfiniBand NIC per GPU (45 GB/s achieved), PCIe 5 x16 (25 GB/s).
@@ -55,7 +65,7 @@ inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 81559, 3350, 450, 4
 // H200 (SXM) 143,771 MiB (140.40 GiB). Not modelled: what the driver reserves of it (nvidia-smi -q's
 // "Reserved", about 0.5 GiB; cudaMemGetInfo's total leaves it out) and what a process's CUDA
 // context, cuBLAS workspaces and NCCL buffers take (hundreds of MiB, by driver and library version).
-// plan's peaks are this runtime's pool; --device-memory leaves room for those where it matters.
+// plan's peaks are this runtime's pool; its default budget leaves kDeviceHeadroomMib for those.
 inline constexpr DevicePeaks kA100_80GB{"a100-80gb", 312, 240, 22.5, 20, 81920, 2039, 300, 200, 8, 8,
                                         "NVIDIA A100 datasheet (80GB SXM), DGX A100 (8x HDR 200 Gb/s)", 19.5, 108};
 inline constexpr DevicePeaks kH100_80GB{"h100-80gb", 989.4, 360, 45, 25, 81559, 3350, 450, 400, 8, 8,

@@ -50,8 +50,8 @@ class Searcher {
                   "pp x virtual stages at most the {} blocks, and each schedule's own rules (--pp-virtual, micro-batches)",
                   c_.world, c_.train.spec.heads, c_.train.spec.num_kv_heads(), c_.train.spec.ffn_hidden(),
                   std::min(c_.ranks_per_node, c_.world), c_.batch(), c_.train.spec.layers);
-    std::stable_sort(cands.begin(), cands.end(), [](const PlanEntry& a, const PlanEntry& b) {
-      if (a.step_ms() != b.step_ms()) return a.step_ms() < b.step_ms();
+    std::stable_sort(cands.begin(), cands.end(), [this](const PlanEntry& a, const PlanEntry& b) {
+      if (rank_ms(a) != rank_ms(b)) return rank_ms(a) < rank_ms(b);
       return a.micro_batch > b.micro_batch;  // a tie (the model sees none): the larger micro-batch
     });
     std::vector<PlanEntry> fit, no;
@@ -65,12 +65,16 @@ class Searcher {
       report.update(w);
       // Past the fastest that do not fit that the result keeps, no report shows the peak of one that
       // does not: its steps may stop at their first allocation past the budget.
+      const double t_settle = now_s();
       switch (settle(e, res, failed_mb, !c_.exhaustive && no.size() >= c_.keep_not_fitting)) {
-        case Settled::fits:
+        case Settled::fits: {
           fit.push_back(std::move(e));
           w.fit = fit.size();
-          if (w.fit == 1) w.first_fit_walked = w.walked, w.first_fit_s = now_s() - t0;
+          const double cost = now_s() - t_settle;
+          w.fit_cost_max_s = std::max(w.fit_cost_max_s, cost);
+          if (w.fit == 1) w.first_fit_walked = w.walked, w.first_fit_s = now_s() - t0, w.first_fit_cost_s = cost;
           break;
+        }
         case Settled::does_not_fit: no.push_back(std::move(e)); break;
         case Settled::not_runnable: break;
       }
@@ -87,6 +91,12 @@ class Searcher {
   PlanBounds bounds_{c_};
 
   enum class Settled { fits, does_not_fit, not_runnable };
+
+  // The time the walk orders by: the step's, an unasked offload's longer by offload_rank_factor.
+  double rank_ms(const PlanEntry& e) const {
+    const bool unasked_offload = e.strategy.offload != Offload::none && !c_.pins.offload;
+    return unasked_offload ? e.step_ms() * c_.offload_rank_factor : e.step_ms();
+  }
 
   // Whether e fits: ruled out by a bound (a smaller micro-batch of its layout that did not fit, a
   // stage's model states and activations in flight at its first backward over the budget: see
@@ -143,13 +153,14 @@ class Searcher {
   }
 
   // e priced; and for zero3 whose shard group spans more ranks than a node holds, once more with
-  // ZeRO++'s three levers (the time model prices them on their links, the prediction holds hpZ's shard).
+  // the ZeRO++ levers the flags allow (PlanConfig::zeropp; the time model prices them on their links,
+  // the prediction holds hpZ's shard).
   void add_entry(std::vector<PlanEntry>& out, PlanEntry e, int64_t span) const {
     const int K = std::min(c_.ranks_per_node, c_.world);
     e.time = predict_step_time(c_.train.spec, e.time_layout(c_), c_.rates.device, c_.rates.achievable);
     out.push_back(e);
-    if (e.strategy.kind != StrategyKind::zero3 || span <= K || c_.world % K != 0) return;
-    e.strategy.zeropp = ZeroPP{8, 4, true, 256};
+    if (e.strategy.kind != StrategyKind::zero3 || span <= K || c_.world % K != 0 || !c_.zeropp.any()) return;
+    e.strategy.zeropp = c_.zeropp;
     e.layout.ranks_per_node = K;
     e.time = predict_step_time(c_.train.spec, e.time_layout(c_), c_.rates.device, c_.rates.achievable);
     out.push_back(std::move(e));
@@ -300,7 +311,16 @@ class Searcher {
   void predict_memory(const TrainConfig& t, PlanEntry& e, PlanResult& res, bool stop_at_budget) {
     const ParallelDims dims = t.layout.dims.resolved(c_.world);
     const PoolConfig budgets{c_.device_memory, c_.host_memory};
-    for (int k : bounds_.stage_facts(e).distinct) {
+    // Stopping at the budget, the stage likeliest to pass it first (the largest bound): a layout that
+    // does not fit then ends before its other stages' whole steps are run.
+    std::vector<int> stages = bounds_.stage_facts(e).distinct;
+    if (stop_at_budget) {
+      std::vector<std::pair<uint64_t, int>> by_bound;
+      for (int k : stages) by_bound.push_back({bounds_.stage(e, k).total(), k});
+      std::stable_sort(by_bound.begin(), by_bound.end(), [](auto& a, auto& b) { return a.first > b.first; });
+      for (size_t i = 0; i < stages.size(); ++i) stages[i] = by_bound[i].second;
+    }
+    for (int k : stages) {
       MeshCoord at;
       at.pp = k;
       const int rank = mesh_rank(dims, at);
@@ -315,7 +335,7 @@ class Searcher {
       const uint64_t lb = bounds_.stage(e, k).total();
       SHARD_CHECK(est->peak >= lb, "plan: the bound {} exceeds the predicted peak {} of stage {} of {}", lb, est->peak,
                   k, e.label());
-      if (est->peak > e.peak) e.peak = est->peak, e.peak_stage = k;
+      if (est->peak > e.peak || (est->peak == e.peak && k < e.peak_stage)) e.peak = est->peak, e.peak_stage = k;
       e.host_peak = std::max(e.host_peak, est->host.peak);
     }
     e.predicted = true;
@@ -348,9 +368,10 @@ double comm_time(const TimeSplit& s) {
 
 void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FILE* out) {
   std::fprintf(out, "shardlab plan: %s, %d ranks (%d per node), global batch %lld x %lld tokens, params %s, "
-               "device %s per rank, host %s\n", c.train.spec.describe().c_str(), c.world, c.ranks_per_node,
+               "device %s per rank%s, host %s\n", c.train.spec.describe().c_str(), c.world, c.ranks_per_node,
                static_cast<long long>(c.batch()), static_cast<long long>(c.train.spec.seq),
                dtype_name(c.train.strategy.precision.param_dtype), format_bytes(double(c.device_memory)).c_str(),
+               c.budget_note.c_str(),
                c.host_memory ? format_bytes(double(c.host_memory)).c_str() : "unlimited");
   std::fprintf(out, "%s", c.rates.describe().c_str());
   size_t fitting = 0;
@@ -391,6 +412,12 @@ void print_plan(const PlanConfig& c, const PlanResult& res, size_t show, std::FI
   std::fprintf(out, "TFLOP/s: model FLOPs per device (Megatron's count, no recomputation); MFU against the %.1f "
                "TFLOP/s peak. Memory is the estimator's (exact); time is the model of docs/planning.md.\n",
                c.rates.device.flops.value / 1e12);
+  std::fprintf(out, "Levers: zero3 across nodes also with %s (lossy qwZ/qgZ only when given: --zeropp, "
+               "--quantize-*); %s\n", c.zeropp.any() ? c.zeropp.label().c_str() : "no ZeRO++ lever",
+               c.pins.offload ? "offload as pinned"
+                              : fmt::format("offload ranked as if {:.0f}% slower (taken where nothing else fits or "
+                                            "where it is that much faster; --offload pins it)",
+                                            100 * (c.offload_rank_factor - 1)).c_str());
   std::fflush(out);
 }
 

@@ -62,9 +62,17 @@ struct PlanConfig {
   int world = 8;
   int ranks_per_node = 8;
   uint64_t device_memory = 0;  // per rank; required
+  std::string budget_note;     // where a preset's budget comes from (printed after it), "" when given
   uint64_t host_memory = 0;    // per rank; 0 = unlimited
   int64_t global_batch = 0;    // sequences per step; 0 = 8 per rank
   PlanPins pins;
+  // The ZeRO++ levers a zero3 layout whose shard group spans nodes is tried with as well (beside
+  // plain zero3): hpZ, which changes no number, unless --secondary-shard none; the lossy ones
+  // (qwZ's int8 weights, qgZ's quantized gradients) only when asked (--zeropp, --quantize-*).
+  ZeroPP zeropp{0, 0, true, 256};
+  // Offload ranks as if its step took this much longer, unless --offload pins it: a layout that
+  // moves state to the host is chosen where nothing else fits, or where it is clearly faster.
+  double offload_rank_factor = 1.1;
   PlanRates rates;
   size_t keep = 15;            // configurations that fit to find (the walk's end)
   size_t keep_not_fitting = 200;  // the fastest that do not fit to list, with their peaks (enough for any report)

@@ -14,14 +14,17 @@ WalkEstimate estimate_walk_left(const WalkState& w) {
   if (w.walked == 0 || w.walked >= w.candidates) return {0, true};
   const double rest = double(w.candidates - w.walked);
   const double pace = w.elapsed_s / double(w.walked);  // seconds per layout walked, so far
-  // One fit gives no rate of fits: until a second, the list's pace.
-  if (w.exhaustive || w.fit < 2 || w.first_fit_walked == 0 || w.walked <= w.first_fit_walked)
-    return {rest * pace, true};
+  if (w.exhaustive || w.fit == 0 || w.first_fit_walked == 0) return {rest * pace, true};
   if (w.fit >= w.keep) return {0, false};
-  // Since the first fit: n layouts walked, w.fit - 1 of them fit, in elapsed_s - first_fit_s.
-  const double n = double(w.walked - w.first_fit_walked);
-  const double to_walk = double(w.keep - w.fit) * n / double(w.fit - 1);
-  return {std::min(to_walk, rest) * (w.elapsed_s - w.first_fit_s) / n, false};
+  const double to_fit = double(w.keep - w.fit);
+  double left = to_fit * (w.elapsed_s - w.first_fit_s + w.first_fit_cost_s) / double(w.fit);
+  if (w.fit >= 2 && w.walked > w.first_fit_walked) {
+    // Since the first fit: n layouts walked, w.fit - 1 of them fit, in elapsed_s - first_fit_s.
+    const double n = double(w.walked - w.first_fit_walked);
+    const double by_rate = std::min(to_fit * n / double(w.fit - 1), rest) * (w.elapsed_s - w.first_fit_s) / n;
+    left = std::min(by_rate, to_fit * 1.3 * w.fit_cost_max_s);
+  }
+  return {left, false};
 }
 
 std::string progress_text(const WalkState& w) {
@@ -32,10 +35,10 @@ std::string progress_text(const WalkState& w) {
   if (w.exhaustive)
     return s + fmt::format("about {:.0f} s left (an estimate: the rest of the list at this pace)", left.seconds_left);
   if (left.whole_list)
-    return s + fmt::format("nothing fits yet: the rest of the list would take about {:.0f} s at this pace (an "
-                           "estimate; the walk ends once {} fit)", left.seconds_left, w.keep);
-  return s + fmt::format("about {:.0f} s left (an estimate: {} more to fit, at the rate fits came since the first)",
-                         left.seconds_left, w.keep - std::min(w.fit, w.keep));
+    return s + fmt::format("nothing fits yet, so no estimate of the time left: the walk ends once {} fit (at the "
+                           "latest, the rest of the list: about {:.0f} s at this pace)", w.keep, left.seconds_left);
+  return s + fmt::format("about {:.0f} s left (an estimate: {} more to fit, each a whole step predicted, at the pace "
+                         "since the first fit)", left.seconds_left, w.keep - std::min(w.fit, w.keep));
 }
 
 std::string progress_brief(const WalkState& w) {
@@ -43,7 +46,7 @@ std::string progress_brief(const WalkState& w) {
   std::string s = fmt::format("plan: {}/{} walked, {}/{} fit, {:.0f} s; ", w.walked, w.candidates, w.fit, w.keep,
                               w.elapsed_s);
   if (w.exhaustive || !left.whole_list) return s + fmt::format("~{:.0f} s left (estimate)", left.seconds_left);
-  return s + fmt::format("rest of the list ~{:.0f} s (estimate)", left.seconds_left);
+  return s + fmt::format("no estimate before a fit (list <= ~{:.0f} s)", left.seconds_left);
 }
 
 WalkProgress::WalkProgress(std::FILE* out, int columns)

@@ -16,25 +16,34 @@ struct WalkState {
   double elapsed_s = 0;         // since the search began
   size_t first_fit_walked = 0;  // `walked` when the first configuration that fits was found; 0: none yet
   double first_fit_s = 0;       // `elapsed_s` then
+  double first_fit_cost_s = 0;  // the seconds its settling took (every stage's whole step predicted)
+  double fit_cost_max_s = 0;    // the longest settling of one that fits
 };
 
-// The time left, estimated. Until two fit (and for an exhaustive walk) the only pace is the list's:
-// the rest of it at the seconds per layout so far, which is where the walk ends at the latest (it
-// ends sooner once `keep` fit). From the second fit: the layouts still to walk for the remaining
-// ones to fit, at the rate fits came since the first, and the seconds per layout since then
-// (layouts near the answer cost more to settle), no more than the rest of the list.
+// The time left, estimated. An exhaustive walk: the rest of the list at the seconds per layout so
+// far. Otherwise the walk ends once `keep` fit, and each that fits costs a whole step predicted on
+// every distinct stage, so:
+//   - before the first fit there is no estimate, only the rest of the list at this pace (where the
+//     walk ends at the latest, hours for a large search that ends in seconds);
+//   - from the first: the seconds since it (and its own settling) per layout that fit, for each
+//     still to fit;
+//   - from the second: the lesser of the layouts still to walk for the rest to fit, at the rate
+//     fits came since the first and the seconds per layout since then, and 1.3 times the longest
+//     settling of one that fit for each still to fit (fits come faster near the answer: the
+//     layouts between them are ruled out by their bounds), the rate's never more than the rest
+//     of the list. Measured against the truth, docs/planning.md "Progress".
 struct WalkEstimate {
   double seconds_left = 0;
-  bool whole_list = false;  // the estimate is the rest of the list's (no fit to pace by, or exhaustive)
+  bool whole_list = false;  // the estimate is the rest of the list's (nothing fits yet, or exhaustive)
 };
 WalkEstimate estimate_walk_left(const WalkState& w);
 
 // "plan: 4000 of 53370 layouts walked (7%), 1234 memory predictions, 0 of 15 fit, 12 s; nothing
-// fits yet: the rest of the list would take about 150 s at this pace (an estimate; the walk ends
-// once 15 fit)"
+// fits yet, so no estimate of the time left: the walk ends once 15 fit (at the latest, the rest of
+// the list: about 150 s at this pace)"
 std::string progress_text(const WalkState& w);
-// The same in short, for a terminal's one line: "plan: 4000/53370 walked, 0/15 fit, 12 s; rest of
-// the list ~150 s (estimate)"
+// The same in short, for a terminal's one line: "plan: 4000/53370 walked, 0/15 fit, 12 s; no
+// estimate before a fit (list <= ~150 s)"
 std::string progress_brief(const WalkState& w);
 
 // The line's cadence. On a terminal one short line, rewritten in place every second and cut to the
