@@ -17,6 +17,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "src/comm/mpirun_guard.hpp"
+
 namespace shardlab {
 namespace {
 
@@ -57,9 +59,17 @@ Record* map_record(const std::string& path, bool create) {
 class State {
  public:
   State(std::string dir, int rank, int world, double timeout_s, std::vector<std::string> hosts, double save_timeout_s)
-      : dir_(std::move(dir)), rank_(rank), world_(world), timeout_ns_(static_cast<int64_t>(timeout_s * 1e9)),
+      : job_dir_(std::move(dir)), rank_(rank), world_(world), timeout_ns_(static_cast<int64_t>(timeout_s * 1e9)),
         save_timeout_ns_(static_cast<int64_t>(save_timeout_s * 1e9)), hosts_(std::move(hosts)) {
     if (static_cast<int>(hosts_.size()) != world_) hosts_.assign(static_cast<size_t>(world_), "");
+    // A folder per host inside the job's: where the job directory is shared between hosts
+    // ($SHARDLAB_WATCHDOG_DIR on a network file system), another host's records, which say nothing
+    // about reaching that host (its link down, its ranks alive), stay unread, and its report
+    // marker cannot silence this host's report.
+    const std::string& host = hosts_[static_cast<size_t>(rank_)];
+    dir_ = host.empty() || host.find('/') != std::string::npos ? job_dir_ : job_dir_ + "/host-" + host;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
     mine_ = map_record(record_path(dir_, rank_), true);
     if (!mine_) {
       std::fprintf(stderr, "shardlab [rank %d]: --collective-timeout: cannot publish progress under %s: %s\n", rank_,
@@ -75,10 +85,16 @@ class State {
     if (mine_) ::munmap(mine_, sizeof(Record));
     ::unlink(record_path(dir_, rank_).c_str());
     // The job is done: the node's lowest rank removes the directory (the others' mappings outlive it).
-    if (std::find(hosts_.begin(), hosts_.end(), hosts_[static_cast<size_t>(rank_)]) - hosts_.begin() == rank_) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
+    if (std::find(hosts_.begin(), hosts_.end(), hosts_[static_cast<size_t>(rank_)]) - hosts_.begin() == rank_)
+      remove_dirs();
+  }
+  // This host's folder, then the job's where no other host's is left in it.
+  void remove_dirs() const {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    if (dir_ == job_dir_) return;
+    std::filesystem::remove(job_dir_ + "/owner", ec);
+    std::filesystem::remove(job_dir_, ec);  // fails, leaving it, while another host's folder is in it
   }
   bool ok() const { return mine_ != nullptr; }
 
@@ -180,8 +196,8 @@ class State {
                  std::string(mine_->what, strnlen(mine_->what, sizeof(mine_->what))).c_str(), limit_ns / 1e9,
                  limit_name, who.c_str());
     std::fflush(stderr);
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);  // the job ends here: nothing of it stays behind
+    remove_dirs();  // the job ends here: nothing of it stays behind
+    guard_stuck_mpirun(fmt::format("shardlab [rank {}/{}]", rank_, world_));  // a plain mpirun stuck on a host
     end_process();
   }
 
@@ -213,7 +229,7 @@ class State {
     std::_Exit(kExitTimeout);
   }
 
-  std::string dir_;
+  std::string job_dir_, dir_;  // the job's directory; this host's folder in it
   int rank_, world_;
   int64_t timeout_ns_, save_timeout_ns_;
   std::vector<std::string> hosts_;  // of every rank ("" where unknown)

@@ -1,9 +1,9 @@
 // watchdog.hpp — --collective-timeout: a rank that stops making progress ends the job, named.
 //
-// Each rank publishes, in a small file of its own under a job directory that every rank of the
-// node can read (tmpfs, /dev/shm by default; the diagnosis is node-local: ranks on other nodes are
-// named as having no record here), the number and description of the last collective
-// it entered and, while it is blocked in one, which and since when. The writer is the rank's own
+// Each rank publishes, in a small file of its own in its host's folder of a job directory (tmpfs,
+// /dev/shm by default; the diagnosis is node-local: ranks on other hosts are named as having no
+// record here, even where the directory is shared), the number and description of the last
+// collective it entered and, while it is blocked in one, which and since when. The writer is the rank's own
 // main thread, with plain stores to a shared mapping, so the record stays readable when that rank
 // is frozen (SIGSTOP, a swapped-out host, a debugger): diagnosing a frozen rank never needs its
 // cooperation. A thread per rank wakes every 100 ms (its heartbeat); when its rank has waited on
@@ -11,9 +11,10 @@
 // time out on resuming), it reads every rank's record and names the ranks that never entered #k
 // (or, if all did, says the transport did not complete it). The lowest such waiting rank prints the
 // one message; every detecting rank then ends its process with exit code 5, and mpirun ends the
-// rest, frozen ones included. Inside a checkpoint save the limit is --save-timeout instead: there
-// one rank (the writer, rank 0 committing) may legitimately keep the others waiting for long, but a
-// host lost mid-save must still end the job rather than hang it.
+// rest, frozen ones included (a plain mpirun stuck on a host it cannot reach: mpirun_guard.hpp).
+// Inside a checkpoint save the limit is --save-timeout instead: there one rank (the writer, rank 0
+// committing) may legitimately keep the others waiting for long, but a host lost mid-save must
+// still end the job rather than hang it.
 //
 // Collectives are numbered per process across every watched communicator, so the numbers agree
 // between ranks exactly when the ranks issue the same collectives, which they must anyway.

@@ -1,8 +1,8 @@
 // exit_code.hpp — the exit codes of every shardlab program: the one table (docs/long-runs-and-faults.md,
 // "Exit codes").
 //
-// Under mpirun (or --nproc) the job's code is the failing rank's, so each code means one thing
-// whichever rank reports it. Scripts branch on them (tests/faults, scripts/gpu-check.sh): a code's
+// Under mpirun (or --nproc) the job's code is the failing rank's (save 137: mpirun's own, ended by
+// a rank's guard), so each code means one thing whichever rank reports it. Scripts branch on them (tests/faults, scripts/gpu-check.sh): a code's
 // meaning never changes; a new failure kind gets a new number.
 #pragma once
 
@@ -16,6 +16,8 @@ enum class ExitCode : int {
   out_of_memory = 4,       // past a rank's --device-memory or --host-memory budget, with what was live
   collective_timeout = 5,  // a collective did not complete within --collective-timeout (ranks named)
   interrupted = 130,       // Ctrl-C (SIGINT; 128 + 2, the shell's code): train saved first when it had a --save-dir
+  mpirun_ended = 137,      // 128 + SIGKILL: a plain mpirun still waiting 5 s after a rank's report (on a host it
+                           // cannot reach), ended by that rank's guard (src/comm/mpirun_guard.hpp)
   terminated = 143,        // 128 + SIGTERM: a stop not reached at a step boundary within --term-grace
                            // (term_grace.hpp), or one at the --nproc launcher before the run started
 };

@@ -2,7 +2,7 @@
 # Runs across hosts of our own (scripts/hosts.sh: network namespaces, veth, Open MPI over TCP).
 # Each case prints what it measured and ends with PASS, or FAIL and a non-zero exit; 77 (skipped)
 # where this machine cannot make namespaces (not root, no CAP_SYS_ADMIN).
-# usage: hosts.sh SHARDLAB CASE     CASE: hybrid | link_down | straggler
+# usage: hosts.sh SHARDLAB CASE     CASE: hybrid | link_down | link_down_mpirun | straggler
 set -u
 bin=$(realpath "$1") case=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,11 +21,32 @@ if ! out=$("$hosts" up "${layout[@]}" 2>&1); then
 fi
 echo "$out"
 # hybrid zero3: sharded inside a host (2 ranks), replicated across the two.
-train=("$bin" train --model tiny --batch 8 --threads 1 --print-every 100000 --schedule constant --strategy zero3
-       --dp-shard 2 --nproc 4)
+ranks=("$bin" train --model tiny --batch 8 --threads 1 --print-every 100000 --schedule constant --strategy zero3
+       --dp-shard 2)
+train=("${ranks[@]}" --nproc 4)
 losses() { python3 -c "import json,sys; print(' '.join(repr(j['loss']) for j in map(json.loads, open(sys.argv[1])) if 'loss' in j))" "$1"; }
 sum_field() { python3 -c "import json,sys; print(int(sum(j.get(sys.argv[2], 0) for j in map(json.loads, open(sys.argv[1])))))" "$1" "$2"; }
 on_hosts() { "$hosts" run "$@"; }
+# Starts CMD on the hosts (its log $work/$1.log, output $work/$1.out), sets host 1's link down once
+# step 12 is logged, and waits up to 120 s for the job to end: sets ms (from the link going down to
+# the end) and rc.
+down_mid_run() {
+  local name=$1; shift
+  on_hosts "$@" --steps 100000 --log "$work/$name.log" >"$work/$name.out" 2>&1 &
+  local job=$! t0
+  for _ in $(seq 1 600); do
+    { [ -f "$work/$name.log" ] && [ "$(wc -l <"$work/$name.log")" -ge 13 ]; } || ! kill -0 $job 2>/dev/null && break
+    sleep 0.1
+  done
+  [ "$(wc -l <"$work/$name.log" 2>/dev/null)" -ge 13 ] 2>/dev/null || { kill $job; cat "$work/$name.out"; fail "$name: the run did not reach step 12"; }
+  "$hosts" link 1 down
+  t0=$(date +%s%N)
+  for _ in $(seq 1 1200); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+  kill -0 $job 2>/dev/null && { kill -KILL $job; cat "$work/$name.out"; fail "$name: the job did not end within 120 s of the link going down"; }
+  wait $job; rc=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "$name: link down: the job ended $ms ms later, exit $rc"
+}
 
 case $case in
 hybrid)
@@ -72,16 +93,7 @@ link_down)
   # a host it cannot reach, naming the host and its ranks; after the link returns, --resume auto
   # continues with the uninterrupted run's losses.
   run=("${train[@]}" --save-dir "$work/ck" --save-every 5 --collective-timeout 5 --save-timeout 10)
-  on_hosts "${run[@]}" --steps 100000 --log "$work/a.log" >"$work/a.out" 2>&1 &
-  job=$!
-  for _ in $(seq 1 600); do [ -f "$work/a.log" ] && [ "$(wc -l <"$work/a.log")" -ge 13 ] && break; sleep 0.1; done
-  [ "$(wc -l <"$work/a.log")" -ge 13 ] || { kill $job; fail "the run did not reach step 12"; }
-  "$hosts" link 1 down
-  t0=$(date +%s%N)
-  for _ in $(seq 1 1200); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
-  kill -0 $job 2>/dev/null && { kill -KILL $job; fail "the job did not end within 120 s of the link going down"; }
-  wait $job; rc=$?
-  echo "link down: the job ended $(( ($(date +%s%N) - t0) / 1000000 )) ms later, exit $rc"
+  down_mid_run a "${run[@]}"
   grep "collective #" "$work/a.out"
   [ $rc = 5 ] || { cat "$work/a.out"; fail "exit $rc, expected 5 (collective timeout)"; }
   grep -q "host $SHARDLAB_HOSTS_TAG-h1 (ranks 2, 3)" "$work/a.out" || { cat "$work/a.out"; fail "host 1 and its ranks not named"; }
@@ -97,6 +109,36 @@ link_down)
   want=$(losses "$work/full.log" | tr ' ' '\n' | tail -n "$(echo "$got" | wc -w)" | tr '\n' ' ' | sed 's/ $//')
   [ -n "$got" ] && [ "$got" = "$want" ] || fail "resumed losses differ: [$got] vs [$want]"
   echo "resumed from $(grep -o '"step":[0-9]*' "$work/b.log" | head -1): losses of $(echo "$got" | wc -w) steps bit-identical to the uninterrupted run's"
+  ;;
+link_down_mpirun)
+  # The same fault under a plain `mpirun --host A:2,B:2` (what a cluster's users run; issue 62): its
+  # mpirun waits on host 1's daemon, which it cannot reach, for a quarter of an hour. The rank that
+  # reports ends it 5 s after its report (exit 137, a line saying so): the job ends by itself within
+  # 40 s of the link going down, naming host 1 and its ranks. Twice: with each host's watchdog records
+  # in its own /dev/shm (the default), then in one folder both hosts see ($SHARDLAB_WATCHDOG_DIR on a
+  # network file system: host 1's records, alive, once made this say "every rank ... is alive").
+  list=$(awk '{sub("slots=", "", $2); printf "%s%s:%s", (NR > 1 ? "," : ""), $1, $2}' "/run/shardlab-hosts/$SHARDLAB_HOSTS_TAG/hostfile")
+  for shared in no yes; do
+    [ $shared = yes ] && { mkdir "$work/wd"; export SHARDLAB_WATCHDOG_DIR="$work/wd"; }
+    run=("${ranks[@]}" --save-dir "$work/ck-$shared" --save-every 5 --collective-timeout 5 --save-timeout 10)
+    down_mid_run "shared-$shared" mpirun -np 4 --host "$list" "${run[@]}"
+    out="$work/shared-$shared.out"
+    grep "collective #\|has not ended the job" "$out"
+    [ $rc = 137 ] || { cat "$out"; fail "exit $rc, expected 137 (mpirun ended by the reporting rank)"; }
+    [ $ms -le 40000 ] || fail "the job ended $ms ms after the link went down, more than 40 s"
+    grep -q "collective #.*host $SHARDLAB_HOSTS_TAG-h1 (ranks 2, 3)" "$out" || { cat "$out"; fail "host 1 and its ranks not named"; }
+    grep -q "rank [01]/4\]: if mpirun (pid [0-9]*) has not ended the job 5 s from now" "$out" || { cat "$out"; fail "no line saying mpirun was ended"; }
+    ! grep -q "is alive" "$out" || fail "a report calls every rank alive"
+    for _ in $(seq 1 20); do  # nothing of the job left on host 0 (its ranks, mpirun, the guard)
+      pids=$(ip netns pids "$SHARDLAB_HOSTS_TAG-h0" | paste -sd,)
+      left=$([ -z "$pids" ] || ps -o comm= -p "$pids" | grep -c 'shardlab\|mpirun')
+      [ "${left:-0}" = 0 ] && break; sleep 0.1
+    done
+    [ "${left:-0}" = 0 ] || fail "$left processes of the job left on host 0"
+    "$hosts" link 1 up
+    "$hosts" clean 1  # host 1's daemon and ranks, which could not hear that the job ended
+    unset SHARDLAB_WATCHDOG_DIR
+  done
   ;;
 straggler)
   # Three hosts of one rank. At the start every link runs at the veth's speed: no straggler. Then
