@@ -2,8 +2,9 @@
 // "Exit codes").
 //
 // Under mpirun (or --nproc) the job's code is the failing rank's (save 137: mpirun's own, ended by
-// a rank's guard), so each code means one thing whichever rank reports it. Scripts branch on them (tests/faults, scripts/gpu-check.sh): a code's
-// meaning never changes; a new failure kind gets a new number.
+// a rank's guard), so each code means one thing whichever rank reports it. Scripts branch on them
+// (tests/faults, scripts/gpu-check.sh): a code's meaning never changes; a new failure kind gets a
+// new number.
 #pragma once
 
 namespace shardlab {
