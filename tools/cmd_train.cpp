@@ -69,6 +69,8 @@ void add_run_options(cli::Desc& desc, TrainConfig& cfg, std::string& tokenizer_d
       "checkpoint's, or a new one from the time); a resume from another run's checkpoint is refused");
   cli::add_switch(desc, "allow-schedule-change", cfg.allow_schedule_change, "let a resume change the learning-rate "
                   "schedule, --grad-clip or the optimizer's hyper-parameters (noted; refused otherwise)");
+  cli::add_switch(desc, "allow-data-growth", cfg.allow_data_growth, "let a resume read a --data list or pattern that "
+                  "gained files after the checkpoint's (theirs unchanged and first; noted; refused otherwise)");
 }
 
 }  // namespace

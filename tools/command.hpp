@@ -7,6 +7,7 @@
 //   shardlab plan                the fastest configuration that fits N ranks, predicted (and measured)
 //   shardlab sample              text from a model file or a checkpoint, on one rank
 //   shardlab export              a checkpoint as an HF model directory or one safetensors file
+//   shardlab tokenize            text files to llm.c token shards (a validation shard, then train shards)
 //   shardlab report              a --log file: a text summary, and the run report (--html)
 //   shardlab info                runtime facts per rank: build, backend, threads, ranks per node
 //   shardlab bench-collectives   collective benchmark (nccl-tests table) over mpi, nccl, staged or sim
@@ -45,6 +46,7 @@ ExitCode cmd_profile(const Args& args, const Context& ctx);
 ExitCode cmd_plan(const Args& args, const Context& ctx);
 ExitCode cmd_sample(const Args& args, const Context& ctx);
 ExitCode cmd_export(const Args& args, const Context& ctx);
+ExitCode cmd_tokenize(const Args& args, const Context& ctx);
 ExitCode cmd_report(const Args& args, const Context& ctx);
 ExitCode cmd_info(const Args& args, const Context& ctx);
 ExitCode cmd_bench_collectives(const Args& args, const Context& ctx);

@@ -47,6 +47,7 @@ constexpr CommandEntry kCommands[] = {
     {"plan", cmd_plan,
      "the fastest configuration that fits N ranks: every strategy and lever, predicted (and measured)"},
     {"export", cmd_export, "a checkpoint as an HF model directory or one safetensors file, one tensor in memory at a time"},
+    {"tokenize", cmd_tokenize, "text files to llm.c token shards (a validation shard, then train shards), with progress"},
     {"report", cmd_report, "a finished run from its --log: a text summary; --html: loss curves, tokens/s, comm, memory"},
     {"sample", cmd_sample, "generate text from an --init file or a checkpoint (prompt, temperature, top-k, seed)"},
     {"info", cmd_info, "runtime facts of every rank: build, backend, threads, ranks per node"},

@@ -79,9 +79,32 @@ std::string check_data(const Manifest& m, const CheckpointState& state, const st
   SHARD_REQUIRE(!(was.train.path != "synthetic" && now.train.path == "synthetic"),
                 "checkpoint '{}' was trained on --data {}; this run has --data synthetic (the default when --data is "
                 "not given): pass --data '{}'", path, describe(was.train), was.train.path);
-  SHARD_REQUIRE(was.train.same_tokens(now.train),
-                "checkpoint '{}' was trained on --data {}; this run's --data is {}: it would continue at step {} on "
-                "other tokens (pass the same data)", path, describe(was.train), describe(now.train), m.step);
+  std::string note;
+  if (!was.train.same_tokens(now.train)) {
+    const bool grown = now.train.grown_from(was.train);
+    SHARD_REQUIRE(grown || !state.allow_data_growth || was.train.files.empty(),
+                  "--allow-data-growth: checkpoint '{}' was trained on --data {} ({} files); this run's --data is {} "
+                  "({} files): not those files, unchanged and first, with more after them", path,
+                  describe(was.train), was.train.files.size(), describe(now.train), now.train.files.size());
+    SHARD_REQUIRE(!state.allow_data_growth || !was.train.files.empty(),
+                  "--allow-data-growth: checkpoint '{}' records --data {} as a whole, not file by file (one file, or "
+                  "written before shardlab recorded each): its growth cannot be checked; pass the same data",
+                  path, describe(was.train));
+    SHARD_REQUIRE(grown && state.allow_data_growth,
+                  "checkpoint '{}' was trained on --data {}; this run's --data is {}: it would continue at step {} on "
+                  "other tokens (pass the same data{})", path, describe(was.train), describe(now.train), m.step,
+                  grown ? fmt::format(", or --allow-data-growth: its {} files are the checkpoint's followed by {} new",
+                                      now.train.files.size(), now.train.files.size() - was.train.files.size())
+                        : "");
+    SHARD_REQUIRE(was.val_fraction == 0, "--allow-data-growth with --val-fraction {}: the validation split is the "
+                  "stream's tail, which would move into what was trained on; give --val-data", was.val_fraction);
+    note = fmt::format("--data grew (--allow-data-growth): {} files, {} bytes -> {} files, {} bytes; step {} on reads "
+                       "the longer stream ({})", was.train.files.size(), was.train.bytes, now.train.files.size(),
+                       now.train.bytes, m.step + 1,
+                       state.shuffle ? "the epoch in progress is drawn anew over it: sequences it already gave may "
+                                       "come again"
+                                     : "in order: the new files' sequences after the checkpoint's");
+  }
   SHARD_REQUIRE(was.batch == now.batch, "checkpoint '{}' was trained with --batch {}; this run has --batch {}: step "
                 "{}'s batch would be other sequences (pass --batch {})", path, was.batch, now.batch, m.step, was.batch);
   SHARD_REQUIRE(was.seq == now.seq, "checkpoint '{}' was trained with sequences of {} tokens; this run has --seq {}",
@@ -90,7 +113,7 @@ std::string check_data(const Manifest& m, const CheckpointState& state, const st
                         (!was.val_data || was.val_data->same_tokens(*now.val_data));
   SHARD_REQUIRE(same_val, "checkpoint '{}' was trained with {}; this run has {} (pass the same validation split)", path,
                 describe_val(was), describe_val(now));
-  return "";
+  return note;
 }
 
 // The schedule, gradient clip and optimizer hyper-parameters: another value changes the learning

@@ -47,6 +47,7 @@ struct CheckpointState {
   const CarriedTokenizer* tokenizer = nullptr;  // null: no text (synthetic or llm.c tokens), nothing carried
   int64_t steps = 0;                   // load: the run's steps (the learning rates left to compare)
   bool allow_schedule_change = false;  // load: a changed schedule or optimizer setting is noted, not refused
+  bool allow_data_growth = false;      // load: --data's files followed by new ones is noted, not refused
   std::string run_id;  // save: the run's id, recorded; load: the id the checkpoint must carry ("" = any)
 };
 

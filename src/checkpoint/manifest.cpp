@@ -73,7 +73,13 @@ struct ManifestParser {
   }
   DataSource source(const json& o) const {
     if (!o.is_object()) throw bad("a data source must be an object");
-    return {string(o, "path"), static_cast<uint64_t>(integer(o, "bytes", 0)), string(o, "hash")};
+    DataSource s{string(o, "path"), static_cast<uint64_t>(integer(o, "bytes", 0)), string(o, "hash"), {}};
+    if (o.contains("files")) {
+      if (!o["files"].is_array()) throw bad("a data source's \"files\" must be an array");
+      for (const json& f : o["files"])
+        s.files.push_back({string(f, "path"), static_cast<uint64_t>(integer(f, "bytes", 0)), string(f, "hash")});
+    }
+    return s;
   }
   DataRecord data(const json& m) const {
     const json& d = m["data"];

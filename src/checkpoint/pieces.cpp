@@ -21,7 +21,11 @@ using nlohmann::json;
 // ---- Checked reads of the per-rank files ----------------------------------------------------------
 
 json data_record_to_json(const DataRecord& d) {
-  auto source = [](const DataSource& s) { return json{{"path", s.path}, {"bytes", s.bytes}, {"hash", s.hash}}; };
+  auto source = [](const DataSource& s) {
+    json j = {{"path", s.path}, {"bytes", s.bytes}, {"hash", s.hash}};
+    for (const DataFile& f : s.files) j["files"].push_back({{"path", f.path}, {"bytes", f.bytes}, {"hash", f.hash}});
+    return j;
+  };
   json j = {{"train", source(d.train)}, {"batch", d.batch}, {"seq", d.seq}};
   if (d.val_data) j["val_data"] = source(*d.val_data);
   if (d.val_fraction != 0) j["val_fraction"] = d.val_fraction;

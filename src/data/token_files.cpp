@@ -261,20 +261,21 @@ DataSource describe_file(const std::string& path) {
   SHARD_REQUIRE(f.good(), "reading data file '{}' failed", path);
   const std::string size_text = std::to_string(size);
   const uint64_t h = fnv1a64(tail, fnv1a64(head, fnv1a64(size_text)));
-  return {path, size, fnv1a64_text(h)};
+  return {path, size, fnv1a64_text(h), {}};
 }
 }  // namespace
 
 DataSource describe_source(const std::string& what) {
-  if (what == "synthetic") return {what, 0, ""};
+  if (what == "synthetic") return {what, 0, "", {}};
   const std::vector<std::string> paths = data_paths(what);
   if (paths.size() == 1 && paths[0] == what) return describe_file(what);  // as checkpoints have always recorded it
-  DataSource all{what, 0, ""};
+  DataSource all{what, 0, "", {}};
   uint64_t h = fnv1a64(std::to_string(paths.size()));
   for (const std::string& p : paths) {
     const DataSource one = describe_file(p);
     all.bytes += one.bytes;
     h = fnv1a64(one.hash, h);
+    all.files.push_back({one.path, one.bytes, one.hash});
   }
   all.hash = fnv1a64_text(h);
   return all;

@@ -68,6 +68,8 @@ class Tokenizer {
   nlohmann::json to_hf_json() const;
   // The id of the first of `texts` that is a token (added or in the vocabulary), or -1.
   int32_t find_token(std::initializer_list<std::string_view> texts) const;
+  // Whether an added token's text holds byte c (it could span a cut made there: tokenize_shards.hpp).
+  bool added_token_holds(char c) const;
 
  private:
   struct Merge {

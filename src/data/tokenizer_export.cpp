@@ -38,6 +38,10 @@ json byte_tokenizer_json() {
   return hf_document(byte_level(false), std::move(vocab), json::array(), false, json::array());
 }
 
+bool Tokenizer::added_token_holds(char c) const {
+  return std::any_of(added_.begin(), added_.end(), [c](const AddedToken& t) { return t.text.find(c) != std::string::npos; });
+}
+
 int32_t Tokenizer::find_token(std::initializer_list<std::string_view> texts) const {
   for (std::string_view t : texts) {
     for (const AddedToken& a : added_)

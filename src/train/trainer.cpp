@@ -36,6 +36,8 @@ void TrainConfig::validate(int world) const {
   SHARD_REQUIRE(lr_decay_steps >= 0, "--lr-decay-steps {}: expected a step count (0 = --steps)", lr_decay_steps);
   SHARD_REQUIRE(!allow_schedule_change || !resume.empty(),
                 "--allow-schedule-change applies to a resume (--resume): without one there is nothing to change");
+  SHARD_REQUIRE(!allow_data_growth || !resume.empty(),
+                "--allow-data-growth applies to a resume (--resume): without one there is nothing to grow");
   SHARD_REQUIRE(checkpointing == Checkpointing::none || spec.layers >= 2,
                 "--activation-checkpointing {} with a one-block model (--layers 1): there is nothing to trade; use none",
                 checkpointing_name(checkpointing));
@@ -464,7 +466,7 @@ std::string Trainer::log_header() const {
 CheckpointState Trainer::checkpoint_state() {
   return CheckpointState{be_,   comm_,        *strategy_,         model_.units(),           cfg_,
                          cfg_.shuffle, data_record_.get(), carried_tokenizer_.get(), cfg_.steps,
-                         cfg_.allow_schedule_change, run_id_};
+                         cfg_.allow_schedule_change, cfg_.allow_data_growth, run_id_};
 }
 
 void Trainer::save(const std::string& path) { model_.save(path, cfg_.save_overwrite); }

@@ -62,6 +62,7 @@ struct TrainConfig : StepConfig {
   std::string run_id;        // --run-id: the run's name ("" = the resumed checkpoint's, or a new one)
   int64_t lr_decay_steps = 0;        // the cosine's horizon (schedule.total_steps); 0 = steps
   bool allow_schedule_change = false;  // a resume may change the schedule or optimizer settings (noted)
+  bool allow_data_growth = false;      // a resume may read --data's files followed by new ones (noted)
   bool skip_nonfinite = false;      // a non-finite loss or gradient norm skips the update instead of stopping
   int64_t max_skipped_steps = 10;   // ... at most this many steps in a row, then the run stops (non-zero)
   bool check_collectives = false;  // compare every collective's fingerprint across ranks first
