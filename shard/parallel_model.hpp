@@ -72,8 +72,10 @@ class ParallelModel {
   bool last_logits(std::span<const int32_t> context, std::vector<float>& logits, bool decoded);
   int32_t share_token(int32_t token);  // the last stage's token on every rank (itself without --pp)
   bool decodes() const;                // a KV-cache decoder can run this rank's units
-  // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
-  void save(const std::string& path, bool overwrite = false);
+  // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0
+  // (write_units: base_config the model's original config.json); rank 0's config note, "" elsewhere.
+  std::string save(const std::string& path, bool overwrite = false, const std::string& base_config = "",
+                   const std::string& base_source = "");
 
   bool pipelined() const { return schedule_.has_value(); }
   // Seconds spent in the collectives of each group the units communicate over (--cp, --ep) since

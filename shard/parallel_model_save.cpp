@@ -68,28 +68,30 @@ std::vector<std::vector<float>> ParallelModel::ep_units_whole(std::vector<std::v
   return out;
 }
 
-void ParallelModel::save(const std::string& path, bool overwrite) {
+std::string ParallelModel::save(const std::string& path, bool overwrite, const std::string& base_config,
+                                const std::string& base_source) {
   std::vector<std::vector<float>> host;
   for (size_t u = 0; u < units_.size(); ++u) host.push_back(strategy_->gather_unit_params(u));
   Communicator& world = mesh_.world();
   if (ep_.active()) host = ep_units_whole(std::move(host));
   if (!tp_.active() && !pipelined() && !ep_.active()) {
-    if (world.rank() == 0) write_units(path, cfg_.spec, units_, host, DType::f32, overwrite);
-    return;
+    if (world.rank() != 0) return "";
+    return write_units(path, cfg_.spec, units_, host, DType::f32, overwrite, base_config, base_source);
   }
   const ModelFamily& family = family_of(cfg_.spec);
   host = stage_units_whole(std::move(host));
   if (!pipelined()) {
-    if (world.rank() == 0) write_units(path, cfg_.spec, family.make_units(cfg_.spec), host, DType::f32, overwrite);
-    return;
+    if (world.rank() != 0) return "";
+    return write_units(path, cfg_.spec, family.make_units(cfg_.spec), host, DType::f32, overwrite, base_config,
+                       base_source);
   }
   // Every stage's first rank (data-parallel, context-parallel and tensor-parallel rank 0) sends its whole units to
   // world rank 0, the first stage's, over their pipeline group; world rank 0 writes the model.
-  if (mesh_.rank(CommAxis::dp_cp) != 0 || mesh_.rank(CommAxis::tp) != 0) return;
+  if (mesh_.rank(CommAxis::dp_cp) != 0 || mesh_.rank(CommAxis::tp) != 0) return "";
   Communicator& pp = mesh_.comm(CommAxis::pp);
   if (mesh_.rank(CommAxis::pp) != 0) {
     for (std::vector<float>& v : host) pp.send(Tensor::of(std::span<const float>(v)), 0).wait();
-    return;
+    return "";
   }
   const std::vector<UnitLayout> whole = family.layout(cfg_.spec);
   std::vector<std::vector<float>> all(whole.size());
@@ -105,7 +107,8 @@ void ParallelModel::save(const std::string& path, bool overwrite) {
       pp.recv(Tensor::of(std::span<float>(v)), s).wait();
     }
   }
-  write_units(path, cfg_.spec, family.make_units(cfg_.spec), all, DType::f32, overwrite);
+  return write_units(path, cfg_.spec, family.make_units(cfg_.spec), all, DType::f32, overwrite, base_config,
+                     base_source);
 }
 
 }  // namespace shardlab

@@ -40,8 +40,8 @@ ExitCode cmd_export(const Args& args, const Context& ctx) {
   SHARD_REQUIRE(max_shard_size > 0, "--max-shard-size {}: expected a positive size", max_shard);
   const DType stored = parse_dtype(dtype);
   if (ctx.mpi.rank() != 0) return ExitCode::ok;
-  export_checkpoint(ckpt, out, stored, max_shard_size, overwrite);
-  std::printf("wrote %s\n", out.c_str());
+  const std::string note = export_checkpoint(ckpt, out, stored, max_shard_size, overwrite);
+  std::printf("wrote %s%s%s\n", out.c_str(), note.empty() ? "" : "; ", note.c_str());
   return ExitCode::ok;
 }
 

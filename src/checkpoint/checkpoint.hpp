@@ -33,6 +33,14 @@ struct CarriedTokenizer {
   std::string source;  // the --tokenizer file it came from, or "bytes"
 };
 
+// The config.json the model came with (its --init directory's), as checkpoints carry it
+// (hf_config.json): export and train --save write it back, changed only where the trained model
+// differs (HfWriteOptions::base_config). The Trainer reads it once, or takes a resumed checkpoint's.
+struct CarriedConfig {
+  std::string json;    // the config.json text
+  std::string source;  // the file it came from
+};
+
 // What save and load work on: the ranks' strategy (whose owned state is written and read), the
 // model's units (the tensors' names and offsets), and the run's configuration for the manifest's
 // description and load's compatibility checks. The Trainer makes one (Trainer::checkpoint_state).
@@ -49,6 +57,7 @@ struct CheckpointState {
   bool allow_schedule_change = false;  // load: a changed schedule or optimizer setting is noted, not refused
   bool allow_data_growth = false;      // load: --data's files followed by new ones is noted, not refused
   std::string run_id;  // save: the run's id, recorded; load: the id the checkpoint must carry ("" = any)
+  const CarriedConfig* hf_config = nullptr;  // save: the model's original config.json, carried (null: none)
 };
 
 // Where a run stands when it saves, and where a loaded checkpoint resumes.

@@ -142,6 +142,9 @@ struct Manifest {
   std::optional<DataRecord> data;  // absent in manifests written before it was recorded
   std::optional<ManifestSchedule> schedule;  // absent in manifests written before it was recorded
   std::optional<ManifestTokenizer> tokenizer;  // absent: the run read no text (or predates it)
+  // The model's original config.json (manifest key "hf_config", the same record: file
+  // kCarriedConfigFile); absent: not from an HF directory (or predates it).
+  std::optional<ManifestTokenizer> hf_config;
   std::vector<ManifestFile> files;
   std::map<std::string, ManifestTensor> tensors;  // by HF name; every piece's rank is in `files`
 
@@ -197,14 +200,18 @@ void read_unit_state(const Manifest& m, CheckpointFiles& files, const UnitLayout
 // The checkpoint's tokenizer.json, checked against the manifest's size and checksum; "" when the
 // manifest records none. InputError naming the file when it is missing or differs.
 std::string read_checkpoint_tokenizer(const std::filesystem::path& dir, const Manifest& m);
+// The same for the carried config.json (hf_config.json); "" when the manifest records none.
+inline constexpr const char* kCarriedConfigFile = "hf_config.json";
+std::string read_checkpoint_hf_config(const std::filesystem::path& dir, const Manifest& m);
 
 // The newest complete checkpoint (a step_* directory with a manifest) under dir, or "".
 std::string latest_checkpoint(const std::string& dir);
 // Writes the consolidated parameters, one tensor in memory at a time: to OUT.safetensors, or as an
 // HF model directory OUT (config.json, shards past max_shard_size bytes; hf_dir.hpp). A directory
-// holding a model no export wrote is refused unless `overwrite`.
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype = DType::f32,
-                       uint64_t max_shard_size = kHfMaxShardSize, bool overwrite = false);
+// holding a model no export wrote is refused unless `overwrite`. Returns what config.json kept of
+// the model's original one and what changed (HfModelWriter::config_note), "" when none is carried.
+std::string export_checkpoint(const std::string& path, const std::string& out, DType dtype = DType::f32,
+                              uint64_t max_shard_size = kHfMaxShardSize, bool overwrite = false);
 
 namespace fs = std::filesystem;
 

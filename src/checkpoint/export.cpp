@@ -98,21 +98,31 @@ void add_tokenizer(const std::string& text, const ModelSpec& spec, HfWriteOption
 
 }  // namespace
 
-std::string read_checkpoint_tokenizer(const fs::path& dir, const Manifest& m) {
-  if (!m.tokenizer) return "";
-  const fs::path p = dir / m.tokenizer->file;
+namespace {
+// A carried file (tokenizer.json, hf_config.json), checked against its manifest record.
+std::string read_carried(const fs::path& dir, const std::optional<ManifestTokenizer>& rec, const char* what) {
+  if (!rec) return "";
+  const fs::path p = dir / rec->file;
   std::ifstream f(p, std::ios::binary);
-  SHARD_REQUIRE(f.good(), "checkpoint '{}' records a tokenizer, but '{}' cannot be read", dir.string(), p.string());
+  SHARD_REQUIRE(f.good(), "checkpoint '{}' records {}, but '{}' cannot be read", dir.string(), what, p.string());
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const std::string sum = fnv1a64_text(fnv1a64(text));
-  SHARD_REQUIRE(text.size() == m.tokenizer->bytes && sum == m.tokenizer->checksum,
+  SHARD_REQUIRE(text.size() == rec->bytes && sum == rec->checksum,
                 "'{}' is not the file the checkpoint wrote: {} bytes, {}; the manifest says {} bytes, {}", p.string(),
-                text.size(), sum, m.tokenizer->bytes, m.tokenizer->checksum);
+                text.size(), sum, rec->bytes, rec->checksum);
   return text;
 }
+}  // namespace
 
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype, uint64_t max_shard_size,
-                       bool overwrite) {
+std::string read_checkpoint_tokenizer(const fs::path& dir, const Manifest& m) {
+  return read_carried(dir, m.tokenizer, "a tokenizer");
+}
+std::string read_checkpoint_hf_config(const fs::path& dir, const Manifest& m) {
+  return read_carried(dir, m.hf_config, "the model's original config.json");
+}
+
+std::string export_checkpoint(const std::string& path, const std::string& out, DType dtype, uint64_t max_shard_size,
+                              bool overwrite) {
   const fs::path dir(path);
   const Manifest m = read_manifest(dir);
   CheckpointFiles files(dir, m.files);
@@ -131,9 +141,12 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
   opts.overwrite = overwrite;
   opts.metadata = {{"model", m.model.describe()}, {"step", std::to_string(m.step)}};
   if (const std::string tok = read_checkpoint_tokenizer(dir, m); !tok.empty()) add_tokenizer(tok, m.model, opts);
+  opts.base_config = read_checkpoint_hf_config(dir, m);
+  if (m.hf_config) opts.base_config_source = m.hf_config->source;
   HfModelWriter w(out, m.model, std::move(tensors), std::move(opts));
   for (const TensorDecl* t : decls) w.write_next(read_param(m, files, *t, path));  // one tensor in memory at a time
   w.finish();
+  return w.config_note();
 }
 
 }  // namespace shardlab

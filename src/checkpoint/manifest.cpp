@@ -290,6 +290,14 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     out.tokenizer = ManifestTokenizer{"tokenizer.json", t["source"].get<std::string>(),
                                       static_cast<uint64_t>(p.integer(t, "bytes", 0)), t["checksum"].get<std::string>()};
   }
+  if (m.contains("hf_config")) {
+    const json& t = m["hf_config"];
+    const bool ok = t.is_object() && t.contains("file") && t["file"] == kCarriedConfigFile && t.contains("source") &&
+                    t["source"].is_string() && t.contains("checksum") && t["checksum"].is_string();
+    if (!ok) throw p.bad("\"hf_config\" must be {\"file\": \"hf_config.json\", \"source\", \"bytes\", \"checksum\"}");
+    out.hf_config = ManifestTokenizer{kCarriedConfigFile, t["source"].get<std::string>(),
+                                      static_cast<uint64_t>(p.integer(t, "bytes", 0)), t["checksum"].get<std::string>()};
+  }
   out.files = p.files(m);
   out.tensors = p.tensors(m, out.files, out.version);
   return out;

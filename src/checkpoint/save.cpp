@@ -247,7 +247,7 @@ nlohmann::json manifest_head(const CheckpointState& state, int world, const RunP
 
 ManifestBase manifest_base(const CheckpointState& state, const RunPosition& at) {
   ManifestBase base{manifest_head(state, state.comm.world_size(), at, state.strategy.owned_state_names()),
-                    state.tokenizer};
+                    state.tokenizer, state.hf_config};
   nlohmann::json& m = base.json;
   if (at.val_loss) m["val_loss"] = *at.val_loss;
   // The whole model's tensors (under --pp this rank holds one stage's), at their whole shapes:
@@ -257,6 +257,9 @@ ManifestBase manifest_base(const CheckpointState& state, const RunPosition& at) 
   if (const CarriedTokenizer* t = state.tokenizer)
     m["tokenizer"] = {{"file", "tokenizer.json"}, {"source", t->source}, {"bytes", t->json.size()},
                       {"checksum", fnv1a64_text(fnv1a64(t->json))}};
+  if (const CarriedConfig* c = state.hf_config)
+    m["hf_config"] = {{"file", kCarriedConfigFile}, {"source", c->source}, {"bytes", c->json.size()},
+                      {"checksum", fnv1a64_text(fnv1a64(c->json))}};
   return base;
 }
 
@@ -279,6 +282,7 @@ void finish_manifest(const fs::path& tmp, ManifestBase base, const std::vector<u
     fs::remove(side);
   }
   if (base.tokenizer) write_small_file(tmp / "tokenizer.json", base.tokenizer->json);
+  if (base.hf_config) write_small_file(tmp / kCarriedConfigFile, base.hf_config->json);
   write_small_file(tmp / "manifest.json", m.dump(1) + "\n");
 }
 

@@ -72,6 +72,7 @@ void write_rank_description(const fs::path& tmp, int rank, uint64_t bytes, uint6
 struct ManifestBase {
   nlohmann::json json;
   const CarriedTokenizer* tokenizer = nullptr;  // lives as long as the run
+  const CarriedConfig* hf_config = nullptr;     // the same
 };
 ManifestBase manifest_base(const CheckpointState& state, const RunPosition& at);
 void finish_manifest(const fs::path& tmp, ManifestBase base, const std::vector<uint64_t>& wrote);

@@ -8,7 +8,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <optional>
 #include <set>
+
+#include <fmt/ranges.h>
 
 #include "src/core/check.hpp"
 #include "src/core/suggest.hpp"
@@ -308,6 +311,79 @@ void HfWeights::read_f32(const std::string& name, std::span<float> out, const st
 
 // ---- writing ------------------------------------------------------------------------------------
 
+json HfModelWriter::with_dtype(json config) const {
+  config[config.contains("dtype") ? "dtype" : "torch_dtype"] = hf_dtype_name(opts_.dtype);
+  return config;
+}
+
+// The family's config for this model laid over the original: a field the original has with another
+// value is replaced (and said), the rest kept; a field it lacks is added (and said) only where the
+// original does not already read back to this model (transformers 5's "rope_parameters" and
+// "dtype" stand for "rope_theta", "rope_scaling" and "torch_dtype"). The spec's position limit is
+// the original's where the weights do not depend on it (the same tensor shapes at that length).
+json HfModelWriter::over_base_config() {
+  json base;
+  try {
+    base = json::parse(opts_.base_config);
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("the carried config.json ({}) is not JSON: {}", opts_.base_config_source, e.what()));
+  }
+  SHARD_REQUIRE(base.is_object(), "the carried config.json ({}) is not a JSON object", opts_.base_config_source);
+  const ModelFamily& family = family_of(spec_);
+  auto read_back = [&family](const json& c) -> std::optional<ModelSpec> {
+    try {
+      return family.spec_from_hf_config(c);
+    } catch (const InputError&) {
+      return std::nullopt;  // another family's or an unreadable config
+    }
+  };
+  auto shapes = [&family](const ModelSpec& s) {
+    std::vector<std::vector<int64_t>> out;
+    for (const UnitLayout& u : family.layout(s))
+      for (const TensorDecl& t : u.tensors) out.push_back(t.full_shape);
+    return out;
+  };
+  ModelSpec target = spec_;
+  if (const std::optional<ModelSpec> b = read_back(base); b && b->seq != spec_.seq) {
+    ModelSpec at_base = spec_;
+    at_base.seq = b->seq;
+    if (shapes(at_base) == shapes(spec_)) target = at_base;
+  }
+  auto same_model = [&](const json& c) {
+    std::optional<ModelSpec> s = read_back(c);
+    if (!s) return false;
+    s->name = target.name;
+    return spec_to_json(*s) == spec_to_json(target);
+  };
+  const json mine = family.hf_config(target);
+  json out = base;
+  std::vector<std::string> changed, added;
+  for (const auto& [key, value] : mine.items()) {
+    if (!base.contains(key)) {
+      added.push_back(key);
+    } else if (base[key] != value) {
+      changed.push_back(fmt::format("{} {} -> {}", key, base[key].dump(), value.dump()));
+      out[key] = value;
+    }
+  }
+  if (!same_model(out))
+    for (const std::string& key : added) {
+      changed.push_back(fmt::format("{} {} (added)", key, mine[key].dump()));
+      out[key] = mine[key];
+    }
+  const char* dtype_key = base.contains("dtype") || (!base.contains("torch_dtype") && mine.contains("dtype"))
+                              ? "dtype"
+                              : "torch_dtype";
+  const json dtype = hf_dtype_name(opts_.dtype);
+  if (!base.contains(dtype_key) || base[dtype_key] != dtype)
+    changed.push_back(base.contains(dtype_key) ? fmt::format("{} {} -> {}", dtype_key, base[dtype_key].dump(), dtype.dump())
+                                               : fmt::format("{} {} (added)", dtype_key, dtype.dump()));
+  out[dtype_key] = dtype;
+  config_note_ = fmt::format("config.json: {}'s{}", opts_.base_config_source,
+                             changed.empty() ? " as it was" : ", changed: " + fmt::format("{}", fmt::join(changed, "; ")));
+  return out;
+}
+
 HfModelWriter::HfModelWriter(const std::string& out, const ModelSpec& spec, std::vector<HfTensorDecl> tensors,
                              HfWriteOptions opts)
     : out_(out), dir_(!is_safetensors_path(out)), spec_(spec), tensors_(std::move(tensors)), opts_(std::move(opts)) {
@@ -397,8 +473,7 @@ void HfModelWriter::finish() {
     SHARD_CHECK(companion_file(name), "HfModelWriter: '{}' is not a companion file", name);
     write_text_file(dir / name, text);
   }
-  json config = family_of(spec_).hf_config(spec_);
-  config[config.contains("dtype") ? "dtype" : "torch_dtype"] = hf_dtype_name(opts_.dtype);
+  json config = opts_.base_config.empty() ? with_dtype(family_of(spec_).hf_config(spec_)) : over_base_config();
   for (const auto& [key, id] : opts_.config_ids) config[key] = id;
   write_json_file(dir / kHfConfigFile, config);  // last: the directory is complete
 }

@@ -85,6 +85,12 @@ struct HfWriteOptions {
   std::map<std::string, std::string> companions;
   std::map<std::string, int64_t> config_ids;
   bool overwrite = false;  // replace a model no export wrote there (check_hf_export_dir)
+  // A directory only: the config.json the model came with (its --init directory's, carried by
+  // checkpoints), written back with every field this model sets that differs from it replaced
+  // (each change listed by config_note) and every other field kept; "" writes the family's alone.
+  // A field the weights do not fix keeps the original's: the position limit of a model without
+  // learned positions (max_position_embeddings stays 131072 after a run at --seq 1024).
+  std::string base_config, base_config_source;
 };
 
 struct HfTensorDecl {
@@ -110,6 +116,9 @@ class HfModelWriter {
   void finish();
   // The files written (or to be written), relative to the directory (the file itself otherwise).
   std::vector<std::string> files() const;
+  // After finish, with a base_config: "config.json: SOURCE's, changed: key a -> b, ..." (or "as it
+  // was"); "" without one.
+  const std::string& config_note() const { return config_note_; }
 
  private:
   struct Shard {
@@ -117,6 +126,8 @@ class HfModelWriter {
     size_t first = 0, end = 0;  // tensors [first, end)
   };
   void open_shard(size_t s);
+  nlohmann::json with_dtype(nlohmann::json config) const;  // the stored dtype's field set
+  nlohmann::json over_base_config();                       // the family's config laid over base_config
 
   std::string out_;
   bool dir_ = false;
@@ -126,6 +137,7 @@ class HfModelWriter {
   std::vector<Shard> shards_;
   size_t next_ = 0, shard_ = 0;
   std::unique_ptr<SafetensorsStreamWriter> writer_;
+  std::string config_note_;
 };
 
 }  // namespace shardlab

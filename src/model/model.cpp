@@ -78,8 +78,9 @@ void Model::load(const std::string& path) {
   }
 }
 
-void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
-                 const std::vector<std::vector<float>>& values, DType dtype, bool overwrite) {
+std::string write_units(const std::string& path, const ModelSpec& spec,
+                        const std::vector<std::unique_ptr<Unit>>& units, const std::vector<std::vector<float>>& values,
+                        DType dtype, bool overwrite, const std::string& base_config, const std::string& base_source) {
   SHARD_CHECK(units.empty() || units[0]->layout().tp_degree == 1,
               "write_units takes whole tensors (tensor-parallel degree 1), not degree {}", units[0]->layout().tp_degree);
   std::vector<HfTensorDecl> tensors;
@@ -89,11 +90,14 @@ void write_units(const std::string& path, const ModelSpec& spec, const std::vect
   opts.dtype = dtype;
   opts.metadata = {{"model", spec.describe()}};
   opts.overwrite = overwrite;
+  opts.base_config = base_config;
+  opts.base_config_source = base_source;
   HfModelWriter w(path, spec, std::move(tensors), std::move(opts));
   for (size_t u = 0; u < units.size(); ++u)
     for (const TensorDecl& t : units[u]->layout().tensors)
       w.write_next(std::span<const float>(values[u].data() + t.offset, static_cast<size_t>(t.numel)));
   w.finish();
+  return w.config_note();
 }
 
 void Model::save(const std::string& path, DType dtype) const {

@@ -20,9 +20,13 @@ void read_unit(HfWeights& w, const UnitLayout& unit, std::span<float> out, const
 
 // Writes every unit's parameters (values[u]: unit u's flat f32 buffer) as HF-named safetensors:
 // a .safetensors file, or an HF model directory (config.json, shards past 5 GB) otherwise.
-// `overwrite`: replace weights no shardlab export wrote there (HfWriteOptions::overwrite).
-void write_units(const std::string& path, const ModelSpec& spec, const std::vector<std::unique_ptr<Unit>>& units,
-                 const std::vector<std::vector<float>>& values, DType dtype = DType::f32, bool overwrite = false);
+// `overwrite`: replace weights no shardlab export wrote there (HfWriteOptions::overwrite);
+// base_config (from base_source): the config.json the model came with (HfWriteOptions::base_config).
+// Returns HfModelWriter::config_note.
+std::string write_units(const std::string& path, const ModelSpec& spec,
+                        const std::vector<std::unique_ptr<Unit>>& units, const std::vector<std::vector<float>>& values,
+                        DType dtype = DType::f32, bool overwrite = false, const std::string& base_config = "",
+                        const std::string& base_source = "");
 
 class Model : private UnitHooks {
  public:

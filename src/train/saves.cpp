@@ -59,16 +59,17 @@ void Trainer::finish_pending_save(std::FILE* out) {
 // under the temporary directory; the message names it, with the export that writes PATH again.
 void Trainer::save_final(std::FILE* out) {
   std::signal(SIGXFSZ, SIG_IGN);  // past the file-size limit, write(2) fails with EFBIG instead of killing us
-  std::string error;
+  std::string error, config_note;
   try {
-    save(cfg_.save_path);
+    config_note = save(cfg_.save_path);
   } catch (const InputError& e) {
     error = e.what();
   }
   for (const std::string& e : comm_.all_gather_strings(error))
     if (!e.empty()) error = e;
   if (error.empty()) {
-    if (comm_.rank() == 0) std::fprintf(out, "saved %s\n", cfg_.save_path.c_str());
+    if (comm_.rank() == 0)
+      std::fprintf(out, "saved %s%s%s\n", cfg_.save_path.c_str(), config_note.empty() ? "" : "; ", config_note.c_str());
     return;
   }
   const int64_t step = cfg_.steps;

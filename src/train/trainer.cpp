@@ -11,6 +11,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include <fmt/ranges.h>
@@ -22,6 +24,8 @@
 #include "src/model/model.hpp"
 #include "src/model/safetensors.hpp"
 #include "src/checkpoint/checkpoint.hpp"
+#include "src/checkpoint/checkpoint_format.hpp"
+#include "src/model/hf_dir.hpp"
 #include "src/checkpoint/dir_lock.hpp"
 #include "shard/pipeline/executor.hpp"
 #include "src/train/predict.hpp"
@@ -124,6 +128,20 @@ std::shared_ptr<const CarriedTokenizer> carried_tokenizer(const TrainConfig& cfg
   if (is_text_source(cfg.data)) return std::make_shared<CarriedTokenizer>(byte_tokenizer_json().dump() + "\n", "bytes");
   return nullptr;
 }
+// The model's original config.json, which checkpoints and --save carry: an --init directory's, or
+// the resumed checkpoint's (rank 0 writes both).
+std::shared_ptr<const CarriedConfig> carried_config(const std::string& init, const std::string& resume) {
+  if (!init.empty() && is_hf_model_dir(init)) {
+    const std::string file = (std::filesystem::path(init) / kHfConfigFile).string();
+    std::ifstream f(file, std::ios::binary);
+    SHARD_REQUIRE(f.good(), "--init {}: cannot read {}", init, file);
+    return std::make_shared<CarriedConfig>(std::string(std::istreambuf_iterator<char>(f), {}), file);
+  }
+  if (resume.empty()) return nullptr;
+  const Manifest m = read_manifest(resume);
+  if (!m.hf_config) return nullptr;
+  return std::make_shared<CarriedConfig>(read_checkpoint_hf_config(resume, m), m.hf_config->source);
+}
 }  // namespace
 
 Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
@@ -178,6 +196,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     data_record_ = std::move(d);
     if (comm_.rank() == 0) carried_tokenizer_ = carried_tokenizer(cfg_);  // rank 0 writes the manifest
   }
+  if (comm_.rank() == 0) carried_config_ = carried_config(cfg_.init, from);
   if (!from.empty()) {
     const RunPosition at = load_checkpoint(from, checkpoint_state());
     start_step_ = at.step;
@@ -466,9 +485,13 @@ std::string Trainer::log_header() const {
 CheckpointState Trainer::checkpoint_state() {
   return CheckpointState{be_,   comm_,        *strategy_,         model_.units(),           cfg_,
                          cfg_.shuffle, data_record_.get(), carried_tokenizer_.get(), cfg_.steps,
-                         cfg_.allow_schedule_change, cfg_.allow_data_growth, run_id_};
+                         cfg_.allow_schedule_change, cfg_.allow_data_growth, run_id_,
+                         carried_config_.get()};
 }
 
-void Trainer::save(const std::string& path) { model_.save(path, cfg_.save_overwrite); }
+std::string Trainer::save(const std::string& path) {
+  return carried_config_ ? model_.save(path, cfg_.save_overwrite, carried_config_->json, carried_config_->source)
+                         : model_.save(path, cfg_.save_overwrite);
+}
 
 }  // namespace shardlab

@@ -169,7 +169,8 @@ class Trainer {
   Mesh& mesh() { return mesh_; }          // its axes: data-parallel rank and size come from here
   Backend& backend() { return be_; }
   // Collective: the model's parameters, gathered, and written as HF-named safetensors by rank 0.
-  void save(const std::string& path);
+  // --save: collective; rank 0 returns what config.json kept of the model's original (or "").
+  std::string save(const std::string& path);
   // This rank's last step as the ledger recorded it (the measured counterpart of a prediction;
   // src/compare/memory_row.hpp puts the two side by side).
   Estimate measured_step() const;
@@ -235,7 +236,8 @@ class Trainer {
   std::string resumed_from_;
   std::string run_id_;  // recorded in checkpoints and the log; "" in predictions
   std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
-  std::shared_ptr<const CarriedTokenizer> carried_tokenizer_;  // rank 0, with a --save-dir: tokenizer.json
+  std::shared_ptr<const CarriedTokenizer> carried_tokenizer_;
+  std::shared_ptr<const CarriedConfig> carried_config_;  // --init's config.json, or a resumed checkpoint's  // rank 0, with a --save-dir: tokenizer.json
   std::vector<StepStats> history_;  // run()'s steps
   Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };
