@@ -41,7 +41,7 @@ ExitCode cmd_report(const Args& args, const Context& ctx) {
                                                           : std::string()));
     for (const std::string& n : s.notes) r.facts.push_back(fmt::format("{}: note: {}", s.label, n));
   }
-  r.facts.push_back("Memory by category over a step is in train --html and profile --html: the log holds each step's "
+  r.facts.emplace_back("Memory by category over a step is in train --html and profile --html: the log holds each step's "
                     "peaks only.");
   write_text(html, run_report_html(r), "--html");  // says "wrote FILE"
   return ExitCode::ok;

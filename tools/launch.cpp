@@ -63,7 +63,7 @@ std::vector<std::string> mpirun_command(int nproc, const std::string& exe, const
   // would stop it; no command reads standard input.
   std::vector<std::string> cmd = {env && *env ? env : "mpirun", "-np", std::to_string(nproc), "--oversubscribe",
                                   "--bind-to", "none", "--stdin", "none"};
-  if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  if (geteuid() == 0) cmd.emplace_back("--allow-run-as-root");
   cmd.push_back(exe);
   cmd.insert(cmd.end(), args.begin(), args.end());
   return cmd;

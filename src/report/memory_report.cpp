@@ -22,11 +22,11 @@ uint64_t total(const CategoryBytes& c) {
   return s;
 }
 
-struct Unit {
+struct SizeUnit {
   double div;
   const char* name;
 };
-Unit unit_for(uint64_t largest) {
+SizeUnit unit_for(uint64_t largest) {
   if (largest >= (10ull << 30)) return {double(1ull << 30), "GiB"};
   if (largest >= (10ull << 20)) return {double(1ull << 20), "MiB"};
   return {1024.0, "KiB"};
@@ -73,7 +73,7 @@ std::string levers_line(const MemoryReport& r);  // the answer of profile's leve
 void print_memory_table(const MemoryReport& r, std::FILE* out) {
   uint64_t largest = 0;
   for (const auto& row : r.rows) largest = std::max({largest, row.predicted.peak, row.measured_peak});
-  Unit u = unit_for(largest);
+  SizeUnit u = unit_for(largest);
   auto label = [&](const Phase& p) { return phase_label(p, r.unit_names); };
   std::fprintf(out, "%s\n", r.title.c_str());
   for (const std::string& n : r.notes) std::fprintf(out, "%s\n", n.c_str());
@@ -209,7 +209,7 @@ std::string memory_report_json(const MemoryReport& r) {
 namespace {
 
 // Horizontal stacked bars: one per row (predicted; measured beneath when present).
-std::string bars_svg(const MemoryReport& r, const Unit& u, uint64_t largest) {
+std::string bars_svg(const MemoryReport& r, const SizeUnit& u, uint64_t largest) {
   const int label_w = 150, bar_w = 620, bar_h = 18, gap = 8;
   int bars = 0;
   for (const auto& row : r.rows) bars += row.measured ? 2 : 1;
@@ -255,7 +255,7 @@ std::string bars_svg(const MemoryReport& r, const Unit& u, uint64_t largest) {
 
 // Memory over one step: stacked areas by category along the step's allocations, with the phases
 // (forward, loss, backward, optimizer) shaded and each unit's start ticked.
-std::string timeline_svg(const MemoryRow& row, const Unit& u, const std::vector<std::string>& unit_names) {
+std::string timeline_svg(const MemoryRow& row, const SizeUnit& u, const std::vector<std::string>& unit_names) {
   const auto& tl = row.predicted.timeline;
   const int w = 760, h = 220, left = 60, top = 20, plot_w = w - left - 20, plot_h = h - top - 40;
   std::string s = fmt::format("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='11'>\n", w, h);
@@ -330,7 +330,7 @@ std::string memory_report_sections(const MemoryReport& r) {
   for (const auto& row : r.rows) largest = std::max({largest, row.predicted.peak, row.measured_peak});
   uint64_t bar_max = 0;
   for (const auto& row : r.rows) bar_max = std::max({bar_max, row.predicted.peak, row.measured_peak});
-  Unit u = unit_for(largest);
+  SizeUnit u = unit_for(largest);
   std::string h = fmt::format("<h2>Per rank at the step's peak ({})</h2>\n<table><tr><th>strategy</th><th></th>", u.name);
   for (int k = 0; k < kNumCategories; ++k) h += "<th>" + std::string(kCategoryNames[k]) + "</th>";
   h += "<th>peak</th><th>model states</th><th>host peak</th><th>host model states</th><th>peak during</th></tr>\n";

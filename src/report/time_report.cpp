@@ -8,7 +8,7 @@ namespace shardlab {
 namespace {
 
 std::string ms(double s) { return fmt::format("{:.3f}", s * 1e3); }
-std::string pct(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-"; }
+std::string share_pct(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-"; }
 
 void print_ops(const TimeRow& row, const DeviceModel& d, std::FILE* out, int top) {
   fmt::print(out, "\n{} (rank {}): the operations that take the time\n", row.label, row.rank);
@@ -23,7 +23,7 @@ void print_ops(const TimeRow& row, const DeviceModel& d, std::FILE* out, int top
     fmt::print(out, "{:<26} {:>6} {:>8} {:>8} {:>10.2f} {:>10.2f} {:>9.3f} {:>7} {:>10} {:>6}{}\n", name, op.calls,
                op.launches, op.blocks > 0 ? fmt::format("{}", op.blocks) : "-", op.tensor_flops / 1e9,
                op.flops / 1e9, (op.axis.empty() ? op.bytes : op.bus_bytes) / 1e9, op.bound, ms(op.seconds),
-               pct(op.seconds, row.price.compute + row.price.comm_busy), flag ? "  !" : "");
+               share_pct(op.seconds, row.price.compute + row.price.comm_busy), flag ? "  !" : "");
   }
   if (top > 0 && static_cast<int>(row.price.ops.size()) > top)
     fmt::print(out, "({} more operations: --json lists them all)\n", row.price.ops.size() - static_cast<size_t>(top));
