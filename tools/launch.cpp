@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -88,11 +89,18 @@ namespace {
 //   forwards and a rank takes as its SIGTERM (save after the step in progress, exit 0). SIGHUP,
 //   SIGUSR1 and SIGUSR2 go to mpirun as they are, as when the launcher was mpirun.
 volatile std::sig_atomic_t g_mpirun = 0;
+// A SIGTERM or SIGINT that came before the ranks here could take its forwarded form (their early
+// handlers in place: a rank without one dies of SIGUSR1, 138), held until they can.
+volatile std::sig_atomic_t g_ranks_ready = 0, g_held = 0;
 constexpr int kExitTimeoutStatus = exit_status(ExitCode::collective_timeout);
 
 int forwarded(int sig) { return sig == SIGINT ? SIGUSR2 : sig == SIGTERM ? SIGUSR1 : sig; }
 
 extern "C" void pass_on(int sig) {
+  if ((sig == SIGTERM || sig == SIGINT) && !g_ranks_ready) {
+    g_held = sig;  // wait_mpirun forwards it once every rank here is ready
+    return;
+  }
   if (g_mpirun > 0) ::kill(static_cast<pid_t>(g_mpirun), forwarded(sig));
 }
 
@@ -165,14 +173,41 @@ struct MpirunEnd {
   bool ended_by_launcher = false;
 };
 
-MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
-  constexpr double kKillAfterS = 2;
+// Whether every rank mpirun started on this host (its children running this binary: not yet a
+// forked mpirun before its exec, nor an agent starting another host's daemon) has written its pid
+// to the readiness file (its early stop handlers in place); none started yet is not ready.
+bool ranks_here_ready(pid_t mpirun, const std::string& ready_file) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::vector<pid_t> ranks;
+  for (pid_t c : children_of(mpirun))
+    if (std::filesystem::read_symlink(fmt::format("/proc/{}/exe", c), ec) == self && !ec) ranks.push_back(c);
+  if (ranks.empty()) return false;
+  std::ifstream in(ready_file);
+  std::vector<pid_t> ready;
+  for (long pid = 0; in >> pid;) ready.push_back(static_cast<pid_t>(pid));
+  return std::all_of(ranks.begin(), ranks.end(),
+                     [&ready](pid_t r) { return std::find(ready.begin(), ready.end(), r) != ready.end(); });
+}
+
+MpirunEnd wait_mpirun(pid_t child, const std::string& status_file, const std::string& ready_file) {
+  // A stop is held at most kHoldAtMostS: no rank of the job on this host (all on others, whose
+  // readiness the launcher cannot see) forwards it then.
+  constexpr double kKillAfterS = 2, kHoldAtMostS = 10;
   int wait_status = 0;
   auto reported = std::chrono::steady_clock::time_point::max();
+  const auto started = std::chrono::steady_clock::now();
   for (;;) {
     const pid_t got = ::waitpid(child, &wait_status, WNOHANG);
     if (got == child || (got < 0 && errno != EINTR)) return {wait_status, false};
     const auto now = std::chrono::steady_clock::now();
+    if (!g_ranks_ready && (ranks_here_ready(child, ready_file) || now - started > std::chrono::duration<double>(kHoldAtMostS)))
+      g_ranks_ready = 1;
+    if (g_ranks_ready && g_held) {
+      const int sig = g_held;
+      g_held = 0;
+      ::kill(child, forwarded(sig));
+    }
     if (reported == std::chrono::steady_clock::time_point::max()) {
       if (reported_status(status_file) == kExitTimeoutStatus) reported = now;
     } else if (now - reported > std::chrono::duration<double>(kKillAfterS)) {
@@ -195,6 +230,12 @@ MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
   ::close(fd);
   ::setenv(kLauncherStatusVar, status_file, 1);
   ::setenv(kLauncherHostVar, host_name().c_str(), 1);
+  char ready_file[] = "/tmp/shardlab-ready-XXXXXX";
+  const int ready_fd = ::mkstemp(ready_file);
+  SHARD_REQUIRE(ready_fd >= 0, "--nproc {}: cannot create the launcher's readiness file in /tmp: {}", nproc,
+                std::strerror(errno));
+  ::close(ready_fd);
+  ::setenv(kLauncherReadyVar, ready_file, 1);
   int report[2];
   SHARD_REQUIRE(::pipe2(report, O_CLOEXEC) == 0, "--nproc {}: pipe: {}", nproc, std::strerror(errno));
   // The signals wait (blocked) until the child's pid is known to the handler.
@@ -227,11 +268,12 @@ MpirunEnd wait_mpirun(pid_t child, const std::string& status_file) {
   do got = ::read(report[0], &exec_errno, sizeof exec_errno);
   while (got < 0 && errno == EINTR);
   ::close(report[0]);
-  const MpirunEnd end = wait_mpirun(child, status_file);
+  const MpirunEnd end = wait_mpirun(child, status_file, ready_file);
   const int status = got > 0                 ? -1
                      : end.ended_by_launcher ? kExitTimeoutStatus
                                              : job_status(end.wait_status, status_file);
   std::filesystem::remove(status_file);
+  std::filesystem::remove(ready_file);
   if (status < 0)
     throw InputError(fmt::format("--nproc {}: could not start '{}': {} (is Open MPI installed? "
                                  "scripts/install-deps.sh installs it)", nproc, cmd[0], std::strerror(exec_errno)));

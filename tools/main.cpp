@@ -4,6 +4,7 @@
 // Every command runs on any number of ranks: `mpirun -np N shardlab ...` or `shardlab ... --nproc N`.
 // MPI appears here only (and in src/comm): the commands get a ProcessGroup and open communicators
 // through it. Exit codes: src/core/exit_code.hpp (docs/long-runs-and-faults.md, "Exit codes").
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <bit>
@@ -26,6 +27,7 @@
 #include "src/comm/staged_comm.hpp"
 #include "src/comm/watchdog.hpp"
 #include "src/core/exit_code.hpp"
+#include "src/core/host_name.hpp"
 #include "src/core/suggest.hpp"
 #include "tools/command.hpp"
 #include "tools/launch.hpp"
@@ -142,6 +144,19 @@ extern "C" void terminated_before_the_run(int) {
 
 }  // namespace
 
+// A rank on the launcher's host, its early handlers in place, appends its pid to the launcher's
+// readiness file (kLauncherReadyVar), which holds a stop until every rank there has.
+static void say_ready_to_launcher() {
+  const char* file = std::getenv(kLauncherReadyVar);
+  const char* host = std::getenv(kLauncherHostVar);
+  if (!file || !*file || !host || host_name() != host) return;
+  const int fd = ::open(file, O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return;  // the launcher is gone (it made the file): nothing to tell
+  const std::string line = std::to_string(::getpid()) + "\n";
+  if (::write(fd, line.data(), line.size()) < 0) {}
+  ::close(fd);
+}
+
 int main(int argc, char** argv) {
   wait_passively_in_openmp(argv);
   std::vector<std::string> args;
@@ -160,8 +175,16 @@ int main(int argc, char** argv) {
     return exit_status(ExitCode::ok);
   }
   if (const char* launcher = std::getenv(kLauncherStatusVar); launcher && *launcher) {
+    // Test hook (fault injection): SHARDLAB_FAULT_SLOW_EXEC=S: a rank takes S seconds between its
+    // exec and its early handlers (a slow start of the binary: the launcher holds a stop till then).
+    if (const char* slow = std::getenv("SHARDLAB_FAULT_SLOW_EXEC"); slow && std::atoi(slow) > 0) {
+      std::fprintf(stderr, "shardlab: fault injection: %d s before the early handlers\n", std::atoi(slow));
+      std::fflush(stderr);
+      sleep(static_cast<unsigned>(std::atoi(slow)));
+    }
     std::signal(SIGUSR2, interrupted_before_the_run);
     std::signal(SIGUSR1, terminated_before_the_run);
+    say_ready_to_launcher();
   }
   // Test hook (fault injection): SHARDLAB_FAULT_SLOW_START=S: every rank starts S seconds late, its
   // handlers above in place (a stop that lands before the run).

@@ -29,6 +29,10 @@ constexpr int exit_status(ExitCode c) { return static_cast<int>(c); }
 // and its host (gethostname) in the next.
 inline constexpr const char* kLauncherStatusVar = "SHARDLAB_LAUNCHER_STATUS";
 inline constexpr const char* kLauncherHostVar = "SHARDLAB_LAUNCHER_HOST";
+// The launcher's readiness file: each rank on the launcher's host appends its pid once its early
+// stop handlers are in place (tools/main.cpp); the launcher holds a SIGTERM or Ctrl-C until every
+// rank mpirun started there has (tools/launch.cpp).
+inline constexpr const char* kLauncherReadyVar = "SHARDLAB_LAUNCHER_READY";
 
 // What a rank that ends normally (every rank together, after MPI_Finalize) exits with. Under the
 // --nproc launcher a non-zero status is written to the launcher's file and the rank exits 0, so

@@ -106,6 +106,25 @@ sigterm_launcher_at_start)
     fail "not every rank said why"
   [ ! -e "$work/ck" ] || [ -z "$(ls "$work/ck")" ] || fail "a checkpoint appeared"
   ;;
+sigterm_launcher_before_handlers)
+  # SIGTERM at the launcher between the ranks' exec and their early handlers (held there 3 s by the
+  # test hook): the launcher holds the stop until every rank on its host says it is ready, then
+  # forwards it, and every rank ends with 143 saying why (a SIGUSR1 there was a death by signal, 138).
+  SHARDLAB_FAULT_SLOW_EXEC=3 "${train[@]}" --nproc 2 --steps 5 --save-dir "$work/ck" >"$work/out" 2>&1 &
+  job=$!
+  for _ in $(seq 1 600); do
+    [ "$(grep -c 's before the early handlers' "$work/out")" -ge 2 ] && break
+    sleep 0.1
+  done
+  [ "$(grep -c 's before the early handlers' "$work/out")" -ge 2 ] || fail "the ranks did not start"
+  kill -TERM "$job"
+  wait_job 60; rc=$?
+  cat "$work/out"
+  [ $rc -eq 143 ] || fail "expected exit 143, got $rc"
+  [ "$(grep -c 'terminated (SIGTERM at the launcher): ending now, nothing saved' "$work/out")" -eq 2 ] ||
+    fail "not every rank said why"
+  [ ! -e "$work/ck" ] || [ -z "$(ls "$work/ck")" ] || fail "a checkpoint appeared"
+  ;;
 sigterm_no_save_dir)
   "${train[@]}" --nproc 2 --steps 1000000 --log "$work/a.log" >"$work/out" 2>&1 &
   job=$!
