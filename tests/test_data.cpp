@@ -10,6 +10,8 @@
 #include "src/core/check.hpp"
 #include "src/checkpoint/checkpoint_format.hpp"
 #include "src/data/data.hpp"
+#include "src/data/pretokenize.hpp"
+#include "src/data/tokenize_shards.hpp"
 #include "src/data/tokenizer.hpp"
 
 using namespace shardlab;
@@ -259,4 +261,40 @@ TEST_CASE("data that is not a regular file is refused by name", "[data]") {
   REQUIRE(::mkfifo(pipe.c_str(), 0600) == 0);
   CHECK_THROWS_WITH(load_tokens(pipe, 256), Catch::Contains("data file '" + pipe + "' is a pipe"));
   fs::remove(pipe);
+}
+
+// tokenize's block cuts (tokenize_shards.hpp): at every cut last_safe_cut allows, GPT-2's and Llama
+// 3's split patterns give the same pieces on the two halves as on the whole text, so the ids of a
+// file read in blocks are those of the whole file. Blank lines, trailing spaces and \r\n, where
+// GPT-2's `\s+(?!\S)` takes a block's last white space whole, allow no cut.
+TEST_CASE("tokenize: a block is cut only where both split patterns cut the whole text", "[data]") {
+  const std::vector<std::string> texts = {
+      "end.\n\nNext line\nand more\n", "word  \nNext\r\nLine\n", "a\nb\nc", "1.\nX 2\n\nY\n  Z\nW",
+      "tab\t\nA\n\n\nB x\ny", "caf\xc3\xa9\nDone\n(x)\nz", "\n\nA\nB"};
+  auto pieces = [](std::string_view t, SplitPattern p) {
+    std::vector<std::string> out;
+    split_by_pattern(t, p, [&out](std::string_view s) { out.emplace_back(s); });
+    return out;
+  };
+  size_t cuts = 0;
+  for (const std::string& t : texts)
+    for (size_t limit = 0; limit <= t.size(); ++limit) {
+      const size_t cut = last_safe_cut(t, limit);
+      if (cut == 0) continue;
+      ++cuts;
+      REQUIRE(cut <= limit);
+      CHECK(t[cut - 1] == '\n');
+      for (SplitPattern p : {SplitPattern::gpt2, SplitPattern::llama3}) {
+        std::vector<std::string> halves = pieces(std::string_view(t).substr(0, cut), p);
+        for (std::string& s : pieces(std::string_view(t).substr(cut), p)) halves.push_back(std::move(s));
+        CHECK(halves == pieces(t, p));
+      }
+    }
+  CHECK(cuts > 0);
+  CHECK(last_safe_cut("end.\n\nNext", 10) == 0);   // "\n\n": GPT-2 splits '\n','\n' whole, '\n\n' at a block's end
+  CHECK(last_safe_cut("word  \nNext", 11) == 0);  // trailing spaces
+  CHECK(last_safe_cut("x\r\nNext", 7) == 0);      // \r\n
+  CHECK(last_safe_cut("x.\nNext", 7) == 3);
+  CHECK(last_safe_cut("x.\nNext\nMore", 12) == 8);
+  CHECK(last_safe_cut("x.\nNext\nMore", 12, 10) == 0);  // looks no further back than `from`
 }

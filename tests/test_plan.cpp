@@ -356,9 +356,10 @@ TEST_CASE("plan: the progress line's estimate of the time left", "[plan]") {
                                                "each a whole step predicted, at the pace since the first fit)"));
   w.fit_cost_max_s = 0.5;
   CHECK(estimate_walk_left(w).seconds_left == Approx(10 * 1.3 * 0.5));
-  // The rate's: never more than the rest of the list (50 layouts) at the pace since the first fit.
+  // Never more than the rest of the list (50 layouts) at the pace so far (12 s for 1100), where the
+  // walk ends at the latest.
   w.candidates = 1150, w.fit_cost_max_s = 2;
-  CHECK(estimate_walk_left(w).seconds_left == Approx(50 * 0.04));
+  CHECK(estimate_walk_left(w).seconds_left == Approx(50 * 12.0 / 1100));
   // An exhaustive walk goes to the end of the list: its rest at the pace so far.
   w.candidates = 11000, w.exhaustive = true;
   CHECK(estimate_walk_left(w).seconds_left == Approx(9900 * 12.0 / 1100));

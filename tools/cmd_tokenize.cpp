@@ -52,8 +52,8 @@ ExitCode cmd_tokenize(const Args& args, const Context& ctx) {
       "the stream's first tokens, written as the validation shard PREFIX_val_000000.bin for train's --val-data "
       "(0: none)")(
       "eot", cli::po::value(&eot)->default_value(eot),
-      "the token written before each document: auto (the tokenizer's <|endoftext|> or <|end_of_text|>, none if it "
-      "has neither), none, or a token's text");
+      "the token written before each document: auto (llm.c's: GPT-2's <|endoftext|>, Llama 3's <|begin_of_text|>, "
+      "else <|end_of_text|>; none if the tokenizer has none of them), none, or a token's text");
   cli::add_switch(desc, "overwrite", c.overwrite, "remove the shards of --prefix already in --out instead of refusing");
   if (!cli::parse(args, desc, ctx.mpi.rank(), {"tokenize", "FILES --out DIR --tokenizer DIR|bytes", "input"}))
     return ExitCode::ok;
@@ -67,7 +67,8 @@ ExitCode cmd_tokenize(const Args& args, const Context& ctx) {
   if (tokenizer != "bytes") tok = std::make_unique<Tokenizer>(tokenizer);
   c.vocab = tok ? static_cast<int64_t>(tok->size()) : 256;
   if (eot == "auto") {
-    c.eot = tok ? tok->find_token({"<|endoftext|>", "<|end_of_text|>"}) : -1;
+    // llm.c's choice: GPT-2's <|endoftext|>, Llama 3's <|begin_of_text|> (fineweb.py), else an end token.
+    c.eot = tok ? tok->find_token({"<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>"}) : -1;
   } else if (eot != "none") {
     SHARD_REQUIRE(tok, "--eot {} with --tokenizer bytes: bytes have no end-of-text token; give auto or none", eot);
     c.eot = tok->find_token({eot});

@@ -93,11 +93,13 @@ std::string check_data(const Manifest& m, const CheckpointState& state, const st
     SHARD_REQUIRE(grown && state.allow_data_growth,
                   "checkpoint '{}' was trained on --data {}; this run's --data is {}: it would continue at step {} on "
                   "other tokens (pass the same data{})", path, describe(was.train), describe(now.train), m.step,
-                  grown ? fmt::format(", or --allow-data-growth: its {} files are the checkpoint's followed by {} new",
-                                      now.train.files.size(), now.train.files.size() - was.train.files.size())
-                        : "");
-    SHARD_REQUIRE(was.val_fraction == 0, "--allow-data-growth with --val-fraction {}: the validation split is the "
-                  "stream's tail, which would move into what was trained on; give --val-data", was.val_fraction);
+                  grown && was.val_fraction == 0
+                      ? fmt::format(", or --allow-data-growth: its {} files are the checkpoint's followed by {} new",
+                                    now.train.files.size(), now.train.files.size() - was.train.files.size())
+                      : "");
+    SHARD_REQUIRE(was.val_fraction == 0, "--allow-data-growth: checkpoint '{}' holds out --val-fraction {} of its "
+                  "stream's tail for validation, which would move into what was trained on: a run with --val-fraction "
+                  "cannot grow its data (one with --val-data can)", path, was.val_fraction);
     note = fmt::format("--data grew (--allow-data-growth): {} files, {} bytes -> {} files, {} bytes; step {} on reads "
                        "the longer stream ({})", was.train.files.size(), was.train.bytes, now.train.files.size(),
                        now.train.bytes, m.step + 1,

@@ -21,7 +21,9 @@ constexpr int kGraceS = 5;  // mpirun ends a job whose hosts it reaches well wit
 constexpr int kPollMs = 100;
 
 // The names Open MPI's launcher runs under (/proc/PID/comm).
-bool is_mpirun(const std::string& comm) { return comm == "mpirun" || comm == "mpiexec" || comm == "orterun"; }
+bool is_mpirun(const std::string& comm) {
+  return comm == "mpirun" || comm == "mpiexec" || comm == "orterun" || comm == "prterun";  // prterun: Open MPI 5
+}
 
 // From /proc/PID/stat: the state (field 3) and the start time in clock ticks (field 22), which
 // identifies the process across a reuse of its pid. Async-signal-safe: the guard runs it after fork.
@@ -57,7 +59,8 @@ ProcStat read_stat(const char* path) {
   ::setsid();
   const int null = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
-  ::close_range(3, ~0U, 0);
+  if (::close_range(3, ~0U, 0) != 0)  // before Linux 5.9: one by one
+    for (int fd = 3; fd < 1024; ++fd) ::close(fd);
   const timespec poll{0, kPollMs * 1'000'000L};
   for (int waited = 0; waited < kGraceS * 1000; waited += kPollMs) {
     const ProcStat s = read_stat(stat_path.c_str());
@@ -82,12 +85,16 @@ void guard_stuck_mpirun(const std::string& who) {
   if (start == 0) return;
   // Said now, through mpirun with the report: a line the guard wrote to mpirun's output later
   // could be overwritten there (a script's shell reporting mpirun killed writes at its own offset).
+  // Said only once the guard is there to keep it (the child writes nothing: its stdio is /dev/null).
+  std::fflush(stderr);
+  const pid_t g = ::fork();
+  if (g == 0) guard(parent, stat_path, start);
+  if (g < 0) return;
   std::fprintf(stderr,
                "%s: if %s (pid %d) has not ended the job %d s from now, waiting on a host it cannot reach, "
                "it is ended (SIGKILL: the job exits %d).\n",
                who.c_str(), comm.c_str(), static_cast<int>(parent), kGraceS, exit_status(ExitCode::mpirun_ended));
   std::fflush(stderr);
-  if (::fork() == 0) guard(parent, stat_path, start);
 }
 
 }  // namespace shardlab

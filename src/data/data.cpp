@@ -44,7 +44,8 @@ void write_llmc_bin(const std::string& path, const std::vector<int32_t>& tokens,
     const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
     f.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(2 * narrow.size()));
   }
-  SHARD_REQUIRE(f.good(), "writing token file '{}' failed", path);
+  f.close();  // an error only the close reports (a quota, a network file system) fails here too
+  SHARD_REQUIRE(!f.fail(), "writing token file '{}' failed", path);
 }
 
 TokenStream load_text_bytes(const std::string& path) {

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include <fmt/format.h>
 
@@ -31,12 +30,12 @@ void TokenizeConfig::validate() const {
                   "tokenize: '{}' is an llm.c token file already (.bin); give text files", in);
 }
 
-size_t last_safe_cut(std::string_view text, size_t limit) {
+size_t last_safe_cut(std::string_view text, size_t limit, size_t from) {
   limit = std::min(limit, text.size());
-  for (size_t i = limit; i >= 2; --i) {
-    const char c = text[i - 1];
-    if (text[i - 2] == '\n' && ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'))) return i - 1;
-  }
+  auto letter = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); };
+  auto ink = [](char c) { return c > ' ' && c < 0x7f; };  // ASCII, neither space nor control
+  for (size_t i = limit; i >= std::max<size_t>(from, 3); --i)
+    if (text[i - 2] == '\n' && letter(text[i - 1]) && ink(text[i - 3])) return i - 1;
   return 0;
 }
 
@@ -50,13 +49,25 @@ std::string shard_name(const TokenizeConfig& c, bool val, int index) {
   return fmt::format("{}_{}_{:06d}.bin", c.prefix, val ? "val" : "train", index);
 }
 
+// Whether `name` is PREFIX_val_NNNNNN.bin or PREFIX_train_NNNNNN.bin (six digits).
+bool is_our_shard(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix + "_", 0) != 0) return false;
+  std::string rest = name.substr(prefix.size() + 1);
+  for (const char* kind : {"val_", "train_"})
+    if (rest.rfind(kind, 0) == 0) {
+      rest = rest.substr(std::string(kind).size());
+      return rest.size() == 10 && rest.compare(6, 4, ".bin") == 0 &&
+             std::all_of(rest.begin(), rest.begin() + 6, [](char ch) { return ch >= '0' && ch <= '9'; });
+    }
+  return false;
+}
+
 // The prefix's shards already in the directory: refused by name, or removed under overwrite.
 void clear_earlier(const TokenizeConfig& c) {
-  const std::regex ours(c.prefix + R"(_(val|train)_[0-9]{6}\.bin)", std::regex::ECMAScript);
   std::vector<fs::path> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(c.out_dir, ec))
-    if (std::regex_match(e.path().filename().string(), ours)) found.push_back(e.path());
+    if (is_our_shard(e.path().filename().string(), c.prefix)) found.push_back(e.path());
   std::sort(found.begin(), found.end());
   SHARD_REQUIRE(found.empty() || c.overwrite, "tokenize --out {}: it holds {} shard(s) of --prefix {} already ({}{}): "
                 "give another --out or --prefix, or --overwrite to replace them", c.out_dir, found.size(), c.prefix,
@@ -124,8 +135,22 @@ uint64_t total_bytes(const std::vector<std::string>& inputs) {
 
 }  // namespace
 
+namespace {
+TokenizeResult tokenize_all(const TokenizeConfig& c, const EncodeFn& encode, std::FILE* progress);
+}
+
 TokenizeResult tokenize_to_shards(const TokenizeConfig& c, const EncodeFn& encode, std::FILE* progress) {
   c.validate();
+  try {
+    return tokenize_all(c, encode, progress);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{} (the shards written under {} before this are an incomplete set: run again, "
+                                 "--overwrite replaces them)", e.what(), c.out_dir));
+  }
+}
+
+namespace {
+TokenizeResult tokenize_all(const TokenizeConfig& c, const EncodeFn& encode, std::FILE* progress) {
   const double t0 = now_s();
   const uint64_t all = total_bytes(c.inputs);
   std::error_code ec;
@@ -173,7 +198,8 @@ TokenizeResult tokenize_to_shards(const TokenizeConfig& c, const EncodeFn& encod
       const size_t got = static_cast<size_t>(f.gcount());
       r.bytes_read += got;
       carry.append(block.data(), got);
-      const size_t cut = f ? last_safe_cut(carry, carry.size()) : carry.size();  // at the end: all of it
+      // Only the new bytes can hold a new cut (and the two before them: a cut looks back 3).
+      const size_t cut = f ? last_safe_cut(carry, carry.size(), carry.size() - got) : carry.size();  // end: all
       if (cut == 0) continue;                                                    // no cut yet: read on
       put(std::string_view(carry).substr(0, cut));
       carry.erase(0, cut);
@@ -185,5 +211,6 @@ TokenizeResult tokenize_to_shards(const TokenizeConfig& c, const EncodeFn& encod
   r.seconds = now_s() - t0;
   return r;
 }
+}  // namespace
 
 }  // namespace shardlab

@@ -11,10 +11,12 @@
 // Nothing lost, nothing half-written: every shard goes to a hidden temporary beside it and is
 // renamed into place once whole; shards of the prefix already in the directory are refused (named)
 // unless `overwrite`, which removes them first. A file is read in blocks and encoded a block at a
-// time where the tokenizer cuts there anyway (after a newline followed by an ASCII letter: no
-// pre-tokenizer piece of GPT-2's or Llama 3's pattern spans it), so memory stays a block's while the
-// ids are those of encoding the file whole; where an added token holds a newline (it could span
-// such a cut) each file is encoded whole.
+// time where the tokenizer cuts there anyway (after a newline between a printable ASCII byte and an
+// ASCII letter: no pre-tokenizer piece of GPT-2's or Llama 3's pattern spans it, last_safe_cut), so
+// memory stays a block's while the ids are those of encoding the file whole; text with no such line
+// start (JSON lines, indented code, other scripts) is held until one comes, the whole file at worst;
+// where an added token holds a newline (it could span such a cut) each file is encoded whole. A
+// failure part-way says that the shards written before it are an incomplete set.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -56,7 +58,9 @@ using EncodeFn = std::function<std::vector<int32_t>(std::string_view)>;
 TokenizeResult tokenize_to_shards(const TokenizeConfig& c, const EncodeFn& encode, std::FILE* progress);
 
 // Where a block of text may be cut for encoding: just after the last '\n' that is followed by an
-// ASCII letter, at or before `limit`; 0 when there is none (exposed for tests).
-size_t last_safe_cut(std::string_view text, size_t limit);
+// ASCII letter and preceded by a printable ASCII byte (not a space: GPT-2's `\s+(?!\S)` would take
+// a run of white space ending a block whole), at or before `limit`, looking no further back than
+// `from`; 0 when there is none (exposed for tests).
+size_t last_safe_cut(std::string_view text, size_t limit, size_t from = 0);
 
 }  // namespace shardlab

@@ -355,7 +355,9 @@ json HfModelWriter::over_base_config() {
     s->name = target.name;
     return spec_to_json(*s) == spec_to_json(target);
   };
-  const json mine = family.hf_config(target);
+  json mine = family.hf_config(target);
+  mine.erase("dtype");  // the stored dtype: set below, under the original's own key
+  mine.erase("torch_dtype");
   json out = base;
   std::vector<std::string> changed, added;
   for (const auto& [key, value] : mine.items()) {
@@ -474,7 +476,9 @@ void HfModelWriter::finish() {
     write_text_file(dir / name, text);
   }
   json config = opts_.base_config.empty() ? with_dtype(family_of(spec_).hf_config(spec_)) : over_base_config();
-  for (const auto& [key, id] : opts_.config_ids) config[key] = id;
+  // The tokenizer's special ids; an original config's own (a list of end ids, say) are kept.
+  for (const auto& [key, id] : opts_.config_ids)
+    if (opts_.base_config.empty() || !config.contains(key) || config[key].is_null()) config[key] = id;
   write_json_file(dir / kHfConfigFile, config);  // last: the directory is complete
 }
 

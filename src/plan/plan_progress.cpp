@@ -24,7 +24,7 @@ WalkEstimate estimate_walk_left(const WalkState& w) {
     const double by_rate = std::min(to_fit * n / double(w.fit - 1), rest) * (w.elapsed_s - w.first_fit_s) / n;
     left = std::min(by_rate, to_fit * 1.3 * w.fit_cost_max_s);
   }
-  return {left, false};
+  return {std::min(left, rest * pace), false};  // never past the rest of the list at this pace
 }
 
 std::string progress_text(const WalkState& w) {

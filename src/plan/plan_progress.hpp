@@ -30,8 +30,9 @@ struct WalkState {
 //   - from the second: the lesser of the layouts still to walk for the rest to fit, at the rate
 //     fits came since the first and the seconds per layout since then, and 1.3 times the longest
 //     settling of one that fit for each still to fit (fits come faster near the answer: the
-//     layouts between them are ruled out by their bounds), the rate's never more than the rest
-//     of the list. Measured against the truth, docs/planning.md "Progress".
+//     layouts between them are ruled out by their bounds).
+// Never more than the rest of the list at the pace so far (where the walk ends at the latest).
+// Measured against the truth, docs/planning.md "Progress".
 struct WalkEstimate {
   double seconds_left = 0;
   bool whole_list = false;  // the estimate is the rest of the list's (nothing fits yet, or exhaustive)

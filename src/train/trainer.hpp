@@ -236,8 +236,8 @@ class Trainer {
   std::string resumed_from_;
   std::string run_id_;  // recorded in checkpoints and the log; "" in predictions
   std::shared_ptr<const DataRecord> data_record_;  // with --save-dir or --resume: what checkpoints record
-  std::shared_ptr<const CarriedTokenizer> carried_tokenizer_;
-  std::shared_ptr<const CarriedConfig> carried_config_;  // --init's config.json, or a resumed checkpoint's  // rank 0, with a --save-dir: tokenizer.json
+  std::shared_ptr<const CarriedTokenizer> carried_tokenizer_;  // rank 0, with a --save-dir: tokenizer.json
+  std::shared_ptr<const CarriedConfig> carried_config_;  // rank 0: --init's config.json, or a resumed checkpoint's
   std::vector<StepStats> history_;  // run()'s steps
   Ledger::Peaks eval_peaks_;  // of the last evaluation (EvalScope)
 };
