@@ -311,16 +311,13 @@ class Searcher {
   void predict_memory(const TrainConfig& t, PlanEntry& e, PlanResult& res, bool stop_at_budget) {
     const ParallelDims dims = t.layout.dims.resolved(c_.world);
     const PoolConfig budgets{c_.device_memory, c_.host_memory};
-    // Stopping at the budget, the stage likeliest to pass it first (the largest bound): a layout that
-    // does not fit then ends before its other stages' whole steps are run.
-    std::vector<int> stages = bounds_.stage_facts(e).distinct;
-    if (stop_at_budget) {
-      std::vector<std::pair<uint64_t, int>> by_bound;
-      for (int k : stages) by_bound.push_back({bounds_.stage(e, k).total(), k});
-      std::stable_sort(by_bound.begin(), by_bound.end(), [](auto& a, auto& b) { return a.first > b.first; });
-      for (size_t i = 0; i < stages.size(); ++i) stages[i] = by_bound[i].second;
-    }
-    for (int k : stages) {
+    // Each distinct stage with its bound; stopping at the budget, the stage likeliest to pass it first
+    // (the largest bound): a layout that does not fit then ends before its other stages' whole steps.
+    std::vector<std::pair<uint64_t, int>> stages;
+    for (int k : bounds_.stage_facts(e).distinct) stages.push_back({bounds_.stage(e, k).total(), k});
+    if (stop_at_budget)
+      std::stable_sort(stages.begin(), stages.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    for (const auto& [lb, k] : stages) {
       MeshCoord at;
       at.pp = k;
       const int rank = mesh_rank(dims, at);
@@ -332,7 +329,6 @@ class Searcher {
         e.why = fmt::format("stage {} passes the budget (its step stopped there)", k);
         return;  // not predicted: the peak is not known
       }
-      const uint64_t lb = bounds_.stage(e, k).total();
       SHARD_CHECK(est->peak >= lb, "plan: the bound {} exceeds the predicted peak {} of stage {} of {}", lb, est->peak,
                   k, e.label());
       if (est->peak > e.peak || (est->peak == e.peak && k < e.peak_stage)) e.peak = est->peak, e.peak_stage = k;

@@ -66,6 +66,26 @@ check_resume_identical() {  # log_of_resumed_part total_steps
   echo "resumed losses bit-identical to the uninterrupted run's ($(echo "$got" | wc -w) steps)"
 }
 
+# SIGTERM at the --nproc launcher once both ranks printed MARK under the test hook HOOK=S (a
+# VAR=VALUE), before their run: the job ends within WAIT s with 143, every rank saying why, nothing saved.
+sigterm_before_run() {
+  local hook=$1 mark=$2 wait=$3
+  env "$hook" "${train[@]}" --nproc 2 --steps 5 --save-dir "$work/ck" >"$work/out" 2>&1 &
+  job=$!
+  for _ in $(seq 1 600); do
+    [ "$(grep -c "$mark" "$work/out")" -ge 2 ] && break
+    sleep 0.1
+  done
+  [ "$(grep -c "$mark" "$work/out")" -ge 2 ] || fail "the ranks did not start"
+  kill -TERM "$job"
+  wait_job "$wait"; rc=$?
+  cat "$work/out"
+  [ $rc -eq 143 ] || fail "expected exit 143, got $rc"
+  [ "$(grep -c 'terminated (SIGTERM at the launcher): ending now, nothing saved' "$work/out")" -eq 2 ] ||
+    fail "not every rank said why"
+  [ ! -e "$work/ck" ] || [ -z "$(ls "$work/ck")" ] || fail "a checkpoint appeared"
+}
+
 case $case in
 sigterm_all | sigterm_one | sigusr1_mpirun | sigterm_launcher)
   "${train[@]}" --nproc 2 --steps 1000000 --save-dir "$work/ck" --log "$work/a.log" >"$work/out" 2>&1 &
@@ -91,39 +111,13 @@ sigterm_launcher_at_start)
   # SIGTERM at the launcher while the ranks are still starting (here held 60 s in main by the test
   # hook, their early handlers in place): every rank ends with 143 and says why (it was SIGUSR1's
   # death, 138, with Open MPI's banner alone).
-  SHARDLAB_FAULT_SLOW_START=60 "${train[@]}" --nproc 2 --steps 5 --save-dir "$work/ck" >"$work/out" 2>&1 &
-  job=$!
-  for _ in $(seq 1 600); do
-    [ "$(grep -c 'starting 60 s late' "$work/out")" -ge 2 ] && break
-    sleep 0.1
-  done
-  [ "$(grep -c 'starting 60 s late' "$work/out")" -ge 2 ] || fail "the ranks did not start"
-  kill -TERM "$job"
-  wait_job 30; rc=$?
-  cat "$work/out"
-  [ $rc -eq 143 ] || fail "expected exit 143, got $rc"
-  [ "$(grep -c 'terminated (SIGTERM at the launcher): ending now, nothing saved' "$work/out")" -eq 2 ] ||
-    fail "not every rank said why"
-  [ ! -e "$work/ck" ] || [ -z "$(ls "$work/ck")" ] || fail "a checkpoint appeared"
+  sigterm_before_run SHARDLAB_FAULT_SLOW_START=60 'starting 60 s late' 30
   ;;
 sigterm_launcher_before_handlers)
   # SIGTERM at the launcher between the ranks' exec and their early handlers (held there 3 s by the
   # test hook): the launcher holds the stop until every rank on its host says it is ready, then
   # forwards it, and every rank ends with 143 saying why (a SIGUSR1 there was a death by signal, 138).
-  SHARDLAB_FAULT_SLOW_EXEC=3 "${train[@]}" --nproc 2 --steps 5 --save-dir "$work/ck" >"$work/out" 2>&1 &
-  job=$!
-  for _ in $(seq 1 600); do
-    [ "$(grep -c 's before the early handlers' "$work/out")" -ge 2 ] && break
-    sleep 0.1
-  done
-  [ "$(grep -c 's before the early handlers' "$work/out")" -ge 2 ] || fail "the ranks did not start"
-  kill -TERM "$job"
-  wait_job 60; rc=$?
-  cat "$work/out"
-  [ $rc -eq 143 ] || fail "expected exit 143, got $rc"
-  [ "$(grep -c 'terminated (SIGTERM at the launcher): ending now, nothing saved' "$work/out")" -eq 2 ] ||
-    fail "not every rank said why"
-  [ ! -e "$work/ck" ] || [ -z "$(ls "$work/ck")" ] || fail "a checkpoint appeared"
+  sigterm_before_run SHARDLAB_FAULT_SLOW_EXEC=3 's before the early handlers' 60
   ;;
 sigterm_no_save_dir)
   "${train[@]}" --nproc 2 --steps 1000000 --log "$work/a.log" >"$work/out" 2>&1 &
