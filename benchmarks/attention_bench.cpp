@@ -12,6 +12,7 @@
 
 #include "memory/pool.hpp"
 #include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/cudnn_attention.hpp"
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/core/rng.hpp"
 #include "src/core/units.hpp"
@@ -46,6 +47,10 @@ Timing time_point(Backend& be, const AttentionBenchConfig& cfg, AttentionKernel 
     lse = alloc(H * T, "lse");
     fwd_ws = alloc(flash_attention_workspace_elems(1, T, H, KV, hd, false), "forward tiles");
     bwd_ws = alloc(flash_attention_workspace_elems(1, T, H, KV, hd, true), "backward tiles");
+  } else if (kernel == AttentionKernel::cudnn) {
+    lse = alloc(H * T, "lse");
+    fwd_ws = alloc(cudnn_attention_workspace_elems(1, T, H, KV, hd, false), "forward bf16 operands");
+    bwd_ws = alloc(cudnn_attention_workspace_elems(1, T, H, KV, hd, true), "backward bf16 operands");
   } else {
     att = alloc(H * T * T, "att");
     scratch = alloc(attention_scratch_elems(T, H), "scratch");
@@ -69,6 +74,8 @@ Timing time_point(Backend& be, const AttentionBenchConfig& cfg, AttentionKernel 
     auto t0 = std::chrono::steady_clock::now();
     if (kernel == AttentionKernel::flash)
       ops::flash_attention_forward(be, to, lse.flat(DType::f32), tq, H, KV, cfg.causal, fwd_ws.flat(DType::f32));
+    else if (kernel == AttentionKernel::cudnn)
+      ops::cudnn_attention_forward(be, to, lse.flat(DType::f32), tq, H, KV, fwd_ws.flat(DType::f32));
     else
       ops::attention_forward(be, to, att.flat(DType::f32).reshape(att_shape), tq, H, KV);
     be.synchronize();
@@ -77,6 +84,8 @@ Timing time_point(Backend& be, const AttentionBenchConfig& cfg, AttentionKernel 
     if (kernel == AttentionKernel::flash)
       ops::flash_attention_backward(be, tdq, tdo, tq, to, lse.flat(DType::f32), H, KV, cfg.causal,
                                     bwd_ws.flat(DType::f32));
+    else if (kernel == AttentionKernel::cudnn)
+      ops::cudnn_attention_backward(be, tdq, tdo, tq, to, lse.flat(DType::f32), H, KV, bwd_ws.flat(DType::f32));
     else
       ops::attention_backward(be, tdq, tdo, tq, att.flat(DType::f32).reshape(att_shape), H, KV,
                               scratch.flat(DType::f32));

@@ -8,7 +8,8 @@
 #    executables of the tests named cuda*, on all cores.
 # 3. Runs, each logged in OUTDIR/gpu-check.log with a PASS/FAIL/SKIP line and its output in
 #    OUTDIR/<step>.out: nvidia-smi -L; ctest -R '^cuda'; compare on 4 ranks sharing the GPU;
-#    bench-train gpt2 bf16 (fused and naive attention) beside profile --time's prediction of it;
+#    bench-train gpt2 bf16 (fused, naive and, where cuDNN was found, cudnn attention) beside
+#    profile --time's prediction of it; bench-attention flash against cudnn;
 #    bench-collectives (nccl, world 1; staged, 4 ranks); profile --measure.
 #    OUTDIR/summary.json: each step's name, status, seconds and key figures (tokens/s, busbw, peaks).
 # Exit: 0 all passed (or skipped), 1 a check failed, 2 no CUDA device, 3 setup (bundle, configure,
@@ -294,6 +295,40 @@ case ":/lib:/usr/lib:/lib64:/usr/lib64:/lib/x86_64-linux-gnu:/usr/lib/x86_64-lin
   *) export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_libdir ;;
 esac
 # shellcheck disable=SC2206
+# cuDNN (beside CUDA, or Python's nvidia/cudnn wheel) and cudnn-frontend's headers (the bundle's
+# cudnn-frontend/, or build/cudnn-frontend carried from a machine with PyPI:
+# scripts/fetch-cudnn-frontend.sh) for --attention cudnn; without them it is left out, and said.
+cudnn_inc="" cudnn_lib="" fe_inc=""
+cudnn_dirs=("$cuda_home" "$cuda_home/targets/x86_64-linux" /usr/local/cuda /usr)
+while read -r d; do [ -n "$d" ] && cudnn_dirs+=("$d"); done < <(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+for sp in site.getsitepackages() + [site.getusersitepackages()]:
+    for d in glob.glob(os.path.join(sp, "nvidia", "cudnn")):
+        print(d)
+PY
+)
+for d in "${cudnn_dirs[@]}"; do
+  [ -f "$d/include/cudnn.h" ] || continue
+  for l in "$d"/lib64/libcudnn.so "$d"/lib/libcudnn.so "$d"/lib64/libcudnn.so.9 "$d"/lib/libcudnn.so.9 \
+           "$d"/lib/x86_64-linux-gnu/libcudnn.so.9; do
+    [ -e "$l" ] && { cudnn_inc=$d/include cudnn_lib=$(readlink -f "$l"); break 2; }
+  done
+done
+for d in "$bundle_dir/cudnn-frontend/include" build/cudnn-frontend/include "$build/cudnn-frontend/include"; do
+  [ -f "$d/cudnn_frontend.h" ] && { fe_inc=$(cd "$d" && pwd); break; }
+done
+if [ -n "$cudnn_lib" ] && [ -n "$fe_inc" ]; then
+  cmake_args+=(-DSHARDLAB_CUDNN=ON -DCUDNN_INCLUDE_DIR="$cudnn_inc" -DCUDNN_LIBRARY="$cudnn_lib"
+               -DSHARDLAB_CUDNN_FRONTEND_DIR="$fe_inc")
+  case ":${LD_LIBRARY_PATH:-}:" in
+    *":$(dirname "$cudnn_lib"):"*) ;;
+    *) export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$cudnn_lib") ;;
+  esac
+  record cudnn PASS 0 "cuDNN $cudnn_lib, cudnn-frontend $fe_inc"
+else
+  cmake_args+=(-DSHARDLAB_CUDNN=OFF)
+  record cudnn SKIP 0 "--attention cudnn left out: cuDNN ${cudnn_lib:-not found}, cudnn-frontend headers ${fe_inc:-not found (carry build/cudnn-frontend)}"
+fi
 [ -n "${SHARDLAB_BUNDLE_CMAKE_ARGS:-}" ] && cmake_args+=($SHARDLAB_BUNDLE_CMAKE_ARGS)
 # shellcheck disable=SC2206
 [ -n "${SHARDLAB_GPU_CMAKE_ARGS:-}" ] && cmake_args+=($SHARDLAB_GPU_CMAKE_ARGS)
@@ -382,7 +417,15 @@ done
 #     count of a real step are a [cuda] test (cuda-tests, above).
 run_step bench-train-naive 180 "$exe" bench-train --device cuda --model gpt2 --seq 1024 --batch 8 --steps 5 \
   --warmup 2 --param-dtype bf16 --attention naive || failed=1
-for attention in flash naive; do
+# cuDNN's fused attention (--attention cudnn), where the build has it: the same step and its
+# prediction, and the kernels alone beside the fused one.
+if [ -n "$cudnn_lib" ] && [ -n "$fe_inc" ]; then
+  run_step bench-train-cudnn 180 "$exe" bench-train --device cuda --model gpt2 --seq 1024 --batch 8 --steps 5 \
+    --warmup 2 --param-dtype bf16 --attention cudnn || failed=1
+  run_step bench-attention-cudnn 120 "$exe" bench-attention --device cuda --kernels flash,cudnn --seqs 1024,4096 \
+    --heads 12 --head-dims 64 --repeats 3 --warmup 1 || failed=1
+fi
+for attention in flash naive cudnn; do
   run_step profile-time-$attention 60 "$exe" profile --time --device cuda --gpu h200 --model gpt2 --micro-batch 8 \
     --seq 1024 --param-dtype bf16 --strategies ddp --world 1 --attention $attention --top 0 || failed=1
 done

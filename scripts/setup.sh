@@ -16,6 +16,13 @@ case "${SHARDLAB_CMAKE_ARGS:-}" in
     else cuda=OFF; fi
     cuda_arg=("-DSHARDLAB_CUDA=$cuda") ;;
 esac
+# cuDNN attention's headers (cudnn-frontend, from PyPI) wherever the CUDA backend may be built; not
+# fatal: without them the build leaves --attention cudnn out.
+case "${cuda_arg[*]:-} ${SHARDLAB_CMAKE_ARGS:-}" in
+  *SHARDLAB_CUDA=OFF*) ;;
+  *) bash scripts/fetch-cudnn-frontend.sh build/cudnn-frontend ||
+       echo "setup: cudnn-frontend headers not fetched; --attention cudnn will not be built" ;;
+esac
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_arg[@]}" ${SHARDLAB_CMAKE_ARGS:-}
 cmake --build build -j "$(nproc)" --target "${SHARDLAB_SETUP_TARGET:-shardlab}"
 # GPT-2's tokenizer for --tokenizer and its tests, from PyPI (not fatal: without it those tests skip).

@@ -223,3 +223,39 @@ TEST_CASE("a collective orders the compute stream where it is waited for, not wh
   CHECK(l.ops()[0].bus_bytes == Approx(2.0 * 3 / 4 * 4096));
   CHECK(std::string_view(l.ops()[0].name) == "all_reduce");
 }
+
+TEST_CASE("cuDNN attention's products run on tensor cores: two of the causal scores forward, five backward",
+          "[cost]") {
+  // GPT-2 124M (12 layers, 12 heads of 64) at T 1,024: each product of the scores' half a causal
+  // mask leaves is 2 B H T^2 hd / 2 FLOPs (Dao 2023's count for a causal FlashAttention-2).
+  TrainConfig c = gpt2_config(DType::bf16);
+  c.spec.attention = AttentionKernel::cudnn;
+  const int64_t B = 2;
+  const double product = 2.0 * B * 12 * 1024.0 * 1024.0 * 64 / 2;
+  const CostLedger l = step_costs(c, 1, 0, B, Device::cuda);
+  double forward = 0, backward = 0, gemm = 0;
+  int calls = 0, launches = 0, casts = 0;
+  for (const OpCost& op : l.ops()) {
+    const std::string_view name = op.name;
+    if (name == "cudnn_attention_forward") forward += op.tensor_flops, ++calls, launches += op.launches;
+    if (name == "cudnn_attention_backward") backward += op.tensor_flops, ++calls, launches += op.launches;
+    if (name == "gemm") gemm += op.tensor_flops;
+    if (name == "cast") ++casts;
+    CHECK(name.substr(0, 5) != "flash");
+  }
+  CHECK(calls == 24);
+  CHECK(launches == 24);  // one cuDNN graph each
+  CHECK(forward == Approx(12 * 2 * product));
+  CHECK(backward == Approx(12 * 5 * product));
+  CHECK(gemm == Approx(6 * 124439808.0 * B * 1024).epsilon(0.01));  // the rest of the step as before
+  // Against the fused kernel's step: the same GEMMs, six more casts a layer (q k v in and the output
+  // out forward; q k v, out, dout in and dq dk dv out backward).
+  c.spec.attention = AttentionKernel::flash;
+  const CostLedger flash = step_costs(c, 1, 0, B, Device::cuda);
+  int flash_casts = 0;
+  for (const OpCost& op : flash.ops()) flash_casts += std::string_view(op.name) == "cast";
+  CHECK(casts == flash_casts + 12 * 6);
+  // Refused on the CPU, as a run there is.
+  c.spec.attention = AttentionKernel::cudnn;
+  CHECK_THROWS_WITH(step_costs(c, 1, 0, B, Device::cpu), Catch::Contains("--attention cudnn runs on CUDA devices"));
+}

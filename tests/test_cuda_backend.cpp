@@ -15,6 +15,8 @@
 #include "tests/test_util.hpp"
 #include "src/backend/ops/activation.hpp"
 #include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/cudnn_attention.hpp"
+#include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/embedding.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/backend/ops/loss.hpp"
@@ -860,5 +862,54 @@ TEST_CASE("cuda attention over a KV cache matches the cpu backend, step by step"
     }
     CHECK(bit_equal(down(e, gk, kc.size()), kc));  // copies: exact
     CHECK(bit_equal(down(e, gv, vc.size()), vc));
+  }
+}
+
+TEST_CASE("cuda cuDNN attention matches the cpu's fused attention on bf16-rounded operands", "[cuda]") {
+  if (!cudnn_attention_built()) {
+    WARN("this build has no cuDNN attention (no cuDNN or cudnn-frontend headers at configure time): not checked");
+    return;
+  }
+  Env e;
+  struct Case {
+    int64_t B, T, H, KV, hd;
+  };
+  // Multi-head and grouped-query heads, GPT-2's and Llama's head sizes, a sequence that is no
+  // multiple of cuDNN's tiles.
+  for (Case k : {Case{2, 128, 4, 4, 64}, Case{2, 100, 4, 2, 64}, Case{1, 64, 2, 1, 128}}) {
+    const int64_t B = k.B, T = k.T, H = k.H, KV = k.KV, hd = k.hd, R = (H + 2 * KV) * hd, C = H * hd;
+    INFO("B=" << B << " T=" << T << " H=" << H << " KV=" << KV << " hd=" << hd);
+    // Operands bf16 already, so cuDNN's own rounding of them changes nothing: what differs is
+    // cuDNN's bf16 probabilities before the value product and its bf16 outputs.
+    auto qkv = random_vector("cudnn qkv", B * T * R), dout = random_vector("cudnn dout", B * T * C);
+    for (auto& v : qkv) v = test::round_to(v, DType::bf16);
+    for (auto& v : dout) v = test::round_to(v, DType::bf16);
+    std::vector<float> out(B * T * C), lse(B * H * T), dqkv(qkv.size());
+    std::vector<float> fwd(flash_attention_workspace_elems(B, T, H, KV, hd, false));
+    std::vector<float> bwd(flash_attention_workspace_elems(B, T, H, KV, hd, true));
+    Tensor hqkv(qkv.data(), DType::f32, {B, T, R}), hout(out.data(), DType::f32, {B, T, C});
+    Tensor hlse(lse.data(), DType::f32, {B, H, T});
+    ops::flash_attention_forward(*e.cpu, hout, hlse, hqkv, H, KV, true, host(fwd));
+    ops::flash_attention_backward(*e.cpu, Tensor(dqkv.data(), DType::f32, {B, T, R}),
+                                  Tensor(dout.data(), DType::f32, {B, T, C}), hqkv, hout, hlse, H, KV, true, host(bwd));
+
+    Block gqkv = up(e, qkv, "qkv"), gdout = up(e, dout, "dout");
+    Block gout = e.pool.alloc(DType::f32, B * T * C, Category::workspace, "out");
+    Block glse = e.pool.alloc(DType::f32, B * H * T, Category::workspace, "lse");
+    Block gdqkv = up(e, std::vector<float>(qkv.size(), 7.f), "dqkv");  // overwritten
+    Block gfwd = e.pool.alloc(DType::f32, cudnn_attention_workspace_elems(B, T, H, KV, hd, false), Category::workspace,
+                              "cudnn forward");
+    Block gbwd = e.pool.alloc(DType::f32, cudnn_attention_workspace_elems(B, T, H, KV, hd, true), Category::workspace,
+                              "cudnn backward");
+    ops::cudnn_attention_forward(*e.gpu, gout.view(DType::f32, {B, T, C}), glse.view(DType::f32, {B, H, T}),
+                                 gqkv.view(DType::f32, {B, T, R}), H, KV, gfwd.flat(DType::f32));
+    ops::cudnn_attention_backward(*e.gpu, gdqkv.view(DType::f32, {B, T, R}), gdout.view(DType::f32, {B, T, C}),
+                                  gqkv.view(DType::f32, {B, T, R}), gout.view(DType::f32, {B, T, C}),
+                                  glse.view(DType::f32, {B, H, T}), H, KV, gbwd.flat(DType::f32));
+    // lse in f32 from bf16 scores' products (f32 accumulation): close; out and the gradients rounded
+    // to bf16 once (2^-8 relative) after f32 sums over bf16 probabilities (a few times that).
+    expect_close(down(e, glse, lse.size()), lse, 1e-3, 1e-3, "cudnn lse");
+    expect_close(down(e, gout, out.size()), out, 2e-2, 1e-2, "cudnn out");
+    expect_close(down(e, gdqkv, dqkv.size()), dqkv, 3e-2, 2e-2, "cudnn dqkv");
   }
 }

@@ -46,7 +46,8 @@ ExitCode cmd_bench_attention(const Args& args, const Context& ctx) {
       "head-dims", po::value(&dims)->default_value(dims), "head dimensions hd, comma-separated")(
       "kv-group", po::value(&cfg.group)->default_value(cfg.group),
       "query heads per K/V head: grouped-query attention (1 = multi-head; every --heads a multiple of it)")(
-      "kernels", po::value(&kernels)->default_value(kernels), "flash, naive or both (comma-separated)")(
+      "kernels", po::value(&kernels)->default_value(kernels),
+      "flash, naive or cudnn (CUDA only: cuDNN's fused attention, bf16 inside), comma-separated")(
       "not-causal", po::bool_switch(&full), "every key for every query (default causal)")(
       "repeats", po::value(&cfg.repeats)->default_value(cfg.repeats), "timed runs of each point (the best is printed)")(
       "warmup", po::value(&cfg.warmup)->default_value(cfg.warmup), "untimed runs first")(
@@ -70,6 +71,9 @@ ExitCode cmd_bench_attention(const Args& args, const Context& ctx) {
   cfg.kernels.clear();
   std::stringstream in(kernels);
   for (std::string k; std::getline(in, k, ',');) cfg.kernels.push_back(parse_attention_kernel(k));
+  for (AttentionKernel k : cfg.kernels)
+    SHARD_REQUIRE(k != AttentionKernel::cudnn || parse_device(run.device) == Device::cuda,
+                  "--kernels cudnn runs on CUDA devices (cuDNN's fused attention): add --device cuda");
   SHARD_REQUIRE(cfg.causal || cfg.kernels == std::vector<AttentionKernel>{AttentionKernel::flash},
                 "--not-causal: only the flash kernel computes non-causal attention (give --kernels flash)");
   std::unique_ptr<Backend> backend = make_device_backend(parse_device(run.device), run, ctx);

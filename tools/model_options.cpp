@@ -45,8 +45,9 @@ void ModelOptions::add(Desc& d) {
                   "K/V heads of grouped-query attention, dividing --heads (0 = the preset's; GPT-2: as many as heads)")(
       "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)")(
       "attention", po::value(&attention)->default_value(attention),
-      "attention kernel: flash (fused, online softmax: O(T) memory) or naive (keeps the (B, H, T, T) probabilities; "
-      "the reference); KV-cached decoding (sample) goes through the same kernel")(
+      "attention kernel: flash (fused, online softmax: O(T) memory), naive (keeps the (B, H, T, T) probabilities; "
+      "the reference) or cudnn (cuDNN's fused attention on a GPU, bf16 inside; CUDA builds with cuDNN); KV-cached "
+      "decoding (sample) goes through the same kernel (cudnn: the fused one)")(
       "loss-chunk", po::value(&loss_chunk)->default_value(loss_chunk),
       "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
       "the product run again in backward, so no (B*T, V) logits are held (0 = whole; under --tp each chunk's "

@@ -118,7 +118,7 @@ void set_device(PlanConfig& pc, const PlanFlags& f, const po::variables_map& vm)
     r = f.device.rates();
     pc.rates.achievable = f.device.achievable;
     pc.rates.source = fmt::format("{} preset", preset.name);
-    pc.rates.flash_attention = pc.train.spec.attention == AttentionKernel::flash;  // as the runtime would run it
+    pc.rates.flash_attention = pc.train.spec.attention != AttentionKernel::naive;  // as the runtime would run it
     if (given_flag(vm, "ranks-per-node")) r.ranks_per_node = pc.ranks_per_node;
     else pc.ranks_per_node = std::min(r.ranks_per_node, pc.world);
     r.ranks_per_node = pc.ranks_per_node;

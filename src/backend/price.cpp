@@ -58,6 +58,13 @@ DeviceModel gpu_device_model(const DevicePeaks& d) {
                           "(63.2 ms for H 12, hd 64, T 4,096, forward + backward)"};
   m.op_share["flash_attention_forward"] = flash;
   m.op_share["flash_attention_backward"] = flash;
+  // cuDNN's fused attention (--attention cudnn), not yet measured here: forward at the share of the
+  // H100's dense bf16 peak Shah et al. 2024 (FlashAttention-3, "attention forward speed, head dim
+  // 64, H100 80GB SXM5") report for cuDNN at sequence 1k, 373 of 989 TFLOP/s; backward nominal, below
+  // forward as every fused backward is. Both applied to every preset until a lent GPU fits them.
+  m.op_share["cudnn_attention_forward"] = {373.0 / 989.0, "Shah et al. 2024 (FlashAttention-3), cuDNN forward, "
+                                                          "hd 64, T 1k, H100 SXM5: 373 TFLOP/s"};
+  m.op_share["cudnn_attention_backward"] = {0.30, "nominal (below forward); to fit on a lent GPU"};
   return m;
 }
 

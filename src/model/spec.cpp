@@ -223,11 +223,20 @@ MlaSpec mla_from_json(const nlohmann::json& m) {
 AttentionKernel parse_attention_kernel(const std::string& s) {
   if (s == "flash") return AttentionKernel::flash;
   if (s == "naive") return AttentionKernel::naive;
-  throw InputError(fmt::format("--attention '{}': expected flash (the fused kernel, O(T) memory) or naive (the "
-                               "(B, H, T, T) probabilities kept; the reference)", s));
+  if (s == "cudnn") return AttentionKernel::cudnn;
+  throw InputError(fmt::format("--attention '{}': expected flash (the fused kernel, O(T) memory), naive (the "
+                               "(B, H, T, T) probabilities kept; the reference) or cudnn (cuDNN's fused attention, "
+                               "on a GPU)", s));
 }
 
-const char* attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::flash ? "flash" : "naive"; }
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::flash: return "flash";
+    case AttentionKernel::naive: return "naive";
+    case AttentionKernel::cudnn: return "cudnn";
+  }
+  return "?";
+}
 
 nlohmann::json spec_to_json(const ModelSpec& s) {
   nlohmann::json j = {{"family", family_of(s).name()}, {"name", s.name}, {"layers", s.layers}, {"dim", s.dim},

@@ -93,8 +93,9 @@ struct MlaSpec {
 };
 
 // How attention is computed (--attention): the fused kernel (ops/flash_attention.hpp; O(T) memory,
-// the default) or the naive one that materialises the (B, H, T, T) probabilities (the reference).
-enum class AttentionKernel : uint8_t { flash, naive };
+// the default), the naive one that materialises the (B, H, T, T) probabilities (the reference), or
+// cuDNN's fused attention on a GPU (ops/cudnn_attention.hpp; bf16 inside, saves what flash saves).
+enum class AttentionKernel : uint8_t { flash, naive, cudnn };
 AttentionKernel parse_attention_kernel(const std::string& s);  // InputError naming the choices otherwise
 const char* attention_kernel_name(AttentionKernel k);
 

@@ -1,6 +1,7 @@
 #include "src/train/predict.hpp"
 
 #include "src/comm/sim_comm.hpp"
+#include "src/model/blocks/attention.hpp"
 #include "src/train/trainer.hpp"
 
 namespace shardlab {
@@ -99,6 +100,7 @@ CostLedger step_costs(const StepConfig& step, int world, int rank, int64_t micro
   SHARD_REQUIRE(target == Device::cpu || target == Device::cuda, "step costs: a step runs on cpu or cuda, not {}",
                 device_name(target));
   TrainConfig c = step_config(step, world, rank, micro_batch, false);
+  blocks::check_attention_kernel(c.spec, target, false);  // as a run there would, whatever this binary has
   CostLedger ledger(target);
   auto be = make_meta_backend({}, &ledger);
   Pool pool(*be);

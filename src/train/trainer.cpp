@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/units.hpp"
+#include "src/model/blocks/attention.hpp"
 #include "src/model/blocks/moe.hpp"
 #include "src/model/decode.hpp"
 #include "src/model/model.hpp"
@@ -104,8 +105,9 @@ Trainer::Streams Trainer::load_streams(const TrainConfig& cfg, std::shared_ptr<c
 }
 
 namespace {
-TrainConfig checked(TrainConfig cfg, int world) {
+TrainConfig checked(TrainConfig cfg, int world, Device device) {
   cfg.validate(world);
+  blocks::check_attention_kernel(cfg.spec, device);
   cfg.layout.dims = cfg.layout.dims.resolved(world);
   cfg.schedule.total_steps = cfg.lr_decay_steps > 0 ? cfg.lr_decay_steps : cfg.steps;
   return cfg;
@@ -149,7 +151,7 @@ Trainer::Trainer(Backend& be, Pool& pool, Communicator& comm, TrainConfig cfg,
     : be_(be),
       pool_(pool),
       comm_(comm),
-      cfg_(with_prefetch(checked(std::move(cfg), comm.world_size()), pool, comm)),
+      cfg_(with_prefetch(checked(std::move(cfg), comm.world_size(), be.device()), pool, comm)),
       mesh_(comm, cfg_.layout.dims, cfg_.layout.ranks_per_node, cfg_.strategy.zeropp.hierarchical()),
       data_(load_streams(cfg_, tokens)),  // tokens kept: the body asks whether a stand-in was given
       loader_(*data_.train, cfg_.spec.seq, cfg_.batch, ShuffleConfig{cfg_.shuffle, cfg_.seed}),

@@ -66,9 +66,11 @@ CudaBackend::CudaBackend(const BackendConfig& cfg) {
 }
 
 CudaBackend::~CudaBackend() {
+  cudnn_state_.reset();  // its handle was set to the compute stream
   cudaFreeAsync(partial_, compute_);
   scratch_.release(compute_);
   gemm_scratch_.release(compute_);
+  cudnn_scratch_.release(compute_);
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(comm_);
   pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });

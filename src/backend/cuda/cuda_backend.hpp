@@ -88,6 +88,10 @@ class CudaBackend final : public Backend {
   }
   cudaStream_t compute_stream() const { return compute_; }
   void* device_scratch(size_t bytes) { return scratch_.get(bytes, compute_); }
+  // cuDNN attention (cudnn_attention.cpp): its handle and built graphs, made on first use and
+  // released before the streams; its workspace, outside the Pool like cuBLAS's.
+  std::shared_ptr<void>& cudnn_state() { return cudnn_state_; }
+  void* cudnn_workspace(size_t bytes) { return cudnn_scratch_.get(bytes, compute_); }
   // Token ids (token_ids.cpp): host_ids_ uploaded; n ids checked against V and uploaded; the rows
   // of a vocabulary shard [v0, v0 + rows) of n ids (-1 for other ranks'), on the host or uploaded;
   // host_ids_ = positions grouped by row (embedding_backward's buckets), returning their count.
@@ -132,6 +136,8 @@ class CudaBackend final : public Backend {
   };
   Scratch scratch_;       // the layers' operations' (token ids, LayerNorm and RMSNorm partials)
   Scratch gemm_scratch_;  // f32 GEMM operands rounded to bf16
+  Scratch cudnn_scratch_;  // cuDNN's workspace
+  std::shared_ptr<void> cudnn_state_;
   std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
   std::vector<int32_t> shard_rows_;  // a vocabulary shard's rows of token ids, -1 for other ranks'
   struct IdSlot {

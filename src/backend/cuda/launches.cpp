@@ -220,6 +220,11 @@ Launches flash_attention_forward_launches(const FlashShape& s) {
   return per_row("flash_forward_kernel", s.B * s.H * s.Tq);
 }
 
+Launches cudnn_attention_launches(bool backward) {
+  Launches L;
+  return L.add(command(backward ? "cudnn sdpa backward" : "cudnn sdpa forward", LaunchKind::library));
+}
+
 Launches flash_attention_merge_launches(const FlashShape& s) {
   Launches L;
   const int64_t rows = s.B * s.H * s.Tq;

@@ -153,6 +153,9 @@ Launches attention_backward_launches(int64_t H, int64_t KV, int64_t B, int64_t T
 Launches flash_attention_forward_launches(const FlashShape& s);
 Launches flash_attention_merge_launches(const FlashShape& s);
 Launches flash_attention_backward_launches(const FlashShape& s);
+// cuDNN's fused attention (ops/cudnn_attention.hpp), beside the casts the family issues through the
+// Backend: one library call (cuDNN's SDPA graph; its kernels are cuDNN's to choose).
+Launches cudnn_attention_launches(bool backward);
 // bits, block: the QuantSpec's.
 Launches quantize_blocks_launches(DType t, int64_t x_stride, int64_t rows, int64_t n, int bits, int64_t block);
 Launches dequantize_blocks_launches(DType t, int64_t x_stride, int64_t rows, int64_t n, int bits, int64_t block,

@@ -52,6 +52,11 @@ void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t 
                        int64_t hd, int64_t vd);
 void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int64_t H, int64_t KV,
                         Tensor scratch, int64_t B, int64_t T, int64_t hd, int64_t vd);
+// ---- cudnn_attention.cpp (ops/cudnn_attention.hpp): bf16 qkv, out, dout and dqkv in the
+// layout flash_shape_of_qkv describes, lse f32 (B, H, T); SHARD_CHECKs where the build has no cuDNN.
+void cudnn_attention_forward(Backend& be, void* out, float* lse, const void* qkv, const FlashShape& s);
+void cudnn_attention_backward(Backend& be, void* dqkv, const void* dout, const void* qkv, const void* out,
+                              const float* lse, const FlashShape& s);
 // ---- flash_attention.cpp ----
 // out, q, k, v and dout are f32, or bf16 when s.bf16; lse, dq, dk and dv f32.
 void flash_attention_forward(Backend& be, void* out, float* lse, const void* q, const void* k, const void* v,

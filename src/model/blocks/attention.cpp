@@ -1,6 +1,7 @@
 // attention.cpp — the attention core shared by the families (attention.hpp).
 #include "src/model/blocks/attention.hpp"
 #include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/cudnn_attention.hpp"
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
 #include "src/model/parallel/cp_attention.hpp"
@@ -9,7 +10,22 @@ namespace shardlab::blocks {
 
 namespace {
 bool flash(const UnitContext& c) { return c.spec.attention == AttentionKernel::flash; }
+bool cudnn(const UnitContext& c) { return c.spec.attention == AttentionKernel::cudnn; }
 }  // namespace
+
+void check_attention_kernel(const ModelSpec& spec, Device device, bool this_binary) {
+  if (spec.attention != AttentionKernel::cudnn) return;
+  SHARD_REQUIRE(device != Device::cpu, "--attention cudnn runs on CUDA devices (cuDNN's fused attention); on the "
+                "CPU use --attention flash");
+  SHARD_REQUIRE(device != Device::cuda || !this_binary || cudnn_attention_built(),
+                "--attention cudnn: this shardlab was built without cuDNN attention (CMake found no cuDNN or no "
+                "cudnn-frontend headers: scripts/fetch-cudnn-frontend.sh build/cudnn-frontend, then configure "
+                "again); use --attention flash");
+  const int64_t hd = spec.mla.enabled() ? spec.mla.qk() : spec.head_size();
+  const int64_t vd = spec.mla.enabled() ? spec.mla.v : hd;
+  const std::string why = cudnn_attention_unsupported(hd, vd);
+  SHARD_REQUIRE(why.empty(), "--attention cudnn with {}: {}; use --attention flash", spec.describe(), why);
+}
 
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
   if (c.batch.context_parallel()) return cp::attention_forward(c, s, qkv, a);  // fused, over the cp group
@@ -20,6 +36,15 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
                      Category::workspace, "attention tiles");
     ops::flash_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, true, tiles.flat(DType::f32), a.vd);
     return atty;  // nothing to drop for --activation-checkpointing attention: no probabilities kept
+  }
+  if (cudnn(c)) {  // saves what flash saves
+    SHARD_CHECK(a.v() == a.hd, "cuDNN attention with values of {} channels beside {} (check_attention_kernel refuses)",
+                a.v(), a.hd);
+    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+    Block work = c.pool.alloc(DType::f32, cudnn_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false),
+                              Category::workspace, "attention bf16 operands");
+    ops::cudnn_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, work.flat(DType::f32));
+    return atty;
   }
   Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), att = s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
   ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV, a.vd);
@@ -33,6 +58,9 @@ Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::stri
   if (flash(c))
     return c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, true, false, a.vd),
                         Category::workspace, prefix + "attention tiles");
+  if (cudnn(c))
+    return c.pool.alloc(DType::f32, cudnn_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, true),
+                        Category::workspace, prefix + "attention bf16 operands");
   return c.pool.alloc(DType::f32, attention_scratch_elems(a.T, a.H), Category::workspace,
                       prefix + "attention scratch");
 }
@@ -42,6 +70,10 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
   if (c.batch.context_parallel()) return cp::attention_backward(c, s, dqkv, datty, scratch, a);
   if (flash(c)) {
     ops::flash_attention_backward(c.be, dqkv, datty, s("qkv"), s("atty"), s("lse"), a.H, a.KV, true, scratch, a.vd);
+    return;
+  }
+  if (cudnn(c)) {
+    ops::cudnn_attention_backward(c.be, dqkv, datty, s("qkv"), s("atty"), s("lse"), a.H, a.KV, scratch);
     return;
   }
   Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
@@ -74,7 +106,7 @@ Tensor attention_cached(UnitContext& c, Saved& cache, Saved& s, Tensor qkv, cons
   const Tensor k = cache(k_name(prefix)), v = cache(v_name(prefix));
   ops::kv_cache_write(c.be, k, v, qkv, a.H, a.KV, pos0);
   Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.hd});
-  if (flash(c)) {
+  if (c.spec.attention != AttentionKernel::naive) {  // decoding with cudnn too goes through the fused kernel
     Block tiles = c.pool.alloc(DType::f32,
                                flash_cached_workspace_elems(a.B, a.T, c.spec.seq, a.H, a.KV, a.hd, pos0),
                                Category::workspace, prefix + "attention tiles");

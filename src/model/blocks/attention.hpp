@@ -3,7 +3,8 @@
 // output and a log-sum-exp per head and position, "lse"; its backward recomputes the probabilities
 // tile by tile) or the naive one (saves the (B, H, T, T) probabilities, "att"; with Korthikanti et
 // al.'s selective recomputation, --activation-checkpointing attention drops them in forward and
-// recomputes them from q and k in backward); and the KV-cached path of decoding (by the same choice).
+// recomputes them from q and k in backward), or cuDNN's (cudnn, on a GPU: saves what flash saves);
+// and the KV-cached path of decoding (by the same choice; cudnn decodes through the fused kernel).
 //
 // What differs between families stays with them: the projections around the core, RoPE (Llama
 // rotates q and k before the core and the gradient back after it) and the number of K/V heads
@@ -37,6 +38,12 @@ Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::stri
 // them. Kernels are deterministic, so both give the same bits.
 void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch, const AttentionShape& a,
                         const std::string& prefix);
+
+// Refuses (InputError) a kernel the device or the model's heads cannot run: cudnn on the CPU, with
+// heads cuDNN's attention is not built for here, or (this_binary) on CUDA in a build without cuDNN.
+// The meta backend stands for either device and takes cudnn; a prediction for CUDA (this_binary
+// false) needs no CUDA build.
+void check_attention_kernel(const ModelSpec& spec, Device device, bool this_binary = true);
 
 // Decoding: at pos0 == 0, (re)allocates the layer's K and V cache, c.spec.seq rows of KV hd each.
 void kv_cache_open(UnitContext& c, Saved& cache, const AttentionShape& a, const std::string& prefix, int64_t pos0);

@@ -75,7 +75,7 @@ class DeepseekLayerUnit final : public Unit {
       n += N * E + (3 * P + E) + P + P * s.dim + N * 3 * (s.moe.shared_ffn / tp_.degree);
       if (layout().ep.degree == 1) n += P * 3 * (s.moe.ffn_dim / tp_.degree);
     }
-    if (s.attention != AttentionKernel::flash && !cp && ck == Checkpointing::none) n += B * H * T * T;
+    if (s.attention == AttentionKernel::naive && !cp && ck == Checkpointing::none) n += B * H * T * T;
     return n;
   }
 

@@ -154,7 +154,7 @@ class BlockUnit final : public Unit {
     if (ck == Checkpointing::blocks) return 0;
     const int64_t N = B * T, n = stream_rows(tp_, B, T), A = s.dim / tp_.degree, F = s.ffn_hidden() / tp_.degree;
     int64_t e = 3 * n * s.dim + N * 4 * A + N * 2 * F;
-    if (s.attention != AttentionKernel::flash && !cp && ck == Checkpointing::none) e += B * (s.heads / tp_.degree) * T * T;
+    if (s.attention == AttentionKernel::naive && !cp && ck == Checkpointing::none) e += B * (s.heads / tp_.degree) * T * T;
     return e;
   }
 

@@ -104,7 +104,7 @@ class DecoderLayerUnit final : public Unit {
     const int64_t H = s.heads / tp_.degree, KV = s.num_kv_heads() / tp_.degree, F = s.ffn_hidden() / tp_.degree;
     int64_t n = 3 * rows_c + N * (H + 2 * KV) * hd + N * H * hd;
     if (!s.moe.enabled()) n += N * 3 * F;
-    if (s.attention != AttentionKernel::flash && !cp && ck == Checkpointing::none) n += B * H * T * T;
+    if (s.attention == AttentionKernel::naive && !cp && ck == Checkpointing::none) n += B * H * T * T;
     return n;
   }
 

@@ -1,0 +1,257 @@
+// cudnn_attention.cpp — cuDNN's fused attention (ops/cudnn_attention.hpp) through cudnn-frontend's
+// graph API: one SDPA graph per shape and direction, built on first use (heuristics mode A) and
+// kept with the backend's cuDNN handle, which runs on the compute stream. Compiled wherever the
+// CUDA backend is; without cuDNN (SHARDLAB_WITH_CUDNN 0) the calls refuse.
+//
+// The operands stay where the family put them: q, k and v are strided views of the bf16 [q | k | v]
+// rows (dims (B, heads, T, hd), strides (batch, hd, row, 1)), the output and the gradients likewise
+// in their own buffers, the statistics (B, H, T, 1) f32: the lse the fused family saves. Written
+// without a GPU to run it on: every call is checked, and the [cuda] test compares it with the CPU.
+#include "src/backend/ops/cudnn_attention.hpp"
+
+#include "src/backend/cuda/cuda_backend.hpp"
+#include "src/backend/cuda/ops.hpp"
+
+#ifndef SHARDLAB_WITH_CUDNN
+#define SHARDLAB_WITH_CUDNN 0
+#endif
+#if SHARDLAB_WITH_CUDNN
+#include <cudnn_frontend.h>
+
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#endif
+
+namespace shardlab {
+bool cudnn_attention_built() { return SHARDLAB_WITH_CUDNN != 0; }
+}  // namespace shardlab
+
+namespace shardlab::cuda {
+
+#if SHARDLAB_WITH_CUDNN
+namespace fe = cudnn_frontend;
+
+#define CUDNN_CHECK(call)                                                                                \
+  do {                                                                                                   \
+    cudnnStatus_t st_ = (call);                                                                          \
+    if (st_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                                        \
+      ::shardlab::check_failed(#call, __FILE__, __LINE__,                                                \
+                               ::fmt::format("cuDNN status {} ({})", static_cast<int>(st_), cudnnGetErrorString(st_))); \
+  } while (0)
+
+#define CUDNN_FE_CHECK(call)                                                                             \
+  do {                                                                                                   \
+    fe::error_t e_ = (call);                                                                             \
+    if (e_.is_bad()) [[unlikely]]                                                                        \
+      ::shardlab::check_failed(#call, __FILE__, __LINE__,                                                \
+                               ::fmt::format("cudnn-frontend error {}: {}", static_cast<int>(e_.get_code()), \
+                                             e_.get_message()));                                         \
+  } while (0)
+
+namespace {
+
+// The graphs' tensors, by uid.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+struct GraphKey {
+  int64_t B, T, H, KV, hd;
+  float scale;
+  bool backward;
+  bool operator<(const GraphKey& o) const {
+    return std::tie(B, T, H, KV, hd, scale, backward) < std::tie(o.B, o.T, o.H, o.KV, o.hd, o.scale, o.backward);
+  }
+};
+
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;  // bytes
+};
+
+struct State {
+  cudnnHandle_t handle{};
+  std::map<GraphKey, Built> graphs;
+  bool warned_nondeterministic = false;
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    graphs.clear();
+    if (handle != nullptr) cudnnDestroy(handle);
+  }
+};
+
+State& state_of(CudaBackend& cb) {
+  std::shared_ptr<void>& slot = cb.cudnn_state();
+  if (!slot) {
+    auto st = std::make_shared<State>();
+    CUDNN_CHECK(cudnnCreate(&st->handle));
+    CUDNN_CHECK(cudnnSetStream(st->handle, cb.compute_stream()));
+    slot = st;
+  }
+  return *static_cast<State*>(slot.get());
+}
+
+// A (B, heads, T, hd) view of rows `ld` elements apart, `batch` apart between sequences.
+fe::graph::Tensor_attributes view(const char* name, Uid uid, int64_t B, int64_t heads, int64_t T, int64_t hd,
+                                  int64_t ld, int64_t batch) {
+  return fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({B, heads, T, hd}).set_stride(
+      {batch, hd, ld, 1});
+}
+std::vector<int64_t> stats_dim(const FlashShape& s) { return {s.B, s.H, s.Tq, 1}; }
+std::vector<int64_t> stats_stride(const FlashShape& s) { return {s.H * s.Tq, s.Tq, 1, 1}; }
+
+std::shared_ptr<fe::graph::Graph> new_graph() {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const FlashShape& s) {
+  auto g = new_graph();
+  auto q = g->tensor(view("Q", kQ, s.B, s.H, s.Tq, s.hd, s.q_ld, s.q_b));
+  auto k = g->tensor(view("K", kK, s.B, s.KV, s.Tk, s.hd, s.k_ld, s.k_b));
+  auto v = g->tensor(view("V", kV, s.B, s.KV, s.Tk, s.hd, s.v_ld, s.v_b));
+  auto options = fe::graph::SDPA_attributes()
+                     .set_name("shardlab attention forward")
+                     .set_generate_stats(true)
+                     .set_causal_mask(true)
+                     .set_attn_scale(s.scale);
+  auto [o, stats] = g->sdpa(q, k, v, options);
+  o->set_output(true).set_uid(kO).set_dim({s.B, s.H, s.Tq, s.hd}).set_stride({s.o_b, s.hd, s.o_ld, 1});
+  stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim(s)).set_stride(
+      stats_stride(s));
+  return g;
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const FlashShape& s, bool deterministic) {
+  auto g = new_graph();
+  auto q = g->tensor(view("Q", kQ, s.B, s.H, s.Tq, s.hd, s.q_ld, s.q_b));
+  auto k = g->tensor(view("K", kK, s.B, s.KV, s.Tk, s.hd, s.k_ld, s.k_b));
+  auto v = g->tensor(view("V", kV, s.B, s.KV, s.Tk, s.hd, s.v_ld, s.v_b));
+  auto o = g->tensor(view("O", kO, s.B, s.H, s.Tq, s.hd, s.o_ld, s.o_b));
+  auto dout = g->tensor(view("dO", kDO, s.B, s.H, s.Tq, s.hd, s.o_ld, s.o_b));
+  auto stats = g->tensor(fe::graph::Tensor_attributes()
+                             .set_name("Stats")
+                             .set_uid(kStats)
+                             .set_data_type(fe::DataType_t::FLOAT)
+                             .set_dim(stats_dim(s))
+                             .set_stride(stats_stride(s)));
+  auto options = fe::graph::SDPA_backward_attributes()
+                     .set_name("shardlab attention backward")
+                     .set_causal_mask(true)
+                     .set_attn_scale(s.scale)
+                     .set_deterministic_algorithm(deterministic);
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
+  // dq, dk and dv land in a bf16 buffer laid out as qkv.
+  dq->set_output(true).set_uid(kDQ).set_dim({s.B, s.H, s.Tq, s.hd}).set_stride({s.q_b, s.hd, s.q_ld, 1});
+  dk->set_output(true).set_uid(kDK).set_dim({s.B, s.KV, s.Tk, s.hd}).set_stride({s.k_b, s.hd, s.k_ld, 1});
+  dv->set_output(true).set_uid(kDV).set_dim({s.B, s.KV, s.Tk, s.hd}).set_stride({s.v_b, s.hd, s.v_ld, 1});
+  return g;
+}
+
+// validate .. build_plans; false where cuDNN has no engine for the graph (check_support), with why.
+bool build(fe::graph::Graph& g, cudnnHandle_t handle, std::string& why) {
+  CUDNN_FE_CHECK(g.validate());
+  CUDNN_FE_CHECK(g.build_operation_graph(handle));
+  CUDNN_FE_CHECK(g.create_execution_plans({fe::HeurMode_t::A}));
+  fe::error_t supported = g.check_support(handle);
+  if (supported.is_bad()) {
+    why = supported.get_message();
+    return false;
+  }
+  CUDNN_FE_CHECK(g.build_plans(handle));
+  return true;
+}
+
+const Built& graph_for(CudaBackend& cb, State& st, const FlashShape& s, bool backward) {
+  const GraphKey key{s.B, s.Tq, s.H, s.KV, s.hd, s.scale, backward};
+  auto it = st.graphs.find(key);
+  if (it != st.graphs.end()) return it->second;
+  const std::string shape = fmt::format("B {} T {} heads {} (K/V {}) of {}", s.B, s.Tq, s.H, s.KV, s.hd);
+  Built b;
+  std::string why;
+  b.graph = backward ? backward_graph(s, true) : forward_graph(s);
+  bool ok = build(*b.graph, st.handle, why);
+  if (!ok && backward) {  // a deterministic backward is not offered everywhere: the fastest one then
+    b.graph = backward_graph(s, false);
+    std::string why2;
+    ok = build(*b.graph, st.handle, why2);
+    if (ok && !st.warned_nondeterministic) {
+      fmt::print(stderr, "shardlab: cuDNN offers no deterministic attention backward for {} ({}): its gradients may "
+                 "differ in the last bits from run to run\n", shape, why);
+      st.warned_nondeterministic = true;
+    }
+    if (!ok) why = why2;
+  }
+  if (!ok)
+    throw InputError(fmt::format("--attention cudnn: cuDNN {} has no {} engine for {} on device {} ({}); use --attention "
+                                 "flash", cudnnGetVersion(), backward ? "backward" : "forward", shape,
+                                 cb.device_index(), why));
+  CUDNN_FE_CHECK(b.graph->get_workspace_size(b.workspace));
+  SHARD_CHECK(b.workspace >= 0, "cuDNN attention: workspace of {} bytes for {}", b.workspace, shape);
+  return st.graphs.emplace(key, std::move(b)).first->second;
+}
+
+void run(CudaBackend& cb, State& st, const Built& b, std::unordered_map<int64_t, void*>& pack) {
+  void* workspace = b.workspace > 0 ? cb.cudnn_workspace(static_cast<size_t>(b.workspace)) : nullptr;
+  CUDNN_FE_CHECK(b.graph->execute(st.handle, pack, workspace));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void* at(const void* base, int64_t elems) {  // bf16 elements in
+  return const_cast<char*>(static_cast<const char*>(base)) + 2 * elems;
+}
+
+}  // namespace
+
+void cudnn_attention_forward(Backend& be, void* out, float* lse, const void* qkv, const FlashShape& s) {
+  CudaBackend& cb = CudaBackend::of(be);
+  State& st = state_of(cb);
+  const Built& b = graph_for(cb, st, s, false);
+  std::unordered_map<int64_t, void*> pack{{kQ, at(qkv, 0)},
+                                          {kK, at(qkv, s.H * s.hd)},
+                                          {kV, at(qkv, (s.H + s.KV) * s.hd)},
+                                          {kO, out},
+                                          {kStats, lse}};
+  run(cb, st, b, pack);
+}
+
+void cudnn_attention_backward(Backend& be, void* dqkv, const void* dout, const void* qkv, const void* out,
+                              const float* lse, const FlashShape& s) {
+  CudaBackend& cb = CudaBackend::of(be);
+  State& st = state_of(cb);
+  const Built& b = graph_for(cb, st, s, true);
+  std::unordered_map<int64_t, void*> pack{{kQ, at(qkv, 0)},
+                                          {kK, at(qkv, s.H * s.hd)},
+                                          {kV, at(qkv, (s.H + s.KV) * s.hd)},
+                                          {kO, at(out, 0)},
+                                          {kDO, at(dout, 0)},
+                                          {kStats, const_cast<float*>(lse)},
+                                          {kDQ, at(dqkv, 0)},
+                                          {kDK, at(dqkv, s.H * s.hd)},
+                                          {kDV, at(dqkv, (s.H + s.KV) * s.hd)}};
+  run(cb, st, b, pack);
+}
+
+#else  // no cuDNN in this build
+
+namespace {
+[[noreturn]] void not_built() {
+  throw InputError("--attention cudnn: this shardlab was built without cuDNN attention (CMake found no cuDNN or no "
+                   "cudnn-frontend headers: run scripts/fetch-cudnn-frontend.sh build/cudnn-frontend and configure "
+                   "again); use --attention flash");
+}
+}  // namespace
+
+void cudnn_attention_forward(Backend&, void*, float*, const void*, const FlashShape&) { not_built(); }
+void cudnn_attention_backward(Backend&, void*, const void*, const void*, const void*, const float*,
+                              const FlashShape&) {
+  not_built();
+}
+
+#endif
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,142 @@
+// cudnn_attention.cpp — cuDNN attention's checks, workspace and dispatch (cudnn_attention.hpp).
+#include "src/backend/ops/cudnn_attention.hpp"
+
+#include <cmath>
+
+#include "src/backend/cuda/ops.hpp"
+#include "src/backend/ops/flash_attention.hpp"
+#include "src/backend/ops/attention.hpp"
+
+namespace shardlab {
+
+std::string cudnn_attention_unsupported(int64_t hd, int64_t vd) {
+  if (vd > 0 && vd != hd)
+    return fmt::format("values of {} channels a head beside queries and keys of {} (cuDNN attention is built here for "
+                       "one head dimension)", vd, hd);
+  if (hd % 8 != 0 || hd < 8 || hd > kCudnnMaxHeadDim)
+    return fmt::format("a head dimension of {} (cuDNN's fused attention takes multiples of 8 up to {})", hd,
+                       kCudnnMaxHeadDim);
+  return {};
+}
+
+namespace {
+// Bytes of the workspace's bf16 regions, each rounded up to 256 bytes: qkv, out (and backward:
+// dout, dqkv).
+struct CudnnRegions {
+  int64_t qkv = 0, out = 0;  // bytes of one region
+  static int64_t round(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+  int64_t total(bool backward) const { return backward ? 2 * (qkv + out) : qkv + out; }
+};
+CudnnRegions regions(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  return {CudnnRegions::round(2 * B * T * (H + 2 * KV) * hd), CudnnRegions::round(2 * B * T * H * hd)};
+}
+}  // namespace
+
+int64_t cudnn_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool backward) {
+  return regions(B, T, H, KV, hd).total(backward) / 4;
+}
+
+}  // namespace shardlab
+
+namespace shardlab::ops {
+namespace {
+
+// The calls' shape, checked: qkv (B, T, (H + 2 KV) hd), out (B, T, H hd), lse (B, H, T), all f32.
+FlashShape cudnn_checked(Backend& be, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KV,
+                         const Tensor& workspace, bool backward, const char* op) {
+  if (be.device() == Device::cpu)
+    throw InputError("--attention cudnn runs on CUDA devices (cuDNN's fused attention); on the CPU use --attention "
+                     "flash");
+  const auto [hd, vd] = packed_head_dims(qkv, H, KV, 0, op);
+  const std::string why = cudnn_attention_unsupported(hd, vd);
+  if (!why.empty()) throw InputError(fmt::format("--attention cudnn: {}; use --attention flash", why));
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  SHARD_CHECK(out.numel() == B * T * H * hd && lse.numel() == B * H * T, "{}: qkv {} out {} lse {} H={} KV={}", op,
+              qkv.shape_str(), out.shape_str(), lse.shape_str(), H, KV);
+  for (const Tensor* t : {&qkv, &out, &lse, &workspace})
+    SHARD_CHECK(t->dtype() == DType::f32, "{}: f32 tensors expected, got {}", op, dtype_name(t->dtype()));
+  const int64_t need = cudnn_attention_workspace_elems(B, T, H, KV, hd, backward);
+  SHARD_CHECK(workspace.numel() >= need, "{}: workspace of {} < {} floats", op, workspace.numel(), need);
+  return flash_shape_of_qkv(B, T, H, KV, hd, true);
+}
+
+// The bf16 region of `bytes` at byte `at` of the workspace, as n elements.
+Tensor region(const Tensor& workspace, int64_t at, int64_t n) {
+  return Tensor::flat(static_cast<char*>(workspace.data()) + at, DType::bf16, n, workspace.device());
+}
+
+// cuDNN's products on tensor cores over the scores the causal mask leaves (about half): forward
+// two (q k^T, p v), backward five (the scores again, dv, dp, dq, dk), 2 B H T^2 hd FLOPs for each
+// whole product. Bytes: forward reads q, k, v and writes out and lse (bf16 but lse); backward reads
+// q, k, v, out, dout, lse and writes dq, dk, dv (bf16), plus cuDNN's f32 dq accumulator and a
+// float per query row, each written and read.
+OpCost cudnn_cost(const FlashShape& s, bool backward) {
+  const double scores = static_cast<double>(s.B) * s.H * s.Tq * s.Tk * (s.causal ? 0.5 : 1.0);
+  const double hd = static_cast<double>(s.hd);
+  const double q = static_cast<double>(s.B) * s.Tq * s.H * hd, kv = 2.0 * s.B * s.Tk * s.KV * hd;
+  const double rows = static_cast<double>(s.B) * s.H * s.Tq;
+  OpCost c{.name = backward ? "cudnn_attention_backward" : "cudnn_attention_forward",
+           .flops = (backward ? 2.5 : 1.0) * 5.0 * scores,  // the softmax's exponentials and scaling
+           .tensor_flops = (backward ? 5.0 : 2.0) * 2.0 * scores * hd};
+  if (backward) {
+    const double read = 2 * (q + kv) + 2 * 2 * q + 4 * rows;  // q, k, v, out, dout (bf16), lse
+    const double written = 2 * (q + kv);                      // dq, dk, dv (bf16)
+    const double own = 2 * (4 * q + 4 * rows);                // dq's f32 accumulator, a float a row: out and in
+    c.bytes = read + written + own;
+  } else {
+    c.bytes = 2 * (q + kv) + 2 * q + 4 * rows;  // q, k, v in, out (bf16) and lse out
+  }
+  return c;
+}
+
+}  // namespace
+
+void cudnn_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV,
+                             Tensor workspace) {
+  const char* op = "cudnn_attention_forward";
+  const FlashShape s = cudnn_checked(be, qkv, out, lse, H, KV, workspace, false, op);
+  const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
+  const Tensor qkv16 = region(workspace, 0, qkv.numel()), out16 = region(workspace, r.qkv, out.numel());
+  be.cast(qkv16, qkv);
+  switch (be.device()) {
+    case Device::cpu: break;  // refused by cudnn_checked
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::cudnn_attention_forward(be, out16.data(), lse.ptr<float>(), qkv16.data(), s);
+      break;
+    case Device::meta:
+      charge(be, cudnn_cost(s, false), [&] { return cuda::cudnn_attention_launches(false); });
+      break;
+  }
+  be.cast(out, out16);
+}
+
+void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
+                              int64_t KV, Tensor workspace) {
+  const char* op = "cudnn_attention_backward";
+  const FlashShape s = cudnn_checked(be, qkv, out, lse, H, KV, workspace, true, op);
+  check_same_numel(dqkv, qkv, op);
+  check_same_numel(dout, out, op);
+  SHARD_CHECK(dqkv.dtype() == DType::f32 && dout.dtype() == DType::f32, "{}: dqkv and dout must be f32, got {} and {}",
+              op, dtype_name(dqkv.dtype()), dtype_name(dout.dtype()));
+  const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
+  const Tensor qkv16 = region(workspace, 0, qkv.numel()), out16 = region(workspace, r.qkv, out.numel());
+  const Tensor dout16 = region(workspace, r.qkv + r.out, dout.numel());
+  const Tensor dqkv16 = region(workspace, r.qkv + 2 * r.out, dqkv.numel());
+  be.cast(qkv16, qkv);
+  be.cast(out16, out);
+  be.cast(dout16, dout);
+  switch (be.device()) {
+    case Device::cpu: break;
+    case Device::cuda:
+      if constexpr (kWithCuda)
+        cuda::cudnn_attention_backward(be, dqkv16.data(), dout16.data(), qkv16.data(), out16.data(), lse.ptr<float>(),
+                                       s);
+      break;
+    case Device::meta:
+      charge(be, cudnn_cost(s, true), [&] { return cuda::cudnn_attention_launches(true); });
+      break;
+  }
+  be.cast(dqkv, dqkv16);
+}
+
+}  // namespace shardlab::ops
