@@ -9,7 +9,8 @@
 # 3. Runs, each logged in OUTDIR/gpu-check.log with a PASS/FAIL/SKIP line and its output in
 #    OUTDIR/<step>.out: nvidia-smi -L; ctest -R '^cuda'; compare on 4 ranks sharing the GPU;
 #    bench-train gpt2 bf16 (fused, naive and, where cuDNN was found, cudnn attention) beside
-#    profile --time's prediction of it; bench-attention flash against cudnn;
+#    profile --time's prediction of it; bench-attention flash against cudnn; the race against
+#    PyTorch (transformers' GPT-2 and Llama 3.2 1B, eager and torch.compile) beside bench-train;
 #    bench-collectives (nccl, world 1; staged, 4 ranks); profile --measure.
 #    OUTDIR/summary.json: each step's name, status, seconds and key figures (tokens/s, busbw, peaks).
 # Exit: 0 all passed (or skipped), 1 a check failed, 2 no CUDA device, 3 setup (bundle, configure,
@@ -116,6 +117,15 @@ elif name.startswith("bench-train"):
     m = re.search(r"^# shardlab train-step benchmark: (.*)$", text, re.M)
     if m:
         fig["config"] = m.group(1)
+elif name.startswith("race-pytorch"):
+    for ln in lines:
+        if ln.startswith("{"):
+            try:
+                r = json.loads(ln)
+            except ValueError:
+                continue
+            fig[r.get("system", "?")] = {k: r.get(k) for k in ("ms_per_step", "tokens_per_s", "mfu_pct",
+                                                                "warmup_s", "peak_gib", "torch")}
 elif name.startswith("bench-collectives"):
     op = None
     for ln in lines:
@@ -429,6 +439,34 @@ for attention in flash naive cudnn; do
   run_step profile-time-$attention 60 "$exe" profile --time --device cuda --gpu h200 --model gpt2 --micro-batch 8 \
     --seq 1024 --param-dtype bf16 --strategies ddp --world 1 --attention $attention --top 0 || failed=1
 done
+
+# d3. the race: PyTorch on the same GPU in the same run (benchmarks/race_pytorch.py: transformers'
+#     GPT2LMHeadModel and LlamaForCausalLM from configs, f32 weights under bf16 autocast, SDPA, fused
+#     AdamW, clip 1.0; eager, then torch.compile) beside shardlab's bench-train at the same shapes:
+#     GPT-2 124M at 8 x 1,024 (shardlab's rows: d and d2) and Llama 3.2 1B at 4 x 2,048.
+check_race() {
+  python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+if not rows:
+    sys.exit("no result line")
+print("; ".join(f"{r['system']}: {r['tokens_per_s']:.0f} tok/s, MFU {r['mfu_pct']}%" for r in rows))
+PY
+}
+check_race-pytorch-gpt2() { check_race "$1"; }
+check_race-pytorch-llama() { check_race "$1"; }
+if python3 -c 'import torch, transformers' 2>/dev/null; then
+  run_step race-pytorch-gpt2 240 python3 benchmarks/race_pytorch.py --model gpt2 --batch 8 --seq 1024 --steps 10 \
+    --warmup 3 --device cuda || failed=1
+  llama_attention=naive
+  [ -n "$cudnn_lib" ] && [ -n "$fe_inc" ] && llama_attention=cudnn
+  run_step bench-train-llama 180 "$exe" bench-train --device cuda --model llama3.2-1b --seq 2048 --batch 4 \
+    --steps 5 --warmup 2 --param-dtype bf16 --attention $llama_attention || failed=1
+  run_step race-pytorch-llama 240 python3 benchmarks/race_pytorch.py --model llama3.2-1b --batch 4 --seq 2048 \
+    --steps 10 --warmup 3 --device cuda || failed=1
+else
+  skip_step race-pytorch "this machine's Python has no torch and transformers"
+fi
 
 # e. collectives: NCCL on one rank, the staged communicator on 4 ranks sharing the GPU.
 check_collectives() {

@@ -62,7 +62,8 @@ TEST_CASE("Llama's presets have the published parameter counts", "[model][family
   // (tied parameters once): the counts the model cards give.
   const std::map<std::string, int64_t> published = {
       {"llama2-7b", 6738415616},       {"llama3-8b", 8030261248},         {"llama3-70b", 70553706496},
-      {"llama3-405b", 405853388800},   {"tinyllama-1.1b", 1100048384},    {"smollm-135m", 134515008}};
+      {"llama3-405b", 405853388800},   {"tinyllama-1.1b", 1100048384},    {"smollm-135m", 134515008},
+      {"llama3.2-1b", 1235814400}};
   const ModelFamily& f = model_family("llama");
   for (const auto& [name, count] : published) {
     INFO(name);

@@ -152,17 +152,27 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const FlashShape& s, bool deter
   return g;
 }
 
-// validate .. build_plans; false where cuDNN has no engine for the graph (check_support), with why.
-bool build(fe::graph::Graph& g, cudnnHandle_t handle, std::string& why) {
-  CUDNN_FE_CHECK(g.validate());
-  CUDNN_FE_CHECK(g.build_operation_graph(handle));
-  CUDNN_FE_CHECK(g.create_execution_plans({fe::HeurMode_t::A}));
-  fe::error_t supported = g.check_support(handle);
-  if (supported.is_bad()) {
-    why = supported.get_message();
+// The graph built through build_plans, with its workspace; false with why where cuDNN offers no
+// engine for it. cuDNN reports that at any stage (validate refuses shapes and versions, the
+// heuristics find no engine, a pinned engine fails to finalise, sdpa() itself throws), so every
+// failure here is "not offered"; a failure to run a built graph is an internal error (run()).
+bool build(Built& b, const FlashShape& s, bool backward, bool deterministic, cudnnHandle_t handle, std::string& why) {
+  try {
+    b.graph = backward ? backward_graph(s, deterministic) : forward_graph(s);
+    auto failed = [&why](fe::error_t e) {
+      if (e.is_good()) return false;
+      why = e.get_message();
+      return true;
+    };
+    // In order; the first that fails says why.
+    if (failed(b.graph->validate()) || failed(b.graph->build_operation_graph(handle)) ||
+        failed(b.graph->create_execution_plans({fe::HeurMode_t::A})) || failed(b.graph->check_support(handle)) ||
+        failed(b.graph->build_plans(handle)) || failed(b.graph->get_workspace_size(b.workspace)))
+      return false;
+  } catch (const std::exception& e) {
+    why = e.what();
     return false;
   }
-  CUDNN_FE_CHECK(g.build_plans(handle));
   return true;
 }
 
@@ -173,24 +183,30 @@ const Built& graph_for(CudaBackend& cb, State& st, const FlashShape& s, bool bac
   const std::string shape = fmt::format("B {} T {} heads {} (K/V {}) of {}", s.B, s.Tq, s.H, s.KV, s.hd);
   Built b;
   std::string why;
-  b.graph = backward ? backward_graph(s, true) : forward_graph(s);
-  bool ok = build(*b.graph, st.handle, why);
-  if (!ok && backward) {  // a deterministic backward is not offered everywhere: the fastest one then
-    b.graph = backward_graph(s, false);
+  bool ok = build(b, s, backward, backward, st.handle, why);
+  // The deterministic backward, where cuDNN offers it at an O(T) workspace: before cuDNN 9.25 it
+  // keeps the whole (T, T) dP in its workspace (hundreds of MB for GPT-2, GB for long sequences),
+  // which is what fused attention avoids. Else the fastest, whose dq sums in no fixed order.
+  const int64_t linear = 4 * (4 * s.B * s.H * s.Tq * s.hd + s.B * s.H * s.Tq);
+  if (backward && (!ok || b.workspace > linear)) {
+    const std::string det = ok ? fmt::format("it would take a workspace of {} bytes", b.workspace) : why;
+    Built fast;
     std::string why2;
-    ok = build(*b.graph, st.handle, why2);
-    if (ok && !st.warned_nondeterministic) {
-      fmt::print(stderr, "shardlab: cuDNN offers no deterministic attention backward for {} ({}): its gradients may "
-                 "differ in the last bits from run to run\n", shape, why);
+    if (build(fast, s, true, false, st.handle, why2)) {
+      b = std::move(fast);
+      ok = true;
+      if (!st.warned_nondeterministic)
+        fmt::print(stderr, "shardlab: cuDNN's deterministic attention backward is left out for {} ({}): its "
+                   "gradients may differ in the last bits from run to run\n", shape, det);
       st.warned_nondeterministic = true;
+    } else if (!ok) {
+      why = why2;
     }
-    if (!ok) why = why2;
   }
   if (!ok)
     throw InputError(fmt::format("--attention cudnn: cuDNN {} has no {} engine for {} on device {} ({}); use --attention "
                                  "flash", cudnnGetVersion(), backward ? "backward" : "forward", shape,
                                  cb.device_index(), why));
-  CUDNN_FE_CHECK(b.graph->get_workspace_size(b.workspace));
   SHARD_CHECK(b.workspace >= 0, "cuDNN attention: workspace of {} bytes for {}", b.workspace, shape);
   return st.graphs.emplace(key, std::move(b)).first->second;
 }

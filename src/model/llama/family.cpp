@@ -196,6 +196,8 @@ std::vector<ModelPreset> llama_presets() {
       {"llama3-70b", 80, 8192, 64, 8, 28672, 8192, 128256, 500000, 1e-5, false, "Llama 3 70B (70.55B)"},
       {"llama3-405b", 126, 16384, 128, 8, 53248, 131072, 128256, 500000, 1e-5, false,
        "Llama 3.1 405B (405.85B), 128K positions with llama3 RoPE scaling"},
+      {"llama3.2-1b", 16, 2048, 32, 8, 8192, 131072, 128256, 500000, 1e-5, true,
+       "Llama 3.2 1B (1.24B, tied head), 128K positions with llama3 RoPE scaling"},
       {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 2048, 32000, 10000, 1e-5, false, "TinyLlama 1.1B"},
       {"smollm-135m", 30, 576, 9, 3, 1536, 2048, 49152, 10000, 1e-5, true, "SmolLM 135M (tied head)"}};
   std::vector<ModelPreset> out;
@@ -205,6 +207,7 @@ std::vector<ModelPreset> llama_presets() {
     s.name = p.name, s.layers = p.L, s.dim = p.C, s.heads = p.H, s.seq = p.T, s.vocab = p.V;
     s.kv_heads = p.KV, s.ffn_dim = p.F, s.rope_theta = p.theta, s.norm_eps = p.eps, s.tied_head = p.tied;
     if (s.name == "llama3-405b") s.rope_scaling = {8.0, 1.0, 4.0, 8192};  // Llama 3.1's
+    if (s.name == "llama3.2-1b") s.rope_scaling = {32.0, 1.0, 4.0, 8192};  // Llama 3.2's
     out.push_back({s, p.help});
   }
   return out;
