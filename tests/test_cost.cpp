@@ -259,3 +259,25 @@ TEST_CASE("cuDNN attention's products run on tensor cores: two of the causal sco
   c.spec.attention = AttentionKernel::cudnn;
   CHECK_THROWS_WITH(step_costs(c, 1, 0, B, Device::cpu), Catch::Contains("--attention cudnn runs on CUDA devices"));
 }
+
+TEST_CASE("a GPU's ledger fuses GPT-2's biases and GELU into the products' epilogues; the CPU's does not",
+          "[cost]") {
+  // Per block: c_attn and c_fc (column-parallel) and both row-parallel projections at tp 1 carry
+  // their bias in the product, c_fc its GELU too, and c_proj's backward product GELU's derivative.
+  const CostLedger gpu = step_costs(gpt2_config(DType::bf16), 1, 0, 1, Device::cuda);
+  const CostLedger cpu = step_costs(gpt2_config(DType::bf16), 1, 0, 1, Device::cpu);
+  auto count = [](const CostLedger& l, std::string_view name) {
+    int n = 0;
+    for (const OpCost& c : l.ops()) n += std::string_view(c.name) == name;
+    return n;
+  };
+  for (const char* fused : {"add_bias", "gelu_forward", "gelu_backward"}) {
+    INFO(fused);
+    CHECK(count(gpu, fused) == 0);
+  }
+  CHECK(count(cpu, "add_bias") == 12 * 4);
+  CHECK(count(cpu, "gelu_forward") == 12);
+  CHECK(count(cpu, "gelu_backward") == 12);
+  CHECK(count(gpu, "gemm") == count(cpu, "gemm"));  // the same products
+  CHECK(gemm_flops(gpu) == Approx(gemm_flops(cpu)));
+}

@@ -14,6 +14,7 @@
 #include "src/model/spec.hpp"
 #include "tests/test_util.hpp"
 #include "src/backend/ops/activation.hpp"
+#include "src/model/blocks/linear.hpp"
 #include "src/backend/ops/attention.hpp"
 #include "src/backend/ops/cudnn_attention.hpp"
 #include "src/backend/ops/flash_attention.hpp"
@@ -911,5 +912,43 @@ TEST_CASE("cuda cuDNN attention matches the cpu's fused attention on bf16-rounde
     expect_close(down(e, glse, lse.size()), lse, 1e-3, 1e-3, "cudnn lse");
     expect_close(down(e, gout, out.size()), out, 2e-2, 1e-2, "cudnn out");
     expect_close(down(e, gdqkv, dqkv.size()), dqkv, 3e-2, 2e-2, "cudnn dqkv");
+  }
+}
+
+TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then element-wise passes", "[cuda]") {
+  Env e;
+  REQUIRE(e.gpu->fuses_gemm_epilogues());
+  REQUIRE_FALSE(e.cpu->fuses_gemm_epilogues());
+  // nn.Linear's forward (bf16 weight (OC, IC) read transposed, f32 input rounded to bf16) and its
+  // input gradient (dout @ W), GPT-2's shapes in small: rows that are no multiple of a tile.
+  const int64_t N = 37, IC = 64, OC = 96;
+  for (GemmEpilogue ep : {GemmEpilogue::bias, GemmEpilogue::bias_gelu, GemmEpilogue::dgelu}) {
+    INFO(gemm_epilogue_name(ep));
+    const bool backward = ep == GemmEpilogue::dgelu;
+    GemmDesc d;
+    d.a_type = DType::f32, d.b_type = DType::bf16, d.round_inputs_to = DType::bf16;
+    d.m = N, d.n = backward ? IC : OC, d.k = backward ? OC : IC;
+    d.trans_b = backward ? Trans::N : Trans::T;  // W (OC, IC): forward x W^T, backward dout W
+    d.lda = d.k, d.ldb = IC, d.ldc = d.n;
+    auto A = random_vector("ep A", N * d.k), W = random_vector("ep W", OC * IC);
+    auto bias = random_vector("ep bias", d.n), aux = random_vector("ep aux", N * d.n, -3.f, 3.f);
+    for (auto& v : A) v = test::round_to(v, DType::bf16);  // as the GPU rounds them
+    for (auto& v : W) v = test::round_to(v, DType::bf16);
+    // The reference: the CPU's composition (blocks::gemm_epilogue) on the same values in f32.
+    std::vector<float> ref(N * d.n), ref_aux = aux;
+    GemmDesc dc = d;
+    dc.b_type = DType::f32, dc.round_inputs_to = DType::f32;
+    blocks::gemm_epilogue(*e.cpu, dc, A.data(), W.data(), Tensor(ref.data(), DType::f32, {N, d.n}), ep,
+                          ep == GemmEpilogue::dgelu ? Tensor() : host(bias),
+                          ep == GemmEpilogue::bias ? Tensor() : Tensor(ref_aux.data(), DType::f32, {N, d.n}));
+    Block ga = up(e, A, "A"), gw = e.upload(W, DType::bf16, "W"), gb = up(e, bias, "bias"), gx = up(e, aux, "aux");
+    Block gc = e.pool.alloc(DType::f32, N * d.n, Category::workspace, "C");
+    e.gpu->gemm_epilogue(d, ga.data(), gw.data(), gc.data(), ep,
+                         ep == GemmEpilogue::dgelu ? nullptr : gb.flat(DType::f32).ptr<float>(),
+                         ep == GemmEpilogue::bias ? nullptr : gx.flat(DType::f32).ptr<float>());
+    // The product in f32 from bf16 operands either way; GELU's tanh and its derivative in another
+    // formula's rounding: 1e-4 relative, 1e-4 absolute.
+    expect_close(down(e, gc, ref.size()), ref, 1e-4, 1e-4, "C");
+    if (ep == GemmEpilogue::bias_gelu) expect_close(down(e, gx, ref_aux.size()), ref_aux, 1e-4, 1e-4, "aux (the sum)");
   }
 }

@@ -50,4 +50,28 @@ void check_gemm(const GemmDesc& d) {
   SHARD_CHECK(d.ldc >= std::max<int64_t>(1, d.n), "gemm: ldc={} < n={}", d.ldc, d.n);
 }
 
+const char* gemm_epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::bias: return "bias";
+    case GemmEpilogue::bias_gelu: return "bias_gelu";
+    case GemmEpilogue::dgelu: return "dgelu";
+  }
+  return "?";
+}
+
+void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const float* aux) {
+  check_gemm(d);
+  SHARD_CHECK(d.batch == 1 && d.alpha == 1.f && d.beta == 0.f && d.c_type == DType::f32 && d.ldc == d.n,
+              "gemm with a {} epilogue: one product into a whole f32 C (batch {} alpha {} beta {} C {} ldc {} n {})",
+              gemm_epilogue_name(e), d.batch, d.alpha, d.beta, dtype_name(d.c_type), d.ldc, d.n);
+  SHARD_CHECK((bias != nullptr) == (e != GemmEpilogue::dgelu) && (aux != nullptr) == (e != GemmEpilogue::bias),
+              "gemm with a {} epilogue: bias {} and aux {} given", gemm_epilogue_name(e), bias != nullptr,
+              aux != nullptr);
+}
+
+void Backend::gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, float*) {
+  SHARD_CHECK(false, "gemm with a {} epilogue on {}, which does not fuse them (fuses_gemm_epilogues)",
+              gemm_epilogue_name(e), describe());
+}
+
 }  // namespace shardlab

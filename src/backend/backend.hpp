@@ -44,6 +44,12 @@ struct GemmDesc {
   DType round_inputs_to = DType::f32;
 };
 
+// What a GEMM may apply to its product before C is written (Backend::gemm_epilogue): a bias on
+// every row; a bias, then GELU (the tanh form), the sum kept in aux; or GELU's derivative at aux
+// times the product (GELU's backward).
+enum class GemmEpilogue : uint8_t { bias, bias_gelu, dgelu };
+const char* gemm_epilogue_name(GemmEpilogue e);
+
 enum class StreamKind : uint8_t { compute, comm };
 
 class Event {
@@ -124,6 +130,16 @@ class Backend {
 
   // ---- matrix products ----
   virtual void gemm(const GemmDesc& d, const void* a, const void* b, void* c) = 0;
+  // Whether gemm_epilogue runs the product and its epilogue as one (CUDA: cuBLASLt's epilogues).
+  // Elsewhere the callers compose the product and the element-wise passes (blocks/linear.hpp's
+  // gemm_epilogue, the reference), which is also what the fused form is tested against.
+  virtual bool fuses_gemm_epilogues() const { return false; }
+  // C = e(op(A) op(B)) for one product (d.batch 1, d.alpha 1, d.beta 0, C f32 with ldc == n):
+  // bias: + bias (n floats) on every row of C; bias_gelu: aux = product + bias, C = gelu(aux);
+  // dgelu: C = gelu'(aux) * product. aux: (m, n) f32 like C (unused by bias). Only where
+  // fuses_gemm_epilogues() (InternalError elsewhere).
+  virtual void gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
+                             const float* bias, float* aux);
 
   // ---- element-wise ----
   virtual void fill(Tensor x, float value) = 0;          // any dtype
@@ -165,6 +181,8 @@ void on_every_cpu_thread(const std::function<void()>& f);
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
 void check_f32(const Tensor& t, const char* op);
 void check_gemm(const GemmDesc& d);
+// check_gemm, and what gemm_epilogue asks of the product and its operands.
+void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const float* aux);
 int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
 
 }  // namespace shardlab

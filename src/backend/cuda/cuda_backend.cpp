@@ -12,15 +12,6 @@ namespace shardlab {
 namespace cuda {
 namespace {
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-  }
-  return CUDA_R_32F;
-}
-
 class CudaEvent final : public Event {
  public:
   CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
@@ -50,6 +41,7 @@ CudaBackend::CudaBackend(const BackendConfig& cfg) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&cublas_));
   CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
   props.handleTypes = cudaMemHandleTypeNone;
@@ -71,6 +63,7 @@ CudaBackend::~CudaBackend() {
   scratch_.release(compute_);
   gemm_scratch_.release(compute_);
   cudnn_scratch_.release(compute_);
+  lt_scratch_.release(compute_);
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(comm_);
   pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });
@@ -80,6 +73,7 @@ CudaBackend::~CudaBackend() {
   }
   cudaMemPoolDestroy(mempool_);
   cublasDestroy(cublas_);
+  cublasLtDestroy(cublaslt_);
   cudaStreamDestroy(comm_);
   cudaStreamDestroy(compute_);
 }
@@ -149,6 +143,10 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::gemm(const GemmDesc& d, const void* a, const void* b, void* c) {
   check_gemm(d);
+  product(d, rounded(d, a, b), c);
+}
+
+CudaBackend::Operands CudaBackend::rounded(const GemmDesc& d, const void* a, const void* b) {
   DType at = d.a_type, bt = d.b_type;
   // The casts and the product of gemm_launches(d): the casts' grids are cast_launches', which
   // launch_cast reads, and which operands they round is gemm_rounds'.
@@ -171,6 +169,13 @@ void CudaBackend::gemm(const GemmDesc& d, const void* a, const void* b, void* c)
   }
   SHARD_CHECK(at == bt, "cuda gemm: A is {} and B {}; mixed operands need round_inputs_to", dtype_name(at),
               dtype_name(bt));
+  return {a, b, at, bt};
+}
+
+void CudaBackend::product(const GemmDesc& d, const Operands& o, void* c) {
+  const void* a = o.a;
+  const void* b = o.b;
+  const DType at = o.at, bt = o.bt;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   cublasOperation_t opa = d.trans_a == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
   cublasOperation_t opb = d.trans_b == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;

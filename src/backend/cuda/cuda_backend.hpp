@@ -21,6 +21,7 @@
 //  * Copies that touch host memory synchronise the compute stream: the host buffer may be pageable
 //    and the caller expects it filled (or free to reuse) when copy() returns.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -35,6 +36,16 @@
 #include "src/backend/cuda/kernels.cuh"
 
 namespace shardlab::cuda {
+
+// The CUDA library type of a dtype.
+inline cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
 
 // n host ids in [0, V): the CPU kernels' check, with their message (token_ids.cpp).
 void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* what);
@@ -64,8 +75,11 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   bool low_precision_gemm() const override { return true; }
 
-  // ---- matrix products (cuda_backend.cpp) ----
+  // ---- matrix products (cuda_backend.cpp; with epilogues, cuBLASLt: gemm_epilogue.cpp) ----
   void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override;
+  bool fuses_gemm_epilogues() const override { return true; }
+  void gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e, const float* bias,
+                     float* aux) override;
 
   // ---- element-wise, reductions (cuda_elementwise.cpp) ----
   void fill(Tensor x, float value) override;
@@ -103,6 +117,17 @@ class CudaBackend final : public Backend {
 
  private:
   cudaStream_t stream(StreamKind s) const { return s == StreamKind::compute ? compute_ : comm_; }
+  // A product's operands as it reads them: f32 ones rounded to round_inputs_to in the GEMM scratch
+  // first (gemm_launches' casts), so that both run on the tensor cores.
+  struct Operands {
+    const void* a;
+    const void* b;
+    DType at, bt;
+  };
+  Operands rounded(const GemmDesc& d, const void* a, const void* b);
+  void product(const GemmDesc& d, const Operands& o, void* c);  // cuBLAS, no epilogue
+  // The product and its epilogue in one cuBLASLt call; false where cuBLASLt offers no algorithm.
+  bool lt_product(const GemmDesc& d, const Operands& o, void* c, GemmEpilogue e, const float* bias, float* aux);
   void reduce(Tensor x, Tensor out, bool accumulate, ReduceKind k, const char* name);
 
   void shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what,
@@ -113,6 +138,8 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_{};
   cudaStream_t comm_{};
   cublasHandle_t cublas_{};
+  cublasLtHandle_t cublaslt_{};
+  bool lt_warned_ = false;  // a product whose epilogue cuBLASLt would not fuse was said once
   cudaMemPool_t mempool_{};  // the Pool's device memory
   double* partial_ = nullptr;  // (kReduceBlocks,) per-block partial results of a reduction
   // Device memory outside the Pool (like cuBLAS's workspace), grown on demand. Freeing the old
@@ -137,6 +164,7 @@ class CudaBackend final : public Backend {
   Scratch scratch_;       // the layers' operations' (token ids, LayerNorm and RMSNorm partials)
   Scratch gemm_scratch_;  // f32 GEMM operands rounded to bf16
   Scratch cudnn_scratch_;  // cuDNN's workspace
+  Scratch lt_scratch_;     // cuBLASLt's workspace
   std::shared_ptr<void> cudnn_state_;
   std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
   std::vector<int32_t> shard_rows_;  // a vocabulary shard's rows of token ids, -1 for other ranks'

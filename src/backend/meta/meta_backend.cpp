@@ -73,6 +73,20 @@ class MetaBackend final : public Backend {
   void gemm(const GemmDesc& d, const void*, const void*, void*) override {
     check_gemm(d);
     if (on_gemm_) on_gemm_(d);
+    charge_gemm(d, 0);
+  }
+  // As the device the ledger stands for: a GPU runs the product and its epilogue in one cuBLASLt
+  // call (the memory is the same either way: the callers' blocks).
+  bool fuses_gemm_epilogues() const override { return low_precision_gemm(); }
+  void gemm_epilogue(const GemmDesc& d, const void*, const void*, void*, GemmEpilogue e, const float* bias,
+                     float* aux) override {
+    check_gemm_epilogue(d, e, bias, aux);
+    if (on_gemm_) on_gemm_(d);
+    // Beside the product: the bias read; the sum written to aux (bias_gelu) or aux read (dgelu).
+    const double mn = static_cast<double>(d.m) * static_cast<double>(d.n);
+    charge_gemm(d, 4.0 * static_cast<double>(d.n) * (bias != nullptr) + 4.0 * mn * (aux != nullptr));
+  }
+  void charge_gemm(const GemmDesc& d, double epilogue_bytes) {
     if (ledger_ == nullptr || ledger_->paused()) return;
     const bool gpu = ledger_->target() == Device::cuda;
     // The CUDA backend rounds f32 operands to round_inputs_to in kernels of their own first.
@@ -88,9 +102,10 @@ class MetaBackend final : public Backend {
     const double bytes =
         b * (static_cast<double>(d.m * d.k) * dtype_size(at) + static_cast<double>(d.k * d.n) * dtype_size(bt) +
              static_cast<double>(d.m * d.n) * dtype_size(d.c_type) * (d.beta != 0.f ? 2 : 1));
-    OpCost c{.name = "gemm", .flops = tensor ? 0 : flops, .tensor_flops = tensor ? flops : 0, .bytes = bytes};
+    OpCost c{.name = "gemm", .flops = tensor ? 0 : flops, .tensor_flops = tensor ? flops : 0,
+             .bytes = bytes + epilogue_bytes};
     c.m = d.m, c.n = d.n, c.k = d.k, c.batch = d.batch;
-    if (gpu) c.launches = 1;  // one cuBLAS call (its own grid); the casts were charged above
+    if (gpu) c.launches = 1;  // one cuBLAS (or cuBLASLt) call, its own grid; the casts were charged above
     ledger_->add(std::move(c));
   }
   // ---- element-wise ----

@@ -1,5 +1,6 @@
 #include "src/model/blocks/linear.hpp"
 
+#include "src/backend/ops/activation.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
 namespace shardlab::blocks {
@@ -20,6 +21,30 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
   dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
   c.be.gemm(dx, dout.data(), w.data(), dinp.data());
   weight_gemm(c, weight_grad_desc(w.dtype(), OC, IC, N), dout, inp, dw);
+}
+
+void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
+                   Tensor bias, Tensor aux) {
+  if (be.fuses_gemm_epilogues()) {
+    be.gemm_epilogue(d, a, b, out.data(), e, bias.data() ? bias.ptr<float>() : nullptr,
+                     aux.data() ? aux.ptr<float>() : nullptr);
+    return;
+  }
+  switch (e) {
+    case GemmEpilogue::bias:
+      be.gemm(d, a, b, out.data());
+      be.add_bias(out, bias);
+      return;
+    case GemmEpilogue::bias_gelu:
+      be.gemm(d, a, b, aux.data());
+      be.add_bias(aux, bias);
+      ops::gelu_forward(be, out, aux);
+      return;
+    case GemmEpilogue::dgelu:
+      be.gemm(d, a, b, out.data());
+      ops::gelu_backward(be, out, aux, out);
+      return;
+  }
 }
 
 Tensor stacked(const std::vector<Tensor>& parts) {

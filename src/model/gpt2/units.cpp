@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "src/model/blocks/attention.hpp"
+#include "src/model/blocks/linear.hpp"
 #include "src/model/blocks/loss_head.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 #include "src/model/gpt2/gpt2.hpp"
@@ -25,30 +26,45 @@
 namespace shardlab {
 namespace {
 
-// out (N, OC) = inp (N, IC) @ W (IC, OC)
-void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N, int64_t IC, int64_t OC) {
+GemmDesc forward_desc(const Tensor& w, int64_t N, int64_t IC, int64_t OC) {
   GemmDesc d = gemm_with(w);
   d.m = N, d.n = OC, d.k = IC;
   d.lda = IC, d.ldb = OC, d.ldc = OC;
-  be.gemm(d, inp.data(), w.data(), out.data());
+  return d;
 }
 
-// out (N, OC) = inp (N, IC) @ W (IC, OC) + bias
+// out (N, OC) = inp (N, IC) @ W (IC, OC)
+void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N, int64_t IC, int64_t OC) {
+  be.gemm(forward_desc(w, N, IC, OC), inp.data(), w.data(), out.data());
+}
+
+// out (N, OC) = inp (N, IC) @ W (IC, OC) + bias, the bias in the product's epilogue where the
+// backend fuses one (blocks::gemm_epilogue).
 void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
-  linear_forward(be, out, inp, w, N, IC, OC);
-  be.add_bias(out, bias);
+  blocks::gemm_epilogue(be, forward_desc(w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias, bias, {});
 }
 
-// dinp (N, IC) = dout @ W^T (overwritten); dW += inp^T @ dout (held for the W pass under a split
-// backward: blocks/weight_grad.hpp); dbias += column sums of dout.
+// out = gelu(pre), pre (N, OC) = inp (N, IC) @ W (IC, OC) + bias: one product with its epilogue
+// where the backend fuses one.
+void matmul_gelu_forward(Backend& be, Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias, int64_t N,
+                         int64_t IC, int64_t OC) {
+  blocks::gemm_epilogue(be, forward_desc(w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias_gelu, bias, pre);
+}
+
+// dinp (N, IC) = dout @ W^T (overwritten; times gelu'(gelu_at) when given, GELU's backward in the
+// product's epilogue where the backend fuses one); dW += inp^T @ dout (held for the W pass under a
+// split backward: blocks/weight_grad.hpp); dbias += column sums of dout.
 void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                     int64_t N, int64_t IC, int64_t OC) {
+                     int64_t N, int64_t IC, int64_t OC, Tensor gelu_at = {}) {
   Backend& be = c.be;
   GemmDesc dx = gemm_with(w);
   dx.trans_b = Trans::T;
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = OC, dx.ldc = IC;
-  be.gemm(dx, dout.data(), w.data(), dinp.data());
+  if (gelu_at.data() != nullptr)
+    blocks::gemm_epilogue(be, dx, dout.data(), w.data(), dinp, GemmEpilogue::dgelu, {}, gelu_at);
+  else
+    be.gemm(dx, dout.data(), w.data(), dinp.data());
   weight_gemm(c, weight_grad_desc(w.dtype(), IC, OC, N), inp, dout, dw);
   be.sum_rows(Tensor(dout.data(), DType::f32, {N, OC}), dbias, true);
 }
@@ -70,6 +86,18 @@ Block region_rows(UnitContext& c, const std::string& what) {
 // b's first rows x C floats, or `otherwise` when b is empty.
 Tensor rows_of(const Block& b, int64_t rows, int64_t C, Tensor otherwise = {}) {
   return b ? b.view(DType::f32, {rows, C}) : otherwise;
+}
+
+// A row-parallel projection into out (n, C): the rank's partial product, reduced over the group,
+// then the replicated bias added once, to the sum. Without tensor parallelism there is nothing to
+// reduce, and the bias rides in the product's epilogue where the backend fuses one.
+void row_parallel_forward(UnitContext& c, Tensor out, Tensor inp, Tensor w, Tensor bias, const Block& rows, int64_t N,
+                          int64_t IC, int64_t OC) {
+  if (!c.tp.active()) return matmul_forward(c.be, out, inp, w, bias, N, IC, OC);
+  Tensor partial = rows_of(rows, N, OC, out);
+  linear_forward(c.be, partial, inp, w, N, IC, OC);
+  tp_region_output(c, partial, out);
+  c.be.add_bias(out, bias);
 }
 
 // wpe from row pos0 on (empty stays empty): positions pos0, pos0 + 1, ... read rows 0, 1, ...
@@ -173,22 +201,15 @@ class BlockUnit final : public Unit {
                    w(p, "attn.c_attn.bias"), N, C, 3 * A);
     Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H});
     Tensor x2 = s.add(c.pool, "x2", {n, C});
-    Tensor partial = rows_of(rows, N, C, x2);
-    linear_forward(be, partial, atty, wg(p, "attn.c_proj.weight"), N, A, C);
-    tp_region_output(c, partial, x2);
-    be.add_bias(x2, w(p, "attn.c_proj.bias"));  // replicated: added once, to the sum
+    row_parallel_forward(c, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), rows, N, A, C);
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {n, C}), ln2_mean = s.add(c.pool, "ln2_mean", {n}),
            ln2_rstd = s.add(c.pool, "ln2_rstd", {n});
     ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
-    matmul_forward(be, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
-                   w(p, "mlp.c_fc.bias"), N, C, F);
-    ops::gelu_forward(be, fch_gelu, fch);
-    partial = rows_of(rows, N, C, out);
-    linear_forward(be, partial, fch_gelu, wg(p, "mlp.c_proj.weight"), N, F, C);
-    tp_region_output(c, partial, out);
-    be.add_bias(out, w(p, "mlp.c_proj.bias"));
+    matmul_gelu_forward(be, fch_gelu, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
+                        w(p, "mlp.c_fc.bias"), N, C, F);
+    row_parallel_forward(c, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), rows, N, F, C);
     be.add(out, x2, out);  // residual
   }
 
@@ -212,8 +233,7 @@ class BlockUnit final : public Unit {
     // dy, which under sequence parallelism holds every rank's rows.
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, N, C));
     matmul_backward(c, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
-                    wg(p, "mlp.c_proj.weight"), N, F, C);
-    ops::gelu_backward(be, dfch, s("fch"), dfch);
+                    wg(p, "mlp.c_proj.weight"), N, F, C, s("fch"));  // dfch through GELU's backward
     matmul_backward(c, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch,
                     tp_region_input(c, s("ln2"), rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"), N, C, F);
     Tensor dln2 = rows_of(rows, n, C, dsmall);
@@ -261,8 +281,7 @@ class BlockUnit final : public Unit {
            ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
     ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
-    matmul_forward(be, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
-    ops::gelu_forward(be, fch_gelu, fch);
+    matmul_gelu_forward(be, fch_gelu, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
     matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
     be.add(out, x2, out);  // residual
   }

@@ -1,0 +1,128 @@
+// gemm_epilogue.cpp — CudaBackend::gemm_epilogue: a product and its epilogue (bias, bias + GELU
+// keeping the sum, GELU's backward) in one cuBLASLt call, as llm.c's matmul_cublaslt does for
+// GPT-2's linear layers, instead of the product and then add_bias, gelu_forward or gelu_backward
+// kernels. Where cuBLASLt offers no algorithm for a product (its alignment and type rules), the same
+// kernels run after the plain product, said once on stderr.
+//
+// Row-major C (m, n) = op(A) op(B) is column-major C^T (n, m) = op(B)^T op(A)^T, as in gemm(): in
+// cuBLASLt's terms M = n, N = m, K = k, its A is our B and its B our A. Its bias is M long, one
+// per row of the column-major result: one per column n of ours, nn.Linear's. The auxiliary
+// (pre-GELU) buffer is laid out as C.
+#include "src/backend/cuda/cuda_backend.hpp"
+#include "src/backend/cuda/ops.hpp"
+
+namespace shardlab::cuda {
+namespace {
+
+// The descriptors of one call, destroyed with it.
+struct LtCall {
+  cublasLtMatmulDesc_t op{};
+  cublasLtMatrixLayout_t a{}, b{}, c{};
+  cublasLtMatmulPreference_t pref{};
+  LtCall() = default;
+  LtCall(const LtCall&) = delete;
+  LtCall& operator=(const LtCall&) = delete;
+  ~LtCall() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+template <class T>
+void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::bias_gelu: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// cuBLASLt's workspace: what it may use for any algorithm it picks (32 MiB, as cuBLAS asks on Hopper).
+constexpr size_t kLtWorkspace = size_t{32} << 20;
+
+}  // namespace
+
+bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, GemmEpilogue e, const float* bias,
+                             float* aux) {
+  // The epilogue's pointers 16-byte aligned and the auxiliary buffer's rows a multiple of 8
+  // elements (cuBLASLt's rules for them); the operands as any GEMM's.
+  if (!aligned16(c) || (bias != nullptr && !aligned16(bias)) || (aux != nullptr && (!aligned16(aux) || d.n % 8 != 0)))
+    return false;
+  const uint64_t M = static_cast<uint64_t>(d.n), N = static_cast<uint64_t>(d.m), K = static_cast<uint64_t>(d.k);
+  const cublasOperation_t opa = d.trans_b == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;  // on our B
+  const cublasOperation_t opb = d.trans_a == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;  // on our A
+  LtCall call;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  set(call.op, CUBLASLT_MATMUL_DESC_TRANSA, opa);
+  set(call.op, CUBLASLT_MATMUL_DESC_TRANSB, opb);
+  set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(e));
+  if (bias != nullptr) {
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
+  }
+  if (aux != nullptr) {
+    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
+    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(d.ldc));
+    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
+  }
+  // Stored shapes (rows, columns, leading dimension) in column-major terms, before the ops.
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.a, cuda_type(o.bt), opa == CUBLAS_OP_N ? M : K,
+                                          opa == CUBLAS_OP_N ? K : M, d.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.b, cuda_type(o.at), opb == CUBLAS_OP_N ? K : N,
+                                          opb == CUBLAS_OP_N ? N : K, d.lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, M, N, d.ldc));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
+  const uint64_t workspace_bytes = kLtWorkspace;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof(workspace_bytes)));
+  cublasLtMatmulHeuristicResult_t found{};
+  int count = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(cublaslt_, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &found,
+                                     &count) != CUBLAS_STATUS_SUCCESS ||
+      count == 0)
+    return false;
+  void* workspace = lt_scratch_.get(kLtWorkspace, compute_);
+  const float one = 1.f, zero = 0.f;
+  CUBLAS_CHECK(cublasLtMatmul(cublaslt_, call.op, &one, o.b, call.a, o.a, call.b, &zero, c, call.c, c, call.c,
+                              &found.algo, workspace, kLtWorkspace, compute_));
+  CUDA_CHECK(cudaGetLastError());
+  return true;
+}
+
+void CudaBackend::gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
+                                const float* bias, float* aux) {
+  check_gemm_epilogue(d, e, bias, aux);
+  const Operands o = rounded(d, a, b);
+  if (lt_product(d, o, c, e, bias, aux)) return;
+  if (!lt_warned_)
+    fmt::print(stderr, "shardlab: cuBLASLt offers no algorithm for a {} x {} x {} product with a {} epilogue on {}: "
+               "the product, then the epilogue's own kernels\n", d.m, d.n, d.k, gemm_epilogue_name(e), describe());
+  lt_warned_ = true;
+  const Tensor out(c, DType::f32, {d.m, d.n}, Device::cuda);
+  const Tensor pre(aux, DType::f32, {d.m, d.n}, Device::cuda);
+  const Tensor b_vec(const_cast<float*>(bias), DType::f32, {d.n}, Device::cuda);
+  switch (e) {
+    case GemmEpilogue::bias:
+      product(d, o, c);
+      return add_bias(out, b_vec);
+    case GemmEpilogue::bias_gelu:
+      product(d, o, aux);
+      add_bias(pre, b_vec);
+      return cuda::gelu_forward(*this, out, pre);
+    case GemmEpilogue::dgelu:
+      product(d, o, c);
+      return cuda::gelu_backward(*this, out, pre, out);
+  }
+}
+
+}  // namespace shardlab::cuda
