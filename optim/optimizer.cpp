@@ -90,9 +90,12 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
   Backend& be = pool_.backend();
   for (Group& g : groups_) {
     Tensor m = g.m.flat(DType::f32), v = g.v ? g.v.flat(DType::f32) : Tensor();
-    // Gradients kept in bf16/f16 (mixed precision) are widened for the update, one buffer at a time.
+    // Gradients kept in bf16 (mixed precision): AdamW reads them as they are (widened as read);
+    // Muon and SGD get an f32 copy, one buffer at a time.
     Block wide;
-    Tensor grad = g.grad.dtype() == DType::f32 ? g.grad : pool_.widen(g.grad, wide, "optimizer f32 gradient");
+    const bool as_stored =
+        g.grad.dtype() == DType::f32 || (cfg_.kind == OptimizerKind::adamw && g.grad.dtype() == DType::bf16);
+    Tensor grad = as_stored ? g.grad : pool_.widen(g.grad, wide, "optimizer f32 gradient");
     if (cfg_.kind == OptimizerKind::muon) {
       step_muon(g, grad, step, lr, grad_scale);
       continue;

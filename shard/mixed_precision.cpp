@@ -30,14 +30,10 @@ Tensor MixedPrecision::compute_grads(size_t u, Tensor storage, const std::string
   return ws.flat(DType::f32).slice(0, storage.numel());
 }
 
-void MixedPrecision::flush_grads(size_t u, Tensor storage, const std::string& unit_name) {
+void MixedPrecision::flush_grads(size_t u, Tensor storage) {
   Block& ws = grad_ws_[u];
   if (!ws) return;
-  Tensor w = ws.flat(DType::f32).slice(0, storage.numel());
-  Block sum;
-  Tensor acc = pool_.widen(storage, sum, unit_name + " grads accumulate");
-  be_.add(acc, w, acc);
-  be_.cast(storage, acc);  // one rounding to the reduce dtype
+  be_.add_into(storage, ws.flat(DType::f32).slice(0, storage.numel()));  // one rounding to the reduce dtype
   ws.reset();
 }
 
@@ -59,11 +55,7 @@ void MixedPrecision::accumulate(Tensor dst, Tensor src) {
     be_.add(dst, src, dst);
     return;
   }
-  Block a, b;
-  Tensor ta = pool_.widen(dst, a, "accumulate f32");
-  Tensor tb = pool_.widen(src, b, "accumulate f32");
-  be_.add(ta, tb, ta);
-  be_.cast(dst, ta);
+  be_.add_into(dst, src);
 }
 
 void MixedPrecision::params_from_master(Tensor params, Tensor master) {

@@ -34,7 +34,7 @@ class MixedPrecision {
   void release_params(size_t u);
   // The f32 tensor unit u's backward accumulates into; flush_grads(u, storage) adds it to `storage`.
   Tensor compute_grads(size_t u, Tensor storage, const std::string& unit_name);
-  void flush_grads(size_t u, Tensor storage, const std::string& unit_name);
+  void flush_grads(size_t u, Tensor storage);
   // Writes f32 values into a parameter buffer of any dtype, and into its master copy if given.
   void write_values(Tensor storage, Tensor master, std::span<const float> values);
   // dst += src for buffers of any (equal) dtype, computed in f32.

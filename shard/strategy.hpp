@@ -203,7 +203,7 @@ class Strategy : public UnitHooks {
   ParamSet grad_views(size_t u, StorageOf storage_of) {
     return views(u, [&](size_t x) { return mp_.compute_grads(x, storage_of(x), layout(x).name); });
   }
-  void flush_grads(size_t u, Tensor storage) { mp_.flush_grads(u, storage, layout(u).name); }
+  void flush_grads(size_t u, Tensor storage) { mp_.flush_grads(u, storage); }
   // Releases the f32 compute copies of unit u and of the units it borrows from.
   void release_unit_params(size_t u) {
     mp_.release_params(u);

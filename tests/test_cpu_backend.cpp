@@ -1,5 +1,6 @@
 // Every CPU backend op against a naive reference. Tolerances are stated per op.
 #include <catch2/catch.hpp>
+#include <bit>
 #include <cmath>
 
 #include "src/backend/backend.hpp"
@@ -118,6 +119,31 @@ TEST_CASE("cpu fill and cast across f32, bf16 and f16", "[backend]") {
     be->cast(t1(back), tt);
     for (float v : back) REQUIRE(v == test::round_to(0.1f, t));
   }
+}
+
+TEST_CASE("cpu add_into rounds the f32 sum once to the destination's dtype", "[backend]") {
+  auto be = cpu();
+  const size_t n = (1 << 13) + 77;  // more than one chunk, threaded
+  auto dst0 = random_vector("add_into dst", n, -3.f, 3.f), src0 = random_vector("add_into src", n, -1e-2f, 1e-2f);
+  dst0[0] = 0.f, src0[0] = -0.f;  // 0 + -0 = +0, as the widened sum gives
+  for (DType dt : {DType::f32, DType::bf16})
+    for (DType st : {DType::f32, DType::bf16}) {
+      INFO(dtype_name(dt) << " += " << dtype_name(st));
+      std::vector<uint8_t> d(n * dtype_size(dt)), s(n * dtype_size(st));
+      Tensor td = Tensor::flat(d.data(), dt, n), ts = Tensor::flat(s.data(), st, n);
+      be->cast(td, t1(dst0));
+      be->cast(ts, t1(src0));
+      be->add_into(td, ts);
+      std::vector<float> got(n);
+      be->cast(t1(got), td);
+      // Reference: the scalar conversions around one f32 sum (small addends: bf16 rounding shows).
+      for (size_t i = 0; i < n; ++i) {
+        const float want = test::round_to(test::round_to(dst0[i], dt) + test::round_to(src0[i], st), dt);
+        REQUIRE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want));
+      }
+    }
+  std::vector<float> a(4), b(5);
+  CHECK_THROWS_AS(be->add_into(t1(a), t1(b)), InternalError);
 }
 
 TEST_CASE("cpu reductions accumulate in double", "[backend]") {

@@ -50,6 +50,13 @@ void check_gemm(const GemmDesc& d) {
   SHARD_CHECK(d.ldc >= std::max<int64_t>(1, d.n), "gemm: ldc={} < n={}", d.ldc, d.n);
 }
 
+void check_add_into(const Tensor& dst, const Tensor& src) {
+  check_same_numel(dst, src, "add_into");
+  for (const Tensor* t : {&dst, &src})
+    SHARD_CHECK(t->dtype() == DType::f32 || t->dtype() == DType::bf16, "add_into: f32 or bf16 expected, got {}",
+                dtype_name(t->dtype()));
+}
+
 const char* gemm_epilogue_name(GemmEpilogue e) {
   switch (e) {
     case GemmEpilogue::bias: return "bias";

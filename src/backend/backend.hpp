@@ -148,6 +148,9 @@ class Backend {
   virtual void scale(Tensor x, float alpha) = 0;           // x *= alpha
   virtual void add(Tensor a, Tensor b, Tensor out) = 0;    // out = a + b (out may alias a or b)
   virtual void mul(Tensor a, Tensor b, Tensor out) = 0;    // out = a * b
+  // dst += src in one pass, each f32 or bf16: both widened to f32, summed, rounded once to dst's
+  // dtype (what cast(dst, widened dst + widened src) gives, without the f32 copies).
+  virtual void add_into(Tensor dst, Tensor src) = 0;
   // x (N, OC) += bias (OC) on every row
   virtual void add_bias(Tensor x, Tensor bias) = 0;
 
@@ -181,6 +184,8 @@ void on_every_cpu_thread(const std::function<void()>& f);
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
 void check_f32(const Tensor& t, const char* op);
 void check_gemm(const GemmDesc& d);
+// add_into's operands: the same count, each f32 or bf16.
+void check_add_into(const Tensor& dst, const Tensor& src);
 // check_gemm, and what gemm_epilogue asks of the product and its operands.
 void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const float* aux);
 int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())

@@ -151,6 +151,24 @@ class CpuBackend final : public Backend {
 
   void add(Tensor a, Tensor b, Tensor out) override { binary(a, b, out, "add", [](float u, float v) { return u + v; }); }
   void mul(Tensor a, Tensor b, Tensor out) override { binary(a, b, out, "mul", [](float u, float v) { return u * v; }); }
+  void add_into(Tensor dst, Tensor src) override {
+    check_add_into(dst, src);
+    if (dst.dtype() == DType::f32 && src.dtype() == DType::f32) return add(dst, src, dst);
+    // Chunks widened with cast's conversion, summed, and rounded back with it.
+    const int64_t n = dst.numel(), chunk = 4096;
+    char* d = static_cast<char*>(dst.data());
+    const char* s = static_cast<const char*>(src.data());
+    const size_t ds = dtype_size(dst.dtype()), ss = dtype_size(src.dtype());
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; i += chunk) {
+      const size_t m = static_cast<size_t>(std::min(chunk, n - i));
+      float a[4096], b[4096];
+      convert(d + i * ds, dst.dtype(), a, DType::f32, m);
+      convert(s + i * ss, src.dtype(), b, DType::f32, m);
+      for (size_t j = 0; j < m; ++j) a[j] += b[j];
+      convert(a, DType::f32, d + i * ds, dst.dtype(), m);
+    }
+  }
   void add_bias(Tensor x, Tensor bias) override {
     cpu::add_bias(x.ptr<float>(), bias.ptr<float>(), bias_rows(x, bias), bias.numel());
   }

@@ -96,6 +96,8 @@ void vocab_ce_finish(float* losses, float* dlogits, const float* logits, const i
                      int64_t Vl, int64_t v0, int64_t valid, const float* mx, const float* sumexp, const float* tlogit,
                      float dloss_scale);
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a);
+// The same update from bf16 gradients, widened as read (bit for bit what an f32 copy of them gives).
+void adamw_update_bf16_grad(float* p, const uint16_t* g, float* m, float* v, int64_t n, const AdamWArgs& a);
 // moe.cpp (ops/moe.hpp); index arrays as there.
 void moe_gather(float* dst, const float* src, const int32_t* token_of, int64_t rows, int64_t N, int64_t C);
 void moe_combine(float* out, const float* y, const int32_t* pos, const float* w, int64_t N, int64_t k, int64_t C,

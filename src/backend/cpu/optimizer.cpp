@@ -10,7 +10,13 @@
 
 namespace shardlab::cpu {
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a) {
+namespace {
+inline float grad_at(const float* g, int64_t i) { return g[i]; }
+inline float grad_at(const uint16_t* g, int64_t i) { return bf16_bits_to_f32(g[i]); }  // exact
+
+// G: the gradient's storage (f32, or bf16 bits widened as read: the same values an f32 copy holds).
+template <class G>
+void adamw(float* p, const G* g, float* m, float* v, int64_t n, const AdamWArgs& a) {
   // Locals, not struct fields, so the compiler keeps them in registers and vectorizes the loop.
   const float b1 = a.beta1, b2 = a.beta2, eps = a.eps, lr = a.lr, wd = a.weight_decay, gs = a.grad_scale;
   const float inv_bc1 = 1.f / (1.f - std::pow(b1, static_cast<float>(a.step)));
@@ -31,7 +37,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
     const int64_t end = std::min(n, t + kTile);
 #pragma omp simd
     for (int64_t i = t; i < end; ++i) {
-      float grad = g[i] * gs;
+      float grad = grad_at(g, i) * gs;
       float mi = b1 * m[i] + (1.f - b1) * grad;
       float vi = b2 * v[i] + (1.f - b2) * grad * grad;
       m[i] = mi;
@@ -39,6 +45,15 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
       p[i] -= lr * ((mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps) + wd * p[i]);
     }
   }
+}
+
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a) {
+  adamw(p, g, m, v, n, a);
+}
+void adamw_update_bf16_grad(float* p, const uint16_t* g, float* m, float* v, int64_t n, const AdamWArgs& a) {
+  adamw(p, g, m, v, n, a);
 }
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a) {

@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
   void scale(Tensor x, float alpha) override;
   void add(Tensor a, Tensor b, Tensor out) override;
   void mul(Tensor a, Tensor b, Tensor out) override;
+  void add_into(Tensor dst, Tensor src) override;
   void add_bias(Tensor x, Tensor bias) override;
   void sum(Tensor x, Tensor out, bool accumulate) override;
   void sum_squares(Tensor x, Tensor out, bool accumulate) override;

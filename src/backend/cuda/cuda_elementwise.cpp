@@ -50,6 +50,11 @@ void CudaBackend::add(Tensor a, Tensor b, Tensor out) {
   CUDA_CHECK(launch_add(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), compute_));
 }
 
+void CudaBackend::add_into(Tensor dst, Tensor src) {
+  check_add_into(dst, src);
+  CUDA_CHECK(launch_add_into(dst.data(), dst.dtype(), src.data(), src.dtype(), dst.numel(), compute_));
+}
+
 void CudaBackend::mul(Tensor a, Tensor b, Tensor out) {
   check_binary(a, b, out, "mul");
   CUDA_CHECK(launch_mul(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), compute_));

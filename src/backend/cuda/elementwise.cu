@@ -28,6 +28,11 @@ __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n
   GRID_STRIDE_LOOP(i, n) out[i] = a[i] + b[i];
 }
 
+// The cast kernel's conversions either side of one f32 sum.
+__global__ void add_into_kernel(void* dst, DType dt, const void* src, DType st, int64_t n) {
+  GRID_STRIDE_LOOP(i, n) store_from_f32(dst, dt, i, load_as_f32(dst, dt, i) + load_as_f32(src, st, i));
+}
+
 __global__ void mul_kernel(const float* a, const float* b, float* out, int64_t n) {
   GRID_STRIDE_LOOP(i, n) out[i] = a[i] * b[i];
 }
@@ -133,6 +138,11 @@ cudaError_t launch_scale(float* x, float alpha, int64_t n, cudaStream_t s) {
 
 cudaError_t launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
   add_kernel<<<add_launches(n)[0].x, kThreads, 0, s>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_into(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, cudaStream_t s) {
+  add_into_kernel<<<add_into_launches(n)[0].x, kThreads, 0, s>>>(dst, dst_type, src, src_type, n);
   return cudaGetLastError();
 }
 

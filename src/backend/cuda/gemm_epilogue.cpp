@@ -46,6 +46,14 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// The largest power of two up to 256 dividing a pointer: what cuBLASLt's heuristic may assume of it
+// (it assumes 256 unless told; a weight's view inside a unit's flat buffer often sits off that).
+uint32_t alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
 
 // cuBLASLt's workspace: what it may use for any algorithm it picks (32 MiB, as cuBLAS asks on Hopper).
 constexpr size_t kLtWorkspace = size_t{32} << 20;
@@ -54,9 +62,10 @@ constexpr size_t kLtWorkspace = size_t{32} << 20;
 
 bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, GemmEpilogue e, const float* bias,
                              float* aux) {
-  // The epilogue's pointers 16-byte aligned and the auxiliary buffer's rows a multiple of 8
-  // elements (cuBLASLt's rules for them); the operands as any GEMM's.
-  if (!aligned16(c) || (bias != nullptr && !aligned16(bias)) || (aux != nullptr && (!aligned16(aux) || d.n % 8 != 0)))
+  // Every pointer 16-byte aligned (the tensor-core kernels' loads) and the auxiliary buffer's rows
+  // a multiple of 8 elements (cuBLASLt's rule); else the composition.
+  if (!aligned16(o.a) || !aligned16(o.b) || !aligned16(c) || (bias != nullptr && !aligned16(bias)) ||
+      (aux != nullptr && (!aligned16(aux) || d.n % 8 != 0)))
     return false;
   const uint64_t M = static_cast<uint64_t>(d.n), N = static_cast<uint64_t>(d.m), K = static_cast<uint64_t>(d.k);
   const cublasOperation_t opa = d.trans_b == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;  // on our B
@@ -70,10 +79,9 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
   }
-  if (aux != nullptr) {
+  if (aux != nullptr) {  // of C's type (f32), cuBLASLt's default
     set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
     set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(d.ldc));
-    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
   }
   // Stored shapes (rows, columns, leading dimension) in column-major terms, before the ops.
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.a, cuda_type(o.bt), opa == CUBLAS_OP_N ? M : K,
@@ -85,6 +93,14 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
   const uint64_t workspace_bytes = kLtWorkspace;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof(workspace_bytes)));
+  // cuBLASLt's A is our B, its B our A, and C is D.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, o.b}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, o.a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c}};
+  for (const auto& [attr, p] : aligns) {
+    const uint32_t bytes = alignment(p);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, attr, &bytes, sizeof(bytes)));
+  }
   cublasLtMatmulHeuristicResult_t found{};
   int count = 0;
   if (cublasLtMatmulAlgoGetHeuristic(cublaslt_, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &found,
@@ -93,8 +109,10 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
     return false;
   void* workspace = lt_scratch_.get(kLtWorkspace, compute_);
   const float one = 1.f, zero = 0.f;
-  CUBLAS_CHECK(cublasLtMatmul(cublaslt_, call.op, &one, o.b, call.a, o.a, call.b, &zero, c, call.c, c, call.c,
-                              &found.algo, workspace, kLtWorkspace, compute_));
+  // A refusal enqueues nothing: the composition runs instead.
+  if (cublasLtMatmul(cublaslt_, call.op, &one, o.b, call.a, o.a, call.b, &zero, c, call.c, c, call.c, &found.algo,
+                     workspace, kLtWorkspace, compute_) != CUBLAS_STATUS_SUCCESS)
+    return false;
   CUDA_CHECK(cudaGetLastError());
   return true;
 }

@@ -22,6 +22,7 @@ cudaError_t launch_axpy(float alpha, const float* x, float* y, int64_t n, cudaSt
 cudaError_t launch_scale(float* x, float alpha, int64_t n, cudaStream_t s);
 cudaError_t launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
 cudaError_t launch_mul(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
+cudaError_t launch_add_into(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, cudaStream_t s);
 // out[0] (+)= reduction of x; partial is a device workspace of kReduceBlocks doubles.
 cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* partial, float* out, bool accumulate,
                           cudaStream_t s);
@@ -171,7 +172,9 @@ cudaError_t launch_vocab_ce_finish(float* losses, float* dlogits, const float* l
 struct AdamWStep {
   float lr, beta1, beta2, eps, weight_decay, grad_scale, inv_bc1, inv_bc2;
 };
-cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& a, cudaStream_t s);
+// g: f32, or bf16 (widened as read; its kernel takes one element a thread).
+cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, int64_t n, const AdamWStep& a,
+                         cudaStream_t s);
 // b = mu * b + g * grad_scale + wd * p; p -= lr * b.
 cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
                        float grad_scale, cudaStream_t s);

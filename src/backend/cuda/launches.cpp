@@ -90,6 +90,7 @@ Launches axpy_launches(int64_t n) { return Launches{}.add(kernel("axpy_kernel", 
 Launches scale_launches(int64_t n) { return Launches{}.add(kernel("scale_kernel", grid_for(n))); }
 Launches add_launches(int64_t n) { return Launches{}.add(kernel("add_kernel", grid_for(n))); }
 Launches mul_launches(int64_t n) { return Launches{}.add(kernel("mul_kernel", grid_for(n))); }
+Launches add_into_launches(int64_t n) { return Launches{}.add(kernel("add_into_kernel", grid_for(n))); }
 
 Launches add_bias_launches(int64_t N, int64_t OC, bool aligned) {
   return packed_or_not("add_bias_kernel<4>", "add_bias_kernel<1>", N * OC, packable(OC, aligned));

@@ -111,6 +111,7 @@ Launches axpy_launches(int64_t n);
 Launches scale_launches(int64_t n);
 Launches add_launches(int64_t n);
 Launches mul_launches(int64_t n);
+Launches add_into_launches(int64_t n);
 Launches add_bias_launches(int64_t N, int64_t OC, bool aligned = true);
 Launches reduce_launches(int64_t n);  // sum, sum_squares and max_abs
 Launches sum_rows_launches(int64_t rows, int64_t cols);

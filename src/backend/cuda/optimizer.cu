@@ -25,6 +25,18 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
   }
 }
 
+// One element a thread from bf16 gradients (the same arithmetic as adamw_kernel's).
+__global__ void adamw_bf16_grad_kernel(float* p, const __nv_bfloat16* g, float* m, float* v, int64_t n, AdamWStep a) {
+  GRID_STRIDE_LOOP(i, n) {
+    const float grad = __bfloat162float(g[i]) * a.grad_scale;
+    const float mi = a.beta1 * m[i] + (1.f - a.beta1) * grad;
+    const float vi = a.beta2 * v[i] + (1.f - a.beta2) * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= a.lr * ((mi * a.inv_bc1) / (sqrtf(vi * a.inv_bc2) + a.eps) + a.weight_decay * p[i]);
+  }
+}
+
 template <int W>
 __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t packs, float lr, float mu, float wd,
                            float gs) {
@@ -44,14 +56,22 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t packs, 
 
 }  // namespace
 
-cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& a, cudaStream_t s) {
-  const bool aligned = aligned16(p, g, m, v);
+cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, int64_t n, const AdamWStep& a,
+                         cudaStream_t s) {
+  if (gt == DType::bf16) {  // adamw_update_launches(n, false)'s grid: one element a thread
+    const Launches L = adamw_update_launches(n, false);
+    if (L.count == 0) return cudaSuccess;
+    adamw_bf16_grad_kernel<<<L[0].x, kThreads, 0, s>>>(p, static_cast<const __nv_bfloat16*>(g), m, v, n, a);
+    return cudaGetLastError();
+  }
+  const float* gf = static_cast<const float*>(g);
+  const bool aligned = aligned16(p, gf, m, v);
   const Launches L = adamw_update_launches(n, aligned);
   if (L.count == 0) return cudaSuccess;
   if (packable(n, aligned))
-    adamw_kernel<4><<<L[0].x, kThreads, 0, s>>>(p, g, m, v, n / 4, a);
+    adamw_kernel<4><<<L[0].x, kThreads, 0, s>>>(p, gf, m, v, n / 4, a);
   else
-    adamw_kernel<1><<<L[0].x, kThreads, 0, s>>>(p, g, m, v, n, a);
+    adamw_kernel<1><<<L[0].x, kThreads, 0, s>>>(p, gf, m, v, n, a);
   return cudaGetLastError();
 }
 

@@ -126,6 +126,12 @@ class MetaBackend final : public Backend {
   void add(Tensor a, Tensor, Tensor) override {
     charge("add", a.numel(), pass_bytes(a.numel(), 2, 1), [&] { return cuda::add_launches(a.numel()); });
   }
+  void add_into(Tensor dst, Tensor src) override {
+    check_add_into(dst, src);
+    const double n = static_cast<double>(dst.numel());
+    charge("add_into", n, n * static_cast<double>(2 * dtype_size(dst.dtype()) + dtype_size(src.dtype())),
+           [&] { return cuda::add_into_launches(dst.numel()); });
+  }
   void mul(Tensor a, Tensor, Tensor) override {
     charge("mul", a.numel(), pass_bytes(a.numel(), 2, 1), [&] { return cuda::mul_launches(a.numel()); });
   }

@@ -10,17 +10,25 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
   check_same_numel(param, grad, "adamw_update");
   check_same_numel(param, m, "adamw_update");
   check_same_numel(param, v, "adamw_update");
+  SHARD_CHECK(grad.dtype() == DType::f32 || grad.dtype() == DType::bf16, "adamw_update: f32 or bf16 gradients, got {}",
+              dtype_name(grad.dtype()));
+  const bool bf16 = grad.dtype() == DType::bf16;
   switch (be.device()) {
     case Device::cpu:
+      if (bf16)
+        return cpu::adamw_update_bf16_grad(param.ptr<float>(), static_cast<const uint16_t*>(grad.data()),
+                                           m.ptr<float>(), v.ptr<float>(), param.numel(), a);
       return cpu::adamw_update(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), param.numel(),
                                a);
     case Device::cuda:
       if constexpr (kWithCuda) cuda::adamw_update(be, param, grad, m, v, a);
       return;
-    case Device::meta:
-      return charge(be,
-                    {.name = "adamw_update", .flops = 16.0 * param.numel(), .bytes = pass_bytes(param.numel(), 4, 3)},
-                    [&] { return cuda::adamw_update_launches(param.numel()); });
+    case Device::meta: {
+      // p, m, v read and written; the gradient read in its own dtype.
+      const double n = static_cast<double>(param.numel());
+      return charge(be, {.name = "adamw_update", .flops = 16.0 * n, .bytes = n * (6 * 4 + dtype_size(grad.dtype()))},
+                    [&] { return cuda::adamw_update_launches(param.numel(), !bf16); });
+    }
   }
 }
 
