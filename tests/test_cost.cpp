@@ -280,4 +280,8 @@ TEST_CASE("a GPU's ledger fuses GPT-2's biases and GELU into the products' epilo
   CHECK(count(cpu, "gelu_backward") == 12);
   CHECK(count(gpu, "gemm") == count(cpu, "gemm"));  // the same products
   CHECK(gemm_flops(gpu) == Approx(gemm_flops(cpu)));
+  // An f32 run's products are f32: they keep their kernels (cuBLASLt's GELU may be approximate).
+  const CostLedger gpu32 = step_costs(gpt2_config(DType::f32), 1, 0, 1, Device::cuda);
+  CHECK(count(gpu32, "add_bias") == 12 * 4);
+  CHECK(count(gpu32, "gelu_forward") == 12);
 }

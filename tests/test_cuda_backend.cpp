@@ -917,8 +917,10 @@ TEST_CASE("cuda cuDNN attention matches the cpu's fused attention on bf16-rounde
 
 TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then element-wise passes", "[cuda]") {
   Env e;
-  REQUIRE(e.gpu->fuses_gemm_epilogues());
-  REQUIRE_FALSE(e.cpu->fuses_gemm_epilogues());
+  GemmDesc f32_product;
+  f32_product.m = f32_product.n = f32_product.k = 8;
+  f32_product.lda = f32_product.ldb = f32_product.ldc = 8;
+  CHECK_FALSE(e.gpu->fuses_gemm_epilogue(f32_product));  // an f32 run keeps its kernels
   // nn.Linear's forward (bf16 weight (OC, IC) read transposed, f32 input rounded to bf16) and its
   // input gradient (dout @ W), GPT-2's shapes in small: rows that are no multiple of a tile; and 36
   // output columns, whose auxiliary rows cuBLASLt does not take (the backend's composition then).
@@ -936,6 +938,7 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
     GemmDesc d;
     d.a_type = DType::f32, d.b_type = DType::bf16, d.round_inputs_to = DType::bf16;
     d.m = N, d.n = backward ? IC : OC, d.k = backward ? OC : IC;
+    REQUIRE(e.gpu->fuses_gemm_epilogue(d));
     d.trans_b = backward ? Trans::N : Trans::T;  // W (OC, IC): forward x W^T, backward dout W
     d.lda = d.k, d.ldb = IC, d.ldc = d.n;
     auto A = random_vector("ep A", N * d.k), W = random_vector("ep W", OC * IC);
@@ -946,6 +949,7 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
     std::vector<float> ref(N * d.n), ref_aux = aux;
     GemmDesc dc = d;
     dc.b_type = DType::f32, dc.round_inputs_to = DType::f32;
+    REQUIRE_FALSE(e.cpu->fuses_gemm_epilogue(dc));
     blocks::gemm_epilogue(*e.cpu, dc, A.data(), W.data(), Tensor(ref.data(), DType::f32, {N, d.n}), ep,
                           ep == GemmEpilogue::dgelu ? Tensor() : host(bias),
                           ep == GemmEpilogue::bias ? Tensor() : Tensor(ref_aux.data(), DType::f32, {N, d.n}));

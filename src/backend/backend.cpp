@@ -50,6 +50,11 @@ void check_gemm(const GemmDesc& d) {
   SHARD_CHECK(d.ldc >= std::max<int64_t>(1, d.n), "gemm: ldc={} < n={}", d.ldc, d.n);
 }
 
+bool low_precision_product(const GemmDesc& d) {
+  const auto as_read = [&](DType t) { return t == DType::f32 ? d.round_inputs_to : t; };
+  return as_read(d.a_type) != DType::f32 && as_read(d.b_type) != DType::f32;
+}
+
 void check_add_into(const Tensor& dst, const Tensor& src) {
   check_same_numel(dst, src, "add_into");
   for (const Tensor* t : {&dst, &src})
@@ -77,7 +82,7 @@ void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, c
 }
 
 void Backend::gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, float*) {
-  SHARD_CHECK(false, "gemm with a {} epilogue on {}, which does not fuse them (fuses_gemm_epilogues)",
+  SHARD_CHECK(false, "gemm with a {} epilogue on {}, which does not fuse it (fuses_gemm_epilogue)",
               gemm_epilogue_name(e), describe());
 }
 

@@ -130,14 +130,15 @@ class Backend {
 
   // ---- matrix products ----
   virtual void gemm(const GemmDesc& d, const void* a, const void* b, void* c) = 0;
-  // Whether gemm_epilogue runs the product and its epilogue as one (CUDA: cuBLASLt's epilogues).
-  // Elsewhere the callers compose the product and the element-wise passes (blocks/linear.hpp's
-  // gemm_epilogue, the reference), which is also what the fused form is tested against.
-  virtual bool fuses_gemm_epilogues() const { return false; }
+  // Whether gemm_epilogue runs this product and its epilogue as one (CUDA: cuBLASLt's epilogues,
+  // for products on bf16 operands: an f32 run keeps the f32 kernels' GELU). Elsewhere the callers
+  // compose the product and the element-wise passes (blocks/linear.hpp's gemm_epilogue, the
+  // reference), which is also what the fused form is tested against.
+  virtual bool fuses_gemm_epilogue(const GemmDesc&) const { return false; }
   // C = e(op(A) op(B)) for one product (d.batch 1, d.alpha 1, d.beta 0, C f32 with ldc == n):
   // bias: + bias (n floats) on every row of C; bias_gelu: aux = product + bias, C = gelu(aux);
   // dgelu: C = gelu'(aux) * product. aux: (m, n) f32 like C (unused by bias). Only where
-  // fuses_gemm_epilogues() (InternalError elsewhere).
+  // fuses_gemm_epilogue(d) (InternalError elsewhere).
   virtual void gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
                              const float* bias, float* aux);
 
@@ -184,6 +185,9 @@ void on_every_cpu_thread(const std::function<void()>& f);
 void check_same_numel(const Tensor& a, const Tensor& b, const char* op);
 void check_f32(const Tensor& t, const char* op);
 void check_gemm(const GemmDesc& d);
+// Whether a product runs on low-precision operands (both bf16 or f16 as stored, or rounded to
+// round_inputs_to): a GPU's tensor-core product.
+bool low_precision_product(const GemmDesc& d);
 // add_into's operands: the same count, each f32 or bf16.
 void check_add_into(const Tensor& dst, const Tensor& src);
 // check_gemm, and what gemm_epilogue asks of the product and its operands.

@@ -1,8 +1,9 @@
 // gemm_epilogue.cpp — CudaBackend::gemm_epilogue: a product and its epilogue (bias, bias + GELU
 // keeping the sum, GELU's backward) in one cuBLASLt call, as llm.c's matmul_cublaslt does for
 // GPT-2's linear layers, instead of the product and then add_bias, gelu_forward or gelu_backward
-// kernels. Where cuBLASLt offers no algorithm for a product (its alignment and type rules), the same
-// kernels run after the plain product, said once on stderr.
+// kernels, for products on bf16 operands (fuses_gemm_epilogue; f32 runs keep the f32 kernels'
+// GELU). Where cuBLASLt does not take a product (its alignment and type rules, a refused call),
+// the same kernels run after the plain product, said once on stderr.
 //
 // Row-major C (m, n) = op(A) op(B) is column-major C^T (n, m) = op(B)^T op(A)^T, as in gemm(): in
 // cuBLASLt's terms M = n, N = m, K = k, its A is our B and its B our A. Its bias is M long, one
@@ -120,11 +121,14 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
 void CudaBackend::gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
                                 const float* bias, float* aux) {
   check_gemm_epilogue(d, e, bias, aux);
+  SHARD_CHECK(fuses_gemm_epilogue(d), "cuda gemm with a {} epilogue: f32 operands are not fused (fuses_gemm_epilogue)",
+              gemm_epilogue_name(e));
   const Operands o = rounded(d, a, b);
   if (lt_product(d, o, c, e, bias, aux)) return;
   if (!lt_warned_)
-    fmt::print(stderr, "shardlab: cuBLASLt offers no algorithm for a {} x {} x {} product with a {} epilogue on {}: "
-               "the product, then the epilogue's own kernels\n", d.m, d.n, d.k, gemm_epilogue_name(e), describe());
+    fmt::print(stderr, "shardlab: cuBLASLt did not take a {} x {} x {} product with a {} epilogue on {} (alignment, "
+               "shape or status): the product, then the epilogue's own kernels\n", d.m, d.n, d.k,
+               gemm_epilogue_name(e), describe());
   lt_warned_ = true;
   const Tensor out(c, DType::f32, {d.m, d.n}, Device::cuda);
   const Tensor pre(aux, DType::f32, {d.m, d.n}, Device::cuda);

@@ -170,6 +170,7 @@ Launches vocab_ce_max_launches(int64_t N, int64_t Vl);
 Launches vocab_ce_sums_launches(int64_t N, int64_t Vl);
 Launches vocab_ce_finish_launches(int64_t N, int64_t Vl);
 Launches adamw_update_launches(int64_t n, bool aligned = true);
+Launches adamw_bf16_grad_launches(int64_t n);  // bf16 gradients: one element a thread
 Launches sgd_update_launches(int64_t n, bool aligned = true);
 Launches muon_momentum_launches(int64_t n);
 Launches muon_normalize_launches(int64_t n);  // the sums of squares, the norm, the divide

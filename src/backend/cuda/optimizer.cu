@@ -58,8 +58,8 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t packs, 
 
 cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, int64_t n, const AdamWStep& a,
                          cudaStream_t s) {
-  if (gt == DType::bf16) {  // adamw_update_launches(n, false)'s grid: one element a thread
-    const Launches L = adamw_update_launches(n, false);
+  if (gt == DType::bf16) {  // one element a thread
+    const Launches L = adamw_bf16_grad_launches(n);
     if (L.count == 0) return cudaSuccess;
     adamw_bf16_grad_kernel<<<L[0].x, kThreads, 0, s>>>(p, static_cast<const __nv_bfloat16*>(g), m, v, n, a);
     return cudaGetLastError();

@@ -77,7 +77,9 @@ class MetaBackend final : public Backend {
   }
   // As the device the ledger stands for: a GPU runs the product and its epilogue in one cuBLASLt
   // call (the memory is the same either way: the callers' blocks).
-  bool fuses_gemm_epilogues() const override { return low_precision_gemm(); }
+  bool fuses_gemm_epilogue(const GemmDesc& d) const override {
+    return low_precision_gemm() && low_precision_product(d);
+  }
   void gemm_epilogue(const GemmDesc& d, const void*, const void*, void*, GemmEpilogue e, const float* bias,
                      float* aux) override {
     check_gemm_epilogue(d, e, bias, aux);

@@ -27,7 +27,10 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
       // p, m, v read and written; the gradient read in its own dtype.
       const double n = static_cast<double>(param.numel());
       return charge(be, {.name = "adamw_update", .flops = 16.0 * n, .bytes = n * (6 * 4 + dtype_size(grad.dtype()))},
-                    [&] { return cuda::adamw_update_launches(param.numel(), !bf16); });
+                    [&] {
+                      return bf16 ? cuda::adamw_bf16_grad_launches(param.numel())
+                                  : cuda::adamw_update_launches(param.numel());
+                    });
     }
   }
 }

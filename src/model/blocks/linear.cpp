@@ -25,7 +25,7 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
 
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
                    Tensor bias, Tensor aux) {
-  if (be.fuses_gemm_epilogues()) {
+  if (be.fuses_gemm_epilogue(d)) {
     be.gemm_epilogue(d, a, b, out.data(), e, bias.data() ? bias.ptr<float>() : nullptr,
                      aux.data() ? aux.ptr<float>() : nullptr);
     return;
