@@ -81,9 +81,4 @@ void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, c
               aux != nullptr);
 }
 
-void Backend::gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, float*) {
-  SHARD_CHECK(false, "gemm with a {} epilogue on {}, which does not fuse it (fuses_gemm_epilogue)",
-              gemm_epilogue_name(e), describe());
-}
-
 }  // namespace shardlab

@@ -139,8 +139,11 @@ class Backend {
   // bias: + bias (n floats) on every row of C; bias_gelu: aux = product + bias, C = gelu(aux);
   // dgelu: C = gelu'(aux) * product. aux: (m, n) f32 like C (unused by bias). Only where
   // fuses_gemm_epilogue(d) (InternalError elsewhere).
-  virtual void gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
-                             const float* bias, float* aux);
+  // (Inline, so Backend keeps no key function: its vtable comes with every file that uses it.)
+  virtual void gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, float*) {
+    SHARD_CHECK(false, "gemm with epilogue {} on {}, which does not fuse it (fuses_gemm_epilogue)",
+                static_cast<int>(e), describe());
+  }
 
   // ---- element-wise ----
   virtual void fill(Tensor x, float value) = 0;          // any dtype

@@ -5,6 +5,7 @@
 
 #include "src/backend/ops/activation.hpp"
 #include "src/backend/ops/attention.hpp"
+#include "src/backend/ops/cudnn_attention.hpp"
 #include "src/backend/ops/embedding.hpp"
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
@@ -58,6 +59,10 @@ void flash_attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, 
 void flash_attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t, Tensor) {
   unreachable();
 }
+void cudnn_attention_forward(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) { unreachable(); }
+void cudnn_attention_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, Tensor) {
+  unreachable();
+}
 void kv_cache_write(Backend&, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void copy_rows(Backend&, Tensor, int64_t, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
 void attention_cached(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t, int64_t) { unreachable(); }
@@ -74,4 +79,7 @@ void vocab_ce_finish(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, 
 namespace shardlab {
 FlashShape flash_shape_of_qkv(int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t) { ops::unreachable(); }
 FlashShape flash_shape_of_cache(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { ops::unreachable(); }
+bool cudnn_attention_built() { ops::unreachable(); }
+std::string cudnn_attention_unsupported(int64_t, int64_t) { ops::unreachable(); }
+int64_t cudnn_attention_workspace_elems(int64_t, int64_t, int64_t, int64_t, int64_t, bool) { ops::unreachable(); }
 }  // namespace shardlab
