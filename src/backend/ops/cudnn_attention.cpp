@@ -60,7 +60,7 @@ FlashShape cudnn_checked(Backend& be, const Tensor& qkv, const Tensor& out, cons
   return flash_shape_of_qkv(B, T, H, KV, hd, true);
 }
 
-// The bf16 region of `bytes` at byte `at` of the workspace, as n elements.
+// n bf16 elements at byte `at` of the workspace.
 Tensor region(const Tensor& workspace, int64_t at, int64_t n) {
   return Tensor::flat(static_cast<char*>(workspace.data()) + at, DType::bf16, n, workspace.device());
 }
