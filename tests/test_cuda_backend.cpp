@@ -923,7 +923,7 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
   CHECK_FALSE(e.gpu->fuses_gemm_epilogue(f32_product));  // an f32 run keeps its kernels
   // nn.Linear's forward (bf16 weight (OC, IC) read transposed, f32 input rounded to bf16) and its
   // input gradient (dout @ W), GPT-2's shapes in small: rows that are no multiple of a tile; and 36
-  // output columns, whose auxiliary rows cuBLASLt does not take (the backend's composition then).
+  // output columns, whose auxiliary rows cuBLASLt does not take (blocks::gemm_epilogue composes).
   const int64_t N = 37, IC = 64;
   struct Case {
     GemmEpilogue ep;
@@ -955,9 +955,15 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
                           ep == GemmEpilogue::bias ? Tensor() : Tensor(ref_aux.data(), DType::f32, {N, d.n}));
     Block ga = up(e, A, "A"), gw = e.upload(W, DType::bf16, "W"), gb = up(e, bias, "bias"), gx = up(e, aux, "aux");
     Block gc = e.pool.alloc(DType::f32, N * d.n, Category::workspace, "C");
-    e.gpu->gemm_epilogue(d, ga.data(), gw.data(), gc.data(), ep,
-                         ep == GemmEpilogue::dgelu ? nullptr : gb.flat(DType::f32).ptr<float>(),
-                         ep == GemmEpilogue::bias ? nullptr : gx.flat(DType::f32).ptr<float>());
+    const Tensor gbias = ep == GemmEpilogue::dgelu ? Tensor() : gb.flat(DType::f32);
+    const Tensor gaux = ep == GemmEpilogue::bias ? Tensor() : gx.view(DType::f32, {N, d.n});
+    // cuBLASLt takes GPT-2's shapes; 36 columns of auxiliary rows it does not (the caller composes).
+    const bool fused = e.gpu->gemm_epilogue(d, ga.data(), gw.data(), gc.data(), ep,
+                                            gbias.data() ? gbias.ptr<float>() : nullptr,
+                                            gaux.data() ? gaux.ptr<float>() : nullptr);
+    if (OC == 96) CHECK(fused);
+    if (ep == GemmEpilogue::bias_gelu && OC == 36) CHECK_FALSE(fused);
+    if (!fused) blocks::gemm_epilogue(*e.gpu, d, ga.data(), gw.data(), gc.view(DType::f32, {N, d.n}), ep, gbias, gaux);
     // The product in f32 from bf16 operands either way: 1e-4. cuBLASLt's GELU may take the
     // hardware's tanh (about 5e-4 relative), at sums of about 3: 2e-3 with GELU.
     const double tol = ep == GemmEpilogue::bias ? 1e-4 : 2e-3;
@@ -969,7 +975,8 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
 TEST_CASE("cuda add_into and AdamW from bf16 gradients match the cpu bit for bit", "[cuda]") {
   Env e;
   const int64_t n = 10007;
-  auto dst = random_vector("cuda add_into dst", n, -3.f, 3.f), src = random_vector("cuda add_into src", n, -1e-2f, 1e-2f);
+  auto dst = random_vector("cuda add_into dst", n, -3.f, 3.f);
+  auto src = random_vector("cuda add_into src", n, -1e-2f, 1e-2f);
   for (DType dt : {DType::f32, DType::bf16})
     for (DType st : {DType::f32, DType::bf16}) {
       INFO(dtype_name(dt) << " += " << dtype_name(st));

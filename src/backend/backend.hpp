@@ -138,11 +138,13 @@ class Backend {
   // C = e(op(A) op(B)) for one product (d.batch 1, d.alpha 1, d.beta 0, C f32 with ldc == n):
   // bias: + bias (n floats) on every row of C; bias_gelu: aux = product + bias, C = gelu(aux);
   // dgelu: C = gelu'(aux) * product. aux: (m, n) f32 like C (unused by bias). Only where
-  // fuses_gemm_epilogue(d) (InternalError elsewhere).
+  // fuses_gemm_epilogue(d) (InternalError elsewhere). False where the backend did not take this
+  // product after all (a library's alignment rules; C and aux untouched): the caller composes.
   // (Inline, so Backend keeps no key function: its vtable comes with every file that uses it.)
-  virtual void gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, float*) {
+  virtual bool gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, float*) {
     SHARD_CHECK(false, "gemm with epilogue {} on {}, which does not fuse it (fuses_gemm_epilogue)",
                 static_cast<int>(e), describe());
+    return false;
   }
 
   // ---- element-wise ----

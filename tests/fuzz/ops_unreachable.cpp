@@ -79,7 +79,6 @@ void vocab_ce_finish(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, 
 namespace shardlab {
 FlashShape flash_shape_of_qkv(int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t) { ops::unreachable(); }
 FlashShape flash_shape_of_cache(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { ops::unreachable(); }
-bool cudnn_attention_built() { ops::unreachable(); }
-std::string cudnn_attention_unsupported(int64_t, int64_t) { ops::unreachable(); }
+std::string cudnn_attention_refusal(Device, bool, int64_t, int64_t, const std::string&) { ops::unreachable(); }
 int64_t cudnn_attention_workspace_elems(int64_t, int64_t, int64_t, int64_t, int64_t, bool) { ops::unreachable(); }
 }  // namespace shardlab

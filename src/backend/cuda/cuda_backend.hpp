@@ -78,7 +78,7 @@ class CudaBackend final : public Backend {
   // ---- matrix products (cuda_backend.cpp; with epilogues, cuBLASLt: gemm_epilogue.cpp) ----
   void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override;
   bool fuses_gemm_epilogue(const GemmDesc& d) const override { return low_precision_product(d); }
-  void gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e, const float* bias,
+  bool gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e, const float* bias,
                      float* aux) override;
 
   // ---- element-wise, reductions (cuda_elementwise.cpp) ----

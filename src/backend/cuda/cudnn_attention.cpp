@@ -9,6 +9,8 @@
 // without a GPU to run it on: every call is checked, and the [cuda] test compares it with the CPU.
 #include "src/backend/ops/cudnn_attention.hpp"
 
+#include <cstdlib>
+
 #include "src/backend/cuda/cuda_backend.hpp"
 #include "src/backend/cuda/ops.hpp"
 
@@ -32,12 +34,13 @@ namespace shardlab::cuda {
 #if SHARDLAB_WITH_CUDNN
 namespace fe = cudnn_frontend;
 
-#define CUDNN_CHECK(call)                                                                                \
-  do {                                                                                                   \
-    cudnnStatus_t st_ = (call);                                                                          \
-    if (st_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                                        \
-      ::shardlab::check_failed(#call, __FILE__, __LINE__,                                                \
-                               ::fmt::format("cuDNN status {} ({})", static_cast<int>(st_), cudnnGetErrorString(st_))); \
+#define CUDNN_CHECK(call)                                                                          \
+  do {                                                                                             \
+    cudnnStatus_t st_ = (call);                                                                    \
+    if (st_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                                  \
+      ::shardlab::check_failed(                                                                    \
+          #call, __FILE__, __LINE__,                                                               \
+          ::fmt::format("cuDNN status {} ({})", static_cast<int>(st_), cudnnGetErrorString(st_))); \
   } while (0)
 
 #define CUDNN_FE_CHECK(call)                                                                             \
@@ -204,14 +207,16 @@ const Built& graph_for(CudaBackend& cb, State& st, const FlashShape& s, bool bac
     }
   }
   if (!ok)
-    throw InputError(fmt::format("--attention cudnn: cuDNN {} has no {} engine for {} on device {} ({}); use --attention "
-                                 "flash", cudnnGetVersion(), backward ? "backward" : "forward", shape,
+    throw InputError(fmt::format("--attention cudnn: cuDNN {} has no {} engine for {} on device {} ({}); use "
+                                 "--attention flash", cudnnGetVersion(), backward ? "backward" : "forward", shape,
                                  cb.device_index(), why));
   SHARD_CHECK(b.workspace >= 0, "cuDNN attention: workspace of {} bytes for {}", b.workspace, shape);
   return st.graphs.emplace(key, std::move(b)).first->second;
 }
 
-void run(CudaBackend& cb, State& st, const Built& b, std::unordered_map<int64_t, void*>& pack) {
+using Pack = std::unordered_map<int64_t, void*>;
+
+void run(CudaBackend& cb, State& st, const Built& b, Pack& pack) {
   void* workspace = b.workspace > 0 ? cb.cudnn_workspace(static_cast<size_t>(b.workspace)) : nullptr;
   CUDNN_FE_CHECK(b.graph->execute(st.handle, pack, workspace));
   CUDA_CHECK(cudaGetLastError());
@@ -221,17 +226,21 @@ void* at(const void* base, int64_t elems) {  // bf16 elements in
   return const_cast<char*>(static_cast<const char*>(base)) + 2 * elems;
 }
 
+// The q, k and v (or dq, dk and dv) heads of a bf16 [q | k | v] buffer, where s's strides read them.
+void put_heads(Pack& pack, const void* base, Uid q, Uid k, Uid v, const FlashShape& s) {
+  pack[q] = at(base, 0);
+  pack[k] = at(base, s.H * s.hd);
+  pack[v] = at(base, (s.H + s.KV) * s.hd);
+}
+
 }  // namespace
 
 void cudnn_attention_forward(Backend& be, void* out, float* lse, const void* qkv, const FlashShape& s) {
   CudaBackend& cb = CudaBackend::of(be);
   State& st = state_of(cb);
   const Built& b = graph_for(cb, st, s, false);
-  std::unordered_map<int64_t, void*> pack{{kQ, at(qkv, 0)},
-                                          {kK, at(qkv, s.H * s.hd)},
-                                          {kV, at(qkv, (s.H + s.KV) * s.hd)},
-                                          {kO, out},
-                                          {kStats, lse}};
+  Pack pack{{kO, out}, {kStats, lse}};
+  put_heads(pack, qkv, kQ, kK, kV, s);
   run(cb, st, b, pack);
 }
 
@@ -240,25 +249,18 @@ void cudnn_attention_backward(Backend& be, void* dqkv, const void* dout, const v
   CudaBackend& cb = CudaBackend::of(be);
   State& st = state_of(cb);
   const Built& b = graph_for(cb, st, s, true);
-  std::unordered_map<int64_t, void*> pack{{kQ, at(qkv, 0)},
-                                          {kK, at(qkv, s.H * s.hd)},
-                                          {kV, at(qkv, (s.H + s.KV) * s.hd)},
-                                          {kO, at(out, 0)},
-                                          {kDO, at(dout, 0)},
-                                          {kStats, const_cast<float*>(lse)},
-                                          {kDQ, at(dqkv, 0)},
-                                          {kDK, at(dqkv, s.H * s.hd)},
-                                          {kDV, at(dqkv, (s.H + s.KV) * s.hd)}};
+  Pack pack{{kO, at(out, 0)}, {kDO, at(dout, 0)}, {kStats, const_cast<float*>(lse)}};
+  put_heads(pack, qkv, kQ, kK, kV, s);
+  put_heads(pack, dqkv, kDQ, kDK, kDV, s);
   run(cb, st, b, pack);
 }
 
 #else  // no cuDNN in this build
 
 namespace {
-[[noreturn]] void not_built() {
-  throw InputError("--attention cudnn: this shardlab was built without cuDNN attention (CMake found no cuDNN or no "
-                   "cudnn-frontend headers: run scripts/fetch-cudnn-frontend.sh build/cudnn-frontend and configure "
-                   "again); use --attention flash");
+[[noreturn]] void not_built() {  // ops::cudnn_attention_* refuse first (cudnn_attention_refusal)
+  SHARD_CHECK(false, "cuDNN attention called in a build without cuDNN");
+  std::abort();
 }
 }  // namespace
 

@@ -3,14 +3,13 @@
 // GPT-2's linear layers, instead of the product and then add_bias, gelu_forward or gelu_backward
 // kernels, for products on bf16 operands (fuses_gemm_epilogue; f32 runs keep the f32 kernels'
 // GELU). Where cuBLASLt does not take a product (its alignment and type rules, a refused call),
-// the same kernels run after the plain product, said once on stderr.
+// gemm_epilogue says so (once on stderr) and the caller runs the product and those kernels.
 //
 // Row-major C (m, n) = op(A) op(B) is column-major C^T (n, m) = op(B)^T op(A)^T, as in gemm(): in
 // cuBLASLt's terms M = n, N = m, K = k, its A is our B and its B our A. Its bias is M long, one
 // per row of the column-major result: one per column n of ours, nn.Linear's. The auxiliary
 // (pre-GELU) buffer is laid out as C.
 #include "src/backend/cuda/cuda_backend.hpp"
-#include "src/backend/cuda/ops.hpp"
 
 namespace shardlab::cuda {
 namespace {
@@ -46,7 +45,6 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 // The largest power of two up to 256 dividing a pointer: what cuBLASLt's heuristic may assume of it
 // (it assumes 256 unless told; a weight's view inside a unit's flat buffer often sits off that).
 uint32_t alignment(const void* p) {
@@ -64,10 +62,8 @@ constexpr size_t kLtWorkspace = size_t{32} << 20;
 bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, GemmEpilogue e, const float* bias,
                              float* aux) {
   // Every pointer 16-byte aligned (the tensor-core kernels' loads) and the auxiliary buffer's rows
-  // a multiple of 8 elements (cuBLASLt's rule); else the composition.
-  if (!aligned16(o.a) || !aligned16(o.b) || !aligned16(c) || (bias != nullptr && !aligned16(bias)) ||
-      (aux != nullptr && (!aligned16(aux) || d.n % 8 != 0)))
-    return false;
+  // a multiple of 8 elements (cuBLASLt's rule); else the caller's composition.
+  if (!aligned16(o.a, o.b, c, bias, aux) || (aux != nullptr && d.n % 8 != 0)) return false;
   const uint64_t M = static_cast<uint64_t>(d.n), N = static_cast<uint64_t>(d.m), K = static_cast<uint64_t>(d.k);
   const cublasOperation_t opa = d.trans_b == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;  // on our B
   const cublasOperation_t opb = d.trans_a == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;  // on our A
@@ -118,33 +114,18 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
   return true;
 }
 
-void CudaBackend::gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
+bool CudaBackend::gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
                                 const float* bias, float* aux) {
   check_gemm_epilogue(d, e, bias, aux);
   SHARD_CHECK(fuses_gemm_epilogue(d), "cuda gemm with a {} epilogue: f32 operands are not fused (fuses_gemm_epilogue)",
               gemm_epilogue_name(e));
-  const Operands o = rounded(d, a, b);
-  if (lt_product(d, o, c, e, bias, aux)) return;
+  if (lt_product(d, rounded(d, a, b), c, e, bias, aux)) return true;
   if (!lt_warned_)
     fmt::print(stderr, "shardlab: cuBLASLt did not take a {} x {} x {} product with a {} epilogue on {} (alignment, "
                "shape or status): the product, then the epilogue's own kernels\n", d.m, d.n, d.k,
                gemm_epilogue_name(e), describe());
   lt_warned_ = true;
-  const Tensor out(c, DType::f32, {d.m, d.n}, Device::cuda);
-  const Tensor pre(aux, DType::f32, {d.m, d.n}, Device::cuda);
-  const Tensor b_vec(const_cast<float*>(bias), DType::f32, {d.n}, Device::cuda);
-  switch (e) {
-    case GemmEpilogue::bias:
-      product(d, o, c);
-      return add_bias(out, b_vec);
-    case GemmEpilogue::bias_gelu:
-      product(d, o, aux);
-      add_bias(pre, b_vec);
-      return cuda::gelu_forward(*this, out, pre);
-    case GemmEpilogue::dgelu:
-      product(d, o, c);
-      return cuda::gelu_backward(*this, out, pre, out);
-  }
+  return false;
 }
 
 }  // namespace shardlab::cuda

@@ -43,13 +43,6 @@ __device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Every pointer 16-byte aligned (null is: an absent operand), the `aligned` of launches.hpp's
-// packable(n, aligned), which also needs n % 4 == 0; otherwise the scalar kernel runs.
-template <class... P>
-bool aligned16(const P*... ptrs) {
-  return ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
-}
-
 template <int W>
 struct Pack {
   float v[W];

@@ -295,12 +295,7 @@ Launches adamw_update_launches(int64_t n, bool aligned) {
   return packed_or_not("adamw_kernel<4>", "adamw_kernel<1>", n, packable(n, aligned));
 }
 
-Launches adamw_bf16_grad_launches(int64_t n) {
-  const Launches packed = adamw_update_launches(n, false);  // the unpacked kernel's grid
-  Launches L;
-  for (const Launch& l : packed) L.add({"adamw_bf16_grad_kernel", l.kind, l.x, l.y, l.z});
-  return L;
-}
+Launches adamw_bf16_grad_launches(int64_t n) { return grid_stride("adamw_bf16_grad_kernel", n); }
 
 Launches sgd_update_launches(int64_t n, bool aligned) {
   return packed_or_not("sgd_kernel<4>", "sgd_kernel<1>", n, packable(n, aligned));

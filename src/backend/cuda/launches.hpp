@@ -71,6 +71,12 @@ inline int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBl
 
 // float4 packs need whole packs per row (n % 4 == 0) and every pointer 16-byte aligned.
 inline bool packable(int64_t n, bool aligned) { return aligned && n % 4 == 0; }
+// Every pointer 16-byte aligned (null is: an absent operand): packable's `aligned`, and what
+// cuBLASLt's tensor-core kernels ask of theirs (gemm_epilogue.cpp).
+template <class... P>
+bool aligned16(const P*... ptrs) {
+  return ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
+}
 
 // LayerNorm's (and RMSNorm's) backward chunking of N rows: at most 256 chunks of at least 32 rows
 // (fewer when N is small). A function of N only, which is what makes dw/db reproducible.

@@ -80,13 +80,14 @@ class MetaBackend final : public Backend {
   bool fuses_gemm_epilogue(const GemmDesc& d) const override {
     return low_precision_gemm() && low_precision_product(d);
   }
-  void gemm_epilogue(const GemmDesc& d, const void*, const void*, void*, GemmEpilogue e, const float* bias,
+  bool gemm_epilogue(const GemmDesc& d, const void*, const void*, void*, GemmEpilogue e, const float* bias,
                      float* aux) override {
     check_gemm_epilogue(d, e, bias, aux);
     if (on_gemm_) on_gemm_(d);
     // Beside the product: the bias read; the sum written to aux (bias_gelu) or aux read (dgelu).
     const double mn = static_cast<double>(d.m) * static_cast<double>(d.n);
     charge_gemm(d, 4.0 * static_cast<double>(d.n) * (bias != nullptr) + 4.0 * mn * (aux != nullptr));
+    return true;
   }
   void charge_gemm(const GemmDesc& d, double epilogue_bytes) {
     if (ledger_ == nullptr || ledger_->paused()) return;

@@ -9,14 +9,23 @@
 
 namespace shardlab {
 
-std::string cudnn_attention_unsupported(int64_t hd, int64_t vd) {
+std::string cudnn_attention_refusal(Device device, bool this_binary, int64_t hd, int64_t vd,
+                                    const std::string& what) {
+  if (device == Device::cpu)
+    return "--attention cudnn runs on CUDA devices (cuDNN's fused attention); on the CPU use --attention flash";
+  if (device == Device::cuda && this_binary && !cudnn_attention_built())
+    return "--attention cudnn: this shardlab was built without cuDNN attention (CMake found no cuDNN or no "
+           "cudnn-frontend headers: scripts/fetch-cudnn-frontend.sh build/cudnn-frontend, then configure again); "
+           "use --attention flash";
+  std::string heads;
   if (vd > 0 && vd != hd)
-    return fmt::format("values of {} channels a head beside queries and keys of {} (cuDNN attention is built here for "
-                       "one head dimension)", vd, hd);
-  if (hd % 8 != 0 || hd < 8 || hd > kCudnnMaxHeadDim)
-    return fmt::format("a head dimension of {} (cuDNN's fused attention takes multiples of 8 up to {})", hd,
-                       kCudnnMaxHeadDim);
-  return {};
+    heads = fmt::format("values of {} channels a head beside queries and keys of {} (cuDNN attention is built here "
+                        "for one head dimension)", vd, hd);
+  else if (hd % 8 != 0 || hd < 8 || hd > kCudnnMaxHeadDim)
+    heads = fmt::format("a head dimension of {} (cuDNN's fused attention takes multiples of 8 up to {})", hd,
+                        kCudnnMaxHeadDim);
+  if (heads.empty()) return {};
+  return fmt::format("--attention cudnn{}{}: {}; use --attention flash", what.empty() ? "" : " with ", what, heads);
 }
 
 namespace {
@@ -44,12 +53,9 @@ namespace {
 // The calls' shape, checked: qkv (B, T, (H + 2 KV) hd), out (B, T, H hd), lse (B, H, T), all f32.
 FlashShape cudnn_checked(Backend& be, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KV,
                          const Tensor& workspace, bool backward, const char* op) {
-  if (be.device() == Device::cpu)
-    throw InputError("--attention cudnn runs on CUDA devices (cuDNN's fused attention); on the CPU use --attention "
-                     "flash");
   const auto [hd, vd] = packed_head_dims(qkv, H, KV, 0, op);
-  const std::string why = cudnn_attention_unsupported(hd, vd);
-  if (!why.empty()) throw InputError(fmt::format("--attention cudnn: {}; use --attention flash", why));
+  const std::string why = cudnn_attention_refusal(be.device(), true, hd, vd);
+  if (!why.empty()) throw InputError(why);
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
   SHARD_CHECK(out.numel() == B * T * H * hd && lse.numel() == B * H * T, "{}: qkv {} out {} lse {} H={} KV={}", op,
               qkv.shape_str(), out.shape_str(), lse.shape_str(), H, KV);

@@ -23,8 +23,12 @@ namespace shardlab {
 inline constexpr int64_t kCudnnMaxHeadDim = 128;
 // Whether this binary can run it on a GPU (built with cuDNN and the frontend headers).
 bool cudnn_attention_built();
-// Why a shape cannot run it (empty when it can): head dimensions, their multiple of 8.
-std::string cudnn_attention_unsupported(int64_t hd, int64_t vd);
+// Why --attention cudnn cannot run (empty when it can), as the message to stop with: on the CPU;
+// on CUDA in a binary without cuDNN (this_binary; the meta backend and a prediction for CUDA need
+// none); heads of hd (queries, keys) and vd (values, 0: hd) it is not built for. `what` names the
+// model in that last message (empty: not named).
+std::string cudnn_attention_refusal(Device device, bool this_binary, int64_t hd, int64_t vd,
+                                    const std::string& what = {});
 // Floats of workspace forward (backward = false) or backward needs: the bf16 copies of qkv and out
 // (and, backward, of dout and dqkv), each region 256-byte aligned.
 int64_t cudnn_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool backward);

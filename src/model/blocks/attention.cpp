@@ -15,16 +15,10 @@ bool cudnn(const UnitContext& c) { return c.spec.attention == AttentionKernel::c
 
 void check_attention_kernel(const ModelSpec& spec, Device device, bool this_binary) {
   if (spec.attention != AttentionKernel::cudnn) return;
-  SHARD_REQUIRE(device != Device::cpu, "--attention cudnn runs on CUDA devices (cuDNN's fused attention); on the "
-                "CPU use --attention flash");
-  SHARD_REQUIRE(device != Device::cuda || !this_binary || cudnn_attention_built(),
-                "--attention cudnn: this shardlab was built without cuDNN attention (CMake found no cuDNN or no "
-                "cudnn-frontend headers: scripts/fetch-cudnn-frontend.sh build/cudnn-frontend, then configure "
-                "again); use --attention flash");
   const int64_t hd = spec.mla.enabled() ? spec.mla.qk() : spec.head_size();
   const int64_t vd = spec.mla.enabled() ? spec.mla.v : hd;
-  const std::string why = cudnn_attention_unsupported(hd, vd);
-  SHARD_REQUIRE(why.empty(), "--attention cudnn with {}: {}; use --attention flash", spec.describe(), why);
+  const std::string why = cudnn_attention_refusal(device, this_binary, hd, vd, spec.describe());
+  if (!why.empty()) throw InputError(why);
 }
 
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {

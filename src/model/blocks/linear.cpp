@@ -25,11 +25,9 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
 
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
                    Tensor bias, Tensor aux) {
-  if (be.fuses_gemm_epilogue(d)) {
-    be.gemm_epilogue(d, a, b, out.data(), e, bias.data() ? bias.ptr<float>() : nullptr,
-                     aux.data() ? aux.ptr<float>() : nullptr);
+  if (be.fuses_gemm_epilogue(d) && be.gemm_epilogue(d, a, b, out.data(), e, bias.data() ? bias.ptr<float>() : nullptr,
+                                                     aux.data() ? aux.ptr<float>() : nullptr))
     return;
-  }
   switch (e) {
     case GemmEpilogue::bias:
       be.gemm(d, a, b, out.data());

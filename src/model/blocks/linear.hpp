@@ -13,8 +13,9 @@ void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N);
 // under a split backward: blocks/weight_grad.hpp).
 void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N);
 // out (m, n) = e(op(A) op(B)) as Backend::gemm_epilogue defines it (bias (n), aux (m, n); empty
-// where e does not use them): fused where the backend fuses (CUDA: cuBLASLt), else the product and
-// then the element-wise passes (add_bias, gelu_forward, gelu_backward), the reference the CPU runs.
+// where e does not use them): fused where the backend fuses (CUDA: cuBLASLt) and takes the product,
+// else the product and then the element-wise passes (add_bias, gelu_forward, gelu_backward), the
+// reference the CPU runs.
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
                    Tensor bias, Tensor aux);
 // Tensors that follow one another in memory, each (rows_i, cols), as one (sum rows_i, cols) matrix
