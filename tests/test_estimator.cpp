@@ -10,6 +10,7 @@
 #include "shard/strategy_formulas.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/model/gpt2/gpt2.hpp"
+#include "src/model/unit.hpp"
 #include "src/train/predict.hpp"
 #include "src/plan/plan.hpp"
 #include "src/compare/profile.hpp"
@@ -122,6 +123,68 @@ TEST_CASE("predicted activations under tensor parallelism follow Korthikanti et 
     INFO((sp ? "sequence-parallel" : "tensor-parallel"));
     CHECK(act == Approx(want).epsilon(0.02));
   }
+}
+
+// --activation-dtype bf16: each block's saved tensors (15 sbh of them) in 2 bytes, its output (the
+// residual stream the runner keeps) in f32: 30 sbh + 4 sbh, the 34 sbh of Korthikanti et al.'s 16-bit
+// accounting (theirs counts dropout masks where this counts an f32 residual); the naive kernel's
+// probabilities in 2 bytes (2 a s^2 b), the fused one's log-sum-exp and the norms' statistics in f32
+// (4 a s b + 16 s b). The logits stay f32: 4 s b V. Against the f32 run's 64 sbh + 4 a s^2 b (naive)
+// or 64 sbh (flash), the layers' share about half. The prediction's peak is in the head's backward
+// (its input gradient beside everything): 0.08 GiB above the formula, as in the f32 test above, so
+// 0.4-0.7% here.
+TEST_CASE("--activation-dtype bf16: gpt2-xl's saved activations take 2 bytes, Korthikanti's 34 sbh", "[estimator]") {
+  ModelSpec spec = model_preset("gpt2-xl");
+  const double s = 1024, b = 4, h = double(spec.dim), a = double(spec.heads), L = double(spec.layers);
+  const double logits = 4 * s * b * double(spec.vocab);
+  for (AttentionKernel k : {AttentionKernel::naive, AttentionKernel::flash}) {
+    const bool naive = k == AttentionKernel::naive;
+    const double layers = L * (34 * s * b * h + (naive ? 2 * a * s * s * b : 4 * a * s * b) + 16 * s * b);
+    auto cfg = config("gpt2-xl", StrategyKind::zero3, DType::bf16);
+    cfg.spec.attention = k;
+    const double f32 = double(category(predict_step(cfg, 64, 0, 4, false).peak_by_category, Category::activations));
+    cfg.spec.activation_dtype = DType::bf16;
+    const double act = double(category(predict_step(cfg, 64, 0, 4, false).peak_by_category, Category::activations));
+    std::printf("gpt2-xl x 4 x 1024, %s attention, activations bf16: predicted %.3f GiB (f32 %.3f GiB, %.2fx; "
+                "without the logits %.2fx), formula + logits %.3f GiB (%+.2f%%)\n", attention_kernel_name(k),
+                act / (1 << 30), f32 / (1 << 30), act / f32, (act - logits) / (f32 - logits),
+                (layers + logits) / (1 << 30), 100 * (act - layers - logits) / (layers + logits));
+    CHECK(act == Approx(layers + logits).epsilon(0.01));
+    const double half = naive ? (34 * h + 2 * a * s) / (64 * h + 4 * a * s) : 34.0 / 64;
+    CHECK((act - logits) / (f32 - logits) == Approx(half).epsilon(0.02));
+  }
+}
+
+// The narrowing itself: add()'s tensors rounded to nearest even in bf16 blocks (half the bytes),
+// add_f32's untouched, and widened back to exactly the rounded values.
+TEST_CASE("Saved narrows what add() made to bf16 and widens it back; add_f32 stays", "[estimator][activation-dtype]") {
+  auto be = make_cpu_backend(BackendConfig{});
+  Pool pool(*be);
+  Saved saved;
+  Tensor x = saved.add(pool, "x", {3, 5}), stat = saved.add_f32(pool, "x_rstd", {3});
+  const std::vector<float> xs{1.f, 1.00390625f, 1.01171875f, -3.3f, 1e-8f, 65504.f, -0.f, 0.1f, 2.5f, 3.0000002f,
+                              1.f / 3, -7.77f, 1e30f, 5e-39f, 42.f};  // 1 + 2^-8 and 1 + 3 * 2^-8: ties
+  const std::vector<float> ss{0.3f, 1.f / 7, 9.99f};
+  be->copy(x, Tensor::of(std::span<const float>(xs)));
+  be->copy(stat, Tensor::of(std::span<const float>(ss)));
+  CHECK(pool.ledger().current(Category::activations) == 18 * 4);
+  saved.narrow(*be, pool, DType::bf16);
+  CHECK(pool.ledger().current(Category::activations) == 15 * 2 + 3 * 4);
+  REQUIRE(saved("x").dtype() == DType::bf16);
+  CHECK(saved("x").ndim() == 2);
+  CHECK(saved("x").dim(1) == 5);
+  REQUIRE(saved("x_rstd").dtype() == DType::f32);
+  CHECK(saved("x_rstd").data() == stat.data());
+  const bf16* narrowed = saved("x").ptr<bf16>();
+  CHECK(narrowed[1].bits == 0x3f80);  // the tie 1 + 2^-8 to even: 1
+  CHECK(narrowed[2].bits == 0x3f82);  // 1 + 3 * 2^-8 to even: 1 + 2^-6
+  saved.widen(*be, pool);
+  CHECK(pool.ledger().current(Category::activations) == 18 * 4);
+  REQUIRE(saved("x").dtype() == DType::f32);
+  for (size_t i = 0; i < xs.size(); ++i) CHECK(saved("x").ptr<float>()[i] == float(bf16(xs[i])));
+  for (size_t i = 0; i < ss.size(); ++i) CHECK(saved("x_rstd").ptr<float>()[i] == ss[i]);
+  saved.clear();
+  CHECK(pool.ledger().current(Category::activations) == 0);
 }
 
 TEST_CASE("predicting gpt2-xl never materialises the model", "[estimator]") {

@@ -52,6 +52,10 @@ void ModelOptions::add(Desc& d) {
       "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
       "the product run again in backward, so no (B*T, V) logits are held (0 = whole; under --tp each chunk's "
       "vocabulary-parallel loss)")(
+      "activation-dtype", po::value(&activation_dtype)->default_value(activation_dtype),
+      "training: the dtype the step keeps each unit's saved activations in between its forward and its backward: "
+      "f32, or bf16 (half their memory, as Megatron keeps them; the forward computes in f32 and the norms' and "
+      "attention's statistics stay f32; the residual stream between units stays f32)")(
       "moe-capacity-factor", po::value(&moe_capacity_factor)->default_value(moe_capacity_factor),
       "mixture-of-experts models (mixtral, qwen3_moe): each expert takes at most ceil(F x tokens x k / experts) of a "
       "micro-batch's tokens per layer, the rest dropped (their slot adds nothing; counted in the progress line and "
@@ -82,6 +86,9 @@ ModelSpec ModelOptions::computing(ModelSpec s) const {
   SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (1 << 30), "--loss-chunk {}: expected 0 (whole) or positions", loss_chunk);
   s.attention = parse_attention_kernel(attention);
   s.loss_chunk = loss_chunk;
+  SHARD_REQUIRE(activation_dtype == "f32" || activation_dtype == "bf16",
+                "--activation-dtype '{}': expected f32 or bf16", activation_dtype);
+  s.activation_dtype = parse_dtype(activation_dtype);
   s.moe_capacity_factor = moe_capacity_factor;
   SHARD_REQUIRE(moe_aux_loss == "model" || moe_aux_loss == "on" || moe_aux_loss == "off",
                 "--moe-aux-loss '{}': expected model, on or off", moe_aux_loss);

@@ -92,12 +92,12 @@ struct ModelOptions {
   std::string preset;  // empty: not given (small, or an --init directory's model)
   int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
   int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
-  std::string attention = "flash";                               // --attention: flash | naive
+  std::string attention = "flash", activation_dtype = "f32";     // --attention, --activation-dtype
   int64_t loss_chunk = 0;                                        // --loss-chunk (training and evaluation)
   double moe_capacity_factor = 0;                                // --moe-capacity-factor (0 = dropless)
   std::string moe_aux_loss = "model";                            // --moe-aux-loss model|on|off
   std::string moe_bias_rate = "model";                           // --moe-bias-update-rate model|γ
-  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk
+  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk --activation-dtype
   // --moe-capacity-factor
   void add(Desc& d);
   // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults

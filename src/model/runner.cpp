@@ -95,6 +95,7 @@ Block forward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
   unit.forward(ctx, hooks.forward_params(u), in, out.flat(DType::f32), saved);
   hooks.after_forward(u);
   if (!train || (ctx.checkpointing == Checkpointing::blocks && unit.recomputable())) saved.clear();
+  else if (ctx.spec.activation_dtype != DType::f32) saved.narrow(ctx.be, ctx.pool, ctx.spec.activation_dtype);
   if (release) release->reset();
   return out;
 }
@@ -103,6 +104,7 @@ void backward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Ten
                    Saved& saved, Tensor dout, int64_t din_elems, Block& grad, DeferredWeightGrads* deferred) {
   ctx.pool.ledger().set_phase(Phase::backward(u));
   Backend::Range range(ctx.be, ("backward " + unit.name()).c_str());
+  saved.widen(ctx.be, ctx.pool);  // --activation-dtype bf16: back to f32 for the kernels
   Block din;
   if (din_elems > 0) din = ctx.pool.alloc(DType::f32, din_elems, Category::activations, unit.name() + " dinput");
   const Tensor dinput = din ? din.flat(DType::f32) : Tensor();

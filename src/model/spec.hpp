@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include "src/core/dtype.hpp"
 
 namespace shardlab {
 
@@ -119,9 +120,9 @@ struct ModelSpec {
   bool qk_norm = false;      // RMSNorm of every query and key head before RoPE (Qwen3)
   MoeSpec moe;               // experts in place of the dense MLP (none unless set)
   MlaSpec mla;               // multi-head latent attention (none unless set)
-  // How the model computes, not what it is: not part of its JSON form (a checkpoint resumes under
-  // either kernel, with the same parameters).
+  // How the model computes, not what it is: not in its JSON form (a checkpoint resumes under either).
   AttentionKernel attention = AttentionKernel::flash;
+  DType activation_dtype = DType::f32;  // --activation-dtype: its saved activations' (f32, bf16: Saved)
   int64_t loss_chunk = 0;  // --loss-chunk: the head's loss this many positions at a time (0: the (N, V) logits whole)
   // --moe-capacity-factor: each expert takes at most ceil(F * N * k / E) of a micro-batch's N
   // tokens per layer, the rest dropped (their slot adds nothing); 0: dropless.

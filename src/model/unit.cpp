@@ -1,5 +1,8 @@
 #include "src/model/unit.hpp"
 
+#include <algorithm>
+#include <array>
+
 #include "src/model/parallel/cp.hpp"
 #include "src/model/parallel/ep.hpp"
 
@@ -29,6 +32,35 @@ Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int
   Tensor t = blocks_.back().view(DType::f32, shape);
   tensors_[name] = t;
   return t;
+}
+
+Tensor Saved::add_f32(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {
+  kept_f32_.insert(name);
+  return add(pool, name, shape);
+}
+
+void Saved::move_to(Backend& be, Pool& pool, DType from, DType to) {
+  for (auto& [name, t] : tensors_) {
+    if (t.dtype() != from || kept_f32_.count(name)) continue;
+    auto old = std::find_if(blocks_.begin(), blocks_.end(), [&](const Block& b) { return b.data() == t.data(); });
+    SHARD_CHECK(old != blocks_.end(), "saved activation '{}' has no block of its own", name);
+    Block moved = pool.alloc(to, t.numel(), Category::activations, name);
+    std::array<int64_t, Tensor::kMaxDims> shape{};
+    for (int i = 0; i < t.ndim(); ++i) shape[static_cast<size_t>(i)] = t.dim(i);
+    Tensor dst = moved.flat(to).reshape(std::span<const int64_t>(shape.data(), static_cast<size_t>(t.ndim())));
+    be.cast(dst, t);
+    *old = std::move(moved);  // frees the f32 block
+    t = dst;
+  }
+}
+
+void Saved::narrow(Backend& be, Pool& pool, DType to) {
+  SHARD_CHECK(to != DType::f32, "narrowing saved activations to f32");
+  move_to(be, pool, DType::f32, to);
+}
+
+void Saved::widen(Backend& be, Pool& pool) {
+  for (DType from : {DType::bf16, DType::f16}) move_to(be, pool, from, DType::f32);
 }
 
 void Saved::drop(const std::string& name) {

@@ -8,6 +8,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,9 +79,22 @@ inline GemmDesc gemm_with(const Tensor& w) {
 }
 
 // What a unit's forward keeps for its backward; freed (back to the pool) by clear().
+//
+// --activation-dtype bf16 (ModelSpec::activation_dtype): a unit computes its forward in f32, then
+// the runner narrows what it saved to bf16 (narrow(), right after the forward) and widens it again
+// just before the backward (widen()), so between the two every unit's saved tensors take half
+// the memory, Megatron's 2 bytes an activation. Statistics and indices (the norms' mean and rstd,
+// attention's lse, a router's probabilities, weights and routing) stay f32: add_f32.
 class Saved {
  public:
   Tensor add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape);
+  // As add, kept in f32 whatever the activation dtype (statistics; int32 data in an f32 block).
+  Tensor add_f32(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape);
+  // Every tensor add() made, now f32, moved to a new `to` block (rounded to nearest even) and its
+  // f32 block freed; widen() moves them back (exactly: f32 holds every bf16 value). Other views of
+  // the old blocks are stale after either.
+  void narrow(Backend& be, Pool& pool, DType to);
+  void widen(Backend& be, Pool& pool);
   Tensor operator()(const std::string& name) const;
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   bool empty() const { return tensors_.empty(); }
@@ -92,11 +106,15 @@ class Saved {
   void clear() {
     tensors_.clear();
     blocks_.clear();
+    kept_f32_.clear();
   }
 
  private:
+  void move_to(Backend& be, Pool& pool, DType from, DType to);
+
   std::vector<Block> blocks_;
   std::map<std::string, Tensor> tensors_;
+  std::set<std::string> kept_f32_;  // add_f32's
 };
 
 // The tensor-parallel group a rank's units compute in (--tp): its degree and rank, whether

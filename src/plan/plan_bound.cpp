@@ -88,7 +88,9 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
   const size_t ks = static_cast<size_t>(k);
   const std::vector<int>& flights = in_flight(e, k);
   // Each of the stage's chunks: its received input and the outputs and saved tensors of its
-  // units (all f32 elements), and its last unit's output.
+  // units (in f32 elements: a saved one counts as half of one under --activation-dtype bf16), and
+  // its last unit's output.
+  const double saved_share = double(dtype_size(s.activation_dtype)) / sizeof(float);
   const std::vector<std::pair<int, int>>& chunks = f.chunks.at(ks);
   std::vector<double> whole(chunks.size()), last_out(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -96,7 +98,8 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
     for (int u = first > 0 ? first - 1 : first; u < first + count; ++u)
       whole[i] += double(units.at(static_cast<size_t>(u))->out_elems(s, B, T));
     for (int u = first; u < first + count; ++u)
-      whole[i] += double(units.at(static_cast<size_t>(u))->saved_elems_at_least(s, B, T, e.checkpointing, d.cp > 1));
+      whole[i] += saved_share *
+                  double(units.at(static_cast<size_t>(u))->saved_elems_at_least(s, B, T, e.checkpointing, d.cp > 1));
     last_out[i] = double(units.at(static_cast<size_t>(first + count - 1))->out_elems(s, B, T));
   }
   const std::vector<int>& ids = f.chunk_ids.at(ks);

@@ -24,7 +24,7 @@ void check_attention_kernel(const ModelSpec& spec, Device device, bool this_bina
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
   if (c.batch.context_parallel()) return cp::attention_forward(c, s, qkv, a);  // fused, over the cp group
   if (flash(c)) {
-    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add_f32(c.pool, "lse", {a.B, a.H, a.T});
     Block tiles =
         c.pool.alloc(DType::f32, flash_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false, false, a.vd),
                      Category::workspace, "attention tiles");
@@ -34,7 +34,7 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
   if (cudnn(c)) {  // saves what flash saves
     SHARD_CHECK(a.v() == a.hd, "cuDNN attention with values of {} channels beside {} (check_attention_kernel refuses)",
                 a.v(), a.hd);
-    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add_f32(c.pool, "lse", {a.B, a.H, a.T});
     Block work = c.pool.alloc(DType::f32, cudnn_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false),
                               Category::workspace, "attention bf16 operands");
     ops::cudnn_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, work.flat(DType::f32));

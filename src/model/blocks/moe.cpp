@@ -339,7 +339,7 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
   const MoeSpec& m = c.spec.moe;
   const int64_t N = x.dim(0), C = x.dim(1), E = m.experts, k = m.top_k, F = moe_local_width(c), P = N * k;
   SHARD_CHECK(P < (int64_t{1} << 31), "MoE: {} slots overflow the int32 routing", P);
-  Tensor probs = s.add(c.pool, "moe_probs", {N, E});
+  Tensor probs = s.add_f32(c.pool, "moe_probs", {N, E});
   linear_forward(c.be, probs, x, w.router, N);  // the logits, then their softmax (or sigmoid)
   const bool meta = c.be.device() == Device::meta;  // no values: the routing a round robin, nothing to score
   std::vector<float> hp = to_host(c.be, probs);
@@ -369,12 +369,12 @@ void moe_forward(UnitContext& c, Saved& s, Tensor x, Tensor out, const MoeWeight
     b.dropped += static_cast<double>(P - r.kept);
   }
   // The routing in the backend's memory: int32 in an f32-sized block.
-  Tensor route_t = s.add(c.pool, "moe_route", {r.ints()});
+  Tensor route_t = s.add_f32(c.pool, "moe_route", {r.ints()});
   std::vector<int32_t> packed;  // (on meta none: only the copy's cost counts)
   for (const auto* v : {&r.pos, &r.token_of, &r.choice, &r.per_expert})
     if (!meta) packed.insert(packed.end(), v->begin(), v->end());
   c.be.copy(route_t, Tensor::flat(meta ? nullptr : packed.data(), DType::f32, r.ints()));
-  Tensor weights = s.add(c.pool, "moe_w", {P});
+  Tensor weights = s.add_f32(c.pool, "moe_w", {P});
   c.be.copy(weights, Tensor::flat(meta ? nullptr : const_cast<float*>(r.weight.data()), DType::f32, P));
   if (c.expert_parallel()) {  // the experts are on the ep group's ranks (parallel/ep.hpp)
     Tensor y = s.add(c.pool, "moe_y", {P, C});

@@ -82,7 +82,7 @@ class DeepseekLayerUnit final : public Unit {
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const Dims d(c, tp_);
     Backend& be = c.be;
-    Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.Nl});
+    Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c));
     Block whole = tp_whole_rows(c, prefix_ + "region rows");
     const Tensor x = tp_region_input(c, ln1, tp_whole_or(whole, c, ln1));  // all N rows
@@ -96,7 +96,7 @@ class DeepseekLayerUnit final : public Unit {
       linear_forward(be, kva.view(DType::f32, {d.N, d.kva}), x, wg(p, "self_attn.kv_a_proj_with_mqa.weight"), d.N);
       Tensor lat = s.add(c.pool, "mla_latent", {d.N, d.r}), lat_n = s.add(c.pool, "mla_latent_norm", {d.N, d.r});
       ops::copy_rows(be, lat, d.r, kva.flat(DType::f32), d.kva, d.N, d.r);
-      ops::rmsnorm_forward(be, lat_n, s.add(c.pool, "mla_latent_rstd", {d.N}), lat,
+      ops::rmsnorm_forward(be, lat_n, s.add_f32(c.pool, "mla_latent_rstd", {d.N}), lat,
                            w(p, "self_attn.kv_a_layernorm.weight"), kLowRankEps);
       linear_forward(be, kv.view(DType::f32, {d.N, d.H * d.kvw}), lat_n, wg(p, "self_attn.kv_b_proj.weight"), d.N);
       pack(c, qkv, q.flat(DType::f32), kv.flat(DType::f32), kva.flat(DType::f32), d);
@@ -107,7 +107,7 @@ class DeepseekLayerUnit final : public Unit {
     linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     tp_region_output(c, attn_out, x2);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.Nl});
+    Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c));
     mlp_forward(c, p, s, tp_region_input(c, ln2, tp_whole_or(whole, c, ln2)), tp_whole_or(whole, c, out), d);
     tp_region_output(c, tp_whole_or(whole, c, out), out);
@@ -195,7 +195,7 @@ class DeepseekLayerUnit final : public Unit {
     if (d.rq == 0) return linear_forward(c.be, q, x, wg(p, "self_attn.q_proj.weight"), d.N);
     Tensor qa = s.add(c.pool, "mla_qa", {d.N, d.rq}), qa_n = s.add(c.pool, "mla_qa_norm", {d.N, d.rq});
     linear_forward(c.be, qa, x, wg(p, "self_attn.q_a_proj.weight"), d.N);
-    ops::rmsnorm_forward(c.be, qa_n, s.add(c.pool, "mla_qa_rstd", {d.N}), qa, w(p, "self_attn.q_a_layernorm.weight"),
+    ops::rmsnorm_forward(c.be, qa_n, s.add_f32(c.pool, "mla_qa_rstd", {d.N}), qa, w(p, "self_attn.q_a_layernorm.weight"),
                          kLowRankEps);
     linear_forward(c.be, q, qa_n, wg(p, "self_attn.q_b_proj.weight"), d.N);
   }

@@ -193,8 +193,8 @@ class BlockUnit final : public Unit {
     const int64_t D = tp_.degree, H = c.spec.heads / D, A = C / D, F = c.spec.ffn_hidden() / D;  // F: 4C / D
     Backend& be = c.be;
     Block rows = region_rows(c, prefix_ + "region rows");
-    Tensor ln1 = s.add(c.pool, "ln1", {n, C}), ln1_mean = s.add(c.pool, "ln1_mean", {n}),
-           ln1_rstd = s.add(c.pool, "ln1_rstd", {n});
+    Tensor ln1 = s.add(c.pool, "ln1", {n, C}), ln1_mean = s.add_f32(c.pool, "ln1_mean", {n}),
+           ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {n});
     ops::layernorm_forward(be, ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * A});
     matmul_forward(be, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
@@ -203,8 +203,8 @@ class BlockUnit final : public Unit {
     Tensor x2 = s.add(c.pool, "x2", {n, C});
     row_parallel_forward(c, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), rows, N, A, C);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {n, C}), ln2_mean = s.add(c.pool, "ln2_mean", {n}),
-           ln2_rstd = s.add(c.pool, "ln2_rstd", {n});
+    Tensor ln2 = s.add(c.pool, "ln2", {n, C}), ln2_mean = s.add_f32(c.pool, "ln2_mean", {n}),
+           ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {n});
     ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
     matmul_gelu_forward(be, fch_gelu, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
@@ -268,8 +268,8 @@ class BlockUnit final : public Unit {
     const blocks::AttentionShape shape{B, T, H, H, C / H};
     blocks::kv_cache_open(c, cache, shape, prefix_, pos0);
     Saved s;
-    Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add(c.pool, "ln1_mean", {N}),
-           ln1_rstd = s.add(c.pool, "ln1_rstd", {N});
+    Tensor ln1 = s.add(c.pool, "ln1", {N, C}), ln1_mean = s.add_f32(c.pool, "ln1_mean", {N}),
+           ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {N});
     ops::layernorm_forward(be, ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
     matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
@@ -277,8 +277,8 @@ class BlockUnit final : public Unit {
     Tensor x2 = s.add(c.pool, "x2", {N, C});
     matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add(c.pool, "ln2_mean", {N}),
-           ln2_rstd = s.add(c.pool, "ln2_rstd", {N});
+    Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add_f32(c.pool, "ln2_mean", {N}),
+           ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {N});
     ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
     matmul_gelu_forward(be, fch_gelu, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
@@ -306,8 +306,8 @@ class HeadUnit final : public Unit {
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t N = c.batch.B * c.batch.T, n = stream_rows(tp_, c.batch.B, c.batch.T), C = c.spec.dim,
                   V = vocab_rows(c.spec);
-    Tensor lnf = s.add(c.pool, "lnf", {n, C}), mean = s.add(c.pool, "lnf_mean", {n}),
-           rstd = s.add(c.pool, "lnf_rstd", {n});
+    Tensor lnf = s.add(c.pool, "lnf", {n, C}), mean = s.add_f32(c.pool, "lnf_mean", {n}),
+           rstd = s.add_f32(c.pool, "lnf_rstd", {n});
     ops::layernorm_forward(c.be, lnf, mean, rstd, in, p("ln_f.weight"), p("ln_f.bias"), eps(c.spec));
     Block rows = region_rows(c, "head region rows");
     const Tensor x = tp_region_input(c, lnf, rows_of(rows, N, C));

@@ -112,7 +112,7 @@ class DecoderLayerUnit final : public Unit {
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const Dims d(c, tp_);
     Backend& be = c.be;
-    Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.Nl});
+    Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
     // Sequence parallelism: ln1 gathered, o_proj's partial sums, ln2 gathered, down_proj's, in turn.
     Block whole = tp_whole_rows(c, prefix_ + "region rows");
@@ -126,7 +126,7 @@ class DecoderLayerUnit final : public Unit {
     linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     tp_region_output(c, attn_out, x2);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.Nl});
+    Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {d.Nl});
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
     // The MLP region (a mixture of experts too: every rank routes all N rows, gathered under SP,
     // through its slices of the experts, and the partial sums are reduced as the dense MLP's).
@@ -207,7 +207,7 @@ class DecoderLayerUnit final : public Unit {
     Backend& be = c.be;
     blocks::kv_cache_open(c, cache, d.attention(), prefix_, pos0);
     Saved s;
-    Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add(c.pool, "ln1_rstd", {d.N});
+    Tensor ln1 = s.add(c.pool, "ln1", {d.N, d.C}), ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {d.N});
     ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, ln1, qkv_weight(p), d.N);
@@ -217,7 +217,7 @@ class DecoderLayerUnit final : public Unit {
     Tensor x2 = s.add(c.pool, "x2", {d.N, d.C});
     linear_forward(be, x2, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add(c.pool, "ln2_rstd", {d.N});
+    Tensor ln2 = s.add(c.pool, "ln2", {d.N, d.C}), ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {d.N});
     ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
     mlp_forward(c, p, s, ln2, out, d);
     be.add(out, x2, out);  // residual
@@ -276,10 +276,10 @@ class DecoderLayerUnit final : public Unit {
   void qk_norm(UnitContext& c, const ParamSet& p, Saved& s, Tensor qkv, const Dims& d) const {
     if (!c.spec.qk_norm) return;
     const float e = eps(c.spec);
-    ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "q_pre", {d.N, d.H * d.hd}), s.add(c.pool, "q_rstd", {d.N * d.H}),
+    ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "q_pre", {d.N, d.H * d.hd}), s.add_f32(c.pool, "q_rstd", {d.N * d.H}),
                               w(p, "self_attn.q_norm.weight"), 0, e);
     ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "k_pre", {d.N, d.KV * d.hd}),
-                              s.add(c.pool, "k_rstd", {d.N * d.KV}), w(p, "self_attn.k_norm.weight"), d.H * d.hd, e);
+                              s.add_f32(c.pool, "k_rstd", {d.N * d.KV}), w(p, "self_attn.k_norm.weight"), d.H * d.hd, e);
   }
   // The norms' weights are replicated and their gradients sum over heads, which --tp splits:
   // partial sums on each rank, added up over the group.
@@ -331,7 +331,7 @@ class HeadUnit final : public Unit {
   // lnf and in hold the rank's rows under sequence parallelism.
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const int64_t N = c.batch.B * c.batch.T, Nl = tp_unit_rows(c, tp_), C = c.spec.dim;
-    Tensor lnf = s.add(c.pool, "lnf", {Nl, C}), rstd = s.add(c.pool, "lnf_rstd", {Nl});
+    Tensor lnf = s.add(c.pool, "lnf", {Nl, C}), rstd = s.add_f32(c.pool, "lnf_rstd", {Nl});
     ops::rmsnorm_forward(c.be, lnf, rstd, in, p("model.norm.weight"), eps(c.spec));
     Block whole = tp_whole_rows(c, "head lnf gathered");
     const Tensor x = tp_region_input(c, lnf, tp_whole_or(whole, c, lnf));  // every position's rows

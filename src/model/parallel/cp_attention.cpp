@@ -242,7 +242,7 @@ void ring_backward(UnitContext& c, CpContext& cp, Saved& s, Tensor dqkv, Tensor 
 
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
   CpContext& cp = context(c, a);
-  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add(c.pool, "lse", {a.B, a.H, a.T});
+  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add_f32(c.pool, "lse", {a.B, a.H, a.T});
   if (cp.config.method == CpMethod::ring) {
     ring_forward(c, cp, qkv, a, atty, lse);
     return atty;

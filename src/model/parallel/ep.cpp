@@ -130,7 +130,7 @@ void ep_experts_forward(UnitContext& c, Saved& s, Tensor xs, Tensor y, std::span
   const Exchange x = plan(c, per_expert, C);
   const int64_t R = x.R, Rs = buffer_rows(x, capacity), head = x.D * x.El;
   // What backward needs of the exchange: the counts from each peer, and both reorderings.
-  Tensor ep_t = s.add(c.pool, "moe_ep", {head + 2 * Rs});
+  Tensor ep_t = s.add_f32(c.pool, "moe_ep", {head + 2 * Rs});
   std::vector<int32_t> packed(x.from);
   packed.insert(packed.end(), x.by_expert.begin(), x.by_expert.end());
   packed.insert(packed.end(), x.by_peer.begin(), x.by_peer.end());
