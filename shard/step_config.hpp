@@ -22,6 +22,9 @@ struct StepConfig {
   float grad_clip = 1.f;         // 0 = off
   CommKind comm = CommKind::mpi;  // the transport (--comm, resolved): predictions hold what it holds
   Checkpointing checkpointing = Checkpointing::none;  // --activation-checkpointing
+  // The device the step runs on (--device): a prediction's meta backend hands GEMMs the operands it
+  // would (on CUDA bf16 parameters, and activations rounded once where two products read them).
+  Device device = Device::cpu;
   // Where the model lives: the mesh's degrees, the pipeline and sequence parallelism, as one value
   // (shard/layout.hpp) whose validate() holds every cross-axis rule; the per-rank model
   // (shard/parallel_model.hpp) is built from it.

@@ -125,6 +125,7 @@ inline void check_measured_is_predicted(const TrainConfig& base, const std::stri
   cfg.record_step = true;
   cfg.comm = test::test_comm();  // the prediction holds what this transport holds
   auto be = test::test_backend();
+  cfg.device = be->device();  // predicted as that device computes ($SHARDLAB_TEST_DEVICE)
   Pool pool(*be);
   auto comm = test::test_communicator(pool);
   Trainer t(*be, pool, *comm, cfg);

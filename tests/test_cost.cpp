@@ -11,6 +11,7 @@
 #include "src/backend/price.hpp"
 #include "src/comm/sim_comm.hpp"
 #include "src/core/device_peaks.hpp"
+#include "src/model/blocks/linear.hpp"
 #include "src/train/predict.hpp"
 #include "src/train/price_layout.hpp"
 #include "src/train/trainer.hpp"
@@ -284,4 +285,46 @@ TEST_CASE("a GPU's ledger fuses GPT-2's biases and GELU into the products' epilo
   const CostLedger gpu32 = step_costs(gpt2_config(DType::f32), 1, 0, 1, Device::cuda);
   CHECK(count(gpu32, "add_bias") == 12 * 4);
   CHECK(count(gpu32, "gelu_forward") == 12);
+}
+
+// nn.Linear's backward reads its output gradient twice, in the input-gradient product and in the
+// weight-gradient one. Where products round f32 operands to bf16 (a GPU), it is rounded once and
+// both read that copy: two casts (dout, and the layer's f32 input for the weight gradient), not
+// three. Where they do not (the CPU), nothing is rounded and nothing is allocated for it.
+TEST_CASE("a GPU's linear backward rounds its output gradient once for both products", "[cost]") {
+  const int64_t N = 64, IC = 32, OC = 48;
+  ModelSpec spec = model_preset("tiny");
+  for (Device target : {Device::cuda, Device::cpu}) {
+    CostLedger ledger(target);
+    auto be = make_meta_backend({}, &ledger);
+    Pool pool(*be);
+    Block dout = pool.alloc(DType::f32, N * OC, Category::workspace, "dout"),
+          inp = pool.alloc(DType::f32, N * IC, Category::workspace, "inp"),
+          w = pool.alloc(DType::bf16, OC * IC, Category::workspace, "w"),
+          dw = pool.alloc(DType::f32, OC * IC, Category::workspace, "dw"),
+          dinp = pool.alloc(DType::f32, N * IC, Category::workspace, "dinp");
+    UnitContext c{*be, pool, spec, Batch{}, Checkpointing::none, TpContext{}};
+    ledger.clear();
+    const uint64_t before = pool.ledger().peak_total();
+    blocks::linear_backward(c, dinp.view(DType::f32, {N, IC}), dw.view(DType::f32, {OC, IC}),
+                            dout.view(DType::f32, {N, OC}), inp.view(DType::f32, {N, IC}),
+                            w.view(DType::bf16, {OC, IC}), N);
+    int casts = 0, gemms = 0;
+    double cast_bytes = 0;
+    for (const OpCost& op : ledger.ops()) {
+      casts += std::string_view(op.name) == "cast";
+      gemms += std::string_view(op.name) == "gemm";
+      if (std::string_view(op.name) == "cast") cast_bytes += op.bytes;
+    }
+    INFO(device_name(target));
+    CHECK(gemms == 2);
+    if (target == Device::cuda) {
+      CHECK(casts == 2);
+      CHECK(cast_bytes == Approx(6.0 * (N * OC + N * IC)));  // read 4 bytes, write 2, each element once
+      CHECK(pool.ledger().peak_total() == before + uint64_t(2 * N * OC));  // the rounded copy, freed after
+    } else {
+      CHECK(casts == 0);
+      CHECK(pool.ledger().peak_total() == before);
+    }
+  }
 }

@@ -84,6 +84,7 @@ TEST_CASE("the CUDA pool's ledger equals the prediction, every category, to the 
       TrainConfig cfg = small_config(dt, s);
       cfg.steps = 2;
       cfg.record_step = true;
+      cfg.device = Device::cuda;  // predicted as the GPU computes: operands rounded once where two products read them
       Pool pool(*gpu);
       auto comm = make_sim_communicator(0, 1, pool, sim_transport(cfg.comm));
       Trainer t(*gpu, pool, *comm, cfg);

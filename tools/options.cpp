@@ -341,6 +341,7 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.schedule.kind = parse_schedule(schedule);
   cfg.checkpointing = parse_checkpointing(memory.checkpointing);
   cfg.comm = comm_for(run.comm, parse_device(run.device), ctx);
+  cfg.device = parse_device(run.device);
 }
 
 std::unique_ptr<Backend> TrainOptions::backend(const Context& ctx, const TrainConfig& cfg) const {

@@ -175,8 +175,10 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& cfg);
 // model issues them (step_gemms in src/train/predict.hpp), for benchmarks' sgemm ceilings.
 using GemmObserver = std::function<void(const GemmDesc&)>;
 // With `ledger`, every operation the step issues is written to it as it would run on the ledger's
-// target device (cost.hpp), and GEMMs take low-precision operands where that device would.
-std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm = {}, CostLedger* ledger = nullptr);
+// target device (cost.hpp), and GEMMs take low-precision operands where that device would; without
+// one, low_precision_gemm() is the flag's (a memory prediction of a step on a GPU).
+std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm = {}, CostLedger* ledger = nullptr,
+                                           bool low_precision_gemm = false);
 // Throws InputError when shardlab was built without CUDA or no device is visible.
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& cfg);
 bool cuda_compiled();

@@ -42,7 +42,7 @@ std::optional<Estimate> run_step(const StepConfig& step, int world, int rank, in
   }
   TrainConfig c = step_config(step, world, rank, micro_batch, timeline);
   if (budgets) c.strategy.prefetch = auto_prefetch(step, world, rank, micro_batch, *budgets);  // no prediction left
-  auto be = make_meta_backend();
+  auto be = make_meta_backend({}, nullptr, c.device == Device::cuda);  // as the step's device computes
   Pool pool(*be);  // no budget while the model states are set up: the step's peak starts after
   auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
   Trainer t(*be, pool, *comm, c, stand_in(c.spec.seq + 1));
@@ -119,7 +119,7 @@ Estimate predict_eval(const StepConfig& step, int world, int rank, int64_t micro
   const int64_t half = c.spec.seq + 1;
   c.val_fraction = 0.5;
   c.val_batches = 1;
-  auto be = make_meta_backend();
+  auto be = make_meta_backend({}, nullptr, c.device == Device::cuda);  // as the step's device computes
   Pool pool(*be);
   auto comm = make_sim_communicator(rank, world, pool, sim_transport(c.comm));
   Trainer t(*be, pool, *comm, c, stand_in(2 * half));

@@ -35,13 +35,16 @@ int64_t operand_elems(const GemmDesc& d, bool a) {
 
 class MetaBackend final : public Backend {
  public:
-  MetaBackend(GemmObserver on_gemm, CostLedger* ledger) : on_gemm_(std::move(on_gemm)), ledger_(ledger) {}
+  MetaBackend(GemmObserver on_gemm, CostLedger* ledger, bool low_precision)
+      : on_gemm_(std::move(on_gemm)), ledger_(ledger), low_precision_(low_precision) {}
   Device device() const override { return Device::meta; }
   std::string describe() const override { return "meta (accounts for memory, computes nothing)"; }
   int threads() const override { return 1; }
   CostLedger* cost_ledger() override { return ledger_; }
-  // As the device the ledger stands for: a GPU hands bf16 parameters to its GEMMs.
-  bool low_precision_gemm() const override { return ledger_ != nullptr && ledger_->target() == Device::cuda; }
+  // As the device the ledger (or the prediction) stands for: a GPU hands bf16 parameters to its GEMMs.
+  bool low_precision_gemm() const override {
+    return ledger_ != nullptr ? ledger_->target() == Device::cuda : low_precision_;
+  }
 
   void* raw_alloc(size_t bytes) override {
     // 256-byte aligned, with a gap between blocks.
@@ -175,12 +178,13 @@ class MetaBackend final : public Backend {
   std::atomic<uintptr_t> next_{uintptr_t{0xdead} << 48};
   GemmObserver on_gemm_;
   CostLedger* ledger_;
+  bool low_precision_;  // without a ledger: low_precision_gemm()
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm, CostLedger* ledger) {
-  return std::make_unique<MetaBackend>(std::move(on_gemm), ledger);
+std::unique_ptr<Backend> make_meta_backend(GemmObserver on_gemm, CostLedger* ledger, bool low_precision_gemm) {
+  return std::make_unique<MetaBackend>(std::move(on_gemm), ledger, low_precision_gemm);
 }
 
 }  // namespace shardlab

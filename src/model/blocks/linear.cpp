@@ -1,5 +1,7 @@
 #include "src/model/blocks/linear.hpp"
 
+#include <array>
+
 #include "src/backend/ops/activation.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
@@ -16,11 +18,24 @@ void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
 
 void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N) {
   const int64_t OC = w.dim(0), IC = w.dim(1);
+  Block held;
+  const Tensor dy = rounded_once(c, dout, w.dtype(), held, "linear backward rounded dout");
   GemmDesc dx = gemm_with(w);
+  dx.a_type = dy.dtype();
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
-  c.be.gemm(dx, dout.data(), w.data(), dinp.data());
-  weight_gemm(c, weight_grad_desc(w.dtype(), OC, IC, N), dout, inp, dw);
+  c.be.gemm(dx, dy.data(), w.data(), dinp.data());
+  weight_gemm(c, weight_grad_desc(w.dtype(), OC, IC, N), dy, inp, dw);
+}
+
+Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::string& what) {
+  if (!c.be.low_precision_gemm() || to == DType::f32 || x.dtype() != DType::f32) return x;
+  held = c.pool.alloc(to, x.numel(), Category::workspace, what);
+  std::array<int64_t, Tensor::kMaxDims> shape{};
+  for (int i = 0; i < x.ndim(); ++i) shape[static_cast<size_t>(i)] = x.dim(i);
+  const Tensor r = held.flat(to).reshape(std::span<const int64_t>(shape.data(), static_cast<size_t>(x.ndim())));
+  c.be.cast(r, x);
+  return r;
 }
 
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,

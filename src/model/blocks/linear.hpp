@@ -18,6 +18,11 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
 // reference the CPU runs.
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
                    Tensor bias, Tensor aux);
+// x as the products that read it take it: where the backend's products round f32 operands to `to`
+// (low_precision_gemm(), a bf16 weight's round_inputs_to), x rounded once into `held` (workspace,
+// `what`), so that two products read one copy instead of each rounding x again (the same bits);
+// elsewhere x itself. A GemmDesc reading the result takes its dtype as that operand's.
+Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::string& what);
 // Tensors that follow one another in memory, each (rows_i, cols), as one (sum rows_i, cols) matrix
 // (InternalError when one does not follow the previous one).
 Tensor stacked(const std::vector<Tensor>& parts);

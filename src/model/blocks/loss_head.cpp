@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "src/backend/ops/loss.hpp"
+#include "src/model/blocks/linear.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 #include "src/model/tp.hpp"
 
@@ -69,13 +70,17 @@ void chunked_loss_backward(UnitContext& c, Tensor dx, Tensor dw, Tensor dlosses,
     // The logits become their gradient in place; the losses, computed again, are not needed.
     cross_entropy_rows(c, chunk.flat(DType::f32).slice(K * V, rows), logits, logits, c.batch.targets + r0,
                         chunk.flat(DType::f32).slice(K * V + K, stats), scale);
+    Block held;  // the chunk's d(logits) as both products read it
+    const Tensor dlogits = rounded_once(c, logits, w.dtype(), held, "loss chunk rounded dlogits");
     GemmDesc ddx = gemm_with(w);  // dx rows (rows, C) = dlogits (rows, V) @ w (V, C)
+    ddx.a_type = dlogits.dtype();
     ddx.m = rows, ddx.n = C, ddx.k = V;
     ddx.lda = V, ddx.ldb = C, ddx.ldc = C;
-    c.be.gemm(ddx, logits.data(), w.data(), dx.slice(r0 * C, rows * C).data());
+    c.be.gemm(ddx, dlogits.data(), w.data(), dx.slice(r0 * C, rows * C).data());
     // dw (V, C) += dlogits^T (V, rows) @ x rows (rows, C)
-    const GemmDesc ddw = weight_grad_desc(w.dtype(), V, C, rows);
-    c.be.gemm(ddw, logits.data(), x.slice(r0 * C, rows * C).data(), dw.data());
+    GemmDesc ddw = weight_grad_desc(w.dtype(), V, C, rows);
+    ddw.a_type = dlogits.dtype();
+    c.be.gemm(ddw, dlogits.data(), x.slice(r0 * C, rows * C).data(), dw.data());
   }
 }
 

@@ -16,15 +16,15 @@ void require_weight_gemm(const GemmDesc& d) {
 }  // namespace
 
 const void* DeferredWeightGrads::hold(Backend& be, Pool& pool, Tensor t, int64_t elems) {
-  SHARD_CHECK(t.dtype() == DType::f32 && t.numel() >= elems, "{}: a W operand {} {} for {} elements", unit_,
-              dtype_name(t.dtype()), t.shape_str(), elems);
+  SHARD_CHECK(t.numel() >= elems, "{}: a W operand {} {} for {} elements", unit_, dtype_name(t.dtype()),
+              t.shape_str(), elems);
   const void* data = t.data();
   if (std::find(sources_.begin(), sources_.end(), data) != sources_.end()) {
     if (std::find(wanted_.begin(), wanted_.end(), data) == wanted_.end()) wanted_.push_back(data);
     return data;
   }
-  Block copy = pool.alloc(DType::f32, elems, Category::activations, unit_ + " W operand");
-  be.copy(copy.flat(DType::f32), t.slice(0, elems));
+  Block copy = pool.alloc(t.dtype(), elems, Category::activations, unit_ + " W operand");
+  be.copy(copy.flat(t.dtype()), t.slice(0, elems));
   kept_.push_back(std::move(copy));
   return kept_.back().data();
 }
@@ -47,7 +47,9 @@ void DeferredWeightGrads::run(Backend& be, const ParamSet& g) {
   wanted_.clear();
 }
 
-void weight_gemm(UnitContext& c, const GemmDesc& d, Tensor a, Tensor b, Tensor dst) {
+void weight_gemm(UnitContext& c, const GemmDesc& desc, Tensor a, Tensor b, Tensor dst) {
+  GemmDesc d = desc;
+  d.a_type = a.dtype(), d.b_type = b.dtype();  // an operand rounded already (blocks::rounded_once) as it is
   if (c.deferred) return c.deferred->add(c.be, c.pool, d, a, b, dst);
   c.be.gemm(d, a.data(), b.data(), dst.data());
 }

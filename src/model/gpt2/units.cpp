@@ -57,15 +57,18 @@ void matmul_gelu_forward(Backend& be, Tensor out, Tensor pre, Tensor inp, Tensor
 void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                      int64_t N, int64_t IC, int64_t OC, Tensor gelu_at = {}) {
   Backend& be = c.be;
+  Block held;  // dout as both products read it
+  const Tensor dy = blocks::rounded_once(c, dout, w.dtype(), held, "matmul backward rounded dout");
   GemmDesc dx = gemm_with(w);
+  dx.a_type = dy.dtype();
   dx.trans_b = Trans::T;
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = OC, dx.ldc = IC;
   if (gelu_at.data() != nullptr)
-    blocks::gemm_epilogue(be, dx, dout.data(), w.data(), dinp, GemmEpilogue::dgelu, {}, gelu_at);
+    blocks::gemm_epilogue(be, dx, dy.data(), w.data(), dinp, GemmEpilogue::dgelu, {}, gelu_at);
   else
-    be.gemm(dx, dout.data(), w.data(), dinp.data());
-  weight_gemm(c, weight_grad_desc(w.dtype(), IC, OC, N), inp, dout, dw);
+    be.gemm(dx, dy.data(), w.data(), dinp.data());
+  weight_gemm(c, weight_grad_desc(w.dtype(), IC, OC, N), inp, dy, dw);
   be.sum_rows(Tensor(dout.data(), DType::f32, {N, OC}), dbias, true);
 }
 
@@ -332,14 +335,17 @@ class HeadUnit final : public Unit {
       blocks::chunked_loss_backward(c, dlnf_block.flat(DType::f32), g("wte.weight"), dout,
                                     tp_region_input(c, s("lnf"), rows_of(rows, N, C)), wte);
     } else {
+      Block held;  // d(logits) as both products read it
+      const Tensor dlogits = blocks::rounded_once(c, dout, wte.dtype(), held, "head backward rounded dlogits");
       GemmDesc dx = gemm_with(wte);  // dlnf (N, C) = dlogits (N, V) @ wte (V, C)
+      dx.a_type = dlogits.dtype();
       dx.m = N, dx.n = C, dx.k = V;
       dx.lda = V, dx.ldb = C, dx.ldc = C;
-      c.be.gemm(dx, dout.data(), wte.data(), dlnf_block.data());
+      c.be.gemm(dx, dlogits.data(), wte.data(), dlnf_block.data());
       // dwte (V, C) += dlogits^T (V, N) @ lnf (N, C)
       const GemmDesc dw = weight_grad_desc(wte.dtype(), V, C, N);
       const WeightGradsNow now(c);  // d(logits) is too large to hold for a W pass
-      weight_gemm(c, dw, dout, tp_region_input(c, s("lnf"), rows_of(rows, N, C)), g("wte.weight"));
+      weight_gemm(c, dw, dlogits, tp_region_input(c, s("lnf"), rows_of(rows, N, C)), g("wte.weight"));
     }
     const Tensor dlnf = dlnf_block.view(DType::f32, {N, C}), dlnf_rows = rows_of(rows, n, C, dlnf);
     tp_region_input_backward(c, dlnf, dlnf_rows);
