@@ -34,24 +34,39 @@ Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int
   return t;
 }
 
-Tensor Saved::add_f32(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {
-  kept_f32_.insert(name);
-  return add(pool, name, shape);
+Tensor Saved::add_as(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape, DType dtype) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  blocks_.push_back(pool.alloc(dtype, n, Category::activations, name));
+  Tensor t = blocks_.back().view(dtype, shape);
+  tensors_[name] = t;
+  as_stored_.insert(name);
+  return t;
+}
+
+void Saved::move_one(Backend& be, Pool& pool, const std::string& name, Tensor& t, DType to) {
+  auto old = std::find_if(blocks_.begin(), blocks_.end(), [&](const Block& b) { return b.data() == t.data(); });
+  SHARD_CHECK(old != blocks_.end(), "saved activation '{}' has no block of its own", name);
+  Block moved = pool.alloc(to, t.numel(), Category::activations, name);
+  std::array<int64_t, Tensor::kMaxDims> shape{};
+  for (int i = 0; i < t.ndim(); ++i) shape[static_cast<size_t>(i)] = t.dim(i);
+  Tensor dst = moved.flat(to).reshape(std::span<const int64_t>(shape.data(), static_cast<size_t>(t.ndim())));
+  be.cast(dst, t);
+  *old = std::move(moved);  // frees the old block
+  t = dst;
 }
 
 void Saved::move_to(Backend& be, Pool& pool, DType from, DType to) {
-  for (auto& [name, t] : tensors_) {
-    if (t.dtype() != from || kept_f32_.count(name)) continue;
-    auto old = std::find_if(blocks_.begin(), blocks_.end(), [&](const Block& b) { return b.data() == t.data(); });
-    SHARD_CHECK(old != blocks_.end(), "saved activation '{}' has no block of its own", name);
-    Block moved = pool.alloc(to, t.numel(), Category::activations, name);
-    std::array<int64_t, Tensor::kMaxDims> shape{};
-    for (int i = 0; i < t.ndim(); ++i) shape[static_cast<size_t>(i)] = t.dim(i);
-    Tensor dst = moved.flat(to).reshape(std::span<const int64_t>(shape.data(), static_cast<size_t>(t.ndim())));
-    be.cast(dst, t);
-    *old = std::move(moved);  // frees the f32 block
-    t = dst;
-  }
+  for (auto& [name, t] : tensors_)
+    if (t.dtype() == from && !as_stored_.count(name)) move_one(be, pool, name, t, to);
+}
+
+Tensor Saved::round(Backend& be, Pool& pool, const std::string& name, DType to) {
+  auto it = tensors_.find(name);
+  SHARD_CHECK(it != tensors_.end(), "no saved activation '{}' to round", name);
+  if (it->second.dtype() != to) move_one(be, pool, name, it->second, to);
+  as_stored_.insert(name);
+  return it->second;
 }
 
 void Saved::narrow(Backend& be, Pool& pool, DType to) {

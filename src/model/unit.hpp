@@ -89,12 +89,19 @@ class Saved {
  public:
   Tensor add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape);
   // As add, kept in f32 whatever the activation dtype (statistics; int32 data in an f32 block).
-  Tensor add_f32(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape);
+  Tensor add_f32(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {
+    return add_as(pool, name, shape, DType::f32);
+  }
+  // In `dtype`, kept so: narrow() and widen() leave it (a products' operand saved rounded, as
+  // blocks::save_product_operand keeps one).
+  Tensor add_as(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape, DType dtype);
   // Every tensor add() made, now f32, moved to a new `to` block (rounded to nearest even) and its
   // f32 block freed; widen() moves them back (exactly: f32 holds every bf16 value). Other views of
   // the old blocks are stale after either.
   void narrow(Backend& be, Pool& pool, DType to);
   void widen(Backend& be, Pool& pool);
+  // The tensor `name` moved to a `to` block now (rounded once) and kept so; returns it.
+  Tensor round(Backend& be, Pool& pool, const std::string& name, DType to);
   Tensor operator()(const std::string& name) const;
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   bool empty() const { return tensors_.empty(); }
@@ -106,15 +113,16 @@ class Saved {
   void clear() {
     tensors_.clear();
     blocks_.clear();
-    kept_f32_.clear();
+    as_stored_.clear();
   }
 
  private:
   void move_to(Backend& be, Pool& pool, DType from, DType to);
+  void move_one(Backend& be, Pool& pool, const std::string& name, Tensor& t, DType to);
 
   std::vector<Block> blocks_;
   std::map<std::string, Tensor> tensors_;
-  std::set<std::string> kept_f32_;  // add_f32's
+  std::set<std::string> as_stored_;  // add_as's (add_f32's)
 };
 
 // The tensor-parallel group a rank's units compute in (--tp): its degree and rank, whether

@@ -50,7 +50,8 @@ int64_t cudnn_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t
 namespace shardlab::ops {
 namespace {
 
-// The calls' shape, checked: qkv (B, T, (H + 2 KV) hd), out (B, T, H hd), lse (B, H, T), all f32.
+// The calls' shape, checked: qkv (B, T, (H + 2 KV) hd), out (B, T, H hd), lse (B, H, T); qkv and
+// out f32 or bf16 (as cuDNN reads them: used where they are, no copy), lse and workspace f32.
 FlashShape cudnn_checked(Backend& be, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KV,
                          const Tensor& workspace, bool backward, const char* op) {
   const auto [hd, vd] = packed_head_dims(qkv, H, KV, 0, op);
@@ -59,8 +60,11 @@ FlashShape cudnn_checked(Backend& be, const Tensor& qkv, const Tensor& out, cons
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
   SHARD_CHECK(out.numel() == B * T * H * hd && lse.numel() == B * H * T, "{}: qkv {} out {} lse {} H={} KV={}", op,
               qkv.shape_str(), out.shape_str(), lse.shape_str(), H, KV);
-  for (const Tensor* t : {&qkv, &out, &lse, &workspace})
-    SHARD_CHECK(t->dtype() == DType::f32, "{}: f32 tensors expected, got {}", op, dtype_name(t->dtype()));
+  for (const Tensor* t : {&lse, &workspace})
+    SHARD_CHECK(t->dtype() == DType::f32, "{}: f32 lse and workspace expected, got {}", op, dtype_name(t->dtype()));
+  for (const Tensor* t : {&qkv, &out})
+    SHARD_CHECK(t->dtype() == DType::f32 || t->dtype() == DType::bf16, "{}: f32 or bf16 qkv and out expected, got {}",
+                op, dtype_name(t->dtype()));
   const int64_t need = cudnn_attention_workspace_elems(B, T, H, KV, hd, backward);
   SHARD_CHECK(workspace.numel() >= need, "{}: workspace of {} < {} floats", op, workspace.numel(), need);
   return flash_shape_of_qkv(B, T, H, KV, hd, true);
@@ -69,6 +73,14 @@ FlashShape cudnn_checked(Backend& be, const Tensor& qkv, const Tensor& out, cons
 // n bf16 elements at byte `at` of the workspace.
 Tensor region(const Tensor& workspace, int64_t at, int64_t n) {
   return Tensor::flat(static_cast<char*>(workspace.data()) + at, DType::bf16, n, workspace.device());
+}
+
+// t as cuDNN reads it: itself when bf16, else rounded into the workspace region at `at`.
+Tensor as_bf16(Backend& be, const Tensor& t, const Tensor& workspace, int64_t at) {
+  if (t.dtype() == DType::bf16) return Tensor::flat(t.data(), DType::bf16, t.numel(), t.device());
+  const Tensor r = region(workspace, at, t.numel());
+  be.cast(r, t);
+  return r;
 }
 
 // cuDNN's products on tensor cores over the scores the causal mask leaves (about half): forward
@@ -102,8 +114,9 @@ void cudnn_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, in
   const char* op = "cudnn_attention_forward";
   const FlashShape s = cudnn_checked(be, qkv, out, lse, H, KV, workspace, false, op);
   const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
-  const Tensor qkv16 = region(workspace, 0, qkv.numel()), out16 = region(workspace, r.qkv, out.numel());
-  be.cast(qkv16, qkv);
+  const Tensor qkv16 = as_bf16(be, qkv, workspace, 0);
+  const Tensor out16 = out.dtype() == DType::bf16 ? Tensor::flat(out.data(), DType::bf16, out.numel(), out.device())
+                                                  : region(workspace, r.qkv, out.numel());
   switch (be.device()) {
     case Device::cpu: break;  // refused by cudnn_checked
     case Device::cuda:
@@ -113,7 +126,7 @@ void cudnn_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, in
       charge(be, cudnn_cost(s, false), [&] { return cuda::cudnn_attention_launches(false); });
       break;
   }
-  be.cast(out, out16);
+  if (out.dtype() != DType::bf16) be.cast(out, out16);
 }
 
 void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
@@ -125,12 +138,9 @@ void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv,
   SHARD_CHECK(dqkv.dtype() == DType::f32 && dout.dtype() == DType::f32, "{}: dqkv and dout must be f32, got {} and {}",
               op, dtype_name(dqkv.dtype()), dtype_name(dout.dtype()));
   const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
-  const Tensor qkv16 = region(workspace, 0, qkv.numel()), out16 = region(workspace, r.qkv, out.numel());
-  const Tensor dout16 = region(workspace, r.qkv + r.out, dout.numel());
+  const Tensor qkv16 = as_bf16(be, qkv, workspace, 0), out16 = as_bf16(be, out, workspace, r.qkv);
+  const Tensor dout16 = as_bf16(be, dout, workspace, r.qkv + r.out);
   const Tensor dqkv16 = region(workspace, r.qkv + 2 * r.out, dqkv.numel());
-  be.cast(qkv16, qkv);
-  be.cast(out16, out);
-  be.cast(dout16, dout);
   switch (be.device()) {
     case Device::cpu: break;
     case Device::cuda:

@@ -35,10 +35,12 @@ int64_t cudnn_attention_workspace_elems(int64_t B, int64_t T, int64_t H, int64_t
 }  // namespace shardlab
 
 namespace shardlab::ops {
-// qkv (B, T, (H + 2 KV) hd) f32, out (B, T, H hd) f32, lse (B, H, T) f32.
+// qkv (B, T, (H + 2 KV) hd), out (B, T, H hd), each f32 or bf16 (a bf16 one read or written where
+// it is; an f32 one through the workspace), lse (B, H, T) f32.
 void cudnn_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV,
                              Tensor workspace);
-// dqkv (like qkv, f32) is overwritten from dout (like out, f32) and forward's qkv, out and lse.
+// dqkv (like qkv, f32) is overwritten from dout (like out, f32) and forward's qkv, out (f32 or
+// bf16, as forward's) and lse.
 void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
                               int64_t KV, Tensor workspace);
 }  // namespace shardlab::ops

@@ -4,6 +4,7 @@
 #include "src/backend/ops/cudnn_attention.hpp"
 #include "src/backend/ops/flash_attention.hpp"
 #include "src/backend/ops/kv_cache.hpp"
+#include "src/model/blocks/linear.hpp"
 #include "src/model/parallel/cp_attention.hpp"
 
 namespace shardlab::blocks {
@@ -21,7 +22,7 @@ void check_attention_kernel(const ModelSpec& spec, Device device, bool this_bina
   if (!why.empty()) throw InputError(why);
 }
 
-Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a) {
+Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a, DType product) {
   if (c.batch.context_parallel()) return cp::attention_forward(c, s, qkv, a);  // fused, over the cp group
   if (flash(c)) {
     Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add_f32(c.pool, "lse", {a.B, a.H, a.T});
@@ -34,7 +35,14 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
   if (cudnn(c)) {  // saves what flash saves
     SHARD_CHECK(a.v() == a.hd, "cuDNN attention with values of {} channels beside {} (check_attention_kernel refuses)",
                 a.v(), a.hd);
-    Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), lse = s.add_f32(c.pool, "lse", {a.B, a.H, a.T});
+    // Where the output's products round to bf16, cuDNN's own operands are kept: qkv rounded once
+    // (read by this forward and its backward, and by nothing else) and its bf16 output.
+    const bool bf16 = products_round(c, product) && product == DType::bf16 && s.has("qkv") &&
+                      s("qkv").data() == qkv.data();
+    if (bf16) qkv = s.round(c.be, c.pool, "qkv", DType::bf16);
+    Tensor atty = bf16 ? s.add_as(c.pool, "atty", {a.B * a.T, a.H * a.v()}, DType::bf16)
+                       : s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()});
+    Tensor lse = s.add_f32(c.pool, "lse", {a.B, a.H, a.T});
     Block work = c.pool.alloc(DType::f32, cudnn_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false),
                               Category::workspace, "attention bf16 operands");
     ops::cudnn_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, work.flat(DType::f32));

@@ -26,8 +26,12 @@ struct AttentionShape {
 };
 
 // atty (B*T, H v) = attention over qkv (B, T, (H + KV) hd + KV v), saved as "atty"; the probabilities
-// are saved as "att" unless c.checkpointing drops them for backward to recompute.
-Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a);
+// are saved as "att" unless c.checkpointing drops them for backward to recompute. `product`: the
+// dtype of the output projection's weight. Where products round to bf16 (blocks::products_round),
+// cuDNN's operands are saved as it reads them: the saved "qkv" (when qkv is it) rounded once, and
+// its bf16 output, which the products read as it is; else f32.
+Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a,
+                         DType product = DType::f32);
 
 // The workspace attention_backward needs, allocated where the caller's backward allocates its
 // other workspace (so the peak holds the same blocks as before the core was shared).

@@ -10,6 +10,7 @@ namespace shardlab::blocks {
 void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
   const int64_t OC = w.dim(0), IC = w.dim(1);
   GemmDesc d = gemm_with(w);
+  d.a_type = inp.dtype();  // f32, or rounded already (save_product_operand)
   d.trans_b = Trans::T;
   d.m = N, d.n = OC, d.k = IC;
   d.lda = IC, d.ldb = IC, d.ldc = OC;
@@ -28,8 +29,10 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
   weight_gemm(c, weight_grad_desc(w.dtype(), OC, IC, N), dy, inp, dw);
 }
 
+bool products_round(const UnitContext& c, DType to) { return c.be.low_precision_gemm() && to != DType::f32; }
+
 Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::string& what) {
-  if (!c.be.low_precision_gemm() || to == DType::f32 || x.dtype() != DType::f32) return x;
+  if (!products_round(c, to) || x.dtype() != DType::f32) return x;
   held = c.pool.alloc(to, x.numel(), Category::workspace, what);
   std::array<int64_t, Tensor::kMaxDims> shape{};
   for (int i = 0; i < x.ndim(); ++i) shape[static_cast<size_t>(i)] = x.dim(i);

@@ -23,6 +23,30 @@ void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b,
 // `what`), so that two products read one copy instead of each rounding x again (the same bits);
 // elsewhere x itself. A GemmDesc reading the result takes its dtype as that operand's.
 Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::string& what);
+// Whether the backend's products round f32 operands to `to` (rounded_once's rule).
+bool products_round(const UnitContext& c, DType to);
+// Saves `name` (shape) for backward as the products that read it take it. Where they round f32
+// operands to `to` and `only_products` says nothing else reads it (and no sequence-parallel
+// gather moves it), compute(t) writes an f32 workspace, rounded once into the saved tensor
+// (Saved::add_as, kept so under --activation-dtype too), which both the forward's product and the
+// weight gradient's read as it is: the same bits as each rounding it, one cast and half the bytes.
+// Elsewhere compute writes the saved f32 tensor itself (Saved::add). Returns the saved tensor.
+template <class F>
+Tensor save_product_operand(UnitContext& c, Saved& s, const std::string& name, std::initializer_list<int64_t> shape,
+                            DType to, bool only_products, F compute) {
+  if (!only_products || c.tp.sequence_parallel() || !products_round(c, to)) {
+    Tensor t = s.add(c.pool, name, shape);
+    compute(t);
+    return t;
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  Block wide = c.pool.alloc(DType::f32, n, Category::activations, name + " before rounding");
+  compute(wide.view(DType::f32, shape));
+  Tensor t = s.add_as(c.pool, name, shape, to);
+  c.be.cast(t, wide.view(DType::f32, shape));
+  return t;
+}
 // Tensors that follow one another in memory, each (rows_i, cols), as one (sum rows_i, cols) matrix
 // (InternalError when one does not follow the previous one).
 Tensor stacked(const std::vector<Tensor>& parts);

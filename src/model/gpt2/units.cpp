@@ -26,8 +26,10 @@
 namespace shardlab {
 namespace {
 
-GemmDesc forward_desc(const Tensor& w, int64_t N, int64_t IC, int64_t OC) {
+// inp's dtype: f32, or rounded already (blocks::save_product_operand).
+GemmDesc forward_desc(const Tensor& inp, const Tensor& w, int64_t N, int64_t IC, int64_t OC) {
   GemmDesc d = gemm_with(w);
+  d.a_type = inp.dtype();
   d.m = N, d.n = OC, d.k = IC;
   d.lda = IC, d.ldb = OC, d.ldc = OC;
   return d;
@@ -35,20 +37,20 @@ GemmDesc forward_desc(const Tensor& w, int64_t N, int64_t IC, int64_t OC) {
 
 // out (N, OC) = inp (N, IC) @ W (IC, OC)
 void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N, int64_t IC, int64_t OC) {
-  be.gemm(forward_desc(w, N, IC, OC), inp.data(), w.data(), out.data());
+  be.gemm(forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out.data());
 }
 
 // out (N, OC) = inp (N, IC) @ W (IC, OC) + bias, the bias in the product's epilogue where the
 // backend fuses one (blocks::gemm_epilogue).
 void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
-  blocks::gemm_epilogue(be, forward_desc(w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias, bias, {});
+  blocks::gemm_epilogue(be, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias, bias, {});
 }
 
 // out = gelu(pre), pre (N, OC) = inp (N, IC) @ W (IC, OC) + bias: one product with its epilogue
 // where the backend fuses one.
 void matmul_gelu_forward(Backend& be, Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias, int64_t N,
                          int64_t IC, int64_t OC) {
-  blocks::gemm_epilogue(be, forward_desc(w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias_gelu, bias, pre);
+  blocks::gemm_epilogue(be, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias_gelu, bias, pre);
 }
 
 // dinp (N, IC) = dout @ W^T (overwritten; times gelu'(gelu_at) when given, GELU's backward in the
@@ -196,22 +198,30 @@ class BlockUnit final : public Unit {
     const int64_t D = tp_.degree, H = c.spec.heads / D, A = C / D, F = c.spec.ffn_hidden() / D;  // F: 4C / D
     Backend& be = c.be;
     Block rows = region_rows(c, prefix_ + "region rows");
-    Tensor ln1 = s.add(c.pool, "ln1", {n, C}), ln1_mean = s.add_f32(c.pool, "ln1_mean", {n}),
-           ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {n});
-    ops::layernorm_forward(be, ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
+    // ln1, ln2 and fch_gelu only products read: saved as they read them (save_product_operand).
+    Tensor ln1_mean = s.add_f32(c.pool, "ln1_mean", {n}), ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {n});
+    Tensor ln1 = blocks::save_product_operand(c, s, "ln1", {n, C}, wg(p, "attn.c_attn.weight").dtype(), true,
+                                              [&](Tensor t) {
+      ops::layernorm_forward(be, t, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
+    });
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * A});
     matmul_forward(be, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
                    w(p, "attn.c_attn.bias"), N, C, 3 * A);
-    Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H});
+    Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H}, wg(p, "attn.c_proj.weight").dtype());
     Tensor x2 = s.add(c.pool, "x2", {n, C});
     row_parallel_forward(c, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), rows, N, A, C);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {n, C}), ln2_mean = s.add_f32(c.pool, "ln2_mean", {n}),
-           ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {n});
-    ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
-    Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
-    matmul_gelu_forward(be, fch_gelu, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
-                        w(p, "mlp.c_fc.bias"), N, C, F);
+    Tensor ln2_mean = s.add_f32(c.pool, "ln2_mean", {n}), ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {n});
+    Tensor ln2 = blocks::save_product_operand(c, s, "ln2", {n, C}, wg(p, "mlp.c_fc.weight").dtype(), true,
+                                              [&](Tensor t) {
+      ops::layernorm_forward(be, t, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
+    });
+    Tensor fch = s.add(c.pool, "fch", {N, F});
+    Tensor fch_gelu = blocks::save_product_operand(c, s, "fch_gelu", {N, F}, wg(p, "mlp.c_proj.weight").dtype(), true,
+                                                   [&](Tensor t) {
+      matmul_gelu_forward(be, t, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
+                          w(p, "mlp.c_fc.bias"), N, C, F);
+    });
     row_parallel_forward(c, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), rows, N, F, C);
     be.add(out, x2, out);  // residual
   }

@@ -112,22 +112,30 @@ class DecoderLayerUnit final : public Unit {
   void forward(UnitContext& c, const ParamSet& p, Tensor in, Tensor out, Saved& s) override {
     const Dims d(c, tp_);
     Backend& be = c.be;
-    Tensor ln1 = s.add(c.pool, "ln1", {d.Nl, d.C}), ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {d.Nl});
-    ops::rmsnorm_forward(be, ln1, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    // ln1, ln2 (dense) and swiglu only products read: saved as they read them (save_product_operand).
+    Tensor ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {d.Nl});
+    Tensor ln1 = blocks::save_product_operand(c, s, "ln1", {d.Nl, d.C}, qkv_weight(p).dtype(), true, [&](Tensor t) {
+      ops::rmsnorm_forward(be, t, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
+    });
     // Sequence parallelism: ln1 gathered, o_proj's partial sums, ln2 gathered, down_proj's, in turn.
     Block whole = tp_whole_rows(c, prefix_ + "region rows");
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
     linear_forward(be, qkv, tp_region_input(c, ln1, tp_whole_or(whole, c, ln1)), qkv_weight(p), d.N);
     qk_norm(c, p, s, qkv, d);
     rope(c, qkv, d, false);  // q and k: the first H + KV heads of each row
-    Tensor atty = blocks::attention_forward(c, s, qkv, d.attention());
+    Tensor atty = blocks::attention_forward(c, s, qkv, d.attention(), wg(p, "self_attn.o_proj.weight").dtype());
     Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
     Tensor attn_out = tp_whole_or(whole, c, x2);
     linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     tp_region_output(c, attn_out, x2);
     be.add(x2, in, x2);  // residual
-    Tensor ln2 = s.add(c.pool, "ln2", {d.Nl, d.C}), ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {d.Nl});
-    ops::rmsnorm_forward(be, ln2, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+    // A mixture of experts' router and dispatch read ln2 too: f32 there.
+    Tensor ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {d.Nl});
+    const bool dense = !c.spec.moe.enabled();
+    Tensor ln2 = blocks::save_product_operand(c, s, "ln2", {d.Nl, d.C}, dense ? gate_up_weight(p).dtype() : DType::f32,
+                                              dense, [&](Tensor t) {
+      ops::rmsnorm_forward(be, t, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+    });
     // The MLP region (a mixture of experts too: every rank routes all N rows, gathered under SP,
     // through its slices of the experts, and the partial sums are reduced as the dense MLP's).
     mlp_forward(c, p, s, tp_region_input(c, ln2, tp_whole_or(whole, c, ln2)), tp_whole_or(whole, c, out), d);
@@ -255,9 +263,10 @@ class DecoderLayerUnit final : public Unit {
       const int64_t shape[] = {d.N, d.C};
       return blocks::moe_forward(c, s, ln2.reshape(shape), out.reshape(shape), moe_weights(c.spec, p, true));
     }
-    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F}), act = s.add(c.pool, "swiglu", {d.N, d.F});
+    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F});
     linear_forward(c.be, gate_up, ln2, gate_up_weight(p), d.N);
-    ops::swiglu_forward(c.be, act, gate_up);
+    Tensor act = blocks::save_product_operand(c, s, "swiglu", {d.N, d.F}, wg(p, "mlp.down_proj.weight").dtype(), true,
+                                              [&](Tensor t) { ops::swiglu_forward(c.be, t, gate_up); });
     linear_forward(c.be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
   }
   blocks::MoeWeights moe_weights(const ModelSpec& spec, const ParamSet& p, bool gemm) const {
