@@ -100,16 +100,18 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
       step_muon(g, grad, step, lr, grad_scale);
       continue;
     }
+    if (cfg_.kind == OptimizerKind::adamw) {  // the group's tensors in one call (one launch on CUDA)
+      std::vector<AdamWSegment> segments;
+      for (const ParamSegment& s : g.segments) segments.push_back({s.offset, s.numel, s.decay ? cfg_.weight_decay : 0.f});
+      const AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.f, step, grad_scale};
+      const int64_t n = g.param.numel();
+      ops::adamw_update_segments(be, g.param, grad, m.slice(0, n), v.slice(0, n), segments, a);
+      continue;
+    }
     for (const ParamSegment& s : g.segments) {
-      float wd = s.decay ? cfg_.weight_decay : 0.f;
-      Tensor p = g.param.slice(s.offset, s.numel), gr = grad.slice(s.offset, s.numel);
-      if (cfg_.kind == OptimizerKind::adamw) {
-        AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step, grad_scale};
-        ops::adamw_update(be, p, gr, m.slice(s.offset, s.numel), v.slice(s.offset, s.numel), a);
-      } else {
-        SgdArgs a{lr, cfg_.momentum, wd, grad_scale};
-        ops::sgd_update(be, p, gr, m.slice(s.offset, s.numel), a);
-      }
+      const SgdArgs a{lr, cfg_.momentum, s.decay ? cfg_.weight_decay : 0.f, grad_scale};
+      ops::sgd_update(be, g.param.slice(s.offset, s.numel), grad.slice(s.offset, s.numel), m.slice(s.offset, s.numel),
+                      a);
     }
   }
 }

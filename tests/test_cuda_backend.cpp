@@ -450,6 +450,45 @@ TEST_CASE("cuda cross_entropy matches the cpu backend, in place and without grad
   }
 }
 
+// adamw_update_segments: 40 segments (two launches of up to 32), of sizes from 0 to a few
+// thousand, some left out between them (their elements untouched), every other one decayed, with
+// f32 and bf16 gradients, against the CPU's adamw_update on each segment in turn.
+TEST_CASE("cuda adamw over many segments in one launch matches the cpu backend", "[cuda]") {
+  Env e;
+  std::vector<AdamWSegment> segs;
+  int64_t at = 0;
+  for (int k = 0; k < 40; ++k) {
+    const int64_t len = k == 7 ? 0 : (k * 977) % 3001 + 1;
+    segs.push_back({at, len, k % 2 ? 0.1f : 0.f});
+    at += len + (k % 3 == 0 ? 5 : 0);  // a gap after every third
+  }
+  const int64_t n = at;
+  for (DType gt : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(gt) << " gradients");
+    auto p = random_vector("seg p", n), m = random_vector("seg m", n, -0.1f, 0.1f), v = random_vector("seg v", n, 0.f, 0.01f);
+    Block gp = up(e, p, "p"), gm = up(e, m, "m"), gv = up(e, v, "v");
+    for (int64_t step = 1; step <= 2; ++step) {
+      auto g = random_vector("seg g" + std::to_string(step), n);
+      if (gt == DType::bf16)
+        for (auto& x : g) x = test::round_to(x, DType::bf16);
+      Block gg = e.upload(g, gt, "g");
+      AdamWArgs a;
+      a.lr = 1e-3f, a.step = step, a.grad_scale = 0.5f;
+      ops::adamw_update_segments(*e.gpu, Env::dev(gp, DType::f32, n), Env::dev(gg, gt, n), Env::dev(gm, DType::f32, n),
+                                 Env::dev(gv, DType::f32, n), segs, a);
+      for (const AdamWSegment& sg : segs) {
+        AdamWArgs b = a;
+        b.weight_decay = sg.weight_decay;
+        ops::adamw_update(*e.cpu, host(p).slice(sg.offset, sg.numel), host(g).slice(sg.offset, sg.numel),
+                          host(m).slice(sg.offset, sg.numel), host(v).slice(sg.offset, sg.numel), b);
+      }
+    }
+    expect_close(down(e, gp, n), p, 1e-5, 1e-7, "adamw segments param");  // gaps: both untouched
+    expect_close(down(e, gm, n), m, 1e-5, 1e-7, "adamw segments m");
+    expect_close(down(e, gv, n), v, 1e-5, 1e-7, "adamw segments v");
+  }
+}
+
 TEST_CASE("cuda adamw and sgd match the cpu backend over several steps", "[cuda]") {
   Env e;
   // 4096 elements take the float4 path, 4099 the scalar one.

@@ -175,6 +175,16 @@ struct AdamWStep {
 // g: f32, or bf16 (widened as read; its kernel takes one element a thread).
 cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, int64_t n, const AdamWStep& a,
                          cudaStream_t s);
+// adamw_update_segments: up to kAdamWSegmentsPerLaunch segments of flat p, g, m, v, each with its
+// weight decay (step.weight_decay unused), in one kernel; g f32 or bf16.
+struct AdamWSegmentTable {
+  int64_t offset[kAdamWSegmentsPerLaunch];
+  int64_t numel[kAdamWSegmentsPerLaunch];
+  float weight_decay[kAdamWSegmentsPerLaunch];
+  int count;
+};
+cudaError_t launch_adamw_segments(float* p, const void* g, DType gt, float* m, float* v, const AdamWSegmentTable& t,
+                                  const AdamWStep& a, cudaStream_t s);
 // b = mu * b + g * grad_scale + wd * p; p -= lr * b.
 cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
                        float grad_scale, cudaStream_t s);

@@ -297,6 +297,18 @@ Launches adamw_update_launches(int64_t n, bool aligned) {
 
 Launches adamw_bf16_grad_launches(int64_t n) { return grid_stride("adamw_bf16_grad_kernel", n); }
 
+Launches adamw_segments_launches(std::span<const int64_t> numels, bool bf16_grads) {
+  Launches L;
+  for (size_t first = 0; first < numels.size(); first += kAdamWSegmentsPerLaunch) {
+    const size_t count = std::min<size_t>(kAdamWSegmentsPerLaunch, numels.size() - first);
+    const int64_t most = *std::max_element(numels.begin() + first, numels.begin() + first + count);
+    if (most == 0) continue;
+    L.add(kernel(bf16_grads ? "adamw_segments_kernel<bf16>" : "adamw_segments_kernel<f32>", grid_for(most),
+                 static_cast<int64_t>(count)));
+  }
+  return L;
+}
+
 Launches sgd_update_launches(int64_t n, bool aligned) {
   return packed_or_not("sgd_kernel<4>", "sgd_kernel<1>", n, packable(n, aligned));
 }

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <span>
 
 #include "src/backend/ops/flash_shape.hpp"
 #include "src/backend/ops/mla_heads.hpp"
@@ -177,6 +178,11 @@ Launches vocab_ce_sums_launches(int64_t N, int64_t Vl);
 Launches vocab_ce_finish_launches(int64_t N, int64_t Vl);
 Launches adamw_update_launches(int64_t n, bool aligned = true);
 Launches adamw_bf16_grad_launches(int64_t n);  // bf16 gradients: one element a thread
+// adamw_update_segments: a kernel for each kAdamWSegmentsPerLaunch segments (of these element
+// counts, in order), its grid grid_for(the batch's largest) blocks x the batch's segments; bf16
+// gradients or f32 (one element a thread either way). At most 8 launches: 256 segments a call.
+inline constexpr int kAdamWSegmentsPerLaunch = 32;
+Launches adamw_segments_launches(std::span<const int64_t> numels, bool bf16_grads);
 Launches sgd_update_launches(int64_t n, bool aligned = true);
 Launches muon_momentum_launches(int64_t n);
 Launches muon_normalize_launches(int64_t n);  // the sums of squares, the norm, the divide

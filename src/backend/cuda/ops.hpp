@@ -88,6 +88,8 @@ void vocab_ce_finish(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, 
                      int64_t valid, Tensor mx, Tensor sumexp, Tensor tlogit, float dloss_scale, int64_t N, int64_t Vl);
 // ---- optimizer.cpp ----
 void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a);
+void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v,
+                           std::span<const AdamWSegment> segments, const AdamWArgs& a);
 void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a);
 // ---- muon.cpp ----
 void muon_momentum(Backend& be, Tensor grad, Tensor buf, Tensor update, const MuonMomentumArgs& a);

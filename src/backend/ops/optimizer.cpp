@@ -1,6 +1,9 @@
 // optimizer.cpp — the optimizer update family's checks and dispatch (optimizer.hpp).
 #include "src/backend/ops/optimizer.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cuda/ops.hpp"
 
@@ -32,6 +35,48 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
                                   : cuda::adamw_update_launches(param.numel());
                     });
     }
+  }
+}
+
+void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v,
+                           std::span<const AdamWSegment> segments, const AdamWArgs& a) {
+  const char* op = "adamw_update_segments";
+  constexpr size_t kPerCall = 8 * cuda::kAdamWSegmentsPerLaunch;  // what one Launches list holds
+  if (segments.size() > kPerCall) {
+    for (size_t first = 0; first < segments.size(); first += kPerCall)
+      adamw_update_segments(be, param, grad, m, v, segments.subspan(first, std::min(kPerCall, segments.size() - first)),
+                            a);
+    return;
+  }
+  check_same_numel(param, grad, op);
+  check_same_numel(param, m, op);
+  check_same_numel(param, v, op);
+  SHARD_CHECK(grad.dtype() == DType::f32 || grad.dtype() == DType::bf16, "{}: f32 or bf16 gradients, got {}", op,
+              dtype_name(grad.dtype()));
+  double n = 0;
+  std::vector<int64_t> numels;
+  for (const AdamWSegment& s : segments) {
+    SHARD_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= param.numel(),
+                "{}: segment [{}, {}) of {} elements", op, s.offset, s.offset + s.numel, param.numel());
+    n += static_cast<double>(s.numel);
+    numels.push_back(s.numel);
+  }
+  const bool bf16 = grad.dtype() == DType::bf16;
+  switch (be.device()) {
+    case Device::cpu:
+      for (const AdamWSegment& s : segments) {
+        AdamWArgs b = a;
+        b.weight_decay = s.weight_decay;
+        adamw_update(be, param.slice(s.offset, s.numel), grad.slice(s.offset, s.numel), m.slice(s.offset, s.numel),
+                     v.slice(s.offset, s.numel), b);
+      }
+      return;
+    case Device::cuda:
+      if constexpr (kWithCuda) cuda::adamw_update_segments(be, param, grad, m, v, segments, a);
+      return;
+    case Device::meta:
+      return charge(be, {.name = "adamw_update", .flops = 16.0 * n, .bytes = n * (6 * 4 + dtype_size(grad.dtype()))},
+                    [&] { return cuda::adamw_segments_launches(numels, bf16); });
   }
 }
 

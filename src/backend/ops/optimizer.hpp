@@ -1,6 +1,8 @@
 // optimizer.hpp — the optimizer update family: AdamW and SGD steps over flat f32 buffers (any
 // shard of them). Conventions: ops/dispatch.hpp.
 #pragma once
+#include <span>
+
 #include "src/backend/ops/dispatch.hpp"
 
 namespace shardlab {
@@ -18,9 +20,21 @@ struct SgdArgs {
   float grad_scale = 1.f;
 };
 
+// One tensor's elements [offset, offset + numel) of a flat buffer, with its weight decay.
+struct AdamWSegment {
+  int64_t offset = 0, numel = 0;
+  float weight_decay = 0.f;
+};
+
 namespace ops {
 
 void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a);
+// adamw_update over each segment of the flat param, grad, m and v (the same offsets in each; a's
+// weight_decay unused: the segment's), every element as adamw_update computes it: on CUDA one
+// launch for up to cuda::kAdamWSegmentsPerLaunch segments (a rank's share of a unit, most often)
+// instead of one per tensor; the segments in turn elsewhere.
+void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v,
+                           std::span<const AdamWSegment> segments, const AdamWArgs& a);
 void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a);
 
 }  // namespace ops
