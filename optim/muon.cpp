@@ -62,8 +62,8 @@ void newton_schulz(Pool& pool, Tensor g, Tensor out, int64_t rows, int64_t cols,
   const bool round = bf16 && S == DType::f32;  // bf16 arithmetic on f32 storage
   const bool wide = rows <= cols;
   const int64_t m = wide ? rows : cols;  // the Gram matrix's side
-  // Sized for f32 on every backend: the memory prediction (the meta backend, which does not know
-  // the device it stands for) then holds where the storage is bf16.
+  // Sized for f32 on every backend, bf16 storage included: one size whatever dtype S the backend
+  // computes in, so the memory prediction holds without asking which.
   Block xb = pool.alloc(DType::f32, n, Category::workspace, "muon iteration X");
   Block yb = pool.alloc(DType::f32, n, Category::workspace, "muon iteration X'");
   Block ab = pool.alloc(DType::f32, m * m, Category::workspace, "muon iteration gram");

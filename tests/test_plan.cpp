@@ -540,22 +540,30 @@ TEST_CASE("plan: the bound that rules layouts out is under every stage's predict
   // Exhaustive walks predict every layout and check each stage's peak against its bound (model
   // states, the activations of the micro-batches in flight, a gathered block): an InternalError
   // if a bound were over. Both families, the scores kept (no fused kernel), experts, pipelines,
-  // context parallelism, f32 and bf16.
+  // context parallelism, f32 and bf16; bf16 saved activations; a GPU's step (its products' operands
+  // saved in bf16, cuDNN's too), as plan predicts for its --gpu presets.
   struct Case {
     const char* preset;
     int world;
     int64_t seq;
     AttentionKernel attention;
     DType dt;
+    DType activations = DType::f32;
+    Device device = Device::cpu;
   };
   for (const Case& c : {Case{"tiny", 8, 0, AttentionKernel::flash, DType::bf16},
                         Case{"tiny", 4, 0, AttentionKernel::naive, DType::f32},
                         Case{"llama-tiny", 8, 512, AttentionKernel::flash, DType::bf16},
-                        Case{"qwen3-moe-tiny", 4, 0, AttentionKernel::flash, DType::bf16}}) {
-    CAPTURE(c.preset, c.world);
+                        Case{"qwen3-moe-tiny", 4, 0, AttentionKernel::flash, DType::bf16},
+                        Case{"tiny", 4, 0, AttentionKernel::naive, DType::bf16, DType::bf16},
+                        Case{"tiny", 8, 0, AttentionKernel::cudnn, DType::bf16, DType::f32, Device::cuda},
+                        Case{"llama-tiny", 4, 0, AttentionKernel::cudnn, DType::bf16, DType::bf16, Device::cuda}}) {
+    CAPTURE(c.preset, c.world, attention_kernel_name(c.attention), dtype_name(c.activations), device_name(c.device));
     PlanConfig pc = plan_for(c.preset, c.world, uint64_t{1} << 40, c.dt);
     if (c.seq) pc.train.spec.seq = c.seq;
     pc.train.spec.attention = c.attention;
+    pc.train.spec.activation_dtype = c.activations;
+    pc.train.device = c.device;
     pc.exhaustive = true;
     const PlanResult plan = make_plan(pc);
     CHECK(plan.predictions > 100);
@@ -575,6 +583,7 @@ TEST_CASE("plan: Megatron's published 1T row fits 80 GB with bf16 activations, n
   s.layers = 128, s.dim = 25600, s.heads = 160, s.seq = 2048, s.vocab = 51200;
   s.attention = AttentionKernel::naive;  // the paper's attention keeps its probabilities
   pc.train.strategy.precision.param_dtype = pc.train.strategy.precision.reduce_dtype = DType::bf16;
+  pc.train.device = Device::cuda;  // as plan predicts for a --gpu preset
   pc.world = 512;
   pc.device_memory = uint64_t{78} << 30;
   pc.global_batch = 512;

@@ -91,7 +91,11 @@ Block Saved::take(const void* data) {
     if (it->data() == data) {
       Block b = std::move(*it);
       blocks_.erase(it);
-      std::erase_if(tensors_, [&](const auto& kv) { return kv.second.data() == data; });
+      std::erase_if(tensors_, [&](const auto& kv) {
+        if (kv.second.data() != data) return false;
+        as_stored_.erase(kv.first);
+        return true;
+      });
       return b;
     }
   return Block();

@@ -173,9 +173,10 @@ class Unit {
   virtual bool recomputable() const { return false; }
   // Elements (f32) of this unit's output for a (B, T) batch; the runner allocates it.
   virtual int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const { return B * T * s.dim; }
-  // Elements (f32) its training forward keeps in `saved` for a (B, T) batch under `ck`, at least
-  // (T the rank's positions: under context parallelism its pieces'): plan rules layouts out with
-  // it before predicting them, and checks each prediction's peak against it. 0 unless written.
+  // Elements its training forward keeps in `saved` for a (B, T) batch under `ck`, at least (T the
+  // rank's positions: under context parallelism its pieces'), each of 2 bytes at least (f32, or
+  // bf16: --activation-dtype, a GPU's products' operands): plan rules layouts out with it before
+  // predicting them, and checks each prediction's peak against it. 0 unless written.
   virtual int64_t saved_elems_at_least(const ModelSpec&, int64_t /*B*/, int64_t /*T*/, Checkpointing /*ck*/,
                                        bool /*context_parallel*/) const {
     return 0;

@@ -90,7 +90,10 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
   // Each of the stage's chunks: its received input and the outputs and saved tensors of its
   // units (in f32 elements: a saved one counts as half of one under --activation-dtype bf16), and
   // its last unit's output.
-  const double saved_share = double(dtype_size(s.activation_dtype)) / sizeof(float);
+  // On a GPU with low-precision parameters some are bf16 whatever the flag (the products' operands,
+  // blocks::save_product_operand): there every saved element counts 2 bytes, still a lower bound.
+  const bool gpu_rounds = c_.train.device == Device::cuda && c_.train.strategy.precision.param_dtype != DType::f32;
+  const double saved_share = double(gpu_rounds ? 2 : dtype_size(s.activation_dtype)) / sizeof(float);
   const std::vector<std::pair<int, int>>& chunks = f.chunks.at(ks);
   std::vector<double> whole(chunks.size()), last_out(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {

@@ -62,6 +62,7 @@ void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Ten
     numels.push_back(s.numel);
   }
   const bool bf16 = grad.dtype() == DType::bf16;
+  if (n == 0) return;  // nothing to update: no launch on CUDA, nothing in the ledger
   switch (be.device()) {
     case Device::cpu:
       for (const AdamWSegment& s : segments) {

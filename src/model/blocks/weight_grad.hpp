@@ -75,8 +75,9 @@ class WeightGradsNow {
 // dst (m, n) += A^T B, the weight-gradient GEMM `d` of a backward (trans_a T, trans_b N, beta 1,
 // A (k, m) with lda, B (k, n) with ldb): computed now, or held in c.deferred when it is set.
 void weight_gemm(UnitContext& c, const GemmDesc& d, Tensor a, Tensor b, Tensor dst);
-// The descriptor of dW (m, n) += A^T B for A (k, m) and B (k, n), contiguous: both operands are f32
-// activations, rounded as the weight (of dtype `weight`) is.
+// The descriptor of dW (m, n) += A^T B for A (k, m) and B (k, n), contiguous: f32 operands rounded as
+// the weight (of dtype `weight`) is; weight_gemm sets the operands' dtypes from its tensors (one
+// rounded already, blocks::rounded_once or save_product_operand, is read as it is).
 inline GemmDesc weight_grad_desc(DType weight, int64_t m, int64_t n, int64_t k) {
   GemmDesc d;
   d.round_inputs_to = weight;
