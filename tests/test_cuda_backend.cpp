@@ -181,6 +181,16 @@ TEST_CASE("cuda element-wise ops, casts and reductions match the cpu backend", "
       got = e.download(gs, DType::f32, cols);
       for (int64_t c = 0; c < cols; ++c) REQUIRE(got[c] == Approx(cs[c]).epsilon(1e-6).margin(1e-5));
     }
+    // The same rows in bf16 (cuDNN's d(q k v)), against the CPU's sums of their bf16 values.
+    Block gb = e.upload(m, DType::bf16, "m bf16");
+    std::vector<float> rounded(m.size());
+    for (size_t i = 0; i < m.size(); ++i) rounded[i] = test::round_to(m[i], DType::bf16);
+    std::vector<float> cb(cols, 0.f);
+    Block gbs = e.upload(cb, DType::f32, "colsum bf16");
+    e.gpu->sum_rows(Tensor(gb.data(), DType::bf16, {rows, cols}, Device::cuda), gbs.flat(DType::f32), false);
+    e.cpu->sum_rows(Tensor(rounded.data(), DType::f32, {rows, cols}), host(cb), false);
+    got = e.download(gbs, DType::f32, cols);
+    for (int64_t c = 0; c < cols; ++c) REQUIRE(got[c] == Approx(cb[c]).epsilon(1e-6).margin(1e-5));
   }
 
   // fill, in every dtype.

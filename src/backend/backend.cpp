@@ -62,6 +62,13 @@ void check_add_into(const Tensor& dst, const Tensor& src) {
                 dtype_name(t->dtype()));
 }
 
+void check_sum_rows(const Tensor& x, const Tensor& out) {
+  SHARD_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "sum_rows: f32 or bf16 x, got {}",
+              dtype_name(x.dtype()));
+  check_f32(out, "sum_rows");
+  SHARD_CHECK(x.ndim() == 2 && out.numel() == x.dim(1), "sum_rows: x {} and out {}", x.shape_str(), out.shape_str());
+}
+
 const char* gemm_epilogue_name(GemmEpilogue e) {
   switch (e) {
     case GemmEpilogue::bias: return "bias";

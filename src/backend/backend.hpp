@@ -165,7 +165,8 @@ class Backend {
   virtual void sum(Tensor x, Tensor out, bool accumulate) = 0;
   virtual void sum_squares(Tensor x, Tensor out, bool accumulate) = 0;
   virtual void max_abs(Tensor x, Tensor out, bool accumulate) = 0;
-  // out[c] (+)= sum_r x[r, c] for x of shape (rows, cols): bias gradients.
+  // out[c] (+)= sum_r x[r, c] for x of shape (rows, cols), f32 or bf16 (widened as read; out f32):
+  // bias gradients.
   virtual void sum_rows(Tensor x, Tensor out, bool accumulate) = 0;
 };
 
@@ -200,5 +201,6 @@ void check_add_into(const Tensor& dst, const Tensor& src);
 // check_gemm, and what gemm_epilogue asks of the product and its operands.
 void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const float* aux);
 int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
+void check_sum_rows(const Tensor& x, const Tensor& out);  // x (rows, cols) f32 or bf16, out (cols) f32
 
 }  // namespace shardlab

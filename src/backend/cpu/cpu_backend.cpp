@@ -193,27 +193,30 @@ class CpuBackend final : public Backend {
   }
 
   void sum_rows(Tensor x, Tensor out, bool accumulate) override {
-    check_f32(x, "sum_rows");
-    check_f32(out, "sum_rows");
-    SHARD_CHECK(x.ndim() == 2 && out.numel() == x.dim(1), "sum_rows: x {} and out {}", x.shape_str(),
-                out.shape_str());
-    int64_t rows = x.dim(0), cols = x.dim(1);
-    const float* xp = x.ptr<float>();
+    check_sum_rows(x, out);
+    if (x.dtype() == DType::bf16) return sum_rows_of(static_cast<const uint16_t*>(x.data()), x, out, accumulate);
+    sum_rows_of(x.ptr<float>(), x, out, accumulate);
+  }
+
+ private:
+  static float widened(float v) { return v; }
+  static float widened(uint16_t bits) { return bf16_bits_to_f32(bits); }
+  // Columns split across threads; each thread walks rows in order, so the result is deterministic.
+  template <class T>
+  static void sum_rows_of(const T* xp, const Tensor& x, Tensor out, bool accumulate) {
+    const int64_t rows = x.dim(0), cols = x.dim(1);
     float* op = out.ptr<float>();
-    // Columns split across threads; each thread walks rows in order, so the result is deterministic.
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
     for (int64_t c0 = 0; c0 < cols; c0 += 256) {
       int64_t c1 = std::min(cols, c0 + 256);
       double acc[256] = {};
       for (int64_t r = 0; r < rows; ++r) {
-        const float* row = xp + r * cols;
-        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+        const T* row = xp + r * cols;
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += widened(row[c]);
       }
       for (int64_t c = c0; c < c1; ++c) op[c] = static_cast<float>((accumulate ? op[c] : 0.0) + acc[c - c0]);
     }
   }
-
- private:
   static void check_elementwise(const Tensor& a, const Tensor& b, const char* op) {
     check_f32(a, op);
     check_f32(b, op);

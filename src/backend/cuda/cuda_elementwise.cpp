@@ -84,13 +84,11 @@ void CudaBackend::max_abs(Tensor x, Tensor out, bool accumulate) {
 }
 
 void CudaBackend::sum_rows(Tensor x, Tensor out, bool accumulate) {
-  check_f32(x, "sum_rows");
-  check_f32(out, "sum_rows");
-  SHARD_CHECK(x.ndim() == 2 && out.numel() == x.dim(1), "sum_rows: x {} and out {}", x.shape_str(), out.shape_str());
+  check_sum_rows(x, out);
   const int64_t rows = x.dim(0), cols = x.dim(1);
   auto* partial = static_cast<double*>(
       device_scratch(static_cast<size_t>(cuda::sum_rows_chunks(rows, cols) * std::max<int64_t>(cols, 1)) * sizeof(double)));
-  CUDA_CHECK(launch_sum_rows(x.ptr<float>(), rows, cols, partial, out.ptr<float>(), accumulate, compute_));
+  CUDA_CHECK(launch_sum_rows(x.data(), x.dtype(), rows, cols, partial, out.ptr<float>(), accumulate, compute_));
 }
 
 }  // namespace shardlab::cuda

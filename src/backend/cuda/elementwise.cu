@@ -79,14 +79,18 @@ __global__ void reduce_final_kernel(const double* partial, int count, ReduceKind
 // Block (tile, chunk) of kWarp x kRowsPerBlock threads: thread (tx, ty) sums column tile kWarp + tx
 // over rows ty, ty + kRowsPerBlock, ... of the chunk (a warp reads kWarp adjacent floats), then the
 // block's rows of partial sums are added in order.
-__global__ void sum_rows_partial_kernel(const float* x, int64_t rows, int64_t cols, int64_t chunk_rows,
-                                        double* partial) {
+// x f32 or bf16 (widened as read).
+__device__ __forceinline__ double widened(float v) { return v; }
+__device__ __forceinline__ double widened(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__global__ void sum_rows_partial_kernel(const T* x, int64_t rows, int64_t cols, int64_t chunk_rows, double* partial) {
   __shared__ double part[kRowsPerBlock][kWarp + 1];
   const int64_t c = blockIdx.x * (int64_t)kWarp + threadIdx.x;
   const int64_t r0 = blockIdx.y * chunk_rows, r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
   double acc = 0.0;
   if (c < cols)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) acc += x[r * cols + c];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) acc += widened(x[r * cols + c]);
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || c >= cols) return;
@@ -161,11 +165,15 @@ cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* parti
   return cudaGetLastError();
 }
 
-cudaError_t launch_sum_rows(const float* x, int64_t rows, int64_t cols, double* partial, float* out, bool accumulate,
-                            cudaStream_t s) {
+cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, float* out,
+                            bool accumulate, cudaStream_t s) {
   const Launches L = sum_rows_launches(rows, cols);
-  sum_rows_partial_kernel<<<dim3(L[0].x, L[0].y), dim3(kWarp, kRowsPerBlock), 0, s>>>(
-      x, rows, cols, sum_rows_chunk_rows(rows, cols), partial);
+  const dim3 grid(L[0].x, L[0].y), block(kWarp, kRowsPerBlock);
+  const int64_t chunk = sum_rows_chunk_rows(rows, cols);
+  if (xt == DType::bf16)
+    sum_rows_partial_kernel<<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(x), rows, cols, chunk, partial);
+  else
+    sum_rows_partial_kernel<<<grid, block, 0, s>>>(static_cast<const float*>(x), rows, cols, chunk, partial);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   sum_rows_fold_kernel<<<L[1].x, kThreads, 0, s>>>(partial, L[0].y, cols, out, accumulate);

@@ -135,12 +135,14 @@ void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv,
   const FlashShape s = cudnn_checked(be, qkv, out, lse, H, KV, workspace, true, op);
   check_same_numel(dqkv, qkv, op);
   check_same_numel(dout, out, op);
-  SHARD_CHECK(dqkv.dtype() == DType::f32 && dout.dtype() == DType::f32, "{}: dqkv and dout must be f32, got {} and {}",
-              op, dtype_name(dqkv.dtype()), dtype_name(dout.dtype()));
+  SHARD_CHECK((dqkv.dtype() == DType::f32 || dqkv.dtype() == DType::bf16) && dout.dtype() == DType::f32,
+              "{}: dqkv f32 or bf16 and dout f32 expected, got {} and {}", op, dtype_name(dqkv.dtype()),
+              dtype_name(dout.dtype()));
   const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
   const Tensor qkv16 = as_bf16(be, qkv, workspace, 0), out16 = as_bf16(be, out, workspace, r.qkv);
   const Tensor dout16 = as_bf16(be, dout, workspace, r.qkv + r.out);
-  const Tensor dqkv16 = region(workspace, r.qkv + 2 * r.out, dqkv.numel());
+  const Tensor dqkv16 = dqkv.dtype() == DType::bf16 ? Tensor::flat(dqkv.data(), DType::bf16, dqkv.numel(), dqkv.device())
+                                                    : region(workspace, r.qkv + 2 * r.out, dqkv.numel());
   switch (be.device()) {
     case Device::cpu: break;
     case Device::cuda:
@@ -152,7 +154,7 @@ void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv,
       charge(be, cudnn_cost(s, true), [&] { return cuda::cudnn_attention_launches(true); });
       break;
   }
-  be.cast(dqkv, dqkv16);
+  if (dqkv.dtype() != DType::bf16) be.cast(dqkv, dqkv16);
 }
 
 }  // namespace shardlab::ops

@@ -71,7 +71,7 @@ void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tenso
   else
     be.gemm(dx, dy.data(), w.data(), dinp.data());
   weight_gemm(c, weight_grad_desc(w.dtype(), IC, OC, N), inp, dy, dw);
-  be.sum_rows(Tensor(dout.data(), DType::f32, {N, OC}), dbias, true);
+  be.sum_rows(Tensor(dout.data(), dout.dtype(), {N, OC}, dout.device()), dbias, true);
 }
 
 Tensor flat_view(const Block& b, std::initializer_list<int64_t> shape) { return b.view(DType::f32, shape); }
@@ -259,7 +259,9 @@ class BlockUnit final : public Unit {
     matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
                     tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
                     N, A, C);
-    Tensor dqkv = big.view(DType::f32, {B, T, 3 * A});
+    // Where cuDNN kept q, k, v in bf16 (attention_forward), it writes their gradient in bf16 too:
+    // c_attn's products read it as they would round it, its bias gradient widens it as it sums.
+    Tensor dqkv = big.view(s("qkv").dtype(), {B, T, 3 * A});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), shape, prefix_);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
     matmul_backward(c, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv,
