@@ -102,7 +102,8 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
     }
     if (cfg_.kind == OptimizerKind::adamw) {  // the group's tensors in one call (one launch on CUDA)
       std::vector<AdamWSegment> segments;
-      for (const ParamSegment& s : g.segments) segments.push_back({s.offset, s.numel, s.decay ? cfg_.weight_decay : 0.f});
+      for (const ParamSegment& s : g.segments)
+        segments.push_back({s.offset, s.numel, s.decay ? cfg_.weight_decay : 0.f});
       const AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.f, step, grad_scale};
       const int64_t n = g.param.numel();
       ops::adamw_update_segments(be, g.param, grad, m.slice(0, n), v.slice(0, n), segments, a);

@@ -22,7 +22,9 @@ struct Case {
 std::vector<Case> cases(int world) {
   if (world == 1) return {{"one rank", StrategyKind::ddp}};
   if (world == 2)
-    return {{"zero3 x 2", StrategyKind::zero3}, {"tp 2 + sp", StrategyKind::ddp, 2}, {"pp 2 1f1b", StrategyKind::ddp, 1, 2}};
+    return {{"zero3 x 2", StrategyKind::zero3},
+            {"tp 2 + sp", StrategyKind::ddp, 2},
+            {"pp 2 1f1b", StrategyKind::ddp, 1, 2}};
   return {};
 }
 

@@ -475,7 +475,8 @@ TEST_CASE("cuda adamw over many segments in one launch matches the cpu backend",
   const int64_t n = at;
   for (DType gt : {DType::f32, DType::bf16}) {
     INFO(dtype_name(gt) << " gradients");
-    auto p = random_vector("seg p", n), m = random_vector("seg m", n, -0.1f, 0.1f), v = random_vector("seg v", n, 0.f, 0.01f);
+    auto p = random_vector("seg p", n), m = random_vector("seg m", n, -0.1f, 0.1f);
+    auto v = random_vector("seg v", n, 0.f, 0.01f);
     Block gp = up(e, p, "p"), gm = up(e, m, "m"), gv = up(e, v, "v");
     for (int64_t step = 1; step <= 2; ++step) {
       auto g = random_vector("seg g" + std::to_string(step), n);

@@ -46,7 +46,8 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   cli::set_zeropp(pc, f);
   pc.train.layout.cp.method = parse_cp_method(f.mesh.cp_method);  // a setting, not searched
   cli::set_device(pc, f, vm);
-  // Predicted as the --gpu preset's device runs the step; measured here (--calibrate, --measure-top) as the CPU runs it.
+  // Predicted as the --gpu preset's device runs the step; as the CPU runs it where it is measured
+  // here (--calibrate, --measure-top).
   pc.train.device = f.calibrate || f.measure_top > 0 ? Device::cpu : Device::cuda;
   pc.keep = static_cast<size_t>(std::max({f.show, f.measure_top, f.ledger_top, 1}));
   SHARD_REQUIRE(f.ledger_top >= 0 && (f.ledger_top == 0 || !f.calibrate),

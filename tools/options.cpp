@@ -340,8 +340,8 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.optim.kind = parse_optimizer(optimizer);
   cfg.schedule.kind = parse_schedule(schedule);
   cfg.checkpointing = parse_checkpointing(memory.checkpointing);
-  cfg.comm = comm_for(run.comm, parse_device(run.device), ctx);
   cfg.device = parse_device(run.device);
+  cfg.comm = comm_for(run.comm, cfg.device, ctx);
 }
 
 std::unique_ptr<Backend> TrainOptions::backend(const Context& ctx, const TrainConfig& cfg) const {

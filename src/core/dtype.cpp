@@ -33,13 +33,12 @@ DType parse_dtype(std::string_view s) {
   throw InputError(fmt::format("unknown dtype '{}': expected f32, bf16 or f16", s));
 }
 
+// Round to nearest even (add 0x7fff plus the lowest kept bit, then truncate); a NaN stays a NaN,
+// made quiet. Without branches, so convert's loop over it vectorises.
 uint16_t f32_to_bf16_bits(float x) {
-  uint32_t u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
-  uint32_t lsb = (u >> 16) & 1u;
-  u += 0x7fffu + lsb;
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
 uint16_t f32_to_f16_bits(float x) {
@@ -109,22 +108,18 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
     if (src != dst) std::memmove(dst, src, n * dtype_size(src_type));
     return;
   }
-  // The two conversions bf16 training runs in bulk, as loops the compiler vectorises: the same
-  // bits as f32_to_bf16_bits and bf16_bits_to_f32, without a call and a switch per element.
+  // The two conversions bf16 training runs in bulk, as loops the compiler vectorises: the scalar
+  // conversions inlined, without a switch per element.
   if (src_type == DType::f32 && dst_type == DType::bf16) {
-    const uint32_t* s = static_cast<const uint32_t*>(src);
+    const float* s = static_cast<const float*>(src);
     uint16_t* d = static_cast<uint16_t*>(dst);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t u = s[i];
-      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x0040u;
-      d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-    }
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16_bits(s[i]);
     return;
   }
   if (src_type == DType::bf16 && dst_type == DType::f32) {
     const uint16_t* s = static_cast<const uint16_t*>(src);
-    uint32_t* d = static_cast<uint32_t*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = uint32_t{s[i]} << 16;
+    float* d = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = bf16_bits_to_f32(s[i]);
     return;
   }
   for (size_t i = 0; i < n; ++i) store(dst, dst_type, i, load(src, src_type, i));

@@ -42,6 +42,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   int ndim() const { return ndim_; }
+  std::span<const int64_t> shape() const { return {shape_.data(), static_cast<size_t>(ndim_)}; }
   int64_t dim(int i) const {
     SHARD_CHECK(i >= 0 && i < ndim_, "dimension {} of a rank-{} tensor", i, ndim_);
     return shape_[i];
@@ -96,8 +97,6 @@ inline std::string shape_str(std::span<const int64_t> dims) {
   return s + ")";
 }
 
-inline std::string Tensor::shape_str() const {
-  return shardlab::shape_str(std::span<const int64_t>(shape_.data(), static_cast<size_t>(ndim_)));
-}
+inline std::string Tensor::shape_str() const { return shardlab::shape_str(shape()); }
 
 }  // namespace shardlab

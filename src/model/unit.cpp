@@ -1,7 +1,6 @@
 #include "src/model/unit.hpp"
 
 #include <algorithm>
-#include <array>
 
 #include "src/model/parallel/cp.hpp"
 #include "src/model/parallel/ep.hpp"
@@ -48,9 +47,7 @@ void Saved::move_one(Backend& be, Pool& pool, const std::string& name, Tensor& t
   auto old = std::find_if(blocks_.begin(), blocks_.end(), [&](const Block& b) { return b.data() == t.data(); });
   SHARD_CHECK(old != blocks_.end(), "saved activation '{}' has no block of its own", name);
   Block moved = pool.alloc(to, t.numel(), Category::activations, name);
-  std::array<int64_t, Tensor::kMaxDims> shape{};
-  for (int i = 0; i < t.ndim(); ++i) shape[static_cast<size_t>(i)] = t.dim(i);
-  Tensor dst = moved.flat(to).reshape(std::span<const int64_t>(shape.data(), static_cast<size_t>(t.ndim())));
+  const Tensor dst = moved.flat(to).reshape(t.shape());
   be.cast(dst, t);
   *old = std::move(moved);  // frees the old block
   t = dst;

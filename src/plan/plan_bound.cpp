@@ -88,10 +88,9 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
   const size_t ks = static_cast<size_t>(k);
   const std::vector<int>& flights = in_flight(e, k);
   // Each of the stage's chunks: its received input and the outputs and saved tensors of its
-  // units (in f32 elements: a saved one counts as half of one under --activation-dtype bf16), and
-  // its last unit's output.
-  // On a GPU with low-precision parameters some are bf16 whatever the flag (the products' operands,
-  // blocks::save_product_operand): there every saved element counts 2 bytes, still a lower bound.
+  // units, and its last unit's output, in f32 elements. A saved element counts half of one under
+  // --activation-dtype bf16, and on a GPU with low-precision parameters, where some are bf16
+  // whatever the flag (blocks::save_product_operand): 2 bytes each, still a lower bound.
   const bool gpu_rounds = c_.train.device == Device::cuda && c_.train.strategy.precision.param_dtype != DType::f32;
   const double saved_share = double(gpu_rounds ? 2 : dtype_size(s.activation_dtype)) / sizeof(float);
   const std::vector<std::pair<int, int>>& chunks = f.chunks.at(ks);

@@ -50,9 +50,9 @@ class PlanBounds {
   // model states (all set up before the step and live through it): each micro-batch in flight's
   // activations on the stage (f32; the saved ones in --activation-dtype), that is every unit's
   // output (a chunk's last one only for the chunk just run: the others were sent on), what the
-  // units saved for their backward (Unit::saved_elems_at_least) and each chunk's received input; and under ZeRO-3 the parameters
-  // of the unit just run when it is a block, gathered whole for its compute (a head's may be tied);
-  // with parameters below f32, that unit's f32 compute copy (shard/mixed_precision.hpp: made for its
+  // units saved for their backward (Unit::saved_elems_at_least) and each chunk's received input;
+  // and under ZeRO-3 the parameters of the unit just run when it is a block, gathered whole for
+  // its compute (a head's may be tied); with parameters below f32, that unit's f32 compute copy (shard/mixed_precision.hpp: made for its
   // forward, released after it). A second moment, under ZeRO-1 over MPI with gradients reduced below f32 and no offload: the
   // stage's last backward, when every unit's gradient reduce-scatter has been issued and none is
   // waited for before the optimizer step (shard/zero.cpp), each staged in f32 by the transport

@@ -80,9 +80,6 @@ __global__ void reduce_final_kernel(const double* partial, int count, ReduceKind
 // over rows ty, ty + kRowsPerBlock, ... of the chunk (a warp reads kWarp adjacent floats), then the
 // block's rows of partial sums are added in order.
 // x f32 or bf16 (widened as read).
-__device__ __forceinline__ double widened(float v) { return v; }
-__device__ __forceinline__ double widened(__nv_bfloat16 v) { return __bfloat162float(v); }
-
 template <class T>
 __global__ void sum_rows_partial_kernel(const T* x, int64_t rows, int64_t cols, int64_t chunk_rows, double* partial) {
   __shared__ double part[kRowsPerBlock][kWarp + 1];
@@ -90,7 +87,7 @@ __global__ void sum_rows_partial_kernel(const T* x, int64_t rows, int64_t cols, 
   const int64_t r0 = blockIdx.y * chunk_rows, r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
   double acc = 0.0;
   if (c < cols)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) acc += widened(x[r * cols + c]);
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) acc += to_f32(x[r * cols + c]);
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || c >= cols) return;

@@ -38,6 +38,10 @@ __device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
   }
 }
 
+// A stored element as f32, for kernels templated on their input's type (f32 or bf16).
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
 #define GRID_STRIDE_LOOP(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 

@@ -27,8 +27,9 @@ cudaError_t launch_add_into(void* dst, DType dst_type, const void* src, DType sr
 cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* partial, float* out, bool accumulate,
                           cudaStream_t s);
 // out[c] (+)= sum_r x[r, c]; partial is a device workspace of sum_rows_chunks(rows, cols) x cols doubles.
-cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, float* out, bool accumulate,
-                            cudaStream_t s);
+// x f32 or bf16 (xt).
+cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, float* out,
+                            bool accumulate, cudaStream_t s);
 
 // ---- the operation families' kernels (f32), in ops/'s families. Every pointer is device memory,
 // token ids included: the backend uploads the host ids before calling these. Semantics mirror

@@ -15,9 +15,6 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   p -= a.lr * ((mi * a.inv_bc1) / (sqrtf(vi * a.inv_bc2) + a.eps) + wd * p);
 }
 
-__device__ __forceinline__ float widen(float g) { return g; }
-__device__ __forceinline__ float widen(__nv_bfloat16 g) { return __bfloat162float(g); }
-
 template <int W>
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t packs, AdamWStep a) {
   GRID_STRIDE_LOOP(i, packs) {
@@ -43,7 +40,7 @@ __global__ void adamw_segments_kernel(float* p, const G* g, float* m, float* v, 
   if (seg >= t.count) return;
   const int64_t at = t.offset[seg];
   const float wd = t.weight_decay[seg];
-  GRID_STRIDE_LOOP(i, t.numel[seg]) adamw_element(p[at + i], m[at + i], v[at + i], widen(g[at + i]), a, wd);
+  GRID_STRIDE_LOOP(i, t.numel[seg]) adamw_element(p[at + i], m[at + i], v[at + i], to_f32(g[at + i]), a, wd);
 }
 
 template <int W>

@@ -156,7 +156,8 @@ class MetaBackend final : public Backend {
     const double partials = ledger_ != nullptr && ledger_->target() == Device::cuda
                                 ? 2.0 * 8 * double(cuda::sum_rows_chunks(rows, cols) * cols)
                                 : 0.0;
-    charge("sum_rows", x.numel(), pass_bytes(x.numel(), 1, 0, dtype_size(x.dtype())) + pass_bytes(cols, 1, 1) + partials,
+    charge("sum_rows", x.numel(),
+           pass_bytes(x.numel(), 1, 0, dtype_size(x.dtype())) + pass_bytes(cols, 1, 1) + partials,
            [&] { return cuda::sum_rows_launches(rows, cols); });
   }
 

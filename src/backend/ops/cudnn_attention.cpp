@@ -75,11 +75,14 @@ Tensor region(const Tensor& workspace, int64_t at, int64_t n) {
   return Tensor::flat(static_cast<char*>(workspace.data()) + at, DType::bf16, n, workspace.device());
 }
 
-// t as cuDNN reads it: itself when bf16, else rounded into the workspace region at `at`.
+// Where cuDNN reads or writes t: t itself when bf16, else the workspace's bf16 region at `at`.
+Tensor bf16_at(const Tensor& t, const Tensor& workspace, int64_t at) {
+  return t.dtype() == DType::bf16 ? t : region(workspace, at, t.numel());
+}
+// An input t as cuDNN reads it: bf16_at, an f32 t rounded into its region first.
 Tensor as_bf16(Backend& be, const Tensor& t, const Tensor& workspace, int64_t at) {
-  if (t.dtype() == DType::bf16) return Tensor::flat(t.data(), DType::bf16, t.numel(), t.device());
-  const Tensor r = region(workspace, at, t.numel());
-  be.cast(r, t);
+  const Tensor r = bf16_at(t, workspace, at);
+  if (t.dtype() != DType::bf16) be.cast(r, t);
   return r;
 }
 
@@ -115,8 +118,7 @@ void cudnn_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, in
   const FlashShape s = cudnn_checked(be, qkv, out, lse, H, KV, workspace, false, op);
   const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
   const Tensor qkv16 = as_bf16(be, qkv, workspace, 0);
-  const Tensor out16 = out.dtype() == DType::bf16 ? Tensor::flat(out.data(), DType::bf16, out.numel(), out.device())
-                                                  : region(workspace, r.qkv, out.numel());
+  const Tensor out16 = bf16_at(out, workspace, r.qkv);
   switch (be.device()) {
     case Device::cpu: break;  // refused by cudnn_checked
     case Device::cuda:
@@ -141,8 +143,7 @@ void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv,
   const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
   const Tensor qkv16 = as_bf16(be, qkv, workspace, 0), out16 = as_bf16(be, out, workspace, r.qkv);
   const Tensor dout16 = as_bf16(be, dout, workspace, r.qkv + r.out);
-  const Tensor dqkv16 = dqkv.dtype() == DType::bf16 ? Tensor::flat(dqkv.data(), DType::bf16, dqkv.numel(), dqkv.device())
-                                                    : region(workspace, r.qkv + 2 * r.out, dqkv.numel());
+  const Tensor dqkv16 = bf16_at(dqkv, workspace, r.qkv + 2 * r.out);
   switch (be.device()) {
     case Device::cpu: break;
     case Device::cuda:

@@ -8,13 +8,23 @@
 #include "src/backend/cuda/ops.hpp"
 
 namespace shardlab::ops {
+namespace {
+// n elements' AdamW step: p, m, v read and written; the gradient read in its own dtype.
+OpCost adamw_cost(double n, DType grad) {
+  return {.name = "adamw_update", .flops = 16.0 * n, .bytes = n * (6 * 4 + dtype_size(grad))};
+}
+// The buffers every AdamW entry takes: the same count each, the gradients f32 or bf16.
+void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const char* op) {
+  check_same_numel(param, grad, op);
+  check_same_numel(param, m, op);
+  check_same_numel(param, v, op);
+  SHARD_CHECK(grad.dtype() == DType::f32 || grad.dtype() == DType::bf16, "{}: f32 or bf16 gradients, got {}", op,
+              dtype_name(grad.dtype()));
+}
+}  // namespace
 
 void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) {
-  check_same_numel(param, grad, "adamw_update");
-  check_same_numel(param, m, "adamw_update");
-  check_same_numel(param, v, "adamw_update");
-  SHARD_CHECK(grad.dtype() == DType::f32 || grad.dtype() == DType::bf16, "adamw_update: f32 or bf16 gradients, got {}",
-              dtype_name(grad.dtype()));
+  check_adamw(param, grad, m, v, "adamw_update");
   const bool bf16 = grad.dtype() == DType::bf16;
   switch (be.device()) {
     case Device::cpu:
@@ -26,15 +36,10 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
     case Device::cuda:
       if constexpr (kWithCuda) cuda::adamw_update(be, param, grad, m, v, a);
       return;
-    case Device::meta: {
-      // p, m, v read and written; the gradient read in its own dtype.
-      const double n = static_cast<double>(param.numel());
-      return charge(be, {.name = "adamw_update", .flops = 16.0 * n, .bytes = n * (6 * 4 + dtype_size(grad.dtype()))},
-                    [&] {
-                      return bf16 ? cuda::adamw_bf16_grad_launches(param.numel())
-                                  : cuda::adamw_update_launches(param.numel());
-                    });
-    }
+    case Device::meta:
+      return charge(be, adamw_cost(static_cast<double>(param.numel()), grad.dtype()), [&] {
+        return bf16 ? cuda::adamw_bf16_grad_launches(param.numel()) : cuda::adamw_update_launches(param.numel());
+      });
   }
 }
 
@@ -48,11 +53,7 @@ void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Ten
                             a);
     return;
   }
-  check_same_numel(param, grad, op);
-  check_same_numel(param, m, op);
-  check_same_numel(param, v, op);
-  SHARD_CHECK(grad.dtype() == DType::f32 || grad.dtype() == DType::bf16, "{}: f32 or bf16 gradients, got {}", op,
-              dtype_name(grad.dtype()));
+  check_adamw(param, grad, m, v, op);
   double n = 0;
   std::vector<int64_t> numels;
   for (const AdamWSegment& s : segments) {
@@ -76,8 +77,7 @@ void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Ten
       if constexpr (kWithCuda) cuda::adamw_update_segments(be, param, grad, m, v, segments, a);
       return;
     case Device::meta:
-      return charge(be, {.name = "adamw_update", .flops = 16.0 * n, .bytes = n * (6 * 4 + dtype_size(grad.dtype()))},
-                    [&] { return cuda::adamw_segments_launches(numels, bf16); });
+      return charge(be, adamw_cost(n, grad.dtype()), [&] { return cuda::adamw_segments_launches(numels, bf16); });
   }
 }
 

@@ -1,7 +1,5 @@
 #include "src/model/blocks/linear.hpp"
 
-#include <array>
-
 #include "src/backend/ops/activation.hpp"
 #include "src/model/blocks/weight_grad.hpp"
 
@@ -34,9 +32,7 @@ bool products_round(const UnitContext& c, DType to) { return c.be.low_precision_
 Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::string& what) {
   if (!products_round(c, to) || x.dtype() != DType::f32) return x;
   held = c.pool.alloc(to, x.numel(), Category::workspace, what);
-  std::array<int64_t, Tensor::kMaxDims> shape{};
-  for (int i = 0; i < x.ndim(); ++i) shape[static_cast<size_t>(i)] = x.dim(i);
-  const Tensor r = held.flat(to).reshape(std::span<const int64_t>(shape.data(), static_cast<size_t>(x.ndim())));
+  const Tensor r = held.flat(to).reshape(x.shape());
   c.be.cast(r, x);
   return r;
 }

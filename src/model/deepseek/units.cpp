@@ -195,8 +195,8 @@ class DeepseekLayerUnit final : public Unit {
     if (d.rq == 0) return linear_forward(c.be, q, x, wg(p, "self_attn.q_proj.weight"), d.N);
     Tensor qa = s.add(c.pool, "mla_qa", {d.N, d.rq}), qa_n = s.add(c.pool, "mla_qa_norm", {d.N, d.rq});
     linear_forward(c.be, qa, x, wg(p, "self_attn.q_a_proj.weight"), d.N);
-    ops::rmsnorm_forward(c.be, qa_n, s.add_f32(c.pool, "mla_qa_rstd", {d.N}), qa, w(p, "self_attn.q_a_layernorm.weight"),
-                         kLowRankEps);
+    ops::rmsnorm_forward(c.be, qa_n, s.add_f32(c.pool, "mla_qa_rstd", {d.N}), qa,
+                         w(p, "self_attn.q_a_layernorm.weight"), kLowRankEps);
     linear_forward(c.be, q, qa_n, wg(p, "self_attn.q_b_proj.weight"), d.N);
   }
 

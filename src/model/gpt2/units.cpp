@@ -50,7 +50,8 @@ void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, 
 // where the backend fuses one.
 void matmul_gelu_forward(Backend& be, Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias, int64_t N,
                          int64_t IC, int64_t OC) {
-  blocks::gemm_epilogue(be, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias_gelu, bias, pre);
+  blocks::gemm_epilogue(be, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias_gelu, bias,
+                        pre);
 }
 
 // dinp (N, IC) = dout @ W^T (overwritten; times gelu'(gelu_at) when given, GELU's backward in the

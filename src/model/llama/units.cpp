@@ -285,8 +285,8 @@ class DecoderLayerUnit final : public Unit {
   void qk_norm(UnitContext& c, const ParamSet& p, Saved& s, Tensor qkv, const Dims& d) const {
     if (!c.spec.qk_norm) return;
     const float e = eps(c.spec);
-    ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "q_pre", {d.N, d.H * d.hd}), s.add_f32(c.pool, "q_rstd", {d.N * d.H}),
-                              w(p, "self_attn.q_norm.weight"), 0, e);
+    ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "q_pre", {d.N, d.H * d.hd}),
+                              s.add_f32(c.pool, "q_rstd", {d.N * d.H}), w(p, "self_attn.q_norm.weight"), 0, e);
     ops::head_rmsnorm_forward(c.be, qkv, s.add(c.pool, "k_pre", {d.N, d.KV * d.hd}),
                               s.add_f32(c.pool, "k_rstd", {d.N * d.KV}), w(p, "self_attn.k_norm.weight"), d.H * d.hd, e);
   }
