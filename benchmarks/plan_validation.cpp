@@ -1,11 +1,13 @@
 // plan_validation.cpp — Table 1 of Narayanan et al. 2021 through the time model.
 #include "benchmarks/plan_validation.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "src/core/units.hpp"
 #include "src/model/family.hpp"
+#include "src/train/price_layout.hpp"
 
 namespace shardlab {
 
@@ -98,6 +100,58 @@ PlanConfig published_plan(const PublishedRun& row, const DeviceRates& rates, con
   pc.rates.source = "bench-plan-validation: the rows' assumptions";
   pc.keep = 3;
   return pc;
+}
+
+std::vector<LedgerRow> run_ledger_validation(std::FILE* out) {
+  std::vector<LedgerRow> rows;
+  DeviceModel device = gpu_device_model(kA100_80GB);
+  device.ranks_per_node = kA100_80GB.gpus_per_node;
+  if (out)
+    std::fprintf(out, "\nledger: each published layout priced from its own step (every stage's meta step on the cuda "
+                 "target, a100-80gb preset, naive attention, bf16 parameters and activations, full recomputation, "
+                 "ddp)\n%-5s %3s %3s %2s %5s %4s | %8s %8s %7s | %8s | %-28s %6s | %6s\n", "model", "tp", "pp", "v",
+                 "gpus", "M", "TFLOP/s", "publ.", "error", "step s", "top operation (slowest stage)", "share", "secs");
+  double mean = 0;
+  for (const PublishedRun& row : narayanan2021_table1()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    PlanConfig pc = published_plan(row, device_rates(kA100_80GB), Achievable{});
+    pc.train.spec.attention = AttentionKernel::naive;
+    pc.train.spec.activation_dtype = DType::bf16;
+    const int dp = row.gpus / (row.tp * row.pp);
+    PlanEntry e;
+    e.strategy = pc.train.strategy.under(StrategyKind::ddp);
+    e.layout.dims = ParallelDims{row.pp, 1, dp, row.tp, 1, 1};
+    e.layout.pipeline.schedule = default_pp_schedule(row.virtual_stages);
+    e.layout.pipeline.virtual_stages = row.virtual_stages;
+    e.checkpointing = Checkpointing::blocks;
+    e.micro_batch = row.micro_batch;
+    e.accum = row.global_batch / (dp * row.micro_batch);
+    const LayoutPrice p = price_layout(e.config(pc), row.gpus, row.micro_batch, Device::cuda, device);
+    LedgerRow r;
+    r.run = row;
+    r.step_s = p.step_s();
+    r.tflops = megatron_flops(pc.train.spec, row.global_batch, Checkpointing::blocks) / row.gpus / r.step_s / 1e12;
+    r.error = (r.tflops - row.published_tflops) / row.published_tflops;
+    const StagePrice* slowest = &p.stages.front();
+    for (const StagePrice& s : p.stages)
+      if (p.step_s(s) > p.step_s(*slowest)) slowest = &s;
+    if (!slowest->price.ops.empty()) {
+      const PricedOp& op = slowest->price.ops.front();
+      r.top_op = op.axis.empty() ? op.name : fmt::format("{} ({})", op.name, op.axis);
+      r.top_share = op.seconds / p.step_s(*slowest);
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    mean += std::abs(r.error) / double(narayanan2021_table1().size());
+    if (out) {
+      std::fprintf(out, "%-5s %3d %3d %2d %5d %4lld | %8.1f %8.0f %+6.1f%% | %8.2f | %-28s %5.1f%% | %6.1f\n",
+                   row.name, row.tp, row.pp, row.virtual_stages, row.gpus, static_cast<long long>(e.accum), r.tflops,
+                   row.published_tflops, 100 * r.error, r.step_s, r.top_op.c_str(), 100 * r.top_share, r.seconds);
+      std::fflush(out);
+    }
+    rows.push_back(std::move(r));
+  }
+  if (out) std::fprintf(out, "mean |error| %.1f%%\n", 100 * mean);
+  return rows;
 }
 
 std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievable& achievable, std::FILE* out) {

@@ -49,6 +49,20 @@ struct SearchRow {
   PublishedRun run;
   PlanResult published, found;  // the pinned one (one entry) and the free search
 };
+// Each row's published layout priced from its own step instead of the model (`--ledger`): every
+// pipeline stage's meta step on the CUDA target with its cost ledger, priced by the device model
+// of src/backend/price.hpp on the a100-80gb preset (src/train/price_layout.hpp), the schedule's
+// simulated bubble added. The run as this runtime would run it: naive attention (the rows predate
+// fused attention), bf16 parameters and saved activations, full recomputation, DDP.
+struct LedgerRow {
+  PublishedRun run;
+  double step_s = 0, tflops = 0, error = 0;
+  std::string top_op;  // the slowest stage's costliest operation
+  double top_share = 0;
+  double seconds = 0;  // the pricing's own time on this machine
+};
+std::vector<LedgerRow> run_ledger_validation(std::FILE* out);
+
 std::vector<SearchRow> run_plan_search(const DeviceRates& rates, const Achievable& achievable, std::FILE* out);
 PlanConfig published_plan(const PublishedRun& row, const DeviceRates& rates, const Achievable& achievable);
 

@@ -201,6 +201,32 @@ std::function<void(Run&)> attention_case(int64_t H, int64_t KV, int64_t vd = 0) 
   };
 }
 
+// The same over bf16 operands, as a GPU whose products round runs it (ops/attention.hpp): qkv and
+// dout rounded on the backend, the probabilities and (mha) the output and dqkv kept in bf16, each cast
+// back to f32 to be compared. The CPU computes in f32 on widened copies; CUDA's products round
+// their scores to bf16 before the softmax: roundings apart.
+std::function<void(Run&)> attention_bf16_case(int64_t H, int64_t KV) {
+  return [H, KV](Run& r) {
+    const int64_t B = 2, T = 37, hd = 16, R = (H + 2 * KV) * hd;
+    const bool mha = KV == H;  // dqkv in bf16 too (no K/V head sums over a group)
+    const DType out_type = mha ? DType::bf16 : DType::f32;
+    const Tensor qkv = r.bf16_of("qkv bf16", r.in("qkv", {B, T, R})).reshape(std::vector<int64_t>{B, T, R});
+    const Tensor att = r.bf16_of("att bf16", r.in("att init", {B * H * T * T})).reshape(std::vector<int64_t>{B, H, T, T});
+    const Tensor out = mha ? r.bf16_of("out bf16", r.in("out init", {B, T, H * hd})).reshape(std::vector<int64_t>{B, T, H * hd})
+                           : r.out("out", {B, T, H * hd});
+    ops::attention_forward(r.be, out, att, qkv, H, KV);
+    r.be.cast(r.out("att", {B * H * T * T}), att);
+    if (mha) r.be.cast(r.out("out", {B * T * H * hd}), out);
+    const Tensor dout = r.bf16_of("dout bf16", r.in("dout", {B, T, H * hd})).reshape(std::vector<int64_t>{B, T, H * hd});
+    const Tensor dqkv = mha ? r.bf16_of("dqkv bf16", r.in("dqkv init", {B * T * R})).reshape(std::vector<int64_t>{B, T, R})
+                            : r.out("dqkv", {B, T, R});
+    Tensor scratch = r.work("scratch", {attention_scratch_elems(T, H)});
+    ops::attention_backward(r.be, dqkv, dout, qkv, att, H, KV, scratch);
+    if (mha) r.be.cast(r.out("dqkv", {B * T * R}), dqkv);
+    CHECK(out_type == out.dtype());
+  };
+}
+
 // The fused kernels, forward then backward: T spans more than one tile of each kind and ends in a
 // partial one, so tails, the diagonal and (causal) skipped tiles all run.
 std::function<void(Run&)> flash_case(int64_t H, int64_t KV, int64_t T, int64_t hd, bool causal, int64_t vd = 0) {
@@ -354,6 +380,9 @@ std::vector<OpCase> op_cases() {
       {"attention (grouped-query)", 1e-4, attention_case(4, 2)},
       {"attention (values of their own head dimension)", 1e-4, attention_case(4, 4, 6)},
       {"attention (grouped-query, wider values)", 1e-4, attention_case(4, 2, 10)},
+      // bf16 operands, scores and probabilities: roundings apart (2^-8 relative each)
+      {"attention (bf16 operands, multi-head)", 2e-2, attention_bf16_case(2, 2)},
+      {"attention (bf16 operands, grouped-query)", 2e-2, attention_bf16_case(4, 2)},
       {"flash attention (multi-head, causal)", 1e-4, flash_case(2, 2, 150, 8, true)},
       {"flash attention (grouped-query, causal)", 1e-4, flash_case(4, 2, 137, 16, true)},
       {"flash attention (multi-query, not causal)", 1e-4, flash_case(4, 1, 70, 8, false)},

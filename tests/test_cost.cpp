@@ -265,6 +265,37 @@ TEST_CASE("cuDNN attention's products run on tensor cores: two of the causal sco
   CHECK_THROWS_WITH(step_costs(c, 1, 0, B, Device::cpu), Catch::Contains("--attention cudnn runs on CUDA devices"));
 }
 
+TEST_CASE("the naive attention's products run on tensor cores where the activations are bf16 on a GPU, as "
+          "Megatron's", "[cost]") {
+  // GPT-2 124M at T 1,024: each of the four forward products (scores and output) is 2 B H T^2 hd
+  // over the whole square (the naive kernel computes the masked half too): two forward, four
+  // backward, per layer.
+  TrainConfig c = gpt2_config(DType::bf16);
+  c.spec.attention = AttentionKernel::naive;
+  const int64_t B = 2;
+  const double product = 2.0 * B * 12 * 1024.0 * 1024.0 * 64;
+  auto products = [&](Device target, double& tensor, double& vector, double& att_bytes) {
+    tensor = vector = att_bytes = 0;
+    for (const OpCost& op : step_costs(c, 1, 0, B, target).ops()) {
+      if (std::string_view(op.name) == "attention_products") tensor += op.tensor_flops, vector += op.flops;
+      if (std::string_view(op.name) == "attention_softmax") att_bytes += op.bytes;
+    }
+  };
+  double tensor = 0, vector = 0, bytes = 0;
+  products(Device::cuda, tensor, vector, bytes);
+  CHECK(tensor == 0);  // f32 activations: f32 probabilities, f32 products
+  CHECK(vector == Approx(12 * 6 * product));
+  const double f32_bytes = bytes;
+  c.spec.activation_dtype = DType::bf16;
+  products(Device::cuda, tensor, vector, bytes);
+  CHECK(tensor == Approx(12 * 6 * product));
+  CHECK(vector == 0);
+  CHECK(bytes == Approx(f32_bytes / 2));  // the softmax reads and writes bf16 scores
+  products(Device::cpu, tensor, vector, bytes);  // the CPU computes in f32, bf16 activations or not
+  CHECK(tensor == 0);
+  CHECK(vector == Approx(12 * 6 * product));
+}
+
 TEST_CASE("a GPU's ledger fuses GPT-2's biases and GELU into the products' epilogues; the CPU's does not",
           "[cost]") {
   // Per block: c_attn and c_fc (column-parallel) and both row-parallel projections at tp 1 carry

@@ -42,29 +42,74 @@ Tensor tp_whole_or(const Block& whole, const UnitContext& c, Tensor rows) {
   return whole ? whole.view(DType::f32, {c.batch.B * c.batch.T, c.spec.dim}) : rows;
 }
 
+namespace {
+
+// --activation-dtype bf16: the regions' activations and their gradients cross the group in bf16, as
+// Megatron's do (half the bytes; the sums of partial sums rounded as the collective rounds them).
+// The tensors on either side stay f32: each collective is staged through bf16 copies
+// (comm_buffer), rounded from the f32 source and widened into the f32 destination.
+bool narrow_comm(const UnitContext& c) { return c.spec.activation_dtype != DType::f32; }
+
+Tensor staged(UnitContext& c, const Tensor& like, Block& held, const char* what) {
+  held = c.pool.alloc(c.spec.activation_dtype, like.numel(), Category::comm_buffer, what);
+  return held.flat(c.spec.activation_dtype);
+}
+
+Tensor narrowed(UnitContext& c, const Tensor& x, Block& held, const char* what) {
+  Tensor t = staged(c, x, held, what);
+  c.be.cast(t, x);
+  return t;
+}
+
+// in gathered from every rank's rows into out.
+void gather_rows(UnitContext& c, Tensor in, Tensor out) {
+  if (!narrow_comm(c)) return group(c).all_gather(in, out).wait();
+  Block a, b;
+  const Tensor from = narrowed(c, in, a, "tp gather rows (bf16)"), to = staged(c, out, b, "tp gathered rows (bf16)");
+  group(c).all_gather(from, to).wait();
+  a.reset();
+  c.be.cast(out, to);
+}
+
+// partial (N, C) summed over the group into out: this rank's rows (SP, reduce-scatter) or all of
+// them (all-reduce; out may be partial itself).
+void sum_rows_over_group(UnitContext& c, Tensor partial, Tensor out) {
+  const bool scatter = c.tp.sequence_parallel();
+  if (!narrow_comm(c)) {
+    if (scatter) return group(c).reduce_scatter(partial, out).wait();
+    group(c).all_reduce(partial).wait();
+    if (out.data() != partial.data()) c.be.copy(out, partial);
+    return;
+  }
+  Block a, b;
+  const Tensor sums = narrowed(c, partial, a, "tp partial sums (bf16)");
+  if (!scatter) {
+    group(c).all_reduce(sums).wait();
+    return c.be.cast(out, sums);
+  }
+  const Tensor mine = staged(c, out, b, "tp summed rows (bf16)");
+  group(c).reduce_scatter(sums, mine).wait();
+  a.reset();
+  c.be.cast(out, mine);
+}
+
+}  // namespace
+
 Tensor tp_region_input(UnitContext& c, Tensor local, Tensor full) {
   if (!c.tp.sequence_parallel()) return local;
   SHARD_CHECK(full.numel() == local.numel() * c.tp.config.degree, "region input: local {} full {} at tp {}",
               local.shape_str(), full.shape_str(), c.tp.config.degree);
-  group(c).all_gather(local, full).wait();
+  gather_rows(c, local, full);
   return full;
 }
 
 void tp_region_input_backward(UnitContext& c, Tensor dfull, Tensor dlocal) {
-  if (c.tp.sequence_parallel()) {
-    group(c).reduce_scatter(dfull, dlocal).wait();
-    return;
-  }
-  if (c.tp.active()) group(c).all_reduce(dfull).wait();
+  if (c.tp.active()) return sum_rows_over_group(c, dfull, dlocal);
   if (dlocal.data() != dfull.data()) c.be.copy(dlocal, dfull);
 }
 
 void tp_region_output(UnitContext& c, Tensor partial, Tensor local) {
-  if (c.tp.sequence_parallel()) {
-    group(c).reduce_scatter(partial, local).wait();
-    return;
-  }
-  if (c.tp.active()) group(c).all_reduce(partial).wait();
+  if (c.tp.active()) return sum_rows_over_group(c, partial, local);
   if (local.data() != partial.data()) c.be.copy(local, partial);
 }
 
@@ -78,7 +123,7 @@ void tp_max(UnitContext& c, Tensor t) {
 
 Tensor tp_region_output_backward(UnitContext& c, Tensor dlocal, Tensor dfull) {
   if (!c.tp.sequence_parallel()) return dlocal;
-  group(c).all_gather(dlocal, dfull).wait();
+  gather_rows(c, dlocal, dfull);
   return dfull;
 }
 
@@ -115,7 +160,7 @@ double tp_micro_step_bus_bytes(const std::vector<UnitLayout>& layout, const Mode
   if (tp.degree == 1) return 0;
   SHARD_CHECK(layout.size() >= 2, "a layout of {} units", layout.size());
   const double f = (tp.degree - 1.0) / tp.degree, N = static_cast<double>(B * T);
-  const double A = N * static_cast<double>(spec.dim) * sizeof(float);
+  const double A = N * static_cast<double>(spec.dim) * static_cast<double>(dtype_size(spec.activation_dtype));
   // The replicated tensors whose gradients come from the rank's own rows (norms): a row-parallel
   // layer's bias (replicated, its weight split) sums the gathered output gradient instead, and a
   // mixture of experts' router (replicated, computed whole on every rank) sums nothing.

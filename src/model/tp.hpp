@@ -20,6 +20,10 @@
 //
 // At degree 1 (no communicator) every call is a copy at most; units keep their tp-1 code paths
 // and call these only under tensor parallelism.
+//
+// --activation-dtype bf16: the regions' rows (and their gradients) cross the group in bf16, as
+// Megatron's activations do, staged through bf16 copies of the f32 tensors on either side; sums of
+// partial sums are then rounded as the collective rounds them.
 #pragma once
 #include <string>
 #include <vector>
@@ -86,7 +90,7 @@ class TpPartialGrads {
 // The bus bytes one rank moves over its tensor-parallel group in one micro-step's forward and
 // backward, as the communicator counts them (f = (T-1)/T; an all-reduce of x bytes is 2f x, an
 // all-gather or reduce-scatter of a whole x f x), for the units above and the runner's loss, with
-// A = the micro-batch's B*T*C activations in f32:
+// A = the micro-batch's B*T*C activations in the activation dtype (f32, or bf16: above):
 //
 //                       without SP                      with --sequence-parallel
 //   embedding           all-reduce A                    reduce-scatter A; all-gather A backward

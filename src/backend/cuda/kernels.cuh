@@ -132,11 +132,12 @@ cudaError_t launch_flash_backward(float* dq, float* dk, float* dv, float* D, con
                                   const FlashShape& s, cudaStream_t st);
 // The naive attention's softmax, its sizes the entry point's (attention_forward_launches): in place
 // over the B H rows of (T, T) scores, row t the causal softmax over s <= t, zeros above the diagonal.
-cudaError_t launch_causal_softmax(float* att, int64_t H, int64_t KV, int64_t B, int64_t T, int64_t C,
+// Stored as t (f32 or bf16), computed in f32.
+cudaError_t launch_causal_softmax(void* att, DType t, int64_t H, int64_t KV, int64_t B, int64_t T, int64_t C,
                                   cudaStream_t s);
 // One batch entry's (H, T, T) (attention_backward_launches): in place, datt <- att * (datt -
-// <att, datt>) * scale over s <= t, zeros above the diagonal.
-cudaError_t launch_causal_softmax_backward(float* datt, const float* att, int64_t H, int64_t KV, int64_t B,
+// <att, datt>) * scale over s <= t, zeros above the diagonal; both stored as t.
+cudaError_t launch_causal_softmax_backward(void* datt, const void* att, DType t, int64_t H, int64_t KV, int64_t B,
                                            int64_t T, int64_t C, float scale, cudaStream_t s);
 
 // Attention over a KV cache: k_cache, v_cache (B, S, KV hd), qkv (B, T, (H + 2 KV) hd).

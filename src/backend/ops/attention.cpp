@@ -2,6 +2,7 @@
 #include "src/backend/ops/attention.hpp"
 
 #include <array>
+#include <vector>
 
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cuda/ops.hpp"
@@ -19,19 +20,51 @@ std::array<int64_t, 4> attention_shape(const Tensor& qkv, const Tensor& out, con
   return {B, T, hd, vd};
 }
 
-// The naive attention's cost: its products on full T x T scores in f32 (the CUDA backend's GEMMs
-// here take f32 operands: no tensor cores), priced as products of (T x hd) . (hd x T) (the other,
-// (T x T) . (T x hd), has the same shape's efficiency), and the scores written by one product,
-// read and written by the softmax and read by the next (forward; backward `passes` 2: twice the
-// products and the scores' traffic).
-OpCost naive_cost(const char* name, int64_t B, int64_t T, int64_t hd, int64_t vd, int64_t H, const Tensor& qkv,
-                  const Tensor& out, const Tensor& att, int passes) {
-  const double scores = static_cast<double>(B) * H * T * T;
-  OpCost c{.name = name,
-           .flops = passes * (2.0 * scores * static_cast<double>(hd + vd) + 5.0 * scores),
-           .bytes = passes * (static_cast<double>(qkv.bytes() + out.bytes()) + 4.0 * static_cast<double>(att.bytes()))};
-  c.m = T, c.n = T, c.k = hd, c.batch = B * H;
-  return c;
+// The naive attention's operands: all f32, or (a GPU whose products round) qkv, the probabilities
+// and the output gradient bf16 (bf16 products on the tensor cores, f32 sums, the softmax in f32).
+// out and dqkv: any float type out, f32 dqkv (its K/V heads sum over a group's query heads).
+void check_dtypes(const Tensor& qkv, const Tensor& att, const Tensor& other, const char* op) {
+  const DType t = qkv.dtype();
+  SHARD_CHECK((t == DType::f32 || t == DType::bf16) && att.dtype() == t,
+              "{}: qkv {} and probabilities {}: expected both f32 or both bf16", op, dtype_name(t),
+              dtype_name(att.dtype()));
+  SHARD_CHECK(other.dtype() == DType::f32 || other.dtype() == DType::bf16, "{}: {} output or gradient", op,
+              dtype_name(other.dtype()));
+}
+
+// The naive attention's cost, as two operations: its products (score and output products forward;
+// backward twice as many) on full T x T scores, priced as products of (T x hd) . (hd x T) (the others
+// have the same shape's efficiency), on the tensor cores where the operands are bf16 on a GPU; and
+// the softmax kernels, which read and write the scores (forward; backward they read the
+// probabilities and rewrite the scores' gradient). The products' bytes: qkv and the output (or its
+// gradient) read or written once, the scores written by one product and read by the next.
+// `library`: the cuBLAS calls.
+void charge_naive(Backend& be, const char* products, const char* softmax, int64_t B, int64_t T, int64_t hd, int64_t vd,
+                  int64_t H, const Tensor& qkv, const Tensor& out, const Tensor& att, int passes,
+                  const cuda::Launches& kernels, int64_t library, int64_t times) {
+  const CostLedger* l = be.cost_ledger();
+  if (l == nullptr || l->paused()) return;
+  const double scores = static_cast<double>(B) * H * T * T, att_bytes = static_cast<double>(att.bytes());
+  const double flops = passes * 2.0 * scores * static_cast<double>(hd + vd);
+  const bool tensor = l->target() == Device::cuda && qkv.dtype() != DType::f32;
+  OpCost p{.name = products,
+           .flops = tensor ? 0 : flops,
+           .tensor_flops = tensor ? flops : 0,
+           .bytes = passes * (static_cast<double>(qkv.bytes() + out.bytes()) + 2.0 * att_bytes)};
+  p.m = T, p.n = T, p.k = hd, p.batch = B * H;
+  charge(be, p, [] { return cuda::Launches{}; }, library);
+  charge(be, OpCost{.name = softmax, .flops = passes * 5.0 * scores, .bytes = passes * 2.0 * att_bytes},
+         [&] { return kernels; }, 0, times);
+}
+
+// CPU: bf16 operands widened to f32 copies (the GPU's tensor-core path; the CPU computes in f32).
+std::vector<float> widened(const Tensor& t) {
+  std::vector<float> w(static_cast<size_t>(t.numel()));
+  convert(t.data(), t.dtype(), w.data(), DType::f32, w.size());
+  return w;
+}
+void store(Tensor to, const std::vector<float>& from) {
+  convert(from.data(), DType::f32, to.data(), to.dtype(), from.size());
 }
 
 }  // namespace
@@ -49,18 +82,23 @@ PackedHeads packed_head_dims(const Tensor& qkv, int64_t H, int64_t KV, int64_t v
 
 void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t H, int64_t KV, int64_t v) {
   const auto [B, T, hd, vd] = attention_shape(qkv, out, att, H, KV, v, "attention_forward");
+  check_dtypes(qkv, att, out, "attention_forward");
   const int64_t C = H * hd;
   switch (be.device()) {
-    case Device::cpu:
-      return cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, H, KV, hd, vd);
+    case Device::cpu: {
+      if (qkv.dtype() == DType::f32 && out.dtype() == DType::f32)
+        return cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, H, KV, hd, vd);
+      std::vector<float> o(static_cast<size_t>(out.numel())), a(static_cast<size_t>(att.numel()));
+      cpu::attention_forward(o.data(), a.data(), widened(qkv).data(), B, T, H, KV, hd, vd);
+      store(out, o);
+      return store(att, a);
+    }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::attention_forward(be, out, att, qkv, H, KV, B, T, hd, vd);
       return;
-    case Device::meta:
-      return charge(
-          be, naive_cost("attention_forward", B, T, hd, vd, H, qkv, out, att, 1),
-          [&] { return cuda::attention_forward_launches(H, KV, B, T, C); },
-          2 * B * (H / KV));  // B G score products, B G output products (cuBLAS)
+    case Device::meta:  // B G score products, B G output products (cuBLAS)
+      return charge_naive(be, "attention_products", "attention_softmax", B, T, hd, vd, H, qkv, out, att, 1,
+                          cuda::attention_forward_launches(H, KV, B, T, C), 2 * B * (H / KV), 1);
   }
 }
 
@@ -69,20 +107,33 @@ void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tenso
   const auto [B, T, hd, vd] = attention_shape(qkv, dout, att, H, KV, v, "attention_backward");
   const int64_t C = H * hd;
   check_same_numel(dqkv, qkv, "attention_backward");
-  SHARD_CHECK(scratch.numel() >= attention_scratch_elems(T, H), "attention_backward: scratch of {} < {} floats",
-              scratch.numel(), attention_scratch_elems(T, H));
+  check_dtypes(qkv, att, dout, "attention_backward");
+  // dqkv: f32, or bf16 beside bf16 operands where no K/V head sums over query heads (KV == H)
+  SHARD_CHECK(dout.dtype() == qkv.dtype() &&
+                  (dqkv.dtype() == DType::f32 || (dqkv.dtype() == DType::bf16 && qkv.dtype() == DType::bf16 && KV == H)),
+              "attention_backward: dout {} beside qkv {}, dqkv {} (H={} KV={}): dout is qkv's dtype, dqkv f32 (bf16 "
+              "only beside bf16 qkv without grouped heads)", dtype_name(dout.dtype()), dtype_name(qkv.dtype()),
+              dtype_name(dqkv.dtype()), H, KV);
+  SHARD_CHECK(scratch.numel() >= attention_scratch_elems(T, H) && scratch.dtype() == DType::f32,
+              "attention_backward: scratch of {} {} < {} floats", scratch.numel(), dtype_name(scratch.dtype()),
+              attention_scratch_elems(T, H));
   switch (be.device()) {
     case Device::cpu:
-      return cpu::attention_backward(dqkv.ptr<float>(), scratch.ptr<float>(), dout.ptr<float>(), qkv.ptr<float>(),
-                                     att.ptr<float>(), B, T, H, KV, hd, vd);
+      if (qkv.dtype() == DType::f32)
+        return cpu::attention_backward(dqkv.ptr<float>(), scratch.ptr<float>(), dout.ptr<float>(), qkv.ptr<float>(),
+                                       att.ptr<float>(), B, T, H, KV, hd, vd);
+    {
+      std::vector<float> d(static_cast<size_t>(dqkv.numel()));
+      cpu::attention_backward(d.data(), scratch.ptr<float>(), widened(dout).data(), widened(qkv).data(),
+                              widened(att).data(), B, T, H, KV, hd, vd);
+      return store(dqkv, d);
+    }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::attention_backward(be, dqkv, dout, qkv, att, H, KV, scratch, B, T, hd, vd);
       return;
-    case Device::meta:
-      // Per batch entry: its softmax backward, and 4 G products (cuBLAS).
-      return charge(
-          be, naive_cost("attention_backward", B, T, hd, vd, H, qkv, dout, att, 2),
-          [&] { return cuda::attention_backward_launches(H, KV, B, T, C); }, 4 * B * (H / KV), B);
+    case Device::meta:  // per batch entry: its softmax backward, and 4 G products (cuBLAS)
+      return charge_naive(be, "attention_products", "attention_softmax_backward", B, T, hd, vd, H, qkv, dout, att, 2,
+                          cuda::attention_backward_launches(H, KV, B, T, C), 4 * B * (H / KV), B);
   }
 }
 

@@ -48,7 +48,15 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
     ops::cudnn_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, work.flat(DType::f32));
     return atty;
   }
-  Tensor atty = s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()}), att = s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
+  // Where the products round to bf16 and the saved activations are bf16, as Megatron's: qkv rounded
+  // once, the products on the tensor cores, the probabilities and the output kept in bf16.
+  const bool bf16 = products_round(c, product) && product == DType::bf16 &&
+                    c.spec.activation_dtype == DType::bf16 && s.has("qkv") && s("qkv").data() == qkv.data();
+  if (bf16) qkv = s.round(c.be, c.pool, "qkv", DType::bf16);
+  const DType kept = bf16 ? DType::bf16 : DType::f32;
+  Tensor atty = bf16 ? s.add_as(c.pool, "atty", {a.B * a.T, a.H * a.v()}, kept)
+                     : s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()});
+  Tensor att = bf16 ? s.add_as(c.pool, "att", {a.B, a.H, a.T, a.T}, kept) : s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
   ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV, a.vd);
   if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
   return atty;
@@ -78,15 +86,18 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
     ops::cudnn_attention_backward(c.be, dqkv, datty, s("qkv"), s("atty"), s("lse"), a.H, a.KV, scratch);
     return;
   }
+  // The probabilities are kept in qkv's dtype (bf16 where attention_forward rounded it).
+  const DType kept = s("qkv").dtype();
   Block att_again;  // --activation-checkpointing attention: the probabilities again, from q and k
   if (!s.has("att")) {
-    att_again = c.pool.alloc(DType::f32, a.B * a.H * a.T * a.T, Category::activations, prefix + "att (recomputed)");
+    att_again = c.pool.alloc(kept, a.B * a.H * a.T * a.T, Category::activations, prefix + "att (recomputed)");
     // atty is overwritten with the values forward wrote: the kernels are deterministic.
-    ops::attention_forward(c.be, s("atty"), att_again.view(DType::f32, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV,
-                           a.vd);
+    ops::attention_forward(c.be, s("atty"), att_again.view(kept, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV, a.vd);
   }
-  Tensor att = att_again ? att_again.view(DType::f32, {a.B, a.H, a.T, a.T}) : s("att");
-  ops::attention_backward(c.be, dqkv, datty, s("qkv"), att, a.H, a.KV, scratch, a.vd);
+  Tensor att = att_again ? att_again.view(kept, {a.B, a.H, a.T, a.T}) : s("att");
+  Block held;  // the output's gradient rounded once for the two products that read it
+  const Tensor dh = kept == DType::f32 ? datty : rounded_once(c, datty, kept, held, prefix + "attention rounded datty");
+  ops::attention_backward(c.be, dqkv, dh, s("qkv"), att, a.H, a.KV, scratch, a.vd);
 }
 
 namespace {

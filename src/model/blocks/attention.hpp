@@ -29,7 +29,9 @@ struct AttentionShape {
 // are saved as "att" unless c.checkpointing drops them for backward to recompute. `product`: the
 // dtype of the output projection's weight. Where products round to bf16 (blocks::products_round),
 // cuDNN's operands are saved as it reads them: the saved "qkv" (when qkv is it) rounded once, and
-// its bf16 output, which the products read as it is; else f32.
+// its bf16 output, which the products read as it is; else f32. The naive attention does the same
+// where the saved activations are bf16 too (--activation-dtype bf16), its probabilities kept in
+// bf16 (ops/attention.hpp: Megatron's products on the tensor cores).
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a,
                          DType product = DType::f32);
 
