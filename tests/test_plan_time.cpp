@@ -202,12 +202,18 @@ TEST_CASE("plan time: device presets carry their datasheet figures", "[plan]") {
   CHECK(a100.memory_bytes() == uint64_t{81920} << 20);
   CHECK(h100.memory_bytes() == uint64_t{81559} << 20);
   CHECK(h200.memory_bytes() == uint64_t{143771} << 20);
+  const DevicePeaks& b200 = device_preset("b200");  // HGX B200 at 1,000 W: 4.5 PFLOP/s with sparsity
+  CHECK(b200.dense_bf16_tflops == 2250);
+  CHECK(b200.hbm_gbs == 8000);
+  CHECK(b200.nvlink_gbs == 900);
+  CHECK(b200.sms == 148);
+  CHECK(b200.memory_bytes() == uint64_t{183359} << 20);
   // 8 x 200 Gb/s for 8 GPUs: 25 GB/s each.
   CHECK(device_rates(a100).inter.value == 25e9);
   CHECK(device_rates(h100).flops.value == 989.4e12);
   // bench-train's MFU stays on the rounded figure.
   CHECK(kH100.dense_bf16_tflops == 989);
-  CHECK_THROWS_WITH(device_preset("v100"), Catch::Contains("expected one of a100-80gb, h100-80gb, h200"));
+  CHECK_THROWS_WITH(device_preset("v100"), Catch::Contains("expected one of a100-80gb, h100-80gb, h200, b200"));
   CHECK(&device_preset("h100") == &h100);  // the short names: the 80 GB parts
   CHECK(&device_preset("a100") == &a100);
 }

@@ -68,7 +68,7 @@ ExitCode cmd_profile(const Args& args, const Context& ctx) {
                   "launches, collectives, host waits) priced on the device --device names (cuda: the --gpu preset, "
                   "no GPU needed; cpu: this machine's rates, measured first)");
   timing.add_options()("gpu", cli::po::value(&gpu)->default_value(gpu),
-                       "with --time --device cuda: the device preset (a100-80gb, h100-80gb, h200)")(
+                       "with --time --device cuda: the device preset (a100-80gb, h100-80gb, h200, b200)")(
       "top", cli::po::value(&top)->default_value(top), "with --time: operations listed per row (0 = all)");
   desc.add(timing);
   opts.add(desc, pc.train);

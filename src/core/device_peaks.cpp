@@ -9,7 +9,7 @@
 namespace shardlab {
 
 namespace {
-constexpr const DevicePeaks* kPresets[] = {&kA100_80GB, &kH100_80GB, &kH200};
+constexpr const DevicePeaks* kPresets[] = {&kA100_80GB, &kH100_80GB, &kH200, &kB200};
 }
 
 uint64_t DevicePeaks::budget_bytes() const { return memory_bytes() - (kDeviceHeadroomMib << 20); }

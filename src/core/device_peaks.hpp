@@ -58,11 +58,15 @@ inline constexpr DevicePeaks kH100{"H100", 989, 360, 45, 25, 81559, 3350, 450, 4
 //              NVLink 4 900 GB/s bidirectional; DGX H100: 8x ConnectX-7 NDR 400 Gb/s.
 //   h200       NVIDIA H200 datasheet, SXM: BF16 989.4 dense, FP32 67 TFLOP/s (the H100's GH100 die,
 //              132 SMs), 141 GB HBM3e at 4.8 TB/s, NVLink 4 900 GB/s; HGX H200 with 8x NDR 400 Gb/s.
+//   b200       NVIDIA HGX B200 datasheet (1,000 W): BF16 4.5 PFLOP/s with sparsity = 2,250 dense, FP32
+//              80 TFLOP/s, HBM3e 8 TB/s (the driver's 7,680-bit bus at 3,996 MHz gives 7.67 TB/s:
+//              pytorch/ao#4002, which also reads 148 SMs from cudaGetDeviceProperties), NVLink 5 1.8
+//              TB/s bidirectional; DGX B200: 8x ConnectX-7 400 Gb/s.
 // The achieved bus bandwidths (intra/inter) are plan/1's figures, kept for reference (plan/2 applies
 // its achievable shares to the datasheet ones); host_link_gbs is PCIe achieved, plan/2's host link.
 // Memory is the total nvidia-smi lists on an idle GPU (memory.total), as public nvidia-smi output
 // shows it: A100-SXM4-80GB 81,920 MiB (80.00 GiB), H100 80GB HBM3 (SXM5) 81,559 MiB (79.65 GiB),
-// H200 (SXM) 143,771 MiB (140.40 GiB). Not modelled: what the driver reserves of it (nvidia-smi -q's
+// H200 (SXM) 143,771 MiB (140.40 GiB), B200 183,359 MiB (179.06 GiB). Not modelled: what the driver reserves of it (nvidia-smi -q's
 // "Reserved", about 0.5 GiB; cudaMemGetInfo's total leaves it out) and what a process's CUDA
 // context, cuBLAS workspaces and NCCL buffers take (hundreds of MiB, by driver and library version).
 // plan's peaks are this runtime's pool; its default budget leaves kDeviceHeadroomMib for those.
@@ -73,7 +77,10 @@ inline constexpr DevicePeaks kH100_80GB{"h100-80gb", 989.4, 360, 45, 25, 81559, 
 inline constexpr DevicePeaks kH200{"h200", 989.4, 360, 45, 25, 143771, 4800, 450, 400, 8, 8,
                                    "NVIDIA H200 datasheet (SXM), HGX H200 (8x NDR 400 Gb/s)", 67, 132};
 
-// The preset of that name (a100-80gb, h100-80gb, h200); InputError listing them otherwise.
+inline constexpr DevicePeaks kB200{"b200", 2250, 720, 45, 25, 183359, 8000, 900, 400, 8, 8,
+                                   "NVIDIA HGX B200 datasheet (1,000 W), DGX B200 (8x ConnectX-7 400 Gb/s)", 80, 148};
+
+// The preset of that name (a100-80gb, h100-80gb, h200, b200); InputError listing them otherwise.
 const DevicePeaks& device_preset(std::string_view name);
 std::vector<std::string> device_preset_names();
 
