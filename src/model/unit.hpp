@@ -80,10 +80,11 @@ inline GemmDesc gemm_with(const Tensor& w) {
 
 // What a unit's forward keeps for its backward; freed (back to the pool) by clear().
 //
-// --activation-dtype bf16 (ModelSpec::activation_dtype): a unit computes its forward in f32, then
-// the runner narrows what it saved to bf16 (narrow(), right after the forward) and widens it again
-// just before the backward (widen()), so between the two every unit's saved tensors take half
-// the memory, Megatron's 2 bytes an activation. Statistics and indices (the norms' mean and rstd,
+// --activation-dtype bf16 (ModelSpec::activation_dtype): a unit computes its forward in f32 (but
+// for what crosses the tensor-parallel group, src/model/tp.hpp, and a GPU's naive attention,
+// blocks/attention.hpp), then the runner narrows what it saved to bf16 (narrow(), right after the
+// forward) and widens it again just before the backward (widen()), so between the two every unit's
+// saved tensors take half the memory, Megatron's 2 bytes an activation. Statistics and indices (the norms' mean and rstd,
 // attention's lse, a router's probabilities, weights and routing) stay f32: add_f32.
 class Saved {
  public:

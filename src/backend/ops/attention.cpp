@@ -22,14 +22,16 @@ std::array<int64_t, 4> attention_shape(const Tensor& qkv, const Tensor& out, con
 
 // The naive attention's operands: all f32, or (a GPU whose products round) qkv, the probabilities
 // and the output gradient bf16 (bf16 products on the tensor cores, f32 sums, the softmax in f32).
-// out and dqkv: any float type out, f32 dqkv (its K/V heads sum over a group's query heads).
+// `other` (the output, or the output's gradient): f32, or bf16 beside bf16 operands (cuBLAS writes
+// no bf16 product of f32 operands). dqkv: attention_backward's own check.
 void check_dtypes(const Tensor& qkv, const Tensor& att, const Tensor& other, const char* op) {
   const DType t = qkv.dtype();
   SHARD_CHECK((t == DType::f32 || t == DType::bf16) && att.dtype() == t,
               "{}: qkv {} and probabilities {}: expected both f32 or both bf16", op, dtype_name(t),
               dtype_name(att.dtype()));
-  SHARD_CHECK(other.dtype() == DType::f32 || other.dtype() == DType::bf16, "{}: {} output or gradient", op,
-              dtype_name(other.dtype()));
+  SHARD_CHECK(other.dtype() == DType::f32 || (other.dtype() == DType::bf16 && t == DType::bf16),
+              "{}: a {} output or gradient beside {} qkv: f32, or bf16 beside bf16", op, dtype_name(other.dtype()),
+              dtype_name(t));
 }
 
 // The naive attention's cost, as two operations: its products (score and output products forward;

@@ -39,7 +39,8 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
 // other workspace (so the peak holds the same blocks as before the core was shared).
 Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::string& prefix);
 
-// dqkv (like s("qkv")) = attention's gradient from datty (B*T, H v); the probabilities come from
+// dqkv = attention's gradient from datty (B*T, H v): f32, or bf16 like a bf16 s("qkv") where no K/V
+// head sums over a group of query heads (ops/attention.hpp, cudnn_attention.hpp); the probabilities come from
 // s("att"), or are recomputed from s("qkv") (as "<prefix>att (recomputed)") when forward dropped
 // them. Kernels are deterministic, so both give the same bits.
 void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Tensor scratch, const AttentionShape& a,

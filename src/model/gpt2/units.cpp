@@ -260,8 +260,9 @@ class BlockUnit final : public Unit {
     matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
                     tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
                     N, A, C);
-    // Where cuDNN kept q, k, v in bf16 (attention_forward), it writes their gradient in bf16 too:
-    // c_attn's products read it as they would round it, its bias gradient widens it as it sums.
+    // Where the attention kept q, k, v in bf16 (cuDNN's, or the naive one's under --activation-dtype
+    // bf16: blocks::attention_forward), it writes their gradient in bf16 too: c_attn's products read
+    // it as they would round it, its bias gradient widens it as it sums.
     Tensor dqkv = big.view(s("qkv").dtype(), {B, T, 3 * A});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), shape, prefix_);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
