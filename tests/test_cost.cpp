@@ -276,7 +276,8 @@ TEST_CASE("the naive attention's products run on tensor cores where the activati
   const double product = 2.0 * B * 12 * 1024.0 * 1024.0 * 64;
   auto products = [&](Device target, double& tensor, double& vector, double& att_bytes) {
     tensor = vector = att_bytes = 0;
-    for (const OpCost& op : step_costs(c, 1, 0, B, target).ops()) {
+    const CostLedger l = step_costs(c, 1, 0, B, target);
+    for (const OpCost& op : l.ops()) {
       if (std::string_view(op.name) == "attention_products") tensor += op.tensor_flops, vector += op.flops;
       if (std::string_view(op.name) == "attention_softmax") att_bytes += op.bytes;
     }
