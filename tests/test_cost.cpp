@@ -297,6 +297,27 @@ TEST_CASE("the naive attention's products run on tensor cores where the activati
   CHECK(vector == Approx(12 * 6 * product));
 }
 
+TEST_CASE("a GPU's gradient norm reads the bf16 gradients as they are; the CPU's widens them first", "[cost]") {
+  const TrainConfig c = gpt2_config(DType::bf16);
+  // The norm's reads, and the largest cast (the CPU's f32 copy of every gradient: 6 bytes each).
+  auto norm = [&](Device target, double& bytes, double& largest_cast) {
+    const CostLedger l = step_costs(c, 1, 0, 2, target);
+    bytes = largest_cast = 0;
+    for (const OpCost& op : l.ops()) {
+      if (std::string_view(op.name) == "sum_squares") bytes += op.bytes;
+      if (std::string_view(op.name) == "cast") largest_cast = std::max(largest_cast, op.bytes);
+    }
+  };
+  double gpu = 0, cpu = 0, gpu_cast = 0, cpu_cast = 0;
+  norm(Device::cuda, gpu, gpu_cast);
+  norm(Device::cpu, cpu, cpu_cast);
+  // The same gradients: 2 bytes each read on the GPU, 4 (the f32 copy) on the CPU.
+  CHECK(gpu == 124439808.0 * 2);  // every gradient once
+  CHECK(gpu * 2 == cpu);
+  CHECK(cpu_cast == Approx(1.5 * cpu));
+  CHECK(gpu_cast < 1.5 * cpu);  // no copy of them on the GPU
+}
+
 TEST_CASE("a GPU's ledger fuses GPT-2's biases and GELU into the products' epilogues; the CPU's does not",
           "[cost]") {
   // Per block: c_attn and c_fc (column-parallel) and both row-parallel projections at tp 1 carry

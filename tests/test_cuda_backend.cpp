@@ -159,6 +159,22 @@ TEST_CASE("cuda element-wise ops, casts and reductions match the cpu backend", "
   e.gpu->max_abs(tx, to, false);
   e.cpu->max_abs(host(x), host(ref), false);
   CHECK(e.download(out, DType::f32, 1)[0] == ref[0]);
+  // bf16 read as it is (the gradient norm of bf16 gradients): the same bits as of its f32 widening
+  // on the GPU, accumulated onto what out holds.
+  {
+    CHECK(e.gpu->reduces_bf16());
+    Block xb = e.upload(x, DType::bf16, "x bf16");
+    const std::vector<float> widened = e.download(xb, DType::bf16, n);
+    Block xw = e.upload(widened, DType::f32, "x widened");
+    for (auto reduce : {&Backend::sum, &Backend::sum_squares, &Backend::max_abs}) {
+      ((*e.gpu).*reduce)(Env::dev(xw, DType::f32, n), to, false);
+      ((*e.gpu).*reduce)(Env::dev(xw, DType::f32, n), to, true);
+      const float want = e.download(out, DType::f32, 1)[0];
+      ((*e.gpu).*reduce)(Env::dev(xb, DType::bf16, n), to, false);
+      ((*e.gpu).*reduce)(Env::dev(xb, DType::bf16, n), to, true);
+      CHECK(e.download(out, DType::f32, 1)[0] == want);
+    }
+  }
 
   // Casts round exactly as the CPU does (round to nearest even).
   for (DType t : {DType::bf16, DType::f16}) {

@@ -94,6 +94,9 @@ class Backend {
   // Whether GEMMs with bf16 operands (and round_inputs_to) run much faster here than f32 ones: the
   // model then hands the gathered bf16 parameters to them (ParamSet::gemm) instead of f32 copies.
   virtual bool low_precision_gemm() const { return false; }
+  // Whether sum, sum_squares and max_abs read a bf16 x as it is (widened as read, in the order an f32
+  // x is read: the result of a widened copy without the copy). The CPU's take f32 only.
+  virtual bool reduces_bf16() const { return false; }
   // Where a step's costs are written instead of computed (the meta backend's, when a prediction
   // prices the step: src/backend/cost.hpp); nullptr elsewhere.
   virtual CostLedger* cost_ledger() { return nullptr; }
@@ -161,7 +164,8 @@ class Backend {
   virtual void add_bias(Tensor x, Tensor bias) = 0;
 
   // ---- reductions ----
-  // out[0] (+)= sum(x) / sum(x^2) / max|x|; accumulate adds to (or maxes with) what out holds.
+  // out[0] (+)= sum(x) / sum(x^2) / max|x|; accumulate adds to (or maxes with) what out holds. x
+  // f32, or bf16 where reduces_bf16().
   virtual void sum(Tensor x, Tensor out, bool accumulate) = 0;
   virtual void sum_squares(Tensor x, Tensor out, bool accumulate) = 0;
   virtual void max_abs(Tensor x, Tensor out, bool accumulate) = 0;

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
   void wait(StreamKind s, const Event& e) override;
   void synchronize() override;
   bool low_precision_gemm() const override { return true; }
+  bool reduces_bf16() const override { return true; }
 
   // ---- matrix products (cuda_backend.cpp; with epilogues, cuBLASLt: gemm_epilogue.cpp) ----
   void gemm(const GemmDesc& d, const void* a, const void* b, void* c) override;

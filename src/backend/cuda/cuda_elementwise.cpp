@@ -67,10 +67,11 @@ void CudaBackend::add_bias(Tensor x, Tensor bias) {
 // ---- reductions ---------------------------------------------------------------------------------
 
 void CudaBackend::reduce(Tensor x, Tensor out, bool accumulate, ReduceKind k, const char* name) {
-  check_f32(x, name);
+  SHARD_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "{}: f32 or bf16 input, got {}", name,
+              dtype_name(x.dtype()));
   check_f32(out, name);
   SHARD_CHECK(out.numel() == 1, "{}: out must hold 1 element, has {}", name, out.numel());
-  CUDA_CHECK(launch_reduce(x.ptr<float>(), x.numel(), k, partial_, out.ptr<float>(), accumulate, compute_));
+  CUDA_CHECK(launch_reduce(x.data(), x.dtype(), x.numel(), k, partial_, out.ptr<float>(), accumulate, compute_));
 }
 
 void CudaBackend::sum(Tensor x, Tensor out, bool accumulate) { reduce(x, out, accumulate, ReduceKind::sum, "sum"); }

@@ -62,9 +62,11 @@ __device__ double block_reduce(ReduceKind k, double v) {
   return shared[0];
 }
 
-__global__ void reduce_partial_kernel(const float* x, int64_t n, ReduceKind k, double* partial) {
+// x f32 or bf16 (widened as read: the same sums as of a widened copy).
+template <class T>
+__global__ void reduce_partial_kernel(const T* x, int64_t n, ReduceKind k, double* partial) {
   double acc = 0.0;
-  GRID_STRIDE_LOOP(i, n) acc = reduce_combine(k, acc, reduce_map(k, x[i]));
+  GRID_STRIDE_LOOP(i, n) acc = reduce_combine(k, acc, reduce_map(k, to_f32(x[i])));
   double r = block_reduce(k, acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = r;
 }
@@ -152,10 +154,13 @@ cudaError_t launch_mul(const float* a, const float* b, float* out, int64_t n, cu
   return cudaGetLastError();
 }
 
-cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* partial, float* out, bool accumulate,
-                          cudaStream_t s) {
+cudaError_t launch_reduce(const void* x, DType xt, int64_t n, ReduceKind k, double* partial, float* out,
+                          bool accumulate, cudaStream_t s) {
   const Launches L = reduce_launches(n);
-  reduce_partial_kernel<<<L[0].x, kThreads, 0, s>>>(x, n, k, partial);
+  if (xt == DType::bf16)
+    reduce_partial_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), n, k, partial);
+  else
+    reduce_partial_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<const float*>(x), n, k, partial);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   reduce_final_kernel<<<L[1].x, kThreads, 0, s>>>(partial, static_cast<int>(L[0].x), k, out, accumulate);

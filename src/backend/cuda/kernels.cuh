@@ -23,9 +23,10 @@ cudaError_t launch_scale(float* x, float alpha, int64_t n, cudaStream_t s);
 cudaError_t launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
 cudaError_t launch_mul(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
 cudaError_t launch_add_into(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, cudaStream_t s);
-// out[0] (+)= reduction of x; partial is a device workspace of kReduceBlocks doubles.
-cudaError_t launch_reduce(const float* x, int64_t n, ReduceKind k, double* partial, float* out, bool accumulate,
-                          cudaStream_t s);
+// out[0] (+)= reduction of x (f32, or bf16 widened as read); partial is a device workspace of
+// kReduceBlocks doubles.
+cudaError_t launch_reduce(const void* x, DType xt, int64_t n, ReduceKind k, double* partial, float* out,
+                          bool accumulate, cudaStream_t s);
 // out[c] (+)= sum_r x[r, c]; partial is a device workspace of sum_rows_chunks(rows, cols) x cols doubles.
 // x f32 or bf16 (xt).
 cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, float* out,

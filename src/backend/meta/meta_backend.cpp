@@ -45,6 +45,7 @@ class MetaBackend final : public Backend {
   bool low_precision_gemm() const override {
     return ledger_ != nullptr ? ledger_->target() == Device::cuda : low_precision_;
   }
+  bool reduces_bf16() const override { return low_precision_gemm(); }  // as a GPU's
 
   void* raw_alloc(size_t bytes) override {
     // 256-byte aligned, with a gap between blocks.
@@ -171,7 +172,10 @@ class MetaBackend final : public Backend {
            [&] { return cuda::cast_launches(n); });
   }
   void reduce(const char* name, const Tensor& x) {
-    charge(name, x.numel(), pass_bytes(x.numel(), 1, 0), [&] { return cuda::reduce_launches(x.numel()); });
+    SHARD_CHECK(x.dtype() == DType::f32 || (x.dtype() == DType::bf16 && reduces_bf16()), "{}: {} input on a {}", name,
+                dtype_name(x.dtype()), reduces_bf16() ? "GPU" : "CPU");
+    charge(name, x.numel(), pass_bytes(x.numel(), 1, 0, dtype_size(x.dtype())),
+           [&] { return cuda::reduce_launches(x.numel()); });
   }
 
   // Non-canonical on x86-64 (bits 48-63 differ from bit 47): any dereference faults at once, and
