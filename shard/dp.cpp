@@ -68,12 +68,15 @@ class Dp final : public Strategy {
     return grad_views(u, [&](size_t x) { return grads_[x].flat(reduce_dtype()); });
   }
 
-  double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale) override {
+  // The gradient comes back over the logits (f32, as rank 0 computed it), then into dlogits where
+  // that is a buffer of its own (bf16: rounded once, as the head's products would round it).
+  double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale, Tensor dlogits) override {
     Block all;
     Tensor all_t = gather_logits(pool, logits, batch, all);
     double sum = 0;
-    if (rank_ == 0) sum = UnitHooks::loss(be, pool, all_t, global_batch(batch), dlogit_scale);
+    if (rank_ == 0) sum = UnitHooks::loss(be, pool, all_t, global_batch(batch), dlogit_scale, all_t);
     env_.comm.scatter(all_t, logits, 0).wait();
+    if (dlogits.data() != logits.data()) be.cast(dlogits, logits);
     return sum;
   }
 

@@ -321,6 +321,17 @@ void loss_case(Run& r) {
                        V - 1, mx, sumexp, tlogit, 0.25f);
 }
 
+// The cross-entropy writing its gradient in bf16, a buffer of its own (what a GPU's head reads),
+// cast back to f32 to be compared; the logits stay as they were.
+void loss_bf16_case(Run& r) {
+  const int64_t N = 5, V = 300;
+  const std::vector<int32_t> targets = {0, 299, 3, 7, 150};
+  Tensor logits = r.out("logits kept", {N, V}, true, -3.f, 3.f);
+  Tensor d = r.bf16_of("dlogits bf16", r.in("dlogits init", {N * V}));
+  ops::cross_entropy(r.be, r.out("losses", {N}), d, logits, targets.data(), 0.25f);
+  r.be.cast(r.out("dlogits", {N * V}), d);
+}
+
 void optimizer_case(Run& r) {
   const int64_t n = 37;  // not a multiple of 4: the CUDA kernels' scalar path
   AdamWArgs a;
@@ -393,6 +404,7 @@ std::vector<OpCase> op_cases() {
       {"flash attention pieces (context parallelism)", 1e-4, flash_pieces_case},
       {"kv_cache", 1e-4, kv_cache_case},
       {"loss", 1e-5, loss_case},
+      {"loss (bf16 gradient)", 1e-2, loss_bf16_case},  // a rounding apart where the f32 values straddle one
       {"optimizer", 1e-5, optimizer_case},
       {"muon (f32 iteration)", 1e-4, [](Run& r) { muon_case(r, DType::f32); }},
       // bf16 storage on a GPU against f32 storage rounded to bf16 on the CPU: roundings apart
@@ -446,6 +458,24 @@ TEST_CASE("every operation family on the cuda backend matches the cpu", "[cuda][
       CHECK(err <= c.tol * scale);
     }
   }
+}
+
+TEST_CASE("the cross-entropy's bf16 gradient is its f32 gradient rounded once", "[ops]") {
+  auto cpu = make_cpu_backend(BackendConfig{});
+  const int64_t N = 3, V = 257;
+  const std::vector<int32_t> targets = {5, 0, 256};
+  std::vector<float> logits = test::random_vector("ce bf16 logits", N * V, -4.f, 4.f), losses(N), want(N * V);
+  std::vector<bf16> got(N * V);
+  const Tensor z = Tensor::of(std::span<float>(logits)).reshape(std::vector<int64_t>{N, V});
+  ops::cross_entropy(*cpu, Tensor::of(std::span<float>(losses)), Tensor::of(std::span<float>(want)), z,
+                     targets.data(), 0.5f);
+  ops::cross_entropy(*cpu, Tensor::of(std::span<float>(losses)), Tensor::of(std::span<bf16>(got)), z, targets.data(),
+                     0.5f);
+  for (size_t i = 0; i < want.size(); ++i) REQUIRE(float(got[i]) == test::round_to(want[i], DType::bf16));
+  // Not over the logits themselves: their rows are read while others are written.
+  CHECK_THROWS_WITH(ops::cross_entropy(*cpu, Tensor::of(std::span<float>(losses)),
+                                       Tensor(z.data(), DType::bf16, {N * V}), z, targets.data(), 0.5f),
+                    Catch::Contains("a buffer of their own"));
 }
 
 // The quantization family against its definition (ops/quantize.hpp), worked out here element by

@@ -318,6 +318,38 @@ TEST_CASE("a GPU's gradient norm reads the bf16 gradients as they are; the CPU's
   CHECK(gpu_cast < 1.5 * cpu);  // no copy of them on the GPU
 }
 
+TEST_CASE("a GPU's cross-entropy writes the logits' gradient in bf16 for the head's products: no rounding pass",
+          "[cost]") {
+  // GPT-2 124M, 2 x 1,024 positions: the loss reads the f32 logits once and writes bf16 gradients
+  // (6 bytes a logit) and no cast rounds N V values after it; the same under DP (the gradient comes
+  // back over the logits in f32, then rounded) and on the last stage of a pipeline.
+  TrainConfig c = gpt2_config(DType::bf16);
+  const double NV = 2.0 * 1024 * 50257;
+  auto loss_bytes = [&](const CostLedger& l, double& largest_cast) {
+    double b = 0;
+    largest_cast = 0;
+    for (const OpCost& op : l.ops()) {
+      if (std::string_view(op.name) == "cross_entropy") b += op.bytes;
+      if (std::string_view(op.name) == "cast") largest_cast = std::max(largest_cast, op.bytes);
+    }
+    return b;
+  };
+  double cast = 0;
+  CHECK(loss_bytes(step_costs(c, 1, 0, 2, Device::cuda), cast) == Approx(6 * NV));
+  CHECK(cast < 6 * NV);
+  CHECK(loss_bytes(step_costs(c, 1, 0, 2, Device::cpu), cast) == Approx(8 * NV));  // f32, in place
+  c.strategy = c.strategy.under(StrategyKind::dp);
+  // Rank 0: both ranks' rows in place in f32, then its own rows' gradient rounded after the scatter.
+  CHECK(loss_bytes(step_costs(c, 2, 0, 2, Device::cuda), cast) == Approx(2 * 8 * NV));
+  CHECK(cast == Approx(6 * NV));
+  c.strategy = c.strategy.under(StrategyKind::ddp);
+  c.layout.dims.pp = 2;
+  c.accum = 2;
+  c.batch = 2 * 2;
+  CHECK(loss_bytes(step_costs(c, 2, 1, 1, Device::cuda), cast) == Approx(2 * 6 * NV / 2));  // 2 micro-batches of 1
+  CHECK(cast < 6 * NV / 2);
+}
+
 TEST_CASE("a GPU's ledger fuses GPT-2's biases and GELU into the products' epilogues; the CPU's does not",
           "[cost]") {
   // Per block: c_attn and c_fc (column-parallel) and both row-parallel projections at tp 1 carry

@@ -80,7 +80,14 @@ class Executor {
         be_.copy(Tensor::of(std::span<float>(*logits_out_)), logits);
       }
       if (aux) finish_aux(std::move(aux), N, f);
-      loss_sum_ += head_loss(hooks_, be_, pool_, tp_, spec_, logits, b, dlogit_scale_, train);
+      // The logits' gradient in a block of its own where the head reads it so (a GPU's bf16), the
+      // f32 logits then freed (runner.hpp's logits_gradient).
+      f.dlogits = logits_gradient(*units_[static_cast<size_t>(first + n - 1)], pool_, tp_, spec_, logits, train);
+      const Tensor dlogits =
+          f.dlogits ? f.dlogits.view(units_[static_cast<size_t>(first + n - 1)]->output_grad_dtype(), {N, logits.numel() / N})
+                    : Tensor();
+      loss_sum_ += head_loss(hooks_, be_, pool_, tp_, spec_, logits, b, dlogit_scale_, train, dlogits);
+      if (f.dlogits) last.reset();
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
     } else {
@@ -106,7 +113,11 @@ class Executor {
     // The whole model's auxiliary channel of this micro-batch, finished by the last chunk and passed
     // back with the gradients.
     std::unique_ptr<AuxChannel> aux = std::move(f.aux);
-    if (a.chunk == last_chunk_) {
+    if (a.chunk == last_chunk_ && f.dlogits) {  // the loss wrote d(loss)/d(logits) in a block of its own
+      const Unit& head = *units_[static_cast<size_t>(first + n - 1)];
+      dnext = std::move(f.dlogits);
+      dout = dnext.flat(head.output_grad_dtype());
+    } else if (a.chunk == last_chunk_) {
       dout = f.outs.back().flat(DType::f32);  // the loss left d(loss)/d(logits) there
     } else {
       dnext = take(a);
@@ -194,6 +205,7 @@ class Executor {
     std::vector<Block> outs;     // each unit's output
     std::vector<Saved> saved;    // what each unit's backward needs
     std::unique_ptr<AuxChannel> aux;  // the last chunk's: the micro-batch's finished auxiliary channel
+    Block dlogits;               // the last chunk's: the logits' gradient, where it has a block of its own
   };
 
   // ---- the auxiliary channel (src/model/aux.hpp), behind the messages ----

@@ -190,6 +190,11 @@ class Unit {
   virtual void backward(UnitContext& ctx, const ParamSet& p, const ParamSet& g, Saved& saved, Tensor in,
                         Tensor dout, Tensor din) = 0;
 
+  // The dtype this unit's backward reads its output's gradient in, as its last forward found it:
+  // f32, or a head's products' dtype where they round (bf16 on a GPU: blocks::products_round), in
+  // which the loss then writes the logits' gradient (runner.hpp's head_loss), each rounded once.
+  DType output_grad_dtype() const { return output_grad_dtype_; }
+
   // Incremental decoding (sample's KV cache, decode.hpp): whether forward_cached is written.
   virtual bool decodes() const { return false; }
   // forward() of positions [pos0, pos0 + batch.T) of batch.B sequences whose earlier positions
@@ -198,6 +203,9 @@ class Unit {
   // values, for spec.seq positions), allocating it on the first call. out as forward's. The
   // default refuses: a unit that decodes overrides both.
   virtual void forward_cached(UnitContext& ctx, const ParamSet& p, Tensor in, Tensor out, Saved& cache, int64_t pos0);
+
+ protected:
+  DType output_grad_dtype_ = DType::f32;  // output_grad_dtype(): a head's forward sets it
 
  private:
   UnitLayout layout_;

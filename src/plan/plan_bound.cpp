@@ -93,12 +93,16 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
   // whatever the flag (blocks::save_product_operand): 2 bytes each, still a lower bound.
   const bool gpu_rounds = c_.train.device == Device::cuda && c_.train.strategy.precision.param_dtype != DType::f32;
   const double saved_share = double(gpu_rounds ? 2 : dtype_size(s.activation_dtype)) / sizeof(float);
+  // The model's last output (the logits) held until its backward: on such a GPU the loss may write
+  // its gradient in bf16 and free the f32 logits (runner.hpp's logits_gradient): 2 bytes each.
+  const double head_share = gpu_rounds ? 0.5 : 1.0;
   const std::vector<std::pair<int, int>>& chunks = f.chunks.at(ks);
   std::vector<double> whole(chunks.size()), last_out(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto [first, count] = chunks[i];
     for (int u = first > 0 ? first - 1 : first; u < first + count; ++u)
-      whole[i] += double(units.at(static_cast<size_t>(u))->out_elems(s, B, T));
+      whole[i] += (static_cast<size_t>(u) + 1 == units.size() ? head_share : 1.0) *
+                  double(units.at(static_cast<size_t>(u))->out_elems(s, B, T));
     for (int u = first; u < first + count; ++u)
       whole[i] += saved_share *
                   double(units.at(static_cast<size_t>(u))->saved_elems_at_least(s, B, T, e.checkpointing, d.cp > 1));

@@ -5,9 +5,6 @@
 namespace shardlab::cuda {
 namespace {
 
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-
 // One warp per row of scaled scores, in place, stored as S (f32, or bf16 where the products round:
 // read as f32, computed in f32, the probabilities rounded once). Each lane reads and rewrites only
 // its own elements, after the warp-wide max and sum are known.
@@ -24,7 +21,7 @@ __global__ void causal_softmax_kernel(S* att, int64_t rows, int64_t T) {
   float sum = 0.f;
   for (int64_t s = lane; s <= t; s += kWarp) sum += expf(to_f32(a[s]) - mx);
   const float inv = 1.f / warp_allreduce(sum, SumOp{});
-  for (int64_t s = lane; s < T; s += kWarp) store(a + s, s <= t ? expf(to_f32(a[s]) - mx) * inv : 0.f);
+  for (int64_t s = lane; s < T; s += kWarp) store_f32(a + s, s <= t ? expf(to_f32(a[s]) - mx) * inv : 0.f);
 }
 
 template <class S>
@@ -38,7 +35,7 @@ __global__ void causal_softmax_backward_kernel(S* datt, const S* att, int64_t ro
   float dot = 0.f;
   for (int64_t s = lane; s <= t; s += kWarp) dot += to_f32(a[s]) * to_f32(d[s]);
   dot = warp_allreduce(dot, SumOp{});
-  for (int64_t s = lane; s < T; s += kWarp) store(d + s, s <= t ? to_f32(a[s]) * (to_f32(d[s]) - dot) * scale : 0.f);
+  for (int64_t s = lane; s < T; s += kWarp) store_f32(d + s, s <= t ? to_f32(a[s]) * (to_f32(d[s]) - dot) * scale : 0.f);
 }
 
 }  // namespace

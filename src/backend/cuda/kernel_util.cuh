@@ -41,6 +41,10 @@ __device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
 // A stored element as f32, for kernels templated on their input's type (f32 or bf16).
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+// An f32 value stored as a kernel templated on its output's type stores it (bf16: rounded to
+// nearest even, as every cast here rounds).
+__device__ __forceinline__ void store_f32(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_f32(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 #define GRID_STRIDE_LOOP(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)

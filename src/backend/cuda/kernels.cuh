@@ -157,8 +157,8 @@ cudaError_t launch_attention_cached(float* out, const float* qkv, const float* k
                                     int64_t pos0, cudaStream_t s);
 
 // losses (N) = -log softmax(logits)[target]; when dlogits is not null it receives
-// (softmax - onehot(target)) * dloss_scale. dlogits may alias logits.
-cudaError_t launch_cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+// (softmax - onehot(target)) * dloss_scale, stored as dt (f32, which may alias logits, or bf16).
+cudaError_t launch_cross_entropy(float* losses, void* dlogits, DType dt, const float* logits, const int32_t* targets,
                                  int64_t N, int64_t V, float dloss_scale, cudaStream_t s);
 // The vocabulary-parallel cross-entropy's steps (Backend::vocab_ce_*) over logits (N, Vl), of
 // which the first `valid` columns are real. cols (N) is each target's column in this shard, -1

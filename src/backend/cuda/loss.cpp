@@ -10,10 +10,9 @@ namespace shardlab::cuda {
 void cross_entropy(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                    float dloss_scale, int64_t N, int64_t V) {
   CudaBackend& cb = CudaBackend::of(be);
-  float* d = dlogits.data() ? dlogits.ptr<float>() : nullptr;
   const int32_t* ids = cb.upload_ids(targets, N, V, "target");
-  CUDA_CHECK(
-      launch_cross_entropy(losses.ptr<float>(), d, logits.ptr<float>(), ids, N, V, dloss_scale, cb.compute_stream()));
+  CUDA_CHECK(launch_cross_entropy(losses.ptr<float>(), dlogits.data(), dlogits.dtype(), logits.ptr<float>(), ids, N, V,
+                                  dloss_scale, cb.compute_stream()));
 }
 
 void vocab_ce_max(Backend& be, Tensor mx, Tensor logits, int64_t valid, int64_t N, int64_t Vl) {

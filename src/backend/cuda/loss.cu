@@ -26,17 +26,20 @@ __device__ double block_row_sumexp(const float* z, int64_t n, float mx) {
 // d[j] = (exp(z[j] - mx) * inv - [j == y]) * scale over [0, n); y outside [0, n) subtracts nothing.
 // Each thread writes only the elements it reads, so d may alias z once the block has finished
 // reading the rest of the row (block_allreduce ends in __syncthreads).
-__device__ void softmax_grad_row(float* d, const float* z, int64_t n, float mx, float inv, int64_t y, float scale) {
+// D: f32, or bf16 (a separate buffer, the products' operand: each gradient rounded once).
+template <class D>
+__device__ void softmax_grad_row(D* d, const float* z, int64_t n, float mx, float inv, int64_t y, float scale) {
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     float g = expf(z[j] - mx) * inv * scale;
     if (j == y) g -= scale;
-    d[j] = g;
+    store_f32(d + j, g);
   }
 }
 
 // The whole row (and the target's logit) is read in the max and sum passes before any thread
 // writes: dlogits may alias logits.
-__global__ void cross_entropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+template <class D>
+__global__ void cross_entropy_kernel(float* losses, D* dlogits, const float* logits, const int32_t* targets,
                                      int64_t V, float dloss_scale) {
   const int64_t row = blockIdx.x;
   const float* z = logits + row * V;
@@ -86,11 +89,16 @@ __global__ void vocab_ce_finish_kernel(float* losses, float* dlogits, const floa
 
 // cross_entropy_launches, vocab_ce_sums_launches and vocab_ce_finish_launches start with the
 // targets' upload (loss.cpp): their kernel is L[1].
-cudaError_t launch_cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+cudaError_t launch_cross_entropy(float* losses, void* dlogits, DType dt, const float* logits, const int32_t* targets,
                                  int64_t N, int64_t V, float dloss_scale, cudaStream_t s) {
   const Launches L = cross_entropy_launches(N, V);
   if (L.count == 0) return cudaSuccess;
-  cross_entropy_kernel<<<L[1].x, kCrossEntropyThreads, 0, s>>>(losses, dlogits, logits, targets, V, dloss_scale);
+  if (dt == DType::bf16)
+    cross_entropy_kernel<<<L[1].x, kCrossEntropyThreads, 0, s>>>(losses, static_cast<__nv_bfloat16*>(dlogits), logits,
+                                                                 targets, V, dloss_scale);
+  else
+    cross_entropy_kernel<<<L[1].x, kCrossEntropyThreads, 0, s>>>(losses, static_cast<float*>(dlogits), logits,
+                                                                 targets, V, dloss_scale);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <initializer_list>
+#include <vector>
 
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cuda/ops.hpp"
@@ -28,19 +29,32 @@ void cross_entropy(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, co
   const int64_t N = losses.numel();
   SHARD_CHECK(N > 0 && logits.numel() % N == 0, "cross_entropy: logits {} losses {}", logits.shape_str(),
               losses.shape_str());
-  if (dlogits.data() != nullptr) check_same_numel(dlogits, logits, "cross_entropy");
+  const bool grads = dlogits.data() != nullptr;
+  if (grads) {
+    check_same_numel(dlogits, logits, "cross_entropy");
+    SHARD_CHECK(dlogits.dtype() == DType::f32 || (dlogits.dtype() == DType::bf16 && dlogits.data() != logits.data()),
+                "cross_entropy: {} dlogits{}: f32, or bf16 in a buffer of their own", dtype_name(dlogits.dtype()),
+                dlogits.data() == logits.data() ? " over the logits" : "");
+  }
   const int64_t V = logits.numel() / N;
   switch (be.device()) {
-    case Device::cpu:
-      return cpu::cross_entropy(losses.ptr<float>(), f32_or_null(dlogits), logits.ptr<float>(), targets, N, V,
-                                dloss_scale);
+    case Device::cpu: {
+      if (!grads || dlogits.dtype() == DType::f32)
+        return cpu::cross_entropy(losses.ptr<float>(), f32_or_null(dlogits), logits.ptr<float>(), targets, N, V,
+                                  dloss_scale);
+      std::vector<float> d(static_cast<size_t>(N * V));  // each gradient rounded once, as the GPU's kernel rounds it
+      cpu::cross_entropy(losses.ptr<float>(), d.data(), logits.ptr<float>(), targets, N, V, dloss_scale);
+      return convert(d.data(), DType::f32, dlogits.data(), DType::bf16, d.size());
+    }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::cross_entropy(be, losses, dlogits, logits, targets, dloss_scale, N, V);
       return;
     case Device::meta:
-      return charge(
-          be, {.name = "cross_entropy", .flops = 6.0 * N * V, .bytes = pass_bytes(N * V, 1, dlogits.data() ? 1 : 0)},
-          [&] { return cuda::cross_entropy_launches(N, V); });
+      return charge(be,
+                    {.name = "cross_entropy",
+                     .flops = 6.0 * N * V,
+                     .bytes = pass_bytes(N * V, 1, 0) + (grads ? pass_bytes(N * V, 0, 1, dtype_size(dlogits.dtype())) : 0)},
+                    [&] { return cuda::cross_entropy_launches(N, V); });
   }
 }
 

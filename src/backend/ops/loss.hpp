@@ -6,7 +6,8 @@
 namespace shardlab::ops {
 
 // losses (N) = -log softmax(logits)[target]; when dlogits is not empty it receives
-// (softmax - onehot(target)) * dloss_scale (it may alias logits).
+// (softmax - onehot(target)) * dloss_scale: f32 (it may alias logits), or bf16 (a buffer of its
+// own: what a GPU's head products read, each gradient rounded once).
 void cross_entropy(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                    float dloss_scale);
 
