@@ -68,15 +68,24 @@ class Dp final : public Strategy {
     return grad_views(u, [&](size_t x) { return grads_[x].flat(reduce_dtype()); });
   }
 
-  // The gradient comes back over the logits (f32, as rank 0 computed it), then into dlogits where
-  // that is a buffer of its own (bf16: rounded once, as the head's products would round it).
-  double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale, Tensor dlogits) override {
-    Block all;
-    Tensor all_t = gather_logits(pool, logits, batch, all);
+  // The gradient comes back over the logits (f32, as rank 0 computed it), then, grad_dtype not f32,
+  // into a block of its own allocated once the gathered logits are gone (rounded once, as the
+  // head's products would round it).
+  double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale, DType grad_dtype,
+              Block& dlogits) override {
     double sum = 0;
-    if (rank_ == 0) sum = UnitHooks::loss(be, pool, all_t, global_batch(batch), dlogit_scale, all_t);
-    env_.comm.scatter(all_t, logits, 0).wait();
-    if (dlogits.data() != logits.data()) be.cast(dlogits, logits);
+    {
+      Block all;
+      Tensor all_t = gather_logits(pool, logits, batch, all);
+      Block in_place;
+      if (rank_ == 0) sum = UnitHooks::loss(be, pool, all_t, global_batch(batch), dlogit_scale, DType::f32, in_place);
+      env_.comm.scatter(all_t, logits, 0).wait();
+    }
+    if (grad_dtype != DType::f32) {
+      dlogits = pool.alloc(grad_dtype, logits.numel(), Category::activations,
+                           "dlogits (" + std::string(dtype_name(grad_dtype)) + ")");
+      be.cast(dlogits.flat(grad_dtype), logits);
+    }
     return sum;
   }
 

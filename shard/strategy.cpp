@@ -244,8 +244,10 @@ double Strategy::sum_squares(const std::vector<Tensor>& tensors, Pool* tier) con
   Tensor a = acc.flat(DType::f32);
   be.fill(a, 0.f);
   for (const Tensor& t : tensors) {
-    if (t.dtype() == DType::f32 || (t.dtype() == DType::bf16 && be.reduces_bf16())) {
-      be.sum_squares(t, a, true);  // a GPU reads bf16 gradients as they are: no f32 copy of them
+    // A GPU reads bf16 gradients as they are: no f32 copy of them (the host tier's, under
+    // --offload, is the CPU's, which takes f32 only).
+    if (t.dtype() == DType::f32 || (t.dtype() == DType::bf16 && be.reduces_bf16() && pool.tier() == Tier::device)) {
+      be.sum_squares(t, a, true);
       continue;
     }
     Block wide;

@@ -81,12 +81,10 @@ class Executor {
       }
       if (aux) finish_aux(std::move(aux), N, f);
       // The logits' gradient in a block of its own where the head reads it so (a GPU's bf16), the
-      // f32 logits then freed (runner.hpp's logits_gradient).
-      f.dlogits = logits_gradient(*units_[static_cast<size_t>(first + n - 1)], pool_, tp_, spec_, logits, train);
-      const Tensor dlogits =
-          f.dlogits ? f.dlogits.view(units_[static_cast<size_t>(first + n - 1)]->output_grad_dtype(), {N, logits.numel() / N})
-                    : Tensor();
-      loss_sum_ += head_loss(hooks_, be_, pool_, tp_, spec_, logits, b, dlogit_scale_, train, dlogits);
+      // f32 logits then freed (runner.hpp's logits_grad_dtype).
+      f.dlogits_dtype = logits_grad_dtype(*units_[static_cast<size_t>(first + n - 1)], tp_, spec_, train);
+      loss_sum_ += head_loss(hooks_, be_, pool_, tp_, spec_, logits, b, dlogit_scale_, train, f.dlogits_dtype,
+                             &f.dlogits);
       if (f.dlogits) last.reset();
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
@@ -114,9 +112,8 @@ class Executor {
     // back with the gradients.
     std::unique_ptr<AuxChannel> aux = std::move(f.aux);
     if (a.chunk == last_chunk_ && f.dlogits) {  // the loss wrote d(loss)/d(logits) in a block of its own
-      const Unit& head = *units_[static_cast<size_t>(first + n - 1)];
       dnext = std::move(f.dlogits);
-      dout = dnext.flat(head.output_grad_dtype());
+      dout = dnext.flat(f.dlogits_dtype);
     } else if (a.chunk == last_chunk_) {
       dout = f.outs.back().flat(DType::f32);  // the loss left d(loss)/d(logits) there
     } else {
@@ -206,6 +203,7 @@ class Executor {
     std::vector<Saved> saved;    // what each unit's backward needs
     std::unique_ptr<AuxChannel> aux;  // the last chunk's: the micro-batch's finished auxiliary channel
     Block dlogits;               // the last chunk's: the logits' gradient, where it has a block of its own
+    DType dlogits_dtype = DType::f32;
   };
 
   // ---- the auxiliary channel (src/model/aux.hpp), behind the messages ----

@@ -4,7 +4,7 @@
 // A forward of (chunk c, micro-batch m) receives its input from the previous chunk's rank (the
 // first chunk takes the tokens), runs the chunk's units keeping what their backward needs, and
 // sends its output on; the last chunk computes the loss instead, leaving d(loss)/d(logits) in
-// place. A backward receives the gradient of its output (the last chunk has it), runs the units
+// place (or, a GPU's bf16 head, in a block of its own: runner.hpp's logits_grad_dtype). A backward receives the gradient of its output (the last chunk has it), runs the units
 // in reverse, and sends the gradient of its input back. Point-to-point semantics are the ones
 // check_schedule simulates: a send is posted and the rank moves on; each action first posts its
 // own receive and those of the next forward and backward that need one; before it waits for its

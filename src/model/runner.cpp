@@ -60,8 +60,10 @@ double vocab_parallel_loss(Backend& be, Pool& pool, const TpContext& tp, const M
 }
 
 double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale,
-                       Tensor dlogits) {
-  return cross_entropy_sum(be, pool, logits, batch, dlogits, dlogit_scale);
+                       DType grad_dtype, Block& dlogits) {
+  if (grad_dtype == DType::f32) return cross_entropy_sum(be, pool, logits, batch, logits, dlogit_scale);
+  dlogits = pool.alloc(grad_dtype, logits.numel(), Category::activations, "dlogits (" + std::string(dtype_name(grad_dtype)) + ")");
+  return cross_entropy_sum(be, pool, logits, batch, dlogits.flat(grad_dtype), dlogit_scale);
 }
 
 double UnitHooks::forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch) {
@@ -76,10 +78,9 @@ double UnitHooks::loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch&
 }
 
 double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor out,
-                 const Batch& batch, float dlogit_scale, bool backward, Tensor dlogits) {
-  const bool own = dlogits.data() != nullptr;
-  SHARD_CHECK(!own || (backward && !tp.active() && !blocks::chunked_loss(spec, tp.config)),
-              "the logits' gradient in a buffer of its own is the whole cross-entropy's, in a backward");
+                 const Batch& batch, float dlogit_scale, bool backward, DType grad_dtype, Block* dlogits) {
+  SHARD_CHECK(grad_dtype == DType::f32 || (dlogits && backward && !tp.active() && !blocks::chunked_loss(spec, tp.config)),
+              "the logits' gradient in {} is the whole cross-entropy's, in a backward, into a block", dtype_name(grad_dtype));
   if (blocks::chunked_loss(spec, tp.config)) {  // the head gave its N losses (as it decided by the same test)
     const std::vector<int64_t> rows{batch.B * batch.T};
     return hooks.loss_rows(be, pool, out.reshape(rows), batch, dlogit_scale, backward);
@@ -87,15 +88,14 @@ double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp,
   if (tp.active())
     return vocab_parallel_loss(be, pool, tp, spec, out, batch, backward ? out : Tensor(),
                                backward ? dlogit_scale : 0.f);
-  return backward ? hooks.loss(be, pool, out, batch, dlogit_scale, own ? dlogits : out)
-                  : hooks.forward_loss(be, pool, out, batch);
+  if (!backward) return hooks.forward_loss(be, pool, out, batch);
+  Block in_place;
+  return hooks.loss(be, pool, out, batch, dlogit_scale, grad_dtype, dlogits ? *dlogits : in_place);
 }
 
-Block logits_gradient(const Unit& head, Pool& pool, const TpContext& tp, const ModelSpec& spec, const Tensor& logits,
-                      bool backward) {
-  const DType t = head.output_grad_dtype();
-  if (!backward || t == DType::f32 || tp.active() || blocks::chunked_loss(spec, tp.config)) return {};
-  return pool.alloc(t, logits.numel(), Category::activations, "dlogits (" + std::string(dtype_name(t)) + ")");
+DType logits_grad_dtype(const Unit& head, const TpContext& tp, const ModelSpec& spec, bool backward) {
+  if (!backward || tp.active() || blocks::chunked_loss(spec, tp.config)) return DType::f32;
+  return head.output_grad_dtype();
 }
 
 Block forward_unit(Unit& unit, size_t u, UnitContext& ctx, UnitHooks& hooks, Tensor in, Saved& saved,
@@ -237,13 +237,13 @@ RunResult run_forward_backward(const std::vector<std::unique_ptr<Unit>>& units, 
   if (aux) finish_aux(hooks, *aux, dlogit_scale, N, r);
   // The gradient flowing into unit u's output: the last unit's in the logits, or (a GPU's bf16
   // head) in a block of its own, the f32 logits then freed.
-  Block dnext = logits_gradient(*units.back(), pool, tp, spec, out, true);
-  const Tensor dlogits = dnext ? dnext.view(units.back()->output_grad_dtype(), {N, out.numel() / N}) : Tensor();
-  r.loss_sum = head_loss(hooks, be, pool, tp, spec, out, batch, dlogit_scale, true, dlogits);
+  const DType grad_dtype = logits_grad_dtype(*units.back(), tp, spec, true);
+  Block dnext;
+  r.loss_sum = head_loss(hooks, be, pool, tp, spec, out, batch, dlogit_scale, true, grad_dtype, &dnext);
   Tensor dout = out;
   if (dnext) {
+    dout = dnext.view(grad_dtype, {N, out.numel() / N});
     outs.back().reset();
-    dout = dlogits;
   }
   for (size_t u = U; u-- > 0;) {
     const Tensor in = u == 0 ? Tensor() : outs[u - 1].flat(DType::f32);

@@ -26,9 +26,11 @@ class UnitHooks {
   // the W pass, and after_backward(u) follows it.
   virtual void after_input_grad(size_t u) {}
   // Cross-entropy of this rank's logits (N, V): returns the sum of the N losses and writes
-  // d(loss)/d(logits) times dlogit_scale to dlogits (the logits themselves when it is they; or a
-  // bf16 buffer of their own: runner.hpp's head_loss). DP overrides it (the loss lives on rank 0).
-  virtual double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale, Tensor dlogits);
+  // d(loss)/d(logits) times dlogit_scale over the logits (grad_dtype f32), or into `dlogits`, a block
+  // of grad_dtype it allocates (each gradient rounded once: logits_grad_dtype). DP overrides it (the
+  // loss lives on rank 0).
+  virtual double loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale,
+                      DType grad_dtype, Block& dlogits);
   // Forward-only (evaluation): the sum of this rank's share of the N losses; logits are left as
   // they are and no gradient is computed. DP overrides it (rank 0 takes the whole batch's sum).
   virtual double forward_loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch);
@@ -81,16 +83,17 @@ RunResult run_forward(const std::vector<std::unique_ptr<Unit>>& units, const Mod
 // The loss of the last unit's output `out` (N rows): the chunked head's losses summed
 // (blocks::chunked_loss), else the vocabulary-parallel loss over `tp` when it is active, else the
 // cross-entropy of the logits; with `backward`, out is left holding its gradient (logits: d(loss)/d(logits) times
-// dlogit_scale; chunked: dlogit_scale per position), or `dlogits` when given (the cross-entropy's
-// only: logits_gradient's buffer). The loop's and the pipeline executor's.
+// dlogit_scale; chunked: dlogit_scale per position), or, grad_dtype not f32 (the cross-entropy's
+// only: logits_grad_dtype), *dlogits receives a block of that dtype holding it. The loop's and the
+// pipeline executor's.
 double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor out,
-                 const Batch& batch, float dlogit_scale, bool backward, Tensor dlogits = {});
-// Where the cross-entropy writes the logits' gradient when `head`'s backward reads it in a dtype
-// of its own (Unit::output_grad_dtype: bf16 on a GPU): a block of that dtype for `logits`, each
-// gradient rounded once as the head's products would round it; empty when it is f32 (the logits
-// are overwritten in place), under the chunked or the vocabulary-parallel loss, or without a backward.
-Block logits_gradient(const Unit& head, Pool& pool, const TpContext& tp, const ModelSpec& spec, const Tensor& logits,
-                      bool backward);
+                 const Batch& batch, float dlogit_scale, bool backward, DType grad_dtype = DType::f32,
+                 Block* dlogits = nullptr);
+// The dtype the cross-entropy writes the logits' gradient in for `head`'s backward: the head's own
+// (Unit::output_grad_dtype: bf16 on a GPU whose products round), each gradient rounded once as its
+// products would round it, in a block of its own (the f32 logits then freed); f32 (in place) under
+// the chunked or the vocabulary-parallel loss, or without a backward.
+DType logits_grad_dtype(const Unit& head, const TpContext& tp, const ModelSpec& spec, bool backward);
 
 // One unit's forward step, the loop's and the pipeline executor's (so both run the same
 // operations in the same order): its output allocated, the unit run on the hooks' forward

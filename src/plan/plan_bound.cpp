@@ -95,7 +95,7 @@ PlanBounds::Bound PlanBounds::stage(const PlanEntry& e, int k) {
   const double saved_share = double(gpu_rounds ? 2 : dtype_size(s.activation_dtype)) / sizeof(float);
   // The model's last output (the logits) held until its backward: on such a GPU the loss may write
   // its gradient in bf16 and free the f32 logits (runner.hpp's logits_gradient): 2 bytes each.
-  const double head_share = gpu_rounds ? 0.5 : 1.0;
+  const double head_share = gpu_rounds && d.tp == 1 && s.loss_chunk == 0 ? 0.5 : 1.0;
   const std::vector<std::pair<int, int>>& chunks = f.chunks.at(ks);
   std::vector<double> whole(chunks.size()), last_out(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {

@@ -10,6 +10,8 @@ namespace shardlab::cuda {
 void cross_entropy(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, const int32_t* targets,
                    float dloss_scale, int64_t N, int64_t V) {
   CudaBackend& cb = CudaBackend::of(be);
+  SHARD_CHECK(!dlogits.data() || dlogits.dtype() == DType::f32 || dlogits.dtype() == DType::bf16,
+              "cuda cross_entropy: {} dlogits", dtype_name(dlogits.dtype()));
   const int32_t* ids = cb.upload_ids(targets, N, V, "target");
   CUDA_CHECK(launch_cross_entropy(losses.ptr<float>(), dlogits.data(), dlogits.dtype(), logits.ptr<float>(), ids, N, V,
                                   dloss_scale, cb.compute_stream()));

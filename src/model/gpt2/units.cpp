@@ -329,10 +329,12 @@ class HeadUnit final : public Unit {
     Block rows = region_rows(c, "head region rows");
     const Tensor x = tp_region_input(c, lnf, rows_of(rows, N, C));
     const Tensor wte = p.gemm("wte.weight");
+    // The logits' gradient as the backward's products read it (the chunked and the vocabulary-
+    // parallel losses keep their own, in f32).
+    output_grad_dtype_ = !c.tp.active() && !blocks::chunked_loss(c.spec, tp_) && blocks::products_round(c, wte.dtype())
+                             ? wte.dtype()
+                             : DType::f32;
     if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, x, wte);
-    // The logits' gradient as the backward's products read it (the vocabulary-parallel loss keeps
-    // its own in place, in f32).
-    output_grad_dtype_ = !c.tp.active() && blocks::products_round(c, wte.dtype()) ? wte.dtype() : DType::f32;
     GemmDesc d = gemm_with(wte);  // logits (N, V) = lnf (N, C) @ wte^T
     d.trans_b = Trans::T;
     d.m = N, d.n = V, d.k = C;
