@@ -62,7 +62,8 @@ double vocab_parallel_loss(Backend& be, Pool& pool, const TpContext& tp, const M
 double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale,
                        DType grad_dtype, Block& dlogits) {
   if (grad_dtype == DType::f32) return cross_entropy_sum(be, pool, logits, batch, logits, dlogit_scale);
-  dlogits = pool.alloc(grad_dtype, logits.numel(), Category::activations, "dlogits (" + std::string(dtype_name(grad_dtype)) + ")");
+  dlogits = pool.alloc(grad_dtype, logits.numel(), Category::activations,
+                       "dlogits (" + std::string(dtype_name(grad_dtype)) + ")");
   return cross_entropy_sum(be, pool, logits, batch, dlogits.flat(grad_dtype), dlogit_scale);
 }
 
@@ -79,8 +80,10 @@ double UnitHooks::loss_rows(Backend& be, Pool& pool, Tensor losses, const Batch&
 
 double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp, const ModelSpec& spec, Tensor out,
                  const Batch& batch, float dlogit_scale, bool backward, DType grad_dtype, Block* dlogits) {
-  SHARD_CHECK(grad_dtype == DType::f32 || (dlogits && backward && !tp.active() && !blocks::chunked_loss(spec, tp.config)),
-              "the logits' gradient in {} is the whole cross-entropy's, in a backward, into a block", dtype_name(grad_dtype));
+  SHARD_CHECK(grad_dtype == DType::f32 ||
+                  (dlogits && backward && !tp.active() && !blocks::chunked_loss(spec, tp.config)),
+              "the logits' gradient in {} is the whole cross-entropy's, in a backward, into a block",
+              dtype_name(grad_dtype));
   if (blocks::chunked_loss(spec, tp.config)) {  // the head gave its N losses (as it decided by the same test)
     const std::vector<int64_t> rows{batch.B * batch.T};
     return hooks.loss_rows(be, pool, out.reshape(rows), batch, dlogit_scale, backward);

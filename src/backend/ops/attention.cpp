@@ -111,8 +111,8 @@ void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tenso
   check_same_numel(dqkv, qkv, "attention_backward");
   check_dtypes(qkv, att, dout, "attention_backward");
   // dqkv: f32, or bf16 beside bf16 operands where no K/V head sums over query heads (KV == H)
-  SHARD_CHECK(dout.dtype() == qkv.dtype() &&
-                  (dqkv.dtype() == DType::f32 || (dqkv.dtype() == DType::bf16 && qkv.dtype() == DType::bf16 && KV == H)),
+  const bool bf16_dqkv = dqkv.dtype() == DType::bf16 && qkv.dtype() == DType::bf16 && KV == H;
+  SHARD_CHECK(dout.dtype() == qkv.dtype() && (dqkv.dtype() == DType::f32 || bf16_dqkv),
               "attention_backward: dout {} beside qkv {}, dqkv {} (H={} KV={}): dout is qkv's dtype, dqkv f32 (bf16 "
               "only beside bf16 qkv without grouped heads)", dtype_name(dout.dtype()), dtype_name(qkv.dtype()),
               dtype_name(dqkv.dtype()), H, KV);
