@@ -236,6 +236,42 @@ TEST_CASE("pipeline parallelism: data-parallel collectives run once per step, no
   }
 }
 
+// --activation-dtype bf16: the activations and their gradients cross between stages in bf16, half
+// the pp axis's message bytes (the tied embedding's all-reduce and the loss's floats stay f32), and
+// a mixture of experts' auxiliary floats ride behind them, their bits in bf16 slots.
+TEST_CASE("pipeline parallelism: messages in the activation dtype", "[pp][activation-dtype]") {
+  if (g_mpi->world() != 2) return;
+  auto pp_bytes = [](TrainConfig cfg, DType act) {
+    cfg.spec.activation_dtype = act;
+    auto be = test::test_backend();
+    Pool pool(*be);
+    auto comm = test::test_communicator(pool);
+    Trainer t(*be, pool, *comm, cfg);
+    t.step(0);
+    return t.mesh().last_step_bytes()[static_cast<int>(CommAxis::pp)];
+  };
+  const TrainConfig cfg = pp_config(gpt2_spec(), {2, one_f_one_b, 2});
+  const double f32 = pp_bytes(cfg, DType::f32), bf16 = pp_bytes(cfg, DType::bf16);
+  // Each rank sends M activations (or gradients) of 2 x T x C and receives as many: half of them.
+  const double messages = 2.0 * cfg.accum * 2 * double(cfg.spec.seq) * double(cfg.spec.dim) * sizeof(float);
+  INFO("pp axis bytes f32 " << f32 << ", bf16 " << bf16);
+  CHECK(f32 - bf16 == messages / 2);
+  ModelSpec moe = model_preset("qwen3-moe-tiny");
+  moe.moe.aux_coef = 0.05;
+  TrainConfig m = pp_config(moe, {2, one_f_one_b, 2});
+  const PartsRun wide = train_parts(m);
+  m.spec.activation_dtype = DType::bf16;
+  const PartsRun narrow = train_parts(m);
+  REQUIRE(narrow.aux.size() == wide.aux.size());
+  for (size_t i = 0; i < wide.aux.size(); ++i) {
+    CHECK(narrow.losses[i] == Approx(wide.losses[i]).epsilon(2e-2));
+    CHECK(narrow.aux[i] == Approx(wide.aux[i]).epsilon(2e-2));
+  }
+  // Step 1's statistics as f32's but for the second stage's routers reading rounded inputs: floats
+  // carried in bf16 slots with a bit wrong would be far off.
+  CHECK(narrow.aux.front() == Approx(wide.aux.front()).epsilon(1e-4));
+}
+
 TEST_CASE("pipeline parallelism: bad layouts are input errors naming the values", "[pp][errors]") {
   auto be = test::test_backend();
   Pool pool(*be);

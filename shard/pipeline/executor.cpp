@@ -27,7 +27,7 @@ class Executor {
            const std::vector<std::vector<PipeAction>>& lists, bool train)
       : run_(run), split_(run.split), units_(units), spec_(spec), be_(be), pool_(pool), hooks_(hooks),
         tp_(tp), last_chunk_(run.split.chunks() - 1),
-        aux_extra_(train ? aux_floats(spec) : 0) {
+        aux_extra_(train ? aux_floats(spec) : 0), message_dtype_(spec.activation_dtype) {
     int local = 0;
     for (int c : split_.chunks_of(run.rank)) {
       local_begin_[c] = local;
@@ -57,9 +57,8 @@ class Executor {
     std::unique_ptr<AuxChannel> aux = aux_extra_ ? family_of(spec_).aux_channel(spec_) : nullptr;
     ctx.aux = aux.get();
     if (a.chunk > 0) {
-      f.input = take(a);
+      f.input = unpack(take(a), run_.input_elems.at(static_cast<size_t>(a.chunk)), aux.get());
       in = f.input.flat(DType::f32).slice(0, run_.input_elems.at(static_cast<size_t>(a.chunk)));
-      if (aux) read_aux(f.input, in.numel(), *aux);
     }
     const Batch& b = ctx.batch;
     for (int k = 0; k < n; ++k) {
@@ -89,7 +88,7 @@ class Executor {
       positions_ += N;
       if (!train) flights_.erase({a.chunk, a.micro});
     } else {
-      pass_on({PipeAction::forward, a.chunk + 1, a.micro}, aux ? with_aux(std::move(last), *aux) : std::move(last));
+      pass_on({PipeAction::forward, a.chunk + 1, a.micro}, pack(std::move(last), aux.get()));
       if (!train) flights_.erase({a.chunk, a.micro});
     }
     pool_.ledger().set_phase({});
@@ -117,13 +116,11 @@ class Executor {
     } else if (a.chunk == last_chunk_) {
       dout = f.outs.back().flat(DType::f32);  // the loss left d(loss)/d(logits) there
     } else {
-      dnext = take(a);
-      dout = dnext.flat(DType::f32).slice(0, run_.input_elems.at(static_cast<size_t>(a.chunk) + 1));
-      if (aux_extra_) {
-        aux = family_of(spec_).aux_channel(spec_);
-        read_aux(dnext, dout.numel(), *aux);
-        aux->finish(dlogit_scale_);
-      }
+      const int64_t elems = run_.input_elems.at(static_cast<size_t>(a.chunk) + 1);
+      if (aux_extra_) aux = family_of(spec_).aux_channel(spec_);
+      dnext = unpack(take(a), elems, aux.get());
+      dout = dnext.flat(DType::f32).slice(0, elems);
+      if (aux) aux->finish(dlogit_scale_);
     }
     ctx.aux = aux.get();
     for (int k = n; k-- > 0;) {
@@ -142,7 +139,7 @@ class Executor {
     }
     f.input.reset();
     if (a.chunk > 0)
-      pass_on({PipeAction::backward, a.chunk - 1, a.micro}, aux ? with_aux(std::move(dnext), *aux) : std::move(dnext));
+      pass_on({PipeAction::backward, a.chunk - 1, a.micro}, pack(std::move(dnext), aux.get()));
     if (split) owed_[{a.chunk, a.micro}] = std::move(held);
     pool_.ledger().set_phase({});
   }
@@ -206,26 +203,48 @@ class Executor {
     DType dlogits_dtype = DType::f32;
   };
 
-  // ---- the auxiliary channel (src/model/aux.hpp), behind the messages ----
+  // ---- the messages: activations or gradients in the activation dtype, the auxiliary channel
+  // (src/model/aux.hpp) behind them ----
   static int64_t aux_floats(const ModelSpec& spec) {
     const std::unique_ptr<AuxChannel> aux = family_of(spec).aux_channel(spec);
     return aux ? aux->packed_size() : 0;
   }
-  // The channel `aux` appended to the message `data` (freed): one block to send.
-  Block with_aux(Block data, const AuxChannel& aux) {
+  // Elements of message_dtype_ the auxiliary channel's floats take behind a message (their bits,
+  // two bf16 slots a float under --activation-dtype bf16).
+  int64_t aux_slots() const { return aux_extra_ * static_cast<int64_t>(sizeof(float) / dtype_size(message_dtype_)); }
+  // The message that carries `data` (an f32 block, freed) and the channel `aux` (when given): the
+  // block itself when it is all; else one block of message_dtype_, the data rounded to it
+  // (--activation-dtype bf16: Megatron's 2 bytes an activation between stages) and the channel's
+  // floats behind, bit for bit.
+  Block pack(Block data, const AuxChannel* aux) {
     const int64_t n = static_cast<int64_t>(data.bytes() / sizeof(float));
-    Block msg = pool_.alloc(DType::f32, n + aux_extra_, Category::activations, "message with auxiliary statistics");
-    be_.copy(msg.flat(DType::f32).slice(0, n), data.flat(DType::f32));
+    if (message_dtype_ == DType::f32 && !aux) return data;
+    const int64_t tail = aux ? aux_slots() : 0;
+    Block msg = pool_.alloc(message_dtype_, n + tail, Category::activations,
+                            aux ? "message with auxiliary statistics" : "message (narrowed)");
+    if (message_dtype_ == DType::f32) be_.copy(msg.flat(DType::f32).slice(0, n), data.flat(DType::f32));
+    else be_.cast(msg.flat(message_dtype_).slice(0, n), data.flat(DType::f32));
     data.reset();
-    std::vector<float> p = aux.pack();
-    be_.copy(msg.flat(DType::f32).slice(n, aux_extra_), Tensor::flat(p.data(), DType::f32, aux_extra_));
+    if (aux) {
+      std::vector<float> p = aux->pack();
+      const Tensor bits(p.data(), message_dtype_, {tail});
+      be_.copy(msg.flat(message_dtype_).slice(n, tail), bits);
+    }
     return msg;
   }
-  // The channel behind the first n elements of a received message.
-  void read_aux(const Block& msg, int64_t n, AuxChannel& aux) {
-    std::vector<float> p(static_cast<size_t>(aux_extra_), 0.f);
-    be_.copy(Tensor::flat(p.data(), DType::f32, aux_extra_), msg.flat(DType::f32).slice(n, aux_extra_));
-    aux.unpack(p);
+  // A received message's first n elements as an f32 block (the message itself when it is one),
+  // and the channel behind them read into `aux` (when given).
+  Block unpack(Block msg, int64_t n, AuxChannel* aux) {
+    if (aux) {
+      std::vector<float> p(static_cast<size_t>(aux_extra_), 0.f);
+      const Tensor bits(p.data(), message_dtype_, {aux_slots()});
+      be_.copy(bits, msg.flat(message_dtype_).slice(n, aux_slots()));
+      aux->unpack(p);
+    }
+    if (message_dtype_ == DType::f32) return msg;
+    Block wide = pool_.alloc(DType::f32, n, Category::activations, "message widened");
+    be_.cast(wide.flat(DType::f32), msg.flat(message_dtype_).slice(0, n));
+    return wide;
   }
   // The last chunk: the whole model's channel summed over the data-parallel group, finished (the
   // auxiliary loss and what the backward reads), kept for the backward, and counted.
@@ -266,7 +285,7 @@ class Executor {
     // An activation for chunk c's forward is its input; a gradient for chunk c's backward has
     // the size of its output, which is chunk c + 1's input.
     const int c = a.kind == PipeAction::forward ? a.chunk : a.chunk + 1;
-    return run_.input_elems.at(static_cast<size_t>(c)) + aux_extra_;
+    return run_.input_elems.at(static_cast<size_t>(c)) + aux_slots();
   }
 
   // Whether action a takes a message from another rank (one from this rank's own chunk is handed
@@ -302,9 +321,9 @@ class Executor {
       SHARD_CHECK(box.posted < box.expected.size(), "pipeline rank {}: {} never comes from rank {}", run_.rank,
                   describe(a), peer);
       const PipeAction& e = box.expected[box.posted++];
-      Block buf = pool_.alloc(DType::f32, message_elems(e), Category::activations,
+      Block buf = pool_.alloc(message_dtype_, message_elems(e), Category::activations,
                               e.kind == PipeAction::forward ? "received activation" : "received gradient");
-      Work w = run_.pp.recv(buf.flat(DType::f32), peer);
+      Work w = run_.pp.recv(buf.flat(message_dtype_), peer);
       found = key_of(e) == k;
       box.pending.push_back({key_of(e), std::move(buf), std::move(w)});
     }
@@ -347,7 +366,7 @@ class Executor {
   }
 
   void send(Block buf, int peer) {
-    Work w = run_.pp.send(buf.flat(DType::f32), peer);
+    Work w = run_.pp.send(buf.flat(message_dtype_), peer);
     sends_.push_back({std::move(buf), std::move(w)});
   }
   void wait_sends() {
@@ -365,6 +384,7 @@ class Executor {
   const TpContext& tp_;
   const int last_chunk_;
   const int64_t aux_extra_;  // floats of the auxiliary channel behind each message (0: none carried)
+  const DType message_dtype_;  // the activations' and their gradients' between stages: --activation-dtype
   RunResult aux_result_;     // the last chunk's: the auxiliary loss and statistics
   float dlogit_scale_ = 0.f;
   std::vector<float>* logits_out_ = nullptr;

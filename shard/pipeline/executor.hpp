@@ -5,7 +5,9 @@
 // first chunk takes the tokens), runs the chunk's units keeping what their backward needs, and
 // sends its output on; the last chunk computes the loss instead, leaving d(loss)/d(logits) in
 // place (or, a GPU's bf16 head, in a block of its own: runner.hpp's logits_grad_dtype). A backward receives the gradient of its output (the last chunk has it), runs the units
-// in reverse, and sends the gradient of its input back. Point-to-point semantics are the ones
+// in reverse, and sends the gradient of its input back. Messages are in the activation dtype
+// (--activation-dtype bf16: rounded to bf16 when sent, widened to f32 when received, as Megatron
+// sends 2 bytes an activation between stages), a mixture of experts' auxiliary floats behind them. Point-to-point semantics are the ones
 // check_schedule simulates: a send is posted and the rank moves on; each action first posts its
 // own receive and those of the next forward and backward that need one; before it waits for its
 // message, it waits for its own posted sends and frees their buffers there,

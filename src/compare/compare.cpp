@@ -25,7 +25,8 @@ StepTraffic traffic(StrategyKind s, double params, int world, const TrainConfig&
 }
 
 // Rank 0's traffic on the pp axis in one step (it is the first stage: pipeline rank 0): its
-// chunks send their activations (B x T x C floats) forward and receive their gradients back, once
+// chunks send their activations (B x T x C elements of the activation dtype) forward and receive
+// their gradients back, once
 // per micro-batch at each chunk boundary they touch with another rank (both ends count a message:
 // send and recv, S each); unless the head is on rank 0 too (a V), the tied token embedding's gradient
 // (its vocabulary rows on this tensor-parallel rank)
@@ -39,7 +40,8 @@ double pp_theory(const TrainConfig& c, int dp, int tp, int cp) {
   const auto remote = [&](int chunk) { return chunk >= 0 && chunk < chunks && chunk_rank(chunk, P, v) != 0; };
   for (int chunk = 0; chunk < chunks; ++chunk)
     if (chunk_rank(chunk, P, v) == 0) boundaries += remote(chunk - 1) + remote(chunk + 1);
-  double bytes = 2.0 * boundaries * static_cast<double>(c.accum) * B * T * static_cast<double>(c.spec.dim) * sizeof(float);
+  double bytes = 2.0 * boundaries * static_cast<double>(c.accum) * B * T * static_cast<double>(c.spec.dim) *
+                 static_cast<double>(dtype_size(c.spec.activation_dtype));
   if (c.spec.tied_head && chunk_rank(chunks - 1, P, v) != 0) {
     const double n = 2.0 * dp * cp;  // the tied group: the end stages' data- and context-parallel ranks
     bytes += 2.0 * (n - 1) / n * static_cast<double>(c.spec.vocab) / tp * static_cast<double>(c.spec.dim) * sizeof(float);
