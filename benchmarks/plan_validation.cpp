@@ -132,13 +132,11 @@ std::vector<LedgerRow> run_ledger_validation(std::FILE* out) {
     r.step_s = p.step_s();
     r.tflops = megatron_flops(pc.train.spec, row.global_batch, Checkpointing::blocks) / row.gpus / r.step_s / 1e12;
     r.error = (r.tflops - row.published_tflops) / row.published_tflops;
-    const StagePrice* slowest = &p.stages.front();
-    for (const StagePrice& s : p.stages)
-      if (p.step_s(s) > p.step_s(*slowest)) slowest = &s;
-    if (!slowest->price.ops.empty()) {
-      const PricedOp& op = slowest->price.ops.front();
+    const StagePrice& slowest = p.slowest();
+    if (!slowest.price.ops.empty()) {
+      const PricedOp& op = slowest.price.ops.front();
       r.top_op = op.axis.empty() ? op.name : fmt::format("{} ({})", op.name, op.axis);
-      r.top_share = op.seconds / p.step_s(*slowest);
+      r.top_share = op.seconds / p.step_s(slowest);
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     mean += std::abs(r.error) / double(narayanan2021_table1().size());

@@ -82,8 +82,7 @@ class Dp final : public Strategy {
       env_.comm.scatter(all_t, logits, 0).wait();
     }
     if (grad_dtype != DType::f32) {
-      dlogits = pool.alloc(grad_dtype, logits.numel(), Category::activations,
-                           "dlogits (" + std::string(dtype_name(grad_dtype)) + ")");
+      dlogits = logits_grad_block(pool, grad_dtype, logits.numel());
       be.cast(dlogits.flat(grad_dtype), logits);
     }
     return sum;

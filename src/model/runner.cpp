@@ -62,8 +62,7 @@ double vocab_parallel_loss(Backend& be, Pool& pool, const TpContext& tp, const M
 double UnitHooks::loss(Backend& be, Pool& pool, Tensor logits, const Batch& batch, float dlogit_scale,
                        DType grad_dtype, Block& dlogits) {
   if (grad_dtype == DType::f32) return cross_entropy_sum(be, pool, logits, batch, logits, dlogit_scale);
-  dlogits = pool.alloc(grad_dtype, logits.numel(), Category::activations,
-                       "dlogits (" + std::string(dtype_name(grad_dtype)) + ")");
+  dlogits = logits_grad_block(pool, grad_dtype, logits.numel());
   return cross_entropy_sum(be, pool, logits, batch, dlogits.flat(grad_dtype), dlogit_scale);
 }
 
@@ -94,6 +93,10 @@ double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp,
   if (!backward) return hooks.forward_loss(be, pool, out, batch);
   Block in_place;
   return hooks.loss(be, pool, out, batch, dlogit_scale, grad_dtype, dlogits ? *dlogits : in_place);
+}
+
+Block logits_grad_block(Pool& pool, DType t, int64_t n) {
+  return pool.alloc(t, n, Category::activations, "dlogits (" + std::string(dtype_name(t)) + ")");
 }
 
 DType logits_grad_dtype(const Unit& head, const TpContext& tp, const ModelSpec& spec, bool backward) {

@@ -94,6 +94,8 @@ double head_loss(UnitHooks& hooks, Backend& be, Pool& pool, const TpContext& tp,
 // products would round it, in a block of its own (the f32 logits then freed); f32 (in place) under
 // the chunked or the vocabulary-parallel loss, or without a backward.
 DType logits_grad_dtype(const Unit& head, const TpContext& tp, const ModelSpec& spec, bool backward);
+// That block: n elements of `t` (activations, "dlogits (bf16)"), UnitHooks::loss's and DP's.
+Block logits_grad_block(Pool& pool, DType t, int64_t n);
 
 // One unit's forward step, the loop's and the pipeline executor's (so both run the same
 // operations in the same order): its output allocated, the unit run on the hooks' forward

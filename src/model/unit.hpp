@@ -192,7 +192,8 @@ class Unit {
 
   // The dtype this unit's backward reads its output's gradient in, as its last forward found it:
   // f32, or a head's products' dtype where they round (bf16 on a GPU: blocks::products_round), in
-  // which the loss then writes the logits' gradient (runner.hpp's logits_grad_dtype), each rounded once.
+  // which the loss writes the logits' gradient where it writes the whole of it (runner.hpp's
+  // logits_grad_dtype: not the chunked or the vocabulary-parallel loss), each rounded once.
   DType output_grad_dtype() const { return output_grad_dtype_; }
 
   // Incremental decoding (sample's KV cache, decode.hpp): whether forward_cached is written.

@@ -17,10 +17,8 @@ void price_from_ledgers(const PlanConfig& pc, std::vector<PlanEntry>& entries, s
     }
     const LayoutPrice p = price_layout(config, pc.world, e.micro_batch, Device::cuda, device);
     e.ledger_step_ms = p.step_s() * 1e3;
-    const StagePrice* slowest = &p.stages.front();
-    for (const StagePrice& s : p.stages)
-      if (p.step_s(s) > p.step_s(*slowest)) slowest = &s;
-    if (!slowest->price.ops.empty()) e.ledger_top_op = slowest->price.ops.front().name;
+    const StagePrice& slowest = p.slowest();
+    if (!slowest.price.ops.empty()) e.ledger_top_op = slowest.price.ops.front().name;
   }
 }
 

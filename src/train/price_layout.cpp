@@ -27,10 +27,12 @@ double LayoutPrice::bubble_s(const StagePrice& s) const {
   return bubble_share > 0 && bubble_share < 1 ? s.price.total * bubble_share / (1 - bubble_share) : 0;
 }
 
-double LayoutPrice::step_s() const {
-  double slowest = 0;
-  for (const StagePrice& s : stages) slowest = std::max(slowest, step_s(s));
-  return slowest;
+const StagePrice& LayoutPrice::slowest() const {
+  SHARD_CHECK(!stages.empty(), "a layout priced without stages");
+  const StagePrice* worst = &stages.front();
+  for (const StagePrice& s : stages)
+    if (step_s(s) > step_s(*worst)) worst = &s;
+  return *worst;
 }
 
 LayoutPrice price_layout(const StepConfig& step, int world, int64_t micro_batch, Device target, DeviceModel d) {

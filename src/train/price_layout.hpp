@@ -24,7 +24,8 @@ struct LayoutPrice {
   double bubble_share = 0;
   double bubble_s(const StagePrice& s) const;
   double step_s(const StagePrice& s) const { return s.price.total + bubble_s(s); }
-  double step_s() const;  // the slowest stage's
+  double step_s() const { return step_s(slowest()); }
+  const StagePrice& slowest() const;  // the stage whose step takes longest (the first of equals)
 };
 
 // Offload's host tier (its optimizer on the CPU, the copies over the host link) is not in the

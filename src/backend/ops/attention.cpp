@@ -59,16 +59,6 @@ void charge_naive(Backend& be, const char* products, const char* softmax, int64_
          [&] { return kernels; }, 0, times);
 }
 
-// CPU: bf16 operands widened to f32 copies (the GPU's tensor-core path; the CPU computes in f32).
-std::vector<float> widened(const Tensor& t) {
-  std::vector<float> w(static_cast<size_t>(t.numel()));
-  convert(t.data(), t.dtype(), w.data(), DType::f32, w.size());
-  return w;
-}
-void store(Tensor to, const std::vector<float>& from) {
-  convert(from.data(), DType::f32, to.data(), to.dtype(), from.size());
-}
-
 }  // namespace
 
 PackedHeads packed_head_dims(const Tensor& qkv, int64_t H, int64_t KV, int64_t vd, const char* op) {
@@ -91,9 +81,9 @@ void attention_forward(Backend& be, Tensor out, Tensor att, Tensor qkv, int64_t 
       if (qkv.dtype() == DType::f32 && out.dtype() == DType::f32)
         return cpu::attention_forward(out.ptr<float>(), att.ptr<float>(), qkv.ptr<float>(), B, T, H, KV, hd, vd);
       std::vector<float> o(static_cast<size_t>(out.numel())), a(static_cast<size_t>(att.numel()));
-      cpu::attention_forward(o.data(), a.data(), widened(qkv).data(), B, T, H, KV, hd, vd);
-      store(out, o);
-      return store(att, a);
+      cpu::attention_forward(o.data(), a.data(), cpu_widened(qkv).data(), B, T, H, KV, hd, vd);
+      cpu_store(out, o);
+      return cpu_store(att, a);
     }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::attention_forward(be, out, att, qkv, H, KV, B, T, hd, vd);
@@ -126,9 +116,9 @@ void attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tenso
                                        att.ptr<float>(), B, T, H, KV, hd, vd);
     {
       std::vector<float> d(static_cast<size_t>(dqkv.numel()));
-      cpu::attention_backward(d.data(), scratch.ptr<float>(), widened(dout).data(), widened(qkv).data(),
-                              widened(att).data(), B, T, H, KV, hd, vd);
-      return store(dqkv, d);
+      cpu::attention_backward(d.data(), scratch.ptr<float>(), cpu_widened(dout).data(), cpu_widened(qkv).data(),
+                              cpu_widened(att).data(), B, T, H, KV, hd, vd);
+      return cpu_store(dqkv, d);
     }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::attention_backward(be, dqkv, dout, qkv, att, H, KV, scratch, B, T, hd, vd);

@@ -13,6 +13,7 @@
 // what the buffer holds.
 #pragma once
 #include <utility>
+#include <vector>
 
 #include "src/backend/backend.hpp"
 #include "src/backend/cost.hpp"
@@ -31,6 +32,17 @@ inline constexpr bool kWithCuda = SHARDLAB_WITH_CUDA != 0;
 
 // Raw f32 data of a tensor that may be empty (an optional operand), else nullptr.
 inline float* f32_or_null(const Tensor& t) { return t.data() != nullptr ? t.ptr<float>() : nullptr; }
+
+// The CPU case of an operation a GPU also runs on bf16 operands (its products rounding them): the
+// CPU computes in f32, on a widened copy of a host tensor, and stores its f32 result rounded once.
+inline std::vector<float> cpu_widened(const Tensor& t) {
+  std::vector<float> w(static_cast<size_t>(t.numel()));
+  convert(t.data(), t.dtype(), w.data(), DType::f32, w.size());
+  return w;
+}
+inline void cpu_store(Tensor to, const std::vector<float>& from) {
+  convert(from.data(), DType::f32, to.data(), to.dtype(), from.size());
+}
 
 // Ids of the whole vocabulary seen by one shard of it: only their sign can be checked there (the
 // upper bound is the whole vocabulary's, which a shard's operation is not told).

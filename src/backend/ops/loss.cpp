@@ -44,7 +44,7 @@ void cross_entropy(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, co
                                   dloss_scale);
       std::vector<float> d(static_cast<size_t>(N * V));  // each gradient rounded once, as the GPU's kernel rounds it
       cpu::cross_entropy(losses.ptr<float>(), d.data(), logits.ptr<float>(), targets, N, V, dloss_scale);
-      return convert(d.data(), DType::f32, dlogits.data(), DType::bf16, d.size());
+      return cpu_store(dlogits, d);
     }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::cross_entropy(be, losses, dlogits, logits, targets, dloss_scale, N, V);

@@ -12,6 +12,21 @@ namespace shardlab::blocks {
 namespace {
 bool flash(const UnitContext& c) { return c.spec.attention == AttentionKernel::flash; }
 bool cudnn(const UnitContext& c) { return c.spec.attention == AttentionKernel::cudnn; }
+
+// Whether the attention keeps its operands as bf16 products read them: where the output's products
+// round to bf16 and qkv is the saved "qkv" (read by this forward and its backward, and by nothing
+// else), which is then rounded once (Saved::round).
+bool keeps_bf16(UnitContext& c, Saved& s, Tensor& qkv, DType product) {
+  if (!products_round(c, product) || product != DType::bf16 || !s.has("qkv") || s("qkv").data() != qkv.data())
+    return false;
+  qkv = s.round(c.be, c.pool, "qkv", DType::bf16);
+  return true;
+}
+
+// A saved tensor in bf16 and kept so (`bf16`: the products' operand), else saved as any other.
+Tensor saved(UnitContext& c, Saved& s, bool bf16, const std::string& name, std::initializer_list<int64_t> shape) {
+  return bf16 ? s.add_as(c.pool, name, shape, DType::bf16) : s.add(c.pool, name, shape);
+}
 }  // namespace
 
 void check_attention_kernel(const ModelSpec& spec, Device device, bool this_binary) {
@@ -36,27 +51,20 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
     SHARD_CHECK(a.v() == a.hd, "cuDNN attention with values of {} channels beside {} (check_attention_kernel refuses)",
                 a.v(), a.hd);
     // Where the output's products round to bf16, cuDNN's own operands are kept: qkv rounded once
-    // (read by this forward and its backward, and by nothing else) and its bf16 output.
-    const bool bf16 = products_round(c, product) && product == DType::bf16 && s.has("qkv") &&
-                      s("qkv").data() == qkv.data();
-    if (bf16) qkv = s.round(c.be, c.pool, "qkv", DType::bf16);
-    Tensor atty = bf16 ? s.add_as(c.pool, "atty", {a.B * a.T, a.H * a.v()}, DType::bf16)
-                       : s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()});
+    // and its bf16 output.
+    const bool bf16 = keeps_bf16(c, s, qkv, product);
+    Tensor atty = saved(c, s, bf16, "atty", {a.B * a.T, a.H * a.v()});
     Tensor lse = s.add_f32(c.pool, "lse", {a.B, a.H, a.T});
     Block work = c.pool.alloc(DType::f32, cudnn_attention_workspace_elems(a.B, a.T, a.H, a.KV, a.hd, false),
                               Category::workspace, "attention bf16 operands");
     ops::cudnn_attention_forward(c.be, atty, lse, qkv, a.H, a.KV, work.flat(DType::f32));
     return atty;
   }
-  // Where the products round to bf16 and the saved activations are bf16, as Megatron's: qkv rounded
-  // once, the products on the tensor cores, the probabilities and the output kept in bf16.
-  const bool bf16 = products_round(c, product) && product == DType::bf16 &&
-                    c.spec.activation_dtype == DType::bf16 && s.has("qkv") && s("qkv").data() == qkv.data();
-  if (bf16) qkv = s.round(c.be, c.pool, "qkv", DType::bf16);
-  const DType kept = bf16 ? DType::bf16 : DType::f32;
-  Tensor atty = bf16 ? s.add_as(c.pool, "atty", {a.B * a.T, a.H * a.v()}, kept)
-                     : s.add(c.pool, "atty", {a.B * a.T, a.H * a.v()});
-  Tensor att = bf16 ? s.add_as(c.pool, "att", {a.B, a.H, a.T, a.T}, kept) : s.add(c.pool, "att", {a.B, a.H, a.T, a.T});
+  // The same where the saved activations are bf16 too, as Megatron's: the products on the tensor
+  // cores, the probabilities and the output kept in bf16.
+  const bool bf16 = c.spec.activation_dtype == DType::bf16 && keeps_bf16(c, s, qkv, product);
+  Tensor atty = saved(c, s, bf16, "atty", {a.B * a.T, a.H * a.v()});
+  Tensor att = saved(c, s, bf16, "att", {a.B, a.H, a.T, a.T});
   ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV, a.vd);
   if (c.checkpointing == Checkpointing::attention) s.drop("att");  // recomputed in backward
   return atty;
@@ -95,8 +103,8 @@ void attention_backward(UnitContext& c, Saved& s, Tensor dqkv, Tensor datty, Ten
     ops::attention_forward(c.be, s("atty"), att_again.view(kept, {a.B, a.H, a.T, a.T}), s("qkv"), a.H, a.KV, a.vd);
   }
   Tensor att = att_again ? att_again.view(kept, {a.B, a.H, a.T, a.T}) : s("att");
-  Block held;  // the output's gradient rounded once for the two products that read it
-  const Tensor dh = kept == DType::f32 ? datty : rounded_once(c, datty, kept, held, prefix + "attention rounded datty");
+  Block held;  // the output's gradient rounded once for the two products that read it (f32: itself)
+  const Tensor dh = rounded_once(c, datty, kept, held, prefix + "attention rounded datty");
   ops::attention_backward(c.be, dqkv, dh, s("qkv"), att, a.H, a.KV, scratch, a.vd);
 }
 

@@ -25,6 +25,8 @@ void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b,
 Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::string& what);
 // Whether the backend's products round f32 operands to `to` (rounded_once's rule).
 bool products_round(const UnitContext& c, DType to);
+// The dtype the products read an operand in that they round to `to`: `to` where they round, else f32.
+inline DType product_operand_dtype(const UnitContext& c, DType to) { return products_round(c, to) ? to : DType::f32; }
 // Saves `name` (shape) for backward as the products that read it take it. Where they round f32
 // operands to `to` and `only_products` says nothing else reads it (and no sequence-parallel
 // gather moves it), compute(t) writes an f32 workspace, rounded once into the saved tensor

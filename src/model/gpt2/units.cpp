@@ -329,11 +329,9 @@ class HeadUnit final : public Unit {
     Block rows = region_rows(c, "head region rows");
     const Tensor x = tp_region_input(c, lnf, rows_of(rows, N, C));
     const Tensor wte = p.gemm("wte.weight");
-    // The logits' gradient as the backward's products read it (the chunked and the vocabulary-
-    // parallel losses keep their own, in f32).
-    output_grad_dtype_ = !c.tp.active() && !blocks::chunked_loss(c.spec, tp_) && blocks::products_round(c, wte.dtype())
-                             ? wte.dtype()
-                             : DType::f32;
+    // The logits' gradient as the backward's products read it (where the loss writes it so:
+    // runner.hpp's logits_grad_dtype).
+    output_grad_dtype_ = blocks::product_operand_dtype(c, wte.dtype());
     if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, x, wte);
     GemmDesc d = gemm_with(wte);  // logits (N, V) = lnf (N, C) @ wte^T
     d.trans_b = Trans::T;

@@ -345,11 +345,9 @@ class HeadUnit final : public Unit {
     Block whole = tp_whole_rows(c, "head lnf gathered");
     const Tensor x = tp_region_input(c, lnf, tp_whole_or(whole, c, lnf));  // every position's rows
     const Tensor w = p.gemm(weight_);
-    // The logits' gradient as the backward's products read it (the chunked and the vocabulary-
-    // parallel losses keep their own, in f32).
-    output_grad_dtype_ = !c.tp.active() && !blocks::chunked_loss(c.spec, tp_) && blocks::products_round(c, w.dtype())
-                             ? w.dtype()
-                             : DType::f32;
+    // The logits' gradient as the backward's products read it (where the loss writes it so:
+    // runner.hpp's logits_grad_dtype).
+    output_grad_dtype_ = blocks::product_operand_dtype(c, w.dtype());
     if (blocks::chunked_loss(c.spec, tp_)) return blocks::chunked_loss_forward(c, out, x, w);
     linear_forward(c.be, out, x, w, N);  // logits
   }
