@@ -478,6 +478,37 @@ TEST_CASE("the cross-entropy's bf16 gradient is its f32 gradient rounded once", 
                     Catch::Contains("a buffer of their own"));
 }
 
+TEST_CASE("the norms' and SwiGLU's bf16 outputs are their f32 outputs rounded once", "[ops]") {
+  auto cpu = make_cpu_backend(BackendConfig{});
+  const int64_t N = 5, C = 67;
+  std::vector<float> x = test::random_vector("norm bf16 x", N * C, -3.f, 3.f);
+  std::vector<float> w = test::random_vector("norm bf16 w", C, 0.5f, 1.5f), b = test::random_vector("norm bf16 b", C);
+  std::vector<float> want(N * C), mean(N), rstd(N);
+  std::vector<bf16> got(N * C);
+  const std::vector<int64_t> shape{N, C};
+  const auto f32 = [&](std::vector<float>& v) { return Tensor::of(std::span<float>(v)); };
+  const Tensor in = f32(x).reshape(shape), wide = f32(want).reshape(shape);
+  const Tensor narrow = Tensor::of(std::span<bf16>(got)).reshape(shape);
+  const auto check = [&](const char* what) {
+    INFO(what);
+    for (size_t i = 0; i < want.size(); ++i) REQUIRE(float(got[i]) == test::round_to(want[i], DType::bf16));
+  };
+  ops::layernorm_forward(*cpu, wide, f32(mean), f32(rstd), in, f32(w), f32(b), 1e-5f);
+  ops::layernorm_forward(*cpu, narrow, f32(mean), f32(rstd), in, f32(w), f32(b), 1e-5f);
+  check("layernorm");
+  ops::rmsnorm_forward(*cpu, wide, f32(rstd), in, f32(w), 1e-6f);
+  ops::rmsnorm_forward(*cpu, narrow, f32(rstd), in, f32(w), 1e-6f);
+  check("rmsnorm");
+  // SwiGLU: x's first (N - 1) x 66 values as rows of [gate | up], into (N - 1, 33) outputs.
+  const int64_t F = 33;
+  std::vector<float> sw_want(static_cast<size_t>((N - 1) * F));
+  std::vector<bf16> sw_got(sw_want.size());
+  const Tensor gate_up = Tensor(x.data(), DType::f32, {N - 1, 2 * F});
+  ops::swiglu_forward(*cpu, f32(sw_want).reshape(std::vector<int64_t>{N - 1, F}), gate_up);
+  ops::swiglu_forward(*cpu, Tensor::of(std::span<bf16>(sw_got)).reshape(std::vector<int64_t>{N - 1, F}), gate_up);
+  for (size_t i = 0; i < sw_want.size(); ++i) REQUIRE(float(sw_got[i]) == test::round_to(sw_want[i], DType::bf16));
+}
+
 // The quantization family against its definition (ops/quantize.hpp), worked out here element by
 // element: scale amax / qmax per block, codes rounded to nearest even and clamped, int4 packed low
 // nibble first; zeros, a short last block, NaN and bf16 input.

@@ -342,6 +342,12 @@ TEST_CASE("cuda layernorm forward and backward match the cpu backend", "[cuda]")
     expect_close(down(e, gout, out.size()), out, 1e-5, 1e-5, "layernorm out");
     expect_close(down(e, gmean, mean.size()), mean, 1e-5, 1e-5, "layernorm mean");
     expect_close(down(e, grstd, rstd.size()), rstd, 1e-5, 1e-5, "layernorm rstd");
+    // Written in bf16 (the products' operand): the f32 values rounded once, a bf16 ulp apart at most.
+    Block gout16 = e.pool.alloc(DType::bf16, N * C, Category::workspace, "out bf16");
+    ops::layernorm_forward(*e.gpu, gout16.view(DType::bf16, {N, C}), Env::dev(gmean, DType::f32, N),
+                           Env::dev(grstd, DType::f32, N), ginp.view(DType::f32, {N, C}),
+                           Env::dev(gw, DType::f32, C), Env::dev(gb, DType::f32, C), 1e-5f);
+    expect_close(e.download(gout16, DType::bf16, out.size()), out, 8e-3, 1e-2, "layernorm out bf16");
 
     // Backward on the CPU's mean/rstd, into random gradients (all three accumulate).
     auto dout = random_vector("ldout", N * C), dinp = random_vector("ldinp", N * C);
@@ -598,6 +604,10 @@ TEST_CASE("cuda rmsnorm forward and backward match the cpu backend", "[cuda]") {
     // absolute, as LayerNorm's.
     expect_close(down(e, gout, out.size()), out, 1e-5, 1e-5, "rmsnorm out");
     expect_close(down(e, grstd, rstd.size()), rstd, 1e-5, 1e-5, "rmsnorm rstd");
+    Block gout16 = e.pool.alloc(DType::bf16, N * C, Category::workspace, "out bf16");
+    ops::rmsnorm_forward(*e.gpu, gout16.view(DType::bf16, {N, C}), Env::dev(grstd, DType::f32, N),
+                         ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C), eps);
+    expect_close(e.download(gout16, DType::bf16, out.size()), out, 8e-3, 1e-2, "rmsnorm out bf16");
 
     // Backward on the CPU's rstd, into random gradients (dinp and dweight accumulate).
     auto dout = random_vector("rdout", N * C), dinp = random_vector("rdinp", N * C), dw = random_vector("rdw", C);
@@ -673,6 +683,9 @@ TEST_CASE("cuda swiglu forward and backward match the cpu backend", "[cuda]") {
     // derivative 1 + g (1 - s) cancels near g = -1.28, where its absolute error stays ~1e-7 times
     // |dout up| <= 4: 1e-5 relative, 1e-6 absolute forward, 2e-6 absolute backward.
     expect_close(down(e, gout, out.size()), out, 1e-5, 1e-6, "swiglu out");
+    Block gout16 = e.pool.alloc(DType::bf16, N * F, Category::workspace, "out bf16");  // rounded once
+    ops::swiglu_forward(*e.gpu, gout16.view(DType::bf16, {N, F}), ggu.view(DType::f32, {N, 2 * F}));
+    expect_close(e.download(gout16, DType::bf16, out.size()), out, 8e-3, 1e-2, "swiglu out bf16");
     expect_close(down(e, gdgu, dgate_up.size()), dgate_up, 1e-5, 2e-6, "swiglu dgate_up");
   }
 }
@@ -1035,6 +1048,29 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
     const double tol = ep == GemmEpilogue::bias ? 1e-4 : 2e-3;
     expect_close(down(e, gc, ref.size()), ref, tol, tol, "C");
     if (ep == GemmEpilogue::bias_gelu) expect_close(down(e, gx, ref_aux.size()), ref_aux, 1e-4, 1e-4, "aux (the sum)");
+    if (OC != 96) continue;
+    // C and aux in bf16, as GPT-2's MLP and q, k, v keep them under --activation-dtype bf16: the
+    // same f32 sums, each rounded once (a bf16 ulp, 2^-8 relative, beside the f32 tolerance).
+    GemmDesc d16 = d;
+    d16.c_type = DType::bf16;
+    std::vector<float> aux16 = aux;
+    for (auto& v : aux16) v = test::round_to(v, DType::bf16);
+    std::vector<float> ref16(N * d.n), ref16_aux = aux16;  // dgelu reads the rounded aux
+    blocks::gemm_epilogue(*e.cpu, dc, A.data(), W.data(), Tensor(ref16.data(), DType::f32, {N, d.n}), ep,
+                          ep == GemmEpilogue::dgelu ? Tensor() : host(bias),
+                          ep == GemmEpilogue::bias ? Tensor() : Tensor(ref16_aux.data(), DType::f32, {N, d.n}));
+    Block gc16 = e.pool.alloc(DType::bf16, N * d.n, Category::workspace, "C bf16");
+    Block gx16 = e.upload(aux16, DType::bf16, "aux bf16");
+    const bool fused16 = e.gpu->gemm_epilogue(d16, ga.data(), gw.data(), gc16.data(), ep,
+                                              gbias.data() ? gbias.ptr<float>() : nullptr,
+                                              ep == GemmEpilogue::bias ? nullptr : gx16.data());
+    if (!fused16) {  // blocks::gemm_epilogue composes in f32 then (its UnitContext form)
+      WARN("cuBLASLt did not take the bf16 C with a " << gemm_epilogue_name(ep) << " epilogue");
+      continue;
+    }
+    expect_close(e.download(gc16, DType::bf16, ref16.size()), ref16, tol + 8e-3, 1e-2, "C bf16");
+    if (ep == GemmEpilogue::bias_gelu)
+      expect_close(e.download(gx16, DType::bf16, ref16_aux.size()), ref16_aux, 8e-3, 1e-2, "aux bf16");
   }
 }
 

@@ -138,13 +138,14 @@ class Backend {
   // compose the product and the element-wise passes (blocks/linear.hpp's gemm_epilogue, the
   // reference), which is also what the fused form is tested against.
   virtual bool fuses_gemm_epilogue(const GemmDesc&) const { return false; }
-  // C = e(op(A) op(B)) for one product (d.batch 1, d.alpha 1, d.beta 0, C f32 with ldc == n):
-  // bias: + bias (n floats) on every row of C; bias_gelu: aux = product + bias, C = gelu(aux);
-  // dgelu: C = gelu'(aux) * product. aux: (m, n) f32 like C (unused by bias). Only where
+  // C = e(op(A) op(B)) for one product (d.batch 1, d.alpha 1, d.beta 0, C f32 or bf16 (d.c_type)
+  // with ldc == n): bias: + bias (n floats) on every row of C; bias_gelu: aux = product + bias,
+  // C = gelu(aux) (gelu of the f32 sum; aux and C each rounded once to C's dtype); dgelu:
+  // C = gelu'(aux) * product. aux: (m, n) in C's dtype (unused by bias). Only where
   // fuses_gemm_epilogue(d) (InternalError elsewhere). False where the backend did not take this
   // product after all (a library's alignment rules; C and aux untouched): the caller composes.
   // (Inline, so Backend keeps no key function: its vtable comes with every file that uses it.)
-  virtual bool gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, float*) {
+  virtual bool gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, void*) {
     SHARD_CHECK(false, "gemm with epilogue {} on {}, which does not fuse it (fuses_gemm_epilogue)",
                 static_cast<int>(e), describe());
     return false;
@@ -203,7 +204,7 @@ bool low_precision_product(const GemmDesc& d);
 // add_into's operands: the same count, each f32 or bf16.
 void check_add_into(const Tensor& dst, const Tensor& src);
 // check_gemm, and what gemm_epilogue asks of the product and its operands.
-void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const float* aux);
+void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const void* aux);
 int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
 void check_sum_rows(const Tensor& x, const Tensor& out);  // x (rows, cols) f32 or bf16, out (cols) f32
 

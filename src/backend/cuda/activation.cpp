@@ -15,7 +15,8 @@ void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout) {
 }
 
 void swiglu_forward(Backend& be, Tensor out, Tensor gate_up, int64_t N, int64_t F) {
-  CUDA_CHECK(launch_swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F, CudaBackend::of(be).compute_stream()));
+  CUDA_CHECK(launch_swiglu_forward(out.data(), out.dtype(), gate_up.ptr<float>(), N, F,
+                                   CudaBackend::of(be).compute_stream()));
 }
 
 void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout, int64_t N, int64_t F) {

@@ -41,12 +41,14 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
 __device__ inline float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
 // One thread per output (n, f); F is any width (Llama's are not all multiples of 4), so no packs.
-__global__ void swiglu_forward_kernel(float* out, const float* gate_up, int64_t F, int64_t n) {
+// out f32, or bf16 (computed in f32, rounded once as stored).
+template <class O>
+__global__ void swiglu_forward_kernel(O* out, const float* gate_up, int64_t F, int64_t n) {
   GRID_STRIDE_LOOP(i, n) {
     const float* row = gate_up + (i / F) * 2 * F;
     const int64_t f = i % F;
     const float g = row[f];
-    out[i] = g * sigmoid(g) * row[F + f];
+    store_f32(out + i, g * sigmoid(g) * row[F + f]);
   }
 }
 
@@ -86,10 +88,14 @@ cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dou
   return cudaGetLastError();
 }
 
-cudaError_t launch_swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
+cudaError_t launch_swiglu_forward(void* out, DType out_type, const float* gate_up, int64_t N, int64_t F,
+                                  cudaStream_t s) {
   const Launches L = swiglu_forward_launches(N, F);
   if (L.count == 0) return cudaSuccess;
-  swiglu_forward_kernel<<<L[0].x, kThreads, 0, s>>>(out, gate_up, F, N * F);
+  if (out_type == DType::bf16)
+    swiglu_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), gate_up, F, N * F);
+  else
+    swiglu_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), gate_up, F, N * F);
   return cudaGetLastError();
 }
 

@@ -60,7 +60,7 @@ constexpr size_t kLtWorkspace = size_t{32} << 20;
 }  // namespace
 
 bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, GemmEpilogue e, const float* bias,
-                             float* aux) {
+                             void* aux) {
   // Every pointer 16-byte aligned (the tensor-core kernels' loads) and the auxiliary buffer's rows
   // a multiple of 8 elements (cuBLASLt's rule); else the caller's composition.
   if (!aligned16(o.a, o.b, c, bias, aux) || (aux != nullptr && d.n % 8 != 0)) return false;
@@ -76,8 +76,8 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
   }
-  if (aux != nullptr) {  // of C's type (f32), cuBLASLt's default
-    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
+  if (aux != nullptr) {  // of C's type (f32 or bf16), cuBLASLt's default
+    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(d.ldc));
   }
   // Stored shapes (rows, columns, leading dimension) in column-major terms, before the ops.
@@ -85,7 +85,7 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
                                           opa == CUBLAS_OP_N ? K : M, d.ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.b, cuda_type(o.at), opb == CUBLAS_OP_N ? K : N,
                                           opb == CUBLAS_OP_N ? N : K, d.lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, M, N, d.ldc));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.c, cuda_type(d.c_type), M, N, d.ldc));
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
   const uint64_t workspace_bytes = kLtWorkspace;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -115,7 +115,7 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
 }
 
 bool CudaBackend::gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e,
-                                const float* bias, float* aux) {
+                                const float* bias, void* aux) {
   check_gemm_epilogue(d, e, bias, aux);
   SHARD_CHECK(fuses_gemm_epilogue(d), "cuda gemm with a {} epilogue: f32 operands are not fused (fuses_gemm_epilogue)",
               gemm_epilogue_name(e));

@@ -55,9 +55,9 @@ cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const
                                            const int32_t* offsets, const int32_t* positions, int64_t B, int64_t T,
                                            int64_t C, bool dwpe, int64_t buckets, cudaStream_t s);
 
-// out (N, C), mean, rstd (N); rstd = 1 / sqrt(variance + eps).
-cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t s);
+// out (N, C) f32 or bf16 (rounded once), mean, rstd (N); rstd = 1 / sqrt(variance + eps).
+cudaError_t launch_layernorm_forward(void* out, DType out_type, float* mean, float* rstd, const float* inp,
+                                     const float* w, const float* b, int64_t N, int64_t C, float eps, cudaStream_t s);
 // Floats of workspace launch_layernorm_backward needs for (N, C): per-chunk partials of dw and db.
 int64_t layernorm_backward_workspace(int64_t N, int64_t C);
 // dinp, dw, db accumulate. workspace holds layernorm_backward_workspace(N, C) floats.
@@ -65,9 +65,9 @@ cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const f
                                       const float* w, const float* mean, const float* rstd, float* workspace,
                                       int64_t N, int64_t C, cudaStream_t s);
 
-// RMSNorm: out (N, C) = inp * rstd * w, rstd (N) = 1 / sqrt(mean(inp^2) + eps).
-cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
-                                   float eps, cudaStream_t s);
+// RMSNorm: out (N, C) = inp * rstd * w (f32 or bf16, rounded once), rstd (N) = 1 / sqrt(mean(inp^2) + eps).
+cudaError_t launch_rmsnorm_forward(void* out, DType out_type, float* rstd, const float* inp, const float* w, int64_t N,
+                                   int64_t C, float eps, cudaStream_t s);
 // Floats of workspace launch_rmsnorm_backward needs for (N, C): per-chunk partials of dw.
 int64_t rmsnorm_backward_workspace(int64_t N, int64_t C);
 // dinp and dw accumulate. workspace holds rmsnorm_backward_workspace(N, C) floats.
@@ -116,7 +116,9 @@ cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStr
 cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t s);
 // SwiGLU over gate_up (N, 2F) rows [gate | up]: out (N, F) = silu(gate) * up. Backward overwrites
 // dgate_up (N, 2F) with [dout * up * silu'(gate) | dout * silu(gate)].
-cudaError_t launch_swiglu_forward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s);
+// out (N, F) f32 or bf16 (rounded once).
+cudaError_t launch_swiglu_forward(void* out, DType out_type, const float* gate_up, int64_t N, int64_t F,
+                                  cudaStream_t s);
 cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
                                    cudaStream_t s);
 

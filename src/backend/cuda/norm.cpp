@@ -7,7 +7,7 @@ namespace shardlab::cuda {
 
 void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
                        float eps, int64_t N, int64_t C) {
-  CUDA_CHECK(launch_layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
+  CUDA_CHECK(launch_layernorm_forward(out.data(), out.dtype(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
                                       weight.ptr<float>(), bias.ptr<float>(), N, C, eps,
                                       CudaBackend::of(be).compute_stream()));
 }
@@ -22,8 +22,8 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
 }
 
 void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C) {
-  CUDA_CHECK(launch_rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C,
-                                    eps, CudaBackend::of(be).compute_stream()));
+  CUDA_CHECK(launch_rmsnorm_forward(out.data(), out.dtype(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N,
+                                    C, eps, CudaBackend::of(be).compute_stream()));
 }
 
 void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,

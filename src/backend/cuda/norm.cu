@@ -8,7 +8,9 @@ namespace shardlab::cuda {
 namespace {
 
 // One warp per row. Whole warps leave together (row is per warp), so the shuffles see full warps.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+// out f32, or bf16 (each value computed in f32, rounded once as it is stored).
+template <class O>
+__global__ void layernorm_forward_kernel(O* out, float* mean, float* rstd, const float* inp, const float* w,
                                          const float* b, int64_t N, int64_t C, float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -20,8 +22,8 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   float v = 0.f;
   for (int64_t c = lane; c < C; c += kWarp) v += (x[c] - m) * (x[c] - m);
   const float r = 1.f / sqrtf(warp_allreduce(v, SumOp{}) / C + eps);
-  float* o = out + row * C;
-  for (int64_t c = lane; c < C; c += kWarp) o[c] = (x[c] - m) * r * w[c] + b[c];
+  O* o = out + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) store_f32(o + c, (x[c] - m) * r * w[c] + b[c]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -88,7 +90,8 @@ __global__ void layernorm_backward_fold_kernel(float* dw, float* db, const float
 
 // RMSNorm, one warp per row as LayerNorm: out = x * r * w with r = 1 / sqrt(mean(x^2) + eps), the
 // CPU's formula (1 / sqrtf, not the approximate rsqrtf).
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t N,
+template <class O>
+__global__ void rmsnorm_forward_kernel(O* out, float* rstd, const float* inp, const float* w, int64_t N,
                                        int64_t C, float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -97,8 +100,8 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
   float ss = 0.f;
   for (int64_t c = lane; c < C; c += kWarp) ss += x[c] * x[c];
   const float r = 1.f / sqrtf(warp_allreduce(ss, SumOp{}) / C + eps);
-  float* o = out + row * C;
-  for (int64_t c = lane; c < C; c += kWarp) o[c] = x[c] * r * w[c];
+  O* o = out + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) store_f32(o + c, x[c] * r * w[c]);
   if (lane == 0) rstd[row] = r;
 }
 
@@ -141,11 +144,15 @@ __global__ void rmsnorm_backward_fold_kernel(float* dw, const float* partial, in
 
 }  // namespace
 
-cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t s) {
+cudaError_t launch_layernorm_forward(void* out, DType out_type, float* mean, float* rstd, const float* inp,
+                                     const float* w, const float* b, int64_t N, int64_t C, float eps, cudaStream_t s) {
   const Launches L = layernorm_forward_launches(N, C);
   if (L.count == 0) return cudaSuccess;
-  layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C, eps);
+  if (out_type == DType::bf16)
+    layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), mean, rstd, inp, w, b, N, C,
+                                                         eps);
+  else
+    layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), mean, rstd, inp, w, b, N, C, eps);
   return cudaGetLastError();
 }
 
@@ -168,11 +175,14 @@ cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const f
   return cudaGetLastError();
 }
 
-cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
-                                   float eps, cudaStream_t s) {
+cudaError_t launch_rmsnorm_forward(void* out, DType out_type, float* rstd, const float* inp, const float* w, int64_t N,
+                                   int64_t C, float eps, cudaStream_t s) {
   const Launches L = rmsnorm_forward_launches(N, C);
   if (L.count == 0) return cudaSuccess;
-  rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(out, rstd, inp, w, N, C, eps);
+  if (out_type == DType::bf16)
+    rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), rstd, inp, w, N, C, eps);
+  else
+    rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), rstd, inp, w, N, C, eps);
   return cudaGetLastError();
 }
 

@@ -85,12 +85,14 @@ class MetaBackend final : public Backend {
     return low_precision_gemm() && low_precision_product(d);
   }
   bool gemm_epilogue(const GemmDesc& d, const void*, const void*, void*, GemmEpilogue e, const float* bias,
-                     float* aux) override {
+                     void* aux) override {
     check_gemm_epilogue(d, e, bias, aux);
     if (on_gemm_) on_gemm_(d);
-    // Beside the product: the bias read; the sum written to aux (bias_gelu) or aux read (dgelu).
+    // Beside the product: the bias read; the sum written to aux (bias_gelu) or aux read (dgelu),
+    // in C's dtype.
     const double mn = static_cast<double>(d.m) * static_cast<double>(d.n);
-    charge_gemm(d, 4.0 * static_cast<double>(d.n) * (bias != nullptr) + 4.0 * mn * (aux != nullptr));
+    charge_gemm(d, 4.0 * static_cast<double>(d.n) * (bias != nullptr) +
+                       static_cast<double>(dtype_size(d.c_type)) * mn * (aux != nullptr));
     return true;
   }
   void charge_gemm(const GemmDesc& d, double epilogue_bytes) {

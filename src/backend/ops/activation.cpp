@@ -2,6 +2,7 @@
 #include "src/backend/ops/activation.hpp"
 
 #include <array>
+#include <vector>
 
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cuda/ops.hpp"
@@ -48,13 +49,24 @@ void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout) {
 
 void swiglu_forward(Backend& be, Tensor out, Tensor gate_up) {
   const auto [N, F] = swiglu_shape(out, gate_up, "swiglu_forward");
+  SHARD_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::bf16, "swiglu_forward: f32 or bf16 out expected, got {}",
+              dtype_name(out.dtype()));
   switch (be.device()) {
-    case Device::cpu: return cpu::swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F);
+    case Device::cpu:
+      if (out.dtype() == DType::f32) return cpu::swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F);
+      {
+        std::vector<float> wide(static_cast<size_t>(N * F));
+        cpu::swiglu_forward(wide.data(), gate_up.ptr<float>(), N, F);
+        return cpu_store(out, wide);
+      }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::swiglu_forward(be, out, gate_up, N, F);
       return;
     case Device::meta:
-      return charge(be, {.name = "swiglu_forward", .flops = 6.0 * N * F, .bytes = pass_bytes(N * F, 2, 1)},
+      return charge(be,
+                    {.name = "swiglu_forward",
+                     .flops = 6.0 * N * F,
+                     .bytes = pass_bytes(N * F, 2, 0) + pass_bytes(N * F, 0, 1, dtype_size(out.dtype()))},
                     [&] { return cuda::swiglu_forward_launches(N, F); });
   }
 }

@@ -137,9 +137,9 @@ void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv,
   const FlashShape s = cudnn_checked(be, qkv, out, lse, H, KV, workspace, true, op);
   check_same_numel(dqkv, qkv, op);
   check_same_numel(dout, out, op);
-  SHARD_CHECK((dqkv.dtype() == DType::f32 || dqkv.dtype() == DType::bf16) && dout.dtype() == DType::f32,
-              "{}: dqkv f32 or bf16 and dout f32 expected, got {} and {}", op, dtype_name(dqkv.dtype()),
-              dtype_name(dout.dtype()));
+  for (const Tensor* t : {&dqkv, &dout})
+    SHARD_CHECK(t->dtype() == DType::f32 || t->dtype() == DType::bf16, "{}: f32 or bf16 dqkv and dout expected, got {}",
+                op, dtype_name(t->dtype()));
   const CudnnRegions r = regions(s.B, s.Tq, H, KV, s.hd);
   const Tensor qkv16 = as_bf16(be, qkv, workspace, 0), out16 = as_bf16(be, out, workspace, r.qkv);
   const Tensor dout16 = as_bf16(be, dout, workspace, r.qkv + r.out);

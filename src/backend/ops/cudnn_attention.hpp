@@ -39,8 +39,8 @@ namespace shardlab::ops {
 // it is; an f32 one through the workspace), lse (B, H, T) f32.
 void cudnn_attention_forward(Backend& be, Tensor out, Tensor lse, Tensor qkv, int64_t H, int64_t KV,
                              Tensor workspace);
-// dqkv (like qkv; f32, or bf16 written where it is) is overwritten from dout (like out, f32) and
-// forward's qkv, out (f32 or bf16, as forward's) and lse.
+// dqkv (like qkv; f32, or bf16 written where it is) is overwritten from dout (f32 or bf16, read where
+// it is) and forward's qkv, out (f32 or bf16, as forward's) and lse.
 void cudnn_attention_backward(Backend& be, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int64_t H,
                               int64_t KV, Tensor workspace);
 }  // namespace shardlab::ops

@@ -2,6 +2,7 @@
 #include "src/backend/ops/norm.hpp"
 
 #include <array>
+#include <vector>
 
 #include "src/backend/cpu/kernels.hpp"
 #include "src/backend/cuda/ops.hpp"
@@ -29,23 +30,43 @@ std::array<int64_t, 2> rmsnorm_shape(const Tensor& out, const Tensor& rstd, cons
   return {N, C};
 }
 
+// A forward's output: f32, or bf16 (its products' operand, computed in f32 and rounded once).
+void check_norm_out(const Tensor& out, const char* op) {
+  SHARD_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::bf16, "{}: f32 or bf16 out expected, got {}", op,
+              dtype_name(out.dtype()));
+}
+
+// The CPU's f32 result of `compute(float* out)`, stored in out's dtype (rounded once for bf16).
+template <class F>
+void cpu_into(Tensor out, F compute) {
+  if (out.dtype() == DType::f32) return compute(out.ptr<float>());
+  std::vector<float> wide(static_cast<size_t>(out.numel()));
+  compute(wide.data());
+  cpu_store(out, wide);
+}
+
 }  // namespace
 
 void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
                        float eps) {
   const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
+  check_norm_out(out, "layernorm_forward");
   switch (be.device()) {
     case Device::cpu:
-      return cpu::layernorm_forward(out.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
-                                    weight.ptr<float>(), bias.ptr<float>(), N, C, eps);
+      return cpu_into(out, [&](float* o) {
+        cpu::layernorm_forward(o, mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(),
+                               bias.ptr<float>(), N, C, eps);
+      });
     case Device::cuda:
       if constexpr (kWithCuda) cuda::layernorm_forward(be, out, mean, rstd, inp, weight, bias, eps, N, C);
       return;
     case Device::meta:
-      return charge(
-          be,
-          {.name = "layernorm_forward", .flops = 8.0 * N * C, .bytes = pass_bytes(N * C, 1, 1) + pass_bytes(N, 0, 2)},
-          [&] { return cuda::layernorm_forward_launches(N, C); });
+      return charge(be,
+                    {.name = "layernorm_forward",
+                     .flops = 8.0 * N * C,
+                     .bytes = pass_bytes(N * C, 1, 0) + pass_bytes(N * C, 0, 1, dtype_size(out.dtype())) +
+                              pass_bytes(N, 0, 2)},
+                    [&] { return cuda::layernorm_forward_launches(N, C); });
   }
 }
 
@@ -74,17 +95,22 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
 
 void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
   const auto [N, C] = rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
+  check_norm_out(out, "rmsnorm_forward");
   switch (be.device()) {
     case Device::cpu:
-      return cpu::rmsnorm_forward(out.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C,
-                                  eps);
+      return cpu_into(out, [&](float* o) {
+        cpu::rmsnorm_forward(o, rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C, eps);
+      });
     case Device::cuda:
       if constexpr (kWithCuda) cuda::rmsnorm_forward(be, out, rstd, inp, weight, eps, N, C);
       return;
     case Device::meta:
-      return charge(
-          be, {.name = "rmsnorm_forward", .flops = 5.0 * N * C, .bytes = pass_bytes(N * C, 1, 1) + pass_bytes(N, 0, 1)},
-          [&] { return cuda::rmsnorm_forward_launches(N, C); });
+      return charge(be,
+                    {.name = "rmsnorm_forward",
+                     .flops = 5.0 * N * C,
+                     .bytes = pass_bytes(N * C, 1, 0) + pass_bytes(N * C, 0, 1, dtype_size(out.dtype())) +
+                              pass_bytes(N, 0, 1)},
+                    [&] { return cuda::rmsnorm_forward_launches(N, C); });
   }
 }
 

@@ -6,6 +6,8 @@
 namespace shardlab::ops {
 
 // LayerNorm: inp, out (N, C); mean, rstd (N) saved for backward; rstd = 1 / sqrt(variance + eps).
+// out f32, or bf16 where its products read it so: computed in f32 and rounded once as stored
+// (save_product_operand's bits without its rounding pass).
 void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
                        float eps);
 // dinp, dweight, dbias accumulate
@@ -13,7 +15,7 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
                         Tensor mean, Tensor rstd);
 
 // RMSNorm, in f32 (HF's LlamaRMSNorm): out = inp * rstd * weight with rstd (N) = 1 / sqrt(mean(inp^2)
-// + eps), saved for backward.
+// + eps), saved for backward; out f32 or bf16 (rounded once, as LayerNorm's).
 void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
 // dinp and dweight accumulate
 void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);

@@ -17,7 +17,7 @@ bool cudnn(const UnitContext& c) { return c.spec.attention == AttentionKernel::c
 // round to bf16 and qkv is the saved "qkv" (read by this forward and its backward, and by nothing
 // else), which is then rounded once (Saved::round).
 bool keeps_bf16(UnitContext& c, Saved& s, Tensor& qkv, DType product) {
-  if (!products_round(c, product) || product != DType::bf16 || !s.has("qkv") || s("qkv").data() != qkv.data())
+  if (attention_operand_dtype(c, product) != DType::bf16 || !s.has("qkv") || s("qkv").data() != qkv.data())
     return false;
   qkv = s.round(c.be, c.pool, "qkv", DType::bf16);
   return true;
@@ -28,6 +28,12 @@ Tensor saved(UnitContext& c, Saved& s, bool bf16, const std::string& name, std::
   return bf16 ? s.add_as(c.pool, name, shape, DType::bf16) : s.add(c.pool, name, shape);
 }
 }  // namespace
+
+DType attention_operand_dtype(const UnitContext& c, DType product) {
+  if (c.batch.context_parallel() || flash(c) || product != DType::bf16 || !products_round(c, product))
+    return DType::f32;
+  return cudnn(c) || c.spec.activation_dtype == DType::bf16 ? DType::bf16 : DType::f32;
+}
 
 void check_attention_kernel(const ModelSpec& spec, Device device, bool this_binary) {
   if (spec.attention != AttentionKernel::cudnn) return;
@@ -62,7 +68,7 @@ Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionSh
   }
   // The same where the saved activations are bf16 too, as Megatron's: the products on the tensor
   // cores, the probabilities and the output kept in bf16.
-  const bool bf16 = c.spec.activation_dtype == DType::bf16 && keeps_bf16(c, s, qkv, product);
+  const bool bf16 = keeps_bf16(c, s, qkv, product);
   Tensor atty = saved(c, s, bf16, "atty", {a.B * a.T, a.H * a.v()});
   Tensor att = saved(c, s, bf16, "att", {a.B, a.H, a.T, a.T});
   ops::attention_forward(c.be, atty, att, qkv, a.H, a.KV, a.vd);

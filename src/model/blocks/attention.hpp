@@ -35,6 +35,13 @@ struct AttentionShape {
 Tensor attention_forward(UnitContext& c, Saved& s, Tensor qkv, const AttentionShape& a,
                          DType product = DType::f32);
 
+// The dtype attention_forward keeps q, k, v and its output in: bf16 where it keeps them as the
+// output's products (weight dtype `product`) read them (cuDNN's, or the naive one's under
+// --activation-dtype bf16, where those products round to bf16), else f32 (flash, context parallel,
+// f32 products). A caller whose product writes the saved "qkv" in it spares attention_forward the
+// rounding pass.
+DType attention_operand_dtype(const UnitContext& c, DType product);
+
 // The workspace attention_backward needs, allocated where the caller's backward allocates its
 // other workspace (so the peak holds the same blocks as before the core was shared).
 Block attention_scratch(UnitContext& c, const AttentionShape& a, const std::string& prefix);

@@ -39,8 +39,11 @@ Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::
 
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
                    Tensor bias, Tensor aux) {
+  SHARD_CHECK(out.dtype() == DType::f32 && d.c_type == DType::f32 && (!aux.data() || aux.dtype() == DType::f32),
+              "gemm with a {} epilogue into a {} C on {}: the f32 form (a bf16 C takes the UnitContext one)",
+              gemm_epilogue_name(e), dtype_name(out.dtype()), be.describe());
   if (be.fuses_gemm_epilogue(d) && be.gemm_epilogue(d, a, b, out.data(), e, bias.data() ? bias.ptr<float>() : nullptr,
-                                                     aux.data() ? aux.ptr<float>() : nullptr))
+                                                     aux.data()))
     return;
   switch (e) {
     case GemmEpilogue::bias:
@@ -57,6 +60,30 @@ void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b,
       ops::gelu_backward(be, out, aux, out);
       return;
   }
+}
+
+void gemm_epilogue(UnitContext& c, GemmDesc d, const void* a, const void* b, Tensor out, GemmEpilogue e, Tensor bias,
+                   Tensor aux) {
+  d.c_type = out.dtype();
+  if (out.dtype() == DType::f32) return gemm_epilogue(c.be, d, a, b, out, e, bias, aux);
+  SHARD_CHECK(out.dtype() == DType::bf16 && (!aux.data() || aux.dtype() == DType::bf16),
+              "gemm with a {} epilogue: C {} and aux {} (bf16 C: bf16 aux)", gemm_epilogue_name(e),
+              dtype_name(out.dtype()), aux.data() ? dtype_name(aux.dtype()) : "none");
+  if (c.be.fuses_gemm_epilogue(d) &&
+      c.be.gemm_epilogue(d, a, b, out.data(), e, bias.data() ? bias.ptr<float>() : nullptr, aux.data()))
+    return;
+  d.c_type = DType::f32;
+  Block wide = c.pool.alloc(DType::f32, out.numel(), Category::workspace, "gemm epilogue f32 C");
+  Block wide_aux;
+  if (aux.data()) {
+    wide_aux = c.pool.alloc(DType::f32, aux.numel(), Category::workspace, "gemm epilogue f32 aux");
+    if (e == GemmEpilogue::dgelu) c.be.cast(wide_aux.flat(DType::f32), aux);
+  }
+  const Tensor w = wide.flat(DType::f32).reshape(out.shape());
+  const Tensor wa = aux.data() ? wide_aux.flat(DType::f32).reshape(aux.shape()) : Tensor();
+  gemm_epilogue(c.be, d, a, b, w, e, bias, wa);
+  c.be.cast(out, w);
+  if (e == GemmEpilogue::bias_gelu) c.be.cast(aux, wa);
 }
 
 Tensor stacked(const std::vector<Tensor>& parts) {

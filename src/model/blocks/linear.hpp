@@ -18,6 +18,12 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
 // reference the CPU runs.
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
                    Tensor bias, Tensor aux);
+// As above into an f32 or a bf16 `out` (d.c_type taken from it; aux then in out's dtype too), a
+// bf16 one written by the product's epilogue where the backend fuses it (no rounding pass), else
+// composed in f32 workspaces and rounded once: C and bias_gelu's aux (the f32 sum) rounded as the
+// fused epilogue rounds them, dgelu's aux widened.
+void gemm_epilogue(UnitContext& c, GemmDesc d, const void* a, const void* b, Tensor out, GemmEpilogue e, Tensor bias,
+                   Tensor aux);
 // x as the products that read it take it: where the backend's products round f32 operands to `to`
 // (low_precision_gemm(), a bf16 weight's round_inputs_to), x rounded once into `held` (workspace,
 // `what`), so that two products read one copy instead of each rounding x again (the same bits);
@@ -32,12 +38,19 @@ inline DType product_operand_dtype(const UnitContext& c, DType to) { return prod
 // gather moves it), compute(t) writes an f32 workspace, rounded once into the saved tensor
 // (Saved::add_as, kept so under --activation-dtype too), which both the forward's product and the
 // weight gradient's read as it is: the same bits as each rounding it, one cast and half the bytes.
+// `producer_rounds`: compute writes a `to` tensor itself, rounding as it stores (a norm's kernel):
+// no workspace and no rounding pass, the same bits.
 // Elsewhere compute writes the saved f32 tensor itself (Saved::add). Returns the saved tensor.
 template <class F>
 Tensor save_product_operand(UnitContext& c, Saved& s, const std::string& name, std::initializer_list<int64_t> shape,
-                            DType to, bool only_products, F compute) {
+                            DType to, bool only_products, F compute, bool producer_rounds = false) {
   if (!only_products || c.tp.sequence_parallel() || !products_round(c, to)) {
     Tensor t = s.add(c.pool, name, shape);
+    compute(t);
+    return t;
+  }
+  if (producer_rounds) {
+    Tensor t = s.add_as(c.pool, name, shape, to);
     compute(t);
     return t;
   }

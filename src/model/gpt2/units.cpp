@@ -41,22 +41,31 @@ void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N, in
 }
 
 // out (N, OC) = inp (N, IC) @ W (IC, OC) + bias, the bias in the product's epilogue where the
-// backend fuses one (blocks::gemm_epilogue).
-void matmul_forward(Backend& be, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
-  blocks::gemm_epilogue(be, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias, bias, {});
+// backend fuses one (blocks::gemm_epilogue); out f32, or bf16 written so by the product.
+void matmul_forward(UnitContext& c, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC, int64_t OC) {
+  blocks::gemm_epilogue(c, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias, bias, {});
 }
 
 // out = gelu(pre), pre (N, OC) = inp (N, IC) @ W (IC, OC) + bias: one product with its epilogue
-// where the backend fuses one.
-void matmul_gelu_forward(Backend& be, Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias, int64_t N,
+// where the backend fuses one; out and pre both f32 or both bf16.
+void matmul_gelu_forward(UnitContext& c, Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias, int64_t N,
                          int64_t IC, int64_t OC) {
-  blocks::gemm_epilogue(be, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias_gelu, bias,
+  blocks::gemm_epilogue(c, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias_gelu, bias,
                         pre);
 }
 
-// dinp (N, IC) = dout @ W^T (overwritten; times gelu'(gelu_at) when given, GELU's backward in the
-// product's epilogue where the backend fuses one); dW += inp^T @ dout (held for the W pass under a
-// split backward: blocks/weight_grad.hpp); dbias += column sums of dout.
+// Whether the MLP keeps GELU's argument and output in bf16, written so by c_fc's product (its
+// epilogue rounds each once, as narrowing them would): under --activation-dtype bf16 where the
+// products round to bf16 (c_proj's weight `product`), the only readers being c_proj's products and
+// GELU's backward in c_proj's epilogue.
+bool mlp_in_bf16(const UnitContext& c, DType product) {
+  return c.spec.activation_dtype == DType::bf16 && product == DType::bf16 && blocks::products_round(c, product);
+}
+
+// dinp (N, IC) = dout @ W^T (overwritten, in dinp's dtype: f32, or bf16 where its readers take
+// it so; times gelu'(gelu_at) when given, GELU's backward in the product's epilogue where the
+// backend fuses one); dW += inp^T @ dout (held for the W pass under a split backward:
+// blocks/weight_grad.hpp); dbias += column sums of dout.
 void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                      int64_t N, int64_t IC, int64_t OC, Tensor gelu_at = {}) {
   Backend& be = c.be;
@@ -64,11 +73,12 @@ void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tenso
   const Tensor dy = blocks::rounded_once(c, dout, w.dtype(), held, "matmul backward rounded dout");
   GemmDesc dx = gemm_with(w);
   dx.a_type = dy.dtype();
+  dx.c_type = dinp.dtype();
   dx.trans_b = Trans::T;
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = OC, dx.ldc = IC;
   if (gelu_at.data() != nullptr)
-    blocks::gemm_epilogue(be, dx, dy.data(), w.data(), dinp, GemmEpilogue::dgelu, {}, gelu_at);
+    blocks::gemm_epilogue(c, dx, dy.data(), w.data(), dinp, GemmEpilogue::dgelu, {}, gelu_at);
   else
     be.gemm(dx, dy.data(), w.data(), dinp.data());
   weight_gemm(c, weight_grad_desc(w.dtype(), IC, OC, N), inp, dy, dw);
@@ -99,7 +109,7 @@ Tensor rows_of(const Block& b, int64_t rows, int64_t C, Tensor otherwise = {}) {
 // reduce, and the bias rides in the product's epilogue where the backend fuses one.
 void row_parallel_forward(UnitContext& c, Tensor out, Tensor inp, Tensor w, Tensor bias, const Block& rows, int64_t N,
                           int64_t IC, int64_t OC) {
-  if (!c.tp.active()) return matmul_forward(c.be, out, inp, w, bias, N, IC, OC);
+  if (!c.tp.active()) return matmul_forward(c, out, inp, w, bias, N, IC, OC);
   Tensor partial = rows_of(rows, N, OC, out);
   linear_forward(c.be, partial, inp, w, N, IC, OC);
   tp_region_output(c, partial, out);
@@ -204,11 +214,15 @@ class BlockUnit final : public Unit {
     Tensor ln1 = blocks::save_product_operand(c, s, "ln1", {n, C}, wg(p, "attn.c_attn.weight").dtype(), true,
                                               [&](Tensor t) {
       ops::layernorm_forward(be, t, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
-    });
-    Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * A});
-    matmul_forward(be, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
+    }, true);
+    // q, k, v in the dtype the attention keeps them in: bf16 written so by the product's epilogue.
+    const DType proj = wg(p, "attn.c_proj.weight").dtype();
+    Tensor qkv = blocks::attention_operand_dtype(c, proj) == DType::bf16
+                     ? s.add_as(c.pool, "qkv", {B, T, 3 * A}, DType::bf16)
+                     : s.add(c.pool, "qkv", {B, T, 3 * A});
+    matmul_forward(c, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
                    w(p, "attn.c_attn.bias"), N, C, 3 * A);
-    Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H}, wg(p, "attn.c_proj.weight").dtype());
+    Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H}, proj);
     Tensor x2 = s.add(c.pool, "x2", {n, C});
     row_parallel_forward(c, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), rows, N, A, C);
     be.add(x2, in, x2);  // residual
@@ -216,13 +230,20 @@ class BlockUnit final : public Unit {
     Tensor ln2 = blocks::save_product_operand(c, s, "ln2", {n, C}, wg(p, "mlp.c_fc.weight").dtype(), true,
                                               [&](Tensor t) {
       ops::layernorm_forward(be, t, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
-    });
-    Tensor fch = s.add(c.pool, "fch", {N, F});
-    Tensor fch_gelu = blocks::save_product_operand(c, s, "fch_gelu", {N, F}, wg(p, "mlp.c_proj.weight").dtype(), true,
-                                                   [&](Tensor t) {
-      matmul_gelu_forward(be, t, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
-                          w(p, "mlp.c_fc.bias"), N, C, F);
-    });
+    }, true);
+    const DType mlp_proj = wg(p, "mlp.c_proj.weight").dtype();
+    const Tensor fc_in = tp_region_input(c, ln2, rows_of(rows, N, C));
+    Tensor fch_gelu;
+    if (mlp_in_bf16(c, mlp_proj)) {
+      Tensor fch = s.add_as(c.pool, "fch", {N, F}, DType::bf16);
+      fch_gelu = s.add_as(c.pool, "fch_gelu", {N, F}, DType::bf16);
+      matmul_gelu_forward(c, fch_gelu, fch, fc_in, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
+    } else {
+      Tensor fch = s.add(c.pool, "fch", {N, F});
+      fch_gelu = blocks::save_product_operand(c, s, "fch_gelu", {N, F}, mlp_proj, true, [&](Tensor t) {
+        matmul_gelu_forward(c, t, fch, fc_in, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
+      });
+    }
     row_parallel_forward(c, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), rows, N, F, C);
     be.add(out, x2, out);  // residual
   }
@@ -242,7 +263,8 @@ class BlockUnit final : public Unit {
     Block rows = region_rows(c, prefix_ + "backward region rows");
     TpPartialGrads norms(c, g, {prefix_ + "ln_1.weight", prefix_ + "ln_1.bias", prefix_ + "ln_2.weight",
                                 prefix_ + "ln_2.bias"}, prefix_ + "norms");
-    Tensor dfch = flat_view(big, {N, F}), dsmall = flat_view(small, {N, C});
+    // d(fch) in fch's dtype (bf16: c_proj's GELU epilogue writes it so for c_fc's products).
+    Tensor dfch = big.view(s("fch").dtype(), {N, F}), dsmall = flat_view(small, {N, C});
     // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2)))). The bias's gradient sums every row's: those of
     // dy, which under sequence parallelism holds every rank's rows.
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, N, C));
@@ -256,7 +278,9 @@ class BlockUnit final : public Unit {
     ops::layernorm_backward(be, din, norms(prefix_ + "ln_2.weight"), norms(prefix_ + "ln_2.bias"), dln2, s("x2"),
                             w(p, "ln_2.weight"), s("ln2_mean"), s("ln2_rstd"));
     // Attention: x2 = x + c_proj(attn(c_attn(ln_1(x))))
-    Tensor datty = flat_view(small, {N, A});
+    // d(atty) as the attention's backward reads it: bf16 where it kept q, k, v so (written so by
+    // c_proj's product), else f32.
+    Tensor datty = small.view(s("qkv").dtype(), {N, A});
     matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
                     tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
                     N, A, C);
@@ -289,17 +313,17 @@ class BlockUnit final : public Unit {
            ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {N});
     ops::layernorm_forward(be, ln1, ln1_mean, ln1_rstd, in, w(p, "ln_1.weight"), w(p, "ln_1.bias"), eps(c.spec));
     Tensor qkv = s.add(c.pool, "qkv", {B, T, 3 * C});
-    matmul_forward(be, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
+    matmul_forward(c, qkv, ln1, wg(p, "attn.c_attn.weight"), w(p, "attn.c_attn.bias"), N, C, 3 * C);
     Tensor atty = blocks::attention_cached(c, cache, s, qkv, shape, prefix_, pos0);
     Tensor x2 = s.add(c.pool, "x2", {N, C});
-    matmul_forward(be, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
+    matmul_forward(c, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), N, C, C);
     be.add(x2, in, x2);  // residual
     Tensor ln2 = s.add(c.pool, "ln2", {N, C}), ln2_mean = s.add_f32(c.pool, "ln2_mean", {N}),
            ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {N});
     ops::layernorm_forward(be, ln2, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
     Tensor fch = s.add(c.pool, "fch", {N, F}), fch_gelu = s.add(c.pool, "fch_gelu", {N, F});
-    matmul_gelu_forward(be, fch_gelu, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
-    matmul_forward(be, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
+    matmul_gelu_forward(c, fch_gelu, fch, ln2, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
+    matmul_forward(c, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
     be.add(out, x2, out);  // residual
   }
 

@@ -116,7 +116,7 @@ class DecoderLayerUnit final : public Unit {
     Tensor ln1_rstd = s.add_f32(c.pool, "ln1_rstd", {d.Nl});
     Tensor ln1 = blocks::save_product_operand(c, s, "ln1", {d.Nl, d.C}, qkv_weight(p).dtype(), true, [&](Tensor t) {
       ops::rmsnorm_forward(be, t, ln1_rstd, in, w(p, "input_layernorm.weight"), eps(c.spec));
-    });
+    }, true);
     // Sequence parallelism: ln1 gathered, o_proj's partial sums, ln2 gathered, down_proj's, in turn.
     Block whole = tp_whole_rows(c, prefix_ + "region rows");
     Tensor qkv = s.add(c.pool, "qkv", {d.B, d.T, d.W});
@@ -135,7 +135,7 @@ class DecoderLayerUnit final : public Unit {
     Tensor ln2 = blocks::save_product_operand(c, s, "ln2", {d.Nl, d.C}, dense ? gate_up_weight(p).dtype() : DType::f32,
                                               dense, [&](Tensor t) {
       ops::rmsnorm_forward(be, t, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
-    });
+    }, true);
     // The MLP region (a mixture of experts too: every rank routes all N rows, gathered under SP,
     // through its slices of the experts, and the partial sums are reduced as the dense MLP's).
     mlp_forward(c, p, s, tp_region_input(c, ln2, tp_whole_or(whole, c, ln2)), tp_whole_or(whole, c, out), d);
@@ -266,7 +266,7 @@ class DecoderLayerUnit final : public Unit {
     Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F});
     linear_forward(c.be, gate_up, ln2, gate_up_weight(p), d.N);
     Tensor act = blocks::save_product_operand(c, s, "swiglu", {d.N, d.F}, wg(p, "mlp.down_proj.weight").dtype(), true,
-                                              [&](Tensor t) { ops::swiglu_forward(c.be, t, gate_up); });
+                                              [&](Tensor t) { ops::swiglu_forward(c.be, t, gate_up); }, true);
     linear_forward(c.be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
   }
   blocks::MoeWeights moe_weights(const ModelSpec& spec, const ParamSet& p, bool gemm) const {
