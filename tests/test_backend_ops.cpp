@@ -494,8 +494,27 @@ TEST_CASE("the norms' and SwiGLU's bf16 outputs are their f32 outputs rounded on
     for (size_t i = 0; i < want.size(); ++i) REQUIRE(float(got[i]) == test::round_to(want[i], DType::bf16));
   };
   ops::layernorm_forward(*cpu, wide, f32(mean), f32(rstd), in, f32(w), f32(b), 1e-5f);
-  ops::layernorm_forward(*cpu, narrow, f32(mean), f32(rstd), in, f32(w), f32(b), 1e-5f);
+  std::vector<bf16> x16(N * C);  // the input rounded as well, in the same call
+  const Tensor in16 = Tensor::of(std::span<bf16>(x16)).reshape(shape);
+  ops::layernorm_forward(*cpu, narrow, f32(mean), f32(rstd), in, f32(w), f32(b), 1e-5f, in16);
   check("layernorm");
+  for (size_t i = 0; i < x.size(); ++i) REQUIRE(float(x16[i]) == test::round_to(x[i], DType::bf16));
+  // Its backward from that bf16 input: the f32 backward of the widened input, bit for bit; with
+  // dinp_from, the same as copying it into dinp first; its bf16 copy, dinp rounded once.
+  std::vector<float> x_wide(x.size()), dout = test::random_vector("norm bf16 dout", N * C);
+  for (size_t i = 0; i < x.size(); ++i) x_wide[i] = float(x16[i]);
+  std::vector<float> resid = test::random_vector("norm bf16 residual grad", N * C);
+  std::vector<float> dw_want(C), db_want(C), dw_got(C), db_got(C), dinp_want = resid, dinp_got(N * C, 7.f);
+  ops::layernorm_backward(*cpu, f32(dinp_want).reshape(shape), f32(dw_want), f32(db_want), f32(dout).reshape(shape),
+                          f32(x_wide).reshape(shape), f32(w), f32(mean), f32(rstd));
+  std::vector<bf16> dinp16(N * C);
+  ops::layernorm_backward(*cpu, f32(dinp_got).reshape(shape), f32(dw_got), f32(db_got), f32(dout).reshape(shape),
+                          in16, f32(w), f32(mean), f32(rstd), f32(resid).reshape(shape),
+                          Tensor::of(std::span<bf16>(dinp16)).reshape(shape));
+  CHECK(dinp_got == dinp_want);
+  CHECK(dw_got == dw_want);
+  CHECK(db_got == db_want);
+  for (size_t i = 0; i < dinp16.size(); ++i) REQUIRE(float(dinp16[i]) == test::round_to(dinp_want[i], DType::bf16));
   ops::rmsnorm_forward(*cpu, wide, f32(rstd), in, f32(w), 1e-6f);
   ops::rmsnorm_forward(*cpu, narrow, f32(rstd), in, f32(w), 1e-6f);
   check("rmsnorm");

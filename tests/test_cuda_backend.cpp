@@ -370,6 +370,37 @@ TEST_CASE("cuda layernorm forward and backward match the cpu backend", "[cuda]")
     expect_close(got_dw, dw, 1e-4, 1e-4, "layernorm dweight");
     expect_close(got_db, db, 1e-4, 1e-4, "layernorm dbias");
     CHECK(bit_equal(got_dw, again_dw));  // partials folded in a fixed order: reproducible
+
+    // The bf16 forms (GPT-2's block under --activation-dtype bf16 on a GPU): the forward rounds its
+    // input as well (bit for bit: one rounding of the same f32); the backward reads that bf16 input,
+    // starts from a residual's gradient instead of accumulating, and rounds its result once more.
+    Block gx16 = e.pool.alloc(DType::bf16, N * C, Category::workspace, "inp bf16");
+    ops::layernorm_forward(*e.gpu, gout16.view(DType::bf16, {N, C}), Env::dev(gmean, DType::f32, N),
+                           Env::dev(grstd, DType::f32, N), ginp.view(DType::f32, {N, C}),
+                           Env::dev(gw, DType::f32, C), Env::dev(gb, DType::f32, C), 1e-5f,
+                           gx16.view(DType::bf16, {N, C}));
+    std::vector<float> x16(inp.size());
+    for (size_t i = 0; i < inp.size(); ++i) x16[i] = test::round_to(inp[i], DType::bf16);
+    CHECK(bit_equal(e.download(gx16, DType::bf16, x16.size()), x16));
+    auto resid = random_vector("lresid", N * C);
+    std::vector<float> dinp2(N * C), dw2 = dw, db2 = db;
+    ops::layernorm_backward(*e.cpu, host2(dinp2, N, C), host(dw2), host(db2), host2(dout, N, C), host2(x16, N, C),
+                            host(w), host(mean), host(rstd), host2(resid, N, C));
+    Block gd2 = e.pool.alloc(DType::f32, N * C, Category::workspace, "dinp from"), gw2 = up(e, dw, "dw"),
+          gb2 = up(e, db, "db"), gresid = up(e, resid, "resid");
+    Block gd16 = e.pool.alloc(DType::bf16, N * C, Category::workspace, "dinp bf16");
+    ops::layernorm_backward(*e.gpu, gd2.view(DType::f32, {N, C}), Env::dev(gw2, DType::f32, C),
+                            Env::dev(gb2, DType::f32, C), gdout.view(DType::f32, {N, C}),
+                            gx16.view(DType::bf16, {N, C}), Env::dev(gw, DType::f32, C), Env::dev(gm, DType::f32, N),
+                            Env::dev(gr, DType::f32, N), gresid.view(DType::f32, {N, C}),
+                            gd16.view(DType::bf16, {N, C}));
+    const auto got_d2 = down(e, gd2, dinp2.size());
+    expect_close(got_d2, dinp2, 1e-4, 1e-4, "layernorm dinp from a residual, bf16 input");
+    expect_close(down(e, gw2, dw2.size()), dw2, 1e-4, 1e-4, "layernorm dweight, bf16 input");
+    expect_close(down(e, gb2, db2.size()), db2, 1e-4, 1e-4, "layernorm dbias, bf16 input");
+    std::vector<float> d2_rounded(got_d2.size());
+    for (size_t i = 0; i < got_d2.size(); ++i) d2_rounded[i] = test::round_to(got_d2[i], DType::bf16);
+    CHECK(bit_equal(e.download(gd16, DType::bf16, d2_rounded.size()), d2_rounded));  // the GPU's own dinp, rounded
     CHECK(bit_equal(got_db, again_db));
     CHECK(bit_equal(got_dinp, again_dinp));
   }
@@ -1072,6 +1103,34 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
     if (ep == GemmEpilogue::bias_gelu)
       expect_close(e.download(gx16, DType::bf16, ref16_aux.size()), ref16_aux, 8e-3, 1e-2, "aux bf16");
   }
+}
+
+TEST_CASE("cuda sum_rows (one launch, the last block of a tile folds) matches the cpu, call after call", "[cuda]") {
+  Env e;
+  struct Shape { int64_t rows, cols; };
+  // One chunk and one tile; GPT-2's bias gradients in small (many chunks, a partial last tile); a
+  // tall thin one (the most chunks a tile gets).
+  for (Shape sh : {Shape{5, 3}, Shape{1000, 770}, Shape{8192, 33}})
+    for (DType t : {DType::f32, DType::bf16}) {
+      INFO(sh.rows << " x " << sh.cols << " " << dtype_name(t));
+      auto x = random_vector("sum_rows x", sh.rows * sh.cols);
+      for (auto& v : x) v = test::round_to(v, t);
+      auto base = random_vector("sum_rows out", sh.cols);
+      std::vector<float> want = base;
+      e.cpu->sum_rows(host2(x, sh.rows, sh.cols), host(want), true);
+      Block gx = e.upload(x, t, "x"), gout = up(e, base, "out");
+      const Tensor tx = gx.view(t, {sh.rows, sh.cols}), tout = Env::dev(gout, DType::f32, base.size());
+      e.gpu->sum_rows(tx, tout, true);
+      const auto first = down(e, gout, base.size());
+      // Sums in doubles in another order, rounded to f32 once: 1e-6.
+      expect_close(first, want, 1e-6, 1e-6, "sum_rows accumulated");
+      e.gpu->sum_rows(tx, tout, false);  // the counters were reset: the same sums again, bit for bit
+      std::vector<float> again = down(e, gout, base.size()), alone(base.size(), 0.f);
+      e.cpu->sum_rows(host2(x, sh.rows, sh.cols), host(alone), false);
+      expect_close(again, alone, 1e-6, 1e-6, "sum_rows");
+      e.gpu->sum_rows(tx, tout, false);
+      CHECK(bit_equal(down(e, gout, base.size()), again));
+    }
 }
 
 TEST_CASE("cuda add_into and AdamW from bf16 gradients match the cpu bit for bit", "[cuda]") {

@@ -64,6 +64,7 @@ CudaBackend::~CudaBackend() {
   gemm_scratch_.release(compute_);
   cudnn_scratch_.release(compute_);
   lt_scratch_.release(compute_);
+  arrivals_.release(compute_);
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(comm_);
   pinned_cache_.release_all([](void* p) { cudaFreeHost(p); });

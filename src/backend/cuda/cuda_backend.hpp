@@ -104,6 +104,16 @@ class CudaBackend final : public Backend {
   }
   cudaStream_t compute_stream() const { return compute_; }
   void* device_scratch(size_t bytes) { return scratch_.get(bytes, compute_); }
+  // n counters that are zero between the kernels that use them (each resets what it counted): zeroed
+  // once when they grow (a memset on the compute stream, the first call's only).
+  unsigned* arrival_counters(int64_t n) {
+    const size_t want = static_cast<size_t>(n) * sizeof(unsigned);
+    if (want > arrivals_.bytes) {
+      arrivals_.get(want, compute_);
+      CUDA_CHECK(cudaMemsetAsync(arrivals_.p, 0, want, compute_));
+    }
+    return static_cast<unsigned*>(arrivals_.p);
+  }
   // cuDNN attention (cudnn_attention.cpp): its handle and built graphs, made on first use and
   // released before the streams; its workspace, outside the Pool like cuBLAS's.
   std::shared_ptr<void>& cudnn_state() { return cudnn_state_; }
@@ -167,6 +177,7 @@ class CudaBackend final : public Backend {
   Scratch gemm_scratch_;  // f32 GEMM operands rounded to bf16
   Scratch cudnn_scratch_;  // cuDNN's workspace
   Scratch lt_scratch_;     // cuBLASLt's workspace
+  Scratch arrivals_;       // sum_rows' per-tile arrival counters (arrival_counters)
   std::shared_ptr<void> cudnn_state_;
   std::vector<int32_t> host_ids_;  // token ids (or their grouping) being prepared for upload
   std::vector<int32_t> shard_rows_;  // a vocabulary shard's rows of token ids, -1 for other ranks'

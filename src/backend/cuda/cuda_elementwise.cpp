@@ -89,7 +89,8 @@ void CudaBackend::sum_rows(Tensor x, Tensor out, bool accumulate) {
   const int64_t rows = x.dim(0), cols = x.dim(1);
   auto* partial = static_cast<double*>(
       device_scratch(static_cast<size_t>(cuda::sum_rows_chunks(rows, cols) * std::max<int64_t>(cols, 1)) * sizeof(double)));
-  CUDA_CHECK(launch_sum_rows(x.data(), x.dtype(), rows, cols, partial, out.ptr<float>(), accumulate, compute_));
+  CUDA_CHECK(launch_sum_rows(x.data(), x.dtype(), rows, cols, partial, arrival_counters(cuda::sum_rows_tiles(cols)),
+                             out.ptr<float>(), accumulate, compute_));
 }
 
 }  // namespace shardlab::cuda

@@ -81,10 +81,14 @@ __global__ void reduce_final_kernel(const double* partial, int count, ReduceKind
 // Block (tile, chunk) of kWarp x kRowsPerBlock threads: thread (tx, ty) sums column tile kWarp + tx
 // over rows ty, ty + kRowsPerBlock, ... of the chunk (a warp reads kWarp adjacent floats), then the
 // block's rows of partial sums are added in order.
-// x f32 or bf16 (widened as read).
+// x f32 or bf16 (widened as read). Both stages in one launch: the last of a tile's blocks to
+// finish (an arrival counter per tile, zero before and reset after) folds that tile's partials in
+// chunk order, so the result does not depend on which block came last.
 template <class T>
-__global__ void sum_rows_partial_kernel(const T* x, int64_t rows, int64_t cols, int64_t chunk_rows, double* partial) {
+__global__ void sum_rows_kernel(const T* x, int64_t rows, int64_t cols, int64_t chunk_rows, double* partial,
+                                unsigned* arrivals, float* out, bool accumulate) {
   __shared__ double part[kRowsPerBlock][kWarp + 1];
+  __shared__ bool last;
   const int64_t c = blockIdx.x * (int64_t)kWarp + threadIdx.x;
   const int64_t r0 = blockIdx.y * chunk_rows, r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
   double acc = 0.0;
@@ -92,18 +96,23 @@ __global__ void sum_rows_partial_kernel(const T* x, int64_t rows, int64_t cols, 
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) acc += to_f32(x[r * cols + c]);
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
-  if (threadIdx.y != 0 || c >= cols) return;
-  double sum = 0.0;
-  for (int k = 0; k < kRowsPerBlock; ++k) sum += part[k][threadIdx.x];
-  partial[blockIdx.y * cols + c] = sum;
-}
-
-__global__ void sum_rows_fold_kernel(const double* partial, int64_t chunks, int64_t cols, float* out, bool accumulate) {
-  GRID_STRIDE_LOOP(c, cols) {
-    double acc = 0.0;
-    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
-    out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc);
+  if (threadIdx.y == 0 && c < cols) {
+    double sum = 0.0;
+    for (int k = 0; k < kRowsPerBlock; ++k) sum += part[k][threadIdx.x];
+    partial[blockIdx.y * cols + c] = sum;
+    __threadfence();  // the partial is visible before this block is counted
   }
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(arrivals + blockIdx.x, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's partial, counted before, is read after
+  if (threadIdx.y == 0 && c < cols) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < gridDim.y; ++k) sum += reinterpret_cast<volatile double*>(partial)[k * cols + c];
+    out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + sum);
+  }
+  if (threadIdx.x == 0 && threadIdx.y == 0) arrivals[blockIdx.x] = 0;  // ready for the next call
 }
 
 template <int W>
@@ -167,18 +176,17 @@ cudaError_t launch_reduce(const void* x, DType xt, int64_t n, ReduceKind k, doub
   return cudaGetLastError();
 }
 
-cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, float* out,
-                            bool accumulate, cudaStream_t s) {
+cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, unsigned* arrivals,
+                            float* out, bool accumulate, cudaStream_t s) {
   const Launches L = sum_rows_launches(rows, cols);
   const dim3 grid(L[0].x, L[0].y), block(kWarp, kRowsPerBlock);
   const int64_t chunk = sum_rows_chunk_rows(rows, cols);
   if (xt == DType::bf16)
-    sum_rows_partial_kernel<<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(x), rows, cols, chunk, partial);
+    sum_rows_kernel<<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(x), rows, cols, chunk, partial, arrivals,
+                                           out, accumulate);
   else
-    sum_rows_partial_kernel<<<grid, block, 0, s>>>(static_cast<const float*>(x), rows, cols, chunk, partial);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  sum_rows_fold_kernel<<<L[1].x, kThreads, 0, s>>>(partial, L[0].y, cols, out, accumulate);
+    sum_rows_kernel<<<grid, block, 0, s>>>(static_cast<const float*>(x), rows, cols, chunk, partial, arrivals, out,
+                                           accumulate);
   return cudaGetLastError();
 }
 

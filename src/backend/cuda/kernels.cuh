@@ -27,10 +27,10 @@ cudaError_t launch_add_into(void* dst, DType dst_type, const void* src, DType sr
 // kReduceBlocks doubles.
 cudaError_t launch_reduce(const void* x, DType xt, int64_t n, ReduceKind k, double* partial, float* out,
                           bool accumulate, cudaStream_t s);
-// out[c] (+)= sum_r x[r, c]; partial is a device workspace of sum_rows_chunks(rows, cols) x cols doubles.
-// x f32 or bf16 (xt).
-cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, float* out,
-                            bool accumulate, cudaStream_t s);
+// out[c] (+)= sum_r x[r, c]; partial is a device workspace of sum_rows_chunks(rows, cols) x cols doubles,
+// arrivals sum_rows_tiles(cols) counters, zero before the call and after it. x f32 or bf16 (xt).
+cudaError_t launch_sum_rows(const void* x, DType xt, int64_t rows, int64_t cols, double* partial, unsigned* arrivals,
+                            float* out, bool accumulate, cudaStream_t s);
 
 // ---- the operation families' kernels (f32), in ops/'s families. Every pointer is device memory,
 // token ids included: the backend uploads the host ids before calling these. Semantics mirror
@@ -55,15 +55,20 @@ cudaError_t launch_embedding_backward_dwte(float* dwte, const float* dout, const
                                            const int32_t* offsets, const int32_t* positions, int64_t B, int64_t T,
                                            int64_t C, bool dwpe, int64_t buckets, cudaStream_t s);
 
-// out (N, C) f32 or bf16 (rounded once), mean, rstd (N); rstd = 1 / sqrt(variance + eps).
-cudaError_t launch_layernorm_forward(void* out, DType out_type, float* mean, float* rstd, const float* inp,
-                                     const float* w, const float* b, int64_t N, int64_t C, float eps, cudaStream_t s);
+// out (N, C) f32 or bf16 (rounded once), mean, rstd (N); rstd = 1 / sqrt(variance + eps);
+// inp_bf16 (optional, bf16 (N, C)): the input rounded once as well.
+cudaError_t launch_layernorm_forward(void* out, DType out_type, void* inp_bf16, float* mean, float* rstd,
+                                     const float* inp, const float* w, const float* b, int64_t N, int64_t C, float eps,
+                                     cudaStream_t s);
 // Floats of workspace launch_layernorm_backward needs for (N, C): per-chunk partials of dw and db.
 int64_t layernorm_backward_workspace(int64_t N, int64_t C);
-// dinp, dw, db accumulate. workspace holds layernorm_backward_workspace(N, C) floats.
-cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                                      const float* w, const float* mean, const float* rstd, float* workspace,
-                                      int64_t N, int64_t C, cudaStream_t s);
+// dw, db accumulate; dinp too, or dinp = from + the gradient where `from` is given (it may be
+// dinp); rounded (optional, bf16 (N, C)): dinp rounded once as well. inp f32 or bf16 (inp_type).
+// workspace holds layernorm_backward_workspace(N, C) floats.
+cudaError_t launch_layernorm_backward(float* dinp, const float* from, void* rounded, float* dw, float* db,
+                                      const float* dout, const void* inp, DType inp_type, const float* w,
+                                      const float* mean, const float* rstd, float* workspace, int64_t N, int64_t C,
+                                      cudaStream_t s);
 
 // RMSNorm: out (N, C) = inp * rstd * w (f32 or bf16, rounded once), rstd (N) = 1 / sqrt(mean(inp^2) + eps).
 cudaError_t launch_rmsnorm_forward(void* out, DType out_type, float* rstd, const float* inp, const float* w, int64_t N,

@@ -104,8 +104,7 @@ Launches reduce_launches(int64_t n) {
 
 Launches sum_rows_launches(int64_t rows, int64_t cols) {
   return Launches{}
-      .add(kernel("sum_rows_partial_kernel", sum_rows_tiles(cols), sum_rows_chunks(rows, cols)))
-      .add(kernel("sum_rows_fold_kernel", grid_for(cols)));
+      .add(kernel("sum_rows_kernel", sum_rows_tiles(cols), sum_rows_chunks(rows, cols)));
 }
 
 Launches copy_launches(bool host) {

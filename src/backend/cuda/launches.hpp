@@ -50,10 +50,11 @@ inline int grid_for(int64_t n) {
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65535 * 8));
 }
 
-// A column sum (sum_rows, a bias gradient) in two deterministic stages: blocks of kWarp columns x
-// a chunk of rows each write their columns' partial sums (doubles) over the chunk, then a thread
-// per column folds the chunks in order. The chunks are a function of the shape only (enough
-// blocks to fill a device, at least kSumRowsMinRows rows each).
+// A column sum (sum_rows, a bias gradient) in two deterministic stages of one launch: blocks of
+// kWarp columns x a chunk of rows each write their columns' partial sums (doubles) over the chunk,
+// then the last block of each column tile to finish folds the tile's chunks in order. The chunks
+// are a function of the shape only (enough blocks to fill a device, at least kSumRowsMinRows rows
+// each).
 inline constexpr int64_t kSumRowsBlocks = 528;   // 4 per SM of an H100 / H200
 inline constexpr int64_t kSumRowsMinRows = 32;
 inline int64_t sum_rows_tiles(int64_t cols) { return std::max<int64_t>(1, (cols + kWarp - 1) / kWarp); }

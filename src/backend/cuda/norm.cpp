@@ -6,19 +6,20 @@
 namespace shardlab::cuda {
 
 void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
-                       float eps, int64_t N, int64_t C) {
-  CUDA_CHECK(launch_layernorm_forward(out.data(), out.dtype(), mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(),
-                                      weight.ptr<float>(), bias.ptr<float>(), N, C, eps,
+                       float eps, Tensor inp_bf16, int64_t N, int64_t C) {
+  CUDA_CHECK(launch_layernorm_forward(out.data(), out.dtype(), inp_bf16.data(), mean.ptr<float>(), rstd.ptr<float>(),
+                                      inp.ptr<float>(), weight.ptr<float>(), bias.ptr<float>(), N, C, eps,
                                       CudaBackend::of(be).compute_stream()));
 }
 
 void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                        Tensor mean, Tensor rstd, int64_t N, int64_t C) {
+                        Tensor mean, Tensor rstd, Tensor dinp_from, Tensor dinp_bf16, int64_t N, int64_t C) {
   CudaBackend& cb = CudaBackend::of(be);
   auto* workspace = static_cast<float*>(cb.device_scratch(layernorm_backward_workspace(N, C) * sizeof(float)));
-  CUDA_CHECK(launch_layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
-                                       inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(),
-                                       workspace, N, C, cb.compute_stream()));
+  CUDA_CHECK(launch_layernorm_backward(dinp.ptr<float>(), dinp_from.data() ? dinp_from.ptr<float>() : nullptr,
+                                       dinp_bf16.data(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
+                                       inp.data(), inp.dtype(), weight.ptr<float>(), mean.ptr<float>(),
+                                       rstd.ptr<float>(), workspace, N, C, cb.compute_stream()));
 }
 
 void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C) {

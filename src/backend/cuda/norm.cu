@@ -9,9 +9,10 @@ namespace {
 
 // One warp per row. Whole warps leave together (row is per warp), so the shuffles see full warps.
 // out f32, or bf16 (each value computed in f32, rounded once as it is stored).
+// inp_bf16 (optional): the input rounded to bf16 as well (what the backward reads, saved so).
 template <class O>
-__global__ void layernorm_forward_kernel(O* out, float* mean, float* rstd, const float* inp, const float* w,
-                                         const float* b, int64_t N, int64_t C, float eps) {
+__global__ void layernorm_forward_kernel(O* out, __nv_bfloat16* inp_bf16, float* mean, float* rstd, const float* inp,
+                                         const float* w, const float* b, int64_t N, int64_t C, float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
@@ -24,24 +25,29 @@ __global__ void layernorm_forward_kernel(O* out, float* mean, float* rstd, const
   const float r = 1.f / sqrtf(warp_allreduce(v, SumOp{}) / C + eps);
   O* o = out + row * C;
   for (int64_t c = lane; c < C; c += kWarp) store_f32(o + c, (x[c] - m) * r * w[c] + b[c]);
+  if (inp_bf16 != nullptr)
+    for (int64_t c = lane; c < C; c += kWarp) inp_bf16[row * C + c] = __float2bfloat16_rn(x[c]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
 }
 
-// dinp (accumulated), one warp per row.
-__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
-                                               const float* mean, const float* rstd, int64_t N, int64_t C) {
+// dinp (accumulated, or from + the gradient where `from` is given; it may be dinp), one warp per
+// row; `rounded` (optional) the result in bf16 too. inp f32 or bf16.
+template <class I>
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* from, __nv_bfloat16* rounded,
+                                               const float* dout, const I* inp, const float* w, const float* mean,
+                                               const float* rstd, int64_t N, int64_t C) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
-  const float* x = inp + row * C;
+  const I* x = inp + row * C;
   const float* d = dout + row * C;
   const float m = mean[row], r = rstd[row];
   float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
   for (int64_t c = lane; c < C; c += kWarp) {
-    const float norm = (x[c] - m) * r;
+    const float norm = (to_f32(x[c]) - m) * r;
     const float dnorm = w[c] * d[c];
     dnorm_mean += dnorm;
     dnorm_norm_mean += dnorm * norm;
@@ -49,17 +55,21 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
   dnorm_mean = warp_allreduce(dnorm_mean, SumOp{}) / C;
   dnorm_norm_mean = warp_allreduce(dnorm_norm_mean, SumOp{}) / C;
   float* di = dinp + row * C;
+  const float* base = from != nullptr ? from + row * C : di;
   for (int64_t c = lane; c < C; c += kWarp) {
-    const float norm = (x[c] - m) * r;
+    const float norm = (to_f32(x[c]) - m) * r;
     const float dnorm = w[c] * d[c];
-    di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+    const float v = base[c] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+    di[c] = v;
+    if (rounded != nullptr) rounded[row * C + c] = __float2bfloat16_rn(v);
   }
 }
 
 // LayerNorm's dw/db: chunk blockIdx.y of rows_per_chunk rows writes its partial sums (dw then db,
 // 2C floats) to `partial`; a second kernel folds the chunks in order. The chunking depends on N
 // alone, so the result is the same on every run.
-__global__ void layernorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+template <class I>
+__global__ void layernorm_backward_partial_kernel(float* partial, const float* dout, const I* inp,
                                                   const float* mean, const float* rstd, int64_t N, int64_t C,
                                                   int64_t rows_per_chunk) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -69,7 +79,7 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const float* d
   float dw = 0.f, db = 0.f;
   for (int64_t r = begin; r < end; ++r) {
     const float d = dout[r * C + c];
-    dw += (inp[r * C + c] - mean[r]) * rstd[r] * d;
+    dw += (to_f32(inp[r * C + c]) - mean[r]) * rstd[r] * d;
     db += d;
   }
   partial[chunk * 2 * C + c] = dw;
@@ -144,26 +154,32 @@ __global__ void rmsnorm_backward_fold_kernel(float* dw, const float* partial, in
 
 }  // namespace
 
-cudaError_t launch_layernorm_forward(void* out, DType out_type, float* mean, float* rstd, const float* inp,
-                                     const float* w, const float* b, int64_t N, int64_t C, float eps, cudaStream_t s) {
+cudaError_t launch_layernorm_forward(void* out, DType out_type, void* inp_bf16, float* mean, float* rstd,
+                                     const float* inp, const float* w, const float* b, int64_t N, int64_t C, float eps,
+                                     cudaStream_t s) {
   const Launches L = layernorm_forward_launches(N, C);
   if (L.count == 0) return cudaSuccess;
+  auto* copy = static_cast<__nv_bfloat16*>(inp_bf16);
   if (out_type == DType::bf16)
-    layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), mean, rstd, inp, w, b, N, C,
-                                                         eps);
+    layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), copy, mean, rstd, inp, w, b,
+                                                         N, C, eps);
   else
-    layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), mean, rstd, inp, w, b, N, C, eps);
+    layernorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), copy, mean, rstd, inp, w, b, N, C,
+                                                         eps);
   return cudaGetLastError();
 }
 
 int64_t layernorm_backward_workspace(int64_t N, int64_t C) { return 2 * C * layernorm_chunks(N); }
 
-cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                                      const float* w, const float* mean, const float* rstd, float* workspace,
-                                      int64_t N, int64_t C, cudaStream_t s) {
+namespace {
+template <class I>
+cudaError_t layernorm_backward_as(float* dinp, const float* from, void* rounded, float* dw, float* db,
+                                  const float* dout, const I* inp, const float* w, const float* mean,
+                                  const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s) {
   const Launches L = layernorm_backward_launches(N, C);
   if (L.count == 0) return cudaSuccess;
-  layernorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  layernorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, from, static_cast<__nv_bfloat16*>(rounded), dout,
+                                                             inp, w, mean, rstd, N, C);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const int64_t chunks = L[1].y, rows_per_chunk = (N + chunks - 1) / chunks;  // layernorm_chunks(N)
@@ -173,6 +189,18 @@ cudaError_t launch_layernorm_backward(float* dinp, float* dw, float* db, const f
   if (err != cudaSuccess) return err;
   layernorm_backward_fold_kernel<<<L[2].x, kThreads, 0, s>>>(dw, db, workspace, chunks, C);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_layernorm_backward(float* dinp, const float* from, void* rounded, float* dw, float* db,
+                                      const float* dout, const void* inp, DType inp_type, const float* w,
+                                      const float* mean, const float* rstd, float* workspace, int64_t N, int64_t C,
+                                      cudaStream_t s) {
+  if (inp_type == DType::bf16)
+    return layernorm_backward_as(dinp, from, rounded, dw, db, dout, static_cast<const __nv_bfloat16*>(inp), w, mean,
+                                 rstd, workspace, N, C, s);
+  return layernorm_backward_as(dinp, from, rounded, dw, db, dout, static_cast<const float*>(inp), w, mean, rstd,
+                               workspace, N, C, s);
 }
 
 cudaError_t launch_rmsnorm_forward(void* out, DType out_type, float* rstd, const float* inp, const float* w, int64_t N,

@@ -23,9 +23,9 @@ void embedding_backward_shard(Backend& be, Tensor dwte, Tensor dwpe, Tensor dout
                               int64_t T, int64_t v0, int64_t C);
 // ---- norm.cpp ----
 void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
-                       float eps, int64_t N, int64_t C);
+                       float eps, Tensor inp_bf16, int64_t N, int64_t C);
 void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                        Tensor mean, Tensor rstd, int64_t N, int64_t C);
+                        Tensor mean, Tensor rstd, Tensor dinp_from, Tensor dinp_bf16, int64_t N, int64_t C);
 void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C);
 void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
                       int64_t N, int64_t C);

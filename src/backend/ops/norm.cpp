@@ -1,6 +1,7 @@
 // norm.cpp — the normalisation family's checks and dispatch (norm.hpp).
 #include "src/backend/ops/norm.hpp"
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -36,6 +37,13 @@ void check_norm_out(const Tensor& out, const char* op) {
               dtype_name(out.dtype()));
 }
 
+// An optional bf16 companion of `like` (same element count), or nothing.
+void check_optional_bf16(const Tensor& t, const Tensor& like, const char* what) {
+  if (!t.data()) return;
+  SHARD_CHECK(t.dtype() == DType::bf16 && t.numel() == like.numel(), "{}: bf16 of {} elements expected, got {} {}",
+              what, like.numel(), dtype_name(t.dtype()), t.shape_str());
+}
+
 // The CPU's f32 result of `compute(float* out)`, stored in out's dtype (rounded once for bf16).
 template <class F>
 void cpu_into(Tensor out, F compute) {
@@ -48,47 +56,69 @@ void cpu_into(Tensor out, F compute) {
 }  // namespace
 
 void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
-                       float eps) {
+                       float eps, Tensor inp_bf16) {
   const auto [N, C] = layernorm_shape(out, mean, rstd, inp, weight, bias, "layernorm_forward");
   check_norm_out(out, "layernorm_forward");
+  check_f32(inp, "layernorm_forward");
+  check_optional_bf16(inp_bf16, inp, "layernorm_forward's rounded input");
   switch (be.device()) {
     case Device::cpu:
-      return cpu_into(out, [&](float* o) {
+      cpu_into(out, [&](float* o) {
         cpu::layernorm_forward(o, mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(),
                                bias.ptr<float>(), N, C, eps);
       });
+      if (inp_bf16.data()) convert(inp.data(), DType::f32, inp_bf16.data(), DType::bf16, static_cast<size_t>(N * C));
+      return;
     case Device::cuda:
-      if constexpr (kWithCuda) cuda::layernorm_forward(be, out, mean, rstd, inp, weight, bias, eps, N, C);
+      if constexpr (kWithCuda) cuda::layernorm_forward(be, out, mean, rstd, inp, weight, bias, eps, inp_bf16, N, C);
       return;
     case Device::meta:
       return charge(be,
                     {.name = "layernorm_forward",
                      .flops = 8.0 * N * C,
                      .bytes = pass_bytes(N * C, 1, 0) + pass_bytes(N * C, 0, 1, dtype_size(out.dtype())) +
-                              pass_bytes(N, 0, 2)},
+                              pass_bytes(N * C, 0, inp_bf16.data() ? 1 : 0, 2) + pass_bytes(N, 0, 2)},
                     [&] { return cuda::layernorm_forward_launches(N, C); });
   }
 }
 
 // As the forward's (dinp in out's place, dbias in bias's), and dout like inp, dweight like weight.
 void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                        Tensor mean, Tensor rstd) {
+                        Tensor mean, Tensor rstd, Tensor dinp_from, Tensor dinp_bf16) {
   const auto [N, C] = layernorm_shape(dinp, mean, rstd, inp, weight, dbias, "layernorm_backward");
   check_same_numel(dout, inp, "layernorm_backward");
   check_same_numel(dweight, weight, "layernorm_backward");
+  SHARD_CHECK(inp.dtype() == DType::f32 || inp.dtype() == DType::bf16, "layernorm_backward: f32 or bf16 inp, got {}",
+              dtype_name(inp.dtype()));
+  if (dinp_from.data()) {
+    check_f32(dinp_from, "layernorm_backward's dinp_from");
+    check_same_numel(dinp_from, dinp, "layernorm_backward");
+  }
+  check_optional_bf16(dinp_bf16, dinp, "layernorm_backward's rounded dinp");
   switch (be.device()) {
-    case Device::cpu:
-      return cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
-                                     inp.ptr<float>(), weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N,
-                                     C);
+    case Device::cpu: {
+      const std::vector<float> wide = inp.dtype() == DType::f32 ? std::vector<float>() : cpu_widened(inp);
+      if (dinp_from.data() && dinp_from.data() != dinp.data())
+        std::copy_n(dinp_from.ptr<float>(), N * C, dinp.ptr<float>());
+      cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
+                              wide.empty() ? inp.ptr<float>() : wide.data(), weight.ptr<float>(), mean.ptr<float>(),
+                              rstd.ptr<float>(), N, C);
+      if (dinp_bf16.data())
+        convert(dinp.data(), DType::f32, dinp_bf16.data(), DType::bf16, static_cast<size_t>(N * C));
+      return;
+    }
     case Device::cuda:
-      if constexpr (kWithCuda) cuda::layernorm_backward(be, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+      if constexpr (kWithCuda)
+        cuda::layernorm_backward(be, dinp, dweight, dbias, dout, inp, weight, mean, rstd, dinp_from, dinp_bf16, N, C);
       return;
     case Device::meta:
+      // dout and dinp (or dinp_from) read, dinp written; inp read in its dtype; the rounded copy.
       return charge(be,
                     {.name = "layernorm_backward",
                      .flops = 14.0 * N * C,
-                     .bytes = pass_bytes(N * C, 3, 1) + pass_bytes(N, 2, 0) + pass_bytes(C, 2, 2)},
+                     .bytes = pass_bytes(N * C, 2, 1) + pass_bytes(N * C, 1, 0, dtype_size(inp.dtype())) +
+                              pass_bytes(N * C, 0, dinp_bf16.data() ? 1 : 0, 2) + pass_bytes(N, 2, 0) +
+                              pass_bytes(C, 2, 2)},
                     [&] { return cuda::layernorm_backward_launches(N, C); });
   }
 }

@@ -8,11 +8,15 @@ namespace shardlab::ops {
 // LayerNorm: inp, out (N, C); mean, rstd (N) saved for backward; rstd = 1 / sqrt(variance + eps).
 // out f32, or bf16 where its products read it so: computed in f32 and rounded once as stored
 // (save_product_operand's bits without its rounding pass).
+// inp_bf16 (optional): the input rounded once to bf16 as well, in the same pass (what a backward
+// reading a bf16 input saves).
 void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
-                       float eps);
-// dinp, dweight, dbias accumulate
+                       float eps, Tensor inp_bf16 = {});
+// dweight, dbias accumulate; dinp too, or dinp = dinp_from + the input's gradient where dinp_from
+// is given (a residual's gradient: no copy first); dinp_bf16 (optional): the result rounded once
+// to bf16 as well (its products' operand). inp f32, or bf16 as inp_bf16 saved it.
 void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
-                        Tensor mean, Tensor rstd);
+                        Tensor mean, Tensor rstd, Tensor dinp_from = {}, Tensor dinp_bf16 = {});
 
 // RMSNorm, in f32 (HF's LlamaRMSNorm): out = inp * rstd * weight with rstd (N) = 1 / sqrt(mean(inp^2)
 // + eps), saved for backward; out f32 or bf16 (rounded once, as LayerNorm's).

@@ -31,6 +31,13 @@ void gemm_epilogue(UnitContext& c, GemmDesc d, const void* a, const void* b, Ten
 Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::string& what);
 // Whether the backend's products round f32 operands to `to` (rounded_once's rule).
 bool products_round(const UnitContext& c, DType to);
+// Whether a unit's producers write its saved activations in bf16 themselves (a kernel's or a
+// product's epilogue rounding as it stores, so the runner's narrowing after the forward and
+// widening before the backward find nothing to do): --activation-dtype bf16 on a backend whose
+// products round to bf16 (a GPU's; the CPU narrows and widens).
+inline bool activations_written_bf16(const UnitContext& c) {
+  return c.spec.activation_dtype == DType::bf16 && c.be.low_precision_gemm();
+}
 // The dtype the products read an operand in that they round to `to`: `to` where they round, else f32.
 inline DType product_operand_dtype(const UnitContext& c, DType to) { return products_round(c, to) ? to : DType::f32; }
 // Saves `name` (shape) for backward as the products that read it take it. Where they round f32

@@ -59,7 +59,7 @@ void matmul_gelu_forward(UnitContext& c, Tensor out, Tensor pre, Tensor inp, Ten
 // products round to bf16 (c_proj's weight `product`), the only readers being c_proj's products and
 // GELU's backward in c_proj's epilogue.
 bool mlp_in_bf16(const UnitContext& c, DType product) {
-  return c.spec.activation_dtype == DType::bf16 && product == DType::bf16 && blocks::products_round(c, product);
+  return blocks::activations_written_bf16(c) && product == DType::bf16;
 }
 
 // dinp (N, IC) = dout @ W^T (overwritten, in dinp's dtype: f32, or bf16 where its readers take
@@ -223,13 +223,24 @@ class BlockUnit final : public Unit {
     matmul_forward(c, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
                    w(p, "attn.c_attn.bias"), N, C, 3 * A);
     Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H}, proj);
-    Tensor x2 = s.add(c.pool, "x2", {n, C});
+    // x2, the residual stream after attention: saved for ln_2's backward, or (activations written
+    // in bf16) kept in f32 for this forward alone and saved as ln_2's forward rounds it.
+    Block x2_wide;
+    Tensor x2, x2_saved;
+    if (blocks::activations_written_bf16(c)) {
+      x2_saved = s.add_as(c.pool, "x2", {n, C}, DType::bf16);
+      x2_wide = c.pool.alloc(DType::f32, n * C, Category::workspace, prefix_ + "x2 (f32, forward)");
+      x2 = x2_wide.view(DType::f32, {n, C});
+    } else {
+      x2 = s.add(c.pool, "x2", {n, C});
+    }
     row_parallel_forward(c, x2, atty, wg(p, "attn.c_proj.weight"), w(p, "attn.c_proj.bias"), rows, N, A, C);
     be.add(x2, in, x2);  // residual
     Tensor ln2_mean = s.add_f32(c.pool, "ln2_mean", {n}), ln2_rstd = s.add_f32(c.pool, "ln2_rstd", {n});
     Tensor ln2 = blocks::save_product_operand(c, s, "ln2", {n, C}, wg(p, "mlp.c_fc.weight").dtype(), true,
                                               [&](Tensor t) {
-      ops::layernorm_forward(be, t, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec));
+      ops::layernorm_forward(be, t, ln2_mean, ln2_rstd, x2, w(p, "ln_2.weight"), w(p, "ln_2.bias"), eps(c.spec),
+                             x2_saved);
     }, true);
     const DType mlp_proj = wg(p, "mlp.c_proj.weight").dtype();
     const Tensor fc_in = tp_region_input(c, ln2, rows_of(rows, N, C));
@@ -274,16 +285,24 @@ class BlockUnit final : public Unit {
                     tp_region_input(c, s("ln2"), rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"), N, C, F);
     Tensor dln2 = rows_of(rows, n, C, dsmall);
     tp_region_input_backward(c, dsmall, dln2);
-    be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
+    // din = d(x2): the residual stream's gradient plus ln_2's, in one pass; where c_proj's products
+    // round their operand (and no sequence-parallel gather moves it), rounded once there too.
+    const DType proj = wg(p, "attn.c_proj.weight").dtype();
+    Block dx2_held;
+    Tensor dx2_rounded;
+    if (blocks::products_round(c, proj) && !c.tp.sequence_parallel()) {
+      dx2_held = c.pool.alloc(proj, n * C, Category::workspace, prefix_ + "backward rounded d(x2)");
+      dx2_rounded = dx2_held.view(proj, {n, C});
+    }
     ops::layernorm_backward(be, din, norms(prefix_ + "ln_2.weight"), norms(prefix_ + "ln_2.bias"), dln2, s("x2"),
-                            w(p, "ln_2.weight"), s("ln2_mean"), s("ln2_rstd"));
+                            w(p, "ln_2.weight"), s("ln2_mean"), s("ln2_rstd"), dout, dx2_rounded);
     // Attention: x2 = x + c_proj(attn(c_attn(ln_1(x))))
     // d(atty) as the attention's backward reads it: bf16 where it kept q, k, v so (written so by
     // c_proj's product), else f32.
     Tensor datty = small.view(s("qkv").dtype(), {N, A});
     matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
-                    tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
-                    N, A, C);
+                    dx2_rounded.data() ? dx2_rounded : tp_region_output_backward(c, din, rows_of(rows, N, C)),
+                    s("atty"), wg(p, "attn.c_proj.weight"), N, A, C);
     // Where the attention kept q, k, v in bf16 (cuDNN's, or the naive one's under --activation-dtype
     // bf16: blocks::attention_forward), it writes their gradient in bf16 too: c_attn's products read
     // it as they would round it, its bias gradient widens it as it sums.
