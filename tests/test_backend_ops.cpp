@@ -478,7 +478,7 @@ TEST_CASE("the cross-entropy's bf16 gradient is its f32 gradient rounded once", 
                     Catch::Contains("a buffer of their own"));
 }
 
-TEST_CASE("the norms' and SwiGLU's bf16 outputs are their f32 outputs rounded once", "[ops]") {
+TEST_CASE("the norms' and SwiGLU's bf16 forms are their f32 forms on the same values, rounded once", "[ops]") {
   auto cpu = make_cpu_backend(BackendConfig{});
   const int64_t N = 5, C = 67;
   std::vector<float> x = test::random_vector("norm bf16 x", N * C, -3.f, 3.f);
@@ -516,8 +516,22 @@ TEST_CASE("the norms' and SwiGLU's bf16 outputs are their f32 outputs rounded on
   CHECK(db_got == db_want);
   for (size_t i = 0; i < dinp16.size(); ++i) REQUIRE(float(dinp16[i]) == test::round_to(dinp_want[i], DType::bf16));
   ops::rmsnorm_forward(*cpu, wide, f32(rstd), in, f32(w), 1e-6f);
-  ops::rmsnorm_forward(*cpu, narrow, f32(rstd), in, f32(w), 1e-6f);
+  std::vector<bf16> rx16(N * C);
+  const Tensor rin16 = Tensor::of(std::span<bf16>(rx16)).reshape(shape);
+  ops::rmsnorm_forward(*cpu, narrow, f32(rstd), in, f32(w), 1e-6f, rin16);
   check("rmsnorm");
+  CHECK(std::equal(rx16.begin(), rx16.end(), x16.begin(), [](bf16 u, bf16 v) { return u.bits == v.bits; }));
+  // RMSNorm's backward forms, as LayerNorm's above.
+  std::vector<float> rdw_want(C), rdw_got(C), rdinp_want = resid, rdinp_got(N * C, 7.f);
+  ops::rmsnorm_backward(*cpu, f32(rdinp_want).reshape(shape), f32(rdw_want), f32(dout).reshape(shape),
+                        f32(x_wide).reshape(shape), f32(w), f32(rstd));
+  std::vector<bf16> rdinp16(N * C);
+  ops::rmsnorm_backward(*cpu, f32(rdinp_got).reshape(shape), f32(rdw_got), f32(dout).reshape(shape), rin16, f32(w),
+                        f32(rstd), f32(resid).reshape(shape), Tensor::of(std::span<bf16>(rdinp16)).reshape(shape));
+  CHECK(rdinp_got == rdinp_want);
+  CHECK(rdw_got == rdw_want);
+  for (size_t i = 0; i < rdinp16.size(); ++i)
+    REQUIRE(float(rdinp16[i]) == test::round_to(rdinp_want[i], DType::bf16));
   // SwiGLU: x's first (N - 1) x 66 values as rows of [gate | up], into (N - 1, 33) outputs.
   const int64_t F = 33;
   std::vector<float> sw_want(static_cast<size_t>((N - 1) * F));
@@ -526,6 +540,24 @@ TEST_CASE("the norms' and SwiGLU's bf16 outputs are their f32 outputs rounded on
   ops::swiglu_forward(*cpu, f32(sw_want).reshape(std::vector<int64_t>{N - 1, F}), gate_up);
   ops::swiglu_forward(*cpu, Tensor::of(std::span<bf16>(sw_got)).reshape(std::vector<int64_t>{N - 1, F}), gate_up);
   for (size_t i = 0; i < sw_want.size(); ++i) REQUIRE(float(sw_got[i]) == test::round_to(sw_want[i], DType::bf16));
+  // From a bf16 gate_up (widened as read), and its backward into a bf16 d(gate_up): the f32 forms
+  // on the widened values, rounded once.
+  std::vector<bf16> gu16(static_cast<size_t>((N - 1) * 2 * F));
+  std::vector<float> gu_wide(gu16.size());
+  for (size_t i = 0; i < gu16.size(); ++i) gu16[i] = bf16(x[i]), gu_wide[i] = float(gu16[i]);
+  const std::vector<int64_t> gu_shape{N - 1, 2 * F}, act_shape{N - 1, F};
+  const Tensor g16 = Tensor::of(std::span<bf16>(gu16)).reshape(gu_shape);
+  ops::swiglu_forward(*cpu, f32(sw_want).reshape(act_shape), f32(gu_wide).reshape(gu_shape));
+  ops::swiglu_forward(*cpu, Tensor::of(std::span<bf16>(sw_got)).reshape(act_shape), g16);
+  for (size_t i = 0; i < sw_want.size(); ++i) REQUIRE(float(sw_got[i]) == test::round_to(sw_want[i], DType::bf16));
+  std::vector<float> sw_dout(sw_want.size(), 0.5f), dgu_want(gu16.size());
+  for (size_t i = 0; i < sw_dout.size(); ++i) sw_dout[i] = x[(i * 7) % x.size()];
+  std::vector<bf16> dgu_got(gu16.size());
+  ops::swiglu_backward(*cpu, f32(dgu_want).reshape(gu_shape), f32(gu_wide).reshape(gu_shape),
+                       f32(sw_dout).reshape(act_shape));
+  ops::swiglu_backward(*cpu, Tensor::of(std::span<bf16>(dgu_got)).reshape(gu_shape), g16,
+                       f32(sw_dout).reshape(act_shape));
+  for (size_t i = 0; i < dgu_want.size(); ++i) REQUIRE(float(dgu_got[i]) == test::round_to(dgu_want[i], DType::bf16));
 }
 
 // The quantization family against its definition (ops/quantize.hpp), worked out here element by

@@ -660,6 +660,30 @@ TEST_CASE("cuda rmsnorm forward and backward match the cpu backend", "[cuda]") {
     expect_close(got_dw, dw, 1e-4, 1e-4, "rmsnorm dweight");
     CHECK(bit_equal(got_dw, again_dw));  // chunk partials folded in a fixed order: reproducible
     CHECK(bit_equal(got_dinp, again_dinp));
+
+    // The bf16 forms (Llama's layer under --activation-dtype bf16 on a GPU), as LayerNorm's.
+    Block gx16 = e.pool.alloc(DType::bf16, N * C, Category::workspace, "inp bf16");
+    ops::rmsnorm_forward(*e.gpu, gout16.view(DType::bf16, {N, C}), Env::dev(grstd, DType::f32, N),
+                         ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C), eps, gx16.view(DType::bf16, {N, C}));
+    std::vector<float> x16(inp.size());
+    for (size_t i = 0; i < inp.size(); ++i) x16[i] = test::round_to(inp[i], DType::bf16);
+    CHECK(bit_equal(e.download(gx16, DType::bf16, x16.size()), x16));
+    auto resid = random_vector("rresid", N * C);
+    std::vector<float> dinp2(N * C), dw2 = dw;
+    ops::rmsnorm_backward(*e.cpu, host2(dinp2, N, C), host(dw2), host2(dout, N, C), host2(x16, N, C), host(w),
+                          host(rstd), host2(resid, N, C));
+    Block gd2 = e.pool.alloc(DType::f32, N * C, Category::workspace, "dinp from"), gw2 = up(e, dw, "dw"),
+          gresid = up(e, resid, "resid");
+    Block gd16 = e.pool.alloc(DType::bf16, N * C, Category::workspace, "dinp bf16");
+    ops::rmsnorm_backward(*e.gpu, gd2.view(DType::f32, {N, C}), Env::dev(gw2, DType::f32, C),
+                          gdout.view(DType::f32, {N, C}), gx16.view(DType::bf16, {N, C}), Env::dev(gw, DType::f32, C),
+                          Env::dev(gr, DType::f32, N), gresid.view(DType::f32, {N, C}), gd16.view(DType::bf16, {N, C}));
+    const auto got_d2 = down(e, gd2, dinp2.size());
+    expect_close(got_d2, dinp2, 1e-4, 1e-4, "rmsnorm dinp from a residual, bf16 input");
+    expect_close(down(e, gw2, dw2.size()), dw2, 1e-4, 1e-4, "rmsnorm dweight, bf16 input");
+    std::vector<float> d2_rounded(got_d2.size());
+    for (size_t i = 0; i < got_d2.size(); ++i) d2_rounded[i] = test::round_to(got_d2[i], DType::bf16);
+    CHECK(bit_equal(e.download(gd16, DType::bf16, d2_rounded.size()), d2_rounded));
   }
 }
 
@@ -718,6 +742,19 @@ TEST_CASE("cuda swiglu forward and backward match the cpu backend", "[cuda]") {
     ops::swiglu_forward(*e.gpu, gout16.view(DType::bf16, {N, F}), ggu.view(DType::f32, {N, 2 * F}));
     expect_close(e.download(gout16, DType::bf16, out.size()), out, 8e-3, 1e-2, "swiglu out bf16");
     expect_close(down(e, gdgu, dgate_up.size()), dgate_up, 1e-5, 2e-6, "swiglu dgate_up");
+    // Llama's MLP under --activation-dtype bf16 on a GPU: gate_up stored in bf16 (its product's
+    // output), d(gate_up) written in bf16: against the CPU's f32 on the same bf16 values, rounded.
+    std::vector<float> gu16 = gate_up, out16(N * F), dgu16(N * 2 * F);
+    for (auto& v : gu16) v = test::round_to(v, DType::bf16);
+    ops::swiglu_forward(*e.cpu, host2(out16, N, F), host2(gu16, N, 2 * F));
+    ops::swiglu_backward(*e.cpu, host2(dgu16, N, 2 * F), host2(gu16, N, 2 * F), host2(dout, N, F));
+    Block ggu16 = e.upload(gu16, DType::bf16, "gate_up bf16");
+    Block gdgu16 = e.pool.alloc(DType::bf16, N * 2 * F, Category::workspace, "dgate_up bf16");
+    ops::swiglu_forward(*e.gpu, gout16.view(DType::bf16, {N, F}), ggu16.view(DType::bf16, {N, 2 * F}));
+    ops::swiglu_backward(*e.gpu, gdgu16.view(DType::bf16, {N, 2 * F}), ggu16.view(DType::bf16, {N, 2 * F}),
+                         gdout.view(DType::f32, {N, F}));
+    expect_close(e.download(gout16, DType::bf16, out16.size()), out16, 8e-3, 1e-2, "swiglu out from bf16");
+    expect_close(e.download(gdgu16, DType::bf16, dgu16.size()), dgu16, 8e-3, 1e-2, "swiglu dgate_up bf16");
   }
 }
 

@@ -15,13 +15,13 @@ void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout) {
 }
 
 void swiglu_forward(Backend& be, Tensor out, Tensor gate_up, int64_t N, int64_t F) {
-  CUDA_CHECK(launch_swiglu_forward(out.data(), out.dtype(), gate_up.ptr<float>(), N, F,
+  CUDA_CHECK(launch_swiglu_forward(out.data(), out.dtype(), gate_up.data(), gate_up.dtype(), N, F,
                                    CudaBackend::of(be).compute_stream()));
 }
 
 void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout, int64_t N, int64_t F) {
-  CUDA_CHECK(launch_swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F,
-                                    CudaBackend::of(be).compute_stream()));
+  CUDA_CHECK(launch_swiglu_backward(dgate_up.data(), dgate_up.dtype(), gate_up.data(), gate_up.dtype(),
+                                    dout.ptr<float>(), N, F, CudaBackend::of(be).compute_stream()));
 }
 
 }  // namespace shardlab::cuda

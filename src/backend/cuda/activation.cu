@@ -41,27 +41,39 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
 __device__ inline float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
 // One thread per output (n, f); F is any width (Llama's are not all multiples of 4), so no packs.
-// out f32, or bf16 (computed in f32, rounded once as stored).
-template <class O>
-__global__ void swiglu_forward_kernel(O* out, const float* gate_up, int64_t F, int64_t n) {
+// gate_up (G) and out (O) f32 or bf16: read widened, computed in f32, rounded once as stored.
+template <class O, class G>
+__global__ void swiglu_forward_kernel(O* out, const G* gate_up, int64_t F, int64_t n) {
   GRID_STRIDE_LOOP(i, n) {
-    const float* row = gate_up + (i / F) * 2 * F;
+    const G* row = gate_up + (i / F) * 2 * F;
     const int64_t f = i % F;
-    const float g = row[f];
-    store_f32(out + i, g * sigmoid(g) * row[F + f]);
+    const float g = to_f32(row[f]);
+    store_f32(out + i, g * sigmoid(g) * to_f32(row[F + f]));
   }
 }
 
-// silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
-__global__ void swiglu_backward_kernel(float* dgate_up, const float* gate_up, const float* dout, int64_t F,
-                                       int64_t n) {
+// silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g). gate_up (G) and dgate_up (O) f32 or bf16.
+template <class O, class G>
+__global__ void swiglu_backward_kernel(O* dgate_up, const G* gate_up, const float* dout, int64_t F, int64_t n) {
   GRID_STRIDE_LOOP(i, n) {
     const int64_t r = i / F, f = i % F;
-    const float g = gate_up[r * 2 * F + f], u = gate_up[r * 2 * F + F + f], d = dout[i];
+    const float g = to_f32(gate_up[r * 2 * F + f]), u = to_f32(gate_up[r * 2 * F + F + f]), d = dout[i];
     const float s = sigmoid(g);
-    dgate_up[r * 2 * F + f] = d * u * s * (1.f + g * (1.f - s));
-    dgate_up[r * 2 * F + F + f] = d * g * s;
+    store_f32(dgate_up + r * 2 * F + f, d * u * s * (1.f + g * (1.f - s)));
+    store_f32(dgate_up + r * 2 * F + F + f, d * g * s);
   }
+}
+
+// f(O*, const G*) with each pointer cast to its dtype's element type (f32 or bf16).
+template <class F>
+void with_dtypes(void* o, DType ot, const void* g, DType gt, F f) {
+  using B = __nv_bfloat16;
+  if (ot == DType::bf16) {
+    if (gt == DType::bf16) return f(static_cast<B*>(o), static_cast<const B*>(g));
+    return f(static_cast<B*>(o), static_cast<const float*>(g));
+  }
+  if (gt == DType::bf16) return f(static_cast<float*>(o), static_cast<const B*>(g));
+  f(static_cast<float*>(o), static_cast<const float*>(g));
 }
 
 }  // namespace
@@ -88,22 +100,23 @@ cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dou
   return cudaGetLastError();
 }
 
-cudaError_t launch_swiglu_forward(void* out, DType out_type, const float* gate_up, int64_t N, int64_t F,
-                                  cudaStream_t s) {
+cudaError_t launch_swiglu_forward(void* out, DType out_type, const void* gate_up, DType gate_up_type, int64_t N,
+                                  int64_t F, cudaStream_t s) {
   const Launches L = swiglu_forward_launches(N, F);
   if (L.count == 0) return cudaSuccess;
-  if (out_type == DType::bf16)
-    swiglu_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), gate_up, F, N * F);
-  else
-    swiglu_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), gate_up, F, N * F);
+  with_dtypes(out, out_type, gate_up, gate_up_type, [&](auto* o, const auto* g) {
+    swiglu_forward_kernel<<<L[0].x, kThreads, 0, s>>>(o, g, F, N * F);
+  });
   return cudaGetLastError();
 }
 
-cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
-                                   cudaStream_t s) {
+cudaError_t launch_swiglu_backward(void* dgate_up, DType dgate_up_type, const void* gate_up, DType gate_up_type,
+                                   const float* dout, int64_t N, int64_t F, cudaStream_t s) {
   const Launches L = swiglu_backward_launches(N, F);
   if (L.count == 0) return cudaSuccess;
-  swiglu_backward_kernel<<<L[0].x, kThreads, 0, s>>>(dgate_up, gate_up, dout, F, N * F);
+  with_dtypes(dgate_up, dgate_up_type, gate_up, gate_up_type, [&](auto* o, const auto* g) {
+    swiglu_backward_kernel<<<L[0].x, kThreads, 0, s>>>(o, g, dout, F, N * F);
+  });
   return cudaGetLastError();
 }
 

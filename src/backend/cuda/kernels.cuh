@@ -70,14 +70,17 @@ cudaError_t launch_layernorm_backward(float* dinp, const float* from, void* roun
                                       const float* mean, const float* rstd, float* workspace, int64_t N, int64_t C,
                                       cudaStream_t s);
 
-// RMSNorm: out (N, C) = inp * rstd * w (f32 or bf16, rounded once), rstd (N) = 1 / sqrt(mean(inp^2) + eps).
-cudaError_t launch_rmsnorm_forward(void* out, DType out_type, float* rstd, const float* inp, const float* w, int64_t N,
-                                   int64_t C, float eps, cudaStream_t s);
+// RMSNorm: out (N, C) = inp * rstd * w (f32 or bf16, rounded once), rstd (N) = 1 / sqrt(mean(inp^2) + eps);
+// inp_bf16 (optional, bf16 (N, C)): the input rounded once as well.
+cudaError_t launch_rmsnorm_forward(void* out, DType out_type, void* inp_bf16, float* rstd, const float* inp,
+                                   const float* w, int64_t N, int64_t C, float eps, cudaStream_t s);
 // Floats of workspace launch_rmsnorm_backward needs for (N, C): per-chunk partials of dw.
 int64_t rmsnorm_backward_workspace(int64_t N, int64_t C);
-// dinp and dw accumulate. workspace holds rmsnorm_backward_workspace(N, C) floats.
-cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                                    const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s);
+// dw accumulates; dinp, from, rounded and inp as launch_layernorm_backward's. workspace holds
+// rmsnorm_backward_workspace(N, C) floats.
+cudaError_t launch_rmsnorm_backward(float* dinp, const float* from, void* rounded, float* dw, const float* dout,
+                                    const void* inp, DType inp_type, const float* w, const float* rstd,
+                                    float* workspace, int64_t N, int64_t C, cudaStream_t s);
 
 // Per-head RMSNorm (ops::head_rmsnorm_forward) at columns [col0, col0 + heads hd) of x (N, W), in
 // place, inputs to pre (N, heads hd), rstd (N heads). Backward: dx's columns in place, dw accumulates
@@ -121,11 +124,12 @@ cudaError_t launch_gelu_forward(float* out, const float* inp, int64_t n, cudaStr
 cudaError_t launch_gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t s);
 // SwiGLU over gate_up (N, 2F) rows [gate | up]: out (N, F) = silu(gate) * up. Backward overwrites
 // dgate_up (N, 2F) with [dout * up * silu'(gate) | dout * silu(gate)].
-// out (N, F) f32 or bf16 (rounded once).
-cudaError_t launch_swiglu_forward(void* out, DType out_type, const float* gate_up, int64_t N, int64_t F,
-                                  cudaStream_t s);
-cudaError_t launch_swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int64_t N, int64_t F,
-                                   cudaStream_t s);
+// out (N, F) and gate_up (N, 2F) f32 or bf16 (read widened, computed in f32, stored rounded once).
+cudaError_t launch_swiglu_forward(void* out, DType out_type, const void* gate_up, DType gate_up_type, int64_t N,
+                                  int64_t F, cudaStream_t s);
+// dgate_up (N, 2F) and gate_up f32 or bf16, dout (N, F) f32.
+cudaError_t launch_swiglu_backward(void* dgate_up, DType dgate_up_type, const void* gate_up, DType gate_up_type,
+                                   const float* dout, int64_t N, int64_t F, cudaStream_t s);
 
 // The fused attention (flash_attention.cu): head dimensions up to kMaxHeadDim.
 inline constexpr int64_t kMaxHeadDim = 256;

@@ -22,16 +22,18 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
                                        rstd.ptr<float>(), workspace, N, C, cb.compute_stream()));
 }
 
-void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C) {
-  CUDA_CHECK(launch_rmsnorm_forward(out.data(), out.dtype(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N,
-                                    C, eps, CudaBackend::of(be).compute_stream()));
+void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, Tensor inp_bf16,
+                     int64_t N, int64_t C) {
+  CUDA_CHECK(launch_rmsnorm_forward(out.data(), out.dtype(), inp_bf16.data(), rstd.ptr<float>(), inp.ptr<float>(),
+                                    weight.ptr<float>(), N, C, eps, CudaBackend::of(be).compute_stream()));
 }
 
 void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
-                      int64_t N, int64_t C) {
+                      Tensor dinp_from, Tensor dinp_bf16, int64_t N, int64_t C) {
   CudaBackend& cb = CudaBackend::of(be);
   auto* workspace = static_cast<float*>(cb.device_scratch(rmsnorm_backward_workspace(N, C) * sizeof(float)));
-  CUDA_CHECK(launch_rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
+  CUDA_CHECK(launch_rmsnorm_backward(dinp.ptr<float>(), dinp_from.data() ? dinp_from.ptr<float>() : nullptr,
+                                     dinp_bf16.data(), dweight.ptr<float>(), dout.ptr<float>(), inp.data(), inp.dtype(),
                                      weight.ptr<float>(), rstd.ptr<float>(), workspace, N, C, cb.compute_stream()));
 }
 

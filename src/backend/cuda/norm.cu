@@ -100,9 +100,10 @@ __global__ void layernorm_backward_fold_kernel(float* dw, float* db, const float
 
 // RMSNorm, one warp per row as LayerNorm: out = x * r * w with r = 1 / sqrt(mean(x^2) + eps), the
 // CPU's formula (1 / sqrtf, not the approximate rsqrtf).
+// inp_bf16 (optional): the input rounded to bf16 as well, as LayerNorm's.
 template <class O>
-__global__ void rmsnorm_forward_kernel(O* out, float* rstd, const float* inp, const float* w, int64_t N,
-                                       int64_t C, float eps) {
+__global__ void rmsnorm_forward_kernel(O* out, __nv_bfloat16* inp_bf16, float* rstd, const float* inp, const float* w,
+                                       int64_t N, int64_t C, float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
@@ -112,35 +113,45 @@ __global__ void rmsnorm_forward_kernel(O* out, float* rstd, const float* inp, co
   const float r = 1.f / sqrtf(warp_allreduce(ss, SumOp{}) / C + eps);
   O* o = out + row * C;
   for (int64_t c = lane; c < C; c += kWarp) store_f32(o + c, x[c] * r * w[c]);
+  if (inp_bf16 != nullptr)
+    for (int64_t c = lane; c < C; c += kWarp) inp_bf16[row * C + c] = __float2bfloat16_rn(x[c]);
   if (lane == 0) rstd[row] = r;
 }
 
 // d/dx of x * r * w, with g = w * dout: r * (g - x * r^2 * mean(g * x)), since dr/dx_j = -r^3 x_j / C.
-__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
-                                             const float* rstd, int64_t N, int64_t C) {
+// dinp, from, rounded and the input's dtype as LayerNorm's backward takes them.
+template <class I>
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* from, __nv_bfloat16* rounded, const float* dout,
+                                             const I* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
-  const float* x = inp + row * C;
+  const I* x = inp + row * C;
   const float* d = dout + row * C;
   const float r = rstd[row];
   float gx = 0.f;
-  for (int64_t c = lane; c < C; c += kWarp) gx += w[c] * d[c] * x[c];
+  for (int64_t c = lane; c < C; c += kWarp) gx += w[c] * d[c] * to_f32(x[c]);
   const float k = warp_allreduce(gx, SumOp{}) / C * r * r;
   float* di = dinp + row * C;
-  for (int64_t c = lane; c < C; c += kWarp) di[c] += (w[c] * d[c] - x[c] * k) * r;
+  const float* base = from != nullptr ? from + row * C : di;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float v = base[c] + (w[c] * d[c] - to_f32(x[c]) * k) * r;
+    di[c] = v;
+    if (rounded != nullptr) rounded[row * C + c] = __float2bfloat16_rn(v);
+  }
 }
 
 // RMSNorm's dw as LayerNorm's: chunk blockIdx.y writes its C partial sums, a second kernel folds
 // the chunks in order (rmsnorm_backward_fold_kernel); the chunking depends on N alone.
-__global__ void rmsnorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+template <class I>
+__global__ void rmsnorm_backward_partial_kernel(float* partial, const float* dout, const I* inp,
                                                 const float* rstd, int64_t N, int64_t C, int64_t rows_per_chunk) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   const int64_t chunk = blockIdx.y;
   const int64_t begin = chunk * rows_per_chunk, end = min(N, begin + rows_per_chunk);
   float dw = 0.f;
-  for (int64_t r = begin; r < end; ++r) dw += inp[r * C + c] * rstd[r] * dout[r * C + c];
+  for (int64_t r = begin; r < end; ++r) dw += to_f32(inp[r * C + c]) * rstd[r] * dout[r * C + c];
   partial[chunk * C + c] = dw;
 }
 
@@ -203,24 +214,30 @@ cudaError_t launch_layernorm_backward(float* dinp, const float* from, void* roun
                                workspace, N, C, s);
 }
 
-cudaError_t launch_rmsnorm_forward(void* out, DType out_type, float* rstd, const float* inp, const float* w, int64_t N,
-                                   int64_t C, float eps, cudaStream_t s) {
+cudaError_t launch_rmsnorm_forward(void* out, DType out_type, void* inp_bf16, float* rstd, const float* inp,
+                                   const float* w, int64_t N, int64_t C, float eps, cudaStream_t s) {
   const Launches L = rmsnorm_forward_launches(N, C);
   if (L.count == 0) return cudaSuccess;
+  auto* copy = static_cast<__nv_bfloat16*>(inp_bf16);
   if (out_type == DType::bf16)
-    rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), rstd, inp, w, N, C, eps);
+    rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(out), copy, rstd, inp, w, N, C,
+                                                       eps);
   else
-    rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), rstd, inp, w, N, C, eps);
+    rmsnorm_forward_kernel<<<L[0].x, kThreads, 0, s>>>(static_cast<float*>(out), copy, rstd, inp, w, N, C, eps);
   return cudaGetLastError();
 }
 
 int64_t rmsnorm_backward_workspace(int64_t N, int64_t C) { return C * layernorm_chunks(N); }
 
-cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                                    const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s) {
+namespace {
+template <class I>
+cudaError_t rmsnorm_backward_as(float* dinp, const float* from, void* rounded, float* dw, const float* dout,
+                                const I* inp, const float* w, const float* rstd, float* workspace, int64_t N, int64_t C,
+                                cudaStream_t s) {
   const Launches L = rmsnorm_backward_launches(N, C);  // LayerNorm's chunking, for the same reproducibility
   if (L.count == 0) return cudaSuccess;
-  rmsnorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
+  rmsnorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, from, static_cast<__nv_bfloat16*>(rounded), dout,
+                                                           inp, w, rstd, N, C);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const int64_t chunks = L[1].y, rows_per_chunk = (N + chunks - 1) / chunks;  // layernorm_chunks(N)
@@ -230,6 +247,17 @@ cudaError_t launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, c
   if (err != cudaSuccess) return err;
   rmsnorm_backward_fold_kernel<<<L[2].x, kThreads, 0, s>>>(dw, workspace, chunks, C);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_rmsnorm_backward(float* dinp, const float* from, void* rounded, float* dw, const float* dout,
+                                    const void* inp, DType inp_type, const float* w, const float* rstd,
+                                    float* workspace, int64_t N, int64_t C, cudaStream_t s) {
+  if (inp_type == DType::bf16)
+    return rmsnorm_backward_as(dinp, from, rounded, dw, dout, static_cast<const __nv_bfloat16*>(inp), w, rstd,
+                               workspace, N, C, s);
+  return rmsnorm_backward_as(dinp, from, rounded, dw, dout, static_cast<const float*>(inp), w, rstd, workspace, N, C,
+                             s);
 }
 
 namespace {

@@ -26,9 +26,10 @@ void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor
                        float eps, Tensor inp_bf16, int64_t N, int64_t C);
 void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                         Tensor mean, Tensor rstd, Tensor dinp_from, Tensor dinp_bf16, int64_t N, int64_t C);
-void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, int64_t N, int64_t C);
+void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, Tensor inp_bf16,
+                     int64_t N, int64_t C);
 void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
-                      int64_t N, int64_t C);
+                      Tensor dinp_from, Tensor dinp_bf16, int64_t N, int64_t C);
 void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor weight, int64_t N, int64_t W,
                           int64_t col0, int64_t heads, int64_t hd, float eps);
 void head_rmsnorm_backward(Backend& be, Tensor dx, Tensor dweight, Tensor pre, Tensor weight, Tensor rstd, int64_t N,

@@ -2,6 +2,7 @@
 #include "src/backend/ops/activation.hpp"
 
 #include <array>
+#include <initializer_list>
 #include <vector>
 
 #include "src/backend/cpu/kernels.hpp"
@@ -16,6 +17,13 @@ std::array<int64_t, 2> swiglu_shape(const Tensor& out, const Tensor& gate_up, co
   SHARD_CHECK(F > 0 && gate_up.numel() == 2 * N * F, "{}: out {} must be (N, F) and gate_up {} (N, 2F)", op,
               out.shape_str(), gate_up.shape_str());
   return {N, F};
+}
+
+// Each tensor f32 or bf16 (the SwiGLU's stored operands; widened as read, rounded once as written).
+void check_f32_or_bf16(std::initializer_list<const Tensor*> ts, const char* op) {
+  for (const Tensor* t : ts)
+    SHARD_CHECK(t->dtype() == DType::f32 || t->dtype() == DType::bf16, "{}: f32 or bf16 expected, got {}", op,
+                dtype_name(t->dtype()));
 }
 
 }  // namespace
@@ -49,16 +57,16 @@ void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout) {
 
 void swiglu_forward(Backend& be, Tensor out, Tensor gate_up) {
   const auto [N, F] = swiglu_shape(out, gate_up, "swiglu_forward");
-  SHARD_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::bf16, "swiglu_forward: f32 or bf16 out expected, got {}",
-              dtype_name(out.dtype()));
+  check_f32_or_bf16({&out, &gate_up}, "swiglu_forward");
   switch (be.device()) {
-    case Device::cpu:
-      if (out.dtype() == DType::f32) return cpu::swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F);
-      {
-        std::vector<float> wide(static_cast<size_t>(N * F));
-        cpu::swiglu_forward(wide.data(), gate_up.ptr<float>(), N, F);
-        return cpu_store(out, wide);
-      }
+    case Device::cpu: {
+      if (out.dtype() == DType::f32 && gate_up.dtype() == DType::f32)
+        return cpu::swiglu_forward(out.ptr<float>(), gate_up.ptr<float>(), N, F);
+      const std::vector<float> in = cpu_widened(gate_up);
+      std::vector<float> wide(static_cast<size_t>(N * F));
+      cpu::swiglu_forward(wide.data(), in.data(), N, F);
+      return cpu_store(out, wide);
+    }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::swiglu_forward(be, out, gate_up, N, F);
       return;
@@ -66,7 +74,8 @@ void swiglu_forward(Backend& be, Tensor out, Tensor gate_up) {
       return charge(be,
                     {.name = "swiglu_forward",
                      .flops = 6.0 * N * F,
-                     .bytes = pass_bytes(N * F, 2, 0) + pass_bytes(N * F, 0, 1, dtype_size(out.dtype()))},
+                     .bytes = pass_bytes(N * F, 2, 0, dtype_size(gate_up.dtype())) +
+                              pass_bytes(N * F, 0, 1, dtype_size(out.dtype()))},
                     [&] { return cuda::swiglu_forward_launches(N, F); });
   }
 }
@@ -74,14 +83,25 @@ void swiglu_forward(Backend& be, Tensor out, Tensor gate_up) {
 void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout) {
   const auto [N, F] = swiglu_shape(dout, gate_up, "swiglu_backward");
   check_same_numel(dgate_up, gate_up, "swiglu_backward");
+  check_f32_or_bf16({&dgate_up, &gate_up}, "swiglu_backward");
   switch (be.device()) {
-    case Device::cpu:
-      return cpu::swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F);
+    case Device::cpu: {
+      if (dgate_up.dtype() == DType::f32 && gate_up.dtype() == DType::f32)
+        return cpu::swiglu_backward(dgate_up.ptr<float>(), gate_up.ptr<float>(), dout.ptr<float>(), N, F);
+      const std::vector<float> in = cpu_widened(gate_up);
+      std::vector<float> wide(static_cast<size_t>(2 * N * F));
+      cpu::swiglu_backward(wide.data(), in.data(), dout.ptr<float>(), N, F);
+      return cpu_store(dgate_up, wide);
+    }
     case Device::cuda:
       if constexpr (kWithCuda) cuda::swiglu_backward(be, dgate_up, gate_up, dout, N, F);
       return;
     case Device::meta:
-      return charge(be, {.name = "swiglu_backward", .flops = 10.0 * N * F, .bytes = pass_bytes(N * F, 3, 2)},
+      return charge(be,
+                    {.name = "swiglu_backward",
+                     .flops = 10.0 * N * F,
+                     .bytes = pass_bytes(N * F, 1, 0) + pass_bytes(N * F, 2, 0, dtype_size(gate_up.dtype())) +
+                              pass_bytes(N * F, 0, 2, dtype_size(dgate_up.dtype()))},
                     [&] { return cuda::swiglu_backward_launches(N, F); });
   }
 }

@@ -8,8 +8,9 @@ namespace shardlab::ops {
 // GELU, tanh approximation; backward: dinp = gelu'(inp) * dout (overwrites dinp)
 void gelu_forward(Backend& be, Tensor out, Tensor inp);
 void gelu_backward(Backend& be, Tensor dinp, Tensor inp, Tensor dout);
-// SwiGLU: gate_up (N, 2F) holds [gate | up] in each row; out (N, F) = silu(gate) * up (f32, or bf16
-// where its products read it so: computed in f32, rounded once as stored). Backward
+// SwiGLU: gate_up (N, 2F) holds [gate | up] in each row; out (N, F) = silu(gate) * up. gate_up, out
+// and dgate_up f32 or bf16 (where products write or read them so): read widened, computed in f32,
+// rounded once as stored; dout f32. Backward
 // overwrites dgate_up (N, 2F) from dout (N, F) and the saved gate_up.
 void swiglu_forward(Backend& be, Tensor out, Tensor gate_up);
 void swiglu_backward(Backend& be, Tensor dgate_up, Tensor gate_up, Tensor dout);

@@ -44,6 +44,36 @@ void check_optional_bf16(const Tensor& t, const Tensor& like, const char* what) 
               what, like.numel(), dtype_name(t.dtype()), t.shape_str());
 }
 
+// A norm backward's options (norm.hpp): inp f32 or bf16, dinp_from f32 like dinp, dinp_bf16 bf16.
+void check_backward_forms(const Tensor& dinp, const Tensor& inp, const Tensor& dinp_from, const Tensor& dinp_bf16,
+                          const char* op) {
+  SHARD_CHECK(inp.dtype() == DType::f32 || inp.dtype() == DType::bf16, "{}: f32 or bf16 inp, got {}", op,
+              dtype_name(inp.dtype()));
+  if (dinp_from.data()) {
+    check_f32(dinp_from, op);
+    check_same_numel(dinp_from, dinp, op);
+  }
+  check_optional_bf16(dinp_bf16, dinp, op);
+}
+
+// The CPU's backward with those forms: dinp copied from dinp_from first (the same bits as starting
+// from it), the f32 kernel `compute(x)` on inp (widened when bf16), dinp rounded into dinp_bf16 after.
+template <class F>
+void cpu_backward_forms(Tensor dinp, const Tensor& inp, const Tensor& dinp_from, const Tensor& dinp_bf16, F compute) {
+  const std::vector<float> wide = inp.dtype() == DType::f32 ? std::vector<float>() : cpu_widened(inp);
+  if (dinp_from.data() && dinp_from.data() != dinp.data())
+    std::copy_n(dinp_from.ptr<float>(), dinp.numel(), dinp.ptr<float>());
+  compute(wide.empty() ? inp.ptr<float>() : wide.data());
+  if (dinp_bf16.data()) convert(dinp.data(), DType::f32, dinp_bf16.data(), DType::bf16, static_cast<size_t>(dinp.numel()));
+}
+
+// Device bytes of a backward's (N, C) passes: dout and dinp (or dinp_from) read, dinp written, inp
+// read in its dtype, the rounded copy written.
+double backward_pass_bytes(int64_t n, const Tensor& inp, const Tensor& dinp_bf16) {
+  return pass_bytes(n, 2, 1) + pass_bytes(n, 1, 0, dtype_size(inp.dtype())) +
+         pass_bytes(n, 0, dinp_bf16.data() ? 1 : 0, 2);
+}
+
 // The CPU's f32 result of `compute(float* out)`, stored in out's dtype (rounded once for bf16).
 template <class F>
 void cpu_into(Tensor out, F compute) {
@@ -88,78 +118,72 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
   const auto [N, C] = layernorm_shape(dinp, mean, rstd, inp, weight, dbias, "layernorm_backward");
   check_same_numel(dout, inp, "layernorm_backward");
   check_same_numel(dweight, weight, "layernorm_backward");
-  SHARD_CHECK(inp.dtype() == DType::f32 || inp.dtype() == DType::bf16, "layernorm_backward: f32 or bf16 inp, got {}",
-              dtype_name(inp.dtype()));
-  if (dinp_from.data()) {
-    check_f32(dinp_from, "layernorm_backward's dinp_from");
-    check_same_numel(dinp_from, dinp, "layernorm_backward");
-  }
-  check_optional_bf16(dinp_bf16, dinp, "layernorm_backward's rounded dinp");
+  check_backward_forms(dinp, inp, dinp_from, dinp_bf16, "layernorm_backward");
   switch (be.device()) {
-    case Device::cpu: {
-      const std::vector<float> wide = inp.dtype() == DType::f32 ? std::vector<float>() : cpu_widened(inp);
-      if (dinp_from.data() && dinp_from.data() != dinp.data())
-        std::copy_n(dinp_from.ptr<float>(), N * C, dinp.ptr<float>());
-      cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
-                              wide.empty() ? inp.ptr<float>() : wide.data(), weight.ptr<float>(), mean.ptr<float>(),
-                              rstd.ptr<float>(), N, C);
-      if (dinp_bf16.data())
-        convert(dinp.data(), DType::f32, dinp_bf16.data(), DType::bf16, static_cast<size_t>(N * C));
-      return;
-    }
+    case Device::cpu:
+      return cpu_backward_forms(dinp, inp, dinp_from, dinp_bf16, [&](const float* x) {
+        cpu::layernorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(), x,
+                                weight.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N, C);
+      });
     case Device::cuda:
       if constexpr (kWithCuda)
         cuda::layernorm_backward(be, dinp, dweight, dbias, dout, inp, weight, mean, rstd, dinp_from, dinp_bf16, N, C);
       return;
     case Device::meta:
-      // dout and dinp (or dinp_from) read, dinp written; inp read in its dtype; the rounded copy.
       return charge(be,
                     {.name = "layernorm_backward",
                      .flops = 14.0 * N * C,
-                     .bytes = pass_bytes(N * C, 2, 1) + pass_bytes(N * C, 1, 0, dtype_size(inp.dtype())) +
-                              pass_bytes(N * C, 0, dinp_bf16.data() ? 1 : 0, 2) + pass_bytes(N, 2, 0) +
-                              pass_bytes(C, 2, 2)},
+                     .bytes = backward_pass_bytes(N * C, inp, dinp_bf16) + pass_bytes(N, 2, 0) + pass_bytes(C, 2, 2)},
                     [&] { return cuda::layernorm_backward_launches(N, C); });
   }
 }
 
-void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
+void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, Tensor inp_bf16) {
   const auto [N, C] = rmsnorm_shape(out, rstd, inp, weight, "rmsnorm_forward");
   check_norm_out(out, "rmsnorm_forward");
+  check_f32(inp, "rmsnorm_forward");
+  check_optional_bf16(inp_bf16, inp, "rmsnorm_forward's rounded input");
   switch (be.device()) {
     case Device::cpu:
-      return cpu_into(out, [&](float* o) {
+      cpu_into(out, [&](float* o) {
         cpu::rmsnorm_forward(o, rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C, eps);
       });
+      if (inp_bf16.data()) convert(inp.data(), DType::f32, inp_bf16.data(), DType::bf16, static_cast<size_t>(N * C));
+      return;
     case Device::cuda:
-      if constexpr (kWithCuda) cuda::rmsnorm_forward(be, out, rstd, inp, weight, eps, N, C);
+      if constexpr (kWithCuda) cuda::rmsnorm_forward(be, out, rstd, inp, weight, eps, inp_bf16, N, C);
       return;
     case Device::meta:
       return charge(be,
                     {.name = "rmsnorm_forward",
                      .flops = 5.0 * N * C,
                      .bytes = pass_bytes(N * C, 1, 0) + pass_bytes(N * C, 0, 1, dtype_size(out.dtype())) +
-                              pass_bytes(N, 0, 1)},
+                              pass_bytes(N * C, 0, inp_bf16.data() ? 1 : 0, 2) + pass_bytes(N, 0, 1)},
                     [&] { return cuda::rmsnorm_forward_launches(N, C); });
   }
 }
 
-void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
+                      Tensor dinp_from, Tensor dinp_bf16) {
   const auto [N, C] = rmsnorm_shape(dinp, rstd, inp, weight, "rmsnorm_backward");
   check_same_numel(dout, inp, "rmsnorm_backward");
   check_same_numel(dweight, weight, "rmsnorm_backward");
+  check_backward_forms(dinp, inp, dinp_from, dinp_bf16, "rmsnorm_backward");
   switch (be.device()) {
     case Device::cpu:
-      return cpu::rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), inp.ptr<float>(),
-                                   weight.ptr<float>(), rstd.ptr<float>(), N, C);
+      return cpu_backward_forms(dinp, inp, dinp_from, dinp_bf16, [&](const float* x) {
+        cpu::rmsnorm_backward(dinp.ptr<float>(), dweight.ptr<float>(), dout.ptr<float>(), x, weight.ptr<float>(),
+                              rstd.ptr<float>(), N, C);
+      });
     case Device::cuda:
-      if constexpr (kWithCuda) cuda::rmsnorm_backward(be, dinp, dweight, dout, inp, weight, rstd, N, C);
+      if constexpr (kWithCuda)
+        cuda::rmsnorm_backward(be, dinp, dweight, dout, inp, weight, rstd, dinp_from, dinp_bf16, N, C);
       return;
     case Device::meta:
       return charge(be,
                     {.name = "rmsnorm_backward",
                      .flops = 10.0 * N * C,
-                     .bytes = pass_bytes(N * C, 3, 1) + pass_bytes(N, 1, 0) + pass_bytes(C, 1, 1)},
+                     .bytes = backward_pass_bytes(N * C, inp, dinp_bf16) + pass_bytes(N, 1, 0) + pass_bytes(C, 1, 1)},
                     [&] { return cuda::rmsnorm_backward_launches(N, C); });
   }
 }

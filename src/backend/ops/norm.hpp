@@ -20,9 +20,11 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
 
 // RMSNorm, in f32 (HF's LlamaRMSNorm): out = inp * rstd * weight with rstd (N) = 1 / sqrt(mean(inp^2)
 // + eps), saved for backward; out f32 or bf16 (rounded once, as LayerNorm's).
-void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
-// dinp and dweight accumulate
-void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
+// inp_bf16 as LayerNorm's.
+void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, Tensor inp_bf16 = {});
+// dweight accumulates; dinp, dinp_from, dinp_bf16 and inp's dtype as LayerNorm's backward.
+void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd,
+                      Tensor dinp_from = {}, Tensor dinp_bf16 = {});
 
 // RMSNorm of each head (Qwen3's q_norm and k_norm): the `heads` heads of weight.numel() = hd
 // elements at columns [col0, col0 + heads hd) of every row of x (N, W), normalised in place; their

@@ -9,6 +9,7 @@ void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
   const int64_t OC = w.dim(0), IC = w.dim(1);
   GemmDesc d = gemm_with(w);
   d.a_type = inp.dtype();  // f32, or rounded already (save_product_operand)
+  d.c_type = out.dtype();  // f32, or bf16 where its readers take it so
   d.trans_b = Trans::T;
   d.m = N, d.n = OC, d.k = IC;
   d.lda = IC, d.ldb = IC, d.ldc = OC;
@@ -21,6 +22,7 @@ void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor
   const Tensor dy = rounded_once(c, dout, w.dtype(), held, "linear backward rounded dout");
   GemmDesc dx = gemm_with(w);
   dx.a_type = dy.dtype();
+  dx.c_type = dinp.dtype();
   dx.m = N, dx.n = IC, dx.k = OC;
   dx.lda = OC, dx.ldb = IC, dx.ldc = IC;
   c.be.gemm(dx, dy.data(), w.data(), dinp.data());

@@ -124,7 +124,17 @@ class DecoderLayerUnit final : public Unit {
     qk_norm(c, p, s, qkv, d);
     rope(c, qkv, d, false);  // q and k: the first H + KV heads of each row
     Tensor atty = blocks::attention_forward(c, s, qkv, d.attention(), wg(p, "self_attn.o_proj.weight").dtype());
-    Tensor x2 = s.add(c.pool, "x2", {d.Nl, d.C});
+    // x2, the residual stream after attention: saved for ln2's backward, or (activations written in
+    // bf16) kept in f32 for this forward alone and saved as ln2's forward rounds it.
+    Block x2_wide;
+    Tensor x2, x2_saved;
+    if (blocks::activations_written_bf16(c)) {
+      x2_saved = s.add_as(c.pool, "x2", {d.Nl, d.C}, DType::bf16);
+      x2_wide = c.pool.alloc(DType::f32, d.Nl * d.C, Category::workspace, prefix_ + "x2 (f32, forward)");
+      x2 = x2_wide.view(DType::f32, {d.Nl, d.C});
+    } else {
+      x2 = s.add(c.pool, "x2", {d.Nl, d.C});
+    }
     Tensor attn_out = tp_whole_or(whole, c, x2);
     linear_forward(be, attn_out, atty, wg(p, "self_attn.o_proj.weight"), d.N);
     tp_region_output(c, attn_out, x2);
@@ -134,7 +144,7 @@ class DecoderLayerUnit final : public Unit {
     const bool dense = !c.spec.moe.enabled();
     Tensor ln2 = blocks::save_product_operand(c, s, "ln2", {d.Nl, d.C}, dense ? gate_up_weight(p).dtype() : DType::f32,
                                               dense, [&](Tensor t) {
-      ops::rmsnorm_forward(be, t, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec));
+      ops::rmsnorm_forward(be, t, ln2_rstd, x2, w(p, "post_attention_layernorm.weight"), eps(c.spec), x2_saved);
     }, true);
     // The MLP region (a mixture of experts too: every rank routes all N rows, gathered under SP,
     // through its slices of the experts, and the partial sums are reduced as the dense MLP's).
@@ -162,7 +172,9 @@ class DecoderLayerUnit final : public Unit {
     Block local = c.tp.sequence_parallel() ? c.pool.alloc(DType::f32, d.Nl * d.C, Category::workspace,
                                                           prefix_ + "backward dln rows")
                                            : Block();
-    Tensor dgate_up = big.view(DType::f32, {d.N, 2 * F}), dact = mid ? mid.view(DType::f32, {d.N, F}) : Tensor();
+    // d(gate_up) in gate_up's dtype: bf16 written so by SwiGLU's backward for its products.
+    const DType gu = F > 0 ? s("gate_up").dtype() : DType::f32;
+    Tensor dgate_up = big.view(gu, {d.N, 2 * F}), dact = mid ? mid.view(DType::f32, {d.N, F}) : Tensor();
     Tensor dsmall = small.view(DType::f32, {d.N, d.C});
     Tensor dln = local ? local.view(DType::f32, {d.Nl, d.C}) : dsmall;
     TpPartialGrads norm_grads(c, g, {prefix_ + "input_layernorm.weight", prefix_ + "post_attention_layernorm.weight"},
@@ -186,12 +198,23 @@ class DecoderLayerUnit final : public Unit {
                       tp_region_input(c, s("ln2"), tp_whole_or(whole, c, s("ln2"))), gate_up_weight(p), d.N);
       tp_region_input_backward(c, dsmall, dln);
     }
-    be.copy(din, dout);  // din accumulates the residual stream: now d(x2)
+    // din = d(x2): the residual stream's gradient plus ln2's, in one pass; where o_proj's products
+    // round their operand (and no sequence-parallel gather moves it), rounded once there too.
+    const DType o_proj = wg(p, "self_attn.o_proj.weight").dtype();
+    Block dx2_held;
+    Tensor dx2_rounded;
+    if (blocks::products_round(c, o_proj) && !c.tp.sequence_parallel()) {
+      dx2_held = c.pool.alloc(o_proj, d.Nl * d.C, Category::workspace, prefix_ + "backward rounded d(x2)");
+      dx2_rounded = dx2_held.view(o_proj, {d.Nl, d.C});
+    }
     ops::rmsnorm_backward(be, din, norm_grads(prefix_ + "post_attention_layernorm.weight"), dln, s("x2"),
-                          w(p, "post_attention_layernorm.weight"), s("ln2_rstd"));
+                          w(p, "post_attention_layernorm.weight"), s("ln2_rstd"), dout, dx2_rounded);
     // Attention: x2 = in + o_proj(attn(rope(qkv(ln1)))), ln1 = rmsnorm(in)
-    Tensor datty = small.view(DType::f32, {d.N, d.H * d.hd});
-    const Tensor dattn_out = tp_region_output_backward(c, din, tp_whole_or(whole, c, din));  // all N rows
+    // d(atty) as the attention's backward reads it (bf16 where it kept q, k, v so: o_proj's
+    // product writes it so).
+    Tensor datty = small.view(s("qkv").dtype(), {d.N, d.H * d.hd});
+    const Tensor dattn_out = dx2_rounded.data() ? dx2_rounded
+                                                : tp_region_output_backward(c, din, tp_whole_or(whole, c, din));
     linear_backward(c, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
                     d.N);
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
@@ -263,7 +286,11 @@ class DecoderLayerUnit final : public Unit {
       const int64_t shape[] = {d.N, d.C};
       return blocks::moe_forward(c, s, ln2.reshape(shape), out.reshape(shape), moe_weights(c.spec, p, true));
     }
-    Tensor gate_up = s.add(c.pool, "gate_up", {d.N, 2 * d.F});
+    // [gate | up]: in bf16 written so by its product where the activations are (SwiGLU reads and
+    // its backward reads it widened), else f32 (narrowed with the rest under --activation-dtype bf16).
+    Tensor gate_up = blocks::activations_written_bf16(c) && gate_up_weight(p).dtype() == DType::bf16
+                         ? s.add_as(c.pool, "gate_up", {d.N, 2 * d.F}, DType::bf16)
+                         : s.add(c.pool, "gate_up", {d.N, 2 * d.F});
     linear_forward(c.be, gate_up, ln2, gate_up_weight(p), d.N);
     Tensor act = blocks::save_product_operand(c, s, "swiglu", {d.N, d.F}, wg(p, "mlp.down_proj.weight").dtype(), true,
                                               [&](Tensor t) { ops::swiglu_forward(c.be, t, gate_up); }, true);
