@@ -664,7 +664,8 @@ TEST_CASE("cuda rmsnorm forward and backward match the cpu backend", "[cuda]") {
     // The bf16 forms (Llama's layer under --activation-dtype bf16 on a GPU), as LayerNorm's.
     Block gx16 = e.pool.alloc(DType::bf16, N * C, Category::workspace, "inp bf16");
     ops::rmsnorm_forward(*e.gpu, gout16.view(DType::bf16, {N, C}), Env::dev(grstd, DType::f32, N),
-                         ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C), eps, gx16.view(DType::bf16, {N, C}));
+                         ginp.view(DType::f32, {N, C}), Env::dev(gw, DType::f32, C), eps,
+                         gx16.view(DType::bf16, {N, C}));
     std::vector<float> x16(inp.size());
     for (size_t i = 0; i < inp.size(); ++i) x16[i] = test::round_to(inp[i], DType::bf16);
     CHECK(bit_equal(e.download(gx16, DType::bf16, x16.size()), x16));
@@ -1117,6 +1118,20 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
     expect_close(down(e, gc, ref.size()), ref, tol, tol, "C");
     if (ep == GemmEpilogue::bias_gelu) expect_close(down(e, gx, ref_aux.size()), ref_aux, 1e-4, 1e-4, "aux (the sum)");
     if (OC != 96) continue;
+    if (ep == GemmEpilogue::bias) {
+      // Summed onto what C holds (beta 1: GPT-2's residual under --activation-dtype bf16 on a GPU).
+      GemmDesc d1 = d, dc1 = dc;
+      d1.beta = dc1.beta = 1.f;
+      std::vector<float> ref1 = aux;  // the residual C starts from
+      dc1.ldc = d1.ldc = d.n;
+      blocks::gemm_epilogue(*e.cpu, dc1, A.data(), W.data(), Tensor(ref1.data(), DType::f32, {N, d.n}), ep,
+                            host(bias), Tensor());
+      Block gc1 = up(e, aux, "C onto");
+      if (e.gpu->gemm_epilogue(d1, ga.data(), gw.data(), gc1.data(), ep, gbias.ptr<float>(), nullptr))
+        expect_close(down(e, gc1, ref1.size()), ref1, 1e-4, 1e-4, "C += product + bias");
+      else
+        WARN("cuBLASLt did not take the bias epilogue summed onto C");
+    }
     // C and aux in bf16, as GPT-2's MLP and q, k, v keep them under --activation-dtype bf16: the
     // same f32 sums, each rounded once (a bf16 ulp, 2^-8 relative, beside the f32 tolerance).
     GemmDesc d16 = d;

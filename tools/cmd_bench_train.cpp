@@ -50,6 +50,8 @@ ExitCode cmd_bench_train(const Args& args, const Context& ctx) {
   cfg.strategy.precision.param_dtype = cfg.strategy.precision.reduce_dtype = parse_dtype(strategy.param);
   cfg.strategy.precision.validate();
   const Device dev = parse_device(run.device);
+  cfg.spec.activation_dtype = model.activation_dtype_on(dev, cfg.strategy.precision.param_dtype);
+  cfg.spec.attention = model.attention_on(cfg.spec, dev, cfg.strategy.precision.param_dtype, cfg.layout.dims.cp > 1);
   if (cfg.peak_tflops < 0) cfg.peak_tflops = dev == Device::cuda ? kH100.dense_bf16_tflops : 0;
   std::unique_ptr<Backend> backend = make_device_backend(dev, run, ctx);
   Pool pool(*backend, memory.pools(backend.get()));

@@ -49,6 +49,8 @@ ExitCode cmd_plan(const Args& args, const Context& ctx) {
   // Predicted as the --gpu preset's device runs the step; as the CPU runs it where it is measured
   // here (--calibrate, --measure-top).
   pc.train.device = f.calibrate || f.measure_top > 0 ? Device::cpu : Device::cuda;
+  pc.train.spec.activation_dtype =
+      f.model.activation_dtype_on(pc.train.device, pc.train.strategy.precision.param_dtype);
   pc.keep = static_cast<size_t>(std::max({f.show, f.measure_top, f.ledger_top, 1}));
   SHARD_REQUIRE(f.ledger_top >= 0 && (f.ledger_top == 0 || !f.calibrate),
                 "--ledger-top {}: expected K >= 0, priced on the --gpu preset (not with --calibrate)", f.ledger_top);

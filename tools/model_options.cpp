@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "src/backend/ops/cudnn_attention.hpp"
 #include "src/core/suggest.hpp"
 #include "src/model/family.hpp"
 #include "src/model/resolve.hpp"
@@ -46,16 +47,18 @@ void ModelOptions::add(Desc& d) {
       "ffn-dim", po::value(&ffn_dim)->default_value(0), "the MLP's hidden width (0 = the preset's; GPT-2: 4C)")(
       "attention", po::value(&attention)->default_value(attention),
       "attention kernel: flash (fused, online softmax: O(T) memory), naive (keeps the (B, H, T, T) probabilities; "
-      "the reference) or cudnn (cuDNN's fused attention on a GPU, bf16 inside; CUDA builds with cuDNN); KV-cached "
-      "decoding (sample) goes through the same kernel (cudnn: the fused one)")(
+      "the reference), cudnn (cuDNN's fused attention on a GPU, bf16 inside; CUDA builds with cuDNN) or auto: cudnn "
+      "on CUDA with --param-dtype bf16 where this build has it and the heads suit it (not under --cp; plan: flash), "
+      "flash elsewhere; KV-cached decoding (sample) goes through the same kernel (cudnn: the fused one)")(
       "loss-chunk", po::value(&loss_chunk)->default_value(loss_chunk),
       "training and evaluation: the head's logits, cross-entropy and their gradient this many positions at a time, "
       "the product run again in backward, so no (B*T, V) logits are held (0 = whole; under --tp each chunk's "
       "vocabulary-parallel loss)")(
       "activation-dtype", po::value(&activation_dtype)->default_value(activation_dtype),
       "training: the dtype the step keeps each unit's saved activations in between its forward and its backward: "
-      "f32, or bf16 (half their memory, as Megatron keeps them; the forward computes in f32 and the norms' and "
-      "attention's statistics stay f32; the residual stream between units stays f32)")(
+      "f32, bf16 (half their memory, as Megatron keeps them; the norms' and attention's statistics stay f32, as does "
+      "the residual stream between units) or auto: bf16 on CUDA with --param-dtype bf16 (where the kernels write "
+      "and read them in bf16), f32 elsewhere")(
       "moe-capacity-factor", po::value(&moe_capacity_factor)->default_value(moe_capacity_factor),
       "mixture-of-experts models (mixtral, qwen3_moe): each expert takes at most ceil(F x tokens x k / experts) of a "
       "micro-batch's tokens per layer, the rest dropped (their slot adds nothing; counted in the progress line and "
@@ -82,13 +85,26 @@ ModelSpec ModelOptions::spec(const std::string& init) const {
   return computing(resolve_model(ModelRequest{preset, layers, dim, heads, seq, vocab, kv_heads, ffn_dim, init}));
 }
 
+DType ModelOptions::activation_dtype_on(Device device, DType param_dtype) const {
+  SHARD_REQUIRE(activation_dtype == "auto" || activation_dtype == "f32" || activation_dtype == "bf16",
+                "--activation-dtype '{}': expected f32, bf16 or auto", activation_dtype);
+  if (activation_dtype != "auto") return parse_dtype(activation_dtype);
+  return device == Device::cuda && param_dtype == DType::bf16 ? DType::bf16 : DType::f32;
+}
+
+AttentionKernel ModelOptions::attention_on(const ModelSpec& spec, Device device, DType param_dtype, bool cp) const {
+  if (attention != "auto") return parse_attention_kernel(attention);
+  if (device != Device::cuda || param_dtype != DType::bf16 || cp) return AttentionKernel::flash;
+  const int64_t hd = spec.mla.enabled() ? spec.mla.qk() : spec.head_size();
+  const int64_t vd = spec.mla.enabled() ? spec.mla.v : hd;
+  return cudnn_attention_refusal(device, true, hd, vd).empty() ? AttentionKernel::cudnn : AttentionKernel::flash;
+}
+
 ModelSpec ModelOptions::computing(ModelSpec s) const {
   SHARD_REQUIRE(loss_chunk >= 0 && loss_chunk <= (1 << 30), "--loss-chunk {}: expected 0 (whole) or positions", loss_chunk);
-  s.attention = parse_attention_kernel(attention);
+  s.attention = attention == "auto" ? AttentionKernel::flash : parse_attention_kernel(attention);
   s.loss_chunk = loss_chunk;
-  SHARD_REQUIRE(activation_dtype == "f32" || activation_dtype == "bf16",
-                "--activation-dtype '{}': expected f32 or bf16", activation_dtype);
-  s.activation_dtype = parse_dtype(activation_dtype);
+  s.activation_dtype = activation_dtype_on(Device::cpu, DType::f32);
   s.moe_capacity_factor = moe_capacity_factor;
   SHARD_REQUIRE(moe_aux_loss == "model" || moe_aux_loss == "on" || moe_aux_loss == "off",
                 "--moe-aux-loss '{}': expected model, on or off", moe_aux_loss);

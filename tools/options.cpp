@@ -341,6 +341,9 @@ void TrainOptions::finish(TrainConfig& cfg, const Context& ctx, int world) const
   cfg.schedule.kind = parse_schedule(schedule);
   cfg.checkpointing = parse_checkpointing(memory.checkpointing);
   cfg.device = parse_device(run.device);
+  cfg.spec.activation_dtype = model.activation_dtype_on(cfg.device, cfg.strategy.precision.param_dtype);
+  cfg.spec.attention = model.attention_on(cfg.spec, cfg.device, cfg.strategy.precision.param_dtype,
+                                          cfg.layout.dims.cp > 1);
   cfg.comm = comm_for(run.comm, cfg.device, ctx);
 }
 

@@ -92,7 +92,7 @@ struct ModelOptions {
   std::string preset;  // empty: not given (small, or an --init directory's model)
   int64_t layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0;  // 0 = the preset's
   int64_t kv_heads = 0, ffn_dim = 0;                             // 0 = the preset's
-  std::string attention = "flash", activation_dtype = "f32";     // --attention, --activation-dtype
+  std::string attention = "auto", activation_dtype = "auto";     // --attention, --activation-dtype
   int64_t loss_chunk = 0;                                        // --loss-chunk (training and evaluation)
   double moe_capacity_factor = 0;                                // --moe-capacity-factor (0 = dropless)
   std::string moe_aux_loss = "model";                            // --moe-aux-loss model|on|off
@@ -114,6 +114,14 @@ struct ModelOptions {
   // --moe-aux-loss and --moe-bias-update-rate (InputError for a bad value):
   // for a model from the flags or from a checkpoint alike.
   ModelSpec computing(ModelSpec s) const;
+  // --activation-dtype for a step on `device` with parameters in `param_dtype`: as given, or (auto)
+  // bf16 on CUDA with bf16 parameters, Megatron's and llm.c's, and f32 elsewhere. computing() takes
+  // auto as f32; the commands that know the device set the spec's from this.
+  DType activation_dtype_on(Device device, DType param_dtype) const;
+  // --attention for spec's step on `device` with `param_dtype` (`cp`: under context parallelism): as
+  // given, or (auto) cuDNN's fused attention where this binary runs it there (CUDA, bf16 parameters,
+  // heads it takes, no --cp), else flash. computing() takes auto as flash.
+  AttentionKernel attention_on(const ModelSpec& spec, Device device, DType param_dtype, bool cp) const;
   bool given() const;  // whether any of these flags was given (with a value other than the default)
 };
 

@@ -139,7 +139,8 @@ class Backend {
   // reference), which is also what the fused form is tested against.
   virtual bool fuses_gemm_epilogue(const GemmDesc&) const { return false; }
   // C = e(op(A) op(B)) for one product (d.batch 1, d.alpha 1, d.beta 0, C f32 or bf16 (d.c_type)
-  // with ldc == n): bias: + bias (n floats) on every row of C; bias_gelu: aux = product + bias,
+  // with ldc == n; d.beta 1 with bias: C = C + product + bias, a residual summed in place): bias:
+  // + bias (n floats) on every row of C; bias_gelu: aux = product + bias,
   // C = gelu(aux) (gelu of the f32 sum; aux and C each rounded once to C's dtype); dgelu:
   // C = gelu'(aux) * product. aux: (m, n) in C's dtype (unused by bias). Only where
   // fuses_gemm_epilogue(d) (InternalError elsewhere). False where the backend did not take this

@@ -105,9 +105,9 @@ bool CudaBackend::lt_product(const GemmDesc& d, const Operands& o, void* c, Gemm
       count == 0)
     return false;
   void* workspace = lt_scratch_.get(kLtWorkspace, compute_);
-  const float one = 1.f, zero = 0.f;
+  const float one = 1.f, beta = d.beta;  // beta 1: C read and summed in place (a residual)
   // A refusal enqueues nothing: the composition runs instead.
-  if (cublasLtMatmul(cublaslt_, call.op, &one, o.b, call.a, o.a, call.b, &zero, c, call.c, c, call.c, &found.algo,
+  if (cublasLtMatmul(cublaslt_, call.op, &one, o.b, call.a, o.a, call.b, &beta, c, call.c, c, call.c, &found.algo,
                      workspace, kLtWorkspace, compute_) != CUBLAS_STATUS_SUCCESS)
     return false;
   CUDA_CHECK(cudaGetLastError());

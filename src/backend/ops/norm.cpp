@@ -64,7 +64,8 @@ void cpu_backward_forms(Tensor dinp, const Tensor& inp, const Tensor& dinp_from,
   if (dinp_from.data() && dinp_from.data() != dinp.data())
     std::copy_n(dinp_from.ptr<float>(), dinp.numel(), dinp.ptr<float>());
   compute(wide.empty() ? inp.ptr<float>() : wide.data());
-  if (dinp_bf16.data()) convert(dinp.data(), DType::f32, dinp_bf16.data(), DType::bf16, static_cast<size_t>(dinp.numel()));
+  if (dinp_bf16.data())
+    convert(dinp.data(), DType::f32, dinp_bf16.data(), DType::bf16, static_cast<size_t>(dinp.numel()));
 }
 
 // Device bytes of a backward's (N, C) passes: dout and dinp (or dinp_from) read, dinp written, inp

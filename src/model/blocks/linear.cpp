@@ -5,11 +5,12 @@
 
 namespace shardlab::blocks {
 
-void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N) {
+void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N, float beta) {
   const int64_t OC = w.dim(0), IC = w.dim(1);
   GemmDesc d = gemm_with(w);
   d.a_type = inp.dtype();  // f32, or rounded already (save_product_operand)
   d.c_type = out.dtype();  // f32, or bf16 where its readers take it so
+  d.beta = beta;
   d.trans_b = Trans::T;
   d.m = N, d.n = OC, d.k = IC;
   d.lda = IC, d.ldb = IC, d.ldc = OC;
@@ -68,6 +69,7 @@ void gemm_epilogue(UnitContext& c, GemmDesc d, const void* a, const void* b, Ten
                    Tensor aux) {
   d.c_type = out.dtype();
   if (out.dtype() == DType::f32) return gemm_epilogue(c.be, d, a, b, out, e, bias, aux);
+  SHARD_CHECK(d.beta == 0.f, "gemm with a {} epilogue summing into a bf16 C", gemm_epilogue_name(e));
   SHARD_CHECK(out.dtype() == DType::bf16 && (!aux.data() || aux.dtype() == DType::bf16),
               "gemm with a {} epilogue: C {} and aux {} (bf16 C: bf16 aux)", gemm_epilogue_name(e),
               dtype_name(out.dtype()), aux.data() ? dtype_name(aux.dtype()) : "none");

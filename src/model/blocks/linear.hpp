@@ -9,7 +9,8 @@ namespace shardlab::blocks {
 
 // out (N, OC) = inp (N, IC) @ W^T, with W (OC, IC) as nn.Linear stores it; out f32, or bf16
 // (rounded once by the product) where its readers take it so. linear_backward's dinp likewise.
-void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N);
+// beta 1: the product summed onto what out holds (a residual; f32 out).
+void linear_forward(Backend& be, Tensor out, Tensor inp, Tensor w, int64_t N, float beta = 0.f);
 // dinp (N, IC) = dout (N, OC) @ W (overwritten); dW (OC, IC) += dout^T @ inp (held for the W pass
 // under a split backward: blocks/weight_grad.hpp).
 void linear_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, int64_t N);

@@ -46,6 +46,15 @@ void matmul_forward(UnitContext& c, Tensor out, Tensor inp, Tensor w, Tensor bia
   blocks::gemm_epilogue(c, forward_desc(inp, w, N, IC, OC), inp.data(), w.data(), out, GemmEpilogue::bias, bias, {});
 }
 
+// out (N, OC) += inp (N, IC) @ W (IC, OC) + bias: the product summed into the residual out holds
+// (beta 1, in the epilogue's pass where the backend fuses one); out f32.
+void matmul_forward_onto(UnitContext& c, Tensor out, Tensor inp, Tensor w, Tensor bias, int64_t N, int64_t IC,
+                         int64_t OC) {
+  GemmDesc d = forward_desc(inp, w, N, IC, OC);
+  d.beta = 1.f;
+  blocks::gemm_epilogue(c, d, inp.data(), w.data(), out, GemmEpilogue::bias, bias, {});
+}
+
 // out = gelu(pre), pre (N, OC) = inp (N, IC) @ W (IC, OC) + bias: one product with its epilogue
 // where the backend fuses one; out and pre both f32 or both bf16.
 void matmul_gelu_forward(UnitContext& c, Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias, int64_t N,
@@ -223,14 +232,17 @@ class BlockUnit final : public Unit {
     matmul_forward(c, qkv, tp_region_input(c, ln1, rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"),
                    w(p, "attn.c_attn.bias"), N, C, 3 * A);
     Tensor atty = blocks::attention_forward(c, s, qkv, {B, T, H, H, A / H}, proj);
-    // x2, the residual stream after attention: saved for ln_2's backward, or (activations written
-    // in bf16) kept in f32 for this forward alone and saved as ln_2's forward rounds it.
+    // x2, the residual stream after attention: saved for ln_2's backward. Where the activations are
+    // written in bf16 it is saved as ln_2's forward rounds it, and kept in f32 for this forward alone:
+    // in `out` itself, onto which c_proj's product then sums the MLP's output (no add pass), or, under
+    // tensor parallelism (whose region reduces the partial sums first), in a workspace.
+    const bool direct = blocks::activations_written_bf16(c), onto_out = direct && !c.tp.active();
     Block x2_wide;
     Tensor x2, x2_saved;
-    if (blocks::activations_written_bf16(c)) {
+    if (direct) {
       x2_saved = s.add_as(c.pool, "x2", {n, C}, DType::bf16);
-      x2_wide = c.pool.alloc(DType::f32, n * C, Category::workspace, prefix_ + "x2 (f32, forward)");
-      x2 = x2_wide.view(DType::f32, {n, C});
+      if (!onto_out) x2_wide = c.pool.alloc(DType::f32, n * C, Category::workspace, prefix_ + "x2 (f32, forward)");
+      x2 = onto_out ? Tensor(out.data(), DType::f32, {n, C}, out.device()) : x2_wide.view(DType::f32, {n, C});
     } else {
       x2 = s.add(c.pool, "x2", {n, C});
     }
@@ -255,6 +267,8 @@ class BlockUnit final : public Unit {
         matmul_gelu_forward(c, t, fch, fc_in, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
       });
     }
+    if (onto_out)
+      return matmul_forward_onto(c, x2, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), N, F, C);
     row_parallel_forward(c, out, fch_gelu, wg(p, "mlp.c_proj.weight"), w(p, "mlp.c_proj.bias"), rows, N, F, C);
     be.add(out, x2, out);  // residual
   }

@@ -124,14 +124,20 @@ class DecoderLayerUnit final : public Unit {
     qk_norm(c, p, s, qkv, d);
     rope(c, qkv, d, false);  // q and k: the first H + KV heads of each row
     Tensor atty = blocks::attention_forward(c, s, qkv, d.attention(), wg(p, "self_attn.o_proj.weight").dtype());
-    // x2, the residual stream after attention: saved for ln2's backward, or (activations written in
-    // bf16) kept in f32 for this forward alone and saved as ln2's forward rounds it.
+    // x2, the residual stream after attention: saved for ln2's backward. Where the activations are
+    // written in bf16 it is saved as ln2's forward rounds it, and kept in f32 for this forward alone:
+    // in `out` itself, onto which down_proj's product then sums the MLP's output (no add pass), or,
+    // under tensor parallelism or with experts, in a workspace.
+    const bool direct = blocks::activations_written_bf16(c);
+    const bool onto_out = direct && !c.tp.active() && !c.spec.moe.enabled();
     Block x2_wide;
     Tensor x2, x2_saved;
-    if (blocks::activations_written_bf16(c)) {
+    if (direct) {
       x2_saved = s.add_as(c.pool, "x2", {d.Nl, d.C}, DType::bf16);
-      x2_wide = c.pool.alloc(DType::f32, d.Nl * d.C, Category::workspace, prefix_ + "x2 (f32, forward)");
-      x2 = x2_wide.view(DType::f32, {d.Nl, d.C});
+      if (!onto_out)
+        x2_wide = c.pool.alloc(DType::f32, d.Nl * d.C, Category::workspace, prefix_ + "x2 (f32, forward)");
+      x2 = onto_out ? Tensor(out.data(), DType::f32, {d.Nl, d.C}, out.device())
+                    : x2_wide.view(DType::f32, {d.Nl, d.C});
     } else {
       x2 = s.add(c.pool, "x2", {d.Nl, d.C});
     }
@@ -148,7 +154,9 @@ class DecoderLayerUnit final : public Unit {
     }, true);
     // The MLP region (a mixture of experts too: every rank routes all N rows, gathered under SP,
     // through its slices of the experts, and the partial sums are reduced as the dense MLP's).
-    mlp_forward(c, p, s, tp_region_input(c, ln2, tp_whole_or(whole, c, ln2)), tp_whole_or(whole, c, out), d);
+    mlp_forward(c, p, s, tp_region_input(c, ln2, tp_whole_or(whole, c, ln2)), tp_whole_or(whole, c, out), d,
+                onto_out);
+    if (onto_out) return;  // out holds x2 + the MLP's output already
     tp_region_output(c, tp_whole_or(whole, c, out), out);
     be.add(out, x2, out);  // residual
   }
@@ -281,7 +289,9 @@ class DecoderLayerUnit final : public Unit {
     }
   }
   // The MLP of ln2's rows (N, C) into out (N, C): dense SwiGLU, or the experts (blocks/moe.hpp).
-  void mlp_forward(UnitContext& c, const ParamSet& p, Saved& s, Tensor ln2, Tensor out, const Dims& d) const {
+  // onto: down_proj's product summed onto what out holds (the dense MLP's; beta 1).
+  void mlp_forward(UnitContext& c, const ParamSet& p, Saved& s, Tensor ln2, Tensor out, const Dims& d,
+                   bool onto = false) const {
     if (c.spec.moe.enabled()) {
       const int64_t shape[] = {d.N, d.C};
       return blocks::moe_forward(c, s, ln2.reshape(shape), out.reshape(shape), moe_weights(c.spec, p, true));
@@ -294,7 +304,7 @@ class DecoderLayerUnit final : public Unit {
     linear_forward(c.be, gate_up, ln2, gate_up_weight(p), d.N);
     Tensor act = blocks::save_product_operand(c, s, "swiglu", {d.N, d.F}, wg(p, "mlp.down_proj.weight").dtype(), true,
                                               [&](Tensor t) { ops::swiglu_forward(c.be, t, gate_up); }, true);
-    linear_forward(c.be, out, act, wg(p, "mlp.down_proj.weight"), d.N);
+    linear_forward(c.be, out, act, wg(p, "mlp.down_proj.weight"), d.N, onto ? 1.f : 0.f);
   }
   blocks::MoeWeights moe_weights(const ModelSpec& spec, const ParamSet& p, bool gemm) const {
     blocks::MoeWeights m;
