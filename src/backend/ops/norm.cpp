@@ -75,13 +75,24 @@ double backward_pass_bytes(int64_t n, const Tensor& inp, const Tensor& dinp_bf16
          pass_bytes(n, 0, dinp_bf16.data() ? 1 : 0, 2);
 }
 
-// The CPU's f32 result of `compute(float* out)`, stored in out's dtype (rounded once for bf16).
+// The CPU's forward: the f32 result of `compute(float* out)` stored in out's dtype (rounded once
+// for bf16), and the input rounded into inp_bf16 where given.
 template <class F>
-void cpu_into(Tensor out, F compute) {
-  if (out.dtype() == DType::f32) return compute(out.ptr<float>());
-  std::vector<float> wide(static_cast<size_t>(out.numel()));
-  compute(wide.data());
-  cpu_store(out, wide);
+void cpu_forward_forms(Tensor out, const Tensor& inp, const Tensor& inp_bf16, F compute) {
+  if (out.dtype() == DType::f32) {
+    compute(out.ptr<float>());
+  } else {
+    std::vector<float> wide(static_cast<size_t>(out.numel()));
+    compute(wide.data());
+    cpu_store(out, wide);
+  }
+  if (inp_bf16.data()) convert(inp.data(), DType::f32, inp_bf16.data(), DType::bf16, static_cast<size_t>(inp.numel()));
+}
+
+// Device bytes of a forward's (N, C) passes: inp read, out written in its dtype, the rounded input.
+double forward_pass_bytes(int64_t n, const Tensor& out, const Tensor& inp_bf16) {
+  return pass_bytes(n, 1, 0) + pass_bytes(n, 0, 1, dtype_size(out.dtype())) +
+         pass_bytes(n, 0, inp_bf16.data() ? 1 : 0, 2);
 }
 
 }  // namespace
@@ -94,12 +105,10 @@ void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor
   check_optional_bf16(inp_bf16, inp, "layernorm_forward's rounded input");
   switch (be.device()) {
     case Device::cpu:
-      cpu_into(out, [&](float* o) {
+      return cpu_forward_forms(out, inp, inp_bf16, [&](float* o) {
         cpu::layernorm_forward(o, mean.ptr<float>(), rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(),
                                bias.ptr<float>(), N, C, eps);
       });
-      if (inp_bf16.data()) convert(inp.data(), DType::f32, inp_bf16.data(), DType::bf16, static_cast<size_t>(N * C));
-      return;
     case Device::cuda:
       if constexpr (kWithCuda) cuda::layernorm_forward(be, out, mean, rstd, inp, weight, bias, eps, inp_bf16, N, C);
       return;
@@ -107,8 +116,7 @@ void layernorm_forward(Backend& be, Tensor out, Tensor mean, Tensor rstd, Tensor
       return charge(be,
                     {.name = "layernorm_forward",
                      .flops = 8.0 * N * C,
-                     .bytes = pass_bytes(N * C, 1, 0) + pass_bytes(N * C, 0, 1, dtype_size(out.dtype())) +
-                              pass_bytes(N * C, 0, inp_bf16.data() ? 1 : 0, 2) + pass_bytes(N, 0, 2)},
+                     .bytes = forward_pass_bytes(N * C, out, inp_bf16) + pass_bytes(N, 0, 2)},
                     [&] { return cuda::layernorm_forward_launches(N, C); });
   }
 }
@@ -146,11 +154,9 @@ void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor we
   check_optional_bf16(inp_bf16, inp, "rmsnorm_forward's rounded input");
   switch (be.device()) {
     case Device::cpu:
-      cpu_into(out, [&](float* o) {
+      return cpu_forward_forms(out, inp, inp_bf16, [&](float* o) {
         cpu::rmsnorm_forward(o, rstd.ptr<float>(), inp.ptr<float>(), weight.ptr<float>(), N, C, eps);
       });
-      if (inp_bf16.data()) convert(inp.data(), DType::f32, inp_bf16.data(), DType::bf16, static_cast<size_t>(N * C));
-      return;
     case Device::cuda:
       if constexpr (kWithCuda) cuda::rmsnorm_forward(be, out, rstd, inp, weight, eps, inp_bf16, N, C);
       return;
@@ -158,8 +164,7 @@ void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor we
       return charge(be,
                     {.name = "rmsnorm_forward",
                      .flops = 5.0 * N * C,
-                     .bytes = pass_bytes(N * C, 1, 0) + pass_bytes(N * C, 0, 1, dtype_size(out.dtype())) +
-                              pass_bytes(N * C, 0, inp_bf16.data() ? 1 : 0, 2) + pass_bytes(N, 0, 1)},
+                     .bytes = forward_pass_bytes(N * C, out, inp_bf16) + pass_bytes(N, 0, 1)},
                     [&] { return cuda::rmsnorm_forward_launches(N, C); });
   }
 }
