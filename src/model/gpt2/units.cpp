@@ -75,11 +75,15 @@ bool mlp_in_bf16(const UnitContext& c, DType product) {
 // it so; times gelu'(gelu_at) when given, GELU's backward in the product's epilogue where the
 // backend fuses one); dW += inp^T @ dout (held for the W pass under a split backward:
 // blocks/weight_grad.hpp); dbias += column sums of dout.
+// dout_rounded (optional): dout as the products read it, rounded already by its producer; the
+// bias gradient still sums dout itself.
 void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                     int64_t N, int64_t IC, int64_t OC, Tensor gelu_at = {}) {
+                     int64_t N, int64_t IC, int64_t OC, Tensor gelu_at = {}, Tensor dout_rounded = {}) {
   Backend& be = c.be;
   Block held;  // dout as both products read it
-  const Tensor dy = blocks::rounded_once(c, dout, w.dtype(), held, "matmul backward rounded dout");
+  const Tensor dy = dout_rounded.data()
+                        ? dout_rounded
+                        : blocks::rounded_once(c, dout, w.dtype(), held, "matmul backward rounded dout");
   GemmDesc dx = gemm_with(w);
   dx.a_type = dy.dtype();
   dx.c_type = dinp.dtype();
@@ -255,16 +259,17 @@ class BlockUnit final : public Unit {
                              x2_saved);
     }, true);
     const DType mlp_proj = wg(p, "mlp.c_proj.weight").dtype();
-    const Tensor fc_in = tp_region_input(c, ln2, rows_of(rows, N, C));
     Tensor fch_gelu;
     if (mlp_in_bf16(c, mlp_proj)) {
       Tensor fch = s.add_as(c.pool, "fch", {N, F}, DType::bf16);
       fch_gelu = s.add_as(c.pool, "fch_gelu", {N, F}, DType::bf16);
-      matmul_gelu_forward(c, fch_gelu, fch, fc_in, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
+      matmul_gelu_forward(c, fch_gelu, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
+                          w(p, "mlp.c_fc.bias"), N, C, F);
     } else {
       Tensor fch = s.add(c.pool, "fch", {N, F});
       fch_gelu = blocks::save_product_operand(c, s, "fch_gelu", {N, F}, mlp_proj, true, [&](Tensor t) {
-        matmul_gelu_forward(c, t, fch, fc_in, wg(p, "mlp.c_fc.weight"), w(p, "mlp.c_fc.bias"), N, C, F);
+        matmul_gelu_forward(c, t, fch, tp_region_input(c, ln2, rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"),
+                            w(p, "mlp.c_fc.bias"), N, C, F);
       });
     }
     if (onto_out)
@@ -315,8 +320,9 @@ class BlockUnit final : public Unit {
     // c_proj's product), else f32.
     Tensor datty = small.view(s("qkv").dtype(), {N, A});
     matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
-                    dx2_rounded.data() ? dx2_rounded : tp_region_output_backward(c, din, rows_of(rows, N, C)),
-                    s("atty"), wg(p, "attn.c_proj.weight"), N, A, C);
+                    tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
+                    N, A, C, {}, dx2_rounded);
+    dx2_held.reset();  // read by both products (a split backward's W pass keeps a copy)
     // Where the attention kept q, k, v in bf16 (cuDNN's, or the naive one's under --activation-dtype
     // bf16: blocks::attention_forward), it writes their gradient in bf16 too: c_attn's products read
     // it as they would round it, its bias gradient widens it as it sums.

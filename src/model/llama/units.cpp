@@ -225,6 +225,7 @@ class DecoderLayerUnit final : public Unit {
                                                 : tp_region_output_backward(c, din, tp_whole_or(whole, c, din));
     linear_backward(c, datty, w(g, "self_attn.o_proj.weight"), dattn_out, s("atty"), wg(p, "self_attn.o_proj.weight"),
                     d.N);
+    dx2_held.reset();  // read by both products (a split backward's W pass keeps a copy)
     Tensor dqkv = big.view(DType::f32, {d.B, d.T, d.W});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), d.attention(), prefix_);
     rope(c, dqkv, d, true);  // a rotation's gradient rotates back
