@@ -97,30 +97,22 @@ struct ModelOptions {
   double moe_capacity_factor = 0;                                // --moe-capacity-factor (0 = dropless)
   std::string moe_aux_loss = "model";                            // --moe-aux-loss model|on|off
   std::string moe_bias_rate = "model";                           // --moe-bias-update-rate model|γ
-  // --model --layers --dim --heads --seq --vocab --kv-heads --ffn-dim --attention --loss-chunk --activation-dtype
-  // --moe-capacity-factor
+  // --model and its size flags, --attention, --loss-chunk, --activation-dtype and the --moe-* flags
   void add(Desc& d);
-  // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): their defaults
-  // are the fields' values; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a
-  // default of 0 stands for, where it stands for something.
+  // The five dimensions without a preset, for a benchmark of shapes (bench-gemm): defaults are the
+  // fields'; shown[i] / meaning0[i] (layers, dim, heads, seq, vocab) say what a default 0 stands for.
   void add_shape(Desc& d, const char* const (&shown)[5], const char* const (&meaning0)[5]);
-  // The preset with the overrides; or, when `init` (--init) is an HF model directory, the model
-  // its config.json gives, which fixes the shape: --model is refused, --dim, --heads, --vocab,
-  // --kv-heads and --ffn-dim must equal the config's, --layers may be fewer (the first blocks load) and --seq shorter where
-  // no tensor changes with it (docs/checkpoints-and-models.md, "Models from Hugging Face directories").
-  // resolve_model (src/model/resolve.hpp) of these flags, with computing()'s fields.
+  // The preset with the overrides; or, when `init` (--init) is an HF model directory, the model its
+  // config.json gives, which fixes the shape: --model is refused, --dim, --heads, --vocab, --kv-heads
+  // and --ffn-dim must equal the config's, --layers may be fewer (the first blocks load) and --seq
+  // shorter where no tensor changes with it (docs/checkpoints-and-models.md, "Models from Hugging
+  // Face directories"): resolve_model (src/model/resolve.hpp) of these flags, computing()'s fields.
   ModelSpec spec(const std::string& init = "") const;
-  // s with how it is computed set from --attention, --loss-chunk, --moe-capacity-factor,
-  // --moe-aux-loss and --moe-bias-update-rate (InputError for a bad value):
-  // for a model from the flags or from a checkpoint alike.
+  // s with how it is computed set from --attention, --loss-chunk and the --moe-* flags (InputError
+  // for a bad value): for a model from the flags or from a checkpoint alike.
   ModelSpec computing(ModelSpec s) const;
-  // --activation-dtype for a step on `device` with parameters in `param_dtype`: as given, or (auto)
-  // bf16 on CUDA with bf16 parameters, Megatron's and llm.c's, and f32 elsewhere. computing() takes
-  // auto as f32; the commands that know the device set the spec's from this.
+  // --activation-dtype, --attention as given; auto: bf16, cudnn (its heads, no --cp) on CUDA, bf16 params.
   DType activation_dtype_on(Device device, DType param_dtype) const;
-  // --attention for spec's step on `device` with `param_dtype` (`cp`: under context parallelism): as
-  // given, or (auto) cuDNN's fused attention where this binary runs it there (CUDA, bf16 parameters,
-  // heads it takes, no --cp), else flash. computing() takes auto as flash.
   AttentionKernel attention_on(const ModelSpec& spec, Device device, DType param_dtype, bool cp) const;
   bool given() const;  // whether any of these flags was given (with a value other than the default)
 };
