@@ -27,10 +27,12 @@ void embedding_forward_shard(Backend&, Tensor, const int32_t*, int64_t, int64_t,
 void embedding_backward_shard(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, int64_t, int64_t) {
   unreachable();
 }
-void layernorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float) { unreachable(); }
-void layernorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) { unreachable(); }
-void rmsnorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, float) { unreachable(); }
-void rmsnorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) { unreachable(); }
+void layernorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float, Tensor) { unreachable(); }
+void layernorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
+  unreachable();
+}
+void rmsnorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, float, Tensor) { unreachable(); }
+void rmsnorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) { unreachable(); }
 void head_rmsnorm_forward(Backend&, Tensor, Tensor, Tensor, Tensor, int64_t, float) { unreachable(); }
 void head_rmsnorm_backward(Backend&, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t) { unreachable(); }
 void moe_gather(Backend&, Tensor, Tensor, const int32_t*) { unreachable(); }
@@ -77,6 +79,7 @@ void vocab_ce_finish(Backend&, Tensor, Tensor, Tensor, const int32_t*, int64_t, 
 }  // namespace shardlab::ops
 
 namespace shardlab {
+const char* gemm_epilogue_name(GemmEpilogue) { ops::unreachable(); }  // blocks/linear.cpp's messages
 FlashShape flash_shape_of_qkv(int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t) { ops::unreachable(); }
 FlashShape flash_shape_of_cache(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { ops::unreachable(); }
 std::string cudnn_attention_refusal(Device, bool, int64_t, int64_t, const std::string&) { ops::unreachable(); }
