@@ -84,8 +84,11 @@ inline GemmDesc gemm_with(const Tensor& w) {
 // for what crosses the tensor-parallel group, src/model/tp.hpp, and a GPU's naive attention,
 // blocks/attention.hpp), then the runner narrows what it saved to bf16 (narrow(), right after the
 // forward) and widens it again just before the backward (widen()), so between the two every unit's
-// saved tensors take half the memory, Megatron's 2 bytes an activation. Statistics and indices (the norms' mean and rstd,
-// attention's lse, a router's probabilities, weights and routing) stay f32: add_f32.
+// saved tensors take half the memory, Megatron's 2 bytes an activation. On a GPU with bf16 products
+// GPT-2's and the Llama-shaped families' producers write their saved tensors in bf16 themselves
+// (add_as; blocks::activations_written_bf16), which narrow() and widen() leave as they are.
+// Statistics and indices (the norms' mean and rstd, attention's lse, a router's probabilities,
+// weights and routing) stay f32: add_f32.
 class Saved {
  public:
   Tensor add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape);
