@@ -322,8 +322,11 @@ TEST_CASE("cuda kernels reject token ids outside the vocabulary", "[cuda]") {
 TEST_CASE("cuda layernorm forward and backward match the cpu backend", "[cuda]") {
   Env e;
   struct Shape { int64_t N, C; };
-  // C = 31 leaves lanes idle; N = 1000 spreads dw/db over 32 row chunks.
-  for (Shape s : {Shape{1, 64}, Shape{34, 768}, Shape{64, 130}, Shape{17, 31}, Shape{1000, 64}}) {
+  // C = 31 leaves lanes idle; N = 1000 spreads dw/db over 32 row chunks, N = 9000 over 264 of
+  // several rows a warp (the one-launch form, folded by the last block); C = 3200 takes the
+  // three-launch form (launches.hpp, norm_fused_warps).
+  for (Shape s : {Shape{1, 64}, Shape{34, 768}, Shape{64, 130}, Shape{17, 31}, Shape{1000, 64}, Shape{9000, 96},
+                  Shape{40, 3200}}) {
     const int64_t N = s.N, C = s.C;
     INFO("N=" << N << " C=" << C);
     auto inp = random_vector("linp", N * C, -2.f, 3.f), w = random_vector("lw", C, 0.5f, 1.5f);
@@ -618,8 +621,9 @@ TEST_CASE("cuda embedding without learned positions (empty wpe) matches the cpu 
 TEST_CASE("cuda rmsnorm forward and backward match the cpu backend", "[cuda]") {
   Env e;
   struct Shape { int64_t N, C; };
-  // C = 13 leaves most lanes idle and N = 7 makes one row chunk for dweight; N = 1000 makes 32.
-  for (Shape s : {Shape{7, 13}, Shape{1000, 64}}) {
+  // C = 13 leaves most lanes idle and N = 7 makes one row chunk for dweight; N = 1000 makes 32 and
+  // N = 9000 264; C = 6200 takes the three-launch form (as LayerNorm's test).
+  for (Shape s : {Shape{7, 13}, Shape{1000, 64}, Shape{9000, 96}, Shape{33, 6200}}) {
     const int64_t N = s.N, C = s.C;
     INFO("N=" << N << " C=" << C);
     auto inp = random_vector("rinp", N * C, -2.f, 3.f), w = random_vector("rw", C, 0.5f, 1.5f);

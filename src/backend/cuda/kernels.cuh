@@ -64,11 +64,12 @@ cudaError_t launch_layernorm_forward(void* out, DType out_type, void* inp_bf16, 
 int64_t layernorm_backward_workspace(int64_t N, int64_t C);
 // dw, db accumulate; dinp too, or dinp = from + the gradient where `from` is given (it may be
 // dinp); rounded (optional, bf16 (N, C)): dinp rounded once as well. inp f32 or bf16 (inp_type).
-// workspace holds layernorm_backward_workspace(N, C) floats.
+// workspace holds layernorm_backward_workspace(N, C) floats; arrivals one counter, zero before
+// and after (the one-launch form's, launches.hpp norm_fused_warps).
 cudaError_t launch_layernorm_backward(float* dinp, const float* from, void* rounded, float* dw, float* db,
                                       const float* dout, const void* inp, DType inp_type, const float* w,
-                                      const float* mean, const float* rstd, float* workspace, int64_t N, int64_t C,
-                                      cudaStream_t s);
+                                      const float* mean, const float* rstd, float* workspace, unsigned* arrivals,
+                                      int64_t N, int64_t C, cudaStream_t s);
 
 // RMSNorm: out (N, C) = inp * rstd * w (f32 or bf16, rounded once), rstd (N) = 1 / sqrt(mean(inp^2) + eps);
 // inp_bf16 (optional, bf16 (N, C)): the input rounded once as well.
@@ -76,11 +77,11 @@ cudaError_t launch_rmsnorm_forward(void* out, DType out_type, void* inp_bf16, fl
                                    const float* w, int64_t N, int64_t C, float eps, cudaStream_t s);
 // Floats of workspace launch_rmsnorm_backward needs for (N, C): per-chunk partials of dw.
 int64_t rmsnorm_backward_workspace(int64_t N, int64_t C);
-// dw accumulates; dinp, from, rounded and inp as launch_layernorm_backward's. workspace holds
-// rmsnorm_backward_workspace(N, C) floats.
+// dw accumulates; dinp, from, rounded, inp and arrivals as launch_layernorm_backward's. workspace
+// holds rmsnorm_backward_workspace(N, C) floats.
 cudaError_t launch_rmsnorm_backward(float* dinp, const float* from, void* rounded, float* dw, const float* dout,
                                     const void* inp, DType inp_type, const float* w, const float* rstd,
-                                    float* workspace, int64_t N, int64_t C, cudaStream_t s);
+                                    float* workspace, unsigned* arrivals, int64_t N, int64_t C, cudaStream_t s);
 
 // Per-head RMSNorm (ops::head_rmsnorm_forward) at columns [col0, col0 + heads hd) of x (N, W), in
 // place, inputs to pre (N, heads hd), rstd (N heads). Backward: dx's columns in place, dw accumulates

@@ -55,11 +55,13 @@ Launches upload_then_rows(const char* name, int64_t rows) {
   return L;
 }
 
-// LayerNorm's and RMSNorm's backward: dinp one warp per row, then dw (and db) in chunks of rows
-// folded in order.
-Launches norm_backward(const char* dinp, const char* partial, const char* fold, int64_t N, int64_t C) {
+// LayerNorm's and RMSNorm's backward (stats 2 and 1 parameter gradients): one launch where its
+// blocks hold their warps' partial rows (norm_fused_warps), else dinp one warp per row, then dw
+// (and db) in chunks of rows folded in order.
+Launches norm_backward(const char* dinp, const char* partial, const char* fold, int64_t N, int64_t C, int stats) {
   Launches L;
   if (N == 0 || C == 0) return L;
+  if (norm_fused_warps(C, stats) > 0) return L.add(kernel("norm_backward_fused_kernel", norm_fused_blocks(N)));
   const int64_t col_blocks = (C + kThreads - 1) / kThreads;
   return L.add(kernel(dinp, row_blocks(N))).add(kernel(partial, col_blocks, layernorm_chunks(N))).add(
       kernel(fold, col_blocks));
@@ -154,14 +156,14 @@ Launches layernorm_forward_launches(int64_t N, int64_t) { return per_row("layern
 
 Launches layernorm_backward_launches(int64_t N, int64_t C) {
   return norm_backward("layernorm_backward_dinp_kernel", "layernorm_backward_partial_kernel",
-                       "layernorm_backward_fold_kernel", N, C);
+                       "layernorm_backward_fold_kernel", N, C, 2);
 }
 
 Launches rmsnorm_forward_launches(int64_t N, int64_t) { return per_row("rmsnorm_forward_kernel", N); }
 
 Launches rmsnorm_backward_launches(int64_t N, int64_t C) {
   return norm_backward("rmsnorm_backward_dinp_kernel", "rmsnorm_backward_partial_kernel",
-                       "rmsnorm_backward_fold_kernel", N, C);
+                       "rmsnorm_backward_fold_kernel", N, C, 1);
 }
 
 Launches head_rmsnorm_forward_launches(int64_t N, int64_t, int64_t, int64_t heads, int64_t) {

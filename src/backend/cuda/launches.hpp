@@ -84,6 +84,20 @@ bool aligned16(const P*... ptrs) {
 // (fewer when N is small). A function of N only, which is what makes dw/db reproducible.
 inline int64_t layernorm_chunks(int64_t N) { return std::clamp<int64_t>((N + 31) / 32, 1, 256); }
 
+// The norms' backward in one launch (norm.cu's norm_backward_fused_kernel): norm_fused_blocks(N)
+// blocks, each over a chunk of rows, of norm_fused_warps(C, stats) warps; a warp takes its rows in
+// turn (dinp row by row) and adds their dw (and db: stats 2) terms into a shared row of stats x C
+// floats of its own, the block adds its warps' rows in order into its chunk's partial, and the
+// last block to arrive folds the chunks in order. All a function of the shape: reproducible. 0
+// warps where two such rows do not fit a block's 48 KiB of shared memory (LayerNorm past C 3,068,
+// RMSNorm past 6,136): the three-launch form (dinp, partial, fold) then.
+inline constexpr int64_t kNormFusedSmem = 48 * 1024 - 64;  // bytes, less the block's own flag
+inline int norm_fused_warps(int64_t C, int stats) {
+  const int64_t w = std::min<int64_t>(kRowsPerBlock, kNormFusedSmem / std::max<int64_t>(1, stats * C * 4));
+  return w >= 2 ? static_cast<int>(w) : 0;
+}
+inline int64_t norm_fused_blocks(int64_t N) { return std::clamp<int64_t>((N + 31) / 32, 1, 264); }
+
 // Elements a GEMM operand spans: `rows` rows of `ld` in each of `batch` entries `stride` apart.
 inline int64_t gemm_operand_elems(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
   return (batch - 1) * stride + rows * ld;

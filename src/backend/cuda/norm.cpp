@@ -19,7 +19,8 @@ void layernorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dbias, 
   CUDA_CHECK(launch_layernorm_backward(dinp.ptr<float>(), dinp_from.data() ? dinp_from.ptr<float>() : nullptr,
                                        dinp_bf16.data(), dweight.ptr<float>(), dbias.ptr<float>(), dout.ptr<float>(),
                                        inp.data(), inp.dtype(), weight.ptr<float>(), mean.ptr<float>(),
-                                       rstd.ptr<float>(), workspace, N, C, cb.compute_stream()));
+                                       rstd.ptr<float>(), workspace, cb.arrival_counters(1), N, C,
+                                       cb.compute_stream()));
 }
 
 void rmsnorm_forward(Backend& be, Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps, Tensor inp_bf16,
@@ -34,7 +35,8 @@ void rmsnorm_backward(Backend& be, Tensor dinp, Tensor dweight, Tensor dout, Ten
   auto* workspace = static_cast<float*>(cb.device_scratch(rmsnorm_backward_workspace(N, C) * sizeof(float)));
   CUDA_CHECK(launch_rmsnorm_backward(dinp.ptr<float>(), dinp_from.data() ? dinp_from.ptr<float>() : nullptr,
                                      dinp_bf16.data(), dweight.ptr<float>(), dout.ptr<float>(), inp.data(), inp.dtype(),
-                                     weight.ptr<float>(), rstd.ptr<float>(), workspace, N, C, cb.compute_stream()));
+                                     weight.ptr<float>(), rstd.ptr<float>(), workspace, cb.arrival_counters(1), N, C,
+                                     cb.compute_stream()));
 }
 
 void head_rmsnorm_forward(Backend& be, Tensor x, Tensor pre, Tensor rstd, Tensor weight, int64_t N, int64_t W,

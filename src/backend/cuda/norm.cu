@@ -163,6 +163,101 @@ __global__ void rmsnorm_backward_fold_kernel(float* dw, const float* partial, in
   dw[c] += sw;
 }
 
+// Both norms' backward in one launch (launches.hpp, norm_fused_warps): block b takes rows
+// [b rows_per_chunk, ...), warp w of it rows w, w + warps, ... in turn, dinp as the per-row kernels
+// compute it, while each lane adds its columns' dw (and, kStats 2, LayerNorm's db) terms into its
+// warp's own shared row (so every sum has a fixed order); the block then adds its warps' rows in
+// order into its chunk's partial, and the last block to arrive (an arrival counter, zero before
+// and after) folds the chunks in order into dw (db). mean is unused by RMSNorm (kStats 1).
+template <class I, int kStats>
+__global__ void norm_backward_fused_kernel(float* dinp, const float* from, __nv_bfloat16* rounded, float* dw,
+                                           float* db, const float* dout, const I* inp, const float* w,
+                                           const float* mean, const float* rstd, float* partial, unsigned* arrivals,
+                                           int64_t N, int64_t C, int64_t rows_per_chunk) {
+  extern __shared__ float rows_acc[];  // [warps][kStats C]
+  __shared__ bool last;
+  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t width = kStats * C;
+  float* acc = rows_acc + warp * width;
+  for (int64_t c = lane; c < width; c += kWarp) acc[c] = 0.f;
+  const int64_t begin = blockIdx.x * rows_per_chunk, end = min(N, begin + rows_per_chunk);
+  for (int64_t row = begin + warp; row < end; row += warps) {
+    const I* x = inp + row * C;
+    const float* d = dout + row * C;
+    const float m = kStats == 2 ? mean[row] : 0.f, r = rstd[row];
+    float s1 = 0.f, s2 = 0.f;  // LayerNorm: mean(w d), mean(w d norm); RMSNorm: mean(w d x), k
+    for (int64_t c = lane; c < C; c += kWarp) {
+      const float g = w[c] * d[c];
+      if constexpr (kStats == 2) {
+        s1 += g;
+        s2 += g * (to_f32(x[c]) - m) * r;
+      } else {
+        s1 += g * to_f32(x[c]);
+      }
+    }
+    s1 = warp_allreduce(s1, SumOp{}) / C;
+    if constexpr (kStats == 2)
+      s2 = warp_allreduce(s2, SumOp{}) / C;
+    else
+      s2 = s1 * r * r;  // RMSNorm's k
+    float* di = dinp + row * C;
+    const float* base = from != nullptr ? from + row * C : di;
+    for (int64_t c = lane; c < C; c += kWarp) {
+      const float xc = to_f32(x[c]), g = w[c] * d[c];
+      float v;
+      if constexpr (kStats == 2) {
+        const float norm = (xc - m) * r;
+        v = base[c] + (g - s1 - norm * s2) * r;
+        acc[c] += norm * d[c];
+        acc[C + c] += d[c];
+      } else {
+        v = base[c] + (g - xc * s2) * r;
+        acc[c] += xc * r * d[c];
+      }
+      di[c] = v;
+      if (rounded != nullptr) rounded[row * C + c] = __float2bfloat16_rn(v);
+    }
+  }
+  __syncthreads();
+  float* mine = partial + blockIdx.x * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    float sum = 0.f;
+    for (int k = 0; k < warps; ++k) sum += rows_acc[k * width + c];
+    mine[c] = sum;
+  }
+  __threadfence();  // this block's partial is visible before the block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's partial, counted before, is read after
+  const volatile float* all = partial;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sw = 0.f, sb = 0.f;
+    for (int64_t k = 0; k < gridDim.x; ++k) {
+      sw += all[k * width + c];
+      if constexpr (kStats == 2) sb += all[k * width + C + c];
+    }
+    dw[c] += sw;
+    if constexpr (kStats == 2) db[c] += sb;
+  }
+  if (threadIdx.x == 0) *arrivals = 0;  // ready for the next call
+}
+
+// The fused backward's launch: its blocks, warps and shared rows from the shape (launches.hpp).
+template <int kStats, class I>
+cudaError_t norm_backward_fused(float* dinp, const float* from, void* rounded, float* dw, float* db, const float* dout,
+                                const I* inp, const float* w, const float* mean, const float* rstd, float* workspace,
+                                unsigned* arrivals, int64_t N, int64_t C, cudaStream_t s) {
+  const int64_t blocks = norm_fused_blocks(N), rows_per_chunk = (N + blocks - 1) / blocks;
+  const int warps = norm_fused_warps(C, kStats);
+  const size_t smem = static_cast<size_t>(warps) * kStats * C * sizeof(float);
+  norm_backward_fused_kernel<I, kStats><<<blocks, warps * kWarp, smem, s>>>(
+      dinp, from, static_cast<__nv_bfloat16*>(rounded), dw, db, dout, inp, w, mean, rstd, workspace, arrivals, N, C,
+      rows_per_chunk);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_layernorm_forward(void* out, DType out_type, void* inp_bf16, float* mean, float* rstd,
@@ -180,15 +275,20 @@ cudaError_t launch_layernorm_forward(void* out, DType out_type, void* inp_bf16, 
   return cudaGetLastError();
 }
 
-int64_t layernorm_backward_workspace(int64_t N, int64_t C) { return 2 * C * layernorm_chunks(N); }
+int64_t layernorm_backward_workspace(int64_t N, int64_t C) {
+  return 2 * C * std::max(layernorm_chunks(N), norm_fused_blocks(N));
+}
 
 namespace {
 template <class I>
 cudaError_t layernorm_backward_as(float* dinp, const float* from, void* rounded, float* dw, float* db,
                                   const float* dout, const I* inp, const float* w, const float* mean,
-                                  const float* rstd, float* workspace, int64_t N, int64_t C, cudaStream_t s) {
+                                  const float* rstd, float* workspace, unsigned* arrivals, int64_t N, int64_t C,
+                                  cudaStream_t s) {
   const Launches L = layernorm_backward_launches(N, C);
   if (L.count == 0) return cudaSuccess;
+  if (L.count == 1)
+    return norm_backward_fused<2>(dinp, from, rounded, dw, db, dout, inp, w, mean, rstd, workspace, arrivals, N, C, s);
   layernorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, from, static_cast<__nv_bfloat16*>(rounded), dout,
                                                              inp, w, mean, rstd, N, C);
   cudaError_t err = cudaGetLastError();
@@ -205,13 +305,13 @@ cudaError_t layernorm_backward_as(float* dinp, const float* from, void* rounded,
 
 cudaError_t launch_layernorm_backward(float* dinp, const float* from, void* rounded, float* dw, float* db,
                                       const float* dout, const void* inp, DType inp_type, const float* w,
-                                      const float* mean, const float* rstd, float* workspace, int64_t N, int64_t C,
-                                      cudaStream_t s) {
+                                      const float* mean, const float* rstd, float* workspace, unsigned* arrivals,
+                                      int64_t N, int64_t C, cudaStream_t s) {
   if (inp_type == DType::bf16)
     return layernorm_backward_as(dinp, from, rounded, dw, db, dout, static_cast<const __nv_bfloat16*>(inp), w, mean,
-                                 rstd, workspace, N, C, s);
+                                 rstd, workspace, arrivals, N, C, s);
   return layernorm_backward_as(dinp, from, rounded, dw, db, dout, static_cast<const float*>(inp), w, mean, rstd,
-                               workspace, N, C, s);
+                               workspace, arrivals, N, C, s);
 }
 
 cudaError_t launch_rmsnorm_forward(void* out, DType out_type, void* inp_bf16, float* rstd, const float* inp,
@@ -227,15 +327,20 @@ cudaError_t launch_rmsnorm_forward(void* out, DType out_type, void* inp_bf16, fl
   return cudaGetLastError();
 }
 
-int64_t rmsnorm_backward_workspace(int64_t N, int64_t C) { return C * layernorm_chunks(N); }
+int64_t rmsnorm_backward_workspace(int64_t N, int64_t C) {
+  return C * std::max(layernorm_chunks(N), norm_fused_blocks(N));
+}
 
 namespace {
 template <class I>
 cudaError_t rmsnorm_backward_as(float* dinp, const float* from, void* rounded, float* dw, const float* dout,
-                                const I* inp, const float* w, const float* rstd, float* workspace, int64_t N, int64_t C,
-                                cudaStream_t s) {
+                                const I* inp, const float* w, const float* rstd, float* workspace, unsigned* arrivals,
+                                int64_t N, int64_t C, cudaStream_t s) {
   const Launches L = rmsnorm_backward_launches(N, C);  // LayerNorm's chunking, for the same reproducibility
   if (L.count == 0) return cudaSuccess;
+  if (L.count == 1)
+    return norm_backward_fused<1>(dinp, from, rounded, dw, nullptr, dout, inp, w, nullptr, rstd, workspace, arrivals, N,
+                                  C, s);
   rmsnorm_backward_dinp_kernel<<<L[0].x, kThreads, 0, s>>>(dinp, from, static_cast<__nv_bfloat16*>(rounded), dout,
                                                            inp, w, rstd, N, C);
   cudaError_t err = cudaGetLastError();
@@ -252,12 +357,12 @@ cudaError_t rmsnorm_backward_as(float* dinp, const float* from, void* rounded, f
 
 cudaError_t launch_rmsnorm_backward(float* dinp, const float* from, void* rounded, float* dw, const float* dout,
                                     const void* inp, DType inp_type, const float* w, const float* rstd,
-                                    float* workspace, int64_t N, int64_t C, cudaStream_t s) {
+                                    float* workspace, unsigned* arrivals, int64_t N, int64_t C, cudaStream_t s) {
   if (inp_type == DType::bf16)
     return rmsnorm_backward_as(dinp, from, rounded, dw, dout, static_cast<const __nv_bfloat16*>(inp), w, rstd,
-                               workspace, N, C, s);
-  return rmsnorm_backward_as(dinp, from, rounded, dw, dout, static_cast<const float*>(inp), w, rstd, workspace, N, C,
-                             s);
+                               workspace, arrivals, N, C, s);
+  return rmsnorm_backward_as(dinp, from, rounded, dw, dout, static_cast<const float*>(inp), w, rstd, workspace,
+                             arrivals, N, C, s);
 }
 
 namespace {
