@@ -34,6 +34,8 @@ class MixedPrecision {
   void release_params(size_t u);
   // The f32 tensor unit u's backward accumulates into; flush_grads(u, storage) adds it to `storage`.
   Tensor compute_grads(size_t u, Tensor storage, const std::string& unit_name);
+  // Whether compute_grads(u, storage) would hand out a new workspace: zeros.
+  bool fresh_grads(size_t u, const Tensor& storage) const { return storage.dtype() != DType::f32 && !grad_ws_[u]; }
   void flush_grads(size_t u, Tensor storage);
   // Writes f32 values into a parameter buffer of any dtype, and into its master copy if given.
   void write_values(Tensor storage, Tensor master, std::span<const float> values);

@@ -1,9 +1,8 @@
 // strategy.hpp — how a data-parallel run holds and moves the model: dp, ddp, zero1, zero2, zero3.
 //
-// A Strategy answers the runner's UnitHooks (which parameters a unit computes with, where its gradients
-// go, what happens after each unit) and owns the rest of a step: zeroing gradients, the global gradient
-// norm, and the optimizer update of whatever this rank holds (with a ParamEdit's change, param_edit.hpp).
-//
+// A Strategy answers the runner's UnitHooks (which parameters a unit computes with, where its gradients go,
+// what happens after each unit) and owns the rest of a step: zeroing gradients, the global gradient norm,
+// and the optimizer update of whatever this rank holds (with a ParamEdit's change, param_edit.hpp).
 //   dp     rank 0 holds the model and the optimizer; each step it broadcasts the parameters,
 //          gathers the logits, computes the loss, scatters the loss gradient, and receives the
 //          summed gradients. Replicas free their copies after backward (torch.nn.DataParallel).
@@ -11,8 +10,8 @@
 //   zero1  optimizer state sharded; gradients reduce-scattered; parameters all-gathered after the step.
 //   zero2  as zero1, but each unit's full gradient is reduce-scattered and freed during backward.
 //   zero3  parameters sharded too (FSDP full shard): all-gather a unit before use, free after.
-// Mixed precision is a policy (shard/mixed_precision.hpp). Every strategy runs unchanged on every Backend:
-// on the meta backend the same code is the memory prediction (src/train/predict).
+// Mixed precision is a policy (shard/mixed_precision.hpp). Every strategy runs unchanged on every Backend
+// (on the meta backend the same code is the memory prediction, src/train/predict).
 #pragma once
 #include <memory>
 #include <string>
@@ -140,9 +139,7 @@ class Strategy : public UnitHooks {
   }
   // Under expert parallelism: the share of grad_norm_sq() of this rank's experts (which the other
   // ranks of its ep group do not hold).
-  double expert_grad_norm_sq() {
-    return grad_norm_sq_of([](const TensorDecl& t) { return t.expert; });
-  }
+  double expert_grad_norm_sq() { return grad_norm_sq_of([](const TensorDecl& t) { return t.expert; }); }
   // The share of grad_norm_sq() of the tensors `pick` selects, summed as grad_norm_sq() sums.
   using TensorPick = bool (*)(const TensorDecl&);
   virtual double grad_norm_sq_of(TensorPick pick) = 0;
@@ -190,18 +187,21 @@ class Strategy : public UnitHooks {
       s.set(b.decl->name, full_of(b.owner).slice(b.decl->offset, b.decl->numel).reshape(b.decl->shape));
     return s;
   }
-  // Views of the f32 compute copies of unit u's parameters held in storage(x) for each unit x.
-  // On a backend with fast low-precision GEMMs the storage (bf16, gathered) goes to the GEMMs as
-  // it is (ParamSet::gemm); the f32 copies serve the other kernels.
+  // Views of the f32 compute copies of unit u's parameters held in storage(x) for each unit x. On a
+  // backend with fast low-precision GEMMs the storage (bf16, gathered) goes to the GEMMs as it is
+  // (ParamSet::gemm); the f32 copies serve the other kernels.
   template <class StorageOf>
   ParamSet compute_views(size_t u, StorageOf storage_of) {
     ParamSet s = views(u, [&](size_t x) { return mp_.compute_params(x, storage_of(x), layout(x).name); });
     if (mixed() && env_.be.low_precision_gemm()) s.set_low(views(u, storage_of));
     return s;
   }
-  template <class StorageOf>
+  template <class StorageOf>  // unit u's own tensors claimable as zeros where its workspace is new
   ParamSet grad_views(size_t u, StorageOf storage_of) {
-    return views(u, [&](size_t x) { return mp_.compute_grads(x, storage_of(x), layout(x).name); });
+    const bool fresh = mp_.fresh_grads(u, storage_of(u));
+    ParamSet s = views(u, [&](size_t x) { return mp_.compute_grads(x, storage_of(x), layout(x).name); });
+    if (fresh) s.set_zeroed(layout(u));
+    return s;
   }
   void flush_grads(size_t u, Tensor storage) { mp_.flush_grads(u, storage); }
   // Releases the f32 compute copies of unit u and of the units it borrows from.

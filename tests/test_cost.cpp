@@ -376,6 +376,29 @@ TEST_CASE("a GPU's ledger fuses GPT-2's biases and GELU into the products' epilo
   CHECK(count(gpu32, "gelu_forward") == 12);
 }
 
+TEST_CASE("a GPU's weight-gradient products write the bias gradients of the bf16 gradients they read, into zeros",
+          "[cost]") {
+  // c_fc's and c_attn's output gradients arrive in bf16 (GELU's backward epilogue, the attention's
+  // backward): their weight-gradient products write the bias gradient too (BGRADA) into the
+  // unit's fresh f32 gradient workspace. Both projections' arrive in f32 and are rounded for the
+  // products: their bias gradients still sum the f32 values (sum_rows), as the CPU's all do.
+  auto count = [](const CostLedger& l, std::string_view name) {
+    int n = 0;
+    for (const OpCost& c : l.ops()) n += std::string_view(c.name) == name;
+    return n;
+  };
+  TrainConfig gpu = gpt2_config(DType::bf16);  // CUDA's defaults with bf16 parameters
+  gpu.spec.activation_dtype = DType::bf16;
+  gpu.spec.attention = AttentionKernel::cudnn;
+  CHECK(count(step_costs(gpu, 1, 0, 1, Device::cuda), "sum_rows") == 12 * 2);
+  CHECK(count(step_costs(gpt2_config(DType::bf16), 1, 0, 1, Device::cpu), "sum_rows") == 12 * 4);
+  // f32 gradients (--reduce-dtype f32) are the storage itself, summed into over micro-batches: no
+  // zeros to write into, every bias gradient a sum added.
+  TrainConfig f32_grads = gpu;
+  f32_grads.strategy.precision.reduce_dtype = DType::f32;
+  CHECK(count(step_costs(f32_grads, 1, 0, 1, Device::cuda), "sum_rows") == 12 * 4);
+}
+
 // nn.Linear's backward reads its output gradient twice, in the input-gradient product and in the
 // weight-gradient one. Where products round f32 operands to bf16 (a GPU), it is rounded once and
 // both read that copy: two casts (dout, and the layer's f32 input for the weight gradient), not

@@ -1161,6 +1161,39 @@ TEST_CASE("cuda GEMMs with epilogues (cuBLASLt) match the cpu's product then ele
   }
 }
 
+TEST_CASE("cuda weight gradient with its bias gradient (cuBLASLt BGRADA) matches the cpu's product and column sums",
+          "[cuda]") {
+  Env e;
+  // GPT-2's c_fc in small: dW (IC, OC) += inp^T dout over N rows, dbias = dout's column sums; bf16
+  // operands, dW an f32 workspace with a gradient in it already (beta 1), dbias overwritten.
+  const int64_t N = 96, IC = 64, OC = 128;
+  GemmDesc d;
+  d.a_type = d.b_type = d.round_inputs_to = DType::bf16;
+  d.trans_a = Trans::T;
+  d.m = IC, d.n = OC, d.k = N;
+  d.lda = IC, d.ldb = OC, d.ldc = OC;
+  d.beta = 1.f;
+  REQUIRE(e.gpu->fuses_gemm_epilogue(d));
+  auto inp = random_vector("bgrad inp", N * IC), dout = random_vector("bgrad dout", N * OC);
+  auto dw = random_vector("bgrad dw", IC * OC);
+  for (auto& v : inp) v = test::round_to(v, DType::bf16);
+  for (auto& v : dout) v = test::round_to(v, DType::bf16);
+  std::vector<float> want_dw = dw, want_db(OC, 0.f);
+  GemmDesc dc = d;
+  dc.a_type = dc.b_type = dc.round_inputs_to = DType::f32;
+  e.cpu->gemm(dc, inp.data(), dout.data(), want_dw.data());
+  e.cpu->sum_rows(host2(dout, N, OC), host(want_db), false);
+  Block ga = e.upload(inp, DType::bf16, "inp"), gb = e.upload(dout, DType::bf16, "dout"), gw = up(e, dw, "dW");
+  Block gdb = up(e, std::vector<float>(OC, 7.f), "dbias");  // overwritten
+  if (!e.gpu->gemm_bias_grad(d, ga.data(), gb.data(), gw.data(), gdb.flat(DType::f32).ptr<float>())) {
+    WARN("cuBLASLt did not take the weight gradient with a BGRADA epilogue: the model sums with sum_rows");
+    return;
+  }
+  // f32 sums over bf16 operands either way: 1e-4.
+  expect_close(down(e, gw, want_dw.size()), want_dw, 1e-4, 1e-4, "dW += inp^T dout");
+  expect_close(down(e, gdb, want_db.size()), want_db, 1e-4, 1e-4, "dbias = column sums of dout");
+}
+
 TEST_CASE("cuda sum_rows (one launch, the last block of a tile folds) matches the cpu, call after call", "[cuda]") {
   Env e;
   struct Shape { int64_t rows, cols; };

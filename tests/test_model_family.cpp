@@ -220,3 +220,20 @@ TEST_CASE("GPT-2's units honour the spec's MLP width and LayerNorm epsilon", "[m
   CHECK(loss_of(eps) != base);
   CHECK(loss_of(spec) == base);  // deterministic: the differences above are the fields'
 }
+
+TEST_CASE("gradients handed out as zeros are claimed once per tensor, across copies of the set", "[model]") {
+  // A product may write a bias gradient rather than add to it only while it still holds zeros
+  // (ParamSet::claim_zeroed, Backend::gemm_bias_grad): the first producer claims it, later ones add.
+  UnitLayout own;
+  own.name = "h.0";
+  add_tensor(own, "h.0.attn.c_attn.bias", {6}, Init::zeros);
+  add_tensor(own, "h.0.mlp.c_fc.bias", {8}, Init::zeros);
+  ParamSet g;
+  CHECK_FALSE(g.claim_zeroed("h.0.mlp.c_fc.bias"));  // nothing said zeroed: every producer adds
+  g.set_zeroed(own);
+  const ParamSet copy = g;
+  CHECK(copy.claim_zeroed("h.0.mlp.c_fc.bias"));
+  CHECK_FALSE(g.claim_zeroed("h.0.mlp.c_fc.bias"));  // the copy claimed it
+  CHECK(g.claim_zeroed("h.0.attn.c_attn.bias"));
+  CHECK_FALSE(g.claim_zeroed("wte.weight"));  // not the unit's own (a borrowed tensor)
+}

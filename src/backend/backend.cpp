@@ -74,20 +74,24 @@ const char* gemm_epilogue_name(GemmEpilogue e) {
     case GemmEpilogue::bias: return "bias";
     case GemmEpilogue::bias_gelu: return "bias_gelu";
     case GemmEpilogue::dgelu: return "dgelu";
+    case GemmEpilogue::bias_grad: return "bias_grad";
   }
   return "?";
 }
 
 void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const void* aux) {
   check_gemm(d);
-  SHARD_CHECK(d.batch == 1 && d.alpha == 1.f && (d.beta == 0.f || (d.beta == 1.f && e == GemmEpilogue::bias)) &&
+  const bool sums = e == GemmEpilogue::bias || e == GemmEpilogue::bias_grad;
+  SHARD_CHECK(d.batch == 1 && d.alpha == 1.f && (d.beta == 0.f || (d.beta == 1.f && sums)) &&
                   (d.c_type == DType::f32 || d.c_type == DType::bf16) && d.ldc == d.n,
               "gemm with a {} epilogue: one product into a whole f32 or bf16 C, summed into it (beta 1) only with a "
-              "bias (batch {} alpha {} beta {} C {} ldc {} n {})",
+              "bias or its gradient (batch {} alpha {} beta {} C {} ldc {} n {})",
               gemm_epilogue_name(e), d.batch, d.alpha, d.beta, dtype_name(d.c_type), d.ldc, d.n);
-  SHARD_CHECK((bias != nullptr) == (e != GemmEpilogue::dgelu) && (aux != nullptr) == (e != GemmEpilogue::bias),
+  SHARD_CHECK((bias != nullptr) == (e != GemmEpilogue::dgelu) && (aux != nullptr) == !sums,
               "gemm with a {} epilogue: bias {} and aux {} given", gemm_epilogue_name(e), bias != nullptr,
               aux != nullptr);
+  SHARD_CHECK(e != GemmEpilogue::bias_grad || d.trans_b == Trans::N,
+              "gemm with a bias gradient: B (k, n) untransposed, its sums over k the gradient");
 }
 
 }  // namespace shardlab

@@ -46,8 +46,9 @@ struct GemmDesc {
 
 // What a GEMM may apply to its product before C is written (Backend::gemm_epilogue): a bias on
 // every row; a bias, then GELU (the tanh form), the sum kept in aux; or GELU's derivative at aux
-// times the product (GELU's backward).
-enum class GemmEpilogue : uint8_t { bias, bias_gelu, dgelu };
+// times the product (GELU's backward). bias_grad (Backend::gemm_bias_grad): beside the product,
+// the sums over k of its B operand, a weight gradient's bias gradient.
+enum class GemmEpilogue : uint8_t { bias, bias_gelu, dgelu, bias_grad };
 const char* gemm_epilogue_name(GemmEpilogue e);
 
 enum class StreamKind : uint8_t { compute, comm };
@@ -149,6 +150,14 @@ class Backend {
   virtual bool gemm_epilogue(const GemmDesc&, const void*, const void*, void*, GemmEpilogue e, const float*, void*) {
     SHARD_CHECK(false, "gemm with epilogue {} on {}, which does not fuse it (fuses_gemm_epilogue)",
                 static_cast<int>(e), describe());
+    return false;
+  }
+  // A weight-gradient product and its bias's gradient in one (cuBLASLt's BGRADA epilogue): C (+)=
+  // op(A) B as gemm_epilogue's C (d.beta 0 or 1, trans_b N) and dbias (n floats) = the sums over
+  // k of B (k, n) as the product reads it, overwritten (so dbias must hold zeros for a sum). Only
+  // where fuses_gemm_epilogue(d); false where the backend did not take it (C and dbias untouched).
+  virtual bool gemm_bias_grad(const GemmDesc&, const void*, const void*, void*, float*) {
+    SHARD_CHECK(false, "gemm with a bias gradient on {}, which does not fuse it (fuses_gemm_epilogue)", describe());
     return false;
   }
 

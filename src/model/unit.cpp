@@ -24,6 +24,13 @@ std::string ParamSet::name_at(const void* data) const {
 
 Tensor ParamSet::gemm(const std::string& name) const { return low_ ? (*low_)(name) : (*this)(name); }
 
+void ParamSet::set_zeroed(const UnitLayout& own) {
+  zeroed_ = std::make_shared<std::set<std::string>>();
+  for (const TensorDecl& t : own.tensors) zeroed_->insert(t.name);
+}
+
+bool ParamSet::claim_zeroed(const std::string& name) const { return zeroed_ && zeroed_->erase(name) == 1; }
+
 Tensor Saved::add(Pool& pool, const std::string& name, std::initializer_list<int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

@@ -63,10 +63,18 @@ class ParamSet {
   // strategy set one (on a backend with fast low-precision GEMMs), else the f32 view above.
   Tensor gemm(const std::string& name) const;
   void set_low(ParamSet low) { low_ = std::make_shared<const ParamSet>(std::move(low)); }
+  // Gradients handed out as zeros (a fresh f32 workspace, MixedPrecision::compute_grads): the
+  // unit's own tensors (`own`), each claimed once, copies of the set sharing the claims.
+  // claim_zeroed(name): whether `name` still holds those zeros, so that its producer may write it
+  // rather than add to it (a product's bias-gradient epilogue, Backend::gemm_bias_grad); false for
+  // any later producer, which adds. A producer that adds without claiming must not run first.
+  void set_zeroed(const UnitLayout& own);
+  bool claim_zeroed(const std::string& name) const;
 
  private:
   std::map<std::string, Tensor> map_;
   std::shared_ptr<const ParamSet> low_;
+  std::shared_ptr<std::set<std::string>> zeroed_;  // not claimed yet
 };
 
 // A GEMM over f32 activations and a weight `w` as ParamSet::gemm gives it: a bf16 weight goes to

@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
   bool fuses_gemm_epilogue(const GemmDesc& d) const override { return low_precision_product(d); }
   bool gemm_epilogue(const GemmDesc& d, const void* a, const void* b, void* c, GemmEpilogue e, const float* bias,
                      void* aux) override;
+  bool gemm_bias_grad(const GemmDesc& d, const void* a, const void* b, void* c, float* dbias) override;
 
   // ---- element-wise, reductions (cuda_elementwise.cpp) ----
   void fill(Tensor x, float value) override;
@@ -140,6 +141,7 @@ class CudaBackend final : public Backend {
   void product(const GemmDesc& d, const Operands& o, void* c);  // cuBLAS, no epilogue
   // The product and its epilogue in one cuBLASLt call; false where cuBLASLt offers no algorithm.
   bool lt_product(const GemmDesc& d, const Operands& o, void* c, GemmEpilogue e, const float* bias, void* aux);
+  bool lt_refused(const GemmDesc& d, GemmEpilogue e);  // says so once on stderr; false
   void reduce(Tensor x, Tensor out, bool accumulate, ReduceKind k, const char* name);
 
   void shard_rows(const int32_t* ids, int64_t n, int64_t v0, int64_t rows, const char* what,

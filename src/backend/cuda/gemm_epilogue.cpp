@@ -8,7 +8,8 @@
 // Row-major C (m, n) = op(A) op(B) is column-major C^T (n, m) = op(B)^T op(A)^T, as in gemm(): in
 // cuBLASLt's terms M = n, N = m, K = k, its A is our B and its B our A. Its bias is M long, one
 // per row of the column-major result: one per column n of ours, nn.Linear's. The auxiliary
-// (pre-GELU) buffer is laid out as C.
+// (pre-GELU) buffer is laid out as C. A bias gradient (BGRADA) is written where the bias would be
+// read, f32, one per column n of ours.
 #include "src/backend/cuda/cuda_backend.hpp"
 
 namespace shardlab::cuda {
@@ -41,6 +42,9 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
     case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::bias_gelu: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case GemmEpilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    // Its A is our B, untransposed (cuBLASLt's rule for BGRADA): the sums over K are per row of
+    // the column-major result, per column n of ours.
+    case GemmEpilogue::bias_grad: return CUBLASLT_EPILOGUE_BGRADA;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -120,6 +124,17 @@ bool CudaBackend::gemm_epilogue(const GemmDesc& d, const void* a, const void* b,
   SHARD_CHECK(fuses_gemm_epilogue(d), "cuda gemm with a {} epilogue: f32 operands are not fused (fuses_gemm_epilogue)",
               gemm_epilogue_name(e));
   if (lt_product(d, rounded(d, a, b), c, e, bias, aux)) return true;
+  return lt_refused(d, e);
+}
+
+bool CudaBackend::gemm_bias_grad(const GemmDesc& d, const void* a, const void* b, void* c, float* dbias) {
+  check_gemm_epilogue(d, GemmEpilogue::bias_grad, dbias, nullptr);
+  SHARD_CHECK(fuses_gemm_epilogue(d), "cuda gemm with a bias gradient: f32 operands are not fused");
+  if (lt_product(d, rounded(d, a, b), c, GemmEpilogue::bias_grad, dbias, nullptr)) return true;
+  return lt_refused(d, GemmEpilogue::bias_grad);
+}
+
+bool CudaBackend::lt_refused(const GemmDesc& d, GemmEpilogue e) {
   if (!lt_warned_)
     fmt::print(stderr, "shardlab: cuBLASLt did not take a {} x {} x {} product with a {} epilogue on {} (alignment, "
                "shape or status): the product, then the epilogue's own kernels\n", d.m, d.n, d.k,

@@ -95,6 +95,12 @@ class MetaBackend final : public Backend {
                        static_cast<double>(dtype_size(d.c_type)) * mn * (aux != nullptr));
     return true;
   }
+  bool gemm_bias_grad(const GemmDesc& d, const void*, const void*, void*, float* dbias) override {
+    check_gemm_epilogue(d, GemmEpilogue::bias_grad, dbias, nullptr);
+    if (on_gemm_) on_gemm_(d);
+    charge_gemm(d, 4.0 * static_cast<double>(d.n));  // beside the product: the bias gradient written
+    return true;
+  }
   void charge_gemm(const GemmDesc& d, double epilogue_bytes) {
     if (ledger_ == nullptr || ledger_->paused()) return;
     const bool gpu = ledger_->target() == Device::cuda;

@@ -42,8 +42,10 @@ Tensor rounded_once(UnitContext& c, Tensor x, DType to, Block& held, const std::
 
 void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b, Tensor out, GemmEpilogue e,
                    Tensor bias, Tensor aux) {
-  SHARD_CHECK(out.dtype() == DType::f32 && d.c_type == DType::f32 && (!aux.data() || aux.dtype() == DType::f32),
-              "gemm with a {} epilogue into a {} C on {}: the f32 form (a bf16 C takes the UnitContext one)",
+  SHARD_CHECK(out.dtype() == DType::f32 && d.c_type == DType::f32 && (!aux.data() || aux.dtype() == DType::f32) &&
+                  e != GemmEpilogue::bias_grad,
+              "gemm with a {} epilogue into a {} C on {}: the f32 form (a bf16 C takes the UnitContext one; a bias "
+              "gradient, weight_gemm_bias_grad)",
               gemm_epilogue_name(e), dtype_name(out.dtype()), be.describe());
   if (be.fuses_gemm_epilogue(d) && be.gemm_epilogue(d, a, b, out.data(), e, bias.data() ? bias.ptr<float>() : nullptr,
                                                      aux.data()))
@@ -62,6 +64,7 @@ void gemm_epilogue(Backend& be, const GemmDesc& d, const void* a, const void* b,
       be.gemm(d, a, b, out.data());
       ops::gelu_backward(be, out, aux, out);
       return;
+    case GemmEpilogue::bias_grad: return;  // refused above
   }
 }
 

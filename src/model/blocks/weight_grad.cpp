@@ -54,4 +54,14 @@ void weight_gemm(UnitContext& c, const GemmDesc& desc, Tensor a, Tensor b, Tenso
   c.be.gemm(d, a.data(), b.data(), dst.data());
 }
 
+bool weight_gemm_bias_grad(UnitContext& c, const GemmDesc& desc, Tensor a, Tensor b, Tensor dst, Tensor dbias) {
+  GemmDesc d = desc;
+  d.a_type = a.dtype(), d.b_type = b.dtype();
+  require_weight_gemm(d);
+  SHARD_CHECK(dbias.dtype() == DType::f32 && dbias.numel() == d.n, "a bias gradient of {} {} for a product of n {}",
+              dtype_name(dbias.dtype()), dbias.shape_str(), d.n);
+  if (c.deferred || !c.be.fuses_gemm_epilogue(d)) return false;
+  return c.be.gemm_bias_grad(d, a.data(), b.data(), dst.data(), dbias.ptr<float>());
+}
+
 }  // namespace shardlab

@@ -75,6 +75,10 @@ class WeightGradsNow {
 // dst (m, n) += A^T B, the weight-gradient GEMM `d` of a backward (trans_a T, trans_b N, beta 1,
 // A (k, m) with lda, B (k, n) with ldb): computed now, or held in c.deferred when it is set.
 void weight_gemm(UnitContext& c, const GemmDesc& d, Tensor a, Tensor b, Tensor dst);
+// As weight_gemm, with dbias (n floats, holding zeros) = the sums over k of B as the product reads
+// it, in one product (Backend::gemm_bias_grad), where it runs now and the backend fuses it; false
+// where not (nothing done): the caller runs weight_gemm and sums the bias gradient itself.
+bool weight_gemm_bias_grad(UnitContext& c, const GemmDesc& d, Tensor a, Tensor b, Tensor dst, Tensor dbias);
 // The descriptor of dW (m, n) += A^T B for A (k, m) and B (k, n), contiguous: f32 operands rounded as
 // the weight (of dtype `weight`) is; weight_gemm sets the operands' dtypes from its tensors (one
 // rounded already, blocks::rounded_once or save_product_operand, is read as it is).

@@ -76,9 +76,11 @@ bool mlp_in_bf16(const UnitContext& c, DType product) {
 // backend fuses one); dW += inp^T @ dout (held for the W pass under a split backward:
 // blocks/weight_grad.hpp); dbias += column sums of dout.
 // dout_rounded (optional): dout as the products read it, rounded already by its producer; the
-// bias gradient still sums dout itself.
-void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                     int64_t N, int64_t IC, int64_t OC, Tensor gelu_at = {}, Tensor dout_rounded = {}) {
+// bias gradient still sums dout itself. dbias_zero: dbias holds zeros no other producer wrote
+// (ParamSet::claim_zeroed), so where the products read dout as it is (bf16 already: no rounding
+// between) the weight's product may write the bias gradient too (its BGRAD epilogue).
+void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, bool dbias_zero, Tensor dout, Tensor inp,
+                     Tensor w, int64_t N, int64_t IC, int64_t OC, Tensor gelu_at = {}, Tensor dout_rounded = {}) {
   Backend& be = c.be;
   Block held;  // dout as both products read it
   const Tensor dy = dout_rounded.data()
@@ -94,7 +96,9 @@ void matmul_backward(UnitContext& c, Tensor dinp, Tensor dw, Tensor dbias, Tenso
     blocks::gemm_epilogue(c, dx, dy.data(), w.data(), dinp, GemmEpilogue::dgelu, {}, gelu_at);
   else
     be.gemm(dx, dy.data(), w.data(), dinp.data());
-  weight_gemm(c, weight_grad_desc(w.dtype(), IC, OC, N), inp, dy, dw);
+  const GemmDesc wd = weight_grad_desc(w.dtype(), IC, OC, N);
+  if (dbias_zero && dy.data() == dout.data() && weight_gemm_bias_grad(c, wd, inp, dy, dw, dbias)) return;
+  weight_gemm(c, wd, inp, dy, dw);
   be.sum_rows(Tensor(dout.data(), dout.dtype(), {N, OC}, dout.device()), dbias, true);
 }
 
@@ -298,9 +302,9 @@ class BlockUnit final : public Unit {
     // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2)))). The bias's gradient sums every row's: those of
     // dy, which under sequence parallelism holds every rank's rows.
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, N, C));
-    matmul_backward(c, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
+    matmul_backward(c, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), zeroed(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
                     wg(p, "mlp.c_proj.weight"), N, F, C, s("fch"));  // dfch through GELU's backward
-    matmul_backward(c, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), dfch,
+    matmul_backward(c, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), zeroed(g, "mlp.c_fc.bias"), dfch,
                     tp_region_input(c, s("ln2"), rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"), N, C, F);
     Tensor dln2 = rows_of(rows, n, C, dsmall);
     tp_region_input_backward(c, dsmall, dln2);
@@ -319,7 +323,7 @@ class BlockUnit final : public Unit {
     // d(atty) as the attention's backward reads it: bf16 where it kept q, k, v so (written so by
     // c_proj's product), else f32.
     Tensor datty = small.view(s("qkv").dtype(), {N, A});
-    matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"),
+    matmul_backward(c, datty, w(g, "attn.c_proj.weight"), w(g, "attn.c_proj.bias"), zeroed(g, "attn.c_proj.bias"),
                     tp_region_output_backward(c, din, rows_of(rows, N, C)), s("atty"), wg(p, "attn.c_proj.weight"),
                     N, A, C, {}, dx2_rounded);
     dx2_held.reset();  // read by both products (a split backward's W pass keeps a copy)
@@ -329,7 +333,7 @@ class BlockUnit final : public Unit {
     Tensor dqkv = big.view(s("qkv").dtype(), {B, T, 3 * A});
     blocks::attention_backward(c, s, dqkv, datty, scratch.flat(DType::f32), shape, prefix_);
     Tensor dln1 = dsmall;  // d(atty) is consumed: reuse its buffer
-    matmul_backward(c, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), dqkv,
+    matmul_backward(c, dln1, w(g, "attn.c_attn.weight"), w(g, "attn.c_attn.bias"), zeroed(g, "attn.c_attn.bias"), dqkv,
                     tp_region_input(c, s("ln1"), rows_of(rows, N, C)), wg(p, "attn.c_attn.weight"), N, C, 3 * A);
     Tensor dln1_rows = rows_of(rows, n, C, dln1);
     tp_region_input_backward(c, dln1, dln1_rows);
@@ -368,6 +372,7 @@ class BlockUnit final : public Unit {
 
  private:
   Tensor w(const ParamSet& p, const char* suffix) const { return p(prefix_ + suffix); }
+  bool zeroed(const ParamSet& g, const char* suffix) const { return g.claim_zeroed(prefix_ + suffix); }
   Tensor wg(const ParamSet& p, const char* suffix) const { return p.gemm(prefix_ + suffix); }
   std::string prefix_;
   TpConfig tp_;
