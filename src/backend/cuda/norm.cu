@@ -179,7 +179,10 @@ __global__ void norm_backward_fused_kernel(float* dinp, const float* from, __nv_
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t width = kStats * C;
   float* acc = rows_acc + warp * width;
-  for (int64_t c = lane; c < width; c += kWarp) acc[c] = 0.f;
+  for (int64_t c = lane; c < C; c += kWarp) {  // each lane zeroes the columns it adds into
+    acc[c] = 0.f;
+    if constexpr (kStats == 2) acc[C + c] = 0.f;
+  }
   const int64_t begin = blockIdx.x * rows_per_chunk, end = min(N, begin + rows_per_chunk);
   for (int64_t row = begin + warp; row < end; row += warps) {
     const I* x = inp + row * C;
@@ -189,8 +192,9 @@ __global__ void norm_backward_fused_kernel(float* dinp, const float* from, __nv_
     for (int64_t c = lane; c < C; c += kWarp) {
       const float g = w[c] * d[c];
       if constexpr (kStats == 2) {
+        const float norm = (to_f32(x[c]) - m) * r;  // grouped as the per-row kernel's
         s1 += g;
-        s2 += g * (to_f32(x[c]) - m) * r;
+        s2 += g * norm;
       } else {
         s1 += g * to_f32(x[c]);
       }

@@ -302,8 +302,8 @@ class BlockUnit final : public Unit {
     // MLP: out = x2 + c_proj(gelu(c_fc(ln_2(x2)))). The bias's gradient sums every row's: those of
     // dy, which under sequence parallelism holds every rank's rows.
     Tensor dy = tp_region_output_backward(c, dout, rows_of(rows, N, C));
-    matmul_backward(c, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), zeroed(g, "mlp.c_proj.bias"), dy, s("fch_gelu"),
-                    wg(p, "mlp.c_proj.weight"), N, F, C, s("fch"));  // dfch through GELU's backward
+    matmul_backward(c, dfch, w(g, "mlp.c_proj.weight"), w(g, "mlp.c_proj.bias"), zeroed(g, "mlp.c_proj.bias"), dy,
+                    s("fch_gelu"), wg(p, "mlp.c_proj.weight"), N, F, C, s("fch"));  // dfch through GELU's backward
     matmul_backward(c, dsmall, w(g, "mlp.c_fc.weight"), w(g, "mlp.c_fc.bias"), zeroed(g, "mlp.c_fc.bias"), dfch,
                     tp_region_input(c, s("ln2"), rows_of(rows, N, C)), wg(p, "mlp.c_fc.weight"), N, C, F);
     Tensor dln2 = rows_of(rows, n, C, dsmall);
