@@ -1,5 +1,7 @@
 #include "shard/mixed_precision.hpp"
 
+#include <algorithm>
+
 namespace shardlab {
 
 void MixedPrecisionPolicy::validate() const {
@@ -9,16 +11,38 @@ void MixedPrecisionPolicy::validate() const {
 }
 
 MixedPrecision::MixedPrecision(MixedPrecisionPolicy policy, Pool& pool, size_t units)
-    : policy_(policy), pool_(pool), be_(pool.backend()), param_ws_(units), grad_ws_(units) {}
+    : policy_(policy), pool_(pool), be_(pool.backend()), param_ws_(units), grad_ws_(units), widened_(units) {}
 
-Tensor MixedPrecision::compute_params(size_t u, Tensor storage, const std::string& unit_name) {
+Tensor MixedPrecision::compute_params(size_t u, Tensor storage, const std::string& unit_name,
+                                      const std::vector<ElemRange>* only) {
   if (storage.dtype() == DType::f32) return storage;
   Block& ws = param_ws_[u];
-  if (!ws) return pool_.widen(storage, ws, unit_name + " params (f32 compute)");
-  return ws.flat(DType::f32).slice(0, storage.numel());
+  std::vector<ElemRange>& done = widened_[u];
+  const std::vector<ElemRange> all{{0, storage.numel()}};
+  if (!ws) {
+    done.clear();
+    ws = pool_.alloc(DType::f32, storage.numel(), Category::workspace, unit_name + " params (f32 compute)");
+  }
+  const Tensor w = ws.flat(DType::f32).slice(0, storage.numel());
+  std::vector<ElemRange> wanted;
+  for (const ElemRange& r : only ? *only : all) {
+    const bool have = std::any_of(done.begin(), done.end(), [&](const ElemRange& d) {
+      return d.offset <= r.offset && r.offset + r.count <= d.offset + d.count;
+    });
+    if (!have && r.count > 0) wanted.push_back(r);
+  }
+  if (wanted.size() == 1 && wanted[0].offset == 0 && wanted[0].count == storage.numel())
+    be_.cast(w, storage);  // all of it: as widened before
+  else if (!wanted.empty())
+    be_.cast_ranges(w, storage, wanted);
+  done.insert(done.end(), wanted.begin(), wanted.end());
+  return w;
 }
 
-void MixedPrecision::release_params(size_t u) { param_ws_[u].reset(); }
+void MixedPrecision::release_params(size_t u) {
+  param_ws_[u].reset();
+  widened_[u].clear();
+}
 
 Tensor MixedPrecision::compute_grads(size_t u, Tensor storage, const std::string& unit_name) {
   if (storage.dtype() == DType::f32) return storage;

@@ -29,8 +29,11 @@ class MixedPrecision {
   bool mixed() const { return policy_.mixed(); }
 
   // An f32 view of unit u's parameters held in `storage`; widened into a workspace that lives until
-  // release_params(u) when the storage is not f32.
-  Tensor compute_params(size_t u, Tensor storage, const std::string& unit_name);
+  // release_params(u) when the storage is not f32. `only` (optional): the ranges of it that are
+  // read in f32, the rest left unwidened (its reader's GEMMs take the storage); each range widened
+  // once while the workspace lives, whichever reader asks.
+  Tensor compute_params(size_t u, Tensor storage, const std::string& unit_name,
+                        const std::vector<ElemRange>* only = nullptr);
   void release_params(size_t u);
   // The f32 tensor unit u's backward accumulates into; flush_grads(u, storage) adds it to `storage`.
   Tensor compute_grads(size_t u, Tensor storage, const std::string& unit_name);
@@ -49,6 +52,7 @@ class MixedPrecision {
   Pool& pool_;
   Backend& be_;
   std::vector<Block> param_ws_, grad_ws_;  // per unit
+  std::vector<std::vector<ElemRange>> widened_;  // per unit: the ranges of param_ws_ widened so far
 };
 
 }  // namespace shardlab

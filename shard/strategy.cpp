@@ -140,10 +140,43 @@ Strategy::Strategy(const StrategyConfig& cfg, StrategyEnv env)
     : cfg_(cfg), env_(std::move(env)), rank_(env_.comm.rank()), world_(env_.comm.world_size()),
       mp_(cfg.precision, env_.pool, env_.units.size()) {
   for (size_t u = 0; u < env_.units.size(); ++u) borrowed_.push_back(borrowed_tensors(env_.units, u));
+  for (size_t u = 0; u < env_.units.size(); ++u) {
+    const Unit& unit = *env_.units[u];
+    auto names = std::make_shared<std::set<std::string>>();
+    std::map<size_t, std::vector<ElemRange>> reads;
+    std::map<size_t, bool> partial;  // whether u leaves some of x's tensors unwidened
+    auto add = [&](size_t x, const TensorDecl& t) {
+      std::vector<ElemRange>& r = reads[x];
+      if (unit.gemm_only(t.name)) {
+        names->insert(t.name);
+        partial[x] = true;
+      } else if (!r.empty() && r.back().offset + r.back().count == t.offset) {
+        r.back().count += t.numel;  // adjacent: one range
+      } else {
+        r.push_back({t.offset, t.numel});
+      }
+    };
+    for (const TensorDecl& t : layout(u).tensors) add(u, t);
+    for (const BorrowedTensor& b : borrowed_[u]) add(b.owner, *b.decl), partial[b.owner] = true;  // a part of it
+    std::erase_if(reads, [&](const auto& kv) { return !partial[kv.first]; });  // all of x: widened whole
+    f32_reads_.push_back(std::move(reads));
+    gemm_only_.push_back(std::move(names));
+  }
   if (env_.optim.kind == OptimizerKind::muon && env_.mesh.size(CommAxis::tp) > 1)
     tp_exchange_ = std::make_unique<CommExchange>(env_.mesh.comm(CommAxis::tp));
 }
 
+
+ParamSet Strategy::compute_views(size_t u, const std::function<Tensor(size_t)>& storage_of) {
+  const bool lean = mixed() && env_.be.low_precision_gemm();
+  ParamSet s = views(u, [&](size_t x) {
+    const auto it = f32_reads_[u].find(x);
+    const std::vector<ElemRange>* only = lean && it != f32_reads_[u].end() ? &it->second : nullptr;
+    return mp_.compute_params(x, storage_of(x), layout(x).name, only);
+  });
+  if (lean) s.set_low(views(u, storage_of), gemm_only_[u]);
+  return s;
+}
 
 void Strategy::init_params(uint64_t seed) {
   for (size_t u = 0; u < num_units(); ++u) {

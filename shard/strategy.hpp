@@ -189,13 +189,8 @@ class Strategy : public UnitHooks {
   }
   // Views of the f32 compute copies of unit u's parameters held in storage(x) for each unit x. On a
   // backend with fast low-precision GEMMs the storage (bf16, gathered) goes to the GEMMs as it is
-  // (ParamSet::gemm); the f32 copies serve the other kernels.
-  template <class StorageOf>
-  ParamSet compute_views(size_t u, StorageOf storage_of) {
-    ParamSet s = views(u, [&](size_t x) { return mp_.compute_params(x, storage_of(x), layout(x).name); });
-    if (mixed() && env_.be.low_precision_gemm()) s.set_low(views(u, storage_of));
-    return s;
-  }
+  // (ParamSet::gemm), and only what u reads in f32 is widened (f32_reads_) for the other kernels.
+  ParamSet compute_views(size_t u, const std::function<Tensor(size_t)>& storage_of);
   template <class StorageOf>  // unit u's own tensors claimable as zeros where its workspace is new
   ParamSet grad_views(size_t u, StorageOf storage_of) {
     const bool fresh = mp_.fresh_grads(u, storage_of(u));
@@ -233,6 +228,10 @@ class Strategy : public UnitHooks {
   StrategyEnv env_;
   int rank_, world_;
   std::vector<std::vector<BorrowedTensor>> borrowed_;  // per unit
+  // Per unit u, each unit x (u or an owner it borrows from) but where it reads all of x in f32: the
+  // ranges of x it does (Unit::gemm_only), and the names of those it does not.
+  std::vector<std::map<size_t, std::vector<ElemRange>>> f32_reads_;
+  std::vector<std::shared_ptr<const std::set<std::string>>> gemm_only_;
   int64_t micro_ = 0;
   bool last_micro_ = true;
   bool eval_ = false;  // between begin_eval and end_eval

@@ -399,6 +399,25 @@ TEST_CASE("a GPU's weight-gradient products write the bias gradients of the bf16
   CHECK(count(step_costs(f32_grads, 1, 0, 1, Device::cuda), "sum_rows") == 12 * 4);
 }
 
+TEST_CASE("a GPU's compute copies widen what is read in f32 (norms, biases), not the projections' weights",
+          "[cost]") {
+  // A GPT-2 block holds 12 C^2 + 13 C parameters: the four projections' 12 C^2 weights, which the
+  // GEMMs read in bf16 as stored, and 13 C of norms and biases, read in f32. The CPU widens the
+  // whole block before its forward and its backward; a GPU only the 13 C (one cast_ranges each).
+  // Both cast the updated f32 master copy into the bf16 parameters once after the step.
+  const double C = 768, block = 12 * C * C + 13 * C, small = 13 * C;
+  auto casts_of = [](const CostLedger& l, double elems) {
+    int n = 0;
+    for (const OpCost& c : l.ops()) n += std::string_view(c.name) == "cast" && c.bytes == elems * (2 + 4);
+    return n;
+  };
+  const CostLedger cpu = step_costs(gpt2_config(DType::bf16), 1, 0, 1, Device::cpu);
+  const CostLedger gpu = step_costs(gpt2_config(DType::bf16), 1, 0, 1, Device::cuda);
+  CHECK(casts_of(cpu, block) == 12 * 3);
+  CHECK(casts_of(gpu, block) == 12);
+  CHECK(casts_of(gpu, small) == 12 * 2);
+}
+
 // nn.Linear's backward reads its output gradient twice, in the input-gradient product and in the
 // weight-gradient one. Where products round f32 operands to bf16 (a GPU), it is rounded once and
 // both read that copy: two casts (dout, and the layer's f32 input for the weight gradient), not

@@ -121,6 +121,25 @@ TEST_CASE("cpu fill and cast across f32, bf16 and f16", "[backend]") {
   }
 }
 
+TEST_CASE("cpu cast_ranges widens only the ranges asked, the rest of the destination untouched", "[backend]") {
+  auto be = cpu();
+  const int64_t n = 1000;
+  auto src = random_vector("cast ranges", n, -3.f, 3.f);
+  std::vector<uint16_t> bits(n);
+  Tensor t16 = Tensor::flat(bits.data(), DType::bf16, n);
+  be->cast(t16, t1(src));
+  std::vector<float> out(n, -7.f);
+  const std::vector<ElemRange> ranges{{0, 5}, {10, 0}, {100, 300}, {999, 1}};
+  be->cast_ranges(t1(out), t16, ranges);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool in = i < 5 || (i >= 100 && i < 400) || i == 999;
+    INFO("element " << i);
+    REQUIRE(out[i] == (in ? test::round_to(src[i], DType::bf16) : -7.f));
+  }
+  const std::vector<ElemRange> outside{{990, 11}};
+  CHECK_THROWS(be->cast_ranges(t1(out), t16, outside));
+}
+
 TEST_CASE("cpu add_into rounds the f32 sum once to the destination's dtype", "[backend]") {
   auto be = cpu();
   const size_t n = (1 << 13) + 77;  // more than one chunk, threaded

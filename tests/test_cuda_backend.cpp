@@ -1194,6 +1194,27 @@ TEST_CASE("cuda weight gradient with its bias gradient (cuBLASLt BGRADA) matches
   expect_close(down(e, gdb, want_db.size()), want_db, 1e-4, 1e-4, "dbias = column sums of dout");
 }
 
+TEST_CASE("cuda cast_ranges widens the ranges asked as the cpu does, more than one kernel's worth", "[cuda]") {
+  Env e;
+  const int64_t n = 5000;
+  auto src = random_vector("cuda cast ranges", n, -3.f, 3.f);
+  std::vector<ElemRange> ranges;  // 20 ranges (two kernels), empty ones among them, one at the end
+  for (int64_t k = 0; k < 20; ++k) ranges.push_back({k * 240, k % 4 == 1 ? 0 : 7 + 11 * k});
+  ranges.push_back({n - 3, 3});
+  std::vector<float> want(n, -7.f);
+  std::vector<uint16_t> bits(n);
+  Tensor t16 = Tensor::flat(bits.data(), DType::bf16, n);
+  e.cpu->cast(t16, host(src));
+  e.cpu->cast_ranges(host(want), t16, ranges);
+  Block gsrc = e.upload(src, DType::bf16, "src"), gout = up(e, std::vector<float>(n, -7.f), "out");
+  e.gpu->cast_ranges(gout.flat(DType::f32), gsrc.flat(DType::bf16), ranges);
+  const std::vector<float> got = down(e, gout, n);
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("element " << i);
+    REQUIRE(got[i] == want[i]);
+  }
+}
+
 TEST_CASE("cuda sum_rows (one launch, the last block of a tile folds) matches the cpu, call after call", "[cuda]") {
   Env e;
   struct Shape { int64_t rows, cols; };

@@ -237,3 +237,18 @@ TEST_CASE("gradients handed out as zeros are claimed once per tensor, across cop
   CHECK(g.claim_zeroed("h.0.attn.c_attn.bias"));
   CHECK_FALSE(g.claim_zeroed("wte.weight"));  // not the unit's own (a borrowed tensor)
 }
+
+TEST_CASE("a tensor its unit reads only through its GEMMs has no f32 view to read", "[model]") {
+  // Strategy::compute_views on a GPU under mixed precision widens only what a unit reads in f32
+  // (Unit::gemm_only): an f32 read of another tensor would see memory never written.
+  std::vector<float> f32(4), low(4);
+  ParamSet p, bf16;
+  p.set("h.0.mlp.c_fc.weight", Tensor::flat(f32.data(), DType::f32, 2));
+  p.set("h.0.mlp.c_fc.bias", Tensor::flat(f32.data() + 2, DType::f32, 2));
+  bf16.set("h.0.mlp.c_fc.weight", Tensor::flat(low.data(), DType::bf16, 2));
+  bf16.set("h.0.mlp.c_fc.bias", Tensor::flat(low.data() + 2, DType::bf16, 2));
+  p.set_low(bf16, std::make_shared<const std::set<std::string>>(std::set<std::string>{"h.0.mlp.c_fc.weight"}));
+  CHECK(p.gemm("h.0.mlp.c_fc.weight").data() == low.data());
+  CHECK(p("h.0.mlp.c_fc.bias").data() == f32.data() + 2);
+  CHECK_THROWS_WITH(p("h.0.mlp.c_fc.weight"), Catch::Contains("no f32 copy was made"));
+}

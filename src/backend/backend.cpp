@@ -79,6 +79,13 @@ const char* gemm_epilogue_name(GemmEpilogue e) {
   return "?";
 }
 
+void check_cast_ranges(const Tensor& dst, const Tensor& src, std::span<const ElemRange> ranges) {
+  check_same_numel(src, dst, "cast_ranges");
+  for (const ElemRange& r : ranges)
+    SHARD_CHECK(r.offset >= 0 && r.count >= 0 && r.offset + r.count <= src.numel(),
+                "cast_ranges: elements [{}, {}) of a buffer of {}", r.offset, r.offset + r.count, src.numel());
+}
+
 void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const void* aux) {
   check_gemm(d);
   const bool sums = e == GemmEpilogue::bias || e == GemmEpilogue::bias_grad;

@@ -16,8 +16,10 @@
 #include <cstdint>
 #include <memory>
 #include <functional>
+#include <span>
 #include <string>
 
+#include "src/core/elem_range.hpp"
 #include "src/core/tensor.hpp"
 
 namespace shardlab {
@@ -164,6 +166,11 @@ class Backend {
   // ---- element-wise ----
   virtual void fill(Tensor x, float value) = 0;          // any dtype
   virtual void cast(Tensor dst, Tensor src) = 0;         // dst <- src, any dtypes, same numel (as copy)
+  // dst[r] <- src[r] for each range r of both flat buffers (same numel), the rest of dst untouched:
+  // one cast of each range here; one launch for up to cuda::kCastRanges of them on CUDA.
+  virtual void cast_ranges(Tensor dst, Tensor src, std::span<const ElemRange> ranges) {
+    for (const ElemRange& r : ranges) cast(dst.slice(r.offset, r.count), src.slice(r.offset, r.count));
+  }
   virtual void axpy(float alpha, Tensor x, Tensor y) = 0;  // y += alpha * x
   virtual void scale(Tensor x, float alpha) = 0;           // x *= alpha
   virtual void add(Tensor a, Tensor b, Tensor out) = 0;    // out = a + b (out may alias a or b)
@@ -215,6 +222,8 @@ bool low_precision_product(const GemmDesc& d);
 void check_add_into(const Tensor& dst, const Tensor& src);
 // check_gemm, and what gemm_epilogue asks of the product and its operands.
 void check_gemm_epilogue(const GemmDesc& d, GemmEpilogue e, const float* bias, const void* aux);
+// cast_ranges' arguments: dst and src of one numel, every range inside it.
+void check_cast_ranges(const Tensor& dst, const Tensor& src, std::span<const ElemRange> ranges);
 int64_t bias_rows(const Tensor& x, const Tensor& bias);  // x is (rows, bias.numel())
 void check_sum_rows(const Tensor& x, const Tensor& out);  // x (rows, cols) f32 or bf16, out (cols) f32
 

@@ -13,6 +13,9 @@ bool UnitContext::expert_parallel() const { return ep != nullptr && ep->active()
 Tensor ParamSet::operator()(const std::string& name) const {
   auto it = map_.find(name);
   SHARD_CHECK(it != map_.end(), "parameter set has no tensor '{}'", name);
+  SHARD_CHECK(!gemm_only_ || gemm_only_->count(name) == 0,
+              "'{}' read in f32, but its unit reads it only through its GEMMs (Unit::gemm_only): no f32 copy was made",
+              name);
   return it->second;
 }
 

@@ -62,7 +62,11 @@ class ParamSet {
   // A weight as a GEMM takes it: its low-precision storage (the gathered bf16 parameters) when the
   // strategy set one (on a backend with fast low-precision GEMMs), else the f32 view above.
   Tensor gemm(const std::string& name) const;
-  void set_low(ParamSet low) { low_ = std::make_shared<const ParamSet>(std::move(low)); }
+  // The low-precision views, and the tensors that have no f32 copy here (Unit::gemm_only).
+  void set_low(ParamSet low, std::shared_ptr<const std::set<std::string>> gemm_only = nullptr) {
+    low_ = std::make_shared<const ParamSet>(std::move(low));
+    gemm_only_ = std::move(gemm_only);
+  }
   // Gradients handed out as zeros (a fresh f32 workspace, MixedPrecision::compute_grads): the
   // unit's own tensors (`own`), each claimed once, copies of the set sharing the claims.
   // claim_zeroed(name): whether `name` still holds those zeros, so that its producer may write it
@@ -74,6 +78,7 @@ class ParamSet {
  private:
   std::map<std::string, Tensor> map_;
   std::shared_ptr<const ParamSet> low_;
+  std::shared_ptr<const std::set<std::string>> gemm_only_;
   std::shared_ptr<std::set<std::string>> zeroed_;  // not claimed yet
 };
 
@@ -177,6 +182,10 @@ class Unit {
   const std::string& name() const { return layout_.name; }
   // Tensors of other units this unit computes with (a tied head borrows the token embedding).
   virtual std::vector<std::string> borrowed() const { return {}; }
+  // Whether it reads `tensor` (its own or borrowed) only as its GEMMs take it (ParamSet::gemm): on a
+  // backend with low-precision GEMMs under mixed precision, no f32 copy of it is made for this unit
+  // (Strategy::compute_views), and reading one (ParamSet's operator()) is an internal error.
+  virtual bool gemm_only(const std::string& /*tensor*/) const { return false; }
   // Pipeline parallelism: a borrowed tensor whose owner is on another stage becomes this unit's
   // own, appended to its layout as a tied copy (TensorDecl::tied_copy); borrowed_tensors() then
   // finds it here. `owner` is the owner's declaration.

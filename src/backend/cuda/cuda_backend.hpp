@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
   // ---- element-wise, reductions (cuda_elementwise.cpp) ----
   void fill(Tensor x, float value) override;
   void cast(Tensor dst, Tensor src) override;
+  void cast_ranges(Tensor dst, Tensor src, std::span<const ElemRange> ranges) override;
   void axpy(float alpha, Tensor x, Tensor y) override;
   void scale(Tensor x, float alpha) override;
   void add(Tensor a, Tensor b, Tensor out) override;

@@ -33,6 +33,11 @@ void CudaBackend::cast(Tensor dst, Tensor src) {
   CUDA_CHECK(launch_cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n, compute_));
 }
 
+void CudaBackend::cast_ranges(Tensor dst, Tensor src, std::span<const ElemRange> ranges) {
+  check_cast_ranges(dst, src, ranges);
+  CUDA_CHECK(launch_cast_ranges(src.data(), src.dtype(), dst.data(), dst.dtype(), ranges, compute_));
+}
+
 void CudaBackend::axpy(float alpha, Tensor x, Tensor y) {
   check_pair(x, y, "axpy");
   int64_t n = x.numel();

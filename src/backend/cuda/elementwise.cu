@@ -16,6 +16,23 @@ __global__ void cast_kernel(const void* src, DType st, void* dst, DType dt, int6
   GRID_STRIDE_LOOP(i, n) store_from_f32(dst, dt, i, load_as_f32(src, st, i));
 }
 
+// Up to kCastRanges ranges, passed by value: range r's elements are [ends[r - 1], ends[r]) of the
+// grid's n = ends[count - 1] and sit at offsets[r] on.
+struct CastRangeList {
+  int count;
+  int64_t offsets[kCastRanges], ends[kCastRanges];
+};
+
+__global__ void cast_ranges_kernel(const void* src, DType st, void* dst, DType dt, CastRangeList list) {
+  const int64_t n = list.ends[list.count - 1];
+  GRID_STRIDE_LOOP(i, n) {
+    int r = 0;
+    while (i >= list.ends[r]) ++r;
+    const int64_t at = list.offsets[r] + i - (r == 0 ? 0 : list.ends[r - 1]);
+    store_from_f32(dst, dt, at, load_as_f32(src, st, at));
+  }
+}
+
 __global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
   GRID_STRIDE_LOOP(i, n) y[i] += alpha * x[i];
 }
@@ -136,6 +153,27 @@ cudaError_t launch_fill(void* x, DType t, int64_t n, float value, cudaStream_t s
 cudaError_t launch_cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t s) {
   cast_kernel<<<cast_launches(n)[0].x, kThreads, 0, s>>>(src, src_type, dst, dst_type, n);
   return cudaGetLastError();
+}
+
+cudaError_t launch_cast_ranges(const void* src, DType src_type, void* dst, DType dst_type,
+                               std::span<const ElemRange> ranges, cudaStream_t s) {
+  const Launches L = cast_ranges_launches(ranges);
+  int launch = 0;
+  for (size_t first = 0; first < ranges.size(); first += kCastRanges) {
+    CastRangeList list{};
+    int64_t n = 0;
+    for (size_t i = first; i < std::min(ranges.size(), first + kCastRanges); ++i) {
+      if (ranges[i].count == 0) continue;
+      n += ranges[i].count;
+      list.offsets[list.count] = ranges[i].offset;
+      list.ends[list.count++] = n;
+    }
+    if (n == 0) continue;  // none launched for it (cast_ranges_launches)
+    cast_ranges_kernel<<<L[launch++].x, kThreads, 0, s>>>(src, src_type, dst, dst_type, list);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t launch_axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t s) {

@@ -18,6 +18,10 @@ enum class ReduceKind : int { sum, sum_squares, max_abs };
 
 cudaError_t launch_fill(void* x, DType t, int64_t n, float value, cudaStream_t s);
 cudaError_t launch_cast(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t s);
+// dst[r] <- src[r] for each range r of the two flat buffers (Backend::cast_ranges): a kernel per
+// kCastRanges ranges (cast_ranges_launches).
+cudaError_t launch_cast_ranges(const void* src, DType src_type, void* dst, DType dst_type,
+                               std::span<const ElemRange> ranges, cudaStream_t s);
 cudaError_t launch_axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t s);
 cudaError_t launch_scale(float* x, float alpha, int64_t n, cudaStream_t s);
 cudaError_t launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);

@@ -88,6 +88,16 @@ bool gemm_rounds(const GemmDesc& d, DType t) { return d.round_inputs_to != DType
 // Element-wise kernels launch even on n == 0 (grid_for gives one block; the loop runs no element).
 Launches fill_launches(int64_t n) { return Launches{}.add(kernel("fill_kernel", grid_for(n))); }
 Launches cast_launches(int64_t n) { return Launches{}.add(kernel("cast_kernel", grid_for(n))); }
+
+Launches cast_ranges_launches(std::span<const ElemRange> ranges) {
+  Launches L;
+  for (size_t first = 0; first < ranges.size(); first += kCastRanges) {
+    int64_t n = 0;
+    for (size_t i = first; i < std::min(ranges.size(), first + kCastRanges); ++i) n += ranges[i].count;
+    if (n > 0) L.add(kernel("cast_ranges_kernel", grid_for(n)));
+  }
+  return L;
+}
 Launches axpy_launches(int64_t n) { return Launches{}.add(kernel("axpy_kernel", grid_for(n))); }
 Launches scale_launches(int64_t n) { return Launches{}.add(kernel("scale_kernel", grid_for(n))); }
 Launches add_launches(int64_t n) { return Launches{}.add(kernel("add_kernel", grid_for(n))); }

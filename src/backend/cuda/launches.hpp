@@ -26,6 +26,7 @@
 #include "src/backend/ops/flash_shape.hpp"
 #include "src/backend/ops/mla_heads.hpp"
 #include "src/core/dtype.hpp"
+#include "src/core/elem_range.hpp"
 
 namespace shardlab {
 struct GemmDesc;  // src/backend/backend.hpp
@@ -129,6 +130,9 @@ struct Launches {
 // ---- CudaBackend's primitives (cuda_elementwise.cpp, cuda_backend.cpp) ----
 Launches fill_launches(int64_t n);
 Launches cast_launches(int64_t n);
+// Backend::cast_ranges: one kernel per kCastRanges ranges (passed by value), a grid over their elements.
+inline constexpr int kCastRanges = 16;
+Launches cast_ranges_launches(std::span<const ElemRange> ranges);
 Launches axpy_launches(int64_t n);
 Launches scale_launches(int64_t n);
 Launches add_launches(int64_t n);

@@ -132,6 +132,14 @@ class MetaBackend final : public Backend {
     check_same_numel(src, dst, "cast");
     charge_cast(src.numel(), src.dtype(), dst.dtype());  // a kernel on CUDA, whatever the dtypes
   }
+  void cast_ranges(Tensor dst, Tensor src, std::span<const ElemRange> ranges) override {
+    check_cast_ranges(dst, src, ranges);
+    int64_t n = 0;
+    for (const ElemRange& r : ranges) n += r.count;
+    if (n == 0) return;
+    charge("cast", 0, static_cast<double>(n) * static_cast<double>(dtype_size(src.dtype()) + dtype_size(dst.dtype())),
+           [&] { return cuda::cast_ranges_launches(ranges); });
+  }
   void axpy(float, Tensor x, Tensor) override {
     charge("axpy", 2.0 * x.numel(), pass_bytes(x.numel(), 2, 1), [&] { return cuda::axpy_launches(x.numel()); });
   }

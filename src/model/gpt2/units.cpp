@@ -208,6 +208,11 @@ class BlockUnit final : public Unit {
   BlockUnit(UnitLayout layout, int64_t index, const TpConfig& tp)
       : Unit(std::move(layout)), prefix_("h." + std::to_string(index) + "."), tp_(tp) {}
   bool recomputable() const override { return true; }
+  bool gemm_only(const std::string& t) const override {  // the four projections' weights (wg)
+    for (const char* m : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
+      if (t == prefix_ + m) return true;
+    return false;
+  }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return stream_rows(tp_, B, T) * s.dim; }
   // forward's ln1, x2, ln2, qkv, atty, fch and fch_gelu; the scores without the fused kernel
   // (unless checkpointed); not the norms' statistics.
@@ -382,6 +387,7 @@ class HeadUnit final : public Unit {
  public:
   HeadUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
   std::vector<std::string> borrowed() const override { return {"wte.weight"}; }
+  bool gemm_only(const std::string& t) const override { return t == "wte.weight"; }  // the logits' products
   // This rank's vocabulary columns (padded) of the logits; every column at tp 1. The chunked loss
   // head (--loss-chunk) gives each position's loss instead.
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override {

@@ -95,6 +95,13 @@ class DecoderLayerUnit final : public Unit {
         freqs_(llama_rope_freqs(spec)),
         tp_(tp) {}
   bool recomputable() const override { return true; }
+  bool gemm_only(const std::string& t) const override {  // the dense projections' weights (wg, stack)
+    for (const char* m : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                          "mlp.down_proj.weight"})
+      if (t == prefix_ + m) return true;
+    return false;
+  }
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
   // forward's ln1, x2, ln2, qkv, atty and the dense MLP's gate_up and swiglu; the scores without
   // the fused kernel (unless checkpointed); not the norms' statistics, q/k norms or experts.
@@ -369,6 +376,7 @@ class HeadUnit final : public Unit {
   std::vector<std::string> borrowed() const override {
     return tied_ ? std::vector<std::string>{weight_} : std::vector<std::string>{};
   }
+  bool gemm_only(const std::string& t) const override { return t == weight_; }  // the logits' products
   // The rank's vocabulary columns (all V at degree 1); the runner's loss reduces over the group.
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override {
     if (blocks::chunked_loss(s, tp_)) return B * T;  // each position's loss (--loss-chunk)
