@@ -44,7 +44,7 @@ void Optimizer::add(Tensor param, Tensor grad, std::vector<ParamSegment> segment
   SHARD_CHECK(param.numel() == grad.numel(), "optimizer buffer {}: {} params, {} grads", tag, param.numel(),
               grad.numel());
   const int64_t n = param.numel();
-  Group g{param, grad, std::move(segments), {}, {}, std::move(place), {}, {}};
+  Group g{param, grad, std::move(segments), {}, {}, std::move(place), {}, {}, {}};
   Backend& be = pool_.backend();
   const char* m_name = cfg_.kind == OptimizerKind::adamw ? " adam m" : " momentum";
   g.m = pool_.alloc(DType::f32, n, Category::optim_state, tag + m_name);
@@ -106,7 +106,7 @@ void Optimizer::step(int64_t step, float lr, float grad_scale) {
         segments.push_back({s.offset, s.numel, s.decay ? cfg_.weight_decay : 0.f});
       const AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.f, step, grad_scale};
       const int64_t n = g.param.numel();
-      ops::adamw_update_segments(be, g.param, grad, m.slice(0, n), v.slice(0, n), segments, a);
+      ops::adamw_update_segments(be, g.param, grad, m.slice(0, n), v.slice(0, n), segments, a, g.rounded);
       continue;
     }
     for (const ParamSegment& s : g.segments) {

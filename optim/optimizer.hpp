@@ -58,6 +58,11 @@ class Optimizer {
   void assign_matrix_owners();
   // One update of every buffer: step is 1-based; grads are multiplied by grad_scale first.
   void step(int64_t step, float lr, float grad_scale);
+  // Under AdamW: group g's update also writes its parameters rounded into `rounded` (bf16, the
+  // param's numel: the parameters a mixed-precision run computes with), in the update's own pass;
+  // rounds() says whether the next step() does (false for Muon and SGD: the caller casts).
+  void set_rounded_copy(size_t g, Tensor rounded) { groups_.at(g).rounded = rounded; }
+  bool rounds(size_t g) const { return cfg_.kind == OptimizerKind::adamw && groups_.at(g).rounded.data() != nullptr; }
   const OptimConfig& config() const { return cfg_; }
   // Names of the state buffers each group keeps ("adam_m", "adam_v", "momentum"; Muon's
   // "momentum" holds its matrices' momentum and the AdamW tensors' m), and group g's buffer number
@@ -79,6 +84,7 @@ class Optimizer {
     GroupPlace place;
     std::vector<int> matrix_of;     // muon: per segment, its matrix in place.matrices, or -1 (AdamW's)
     std::vector<int64_t> v_at;      // muon: per AdamW segment, its offset in v
+    Tensor rounded;                 // set_rounded_copy's, or none
   };
   void step_muon(Group& g, Tensor grad, int64_t step, float lr, float grad_scale);
   void orthogonalize(const GroupPlace& place, const MuonMatrix& m, Tensor part);

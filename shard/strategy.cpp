@@ -197,6 +197,16 @@ void Strategy::load_params(const std::string& path) {
 
 void Strategy::optimizer_step(int64_t step, float lr, float grad_scale, const ParamEdit& edit) {
   if (!optim_) return;
+  // On a GPU under mixed precision AdamW writes the bf16 parameters itself, where they share a tier
+  // with the master copy and no edit follows the update (one group per unit).
+  std::vector<bool> rounded(num_units(), false);
+  const bool fuse = mixed() && env_.be.low_precision_gemm() && !edit.fn;
+  for (size_t u = 0; optim_->groups() == num_units() && u < num_units(); ++u) {
+    const Tensor p = owned_params(u), m = updated(u);
+    const bool here = fuse && p.device() == m.device() && p.numel() == m.numel() && p.dtype() == DType::bf16;
+    optim_->set_rounded_copy(u, here ? p : Tensor());
+    rounded[u] = optim_->rounds(u);
+  }
   optim_->step(step, lr, grad_scale);
   if (edit.fn && env_.be.device() != Device::meta) {  // no values to edit in a prediction
     for (size_t u = 0; u < num_units(); ++u) {
@@ -212,7 +222,8 @@ void Strategy::optimizer_step(int64_t step, float lr, float grad_scale, const Pa
       }
     }
   }
-  for (size_t u = 0; u < num_units(); ++u) params_from_master(u);
+  for (size_t u = 0; u < num_units(); ++u)
+    if (!rounded[u]) params_from_master(u);
   after_update();
 }
 

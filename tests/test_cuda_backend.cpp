@@ -553,6 +553,24 @@ TEST_CASE("cuda adamw over many segments in one launch matches the cpu backend",
     expect_close(down(e, gp, n), p, 1e-5, 1e-7, "adamw segments param");  // gaps: both untouched
     expect_close(down(e, gm, n), m, 1e-5, 1e-7, "adamw segments m");
     expect_close(down(e, gv, n), v, 1e-5, 1e-7, "adamw segments v");
+    // With the rounded copy (mixed precision's bf16 parameters): each updated element rounded
+    // into it, the gaps' left as they were (-7).
+    Block gr = e.upload(std::vector<float>(n, -7.f), DType::bf16, "rounded");
+    AdamWArgs a;
+    a.lr = 1e-3f, a.step = 3, a.grad_scale = 0.5f;
+    auto g = random_vector("seg g3", n);
+    Block gg = e.upload(g, DType::f32, "g3");
+    ops::adamw_update_segments(*e.gpu, Env::dev(gp, DType::f32, n), Env::dev(gg, DType::f32, n),
+                               Env::dev(gm, DType::f32, n), Env::dev(gv, DType::f32, n), segs, a,
+                               Env::dev(gr, DType::bf16, n));
+    const std::vector<float> updated = down(e, gp, n), rounded = e.download(gr, DType::bf16, n);
+    std::vector<bool> in(n, false);
+    for (const AdamWSegment& sg : segs)
+      for (int64_t i = sg.offset; i < sg.offset + sg.numel; ++i) in[i] = true;
+    for (int64_t i = 0; i < n; ++i) {
+      INFO("element " << i);
+      REQUIRE(rounded[i] == (in[i] ? test::round_to(updated[i], DType::bf16) : -7.f));
+    }
   }
 }
 

@@ -172,3 +172,30 @@ TEST_CASE("Muon's Newton-Schulz iteration equals torch's, in f32 and in bf16", "
   CHECK(newton_schulz_flops(768, 3072, 5) == Approx(5 * (4.0 * 768 * 768 * 3072 + 2.0 * 768 * 768 * 768)));
   CHECK_THROWS_WITH(parse_muon_adjust_lr("spectral"), Catch::Contains("--muon-adjust-lr 'spectral'"));
 }
+
+TEST_CASE("AdamW over segments writes each updated element rounded into the bf16 copy, the gaps untouched",
+          "[optim]") {
+  // Mixed precision's bf16 parameters written by the update (ops::adamw_update_segments' rounded)
+  // equal the cast of the updated f32 master copy that would follow it.
+  auto be = make_cpu_backend({});
+  const int64_t n = 300;
+  auto p = test::random_vector("rounded p", n), g = test::random_vector("rounded g", n);
+  std::vector<float> m(n, 0.f), v(n, 0.f), want(n);
+  std::vector<uint16_t> bits(n), cast_bits(n);
+  const Tensor r = Tensor::flat(bits.data(), DType::bf16, n);
+  be->fill(r, -7.f);
+  const std::vector<AdamWSegment> segs{{0, 100, 0.1f}, {150, 150, 0.f}};  // 100..149 a gap
+  AdamWArgs a;
+  a.lr = 1e-2f, a.step = 1;
+  auto flat = [](std::vector<float>& x) { return Tensor::flat(x.data(), DType::f32, static_cast<int64_t>(x.size())); };
+  ops::adamw_update_segments(*be, flat(p), flat(g), flat(m), flat(v), segs, a, r);
+  const Tensor c = Tensor::flat(cast_bits.data(), DType::bf16, n);
+  be->cast(c, flat(p));
+  std::vector<float> got(n), cast(n);
+  be->cast(flat(got), r);
+  be->cast(flat(cast), c);
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("element " << i);
+    REQUIRE(got[i] == (i >= 100 && i < 150 ? test::round_to(-7.f, DType::bf16) : cast[i]));
+  }
+}

@@ -202,8 +202,9 @@ struct AdamWSegmentTable {
   float weight_decay[kAdamWSegmentsPerLaunch];
   int count;
 };
-cudaError_t launch_adamw_segments(float* p, const void* g, DType gt, float* m, float* v, const AdamWSegmentTable& t,
-                                  const AdamWStep& a, cudaStream_t s);
+// rounded (optional, bf16 like p): each updated element rounded into it as well.
+cudaError_t launch_adamw_segments(float* p, const void* g, DType gt, float* m, float* v, void* rounded,
+                                  const AdamWSegmentTable& t, const AdamWStep& a, cudaStream_t s);
 // b = mu * b + g * grad_scale + wd * p; p -= lr * b.
 cudaError_t launch_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
                        float grad_scale, cudaStream_t s);

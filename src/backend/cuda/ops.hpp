@@ -90,7 +90,7 @@ void vocab_ce_finish(Backend& be, Tensor losses, Tensor dlogits, Tensor logits, 
 // ---- optimizer.cpp ----
 void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a);
 void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v,
-                           std::span<const AdamWSegment> segments, const AdamWArgs& a);
+                           std::span<const AdamWSegment> segments, const AdamWArgs& a, Tensor rounded);
 void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a);
 // ---- muon.cpp ----
 void muon_momentum(Backend& be, Tensor grad, Tensor buf, Tensor update, const MuonMomentumArgs& a);

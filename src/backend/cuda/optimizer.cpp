@@ -22,7 +22,7 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
 }
 
 void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v,
-                           std::span<const AdamWSegment> segments, const AdamWArgs& a) {
+                           std::span<const AdamWSegment> segments, const AdamWArgs& a, Tensor rounded) {
   const AdamWStep step = adamw_step(a);
   // adamw_segments_launches' batches, in order: each a table passed by value to its kernel.
   for (size_t first = 0; first < segments.size(); first += kAdamWSegmentsPerLaunch) {
@@ -32,8 +32,8 @@ void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Ten
       const AdamWSegment& s = segments[first + static_cast<size_t>(k)];
       t.offset[k] = s.offset, t.numel[k] = s.numel, t.weight_decay[k] = s.weight_decay;
     }
-    CUDA_CHECK(launch_adamw_segments(param.ptr<float>(), grad.data(), grad.dtype(), m.ptr<float>(), v.ptr<float>(), t,
-                                     step, CudaBackend::of(be).compute_stream()));
+    CUDA_CHECK(launch_adamw_segments(param.ptr<float>(), grad.data(), grad.dtype(), m.ptr<float>(), v.ptr<float>(),
+                                     rounded.data(), t, step, CudaBackend::of(be).compute_stream()));
   }
 }
 

@@ -34,13 +34,18 @@ __global__ void adamw_bf16_grad_kernel(float* p, const __nv_bfloat16* g, float* 
 }
 
 // blockIdx.y: the segment; a grid-stride loop over its elements, one a thread, with its decay.
+// rounded (optional): the updated parameter rounded to bf16 as well.
 template <class G>
-__global__ void adamw_segments_kernel(float* p, const G* g, float* m, float* v, AdamWSegmentTable t, AdamWStep a) {
+__global__ void adamw_segments_kernel(float* p, const G* g, float* m, float* v, __nv_bfloat16* rounded,
+                                      AdamWSegmentTable t, AdamWStep a) {
   const int seg = static_cast<int>(blockIdx.y);
   if (seg >= t.count) return;
   const int64_t at = t.offset[seg];
   const float wd = t.weight_decay[seg];
-  GRID_STRIDE_LOOP(i, t.numel[seg]) adamw_element(p[at + i], m[at + i], v[at + i], to_f32(g[at + i]), a, wd);
+  GRID_STRIDE_LOOP(i, t.numel[seg]) {
+    adamw_element(p[at + i], m[at + i], v[at + i], to_f32(g[at + i]), a, wd);
+    if (rounded != nullptr) rounded[at + i] = __float2bfloat16_rn(p[at + i]);
+  }
 }
 
 template <int W>
@@ -81,16 +86,18 @@ cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_adamw_segments(float* p, const void* g, DType gt, float* m, float* v, const AdamWSegmentTable& t,
-                                  const AdamWStep& a, cudaStream_t s) {
+cudaError_t launch_adamw_segments(float* p, const void* g, DType gt, float* m, float* v, void* rounded,
+                                  const AdamWSegmentTable& t, const AdamWStep& a, cudaStream_t s) {
   const Launches L = adamw_segments_launches(std::span<const int64_t>(t.numel, static_cast<size_t>(t.count)),
                                              gt == DType::bf16);
   if (L.count == 0) return cudaSuccess;
   const dim3 grid(L[0].x, L[0].y);
   if (gt == DType::bf16)
-    adamw_segments_kernel<<<grid, kThreads, 0, s>>>(p, static_cast<const __nv_bfloat16*>(g), m, v, t, a);
+    adamw_segments_kernel<<<grid, kThreads, 0, s>>>(p, static_cast<const __nv_bfloat16*>(g), m, v,
+                                                    static_cast<__nv_bfloat16*>(rounded), t, a);
   else
-    adamw_segments_kernel<<<grid, kThreads, 0, s>>>(p, static_cast<const float*>(g), m, v, t, a);
+    adamw_segments_kernel<<<grid, kThreads, 0, s>>>(p, static_cast<const float*>(g), m, v,
+                                                    static_cast<__nv_bfloat16*>(rounded), t, a);
   return cudaGetLastError();
 }
 

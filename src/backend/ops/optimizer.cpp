@@ -44,16 +44,20 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
 }
 
 void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v,
-                           std::span<const AdamWSegment> segments, const AdamWArgs& a) {
+                           std::span<const AdamWSegment> segments, const AdamWArgs& a, Tensor rounded) {
   const char* op = "adamw_update_segments";
   constexpr size_t kPerCall = 8 * cuda::kAdamWSegmentsPerLaunch;  // what one Launches list holds
   if (segments.size() > kPerCall) {
     for (size_t first = 0; first < segments.size(); first += kPerCall)
       adamw_update_segments(be, param, grad, m, v, segments.subspan(first, std::min(kPerCall, segments.size() - first)),
-                            a);
+                            a, rounded);
     return;
   }
   check_adamw(param, grad, m, v, op);
+  if (rounded.data()) {
+    check_same_numel(param, rounded, op);
+    SHARD_CHECK(rounded.dtype() == DType::bf16, "{}: the rounded copy is bf16, got {}", op, dtype_name(rounded.dtype()));
+  }
   double n = 0;
   std::vector<int64_t> numels;
   for (const AdamWSegment& s : segments) {
@@ -71,13 +75,17 @@ void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Ten
         b.weight_decay = s.weight_decay;
         adamw_update(be, param.slice(s.offset, s.numel), grad.slice(s.offset, s.numel), m.slice(s.offset, s.numel),
                      v.slice(s.offset, s.numel), b);
+        if (rounded.data()) be.cast(rounded.slice(s.offset, s.numel), param.slice(s.offset, s.numel));
       }
       return;
     case Device::cuda:
-      if constexpr (kWithCuda) cuda::adamw_update_segments(be, param, grad, m, v, segments, a);
+      if constexpr (kWithCuda) cuda::adamw_update_segments(be, param, grad, m, v, segments, a, rounded);
       return;
-    case Device::meta:
-      return charge(be, adamw_cost(n, grad.dtype()), [&] { return cuda::adamw_segments_launches(numels, bf16); });
+    case Device::meta: {
+      OpCost c = adamw_cost(n, grad.dtype());
+      if (rounded.data()) c.bytes += 2 * n;  // the rounded copy written
+      return charge(be, std::move(c), [&] { return cuda::adamw_segments_launches(numels, bf16); });
+    }
   }
 }
 

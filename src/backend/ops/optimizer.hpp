@@ -32,9 +32,11 @@ void adamw_update(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v, co
 // adamw_update over each segment of the flat param, grad, m and v (the same offsets in each; a's
 // weight_decay unused: the segment's), every element as adamw_update computes it: on CUDA one
 // launch for up to cuda::kAdamWSegmentsPerLaunch segments (a rank's share of a unit, most often)
-// instead of one per tensor; the segments in turn elsewhere.
+// instead of one per tensor; the segments in turn elsewhere. rounded (optional, bf16, param's
+// numel): each segment's updated elements rounded into it too (the parameters a mixed-precision
+// run computes with, written by the update instead of a cast pass after it).
 void adamw_update_segments(Backend& be, Tensor param, Tensor grad, Tensor m, Tensor v,
-                           std::span<const AdamWSegment> segments, const AdamWArgs& a);
+                           std::span<const AdamWSegment> segments, const AdamWArgs& a, Tensor rounded = {});
 void sgd_update(Backend& be, Tensor param, Tensor grad, Tensor momentum, const SgdArgs& a);
 
 }  // namespace ops
