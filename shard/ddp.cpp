@@ -48,7 +48,9 @@ class Ddp final : public Strategy {
     return compute_views(u, [&](size_t x) { return params_[x].flat(param_dtype()); });
   }
   void after_forward(size_t u) override { release_unit_params(u); }
-  ParamSet backward_params(size_t u) override { return forward_params(u); }
+  ParamSet backward_params(size_t u) override {
+    return compute_views(u, [&](size_t x) { return params_[x].flat(param_dtype()); }, true);
+  }
   ParamSet grads(size_t u) override { return grad_views(u, [&](size_t x) { return grad(x); }); }
 
   // A split backward's B (its part of the gradient flushed), and how every after_backward begins.

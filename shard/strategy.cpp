@@ -167,14 +167,25 @@ Strategy::Strategy(const StrategyConfig& cfg, StrategyEnv env)
 }
 
 
-ParamSet Strategy::compute_views(size_t u, const std::function<Tensor(size_t)>& storage_of) {
+ParamSet Strategy::compute_views(size_t u, const std::function<Tensor(size_t)>& storage_of, bool backward) {
   const bool lean = mixed() && env_.be.low_precision_gemm();
+  const bool none = lean && backward && !env_.units[u]->backward_reads_params();
+  static const std::vector<ElemRange> nothing;
   ParamSet s = views(u, [&](size_t x) {
     const auto it = f32_reads_[u].find(x);
-    const std::vector<ElemRange>* only = lean && it != f32_reads_[u].end() ? &it->second : nullptr;
+    const std::vector<ElemRange>* only =
+        none ? &nothing : (lean && it != f32_reads_[u].end() ? &it->second : nullptr);
     return mp_.compute_params(x, storage_of(x), layout(x).name, only);
   });
-  if (lean) s.set_low(views(u, storage_of), gemm_only_[u]);
+  if (!lean) return s;
+  std::shared_ptr<const std::set<std::string>> unwidened = gemm_only_[u];
+  if (none) {  // every tensor of its view
+    auto all = std::make_shared<std::set<std::string>>();
+    for (const TensorDecl& t : layout(u).tensors) all->insert(t.name);
+    for (const BorrowedTensor& b : borrowed_[u]) all->insert(b.decl->name);
+    unwidened = std::move(all);
+  }
+  s.set_low(views(u, storage_of), std::move(unwidened));
   return s;
 }
 

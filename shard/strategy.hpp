@@ -189,8 +189,9 @@ class Strategy : public UnitHooks {
   }
   // Views of the f32 compute copies of unit u's parameters held in storage(x) for each unit x. On a
   // backend with fast low-precision GEMMs the storage (bf16, gathered) goes to the GEMMs as it is
-  // (ParamSet::gemm), and only what u reads in f32 is widened (f32_reads_) for the other kernels.
-  ParamSet compute_views(size_t u, const std::function<Tensor(size_t)>& storage_of);
+  // (ParamSet::gemm), and only what u reads in f32 is widened (f32_reads_; for its backward, none
+  // where Unit::backward_reads_params says so) for the other kernels.
+  ParamSet compute_views(size_t u, const std::function<Tensor(size_t)>& storage_of, bool backward = false);
   template <class StorageOf>  // unit u's own tensors claimable as zeros where its workspace is new
   ParamSet grad_views(size_t u, StorageOf storage_of) {
     const bool fresh = mp_.fresh_grads(u, storage_of(u));

@@ -121,10 +121,10 @@ class Zero final : public Strategy {
   }
 
   ParamSet backward_params(size_t u) override {
-    if (stage_ != 3) return forward_params(u);
+    if (stage_ != 3) return compute_views(u, [&](size_t x) { return params_[x].flat(param_type_); }, true);
     acquire(u);
     for (int k = 1; k <= cfg_.prefetch && u >= static_cast<size_t>(k); ++k) prefetch(u - k);
-    return compute_views(u, [&](size_t x) { return gathered_tensor(x); });
+    return compute_views(u, [&](size_t x) { return gathered_tensor(x); }, true);
   }
 
   ParamSet grads(size_t u) override {

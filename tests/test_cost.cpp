@@ -12,6 +12,7 @@
 #include "src/comm/sim_comm.hpp"
 #include "src/core/device_peaks.hpp"
 #include "src/model/blocks/linear.hpp"
+#include "src/model/gpt2/gpt2.hpp"
 #include "src/train/predict.hpp"
 #include "src/train/price_layout.hpp"
 #include "src/train/trainer.hpp"
@@ -417,6 +418,12 @@ TEST_CASE("a GPU's compute copies widen what is read in f32 (norms, biases), not
   CHECK(casts_of(cpu, block) == 12 * 3);
   CHECK(casts_of(gpu, block) == 0);
   CHECK(casts_of(gpu, small) == 12 * 2);
+  // The embedding unit (wte, wpe): the CPU widens it for its forward and backward and for the tied
+  // head's (which borrows wte), and casts it after the update; a GPU for its forward only (its
+  // backward reads no parameter, the head's products read wte in bf16, AdamW writes it).
+  const double embedding = static_cast<double>(gpt2_layout(model_preset("gpt2"))[0].numel);
+  CHECK(casts_of(cpu, embedding) == 5);
+  CHECK(casts_of(gpu, embedding) == 1);
 }
 
 // nn.Linear's backward reads its output gradient twice, in the input-gradient product and in the

@@ -186,6 +186,9 @@ class Unit {
   // backend with low-precision GEMMs under mixed precision, no f32 copy of it is made for this unit
   // (Strategy::compute_views), and reading one (ParamSet's operator()) is an internal error.
   virtual bool gemm_only(const std::string& /*tensor*/) const { return false; }
+  // Whether its backward reads its parameters at all (an embedding's does not): where not, no f32
+  // copy is made for it (as for gemm_only's tensors).
+  virtual bool backward_reads_params() const { return true; }
   // Pipeline parallelism: a borrowed tensor whose owner is on another stage becomes this unit's
   // own, appended to its layout as a tied copy (TensorDecl::tied_copy); borrowed_tensors() then
   // finds it here. `owner` is the owner's declaration.

@@ -155,6 +155,7 @@ void by_position(const UnitContext& c, Tensor x, const Tensor& wpe, F f) {
 class EmbeddingUnit final : public Unit {
  public:
   EmbeddingUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
+  bool backward_reads_params() const override { return false; }  // it scatters into the gradients only
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return stream_rows(tp_, B, T) * s.dim; }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {

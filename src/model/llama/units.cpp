@@ -48,6 +48,7 @@ int64_t local_elems(const ModelSpec& s, const TpConfig& tp, int64_t B, int64_t T
 class EmbeddingUnit final : public Unit {
  public:
   EmbeddingUnit(UnitLayout layout, const TpConfig& tp) : Unit(std::move(layout)), tp_(tp) {}
+  bool backward_reads_params() const override { return false; }  // it scatters into the gradients only
   int64_t out_elems(const ModelSpec& s, int64_t B, int64_t T) const override { return local_elems(s, tp_, B, T); }
 
   void forward(UnitContext& c, const ParamSet& p, Tensor, Tensor out, Saved&) override {
