@@ -209,9 +209,11 @@ void Strategy::load_params(const std::string& path) {
 void Strategy::optimizer_step(int64_t step, float lr, float grad_scale, const ParamEdit& edit) {
   if (!optim_) return;
   // On a GPU under mixed precision AdamW writes the bf16 parameters itself, where they share a tier
-  // with the master copy and no edit follows the update (one group per unit).
+  // with the master copy (not under --offload optimizer: the master is on the host, the parameters
+  // on the device, which a prediction's one meta device would not tell) and no edit follows the
+  // update (one group per unit).
   std::vector<bool> rounded(num_units(), false);
-  const bool fuse = mixed() && env_.be.low_precision_gemm() && !edit.fn;
+  const bool fuse = mixed() && env_.be.low_precision_gemm() && !edit.fn && cfg_.offload != Offload::optimizer;
   for (size_t u = 0; optim_->groups() == num_units() && u < num_units(); ++u) {
     const Tensor p = owned_params(u), m = updated(u);
     const bool here = fuse && p.device() == m.device() && p.numel() == m.numel() && p.dtype() == DType::bf16;

@@ -559,8 +559,9 @@ TEST_CASE("cuda adamw over many segments in one launch matches the cpu backend",
     AdamWArgs a;
     a.lr = 1e-3f, a.step = 3, a.grad_scale = 0.5f;
     auto g = random_vector("seg g3", n);
-    Block gg = e.upload(g, DType::f32, "g3");
-    ops::adamw_update_segments(*e.gpu, Env::dev(gp, DType::f32, n), Env::dev(gg, DType::f32, n),
+    for (auto& x : g) x = test::round_to(x, gt);
+    Block gg = e.upload(g, gt, "g3");  // the bf16 gradients' kernel too (mixed precision's)
+    ops::adamw_update_segments(*e.gpu, Env::dev(gp, DType::f32, n), Env::dev(gg, gt, n),
                                Env::dev(gm, DType::f32, n), Env::dev(gv, DType::f32, n), segs, a,
                                Env::dev(gr, DType::bf16, n));
     const std::vector<float> updated = down(e, gp, n), rounded = e.download(gr, DType::bf16, n);

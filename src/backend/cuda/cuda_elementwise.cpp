@@ -35,7 +35,10 @@ void CudaBackend::cast(Tensor dst, Tensor src) {
 
 void CudaBackend::cast_ranges(Tensor dst, Tensor src, std::span<const ElemRange> ranges) {
   check_cast_ranges(dst, src, ranges);
-  CUDA_CHECK(launch_cast_ranges(src.data(), src.dtype(), dst.data(), dst.dtype(), ranges, compute_));
+  constexpr size_t kPerCall = 8 * cuda::kCastRanges;  // what one Launches list holds
+  for (size_t first = 0; first < ranges.size(); first += kPerCall)
+    CUDA_CHECK(launch_cast_ranges(src.data(), src.dtype(), dst.data(), dst.dtype(),
+                                  ranges.subspan(first, std::min(kPerCall, ranges.size() - first)), compute_));
 }
 
 void CudaBackend::axpy(float alpha, Tensor x, Tensor y) {

@@ -134,11 +134,15 @@ class MetaBackend final : public Backend {
   }
   void cast_ranges(Tensor dst, Tensor src, std::span<const ElemRange> ranges) override {
     check_cast_ranges(dst, src, ranges);
-    int64_t n = 0;
-    for (const ElemRange& r : ranges) n += r.count;
-    if (n == 0) return;
-    charge("cast", 0, static_cast<double>(n) * static_cast<double>(dtype_size(src.dtype()) + dtype_size(dst.dtype())),
-           [&] { return cuda::cast_ranges_launches(ranges); });
+    constexpr size_t kPerCall = 8 * cuda::kCastRanges;  // what one Launches list holds (CUDA's calls)
+    for (size_t first = 0; first < ranges.size(); first += kPerCall) {
+      const std::span<const ElemRange> part = ranges.subspan(first, std::min(kPerCall, ranges.size() - first));
+      int64_t n = 0;
+      for (const ElemRange& r : part) n += r.count;
+      if (n == 0) continue;
+      charge("cast", 0, static_cast<double>(n) * static_cast<double>(dtype_size(src.dtype()) + dtype_size(dst.dtype())),
+             [&] { return cuda::cast_ranges_launches(part); });
+    }
   }
   void axpy(float, Tensor x, Tensor) override {
     charge("axpy", 2.0 * x.numel(), pass_bytes(x.numel(), 2, 1), [&] { return cuda::axpy_launches(x.numel()); });
